@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Build a tiny bootable test guest with no internet, from Debian packages only (~6 s).
+#   build-guest.sh OUTDIR
+# OUTDIR/vmlinuz, OUTDIR/initrd.img   Debian kernel + busybox initramfs; boot with console=ttyS0
+# OUTDIR/disk.raw, OUTDIR/disk.qcow2  64 MiB MBR disk, partition 1 = ext4 "root" with /etc/salt and /seed.txt
+# The initramfs /init prints on the serial console:
+#   GUEST-BOOT-OK ...            kernel is up
+#   SEED: <line>                 /seed.txt of the first ext4 found on vda1/vda/sda1/sda
+#   SALT-MINION-ID: <id>         /etc/salt/minion_id written by seeding (absent if not seeded)
+#   SALT-MINION-CONF: <file> <one line>   each /etc/salt/minion.d/*.conf, newlines folded to ' | '
+#   SALT-MINION-KEY: <sha256 of minion.pub>  /etc/salt/pki/minion/minion.pub
+#   NET-UP eth0 <ip>             when guest.ip=ADDR/len (or dhcp) is on the kernel cmdline
+#   HB <n>                       heartbeat every second (guest.mode=poweroff powers off instead)
+set -euo pipefail
+OUT=$(realpath -m "${1:?usage: build-guest.sh OUTDIR}")
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+chmod 755 "$WORK"   # apt-get download runs as _apt
+KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+if [ -z "$KPKG" ]; then apt-get update -qq; KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}'); fi
+[ -n "$KPKG" ] || { echo "build-guest: cannot resolve the kernel package" >&2; exit 1; }
+apt-get download -q "$KPKG" busybox-static >/dev/null 2>&1 || apt-get download "$KPKG" busybox-static
+dpkg-deb -x "$KPKG"_*.deb kx
+dpkg-deb -x busybox-static_*.deb bbx
+KVER=$(ls kx/lib/modules)
+cp kx/boot/vmlinuz-"$KVER" "$OUT"/vmlinuz.tmp
+
+R=rootfs
+mkdir -p $R/bin $R/proc $R/sys $R/dev $R/mnt $R/tmp $R/lib/mod $R/etc
+cp bbx/bin/busybox $R/bin/busybox
+MODS="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net virtio_blk crc16 mbcache jbd2 crc32c_generic ext4 e1000"
+: > $R/lib/mod/order
+for m in $MODS; do
+  f=$(find kx/lib/modules/"$KVER"/kernel -name "$m.ko*" | head -1)
+  [ -n "$f" ] || { echo "build-guest: module $m not found" >&2; exit 1; }
+  case "$f" in
+    *.ko.xz) xz -dc "$f" > $R/lib/mod/$m.ko ;;
+    *.ko.zst) zstd -qdc "$f" > $R/lib/mod/$m.ko ;;
+    *) cp "$f" $R/lib/mod/$m.ko ;;
+  esac
+  echo "$m" >> $R/lib/mod/order
+done
+cat > $R/init <<'INIT'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+for m in $(cat /lib/mod/order); do insmod /lib/mod/$m.ko 2>/dev/null; done
+IP=; MODE=heartbeat
+for a in $(cat /proc/cmdline); do
+  case "$a" in guest.ip=*) IP=${a#guest.ip=};; guest.mode=*) MODE=${a#guest.mode=};; esac
+done
+echo "GUEST-BOOT-OK uptime=$(cut -d' ' -f1 /proc/uptime) kernel=$(uname -r)"
+for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vda ] || [ -b /dev/sda ] && break; sleep 0.3; done
+for d in /dev/vda1 /dev/vda /dev/sda1 /dev/sda; do
+  if [ -b $d ] && mount -t ext4 -o ro $d /mnt 2>/dev/null; then
+    [ -f /mnt/seed.txt ] && echo "SEED: $(cat /mnt/seed.txt)"
+    [ -f /mnt/etc/salt/minion_id ] && echo "SALT-MINION-ID: $(cat /mnt/etc/salt/minion_id)"
+    for c in /mnt/etc/salt/minion.d/*.conf; do
+      [ -f "$c" ] && echo "SALT-MINION-CONF: ${c#/mnt} $(tr '\n' '|' < $c | sed 's/|/ | /g')"
+    done
+    [ -f /mnt/etc/salt/pki/minion/minion.pub ] && echo "SALT-MINION-KEY: $(sha256sum /mnt/etc/salt/pki/minion/minion.pub | cut -d' ' -f1)"
+    umount /mnt; break
+  fi
+done
+ip link set lo up
+if [ -n "$IP" ]; then
+  for i in 1 2 3 4 5; do [ -e /sys/class/net/eth0 ] && break; sleep 1; done
+  ip link set eth0 up
+  if [ "$IP" = dhcp ]; then
+    udhcpc -i eth0 -n -q -t 10 -T 1 -s /etc/udhcpc.sh >/dev/null 2>&1 && echo "NET-UP eth0 dhcp $(ip -4 -o addr show eth0 | awk '{print $4}')"
+  else
+    ip addr add "$IP" dev eth0 && echo "NET-UP eth0 $IP"
+  fi
+fi
+if [ "$MODE" = poweroff ]; then echo "GUEST-POWEROFF"; sync; poweroff -f; fi
+n=0
+while true; do echo "HB $n"; n=$((n+1)); sleep 1; done
+INIT
+chmod +x $R/init
+cat > $R/etc/udhcpc.sh <<'DH'
+#!/bin/sh
+case "$1" in bound|renew) ip addr flush dev "$interface"; ip addr add "$ip/${mask:-24}" dev "$interface"
+  [ -n "$router" ] && ip route add default via "${router%% *}" dev "$interface";; esac
+DH
+chmod +x $R/etc/udhcpc.sh
+(cd $R && find . | ../bbx/bin/busybox cpio -o -H newc 2>/dev/null) | gzip -9 > "$OUT"/initrd.img.tmp
+
+# Root filesystem content, then an MBR disk with it in partition 1 (built without mounting anything).
+mkdir -p fs/etc/salt fs/root
+echo "base-image built $(date -u +%FT%TZ)" > fs/seed.txt
+echo "salt-virt test guest" > fs/etc/issue
+mkfs.ext4 -q -F -L root -d fs part.img 63M
+truncate -s 64M disk.raw
+printf 'label: dos\nstart=2048, type=83\n' | sfdisk -q disk.raw
+dd if=part.img of=disk.raw bs=1M seek=1 conv=notrunc status=none
+qemu-img convert -f raw -O qcow2 disk.raw disk.qcow2
+mv disk.raw "$OUT"/disk.raw; mv disk.qcow2 "$OUT"/disk.qcow2
+mv "$OUT"/vmlinuz.tmp "$OUT"/vmlinuz; mv "$OUT"/initrd.img.tmp "$OUT"/initrd.img
+chmod 644 "$OUT"/*
+ls -la "$OUT" >&2

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Idempotent setup for salt-virt on Debian 12 (root, no systemd needed).
+#   scripts/setup.sh            apt packages + venv (salt 3008.5, libvirt-python, test deps) + test guest
+# Everything lands in $SALT_VIRT_CACHE (default /var/cache/salt-virt) so a second run takes seconds.
+# Prints the venv path on its last line: "venv: PATH".
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${SALT_VIRT_CACHE:-/var/cache/salt-virt}
+VENV=${SALT_VIRT_VENV:-$CACHE/venv}
+GUEST=${SALT_VIRT_GUEST:-$CACHE/guest}
+mkdir -p "$CACHE"
+log() { printf '[setup %(%T)T] %s\n' -1 "$*" >&2; }
+
+# 1. Debian packages ---------------------------------------------------------------------------
+PKGS=(
+  libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils gnutls-bin
+  libvirt-dev pkg-config dnsmasq-base iptables e2fsprogs iproute2 python3-venv
+  busybox-static xz-utils zstd cpio bc fuse3 fdisk util-linux procps
+)
+[ "${WITH_GUESTFS:-0}" = 1 ] && PKGS+=(libguestfs-tools linux-image-amd64)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "apt-get install ${missing[*]}"
+  apt-get update -qq
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# No udev here: make /dev/kvm usable by libvirt-qemu, or libvirt re-probes QEMU on every call.
+if [ -c /dev/kvm ] && getent group kvm >/dev/null; then chgrp kvm /dev/kvm && chmod 0660 /dev/kvm; fi
+[ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; chmod 0666 /dev/net/tun; }
+
+# 2. Python venv: salt 3008.5 (two-step: its certifi floor is newer than the registry), libvirt ---
+REQ_HASH=$(cat "$HERE/requirements-test.txt" "$0" | sha256sum | cut -c1-16)
+if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
+  log "building venv $VENV"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip setuptools wheel
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps salt==3008.5
+  "$VENV/bin/python" - > "$VENV/salt-deps.txt" <<'PY'
+from importlib.metadata import requires
+for r in requires("salt"):
+    if "extra ==" not in r:
+        print(r.replace("certifi>=2026.10.23", "certifi>=2026.10.18"))
+PY
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$VENV/salt-deps.txt" -r "$HERE/requirements-test.txt"
+  touch "$VENV/.ok-$REQ_HASH"
+fi
+
+# 3. Tiny bootable test guest (no internet): kernel + busybox initramfs + seedable disks --------
+if [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ]; then
+  log "building test guest in $GUEST"
+  bash "$HERE/scripts/build-guest.sh" "$GUEST"
+fi
+log "ok"
+echo "venv: $VENV"

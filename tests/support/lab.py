@@ -1,0 +1,214 @@
+"""Test lab: real libvirtd "hypervisors" on this one machine, no systemd needed.
+
+Each Hypervisor runs its own libvirtd + virtlogd inside its own network + mount + UTS namespace, with
+private /etc/libvirt, /run/libvirt, /var/lib/libvirt, /var/cache/libvirt and /var/log/libvirt (bind
+mounts of directories under ``base``), its own host UUID and hostname, and a bridge ``br0`` uplinked to
+a shared "fabric" bridge living in a namespace of its own. Several labs (two test sessions, a developer
+and CI) can run side by side because every namespace and interface name carries a per-lab tag.
+
+Used by the tests, the demo and the benchmarks; not part of the product.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+
+FABRIC_NET = "10.252.0"
+
+
+def run(cmd, check=True, **kw):
+    return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)
+
+
+class Fabric:
+    """A namespace holding bridge fab0 that every hypervisor's br0 is uplinked to."""
+
+    def __init__(self, tag):
+        self.tag = tag
+        self.netns = f"sv{tag}f"
+        self.up = False
+
+    def start(self):
+        run(["ip", "netns", "add", self.netns], check=False)
+        run(["ip", "-n", self.netns, "link", "add", "fab0", "type", "bridge"], check=False)
+        run(["ip", "-n", self.netns, "link", "set", "lo", "up"])
+        run(["ip", "-n", self.netns, "link", "set", "fab0", "up"])
+        run(["ip", "-n", self.netns, "addr", "replace", f"{FABRIC_NET}.1/24", "dev", "fab0"])
+        self.up = True
+        return self
+
+    def stop(self):
+        run(["ip", "netns", "del", self.netns], check=False)
+        self.up = False
+
+
+class Hypervisor:
+    """One libvirtd in its own namespaces. ``uri`` reaches it from the root namespace."""
+
+    def __init__(self, base, index, fabric, tls_dir=None, extra_libvirtd_conf="", hostname=None):
+        self.index = index
+        self.fabric = fabric
+        self.hostname = hostname or f"hv{index}"
+        self.dir = os.path.join(base, self.hostname)
+        self.netns = f"sv{fabric.tag}h{index}"
+        self.ip = f"{FABRIC_NET}.{10 + index}"
+        self.tls_dir = tls_dir
+        self.extra_conf = extra_libvirtd_conf
+        self.host_uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{fabric.tag}-{index}"))
+        self.pid = None
+
+    # paths -------------------------------------------------------------------------------
+    @property
+    def socket(self):
+        return os.path.join(self.dir, "run", "libvirt-sock")
+
+    @property
+    def uri(self):
+        return f"qemu+unix:///system?socket={self.socket}"
+
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    # lifecycle ---------------------------------------------------------------------------
+    def _write_config(self):
+        d = self.dir
+        shutil.rmtree(self.path("etc"), ignore_errors=True)
+        shutil.rmtree(self.path("run"), ignore_errors=True)
+        for sub in ("run", "lib", "cache", "log"):
+            os.makedirs(self.path(sub), exist_ok=True)
+        shutil.copytree("/etc/libvirt", self.path("etc"), symlinks=True)
+        autostart = self.path("etc", "qemu", "networks", "autostart", "default.xml")
+        if os.path.lexists(autostart):
+            os.unlink(autostart)
+        conf = [
+            f'host_uuid = "{self.host_uuid}"',
+            "listen_tcp = 1",
+            'auth_tcp = "none"',
+            'listen_addr = "0.0.0.0"',
+            f'log_outputs = "3:file:{d}/log/libvirtd.log"',
+        ]
+        if self.tls_dir:
+            conf += [
+                "listen_tls = 1",
+                'auth_tls = "none"',
+                f'ca_file = "{self.tls_dir}/CA/cacert.pem"',
+                f'cert_file = "{self.tls_dir}/libvirt/servercert.pem"',
+                f'key_file = "{self.tls_dir}/libvirt/private/serverkey.pem"',
+            ]
+        else:
+            conf.append("listen_tls = 0")
+        with open(self.path("etc", "libvirtd.conf"), "a") as fh:
+            fh.write("\n".join(conf) + "\n" + self.extra_conf + "\n")
+        with open(self.path("etc", "qemu.conf"), "a") as fh:
+            fh.write('cgroup_controllers = [ ]\nremember_owner = 0\nmigration_address = "0.0.0.0"\n')
+        with open(self.path("hosts"), "w") as fh:
+            fh.write("127.0.0.1 localhost\n")
+            for i in range(1, 10):
+                fh.write(f"{FABRIC_NET}.{10 + i} hv{i}\n")
+
+    def _network(self):
+        ns, fab = self.netns, self.fabric.netns
+        up, down = f"sv{self.fabric.tag}u{self.index}", f"sv{self.fabric.tag}d{self.index}"
+        run(["ip", "netns", "add", ns], check=False)
+        run(["ip", "link", "add", up, "type", "veth", "peer", "name", down], check=False)
+        run(["ip", "link", "set", down, "netns", fab], check=False)
+        run(["ip", "-n", fab, "link", "set", down, "master", "fab0", "up"])
+        run(["ip", "link", "set", up, "netns", ns], check=False)
+        run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"], check=False)
+        run(["ip", "-n", ns, "link", "set", up, "master", "br0", "up"])
+        run(["ip", "-n", ns, "link", "set", "br0", "up"])
+        run(["ip", "-n", ns, "addr", "replace", f"{self.ip}/24", "dev", "br0"])
+
+    def start(self, timeout=30):
+        self._write_config()
+        self._network()
+        d = self.dir
+        script = f"""
+            hostname {self.hostname}
+            mount --bind {d}/etc   /etc/libvirt
+            mount --bind {d}/run   /run/libvirt
+            mount --bind {d}/lib   /var/lib/libvirt
+            mount --bind {d}/cache /var/cache/libvirt
+            mount --bind {d}/log   /var/log/libvirt
+            mount --bind {d}/hosts /etc/hosts
+            virtlogd -d -p {d}/virtlogd.pid
+            libvirtd -d -l -p {d}/libvirtd.pid
+        """
+        os.makedirs("/run/libvirt", exist_ok=True)
+        os.makedirs("/var/cache/libvirt", exist_ok=True)
+        run(["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-ec", script])
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.socket):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"libvirtd for {self.hostname} did not start; see {d}/log/libvirtd.log")
+            time.sleep(0.05)
+        with open(self.path("libvirtd.pid")) as fh:
+            self.pid = int(fh.read().strip())
+        return self
+
+    def ns_run(self, cmd, check=True):
+        """Run a command inside this hypervisor's namespaces (network + mounts)."""
+        return run(["nsenter", "-t", str(self.pid), "-n", "-m", "-u", "--"] + list(cmd), check=check)
+
+    def stop(self):
+        try:
+            import libvirt
+
+            conn = libvirt.open(self.uri)
+            for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+                try:
+                    dom.destroy()
+                except libvirt.libvirtError:
+                    pass
+            for net in conn.listAllNetworks(libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
+                try:
+                    net.destroy()
+                except libvirt.libvirtError:
+                    pass
+            conn.close()
+        except Exception:  # noqa: BLE001 - best-effort teardown of a test daemon
+            pass
+        for name in ("libvirtd", "virtlogd"):
+            pidfile = self.path(f"{name}.pid")
+            try:
+                with open(pidfile) as fh:
+                    pid = int(fh.read().strip())
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(50):
+                    os.kill(pid, 0)
+                    time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        run(["ip", "netns", "del", self.netns], check=False)
+        self.pid = None
+
+    def kill_daemon(self):
+        """Simulate a hypervisor whose libvirtd died (guests keep running, API unreachable)."""
+        with open(self.path("libvirtd.pid")) as fh:
+            os.kill(int(fh.read().strip()), signal.SIGKILL)
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+
+
+def new_tag():
+    return uuid.uuid4().hex[:4]
+
+
+def wait_for_text(path, text, timeout=60):
+    """Wait until ``text`` appears in file ``path`` (a guest's serial log); return the file content."""
+    deadline = time.monotonic() + timeout
+    content = ""
+    while time.monotonic() < deadline:
+        try:
+            with open(path, errors="replace") as fh:
+                content = fh.read()
+        except FileNotFoundError:
+            content = ""
+        if text in content:
+            return content
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not seen in {path} within {timeout}s; last content:\n{content[-2000:]}")
