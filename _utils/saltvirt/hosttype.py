@@ -1,0 +1,160 @@
+"""Which libvirt domain type a host can really run: ``kvm`` only when KVM actually works, else ``qemu``.
+
+libvirt's capabilities list ``kvm`` whenever /dev/kvm exists, but a nested or restricted KVM may still be
+unable to boot a guest (seen here: a nested KVM that hides SSE3 and newer from its guests; Linux then
+stops in its decompressor). So on top of the capabilities we probe KVM itself, in a subprocess with a
+timeout: create a VM, run a real-mode program to HLT, and check that KVM offers guests the baseline
+CPU features the host CPU has. Override with config ``virt:type`` or the ``vtype`` argument.
+"""
+import fcntl
+import functools
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+from salt.exceptions import SaltInvocationError
+
+VALID_TYPES = ("kvm", "qemu")
+
+_KVM_GET_API_VERSION = 0xAE00
+_KVM_CREATE_VM = 0xAE01
+_KVM_CREATE_VCPU = 0xAE41
+_KVM_GET_VCPU_MMAP_SIZE = 0xAE04
+_KVM_RUN = 0xAE80
+_KVM_SET_USER_MEMORY_REGION = 0x4020AE46
+_KVM_GET_SREGS = 0x8138AE83
+_KVM_SET_SREGS = 0x4138AE84
+_KVM_SET_REGS = 0x4090AE82
+_KVM_GET_SUPPORTED_CPUID = 0xC008AE05
+_EXIT_IO, _EXIT_HLT = 2, 5
+# CPUID leaf 1 ECX bits every x86-64 guest kernel of the last decade may use, by /proc/cpuinfo name.
+_LEAF1_ECX = {"pni": 0, "ssse3": 9, "cx16": 13, "sse4_1": 19, "sse4_2": 20, "popcnt": 23}
+
+
+def _probe_kvm(device="/dev/kvm"):
+    """Return (ok, reason). Runs in a child process (see probe_kvm)."""
+    import ctypes
+
+    if not os.path.exists(device):
+        return False, f"{device} does not exist"
+    try:
+        kvm = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return False, f"cannot open {device}: {exc.strerror}"
+    try:
+        if fcntl.ioctl(kvm, _KVM_GET_API_VERSION) != 12:
+            return False, "unexpected KVM API version"
+        vm = fcntl.ioctl(kvm, _KVM_CREATE_VM, 0)
+        mem = mmap.mmap(-1, 0x1000, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        mem.write(bytes([0xB0, 0x2A, 0xE6, 0x10, 0xF4]))  # mov al,42; out 0x10,al; hlt
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+        fcntl.ioctl(vm, _KVM_SET_USER_MEMORY_REGION, struct.pack("IIQQQ", 0, 0, 0x1000, 0x1000, addr))
+        vcpu = fcntl.ioctl(vm, _KVM_CREATE_VCPU, 0)
+        run = mmap.mmap(vcpu, fcntl.ioctl(kvm, _KVM_GET_VCPU_MMAP_SIZE), flags=mmap.MAP_SHARED)
+        sregs = bytearray(312)
+        fcntl.ioctl(vcpu, _KVM_GET_SREGS, sregs)
+        struct.pack_into("QIH", sregs, 0, 0, 0xFFFF, 0)  # cs.base=0, cs.limit, cs.selector=0
+        fcntl.ioctl(vcpu, _KVM_SET_SREGS, bytes(sregs))
+        regs = bytearray(144)
+        struct.pack_into("Q", regs, 16 * 8, 0x1000)  # rip
+        struct.pack_into("Q", regs, 17 * 8, 0x2)  # rflags
+        fcntl.ioctl(vcpu, _KVM_SET_REGS, bytes(regs))
+        exits = []
+        for _ in range(4):
+            fcntl.ioctl(vcpu, _KVM_RUN, 0)
+            exits.append(struct.unpack_from("I", run, 8)[0])
+            if exits[-1] == _EXIT_HLT:
+                break
+        if exits[:2] != [_EXIT_IO, _EXIT_HLT]:
+            return False, f"a test vCPU did not run to HLT (exit reasons {exits})"
+        nent = 256
+        buf = bytearray(8 + 40 * nent)
+        struct.pack_into("I", buf, 0, nent)
+        fcntl.ioctl(kvm, _KVM_GET_SUPPORTED_CPUID, buf)
+        ecx = None
+        for i in range(struct.unpack_from("I", buf, 0)[0]):
+            function, index, _flags, _a, _b, c, _d = struct.unpack_from("7I", buf, 8 + 40 * i)
+            if function == 1 and index == 0:
+                ecx = c
+        host_flags = _host_cpu_flags()
+        missing = [f for f, bit in _LEAF1_ECX.items() if f in host_flags and not (ecx or 0) >> bit & 1]
+        if missing:
+            return False, (
+                "KVM hides CPU features the host has from its guests (missing: "
+                + ", ".join(missing)
+                + "): a nested or restricted KVM that cannot boot a normal guest"
+            )
+        return True, "KVM runs guest code and exposes the host's CPU features"
+    except OSError as exc:
+        return False, f"KVM ioctl failed: {exc.strerror or exc}"
+    finally:
+        os.close(kvm)
+
+
+def _host_cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.lru_cache(maxsize=None)
+def probe_kvm(timeout=10):
+    """(ok, reason) for this machine's KVM, probed once per process in a child with a timeout."""
+    try:
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        ok, reason = json.loads(out.stdout.strip().splitlines()[-1])
+        return bool(ok), reason
+    except subprocess.TimeoutExpired:
+        return False, f"the KVM probe did not finish in {timeout}s"
+    except (ValueError, IndexError):
+        return False, f"the KVM probe failed: {out.stderr.strip()[-300:]}"
+
+
+def capability_types(caps_xml, arch="x86_64"):
+    """Domain types libvirt offers for ``arch`` (from ``conn.getCapabilities()``)."""
+    root = ET.fromstring(caps_xml)
+    types = []
+    for guest in root.findall("guest"):
+        arch_el = guest.find("arch")
+        if arch_el is not None and arch_el.get("name") == arch:
+            types += [d.get("type") for d in arch_el.findall("domain") if d.get("type") not in types]
+    return types
+
+
+def is_local_uri(uri):
+    if not uri:
+        return True
+    scheme, _, rest = uri.partition("://")
+    return ("+" not in scheme or scheme.endswith("+unix")) and (rest.startswith("/") or not rest.split("/")[0])
+
+
+def detect(conn, override=None, arch="x86_64"):
+    """Return {'type': 'kvm'|'qemu'|'test', 'reason': str} for new domains on ``conn``."""
+    offered = capability_types(conn.getCapabilities(), arch)
+    if override:
+        if override not in VALID_TYPES and override not in offered:
+            raise SaltInvocationError(f"virt type {override!r} is not one of {VALID_TYPES}")
+        return {"type": override, "reason": "set by configuration (virt:type) or argument"}
+    if "test" in offered:
+        return {"type": "test", "reason": "libvirt test driver"}
+    if "kvm" not in offered:
+        return {"type": "qemu", "reason": "libvirt offers no kvm domain type on this host (no /dev/kvm?)"}
+    if not is_local_uri(conn.getURI()):
+        return {"type": "kvm", "reason": "remote host offers kvm (not probed from here)"}
+    ok, reason = probe_kvm()
+    return {"type": "kvm" if ok else "qemu", "reason": reason}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe_kvm()))

@@ -1,0 +1,59 @@
+"""Input validation shared by the module, states and runner: names, sizes, paths."""
+import os
+import re
+
+from salt.exceptions import SaltInvocationError
+
+# libvirt accepts almost anything as a domain name, but the name also becomes a directory, a file
+# name and a minion id: keep it to what is safe everywhere.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def vm_name(name, what="VM name"):
+    """Return ``name`` if it is a safe VM/network/pool name, else raise SaltInvocationError."""
+    if not isinstance(name, str) or not name:
+        raise SaltInvocationError(f"{what} must be a non-empty string, got {name!r}")
+    if not _NAME_RE.match(name) or name in (".", ".."):
+        raise SaltInvocationError(
+            f"invalid {what} {name!r}: use 1-63 characters from letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit (no '/', spaces, quotes or '<>&')"
+        )
+    return name
+
+
+def positive_int(value, what, maximum=None):
+    """Coerce ``value`` (int or numeric string, e.g. from the CLI) to a positive int."""
+    if isinstance(value, bool):
+        raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}")
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}")
+    if maximum is not None and number > maximum:
+        raise SaltInvocationError(f"{what} {number} is larger than the maximum {maximum}")
+    return number
+
+
+def to_bool(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def inside(base, *parts):
+    """Join ``parts`` under ``base`` and make sure the result stays inside it (no ../ or symlink tricks)."""
+    base_real = os.path.realpath(base)
+    path = os.path.realpath(os.path.join(base_real, *parts))
+    if path != base_real and not path.startswith(base_real + os.sep):
+        raise SaltInvocationError(f"path {os.path.join(base, *parts)!r} escapes {base!r}")
+    return path
+
+
+def absolute_path(path, what="path"):
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SaltInvocationError(f"{what} must be a non-empty string, got {path!r}")
+    if not os.path.isabs(path) or ".." in path.split("/"):
+        raise SaltInvocationError(f"{what} must be an absolute path without '..', got {path!r}")
+    return path
