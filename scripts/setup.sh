@@ -33,20 +33,28 @@ if [ -c /dev/kvm ] && getent group kvm >/dev/null; then chgrp kvm /dev/kvm && ch
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; chmod 0666 /dev/net/tun; }
 
 # 2. Python venv: salt 3008.5 (two-step: its certifi floor is newer than the registry), libvirt ---
-REQ_HASH=$(cat "$HERE/requirements-test.txt" "$0" | sha256sum | cut -c1-16)
+# Rebuilt only when requirements-test.txt or VENV_LAYOUT changes.
+VENV_LAYOUT=1
+REQ_HASH=$( (cat "$HERE/requirements-test.txt"; echo "$VENV_LAYOUT") | sha256sum | cut -c1-16)
+pip_q() {  # pip without the noise of this machine's pip.conf (missing local find-links dirs)
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v -e 'is ignored: it is neither' -e 'dependency resolver does not currently' \
+          -e 'requires certifi>=2026.10.23' >&2 || true; }
+}
 if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
   log "building venv $VENV"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip setuptools wheel
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps salt==3008.5
+  pip_q --upgrade pip setuptools wheel
+  pip_q --no-deps salt==3008.5
   "$VENV/bin/python" - > "$VENV/salt-deps.txt" <<'PY'
 from importlib.metadata import requires
 for r in requires("salt"):
     if "extra ==" not in r:
         print(r.replace("certifi>=2026.10.23", "certifi>=2026.10.18"))
 PY
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$VENV/salt-deps.txt" -r "$HERE/requirements-test.txt"
+  pip_q -r "$VENV/salt-deps.txt" -r "$HERE/requirements-test.txt"
+  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
 

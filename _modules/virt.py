@@ -1,0 +1,519 @@
+"""
+Manage libvirt/KVM hypervisors: VM lifecycle, queries, host facts, networks, pools, migration.
+
+The logic lives in the ``saltvirt`` library (``_utils/saltvirt``); this module is the Salt face of it.
+
+Configuration (minion config, grains or pillar, read with ``config.get``)::
+
+    virt:
+      connection:
+        uri: qemu:///system      # default: libvirt's default URI; every function takes connection=
+      type: qemu                 # force the domain type; default: kvm if KVM really works, else qemu
+      images: /srv/salt-images   # one directory per VM below it
+      nic: {default: [...]}      # NIC profiles   (see saltvirt.spec)
+      disk: {default: [...]}     # disk profiles
+"""
+import contextlib
+import logging
+import os
+import sys
+
+from salt.exceptions import SaltInvocationError
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt import conn as _c
+    from saltvirt import hosttype, lifecycle, provision, query
+    from saltvirt.spec import DEFAULT_IMAGES_DIR
+
+log = logging.getLogger(__name__)
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+    if _c.libvirt is None:
+        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+    return __virtualname__
+
+
+# helpers ------------------------------------------------------------------------------------------
+def _cfg(key, default=None):
+    return __salt__["config.get"](key, default)
+
+
+@contextlib.contextmanager
+def _conn(connection=None):
+    with _c.connect(_c.resolve_uri(_cfg, connection)) as conn:
+        yield conn
+
+
+def _images_dir():
+    return _cfg("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
+
+
+def _progress(name):
+    def send(step, **data):
+        try:
+            __salt__["event.send"](f"salt/virt/init/{name}/{step}", dict(data, vm=name, host=__grains__.get("id")))
+        except Exception:  # noqa: BLE001 - progress events are best effort (e.g. masterless)
+            log.debug("could not send progress event %s for %s", step, name)
+
+    return send
+
+
+# lifecycle ----------------------------------------------------------------------------------------
+def init(
+    name,
+    cpu,
+    mem,
+    image=None,
+    nic="default",
+    disk="default",
+    disks=None,
+    interfaces=None,
+    enable_qcow=False,
+    enable_vnc=False,
+    graphics=None,
+    boot=None,
+    start=True,
+    seed=True,
+    seed_cmd="seed.apply",
+    seed_backend="auto",
+    saltenv="base",
+    pub_key=None,
+    priv_key=None,
+    master=None,
+    minion_id=None,
+    minion_config=None,
+    vtype=None,
+    serial_log=True,
+    group=None,
+    connection=None,
+    **kwargs,
+):
+    """
+    Create a VM from an image: clone it (full copy, or a qcow2 overlay with ``enable_qcow=True``) into
+    ``virt:images/<name>/``, seed it before its first boot with a minion config (id, master) and keys,
+    define it, and start it once seeding has finished and the image is flushed.
+
+    name
+        VM name (letters, digits, ``.``, ``_``, ``-``); also the new minion's id unless ``minion_id``.
+    cpu / mem
+        vCPUs and memory in MiB.
+    image
+        ``salt://...`` (cached with cp.cache_file), ``http(s)://...`` or an absolute path on the hypervisor.
+    nic / disk
+        profile names from ``virt:nic`` / ``virt:disk`` (``default``: one virtio NIC on bridge br0 and
+        one system disk from the image); ``interfaces`` / ``disks`` add or override entries by name.
+    enable_vnc / graphics
+        a VNC console (listen 127.0.0.1, autoport) / ``{type, listen, port, password}``.
+    boot
+        ``{kernel, initrd, cmdline}`` for direct kernel boot.
+    seed / seed_backend
+        write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
+        qemu-storage-daemon FUSE export, loop mount; the one used is reported).
+    pub_key / priv_key
+        the new minion's key pair (the ``virt.init`` runner pre-accepts it on the master); without
+        them a key pair is generated and left for ``salt-key -a``.
+    start
+        start the VM after seeding.
+    group
+        anti-affinity group (stored in the domain metadata; the runner never places two VMs of one
+        group on the same host).
+    vtype
+        ``kvm`` or ``qemu``; default ``virt:type`` or what the host can really run.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt 'hyper*' virt.init centos1 2 512 image=/var/lib/libvirt/images/centos.img
+        salt 'hyper*' virt.init web1 2 1024 image=salt://images/web.qcow2 enable_qcow=True enable_vnc=True
+    """
+    if seed_cmd not in ("seed.apply", None, ""):
+        log.warning("virt.init: seed_cmd=%s is ignored; salt-virt seeds with its own backends", seed_cmd)
+    unknown = sorted(k for k in kwargs if not k.startswith("__"))
+    if unknown:
+        raise SaltInvocationError(f"virt.init: unknown argument(s) {', '.join(unknown)}")
+    with _conn(connection) as conn:
+        return provision.init(
+            conn,
+            name,
+            cpu,
+            mem,
+            image,
+            images_dir=_images_dir(),
+            profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
+            cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
+            vtype=vtype or _cfg("virt:type", None),
+            start=start,
+            seed=seed,
+            seed_backend=seed_backend,
+            minion_id=minion_id,
+            master=master or __opts__.get("master"),
+            pub_key=pub_key,
+            priv_key=priv_key,
+            minion_config=minion_config,
+            pki_dir=__opts__.get("pki_dir"),
+            progress=_progress(name),
+            nic=nic,
+            disk=disk,
+            disks=disks,
+            interfaces=interfaces,
+            enable_qcow=enable_qcow,
+            enable_vnc=enable_vnc,
+            graphics=graphics,
+            boot=boot,
+            serial_log=serial_log,
+            group=group,
+        )
+
+
+def start(name, connection=None):
+    """
+    Start a defined VM.
+
+    CLI Example:: salt '*' virt.start web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.start(conn, name)
+
+
+def stop(name, timeout=0, connection=None):
+    """
+    Gracefully shut a VM down (ACPI power button); ``timeout`` seconds to wait for it. For a hard
+    power-off use ``virt.destroy`` (alias ``virt.force_off``).
+
+    CLI Example:: salt '*' virt.stop web1 timeout=60
+    """
+    with _conn(connection) as conn:
+        return lifecycle.shutdown(conn, name, timeout)
+
+
+def shutdown(name, timeout=0, connection=None):
+    """
+    Same as ``virt.stop``: ask the guest to shut down.
+
+    CLI Example:: salt '*' virt.shutdown web1
+    """
+    return stop(name, timeout, connection)
+
+
+def destroy(name, connection=None):
+    """
+    Hard power-off (pull the plug). The VM stays defined and its disks stay.
+
+    CLI Example:: salt '*' virt.destroy web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.destroy(conn, name)
+
+
+def force_off(name, connection=None):
+    """
+    Alias of ``virt.destroy``.
+
+    CLI Example:: salt '*' virt.force_off web1
+    """
+    return destroy(name, connection)
+
+
+def reboot(name, connection=None):
+    """
+    Ask the guest to reboot.
+
+    CLI Example:: salt '*' virt.reboot web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.reboot(conn, name)
+
+
+def reset(name, connection=None):
+    """
+    Hard reset (press the reset button).
+
+    CLI Example:: salt '*' virt.reset web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.reset(conn, name)
+
+
+def pause(name, connection=None):
+    """
+    Pause a running VM.
+
+    CLI Example:: salt '*' virt.pause web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.pause(conn, name)
+
+
+def resume(name, connection=None):
+    """
+    Resume a paused VM.
+
+    CLI Example:: salt '*' virt.resume web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.resume(conn, name)
+
+
+def undefine(name, connection=None):
+    """
+    Remove a VM's definition; its disks stay (see ``virt.purge``).
+
+    CLI Example:: salt '*' virt.undefine web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.undefine(conn, name)
+
+
+def purge(name, connection=None, **kwargs):
+    """
+    Power off and undefine a VM, and delete the disk files salt-virt created for it (recorded in
+    ``virt:images/<name>/.salt-virt.json`` with the VM's UUID). Anything else — backing images, shared
+    directories, disks it did not create — is kept and listed under ``kept`` with the reason.
+
+    CLI Example:: salt '*' virt.purge web1
+    """
+    with _conn(connection) as conn:
+        return provision.purge(conn, name, images_dir=_images_dir())
+
+
+def set_autostart(name, state="on", connection=None):
+    """
+    Start the VM when the host boots (``state=on``) or not (``off``).
+
+    CLI Example:: salt '*' virt.set_autostart web1 on
+    """
+    with _conn(connection) as conn:
+        return lifecycle.set_autostart(conn, name, state not in ("off", False, "false", "no", 0))
+
+
+def setmem(name, mem, config=True, connection=None):
+    """
+    Set memory in MiB: live where possible and in the persistent config.
+
+    CLI Example:: salt '*' virt.setmem web1 1024
+    """
+    with _conn(connection) as conn:
+        return lifecycle.setmem(conn, name, mem, config=config)
+
+
+def setvcpus(name, cpu, config=True, connection=None):
+    """
+    Set the number of vCPUs: live where possible and in the persistent config.
+
+    CLI Example:: salt '*' virt.setvcpus web1 4
+    """
+    with _conn(connection) as conn:
+        return lifecycle.setvcpus(conn, name, cpu, config=config)
+
+
+def define_xml_str(xml, connection=None):
+    """
+    Define a VM from a libvirt domain XML string.
+
+    CLI Example:: salt '*' virt.define_xml_str '<domain type="qemu">...</domain>'
+    """
+    with _conn(connection) as conn:
+        return lifecycle.define_xml_str(conn, xml)
+
+
+def define_xml_path(path, connection=None):
+    """
+    Define a VM from a domain XML file on the minion.
+
+    CLI Example:: salt '*' virt.define_xml_path /tmp/web1.xml
+    """
+    with open(path, encoding="utf-8") as fh:
+        return define_xml_str(fh.read(), connection)
+
+
+# queries ------------------------------------------------------------------------------------------
+def list_domains(connection=None):
+    """
+    Names of all defined VMs.
+
+    CLI Example:: salt '*' virt.list_domains
+    """
+    with _conn(connection) as conn:
+        return query.list_domains(conn)
+
+
+def list_active_vms(connection=None):
+    """
+    Names of running (active) VMs.
+
+    CLI Example:: salt '*' virt.list_active_vms
+    """
+    with _conn(connection) as conn:
+        return query.list_domains(conn, "active")
+
+
+def list_inactive_vms(connection=None):
+    """
+    Names of defined but inactive VMs.
+
+    CLI Example:: salt '*' virt.list_inactive_vms
+    """
+    with _conn(connection) as conn:
+        return query.list_domains(conn, "inactive")
+
+
+def vm_info(vm_=None, connection=None):
+    """
+    State, cpu, memory, disks (file, format, size), NICs (MAC, source, model) and graphics of one VM,
+    or of all.
+
+    CLI Example:: salt '*' virt.vm_info web1
+    """
+    with _conn(connection) as conn:
+        return query.vm_info(conn, vm_)
+
+
+def vm_state(vm_=None, connection=None):
+    """
+    ``{name: state}`` for one VM or all.
+
+    CLI Example:: salt '*' virt.vm_state web1
+    """
+    with _conn(connection) as conn:
+        return query.vm_state(conn, vm_)
+
+
+def full_info(connection=None):
+    """
+    Host facts plus ``vm_info`` of every VM, in one connection and one bulk stats call.
+
+    CLI Example:: salt '*' virt.full_info
+    """
+    with _conn(connection) as conn:
+        return query.full_info(conn, _images_dir())
+
+
+def get_xml(vm_, inactive=False, connection=None):
+    """
+    The VM's libvirt XML (``inactive=True``: the persistent definition).
+
+    CLI Example:: salt '*' virt.get_xml web1
+    """
+    with _conn(connection) as conn:
+        return lifecycle.get_xml(conn, vm_, inactive)
+
+
+def get_nics(vm_, connection=None):
+    """
+    ``{mac: {type, source, model, target}}`` of a VM.
+
+    CLI Example:: salt '*' virt.get_nics web1
+    """
+    return vm_info(vm_, connection)[vm_]["nics"]
+
+
+def get_macs(vm_, connection=None):
+    """
+    MAC addresses of a VM's NICs.
+
+    CLI Example:: salt '*' virt.get_macs web1
+    """
+    return sorted(get_nics(vm_, connection))
+
+
+def get_disks(vm_, connection=None):
+    """
+    ``{target: {file, format, virtual_size, allocation, backing_file, ...}}`` of a VM.
+
+    CLI Example:: salt '*' virt.get_disks web1
+    """
+    return vm_info(vm_, connection)[vm_]["disks"]
+
+
+def get_graphics(vm_, connection=None):
+    """
+    The VM's console: ``{type, listen, port, autoport, address: 'host:port'}`` or None.
+
+    CLI Example:: salt '*' virt.get_graphics web1
+    """
+    return vm_info(vm_, connection)[vm_]["graphics"]
+
+
+# host ---------------------------------------------------------------------------------------------
+def node_info(connection=None):
+    """
+    CPU model, count and speed, memory and NUMA layout of the hypervisor.
+
+    CLI Example:: salt '*' virt.node_info
+    """
+    with _conn(connection) as conn:
+        return query.node_info(conn)
+
+
+def host_info(connection=None):
+    """
+    Capacity and usage (memory, vCPUs, VMs, free space in ``virt:images``) — what placement uses.
+
+    CLI Example:: salt '*' virt.host_info
+    """
+    with _conn(connection) as conn:
+        return query.host_info(conn, _images_dir())
+
+
+def freemem(connection=None):
+    """
+    MiB of memory not given to running VMs.
+
+    CLI Example:: salt '*' virt.freemem
+    """
+    with _conn(connection) as conn:
+        return query.freemem(conn)
+
+
+def freecpu(connection=None):
+    """
+    Host CPUs minus vCPUs of running VMs.
+
+    CLI Example:: salt '*' virt.freecpu
+    """
+    with _conn(connection) as conn:
+        return query.freecpu(conn)
+
+
+def get_hypervisor(connection=None):
+    """
+    The domain type new VMs get here (``kvm`` or ``qemu``) and why.
+
+    CLI Example:: salt '*' virt.get_hypervisor
+    """
+    with _conn(connection) as conn:
+        return hosttype.detect(conn, _cfg("virt:type", None))
+
+
+def virt_type(connection=None):
+    """
+    ``kvm`` or ``qemu``: see ``virt.get_hypervisor``.
+
+    CLI Example:: salt '*' virt.virt_type
+    """
+    return get_hypervisor(connection)["type"]
+
+
+def capabilities(connection=None):
+    """
+    libvirt's host capabilities XML.
+
+    CLI Example:: salt '*' virt.capabilities
+    """
+    with _conn(connection) as conn:
+        return conn.getCapabilities()

@@ -1,0 +1,139 @@
+"""Domain lifecycle: each function returns the domain's resulting state (or a dict) and raises
+CommandExecutionError with libvirt's reason when the action is refused."""
+import time
+import xml.etree.ElementTree as ET
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt import validate
+from saltvirt.conn import get_domain, libvirt, lv_errors
+from saltvirt.query import state_name
+
+
+def _state(dom):
+    return state_name(dom.state()[0])
+
+
+def _act(conn, name, action, method, *args, allowed=None):
+    dom = get_domain(conn, name)
+    current = _state(dom)
+    if allowed and current not in allowed:
+        raise CommandExecutionError(f"cannot {action} VM {name!r}: it is {current}")
+    with lv_errors(f"{action} VM {name!r}"):
+        getattr(dom, method)(*args)
+    return {"name": name, "action": action, "state": _state(dom), "previous": current}
+
+
+def start(conn, name):
+    dom = get_domain(conn, name)
+    if dom.isActive():
+        return {"name": name, "action": "start", "state": _state(dom), "previous": _state(dom), "changed": False}
+    with lv_errors(f"start VM {name!r}"):
+        dom.create()
+    return {"name": name, "action": "start", "state": _state(dom), "previous": "shutoff", "changed": True}
+
+
+def shutdown(conn, name, timeout=0):
+    """Ask the guest to shut down (ACPI). With ``timeout`` > 0, wait up to that many seconds."""
+    ret = _act(conn, name, "shut down", "shutdown", allowed=("running", "blocked", "paused"))
+    dom = get_domain(conn, name)
+    deadline = time.monotonic() + float(timeout or 0)
+    while dom.isActive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ret["state"] = _state(dom)
+    return ret
+
+
+def destroy(conn, name):
+    return _act(conn, name, "force off", "destroy", allowed=("running", "blocked", "paused", "pmsuspended", "crashed", "shutdown"))
+
+
+def reboot(conn, name):
+    return _act(conn, name, "reboot", "reboot", 0, allowed=("running", "blocked"))
+
+
+def reset(conn, name):
+    return _act(conn, name, "reset", "reset", 0, allowed=("running", "blocked", "paused"))
+
+
+def pause(conn, name):
+    return _act(conn, name, "pause", "suspend", allowed=("running", "blocked", "paused"))
+
+
+def resume(conn, name):
+    return _act(conn, name, "resume", "resume", allowed=("paused", "running"))
+
+
+def undefine(conn, name):
+    dom = get_domain(conn, name)
+    flags = 0
+    for flag in ("VIR_DOMAIN_UNDEFINE_MANAGED_SAVE", "VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA", "VIR_DOMAIN_UNDEFINE_NVRAM"):
+        flags |= getattr(libvirt, flag, 0)
+    with lv_errors(f"undefine VM {name!r}"):
+        try:
+            dom.undefineFlags(flags)
+        except libvirt.libvirtError:
+            dom.undefine()
+    return {"name": name, "action": "undefine", "defined": False}
+
+
+def set_autostart(conn, name, state=True):
+    dom = get_domain(conn, name)
+    with lv_errors(f"set autostart of VM {name!r}"):
+        dom.setAutostart(1 if validate.to_bool(state) else 0)
+    return {"name": name, "autostart": bool(dom.autostart())}
+
+
+def setmem(conn, name, mem, config=True, live=None):
+    """Set memory (MiB). Inactive domain: config only. Active: live + config, max raised only in config."""
+    mem = validate.positive_int(mem, "mem (MiB)")
+    dom = get_domain(conn, name)
+    kib = mem * 1024
+    applied = []
+    with lv_errors(f"set memory of VM {name!r}"):
+        if dom.isActive() and live is not False:
+            if kib <= dom.maxMemory():
+                dom.setMemoryFlags(kib, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                applied.append("live")
+        if config:
+            flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            if kib > dom.maxMemory() or not dom.isActive():
+                dom.setMemoryFlags(kib, flags | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
+            dom.setMemoryFlags(kib, flags)
+            applied.append("config")
+    return {"name": name, "mem": mem, "applied": applied, "restart_needed": "live" not in applied and bool(dom.isActive())}
+
+
+def setvcpus(conn, name, cpu, config=True, live=None):
+    cpu = validate.positive_int(cpu, "cpu")
+    dom = get_domain(conn, name)
+    applied = []
+    with lv_errors(f"set vCPUs of VM {name!r}"):
+        if config:
+            cfg = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            dom.setVcpusFlags(cpu, cfg | libvirt.VIR_DOMAIN_VCPU_MAXIMUM)
+            dom.setVcpusFlags(cpu, cfg)
+            applied.append("config")
+        if dom.isActive() and live is not False:
+            try:
+                dom.setVcpusFlags(cpu, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                applied.append("live")
+            except libvirt.libvirtError:
+                pass  # vCPU hotplug beyond the boot maximum is not possible: applies at next boot
+    return {"name": name, "cpu": cpu, "applied": applied, "restart_needed": "live" not in applied and bool(dom.isActive())}
+
+
+def define_xml_str(conn, xml):
+    try:
+        name = ET.fromstring(xml).findtext("name")
+    except ET.ParseError as exc:
+        raise SaltInvocationError(f"the domain XML does not parse: {exc}") from None
+    validate.vm_name(name or "")
+    with lv_errors(f"define VM {name!r}"):
+        dom = conn.defineXML(xml)
+    return {"name": dom.name(), "uuid": dom.UUIDString(), "defined": True}
+
+
+def get_xml(conn, name, inactive=False):
+    flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
+    return get_domain(conn, name).XMLDesc(flags)

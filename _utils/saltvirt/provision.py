@@ -1,0 +1,267 @@
+"""``virt.init`` and ``virt.purge``: create a VM from an image, seeded before its first boot, and
+remove it again without ever touching a file the VM does not own.
+
+init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy or qcow2 overlay)
+-> seed (minion config + keys) -> define -> start. Any failure undoes exactly what this call created.
+"""
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import time
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt import domxml, hosttype, images, seed as seeding, spec as vmspec, validate
+from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.query import describe
+
+log = logging.getLogger(__name__)
+BASES_DIR = ".bases"  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
+
+
+def _no_progress(step, **data):
+    log.debug("init progress %s %s", step, data)
+
+
+def base_image(fetched, images_dir, source):
+    """An immutable copy of a fetched image for overlays to back onto (a cache refresh must never
+    rewrite an overlay's backing file). Hard link when on the same filesystem: O(1) whatever the size."""
+    st = os.stat(fetched)
+    key = hashlib.sha256(f"{source}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    bases = os.path.join(images_dir, BASES_DIR)
+    os.makedirs(bases, mode=0o755, exist_ok=True)
+    dest = os.path.join(bases, f"{key}-{os.path.basename(fetched)}")
+    if os.path.exists(dest):
+        return dest
+    tmp = f"{dest}.tmp{os.getpid()}"
+    try:
+        os.link(fetched, tmp)
+    except OSError:
+        shutil.copyfile(fetched, tmp)
+    os.chmod(tmp, 0o444)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _local_bridge_missing(uri, nics):
+    """Bridges we can check from here (plain local URI: same host, same network namespace)."""
+    if not hosttype.is_local_uri(uri) or (uri and "socket=" in uri):
+        return []
+    return [n.source for n in nics if n.type == "bridge" and not os.path.isdir(f"/sys/class/net/{n.source}/bridge")]
+
+
+def _bridge_hint(bridge, host):
+    return (
+        f"bridge {bridge!r} does not exist on {host}. Create it (the br0 part of salt-virt.example.sls does), "
+        "or choose another NIC profile (nic=...) or interfaces=[{name: eth0, type: network, source: default}]"
+    )
+
+
+def generate_minion_keypair():
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    priv = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
+    pub = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+    return pub, priv
+
+
+def _fingerprint(pub):
+    return hashlib.sha256(pub.encode() if isinstance(pub, str) else pub).hexdigest()
+
+
+class _Undo:
+    """What this init created, to be removed again (newest first) if a later step fails."""
+
+    def __init__(self):
+        self.steps = []
+
+    def add(self, what, func):
+        self.steps.append((what, func))
+
+    def run(self):
+        errors = []
+        for what, func in reversed(self.steps):
+            try:
+                func()
+            except Exception as exc:  # noqa: BLE001 - keep undoing the rest
+                errors.append(f"{what}: {exc}")
+        return errors
+
+
+def init(
+    conn,
+    name,
+    cpu,
+    mem,
+    image=None,
+    *,
+    images_dir=vmspec.DEFAULT_IMAGES_DIR,
+    profiles=None,
+    cache_file=None,
+    vtype=None,
+    start=True,
+    seed=True,
+    seed_backend="auto",
+    minion_id=None,
+    master=None,
+    pub_key=None,
+    priv_key=None,
+    minion_config=None,
+    pki_dir=None,
+    progress=None,
+    **spec_args,
+):
+    """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs."""
+    progress = progress or _no_progress
+    started_at = time.monotonic()
+    validate.vm_name(name)
+    host = conn.getHostname()
+    if domain_exists(conn, name):
+        raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
+    kind = hosttype.detect(conn, vtype)
+
+    fetched = info = None
+    if image:
+        fetched = images.fetch(image, os.path.join(images_dir, ".cache"), cache_file=cache_file)
+        info = images.image_info(fetched)
+        progress("image_cached", image=image, path=fetched)
+    spec = vmspec.build(
+        name,
+        cpu,
+        mem,
+        vtype=kind["type"],
+        image=fetched,
+        image_format=info["format"] if info else None,
+        images_dir=images_dir,
+        profiles=profiles,
+        **spec_args,
+    )
+    for disk in spec.disks:
+        if disk.attach:
+            if not os.path.isfile(disk.path):
+                raise SaltInvocationError(f"disk {disk.name}: {disk.path} does not exist (give a size to create it)")
+        elif disk.path and os.path.lexists(disk.path):
+            raise SaltInvocationError(
+                f"disk file {disk.path} already exists: refusing to overwrite it. Remove it yourself if it is "
+                f"not needed, or choose another VM name"
+            )
+    missing = _local_bridge_missing(conn.getURI(), spec.nics)
+    if missing:
+        raise CommandExecutionError(_bridge_hint(missing[0], host))
+
+    undo = _Undo()
+    result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
+    try:
+        if not os.path.isdir(spec.vm_dir):
+            os.makedirs(spec.vm_dir, mode=0o755)
+            undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
+        for disk in spec.disks:
+            if disk.device != "disk" or not disk.path or disk.attach:
+                continue
+            if disk.image:
+                src = base_image(disk.image, images_dir, image) if disk.overlay and image and "://" in image else disk.image
+                made = images.clone(src, disk.path, overlay=disk.overlay, fmt=disk.format)
+                undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+                if disk.size and disk.size * 1048576 > images.image_info(disk.path)["virtual_size"]:
+                    images.resize(disk.path, disk.size)
+            else:
+                made = images.create_disk(disk.path, disk.size, fmt=disk.format)
+                undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+            images.record_owned(spec.vm_dir, name, [disk.path])
+            result["disks"].append(dict(made, name=disk.name, target=disk.target))
+        if any(d.device == "disk" and d.path for d in spec.disks):
+            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+        progress("disks_ready", disks=[d["path"] for d in result["disks"]])
+
+        result["seed"] = None
+        if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
+            result["seed"], result["key"] = _seed(
+                spec, seed_backend, minion_id or name, master, pub_key, priv_key, minion_config, pki_dir
+            )
+            progress("seeded", backend=result["seed"]["backend"])
+
+        with lv_errors(f"define VM {name!r} on {host}"):
+            dom = conn.defineXML(domxml.build(spec))
+        undo.add(f"undefine {name}", dom.undefine)
+        result["uuid"] = dom.UUIDString()
+        if os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
+            images.set_uuid(spec.vm_dir, result["uuid"])
+        progress("defined", uuid=result["uuid"])
+
+        result["started"] = False
+        if validate.to_bool(start):
+            try:
+                dom.create()
+            except libvirt.libvirtError as exc:
+                msg = exc.get_error_message()
+                bridge = next((n.source for n in spec.nics if n.type == "bridge" and f"'{n.source}'" in msg), None)
+                if bridge and "No such device" in msg:
+                    raise CommandExecutionError(_bridge_hint(bridge, host)) from None
+                raise CommandExecutionError(f"start VM {name!r} on {host}: {msg}") from None
+            undo.add(f"stop {name}", lambda: dom.isActive() and dom.destroy())
+            result["started"] = True
+            progress("started")
+    except BaseException as exc:
+        errors = undo.run()
+        if errors:
+            log.error("init %s: cleanup after failure was incomplete: %s", name, errors)
+            if isinstance(exc, (CommandExecutionError, SaltInvocationError)):
+                raise type(exc)(f"{exc} (cleanup incomplete: {'; '.join(errors)})") from None
+        raise
+    result["state"] = describe(dom, host)["state"]
+    result["seconds"] = round(time.monotonic() - started_at, 3)
+    return result
+
+
+def _remove_manifest(vm_dir):
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
+
+
+def _seed(spec, backend, minion_id, master, pub_key, priv_key, minion_config, pki_dir):
+    key = {"minion_id": minion_id}
+    if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.envelope)
+        from saltvirt import envelope
+
+        priv_key = envelope.unseal(priv_key, pki_dir)
+    if not pub_key or not priv_key:
+        if pub_key or priv_key:
+            raise SaltInvocationError("pass both pub_key and priv_key, or neither (a new key pair is generated)")
+        pub_key, priv_key = generate_minion_keypair()
+        key["generated"] = True
+        key["accepted"] = False
+        key["hint"] = f"accept it on the master: salt-key -a {minion_id}"
+    key["fingerprint"] = _fingerprint(pub_key)
+    files = seeding.salt_minion_files(minion_id, master=master, pub=pub_key, priv=priv_key, config=minion_config)
+    disk = spec.disks[0]
+    try:
+        done = seeding.seed(disk.path, files, backend=backend, fmt=disk.format)
+    except CommandExecutionError as exc:
+        raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
+    return done, key
+
+
+def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
+    """Stop and undefine ``name``; delete only the disk files salt-virt created for this very VM."""
+    validate.vm_name(name)
+    dom = get_domain(conn, name)
+    facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    uuid = dom.UUIDString()
+    if dom.isActive():
+        with lv_errors(f"stop VM {name!r}"):
+            dom.destroy()
+    from saltvirt.lifecycle import undefine
+
+    undefine(conn, name)
+    files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
+    vm_dir = validate.inside(images_dir, name)
+    outcome = images.remove_owned(vm_dir, name, uuid, files)
+    return {"name": name, "undefined": True, "removed": outcome["removed"], "kept": outcome["kept"]}

@@ -1,0 +1,194 @@
+"""Read-only facts about domains and hosts, shaped for Salt output. Bulk calls where libvirt has them:
+``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain."""
+import os
+
+from saltvirt import domxml
+from saltvirt.conn import get_domain, libvirt
+
+STATES = {
+    0: "nostate",
+    1: "running",
+    2: "blocked",
+    3: "paused",
+    4: "shutdown",
+    5: "shutoff",
+    6: "crashed",
+    7: "pmsuspended",
+}
+
+
+def state_name(code):
+    return STATES.get(code, "unknown")
+
+
+def list_domains(conn, which="all"):
+    flags = {
+        "all": 0,
+        "active": libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE,
+        "inactive": libvirt.VIR_CONNECT_LIST_DOMAINS_INACTIVE,
+    }[which]
+    return sorted(d.name() for d in conn.listAllDomains(flags))
+
+
+def _graphics_address(g, hostname):
+    if g["port"] in (None, -1):
+        return None
+    host = g["listen"]
+    if not host or host in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
+        host = hostname
+    return f"{host}:{g['port']}"
+
+
+def _block_stats(stats):
+    out = {}
+    for i in range(stats.get("block.count", 0)):
+        name = stats.get(f"block.{i}.name")
+        if name:
+            out[name] = {
+                "capacity": stats.get(f"block.{i}.capacity"),
+                "allocation": stats.get(f"block.{i}.allocation"),
+            }
+    return out
+
+
+def describe(dom, hostname, stats=None, xml=None):
+    """Everything ``virt.vm_info`` reports for one domain."""
+    xml = xml or dom.XMLDesc(0)
+    facts = domxml.parse(xml)
+    stats = stats or {}
+    state_code = stats.get("state.state")
+    if state_code is None:
+        state_code = dom.state()[0]
+    blocks = _block_stats(stats)
+    disks = {}
+    for d in facts["disks"]:
+        size = blocks.get(d["target"], {})
+        disks[d["target"]] = {
+            "file": d["file"],
+            "format": d["format"],
+            "device": d["device"],
+            "bus": d["bus"],
+            "backing_file": d["backing_file"],
+            "virtual_size": size.get("capacity"),
+            "allocation": size.get("allocation"),
+        }
+    nics = {
+        (n["mac"] or f"nic{i}"): {"type": n["type"], "source": n["source"], "model": n["model"], "target": n["target"]}
+        for i, n in enumerate(facts["nics"])
+    }
+    graphics = [dict(g, address=_graphics_address(g, hostname)) for g in facts["graphics"]]
+    try:
+        autostart = bool(dom.autostart())
+    except libvirt.libvirtError:
+        autostart = False
+    return {
+        "name": facts["name"],
+        "uuid": dom.UUIDString(),
+        "state": state_name(state_code),
+        "type": facts["type"],
+        "cpu": facts["cpu"],
+        "mem": facts["mem"],
+        "current_mem": facts["current_mem"],
+        "cputime": stats.get("cpu.time"),
+        "autostart": autostart,
+        "persistent": bool(dom.isPersistent()),
+        "disks": disks,
+        "nics": nics,
+        "graphics": graphics[0] if graphics else None,
+        "boot": facts["boot"],
+        "serial_log": facts["serial_log"],
+        "group": facts["group"],
+    }
+
+
+def _all_stats(conn, doms):
+    want = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_BLOCK
+    try:
+        return {d.name(): s for d, s in conn.domainListGetStats(doms, want)} if doms else {}
+    except libvirt.libvirtError:  # drivers without bulk stats (e.g. the test driver for some groups)
+        try:
+            return {d.name(): s for d, s in conn.domainListGetStats(doms, libvirt.VIR_DOMAIN_STATS_STATE)}
+        except libvirt.libvirtError:
+            return {}
+
+
+def vm_info(conn, name=None):
+    """{name: info} for one VM or all of them."""
+    hostname = conn.getHostname()
+    doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
+    stats = _all_stats(conn, doms)
+    out = {}
+    for dom in doms:
+        try:
+            out[dom.name()] = describe(dom, hostname, stats.get(dom.name()))
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # vanished while we looked: skip it
+                raise
+    return out
+
+
+def vm_state(conn, name=None):
+    doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
+    return {d.name(): state_name(d.state()[0]) for d in doms}
+
+
+def node_info(conn):
+    model, mem_mib, cpus, mhz, nodes, sockets, cores, threads = conn.getInfo()
+    return {
+        "cpumodel": model,
+        "phymemory": mem_mib,
+        "cpus": cpus,
+        "cpumhz": mhz,
+        "numanodes": nodes,
+        "cpusockets": sockets,
+        "cpucores": cores,
+        "cputhreads": threads,
+    }
+
+
+def freemem(conn, reserve_mib=0):
+    """MiB of host memory left for new VMs: physical memory minus what active VMs were given."""
+    total = conn.getInfo()[1]
+    used = sum(d.info()[2] // 1024 for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE))
+    return total - used - reserve_mib
+
+
+def freecpu(conn):
+    total = conn.getInfo()[2]
+    used = sum(d.info()[3] for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE))
+    return total - used
+
+
+def host_info(conn, images_dir=None):
+    """Host capacity and usage: what placement needs, in one call."""
+    info = node_info(conn)
+    active = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+    infos = [d.info() for d in active]
+    out = {
+        "hostname": conn.getHostname(),
+        "uri": conn.getURI(),
+        "hypervisor": conn.getType(),
+        "node": info,
+        "mem_total": info["phymemory"],
+        "mem_used_by_vms": sum(i[2] // 1024 for i in infos),
+        "vcpus_total": info["cpus"],
+        "vcpus_used_by_vms": sum(i[3] for i in infos),
+        "vms_active": len(active),
+        "vms_defined": len(conn.listAllDomains(0)),
+    }
+    try:
+        out["mem_free_host"] = conn.getFreeMemory() // (1024 * 1024)
+    except libvirt.libvirtError:
+        out["mem_free_host"] = None
+    if images_dir:
+        probe = images_dir
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        st = os.statvfs(probe or "/")
+        out["images_dir"] = images_dir
+        out["disk_free"] = st.f_bavail * st.f_frsize // (1024 * 1024)
+    return out
+
+
+def full_info(conn, images_dir=None):
+    return {"host": host_info(conn, images_dir), "vm_info": vm_info(conn)}

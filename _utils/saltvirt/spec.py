@@ -1,0 +1,318 @@
+"""The one description of a VM's desired shape, shared by ``virt.init`` and the ``virt.running`` /
+``virt.defined`` states: built from arguments + config profiles, rendered by :mod:`saltvirt.domxml`,
+and compared with what libvirt has by :func:`diff`.
+
+Config (minion config, grains or pillar through ``config.get``)::
+
+    virt:
+      images: /srv/salt-images          # one directory per VM below it
+      nic:
+        default:                        # profile name; list form or the classic dict form
+          - {name: eth0, type: bridge, source: br0, model: virtio}
+        isolated:
+          eth0: {network: isolated}
+      disk:
+        default:
+          - system: {format: qcow2}
+        big:
+          - system: {size: 20480}
+          - data: {size: 102400, format: raw}
+"""
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt import validate
+
+DEFAULT_IMAGES_DIR = "/srv/salt-images"
+SERIAL_LOG_DIR = "/var/log/libvirt/qemu"
+DEFAULT_NICS = [{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio"}]
+DEFAULT_DISKS = [{"name": "system"}]  # from the image; without an image: a blank disk of this size
+DEFAULT_BLANK_DISK_MIB = 8192
+NIC_TYPES = ("bridge", "network", "direct")
+DISK_FORMATS = ("qcow2", "raw")
+DISK_BUSES = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
+
+
+@dataclass
+class Disk:
+    name: str
+    size: int | None = None  # MiB; None = the image's size
+    format: str | None = None  # qcow2|raw; None = the image's format
+    path: str | None = None  # file on the hypervisor
+    image: str | None = None  # source image to clone into ``path``
+    overlay: bool = False  # qcow2 overlay on the cached image instead of a full copy
+    bus: str = "virtio"
+    device: str = "disk"  # disk|cdrom
+    target: str | None = None  # vda, vdb, ...
+    attach: bool = False  # an existing file named by ``path``: attached, never created nor deleted
+
+
+@dataclass
+class Nic:
+    name: str
+    type: str = "bridge"
+    source: str = "br0"
+    model: str = "virtio"
+    mac: str | None = None
+
+
+@dataclass
+class Graphics:
+    type: str = "vnc"
+    listen: str = "127.0.0.1"
+    port: int = -1  # -1 = autoport
+    password: str | None = None
+
+
+@dataclass
+class Boot:
+    kernel: str | None = None
+    initrd: str | None = None
+    cmdline: str | None = None
+
+
+@dataclass
+class VMSpec:
+    name: str
+    cpu: int
+    mem: int  # MiB
+    vtype: str = "qemu"
+    arch: str = "x86_64"
+    disks: list = field(default_factory=list)
+    nics: list = field(default_factory=list)
+    graphics: Graphics | None = None
+    boot: Boot | None = None
+    serial_log: str | None = None
+    vm_dir: str | None = None
+    group: str | None = None  # anti-affinity group, kept in the domain's <metadata>
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _named_entries(value, what):
+    """Profiles come as a list of {name: {...}}, a list of {'name': n, ...} or a dict {name: {...}}."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        value = [{k: v} for k, v in value.items()]
+    if not isinstance(value, list):
+        raise SaltInvocationError(f"{what} must be a list of named entries, got {value!r}")
+    out = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise SaltInvocationError(f"{what} entry must be a mapping, got {item!r}")
+        if "name" in item:
+            entry = dict(item)
+        elif len(item) == 1:
+            name, params = next(iter(item.items()))
+            entry = dict(params or {}, name=name)
+        else:
+            raise SaltInvocationError(f"{what} entry {item!r} has no name")
+        entry["name"] = str(entry["name"])
+        out.append(entry)
+    return out
+
+
+def merge_by_name(base, overrides):
+    """Entries of ``overrides`` replace/extend same-named entries of ``base``; new names are appended."""
+    merged = [copy.deepcopy(e) for e in base]
+    index = {e["name"]: i for i, e in enumerate(merged)}
+    for entry in overrides:
+        if entry["name"] in index:
+            merged[index[entry["name"]]].update(entry)
+        else:
+            index[entry["name"]] = len(merged)
+            merged.append(copy.deepcopy(entry))
+    return merged
+
+
+def _profile(profiles, kind, name, default):
+    if name in (None, "", "none", False):
+        return []
+    table = (profiles or {}).get(kind) or {}
+    if name in table:
+        return _named_entries(table[name], f"virt:{kind}:{name}")
+    if name == "default":
+        return copy.deepcopy(default)
+    raise SaltInvocationError(
+        f"{kind} profile {name!r} is not defined: add it under virt:{kind}:{name} in the minion config or "
+        f"pillar (defined: {', '.join(sorted(table)) or 'none'})"
+    )
+
+
+def _nic_shorthand(entry):
+    """Classic profile shorthand -> explicit keys: {bridge: br0} / {network: default} / {eth: e1000}."""
+    entry = dict(entry)
+    for kind in NIC_TYPES:
+        if kind in entry and "source" not in entry:
+            entry["type"], entry["source"] = kind, entry.pop(kind)
+    if "eth" in entry:
+        entry.setdefault("model", entry.pop("eth"))
+    return entry
+
+
+def _nic(entry):
+    nic_type = entry.get("type", "bridge")
+    if nic_type not in NIC_TYPES:
+        raise SaltInvocationError(f"NIC {entry['name']}: type must be one of {NIC_TYPES}, got {nic_type!r}")
+    if not entry.get("source"):
+        raise SaltInvocationError(f"NIC {entry['name']}: a source (bridge, network or device name) is needed")
+    return Nic(
+        name=entry["name"],
+        type=nic_type,
+        source=str(entry["source"]),
+        model=str(entry.get("model") or "virtio"),
+        mac=entry.get("mac"),
+    )
+
+
+def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first):
+    disk_image = entry.get("image") or (image if is_first else None)
+    overlay = validate.to_bool(entry.get("overlay", enable_qcow)) and bool(disk_image)
+    size = entry.get("size")
+    if size is not None:
+        size = validate.positive_int(size, f"size of disk {entry['name']} (MiB)")
+    attach = bool(entry.get("path")) and not disk_image and size is None
+    if not disk_image and size is None and entry.get("default_size"):
+        size = entry["default_size"]
+    if not disk_image and size is None and entry.get("device", "disk") == "disk" and not entry.get("path"):
+        raise SaltInvocationError(f"disk {entry['name']} needs a size (MiB) or an image")
+    fmt = entry.get("format")
+    if overlay:
+        if fmt not in (None, "qcow2"):
+            raise SaltInvocationError(f"disk {entry['name']}: a qcow2 overlay (enable_qcow) cannot be {fmt}")
+        fmt = "qcow2"
+    if fmt is None:
+        fmt = (image_format if disk_image else None) or "qcow2"
+    if fmt not in DISK_FORMATS:
+        raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
+    bus = entry.get("bus") or entry.get("model") or "virtio"
+    if bus not in DISK_BUSES:
+        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    validate.vm_name(entry["name"], "disk name")
+    path = entry.get("path")
+    if path:
+        validate.absolute_path(path, f"path of disk {entry['name']}")
+    else:
+        path = os.path.join(vm_dir, f"{entry['name']}.{fmt}")
+    return Disk(
+        name=entry["name"],
+        size=size,
+        format=fmt,
+        path=path,
+        image=disk_image,
+        overlay=overlay,
+        bus=bus,
+        device=entry.get("device", "disk"),
+        target=entry.get("target"),
+        attach=attach,
+    )
+
+
+def _assign_targets(disks):
+    used = {d.target for d in disks if d.target}
+    counters = {}
+    for disk in disks:
+        if disk.target:
+            continue
+        prefix = DISK_BUSES[disk.bus]
+        n = counters.get(prefix, 0)
+        while f"{prefix}{chr(ord('a') + n)}" in used:
+            n += 1
+        disk.target = f"{prefix}{chr(ord('a') + n)}"
+        used.add(disk.target)
+        counters[prefix] = n + 1
+
+
+def build(
+    name,
+    cpu,
+    mem,
+    *,
+    vtype="qemu",
+    image=None,
+    image_format=None,
+    nic="default",
+    disk="default",
+    disks=None,
+    interfaces=None,
+    enable_qcow=False,
+    enable_vnc=False,
+    graphics=None,
+    boot=None,
+    images_dir=DEFAULT_IMAGES_DIR,
+    profiles=None,
+    serial_log=True,
+    arch="x86_64",
+    group=None,
+):
+    """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`."""
+    name = validate.vm_name(name)
+    cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
+    mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
+    validate.absolute_path(images_dir, "virt:images")
+    vm_dir = validate.inside(images_dir, name)
+    enable_qcow = validate.to_bool(enable_qcow)
+
+    nic_entries = merge_by_name(
+        [_nic_shorthand(e) for e in _profile(profiles, "nic", nic, DEFAULT_NICS)],
+        [_nic_shorthand(e) for e in _named_entries(interfaces, "interfaces")],
+    )
+    nics = [_nic(e) for e in nic_entries]
+
+    default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
+    disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), _named_entries(disks, "disks"))
+    disk_objs = [
+        _disk(e, vm_dir, image, enable_qcow, image_format, i == 0) for i, e in enumerate(disk_entries)
+    ]
+    _assign_targets(disk_objs)
+
+    gfx = None
+    if graphics or validate.to_bool(enable_vnc):
+        params = dict(graphics) if isinstance(graphics, dict) else {}
+        if isinstance(graphics, str):
+            params["type"] = graphics
+        gfx = Graphics(
+            type=params.get("type", "vnc"),
+            listen=params.get("listen", "127.0.0.1"),
+            port=int(params.get("port", -1)),
+            password=params.get("password"),
+        )
+        if gfx.type not in ("vnc", "spice"):
+            raise SaltInvocationError(f"graphics type must be vnc or spice, got {gfx.type!r}")
+
+    boot_obj = None
+    if boot:
+        if not isinstance(boot, dict):
+            raise SaltInvocationError("boot must be a mapping with kernel, initrd and/or cmdline")
+        for key in ("kernel", "initrd"):
+            if boot.get(key):
+                validate.absolute_path(boot[key], f"boot:{key}")
+        boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
+
+    if serial_log is True:
+        serial_log = os.path.join(SERIAL_LOG_DIR, f"{name}-serial.log")
+    elif serial_log:
+        validate.absolute_path(serial_log, "serial_log")
+    else:
+        serial_log = None
+
+    return VMSpec(
+        name=name,
+        cpu=cpu,
+        mem=mem,
+        vtype=vtype,
+        arch=arch,
+        disks=disk_objs,
+        nics=nics,
+        graphics=gfx,
+        boot=boot_obj,
+        serial_log=serial_log,
+        vm_dir=vm_dir,
+        group=validate.vm_name(group, "group") if group else None,
+    )

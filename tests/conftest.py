@@ -1,0 +1,209 @@
+"""Shared fixtures: libvirt test driver, real namespaced libvirtd hypervisors, real Salt daemons.
+
+Fixtures that need root, libvirtd or the test guest fail loudly (they do not skip): CI must run them.
+"""
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "_utils"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+import lab  # noqa: E402
+
+GUEST_DIR = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt/guest"))
+TEST_NODE_XML = ROOT / "tests" / "support" / "node-small.xml"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "libvirtd: needs a real libvirtd (started by the tests)")
+    config.addinivalue_line("markers", "salt: needs real salt daemons")
+
+
+@pytest.fixture
+def test_conn():
+    """A private libvirt test driver (fresh state per test: a file-based test:/// URI)."""
+    import libvirt
+
+    conn = libvirt.open(f"test://{TEST_NODE_XML}")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture(scope="session")
+def guest():
+    """The tiny bootable test guest built by scripts/setup.sh."""
+    needed = ["vmlinuz", "initrd.img", "disk.raw", "disk.qcow2"]
+    missing = [n for n in needed if not (GUEST_DIR / n).is_file()]
+    if missing:
+        pytest.fail(f"test guest incomplete in {GUEST_DIR} (missing {missing}): run scripts/setup.sh")
+    return {
+        "dir": str(GUEST_DIR),
+        "kernel": str(GUEST_DIR / "vmlinuz"),
+        "initrd": str(GUEST_DIR / "initrd.img"),
+        "raw": str(GUEST_DIR / "disk.raw"),
+        "qcow2": str(GUEST_DIR / "disk.qcow2"),
+    }
+
+
+@pytest.fixture(scope="session")
+def lab_dir():
+    path = tempfile.mkdtemp(prefix="svlab-", dir="/var/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fabric():
+    fab = lab.Fabric(lab.new_tag()).start()
+    yield fab
+    fab.stop()
+
+
+@pytest.fixture(scope="session")
+def hv1(lab_dir, fabric):
+    """A real libvirtd in its own namespaces (bridge br0, TCG guests)."""
+    hv = lab.Hypervisor(lab_dir, 1, fabric).start()
+    yield hv
+    hv.stop()
+
+
+@pytest.fixture
+def boot_args(guest):
+    """virt.init boot= for the test guest; the guest prints markers on its serial console."""
+    return {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+
+
+def make_minion_mods(tmp_path, uri, **config):
+    """The real Salt loader with this repo's _modules, as a minion would load them (no daemon)."""
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.minion_config(None)
+    opts.update(
+        {
+            "id": "hyper-test",
+            "master": "salt-master.example",
+            "file_client": "local",
+            "cachedir": str(tmp_path / "cache"),
+            "pki_dir": str(tmp_path / "pki"),
+            "module_dirs": [str(ROOT / "_modules")],
+            "virt": dict({"connection": {"uri": uri}, "images": str(tmp_path / "images")}, **config),
+        }
+    )
+    opts["grains"] = salt.loader.grains(opts)
+    utils = salt.loader.utils(opts)
+    return salt.loader.minion_mods(opts, utils=utils)
+
+
+@pytest.fixture
+def virt_test(tmp_path):
+    """``__salt__`` with virt.* bound to libvirt's test:///default driver (state shared in-process).
+
+    Every domain a test defines is removed afterwards; the driver's own 'test' domain is left as found.
+    """
+    import libvirt
+
+    mods = make_minion_mods(tmp_path, "test:///default")
+    conn = libvirt.open("test:///default")
+    before = {d.name() for d in conn.listAllDomains(0)}
+    yield mods
+    for dom in conn.listAllDomains(0):
+        if dom.name() not in before:
+            if dom.isActive():
+                dom.destroy()
+            if dom.isPersistent():
+                dom.undefine()
+    test = conn.lookupByName("test")
+    if not test.isActive():
+        test.create()
+    conn.close()
+
+
+@pytest.fixture
+def virt_hv(tmp_path, hv1):
+    """``__salt__`` with virt.* bound to the real namespaced libvirtd ``hv1``."""
+    return make_minion_mods(tmp_path, hv1.uri)
+
+
+# real Salt daemons (pytest-salt-factories) --------------------------------------------------------
+@pytest.fixture(scope="session")
+def salt_factories_config():
+    # short root_dir: unix socket paths must stay < 107 bytes; slow_stop=False saves ~5 s per daemon
+    root = tempfile.mkdtemp(prefix="sf", dir="/tmp")
+    return {"root_dir": root, "start_timeout": 120, "slow_stop": False}
+
+
+@pytest.fixture(scope="session")
+def state_tree(guest):
+    """Extra file_roots entry: salt://images/guest.{qcow2,raw} for runner/demo tests."""
+    tree = pathlib.Path(tempfile.mkdtemp(prefix="svtree", dir="/var/tmp"))
+    (tree / "images").mkdir()
+    for fmt in ("qcow2", "raw"):
+        shutil.copyfile(guest[fmt], tree / "images" / f"guest.{fmt}")
+    yield tree
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+def master_config(state_tree, **extra):
+    """Master overrides: this repo as a file_roots entry, so saltutil.sync_all serves _modules & co."""
+    config = {
+        "file_roots": {"base": [str(ROOT), str(state_tree)]},
+        "log_level_logfile": "info",
+        "open_mode": False,
+        "auto_accept": True,
+    }
+    if (ROOT / "_pillar" / "libvirt.py").exists():
+        config["ext_pillar"] = [{"libvirt": {}}]
+    config.update(extra)
+    return config
+
+
+@pytest.fixture(scope="session")
+def salt_master(salt_factories, state_tree):
+    factory = salt_factories.salt_master_daemon("master", overrides=master_config(state_tree))
+    with factory.started():
+        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        yield factory
+
+
+def start_minion(master, minion_id, overrides):
+    """A started minion with the bundle synced from the master (the file_roots route)."""
+    factory = master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
+    return factory
+
+
+def hypervisor_minion_config(hv, images_dir, **extra):
+    config = {
+        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir)},
+        "grains": {"virt_hypervisor": True},
+    }
+    config.update(extra)
+    return config
+
+
+@pytest.fixture(scope="session")
+def hyper1(salt_master, hv1, lab_dir):
+    """Minion 'hyper1' managing the real libvirtd hv1, bundle pulled with saltutil.sync_all."""
+    factory = start_minion(salt_master, "hyper1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "hyper1-images"))
+    with factory.started():
+        ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        yield factory
+
+
+@pytest.fixture(scope="session")
+def salt_cli(salt_master):
+    return salt_master.salt_cli(timeout=120)
+
+
+@pytest.fixture(scope="session")
+def salt_run_cli(salt_master):
+    return salt_master.salt_run_cli(timeout=180)

@@ -1,0 +1,81 @@
+"""Every virt.* function the libvirt test driver supports, through the real Salt loader."""
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+
+def test_module_loads_with_virtual_name(virt_test):
+    assert "virt.init" in virt_test
+    assert virt_test["virt.get_hypervisor"]() == {"type": "test", "reason": "libvirt test driver"}
+    assert virt_test["virt.virt_type"]() == "test"
+
+
+def test_queries(virt_test):
+    v = virt_test
+    assert "test" in v["virt.list_domains"]()
+    assert v["virt.list_active_vms"]() == ["test"]
+    assert v["virt.list_inactive_vms"]() == []
+    assert v["virt.vm_state"]("test") == {"test": "running"}
+    info = v["virt.vm_info"]("test")["test"]
+    assert info["state"] == "running" and info["cpu"] >= 1 and info["mem"] > 0
+    assert info["uuid"]
+    assert v["virt.get_xml"]("test").startswith("<domain")
+    assert isinstance(v["virt.get_nics"]("test"), dict)
+    assert isinstance(v["virt.get_disks"]("test"), dict)
+    assert v["virt.get_macs"]("test") == sorted(v["virt.get_nics"]("test"))
+    assert v["virt.get_graphics"]("test") is None
+    full = v["virt.full_info"]()
+    assert set(full) == {"host", "vm_info"} and "test" in full["vm_info"]
+
+
+def test_host_functions(virt_test):
+    v = virt_test
+    node = v["virt.node_info"]()
+    assert node["cpus"] > 0 and node["phymemory"] > 0
+    host = v["virt.host_info"]()
+    assert host["vms_active"] == 1 and host["mem_total"] == node["phymemory"]
+    assert "disk_free" in host
+    assert v["virt.freemem"]() == node["phymemory"] - host["mem_used_by_vms"]
+    assert v["virt.freecpu"]() == node["cpus"] - host["vcpus_used_by_vms"]
+    assert "<capabilities>" in v["virt.capabilities"]()
+
+
+def test_lifecycle_round_trip(virt_test):
+    v = virt_test
+    ret = v["virt.init"]("life1", 1, 128, disk=None, nic=None, start=False)
+    assert ret["started"] is False and ret["state"] == "shutoff" and ret["type"] == "test"
+    assert v["virt.start"]("life1")["state"] == "running"
+    assert v["virt.start"]("life1")["changed"] is False
+    assert v["virt.pause"]("life1")["state"] == "paused"
+    assert v["virt.resume"]("life1")["state"] == "running"
+    assert v["virt.reset"]("life1")["state"] == "running"
+    assert v["virt.reboot"]("life1")["state"] == "running"
+    assert v["virt.destroy"]("life1")["state"] == "shutoff"
+    with pytest.raises(CommandExecutionError, match="it is shutoff"):
+        v["virt.pause"]("life1")
+    assert v["virt.set_autostart"]("life1", "on") == {"name": "life1", "autostart": True}
+    assert v["virt.set_autostart"]("life1", "off") == {"name": "life1", "autostart": False}
+    assert v["virt.setmem"]("life1", 256)["mem"] == 256
+    assert v["virt.vm_info"]("life1")["life1"]["mem"] == 256
+    assert v["virt.setvcpus"]("life1", 2)["cpu"] == 2
+    assert v["virt.vm_info"]("life1")["life1"]["cpu"] == 2
+    assert v["virt.undefine"]("life1")["defined"] is False
+    assert "life1" not in v["virt.list_domains"]()
+
+
+def test_define_xml_str(virt_test):
+    xml = "<domain type='test'><name>fromxml</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    assert virt_test["virt.define_xml_str"](xml)["name"] == "fromxml"
+    with pytest.raises(SaltInvocationError, match="does not parse"):
+        virt_test["virt.define_xml_str"]("<domain")
+
+
+def test_occupied_name_and_unknown_vm(virt_test):
+    with pytest.raises(SaltInvocationError, match="already defined"):
+        virt_test["virt.init"]("test", 1, 128, disk=None, nic=None)
+    with pytest.raises(CommandExecutionError, match="'nope' is not defined"):
+        virt_test["virt.start"]("nope")
+
+
+def test_unreachable_connection_is_a_clear_error(virt_test):
+    with pytest.raises(CommandExecutionError, match="cannot connect to libvirt at qemu\\+unix.*Check that libvirtd"):
+        virt_test["virt.list_domains"](connection="qemu+unix:///system?socket=/nonexistent/sock")
