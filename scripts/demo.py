@@ -1,0 +1,173 @@
+"""The demo behind ./setup-and-demo: real salt-master + hypervisor minion + libvirtd, a real guest.
+
+Every step is the real command a user would type (shown as `$ ...`); nothing is simulated. The
+hypervisor is a libvirtd in its own network/mount namespaces (tests/support/lab.py) so the demo never
+touches this machine's own libvirt or network configuration. Everything is removed at the end.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+import lab  # noqa: E402
+
+VENV_BIN = pathlib.Path(sys.executable).parent
+GUEST = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt/guest"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def say(msg):
+    print(f"\n== {msg}", flush=True)
+
+
+class Demo:
+    def __init__(self, keep=False):
+        self.keep = keep
+        self.base = pathlib.Path(tempfile.mkdtemp(prefix="svdemo", dir="/tmp"))
+        self.conf = self.base / "etc"
+        self.fabric = self.hv = None
+        self.pids = []
+
+    def salt(self, tool, *args, check=True, quiet=False, timeout=300):
+        cmd = [str(VENV_BIN / tool), "-c", str(self.conf), *args]
+        if not quiet:
+            print("$ " + " ".join([tool, *args]), flush=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if not quiet:
+            sys.stdout.write(out.stdout)
+        if check and out.returncode != 0:
+            sys.stdout.write(out.stderr)
+            raise SystemExit(f"demo: `{tool} {' '.join(args)}` failed (exit {out.returncode})")
+        return out
+
+    def configure(self):
+        tree = self.base / "srv"
+        (tree / "images").mkdir(parents=True)
+        shutil.copyfile(GUEST / "disk.qcow2", tree / "images" / "guest.qcow2")
+        publish, ret = free_port(), free_port()
+        common = {"root_dir": str(self.base), "user": "root", "log_level_logfile": "info"}
+        master = dict(
+            common,
+            interface="127.0.0.1",
+            publish_port=publish,
+            ret_port=ret,
+            file_roots={"base": [str(ROOT), str(tree)]},
+            pki_dir=str(self.base / "pki" / "master"),
+            log_file=str(self.base / "log" / "master"),
+        )
+        if (ROOT / "_pillar" / "libvirt.py").exists():
+            master["ext_pillar"] = [{"libvirt": {}}]
+        minion = dict(
+            common,
+            id="hyper1",
+            master="127.0.0.1",
+            master_port=ret,
+            publish_port=publish,
+            pki_dir=str(self.base / "pki" / "minion"),
+            log_file=str(self.base / "log" / "minion"),
+            grains={"virt_hypervisor": True},
+            virt={"connection": {"uri": self.hv.uri}, "images": str(self.base / "images")},
+        )
+        self.conf.mkdir()
+        (self.conf / "master").write_text(json.dumps(master, indent=1))
+        (self.conf / "minion").write_text(json.dumps(minion, indent=1))
+
+    def start_daemon(self, tool):
+        proc = subprocess.Popen(
+            [str(VENV_BIN / tool), "-c", str(self.conf), "-l", "quiet"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.pids.append(proc)
+        return proc
+
+    def wait(self, what, func, timeout=90):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if func():
+                return
+            time.sleep(0.5)
+        raise SystemExit(f"demo: timed out waiting for {what}")
+
+    def run(self):
+        t0 = time.monotonic()
+        say("a hypervisor: libvirtd in its own namespaces, bridge br0 (TCG guests, this host's KVM cannot boot one)")
+        self.fabric = lab.Fabric(lab.new_tag()).start()
+        self.hv = lab.Hypervisor(str(self.base / "hv"), 1, self.fabric).start()
+        print(f"libvirtd pid {self.hv.pid}, {self.hv.uri}")
+        self.configure()
+
+        say("salt-master and the hypervisor minion 'hyper1'")
+        self.start_daemon("salt-master")
+        self.start_daemon("salt-minion")
+        self.wait("the minion's key", lambda: "hyper1" in self.salt("salt-key", "-l", "un", quiet=True, check=False).stdout)
+        self.salt("salt-key", "-y", "-a", "hyper1")
+        self.wait("the minion", lambda: self.salt("salt", "hyper1", "test.ping", "--timeout=5", quiet=True, check=False).returncode == 0)
+
+        say("deploy the bundle the file_roots way")
+        self.salt("salt-run", "saltutil.sync_all")
+        self.salt("salt", "hyper1", "saltutil.sync_all")
+
+        say("create a VM: placed, image cached, overlay-cloned, seeded with a pre-accepted key, started")
+        boot = json.dumps({"kernel": str(GUEST / "vmlinuz"), "initrd": str(GUEST / "initrd.img"), "cmdline": "console=ttyS0 quiet"})
+        self.salt("salt-run", "virt.init", "demo1", "1", "256", "salt://images/guest.qcow2", "enable_qcow=True", "enable_vnc=True", f"boot={boot}")
+
+        say("the guest boots and prints what seeding wrote into its disk (serial console)")
+        log = self.hv.path("log", "qemu", "demo1-serial.log")
+        content = lab.wait_for_text(log, "HB 1", timeout=120)
+        for line in content.splitlines():
+            if line.startswith(("GUEST-BOOT-OK", "SALT-", "HB 1")):
+                print("  console: " + line.strip())
+        self.salt("salt-key", "-L")
+
+        say("query the fleet")
+        self.salt("salt-run", "virt.query")
+        self.salt("salt-run", "virt.purge", "demo1")
+        print(f"\ndemo finished in {time.monotonic() - t0:.1f}s")
+
+    def cleanup(self):
+        for proc in self.pids:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.pids:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self.hv:
+            self.hv.stop()
+        if self.fabric:
+            self.fabric.stop()
+        if self.keep:
+            print(f"kept {self.base}")
+        else:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keep", action="store_true", help="keep the demo directory (configs, logs)")
+    demo = Demo(keep=parser.parse_args().keep)
+    try:
+        demo.run()
+    finally:
+        demo.cleanup()
+
+
+if __name__ == "__main__":
+    main()
