@@ -49,7 +49,8 @@ class Demo:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if not quiet:
             sys.stdout.write(out.stdout)
-        if check and out.returncode != 0:
+        failed = out.returncode != 0 or "is not available" in out.stdout or out.stdout.startswith(("ERROR", "Exception"))
+        if check and failed:
             sys.stdout.write(out.stderr)
             raise SystemExit(f"demo: `{tool} {' '.join(args)}` failed (exit {out.returncode})")
         return out
