@@ -146,7 +146,7 @@ def detect(conn, override=None, arch="x86_64"):
         if override not in VALID_TYPES and override not in offered:
             raise SaltInvocationError(f"virt type {override!r} is not one of {VALID_TYPES}")
         return {"type": override, "reason": "set by configuration (virt:type) or argument"}
-    if "test" in offered:
+    if conn.getType().lower() == "test":
         return {"type": "test", "reason": "libvirt test driver"}
     if "kvm" not in offered:
         return {"type": "qemu", "reason": "libvirt offers no kvm domain type on this host (no /dev/kvm?)"}
