@@ -1,0 +1,157 @@
+"""Seal a secret (a new VM minion's private key) so that exactly one minion can open it.
+
+Why: ``salt-run virt.init`` generates the new minion's key pair on the master, pre-accepts the public
+half and sends the private half to the chosen hypervisor, which writes it into the guest's disk. Salt
+publications are encrypted with the AES session key that *every* minion holds, and the publication's
+arguments land in the master's job cache, so a plain PEM argument would be readable by every minion
+and by anyone reading the job cache. Instead the runner seals it:
+
+* a fresh 256-bit content key encrypts the secret with AES-256-GCM (authenticated; the recipient's key
+  fingerprint and a context string are bound in as associated data);
+* the content key is encrypted with RSA-OAEP (SHA-256) to the hypervisor minion's *accepted* public
+  key, read from the master's key store (``<pki_dir>/minions/<id>``), never from what a minion says;
+* :func:`unseal` runs on that hypervisor with its own ``<pki_dir>/minion.pem``. Another minion holding
+  the envelope cannot open it (wrong RSA key), and a tampered envelope fails the GCM tag check.
+
+The envelope is plain JSON-able data: ``{v, alg, kid, context, ek, nonce, ct}`` (base64 strings).
+"""
+import base64
+import hashlib
+import os
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+VERSION = 1
+ALG = "RSA-OAEP-SHA256+A256GCM"
+_FIELDS = ("v", "alg", "kid", "ek", "nonce", "ct")
+
+
+def _crypto():
+    # imported lazily: cryptography is a Salt dependency, but keep module import cheap and explicit
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return hashes, serialization, padding, rsa, AESGCM
+
+
+def _oaep():
+    hashes, _s, padding, _r, _a = _crypto()
+    return padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text, field):
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except Exception:  # noqa: BLE001 - any decoding problem is the same user-facing error
+        raise SaltInvocationError(f"sealed key: field {field!r} is not valid base64") from None
+
+
+def _load_public(pub_pem):
+    _h, serialization, _p, rsa, _a = _crypto()
+    data = pub_pem.encode() if isinstance(pub_pem, str) else pub_pem
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError as exc:
+        raise SaltInvocationError(f"cannot seal: the recipient's public key is not a PEM public key ({exc})") from None
+    if not isinstance(key, rsa.RSAPublicKey) or key.key_size < 2048:
+        raise SaltInvocationError("cannot seal: the recipient's key must be an RSA key of at least 2048 bits")
+    return key
+
+
+def fingerprint(pub):
+    """SHA-256 of the DER SubjectPublicKeyInfo: the same for PKCS#1 and SPKI PEM spellings of a key."""
+    _h, serialization, _p, _r, _a = _crypto()
+    key = _load_public(pub) if isinstance(pub, (str, bytes)) else pub
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
+def _aad(kid, context):
+    return f"salt-virt/envelope/v{VERSION}|{kid}|{context or ''}".encode()
+
+
+def new_keypair(bits=2048):
+    """A fresh RSA key pair for a new minion: ``(public PEM (SPKI), private PEM (PKCS#1))``, as Salt
+    writes them (``minion.pub`` / ``minion.pem``)."""
+    _h, serialization, _p, rsa, _a = _crypto()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
+    priv = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pub.decode(), priv
+
+
+def seal(pub_pem, secret, context=""):
+    """Encrypt ``secret`` (str) for the holder of the private key matching ``pub_pem``."""
+    *_rest, AESGCM = _crypto()
+    if not isinstance(secret, (str, bytes)) or not secret:
+        raise SaltInvocationError("cannot seal an empty secret")
+    plain = secret.encode() if isinstance(secret, str) else secret
+    key = _load_public(pub_pem)
+    kid = fingerprint(key)
+    cek = AESGCM.generate_key(bit_length=256)
+    nonce = os.urandom(12)
+    ct = AESGCM(cek).encrypt(nonce, plain, _aad(kid, context))
+    return {
+        "v": VERSION,
+        "alg": ALG,
+        "kid": kid,
+        "context": context or "",
+        "ek": _b64(key.encrypt(cek, _oaep())),
+        "nonce": _b64(nonce),
+        "ct": _b64(ct),
+    }
+
+
+def is_envelope(value):
+    return isinstance(value, dict) and all(f in value for f in _FIELDS)
+
+
+def _minion_private_key(pki_dir):
+    _h, serialization, _p, _r, _a = _crypto()
+    path = os.path.join(pki_dir or "", "minion.pem")
+    try:
+        with open(path, "rb") as fh:
+            return serialization.load_pem_private_key(fh.read(), password=None)
+    except FileNotFoundError:
+        raise CommandExecutionError(
+            f"cannot open the sealed key: this minion's private key {path} does not exist (is pki_dir right?)"
+        ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise CommandExecutionError(f"cannot open the sealed key: cannot read {path}: {exc}") from None
+
+
+def unseal(envelope, pki_dir):
+    """Open an envelope with this minion's key (``<pki_dir>/minion.pem``); returns the secret as str."""
+    *_rest, AESGCM = _crypto()
+    if not is_envelope(envelope):
+        raise SaltInvocationError(f"sealed key: not an envelope (needs fields {', '.join(_FIELDS)})")
+    if envelope["v"] != VERSION or envelope["alg"] != ALG:
+        raise SaltInvocationError(
+            f"sealed key: unsupported envelope v={envelope['v']!r} alg={envelope['alg']!r} "
+            f"(this salt-virt reads v{VERSION} {ALG}): update salt-virt on this hypervisor"
+        )
+    key = _minion_private_key(pki_dir)
+    mine = fingerprint(key.public_key())
+    if mine != envelope["kid"]:
+        raise CommandExecutionError(
+            f"the sealed key was sealed for another minion (key {envelope['kid'][:16]}...), not for this one "
+            f"(key {mine[:16]}...): it was meant for a different hypervisor, or this minion's key changed "
+            "since the master accepted it"
+        )
+    try:
+        cek = key.decrypt(_unb64(envelope["ek"], "ek"), _oaep())
+        plain = AESGCM(cek).decrypt(
+            _unb64(envelope["nonce"], "nonce"), _unb64(envelope["ct"], "ct"), _aad(envelope["kid"], envelope.get("context"))
+        )
+    except (SaltInvocationError, CommandExecutionError):
+        raise
+    except Exception:  # noqa: BLE001 - InvalidTag/ValueError: tampered or corrupt, never say more
+        raise CommandExecutionError("the sealed key could not be opened: it is corrupt or was tampered with") from None
+    return plain.decode()
