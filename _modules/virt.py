@@ -146,6 +146,7 @@ def init(
     unknown = sorted(k for k in kwargs if not k.startswith("__"))
     if unknown:
         raise SaltInvocationError(f"virt.init: unknown argument(s) {', '.join(unknown)}")
+    spec_args = {key: value for key, value in locals().items() if key in provision.SPEC_ARGS}
     with _conn(connection) as conn:
         return provision.init(
             conn,
@@ -167,16 +168,7 @@ def init(
             minion_config=minion_config,
             pki_dir=__opts__.get("pki_dir"),
             progress=_progress(name),
-            nic=nic,
-            disk=disk,
-            disks=disks,
-            interfaces=interfaces,
-            enable_qcow=enable_qcow,
-            enable_vnc=enable_vnc,
-            graphics=graphics,
-            boot=boot,
-            serial_log=serial_log,
-            group=group,
+            **spec_args,
         )
 
 

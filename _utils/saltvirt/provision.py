@@ -19,6 +19,8 @@ from saltvirt.query import describe
 
 log = logging.getLogger(__name__)
 BASES_DIR = ".bases"  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
+# init arguments that shape the VM and go straight to saltvirt.spec.build
+SPEC_ARGS = ("nic", "disk", "disks", "interfaces", "enable_qcow", "enable_vnc", "graphics", "boot", "serial_log", "group")
 
 
 def _no_progress(step, **data):
