@@ -1,0 +1,300 @@
+"""Fleet query: a real salt-master + 10 minions, each minion's ``virt:connection:uri`` a test:/// node
+with 100 domains (1,000 VMs in all). Two stacks, one after the other, each in its own venv with its
+own master and minions (plain daemons with ``-c`` dirs, as scripts/demo.py runs them):
+
+  salt-virt     ``salt-run virt.query`` (our runner, saltvirt.fleet) and ``salt -G virtual:physical virt.full_info``
+  saltext-virt  ``salt-run virt.query`` (saltext-virt 0.1.0's runner) and the same ``salt`` fan-out of its module
+
+Minions run jobs in threads (``multiprocessing: False``, both stacks) so that a minion's VmHWM includes
+the query's memory. Timed: the whole ``salt-run`` / ``salt`` command (a fresh process, same start-up
+cost for both stacks); its peak RSS is getrusage(RUSAGE_CHILDREN).
+
+    bench/run --only fleet            # or: $VENV/bin/python bench/bench_fleet.py [--quick]
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import nodexml  # noqa: E402
+
+FULL = {"minions": 10, "domains": 100, "reps": 3}
+QUICK = {"minions": 1, "domains": 5, "reps": 1}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status_kib(pid, key):
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def session_pids(sid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                if int(fields[3]) == sid:
+                    out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+class Stack:
+    """One salt-master + N minions from one venv, configured for one implementation."""
+
+    def __init__(self, name, venv, base, nodes, runner_dirs, module_dirs, master_extra=None):
+        self.name, self.bin, self.base = name, os.path.join(venv, "bin"), base
+        self.nodes, self.runner_dirs, self.module_dirs = nodes, runner_dirs, module_dirs
+        self.master_extra = master_extra or {}
+        self.procs = []
+        self.minion_ids = [f"hyper{i:02d}" for i in range(len(nodes))]
+
+    def _write(self, path, data):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(data, fh, indent=1)
+
+    def configure(self):
+        publish, ret = free_port(), free_port()
+        self.ret_port = ret
+        common_cfg = {"user": "root", "log_level": "quiet", "log_level_logfile": "warning"}
+        self.conf = os.path.join(self.base, "master")
+        master = dict(common_cfg, root_dir=self.conf, interface="127.0.0.1", publish_port=publish, ret_port=ret,
+                      auto_accept=True, runner_dirs=self.runner_dirs, log_file=os.path.join(self.base, "master.log"),
+                      file_roots={"base": [os.path.join(self.base, "srv")]}, worker_threads=5)
+        master.update(self.master_extra)
+        self._write(os.path.join(self.conf, "master"), master)
+        self.minion_confs = []
+        for mid, uri in zip(self.minion_ids, self.nodes):
+            d = os.path.join(self.base, mid)
+            self._write(os.path.join(d, "minion"), dict(
+                common_cfg, id=mid, root_dir=d, master="127.0.0.1", master_port=ret, publish_port=publish,
+                module_dirs=self.module_dirs, multiprocessing=False, acceptance_wait_time=1, log_file=os.path.join(d, "minion.log"),
+                grains={"virt_hypervisor": True, "virtual": "physical"},
+                virt={"connection": {"uri": uri}, "images": os.path.join(d, "images")}))
+            self.minion_confs.append(d)
+
+    def _spawn(self, tool, conf):
+        proc = subprocess.Popen([os.path.join(self.bin, tool), "-c", conf], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def cli(self, tool, *args, timeout=1800):
+        return subprocess.run([os.path.join(self.bin, tool), "-c", self.conf, *args], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def start(self, timeout=300):
+        self.configure()
+        self._spawn("salt-master", self.conf)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # minions that find no master wait acceptance_wait_time
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.ret_port)) == 0:
+                    break
+            time.sleep(0.1)
+        self.minion_procs = [self._spawn("salt-minion", d) for d in self.minion_confs]
+        while time.monotonic() < deadline:
+            out = self.cli("salt", "*", "test.ping", "--out=json", "--static", "-t", "10", timeout=120)
+            try:
+                answered = {k for k, v in json.loads(out.stdout or "{}").items() if v is True}
+            except ValueError:
+                answered = set()
+            if answered >= set(self.minion_ids):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name}: minions did not all answer within {timeout}s (logs in {self.base})")
+
+    def minion_memory(self):
+        """{minion: (VmRSS, VmHWM) of its biggest process}; jobs run in threads, so the HWM has the jobs."""
+        out = {}
+        for mid, proc in zip(self.minion_ids, self.minion_procs):
+            vals = [(status_kib(p, "VmRSS") or 0, status_kib(p, "VmHWM") or 0) for p in session_pids(proc.pid)]
+            out[mid] = max(vals, key=lambda v: v[1]) if vals else (None, None)
+        return out
+
+    def stop(self):
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def count_vms(name, data):
+    """VMs in an answer of either stack (runner answers and plain salt fan-out have different shapes)."""
+    if isinstance(data, dict) and "data" in data and "outputter" in data:
+        data = data["data"]
+    if isinstance(data, dict) and "hosts" in data and isinstance(data["hosts"], dict):
+        data = data["hosts"]
+    total, hosts = 0, 0
+    for ans in (data or {}).values():
+        if isinstance(ans, dict) and isinstance(ans.get("ret"), dict):
+            ans = ans["ret"]
+        if isinstance(ans, dict) and isinstance(ans.get("vm_info"), dict):
+            total += len(ans["vm_info"])
+            hosts += 1
+    return hosts, total
+
+
+def last_json(text):
+    """The last JSON document in ``text`` (salt-run prints progress events before the answer)."""
+    dec, pos, last = json.JSONDecoder(), 0, None
+    while True:
+        start = text.find("{", pos)
+        if start < 0:
+            return last
+        try:
+            last, pos = dec.raw_decode(text, start)
+        except ValueError:
+            pos = start + 1
+
+
+def timed(stack, *args, timeout=1800):
+    """Run a CLI command; wall time and that process's own peak RSS (wait4 rusage)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([os.path.join(stack.bin, args[0]), "-c", stack.conf, *args[1:]], stdout=out, stderr=err)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+            time.sleep(0.01)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    data = last_json(stdout)
+    return {"wall": wall, "maxrss_kib": usage.ru_maxrss, "rc": proc.returncode,
+            "counted": count_vms(stack.name, data), "tail": (stderr or stdout)[-600:]}
+
+
+COMMANDS = {
+    "salt-run virt.query": ("salt-run", "virt.query", "--out=json"),
+    "salt -G virtual:physical virt.full_info": ("salt", "-G", "virtual:physical", "virt.full_info", "--out=json",
+                                                "--static", "-t", "900"),
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--minions", type=int)
+    ap.add_argument("--domains", type=int)
+    ap.add_argument("--reps", type=int)
+    args = ap.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    for key in ("minions", "domains", "reps"):
+        if getattr(args, key):
+            cfg[key] = getattr(args, key)
+    log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    load0 = common.loadavg()
+    workdir = tempfile.mkdtemp(prefix="svf", dir="/tmp")  # short: unix socket paths < 107 bytes
+    os.chmod(workdir, 0o755)
+    nodes = [nodexml.write_node(os.path.join(workdir, "nodes"), cfg["domains"], prefix=f"h{i:02d}vm")
+             for i in range(cfg["minions"])]
+    saltext_mods = common.saltext_module_dir("modules")
+    stacks = [
+        ("salt-virt", common.OUR_VENV, [str(common.ROOT / "_runners")], [str(common.ROOT / "_modules")],
+         {"virt": {"hypervisors": {"max_wait": 900}}}),
+        ("saltext-virt", common.SALTEXT_VENV, [common.saltext_module_dir("runners")], [saltext_mods], {}),
+    ]
+    results, errors = {}, []
+
+    def run_stack(name, venv, runner_dirs, module_dirs, extra):
+        stack = Stack(name, str(venv), os.path.join(workdir, name[:6]), nodes, runner_dirs, module_dirs, extra)
+        log(f"fleet {name}: starting salt-master + {cfg['minions']} minions")
+        t0 = time.perf_counter()
+        try:
+            stack.start()
+            log(f"fleet {name}: all minions answer after {time.perf_counter() - t0:.1f}s")
+            mem0 = stack.minion_memory()
+            for rep in range(cfg["reps"]):
+                for label, cmd in COMMANDS.items():
+                    log(f"fleet {name}: {label} {rep + 1}/{cfg['reps']}")
+                    results.setdefault((name, label), []).append(timed(stack, *cmd))
+            mem1 = stack.minion_memory()
+            results[(name, "_mem")] = {m: {"rss_before": mem0[m][0], "hwm_after": mem1[m][1]} for m in mem1}
+        except Exception as exc:  # noqa: BLE001 - report and go on with the other stack
+            errors.append(f"{name}: {exc}")
+        finally:
+            stack.stop()
+
+    try:
+        # full runs: one stack at a time (the other's daemons must not share the CPUs); --quick only
+        # checks that everything runs, so both stacks go side by side to keep the smoke test short
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2 if args.quick else 1) as pool:
+            for fut in [pool.submit(run_stack, *st) for st in stacks]:
+                fut.result()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    body = []
+    expected = cfg["minions"] * cfg["domains"]
+    for label in COMMANDS:
+        meds = {}
+        cells = []
+        for name in ("salt-virt", "saltext-virt"):
+            runs = results.get((name, label), [])
+            good = [r for r in runs if r["rc"] == 0 and r["counted"][1] == expected]
+            for r in runs:
+                if r not in good:
+                    errors.append(f"{name} {label}: rc={r['rc']} saw {r['counted'][1]}/{expected} VMs: {r['tail']}")
+            st = common.summary([r["wall"] for r in good])
+            meds[name] = st and st["median"]
+            rss = common.summary([r["maxrss_kib"] for r in good])
+            cells.append(f"{common.fmt_stat(st)}; CLI peak RSS {common.fmt_mib(rss and rss['median'])}")
+        body.append([label] + cells + [f"**{common.ratio(meds['saltext-virt'], meds['salt-virt'])}**"])
+    mem_rows = []
+    for name in ("salt-virt", "saltext-virt"):
+        mem = results.get((name, "_mem"))
+        if mem:
+            hwm = [v["hwm_after"] for v in mem.values() if v["hwm_after"]]
+            growth = [v["hwm_after"] - v["rss_before"] for v in mem.values() if v["hwm_after"] and v["rss_before"]]
+            mem_rows.append([name, common.fmt_mib(max(hwm) if hwm else None),
+                             common.fmt_mib(max(growth) if growth else None)])
+    tables = [
+        f"{cfg['minions']} minions x {cfg['domains']} domains (test driver), whole command, median (min–max, n)\n\n"
+        + common.table(["command", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt"], body),
+        "Minion memory after all queries (largest minion process)\n\n"
+        + common.table(["stack", "peak RSS (VmHWM)", "growth over RSS before the queries"], mem_rows),
+    ]
+    result = {"title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
+              "tables": tables, "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+              "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors]}
+    common.emit("fleet", result)
+    return 1 if any(e.startswith("salt-virt") for e in errors) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""VM creation on a real libvirtd: salt-virt ``virt.init`` vs the raw libvirt-python floor vs
+saltext-virt 0.1.0's ``virt.init``, same domain shape, same hypervisor, one run.
+
+Shape: 1 vCPU, 256 MiB, the test guest's disk as a qcow2 overlay (or a full copy of the 64 MiB raw
+disk), one virtio NIC on bridge br0, direct kernel boot, type qemu (TCG). Timed: from the call to
+"defined and started" (libvirt's create() returned), in a process where the loader is already set up.
+The floor does the least any tool must: ``qemu-img create`` (or a file copy), defineXML, create().
+
+Each variant runs in ``procs`` fresh processes of ``reps`` calls each, the variants alternating so
+that load from elsewhere on the machine hits all of them. Every VM is destroyed, undefined and its
+files removed after its call (untimed).
+
+    bench/run --only init             # or: $VENV/bin/python bench/bench_init.py [--quick]
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+sys.path.insert(0, str(common.ROOT / "tests" / "support"))
+import lab  # noqa: E402
+
+# (label, impl, extra spec). vtype/hypervisor=qemu everywhere: the apples-to-apples rows.
+VARIANTS = [
+    ("raw libvirt-python (floor)", "raw", {}),
+    ("salt-virt virt.init seed=False", "salt-virt", {"seed": False, "vtype": "qemu"}),
+    ("saltext-virt 0.1.0 virt.init seed=False", "saltext-virt", {}),
+    ("salt-virt virt.init seed=True", "salt-virt", {"seed": True, "vtype": "qemu"}),
+    ("salt-virt virt.init seed=False, type auto-detected", "salt-virt", {"seed": False}),
+]
+
+
+def guest_files():
+    g = common.GUEST
+    return {"kernel": str(g / "vmlinuz"), "initrd": str(g / "initrd.img"), "raw": str(g / "disk.raw"),
+            "qcow2": str(g / "disk.qcow2"), "cmdline": "console=ttyS0 quiet"}
+
+
+def run(procs, reps, workdir, log, disk_modes=("overlay", "copy")):
+    impls = common.impls()
+    fabric = lab.Fabric(lab.new_tag()).start()
+    hv = None
+    answers = {}
+    try:
+        hv = lab.Hypervisor(os.path.join(workdir, "lab"), 1, fabric).start()
+        # a fresh lab libvirtd has no /var/log/libvirt/qemu yet; every variant logs the serial console there
+        os.makedirs(hv.path("log", "qemu"), exist_ok=True)
+        images_dir = os.path.join(workdir, "images")
+        os.makedirs(images_dir, mode=0o755)
+        for mode in disk_modes:
+            for p in range(procs):
+                for label, impl_name, extra in VARIANTS:
+                    spec = {
+                        "mode": "init", "impl": impl_name, "uri": hv.uri, "images_dir": images_dir,
+                        "guest": guest_files(), "overlay": mode == "overlay", "image_format": "raw",
+                        "reps": reps, "prefix": f"b{len(answers) % 100}x{p}i",
+                        "virt": {"connection": {"uri": hv.uri}, "images": images_dir},
+                        "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
+                    }
+                    spec.update(extra)
+                    python = impls["salt-virt" if impl_name == "raw" else impl_name]["python"]
+                    log(f"init {mode} {label} process {p + 1}/{procs}")
+                    answers.setdefault((mode, label), []).append(common.run_worker(python, spec, timeout=900))
+    finally:
+        if hv:
+            hv.stop()
+        fabric.stop()
+    return answers
+
+
+def render(answers):
+    tables, errors, rows_json = [], [], []
+    for mode in ("overlay", "copy"):
+        floor = None
+        body = []
+        for label, _impl, _extra in VARIANTS:
+            procs = answers.get((mode, label))
+            if procs is None:
+                continue
+            ok = [a for a in procs if a.get("ok")]
+            times = [t for a in ok for t in a["times"]]
+            firsts = [a["times"][0] for a in ok if a["times"]]
+            errs = [e for a in ok for e in a.get("errors", [])] + [a["error"] for a in procs if not a.get("ok")]
+            st = common.summary(times)
+            if label.startswith("raw"):
+                floor = st and st["median"]
+            med = st and st["median"]
+            body.append([label, common.fmt_stat(st), f"**{common.ratio(med, floor)}**" if med else "—",
+                         common.fmt_s(common.summary(firsts)["median"]) if firsts else "—",
+                         f"{len(errs)} failed" if errs else "ok"])
+            rows_json.append({"mode": mode, "variant": label, "times": st, "first_call": common.summary(firsts),
+                              "errors": errs[:3]})
+            if errs:
+                errors.append(f"{mode} / {label}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
+        what = "qcow2 overlay on the guest's qcow2 disk" if mode == "overlay" else "full copy of the 64 MiB raw disk"
+        tables.append(f"**{what}** — define + start, median (min–max, n)\n\n" + common.table(
+            ["variant", "time", "vs floor", "first call in a process", "status"], body))
+    return tables, errors, rows_json
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="one process, one call per variant, overlay only")
+    ap.add_argument("--procs", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    procs, reps = (1, 1) if args.quick else (args.procs, args.reps)
+    workdir = tempfile.mkdtemp(prefix="svbench-i", dir="/var/tmp")
+    os.chmod(workdir, 0o755)
+    load0 = common.loadavg()
+    try:
+        answers = run(procs, reps, workdir, lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+                      disk_modes=("overlay",) if args.quick else ("overlay", "copy"))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    tables, errors, rows = render(answers)
+    result = {"title": "1. virt.init vs raw libvirt vs saltext-virt (real libvirtd, TCG)", "rows": rows,
+              "tables": tables, "notes": [f"load average before/after: {load0} / {common.loadavg()}"] +
+              [f"FAILED {e}" for e in errors]}
+    common.emit("init", result)
+    # the competitor's failures are results, not a failure of this script; ours are
+    return 1 if any("salt-virt" in e.split(" / ")[1][:10] or "raw" in e.split(" / ")[1][:4] for e in errors) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

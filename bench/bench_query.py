@@ -1,0 +1,176 @@
+"""Query at scale on one hypervisor: ``virt.full_info`` of salt-virt vs saltext-virt 0.1.0.
+
+Backends:
+  test   libvirt's test driver with a node XML of N domains (``test:///abs/node.xml``). The driver runs
+         inside the calling process and re-reads the node file on every connection open, so an open
+         costs O(N) there (on a real libvirtd it costs a few ms whatever N).
+  real   a real libvirtd (tests/support/lab.py) with N defined (inactive) domains of the same shape:
+         the fair check of the test driver's figures.
+
+Each measurement is one call in a fresh process (loader set-up untimed); the processes of both
+implementations alternate. Peak memory: VmHWM of that process, and its growth over the RSS before the call.
+
+    bench/run --only query            # or: $VENV/bin/python bench/bench_query.py [--quick] [--backend test]
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import nodexml  # noqa: E402
+
+# fresh processes per (implementation, size): saltext-virt's cost grows with N^2 on the test driver
+# (4 new connections per domain), so it gets fewer repetitions at the large sizes.
+FULL = {"sizes": [100, 300, 1000], "reps": {"salt-virt": 5, "saltext-virt": {100: 3, 300: 2, 1000: 1}}}
+QUICK = {"sizes": [5, 10], "reps": {"salt-virt": 1, "saltext-virt": {5: 1, 10: 1}}}
+
+
+def reps_for(cfg, impl, size):
+    r = cfg["reps"][impl]
+    return r if isinstance(r, int) else r.get(size, 1)
+
+
+def measure(impl, uri, reps, images_dir, timeout):
+    """``reps`` fresh processes, one full_info call each; returns (times, hwm, growth, result, errors)."""
+    spec = {"mode": "call", "module_dirs": impl["module_dirs"], "func": "virt.full_info", "reps": 1,
+            "virt": {"connection": {"uri": uri}, "images": images_dir}}
+    out = []
+    for _ in range(reps):
+        out.append(common.run_worker(impl["python"], spec, timeout=timeout))
+    return out
+
+
+def collect(rows, backend, size, impl_name, answers):
+    ok = [a for a in answers if a.get("ok")]
+    rows.append({
+        "backend": backend, "size": size, "impl": impl_name,
+        "wall": common.summary([a["times"][0] for a in ok]),
+        "hwm_kib": common.summary([a["hwm_after_kib"] for a in ok]),
+        "growth_kib": common.summary([a["hwm_after_kib"] - a["rss_before_kib"] for a in ok]),
+        "vms": ok[0]["result"].get("vms") if ok else None,
+        "errors": [a["error"] for a in answers if not a.get("ok")],
+    })
+
+
+def run_backend(backend, cfg, impls, workdir, timeout, log):
+    rows = []
+    hv = fabric = None
+    conn = None
+    try:
+        if backend == "real":
+            import libvirt
+
+            sys.path.insert(0, str(common.ROOT / "tests" / "support"))
+            import lab
+
+            fabric = lab.Fabric(lab.new_tag()).start()
+            hv = lab.Hypervisor(os.path.join(workdir, "lab"), 1, fabric).start()
+            conn = libvirt.open(hv.uri)
+        defined = 0
+        for size in cfg["sizes"]:
+            if backend == "test":
+                uri = nodexml.write_node(workdir, size)
+            else:
+                template = nodexml._disk_template(os.path.join(workdir, "disks"))
+                for i in range(defined, size):
+                    path = os.path.join(workdir, "disks", f"vm{i:05d}.qcow2")
+                    if not os.path.exists(path):
+                        os.link(template, path)
+                    dom = nodexml.domain(i, path, dtype="qemu")
+                    conn.defineXML(ET.tostring(dom, encoding="unicode"))
+                defined = size
+                uri = hv.uri
+            # alternate the implementations so that a burst of load from elsewhere hits both
+            answers = {name: [] for name in impls}
+            rounds = max(reps_for(cfg, name, size) for name in impls)
+            for r in range(rounds):
+                for name, impl in impls.items():
+                    if r < reps_for(cfg, name, size):
+                        log(f"query {backend} N={size} {name} run {r + 1}")
+                        answers[name] += measure(impl, uri, 1, os.path.join(workdir, "images"), timeout)
+            for name in impls:
+                collect(rows, backend, size, name, answers[name])
+    finally:
+        if conn is not None:
+            conn.close()
+        if hv:
+            hv.stop()
+        if fabric:
+            fabric.stop()
+    return rows
+
+
+def render(rows):
+    tables = []
+    for backend in sorted({r["backend"] for r in rows}, reverse=True):
+        sub = [r for r in rows if r["backend"] == backend]
+        body = []
+        for size in sorted({r["size"] for r in sub}):
+            ours = next((r for r in sub if r["size"] == size and r["impl"] == "salt-virt"), None)
+            theirs = next((r for r in sub if r["size"] == size and r["impl"] == "saltext-virt"), None)
+            o_w = ours["wall"]["median"] if ours and ours["wall"] else None
+            t_w = theirs["wall"]["median"] if theirs and theirs["wall"] else None
+            o_m = ours["hwm_kib"]["median"] if ours and ours["hwm_kib"] else None
+            t_m = theirs["hwm_kib"]["median"] if theirs and theirs["hwm_kib"] else None
+            body.append([
+                size,
+                common.fmt_stat(ours and ours["wall"]),
+                common.fmt_stat(theirs and theirs["wall"]),
+                f"**{common.ratio(t_w, o_w)}**",
+                f"{common.fmt_mib(o_m)} (+{common.fmt_mib(ours['growth_kib']['median']) if ours and ours['growth_kib'] else '—'})",
+                f"{common.fmt_mib(t_m)} (+{common.fmt_mib(theirs['growth_kib']['median']) if theirs and theirs['growth_kib'] else '—'})",
+                f"{ours and ours['vms']} / {theirs and theirs['vms']}",
+            ])
+        label = "libvirt test driver (node XML)" if backend == "test" else "real libvirtd, defined domains"
+        tables.append(f"**{label}** — `virt.full_info`, one call per fresh process, median (min–max, n)\n\n" +
+                      common.table(["domains", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt",
+                                    "peak RSS salt-virt (+growth)", "peak RSS saltext (+growth)", "VMs seen"], body))
+        # linearity: time per domain
+        per = []
+        for impl in ("salt-virt", "saltext-virt"):
+            pts = [(r["size"], r["wall"]["median"]) for r in sub if r["impl"] == impl and r["wall"]]
+            if pts:
+                per.append([impl] + [f"N={n}: {common.fmt_s(t / n)}" for n, t in pts])
+        if per:
+            width = max(len(p) for p in per)
+            tables.append("Time per domain (flat = linear):\n\n" +
+                          common.table(["impl"] + [""] * (width - 1), [p + [""] * (width - len(p)) for p in per]))
+    errors = [f"{r['impl']} {r['backend']} N={r['size']}: {e[-400:]}" for r in rows for e in r["errors"]]
+    return tables, errors
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one run each (smoke test)")
+    ap.add_argument("--backend", choices=["test", "real", "both"], default="both")
+    ap.add_argument("--sizes", help="comma-separated domain counts (default 100,300,1000)")
+    ap.add_argument("--timeout", type=int, default=3600, help="per-process timeout (s)")
+    args = ap.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    if args.sizes:
+        cfg["sizes"] = [int(s) for s in args.sizes.split(",")]
+    backends = ["test", "real"] if args.backend == "both" else [args.backend]
+    impls = common.impls()
+    workdir = tempfile.mkdtemp(prefix="svbench-q", dir="/var/tmp")
+    os.chmod(workdir, 0o755)
+    load0 = common.loadavg()
+    rows = []
+    try:
+        for backend in backends:
+            rows += run_backend(backend, cfg, impls, os.path.join(workdir, backend), args.timeout,
+                                lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    tables, errors = render(rows)
+    result = {"title": "3. query at scale (one hypervisor)", "rows": rows, "tables": tables,
+              "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors]}
+    common.emit("query", result)
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

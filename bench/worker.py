@@ -1,0 +1,228 @@
+"""One measurement in a fresh process, in whichever venv runs it (ours or saltext-virt's).
+
+Reads a JSON spec on stdin, prints one JSON line. Loader set-up (grains, module loading) is outside
+the timed part; peak memory is VmHWM of this process before and after the timed calls.
+
+modes:
+  call      __salt__[func](*args, **kwargs) ``reps`` times through the Salt loader (module_dirs)
+  init      VM creation ``reps`` times: impl salt-virt / saltext-virt (virt.init via the loader) or
+            raw (libvirt-python floor: qemu-img + defineXML + create); each VM is removed untimed
+  clone     saltvirt.images.clone(src, dest, overlay=...) ``reps`` times (our venv only)
+"""
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def vm_hwm_kib():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return None
+
+
+def vm_rss_kib():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
+def minion_mods(spec, workdir):
+    """``__salt__`` as a minion would have it, with ``module_dirs`` and ``virt:`` config (no daemon)."""
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.minion_config(None)
+    opts.update(
+        {
+            "id": "bench-minion",
+            "master": "salt-master.bench",
+            "file_client": "local",
+            "cachedir": os.path.join(workdir, "cache"),
+            "pki_dir": os.path.join(workdir, "pki"),
+            "module_dirs": spec["module_dirs"],
+            "virt": spec.get("virt", {}),
+        }
+    )
+    opts["grains"] = salt.loader.grains(opts)
+    utils = salt.loader.utils(opts)
+    mods = salt.loader.minion_mods(opts, utils=utils)
+    func = spec.get("func")
+    if func and func not in mods:
+        raise SystemExit(f"{func} did not load from {spec['module_dirs']}: {mods.missing_fun_string(func)}")
+    return mods
+
+
+def summarize(value):
+    """Enough of a result to check both implementations saw the same thing (not the whole answer)."""
+    if isinstance(value, dict) and "vm_info" in value:
+        vms = value["vm_info"]
+        return {"vms": len(vms), "with_graphics": sum(1 for v in vms.values() if v.get("graphics"))}
+    if isinstance(value, dict):
+        return {"keys": len(value)}
+    if isinstance(value, (list, tuple)):
+        return {"items": len(value)}
+    return {"value": repr(value)[:200]}
+
+
+def mode_call(spec, workdir):
+    mods = minion_mods(spec, workdir)
+    func = mods[spec["func"]]
+    for _ in range(spec.get("warmup", 0)):
+        func(*spec.get("args", []), **spec.get("kwargs", {}))
+    hwm0, rss0 = vm_hwm_kib(), vm_rss_kib()
+    times, result = [], None
+    for _ in range(spec.get("reps", 1)):
+        t0 = time.perf_counter()
+        result = func(*spec.get("args", []), **spec.get("kwargs", {}))
+        times.append(time.perf_counter() - t0)
+    return {"times": times, "hwm_before_kib": hwm0, "rss_before_kib": rss0, "hwm_after_kib": vm_hwm_kib(),
+            "result": summarize(result)}
+
+
+RAW_XML = """<domain type="qemu"><name>{name}</name><memory unit="MiB">{mem}</memory>\
+<currentMemory unit="MiB">{mem}</currentMemory><vcpu>{cpu}</vcpu><os><type arch="x86_64">hvm</type>\
+<kernel>{kernel}</kernel><initrd>{initrd}</initrd><cmdline>{cmdline}</cmdline></os><features><acpi /><apic />\
+</features><on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot><on_crash>destroy</on_crash>\
+<devices><disk type="file" device="disk"><driver name="qemu" type="{fmt}" cache="none" /><source file="{disk}" />\
+<target dev="vda" bus="virtio" /></disk><interface type="bridge"><source bridge="br0" /><model type="virtio" />\
+</interface><serial type="pty"><log file="/var/log/libvirt/qemu/{name}-serial.log" append="on" />\
+<target port="0" /></serial><console type="pty"><target type="serial" port="0" /></console></devices></domain>"""
+
+
+def raw_init(spec, name):
+    """The floor: what any tool must do at least (clone the disk, define, start), with plain libvirt-python."""
+    import libvirt
+
+    guest, images_dir = spec["guest"], spec["images_dir"]
+    vm_dir = os.path.join(images_dir, name)
+    os.makedirs(vm_dir)
+    if spec["overlay"]:
+        disk, fmt = os.path.join(vm_dir, "system.qcow2"), "qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", guest["qcow2"], "-F", "qcow2", disk], check=True)
+    else:
+        disk, fmt = os.path.join(vm_dir, f"system.{spec['image_format']}"), spec["image_format"]
+        shutil.copyfile(guest[spec["image_format"]], disk)
+    conn = libvirt.open(spec["uri"])
+    try:
+        dom = conn.defineXML(RAW_XML.format(name=name, mem=256, cpu=1, disk=disk, fmt=fmt, kernel=guest["kernel"],
+                                            initrd=guest["initrd"], cmdline=guest["cmdline"]))
+        dom.create()
+    finally:
+        conn.close()
+
+
+def init_call(spec, mods, name):
+    guest = spec["guest"]
+    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": guest["cmdline"]}
+    image = guest["qcow2"] if spec["overlay"] else guest[spec["image_format"]]
+    if spec["impl"] == "salt-virt":
+        kwargs = {"image": image, "enable_qcow": spec["overlay"], "boot": boot, "seed": spec.get("seed", False)}
+        if spec.get("vtype"):
+            kwargs["vtype"] = spec["vtype"]
+        return mods["virt.init"](name, 1, 256, **kwargs)
+    # saltext-virt: the same shape said its way (disk from an image, overlay_image for a qcow2 overlay)
+    disk = {"name": "system", "image": image, "format": "qcow2" if spec["overlay"] else spec["image_format"],
+            "overlay_image": spec["overlay"]}
+    return mods["virt.init"](name, 1, 256, hypervisor="qemu", disks=[disk], boot=boot, seed=False,
+                             interfaces=[{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio"}])
+
+
+def remove_vm(uri, name, images_dir):
+    """Untimed clean-up after one init, whatever created it (libvirt + files under images_dir)."""
+    import libvirt
+
+    conn = libvirt.open(uri)
+    try:
+        with contextlib.suppress(libvirt.libvirtError):
+            dom = conn.lookupByName(name)
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+    finally:
+        conn.close()
+    for entry in os.listdir(images_dir):
+        if entry == name or entry.startswith(f"{name}_") or entry.startswith(f"{name}."):
+            path = os.path.join(images_dir, entry)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+
+def mode_init(spec, workdir):
+    mods = None
+    if spec["impl"] != "raw":
+        mods = minion_mods(dict(spec, func="virt.init"), workdir)
+    hwm0 = vm_hwm_kib()
+    times, errors, results = [], [], []
+    for i in range(spec.get("reps", 1)):
+        name = f"{spec['prefix']}{i}"
+        t0 = time.perf_counter()
+        try:
+            if spec["impl"] == "raw":
+                raw_init(spec, name)
+                ret = True
+            else:
+                ret = init_call(spec, mods, name)
+            times.append(time.perf_counter() - t0)
+            results.append(ret if not isinstance(ret, dict) else {k: ret.get(k) for k in ("started", "seed", "type")})
+        except Exception as exc:  # noqa: BLE001 - the competitor's failures are data here
+            errors.append(f"{type(exc).__name__}: {exc}"[:1500])
+        finally:
+            remove_vm(spec["uri"], name, spec["images_dir"])
+    return {"times": times, "errors": errors, "results": results[:2], "hwm_before_kib": hwm0,
+            "hwm_after_kib": vm_hwm_kib()}
+
+
+def qemu_img_info(path):
+    out = subprocess.run(["qemu-img", "info", "-U", "--backing-chain", "--output=json", path],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def mode_clone(spec, workdir):
+    sys.path.insert(0, spec["utils_path"])
+    from saltvirt import images
+
+    times, fsyncs, chain = [], [], None
+    for i in range(spec.get("reps", 1)):
+        dest = os.path.join(spec["dest_dir"], f"clone{i}.{spec['fmt']}")
+        t0 = time.perf_counter()
+        images.clone(spec["src"], dest, overlay=spec["overlay"], fmt=spec["fmt"])
+        times.append(time.perf_counter() - t0)
+        if spec.get("fsync"):
+            t0 = time.perf_counter()
+            fd = os.open(dest, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsyncs.append(time.perf_counter() - t0)
+        if chain is None:
+            info = qemu_img_info(dest)
+            chain = {"depth": len(info) - 1, "format": info[0]["format"],
+                     "backing": info[0].get("backing-filename"), "actual_size": info[0].get("actual-size")}
+        os.unlink(dest)
+    return {"times": times, "fsync_times": fsyncs, "chain": chain}
+
+
+def main():
+    spec = json.loads(sys.stdin.read())
+    workdir = tempfile.mkdtemp(prefix="svbench-w")
+    try:
+        out = {"init": mode_init, "call": mode_call, "clone": mode_clone}[spec["mode"]](spec, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out["ok"] = True
+    out["python"] = sys.executable
+    print(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()
