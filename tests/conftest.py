@@ -80,7 +80,16 @@ def boot_args(guest):
     return {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
 
 
-def make_minion_mods(tmp_path, uri, **config):
+@pytest.fixture
+def qemu_tmp():
+    """A temp dir QEMU (user libvirt-qemu) can reach: pytest's tmp_path is 0700 under /tmp."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="svt-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_minion_mods(tmp_path, uri, images_dir=None, **config):
     """The real Salt loader with this repo's _modules, as a minion would load them (no daemon)."""
     import salt.config
     import salt.loader
@@ -94,7 +103,7 @@ def make_minion_mods(tmp_path, uri, **config):
             "cachedir": str(tmp_path / "cache"),
             "pki_dir": str(tmp_path / "pki"),
             "module_dirs": [str(ROOT / "_modules")],
-            "virt": dict({"connection": {"uri": uri}, "images": str(tmp_path / "images")}, **config),
+            "virt": dict({"connection": {"uri": uri}, "images": str(images_dir or tmp_path / "images")}, **config),
         }
     )
     opts["grains"] = salt.loader.grains(opts)
@@ -127,9 +136,10 @@ def virt_test(tmp_path):
 
 
 @pytest.fixture
-def virt_hv(tmp_path, hv1):
-    """``__salt__`` with virt.* bound to the real namespaced libvirtd ``hv1``."""
-    return make_minion_mods(tmp_path, hv1.uri)
+def virt_hv(tmp_path, hv1, qemu_tmp):
+    """``__salt__`` with virt.* bound to the real namespaced libvirtd ``hv1``; virt:images is
+    ``qemu_tmp / 'images'``."""
+    return make_minion_mods(tmp_path, hv1.uri, images_dir=qemu_tmp / "images")
 
 
 # real Salt daemons (pytest-salt-factories) --------------------------------------------------------

@@ -25,11 +25,11 @@ def console(hv, name):
 
 
 @pytest.fixture
-def base_images(tmp_path, guest):
+def base_images(qemu_tmp, guest):
     """Private copies of the guest images (tests check that bases are never modified)."""
     out = {}
     for fmt in ("raw", "qcow2"):
-        dst = tmp_path / f"base.{fmt}"
+        dst = qemu_tmp / f"base.{fmt}"
         shutil.copyfile(guest[fmt], dst)
         out[fmt] = str(dst)
     return out
@@ -39,13 +39,13 @@ def qemu_img_info(path):
     return json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", path], check=True, capture_output=True, text=True).stdout)
 
 
-def test_full_copy_is_seeded_before_first_boot(virt_hv, hv1, base_images, boot_args, tmp_path):
+def test_full_copy_is_seeded_before_first_boot(virt_hv, hv1, base_images, boot_args, qemu_tmp):
     before = sha256(base_images["raw"])
     ret = virt_hv["virt.init"]("full1", 1, 256, image=base_images["raw"], boot=boot_args)
     assert ret["started"] is True and ret["state"] == "running"
     assert ret["type"] == "qemu"  # this host's nested KVM cannot boot guests: detected, not hard-coded
     disk = ret["disks"][0]
-    assert disk["path"] == str(tmp_path / "images" / "full1" / "system.raw") and disk["overlay"] is False
+    assert disk["path"] == str(qemu_tmp / "images" / "full1" / "system.raw") and disk["overlay"] is False
     assert ret["seed"]["backend"] in ("libguestfs", "qemu-nbd", "qsd-fuse", "loop")
     log = lab.wait_for_text(console(hv1, "full1"), "SALT-MINION-KEY:")
     assert "SALT-MINION-ID: full1" in log
@@ -96,9 +96,9 @@ def test_no_vnc_unless_asked(virt_hv, boot_args):
         virt_hv["virt.purge"]("novnc1")
 
 
-def _nothing_left(virt_hv, tmp_path, name):
+def _nothing_left(virt_hv, qemu_tmp, name):
     assert name not in virt_hv["virt.list_domains"]()
-    assert not os.path.exists(tmp_path / "images" / name)
+    assert not os.path.exists(qemu_tmp / "images" / name)
 
 
 @pytest.mark.parametrize(
@@ -115,18 +115,18 @@ def _nothing_left(virt_hv, tmp_path, name):
         ("badnic", {"nic": "nosuchprofile"}, SaltInvocationError, "nic profile"),
     ],
 )
-def test_bad_input_creates_nothing(virt_hv, tmp_path, name, kwargs, error, match):
+def test_bad_input_creates_nothing(virt_hv, qemu_tmp, name, kwargs, error, match):
     args = {"cpu": 1, "mem": 128}
     args.update(kwargs)
     cpu, mem = args.pop("cpu"), args.pop("mem")
     with pytest.raises(error, match=match):
         virt_hv["virt.init"](name, cpu, mem, **args)
     if "/" not in name and name != "..":
-        _nothing_left(virt_hv, tmp_path, name)
+        _nothing_left(virt_hv, qemu_tmp, name)
 
 
-def test_existing_disk_file_is_never_overwritten(virt_hv, tmp_path, base_images):
-    vm_dir = tmp_path / "images" / "taken1"
+def test_existing_disk_file_is_never_overwritten(virt_hv, qemu_tmp, base_images):
+    vm_dir = qemu_tmp / "images" / "taken1"
     vm_dir.mkdir(parents=True)
     precious = vm_dir / "system.raw"
     precious.write_bytes(b"someone's data")
@@ -136,23 +136,23 @@ def test_existing_disk_file_is_never_overwritten(virt_hv, tmp_path, base_images)
     assert "taken1" not in virt_hv["virt.list_domains"]()
 
 
-def test_failed_seed_fails_init_and_removes_what_it_created(virt_hv, tmp_path, base_images):
+def test_failed_seed_fails_init_and_removes_what_it_created(virt_hv, qemu_tmp, base_images):
     with pytest.raises(CommandExecutionError, match="seeding .* failed"):
         virt_hv["virt.init"]("seedfail", 1, 128, image=base_images["qcow2"], seed_backend="loop")
-    _nothing_left(virt_hv, tmp_path, "seedfail")
+    _nothing_left(virt_hv, qemu_tmp, "seedfail")
 
 
-def test_missing_bridge_is_explained_and_cleaned_up(virt_hv, tmp_path, base_images, boot_args):
+def test_missing_bridge_is_explained_and_cleaned_up(virt_hv, qemu_tmp, base_images, boot_args):
     with pytest.raises(CommandExecutionError, match="bridge 'nobr0' does not exist on hv1.*salt-virt.example.sls"):
         virt_hv["virt.init"](
             "nobridge", 1, 128, image=base_images["qcow2"], boot=boot_args,
             interfaces=[{"name": "eth0", "type": "bridge", "source": "nobr0"}],
         )
-    _nothing_left(virt_hv, tmp_path, "nobridge")
+    _nothing_left(virt_hv, qemu_tmp, "nobridge")
 
 
-def test_purge_keeps_disks_it_did_not_create(virt_hv, tmp_path, base_images, boot_args):
-    foreign = tmp_path / "foreign.qcow2"
+def test_purge_keeps_disks_it_did_not_create(virt_hv, qemu_tmp, base_images, boot_args):
+    foreign = qemu_tmp / "foreign.qcow2"
     shutil.copyfile(base_images["qcow2"], foreign)
     virt_hv["virt.init"](
         "foreign1", 1, 128, disk=None, boot=boot_args, start=False,

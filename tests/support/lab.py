@@ -76,7 +76,7 @@ class Hypervisor:
         d = self.dir
         shutil.rmtree(self.path("etc"), ignore_errors=True)
         shutil.rmtree(self.path("run"), ignore_errors=True)
-        for sub in ("run", "lib", "cache", "log"):
+        for sub in ("run", "lib", "cache", "log", "log/qemu", "lib/images"):
             os.makedirs(self.path(sub), exist_ok=True)
         shutil.copytree("/etc/libvirt", self.path("etc"), symlinks=True)
         autostart = self.path("etc", "qemu", "networks", "autostart", "default.xml")
