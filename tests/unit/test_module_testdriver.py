@@ -79,3 +79,15 @@ def test_occupied_name_and_unknown_vm(virt_test):
 def test_unreachable_connection_is_a_clear_error(virt_test):
     with pytest.raises(CommandExecutionError, match="cannot connect to libvirt at qemu\\+unix.*Check that libvirtd"):
         virt_test["virt.list_domains"](connection="qemu+unix:///system?socket=/nonexistent/sock")
+
+
+def test_init_without_image_creates_a_blank_system_disk_and_purge_removes_it(virt_test, tmp_path):
+    ret = virt_test["virt.init"]("blank1", 1, 128, nic=None, start=False)
+    path = tmp_path / "images" / "blank1" / "system.qcow2"
+    assert [d["path"] for d in ret["disks"]] == [str(path)]
+    assert ret["seed"] is None  # nothing to seed without an image
+    from saltvirt import images
+
+    assert images.image_info(str(path))["virtual_size"] == 8192 * 1024 * 1024
+    purged = virt_test["virt.purge"]("blank1")
+    assert purged["removed"] == [str(path)] and not path.exists()
