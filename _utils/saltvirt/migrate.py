@@ -85,7 +85,9 @@ def destination_uri(target, tunnel=False, transport=None, pkipath=None, uri_temp
     try:
         uri = (uri_template or DEFAULT_URI_TEMPLATE).format(transport=transport, target=host)
     except (KeyError, IndexError, ValueError) as exc:
-        raise SaltInvocationError(f"virt:migration:uri_template {uri_template!r}: {exc} (use {{transport}}, {{target}})") from None
+        raise SaltInvocationError(
+            f"virt:migration:uri_template {uri_template!r}: {exc} (use {{transport}}, {{target}})"
+        ) from None
     if pkipath and transport == "tls":
         validate.absolute_path(pkipath, "virt:migration:pkipath")
         uri += ("&" if "?" in uri else "?") + "pkipath=" + urllib.parse.quote(pkipath, safe="/")
@@ -427,7 +429,8 @@ def plan(source, images_dir, copy_storage=None):
             if disk["path"] and disk["type"] in ("file", "block") and not os.path.exists(disk["path"]):
                 kind = "read-only" if disk["readonly"] else disk["type"]
                 raise CommandExecutionError(
-                    f"disk {disk['target']} ({disk['path']}, {kind}) is not on the target and is not copied: put it there first"
+                    f"disk {disk['target']} ({disk['path']}, {kind}) is not on the target and is not copied: "
+                    "put it there first"
                 )
             continue
         dest = map_path(disk["path"], source.get("images_dir"), images_dir)
