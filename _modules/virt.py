@@ -173,8 +173,7 @@ def init(
 
 
 def start(name, connection=None):
-    """
-    Start a defined VM.
+    """Start a defined VM.
 
     CLI Example:: salt '*' virt.start web1
     """
@@ -194,8 +193,7 @@ def stop(name, timeout=0, connection=None):
 
 
 def shutdown(name, timeout=0, connection=None):
-    """
-    Same as ``virt.stop``: ask the guest to shut down.
+    """Same as ``virt.stop``: ask the guest to shut down.
 
     CLI Example:: salt '*' virt.shutdown web1
     """
@@ -203,8 +201,7 @@ def shutdown(name, timeout=0, connection=None):
 
 
 def destroy(name, connection=None):
-    """
-    Hard power-off (pull the plug). The VM stays defined and its disks stay.
+    """Hard power-off (pull the plug). The VM stays defined and its disks stay.
 
     CLI Example:: salt '*' virt.destroy web1
     """
@@ -213,8 +210,7 @@ def destroy(name, connection=None):
 
 
 def force_off(name, connection=None):
-    """
-    Alias of ``virt.destroy``.
+    """Alias of ``virt.destroy``.
 
     CLI Example:: salt '*' virt.force_off web1
     """
@@ -222,8 +218,7 @@ def force_off(name, connection=None):
 
 
 def reboot(name, connection=None):
-    """
-    Ask the guest to reboot.
+    """Ask the guest to reboot.
 
     CLI Example:: salt '*' virt.reboot web1
     """
@@ -232,8 +227,7 @@ def reboot(name, connection=None):
 
 
 def reset(name, connection=None):
-    """
-    Hard reset (press the reset button).
+    """Hard reset (press the reset button).
 
     CLI Example:: salt '*' virt.reset web1
     """
@@ -242,8 +236,7 @@ def reset(name, connection=None):
 
 
 def pause(name, connection=None):
-    """
-    Pause a running VM.
+    """Pause a running VM.
 
     CLI Example:: salt '*' virt.pause web1
     """
@@ -252,8 +245,7 @@ def pause(name, connection=None):
 
 
 def resume(name, connection=None):
-    """
-    Resume a paused VM.
+    """Resume a paused VM.
 
     CLI Example:: salt '*' virt.resume web1
     """
@@ -262,8 +254,7 @@ def resume(name, connection=None):
 
 
 def undefine(name, connection=None):
-    """
-    Remove a VM's definition; its disks stay (see ``virt.purge``).
+    """Remove a VM's definition; its disks stay (see ``virt.purge``).
 
     CLI Example:: salt '*' virt.undefine web1
     """
@@ -284,8 +275,7 @@ def purge(name, connection=None, **kwargs):
 
 
 def set_autostart(name, state="on", connection=None):
-    """
-    Start the VM when the host boots (``state=on``) or not (``off``).
+    """Start the VM when the host boots (``state=on``) or not (``off``).
 
     CLI Example:: salt '*' virt.set_autostart web1 on
     """
@@ -294,8 +284,7 @@ def set_autostart(name, state="on", connection=None):
 
 
 def setmem(name, mem, config=True, connection=None):
-    """
-    Set memory in MiB: live where possible and in the persistent config.
+    """Set memory in MiB: live where possible and in the persistent config.
 
     CLI Example:: salt '*' virt.setmem web1 1024
     """
@@ -304,8 +293,7 @@ def setmem(name, mem, config=True, connection=None):
 
 
 def setvcpus(name, cpu, config=True, connection=None):
-    """
-    Set the number of vCPUs: live where possible and in the persistent config.
+    """Set the number of vCPUs: live where possible and in the persistent config.
 
     CLI Example:: salt '*' virt.setvcpus web1 4
     """
@@ -314,8 +302,7 @@ def setvcpus(name, cpu, config=True, connection=None):
 
 
 def define_xml_str(xml, connection=None):
-    """
-    Define a VM from a libvirt domain XML string.
+    """Define a VM from a libvirt domain XML string.
 
     CLI Example:: salt '*' virt.define_xml_str '<domain type="qemu">...</domain>'
     """
@@ -324,8 +311,7 @@ def define_xml_str(xml, connection=None):
 
 
 def define_xml_path(path, connection=None):
-    """
-    Define a VM from a domain XML file on the minion.
+    """Define a VM from a domain XML file on the minion.
 
     CLI Example:: salt '*' virt.define_xml_path /tmp/web1.xml
     """
@@ -335,8 +321,7 @@ def define_xml_path(path, connection=None):
 
 # queries ------------------------------------------------------------------------------------------
 def list_domains(connection=None):
-    """
-    Names of all defined VMs.
+    """Names of all defined VMs.
 
     CLI Example:: salt '*' virt.list_domains
     """
@@ -345,8 +330,7 @@ def list_domains(connection=None):
 
 
 def list_active_vms(connection=None):
-    """
-    Names of running (active) VMs.
+    """Names of running (active) VMs.
 
     CLI Example:: salt '*' virt.list_active_vms
     """
@@ -355,8 +339,7 @@ def list_active_vms(connection=None):
 
 
 def list_inactive_vms(connection=None):
-    """
-    Names of defined but inactive VMs.
+    """Names of defined but inactive VMs.
 
     CLI Example:: salt '*' virt.list_inactive_vms
     """
@@ -376,8 +359,7 @@ def vm_info(vm_=None, connection=None):
 
 
 def vm_state(vm_=None, connection=None):
-    """
-    ``{name: state}`` for one VM or all.
+    """``{name: state}`` for one VM or all.
 
     CLI Example:: salt '*' virt.vm_state web1
     """
@@ -386,8 +368,7 @@ def vm_state(vm_=None, connection=None):
 
 
 def full_info(connection=None):
-    """
-    Host facts plus ``vm_info`` of every VM, in one connection and one bulk stats call.
+    """Host facts plus ``vm_info`` of every VM, in one connection and one bulk stats call.
 
     CLI Example:: salt '*' virt.full_info
     """
@@ -396,8 +377,7 @@ def full_info(connection=None):
 
 
 def get_xml(vm_, inactive=False, connection=None):
-    """
-    The VM's libvirt XML (``inactive=True``: the persistent definition).
+    """The VM's libvirt XML (``inactive=True``: the persistent definition).
 
     CLI Example:: salt '*' virt.get_xml web1
     """
@@ -406,8 +386,7 @@ def get_xml(vm_, inactive=False, connection=None):
 
 
 def get_nics(vm_, connection=None):
-    """
-    ``{mac: {type, source, model, target}}`` of a VM.
+    """``{mac: {type, source, model, target}}`` of a VM.
 
     CLI Example:: salt '*' virt.get_nics web1
     """
@@ -415,8 +394,7 @@ def get_nics(vm_, connection=None):
 
 
 def get_macs(vm_, connection=None):
-    """
-    MAC addresses of a VM's NICs.
+    """MAC addresses of a VM's NICs.
 
     CLI Example:: salt '*' virt.get_macs web1
     """
@@ -424,8 +402,7 @@ def get_macs(vm_, connection=None):
 
 
 def get_disks(vm_, connection=None):
-    """
-    ``{target: {file, format, virtual_size, allocation, backing_file, ...}}`` of a VM.
+    """``{target: {file, format, virtual_size, allocation, backing_file, ...}}`` of a VM.
 
     CLI Example:: salt '*' virt.get_disks web1
     """
@@ -433,8 +410,7 @@ def get_disks(vm_, connection=None):
 
 
 def get_graphics(vm_, connection=None):
-    """
-    The VM's console: ``{type, listen, port, autoport, address: 'host:port'}`` or None.
+    """The VM's console: ``{type, listen, port, autoport, address: 'host:port'}`` or None.
 
     CLI Example:: salt '*' virt.get_graphics web1
     """
@@ -443,8 +419,7 @@ def get_graphics(vm_, connection=None):
 
 # host ---------------------------------------------------------------------------------------------
 def node_info(connection=None):
-    """
-    CPU model, count and speed, memory and NUMA layout of the hypervisor.
+    """CPU model, count and speed, memory and NUMA layout of the hypervisor.
 
     CLI Example:: salt '*' virt.node_info
     """
@@ -453,8 +428,7 @@ def node_info(connection=None):
 
 
 def host_info(connection=None):
-    """
-    Capacity and usage (memory, vCPUs, VMs, free space in ``virt:images``) — what placement uses.
+    """Capacity and usage (memory, vCPUs, VMs, free space in ``virt:images``) — what placement uses.
 
     CLI Example:: salt '*' virt.host_info
     """
@@ -463,8 +437,7 @@ def host_info(connection=None):
 
 
 def freemem(connection=None):
-    """
-    MiB of memory not given to running VMs.
+    """MiB of memory not given to running VMs.
 
     CLI Example:: salt '*' virt.freemem
     """
@@ -473,8 +446,7 @@ def freemem(connection=None):
 
 
 def freecpu(connection=None):
-    """
-    Host CPUs minus vCPUs of running VMs.
+    """Host CPUs minus vCPUs of running VMs.
 
     CLI Example:: salt '*' virt.freecpu
     """
@@ -483,8 +455,7 @@ def freecpu(connection=None):
 
 
 def get_hypervisor(connection=None):
-    """
-    The domain type new VMs get here (``kvm`` or ``qemu``) and why.
+    """The domain type new VMs get here (``kvm`` or ``qemu``) and why.
 
     CLI Example:: salt '*' virt.get_hypervisor
     """
@@ -493,8 +464,7 @@ def get_hypervisor(connection=None):
 
 
 def virt_type(connection=None):
-    """
-    ``kvm`` or ``qemu``: see ``virt.get_hypervisor``.
+    """``kvm`` or ``qemu``: see ``virt.get_hypervisor``.
 
     CLI Example:: salt '*' virt.virt_type
     """
@@ -502,8 +472,7 @@ def virt_type(connection=None):
 
 
 def capabilities(connection=None):
-    """
-    libvirt's host capabilities XML.
+    """libvirt's host capabilities XML.
 
     CLI Example:: salt '*' virt.capabilities
     """
@@ -655,3 +624,184 @@ def migrate_abort_cleanup(name, paths, connection=None):
     """
     with _conn(connection) as conn:
         return _migrate.abort_cleanup(conn, name, paths, _images_dir())
+
+
+# update (what virt.running / virt.defined enforce) ------------------------------------------------
+def update(
+    name,
+    cpu=None,
+    mem=None,
+    nic="default",
+    disk="default",
+    disks=None,
+    interfaces=None,
+    enable_vnc=False,
+    graphics=None,
+    test=False,
+    connection=None,
+    **kwargs,  # pylint: disable=unused-argument  (init-only arguments such as image are accepted and ignored)
+):
+    """
+    Bring an existing VM to the spec ``virt.init`` would build from the same arguments: vCPUs, memory,
+    NICs, blank disks and graphics. Applied live where libvirt can (and always to the persistent
+    definition); what needs a restart is listed under ``restart``. Disks are never removed.
+    ``test=True`` returns the changes without making them.
+
+    CLI Example:: salt 'hyper1' virt.update web1 cpu=4 mem=2048 enable_vnc=True
+    """
+    from saltvirt import converge
+
+    with _conn(connection) as conn:
+        return converge.update(
+            conn,
+            name,
+            images_dir=_images_dir(),
+            profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
+            test=test,
+            cpu=cpu,
+            mem=mem,
+            nic=nic,
+            disk=disk,
+            disks=disks,
+            interfaces=interfaces,
+            enable_vnc=enable_vnc,
+            graphics=graphics,
+        )
+
+
+# networks and storage pools -----------------------------------------------------------------------
+def _netpool():
+    from saltvirt import netpool
+
+    return netpool
+
+
+def network_define(name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, autostart=False, start=False, connection=None):
+    """
+    Define a virtual network (``forward``: nat, route, bridge (onto an existing ``bridge``), open or
+    none; ``ip`` as ADDRESS/PREFIX with an optional DHCP range).
+
+    CLI Example:: salt 'hyper1' virt.network_define isolated forward=none ip=10.50.0.1/24 dhcp_start=10.50.0.10 dhcp_end=10.50.0.99
+    """
+    np = _netpool()
+    spec = np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end)
+    with _conn(connection) as conn:
+        np.define(conn, "network", spec)
+        if autostart:
+            np.set_autostart(conn, "network", name, True)
+        if start:
+            np.start(conn, "network", name)
+        return np.info(conn, "network", name)[name]
+
+
+def network_start(name, connection=None):
+    """Start a defined network.
+
+    CLI Example:: salt 'hyper1' virt.network_start isolated
+    """
+    with _conn(connection) as conn:
+        return {"name": name, "started": _netpool().start(conn, "network", name)}
+
+
+def network_stop(name, connection=None):
+    """Stop a running network.
+
+    CLI Example:: salt 'hyper1' virt.network_stop isolated
+    """
+    with _conn(connection) as conn:
+        return {"name": name, "stopped": _netpool().stop(conn, "network", name)}
+
+
+def network_undefine(name, connection=None):
+    """Stop and remove a network definition.
+
+    CLI Example:: salt 'hyper1' virt.network_undefine isolated
+    """
+    with _conn(connection) as conn:
+        return {"name": name, "undefined": _netpool().undefine(conn, "network", name)}
+
+
+def network_info(name=None, connection=None):
+    """``{name: {bridge, forward, ip, dhcp, active, autostart}}`` of one network or all.
+
+    CLI Example:: salt 'hyper1' virt.network_info
+    """
+    with _conn(connection) as conn:
+        return _netpool().info(conn, "network", name)
+
+
+def list_networks(connection=None):
+    """Names of all virtual networks.
+
+    CLI Example:: salt 'hyper1' virt.list_networks
+    """
+    return sorted(network_info(connection=connection))
+
+
+def pool_define(name, ptype="dir", target=None, autostart=False, start=False, build=True, connection=None):
+    """Define a storage pool (``ptype=dir`` with ``target`` directory; ``build`` creates it on start).
+
+    CLI Example:: salt 'hyper1' virt.pool_define images target=/srv/salt-images start=True autostart=True
+    """
+    np = _netpool()
+    spec = np.pool_spec(name, ptype, target)
+    with _conn(connection) as conn:
+        np.define(conn, "pool", spec)
+        if autostart:
+            np.set_autostart(conn, "pool", name, True)
+        if start:
+            np.start(conn, "pool", name, build=build)
+        return np.info(conn, "pool", name)[name]
+
+
+def pool_start(name, build=True, connection=None):
+    """Start a defined pool (``build``: create its directory first).
+
+    CLI Example:: salt 'hyper1' virt.pool_start images
+    """
+    with _conn(connection) as conn:
+        return {"name": name, "started": _netpool().start(conn, "pool", name, build=build)}
+
+
+def pool_stop(name, connection=None):
+    """Stop a running pool (its files stay).
+
+    CLI Example:: salt 'hyper1' virt.pool_stop images
+    """
+    with _conn(connection) as conn:
+        return {"name": name, "stopped": _netpool().stop(conn, "pool", name)}
+
+
+def pool_undefine(name, connection=None):
+    """Stop and remove a pool definition (its directory and files stay).
+
+    CLI Example:: salt 'hyper1' virt.pool_undefine images
+    """
+    with _conn(connection) as conn:
+        return {"name": name, "undefined": _netpool().undefine(conn, "pool", name)}
+
+
+def pool_info(name=None, connection=None):
+    """``{name: {type, target, active, autostart, capacity, allocation, available}}``.
+
+    CLI Example:: salt 'hyper1' virt.pool_info
+    """
+    with _conn(connection) as conn:
+        return _netpool().info(conn, "pool", name)
+
+
+def list_pools(connection=None):
+    """Names of all storage pools.
+
+    CLI Example:: salt 'hyper1' virt.list_pools
+    """
+    return sorted(pool_info(connection=connection))
+
+
+def pool_list_volumes(name, connection=None):
+    """Volume names in a running pool.
+
+    CLI Example:: salt 'hyper1' virt.pool_list_volumes images
+    """
+    with _conn(connection) as conn:
+        return _netpool().list_volumes(conn, name)
