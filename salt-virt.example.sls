@@ -1,0 +1,105 @@
+{#-
+  salt-virt.example.sls: turn a bare Debian/Ubuntu or RHEL-family machine into a salt-virt hypervisor.
+
+  Copy it into your file_roots (e.g. as hypervisor.sls) and apply it to new hosts:
+      salt 'hyper*' state.apply hypervisor
+  Afterwards the host is a hypervisor minion: its virt_hypervisor grain is True, the libvirt
+  ext_pillar hands it TLS certificates, libvirtd listens for TLS, and `salt-run virt.init` can place
+  VMs on it with no further step.
+
+  Pillar (all optional):
+    salt_virt:
+      libvirtd_conf: /etc/libvirt/libvirtd.conf
+      pki_basepath: /etc/pki
+      listen_tcp: False            # plain TCP (no auth) only for labs
+      bridge: br0
+      bridge_uplink: eth0          # enslave this NIC to the bridge (omit: a bridge without uplink)
+      manage_service: True
+-#}
+{%- set cfg = salt['pillar.get']('salt_virt', {}) %}
+{%- set family = grains['os_family'] %}
+{%- set packages = {
+      'Debian': ['libvirt-daemon-system', 'libvirt-clients', 'qemu-system-x86', 'qemu-utils', 'python3-libvirt', 'gnutls-bin', 'iproute2'],
+      'RedHat': ['libvirt', 'libvirt-client', 'qemu-kvm', 'qemu-img', 'python3-libvirt', 'gnutls-utils', 'iproute'],
+    }.get(family, []) %}
+{%- set conf = cfg.get('libvirtd_conf', '/etc/libvirt/libvirtd.conf') %}
+{%- set pki = cfg.get('pki_basepath', '/etc/pki') %}
+{%- set bridge = cfg.get('bridge', 'br0') %}
+{%- set uplink = cfg.get('bridge_uplink') %}
+{%- set systemd = grains.get('init') == 'systemd' %}
+
+{%- if not packages %}
+salt-virt-unsupported-os:
+  test.fail_without_changes:
+    - name: "salt-virt.example supports os_family Debian and RedHat, not {{ family }}"
+{%- endif %}
+
+salt-virt-packages:
+  pkg.installed:
+    - pkgs: {{ packages | json }}
+
+# the virt_hypervisor grain turns True once libvirt is installed: the libvirt ext_pillar (default
+# target G@virt_hypervisor:True) then signs certificates for this host, and the runner finds it
+salt-virt-refresh-grains:
+  module.run:
+    - saltutil.refresh_grains:
+      - refresh_pillar: True
+    - onchanges:
+      - pkg: salt-virt-packages
+
+salt-virt-libvirtd-listen:
+  file.keyvalue:
+    - name: {{ conf }}
+    - separator: ' = '
+    - uncomment: '#'
+    - append_if_not_found: True
+    - key_values:
+        listen_tls: '1'
+        listen_tcp: '{{ 1 if cfg.get('listen_tcp') else 0 }}'
+        ca_file: '"{{ pki }}/CA/cacert.pem"'
+        cert_file: '"{{ pki }}/libvirt/servercert.pem"'
+        key_file: '"{{ pki }}/libvirt/private/serverkey.pem"'
+    - require:
+      - pkg: salt-virt-packages
+
+salt-virt-keys:
+  virt.keys:
+    - basepath: {{ pki }}
+    - require:
+      - pkg: salt-virt-packages
+      - module: salt-virt-refresh-grains
+
+{%- if cfg.get('manage_service', True) %}
+{%- if systemd %}
+salt-virt-libvirtd-tls-socket:
+  service.running:
+    - name: libvirtd-tls.socket
+    - enable: True
+    - require:
+      - virt: salt-virt-keys
+{%- endif %}
+
+salt-virt-libvirtd:
+  service.running:
+    - name: libvirtd
+    - enable: True
+    - watch:
+      - file: salt-virt-libvirtd-listen
+      - virt: salt-virt-keys
+{%- endif %}
+
+salt-virt-bridge:
+  cmd.run:
+    - name: ip link add {{ bridge }} type bridge && ip link set {{ bridge }} up
+    - unless: ip link show {{ bridge }}
+    - require:
+      - pkg: salt-virt-packages
+{%- if uplink %}
+
+salt-virt-bridge-uplink:
+  cmd.run:
+    - name: ip link set {{ uplink }} master {{ bridge }} && ip link set {{ uplink }} up
+    - unless: test "$(basename "$(readlink /sys/class/net/{{ uplink }}/master 2>/dev/null)")" = {{ bridge }}
+    - require:
+      - cmd: salt-virt-bridge
+{%- endif %}
