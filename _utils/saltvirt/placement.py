@@ -29,7 +29,7 @@ Policy (master config ``virt:placement``; every key optional)::
         cpu_overcommit: 4.0        # vCPUs per host CPU
         disk_reserve_mib: 1024     # kept free in virt:images
         strategy: spread           # or pack
-        weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.5}
+        weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
         maintenance: [hyper3, 'rack2-*']
 """
 import copy
@@ -42,7 +42,7 @@ DEFAULT_POLICY = {
     "cpu_overcommit": 4.0,
     "disk_reserve_mib": 1024,
     "strategy": "spread",
-    "weights": {"mem": 1.0, "cpu": 1.0, "disk": 0.5, "vms": 0.5},
+    "weights": {"mem": 1.0, "cpu": 1.0, "disk": 0.5, "vms": 0.25},
     "maintenance": [],
 }
 STRATEGIES = ("spread", "pack")

@@ -1,0 +1,547 @@
+"""
+Control a fleet of libvirt/KVM hypervisors from the master: ``salt-run virt.<function>``.
+
+Every function publishes once to all hypervisor minions (in parallel, bounded waits) through
+LocalClient; hypervisors that do not answer are listed as ``down``, never dropped. The logic lives in
+``saltvirt.fleet`` (fan-out, keys, VM creation) and ``saltvirt.placement`` (host choice).
+
+Master config (all optional)::
+
+    virt:
+      hypervisors:                   # which minions are hypervisors, and how long to wait for them
+        tgt: 'hyper*'                # default: grain virt_hypervisor:True + minions that answered before
+        tgt_type: glob               # default: compound
+        timeout: 5
+        gather_job_timeout: 5
+        max_wait: 60                 # hard bound for queries
+        init_timeout: 1800           # hard bound for virt.init on one hypervisor
+      placement:                     # see saltvirt.placement
+        mem_reserve_mib: 1024
+        cpu_overcommit: 4.0
+        disk_reserve_mib: 1024
+        strategy: spread             # or pack
+        weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
+        maintenance: [hyper3]        # never place new VMs there
+
+Every function also takes ``tgt=`` / ``tgt_type=`` to override the hypervisor target for one call.
+
+Progress events (master event bus) while ``virt.init`` works, one tag prefix per VM,
+``salt/virt/init/<vm>/<step>``. From this runner (``data.source: runner``): ``placed`` (host, score,
+per-resource scores, reason), ``key_accepted`` (minion id, fingerprint), ``fallback`` (host that did
+not answer, next host), ``done`` (host, seconds), ``failed`` (error). From the hypervisor's
+``virt.init``: ``image_cached``, ``disks_ready``, ``seeded``, ``defined``, ``started``. The runner's
+steps are also shown by ``salt-run`` as progress (not with ``--out=json``/``yaml``, whose output stays
+plain data).
+
+Trust model for the new minion's key (``virt.init``): the key pair is generated here, on the master,
+in memory. The public key is stored as *accepted* under the new minion's id (refused if the master
+already has any key for that id). The private key leaves this process only sealed to the chosen
+hypervisor's accepted minion key (RSA-OAEP + AES-256-GCM, ``saltvirt.envelope``): the publication is
+readable by every minion holding the AES session key and is stored in the job cache, but only that
+hypervisor can open it; it writes the key into the guest's disk and returns only the fingerprint. The
+hypervisor is trusted with the guest's key (it owns the guest's disk anyway); other minions and
+readers of the job cache are not. On failure the key this call stored is removed again.
+"""
+import collections
+import logging
+import os
+import sys
+
+from salt.exceptions import SaltException, SaltInvocationError
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt import fleet, placement, validate
+
+log = logging.getLogger(__name__)
+__virtualname__ = "virt"
+__func_alias__ = {"list_": "list"}
+OUTPUTTER = "virt_query"
+_MACHINE_OUTPUTS = ("json", "yaml", "raw", "pprint", "quiet", "no_return", "txt")
+
+
+def __virtual__():
+    if saltvirt is None:
+        return False, "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)"
+    return __virtualname__
+
+
+# helpers ------------------------------------------------------------------------------------------
+def _virt_conf():
+    conf = __opts__.get("virt") or {}
+    if not isinstance(conf, dict):
+        raise SaltInvocationError(f"master config 'virt' must be a mapping, not {conf!r}")
+    return conf
+
+
+def _cfg(tgt=None, tgt_type=None, timeout=None):
+    return fleet.config(__opts__, tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+
+
+def _client():
+    import salt.client
+
+    return salt.client.get_local_client(__opts__["conf_file"])
+
+
+def _out(data):
+    """Runner answer rendered by the virt_query outputter (``--out=json`` gives ``data`` as is)."""
+    return {"outputter": OUTPUTTER, "data": data}
+
+
+def _failed(exc, **extra):
+    """The runner's answer for a failure: the real message, details, and a non-zero exit code."""
+    try:
+        __context__["retcode"] = 1  # noqa: F821 - injected by the loader
+    except NameError:
+        pass
+    message = getattr(exc, "error", None) or str(exc)
+    data = {"error": message, **getattr(exc, "details", {}), **extra, "retcode": 1}
+    return _out(data)
+
+
+def _gather(fun, tgt=None, tgt_type=None, timeout=None):
+    with _client() as client:
+        return fleet.gather(__opts__, fun, _cfg(tgt, tgt_type, timeout), client)
+
+
+def _human_output():
+    out = __opts__.get("output")
+    return not __opts__.get("quiet") and out not in _MACHINE_OUTPUTS
+
+
+def _progress(vm):
+    """Callback firing ``salt/virt/init/<vm>/<step>`` on the master bus (+ salt-run progress lines)."""
+    import salt.utils.event
+
+    messages = {
+        "placed": "{vm}: placed on {host} (score {score}): {reason}",
+        "key_accepted": "{vm}: key pair for minion {minion_id} generated, public key pre-accepted (sha256 {fingerprint:.16}...)",
+        "fallback": "{vm}: {host} did not answer ({error}); trying {next}",
+        "done": "{vm}: created on {host} in {seconds} s",
+        "failed": "{vm}: failed: {error}",
+    }
+
+    module_messages = {
+        "image_cached": "{vm}: image {image} cached on {host}",
+        "disks_ready": "{vm}: disks ready on {host}",
+        "seeded": "{vm}: seeded before first boot on {host} ({backend})",
+        "defined": "{vm}: defined on {host}",
+        "started": "{vm}: started on {host}",
+    }
+
+    def show(template, payload):
+        if not _human_output():
+            return
+        try:
+            msg = template.format_map(collections.defaultdict(str, payload))
+            __jid_event__.fire_event({"message": msg, "outputter": OUTPUTTER}, "progress")  # noqa: F821
+        except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
+            log.debug("virt runner: no progress output for %s: %s", payload.get("step"), exc)
+
+    def relay(step, data):
+        """A progress event the hypervisor's virt.init fired (already on the bus): only show it."""
+        show(module_messages.get(step, "{vm}: {step} on {host}"), dict(data, vm=vm, step=step))
+
+    def send(step, **data):
+        payload = dict(data, vm=vm, step=step, source="runner")
+        try:
+            with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
+                bus.fire_event(dict(payload), f"salt/virt/init/{vm}/{step}")
+        except Exception as exc:  # noqa: BLE001 - progress is best effort, never fails the work
+            log.debug("virt runner: could not fire %s for %s: %s", step, vm, exc)
+        show(messages.get(step, "{vm}: {step}"), payload)
+
+    send.relay = relay
+    return send
+
+
+# fleet queries ------------------------------------------------------------------------------------
+def query(tgt=None, tgt_type=None, timeout=None):
+    """
+    Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs) plus each hypervisor's
+    capacity, in one round trip. Hypervisors that do not answer are listed with ``status: down``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.query
+        salt-run virt.query --out=json
+        salt-run virt.query tgt='hyper[1-3]'
+    """
+    try:
+        return _out(_gather("virt.full_info", tgt, tgt_type, timeout))
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def list_(tgt=None, tgt_type=None, timeout=None):
+    """
+    The VMs of every hypervisor with their state (``{host: {status, vms: {name: state}}}``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.list
+    """
+    try:
+        return _out(_gather("virt.vm_state", tgt, tgt_type, timeout))
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def host_info(tgt=None, tgt_type=None, timeout=None):
+    """
+    Capacity and usage of every hypervisor: memory, vCPUs, VMs, free space in ``virt:images``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.host_info
+    """
+    try:
+        return _out(_gather("virt.host_info", tgt, tgt_type, timeout))
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, tgt_type=None, **policy):
+    """
+    Where a VM with ``cpu`` vCPUs and ``mem`` MiB (and a full copy of ``image``, in anti-affinity
+    ``group``) would be placed, and why: every host's score with its parts, every excluded host
+    with the reasons. Policy keys (``maintenance``, ``strategy``, ``mem_reserve_mib``, ...) may be
+    given to try a policy for this call only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.next_host
+        salt-run virt.next_host cpu=4 mem=8192 image=salt://images/centos.qcow2 group=web
+        salt-run virt.next_host maintenance=hyper1,hyper2 strategy=pack
+    """
+    policy = {k: v for k, v in policy.items() if not k.startswith("__")}
+    try:
+        disk, note = fleet.image_mib(__opts__, image, saltenv)
+        req = placement.make_request(cpu, mem, disk, group)
+        pol = placement.make_policy(_virt_conf().get("placement"), **policy)
+        plan = placement.rank(_gather("virt.full_info", tgt, tgt_type), req, pol)
+    except SaltException as exc:
+        return _failed(exc)
+    plan["request"]["disk_note"] = note
+    return _out(plan)
+
+
+# creating a VM ------------------------------------------------------------------------------------
+def init(
+    name,
+    cpu,
+    mem,
+    image=None,
+    host=None,
+    enable_qcow=False,
+    enable_vnc=False,
+    start=True,
+    seed=True,
+    group=None,
+    fallback=True,
+    saltenv="base",
+    minion_id=None,
+    tgt=None,
+    tgt_type=None,
+    **kwargs,
+):
+    """
+    Create a VM on the best hypervisor: place it (see ``virt.next_host``), generate the new minion's
+    key pair and pre-accept its public key on this master, run ``virt.init`` on the chosen hypervisor
+    (image cached and cloned, seeded with the minion config and the key before its first boot,
+    started), and return the host and the VM's info.
+
+    host
+        put it on this hypervisor (it must fit); with ``fallback=True`` (default) the next-best host
+        is used if it is down.
+    enable_qcow / enable_vnc / start / seed / group / saltenv
+        as in the execution module's ``virt.init``; ``group`` is an anti-affinity group.
+    minion_id
+        the new minion's id (default: the VM name).
+
+    Any other keyword (``boot``, ``nic``, ``disk``, ``interfaces``, ``disks``, ``graphics``,
+    ``master``, ``minion_config``, ``seed_backend``, ...) is passed to the module's ``virt.init``.
+
+    On failure: a clear error with the hypervisor's real message; the key this call stored is
+    removed and ``virt.init`` on the hypervisor removes what it created. Only a hypervisor that did
+    not answer at all makes the runner try the next one; an error (bad input, no bridge, ...) is
+    reported, never retried elsewhere.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.init centos1 2 512 salt://centos.img
+        salt-run virt.init web1 2 1024 salt://images/web.qcow2 enable_qcow=True enable_vnc=True group=web
+        salt-run virt.init db1 4 4096 salt://images/db.qcow2 host=hyper2
+    """
+    progress = _progress(name)
+    try:
+        validate.vm_name(name)
+        seed = validate.to_bool(seed)
+        cfg = _cfg(tgt, tgt_type)
+        disk, _note = fleet.image_mib(__opts__, image, saltenv)
+        req = placement.make_request(cpu, mem, disk, group)
+        pol = placement.make_policy(_virt_conf().get("placement"))
+        module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+        module_kwargs.update(
+            enable_qcow=validate.to_bool(enable_qcow),
+            enable_vnc=validate.to_bool(enable_vnc),
+            start=validate.to_bool(start),
+            saltenv=saltenv,
+        )
+        with _client() as client:
+            created = fleet.create(
+                __opts__,
+                name,
+                req,
+                image,
+                module_kwargs,
+                policy=pol,
+                cfg=cfg,
+                host=host,
+                fallback=validate.to_bool(fallback),
+                seed=seed,
+                minion_id=minion_id,
+                client=client,
+                progress=progress,
+            )
+    except SaltException as exc:
+        progress("failed", error=getattr(exc, "error", None) or str(exc))
+        return _failed(exc)
+    return _out(created)
+
+
+# one VM -------------------------------------------------------------------------------------------
+def vm_info(name=None, host=None, tgt=None, tgt_type=None):
+    """
+    Information about one VM (found on whichever hypervisor has it), or about all VMs without a name.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.vm_info web1
+    """
+    if not name:
+        return query(tgt, tgt_type)
+    try:
+        hosts = _gather("virt.full_info", tgt, tgt_type)
+        where = fleet.locate(hosts, name, host)
+    except SaltException as exc:
+        return _failed(exc)
+    return _out({where: {"status": "up", "vm_info": {name: hosts[where]["vm_info"][name]}}})
+
+
+def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
+    """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer."""
+    try:
+        validate.vm_name(name)
+        with _client() as client:
+            cfg = _cfg(tgt, tgt_type)
+            where = fleet.locate(fleet.gather(__opts__, "virt.vm_state", cfg, client), name, host)
+            ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client)
+    except SaltException as exc:
+        return _failed(exc)
+    if ans["status"] != "up":
+        return _failed(fleet.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid))
+    return _out({"name": name, "host": where, "result": ans["ret"]})
+
+
+def start(name, host=None, tgt=None, tgt_type=None):
+    """
+    Start a VM wherever it is defined.
+
+    CLI Example:: salt-run virt.start web1
+    """
+    return _action(name, "virt.start", host, tgt, tgt_type)
+
+
+def stop(name, timeout=0, host=None, tgt=None, tgt_type=None):
+    """
+    Ask a VM to shut down (ACPI); ``timeout`` seconds to wait for it. ``virt.force_off`` pulls the plug.
+
+    CLI Example:: salt-run virt.stop web1 timeout=60
+    """
+    return _action(name, "virt.stop", host, tgt, tgt_type, args=(timeout,))
+
+
+def force_off(name, host=None, tgt=None, tgt_type=None):
+    """
+    Hard power-off (the VM stays defined, its disks stay).
+
+    CLI Example:: salt-run virt.force_off web1
+    """
+    return _action(name, "virt.force_off", host, tgt, tgt_type)
+
+
+def reset(name, host=None, tgt=None, tgt_type=None):
+    """
+    Hard reset (the reset button).
+
+    CLI Example:: salt-run virt.reset web1
+    """
+    return _action(name, "virt.reset", host, tgt, tgt_type)
+
+
+def reboot(name, host=None, tgt=None, tgt_type=None):
+    """
+    Ask the guest to reboot.
+
+    CLI Example:: salt-run virt.reboot web1
+    """
+    return _action(name, "virt.reboot", host, tgt, tgt_type)
+
+
+def pause(name, host=None, tgt=None, tgt_type=None):
+    """
+    Pause a running VM.
+
+    CLI Example:: salt-run virt.pause web1
+    """
+    return _action(name, "virt.pause", host, tgt, tgt_type)
+
+
+def resume(name, host=None, tgt=None, tgt_type=None):
+    """
+    Resume a paused VM.
+
+    CLI Example:: salt-run virt.resume web1
+    """
+    return _action(name, "virt.resume", host, tgt, tgt_type)
+
+
+def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=None):
+    """
+    Power off and undefine a VM and delete the disks salt-virt created for it (see the module's
+    ``virt.purge``); then delete its minion's key on this master (``delete_key=False`` keeps it).
+
+    CLI Example:: salt-run virt.purge web1
+    """
+    ret = _action(name, "virt.purge", host, tgt, tgt_type)
+    if "error" in ret["data"] or not validate.to_bool(delete_key):
+        return ret
+    try:
+        ret["data"]["key_deleted"] = fleet.delete_key(__opts__, minion_id or name)
+    except SaltException as exc:
+        ret["data"]["key_deleted"] = f"not deleted: {exc}"
+    return ret
+
+
+# migration ----------------------------------------------------------------------------------------
+# migrate / evacuate: added here later (they use fleet.gather/locate and placement.rank the same way).
+# ---- salt-virt migrate / evacuate (saltvirt.relocate) -------------------------------------------
+if saltvirt is not None:
+    from saltvirt import relocate
+
+
+def _migration_opts(tunnel):
+    """``virt:tunnel`` (default for ``tunnel``) and ``virt:migration_timeout`` from the master config."""
+    conf = _virt_conf()
+    timeout = conf.get("migration_timeout", relocate.DEFAULT_TIMEOUT)
+    try:
+        timeout = float(timeout)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"virt:migration_timeout must be a number of seconds, not {timeout!r}") from None
+    return validate.to_bool(conf.get("tunnel", False) if tunnel is None else tunnel), timeout
+
+
+def migrate(name, target, host=None, live=True, tunnel=None, copy_storage=None, max_downtime=None,
+            max_bandwidth=None, tgt=None, tgt_type=None):
+    """
+    Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
+    runner finds the VM's hypervisor, asks the target to prepare (storage it shares with the source
+    is used in place, proven with a probe file; for the rest it checks room and creates disk files of
+    the right size and format, qcow2 overlays onto its copy of the backing image), then the source's
+    libvirtd migrates peer to peer, copying the disks that are not shared. The VM ends up defined on
+    the target and undefined on the source.
+
+    On failure the error says why and where the VM is (still on the source); what the target had
+    prepared is removed again.
+
+    tunnel
+        tunnel the migration through the TLS libvirtd connection (port 16514); default: the master
+        config's ``virt:tunnel``. libvirt cannot tunnel a disk copy: then the libvirtd connection is
+        TLS and the data goes over a direct stream (reported as ``note``).
+    copy_storage
+        ``all`` (full copies) or ``inc`` (overlays onto the backing image, which the target must
+        have); default: decided per VM (``inc`` when the target has every backing image).
+    host
+        the VM's hypervisor, if its name is ambiguous.
+    max_downtime / max_bandwidth
+        milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
+
+    Master config: ``virt:tunnel`` (bool), ``virt:migration_timeout`` (seconds, default 3600).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.migrate web1 hyper2
+        salt-run virt.migrate db1 hyper3 tunnel=True max_downtime=300
+    """
+    try:
+        validate.vm_name(name)
+        tunnel, timeout = _migration_opts(tunnel)
+        with _client() as client:
+            remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
+            return relocate.migrate(
+                remote, name, target, source=host, live=validate.to_bool(live), tunnel=tunnel,
+                copy_storage=copy_storage or None, max_downtime=max_downtime, max_bandwidth=max_bandwidth,
+                timeout=timeout,
+            )
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, **policy):
+    """
+    Move every VM off hypervisor minion ``host`` (for maintenance), one at a time, each to the host
+    placement ranks best (see ``virt.next_host``: memory, vCPUs, anti-affinity groups, maintenance);
+    a target that fails is skipped and the next one tried while the VM is still on ``host``. Add
+    ``host`` to ``virt:placement:maintenance`` to keep new VMs off it meanwhile.
+
+    dry_run
+        only show where each VM would go.
+
+    Policy keys (``maintenance``, ``strategy``, ``mem_reserve_mib``, ...) apply to this call only.
+    Exits non-zero if a VM could not be moved (listed under ``failed`` with the reasons).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.evacuate hyper1 dry_run=True
+        salt-run virt.evacuate hyper1
+    """
+    policy = {k: v for k, v in policy.items() if not k.startswith("__")}
+    try:
+        tunnel, timeout = _migration_opts(tunnel)
+        pol = placement.make_policy(_virt_conf().get("placement"), **policy)
+        with _client() as client:
+            remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
+            ret = relocate.evacuate(remote, host, pol, live=validate.to_bool(live), tunnel=tunnel,
+                                    dry_run=validate.to_bool(dry_run), timeout=timeout)
+    except SaltException as exc:
+        return _failed(exc)
+    if ret.get("failed") or ret.get("cannot_place"):
+        __context__["retcode"] = 1  # noqa: F821 - injected by the loader
+    return ret

@@ -1,0 +1,337 @@
+"""``salt-run virt.*`` on a real salt-master with six real hypervisor minions: ``kvm1`` manages the real
+namespaced libvirtd ``hv1`` (TCG guests that boot), the ``cap-*`` minions manage libvirt test-driver
+nodes of different capacities (tests/support/nodes/*.xml; read-only: every connection re-reads the file).
+
+    kvm1       real libvirtd, this machine's memory
+    cap-big    32 CPUs, 64 GiB; runs web-a (group web, VNC) and twin
+    cap-small  4 CPUs, 4 GiB; runs twin (same name as on cap-big)
+    cap-full   2 CPUs, 4 GiB; running VMs use 3500 MiB and 8 vCPUs: full
+    cap-maint  64 CPUs, 128 GiB; in maintenance (master config)
+    cap-gone   128 CPUs, 512 GiB; its minion is stopped: down
+"""
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, hypervisor_minion_config, master_config, start_minion
+from saltvirt import envelope
+
+pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
+NODES = ROOT / "tests" / "support" / "nodes"
+CAPS = ["cap-big", "cap-small", "cap-full", "cap-maint", "cap-gone"]
+ALL = sorted(["kvm1", *CAPS])
+MASTER_VIRT = {
+    "hypervisors": {"timeout": 2, "gather_job_timeout": 2},
+    "placement": {"mem_reserve_mib": 512, "maintenance": ["cap-maint"]},
+}
+
+
+@pytest.fixture(scope="module")
+def vmaster(salt_factories, state_tree):
+    """A master of its own: its config carries the virt:hypervisors / virt:placement under test."""
+    factory = salt_factories.salt_master_daemon("virt-master", overrides=master_config(state_tree, virt=MASTER_VIRT))
+    with factory.started():
+        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def minions(vmaster, hv1, lab_dir, tmp_path_factory):
+    """kvm1 as conftest configures hypervisors; the cap-* minions get the virt_hypervisor grain from the
+    synced grain module (libvirt bindings + virt:connection:uri), as a real deployment would."""
+    factories = {"kvm1": start_minion(vmaster, "kvm1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "rk-images"))}
+    for cap in CAPS:
+        config = {"virt": {"connection": {"uri": f"test://{NODES / cap}.xml"}, "images": str(tmp_path_factory.mktemp(cap))}}
+        factories[cap] = start_minion(vmaster, cap, config)
+    with contextlib.ExitStack() as stack:
+        for factory in factories.values():
+            stack.enter_context(factory.started())
+        ret = vmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="*")
+        assert ret.returncode == 0 and sorted(ret.data) == ALL, ret
+        yield factories
+
+
+@pytest.fixture(scope="module")
+def gone_down(minions):
+    """cap-gone stopped (it was up, answered and has cached grains): a hypervisor that is down."""
+    minions["cap-gone"].terminate()
+    return minions
+
+
+def run(vmaster, *args, timeout=600):
+    return vmaster.salt_run_cli(timeout=timeout).run(*args)
+
+
+def run_text(vmaster, *args):
+    """salt-run exactly as a user types it: no --out, so the runner's outputter is used."""
+    cmd = [str(pathlib.Path(sys.executable).parent / "salt-run"), "-c", str(vmaster.config_dir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def events(event_listener, vmaster, pattern, after):
+    return sorted(event_listener.get_events([(vmaster.id, pattern)], after_time=after), key=lambda e: e.stamp)
+
+
+def accepted_keys(vmaster):
+    ret = vmaster.salt_key_cli().run("-L")
+    assert ret.returncode == 0, ret
+    return ret.data
+
+
+# queries ------------------------------------------------------------------------------------------
+def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minions, event_listener):
+    t0 = time.time()
+    ret = run(vmaster, "virt.query")
+    assert ret.returncode == 0, ret
+    assert sorted(ret.data) == ALL and all(ret.data[m]["status"] == "up" for m in ALL), ret.data
+    assert ret.data["cap-big"]["host"]["mem_total"] == 65536 and ret.data["cap-big"]["host"]["vcpus_total"] == 32
+    web = ret.data["cap-big"]["vm_info"]["web-a"]
+    assert web["group"] == "web" and web["graphics"]["port"] == 5901 and web["disks"]["vda"]["format"] == "qcow2"
+    assert ret.data["kvm1"]["host"]["hypervisor"] == "QEMU"
+    pubs = [e for e in events(event_listener, vmaster, "salt/job/*/new", t0) if e.data.get("fun") == "virt.full_info"]
+    assert len(pubs) == 1 and sorted(pubs[0].data["minions"]) == ALL  # one publication for all hosts
+
+    minions["cap-gone"].terminate()
+    t1 = time.monotonic()
+    ret = run(vmaster, "virt.query")
+    waited = time.monotonic() - t1
+    assert ret.returncode == 0, ret
+    assert sorted(ret.data) == ALL  # the stopped host is listed, not dropped
+    assert ret.data["cap-gone"] == {"status": "down", "error": "did not answer (waited 2 s + 2 s job check)"}
+    assert all(ret.data[m]["status"] == "up" for m in ALL if m != "cap-gone")
+    print(f"query with one host down: {waited:.1f} s")  # bounded by timeout + gather_job_timeout
+
+
+def test_list_and_host_info(vmaster, gone_down):
+    ret = run(vmaster, "virt.list")
+    assert ret.returncode == 0, ret
+    assert ret.data["cap-small"] == {"status": "up", "vms": {"twin": "running"}}
+    assert ret.data["cap-full"]["vms"] == {"full-a": "running", "full-b": "running"}
+    assert ret.data["cap-gone"]["status"] == "down"
+    ret = run(vmaster, "virt.host_info")
+    assert ret.returncode == 0, ret
+    facts = ret.data["cap-full"]["host"]
+    assert (facts["mem_total"], facts["mem_used_by_vms"], facts["vcpus_total"], facts["vcpus_used_by_vms"]) == (4096, 3500, 2, 8)
+    assert ret.data["cap-gone"]["status"] == "down"
+
+
+def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
+    out = run_text(vmaster, "virt.query")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "cap-gone  down  (did not answer" in text
+    assert "\n  web-a\n    CPU: 4\n    Memory: 4096 MiB\n    State: running\n    Group: web\n" in text
+    assert "    Graphics: vnc - " in text and ":5901\n" in text
+    assert "    Disk - vda:\n      Size: " in text and "      File: /srv/salt-images/web-a/system.qcow2\n      File Format: qcow2\n" in text
+    assert "    NIC - 52:54:00:00:0b:01:\n      Source: br0\n      Type: bridge\n" in text
+    out = run_text(vmaster, "virt.next_host", "mem=1024")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Next host: ") and "Ranking:" in out.stdout and "  cap-gone: down: did not answer" in out.stdout
+
+
+# placement ----------------------------------------------------------------------------------------
+def test_next_host_places_by_fit_and_explains(vmaster, gone_down):
+    ret = run(vmaster, "virt.next_host", "cpu=2", "mem=8192", "image=salt://images/guest.qcow2")
+    assert ret.returncode == 0, ret
+    plan = ret.data
+    assert plan["host"] == "cap-big", plan
+    assert {r["host"] for r in plan["ranking"]} | set(plan["excluded"]) == set(ALL)  # every host explained
+    # the capacity hosts only (kvm1's memory is this machine's): exact, deterministic answers
+    plan = run(vmaster, "virt.next_host", "cpu=2", "mem=8192", "image=salt://images/guest.qcow2", "tgt=cap-*").data
+    assert [r["host"] for r in plan["ranking"]] == ["cap-big"]
+    assert set(plan["ranking"][0]["scores"]) == {"mem", "cpu", "disk", "vms"}
+    excl = plan["excluded"]
+    assert excl["cap-small"] == ["memory: needs 8192 MiB, 3328 MiB free (4096 total - 256 used by running VMs - 512 reserve)"]
+    assert excl["cap-full"][0].startswith("memory: needs 8192 MiB, 84 MiB free") and excl["cap-full"][1].startswith("vcpus: needs 2, 0 left")
+    assert excl["cap-maint"] == ["in maintenance (virt:placement:maintenance: 'cap-maint')"]
+    assert excl["cap-gone"] == ["down: did not answer (waited 2 s + 2 s job check)"]
+    assert plan["request"]["disk_mib"] >= 1 and "measured in the master's file_roots" in plan["request"]["disk_note"]
+    # anti-affinity: web-a (group web) runs on cap-big
+    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=1024", "group=web", "tgt=cap-*").data
+    assert plan["host"] == "cap-small" and plan["excluded"]["cap-big"] == ["anti-affinity: group 'web' already has web-a here"]
+    # nothing fits: an answer, not a crash
+    plan = run(vmaster, "virt.next_host", "mem=100000000").data
+    assert plan["host"] is None and not plan["ranking"] and sorted(plan["excluded"]) == ALL
+
+
+def test_full_host_is_never_chosen_even_when_packing(vmaster, gone_down):
+    # packing prefers the fullest host; cap-full has the memory for it but no vCPU left
+    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=64", "strategy=pack", "tgt=cap-*").data
+    assert plan["host"] == "cap-small", plan
+    assert plan["excluded"]["cap-full"] == ["vcpus: needs 1, 0 left (2 CPUs x 4 overcommit = 8, 8 used by running VMs)"]
+    assert plan["reason"].startswith("cap-small: best pack score")
+
+
+def test_maintenance_from_master_config_and_per_call(vmaster, gone_down):
+    plan = run(vmaster, "virt.next_host", "mem=1024", "tgt=cap-*").data
+    assert plan["host"] == "cap-big" and "cap-maint" in plan["excluded"]  # the biggest host is in maintenance
+    plan = run(vmaster, "virt.next_host", "mem=1024", "maintenance=cap-big", "tgt=cap-*").data  # override for one call
+    assert plan["host"] == "cap-maint" and plan["excluded"]["cap-big"][0].startswith("in maintenance")
+
+
+# actions ------------------------------------------------------------------------------------------
+BROKEN_VM = """<domain type='qemu'><name>rbroken</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices><disk type='file' device='disk'><driver name='qemu' type='qcow2'/>
+    <source file='/nonexistent/rbroken.qcow2'/><target dev='vda' bus='virtio'/></disk></devices></domain>"""
+
+
+def test_actions_refuse_ambiguous_names_and_report_real_errors(vmaster, gone_down, hv1):
+    ret = run(vmaster, "virt.pause", "twin")
+    assert ret.returncode == 1 and "ambiguous: defined on cap-big, cap-small" in ret.data["error"], ret
+    ret = run(vmaster, "virt.pause", "twin", "host=cap-small")
+    assert ret.returncode == 0 and ret.data == {"name": "twin", "host": "cap-small", "result": ret.data["result"]}, ret
+    # a start that really fails on the hypervisor: the module's own error comes back, with a failing exit code
+    import libvirt
+
+    conn = libvirt.open(hv1.uri)
+    dom = conn.defineXML(BROKEN_VM)
+    try:
+        ret = run(vmaster, "virt.start", "rbroken")
+        assert ret.returncode == 1, ret
+        assert ret.data["error"].startswith("virt.start rbroken on kvm1: error: ") and "/nonexistent/rbroken.qcow2" in ret.data["error"]
+        assert "good" not in json.dumps(ret.data) and ret.data["host"] == "kvm1"
+    finally:
+        dom.undefine()
+        conn.close()
+    ret = run(vmaster, "virt.start", "nosuchvm")
+    assert ret.returncode == 1, ret
+    assert ret.data["error"] == (
+        "VM 'nosuchvm' is not defined on any hypervisor that answered; these hypervisors did not answer and may have it: cap-gone"
+    )
+    ret = run(vmaster, "virt.vm_info", "web-a")
+    assert ret.returncode == 0 and list(ret.data) == ["cap-big"] and ret.data["cap-big"]["vm_info"]["web-a"]["cpu"] == 4
+
+
+# init ---------------------------------------------------------------------------------------------
+def read_guest_file(disk, path, tmp_path):
+    """A file from the guest's ext filesystem (partition 1 at sector 2048), without mounting."""
+    raw, part = tmp_path / "disk.raw", tmp_path / "part.img"
+    subprocess.run(["qemu-img", "convert", "-U", "-O", "raw", disk, str(raw)], check=True)
+    subprocess.run(["dd", f"if={raw}", f"of={part}", "bs=512", "skip=2048", "status=none"], check=True)
+    return subprocess.run(["debugfs", "-R", f"cat {path}", str(part)], check=True, capture_output=True, text=True).stdout
+
+
+def serial_log(hv, vm, text, start=0, timeout=120):
+    """The guest's serial console output written after byte ``start``, once ``text`` shows up in it."""
+    path = hv.path("log", "qemu", f"{vm}-serial.log")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path, errors="replace") as fh:
+                fh.seek(start)
+                content = fh.read()
+            if text in content:
+                return content
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} did not appear in {path} within {timeout} s")
+
+
+def log_size(hv, vm):
+    path = hv.path("log", "qemu", f"{vm}-serial.log")
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, boot_args, event_listener, tmp_path):
+    t0, offset = time.time(), log_size(hv1, "rvm1")
+    init = run(vmaster, "virt.init", "rvm1", "1", "256", "salt://images/guest.qcow2", "host=kvm1", "enable_vnc=True",
+               f"boot={json.dumps(boot_args)}")
+    seconds = time.time() - t0
+    assert init.returncode == 0, init
+    res = init.data
+    assert res["host"] == "kvm1" and res["tried"] == [] and res["init"]["started"] is True
+    assert res["vm_info"]["state"] == "running" and res["vm_info"]["graphics"]["address"].startswith("hv1:")
+    key = res["key"]
+    assert key["minion_id"] == "rvm1" and key["state"] == "accepted"
+    log = serial_log(hv1, "rvm1", "SALT-MINION-KEY:", offset)
+    assert "SALT-MINION-ID: rvm1" in log
+    assert f"SALT-MINION-KEY: {key['fingerprint']}" in log  # the key the master accepted is the guest's
+    assert "rvm1" in accepted_keys(vmaster)["minions"]
+
+    # progress: the runner's steps and the hypervisor's, on the master bus
+    tags = [e.tag for e in events(event_listener, vmaster, "salt/virt/init/rvm1/*", t0)]
+    for step in ("placed", "key_accepted", "image_cached", "seeded", "started", "done"):
+        assert f"salt/virt/init/rvm1/{step}" in tags, tags
+
+    # the text output of the new VM reads like the tutorial
+    text = run_text(vmaster, "virt.query", "tgt=kvm1").stdout
+    assert "\n  rvm1\n    CPU: 1\n    Memory: 256 MiB\n    State: running\n    Graphics: vnc - hv1:59" in text
+    assert "File Format: qcow2" in text and "      Source: br0\n      Type: bridge" in text
+
+    # lifecycle through the runner
+    assert run(vmaster, "virt.pause", "rvm1").data["host"] == "kvm1"
+    assert run(vmaster, "virt.list", "tgt=kvm1").data["kvm1"]["vms"]["rvm1"] == "paused"
+    assert run(vmaster, "virt.resume", "rvm1").returncode == 0
+    assert run(vmaster, "virt.force_off", "rvm1").returncode == 0
+
+    # the private key in the guest's disk is the half of the key the master accepted ...
+    from cryptography.hazmat.primitives import serialization
+
+    pem = read_guest_file(res["init"]["disks"][0]["path"], "/etc/salt/pki/minion/minion.pem", tmp_path)
+    guest_key = serialization.load_pem_private_key(pem.encode(), password=None)
+    master_pub = (pathlib.Path(vmaster.config["pki_dir"]) / "minions" / "rvm1").read_text()
+    assert envelope.fingerprint(guest_key.public_key()) == envelope.fingerprint(master_pub)
+    # ... and it never travelled in clear: the publication carried a sealed envelope, and no byte
+    # of that key is in the master's job cache/caches, the event bus, the runner's answer or the
+    # hypervisor minion's cache
+    lines = pem.strip().splitlines()[1:-1]  # 64 base64 chars each: n and e come first (public), then d, p, q...
+    secrets = [lines[i].encode() for i in (8, 13, -2)]  # whole lines inside d, p/q and qInv: private only
+    job = run(vmaster, "jobs.list_job", res["jid"]).data
+    kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
+    assert envelope.is_envelope(kwargs["priv_key"]) and "PRIVATE KEY" not in json.dumps(job)
+    dirs = [pathlib.Path(vmaster.config["cachedir"]), pathlib.Path(gone_down["kvm1"].config["cachedir"])]
+    files = [p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_size < 50 << 20]
+    assert len(files) > 20 and any("jobs" in p.parts for p in files)
+    leaked = [str(p) for p in files if any(s in p.read_bytes() for s in secrets)]
+    assert leaked == []
+    seen = init.stdout + "".join(json.dumps(ev.full_data, default=str) for ev in events(event_listener, vmaster, "*", t0))
+    assert not any(s.decode() in seen for s in secrets)
+
+    ret = run(vmaster, "virt.purge", "rvm1")
+    assert ret.returncode == 0 and ret.data["key_deleted"] == "accepted", ret
+    assert "rvm1" not in accepted_keys(vmaster)["minions"]
+    print(f"salt-run virt.init of a real guest: {seconds:.1f} s")
+
+
+def test_init_failure_leaves_nothing_behind_and_is_not_retried(vmaster, gone_down, hv1, lab_dir):
+    ret = run(vmaster, "virt.init", "rbad1", "1", "128", "salt://images/guest.qcow2", "host=kvm1", "nic=nosuchprofile")
+    assert ret.returncode == 1, ret
+    assert ret.data["error"].startswith("virt.init of rbad1 on kvm1 failed: ") and "nic profile" in ret.data["error"]
+    assert [t["host"] for t in ret.data["tried"]] == ["kvm1"]  # a real error is not retried elsewhere
+    assert ret.data["cleanup"] == {"key_removed": True, "minion_id": "rbad1"}
+    assert "rbad1" not in json.dumps(accepted_keys(vmaster))
+    assert not os.path.exists(pathlib.Path(lab_dir) / "rk-images" / "rbad1")
+    assert "rbad1" not in run(vmaster, "virt.list", "tgt=kvm1").data["kvm1"]["vms"]
+    # a key the master already has is refused and left alone (kvm1's own key!)
+    ret = run(vmaster, "virt.init", "kvm1", "1", "128", "salt://images/guest.qcow2")
+    assert ret.returncode == 1 and "already has a accepted key for 'kvm1'" in ret.data["error"], ret
+    assert "kvm1" in accepted_keys(vmaster)["minions"]
+    # a full host is refused when asked for by name
+    ret = run(vmaster, "virt.init", "rbad2", "1", "128", "salt://images/guest.qcow2", "host=cap-full")
+    assert ret.returncode == 1 and ret.data["error"].startswith("cap-full cannot take rbad2: memory: needs 128 MiB, 84 MiB free")
+    assert "rbad2" not in json.dumps(accepted_keys(vmaster))
+
+
+def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boot_args, event_listener):
+    t0, offset = time.time(), log_size(hv1, "rvm2")
+    ret = run(vmaster, "virt.init", "rvm2", "1", "128", "salt://images/guest.qcow2", "host=cap-gone",
+              "tgt=kvm1,cap-gone", f"boot={json.dumps(boot_args)}")
+    assert ret.returncode == 0, ret
+    assert ret.data["host"] == "kvm1"
+    assert ret.data["tried"] == [{"host": "cap-gone", "outcome": "down", "error": "did not answer (waited 2 s + 2 s job check)"}]
+    fallback = events(event_listener, vmaster, "salt/virt/init/rvm2/fallback", t0)
+    assert fallback and fallback[0].data["next"] == "kvm1"
+    log = serial_log(hv1, "rvm2", "SALT-MINION-ID:", offset)
+    assert "SALT-MINION-ID: rvm2" in log
+    assert run(vmaster, "virt.purge", "rvm2").returncode == 0
+    # with fallback=False a down host is an error, and nothing is left
+    ret = run(vmaster, "virt.init", "rvm3", "1", "128", "host=cap-gone", "fallback=False")
+    assert ret.returncode == 1 and ret.data["error"].startswith("cap-gone is down: did not answer") and "fallback=False" in ret.data["error"]
+    assert "rvm3" not in json.dumps(accepted_keys(vmaster))
