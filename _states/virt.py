@@ -25,14 +25,25 @@ def __virtual__():
     return __virtualname__
 
 
-def keys(name, basepath="/etc/pki", qemu=False, **kwargs):  # pylint: disable=unused-argument
+def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign=False, **kwargs):  # pylint: disable=unused-argument
     """
     Write the libvirt TLS CA, server and client certificates and keys from this minion's ``libvirt``
     pillar (the ``libvirt`` ext_pillar) where libvirtd reads them:
-    ``<basepath>/CA/cacert.pem``, ``<basepath>/libvirt/{servercert,clientcert}.pem``,
-    ``<basepath>/libvirt/private/{serverkey,clientkey}.pem`` (keys 0600, private/ 0700).
-    ``qemu=True`` also fills ``<basepath>/qemu/`` for QEMU-native migration TLS.
-    Changes name the files, never key material. Watch it to restart libvirtd.
+    ``<basepath>/CA/cacert.pem``, ``<basepath>/libvirt/{servercert,clientcert}.pem`` (0644),
+    ``<basepath>/libvirt/private/{serverkey,clientkey}.pem`` (0600, ``private/`` 0700).
+
+    qemu
+        Also fill ``<basepath>/qemu/`` (ca-cert, server-cert, server-key, client-cert, client-key) for
+        QEMU-native migration TLS (qemu.conf ``default_tls_x509_cert_dir``); keys there are 0640
+        root:``qemu_group`` because QEMU reads them as its own user.
+    qemu_group
+        Default: ``libvirt-qemu`` (Debian/Ubuntu) or ``qemu`` (Fedora/RHEL), whichever exists.
+    replace_foreign
+        A file that exists with other content and was not written by this state is never overwritten
+        (the state fails and names it) unless this is True; it is then kept as ``<file>.salt-virt-orig``.
+
+    Changes name the files ("created", "updated", "key written", "key replaced", "mode ..."), never key
+    material; ``test=True`` reports exactly those changes and writes nothing. Watch it to restart libvirtd.
 
     .. code-block:: yaml
 
@@ -45,7 +56,9 @@ def keys(name, basepath="/etc/pki", qemu=False, **kwargs):  # pylint: disable=un
     data = __pillar__.get("libvirt")
     if not data:  # a host that just became a hypervisor in this very run: ask the master afresh
         data = __salt__["pillar.items"](unmask=True).get("libvirt")
-    return keyfiles.keys_state(name, data, basepath, qemu=qemu, test=__opts__["test"])
+    return keyfiles.keys_state(
+        name, data, basepath, qemu=qemu, test=__opts__["test"], qemu_group=qemu_group, replace_foreign=replace_foreign
+    )
 
 
 # VMs -----------------------------------------------------------------------------------------------

@@ -1,10 +1,18 @@
-"""What the ``virt.keys`` state writes: the ``libvirt`` pillar's CA, certs and keys, at the paths
-libvirtd reads (and, optionally, QEMU's own TLS directory for migration data streams)."""
+"""What the ``virt.keys`` state writes: the ``libvirt`` pillar's CA, certificates and keys at the paths
+libvirtd reads (and, with ``qemu=True``, QEMU's own TLS directory for migration data streams).
+
+Only files that differ are written, atomically and with their final mode from the start. A file that
+exists, differs, and was not written by ``virt.keys`` (its checksum is not in the manifest
+``libvirt/private/.salt-virt-keys.json``) is never overwritten: the state fails and names it, unless
+``replace_foreign=True``, which keeps it as ``<file>.salt-virt-orig``.
+"""
 import grp
+import hashlib
+import json
 import os
 import tempfile
 
-# pillar key -> path below basepath, mode
+# pillar key -> (path below basepath, mode)
 LIBVIRT_FILES = {
     "cacert": ("CA/cacert.pem", 0o644),
     "servercert": ("libvirt/servercert.pem", 0o644),
@@ -12,8 +20,8 @@ LIBVIRT_FILES = {
     "clientcert": ("libvirt/clientcert.pem", 0o644),
     "clientkey": ("libvirt/private/clientkey.pem", 0o600),
 }
-# QEMU-native TLS (qemu.conf default_tls_x509_cert_dir): qemu runs as libvirt-qemu and reads these
-# itself, so keys there are 0640 root:libvirt-qemu.
+# QEMU-native TLS (qemu.conf default_tls_x509_cert_dir / migrate_tls_x509_cert_dir): QEMU runs as an
+# unprivileged user and reads these itself, so keys there are 0640 root:<qemu group>.
 QEMU_FILES = {
     "cacert": ("qemu/ca-cert.pem", 0o644),
     "servercert": ("qemu/server-cert.pem", 0o644),
@@ -21,98 +29,211 @@ QEMU_FILES = {
     "clientcert": ("qemu/client-cert.pem", 0o644),
     "clientkey": ("qemu/client-key.pem", 0o640),
 }
-DIR_MODES = {"CA": 0o755, "libvirt": 0o755, "libvirt/private": 0o700, "qemu": 0o750}
 SECRET = ("serverkey", "clientkey")
+# directory -> mode for a new directory; ``enforce``: an existing one is tightened to it too
+DIRS = {"CA": (0o755, False), "libvirt": (0o755, False), "libvirt/private": (0o700, True), "qemu": (0o750, True)}
+QEMU_GROUPS = ("libvirt-qemu", "qemu")  # Debian/Ubuntu, Fedora/RHEL
+MANIFEST = "libvirt/private/.salt-virt-keys.json"
+ORIG_SUFFIX = ".salt-virt-orig"
 
 
-def _group(name):
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        return None
+def _sha(data):
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
-def plan(data, basepath, qemu=False):
-    """[(path, content, mode, gid, what)] for every file that differs from the pillar."""
-    files = dict((k, [v]) for k, v in LIBVIRT_FILES.items())
-    if qemu:
-        for key, value in QEMU_FILES.items():
-            files[key].append(value)
-    qemu_gid = _group("libvirt-qemu") if qemu else None
-    todo = []
-    for key, targets in files.items():
-        content = data.get(key)
-        if not content:
+def qemu_gid(group=None):
+    """(gid, name) of the group QEMU runs as (``group`` or the first of QEMU_GROUPS that exists)."""
+    for name in [group] if group else QEMU_GROUPS:
+        try:
+            return grp.getgrnam(name).gr_gid, name
+        except KeyError:
             continue
-        for rel, mode in targets:
-            path = os.path.join(basepath, rel)
-            gid = qemu_gid if rel.startswith("qemu/") else None
-            what = _compare(path, content, mode, key in SECRET)
-            if what:
-                todo.append((path, content, mode, gid, what))
-    return todo
+    return None, group
 
 
-def _compare(path, content, mode, secret):
+def _mode_str(mode):
+    return oct(mode)[2:].zfill(4)
+
+
+def _read_manifest(basepath):
+    try:
+        with open(os.path.join(basepath, MANIFEST), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _targets(qemu):
+    out = [(key, rel, mode) for key, (rel, mode) in LIBVIRT_FILES.items()]
+    if qemu:
+        out += [(key, rel, mode) for key, (rel, mode) in QEMU_FILES.items()]
+    return out
+
+
+def plan(data, basepath, qemu=False, qemu_group=None, replace_foreign=False):
+    """What ``virt.keys`` would do: {'files': [...], 'dirs': [...], 'foreign': [paths], 'manifest': {...}}.
+
+    Each file: {path, rel, content, mode, gid, what, foreign}; each dir: {path, mode, gid, what}."""
+    manifest = _read_manifest(basepath)
+    gid, _name = qemu_gid(qemu_group) if qemu else (None, None)
+    files, foreign, wanted = [], [], {}
+    for key, rel, mode in _targets(qemu):
+        content = data[key]
+        wanted[rel] = _sha(content)
+        path = os.path.join(basepath, rel)
+        file_gid = gid if rel.startswith("qemu/") else None
+        if file_gid is None and rel.startswith("qemu/") and mode == 0o640:
+            mode = 0o600  # no QEMU group here: keep the key private (QEMU cannot read it, see README)
+        what, is_foreign = _compare(path, content, mode, file_gid, key in SECRET, manifest.get(rel))
+        if is_foreign:
+            foreign.append(path)
+            if replace_foreign:
+                what += f" (the previous file, not written by virt.keys, is kept as {os.path.basename(path)}{ORIG_SUFFIX})"
+        if what:
+            files.append({"path": path, "rel": rel, "content": content, "mode": mode, "gid": file_gid, "what": what, "foreign": is_foreign})
+    dirs = []
+    for rel, (mode, enforce) in DIRS.items():
+        if rel == "qemu" and not qemu:
+            continue
+        path = os.path.join(basepath, rel)
+        dir_gid = gid if rel == "qemu" else None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            dirs.append({"path": path, "mode": mode, "gid": dir_gid, "what": None})
+            continue
+        changes = []
+        if enforce and st.st_mode & 0o777 != mode:
+            changes.append(f"mode {_mode_str(st.st_mode & 0o777)} -> {_mode_str(mode)}")
+        if dir_gid is not None and st.st_gid != dir_gid:
+            changes.append(f"group {st.st_gid} -> {dir_gid}")
+        if changes:
+            dirs.append({"path": path, "mode": mode, "gid": dir_gid, "what": ", ".join(changes)})
+    return {"files": files, "dirs": dirs, "foreign": foreign, "manifest": wanted, "old_manifest": manifest}
+
+
+def _compare(path, content, mode, gid, secret, written_sha):
+    """(what changes, foreign?) for one file; ('', False) when it is already right."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return "key written" if secret else "created"
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        same = fh.read() == content
-    if not same:
-        return "key replaced" if secret else "updated"
+        return ("key written" if secret else "created"), False
+    with open(path, "rb") as fh:
+        current = fh.read()
+    if current != content.encode():
+        foreign = _sha(current) != written_sha
+        return ("key replaced" if secret else "updated"), foreign
+    changes = []
     if st.st_mode & 0o777 != mode:
-        return f"mode {oct(st.st_mode & 0o777)[2:].zfill(4)} -> {oct(mode)[2:].zfill(4)}"
-    return None
+        changes.append(f"mode {_mode_str(st.st_mode & 0o777)} -> {_mode_str(mode)}")
+    if gid is not None and st.st_gid != gid:
+        changes.append(f"group {st.st_gid} -> {gid}")
+    return ", ".join(changes), False
 
 
-def apply(todo, basepath):
-    for sub, mode in DIR_MODES.items():
-        path = os.path.join(basepath, sub)
-        if any(p.startswith(path + os.sep) for p, *_ in todo):
-            os.makedirs(path, mode=mode, exist_ok=True)
-            os.chmod(path, mode)
-            if sub == "qemu" and _group("libvirt-qemu") is not None:
-                os.chown(path, 0, _group("libvirt-qemu"))
-    for path, content, mode, gid, _what in todo:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+def _ensure_dir(d):
+    os.makedirs(d["path"], mode=d["mode"], exist_ok=True)
+    if d["what"] is None or "mode" in d["what"]:
+        os.chmod(d["path"], d["mode"])
+    if d["gid"] is not None:
+        os.chown(d["path"], -1, d["gid"])
+
+
+def _write(path, data, mode, gid=None):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        os.fchmod(fd, mode)
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _keep_original(path):
+    target = path + ORIG_SUFFIX
+    n = 1
+    while os.path.lexists(target):
+        target = f"{path}{ORIG_SUFFIX}.{n}"
+        n += 1
+    os.rename(path, target)
+    return target
+
+
+def apply(todo):
+    """Carry out a :func:`plan`: directories first, then files, then the manifest."""
+    for d in todo["dirs"]:
+        _ensure_dir(d)
+    for f in todo["files"]:
+        os.makedirs(os.path.dirname(f["path"]), exist_ok=True)
+        if f["foreign"]:
+            _keep_original(f["path"])
+        current = None
         try:
-            os.fchmod(fd, mode)
-            if gid is not None:
-                os.fchown(fd, 0, gid)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(content)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            with open(f["path"], "rb") as fh:
+                current = fh.read()
+        except FileNotFoundError:
+            pass
+        if current == f["content"].encode():  # only mode/group differ
+            os.chmod(f["path"], f["mode"])
+            if f["gid"] is not None:
+                os.chown(f["path"], -1, f["gid"])
+        else:
+            _write(f["path"], f["content"].encode(), f["mode"], f["gid"])
+    if todo["manifest"] != todo["old_manifest"]:
+        _write(os.path.join(todo["base"], MANIFEST), json.dumps(todo["manifest"], indent=1, sort_keys=True).encode(), 0o600)
 
 
-def keys_state(name, data, basepath, qemu=False, test=False):
+def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, replace_foreign=False):
     """The whole ``virt.keys`` state as plain Python (the state module only passes pillar and opts)."""
     ret = {"name": name, "result": True, "changes": {}, "comment": ""}
     if not data:
         ret["result"] = False
         ret["comment"] = (
             "no 'libvirt' pillar for this minion: is it matched by the libvirt ext_pillar's target "
-            "(default G@virt_hypervisor:True)? After changing grains run saltutil.refresh_pillar"
+            "(default G@virt_hypervisor:True) and is the ext_pillar configured on the master? After "
+            "changing grains or the target run saltutil.refresh_pillar"
         )
         return ret
     missing = [k for k in LIBVIRT_FILES if not data.get(k)]
     if missing:
         ret["result"] = False
-        ret["comment"] = f"the libvirt pillar lacks {', '.join(missing)}"
+        ret["comment"] = f"the libvirt pillar lacks {', '.join(missing)}: check the master's log for libvirt ext_pillar errors"
         return ret
-    todo = plan(data, basepath, qemu)
-    ret["changes"] = {path: what for path, _c, _m, _g, what in todo}
-    if not todo:
+    if not os.path.isabs(basepath):
+        ret["result"] = False
+        ret["comment"] = f"basepath must be an absolute path, got {basepath!r}"
+        return ret
+    todo = plan(data, basepath, qemu, qemu_group, replace_foreign)
+    todo["base"] = basepath
+    notes = []
+    if qemu and qemu_gid(qemu_group)[0] is None:
+        notes.append(f"no group {qemu_group or ' or '.join(QEMU_GROUPS)}: the keys in {basepath}/qemu are 0600 root and "
+                     "QEMU cannot read them (set qemu_group)")
+    if todo["foreign"] and not replace_foreign:
+        ret["result"] = False
+        ret["comment"] = (
+            f"not written: {', '.join(todo['foreign'])} exist(s) with other content and were not written by virt.keys. "
+            f"Move them away, or set replace_foreign: True (keeps them as *{ORIG_SUFFIX})"
+        )
+        return ret
+    ret["changes"] = {d["path"]: d["what"] for d in todo["dirs"] if d["what"]}
+    ret["changes"].update({f["path"]: f["what"] for f in todo["files"]})
+    if not ret["changes"]:
+        if not test and todo["manifest"] != todo["old_manifest"]:
+            apply(todo)  # records files that already had the right content as ours; nothing else changes
         ret["comment"] = f"libvirt TLS files in {basepath} are up to date"
     elif test:
         ret["result"] = None
-        ret["comment"] = f"{len(todo)} libvirt TLS file(s) would be written in {basepath}"
+        ret["comment"] = f"{len(ret['changes'])} change(s) would be made in {basepath}"
     else:
-        apply(todo, basepath)
-        ret["comment"] = f"{len(todo)} libvirt TLS file(s) written in {basepath}; restart libvirtd to use them"
+        apply(todo)
+        ret["comment"] = f"{len(ret['changes'])} change(s) made in {basepath}; restart libvirtd (watch this state) to use them"
+    if notes:
+        ret["comment"] += "; " + "; ".join(notes)
     return ret

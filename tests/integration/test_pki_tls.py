@@ -1,6 +1,7 @@
-"""libvirt PKI end to end: the master's CA signs certs in the `libvirt` ext_pillar, only hypervisor
-minions get them, `virt.keys` writes them, and a real libvirtd with listen_tls accepts a client using
-the distributed client cert and rejects one signed by another CA."""
+"""libvirt PKI end to end with real daemons: the master's CA signs certs in the `libvirt` ext_pillar,
+only hypervisor minions get them (each only its own), `virt.keys` writes them with safe modes, and a
+real libvirtd with listen_tls and the distributed server cert accepts a `qemu+tls://` client using the
+distributed client cert, and rejects a client cert from another CA and a host name outside the SANs."""
 import datetime
 import os
 import shutil
@@ -11,18 +12,25 @@ import tempfile
 import pytest
 
 import lab
-from conftest import start_minion
+from conftest import ROOT, start_minion
 from saltvirt import pki
+
+STATE = ("state.single", "virt.keys", "libvirt-keys")
 
 
 def mode(path):
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+def only(ret):
+    (state,) = ret.data.values()
+    return state
+
+
 @pytest.fixture(scope="module")
 def plain_minion(salt_master):
-    """A minion that is not a hypervisor (grain forced False): it must get no certificates."""
-    factory = start_minion(salt_master, "plain1", {"virt_hypervisor": False})
+    """A minion that is not a hypervisor (static grain override): it must get no certificates."""
+    factory = start_minion(salt_master, "plain1", {"grains": {"virt_hypervisor": False}})
     with factory.started():
         assert factory.salt_call_cli(timeout=120).run("saltutil.sync_all").returncode == 0
         yield factory
@@ -36,45 +44,81 @@ def keys_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def applied_keys(salt_cli, hyper1, keys_dir):
+    """hyper1's TLS files written by virt.keys into keys_dir (a no-op if a test already did it)."""
+    state = only(salt_cli.run(*STATE, f"basepath={keys_dir}", minion_tgt="hyper1"))
+    assert state["result"] is True, state
+    return keys_dir
+
+
 def refresh(salt_cli, minion):
     assert salt_cli.run("saltutil.refresh_pillar", "wait=True", minion_tgt=minion).returncode == 0
+
+
+def unmasked(salt_cli, minion, key):
+    return salt_cli.run("pillar.get", key, "unmask=True", minion_tgt=minion).data
 
 
 def test_only_hypervisors_get_their_own_certs(salt_cli, hyper1, plain_minion):
     refresh(salt_cli, "hyper1")
     refresh(salt_cli, "plain1")
     assert salt_cli.run("grains.get", "virt_hypervisor", minion_tgt="plain1").data is False
-    assert salt_cli.run("pillar.get", "libvirt", "unmask=True", minion_tgt="plain1").data == ""
-    server = salt_cli.run("pillar.get", "libvirt:server", "unmask=True", minion_tgt="hyper1").data
-    assert {"hv1", "hyper1"} <= set(server["san_dns"])
-    assert "10.252.0.11" in server["san_ip"]
-    client = salt_cli.run("pillar.get", "libvirt:client", "unmask=True", minion_tgt="hyper1").data
-    assert client["subject"].startswith("CN=hyper1 libvirt client")
-    own_key = salt_cli.run("pillar.get", "libvirt:serverkey", "unmask=True", minion_tgt="hyper1").data
+    assert salt_cli.run("grains.get", "virt_hypervisor", minion_tgt="hyper1").data is True
+    assert unmasked(salt_cli, "plain1", "libvirt") == ""
+    server = unmasked(salt_cli, "hyper1", "libvirt:server")
+    assert {"hv1", "hyper1"} <= set(server["san_dns"]) and "10.252.0.11" in server["san_ip"]
+    assert "127.0.0.1" not in server["san_ip"]
+    client = unmasked(salt_cli, "hyper1", "libvirt:client")
+    assert client["subject"] == "CN=hyper1 libvirt client,O=salt-virt" and client["subject"] != server["subject"]
+    own_key = unmasked(salt_cli, "hyper1", "libvirt:serverkey")
     assert "PRIVATE KEY" in own_key  # the minion really has its key ...
     items = salt_cli.run("pillar.items", minion_tgt="hyper1")
-    assert "libvirt" in items.data and "PRIVATE KEY" not in items.stdout  # ... and output masks it
+    assert "libvirt" in items.data and "PRIVATE KEY" not in items.stdout  # ... and pillar.items masks it
+    # nothing of hyper1's reaches another minion, even unmasked
+    other = salt_cli.run("pillar.items", "unmask=True", minion_tgt="plain1")
+    assert "libvirt" not in other.data and own_key.splitlines()[1] not in other.stdout
+
+
+def test_a_minion_cannot_get_certs_with_its_own_ext_pillar_config(salt_cli, hyper1, plain_minion):
+    """Salt's default on_demand_ext_pillar allows `pillar.ext` for 'libvirt': the module refuses it."""
+    ask = '{"libvirt": {"target": "*", "extra_sans": {"plain1": ["hv1"], "hyper1": ["bank.example.com"]}}}'
+    ret = salt_cli.run("pillar.ext", ask, "unmask=True", minion_tgt="plain1")
+    assert ret.returncode == 0 and isinstance(ret.data, dict) and "libvirt" not in ret.data, ret
+    ret = salt_cli.run("pillar.ext", ask, "unmask=True", minion_tgt="hyper1")
+    server = ret.data["libvirt"]["server"]  # the master's own configuration still answers ...
+    assert "hv1" in server["san_dns"] and "bank.example.com" not in server["san_dns"]  # ... with its names only
 
 
 def test_keys_state_writes_files_with_safe_modes(salt_cli, hyper1, keys_dir):
     refresh(salt_cli, "hyper1")
-    preview = salt_cli.run("state.single", "virt.keys", "libvirt-keys", f"basepath={keys_dir}", "test=True", minion_tgt="hyper1")
-    (ret,) = preview.data.values()
-    assert ret["result"] is None and len(ret["changes"]) == 5
-    assert not os.path.exists(os.path.join(keys_dir, "CA"))
-    applied = salt_cli.run("state.single", "virt.keys", "libvirt-keys", f"basepath={keys_dir}", minion_tgt="hyper1")
-    (ret,) = applied.data.values()
-    assert ret["result"] is True and len(ret["changes"]) == 5, ret
+    preview = only(salt_cli.run(*STATE, f"basepath={keys_dir}", "test=True", minion_tgt="hyper1"))
+    assert preview["result"] is None and len(preview["changes"]) == 5
+    assert preview["changes"][os.path.join(keys_dir, "libvirt", "private", "serverkey.pem")] == "key written"
+    assert not os.path.exists(os.path.join(keys_dir, "CA"))  # test=True wrote nothing
+    applied = salt_cli.run(*STATE, f"basepath={keys_dir}", minion_tgt="hyper1")
+    state = only(applied)
+    assert state["result"] is True and state["changes"] == preview["changes"], state
     assert "PRIVATE KEY" not in applied.stdout
     assert mode(os.path.join(keys_dir, "libvirt", "private")) == 0o700
     for key in ("serverkey", "clientkey"):
         assert mode(os.path.join(keys_dir, "libvirt", "private", f"{key}.pem")) == 0o600
-    again = salt_cli.run("state.single", "virt.keys", "libvirt-keys", f"basepath={keys_dir}", minion_tgt="hyper1")
-    (ret,) = again.data.values()
-    assert ret["result"] is True and ret["changes"] == {}
+    for cert in ("CA/cacert.pem", "libvirt/servercert.pem", "libvirt/clientcert.pem"):
+        assert mode(os.path.join(keys_dir, cert)) == 0o644
+    with open(os.path.join(keys_dir, "libvirt", "private", "serverkey.pem")) as fh:
+        assert fh.read() == unmasked(salt_cli, "hyper1", "libvirt:serverkey")
+    again = only(salt_cli.run(*STATE, f"basepath={keys_dir}", minion_tgt="hyper1"))
+    assert again["result"] is True and again["changes"] == {}
+
+
+def test_keys_state_on_a_minion_without_certs_says_why(salt_cli, plain_minion, tmp_path):
+    state = only(salt_cli.run(*STATE, f"basepath={tmp_path}", minion_tgt="plain1"))
+    assert state["result"] is False and "no 'libvirt' pillar" in state["comment"]
+    assert os.listdir(tmp_path) == []
 
 
 def _client_dir(base, cacert, cert, key):
+    """A ``?pkipath=`` directory: cacert.pem, clientcert.pem, clientkey.pem."""
     os.makedirs(base, mode=0o700, exist_ok=True)
     for name, src in (("cacert.pem", cacert), ("clientcert.pem", cert), ("clientkey.pem", key)):
         shutil.copyfile(src, os.path.join(base, name))
@@ -82,58 +126,104 @@ def _client_dir(base, cacert, cert, key):
     return base
 
 
-def test_real_libvirtd_accepts_distributed_client_cert_and_rejects_foreign_ca(keys_dir, tmp_path, lab_dir):
-    assert os.path.exists(os.path.join(keys_dir, "libvirt", "servercert.pem")), "run after the keys state test"
+def _rogue_client(tmp_path, ca_dir):
+    """A certificate from *our* CA with a CN that is not a salt-virt client's (made with certtool and
+    pki/client.tmpl, as an admin would)."""
+    tmpl = tmp_path / "rogue.tmpl"
+    tmpl.write_text((ROOT / "pki" / "client.tmpl").read_text() + 'cn = "rogue"\n')
+    key, cert = tmp_path / "rogue.key", tmp_path / "rogue.pem"
+    subprocess.run(["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(key)], check=True, capture_output=True)
+    subprocess.run(
+        ["certtool", "--generate-certificate", "--load-privkey", str(key), "--template", str(tmpl), "--outfile", str(cert),
+         "--load-ca-certificate", os.path.join(ca_dir, "cacert.pem"), "--load-ca-privkey", os.path.join(ca_dir, "cakey.pem")],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_cn_and_wrong_host(applied_keys, salt_master, tmp_path, lab_dir):
+    keys_dir = applied_keys
     fab = lab.Fabric(lab.new_tag()).start()
-    hv = lab.Hypervisor(os.path.join(lab_dir, "tls"), 1, fab, tls_dir=keys_dir)
+    # the tls_allowed_dn_list pki/README.md recommends: only salt-virt client CNs
+    hv = lab.Hypervisor(os.path.join(lab_dir, "tls"), 1, fab, tls_dir=keys_dir,
+                        extra_libvirtd_conf='tls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]')
     try:
         hv.start()
+        ca = os.path.join(keys_dir, "CA", "cacert.pem")
         ours = _client_dir(
-            str(tmp_path / "ours"),
-            os.path.join(keys_dir, "CA", "cacert.pem"),
-            os.path.join(keys_dir, "libvirt", "clientcert.pem"),
+            str(tmp_path / "ours"), ca, os.path.join(keys_dir, "libvirt", "clientcert.pem"),
             os.path.join(keys_dir, "libvirt", "private", "clientkey.pem"),
         )
-        foreign_ca = str(tmp_path / "foreign-ca")
-        foreign = pki.issue(foreign_ca, "intruder", "client", key_size=2048)
+        foreign = pki.issue(str(tmp_path / "foreign-ca"), "intruder", "client", key_size=2048)
         (tmp_path / "f.pem").write_text(foreign["cert"])
         (tmp_path / "f.key").write_text(foreign["key"])
-        theirs = _client_dir(str(tmp_path / "theirs"), os.path.join(keys_dir, "CA", "cacert.pem"), str(tmp_path / "f.pem"), str(tmp_path / "f.key"))
+        # the client's cacert.pem trusts both CAs, else virsh refuses its own certificate before connecting
+        (tmp_path / "both.pem").write_text(open(ca).read() + open(tmp_path / "foreign-ca" / "cacert.pem").read())
+        theirs = _client_dir(str(tmp_path / "theirs"), str(tmp_path / "both.pem"), str(tmp_path / "f.pem"), str(tmp_path / "f.key"))
 
-        def virsh(pkipath):
-            uri = f"qemu+tls://10.252.0.11/system?pkipath={pkipath}"
+        def virsh(host, pkipath):
+            uri = f"qemu+tls://{host}/system?pkipath={pkipath}"
             return subprocess.run(
                 ["ip", "netns", "exec", fab.netns, "virsh", "-c", uri, "hostname"], capture_output=True, text=True, timeout=60
             )
 
-        ok = virsh(ours)
+        seen = [0]
+
+        def server_log():
+            """libvirtd's log (errors and warnings) since the last call."""
+            with open(hv.path("log", "libvirtd.log")) as fh:
+                fh.seek(seen[0])
+                text = fh.read()
+                seen[0] = fh.tell()
+            return text
+
+        ok = virsh("10.252.0.11", ours)
         assert ok.returncode == 0 and ok.stdout.strip() == "hv1", ok.stderr
-        bad = virsh(theirs)
-        assert bad.returncode != 0
-        assert "certificate" in bad.stderr.lower() or "tls" in bad.stderr.lower(), bad.stderr
+        server_log()
+        # by name too, from inside hv1's namespaces (its /etc/hosts knows hv1): the DNS SAN from extra_sans
+        by_name = hv.ns_run(["virsh", "-c", f"qemu+tls://hv1/system?pkipath={ours}", "hostname"], check=False)
+        assert by_name.returncode == 0 and by_name.stdout.strip() == "hv1", by_name.stderr
+        # a client certificate from another CA: libvirtd refuses it (its log says why)
+        bad = virsh("10.252.0.11", theirs)
+        assert bad.returncode != 0, bad.stdout
+        log = server_log()
+        assert "Failed to verify peer's certificate" in log and "known issuer" in log, log
+        # our CA, but not a salt-virt client CN: refused by tls_allowed_dn_list
+        rogue_cert, rogue_key = _rogue_client(tmp_path, os.path.join(salt_master.config["pki_dir"], "libvirt"))
+        rogue = virsh("10.252.0.11", _client_dir(str(tmp_path / "rogue"), ca, str(rogue_cert), str(rogue_key)))
+        assert rogue.returncode != 0, rogue.stdout
+        assert "tls_allowed_dn_list" in server_log(), "refused for another reason"
+        # the client checks the server's SANs: an address the certificate does not name is refused
+        wrong_name = hv.ns_run(["virsh", "-c", f"qemu+tls://127.0.0.1/system?pkipath={ours}", "hostname"], check=False)
+        assert wrong_name.returncode != 0 and "hostname" in wrong_name.stderr.lower(), wrong_name.stderr
     finally:
         hv.stop()
         fab.stop()
 
 
-def test_near_expiry_cert_is_renewed_and_rewritten(salt_cli, salt_master, hyper1, keys_dir):
+def test_near_expiry_cert_is_renewed_and_rewritten(salt_cli, salt_master, hyper1, applied_keys):
+    keys_dir = applied_keys
     ca_dir = os.path.join(salt_master.config["pki_dir"], "libvirt")
-    cert_path = os.path.join(ca_dir, "minions", "hyper1", "servercert.pem")
-    with open(cert_path) as fh:
-        before = fh.read()
-    # replace the stored cert by one from the same CA that expires tomorrow
-    ca_cert, ca_key = pki.ensure_ca(ca_dir)
-    sans = pki.cert_sans(pki.load_cert(before))
-    short, key = pki._issue(ca_cert, ca_key, "hyper1", "server", sorted(sans[0]) + [str(i) for i in sans[1]], 1, 2048)
-    pki._write(cert_path, pki._cert_pem(short), 0o644)
-    pki._write(os.path.join(ca_dir, "minions", "hyper1", "serverkey.pem"), pki._key_pem(key), 0o600)
+    with open(os.path.join(ca_dir, "minions", "hyper1", "servercert.pem")) as fh:
+        before = pki.load_cert(fh.read())
+    # replace hyper1's stored server cert by one with the same names that expires in two days
+    dns, ips = pki.cert_sans(before)
+    short = pki.issue(ca_dir, "hyper1", "server", sorted(dns) + [str(i) for i in ips], cn=pki.common_name(before),
+                      days=2, renew_days=1, key_size=2048, force=True)
+    assert (pki.load_cert(short["cert"]).not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)).days <= 2
     refresh(salt_cli, "hyper1")
-    server = salt_cli.run("pillar.get", "libvirt:server", "unmask=True", minion_tgt="hyper1").data
+    server = unmasked(salt_cli, "hyper1", "libvirt:server")
     not_after = datetime.datetime.fromisoformat(server["not_after"])
-    assert (not_after - datetime.datetime.now(datetime.timezone.utc)).days > 800
-    ret = salt_cli.run("state.single", "virt.keys", "libvirt-keys", f"basepath={keys_dir}", minion_tgt="hyper1")
-    (state,) = ret.data.values()
-    assert state["changes"] == {
+    assert (not_after - datetime.datetime.now(datetime.timezone.utc)).days > 800  # renewed on the compile
+    assert server["sha256"] != pki.summary(short["cert"])["sha256"]
+    expected = {
         os.path.join(keys_dir, "libvirt", "servercert.pem"): "updated",
         os.path.join(keys_dir, "libvirt", "private", "serverkey.pem"): "key replaced",
     }
+    preview = only(salt_cli.run(*STATE, f"basepath={keys_dir}", "test=True", minion_tgt="hyper1"))
+    assert preview["result"] is None and preview["changes"] == expected
+    state = only(salt_cli.run(*STATE, f"basepath={keys_dir}", minion_tgt="hyper1"))
+    assert state["result"] is True and state["changes"] == expected
+    with open(os.path.join(keys_dir, "libvirt", "servercert.pem")) as fh:
+        assert pki.summary(fh.read())["sha256"] == server["sha256"]
+    assert mode(os.path.join(keys_dir, "libvirt", "private", "serverkey.pem")) == 0o600

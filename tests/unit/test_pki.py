@@ -1,78 +1,272 @@
-"""The libvirt CA and certificates (saltvirt.pki) and the files virt.keys writes (saltvirt.keyfiles)."""
+"""The libvirt CA and certificates (saltvirt.pki), the files virt.keys writes (saltvirt.keyfiles) and
+the ``libvirt`` ext_pillar compiled by Salt's real pillar machinery in-process (no daemons).
+
+gnutls' certtool is the independent judge where it matters: libvirt verifies TLS with gnutls."""
 import datetime
+import grp
 import ipaddress
 import os
+import pathlib
 import shutil
 import stat
+import subprocess
 
+import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import keyfiles, pki
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+K = {"key_size": 2048}  # quick keys
 
 
 def mode(path):
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-def test_ca_created_private_and_reused(tmp_path):
+def days_left(cert):
+    return (cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)).days
+
+
+def certtool_verify(tmp_path, ca_pem, cert_pem, hostname=None, purpose=None):
+    """gnutls' verdict on ``cert_pem`` against the CA bundle ``ca_pem`` (0 = trusted)."""
+    (tmp_path / "v-ca.pem").write_text(ca_pem)
+    (tmp_path / "v-cert.pem").write_text(cert_pem)
+    cmd = ["certtool", "--verify", "--load-ca-certificate", str(tmp_path / "v-ca.pem"), "--infile", str(tmp_path / "v-cert.pem")]
+    if hostname:
+        cmd.append(f"--verify-hostname={hostname}")
+    if purpose:
+        cmd.append(f"--verify-purpose={purpose}")
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+# the CA ----------------------------------------------------------------------------------------
+def test_ca_created_private_with_configurable_validity_and_reused(tmp_path):
     ca_dir = tmp_path / "libvirt"
-    cert, _key = pki.ensure_ca(str(ca_dir), days=4000)
-    assert mode(ca_dir) == 0o700 and mode(ca_dir / "cakey.pem") == 0o600
-    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    left = cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)
-    assert 3990 < left.days <= 4000  # configurable, not the anchor's silent one year
+    cert, _key = pki.ensure_ca(str(ca_dir), days=4000, **K)
+    assert mode(ca_dir) == 0o700 and mode(ca_dir / "cakey.pem") == 0o600 and mode(ca_dir / "cacert.pem") == 0o644
+    bc = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+    assert bc.critical and bc.value.ca and bc.value.path_length == 0
+    ku = cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert ku.key_cert_sign and ku.crl_sign and not ku.digital_signature
+    assert 3998 <= days_left(cert) <= 4000  # configurable, not a silent one year
+    assert 3648 <= days_left(pki.ensure_ca(str(tmp_path / "default"), **K)[0]) <= 3650  # 10 years by default
     again, _ = pki.ensure_ca(str(ca_dir))
     assert again.serial_number == cert.serial_number
+    os.chmod(ca_dir / "cakey.pem", 0o644)
+    pki.ensure_ca(str(ca_dir))
+    assert mode(ca_dir / "cakey.pem") == 0o600  # loosened by hand: tightened again
 
 
-def test_server_and_client_certs_have_sans_distinct_cns_and_eku(tmp_path):
+def test_half_present_or_expired_ca_is_refused_not_replaced(tmp_path):
+    ca_dir = tmp_path / "ca"
+    pki.ensure_ca(str(ca_dir), **K)
+    original = (ca_dir / "cacert.pem").read_bytes()
+    os.unlink(ca_dir / "cakey.pem")
+    with pytest.raises(CommandExecutionError, match="incomplete"):
+        pki.ensure_ca(str(ca_dir), **K)
+    assert (ca_dir / "cacert.pem").read_bytes() == original  # never overwritten
+
+    expired = tmp_path / "expired"
+    expired.mkdir(mode=0o700)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now - datetime.timedelta(days=400)).not_valid_after(now - datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(key, hashes.SHA256())
+    )
+    (expired / "cacert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (expired / "cakey.pem").write_bytes(pki._key_pem(key))
+    with pytest.raises(CommandExecutionError, match="expired.*rotate"):
+        pki.issue(str(expired), "h", "client", **K)
+
+
+# leaf certificates -----------------------------------------------------------------------------
+def test_server_and_client_certs_have_sans_distinct_cns_and_usages(tmp_path):
     ca = str(tmp_path / "ca")
     sans = ["hyper1", "hyper1.example.com", "10.0.0.11", "fd00::11"]
-    server = pki.issue(ca, "hyper1", "server", sans, cn="hyper1.example.com", days=90, key_size=2048)
-    client = pki.issue(ca, "hyper1", "client", days=90, key_size=2048)
+    server = pki.issue(ca, "hyper1", "server", sans, cn="hyper1.example.com", days=90, **K)
+    client = pki.issue(ca, "hyper1", "client", days=90, **K)
     s, c = pki.load_cert(server["cert"]), pki.load_cert(client["cert"])
-    assert s.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hyper1.example.com"
-    assert c.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hyper1 libvirt client"
+    assert pki.common_name(s) == "hyper1.example.com"
+    assert pki.common_name(c) == "hyper1 libvirt client"
     dns, ips = pki.cert_sans(s)
     assert dns == {"hyper1", "hyper1.example.com"}
     assert ips == {ipaddress.ip_address("10.0.0.11"), ipaddress.ip_address("fd00::11")}
     assert list(s.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.SERVER_AUTH]
     assert list(c.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.CLIENT_AUTH]
-    assert 88 <= (s.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)).days <= 90
-    assert mode(os.path.join(ca, "minions", "hyper1", "serverkey.pem")) == 0o600
-    assert mode(os.path.join(ca, "minions", "hyper1")) == 0o700
+    assert not s.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert 88 <= days_left(s) <= 90 and 88 <= days_left(c) <= 90  # configurable validity
+    for name in ("serverkey.pem", "clientkey.pem"):
+        assert mode(os.path.join(ca, "minions", "hyper1", name)) == 0o600
+    assert mode(os.path.join(ca, "minions")) == 0o700 and mode(os.path.join(ca, "minions", "hyper1")) == 0o700
+    assert "BEGIN PRIVATE KEY" in server["key"]
 
 
-def test_reused_while_valid_renewed_near_expiry_or_on_san_change(tmp_path):
+def test_gnutls_accepts_the_server_cert_for_its_sans_only_and_with_the_right_purpose(tmp_path):
     ca = str(tmp_path / "ca")
-    first = pki.issue(ca, "h", "server", ["h", "10.0.0.1"], days=60, renew_days=30, key_size=2048)
-    assert first["issued"]
-    same = pki.issue(ca, "h", "server", ["10.0.0.1", "h"], days=60, renew_days=30, key_size=2048)
-    assert not same["issued"] and same["cert"] == first["cert"]
-    changed = pki.issue(ca, "h", "server", ["h", "10.0.0.2"], days=60, renew_days=30, key_size=2048)
-    assert changed["issued"] and changed["reason"] == "SAN set changed"
-    near = pki.issue(ca, "h", "server", ["h", "10.0.0.2"], days=60, renew_days=61, key_size=2048)
-    assert near["issued"] and near["reason"].startswith("expires in")
+    server = pki.issue(ca, "hv1", "server", ["hv1", "hv1.example.com", "10.0.0.11"], cn="hv1.example.com", **K)
+    client = pki.issue(ca, "hv1", "client", **K)
+    bundle = pki.trusted_bundle(ca)
+    assert certtool_verify(tmp_path, bundle, server["cert"], hostname="hv1.example.com").returncode == 0
+    assert certtool_verify(tmp_path, bundle, server["cert"], hostname="10.0.0.11").returncode == 0
+    assert certtool_verify(tmp_path, bundle, server["cert"], hostname="hv2.example.com").returncode != 0
+    assert certtool_verify(tmp_path, bundle, server["cert"], purpose="1.3.6.1.5.5.7.3.1").returncode == 0
+    assert certtool_verify(tmp_path, bundle, client["cert"], purpose="1.3.6.1.5.5.7.3.2").returncode == 0
+    assert certtool_verify(tmp_path, bundle, client["cert"], purpose="1.3.6.1.5.5.7.3.1").returncode != 0
 
 
-def test_ca_rotation_reissues_and_keeps_old_ca_trusted(tmp_path):
+def test_ec_keys(tmp_path):
+    ca = str(tmp_path / "ca")
+    server = pki.issue(ca, "h", "server", ["h"], key_type="ec", key_size=384)
+    cert = pki.load_cert(server["cert"])
+    assert pki.key_params(cert.public_key()) == ("ec", 384)
+    assert not cert.extensions.get_extension_for_class(x509.KeyUsage).value.key_encipherment
+    assert certtool_verify(tmp_path, pki.trusted_bundle(ca), server["cert"], hostname="h").returncode == 0
+
+
+def test_profiles_match_the_certtool_templates_in_pki_dir(tmp_path):
+    """pki/*.tmpl document the profiles for certtool users: the same extensions as saltvirt.pki's."""
     ca = tmp_path / "ca"
-    old = pki.issue(str(ca), "h", "client", key_size=2048)
-    (ca / "previous").mkdir()
-    shutil.move(str(ca / "cacert.pem"), str(ca / "previous" / "2025.pem"))
-    os.unlink(ca / "cakey.pem")
-    new = pki.issue(str(ca), "h", "client", key_size=2048)
-    assert new["issued"] and "CA" in new["reason"]
-    assert pki.load_cert(new["cert"]).issuer != pki.load_cert(old["cert"]).issuer or new["cert"] != old["cert"]
-    bundle = pki.trusted_bundle(str(ca))
-    assert bundle.count("BEGIN CERTIFICATE") == 2
+    ours = {"server": pki.issue(str(ca), "h", "server", ["h"], **K)["cert"], "client": pki.issue(str(ca), "h", "client", **K)["cert"]}
+
+    def extensions(cert):
+        out = {}
+        for ext in cert.extensions:
+            if isinstance(ext.value, (x509.BasicConstraints, x509.KeyUsage, x509.ExtendedKeyUsage)):
+                out[type(ext.value).__name__] = (ext.critical, ext.value)
+        return out
+
+    subprocess.run(["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(tmp_path / "k.pem")], check=True, capture_output=True)
+    for kind, extra in (("server", 'cn = "h"\ndns_name = "h"\n'), ("client", 'cn = "h libvirt client"\n')):
+        (tmp_path / f"{kind}.tmpl").write_text((ROOT / "pki" / f"{kind}.tmpl").read_text() + extra)
+        subprocess.run(
+            ["certtool", "--generate-certificate", "--load-privkey", str(tmp_path / "k.pem"), "--load-ca-certificate",
+             str(ca / "cacert.pem"), "--load-ca-privkey", str(ca / "cakey.pem"), "--template", str(tmp_path / f"{kind}.tmpl"),
+             "--outfile", str(tmp_path / f"{kind}.pem")],
+            check=True, capture_output=True,
+        )
+        theirs = x509.load_pem_x509_certificate((tmp_path / f"{kind}.pem").read_bytes())
+        assert extensions(theirs) == extensions(pki.load_cert(ours[kind])), kind
+        assert 823 <= days_left(theirs) <= 825
+    subprocess.run(["certtool", "--generate-self-signed", "--load-privkey", str(tmp_path / "k.pem"), "--template",
+                    str(ROOT / "pki" / "ca.tmpl"), "--outfile", str(tmp_path / "ca.pem")], check=True, capture_output=True)
+    theirs = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    assert extensions(theirs) == extensions(pki.ensure_ca(str(ca))[0])
+    assert pki.common_name(theirs) == pki.CA_CN
 
 
-def _pillar(tmp_path):
+# renewal ---------------------------------------------------------------------------------------
+def test_reused_while_valid_renewed_on_san_cn_or_key_change(tmp_path):
     ca = str(tmp_path / "ca")
-    server = pki.issue(ca, "h", "server", ["h"], key_size=2048)
-    client = pki.issue(ca, "h", "client", key_size=2048)
+    first = pki.issue(ca, "h", "server", ["h", "10.0.0.1"], **K)
+    assert first["issued"] and first["reason"] == "new"
+    same = pki.issue(ca, "h", "server", ["10.0.0.1", "H"], **K)  # order and case do not matter
+    assert not same["issued"] and same["cert"] == first["cert"] and same["key"] == first["key"]
+    changed = pki.issue(ca, "h", "server", ["h", "10.0.0.2"], **K)
+    assert changed["issued"] and changed["reason"] == "SAN set changed" and changed["key"] != first["key"]
+    renamed = pki.issue(ca, "h", "server", ["h", "10.0.0.2"], cn="h.example.com", **K)
+    assert renamed["issued"] and renamed["reason"].startswith("CN changed")
+    bigger = pki.issue(ca, "h", "server", ["h", "10.0.0.2"], cn="h.example.com", key_size=3072)
+    assert bigger["issued"] and bigger["reason"] == "key parameters changed (rsa 2048 -> rsa 3072)"
+    assert not pki.issue(ca, "h", "server", ["h", "10.0.0.2"], cn="h.example.com", key_size=3072)["issued"]
+
+
+def test_near_expiry_cert_is_renewed(tmp_path):
+    ca = str(tmp_path / "ca")
+    short = pki.issue(ca, "h", "client", days=2, renew_days=1, **K)
+    assert days_left(pki.load_cert(short["cert"])) <= 2
+    assert not pki.issue(ca, "h", "client", days=2, renew_days=1, **K)["issued"]  # outside its own window
+    renewed = pki.issue(ca, "h", "client", days=825, renew_days=30, **K)
+    assert renewed["issued"] and renewed["reason"] == "expires in 1 days (renewal window 30 days)"
+    assert days_left(pki.load_cert(renewed["cert"])) >= 824
+
+
+def test_broken_stored_key_is_reissued_and_force_reissues(tmp_path):
+    ca = tmp_path / "ca"
+    first = pki.issue(str(ca), "h", "client", **K)
+    os.unlink(ca / "minions" / "h" / "clientkey.pem")
+    again = pki.issue(str(ca), "h", "client", **K)
+    assert again["issued"] and again["reason"] == "key missing or unreadable" and again["cert"] != first["cert"]
+    other = pki.issue(str(ca), "x", "client", **K)
+    shutil.copyfile(ca / "minions" / "x" / "clientkey.pem", ca / "minions" / "h" / "clientkey.pem")
+    mismatch = pki.issue(str(ca), "h", "client", **K)
+    assert mismatch["issued"] and mismatch["reason"] == "key does not match the certificate" and mismatch["key"] != other["key"]
+    forced = pki.issue(str(ca), "h", "client", force=True, **K)
+    assert forced["issued"] and forced["reason"] == "forced"
+
+
+def test_leaf_never_outlives_the_ca_and_a_short_lived_ca_does_not_cause_churn(tmp_path):
+    ca = str(tmp_path / "ca")
+    pki.ensure_ca(ca, days=20, **K)
+    first = pki.issue(ca, "h", "server", ["h"], days=825, renew_days=30, **K)
+    ca_cert = pki.load_cert(pki.trusted_bundle(ca))
+    assert pki.load_cert(first["cert"]).not_valid_after_utc == ca_cert.not_valid_after_utc
+    assert "rotate" in first["warning"]
+    again = pki.issue(ca, "h", "server", ["h"], days=825, renew_days=30, **K)
+    assert not again["issued"]  # inside the renewal window, but a new cert could not last longer
+
+
+def test_settings_are_validated():
+    with pytest.raises(SaltInvocationError, match="renew_days"):
+        pki.settings(days=30, renew_days=30)
+    with pytest.raises(SaltInvocationError, match="key_type"):
+        pki.settings(key_type="dsa")
+    with pytest.raises(SaltInvocationError, match="key_size"):
+        pki.settings(key_size=1024)
+    with pytest.raises(SaltInvocationError, match="minion id"):
+        pki.issue("/nonexistent", "../etc", "client")
+    assert pki.settings() == {"days": 825, "renew_days": 30, "ca_days": 3650, "key_type": "rsa", "key_size": 3072}
+
+
+# CA rotation (the procedure in pki/README.md) ----------------------------------------------------
+def test_ca_rotation_keeps_the_fleet_talking_then_drops_the_old_ca(tmp_path):
+    ca = tmp_path / "ca"
+    old_server = pki.issue(str(ca), "hv1", "server", ["hv1"], **K)  # a host that has not applied virt.keys yet
+    old_ca_pem = (ca / "cacert.pem").read_text()
+    rotated = pki.rotate_ca(str(ca), **K)
+    assert os.path.exists(rotated["retired"]) and mode(ca / "previous") == 0o700
+    assert rotated["previous"]["sha256"] != rotated["current"]["sha256"]
+    assert mode(ca / "cakey.pem") == 0o600
+    bundle = pki.trusted_bundle(str(ca))
+    assert bundle.count("BEGIN CERTIFICATE") == 2 and old_ca_pem in bundle
+    new_server = pki.issue(str(ca), "hv1", "server", ["hv1"], **K)
+    assert new_server["issued"] and new_server["reason"] == "not signed by the current CA"
+    new_client = pki.issue(str(ca), "hv2", "client", **K)
+    # during the rollout both generations verify against the distributed bundle (gnutls, as libvirt)
+    assert certtool_verify(tmp_path, bundle, old_server["cert"], hostname="hv1").returncode == 0
+    assert certtool_verify(tmp_path, bundle, new_server["cert"], hostname="hv1").returncode == 0
+    assert certtool_verify(tmp_path, old_ca_pem, new_client["cert"]).returncode != 0  # why the bundle goes first
+    # step 4: retire the previous CA for good
+    os.unlink(rotated["retired"])
+    bundle = pki.trusted_bundle(str(ca))
+    assert bundle.count("BEGIN CERTIFICATE") == 1
+    assert certtool_verify(tmp_path, bundle, old_server["cert"], hostname="hv1").returncode != 0
+    assert certtool_verify(tmp_path, bundle, new_server["cert"], hostname="hv1").returncode == 0
+    inv = pki.inventory(str(ca))
+    assert set(inv["minions"]) == {"hv1", "hv2"} and "BEGIN" not in str(inv)
+
+
+def test_command_line_show_and_rotate(tmp_path, capsys):
+    ca = str(tmp_path / "ca")
+    pki.issue(ca, "hv1", "client", **K)
+    assert pki._main(["show", ca]) == 0
+    assert '"hv1"' in capsys.readouterr().out
+    assert pki._main(["rotate-ca", ca, "--days", "100", "--key-size", "2048"]) == 0
+    assert 98 <= days_left(pki.load_cert((tmp_path / "ca" / "cacert.pem").read_bytes())) <= 100
+
+
+# virt.keys (keyfiles) --------------------------------------------------------------------------
+def _pillar(tmp_path, ca="ca"):
+    ca = str(tmp_path / ca)
+    server = pki.issue(ca, "h", "server", ["h"], **K)
+    client = pki.issue(ca, "h", "client", **K)
     return {
         "cacert": pki.trusted_bundle(ca),
         "servercert": server["cert"],
@@ -92,15 +286,136 @@ def test_keys_state_writes_modes_is_idempotent_and_previews(tmp_path):
     assert mode(base / "libvirt/private") == 0o700
     assert mode(base / "libvirt/private/serverkey.pem") == 0o600
     assert mode(base / "libvirt/private/clientkey.pem") == 0o600
-    assert mode(base / "CA/cacert.pem") == 0o644
+    assert mode(base / "CA/cacert.pem") == 0o644 and mode(base / "libvirt/servercert.pem") == 0o644
     assert (base / "libvirt/servercert.pem").read_text() == data["servercert"]
-    assert "BEGIN" not in str(done)  # no key material in the state's return
-    assert keyfiles.keys_state("k", data, str(base))["changes"] == {}
+    assert "PRIVATE KEY" not in str(done) and "PRIVATE KEY" not in str(preview)  # no key material in returns
+    assert keyfiles.keys_state("k", data, str(base)) == dict(done, changes={}, comment=f"libvirt TLS files in {base} are up to date")
+    assert keyfiles.keys_state("k", data, str(base), test=True)["result"] is True  # test=True, nothing to do
+
     os.chmod(base / "libvirt/private/clientkey.pem", 0o644)
+    os.chmod(base / "libvirt/private", 0o755)
+    preview = keyfiles.keys_state("k", data, str(base), test=True)
+    assert preview["result"] is None and mode(base / "libvirt/private/clientkey.pem") == 0o644  # test writes nothing
     fixed = keyfiles.keys_state("k", data, str(base))
-    assert fixed["changes"] == {str(base / "libvirt/private/clientkey.pem"): "mode 0644 -> 0600"}
+    assert fixed["changes"] == preview["changes"] == {
+        str(base / "libvirt/private"): "mode 0755 -> 0700",
+        str(base / "libvirt/private/clientkey.pem"): "mode 0644 -> 0600",
+    }
+    assert mode(base / "libvirt/private") == 0o700 and mode(base / "libvirt/private/clientkey.pem") == 0o600
+
+
+def test_keys_state_renewal_reports_only_what_changed(tmp_path):
+    data, base = _pillar(tmp_path), tmp_path / "pki"
+    keyfiles.keys_state("k", data, str(base))
+    renewed = pki.issue(str(tmp_path / "ca"), "h", "server", ["h", "h.example.com"], **K)
+    data = dict(data, servercert=renewed["cert"], serverkey=renewed["key"])
+    preview = keyfiles.keys_state("k", data, str(base), test=True)
+    expected = {str(base / "libvirt/servercert.pem"): "updated", str(base / "libvirt/private/serverkey.pem"): "key replaced"}
+    assert preview["changes"] == expected and preview["result"] is None
+    assert keyfiles.keys_state("k", data, str(base))["changes"] == expected
+    assert (base / "libvirt/private/serverkey.pem").read_text() == renewed["key"]
+
+
+def test_keys_state_never_overwrites_files_it_did_not_write(tmp_path):
+    data, base = _pillar(tmp_path), tmp_path / "pki"
+    (base / "libvirt" / "private").mkdir(parents=True)
+    own = base / "libvirt" / "servercert.pem"
+    own.write_text("an admin's own certificate\n")
+    refused = keyfiles.keys_state("k", data, str(base))
+    assert refused["result"] is False and str(own) in refused["comment"] and "replace_foreign" in refused["comment"]
+    assert own.read_text() == "an admin's own certificate\n" and not (base / "CA").exists()  # nothing written at all
+    done = keyfiles.keys_state("k", data, str(base), replace_foreign=True)
+    assert done["result"] is True and "kept as servercert.pem.salt-virt-orig" in done["changes"][str(own)]
+    assert (base / "libvirt" / "servercert.pem.salt-virt-orig").read_text() == "an admin's own certificate\n"
+    assert own.read_text() == data["servercert"]
+    # what virt.keys wrote itself is replaced without asking (renewal)
+    assert keyfiles.keys_state("k", _pillar(tmp_path, "ca2"), str(base))["result"] is True
+
+
+def test_keys_state_qemu_dir_is_readable_by_the_qemu_group(tmp_path):
+    gid = grp.getgrnam("libvirt-qemu").gr_gid  # libvirt-daemon on Debian creates it
+    data, base = _pillar(tmp_path), tmp_path / "pki"
+    ret = keyfiles.keys_state("k", data, str(base), qemu=True)
+    assert ret["result"] is True and len(ret["changes"]) == 10
+    qemu = base / "qemu"
+    assert mode(qemu) == 0o750 and os.stat(qemu).st_gid == gid
+    for name in ("server-key.pem", "client-key.pem"):
+        assert mode(qemu / name) == 0o640 and os.stat(qemu / name).st_gid == gid
+    assert (qemu / "ca-cert.pem").read_text() == data["cacert"]
+    assert keyfiles.keys_state("k", data, str(base), qemu=True)["changes"] == {}
 
 
 def test_keys_state_without_pillar_says_why():
     ret = keyfiles.keys_state("k", None, "/nonexistent")
     assert ret["result"] is False and "no 'libvirt' pillar" in ret["comment"]
+    ret = keyfiles.keys_state("k", {"cacert": "x"}, "/nonexistent")
+    assert ret["result"] is False and "lacks servercert" in ret["comment"]
+
+
+# the ext_pillar, compiled by salt.pillar.Pillar in-process -----------------------------------------
+GRAINS = {
+    "virt_hypervisor": True,
+    "fqdn": "hv1.example.com",
+    "host": "hv1",
+    "ipv4": ["127.0.0.1", "10.0.0.5", "169.254.1.1"],
+    "ipv6": ["::1", "fe80::1", "fd00::5"],
+}
+
+
+@pytest.fixture
+def compile_pillar(tmp_path):
+    import salt.config
+    import salt.pillar
+
+    def compile_(minion_id, grains, ext_pillar_conf=None, ext=None):
+        opts = salt.config.master_config(None)
+        opts.update(
+            {
+                "pki_dir": str(tmp_path / "pki"),
+                "cachedir": str(tmp_path / "cache"),
+                "pillar_roots": {"base": [str(tmp_path / "pillar")]},
+                "file_roots": {"base": [str(tmp_path / "files")]},
+                "pillar_dirs": [str(ROOT / "_pillar")],
+                "extension_modules": str(tmp_path / "ext"),
+                "ext_pillar": [{"libvirt": dict({"key_size": 2048}, **(ext_pillar_conf or {}))}],
+            }
+        )
+        return salt.pillar.Pillar(opts, grains, minion_id, "base", ext=ext).compile_pillar()
+
+    return compile_
+
+
+def test_ext_pillar_gives_hypervisors_sans_from_grains_and_config(compile_pillar, tmp_path):
+    grains = dict(GRAINS, virt={"tls": {"extra_sans": ["hv1.lab"]}})
+    out = compile_pillar("hv1", grains, {"extra_sans": {"hv1": ["10.9.9.9"], "hv2": ["nope"]}})["libvirt"]
+    assert out["server"]["san_dns"] == ["hv1", "hv1.example.com", "hv1.lab"]
+    assert out["server"]["san_ip"] == ["10.0.0.5", "10.9.9.9", "fd00::5"]  # no loopback / link-local
+    assert out["server"]["subject"] == "CN=hv1.example.com,O=salt-virt"
+    assert out["client"]["subject"] == "CN=hv1 libvirt client,O=salt-virt"
+    assert out["ca"]["subject"] == "CN=salt-virt libvirt CA,O=salt-virt"
+    assert pki.load_cert(out["cacert"]).subject == pki.load_cert(out["servercert"]).issuer
+    assert mode(tmp_path / "pki" / "libvirt" / "cakey.pem") == 0o600
+    assert mode(tmp_path / "pki" / "libvirt" / "minions" / "hv1" / "serverkey.pem") == 0o600
+    trusted = compile_pillar("hv1", dict(grains, fqdn="evil.example.com"), {"san_from_grains": False, "extra_sans": {"hv1": ["hv1.lan"]}})
+    assert trusted["libvirt"]["server"]["san_dns"] == ["hv1", "hv1.lan"] and trusted["libvirt"]["server"]["san_ip"] == []
+    assert trusted["libvirt"]["server"]["subject"] == "CN=hv1,O=salt-virt"
+
+
+def test_ext_pillar_only_for_the_target(compile_pillar):
+    assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False))
+    assert "libvirt" not in compile_pillar("web1", {k: v for k, v in GRAINS.items() if k != "virt_hypervisor"})
+    conf = {"target": "hv* and G@virt_hypervisor:True"}
+    assert "libvirt" in compile_pillar("hv1", GRAINS, conf)
+    assert "libvirt" not in compile_pillar("web1", GRAINS, conf)
+    assert "libvirt" in compile_pillar("hv2", {}, {"target": "hv1,hv2", "tgt_type": "list"})
+    broken = compile_pillar("hv1", GRAINS, {"tgt_type": "nosuch"})
+    assert "libvirt" not in broken and "unknown tgt_type" in str(broken["_errors"])
+
+
+def test_ext_pillar_refuses_a_minions_own_configuration(compile_pillar):
+    """Salt's default on_demand_ext_pillar lists 'libvirt': a minion's pillar.ext must not get certs
+    for names or targets of its choosing."""
+    ask = {"libvirt": {"target": "*", "extra_sans": {"web1": ["hv1.example.com"], "hv1": ["bank.example.com"]}}}
+    assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False), ext=ask)
+    out = compile_pillar("hv1", GRAINS, ext=ask)["libvirt"]  # the master's own entry still answers
+    assert "bank.example.com" not in out["server"]["san_dns"]
