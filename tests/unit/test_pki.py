@@ -419,3 +419,40 @@ def test_ext_pillar_refuses_a_minions_own_configuration(compile_pillar):
     assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False), ext=ask)
     out = compile_pillar("hv1", GRAINS, ext=ask)["libvirt"]  # the master's own entry still answers
     assert "bank.example.com" not in out["server"]["san_dns"]
+
+
+def _issue_in_process(args):
+    ca, minion_id = args
+    return pki.issue(ca, minion_id, "server", [minion_id], **K)["cert"]
+
+
+def test_concurrent_master_workers_share_one_ca(tmp_path):
+    """Master workers compile pillars in parallel processes: the first compiles must not race to
+    create two CAs (a cert signed by a CA that is then replaced would be useless)."""
+    import multiprocessing
+
+    ca = str(tmp_path / "ca")
+    with multiprocessing.get_context("fork").Pool(6) as pool:
+        certs = pool.map(_issue_in_process, [(ca, f"hv{i % 3}") for i in range(12)])
+    ca_cert = pki.ensure_ca(ca)[0]
+    assert all(pki.signed_by(pki.load_cert(c), ca_cert) for c in certs)
+    for i in range(3):  # one stored cert per minion, and what was handed out last is what is stored
+        stored = (tmp_path / "ca" / "minions" / f"hv{i}" / "servercert.pem").read_text()
+        assert pki.issue(ca, f"hv{i}", "server", [f"hv{i}"], **K)["cert"] == stored
+
+
+def test_virt_hypervisor_grain_through_the_salt_loader(tmp_path):
+    import salt.config
+    import salt.loader
+
+    def grain(config=""):
+        conf = tmp_path / "minion"
+        conf.write_text(f"cachedir: {tmp_path / 'cache'}\ngrains_dirs: [{ROOT / '_grains'}]\n{config}")
+        opts = salt.config.minion_config(str(conf))
+        return salt.loader.grains(opts, force_refresh=True).get("virt_hypervisor")
+
+    # this machine has the libvirt bindings and libvirtd (scripts/setup.sh): a hypervisor
+    assert shutil.which("libvirtd") or shutil.which("libvirtd", path="/usr/sbin")
+    assert grain() is True
+    assert grain("virt_hypervisor: false\n") is False  # the minion config decides
+    assert grain("grains: {virt_hypervisor: false}\n") is False  # so does a static grain
