@@ -1,0 +1,93 @@
+"""Test helpers for saltvirt.seed: build small guest disks and read files back out of them with tools
+that share no code with the seeding backends (qemu-img convert + debugfs, no mounts)."""
+import hashlib
+import json
+import os
+import re
+import subprocess
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, **kw)
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_disk(path, tree, partitioned=True, size_mb=32, fmt="raw"):
+    """A disk whose (only) ext4 filesystem holds the directory ``tree``: in partition 1 of an MBR disk,
+    or on the whole disk when not ``partitioned``. Built without mounting anything."""
+    raw = path if fmt == "raw" else f"{path}.tmp.raw"
+    if partitioned:
+        part = f"{path}.part"
+        run(["mkfs.ext4", "-q", "-F", "-L", "root", "-d", str(tree), part, f"{size_mb - 1}M"])
+        run(["truncate", "-s", f"{size_mb}M", raw])
+        run(["sfdisk", "-q", raw], input=b"label: dos\nstart=2048, type=83\n")
+        run(["dd", f"if={part}", f"of={raw}", "bs=1M", "seek=1", "conv=notrunc", "status=none"])
+        os.unlink(part)
+    else:
+        run(["mkfs.ext4", "-q", "-F", "-L", "root", "-d", str(tree), raw, f"{size_mb}M"])
+    if fmt != "raw":
+        run(["qemu-img", "convert", "-f", "raw", "-O", fmt, raw, path])
+        os.unlink(raw)
+    return str(path)
+
+
+def _fs_spec(image, scratch):
+    """A debugfs device spec for the ext4 root of ``image`` (any format): ``file?offset=N``."""
+    raw = os.path.join(scratch, "readback.raw")
+    if os.path.exists(raw):
+        os.unlink(raw)
+    run(["qemu-img", "convert", "-U", "-O", "raw", image, raw])
+    table = subprocess.run(["sfdisk", "--json", raw], capture_output=True, text=True)
+    offset = 0
+    if table.returncode == 0 and table.stdout.strip():
+        parts = json.loads(table.stdout)["partitiontable"].get("partitions", [])
+        if parts:
+            offset = parts[0]["start"] * 512
+    return f"{raw}?offset={offset}"
+
+
+def read_guest(image, paths, scratch):
+    """{guest path: (content bytes, mode int, uid)} read with debugfs; missing files map to None."""
+    spec = _fs_spec(image, scratch)
+    out = {}
+    for path in paths:
+        st = subprocess.run(["debugfs", "-R", f"stat {path}", spec], capture_output=True, text=True)
+        mode = re.search(r"Mode:\s+(\d+)", st.stdout)
+        if not mode:
+            out[path] = None
+            continue
+        uid = int(re.search(r"User:\s+(\d+)", st.stdout).group(1))
+        content = run(["debugfs", "-R", f"cat {path}", spec]).stdout
+        out[path] = (content, int(mode.group(1), 8), uid)
+    return out
+
+
+def fsck_clean(image, scratch):
+    """e2fsck -fn on the root filesystem: True when the filesystem is consistent."""
+    spec = _fs_spec(image, scratch)
+    return subprocess.run(["e2fsck", "-fn", spec], capture_output=True).returncode == 0
+
+
+def leftovers(*needles):
+    """Mounts, loop devices and qemu-storage-daemon processes that mention any of ``needles``."""
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        found += [f"mount: {line.split()[4]}" for line in fh if any(n in line for n in needles)]
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
+    found += [f"loop: {line}" for line in loops if any(n in line for n in needles)]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmdline.startswith("qemu-storage-daemon") and any(n in cmdline for n in needles):
+            found.append(f"process {pid}: {cmdline[:200]}")
+    return found
