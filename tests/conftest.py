@@ -168,6 +168,7 @@ def master_config(state_tree, **extra):
         "log_level_logfile": "info",
         "open_mode": False,
         "auto_accept": True,
+        "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
     }
     if (ROOT / "_pillar" / "libvirt.py").exists():
         # 2048-bit keys keep the tests quick; hyper1 manages hv1 (10.252.0.11 in its fabric)
