@@ -69,6 +69,7 @@ class Demo:
             file_roots={"base": [str(ROOT), str(tree)]},
             pki_dir=str(self.base / "pki" / "master"),
             log_file=str(self.base / "log" / "master"),
+            on_demand_ext_pillar=[],
         )
         if (ROOT / "_pillar" / "libvirt.py").exists():
             master["ext_pillar"] = [{"libvirt": {}}]
