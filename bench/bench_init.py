@@ -125,8 +125,12 @@ def render(answers):
             body.append([label, common.fmt_stat(st), f"**{common.ratio(med, floor)}**" if med else "—",
                          common.fmt_s(common.summary(firsts)["median"]) if firsts else "—",
                          f"{len(errs)} failed" if errs else "ok"])
+            sample = next((a["results"][0] for a in ok if a.get("results")), None)
             rows_json.append({"mode": mode, "variant": label, "times": st, "first_call": common.summary(firsts),
-                              "errors": errs[:3]})
+                              "errors": errs[:3], "sample": sample})
+            if isinstance(sample, dict) and sample.get("seed"):
+                label = f"{label} ({sample['seed'].get('backend')})"
+                body[-1][0] = label
             if errs:
                 errors.append(f"{mode} / {label}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
         if not body:

@@ -26,7 +26,7 @@ import nodexml  # noqa: E402
 # fresh processes per (implementation, size): saltext-virt's cost grows with N^2 on the test driver
 # (4 new connections per domain), so it gets fewer repetitions at the large sizes.
 FULL = {"sizes": [100, 300, 1000], "reps": {"salt-virt": 5, "saltext-virt": {100: 3, 300: 2, 1000: 1}}}
-QUICK = {"sizes": [5, 10], "reps": {"salt-virt": 1, "saltext-virt": {5: 1, 10: 1}}}
+QUICK = {"sizes": [5], "reps": {"salt-virt": 1, "saltext-virt": {5: 1}}}
 
 
 def reps_for(cfg, impl, size):
@@ -49,6 +49,7 @@ def collect(rows, backend, size, impl_name, answers):
     rows.append({
         "backend": backend, "size": size, "impl": impl_name,
         "wall": common.summary([a["times"][0] for a in ok]),
+        "cpu": common.summary([a["cpu"][0] for a in ok if a.get("cpu")]),
         "hwm_kib": common.summary([a["hwm_after_kib"] for a in ok]),
         "growth_kib": common.summary([a["hwm_after_kib"] - a["rss_before_kib"] for a in ok]),
         "vms": ok[0]["result"].get("vms") if ok else None,
@@ -116,18 +117,21 @@ def render(rows):
             t_w = theirs["wall"]["median"] if theirs and theirs["wall"] else None
             o_m = ours["hwm_kib"]["median"] if ours and ours["hwm_kib"] else None
             t_m = theirs["hwm_kib"]["median"] if theirs and theirs["hwm_kib"] else None
+            o_c = ours["cpu"]["median"] if ours and ours.get("cpu") else None
+            t_c = theirs["cpu"]["median"] if theirs and theirs.get("cpu") else None
             body.append([
                 size,
                 common.fmt_stat(ours and ours["wall"]),
                 common.fmt_stat(theirs and theirs["wall"]),
                 f"**{common.ratio(t_w, o_w)}**",
+                f"{common.fmt_s(o_c)} / {common.fmt_s(t_c)} ({common.ratio(t_c, o_c)})",
                 f"{common.fmt_mib(o_m)} (+{common.fmt_mib(ours['growth_kib']['median']) if ours and ours['growth_kib'] else '—'})",
                 f"{common.fmt_mib(t_m)} (+{common.fmt_mib(theirs['growth_kib']['median']) if theirs and theirs['growth_kib'] else '—'})",
                 f"{ours and ours['vms']} / {theirs and theirs['vms']}",
             ])
         label = "libvirt test driver (node XML)" if backend == "test" else "real libvirtd, defined domains"
         tables.append(f"**{label}** — `virt.full_info`, one call per fresh process, median (min–max, n)\n\n" +
-                      common.table(["domains", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt",
+                      common.table(["domains", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt", "client CPU ours / theirs",
                                     "peak RSS salt-virt (+growth)", "peak RSS saltext (+growth)", "VMs seen"], body))
         # linearity: time per domain
         per = []

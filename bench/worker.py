@@ -110,13 +110,14 @@ def mode_call(spec, workdir):
     for _ in range(spec.get("warmup", 0)):
         func(*spec.get("args", []), **spec.get("kwargs", {}))
     hwm0, rss0 = vm_hwm_kib(), vm_rss_kib()
-    times, result = [], None
+    times, cpu, result = [], [], None
     for _ in range(spec.get("reps", 1)):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         result = func(*spec.get("args", []), **spec.get("kwargs", {}))
         times.append(time.perf_counter() - t0)
-    return {"times": times, "hwm_before_kib": hwm0, "rss_before_kib": rss0, "hwm_after_kib": vm_hwm_kib(),
-            "result": summarize(result)}
+        cpu.append(time.process_time() - c0)  # this process only: the test driver runs in it, libvirtd does not
+    return {"times": times, "cpu": cpu, "hwm_before_kib": hwm0, "rss_before_kib": rss0,
+            "hwm_after_kib": vm_hwm_kib(), "result": summarize(result)}
 
 
 RAW_XML = """<domain type="qemu"><name>{name}</name><memory unit="MiB">{mem}</memory>\

@@ -1,0 +1,85 @@
+"""Smoke test of bench/: every bench script really runs, on tiny sizes (``--quick``), and its figures
+are sane (both implementations saw every VM, overlays are flat, the floor and our virt.init worked).
+No timing is asserted: speed is what bench/RESULTS.md reports.
+
+The scripts run side by side (each starts its own libvirtd or salt daemons) to keep this short. The
+competitor's venv (saltext-virt 0.1.0 from PyPI) is built once by bench/setup-saltext.sh (~40 s the
+first time, then instant).
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+BENCH = ROOT / "bench"
+SCRIPTS = ["placement", "clone", "query", "init", "fleet"]
+
+pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
+
+
+@pytest.fixture(scope="module")
+def quick_runs(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("the bench smoke test needs root (libvirtd in namespaces, salt daemons)")
+    setup = subprocess.run([str(BENCH / "setup-saltext.sh")], capture_output=True, text=True, timeout=900)
+    assert setup.returncode == 0, setup.stderr[-3000:]
+    out_dir = tmp_path_factory.mktemp("bench-json")
+    env = dict(os.environ, BENCH_JSON_DIR=str(out_dir))
+    procs = {
+        name: subprocess.Popen([sys.executable, str(BENCH / f"bench_{name}.py"), "--quick"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in SCRIPTS
+    }
+    runs = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        path = out_dir / f"{name}.json"
+        runs[name] = {"rc": proc.returncode, "stdout": stdout, "stderr": stderr[-4000:],
+                      "json": json.loads(path.read_text()) if path.exists() else None}
+    return runs
+
+
+def check(run):
+    assert run["json"] is not None, run["stderr"]
+    assert run["rc"] == 0, f"{run['stdout'][-3000:]}\n{run['stderr']}"
+    assert run["json"]["tables"] and "|---" in run["stdout"]
+    return run["json"]
+
+
+def test_placement(quick_runs):
+    res = check(quick_runs["placement"])
+    assert all(d["host"] for d in res["details"].values())
+
+
+def test_clone_overlays_are_flat(quick_runs):
+    res = check(quick_runs["clone"])
+    overlays = [r for k, r in res["rows"].items() if "overlay" in k]
+    assert overlays and all(r["chain"]["depth"] == 1 for r in overlays)
+    copies = [r for k, r in res["rows"].items() if "full copy" in k]
+    assert copies and all(r["chain"]["depth"] == 0 for r in copies)
+
+
+def test_query_both_implementations_see_every_vm(quick_runs):
+    res = check(quick_runs["query"])
+    assert {r["backend"] for r in res["rows"]} == {"test", "real"}
+    for row in res["rows"]:
+        assert row["vms"] == row["size"], row
+        assert row["wall"] and row["hwm_kib"], row
+
+
+def test_init_floor_and_ours_work(quick_runs):
+    res = check(quick_runs["init"])
+    by_variant = {r["variant"]: r for r in res["rows"]}
+    for label in ("raw libvirt-python (floor)", "salt-virt virt.init seed=False", "salt-virt virt.init seed=True"):
+        assert by_variant[label]["times"] and not by_variant[label]["errors"], by_variant[label]
+    # saltext-virt 0.1.0 may fail (its overlay is broken on QEMU >= 6.1): recorded, not asserted
+
+
+def test_fleet_runner_and_fanout(quick_runs):
+    res = check(quick_runs["fleet"])
+    ours = [v for k, v in res["raw"].items() if k.startswith("salt-virt/") and not k.endswith("_mem")]
+    assert ours and all(r["rc"] == 0 and r["counted"][1] > 0 for runs in ours for r in runs)
