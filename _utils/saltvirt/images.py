@@ -27,6 +27,8 @@ import urllib.request
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt import validate
+
 log = logging.getLogger(__name__)
 
 MANIFEST = ".salt-virt.json"
@@ -55,13 +57,7 @@ def _run(cmd, what, timeout=3600):
 
 def _abs_path(path, what):
     """An absolute, normalized path without '..' components (SaltInvocationError otherwise)."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise SaltInvocationError(f"{what} must be a non-empty absolute path, got {path!r}")
-    if not os.path.isabs(path):
-        raise SaltInvocationError(f"{what} must be an absolute path, got {path!r}")
-    if ".." in path.split("/"):
-        raise SaltInvocationError(f"{what} must be an absolute path without '..', got {path!r}")
-    return os.path.normpath(path)
+    return os.path.normpath(validate.absolute_path(path, what))
 
 
 def _existing_image(path, what="image"):
@@ -102,18 +98,6 @@ def _disk_format(fmt, what="disk format"):
     if fmt not in DISK_FORMATS:
         raise SaltInvocationError(f"{what} must be one of {DISK_FORMATS}, got {fmt!r}")
     return fmt
-
-
-def _size_mb(size_mb):
-    if isinstance(size_mb, bool):
-        raise SaltInvocationError(f"size must be a positive number of MiB, got {size_mb!r}")
-    try:
-        size = int(str(size_mb).strip())
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"size must be a positive number of MiB, got {size_mb!r}") from None
-    if size <= 0:
-        raise SaltInvocationError(f"size must be a positive number of MiB, got {size_mb!r}")
-    return size
 
 
 # inspection ------------------------------------------------------------------------------------
@@ -178,7 +162,7 @@ def fetch(image, cache_dir, cache_file=None):
     and are reused while the server's Content-Length/ETag/Last-Modified stay the same.
     """
     if not isinstance(image, str) or not image.strip() or "\0" in image:
-        raise SaltInvocationError(f"image must be an absolute path or a salt://, http:// or https:// URL, got {image!r}")
+        raise SaltInvocationError(f"image must be an absolute path or a salt://, http(s):// URL, got {image!r}")
     image = image.strip()
     if "://" not in image:
         return _existing_image(image)
@@ -187,7 +171,7 @@ def fetch(image, cache_dir, cache_file=None):
         if ".." in image.split("://", 1)[1].split("/"):
             raise SaltInvocationError(f"image URL {image!r} must not contain '..'")
         if cache_file is None:
-            raise SaltInvocationError(f"image {image}: salt:// images need Salt's cp.cache_file (run through the minion)")
+            raise SaltInvocationError(f"image {image}: salt:// images need Salt's cp.cache_file (use the minion)")
         local = cache_file(image)
         if not local:
             raise SaltInvocationError(
@@ -261,11 +245,12 @@ def _download(url, cache_dir):
         raise CommandExecutionError(f"downloading image {url} failed: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise CommandExecutionError(f"downloading image {url} failed: {reason} (is the URL reachable from this host?)") from None
+        raise CommandExecutionError(f"downloading image {url} failed: {reason} (is it reachable from here?)") from None
     with resp:
         length = resp.headers.get("Content-Length")
         length = int(length) if length and length.isdigit() else None
-        fresh = {"url": url, "etag": resp.headers.get("ETag"), "last_modified": resp.headers.get("Last-Modified"), "length": length}
+        fresh = {"url": url, "etag": resp.headers.get("ETag"), "length": length}
+        fresh["last_modified"] = resp.headers.get("Last-Modified")
         if meta and _same_remote(meta, fresh) and os.path.getsize(path) == length:
             log.debug("image %s unchanged (length/etag/last-modified), using %s", url, path)
             return path
@@ -282,7 +267,7 @@ def _download(url, cache_dir):
                 out.flush()
                 os.fsync(out.fileno())
             if length is not None and got != length:
-                raise CommandExecutionError(f"downloading image {url} failed: got {got} of {length} bytes (connection cut?)")
+                raise CommandExecutionError(f"downloading image {url} failed: got {got} of {length} bytes (cut off?)")
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException as exc:
@@ -349,7 +334,7 @@ def clone(src, dst, overlay=False, fmt=None):
 def create_disk(path, size_mb, fmt="qcow2"):
     """Create a new blank disk (sparse) of ``size_mb`` MiB. Never overwrites."""
     started = time.monotonic()
-    size = _size_mb(size_mb)
+    size = validate.positive_int(size_mb, "disk size (MiB)")
     fmt = _disk_format(fmt)
     path = _new_file(path, "disk")
     with _created(path):
@@ -366,16 +351,17 @@ def create_disk(path, size_mb, fmt="qcow2"):
 
 def resize(path, size_mb):
     """Grow ``path`` to ``size_mb`` MiB (the filesystem inside is not touched). Never shrinks."""
-    size = _size_mb(size_mb)
+    size = validate.positive_int(size_mb, "disk size (MiB)")
     info = image_info(path)
     old = info["virtual_size"]
     if size * MIB < old:
         raise SaltInvocationError(
-            f"cannot shrink {info['path']} from {old // MIB} MiB to {size} MiB (that would destroy data): only growing is supported"
+            f"cannot shrink {info['path']} from {old // MIB} MiB to {size} MiB (that would destroy data): only grow"
         )
     if size * MIB == old:
         return {"path": info["path"], "old_size": old, "new_size": old, "changed": False}
-    _run(["qemu-img", "resize", "-q", "-f", info["format"], info["path"], f"{size}M"], f"resizing {info['path']}", timeout=300)
+    cmd = ["qemu-img", "resize", "-q", "-f", info["format"], info["path"], f"{size}M"]
+    _run(cmd, f"resizing {info['path']}", timeout=300)
     return {"path": info["path"], "old_size": old, "new_size": size * MIB, "changed": True}
 
 
@@ -466,7 +452,7 @@ def set_uuid(vm_dir, uuid):
         if manifest is None:
             raise CommandExecutionError(f"no ownership manifest in {vm_dir}: nothing to bind to uuid {uuid}")
         if manifest.get("uuid") and manifest["uuid"] != uuid:
-            raise SaltInvocationError(f"the manifest in {vm_dir} is already bound to VM uuid {manifest['uuid']}, not {uuid}")
+            raise SaltInvocationError(f"the manifest in {vm_dir} is bound to uuid {manifest['uuid']}, not {uuid}")
         manifest["uuid"] = uuid
         _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
     return manifest

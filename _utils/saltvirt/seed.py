@@ -59,7 +59,7 @@ def salt_minion_files(minion_id, master=None, pub=None, priv=None, config=None):
             raise SaltInvocationError(f"minion config must be a dict, got {type(config).__name__}")
         for key in ("id", "master"):
             if key in config and key in conf and config[key] != conf[key]:
-                raise SaltInvocationError(f"minion config sets {key}={config[key]!r} but {key}={conf[key]!r} was passed")
+                raise SaltInvocationError(f"minion config sets {key}={config[key]!r}, {key}={conf[key]!r} was passed")
         conf.update(config)
     try:
         text = yaml.safe_dump(conf, default_flow_style=False, sort_keys=False)
@@ -93,7 +93,7 @@ def _normalize_files(files):
         if not isinstance(path, str) or not path.startswith("/") or path == "/":
             raise SaltInvocationError(f"guest path must be an absolute file path, got {path!r}")
         if any(ord(c) < 32 for c in path) or os.path.normpath(path) != path or ".." in path.split("/"):
-            raise SaltInvocationError(f"guest path {path!r} must be normalized, without '..', NUL or control characters")
+            raise SaltInvocationError(f"guest path {path!r} must be normalized, without '..', NUL or control chars")
         content, mode = (spec.get("content"), spec.get("mode", 0o644)) if isinstance(spec, dict) else (spec, 0o644)
         content = content.encode() if isinstance(content, str) else content
         if not isinstance(content, bytes):
@@ -177,25 +177,61 @@ def _remove_tmp(tmp):
     os.rmdir(tmp)
 
 
+_FLOCK = "hh4xqqi4x"  # struct flock on Linux x86_64/aarch64: type, whence, start, len, pid
+_QEMU_WRITE_BYTES = (101, 201)  # qemu's byte locks: holds perm "write" (101), forbids others to write (201)
+
+
 def _refuse_if_in_use(image):
-    """``qemu-img info`` without ``-U`` fails when a running qemu holds the image's write lock."""
+    """Refuse an image a running qemu has open: ``qemu-img info`` without ``-U`` fails on its write
+    lock (the VM's own disk), and a lock on qemu's 'unshare write' byte means a VM reads it as a backing
+    file (writing it would corrupt that VM)."""
     proc = _run(["qemu-img", "info", "--output=json", image], f"checking {image}", check=False)
-    if proc.returncode != 0:
-        if "lock" in proc.stderr:
-            raise CommandExecutionError(
-                f"{image} is in use by a running VM (qemu holds its write lock): shut the VM down before seeding"
-            )
+    busy = "lock" in proc.stderr
+    if proc.returncode != 0 and not busy:
         raise CommandExecutionError(f"cannot read {image}: {proc.stderr.strip()}")
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        for offset in _QEMU_WRITE_BYTES:
+            probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+            busy = busy or struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK
+    finally:
+        os.close(fd)
+    if busy:
+        raise CommandExecutionError(
+            f"{image} is in use by a running VM (qemu holds its write lock, as the VM's disk or the backing file "
+            "of one): shut the VM down before seeding"
+        )
+    users = _openers(image)  # qemu does not lock a raw backing file: look for open file descriptors too
+    if users:
+        raise CommandExecutionError(
+            f"{image} is in use by a running VM (open in {', '.join(users)}, e.g. as the backing file of one): "
+            "shut the VM down before seeding"
+        )
+
+
+def _openers(path):
+    """Other processes with ``path`` open (readlink of /proc/*/fd: never blocks on a FUSE file)."""
+    real, me, found = os.path.realpath(path), str(os.getpid()), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == real:
+                        found.append(f"{_read(f'/proc/{pid}/comm')} (pid {pid})")
+                        break
+    return found
 
 
 def _qemu_lock(image, undo):
-    """Hold the byte locks a qemu writer holds (101: 'write', 201: 'unshare write') while we write
-    behind qemu's back (loop backend): no VM can open the image for writing meanwhile."""
+    """Hold the byte locks a qemu writer holds while we write behind qemu's back (loop backend): no
+    VM can open the image for writing meanwhile."""
     fd = os.open(image, os.O_RDWR)
     undo.push(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
-    for offset in (101, 201):
+    for offset in _QEMU_WRITE_BYTES:
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hh4xqqi4x", fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
         except OSError as exc:
             raise CommandExecutionError(f"{image} is locked by another process: {exc.strerror}") from None
 
@@ -392,19 +428,23 @@ def _qsd_fuse(image, fmt, files, tmp, undo):
     open(export, "w").close()
     fuse = {"type": "fuse", "id": "exp0", "node-name": "disk0", "mountpoint": export, "writable": True}
     cmd = ["qemu-storage-daemon", "--blockdev", json.dumps({"driver": "file", "node-name": "file0", "filename": image})]
-    cmd += ["--blockdev", json.dumps({"driver": fmt, "node-name": "disk0", "file": "file0"}), "--export", json.dumps(fuse)]
-    with open(logfile, "wb") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    cmd += ["--blockdev", json.dumps({"driver": fmt, "node-name": "disk0", "file": "file0"})]
+    cmd += ["--export", json.dumps(fuse)]
+    with open(logfile, "wb") as out:  # own session: a Ctrl-C must reach us (who flush and stop it), not it
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     undo.push("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile))
     if not _wait(lambda: proc.poll() is not None or _mounted(export), 30):
         raise CommandExecutionError("qemu-storage-daemon did not export the image within 30s")
     if proc.poll() is not None:
-        raise CommandExecutionError(f"qemu-storage-daemon failed: {_read(logfile)}")
+        hint = ": the image or its backing file is in use (by a VM?)" if "lock" in _read(logfile) else ""
+        raise CommandExecutionError(f"qemu-storage-daemon failed{hint}: {_read(logfile)}")
     return _seed_device(_losetup(export, undo), files, tmp, undo)
 
 
 def _stop_qsd(proc, export, logfile):
     """fsync the export (qemu flushes the image), stop the daemon and wait until it has exited."""
+    if proc.poll() is not None and not _mounted(export):
+        return  # it never came up: that failure is reported already
     try:
         if proc.poll() is None and _mounted(export):
             fd = os.open(export, os.O_RDWR)
@@ -588,7 +628,8 @@ def seed(image_path, files, backend="auto", fmt=None):
         finally:
             cleanup = undo.run()
         if cleanup:  # something may still be attached: do not go on
-            error, outcome, stop = f"{error or 'wrote the files'}, then cleanup failed: {'; '.join(cleanup)}", None, True
+            error = f"{error or 'wrote the files'}, then cleanup failed: {'; '.join(cleanup)}"
+            outcome, stop = None, True
         seconds = round(time.monotonic() - t0, 3)
         attempts.append({"backend": name, "ok": outcome is not None, "reason": error or "ok", "seconds": seconds})
         if outcome is not None:

@@ -5,6 +5,7 @@ qemu-nbd (no nbd kernel module here) and libguestfs (not installed) are exercise
 ``auto`` reports about them; every backend that can run here is used for real.
 """
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -235,13 +236,31 @@ def test_no_root_filesystem_stops_the_chain(tmp_path, scratch):
         seed.seed(blank, minion_files("x"), backend="loop")
 
 
-def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch):
-    """qemu-storage-daemon holding the image writable takes the same locks as a running VM.
-    (--daemonize returns once the image is open: probing the lock meanwhile would race with it.)"""
-    node = '{"driver":"qcow2","node-name":"d","file":{"driver":"file","filename":"%s"}}' % disks["qcow2"]
+@pytest.mark.parametrize("backend, fmt", [("loop", "raw"), ("qsd-fuse", "qcow2")])
+def test_failure_after_mounting_cleans_up_everything(backend, fmt, tmp_path, scratch):
+    """/etc/salt is a file in this guest: writing fails with the guest mounted and the image attached;
+    the ``scratch`` fixture then checks that nothing is left mounted, attached, running or on disk."""
+    tree = tmp_path / "tree"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "salt").write_text("not a directory")
+    disk = build_disk(str(tmp_path / f"etcfile.{fmt}"), tree, fmt=fmt)
+    with pytest.raises(CommandExecutionError, match=f"{backend}: failed: .*salt is not a directory in the guest"):
+        seed.seed(disk, minion_files("x"), backend=backend)
+    assert read_guest(disk, ["/etc/salt"], str(tmp_path))["/etc/salt"][0] == b"not a directory"
+    assert fsck_clean(disk, str(tmp_path))
+
+
+def _hold(image, tmp_path):
+    """qemu-storage-daemon with ``image`` open writable takes the same locks as a running VM (its
+    backing files: read-only, writers forbidden). --daemonize returns once the image is open."""
+    node = {"driver": "qcow2", "node-name": "d", "file": {"driver": "file", "filename": image}}
     pidfile = str(tmp_path / "holder.pid")
-    subprocess.run(["qemu-storage-daemon", "--daemonize", "--pidfile", pidfile, "--blockdev", node], check=True)
-    holder = int(open(pidfile).read())
+    subprocess.run(["qemu-storage-daemon", "--daemonize", "--pidfile", pidfile, "--blockdev", json.dumps(node)], check=True)
+    return int(open(pidfile).read())
+
+
+def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch):
+    holder = _hold(disks["qcow2"], tmp_path)
     try:
         before = sha256(disks["qcow2"])
         for backend in ("auto", "qsd-fuse"):
@@ -252,6 +271,26 @@ def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch):
         os.kill(holder, signal.SIGTERM)
         assert _wait_gone(holder)
     seed.seed(disks["qcow2"], minion_files("x"), backend="qsd-fuse")  # free again
+
+
+def test_backing_file_of_a_running_vm_is_refused_but_its_siblings_are_not(disks, tmp_path, scratch):
+    """A raw base under a running VM's overlay: the loop backend would write it behind qemu's back."""
+    running = images.clone(disks["raw"], str(tmp_path / "running.qcow2"), overlay=True)["path"]
+    sibling = images.clone(disks["raw"], str(tmp_path / "sibling.qcow2"), overlay=True)["path"]
+    holder = _hold(running, tmp_path)
+    try:
+        before = sha256(disks["raw"])
+        for backend in ("loop", "qsd-fuse", "auto"):
+            with pytest.raises(CommandExecutionError, match="in use by a running VM .*backing file"):
+                seed.seed(disks["raw"], minion_files("x"), backend=backend)
+        assert sha256(disks["raw"]) == before
+        files = minion_files("sibling")
+        assert seed.seed(sibling, files, backend="qsd-fuse")["backend"] == "qsd-fuse"
+        assert sha256(disks["raw"]) == before
+    finally:
+        os.kill(holder, signal.SIGTERM)
+        assert _wait_gone(holder)
+    assert_seeded(sibling, files, tmp_path)
 
 
 def _wait_gone(pid, timeout=30):
@@ -296,7 +335,7 @@ def test_seeded_overlay_boots_and_the_guest_sees_the_minion_config(hv1, lab_dir,
     conn = libvirt.open(hv1.uri)
     dom = conn.createXML(DOMAIN.format(name=name, kernel=guest["kernel"], initrd=guest["initrd"], disk=overlay, log=log))
     try:
-        out = lab.wait_for_text(log, "SALT-MINION-KEY:", timeout=120)
+        out = lab.wait_for_text(log, "SALT-MINION-KEY:", timeout=300)  # TCG on a busy host
         assert f"SALT-MINION-ID: {minion_id}" in out
         conf = f"SALT-MINION-CONF: /etc/salt/minion.d/99-salt-virt.conf id: {minion_id} | master: {MASTER} | log_level: info"
         assert conf in out

@@ -60,6 +60,8 @@ def test_image_info_bad_input(tmp_path):
         images.image_info(str(tmp_path / "nope.qcow2"))
     with pytest.raises(SaltInvocationError, match="absolute"):
         images.image_info("relative.qcow2")
+    with pytest.raises(SaltInvocationError, match="non-empty"):
+        images.image_info(None)
 
 
 # clone -------------------------------------------------------------------------------------------
@@ -172,7 +174,7 @@ def test_create_disk_and_grow(tmp_path, fmt):
 
 @pytest.mark.parametrize("size", [0, -1, "lots", True, None])
 def test_create_disk_bad_size(tmp_path, size):
-    with pytest.raises(SaltInvocationError, match="positive number of MiB"):
+    with pytest.raises(SaltInvocationError, match="positive integer"):
         images.create_disk(str(tmp_path / "d.qcow2"), size)
     assert not (tmp_path / "d.qcow2").exists()
 
@@ -316,7 +318,7 @@ def test_record_owned_writes_a_private_manifest_and_merges(tree):
     assert data["vm"] == "a" and data["uuid"] is None and data["files"] == [disk1, disk2] and data["created"]
     images.set_uuid(vm_dir, "1111-aaaa")
     assert json.load(open(path))["uuid"] == "1111-aaaa"
-    with pytest.raises(SaltInvocationError, match="already bound"):
+    with pytest.raises(SaltInvocationError, match="is bound to uuid 1111-aaaa"):
         images.set_uuid(vm_dir, "2222-bbbb")
     with pytest.raises(SaltInvocationError, match="belongs to VM 'a'"):
         images.record_owned(vm_dir, "b", [disk1])
