@@ -120,19 +120,16 @@ def _run(cmd, what, timeout=120, check=True):
     return proc
 
 
-class _Undo:
-    """Cleanup steps, run newest first; a failing step does not stop the others."""
-
-    def __init__(self):
-        self.steps = []
+class _Undo(list):
+    """Cleanup steps ``(what, func)``, run newest first; a failing step does not stop the others."""
 
     def push(self, what, func):
-        self.steps.append((what, func))
+        self.append((what, func))
 
     def run(self):
         errors = []
-        while self.steps:
-            what, func = self.steps.pop()
+        while self:
+            what, func = self.pop()
             try:
                 func()
             except Exception as exc:  # noqa: BLE001 - keep cleaning up
@@ -182,29 +179,25 @@ _QEMU_WRITE_BYTES = (101, 201)  # qemu's byte locks: holds perm "write" (101), f
 
 
 def _refuse_if_in_use(image):
-    """Refuse an image a running qemu has open: ``qemu-img info`` without ``-U`` fails on its write
-    lock (the VM's own disk), and a lock on qemu's 'unshare write' byte means a VM reads it as a backing
-    file (writing it would corrupt that VM)."""
+    """Refuse an image a running qemu has open: as a VM's disk (``qemu-img info`` without ``-U`` fails on
+    its write lock) or as a backing file (qcow2: qemu's 'unshare write' byte lock; raw backing files are
+    not locked at all: open file descriptors)."""
     proc = _run(["qemu-img", "info", "--output=json", image], f"checking {image}", check=False)
-    busy = "lock" in proc.stderr
-    if proc.returncode != 0 and not busy:
+    if proc.returncode != 0 and "lock" not in proc.stderr:
         raise CommandExecutionError(f"cannot read {image}: {proc.stderr.strip()}")
+    why = ["qemu holds its write lock"] if proc.returncode != 0 else []
     fd = os.open(image, os.O_RDONLY)
     try:
         for offset in _QEMU_WRITE_BYTES:
             probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-            busy = busy or struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK
+            if struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
+                why.append(f"qemu lock byte {offset} is held")
     finally:
         os.close(fd)
-    if busy:
+    why += [f"open in {user}" for user in _openers(image)]
+    if why:
         raise CommandExecutionError(
-            f"{image} is in use by a running VM (qemu holds its write lock, as the VM's disk or the backing file "
-            "of one): shut the VM down before seeding"
-        )
-    users = _openers(image)  # qemu does not lock a raw backing file: look for open file descriptors too
-    if users:
-        raise CommandExecutionError(
-            f"{image} is in use by a running VM (open in {', '.join(users)}, e.g. as the backing file of one): "
+            f"{image} is in use by a running VM, as its disk or as a backing file ({', '.join(why)}): "
             "shut the VM down before seeding"
         )
 
@@ -446,12 +439,10 @@ def _stop_qsd(proc, export, logfile):
     if proc.poll() is not None and not _mounted(export):
         return  # it never came up: that failure is reported already
     try:
-        if proc.poll() is None and _mounted(export):
+        if proc.poll() is None:
             fd = os.open(export, os.O_RDWR)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.fsync(fd)
+            os.close(fd)
     finally:
         proc.terminate()
         try:
@@ -459,10 +450,8 @@ def _stop_qsd(proc, export, logfile):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise CommandExecutionError("qemu-storage-daemon did not exit within 60s and was killed") from None
-        finally:
-            if _mounted(export):
-                _run(["umount", "-l", export], f"unmounting {export}", check=False)
+        if _mounted(export):  # killed (or crashed): do not leave a dead FUSE mount behind
+            _run(["umount", "-l", export], f"unmounting {export}", check=False)
     if proc.returncode not in (0, -15):
         raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {_read(logfile)}")
 
@@ -475,22 +464,12 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
         proc = _run(["modprobe", "nbd", "max_part=16"], "loading nbd", check=False)
         if proc.returncode != 0 or not _wait(lambda: os.path.exists("/sys/block/nbd0"), 2):
             raise _Skip(f"the nbd kernel module is not available ({proc.stderr.strip() or 'modprobe nbd failed'})")
-    free = [
-        f"/dev/{n}" for n in sorted(os.listdir("/sys/block"))
-        if n.startswith("nbd") and not os.path.exists(f"/sys/block/{n}/pid") and _read(f"/sys/block/{n}/size") == "0"
-    ]  # fmt: skip
-    pidfile, errors, dev = os.path.join(tmp, "qemu-nbd.pid"), [], None
-    for candidate in free[:3]:  # another process may grab the same device: try the next one
-        cmd = ["qemu-nbd", f"--connect={candidate}", f"--format={fmt}", f"--pid-file={pidfile}", image]
-        proc = _run(cmd, "qemu-nbd", check=False)
-        if proc.returncode == 0:
-            dev = candidate
-            break
-        errors.append(proc.stderr.strip())
-        if "lock" in proc.stderr:
-            break
-    if dev is None:
-        raise CommandExecutionError(f"qemu-nbd could not connect {image}: {'; '.join(errors) or 'no free /dev/nbd*'}")
+    free = [n for n in sorted(os.listdir("/sys/block")) if n.startswith("nbd") and _read(f"/sys/block/{n}/size") == "0"]
+    free = [f"/dev/{n}" for n in free if not os.path.exists(f"/sys/block/{n}/pid")]
+    if not free:
+        raise CommandExecutionError("no free /dev/nbd* device (all connected)")
+    dev, pidfile = free[0], os.path.join(tmp, "qemu-nbd.pid")
+    _run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
     undo.push(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
     if not _wait(lambda: _read(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
         raise CommandExecutionError(f"{dev} did not come up after qemu-nbd --connect")
