@@ -154,6 +154,24 @@ def qcow2_backing(path):
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), name))
 
 
+_FLOCK = "hh4xqqi4x"  # struct flock (Linux x86_64/aarch64): type, whence, start, len, pid
+
+
+def held_qemu_locks(path, offsets=(101, 201)):
+    """Which of qemu's lock bytes other processes hold on ``path``: 101 = someone (a running VM) may
+    write it, 201 = someone forbids writers (e.g. a VM reading it as a qcow2 backing file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        held = []
+        for offset in offsets:
+            probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+            if struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
+                held.append(offset)
+        return held
+    finally:
+        os.close(fd)
+
+
 # fetch -----------------------------------------------------------------------------------------
 def fetch(image, cache_dir, cache_file=None):
     """Return a local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
@@ -319,6 +337,8 @@ def clone(src, dst, overlay=False, fmt=None):
             cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", src_fmt, "-b", src, dst]
             _run(cmd, f"creating overlay {dst} on {src}", timeout=300)
         elif src_fmt == "raw" and fmt == "raw":
+            if held_qemu_locks(src, (101,)):  # cp takes no locks (qemu-img convert checks this itself)
+                raise CommandExecutionError(f"copying {src} failed: it is in use by a running VM: shut it down first")
             _run(["cp", "--reflink=auto", "--sparse=always", src, dst], f"copying {src} to {dst}")
         else:
             _run(["qemu-img", "convert", "-f", src_fmt, "-O", fmt, src, dst], f"copying {src} to {dst}")
@@ -494,6 +514,8 @@ def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):
     when nothing is left in the directory.
     """
     removed, kept = [], {}
+    if isinstance(candidate_paths, str):
+        candidate_paths = [candidate_paths]
     candidates = list(dict.fromkeys(candidate_paths or []))
     if not os.path.isdir(vm_dir):
         return {"removed": [], "kept": {c: f"VM directory {vm_dir} does not exist" for c in candidates}}

@@ -174,7 +174,6 @@ def _remove_tmp(tmp):
     os.rmdir(tmp)
 
 
-_FLOCK = "hh4xqqi4x"  # struct flock on Linux x86_64/aarch64: type, whence, start, len, pid
 _QEMU_WRITE_BYTES = (101, 201)  # qemu's byte locks: holds perm "write" (101), forbids others to write (201)
 
 
@@ -186,14 +185,7 @@ def _refuse_if_in_use(image):
     if proc.returncode != 0 and "lock" not in proc.stderr:
         raise CommandExecutionError(f"cannot read {image}: {proc.stderr.strip()}")
     why = ["qemu holds its write lock"] if proc.returncode != 0 else []
-    fd = os.open(image, os.O_RDONLY)
-    try:
-        for offset in _QEMU_WRITE_BYTES:
-            probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-            if struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
-                why.append(f"qemu lock byte {offset} is held")
-    finally:
-        os.close(fd)
+    why += [f"qemu lock byte {offset} is held" for offset in images.held_qemu_locks(image, _QEMU_WRITE_BYTES)]
     why += [f"open in {user}" for user in _openers(image)]
     if why:
         raise CommandExecutionError(
@@ -224,7 +216,7 @@ def _qemu_lock(image, undo):
     undo.push(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
     for offset in _QEMU_WRITE_BYTES:
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(images._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
         except OSError as exc:
             raise CommandExecutionError(f"{image} is locked by another process: {exc.strerror}") from None
 

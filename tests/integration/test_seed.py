@@ -250,34 +250,42 @@ def test_failure_after_mounting_cleans_up_everything(backend, fmt, tmp_path, scr
     assert fsck_clean(disk, str(tmp_path))
 
 
-def _hold(image, tmp_path):
-    """qemu-storage-daemon with ``image`` open writable takes the same locks as a running VM (its
-    backing files: read-only, writers forbidden). --daemonize returns once the image is open."""
-    node = {"driver": "qcow2", "node-name": "d", "file": {"driver": "file", "filename": image}}
+def _hold(image, fmt, tmp_path):
+    """A stand-in for a running VM: qemu-storage-daemon with ``image`` open and exported writable
+    (the export plays the VM's disk device: same permissions, same locks). --daemonize returns once
+    the image is open. The export lives outside ``scratch`` (which must be empty afterwards)."""
+    node = {"driver": fmt, "node-name": "d", "file": {"driver": "file", "filename": image}}
+    export = tmp_path / f"holder-{os.path.basename(image)}"
+    export.touch()
+    fuse = {"type": "fuse", "id": "e", "node-name": "d", "mountpoint": str(export), "writable": True}
     pidfile = str(tmp_path / "holder.pid")
-    subprocess.run(["qemu-storage-daemon", "--daemonize", "--pidfile", pidfile, "--blockdev", json.dumps(node)], check=True)
+    cmd = ["qemu-storage-daemon", "--daemonize", "--pidfile", pidfile, "--blockdev", json.dumps(node)]
+    subprocess.run(cmd + ["--export", json.dumps(fuse)], check=True)
     return int(open(pidfile).read())
 
 
-def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch):
-    holder = _hold(disks["qcow2"], tmp_path)
+@pytest.mark.parametrize("fmt", ["qcow2", "raw"])
+def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch, fmt):
+    holder = _hold(disks[fmt], fmt, tmp_path)
     try:
-        before = sha256(disks["qcow2"])
-        for backend in ("auto", "qsd-fuse"):
+        before = sha256(disks[fmt])
+        for backend in ("auto", "qsd-fuse") + (("loop",) if fmt == "raw" else ()):
             with pytest.raises(CommandExecutionError, match="in use by a running VM.*shut the VM down"):
-                seed.seed(disks["qcow2"], minion_files("x"), backend=backend)
-        assert sha256(disks["qcow2"]) == before
+                seed.seed(disks[fmt], minion_files("x"), backend=backend)
+        with pytest.raises(CommandExecutionError, match="in use by a running VM"):
+            images.clone(disks[fmt], str(tmp_path / "copy.img"))
+        assert sha256(disks[fmt]) == before and not os.path.exists(tmp_path / "copy.img")
     finally:
         os.kill(holder, signal.SIGTERM)
         assert _wait_gone(holder)
-    seed.seed(disks["qcow2"], minion_files("x"), backend="qsd-fuse")  # free again
+    seed.seed(disks[fmt], minion_files("x"), backend="qsd-fuse")  # free again
 
 
 def test_backing_file_of_a_running_vm_is_refused_but_its_siblings_are_not(disks, tmp_path, scratch):
     """A raw base under a running VM's overlay: the loop backend would write it behind qemu's back."""
     running = images.clone(disks["raw"], str(tmp_path / "running.qcow2"), overlay=True)["path"]
     sibling = images.clone(disks["raw"], str(tmp_path / "sibling.qcow2"), overlay=True)["path"]
-    holder = _hold(running, tmp_path)
+    holder = _hold(running, "qcow2", tmp_path)
     try:
         before = sha256(disks["raw"])
         for backend in ("loop", "qsd-fuse", "auto"):

@@ -138,16 +138,17 @@ def test_clone_bad_input_creates_nothing(base, tmp_path):
     assert not os.path.lexists(dst)
 
 
-def test_failed_clone_removes_only_what_it_created(base, tmp_path):
-    """A source held open for writing by "a running VM": qemu-img's lock check makes the copy fail."""
-    fd = os.open(base["qcow2"], os.O_RDWR)
+@pytest.mark.parametrize("fmt", ["qcow2", "raw"])
+def test_failed_clone_removes_only_what_it_created(base, tmp_path, fmt):
+    """A source held open for writing by "a running VM": the copy is refused, the new file removed."""
+    fd = os.open(base[fmt], os.O_RDWR)
     try:
         # the byte locks qemu holds for a writable disk (perm "write" = 101, "unshare write" = 201)
         for offset in (101, 201):
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hh4xqqi4x", fcntl.F_RDLCK, 0, offset, 1, 0))
-        dst = str(tmp_path / "copy.qcow2")
+        dst = str(tmp_path / f"copy.{fmt}")
         with pytest.raises(CommandExecutionError, match="in use by a running VM"):
-            images.clone(base["qcow2"], dst)
+            images.clone(base[fmt], dst)
         assert not os.path.lexists(dst)
     finally:
         os.close(fd)
@@ -384,7 +385,7 @@ def test_remove_owned_refuses_another_vms_files(tree):
     assert out["removed"] == [] and "earlier VM of the same name" in out["kept"][str(disk)]
     out = images.remove_owned(str(vm_dir), "b", None, [str(disk)])
     assert out["removed"] == [] and "belongs to VM 'a'" in out["kept"][str(disk)]
-    out = images.remove_owned(str(root / "b"), "b", None, [str(root / "b" / "x")])
+    out = images.remove_owned(str(root / "b"), "b", None, str(root / "b" / "x"))  # a single path is fine too
     assert out["removed"] == [] and "no ownership manifest" in out["kept"][str(root / "b" / "x")]
     assert disk.exists() and (vm_dir / ".salt-virt.json").exists()
 
