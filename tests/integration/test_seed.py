@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -209,6 +210,59 @@ def test_guest_symlinks_never_lead_to_the_host(tmp_path, scratch):
     assert os.listdir(host_dir) == []
     found = read_guest(disk, [f"{host_dir}/minion_id", f"{host_dir}/x"], str(tmp_path))
     assert found[f"{host_dir}/minion_id"][0] == b"linked" and found[f"{host_dir}/x"][0] == b"y"
+
+
+class _FakeGuestFS:
+    """Stands in for the python ``guestfs`` module, which is not installed here (installing libguestfs
+    would make ``auto`` pick it for everyone's tests, with a TCG appliance boot each time). It keeps a
+    tiny in-memory guest so the backend's control flow is exercised; the real tool is not."""
+
+    calls = []
+    filesystems = {"/dev/sda1": "swap", "/dev/sda2": "ext4", "/dev/sda3": "ext4"}
+    dirs = {"/dev/sda2": {"/", "/data"}, "/dev/sda3": {"/", "/etc"}}
+
+    def GuestFS(self, **kw):  # noqa: N802 - the real module's spelling
+        self.calls.append(("GuestFS", kw))
+        self.mounted, self.files = None, {}
+        return self
+
+    def __getattr__(self, name):
+        def call(*args, **kw):
+            self.calls.append((name, args, kw))
+            if name == "list_filesystems":
+                return dict(self.filesystems)
+            if name == "mount":
+                self.mounted = args[0]
+            if name == "is_dir":
+                return args[0] in self.dirs[self.mounted]
+            if name == "write":
+                self.files[args[0]] = args[1]
+
+        return call
+
+
+def test_libguestfs_backend_flow_with_the_python_module(disks, monkeypatch, scratch):
+    fake = _FakeGuestFS()
+    fake.calls = []
+    monkeypatch.setitem(sys.modules, "guestfs", fake)
+    files = minion_files("g1")
+    ret = seed.seed(disks["qcow2"], files, backend="libguestfs")
+    assert ret["backend"] == "libguestfs" and ret["root"] == "/dev/sda3" and ret["fstype"] == "ext4"
+    names = [c[0] for c in fake.calls]
+    assert fake.calls[0] == ("GuestFS", {"python_return_dict": True})
+    assert fake.calls[1] == ("add_drive_opts", (disks["qcow2"],), {"format": "qcow2", "readonly": False})
+    assert names[2:4] == ["launch", "list_filesystems"]
+    assert ("mount", ("/dev/sda1", "/"), {}) not in fake.calls  # swap is never mounted
+    assert ("is_dir", ("/etc",), {"followsymlinks": True}) in fake.calls
+    assert names[-3:] == ["umount_all", "shutdown", "close"]
+    for path, spec in files.items():
+        assert fake.files[path] == spec["content"]
+        assert ("chmod", (spec["mode"], path), {}) in fake.calls and ("chown", (0, 0, path), {}) in fake.calls
+    fake.calls = []
+    fake.dirs = {"/dev/sda2": {"/"}, "/dev/sda3": {"/"}}
+    with pytest.raises(CommandExecutionError, match="libguestfs: failed: no filesystem with an /etc directory"):
+        seed.seed(disks["qcow2"], files, backend="libguestfs")
+    assert [c[0] for c in fake.calls][-1] == "close"
 
 
 # failures ----------------------------------------------------------------------------------------
