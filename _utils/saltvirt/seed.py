@@ -187,10 +187,12 @@ def _refuse_if_in_use(image):
     why = ["qemu holds its write lock"] if proc.returncode != 0 else []
     why += [f"qemu lock byte {offset} is held" for offset in images.held_qemu_locks(image, _QEMU_WRITE_BYTES)]
     why += [f"open in {user}" for user in _openers(image)]
+    loops = [n for n in os.listdir("/sys/block") if _read(f"/sys/block/{n}/loop/backing_file") == os.path.realpath(image)]
+    why += [f"attached to /dev/{n}" for n in loops]
     if why:
         raise CommandExecutionError(
-            f"{image} is in use by a running VM, as its disk or as a backing file ({', '.join(why)}): "
-            "shut the VM down before seeding"
+            f"{image} is in use by a running VM, as its disk or as a backing file, or otherwise ({', '.join(why)}): "
+            "shut the VM down (or detach it) before seeding"
         )
 
 

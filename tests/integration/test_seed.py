@@ -335,6 +335,16 @@ def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch, fmt):
     seed.seed(disks[fmt], minion_files("x"), backend="qsd-fuse")  # free again
 
 
+def test_image_attached_to_a_loop_device_is_refused(disks, scratch):
+    dev = subprocess.run(["losetup", "-f", "--show", disks["raw"]], check=True, capture_output=True, text=True)
+    dev = dev.stdout.strip()
+    try:
+        with pytest.raises(CommandExecutionError, match=f"in use .*attached to {dev}"):
+            seed.seed(disks["raw"], minion_files("x"))
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=True)
+
+
 def test_backing_file_of_a_running_vm_is_refused_but_its_siblings_are_not(disks, tmp_path, scratch):
     """A raw base under a running VM's overlay: the loop backend would write it behind qemu's back."""
     running = images.clone(disks["raw"], str(tmp_path / "running.qcow2"), overlay=True)["path"]
