@@ -29,9 +29,9 @@ Progress events (master event bus) while ``virt.init`` works, one tag prefix per
 ``salt/virt/init/<vm>/<step>``. From this runner (``data.source: runner``): ``placed`` (host, score,
 per-resource scores, reason), ``key_accepted`` (minion id, fingerprint), ``fallback`` (host that did
 not answer, next host), ``done`` (host, seconds), ``failed`` (error). From the hypervisor's
-``virt.init``: ``image_cached``, ``disks_ready``, ``seeded``, ``defined``, ``started``. The runner's
-steps are also shown by ``salt-run`` as progress (not with ``--out=json``/``yaml``, whose output stays
-plain data).
+``virt.init``: ``image_cached``, ``disks_ready``, ``seeded``, ``defined``, ``started``. ``salt-run``
+shows both as ``[progress]`` lines as they happen (not with ``--out=json``/``yaml``, whose output
+stays plain data).
 
 Trust model for the new minion's key (``virt.init``): the key pair is generated here, on the master,
 in memory. The public key is stored as *accepted* under the new minion's id (refused if the master
@@ -40,7 +40,12 @@ hypervisor's accepted minion key (RSA-OAEP + AES-256-GCM, ``saltvirt.envelope``)
 readable by every minion holding the AES session key and is stored in the job cache, but only that
 hypervisor can open it; it writes the key into the guest's disk and returns only the fingerprint. The
 hypervisor is trusted with the guest's key (it owns the guest's disk anyway); other minions and
-readers of the job cache are not. On failure the key this call stored is removed again.
+readers of the job cache are not. On failure the key this call stored is removed again, and if the
+hypervisor seeded a different key (or none) the pre-accepted one is taken back. Limits: the sealed
+envelope stays in the job cache (``keep_jobs``), so a later theft of that hypervisor's minion key would
+open it. Each hypervisor tried gets its own fresh key pair: a VM created late by a hypervisor that
+did not answer in time holds a key the master does not accept (and ``virt.*`` actions on that name
+then refuse the ambiguity until one copy is purged).
 """
 import collections
 import logging

@@ -14,7 +14,8 @@ Which minions are hypervisors (master config, every key optional)::
         init_timeout: 1800       # hard bound for virt.init on one hypervisor (image copy + seeding)
 
 Default target: the ``virt_hypervisor`` grain in the master's minion data cache (nested hypervisors
-count: it is set where libvirt answers, not from ``virtual: physical``), plus every minion that
+count: the grain is set where the libvirt bindings and a libvirt daemon or ``virt:connection:uri``
+are, not from ``virtual: physical``), plus every minion that
 answered a ``virt`` call before (remembered in the master cache, bank ``salt-virt``). The minions
 expected to answer are the accepted keys matching that target (no greedy guessing), so a stopped
 hypervisor is listed as ``down``. With nothing known yet (a fresh master) the first query goes to
@@ -95,14 +96,13 @@ def known_hypervisors(opts):
 def learn(opts, answers):
     """Remember minions that answered as hypervisors; forget the ones where virt does not load."""
     known = known_hypervisors(opts)
-    before = dict(known)
-    now = int(time.time())
+    before = set(known)
     for mid, ans in answers.items():
         if ans["status"] == "up":
-            known[mid] = now
+            known.setdefault(mid, int(time.time()))  # first seen
         elif ans.get("no_virt"):
             known.pop(mid, None)
-    if known != before:
+    if set(known) != before:
         try:
             _cache(opts).store(CACHE_BANK, CACHE_KEY, known)
         except Exception as exc:  # noqa: BLE001
@@ -215,10 +215,10 @@ def run(opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wa
                             answers[mid] = classify(data["ret"], data.get("retcode"))
                     if expected and expected <= set(answers) and waiting <= set(answers):
                         break
-                elif time.monotonic() > deadline:
-                    break
                 else:
                     time.sleep(0.02)
+                if time.monotonic() > deadline:
+                    break
         finally:
             _relay(client, watch)
             with contextlib.suppress(Exception):
@@ -386,6 +386,10 @@ def image_mib(opts, image, saltenv="base"):
     return 0, f"size of {image} unknown on the master: not counted"
 
 
+def _entry(plan, host):
+    return next((r for r in plan["ranking"] if r["host"] == host), {"host": host, "score": None, "asked_for": True})
+
+
 def _brief(plan):
     return {
         "reason": plan["reason"],
@@ -432,6 +436,7 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
     progress = progress or (lambda step, **data: None)
     started = time.monotonic()
     key_id = minion_id or name
+    seed = bool(seed and image)  # seeding writes into the image's filesystem: no image, no key to hand out
     if seed:
         refuse_existing_key(opts, key_id)
     hosts = gather(opts, "virt.full_info", cfg, client)
@@ -447,26 +452,31 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
         status = hosts[host]["status"]
         if status == "up" and host in plan["excluded"]:
             raise Failed(f"{host} cannot take {name}: {'; '.join(plan['excluded'][host])}", placement=_brief(plan))
-        if status == "up":
+        if status == "up" or (status == "down" and fallback):
+            # a host that was down for the query may be back: it is tried first, the ranking after it
             order = [host] + ([h for h in order if h != host] if fallback else [])
-        elif status == "down" and fallback:
-            tried.append({"host": host, "outcome": "down", "error": hosts[host].get("error")})
-            progress("fallback", host=host, error=hosts[host].get("error"), next=order[0] if order else None)
         else:
             raise Failed(f"{host} is {status}: {hosts[host].get('error')}" + ("" if fallback else " (fallback=False)"),
                          placement=_brief(plan))
     if not order:
         raise Failed(plan["reason"], placement=_brief(plan), tried=tried)
-    chosen = next(r for r in plan["ranking"] if r["host"] == order[0])
-    progress("placed", host=order[0], score=chosen["score"], scores=chosen["scores"],
-             reason=plan["reason"] if order[0] == plan["host"] else f"{order[0]}: asked for with host=")
+    chosen = _entry(plan, order[0])
+    reason = plan["reason"] if order[0] == plan["host"] else f"{order[0]}: asked for with host="
+    if hosts[order[0]]["status"] != "up":
+        reason += f" (it did not answer the query: {hosts[order[0]].get('error')}; trying it, then the ranking)"
+    progress("placed", host=order[0], score=chosen["score"], scores=chosen.get("scores"), reason=reason)
     pub = priv = key = None
-    if seed:
-        pub, priv = envelope.new_keypair()
-        preaccept(opts, key_id, pub)
+
+    def new_key():
+        pair = envelope.new_keypair()
+        preaccept(opts, key_id, pair[0])
         # sha256 of minion.pub as written (what `sha256sum minion.pub` and the module's virt.init report)
-        key = {"minion_id": key_id, "state": "accepted", "fingerprint": hashlib.sha256(pub.encode()).hexdigest()}
-        progress("key_accepted", minion_id=key_id, fingerprint=key["fingerprint"])
+        fingerprint = hashlib.sha256(pair[0].encode()).hexdigest()
+        progress("key_accepted", minion_id=key_id, fingerprint=fingerprint)
+        return pair[0], pair[1], {"minion_id": key_id, "state": "accepted", "fingerprint": fingerprint}
+
+    if seed:
+        pub, priv, key = new_key()
     keep_key = False
     relay = getattr(progress, "relay", None)  # the hypervisor's own progress events, shown as they come
     watch = (f"salt/virt/init/{name}/", lambda tag, data: relay(tag.rsplit("/", 1)[-1], data)) if relay else None
@@ -475,18 +485,24 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
             kwarg = dict(module_kwargs, image=image, seed=seed)
             if req.get("group"):
                 kwarg["group"] = req["group"]
+            if seed and pos:  # a fresh key per host: a late VM on a host that did not answer cannot log in
+                remove_key(opts, key_id, pub)
+                pub = None
+                pub, priv, key = new_key()
             if seed:
                 sealed = envelope.seal(accepted_pub(opts, hv), priv, context=key_id)
                 kwarg.update(pub_key=pub, priv_key=sealed, minion_id=key_id)
             ans, jid = call(opts, hv, "virt.init", [name, req["cpu"], req["mem"]], kwarg, cfg, cfg["init_timeout"], client,
                             watch=watch)
             if ans["status"] == "up":
+                warnings = []
+                if seed:
+                    key, warnings = _check_seeded_key(opts, key, pub, ans["ret"])
                 info, _ = call(opts, hv, "virt.vm_info", [name], None, cfg, None, client)
                 result = {
                     "name": name,
                     "host": hv,
-                    "placement": dict(_brief(plan), chosen=chosen if hv == order[0] else
-                                      next((r for r in plan["ranking"] if r["host"] == hv), None)),
+                    "placement": dict(_brief(plan), chosen=_entry(plan, hv)),
                     "tried": tried,
                     "key": key,
                     "init": ans["ret"],
@@ -494,6 +510,8 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
                     "vm_info": (info.get("ret") or {}).get(name) if info["status"] == "up" else None,
                     "seconds": round(time.monotonic() - started, 1),
                 }
+                if warnings:
+                    result["warnings"] = warnings
                 progress("done", host=hv, seconds=result["seconds"])
                 return result
             tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
@@ -514,11 +532,26 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
             raise Failed(f"virt.init of {name} on {hv} failed: {ans.get('error')}", tried=tried)
     except BaseException as exc:
         if seed and not keep_key:
-            removed = remove_key(opts, key_id, pub)
+            removed = bool(pub) and remove_key(opts, key_id, pub)
             if isinstance(exc, Failed):
                 exc.details["cleanup"] = {"key_removed": removed, "minion_id": key_id}
         raise
     raise Failed(f"virt.init of {name}: no candidate left", tried=tried)  # pragma: no cover - loop returns/raises
+
+
+def _check_seeded_key(opts, key, pub, init_ret):
+    """The hypervisor must have seeded *our* key; otherwise take the pre-accepted one back."""
+    ret = init_ret if isinstance(init_ret, dict) else {}
+    seeded = ret.get("key") or {}
+    if ret.get("seed") and seeded.get("fingerprint") in (None, key["fingerprint"]):
+        return key, []
+    remove_key(opts, key["minion_id"], pub)
+    if not ret.get("seed"):
+        return dict(key, state="removed"), ["the hypervisor did not seed the VM, so no minion holds the pre-accepted key: removed it"]
+    return dict(key, state="removed"), [
+        f"the hypervisor seeded another key (sha256 {str(seeded.get('fingerprint'))[:16]}...) than the pre-accepted one: "
+        f"removed ours; accept the VM's own key with salt-key -a {key['minion_id']} once it connects"
+    ]
 
 
 def delete_key(opts, minion_id):

@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 NODES = ROOT / "tests" / "support" / "nodes"
 CAPS = ["cap-big", "cap-small", "cap-full", "cap-maint", "cap-gone"]
 ALL = sorted(["kvm1", *CAPS])
+UP_CAPS = "cap-big,cap-small,cap-full,cap-maint"  # a list target: the capacity hosts that answer
 MASTER_VIRT = {
-    "hypervisors": {"timeout": 2, "gather_job_timeout": 2},
+    "hypervisors": {"timeout": 4, "gather_job_timeout": 6},
     "placement": {"mem_reserve_mib": 512, "maintenance": ["cap-maint"]},
 }
 
@@ -104,7 +105,7 @@ def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minion
     waited = time.monotonic() - t1
     assert ret.returncode == 0, ret
     assert sorted(ret.data) == ALL  # the stopped host is listed, not dropped
-    assert ret.data["cap-gone"] == {"status": "down", "error": "did not answer (waited 2 s + 2 s job check)"}
+    assert ret.data["cap-gone"] == {"status": "down", "error": "did not answer (waited 4 s + 6 s job check)"}
     assert all(ret.data[m]["status"] == "up" for m in ALL if m != "cap-gone")
     print(f"query with one host down: {waited:.1f} s")  # bounded by timeout + gather_job_timeout
 
@@ -151,10 +152,10 @@ def test_next_host_places_by_fit_and_explains(vmaster, gone_down):
     assert excl["cap-small"] == ["memory: needs 8192 MiB, 3328 MiB free (4096 total - 256 used by running VMs - 512 reserve)"]
     assert excl["cap-full"][0].startswith("memory: needs 8192 MiB, 84 MiB free") and excl["cap-full"][1].startswith("vcpus: needs 2, 0 left")
     assert excl["cap-maint"] == ["in maintenance (virt:placement:maintenance: 'cap-maint')"]
-    assert excl["cap-gone"] == ["down: did not answer (waited 2 s + 2 s job check)"]
+    assert excl["cap-gone"] == ["down: did not answer (waited 4 s + 6 s job check)"]
     assert plan["request"]["disk_mib"] >= 1 and "measured in the master's file_roots" in plan["request"]["disk_note"]
     # anti-affinity: web-a (group web) runs on cap-big
-    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=1024", "group=web", "tgt=cap-*").data
+    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=1024", "group=web", f"tgt={UP_CAPS}").data
     assert plan["host"] == "cap-small" and plan["excluded"]["cap-big"] == ["anti-affinity: group 'web' already has web-a here"]
     # nothing fits: an answer, not a crash
     plan = run(vmaster, "virt.next_host", "mem=100000000").data
@@ -163,16 +164,16 @@ def test_next_host_places_by_fit_and_explains(vmaster, gone_down):
 
 def test_full_host_is_never_chosen_even_when_packing(vmaster, gone_down):
     # packing prefers the fullest host; cap-full has the memory for it but no vCPU left
-    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=64", "strategy=pack", "tgt=cap-*").data
+    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=64", "strategy=pack", f"tgt={UP_CAPS}").data
     assert plan["host"] == "cap-small", plan
     assert plan["excluded"]["cap-full"] == ["vcpus: needs 1, 0 left (2 CPUs x 4 overcommit = 8, 8 used by running VMs)"]
     assert plan["reason"].startswith("cap-small: best pack score")
 
 
 def test_maintenance_from_master_config_and_per_call(vmaster, gone_down):
-    plan = run(vmaster, "virt.next_host", "mem=1024", "tgt=cap-*").data
+    plan = run(vmaster, "virt.next_host", "mem=1024", f"tgt={UP_CAPS}").data
     assert plan["host"] == "cap-big" and "cap-maint" in plan["excluded"]  # the biggest host is in maintenance
-    plan = run(vmaster, "virt.next_host", "mem=1024", "maintenance=cap-big", "tgt=cap-*").data  # override for one call
+    plan = run(vmaster, "virt.next_host", "mem=1024", "maintenance=cap-big", f"tgt={UP_CAPS}").data  # override for one call
     assert plan["host"] == "cap-maint" and plan["excluded"]["cap-big"][0].startswith("in maintenance")
 
 
@@ -186,7 +187,7 @@ BROKEN_VM = """<domain type='qemu'><name>rbroken</name><memory unit='MiB'>64</me
 def test_actions_refuse_ambiguous_names_and_report_real_errors(vmaster, gone_down, hv1):
     ret = run(vmaster, "virt.pause", "twin")
     assert ret.returncode == 1 and "ambiguous: defined on cap-big, cap-small" in ret.data["error"], ret
-    ret = run(vmaster, "virt.pause", "twin", "host=cap-small")
+    ret = run(vmaster, "virt.pause", "twin", "host=cap-small", f"tgt={UP_CAPS}")
     assert ret.returncode == 0 and ret.data == {"name": "twin", "host": "cap-small", "result": ret.data["result"]}, ret
     # a start that really fails on the hypervisor: the module's own error comes back, with a failing exit code
     import libvirt
@@ -206,7 +207,7 @@ def test_actions_refuse_ambiguous_names_and_report_real_errors(vmaster, gone_dow
     assert ret.data["error"] == (
         "VM 'nosuchvm' is not defined on any hypervisor that answered; these hypervisors did not answer and may have it: cap-gone"
     )
-    ret = run(vmaster, "virt.vm_info", "web-a")
+    ret = run(vmaster, "virt.vm_info", "web-a", f"tgt={UP_CAPS}")
     assert ret.returncode == 0 and list(ret.data) == ["cap-big"] and ret.data["cap-big"]["vm_info"]["web-a"]["cpu"] == 4
 
 
@@ -266,10 +267,10 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
     assert "File Format: qcow2" in text and "      Source: br0\n      Type: bridge" in text
 
     # lifecycle through the runner
-    assert run(vmaster, "virt.pause", "rvm1").data["host"] == "kvm1"
+    assert run(vmaster, "virt.pause", "rvm1", "tgt=kvm1").data["host"] == "kvm1"
     assert run(vmaster, "virt.list", "tgt=kvm1").data["kvm1"]["vms"]["rvm1"] == "paused"
-    assert run(vmaster, "virt.resume", "rvm1").returncode == 0
-    assert run(vmaster, "virt.force_off", "rvm1").returncode == 0
+    assert run(vmaster, "virt.resume", "rvm1", "tgt=kvm1").returncode == 0
+    assert run(vmaster, "virt.force_off", "rvm1", "tgt=kvm1").returncode == 0
 
     # the private key in the guest's disk is the half of the key the master accepted ...
     from cryptography.hazmat.primitives import serialization
@@ -294,7 +295,7 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
     seen = init.stdout + "".join(json.dumps(ev.full_data, default=str) for ev in events(event_listener, vmaster, "*", t0))
     assert not any(s.decode() in seen for s in secrets)
 
-    ret = run(vmaster, "virt.purge", "rvm1")
+    ret = run(vmaster, "virt.purge", "rvm1", "tgt=kvm1")
     assert ret.returncode == 0 and ret.data["key_deleted"] == "accepted", ret
     assert "rvm1" not in accepted_keys(vmaster)["minions"]
     print(f"salt-run virt.init of a real guest: {seconds:.1f} s")
@@ -325,12 +326,20 @@ def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boo
               "tgt=kvm1,cap-gone", f"boot={json.dumps(boot_args)}")
     assert ret.returncode == 0, ret
     assert ret.data["host"] == "kvm1"
-    assert ret.data["tried"] == [{"host": "cap-gone", "outcome": "down", "error": "did not answer (waited 2 s + 2 s job check)"}]
+    # cap-gone was down for the query but asked for: the init publication went to it, unanswered, then kvm1
+    [tried] = ret.data["tried"]
+    assert (tried["host"], tried["outcome"], tried["error"]) == ("cap-gone", "down", "did not answer (waited 4 s + 6 s job check)")
+    job = run(vmaster, "jobs.list_job", tried["jid"]).data
+    assert job["Function"] == "virt.init" and job["Target"] == ["cap-gone"] and job["Result"] == {}
     fallback = events(event_listener, vmaster, "salt/virt/init/rvm2/fallback", t0)
-    assert fallback and fallback[0].data["next"] == "kvm1"
-    log = serial_log(hv1, "rvm2", "SALT-MINION-ID:", offset)
-    assert "SALT-MINION-ID: rvm2" in log
-    assert run(vmaster, "virt.purge", "rvm2").returncode == 0
+    assert [(e.data["host"], e.data["next"]) for e in fallback] == [("cap-gone", "kvm1")]
+    # a fresh key pair per hypervisor tried: the one kvm1 seeded is the one the master accepts now
+    keys = events(event_listener, vmaster, "salt/virt/init/rvm2/key_accepted", t0)
+    assert len(keys) == 2 and keys[1].data["fingerprint"] == ret.data["key"]["fingerprint"] != keys[0].data["fingerprint"]
+    assert "rvm2" in accepted_keys(vmaster)["minions"]
+    log = serial_log(hv1, "rvm2", "SALT-MINION-KEY:", offset)
+    assert "SALT-MINION-ID: rvm2" in log and f"SALT-MINION-KEY: {ret.data['key']['fingerprint']}" in log
+    assert run(vmaster, "virt.purge", "rvm2", "tgt=kvm1").returncode == 0
     # with fallback=False a down host is an error, and nothing is left
     ret = run(vmaster, "virt.init", "rvm3", "1", "128", "host=cap-gone", "fallback=False")
     assert ret.returncode == 1 and ret.data["error"].startswith("cap-gone is down: did not answer") and "fallback=False" in ret.data["error"]
