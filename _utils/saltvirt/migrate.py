@@ -249,6 +249,8 @@ def _hint(exc, target):
                 "by the CA in the source's cacert.pem: see the virt.keys state)")
     if code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_NO_CONNECT):
         return f" (is libvirtd running on {target} and listening on 16509 (tcp) / 16514 (tls)?)"
+    if "socket is closed" in msg or "keepalive" in msg.lower():
+        return f" (the connection between the two libvirtds broke: is libvirtd on {target} overloaded or restarting?)"
     if "storage" in msg.lower() or "No such file" in msg:
         return " (the target needs the disk files: salt-run virt.migrate prepares them)"
     return ""
