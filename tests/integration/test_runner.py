@@ -90,6 +90,7 @@ def accepted_keys(vmaster):
 def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minions, event_listener):
     t0 = time.time()
     ret = run(vmaster, "virt.query")
+    print(f"salt-run virt.query, 6 hosts up: {time.time() - t0:.1f} s (CLI start included)")
     assert ret.returncode == 0, ret
     assert sorted(ret.data) == ALL and all(ret.data[m]["status"] == "up" for m in ALL), ret.data
     assert ret.data["cap-big"]["host"]["mem_total"] == 65536 and ret.data["cap-big"]["host"]["vcpus_total"] == 32
@@ -107,7 +108,7 @@ def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minion
     assert sorted(ret.data) == ALL  # the stopped host is listed, not dropped
     assert ret.data["cap-gone"] == {"status": "down", "error": "did not answer (waited 4 s + 6 s job check)"}
     assert all(ret.data[m]["status"] == "up" for m in ALL if m != "cap-gone")
-    print(f"query with one host down: {waited:.1f} s")  # bounded by timeout + gather_job_timeout
+    print(f"salt-run virt.query, one host down: {waited:.1f} s")  # bounded by timeout + gather_job_timeout
 
 
 def test_list_and_host_info(vmaster, gone_down):
