@@ -58,7 +58,10 @@ TITLES = {
 }
 
 
-def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define")):
+QUICK_SKIP = {"salt-virt virt.init seed=False, type auto-detected", "salt-virt virt.init seed=False, no minion event bus"}
+
+
+def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), skip=(), warm=True):
     impls = common.impls()
     fabric = lab.Fabric(lab.new_tag()).start()
     hv = None
@@ -70,22 +73,23 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define")):
         images_dir = os.path.join(workdir, "images")
         os.makedirs(images_dir, mode=0o755)
         # warm-up, untimed: a fresh libvirtd probes QEMU's capabilities at its first domain start (seconds)
-        log("init: warm-up (libvirtd probes QEMU once)")
-        warm = common.run_worker(impls["salt-virt"]["python"], {
-            "mode": "init", "impl": "raw", "uri": hv.uri, "images_dir": images_dir, "guest": guest_files(),
-            "overlay": True, "image_format": "raw", "reps": 2, "prefix": "warm"}, timeout=600)
-        if not warm.get("ok") or warm.get("errors"):
-            raise RuntimeError(f"warm-up VM failed: {warm.get('error') or warm.get('errors')}")
-        import libvirt  # and libvirtd builds its host capabilities once (~4 s here), on the first ask
+        log("init: warm-up (libvirtd probes QEMU once)" if warm else "init: no warm-up (--quick)")
+        if warm:
+            warm = common.run_worker(impls["salt-virt"]["python"], {
+                "mode": "init", "impl": "raw", "uri": hv.uri, "images_dir": images_dir, "guest": guest_files(),
+                "overlay": True, "image_format": "raw", "reps": 2, "prefix": "warm"}, timeout=600)
+            if not warm.get("ok") or warm.get("errors"):
+                raise RuntimeError(f"warm-up VM failed: {warm.get('error') or warm.get('errors')}")
+            import libvirt  # and libvirtd builds its host capabilities once (~4 s here), on the first ask
 
-        conn = libvirt.open(hv.uri)
-        conn.getCapabilities()
-        conn.close()
+            conn = libvirt.open(hv.uri)
+            conn.getCapabilities()
+            conn.close()
         for mode in disk_modes:
             overlay, start, only = MODES[mode]
             for p in range(procs):
                 for label, impl_name, extra in VARIANTS:
-                    if only and label not in only:
+                    if (only and label not in only) or label in skip:
                         continue
                     spec = {
                         "mode": "init", "impl": impl_name, "uri": hv.uri, "images_dir": images_dir,
@@ -152,7 +156,8 @@ def main(argv=None):
     load0 = common.loadavg()
     try:
         answers = run(procs, reps, workdir, lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
-                      disk_modes=("overlay",) if args.quick else tuple(MODES))
+                      disk_modes=("overlay",) if args.quick else tuple(MODES), skip=QUICK_SKIP if args.quick else (),
+                      warm=not args.quick)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     tables, errors, rows = render(answers)
