@@ -421,6 +421,8 @@ def test_evacuate_moves_every_vm_off_the_host(mmaster, local, hvs, guest, store,
 
 
 def test_target_down(mmaster, local, hvs, minions):
+    for name in ok(local, "hv8", "virt.list_domains"):  # a killed libvirtd leaves its guests running
+        ok(local, "hv8", "virt.purge", name)
     hvs["hv8"].kill_daemon()  # the minion answers, its libvirtd does not
     ret = run(mmaster, "virt.migrate", "vlocal", "hv8")
     assert ret.returncode != 0
