@@ -38,6 +38,7 @@ class Demo:
     def __init__(self, keep=False):
         self.keep = keep
         self.base = pathlib.Path(tempfile.mkdtemp(prefix="svdemo", dir="/tmp"))
+        self.base.chmod(0o755)  # QEMU (libvirt-qemu) must reach the VM disks below it
         self.conf = self.base / "etc"
         self.fabric = self.hv = None
         self.pids = []
