@@ -626,70 +626,55 @@ def migrate_abort_cleanup(name, paths, connection=None):
         return _migrate.abort_cleanup(conn, name, paths, _images_dir())
 
 
-# update (what virt.running / virt.defined enforce) ------------------------------------------------
-def update(
-    name,
-    cpu=None,
-    mem=None,
-    nic="default",
-    disk="default",
-    disks=None,
-    interfaces=None,
-    enable_vnc=False,
-    graphics=None,
-    test=False,
-    connection=None,
-    **kwargs,  # pylint: disable=unused-argument  (init-only arguments such as image are accepted and ignored)
-):
+# ==================================================================================================
+# update, networks and storage pools (saltvirt.converge, saltvirt.netpool): what the virt states use
+# ==================================================================================================
+def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     """
-    Bring an existing VM to the spec ``virt.init`` would build from the same arguments: vCPUs, memory,
-    NICs, blank disks and graphics. Applied live where libvirt can (and always to the persistent
-    definition); what needs a restart is listed under ``restart``. Disks are never removed.
-    ``test=True`` returns the changes without making them.
+    Bring an existing VM to the spec ``virt.init`` builds from the same arguments. Only what is given
+    is managed: ``cpu``, ``mem``, NICs (``nic``/``interfaces``), disks (``disk``/``disks``: new ones
+    blank or an existing ``path``; disks are never removed) and graphics (``enable_vnc``/``graphics``).
+    Live where the hypervisor can, always in the definition: ``applied`` says what went live, what
+    needs a restart; ``test=True`` returns the changes and the ``plan`` without making them.
 
     CLI Example:: salt 'hyper1' virt.update web1 cpu=4 mem=2048 enable_vnc=True
     """
     from saltvirt import converge
 
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     with _conn(connection) as conn:
         return converge.update(
             conn,
             name,
             images_dir=_images_dir(),
             profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
-            test=test,
+            test=_bool(test),
             cpu=cpu,
             mem=mem,
-            nic=nic,
-            disk=disk,
-            disks=disks,
-            interfaces=interfaces,
-            enable_vnc=enable_vnc,
-            graphics=graphics,
+            **kwargs,
         )
 
 
-# networks and storage pools -----------------------------------------------------------------------
 def _netpool():
     from saltvirt import netpool
 
     return netpool
 
 
-def network_define(name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, autostart=False, start=False, connection=None):
+def network_define(name, bridge=None, forward="nat", ip=None, netmask=None, dhcp_start=None, dhcp_end=None, autostart=False, start=False, connection=None):
     """
-    Define a virtual network (``forward``: nat, route, bridge (onto an existing ``bridge``), open or
-    none; ``ip`` as ADDRESS/PREFIX with an optional DHCP range).
+    Define a virtual network (``forward``: nat, route, open, bridge (onto an existing ``bridge``) or
+    none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``, with an optional DHCP range).
 
     CLI Example:: salt 'hyper1' virt.network_define isolated forward=none ip=10.50.0.1/24 dhcp_start=10.50.0.10 dhcp_end=10.50.0.99
     """
     np = _netpool()
-    spec = np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end)
+    spec = np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
     with _conn(connection) as conn:
         np.define(conn, "network", spec)
-        if autostart:
+        if _bool(autostart):
             np.set_autostart(conn, "network", name, True)
-        if start:
+        if _bool(start):
             np.start(conn, "network", name)
         return np.info(conn, "network", name)[name]
 
@@ -747,10 +732,10 @@ def pool_define(name, ptype="dir", target=None, autostart=False, start=False, bu
     spec = np.pool_spec(name, ptype, target)
     with _conn(connection) as conn:
         np.define(conn, "pool", spec)
-        if autostart:
+        if _bool(autostart):
             np.set_autostart(conn, "pool", name, True)
-        if start:
-            np.start(conn, "pool", name, build=build)
+        if _bool(start):
+            np.start(conn, "pool", name, build=_bool(build))
         return np.info(conn, "pool", name)[name]
 
 
@@ -760,7 +745,7 @@ def pool_start(name, build=True, connection=None):
     CLI Example:: salt 'hyper1' virt.pool_start images
     """
     with _conn(connection) as conn:
-        return {"name": name, "started": _netpool().start(conn, "pool", name, build=build)}
+        return {"name": name, "started": _netpool().start(conn, "pool", name, build=_bool(build))}
 
 
 def pool_stop(name, connection=None):

@@ -1,169 +1,476 @@
-"""Bring an existing VM to its desired :class:`saltvirt.spec.VMSpec`: the diff, and applying it.
+"""Desired vs current for a VM: the spec ``virt.init`` would build, the diff against what libvirt has,
+what applies live and what waits for a restart, and applying it. Used by ``virt.update`` and so by the
+``virt.running`` / ``virt.defined`` states.
 
-Used by ``virt.update`` and so by the ``virt.running`` / ``virt.defined`` states. What can change live
-(vCPUs up to the boot maximum, memory up to the maximum, NICs and blank disks by hotplug) is applied
-live *and* to the persistent definition; the rest is written to the definition and reported as
-needing a restart. Disks are never removed: a disk the spec no longer lists is reported, not touched.
+The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.build` with the init arguments
+``virt.init`` passes (:data:`saltvirt.provision.SPEC_ARGS`), so a state and ``virt.init`` never disagree.
+Device XML comes from :func:`saltvirt.domxml.build` as well.
+
+Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
+persistent definition; then, if the VM runs, the same changes live where the hypervisor can (vCPUs up
+to the boot maximum, memory up to the boot maximum, NIC/disk hotplug, NIC source change). Everything
+else is reported as needing a restart. Disks are never removed: a disk the spec does not list is
+reported under ``not_in_spec`` and left alone.
 """
+import contextlib
 import os
 import xml.etree.ElementTree as ET
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, images, lifecycle
+from saltvirt import domxml, images, provision
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
+FIELDS = ("cpu", "mem", "nics", "disks", "graphics")
+# which init arguments put which field under management (virt.update only manages what it is given)
+MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
 
-def _nic_key(nic):
-    return (nic["type"], nic["source"], nic["model"])
+
+# desired ------------------------------------------------------------------------------------------
+def desired_spec(name, cpu, mem, *, images_dir, profiles, vtype="qemu", image=None, image_format=None, **init_args):
+    """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here)."""
+    spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
+    return vmspec.build(
+        name, cpu, mem, vtype=vtype, image=image, image_format=image_format, images_dir=images_dir, profiles=profiles, **spec_args
+    )
 
 
-def diff(desired, facts):
-    """{field: {'old', 'new'}} for everything that differs between ``desired`` and the domain."""
-    changes = {}
-    if desired.cpu != facts["cpu"]:
-        changes["cpu"] = {"old": facts["cpu"], "new": desired.cpu}
-    if desired.mem != facts["mem"]:
-        changes["mem"] = {"old": facts["mem"], "new": desired.mem}
-    want_gfx = desired.graphics.type if desired.graphics else None
-    have_gfx = facts["graphics"][0]["type"] if facts["graphics"] else None
-    if want_gfx != have_gfx:
-        changes["graphics"] = {"old": have_gfx, "new": want_gfx}
-    want = [(n.type, n.source, n.model) for n in desired.nics]
-    have = [_nic_key(n) for n in facts["nics"]]
-    added, removed = list(want), []
-    for key in have:
-        if key in added:
-            added.remove(key)
+def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=None, **init_args):
+    """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
+    image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
+    spec = desired_spec(name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format=image_format or "qcow2", **init_args)
+    unknown = set()
+    if image and not image_format:
+        other = desired_spec(name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", **init_args)
+        unknown = {a.name for a, b in zip(spec.disks, other.disks) if a.format != b.format}
+    disks = {}
+    for d in spec.disks:
+        entry = {"name": d.name, "path": d.path, "format": d.format, "size": d.size, "overlay": d.overlay}
+        if d.name in unknown:
+            entry.update(path=os.path.join(spec.vm_dir, f"{d.name}.<image format>"), format="as the image")
+        if d.image:
+            entry["image"] = d.image
+        if d.attach:
+            entry["attach"] = True
+        disks[d.target] = entry
+    out = {
+        "cpu": spec.cpu,
+        "mem": spec.mem,
+        "image": image,
+        "disks": disks,
+        "nics": [{k: v for k, v in _nic_summary(n).items() if v is not None} for n in spec.nics],
+        "graphics": _gfx_summary(spec.graphics),
+    }
+    if spec.group:
+        out["group"] = spec.group
+    return out
+
+
+# current ------------------------------------------------------------------------------------------
+def _facts(xml):
+    facts = domxml.parse(xml)
+    root = ET.fromstring(xml)
+    vcpu = root.find("vcpu")
+    facts["vcpu_current"] = int(vcpu.get("current") or facts["cpu"]) if vcpu is not None else facts["cpu"]
+    for nic, el in zip(facts["nics"], root.findall("devices/interface")):
+        src = el.find("source")  # a running VM's network NIC also names its bridge: the network is the source
+        if src is not None and nic["type"] in ("bridge", "network"):
+            nic["source"] = src.get(nic["type"]) or nic["source"]
+    passwds = [g.get("passwd") for g in root.findall("devices/graphics")]
+    for g, pw in zip(facts["graphics"], passwds):
+        g["passwd"] = pw
+    return facts
+
+
+def current(dom):
+    """{'config': facts of the persistent definition, 'live': facts of the running VM (or None)}."""
+    secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
+    with lv_errors(f"read the definition of VM {dom.name()!r}"):
+        config = _facts(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
+        live = _facts(dom.XMLDesc(secure)) if dom.isActive() else None
+    return {"config": config, "live": live}
+
+
+# diff ---------------------------------------------------------------------------------------------
+def _mac(nic):
+    return (nic.get("mac") or "").lower()
+
+
+def _nic_summary(nic):
+    if isinstance(nic, vmspec.Nic):
+        return {"type": nic.type, "source": nic.source, "model": nic.model, "mac": nic.mac.lower() if nic.mac else None}
+    return {"type": nic["type"], "source": nic["source"], "model": nic["model"], "mac": _mac(nic) or None}
+
+
+def _gfx_summary(g):
+    """graphics without the password (only whether there is one); None when the VM has none."""
+    if g is None:
+        return None
+    if isinstance(g, vmspec.Graphics):
+        return {"type": g.type, "listen": g.listen, "port": g.port, "password": bool(g.password)}
+    port = -1 if g.get("autoport") else g["port"]
+    return {"type": g["type"], "listen": g["listen"], "port": port, "password": bool(g.get("passwd"))}
+
+
+def _same_nic(want, have):
+    return (want.type, want.source, want.model) == (have["type"], have["source"], have["model"]) and (
+        not want.mac or want.mac.lower() == _mac(have)
+    )
+
+
+def _cpu_mem(facts):
+    cpu = facts["cpu"] if facts["vcpu_current"] == facts["cpu"] else f"{facts['vcpu_current']} (maximum {facts['cpu']})"
+    mem = facts["mem"] if facts["current_mem"] == facts["mem"] else f"{facts['current_mem']} (maximum {facts['mem']})"
+    return cpu, mem
+
+
+def _diff_nics(desired, have):
+    have = list(have)
+    unmatched = []
+    for nic in desired.nics:
+        hit = next((h for h in have if _same_nic(nic, h)), None)
+        if hit is None:
+            unmatched.append(nic)
         else:
-            removed.append(key)
-    if added or removed:
-        changes["nics"] = {
-            "added": [dict(zip(("type", "source", "model"), k)) for k in added],
-            "removed": [dict(zip(("type", "source", "model"), k)) for k in removed],
-        }
-    have_targets = {d["target"]: d for d in facts["disks"]}
-    new_disks = [d for d in desired.disks if d.target not in have_targets]
-    unlisted = sorted(t for t in have_targets if t not in {d.target for d in desired.disks})
-    if new_disks:
-        for disk in new_disks:
-            if disk.image:
+            have.remove(hit)
+    claimed = {n.mac.lower() for n in unmatched if n.mac}
+    added, changed = [], []
+    for nic in unmatched:  # same MAC, or the next NIC nobody claims: changed in place (the guest keeps its MAC)
+        if nic.mac:
+            old = next((h for h in have if _mac(h) == nic.mac.lower()), None)
+        else:
+            old = next((h for h in have if _mac(h) not in claimed), None)
+        if old is None:
+            added.append({k: v for k, v in _nic_summary(nic).items() if v is not None})
+        else:
+            have.remove(old)
+            new = {k: v for k, v in _nic_summary(nic).items() if k != "mac"}
+            changed.append({"mac": _mac(old), "old": {k: old[k] for k in new}, "new": new})
+    out = {"added": added, "removed": [_nic_summary(h) for h in have], "changed": changed}
+    return {k: v for k, v in out.items() if v}
+
+
+def diff(desired, current_facts, manage=FIELDS):
+    """{field: change} for every managed field where the persistent definition differs from
+    ``desired``. Raises SaltInvocationError for what cannot be done to an existing VM (a new disk that
+    would be cloned from an image)."""
+    cfg = current_facts["config"]
+    changes = {}
+    old_cpu, old_mem = _cpu_mem(cfg)
+    if "cpu" in manage and (cfg["cpu"], cfg["vcpu_current"]) != (desired.cpu, desired.cpu):
+        changes["cpu"] = {"old": old_cpu, "new": desired.cpu}
+    if "mem" in manage and (cfg["mem"], cfg["current_mem"]) != (desired.mem, desired.mem):
+        changes["mem"] = {"old": old_mem, "new": desired.mem}
+    if "graphics" in manage:
+        have = cfg["graphics"][0] if cfg["graphics"] else None
+        want, was = _gfx_summary(desired.graphics), _gfx_summary(have)
+        if want != was:
+            changes["graphics"] = {"old": was, "new": want}
+        elif want and want["password"] and desired.graphics.password != have.get("passwd"):
+            changes["graphics"] = {"old": was, "new": want, "password": "changed"}
+    if "nics" in manage:
+        nics = _diff_nics(desired, cfg["nics"])
+        if nics:
+            changes["nics"] = nics
+    if "disks" in manage:
+        have = {d["target"] for d in cfg["disks"]}
+        added = []
+        for d in desired.disks:
+            if d.target in have:
+                continue
+            if d.image:
                 raise SaltInvocationError(
-                    f"disk {disk.name} ({disk.target}) would be cloned from an image: that only happens when "
-                    "the VM is created; add blank disks (size=) to an existing VM"
+                    f"disk {d.name} ({d.target}) would be cloned from an image, which only happens when the VM is "
+                    f"created: give it a size (a blank disk) or a path (an existing file) to add it to {desired.name}"
                 )
-        changes["disks"] = {"added": [{"name": d.name, "target": d.target, "size": d.size, "format": d.format, "path": d.path} for d in new_disks]}
-    if unlisted:
-        changes.setdefault("disks", {})["not_in_spec"] = unlisted  # reported, never removed
+            added.append({"name": d.name, "target": d.target, "path": d.path, "format": d.format, "size": d.size, "bus": d.bus, "device": d.device, "attach": d.attach})
+        unlisted = sorted(t for t in have if t not in {d.target for d in desired.disks})
+        if added or unlisted:
+            changes["disks"] = {k: v for k, v in (("added", added), ("not_in_spec", unlisted)) if v}
     return changes
 
 
-def _nic_xml(nic):
-    el = ET.Element("interface", type=nic["type"])
-    if nic["type"] == "direct":
-        ET.SubElement(el, "source", dev=nic["source"], mode="bridge")
-    else:
-        ET.SubElement(el, "source", {nic["type"]: nic["source"]})
-    ET.SubElement(el, "model", type=nic["model"])
+def actionable(changes):
+    """The changes that make the VM different (``disks.not_in_spec`` alone is only a report)."""
+    out = {k: v for k, v in changes.items() if k != "disks"}
+    if changes.get("disks", {}).get("added"):
+        out["disks"] = changes["disks"]
+    return out
+
+
+# describing and predicting ------------------------------------------------------------------------
+def _nic_text(nic):
+    return f"{nic['type']} {nic['source']} ({nic['model']})"
+
+
+def steps(changes):
+    """[(kind, item, description)] for every actionable change, in the order :func:`apply` works."""
+    out = []
+    if "cpu" in changes:
+        out.append(("cpu", changes["cpu"], f"cpu {changes['cpu']['old']} -> {changes['cpu']['new']}"))
+    if "mem" in changes:
+        out.append(("mem", changes["mem"], f"mem {changes['mem']['old']} -> {changes['mem']['new']} MiB"))
+    if "graphics" in changes:
+        g = changes["graphics"]
+        text = lambda s: f"{s['type']} on {s['listen']}" if s else "none"  # noqa: E731
+        desc = "graphics password" if g.get("password") else f"graphics {text(g['old'])} -> {text(g['new'])}"
+        out.append(("graphics", g, desc))
+    nics = changes.get("nics", {})
+    for nic in nics.get("removed", []):
+        out.append(("nic_removed", nic, f"NIC {nic['mac']} on {_nic_text(nic)} removed"))
+    for nic in nics.get("changed", []):
+        out.append(("nic_changed", nic, f"NIC {nic['mac']} {_nic_text(nic['old'])} -> {_nic_text(nic['new'])}"))
+    for nic in nics.get("added", []):
+        out.append(("nic_added", nic, f"NIC on {_nic_text(nic)} added"))
+    for disk in changes.get("disks", {}).get("added", []):
+        what = f"{disk['path']} attached" if disk["attach"] else f"{disk['size']} MiB {disk['format']}"
+        out.append(("disk_added", disk, f"disk {disk['target']} ({what}) added"))
+    return out
+
+
+def _live_ok(kind, item, live):
+    """Whether the running VM can take this change without a restart (what :func:`apply` will try)."""
+    if kind == "cpu":
+        return item["new"] <= live["cpu"]
+    if kind == "mem":
+        return item["new"] <= live["mem"]
+    if kind == "nic_changed":
+        old, new = item["old"], item["new"]
+        return old["type"] == new["type"] and old["model"] == new["model"] and new["type"] in ("bridge", "network")
+    return kind in ("nic_added", "nic_removed", "disk_added")
+
+
+def plan(changes, current_facts):
+    """Predicted outcome: {'live': [...], 'restart': [...], 'definition': [...]} (``definition``:
+    the VM is not running, the change takes effect when it starts)."""
+    out = {"live": [], "restart": [], "definition": []}
+    live = current_facts["live"]
+    for kind, item, desc in steps(actionable(changes)):
+        if live is None:
+            out["definition"].append(desc)
+        else:
+            out["live" if _live_ok(kind, item, live) else "restart"].append(desc)
+    return out
+
+
+def pending_restart(current_facts):
+    """Fields where the running VM still differs from its definition (applied, waiting for a restart)."""
+    cfg, live = current_facts["config"], current_facts["live"]
+    if live is None:
+        return []
+    out = []
+    if (cfg["cpu"], cfg["vcpu_current"]) != (live["cpu"], live["vcpu_current"]):
+        out.append("cpu")
+    if cfg["mem"] != live["mem"]:
+        out.append("mem")
+    gfx = [[(g["type"], g["listen"]) for g in f["graphics"]] for f in (cfg, live)]
+    if gfx[0] != gfx[1]:
+        out.append("graphics")
+    nics = [sorted((_mac(n), n["type"], n["source"], n["model"]) for n in f["nics"]) for f in (cfg, live)]
+    if nics[0] != nics[1]:
+        out.append("nics")
+    if {d["target"] for d in cfg["disks"]} != {d["target"] for d in live["disks"]}:
+        out.append("disks")
+    return out
+
+
+# applying -----------------------------------------------------------------------------------------
+def _device_elements(tag, nics=(), disks=(), graphics=None):
+    """Device elements exactly as :func:`saltvirt.domxml.build` writes them for a new VM."""
+    spec = vmspec.VMSpec(name="device", cpu=1, mem=1, nics=list(nics), disks=list(disks), graphics=graphics, serial_log=None)
+    devices = ET.fromstring(domxml.build(spec)).find("devices")
+    return [el for el in devices if el.tag in tag]
+
+
+def _nic_element(summary, mac=None):
+    nic = vmspec.Nic(name="nic", type=summary["type"], source=summary["source"], model=summary["model"], mac=mac or summary.get("mac"))
+    return _device_elements(("interface",), nics=[nic])[0]
+
+
+def _by_mac(devices, mac):
+    return next((el for el in devices.findall("interface") if (el.find("mac") is not None and el.find("mac").get("address", "").lower() == mac)), None)
+
+
+def _xml(el, strip_address=False):
+    el = ET.fromstring(ET.tostring(el))
+    if strip_address:
+        for addr in el.findall("address"):
+            el.remove(addr)
     return ET.tostring(el, encoding="unicode")
 
 
-def _disk_xml(disk):
-    el = ET.Element("disk", type="file", device="disk")
-    ET.SubElement(el, "driver", name="qemu", type=disk["format"])
-    ET.SubElement(el, "source", file=disk["path"])
-    ET.SubElement(el, "target", dev=disk["target"], bus="virtio" if disk["target"].startswith("vd") else "scsi")
-    return ET.tostring(el, encoding="unicode")
-
-
-def _find_nic_xml(dom, key):
-    root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-    for iface in root.findall("devices/interface"):
-        facts = domxml.parse(f"<domain><devices>{ET.tostring(iface, encoding='unicode')}</devices></domain>")["nics"][0]
-        if _nic_key(facts) == key:
-            return ET.tostring(iface, encoding="unicode")
-    return None
-
-
-def _device(dom, xml, attach, what, report):
-    live = dom.isActive()
-    flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
-    with lv_errors(what):
-        (dom.attachDeviceFlags if attach else dom.detachDeviceFlags)(xml, flags)
-    if live:
-        try:
-            (dom.attachDeviceFlags if attach else dom.detachDeviceFlags)(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-            report["live"].append(what)
-        except libvirt.libvirtError:
-            report["restart"].append(what)
-
-
-def _set_graphics(dom, graphics):
-    root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+def _redefine(conn, dom, desired, changes, created):
+    """Write the device and graphics changes into the persistent definition (one defineXML)."""
+    secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
+    root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
     devices = root.find("devices")
-    for tag in ("graphics", "video"):
-        for el in devices.findall(tag):
+    if "graphics" in changes:
+        for el in devices.findall("graphics") + devices.findall("video"):
             devices.remove(el)
-    if graphics:
-        g = ET.SubElement(devices, "graphics", type=graphics.type, port=str(graphics.port), autoport="yes" if graphics.port == -1 else "no", listen=graphics.listen)
-        if graphics.password:
-            g.set("passwd", graphics.password)
-        ET.SubElement(g, "listen", type="address", address=graphics.listen)
-        ET.SubElement(ET.SubElement(devices, "video"), "model", type="vga")
-    with lv_errors(f"redefine {root.findtext('name')} with new graphics"):
-        dom.connect().defineXML(ET.tostring(root, encoding="unicode"))
+        for el in _device_elements(("graphics", "video"), graphics=desired.graphics):
+            devices.append(el)
+        if desired.graphics and devices.find("input[@type='tablet']") is None:
+            devices.extend(_device_elements(("input",), graphics=desired.graphics))
+    nics = changes.get("nics", {})
+    for nic in nics.get("removed", []):
+        el = _by_mac(devices, nic["mac"])
+        if el is not None:
+            devices.remove(el)
+    for nic in nics.get("changed", []):
+        el = _by_mac(devices, nic["mac"])
+        new = _nic_element(nic["new"], mac=nic["mac"])
+        if el is not None:  # same element, same MAC and PCI address: new type, source, model
+            keep = el.findall("address")
+            el.clear()
+            el.attrib.update(new.attrib)
+            el.extend(list(new) + keep)
+    before = {m.get("address", "").lower() for m in devices.findall("interface/mac")}
+    for nic in nics.get("added", []):
+        devices.append(_nic_element(nic))
+    disks = [d for d in desired.disks if d.target in {a["target"] for a in changes.get("disks", {}).get("added", [])}]
+    for el in _device_elements(("disk",), disks=disks):
+        devices.append(el)
+    with lv_errors(f"redefine VM {desired.name!r}"):
+        dom = conn.defineXML(ET.tostring(root, encoding="unicode"))
+    new_devices = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).find("devices")
+    created["nics"] = [el for el in new_devices.findall("interface") if el.find("mac") is not None and el.find("mac").get("address", "").lower() not in before]
+    created["disks"] = {el.find("target").get("dev"): el for el in new_devices.findall("disk") if el.find("target") is not None}
+    return dom
+
+
+def _make_disks(desired, changes, uuid):
+    """Create the blank disk files the changes add (all checked first); returns their paths."""
+    added = changes.get("disks", {}).get("added", [])
+    for disk in added:
+        if disk["attach"]:
+            if not os.path.isfile(disk["path"]):
+                raise SaltInvocationError(f"disk {disk['name']}: {disk['path']} does not exist (give a size to create it)")
+        elif disk["device"] == "disk" and os.path.lexists(disk["path"]):
+            raise SaltInvocationError(
+                f"disk file {disk['path']} already exists and this VM does not use it: refusing to take it over. "
+                f"Remove it yourself, or give the disk path: {disk['path']} without a size to attach it"
+            )
+    made = []
+    try:
+        for disk in added:
+            if disk["attach"] or disk["device"] != "disk":
+                continue
+            os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
+            images.create_disk(disk["path"], disk["size"], fmt=disk["format"])
+            made.append(disk["path"])
+            images.record_owned(desired.vm_dir, desired.name, [disk["path"]], uuid)
+    except BaseException:
+        _remove(made)
+        raise
+    return made
+
+
+def _remove(paths):
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+class _NotLive(Exception):
+    """The running VM cannot take this change: it applies at the next start."""
+
+
+def _live(dom, kind, item, created):
+    """Apply one change to the running VM; raises libvirt.libvirtError when the hypervisor refuses."""
+    live_flag = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    if kind == "cpu":
+        dom.setVcpusFlags(item["new"], live_flag)
+    elif kind == "mem":
+        if item["new"] * 1024 > dom.maxMemory():
+            raise _NotLive("above the running VM's maximum memory")
+        dom.setMemoryFlags(item["new"] * 1024, live_flag)
+    elif kind == "graphics":
+        raise _NotLive("graphics change at the next start")
+    elif kind in ("nic_removed", "nic_changed"):
+        el = _by_mac(ET.fromstring(dom.XMLDesc(0)).find("devices"), item["mac"])
+        if el is None:
+            return
+        if kind == "nic_removed":
+            dom.detachDeviceFlags(_xml(el), live_flag)
+            if _by_mac(ET.fromstring(dom.XMLDesc(0)).find("devices"), item["mac"]) is not None:
+                raise _NotLive("the guest has not released it yet")
+        else:
+            if not _live_ok(kind, item, None):
+                raise _NotLive("type or model change")
+            new = _nic_element(item["new"], mac=item["mac"])
+            dom.updateDeviceFlags(_xml(new), live_flag)
+    elif kind == "nic_added":
+        dom.attachDeviceFlags(_xml(created["nics"].pop(0), strip_address=True), live_flag)
+    elif kind == "disk_added":
+        dom.attachDeviceFlags(_xml(created["disks"][item["target"]], strip_address=True), live_flag)
 
 
 def apply(conn, dom, desired, changes):
-    """Apply ``changes`` (from :func:`diff`); returns {'live': [...], 'restart': [...]} descriptions."""
-    name = dom.name()
-    report = {"live": [], "restart": []}
+    """Apply actionable ``changes`` (from :func:`diff`) to the definition and, if the VM runs, live.
+    Returns what happened: {'live': [...], 'restart': [...], 'definition': [...]}."""
+    changes = actionable(changes)
+    report = {"live": [], "restart": [], "definition": []}
     running = bool(dom.isActive())
-    if "cpu" in changes:
-        ret = lifecycle.setvcpus(conn, name, desired.cpu)
-        if running:
-            report["restart" if ret["restart_needed"] else "live"].append(f"cpu {desired.cpu}")
-    if "mem" in changes:
-        ret = lifecycle.setmem(conn, name, desired.mem)
-        if running:
-            report["restart" if ret["restart_needed"] else "live"].append(f"mem {desired.mem} MiB")
-    if "graphics" in changes:
-        _set_graphics(dom, desired.graphics)
-        dom = conn.lookupByName(name)
-        if running:
-            report["restart"].append(f"graphics {changes['graphics']['new']}")
-    for nic in changes.get("nics", {}).get("removed", []):
-        xml = _find_nic_xml(dom, _nic_key(nic))
-        if xml:
-            _device(dom, xml, False, f"remove NIC on {nic['source']}", report)
-    for nic in changes.get("nics", {}).get("added", []):
-        _device(dom, _nic_xml(nic), True, f"add NIC on {nic['source']}", report)
-    for disk in changes.get("disks", {}).get("added", []):
-        if not os.path.exists(disk["path"]):
-            images.create_disk(disk["path"], disk["size"], fmt=disk["format"])
-            images.record_owned(desired.vm_dir, name, [disk["path"]], dom.UUIDString())
-        _device(dom, _disk_xml(disk), True, f"add disk {disk['target']}", report)
+    cfg = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    with lv_errors(f"update VM {desired.name!r}"):
+        if "cpu" in changes:
+            dom.setVcpusFlags(desired.cpu, cfg | libvirt.VIR_DOMAIN_VCPU_MAXIMUM)
+            dom.setVcpusFlags(desired.cpu, cfg)
+        if "mem" in changes:
+            dom.setMemoryFlags(desired.mem * 1024, cfg | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
+            dom.setMemoryFlags(desired.mem * 1024, cfg)
+    created = {"nics": [], "disks": {}}
+    if set(changes) & {"graphics", "nics", "disks"}:
+        made = _make_disks(desired, changes, dom.UUIDString())
+        try:
+            dom = _redefine(conn, dom, desired, changes, created)
+        except CommandExecutionError:
+            _remove(made)
+            raise
+    for kind, item, desc in steps(changes):
+        if not running:
+            report["definition"].append(desc)
+            continue
+        try:
+            _live(dom, kind, item, created)
+            report["live"].append(desc)
+        except _NotLive as exc:
+            report["restart"].append(desc if kind == "graphics" else f"{desc} ({exc})")
+        except libvirt.libvirtError as exc:
+            report["restart"].append(f"{desc} ({exc.get_error_message()})")
     return report
 
 
-def update(conn, name, images_dir, profiles, test=False, cpu=None, mem=None, **spec_args):
-    """``virt.update``: diff the VM against the spec built from ``spec_args`` and (unless ``test``)
-    apply it. cpu/mem default to the VM's current values."""
+def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, **init_args):
+    """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
+    and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
+    disks (disk/disks), graphics (enable_vnc/graphics)."""
+    unknown = sorted(k for k in init_args if k not in provision.SPEC_ARGS and k != "image")
+    if unknown:
+        raise SaltInvocationError(f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})")
     dom = get_domain(conn, name)
-    facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-    desired = vmspec.build(
+    facts = current(dom)
+    cfg = facts["config"]
+    manage = [f for f in FIELDS if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))]
+    args = dict(init_args)
+    if "nics" not in manage:
+        args.update(nic=None, interfaces=None)
+    if "disks" not in manage:
+        args.update(disk=None, disks=None)
+    desired = desired_spec(
         name,
-        cpu or facts["cpu"],
-        mem or facts["mem"],
-        vtype=facts["type"],
+        cpu if cpu is not None else cfg["vcpu_current"],
+        mem if mem is not None else cfg["mem"],
+        vtype=cfg["type"],
         images_dir=images_dir,
         profiles=profiles,
-        **spec_args,
+        **args,
     )
-    changes = diff(desired, facts)
-    ret = {"name": name, "changes": changes, "applied": {"live": [], "restart": []}}
-    actionable = {k: v for k, v in changes.items() if k != "disks" or v.get("added")}
-    if actionable and not test:
-        ret["applied"] = apply(conn, dom, desired, actionable)
+    changes = diff(desired, facts, manage)
+    ret = {"name": name, "changes": changes, "plan": plan(changes, facts), "applied": None}
+    if actionable(changes) and not test:
+        ret["applied"] = apply(conn, dom, desired, changes)
+        facts = current(conn.lookupByName(name))
+    ret["pending_restart"] = pending_restart(facts)
     return ret
