@@ -62,8 +62,13 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
 
 
 # VMs -----------------------------------------------------------------------------------------------
-def _ret(name):
-    return {"name": name, "result": True, "changes": {}, "comment": ""}
+# What an existing VM is held to when the state does not say otherwise: virt.init's own defaults.
+MANAGED_DEFAULTS = {"nic": "default", "disk": "default", "disks": None, "interfaces": None, "enable_vnc": False, "graphics": None}
+UPDATE_ARGS = tuple(MANAGED_DEFAULTS) + ("image", "enable_qcow", "connection")
+
+
+def _ret(name, **kw):
+    return dict({"name": name, "result": True, "changes": {}, "comment": ""}, **kw)
 
 
 def _errors():
@@ -73,95 +78,134 @@ def _errors():
 
 
 def _vm_state(name, connection=None):
-    states = __salt__["virt.vm_state"](connection=connection) if name in __salt__["virt.list_domains"](connection=connection) else {}
-    return states.get(name)
+    if name not in __salt__["virt.list_domains"](connection=connection):
+        return None
+    return __salt__["virt.vm_state"](name, connection=connection).get(name)
 
 
-def _preview(name, cpu, mem, kwargs):
-    """What ``virt.init`` would create, from the same spec code (validates the arguments too)."""
-    from saltvirt import spec as vmspec
+def _check_args(kwargs):
+    """The state takes virt.init's arguments: refuse others (a typo must not pass silently)."""
+    import salt.utils.args
+    from salt.exceptions import SaltInvocationError
 
-    spec_args = {k: v for k, v in kwargs.items() if k in ("nic", "disk", "disks", "interfaces", "enable_qcow", "enable_vnc", "graphics", "boot", "group")}
-    image = kwargs.get("image")
-    image_format = None
-    if image and image.startswith("/") and os.path.isfile(image):
-        from saltvirt import images
+    known = set(salt.utils.args.get_function_argspec(__salt__["virt.init"]).args) - {"name", "cpu", "mem", "start"}
+    unknown = sorted(set(kwargs) - known)
+    if "start" in unknown:
+        raise SaltInvocationError("start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not")
+    if unknown:
+        raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)}: virt.running/defined take the arguments of virt.init")
 
-        image_format = images.image_info(image)["format"]
-    spec = vmspec.build(
+
+def _image_format(image, saltenv, test):
+    """Format of the image the VM would be cloned from, when it can be known without side effects
+    (test=True never fetches: an uncached salt:// image or a URL stays "as the image")."""
+    from saltvirt import images
+
+    if not image:
+        return None
+    if image.startswith("/"):
+        return images.image_info(image)["format"]
+    if image.startswith("salt://"):
+        local = __salt__["cp.is_cached"](image, saltenv) if test else __salt__["cp.cache_file"](image, saltenv)
+        return images.image_info(local)["format"] if local else None
+    return None
+
+
+def _config(key, default):
+    return __salt__["config.get"](key, default) or default
+
+
+def _create(ret, name, cpu, mem, start, kwargs):
+    from salt.exceptions import SaltInvocationError
+    from saltvirt import converge
+    from saltvirt.spec import DEFAULT_IMAGES_DIR
+
+    if cpu is None or mem is None:
+        raise SaltInvocationError(f"VM {name} does not exist: cpu and mem are needed to create the VM")
+    test = __opts__["test"]
+    created = converge.preview(
         name,
         cpu,
         mem,
-        image=image,
-        image_format=image_format,
-        images_dir=__salt__["config.get"]("virt:images", vmspec.DEFAULT_IMAGES_DIR) or vmspec.DEFAULT_IMAGES_DIR,
-        profiles={"nic": __salt__["config.get"]("virt:nic", {}), "disk": __salt__["config.get"]("virt:disk", {})},
-        **spec_args,
+        images_dir=_config("virt:images", DEFAULT_IMAGES_DIR),
+        profiles={"nic": _config("virt:nic", {}), "disk": _config("virt:disk", {})},
+        image_format=_image_format(kwargs.get("image"), kwargs.get("saltenv", "base"), test),
+        **kwargs,
     )
-    return {
-        "cpu": spec.cpu,
-        "mem": spec.mem,
-        "image": kwargs.get("image"),
-        "disks": {d.target: {"path": d.path, "overlay": d.overlay, "size": d.size} for d in spec.disks},
-        "nics": [{"type": n.type, "source": n.source, "model": n.model} for n in spec.nics],
-        "graphics": spec.graphics.type if spec.graphics else None,
-    }
+    created["started"] = bool(start)
+    ret["changes"] = {"created": created}
+    what = "created" + (" and started" if start else "")
+    if test:
+        return dict(ret, result=None, comment=f"VM {name} would be {what}")
+    done = __salt__["virt.init"](name, cpu, mem, start=start, **kwargs)
+    ret["changes"]["created"]["uuid"] = done["uuid"]
+    comment = [f"VM {name} {what} on {done['host']}"]
+    if done.get("seed"):
+        comment.append(f"seeded with {done['seed']['backend']}")
+    if (done.get("key") or {}).get("hint"):
+        comment.append(done["key"]["hint"])
+    return dict(ret, comment="; ".join(comment))
+
+
+def _update(ret, name, cpu, mem, start, state, kwargs):
+    test = __opts__["test"]
+    connection = kwargs.get("connection")
+    args = dict(MANAGED_DEFAULTS, **{k: v for k, v in kwargs.items() if k in UPDATE_ARGS})
+    upd = __salt__["virt.update"](name, cpu=cpu, mem=mem, test=test, **args)
+    changes = {k: v for k, v in upd["changes"].items() if k != "disks" or v.get("added")}
+    if "disks" in changes:
+        changes["disks"] = {"added": changes["disks"]["added"]}
+    starting = start and state != "running"
+    if starting:
+        changes["state"] = {"old": state, "new": "running"}
+    would = "would " if test else ""
+    done = upd["plan"] if test else upd["applied"] or {}
+    updated = any(k != "state" for k in changes)
+    parts = [f"VM {name} " + (("would be updated" if test else "updated") if updated else "is as declared")]
+    for key, text in (("live", "apply live"), ("restart", "need restart"), ("definition", "apply to the definition")):
+        if done.get(key):
+            label = f"{would}{text}" if test else {"live": "applied live", "restart": "needs restart", "definition": "applied to the definition"}[key]
+            if key == "definition":
+                label += " (takes effect when the VM starts)" if not starting else ""
+            parts.append(f"{label}: {', '.join(done[key])}")
+    if starting:
+        parts.append(f"{would}{'resume' if state == 'paused' else 'start'} it" if test else f"{'resumed' if state == 'paused' else 'started'} it")
+        if not test:
+            __salt__["virt.resume" if state == "paused" else "virt.start"](name, connection=connection)
+    elif upd.get("pending_restart"):
+        parts.append(f"pending restart (defined, not yet in the running VM): {', '.join(upd['pending_restart'])}")
+    unlisted = upd["changes"].get("disks", {}).get("not_in_spec")
+    if unlisted:
+        parts.append(f"disks not in the state, kept: {', '.join(unlisted)}")
+    return dict(ret, changes=changes, result=None if test and changes else True, comment="; ".join(parts))
 
 
 def _ensure_vm(name, cpu, mem, start, kwargs):
     ret = _ret(name)
-    test = __opts__["test"]
-    connection = kwargs.get("connection")
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     try:
-        state = _vm_state(name, connection)
+        _check_args(kwargs)
+        state = _vm_state(name, kwargs.get("connection"))
         if state is None:
-            created = _preview(name, cpu, mem, kwargs)
-            created["started"] = bool(start)
-            ret["changes"] = {"created": created}
-            if test:
-                ret["result"] = None
-                ret["comment"] = f"VM {name} would be created" + (" and started" if start else "")
-                return ret
-            done = __salt__["virt.init"](name, cpu, mem, start=start, **kwargs)
-            ret["changes"]["created"]["uuid"] = done["uuid"]
-            ret["comment"] = f"VM {name} created" + (" and started" if start else "") + f" on {done['host']}"
-            return ret
-        update_args = {k: v for k, v in kwargs.items() if k in ("nic", "disk", "disks", "interfaces", "enable_vnc", "graphics", "connection")}
-        upd = __salt__["virt.update"](name, cpu=cpu, mem=mem, test=test, **update_args)
-        ret["changes"] = {k: v for k, v in upd["changes"].items() if k != "disks" or v.get("added")}
-        notes = []
-        if upd["changes"].get("disks", {}).get("not_in_spec"):
-            notes.append(f"disks not in the state, kept: {', '.join(upd['changes']['disks']['not_in_spec'])}")
-        if start and state != "running":
-            ret["changes"]["state"] = {"old": state, "new": "running"}
-            if not test:
-                __salt__["virt.resume" if state == "paused" else "virt.start"](name, connection=connection)
-        if test:
-            ret["result"] = None if ret["changes"] else True
-            live = [k for k in ret["changes"] if k != "state"]
-            ret["comment"] = (f"VM {name} would be updated: {', '.join(sorted(ret['changes']))}" if ret["changes"] else f"VM {name} is as declared")
-            if live and state == "running":
-                ret["comment"] += " (live where possible, the rest at the next restart)"
-        else:
-            applied = upd["applied"]
-            parts = [f"VM {name} " + ("updated" if ret["changes"] else "is as declared")]
-            if applied["live"]:
-                parts.append("applied live: " + ", ".join(applied["live"]))
-            if applied["restart"]:
-                parts.append("needs a restart: " + ", ".join(applied["restart"]))
-            ret["comment"] = "; ".join(parts + notes)
+            return _create(ret, name, cpu, mem, start, kwargs)
+        return _update(ret, name, cpu, mem, start, state, kwargs)
     except _errors() as exc:
-        ret["result"] = False
-        ret["comment"] = str(exc)
-    return ret
+        return dict(ret, result=False, comment=str(exc))
 
 
 def running(name, cpu=None, mem=None, **kwargs):
     """
     The VM exists with this shape and runs. Takes the arguments of ``virt.init`` (image, nic, disk,
-    disks, interfaces, enable_qcow, enable_vnc, graphics, boot, seed, ...): an absent VM is created
-    exactly as ``virt.init`` would; an existing one gets cpu, mem, NICs, blank disks and graphics
-    enforced (live where possible; the comment says what needs a restart) and is started.
+    disks, interfaces, enable_qcow, enable_vnc, graphics, boot, seed, ...) and builds the same spec:
+
+    - absent: created exactly as ``virt.init`` would (cpu and mem needed), and started;
+    - present: cpu, mem, NICs, disks and graphics are enforced (omitted ones at ``virt.init``'s defaults:
+      nic/disk profile ``default``, no graphics); applied live where the hypervisor can, the rest to the
+      definition, and the comment says which ("applied live: ..." / "needs restart: ..."). Disks the
+      state does not list are reported, never removed; a new disk must be blank (size) or an existing
+      file (path). Arguments that only matter at creation (image, seed, boot, ...) are not enforced.
+
+    ``test=True`` returns the changes it would make (for a new VM: what ``virt.init`` will create).
 
     .. code-block:: yaml
 
@@ -171,16 +215,16 @@ def running(name, cpu=None, mem=None, **kwargs):
             - mem: 1024
             - image: salt://images/web.qcow2
             - enable_qcow: True
+            - disks:
+              - data: {size: 10240}
     """
-    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
-    if _vm_state(name, kwargs.get("connection")) is None and (cpu is None or mem is None):
-        return dict(_ret(name), result=False, comment="cpu and mem are needed to create the VM")
     return _ensure_vm(name, cpu, mem, True, kwargs)
 
 
 def defined(name, cpu=None, mem=None, **kwargs):
     """
-    Like ``virt.running`` without starting the VM (a running VM is left running).
+    Like ``virt.running``, but a new VM is not started and a stopped one stays stopped (a running VM
+    is left running, and changed live where possible).
 
     .. code-block:: yaml
 
@@ -190,9 +234,6 @@ def defined(name, cpu=None, mem=None, **kwargs):
             - mem: 4096
             - image: /srv/images/db.qcow2
     """
-    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
-    if _vm_state(name, kwargs.get("connection")) is None and (cpu is None or mem is None):
-        return dict(_ret(name), result=False, comment="cpu and mem are needed to create the VM")
     return _ensure_vm(name, cpu, mem, False, kwargs)
 
 
@@ -207,22 +248,19 @@ def _power(name, wanted, action, connection, **args):
         if __opts__["test"]:
             return dict(ret, result=None, changes={"state": {"old": state, "new": wanted[0]}}, comment=f"VM {name} would be {wanted[0]}")
         done = __salt__[action](name, connection=connection, **args)
-        ret["changes"] = {"state": {"old": state, "new": done["state"]}}
+        if done["state"] != state:
+            ret["changes"] = {"state": {"old": state, "new": done["state"]}}
         if done["state"] not in wanted:
-            ret["result"] = False
-            ret["comment"] = f"VM {name} is still {done['state']} after {action}"
-        else:
-            ret["comment"] = f"VM {name} is {done['state']}"
+            return dict(ret, result=False, comment=f"VM {name} is still {done['state']} after {action}")
+        return dict(ret, comment=f"VM {name} is {done['state']}")
     except _errors() as exc:
-        ret["result"] = False
-        ret["comment"] = str(exc)
-    return ret
+        return dict(ret, result=False, comment=str(exc))
 
 
 def stopped(name, timeout=60, connection=None):
     """
-    The VM is shut down gracefully (ACPI), waiting up to ``timeout`` seconds. A guest that ignores the
-    request makes the state fail; use ``virt.powered_off`` to pull the plug.
+    The VM is shut down gracefully (ACPI power button), waiting up to ``timeout`` seconds. A guest that
+    ignores the request makes the state fail; use ``virt.powered_off`` to pull the plug.
 
     .. code-block:: yaml
 
@@ -238,7 +276,7 @@ def stopped(name, timeout=60, connection=None):
 
 def powered_off(name, connection=None):
     """
-    The VM is off, forcibly if needed (``virt.destroy``).
+    The VM is off, forcibly if needed (``virt.destroy``: like pulling the plug).
 
     .. code-block:: yaml
 
@@ -248,32 +286,40 @@ def powered_off(name, connection=None):
     return _power(name, ("shutoff",), "virt.destroy", connection)
 
 
-def rebooted(name, connection=None):
+def rebooted(name, hard=False, connection=None):
     """
-    Reboot a running VM (always a change).
+    Reboot a running VM (always a change; a VM that is not running is an error). By default the guest
+    is asked to reboot (ACPI, like ``virt.reboot``) and does so itself; ``hard: True`` resets it
+    (``virt.reset``: like pressing the reset button), for guests that ignore the request.
 
     .. code-block:: yaml
 
         web1:
-          virt.rebooted
+          virt.rebooted:
+            - hard: True
     """
+    from saltvirt.validate import to_bool
+
+    hard = to_bool(hard)
     ret = _ret(name)
     try:
         state = _vm_state(name, connection)
         if state != "running":
             return dict(ret, result=False, comment=f"VM {name} is {state or 'not defined'}: only a running VM can reboot")
+        how = "reset" if hard else "asked to reboot (ACPI; a guest that ignores it needs hard: True)"
         if __opts__["test"]:
-            return dict(ret, result=None, changes={"rebooted": True}, comment=f"VM {name} would be rebooted")
-        __salt__["virt.reboot"](name, connection=connection)
-        return dict(ret, changes={"rebooted": True}, comment=f"VM {name} rebooted")
+            return dict(ret, result=None, changes={"rebooted": True}, comment=f"VM {name} would be {how}")
+        __salt__["virt.reset" if hard else "virt.reboot"](name, connection=connection)
+        return dict(ret, changes={"rebooted": True}, comment=f"VM {name} {how}")
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))
 
 
 def absent(name, remove_disks=False, connection=None):
     """
-    The VM is not defined. Its disks are kept unless ``remove_disks: True``, and then only the disk
-    files salt-virt created for it (``virt.purge``).
+    The VM is not defined (powered off first if it runs). Its disks are kept unless
+    ``remove_disks: True``, and then only the disk files salt-virt created for it (``virt.purge``);
+    what was kept and why is in the changes.
 
     .. code-block:: yaml
 
@@ -281,12 +327,15 @@ def absent(name, remove_disks=False, connection=None):
           virt.absent:
             - remove_disks: True
     """
+    from saltvirt.validate import to_bool
+
     ret = _ret(name)
+    remove_disks = to_bool(remove_disks)
     try:
         state = _vm_state(name, connection)
         if state is None:
             return dict(ret, comment=f"VM {name} is not defined")
-        change = {"old": state, "new": "absent", "disks": "removed (own files only)" if remove_disks else "kept"}
+        change = {"old": state, "new": "absent", "disks": "removed (the files salt-virt created for it)" if remove_disks else "kept"}
         if __opts__["test"]:
             return dict(ret, result=None, changes={"vm": change}, comment=f"VM {name} would be removed")
         if remove_disks:
@@ -296,57 +345,38 @@ def absent(name, remove_disks=False, connection=None):
             if state != "shutoff":
                 __salt__["virt.destroy"](name, connection=connection)
             __salt__["virt.undefine"](name, connection=connection)
-        return dict(ret, changes={"vm": change}, comment=f"VM {name} removed")
+        return dict(ret, changes={"vm": change}, comment=f"VM {name} removed" + ("" if remove_disks else ", its disks kept"))
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))
 
 
 # networks and pools --------------------------------------------------------------------------------
-def _object_state(kind, name, spec, autostart, run, connection):
+def _object_state(kind, name, make_spec, autostart, run, connection):
     from saltvirt import conn as vconn
     from saltvirt import netpool
 
     ret = _ret(name)
-    test = __opts__["test"]
-    uri = vconn.resolve_uri(__salt__["config.get"], connection)
     try:
-        with vconn.connect(uri) as conn:
-            obj = netpool.lookup(conn, kind, name)
-            if obj is None:
-                ret["changes"]["defined"] = spec
-            else:
-                current = netpool.info(conn, kind, name)[name]
-                diff = netpool.network_diff(spec, current) if kind == "network" else {k: {"old": current[k], "new": spec[k]} for k in ("type", "target") if current[k] != spec[k]}
-                if diff:
-                    ret["changes"]["redefined"] = diff
-            active = bool(obj and obj.isActive())
-            if autostart is not None and bool(obj and obj.autostart()) != bool(autostart):
-                ret["changes"]["autostart"] = bool(autostart)
-            if run and not active:
-                ret["changes"]["started"] = True
-            if test:
-                ret["result"] = None if ret["changes"] else True
-                ret["comment"] = f"{kind} {name} would change" if ret["changes"] else f"{kind} {name} is as declared"
-                return ret
-            if "defined" in ret["changes"] or "redefined" in ret["changes"]:
-                netpool.define(conn, kind, spec, replace=True)
-            if "autostart" in ret["changes"]:
-                netpool.set_autostart(conn, kind, name, autostart)
-            if run and not active:
-                netpool.start(conn, kind, name, build=True) if kind == "pool" else netpool.start(conn, kind, name)
-            comment = f"{kind} {name} " + ("updated" if ret["changes"] else "is as declared")
-            if "redefined" in ret["changes"] and active:
-                comment += f"; the running {kind} uses the new definition after a restart"
-            ret["comment"] = comment
+        spec = make_spec()
+        with vconn.connect(vconn.resolve_uri(__salt__["config.get"], connection)) as conn:
+            done = netpool.ensure(conn, kind, spec, autostart=autostart, run=run, test=__opts__["test"])
     except _errors() as exc:
-        ret["result"] = False
-        ret["comment"] = str(exc)
-    return ret
+        return dict(ret, result=False, comment=str(exc))
+    return dict(ret, changes=done["changes"], comment=done["comment"], result=None if __opts__["test"] and done["changes"] else True)
 
 
-def network_defined(name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, autostart=True, connection=None):
+def _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end):
+    from saltvirt import netpool
+
+    return lambda: netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
+
+
+def network_defined(name, bridge=None, forward="nat", ip=None, netmask=None, dhcp_start=None, dhcp_end=None, autostart=True, connection=None):
     """
-    A libvirt virtual network with this definition exists.
+    A libvirt virtual network with this definition exists (``forward``: nat, route, open, bridge onto
+    an existing host ``bridge``, or none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``; an
+    optional DHCP range). A changed definition of a running network is written and used after its
+    restart (the comment says so). ``autostart``: True/False, or None to leave it.
 
     .. code-block:: yaml
 
@@ -357,38 +387,32 @@ def network_defined(name, bridge=None, forward="nat", ip=None, dhcp_start=None, 
             - dhcp_start: 10.50.0.10
             - dhcp_end: 10.50.0.99
     """
-    from saltvirt import netpool
-
-    try:
-        spec = netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end)
-    except _errors() as exc:
-        return dict(_ret(name), result=False, comment=str(exc))
-    return _object_state("network", name, spec, autostart, False, connection)
+    return _object_state("network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, False, connection)
 
 
-def network_running(name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, autostart=True, connection=None):
+def network_running(name, bridge=None, forward="nat", ip=None, netmask=None, dhcp_start=None, dhcp_end=None, autostart=True, connection=None):
     """
     Like ``virt.network_defined``, and the network is started.
 
     .. code-block:: yaml
 
-        isolated:
+        lan:
           virt.network_running:
-            - forward: none
-            - ip: 10.50.0.1/24
+            - forward: bridge
+            - bridge: br0
     """
+    return _object_state("network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, True, connection)
+
+
+def _pool(name, ptype, target):
     from saltvirt import netpool
 
-    try:
-        spec = netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end)
-    except _errors() as exc:
-        return dict(_ret(name), result=False, comment=str(exc))
-    return _object_state("network", name, spec, autostart, True, connection)
+    return lambda: netpool.pool_spec(name, ptype, target)
 
 
 def pool_defined(name, ptype="dir", target=None, autostart=True, connection=None):
     """
-    A storage pool with this definition exists.
+    A storage pool with this definition exists (``ptype: dir`` with a ``target`` directory).
 
     .. code-block:: yaml
 
@@ -396,18 +420,13 @@ def pool_defined(name, ptype="dir", target=None, autostart=True, connection=None
           virt.pool_defined:
             - target: /srv/salt-images
     """
-    from saltvirt import netpool
-
-    try:
-        spec = netpool.pool_spec(name, ptype, target)
-    except _errors() as exc:
-        return dict(_ret(name), result=False, comment=str(exc))
-    return _object_state("pool", name, spec, autostart, False, connection)
+    return _object_state("pool", name, _pool(name, ptype, target), autostart, False, connection)
 
 
 def pool_running(name, ptype="dir", target=None, autostart=True, connection=None):
     """
-    Like ``virt.pool_defined``, and the pool is started (its directory created if needed).
+    Like ``virt.pool_defined``, and the pool is started (its directory created if missing; an existing
+    directory is used as it is).
 
     .. code-block:: yaml
 
@@ -415,10 +434,4 @@ def pool_running(name, ptype="dir", target=None, autostart=True, connection=None
           virt.pool_running:
             - target: /srv/salt-images
     """
-    from saltvirt import netpool
-
-    try:
-        spec = netpool.pool_spec(name, ptype, target)
-    except _errors() as exc:
-        return dict(_ret(name), result=False, comment=str(exc))
-    return _object_state("pool", name, spec, autostart, True, connection)
+    return _object_state("pool", name, _pool(name, ptype, target), autostart, True, connection)
