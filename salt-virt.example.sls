@@ -10,11 +10,20 @@
   Pillar (all optional):
     salt_virt:
       libvirtd_conf: /etc/libvirt/libvirtd.conf
+      libvirtd_defaults: /etc/default/libvirtd   # RedHat: /etc/sysconfig/libvirtd (hosts without systemd)
       pki_basepath: /etc/pki
       listen_tcp: False            # plain TCP (no auth) only for labs
       bridge: br0
-      bridge_uplink: eth0          # enslave this NIC to the bridge (omit: a bridge without uplink)
-      manage_service: True
+      bridge_uplink: eth0          # enslave this NIC to the bridge (omit: a bridge without uplink).
+                                   # The host's address must then live on the bridge: configure that
+                                   # (persistently) with the distribution's network tooling first.
+      manage_service: True         # False: packages, config and keys only (e.g. in a container)
+
+  Listening for TLS: with systemd, libvirtd is socket activated and libvirtd-tls.socket (port 16514)
+  is enabled; without systemd, libvirtd is started with --listen (LIBVIRTD_ARGS in libvirtd_defaults).
+  The certificates come from the libvirt ext_pillar through virt.keys (CA, server and client).
+  Hosts that run libvirt's modular daemons (virtqemud, RHEL 9 / Fedora default) need libvirtd enabled
+  instead of them, or virtproxyd-tls.socket with the same certificates.
 -#}
 {%- set cfg = salt['pillar.get']('salt_virt', {}) %}
 {%- set family = grains['os_family'] %}
@@ -23,6 +32,7 @@
       'RedHat': ['libvirt', 'libvirt-client', 'qemu-kvm', 'qemu-img', 'python3-libvirt', 'gnutls-utils', 'iproute'],
     }.get(family, []) %}
 {%- set conf = cfg.get('libvirtd_conf', '/etc/libvirt/libvirtd.conf') %}
+{%- set defaults = cfg.get('libvirtd_defaults', '/etc/sysconfig/libvirtd' if family == 'RedHat' else '/etc/default/libvirtd') %}
 {%- set pki = cfg.get('pki_basepath', '/etc/pki') %}
 {%- set bridge = cfg.get('bridge', 'br0') %}
 {%- set uplink = cfg.get('bridge_uplink') %}
@@ -62,6 +72,20 @@ salt-virt-libvirtd-listen:
     - require:
       - pkg: salt-virt-packages
 
+{%- if not systemd %}
+
+# no socket activation: libvirtd itself opens the TCP/TLS sockets when started with --listen
+salt-virt-libvirtd-args:
+  file.keyvalue:
+    - name: {{ defaults }}
+    - separator: '='
+    - append_if_not_found: True
+    - key_values:
+        LIBVIRTD_ARGS: '"--listen"'
+    - require:
+      - pkg: salt-virt-packages
+{%- endif %}
+
 salt-virt-keys:
   virt.keys:
     - basepath: {{ pki }}
@@ -86,6 +110,12 @@ salt-virt-libvirtd:
     - watch:
       - file: salt-virt-libvirtd-listen
       - virt: salt-virt-keys
+{%- if systemd %}
+    - require:
+      - service: salt-virt-libvirtd-tls-socket
+{%- else %}
+      - file: salt-virt-libvirtd-args
+{%- endif %}
 {%- endif %}
 
 salt-virt-bridge:

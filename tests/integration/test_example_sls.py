@@ -1,5 +1,7 @@
-"""salt-virt.example.sls: renders for Debian and RedHat grains; its package, config and keys parts
-apply for real on this machine (into temp paths), the service and bridge parts in test=True."""
+"""salt-virt.example.sls: renders for Debian and RedHat grains (state.show_sls on real minions); its
+package, config and keys parts apply for real on this machine (config into temp copies, keys into a
+temp PKI dir), idempotently; the service and bridge parts (no systemd here, and the host's network
+must not change) run in test=True only."""
 import json
 import os
 import shutil
@@ -8,6 +10,8 @@ import tempfile
 import pytest
 
 from conftest import ROOT, start_minion
+
+REAL_PARTS = {"salt-virt-packages", "salt-virt-refresh-grains", "salt-virt-libvirtd-listen", "salt-virt-libvirtd-args", "salt-virt-keys"}
 
 
 @pytest.fixture(scope="module")
@@ -24,47 +28,59 @@ def redhat_minion(salt_master):
 
 
 def states_by_id(data):
+    assert isinstance(data, dict), data
     return {v["__id__"]: v for v in data.values()}
+
+
+def arg(rendered, state_id, key):
+    """The value of ``key`` among a rendered (show_sls) state's arguments."""
+    (fun,) = [k for k in rendered[state_id] if not k.startswith("__")]
+    return next(a[key] for a in rendered[state_id][fun] if isinstance(a, dict) and key in a)
 
 
 def test_renders_for_debian_and_redhat(salt_cli, hyper1, redhat_minion, hypervisor_sls):
     deb = salt_cli.run("state.show_sls", hypervisor_sls, minion_tgt="hyper1").data
     rh = salt_cli.run("state.show_sls", hypervisor_sls, minion_tgt="rh1").data
     assert isinstance(deb, dict) and isinstance(rh, dict), (deb, rh)
-
-    def pkgs(rendered):
-        return next(arg["pkgs"] for arg in rendered["salt-virt-packages"]["pkg"] if isinstance(arg, dict) and "pkgs" in arg)
-
-    assert "libvirt-daemon-system" in pkgs(deb) and "qemu-system-x86" in pkgs(deb)
-    assert "libvirt" in pkgs(rh) and "qemu-kvm" in pkgs(rh)
+    assert {"libvirt-daemon-system", "libvirt-clients", "qemu-system-x86", "qemu-utils", "python3-libvirt"} <= set(arg(deb, "salt-virt-packages", "pkgs"))
+    assert {"libvirt", "qemu-kvm", "qemu-img", "python3-libvirt"} <= set(arg(rh, "salt-virt-packages", "pkgs"))
     for rendered in (deb, rh):
         assert {"salt-virt-keys", "salt-virt-libvirtd-listen", "salt-virt-libvirtd", "salt-virt-bridge"} <= set(rendered)
-    assert "salt-virt-libvirtd-tls-socket" in rh  # systemd hosts: socket activation for TLS
+        assert arg(rendered, "salt-virt-keys", "basepath") == "/etc/pki"
+        assert arg(rendered, "salt-virt-libvirtd-listen", "key_values")["listen_tls"] == "1"
+        assert arg(rendered, "salt-virt-bridge", "unless") == "ip link show br0"
+    # systemd (the RedHat minion): socket activation for TLS; without systemd (this host): --listen
+    assert "salt-virt-libvirtd-tls-socket" in rh and "salt-virt-libvirtd-args" not in rh
+    assert "salt-virt-libvirtd-args" in deb and arg(deb, "salt-virt-libvirtd-args", "name") == "/etc/default/libvirtd"
+    assert "salt-virt-libvirtd-tls-socket" not in deb
 
 
 def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sls):
     tmp = tempfile.mkdtemp(prefix="svsls-", dir="/var/tmp")
     try:
-        conf = os.path.join(tmp, "libvirtd.conf")
+        conf, defaults = os.path.join(tmp, "libvirtd.conf"), os.path.join(tmp, "libvirtd.default")
         shutil.copyfile("/etc/libvirt/libvirtd.conf", conf)
-        pillar = {"salt_virt": {"libvirtd_conf": conf, "pki_basepath": os.path.join(tmp, "pki"), "manage_service": False}}
-        ret = salt_cli.run(
-            "state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", 'exclude=[{"id": "salt-virt-bridge"}]', minion_tgt="hyper1", _timeout=600
-        )
-        states = states_by_id(ret.data)
+        shutil.copyfile("/etc/default/libvirtd", defaults)
+        pillar = {"salt_virt": {"libvirtd_conf": conf, "libvirtd_defaults": defaults, "pki_basepath": os.path.join(tmp, "pki"), "manage_service": False}}
+
+        def apply(**extra):
+            cmd = ["state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", 'exclude=[{"id": "salt-virt-bridge"}]']
+            return states_by_id(salt_cli.run(*cmd, *[f"{k}={v}" for k, v in extra.items()], minion_tgt="hyper1", _timeout=600).data)
+
+        states = apply()
         assert all(s["result"] is True for s in states.values()), {k: s["comment"] for k, s in states.items()}
-        assert set(states) == {"salt-virt-packages", "salt-virt-refresh-grains", "salt-virt-libvirtd-listen", "salt-virt-keys"}
+        assert set(states) == REAL_PARTS
         text = open(conf).read()
-        assert "\nlisten_tls = 1" in text and f'ca_file = "{tmp}/pki/CA/cacert.pem"' in text
-        assert oct(os.stat(os.path.join(tmp, "pki/libvirt/private/serverkey.pem")).st_mode & 0o777) == "0o600"
-        again = states_by_id(
-            salt_cli.run("state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", 'exclude=[{"id": "salt-virt-bridge"}]', minion_tgt="hyper1").data
-        )
-        assert {k: s["changes"] for k, s in again.items() if s["changes"]} == {}
+        assert "\nlisten_tls = 1" in text and "\nlisten_tcp = 0" in text and f'ca_file = "{tmp}/pki/CA/cacert.pem"' in text
+        assert 'LIBVIRTD_ARGS="--listen"' in open(defaults).read()
+        for path, mode in (("CA/cacert.pem", 0o644), ("libvirt/servercert.pem", 0o644), ("libvirt/private/serverkey.pem", 0o600)):
+            assert oct(os.stat(os.path.join(tmp, "pki", path)).st_mode & 0o777) == oct(mode), path
+        assert {k: s["changes"] for k, s in apply().items() if s["changes"]} == {}  # idempotent
 
         pillar["salt_virt"]["manage_service"] = True
         preview = states_by_id(salt_cli.run("state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", "test=True", minion_tgt="hyper1").data)
+        assert set(preview) == REAL_PARTS | {"salt-virt-libvirtd", "salt-virt-bridge"}
         assert preview["salt-virt-bridge"]["result"] is None  # network part: test mode only
-        assert "salt-virt-libvirtd" in preview
+        assert all(preview[k]["result"] is True for k in REAL_PARTS)  # the applied parts stay as they are
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
