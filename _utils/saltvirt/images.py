@@ -28,6 +28,7 @@ import urllib.request
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import validate
+from saltvirt.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -227,19 +228,8 @@ def _read_json(path):
 
 def _write_json(path, data, mode=0o644):
     """Write ``data`` to ``path`` atomically (temp file in the same directory + rename)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    atomic_write(path, text.encode(), mode, fsync=True, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
 
 
 def _download(url, cache_dir):

@@ -10,7 +10,8 @@ import grp
 import hashlib
 import json
 import os
-import tempfile
+
+from saltvirt.fsutil import atomic_write
 
 # pillar key -> (path below basepath, mode)
 LIBVIRT_FILES = {
@@ -140,21 +141,6 @@ def _ensure_dir(d):
         os.chown(d["path"], -1, d["gid"])
 
 
-def _write(path, data, mode, gid=None):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        os.fchmod(fd, mode)
-        if gid is not None:
-            os.fchown(fd, -1, gid)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _keep_original(path):
     target = path + ORIG_SUFFIX
     n = 1
@@ -184,9 +170,9 @@ def apply(todo):
             if f["gid"] is not None:
                 os.chown(f["path"], -1, f["gid"])
         else:
-            _write(f["path"], f["content"].encode(), f["mode"], f["gid"])
+            atomic_write(f["path"], f["content"].encode(), f["mode"], f["gid"])
     if todo["manifest"] != todo["old_manifest"]:
-        _write(os.path.join(todo["base"], MANIFEST), json.dumps(todo["manifest"], indent=1, sort_keys=True).encode(), 0o600)
+        atomic_write(os.path.join(todo["base"], MANIFEST), json.dumps(todo["manifest"], indent=1, sort_keys=True).encode(), 0o600)
 
 
 def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, replace_foreign=False):

@@ -23,7 +23,6 @@ import datetime
 import fcntl
 import ipaddress
 import os
-import tempfile
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -31,6 +30,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.fsutil import atomic_write
 
 KINDS = ("server", "client")
 KEY_TYPES = ("rsa", "ec")
@@ -55,18 +56,8 @@ def _mkdir_private(path):
 
 def _write(path, data, mode):
     """Atomic write with the final mode from the start (no window where a key is world-readable)."""
-    directory = os.path.dirname(path)
-    _mkdir_private(directory)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _mkdir_private(os.path.dirname(path))
+    atomic_write(path, data, mode)
 
 
 def _read(path):
