@@ -13,17 +13,7 @@ pip_q() {
 }
 if [ ! -f "$STAMP" ]; then
   log "building $VENV (saltext-virt==0.1.0)"
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  pip_q --upgrade pip setuptools wheel
-  pip_q --no-deps salt==3008.5
-  "$VENV/bin/python" - > "$VENV/salt-deps.txt" <<'PY'
-from importlib.metadata import requires
-for r in requires("salt"):
-    if "extra ==" not in r:
-        print(r.replace("certifi>=2026.10.23", "certifi>=2026.10.18"))
-PY
-  pip_q -r "$VENV/salt-deps.txt" libvirt-python==12.8.0
+  bash "$(dirname "$0")/../scripts/salt-venv.sh" "$VENV" libvirt-python==12.8.0
   # saltext-virt pins "salt>=..." only; --no-deps keeps our salt 3008.5, its other deps come next.
   pip_q --no-deps saltext-virt==0.1.0
   "$VENV/bin/python" - > "$VENV/saltext-deps.txt" <<'PY'

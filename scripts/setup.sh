@@ -36,24 +36,9 @@ if [ -c /dev/kvm ] && getent group kvm >/dev/null; then chgrp kvm /dev/kvm && ch
 # Rebuilt only when requirements-test.txt or VENV_LAYOUT changes.
 VENV_LAYOUT=1
 REQ_HASH=$( (cat "$HERE/requirements-test.txt"; echo "$VENV_LAYOUT") | sha256sum | cut -c1-16)
-pip_q() {  # pip without the noise of this machine's pip.conf (missing local find-links dirs)
-  "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 \
-    | { grep -v -e 'is ignored: it is neither' -e 'dependency resolver does not currently' \
-          -e 'requires certifi>=2026.10.23' >&2 || true; }
-}
 if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
   log "building venv $VENV"
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  pip_q --upgrade pip setuptools wheel
-  pip_q --no-deps salt==3008.5
-  "$VENV/bin/python" - > "$VENV/salt-deps.txt" <<'PY'
-from importlib.metadata import requires
-for r in requires("salt"):
-    if "extra ==" not in r:
-        print(r.replace("certifi>=2026.10.23", "certifi>=2026.10.18"))
-PY
-  pip_q -r "$VENV/salt-deps.txt" -r "$HERE/requirements-test.txt"
+  bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
   "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
