@@ -1,5 +1,6 @@
 """pip install . -> the ``saltvirt`` library plus the Salt loader directories, registered through the
 ``salt.loader`` entry point (see _utils/saltvirt/loader.py)."""
+
 from setuptools import setup
 
 EXT_DIRS = {

@@ -3,6 +3,7 @@
 The ``libvirt`` ext_pillar hands TLS certificates to these minions by default.
 
 Set ``virt_hypervisor: False`` (or True) in the minion config to decide it yourself."""
+
 import shutil
 
 DAEMONS = ("libvirtd", "virtqemud")

@@ -13,6 +13,7 @@ Configuration (minion config, grains or pillar, read with ``config.get``)::
       nic: {default: [...]}      # NIC profiles   (see saltvirt.spec)
       disk: {default: [...]}     # disk profiles
 """
+
 import contextlib
 import logging
 import os
@@ -661,7 +662,18 @@ def _netpool():
     return netpool
 
 
-def network_define(name, bridge=None, forward="nat", ip=None, netmask=None, dhcp_start=None, dhcp_end=None, autostart=False, start=False, connection=None):
+def network_define(
+    name,
+    bridge=None,
+    forward="nat",
+    ip=None,
+    netmask=None,
+    dhcp_start=None,
+    dhcp_end=None,
+    autostart=False,
+    start=False,
+    connection=None,
+):
     """
     Define a virtual network (``forward``: nat, route, open, bridge (onto an existing ``bridge``) or
     none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``, with an optional DHCP range).

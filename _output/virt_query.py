@@ -161,7 +161,9 @@ def _created(data):
         lines.append(f"  Not on {t['host']}: {t['outcome']}: {t.get('error')}")
     key = data.get("key")
     if key:
-        lines.append(f"  Key: minion {key['minion_id']} {key['state']} on the master (sha256 of minion.pub {key['fingerprint'][:16]}...)")
+        lines.append(
+            f"  Key: minion {key['minion_id']} {key['state']} on the master (sha256 of minion.pub {key['fingerprint'][:16]}...)"
+        )
     for warning in data.get("warnings") or []:
         lines.append(f"  WARNING: {warning}")
     seed = (data.get("init") or {}).get("seed")

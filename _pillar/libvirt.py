@@ -42,6 +42,7 @@ nodegroups) and set ``san_from_grains: false`` with the names in ``extra_sans``.
 ask for an ext_pillar with its own configuration (``pillar.ext``, allowed for ``libvirt`` by Salt's
 default ``on_demand_ext_pillar``): this module refuses such calls. See pki/README.md.
 """
+
 import ipaddress
 import logging
 import os
@@ -62,8 +63,18 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{pillar,utils/salt
 log = logging.getLogger(__name__)
 __virtualname__ = "libvirt"
 DEFAULT_TARGET = "G@virt_hypervisor:True"
-CONFIG_KEYS = ("target", "tgt_type", "ca_dir", "days", "renew_days", "ca_days", "key_type", "key_size",
-               "san_from_grains", "extra_sans")
+CONFIG_KEYS = (
+    "target",
+    "tgt_type",
+    "ca_dir",
+    "days",
+    "renew_days",
+    "ca_days",
+    "key_type",
+    "key_size",
+    "san_from_grains",
+    "extra_sans",
+)
 NOT_HOST_NAMES = ("localhost", "localhost.localdomain", "localhost6", "localhost6.localdomain6")
 
 
@@ -152,7 +163,8 @@ def ext_pillar(minion_id, pillar, *args, **config):
         log.warning(
             "libvirt ext_pillar: refused a request from minion %s with its own configuration (pillar.ext); "
             "certificates come only from the master's ext_pillar configuration. Remove 'libvirt' from "
-            "on_demand_ext_pillar in the master config.", minion_id,
+            "on_demand_ext_pillar in the master config.",
+            minion_id,
         )
         return {}
     if args:

@@ -47,6 +47,7 @@ open it. Each hypervisor tried gets its own fresh key pair: a VM created late by
 did not answer in time holds a key the master does not accept (and ``virt.*`` actions on that name
 then refuse the ambiguity until one copy is purged).
 """
+
 import collections
 import logging
 import os
@@ -76,7 +77,10 @@ _MACHINE_OUTPUTS = ("json", "yaml", "raw", "pprint", "quiet", "no_return", "txt"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)"
+        return (
+            False,
+            "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)",
+        )
     return __virtualname__
 
 
@@ -367,7 +371,9 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
     except SaltException as exc:
         return _failed(exc)
     if ans["status"] != "up":
-        return _failed(fleet.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid))
+        return _failed(
+            fleet.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid)
+        )
     return _out({"name": name, "host": where, "result": ans["ret"]})
 
 
@@ -469,8 +475,18 @@ def _migration_opts(tunnel):
     return validate.to_bool(conf.get("tunnel", False) if tunnel is None else tunnel), timeout
 
 
-def migrate(name, target, host=None, live=True, tunnel=None, copy_storage=None, max_downtime=None,
-            max_bandwidth=None, tgt=None, tgt_type=None):
+def migrate(
+    name,
+    target,
+    host=None,
+    live=True,
+    tunnel=None,
+    copy_storage=None,
+    max_downtime=None,
+    max_bandwidth=None,
+    tgt=None,
+    tgt_type=None,
+):
     """
     Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
     runner finds the VM's hypervisor, asks the target to prepare (storage it shares with the source
@@ -509,8 +525,15 @@ def migrate(name, target, host=None, live=True, tunnel=None, copy_storage=None, 
         with _client() as client:
             remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
             return relocate.migrate(
-                remote, name, target, source=host, live=validate.to_bool(live), tunnel=tunnel,
-                copy_storage=copy_storage or None, max_downtime=max_downtime, max_bandwidth=max_bandwidth,
+                remote,
+                name,
+                target,
+                source=host,
+                live=validate.to_bool(live),
+                tunnel=tunnel,
+                copy_storage=copy_storage or None,
+                max_downtime=max_downtime,
+                max_bandwidth=max_bandwidth,
                 timeout=timeout,
             )
     except SaltException as exc:
@@ -543,8 +566,15 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with _client() as client:
             remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
-            ret = relocate.evacuate(remote, host, pol, live=validate.to_bool(live), tunnel=tunnel,
-                                    dry_run=validate.to_bool(dry_run), timeout=timeout)
+            ret = relocate.evacuate(
+                remote,
+                host,
+                pol,
+                live=validate.to_bool(live),
+                tunnel=tunnel,
+                dry_run=validate.to_bool(dry_run),
+                timeout=timeout,
+            )
     except SaltException as exc:
         return _failed(exc)
     if ret.get("failed") or ret.get("cannot_place"):

@@ -3,6 +3,7 @@ States for libvirt hypervisors and their VMs: ``virt.keys`` (libvirt TLS files f
 pillar), VMs (``running``, ``defined``, ``stopped``, ``powered_off``, ``rebooted``, ``absent``),
 networks and storage pools. The logic lives in the ``saltvirt`` library.
 """
+
 import os
 import sys
 
@@ -63,7 +64,14 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
 
 # VMs -----------------------------------------------------------------------------------------------
 # What an existing VM is held to when the state does not say otherwise: virt.init's own defaults.
-MANAGED_DEFAULTS = {"nic": "default", "disk": "default", "disks": None, "interfaces": None, "enable_vnc": False, "graphics": None}
+MANAGED_DEFAULTS = {
+    "nic": "default",
+    "disk": "default",
+    "disks": None,
+    "interfaces": None,
+    "enable_vnc": False,
+    "graphics": None,
+}
 UPDATE_ARGS = tuple(MANAGED_DEFAULTS) + ("image", "enable_qcow", "connection")
 
 
@@ -91,9 +99,13 @@ def _check_args(kwargs):
     known = set(salt.utils.args.get_function_argspec(__salt__["virt.init"]).args) - {"name", "cpu", "mem", "start"}
     unknown = sorted(set(kwargs) - known)
     if "start" in unknown:
-        raise SaltInvocationError("start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not")
+        raise SaltInvocationError(
+            "start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not"
+        )
     if unknown:
-        raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)}: virt.running/defined take the arguments of virt.init")
+        raise SaltInvocationError(
+            f"unknown argument(s) {', '.join(unknown)}: virt.running/defined take the arguments of virt.init"
+        )
 
 
 def _image_format(image, saltenv, test):
@@ -164,12 +176,22 @@ def _update(ret, name, cpu, mem, start, state, kwargs):
     parts = [f"VM {name} " + (("would be updated" if test else "updated") if updated else "is as declared")]
     for key, text in (("live", "apply live"), ("restart", "need restart"), ("definition", "apply to the definition")):
         if done.get(key):
-            label = f"{would}{text}" if test else {"live": "applied live", "restart": "needs restart", "definition": "applied to the definition"}[key]
+            label = (
+                f"{would}{text}"
+                if test
+                else {"live": "applied live", "restart": "needs restart", "definition": "applied to the definition"}[
+                    key
+                ]
+            )
             if key == "definition":
                 label += " (takes effect when the VM starts)" if not starting else ""
             parts.append(f"{label}: {', '.join(done[key])}")
     if starting:
-        parts.append(f"{would}{'resume' if state == 'paused' else 'start'} it" if test else f"{'resumed' if state == 'paused' else 'started'} it")
+        parts.append(
+            f"{would}{'resume' if state == 'paused' else 'start'} it"
+            if test
+            else f"{'resumed' if state == 'paused' else 'started'} it"
+        )
         if not test:
             __salt__["virt.resume" if state == "paused" else "virt.start"](name, connection=connection)
     elif upd.get("pending_restart"):
@@ -246,7 +268,12 @@ def _power(name, wanted, action, connection, **args):
         if state in wanted:
             return dict(ret, comment=f"VM {name} is already {state}")
         if __opts__["test"]:
-            return dict(ret, result=None, changes={"state": {"old": state, "new": wanted[0]}}, comment=f"VM {name} would be {wanted[0]}")
+            return dict(
+                ret,
+                result=None,
+                changes={"state": {"old": state, "new": wanted[0]}},
+                comment=f"VM {name} would be {wanted[0]}",
+            )
         done = __salt__[action](name, connection=connection, **args)
         if done["state"] != state:
             ret["changes"] = {"state": {"old": state, "new": done["state"]}}
@@ -305,7 +332,9 @@ def rebooted(name, hard=False, connection=None):
     try:
         state = _vm_state(name, connection)
         if state != "running":
-            return dict(ret, result=False, comment=f"VM {name} is {state or 'not defined'}: only a running VM can reboot")
+            return dict(
+                ret, result=False, comment=f"VM {name} is {state or 'not defined'}: only a running VM can reboot"
+            )
         how = "reset" if hard else "asked to reboot (ACPI; a guest that ignores it needs hard: True)"
         if __opts__["test"]:
             return dict(ret, result=None, changes={"rebooted": True}, comment=f"VM {name} would be {how}")
@@ -335,7 +364,11 @@ def absent(name, remove_disks=False, connection=None):
         state = _vm_state(name, connection)
         if state is None:
             return dict(ret, comment=f"VM {name} is not defined")
-        change = {"old": state, "new": "absent", "disks": "removed (the files salt-virt created for it)" if remove_disks else "kept"}
+        change = {
+            "old": state,
+            "new": "absent",
+            "disks": "removed (the files salt-virt created for it)" if remove_disks else "kept",
+        }
         if __opts__["test"]:
             return dict(ret, result=None, changes={"vm": change}, comment=f"VM {name} would be removed")
         if remove_disks:
@@ -345,7 +378,9 @@ def absent(name, remove_disks=False, connection=None):
             if state != "shutoff":
                 __salt__["virt.destroy"](name, connection=connection)
             __salt__["virt.undefine"](name, connection=connection)
-        return dict(ret, changes={"vm": change}, comment=f"VM {name} removed" + ("" if remove_disks else ", its disks kept"))
+        return dict(
+            ret, changes={"vm": change}, comment=f"VM {name} removed" + ("" if remove_disks else ", its disks kept")
+        )
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))
 
@@ -362,7 +397,12 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
             done = netpool.ensure(conn, kind, spec, autostart=autostart, run=run, test=__opts__["test"])
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))
-    return dict(ret, changes=done["changes"], comment=done["comment"], result=None if __opts__["test"] and done["changes"] else True)
+    return dict(
+        ret,
+        changes=done["changes"],
+        comment=done["comment"],
+        result=None if __opts__["test"] and done["changes"] else True,
+    )
 
 
 def _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end):
@@ -371,7 +411,17 @@ def _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end):
     return lambda: netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
 
 
-def network_defined(name, bridge=None, forward="nat", ip=None, netmask=None, dhcp_start=None, dhcp_end=None, autostart=True, connection=None):
+def network_defined(
+    name,
+    bridge=None,
+    forward="nat",
+    ip=None,
+    netmask=None,
+    dhcp_start=None,
+    dhcp_end=None,
+    autostart=True,
+    connection=None,
+):
     """
     A libvirt virtual network with this definition exists (``forward``: nat, route, open, bridge onto
     an existing host ``bridge``, or none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``; an
@@ -387,10 +437,27 @@ def network_defined(name, bridge=None, forward="nat", ip=None, netmask=None, dhc
             - dhcp_start: 10.50.0.10
             - dhcp_end: 10.50.0.99
     """
-    return _object_state("network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, False, connection)
+    return _object_state(
+        "network",
+        name,
+        _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end),
+        autostart,
+        False,
+        connection,
+    )
 
 
-def network_running(name, bridge=None, forward="nat", ip=None, netmask=None, dhcp_start=None, dhcp_end=None, autostart=True, connection=None):
+def network_running(
+    name,
+    bridge=None,
+    forward="nat",
+    ip=None,
+    netmask=None,
+    dhcp_start=None,
+    dhcp_end=None,
+    autostart=True,
+    connection=None,
+):
     """
     Like ``virt.network_defined``, and the network is started.
 
@@ -401,7 +468,9 @@ def network_running(name, bridge=None, forward="nat", ip=None, netmask=None, dhc
             - forward: bridge
             - bridge: br0
     """
-    return _object_state("network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, True, connection)
+    return _object_state(
+        "network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, True, connection
+    )
 
 
 def _pool(name, ptype, target):

@@ -11,6 +11,7 @@ is the time to then flush the new file to disk, measured separately.
 
     bench/run --only clone            # or: $VENV/bin/python bench/bench_clone.py [--quick]
 """
+
 import argparse
 import json
 import os
@@ -42,8 +43,16 @@ def make_base(path, size_mib):
 
 def clone_once(src, dst, overlay, fmt):
     """One clone in a fresh process of our venv (bench/worker.py, mode clone) + its fsync time."""
-    spec = {"mode": "clone", "utils_path": str(common.ROOT / "_utils"), "src": src, "dest_dir": os.path.dirname(dst),
-            "overlay": overlay, "fmt": fmt, "reps": 1, "fsync": True}
+    spec = {
+        "mode": "clone",
+        "utils_path": str(common.ROOT / "_utils"),
+        "src": src,
+        "dest_dir": os.path.dirname(dst),
+        "overlay": overlay,
+        "fmt": fmt,
+        "reps": 1,
+        "fsync": True,
+    }
     return common.run_worker(common.py(common.OUR_VENV), spec, timeout=1800)
 
 
@@ -59,8 +68,14 @@ def main(argv=None):
     try:
         from saltvirt import images  # noqa: F401 - only to fail early and clearly
     except ImportError as exc:
-        common.emit("clone", {"title": "2. clone time vs image size", "tables": [],
-                              "notes": [f"PENDING: saltvirt.images is not importable yet ({exc})"]})
+        common.emit(
+            "clone",
+            {
+                "title": "2. clone time vs image size",
+                "tables": [],
+                "notes": [f"PENDING: saltvirt.images is not importable yet ({exc})"],
+            },
+        )
         return 1
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
     load0 = common.loadavg()
@@ -68,7 +83,10 @@ def main(argv=None):
     results, errors = {}, []
     try:
         for size in cfg["sizes_mib"]:
-            base_raw, base_qcow2 = os.path.join(workdir, f"base-{size}.raw"), os.path.join(workdir, f"base-{size}.qcow2")
+            base_raw, base_qcow2 = (
+                os.path.join(workdir, f"base-{size}.raw"),
+                os.path.join(workdir, f"base-{size}.qcow2"),
+            )
             log(f"clone: writing a {size} MiB base image")
             t0 = time.perf_counter()
             make_base(base_raw, size)
@@ -95,8 +113,12 @@ def main(argv=None):
                     chain = ans["chain"]
                 if overlay and chain and (chain["depth"] != 1 or chain["backing"] != src):
                     errors.append(f"{size} MiB {label}: overlay not flat: {json.dumps(chain)}")
-                results[(size, label)] = {"time": common.summary(times), "fsync": common.summary(fsyncs),
-                                          "chain": chain, "actual": chain and chain["actual_size"]}
+                results[(size, label)] = {
+                    "time": common.summary(times),
+                    "fsync": common.summary(fsyncs),
+                    "chain": chain,
+                    "actual": chain and chain["actual_size"],
+                }
             st = os.stat(base_raw)
             results[(size, "_base")] = {"prep_s": prep, "raw_allocated_mib": st.st_blocks * 512 / MIB}
             os.unlink(base_raw)
@@ -135,12 +157,18 @@ def main(argv=None):
         f"Time relative to the {sizes_hdr[0]} image (size grows {cfg['sizes_mib'][-1] // cfg['sizes_mib'][0]}x):\n\n"
         + common.table(["clone"] + sizes_hdr, growth),
     ]
-    bases = [f"{s} MiB base: {results[(s, '_base')]['raw_allocated_mib']:.0f} MiB allocated (raw), made in "
-             f"{results[(s, '_base')]['prep_s']:.1f} s" for s in cfg["sizes_mib"] if (s, "_base") in results]
-    result = {"title": "2. clone time vs image size", "tables": tables,
-              "rows": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
-              "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + bases
-              + [f"ERROR {e}" for e in errors]}
+    bases = [
+        f"{s} MiB base: {results[(s, '_base')]['raw_allocated_mib']:.0f} MiB allocated (raw), made in "
+        f"{results[(s, '_base')]['prep_s']:.1f} s"
+        for s in cfg["sizes_mib"]
+        if (s, "_base") in results
+    ]
+    result = {
+        "title": "2. clone time vs image size",
+        "tables": tables,
+        "rows": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+        "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + bases + [f"ERROR {e}" for e in errors],
+    }
     common.emit("clone", result)
     return 1 if errors else 0
 

@@ -11,6 +11,7 @@ cost for both stacks); its peak RSS is getrusage(RUSAGE_CHILDREN).
 
     bench/run --only fleet            # or: $VENV/bin/python bench/bench_fleet.py [--quick]
 """
+
 import argparse
 import concurrent.futures
 import json
@@ -82,30 +83,56 @@ class Stack:
         self.ret_port = ret
         common_cfg = {"user": "root", "log_level": "quiet", "log_level_logfile": "warning"}
         self.conf = os.path.join(self.base, "master")
-        master = dict(common_cfg, root_dir=self.conf, interface="127.0.0.1", publish_port=publish, ret_port=ret,
-                      auto_accept=True, runner_dirs=self.runner_dirs, log_file=os.path.join(self.base, "master.log"),
-                      file_roots={"base": [os.path.join(self.base, "srv")]}, worker_threads=5)
+        master = dict(
+            common_cfg,
+            root_dir=self.conf,
+            interface="127.0.0.1",
+            publish_port=publish,
+            ret_port=ret,
+            auto_accept=True,
+            runner_dirs=self.runner_dirs,
+            log_file=os.path.join(self.base, "master.log"),
+            file_roots={"base": [os.path.join(self.base, "srv")]},
+            worker_threads=5,
+        )
         master.update(self.master_extra)
         self._write(os.path.join(self.conf, "master"), master)
         self.minion_confs = []
         for mid, uri in zip(self.minion_ids, self.nodes):
             d = os.path.join(self.base, mid)
-            self._write(os.path.join(d, "minion"), dict(
-                common_cfg, id=mid, root_dir=d, master="127.0.0.1", master_port=ret, publish_port=publish,
-                module_dirs=self.module_dirs, multiprocessing=False, acceptance_wait_time=1, log_file=os.path.join(d, "minion.log"),
-                grains={"virt_hypervisor": True, "virtual": "physical"},
-                virt={"connection": {"uri": uri}, "images": os.path.join(d, "images")}))
+            self._write(
+                os.path.join(d, "minion"),
+                dict(
+                    common_cfg,
+                    id=mid,
+                    root_dir=d,
+                    master="127.0.0.1",
+                    master_port=ret,
+                    publish_port=publish,
+                    module_dirs=self.module_dirs,
+                    multiprocessing=False,
+                    acceptance_wait_time=1,
+                    log_file=os.path.join(d, "minion.log"),
+                    grains={"virt_hypervisor": True, "virtual": "physical"},
+                    virt={"connection": {"uri": uri}, "images": os.path.join(d, "images")},
+                ),
+            )
             self.minion_confs.append(d)
 
     def _spawn(self, tool, conf):
-        proc = subprocess.Popen([os.path.join(self.bin, tool), "-c", conf], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [os.path.join(self.bin, tool), "-c", conf],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
     def cli(self, tool, *args, timeout=1800):
-        return subprocess.run([os.path.join(self.bin, tool), "-c", self.conf, *args], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [os.path.join(self.bin, tool), "-c", self.conf, *args], capture_output=True, text=True, timeout=timeout
+        )
 
     def start(self, timeout=300):
         self.configure()
@@ -195,14 +222,27 @@ def timed(stack, *args, timeout=1800):
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     data = last_json(stdout)
-    return {"wall": wall, "maxrss_kib": usage.ru_maxrss, "rc": proc.returncode,
-            "counted": count_vms(stack.name, data), "tail": (stderr or stdout)[-600:]}
+    return {
+        "wall": wall,
+        "maxrss_kib": usage.ru_maxrss,
+        "rc": proc.returncode,
+        "counted": count_vms(stack.name, data),
+        "tail": (stderr or stdout)[-600:],
+    }
 
 
 COMMANDS = {
     "salt-run virt.query": ("salt-run", "virt.query", "--out=json"),
-    "salt -G virtual:physical virt.full_info": ("salt", "-G", "virtual:physical", "virt.full_info", "--out=json",
-                                                "--static", "-t", "900"),
+    "salt -G virtual:physical virt.full_info": (
+        "salt",
+        "-G",
+        "virtual:physical",
+        "virt.full_info",
+        "--out=json",
+        "--static",
+        "-t",
+        "900",
+    ),
 }
 
 
@@ -221,12 +261,19 @@ def main(argv=None):
     load0 = common.loadavg()
     workdir = tempfile.mkdtemp(prefix="svf", dir="/tmp")  # short: unix socket paths < 107 bytes
     os.chmod(workdir, 0o755)
-    nodes = [nodexml.write_node(os.path.join(workdir, "nodes"), cfg["domains"], prefix=f"h{i:02d}vm")
-             for i in range(cfg["minions"])]
+    nodes = [
+        nodexml.write_node(os.path.join(workdir, "nodes"), cfg["domains"], prefix=f"h{i:02d}vm")
+        for i in range(cfg["minions"])
+    ]
     saltext_mods = common.saltext_module_dir("modules")
     stacks = [
-        ("salt-virt", common.OUR_VENV, [str(common.ROOT / "_runners")], [str(common.ROOT / "_modules")],
-         {"virt": {"hypervisors": {"max_wait": 900}}}),
+        (
+            "salt-virt",
+            common.OUR_VENV,
+            [str(common.ROOT / "_runners")],
+            [str(common.ROOT / "_modules")],
+            {"virt": {"hypervisors": {"max_wait": 900}}},
+        ),
         ("saltext-virt", common.SALTEXT_VENV, [common.saltext_module_dir("runners")], [saltext_mods], {}),
     ]
     results, errors = {}, []
@@ -281,17 +328,21 @@ def main(argv=None):
         if mem:
             hwm = [v["hwm_after"] for v in mem.values() if v["hwm_after"]]
             growth = [v["hwm_after"] - v["rss_before"] for v in mem.values() if v["hwm_after"] and v["rss_before"]]
-            mem_rows.append([name, common.fmt_mib(max(hwm) if hwm else None),
-                             common.fmt_mib(max(growth) if growth else None)])
+            mem_rows.append(
+                [name, common.fmt_mib(max(hwm) if hwm else None), common.fmt_mib(max(growth) if growth else None)]
+            )
     tables = [
         f"{cfg['minions']} minions x {cfg['domains']} domains (test driver), whole command, median (min–max, n)\n\n"
         + common.table(["command", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt"], body),
         "Minion memory after all queries (largest minion process)\n\n"
         + common.table(["stack", "peak RSS (VmHWM)", "growth over RSS before the queries"], mem_rows),
     ]
-    result = {"title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
-              "tables": tables, "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
-              "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors]}
+    result = {
+        "title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
+        "tables": tables,
+        "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+        "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors],
+    }
     common.emit("fleet", result)
     return 1 if any(e.startswith("salt-virt") for e in errors) else 0
 

@@ -12,6 +12,7 @@ files removed after its call (untimed).
 
     bench/run --only init             # or: $VENV/bin/python bench/bench_init.py [--quick]
 """
+
 import argparse
 import os
 import shutil
@@ -38,8 +39,13 @@ VARIANTS = [
 
 def guest_files():
     g = common.GUEST
-    return {"kernel": str(g / "vmlinuz"), "initrd": str(g / "initrd.img"), "raw": str(g / "disk.raw"),
-            "qcow2": str(g / "disk.qcow2"), "cmdline": "console=ttyS0 quiet"}
+    return {
+        "kernel": str(g / "vmlinuz"),
+        "initrd": str(g / "initrd.img"),
+        "raw": str(g / "disk.raw"),
+        "qcow2": str(g / "disk.qcow2"),
+        "cmdline": "console=ttyS0 quiet",
+    }
 
 
 # disk mode -> (overlay?, start?, variants to run). "define" isolates the tools' own overhead from
@@ -47,9 +53,16 @@ def guest_files():
 MODES = {
     "overlay": (True, True, None),
     "copy": (False, True, None),
-    "define": (False, False, {"raw libvirt-python (floor)", "salt-virt virt.init seed=False",
-                              "saltext-virt 0.1.0 virt.init seed=False",
-                              "salt-virt virt.init seed=False, type auto-detected"}),
+    "define": (
+        False,
+        False,
+        {
+            "raw libvirt-python (floor)",
+            "salt-virt virt.init seed=False",
+            "saltext-virt 0.1.0 virt.init seed=False",
+            "salt-virt virt.init seed=False, type auto-detected",
+        },
+    ),
 }
 TITLES = {
     "overlay": "qcow2 overlay on the guest's qcow2 disk, define + start",
@@ -58,7 +71,10 @@ TITLES = {
 }
 
 
-QUICK_SKIP = {"salt-virt virt.init seed=False, type auto-detected", "salt-virt virt.init seed=False, no minion event bus"}
+QUICK_SKIP = {
+    "salt-virt virt.init seed=False, type auto-detected",
+    "salt-virt virt.init seed=False, no minion event bus",
+}
 
 
 def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), skip=(), warm=True):
@@ -75,9 +91,21 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
         # warm-up, untimed: a fresh libvirtd probes QEMU's capabilities at its first domain start (seconds)
         log("init: warm-up (libvirtd probes QEMU once)" if warm else "init: no warm-up (--quick)")
         if warm:
-            warm = common.run_worker(impls["salt-virt"]["python"], {
-                "mode": "init", "impl": "raw", "uri": hv.uri, "images_dir": images_dir, "guest": guest_files(),
-                "overlay": True, "image_format": "raw", "reps": 2, "prefix": "warm"}, timeout=600)
+            warm = common.run_worker(
+                impls["salt-virt"]["python"],
+                {
+                    "mode": "init",
+                    "impl": "raw",
+                    "uri": hv.uri,
+                    "images_dir": images_dir,
+                    "guest": guest_files(),
+                    "overlay": True,
+                    "image_format": "raw",
+                    "reps": 2,
+                    "prefix": "warm",
+                },
+                timeout=600,
+            )
             if not warm.get("ok") or warm.get("errors"):
                 raise RuntimeError(f"warm-up VM failed: {warm.get('error') or warm.get('errors')}")
             import libvirt  # and libvirtd builds its host capabilities once (~4 s here), on the first ask
@@ -92,9 +120,16 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
                     if (only and label not in only) or label in skip:
                         continue
                     spec = {
-                        "mode": "init", "impl": impl_name, "uri": hv.uri, "images_dir": images_dir,
-                        "guest": guest_files(), "overlay": overlay, "start": start, "image_format": "raw",
-                        "reps": reps, "prefix": f"b{len(answers) % 100}x{p}i",
+                        "mode": "init",
+                        "impl": impl_name,
+                        "uri": hv.uri,
+                        "images_dir": images_dir,
+                        "guest": guest_files(),
+                        "overlay": overlay,
+                        "start": start,
+                        "image_format": "raw",
+                        "reps": reps,
+                        "prefix": f"b{len(answers) % 100}x{p}i",
                         "virt": {"connection": {"uri": hv.uri}, "images": images_dir},
                         "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
                     }
@@ -126,12 +161,26 @@ def render(answers):
             if label.startswith("raw"):
                 floor = st and st["median"]
             med = st and st["median"]
-            body.append([label, common.fmt_stat(st), f"**{common.ratio(med, floor)}**" if med else "—",
-                         common.fmt_s(common.summary(firsts)["median"]) if firsts else "—",
-                         f"{len(errs)} failed" if errs else "ok"])
+            body.append(
+                [
+                    label,
+                    common.fmt_stat(st),
+                    f"**{common.ratio(med, floor)}**" if med else "—",
+                    common.fmt_s(common.summary(firsts)["median"]) if firsts else "—",
+                    f"{len(errs)} failed" if errs else "ok",
+                ]
+            )
             sample = next((a["results"][0] for a in ok if a.get("results")), None)
-            rows_json.append({"mode": mode, "variant": label, "times": st, "first_call": common.summary(firsts),
-                              "errors": errs[:3], "sample": sample})
+            rows_json.append(
+                {
+                    "mode": mode,
+                    "variant": label,
+                    "times": st,
+                    "first_call": common.summary(firsts),
+                    "errors": errs[:3],
+                    "sample": sample,
+                }
+            )
             if isinstance(sample, dict) and sample.get("seed"):
                 label = f"{label} ({sample['seed'].get('backend')})"
                 body[-1][0] = label
@@ -139,8 +188,10 @@ def render(answers):
                 errors.append(f"{mode} / {label}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
         if not body:
             continue
-        tables.append(f"**{TITLES[mode]}** — median (min–max, n)\n\n" + common.table(
-            ["variant", "time", "vs floor", "first call in a process", "status"], body))
+        tables.append(
+            f"**{TITLES[mode]}** — median (min–max, n)\n\n"
+            + common.table(["variant", "time", "vs floor", "first call in a process", "status"], body)
+        )
     return tables, errors, rows_json
 
 
@@ -155,15 +206,24 @@ def main(argv=None):
     os.chmod(workdir, 0o755)
     load0 = common.loadavg()
     try:
-        answers = run(procs, reps, workdir, lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
-                      disk_modes=("overlay",) if args.quick else tuple(MODES), skip=QUICK_SKIP if args.quick else (),
-                      warm=not args.quick)
+        answers = run(
+            procs,
+            reps,
+            workdir,
+            lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+            disk_modes=("overlay",) if args.quick else tuple(MODES),
+            skip=QUICK_SKIP if args.quick else (),
+            warm=not args.quick,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     tables, errors, rows = render(answers)
-    result = {"title": "1. virt.init vs raw libvirt vs saltext-virt (real libvirtd, TCG)", "rows": rows,
-              "tables": tables, "notes": [f"load average before/after: {load0} / {common.loadavg()}"] +
-              [f"FAILED {e}" for e in errors]}
+    result = {
+        "title": "1. virt.init vs raw libvirt vs saltext-virt (real libvirtd, TCG)",
+        "rows": rows,
+        "tables": tables,
+        "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"FAILED {e}" for e in errors],
+    }
     common.emit("init", result)
     # the competitor's failures are results, not a failure of this script; ours are
     return 1 if any("salt-virt" in e.split(" / ")[1][:10] or "raw" in e.split(" / ")[1][:4] for e in errors) else 0

@@ -8,6 +8,7 @@ hosts (in its own venv, its runner module file loaded as plain Python: the funct
 
     bench/run --only placement        # or: $VENV/bin/python bench/bench_placement.py [--quick]
 """
+
 import argparse
 import json
 import os
@@ -35,8 +36,12 @@ def synthetic_hosts(count, vms_per_host=20, seed=42):
         cpus = rnd.choice([16, 32, 64, 128])
         vm_info = {}
         for j in range(rnd.randint(0, vms_per_host)):
-            vm_info[f"vm{i:05d}-{j:02d}"] = {"group": rnd.choice([None, None, "web", "db", "cache"]),
-                                             "state": "running", "cpu": 2, "mem": 4096}
+            vm_info[f"vm{i:05d}-{j:02d}"] = {
+                "group": rnd.choice([None, None, "web", "db", "cache"]),
+                "state": "running",
+                "cpu": 2,
+                "mem": 4096,
+            }
         hosts[hid] = {
             "status": "up",
             "host": {
@@ -80,8 +85,13 @@ def saltext_determine_host(hosts, reps):
         h = ans["host"]
         data[hid] = {"freemem": h["mem_total"] - h["mem_used_by_vms"] - 256, "vm_info": ans["vm_info"]}
     runner = os.path.join(common.saltext_module_dir("runners"), "virt.py")
-    out = subprocess.run([common.py(common.SALTEXT_VENV), "-c", SALTEXT_SNIPPET, runner, str(reps)],
-                         input=json.dumps(data), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [common.py(common.SALTEXT_VENV), "-c", SALTEXT_SNIPPET, runner, str(reps)],
+        input=json.dumps(data),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -92,14 +102,18 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from saltvirt import placement
 
-    counts = [int(c) for c in args.hosts.split(",")] if args.hosts else ([10, 100] if args.quick else [100, 1000, 10000])
+    counts = (
+        [int(c) for c in args.hosts.split(",")] if args.hosts else ([10, 100] if args.quick else [100, 1000, 10000])
+    )
     load0 = common.loadavg()
     rows, details = [], {}
     for count in counts:
         hosts = synthetic_hosts(count)
         reps = 3 if args.quick else max(5, min(200, 200_000 // count))
-        cases = {"1 vCPU / 2 GiB": dict(cpu=1, mem=2048, disk_mib=10240),
-                 "4 vCPU / 16 GiB, group web": dict(cpu=4, mem=16384, disk_mib=40960, group="web")}
+        cases = {
+            "1 vCPU / 2 GiB": dict(cpu=1, mem=2048, disk_mib=10240),
+            "4 vCPU / 16 GiB, group web": dict(cpu=4, mem=16384, disk_mib=40960, group="web"),
+        }
         for label, req_args in cases.items():
             times, result = [], None
             for _ in range(reps):
@@ -109,20 +123,44 @@ def main(argv=None):
                 result = placement.rank(hosts, req, pol)
                 times.append(time.perf_counter() - t0)
             st = common.summary(times)
-            details[f"{count}/{label}"] = {"stat": st, "host": result["host"], "fit": len(result["ranking"]),
-                                           "excluded": len(result["excluded"])}
-            rows.append([count, label, common.fmt_stat(st), common.fmt_s(st["median"] / count),
-                         f"{result['host']} ({len(result['ranking'])} fit, {len(result['excluded'])} excluded)"])
+            details[f"{count}/{label}"] = {
+                "stat": st,
+                "host": result["host"],
+                "fit": len(result["ranking"]),
+                "excluded": len(result["excluded"]),
+            }
+            rows.append(
+                [
+                    count,
+                    label,
+                    common.fmt_stat(st),
+                    common.fmt_s(st["median"] / count),
+                    f"{result['host']} ({len(result['ranking'])} fit, {len(result['excluded'])} excluded)",
+                ]
+            )
         theirs = saltext_determine_host(hosts, reps)
         st = common.summary(theirs["times"])
         details[f"{count}/saltext"] = {"stat": st, "host": theirs["host"]}
-        rows.append([count, "saltext-virt `_determine_host` (most freemem only)", common.fmt_stat(st),
-                     common.fmt_s(st["median"] / count), theirs["host"]])
+        rows.append(
+            [
+                count,
+                "saltext-virt `_determine_host` (most freemem only)",
+                common.fmt_stat(st),
+                common.fmt_s(st["median"] / count),
+                theirs["host"],
+            ]
+        )
     tbl = common.table(["hosts", "decision", "time median (min–max, n)", "per host", "chosen"], rows)
-    result = {"title": "4. placement decision time", "details": details, "tables": [tbl],
-              "notes": [f"load average before/after: {load0} / {common.loadavg()}",
-                        "salt-virt time = make_policy + make_request + rank (every host checked and scored, "
-                        "reasons for every excluded host)"]}
+    result = {
+        "title": "4. placement decision time",
+        "details": details,
+        "tables": [tbl],
+        "notes": [
+            f"load average before/after: {load0} / {common.loadavg()}",
+            "salt-virt time = make_policy + make_request + rank (every host checked and scored, "
+            "reasons for every excluded host)",
+        ],
+    }
     common.emit("placement", result)
     return 0
 

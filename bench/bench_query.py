@@ -12,6 +12,7 @@ implementations alternate. Peak memory: VmHWM of that process, and its growth ov
 
     bench/run --only query            # or: $VENV/bin/python bench/bench_query.py [--quick] [--backend test]
 """
+
 import argparse
 import os
 import shutil
@@ -36,8 +37,13 @@ def reps_for(cfg, impl, size):
 
 def measure(impl, uri, reps, images_dir, timeout):
     """``reps`` fresh processes, one full_info call each; returns (times, hwm, growth, result, errors)."""
-    spec = {"mode": "call", "module_dirs": impl["module_dirs"], "func": "virt.full_info", "reps": 1,
-            "virt": {"connection": {"uri": uri}, "images": images_dir}}
+    spec = {
+        "mode": "call",
+        "module_dirs": impl["module_dirs"],
+        "func": "virt.full_info",
+        "reps": 1,
+        "virt": {"connection": {"uri": uri}, "images": images_dir},
+    }
     out = []
     for _ in range(reps):
         out.append(common.run_worker(impl["python"], spec, timeout=timeout))
@@ -46,15 +52,19 @@ def measure(impl, uri, reps, images_dir, timeout):
 
 def collect(rows, backend, size, impl_name, answers):
     ok = [a for a in answers if a.get("ok")]
-    rows.append({
-        "backend": backend, "size": size, "impl": impl_name,
-        "wall": common.summary([a["times"][0] for a in ok]),
-        "cpu": common.summary([a["cpu"][0] for a in ok if a.get("cpu")]),
-        "hwm_kib": common.summary([a["hwm_after_kib"] for a in ok]),
-        "growth_kib": common.summary([a["hwm_after_kib"] - a["rss_before_kib"] for a in ok]),
-        "vms": ok[0]["result"].get("vms") if ok else None,
-        "errors": [a["error"] for a in answers if not a.get("ok")],
-    })
+    rows.append(
+        {
+            "backend": backend,
+            "size": size,
+            "impl": impl_name,
+            "wall": common.summary([a["times"][0] for a in ok]),
+            "cpu": common.summary([a["cpu"][0] for a in ok if a.get("cpu")]),
+            "hwm_kib": common.summary([a["hwm_after_kib"] for a in ok]),
+            "growth_kib": common.summary([a["hwm_after_kib"] - a["rss_before_kib"] for a in ok]),
+            "vms": ok[0]["result"].get("vms") if ok else None,
+            "errors": [a["error"] for a in answers if not a.get("ok")],
+        }
+    )
 
 
 def run_backend(backend, cfg, impls, workdir, timeout, log):
@@ -119,20 +129,35 @@ def render(rows):
             t_m = theirs["hwm_kib"]["median"] if theirs and theirs["hwm_kib"] else None
             o_c = ours["cpu"]["median"] if ours and ours.get("cpu") else None
             t_c = theirs["cpu"]["median"] if theirs and theirs.get("cpu") else None
-            body.append([
-                size,
-                common.fmt_stat(ours and ours["wall"]),
-                common.fmt_stat(theirs and theirs["wall"]),
-                f"**{common.ratio(t_w, o_w)}**",
-                f"{common.fmt_s(o_c)} / {common.fmt_s(t_c)} ({common.ratio(t_c, o_c)})",
-                f"{common.fmt_mib(o_m)} (+{common.fmt_mib(ours['growth_kib']['median']) if ours and ours['growth_kib'] else '—'})",
-                f"{common.fmt_mib(t_m)} (+{common.fmt_mib(theirs['growth_kib']['median']) if theirs and theirs['growth_kib'] else '—'})",
-                f"{ours and ours['vms']} / {theirs and theirs['vms']}",
-            ])
+            body.append(
+                [
+                    size,
+                    common.fmt_stat(ours and ours["wall"]),
+                    common.fmt_stat(theirs and theirs["wall"]),
+                    f"**{common.ratio(t_w, o_w)}**",
+                    f"{common.fmt_s(o_c)} / {common.fmt_s(t_c)} ({common.ratio(t_c, o_c)})",
+                    f"{common.fmt_mib(o_m)} (+{common.fmt_mib(ours['growth_kib']['median']) if ours and ours['growth_kib'] else '—'})",
+                    f"{common.fmt_mib(t_m)} (+{common.fmt_mib(theirs['growth_kib']['median']) if theirs and theirs['growth_kib'] else '—'})",
+                    f"{ours and ours['vms']} / {theirs and theirs['vms']}",
+                ]
+            )
         label = "libvirt test driver (node XML)" if backend == "test" else "real libvirtd, defined domains"
-        tables.append(f"**{label}** — `virt.full_info`, one call per fresh process, median (min–max, n)\n\n" +
-                      common.table(["domains", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt", "client CPU ours / theirs",
-                                    "peak RSS salt-virt (+growth)", "peak RSS saltext (+growth)", "VMs seen"], body))
+        tables.append(
+            f"**{label}** — `virt.full_info`, one call per fresh process, median (min–max, n)\n\n"
+            + common.table(
+                [
+                    "domains",
+                    "salt-virt",
+                    "saltext-virt 0.1.0",
+                    "saltext / salt-virt",
+                    "client CPU ours / theirs",
+                    "peak RSS salt-virt (+growth)",
+                    "peak RSS saltext (+growth)",
+                    "VMs seen",
+                ],
+                body,
+            )
+        )
         # linearity: time per domain
         per = []
         for impl in ("salt-virt", "saltext-virt"):
@@ -141,8 +166,10 @@ def render(rows):
                 per.append([impl] + [f"N={n}: {common.fmt_s(t / n)}" for n, t in pts])
         if per:
             width = max(len(p) for p in per)
-            tables.append("Time per domain (flat = linear):\n\n" +
-                          common.table(["impl"] + [""] * (width - 1), [p + [""] * (width - len(p)) for p in per]))
+            tables.append(
+                "Time per domain (flat = linear):\n\n"
+                + common.table(["impl"] + [""] * (width - 1), [p + [""] * (width - len(p)) for p in per])
+            )
     errors = [f"{r['impl']} {r['backend']} N={r['size']}: {e[-400:]}" for r in rows for e in r["errors"]]
     return tables, errors
 
@@ -165,13 +192,23 @@ def main(argv=None):
     rows = []
     try:
         for backend in backends:
-            rows += run_backend(backend, cfg, impls, os.path.join(workdir, backend), args.timeout,
-                                lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+            rows += run_backend(
+                backend,
+                cfg,
+                impls,
+                os.path.join(workdir, backend),
+                args.timeout,
+                lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     tables, errors = render(rows)
-    result = {"title": "3. query at scale (one hypervisor)", "rows": rows, "tables": tables,
-              "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors]}
+    result = {
+        "title": "3. query at scale (one hypervisor)",
+        "rows": rows,
+        "tables": tables,
+        "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors],
+    }
     common.emit("query", result)
     return 0 if not errors else 1
 

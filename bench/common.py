@@ -2,6 +2,7 @@
 
 Stdlib only: bench/worker.py imports it inside the competitor's venv too.
 """
+
 import json
 import os
 import pathlib
@@ -28,7 +29,9 @@ def saltext_module_dir(kind="modules"):
     """Where saltext-virt installed its loader modules (``saltext/virt/<kind>``) in its own venv."""
     out = subprocess.run(
         [py(SALTEXT_VENV), "-c", "import saltext.virt, os; print(os.path.dirname(saltext.virt.__file__))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return os.path.join(out.stdout.strip(), kind)
 
@@ -50,7 +53,11 @@ def run_worker(python, spec, timeout=1800):
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [python, str(WORKER)], input=json.dumps(spec), capture_output=True, text=True, timeout=timeout,
+        [python, str(WORKER)],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

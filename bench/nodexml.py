@@ -10,6 +10,7 @@ every domain still has a file of its own name).
 
     python bench/nodexml.py DIR N     # writes DIR/node-N.xml and DIR/disks/, prints the test:/// URI
 """
+
 import os
 import subprocess
 import sys
@@ -77,8 +78,16 @@ def write_node(directory, count, prefix="vm", cpus=64, mem_gib=512):
     template = _disk_template(disk_dir)
     node = ET.Element("node")
     cpu = _sub(node, "cpu")
-    for tag, val in (("mhz", 2400), ("model", "bench-cpu"), ("active", cpus), ("max", cpus), ("nodes", 1),
-                     ("sockets", 1), ("cores", cpus), ("threads", 1)):
+    for tag, val in (
+        ("mhz", 2400),
+        ("model", "bench-cpu"),
+        ("active", cpus),
+        ("max", cpus),
+        ("nodes", 1),
+        ("sockets", 1),
+        ("cores", cpus),
+        ("threads", 1),
+    ):
         _sub(cpu, tag, val)
     _sub(node, "memory", mem_gib * 1024 * 1024)
     for i in range(count):

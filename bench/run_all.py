@@ -2,6 +2,7 @@
 
 Each script is also runnable alone (``$VENV/bin/python bench/bench_<name>.py [--quick]``).
 """
+
 import argparse
 import json
 import os
@@ -31,7 +32,8 @@ def main(argv=None):
     env = dict(os.environ, BENCH_JSON_DIR=json_dir)
     cmd_line = "bench/run" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
     report = [
-        "# salt-virt benchmark run", "",
+        "# salt-virt benchmark run",
+        "",
         f"- command: `{cmd_line}`",
         f"- date: {facts['date']}",
         f"- machine: {facts['cpus']} CPUs ({facts['cpu_model']}), {facts['mem_gib']} GiB RAM, kernel {facts['kernel']}, "
@@ -45,8 +47,9 @@ def main(argv=None):
         script = os.path.join(common.BENCH, f"bench_{name}.py")
         t0 = time.perf_counter()
         print(f"[bench] === {name} ===", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, script] + (["--quick"] if args.quick else []), env=env,
-                              stdout=subprocess.PIPE, text=True)
+        proc = subprocess.run(
+            [sys.executable, script] + (["--quick"] if args.quick else []), env=env, stdout=subprocess.PIPE, text=True
+        )
         took = time.perf_counter() - t0
         report.append(proc.stdout.rstrip())
         report.append(f"\n_{name}: {took:.0f} s, exit {proc.returncode}_")

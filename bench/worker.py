@@ -9,6 +9,7 @@ modes:
             raw (libvirt-python floor: qemu-img + defineXML + create); each VM is removed untimed
   clone     saltvirt.images.clone(src, dest, overlay=...) ``reps`` times (our venv only)
 """
+
 import contextlib
 import json
 import os
@@ -116,8 +117,14 @@ def mode_call(spec, workdir):
         result = func(*spec.get("args", []), **spec.get("kwargs", {}))
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)  # this process only: the test driver runs in it, libvirtd does not
-    return {"times": times, "cpu": cpu, "hwm_before_kib": hwm0, "rss_before_kib": rss0,
-            "hwm_after_kib": vm_hwm_kib(), "result": summarize(result)}
+    return {
+        "times": times,
+        "cpu": cpu,
+        "hwm_before_kib": hwm0,
+        "rss_before_kib": rss0,
+        "hwm_after_kib": vm_hwm_kib(),
+        "result": summarize(result),
+    }
 
 
 RAW_XML = """<domain type="qemu"><name>{name}</name><memory unit="MiB">{mem}</memory>\
@@ -139,14 +146,26 @@ def raw_init(spec, name):
     os.makedirs(vm_dir)
     if spec["overlay"]:
         disk, fmt = os.path.join(vm_dir, "system.qcow2"), "qcow2"
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", guest["qcow2"], "-F", "qcow2", disk], check=True)
+        subprocess.run(
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-b", guest["qcow2"], "-F", "qcow2", disk], check=True
+        )
     else:
         disk, fmt = os.path.join(vm_dir, f"system.{spec['image_format']}"), spec["image_format"]
         shutil.copyfile(guest[spec["image_format"]], disk)
     conn = libvirt.open(spec["uri"])
     try:
-        dom = conn.defineXML(RAW_XML.format(name=name, mem=256, cpu=1, disk=disk, fmt=fmt, kernel=guest["kernel"],
-                                            initrd=guest["initrd"], cmdline=guest["cmdline"]))
+        dom = conn.defineXML(
+            RAW_XML.format(
+                name=name,
+                mem=256,
+                cpu=1,
+                disk=disk,
+                fmt=fmt,
+                kernel=guest["kernel"],
+                initrd=guest["initrd"],
+                cmdline=guest["cmdline"],
+            )
+        )
         if spec.get("start", True):
             dom.create()
     finally:
@@ -158,17 +177,34 @@ def init_call(spec, mods, name):
     boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": guest["cmdline"]}
     image = guest["qcow2"] if spec["overlay"] else guest[spec["image_format"]]
     if spec["impl"] == "salt-virt":
-        kwargs = {"image": image, "enable_qcow": spec["overlay"], "boot": boot, "seed": spec.get("seed", False),
-                  "start": spec.get("start", True)}
+        kwargs = {
+            "image": image,
+            "enable_qcow": spec["overlay"],
+            "boot": boot,
+            "seed": spec.get("seed", False),
+            "start": spec.get("start", True),
+        }
         if spec.get("vtype"):
             kwargs["vtype"] = spec["vtype"]
         return mods["virt.init"](name, 1, 256, **kwargs)
     # saltext-virt: the same shape said its way (disk from an image, overlay_image for a qcow2 overlay)
-    disk = {"name": "system", "image": image, "format": "qcow2" if spec["overlay"] else spec["image_format"],
-            "overlay_image": spec["overlay"]}
-    return mods["virt.init"](name, 1, 256, hypervisor="qemu", disks=[disk], boot=boot, seed=False,
-                             start=spec.get("start", True),
-                             interfaces=[{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio"}])
+    disk = {
+        "name": "system",
+        "image": image,
+        "format": "qcow2" if spec["overlay"] else spec["image_format"],
+        "overlay_image": spec["overlay"],
+    }
+    return mods["virt.init"](
+        name,
+        1,
+        256,
+        hypervisor="qemu",
+        disks=[disk],
+        boot=boot,
+        seed=False,
+        start=spec.get("start", True),
+        interfaces=[{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio"}],
+    )
 
 
 def remove_vm(uri, name, images_dir):
@@ -211,13 +247,19 @@ def mode_init(spec, workdir):
             errors.append(f"{type(exc).__name__}: {exc}"[:1500])
         finally:
             remove_vm(spec["uri"], name, spec["images_dir"])
-    return {"times": times, "errors": errors, "results": results[:2], "hwm_before_kib": hwm0,
-            "hwm_after_kib": vm_hwm_kib()}
+    return {
+        "times": times,
+        "errors": errors,
+        "results": results[:2],
+        "hwm_before_kib": hwm0,
+        "hwm_after_kib": vm_hwm_kib(),
+    }
 
 
 def qemu_img_info(path):
-    out = subprocess.run(["qemu-img", "info", "-U", "--backing-chain", "--output=json", path],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        ["qemu-img", "info", "-U", "--backing-chain", "--output=json", path], check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout)
 
 
@@ -241,8 +283,12 @@ def mode_clone(spec, workdir):
             fsyncs.append(time.perf_counter() - t0)
         if chain is None:
             info = qemu_img_info(dest)
-            chain = {"depth": len(info) - 1, "format": info[0]["format"],
-                     "backing": info[0].get("backing-filename"), "actual_size": info[0].get("actual-size")}
+            chain = {
+                "depth": len(info) - 1,
+                "format": info[0]["format"],
+                "backing": info[0].get("backing-filename"),
+                "actual_size": info[0].get("actual-size"),
+            }
         os.unlink(dest)
     return {"times": times, "fsync_times": fsyncs, "chain": chain}
 

@@ -4,6 +4,7 @@ Every step is the real command a user would type (shown as `$ ...`); nothing is 
 hypervisor is a libvirtd in its own network/mount namespaces (tests/support/lab.py) so the demo never
 touches this machine's own libvirt or network configuration. Everything is removed at the end.
 """
+
 import argparse
 import json
 import os
@@ -50,7 +51,9 @@ class Demo:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if not quiet:
             sys.stdout.write(out.stdout)
-        failed = out.returncode != 0 or "is not available" in out.stdout or out.stdout.startswith(("ERROR", "Exception"))
+        failed = (
+            out.returncode != 0 or "is not available" in out.stdout or out.stdout.startswith(("ERROR", "Exception"))
+        )
         if check and failed:
             sys.stdout.write(out.stderr)
             raise SystemExit(f"demo: `{tool} {' '.join(args)}` failed (exit {out.returncode})")
@@ -118,17 +121,34 @@ class Demo:
         say("salt-master and the hypervisor minion 'hyper1'")
         self.start_daemon("salt-master")
         self.start_daemon("salt-minion")
-        self.wait("the minion's key", lambda: "hyper1" in self.salt("salt-key", "-l", "un", quiet=True, check=False).stdout)
+        self.wait(
+            "the minion's key", lambda: "hyper1" in self.salt("salt-key", "-l", "un", quiet=True, check=False).stdout
+        )
         self.salt("salt-key", "-y", "-a", "hyper1")
-        self.wait("the minion", lambda: self.salt("salt", "hyper1", "test.ping", "--timeout=5", quiet=True, check=False).returncode == 0)
+        self.wait(
+            "the minion",
+            lambda: self.salt("salt", "hyper1", "test.ping", "--timeout=5", quiet=True, check=False).returncode == 0,
+        )
 
         say("deploy the bundle the file_roots way")
         self.salt("salt-run", "saltutil.sync_all")
         self.salt("salt", "hyper1", "saltutil.sync_all")
 
         say("create a VM: placed, image cached, overlay-cloned, seeded with a pre-accepted key, started")
-        boot = json.dumps({"kernel": str(GUEST / "vmlinuz"), "initrd": str(GUEST / "initrd.img"), "cmdline": "console=ttyS0 quiet"})
-        self.salt("salt-run", "virt.init", "demo1", "1", "256", "salt://images/guest.qcow2", "enable_qcow=True", "enable_vnc=True", f"boot={boot}")
+        boot = json.dumps(
+            {"kernel": str(GUEST / "vmlinuz"), "initrd": str(GUEST / "initrd.img"), "cmdline": "console=ttyS0 quiet"}
+        )
+        self.salt(
+            "salt-run",
+            "virt.init",
+            "demo1",
+            "1",
+            "256",
+            "salt://images/guest.qcow2",
+            "enable_qcow=True",
+            "enable_vnc=True",
+            f"boot={boot}",
+        )
 
         say("the guest boots and prints what seeding wrote into its disk (serial console)")
         log = self.hv.path("log", "qemu", "demo1-serial.log")

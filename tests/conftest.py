@@ -2,6 +2,7 @@
 
 Fixtures that need root, libvirtd or the test guest fail loudly (they do not skip): CI must run them.
 """
+
 import os
 import pathlib
 import shutil
@@ -204,7 +205,9 @@ def hypervisor_minion_config(hv, images_dir, **extra):
 @pytest.fixture(scope="session")
 def hyper1(salt_master, hv1, lab_dir):
     """Minion 'hyper1' managing the real libvirtd hv1, bundle pulled with saltutil.sync_all."""
-    factory = start_minion(salt_master, "hyper1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "hyper1-images"))
+    factory = start_minion(
+        salt_master, "hyper1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "hyper1-images")
+    )
     with factory.started():
         ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret

@@ -6,4 +6,5 @@ Deployed two ways:
 * ``saltutil.sync_all`` copies ``_utils/saltvirt`` to ``<extension_modules>/utils/saltvirt`` and the loader
   modules put that directory on ``sys.path`` (see ``_modules/virt.py``).
 """
+
 __version__ = "0.1.0"

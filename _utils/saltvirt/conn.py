@@ -1,4 +1,5 @@
 """libvirt connections: URI resolution from config, connect/close, libvirt errors -> Salt errors."""
+
 import contextlib
 import functools
 

@@ -12,6 +12,7 @@ to the boot maximum, memory up to the boot maximum, NIC/disk hotplug, NIC source
 else is reported as needing a restart. Disks are never removed: a disk the spec does not list is
 reported under ``not_in_spec`` and left alone.
 """
+
 import contextlib
 import os
 import xml.etree.ElementTree as ET
@@ -32,17 +33,36 @@ def desired_spec(name, cpu, mem, *, images_dir, profiles, vtype="qemu", image=No
     """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here)."""
     spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
     return vmspec.build(
-        name, cpu, mem, vtype=vtype, image=image, image_format=image_format, images_dir=images_dir, profiles=profiles, **spec_args
+        name,
+        cpu,
+        mem,
+        vtype=vtype,
+        image=image,
+        image_format=image_format,
+        images_dir=images_dir,
+        profiles=profiles,
+        **spec_args,
     )
 
 
 def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=None, **init_args):
     """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
     image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
-    spec = desired_spec(name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format=image_format or "qcow2", **init_args)
+    spec = desired_spec(
+        name,
+        cpu,
+        mem,
+        images_dir=images_dir,
+        profiles=profiles,
+        image=image,
+        image_format=image_format or "qcow2",
+        **init_args,
+    )
     unknown = set()
     if image and not image_format:
-        other = desired_spec(name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", **init_args)
+        other = desired_spec(
+            name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", **init_args
+        )
         unknown = {a.name for a, b in zip(spec.disks, other.disks) if a.format != b.format}
     disks = {}
     for d in spec.disks:
@@ -184,7 +204,18 @@ def diff(desired, current_facts, manage=FIELDS):
                     f"disk {d.name} ({d.target}) would be cloned from an image, which only happens when the VM is "
                     f"created: give it a size (a blank disk) or a path (an existing file) to add it to {desired.name}"
                 )
-            added.append({"name": d.name, "target": d.target, "path": d.path, "format": d.format, "size": d.size, "bus": d.bus, "device": d.device, "attach": d.attach})
+            added.append(
+                {
+                    "name": d.name,
+                    "target": d.target,
+                    "path": d.path,
+                    "format": d.format,
+                    "size": d.size,
+                    "bus": d.bus,
+                    "device": d.device,
+                    "attach": d.attach,
+                }
+            )
         unlisted = sorted(t for t in have if t not in {d.target for d in desired.disks})
         if added or unlisted:
             changes["disks"] = {k: v for k, v in (("added", added), ("not_in_spec", unlisted)) if v}
@@ -278,18 +309,33 @@ def pending_restart(current_facts):
 # applying -----------------------------------------------------------------------------------------
 def _device_elements(tag, nics=(), disks=(), graphics=None):
     """Device elements exactly as :func:`saltvirt.domxml.build` writes them for a new VM."""
-    spec = vmspec.VMSpec(name="device", cpu=1, mem=1, nics=list(nics), disks=list(disks), graphics=graphics, serial_log=None)
+    spec = vmspec.VMSpec(
+        name="device", cpu=1, mem=1, nics=list(nics), disks=list(disks), graphics=graphics, serial_log=None
+    )
     devices = ET.fromstring(domxml.build(spec)).find("devices")
     return [el for el in devices if el.tag in tag]
 
 
 def _nic_element(summary, mac=None):
-    nic = vmspec.Nic(name="nic", type=summary["type"], source=summary["source"], model=summary["model"], mac=mac or summary.get("mac"))
+    nic = vmspec.Nic(
+        name="nic",
+        type=summary["type"],
+        source=summary["source"],
+        model=summary["model"],
+        mac=mac or summary.get("mac"),
+    )
     return _device_elements(("interface",), nics=[nic])[0]
 
 
 def _by_mac(devices, mac):
-    return next((el for el in devices.findall("interface") if (el.find("mac") is not None and el.find("mac").get("address", "").lower() == mac)), None)
+    return next(
+        (
+            el
+            for el in devices.findall("interface")
+            if (el.find("mac") is not None and el.find("mac").get("address", "").lower() == mac)
+        ),
+        None,
+    )
 
 
 def _xml(el, strip_address=False):
@@ -334,8 +380,14 @@ def _redefine(conn, dom, desired, changes, created):
     with lv_errors(f"redefine VM {desired.name!r}"):
         dom = conn.defineXML(ET.tostring(root, encoding="unicode"))
     new_devices = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).find("devices")
-    created["nics"] = [el for el in new_devices.findall("interface") if el.find("mac") is not None and el.find("mac").get("address", "").lower() not in before]
-    created["disks"] = {el.find("target").get("dev"): el for el in new_devices.findall("disk") if el.find("target") is not None}
+    created["nics"] = [
+        el
+        for el in new_devices.findall("interface")
+        if el.find("mac") is not None and el.find("mac").get("address", "").lower() not in before
+    ]
+    created["disks"] = {
+        el.find("target").get("dev"): el for el in new_devices.findall("disk") if el.find("target") is not None
+    }
     return dom
 
 
@@ -345,7 +397,9 @@ def _make_disks(desired, changes, uuid):
     for disk in added:
         if disk["attach"]:
             if not os.path.isfile(disk["path"]):
-                raise SaltInvocationError(f"disk {disk['name']}: {disk['path']} does not exist (give a size to create it)")
+                raise SaltInvocationError(
+                    f"disk {disk['name']}: {disk['path']} does not exist (give a size to create it)"
+                )
         elif disk["device"] == "disk" and os.path.lexists(disk["path"]):
             raise SaltInvocationError(
                 f"disk file {disk['path']} already exists and this VM does not use it: refusing to take it over. "
@@ -448,11 +502,17 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
     disks (disk/disks), graphics (enable_vnc/graphics)."""
     unknown = sorted(k for k in init_args if k not in provision.SPEC_ARGS and k != "image")
     if unknown:
-        raise SaltInvocationError(f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})")
+        raise SaltInvocationError(
+            f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})"
+        )
     dom = get_domain(conn, name)
     facts = current(dom)
     cfg = facts["config"]
-    manage = [f for f in FIELDS if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))]
+    manage = [
+        f
+        for f in FIELDS
+        if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
+    ]
     args = dict(init_args)
     if "nics" not in manage:
         args.update(nic=None, interfaces=None)

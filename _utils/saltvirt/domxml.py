@@ -1,4 +1,5 @@
 """libvirt domain XML, built and read with ElementTree only (escaping for free)."""
+
 import xml.etree.ElementTree as ET
 
 METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
@@ -90,7 +91,16 @@ def _mib(el):
     if el is None:
         return 0
     unit = (el.get("unit") or "KiB").lower()
-    factor = {"b": 1 / 1048576, "bytes": 1 / 1048576, "kib": 1 / 1024, "k": 1 / 1024, "mib": 1, "m": 1, "gib": 1024, "g": 1024}
+    factor = {
+        "b": 1 / 1048576,
+        "bytes": 1 / 1048576,
+        "kib": 1 / 1024,
+        "k": 1 / 1024,
+        "mib": 1,
+        "m": 1,
+        "gib": 1024,
+        "g": 1024,
+    }
     return int(_int(el.text) * factor.get(unit, 1 / 1024))
 
 

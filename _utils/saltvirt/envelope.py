@@ -15,6 +15,7 @@ and by anyone reading the job cache. Instead the runner seals it:
 
 The envelope is plain JSON-able data: ``{v, alg, kid, context, ek, nonce, ct}`` (base64 strings).
 """
+
 import base64
 import hashlib
 import os
@@ -148,7 +149,9 @@ def unseal(envelope, pki_dir):
     try:
         cek = key.decrypt(_unb64(envelope["ek"], "ek"), _oaep())
         plain = AESGCM(cek).decrypt(
-            _unb64(envelope["nonce"], "nonce"), _unb64(envelope["ct"], "ct"), _aad(envelope["kid"], envelope.get("context"))
+            _unb64(envelope["nonce"], "nonce"),
+            _unb64(envelope["ct"], "ct"),
+            _aad(envelope["kid"], envelope.get("context")),
         )
     except (SaltInvocationError, CommandExecutionError):
         raise

@@ -25,6 +25,7 @@ Answer statuses: ``up`` (returned), ``error`` (answered with an error: the modul
 did not load on an expected hypervisor), ``down`` (no answer, not even to Salt's find_job check),
 ``timeout`` (still running the job when ``max_wait`` ran out: it may still finish).
 """
+
 import contextlib
 import hashlib
 import io
@@ -59,7 +60,9 @@ def config(opts, **overrides):
         raise SaltInvocationError(f"virt:hypervisors must be a mapping, not {conf!r}")
     unknown = sorted(set(conf) - set(DEFAULTS))
     if unknown:
-        raise SaltInvocationError(f"virt:hypervisors: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
+        raise SaltInvocationError(
+            f"virt:hypervisors: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})"
+        )
     cfg.update(conf)
     cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
     if overrides.get("tgt") and not overrides.get("tgt_type"):
@@ -141,7 +144,9 @@ def classify(ret, retcode):
     """One minion's answer -> ``{status, ret | error, no_virt?}``."""
     if isinstance(ret, str) and _NO_VIRT.match(ret):
         return {"status": "error", "error": ret, "no_virt": True}
-    failed = retcode not in (None, 0) or (isinstance(ret, str) and ret.startswith(("ERROR", "Passed invalid arguments")))
+    failed = retcode not in (None, 0) or (
+        isinstance(ret, str) and ret.startswith(("ERROR", "Passed invalid arguments"))
+    )
     if failed:
         if isinstance(ret, dict) and any(isinstance(v, str) and _NO_VIRT.match(v) for v in ret.values()):
             msg = next(v for v in ret.values() if isinstance(v, str) and _NO_VIRT.match(v))
@@ -232,7 +237,10 @@ def run(opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wa
             del answers[mid]  # not a hypervisor (discovery, or a glob that caught other minions)
     for mid in expected - set(answers):
         if elapsed >= max_wait:
-            answers[mid] = {"status": "timeout", "error": f"no answer within max_wait={max_wait:g} s (it may still be running)"}
+            answers[mid] = {
+                "status": "timeout",
+                "error": f"no answer within max_wait={max_wait:g} s (it may still be running)",
+            }
         else:
             answers[mid] = {
                 "status": "down",
@@ -245,8 +253,9 @@ def run(opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wa
 
 def call(opts, minion, fun, arg=(), kwarg=None, cfg=None, max_wait=None, client=None, watch=None):
     """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
-    answers, jid = run(opts, fun, arg, kwarg, tgt=[minion], tgt_type="list", cfg=cfg, max_wait=max_wait,
-                       client=client, watch=watch)
+    answers, jid = run(
+        opts, fun, arg, kwarg, tgt=[minion], tgt_type="list", cfg=cfg, max_wait=max_wait, client=client, watch=watch
+    )
     return answers.get(minion) or {"status": "down", "error": "did not answer"}, jid
 
 
@@ -340,6 +349,7 @@ def down_hosts(hosts):
 
 def locate(hosts, name, host=None):
     """The one hypervisor where VM ``name`` is defined (``hosts`` from :func:`gather`)."""
+
     def has(ans):
         vms = ans.get("vms") if "vms" in ans else ans.get("vm_info")
         return ans["status"] == "up" and name in (vms or {})
@@ -414,7 +424,9 @@ def _creating(opts, names):
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                raise SaltInvocationError(f"another virt.init of {name!r} is running on this master: wait for it") from None
+                raise SaltInvocationError(
+                    f"another virt.init of {name!r} is running on this master: wait for it"
+                ) from None
         yield
     finally:
         for fh in handles:
@@ -429,8 +441,22 @@ def create(opts, name, req, image, module_kwargs, **kwargs):
         return _create(opts, name, req, image, module_kwargs, **kwargs)
 
 
-def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fallback=True, seed=True,
-            minion_id=None, client=None, progress=None):
+def _create(
+    opts,
+    name,
+    req,
+    image,
+    module_kwargs,
+    *,
+    policy,
+    cfg,
+    host=None,
+    fallback=True,
+    seed=True,
+    minion_id=None,
+    client=None,
+    progress=None,
+):
     from saltvirt import envelope, placement
 
     progress = progress or (lambda step, **data: None)
@@ -447,8 +473,11 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
     order, tried = [r["host"] for r in plan["ranking"]], []
     if host:
         if host not in hosts:
-            raise Failed(f"{host} is not one of the hypervisors ({', '.join(sorted(hosts)) or 'none found'}): "
-                         "check the name, or virt:hypervisors in the master config", placement=_brief(plan))
+            raise Failed(
+                f"{host} is not one of the hypervisors ({', '.join(sorted(hosts)) or 'none found'}): "
+                "check the name, or virt:hypervisors in the master config",
+                placement=_brief(plan),
+            )
         status = hosts[host]["status"]
         if status == "up" and host in plan["excluded"]:
             raise Failed(f"{host} cannot take {name}: {'; '.join(plan['excluded'][host])}", placement=_brief(plan))
@@ -456,8 +485,10 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
             # a host that was down for the query may be back: it is tried first, the ranking after it
             order = [host] + ([h for h in order if h != host] if fallback else [])
         else:
-            raise Failed(f"{host} is {status}: {hosts[host].get('error')}" + ("" if fallback else " (fallback=False)"),
-                         placement=_brief(plan))
+            raise Failed(
+                f"{host} is {status}: {hosts[host].get('error')}" + ("" if fallback else " (fallback=False)"),
+                placement=_brief(plan),
+            )
     if not order:
         raise Failed(plan["reason"], placement=_brief(plan), tried=tried)
     chosen = _entry(plan, order[0])
@@ -492,8 +523,17 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
             if seed:
                 sealed = envelope.seal(accepted_pub(opts, hv), priv, context=key_id)
                 kwarg.update(pub_key=pub, priv_key=sealed, minion_id=key_id)
-            ans, jid = call(opts, hv, "virt.init", [name, req["cpu"], req["mem"]], kwarg, cfg, cfg["init_timeout"], client,
-                            watch=watch)
+            ans, jid = call(
+                opts,
+                hv,
+                "virt.init",
+                [name, req["cpu"], req["mem"]],
+                kwarg,
+                cfg,
+                cfg["init_timeout"],
+                client,
+                watch=watch,
+            )
             if ans["status"] == "up":
                 warnings = []
                 if seed:
@@ -527,8 +567,10 @@ def _create(opts, name, req, image, module_kwargs, *, policy, cfg, host=None, fa
                     tried=tried,
                 )
             if ans["status"] == "down":
-                raise Failed(f"no hypervisor answered virt.init for {name}: tried {', '.join(t['host'] for t in tried)}",
-                             tried=tried)
+                raise Failed(
+                    f"no hypervisor answered virt.init for {name}: tried {', '.join(t['host'] for t in tried)}",
+                    tried=tried,
+                )
             raise Failed(f"virt.init of {name} on {hv} failed: {ans.get('error')}", tried=tried)
     except BaseException as exc:
         if seed and not keep_key:
@@ -547,7 +589,9 @@ def _check_seeded_key(opts, key, pub, init_ret):
         return key, []
     remove_key(opts, key["minion_id"], pub)
     if not ret.get("seed"):
-        return dict(key, state="removed"), ["the hypervisor did not seed the VM, so no minion holds the pre-accepted key: removed it"]
+        return dict(key, state="removed"), [
+            "the hypervisor did not seed the VM, so no minion holds the pre-accepted key: removed it"
+        ]
     return dict(key, state="removed"), [
         f"the hypervisor seeded another key (sha256 {str(seeded.get('fingerprint'))[:16]}...) than the pre-accepted one: "
         f"removed ours; accept the VM's own key with salt-key -a {key['minion_id']} once it connects"
@@ -560,7 +604,12 @@ def delete_key(opts, minion_id):
 
     state = key_state(opts, minion_id)
     if state:
-        folder = {"accepted": "minions", "pending": "minions_pre", "rejected": "minions_rejected", "denied": "minions_denied"}
+        folder = {
+            "accepted": "minions",
+            "pending": "minions_pre",
+            "rejected": "minions_rejected",
+            "denied": "minions_denied",
+        }
         with salt.key.Key(opts) as keys:
             keys.delete_key(match_dict={folder[state]: [minion_id]})
     return state

@@ -1,4 +1,5 @@
 """Small file-system helpers shared by the library."""
+
 import contextlib
 import os
 import tempfile

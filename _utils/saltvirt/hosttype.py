@@ -6,6 +6,7 @@ stops in its decompressor). So on top of the capabilities we probe KVM itself, i
 timeout: create a VM, run a real-mode program to HLT, and check that KVM offers guests the baseline
 CPU features the host CPU has. Override with config ``virt:type`` or the ``vtype`` argument.
 """
+
 import fcntl
 import functools
 import json

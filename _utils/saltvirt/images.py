@@ -8,6 +8,7 @@ Rules kept here:
   the VM's directory (after resolving symlinks) and no other image in the images tree backs onto it;
 * a qcow2 overlay always records its backing format (``-F``): qemu must never probe a backing file.
 """
+
 import contextlib
 import datetime
 import fcntl

@@ -6,6 +6,7 @@ exists, differs, and was not written by ``virt.keys`` (its checksum is not in th
 ``libvirt/private/.salt-virt-keys.json``) is never overwritten: the state fails and names it, unless
 ``replace_foreign=True``, which keeps it as ``<file>.salt-virt-orig``.
 """
+
 import grp
 import hashlib
 import json
@@ -90,9 +91,21 @@ def plan(data, basepath, qemu=False, qemu_group=None, replace_foreign=False):
         if is_foreign:
             foreign.append(path)
             if replace_foreign:
-                what += f" (the previous file, not written by virt.keys, is kept as {os.path.basename(path)}{ORIG_SUFFIX})"
+                what += (
+                    f" (the previous file, not written by virt.keys, is kept as {os.path.basename(path)}{ORIG_SUFFIX})"
+                )
         if what:
-            files.append({"path": path, "rel": rel, "content": content, "mode": mode, "gid": file_gid, "what": what, "foreign": is_foreign})
+            files.append(
+                {
+                    "path": path,
+                    "rel": rel,
+                    "content": content,
+                    "mode": mode,
+                    "gid": file_gid,
+                    "what": what,
+                    "foreign": is_foreign,
+                }
+            )
     dirs = []
     for rel, (mode, enforce) in DIRS.items():
         if rel == "qemu" and not qemu:
@@ -172,7 +185,9 @@ def apply(todo):
         else:
             atomic_write(f["path"], f["content"].encode(), f["mode"], f["gid"])
     if todo["manifest"] != todo["old_manifest"]:
-        atomic_write(os.path.join(todo["base"], MANIFEST), json.dumps(todo["manifest"], indent=1, sort_keys=True).encode(), 0o600)
+        atomic_write(
+            os.path.join(todo["base"], MANIFEST), json.dumps(todo["manifest"], indent=1, sort_keys=True).encode(), 0o600
+        )
 
 
 def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, replace_foreign=False):
@@ -189,7 +204,9 @@ def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, re
     missing = [k for k in LIBVIRT_FILES if not data.get(k)]
     if missing:
         ret["result"] = False
-        ret["comment"] = f"the libvirt pillar lacks {', '.join(missing)}: check the master's log for libvirt ext_pillar errors"
+        ret["comment"] = (
+            f"the libvirt pillar lacks {', '.join(missing)}: check the master's log for libvirt ext_pillar errors"
+        )
         return ret
     if not os.path.isabs(basepath):
         ret["result"] = False
@@ -199,8 +216,10 @@ def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, re
     todo["base"] = basepath
     notes = []
     if qemu and qemu_gid(qemu_group)[0] is None:
-        notes.append(f"no group {qemu_group or ' or '.join(QEMU_GROUPS)}: the keys in {basepath}/qemu are 0600 root and "
-                     "QEMU cannot read them (set qemu_group)")
+        notes.append(
+            f"no group {qemu_group or ' or '.join(QEMU_GROUPS)}: the keys in {basepath}/qemu are 0600 root and "
+            "QEMU cannot read them (set qemu_group)"
+        )
     if todo["foreign"] and not replace_foreign:
         ret["result"] = False
         ret["comment"] = (
@@ -219,7 +238,9 @@ def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, re
         ret["comment"] = f"{len(ret['changes'])} change(s) would be made in {basepath}"
     else:
         apply(todo)
-        ret["comment"] = f"{len(ret['changes'])} change(s) made in {basepath}; restart libvirtd (watch this state) to use them"
+        ret["comment"] = (
+            f"{len(ret['changes'])} change(s) made in {basepath}; restart libvirtd (watch this state) to use them"
+        )
     if notes:
         ret["comment"] += "; " + "; ".join(notes)
     return ret

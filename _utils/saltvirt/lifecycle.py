@@ -1,5 +1,6 @@
 """Domain lifecycle: each function returns the domain's resulting state (or a dict) and raises
 CommandExecutionError with libvirt's reason when the action is refused."""
+
 import time
 import xml.etree.ElementTree as ET
 
@@ -45,7 +46,13 @@ def shutdown(conn, name, timeout=0):
 
 
 def destroy(conn, name):
-    return _act(conn, name, "force off", "destroy", allowed=("running", "blocked", "paused", "pmsuspended", "crashed", "shutdown"))
+    return _act(
+        conn,
+        name,
+        "force off",
+        "destroy",
+        allowed=("running", "blocked", "paused", "pmsuspended", "crashed", "shutdown"),
+    )
 
 
 def reboot(conn, name):
@@ -67,7 +74,11 @@ def resume(conn, name):
 def undefine(conn, name):
     dom = get_domain(conn, name)
     flags = 0
-    for flag in ("VIR_DOMAIN_UNDEFINE_MANAGED_SAVE", "VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA", "VIR_DOMAIN_UNDEFINE_NVRAM"):
+    for flag in (
+        "VIR_DOMAIN_UNDEFINE_MANAGED_SAVE",
+        "VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA",
+        "VIR_DOMAIN_UNDEFINE_NVRAM",
+    ):
         flags |= getattr(libvirt, flag, 0)
     with lv_errors(f"undefine VM {name!r}"):
         try:
@@ -101,7 +112,12 @@ def setmem(conn, name, mem, config=True, live=None):
                 dom.setMemoryFlags(kib, flags | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
             dom.setMemoryFlags(kib, flags)
             applied.append("config")
-    return {"name": name, "mem": mem, "applied": applied, "restart_needed": "live" not in applied and bool(dom.isActive())}
+    return {
+        "name": name,
+        "mem": mem,
+        "applied": applied,
+        "restart_needed": "live" not in applied and bool(dom.isActive()),
+    }
 
 
 def setvcpus(conn, name, cpu, config=True, live=None):
@@ -120,7 +136,12 @@ def setvcpus(conn, name, cpu, config=True, live=None):
                 applied.append("live")
             except libvirt.libvirtError:
                 pass  # vCPU hotplug beyond the boot maximum is not possible: applies at next boot
-    return {"name": name, "cpu": cpu, "applied": applied, "restart_needed": "live" not in applied and bool(dom.isActive())}
+    return {
+        "name": name,
+        "cpu": cpu,
+        "applied": applied,
+        "restart_needed": "live" not in applied and bool(dom.isActive()),
+    }
 
 
 def define_xml_str(conn, xml):

@@ -4,6 +4,7 @@ After ``pip install .`` Salt calls :func:`get_dirs` and adds these directories t
 path, so ``virt.*`` (modules, states, runners), the ``libvirt`` ext_pillar, the ``virt_query``
 outputter and the ``virt_hypervisor`` grain load without ``saltutil.sync_all``.
 """
+
 import os
 
 _EXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ext")

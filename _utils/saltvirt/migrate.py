@@ -28,6 +28,7 @@ The master-side sequence (source_info -> prepare -> migrate -> finish or abort_c
         hosts: {hyper2: hv2.example.com}   # names the target may be given as -> its address
         address: hv1.example.com    # this hypervisor's address as a migration target (default: its host name)
 """
+
 import contextlib
 import hashlib
 import json
@@ -125,7 +126,9 @@ def migration_flags(active, live=True, tunnel=False, copy_storage=None, unsafe=F
         flags |= libvirt.VIR_MIGRATE_TUNNELLED
     elif qemu_tls and active:
         flags |= libvirt.VIR_MIGRATE_TLS
-    flags |= {"all": libvirt.VIR_MIGRATE_NON_SHARED_DISK, "inc": libvirt.VIR_MIGRATE_NON_SHARED_INC}.get(copy_storage, 0)
+    flags |= {"all": libvirt.VIR_MIGRATE_NON_SHARED_DISK, "inc": libvirt.VIR_MIGRATE_NON_SHARED_INC}.get(
+        copy_storage, 0
+    )
     if unsafe:
         flags |= libvirt.VIR_MIGRATE_UNSAFE
     return flags
@@ -169,7 +172,8 @@ def _disks(xml):
                 "format": drv.get("type") if drv is not None else None,
                 "cache": drv.get("cache") if drv is not None else None,
                 # libvirt copies writable disks only; these must already be on the target
-                "readonly": disk.find("readonly") is not None or disk.find("shareable") is not None
+                "readonly": disk.find("readonly") is not None
+                or disk.find("shareable") is not None
                 or disk.get("device") in ("cdrom", "floppy"),
             }
         )
@@ -241,12 +245,16 @@ def _where(conn, uuid, name):
 def _hint(exc, target):
     code, msg = exc.get_error_code(), exc.get_error_message()
     if code == libvirt.VIR_ERR_MIGRATE_UNSAFE:
-        return (" (if the target sees the same disk files, pass unsafe=True; otherwise copy_storage=all, or use "
-                "salt-run virt.migrate, which prepares the target)")
+        return (
+            " (if the target sees the same disk files, pass unsafe=True; otherwise copy_storage=all, or use "
+            "salt-run virt.migrate, which prepares the target)"
+        )
     if code == libvirt.VIR_ERR_AUTH_FAILED or "certificate" in msg.lower():
-        return (f" (TLS refused: the source libvirtd's client certificate (virt:migration:pkipath or "
-                f"/etc/pki/libvirt) must be signed by the CA {target} trusts, and {target}'s server certificate "
-                "by the CA in the source's cacert.pem: see the virt.keys state)")
+        return (
+            f" (TLS refused: the source libvirtd's client certificate (virt:migration:pkipath or "
+            f"/etc/pki/libvirt) must be signed by the CA {target} trusts, and {target}'s server certificate "
+            "by the CA in the source's cacert.pem: see the virt.keys state)"
+        )
     if code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_NO_CONNECT):
         return f" (is libvirtd running on {target} and listening on 16509 (tcp) / 16514 (tls)?)"
     if "socket is closed" in msg or "keepalive" in msg.lower():
@@ -421,7 +429,9 @@ def plan(source, images_dir, copy_storage=None):
     name = validate.vm_name(source["name"])
     for path in source.get("boot_files") or []:
         if not os.path.isfile(path):
-            raise CommandExecutionError(f"{path} (kernel/initrd of VM {name!r}) is not on the target: put it there first")
+            raise CommandExecutionError(
+                f"{path} (kernel/initrd of VM {name!r}) is not on the target: put it there first"
+            )
     probes = source.get("probes") or {}
     disks = []
     for disk in source["disks"]:
@@ -469,7 +479,9 @@ def plan(source, images_dir, copy_storage=None):
             needed += top
         else:
             if "source_backing" in disk:
-                disk["note"] = "full copy: " + ("requested" if copy_storage == "all" else "backing image not on the target")
+                disk["note"] = "full copy: " + (
+                    "requested" if copy_storage == "all" else "backing image not on the target"
+                )
             needed += whole
     shared = [d for d in disks if d.get("proven")]
     return {
@@ -511,7 +523,9 @@ def prepare(conn, source, images_dir, copy_storage=None):
             folder = os.path.dirname(disk["dest"])
             if not os.path.isdir(folder):
                 if not _inside(folder, images_dir):
-                    raise CommandExecutionError(f"directory {folder} for disk {disk['target']} does not exist on {host}")
+                    raise CommandExecutionError(
+                        f"directory {folder} for disk {disk['target']} does not exist on {host}"
+                    )
                 _makedirs(folder, created)
             args = ["create", "-q", "-f", disk["format"]]
             if disk["mode"] == "overlay":

@@ -1,4 +1,5 @@
 """libvirt virtual networks and storage pools: XML (ElementTree), desired-vs-current, lifecycle."""
+
 import ipaddress
 import xml.etree.ElementTree as ET
 
@@ -225,7 +226,9 @@ def define(conn, kind, spec, replace=False):
     manage (uuid, MAC, bridge name libvirt picked, ...)."""
     existing = lookup(conn, kind, spec["name"])
     if existing is not None and not replace:
-        raise SaltInvocationError(f"{kind} {spec['name']!r} is already defined: undefine it first, or use the virt.{kind}_defined state")
+        raise SaltInvocationError(
+            f"{kind} {spec['name']!r} is already defined: undefine it first, or use the virt.{kind}_defined state"
+        )
     base = _xml(existing, kind, inactive=True) if existing is not None else None
     xml = network_xml(spec, base) if kind == "network" else pool_xml(spec, base)
     with lv_errors(f"define {kind} {spec['name']!r}"):
@@ -270,7 +273,9 @@ def ensure(conn, kind, spec, autostart=None, run=False, test=False):
             start(conn, kind, name, build=kind == "pool")
         comment = f"{kind} {name} {done}" if changes else f"{kind} {name} is as declared"
     if later:
-        comment += f"; the running {kind} uses the new definition after a restart (virt.{kind}_stop + virt.{kind}_start)"
+        comment += (
+            f"; the running {kind} uses the new definition after a restart (virt.{kind}_stop + virt.{kind}_start)"
+        )
     return {"changes": changes, "comment": comment}
 
 

@@ -18,6 +18,7 @@ Command line (on the master, as root)::
     python3 -m saltvirt.pki show <ca_dir>
     python3 -m saltvirt.pki rotate-ca <ca_dir> [--days 3650] [--key-type rsa --key-size 3072]
 """
+
 import contextlib
 import datetime
 import fcntl
@@ -78,7 +79,9 @@ def _locked(directory):
 
 
 def _key_pem(key):
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _cert_pem(cert):
@@ -159,7 +162,13 @@ def key_params(public_key):
 
 
 def valid_minion_id(minion_id):
-    if not isinstance(minion_id, str) or not minion_id or minion_id.startswith(".") or "/" in minion_id or "\0" in minion_id:
+    if (
+        not isinstance(minion_id, str)
+        or not minion_id
+        or minion_id.startswith(".")
+        or "/" in minion_id
+        or "\0" in minion_id
+    ):
         raise SaltInvocationError(f"libvirt pki: unusable minion id {minion_id!r}")
     return minion_id
 
@@ -185,8 +194,15 @@ def _new_ca(ca_dir, cn, days, key_type, key_size):
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=False, content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -344,7 +360,9 @@ def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
     not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG), x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG), x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        )
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -353,14 +371,22 @@ def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=key_type == "rsa",
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=key_type == "rsa",
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
         .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if kind == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]),
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH if kind == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
             critical=False,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -375,8 +401,19 @@ def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def issue(ca_dir, minion_id, kind, sans=None, days=None, renew_days=None, key_size=None, ca_days=None, cn=None,
-          key_type=None, force=False):
+def issue(
+    ca_dir,
+    minion_id,
+    kind,
+    sans=None,
+    days=None,
+    renew_days=None,
+    key_size=None,
+    ca_days=None,
+    cn=None,
+    key_type=None,
+    force=False,
+):
     """The ``kind`` (server|client) certificate + key of ``minion_id``: reused while valid, else (re)issued
     and stored under ``ca_dir/minions/<id>/``. Server certificates carry ``sans`` (DNS names and IPs;
     default: the minion id).
@@ -386,7 +423,9 @@ def issue(ca_dir, minion_id, kind, sans=None, days=None, renew_days=None, key_si
         raise SaltInvocationError(f"libvirt pki: kind must be one of {KINDS}, got {kind!r}")
     valid_minion_id(minion_id)
     params = settings(days=days, renew_days=renew_days, ca_days=ca_days, key_type=key_type, key_size=key_size)
-    ca_cert, ca_key = ensure_ca(ca_dir, days=params["ca_days"], key_type=params["key_type"], key_size=params["key_size"])
+    ca_cert, ca_key = ensure_ca(
+        ca_dir, days=params["ca_days"], key_type=params["key_type"], key_size=params["key_size"]
+    )
     sans = sorted({str(s) for s in (sans or [minion_id])}) if kind == "server" else []
     cn = default_cn(minion_id, kind, cn)
     wanted_key = (params["key_type"], params["key_size"])
@@ -403,7 +442,9 @@ def issue(ca_dir, minion_id, kind, sans=None, days=None, renew_days=None, key_si
             except ValueError:
                 reason = "stored certificate unreadable"
         if cert is not None:
-            renew, reason = needs_renewal(cert, ca_cert, sans if kind == "server" else None, params["renew_days"], kind, cn, wanted_key)
+            renew, reason = needs_renewal(
+                cert, ca_cert, sans if kind == "server" else None, params["renew_days"], kind, cn, wanted_key
+            )
             if not renew:
                 try:
                     key_pem = _read(key_path)
@@ -416,13 +457,23 @@ def issue(ca_dir, minion_id, kind, sans=None, days=None, renew_days=None, key_si
             if not renew:
                 if os.stat(key_path).st_mode & 0o777 != 0o600:
                     os.chmod(key_path, 0o600)
-                return {"cert": _cert_pem(cert).decode(), "key": key_pem.decode(), "issued": False, "reason": "valid",
-                        "warning": ca_warning(ca_cert, params["renew_days"])}
+                return {
+                    "cert": _cert_pem(cert).decode(),
+                    "key": key_pem.decode(),
+                    "issued": False,
+                    "reason": "valid",
+                    "warning": ca_warning(ca_cert, params["renew_days"]),
+                }
         cert, key = _leaf(ca_cert, ca_key, cn, kind, sans, params["days"], params["key_type"], params["key_size"])
         _write(key_path, _key_pem(key), 0o600)
         _write(cert_path, _cert_pem(cert), 0o644)
-    return {"cert": _cert_pem(cert).decode(), "key": _key_pem(key).decode(), "issued": True, "reason": reason,
-            "warning": ca_warning(ca_cert, params["renew_days"])}
+    return {
+        "cert": _cert_pem(cert).decode(),
+        "key": _key_pem(key).decode(),
+        "issued": True,
+        "reason": reason,
+        "warning": ca_warning(ca_cert, params["renew_days"]),
+    }
 
 
 def summary(pem):
@@ -446,7 +497,9 @@ def inventory(ca_dir):
     out = {"ca": summary(_read(os.path.join(ca_dir, "cacert.pem"))), "previous": [], "minions": {}}
     previous = os.path.join(ca_dir, "previous")
     if os.path.isdir(previous):
-        out["previous"] = [summary(_read(os.path.join(previous, n))) for n in sorted(os.listdir(previous)) if n.endswith(".pem")]
+        out["previous"] = [
+            summary(_read(os.path.join(previous, n))) for n in sorted(os.listdir(previous)) if n.endswith(".pem")
+        ]
     minions = os.path.join(ca_dir, "minions")
     for minion_id in sorted(os.listdir(minions)) if os.path.isdir(minions) else ():
         for kind in KINDS:

@@ -32,6 +32,7 @@ Policy (master config ``virt:placement``; every key optional)::
         weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
         maintenance: [hyper3, 'rack2-*']
 """
+
 import copy
 import fnmatch
 
@@ -93,7 +94,9 @@ def make_policy(config=None, **overrides):
                 pol["maintenance"] = _names(value, key)
             elif key == "strategy":
                 if value not in STRATEGIES:
-                    raise SaltInvocationError(f"virt:placement:strategy must be one of {', '.join(STRATEGIES)}, not {value!r}")
+                    raise SaltInvocationError(
+                        f"virt:placement:strategy must be one of {', '.join(STRATEGIES)}, not {value!r}"
+                    )
                 pol["strategy"] = value
             elif key == "cpu_overcommit":
                 pol[key] = _number(value, key, minimum=0.01)
@@ -195,9 +198,9 @@ def _check(host, answer, req, pol):
 def rank(hosts, req, pol=None, exclude=()):
     """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. Returns::
 
-        {"host": best id or None, "reason": one line,
-         "ranking": [{"host", "score", "scores": {mem, cpu, disk, vms}, "free_after": {...}}, ...],
-         "excluded": {id: [reasons]}, "request": req, "policy": pol}
+    {"host": best id or None, "reason": one line,
+     "ranking": [{"host", "score", "scores": {mem, cpu, disk, vms}, "free_after": {...}}, ...],
+     "excluded": {id: [reasons]}, "request": req, "policy": pol}
     """
     pol = pol or make_policy()
     fits, excluded = [], {}
@@ -247,14 +250,16 @@ def rank(hosts, req, pol=None, exclude=()):
         entry["rank"] = pos
     best = ranking[0]["host"] if ranking else None
     if best:
-        reason = (
-            f"{best}: best {pol['strategy']} score {ranking[0]['score']} of {len(ranking)} host(s) that fit"
-            + (f"; {len(excluded)} excluded" if excluded else "")
+        reason = f"{best}: best {pol['strategy']} score {ranking[0]['score']} of {len(ranking)} host(s) that fit" + (
+            f"; {len(excluded)} excluded" if excluded else ""
         )
     elif hosts:
-        reason = f"no host can take a VM with {req['cpu']} vCPU(s), {req['mem']} MiB" + (
-            f", {req['disk_mib']} MiB disk" if req["disk_mib"] else ""
-        ) + (f" in group {req['group']!r}" if req["group"] else "") + ": see excluded"
+        reason = (
+            f"no host can take a VM with {req['cpu']} vCPU(s), {req['mem']} MiB"
+            + (f", {req['disk_mib']} MiB disk" if req["disk_mib"] else "")
+            + (f" in group {req['group']!r}" if req["group"] else "")
+            + ": see excluded"
+        )
     else:
         reason = "no hypervisors found (see virt:hypervisors in the master config)"
     return {"host": best, "reason": reason, "ranking": ranking, "excluded": excluded, "request": req, "policy": pol}

@@ -4,6 +4,7 @@ remove it again without ever touching a file the VM does not own.
 init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy or qcow2 overlay)
 -> seed (minion config + keys) -> define -> start. Any failure undoes exactly what this call created.
 """
+
 import contextlib
 import hashlib
 import logging
@@ -20,7 +21,18 @@ from saltvirt.query import describe
 log = logging.getLogger(__name__)
 BASES_DIR = ".bases"  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
 # init arguments that shape the VM and go straight to saltvirt.spec.build
-SPEC_ARGS = ("nic", "disk", "disks", "interfaces", "enable_qcow", "enable_vnc", "graphics", "boot", "serial_log", "group")
+SPEC_ARGS = (
+    "nic",
+    "disk",
+    "disks",
+    "interfaces",
+    "enable_qcow",
+    "enable_vnc",
+    "graphics",
+    "boot",
+    "serial_log",
+    "group",
+)
 
 
 def _no_progress(step, **data):
@@ -69,9 +81,11 @@ def generate_minion_keypair():
     priv = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
     ).decode()
-    pub = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    ).decode()
+    pub = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     return pub, priv
 
 
@@ -169,7 +183,11 @@ def init(
             if disk.device != "disk" or not disk.path or disk.attach:
                 continue
             if disk.image:
-                src = base_image(disk.image, images_dir, image) if disk.overlay and image and "://" in image else disk.image
+                src = (
+                    base_image(disk.image, images_dir, image)
+                    if disk.overlay and image and "://" in image
+                    else disk.image
+                )
                 made = images.clone(src, disk.path, overlay=disk.overlay, fmt=disk.format)
                 undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
                 if disk.size and disk.size * 1048576 > images.image_info(disk.path)["virtual_size"]:

@@ -1,5 +1,6 @@
 """Read-only facts about domains and hosts, shaped for Salt output. Bulk calls where libvirt has them:
 ``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain."""
+
 import os
 
 from saltvirt import domxml

@@ -15,6 +15,7 @@ One migration is four steps on two hypervisors, each a ``virt.migrate_*`` call (
 Evacuation migrates every VM off one host, one at a time, each to the host ``saltvirt.placement``
 ranks best (the evacuated host excluded); a target that fails is excluded and the next one tried.
 """
+
 import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -104,7 +105,9 @@ def migrate(
     copying = prep["copy_storage"]
     note = None
     if tunnel and copying:
-        note = "virt:tunnel: libvirt cannot tunnel a disk copy; the libvirtd connection was TLS, the data a direct stream"
+        note = (
+            "virt:tunnel: libvirt cannot tunnel a disk copy; the libvirtd connection was TLS, the data a direct stream"
+        )
     kwargs = {
         "live": live,
         "tunnel": bool(tunnel) and not copying,
@@ -136,7 +139,9 @@ def migrate(
                 created=prep["created"],
                 retry=False,
             ) from None
-        cleanup = _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None
+        cleanup = (
+            _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None
+        )
         raise fleet.Failed(
             str(exc),
             **{**getattr(exc, "details", {}), "source": source, "target": target},

@@ -9,6 +9,7 @@ files are written atomically, owned by root, with their modes. Before :func:`see
 is unmounted and detached and qemu-storage-daemon/qemu-nbd have exited: every write is in the image.
 An image in use by a running qemu (its write lock is held) is refused.
 """
+
 import contextlib
 import fcntl
 import json
@@ -187,7 +188,9 @@ def _refuse_if_in_use(image):
     why = ["qemu holds its write lock"] if proc.returncode != 0 else []
     why += [f"qemu lock byte {offset} is held" for offset in images.held_qemu_locks(image, _QEMU_WRITE_BYTES)]
     why += [f"open in {user}" for user in _openers(image)]
-    loops = [n for n in os.listdir("/sys/block") if _read(f"/sys/block/{n}/loop/backing_file") == os.path.realpath(image)]
+    loops = [
+        n for n in os.listdir("/sys/block") if _read(f"/sys/block/{n}/loop/backing_file") == os.path.realpath(image)
+    ]
     why += [f"attached to /dev/{n}" for n in loops]
     if why:
         raise CommandExecutionError(

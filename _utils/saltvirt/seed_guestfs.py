@@ -2,6 +2,7 @@
 unusual partition layouts), then uploads the files. Tried first when libguestfs is installed
 (``apt-get install libguestfs-tools``); it boots a small appliance VM, under TCG where KVM is not
 usable (``LIBGUESTFS_BACKEND_SETTINGS=force_tcg``)."""
+
 import os
 import shutil
 import subprocess

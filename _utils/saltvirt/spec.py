@@ -18,6 +18,7 @@ Config (minion config, grains or pillar through ``config.get``)::
           - system: {size: 20480}
           - data: {size: 102400, format: raw}
 """
+
 import copy
 import dataclasses
 import os
@@ -267,9 +268,7 @@ def build(
 
     default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
     disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), _named_entries(disks, "disks"))
-    disk_objs = [
-        _disk(e, vm_dir, image, enable_qcow, image_format, i == 0) for i, e in enumerate(disk_entries)
-    ]
+    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0) for i, e in enumerate(disk_entries)]
     _assign_targets(disk_objs)
 
     gfx = None

@@ -1,4 +1,5 @@
 """Input validation shared by the module, states and runner: names, sizes, paths."""
+
 import os
 import re
 

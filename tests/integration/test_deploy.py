@@ -1,4 +1,5 @@
 """Both ways users deploy the bundle load `virt`: saltutil.sync_all from file_roots, and pip install ."""
+
 import json
 import os
 import subprocess
@@ -29,7 +30,18 @@ def test_sync_all_route_loads_virt_on_minion(hyper1, salt_cli):
 def test_pip_install_registers_salt_loader_entry_point(tmp_path):
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -53,7 +65,9 @@ found["virt_type"] = mods["virt.virt_type"]()
 print(json.dumps(found))
 """
     env = dict(os.environ, PYTHONPATH=str(target))
-    out = subprocess.run([sys.executable, "-c", probe], cwd=str(tmp_path), env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=str(tmp_path), env=env, check=True, capture_output=True, text=True
+    )
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["saltvirt"].startswith(str(target))
     assert found["virt_type"] == "test"

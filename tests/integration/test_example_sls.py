@@ -2,6 +2,7 @@
 package, config and keys parts apply for real on this machine (config into temp copies, keys into a
 temp PKI dir), idempotently; the service and bridge parts (no systemd here, and the host's network
 must not change) run in test=True only."""
+
 import json
 import os
 import shutil
@@ -11,7 +12,13 @@ import pytest
 
 from conftest import ROOT, start_minion
 
-REAL_PARTS = {"salt-virt-packages", "salt-virt-refresh-grains", "salt-virt-libvirtd-listen", "salt-virt-libvirtd-args", "salt-virt-keys"}
+REAL_PARTS = {
+    "salt-virt-packages",
+    "salt-virt-refresh-grains",
+    "salt-virt-libvirtd-listen",
+    "salt-virt-libvirtd-args",
+    "salt-virt-keys",
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +49,14 @@ def test_renders_for_debian_and_redhat(salt_cli, hyper1, redhat_minion, hypervis
     deb = salt_cli.run("state.show_sls", hypervisor_sls, minion_tgt="hyper1").data
     rh = salt_cli.run("state.show_sls", hypervisor_sls, minion_tgt="rh1").data
     assert isinstance(deb, dict) and isinstance(rh, dict), (deb, rh)
-    assert {"libvirt-daemon-system", "libvirt-clients", "qemu-system-x86", "qemu-utils", "python3-libvirt"} <= set(arg(deb, "salt-virt-packages", "pkgs"))
+    assert {"libvirt-daemon-system", "libvirt-clients", "qemu-system-x86", "qemu-utils", "python3-libvirt"} <= set(
+        arg(deb, "salt-virt-packages", "pkgs")
+    )
     assert {"libvirt", "qemu-kvm", "qemu-img", "python3-libvirt"} <= set(arg(rh, "salt-virt-packages", "pkgs"))
     for rendered in (deb, rh):
-        assert {"salt-virt-keys", "salt-virt-libvirtd-listen", "salt-virt-libvirtd", "salt-virt-bridge"} <= set(rendered)
+        assert {"salt-virt-keys", "salt-virt-libvirtd-listen", "salt-virt-libvirtd", "salt-virt-bridge"} <= set(
+            rendered
+        )
         assert arg(rendered, "salt-virt-keys", "basepath") == "/etc/pki"
         assert arg(rendered, "salt-virt-libvirtd-listen", "key_values")["listen_tls"] == "1"
         assert arg(rendered, "salt-virt-bridge", "unless") == "ip link show br0"
@@ -61,24 +72,43 @@ def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sl
         conf, defaults = os.path.join(tmp, "libvirtd.conf"), os.path.join(tmp, "libvirtd.default")
         shutil.copyfile("/etc/libvirt/libvirtd.conf", conf)
         shutil.copyfile("/etc/default/libvirtd", defaults)
-        pillar = {"salt_virt": {"libvirtd_conf": conf, "libvirtd_defaults": defaults, "pki_basepath": os.path.join(tmp, "pki"), "manage_service": False}}
+        pillar = {
+            "salt_virt": {
+                "libvirtd_conf": conf,
+                "libvirtd_defaults": defaults,
+                "pki_basepath": os.path.join(tmp, "pki"),
+                "manage_service": False,
+            }
+        }
 
         def apply(**extra):
             cmd = ["state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", 'exclude=[{"id": "salt-virt-bridge"}]']
-            return states_by_id(salt_cli.run(*cmd, *[f"{k}={v}" for k, v in extra.items()], minion_tgt="hyper1", _timeout=600).data)
+            return states_by_id(
+                salt_cli.run(*cmd, *[f"{k}={v}" for k, v in extra.items()], minion_tgt="hyper1", _timeout=600).data
+            )
 
         states = apply()
         assert all(s["result"] is True for s in states.values()), {k: s["comment"] for k, s in states.items()}
         assert set(states) == REAL_PARTS
         text = open(conf).read()
-        assert "\nlisten_tls = 1" in text and "\nlisten_tcp = 0" in text and f'ca_file = "{tmp}/pki/CA/cacert.pem"' in text
+        assert (
+            "\nlisten_tls = 1" in text and "\nlisten_tcp = 0" in text and f'ca_file = "{tmp}/pki/CA/cacert.pem"' in text
+        )
         assert 'LIBVIRTD_ARGS="--listen"' in open(defaults).read()
-        for path, mode in (("CA/cacert.pem", 0o644), ("libvirt/servercert.pem", 0o644), ("libvirt/private/serverkey.pem", 0o600)):
+        for path, mode in (
+            ("CA/cacert.pem", 0o644),
+            ("libvirt/servercert.pem", 0o644),
+            ("libvirt/private/serverkey.pem", 0o600),
+        ):
             assert oct(os.stat(os.path.join(tmp, "pki", path)).st_mode & 0o777) == oct(mode), path
         assert {k: s["changes"] for k, s in apply().items() if s["changes"]} == {}  # idempotent
 
         pillar["salt_virt"]["manage_service"] = True
-        preview = states_by_id(salt_cli.run("state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", "test=True", minion_tgt="hyper1").data)
+        preview = states_by_id(
+            salt_cli.run(
+                "state.sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", "test=True", minion_tgt="hyper1"
+            ).data
+        )
         assert set(preview) == REAL_PARTS | {"salt-virt-libvirtd", "salt-virt-bridge"}
         assert preview["salt-virt-bridge"]["result"] is None  # network part: test mode only
         assert all(preview[k]["result"] is True for k in REAL_PARTS)  # the applied parts stay as they are

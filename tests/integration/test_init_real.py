@@ -1,5 +1,6 @@
 """virt.init / purge / VNC on a real libvirtd with TCG guests (the tiny test guest boots in seconds and
 prints what seeding wrote into its disk on the serial console)."""
+
 import hashlib
 import json
 import os
@@ -36,7 +37,11 @@ def base_images(qemu_tmp, guest):
 
 
 def qemu_img_info(path):
-    return json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", path], check=True, capture_output=True, text=True).stdout)
+    return json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "-U", "--output=json", path], check=True, capture_output=True, text=True
+        ).stdout
+    )
 
 
 def test_full_copy_is_seeded_before_first_boot(virt_hv, hv1, base_images, boot_args, qemu_tmp):
@@ -145,7 +150,11 @@ def test_failed_seed_fails_init_and_removes_what_it_created(virt_hv, qemu_tmp, b
 def test_missing_bridge_is_explained_and_cleaned_up(virt_hv, qemu_tmp, base_images, boot_args):
     with pytest.raises(CommandExecutionError, match="bridge 'nobr0' does not exist on hv1.*salt-virt.example.sls"):
         virt_hv["virt.init"](
-            "nobridge", 1, 128, image=base_images["qcow2"], boot=boot_args,
+            "nobridge",
+            1,
+            128,
+            image=base_images["qcow2"],
+            boot=boot_args,
             interfaces=[{"name": "eth0", "type": "bridge", "source": "nobr0"}],
         )
     _nothing_left(virt_hv, qemu_tmp, "nobridge")
@@ -155,7 +164,12 @@ def test_purge_keeps_disks_it_did_not_create(virt_hv, qemu_tmp, base_images, boo
     foreign = qemu_tmp / "foreign.qcow2"
     shutil.copyfile(base_images["qcow2"], foreign)
     virt_hv["virt.init"](
-        "foreign1", 1, 128, disk=None, boot=boot_args, start=False,
+        "foreign1",
+        1,
+        128,
+        disk=None,
+        boot=boot_args,
+        start=False,
         disks=[{"name": "data", "path": str(foreign), "format": "qcow2"}],
     )
     purged = virt_hv["virt.purge"]("foreign1")

@@ -11,6 +11,7 @@ Proof that a guest kept running across a move: the heartbeat (``HB <n>``, one pe
 serial console continues on the target's console log from where the source's stopped, with no new
 boot; and it answers ping at the same address.
 """
+
 import json
 import os
 import pathlib
@@ -80,8 +81,11 @@ def pkipath(hv):
     writes the /etc/pki layout (libvirt's default paths on a real host): link a pkipath view of it."""
     view = os.path.join(hv.tls_dir, "client")
     os.makedirs(view, exist_ok=True)
-    for name, rel in (("cacert.pem", "CA/cacert.pem"), ("clientcert.pem", "libvirt/clientcert.pem"),
-                      ("clientkey.pem", "libvirt/private/clientkey.pem")):
+    for name, rel in (
+        ("cacert.pem", "CA/cacert.pem"),
+        ("clientcert.pem", "libvirt/clientcert.pem"),
+        ("clientkey.pem", "libvirt/private/clientkey.pem"),
+    ):
         if not os.path.lexists(os.path.join(view, name)):
             os.symlink(os.path.join(hv.tls_dir, rel), os.path.join(view, name))
     return view
@@ -90,8 +94,11 @@ def pkipath(hv):
 def foreign_tls(hv, tmp):
     """A TLS listener with a server certificate from another CA: what a TLS-refusing target looks like."""
     issued = pki.issue(os.path.join(tmp, "foreign-ca"), hv.hostname, "server", sans=[hv.hostname, hv.ip], key_size=2048)
-    for rel, data in (("CA/cacert.pem", open(os.path.join(tmp, "foreign-ca", "cacert.pem")).read()),
-                      ("libvirt/servercert.pem", issued["cert"]), ("libvirt/private/serverkey.pem", issued["key"])):
+    for rel, data in (
+        ("CA/cacert.pem", open(os.path.join(tmp, "foreign-ca", "cacert.pem")).read()),
+        ("libvirt/servercert.pem", issued["cert"]),
+        ("libvirt/private/serverkey.pem", issued["key"]),
+    ):
         os.makedirs(os.path.dirname(os.path.join(hv.tls_dir, rel)), exist_ok=True)
         with open(os.path.join(hv.tls_dir, rel), "w") as fh:
             fh.write(data)
@@ -117,7 +124,9 @@ def minions(mmaster, lab_hvs, lab_dir):
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
         assert cli.run("saltutil.refresh_pillar", "wait=True", minion_tgt="hv*").returncode == 0
         for name in ("hv6", "hv7"):
-            ret = cli.run("state.single", "virt.keys", "libvirt-keys", f"basepath={lab_hvs[name].tls_dir}", minion_tgt=name)
+            ret = cli.run(
+                "state.single", "virt.keys", "libvirt-keys", f"basepath={lab_hvs[name].tls_dir}", minion_tgt=name
+            )
             (state,) = ret.data.values()
             assert state["result"] is True and len(state["changes"]) == 5, ret
         foreign_tls(lab_hvs["hv8"], lab_dir)
@@ -201,7 +210,7 @@ class Console:
         """The heartbeat goes on on ``host`` after a move, counting on from the source, with no new boot."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            new = self.text(host)[mark["sizes"][host]:]
+            new = self.text(host)[mark["sizes"][host] :]
             beats = [int(n) for n in re.findall(r"^HB (\d+)\r?$", new, re.M)]
             if len(beats) >= 3:
                 assert "GUEST-BOOT-OK" not in new, new
@@ -213,7 +222,11 @@ class Console:
 
 def boot(guest, ip=None):
     """virt.init boot= for the test guest (the boot_args of conftest, for module-scoped fixtures), optionally with an address."""
-    return {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet" + (f" guest.ip={ip}/24" if ip else "")}
+    return {
+        "kernel": guest["kernel"],
+        "initrd": guest["initrd"],
+        "cmdline": "console=ttyS0 quiet" + (f" guest.ip={ip}/24" if ip else ""),
+    }
 
 
 def pings(fabric, ip):
@@ -232,9 +245,20 @@ def where(local, name, hosts=("hv6", "hv7", "hv8")):
 def shared_vm(local, store, guest, hvs):
     """'vshared' on hv6, its disk a qcow2 overlay in the shared directory (onto the golden image)."""
     disk = store / "shared" / "vshared.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(store / "golden.qcow2"), str(disk)], check=True)
-    ok(local, "hv6", "virt.init", "vshared", 1, 128, boot=boot(guest, "10.252.0.61"),
-       disks=[{"name": "system", "path": str(disk), "format": "qcow2"}])
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(store / "golden.qcow2"), str(disk)],
+        check=True,
+    )
+    ok(
+        local,
+        "hv6",
+        "virt.init",
+        "vshared",
+        1,
+        128,
+        boot=boot(guest, "10.252.0.61"),
+        disks=[{"name": "system", "path": str(disk), "format": "qcow2"}],
+    )
     return Console(hvs, "vshared")
 
 
@@ -269,7 +293,9 @@ def test_module_tunnelled_tls_migration(local, hvs, shared_vm):
     mark = shared_vm.mark("hv7")
     ret = ok(local, "hv7", "virt.migrate", "vshared", "hv6", tunnel=True, unsafe=True)
     print(f"module migration, shared storage, tunnelled TLS: libvirt {ret['seconds']} s")
-    assert ret["tunnelled"] is True and ret["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client"
+    assert (
+        ret["tunnelled"] is True and ret["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client"
+    )
     assert where(local, "vshared") == {"hv6": "running"}
     shared_vm.continued_on("hv6", mark)
 
@@ -303,15 +329,31 @@ def test_runner_tunnel_from_master_config(mmaster, local, hvs, shared_vm, tunnel
     ret = run(mmaster, "virt.migrate", "vshared", "hv6")
     assert ret.returncode == 0, ret
     data = ret.data
-    print(f"runner migration, shared storage, tunnelled TLS: {data['seconds']} s (libvirt {data['migration_seconds']} s)")
-    assert data["tunnelled"] is True and data["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client"
+    print(
+        f"runner migration, shared storage, tunnelled TLS: {data['seconds']} s (libvirt {data['migration_seconds']} s)"
+    )
+    assert (
+        data["tunnelled"] is True and data["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client"
+    )
     assert where(local, "vshared") == {"hv6": "running"}
     shared_vm.continued_on("hv6", mark)
 
 
-def test_runner_shared_nothing_overlay_copies_the_top_layer(mmaster, local, hvs, store, guest, lab_dir, tunnel_in_master_config):
-    ok(local, "hv6", "virt.init", "vlocal", 1, 128, image=str(store / "golden.qcow2"), enable_qcow=True, seed=False,
-       boot=boot(guest, "10.252.0.62"))
+def test_runner_shared_nothing_overlay_copies_the_top_layer(
+    mmaster, local, hvs, store, guest, lab_dir, tunnel_in_master_config
+):
+    ok(
+        local,
+        "hv6",
+        "virt.init",
+        "vlocal",
+        1,
+        128,
+        image=str(store / "golden.qcow2"),
+        enable_qcow=True,
+        seed=False,
+        boot=boot(guest, "10.252.0.62"),
+    )
     console = Console(hvs, "vlocal")
     mark = console.mark("hv6")
     src = pathlib.Path(lab_dir) / "hv6-images" / "vlocal" / "system.qcow2"
@@ -319,12 +361,18 @@ def test_runner_shared_nothing_overlay_copies_the_top_layer(mmaster, local, hvs,
     ret = run(mmaster, "virt.migrate", "vlocal", "hv7")
     assert ret.returncode == 0, ret
     data = ret.data
-    print(f"runner migration, shared nothing, overlay (copy inc), TLS: {data['seconds']} s (libvirt {data['migration_seconds']} s)")
+    print(
+        f"runner migration, shared nothing, overlay (copy inc), TLS: {data['seconds']} s (libvirt {data['migration_seconds']} s)"
+    )
     assert data["copy_storage"] == "inc" and data["disks"] == [str(dst)] and data["source_files_left"] == [str(src)]
     # virt:tunnel is set, but libvirt cannot tunnel a disk copy: TLS libvirtd connection, direct data stream
     assert data["tunnelled"] is False and data["target_uri"].startswith("qemu+tls://hv7/system?pkipath=")
     assert "cannot tunnel a disk copy" in data["note"]
-    info = json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", str(dst)], check=True, capture_output=True, text=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "-U", "--output=json", str(dst)], check=True, capture_output=True, text=True
+        ).stdout
+    )
     assert info["format"] == "qcow2" and info["backing-filename"] == str(store / "golden.qcow2")
     assert info["virtual-size"] == 64 << 20
     assert where(local, "vlocal") == {"hv7": "running"}
@@ -340,19 +388,26 @@ def test_room_refused_then_full_copy(mmaster, local, hvs, store, guest, lab_dir)
     small = pathlib.Path(lab_dir) / "hv8-images"
     ret = run(mmaster, "virt.migrate", "vbig", "hv8")
     assert ret.returncode != 0
-    assert re.search(r"not enough room on hv8 for VM 'vbig': its disks need about \d+ MiB in .*hv8-images, \d+ MiB are free", ret.stdout), ret.stdout
+    assert re.search(
+        r"not enough room on hv8 for VM 'vbig': its disks need about \d+ MiB in .*hv8-images, \d+ MiB are free",
+        ret.stdout,
+    ), ret.stdout
     assert "Nothing was migrated, the VM stays on hv6" in ret.stdout
     assert where(local, "vbig") == {"hv6": "running"} and os.listdir(small) == []
 
     mark = console.mark("hv6")
     ret = run(mmaster, "virt.migrate", "vbig", "hv7")
     assert ret.returncode == 0, ret
-    print(f"runner migration, shared nothing, 48 MiB raw (copy all): {ret.data['seconds']} s (libvirt {ret.data['migration_seconds']} s)")
+    print(
+        f"runner migration, shared nothing, 48 MiB raw (copy all): {ret.data['seconds']} s (libvirt {ret.data['migration_seconds']} s)"
+    )
     dst = pathlib.Path(lab_dir) / "hv7-images" / "vbig" / "system.raw"
     assert ret.data["copy_storage"] == "all" and ret.data["disks"] == [str(dst)]
     console.continued_on("hv7", mark)
     src = pathlib.Path(lab_dir) / "hv6-images" / "vbig" / "system.raw"
-    digest = [subprocess.run(["sha256sum", str(p)], capture_output=True, text=True).stdout.split()[0] for p in (src, dst)]
+    digest = [
+        subprocess.run(["sha256sum", str(p)], capture_output=True, text=True).stdout.split()[0] for p in (src, dst)
+    ]
     assert digest[0] == digest[1]
     # the target owns the disks it prepared: virt.purge there removes them
     purged = ok(local, "hv7", "virt.purge", "vbig")
@@ -364,7 +419,9 @@ def test_failures_leave_the_vm_running_on_the_source(mmaster, cli, local, hvs, s
     assert ret.returncode != 0
     assert "unable to connect to server at 'hv9:16509'" in ret.stdout and "is libvirtd running on hv9" in ret.stdout
     assert "VM 'vshared' is still running on hv6" in ret.stdout
-    ret = salt(cli, "hv6", "virt.migrate", "vshared", "hv8", tunnel=True, unsafe=True)  # hv8: a certificate from another CA
+    ret = salt(
+        cli, "hv6", "virt.migrate", "vshared", "hv8", tunnel=True, unsafe=True
+    )  # hv8: a certificate from another CA
     assert ret.returncode != 0
     assert "TLS refused" in ret.stdout and "VM 'vshared' is still running on hv6" in ret.stdout
     ret = run(mmaster, "virt.migrate", "vshared", "hv5")
@@ -427,8 +484,14 @@ def test_target_down(mmaster, local, hvs, minions):
     ret = run(mmaster, "virt.migrate", "vlocal", "hv8")
     assert ret.returncode != 0
     assert "target hypervisor hv8 answered with an error: cannot connect to libvirt at " in ret.stdout
-    assert "Check that libvirtd is running and that virt:connection:uri is right. VM 'vlocal' stays on hv7" in ret.stdout
+    assert (
+        "Check that libvirtd is running and that virt:connection:uri is right. VM 'vlocal' stays on hv7" in ret.stdout
+    )
     minions["hv8"].terminate()
     ret = run(mmaster, "virt.migrate", "vlocal", "hv8")
-    assert ret.returncode != 0 and "target hypervisor hv8 is down" in ret.stdout and "VM 'vlocal' stays on hv7" in ret.stdout
+    assert (
+        ret.returncode != 0
+        and "target hypervisor hv8 is down" in ret.stdout
+        and "VM 'vlocal' stays on hv7" in ret.stdout
+    )
     assert where(local, "vlocal", ("hv6", "hv7")) == {"hv7": "running"}

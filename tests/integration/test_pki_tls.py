@@ -2,6 +2,7 @@
 only hypervisor minions get them (each only its own), `virt.keys` writes them with safe modes, and a
 real libvirtd with listen_tls and the distributed server cert accepts a `qemu+tls://` client using the
 distributed client cert, and rejects a client cert from another CA and a host name outside the SANs."""
+
 import datetime
 import os
 import shutil
@@ -132,26 +133,50 @@ def _rogue_client(tmp_path, ca_dir):
     tmpl = tmp_path / "rogue.tmpl"
     tmpl.write_text((ROOT / "pki" / "client.tmpl").read_text() + 'cn = "rogue"\n')
     key, cert = tmp_path / "rogue.key", tmp_path / "rogue.pem"
-    subprocess.run(["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(key)], check=True, capture_output=True)
     subprocess.run(
-        ["certtool", "--generate-certificate", "--load-privkey", str(key), "--template", str(tmpl), "--outfile", str(cert),
-         "--load-ca-certificate", os.path.join(ca_dir, "cacert.pem"), "--load-ca-privkey", os.path.join(ca_dir, "cakey.pem")],
-        check=True, capture_output=True,
+        ["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(key)], check=True, capture_output=True
+    )
+    subprocess.run(
+        [
+            "certtool",
+            "--generate-certificate",
+            "--load-privkey",
+            str(key),
+            "--template",
+            str(tmpl),
+            "--outfile",
+            str(cert),
+            "--load-ca-certificate",
+            os.path.join(ca_dir, "cacert.pem"),
+            "--load-ca-privkey",
+            os.path.join(ca_dir, "cakey.pem"),
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
 
-def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_cn_and_wrong_host(applied_keys, salt_master, tmp_path, lab_dir):
+def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_cn_and_wrong_host(
+    applied_keys, salt_master, tmp_path, lab_dir
+):
     keys_dir = applied_keys
     fab = lab.Fabric(lab.new_tag()).start()
     # the tls_allowed_dn_list pki/README.md recommends: only salt-virt client CNs
-    hv = lab.Hypervisor(os.path.join(lab_dir, "tls"), 1, fab, tls_dir=keys_dir,
-                        extra_libvirtd_conf='tls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]')
+    hv = lab.Hypervisor(
+        os.path.join(lab_dir, "tls"),
+        1,
+        fab,
+        tls_dir=keys_dir,
+        extra_libvirtd_conf='tls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]',
+    )
     try:
         hv.start()
         ca = os.path.join(keys_dir, "CA", "cacert.pem")
         ours = _client_dir(
-            str(tmp_path / "ours"), ca, os.path.join(keys_dir, "libvirt", "clientcert.pem"),
+            str(tmp_path / "ours"),
+            ca,
+            os.path.join(keys_dir, "libvirt", "clientcert.pem"),
             os.path.join(keys_dir, "libvirt", "private", "clientkey.pem"),
         )
         foreign = pki.issue(str(tmp_path / "foreign-ca"), "intruder", "client", key_size=2048)
@@ -159,12 +184,17 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
         (tmp_path / "f.key").write_text(foreign["key"])
         # the client's cacert.pem trusts both CAs, else virsh refuses its own certificate before connecting
         (tmp_path / "both.pem").write_text(open(ca).read() + open(tmp_path / "foreign-ca" / "cacert.pem").read())
-        theirs = _client_dir(str(tmp_path / "theirs"), str(tmp_path / "both.pem"), str(tmp_path / "f.pem"), str(tmp_path / "f.key"))
+        theirs = _client_dir(
+            str(tmp_path / "theirs"), str(tmp_path / "both.pem"), str(tmp_path / "f.pem"), str(tmp_path / "f.key")
+        )
 
         def virsh(host, pkipath):
             uri = f"qemu+tls://{host}/system?pkipath={pkipath}"
             return subprocess.run(
-                ["ip", "netns", "exec", fab.netns, "virsh", "-c", uri, "hostname"], capture_output=True, text=True, timeout=60
+                ["ip", "netns", "exec", fab.netns, "virsh", "-c", uri, "hostname"],
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
 
         seen = [0]
@@ -208,8 +238,17 @@ def test_near_expiry_cert_is_renewed_and_rewritten(salt_cli, salt_master, hyper1
         before = pki.load_cert(fh.read())
     # replace hyper1's stored server cert by one with the same names that expires in two days
     dns, ips = pki.cert_sans(before)
-    short = pki.issue(ca_dir, "hyper1", "server", sorted(dns) + [str(i) for i in ips], cn=pki.common_name(before),
-                      days=2, renew_days=1, key_size=2048, force=True)
+    short = pki.issue(
+        ca_dir,
+        "hyper1",
+        "server",
+        sorted(dns) + [str(i) for i in ips],
+        cn=pki.common_name(before),
+        days=2,
+        renew_days=1,
+        key_size=2048,
+        force=True,
+    )
     assert (pki.load_cert(short["cert"]).not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)).days <= 2
     refresh(salt_cli, "hyper1")
     server = unmasked(salt_cli, "hyper1", "libvirt:server")

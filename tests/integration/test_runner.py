@@ -9,6 +9,7 @@ nodes of different capacities (tests/support/nodes/*.xml; read-only: every conne
     cap-maint  64 CPUs, 128 GiB; in maintenance (master config)
     cap-gone   128 CPUs, 512 GiB; its minion is stopped: down
 """
+
 import contextlib
 import json
 import os
@@ -47,9 +48,13 @@ def vmaster(salt_factories, state_tree):
 def minions(vmaster, hv1, lab_dir, tmp_path_factory):
     """kvm1 as conftest configures hypervisors; the cap-* minions get the virt_hypervisor grain from the
     synced grain module (libvirt bindings + virt:connection:uri), as a real deployment would."""
-    factories = {"kvm1": start_minion(vmaster, "kvm1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "rk-images"))}
+    factories = {
+        "kvm1": start_minion(vmaster, "kvm1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "rk-images"))
+    }
     for cap in CAPS:
-        config = {"virt": {"connection": {"uri": f"test://{NODES / cap}.xml"}, "images": str(tmp_path_factory.mktemp(cap))}}
+        config = {
+            "virt": {"connection": {"uri": f"test://{NODES / cap}.xml"}, "images": str(tmp_path_factory.mktemp(cap))}
+        }
         factories[cap] = start_minion(vmaster, cap, config)
     with contextlib.ExitStack() as stack:
         for factory in factories.values():
@@ -120,7 +125,12 @@ def test_list_and_host_info(vmaster, gone_down):
     ret = run(vmaster, "virt.host_info")
     assert ret.returncode == 0, ret
     facts = ret.data["cap-full"]["host"]
-    assert (facts["mem_total"], facts["mem_used_by_vms"], facts["vcpus_total"], facts["vcpus_used_by_vms"]) == (4096, 3500, 2, 8)
+    assert (facts["mem_total"], facts["mem_used_by_vms"], facts["vcpus_total"], facts["vcpus_used_by_vms"]) == (
+        4096,
+        3500,
+        2,
+        8,
+    )
     assert ret.data["cap-gone"]["status"] == "down"
 
 
@@ -131,11 +141,18 @@ def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
     assert "cap-gone  down  (did not answer" in text
     assert "\n  web-a\n    CPU: 4\n    Memory: 4096 MiB\n    State: running\n    Group: web\n" in text
     assert "    Graphics: vnc - " in text and ":5901\n" in text
-    assert "    Disk - vda:\n      Size: " in text and "      File: /srv/salt-images/web-a/system.qcow2\n      File Format: qcow2\n" in text
+    assert (
+        "    Disk - vda:\n      Size: " in text
+        and "      File: /srv/salt-images/web-a/system.qcow2\n      File Format: qcow2\n" in text
+    )
     assert "    NIC - 52:54:00:00:0b:01:\n      Source: br0\n      Type: bridge\n" in text
     out = run_text(vmaster, "virt.next_host", "mem=1024")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("Next host: ") and "Ranking:" in out.stdout and "  cap-gone: down: did not answer" in out.stdout
+    assert (
+        out.stdout.startswith("Next host: ")
+        and "Ranking:" in out.stdout
+        and "  cap-gone: down: did not answer" in out.stdout
+    )
 
 
 # placement ----------------------------------------------------------------------------------------
@@ -150,14 +167,20 @@ def test_next_host_places_by_fit_and_explains(vmaster, gone_down):
     assert [r["host"] for r in plan["ranking"]] == ["cap-big"]
     assert set(plan["ranking"][0]["scores"]) == {"mem", "cpu", "disk", "vms"}
     excl = plan["excluded"]
-    assert excl["cap-small"] == ["memory: needs 8192 MiB, 3328 MiB free (4096 total - 256 used by running VMs - 512 reserve)"]
-    assert excl["cap-full"][0].startswith("memory: needs 8192 MiB, 84 MiB free") and excl["cap-full"][1].startswith("vcpus: needs 2, 0 left")
+    assert excl["cap-small"] == [
+        "memory: needs 8192 MiB, 3328 MiB free (4096 total - 256 used by running VMs - 512 reserve)"
+    ]
+    assert excl["cap-full"][0].startswith("memory: needs 8192 MiB, 84 MiB free") and excl["cap-full"][1].startswith(
+        "vcpus: needs 2, 0 left"
+    )
     assert excl["cap-maint"] == ["in maintenance (virt:placement:maintenance: 'cap-maint')"]
     assert excl["cap-gone"] == ["down: did not answer (waited 4 s + 6 s job check)"]
     assert plan["request"]["disk_mib"] >= 1 and "measured in the master's file_roots" in plan["request"]["disk_note"]
     # anti-affinity: web-a (group web) runs on cap-big
     plan = run(vmaster, "virt.next_host", "cpu=1", "mem=1024", "group=web", f"tgt={UP_CAPS}").data
-    assert plan["host"] == "cap-small" and plan["excluded"]["cap-big"] == ["anti-affinity: group 'web' already has web-a here"]
+    assert plan["host"] == "cap-small" and plan["excluded"]["cap-big"] == [
+        "anti-affinity: group 'web' already has web-a here"
+    ]
     # nothing fits: an answer, not a crash
     plan = run(vmaster, "virt.next_host", "mem=100000000").data
     assert plan["host"] is None and not plan["ranking"] and sorted(plan["excluded"]) == ALL
@@ -174,7 +197,9 @@ def test_full_host_is_never_chosen_even_when_packing(vmaster, gone_down):
 def test_maintenance_from_master_config_and_per_call(vmaster, gone_down):
     plan = run(vmaster, "virt.next_host", "mem=1024", f"tgt={UP_CAPS}").data
     assert plan["host"] == "cap-big" and "cap-maint" in plan["excluded"]  # the biggest host is in maintenance
-    plan = run(vmaster, "virt.next_host", "mem=1024", "maintenance=cap-big", f"tgt={UP_CAPS}").data  # override for one call
+    plan = run(
+        vmaster, "virt.next_host", "mem=1024", "maintenance=cap-big", f"tgt={UP_CAPS}"
+    ).data  # override for one call
     assert plan["host"] == "cap-maint" and plan["excluded"]["cap-big"][0].startswith("in maintenance")
 
 
@@ -198,7 +223,10 @@ def test_actions_refuse_ambiguous_names_and_report_real_errors(vmaster, gone_dow
     try:
         ret = run(vmaster, "virt.start", "rbroken")
         assert ret.returncode == 1, ret
-        assert ret.data["error"].startswith("virt.start rbroken on kvm1: error: ") and "/nonexistent/rbroken.qcow2" in ret.data["error"]
+        assert (
+            ret.data["error"].startswith("virt.start rbroken on kvm1: error: ")
+            and "/nonexistent/rbroken.qcow2" in ret.data["error"]
+        )
         assert "good" not in json.dumps(ret.data) and ret.data["host"] == "kvm1"
     finally:
         dom.undefine()
@@ -218,7 +246,9 @@ def read_guest_file(disk, path, tmp_path):
     raw, part = tmp_path / "disk.raw", tmp_path / "part.img"
     subprocess.run(["qemu-img", "convert", "-U", "-O", "raw", disk, str(raw)], check=True)
     subprocess.run(["dd", f"if={raw}", f"of={part}", "bs=512", "skip=2048", "status=none"], check=True)
-    return subprocess.run(["debugfs", "-R", f"cat {path}", str(part)], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["debugfs", "-R", f"cat {path}", str(part)], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def serial_log(hv, vm, text, start=0, timeout=120):
@@ -243,8 +273,17 @@ def log_size(hv, vm):
 
 def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, boot_args, event_listener, tmp_path):
     t0, offset = time.time(), log_size(hv1, "rvm1")
-    init = run(vmaster, "virt.init", "rvm1", "1", "256", "salt://images/guest.qcow2", "host=kvm1", "enable_vnc=True",
-               f"boot={json.dumps(boot_args)}")
+    init = run(
+        vmaster,
+        "virt.init",
+        "rvm1",
+        "1",
+        "256",
+        "salt://images/guest.qcow2",
+        "host=kvm1",
+        "enable_vnc=True",
+        f"boot={json.dumps(boot_args)}",
+    )
     seconds = time.time() - t0
     assert init.returncode == 0, init
     res = init.data
@@ -293,7 +332,9 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
     assert len(files) > 20 and any("jobs" in p.parts for p in files)
     leaked = [str(p) for p in files if any(s in p.read_bytes() for s in secrets)]
     assert leaked == []
-    seen = init.stdout + "".join(json.dumps(ev.full_data, default=str) for ev in events(event_listener, vmaster, "*", t0))
+    seen = init.stdout + "".join(
+        json.dumps(ev.full_data, default=str) for ev in events(event_listener, vmaster, "*", t0)
+    )
     assert not any(s.decode() in seen for s in secrets)
 
     ret = run(vmaster, "virt.purge", "rvm1", "tgt=kvm1")
@@ -317,31 +358,52 @@ def test_init_failure_leaves_nothing_behind_and_is_not_retried(vmaster, gone_dow
     assert "kvm1" in accepted_keys(vmaster)["minions"]
     # a full host is refused when asked for by name
     ret = run(vmaster, "virt.init", "rbad2", "1", "128", "salt://images/guest.qcow2", "host=cap-full")
-    assert ret.returncode == 1 and ret.data["error"].startswith("cap-full cannot take rbad2: memory: needs 128 MiB, 84 MiB free")
+    assert ret.returncode == 1 and ret.data["error"].startswith(
+        "cap-full cannot take rbad2: memory: needs 128 MiB, 84 MiB free"
+    )
     assert "rbad2" not in json.dumps(accepted_keys(vmaster))
 
 
 def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boot_args, event_listener):
     t0, offset = time.time(), log_size(hv1, "rvm2")
-    ret = run(vmaster, "virt.init", "rvm2", "1", "128", "salt://images/guest.qcow2", "host=cap-gone",
-              "tgt=kvm1,cap-gone", f"boot={json.dumps(boot_args)}")
+    ret = run(
+        vmaster,
+        "virt.init",
+        "rvm2",
+        "1",
+        "128",
+        "salt://images/guest.qcow2",
+        "host=cap-gone",
+        "tgt=kvm1,cap-gone",
+        f"boot={json.dumps(boot_args)}",
+    )
     assert ret.returncode == 0, ret
     assert ret.data["host"] == "kvm1"
     # cap-gone was down for the query but asked for: the init publication went to it, unanswered, then kvm1
     [tried] = ret.data["tried"]
-    assert (tried["host"], tried["outcome"], tried["error"]) == ("cap-gone", "down", "did not answer (waited 4 s + 6 s job check)")
+    assert (tried["host"], tried["outcome"], tried["error"]) == (
+        "cap-gone",
+        "down",
+        "did not answer (waited 4 s + 6 s job check)",
+    )
     job = run(vmaster, "jobs.list_job", tried["jid"]).data
     assert job["Function"] == "virt.init" and job["Target"] == ["cap-gone"] and job["Result"] == {}
     fallback = events(event_listener, vmaster, "salt/virt/init/rvm2/fallback", t0)
     assert [(e.data["host"], e.data["next"]) for e in fallback] == [("cap-gone", "kvm1")]
     # a fresh key pair per hypervisor tried: the one kvm1 seeded is the one the master accepts now
     keys = events(event_listener, vmaster, "salt/virt/init/rvm2/key_accepted", t0)
-    assert len(keys) == 2 and keys[1].data["fingerprint"] == ret.data["key"]["fingerprint"] != keys[0].data["fingerprint"]
+    assert (
+        len(keys) == 2 and keys[1].data["fingerprint"] == ret.data["key"]["fingerprint"] != keys[0].data["fingerprint"]
+    )
     assert "rvm2" in accepted_keys(vmaster)["minions"]
     log = serial_log(hv1, "rvm2", "SALT-MINION-KEY:", offset)
     assert "SALT-MINION-ID: rvm2" in log and f"SALT-MINION-KEY: {ret.data['key']['fingerprint']}" in log
     assert run(vmaster, "virt.purge", "rvm2", "tgt=kvm1").returncode == 0
     # with fallback=False a down host is an error, and nothing is left
     ret = run(vmaster, "virt.init", "rvm3", "1", "128", "host=cap-gone", "fallback=False")
-    assert ret.returncode == 1 and ret.data["error"].startswith("cap-gone is down: did not answer") and "fallback=False" in ret.data["error"]
+    assert (
+        ret.returncode == 1
+        and ret.data["error"].startswith("cap-gone is down: did not answer")
+        and "fallback=False" in ret.data["error"]
+    )
     assert "rvm3" not in json.dumps(accepted_keys(vmaster))

@@ -4,6 +4,7 @@ back with debugfs (no shared code with the backends), and a TCG boot that prints
 qemu-nbd (no nbd kernel module here) and libguestfs (not installed) are exercised only through what
 ``auto`` reports about them; every backend that can run here is used for real.
 """
+
 import hashlib
 import json
 import os
@@ -39,7 +40,11 @@ def scratch(tmp_path, monkeypatch):
 @pytest.fixture
 def disks(tmp_path, guest):
     """Private copies of the test guest disks and a qcow2 overlay on a qcow2 base."""
-    out = {"raw": str(tmp_path / "guest.raw"), "qcow2": str(tmp_path / "guest.qcow2"), "base": str(tmp_path / "base.qcow2")}
+    out = {
+        "raw": str(tmp_path / "guest.raw"),
+        "qcow2": str(tmp_path / "guest.qcow2"),
+        "base": str(tmp_path / "base.qcow2"),
+    }
     shutil.copyfile(guest["raw"], out["raw"])
     shutil.copyfile(guest["qcow2"], out["qcow2"])
     shutil.copyfile(guest["qcow2"], out["base"])
@@ -56,7 +61,11 @@ def keypair():
     priv = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
     ).decode()
-    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    pub = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     return pub, priv
 
 
@@ -76,7 +85,9 @@ def assert_seeded(image, files, tmp_path):
 # salt_minion_files -------------------------------------------------------------------------------
 def test_salt_minion_files(keypair):
     pub, priv = keypair
-    files = seed.salt_minion_files("web1", master=["m1", "m2"], pub=pub, priv=priv, config={"startup_states": "highstate"})
+    files = seed.salt_minion_files(
+        "web1", master=["m1", "m2"], pub=pub, priv=priv, config={"startup_states": "highstate"}
+    )
     assert files["/etc/salt/minion_id"] == {"content": b"web1", "mode": 0o644}
     conf = files["/etc/salt/minion.d/99-salt-virt.conf"]
     assert conf["mode"] == 0o644
@@ -405,7 +416,9 @@ def test_seeded_overlay_boots_and_the_guest_sees_the_minion_config(hv1, lab_dir,
     log = os.path.join(work, "serial.log")
     name = minion_id
     conn = libvirt.open(hv1.uri)
-    dom = conn.createXML(DOMAIN.format(name=name, kernel=guest["kernel"], initrd=guest["initrd"], disk=overlay, log=log))
+    dom = conn.createXML(
+        DOMAIN.format(name=name, kernel=guest["kernel"], initrd=guest["initrd"], disk=overlay, log=log)
+    )
     try:
         out = lab.wait_for_text(log, "SALT-MINION-KEY:", timeout=300)  # TCG on a busy host
         assert f"SALT-MINION-ID: {minion_id}" in out

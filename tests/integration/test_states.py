@@ -1,6 +1,7 @@
 """The virt states through a real minion (hyper1) on a real libvirtd (hv1, TCG guests): create exactly
 what test=True previewed, idempotence, live vs restart changes, NIC source change keeping the MAC,
 power states, absent with and without disks, networks and pools, and a whole SLS with state.apply."""
+
 import json
 import os
 import re
@@ -38,7 +39,9 @@ def boots(hv, name):
 
 @pytest.fixture(scope="module")
 def boot(guest):
-    return "boot=" + json.dumps({"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"})
+    return "boot=" + json.dumps(
+        {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,9 @@ def test_running_creates_the_preview_then_converges_live_and_at_restart(salt_cli
     assert preview["result"] is None and preview["comment"] == "VM st1 would be created and started"
     created_preview = preview["changes"]["created"]
     assert (created_preview["cpu"], created_preview["mem"], created_preview["started"]) == (1, 128, True)
-    assert created_preview["disks"]["vda"]["overlay"] is True and created_preview["nics"] == [{"type": "bridge", "source": "br0", "model": "virtio"}]
+    assert created_preview["disks"]["vda"]["overlay"] is True and created_preview["nics"] == [
+        {"type": "bridge", "source": "br0", "model": "virtio"}
+    ]
     assert "st1" not in call(salt_cli, "virt.list_domains")
     created = single(salt_cli, "virt.running", "st1", *args)
     assert created["result"] is True, created
@@ -76,33 +81,57 @@ def test_running_creates_the_preview_then_converges_live_and_at_restart(salt_cli
     assert "would apply live: NIC on bridge br0 (e1000) added, disk vdb (16 MiB qcow2) added" in want["comment"]
     assert "would need restart: cpu 1 -> 2, mem 128 -> 192 MiB, graphics none -> vnc on 127.0.0.1" in want["comment"]
     info = call(salt_cli, "virt.vm_info", "st1")["st1"]
-    assert (info["cpu"], info["mem"], info["graphics"], len(info["nics"]), list(info["disks"])) == (1, 128, None, 1, ["vda"])
+    assert (info["cpu"], info["mem"], info["graphics"], len(info["nics"]), list(info["disks"])) == (
+        1,
+        128,
+        None,
+        1,
+        ["vda"],
+    )
     data_disk = want["changes"]["disks"]["added"][0]["path"]
     assert not os.path.exists(data_disk)  # test=True touched nothing
 
     done = single(salt_cli, "virt.running", "st1", *bigger)
     assert done["result"] is True and done["changes"] == want["changes"], done
     assert "applied live: NIC on bridge br0 (e1000) added, disk vdb (16 MiB qcow2) added" in done["comment"]
-    assert re.search(r"needs restart: cpu 1 -> 2 \(.*\), mem 128 -> 192 MiB \(.*\), graphics none -> vnc on 127.0.0.1", done["comment"])
+    assert re.search(
+        r"needs restart: cpu 1 -> 2 \(.*\), mem 128 -> 192 MiB \(.*\), graphics none -> vnc on 127.0.0.1",
+        done["comment"],
+    )
     live = call(salt_cli, "virt.get_xml", "st1")
     assert "<model type='e1000'/>" in live and "data.qcow2" in live and "<graphics" not in live  # hotplugged
     config = call(salt_cli, "virt.get_xml", "st1", "inactive=True")
     assert "<graphics type='vnc'" in config and "<vcpu placement='static'>2</vcpu>" in config
     again = single(salt_cli, "virt.running", "st1", *bigger)
-    assert again["changes"] == {} and again["comment"] == "VM st1 is as declared; pending restart (defined, not yet in the running VM): cpu, mem, graphics"
+    assert (
+        again["changes"] == {}
+        and again["comment"]
+        == "VM st1 is as declared; pending restart (defined, not yet in the running VM): cpu, mem, graphics"
+    )
 
     assert single(salt_cli, "virt.powered_off", "st1")["changes"] == {"state": {"old": "running", "new": "shutoff"}}
     restarted = single(salt_cli, "virt.running", "st1", *bigger)
-    assert restarted["changes"] == {"state": {"old": "shutoff", "new": "running"}} and restarted["comment"] == "VM st1 is as declared; started it"
+    assert (
+        restarted["changes"] == {"state": {"old": "shutoff", "new": "running"}}
+        and restarted["comment"] == "VM st1 is as declared; started it"
+    )
     info = call(salt_cli, "virt.vm_info", "st1")["st1"]
-    assert (info["cpu"], info["mem"], info["graphics"]["type"], len(info["nics"]), sorted(info["disks"])) == (2, 192, "vnc", 2, ["vda", "vdb"])
+    assert (info["cpu"], info["mem"], info["graphics"]["type"], len(info["nics"]), sorted(info["disks"])) == (
+        2,
+        192,
+        "vnc",
+        2,
+        ["vda", "vdb"],
+    )
     assert single(salt_cli, "virt.running", "st1", *bigger)["comment"] == "VM st1 is as declared"
 
     # fewer: the data disk is only reported (never removed), memory goes down live (balloon)
     fewer = ["cpu=2", "mem=160", "enable_vnc=True", f"interfaces={nics}"] + common
     less = single(salt_cli, "virt.running", "st1", *fewer)
     assert less["changes"] == {"mem": {"old": 192, "new": 160}}, less
-    assert "applied live: mem 192 -> 160 MiB" in less["comment"] and "disks not in the state, kept: vdb" in less["comment"]
+    assert (
+        "applied live: mem 192 -> 160 MiB" in less["comment"] and "disks not in the state, kept: vdb" in less["comment"]
+    )
     assert os.path.exists(data_disk) and "vdb" in call(salt_cli, "virt.get_disks", "st1")
     gone = single(salt_cli, "virt.absent", "st1", "remove_disks=True")
     assert sorted(gone["changes"]["vm"]["removed"]) == sorted([created_preview["disks"]["vda"]["path"], data_disk])
@@ -111,16 +140,36 @@ def test_running_creates_the_preview_then_converges_live_and_at_restart(salt_cli
 
 def test_nic_source_change_is_live_and_keeps_the_mac(salt_cli, hyper1, boot):
     for net, ip in (("stneta", "10.81.0.1/24"), ("stnetb", "10.82.0.1/24")):
-        assert single(salt_cli, "virt.network_running", net, "forward=none", f"ip={ip}", "autostart=False")["result"] is True
-    on = lambda net: ["cpu=1", "mem=96", "disk=none", "nic=none", f'interfaces=[{{"name": "eth0", "type": "network", "source": "{net}"}}]', boot]  # noqa: E731
+        assert (
+            single(salt_cli, "virt.network_running", net, "forward=none", f"ip={ip}", "autostart=False")["result"]
+            is True
+        )
+    on = lambda net: [
+        "cpu=1",
+        "mem=96",
+        "disk=none",
+        "nic=none",
+        f'interfaces=[{{"name": "eth0", "type": "network", "source": "{net}"}}]',
+        boot,
+    ]  # noqa: E731
     assert single(salt_cli, "virt.running", "st5", *on("stneta"))["result"] is True
     (mac,) = call(salt_cli, "virt.get_macs", "st5")
     moved = single(salt_cli, "virt.running", "st5", *on("stnetb"))
     assert moved["changes"] == {
-        "nics": {"changed": [{"mac": mac, "old": {"type": "network", "source": "stneta", "model": "virtio"}, "new": {"type": "network", "source": "stnetb", "model": "virtio"}}]}
+        "nics": {
+            "changed": [
+                {
+                    "mac": mac,
+                    "old": {"type": "network", "source": "stneta", "model": "virtio"},
+                    "new": {"type": "network", "source": "stnetb", "model": "virtio"},
+                }
+            ]
+        }
     }
     assert f"applied live: NIC {mac} network stneta (virtio) -> network stnetb (virtio)" in moved["comment"], moved
-    assert re.search(rf"<mac address='{mac}'/>\s*<source network='stnetb'", call(salt_cli, "virt.get_xml", "st5"))  # live, same MAC
+    assert re.search(
+        rf"<mac address='{mac}'/>\s*<source network='stnetb'", call(salt_cli, "virt.get_xml", "st5")
+    )  # live, same MAC
     assert single(salt_cli, "virt.running", "st5", *on("stnetb"))["comment"] == "VM st5 is as declared"
     assert single(salt_cli, "virt.absent", "st5")["result"] is True
     for net in ("stneta", "stnetb"):
@@ -147,7 +196,10 @@ def test_power_states_and_absent(salt_cli, hyper1, hv1, boot):
     would = single(salt_cli, "virt.rebooted", "st2", test=True)
     assert would["result"] is None and would["changes"] == {"rebooted": True}
     asked = single(salt_cli, "virt.rebooted", "st2")
-    assert asked["result"] is True and "asked to reboot (ACPI; a guest that ignores it needs hard: True)" in asked["comment"]
+    assert (
+        asked["result"] is True
+        and "asked to reboot (ACPI; a guest that ignores it needs hard: True)" in asked["comment"]
+    )
     before = boots(hv1, "st2")
     reset = single(salt_cli, "virt.rebooted", "st2", "hard=True")
     assert reset["result"] is True and reset["changes"] == {"rebooted": True} and reset["comment"] == "VM st2 reset"
@@ -203,7 +255,12 @@ def test_network_and_pool_states(salt_cli, hyper1, qemu_tmp):
     assert made["result"] is True and made["changes"] == preview["changes"], made
     assert single(salt_cli, "virt.network_running", "stnet", *net)["changes"] == {}
     info = call(salt_cli, "virt.network_info", "stnet")["stnet"]
-    assert info["active"] and info["autostart"] and info["ip"] == "10.77.0.1/24" and info["dhcp"] == ["10.77.0.10", "10.77.0.50"]
+    assert (
+        info["active"]
+        and info["autostart"]
+        and info["ip"] == "10.77.0.1/24"
+        and info["dhcp"] == ["10.77.0.10", "10.77.0.50"]
+    )
     moved = ["forward=nat", "ip=10.78.0.1", "netmask=255.255.255.0"]
     changed = single(salt_cli, "virt.network_running", "stnet", *moved)
     assert changed["changes"]["redefined"]["ip"] == {"old": "10.77.0.1/24", "new": "10.78.0.1/24"}
@@ -217,7 +274,10 @@ def test_network_and_pool_states(salt_cli, hyper1, qemu_tmp):
 
     target = str(qemu_tmp / "pool")
     pool = single(salt_cli, "virt.pool_running", "stpool", f"target={target}", "autostart=False")
-    assert pool["result"] is True and pool["changes"] == {"defined": {"name": "stpool", "type": "dir", "target": target}, "started": True}
+    assert pool["result"] is True and pool["changes"] == {
+        "defined": {"name": "stpool", "type": "dir", "target": target},
+        "started": True,
+    }
     assert os.path.isdir(target)
     assert single(salt_cli, "virt.pool_running", "stpool", f"target={target}", "autostart=False")["changes"] == {}
     with open(os.path.join(target, "vol1.qcow2"), "w") as fh:
@@ -243,25 +303,46 @@ def test_state_apply_of_a_whole_sls(salt_cli, hyper1, state_tree, guest, qemu_tm
                 {"require": [{"virt": "svlan"}]},
             ]
         },
-        "sv7": {"virt.defined": [{"cpu": 1}, {"mem": 64}, {"disk": "none"}, {"nic": "none"}, {"disks": [{"data": {"size": 8}}]}]},
+        "sv7": {
+            "virt.defined": [
+                {"cpu": 1},
+                {"mem": 64},
+                {"disk": "none"},
+                {"nic": "none"},
+                {"disks": [{"data": {"size": 8}}]},
+            ]
+        },
     }
     (state_tree / "svstates.sls").write_text(json.dumps(sls))  # JSON is YAML
 
     def apply(test=False):
-        ret = salt_cli.run("state.apply", "svstates", *(["test=True"] if test else []), minion_tgt="hyper1", _timeout=300)
+        ret = salt_cli.run(
+            "state.apply", "svstates", *(["test=True"] if test else []), minion_tgt="hyper1", _timeout=300
+        )
         assert isinstance(ret.data, dict), ret
         return {v["__id__"]: v for v in ret.data.values()}
 
     preview = apply(test=True)
     assert {k: v["result"] for k, v in preview.items()} == {"svlan": None, "svpool": None, "sv6": None, "sv7": None}
-    assert not {"sv6", "sv7"} & set(call(salt_cli, "virt.list_domains")) and "svlan" not in call(salt_cli, "virt.list_networks")
+    assert not {"sv6", "sv7"} & set(call(salt_cli, "virt.list_domains")) and "svlan" not in call(
+        salt_cli, "virt.list_networks"
+    )
     done = apply()
     assert all(v["result"] is True for v in done.values()), {k: v["comment"] for k, v in done.items()}
-    assert {k: v["changes"] for k, v in done.items() if k != "sv6" and k != "sv7"} == {k: preview[k]["changes"] for k in ("svlan", "svpool")}
-    assert call(salt_cli, "virt.vm_state", "sv6") == {"sv6": "running"} and call(salt_cli, "virt.vm_state", "sv7") == {"sv7": "shutoff"}
+    assert {k: v["changes"] for k, v in done.items() if k != "sv6" and k != "sv7"} == {
+        k: preview[k]["changes"] for k in ("svlan", "svpool")
+    }
+    assert call(salt_cli, "virt.vm_state", "sv6") == {"sv6": "running"} and call(salt_cli, "virt.vm_state", "sv7") == {
+        "sv7": "shutoff"
+    }
     again = apply()
     assert {k: v["changes"] for k, v in again.items()} == {"svlan": {}, "svpool": {}, "sv6": {}, "sv7": {}}
-    assert {k: v["result"] for k, v in apply(test=True).items()} == {"svlan": True, "svpool": True, "sv6": True, "sv7": True}
+    assert {k: v["result"] for k, v in apply(test=True).items()} == {
+        "svlan": True,
+        "svpool": True,
+        "sv6": True,
+        "sv7": True,
+    }
     for vm in ("sv6", "sv7"):
         assert single(salt_cli, "virt.absent", vm, "remove_disks=True")["result"] is True
     call(salt_cli, "virt.network_undefine", "svlan")

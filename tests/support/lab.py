@@ -8,6 +8,7 @@ and CI) can run side by side because every namespace and interface name carries 
 
 Used by the tests, the demo and the benchmarks; not part of the product.
 """
+
 import os
 import shutil
 import signal

@@ -1,5 +1,6 @@
 """Test helpers for saltvirt.seed: build small guest disks and read files back out of them with tools
 that share no code with the seeding backends (qemu-img convert + debugfs, no mounts)."""
+
 import hashlib
 import json
 import os

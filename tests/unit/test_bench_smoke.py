@@ -6,6 +6,7 @@ The scripts run side by side (each starts its own libvirtd or salt daemons) to k
 competitor's venv (saltext-virt 0.1.0 from PyPI) is built once by bench/setup-saltext.sh (~40 s the
 first time, then instant).
 """
+
 import json
 import os
 import pathlib
@@ -30,16 +31,25 @@ def quick_runs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("bench-json")
     env = dict(os.environ, BENCH_JSON_DIR=str(out_dir))
     procs = {
-        name: subprocess.Popen([sys.executable, str(BENCH / f"bench_{name}.py"), "--quick"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(
+            [sys.executable, str(BENCH / f"bench_{name}.py"), "--quick"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for name in SCRIPTS
     }
     runs = {}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=300)
         path = out_dir / f"{name}.json"
-        runs[name] = {"rc": proc.returncode, "stdout": stdout, "stderr": stderr[-4000:],
-                      "json": json.loads(path.read_text()) if path.exists() else None}
+        runs[name] = {
+            "rc": proc.returncode,
+            "stdout": stdout,
+            "stderr": stderr[-4000:],
+            "json": json.loads(path.read_text()) if path.exists() else None,
+        }
     return runs
 
 

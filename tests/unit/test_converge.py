@@ -1,6 +1,7 @@
 """saltvirt.converge and the VM states: the desired spec is virt.init's own, the diff, what goes live
 vs at the next restart, applying it (libvirt's test driver and real qemu-img), and the virt.running /
 defined / stopped / powered_off / rebooted / absent states through Salt's real state loader."""
+
 import json
 import os
 import subprocess
@@ -36,7 +37,13 @@ def facts_of(spec, live=False):
 # desired spec ---------------------------------------------------------------------------------------
 def test_desired_spec_is_what_init_builds(virt_test, guest, tmp_path):
     """One source of truth: a VM virt.init just created shows no difference to the same arguments."""
-    args = {"nic": None, "interfaces": TWO_NICS, "disks": [{"data": {"size": 16}}], "enable_vnc": True, "enable_qcow": True}
+    args = {
+        "nic": None,
+        "interfaces": TWO_NICS,
+        "disks": [{"data": {"size": 16}}],
+        "enable_vnc": True,
+        "enable_qcow": True,
+    }
     made = virt_test["virt.init"]("conv1", 2, 96, image=guest["qcow2"], seed=False, start=False, **args)
     assert made["state"] == "shutoff"
     same = virt_test["virt.update"]("conv1", cpu=2, mem=96, image=guest["qcow2"], disk="default", **args)
@@ -51,7 +58,17 @@ def test_update_rejects_creation_only_arguments(virt_test):
 
 
 def test_preview_lists_what_init_will_create():
-    got = converge.preview("web1", 2, 512, images_dir="/srv/img", profiles={}, image="salt://img/web.qcow2", image_format=None, nic=None, interfaces=NET)
+    got = converge.preview(
+        "web1",
+        2,
+        512,
+        images_dir="/srv/img",
+        profiles={},
+        image="salt://img/web.qcow2",
+        image_format=None,
+        nic=None,
+        interfaces=NET,
+    )
     assert got["disks"]["vda"] == {
         "name": "system",
         "path": "/srv/img/web1/system.<image format>",
@@ -60,8 +77,12 @@ def test_preview_lists_what_init_will_create():
         "overlay": False,
         "image": "salt://img/web.qcow2",
     }
-    overlay = converge.preview("web1", 2, 512, images_dir="/srv/img", profiles={}, image="salt://x", enable_qcow=True, enable_vnc=True)
-    assert overlay["disks"]["vda"]["path"] == "/srv/img/web1/system.qcow2" and overlay["disks"]["vda"]["overlay"] is True
+    overlay = converge.preview(
+        "web1", 2, 512, images_dir="/srv/img", profiles={}, image="salt://x", enable_qcow=True, enable_vnc=True
+    )
+    assert (
+        overlay["disks"]["vda"]["path"] == "/srv/img/web1/system.qcow2" and overlay["disks"]["vda"]["overlay"] is True
+    )
     assert overlay["nics"] == [{"type": "bridge", "source": "br0", "model": "virtio"}]  # virt.init's default profile
     assert overlay["graphics"] == {"type": "vnc", "listen": "127.0.0.1", "port": -1, "password": False}
     with pytest.raises(SaltInvocationError, match="invalid VM name"):
@@ -70,7 +91,9 @@ def test_preview_lists_what_init_will_create():
 
 # diff -------------------------------------------------------------------------------------------------
 def test_no_difference_to_itself():
-    spec = spec_of(2, 256, interfaces=TWO_NICS, disks=[{"data": {"size": 10}}], graphics={"type": "vnc", "password": "s3cret"})
+    spec = spec_of(
+        2, 256, interfaces=TWO_NICS, disks=[{"data": {"size": 10}}], graphics={"type": "vnc", "password": "s3cret"}
+    )
     assert converge.diff(spec, facts_of(spec)) == {}
 
 
@@ -78,7 +101,10 @@ def test_cpu_mem_graphics_differences():
     have = facts_of(spec_of(1, 128))
     changes = converge.diff(spec_of(2, 256, enable_vnc=True), have)
     assert changes["cpu"] == {"old": 1, "new": 2} and changes["mem"] == {"old": 128, "new": 256}
-    assert changes["graphics"] == {"old": None, "new": {"type": "vnc", "listen": "127.0.0.1", "port": -1, "password": False}}
+    assert changes["graphics"] == {
+        "old": None,
+        "new": {"type": "vnc", "listen": "127.0.0.1", "port": -1, "password": False},
+    }
     have["config"]["vcpu_current"], have["config"]["current_mem"] = 1, 64  # max 2 vCPUs / 128 MiB, less in use
     have["config"]["cpu"] = 2
     changes = converge.diff(spec_of(2, 128), have)
@@ -98,16 +124,24 @@ def test_nic_added_removed_changed():
     assert changed == {
         "nics": {
             "changed": [
-                {"mac": "52:54:00:00:00:01", "old": {"type": "network", "source": "default", "model": "e1000"}, "new": {"type": "network", "source": "default", "model": "virtio"}}
+                {
+                    "mac": "52:54:00:00:00:01",
+                    "old": {"type": "network", "source": "default", "model": "e1000"},
+                    "new": {"type": "network", "source": "default", "model": "virtio"},
+                }
             ]
         }
     }
     fewer = converge.diff(spec_of(interfaces=NET), have)
-    assert fewer == {"nics": {"removed": [{"type": "network", "source": "default", "model": "e1000", "mac": "52:54:00:00:00:01"}]}}
+    assert fewer == {
+        "nics": {"removed": [{"type": "network", "source": "default", "model": "e1000", "mac": "52:54:00:00:00:01"}]}
+    }
     more = converge.diff(spec_of(interfaces=TWO_NICS + [{"name": "eth2", "type": "direct", "source": "eno1"}]), have)
     assert more == {"nics": {"added": [{"type": "direct", "source": "eno1", "model": "virtio"}]}}
     pinned = converge.diff(spec_of(interfaces=[dict(NET[0], mac="52:54:00:AA:00:01"), TWO_NICS[1]]), have)
-    assert pinned["nics"]["added"] == [{"type": "network", "source": "default", "model": "virtio", "mac": "52:54:00:aa:00:01"}]
+    assert pinned["nics"]["added"] == [
+        {"type": "network", "source": "default", "model": "virtio", "mac": "52:54:00:aa:00:01"}
+    ]
     assert pinned["nics"]["removed"][0]["mac"] == "52:54:00:00:00:00"
 
 
@@ -132,7 +166,13 @@ def test_fields_not_managed_are_not_compared():
 def test_plan_says_what_goes_live_and_what_needs_a_restart():
     running = facts_of(spec_of(2, 256, interfaces=TWO_NICS), live=True)
     changes = converge.diff(
-        spec_of(4, 128, enable_vnc=True, interfaces=[dict(NET[0], source="other"), dict(TWO_NICS[1], model="rtl8139")], disks=[{"data": {"size": 1}}]),
+        spec_of(
+            4,
+            128,
+            enable_vnc=True,
+            interfaces=[dict(NET[0], source="other"), dict(TWO_NICS[1], model="rtl8139")],
+            disks=[{"data": {"size": 1}}],
+        ),
         running,
     )
     plan = converge.plan(changes, running)
@@ -222,7 +262,15 @@ def states(virt_test):
 
 
 def test_running_creates_exactly_the_preview_then_is_idempotent(states, virt_test, guest):
-    args = {"cpu": 1, "mem": 64, "image": guest["qcow2"], "enable_qcow": True, "seed": False, "nic": None, "interfaces": NET}
+    args = {
+        "cpu": 1,
+        "mem": 64,
+        "image": guest["qcow2"],
+        "enable_qcow": True,
+        "seed": False,
+        "nic": None,
+        "interfaces": NET,
+    }
     preview = states(test=True)["virt.running"]("conv6", **args)
     assert preview["result"] is None and preview["comment"] == "VM conv6 would be created and started"
     assert "conv6" not in virt_test["virt.list_domains"]()
@@ -232,7 +280,12 @@ def test_running_creates_exactly_the_preview_then_is_idempotent(states, virt_tes
     assert {k: v for k, v in made["changes"]["created"].items() if k != "uuid"} == preview["changes"]["created"]
     disk = made["changes"]["created"]["disks"]["vda"]
     assert virt_test["virt.get_disks"]("conv6")["vda"]["file"] == disk["path"] and disk["format"] == "qcow2"
-    assert st["virt.running"]("conv6", **args) == {"name": "conv6", "result": True, "changes": {}, "comment": "VM conv6 is as declared"}
+    assert st["virt.running"]("conv6", **args) == {
+        "name": "conv6",
+        "result": True,
+        "changes": {},
+        "comment": "VM conv6 is as declared",
+    }
     bigger = dict(args, mem=32, interfaces=TWO_NICS)
     would = states(test=True)["virt.running"]("conv6", **bigger)
     assert would["result"] is None and set(would["changes"]) == {"mem", "nics"}
@@ -242,7 +295,9 @@ def test_running_creates_exactly_the_preview_then_is_idempotent(states, virt_tes
     assert done["changes"] == would["changes"] and "applied live: mem 64 -> 32 MiB" in done["comment"]
     assert "needs restart: NIC on network default (e1000) added" in done["comment"]
     again = st["virt.running"]("conv6", **bigger)
-    assert again["changes"] == {} and "pending restart (defined, not yet in the running VM): mem, nics" in again["comment"]
+    assert (
+        again["changes"] == {} and "pending restart (defined, not yet in the running VM): mem, nics" in again["comment"]
+    )
     assert st["virt.absent"]("conv6", remove_disks=True)["changes"]["vm"]["removed"] == [disk["path"]]
 
 
@@ -250,7 +305,9 @@ def test_defined_does_not_start_and_running_starts(states, virt_test):
     st = states()
     args = {"cpu": 1, "mem": 64, "nic": None, "disk": None}
     made = st["virt.defined"]("conv7", **args)
-    assert made["changes"]["created"]["started"] is False and virt_test["virt.vm_state"]("conv7") == {"conv7": "shutoff"}
+    assert made["changes"]["created"]["started"] is False and virt_test["virt.vm_state"]("conv7") == {
+        "conv7": "shutoff"
+    }
     assert st["virt.defined"]("conv7", **args)["changes"] == {}
     changed = st["virt.defined"]("conv7", **dict(args, cpu=2))
     assert "applied to the definition (takes effect when the VM starts): cpu 1 -> 2" in changed["comment"]
@@ -268,8 +325,15 @@ def test_power_states_and_absent(states, virt_test):
     virt_test["virt.init"]("conv8", 1, 64, nic=None, disk=None, start=True)
     assert preview["virt.stopped"]("conv8")["changes"] == {"state": {"old": "running", "new": "shutoff"}}
     assert virt_test["virt.vm_state"]("conv8") == {"conv8": "running"}
-    assert st["virt.stopped"]("conv8")["changes"] == {"state": {"old": "running", "new": "shutoff"}}  # test driver: ACPI obeyed
-    assert st["virt.stopped"]("conv8") == {"name": "conv8", "result": True, "changes": {}, "comment": "VM conv8 is already shutoff"}
+    assert st["virt.stopped"]("conv8")["changes"] == {
+        "state": {"old": "running", "new": "shutoff"}
+    }  # test driver: ACPI obeyed
+    assert st["virt.stopped"]("conv8") == {
+        "name": "conv8",
+        "result": True,
+        "changes": {},
+        "comment": "VM conv8 is already shutoff",
+    }
     assert st["virt.rebooted"]("conv8")["result"] is False
     virt_test["virt.start"]("conv8")
     assert preview["virt.rebooted"]("conv8")["result"] is None
@@ -278,7 +342,12 @@ def test_power_states_and_absent(states, virt_test):
     assert st["virt.powered_off"]("conv8")["changes"] == {}
     assert preview["virt.absent"]("conv8")["result"] is None and "conv8" in virt_test["virt.list_domains"]()
     assert st["virt.absent"]("conv8")["changes"]["vm"] == {"old": "shutoff", "new": "absent", "disks": "kept"}
-    assert st["virt.absent"]("conv8") == {"name": "conv8", "result": True, "changes": {}, "comment": "VM conv8 is not defined"}
+    assert st["virt.absent"]("conv8") == {
+        "name": "conv8",
+        "result": True,
+        "changes": {},
+        "comment": "VM conv8 is not defined",
+    }
     assert st["virt.powered_off"]("conv8")["result"] is False
 
 

@@ -1,4 +1,5 @@
 """saltvirt.envelope: a secret sealed for one minion opens only with that minion's key."""
+
 import hashlib
 import json
 import os
@@ -156,8 +157,13 @@ def test_a_key_the_hypervisor_did_not_seed_is_taken_back(master_opts):
     fp = hashlib.sha256(pub.encode()).hexdigest()
     key = {"minion_id": "web1", "state": "accepted", "fingerprint": fp}
     fleet.preaccept(master_opts, "web1", pub)
-    assert fleet._check_seeded_key(master_opts, key, pub, {"seed": {"backend": "loop"}, "key": {"fingerprint": fp}}) == (key, [])
-    cases = [({"seed": None}, "did not seed"), ({"seed": {"backend": "loop"}, "key": {"fingerprint": "ab" * 32}}, "seeded another key")]
+    assert fleet._check_seeded_key(
+        master_opts, key, pub, {"seed": {"backend": "loop"}, "key": {"fingerprint": fp}}
+    ) == (key, [])
+    cases = [
+        ({"seed": None}, "did not seed"),
+        ({"seed": {"backend": "loop"}, "key": {"fingerprint": "ab" * 32}}, "seeded another key"),
+    ]
     for ret, why in cases:
         if not fleet.key_state(master_opts, "web1"):
             fleet.preaccept(master_opts, "web1", pub)

@@ -1,4 +1,5 @@
 """kvm vs qemu: libvirt's capabilities plus a real probe of /dev/kvm (runs guest code in a child)."""
+
 import os
 
 import pytest
@@ -42,7 +43,10 @@ def test_probe_gives_a_verdict_with_a_reason():
 
 def test_detect_on_test_driver_and_override(test_conn):
     assert hosttype.detect(test_conn)["type"] == "test"
-    assert hosttype.detect(test_conn, "qemu") == {"type": "qemu", "reason": "set by configuration (virt:type) or argument"}
+    assert hosttype.detect(test_conn, "qemu") == {
+        "type": "qemu",
+        "reason": "set by configuration (virt:type) or argument",
+    }
     with pytest.raises(SaltInvocationError, match="not one of"):
         hosttype.detect(test_conn, "xen")
 
@@ -56,7 +60,7 @@ def test_probe_verdict_matches_a_real_kvm_boot(hv1, guest, tmp_path):
 
     log = tmp_path / "kvm-serial.log"
     xml = f"""<domain type='kvm'><name>kvmprobe</name><memory unit='MiB'>128</memory><vcpu>1</vcpu>
-      <os><type arch='x86_64'>hvm</type><kernel>{guest['kernel']}</kernel><initrd>{guest['initrd']}</initrd>
+      <os><type arch='x86_64'>hvm</type><kernel>{guest["kernel"]}</kernel><initrd>{guest["initrd"]}</initrd>
       <cmdline>console=ttyS0 quiet</cmdline></os><features><acpi/></features><devices>
       <serial type='pty'><log file='{log}' append='on'/><target port='0'/></serial>
       <memballoon model='none'/></devices></domain>"""

@@ -1,5 +1,6 @@
 """saltvirt.images with the real qemu-img on copies of the test guest's disks, a real HTTP server on
 127.0.0.1 and real files for the ownership manifest."""
+
 import fcntl
 import hashlib
 import http.server

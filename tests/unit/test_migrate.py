@@ -1,6 +1,7 @@
 """saltvirt.migrate without a second hypervisor: URIs, flags, XML rewriting, and the target-side
 preparation (real files, real qemu-img, libvirt's test driver). The test driver cannot migrate, which
 makes it a real failure case for virt.migrate's error path."""
+
 import json
 import os
 import subprocess
@@ -23,10 +24,15 @@ F = libvirt
         ({"tunnel": True}, "qemu+tls://hv2/system"),
         ({"transport": "tls"}, "qemu+tls://hv2/system"),
         ({"tunnel": True, "transport": "tcp"}, "qemu+tcp://hv2/system"),
-        ({"tunnel": True, "pkipath": "/etc/pki/libvirt migrate"}, "qemu+tls://hv2/system?pkipath=/etc/pki/libvirt%20migrate"),
+        (
+            {"tunnel": True, "pkipath": "/etc/pki/libvirt migrate"},
+            "qemu+tls://hv2/system?pkipath=/etc/pki/libvirt%20migrate",
+        ),
         ({"pkipath": "/etc/pki/x"}, "qemu+tcp://hv2/system"),  # no TLS, no certificates
-        ({"uri_template": "qemu+{transport}://{target}:16600/system?x=1", "tunnel": True, "pkipath": "/p"},
-         "qemu+tls://hv2:16600/system?x=1&pkipath=/p"),
+        (
+            {"uri_template": "qemu+{transport}://{target}:16600/system?x=1", "tunnel": True, "pkipath": "/p"},
+            "qemu+tls://hv2:16600/system?x=1&pkipath=/p",
+        ),
     ],
 )
 def test_destination_uri(kwargs, uri):
@@ -62,7 +68,9 @@ def test_flags():
     assert migrate.migration_flags(True, live=False) == base
     assert migrate.migration_flags(False) == base | F.VIR_MIGRATE_OFFLINE
     assert migrate.migration_flags(True, tunnel=True) == base | F.VIR_MIGRATE_LIVE | F.VIR_MIGRATE_TUNNELLED
-    assert migrate.migration_flags(True, copy_storage="all") == base | F.VIR_MIGRATE_LIVE | F.VIR_MIGRATE_NON_SHARED_DISK
+    assert (
+        migrate.migration_flags(True, copy_storage="all") == base | F.VIR_MIGRATE_LIVE | F.VIR_MIGRATE_NON_SHARED_DISK
+    )
     assert migrate.migration_flags(True, copy_storage="inc") == base | F.VIR_MIGRATE_LIVE | F.VIR_MIGRATE_NON_SHARED_INC
     assert migrate.migration_flags(True, unsafe=True) & F.VIR_MIGRATE_UNSAFE
     assert migrate.migration_flags(True, qemu_tls=True) & F.VIR_MIGRATE_TLS
@@ -83,7 +91,10 @@ def test_flags_refused(kwargs, match):
 
 
 def test_settings_from_config():
-    conf = {"virt:tunnel": "yes", "virt:migration": {"transport": "tls", "pkipath": "/etc/pki/x", "hosts": {"hyper2": "hv2"}}}
+    conf = {
+        "virt:tunnel": "yes",
+        "virt:migration": {"transport": "tls", "pkipath": "/etc/pki/x", "hosts": {"hyper2": "hv2"}},
+    }
     got = migrate.settings(lambda key, default=None: conf.get(key, default))
     assert got["tunnel"] is True and got["transport"] == "tls" and got["pkipath"] == "/etc/pki/x"
     assert got["hosts"] == {"hyper2": "hv2"} and got["qemu_tls"] is False and got["address"] is None
@@ -117,7 +128,11 @@ def qemu_img(*args):
 
 
 def img_info(path):
-    return json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", path], check=True, capture_output=True, text=True).stdout)
+    return json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "-U", "--output=json", path], check=True, capture_output=True, text=True
+        ).stdout
+    )
 
 
 def define(conn, name, disks, cache="none"):
@@ -126,8 +141,10 @@ def define(conn, name, disks, cache="none"):
         f"<target dev='vd{chr(97 + i)}' bus='virtio'/></disk>"
         for i, (path, fmt) in enumerate(disks)
     )
-    xml = (f"<domain type='test'><name>{name}</name><memory unit='MiB'>256</memory><vcpu>2</vcpu>"
-           f"<os><type arch='x86_64'>hvm</type></os><devices>{devs}</devices></domain>")
+    xml = (
+        f"<domain type='test'><name>{name}</name><memory unit='MiB'>256</memory><vcpu>2</vcpu>"
+        f"<os><type arch='x86_64'>hvm</type></os><devices>{devs}</devices></domain>"
+    )
     return conn.defineXML(xml)
 
 
@@ -148,12 +165,17 @@ def src_vm(test_conn, tmp_path):
 
 def test_source_info_describes_disks_and_leaves_probes(test_conn, src_vm):
     info = migrate.source_info(test_conn, "m", src_vm["images"])
-    assert info["active"] is True and info["cpu"] == 2 and info["mem"] == 256 and info["uuid"] == src_vm["dom"].UUIDString()
+    assert (
+        info["active"] is True
+        and info["cpu"] == 2
+        and info["mem"] == 256
+        and info["uuid"] == src_vm["dom"].UUIDString()
+    )
     vda, vdb = info["disks"]
     assert vda["virtual_size"] == 64 << 20 and vda["format"] == "qcow2" and vda["cache"] == "none"
     assert vda["backing"] == {"path": src_vm["base"], "format": "qcow2", "size": os.path.getsize(src_vm["base"])}
     assert vdb["virtual_size"] == 32 << 20 and vdb["format"] == "raw" and vdb["backing"] is None
-    (folder, probe), = info["probes"].items()
+    ((folder, probe),) = info["probes"].items()
     assert folder == os.path.join(src_vm["images"], "m")
     assert os.path.basename(probe["path"]).startswith(".salt-virt-probe-m-")
     assert open(probe["path"]).read() == probe["token"]
@@ -319,7 +341,9 @@ def test_module_functions_load(virt_test):
 
 
 def test_module_migrate_error_on_test_driver(virt_test):
-    with pytest.raises(CommandExecutionError, match="migrating VM 'test' from .* to hv2 failed: .* VM 'test' is still running on"):
+    with pytest.raises(
+        CommandExecutionError, match="migrating VM 'test' from .* to hv2 failed: .* VM 'test' is still running on"
+    ):
         virt_test["virt.migrate"]("test", "hv2")
     assert virt_test["virt.vm_state"]("test") == {"test": "running"}
     with pytest.raises(SaltInvocationError, match="cannot copy disks through a tunnelled"):
@@ -331,6 +355,10 @@ def test_module_migrate_error_on_test_driver(virt_test):
 def test_module_maps_target_names_from_config(tmp_path):
     from conftest import make_minion_mods
 
-    mods = make_minion_mods(tmp_path, "test:///default", migration={"hosts": {"hyper2": "hv2.example.com"}, "transport": "tls"})
-    with pytest.raises(CommandExecutionError, match=r"from .* to hv2\.example\.com failed: .* VM 'test' is still running"):
+    mods = make_minion_mods(
+        tmp_path, "test:///default", migration={"hosts": {"hyper2": "hv2.example.com"}, "transport": "tls"}
+    )
+    with pytest.raises(
+        CommandExecutionError, match=r"from .* to hv2\.example\.com failed: .* VM 'test' is still running"
+    ):
         mods["virt.migrate"]("test", "hyper2")

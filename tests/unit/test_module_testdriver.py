@@ -1,4 +1,5 @@
 """Every virt.* function the libvirt test driver supports, through the real Salt loader."""
+
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 

@@ -1,5 +1,6 @@
 """saltvirt.netpool: network and pool specs and XML (ElementTree), desired-vs-current on libvirt's test
 driver, the virt.network_* / pool_* module functions and the network/pool states through Salt's loaders."""
+
 import xml.etree.ElementTree as ET
 
 import libvirt
@@ -36,7 +37,9 @@ def states(virt_test, conn):
 
 # specs ----------------------------------------------------------------------------------------------
 def test_network_spec_normalises():
-    assert netpool.network_spec("n", ip="10.1.0.1", netmask="255.255.0.0", dhcp_start="10.1.0.10", dhcp_end="10.1.9.9") == {
+    assert netpool.network_spec(
+        "n", ip="10.1.0.1", netmask="255.255.0.0", dhcp_start="10.1.0.10", dhcp_end="10.1.9.9"
+    ) == {
         "name": "n",
         "bridge": None,
         "forward": "nat",
@@ -45,7 +48,13 @@ def test_network_spec_normalises():
     }
     for isolated in (None, "none", "isolated", ""):
         assert netpool.network_spec("n", forward=isolated, ip="10.2.0.1/24")["forward"] is None
-    assert netpool.network_spec("lan", forward="bridge", bridge="br0") == {"name": "lan", "bridge": "br0", "forward": "bridge", "ip": None, "dhcp": None}
+    assert netpool.network_spec("lan", forward="bridge", bridge="br0") == {
+        "name": "lan",
+        "bridge": "br0",
+        "forward": "bridge",
+        "ip": None,
+        "dhcp": None,
+    }
 
 
 @pytest.mark.parametrize(
@@ -97,7 +106,9 @@ def test_pool_spec_and_xml():
     assert netpool.parse_pool(netpool.pool_xml(spec)) == spec
     base = "<pool type='dir'><name>images</name><uuid>u</uuid><capacity>1</capacity><target><path>/old</path></target></pool>"
     root = ET.fromstring(netpool.pool_xml(spec, base))
-    assert root.findtext("uuid") == "u" and root.find("capacity") is None and root.findtext("target/path") == "/srv/images"
+    assert (
+        root.findtext("uuid") == "u" and root.find("capacity") is None and root.findtext("target/path") == "/srv/images"
+    )
     with pytest.raises(SaltInvocationError, match="pool type"):
         netpool.pool_spec("images", ptype="lvm", target="/srv")
     with pytest.raises(SaltInvocationError, match="absolute path"):
@@ -132,14 +143,23 @@ def test_ensure_network_defines_starts_and_converges(conn):
     assert done["changes"] == preview["changes"] and done["comment"] == "network np1 defined, autostart on, started"
     net = conn.networkLookupByName("np1")
     assert net.isActive() and net.autostart()
-    assert netpool.ensure(conn, "network", spec, autostart=True, run=True) == {"changes": {}, "comment": "network np1 is as declared"}
+    assert netpool.ensure(conn, "network", spec, autostart=True, run=True) == {
+        "changes": {},
+        "comment": "network np1 is as declared",
+    }
     netpool.stop(conn, "network", "np1")
     moved = netpool.network_spec("np1", ip="10.6.0.1/24")
     changed = netpool.ensure(conn, "network", moved, autostart=None)
     assert changed["changes"] == {
-        "redefined": {"forward": {"old": None, "new": "nat"}, "ip": {"old": "10.5.0.1/24", "new": "10.6.0.1/24"}, "dhcp": {"old": ["10.5.0.10", "10.5.0.20"], "new": None}}
+        "redefined": {
+            "forward": {"old": None, "new": "nat"},
+            "ip": {"old": "10.5.0.1/24", "new": "10.6.0.1/24"},
+            "dhcp": {"old": ["10.5.0.10", "10.5.0.20"], "new": None},
+        }
     }
-    assert conn.networkLookupByName("np1").UUIDString() == net.UUIDString() and conn.networkLookupByName("np1").autostart()
+    assert (
+        conn.networkLookupByName("np1").UUIDString() == net.UUIDString() and conn.networkLookupByName("np1").autostart()
+    )
     assert netpool.ensure(conn, "network", moved)["changes"] == {}
 
 
@@ -150,12 +170,16 @@ def test_ensure_pool(conn, tmp_path):
     assert netpool.ensure(conn, "pool", spec, autostart=False, run=True)["changes"] == {}
     netpool.stop(conn, "pool", "pp1")
     other = netpool.pool_spec("pp1", target=str(tmp_path / "other"))
-    assert netpool.ensure(conn, "pool", other)["changes"] == {"redefined": {"target": {"old": spec["target"], "new": other["target"]}}}
+    assert netpool.ensure(conn, "pool", other)["changes"] == {
+        "redefined": {"target": {"old": spec["target"], "new": other["target"]}}
+    }
 
 
 def test_module_functions(virt_test, conn):
     v = virt_test
-    made = v["virt.network_define"]("np2", forward="route", ip="10.7.0.1", netmask="255.255.255.0", autostart=True, start=True)
+    made = v["virt.network_define"](
+        "np2", forward="route", ip="10.7.0.1", netmask="255.255.255.0", autostart=True, start=True
+    )
     assert (made["forward"], made["ip"], made["active"], made["autostart"]) == ("route", "10.7.0.1/24", True, True)
     with pytest.raises(SaltInvocationError, match="already defined"):
         v["virt.network_define"]("np2")
@@ -186,13 +210,21 @@ def test_network_and_pool_states(states, conn):
     assert netpool.lookup(conn, "network", "np3") is None
     made = st["virt.network_running"]("np3", **args)
     assert made["result"] is True and made["changes"] == would["changes"]
-    assert st["virt.network_running"]("np3", **args) == {"name": "np3", "result": True, "changes": {}, "comment": "network np3 is as declared"}
+    assert st["virt.network_running"]("np3", **args) == {
+        "name": "np3",
+        "result": True,
+        "changes": {},
+        "comment": "network np3 is as declared",
+    }
     assert preview["virt.network_defined"]("np3", **args)["result"] is True  # as declared: True even in test mode
     bad = st["virt.network_defined"]("np3", forward="bridge")
     assert bad["result"] is False and "needs bridge=" in bad["comment"]
 
     pool = {"target": "/var/tmp/pp3"}
-    assert preview["virt.pool_defined"]("pp3", **pool)["changes"] == {"defined": {"name": "pp3", "type": "dir", "target": "/var/tmp/pp3"}, "autostart": {"old": False, "new": True}}
+    assert preview["virt.pool_defined"]("pp3", **pool)["changes"] == {
+        "defined": {"name": "pp3", "type": "dir", "target": "/var/tmp/pp3"},
+        "autostart": {"old": False, "new": True},
+    }
     assert st["virt.pool_defined"]("pp3", **pool)["result"] is True
     assert not conn.storagePoolLookupByName("pp3").isActive()  # defined only: starting is pool_running's job
     assert st["virt.pool_running"]("pp3", **pool)["changes"] == {"started": True}

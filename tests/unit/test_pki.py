@@ -2,6 +2,7 @@
 the ``libvirt`` ext_pillar compiled by Salt's real pillar machinery in-process (no daemons).
 
 gnutls' certtool is the independent judge where it matters: libvirt verifies TLS with gnutls."""
+
 import datetime
 import grp
 import ipaddress
@@ -36,7 +37,14 @@ def certtool_verify(tmp_path, ca_pem, cert_pem, hostname=None, purpose=None):
     """gnutls' verdict on ``cert_pem`` against the CA bundle ``ca_pem`` (0 = trusted)."""
     (tmp_path / "v-ca.pem").write_text(ca_pem)
     (tmp_path / "v-cert.pem").write_text(cert_pem)
-    cmd = ["certtool", "--verify", "--load-ca-certificate", str(tmp_path / "v-ca.pem"), "--infile", str(tmp_path / "v-cert.pem")]
+    cmd = [
+        "certtool",
+        "--verify",
+        "--load-ca-certificate",
+        str(tmp_path / "v-ca.pem"),
+        "--infile",
+        str(tmp_path / "v-cert.pem"),
+    ]
     if hostname:
         cmd.append(f"--verify-hostname={hostname}")
     if purpose:
@@ -77,9 +85,15 @@ def test_half_present_or_expired_ca_is_refused_not_replaced(tmp_path):
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old CA")])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(1).not_valid_before(now - datetime.timedelta(days=400)).not_valid_after(now - datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(key, hashes.SHA256())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=400))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
     )
     (expired / "cacert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (expired / "cakey.pem").write_bytes(pki._key_pem(key))
@@ -134,7 +148,10 @@ def test_ec_keys(tmp_path):
 def test_profiles_match_the_certtool_templates_in_pki_dir(tmp_path):
     """pki/*.tmpl document the profiles for certtool users: the same extensions as saltvirt.pki's."""
     ca = tmp_path / "ca"
-    ours = {"server": pki.issue(str(ca), "h", "server", ["h"], **K)["cert"], "client": pki.issue(str(ca), "h", "client", **K)["cert"]}
+    ours = {
+        "server": pki.issue(str(ca), "h", "server", ["h"], **K)["cert"],
+        "client": pki.issue(str(ca), "h", "client", **K)["cert"],
+    }
 
     def extensions(cert):
         out = {}
@@ -143,20 +160,48 @@ def test_profiles_match_the_certtool_templates_in_pki_dir(tmp_path):
                 out[type(ext.value).__name__] = (ext.critical, ext.value)
         return out
 
-    subprocess.run(["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(tmp_path / "k.pem")], check=True, capture_output=True)
+    subprocess.run(
+        ["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(tmp_path / "k.pem")],
+        check=True,
+        capture_output=True,
+    )
     for kind, extra in (("server", 'cn = "h"\ndns_name = "h"\n'), ("client", 'cn = "h libvirt client"\n')):
         (tmp_path / f"{kind}.tmpl").write_text((ROOT / "pki" / f"{kind}.tmpl").read_text() + extra)
         subprocess.run(
-            ["certtool", "--generate-certificate", "--load-privkey", str(tmp_path / "k.pem"), "--load-ca-certificate",
-             str(ca / "cacert.pem"), "--load-ca-privkey", str(ca / "cakey.pem"), "--template", str(tmp_path / f"{kind}.tmpl"),
-             "--outfile", str(tmp_path / f"{kind}.pem")],
-            check=True, capture_output=True,
+            [
+                "certtool",
+                "--generate-certificate",
+                "--load-privkey",
+                str(tmp_path / "k.pem"),
+                "--load-ca-certificate",
+                str(ca / "cacert.pem"),
+                "--load-ca-privkey",
+                str(ca / "cakey.pem"),
+                "--template",
+                str(tmp_path / f"{kind}.tmpl"),
+                "--outfile",
+                str(tmp_path / f"{kind}.pem"),
+            ],
+            check=True,
+            capture_output=True,
         )
         theirs = x509.load_pem_x509_certificate((tmp_path / f"{kind}.pem").read_bytes())
         assert extensions(theirs) == extensions(pki.load_cert(ours[kind])), kind
         assert 823 <= days_left(theirs) <= 825
-    subprocess.run(["certtool", "--generate-self-signed", "--load-privkey", str(tmp_path / "k.pem"), "--template",
-                    str(ROOT / "pki" / "ca.tmpl"), "--outfile", str(tmp_path / "ca.pem")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "certtool",
+            "--generate-self-signed",
+            "--load-privkey",
+            str(tmp_path / "k.pem"),
+            "--template",
+            str(ROOT / "pki" / "ca.tmpl"),
+            "--outfile",
+            str(tmp_path / "ca.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     theirs = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
     assert extensions(theirs) == extensions(pki.ensure_ca(str(ca))[0])
     assert pki.common_name(theirs) == pki.CA_CN
@@ -197,7 +242,11 @@ def test_broken_stored_key_is_reissued_and_force_reissues(tmp_path):
     other = pki.issue(str(ca), "x", "client", **K)
     shutil.copyfile(ca / "minions" / "x" / "clientkey.pem", ca / "minions" / "h" / "clientkey.pem")
     mismatch = pki.issue(str(ca), "h", "client", **K)
-    assert mismatch["issued"] and mismatch["reason"] == "key does not match the certificate" and mismatch["key"] != other["key"]
+    assert (
+        mismatch["issued"]
+        and mismatch["reason"] == "key does not match the certificate"
+        and mismatch["key"] != other["key"]
+    )
     forced = pki.issue(str(ca), "h", "client", force=True, **K)
     assert forced["issued"] and forced["reason"] == "forced"
 
@@ -289,7 +338,9 @@ def test_keys_state_writes_modes_is_idempotent_and_previews(tmp_path):
     assert mode(base / "CA/cacert.pem") == 0o644 and mode(base / "libvirt/servercert.pem") == 0o644
     assert (base / "libvirt/servercert.pem").read_text() == data["servercert"]
     assert "PRIVATE KEY" not in str(done) and "PRIVATE KEY" not in str(preview)  # no key material in returns
-    assert keyfiles.keys_state("k", data, str(base)) == dict(done, changes={}, comment=f"libvirt TLS files in {base} are up to date")
+    assert keyfiles.keys_state("k", data, str(base)) == dict(
+        done, changes={}, comment=f"libvirt TLS files in {base} are up to date"
+    )
     assert keyfiles.keys_state("k", data, str(base), test=True)["result"] is True  # test=True, nothing to do
 
     os.chmod(base / "libvirt/private/clientkey.pem", 0o644)
@@ -297,10 +348,14 @@ def test_keys_state_writes_modes_is_idempotent_and_previews(tmp_path):
     preview = keyfiles.keys_state("k", data, str(base), test=True)
     assert preview["result"] is None and mode(base / "libvirt/private/clientkey.pem") == 0o644  # test writes nothing
     fixed = keyfiles.keys_state("k", data, str(base))
-    assert fixed["changes"] == preview["changes"] == {
-        str(base / "libvirt/private"): "mode 0755 -> 0700",
-        str(base / "libvirt/private/clientkey.pem"): "mode 0644 -> 0600",
-    }
+    assert (
+        fixed["changes"]
+        == preview["changes"]
+        == {
+            str(base / "libvirt/private"): "mode 0755 -> 0700",
+            str(base / "libvirt/private/clientkey.pem"): "mode 0644 -> 0600",
+        }
+    )
     assert mode(base / "libvirt/private") == 0o700 and mode(base / "libvirt/private/clientkey.pem") == 0o600
 
 
@@ -310,7 +365,10 @@ def test_keys_state_renewal_reports_only_what_changed(tmp_path):
     renewed = pki.issue(str(tmp_path / "ca"), "h", "server", ["h", "h.example.com"], **K)
     data = dict(data, servercert=renewed["cert"], serverkey=renewed["key"])
     preview = keyfiles.keys_state("k", data, str(base), test=True)
-    expected = {str(base / "libvirt/servercert.pem"): "updated", str(base / "libvirt/private/serverkey.pem"): "key replaced"}
+    expected = {
+        str(base / "libvirt/servercert.pem"): "updated",
+        str(base / "libvirt/private/serverkey.pem"): "key replaced",
+    }
     assert preview["changes"] == expected and preview["result"] is None
     assert keyfiles.keys_state("k", data, str(base))["changes"] == expected
     assert (base / "libvirt/private/serverkey.pem").read_text() == renewed["key"]
@@ -396,8 +454,12 @@ def test_ext_pillar_gives_hypervisors_sans_from_grains_and_config(compile_pillar
     assert pki.load_cert(out["cacert"]).subject == pki.load_cert(out["servercert"]).issuer
     assert mode(tmp_path / "pki" / "libvirt" / "cakey.pem") == 0o600
     assert mode(tmp_path / "pki" / "libvirt" / "minions" / "hv1" / "serverkey.pem") == 0o600
-    trusted = compile_pillar("hv1", dict(grains, fqdn="evil.example.com"), {"san_from_grains": False, "extra_sans": {"hv1": ["hv1.lan"]}})
-    assert trusted["libvirt"]["server"]["san_dns"] == ["hv1", "hv1.lan"] and trusted["libvirt"]["server"]["san_ip"] == []
+    trusted = compile_pillar(
+        "hv1", dict(grains, fqdn="evil.example.com"), {"san_from_grains": False, "extra_sans": {"hv1": ["hv1.lan"]}}
+    )
+    assert (
+        trusted["libvirt"]["server"]["san_dns"] == ["hv1", "hv1.lan"] and trusted["libvirt"]["server"]["san_ip"] == []
+    )
     assert trusted["libvirt"]["server"]["subject"] == "CN=hv1,O=salt-virt"
 
 

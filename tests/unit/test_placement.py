@@ -1,4 +1,5 @@
 """saltvirt.placement: pure host choice. Facts are shaped exactly like ``virt.full_info`` answers."""
+
 import random
 
 import pytest
@@ -112,7 +113,9 @@ def test_anti_affinity_group():
 
 
 def test_every_failing_reason_is_listed():
-    out = placement.rank({"h": host(mem=2 * GIB, cpus=1, cpus_used=4, disk=100, vms={"w": "web"})}, req(2, 4096, 500, "web"))
+    out = placement.rank(
+        {"h": host(mem=2 * GIB, cpus=1, cpus_used=4, disk=100, vms={"w": "web"})}, req(2, 4096, 500, "web")
+    )
     assert [r.split(":")[0] for r in out["excluded"]["h"]] == ["memory", "vcpus", "disk", "anti-affinity"]
 
 
@@ -151,7 +154,11 @@ def test_fewer_vms_win_when_resources_are_equal_and_ties_are_deterministic():
 
 
 def test_pack_strategy_fills_the_fullest_host_that_fits():
-    hosts = {"empty": host(mem=64 * GIB), "half": host(mem=16 * GIB, mem_used=8 * GIB), "full": host(mem=4 * GIB, mem_used=3 * GIB)}
+    hosts = {
+        "empty": host(mem=64 * GIB),
+        "half": host(mem=16 * GIB, mem_used=8 * GIB),
+        "full": host(mem=4 * GIB, mem_used=3 * GIB),
+    }
     assert placement.rank(hosts, req())["host"] == "empty"
     out = placement.rank(hosts, req(), placement.make_policy({"strategy": "pack"}))
     assert out["host"] == "half" and "full" in out["excluded"]
@@ -164,7 +171,10 @@ def test_exclude_and_empty_inputs():
     assert out["host"] == "b" and out["excluded"]["a"] == ["excluded by the caller (already tried)"]
     assert placement.rank({}, req())["reason"].startswith("no hypervisors found")
     out = placement.rank({"a": host(status="down")}, req(group="web"))
-    assert out["host"] is None and out["reason"] == "no host can take a VM with 1 vCPU(s), 512 MiB in group 'web': see excluded"
+    assert (
+        out["host"] is None
+        and out["reason"] == "no host can take a VM with 1 vCPU(s), 512 MiB in group 'web': see excluded"
+    )
     garbage = {"status": "up", "host": {"hostname": "x"}}
     assert placement.rank({"old": garbage}, req())["excluded"]["old"][0].startswith("no capacity facts")
 
@@ -190,7 +200,9 @@ def test_bad_policy_is_refused_with_the_key_named(config, match):
 
 
 def test_policy_merges_defaults_config_and_overrides():
-    pol = placement.make_policy({"weights": {"disk": 2}, "maintenance": "a, b"}, mem_reserve_mib="2048", cpu_overcommit=None)
+    pol = placement.make_policy(
+        {"weights": {"disk": 2}, "maintenance": "a, b"}, mem_reserve_mib="2048", cpu_overcommit=None
+    )
     assert pol["weights"] == {"mem": 1.0, "cpu": 1.0, "disk": 2.0, "vms": 0.25}
     assert pol["maintenance"] == ["a", "b"] and pol["mem_reserve_mib"] == 2048 and pol["cpu_overcommit"] == 4.0
     assert placement.DEFAULT_POLICY["weights"]["disk"] == 0.5  # defaults are not mutated
@@ -239,14 +251,35 @@ from saltvirt import fleet  # noqa: E402
     "ret, retcode, expected",
     [
         ({"host": {}}, 0, {"status": "up", "ret": {"host": {}}}),
-        ("ERROR: start VM 'x' on hv1: no bridge", 1, {"status": "error", "error": "start VM 'x' on hv1: no bridge", "retcode": 1}),
-        ("ERROR executing 'virt.init': nic profile 'n' is not defined", 1,
-         {"status": "error", "error": "nic profile 'n' is not defined", "retcode": 1}),
-        ("'virt.full_info' is not available.", 1, {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True}),
-        ("'virt' __virtual__ returned False: libvirt python bindings missing", 1,
-         {"status": "error", "error": "'virt' __virtual__ returned False: libvirt python bindings missing", "no_virt": True}),
-        ({"virt.full_info": "'virt.full_info' is not available."}, 1,
-         {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True}),
+        (
+            "ERROR: start VM 'x' on hv1: no bridge",
+            1,
+            {"status": "error", "error": "start VM 'x' on hv1: no bridge", "retcode": 1},
+        ),
+        (
+            "ERROR executing 'virt.init': nic profile 'n' is not defined",
+            1,
+            {"status": "error", "error": "nic profile 'n' is not defined", "retcode": 1},
+        ),
+        (
+            "'virt.full_info' is not available.",
+            1,
+            {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True},
+        ),
+        (
+            "'virt' __virtual__ returned False: libvirt python bindings missing",
+            1,
+            {
+                "status": "error",
+                "error": "'virt' __virtual__ returned False: libvirt python bindings missing",
+                "no_virt": True,
+            },
+        ),
+        (
+            {"virt.full_info": "'virt.full_info' is not available."},
+            1,
+            {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True},
+        ),
         (False, 0, {"status": "up", "ret": False}),
     ],
 )

@@ -1,4 +1,5 @@
 """The VM spec (one source of truth for init and the states) and its XML, no libvirt needed."""
+
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -97,7 +98,9 @@ def test_xml_escapes_and_round_trips():
     facts = domxml.parse(xml)
     assert (facts["cpu"], facts["mem"], facts["type"]) == (2, 1024, "qemu")
     assert facts["disks"][0]["file"] == "/v/vm-1/system.qcow2"
-    assert facts["graphics"] == [{"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": False}]
+    assert facts["graphics"] == [
+        {"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": False}
+    ]
     assert facts["serial_log"] == "/var/log/libvirt/qemu/vm-1-serial.log"
 
 
