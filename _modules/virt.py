@@ -1,5 +1,8 @@
 """
-Manage libvirt/KVM hypervisors: VM lifecycle, queries, host facts, networks, pools, migration.
+Manage libvirt/KVM hypervisors: VM lifecycle, queries, host facts, update.
+
+Migration, networks and storage live in ``virt_migrate.py``, ``virt_network.py`` and
+``virt_storage.py``: Salt's loader merges every file whose ``__virtualname__`` is ``virt``.
 
 The logic lives in the ``saltvirt`` library (``_utils/saltvirt``); this module is the Salt face of it.
 
@@ -14,7 +17,6 @@ Configuration (minion config, grains or pillar, read with ``config.get``)::
       disk: {default: [...]}     # disk profiles
 """
 
-import contextlib
 import logging
 import os
 import sys
@@ -34,7 +36,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt import conn as _c
     from saltvirt import hosttype, lifecycle, provision, query
-    from saltvirt.spec import DEFAULT_IMAGES_DIR
+    from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -53,14 +55,12 @@ def _cfg(key, default=None):
     return __salt__["config.get"](key, default)
 
 
-@contextlib.contextmanager
 def _conn(connection=None):
-    with _c.connect(_c.resolve_uri(_cfg, connection)) as conn:
-        yield conn
+    return _c.salt_connect(__salt__, connection)
 
 
 def _images_dir():
-    return _cfg("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
+    return _c.salt_images_dir(__salt__)
 
 
 def _progress(name):
@@ -481,152 +481,6 @@ def capabilities(connection=None):
         return conn.getCapabilities()
 
 
-# migrate ------------------------------------------------------------------------------------------
-# Moving VMs between hypervisors (saltvirt.migrate). ``salt-run virt.migrate`` / ``virt.evacuate``
-# (saltvirt.relocate) drive the helpers below on the source and the target hypervisor.
-if saltvirt is not None:
-    from saltvirt import migrate as _migrate
-    from saltvirt.validate import to_bool as _bool
-
-
-def migrate(
-    name,
-    target,
-    live=True,
-    tunnel=None,
-    copy_storage=None,
-    offline=False,
-    max_downtime=None,
-    max_bandwidth=None,
-    target_uri=None,
-    transport=None,
-    unsafe=False,
-    disk_map=None,
-    migrate_disks=None,
-    verify_backing=None,
-    connection=None,
-):
-    """
-    Move a VM from this hypervisor to ``target``: live while it runs (its guest keeps running), offline
-    (definition only) when it is stopped. Peer to peer: this hypervisor's libvirtd connects to the
-    target's itself (for TLS with its own client certificate). Afterwards the VM is defined on the
-    target and undefined here. On failure the error says where the VM is (still here).
-
-    target
-        the target hypervisor's host name or address (or a name from ``virt:migration:hosts``).
-        The libvirtd connection is ``qemu+tls://<target>/system`` (tunnel / ``transport: tls``) or
-        ``qemu+tcp://<target>/system``; ``transport`` (tls/tcp) overrides the configured one,
-        ``target_uri`` gives the whole URI verbatim.
-    tunnel
-        memory through the TLS libvirtd connection (port 16514) instead of a direct QEMU stream to
-        ``tcp://<target>``; default ``virt:tunnel``. libvirt cannot tunnel a disk copy: with
-        ``copy_storage`` a configured tunnel gives way to a direct stream (reported).
-    copy_storage
-        ``all`` / ``inc``: also copy the disks (storage not shared). The target needs disk files of
-        the right size and format (``inc``: overlays onto the same backing image) at the paths
-        ``disk_map`` names: ``salt-run virt.migrate`` prepares them.
-    unsafe
-        the target sees the same disk files although libvirt does not recognise the filesystem as
-        shared (the runner proves it with a probe file first).
-    max_downtime / max_bandwidth
-        milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
-
-    Settings (minion config or pillar): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
-    uri_template, qemu_tls, hosts}`` (see ``saltvirt.migrate``).
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt 'hyper1' virt.migrate web1 hv2
-        salt 'hyper1' virt.migrate web1 hv2 tunnel=True max_downtime=500
-        salt 'hyper1' virt.migrate db1 hv2.example.com copy_storage=all
-    """
-    opts = _migrate.settings(_cfg)
-    note = None
-    if tunnel is None:
-        tunnel = opts["tunnel"]
-        if tunnel and copy_storage:
-            tunnel = False
-            note = "virt:tunnel ignored: libvirt cannot tunnel a disk copy, the data went over a direct stream"
-    with _conn(connection) as conn:
-        ret = _migrate.migrate(
-            conn,
-            name,
-            opts["hosts"].get(target, target),
-            live=_bool(live),
-            tunnel=_bool(tunnel),
-            copy_storage=copy_storage or None,
-            offline=_bool(offline),
-            max_downtime=max_downtime,
-            max_bandwidth=max_bandwidth,
-            target_uri=target_uri,
-            transport=transport or opts["transport"],
-            pkipath=opts["pkipath"],
-            uri_template=opts["uri_template"],
-            qemu_tls=opts["qemu_tls"],
-            unsafe=_bool(unsafe),
-            disk_map=disk_map,
-            migrate_disks=migrate_disks,
-            verify_backing=verify_backing,
-        )
-    if note:
-        ret["note"] = note
-    return ret
-
-
-def migrate_source_info(name, probe=True, connection=None):
-    """
-    For ``salt-run virt.migrate``, on the source: the VM's disks (size, format, backing image) and,
-    with ``probe``, probe files in its disk directories that only a target sharing that storage sees
-    (``virt.migrate_abort_cleanup`` removes them).
-
-    CLI Example:: salt 'hyper1' virt.migrate_source_info web1
-    """
-    with _conn(connection) as conn:
-        return _migrate.source_info(conn, name, _images_dir(), probe=_bool(probe))
-
-
-def migrate_prepare(name, source, copy_storage=None, connection=None):
-    """
-    For ``salt-run virt.migrate``, on the target: create disk files for the VM described by ``source``
-    (``virt.migrate_source_info`` on the source) where it does not share the source's storage, below
-    this hypervisor's ``virt:images``: blank images of the same size and format, or qcow2 overlays onto
-    this host's copy of the same backing image. Checks room first and never overwrites a file.
-
-    CLI Example:: salt 'hyper2' virt.migrate_prepare web1 '{...}'
-    """
-    if not isinstance(source, dict) or source.get("name") != name:
-        raise SaltInvocationError(f"source must be virt.migrate_source_info's answer for {name!r}")
-    with _conn(connection) as conn:
-        ret = _migrate.prepare(conn, source, _images_dir(), copy_storage=copy_storage or None)
-    ret["address"] = _migrate.settings(_cfg)["address"] or ret["host"]  # what the source's libvirtd dials
-    return ret
-
-
-def migrate_finish(name, connection=None):
-    """
-    For ``salt-run virt.migrate``, on the target after the move: the VM as defined here (state,
-    disks); the files ``virt.migrate_prepare`` created now belong to it.
-
-    CLI Example:: salt 'hyper2' virt.migrate_finish web1
-    """
-    with _conn(connection) as conn:
-        return _migrate.finish(conn, name, _images_dir())
-
-
-def migrate_abort_cleanup(name, paths, connection=None):
-    """
-    After a failed migration: remove the files ``virt.migrate_prepare`` created for ``name`` on this
-    host (as its record here lists them) or the probe files ``virt.migrate_source_info`` left. Files
-    it did not create, or that a VM here uses, are kept and listed with the reason.
-
-    CLI Example:: salt 'hyper2' virt.migrate_abort_cleanup web1 '[/srv/salt-images/web1/system.qcow2]'
-    """
-    with _conn(connection) as conn:
-        return _migrate.abort_cleanup(conn, name, paths, _images_dir())
-
-
 # ==================================================================================================
 # update, networks and storage pools (saltvirt.converge, saltvirt.netpool): what the virt states use
 # ==================================================================================================
@@ -654,151 +508,3 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
             mem=mem,
             **kwargs,
         )
-
-
-def _netpool():
-    from saltvirt import netpool
-
-    return netpool
-
-
-def network_define(
-    name,
-    bridge=None,
-    forward="nat",
-    ip=None,
-    netmask=None,
-    dhcp_start=None,
-    dhcp_end=None,
-    autostart=False,
-    start=False,
-    connection=None,
-):
-    """
-    Define a virtual network (``forward``: nat, route, open, bridge (onto an existing ``bridge``) or
-    none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``, with an optional DHCP range).
-
-    CLI Example:: salt 'hyper1' virt.network_define isolated forward=none ip=10.50.0.1/24 dhcp_start=10.50.0.10 dhcp_end=10.50.0.99
-    """
-    np = _netpool()
-    spec = np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
-    with _conn(connection) as conn:
-        np.define(conn, "network", spec)
-        if _bool(autostart):
-            np.set_autostart(conn, "network", name, True)
-        if _bool(start):
-            np.start(conn, "network", name)
-        return np.info(conn, "network", name)[name]
-
-
-def network_start(name, connection=None):
-    """Start a defined network.
-
-    CLI Example:: salt 'hyper1' virt.network_start isolated
-    """
-    with _conn(connection) as conn:
-        return {"name": name, "started": _netpool().start(conn, "network", name)}
-
-
-def network_stop(name, connection=None):
-    """Stop a running network.
-
-    CLI Example:: salt 'hyper1' virt.network_stop isolated
-    """
-    with _conn(connection) as conn:
-        return {"name": name, "stopped": _netpool().stop(conn, "network", name)}
-
-
-def network_undefine(name, connection=None):
-    """Stop and remove a network definition.
-
-    CLI Example:: salt 'hyper1' virt.network_undefine isolated
-    """
-    with _conn(connection) as conn:
-        return {"name": name, "undefined": _netpool().undefine(conn, "network", name)}
-
-
-def network_info(name=None, connection=None):
-    """``{name: {bridge, forward, ip, dhcp, active, autostart}}`` of one network or all.
-
-    CLI Example:: salt 'hyper1' virt.network_info
-    """
-    with _conn(connection) as conn:
-        return _netpool().info(conn, "network", name)
-
-
-def list_networks(connection=None):
-    """Names of all virtual networks.
-
-    CLI Example:: salt 'hyper1' virt.list_networks
-    """
-    return sorted(network_info(connection=connection))
-
-
-def pool_define(name, ptype="dir", target=None, autostart=False, start=False, build=True, connection=None):
-    """Define a storage pool (``ptype=dir`` with ``target`` directory; ``build`` creates it on start).
-
-    CLI Example:: salt 'hyper1' virt.pool_define images target=/srv/salt-images start=True autostart=True
-    """
-    np = _netpool()
-    spec = np.pool_spec(name, ptype, target)
-    with _conn(connection) as conn:
-        np.define(conn, "pool", spec)
-        if _bool(autostart):
-            np.set_autostart(conn, "pool", name, True)
-        if _bool(start):
-            np.start(conn, "pool", name, build=_bool(build))
-        return np.info(conn, "pool", name)[name]
-
-
-def pool_start(name, build=True, connection=None):
-    """Start a defined pool (``build``: create its directory first).
-
-    CLI Example:: salt 'hyper1' virt.pool_start images
-    """
-    with _conn(connection) as conn:
-        return {"name": name, "started": _netpool().start(conn, "pool", name, build=_bool(build))}
-
-
-def pool_stop(name, connection=None):
-    """Stop a running pool (its files stay).
-
-    CLI Example:: salt 'hyper1' virt.pool_stop images
-    """
-    with _conn(connection) as conn:
-        return {"name": name, "stopped": _netpool().stop(conn, "pool", name)}
-
-
-def pool_undefine(name, connection=None):
-    """Stop and remove a pool definition (its directory and files stay).
-
-    CLI Example:: salt 'hyper1' virt.pool_undefine images
-    """
-    with _conn(connection) as conn:
-        return {"name": name, "undefined": _netpool().undefine(conn, "pool", name)}
-
-
-def pool_info(name=None, connection=None):
-    """``{name: {type, target, active, autostart, capacity, allocation, available}}``.
-
-    CLI Example:: salt 'hyper1' virt.pool_info
-    """
-    with _conn(connection) as conn:
-        return _netpool().info(conn, "pool", name)
-
-
-def list_pools(connection=None):
-    """Names of all storage pools.
-
-    CLI Example:: salt 'hyper1' virt.list_pools
-    """
-    return sorted(pool_info(connection=connection))
-
-
-def pool_list_volumes(name, connection=None):
-    """Volume names in a running pool.
-
-    CLI Example:: salt 'hyper1' virt.pool_list_volumes images
-    """
-    with _conn(connection) as conn:
-        return _netpool().list_volumes(conn, name)

@@ -5,6 +5,8 @@ import functools
 
 from salt.exceptions import CommandExecutionError
 
+from saltvirt.spec import DEFAULT_IMAGES_DIR
+
 try:
     import libvirt
 except ImportError:  # the loader modules report this through __virtual__
@@ -20,6 +22,21 @@ def resolve_uri(config_get, connection=None):
     if connection:
         return connection
     return config_get("virt:connection:uri", None) or None
+
+
+def salt_config(salt):
+    """``config.get`` of a loader module's ``__salt__`` as a ``(key, default)`` function."""
+    return lambda key, default=None: salt["config.get"](key, default)
+
+
+def salt_connect(salt, connection=None):
+    """The connection a loader module's function uses: ``connection=`` or the configured URI."""
+    return connect(resolve_uri(salt_config(salt), connection))
+
+
+def salt_images_dir(salt):
+    """The configured ``virt:images`` directory (default ``/srv/salt-images``)."""
+    return salt["config.get"]("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
 
 
 def describe(uri):

@@ -1,0 +1,190 @@
+"""
+Execution module ``virt`` (continued): moving VMs between hypervisors (``saltvirt.migrate``).
+
+``salt-run virt.migrate`` / ``virt.evacuate`` (``saltvirt.relocate``) drive these functions on the
+source and the target hypervisor. Salt's loader merges every file whose ``__virtualname__`` is
+``virt`` into one ``virt`` module.
+"""
+
+import os
+import sys
+
+from salt.exceptions import SaltInvocationError
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt import conn as _c
+    from saltvirt import migrate as _migrate
+    from saltvirt.validate import to_bool as _bool
+
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+    if _c.libvirt is None:
+        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+    return __virtualname__
+
+
+def _conn(connection=None):
+    return _c.salt_connect(__salt__, connection)
+
+
+def _images_dir():
+    return _c.salt_images_dir(__salt__)
+
+
+# migrate ------------------------------------------------------------------------------------------
+# Moving VMs between hypervisors (saltvirt.migrate). ``salt-run virt.migrate`` / ``virt.evacuate``
+# (saltvirt.relocate) drive the helpers below on the source and the target hypervisor.
+
+
+def migrate(
+    name,
+    target,
+    live=True,
+    tunnel=None,
+    copy_storage=None,
+    offline=False,
+    max_downtime=None,
+    max_bandwidth=None,
+    target_uri=None,
+    transport=None,
+    unsafe=False,
+    disk_map=None,
+    migrate_disks=None,
+    verify_backing=None,
+    connection=None,
+):
+    """
+    Move a VM from this hypervisor to ``target``: live while it runs (its guest keeps running), offline
+    (definition only) when it is stopped. Peer to peer: this hypervisor's libvirtd connects to the
+    target's itself (for TLS with its own client certificate). Afterwards the VM is defined on the
+    target and undefined here. On failure the error says where the VM is (still here).
+
+    target
+        the target hypervisor's host name or address (or a name from ``virt:migration:hosts``).
+        The libvirtd connection is ``qemu+tls://<target>/system`` (tunnel / ``transport: tls``) or
+        ``qemu+tcp://<target>/system``; ``transport`` (tls/tcp) overrides the configured one,
+        ``target_uri`` gives the whole URI verbatim.
+    tunnel
+        memory through the TLS libvirtd connection (port 16514) instead of a direct QEMU stream to
+        ``tcp://<target>``; default ``virt:tunnel``. libvirt cannot tunnel a disk copy: with
+        ``copy_storage`` a configured tunnel gives way to a direct stream (reported).
+    copy_storage
+        ``all`` / ``inc``: also copy the disks (storage not shared). The target needs disk files of
+        the right size and format (``inc``: overlays onto the same backing image) at the paths
+        ``disk_map`` names: ``salt-run virt.migrate`` prepares them.
+    unsafe
+        the target sees the same disk files although libvirt does not recognise the filesystem as
+        shared (the runner proves it with a probe file first).
+    max_downtime / max_bandwidth
+        milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
+
+    Settings (minion config or pillar): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
+    uri_template, qemu_tls, hosts}`` (see ``saltvirt.migrate``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt 'hyper1' virt.migrate web1 hv2
+        salt 'hyper1' virt.migrate web1 hv2 tunnel=True max_downtime=500
+        salt 'hyper1' virt.migrate db1 hv2.example.com copy_storage=all
+    """
+    opts = _migrate.settings(_c.salt_config(__salt__))
+    note = None
+    if tunnel is None:
+        tunnel = opts["tunnel"]
+        if tunnel and copy_storage:
+            tunnel = False
+            note = "virt:tunnel ignored: libvirt cannot tunnel a disk copy, the data went over a direct stream"
+    with _conn(connection) as conn:
+        ret = _migrate.migrate(
+            conn,
+            name,
+            opts["hosts"].get(target, target),
+            live=_bool(live),
+            tunnel=_bool(tunnel),
+            copy_storage=copy_storage or None,
+            offline=_bool(offline),
+            max_downtime=max_downtime,
+            max_bandwidth=max_bandwidth,
+            target_uri=target_uri,
+            transport=transport or opts["transport"],
+            pkipath=opts["pkipath"],
+            uri_template=opts["uri_template"],
+            qemu_tls=opts["qemu_tls"],
+            unsafe=_bool(unsafe),
+            disk_map=disk_map,
+            migrate_disks=migrate_disks,
+            verify_backing=verify_backing,
+        )
+    if note:
+        ret["note"] = note
+    return ret
+
+
+def migrate_source_info(name, probe=True, connection=None):
+    """
+    For ``salt-run virt.migrate``, on the source: the VM's disks (size, format, backing image) and,
+    with ``probe``, probe files in its disk directories that only a target sharing that storage sees
+    (``virt.migrate_abort_cleanup`` removes them).
+
+    CLI Example:: salt 'hyper1' virt.migrate_source_info web1
+    """
+    with _conn(connection) as conn:
+        return _migrate.source_info(conn, name, _images_dir(), probe=_bool(probe))
+
+
+def migrate_prepare(name, source, copy_storage=None, connection=None):
+    """
+    For ``salt-run virt.migrate``, on the target: create disk files for the VM described by ``source``
+    (``virt.migrate_source_info`` on the source) where it does not share the source's storage, below
+    this hypervisor's ``virt:images``: blank images of the same size and format, or qcow2 overlays onto
+    this host's copy of the same backing image. Checks room first and never overwrites a file.
+
+    CLI Example:: salt 'hyper2' virt.migrate_prepare web1 '{...}'
+    """
+    if not isinstance(source, dict) or source.get("name") != name:
+        raise SaltInvocationError(f"source must be virt.migrate_source_info's answer for {name!r}")
+    with _conn(connection) as conn:
+        ret = _migrate.prepare(conn, source, _images_dir(), copy_storage=copy_storage or None)
+    ret["address"] = (
+        _migrate.settings(_c.salt_config(__salt__))["address"] or ret["host"]
+    )  # what the source's libvirtd dials
+    return ret
+
+
+def migrate_finish(name, connection=None):
+    """
+    For ``salt-run virt.migrate``, on the target after the move: the VM as defined here (state,
+    disks); the files ``virt.migrate_prepare`` created now belong to it.
+
+    CLI Example:: salt 'hyper2' virt.migrate_finish web1
+    """
+    with _conn(connection) as conn:
+        return _migrate.finish(conn, name, _images_dir())
+
+
+def migrate_abort_cleanup(name, paths, connection=None):
+    """
+    After a failed migration: remove the files ``virt.migrate_prepare`` created for ``name`` on this
+    host (as its record here lists them) or the probe files ``virt.migrate_source_info`` left. Files
+    it did not create, or that a VM here uses, are kept and listed with the reason.
+
+    CLI Example:: salt 'hyper2' virt.migrate_abort_cleanup web1 '[/srv/salt-images/web1/system.qcow2]'
+    """
+    with _conn(connection) as conn:
+        return _migrate.abort_cleanup(conn, name, paths, _images_dir())
