@@ -17,6 +17,7 @@ PKGS=(
   libvirt-daemon-system libvirt-clients qemu-system-x86 qemu-utils gnutls-bin
   libvirt-dev pkg-config dnsmasq-base iptables e2fsprogs iproute2 python3-venv
   busybox-static xz-utils zstd cpio bc fuse3 fdisk util-linux procps
+  lvm2 dosfstools ovmf swtpm swtpm-tools xorriso redis-server mmdebstrap
 )
 [ "${WITH_GUESTFS:-0}" = 1 ] && PKGS+=(libguestfs-tools linux-image-amd64)
 missing=()
@@ -25,8 +26,8 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   log "apt-get install ${missing[*]}"
-  apt-get update -qq
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # No udev here: make /dev/kvm usable by libvirt-qemu, or libvirt re-probes QEMU on every call.
 if [ -c /dev/kvm ] && getent group kvm >/dev/null; then chgrp kvm /dev/kvm && chmod 0660 /dev/kvm; fi
