@@ -269,7 +269,11 @@ def _keys(opts):
 def _valid(opts, minion_id):
     import salt.utils.verify
 
-    if not salt.utils.verify.valid_id(opts, minion_id):
+    if (
+        not isinstance(minion_id, str)
+        or minion_id != minion_id.strip()
+        or not salt.utils.verify.valid_id(opts, minion_id)
+    ):
         raise SaltInvocationError(f"{minion_id!r} is not a valid minion id")
 
 

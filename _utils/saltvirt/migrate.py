@@ -33,7 +33,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import secrets
 import subprocess
 import threading
@@ -54,7 +53,6 @@ SETTINGS = ("transport", "pkipath", "uri_template", "qemu_tls", "hosts", "addres
 TRANSPORTS = ("tcp", "tls")
 COPY_MODES = ("all", "inc")
 ROOM_MARGIN_MIB = 16  # plus 1% of the virtual size: image metadata, blocks the guest writes meanwhile
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,253}$")  # a host name, an IPv4 or an IPv6 address
 
 
 # settings and the libvirt call ------------------------------------------------------------------
@@ -77,8 +75,7 @@ def settings(config_get):
 
 def destination_uri(target, tunnel=False, transport=None, pkipath=None, uri_template=None):
     """The URI the *source libvirtd* opens to the target (peer to peer), e.g. ``qemu+tls://hv2/system``."""
-    if not isinstance(target, str) or not _HOST_RE.match(target):
-        raise SaltInvocationError(f"target must be the target hypervisor's host name or address, not {target!r}")
+    validate.host_name(target, "target (the target hypervisor's host name or address)")
     transport = transport or ("tls" if tunnel else "tcp")
     if transport not in TRANSPORTS:
         raise SaltInvocationError(f"virt:migration:transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")

@@ -7,18 +7,27 @@ from salt.exceptions import SaltInvocationError
 
 # libvirt accepts almost anything as a domain name, but the name also becomes a directory, a file
 # name and a minion id: keep it to what is safe everywhere.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# Always fullmatch: with re.match, "$" also matches before a trailing newline ("web1\n" would pass).
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")  # a host name, an IPv4 or an IPv6 address
 
 
 def vm_name(name, what="VM name"):
     """Return ``name`` if it is a safe VM/network/pool name, else raise SaltInvocationError."""
     if not isinstance(name, str) or not name:
         raise SaltInvocationError(f"{what} must be a non-empty string, got {name!r}")
-    if not _NAME_RE.match(name) or name in (".", ".."):
+    if not _NAME_RE.fullmatch(name) or name in (".", ".."):
         raise SaltInvocationError(
             f"invalid {what} {name!r}: use 1-63 characters from letters, digits, '.', '_' and '-', "
             "starting with a letter or digit (no '/', spaces, quotes or '<>&')"
         )
+    return name
+
+
+def host_name(name, what="host name"):
+    """Return ``name`` if it is a plain host name or IP address (full match), else raise."""
+    if not isinstance(name, str) or not _HOST_RE.fullmatch(name) or name.strip(".:") == "":
+        raise SaltInvocationError(f"{what} must be a host name or an IP address, not {name!r}")
     return name
 
 
