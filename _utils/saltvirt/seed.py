@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("libguestfs", "qemu-nbd", "qsd-fuse", "loop")
 NOT_ROOT_FS = ("swap", "LVM2_member", "crypto_LUKS", "linux_raid_member", "zfs_member", "iso9660", "vfat", "unknown")
+# What the host kernel may mount from an untrusted image (loop, qsd-fuse, qemu-nbd backends): the
+# common root filesystems whose drivers are fuzzed and maintained. Anything else (minix, cramfs, hfs,
+# udf, ...) is refused: a hostile image aimed at a weak filesystem driver attacks the hypervisor's
+# kernel. libguestfs mounts inside its own appliance and is not limited by this list.
+KERNEL_MOUNT_FS = ("ext2", "ext3", "ext4", "xfs", "btrfs", "vfat")
 
 
 class _Skip(Exception):
@@ -288,6 +293,12 @@ def _seed_device(dev, files, tmp, undo):
         fstype = _run(["blkid", "-p", "-o", "value", "-s", "TYPE", node], f"probing {node}", check=False).stdout.strip()
         if not fstype or fstype in NOT_ROOT_FS:
             tried.append(f"{label}: {fstype or 'no filesystem'}")
+            continue
+        if fstype not in KERNEL_MOUNT_FS:
+            tried.append(
+                f"{label} ({fstype}): refused: the host kernel mounts only {', '.join(KERNEL_MOUNT_FS)} from "
+                "an untrusted image (use libguestfs for other filesystems)"
+            )
             continue
         opts = "nodev,nosuid,noexec" + (",nouuid" if fstype == "xfs" else "")
         proc = _run(["mount", "-t", fstype, "-o", opts, node, mnt], f"mounting {label}", check=False)

@@ -433,3 +433,19 @@ def test_seeded_overlay_boots_and_the_guest_sees_the_minion_config(hv1, lab_dir,
         conn.close()
     assert sha256(base) == before
     shutil.rmtree(work)
+
+
+@pytest.mark.parametrize("backend", ["loop", "qsd-fuse"])
+def test_kernel_mount_refuses_other_filesystems(backend, tmp_path, scratch):
+    """A hostile image with a filesystem outside KERNEL_MOUNT_FS (minix here) is never handed to the
+    host kernel: refused with the reason, nothing mounted or attached afterwards (scratch checks)."""
+    disk = str(tmp_path / "minix.raw")
+    subprocess.run(["truncate", "-s", "8M", disk], check=True)
+    subprocess.run(["mkfs.minix", disk], check=True, capture_output=True)
+    before = sha256(disk)
+    with pytest.raises(CommandExecutionError) as exc:
+        seed.seed(disk, minion_files("x"), backend=backend)
+    assert "whole disk (minix): refused: the host kernel mounts only ext2, ext3, ext4, xfs, btrfs, vfat" in str(
+        exc.value
+    )
+    assert sha256(disk) == before
