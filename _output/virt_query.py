@@ -67,6 +67,8 @@ def _host_line(mid, ans):
 
 def _vm(mid, name, vm):
     out = [f"  {name}"]
+    if vm.get("error"):
+        out.append(f"    Error: {vm['error']}")
     if vm.get("cpu") is not None:
         out.append(f"    CPU: {vm['cpu']}")
     if vm.get("mem") is not None:

@@ -229,16 +229,49 @@ def init(
             undo.add(f"stop {name}", lambda: dom.isActive() and dom.destroy())
             result["started"] = True
             progress("started")
+        result["state"] = _read_back(dom, name, host)
     except BaseException as exc:
         errors = undo.run()
         if errors:
             log.error("init %s: cleanup after failure was incomplete: %s", name, errors)
             if isinstance(exc, (CommandExecutionError, SaltInvocationError)):
-                raise type(exc)(f"{exc} (cleanup incomplete: {'; '.join(errors)})") from None
+                left = _left_behind(conn, name, result)
+                raise type(exc)(
+                    f"{exc} (cleanup incomplete: {'; '.join(errors)}; {left}; "
+                    f"once {host} is reachable again run: salt <hypervisor> virt.cleanup {name})"
+                ) from None
         raise
-    result["state"] = describe(dom, host)["state"]
     result["seconds"] = round(time.monotonic() - started_at, 3)
     return result
+
+
+def _read_back(dom, name, host):
+    """The new VM's state, after checking that libvirt's description of it reads back: libvirt echoes
+    some values unescaped, and a VM whose XML does not parse would break every later query."""
+    with lv_errors(f"reading back VM {name!r} on {host}"):
+        xml = dom.XMLDesc(0)
+        try:
+            domxml.parse(xml)
+        except Exception as exc:  # noqa: BLE001 - ParseError or a malformed device: all mean unreadable
+            raise CommandExecutionError(
+                f"libvirt's description of the new VM {name!r} does not parse ({exc}): removed it again"
+            ) from None
+        return describe(dom, host, xml=xml)["state"]
+
+
+def _left_behind(conn, name, result):
+    """What is left of a VM whose undo did not finish, as far as we can still tell."""
+    if "uuid" not in result:
+        return f"VM {name!r} was not defined; its disks may be left: {[d['path'] for d in result['disks']]}"
+    try:
+        state = describe(conn.lookupByName(name), result["host"])["state"]
+        return f"VM {name!r} is still defined, state {state}"
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return f"VM {name!r} is no longer defined"
+        return f"VM {name!r} was defined (uuid {result['uuid']}), its state is unknown: {exc.get_error_message()}"
+    except Exception as exc:  # noqa: BLE001 - best effort while reporting another failure
+        return f"VM {name!r} was defined (uuid {result['uuid']}), its state is unknown: {exc}"
 
 
 def _remove_manifest(vm_dir):

@@ -3,6 +3,8 @@
 
 import os
 
+from salt.exceptions import CommandExecutionError
+
 from saltvirt import domxml
 from saltvirt.conn import get_domain, libvirt
 
@@ -113,24 +115,72 @@ def _all_stats(conn, doms):
             return {}
 
 
+def _vanished(exc):
+    return isinstance(exc, libvirt.libvirtError) and exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+
+
+def _unreadable(dom, exc, stats):
+    """The entry for a VM that cannot be described: its error, and its state if libvirt still knows it."""
+    message = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else f"{type(exc).__name__}: {exc}"
+    state = (stats or {}).get("state.state")
+    if state is None:
+        try:
+            state = dom.state()[0]
+        except libvirt.libvirtError:
+            state = None
+    return {
+        "name": dom.name(),
+        "state": state_name(state) if state is not None else "unknown",
+        "error": f"cannot read VM {dom.name()!r}: {message} (see virt.get_xml {dom.name()})",
+    }
+
+
 def vm_info(conn, name=None):
-    """{name: info} for one VM or all of them."""
+    """{name: info} for one VM or all of them. With all of them, a VM that cannot be read (XML that
+    does not parse, a device libvirt cannot report) is listed with its ``error`` (and state, if known)
+    instead of failing the whole answer; a VM that vanishes meanwhile is left out."""
     hostname = conn.getHostname()
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     stats = _all_stats(conn, doms)
     out = {}
     for dom in doms:
         try:
-            out[dom.name()] = describe(dom, hostname, stats.get(dom.name()))
-        except libvirt.libvirtError as exc:
-            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # vanished while we looked: skip it
-                raise
+            vm_name = dom.name()
+            out[vm_name] = describe(dom, hostname, stats.get(vm_name))
+        except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
+            if _vanished(exc):
+                if name:
+                    raise CommandExecutionError(f"VM {name!r} vanished while being read") from None
+                continue
+            entry = _unreadable(dom, exc, stats.get(vm_name))
+            if name:
+                raise CommandExecutionError(entry["error"]) from None
+            out[vm_name] = entry
     return out
 
 
 def vm_state(conn, name=None):
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
-    return {d.name(): state_name(d.state()[0]) for d in doms}
+    out = {}
+    for dom in doms:
+        try:
+            out[dom.name()] = state_name(dom.state()[0])
+        except libvirt.libvirtError as exc:
+            if not _vanished(exc) or name:
+                raise
+    return out
+
+
+def _active_infos(conn):
+    """``info()`` of every running VM, leaving out those that stop or vanish while we ask."""
+    infos = []
+    for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+        try:
+            infos.append(dom.info())
+        except libvirt.libvirtError as exc:
+            if not _vanished(exc) and exc.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:
+                raise
+    return infos
 
 
 def node_info(conn):
@@ -150,21 +200,20 @@ def node_info(conn):
 def freemem(conn, reserve_mib=0):
     """MiB of host memory left for new VMs: physical memory minus what active VMs were given."""
     total = conn.getInfo()[1]
-    used = sum(d.info()[2] // 1024 for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE))
+    used = sum(i[2] // 1024 for i in _active_infos(conn))
     return total - used - reserve_mib
 
 
 def freecpu(conn):
     total = conn.getInfo()[2]
-    used = sum(d.info()[3] for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE))
+    used = sum(i[3] for i in _active_infos(conn))
     return total - used
 
 
 def host_info(conn, images_dir=None):
     """Host capacity and usage: what placement needs, in one call."""
     info = node_info(conn)
-    active = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
-    infos = [d.info() for d in active]
+    infos = _active_infos(conn)
     out = {
         "hostname": conn.getHostname(),
         "uri": conn.getURI(),
@@ -174,7 +223,7 @@ def host_info(conn, images_dir=None):
         "mem_used_by_vms": sum(i[2] // 1024 for i in infos),
         "vcpus_total": info["cpus"],
         "vcpus_used_by_vms": sum(i[3] for i in infos),
-        "vms_active": len(active),
+        "vms_active": len(infos),
         "vms_defined": len(conn.listAllDomains(0)),
     }
     try:

@@ -22,6 +22,7 @@ Config (minion config, grains or pillar through ``config.get``)::
 import copy
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 
 from salt.exceptions import SaltInvocationError
@@ -230,6 +231,23 @@ def _assign_targets(disks):
         counters[prefix] = n + 1
 
 
+def _graphics_listen(listen):
+    """An address or host name: libvirt echoes it back unescaped, so anything else breaks its XML."""
+    if not isinstance(listen, str) or not re.fullmatch(r"[A-Za-z0-9.:_-]{1,255}", listen):
+        raise SaltInvocationError(f"graphics listen must be an IP address or host name, not {listen!r}")
+    return listen
+
+
+def _graphics_port(port):
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"graphics port must be a number (-1: automatic), not {port!r}") from None
+    if port != -1 and not 1 <= port <= 65535:
+        raise SaltInvocationError(f"graphics port must be -1 (automatic) or 1-65535, not {port}")
+    return port
+
+
 def build(
     name,
     cpu,
@@ -278,8 +296,8 @@ def build(
             params["type"] = graphics
         gfx = Graphics(
             type=params.get("type", "vnc"),
-            listen=params.get("listen", "127.0.0.1"),
-            port=int(params.get("port", -1)),
+            listen=_graphics_listen(params.get("listen", "127.0.0.1")),
+            port=_graphics_port(params.get("port", -1)),
             password=params.get("password"),
         )
         if gfx.type not in ("vnc", "spice"):
