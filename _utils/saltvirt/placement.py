@@ -16,6 +16,9 @@ A host takes the VM only if all of these hold:
 * disk: ``disk_free (in virt:images) - disk_reserve_mib >= disk_mib`` (a full copy of the image);
 * anti-affinity: no VM of the request's ``group`` is defined there.
 
+Capacity that in-flight ``virt.init`` calls reserved (``saltvirt.fleetstate``, shared by every master)
+counts as used (memory, vCPUs, disk, VM count, group members).
+
 Among those, the score (0..1) is the weighted mean of per-resource scores. ``strategy: spread`` (the
 default) prefers headroom: the fraction of memory and of vCPU capacity left after placing the VM, the
 disk left relative to the roomiest candidate, and few VMs. ``strategy: pack`` inverts them (fill hosts
@@ -137,8 +140,9 @@ def _int(value):
         return None
 
 
-def _check(host, answer, req, pol):
-    """(free-after dict, reasons list) for one host; reasons empty means it fits."""
+def _check(host, answer, req, pol, load=None):
+    """(free-after dict, reasons list) for one host; reasons empty means it fits. ``load``: what
+    in-flight creations reserved there (``saltvirt.fleetstate.tally``), counted as used."""
     status = answer.get("status", "up") if isinstance(answer, dict) else "down"
     if status != "up":
         return None, [f"{status}: {answer.get('error') or 'no answer'}" if isinstance(answer, dict) else "down"]
@@ -150,24 +154,33 @@ def _check(host, answer, req, pol):
     cpus, cpus_used = _int(facts.get("vcpus_total")), _int(facts.get("vcpus_used_by_vms")) or 0
     if not mem_total or not cpus:
         return None, ["no capacity facts in its answer (is salt-virt on this minion up to date?)"]
+    load = load or {}
+    inflight = len(load.get("vms") or [])
+    held = f" by {inflight} in-flight init(s)" if inflight else ""
+    mem_res, cpu_res, disk_res = int(load.get("mem") or 0), int(load.get("cpu") or 0), int(load.get("disk_mib") or 0)
     reasons = []
     reserve = pol["mem_reserve_mib"]
-    mem_left = mem_total - mem_used - reserve - req["mem"]
+    mem_left = mem_total - mem_used - mem_res - reserve - req["mem"]
     if mem_left < 0:
         reasons.append(
-            f"memory: needs {req['mem']} MiB, {max(mem_total - mem_used - reserve, 0)} MiB free "
-            f"({mem_total} total - {mem_used} used by running VMs - {reserve} reserve)"
+            f"memory: needs {req['mem']} MiB, {max(mem_total - mem_used - mem_res - reserve, 0)} MiB free "
+            f"({mem_total} total - {mem_used} used by running VMs"
+            + (f" - {mem_res} reserved{held}" if inflight else "")
+            + f" - {reserve} reserve)"
         )
     cap = cpus * pol["cpu_overcommit"]
-    cpu_left = cap - cpus_used - req["cpu"]
+    cpu_left = cap - cpus_used - cpu_res - req["cpu"]
     if cpu_left < 0:
         reasons.append(
-            f"vcpus: needs {req['cpu']}, {max(int(cap - cpus_used), 0)} left "
-            f"({cpus} CPUs x {pol['cpu_overcommit']:g} overcommit = {cap:g}, {cpus_used} used by running VMs)"
+            f"vcpus: needs {req['cpu']}, {max(int(cap - cpus_used - cpu_res), 0)} left "
+            f"({cpus} CPUs x {pol['cpu_overcommit']:g} overcommit = {cap:g}, {cpus_used} used by running VMs"
+            + (f", {cpu_res} reserved{held}" if inflight else "")
+            + ")"
         )
     disk_free = _int(facts.get("disk_free"))
     disk_left = None
     if disk_free is not None:
+        disk_free -= disk_res
         disk_left = disk_free - pol["disk_reserve_mib"] - req["disk_mib"]
         if disk_left < 0:
             reasons.append(
@@ -179,11 +192,13 @@ def _check(host, answer, req, pol):
     group = req["group"]
     if group:
         members = sorted(n for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("group") == group)
+        members += sorted(f"{n} (in flight)" for n, g in (load.get("groups") or {}).items() if g == group)
         if members:
             reasons.append(f"anti-affinity: group {group!r} already has {', '.join(members)} here")
     vms = _int(facts.get("vms_defined"))
     if vms is None:
         vms = len(answer.get("vm_info") or {})
+    vms += inflight
     free = {
         "mem_mib": mem_left,
         "mem_frac": mem_left / mem_total,
@@ -195,8 +210,14 @@ def _check(host, answer, req, pol):
     return free, reasons
 
 
-def rank(hosts, req, pol=None, exclude=()):
-    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. Returns::
+def fits(host, answer, req, pol, load=None):
+    """The reasons ``host`` cannot take ``req`` with ``load`` reserved there (empty: it fits)."""
+    return _check(host, answer, req, pol, load)[1]
+
+
+def rank(hosts, req, pol=None, exclude=(), reserved=None):
+    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``reserved``: ``{id: load}``
+    of in-flight creations (``saltvirt.fleetstate.reserved``), counted as used capacity. Returns::
 
     {"host": best id or None, "reason": one line,
      "ranking": [{"host", "score", "scores": {mem, cpu, disk, vms}, "free_after": {...}}, ...],
@@ -209,7 +230,7 @@ def rank(hosts, req, pol=None, exclude=()):
         if host in skip:
             excluded[host] = ["excluded by the caller (already tried)"]
             continue
-        free, reasons = _check(host, hosts[host], req, pol)
+        free, reasons = _check(host, hosts[host], req, pol, (reserved or {}).get(host))
         if reasons:
             excluded[host] = reasons
         else:

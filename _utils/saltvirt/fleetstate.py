@@ -1,0 +1,524 @@
+"""Runner state shared by every master: per-name locks (``virt.init``, migrate/evacuate) and capacity
+reservations, kept in Salt's own cache layer (``salt.cache.Cache(opts)``), so the operator picks the
+backend with Salt's standard ``cache:`` master setting.
+
+What each backend guarantees (every update is a read-modify-write done by :meth:`Store.transact`):
+
+* ``redis`` (several masters): a real compare-and-set. The entry is the same Redis hash field Salt's
+  ``redis`` cache driver reads and writes (``<keys_prefix><sep><bank>/`` -> ``key``); the update runs
+  under ``WATCH`` + ``MULTI``/``EXEC`` on a client built from the same ``cache.redis.*`` master options,
+  so two masters updating one entry at once: one wins, the other re-reads and decides again.
+  ``cache.redis.cluster_mode`` is refused (a transaction across the driver's keys spans hash slots).
+* ``localfs`` (the default, one master): an ``flock`` on ``<cachedir>/salt-virt/state.lock`` around
+  fetch + store (the driver writes by atomic rename). Correct between the processes of one master
+  (``salt-run`` calls, the master's workers); NOT between masters, even on a shared filesystem.
+* any other driver (``etcd``, ``consul``, ``mysql``, ...): the same file lock, so it is correct on one
+  master only. A warning says so; use ``redis`` for several masters.
+
+Locks (bank ``salt-virt/locks``, one entry per VM name / minion id)::
+
+    {token, kind: init|migrate|..., name, owner: {master, host, pid, pid_start, job},
+     taken, renewed, expires, ttl, detail: {...}}
+
+A lock is a lease: its holder renews it every ``ttl / 3`` seconds from a thread while it works
+(``virt:shared:lock_ttl``, default 60 s). A lock is taken over only when its owner is gone: on the
+same master (same master id and host name) when the owner's pid is no longer that process (checked
+at once, whatever the expiry); for another master's lock when its lease expired (its master died or
+lost the store for longer than the ttl). A local owner that is still alive is never broken, even
+with an expired lease. Every takeover is reported (``taken_over`` with the stale record). Clocks of
+the masters must agree (NTP) to well under the ttl.
+
+Reservations (bank ``salt-virt/reservations``, one entry per hypervisor)::
+
+    {"entries": {vm: {cpu, mem, disk_mib, token, owner, state: active|settled, expires, settled_at}}}
+
+taken at placement (under a compare-and-set that re-checks the host still fits with every other
+reservation counted) and settled when the VM is running, or dropped when the call failed. An active
+reservation counts as used capacity until it expires (renewed with its lock); a settled one counts
+for snapshots taken before it settled (those did not see the VM yet); none counts once the VM shows
+up running in the snapshot (the host's own figures include it then).
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import salt.cache
+import salt.payload
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+try:
+    import redis
+except ImportError:  # only needed with cache: redis (Salt's redis driver needs it too)
+    redis = None
+
+log = logging.getLogger(__name__)
+
+LOCKS = "salt-virt/locks"
+RESERVATIONS = "salt-virt/reservations"
+DEFAULTS = {"lock_ttl": 60.0, "settle_window": 900.0, "clock_skew": 5.0}
+_MULTI_MASTER = ("redis",)
+
+
+def config(opts):
+    """``virt:shared`` from the master config: defaults < config."""
+    conf = (opts.get("virt") or {}).get("shared") or {}
+    if not isinstance(conf, dict):
+        raise SaltInvocationError(f"virt:shared must be a mapping, not {conf!r}")
+    unknown = sorted(set(conf) - set(DEFAULTS))
+    if unknown:
+        raise SaltInvocationError(f"virt:shared: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
+    cfg = dict(DEFAULTS)
+    for key, value in conf.items():
+        try:
+            cfg[key] = float(value)
+        except (TypeError, ValueError):
+            raise SaltInvocationError(f"virt:shared:{key} must be a number of seconds, not {value!r}") from None
+        if cfg[key] < (1 if key == "lock_ttl" else 0):
+            raise SaltInvocationError(f"virt:shared:{key} is too small: {value!r}")
+    return cfg
+
+
+class AbortUpdate(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a transact() update function: leave the entry as it is."""
+
+
+class Store:
+    """Atomic read-modify-write of one cache entry (see the module doc for what each backend guarantees)."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.cache = salt.cache.Cache(opts)
+        self.driver = self.cache.driver
+        self._redis = None
+        if self.driver == "redis":
+            self._redis = _redis_client(opts)
+        else:
+            self.lockfile = os.path.join(self.cache.cachedir, "salt-virt", "state.lock")
+            if self.driver != "localfs":
+                log.warning(
+                    "virt: cache driver %r has no compare-and-set in salt-virt: its shared state is safe on "
+                    "one master only (a file lock); use cache: redis for several masters",
+                    self.driver,
+                )
+
+    @property
+    def multi_master(self):
+        return self.driver in _MULTI_MASTER
+
+    def describe(self):
+        if self._redis is not None:
+            return f"redis ({self._redis['where']})"
+        return f"{self.driver} (file lock {self.lockfile}: one master)"
+
+    def fetch(self, bank, key):
+        return self.cache.fetch(bank, key) or None
+
+    def entries(self, bank):
+        out = {}
+        for key in self.cache.list(bank) or []:
+            val = self.fetch(bank, key)
+            if val:
+                out[key] = val
+        return out
+
+    def transact(self, bank, key, update):
+        """``update(old or None) -> new`` (None deletes; raise :class:`AbortUpdate` to keep it). Returns new."""
+        try:
+            if self._redis is not None:
+                return _redis_transact(self._redis, bank, key, update)
+            return self._locked_transact(bank, key, update)
+        except (AbortUpdate, CommandExecutionError, SaltInvocationError):
+            raise
+        except Exception as exc:  # SaltCacheError, redis errors: say where the state lives
+            raise CommandExecutionError(
+                f"the shared runner state ({self.describe()}) cannot be updated: {exc}. "
+                "Check the master's cache: setting and that the store is reachable"
+            ) from exc
+
+    def _locked_transact(self, bank, key, update):
+        os.makedirs(os.path.dirname(self.lockfile), mode=0o700, exist_ok=True)
+        with open(self.lockfile, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            new = update(self.fetch(bank, key))
+            if new is None:
+                self.cache.flush(bank, key)
+            else:
+                self.cache.store(bank, key, new)
+            return new
+
+
+# redis: the driver's own layout, one WATCH/MULTI transaction per update ------------------------------
+def _redis_client(opts):
+    if redis is None:
+        raise CommandExecutionError(
+            "virt: cache: redis needs the redis Python client on the master (pip install redis)"
+        )
+    if opts.get("cache.redis.cluster_mode"):
+        raise CommandExecutionError(
+            "virt: cache.redis.cluster_mode is not supported for salt-virt's shared state (its transactions "
+            "would span hash slots): point the masters at one redis server (with a replica for failover)"
+        )
+    sep = opts.get("cache.redis.separator", "_")
+    host, port = opts.get("cache.redis.host", "localhost"), opts.get("cache.redis.port", 6379)
+    sock = opts.get("cache.redis.unix_socket_path")
+    client = redis.Redis(
+        host, port, unix_socket_path=sock, db=opts.get("cache.redis.db", "0"), password=opts.get("cache.redis.password")
+    )
+    return {
+        "client": client,
+        "banks": opts.get("cache.redis.banks_prefix", "$BANKS") + sep,
+        "keys": opts.get("cache.redis.keys_prefix", "$KEYS") + sep,
+        "stamps": opts.get("cache.redis.timestamp_prefix", "$TSTAMP") + sep,
+        "where": sock or f"{host}:{port}",
+    }
+
+
+def _redis_transact(rd, bank, key, update, attempts=200):
+    bank = bank.rstrip("/") + "/"
+    hkey, tkey = rd["keys"] + bank, rd["stamps"] + bank
+    for _ in range(attempts):
+        with rd["client"].pipeline() as pipe:
+            try:
+                pipe.watch(hkey)
+                raw = pipe.hget(hkey, key)
+                new = update(salt.payload.loads(raw) if raw else None)
+                pipe.multi()
+                if new is None:
+                    pipe.hdel(hkey, key)
+                    pipe.hdel(tkey, key)
+                else:
+                    pipe.zadd(rd["banks"], {hkey: 0})
+                    pipe.hset(hkey, key, salt.payload.dumps(new))
+                    pipe.hset(tkey, key, salt.payload.dumps(int(time.time())))
+                pipe.execute()
+                return new
+            except redis.WatchError:
+                time.sleep(0.005)
+                continue
+    raise CommandExecutionError(f"virt: {bank}{key} in redis changed {attempts} times while updating it: try again")
+
+
+# owners and liveness --------------------------------------------------------------------------------
+def _proc_start(pid):
+    """The start time of process ``pid`` (clock ticks since boot), or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def me(opts, job=None):
+    pid = os.getpid()
+    return {
+        "master": opts.get("id"),
+        "host": socket.gethostname(),
+        "pid": pid,
+        "pid_start": _proc_start(pid),
+        "job": job,
+    }
+
+
+def local_owner_alive(opts, owner):
+    """True/False for an owner on this master (same master id and host), None for another master's."""
+    if not owner or owner.get("master") != opts.get("id") or owner.get("host") != socket.gethostname():
+        return None
+    start = _proc_start(owner.get("pid") or -1)
+    return start is not None and start == owner.get("pid_start")
+
+
+def who(rec):
+    """A one-line description of a lock's owner, for messages."""
+    own = rec.get("owner") or {}
+    job = f", job {own['job']}" if own.get("job") else ""
+    return (
+        f"{rec.get('kind', 'a call')} by master {own.get('master')} "
+        f"(host {own.get('host')}, pid {own.get('pid')}{job}) "
+        f"since {_ts(rec.get('taken'))}, lease until {_ts(rec.get('expires'))}"
+    )
+
+
+def _ts(epoch):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
+
+
+class HeldError(SaltInvocationError):
+    """The name is locked by a live owner."""
+
+    def __init__(self, name, rec, note=""):
+        self.record = rec
+        super().__init__(f"{name!r} is held: {who(rec)}{note}: wait for it, or retry once it is released")
+
+
+# locks ----------------------------------------------------------------------------------------------
+class Lease:
+    """The locks one call holds (several names) and the reservation it made; renewed from a thread."""
+
+    def __init__(self, store, opts, kind, names, job=None, ttl=None, cfg=None):
+        self.store, self.opts, self.kind = store, opts, kind
+        self.cfg = cfg or config(opts)
+        self.ttl = float(ttl or self.cfg["lock_ttl"])
+        self.names = sorted(set(names))
+        self.token = uuid.uuid4().hex
+        self.owner = me(opts, job)
+        self.held, self.taken_over, self.reservation = [], [], None
+        self.lost, self.renewed_at = None, None
+        self._stop = threading.Event()
+        self._thread = None
+
+    # taking and giving back
+    def acquire(self):
+        try:
+            for name in self.names:
+                self._take(name)
+        except BaseException:
+            self.release()
+            raise
+        self.renewed_at = time.time()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"virt-lease-{self.names[0]}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _take(self, name):
+        now = time.time()
+        stale = []
+
+        def update(old):
+            stale.clear()
+            if old and old.get("token") != self.token:
+                alive = local_owner_alive(self.opts, old.get("owner"))
+                if alive:
+                    note = "" if old.get("expires", 0) > now else " (its lease expired, but the process is alive)"
+                    raise HeldError(name, old, note)
+                if alive is None and old.get("expires", 0) > now:
+                    raise HeldError(name, old)
+                stale.append(old)
+            return {
+                "token": self.token,
+                "kind": self.kind,
+                "name": name,
+                "owner": self.owner,
+                "taken": now,
+                "renewed": now,
+                "expires": now + self.ttl,
+                "ttl": self.ttl,
+                "detail": {},
+            }
+
+        self.store.transact(LOCKS, name, update)
+        self.held.append(name)
+        if stale:
+            why = "its process is gone" if local_owner_alive(self.opts, stale[0].get("owner")) is False else "expired"
+            log.warning("virt: took over the stale lock of %r (%s): %s", name, why, who(stale[0]))
+            self.taken_over.append({"name": name, "why": why, "stale": stale[0], "was": who(stale[0])})
+
+    def release(self):
+        self._stop.set()
+        if self._thread and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        for name in list(self.held):
+
+            def update(old):
+                if not old or old.get("token") != self.token:
+                    raise AbortUpdate
+
+            with contextlib.suppress(AbortUpdate, Exception):
+                self.store.transact(LOCKS, name, update)
+            self.held.remove(name)
+
+    # while working
+    def note(self, **detail):
+        """Record what the holder is doing (host, hypervisor job) in its lock entries."""
+        for name in self.held:
+
+            def update(old, name=name):
+                if not old or old.get("token") != self.token:
+                    raise AbortUpdate
+                return dict(old, detail=dict(old.get("detail") or {}, **detail))
+
+            with contextlib.suppress(AbortUpdate):
+                self.store.transact(LOCKS, name, update)
+
+    def renew(self):
+        now = time.time()
+        for name in self.held:
+
+            def update(old, name=name):
+                if not old or old.get("token") != self.token:
+                    self.lost = self.lost or (name, old)
+                    raise AbortUpdate
+                return dict(old, renewed=now, expires=now + self.ttl)
+
+            with contextlib.suppress(AbortUpdate):
+                self.store.transact(LOCKS, name, update)
+        if self.reservation:
+            renew_reservation(self.store, self.reservation, self.token, now + self.ttl)
+        self.renewed_at = now
+
+    def _renew_loop(self):
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except Exception as exc:  # noqa: BLE001 - check() reports a lease we could not keep
+                log.warning("virt: cannot renew the lock of %s: %s", ", ".join(self.names), exc)
+
+    def check(self):
+        """Raise unless every lock is still ours (call before an irreversible step)."""
+        if self.lost:
+            name, rec = self.lost
+            by = who(rec) if rec else "nobody (it was removed)"
+            raise CommandExecutionError(f"lost the lock of {name!r} while working (now held: {by}): stopped")
+        if self.renewed_at and time.time() > self.renewed_at + self.ttl:
+            raise CommandExecutionError(
+                f"the lock of {', '.join(self.names)} could not be renewed for {self.ttl:g} s "
+                f"(shared state: {self.store.describe()}): stopped"
+            )
+
+
+@contextlib.contextmanager
+def lock(opts, names, kind="init", job=None, ttl=None, store=None):
+    """Hold the locks of ``names`` (VM names / minion ids) for one call: raises :class:`HeldError` (with
+    who holds it) if a live owner has one. The same function serves virt.init and migrate/evacuate."""
+    lease = Lease(store or Store(opts), opts, kind, names, job=job, ttl=ttl).acquire()
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+def holders(opts, store=None):
+    """Every lock entry now in the store: ``{name: record}``."""
+    return (store or Store(opts)).entries(LOCKS)
+
+
+# reservations ---------------------------------------------------------------------------------------
+def _counts(rec, answer, since, now, skew):
+    vm = ((answer or {}).get("vm_info") or {}).get(rec.get("name"))
+    if vm and vm.get("state") == "running":
+        return False  # the host's own figures count it
+    if rec.get("state") == "settled":
+        return rec.get("settled_at", 0) >= since - skew
+    return rec.get("expires", 0) > now
+
+
+def _prune(entries, now, window):
+    return {
+        n: r
+        for n, r in entries.items()
+        if (r.get("state") == "settled" and r.get("settled_at", 0) > now - window)
+        or (r.get("state") != "settled" and r.get("expires", 0) > now)
+    }
+
+
+def tally(ledger, answer, since, now=None, skew=DEFAULTS["clock_skew"]):
+    """What one host's reservations add to its used capacity: ``{cpu, mem, disk_mib, vms: [names],
+    groups: {name: group}}``."""
+    now = now or time.time()
+    out = {"cpu": 0, "mem": 0, "disk_mib": 0, "vms": [], "groups": {}}
+    for name, rec in sorted(((ledger or {}).get("entries") or {}).items()):
+        if _counts(dict(rec, name=name), answer, since, now, skew):
+            out["cpu"] += int(rec.get("cpu") or 0)
+            out["mem"] += int(rec.get("mem") or 0)
+            out["disk_mib"] += int(rec.get("disk_mib") or 0)
+            out["vms"].append(name)
+            if rec.get("group"):
+                out["groups"][name] = rec["group"]
+    return out
+
+
+def reserved(store, hosts, since, cfg=None):
+    """``{host: tally}`` for every host in ``hosts`` (the snapshot taken at ``since``)."""
+    cfg = cfg or DEFAULTS
+    ledgers = store.entries(RESERVATIONS)
+    now = time.time()
+    return {h: tally(ledgers.get(h), hosts.get(h), since, now, cfg["clock_skew"]) for h in hosts}
+
+
+class NoRoomError(Exception):
+    def __init__(self, reasons, load):
+        super().__init__("; ".join(reasons))
+        self.reasons, self.load = reasons, load
+
+
+def reserve(store, lease, host, name, req, answer, since, pol=None, fits=None, cfg=None):
+    """Reserve ``req`` on ``host`` for VM ``name`` if it still fits with every other reservation
+    (``fits(answer, load) -> reasons``; not checked for a host that did not answer). Atomic per host.
+    Raises :class:`NoRoomError`."""
+    cfg = cfg or lease.cfg
+    now = time.time()
+    refused = []
+
+    def update(old):
+        refused.clear()
+        entries = _prune(dict((old or {}).get("entries") or {}), now, cfg["settle_window"])
+        entries.pop(name, None)  # a stale one of ours (retry after a dead master) is replaced
+        load = tally({"entries": entries}, answer, since, now, cfg["clock_skew"])
+        reasons = fits(answer, load) if fits and (answer or {}).get("status") == "up" else []
+        if reasons:
+            refused.append((reasons, load))
+            raise AbortUpdate
+        entries[name] = {
+            "cpu": req["cpu"],
+            "mem": req["mem"],
+            "disk_mib": req.get("disk_mib") or 0,
+            "group": req.get("group"),
+            "token": lease.token,
+            "owner": lease.owner,
+            "state": "active",
+            "taken": now,
+            "expires": now + lease.ttl,
+        }
+        return {"entries": entries}
+
+    try:
+        store.transact(RESERVATIONS, host, update)
+    except AbortUpdate:
+        raise NoRoomError(*refused[0]) from None
+    lease.reservation = (host, name)
+
+
+def renew_reservation(store, where, token, expires):
+    host, name = where
+
+    def update(old):
+        entries = dict((old or {}).get("entries") or {})
+        rec = entries.get(name)
+        if not rec or rec.get("token") != token or rec.get("state") != "active":
+            raise AbortUpdate
+        entries[name] = dict(rec, expires=max(expires, rec.get("expires", 0)))
+        return {"entries": entries}
+
+    with contextlib.suppress(AbortUpdate):
+        store.transact(RESERVATIONS, host, update)
+
+
+def finish(store, lease, outcome, keep_for=None):
+    """End the reservation of ``lease``: ``settled`` (the VM is running/defined: counts for older
+    snapshots only), ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds)."""
+    if not lease.reservation:
+        return
+    host, name = lease.reservation
+    now = time.time()
+
+    def update(old):
+        entries = dict((old or {}).get("entries") or {})
+        rec = entries.get(name)
+        if not rec or rec.get("token") != lease.token:
+            raise AbortUpdate
+        if outcome == "settled":
+            entries[name] = dict(rec, state="settled", settled_at=now)
+        elif outcome == "unknown":
+            entries[name] = dict(rec, expires=now + float(keep_for or lease.ttl))
+        else:
+            del entries[name]
+        return {"entries": entries} if entries else None
+
+    with contextlib.suppress(AbortUpdate):
+        store.transact(RESERVATIONS, host, update)
+    lease.reservation = None
