@@ -1,29 +1,33 @@
-"""Shared fixtures: libvirt test driver, real namespaced libvirtd hypervisors, real Salt daemons.
+"""Fixtures only (helpers live in tests/support): libvirt test driver, real namespaced libvirtd
+hypervisors, real Salt daemons.
 
 Fixtures that need root, libvirtd or the test guest fail loudly (they do not skip): CI must run them.
+Every test is marked ``unit`` or ``integration`` by its folder (see pytest_collection_modifyitems).
 """
 
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "_utils"))
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-
-import lab  # noqa: E402
-
-GUEST_DIR = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt/guest"))
-TEST_NODE_XML = ROOT / "tests" / "support" / "node-small.xml"
+from tests.support import lab
+from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
+from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltloader import make_minion_mods
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "libvirtd: needs a real libvirtd (started by the tests)")
-    config.addinivalue_line("markers", "salt: needs real salt daemons")
+def pytest_collection_modifyitems(config, items):
+    """Mark every test by its folder: tests/unit -> ``unit``, tests/integration -> ``integration``."""
+    tests = ROOT / "tests"
+    for item in items:
+        try:
+            folder = pathlib.Path(item.path).resolve().relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if folder in ("unit", "integration"):
+            item.add_marker(getattr(pytest.mark, folder))
 
 
 @pytest.fixture
@@ -90,28 +94,6 @@ def qemu_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def make_minion_mods(tmp_path, uri, images_dir=None, **config):
-    """The real Salt loader with this repo's _modules, as a minion would load them (no daemon)."""
-    import salt.config
-    import salt.loader
-
-    opts = salt.config.minion_config(None)
-    opts.update(
-        {
-            "id": "hyper-test",
-            "master": "salt-master.example",
-            "file_client": "local",
-            "cachedir": str(tmp_path / "cache"),
-            "pki_dir": str(tmp_path / "pki"),
-            "module_dirs": [str(ROOT / "_modules")],
-            "virt": dict({"connection": {"uri": uri}, "images": str(images_dir or tmp_path / "images")}, **config),
-        }
-    )
-    opts["grains"] = salt.loader.grains(opts)
-    utils = salt.loader.utils(opts)
-    return salt.loader.minion_mods(opts, utils=utils)
-
-
 @pytest.fixture
 def virt_test(tmp_path):
     """``__salt__`` with virt.* bound to libvirt's test:///default driver (state shared in-process).
@@ -162,22 +144,6 @@ def state_tree(guest):
     shutil.rmtree(tree, ignore_errors=True)
 
 
-def master_config(state_tree, **extra):
-    """Master overrides: this repo as a file_roots entry, so saltutil.sync_all serves _modules & co."""
-    config = {
-        "file_roots": {"base": [str(ROOT), str(state_tree)]},
-        "log_level_logfile": "info",
-        "open_mode": False,
-        "auto_accept": True,
-        "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
-    }
-    if (ROOT / "_pillar" / "libvirt.py").exists():
-        # 2048-bit keys keep the tests quick; hyper1 manages hv1 (10.252.0.11 in its fabric)
-        config["ext_pillar"] = [{"libvirt": {"key_size": 2048, "extra_sans": {"hyper1": ["hv1", "10.252.0.11"]}}}]
-    config.update(extra)
-    return config
-
-
 @pytest.fixture(scope="session")
 def salt_master(salt_factories, state_tree):
     factory = salt_factories.salt_master_daemon("master", overrides=master_config(state_tree))
@@ -185,21 +151,6 @@ def salt_master(salt_factories, state_tree):
         ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
         yield factory
-
-
-def start_minion(master, minion_id, overrides):
-    """A started minion with the bundle synced from the master (the file_roots route)."""
-    factory = master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
-    return factory
-
-
-def hypervisor_minion_config(hv, images_dir, **extra):
-    config = {
-        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir)},
-        "grains": {"virt_hypervisor": True},
-    }
-    config.update(extra)
-    return config
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,8 @@ import os
 import subprocess
 import sys
 
-import pytest
 
-from conftest import ROOT
+from tests.support.paths import ROOT
 
 LOADERS = {
     # kind -> (existing repo dir, loader call, expected function)

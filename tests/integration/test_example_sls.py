@@ -5,12 +5,14 @@ must not change) run in test=True only."""
 
 import json
 import os
+import pathlib
 import shutil
 import tempfile
 
 import pytest
 
-from conftest import ROOT, start_minion
+from tests.support.paths import ROOT
+from tests.support.saltd import start_minion
 
 REAL_PARTS = {
     "salt-virt-packages",
@@ -90,11 +92,11 @@ def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sl
         states = apply()
         assert all(s["result"] is True for s in states.values()), {k: s["comment"] for k, s in states.items()}
         assert set(states) == REAL_PARTS
-        text = open(conf).read()
+        text = pathlib.Path(conf).read_text()
         assert (
             "\nlisten_tls = 1" in text and "\nlisten_tcp = 0" in text and f'ca_file = "{tmp}/pki/CA/cacert.pem"' in text
         )
-        assert 'LIBVIRTD_ARGS="--listen"' in open(defaults).read()
+        assert 'LIBVIRTD_ARGS="--listen"' in pathlib.Path(defaults).read_text()
         for path, mode in (
             ("CA/cacert.pem", 0o644),
             ("libvirt/servercert.pem", 0o644),

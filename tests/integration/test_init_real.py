@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-import lab
+from tests.support import lab
 
 
 def sha256(path):

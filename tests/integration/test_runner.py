@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, hypervisor_minion_config, master_config, start_minion
+from tests.support.paths import ROOT
+from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from saltvirt import envelope
 
 pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
@@ -78,7 +79,7 @@ def run(vmaster, *args, timeout=600):
 def run_text(vmaster, *args):
     """salt-run exactly as a user types it: no --out, so the runner's outputter is used."""
     cmd = [str(pathlib.Path(sys.executable).parent / "salt-run"), "-c", str(vmaster.config_dir), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
 
 
 def events(event_listener, vmaster, pattern, after):
@@ -234,7 +235,8 @@ def test_actions_refuse_ambiguous_names_and_report_real_errors(vmaster, gone_dow
     ret = run(vmaster, "virt.start", "nosuchvm")
     assert ret.returncode == 1, ret
     assert ret.data["error"] == (
-        "VM 'nosuchvm' is not defined on any hypervisor that answered; these hypervisors did not answer and may have it: cap-gone"
+        "VM 'nosuchvm' is not defined on any hypervisor that answered;"
+        " these hypervisors did not answer and may have it: cap-gone"
     )
     ret = run(vmaster, "virt.vm_info", "web-a", f"tgt={UP_CAPS}")
     assert ret.returncode == 0 and list(ret.data) == ["cap-big"] and ret.data["cap-big"]["vm_info"]["web-a"]["cpu"] == 4

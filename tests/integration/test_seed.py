@@ -18,9 +18,9 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-import lab
+from tests.support import lab
 from saltvirt import images, seed
-from seed_helpers import build_disk, fsck_clean, leftovers, read_guest, sha256
+from tests.support.seed_helpers import build_disk, fsck_clean, leftovers, read_guest, sha256
 
 MASTER = "salt-master.example"
 
@@ -422,7 +422,10 @@ def test_seeded_overlay_boots_and_the_guest_sees_the_minion_config(hv1, lab_dir,
     try:
         out = lab.wait_for_text(log, "SALT-MINION-KEY:", timeout=300)  # TCG on a busy host
         assert f"SALT-MINION-ID: {minion_id}" in out
-        conf = f"SALT-MINION-CONF: /etc/salt/minion.d/99-salt-virt.conf id: {minion_id} | master: {MASTER} | log_level: info"
+        conf = (
+            f"SALT-MINION-CONF: /etc/salt/minion.d/99-salt-virt.conf id: {minion_id}"
+            f" | master: {MASTER} | log_level: info"
+        )
         assert conf in out
         fingerprint = hashlib.sha256(keypair[0].encode()).hexdigest()
         assert f"SALT-MINION-KEY: {fingerprint}" in out

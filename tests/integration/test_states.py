@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-import lab
+from tests.support import lab
 
 
 def single(salt_cli, fun, name, *args, test=False):
@@ -144,14 +144,17 @@ def test_nic_source_change_is_live_and_keeps_the_mac(salt_cli, hyper1, boot):
             single(salt_cli, "virt.network_running", net, "forward=none", f"ip={ip}", "autostart=False")["result"]
             is True
         )
-    on = lambda net: [
-        "cpu=1",
-        "mem=96",
-        "disk=none",
-        "nic=none",
-        f'interfaces=[{{"name": "eth0", "type": "network", "source": "{net}"}}]',
-        boot,
-    ]  # noqa: E731
+
+    def on(net):
+        return [
+            "cpu=1",
+            "mem=96",
+            "disk=none",
+            "nic=none",
+            f'interfaces=[{{"name": "eth0", "type": "network", "source": "{net}"}}]',
+            boot,
+        ]
+
     assert single(salt_cli, "virt.running", "st5", *on("stneta"))["result"] is True
     (mac,) = call(salt_cli, "virt.get_macs", "st5")
     moved = single(salt_cli, "virt.running", "st5", *on("stnetb"))
@@ -329,7 +332,7 @@ def test_state_apply_of_a_whole_sls(salt_cli, hyper1, state_tree, guest, qemu_tm
     )
     done = apply()
     assert all(v["result"] is True for v in done.values()), {k: v["comment"] for k, v in done.items()}
-    assert {k: v["changes"] for k, v in done.items() if k != "sv6" and k != "sv7"} == {
+    assert {k: v["changes"] for k, v in done.items() if k not in {"sv6", "sv7"}} == {
         k: preview[k]["changes"] for k in ("svlan", "svpool")
     }
     assert call(salt_cli, "virt.vm_state", "sv6") == {"sv6": "running"} and call(salt_cli, "virt.vm_state", "sv7") == {

@@ -9,6 +9,7 @@ and CI) can run side by side because every namespace and interface name carries 
 Used by the tests, the demo and the benchmarks; not part of the product.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -160,15 +161,11 @@ class Hypervisor:
 
             conn = libvirt.open(self.uri)
             for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
-                try:
+                with contextlib.suppress(libvirt.libvirtError):
                     dom.destroy()
-                except libvirt.libvirtError:
-                    pass
             for net in conn.listAllNetworks(libvirt.VIR_CONNECT_LIST_NETWORKS_ACTIVE):
-                try:
+                with contextlib.suppress(libvirt.libvirtError):
                     net.destroy()
-                except libvirt.libvirtError:
-                    pass
             conn.close()
         except Exception:  # noqa: BLE001 - best-effort teardown of a test daemon
             pass

@@ -45,7 +45,7 @@ def _fs_spec(image, scratch):
     if os.path.exists(raw):
         os.unlink(raw)
     run(["qemu-img", "convert", "-U", "-O", "raw", image, raw])
-    table = subprocess.run(["sfdisk", "--json", raw], capture_output=True, text=True)
+    table = subprocess.run(["sfdisk", "--json", raw], capture_output=True, text=True, check=False)
     offset = 0
     if table.returncode == 0 and table.stdout.strip():
         parts = json.loads(table.stdout)["partitiontable"].get("partitions", [])
@@ -59,7 +59,7 @@ def read_guest(image, paths, scratch):
     spec = _fs_spec(image, scratch)
     out = {}
     for path in paths:
-        st = subprocess.run(["debugfs", "-R", f"stat {path}", spec], capture_output=True, text=True)
+        st = subprocess.run(["debugfs", "-R", f"stat {path}", spec], capture_output=True, text=True, check=False)
         mode = re.search(r"Mode:\s+(\d+)", st.stdout)
         if not mode:
             out[path] = None
@@ -73,7 +73,7 @@ def read_guest(image, paths, scratch):
 def fsck_clean(image, scratch):
     """e2fsck -fn on the root filesystem: True when the filesystem is consistent."""
     spec = _fs_spec(image, scratch)
-    return subprocess.run(["e2fsck", "-fn", spec], capture_output=True).returncode == 0
+    return subprocess.run(["e2fsck", "-fn", spec], capture_output=True, check=False).returncode == 0
 
 
 def leftovers(*needles):
@@ -81,7 +81,7 @@ def leftovers(*needles):
     found = []
     with open("/proc/self/mountinfo") as fh:
         found += [f"mount: {line.split()[4]}" for line in fh if any(n in line for n in needles)]
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout.splitlines()
     found += [f"loop: {line}" for line in loops if any(n in line for n in needles)]
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -4,14 +4,14 @@ defined / stopped / powered_off / rebooted / absent states through Salt's real s
 
 import json
 import os
+import pathlib
 import subprocess
 
 import pytest
-import salt.loader
 from salt.exceptions import SaltInvocationError
 
-from conftest import ROOT
 from saltvirt import converge, domxml
+from tests.support.saltloader import load_states
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed
 TWO_NICS = NET + [{"name": "eth1", "type": "network", "source": "default", "model": "e1000"}]
@@ -211,7 +211,7 @@ def test_update_applies_to_the_definition_then_has_nothing_left(virt_test, tmp_p
     assert info["disks"]["vda"]["file"] == data
     out = subprocess.run(["qemu-img", "info", "--output=json", data], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["virtual-size"] == 8 * 1048576
-    manifest = json.load(open(os.path.join(os.path.dirname(data), ".salt-virt.json")))
+    manifest = json.loads(pathlib.Path(os.path.join(os.path.dirname(data), ".salt-virt.json")).read_text())
     assert data in manifest["files"] and manifest["uuid"] == info["uuid"]  # purge may remove it later
     assert v["virt.update"]("conv3", cpu=2, mem=128, **want)["changes"] == {}
     fewer = v["virt.update"]("conv3", disks=[], disk=None, interfaces=NET, nic=None)
@@ -232,11 +232,11 @@ def test_a_file_the_vm_does_not_own_is_never_taken_over(virt_test):
         fh.write("not yours")
     with pytest.raises(SaltInvocationError, match="refusing to take it over"):
         v["virt.update"]("conv4", disk=None, disks=[{"data": {"size": 8}}])
-    assert open(foreign).read() == "not yours" and v["virt.get_disks"]("conv4") == {}
+    assert pathlib.Path(foreign).read_text() == "not yours" and v["virt.get_disks"]("conv4") == {}
     attached = v["virt.update"]("conv4", disk=None, disks=[{"data": {"path": foreign}}])  # explicitly attached: fine
     assert attached["changes"]["disks"]["added"][0]["attach"] is True
     assert v["virt.get_disks"]("conv4")["vda"]["file"] == foreign
-    assert v["virt.purge"]("conv4")["removed"] == [] and open(foreign).read() == "not yours"
+    assert v["virt.purge"]("conv4")["removed"] == [] and pathlib.Path(foreign).read_text() == "not yours"
 
 
 def test_running_vm_reports_what_needs_a_restart(virt_test):
@@ -254,11 +254,7 @@ def test_running_vm_reports_what_needs_a_restart(virt_test):
 # the states through Salt's state loader (test driver) ----------------------------------------------
 @pytest.fixture
 def states(virt_test):
-    def load(test=False):
-        opts = dict(virt_test.opts, test=test, states_dirs=[str(ROOT / "_states")])
-        return salt.loader.states(opts, virt_test, salt.loader.utils(opts), {})
-
-    return load
+    return lambda test=False: load_states(virt_test, test)
 
 
 def test_running_creates_exactly_the_preview_then_is_idempotent(states, virt_test, guest):

@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import json
 import os
+import pathlib
 import shutil
 import stat
 import struct
@@ -26,7 +27,7 @@ def qemu_info(path):
 
 
 def same_content(a, b):
-    return subprocess.run(["qemu-img", "compare", "-U", a, b], capture_output=True).returncode == 0
+    return subprocess.run(["qemu-img", "compare", "-U", a, b], capture_output=True, check=False).returncode == 0
 
 
 def snapshot(path):
@@ -270,8 +271,8 @@ def test_fetch_http_downloads_once_and_refreshes_on_change(http_server, tmp_path
     cache = str(tmp_path / "cache")
     path = images.fetch(url, cache)
     assert os.path.dirname(path) == cache and path.endswith("-guest.qcow2")
-    assert open(path, "rb").read() == b"A" * 100000
-    meta = json.load(open(path + ".meta.json"))
+    assert pathlib.Path(path).read_bytes() == b"A" * 100000
+    meta = json.loads(pathlib.Path(path + ".meta.json").read_text())
     assert meta["url"] == url and meta["length"] == 100000 and meta["etag"]
     first = os.stat(path).st_ino
     # unchanged on the server: the cached copy is reused (304, or same length/ETag/Last-Modified)
@@ -281,7 +282,7 @@ def test_fetch_http_downloads_once_and_refreshes_on_change(http_server, tmp_path
     # changed on the server: downloaded again, atomically replacing the old copy
     http_server.files["/img/guest.qcow2"] = b"B" * 50000
     assert images.fetch(url, cache) == path
-    assert open(path, "rb").read() == b"B" * 50000 and os.stat(path).st_ino != first
+    assert pathlib.Path(path).read_bytes() == b"B" * 50000 and os.stat(path).st_ino != first
     assert sorted(os.listdir(cache)) == sorted([os.path.basename(path), os.path.basename(path) + ".meta.json"])
 
 
@@ -316,10 +317,10 @@ def test_record_owned_writes_a_private_manifest_and_merges(tree):
     images.record_owned(vm_dir, "a", [disk2, disk1])
     path = os.path.join(vm_dir, ".salt-virt.json")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    data = json.load(open(path))
+    data = json.loads(pathlib.Path(path).read_text())
     assert data["vm"] == "a" and data["uuid"] is None and data["files"] == [disk1, disk2] and data["created"]
     images.set_uuid(vm_dir, "1111-aaaa")
-    assert json.load(open(path))["uuid"] == "1111-aaaa"
+    assert json.loads(pathlib.Path(path).read_text())["uuid"] == "1111-aaaa"
     with pytest.raises(SaltInvocationError, match="is bound to uuid 1111-aaaa"):
         images.set_uuid(vm_dir, "2222-bbbb")
     with pytest.raises(SaltInvocationError, match="belongs to VM 'a'"):

@@ -4,6 +4,7 @@ makes it a real failure case for virt.migrate's error path."""
 
 import json
 import os
+import pathlib
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -12,6 +13,8 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import images, migrate
+from tests.support.paths import TEST_NODE_XML
+from tests.support.saltloader import make_minion_mods
 
 F = libvirt
 
@@ -178,7 +181,7 @@ def test_source_info_describes_disks_and_leaves_probes(test_conn, src_vm):
     ((folder, probe),) = info["probes"].items()
     assert folder == os.path.join(src_vm["images"], "m")
     assert os.path.basename(probe["path"]).startswith(".salt-virt-probe-m-")
-    assert open(probe["path"]).read() == probe["token"]
+    assert pathlib.Path(probe["path"]).read_text() == probe["token"]
     # the probe files are removed by abort_cleanup (the runner calls it on the source after prepare)
     out = migrate.abort_cleanup(test_conn, "m", [probe["path"]], src_vm["images"])
     assert out["removed"] == [probe["path"]] and not os.path.exists(probe["path"])
@@ -216,7 +219,7 @@ def test_migrate_refuses_before_touching_libvirt(test_conn, src_vm, tmp_path):
 @pytest.fixture
 def target(tmp_path):
     """A second libvirt test driver connection and images dir, as the target hypervisor."""
-    conn = libvirt.open(f"test://{os.path.dirname(__file__)}/../support/node-small.xml")
+    conn = libvirt.open(f"test://{TEST_NODE_XML}")
     b = tmp_path / "b"
     b.mkdir()
     yield {"conn": conn, "images": str(b)}
@@ -297,7 +300,7 @@ def test_prepare_refusals_create_nothing(test_conn, src_vm, target):
         fh.write("precious")
     with pytest.raises(CommandExecutionError, match="data.raw already exists on the target: refusing to overwrite"):
         migrate.prepare(target["conn"], info, b)
-    assert open(f"{b}/m/data.raw").read() == "precious" and sorted(os.listdir(f"{b}/m")) == ["data.raw"]
+    assert pathlib.Path(f"{b}/m/data.raw").read_text() == "precious" and sorted(os.listdir(f"{b}/m")) == ["data.raw"]
     define(target["conn"], "m", [])
     with pytest.raises(CommandExecutionError, match="a VM named 'm' is already defined"):
         migrate.prepare(target["conn"], info, b)
@@ -353,7 +356,6 @@ def test_module_migrate_error_on_test_driver(virt_test):
 
 
 def test_module_maps_target_names_from_config(tmp_path):
-    from conftest import make_minion_mods
 
     mods = make_minion_mods(
         tmp_path, "test:///default", migration={"hosts": {"hyper2": "hv2.example.com"}, "transport": "tls"}

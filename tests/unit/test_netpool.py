@@ -5,11 +5,10 @@ import xml.etree.ElementTree as ET
 
 import libvirt
 import pytest
-import salt.loader
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from conftest import ROOT
 from saltvirt import netpool
+from tests.support.saltloader import load_states
 
 
 @pytest.fixture
@@ -28,11 +27,7 @@ def conn():
 
 @pytest.fixture
 def states(virt_test, conn):
-    def load(test=False):
-        opts = dict(virt_test.opts, test=test, states_dirs=[str(ROOT / "_states")])
-        return salt.loader.states(opts, virt_test, salt.loader.utils(opts), {})
-
-    return load
+    return lambda test=False: load_states(virt_test, test)
 
 
 # specs ----------------------------------------------------------------------------------------------
@@ -87,7 +82,8 @@ def test_network_xml_round_trip_and_redefinition_keeps_the_rest():
     assert netpool.parse_network(xml) == spec
     base = (
         "<network><name>iso</name><uuid>4b1e0000-0000-4000-8000-000000000001</uuid><bridge name='virbr7' stp='on'/>"
-        "<mac address='52:54:00:11:22:33'/><domain name='lab'/><ip address='10.3.0.1' netmask='255.255.255.0'/></network>"
+        "<mac address='52:54:00:11:22:33'/><domain name='lab'/>"
+        "<ip address='10.3.0.1' netmask='255.255.255.0'/></network>"
     )
     nat = netpool.network_spec("iso", ip="10.4.0.1/24")
     root = ET.fromstring(netpool.network_xml(nat, base))
@@ -104,7 +100,10 @@ def test_pool_spec_and_xml():
     spec = netpool.pool_spec("images", target="/srv/images/")
     assert spec == {"name": "images", "type": "dir", "target": "/srv/images"}
     assert netpool.parse_pool(netpool.pool_xml(spec)) == spec
-    base = "<pool type='dir'><name>images</name><uuid>u</uuid><capacity>1</capacity><target><path>/old</path></target></pool>"
+    base = (
+        "<pool type='dir'><name>images</name><uuid>u</uuid><capacity>1</capacity>"
+        "<target><path>/old</path></target></pool>"
+    )
     root = ET.fromstring(netpool.pool_xml(spec, base))
     assert (
         root.findtext("uuid") == "u" and root.find("capacity") is None and root.findtext("target/path") == "/srv/images"

@@ -1,15 +1,12 @@
-"""The libvirt CA and certificates (saltvirt.pki), the files virt.keys writes (saltvirt.keyfiles) and
-the ``libvirt`` ext_pillar compiled by Salt's real pillar machinery in-process (no daemons).
+"""saltvirt.pki: the libvirt CA and certificates (the files virt.keys writes: test_keyfiles.py; the
+``libvirt`` ext_pillar: loaders/test_pillar_libvirt.py).
 
 gnutls' certtool is the independent judge where it matters: libvirt verifies TLS with gnutls."""
 
 import datetime
-import grp
 import ipaddress
 import os
-import pathlib
 import shutil
-import stat
 import subprocess
 
 import pytest
@@ -19,37 +16,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import keyfiles, pki
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-K = {"key_size": 2048}  # quick keys
-
-
-def mode(path):
-    return stat.S_IMODE(os.stat(path).st_mode)
-
-
-def days_left(cert):
-    return (cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)).days
-
-
-def certtool_verify(tmp_path, ca_pem, cert_pem, hostname=None, purpose=None):
-    """gnutls' verdict on ``cert_pem`` against the CA bundle ``ca_pem`` (0 = trusted)."""
-    (tmp_path / "v-ca.pem").write_text(ca_pem)
-    (tmp_path / "v-cert.pem").write_text(cert_pem)
-    cmd = [
-        "certtool",
-        "--verify",
-        "--load-ca-certificate",
-        str(tmp_path / "v-ca.pem"),
-        "--infile",
-        str(tmp_path / "v-cert.pem"),
-    ]
-    if hostname:
-        cmd.append(f"--verify-hostname={hostname}")
-    if purpose:
-        cmd.append(f"--verify-purpose={purpose}")
-    return subprocess.run(cmd, capture_output=True, text=True)
+from saltvirt import pki
+from tests.support.paths import ROOT
+from tests.support.pkitools import K, certtool_verify, days_left, mode
 
 
 # the CA ----------------------------------------------------------------------------------------
@@ -311,178 +280,6 @@ def test_command_line_show_and_rotate(tmp_path, capsys):
     assert 98 <= days_left(pki.load_cert((tmp_path / "ca" / "cacert.pem").read_bytes())) <= 100
 
 
-# virt.keys (keyfiles) --------------------------------------------------------------------------
-def _pillar(tmp_path, ca="ca"):
-    ca = str(tmp_path / ca)
-    server = pki.issue(ca, "h", "server", ["h"], **K)
-    client = pki.issue(ca, "h", "client", **K)
-    return {
-        "cacert": pki.trusted_bundle(ca),
-        "servercert": server["cert"],
-        "serverkey": server["key"],
-        "clientcert": client["cert"],
-        "clientkey": client["key"],
-    }
-
-
-def test_keys_state_writes_modes_is_idempotent_and_previews(tmp_path):
-    data, base = _pillar(tmp_path), tmp_path / "pki"
-    preview = keyfiles.keys_state("k", data, str(base), test=True)
-    assert preview["result"] is None and len(preview["changes"]) == 5 and not base.exists()
-    assert preview["changes"][str(base / "libvirt/private/serverkey.pem")] == "key written"
-    done = keyfiles.keys_state("k", data, str(base))
-    assert done["result"] is True and done["changes"] == preview["changes"]
-    assert mode(base / "libvirt/private") == 0o700
-    assert mode(base / "libvirt/private/serverkey.pem") == 0o600
-    assert mode(base / "libvirt/private/clientkey.pem") == 0o600
-    assert mode(base / "CA/cacert.pem") == 0o644 and mode(base / "libvirt/servercert.pem") == 0o644
-    assert (base / "libvirt/servercert.pem").read_text() == data["servercert"]
-    assert "PRIVATE KEY" not in str(done) and "PRIVATE KEY" not in str(preview)  # no key material in returns
-    assert keyfiles.keys_state("k", data, str(base)) == dict(
-        done, changes={}, comment=f"libvirt TLS files in {base} are up to date"
-    )
-    assert keyfiles.keys_state("k", data, str(base), test=True)["result"] is True  # test=True, nothing to do
-
-    os.chmod(base / "libvirt/private/clientkey.pem", 0o644)
-    os.chmod(base / "libvirt/private", 0o755)
-    preview = keyfiles.keys_state("k", data, str(base), test=True)
-    assert preview["result"] is None and mode(base / "libvirt/private/clientkey.pem") == 0o644  # test writes nothing
-    fixed = keyfiles.keys_state("k", data, str(base))
-    assert (
-        fixed["changes"]
-        == preview["changes"]
-        == {
-            str(base / "libvirt/private"): "mode 0755 -> 0700",
-            str(base / "libvirt/private/clientkey.pem"): "mode 0644 -> 0600",
-        }
-    )
-    assert mode(base / "libvirt/private") == 0o700 and mode(base / "libvirt/private/clientkey.pem") == 0o600
-
-
-def test_keys_state_renewal_reports_only_what_changed(tmp_path):
-    data, base = _pillar(tmp_path), tmp_path / "pki"
-    keyfiles.keys_state("k", data, str(base))
-    renewed = pki.issue(str(tmp_path / "ca"), "h", "server", ["h", "h.example.com"], **K)
-    data = dict(data, servercert=renewed["cert"], serverkey=renewed["key"])
-    preview = keyfiles.keys_state("k", data, str(base), test=True)
-    expected = {
-        str(base / "libvirt/servercert.pem"): "updated",
-        str(base / "libvirt/private/serverkey.pem"): "key replaced",
-    }
-    assert preview["changes"] == expected and preview["result"] is None
-    assert keyfiles.keys_state("k", data, str(base))["changes"] == expected
-    assert (base / "libvirt/private/serverkey.pem").read_text() == renewed["key"]
-
-
-def test_keys_state_never_overwrites_files_it_did_not_write(tmp_path):
-    data, base = _pillar(tmp_path), tmp_path / "pki"
-    (base / "libvirt" / "private").mkdir(parents=True)
-    own = base / "libvirt" / "servercert.pem"
-    own.write_text("an admin's own certificate\n")
-    refused = keyfiles.keys_state("k", data, str(base))
-    assert refused["result"] is False and str(own) in refused["comment"] and "replace_foreign" in refused["comment"]
-    assert own.read_text() == "an admin's own certificate\n" and not (base / "CA").exists()  # nothing written at all
-    done = keyfiles.keys_state("k", data, str(base), replace_foreign=True)
-    assert done["result"] is True and "kept as servercert.pem.salt-virt-orig" in done["changes"][str(own)]
-    assert (base / "libvirt" / "servercert.pem.salt-virt-orig").read_text() == "an admin's own certificate\n"
-    assert own.read_text() == data["servercert"]
-    # what virt.keys wrote itself is replaced without asking (renewal)
-    assert keyfiles.keys_state("k", _pillar(tmp_path, "ca2"), str(base))["result"] is True
-
-
-def test_keys_state_qemu_dir_is_readable_by_the_qemu_group(tmp_path):
-    gid = grp.getgrnam("libvirt-qemu").gr_gid  # libvirt-daemon on Debian creates it
-    data, base = _pillar(tmp_path), tmp_path / "pki"
-    ret = keyfiles.keys_state("k", data, str(base), qemu=True)
-    assert ret["result"] is True and len(ret["changes"]) == 10
-    qemu = base / "qemu"
-    assert mode(qemu) == 0o750 and os.stat(qemu).st_gid == gid
-    for name in ("server-key.pem", "client-key.pem"):
-        assert mode(qemu / name) == 0o640 and os.stat(qemu / name).st_gid == gid
-    assert (qemu / "ca-cert.pem").read_text() == data["cacert"]
-    assert keyfiles.keys_state("k", data, str(base), qemu=True)["changes"] == {}
-
-
-def test_keys_state_without_pillar_says_why():
-    ret = keyfiles.keys_state("k", None, "/nonexistent")
-    assert ret["result"] is False and "no 'libvirt' pillar" in ret["comment"]
-    ret = keyfiles.keys_state("k", {"cacert": "x"}, "/nonexistent")
-    assert ret["result"] is False and "lacks servercert" in ret["comment"]
-
-
-# the ext_pillar, compiled by salt.pillar.Pillar in-process -----------------------------------------
-GRAINS = {
-    "virt_hypervisor": True,
-    "fqdn": "hv1.example.com",
-    "host": "hv1",
-    "ipv4": ["127.0.0.1", "10.0.0.5", "169.254.1.1"],
-    "ipv6": ["::1", "fe80::1", "fd00::5"],
-}
-
-
-@pytest.fixture
-def compile_pillar(tmp_path):
-    import salt.config
-    import salt.pillar
-
-    def compile_(minion_id, grains, ext_pillar_conf=None, ext=None):
-        opts = salt.config.master_config(None)
-        opts.update(
-            {
-                "pki_dir": str(tmp_path / "pki"),
-                "cachedir": str(tmp_path / "cache"),
-                "pillar_roots": {"base": [str(tmp_path / "pillar")]},
-                "file_roots": {"base": [str(tmp_path / "files")]},
-                "pillar_dirs": [str(ROOT / "_pillar")],
-                "extension_modules": str(tmp_path / "ext"),
-                "ext_pillar": [{"libvirt": dict({"key_size": 2048}, **(ext_pillar_conf or {}))}],
-            }
-        )
-        return salt.pillar.Pillar(opts, grains, minion_id, "base", ext=ext).compile_pillar()
-
-    return compile_
-
-
-def test_ext_pillar_gives_hypervisors_sans_from_grains_and_config(compile_pillar, tmp_path):
-    grains = dict(GRAINS, virt={"tls": {"extra_sans": ["hv1.lab"]}})
-    out = compile_pillar("hv1", grains, {"extra_sans": {"hv1": ["10.9.9.9"], "hv2": ["nope"]}})["libvirt"]
-    assert out["server"]["san_dns"] == ["hv1", "hv1.example.com", "hv1.lab"]
-    assert out["server"]["san_ip"] == ["10.0.0.5", "10.9.9.9", "fd00::5"]  # no loopback / link-local
-    assert out["server"]["subject"] == "CN=hv1.example.com,O=salt-virt"
-    assert out["client"]["subject"] == "CN=hv1 libvirt client,O=salt-virt"
-    assert out["ca"]["subject"] == "CN=salt-virt libvirt CA,O=salt-virt"
-    assert pki.load_cert(out["cacert"]).subject == pki.load_cert(out["servercert"]).issuer
-    assert mode(tmp_path / "pki" / "libvirt" / "cakey.pem") == 0o600
-    assert mode(tmp_path / "pki" / "libvirt" / "minions" / "hv1" / "serverkey.pem") == 0o600
-    trusted = compile_pillar(
-        "hv1", dict(grains, fqdn="evil.example.com"), {"san_from_grains": False, "extra_sans": {"hv1": ["hv1.lan"]}}
-    )
-    assert (
-        trusted["libvirt"]["server"]["san_dns"] == ["hv1", "hv1.lan"] and trusted["libvirt"]["server"]["san_ip"] == []
-    )
-    assert trusted["libvirt"]["server"]["subject"] == "CN=hv1,O=salt-virt"
-
-
-def test_ext_pillar_only_for_the_target(compile_pillar):
-    assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False))
-    assert "libvirt" not in compile_pillar("web1", {k: v for k, v in GRAINS.items() if k != "virt_hypervisor"})
-    conf = {"target": "hv* and G@virt_hypervisor:True"}
-    assert "libvirt" in compile_pillar("hv1", GRAINS, conf)
-    assert "libvirt" not in compile_pillar("web1", GRAINS, conf)
-    assert "libvirt" in compile_pillar("hv2", {}, {"target": "hv1,hv2", "tgt_type": "list"})
-    broken = compile_pillar("hv1", GRAINS, {"tgt_type": "nosuch"})
-    assert "libvirt" not in broken and "unknown tgt_type" in str(broken["_errors"])
-
-
-def test_ext_pillar_refuses_a_minions_own_configuration(compile_pillar):
-    """Salt's default on_demand_ext_pillar lists 'libvirt': a minion's pillar.ext must not get certs
-    for names or targets of its choosing."""
-    ask = {"libvirt": {"target": "*", "extra_sans": {"web1": ["hv1.example.com"], "hv1": ["bank.example.com"]}}}
-    assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False), ext=ask)
-    out = compile_pillar("hv1", GRAINS, ext=ask)["libvirt"]  # the master's own entry still answers
-    assert "bank.example.com" not in out["server"]["san_dns"]
-
-
 def _issue_in_process(args):
     ca, minion_id = args
     return pki.issue(ca, minion_id, "server", [minion_id], **K)["cert"]
@@ -501,20 +298,3 @@ def test_concurrent_master_workers_share_one_ca(tmp_path):
     for i in range(3):  # one stored cert per minion, and what was handed out last is what is stored
         stored = (tmp_path / "ca" / "minions" / f"hv{i}" / "servercert.pem").read_text()
         assert pki.issue(ca, f"hv{i}", "server", [f"hv{i}"], **K)["cert"] == stored
-
-
-def test_virt_hypervisor_grain_through_the_salt_loader(tmp_path):
-    import salt.config
-    import salt.loader
-
-    def grain(config=""):
-        conf = tmp_path / "minion"
-        conf.write_text(f"cachedir: {tmp_path / 'cache'}\ngrains_dirs: [{ROOT / '_grains'}]\n{config}")
-        opts = salt.config.minion_config(str(conf))
-        return salt.loader.grains(opts, force_refresh=True).get("virt_hypervisor")
-
-    # this machine has the libvirt bindings and libvirtd (scripts/setup.sh): a hypervisor
-    assert shutil.which("libvirtd") or shutil.which("libvirtd", path="/usr/sbin")
-    assert grain() is True
-    assert grain("virt_hypervisor: false\n") is False  # the minion config decides
-    assert grain("grains: {virt_hypervisor: false}\n") is False  # so does a static grain

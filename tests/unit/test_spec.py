@@ -1,11 +1,9 @@
-"""The VM spec (one source of truth for init and the states) and its XML, no libvirt needed."""
-
-import xml.etree.ElementTree as ET
+"""saltvirt.spec: the one VM spec (init, update and the states), no libvirt needed."""
 
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import domxml, spec
+from saltvirt import spec
 
 
 def test_defaults_one_virtio_nic_on_br0_and_system_disk_from_image():
@@ -79,31 +77,3 @@ def test_bad_input_is_refused_with_a_clear_message(kwargs, message):
     args.update(kwargs)
     with pytest.raises(SaltInvocationError, match=message):
         spec.build(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args)
-
-
-def test_xml_escapes_and_round_trips():
-    s = spec.build(
-        "vm-1",
-        2,
-        1024,
-        image="/i.qcow2",
-        image_format="qcow2",
-        enable_vnc=True,
-        boot={"kernel": "/k", "initrd": "/i", "cmdline": "console=ttyS0 x='<&>'"},
-        images_dir="/v",
-    )
-    xml = domxml.build(s)
-    root = ET.fromstring(xml)  # would raise if the cmdline broke the XML
-    assert root.find("os/cmdline").text == "console=ttyS0 x='<&>'"
-    facts = domxml.parse(xml)
-    assert (facts["cpu"], facts["mem"], facts["type"]) == (2, 1024, "qemu")
-    assert facts["disks"][0]["file"] == "/v/vm-1/system.qcow2"
-    assert facts["graphics"] == [
-        {"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": False}
-    ]
-    assert facts["serial_log"] == "/var/log/libvirt/qemu/vm-1-serial.log"
-
-
-def test_vnc_only_when_asked():
-    assert "<graphics" not in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v"))
-    assert "<graphics" in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True))

@@ -1,0 +1,15 @@
+"""Where things are: the repository, the test guest, the libvirt test driver's node files."""
+
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SUPPORT = ROOT / "tests" / "support"
+GUEST_DIR = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt/guest"))
+TEST_NODE_XML = SUPPORT / "node-small.xml"  # a file-based test:/// node: fresh state per connection
+NODES = SUPPORT / "nodes"  # read-only test:/// nodes of different capacities (runner tests)
+
+# the library is plain Python under _utils (Salt ships it to minions as utils): importable as `saltvirt`
+if str(ROOT / "_utils") not in sys.path:
+    sys.path.insert(0, str(ROOT / "_utils"))

@@ -1,0 +1,33 @@
+"""Salt's real loaders over this repo's loader modules, in-process (no daemons)."""
+
+from tests.support.paths import ROOT
+
+
+def make_minion_mods(tmp_path, uri, images_dir=None, **config):
+    """The real Salt loader with this repo's _modules, as a minion would load them (no daemon)."""
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.minion_config(None)
+    opts.update(
+        {
+            "id": "hyper-test",
+            "master": "salt-master.example",
+            "file_client": "local",
+            "cachedir": str(tmp_path / "cache"),
+            "pki_dir": str(tmp_path / "pki"),
+            "module_dirs": [str(ROOT / "_modules")],
+            "virt": dict({"connection": {"uri": uri}, "images": str(images_dir or tmp_path / "images")}, **config),
+        }
+    )
+    opts["grains"] = salt.loader.grains(opts)
+    utils = salt.loader.utils(opts)
+    return salt.loader.minion_mods(opts, utils=utils)
+
+
+def load_states(mods, test=False):
+    """This repo's _states through Salt's state loader, over the execution modules ``mods``."""
+    import salt.loader
+
+    opts = dict(mods.opts, test=test, states_dirs=[str(ROOT / "_states")])
+    return salt.loader.states(opts, mods, salt.loader.utils(opts), {})

@@ -1,0 +1,98 @@
+"""saltvirt.fleet: the runner's pure helpers around placement (answers, locating a VM, settings, one
+init per name at a time)."""
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt import fleet
+
+
+@pytest.mark.parametrize(
+    "ret, retcode, expected",
+    [
+        ({"host": {}}, 0, {"status": "up", "ret": {"host": {}}}),
+        (
+            "ERROR: start VM 'x' on hv1: no bridge",
+            1,
+            {"status": "error", "error": "start VM 'x' on hv1: no bridge", "retcode": 1},
+        ),
+        (
+            "ERROR executing 'virt.init': nic profile 'n' is not defined",
+            1,
+            {"status": "error", "error": "nic profile 'n' is not defined", "retcode": 1},
+        ),
+        (
+            "'virt.full_info' is not available.",
+            1,
+            {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True},
+        ),
+        (
+            "'virt' __virtual__ returned False: libvirt python bindings missing",
+            1,
+            {
+                "status": "error",
+                "error": "'virt' __virtual__ returned False: libvirt python bindings missing",
+                "no_virt": True,
+            },
+        ),
+        (
+            {"virt.full_info": "'virt.full_info' is not available."},
+            1,
+            {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True},
+        ),
+        (False, 0, {"status": "up", "ret": False}),
+    ],
+)
+def test_minion_answers_are_classified(ret, retcode, expected):
+    assert fleet.classify(ret, retcode) == expected
+
+
+HOSTS = {
+    "h1": {"status": "up", "vms": {"web1": "running", "twin": "running"}},
+    "h2": {"status": "up", "vm_info": {"twin": {}, "db1": {}}},
+    "h3": {"status": "down", "error": "did not answer"},
+}
+
+
+def test_locate_finds_the_one_host_and_refuses_ambiguity():
+    assert fleet.locate(HOSTS, "web1") == "h1" and fleet.locate(HOSTS, "db1") == "h2"
+    with pytest.raises(fleet.Failed, match="ambiguous: defined on h1, h2. Pass host=") as exc:
+        fleet.locate(HOSTS, "twin")
+    assert exc.value.details == {"hosts": ["h1", "h2"]}
+    assert fleet.locate(HOSTS, "twin", host="h2") == "h2"
+    with pytest.raises(fleet.Failed, match="not defined on any hypervisor that answered; .* may have it: h3"):
+        fleet.locate(HOSTS, "nosuch")
+    with pytest.raises(fleet.Failed, match=r"'web1' is not defined on h2 \(it is on h1\)"):
+        fleet.locate(HOSTS, "web1", host="h2")
+    with pytest.raises(fleet.Failed, match="hypervisor h3 is down: did not answer"):
+        fleet.locate(HOSTS, "web1", host="h3")
+
+
+def test_hypervisor_settings_from_master_config_and_call():
+    cfg = fleet.config({})
+    assert (cfg["tgt"], cfg["tgt_type"], cfg["timeout"], cfg["gather_job_timeout"]) == (None, "compound", 5.0, 5.0)
+    opts = {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 2, "max_wait": 1}}}
+    cfg = fleet.config(opts)
+    assert (cfg["tgt"], cfg["timeout"]) == ("hyper*", 2.0)
+    assert cfg["max_wait"] == 2 + 5 + 2  # never shorter than Salt's own down detection
+    assert fleet.config(opts, tgt="a,b")["tgt_type"] == "list"
+    assert fleet.config(opts, tgt="kvm*")["tgt_type"] == "glob"
+    assert fleet.config(opts, tgt="G@os:Debian", tgt_type="compound")["tgt_type"] == "compound"
+    with pytest.raises(SaltInvocationError, match="unknown key"):
+        fleet.config({"virt": {"hypervisors": {"tmeout": 3}}})
+    with pytest.raises(SaltInvocationError, match="timeout must be a number"):
+        fleet.config({}, timeout="soon")
+    with pytest.raises(SaltInvocationError, match="must be above 0"):
+        fleet.config({}, timeout=-1)
+
+
+def test_one_init_per_name_at_a_time(tmp_path):
+    opts = {"cachedir": str(tmp_path)}
+    with fleet._creating(opts, ["web1", "web1"]):
+        with pytest.raises(SaltInvocationError, match="another virt.init of 'web1' is running"):
+            with fleet._creating(opts, ["web1"]):
+                pass
+        with fleet._creating(opts, ["web2"]):  # other names are not blocked
+            pass
+    with fleet._creating(opts, ["web1"]):  # released
+        pass
