@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 MIB = 1 << 20
 FULL = {"sizes_mib": [256, 1024, 4096], "copy_reps": 3, "overlay_reps": 10}

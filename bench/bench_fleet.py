@@ -25,8 +25,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import nodexml  # noqa: E402
+import common
+import nodexml
 
 FULL = {"minions": 10, "domains": 100, "reps": 3}
 QUICK = {"minions": 1, "domains": 5, "reps": 1}
@@ -98,7 +98,7 @@ class Stack:
         master.update(self.master_extra)
         self._write(os.path.join(self.conf, "master"), master)
         self.minion_confs = []
-        for mid, uri in zip(self.minion_ids, self.nodes):
+        for mid, uri in zip(self.minion_ids, self.nodes, strict=True):
             d = os.path.join(self.base, mid)
             self._write(
                 os.path.join(d, "minion"),
@@ -131,7 +131,11 @@ class Stack:
 
     def cli(self, tool, *args, timeout=1800):
         return subprocess.run(
-            [os.path.join(self.bin, tool), "-c", self.conf, *args], capture_output=True, text=True, timeout=timeout
+            [os.path.join(self.bin, tool), "-c", self.conf, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,  # callers read returncode and output
         )
 
     def start(self, timeout=300):
@@ -158,7 +162,7 @@ class Stack:
     def minion_memory(self):
         """{minion: (VmRSS, VmHWM) of its biggest process}; jobs run in threads, so the HWM has the jobs."""
         out = {}
-        for mid, proc in zip(self.minion_ids, self.minion_procs):
+        for mid, proc in zip(self.minion_ids, self.minion_procs, strict=True):
             vals = [(status_kib(p, "VmRSS") or 0, status_kib(p, "VmHWM") or 0) for p in session_pids(proc.pid)]
             out[mid] = max(vals, key=lambda v: v[1]) if vals else (None, None)
         return out
@@ -181,9 +185,8 @@ def count_vms(name, data):
     if isinstance(data, dict) and "hosts" in data and isinstance(data["hosts"], dict):
         data = data["hosts"]
     total, hosts = 0, 0
-    for ans in (data or {}).values():
-        if isinstance(ans, dict) and isinstance(ans.get("ret"), dict):
-            ans = ans["ret"]
+    for answer in (data or {}).values():
+        ans = answer["ret"] if isinstance(answer, dict) and isinstance(answer.get("ret"), dict) else answer
         if isinstance(ans, dict) and isinstance(ans.get("vm_info"), dict):
             total += len(ans["vm_info"])
             hosts += 1

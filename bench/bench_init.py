@@ -20,10 +20,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 sys.path.insert(0, str(common.ROOT / "tests" / "support"))
-import lab  # noqa: E402
+import lab
 
 # (label, impl, extra spec). vtype/hypervisor=qemu everywhere: the apples-to-apples rows.
 # The loader processes have a minion event bus (event_bus), as inside a running salt-minion.
@@ -181,11 +181,12 @@ def render(answers):
                     "sample": sample,
                 }
             )
+            shown = label
             if isinstance(sample, dict) and sample.get("seed"):
-                label = f"{label} ({sample['seed'].get('backend')})"
-                body[-1][0] = label
+                shown = f"{label} ({sample['seed'].get('backend')})"
+                body[-1][0] = shown
             if errs:
-                errors.append(f"{mode} / {label}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
+                errors.append(f"{mode} / {shown}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
         if not body:
             continue
         tables.append(

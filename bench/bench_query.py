@@ -21,8 +21,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import nodexml  # noqa: E402
+import common
+import nodexml
 
 # fresh processes per (implementation, size): saltext-virt's cost grows with N^2 on the test driver
 # (4 new connections per domain), so it gets fewer repetitions at the large sizes.
@@ -129,6 +129,8 @@ def render(rows):
             t_m = theirs["hwm_kib"]["median"] if theirs and theirs["hwm_kib"] else None
             o_c = ours["cpu"]["median"] if ours and ours.get("cpu") else None
             t_c = theirs["cpu"]["median"] if theirs and theirs.get("cpu") else None
+            o_g = common.fmt_mib(ours["growth_kib"]["median"]) if ours and ours["growth_kib"] else "—"
+            t_g = common.fmt_mib(theirs["growth_kib"]["median"]) if theirs and theirs["growth_kib"] else "—"
             body.append(
                 [
                     size,
@@ -136,8 +138,8 @@ def render(rows):
                     common.fmt_stat(theirs and theirs["wall"]),
                     f"**{common.ratio(t_w, o_w)}**",
                     f"{common.fmt_s(o_c)} / {common.fmt_s(t_c)} ({common.ratio(t_c, o_c)})",
-                    f"{common.fmt_mib(o_m)} (+{common.fmt_mib(ours['growth_kib']['median']) if ours and ours['growth_kib'] else '—'})",
-                    f"{common.fmt_mib(t_m)} (+{common.fmt_mib(theirs['growth_kib']['median']) if theirs and theirs['growth_kib'] else '—'})",
+                    f"{common.fmt_mib(o_m)} (+{o_g})",
+                    f"{common.fmt_mib(t_m)} (+{t_g})",
                     f"{ours and ours['vms']} / {theirs and theirs['vms']}",
                 ]
             )

@@ -58,6 +58,7 @@ def run_worker(python, spec, timeout=1800):
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,  # a failed worker is reported below
     )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -12,7 +12,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 BENCHES = ["placement", "clone", "query", "init", "fleet"]
 
@@ -36,7 +36,8 @@ def main(argv=None):
         "",
         f"- command: `{cmd_line}`",
         f"- date: {facts['date']}",
-        f"- machine: {facts['cpus']} CPUs ({facts['cpu_model']}), {facts['mem_gib']} GiB RAM, kernel {facts['kernel']}, "
+        f"- machine: {facts['cpus']} CPUs ({facts['cpu_model']}), {facts['mem_gib']} GiB RAM, "
+        f"kernel {facts['kernel']}, "
         f"Python {facts['python']}, {facts['libvirtd']}, {facts['qemu']}; guests run under TCG (type qemu)",
         f"- load average at start: {facts['loadavg_start']}",
     ]
@@ -48,7 +49,11 @@ def main(argv=None):
         t0 = time.perf_counter()
         print(f"[bench] === {name} ===", file=sys.stderr, flush=True)
         proc = subprocess.run(
-            [sys.executable, script] + (["--quick"] if args.quick else []), env=env, stdout=subprocess.PIPE, text=True
+            [sys.executable, script] + (["--quick"] if args.quick else []),
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,  # a failing bench is listed, the others still run
         )
         took = time.perf_counter() - t0
         report.append(proc.stdout.rstrip())
