@@ -52,7 +52,9 @@ def network_define(
     Define a virtual network (``forward``: nat, route, open, bridge (onto an existing ``bridge``) or
     none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``, with an optional DHCP range).
 
-    CLI Example:: salt 'hyper1' virt.network_define isolated forward=none ip=10.50.0.1/24 dhcp_start=10.50.0.10 dhcp_end=10.50.0.99
+    CLI Example::
+
+        salt 'hyper1' virt.network_define lab forward=none ip=10.50.0.1/24 dhcp_start=10.50.0.10 dhcp_end=10.50.0.99
     """
     np = _np
     spec = np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)

@@ -164,7 +164,8 @@ def _created(data):
     key = data.get("key")
     if key:
         lines.append(
-            f"  Key: minion {key['minion_id']} {key['state']} on the master (sha256 of minion.pub {key['fingerprint'][:16]}...)"
+            f"  Key: minion {key['minion_id']} {key['state']} on the master "
+            f"(sha256 of minion.pub {key['fingerprint'][:16]}...)"
         )
     for warning in data.get("warnings") or []:
         lines.append(f"  WARNING: {warning}")

@@ -49,6 +49,7 @@ then refuse the ambiguity until one copy is purged).
 """
 
 import collections
+import contextlib
 import logging
 import os
 import sys
@@ -109,10 +110,8 @@ def _out(data):
 
 def _failed(exc, **extra):
     """The runner's answer for a failure: the real message, details, and a non-zero exit code."""
-    try:
-        __context__["retcode"] = 1  # noqa: F821 - injected by the loader
-    except NameError:
-        pass
+    with contextlib.suppress(NameError):  # __context__ is injected by the loader
+        __context__["retcode"] = 1
     message = getattr(exc, "error", None) or str(exc)
     data = {"error": message, **getattr(exc, "details", {}), **extra, "retcode": 1}
     return _out(data)
@@ -134,7 +133,9 @@ def _progress(vm):
 
     messages = {
         "placed": "{vm}: placed on {host} (score {score}): {reason}",
-        "key_accepted": "{vm}: key pair for minion {minion_id} generated, public key pre-accepted (sha256 {fingerprint:.16}...)",
+        "key_accepted": (
+            "{vm}: key pair for minion {minion_id} generated, public key pre-accepted (sha256 {fingerprint:.16}...)"
+        ),
         "fallback": "{vm}: {host} did not answer ({error}); trying {next}",
         "done": "{vm}: created on {host} in {seconds} s",
         "failed": "{vm}: failed: {error}",
@@ -153,7 +154,7 @@ def _progress(vm):
             return
         try:
             msg = template.format_map(collections.defaultdict(str, payload))
-            __jid_event__.fire_event({"message": msg, "outputter": OUTPUTTER}, "progress")  # noqa: F821
+            __jid_event__.fire_event({"message": msg, "outputter": OUTPUTTER}, "progress")
         except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
             log.debug("virt runner: no progress output for %s: %s", payload.get("step"), exc)
 
@@ -578,5 +579,5 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
     except SaltException as exc:
         return _failed(exc)
     if ret.get("failed") or ret.get("cannot_place"):
-        __context__["retcode"] = 1  # noqa: F821 - injected by the loader
+        __context__["retcode"] = 1
     return ret

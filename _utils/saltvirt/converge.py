@@ -63,7 +63,7 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
         other = desired_spec(
             name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", **init_args
         )
-        unknown = {a.name for a, b in zip(spec.disks, other.disks) if a.format != b.format}
+        unknown = {a.name for a, b in zip(spec.disks, other.disks, strict=True) if a.format != b.format}
     disks = {}
     for d in spec.disks:
         entry = {"name": d.name, "path": d.path, "format": d.format, "size": d.size, "overlay": d.overlay}
@@ -93,12 +93,12 @@ def _facts(xml):
     root = ET.fromstring(xml)
     vcpu = root.find("vcpu")
     facts["vcpu_current"] = int(vcpu.get("current") or facts["cpu"]) if vcpu is not None else facts["cpu"]
-    for nic, el in zip(facts["nics"], root.findall("devices/interface")):
+    for nic, el in zip(facts["nics"], root.findall("devices/interface"), strict=True):
         src = el.find("source")  # a running VM's network NIC also names its bridge: the network is the source
         if src is not None and nic["type"] in ("bridge", "network"):
             nic["source"] = src.get(nic["type"]) or nic["source"]
     passwds = [g.get("passwd") for g in root.findall("devices/graphics")]
-    for g, pw in zip(facts["graphics"], passwds):
+    for g, pw in zip(facts["graphics"], passwds, strict=True):
         g["passwd"] = pw
     return facts
 
@@ -426,7 +426,7 @@ def _remove(paths):
             os.unlink(path)
 
 
-class _NotLive(Exception):
+class _NotLive(Exception):  # noqa: N818 - a signal to fall back to the definition, not an error
     """The running VM cannot take this change: it applies at the next start."""
 
 

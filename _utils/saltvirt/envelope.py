@@ -20,6 +20,9 @@ import base64
 import hashlib
 import os
 
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 VERSION = 1
@@ -27,17 +30,7 @@ ALG = "RSA-OAEP-SHA256+A256GCM"
 _FIELDS = ("v", "alg", "kid", "ek", "nonce", "ct")
 
 
-def _crypto():
-    # imported lazily: cryptography is a Salt dependency, but keep module import cheap and explicit
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    return hashes, serialization, padding, rsa, AESGCM
-
-
 def _oaep():
-    hashes, _s, padding, _r, _a = _crypto()
     return padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
 
 
@@ -53,7 +46,6 @@ def _unb64(text, field):
 
 
 def _load_public(pub_pem):
-    _h, serialization, _p, rsa, _a = _crypto()
     data = pub_pem.encode() if isinstance(pub_pem, str) else pub_pem
     try:
         key = serialization.load_pem_public_key(data)
@@ -66,7 +58,6 @@ def _load_public(pub_pem):
 
 def fingerprint(pub):
     """SHA-256 of the DER SubjectPublicKeyInfo: the same for PKCS#1 and SPKI PEM spellings of a key."""
-    _h, serialization, _p, _r, _a = _crypto()
     key = _load_public(pub) if isinstance(pub, (str, bytes)) else pub
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).hexdigest()
@@ -79,7 +70,6 @@ def _aad(kid, context):
 def new_keypair(bits=2048):
     """A fresh RSA key pair for a new minion: ``(public PEM (SPKI), private PEM (PKCS#1))``, as Salt
     writes them (``minion.pub`` / ``minion.pem``)."""
-    _h, serialization, _p, rsa, _a = _crypto()
     key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
     priv = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
@@ -90,7 +80,6 @@ def new_keypair(bits=2048):
 
 def seal(pub_pem, secret, context=""):
     """Encrypt ``secret`` (str) for the holder of the private key matching ``pub_pem``."""
-    *_rest, AESGCM = _crypto()
     if not isinstance(secret, (str, bytes)) or not secret:
         raise SaltInvocationError("cannot seal an empty secret")
     plain = secret.encode() if isinstance(secret, str) else secret
@@ -115,7 +104,6 @@ def is_envelope(value):
 
 
 def _minion_private_key(pki_dir):
-    _h, serialization, _p, _r, _a = _crypto()
     path = os.path.join(pki_dir or "", "minion.pem")
     try:
         with open(path, "rb") as fh:
@@ -130,7 +118,6 @@ def _minion_private_key(pki_dir):
 
 def unseal(envelope, pki_dir):
     """Open an envelope with this minion's key (``<pki_dir>/minion.pem``); returns the secret as str."""
-    *_rest, AESGCM = _crypto()
     if not is_envelope(envelope):
         raise SaltInvocationError(f"sealed key: not an envelope (needs fields {', '.join(_FIELDS)})")
     if envelope["v"] != VERSION or envelope["alg"] != ALG:

@@ -27,13 +27,25 @@ did not load on an expected hypervisor), ``down`` (no answer, not even to Salt's
 """
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import logging
+import math
+import os
 import re
 import time
 
+import salt.cache
+import salt.client
+import salt.fileserver
+import salt.key
+import salt.utils.minions
+import salt.utils.url
+import salt.utils.verify
 from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt import envelope, placement
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +95,6 @@ def config(opts, **overrides):
 
 # who is a hypervisor -------------------------------------------------------------------------------
 def _cache(opts):
-    import salt.cache
-
     return salt.cache.Cache(opts)
 
 
@@ -113,8 +123,6 @@ def learn(opts, answers):
 
 
 def key_lists(opts):
-    import salt.key
-
     return salt.key.Key(opts).list_keys()
 
 
@@ -133,8 +141,6 @@ def target(opts, cfg):
 
 def expected_minions(opts, tgt, tgt_type):
     """Accepted minions the target matches on the master (cached grains, not greedy)."""
-    import salt.utils.minions
-
     res = salt.utils.minions.CkMinions(opts).check_minions(tgt, tgt_type, greedy=False)
     return set(res.get("minions", []) if isinstance(res, dict) else res)
 
@@ -172,15 +178,15 @@ def _relay(client, watch):
                 log.debug("virt runner: progress relay failed: %s", exc)
 
 
-def run(opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wait=None, client=None, watch=None):
+def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies every answer
+    opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wait=None, client=None, watch=None
+):
     """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
 
     Returns ``{minion: {"status": up|error|down|timeout, "ret"|"error": ...}}`` for every minion
     expected (the target's accepted keys) plus any other minion that answered as a hypervisor.
     ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
     """
-    import salt.client
-
     cfg = cfg or config(opts)
     auto = False
     if tgt is None:
@@ -261,14 +267,10 @@ def call(opts, minion, fun, arg=(), kwarg=None, cfg=None, max_wait=None, client=
 
 # the master's key store ----------------------------------------------------------------------------
 def _keys(opts):
-    import salt.cache
-
     return salt.cache.Cache(opts, driver=opts.get("keys.cache_driver") or "localfs_key")
 
 
 def _valid(opts, minion_id):
-    import salt.utils.verify
-
     if (
         not isinstance(minion_id, str)
         or minion_id != minion_id.strip()
@@ -322,7 +324,7 @@ def remove_key(opts, minion_id, pub):
 
 
 # fleet views ---------------------------------------------------------------------------------------
-class Failed(CommandExecutionError):
+class Failed(CommandExecutionError):  # noqa: N818 - the runner's public name for it
     """A runner operation failed; ``details`` (tried hosts, cleanup, ...) go into the runner's answer."""
 
     def __init__(self, message, **details):
@@ -380,15 +382,9 @@ def locate(hosts, name, host=None):
 
 def image_mib(opts, image, saltenv="base"):
     """``(MiB, note)``: the disk a full copy of ``image`` needs, measured on the master when it can be."""
-    import math
-    import os
-
     if not image:
         return 0, "no image"
     if isinstance(image, str) and image.startswith("salt://"):
-        import salt.fileserver
-        import salt.utils.url
-
         path, env = salt.utils.url.parse(image)
         try:
             fnd = salt.fileserver.Fileserver(opts).find_file(path, env or saltenv)
@@ -415,9 +411,6 @@ def _brief(plan):
 @contextlib.contextmanager
 def _creating(opts, names):
     """One ``virt.init`` per VM name / minion id at a time on this master (flock: gone if we die)."""
-    import fcntl
-    import os
-
     folder = os.path.join(opts["cachedir"], "salt-virt", "locks")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     handles = []
@@ -445,7 +438,7 @@ def create(opts, name, req, image, module_kwargs, **kwargs):
         return _create(opts, name, req, image, module_kwargs, **kwargs)
 
 
-def _create(
+def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts and cleanup in one flow
     opts,
     name,
     req,
@@ -461,8 +454,6 @@ def _create(
     client=None,
     progress=None,
 ):
-    from saltvirt import envelope, placement
-
     progress = progress or (lambda step, **data: None)
     started = time.monotonic()
     key_id = minion_id or name
@@ -565,8 +556,9 @@ def _create(
             if ans["status"] == "timeout":
                 keep_key = True
                 raise Failed(
-                    f"virt.init of {name} on {hv} was still running after {cfg['init_timeout']:g} s (job {jid}): it may "
-                    f"still finish. Check with `salt-run jobs.lookup_jid {jid}`; the key of {key_id} is kept for it "
+                    f"virt.init of {name} on {hv} was still running after {cfg['init_timeout']:g} s (job {jid}): "
+                    f"it may still finish. Check with `salt-run jobs.lookup_jid {jid}`; "
+                    f"the key of {key_id} is kept for it "
                     f"(salt-key -d {key_id} if the VM never appears)",
                     tried=tried,
                 )
@@ -597,15 +589,14 @@ def _check_seeded_key(opts, key, pub, init_ret):
             "the hypervisor did not seed the VM, so no minion holds the pre-accepted key: removed it"
         ]
     return dict(key, state="removed"), [
-        f"the hypervisor seeded another key (sha256 {str(seeded.get('fingerprint'))[:16]}...) than the pre-accepted one: "
-        f"removed ours; accept the VM's own key with salt-key -a {key['minion_id']} once it connects"
+        f"the hypervisor seeded another key (sha256 {str(seeded.get('fingerprint'))[:16]}...) "
+        f"than the pre-accepted one: removed ours; "
+        f"accept the VM's own key with salt-key -a {key['minion_id']} once it connects"
     ]
 
 
 def delete_key(opts, minion_id):
     """Delete ``minion_id``'s key in whatever state it is (``salt-key -d``); the state it had, or None."""
-    import salt.key
-
     state = key_state(opts, minion_id)
     if state:
         folder = {

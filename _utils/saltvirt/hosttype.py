@@ -7,6 +7,7 @@ timeout: create a VM, run a real-mode program to HLT, and check that KVM offers 
 CPU features the host CPU has. Override with config ``virt:type`` or the ``vtype`` argument.
 """
 
+import ctypes
 import fcntl
 import functools
 import json
@@ -38,8 +39,6 @@ _LEAF1_ECX = {"pni": 0, "ssse3": 9, "cx16": 13, "sse4_1": 19, "sse4_2": 20, "pop
 
 def _probe_kvm(device="/dev/kvm"):
     """Return (ok, reason). Runs in a child process (see probe_kvm)."""
-    import ctypes
-
     if not os.path.exists(device):
         return False, f"{device} does not exist"
     try:
@@ -107,7 +106,7 @@ def _host_cpu_flags():
     return set()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe_kvm(timeout=10):
     """(ok, reason) for this machine's KVM, probed once per process in a child with a timeout."""
     try:

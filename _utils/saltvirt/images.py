@@ -498,7 +498,7 @@ def backing_users(images_root):
     return users
 
 
-def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):
+def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):  # noqa: C901, PLR0912 - every refusal reason in one place
     """Delete those of ``candidate_paths`` this VM owns and nothing else backs onto.
 
     Returns ``{'removed': [paths], 'kept': {path: reason}}``. The manifest and ``vm_dir`` go away only

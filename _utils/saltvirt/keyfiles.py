@@ -80,7 +80,8 @@ def plan(data, basepath, qemu=False, qemu_group=None, replace_foreign=False):
     manifest = _read_manifest(basepath)
     gid, _name = qemu_gid(qemu_group) if qemu else (None, None)
     files, foreign, wanted = [], [], {}
-    for key, rel, mode in _targets(qemu):
+    for key, rel, wanted_mode in _targets(qemu):
+        mode = wanted_mode
         content = data[key]
         wanted[rel] = _sha(content)
         path = os.path.join(basepath, rel)

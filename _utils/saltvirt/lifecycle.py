@@ -102,10 +102,9 @@ def setmem(conn, name, mem, config=True, live=None):
     kib = mem * 1024
     applied = []
     with lv_errors(f"set memory of VM {name!r}"):
-        if dom.isActive() and live is not False:
-            if kib <= dom.maxMemory():
-                dom.setMemoryFlags(kib, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-                applied.append("live")
+        if dom.isActive() and live is not False and kib <= dom.maxMemory():
+            dom.setMemoryFlags(kib, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            applied.append("live")
         if config:
             flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
             if kib > dom.maxMemory() or not dom.isActive():

@@ -12,7 +12,9 @@ FORWARD_MODES = (None, "nat", "route", "bridge", "open", "isolated")
 POOL_TYPES = ("dir",)
 
 
-def network_spec(name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, netmask=None):
+def network_spec(  # noqa: C901, PLR0912 - one check per argument, in the order the user reads them
+    name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, netmask=None
+):
     """Normalised desired network: {name, bridge, forward, ip (CIDR), dhcp: [start, end]}.
 
     ``ip``: ADDRESS/PREFIX, or ADDRESS with ``netmask``. ``forward``: nat, route, open, bridge (onto an
@@ -34,7 +36,8 @@ def network_spec(name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhc
             net = ipaddress.ip_interface(f"{ip}/{netmask}" if netmask else str(ip))
         except ValueError:
             raise SaltInvocationError(
-                f"ip must be ADDRESS/PREFIX (e.g. 192.168.100.1/24) or ADDRESS with netmask=, got {ip!r} {netmask or ''}"
+                "ip must be ADDRESS/PREFIX (e.g. 192.168.100.1/24) or ADDRESS with netmask=, "
+                f"got {ip!r} {netmask or ''}"
             ) from None
         if net.network.prefixlen == net.max_prefixlen:
             raise SaltInvocationError(f"ip {ip} needs a prefix or netmask (e.g. {net.ip}/24)")

@@ -19,10 +19,12 @@ Command line (on the master, as root)::
     python3 -m saltvirt.pki rotate-ca <ca_dir> [--days 3650] [--key-type rsa --key-size 3072]
 """
 
+import argparse
 import contextlib
 import datetime
 import fcntl
 import ipaddress
+import json
 import os
 
 from cryptography import x509
@@ -293,8 +295,8 @@ def trusted_bundle(ca_dir):
 def split_sans(sans):
     """({dns names, lower case}, {ip addresses}) from a list mixing both."""
     dns, ips = set(), set()
-    for item in sans or ():
-        item = str(item).strip()
+    for raw in sans or ():
+        item = str(raw).strip()
         if not item:
             continue
         try:
@@ -340,16 +342,17 @@ def needs_renewal(cert, ca_cert, sans=None, renew_days=DEFAULTS["renew_days"], k
     if not signed_by(cert, ca_cert):
         return True, "not signed by the current CA"
     left = cert.not_valid_after_utc - _now()
-    if left < datetime.timedelta(days=int(renew_days)):
-        # a leaf is capped at the CA's expiry: reissuing only helps if the CA outlives this cert
-        if ca_cert.not_valid_after_utc - cert.not_valid_after_utc > datetime.timedelta(hours=1):
-            return True, f"expires in {max(left.days, 0)} days (renewal window {renew_days} days)"
+    # a leaf is capped at the CA's expiry: reissuing only helps if the CA outlives this cert
+    if left < datetime.timedelta(days=int(renew_days)) and (
+        ca_cert.not_valid_after_utc - cert.not_valid_after_utc > datetime.timedelta(hours=1)
+    ):
+        return True, f"expires in {max(left.days, 0)} days (renewal window {renew_days} days)"
     if cn is not None and common_name(cert) != cn:
         return True, f"CN changed ({common_name(cert)} -> {cn})"
     if sans is not None and kind == "server" and cert_sans(cert) != split_sans(sans):
         return True, "SAN set changed"
     if key is not None and key_params(cert.public_key()) != tuple(key):
-        have = "%s %s" % key_params(cert.public_key())
+        have = " ".join(str(p) for p in key_params(cert.public_key()))
         return True, f"key parameters changed ({have} -> {key[0]} {key[1]})"
     return False, ""
 
@@ -510,9 +513,6 @@ def inventory(ca_dir):
 
 
 def _main(argv=None):
-    import argparse
-    import json
-
     parser = argparse.ArgumentParser(prog="python3 -m saltvirt.pki", description="salt-virt libvirt CA")
     sub = parser.add_subparsers(dest="cmd", required=True)
     show = sub.add_parser("show", help="CA, retired CAs and minion certificates (no keys)")

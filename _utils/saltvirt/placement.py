@@ -38,6 +38,7 @@ Policy (master config ``virt:placement``; every key optional)::
 
 import copy
 import fnmatch
+import math
 
 from salt.exceptions import SaltInvocationError
 
@@ -57,7 +58,7 @@ def _number(value, what, minimum=0.0, integer=False):
         num = float(value)
     except (TypeError, ValueError):
         raise SaltInvocationError(f"virt:placement:{what} must be a number, not {value!r}") from None
-    if num != num or num < minimum:  # NaN or too small
+    if math.isnan(num) or num < minimum:
         raise SaltInvocationError(f"virt:placement:{what} must be >= {minimum}, not {value!r}")
     return int(num) if integer else num
 
@@ -185,7 +186,8 @@ def _check(host, answer, req, pol, load=None):
         if disk_left < 0:
             reasons.append(
                 f"disk: needs {req['disk_mib']} MiB in {facts.get('images_dir') or 'virt:images'}, "
-                f"{max(disk_free - pol['disk_reserve_mib'], 0)} MiB free (after a {pol['disk_reserve_mib']} MiB reserve)"
+                f"{max(disk_free - pol['disk_reserve_mib'], 0)} MiB free "
+                f"(after a {pol['disk_reserve_mib']} MiB reserve)"
             )
     elif req["disk_mib"]:
         reasons.append("disk: the host did not report free space in virt:images")

@@ -12,10 +12,13 @@ import os
 import shutil
 import time
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, hosttype, images, seed as seeding, spec as vmspec, validate
+from saltvirt import domxml, envelope, hosttype, images, seed as seeding, spec as vmspec, validate
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.lifecycle import undefine
 from saltvirt.query import describe
 
 log = logging.getLogger(__name__)
@@ -74,9 +77,6 @@ def _bridge_hint(bridge, host):
 
 
 def generate_minion_keypair():
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     priv = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
@@ -112,7 +112,7 @@ class _Undo:
         return errors
 
 
-def init(
+def init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with its undo
     conn,
     name,
     cpu,
@@ -282,8 +282,6 @@ def _remove_manifest(vm_dir):
 def _seed(spec, backend, minion_id, master, pub_key, priv_key, minion_config, pki_dir):
     key = {"minion_id": minion_id}
     if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.envelope)
-        from saltvirt import envelope
-
         priv_key = envelope.unseal(priv_key, pki_dir)
     if not pub_key or not priv_key:
         if pub_key or priv_key:
@@ -311,8 +309,6 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     if dom.isActive():
         with lv_errors(f"stop VM {name!r}"):
             dom.destroy()
-    from saltvirt.lifecycle import undefine
-
     undefine(conn, name)
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)

@@ -39,7 +39,7 @@ NOT_ROOT_FS = ("swap", "LVM2_member", "crypto_LUKS", "linux_raid_member", "zfs_m
 KERNEL_MOUNT_FS = ("ext2", "ext3", "ext4", "xfs", "btrfs", "vfat")
 
 
-class _Skip(Exception):
+class _Skip(Exception):  # noqa: N818 - a signal to try the next backend, not an error
     """This backend cannot be used here (not installed, not applicable to this image)."""
 
 
@@ -116,7 +116,9 @@ def _normalize_files(files):
 # helpers -------------------------------------------------------------------------------------------
 def _run(cmd, what, timeout=120, check=True):
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(  # the exit status is checked below, with the tool's own message
+            cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+        )
     except FileNotFoundError:
         raise CommandExecutionError(f"{what}: {cmd[0]} is not installed") from None
     except subprocess.TimeoutExpired:
