@@ -5,6 +5,8 @@ Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.net
 import os
 import sys
 
+from salt.exceptions import SaltInvocationError
+
 
 try:
     import saltvirt  # pip install . puts it on sys.path
@@ -19,6 +21,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt import conn as _c
     from saltvirt import netpool as _np
+    from saltvirt import poolxml as _px
+    from saltvirt import storage as _st
     from saltvirt.validate import to_bool as _bool
 
 __virtualname__ = "virt"
@@ -32,74 +36,328 @@ def __virtual__():
     return __virtualname__
 
 
-def _conn(connection=None):
+def _conn(connection=None, kwargs=None):
+    """The libvirt connection; ``kwargs``: the rest of a Salt-style call (username/password are refused:
+    salt-virt reaches libvirt through its TLS certificates or the local socket, never a password)."""
+    extra = sorted(k for k in (kwargs or {}) if not k.startswith("__"))
+    if {"username", "password"} & set(extra) and any((kwargs or {}).get(k) for k in ("username", "password")):
+        raise SaltInvocationError(
+            "username/password connections are not supported: salt-virt connects with the TLS certificates "
+            "virt.keys installs (qemu+tls://) or the local socket; drop username= and password="
+        )
+    extra = [k for k in extra if k not in ("username", "password")]
+    if extra:
+        raise SaltInvocationError(f"unknown argument(s): {', '.join(extra)}")
     return _c.salt_connect(__salt__, connection)
 
 
-def pool_define(name, ptype="dir", target=None, autostart=False, start=False, build=True, connection=None):
-    """Define a storage pool (``ptype=dir`` with ``target`` directory; ``build`` creates it on start).
+def _source(
+    source_devices, source_dir, source_initiator, source_adapter, source_hosts, source_auth, source_name, source_format
+):
+    return {
+        "source_devices": source_devices,
+        "source_dir": source_dir,
+        "source_initiator": source_initiator,
+        "source_adapter": source_adapter,
+        "source_hosts": source_hosts,
+        "source_auth": source_auth,
+        "source_name": source_name,
+        "source_format": source_format,
+    }
 
-    CLI Example:: salt 'hyper1' virt.pool_define images target=/srv/salt-images start=True autostart=True
+
+_SOURCE_DOC = """``source_devices`` ([{path, part_separator}]), ``source_dir``, ``source_initiator`` (iSCSI IQN),
+    ``source_adapter`` ({type, name, parent, managed, parent_wwnn, parent_wwpn, parent_fabric_wwn, wwnn, wwpn,
+    parent_address: {unique_id, address: {domain, bus, slot, function}}}), ``source_hosts`` (['host[:port]']),
+    ``source_auth`` ({type, username, secret: {type: uuid|usage, value}}, or {username, password}: the
+    password is kept in a libvirt secret, base64 ceph key for rbd), ``source_name``, ``source_format``;
+    ``permissions``: {mode, owner, group, label} of the target."""
+
+
+def pool_define(
+    name,
+    ptype="dir",
+    target=None,
+    permissions=None,
+    source_devices=None,
+    source_dir=None,
+    source_initiator=None,
+    source_adapter=None,
+    source_hosts=None,
+    source_auth=None,
+    source_name=None,
+    source_format=None,
+    transient=False,
+    start=True,
+    autostart=False,
+    connection=None,
+    **kwargs,
+):
     """
-    np = _np
-    spec = np.pool_spec(name, ptype, target)
-    with _conn(connection) as conn:
-        np.define(conn, "pool", spec)
-        if _bool(autostart):
-            np.set_autostart(conn, "pool", name, True)
-        if _bool(start):
-            np.start(conn, "pool", name, build=_bool(build))
-        return np.info(conn, "pool", name)[name]
+    Define a storage pool of type ``ptype``: dir, fs, netfs, logical, disk, iscsi, iscsi-direct, scsi,
+    mpath, rbd, gluster or zfs. Sources as in Salt's virt.pool_define (see pool_update). ``transient``: a
+    running pool that disappears once stopped. ``start`` (default True): build what the pool needs on
+    empty devices only (directory, volume group, partition table) and start it. Returns True.
+
+    CLI Example::
+
+        salt 'hyper1' virt.pool_define images dir target=/srv/salt-images autostart=True
+        salt 'hyper1' virt.pool_define vg0 logical source_devices="[{path: /dev/sdb}]"
+        salt 'hyper1' virt.pool_define myshare netfs source_format=cifs source_dir=samba_share \\
+            source_hosts="['example.com']" target=/mnt/cifs
+    """
+    src = _source(
+        source_devices,
+        source_dir,
+        source_initiator,
+        source_adapter,
+        source_hosts,
+        source_auth,
+        source_name,
+        source_format,
+    )
+    spec = _px.pool_spec(name, ptype, target, permissions=permissions, **src)
+    with _conn(connection, kwargs) as conn:
+        _st.define_pool(conn, spec, transient=_bool(transient), start=_bool(start))
+        if _bool(autostart) and not _bool(transient):
+            _np.set_autostart(conn, "pool", name, True)
+        return True
 
 
-def pool_start(name, build=True, connection=None):
-    """Start a defined pool (``build``: create its directory first).
+def pool_update(
+    name,
+    ptype="dir",
+    target=None,
+    permissions=None,
+    source_devices=None,
+    source_dir=None,
+    source_initiator=None,
+    source_adapter=None,
+    source_hosts=None,
+    source_auth=None,
+    source_name=None,
+    source_format=None,
+    test=False,
+    connection=None,
+    **kwargs,
+):
+    """
+    Redefine a pool when what is given differs from its definition (uuid and what is not given are
+    kept; a running pool uses the new definition after a restart). Returns whether it (would have)
+    changed. Sources: see pool_define.
+
+    CLI Example:: salt 'hyper1' virt.pool_update images dir target=/srv/images2 test=True
+    """
+    src = _source(
+        source_devices,
+        source_dir,
+        source_initiator,
+        source_adapter,
+        source_hosts,
+        source_auth,
+        source_name,
+        source_format,
+    )
+    spec = _px.pool_spec(name, ptype, target, permissions=permissions, require=False, **src)
+    with _conn(connection, kwargs) as conn:
+        return _st.update_pool(conn, spec, test=_bool(test))
+
+
+pool_define.__doc__ += _SOURCE_DOC
+pool_update.__doc__ += _SOURCE_DOC
+
+
+def pool_capabilities(connection=None, **kwargs):
+    """
+    The storage pool types this host supports and their formats: {computed, pool_types: [{name,
+    supported, options}]} (``computed``: the driver cannot tell, every known type is listed).
+
+    CLI Example:: salt 'hyper1' virt.pool_capabilities
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.capabilities(conn)
+
+
+def pool_start(name, build=True, connection=None, **kwargs):
+    """Start a defined pool (``build``: first make what it needs on empty devices: directory, volume
+    group, partition table).
 
     CLI Example:: salt 'hyper1' virt.pool_start images
     """
-    with _conn(connection) as conn:
+    with _conn(connection, kwargs) as conn:
         return {"name": name, "started": _np.start(conn, "pool", name, build=_bool(build))}
 
 
-def pool_stop(name, connection=None):
-    """Stop a running pool (its files stay).
+def pool_build(name, connection=None, **kwargs):
+    """Build a defined pool: its target directory, volume group or partition table (libvirt refuses
+    devices holding data). Returns True.
+
+    CLI Example:: salt 'hyper1' virt.pool_build vg0
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.build_pool(conn, name)
+
+
+def pool_stop(name, connection=None, **kwargs):
+    """Stop a running pool (its volumes stay).
 
     CLI Example:: salt 'hyper1' virt.pool_stop images
     """
-    with _conn(connection) as conn:
+    with _conn(connection, kwargs) as conn:
         return {"name": name, "stopped": _np.stop(conn, "pool", name)}
 
 
-def pool_undefine(name, connection=None):
-    """Stop and remove a pool definition (its directory and files stay).
+def pool_undefine(name, connection=None, **kwargs):
+    """Stop and remove a pool definition (its volumes stay; the libvirt secret virt.pool_define made for
+    its source_auth goes).
 
     CLI Example:: salt 'hyper1' virt.pool_undefine images
     """
-    with _conn(connection) as conn:
-        return {"name": name, "undefined": _np.undefine(conn, "pool", name)}
+    with _conn(connection, kwargs) as conn:
+        return {"name": name, "undefined": _st.undefine_pool(conn, name)}
 
 
-def pool_info(name=None, connection=None):
-    """``{name: {type, target, active, autostart, capacity, allocation, available}}``.
+def pool_delete(name, connection=None, **kwargs):
+    """Delete what building a stopped pool made (target directory, volume group). Returns True.
+
+    CLI Example:: salt 'hyper1' virt.pool_delete images
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.delete_pool(conn, name)
+
+
+def pool_refresh(name, connection=None, **kwargs):
+    """Rescan a running pool's volumes. Returns True.
+
+    CLI Example:: salt 'hyper1' virt.pool_refresh images
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.refresh_pool(conn, name)
+
+
+def pool_set_autostart(name, state="on", connection=None, **kwargs):
+    """Start the pool with the host (``state``: on, anything else off). Returns True.
+
+    CLI Example:: salt 'hyper1' virt.pool_set_autostart images on
+    """
+    with _conn(connection, kwargs) as conn:
+        _np.set_autostart(conn, "pool", name, state == "on" or state is True)
+        return True
+
+
+def pool_info(name=None, connection=None, **kwargs):
+    """{name: {uuid, state, type, target_path, capacity, allocation, free, autostart, persistent, ...}} of
+    one pool or all (Salt's keys, plus target, active, available, source, permissions).
 
     CLI Example:: salt 'hyper1' virt.pool_info
     """
-    with _conn(connection) as conn:
-        return _np.info(conn, "pool", name)
+    with _conn(connection, kwargs) as conn:
+        return _st.pool_info(conn, name)
 
 
-def list_pools(connection=None):
+def pool_get_xml(name, connection=None, **kwargs):
+    """The pool's XML definition.
+
+    CLI Example:: salt 'hyper1' virt.pool_get_xml images
+    """
+    with _conn(connection, kwargs) as conn:
+        return _np.get(conn, "pool", name).XMLDesc(0)
+
+
+def list_pools(connection=None, **kwargs):
     """Names of all storage pools.
 
     CLI Example:: salt 'hyper1' virt.list_pools
     """
-    return sorted(pool_info(connection=connection))
+    with _conn(connection, kwargs) as conn:
+        return sorted(p.name() for p in conn.listAllStoragePools(0))
 
 
-def pool_list_volumes(name, connection=None):
+def pool_list_volumes(name, connection=None, **kwargs):
     """Volume names in a running pool.
 
     CLI Example:: salt 'hyper1' virt.pool_list_volumes images
     """
-    with _conn(connection) as conn:
+    with _conn(connection, kwargs) as conn:
         return _np.list_volumes(conn, name)
+
+
+# volumes ------------------------------------------------------------------------------------------
+def volume_infos(pool=None, volume=None, connection=None, **kwargs):
+    """{pool: {volume: {type, key, path, capacity, allocation, used_by, backing_store, format}}} of the
+    running pools (one pool, one volume, or all).
+
+    CLI Example:: salt 'hyper1' virt.volume_infos images web1-data
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.volume_infos(conn, pool, volume)
+
+
+def volume_define(
+    pool,
+    name,
+    size,
+    allocation=0,
+    format=None,  # pylint: disable=redefined-builtin
+    type=None,  # pylint: disable=redefined-builtin
+    permissions=None,
+    backing_store=None,
+    nocow=False,
+    connection=None,
+    **kwargs,
+):
+    """
+    Create a volume of ``size`` MiB (``allocation`` MiB allocated now) in a running pool; ``format``
+    (qcow2, raw, ...; see pool_capabilities), ``backing_store``: {path, format} (the format is
+    mandatory: never guessed). An existing volume of that name is an error. Returns True.
+
+    CLI Example:: salt 'hyper1' virt.volume_define default myvm.qcow2 8192 format=qcow2 \\
+        backing_store="{path: /srv/base.img, format: raw}"
+    """
+    spec = _px.volume_spec(name, size, allocation, format, type, permissions, backing_store, nocow)
+    with _conn(connection, kwargs) as conn:
+        return _st.define_volume(conn, pool, spec)
+
+
+def volume_delete(pool, volume, connection=None, **kwargs):
+    """Delete a volume of a running pool. Returns True.
+
+    CLI Example:: salt 'hyper1' virt.volume_delete images web1-data
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.delete_volume(conn, pool, volume)
+
+
+def volume_upload(pool, volume, file, offset=0, length=0, sparse=False, connection=None, **kwargs):
+    """Write the local ``file`` into a volume at byte ``offset`` (``length`` bytes, 0: all of it).
+    Returns True.
+
+    CLI Example:: salt 'hyper1' virt.volume_upload images web1-data /srv/data.img
+    """
+    with _conn(connection, kwargs) as conn:
+        return _st.upload_volume(conn, pool, volume, file, offset=offset, length=length, sparse=sparse)
+
+
+def define_vol_xml_str(xml, pool=None, connection=None, **kwargs):
+    """Create a volume from its XML in ``pool`` (default: config ``virt:storagepool``, else ``default``).
+    Returns True.
+
+    CLI Example:: salt 'hyper1' virt.define_vol_xml_str "<volume>...</volume>" pool=images
+    """
+    pool = pool or __salt__["config.get"]("virt:storagepool", "default")
+    with _conn(connection, kwargs) as conn:
+        _st.create_volume_xml(conn, pool, xml)
+        return True
+
+
+def define_vol_xml_path(path, pool=None, connection=None, **kwargs):
+    """Like define_vol_xml_str, the XML read from the file ``path`` on the minion.
+
+    CLI Example:: salt 'hyper1' virt.define_vol_xml_path /srv/vol.xml pool=images
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            xml = fh.read()
+    except OSError as exc:
+        raise SaltInvocationError(f"cannot read {path}: {exc.strerror}") from None
+    return define_vol_xml_str(xml, pool=pool, connection=connection, **kwargs)

@@ -1,7 +1,7 @@
 """
 States for libvirt hypervisors and their VMs: ``virt.keys`` (libvirt TLS files from the ``libvirt``
 pillar), VMs (``running``, ``defined``, ``stopped``, ``powered_off``, ``rebooted``, ``absent``),
-networks and storage pools. The logic lives in the ``saltvirt`` library.
+networks (storage pools: _states/virt_storage.py). The logic lives in the ``saltvirt`` library.
 """
 
 import os
@@ -385,7 +385,7 @@ def absent(name, remove_disks=False, connection=None):
         return dict(ret, result=False, comment=str(exc))
 
 
-# networks and pools --------------------------------------------------------------------------------
+# networks (pools: _states/virt_storage.py) -----------------------------------------------------------
 def _object_state(kind, name, make_spec, autostart, run, connection):
     from saltvirt import conn as vconn
     from saltvirt import netpool
@@ -471,36 +471,3 @@ def network_running(
     return _object_state(
         "network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, True, connection
     )
-
-
-def _pool(name, ptype, target):
-    from saltvirt import netpool
-
-    return lambda: netpool.pool_spec(name, ptype, target)
-
-
-def pool_defined(name, ptype="dir", target=None, autostart=True, connection=None):
-    """
-    A storage pool with this definition exists (``ptype: dir`` with a ``target`` directory).
-
-    .. code-block:: yaml
-
-        images:
-          virt.pool_defined:
-            - target: /srv/salt-images
-    """
-    return _object_state("pool", name, _pool(name, ptype, target), autostart, False, connection)
-
-
-def pool_running(name, ptype="dir", target=None, autostart=True, connection=None):
-    """
-    Like ``virt.pool_defined``, and the pool is started (its directory created if missing; an existing
-    directory is used as it is).
-
-    .. code-block:: yaml
-
-        images:
-          virt.pool_running:
-            - target: /srv/salt-images
-    """
-    return _object_state("pool", name, _pool(name, ptype, target), autostart, True, connection)

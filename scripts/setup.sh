@@ -18,6 +18,7 @@ PKGS=(
   libvirt-dev pkg-config dnsmasq-base iptables e2fsprogs iproute2 python3-venv
   busybox-static xz-utils zstd cpio bc fuse3 fdisk util-linux procps
   lvm2 dosfstools ovmf swtpm swtpm-tools xorriso redis-server mmdebstrap
+  libxml2-utils parted
 )
 [ "${WITH_GUESTFS:-0}" = 1 ] && PKGS+=(libguestfs-tools linux-image-amd64)
 missing=()

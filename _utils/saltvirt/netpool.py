@@ -5,11 +5,11 @@ import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import validate
+from saltvirt import poolxml, validate
 from saltvirt.conn import libvirt, lv_errors
 
 FORWARD_MODES = (None, "nat", "route", "bridge", "open", "isolated")
-POOL_TYPES = ("dir",)
+POOL_TYPES = tuple(poolxml.POOL_TYPES)
 
 
 def network_spec(  # noqa: C901, PLR0912 - one check per argument, in the order the user reads them
@@ -136,42 +136,11 @@ def network_diff(spec, current):
     return out
 
 
-def pool_diff(spec, current):
-    return {k: {"old": current.get(k), "new": spec[k]} for k in ("type", "target") if spec[k] != current.get(k)}
-
-
-def pool_spec(name, ptype="dir", target=None):
-    validate.vm_name(name, "pool name")
-    if ptype not in POOL_TYPES:
-        raise SaltInvocationError(f"pool type must be one of {POOL_TYPES}, got {ptype!r}")
-    validate.absolute_path(target, "pool target")
-    return {"name": name, "type": ptype, "target": target.rstrip("/") or "/"}
-
-
-def pool_xml(spec, base=None):
-    """Pool XML for ``spec``; with ``base`` (the current definition) only type and target path change."""
-    if base is None:
-        root = ET.Element("pool", type=spec["type"])
-        ET.SubElement(root, "name").text = spec["name"]
-    else:
-        root = ET.fromstring(base)
-        root.set("type", spec["type"])
-        for tag in ("capacity", "allocation", "available"):  # runtime figures, not definition
-            for el in root.findall(tag):
-                root.remove(el)
-    target = root.find("target")
-    if target is None:
-        target = ET.SubElement(root, "target")
-    path = target.find("path")
-    if path is None:
-        path = ET.SubElement(target, "path")
-    path.text = spec["target"]
-    return ET.tostring(root, encoding="unicode")
-
-
-def parse_pool(xml):
-    root = ET.fromstring(xml)
-    return {"name": root.findtext("name"), "type": root.get("type"), "target": root.findtext("target/path")}
+# storage pools: their XML lives in saltvirt.poolxml (all pool types); define/start/stop/autostart here
+pool_spec = poolxml.pool_spec
+pool_xml = poolxml.pool_xml
+parse_pool = poolxml.parse_pool
+pool_diff = poolxml.pool_diff
 
 
 # objects ------------------------------------------------------------------------------------------
@@ -286,10 +255,24 @@ def start(conn, kind, name, build=False):
     obj = get(conn, kind, name)
     if obj.isActive():
         return False
-    with lv_errors(f"start {kind} {name!r}"):
-        if kind == "pool" and build:  # dir pools: mkdir when missing; an existing directory is left as it is
+    if kind == "network":
+        with lv_errors(f"start network {name!r}"):
+            obj.create()
+        return True
+    # build: dir/fs/netfs make the target directory; logical/disk a volume group or partition table, only on
+    # empty devices (libvirt refuses to overwrite without a flag we never pass). A build that finds its work
+    # done (an existing volume group, a labelled disk) is not an error as long as the pool then starts.
+    build_err = None
+    if build and ET.fromstring(obj.XMLDesc(0)).get("type") in poolxml.BUILDABLE:
+        try:
             obj.build(0)
-        obj.create(0) if kind == "pool" else obj.create()
+        except libvirt.libvirtError as exc:
+            build_err = exc.get_error_message()
+    try:
+        obj.create(0)
+    except libvirt.libvirtError as exc:
+        extra = f" (building it first failed too: {build_err})" if build_err else ""
+        raise CommandExecutionError(f"start pool {name!r}: {exc.get_error_message()}{extra}") from None
     return True
 
 

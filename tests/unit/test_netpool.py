@@ -98,8 +98,8 @@ def test_network_xml_round_trip_and_redefinition_keeps_the_rest():
 
 def test_pool_spec_and_xml():
     spec = netpool.pool_spec("images", target="/srv/images/")
-    assert spec == {"name": "images", "type": "dir", "target": "/srv/images"}
-    assert netpool.parse_pool(netpool.pool_xml(spec)) == spec
+    assert (spec["name"], spec["type"], spec["target"]) == ("images", "dir", "/srv/images")
+    assert netpool.pool_diff(spec, netpool.parse_pool(netpool.pool_xml(spec))) == {}
     base = (
         "<pool type='dir'><name>images</name><uuid>u</uuid><capacity>1</capacity>"
         "<target><path>/old</path></target></pool>"
@@ -109,7 +109,7 @@ def test_pool_spec_and_xml():
         root.findtext("uuid") == "u" and root.find("capacity") is None and root.findtext("target/path") == "/srv/images"
     )
     with pytest.raises(SaltInvocationError, match="pool type"):
-        netpool.pool_spec("images", ptype="lvm", target="/srv")
+        netpool.pool_spec("images", ptype="lvm", target="/srv")  # every type: tests/unit/test_poolxml.py
     with pytest.raises(SaltInvocationError, match="absolute path"):
         netpool.pool_spec("images", target="relative/dir")
 
@@ -189,8 +189,10 @@ def test_module_functions(virt_test, conn):
     assert v["virt.network_undefine"]("np2") == {"name": "np2", "undefined": True}
     assert "np2" not in v["virt.list_networks"]()
 
-    pool = v["virt.pool_define"]("pp2", target="/var/tmp/pp2", start=True)
+    assert v["virt.pool_define"]("pp2", target="/var/tmp/pp2") is True  # Salt's return; start=True by default
+    pool = v["virt.pool_info"]("pp2")["pp2"]
     assert (pool["type"], pool["target"], pool["active"], pool["autostart"]) == ("dir", "/var/tmp/pp2", True, False)
+    assert (pool["state"], pool["target_path"], pool["free"]) == ("running", "/var/tmp/pp2", pool["available"])
     assert v["virt.pool_list_volumes"]("pp2") == [] and "pp2" in v["virt.list_pools"]()
     assert v["virt.pool_stop"]("pp2") == {"name": "pp2", "stopped": True}
     with pytest.raises(CommandExecutionError, match="pool 'pp2' is not running"):
@@ -221,7 +223,7 @@ def test_network_and_pool_states(states, conn):
 
     pool = {"target": "/var/tmp/pp3"}
     assert preview["virt.pool_defined"]("pp3", **pool)["changes"] == {
-        "defined": {"name": "pp3", "type": "dir", "target": "/var/tmp/pp3"},
+        "defined": netpool.pool_spec("pp3", target="/var/tmp/pp3"),
         "autostart": {"old": False, "new": True},
     }
     assert st["virt.pool_defined"]("pp3", **pool)["result"] is True
