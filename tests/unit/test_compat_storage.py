@@ -2,14 +2,11 @@
 names of Salt's virt docstrings (saltext-virt 0.1.0), return shapes checked, on libvirt's test:/// driver
 through the real Salt loader. Real pools: tests/integration/test_storage_real.py."""
 
-import pathlib
-
 import libvirt
 import pytest
-import salt.loader
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+from tests.support.saltloader import load_states
 
 
 @pytest.fixture
@@ -29,11 +26,7 @@ def conn():
 
 @pytest.fixture
 def states(virt_test, conn):
-    def load(test=False):
-        opts = dict(virt_test.opts, test=test, states_dirs=[str(ROOT / "_states")])
-        return salt.loader.states(opts, virt_test, salt.loader.utils(opts), {})
-
-    return load
+    return lambda test=False: load_states(virt_test, test)
 
 
 def test_pool_functions_with_salts_argument_names(virt_test, conn):

@@ -230,4 +230,5 @@ def test_network_and_pool_states(states, conn):
     assert not conn.storagePoolLookupByName("pp3").isActive()  # defined only: starting is pool_running's job
     assert st["virt.pool_running"]("pp3", **pool)["changes"] == {"started": True}
     assert st["virt.pool_running"]("pp3", **pool)["changes"] == {}
-    assert st["virt.pool_running"]("pp3")["result"] is False  # no target
+    assert st["virt.pool_running"]("pp3")["changes"] == {}  # an existing pool keeps what is not declared
+    assert st["virt.pool_running"]("pp4")["result"] is False  # a new dir pool needs a target
