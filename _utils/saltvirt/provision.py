@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, envelope, hosttype, images, seed as seeding, spec as vmspec, validate
+from saltvirt import cleanup, domxml, envelope, hosttype, images, seed as seeding, spec as vmspec, validate
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.lifecycle import undefine
 from saltvirt.query import describe
@@ -112,13 +112,34 @@ class _Undo:
         return errors
 
 
-def init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with its undo
+def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_DIR, **kwargs):
+    """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs.
+
+    Holds this host's init lock for ``name`` (``saltvirt.cleanup``); if an earlier init of ``name``
+    was interrupted (its lock file is left), what it left is cleaned up first (``cleaned_up``)."""
+    validate.vm_name(name)
+    validate.absolute_path(images_dir, "virt:images")
+    with cleanup.InitLock(images_dir, name) as lock:
+        earlier = cleanup.clean(conn, name, images_dir, lock) if lock.existed else None
+        if earlier and earlier["errors"]:
+            raise CommandExecutionError(
+                f"an earlier virt.init of {name!r} was interrupted and its leftovers could not be removed: "
+                f"{'; '.join(earlier['errors'])}"
+            )
+        result = _init(conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, **kwargs)
+        if earlier:
+            result["cleaned_up"] = earlier
+        return result
+
+
+def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with its undo
     conn,
     name,
     cpu,
     mem,
     image=None,
     *,
+    lock,
     images_dir=vmspec.DEFAULT_IMAGES_DIR,
     profiles=None,
     cache_file=None,
@@ -135,7 +156,6 @@ def init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with i
     progress=None,
     **spec_args,
 ):
-    """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs."""
     progress = progress or _no_progress
     started_at = time.monotonic()
     validate.vm_name(name)
@@ -233,6 +253,7 @@ def init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with i
     except BaseException as exc:
         errors = undo.run()
         if errors:
+            lock.keep_mark()  # virt.cleanup (or the next init of this name) finishes the job
             log.error("init %s: cleanup after failure was incomplete: %s", name, errors)
             if isinstance(exc, (CommandExecutionError, SaltInvocationError)):
                 left = _left_behind(conn, name, result)

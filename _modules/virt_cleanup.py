@@ -1,0 +1,47 @@
+"""
+Execution module ``virt`` (continued): ``virt.cleanup``, removing what an interrupted ``virt.init``
+left on this hypervisor (``saltvirt.cleanup``).
+"""
+
+import os
+import sys
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt import cleanup as _cleanup
+    from saltvirt import conn as _c
+
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+    if _c.libvirt is None:
+        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+    return __virtualname__
+
+
+def cleanup(name, connection=None):
+    """
+    Remove what an interrupted ``virt.init`` of ``name`` left on this hypervisor: disks recorded in
+    ``virt:images/<name>/.salt-virt.json`` with no domain, a domain whose init never finished (its
+    init lock ``virt:images/.locks/init-<name>`` is left), and seeding state attached to those disks
+    (mounts, loop devices, qemu-storage-daemon FUSE exports, scratch directories). Only what salt-virt
+    created for this VM is touched; a complete VM is left alone (``virt.purge`` removes it).
+
+    Returns ``{name, interrupted, domain, removed, kept, released, errors}``.
+
+    CLI Example:: salt 'hyper1' virt.cleanup web1
+    """
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _cleanup.cleanup(conn, name, _c.salt_images_dir(__salt__))
