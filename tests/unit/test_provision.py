@@ -1,0 +1,59 @@
+"""saltvirt.provision: faults after defineXML in virt.init (libvirt's test driver).
+
+The post-define faults are injected through init's own ``progress`` callback (the hook that sends the
+progress events): raising there is a failure at exactly that step, with nothing mocked.
+"""
+
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt import provision
+
+# a graphics listen that is not a string: libvirt stores it and then hands back XML that does not parse
+BAD_LISTEN = {"listen": {"address": "1.2.3.4"}}
+
+
+def _left(conn, tmp_path):
+    names = sorted(d.name() for d in conn.listAllDomains(0))
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    return names, files
+
+
+def test_bad_graphics_leaves_nothing_defined(test_conn, tmp_path):
+    before = _left(test_conn, tmp_path)
+    with pytest.raises(SaltInvocationError, match="graphics listen"):
+        provision.init(test_conn, "gfx1", 1, 64, images_dir=str(tmp_path), nic=None, start=False, graphics=BAD_LISTEN)
+    with pytest.raises(SaltInvocationError, match="graphics port"):
+        provision.init(test_conn, "gfx1", 1, 64, images_dir=str(tmp_path), nic=None, graphics={"port": "x"})
+    assert _left(test_conn, tmp_path) == before
+
+
+@pytest.mark.parametrize("step", ["defined", "started"])
+def test_failure_after_define_is_undone(test_conn, tmp_path, step):
+    before = _left(test_conn, tmp_path)
+
+    def progress(at, **_data):
+        if at == step:
+            raise CommandExecutionError(f"injected fault at {at}")
+
+    with pytest.raises(CommandExecutionError, match=f"injected fault at {step}"):
+        provision.init(test_conn, "late1", 1, 64, images_dir=str(tmp_path), nic=None, progress=progress)
+    assert _left(test_conn, tmp_path) == before  # no domain, no disk, no manifest, no VM directory
+
+
+def test_undo_that_cannot_finish_reports_the_vm_state(test_conn, tmp_path):
+    """The undo cannot remove the domain (here: another one took its name meanwhile; on a real host:
+    libvirtd died, see tests/integration/test_faults.py): the error says what is left and what to run."""
+    xml = "<domain type='test'><name>late2</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+
+    def progress(at, **_data):
+        if at == "defined":
+            test_conn.lookupByName("late2").undefine()
+            test_conn.defineXML(xml)
+            raise CommandExecutionError("connection lost")
+
+    with pytest.raises(CommandExecutionError) as err:
+        provision.init(test_conn, "late2", 1, 64, images_dir=str(tmp_path), nic=None, progress=progress)
+    msg = str(err.value)
+    assert "connection lost" in msg and "cleanup incomplete: undefine late2" in msg, msg
+    assert "VM 'late2' is still defined, state shutoff" in msg and "virt.cleanup late2" in msg, msg
