@@ -16,6 +16,12 @@ from tests.support import lab
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
+from tests.support.saltlogging import quiet_salt_logging
+
+
+def pytest_configure(config):
+    # before any test module imports salt: no deferred stderr handler dumping records at exit
+    quiet_salt_logging()
 
 
 def pytest_collection_modifyitems(config, items):
