@@ -68,6 +68,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt import fleet, placement, validate
+    from saltvirt import fleet_cleanup
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -446,9 +447,22 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     Power off and undefine a VM and delete the disks salt-virt created for it (see the module's
     ``virt.purge``); then delete its minion's key on this master (``delete_key=False`` keeps it).
 
+    A VM defined nowhere (every hypervisor answered) is what an interrupted ``virt.init`` leaves:
+    then ``virt.cleanup`` runs on every hypervisor (disks with a manifest, seeding mounts, loop
+    devices, FUSE exports, stale init locks) and the pre-accepted key of the VM's minion is deleted.
+
     CLI Example:: salt-run virt.purge web1
     """
     ret = _action(name, "virt.purge", host, tgt, tgt_type)
+    if "error" in ret["data"] and not host:
+        try:
+            with _client() as client:
+                leftovers = fleet_cleanup.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client)
+        except SaltException as exc:
+            leftovers = None
+            log.debug("virt.purge %s: no leftovers cleanup: %s", name, exc)
+        if leftovers is not None:
+            ret = _out(leftovers)
     if "error" in ret["data"] or not validate.to_bool(delete_key):
         return ret
     try:

@@ -103,13 +103,16 @@ class _Undo:
         self.steps.append((what, func))
 
     def run(self):
-        errors = []
-        for what, func in reversed(self.steps):
+        """Undo newest first; stop at the first step that fails: what is left stays consistent (a
+        domain that could not be undefined keeps its disks and manifest, for virt.cleanup)."""
+        steps = list(reversed(self.steps))
+        for pos, (what, func) in enumerate(steps):
             try:
                 func()
-            except Exception as exc:  # noqa: BLE001 - keep undoing the rest
-                errors.append(f"{what}: {exc}")
-        return errors
+            except Exception as exc:  # noqa: BLE001 - reported with what was left as it was
+                left = [w for w, _f in steps[pos + 1 :]]
+                return [f"{what}: {exc}"] + ([f"left for virt.cleanup: {', '.join(left)}"] if left else [])
+        return []
 
 
 def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_DIR, **kwargs):

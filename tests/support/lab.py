@@ -184,6 +184,32 @@ class Hypervisor:
         run(["ip", "netns", "del", self.netns], check=False)
         self.pid = None
 
+    def restart_daemon(self, timeout=30):
+        """Start libvirtd again after :meth:`kill_daemon` (or a SIGKILL), keeping its configuration,
+        its defined domains and its running guests (libvirtd reconnects to their qemu)."""
+        d = self.dir
+        script = f"""
+            hostname {self.hostname}
+            mount --bind {d}/etc   /etc/libvirt
+            mount --bind {d}/run   /run/libvirt
+            mount --bind {d}/lib   /var/lib/libvirt
+            mount --bind {d}/cache /var/cache/libvirt
+            mount --bind {d}/log   /var/log/libvirt
+            mount --bind {d}/hosts /etc/hosts
+            libvirtd -d -l -p {d}/libvirtd.pid
+        """
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        run(["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-ec", script])
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.socket):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"libvirtd for {self.hostname} did not restart; see {d}/log/libvirtd.log")
+            time.sleep(0.05)
+        with open(self.path("libvirtd.pid")) as fh:
+            self.pid = int(fh.read().strip())
+        return self
+
     def kill_daemon(self):
         """Simulate a hypervisor whose libvirtd died (guests keep running, API unreachable)."""
         with open(self.path("libvirtd.pid")) as fh:

@@ -1,0 +1,273 @@
+"""Fault injection on a real libvirtd (own namespaced hypervisor for this module: its daemon is killed,
+stopped and restarted here). Every fault is injected at an observed point, never after a sleep:
+
+* at a step of ``virt.init`` reported through its progress callback (the hook that sends the
+  ``salt/virt/init/<vm>/<step>`` events), or
+* when the effect of a step shows up on the host (the VM's qemu process, the seeding mount).
+
+After each fault the VM is either fully created and reported, or fully absent (no domain, no disk, no
+VM directory, no mount, loop device, qemu-storage-daemon, init lock), after ``virt.cleanup`` where the
+fault left something; and a retry succeeds. The table of outcomes is in README.md ("Safety").
+"""
+
+import concurrent.futures
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from salt.exceptions import CommandExecutionError
+
+from tests.support import lab
+from tests.support.paths import ROOT
+from tests.support.saltloader import make_minion_mods
+from tests.support.seed_helpers import leftovers
+
+BOUND = 120  # seconds: a call that takes longer than this is hanging, and the test fails instead
+
+
+@pytest.fixture(scope="module")
+def fhv(lab_dir, fabric):
+    hv = lab.Hypervisor(lab_dir, 7, fabric).start()
+    yield hv
+    with _suppress():
+        os.kill(hv.pid, signal.SIGCONT)
+    hv.stop()
+
+
+@pytest.fixture(scope="module")
+def fdir(guest):
+    """virt:images for this module, plus private copies of the guest images (qemu can read them)."""
+    path = tempfile.mkdtemp(prefix="svfault-", dir="/var/tmp")
+    os.chmod(path, 0o755)
+    for fmt in ("raw", "qcow2"):
+        shutil.copyfile(guest[fmt], os.path.join(path, f"base.{fmt}"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fmods(tmp_path_factory, fhv, fdir):
+    conn = {"uri": fhv.uri, "open_timeout": 5, "keepalive": {"interval": 1, "count": 2}}
+    return make_minion_mods(
+        tmp_path_factory.mktemp("fmods"), fhv.uri, images_dir=os.path.join(fdir, "images"), connection=conn
+    )
+
+
+def _suppress():
+    return contextlib.suppress(OSError)
+
+
+def bounded(func, *args, **kwargs):
+    """Run ``func`` with a hard bound: a hang fails the test instead of blocking the suite."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(func, *args, **kwargs).result(timeout=BOUND)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def images_dir(fdir):
+    return os.path.join(fdir, "images")
+
+
+def init_direct(fhv, fdir, name, progress, **kwargs):
+    """virt.init through the library, with ``progress`` as the fault hook."""
+    from saltvirt import conn as vconn
+    from saltvirt import provision
+
+    with vconn.connect(fhv.uri, keepalive={"interval": 1, "count": 2}) as conn:
+        return provision.init(
+            conn,
+            name,
+            1,
+            128,
+            os.path.join(fdir, "base.raw"),
+            images_dir=images_dir(fdir),
+            nic=None,
+            seed_backend="loop",
+            master="salt.example",
+            progress=progress,
+            **kwargs,
+        )
+
+
+def assert_absent(fmods, fdir, name):
+    assert name not in fmods["virt.list_domains"](), f"domain {name} is still defined"
+    assert not os.path.exists(os.path.join(images_dir(fdir), name)), os.listdir(os.path.join(images_dir(fdir), name))
+    assert not os.path.exists(os.path.join(images_dir(fdir), ".locks", f"init-{name}"))
+    assert leftovers(os.path.join(images_dir(fdir), name), "salt-virt-seed-") == []
+    assert not qemu_pids(name)
+
+
+def qemu_pids(name):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if f"guest={name},".encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def retry_succeeds(fmods, fdir, name, start=False, boot=None):
+    ret = fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, start=start, boot=boot)
+    assert ret["seed"]["backend"] and fmods["virt.vm_state"](name) == {name: ret["state"]}
+    fmods["virt.purge"](name)
+    assert_absent(fmods, fdir, name)
+
+
+def kill_libvirtd(fhv):
+    os.kill(fhv.pid, signal.SIGKILL)
+    with _suppress():
+        os.waitpid(fhv.pid, 0)
+    for _ in range(200):  # bounded: the kernel reaps a SIGKILLed daemon at once
+        try:
+            with open(f"/proc/{fhv.pid}/stat") as fh:
+                if fh.read().split()[2] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.01)
+
+
+# a hung libvirtd -----------------------------------------------------------------------------------
+def test_hung_libvirtd_fails_the_call_instead_of_hanging(fhv, fmods):
+    from saltvirt import conn as vconn
+    from saltvirt import query
+
+    assert fmods["virt.list_domains"]() == []
+    with pytest.raises(CommandExecutionError, match="lost the connection to libvirt.*keepalive: 1 s x 2"):
+        with vconn.connect(fhv.uri, keepalive={"interval": 1, "count": 2}) as conn:
+            os.kill(fhv.pid, signal.SIGSTOP)
+            try:
+                bounded(query.full_info, conn)  # the connect block turns libvirt's error into this one
+            finally:
+                os.kill(fhv.pid, signal.SIGCONT)
+    os.kill(fhv.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(CommandExecutionError, match="did not answer within 5 s.*open_timeout"):
+            bounded(fmods["virt.full_info"])
+    finally:
+        os.kill(fhv.pid, signal.SIGCONT)
+    assert fmods["virt.list_domains"]() == []  # the daemon is fine again, and so are new calls
+
+
+# libvirtd killed during init -------------------------------------------------------------------------
+def test_libvirtd_killed_during_seeding(fhv, fdir, fmods):
+    """libvirtd dies while the disk is being seeded: define fails, the init undoes its disks."""
+
+    def progress(step, **_):
+        if step == "disks_ready":
+            fhv.kill_daemon()
+
+    try:
+        with pytest.raises(CommandExecutionError, match="define VM 'kseed'"):
+            bounded(init_direct, fhv, fdir, "kseed", progress)
+    finally:
+        fhv.restart_daemon()
+    assert_absent(fmods, fdir, "kseed")
+    retry_succeeds(fmods, fdir, "kseed")
+
+
+def test_libvirtd_killed_right_after_define(fhv, fdir, fmods):
+    """The domain is defined, then libvirtd dies: the undo cannot undefine it, the error says what is
+    left; after libvirtd is back, virt.cleanup removes the domain and its disks."""
+
+    def progress(step, **_):
+        if step == "defined":
+            kill_libvirtd(fhv)
+
+    try:
+        with pytest.raises(CommandExecutionError) as err:
+            bounded(init_direct, fhv, fdir, "kdef", progress)
+    finally:
+        fhv.restart_daemon()
+    msg = str(err.value)
+    assert "cleanup incomplete" in msg and "virt.cleanup kdef" in msg and "its state is unknown" in msg, msg
+    assert fmods["virt.vm_state"]("kdef") == {"kdef": "shutoff"}  # what the message warned about
+    out = fmods["virt.cleanup"]("kdef")
+    assert out["interrupted"] and out["domain"].startswith("undefined") and len(out["removed"]) == 1, out
+    assert_absent(fmods, fdir, "kdef")
+    retry_succeeds(fmods, fdir, "kdef")
+
+
+def test_libvirtd_killed_during_start(fhv, fdir, fmods, boot_args):
+    """libvirtd dies as soon as the VM's qemu process exists: the guest may keep running without its
+    daemon. After libvirtd is back, virt.cleanup stops and removes it."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def watch():
+        deadline = time.monotonic() + BOUND
+        while not qemu_pids("kstart") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kill_libvirtd(fhv)
+
+    def progress(step, **_):
+        if step == "defined":
+            pool.submit(watch)
+
+    ret = None
+    try:
+        ret = bounded(init_direct, fhv, fdir, "kstart", progress, boot=boot_args)
+    except CommandExecutionError as exc:
+        assert "virt.cleanup kstart" in str(exc), exc
+    finally:
+        pool.shutdown(wait=True)
+        fhv.restart_daemon()
+    if ret is not None:  # init finished before the daemon died: fully created and reported
+        assert ret["state"] == "running" and fmods["virt.vm_state"]("kstart") == {"kstart": "running"}
+        fmods["virt.purge"]("kstart")
+    else:
+        out = fmods["virt.cleanup"]("kstart")
+        assert out["interrupted"] and out["domain"].startswith("undefined"), out
+    assert_absent(fmods, fdir, "kstart")
+    retry_succeeds(fmods, fdir, "kstart")
+
+
+# the minion's job killed during seeding --------------------------------------------------------------
+CHILD = """
+import sys
+sys.path.insert(0, {utils!r})
+from saltvirt import conn, provision
+with conn.connect({uri!r}) as c:
+    provision.init(c, {name!r}, 1, 128, {image!r}, images_dir={images!r}, nic=None, seed_backend="qsd-fuse",
+                   master="salt.example", start=False)
+"""
+
+
+def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
+    """SIGKILL of the process running virt.init while the guest's filesystem is mounted through a
+    qemu-storage-daemon FUSE export: everything it attached stays behind until virt.cleanup."""
+    name, vm_dir = "kjob", os.path.join(images_dir(fdir), "kjob")
+    code = CHILD.format(
+        utils=str(ROOT / "_utils"),
+        uri=fhv.uri,
+        name=name,
+        image=os.path.join(fdir, "base.qcow2"),
+        images=images_dir(fdir),
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + BOUND
+    while not any(m.endswith("/root") for m in leftovers("salt-virt-seed-")) and child.poll() is None:
+        assert time.monotonic() < deadline, "seeding never mounted the guest filesystem"
+        time.sleep(0.01)
+    child.kill()
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, child.stdout.read().decode()
+    left = leftovers(vm_dir, "salt-virt-seed-")
+    assert any("qemu-storage-daemon" in x for x in left) and any(x.startswith("loop:") for x in left), left
+    assert os.path.exists(os.path.join(images_dir(fdir), ".locks", f"init-{name}"))
+    out = fmods["virt.cleanup"](name)
+    assert out["interrupted"] and out["errors"] == [] and len(out["removed"]) == 1, out
+    assert any(r.startswith("detached /dev/loop") for r in out["released"]), out
+    assert any(r.startswith("stopped qemu-storage-daemon") for r in out["released"]), out
+    assert_absent(fmods, fdir, name)
+    retry_succeeds(fmods, fdir, name)
