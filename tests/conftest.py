@@ -12,11 +12,20 @@ import tempfile
 
 import pytest
 
+from tests.support import golden as golden_files
 from tests.support import lab
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
 from tests.support.saltlogging import quiet_salt_logging
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--regen-golden",
+        action="store_true",
+        help="rewrite tests/golden/ XML files from the builders instead of comparing (then review git diff)",
+    )
 
 
 def pytest_configure(config):
@@ -34,6 +43,15 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, folder))
+
+
+@pytest.fixture
+def golden(request):
+    """``golden("<module>/<case>", xml)``: compare ``xml`` with tests/golden/<module>/<case>.xml (rewrite it
+    with --regen-golden), validate it with virt-xml-validate, define it on test:///default; returns
+    libvirt's read-back XML. See tests/support/golden.py."""
+    regen = request.config.getoption("--regen-golden")
+    return lambda case, xml: golden_files.check(case, xml, regen=regen)
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
-"""saltvirt.domxml: domain XML built from a VM spec and parsed back (ElementTree, no libvirt needed).
-Golden-file tests of each device builder: test_domxml_golden.py."""
+"""saltvirt.domxml: domain XML built from a VM spec and parsed back (ElementTree), and golden files of
+what it builds, one per device kind (tests/golden/domxml/, see tests/support/golden.py)."""
 
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from saltvirt import domxml, spec
+from tests.support import golden as golden_files
 
 
 def test_xml_escapes_and_round_trips():
@@ -32,3 +35,68 @@ def test_xml_escapes_and_round_trips():
 def test_vnc_only_when_asked():
     assert "<graphics" not in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v"))
     assert "<graphics" in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True))
+
+
+# golden files: one per device kind -------------------------------------------------------------------
+def vm(**kw):
+    """A VM with no devices but the ones a case adds (the serial console is always there)."""
+    return spec.VMSpec(**dict({"name": "golden1", "cpu": 2, "mem": 256}, **kw))
+
+
+def facts(xml):
+    """What domxml.parse reads, without what libvirt adds on define (uuid, interface target names)."""
+    out = domxml.parse(xml)
+    out["uuid"] = None
+    for nic in out["nics"]:
+        nic["target"] = None
+    return out
+
+
+GOLDEN_CASES = {
+    "minimal": vm(),
+    "disk-file-qcow2": vm(
+        disks=[spec.Disk("system", format="qcow2", path="/srv/vms/golden1/system.qcow2", target="vda")]
+    ),
+    "disk-file-raw-sata": vm(
+        disks=[spec.Disk("data", format="raw", path="/srv/vms/golden1/data.raw", bus="sata", target="sda")]
+    ),
+    "disk-cdrom": vm(
+        disks=[spec.Disk("iso", format="raw", path="/srv/iso/install.iso", device="cdrom", bus="sata", target="sdb")]
+    ),
+    "nic-bridge": vm(nics=[spec.Nic("eth0", type="bridge", source="br0", model="virtio", mac="52:54:00:6b:00:01")]),
+    "nic-network": vm(nics=[spec.Nic("eth0", type="network", source="default", model="e1000")]),
+    "nic-direct": vm(nics=[spec.Nic("eth0", type="direct", source="eno1", model="virtio", mac="52:54:00:6b:00:02")]),
+    "graphics-vnc-autoport": vm(graphics=spec.Graphics(type="vnc")),
+    "graphics-spice-port-password": vm(
+        graphics=spec.Graphics(type="spice", listen="0.0.0.0", port=5901, password="s3cret&<x>")
+    ),
+    "boot-kernel-initrd-cmdline": vm(
+        boot=spec.Boot(kernel="/srv/boot/vmlinuz", initrd="/srv/boot/initrd.img", cmdline="console=ttyS0 x='<&>'")
+    ),
+    "serial-log": vm(serial_log="/var/log/libvirt/qemu/golden1-serial.log"),
+    "metadata-group": vm(group="web"),
+    "kvm-aarch64": vm(vtype="kvm", arch="aarch64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_golden(golden, case):
+    """The XML of each device kind is exactly its golden file, valid for libvirt's schema, accepted by the
+    test driver, and libvirt reads back the same facts from it as domxml.parse does from ours."""
+    xml = domxml.build(GOLDEN_CASES[case])
+    ours, libvirts = facts(xml), facts(golden(f"domxml/{case}", xml))
+    for mine, theirs in zip(ours["nics"], libvirts["nics"], strict=True):
+        if mine["mac"] is None:  # libvirt generates one
+            assert theirs["mac"].startswith("52:54:00:")
+            theirs["mac"] = None
+    assert libvirts == ours
+
+
+def test_golden_check_catches_a_changed_builder():
+    """A golden comparison that cannot fail would be worthless: a changed attribute is reported as a diff
+    (compared even under --regen-golden, which must never write this altered XML)."""
+    xml = domxml.build(GOLDEN_CASES["nic-network"]).replace("e1000", "rtl8139")
+    with pytest.raises(AssertionError, match=r"(?s)golden.*-.*e1000.*\+.*rtl8139"):
+        golden_files.compare_or_write("domxml/nic-network", xml, regen=False)
+    with pytest.raises(AssertionError, match="no golden file tests/golden/domxml/no-such-case.xml"):
+        golden_files.compare_or_write("domxml/no-such-case", xml, regen=False)
