@@ -13,6 +13,8 @@ Configuration (minion config, grains or pillar, read with ``config.get``)::
         uri: qemu:///system      # default: libvirt's default URI; every function takes connection=
       type: qemu                 # force the domain type; default: kvm if KVM really works, else qemu
       images: /srv/salt-images   # one directory per VM below it
+      allowed_paths: []          # minion config only: more directories for disks[].path, boot kernel/initrd, serial_log
+      max_image_mib: 65536       # image download / salt:// image size cap
       nic: {default: [...]}      # NIC profiles   (see saltvirt.spec)
       disk: {default: [...]}     # disk profiles
 """
@@ -35,7 +37,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt import conn as _c
-    from saltvirt import hosttype, lifecycle, provision, query
+    from saltvirt import hosttype, intake, lifecycle, provision, query
     from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,11 @@ def _conn(connection=None):
 
 def _images_dir():
     return _c.salt_images_dir(__salt__)
+
+
+def _allowed_paths():
+    """``virt:allowed_paths`` from the minion config only: never from the call, pillar or grains."""
+    return (__opts__.get("virt") or {}).get("allowed_paths") or ()
 
 
 def _progress(name):
@@ -101,6 +108,9 @@ def init(
     serial_log=True,
     group=None,
     connection=None,
+    checksum=None,
+    allow_http=False,
+    trusted_image=False,
     **kwargs,
 ):
     """
@@ -113,14 +123,26 @@ def init(
     cpu / mem
         vCPUs and memory in MiB.
     image
-        ``salt://...`` (cached with cp.cache_file), ``http(s)://...`` or an absolute path on the hypervisor.
+        ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor.
+        Only raw and qcow2 images without a backing file or external data file are accepted (the
+        format is read from the header and passed to qemu, never guessed); a download stops at
+        ``virt:max_image_mib`` MiB (default 65536).
+    checksum
+        ``sha256:<hex>`` or ``sha512:<hex>``: verified before the image is used (any source).
+    allow_http
+        accept a plain ``http://`` image URL (an https URL never follows a redirect to http).
+    trusted_image
+        opt-in for a local absolute path you built yourself: backing files, data files and other
+        formats are then accepted as they are. Never for salt:// or URLs.
     nic / disk
         profile names from ``virt:nic`` / ``virt:disk`` (``default``: one virtio NIC on bridge br0 and
         one system disk from the image); ``interfaces`` / ``disks`` add or override entries by name.
     enable_vnc / graphics
         a VNC console (listen 127.0.0.1, autoport) / ``{type, listen, port, password}``.
     boot
-        ``{kernel, initrd, cmdline}`` for direct kernel boot.
+        ``{kernel, initrd, cmdline}`` for direct kernel boot. Kernel, initrd, ``disks[].path`` and
+        ``serial_log`` must be inside ``virt:images`` (serial logs also in libvirt's log directory)
+        or a directory the operator lists in ``virt:allowed_paths`` in the minion config.
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported).
@@ -169,6 +191,11 @@ def init(
             minion_config=minion_config,
             pki_dir=__opts__.get("pki_dir"),
             progress=_progress(name),
+            checksum=checksum,
+            allow_http=allow_http,
+            trusted_image=trusted_image,
+            max_image_mib=_cfg("virt:max_image_mib", None),
+            allowed_paths=_allowed_paths(),
             **spec_args,
         )
 
@@ -268,11 +295,24 @@ def purge(name, connection=None, **kwargs):
     Power off and undefine a VM, and delete the disk files salt-virt created for it (recorded in
     ``virt:images/<name>/.salt-virt.json`` with the VM's UUID). Anything else — backing images, shared
     directories, disks it did not create — is kept and listed under ``kept`` with the reason.
+    Cached base images (``virt:images/.bases``) no image backs onto any more are removed afterwards
+    (``bases_removed``).
 
     CLI Example:: salt '*' virt.purge web1
     """
     with _conn(connection) as conn:
         return provision.purge(conn, name, images_dir=_images_dir())
+
+
+def image_gc(cache=False):
+    """
+    Remove cached base images (``virt:images/.bases``) that no disk under ``virt:images`` backs onto
+    any more; with ``cache=True`` also the download cache (``virt:images/.cache``). ``virt.purge``
+    does the first part itself after every VM it removes.
+
+    CLI Example:: salt 'hyper*' virt.image_gc cache=True
+    """
+    return intake.gc_bases(_images_dir(), cache=_bool(cache))
 
 
 def set_autostart(name, state="on", connection=None):
@@ -497,10 +537,13 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     from saltvirt import converge
 
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+    if "allowed_paths" in kwargs:
+        raise SaltInvocationError("allowed_paths is read from the minion config (virt:allowed_paths) only")
     with _conn(connection) as conn:
         return converge.update(
             conn,
             name,
+            allowed_paths=_allowed_paths(),
             images_dir=_images_dir(),
             profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
             test=_bool(test),

@@ -108,18 +108,20 @@ def _check_args(kwargs):
         )
 
 
-def _image_format(image, saltenv, test):
+def _image_format(image, saltenv, test, trusted=False):
     """Format of the image the VM would be cloned from, when it can be known without side effects
-    (test=True never fetches: an uncached salt:// image or a URL stays "as the image")."""
-    from saltvirt import images
+    (test=True never fetches: an uncached salt:// image or a URL stays "as the image"). Decided by
+    saltvirt.intake (header + ``qemu-img info -f``): a hostile image is refused here already."""
+    from saltvirt import intake
+    from saltvirt.validate import to_bool
 
     if not image:
         return None
     if image.startswith("/"):
-        return images.image_info(image)["format"]
+        return intake.probe(image, trusted=to_bool(trusted))["format"]
     if image.startswith("salt://"):
         local = __salt__["cp.is_cached"](image, saltenv) if test else __salt__["cp.cache_file"](image, saltenv)
-        return images.image_info(local)["format"] if local else None
+        return intake.probe(local, image)["format"] if local else None
     return None
 
 
@@ -141,7 +143,10 @@ def _create(ret, name, cpu, mem, start, kwargs):
         mem,
         images_dir=_config("virt:images", DEFAULT_IMAGES_DIR),
         profiles={"nic": _config("virt:nic", {}), "disk": _config("virt:disk", {})},
-        image_format=_image_format(kwargs.get("image"), kwargs.get("saltenv", "base"), test),
+        image_format=_image_format(
+            kwargs.get("image"), kwargs.get("saltenv", "base"), test, trusted=kwargs.get("trusted_image")
+        ),
+        allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
         **kwargs,
     )
     created["started"] = bool(start)

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, images, provision
+from saltvirt import domxml, images, intake, provision
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
@@ -29,8 +29,11 @@ MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphi
 
 
 # desired ------------------------------------------------------------------------------------------
-def desired_spec(name, cpu, mem, *, images_dir, profiles, vtype="qemu", image=None, image_format=None, **init_args):
-    """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here)."""
+def desired_spec(
+    name, cpu, mem, *, images_dir, profiles, vtype="qemu", image=None, image_format=None, allowed_paths=(), **init_args
+):
+    """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here).
+    ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only)."""
     spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
     return vmspec.build(
         name,
@@ -41,11 +44,12 @@ def desired_spec(name, cpu, mem, *, images_dir, profiles, vtype="qemu", image=No
         image_format=image_format,
         images_dir=images_dir,
         profiles=profiles,
+        allowed_paths=allowed_paths,
         **spec_args,
     )
 
 
-def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=None, **init_args):
+def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=None, allowed_paths=(), **init_args):
     """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
     image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
     spec = desired_spec(
@@ -56,12 +60,21 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
         profiles=profiles,
         image=image,
         image_format=image_format or "qcow2",
+        allowed_paths=allowed_paths,
         **init_args,
     )
     unknown = set()
     if image and not image_format:
         other = desired_spec(
-            name, cpu, mem, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", **init_args
+            name,
+            cpu,
+            mem,
+            images_dir=images_dir,
+            profiles=profiles,
+            image=image,
+            image_format="raw",
+            allowed_paths=allowed_paths,
+            **init_args,
         )
         unknown = {a.name for a, b in zip(spec.disks, other.disks, strict=True) if a.format != b.format}
     disks = {}
@@ -77,7 +90,7 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
     out = {
         "cpu": spec.cpu,
         "mem": spec.mem,
-        "image": image,
+        "image": intake.redact(image),
         "disks": disks,
         "nics": [{k: v for k, v in _nic_summary(n).items() if v is not None} for n in spec.nics],
         "graphics": _gfx_summary(spec.graphics),
@@ -496,7 +509,7 @@ def apply(conn, dom, desired, changes):
     return report
 
 
-def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, **init_args):
+def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, allowed_paths=(), **init_args):
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics)."""
@@ -525,6 +538,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         vtype=cfg["type"],
         images_dir=images_dir,
         profiles=profiles,
+        allowed_paths=allowed_paths,
         **args,
     )
     changes = diff(desired, facts, manage)

@@ -12,19 +12,13 @@ Rules kept here:
 import contextlib
 import datetime
 import fcntl
-import hashlib
 import json
 import logging
 import os
-import re
 import stat
 import struct
 import subprocess
-import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -36,8 +30,6 @@ log = logging.getLogger(__name__)
 MANIFEST = ".salt-virt.json"
 DISK_FORMATS = ("qcow2", "raw")
 MIB = 1048576
-DOWNLOAD_TIMEOUT = 60
-_CHUNK = 1 << 20
 
 
 # helpers ---------------------------------------------------------------------------------------
@@ -103,15 +95,20 @@ def _disk_format(fmt, what="disk format"):
 
 
 # inspection ------------------------------------------------------------------------------------
-def image_info(path):
+def image_info(path, fmt=None):
     """Format, sizes and the full backing chain of ``path`` (read with ``-U``: works while in use).
+    Pass ``fmt`` whenever it is known (qemu then never guesses; untrusted images go through
+    :mod:`saltvirt.intake`, which decides the format itself).
 
     Returns ``{path, format, virtual_size, actual_size, backing_file, backing_format, chain}`` where
     ``backing_file`` is absolute and ``chain`` lists ``path`` followed by every backing file.
     """
     path = os.path.abspath(_existing_image(path))
+    fmt_args = ["-f", _disk_format(fmt)] if fmt else []
     proc = _run(
-        ["qemu-img", "info", "--output=json", "-U", "--backing-chain", path], f"reading image {path}", timeout=120
+        ["qemu-img", "info", "--output=json", "-U", *fmt_args, "--backing-chain", path],
+        f"reading image {path}",
+        timeout=120,
     )
     try:
         layers = json.loads(proc.stdout)
@@ -174,46 +171,7 @@ def held_qemu_locks(path, offsets=(101, 201)):
         os.close(fd)
 
 
-# fetch -----------------------------------------------------------------------------------------
-def fetch(image, cache_dir, cache_file=None):
-    """Return a local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
-
-    ``cache_file`` is Salt's ``cp.cache_file`` (for salt:// URLs). HTTP downloads go to ``cache_dir``
-    and are reused while the server's Content-Length/ETag/Last-Modified stay the same.
-    """
-    if not isinstance(image, str) or not image.strip() or "\0" in image:
-        raise SaltInvocationError(f"image must be an absolute path or a salt://, http(s):// URL, got {image!r}")
-    image = image.strip()
-    if "://" not in image:
-        return _existing_image(image)
-    scheme = image.split("://", 1)[0].lower()
-    if scheme == "salt":
-        if ".." in image.split("://", 1)[1].split("/"):
-            raise SaltInvocationError(f"image URL {image!r} must not contain '..'")
-        if cache_file is None:
-            raise SaltInvocationError(f"image {image}: salt:// images need Salt's cp.cache_file (use the minion)")
-        local = cache_file(image)
-        if not local:
-            raise SaltInvocationError(
-                f"image {image} not found on the master (file_roots of the master's fileserver): "
-                "check the path with 'salt-run fileserver.file_list'"
-            )
-        if not os.path.isfile(local):
-            raise CommandExecutionError(f"image {image} was cached as {local!r}, which is not a file")
-        return local
-    if scheme in ("http", "https"):
-        return _download(image, _abs_path(cache_dir, "image cache directory"))
-    raise SaltInvocationError(
-        f"unsupported image source scheme {scheme!r} in {image!r}: use an absolute path, salt://, http:// or https://"
-    )
-
-
-def _cache_name(url):
-    base = os.path.basename(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-    base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".") or "image"
-    return f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base[:100]}"
-
-
+# small file helpers (the images manifest, intake's download metadata) -------------------------
 def _read_json(path):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -233,80 +191,15 @@ def _write_json(path, data, mode=0o644):
     atomic_write(path, text.encode(), mode, fsync=True, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
 
 
-def _download(url, cache_dir):
-    os.makedirs(cache_dir, mode=0o755, exist_ok=True)
-    path = os.path.join(cache_dir, _cache_name(url))
-    meta_path = path + ".meta.json"
-    meta = _read_json(meta_path) if os.path.isfile(path) else None
-    if meta and meta.get("url") != url:
-        meta = None
-    headers = {"User-Agent": "salt-virt"}
-    if meta and meta.get("etag"):
-        headers["If-None-Match"] = meta["etag"]
-    if meta and meta.get("last_modified"):
-        headers["If-Modified-Since"] = meta["last_modified"]
-    try:
-        resp = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=DOWNLOAD_TIMEOUT)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 304 and meta:
-            log.debug("image %s not modified, using %s", url, path)
-            return path
-        raise CommandExecutionError(f"downloading image {url} failed: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CommandExecutionError(f"downloading image {url} failed: {reason} (is it reachable from here?)") from None
-    with resp:
-        length = resp.headers.get("Content-Length")
-        length = int(length) if length and length.isdigit() else None
-        fresh = {"url": url, "etag": resp.headers.get("ETag"), "length": length}
-        fresh["last_modified"] = resp.headers.get("Last-Modified")
-        if meta and _same_remote(meta, fresh) and os.path.getsize(path) == length:
-            log.debug("image %s unchanged (length/etag/last-modified), using %s", url, path)
-            return path
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{os.path.basename(path)}.", suffix=".part")
-        try:
-            got = 0
-            with os.fdopen(fd, "wb") as out:
-                while True:
-                    chunk = resp.read(_CHUNK)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    got += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if length is not None and got != length:
-                raise CommandExecutionError(f"downloading image {url} failed: got {got} of {length} bytes (cut off?)")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise CommandExecutionError(f"downloading image {url} into {cache_dir} failed: {exc}") from None
-            raise
-    fresh["length"] = got
-    fresh["fetched"] = _now()
-    _write_json(meta_path, fresh)
-    return path
-
-
-def _same_remote(meta, fresh):
-    if fresh["length"] is None or fresh["length"] != meta.get("length"):
-        return False
-    if not fresh["etag"] and not fresh["last_modified"]:
-        return False  # nothing to compare but the size: download again
-    return fresh["etag"] == meta.get("etag") and fresh["last_modified"] == meta.get("last_modified")
-
-
 def _now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # create ----------------------------------------------------------------------------------------
-def clone(src, dst, overlay=False, fmt=None):
+def clone(src, dst, overlay=False, fmt=None, src_fmt=None):
     """Copy ``src`` to the new file ``dst`` (full copy) or create ``dst`` as a qcow2 overlay on it.
 
+    ``src_fmt``: the source's format as :func:`saltvirt.intake.probe` decided it (never guessed then).
     Never overwrites ``dst``. Returns ``{path, format, overlay, backing, seconds}``.
     """
     started = time.monotonic()
@@ -314,8 +207,8 @@ def clone(src, dst, overlay=False, fmt=None):
     dst = _abs_path(dst, "destination disk")
     if os.path.lexists(dst):
         raise SaltInvocationError(f"destination disk {dst} already exists: refusing to overwrite it")
-    info = image_info(src)
-    src_fmt = info["format"]
+    if src_fmt is None:
+        src_fmt = image_info(src)["format"]
     if overlay:
         if fmt not in (None, "qcow2"):
             raise SaltInvocationError(f"an overlay is always qcow2, not {fmt!r}: drop fmt or use a full copy")
@@ -360,10 +253,10 @@ def create_disk(path, size_mb, fmt="qcow2"):
     }
 
 
-def resize(path, size_mb):
+def resize(path, size_mb, fmt=None):
     """Grow ``path`` to ``size_mb`` MiB (the filesystem inside is not touched). Never shrinks."""
     size = validate.positive_int(size_mb, "disk size (MiB)")
-    info = image_info(path)
+    info = image_info(path, fmt)
     old = info["virtual_size"]
     if size * MIB < old:
         raise SaltInvocationError(

@@ -188,7 +188,8 @@ def source_info(conn, name, images_dir, probe=True):
     for disk in disks:
         if disk["type"] != "file" or not disk["path"] or disk["readonly"]:
             continue
-        info = images.image_info(disk["path"])
+        known = disk["format"] if disk["format"] in images.DISK_FORMATS else None  # never let qemu guess
+        info = images.image_info(disk["path"], known)
         disk.update(
             virtual_size=info["virtual_size"],
             format=disk["format"] or info["format"],

@@ -16,13 +16,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import cleanup, domxml, envelope, hosttype, images, seed as seeding, spec as vmspec, validate
+from saltvirt import cleanup, domxml, envelope, hosttype, images, intake, validate
+from saltvirt import seed as seeding
+from saltvirt import spec as vmspec
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.lifecycle import undefine
 from saltvirt.query import describe
 
 log = logging.getLogger(__name__)
-BASES_DIR = ".bases"  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
+BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
 # init arguments that shape the VM and go straight to saltvirt.spec.build
 SPEC_ARGS = (
     "nic",
@@ -44,7 +46,8 @@ def _no_progress(step, **data):
 
 def base_image(fetched, images_dir, source):
     """An immutable copy of a fetched image for overlays to back onto (a cache refresh must never
-    rewrite an overlay's backing file). Hard link when on the same filesystem: O(1) whatever the size."""
+    rewrite an overlay's backing file). Hard link when on the same filesystem: O(1) whatever the size.
+    Call it under :func:`saltvirt.intake.bases_lock` (the image gc must not collect it meanwhile)."""
     st = os.stat(fetched)
     key = hashlib.sha256(f"{source}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     bases = os.path.join(images_dir, BASES_DIR)
@@ -157,6 +160,11 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     minion_config=None,
     pki_dir=None,
     progress=None,
+    checksum=None,
+    allow_http=False,
+    trusted_image=False,
+    max_image_mib=None,
+    allowed_paths=(),
     **spec_args,
 ):
     progress = progress or _no_progress
@@ -169,9 +177,17 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
 
     fetched = info = None
     if image:
-        fetched = images.fetch(image, os.path.join(images_dir, ".cache"), cache_file=cache_file)
-        info = images.image_info(fetched)
-        progress("image_cached", image=image, path=fetched)
+        info = intake.accept(
+            image,
+            os.path.join(images_dir, intake.CACHE_DIR),
+            cache_file,
+            checksum=checksum,
+            allow_http=validate.to_bool(allow_http),
+            max_image_mib=max_image_mib,
+            trusted=validate.to_bool(trusted_image),
+        )
+        fetched = info["path"]
+        progress("image_cached", image=info["source"], path=fetched, checksum=info["checksum"])
     spec = vmspec.build(
         name,
         cpu,
@@ -181,8 +197,24 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         image_format=info["format"] if info else None,
         images_dir=images_dir,
         profiles=profiles,
+        allowed_paths=allowed_paths,
         **spec_args,
     )
+    src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
+    for disk in spec.disks:
+        if disk.image and disk.image == fetched:
+            src_formats[disk.name], sources[disk.name] = info["format"], image
+        elif disk.image:  # a disk entry with an image of its own: through the same door
+            extra = intake.accept(
+                disk.image,
+                os.path.join(images_dir, intake.CACHE_DIR),
+                cache_file,
+                allow_http=validate.to_bool(allow_http),
+                max_image_mib=max_image_mib,
+                trusted=validate.to_bool(trusted_image),
+            )
+            sources[disk.name] = disk.image
+            disk.image, src_formats[disk.name] = extra["path"], extra["format"]
     for disk in spec.disks:
         if disk.attach:
             if not os.path.isfile(disk.path):
@@ -206,15 +238,10 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             if disk.device != "disk" or not disk.path or disk.attach:
                 continue
             if disk.image:
-                src = (
-                    base_image(disk.image, images_dir, image)
-                    if disk.overlay and image and "://" in image
-                    else disk.image
-                )
-                made = images.clone(src, disk.path, overlay=disk.overlay, fmt=disk.format)
+                made = _clone(disk, sources[disk.name], images_dir, src_formats[disk.name])
                 undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
-                if disk.size and disk.size * 1048576 > images.image_info(disk.path)["virtual_size"]:
-                    images.resize(disk.path, disk.size)
+                if disk.size and disk.size * 1048576 > images.image_info(disk.path, disk.format)["virtual_size"]:
+                    images.resize(disk.path, disk.size, disk.format)
             else:
                 made = images.create_disk(disk.path, disk.size, fmt=disk.format)
                 undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
@@ -298,6 +325,15 @@ def _left_behind(conn, name, result):
         return f"VM {name!r} was defined (uuid {result['uuid']}), its state is unknown: {exc}"
 
 
+def _clone(disk, image, images_dir, src_fmt):  # image: the source as given (path, salt://, URL)
+    """Full copy of the accepted image, or an overlay on it (on an immutable base for fetched images)."""
+    if not (disk.overlay and image and "://" in image):
+        return images.clone(disk.image, disk.path, overlay=disk.overlay, fmt=disk.format, src_fmt=src_fmt)
+    with intake.bases_lock(images_dir):  # the image gc must not take the base before the overlay exists
+        src = base_image(disk.image, images_dir, image)
+        return images.clone(src, disk.path, overlay=True, fmt=disk.format, src_fmt=src_fmt)
+
+
 def _remove_manifest(vm_dir):
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
@@ -337,4 +373,11 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)
     outcome = images.remove_owned(vm_dir, name, uuid, files)
-    return {"name": name, "undefined": True, "removed": outcome["removed"], "kept": outcome["kept"]}
+    gc = intake.gc_bases(images_dir)  # cached bases no image backs onto any more
+    return {
+        "name": name,
+        "undefined": True,
+        "removed": outcome["removed"],
+        "kept": outcome["kept"],
+        "bases_removed": gc["removed"],
+    }

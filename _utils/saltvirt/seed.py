@@ -591,11 +591,8 @@ def seed(image_path, files, backend="auto", fmt=None):
     files = _normalize_files(files)
     if backend not in BACKENDS + ("auto",):
         raise SaltInvocationError(f"seed backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
-    detected = images.image_info(image)["format"]
-    if fmt is None:
-        fmt = detected
-    elif fmt != detected:
-        log.warning("seeding %s as %s as told, although it looks like %s", image, fmt, detected)
+    if fmt is None:  # callers with an untrusted image pass the format saltvirt.intake decided
+        fmt = images.image_info(image)["format"]
     if fmt not in images.DISK_FORMATS:
         raise SaltInvocationError(f"cannot seed a {fmt} image: only {images.DISK_FORMATS} are supported")
     _refuse_if_in_use(image)

@@ -173,7 +173,7 @@ def _nic(entry):
     )
 
 
-def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first):
+def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
     disk_image = entry.get("image") or (image if is_first else None)
     overlay = validate.to_bool(entry.get("overlay", enable_qcow)) and bool(disk_image)
     size = entry.get("size")
@@ -199,7 +199,7 @@ def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first):
     validate.vm_name(entry["name"], "disk name")
     path = entry.get("path")
     if path:
-        validate.absolute_path(path, f"path of disk {entry['name']}")
+        validate.confined(path, f"path of disk {entry['name']}", roots)
     else:
         path = os.path.join(vm_dir, f"{entry['name']}.{fmt}")
     return Disk(
@@ -269,13 +269,20 @@ def build(
     serial_log=True,
     arch="x86_64",
     group=None,
+    allowed_paths=(),
 ):
-    """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`."""
+    """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
+
+    Disk paths, ``boot`` kernel/initrd and ``serial_log`` must lie inside ``images_dir`` or one of
+    ``allowed_paths`` (the operator's ``virt:allowed_paths`` from the minion config, never from the
+    call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
+    """
     name = validate.vm_name(name)
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
     validate.absolute_path(images_dir, "virt:images")
     vm_dir = validate.inside(images_dir, name)
+    roots = (images_dir, *validate.allowed_paths(allowed_paths))
     enable_qcow = validate.to_bool(enable_qcow)
 
     nic_entries = merge_by_name(
@@ -286,7 +293,7 @@ def build(
 
     default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
     disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), _named_entries(disks, "disks"))
-    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0) for i, e in enumerate(disk_entries)]
+    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(disk_entries)]
     _assign_targets(disk_objs)
 
     gfx = None
@@ -309,13 +316,13 @@ def build(
             raise SaltInvocationError("boot must be a mapping with kernel, initrd and/or cmdline")
         for key in ("kernel", "initrd"):
             if boot.get(key):
-                validate.absolute_path(boot[key], f"boot:{key}")
+                validate.confined(boot[key], f"boot:{key}", roots)
         boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
 
     if serial_log is True:
         serial_log = os.path.join(SERIAL_LOG_DIR, f"{name}-serial.log")
     elif serial_log:
-        validate.absolute_path(serial_log, "serial_log")
+        validate.confined(serial_log, "serial_log", (*roots, SERIAL_LOG_DIR), f"virt:images, {SERIAL_LOG_DIR}")
     else:
         serial_log = None
 

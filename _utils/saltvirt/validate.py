@@ -67,3 +67,34 @@ def absolute_path(path, what="path"):
     if not os.path.isabs(path) or ".." in path.split("/"):
         raise SaltInvocationError(f"{what} must be an absolute path without '..', got {path!r}")
     return path
+
+
+def confined(path, what, roots, hint="virt:images or virt:allowed_paths"):
+    """``path`` (absolute) if, after resolving symlinks and '..', it lies inside one of ``roots``;
+    else SaltInvocationError naming the settings that would allow it."""
+    absolute_path(path, what)
+    real = os.path.realpath(path)
+    for root in roots:
+        if not root:
+            continue
+        base = os.path.realpath(root)
+        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+            return path
+    shown = ", ".join(str(r) for r in roots if r) or "none"
+    resolved = f" (resolves to {real})" if real != os.path.normpath(path) else ""
+    raise SaltInvocationError(
+        f"{what} {path}{resolved} is outside the directories salt-virt may use ({shown}): put it inside "
+        f"{hint}; the operator lists extra directories in virt:allowed_paths in the minion config "
+        "(never taken from the call or from pillar)"
+    )
+
+
+def allowed_paths(value):
+    """``virt:allowed_paths`` from the minion config: a list of absolute directories."""
+    if value in (None, "", []):
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise SaltInvocationError(f"virt:allowed_paths must be a list of absolute directories, got {value!r}")
+    return tuple(absolute_path(v, "virt:allowed_paths entry") for v in value)

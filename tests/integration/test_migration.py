@@ -105,12 +105,13 @@ def foreign_tls(hv, tmp):
 
 
 @pytest.fixture(scope="module")
-def minions(mmaster, lab_hvs, lab_dir):
+def minions(mmaster, lab_hvs, lab_dir, store):
     """One minion per hypervisor; hv6 and hv7 get their libvirt TLS files from the master's libvirt
     ext_pillar through the virt.keys state before their libvirtd starts (hv8's come from another CA)."""
     factories = {}
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
+        config["virt"]["allowed_paths"].append(str(store / "shared"))  # the shared-storage VM's disk
         if name != "hv8":
             config["virt"]["migration"] = {"pkipath": pkipath(hv)}
         factories[name] = start_minion(mmaster, name, config)

@@ -1,6 +1,6 @@
 """Configuration of real Salt daemons (pytest-salt-factories) for the integration tests."""
 
-from tests.support.paths import ROOT
+from tests.support.paths import GUEST_DIR, ROOT
 
 
 def master_config(state_tree, **extra):
@@ -26,7 +26,8 @@ def start_minion(master, minion_id, overrides):
 
 def hypervisor_minion_config(hv, images_dir, **extra):
     config = {
-        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir)},
+        # virt:allowed_paths: the test guest's kernel/initrd (boot_args) live outside virt:images
+        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir), "allowed_paths": [str(GUEST_DIR)]},
         "grains": {"virt_hypervisor": True},
     }
     config.update(extra)

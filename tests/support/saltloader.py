@@ -1,6 +1,6 @@
 """Salt's real loaders over this repo's loader modules, in-process (no daemons)."""
 
-from tests.support.paths import ROOT
+from tests.support.paths import GUEST_DIR, ROOT
 
 
 def make_minion_mods(tmp_path, uri, images_dir=None, **config):
@@ -17,7 +17,14 @@ def make_minion_mods(tmp_path, uri, images_dir=None, **config):
             "cachedir": str(tmp_path / "cache"),
             "pki_dir": str(tmp_path / "pki"),
             "module_dirs": [str(ROOT / "_modules")],
-            "virt": dict({"connection": {"uri": uri}, "images": str(images_dir or tmp_path / "images")}, **config),
+            "virt": dict(
+                {
+                    "connection": {"uri": uri},
+                    "images": str(images_dir or tmp_path / "images"),
+                    "allowed_paths": [str(GUEST_DIR)],  # the test guest's kernel/initrd (boot_args)
+                },
+                **config,
+            ),
         }
     )
     opts["grains"] = salt.loader.grains(opts)

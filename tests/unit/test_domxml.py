@@ -17,7 +17,7 @@ def test_xml_escapes_and_round_trips():
         image="/i.qcow2",
         image_format="qcow2",
         enable_vnc=True,
-        boot={"kernel": "/k", "initrd": "/i", "cmdline": "console=ttyS0 x='<&>'"},
+        boot={"kernel": "/v/k", "initrd": "/v/i", "cmdline": "console=ttyS0 x='<&>'"},
         images_dir="/v",
     )
     xml = domxml.build(s)

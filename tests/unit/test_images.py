@@ -2,8 +2,6 @@
 127.0.0.1 and real files for the ownership manifest."""
 
 import fcntl
-import hashlib
-import http.server
 import json
 import os
 import pathlib
@@ -11,7 +9,6 @@ import shutil
 import stat
 import struct
 import subprocess
-import threading
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -180,121 +177,6 @@ def test_create_disk_bad_size(tmp_path, size):
     with pytest.raises(SaltInvocationError, match="positive integer"):
         images.create_disk(str(tmp_path / "d.qcow2"), size)
     assert not (tmp_path / "d.qcow2").exists()
-
-
-# fetch -------------------------------------------------------------------------------------------
-def test_fetch_local_paths(base, tmp_path):
-    cache = str(tmp_path / "cache")
-    assert images.fetch(base["qcow2"], cache) == base["qcow2"]
-    with pytest.raises(SaltInvocationError, match=str(tmp_path / "missing.qcow2")):
-        images.fetch(str(tmp_path / "missing.qcow2"), cache)
-    with pytest.raises(SaltInvocationError, match="not a regular file"):
-        images.fetch(str(tmp_path), cache)
-    with pytest.raises(SaltInvocationError, match="absolute"):
-        images.fetch("images/../../etc/shadow", cache)
-    with pytest.raises(SaltInvocationError, match="without '..'"):
-        images.fetch(f"{tmp_path}/../../etc/shadow", cache)
-    for bad in ("", None, 42):
-        with pytest.raises(SaltInvocationError):
-            images.fetch(bad, cache)
-    with pytest.raises(SaltInvocationError, match="'ftp'"):
-        images.fetch("ftp://example.invalid/x.img", cache)
-    with pytest.raises(SaltInvocationError, match="'file'"):
-        images.fetch("file:///etc/shadow", cache)
-    assert not os.path.exists(cache)
-
-
-def test_fetch_salt_url(base, tmp_path):
-    asked = []
-
-    def cache_file(url):
-        asked.append(url)
-        return base["raw"] if url == "salt://images/guest.raw" else False
-
-    cache = str(tmp_path / "cache")
-    assert images.fetch("salt://images/guest.raw", cache, cache_file=cache_file) == base["raw"]
-    with pytest.raises(SaltInvocationError, match=r"image salt://images/nope.raw not found on the master \(file_roots"):
-        images.fetch("salt://images/nope.raw", cache, cache_file=cache_file)
-    with pytest.raises(SaltInvocationError, match=r"'\.\.'"):
-        images.fetch("salt://images/../../etc/shadow", cache, cache_file=cache_file)
-    with pytest.raises(SaltInvocationError, match="cp.cache_file"):
-        images.fetch("salt://images/guest.raw", cache)
-    assert asked == ["salt://images/guest.raw", "salt://images/nope.raw"]
-
-
-class _Files(http.server.BaseHTTPRequestHandler):
-    """Serves ``server.files[path] = bytes`` with ETag/Last-Modified; honours conditionals only when
-    ``server.conditional``; logs (method, path, status) in ``server.log``."""
-
-    def do_GET(self):
-        srv = self.server
-        body = srv.files.get(self.path)
-        if body is None:
-            srv.log.append((self.path, 404))
-            self.send_error(404)
-            return
-        etag = f'"{len(body)}-{hashlib.sha1(body).hexdigest()[:10]}"'
-        if srv.conditional and self.headers.get("If-None-Match") == etag:
-            srv.log.append((self.path, 304))
-            self.send_response(304)
-            self.end_headers()
-            return
-        srv.log.append((self.path, 200))
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("ETag", etag)
-        self.send_header("Last-Modified", "Sun, 01 Nov 2026 00:00:00 GMT")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    srv.files, srv.log, srv.conditional = {}, [], True
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
-
-@pytest.mark.parametrize("conditional", [True, False])
-def test_fetch_http_downloads_once_and_refreshes_on_change(http_server, tmp_path, monkeypatch, conditional):
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    http_server.conditional = conditional
-    http_server.files["/img/guest.qcow2"] = b"A" * 100000
-    url = f"http://127.0.0.1:{http_server.server_port}/img/guest.qcow2"
-    cache = str(tmp_path / "cache")
-    path = images.fetch(url, cache)
-    assert os.path.dirname(path) == cache and path.endswith("-guest.qcow2")
-    assert pathlib.Path(path).read_bytes() == b"A" * 100000
-    meta = json.loads(pathlib.Path(path + ".meta.json").read_text())
-    assert meta["url"] == url and meta["length"] == 100000 and meta["etag"]
-    first = os.stat(path).st_ino
-    # unchanged on the server: the cached copy is reused (304, or same length/ETag/Last-Modified)
-    assert images.fetch(url, cache) == path
-    assert os.stat(path).st_ino == first
-    assert http_server.log[-1] == ("/img/guest.qcow2", 304 if conditional else 200)
-    # changed on the server: downloaded again, atomically replacing the old copy
-    http_server.files["/img/guest.qcow2"] = b"B" * 50000
-    assert images.fetch(url, cache) == path
-    assert pathlib.Path(path).read_bytes() == b"B" * 50000 and os.stat(path).st_ino != first
-    assert sorted(os.listdir(cache)) == sorted([os.path.basename(path), os.path.basename(path) + ".meta.json"])
-
-
-def test_fetch_http_errors_leave_no_partial_file(http_server, tmp_path, monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    cache = str(tmp_path / "cache")
-    with pytest.raises(CommandExecutionError, match="HTTP 404"):
-        images.fetch(f"http://127.0.0.1:{http_server.server_port}/missing.img", cache)
-    http_server.server_close()  # nothing listens there any more
-    with pytest.raises(CommandExecutionError, match="downloading image .* failed"):
-        images.fetch("http://127.0.0.1:9/x.img", cache)
-    assert os.listdir(cache) == []
 
 
 # ownership manifest ------------------------------------------------------------------------------
