@@ -101,12 +101,12 @@ def _max_bytes(max_mib):
 
 
 # fetch -------------------------------------------------------------------------------------------
-def fetch(image, cache_dir, cache_file=None, *, allow_http=False, max_image_mib=None, checksum=None):
+def fetch(image, cache_dir, cache_file=None, *, allow_http=False, max_image_mib=None):
     """A local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
 
     ``cache_file`` is Salt's ``cp.cache_file`` (salt:// URLs). Downloads go to ``cache_dir`` and are
-    reused while the server's Content-Length/ETag/Last-Modified stay the same. ``checksum`` is only
-    passed to reuse a verified download; :func:`accept` verifies every source.
+    reused while the server's Content-Length/ETag/Last-Modified stay the same. Checks nothing about
+    the content: :func:`accept` does (checksum, format).
     """
     if not isinstance(image, str) or not image.strip() or "\0" in image:
         raise SaltInvocationError(f"image must be an absolute path or a salt://, https:// URL, got {image!r}")
@@ -135,7 +135,7 @@ def fetch(image, cache_dir, cache_file=None, *, allow_http=False, max_image_mib=
             )
         return local
     if scheme == "https" or (scheme == "http" and allow_http):
-        return _download(image, images._abs_path(cache_dir, "image cache directory"), limit, checksum)
+        return _download(image, images._abs_path(cache_dir, "image cache directory"), limit)
     if scheme == "http":
         raise SaltInvocationError(
             f"image {redact(image)}: plain http is refused (anyone on the path can change the image): use "
@@ -183,7 +183,7 @@ def _request(url, headers):
     return req
 
 
-def _download(url, cache_dir, limit, checksum):
+def _download(url, cache_dir, limit):
     shown = redact(url)
     os.makedirs(cache_dir, mode=0o755, exist_ok=True)
     path = os.path.join(cache_dir, _cache_name(url))
@@ -220,36 +220,44 @@ def _download(url, cache_dir, limit, checksum):
         if meta and _same_remote(meta, fresh) and os.path.getsize(path) == length:
             log.debug("image %s unchanged (length/etag/last-modified), using %s", shown, path)
             return path
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{os.path.basename(path)}.", suffix=".part")
-        digests = {algo: hashlib.new(algo) for algo in _HASHES}
-        try:
-            got = 0
-            with os.fdopen(fd, "wb") as out:
-                while True:
-                    chunk = resp.read(_CHUNK)
-                    if not chunk:
-                        break
-                    got += len(chunk)
-                    if got > limit:
-                        raise SaltInvocationError(_too_big(shown, f"sent more than {limit // images.MIB} MiB", limit))
-                    out.write(chunk)
-                    for h in digests.values():
-                        h.update(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if length is not None and got != length:
-                raise CommandExecutionError(f"downloading image {shown} failed: got {got} of {length} bytes (cut off?)")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise CommandExecutionError(f"downloading image {shown} into {cache_dir} failed: {exc}") from None
-            raise
-    fresh.update(length=got, fetched=images._now(), **{algo: h.hexdigest() for algo, h in digests.items()})
+        got, digests = _save(resp, path, shown, limit, length)
+    fresh.update(length=got, fetched=images._now(), **digests)
     images._write_json(meta_path, fresh)
     return path
+
+
+def _save(resp, path, shown, limit, length):
+    """Stream ``resp`` into ``path`` (temp file + rename), at most ``limit`` bytes, hashing as it goes.
+    Returns ``(bytes, {algorithm: hex digest})``; on any failure nothing is left."""
+    cache_dir = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{os.path.basename(path)}.", suffix=".part")
+    digests = {algo: hashlib.new(algo) for algo in _HASHES}
+    try:
+        got = 0
+        with os.fdopen(fd, "wb") as out:
+            while True:
+                chunk = resp.read(_CHUNK)
+                if not chunk:
+                    break
+                got += len(chunk)
+                if got > limit:
+                    raise SaltInvocationError(_too_big(shown, f"sent more than {limit // images.MIB} MiB", limit))
+                out.write(chunk)
+                for h in digests.values():
+                    h.update(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if length is not None and got != length:
+            raise CommandExecutionError(f"downloading image {shown} failed: got {got} of {length} bytes (cut off?)")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CommandExecutionError(f"downloading image {shown} into {cache_dir} failed: {exc}") from None
+        raise
+    return got, {algo: h.hexdigest() for algo, h in digests.items()}
 
 
 def _too_big(shown, what, limit):
