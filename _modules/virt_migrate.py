@@ -160,7 +160,13 @@ def migrate_prepare(name, source, copy_storage=None, connection=None):
     if not isinstance(source, dict) or source.get("name") != name:
         raise SaltInvocationError(f"source must be virt.migrate_source_info's answer for {name!r}")
     with _conn(connection) as conn:
-        ret = _migrate.prepare(conn, source, _images_dir(), copy_storage=copy_storage or None)
+        ret = _migrate.prepare(
+            conn,
+            source,
+            _images_dir(),
+            copy_storage=copy_storage or None,
+            allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),  # minion config only
+        )
     ret["address"] = (
         _migrate.settings(_c.salt_config(__salt__))["address"] or ret["host"]
     )  # what the source's libvirtd dials

@@ -393,7 +393,7 @@ def _probe_seen(probe):
         return False
 
 
-def _find_backing(backing, source_images, images_dir):
+def _find_backing(backing, source_images, images_dir, roots=()):
     """The target's copy of an overlay's backing image, by size (content is checked by sha256 before
     the migration starts): the same place below this host's virt:images (or the same path, for an image
     outside the source's virt:images), or a base image of the same name this host cached itself
@@ -405,12 +405,22 @@ def _find_backing(backing, source_images, images_dir):
         with contextlib.suppress(OSError):
             candidates += sorted(e.path for e in os.scandir(bases) if e.name.endswith(suffix) and e.is_file())
     for candidate in dict.fromkeys(candidates):
+        if not _within(candidate, roots or (images_dir,)):
+            continue  # an overlay here never backs onto a file outside virt:images / virt:allowed_paths
         if os.path.isfile(candidate) and os.path.getsize(candidate) == backing["size"]:
             return candidate
     return None
 
 
-def plan(source, images_dir, copy_storage=None):
+def _within(path, roots):
+    try:
+        validate.confined(path, "file", roots)
+        return True
+    except SaltInvocationError:
+        return False
+
+
+def plan(source, images_dir, copy_storage=None, allowed_paths=()):
     """Decide, without touching anything, what :func:`prepare` does with each disk of ``source``:
 
     * ``shared``: the target uses the source's file in place. Only for a disk that stays at the same path
@@ -421,7 +431,10 @@ def plan(source, images_dir, copy_storage=None):
     * ``copy``: a blank image of the same size and format that QEMU fills (copy_storage all).
 
     A disk below the source's ``virt:images`` goes to the same place below the target's ``virt:images``:
-    each hypervisor keeps the VMs it runs in its own image store."""
+    each hypervisor keeps the VMs it runs in its own image store. A file this host would create must
+    lie inside its own ``virt:images`` or ``allowed_paths`` (its minion config's ``virt:allowed_paths``):
+    what the source lists is not trusted to name paths here."""
+    roots = (images_dir, *validate.allowed_paths(allowed_paths))
     if copy_storage not in (None, *COPY_MODES):
         raise SaltInvocationError(f"copy_storage must be 'all', 'inc' or None, not {copy_storage!r}")
     name = validate.vm_name(source["name"])
@@ -448,6 +461,7 @@ def plan(source, images_dir, copy_storage=None):
         if dest == disk["path"] and probe and _probe_seen(probe):
             entry.update(proven=True, cache=disk.get("cache"))
             continue
+        validate.confined(dest, f"disk {disk['target']} of VM {name!r} on the target", roots)
         if os.path.lexists(dest):
             raise CommandExecutionError(
                 f"{dest} already exists on the target: refusing to overwrite it (remove it if it is a leftover, or "
@@ -456,7 +470,7 @@ def plan(source, images_dir, copy_storage=None):
         entry.update(dest=dest, mode="copy", format=disk["format"], virtual_size=disk["virtual_size"])
         backing = disk.get("backing")
         if backing:
-            entry["backing"] = _find_backing(backing, source.get("images_dir"), images_dir)
+            entry["backing"] = _find_backing(backing, source.get("images_dir"), images_dir, roots)
             entry.update(backing_format=backing["format"], source_backing=backing["path"])
         entry["_sizes"] = (disk["allocation"], min(disk["chain_allocation"], disk["virtual_size"]))
     copies = [d for d in disks if d["mode"] == "copy"]
@@ -497,14 +511,16 @@ def plan(source, images_dir, copy_storage=None):
     }
 
 
-def prepare(conn, source, images_dir, copy_storage=None):
-    """Create the target's disk files for ``source`` (what :func:`source_info` returned on the source)."""
+def prepare(conn, source, images_dir, copy_storage=None, allowed_paths=()):
+    """Create the target's disk files for ``source`` (what :func:`source_info` returned on the source):
+    only inside ``images_dir`` / ``allowed_paths``, each created exclusively (O_EXCL, no symlink
+    followed) before qemu-img writes it, so a file that appeared after the plan is never overwritten."""
     if not isinstance(source, dict) or not {"name", "uuid", "disks"} <= set(source):
         raise SaltInvocationError("source must be what virt.migrate_source_info returned on the source hypervisor")
     host, name = conn.getHostname(), validate.vm_name(source["name"])
     if domain_exists(conn, name):
         raise CommandExecutionError(f"a VM named {name!r} is already defined on {host}: cannot migrate {name!r} here")
-    result = plan(source, images_dir, copy_storage)
+    result = plan(source, images_dir, copy_storage, allowed_paths)
     result.update(host=host, images_dir=images_dir, created=[], free_mib=None)
     if result["needed_mib"]:
         result["free_mib"] = query.host_info(conn, images_dir)["disk_free"]
@@ -529,8 +545,9 @@ def prepare(conn, source, images_dir, copy_storage=None):
             if disk["mode"] == "overlay":
                 args += ["-F", disk["backing_format"], "-b", disk["backing"]]
                 result["verify_backing"][disk["source_backing"]] = sha256(disk["backing"])
-            _qemu_img(*args, disk["dest"], str(disk["virtual_size"]))
+            images._new_file(disk["dest"], f"disk {disk['target']} of VM {name!r}")  # O_EXCL | O_NOFOLLOW
             created.append(disk["dest"])
+            _qemu_img(*args, disk["dest"], str(disk["virtual_size"]))
         if created:
             vm_dir = validate.inside(images_dir, name)
             _makedirs(vm_dir, created)

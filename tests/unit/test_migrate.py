@@ -271,10 +271,13 @@ def test_prepare_shared_storage_proven_by_probe_creates_nothing(test_conn, tmp_p
     assert [d["mode"] for d in plan["disks"]] == ["shared"]
     assert plan["copy_storage"] is None and plan["disk_map"] == {} and plan["created"] == []
     assert plan["unsafe"] is True  # proven shared and cache=none: libvirt's local-filesystem check may be skipped
-    # without the probe (another host that merely has a file there) it is not shared: the file exists -> refused
+    # without the probe (another host that merely has a file there) it is not shared: a copy would have to
+    # be created there, outside the target's virt:images -> refused
     os.unlink(next(iter(info["probes"].values()))["path"])
-    with pytest.raises(CommandExecutionError, match="already exists on the target: refusing to overwrite"):
+    with pytest.raises(SaltInvocationError, match="is outside the directories salt-virt may use"):
         migrate.prepare(target["conn"], info, target["images"])
+    with pytest.raises(CommandExecutionError, match="already exists on the target: refusing to overwrite"):
+        migrate.prepare(target["conn"], info, target["images"], allowed_paths=[str(shared)])
 
 
 def test_prepare_shared_but_host_page_cache_is_not_unsafe_ok(test_conn, tmp_path, target):
@@ -364,3 +367,29 @@ def test_module_maps_target_names_from_config(tmp_path):
         CommandExecutionError, match=r"from .* to hv2\.example\.com failed: .* VM 'test' is still running"
     ):
         mods["virt.migrate"]("test", "hyper2")
+
+
+def test_prepare_creates_only_inside_its_own_images_or_allowlist(test_conn, src_vm, target, tmp_path):
+    """The source's answer names the paths; the target creates only below its own virt:images or its
+    virt:allowed_paths, exclusively: a forged path elsewhere (or a symlink out) creates nothing."""
+    info = migrate.source_info(test_conn, "m", src_vm["images"])
+    b = target["images"]
+    elsewhere = tmp_path / "host"
+    elsewhere.mkdir()
+    forged = json.loads(json.dumps(info))
+    forged["images_dir"] = None  # disks are no longer below the source's images: same absolute path
+    forged["disks"][1]["path"] = str(elsewhere / "authorized_keys")
+    with pytest.raises(
+        SaltInvocationError, match=r"disk vdb of VM 'm' on the target .* is outside .*virt:allowed_paths"
+    ):
+        migrate.prepare(target["conn"], forged, b)
+    assert os.listdir(b) == [] and os.listdir(elsewhere) == []
+    os.makedirs(f"{b}/m")
+    os.symlink(str(elsewhere / "x.raw"), f"{b}/m/data.raw")  # inside by name, outside in fact
+    with pytest.raises(SaltInvocationError, match=r"data.raw. escapes"):
+        migrate.prepare(target["conn"], info, b)
+    assert os.listdir(elsewhere) == [] and sorted(os.listdir(f"{b}/m")) == ["data.raw"]
+    os.unlink(f"{b}/m/data.raw")
+    plan = migrate.prepare(target["conn"], forged, b, allowed_paths=[str(elsewhere)])  # the operator allows it
+    assert str(elsewhere / "authorized_keys") in plan["created"]
+    assert img_info(str(elsewhere / "authorized_keys"))["virtual-size"] == 32 << 20
