@@ -409,8 +409,9 @@ def _brief(plan):
 
 
 @contextlib.contextmanager
-def _creating(opts, names):
-    """One ``virt.init`` per VM name / minion id at a time on this master (flock: gone if we die)."""
+def _creating(opts, names, what="virt.init"):
+    """One ``virt.init`` (or ``virt.migrate``: ``what``) per VM name / minion id at a time on this master
+    (flock: gone if we die). The runner's per-VM lock: init, migrate and evacuate all take it."""
     folder = os.path.join(opts["cachedir"], "salt-virt", "locks")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     handles = []
@@ -422,7 +423,8 @@ def _creating(opts, names):
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 raise SaltInvocationError(
-                    f"another virt.init of {name!r} is running on this master: wait for it"
+                    f"another virt.init or virt.migrate of {name!r} is running on this master: wait for it "
+                    f"(asked: {what})"
                 ) from None
         yield
     finally:

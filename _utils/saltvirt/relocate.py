@@ -73,8 +73,16 @@ def migrate(
 ):
     """Move VM ``name`` to hypervisor minion ``target``; see the runner's ``virt.migrate``.
 
-    ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate)."""
+    ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). Holds the
+    runner's per-VM lock (the one ``virt.init`` takes): two migrations of one VM never overlap."""
     validate.vm_name(name)
+    with fleet._creating(remote.opts, [name], what="virt.migrate"):
+        return _migrate(
+            remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout
+        )
+
+
+def _migrate(remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout):
     if copy_storage not in (None, "all", "inc"):
         raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
     started = time.monotonic()

@@ -4,7 +4,7 @@ init per name at a time)."""
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import fleet
+from saltvirt import fleet, relocate
 
 
 @pytest.mark.parametrize(
@@ -89,10 +89,24 @@ def test_hypervisor_settings_from_master_config_and_call():
 def test_one_init_per_name_at_a_time(tmp_path):
     opts = {"cachedir": str(tmp_path)}
     with fleet._creating(opts, ["web1", "web1"]):
-        with pytest.raises(SaltInvocationError, match="another virt.init of 'web1' is running"):
+        with pytest.raises(SaltInvocationError, match="another virt.init or virt.migrate of 'web1' is running"):
             with fleet._creating(opts, ["web1"]):
                 pass
         with fleet._creating(opts, ["web2"]):  # other names are not blocked
             pass
     with fleet._creating(opts, ["web1"]):  # released
         pass
+
+
+def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
+    """Two migrations of one VM (or a migration and an init) never overlap: relocate.migrate takes the
+    runner's per-VM lock before it asks any hypervisor anything (no client needed to be refused)."""
+    opts = {"cachedir": str(tmp_path)}
+    remote = relocate.Remote(opts, cfg=None, client=None)
+    with fleet._creating(opts, ["web1"], what="virt.migrate"):
+        with pytest.raises(
+            SaltInvocationError, match=r"of 'web1' is running on this master: wait for it \(asked: virt.migrate\)"
+        ):
+            relocate.migrate(remote, "web1", "hv2")
+        with pytest.raises(SaltInvocationError, match="another virt.init or virt.migrate of 'web1'"):
+            fleet.create(opts, "web1", {}, None, {})
