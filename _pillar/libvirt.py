@@ -1,46 +1,51 @@
 """
-ext_pillar ``libvirt``: libvirt TLS certificates for hypervisor minions, signed by a CA the master keeps.
+ext_pillar ``libvirt``: libvirt TLS certificates for the hypervisors, signed by a CA the master keeps.
 
-Each matching minion gets, in its own pillar only::
+Each hypervisor (``virt:hypervisors`` in the master config, see ``saltvirt.hypervisors``: minion ids,
+never grains) gets, in its own pillar only::
 
     libvirt:
       cacert: <PEM bundle: current CA + retired CAs still trusted>
-      servercert: <PEM>   serverkey: <PEM>
-      clientcert: <PEM>   clientkey: <PEM>
+      crl: <PEM: the CA's revocation list>        # libvirtd crl_file, QEMU ca-crl.pem
+      servercert: <PEM>   serverkey: <PEM>        # libvirtd's server pair
+      clientcert: <PEM>   clientkey: <PEM>        # libvirtd's client pair (CN "<id> libvirt client")
+      qemu_servercert / qemu_serverkey / qemu_clientcert / qemu_clientkey   # QEMU migration TLS: a
+                                                  # separate pair libvirtd does not accept as a client
+      tls_allowed_dn_list: ["O=salt-virt,CN=* libvirt client"]   # libvirtd: hypervisor clients only
       ca: {subject, not_after, sha256, ...}       # summaries, no secrets
       server: {subject, san_dns, san_ip, not_after, sha256, ...}
       client: {subject, not_after, sha256, ...}
 
-Other minions get nothing. The ``virt.keys`` state writes the files where libvirtd reads them.
+Other minions get nothing. The ``virt.keys`` state writes the files where libvirtd and QEMU read them.
 
-Master config (every key optional)::
+Master config (``virt:hypervisors`` required; every ext_pillar key optional)::
 
     on_demand_ext_pillar: []                 # recommended: Salt's default lists 'libvirt' (see below)
+    virt:
+      hypervisors: [hyper1, hyper2]          # who gets certificates (and who the runner uses)
     ext_pillar:
       - libvirt:
-          target: 'G@virt_hypervisor:True'   # who gets certs (default; see "trust" below)
-          tgt_type: compound                 # any Salt matcher: glob, list, pcre, grain, compound, ...
           ca_dir: /etc/salt/pki/master/libvirt   # default <pki_dir>/libvirt
           days: 825                          # validity of server/client certs
           renew_days: 30                     # reissue when fewer days are left (or SANs/CN/key changed)
           ca_days: 3650                      # validity of a new CA
           key_type: rsa                      # rsa (key_size 2048/3072/4096) or ec (256/384/521)
           key_size: 3072
-          san_from_grains: true              # fqdn, host, ipv4/ipv6 grains and the virt:tls:extra_sans grain
           extra_sans:                        # trusted, master-side extra names per minion id
             hyper1: [hyper1.lan, 10.0.0.11]
+          san_from_grains: false             # opt-in: also the minion's own fqdn/host/ipv4/ipv6 grains
 
-Server SANs: the minion id, plus (``san_from_grains``) its ``fqdn`` and ``host`` grains, its
-``ipv4``/``ipv6`` grains minus loopback/link-local/unspecified addresses and the names in a
-``virt:tls:extra_sans`` grain, plus ``extra_sans``. The server CN is the FQDN; the client CN is
-"<id> libvirt client".
+Server SANs: the minion id plus ``extra_sans`` (master-side data only). With ``san_from_grains: true``
+(an opt-in: the minion reports its grains itself) also its ``fqdn``/``host`` grains, its ``ipv4``/``ipv6``
+grains minus loopback/link-local, and a ``virt:tls:extra_sans`` grain, and the server CN is the
+FQDN grain. A name another minion's certificate already holds is never issued again (left out, logged).
+Certificates are revoked (the CRL) when reissued and when their minion is no longer a hypervisor (its
+key deleted on the master or removed from ``virt:hypervisors``).
 
-Trust: grains are reported by the minion itself, and the pillar handed to an ext_pillar includes
-overrides a minion can pass on the command line (``pillar=``). So ``G@``/``I@`` targets and grain
-SANs are only as trustworthy as the minions; for a hard boundary target by minion id (glob, ``L@``,
-nodegroups) and set ``san_from_grains: false`` with the names in ``extra_sans``. A minion can also
-ask for an ext_pillar with its own configuration (``pillar.ext``, allowed for ``libvirt`` by Salt's
-default ``on_demand_ext_pillar``): this module refuses such calls. See pki/README.md.
+Trust: hypervisor identity comes only from the master config and the keys the master accepted; the
+pillar handed to an ext_pillar and the grains are the minion's own data and decide nothing here. A
+minion can also ask for an ext_pillar with its own configuration (``pillar.ext``, allowed for
+``libvirt`` by Salt's default ``on_demand_ext_pillar``): this module refuses such calls. See pki/README.md.
 """
 
 import ipaddress
@@ -62,10 +67,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{pillar,utils/salt
 
 log = logging.getLogger(__name__)
 __virtualname__ = "libvirt"
-DEFAULT_TARGET = "G@virt_hypervisor:True"
 CONFIG_KEYS = (
-    "target",
-    "tgt_type",
     "ca_dir",
     "days",
     "renew_days",
@@ -102,19 +104,6 @@ def _on_demand():
     return None
 
 
-def _matches(minion_id, pillar, target, tgt_type):
-    import salt.loader
-
-    opts = dict(__opts__, id=minion_id, minion_id=minion_id, pillar=pillar or {})
-    matchers = salt.loader.matchers(opts)
-    fun = f"{tgt_type}_match.match"
-    if fun not in matchers:
-        raise SaltInvocationError(f"libvirt ext_pillar: unknown tgt_type {tgt_type!r}")
-    if tgt_type == "compound":
-        return bool(matchers[fun](target, opts=opts, minion_id=minion_id))
-    return bool(matchers[fun](target, opts=opts))
-
-
 def _host_ip(value):
     try:
         ip = ipaddress.ip_address(str(value).split("%")[0])
@@ -128,7 +117,7 @@ def _host_ip(value):
 def sans_for(minion_id, grains, config):
     """The server certificate's SANs for ``minion_id`` (see the module doc)."""
     names = [minion_id]
-    if config.get("san_from_grains", True):
+    if _san_from_grains(config):
         for key in ("fqdn", "host"):
             value = str(grains.get(key) or "").strip().lower()
             if value and value not in NOT_HOST_NAMES:
@@ -155,8 +144,23 @@ def _as_list(value, what):
     return []
 
 
-def ext_pillar(minion_id, pillar, *args, **config):
-    from saltvirt import pki
+def _san_from_grains(config):
+    return config.get("san_from_grains") is True
+
+
+def _moved(config):
+    """An ext_pillar config from before ``virt:hypervisors``: say where the target went."""
+    if "target" in config or "tgt_type" in config:
+        return (
+            "libvirt ext_pillar: 'target'/'tgt_type' are gone: who is a hypervisor (and gets certificates) is now "
+            "virt:hypervisors in the master config (minion ids, a glob or a nodegroup), e.g. "
+            "virt: {hypervisors: [hyper1, hyper2]}; remove target/tgt_type from the ext_pillar entry"
+        )
+    return None
+
+
+def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
+    from saltvirt import crl, hypervisors, pki
 
     on_demand = _on_demand()
     if on_demand or (on_demand is None and "libvirt" in (__opts__.get("on_demand_ext_pillar") or [])):
@@ -169,34 +173,58 @@ def ext_pillar(minion_id, pillar, *args, **config):
         return {}
     if args:
         raise SaltInvocationError("libvirt ext_pillar: configure it with a mapping (see pki/README.md)")
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    unknown = sorted(set(config) - set(CONFIG_KEYS) - {"target", "tgt_type"})
     if unknown:
         log.warning("libvirt ext_pillar: ignoring unknown option(s) %s", ", ".join(unknown))
-    if not _matches(minion_id, pillar, config.get("target", DEFAULT_TARGET), config.get("tgt_type", "compound")):
-        return {}
+    # the master's own data only: __opts__ without the minion's grains, never the pillar passed in
+    opts = {k: v for k, v in __opts__.items() if k not in ("grains", "pillar")}
+    try:
+        problem = _moved(config)
+        if problem:
+            raise SaltInvocationError(problem)
+        hypervisors.target(opts)
+    except SaltInvocationError as exc:
+        # every minion sees why (virt.keys fails with it); no key material for anyone
+        log.error("libvirt ext_pillar: %s", exc)
+        return {"libvirt": {"error": f"libvirt ext_pillar: {exc}"}}
     grains = __opts__.get("grains") or {}
     ca_dir = config.get("ca_dir") or os.path.join(__opts__["pki_dir"], "libvirt")
+    try:
+        accepted = set(hypervisors.accepted(opts)) | {minion_id}  # compiling for it: it is authenticated
+        swept = crl.sweep(ca_dir, lambda mid: mid in accepted and hypervisors.matches(opts, mid))
+    except Exception as exc:  # noqa: BLE001 - a broken sweep must not hand out anything, nor hide
+        log.error("libvirt ext_pillar: revoking the certificates of former hypervisors failed: %s", exc)
+        raise
+    for mid, serials in swept.items():
+        log.warning("libvirt ext_pillar: %s is no longer a hypervisor: revoked %d certificate(s)", mid, len(serials))
+    if not hypervisors.matches(opts, minion_id, grains=grains, pillar=pillar):
+        return {}
     params = pki.settings(**{k: config.get(k) for k in ("days", "renew_days", "ca_days", "key_type", "key_size")})
     sans = sans_for(minion_id, grains, config)
-    fqdn = str(grains.get("fqdn") or "").lower() if config.get("san_from_grains", True) else ""
+    fqdn = str(grains.get("fqdn") or "").lower() if _san_from_grains(config) else ""
     cn = fqdn if fqdn and fqdn not in NOT_HOST_NAMES else minion_id
-    server = pki.issue(ca_dir, minion_id, "server", sans, cn=cn, **params)
-    client = pki.issue(ca_dir, minion_id, "client", **params)
-    for kind, ret in (("server", server), ("client", client)):
+    issued = {
+        "server": pki.issue(ca_dir, minion_id, "server", sans, cn=cn, **params),
+        "client": pki.issue(ca_dir, minion_id, "client", **params),
+        "qemu-server": pki.issue(ca_dir, minion_id, "qemu-server", sans, **params),
+        "qemu-client": pki.issue(ca_dir, minion_id, "qemu-client", **params),
+    }
+    for kind, ret in issued.items():
         if ret["issued"]:
             log.info("libvirt ext_pillar: issued the %s certificate of %s (%s)", kind, minion_id, ret["reason"])
-    if server["warning"]:
-        log.warning("libvirt ext_pillar: %s (%s)", server["warning"], ca_dir)
+        if ret["warning"]:
+            log.warning("libvirt ext_pillar: %s: %s (%s)", minion_id, ret["warning"], ca_dir)
     bundle = pki.trusted_bundle(ca_dir)
-    return {
-        "libvirt": {
-            "cacert": bundle,
-            "servercert": server["cert"],
-            "serverkey": server["key"],
-            "clientcert": client["cert"],
-            "clientkey": client["key"],
-            "ca": pki.summary(bundle),
-            "server": pki.summary(server["cert"]),
-            "client": pki.summary(client["cert"]),
-        }
+    out = {
+        "cacert": bundle,
+        "crl": crl.crl_pem(ca_dir),
+        "tls_allowed_dn_list": [pki.CLIENT_DN_PATTERN],
+        "ca": pki.summary(bundle),
     }
+    for kind, ret in issued.items():
+        prefix = "qemu_" if kind.startswith("qemu-") else ""
+        base = kind.split("-")[-1]
+        out[f"{prefix}{base}cert"], out[f"{prefix}{base}key"] = ret["cert"], ret["key"]
+        if not prefix:
+            out[base] = pki.summary(ret["cert"])
+    return {"libvirt": out}

@@ -26,7 +26,7 @@ def __virtual__():
     return __virtualname__
 
 
-def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign=False, **kwargs):  # pylint: disable=unused-argument
+def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign=False, libvirtd_conf=None, **kwargs):  # pylint: disable=unused-argument
     """
     Write the libvirt TLS CA, server and client certificates and keys from this minion's ``libvirt``
     pillar (the ``libvirt`` ext_pillar) where libvirtd reads them:
@@ -42,6 +42,13 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
     replace_foreign
         A file that exists with other content and was not written by this state is never overwritten
         (the state fails and names it) unless this is True; it is then kept as ``<file>.salt-virt-orig``.
+    libvirtd_conf
+        libvirtd's config file, where ``crl_file`` (``<basepath>/CA/cacrl.pem``, the CA's revocation list)
+        and ``tls_allowed_dn_list`` (hypervisor client certificates only: not QEMU's, not a tenant's) are
+        set. Default: ``/etc/libvirt/libvirtd.conf`` when ``basepath`` is ``/etc/pki``; ``False``: leave it.
+
+    The CRL is also written as ``<basepath>/CA/cacrl.pem`` (and ``qemu/ca-crl.pem``); QEMU's directory
+    gets its own key pair, which libvirtd does not accept as a client.
 
     Changes name the files ("created", "updated", "key written", "key replaced", "mode ..."), never key
     material; ``test=True`` reports exactly those changes and writes nothing. Watch it to restart libvirtd.
@@ -58,7 +65,14 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
     if not data:  # a host that just became a hypervisor in this very run: ask the master afresh
         data = __salt__["pillar.items"](unmask=True).get("libvirt")
     return keyfiles.keys_state(
-        name, data, basepath, qemu=qemu, test=__opts__["test"], qemu_group=qemu_group, replace_foreign=replace_foreign
+        name,
+        data,
+        basepath,
+        qemu=qemu,
+        test=__opts__["test"],
+        qemu_group=qemu_group,
+        replace_foreign=replace_foreign,
+        libvirtd_conf=libvirtd_conf,
     )
 
 

@@ -5,18 +5,26 @@ Only files that differ are written, atomically and with their final mode from th
 exists, differs, and was not written by ``virt.keys`` (its checksum is not in the manifest
 ``libvirt/private/.salt-virt-keys.json``) is never overwritten: the state fails and names it, unless
 ``replace_foreign=True``, which keeps it as ``<file>.salt-virt-orig``.
+
+The CRL goes to ``CA/cacrl.pem`` (libvirtd's default ``crl_file``) and ``qemu/ca-crl.pem``. QEMU's
+directory gets its own key pair (``qemu_*`` in the pillar, CN "<id> qemu migration ..."): a QEMU
+process that is taken over holds a certificate libvirtd does not accept as a client. With a libvirtd
+config file (``libvirtd_conf``), ``crl_file`` and ``tls_allowed_dn_list`` (hypervisor client
+certificates only) are set in it (:func:`conf_plan`).
 """
 
 import grp
 import hashlib
 import json
 import os
+import re
 
 from saltvirt.fsutil import atomic_write
 
 # pillar key -> (path below basepath, mode)
 LIBVIRT_FILES = {
     "cacert": ("CA/cacert.pem", 0o644),
+    "crl": ("CA/cacrl.pem", 0o644),
     "servercert": ("libvirt/servercert.pem", 0o644),
     "serverkey": ("libvirt/private/serverkey.pem", 0o600),
     "clientcert": ("libvirt/clientcert.pem", 0o644),
@@ -26,12 +34,14 @@ LIBVIRT_FILES = {
 # unprivileged user and reads these itself, so keys there are 0640 root:<qemu group>.
 QEMU_FILES = {
     "cacert": ("qemu/ca-cert.pem", 0o644),
-    "servercert": ("qemu/server-cert.pem", 0o644),
-    "serverkey": ("qemu/server-key.pem", 0o640),
-    "clientcert": ("qemu/client-cert.pem", 0o644),
-    "clientkey": ("qemu/client-key.pem", 0o640),
+    "crl": ("qemu/ca-crl.pem", 0o644),
+    "qemu_servercert": ("qemu/server-cert.pem", 0o644),
+    "qemu_serverkey": ("qemu/server-key.pem", 0o640),
+    "qemu_clientcert": ("qemu/client-cert.pem", 0o644),
+    "qemu_clientkey": ("qemu/client-key.pem", 0o640),
 }
-SECRET = ("serverkey", "clientkey")
+SECRET = ("serverkey", "clientkey", "qemu_serverkey", "qemu_clientkey")
+DEFAULT_LIBVIRTD_CONF = "/etc/libvirt/libvirtd.conf"
 # directory -> mode for a new directory; ``enforce``: an existing one is tightened to it too
 DIRS = {"CA": (0o755, False), "libvirt": (0o755, False), "libvirt/private": (0o700, True), "qemu": (0o750, True)}
 QEMU_GROUPS = ("libvirt-qemu", "qemu")  # Debian/Ubuntu, Fedora/RHEL
@@ -191,18 +201,66 @@ def apply(todo):
         )
 
 
-def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, replace_foreign=False):
+def conf_settings(basepath, data):
+    """libvirtd.conf keys ``virt.keys`` maintains: the CRL and the client DN allow list."""
+    dns = data.get("tls_allowed_dn_list") or []
+    return {
+        "crl_file": json.dumps(os.path.join(basepath, LIBVIRT_FILES["crl"][0])),
+        "tls_allowed_dn_list": "[" + ", ".join(json.dumps(str(d)) for d in dns) + "]",
+    }
+
+
+def conf_plan(path, wanted):
+    """(new text or None when unchanged, {key: change}) for setting ``wanted`` keys in libvirtd.conf:
+    an existing (or commented-out) ``key = ...`` line is replaced, a missing key appended."""
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    changes, done = {}, set()
+    for i, line in enumerate(lines):
+        match = re.match(r"^\s*(#\s*)?([a-z_]+)\s*=\s*(.*)$", line)
+        if not match or match.group(2) not in wanted or match.group(2) in done:
+            continue
+        key = match.group(2)
+        value = wanted[key]
+        if match.group(1) and any(re.match(rf"^\s*{key}\s*=", other) for other in lines):
+            continue  # commented example while a live setting exists further on
+        done.add(key)
+        if match.group(1) or match.group(3).strip() != value:
+            changes[key] = f"{path}: {key} = {value}"
+            lines[i] = f"{key} = {value}"
+    for key, value in wanted.items():
+        if key not in done:
+            changes[key] = f"{path}: {key} = {value} (added)"
+            lines.append(f"{key} = {value}")
+    return ("\n".join(lines) + "\n") if changes else None, changes
+
+
+def _libvirtd_conf(libvirtd_conf, basepath):
+    if libvirtd_conf is False:
+        return None
+    if libvirtd_conf is None:  # only for the system's own layout: never edit the host's file for another basepath
+        default = basepath.rstrip("/") == "/etc/pki" and os.path.exists(DEFAULT_LIBVIRTD_CONF)
+        return DEFAULT_LIBVIRTD_CONF if default else None
+    return str(libvirtd_conf)
+
+
+def keys_state(
+    name, data, basepath, qemu=False, test=False, qemu_group=None, replace_foreign=False, libvirtd_conf=None
+):
     """The whole ``virt.keys`` state as plain Python (the state module only passes pillar and opts)."""
     ret = {"name": name, "result": True, "changes": {}, "comment": ""}
     if not data:
         ret["result"] = False
         ret["comment"] = (
-            "no 'libvirt' pillar for this minion: is it matched by the libvirt ext_pillar's target "
-            "(default G@virt_hypervisor:True) and is the ext_pillar configured on the master? After "
-            "changing grains or the target run saltutil.refresh_pillar"
+            "no 'libvirt' pillar for this minion: is its minion id in virt:hypervisors in the master config "
+            "and is the libvirt ext_pillar configured there? After changing either, run saltutil.refresh_pillar"
         )
         return ret
-    missing = [k for k in LIBVIRT_FILES if not data.get(k)]
+    if data.get("error"):
+        ret["result"] = False
+        ret["comment"] = str(data["error"])
+        return ret
+    missing = [k for k in list(LIBVIRT_FILES) + (list(QEMU_FILES) if qemu else []) if not data.get(k)]
     if missing:
         ret["result"] = False
         ret["comment"] = (
@@ -228,8 +286,19 @@ def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, re
             f"Move them away, or set replace_foreign: True (keeps them as *{ORIG_SUFFIX})"
         )
         return ret
+    conf = _libvirtd_conf(libvirtd_conf, basepath)
+    conf_text = None
+    if conf:
+        try:
+            conf_text, conf_changes = conf_plan(conf, conf_settings(basepath, data))
+        except OSError as exc:
+            ret["result"] = False
+            ret["comment"] = f"cannot read libvirtd config {conf}: {exc.strerror} (set libvirtd_conf, or False)"
+            return ret
     ret["changes"] = {d["path"]: d["what"] for d in todo["dirs"] if d["what"]}
     ret["changes"].update({f["path"]: f["what"] for f in todo["files"]})
+    if conf_text is not None:
+        ret["changes"][conf] = "; ".join(conf_changes.values())
     if not ret["changes"]:
         if not test and todo["manifest"] != todo["old_manifest"]:
             apply(todo)  # records files that already had the right content as ours; nothing else changes
@@ -239,6 +308,8 @@ def keys_state(name, data, basepath, qemu=False, test=False, qemu_group=None, re
         ret["comment"] = f"{len(ret['changes'])} change(s) would be made in {basepath}"
     else:
         apply(todo)
+        if conf_text is not None:
+            atomic_write(conf, conf_text.encode(), os.stat(conf).st_mode & 0o777)
         ret["comment"] = (
             f"{len(ret['changes'])} change(s) made in {basepath}; restart libvirtd (watch this state) to use them"
         )

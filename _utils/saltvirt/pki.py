@@ -36,7 +36,9 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.fsutil import atomic_write
 
-KINDS = ("server", "client")
+KINDS = ("server", "client", "qemu-server", "qemu-client")
+SERVER_KINDS = ("server", "qemu-server")
+CLIENT_DN_PATTERN = "O=salt-virt,CN=* libvirt client"  # libvirtd tls_allowed_dn_list: hypervisor client certs only
 KEY_TYPES = ("rsa", "ec")
 RSA_SIZES = (2048, 3072, 4096)
 EC_CURVES = {256: ec.SECP256R1, 384: ec.SECP384R1, 521: ec.SECP521R1}
@@ -320,8 +322,14 @@ def common_name(cert):
 
 
 def default_cn(minion_id, kind, cn=None):
-    """Server: the host's FQDN (or id); client: "<id> libvirt client" — never equal to a server CN."""
-    return (cn or minion_id) if kind == "server" else f"{minion_id} libvirt client"
+    """Server: the host's FQDN (or id); client: "<id> libvirt client" (what libvirtd's
+    ``tls_allowed_dn_list`` admits, :data:`CLIENT_DN_PATTERN`); QEMU's migration pair: "<id> qemu
+    migration server|client", which libvirtd's allow list does not admit."""
+    if kind == "server":
+        return cn or minion_id
+    if kind == "client":
+        return f"{minion_id} libvirt client"
+    return f"{minion_id} qemu migration {kind.split('-')[1]}"
 
 
 # leaf certificates -----------------------------------------------------------------------------
@@ -349,7 +357,7 @@ def needs_renewal(cert, ca_cert, sans=None, renew_days=DEFAULTS["renew_days"], k
         return True, f"expires in {max(left.days, 0)} days (renewal window {renew_days} days)"
     if cn is not None and common_name(cert) != cn:
         return True, f"CN changed ({common_name(cert)} -> {cn})"
-    if sans is not None and kind == "server" and cert_sans(cert) != split_sans(sans):
+    if sans is not None and kind in SERVER_KINDS and cert_sans(cert) != split_sans(sans):
         return True, "SAN set changed"
     if key is not None and key_params(cert.public_key()) != tuple(key):
         have = " ".join(str(p) for p in key_params(cert.public_key()))
@@ -388,14 +396,14 @@ def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
         )
         .add_extension(
             x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if kind == "server" else ExtendedKeyUsageOID.CLIENT_AUTH]
+                [ExtendedKeyUsageOID.SERVER_AUTH if kind in SERVER_KINDS else ExtendedKeyUsageOID.CLIENT_AUTH]
             ),
             critical=False,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
-    if kind == "server":
+    if kind in SERVER_KINDS:
         dns, ips = split_sans(sans)
         names = [x509.DNSName(d) for d in sorted(dns)] + [x509.IPAddress(i) for i in sorted(ips, key=str)]
         if not names:
@@ -429,7 +437,18 @@ def issue(
     ca_cert, ca_key = ensure_ca(
         ca_dir, days=params["ca_days"], key_type=params["key_type"], key_size=params["key_size"]
     )
-    sans = sorted({str(s) for s in (sans or [minion_id])}) if kind == "server" else []
+    server = kind in SERVER_KINDS
+    sans = sorted({str(s) for s in (sans or [minion_id])}) if server else []
+    taken = []
+    if server:  # a name another minion's certificate holds is never handed out again
+        held = claimed_elsewhere(ca_dir, minion_id)
+        taken = [s for s in sans if _norm(s) in held]
+        sans = [s for s in sans if _norm(s) not in held] or [minion_id]
+        if _norm(minion_id) in held:
+            raise CommandExecutionError(
+                f"libvirt pki: the name {minion_id} is held by the certificate of {held[_norm(minion_id)]}: "
+                "remove it from that minion's extra_sans"
+            )
     cn = default_cn(minion_id, kind, cn)
     wanted_key = (params["key_type"], params["key_size"])
     minions = os.path.join(ca_dir, "minions")
@@ -438,15 +457,15 @@ def issue(
     cert_path, key_path = os.path.join(directory, f"{kind}cert.pem"), os.path.join(directory, f"{kind}key.pem")
     with _locked(directory):
         reason = "forced" if force else "new"
-        cert = None
-        if not force and os.path.exists(cert_path):
+        cert = old_cert = None
+        if os.path.exists(cert_path):
             try:
                 cert = x509.load_pem_x509_certificate(_read(cert_path))
             except ValueError:
                 reason = "stored certificate unreadable"
-        if cert is not None:
+        if cert is not None and not force:
             renew, reason = needs_renewal(
-                cert, ca_cert, sans if kind == "server" else None, params["renew_days"], kind, cn, wanted_key
+                cert, ca_cert, sans if server else None, params["renew_days"], kind, cn, wanted_key
             )
             if not renew:
                 try:
@@ -465,18 +484,53 @@ def issue(
                     "key": key_pem.decode(),
                     "issued": False,
                     "reason": "valid",
-                    "warning": ca_warning(ca_cert, params["renew_days"]),
+                    "warning": _warnings(ca_cert, params["renew_days"], taken),
                 }
+        old_cert = cert
         cert, key = _leaf(ca_cert, ca_key, cn, kind, sans, params["days"], params["key_type"], params["key_size"])
         _write(key_path, _key_pem(key), 0o600)
         _write(cert_path, _cert_pem(cert), 0o644)
+    if old_cert is not None:  # the replaced certificate must stop working (the CRL in the pillar)
+        from saltvirt import crl  # noqa: PLC0415 - crl imports pki
+
+        crl.revoke(ca_dir, [old_cert], f"{minion_id} {kind}: reissued ({reason})")
     return {
         "cert": _cert_pem(cert).decode(),
         "key": _key_pem(key).decode(),
         "issued": True,
         "reason": reason,
-        "warning": ca_warning(ca_cert, params["renew_days"]),
+        "warning": _warnings(ca_cert, params["renew_days"], taken),
     }
+
+
+def _warnings(ca_cert, renew_days, taken):
+    out = [ca_warning(ca_cert, renew_days)]
+    if taken:
+        out.append(f"left out SAN(s) {', '.join(taken)}: another minion's certificate holds them")
+    return "; ".join(w for w in out if w)
+
+
+def _norm(name):
+    dns, ips = split_sans([name])
+    return str(next(iter(ips))) if ips else next(iter(dns), "")
+
+
+def claimed_elsewhere(ca_dir, minion_id):
+    """{name: minion id} for every SAN a server certificate of another minion below ``ca_dir`` holds."""
+    held = {}
+    minions = os.path.join(ca_dir, "minions")
+    for other in sorted(os.listdir(minions)) if os.path.isdir(minions) else ():
+        if other == minion_id:
+            continue
+        for kind in SERVER_KINDS:
+            try:
+                cert = x509.load_pem_x509_certificate(_read(os.path.join(minions, other, f"{kind}cert.pem")))
+            except (OSError, ValueError):
+                continue
+            dns, ips = cert_sans(cert)
+            held.update({n: other for n in dns})
+            held.update({str(i): other for i in ips})
+    return held
 
 
 def summary(pem):

@@ -96,7 +96,7 @@ def test_a_minion_cannot_get_certs_with_its_own_ext_pillar_config(salt_cli, hype
 def test_keys_state_writes_files_with_safe_modes(salt_cli, hyper1, keys_dir):
     refresh(salt_cli, "hyper1")
     preview = only(salt_cli.run(*STATE, f"basepath={keys_dir}", "test=True", minion_tgt="hyper1"))
-    assert preview["result"] is None and len(preview["changes"]) == 5
+    assert preview["result"] is None and len(preview["changes"]) == 6
     assert preview["changes"][os.path.join(keys_dir, "libvirt", "private", "serverkey.pem")] == "key written"
     assert not os.path.exists(os.path.join(keys_dir, "CA"))  # test=True wrote nothing
     applied = salt_cli.run(*STATE, f"basepath={keys_dir}", minion_tgt="hyper1")
@@ -160,18 +160,30 @@ def _rogue_client(tmp_path, ca_dir):
 
 
 def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_cn_and_wrong_host(
-    applied_keys, salt_master, tmp_path, lab_dir
+    applied_keys, salt_master, salt_cli, tmp_path, lab_dir
 ):
     keys_dir = applied_keys
-    fab = lab.Fabric(lab.new_tag()).start()
-    # the tls_allowed_dn_list pki/README.md recommends: only salt-virt client CNs
-    hv = lab.Hypervisor(
-        os.path.join(lab_dir, "tls"),
-        1,
-        fab,
-        tls_dir=keys_dir,
-        extra_libvirtd_conf='tls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]',
+    ca_dir = os.path.join(salt_master.config["pki_dir"], "libvirt")
+    # hyper1's client certificate is reissued (forced): the old one is revoked, and the CRL in the
+    # pillar that virt.keys writes lists it
+    old_client = str(tmp_path / "old-client.pem"), str(tmp_path / "old-client.key")
+    shutil.copyfile(os.path.join(keys_dir, "libvirt", "clientcert.pem"), old_client[0])
+    shutil.copyfile(os.path.join(keys_dir, "libvirt", "private", "clientkey.pem"), old_client[1])
+    pki.issue(ca_dir, "hyper1", "client", key_size=2048, force=True)
+    refresh(salt_cli, "hyper1")
+    # virt.keys sets crl_file and tls_allowed_dn_list in the libvirtd config it is given: that config
+    # is what the real libvirtd below runs with
+    conf = tmp_path / "libvirtd.conf"
+    conf.write_text('#crl_file = "/etc/pki/CA/cacrl.pem"\n')
+    state = only(
+        salt_cli.run(*STATE, f"basepath={keys_dir}", "qemu=True", f"libvirtd_conf={conf}", minion_tgt="hyper1")
     )
+    assert state["result"] is True and str(conf) in state["changes"], state
+    written = conf.read_text()
+    assert f'crl_file = "{keys_dir}/CA/cacrl.pem"' in written
+    assert 'tls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]' in written
+    fab = lab.Fabric(lab.new_tag()).start()
+    hv = lab.Hypervisor(os.path.join(lab_dir, "tls"), 1, fab, tls_dir=keys_dir, extra_libvirtd_conf=written)
     try:
         hv.start()
         ca = os.path.join(keys_dir, "CA", "cacert.pem")
@@ -224,10 +236,22 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
         log = server_log()
         assert "Failed to verify peer's certificate" in log and "known issuer" in log, log
         # our CA, but not a salt-virt client CN: refused by tls_allowed_dn_list
-        rogue_cert, rogue_key = _rogue_client(tmp_path, os.path.join(salt_master.config["pki_dir"], "libvirt"))
+        rogue_cert, rogue_key = _rogue_client(tmp_path, ca_dir)
         rogue = virsh("10.252.0.11", _client_dir(str(tmp_path / "rogue"), ca, str(rogue_cert), str(rogue_key)))
         assert rogue.returncode != 0, rogue.stdout
         assert "tls_allowed_dn_list" in server_log(), "refused for another reason"
+        # QEMU's migration key pair (virt.keys qemu=True), signed by the same CA: not a libvirtd client
+        qdir = os.path.join(keys_dir, "qemu")
+        qemu = virsh(
+            "10.252.0.11",
+            _client_dir(str(tmp_path / "qemu"), ca, f"{qdir}/client-cert.pem", f"{qdir}/client-key.pem"),
+        )
+        assert qemu.returncode != 0, qemu.stdout
+        assert "tls_allowed_dn_list" in server_log(), "QEMU's certificate refused for another reason"
+        # hyper1's previous (revoked) client certificate: refused by the CRL
+        revoked = virsh("10.252.0.11", _client_dir(str(tmp_path / "revoked"), ca, *old_client))
+        assert revoked.returncode != 0, revoked.stdout
+        assert "revoked" in server_log().lower(), "the revoked certificate was refused for another reason"
         # the client checks the server's SANs: an address the certificate does not name is refused
         wrong_name = hv.ns_run(["virsh", "-c", f"qemu+tls://127.0.0.1/system?pkipath={ours}", "hostname"], check=False)
         assert wrong_name.returncode != 0 and "hostname" in wrong_name.stderr.lower(), wrong_name.stderr

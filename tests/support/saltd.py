@@ -11,6 +11,8 @@ def master_config(state_tree, **extra):
         "open_mode": False,
         "auto_accept": True,
         "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
+        # who the hypervisors are: minion ids in the master config (never grains, see README "Trust model")
+        "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob"}},
     }
     if (ROOT / "_pillar" / "libvirt.py").exists():
         # 2048-bit keys keep the tests quick; hyper1 manages hv1 (10.252.0.11 in its fabric)

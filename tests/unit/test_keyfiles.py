@@ -4,7 +4,7 @@ test=True preview, never overwriting what it did not write)."""
 import grp
 import os
 
-from saltvirt import keyfiles, pki
+from saltvirt import crl, keyfiles, pki
 from tests.support.pkitools import K, mode
 
 
@@ -12,19 +12,27 @@ def _pillar(tmp_path, ca="ca"):
     ca = str(tmp_path / ca)
     server = pki.issue(ca, "h", "server", ["h"], **K)
     client = pki.issue(ca, "h", "client", **K)
+    qserver = pki.issue(ca, "h", "qemu-server", ["h"], **K)
+    qclient = pki.issue(ca, "h", "qemu-client", **K)
     return {
         "cacert": pki.trusted_bundle(ca),
+        "crl": crl.crl_pem(ca),
         "servercert": server["cert"],
         "serverkey": server["key"],
         "clientcert": client["cert"],
         "clientkey": client["key"],
+        "qemu_servercert": qserver["cert"],
+        "qemu_serverkey": qserver["key"],
+        "qemu_clientcert": qclient["cert"],
+        "qemu_clientkey": qclient["key"],
+        "tls_allowed_dn_list": [pki.CLIENT_DN_PATTERN],
     }
 
 
 def test_keys_state_writes_modes_is_idempotent_and_previews(tmp_path):
     data, base = _pillar(tmp_path), tmp_path / "pki"
     preview = keyfiles.keys_state("k", data, str(base), test=True)
-    assert preview["result"] is None and len(preview["changes"]) == 5 and not base.exists()
+    assert preview["result"] is None and len(preview["changes"]) == 6 and not base.exists()
     assert preview["changes"][str(base / "libvirt/private/serverkey.pem")] == "key written"
     done = keyfiles.keys_state("k", data, str(base))
     assert done["result"] is True and done["changes"] == preview["changes"]
@@ -90,7 +98,7 @@ def test_keys_state_qemu_dir_is_readable_by_the_qemu_group(tmp_path):
     gid = grp.getgrnam("libvirt-qemu").gr_gid  # libvirt-daemon on Debian creates it
     data, base = _pillar(tmp_path), tmp_path / "pki"
     ret = keyfiles.keys_state("k", data, str(base), qemu=True)
-    assert ret["result"] is True and len(ret["changes"]) == 10
+    assert ret["result"] is True and len(ret["changes"]) == 12
     qemu = base / "qemu"
     assert mode(qemu) == 0o750 and os.stat(qemu).st_gid == gid
     for name in ("server-key.pem", "client-key.pem"):
@@ -103,4 +111,21 @@ def test_keys_state_without_pillar_says_why():
     ret = keyfiles.keys_state("k", None, "/nonexistent")
     assert ret["result"] is False and "no 'libvirt' pillar" in ret["comment"]
     ret = keyfiles.keys_state("k", {"cacert": "x"}, "/nonexistent")
-    assert ret["result"] is False and "lacks servercert" in ret["comment"]
+    assert ret["result"] is False and "lacks crl, servercert" in ret["comment"]
+
+
+def test_libvirtd_conf_lines(tmp_path):
+    conf = tmp_path / "libvirtd.conf"
+    conf.write_text('listen_tls = 1\n#crl_file = "/etc/pki/CA/cacrl.pem"\n#tls_allowed_dn_list = ["DN1"]\n')
+    wanted = keyfiles.conf_settings("/etc/pki", {"tls_allowed_dn_list": ["O=salt-virt,CN=* libvirt client"]})
+    text, changes = keyfiles.conf_plan(str(conf), wanted)
+    dn = 'tls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]\n'
+    assert text == 'listen_tls = 1\ncrl_file = "/etc/pki/CA/cacrl.pem"\n' + dn
+    assert set(changes) == {"crl_file", "tls_allowed_dn_list"}
+    conf.write_text(text)
+    assert keyfiles.conf_plan(str(conf), wanted) == (None, {})
+    conf.write_text("listen_tls = 1\n")
+    text, changes = keyfiles.conf_plan(str(conf), wanted)
+    assert text.endswith(
+        'crl_file = "/etc/pki/CA/cacrl.pem"\ntls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]\n'
+    )

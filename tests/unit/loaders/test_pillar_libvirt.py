@@ -1,8 +1,10 @@
 """_pillar/libvirt.py: the ``libvirt`` ext_pillar, compiled by salt.pillar.Pillar in-process (no daemons)."""
 
+import os
+
 import pytest
 
-from saltvirt import pki
+from saltvirt import crl, pki
 from tests.support.paths import ROOT
 from tests.support.pkitools import mode
 
@@ -20,7 +22,7 @@ def compile_pillar(tmp_path):
     import salt.config
     import salt.pillar
 
-    def compile_(minion_id, grains, ext_pillar_conf=None, ext=None):
+    def compile_(minion_id, grains, ext_pillar_conf=None, ext=None, virt=None, accepted=("hv1", "hv2")):
         opts = salt.config.master_config(None)
         opts.update(
             {
@@ -31,42 +33,87 @@ def compile_pillar(tmp_path):
                 "pillar_dirs": [str(ROOT / "_pillar")],
                 "extension_modules": str(tmp_path / "ext"),
                 "ext_pillar": [{"libvirt": dict({"key_size": 2048}, **(ext_pillar_conf or {}))}],
+                "virt": {"hypervisors": ["hv1", "hv2"]} if virt is None else virt,
             }
         )
+        keys = tmp_path / "pki" / "minions"  # the master's accepted keys (what the sweep checks)
+        keys.mkdir(parents=True, exist_ok=True)
+        for gone in set(os.listdir(keys)) - set(accepted):
+            (keys / gone).unlink()
+        for mid in accepted:
+            (keys / mid).write_text(pki_pub())
         return salt.pillar.Pillar(opts, grains, minion_id, "base", ext=ext).compile_pillar()
 
     return compile_
 
 
-def test_ext_pillar_gives_hypervisors_sans_from_grains_and_config(compile_pillar, tmp_path):
-    grains = dict(GRAINS, virt={"tls": {"extra_sans": ["hv1.lab"]}})
-    out = compile_pillar("hv1", grains, {"extra_sans": {"hv1": ["10.9.9.9"], "hv2": ["nope"]}})["libvirt"]
-    assert out["server"]["san_dns"] == ["hv1", "hv1.example.com", "hv1.lab"]
-    assert out["server"]["san_ip"] == ["10.0.0.5", "10.9.9.9", "fd00::5"]  # no loopback / link-local
-    assert out["server"]["subject"] == "CN=hv1.example.com,O=salt-virt"
+def pki_pub():
+    from saltvirt import envelope
+
+    return envelope.new_keypair()[0]
+
+
+def test_ext_pillar_sans_from_master_side_data_only_by_default(compile_pillar, tmp_path):
+    grains = dict(GRAINS, virt={"tls": {"extra_sans": ["hv2.lab"]}}, fqdn="hv2.example.com")
+    out = compile_pillar("hv1", grains, {"extra_sans": {"hv1": ["10.9.9.9", "hv1.lan"], "hv2": ["nope"]}})["libvirt"]
+    assert out["server"]["san_dns"] == ["hv1", "hv1.lan"] and out["server"]["san_ip"] == ["10.9.9.9"]
+    assert out["server"]["subject"] == "CN=hv1,O=salt-virt"  # not the fqdn grain
     assert out["client"]["subject"] == "CN=hv1 libvirt client,O=salt-virt"
     assert out["ca"]["subject"] == "CN=salt-virt libvirt CA,O=salt-virt"
+    assert out["tls_allowed_dn_list"] == ["O=salt-virt,CN=* libvirt client"]
     assert pki.load_cert(out["cacert"]).subject == pki.load_cert(out["servercert"]).issuer
+    qemu = pki.load_cert(out["qemu_clientcert"])
+    assert qemu.subject.rfc4514_string() == "CN=hv1 qemu migration client,O=salt-virt"
+    assert out["qemu_clientkey"] != out["clientkey"] and out["qemu_serverkey"] != out["serverkey"]
+    assert "BEGIN X509 CRL" in out["crl"]
     assert mode(tmp_path / "pki" / "libvirt" / "cakey.pem") == 0o600
     assert mode(tmp_path / "pki" / "libvirt" / "minions" / "hv1" / "serverkey.pem") == 0o600
-    trusted = compile_pillar(
-        "hv1", dict(grains, fqdn="evil.example.com"), {"san_from_grains": False, "extra_sans": {"hv1": ["hv1.lan"]}}
-    )
-    assert (
-        trusted["libvirt"]["server"]["san_dns"] == ["hv1", "hv1.lan"] and trusted["libvirt"]["server"]["san_ip"] == []
-    )
-    assert trusted["libvirt"]["server"]["subject"] == "CN=hv1,O=salt-virt"
+    # the grains, only with the explicit opt-in
+    opted = compile_pillar("hv1", dict(GRAINS, virt={"tls": {"extra_sans": ["hv1.lab"]}}), {"san_from_grains": True})
+    assert opted["libvirt"]["server"]["san_dns"] == ["hv1", "hv1.example.com", "hv1.lab"]
+    assert opted["libvirt"]["server"]["san_ip"] == ["10.0.0.5", "fd00::5"]  # no loopback / link-local
+    assert opted["libvirt"]["server"]["subject"] == "CN=hv1.example.com,O=salt-virt"
 
 
-def test_ext_pillar_only_for_the_target(compile_pillar):
-    assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False))
-    assert "libvirt" not in compile_pillar("web1", {k: v for k, v in GRAINS.items() if k != "virt_hypervisor"})
-    conf = {"target": "hv* and G@virt_hypervisor:True"}
-    assert "libvirt" in compile_pillar("hv1", GRAINS, conf)
-    assert "libvirt" not in compile_pillar("web1", GRAINS, conf)
-    assert "libvirt" in compile_pillar("hv2", {}, {"target": "hv1,hv2", "tgt_type": "list"})
-    broken = compile_pillar("hv1", GRAINS, {"tgt_type": "nosuch"})
-    assert "libvirt" not in broken and "unknown tgt_type" in str(broken["_errors"])
+def test_ext_pillar_refuses_a_san_another_minions_certificate_holds(compile_pillar):
+    conf = {"extra_sans": {"hv1": ["shared.lan", "hv1.lan"], "hv2": ["shared.lan", "hv1", "hv2.lan"]}}
+    first = compile_pillar("hv1", {}, conf)["libvirt"]["server"]
+    second = compile_pillar("hv2", {}, conf)["libvirt"]["server"]
+    assert first["san_dns"] == ["hv1", "hv1.lan", "shared.lan"]
+    assert second["san_dns"] == ["hv2", "hv2.lan"]  # neither hv1's id nor the name hv1 already holds
+
+
+def test_ext_pillar_only_for_configured_hypervisors(compile_pillar):
+    assert "libvirt" not in compile_pillar("web1", GRAINS)  # the virt_hypervisor grain decides nothing
+    assert "libvirt" in compile_pillar("hv2", {})
+    assert "libvirt" in compile_pillar("hv1", {}, virt={"hypervisors": "hv*"})
+    assert "libvirt" not in compile_pillar("web1", GRAINS, virt={"hypervisors": {"tgt": "hv1,hv2"}})
+    refused = compile_pillar("hv1", GRAINS, virt={"hypervisors": {"tgt": "G@virt_hypervisor:True"}})
+    assert "servercert" not in refused["libvirt"] and "virt_hypervisors_trust" not in refused["libvirt"]["error"]
+    assert "hypervisors_trust_minion_data" in refused["libvirt"]["error"]
+    opted = {"hypervisors": {"tgt": "G@virt_hypervisor:True"}, "hypervisors_trust_minion_data": True}
+    assert "servercert" in compile_pillar("web1", GRAINS, virt=opted, accepted=("web1",))["libvirt"]
+    # nothing configured / the old ext_pillar target: every minion is told what to add, nobody gets keys
+    for ret in (compile_pillar("hv1", GRAINS, virt={}), compile_pillar("hv1", GRAINS, {"target": "hv*"})):
+        assert list(ret["libvirt"]) == ["error"] and "virt:" in ret["libvirt"]["error"]
+        assert "hypervisors" in ret["libvirt"]["error"]
+
+
+def test_ext_pillar_revokes_when_reissued_and_when_the_key_is_gone(compile_pillar, tmp_path):
+    from cryptography import x509
+
+    ca_dir = str(tmp_path / "pki" / "libvirt")
+    old = compile_pillar("hv2", {}, {"extra_sans": {"hv2": ["a.lan"]}})["libvirt"]
+    new = compile_pillar("hv2", {}, {"extra_sans": {"hv2": ["b.lan"]}})["libvirt"]  # SANs changed: reissued
+    revoked = {f"{r.serial_number:x}" for r in x509.load_pem_x509_crl(new["crl"].encode())}
+    assert new["server"]["serial"] != old["server"]["serial"] and old["server"]["serial"] in revoked
+    assert new["server"]["serial"] not in revoked and new["client"]["serial"] not in revoked
+    # hv2's key deleted on the master: the next compile (any minion) revokes all of hv2's certificates
+    after = compile_pillar("hv1", {}, accepted=("hv1",))["libvirt"]
+    revoked = {f"{r.serial_number:x}" for r in x509.load_pem_x509_crl(after["crl"].encode())}
+    assert {new["server"]["serial"], new["client"]["serial"]} <= revoked
+    assert not os.path.exists(os.path.join(ca_dir, "minions", "hv2"))
+    assert [e for e in crl.revoked(ca_dir) if "no longer a hypervisor" in e["reason"]]
 
 
 def test_ext_pillar_refuses_a_minions_own_configuration(compile_pillar):
