@@ -45,7 +45,7 @@ import salt.utils.url
 import salt.utils.verify
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import envelope, placement
+from saltvirt import envelope, intake, placement
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +393,7 @@ def image_mib(opts, image, saltenv="base"):
         if not fnd or not fnd.get("path"):
             raise SaltInvocationError(f"image {image} is not on the master's fileserver (saltenv {env or saltenv})")
         return math.ceil(os.path.getsize(fnd["path"]) / 1048576), f"{image}: measured in the master's file_roots"
-    return 0, f"size of {image} unknown on the master: not counted"
+    return 0, f"size of {intake.redact(image)} unknown on the master: not counted"
 
 
 def _entry(plan, host):

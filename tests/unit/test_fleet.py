@@ -110,3 +110,8 @@ def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
             relocate.migrate(remote, "web1", "hv2")
         with pytest.raises(SaltInvocationError, match="another virt.init or virt.migrate of 'web1'"):
             fleet.create(opts, "web1", {}, None, {})
+
+
+def test_image_note_never_shows_url_credentials():
+    mib, note = fleet.image_mib({}, "https://alice:s3cret@images.example/web.qcow2")
+    assert mib == 0 and note == "size of https://images.example/web.qcow2 unknown on the master: not counted"
