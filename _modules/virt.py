@@ -19,6 +19,7 @@ Configuration (minion config, grains or pillar, read with ``config.get``)::
       disk: {default: [...]}     # disk profiles
 """
 
+import inspect
 import logging
 import os
 import sys
@@ -37,7 +38,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt import conn as _c
-    from saltvirt import hosttype, intake, lifecycle, provision, query
+    from saltvirt import compat, hosttype, intake, lifecycle, provision, query
     from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def __virtual__():
 
 # helpers ------------------------------------------------------------------------------------------
 def _cfg(key, default=None):
-    return __salt__["config.get"](key, default)
+    return _c.salt_config(__salt__)(key, default)
 
 
 def _conn(connection=None):
@@ -164,14 +165,15 @@ def init(
         salt 'hyper*' virt.init centos1 2 512 image=/var/lib/libvirt/images/centos.img
         salt 'hyper*' virt.init web1 2 1024 image=salt://images/web.qcow2 enable_qcow=True enable_vnc=True
     """
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+    warnings = compat.init_args(kwargs)
+    vtype = kwargs.pop("vtype", None) or vtype
+    compat.refuse_unknown(kwargs, _INIT_ARGS, "virt.init")
     if seed_cmd not in ("seed.apply", None, ""):
-        log.warning("virt.init: seed_cmd=%s is ignored; salt-virt seeds with its own backends", seed_cmd)
-    unknown = sorted(k for k in kwargs if not k.startswith("__"))
-    if unknown:
-        raise SaltInvocationError(f"virt.init: unknown argument(s) {', '.join(unknown)}")
+        warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
     spec_args = {key: value for key, value in locals().items() if key in provision.SPEC_ARGS}
     with _conn(connection) as conn:
-        return provision.init(
+        ret = provision.init(
             conn,
             name,
             cpu,
@@ -198,38 +200,67 @@ def init(
             allowed_paths=_allowed_paths(),
             **spec_args,
         )
+    if warnings:
+        ret["warnings"] = warnings
+    return ret
 
 
-def start(name, connection=None):
-    """Start a defined VM.
+_INIT_ARGS = tuple(p for p in inspect.signature(init).parameters if p != "kwargs")
+
+
+def _salt_kwargs(kwargs, fun, extra=()):
+    """Salt's connection keywords: ``username``/``password`` (libvirt auth, unused by salt-virt: the
+    connection URI's own credentials are used) are accepted empty; anything else is refused."""
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+    for key in ("username", "password"):
+        if kwargs.pop(key, None) is not None:
+            raise SaltInvocationError(
+                f"{fun}: {key}= is not supported: put credentials in the connection URI or libvirt's auth.conf"
+            )
+    compat.refuse_unknown(kwargs, ("connection", "username", "password", *extra), fun)
+
+
+def start(name, connection=None, **kwargs):
+    """Start a defined VM. Returns True (as Salt's ``virt.start``); a VM already running is left as is.
 
     CLI Example:: salt '*' virt.start web1
     """
+    _salt_kwargs(kwargs, "virt.start")
     with _conn(connection) as conn:
-        return lifecycle.start(conn, name)
+        return bool(lifecycle.start(conn, name))
 
 
-def stop(name, timeout=0, connection=None):
+def stop(name, connection=None, **kwargs):
     """
-    Gracefully shut a VM down (ACPI power button); ``timeout`` seconds to wait for it. For a hard
-    power-off use ``virt.destroy`` (alias ``virt.force_off``).
+    Hard power-off (as Salt's ``virt.stop``: pull the plug; the guest is not asked). Returns True.
+    ``virt.shutdown`` asks the guest to shut down (ACPI).
 
-    CLI Example:: salt '*' virt.stop web1 timeout=60
+    CLI Example:: salt '*' virt.stop web1
     """
+    if "timeout" in kwargs:
+        raise SaltInvocationError(
+            "virt.stop is a hard power-off (as in Salt) and takes no timeout: for a graceful shutdown that "
+            "waits use virt.shutdown <name> timeout=<seconds>"
+        )
+    _salt_kwargs(kwargs, "virt.stop")
     with _conn(connection) as conn:
-        return lifecycle.shutdown(conn, name, timeout)
+        return bool(lifecycle.destroy(conn, name))
 
 
-def shutdown(name, timeout=0, connection=None):
-    """Same as ``virt.stop``: ask the guest to shut down.
+def shutdown(vm_, timeout=0, connection=None, **kwargs):
+    """Ask the guest to shut down (ACPI power button); ``timeout`` seconds to wait for it to be off.
+    Returns True once the request is delivered (as Salt's ``virt.shutdown``).
 
-    CLI Example:: salt '*' virt.shutdown web1
+    CLI Example:: salt '*' virt.shutdown web1 timeout=60
     """
-    return stop(name, timeout, connection)
+    _salt_kwargs(kwargs, "virt.shutdown")
+    with _conn(connection) as conn:
+        return bool(lifecycle.shutdown(conn, vm_, timeout))
 
 
 def destroy(name, connection=None):
-    """Hard power-off (pull the plug). The VM stays defined and its disks stay.
+    """Hard power-off (pull the plug). The VM stays defined and its disks stay. Returns the resulting
+    state (``virt.stop`` is the same with Salt's True as the return).
 
     CLI Example:: salt '*' virt.destroy web1
     """
@@ -245,49 +276,54 @@ def force_off(name, connection=None):
     return destroy(name, connection)
 
 
-def reboot(name, connection=None):
-    """Ask the guest to reboot.
+def reboot(name, connection=None, **kwargs):
+    """Ask the guest to reboot. Returns True.
 
     CLI Example:: salt '*' virt.reboot web1
     """
+    _salt_kwargs(kwargs, "virt.reboot")
     with _conn(connection) as conn:
-        return lifecycle.reboot(conn, name)
+        return bool(lifecycle.reboot(conn, name))
 
 
-def reset(name, connection=None):
-    """Hard reset (press the reset button).
+def reset(vm_, connection=None, **kwargs):
+    """Hard reset (press the reset button). Returns True.
 
     CLI Example:: salt '*' virt.reset web1
     """
+    _salt_kwargs(kwargs, "virt.reset")
     with _conn(connection) as conn:
-        return lifecycle.reset(conn, name)
+        return bool(lifecycle.reset(conn, vm_))
 
 
-def pause(name, connection=None):
-    """Pause a running VM.
+def pause(vm_, connection=None, **kwargs):
+    """Pause a running VM. Returns True.
 
     CLI Example:: salt '*' virt.pause web1
     """
+    _salt_kwargs(kwargs, "virt.pause")
     with _conn(connection) as conn:
-        return lifecycle.pause(conn, name)
+        return bool(lifecycle.pause(conn, vm_))
 
 
-def resume(name, connection=None):
-    """Resume a paused VM.
+def resume(vm_, connection=None, **kwargs):
+    """Resume a paused VM. Returns True.
 
     CLI Example:: salt '*' virt.resume web1
     """
+    _salt_kwargs(kwargs, "virt.resume")
     with _conn(connection) as conn:
-        return lifecycle.resume(conn, name)
+        return bool(lifecycle.resume(conn, vm_))
 
 
-def undefine(name, connection=None):
-    """Remove a VM's definition; its disks stay (see ``virt.purge``).
+def undefine(vm_, connection=None, **kwargs):
+    """Remove a VM's definition; its disks stay (see ``virt.purge``). Returns True.
 
     CLI Example:: salt '*' virt.undefine web1
     """
+    _salt_kwargs(kwargs, "virt.undefine")
     with _conn(connection) as conn:
-        return lifecycle.undefine(conn, name)
+        return bool(lifecycle.undefine(conn, vm_))
 
 
 def purge(name, connection=None, **kwargs):
@@ -315,49 +351,58 @@ def image_gc(cache=False):
     return intake.gc_bases(_images_dir(), cache=_bool(cache))
 
 
-def set_autostart(name, state="on", connection=None):
-    """Start the VM when the host boots (``state=on``) or not (``off``).
+def set_autostart(vm_, state="on", connection=None, **kwargs):
+    """Start the VM when the host boots (``state=on``) or not (``off``). Returns True.
 
     CLI Example:: salt '*' virt.set_autostart web1 on
     """
+    _salt_kwargs(kwargs, "virt.set_autostart")
+    if str(state).lower() not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
+        raise SaltInvocationError(f"virt.set_autostart: state must be on or off, got {state!r}")
     with _conn(connection) as conn:
-        return lifecycle.set_autostart(conn, name, state not in ("off", False, "false", "no", 0))
+        ret = lifecycle.set_autostart(conn, vm_, _bool(state) or str(state).lower() == "on")
+    return ret["autostart"] == (_bool(state) or str(state).lower() == "on")
 
 
-def setmem(name, mem, config=True, connection=None):
-    """Set memory in MiB: live where possible and in the persistent config.
+def setmem(vm_, memory, config=True, connection=None, **kwargs):
+    """Set memory in MiB: live where possible and in the persistent config (Salt's ``virt.setmem``).
+    Returns True; ``virt.update mem=`` reports what went live and what needs a restart.
 
     CLI Example:: salt '*' virt.setmem web1 1024
     """
+    _salt_kwargs(kwargs, "virt.setmem")
     with _conn(connection) as conn:
-        return lifecycle.setmem(conn, name, mem, config=config)
+        return bool(lifecycle.setmem(conn, vm_, memory, config=_bool(config)))
 
 
-def setvcpus(name, cpu, config=True, connection=None):
-    """Set the number of vCPUs: live where possible and in the persistent config.
+def setvcpus(vm_, vcpus, config=True, connection=None, **kwargs):
+    """Set the number of vCPUs: live where possible and in the persistent config (Salt's
+    ``virt.setvcpus``). Returns True.
 
     CLI Example:: salt '*' virt.setvcpus web1 4
     """
+    _salt_kwargs(kwargs, "virt.setvcpus")
     with _conn(connection) as conn:
-        return lifecycle.setvcpus(conn, name, cpu, config=config)
+        return bool(lifecycle.setvcpus(conn, vm_, vcpus, config=_bool(config)))
 
 
-def define_xml_str(xml, connection=None):
-    """Define a VM from a libvirt domain XML string.
+def define_xml_str(xml, connection=None, **kwargs):
+    """Define a VM from a libvirt domain XML string. Returns True.
 
     CLI Example:: salt '*' virt.define_xml_str '<domain type="qemu">...</domain>'
     """
+    _salt_kwargs(kwargs, "virt.define_xml_str")
     with _conn(connection) as conn:
-        return lifecycle.define_xml_str(conn, xml)
+        return bool(lifecycle.define_xml_str(conn, xml))
 
 
-def define_xml_path(path, connection=None):
-    """Define a VM from a domain XML file on the minion.
+def define_xml_path(path, connection=None, **kwargs):
+    """Define a VM from a domain XML file on the minion. Returns True.
 
     CLI Example:: salt '*' virt.define_xml_path /tmp/web1.xml
     """
     with open(path, encoding="utf-8") as fh:
-        return define_xml_str(fh.read(), connection)
+        return define_xml_str(fh.read(), connection, **kwargs)
 
 
 # queries ------------------------------------------------------------------------------------------
@@ -408,13 +453,17 @@ def vm_state(vm_=None, connection=None):
         return query.vm_state(conn, vm_)
 
 
-def full_info(connection=None):
-    """Host facts plus ``vm_info`` of every VM, in one connection and one bulk stats call.
+def full_info(connection=None, **kwargs):
+    """Host facts plus ``vm_info`` of every VM, in one connection and one bulk stats call: Salt's
+    ``freecpu``, ``freemem``, ``node_info`` and ``vm_info``, plus ``host`` (capacity and usage).
 
     CLI Example:: salt '*' virt.full_info
     """
+    _salt_kwargs(kwargs, "virt.full_info")
     with _conn(connection) as conn:
-        return query.full_info(conn, _images_dir())
+        ret = query.full_info(conn, _images_dir())
+        ret.update(freecpu=query.freecpu(conn), freemem=query.freemem(conn), node_info=query.node_info(conn))
+        return ret
 
 
 def get_xml(vm_, inactive=False, connection=None):
@@ -512,10 +561,24 @@ def virt_type(connection=None):
     return get_hypervisor(connection)["type"]
 
 
-def capabilities(connection=None):
-    """libvirt's host capabilities XML.
+def capabilities(connection=None, **kwargs):
+    """The host capabilities as Salt's dict: ``{host: {uuid, cpu, topology, migration, security, ...},
+    guests: [{os_type, arch: {name, wordsize, emulator, machines, domains}, features}]}``
+    (libvirt's XML: ``virt.capabilities_xml``).
 
     CLI Example:: salt '*' virt.capabilities
+    """
+    from saltvirt import caps
+
+    _salt_kwargs(kwargs, "virt.capabilities")
+    with _conn(connection) as conn:
+        return caps.capabilities(conn)
+
+
+def capabilities_xml(connection=None):
+    """libvirt's host capabilities XML.
+
+    CLI Example:: salt '*' virt.capabilities_xml
     """
     with _conn(connection) as conn:
         return conn.getCapabilities()

@@ -388,13 +388,22 @@ def start(name, host=None, tgt=None, tgt_type=None):
     return _action(name, "virt.start", host, tgt, tgt_type)
 
 
-def stop(name, timeout=0, host=None, tgt=None, tgt_type=None):
+def stop(name, host=None, tgt=None, tgt_type=None):
     """
-    Ask a VM to shut down (ACPI); ``timeout`` seconds to wait for it. ``virt.force_off`` pulls the plug.
+    Hard power-off, as the module's ``virt.stop`` (Salt's meaning). ``virt.shutdown`` asks the guest.
 
-    CLI Example:: salt-run virt.stop web1 timeout=60
+    CLI Example:: salt-run virt.stop web1
     """
-    return _action(name, "virt.stop", host, tgt, tgt_type, args=(timeout,))
+    return _action(name, "virt.stop", host, tgt, tgt_type)
+
+
+def shutdown(name, timeout=0, host=None, tgt=None, tgt_type=None):
+    """
+    Ask a VM to shut down (ACPI); ``timeout`` seconds to wait for it. ``virt.stop`` pulls the plug.
+
+    CLI Example:: salt-run virt.shutdown web1 timeout=60
+    """
+    return _action(name, "virt.shutdown", host, tgt, tgt_type, args=(timeout,))
 
 
 def force_off(name, host=None, tgt=None, tgt_type=None):

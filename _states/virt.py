@@ -117,9 +117,9 @@ def _check_args(kwargs):
             "start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not"
         )
     if unknown:
-        raise SaltInvocationError(
-            f"unknown argument(s) {', '.join(unknown)}: virt.running/defined take the arguments of virt.init"
-        )
+        from saltvirt import compat
+
+        compat.refuse_unknown(kwargs, sorted(known), "virt.running/defined (they take the arguments of virt.init)")
 
 
 def _image_format(image, saltenv, test, trusted=False):
@@ -140,7 +140,9 @@ def _image_format(image, saltenv, test, trusted=False):
 
 
 def _config(key, default):
-    return __salt__["config.get"](key, default) or default
+    from saltvirt import conn as vconn
+
+    return vconn.salt_config(__salt__)(key, default) or default
 
 
 def _create(ret, name, cpu, mem, start, kwargs):
@@ -223,9 +225,14 @@ def _update(ret, name, cpu, mem, start, state, kwargs):
 
 def _ensure_vm(name, cpu, mem, start, kwargs):
     ret = _ret(name)
+    from saltvirt import compat
+
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     try:
+        warnings = compat.init_args(kwargs, "virt.running/defined")
         _check_args(kwargs)
+        if warnings:
+            ret["warnings"] = warnings
         state = _vm_state(name, kwargs.get("connection"))
         if state is None:
             return _create(ret, name, cpu, mem, start, kwargs)
@@ -293,12 +300,13 @@ def _power(name, wanted, action, connection, **args):
                 changes={"state": {"old": state, "new": wanted[0]}},
                 comment=f"VM {name} would be {wanted[0]}",
             )
-        done = __salt__[action](name, connection=connection, **args)
-        if done["state"] != state:
-            ret["changes"] = {"state": {"old": state, "new": done["state"]}}
-        if done["state"] not in wanted:
-            return dict(ret, result=False, comment=f"VM {name} is still {done['state']} after {action}")
-        return dict(ret, comment=f"VM {name} is {done['state']}")
+        __salt__[action](name, connection=connection, **args)
+        now = _vm_state(name, connection)
+        if now != state:
+            ret["changes"] = {"state": {"old": state, "new": now}}
+        if now not in wanted:
+            return dict(ret, result=False, comment=f"VM {name} is still {now} after {action}")
+        return dict(ret, comment=f"VM {name} is {now}")
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))
 
@@ -314,7 +322,7 @@ def stopped(name, timeout=60, connection=None):
           virt.stopped:
             - timeout: 120
     """
-    ret = _power(name, ("shutoff",), "virt.stop", connection, timeout=timeout)
+    ret = _power(name, ("shutoff",), "virt.shutdown", connection, timeout=timeout)
     if ret["result"] is False and "still" in ret["comment"]:
         ret["comment"] += f": the guest did not shut down within {timeout}s (use virt.powered_off to force it)"
     return ret
@@ -412,7 +420,7 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
     ret = _ret(name)
     try:
         spec = make_spec()
-        with vconn.connect(vconn.resolve_uri(__salt__["config.get"], connection)) as conn:
+        with vconn.connect(vconn.resolve_uri(vconn.salt_config(__salt__), connection)) as conn:
             done = netpool.ensure(conn, kind, spec, autostart=autostart, run=run, test=__opts__["test"])
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))

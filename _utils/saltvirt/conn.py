@@ -130,8 +130,11 @@ def resolve_uri(config_get, connection=None):
 
 
 def salt_config(salt):
-    """``config.get`` of a loader module's ``__salt__`` as a ``(key, default)`` function."""
-    return lambda key, default=None: salt["config.get"](key, default)
+    """``config.get`` of a loader module's ``__salt__`` as a ``(key, default)`` function; ``virt:x``
+    also finds the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
+    from saltvirt import compat
+
+    return compat.config_getter(lambda key, default=None: salt["config.get"](key, default))
 
 
 def salt_connect(salt, connection=None):
@@ -147,7 +150,7 @@ def salt_connect(salt, connection=None):
 
 def salt_images_dir(salt):
     """The configured ``virt:images`` directory (default ``/srv/salt-images``)."""
-    return salt["config.get"]("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
+    return salt_config(salt)("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
 
 
 def describe(uri):

@@ -191,6 +191,7 @@ def node_info(conn):
         "cpus": cpus,
         "cpumhz": mhz,
         "numanodes": nodes,
+        "sockets": sockets,  # Salt's key
         "cpusockets": sockets,
         "cpucores": cores,
         "cputhreads": threads,

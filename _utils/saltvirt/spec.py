@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import validate
+from saltvirt import speckeys, validate
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
 SERIAL_LOG_DIR = "/var/log/libvirt/qemu"
@@ -147,8 +147,9 @@ def _profile(profiles, kind, name, default):
     )
 
 
-def _nic_shorthand(entry):
+def _nic_shorthand(entry, what="interfaces"):
     """Classic profile shorthand -> explicit keys: {bridge: br0} / {network: default} / {eth: e1000}."""
+    speckeys.check_keys(entry, f"{what} {entry.get('name')}", speckeys.NIC_KEYS, extra=speckeys.NIC_SHORTHAND)
     entry = dict(entry)
     for kind in NIC_TYPES:
         if kind in entry and "source" not in entry:
@@ -159,6 +160,7 @@ def _nic_shorthand(entry):
 
 
 def _nic(entry):
+    speckeys.nic(entry, f"NIC {entry['name']}")
     nic_type = entry.get("type", "bridge")
     if nic_type not in NIC_TYPES:
         raise SaltInvocationError(f"NIC {entry['name']}: type must be one of {NIC_TYPES}, got {nic_type!r}")
@@ -174,6 +176,7 @@ def _nic(entry):
 
 
 def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
+    entry = speckeys.disk(entry, f"disk {entry['name']}")
     disk_image = entry.get("image") or (image if is_first else None)
     overlay = validate.to_bool(entry.get("overlay", enable_qcow)) and bool(disk_image)
     size = entry.get("size")
@@ -278,6 +281,8 @@ def build(
     call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
     """
     name = validate.vm_name(name)
+    cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
+    mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
     validate.absolute_path(images_dir, "virt:images")
@@ -286,7 +291,7 @@ def build(
     enable_qcow = validate.to_bool(enable_qcow)
 
     nic_entries = merge_by_name(
-        [_nic_shorthand(e) for e in _profile(profiles, "nic", nic, DEFAULT_NICS)],
+        [_nic_shorthand(e, f"virt:nic:{nic}") for e in _profile(profiles, "nic", nic, DEFAULT_NICS)],
         [_nic_shorthand(e) for e in _named_entries(interfaces, "interfaces")],
     )
     nics = [_nic(e) for e in nic_entries]
@@ -297,23 +302,17 @@ def build(
     _assign_targets(disk_objs)
 
     gfx = None
-    if graphics or validate.to_bool(enable_vnc):
-        params = dict(graphics) if isinstance(graphics, dict) else {}
-        if isinstance(graphics, str):
-            params["type"] = graphics
+    params = speckeys.graphics(graphics, enable_vnc)
+    if params:
         gfx = Graphics(
-            type=params.get("type", "vnc"),
+            type=params["type"],
             listen=_graphics_listen(params.get("listen", "127.0.0.1")),
             port=_graphics_port(params.get("port", -1)),
             password=params.get("password"),
         )
-        if gfx.type not in ("vnc", "spice"):
-            raise SaltInvocationError(f"graphics type must be vnc or spice, got {gfx.type!r}")
 
     boot_obj = None
-    if boot:
-        if not isinstance(boot, dict):
-            raise SaltInvocationError("boot must be a mapping with kernel, initrd and/or cmdline")
+    if speckeys.boot(boot):
         for key in ("kernel", "initrd"):
             if boot.get(key):
                 validate.confined(boot[key], f"boot:{key}", roots)

@@ -1,0 +1,185 @@
+"""Nested arguments of virt.init / virt.update / the states, key by key: Salt's documented forms are
+honoured, anything else is refused before anything is created, naming the nearest supported key."""
+
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt import compat, domxml, spec
+
+
+def build(**kwargs):
+    args = {"name": "k1", "cpu": 1, "mem": 64, "images_dir": "/v", "disk": None}
+    args.update(kwargs)
+    return spec.build(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args)
+
+
+def test_salt_documented_graphics_listen_mapping_is_honoured():
+    s = build(graphics={"type": "vnc", "listen": {"type": "address", "address": "localhost"}})
+    assert (s.graphics.type, s.graphics.listen, s.graphics.port) == ("vnc", "localhost", -1)
+    root = ET.fromstring(domxml.build(s))
+    g = root.find("devices/graphics")
+    assert g.get("listen") == "localhost" and g.find("listen").get("address") == "localhost"
+    assert "{" not in domxml.build(s)  # never a Python repr in the XML
+    ip = build(graphics={"type": "spice", "port": "5901", "listen": {"type": "address", "address": "::1"}})
+    assert (ip.graphics.type, ip.graphics.listen, ip.graphics.port) == ("spice", "::1", 5901)
+    assert build(graphics={"type": "none"}).graphics is None  # Salt's "no graphics"
+    assert build(graphics={"type": "vnc", "listen": {"type": "none"}}).graphics.listen == "127.0.0.1"
+
+
+def test_salt_disk_spellings_map_to_ours():
+    s = build(disks=[{"name": "data", "size": 16, "model": "scsi", "overlay_image": False}])
+    assert (s.disks[0].bus, s.disks[0].target, s.disks[0].overlay) == ("scsi", "sda", False)
+    attached = build(disks=[{"name": "old", "source_file": "/srv/old.qcow2", "format": "qcow2"}])
+    assert (attached.disks[0].path, attached.disks[0].attach) == ("/srv/old.qcow2", True)
+
+
+HOSTILE = [
+    # graphics
+    ({"graphics": {"type": "vnc", "listen": "127.0.0.1' autoport='no"}}, "IP address or a host name"),
+    ({"graphics": {"type": "vnc", "listen": {"type": "address", "address": "<evil/>"}}}, "IP address or a host"),
+    ({"graphics": {"type": "vnc", "listen": {"type": "address", "address": {"nested": 1}}}}, "IP address"),
+    ({"graphics": {"type": "vnc", "listen": {"type": "network", "network": "default"}}}, "listen:network"),
+    ({"graphics": {"type": "vnc", "listen": {"type": "adress", "adress": "1.2.3.4"}}}, "did you mean 'address'"),
+    ({"graphics": {"type": "vnc", "prot": 5900}}, "unknown key 'prot'; did you mean 'port'"),
+    ({"graphics": {"type": "vnc", "port": "5900; rm"}}, "graphics:port"),
+    ({"graphics": {"type": "vnc", "port": 70000}}, "graphics:port"),
+    ({"graphics": {"type": "vnc", "password": "a\nb"}}, "control characters"),
+    ({"graphics": {"type": "vnc", "tls_port": 5901}}, "tls_port"),
+    ({"graphics": {"type": "rdp"}}, "vnc or spice"),
+    ({"graphics": ["vnc"]}, "graphics must be a mapping"),
+    # disks
+    ({"disks": [{"name": "data", "size": 16, "pool": "default"}]}, "disks:pool"),
+    ({"disks": [{"name": "data", "sise": 16}]}, "unknown key 'sise'; did you mean 'size'"),
+    ({"disks": [{"name": "data", "size": 16, "target": "vdb'/><x"}]}, "target must be a device name"),
+    ({"disks": [{"name": "data", "size": 16, "device": "floppy"}]}, "device must be one of"),
+    ({"disks": [{"name": "data", "size": 16, "bus": "usb"}]}, "bus must be one of"),
+    ({"disks": [{"name": "data", "size": 16, "format": "vmdk"}]}, "format must be one of"),
+    ({"disks": [{"name": "data", "size": "16G"}]}, "positive integer"),
+    ({"disks": [{"name": "data", "path": "../../etc/shadow"}]}, "absolute path"),
+    ({"disks": [{"name": "data", "size": 1, "model": "virtio", "bus": "scsi"}]}, "not both"),
+    ({"disks": [{"name": "data", "size": 1, "io": "native"}]}, "disks:io"),
+    ({"disks": [{"name": "data", "size": 1, "backing_store_path": "/x"}]}, "backing_store_path"),
+    ({"disks": [{"name": "data", "size": 1, "image": "/i\n"}]}, "control characters"),
+    # interfaces
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0' /><evil"}]}, "source must be a bridge"),
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0", "mac": "zz:zz"}]}, "mac must look like"),
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0", "model": "<x>"}]}, "model must be"),
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "sorce": "br0"}]}, "did you mean 'source'"),
+    ({"interfaces": [{"name": "eth0", "type": "bogus", "source": "x"}]}, "type must be one of"),
+    # boot
+    ({"boot": {"kernel": "/k", "cmdline": "a\x00b"}}, "control characters"),
+    ({"boot": {"kernal": "/k"}}, "did you mean 'kernel'"),
+    ({"boot": {"kernel": "relative/k"}}, "absolute path"),
+    ({"boot": {"loader": "/usr/share/OVMF/OVMF_CODE.fd"}}, "boot:loader"),
+    ({"boot": "/vmlinuz"}, "boot must be a mapping"),
+    # cpu / mem in Salt's detailed forms (not yet supported: refused, not misread)
+    ({"cpu": {"maximum": 2, "topology": {"sockets": 1}}}, "cpu as a dict"),
+    ({"mem": {"boot": "1g"}}, "mem as a dict"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", HOSTILE, ids=[str(i) for i in range(len(HOSTILE))])
+def test_hostile_or_unknown_nested_values_are_refused(kwargs, message):
+    with pytest.raises(SaltInvocationError, match=message):
+        build(**kwargs)
+
+
+def test_profiles_from_config_are_checked_too():
+    profiles = {"disk": {"p": [{"system": {"size": 8, "pool": "default"}}]}, "nic": {"n": [{"eth0": {"brige": "x"}}]}}
+    with pytest.raises(SaltInvocationError, match="disks:pool"):
+        build(disk="p", profiles=profiles)
+    with pytest.raises(SaltInvocationError, match="did you mean 'bridge'"):
+        build(nic="n", profiles=profiles)
+
+
+@pytest.mark.parametrize("kwargs, message", HOSTILE, ids=[str(i) for i in range(len(HOSTILE))])
+def test_virt_init_refuses_before_anything_is_created(virt_test, kwargs, message):
+    images = virt_test["config.get"]("virt:images")
+    args = dict({"disk": None}, **kwargs)
+    cpu, mem = args.pop("cpu", 1), args.pop("mem", 64)
+    with pytest.raises(SaltInvocationError, match=message):
+        virt_test["virt.init"]("hostile1", cpu, mem, start=False, seed=False, **args)
+    assert "hostile1" not in virt_test["virt.list_domains"]()
+    assert not os.path.exists(os.path.join(images, "hostile1"))
+
+
+def test_virt_update_and_state_refuse_hostile_graphics(virt_test):
+    virt_test["virt.init"]("upd1", 1, 64, disk=None, nic=None, start=False)
+    before = virt_test["virt.get_xml"]("upd1")
+    bad = {"type": "vnc", "listen": "0.0.0.0'/><x"}
+    with pytest.raises(SaltInvocationError, match="IP address or a host name"):
+        virt_test["virt.update"]("upd1", graphics=bad)
+    assert virt_test["virt.get_xml"]("upd1") == before
+    good = virt_test["virt.update"]("upd1", graphics={"type": "vnc", "listen": {"type": "address", "address": "::1"}})
+    assert good["changes"]["graphics"]["new"]["listen"] == "::1"
+    assert virt_test["virt.get_graphics"]("upd1")["listen"] == "::1"
+    virt_test["virt.undefine"]("upd1")
+
+
+def test_unknown_top_level_argument_names_the_nearest(virt_test):
+    with pytest.raises(SaltInvocationError, match=r"grapics \(did you mean graphics\?\)"):
+        virt_test["virt.init"]("t1", 1, 64, grapics={"type": "vnc"})
+    assert "t1" not in virt_test["virt.list_domains"]()
+
+
+def test_old_argument_spellings_warn_or_are_refused(virt_test):
+    ret = virt_test["virt.init"](
+        "old1",
+        1,
+        64,
+        disk=None,
+        nic=None,
+        start=False,
+        install=True,
+        serial_type="pty",
+        console=True,
+        os_type="hvm",
+        arch="x86_64",
+        boot_dev="hd",
+    )
+    text = " ".join(ret["warnings"])
+    assert "install=True is ignored" in text and "serial_type is deprecated" in text and "console" in text
+    virt_test["virt.undefine"]("old1")
+    for kwargs, message in (
+        ({"images": "/srv"}, "images= is not an argument: the source image is image="),
+        ({"serial_type": "tcp"}, "serial_type='tcp' is not supported"),
+        ({"hypervisor": "xen"}, "use vtype=kvm or vtype=qemu"),
+        ({"boot_dev": "cdrom"}, "boot_dev='cdrom' is not supported by salt-virt yet"),
+        ({"console": False}, "console=False"),
+    ):
+        with pytest.raises(SaltInvocationError, match=message):
+            virt_test["virt.init"]("old2", 1, 64, disk=None, nic=None, start=False, **kwargs)
+        assert "old2" not in virt_test["virt.list_domains"]()
+
+
+def test_hypervisor_maps_to_vtype():
+    kwargs = {"hypervisor": "KVM", "other": 1}
+    assert compat.init_args(kwargs) == ["hypervisor=KVM is deprecated: use vtype=kvm"]
+    assert kwargs == {"vtype": "kvm", "other": 1}
+    with pytest.raises(SaltInvocationError, match="not both"):
+        compat.init_args({"hypervisor": "kvm", "vtype": "qemu"})
+
+
+def test_old_flat_config_spellings_are_honoured():
+    store = {"virt.images": "/srv/old", "virt.tunnel": True, "virt": {"type": "qemu"}}
+
+    def get(key, default=None):
+        value = store
+        for part in key.split(":"):
+            if not isinstance(value, dict) or part not in value:
+                return default
+            value = value[part]
+        return value
+
+    cfg = compat.config_getter(get)
+    assert cfg("virt:images") == "/srv/old"
+    assert cfg("virt:tunnel", False) is True
+    assert cfg("virt:type") == "qemu"
+    assert cfg("virt:nic", {}) == {}
+    conf, warnings = compat.master_virt_conf({"virt.tunnel": True, "virt": {"tunnel": False, "x": 1}})
+    assert conf == {"tunnel": False, "x": 1} and not warnings  # the mapping wins
+    conf, warnings = compat.master_virt_conf({"virt.tunnel": True, "virt.hypervisors.timeout": 9})
+    assert conf == {"tunnel": True, "hypervisors": {"timeout": 9}} and len(warnings) == 2
