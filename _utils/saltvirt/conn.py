@@ -23,6 +23,7 @@ import threading
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt import compat
 from saltvirt.spec import DEFAULT_IMAGES_DIR
 
 try:
@@ -132,8 +133,6 @@ def resolve_uri(config_get, connection=None):
 def salt_config(salt):
     """``config.get`` of a loader module's ``__salt__`` as a ``(key, default)`` function; ``virt:x``
     also finds the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
-    from saltvirt import compat
-
     return compat.config_getter(lambda key, default=None: salt["config.get"](key, default))
 
 

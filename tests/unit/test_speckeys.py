@@ -32,8 +32,8 @@ def test_salt_documented_graphics_listen_mapping_is_honoured():
 def test_salt_disk_spellings_map_to_ours():
     s = build(disks=[{"name": "data", "size": 16, "model": "scsi", "overlay_image": False}])
     assert (s.disks[0].bus, s.disks[0].target, s.disks[0].overlay) == ("scsi", "sda", False)
-    attached = build(disks=[{"name": "old", "source_file": "/srv/old.qcow2", "format": "qcow2"}])
-    assert (attached.disks[0].path, attached.disks[0].attach) == ("/srv/old.qcow2", True)
+    attached = build(disks=[{"name": "old", "source_file": "/v/old.qcow2", "format": "qcow2"}])
+    assert (attached.disks[0].path, attached.disks[0].attach) == ("/v/old.qcow2", True)
 
 
 HOSTILE = [
