@@ -2,7 +2,6 @@
 real redis-server (several masters). "Masters" here are opts with different ids sharing the store."""
 
 import subprocess
-import sys
 import threading
 import time
 
@@ -10,9 +9,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import fleetstate, placement
-
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "support"))
-from redis_server import RedisServer  # noqa: E402
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")
