@@ -334,6 +334,7 @@ def init(
                 minion_id=minion_id,
                 client=client,
                 progress=progress,
+                job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
             )
     except SaltException as exc:
         progress("failed", error=getattr(exc, "error", None) or str(exc))

@@ -27,7 +27,6 @@ did not load on an expected hypervisor), ``down`` (no answer, not even to Salt's
 """
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import logging
@@ -45,7 +44,7 @@ import salt.utils.url
 import salt.utils.verify
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import envelope, intake, placement
+from saltvirt import envelope, fleetstate, intake, placement
 
 log = logging.getLogger(__name__)
 
@@ -408,36 +407,56 @@ def _brief(plan):
     }
 
 
-@contextlib.contextmanager
-def _creating(opts, names, what="virt.init"):
-    """One ``virt.init`` (or ``virt.migrate``: ``what``) per VM name / minion id at a time on this master
-    (flock: gone if we die). The runner's per-VM lock: init, migrate and evacuate all take it."""
-    folder = os.path.join(opts["cachedir"], "salt-virt", "locks")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    handles = []
-    try:
-        for name in sorted(set(names)):
-            fh = open(os.path.join(folder, f"init-{name}"), "a")  # noqa: SIM115 - kept open while locked
-            handles.append(fh)
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise SaltInvocationError(
-                    f"another virt.init or virt.migrate of {name!r} is running on this master: wait for it "
-                    f"(asked: {what})"
-                ) from None
-        yield
-    finally:
-        for fh in handles:
-            fh.close()
+def _creating(opts, names, what="virt.init", job=None):
+    """The runner's per-VM lock: one ``virt.init`` / ``virt.migrate`` (``what``) per VM name / minion id
+    at a time across every master sharing the cache (``saltvirt.fleetstate``). A context manager
+    yielding the :class:`saltvirt.fleetstate.Lease`; init, migrate and evacuate all take it."""
+    return fleetstate.lock(opts, names, kind=what, job=job)
 
 
-def create(opts, name, req, image, module_kwargs, **kwargs):
+def create(opts, name, req, image, module_kwargs, job=None, **kwargs):
     """Place, pre-accept the new minion's key, run ``virt.init`` on the chosen hypervisor (falling over
     to the next candidate only when a hypervisor does not answer), return where it went and its info.
-    Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure."""
-    with _creating(opts, [name, kwargs.get("minion_id") or name]):
-        return _create(opts, name, req, image, module_kwargs, **kwargs)
+    Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure.
+
+    One ``virt.init`` per VM name / minion id at a time across every master sharing the cache
+    (``saltvirt.fleetstate`` locks); the capacity it takes is reserved from placement until the VM runs."""
+    with _creating(opts, [name, kwargs.get("minion_id") or name], job=job) as lease:
+        taken = [{"name": t["name"], "why": t["why"], "was": t["was"]} for t in lease.taken_over]
+        try:
+            result = _create(opts, name, req, image, module_kwargs, lease=lease, **kwargs)
+        except Failed as exc:
+            if taken:
+                exc.details["taken_over"] = taken
+            raise
+        if taken:
+            result["taken_over"] = taken
+        return result
+
+
+def _reserve(lease, hosts, order, start, name, req, policy, since, tried):
+    """Reserve ``req`` on the first host of ``order[start:]`` that still has room with every in-flight
+    creation counted (other masters' too); hosts without room go to ``tried``. Its position, or None."""
+    fleetstate.finish(lease.store, lease, "failed")  # the previous candidate's, if any
+    for pos in range(start, len(order)):
+        hv = order[pos]
+        try:
+            fleetstate.reserve(
+                lease.store,
+                lease,
+                hv,
+                name,
+                req,
+                hosts.get(hv),
+                since,
+                fits=lambda answer, load, hv=hv: placement.fits(hv, answer, req, policy, load),
+            )
+            return pos
+        except fleetstate.NoRoomError as exc:
+            tried.append(
+                {"host": hv, "outcome": "no room", "error": f"in-flight inits took the room: {exc}", "jid": None}
+            )
+    return None
 
 
 def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts and cleanup in one flow
@@ -455,6 +474,7 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
     minion_id=None,
     client=None,
     progress=None,
+    lease=None,
 ):
     progress = progress or (lambda step, **data: None)
     started = time.monotonic()
@@ -462,11 +482,12 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
     seed = bool(seed and image)  # seeding writes into the image's filesystem: no image, no key to hand out
     if seed:
         refuse_existing_key(opts, key_id)
+    since = time.time()  # reservations settled after this are not in the snapshot yet
     hosts = gather(opts, "virt.full_info", cfg, client)
     where = sorted(h for h, a in hosts.items() if a["status"] == "up" and name in a["vm_info"])
     if where:
         raise Failed(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
-    plan = placement.rank(hosts, req, policy)
+    plan = placement.rank(hosts, req, policy, reserved=fleetstate.reserved(lease.store, hosts, since, lease.cfg))
     order, tried = [r["host"] for r in plan["ranking"]], []
     if host:
         if host not in hosts:
@@ -488,6 +509,14 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
             )
     if not order:
         raise Failed(plan["reason"], placement=_brief(plan), tried=tried)
+    first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried)
+    if first is None:
+        raise Failed(
+            f"no host can take {name} any more: in-flight inits reserved the room (see tried)",
+            placement=_brief(plan),
+            tried=tried,
+        )
+    order = order[first:]
     chosen = _entry(plan, order[0])
     reason = plan["reason"] if order[0] == plan["host"] else f"{order[0]}: asked for with host="
     if hosts[order[0]]["status"] != "up":
@@ -509,17 +538,22 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
     relay = getattr(progress, "relay", None)  # the hypervisor's own progress events, shown as they come
     watch = (f"salt/virt/init/{name}/", lambda tag, data: relay(tag.rsplit("/", 1)[-1], data)) if relay else None
     try:
-        for pos, hv in enumerate(order):
+        pos, attempt = 0, 0
+        while pos < len(order):
+            hv = order[pos]
             kwarg = dict(module_kwargs, image=image, seed=seed)
             if req.get("group"):
                 kwarg["group"] = req["group"]
-            if seed and pos:  # a fresh key per host: a late VM on a host that did not answer cannot log in
+            attempt += 1
+            if seed and attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
                 remove_key(opts, key_id, pub)
                 pub = None
                 pub, priv, key = new_key()
             if seed:
                 sealed = envelope.seal(accepted_pub(opts, hv), priv, context=key_id)
                 kwarg.update(pub_key=pub, priv_key=sealed, minion_id=key_id)
+            lease.check()  # never publish for a name whose lock we no longer hold
+            lease.note(host=hv)
             ans, jid = call(
                 opts,
                 hv,
@@ -532,6 +566,7 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
                 watch=watch,
             )
             if ans["status"] == "up":
+                fleetstate.finish(lease.store, lease, "settled")
                 warnings = []
                 if seed:
                     key, warnings = _check_seeded_key(opts, key, pub, ans["ret"])
@@ -553,10 +588,15 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
                 return result
             tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
-                progress("fallback", host=hv, error=ans.get("error"), next=order[pos + 1])
-                continue
+                nxt = _reserve(lease, hosts, order, pos + 1, name, req, policy, since, tried)
+                if nxt is not None:
+                    progress("fallback", host=hv, error=ans.get("error"), next=order[nxt])
+                    pos = nxt
+                    continue
             if ans["status"] == "timeout":
                 keep_key = True
+                # it may still finish there: its capacity stays reserved for as long as it may run
+                fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
                 raise Failed(
                     f"virt.init of {name} on {hv} was still running after {cfg['init_timeout']:g} s (job {jid}): "
                     f"it may still finish. Check with `salt-run jobs.lookup_jid {jid}`; "
@@ -571,6 +611,7 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
                 )
             raise Failed(f"virt.init of {name} on {hv} failed: {ans.get('error')}", tried=tried)
     except BaseException as exc:
+        fleetstate.finish(lease.store, lease, "failed")  # no-op when settled or kept for a timeout
         if seed and not keep_key:
             removed = bool(pub) and remove_key(opts, key_id, pub)
             if isinstance(exc, Failed):

@@ -86,10 +86,20 @@ def test_hypervisor_settings_from_master_config_and_call():
         fleet.config({}, timeout=-1)
 
 
+def master_opts(tmp_path):
+    """Master opts with the default cache (localfs, one master), as salt-run has them."""
+    import salt.config
+
+    opts = dict(salt.config.master_config(None), id="master", cachedir=str(tmp_path))
+    assert opts["cache"] == "localfs"
+    return opts
+
+
 def test_one_init_per_name_at_a_time(tmp_path):
-    opts = {"cachedir": str(tmp_path)}
+    """The runner's lock with the default cache: one call per name on this master, as before."""
+    opts = master_opts(tmp_path)
     with fleet._creating(opts, ["web1", "web1"]):
-        with pytest.raises(SaltInvocationError, match="another virt.init or virt.migrate of 'web1' is running"):
+        with pytest.raises(SaltInvocationError, match="'web1' is held: virt.init by master master"):
             with fleet._creating(opts, ["web1"]):
                 pass
         with fleet._creating(opts, ["web2"]):  # other names are not blocked
@@ -101,14 +111,12 @@ def test_one_init_per_name_at_a_time(tmp_path):
 def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
     """Two migrations of one VM (or a migration and an init) never overlap: relocate.migrate takes the
     runner's per-VM lock before it asks any hypervisor anything (no client needed to be refused)."""
-    opts = {"cachedir": str(tmp_path)}
+    opts = master_opts(tmp_path)
     remote = relocate.Remote(opts, cfg=None, client=None)
     with fleet._creating(opts, ["web1"], what="virt.migrate"):
-        with pytest.raises(
-            SaltInvocationError, match=r"of 'web1' is running on this master: wait for it \(asked: virt.migrate\)"
-        ):
+        with pytest.raises(SaltInvocationError, match=r"'web1' is held: virt.migrate by master master \(host "):
             relocate.migrate(remote, "web1", "hv2")
-        with pytest.raises(SaltInvocationError, match="another virt.init or virt.migrate of 'web1'"):
+        with pytest.raises(SaltInvocationError, match="'web1' is held: virt.migrate by master"):
             fleet.create(opts, "web1", {}, None, {})
 
 
