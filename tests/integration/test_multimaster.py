@@ -1,0 +1,182 @@
+"""Two real salt-masters (``mm1`` on 127.0.0.1, ``mm2`` on 127.0.0.2, same master key) sharing one real
+redis-server as their ``cache:`` backend; the hypervisor minions are multi-master minions of both.
+
+    mmhv1, mmhv2   libvirt test driver (test:///default, kept in the minion process: multiprocessing
+                   False); 3072 MiB, of which the driver's own 'test' domain uses 2048: with
+                   mem_reserve_mib 0, room for exactly five 200 MiB VMs each
+    mmgone         a hypervisor whose minion is stopped: every query waits for it (timeout + job check),
+                   so concurrent inits really overlap while they hold their locks
+
+Every ``salt-run`` here is a real CLI process against one master's config directory.
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from saltvirt import fleetstate
+from tests.support.redis_server import RedisServer
+from tests.support.saltd import master_config, start_minion
+
+pytestmark = [pytest.mark.salt]
+HOSTS = ["mmhv1", "mmhv2"]
+VIRT = {
+    "hypervisors": {"tgt": "mm*", "tgt_type": "glob", "timeout": 3, "gather_job_timeout": 4},
+    "placement": {"mem_reserve_mib": 0, "disk_reserve_mib": 0},
+    "shared": {"lock_ttl": 6},
+}
+VM = ["1", "200", "nic=None", "disk=None"]  # 1 vCPU, 200 MiB, no NIC, no disk: test-driver VMs
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def masters(salt_factories, state_tree, redis_server):
+    shared = dict(redis_server.master_opts(), virt=VIRT)
+    m1 = salt_factories.salt_master_daemon("mm1", overrides=master_config(state_tree, interface="127.0.0.1", **shared))
+    # the second master: another interface, the same ports, the same master key (multi-master minions)
+    m2 = salt_factories.salt_master_daemon(
+        "mm2",
+        overrides=master_config(
+            state_tree,
+            interface="127.0.0.2",
+            ret_port=m1.config["ret_port"],
+            publish_port=m1.config["publish_port"],
+            **shared,
+        ),
+    )
+    for keyfile in ("master.pem", "master.pub"):
+        shutil.copyfile(os.path.join(m1.config["pki_dir"], keyfile), os.path.join(m2.config["pki_dir"], keyfile))
+    with m1.started(), m2.started():
+        for master in (m1, m2):
+            ret = master.salt_run_cli(timeout=120).run("saltutil.sync_all")
+            assert ret.returncode == 0, ret
+        yield {"mm1": m1, "mm2": m2}
+
+
+@pytest.fixture(scope="module")
+def hypervisors(masters, tmp_path_factory):
+    m1, m2 = masters["mm1"], masters["mm2"]
+    both = [f"{m['interface']}:{m['ret_port']}" for m in (m1.config, m2.config)]
+    factories = {}
+    for mid in [*HOSTS, "mmgone"]:
+        config = {
+            "master": both,
+            "multiprocessing": False,  # jobs in threads: test:///default keeps its domains between jobs
+            "virt": {"connection": {"uri": "test:///default"}, "images": str(tmp_path_factory.mktemp(mid))},
+            "grains": {"virt_hypervisor": True},
+        }
+        factories[mid] = start_minion(m1, mid, config)
+    with contextlib.ExitStack() as stack:
+        for factory in factories.values():
+            stack.enter_context(factory.started())
+        for master in (m1, m2):  # both masters accepted and reach every minion
+            ret = master.salt_cli(timeout=120).run("test.ping", minion_tgt="mm*")
+            assert ret.returncode == 0 and sorted(ret.data) == sorted(factories), ret
+        ret = m1.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="mm*")
+        assert ret.returncode == 0, ret
+        factories["mmgone"].terminate()
+        yield factories
+
+
+def salt_run(master, *args):
+    """``salt-run`` as a real process (a Popen): ``finish(proc)`` gives ``(returncode, data)``."""
+    exe = pathlib.Path(sys.executable).parent / "salt-run"
+    cmd = [str(exe), "-c", str(master.config_dir), "--out=json", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=300):
+    out, err = proc.communicate(timeout=timeout)
+    try:
+        return proc.returncode, json.loads(out)
+    except ValueError:
+        raise AssertionError(f"salt-run said: {out!r} {err[-2000:]!r}") from None
+
+
+def vms(masters, master="mm2"):
+    """``{host: [new VM names]}`` from virt.list through ``master``."""
+    code, data = finish(salt_run(masters[master], "virt.list"))
+    assert code == 0, data
+    return {h: sorted(n for n in data[h].get("vms") or {} if n != "test") for h in HOSTS}
+
+
+def shared_locks(redis_server):
+    import salt.config
+
+    opts = dict(salt.config.master_config(None), id="observer", **redis_server.master_opts())
+    return fleetstate.holders(opts)
+
+
+def test_same_name_on_both_masters_creates_one_vm_and_names_the_holder(masters, hypervisors, redis_server):
+    procs = {m: salt_run(masters[m], "virt.init", "web1", *VM) for m in ("mm1", "mm2")}
+    results = {m: finish(p) for m, p in procs.items()}
+    won = [m for m, (code, _d) in results.items() if code == 0]
+    assert len(won) == 1, results
+    winner, loser = won[0], ({"mm1", "mm2"} - set(won)).pop()
+    assert results[winner][1]["host"] in HOSTS
+    err = results[loser][1]["error"]
+    assert err.startswith(f"'web1' is held: init by master {winner} (host "), err
+    assert ", job " in err and "lease until" in err  # who holds it: master, host, pid, job, until when
+    placed = vms(masters)
+    assert sum(placed.values(), []) == ["web1"], placed  # exactly one VM
+    assert shared_locks(redis_server) == {}  # released
+    code, data = finish(salt_run(masters[loser], "virt.purge", "web1"))  # the other master finds and removes it
+    assert code == 0, data
+
+
+def test_ten_inits_over_two_masters_never_overcommit(masters, hypervisors):
+    names = [f"b{i:02d}" for i in range(10)]
+    procs = {n: salt_run(masters["mm1" if i % 2 else "mm2"], "virt.init", n, *VM) for i, n in enumerate(names)}
+    results = {n: finish(p) for n, p in procs.items()}
+    failed = {n: d for n, (code, d) in results.items() if code != 0}
+    assert not failed, failed  # room for exactly ten: every one found a slot
+    placed = vms(masters)
+    burst = {h: [n for n in placed[h] if n.startswith("b")] for h in HOSTS}
+    assert sorted(burst["mmhv1"] + burst["mmhv2"]) == names
+    assert len(burst["mmhv1"]) == 5 and len(burst["mmhv2"]) == 5, burst
+    code, info = finish(salt_run(masters["mm1"], "virt.host_info"))
+    for h in HOSTS:
+        facts = info[h]["host"]
+        assert facts["mem_used_by_vms"] <= facts["mem_total"], (h, facts)
+    # full now: the next init is refused, not piled on
+    code, data = finish(salt_run(masters["mm2"], "virt.init", "b10", *VM))
+    assert code == 1 and data["error"].startswith("no host can take a VM with 1 vCPU(s), 200 MiB"), data
+    code, data = finish(salt_run(masters["mm1"], "virt.purge", "b00"))  # room for the next test
+    assert code == 0, data
+
+
+def test_a_master_killed_mid_init_leaves_a_lock_that_expires(masters, hypervisors, redis_server):
+    # host=mmgone: the init waits for a hypervisor that does not answer, holding its lock meanwhile
+    proc = salt_run(masters["mm1"], "virt.init", "web9", *VM, "host=mmgone")
+    deadline = time.monotonic() + 120
+    while "web9" not in shared_locks(redis_server):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    lock = shared_locks(redis_server)["web9"]
+    assert lock["owner"]["master"] == "mm1" and lock["owner"]["pid"] == proc.pid, lock
+    proc.kill()  # the runner process dies mid-call, and its master with it
+    proc.wait()
+    masters["mm1"].terminate()
+    code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM))
+    assert code == 1 and data["error"].startswith("'web9' is held: init by master mm1 "), data
+    assert f"pid {proc.pid}, job " in data["error"]
+    while shared_locks(redis_server)["web9"]["expires"] > time.time() - 1:  # nobody renews it: it expires
+        time.sleep(0.5)
+    code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM))
+    assert code == 0 and data["host"] in HOSTS, data
+    (over,) = [t for t in data["taken_over"] if t["name"] == "web9"]
+    assert over["why"] == "expired" and over["was"].startswith("init by master mm1 "), over
+    assert shared_locks(redis_server) == {}
