@@ -22,6 +22,7 @@ import time
 import pytest
 
 from saltvirt import fleetstate
+from tests.support.paths import ROOT
 from tests.support.redis_server import RedisServer
 from tests.support.saltd import master_config, start_minion
 
@@ -57,13 +58,14 @@ def masters(salt_factories, state_tree, redis_server):
             **shared,
         ),
     )
-    for keyfile in ("master.pem", "master.pub"):
-        shutil.copyfile(os.path.join(m1.config["pki_dir"], keyfile), os.path.join(m2.config["pki_dir"], keyfile))
-    with m1.started(), m2.started():
-        for master in (m1, m2):
-            ret = master.salt_run_cli(timeout=120).run("saltutil.sync_all")
-            assert ret.returncode == 0, ret
-        yield {"mm1": m1, "mm2": m2}
+    with m1.started():  # it makes the master key pair, the second one uses the same
+        for keyfile in ("master.pem", "master.pub"):
+            shutil.copyfile(os.path.join(m1.config["pki_dir"], keyfile), os.path.join(m2.config["pki_dir"], keyfile))
+        with m2.started():
+            for master in (m1, m2):
+                ret = master.salt_run_cli(timeout=120).run("saltutil.sync_all")
+                assert ret.returncode == 0, ret
+            yield {"mm1": m1, "mm2": m2}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,8 @@ def hypervisors(masters, tmp_path_factory):
     for mid in [*HOSTS, "mmgone"]:
         config = {
             "master": both,
-            "multiprocessing": False,  # jobs in threads: test:///default keeps its domains between jobs
+            "multiprocessing": False,  # jobs in threads of one process: test:///default is per process
+            "module_dirs": [str(ROOT / "tests" / "support" / "minion_mods")],  # svtest.hold keeps it open
             "virt": {"connection": {"uri": "test:///default"}, "images": str(tmp_path_factory.mktemp(mid))},
             "grains": {"virt_hypervisor": True},
         }
@@ -87,6 +90,8 @@ def hypervisors(masters, tmp_path_factory):
             assert ret.returncode == 0 and sorted(ret.data) == sorted(factories), ret
         ret = m1.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="mm*")
         assert ret.returncode == 0, ret
+        ret = m1.salt_cli(timeout=60).run("svtest.hold", minion_tgt="mm*")
+        assert ret.returncode == 0 and all(ret.data.values()), ret
         factories["mmgone"].terminate()
         yield factories
 
