@@ -29,9 +29,9 @@ from tests.support.saltd import master_config, start_minion
 pytestmark = [pytest.mark.salt]
 HOSTS = ["mmhv1", "mmhv2"]
 VIRT = {
-    "hypervisors": {"tgt": "mm*", "tgt_type": "glob", "timeout": 3, "gather_job_timeout": 4},
+    "hypervisors": {"tgt": "mm*", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 10},
     "placement": {"mem_reserve_mib": 0, "disk_reserve_mib": 0},
-    "shared": {"lock_ttl": 6},
+    "shared": {"lock_ttl": 10},
 }
 VM = ["1", "200", "nic=None", "disk=None"]  # 1 vCPU, 200 MiB, no NIC, no disk: test-driver VMs
 
@@ -133,7 +133,7 @@ def test_same_name_on_both_masters_creates_one_vm_and_names_the_holder(masters, 
     winner, loser = won[0], ({"mm1", "mm2"} - set(won)).pop()
     assert results[winner][1]["host"] in HOSTS
     err = results[loser][1]["error"]
-    assert err.startswith(f"'web1' is held: init by master {winner} (host "), err
+    assert err.startswith(f"'web1' is held: virt.init by master {winner} (host "), err
     assert ", job " in err and "lease until" in err  # who holds it: master, host, pid, job, until when
     placed = vms(masters)
     assert sum(placed.values(), []) == ["web1"], placed  # exactly one VM
@@ -176,12 +176,12 @@ def test_a_master_killed_mid_init_leaves_a_lock_that_expires(masters, hypervisor
     proc.wait()
     masters["mm1"].terminate()
     code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM))
-    assert code == 1 and data["error"].startswith("'web9' is held: init by master mm1 "), data
+    assert code == 1 and data["error"].startswith("'web9' is held: virt.init by master mm1 "), data
     assert f"pid {proc.pid}, job " in data["error"]
     while shared_locks(redis_server)["web9"]["expires"] > time.time() - 1:  # nobody renews it: it expires
         time.sleep(0.5)
     code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM))
     assert code == 0 and data["host"] in HOSTS, data
     (over,) = [t for t in data["taken_over"] if t["name"] == "web9"]
-    assert over["why"] == "expired" and over["was"].startswith("init by master mm1 "), over
+    assert over["why"] == "expired" and over["was"].startswith("virt.init by master mm1 "), over
     assert shared_locks(redis_server) == {}
