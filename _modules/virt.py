@@ -595,6 +595,10 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     Live where the hypervisor can, always in the definition: ``applied`` says what went live, what
     needs a restart; ``test=True`` returns the changes and the ``plan`` without making them.
 
+    Salt's spellings are taken: ``disk_profile``/``nic_profile`` (for ``disk``/``nic``), ``live=True``,
+    ``autostart``; the return has Salt's keys ``definition``, ``cpu``, ``mem``, ``disk``
+    (attached/detached/updated) and ``interface`` (attached/detached) besides ``changes``/``plan``.
+
     CLI Example:: salt 'hyper1' virt.update web1 cpu=4 mem=2048 enable_vnc=True
     """
     from saltvirt import converge
@@ -602,8 +606,21 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     if "allowed_paths" in kwargs:
         raise SaltInvocationError("allowed_paths is read from the minion config (virt:allowed_paths) only")
+    for old, new in (("disk_profile", "disk"), ("nic_profile", "nic")):
+        if old in kwargs:
+            if new in kwargs:
+                raise SaltInvocationError(f"virt.update: give {new}= or {old}= (Salt's name), not both")
+            kwargs[new] = kwargs.pop(old)
+    if not _bool(kwargs.pop("live", True)):
+        raise SaltInvocationError("virt.update: live=False is not supported: changes go live where libvirt can")
+    autostart = kwargs.pop("autostart", None)
+    warnings = compat.init_args(kwargs, "virt.update")
+    if cpu in (0, "0"):  # Salt's "not given"
+        cpu = None
+    if mem in (0, "0"):
+        mem = None
     with _conn(connection) as conn:
-        return converge.update(
+        ret = converge.update(
             conn,
             name,
             allowed_paths=_allowed_paths(),
@@ -614,3 +631,19 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
             mem=mem,
             **kwargs,
         )
+        if autostart is not None and not _bool(test):
+            lifecycle.set_autostart(conn, name, _bool(autostart))
+    changes = ret["changes"]
+    ret.update(
+        definition=bool(converge.actionable(changes)),
+        cpu=("cpu" in changes),
+        mem=("mem" in changes),
+        disk={"attached": list(changes.get("disks", {}).get("added", [])), "detached": [], "updated": []},
+        interface={
+            "attached": list(changes.get("nics", {}).get("added", [])),
+            "detached": list(changes.get("nics", {}).get("removed", [])),
+        },
+    )
+    if warnings:
+        ret["warnings"] = warnings
+    return ret

@@ -22,6 +22,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt import compat
     from saltvirt import conn as _c
     from saltvirt import migrate as _migrate
     from saltvirt.validate import to_bool as _bool
@@ -74,7 +75,8 @@ def migrate(
     target and undefined here. On failure the error says where the VM is (still here).
 
     target
-        the target hypervisor's host name or address (or a name from ``virt:migration:hosts``).
+        the target hypervisor's host name or address (or a name from ``virt:migration:hosts``), or
+        a libvirt URI as in Salt >= 3002 (``qemu+tls://hv2/system``: used verbatim).
         The libvirtd connection is ``qemu+tls://<target>/system`` (tunnel / ``transport: tls``) or
         ``qemu+tcp://<target>/system``; ``transport`` (tls/tcp) overrides the configured one,
         ``target_uri`` gives the whole URI verbatim.
@@ -100,9 +102,11 @@ def migrate(
     .. code-block:: bash
 
         salt 'hyper1' virt.migrate web1 hv2
+        salt 'hyper1' virt.migrate web1 qemu+tls://hv2/system
         salt 'hyper1' virt.migrate web1 hv2 tunnel=True max_downtime=500
         salt 'hyper1' virt.migrate db1 hv2.example.com copy_storage=all
     """
+    target, target_uri = compat.migration_target(target, target_uri)
     opts = _migrate.settings(_c.salt_config(__salt__))
     note = None
     if tunnel is None:

@@ -80,7 +80,10 @@ def _vm(mid, name, vm):
     gfx = vm.get("graphics")
     if gfx:
         where = gfx.get("address") or (f"{mid}:{gfx['port']}" if gfx.get("port") not in (None, -1) else "not listening")
-        out.append(f"    Graphics: {gfx.get('type', '?')} - {where}")
+        local = gfx.get("listen") in ("127.0.0.1", "::1", "localhost")
+        out.append(f"    Graphics: {gfx.get('type', '?')} - {where}" + (f" (loopback of {mid})" if local else ""))
+        if gfx.get("tunnel"):
+            out.append(f"      Reach it: {gfx['tunnel']}  then connect to localhost:{gfx['port']}")
     for target, disk in sorted((vm.get("disks") or {}).items()):
         out.append(f"    Disk - {target}:")
         size = _size(disk.get("virtual_size"))

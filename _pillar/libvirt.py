@@ -172,7 +172,17 @@ def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-ar
         )
         return {}
     if args:
-        raise SaltInvocationError("libvirt ext_pillar: configure it with a mapping (see pki/README.md)")
+        if len(args) == 1 and isinstance(args[0], str) and not config:
+            # Salt's own libvirt ext_pillar was configured as "- libvirt: _" (a placeholder value)
+            log.warning(
+                "libvirt ext_pillar: '- libvirt: %s' is the old configuration: write '- libvirt: {}' "
+                "(options as a mapping, see pki/README.md)",
+                args[0],
+            )
+        else:  # the minion is told why (virt.keys fails with it), not only the master log
+            msg = "libvirt ext_pillar: configure it with a mapping, e.g. '- libvirt: {}' (see pki/README.md)"
+            log.error(msg)
+            return {"libvirt": {"error": msg}}
     unknown = sorted(set(config) - set(CONFIG_KEYS) - {"target", "tgt_type"})
     if unknown:
         log.warning("libvirt ext_pillar: ignoring unknown option(s) %s", ", ".join(unknown))

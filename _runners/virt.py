@@ -67,7 +67,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import fleet, placement, validate
+    from saltvirt import compat, fleet, placement, validate
     from saltvirt import fleet_cleanup
 
 log = logging.getLogger(__name__)
@@ -88,14 +88,12 @@ def __virtual__():
 
 # helpers ------------------------------------------------------------------------------------------
 def _virt_conf():
-    conf = __opts__.get("virt") or {}
-    if not isinstance(conf, dict):
-        raise SaltInvocationError(f"master config 'virt' must be a mapping, not {conf!r}")
-    return conf
+    """The master's ``virt`` mapping, old flat keys (``virt.tunnel: True``) included (warned in the log)."""
+    return compat.master_virt_conf(__opts__)[0]
 
 
 def _cfg(tgt=None, tgt_type=None, timeout=None):
-    return fleet.config(__opts__, tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+    return fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
 
 
 def _client():
@@ -313,6 +311,8 @@ def init(
         req = placement.make_request(cpu, mem, disk, group)
         pol = placement.make_policy(_virt_conf().get("placement"))
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+        # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
+        warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         module_kwargs.update(
             enable_qcow=validate.to_bool(enable_qcow),
             enable_vnc=validate.to_bool(enable_vnc),
@@ -339,6 +339,8 @@ def init(
     except SaltException as exc:
         progress("failed", error=getattr(exc, "error", None) or str(exc))
         return _failed(exc)
+    if warnings and isinstance(created, dict):
+        created["warnings"] = warnings + list(created.get("warnings") or [])
     return _out(created)
 
 

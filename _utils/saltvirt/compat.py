@@ -5,10 +5,11 @@ to libvirt.
 """
 
 import logging
+import urllib.parse
 
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import speckeys
+from saltvirt import speckeys, validate
 
 log = logging.getLogger(__name__)
 _MISSING = object()
@@ -138,7 +139,7 @@ def init_args(kwargs, where="virt.init"):
         warnings.append("serial_type is deprecated: every VM has a pty serial console (see serial_log)")
     if "console" in kwargs:
         console = kwargs.pop("console")
-        if console is not None and not speckeys.validate.to_bool(console):
+        if console is not None and not validate.to_bool(console):
             raise SaltInvocationError(f"{where}: console=False is not supported: every VM has a serial console")
         warnings.append("console is deprecated: every VM has a serial console")
     if "images" in kwargs:
@@ -169,3 +170,30 @@ def refuse_unknown(kwargs, known, where):
         hint = speckeys.nearest(key, known)
         parts.append(f"{key} (did you mean {hint}?)" if hint else key)
     raise SaltInvocationError(f"{where}: unknown argument(s) {', '.join(parts)}")
+
+
+MIGRATION_SCHEMES = ("qemu+tls", "qemu+tcp", "qemu+ssh", "qemu+libssh2", "qemu+libssh")
+
+
+def migration_target(target, target_uri=None):
+    """Salt >= 3002 accepts a libvirt URI as ``virt.migrate`` target (``qemu+tls://hv2/system``):
+    ``(host, uri)``; a plain host name gives ``(target, target_uri)`` unchanged."""
+    if not isinstance(target, str) or "://" not in target:
+        return target, target_uri
+    if target_uri and target_uri != target:
+        raise SaltInvocationError("virt.migrate: the target is a URI already: leave target_uri out")
+    if any(c.isspace() or ord(c) < 32 for c in target):
+        raise SaltInvocationError(f"virt.migrate: invalid target URI {target!r}")
+    parts = urllib.parse.urlsplit(target)
+    if parts.scheme not in MIGRATION_SCHEMES:
+        raise SaltInvocationError(
+            f"virt.migrate: target URI scheme {parts.scheme!r} is not a remote QEMU libvirtd "
+            f"({', '.join(MIGRATION_SCHEMES)})"
+        )
+    if parts.path not in ("/system", "/system/") or parts.fragment:
+        raise SaltInvocationError(
+            f"virt.migrate: the target URI must name the system daemon (…/system), got {target!r}"
+        )
+    host = parts.hostname
+    validate.host_name(host or "", "virt.migrate target URI host")
+    return host, target

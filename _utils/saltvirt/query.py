@@ -33,13 +33,26 @@ def list_domains(conn, which="all"):
     return sorted(d.name() for d in conn.listAllDomains(flags))
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
 def _graphics_address(g, hostname):
+    """Where the console really listens (``host:port``): a loopback listener stays loopback (reach it
+    through :func:`graphics_tunnel`), a wildcard one is reached at the hypervisor's host name."""
     if g["port"] in (None, -1):
         return None
     host = g["listen"]
-    if not host or host in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
+    if not host or host in ("0.0.0.0", "::"):
         host = hostname
-    return f"{host}:{g['port']}"
+    return f"[{host}]:{g['port']}" if ":" in host else f"{host}:{g['port']}"
+
+
+def graphics_tunnel(g, hostname):
+    """The ssh command that reaches a console listening on the hypervisor's loopback, or None."""
+    if g.get("port") in (None, -1) or (g.get("listen") or "127.0.0.1") not in LOOPBACK:
+        return None
+    listen = "[::1]" if g.get("listen") == "::1" else "127.0.0.1"
+    return f"ssh -N -L {g['port']}:{listen}:{g['port']} {hostname}"
 
 
 def _block_stats(stats):
@@ -79,7 +92,9 @@ def describe(dom, hostname, stats=None, xml=None):
         (n["mac"] or f"nic{i}"): {"type": n["type"], "source": n["source"], "model": n["model"], "target": n["target"]}
         for i, n in enumerate(facts["nics"])
     }
-    graphics = [dict(g, address=_graphics_address(g, hostname)) for g in facts["graphics"]]
+    graphics = [
+        dict(g, address=_graphics_address(g, hostname), tunnel=graphics_tunnel(g, hostname)) for g in facts["graphics"]
+    ]
     try:
         autostart = bool(dom.autostart())
     except libvirt.libvirtError:

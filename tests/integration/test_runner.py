@@ -141,7 +141,11 @@ def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
     text = out.stdout
     assert "cap-gone  down  (did not answer" in text
     assert "\n  web-a\n    CPU: 4\n    Memory: 4096 MiB\n    State: running\n    Group: web\n" in text
-    assert "    Graphics: vnc - " in text and ":5901\n" in text
+    # where the console really listens (loopback) and the ssh tunnel that reaches it
+    assert (
+        "    Graphics: vnc - 127.0.0.1:5901 (loopback of cap-big)\n      Reach it: ssh -N -L 5901:127.0.0.1:5901 "
+        in text
+    )
     assert (
         "    Disk - vda:\n      Size: " in text
         and "      File: /srv/salt-images/web-a/system.qcow2\n      File Format: qcow2\n" in text
@@ -290,7 +294,8 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
     assert init.returncode == 0, init
     res = init.data
     assert res["host"] == "kvm1" and res["tried"] == [] and res["init"]["started"] is True
-    assert res["vm_info"]["state"] == "running" and res["vm_info"]["graphics"]["address"].startswith("hv1:")
+    assert res["vm_info"]["state"] == "running" and res["vm_info"]["graphics"]["address"].startswith("127.0.0.1:")
+    assert res["vm_info"]["graphics"]["tunnel"].startswith("ssh -N -L 59")
     key = res["key"]
     assert key["minion_id"] == "rvm1" and key["state"] == "accepted"
     log = serial_log(hv1, "rvm1", "SALT-MINION-KEY:", offset)
@@ -305,7 +310,8 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
 
     # the text output of the new VM reads like the tutorial
     text = run_text(vmaster, "virt.query", "tgt=kvm1").stdout
-    assert "\n  rvm1\n    CPU: 1\n    Memory: 256 MiB\n    State: running\n    Graphics: vnc - hv1:59" in text
+    assert "\n  rvm1\n    CPU: 1\n    Memory: 256 MiB\n    State: running\n    Graphics: vnc - 127.0.0.1:59" in text
+    assert "(loopback of kvm1)\n      Reach it: ssh -N -L 59" in text
     assert "File Format: qcow2" in text and "      Source: br0\n      Type: bridge" in text
 
     # lifecycle through the runner

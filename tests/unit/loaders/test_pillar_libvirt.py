@@ -22,7 +22,7 @@ def compile_pillar(tmp_path):
     import salt.config
     import salt.pillar
 
-    def compile_(minion_id, grains, ext_pillar_conf=None, ext=None, virt=None, accepted=("hv1", "hv2")):
+    def compile_(minion_id, grains, ext_pillar_conf=None, ext=None, virt=None, accepted=("hv1", "hv2"), raw=None):
         opts = salt.config.master_config(None)
         opts.update(
             {
@@ -32,7 +32,7 @@ def compile_pillar(tmp_path):
                 "file_roots": {"base": [str(tmp_path / "files")]},
                 "pillar_dirs": [str(ROOT / "_pillar")],
                 "extension_modules": str(tmp_path / "ext"),
-                "ext_pillar": [{"libvirt": dict({"key_size": 2048}, **(ext_pillar_conf or {}))}],
+                "ext_pillar": raw or [{"libvirt": dict({"key_size": 2048}, **(ext_pillar_conf or {}))}],
                 "virt": {"hypervisors": ["hv1", "hv2"]} if virt is None else virt,
             }
         )
@@ -123,3 +123,12 @@ def test_ext_pillar_refuses_a_minions_own_configuration(compile_pillar):
     assert "libvirt" not in compile_pillar("web1", dict(GRAINS, virt_hypervisor=False), ext=ask)
     out = compile_pillar("hv1", GRAINS, ext=ask)["libvirt"]  # the master's own entry still answers
     assert "bank.example.com" not in out["server"]["san_dns"]
+
+
+def test_ext_pillar_old_placeholder_config_is_accepted(compile_pillar):
+    # Salt's tutorial: "ext_pillar: [- libvirt: _]"
+    assert "servercert" in compile_pillar("hv1", {}, raw=[{"libvirt": "_"}])["libvirt"]
+    assert "libvirt" not in compile_pillar("web1", {}, raw=[{"libvirt": "_"}])
+    # anything else that is not a mapping: every minion is told why (not only the master log)
+    bad = compile_pillar("hv1", {}, raw=[{"libvirt": ["a", "b"]}])
+    assert list(bad["libvirt"]) == ["error"] and "configure it with a mapping" in bad["libvirt"]["error"]
