@@ -9,7 +9,10 @@ from saltvirt import compat
 def test_migration_target_accepts_a_libvirt_uri():
     assert compat.migration_target("hv2") == ("hv2", None)
     assert compat.migration_target("qemu+tls://hv2/system") == ("hv2", "qemu+tls://hv2/system")
-    assert compat.migration_target("qemu+tcp://10.0.0.2:16509/system") == ("10.0.0.2", "qemu+tcp://10.0.0.2:16509/system")
+    assert compat.migration_target("qemu+tcp://10.0.0.2:16509/system") == (
+        "10.0.0.2",
+        "qemu+tcp://10.0.0.2:16509/system",
+    )
     assert compat.migration_target("qemu+ssh://root@[fd00::2]/system")[0] == "fd00::2"
 
 
