@@ -366,3 +366,29 @@ def test_virt_init_refuses_bad_checksum_redirect_and_oversize(virt_test, base, t
     )
     assert ok["disks"][0]["format"] == "qcow2" and ok["state"] == "shutoff"
     assert v["virt.purge"]("goodvm")["removed"] == [ok["disks"][0]["path"]]
+
+
+def test_purge_collects_the_cached_base_of_its_overlay(virt_test, base, web):
+    """An overlay from a downloaded image backs onto <images>/.bases/...; purging the last VM that uses
+    it removes the base too (virt.image_gc cache=True then empties the download cache)."""
+    v, images_dir = virt_test, virt_test.opts["virt"]["images"]
+    with open(base["qcow2"], "rb") as fh:
+        web.files["/g.qcow2"] = fh.read()
+    args = {"nic": None, "seed": False, "start": False, "enable_qcow": True, "allow_http": True}
+    one = v["virt.init"]("gc1", 1, 64, image=web.url("/g.qcow2"), **args)
+    two = v["virt.init"]("gc2", 1, 64, image=web.url("/g.qcow2"), **args)
+    # the server sends no ETag: the second init downloads again and gets a base of its own
+    b1, b2 = one["disks"][0]["backing"], two["disks"][0]["backing"]
+    assert sorted(os.listdir(os.path.join(images_dir, ".bases"))) == sorted(
+        {os.path.basename(b1), os.path.basename(b2)}
+    )
+    three = v["virt.init"]("gc3", 1, 64, image=b2, **dict(args, enable_qcow=False))  # a full copy: no backing
+    assert three["disks"][0]["backing"] is None
+    hostile.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", b2, f"{images_dir}/gc3/extra.qcow2"])
+    assert v["virt.purge"]("gc1")["bases_removed"] == ([b1] if b1 != b2 else [])
+    assert v["virt.purge"]("gc2")["bases_removed"] == []  # gc3/extra.qcow2 still backs onto it
+    os.unlink(f"{images_dir}/gc3/extra.qcow2")
+    assert v["virt.purge"]("gc3")["bases_removed"] == [b2]
+    assert os.listdir(os.path.join(images_dir, ".bases")) == []
+    cached = v["virt.image_gc"](cache=True)["removed"]
+    assert len(cached) == 2 and os.listdir(os.path.join(images_dir, ".cache")) == []  # image + its metadata
