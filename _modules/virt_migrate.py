@@ -77,8 +77,10 @@ def migrate(
     target
         the target hypervisor's host name or address (or a name from ``virt:migration:hosts``), or
         a libvirt URI as in Salt >= 3002 (``qemu+tls://hv2/system``: used verbatim).
-        The libvirtd connection is ``qemu+tls://<target>/system`` (tunnel / ``transport: tls``) or
-        ``qemu+tcp://<target>/system``; ``transport`` (tls/tcp) overrides the configured one,
+        The libvirtd connection is ``qemu+tls://<target>/system`` (port 16514, this host's client
+        certificate from ``virt.keys``): refused up front when those files are missing.
+        ``transport=tcp`` (or ``virt:migration:transport: tcp``) asks for plaintext
+        ``qemu+tcp://<target>/system`` by name; the result then carries a warning.
         ``target_uri`` gives the whole URI verbatim.
     tunnel
         memory through the TLS libvirtd connection (port 16514) instead of a direct QEMU stream to

@@ -513,6 +513,7 @@ def migrate(
     max_bandwidth=None,
     tgt=None,
     tgt_type=None,
+    transport=None,
 ):
     """
     Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
@@ -525,6 +526,9 @@ def migrate(
     On failure the error says why and where the VM is (still on the source); what the target had
     prepared is removed again.
 
+    transport
+        the libvirtd-to-libvirtd connection: TLS (port 16514, the certificates ``virt.keys`` writes) unless
+        ``transport=tcp`` asks for plaintext by name (the result then carries ``warnings``).
     tunnel
         tunnel the migration through the TLS libvirtd connection (port 16514); default: the master
         config's ``virt:tunnel``. libvirt cannot tunnel a disk copy: then the libvirtd connection is
@@ -562,12 +566,13 @@ def migrate(
                 max_downtime=max_downtime,
                 max_bandwidth=max_bandwidth,
                 timeout=timeout,
+                transport=transport or None,
             )
     except SaltException as exc:
         return _failed(exc)
 
 
-def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, **policy):
+def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, transport=None, **policy):
     """
     Move every VM off hypervisor minion ``host`` (for maintenance), one at a time, each to the host
     placement ranks best (see ``virt.next_host``: memory, vCPUs, anti-affinity groups, maintenance);
@@ -576,6 +581,8 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
 
     dry_run
         only show where each VM would go.
+    transport
+        as in ``virt.migrate``: TLS unless ``tcp`` is asked for by name.
 
     Policy keys (``maintenance``, ``strategy``, ``mem_reserve_mib``, ...) apply to this call only.
     Exits non-zero if a VM could not be moved (listed under ``failed`` with the reasons).
@@ -601,6 +608,7 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
                 tunnel=tunnel,
                 dry_run=validate.to_bool(dry_run),
                 timeout=timeout,
+                transport=transport or None,
             )
     except SaltException as exc:
         return _failed(exc)

@@ -21,7 +21,8 @@ The master-side sequence (source_info -> prepare -> migrate -> finish or abort_c
     virt:
       tunnel: False                 # tunnelled migration: memory over the libvirtd TLS connection (16514)
       migration:
-        transport: tls              # libvirtd-to-libvirtd connection: tls | tcp (default: tls if tunnel)
+        transport: tls              # libvirtd-to-libvirtd connection: tls (default) | tcp (plaintext: only
+                                    # when named here or in the call, and reported in the result's warnings)
         pkipath: /etc/pki/libvirt   # dir with cacert.pem, clientcert.pem, clientkey.pem (default: libvirt's)
         uri_template: 'qemu+{transport}://{target}/system'
         qemu_tls: False             # QEMU-native TLS for a direct data stream (migrate_tls_x509_cert_dir)
@@ -71,6 +72,44 @@ def settings(config_get):
     if not isinstance(out["hosts"], dict):
         raise SaltInvocationError(f"virt:migration:hosts must map names to addresses, not {out['hosts']!r}")
     return out
+
+
+DEFAULT_PKI = {  # libvirt's client files for root when no pkipath is given (what virt.keys writes)
+    "cacert.pem": "/etc/pki/CA/cacert.pem",
+    "clientcert.pem": "/etc/pki/libvirt/clientcert.pem",
+    "clientkey.pem": "/etc/pki/libvirt/private/clientkey.pem",
+}
+PLAINTEXT_WARNING = (
+    "plaintext migration (transport tcp, asked for by name): the libvirtd connection (port 16509) is neither "
+    "encrypted nor authenticated; the default is TLS (16514) with the certificates virt.keys writes"
+)
+
+
+def tls_missing(pkipath=None):
+    """The TLS client files libvirt needs for ``qemu+tls://`` that are missing (empty: all there)."""
+    files = {n: os.path.join(pkipath, n) for n in DEFAULT_PKI} if pkipath else DEFAULT_PKI
+    return [path for path in files.values() if not os.path.isfile(path)]
+
+
+def choose_transport(transport=None, pkipath=None, target_uri=None):
+    """``(transport, warnings)``: TLS unless ``tcp`` is asked for by name; TLS without the client
+    files is refused before anything moves."""
+    if target_uri:
+        plain = str(target_uri).startswith("qemu+tcp:")
+        return None, [PLAINTEXT_WARNING] if plain else []
+    transport = transport or "tls"
+    if transport not in TRANSPORTS:
+        raise SaltInvocationError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+    if transport == "tcp":
+        return "tcp", [PLAINTEXT_WARNING]
+    missing = tls_missing(pkipath)
+    if missing:
+        raise CommandExecutionError(
+            f"migration over TLS needs this host's libvirt client certificate: {', '.join(missing)} missing. "
+            "Apply the virt.keys state (see salt-virt.example.sls) or set virt:migration:pkipath; plaintext "
+            "only when asked for by name: transport=tcp"
+        )
+    return "tls", []
 
 
 def destination_uri(target, tunnel=False, transport=None, pkipath=None, uri_template=None):
@@ -312,7 +351,8 @@ def migrate(
         raise SaltInvocationError(f"VM {name!r} is running: offline=True moves stopped VMs only (or stop it first)")
     if target == source:
         raise SaltInvocationError(f"VM {name!r} is already on {target}")
-    dest = target_uri or destination_uri(target, tunnel, transport, pkipath, uri_template)
+    if not target_uri:
+        destination_uri(target, tunnel, "tcp", None, uri_template)  # bad input first, then the TLS files
     flags = migration_flags(active, live, tunnel, copy_storage, unsafe, qemu_tls)
     for path, want in (verify_backing or {}).items():
         if sha256(path) != want:
@@ -320,6 +360,8 @@ def migrate(
                 f"the backing image {path} differs on the target: nothing was migrated, VM {name!r} is still on "
                 f"{source}. Use copy_storage=all (full copy) or give the target the same image"
             )
+    transport, warnings = choose_transport(transport, pkipath, target_uri)
+    dest = target_uri or destination_uri(target, tunnel, transport, pkipath, uri_template)
     params = {}
     if not tunnel and data_uri(dest):
         params[libvirt.VIR_MIGRATE_PARAM_URI] = data_uri(dest)
@@ -346,7 +388,7 @@ def migrate(
         ) from None
     seconds = round(time.monotonic() - started, 3)
     view = _target_view(dest, uuid)
-    return {
+    ret = {
         "name": name,
         "uuid": uuid,
         "source": source,
@@ -361,7 +403,11 @@ def migrate(
         "disk_map": dict(disk_map or {}),
         "undefined_on_source": not domain_exists(conn, name),
         "seconds": seconds,
+        "transport": transport or urllib.parse.urlsplit(dest).scheme.partition("+")[2] or None,
     }
+    if warnings:
+        ret["warnings"] = warnings
+    return ret
 
 
 # target side ------------------------------------------------------------------------------------

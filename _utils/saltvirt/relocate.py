@@ -6,9 +6,10 @@ One migration is four steps on two hypervisors, each a ``virt.migrate_*`` call (
 2. target ``virt.migrate_prepare``: storage the target sees (probe) is used in place; for the rest it
    checks room and creates disk files of the right size and format (qcow2 overlays onto its copy of
    the backing image); then the probe files are removed again;
-3. source ``virt.migrate``: one peer-to-peer libvirt migration, live if the VM runs; tunnelled over the
-   libvirtd TLS connection when ``virt:tunnel`` is set in the master config (libvirt cannot tunnel a disk
-   copy: then the libvirtd connection stays TLS and the data goes over a direct stream);
+3. source ``virt.migrate``: one peer-to-peer libvirt migration, live if the VM runs, over the libvirtd TLS
+   connection (plaintext TCP only with ``transport=tcp``, reported in ``warnings``); tunnelled through it
+   when ``virt:tunnel`` is set in the master config (libvirt cannot tunnel a disk copy: then the data goes
+   over a direct stream);
 4. target ``virt.migrate_finish`` (the VM is there: report it) or, on failure, ``virt.migrate_abort_cleanup``
    (remove what step 2 created) and a check that the VM still runs on the source.
 
@@ -70,6 +71,7 @@ def migrate(
     max_downtime=None,
     max_bandwidth=None,
     timeout=DEFAULT_TIMEOUT,
+    transport=None,
 ):
     """Move VM ``name`` to hypervisor minion ``target``; see the runner's ``virt.migrate``.
 
@@ -78,11 +80,24 @@ def migrate(
     validate.vm_name(name)
     with fleet._creating(remote.opts, [name], what="virt.migrate"):
         return _migrate(
-            remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout
+            remote,
+            name,
+            target,
+            source,
+            hosts,
+            live,
+            tunnel,
+            copy_storage,
+            max_downtime,
+            max_bandwidth,
+            timeout,
+            transport,
         )
 
 
-def _migrate(remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout):
+def _migrate(  # noqa: PLR0912 - one sequence with its failure paths
+    remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout, transport
+):
     if copy_storage not in (None, "all", "inc"):
         raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
     started = time.monotonic()
@@ -119,7 +134,7 @@ def _migrate(remote, name, target, source, hosts, live, tunnel, copy_storage, ma
     kwargs = {
         "live": live,
         "tunnel": bool(tunnel) and not copying,
-        "transport": "tls" if tunnel else None,
+        "transport": transport,  # None: the hypervisor's setting, TLS unless tcp is named there
         "copy_storage": copying,
         "unsafe": prep["unsafe"],
         "disk_map": prep["disk_map"] or None,
@@ -174,6 +189,9 @@ def _migrate(remote, name, target, source, hosts, live, tunnel, copy_storage, ma
         "migration_seconds": moved["seconds"],
         "seconds": round(time.monotonic() - started, 3),
     }
+    ret["transport"] = moved.get("transport")
+    if moved.get("warnings"):
+        ret["warnings"] = moved["warnings"]
     if left:
         ret["source_files_left"] = left
     if note:
@@ -195,7 +213,9 @@ def _book(facts, vm, name):
     facts.setdefault("vm_info", {})[name] = vm
 
 
-def evacuate(remote, host, policy=None, live=True, tunnel=False, dry_run=False, timeout=DEFAULT_TIMEOUT):
+def evacuate(
+    remote, host, policy=None, live=True, tunnel=False, dry_run=False, timeout=DEFAULT_TIMEOUT, transport=None
+):
     """Migrate every VM off ``host`` (a hypervisor minion); see the runner's ``virt.evacuate``."""
     facts = remote.gather("virt.full_info")
     if host not in facts:
@@ -222,7 +242,15 @@ def evacuate(remote, host, policy=None, live=True, tunnel=False, dry_run=False, 
                 break
             try:
                 moved[name] = migrate(
-                    remote, name, choice, source=host, hosts=facts, live=live, tunnel=tunnel, timeout=timeout
+                    remote,
+                    name,
+                    choice,
+                    source=host,
+                    hosts=facts,
+                    live=live,
+                    tunnel=tunnel,
+                    timeout=timeout,
+                    transport=transport,
                 )
             except CommandExecutionError as exc:
                 errors.append(str(exc))

@@ -190,7 +190,7 @@ def test_source_info_describes_disks_and_leaves_probes(test_conn, src_vm):
 def test_migrate_failure_says_where_the_vm_is(test_conn, src_vm):
     # the test driver has no migration support: a real libvirt failure, and the VM really stays
     with pytest.raises(CommandExecutionError) as err:
-        migrate.migrate(test_conn, "m", "hv2")
+        migrate.migrate(test_conn, "m", "hv2", transport="tcp")  # no TLS files on this machine
     msg = str(err.value)
     assert msg.startswith(f"migrating VM 'm' from {test_conn.getHostname()} to hv2 failed: ")
     assert msg.endswith(f"VM 'm' is still running on {test_conn.getHostname()}")
@@ -211,7 +211,7 @@ def test_migrate_refuses_before_touching_libvirt(test_conn, src_vm, tmp_path):
     qemu_img("create", "-q", "-f", "qcow2", str(other), "64M")
     wrong = {src_vm["base"]: migrate.sha256(str(other)) + "0"}
     with pytest.raises(CommandExecutionError, match="backing image .* differs on the target: nothing was migrated"):
-        migrate.migrate(test_conn, "m", "hv2", copy_storage="inc", verify_backing=wrong)
+        migrate.migrate(test_conn, "m", "hv2", copy_storage="inc", verify_backing=wrong, transport="tcp")
     assert src_vm["dom"].isActive()
 
 
@@ -350,7 +350,7 @@ def test_module_migrate_error_on_test_driver(virt_test):
     with pytest.raises(
         CommandExecutionError, match="migrating VM 'test' from .* to hv2 failed: .* VM 'test' is still running on"
     ):
-        virt_test["virt.migrate"]("test", "hv2")
+        virt_test["virt.migrate"]("test", "hv2", transport="tcp")
     assert virt_test["virt.vm_state"]("test") == {"test": "running"}
     with pytest.raises(SaltInvocationError, match="cannot copy disks through a tunnelled"):
         virt_test["virt.migrate"]("test", "hv2", tunnel=True, copy_storage="all")
@@ -359,10 +359,12 @@ def test_module_migrate_error_on_test_driver(virt_test):
 
 
 def test_module_maps_target_names_from_config(tmp_path):
-
-    mods = make_minion_mods(
-        tmp_path, "test:///default", migration={"hosts": {"hyper2": "hv2.example.com"}, "transport": "tls"}
-    )
+    pkipath = tmp_path / "client"
+    pkipath.mkdir()
+    for name in migrate.DEFAULT_PKI:  # TLS is checked for its client files before libvirt is asked
+        (pkipath / name).write_text("x")
+    migration = {"hosts": {"hyper2": "hv2.example.com"}, "transport": "tls", "pkipath": str(pkipath)}
+    mods = make_minion_mods(tmp_path, "test:///default", migration=migration)
     with pytest.raises(
         CommandExecutionError, match=r"from .* to hv2\.example\.com failed: .* VM 'test' is still running"
     ):
@@ -393,3 +395,20 @@ def test_prepare_creates_only_inside_its_own_images_or_allowlist(test_conn, src_
     plan = migrate.prepare(target["conn"], forged, b, allowed_paths=[str(elsewhere)])  # the operator allows it
     assert str(elsewhere / "authorized_keys") in plan["created"]
     assert img_info(str(elsewhere / "authorized_keys"))["virtual-size"] == 32 << 20
+
+
+def test_transport_is_tls_unless_tcp_is_named(tmp_path):
+    """TLS by default; plaintext only by name and with a warning; TLS without the client files is
+    refused before anything moves."""
+    with pytest.raises(CommandExecutionError, match="virt.keys") as exc:
+        migrate.choose_transport(pkipath=str(tmp_path))
+    assert "transport=tcp" in str(exc.value) and str(tmp_path / "clientkey.pem") in str(exc.value)
+    for name in migrate.DEFAULT_PKI:
+        (tmp_path / name).write_text("x")
+    assert migrate.choose_transport(pkipath=str(tmp_path)) == ("tls", [])
+    transport, warnings = migrate.choose_transport("tcp", pkipath=str(tmp_path))
+    assert transport == "tcp" and "plaintext" in warnings[0]
+    assert migrate.choose_transport(target_uri="qemu+tcp://hv2/system")[1] == [migrate.PLAINTEXT_WARNING]
+    assert migrate.choose_transport(target_uri="qemu+tls://hv2/system") == (None, [])
+    with pytest.raises(SaltInvocationError, match="transport must be one of"):
+        migrate.choose_transport("ssh")
