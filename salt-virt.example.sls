@@ -3,9 +3,10 @@
 
   Copy it into your file_roots (e.g. as hypervisor.sls) and apply it to new hosts:
       salt 'hyper*' state.apply hypervisor
-  Afterwards the host is a hypervisor minion: its virt_hypervisor grain is True, the libvirt
-  ext_pillar hands it TLS certificates, libvirtd listens for TLS, and `salt-run virt.init` can place
-  VMs on it with no further step.
+  First list the host's minion id in the master config (virt:hypervisors: [hyper1, ...], or a glob
+  or nodegroup on ids): that, not a grain, makes it a hypervisor. Afterwards the libvirt ext_pillar
+  hands it TLS certificates and the CRL, libvirtd listens for TLS and admits only hypervisor client
+  certificates (tls_allowed_dn_list, crl_file), and `salt-run virt.init` can place VMs on it.
 
   Pillar (all optional):
     salt_virt:
@@ -48,8 +49,8 @@ salt-virt-packages:
   pkg.installed:
     - pkgs: {{ packages | json }}
 
-# the virt_hypervisor grain turns True once libvirt is installed: the libvirt ext_pillar (default
-# target G@virt_hypervisor:True) then signs certificates for this host, and the runner finds it
+# the grains and the pillar afresh once libvirt is installed (the libvirt pillar of a host listed in
+# the master's virt:hypervisors carries its certificates)
 salt-virt-refresh-grains:
   module.run:
     - saltutil.refresh_grains:
@@ -86,10 +87,14 @@ salt-virt-libvirtd-args:
       - pkg: salt-virt-packages
 {%- endif %}
 
+# certificates, keys and the CRL; in libvirtd.conf: crl_file and a tls_allowed_dn_list that admits
+# only hypervisor client certificates (not QEMU's migration pair, not anything else the CA signed)
 salt-virt-keys:
   virt.keys:
     - basepath: {{ pki }}
+    - libvirtd_conf: {{ conf }}
     - require:
+      - file: salt-virt-libvirtd-listen
       - pkg: salt-virt-packages
       - module: salt-virt-refresh-grains
 

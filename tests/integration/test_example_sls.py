@@ -96,6 +96,9 @@ def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sl
         assert (
             "\nlisten_tls = 1" in text and "\nlisten_tcp = 0" in text and f'ca_file = "{tmp}/pki/CA/cacert.pem"' in text
         )
+        # virt.keys: the CRL and only hypervisor client certificates admitted
+        assert f'\ncrl_file = "{tmp}/pki/CA/cacrl.pem"' in text and os.path.exists(f"{tmp}/pki/CA/cacrl.pem")
+        assert '\ntls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]' in text
         assert 'LIBVIRTD_ARGS="--listen"' in pathlib.Path(defaults).read_text()
         for path, mode in (
             ("CA/cacert.pem", 0o644),
