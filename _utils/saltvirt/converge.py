@@ -197,6 +197,8 @@ def diff(desired, current_facts, manage=FIELDS):
         changes["mem"] = {"old": old_mem, "new": desired.mem}
     if "graphics" in manage:
         have = cfg["graphics"][0] if cfg["graphics"] else None
+        if desired.graphics and not desired.graphics.password and have and have.get("passwd"):
+            desired.graphics.password = have["passwd"]  # no password given: the VM keeps its own
         want, was = _gfx_summary(desired.graphics), _gfx_summary(have)
         if want != was:
             changes["graphics"] = {"old": was, "new": want}

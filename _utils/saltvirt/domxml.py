@@ -20,9 +20,17 @@ def build(spec):
     _sub(dom, "memory", spec.mem, unit="MiB")
     _sub(dom, "currentMemory", spec.mem, unit="MiB")
     _sub(dom, "vcpu", spec.cpu)
-    if spec.group:
+    if spec.group or spec.minion_key:
         meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
-        _sub(meta, f"{{{METADATA_NS}}}group", spec.group)
+        if spec.group:
+            _sub(meta, f"{{{METADATA_NS}}}group", spec.group)
+        if spec.minion_key:
+            _sub(
+                meta,
+                f"{{{METADATA_NS}}}minion",
+                id=spec.minion_key["minion_id"],
+                key_sha256=spec.minion_key["fingerprint"],
+            )
     os_el = _sub(dom, "os")
     _sub(os_el, "type", "hvm", arch=spec.arch)
     if spec.boot and spec.boot.kernel:
@@ -177,4 +185,13 @@ def parse(xml):
         "boot": boot,
         "serial_log": log.get("file") if log is not None else None,
         "group": root.findtext(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}group"),
+        "minion": _minion(root),
     }
+
+
+def _minion(root):
+    """``{id, key_sha256}`` of the minion key virt.init seeded into this VM (its <metadata>), or None."""
+    el = root.find(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}minion")
+    if el is None or not el.get("id") or not el.get("key_sha256"):
+        return None
+    return {"id": el.get("id"), "key_sha256": el.get("key_sha256")}

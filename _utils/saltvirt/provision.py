@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shutil
 import time
 
@@ -188,6 +189,10 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         )
         fetched = info["path"]
         progress("image_cached", image=info["source"], path=fetched, checksum=info["checksum"])
+    gfx = spec_args.get("graphics")
+    if isinstance(gfx, dict) and envelope.is_envelope(gfx.get("password")):
+        # sealed by the runner for this hypervisor only: a console password never travels in clear
+        spec_args["graphics"] = dict(gfx, password=envelope.unseal(gfx["password"], pki_dir))
     spec = vmspec.build(
         name,
         cpu,
@@ -200,6 +205,10 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         allowed_paths=allowed_paths,
         **spec_args,
     )
+    if spec.graphics and not spec.graphics.password:
+        # a console without a password is open to whoever reaches its socket: generate one. It stays in
+        # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return
+        spec.graphics.password = secrets.token_urlsafe(6)[:8]
     src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
     for disk in spec.disks:
         if disk.image and disk.image == fetched:
@@ -257,6 +266,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
                 spec, seed_backend, minion_id or name, master, pub_key, priv_key, minion_config, pki_dir
             )
             progress("seeded", backend=result["seed"]["backend"])
+            spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
 
         with lv_errors(f"define VM {name!r} on {host}"):
             dom = conn.defineXML(domxml.build(spec))

@@ -116,6 +116,7 @@ def describe(dom, hostname, stats=None, xml=None):
         "boot": facts["boot"],
         "serial_log": facts["serial_log"],
         "group": facts["group"],
+        "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
     }
 
 

@@ -91,6 +91,9 @@ class VMSpec:
     serial_log: str | None = None
     vm_dir: str | None = None
     group: str | None = None  # anti-affinity group, kept in the domain's <metadata>
+    # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
+    # salt-run virt.purge deletes a master key only when it is this very key
+    minion_key: dict | None = None
 
     def to_dict(self):
         return dataclasses.asdict(self)

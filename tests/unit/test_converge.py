@@ -355,3 +355,11 @@ def test_bad_input_fails_the_state_with_a_reason(states):
     assert "virt.defined does not" in st["virt.running"]("conv9", cpu=1, mem=64, start=False)["comment"]
     missing = states(test=True)["virt.running"]("conv9", cpu=1, mem=64, image="/nonexistent/base.qcow2")
     assert missing["result"] is False and "/nonexistent/base.qcow2" in missing["comment"]
+
+
+def test_no_password_given_keeps_the_vms_own():
+    """virt.init generates a console password; a state that names none must not remove it."""
+    have = facts_of(spec_of(graphics={"type": "vnc", "password": "genpass1"}))
+    assert converge.diff(spec_of(enable_vnc=True), have) == {}
+    moved = converge.diff(spec_of(graphics={"type": "vnc", "listen": "127.0.0.2"}), have)
+    assert moved["graphics"]["new"]["password"] is True  # listen changes, the password stays

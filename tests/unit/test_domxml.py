@@ -100,3 +100,12 @@ def test_golden_check_catches_a_changed_builder():
         golden_files.compare_or_write("domxml/nic-network", xml, regen=False)
     with pytest.raises(AssertionError, match="no golden file tests/golden/domxml/no-such-case.xml"):
         golden_files.compare_or_write("domxml/no-such-case", xml, regen=False)
+
+
+def test_minion_key_kept_in_metadata():
+    """virt.init records the seeded minion key; salt-run virt.purge compares it with the master's."""
+    vm = spec.build("web1", 1, 128, images_dir="/srv/img", profiles={}, disk=None, group="web")
+    assert domxml.parse(domxml.build(vm))["minion"] is None
+    vm.minion_key = {"minion_id": "web1", "fingerprint": "ab" * 32}
+    facts = domxml.parse(domxml.build(vm))
+    assert facts["minion"] == {"id": "web1", "key_sha256": "ab" * 32} and facts["group"] == "web"
