@@ -13,6 +13,18 @@ def _sub(parent, tag, text=None, **attrs):
     return el
 
 
+def _metadata(dom, spec):
+    """salt-virt's own <metadata>: the anti-affinity group, the minion key virt.init seeded."""
+    if not (spec.group or spec.minion_key):
+        return
+    meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
+    if spec.group:
+        _sub(meta, f"{{{METADATA_NS}}}group", spec.group)
+    if spec.minion_key:
+        key = spec.minion_key
+        _sub(meta, f"{{{METADATA_NS}}}minion", id=key["minion_id"], key_sha256=key["fingerprint"])
+
+
 def build(spec):
     """Domain XML (str) for a :class:`saltvirt.spec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
@@ -20,17 +32,7 @@ def build(spec):
     _sub(dom, "memory", spec.mem, unit="MiB")
     _sub(dom, "currentMemory", spec.mem, unit="MiB")
     _sub(dom, "vcpu", spec.cpu)
-    if spec.group or spec.minion_key:
-        meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
-        if spec.group:
-            _sub(meta, f"{{{METADATA_NS}}}group", spec.group)
-        if spec.minion_key:
-            _sub(
-                meta,
-                f"{{{METADATA_NS}}}minion",
-                id=spec.minion_key["minion_id"],
-                key_sha256=spec.minion_key["fingerprint"],
-            )
+    _metadata(dom, spec)
     os_el = _sub(dom, "os")
     _sub(os_el, "type", "hvm", arch=spec.arch)
     if spec.boot and spec.boot.kernel:
