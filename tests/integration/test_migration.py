@@ -129,7 +129,7 @@ def minions(mmaster, lab_hvs, lab_dir, store):
                 "state.single", "virt.keys", "libvirt-keys", f"basepath={lab_hvs[name].tls_dir}", minion_tgt=name
             )
             (state,) = ret.data.values()
-            assert state["result"] is True and len(state["changes"]) == 5, ret
+            assert state["result"] is True and len(state["changes"]) == 6, ret  # + the CRL
         foreign_tls(lab_hvs["hv8"], lab_dir)
         for hv in lab_hvs.values():
             hv.start()
