@@ -130,7 +130,11 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
                         "image_format": "raw",
                         "reps": reps,
                         "prefix": f"b{len(answers) % 100}x{p}i",
-                        "virt": {"connection": {"uri": hv.uri}, "images": images_dir},
+                        "virt": {
+                            "connection": {"uri": hv.uri},
+                            "images": images_dir,
+                            "allowed_paths": [str(common.GUEST)],  # the guest's kernel/initrd (direct boot)
+                        },
                         "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
                     }
                     spec.update(extra)

@@ -86,7 +86,12 @@ class Demo:
             pki_dir=str(self.base / "pki" / "minion"),
             log_file=str(self.base / "log" / "minion"),
             grains={"virt_hypervisor": True},
-            virt={"connection": {"uri": self.hv.uri}, "images": str(self.base / "images")},
+            # virt:allowed_paths: the demo guest's kernel/initrd live outside virt:images
+            virt={
+                "connection": {"uri": self.hv.uri},
+                "images": str(self.base / "images"),
+                "allowed_paths": [str(GUEST)],
+            },
         )
         self.conf.mkdir()
         (self.conf / "master").write_text(json.dumps(master, indent=1))

@@ -145,8 +145,10 @@ def virt_test(tmp_path):
 @pytest.fixture
 def virt_hv(tmp_path, hv1, qemu_tmp):
     """``__salt__`` with virt.* bound to the real namespaced libvirtd ``hv1``; virt:images is
-    ``qemu_tmp / 'images'``."""
-    return make_minion_mods(tmp_path, hv1.uri, images_dir=qemu_tmp / "images")
+    ``qemu_tmp / 'images'``; virt:allowed_paths adds ``qemu_tmp`` itself (disks tests attach from there)
+    and the test guest's directory."""
+    allowed = [str(GUEST_DIR), str(qemu_tmp)]
+    return make_minion_mods(tmp_path, hv1.uri, images_dir=qemu_tmp / "images", allowed_paths=allowed)
 
 
 # real Salt daemons (pytest-salt-factories) --------------------------------------------------------
