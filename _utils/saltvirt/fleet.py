@@ -434,10 +434,15 @@ def create(opts, name, req, image, module_kwargs, job=None, **kwargs):
         return result
 
 
-def _reserve(lease, hosts, order, start, name, req, policy, since, tried):
+def _reserve(lease, hosts, order, start, name, req, policy, since, tried, keep_previous=None):
     """Reserve ``req`` on the first host of ``order[start:]`` that still has room with every in-flight
-    creation counted (other masters' too); hosts without room go to ``tried``. Its position, or None."""
-    fleetstate.finish(lease.store, lease, "failed")  # the previous candidate's, if any
+    creation counted (other masters' too); hosts without room go to ``tried``. Its position, or None.
+    ``keep_previous`` (seconds): the previous candidate did not answer virt.init but may still run it, so
+    its reservation stays for that long instead of being dropped."""
+    if keep_previous:
+        fleetstate.finish(lease.store, lease, "unknown", keep_for=keep_previous)
+    else:
+        fleetstate.finish(lease.store, lease, "failed")  # the previous candidate's, if any
     for pos in range(start, len(order)):
         hv = order[pos]
         try:
@@ -588,7 +593,10 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
                 return result
             tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
-                nxt = _reserve(lease, hosts, order, pos + 1, name, req, policy, since, tried)
+                # published but unanswered: it may still create the VM there, so its room stays reserved
+                nxt = _reserve(
+                    lease, hosts, order, pos + 1, name, req, policy, since, tried, keep_previous=cfg["init_timeout"]
+                )
                 if nxt is not None:
                     progress("fallback", host=hv, error=ans.get("error"), next=order[nxt])
                     pos = nxt
@@ -605,6 +613,7 @@ def _create(  # noqa: C901, PLR0912, PLR0915 - placement, key, per-host attempts
                     tried=tried,
                 )
             if ans["status"] == "down":
+                fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])  # as above
                 raise Failed(
                     f"no hypervisor answered virt.init for {name}: tried {', '.join(t['host'] for t in tried)}",
                     tried=tried,

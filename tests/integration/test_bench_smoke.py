@@ -17,7 +17,7 @@ import pytest
 from tests.support.paths import ROOT
 
 BENCH = ROOT / "bench"
-SCRIPTS = ["placement", "clone", "query", "init", "fleet"]
+SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst"]
 
 pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 
@@ -93,3 +93,9 @@ def test_fleet_runner_and_fanout(quick_runs):
     res = check(quick_runs["fleet"])
     ours = [v for k, v in res["raw"].items() if k.startswith("salt-virt/") and not k.endswith("_mem")]
     assert ours and all(r["rc"] == 0 and r["counted"][1] > 0 for runs in ours for r in runs)
+
+
+def test_burst_creates_every_vm_and_never_overcommits(quick_runs):
+    res = check(quick_runs["burst"])
+    raw = res["raw"]
+    assert sum(raw["per_host"].values()) == 4 and all(n <= raw["room"] for n in raw["per_host"].values()), raw

@@ -123,3 +123,26 @@ def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
 def test_image_note_never_shows_url_credentials():
     mib, note = fleet.image_mib({}, "https://alice:s3cret@images.example/web.qcow2")
     assert mib == 0 and note == "size of https://images.example/web.qcow2 unknown on the master: not counted"
+
+
+def test_a_host_that_did_not_answer_init_keeps_its_reservation(tmp_path):
+    """Falling over from a hypervisor that did not answer virt.init (it may still create the VM there):
+    its room stays reserved for init_timeout, the next host gets its own reservation."""
+    import time
+
+    from saltvirt import fleetstate, placement
+
+    opts = master_opts(tmp_path)
+    answer = {"status": "up", "host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
+    hosts = {"h1": answer, "h2": answer}
+    req, pol, since, tried = placement.make_request(1, 512), placement.make_policy(), time.time(), []
+    with fleet._creating(opts, ["web1"]) as lease:
+        assert fleet._reserve(lease, hosts, ["h1", "h2"], 0, "web1", req, pol, since, tried) == 0
+        assert fleet._reserve(lease, hosts, ["h1", "h2"], 1, "web1", req, pol, since, tried, keep_previous=1800) == 1
+        load = fleetstate.reserved(lease.store, hosts, since)
+        assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == ["web1"]
+        h1 = lease.store.fetch(fleetstate.RESERVATIONS, "h1")["entries"]["web1"]
+        assert h1["expires"] > time.time() + 1700
+        fleetstate.finish(lease.store, lease, "failed")  # the call fails: only h2's is dropped
+    load = fleetstate.reserved(fleetstate.Store(opts), hosts, since)
+    assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == [] and tried == []
