@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -28,6 +29,9 @@ def test_sync_all_route_loads_virt_on_minion(hyper1, salt_cli):
 
 def test_pip_install_registers_salt_loader_entry_point(tmp_path):
     target = tmp_path / "site"
+    # pip builds in the source tree (build/, *.egg-info): build from a copy, never write into the checkout
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", "tests"))
     subprocess.run(
         [
             sys.executable,
@@ -39,7 +43,7 @@ def test_pip_install_registers_salt_loader_entry_point(tmp_path):
             "--no-build-isolation",
             "--target",
             str(target),
-            str(ROOT),
+            str(src),
         ],
         check=True,
         capture_output=True,
