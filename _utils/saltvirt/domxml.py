@@ -51,6 +51,9 @@ def build(spec):
     _sub(dom, "on_crash", "destroy")
     devices = _sub(dom, "devices")
     for disk in spec.disks:
+        if disk.pool:
+            _volume_disk(devices, disk)
+            continue
         d = _sub(devices, "disk", type="file", device=disk.device)
         _sub(d, "driver", name="qemu", type=disk.format, cache="none" if disk.device == "disk" else None)
         if disk.path:
@@ -88,6 +91,15 @@ def build(spec):
         _sub(_sub(devices, "video"), "model", type="vga")
         _sub(devices, "input", type="tablet", bus="usb")
     return ET.tostring(dom, encoding="unicode")
+
+
+def _volume_disk(devices, disk):
+    """A disk on a storage pool volume: libvirt resolves pool + volume to the file or block device."""
+    d = _sub(devices, "disk", type="volume", device="disk")
+    _sub(d, "driver", name="qemu", type=disk.format, cache="none")
+    _sub(d, "source", pool=disk.pool, volume=disk.volume)
+    _sub(d, "target", dev=disk.target, bus=disk.bus)
+    return d
 
 
 def _int(text, default=0):
@@ -133,6 +145,8 @@ def parse(xml):
                 "file": (src.get("file") or src.get("dev") or src.get("volume")) if src is not None else None,
                 "format": drv.get("type") if drv is not None else None,
                 "backing_file": backing.get("file") if backing is not None else None,
+                "pool": src.get("pool") if src is not None else None,
+                "volume": src.get("volume") if src is not None else None,
             }
         )
     nics = []

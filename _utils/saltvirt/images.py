@@ -362,6 +362,49 @@ def set_uuid(vm_dir, uuid):
     return manifest
 
 
+def record_owned_extra(vm_dir, vm_name, key, items, vm_uuid=None):
+    """Record other things this VM created (``key``: e.g. ``volumes``, a list of dicts) in its manifest."""
+    if not os.path.isdir(vm_dir):
+        raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir, strict=True)
+        if manifest is not None:
+            reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
+            if reason:
+                raise SaltInvocationError(f"cannot record {key} for {vm_name!r}: {reason}")
+        else:
+            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+        have = manifest.setdefault(key, [])
+        have.extend(i for i in items if i not in have)
+        if vm_uuid:
+            manifest["uuid"] = vm_uuid
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+    return manifest
+
+
+def owned_extra(vm_dir, vm_name, key, vm_uuid=None):
+    """The ``key`` entries of this VM's manifest ([] when it is not this VM's)."""
+    if not os.path.isdir(vm_dir):
+        return []
+    manifest = _load_manifest(vm_dir)
+    if _check_owner(manifest, vm_dir, vm_name, vm_uuid):
+        return []
+    return [i for i in manifest.get(key) or [] if isinstance(i, dict)]
+
+
+def forget_extra(vm_dir, vm_name, key, items, vm_uuid=None):
+    """Drop ``items`` from the manifest's ``key`` (they are gone); the manifest and the empty directory
+    go when nothing is left."""
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir)
+        if manifest is None or _check_owner(manifest, vm_dir, vm_name, vm_uuid):
+            return
+        manifest[key] = [i for i in manifest.get(key) or [] if i not in items]
+        if not manifest[key]:
+            del manifest[key]
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+
+
 def owned_files(vm_dir, vm_name, vm_uuid=None):
     """Files the manifest lists for this VM that really are inside ``vm_dir`` (no symlink escapes)."""
     if not os.path.isdir(vm_dir):
@@ -441,7 +484,7 @@ def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):  # noqa: C901, PLR0
                 kept[path] = f"could not delete: {exc.strerror}"
         if not not_ours:
             left = [f for f in manifest["files"] if os.path.lexists(f) and _inside(vm_dir, f)]
-            if left:
+            if left or manifest.get("volumes"):  # volumes it owns keep the manifest (see saltvirt.voldisks)
                 manifest["files"] = left
                 _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
             else:

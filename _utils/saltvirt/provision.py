@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import cleanup, domxml, envelope, hosttype, images, intake, validate
+from saltvirt import cleanup, domxml, envelope, hosttype, images, intake, validate, voldisks
 from saltvirt import seed as seeding
 from saltvirt import spec as vmspec
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
@@ -224,7 +224,10 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             )
             sources[disk.name] = disk.image
             disk.image, src_formats[disk.name] = extra["path"], extra["format"]
+    voldisks.resolve(conn, spec.disks)  # pool disks: pool running, format, partition name, no name taken
     for disk in spec.disks:
+        if disk.pool:
+            continue
         if disk.attach:
             if not os.path.isfile(disk.path):
                 raise SaltInvocationError(f"disk {disk.name}: {disk.path} does not exist (give a size to create it)")
@@ -244,6 +247,19 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             os.makedirs(spec.vm_dir, mode=0o755)
             undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
         for disk in spec.disks:
+            if disk.pool and not disk.attach:
+                seeds = validate.to_bool(seed) and disk is spec.disks[0] and disk.image
+                made = voldisks.create(
+                    conn,
+                    disk,
+                    image=disk.image,
+                    src_fmt=src_formats.get(disk.name),
+                    stage_dir=spec.vm_dir if seeds else None,
+                )
+                undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: voldisks.delete(conn, m))
+                voldisks.record(spec.vm_dir, name, made)
+                result["disks"].append(dict(made, target=disk.target))
+                continue
             if disk.device != "disk" or not disk.path or disk.attach:
                 continue
             if disk.image:
@@ -256,7 +272,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
                 undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
             images.record_owned(spec.vm_dir, name, [disk.path])
             result["disks"].append(dict(made, name=disk.name, target=disk.target))
-        if any(d.device == "disk" and d.path for d in spec.disks):
+        if any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
             undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
         progress("disks_ready", disks=[d["path"] for d in result["disks"]])
 
@@ -267,6 +283,9 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             )
             progress("seeded", backend=result["seed"]["backend"])
             spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+        for made in result["disks"]:
+            if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
+                voldisks.finish_staged(made, spec.disks[0])
 
         with lv_errors(f"define VM {name!r} on {host}"):
             dom = conn.defineXML(domxml.build(spec))
@@ -382,6 +401,7 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     undefine(conn, name)
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)
+    vols = voldisks.remove_owned(conn, vm_dir, name, uuid, voldisks.disk_refs(facts))
     outcome = images.remove_owned(vm_dir, name, uuid, files)
     gc = intake.gc_bases(images_dir)  # cached bases no image backs onto any more
     return {
@@ -390,4 +410,5 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
         "removed": outcome["removed"],
         "kept": outcome["kept"],
         "bases_removed": gc["removed"],
+        "volumes": vols,  # {'removed': ['pool/volume'], 'kept': {'pool/volume': why}}
     }

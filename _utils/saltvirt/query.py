@@ -85,6 +85,9 @@ def describe(dom, hostname, stats=None, xml=None):
             "device": d["device"],
             "bus": d["bus"],
             "backing_file": d["backing_file"],
+            **(
+                {"pool": d["pool"], "volume": d["volume"]} if d.get("pool") else {}
+            ),  # read from XML: a stopped pool is fine
             "virtual_size": size.get("capacity"),
             "allocation": size.get("allocation"),
         }

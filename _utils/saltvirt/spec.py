@@ -51,6 +51,8 @@ class Disk:
     device: str = "disk"  # disk|cdrom
     target: str | None = None  # vda, vdb, ...
     attach: bool = False  # an existing file named by ``path``: attached, never created nor deleted
+    pool: str | None = None  # a libvirt storage pool: the disk is its volume ``volume`` (type='volume')
+    volume: str | None = None  # <vm>_<disk> by default; ``source_file`` names an existing one (attached)
 
 
 @dataclass
@@ -178,8 +180,47 @@ def _nic(entry):
     )
 
 
+def _pool_disk(entry, vm_dir, image, image_format, is_first):
+    """A disk on a pool volume (Salt's ``disks=[{name, pool, size, format, image | source_file}]``); the
+    pool decides the default format and a disk pool's partition name (saltvirt.voldisks.resolve)."""
+    validate.vm_name(entry["name"], "disk name")
+    pool = validate.vm_name(str(entry["pool"]), f"pool of disk {entry['name']}")
+    source = entry.get("path")  # Salt's source_file (speckeys maps it to path): an existing volume's name
+    if source is not None:
+        validate.vm_name(str(source), f"source_file (volume name) of disk {entry['name']}")
+    disk_image = None if source else entry.get("image") or (image if is_first else None)
+    size = entry.get("size")
+    if size is not None:
+        size = validate.positive_int(size, f"size of disk {entry['name']} (MiB)")
+    if not source and not disk_image and size is None:
+        if not entry.get("default_size"):
+            raise SaltInvocationError(f"disk {entry['name']} needs a size (MiB), an image or a source_file volume")
+        size = entry["default_size"]
+    fmt = entry.get("format") or (image_format if disk_image and image_format in DISK_FORMATS else None)
+    if fmt is not None and fmt not in DISK_FORMATS:
+        raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
+    if validate.to_bool(entry.get("overlay", False)):
+        raise SaltInvocationError(f"disk {entry['name']}: a pool volume is a full copy of its image, not an overlay")
+    bus = entry.get("bus") or entry.get("model") or "virtio"
+    if bus not in DISK_BUSES:
+        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    return Disk(
+        name=entry["name"],
+        size=size,
+        format=fmt,
+        image=disk_image,
+        bus=bus,
+        target=entry.get("target"),
+        attach=bool(source),
+        pool=pool,
+        volume=str(source) if source else f"{os.path.basename(vm_dir)}_{entry['name']}",
+    )
+
+
 def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
     entry = speckeys.disk(entry, f"disk {entry['name']}")
+    if entry.get("pool"):
+        return _pool_disk(entry, vm_dir, image, image_format, is_first)
     disk_image = entry.get("image") or (image if is_first else None)
     overlay = validate.to_bool(entry.get("overlay", enable_qcow)) and bool(disk_image)
     size = entry.get("size")

@@ -19,7 +19,7 @@ GRAPHICS_KEYS = ("type", "port", "listen", "password")
 LISTEN_KEYS = ("type", "address")
 NIC_KEYS = ("name", "type", "source", "model", "mac")
 NIC_SHORTHAND = ("bridge", "network", "direct", "eth")  # classic profile spellings, mapped to type/source/model
-DISK_KEYS = ("name", "size", "format", "path", "image", "overlay", "bus", "device", "target")
+DISK_KEYS = ("name", "size", "format", "path", "image", "overlay", "bus", "device", "target", "pool")
 DISK_ALIASES = {"model": "bus", "overlay_image": "overlay", "source_file": "path"}  # Salt's names -> ours
 DISK_INTERNAL = ("default_size",)
 BOOT_KEYS = ("kernel", "initrd", "cmdline")
@@ -30,10 +30,6 @@ LISTEN_REFUSED = {
     "network": "graphics:listen:network is not supported: use listen: {type: address, address: <ip>}",
 }
 DISK_REFUSED = {
-    "pool": (
-        f"disks:pool (a disk as a volume of a libvirt storage pool) {_NOT_YET}: leave 'pool' out to place "
-        "the disk in virt:images/<vm>/, or give an existing file as 'path' (Salt: 'source_file')"
-    ),
     "backing_store_path": f"disks:backing_store_path (volume backing stores) {_NOT_YET}: use image + overlay",
     "backing_store_format": f"disks:backing_store_format {_NOT_YET}: use image + overlay",
     "hostname_property": "disks:hostname_property is for ZFS volumes (bhyve), which salt-virt does not manage",

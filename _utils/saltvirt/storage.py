@@ -6,6 +6,7 @@ import base64
 import binascii
 import contextlib
 import os
+import subprocess
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -338,8 +339,33 @@ def define_volume(conn, pool, spec):
 
 def delete_volume(conn, pool, name):
     vol = get_volume(conn, pool, name)
-    with lv_errors(f"delete volume {name!r} of pool {pool!r}"):
+    try:
         vol.delete(0)
+    except libvirt.libvirtError as exc:
+        if not _delete_partition(conn, pool, name):
+            raise CommandExecutionError(f"delete volume {name!r} of pool {pool!r}: {exc.get_error_message()}") from None
+    return True
+
+
+def _delete_partition(conn, pool, name):
+    """libvirt (9.x) cannot delete a partition of a disk pool whose device name ends in a digit (loop0,
+    nvme0n1): it asks parted to remove partition 'p1'. Remove partition N of the local device ourselves
+    (parted, as libvirt would) and refresh the pool. False when this is not that case."""
+    obj = running_pool(conn, pool)
+    facts = poolxml.parse_pool(obj.XMLDesc(0))
+    devices = facts["source"]["devices"] or []
+    if facts["type"] != "disk" or len(devices) != 1:
+        return False
+    device = devices[0]["path"]
+    base = os.path.basename(device)
+    number = name[len(base) + 1 :] if name.startswith(base + "p") and base[-1:].isdigit() else ""
+    if not number.isdigit() or not os.path.exists(device):
+        return False
+    proc = subprocess.run(["parted", "-s", device, "rm", number], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise CommandExecutionError(f"delete partition {number} of {device} (volume {name}): {proc.stderr.strip()}")
+    with lv_errors(f"refresh pool {pool!r}"):
+        obj.refresh(0)
     return True
 
 

@@ -51,7 +51,9 @@ HOSTILE = [
     ({"graphics": {"type": "rdp"}}, "vnc or spice"),
     ({"graphics": ["vnc"]}, "graphics must be a mapping"),
     # disks
-    ({"disks": [{"name": "data", "size": 16, "pool": "default"}]}, "disks:pool"),
+    ({"disks": [{"name": "data", "size": 16, "pool": "../default"}]}, "invalid pool of disk data"),
+    ({"disks": [{"name": "data", "pool": "default", "source_file": "a/b"}]}, "invalid source_file"),
+    ({"disks": [{"name": "data", "pool": "default", "size": 1, "overlay": True}]}, "not an overlay"),
     ({"disks": [{"name": "data", "sise": 16}]}, "unknown key 'sise'; did you mean 'size'"),
     ({"disks": [{"name": "data", "size": 16, "target": "vdb'/><x"}]}, "target must be a device name"),
     ({"disks": [{"name": "data", "size": 16, "device": "floppy"}]}, "device must be one of"),
@@ -88,8 +90,11 @@ def test_hostile_or_unknown_nested_values_are_refused(kwargs, message):
 
 
 def test_profiles_from_config_are_checked_too():
-    profiles = {"disk": {"p": [{"system": {"size": 8, "pool": "default"}}]}, "nic": {"n": [{"eth0": {"brige": "x"}}]}}
-    with pytest.raises(SaltInvocationError, match="disks:pool"):
+    profiles = {
+        "disk": {"p": [{"system": {"size": 8, "backing_store_path": "/x"}}]},
+        "nic": {"n": [{"eth0": {"brige": "x"}}]},
+    }
+    with pytest.raises(SaltInvocationError, match="disks:backing_store_path"):
         build(disk="p", profiles=profiles)
     with pytest.raises(SaltInvocationError, match="did you mean 'bridge'"):
         build(nic="n", profiles=profiles)
