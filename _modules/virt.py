@@ -332,7 +332,9 @@ def purge(name, connection=None, **kwargs):
     ``virt:images/<name>/.salt-virt.json`` with the VM's UUID). Anything else — backing images, shared
     directories, disks it did not create — is kept and listed under ``kept`` with the reason.
     Cached base images (``virt:images/.bases``) no image backs onto any more are removed afterwards
-    (``bases_removed``).
+    (``bases_removed``). Pool volumes the VM created (``disks: [{pool: ...}]``) are deleted, others kept
+    (``volumes``); its internal snapshots are discarded with it (``snapshots_discarded``: their data was
+    inside the deleted disks; a kept disk keeps the data of its snapshots).
 
     CLI Example:: salt '*' virt.purge web1
     """

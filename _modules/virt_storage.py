@@ -37,18 +37,7 @@ def __virtual__():
 
 
 def _conn(connection=None, kwargs=None):
-    """The libvirt connection; ``kwargs``: the rest of a Salt-style call (username/password are refused:
-    salt-virt reaches libvirt through its TLS certificates or the local socket, never a password)."""
-    extra = sorted(k for k in (kwargs or {}) if not k.startswith("__"))
-    if {"username", "password"} & set(extra) and any((kwargs or {}).get(k) for k in ("username", "password")):
-        raise SaltInvocationError(
-            "username/password connections are not supported: salt-virt connects with the TLS certificates "
-            "virt.keys installs (qemu+tls://) or the local socket; drop username= and password="
-        )
-    extra = [k for k in extra if k not in ("username", "password")]
-    if extra:
-        raise SaltInvocationError(f"unknown argument(s): {', '.join(extra)}")
-    return _c.salt_connect(__salt__, connection)
+    return _c.salt_connect_compat(__salt__, connection, kwargs)
 
 
 def _source(

@@ -43,7 +43,7 @@ import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, images, query, validate
+from saltvirt import domxml, images, query, snapshot, validate
 from saltvirt.conn import domain_exists, get_domain, libvirt
 from saltvirt.query import state_name
 
@@ -221,6 +221,7 @@ def source_info(conn, name, images_dir, probe=True):
     that only a target sharing that storage can see (remove them with :func:`abort_cleanup`)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
+    snapshot.refuse_migration(dom)
     xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
     facts = domxml.parse(xml)
     disks = _disks(xml)
@@ -345,6 +346,7 @@ def migrate(
     """Move ``name`` from this libvirtd to ``target``; see ``virt.migrate`` for the arguments."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
+    snapshot.refuse_migration(dom)
     source, uuid = conn.getHostname(), dom.UUIDString()
     active = bool(dom.isActive())
     if offline and active:

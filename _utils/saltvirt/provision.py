@@ -395,6 +395,7 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     dom = get_domain(conn, name)
     facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
     uuid = dom.UUIDString()
+    snaps = [snap.getName() for snap in dom.listAllSnapshots(0)]  # their data lives in the disks below
     if dom.isActive():
         with lv_errors(f"stop VM {name!r}"):
             dom.destroy()
@@ -411,4 +412,7 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
         "kept": outcome["kept"],
         "bases_removed": gc["removed"],
         "volumes": vols,  # {'removed': ['pool/volume'], 'kept': {'pool/volume': why}}
+        # internal snapshots: their list goes with the definition, their data with the disks removed above
+        # (a kept disk keeps the data of its snapshots: qemu-img snapshot -l <disk>)
+        "snapshots_discarded": snaps,
     }

@@ -5,6 +5,7 @@ zfs) are schema-checked and defined on the test driver in tests/unit/test_poolxm
 
 Loop devices and volume groups are made per test and removed in fixtures, also when a test fails."""
 
+import contextlib
 import os
 import subprocess
 
@@ -58,15 +59,18 @@ def pools(hv1):
     yield
     for dom in conn.listAllDomains(0):
         if dom.name().startswith("stv"):
-            if dom.isActive():
-                dom.destroy()
-            dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
+            with contextlib.suppress(libvirt.libvirtError):
+                if dom.isActive():
+                    dom.destroy()
+                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA)
     for pool in conn.listAllStoragePools(0):
         if pool.name() not in before:
-            if pool.isActive():
-                pool.destroy()
-            if pool.isPersistent():
-                pool.undefine()
+            with contextlib.suppress(libvirt.libvirtError):  # its device may be gone already
+                if pool.isActive():
+                    pool.destroy()
+            with contextlib.suppress(libvirt.libvirtError):
+                if pool.isPersistent():
+                    pool.undefine()
     conn.close()
 
 
@@ -100,7 +104,7 @@ def test_dir_pool_vm_boots_from_cloned_volume_and_purge(virt_hv, hv1, pools, qem
     assert v["virt.pool_list_volumes"]("stdir") == []
 
 
-def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, pools, loop_device, qemu_tmp):
+def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, loop_device, pools, qemu_tmp):
     v = virt_hv
     dev = loop_device("64M")
     sh("mkfs.ext4", "-q", dev)
@@ -124,7 +128,7 @@ def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, pools, loop_device, q
     assert hv1.ns_run(["findmnt", target], check=False).returncode != 0  # unmounted
 
 
-def test_logical_pool_on_loop_device(virt_hv, pools, loop_device):
+def test_logical_pool_on_loop_device(virt_hv, loop_device, pools):
     v = virt_hv
     vg = f"stvg{lab.new_tag()}"
     dev = loop_device("64M", vg=vg)
@@ -152,7 +156,7 @@ def test_logical_pool_on_loop_device(virt_hv, pools, loop_device):
     assert sh("vgs", vg, check=False).returncode != 0  # pool_delete removed the VG
 
 
-def test_disk_pool_on_loop_device_vm_boots_from_partition(virt_hv, hv1, pools, loop_device, guest, boot_args):
+def test_disk_pool_on_loop_device_vm_boots_from_partition(virt_hv, hv1, loop_device, pools, guest, boot_args):
     v = virt_hv
     dev = loop_device("192M")
     assert v["virt.pool_define"](
