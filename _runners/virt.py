@@ -3,7 +3,8 @@ Control a fleet of libvirt/KVM hypervisors from the master: ``salt-run virt.<fun
 
 Every function publishes once to all hypervisor minions (in parallel, bounded waits) through
 LocalClient; hypervisors that do not answer are listed as ``down``, never dropped. The logic lives in
-``saltvirt.fleet`` (fan-out, keys, VM creation) and ``saltvirt.placement`` (host choice).
+``saltvirt.fleet`` (fan-out), ``saltvirt.minionkeys`` (keys), ``saltvirt.vmcreate`` (VM creation) and
+``saltvirt.placement`` (host choice).
 
 Master config (all optional)::
 
@@ -67,7 +68,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import compat, fleet, placement, validate
+    from saltvirt import compat, fleet, minionkeys, placement, validate, vmcreate
     from saltvirt import fleet_cleanup
 
 log = logging.getLogger(__name__)
@@ -243,7 +244,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
     """
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
-        disk, note = fleet.image_mib(__opts__, image, saltenv)
+        disk, note = vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         plan = placement.rank(_gather("virt.full_info", tgt, tgt_type), req, pol)
@@ -307,7 +308,7 @@ def init(
         validate.vm_name(name)
         seed = validate.to_bool(seed)
         cfg = _cfg(tgt, tgt_type)
-        disk, _note = fleet.image_mib(__opts__, image, saltenv)
+        disk, _note = vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group)
         pol = placement.make_policy(_virt_conf().get("placement"))
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
@@ -320,7 +321,7 @@ def init(
             saltenv=saltenv,
         )
         with _client() as client:
-            created = fleet.create(
+            created = vmcreate.create(
                 __opts__,
                 name,
                 req,
@@ -478,7 +479,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     if "error" in ret["data"] or not validate.to_bool(delete_key):
         return ret
     try:
-        ret["data"]["key_deleted"] = fleet.delete_key(__opts__, minion_id or name)
+        ret["data"]["key_deleted"] = minionkeys.delete_key(__opts__, minion_id or name)
     except SaltException as exc:
         ret["data"]["key_deleted"] = f"not deleted: {exc}"
     return ret

@@ -21,7 +21,7 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import fleet, placement, validate
+from saltvirt import fleet, fleetstate, placement, validate
 
 DEFAULT_TIMEOUT = 3600  # seconds one libvirt migration may take (master config virt:migration_timeout)
 
@@ -78,7 +78,7 @@ def migrate(
     ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). Holds the
     runner's per-VM lock (the one ``virt.init`` takes): two migrations of one VM never overlap."""
     validate.vm_name(name)
-    with fleet._creating(remote.opts, [name], what="virt.migrate"):
+    with fleetstate.lock(remote.opts, [name], kind="virt.migrate"):
         return _migrate(
             remote,
             name,

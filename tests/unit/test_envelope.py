@@ -1,11 +1,9 @@
 """saltvirt.envelope: a secret sealed for one minion opens only with that minion's key."""
 
-import hashlib
 import json
 import os
 
 import pytest
-import salt.config
 import salt.crypt
 import salt.payload
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -113,59 +111,3 @@ def test_new_keypair_is_a_salt_minion_keypair(tmp_path):
     loaded = salt.crypt.get_rsa_key(str(path), None)
     assert envelope.fingerprint(loaded.public_key()) == envelope.fingerprint(pub)
     assert loaded.key_size == 2048
-
-
-# the master's half: the key store the runner pre-accepts into (saltvirt.fleet, Salt's real key cache) ------
-@pytest.fixture
-def master_opts(tmp_path):
-    """Master opts with a private pki_dir: salt.cache 'localfs_key' writes <pki_dir>/minions/<id> as salt-key does."""
-    opts = salt.config.master_config(None)
-    opts.update(pki_dir=str(tmp_path / "pki"), cachedir=str(tmp_path / "cache"), sock_dir=str(tmp_path / "sock"))
-    for sub in ("minions", "minions_pre", "minions_rejected", "minions_denied"):
-        (tmp_path / "pki" / sub).mkdir(parents=True)
-    return opts
-
-
-def test_preaccepted_key_is_stored_refused_twice_and_removed_only_if_ours(master_opts, tmp_path):
-    from saltvirt import fleet
-
-    pub, _priv = envelope.new_keypair()
-    other, _ = envelope.new_keypair()
-    fleet.preaccept(master_opts, "web1", pub)
-    assert (tmp_path / "pki" / "minions" / "web1").read_text() == pub  # exactly where salt-key -L looks
-    assert fleet.key_state(master_opts, "web1") == "accepted" and fleet.accepted_pub(master_opts, "web1") == pub
-    with pytest.raises(SaltInvocationError, match="already has a accepted key for 'web1'"):
-        fleet.preaccept(master_opts, "web1", other)
-    assert fleet.remove_key(master_opts, "web1", other) is False  # not ours: left alone
-    assert fleet.key_state(master_opts, "web1") == "accepted"
-    assert fleet.remove_key(master_opts, "web1", pub) is True
-    assert fleet.key_state(master_opts, "web1") is None and not (tmp_path / "pki" / "minions" / "web1").exists()
-    (tmp_path / "pki" / "minions_pre" / "web2").write_text(other)  # a real minion waiting for acceptance
-    with pytest.raises(SaltInvocationError, match="already has a pending key for 'web2'"):
-        fleet.preaccept(master_opts, "web2", pub)
-    assert fleet.remove_key(master_opts, "web2", pub) is False and (tmp_path / "pki" / "minions_pre" / "web2").exists()
-    with pytest.raises(CommandExecutionError, match="no accepted key for 'web2'"):
-        fleet.accepted_pub(master_opts, "web2")  # never seal for a key the master did not accept
-    with pytest.raises(SaltInvocationError, match="not a valid minion id"):
-        fleet.key_state(master_opts, "../etc")
-
-
-def test_a_key_the_hypervisor_did_not_seed_is_taken_back(master_opts):
-    from saltvirt import fleet
-
-    pub, _priv = envelope.new_keypair()
-    fp = hashlib.sha256(pub.encode()).hexdigest()
-    key = {"minion_id": "web1", "state": "accepted", "fingerprint": fp}
-    fleet.preaccept(master_opts, "web1", pub)
-    assert fleet._check_seeded_key(
-        master_opts, key, pub, {"seed": {"backend": "loop"}, "key": {"fingerprint": fp}}
-    ) == (key, [])
-    cases = [
-        ({"seed": None}, "did not seed"),
-        ({"seed": {"backend": "loop"}, "key": {"fingerprint": "ab" * 32}}, "seeded another key"),
-    ]
-    for ret, why in cases:
-        if not fleet.key_state(master_opts, "web1"):
-            fleet.preaccept(master_opts, "web1", pub)
-        new, warnings = fleet._check_seeded_key(master_opts, key, pub, ret)
-        assert new["state"] == "removed" and why in warnings[0] and fleet.key_state(master_opts, "web1") is None

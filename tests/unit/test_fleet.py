@@ -1,10 +1,9 @@
-"""saltvirt.fleet: the runner's pure helpers around placement (answers, locating a VM, settings, one
-init per name at a time)."""
+"""saltvirt.fleet: the runner's pure helpers around placement (answers, locating a VM, settings)."""
 
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import fleet, relocate
+from saltvirt import fleet
 
 
 @pytest.mark.parametrize(
@@ -84,65 +83,3 @@ def test_hypervisor_settings_from_master_config_and_call():
         fleet.config({}, timeout="soon")
     with pytest.raises(SaltInvocationError, match="must be above 0"):
         fleet.config({}, timeout=-1)
-
-
-def master_opts(tmp_path):
-    """Master opts with the default cache (localfs, one master), as salt-run has them."""
-    import salt.config
-
-    opts = dict(salt.config.master_config(None), id="master", cachedir=str(tmp_path))
-    assert opts["cache"] == "localfs"
-    return opts
-
-
-def test_one_init_per_name_at_a_time(tmp_path):
-    """The runner's lock with the default cache: one call per name on this master, as before."""
-    opts = master_opts(tmp_path)
-    with fleet._creating(opts, ["web1", "web1"]):
-        with pytest.raises(SaltInvocationError, match="'web1' is held: virt.init by master master"):
-            with fleet._creating(opts, ["web1"]):
-                pass
-        with fleet._creating(opts, ["web2"]):  # other names are not blocked
-            pass
-    with fleet._creating(opts, ["web1"]):  # released
-        pass
-
-
-def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
-    """Two migrations of one VM (or a migration and an init) never overlap: relocate.migrate takes the
-    runner's per-VM lock before it asks any hypervisor anything (no client needed to be refused)."""
-    opts = master_opts(tmp_path)
-    remote = relocate.Remote(opts, cfg=None, client=None)
-    with fleet._creating(opts, ["web1"], what="virt.migrate"):
-        with pytest.raises(SaltInvocationError, match=r"'web1' is held: virt.migrate by master master \(host "):
-            relocate.migrate(remote, "web1", "hv2")
-        with pytest.raises(SaltInvocationError, match="'web1' is held: virt.migrate by master"):
-            fleet.create(opts, "web1", {}, None, {})
-
-
-def test_image_note_never_shows_url_credentials():
-    mib, note = fleet.image_mib({}, "https://alice:s3cret@images.example/web.qcow2")
-    assert mib == 0 and note == "size of https://images.example/web.qcow2 unknown on the master: not counted"
-
-
-def test_a_host_that_did_not_answer_init_keeps_its_reservation(tmp_path):
-    """Falling over from a hypervisor that did not answer virt.init (it may still create the VM there):
-    its room stays reserved for init_timeout, the next host gets its own reservation."""
-    import time
-
-    from saltvirt import fleetstate, placement
-
-    opts = master_opts(tmp_path)
-    answer = {"status": "up", "host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
-    hosts = {"h1": answer, "h2": answer}
-    req, pol, since, tried = placement.make_request(1, 512), placement.make_policy(), time.time(), []
-    with fleet._creating(opts, ["web1"]) as lease:
-        assert fleet._reserve(lease, hosts, ["h1", "h2"], 0, "web1", req, pol, since, tried) == 0
-        assert fleet._reserve(lease, hosts, ["h1", "h2"], 1, "web1", req, pol, since, tried, keep_previous=1800) == 1
-        load = fleetstate.reserved(lease.store, hosts, since)
-        assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == ["web1"]
-        h1 = lease.store.fetch(fleetstate.RESERVATIONS, "h1")["entries"]["web1"]
-        assert h1["expires"] > time.time() + 1700
-        fleetstate.finish(lease.store, lease, "failed")  # the call fails: only h2's is dropped
-    load = fleetstate.reserved(fleetstate.Store(opts), hosts, since)
-    assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == [] and tried == []

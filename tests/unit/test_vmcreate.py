@@ -1,0 +1,89 @@
+"""saltvirt.vmcreate: the master side of virt.init (the per-VM lock it shares with migrations, the
+image size note, the seeded key checked)."""
+
+import hashlib
+import time
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt import envelope, fleetstate, minionkeys, placement, relocate, vmcreate
+from tests.support.keystore import master_key_store_opts
+
+
+def master_opts(tmp_path):
+    """Master opts with the default cache (localfs, one master), as salt-run has them."""
+    import salt.config
+
+    opts = dict(salt.config.master_config(None), id="master", cachedir=str(tmp_path))
+    assert opts["cache"] == "localfs"
+    return opts
+
+
+def test_one_init_per_name_at_a_time(tmp_path):
+    """The runner's lock with the default cache: one call per name on this master, as before."""
+    opts = master_opts(tmp_path)
+    with fleetstate.lock(opts, ["web1", "web1"], kind="virt.init"):
+        with pytest.raises(SaltInvocationError, match="'web1' is held: virt.init by master master"):
+            with fleetstate.lock(opts, ["web1"], kind="virt.init"):
+                pass
+        with fleetstate.lock(opts, ["web2"], kind="virt.init"):  # other names are not blocked
+            pass
+    with fleetstate.lock(opts, ["web1"], kind="virt.init"):  # released
+        pass
+
+
+def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
+    """Two migrations of one VM (or a migration and an init) never overlap: relocate.migrate takes the
+    runner's per-VM lock before it asks any hypervisor anything (no client needed to be refused)."""
+    opts = master_opts(tmp_path)
+    remote = relocate.Remote(opts, cfg=None, client=None)
+    with fleetstate.lock(opts, ["web1"], kind="virt.migrate"):
+        with pytest.raises(SaltInvocationError, match=r"'web1' is held: virt.migrate by master master \(host "):
+            relocate.migrate(remote, "web1", "hv2")
+        with pytest.raises(SaltInvocationError, match="'web1' is held: virt.migrate by master"):
+            vmcreate.create(opts, "web1", {}, None, {})
+
+
+def test_image_note_never_shows_url_credentials():
+    mib, note = vmcreate.image_mib({}, "https://alice:s3cret@images.example/web.qcow2")
+    assert mib == 0 and note == "size of https://images.example/web.qcow2 unknown on the master: not counted"
+
+
+def test_a_key_the_hypervisor_did_not_seed_is_taken_back(tmp_path):
+    master_opts = master_key_store_opts(tmp_path)
+    pub, _priv = envelope.new_keypair()
+    fp = hashlib.sha256(pub.encode()).hexdigest()
+    key = {"minion_id": "web1", "state": "accepted", "fingerprint": fp}
+    minionkeys.preaccept(master_opts, "web1", pub)
+    assert vmcreate._check_seeded_key(
+        master_opts, key, pub, {"seed": {"backend": "loop"}, "key": {"fingerprint": fp}}
+    ) == (key, [])
+    cases = [
+        ({"seed": None}, "did not seed"),
+        ({"seed": {"backend": "loop"}, "key": {"fingerprint": "ab" * 32}}, "seeded another key"),
+    ]
+    for ret, why in cases:
+        if not minionkeys.key_state(master_opts, "web1"):
+            minionkeys.preaccept(master_opts, "web1", pub)
+        new, warnings = vmcreate._check_seeded_key(master_opts, key, pub, ret)
+        assert new["state"] == "removed" and why in warnings[0] and minionkeys.key_state(master_opts, "web1") is None
+
+
+def test_a_host_that_did_not_answer_init_keeps_its_reservation(tmp_path):
+    """Falling over from a hypervisor that did not answer virt.init (it may still create the VM there):
+    its room stays reserved for init_timeout, the next host gets its own reservation."""
+    opts = master_opts(tmp_path)
+    answer = {"status": "up", "host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
+    hosts = {"h1": answer, "h2": answer}
+    req, pol, since, tried = placement.make_request(1, 512), placement.make_policy(), time.time(), []
+    with fleetstate.lock(opts, ["web1"], kind="virt.init") as lease:
+        assert vmcreate._reserve(lease, hosts, ["h1", "h2"], 0, "web1", req, pol, since, tried) == 0
+        assert vmcreate._reserve(lease, hosts, ["h1", "h2"], 1, "web1", req, pol, since, tried, keep_previous=1800) == 1
+        load = fleetstate.reserved(lease.store, hosts, since)
+        assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == ["web1"]
+        h1 = lease.store.fetch(fleetstate.RESERVATIONS, "h1")["entries"]["web1"]
+        assert h1["expires"] > time.time() + 1700
+        fleetstate.finish(lease.store, lease, "failed")  # the call fails: only h2's is dropped
+    load = fleetstate.reserved(fleetstate.Store(opts), hosts, since)
+    assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == [] and tried == []
