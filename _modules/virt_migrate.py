@@ -9,7 +9,7 @@ source and the target hypervisor. Salt's loader merges every file whose ``__virt
 import os
 import sys
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 try:
     import saltvirt  # pip install . puts it on sys.path
@@ -200,3 +200,82 @@ def migrate_abort_cleanup(name, paths, connection=None):
     """
     with _conn(connection) as conn:
         return _migrate.abort_cleanup(conn, name, paths, _images_dir())
+
+
+def migrate_start_postcopy(vm_, connection=None):
+    """
+    Switch a running live migration of ``vm_`` to post-copy (Salt's ``virt.migrate_start_postcopy``):
+    the VM runs on the target from now on and fetches the remaining memory from here.
+
+    CLI Example:: salt 'hyper1' virt.migrate_start_postcopy web1
+    """
+    with _conn(connection) as conn:
+        dom = _c.get_domain(conn, vm_)
+        with _c.lv_errors(f"switch the migration of VM {vm_!r} to post-copy"):
+            dom.migrateStartPostCopy(0)
+    return True
+
+
+def _salt_disk(target, data):
+    """One entry of Salt's ``virt.get_disks`` (or ours) -> a disk of ``virt.migrate_source_info``."""
+    if not isinstance(data, dict) or not data.get("file"):
+        raise SaltInvocationError(
+            f"seed_non_shared_migrate: disk {target!r} needs its 'file' (as virt.get_disks gives)"
+        )
+    fmt = data.get("file format") or data.get("format")
+    size = data.get("virtual size", data.get("virtual_size"))
+    if isinstance(size, str) and "(" in size:  # Salt: "8.0G (8589934592 bytes)"
+        size = size.split("(", 1)[1].split()[0]
+    try:
+        size = int(size)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"seed_non_shared_migrate: disk {target!r} has no virtual size") from None
+    return {
+        "target": target,
+        "path": data["file"],
+        "type": "file",
+        "readonly": False,
+        "format": fmt,
+        "virtual_size": size,
+        "allocation": 0,
+        "chain_allocation": 0,
+        "backing": None,
+    }
+
+
+def seed_non_shared_migrate(disks, force=False, name=None, connection=None):
+    """
+    Salt's ``virt.seed_non_shared_migrate`` on the migration target: create blank disk files of the
+    size and format the source's ``virt.get_disks`` lists, so a migration with ``copy_storage=all``
+    can fill them. A compatible face over ``virt.migrate_prepare``: the files must lie inside this
+    host's ``virt:images`` (or ``virt:allowed_paths``), room is checked first and an existing file is
+    never overwritten (``force=True`` cannot change that: remove it yourself). ``name`` defaults to the
+    VM directory the files are in (``virt:images/<name>/``). Returns True.
+
+    CLI Example:: salt 'hyper2' virt.seed_non_shared_migrate "$(salt hyper1 virt.get_disks web1 --out json)"
+    """
+    if not isinstance(disks, dict) or not disks:
+        raise SaltInvocationError("seed_non_shared_migrate: disks must be virt.get_disks' answer {target: {...}}")
+    entries = [_salt_disk(t, d) for t, d in sorted(disks.items())]
+    existing = [d["path"] for d in entries if os.path.exists(d["path"])]
+    if existing:
+        forced = " (force=True does not change that)" if _bool(force) else ""
+        raise CommandExecutionError(
+            f"seed_non_shared_migrate: {', '.join(existing)} exist(s) already; salt-virt never overwrites a disk "
+            f"file{forced}: remove it or migrate onto shared storage"
+        )
+    if not name:
+        dirs = {os.path.basename(os.path.dirname(d["path"])) for d in entries}
+        if len(dirs) != 1:
+            raise SaltInvocationError("seed_non_shared_migrate: give name= (the disks are not in one VM directory)")
+        name = dirs.pop()
+    source = {"name": name, "uuid": "", "disks": entries}
+    with _conn(connection) as conn:
+        _migrate.prepare(
+            conn,
+            source,
+            _images_dir(),
+            copy_storage="all",
+            allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
+        )
+    return True

@@ -9,7 +9,7 @@ import urllib.parse
 
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import speckeys, validate
+from saltvirt import spec, speckeys, validate
 
 log = logging.getLogger(__name__)
 _MISSING = object()
@@ -197,3 +197,14 @@ def migration_target(target, target_uri=None):
     host = parts.hostname
     validate.host_name(host or "", "virt.migrate target URI host")
     return host, target
+
+
+def profiles(configured):
+    """``virt.get_profiles``: every NIC/disk profile (``default`` built in) as lists of named entries."""
+    out = {}
+    for kind, default in (("nic", spec.DEFAULT_NICS), ("disk", spec.DEFAULT_DISKS)):
+        table = configured.get(kind) or {}
+        if not isinstance(table, dict):
+            raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")
+        out[kind] = {name: spec._profile(configured, kind, name, default) for name in sorted({"default", *table})}  # noqa: SLF001
+    return out

@@ -211,3 +211,13 @@ def _minion(root):
     if el is None or not el.get("id") or not el.get("key_sha256"):
         return None
     return {"id": el.get("id"), "key_sha256": el.get("key_sha256")}
+
+
+def loader(xml):
+    """``<os><loader>`` as Salt's ``virt.get_loader``: ``{path, <attributes>}``, ``{path: "None"}`` if none."""
+    out = {"path": "None"}
+    el = ET.fromstring(xml).find("os/loader")
+    if el is not None:
+        out["path"] = (el.text or "").strip() or "None"
+        out.update(el.attrib)
+    return out

@@ -7,12 +7,17 @@ import xml.etree.ElementTree as ET
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import validate
-from saltvirt.conn import get_domain, libvirt, lv_errors
+from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.query import state_name
 
 
 def _state(dom):
-    return state_name(dom.state()[0])
+    try:
+        return state_name(dom.state()[0])
+    except libvirt.libvirtError:
+        if not domain_exists(dom.connect(), dom.name()):
+            return "undefined"  # a transient VM is gone once it stops
+        raise
 
 
 def _act(conn, name, action, method, *args, allowed=None):
@@ -157,3 +162,25 @@ def define_xml_str(conn, xml):
 def get_xml(conn, name, inactive=False):
     flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
     return get_domain(conn, name).XMLDesc(flags)
+
+
+def create_xml_str(conn, xml):
+    """Start a transient domain from XML (Salt's ``virt.create_xml_str``)."""
+    try:
+        name = ET.fromstring(xml).findtext("name")
+    except ET.ParseError as exc:
+        raise SaltInvocationError(f"the domain XML does not parse: {exc}") from None
+    validate.vm_name(name or "")
+    with lv_errors(f"create transient VM {name!r}"):
+        dom = conn.createXML(xml, 0)
+    return {"name": dom.name(), "uuid": dom.UUIDString(), "state": _state(dom)}
+
+
+def ctrl_alt_del(conn, name):
+    """Send Ctrl+Alt+Del (Linux keycodes: left ctrl 29, left alt 56, delete 111) for 3 ms."""
+    dom = get_domain(conn, name)
+    if not dom.isActive():
+        raise CommandExecutionError(f"cannot send ctrl+alt+del to VM {name!r}: it is {_state(dom)}")
+    with lv_errors(f"send ctrl+alt+del to VM {name!r}"):
+        dom.sendKey(libvirt.VIR_KEYCODE_SET_LINUX, 3, [29, 56, 111], 3, 0)
+    return {"name": name, "action": "ctrl_alt_del", "state": _state(dom)}

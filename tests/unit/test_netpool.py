@@ -176,17 +176,23 @@ def test_ensure_pool(conn, tmp_path):
 
 def test_module_functions(virt_test, conn):
     v = virt_test
-    made = v["virt.network_define"](
-        "np2", forward="route", ip="10.7.0.1", netmask="255.255.255.0", autostart=True, start=True
-    )
+    assert (
+        v["virt.network_define"](
+            "np2", forward="route", ip="10.7.0.1", netmask="255.255.255.0", autostart=True, start=True
+        )
+        is True
+    )  # Salt's return
+    made = v["virt.network_info"]("np2")["np2"]
     assert (made["forward"], made["ip"], made["active"], made["autostart"]) == ("route", "10.7.0.1/24", True, True)
     with pytest.raises(SaltInvocationError, match="already defined"):
         v["virt.network_define"]("np2")
     assert "np2" in v["virt.list_networks"]() and v["virt.network_info"]("np2")["np2"]["ip"] == "10.7.0.1/24"
-    assert v["virt.network_stop"]("np2") == {"name": "np2", "stopped": True}
-    assert v["virt.network_stop"]("np2") == {"name": "np2", "stopped": False}
-    assert v["virt.network_start"]("np2") == {"name": "np2", "started": True}
-    assert v["virt.network_undefine"]("np2") == {"name": "np2", "undefined": True}
+    assert v["virt.network_stop"]("np2") is True
+    assert v["virt.network_info"]("np2")["np2"]["active"] is False
+    assert v["virt.network_stop"]("np2") is True  # already stopped
+    assert v["virt.network_start"]("np2") is True
+    assert v["virt.network_info"]("np2")["np2"]["active"] is True
+    assert v["virt.network_undefine"]("np2") is True
     assert "np2" not in v["virt.list_networks"]()
 
     assert v["virt.pool_define"]("pp2", target="/var/tmp/pp2") is True  # Salt's return; start=True by default

@@ -1,0 +1,115 @@
+"""
+Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
+``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
+``get_profiles`` (``saltvirt.caps``, ``saltvirt.compat``).
+"""
+
+import os
+import sys
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt import caps as _caps
+    from saltvirt import compat as _compat
+    from saltvirt import conn as _c
+    from saltvirt.validate import to_bool as _bool
+
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+    if _c.libvirt is None:
+        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+    return __virtualname__
+
+
+def _conn(connection=None, kwargs=None, fun="virt"):
+    kwargs = {k: v for k, v in (kwargs or {}).items() if not k.startswith("__")}
+    kwargs.pop("username", None), kwargs.pop("password", None)
+    _compat.refuse_unknown(kwargs, ("connection", "username", "password"), fun)
+    return _c.salt_connect(__salt__, connection)
+
+
+def domain_capabilities(emulator=None, arch=None, machine=None, domain=None, connection=None, **kwargs):
+    """
+    What a domain of this emulator/arch/machine/type can have here (Salt's dict: ``emulator``,
+    ``domain``, ``machine``, ``arch``, ``max_vcpus``, ``os`` (UEFI loaders), ``cpu`` modes,
+    ``devices``, ``features``).
+
+    CLI Example:: salt 'hyper1' virt.domain_capabilities arch=x86_64 domain=kvm
+    """
+    with _conn(connection, kwargs, "virt.domain_capabilities") as conn:
+        return _caps.domain_capabilities(conn, emulator, arch, machine, domain)
+
+
+def all_capabilities(connection=None, **kwargs):
+    """
+    The host capabilities and the domain capabilities of every arch/domain type it offers:
+    ``{host: ..., domains: [...]}``.
+
+    CLI Example:: salt 'hyper1' virt.all_capabilities
+    """
+    with _conn(connection, kwargs, "virt.all_capabilities") as conn:
+        return _caps.all_capabilities(conn)
+
+
+def cpu_baseline(full=False, migratable=False, out="libvirt", connection=None, **kwargs):
+    """
+    The CPU model guests can get on this host: libvirt's XML (``out=libvirt``) or
+    ``{model, vendor, features: [{name, policy}]}`` (``out=salt``).
+
+    CLI Example:: salt 'hyper1' virt.cpu_baseline out=salt
+    """
+    with _conn(connection, kwargs, "virt.cpu_baseline") as conn:
+        return _caps.cpu_baseline(conn, _bool(full), _bool(migratable), out)
+
+
+def node_devices(connection=None, **kwargs):
+    """
+    The host's PCI, USB, network and mdev devices as Salt's list of dicts (``name``, ``caps``, and
+    per kind ``address``, ``vendor``, ``product``, ``interface``, ``state``, ...).
+
+    CLI Example:: salt 'hyper1' virt.node_devices
+    """
+    with _conn(connection, kwargs, "virt.node_devices") as conn:
+        return _caps.node_devices(conn)
+
+
+def is_hyper(connection=None):
+    """
+    True when this minion can run VMs: libvirt answers and offers a QEMU/KVM domain type.
+
+    CLI Example:: salt '*' virt.is_hyper
+    """
+    try:
+        with _conn(connection) as conn:
+            offered = {d for g in _caps.capabilities(conn)["guests"] for d in g["arch"]["domains"]}
+    except Exception:  # noqa: BLE001 - any failure to reach libvirt means "not a hypervisor"
+        return False
+    return bool(set(offered) & {"kvm", "qemu", "test"})
+
+
+def get_profiles(hypervisor=None, **kwargs):
+    """
+    The NIC and disk profiles VMs are built from (``virt:nic`` / ``virt:disk``, with the built-in
+    ``default``): ``{nic: {name: [entries]}, disk: {name: [entries]}}``. ``hypervisor`` is accepted
+    for Salt's signature (profiles do not depend on it here).
+
+    CLI Example:: salt 'hyper1' virt.get_profiles
+    """
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+    kwargs.pop("username", None), kwargs.pop("password", None), kwargs.pop("connection", None)
+    _compat.refuse_unknown(kwargs, ("hypervisor", "connection"), "virt.get_profiles")
+    cfg = _c.salt_config(__salt__)
+    return _compat.profiles({"nic": cfg("virt:nic", {}) or {}, "disk": cfg("virt:disk", {}) or {}})
