@@ -60,6 +60,9 @@ GOLDEN_CASES = {
     "disk-file-raw-sata": vm(
         disks=[spec.Disk("data", format="raw", path="/srv/vms/golden1/data.raw", bus="sata", target="sda")]
     ),
+    "disk-volume-qcow2": vm(
+        disks=[spec.Disk("data", format="qcow2", pool="default-pool", volume="golden1_data", target="vdb")]
+    ),
     "disk-cdrom": vm(
         disks=[spec.Disk("iso", format="raw", path="/srv/iso/install.iso", device="cdrom", bus="sata", target="sdb")]
     ),

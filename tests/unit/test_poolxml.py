@@ -195,3 +195,26 @@ def test_volume_and_secret_xml(tmp_path):
         poolxml.volume_spec("v", "big")
     with pytest.raises(SaltInvocationError, match="invalid volume name"):
         poolxml.volume_spec("../etc", 1)
+
+
+GOLDEN_POOLS = ("dir", "logical", "disk", "netfs-cifs", "iscsi", "rbd", "gluster")
+
+
+@pytest.mark.parametrize("case", GOLDEN_POOLS)
+def test_golden_pool(golden, case):
+    """Exactly the golden file, valid for libvirt's schema, defined on the test driver."""
+    spec = poolxml.pool_spec(f"golden-{case}", case.split("-cifs")[0], **CASES[case])
+    golden(f"poolxml/pool-{case}", poolxml.pool_xml(spec))
+
+
+def test_golden_volumes(golden):
+    spec = poolxml.volume_spec(
+        "golden-vol",
+        64,
+        allocation=8,
+        format="qcow2",
+        permissions={"mode": "0600", "owner": 107, "group": 107},
+        backing_store={"path": "/srv/images/base.qcow2", "format": "qcow2"},
+    )
+    golden("poolxml/volume-qcow2-backing", poolxml.volume_xml(spec))
+    golden("poolxml/volume-raw", poolxml.volume_xml(poolxml.volume_spec("golden-raw", 16)))
