@@ -221,3 +221,12 @@ def loader(xml):
         out["path"] = (el.text or "").strip() or "None"
         out.update(el.attrib)
     return out
+
+
+def salt_facts(xml):
+    """The facts Salt's ``virt.vm_info`` adds: ``loader`` and the ``on_poweroff``/``on_reboot``/``on_crash`` actions."""
+    root = ET.fromstring(xml)
+    out = {"loader": loader(xml)}
+    for key in ("on_poweroff", "on_reboot", "on_crash"):
+        out[key] = root.findtext(key)
+    return out

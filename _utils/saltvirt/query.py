@@ -90,9 +90,19 @@ def describe(dom, hostname, stats=None, xml=None):
             ),  # read from XML: a stopped pool is fine
             "virtual_size": size.get("capacity"),
             "allocation": size.get("allocation"),
+            # Salt's spellings of the same facts
+            "file format": d["format"],
+            "virtual size": size.get("capacity"),
+            "disk size": size.get("allocation"),
         }
     nics = {
-        (n["mac"] or f"nic{i}"): {"type": n["type"], "source": n["source"], "model": n["model"], "target": n["target"]}
+        (n["mac"] or f"nic{i}"): {
+            "type": n["type"],
+            "mac": n["mac"],
+            "source": n["source"],
+            "model": n["model"],
+            "target": n["target"],
+        }
         for i, n in enumerate(facts["nics"])
     }
     graphics = [
@@ -120,6 +130,8 @@ def describe(dom, hostname, stats=None, xml=None):
         "serial_log": facts["serial_log"],
         "group": facts["group"],
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
+        "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)
+        **domxml.salt_facts(xml),
     }
 
 

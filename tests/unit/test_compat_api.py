@@ -209,3 +209,16 @@ def test_unpowered_state_is_powered_off(virt_test, vm):
     ret = states["virt.unpowered"](vm)
     assert ret["result"] is True and ret["changes"] == {"state": {"old": "running", "new": "shutoff"}}
     assert ret["warnings"] == ["virt.unpowered is deprecated (as in Salt): use virt.powered_off"]
+
+
+def test_vm_info_has_salts_keys(virt_test):
+    info = virt_test["virt.vm_info"](vm_="test")["test"]
+    salt_keys = {"cpu", "cputime", "disks", "graphics", "nics", "uuid", "loader", "on_crash", "on_reboot"}
+    assert salt_keys | {"on_poweroff", "maxMem", "mem", "state"} <= set(info)
+    assert info["maxMem"] == info["mem"] * 1024 and info["loader"] == {"path": "None"}
+    assert (info["on_poweroff"], info["on_reboot"], info["on_crash"]) == ("destroy", "restart", "destroy")
+    disk = info["disks"]["vda"]
+    assert {"file", "file format", "virtual size", "disk size"} <= set(disk)
+    mac, nic = next(iter(info["nics"].items()))
+    assert nic["mac"] == mac and {"type", "source", "model", "target"} <= set(nic)
+    assert virt_test["virt.get_nics"]("test") == info["nics"] and virt_test["virt.get_disks"]("test") == info["disks"]
