@@ -4,7 +4,7 @@ what applies live and what waits for a restart, and applying it. Used by ``virt.
 
 The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.build` with the init arguments
 ``virt.init`` passes (:data:`saltvirt.provision.SPEC_ARGS`), so a state and ``virt.init`` never disagree.
-Device XML comes from :func:`saltvirt.domxml.build` as well.
+Device XML comes from :mod:`saltvirt.domxml`'s device builders as well (the ones ``virt.init`` uses).
 
 Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
 persistent definition; then, if the VM runs, the same changes live where the hypervisor can (vCPUs up
@@ -15,7 +15,6 @@ reported under ``not_in_spec`` and left alone.
 
 import contextlib
 import os
-import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -101,27 +100,12 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
 
 
 # current ------------------------------------------------------------------------------------------
-def _facts(xml):
-    facts = domxml.parse(xml)
-    root = ET.fromstring(xml)
-    vcpu = root.find("vcpu")
-    facts["vcpu_current"] = int(vcpu.get("current") or facts["cpu"]) if vcpu is not None else facts["cpu"]
-    for nic, el in zip(facts["nics"], root.findall("devices/interface"), strict=True):
-        src = el.find("source")  # a running VM's network NIC also names its bridge: the network is the source
-        if src is not None and nic["type"] in ("bridge", "network"):
-            nic["source"] = src.get(nic["type"]) or nic["source"]
-    passwds = [g.get("passwd") for g in root.findall("devices/graphics")]
-    for g, pw in zip(facts["graphics"], passwds, strict=True):
-        g["passwd"] = pw
-    return facts
-
-
 def current(dom):
     """{'config': facts of the persistent definition, 'live': facts of the running VM (or None)}."""
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
     with lv_errors(f"read the definition of VM {dom.name()!r}"):
-        config = _facts(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
-        live = _facts(dom.XMLDesc(secure)) if dom.isActive() else None
+        config = domxml.parse_for_compare(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
+        live = domxml.parse_for_compare(dom.XMLDesc(secure)) if dom.isActive() else None
     return {"config": config, "live": live}
 
 
@@ -322,87 +306,34 @@ def pending_restart(current_facts):
 
 
 # applying -----------------------------------------------------------------------------------------
-def _device_elements(tag, nics=(), disks=(), graphics=None):
-    """Device elements exactly as :func:`saltvirt.domxml.build` writes them for a new VM."""
-    spec = vmspec.VMSpec(
-        name="device", cpu=1, mem=1, nics=list(nics), disks=list(disks), graphics=graphics, serial_log=None
-    )
-    devices = ET.fromstring(domxml.build(spec)).find("devices")
-    return [el for el in devices if el.tag in tag]
-
-
-def _nic_element(summary, mac=None):
-    nic = vmspec.Nic(
+def _nic(summary, mac=None):
+    return vmspec.Nic(
         name="nic",
         type=summary["type"],
         source=summary["source"],
         model=summary["model"],
         mac=mac or summary.get("mac"),
     )
-    return _device_elements(("interface",), nics=[nic])[0]
-
-
-def _by_mac(devices, mac):
-    return next(
-        (
-            el
-            for el in devices.findall("interface")
-            if (el.find("mac") is not None and el.find("mac").get("address", "").lower() == mac)
-        ),
-        None,
-    )
-
-
-def _xml(el, strip_address=False):
-    el = ET.fromstring(ET.tostring(el))
-    if strip_address:
-        for addr in el.findall("address"):
-            el.remove(addr)
-    return ET.tostring(el, encoding="unicode")
 
 
 def _redefine(conn, dom, desired, changes, created):
     """Write the device and graphics changes into the persistent definition (one defineXML)."""
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
-    root = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
-    devices = root.find("devices")
-    if "graphics" in changes:
-        for el in devices.findall("graphics") + devices.findall("video"):
-            devices.remove(el)
-        for el in _device_elements(("graphics", "video"), graphics=desired.graphics):
-            devices.append(el)
-        if desired.graphics and devices.find("input[@type='tablet']") is None:
-            devices.extend(_device_elements(("input",), graphics=desired.graphics))
     nics = changes.get("nics", {})
-    for nic in nics.get("removed", []):
-        el = _by_mac(devices, nic["mac"])
-        if el is not None:
-            devices.remove(el)
-    for nic in nics.get("changed", []):
-        el = _by_mac(devices, nic["mac"])
-        new = _nic_element(nic["new"], mac=nic["mac"])
-        if el is not None:  # same element, same MAC and PCI address: new type, source, model
-            keep = el.findall("address")
-            el.clear()
-            el.attrib.update(new.attrib)
-            el.extend(list(new) + keep)
-    before = {m.get("address", "").lower() for m in devices.findall("interface/mac")}
-    for nic in nics.get("added", []):
-        devices.append(_nic_element(nic))
-    disks = [d for d in desired.disks if d.target in {a["target"] for a in changes.get("disks", {}).get("added", [])}]
-    for el in _device_elements(("disk",), disks=disks):
-        devices.append(el)
+    added = {a["target"] for a in changes.get("disks", {}).get("added", [])}
+    xml, kept = domxml.edit_devices(
+        dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure),
+        graphics_spec=desired.graphics if "graphics" in changes else False,
+        remove_macs=[nic["mac"] for nic in nics.get("removed", [])],
+        change_nics=[_nic(nic["new"], mac=nic["mac"]) for nic in nics.get("changed", [])],
+        add_nics=[_nic(nic) for nic in nics.get("added", [])],
+        add_disks=[d for d in desired.disks if d.target in added],
+    )
     with lv_errors(f"redefine VM {desired.name!r}"):
-        dom = conn.defineXML(ET.tostring(root, encoding="unicode"))
-    new_devices = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).find("devices")
-    created["nics"] = [
-        el
-        for el in new_devices.findall("interface")
-        if el.find("mac") is not None and el.find("mac").get("address", "").lower() not in before
-    ]
-    created["disks"] = {
-        el.find("target").get("dev"): el for el in new_devices.findall("disk") if el.find("target") is not None
-    }
+        dom = conn.defineXML(xml)
+    new_xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    created["nics"] = domxml.new_interfaces(new_xml, kept)
+    created["disks"] = domxml.disks_by_target(new_xml)
     return dom
 
 
@@ -457,22 +388,22 @@ def _live(dom, kind, item, created):
     elif kind == "graphics":
         raise _NotLive("graphics change at the next start")
     elif kind in ("nic_removed", "nic_changed"):
-        el = _by_mac(ET.fromstring(dom.XMLDesc(0)).find("devices"), item["mac"])
+        el = domxml.interface_by_mac(dom.XMLDesc(0), item["mac"])
         if el is None:
             return
         if kind == "nic_removed":
-            dom.detachDeviceFlags(_xml(el), live_flag)
-            if _by_mac(ET.fromstring(dom.XMLDesc(0)).find("devices"), item["mac"]) is not None:
+            dom.detachDeviceFlags(domxml.device_xml(el), live_flag)
+            if domxml.interface_by_mac(dom.XMLDesc(0), item["mac"]) is not None:
                 raise _NotLive("the guest has not released it yet")
         else:
             if not _live_ok(kind, item, None):
                 raise _NotLive("type or model change")
-            new = _nic_element(item["new"], mac=item["mac"])
-            dom.updateDeviceFlags(_xml(new), live_flag)
+            new = domxml.interface(_nic(item["new"], mac=item["mac"]))
+            dom.updateDeviceFlags(domxml.device_xml(new), live_flag)
     elif kind == "nic_added":
-        dom.attachDeviceFlags(_xml(created["nics"].pop(0), strip_address=True), live_flag)
+        dom.attachDeviceFlags(domxml.device_xml(created["nics"].pop(0), strip_address=True), live_flag)
     elif kind == "disk_added":
-        dom.attachDeviceFlags(_xml(created["disks"][item["target"]], strip_address=True), live_flag)
+        dom.attachDeviceFlags(domxml.device_xml(created["disks"][item["target"]], strip_address=True), live_flag)
 
 
 def apply(conn, dom, desired, changes):

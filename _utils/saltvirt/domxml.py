@@ -1,4 +1,10 @@
-"""libvirt domain XML, built and read with ElementTree only (escaping for free)."""
+"""libvirt domain XML, built and read with ElementTree only (escaping for free).
+
+The only module that builds or reads domain XML: :func:`build` writes a new VM from its spec with one
+builder per device (:func:`disk`, :func:`interface`, :func:`graphics`, ...), :func:`parse` reads what
+salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interface_by_mac`,
+:func:`device_xml`) change an existing definition with the same builders (``saltvirt.converge``).
+"""
 
 import xml.etree.ElementTree as ET
 
@@ -6,10 +12,16 @@ METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
 ET.register_namespace("saltvirt", METADATA_NS)
 
 
-def _sub(parent, tag, text=None, **attrs):
-    el = ET.SubElement(parent, tag, {k: str(v) for k, v in attrs.items() if v is not None})
+def _el(tag, text=None, **attrs):
+    el = ET.Element(tag, {k: str(v) for k, v in attrs.items() if v is not None})
     if text is not None:
         el.text = str(text)
+    return el
+
+
+def _sub(parent, tag, text=None, **attrs):
+    el = _el(tag, text, **attrs)
+    parent.append(el)
     return el
 
 
@@ -50,56 +62,178 @@ def build(spec):
     _sub(dom, "on_reboot", "restart")
     _sub(dom, "on_crash", "destroy")
     devices = _sub(dom, "devices")
-    for disk in spec.disks:
-        if disk.pool:
-            _volume_disk(devices, disk)
-            continue
-        d = _sub(devices, "disk", type="file", device=disk.device)
-        _sub(d, "driver", name="qemu", type=disk.format, cache="none" if disk.device == "disk" else None)
-        if disk.path:
-            _sub(d, "source", file=disk.path)
-        _sub(d, "target", dev=disk.target, bus=disk.bus)
-        if disk.device == "cdrom":
-            _sub(d, "readonly")
-    for nic in spec.nics:
-        i = _sub(devices, "interface", type=nic.type)
-        if nic.mac:
-            _sub(i, "mac", address=nic.mac)
-        if nic.type == "direct":
-            _sub(i, "source", dev=nic.source, mode="bridge")
-        else:
-            _sub(i, "source", **{nic.type: nic.source})
-        _sub(i, "model", type=nic.model)
-    serial = _sub(devices, "serial", type="pty")
-    if spec.serial_log:
-        _sub(serial, "log", file=spec.serial_log, append="on")
-    _sub(serial, "target", port=0)
-    console = _sub(devices, "console", type="pty")
-    _sub(console, "target", type="serial", port=0)
+    devices.extend(disk(d) for d in spec.disks)
+    devices.extend(interface(n) for n in spec.nics)
+    devices.extend([serial(spec.serial_log), console()])
     if spec.graphics:
-        g = spec.graphics
-        gel = _sub(
-            devices,
-            "graphics",
-            type=g.type,
-            port=g.port,
-            autoport="yes" if g.port in (-1, None) else "no",
-            listen=g.listen,
-            passwd=g.password,
-        )
-        _sub(gel, "listen", type="address", address=g.listen)
-        _sub(_sub(devices, "video"), "model", type="vga")
-        _sub(devices, "input", type="tablet", bus="usb")
+        devices.extend([graphics(spec.graphics), video(), tablet()])
     return ET.tostring(dom, encoding="unicode")
 
 
-def _volume_disk(devices, disk):
+# one builder per device: an Element, exactly as build() writes it for a new VM --------------------
+def disk(d):
+    """``<disk>`` for a :class:`saltvirt.spec.Disk`: a file, or a volume of a storage pool."""
+    if d.pool:
+        return _volume_disk(d)
+    el = _el("disk", type="file", device=d.device)
+    _sub(el, "driver", name="qemu", type=d.format, cache="none" if d.device == "disk" else None)
+    if d.path:
+        _sub(el, "source", file=d.path)
+    _sub(el, "target", dev=d.target, bus=d.bus)
+    if d.device == "cdrom":
+        _sub(el, "readonly")
+    return el
+
+
+def _volume_disk(d):
     """A disk on a storage pool volume: libvirt resolves pool + volume to the file or block device."""
-    d = _sub(devices, "disk", type="volume", device="disk")
-    _sub(d, "driver", name="qemu", type=disk.format, cache="none")
-    _sub(d, "source", pool=disk.pool, volume=disk.volume)
-    _sub(d, "target", dev=disk.target, bus=disk.bus)
-    return d
+    el = _el("disk", type="volume", device="disk")
+    _sub(el, "driver", name="qemu", type=d.format, cache="none")
+    _sub(el, "source", pool=d.pool, volume=d.volume)
+    _sub(el, "target", dev=d.target, bus=d.bus)
+    return el
+
+
+def interface(nic):
+    """``<interface>`` for a :class:`saltvirt.spec.Nic`."""
+    el = _el("interface", type=nic.type)
+    if nic.mac:
+        _sub(el, "mac", address=nic.mac)
+    if nic.type == "direct":
+        _sub(el, "source", dev=nic.source, mode="bridge")
+    else:
+        _sub(el, "source", **{nic.type: nic.source})
+    _sub(el, "model", type=nic.model)
+    return el
+
+
+def serial(log_file=None):
+    """The serial port (pty), logged to ``log_file`` when given."""
+    el = _el("serial", type="pty")
+    if log_file:
+        _sub(el, "log", file=log_file, append="on")
+    _sub(el, "target", port=0)
+    return el
+
+
+def console():
+    el = _el("console", type="pty")
+    _sub(el, "target", type="serial", port=0)
+    return el
+
+
+def graphics(g):
+    """``<graphics>`` for a :class:`saltvirt.spec.Graphics` (its password goes into the XML only)."""
+    el = _el(
+        "graphics",
+        type=g.type,
+        port=g.port,
+        autoport="yes" if g.port in (-1, None) else "no",
+        listen=g.listen,
+        passwd=g.password,
+    )
+    _sub(el, "listen", type="address", address=g.listen)
+    return el
+
+
+def video():
+    el = _el("video")
+    _sub(el, "model", type="vga")
+    return el
+
+
+def tablet():
+    """The USB tablet that keeps the pointer in sync on a graphical console."""
+    return _el("input", type="tablet", bus="usb")
+
+
+# editing an existing definition -------------------------------------------------------------------
+def _mac_of(el):
+    mac = el.find("mac")
+    return (mac.get("address") or "").lower() if mac is not None else ""
+
+
+def interface_by_mac(devices, mac):
+    """The ``<interface>`` with ``mac`` (lower case) in a domain's XML (str) or its ``<devices>`` element."""
+    if isinstance(devices, str):
+        devices = ET.fromstring(devices).find("devices")
+    return next((el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) == mac), None)
+
+
+def device_xml(el, strip_address=False):
+    """One device element as XML (to attach, detach or update it), without its PCI address if asked."""
+    el = ET.fromstring(ET.tostring(el))
+    if strip_address:
+        for addr in el.findall("address"):
+            el.remove(addr)
+    return ET.tostring(el, encoding="unicode")
+
+
+def edit_devices(xml, *, graphics_spec=False, remove_macs=(), change_nics=(), add_nics=(), add_disks=()):
+    """Domain XML with devices changed by the builders above. Returns ``(xml, kept)``: ``kept`` are the
+    MACs (lower case) of the interfaces already there, so the ones libvirt completes can be told apart.
+
+    ``graphics_spec``: False keeps graphics as they are, None removes them, a Graphics replaces them.
+    ``change_nics``: Nics whose MAC names the interface to change in place (its PCI address kept)."""
+    root = ET.fromstring(xml)
+    devices = root.find("devices")
+    if graphics_spec is not False:
+        for el in devices.findall("graphics") + devices.findall("video"):
+            devices.remove(el)
+        if graphics_spec:
+            devices.extend([graphics(graphics_spec), video()])
+            if devices.find("input[@type='tablet']") is None:
+                devices.append(tablet())
+    for mac in remove_macs:
+        el = interface_by_mac(devices, mac)
+        if el is not None:
+            devices.remove(el)
+    for nic in change_nics:
+        el = interface_by_mac(devices, nic.mac.lower())
+        new = interface(nic)
+        if el is not None:  # same element, same MAC and PCI address: new type, source, model
+            keep = el.findall("address")
+            el.clear()
+            el.attrib.update(new.attrib)
+            el.extend(list(new) + keep)
+    kept = {m.get("address", "").lower() for m in devices.findall("interface/mac")}
+    devices.extend(interface(n) for n in add_nics)
+    devices.extend(disk(d) for d in add_disks)
+    return ET.tostring(root, encoding="unicode"), kept
+
+
+def move_disks(xml, disk_map):
+    """Domain XML with disk sources moved per ``disk_map`` ({source path: target path}); the backing
+    chain libvirt reports is dropped for moved disks (the target reads it from the new image)."""
+    root = ET.fromstring(xml)
+    for el in root.findall("devices/disk"):
+        src = el.find("source")
+        if src is not None and src.get("file") in disk_map:
+            src.set("file", disk_map[src.get("file")])
+            for backing in el.findall("backingStore"):
+                el.remove(backing)
+    return ET.tostring(root, encoding="unicode")
+
+
+def new_interfaces(xml, kept_macs):
+    """The ``<interface>`` elements of ``xml`` whose MAC is not in ``kept_macs`` (the ones just added)."""
+    devices = ET.fromstring(xml).find("devices")
+    return [el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) not in kept_macs]
+
+
+def disks_by_target(xml):
+    """``{target dev: <disk> element}`` of a domain's XML."""
+    devices = ET.fromstring(xml).find("devices")
+    return {el.find("target").get("dev"): el for el in devices.findall("disk") if el.find("target") is not None}
+
+
+# reading ------------------------------------------------------------------------------------------
+def domain_name(xml):
+    """The ``<name>`` of domain XML given by a user; ValueError when it does not parse."""
+    try:
+        return ET.fromstring(xml).findtext("name")
+    except ET.ParseError as exc:
+        raise ValueError(f"the domain XML does not parse: {exc}") from None
 
 
 def _int(text, default=0):
@@ -145,6 +279,9 @@ def parse(xml):
                 "file": (src.get("file") or src.get("dev") or src.get("volume")) if src is not None else None,
                 "format": drv.get("type") if drv is not None else None,
                 "backing_file": backing.get("file") if backing is not None else None,
+                "cache": drv.get("cache") if drv is not None else None,
+                "readonly": d.find("readonly") is not None,
+                "shareable": d.find("shareable") is not None,
                 "pool": src.get("pool") if src is not None else None,
                 "volume": src.get("volume") if src is not None else None,
             }
@@ -230,3 +367,21 @@ def salt_facts(xml):
     for key in ("on_poweroff", "on_reboot", "on_crash"):
         out[key] = root.findtext(key)
     return out
+
+
+def parse_for_compare(xml):
+    """:func:`parse` plus what comparing with a spec needs (``saltvirt.converge``): the current vCPU
+    count, each NIC's source by its type (a running VM's network NIC also names its bridge) and the
+    graphics passwords. Never report these facts as they are: they hold the passwords."""
+    facts = parse(xml)
+    root = ET.fromstring(xml)
+    vcpu = root.find("vcpu")
+    facts["vcpu_current"] = int(vcpu.get("current") or facts["cpu"]) if vcpu is not None else facts["cpu"]
+    for nic, el in zip(facts["nics"], root.findall("devices/interface"), strict=True):
+        src = el.find("source")
+        if src is not None and nic["type"] in ("bridge", "network"):
+            nic["source"] = src.get(nic["type"]) or nic["source"]
+    passwds = [g.get("passwd") for g in root.findall("devices/graphics")]
+    for g, pw in zip(facts["graphics"], passwds, strict=True):
+        g["passwd"] = pw
+    return facts

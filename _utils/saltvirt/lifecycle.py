@@ -2,11 +2,10 @@
 CommandExecutionError with libvirt's reason when the action is refused."""
 
 import time
-import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import validate
+from saltvirt import domxml, validate
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.query import state_name
 
@@ -150,9 +149,9 @@ def setvcpus(conn, name, cpu, config=True, live=None):
 
 def define_xml_str(conn, xml):
     try:
-        name = ET.fromstring(xml).findtext("name")
-    except ET.ParseError as exc:
-        raise SaltInvocationError(f"the domain XML does not parse: {exc}") from None
+        name = domxml.domain_name(xml)
+    except ValueError as exc:
+        raise SaltInvocationError(str(exc)) from None
     validate.vm_name(name or "")
     with lv_errors(f"define VM {name!r}"):
         dom = conn.defineXML(xml)
@@ -167,9 +166,9 @@ def get_xml(conn, name, inactive=False):
 def create_xml_str(conn, xml):
     """Start a transient domain from XML (Salt's ``virt.create_xml_str``)."""
     try:
-        name = ET.fromstring(xml).findtext("name")
-    except ET.ParseError as exc:
-        raise SaltInvocationError(f"the domain XML does not parse: {exc}") from None
+        name = domxml.domain_name(xml)
+    except ValueError as exc:
+        raise SaltInvocationError(str(exc)) from None
     validate.vm_name(name or "")
     with lv_errors(f"create transient VM {name!r}"):
         dom = conn.createXML(xml, 0)

@@ -39,7 +39,6 @@ import subprocess
 import threading
 import time
 import urllib.parse
-import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -170,19 +169,6 @@ def migration_flags(active, live=True, tunnel=False, copy_storage=None, unsafe=F
     return flags
 
 
-def rewrite_disks(xml, disk_map):
-    """Domain XML with disk sources moved per ``disk_map`` ({source path: target path}); the backing
-    chain libvirt reports is dropped for moved disks (the target reads it from the new image)."""
-    root = ET.fromstring(xml)
-    for disk in root.findall("devices/disk"):
-        src = disk.find("source")
-        if src is not None and src.get("file") in disk_map:
-            src.set("file", disk_map[src.get("file")])
-            for backing in disk.findall("backingStore"):
-                disk.remove(backing)
-    return ET.tostring(root, encoding="unicode")
-
-
 # source side ------------------------------------------------------------------------------------
 def sha256(path):
     digest = hashlib.sha256()
@@ -193,27 +179,20 @@ def sha256(path):
 
 
 def _disks(xml):
-    out = []
-    for disk in ET.fromstring(xml).findall("devices/disk"):
-        src, tgt, drv = disk.find("source"), disk.find("target"), disk.find("driver")
-        path = None
-        if src is not None:
-            path = src.get("file") if disk.get("type") == "file" else src.get("dev") or src.get("name")
-        out.append(
-            {
-                "target": tgt.get("dev") if tgt is not None else None,
-                "type": disk.get("type"),
-                "device": disk.get("device", "disk"),
-                "path": path,
-                "format": drv.get("type") if drv is not None else None,
-                "cache": drv.get("cache") if drv is not None else None,
-                # libvirt copies writable disks only; these must already be on the target
-                "readonly": disk.find("readonly") is not None
-                or disk.find("shareable") is not None
-                or disk.get("device") in ("cdrom", "floppy"),
-            }
-        )
-    return out
+    """The disks as :func:`saltvirt.domxml.parse` reads them, in the shape the target prepares from."""
+    return [
+        {
+            "target": d["target"],
+            "type": d["type"],
+            "device": d["device"],
+            "path": d["file"],
+            "format": d["format"],
+            "cache": d["cache"],
+            # libvirt copies writable disks only; these must already be on the target
+            "readonly": d["readonly"] or d["shareable"] or d["device"] in ("cdrom", "floppy"),
+        }
+        for d in domxml.parse(xml)["disks"]
+    ]
 
 
 def source_info(conn, name, images_dir, probe=True):
@@ -370,8 +349,8 @@ def migrate(
     if disk_map:
         secure = libvirt.VIR_DOMAIN_XML_MIGRATABLE | libvirt.VIR_DOMAIN_XML_SECURE
         if active:
-            params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = rewrite_disks(dom.XMLDesc(secure), disk_map)
-        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = rewrite_disks(
+            params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = domxml.move_disks(dom.XMLDesc(secure), disk_map)
+        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = domxml.move_disks(
             dom.XMLDesc(secure | libvirt.VIR_DOMAIN_XML_INACTIVE), disk_map
         )
     if migrate_disks and copy_storage:

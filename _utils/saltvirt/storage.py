@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import netpool, poolxml, validate
+from saltvirt import domxml, netpool, poolxml, validate
 from saltvirt.conn import libvirt, lv_errors
 
 POOL_STATES = ("inactive", "building", "running", "degraded", "inaccessible")
@@ -405,12 +405,12 @@ def upload_volume(conn, pool, name, path, offset=0, length=0, sparse=False):
 def _domain_disk_paths(conn):
     out = {}
     for dom in conn.listAllDomains(0):
-        root = ET.fromstring(dom.XMLDesc(0))
         paths = set()
-        for src in root.findall("devices/disk/source"):
-            paths.update(v for k, v in src.attrib.items() if k in ("file", "dev"))
-            if src.get("pool") and src.get("volume"):
-                paths.add(("vol", src.get("pool"), src.get("volume")))
+        for disk in domxml.parse(dom.XMLDesc(0))["disks"]:
+            if disk["pool"] and disk["volume"]:
+                paths.add(("vol", disk["pool"], disk["volume"]))
+            elif disk["file"]:
+                paths.add(disk["file"])
         out[dom.name()] = paths
     return out
 

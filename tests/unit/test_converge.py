@@ -28,7 +28,7 @@ def facts_of(spec, live=False):
     """What converge.current() reads back for a domain defined from ``spec`` (MACs as libvirt adds)."""
     for i, nic in enumerate(spec.nics):
         nic.mac = nic.mac or f"52:54:00:00:00:{i:02x}"
-    facts = converge._facts(domxml.build(spec))
+    facts = domxml.parse_for_compare(domxml.build(spec))
     for nic in spec.nics:
         nic.mac = None
     return {"config": facts, "live": facts if live else None}

@@ -37,6 +37,41 @@ def test_vnc_only_when_asked():
     assert "<graphics" in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True))
 
 
+def test_move_disks_moves_only_mapped_disks_and_drops_their_backing_chain():
+    xml = """<domain><name>m</name><devices>
+      <disk type='file' device='disk'><source file='/a/m/system.qcow2'/>
+        <backingStore type='file'><format type='qcow2'/><source file='/a/.bases/b.qcow2'/></backingStore>
+        <target dev='vda'/></disk>
+      <disk type='file' device='disk'><source file='/shared/data.raw'/><backingStore/><target dev='vdb'/></disk>
+    </devices></domain>"""
+    out = ET.fromstring(domxml.move_disks(xml, {"/a/m/system.qcow2": "/b/m/system.qcow2"}))
+    vda, vdb = out.findall("devices/disk")
+    assert vda.find("source").get("file") == "/b/m/system.qcow2" and vda.find("backingStore") is None
+    assert vdb.find("source").get("file") == "/shared/data.raw" and vdb.find("backingStore") is not None
+
+
+def test_parse_reads_what_a_migration_needs_of_each_disk():
+    """cache, readonly and shareable: migrate prepares the target from these (libvirt copies writable
+    disks only), read here rather than by a second parser."""
+    xml = """<domain><name>m</name><devices>
+      <disk type='file' device='disk'><driver name='qemu' type='qcow2' cache='none'/>
+        <source file='/a/m/system.qcow2'/><target dev='vda'/></disk>
+      <disk type='file' device='disk'><source file='/shared/ro.raw'/><target dev='vdb'/><readonly/></disk>
+      <disk type='block' device='disk'><source dev='/dev/vg/lv'/><target dev='vdc'/><shareable/></disk>
+    </devices></domain>"""
+    vda, vdb, vdc = domxml.parse(xml)["disks"]
+    assert (vda["cache"], vda["readonly"], vda["shareable"], vda["format"]) == ("none", False, False, "qcow2")
+    assert (vdb["cache"], vdb["readonly"], vdb["shareable"]) == (None, True, False)
+    assert (vdc["file"], vdc["readonly"], vdc["shareable"]) == ("/dev/vg/lv", False, True)
+
+
+def test_domain_name_of_user_xml():
+    assert domxml.domain_name("<domain><name>web1</name></domain>") == "web1"
+    assert domxml.domain_name("<domain/>") is None
+    with pytest.raises(ValueError, match="the domain XML does not parse"):
+        domxml.domain_name("<domain><name>web1</domain>")
+
+
 # golden files: one per device kind -------------------------------------------------------------------
 def vm(**kw):
     """A VM with no devices but the ones a case adds (the serial console is always there)."""
