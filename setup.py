@@ -20,7 +20,6 @@ setup(
     python_requires=">=3.10",
     packages=["saltvirt"] + [f"saltvirt.ext.{kind}" for kind in EXT_DIRS],
     package_dir={"saltvirt": "_utils/saltvirt", **{f"saltvirt.ext.{k}": d for k, d in EXT_DIRS.items()}},
-    package_data={"saltvirt": ["profiles/*.yaml"]},
     install_requires=["salt>=3006", "libvirt-python", "cryptography"],
     entry_points={"salt.loader": ["salt-virt = saltvirt.loader:get_dirs"]},
 )

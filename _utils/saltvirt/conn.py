@@ -16,7 +16,6 @@ Config (minion config, grains or pillar)::
 """
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -249,16 +248,3 @@ def domain_exists(conn, name):
         if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
             return False
         raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
-
-
-def with_conn(func):
-    """For library functions taking ``conn`` first: accept a URI string instead and open/close it."""
-
-    @functools.wraps(func)
-    def wrapper(conn, *args, **kwargs):
-        if conn is None or isinstance(conn, str):
-            with connect(conn) as real:
-                return func(real, *args, **kwargs)
-        return func(conn, *args, **kwargs)
-
-    return wrapper

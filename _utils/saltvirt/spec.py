@@ -20,7 +20,6 @@ Config (minion config, grains or pillar through ``config.get``)::
 """
 
 import copy
-import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -96,9 +95,6 @@ class VMSpec:
     # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
     # salt-run virt.purge deletes a master key only when it is this very key
     minion_key: dict | None = None
-
-    def to_dict(self):
-        return dataclasses.asdict(self)
 
 
 def _named_entries(value, what):

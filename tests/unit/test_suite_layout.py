@@ -33,7 +33,6 @@ WITHOUT_UNIT_FILE = {
     "loader",
     "relocate",
     "seed",
-    "seed_guestfs",
     "storage",
 }
 
