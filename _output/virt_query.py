@@ -65,6 +65,15 @@ def _host_line(mid, ans):
     return f"{mid}  up  ({h.get('hostname', mid)}: {', '.join(parts)})"
 
 
+def _rates_line(rate):
+    parts = [f"cpu {rate.get('cpu_percent', 0)}%"]
+    if "rd_bytes_per_s" in rate:
+        parts.append(f"disk read {_size(rate['rd_bytes_per_s'])}/s, write {_size(rate['wr_bytes_per_s'])}/s")
+    if "rx_bytes_per_s" in rate:
+        parts.append(f"net in {_size(rate['rx_bytes_per_s'])}/s, out {_size(rate['tx_bytes_per_s'])}/s")
+    return f"    Rates: {', '.join(parts)}"
+
+
 def _vm(mid, name, vm):
     out = [f"  {name}"]
     if vm.get("error"):
@@ -84,6 +93,8 @@ def _vm(mid, name, vm):
         out.append(f"    Graphics: {gfx.get('type', '?')} - {where}" + (f" (loopback of {mid})" if local else ""))
         if gfx.get("tunnel"):
             out.append(f"      Reach it: {gfx['tunnel']}  then connect to localhost:{gfx['port']}")
+    if vm.get("rates"):
+        out.append(_rates_line(vm["rates"]))
     for target, disk in sorted((vm.get("disks") or {}).items()):
         out.append(f"    Disk - {target}:")
         size = _size(disk.get("virtual_size"))

@@ -54,6 +54,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 
 from salt.exceptions import SaltException, SaltInvocationError
 
@@ -176,10 +177,14 @@ def _progress(vm):
 
 
 # fleet queries ------------------------------------------------------------------------------------
-def query(tgt=None, tgt_type=None, timeout=None):
+def query(tgt=None, tgt_type=None, timeout=None, rates=False, interval=2):
     """
     Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs) plus each hypervisor's
     capacity, in one round trip. Hypervisors that do not answer are listed with ``status: down``.
+
+    rates
+        also measure each running VM's CPU %, disk and network bytes/s (and disk requests/s) over
+        ``interval`` seconds (two samples of ``virt.vm_stats_sample``): ``vm_info:<vm>:rates``.
 
     CLI Example:
 
@@ -188,11 +193,34 @@ def query(tgt=None, tgt_type=None, timeout=None):
         salt-run virt.query
         salt-run virt.query --out=json
         salt-run virt.query tgt='hyper[1-3]'
+        salt-run virt.query rates=True interval=5
     """
     try:
-        return _out(_gather("virt.full_info", tgt, tgt_type, timeout))
+        data = _gather("virt.full_info", tgt, tgt_type, timeout)
+        if validate.to_bool(rates):
+            _add_rates(data, tgt, tgt_type, timeout, interval)
+        return _out(data)
     except SaltException as exc:
         return _failed(exc)
+
+
+def _add_rates(data, tgt, tgt_type, timeout, interval):
+    try:
+        interval = float(interval)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"interval must be a number of seconds, not {interval!r}") from None
+    if not 0 < interval <= 300:
+        raise SaltInvocationError(f"interval must be between 0 and 300 seconds, not {interval}")
+    first = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
+    time.sleep(interval)
+    second = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
+    for mid, ans in data.items():
+        a, b = first.get(mid) or {}, second.get(mid) or {}
+        if ans.get("status") != "up" or a.get("status") != "up" or b.get("status") != "up":
+            continue
+        for vm, rate in stats.rates(a["host"], b["host"]).items():
+            if vm in (ans.get("vm_info") or {}):
+                ans["vm_info"][vm]["rates"] = rate
 
 
 def list_(tgt=None, tgt_type=None, timeout=None):
