@@ -18,7 +18,7 @@ import os
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, images, intake, provision
+from saltvirt import domxml, images, intake, provision, voldisks
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
@@ -79,6 +79,8 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
     disks = {}
     for d in spec.disks:
         entry = {"name": d.name, "path": d.path, "format": d.format, "size": d.size, "overlay": d.overlay}
+        if d.pool:  # a pool volume: its format/partition name follow the pool (None here: as the pool decides)
+            entry.update(pool=d.pool, volume=d.volume)
         if d.name in unknown:
             entry.update(path=os.path.join(spec.vm_dir, f"{d.name}.<image format>"), format="as the image")
         if d.image:
@@ -213,6 +215,7 @@ def diff(desired, current_facts, manage=FIELDS):
                     "bus": d.bus,
                     "device": d.device,
                     "attach": d.attach,
+                    **({"pool": d.pool, "volume": d.volume} if d.pool else {}),
                 }
             )
         unlisted = sorted(t for t in have if t not in {d.target for d in desired.disks})
@@ -255,6 +258,9 @@ def steps(changes):
         out.append(("nic_added", nic, f"NIC on {_nic_text(nic)} added"))
     for disk in changes.get("disks", {}).get("added", []):
         what = f"{disk['path']} attached" if disk["attach"] else f"{disk['size']} MiB {disk['format']}"
+        if disk.get("pool"):
+            vol = f"volume {disk['pool']}/{disk['volume']}"
+            what = f"{vol} attached" if disk["attach"] else f"{disk['size']} MiB {vol}"
         out.append(("disk_added", disk, f"disk {disk['target']} ({what}) added"))
     return out
 
@@ -337,10 +343,16 @@ def _redefine(conn, dom, desired, changes, created):
     return dom
 
 
-def _make_disks(desired, changes, uuid):
-    """Create the blank disk files the changes add (all checked first); returns their paths."""
+def _make_disks(desired, changes, uuid, conn=None):
+    """Create the blank disk files and pool volumes the changes add (all checked first); returns their
+    paths (volumes: what voldisks.create returned)."""
     added = changes.get("disks", {}).get("added", [])
+    targets = {d["target"] for d in added}
+    volumes = [d for d in desired.disks if d.pool and d.target in targets]
+    voldisks.resolve(conn, volumes)  # pool running, no volume taken over, source_file volumes exist
     for disk in added:
+        if disk.get("pool"):
+            continue
         if disk["attach"]:
             if not os.path.isfile(disk["path"]):
                 raise SaltInvocationError(
@@ -353,21 +365,30 @@ def _make_disks(desired, changes, uuid):
             )
     made = []
     try:
+        for vol in volumes:
+            if not vol.attach:
+                os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
+                made.append(voldisks.create(conn, vol))
+                voldisks.record(desired.vm_dir, desired.name, made[-1], uuid)
         for disk in added:
-            if disk["attach"] or disk["device"] != "disk":
+            if disk["attach"] or disk["device"] != "disk" or disk.get("pool"):
                 continue
             os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
             images.create_disk(disk["path"], disk["size"], fmt=disk["format"])
             made.append(disk["path"])
             images.record_owned(desired.vm_dir, desired.name, [disk["path"]], uuid)
     except BaseException:
-        _remove(made)
+        _remove(made, conn)
         raise
     return made
 
 
-def _remove(paths):
+def _remove(paths, conn=None):
     for path in paths:
+        if isinstance(path, dict):  # a volume made by voldisks.create
+            with contextlib.suppress(CommandExecutionError):
+                voldisks.delete(conn, path)
+            continue
         with contextlib.suppress(OSError):
             os.unlink(path)
 
@@ -422,11 +443,11 @@ def apply(conn, dom, desired, changes):
             dom.setMemoryFlags(desired.mem * 1024, cfg)
     created = {"nics": [], "disks": {}}
     if set(changes) & {"graphics", "nics", "disks"}:
-        made = _make_disks(desired, changes, dom.UUIDString())
+        made = _make_disks(desired, changes, dom.UUIDString(), conn)
         try:
             dom = _redefine(conn, dom, desired, changes, created)
         except CommandExecutionError:
-            _remove(made)
+            _remove(made, conn)
             raise
     for kind, item, desc in steps(changes):
         if not running:

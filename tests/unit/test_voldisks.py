@@ -69,3 +69,27 @@ def test_disks_on_pool_volumes_bad_input(virt_test, conn):
             "pv2", 1, 128, disk=None, nic=None, disks=[{"name": "d", "pool": "default-pool", "source_file": "nope"}]
         )
     assert "pv2" not in v["virt.list_domains"]()
+
+
+def test_update_and_running_state_add_a_volume_disk(virt_test, conn):
+    """virt.update / virt.running with a pool disk: the volume is made (test=True: only said), attached,
+    owned by the VM; a second run changes nothing."""
+    from tests.support.saltloader import load_states
+
+    v = virt_test
+    v["virt.pool_define"]("cd2", "dir", target="/cd2")
+    v["virt.init"]("pv3", 1, 128, disk=None, nic=None, start=False, disks=[{"name": "system", "size": 8}])
+    disks = [{"name": "system", "size": 8}, {"name": "data", "pool": "cd2", "size": 16}]
+    would = v["virt.update"]("pv3", disks=disks, test=True)
+    added = would["changes"]["disks"]["added"]
+    assert [(d["target"], d["pool"], d["volume"]) for d in added] == [("vdb", "cd2", "pv3_data")]
+    assert v["virt.pool_list_volumes"]("cd2") == []  # test: nothing made
+    done = v["virt.update"]("pv3", disks=disks)
+    assert done["changes"]["disks"]["added"][0]["volume"] == "pv3_data"
+    assert v["virt.get_disks"]("pv3")["vdb"]["volume"] == "pv3_data"
+    assert v["virt.pool_list_volumes"]("cd2") == ["pv3_data"]
+    st = load_states(v)
+    again = st["virt.defined"]("pv3", cpu=1, mem=128, disk=None, nic=None, disks=disks)
+    assert again["result"] is True and again["changes"] == {}
+    purged = v["virt.purge"]("pv3")
+    assert purged["volumes"]["removed"] == ["cd2/pv3_data"] and v["virt.pool_list_volumes"]("cd2") == []
