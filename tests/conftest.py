@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 from tests.support import golden as golden_files
-from tests.support import lab
+from tests.support import lab, xdist_groups
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
@@ -43,6 +43,14 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, folder))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (./run-tests): one worker per integration module, one for the modules on the
+    session master, unit tests one by one (tests/support/xdist_groups.py)."""
+    if config.getvalue("dist") == "loadgroup":
+        return xdist_groups.make_scheduler(config, log)
+    return None
 
 
 @pytest.fixture

@@ -101,3 +101,14 @@ def test_loader_tests_mirror_a_loader_module():
         if not (ROOT / f"_{kind}" / f"{name}.py").exists():
             strays.append(str(path.relative_to(ROOT)))
     assert not strays, f"tests/unit/loaders/test_<dir>_<name>.py for _<dir>/<name>.py: {strays}"
+
+
+def test_xdist_work_units():
+    """./run-tests' scheduler (tests/support/xdist_groups.py): a module's tests stay together, the modules on
+    the session master share one unit, unit tests are units of their own."""
+    from tests.support.xdist_groups import SESSION_MASTER_UNIT, work_unit
+
+    assert work_unit("tests/integration/test_states.py::test_x") == SESSION_MASTER_UNIT  # uses hyper1
+    assert work_unit("tests/integration/test_migration.py::test_a[p]") == "tests/integration/test_migration.py"
+    assert work_unit("tests/integration/test_migration.py::test_b") == "tests/integration/test_migration.py"
+    assert work_unit("tests/unit/test_spec.py::test_a") == "tests/unit/test_spec.py::test_a"
