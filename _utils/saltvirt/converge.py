@@ -18,7 +18,7 @@ import os
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, images, intake, provision, voldisks
+from saltvirt import domxml, fsutil, images, intake, provision, voldisks
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
@@ -388,9 +388,7 @@ def _remove(paths, conn=None):
         if isinstance(path, dict):  # a volume made by voldisks.create
             with contextlib.suppress(CommandExecutionError):
                 voldisks.delete(conn, path)
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    fsutil.remove_paths([p for p in paths if not isinstance(p, dict)])
 
 
 class _NotLive(Exception):  # noqa: N818 - a signal to fall back to the definition, not an error

@@ -1,6 +1,7 @@
 """Small file-system helpers shared by the library."""
 
 import contextlib
+import hashlib
 import os
 import tempfile
 
@@ -24,3 +25,28 @@ def atomic_write(path, data, mode, gid=None, fsync=False, prefix=".tmp-", suffix
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def file_digest(path, algo="sha256"):
+    """Hex digest of a file's content (read in 1 MiB blocks)."""
+    h = hashlib.new(algo)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def remove_paths(paths):
+    """Remove files first, then directories (deepest first, only if empty): ``(removed, kept)``, where
+    ``kept`` lists ``{path, reason}`` of what could not be removed; a path already gone is skipped."""
+    removed, kept = [], []
+    dirs = sorted((p for p in paths if os.path.isdir(p) and not os.path.islink(p)), key=len, reverse=True)
+    for path in [p for p in paths if p not in dirs] + dirs:
+        try:
+            (os.rmdir if path in dirs else os.unlink)(path)
+            removed.append(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            kept.append({"path": path, "reason": exc.strerror})
+    return removed, kept

@@ -318,9 +318,7 @@ def _check_owner(manifest, vm_dir, vm_name, vm_uuid):
 
 def _inside(vm_dir, path):
     """True if ``path`` is inside ``vm_dir`` after resolving every symlink, and is not a symlink itself."""
-    real_dir = os.path.realpath(vm_dir)
-    real = os.path.realpath(path)
-    return real.startswith(real_dir + os.sep) and not os.path.islink(path)
+    return validate.is_inside(path, vm_dir) and not os.path.islink(path)
 
 
 def record_owned(vm_dir, vm_name, files, vm_uuid=None):

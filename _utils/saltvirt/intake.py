@@ -36,7 +36,7 @@ import urllib.request
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import images
+from saltvirt import fsutil, images
 
 log = logging.getLogger(__name__)
 
@@ -276,14 +276,6 @@ def _same_remote(meta, fresh):
 
 
 # checksum ----------------------------------------------------------------------------------------
-def file_digest(path, algo):
-    h = hashlib.new(algo)
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify_checksum(path, checksum, source):
     """Raise unless ``path`` has the digest ``checksum`` names (a download's recorded digest is reused)."""
     parsed = parse_checksum(checksum)
@@ -292,7 +284,7 @@ def verify_checksum(path, checksum, source):
     algo, want = parsed
     meta = images._read_json(path + ".meta.json") if os.path.dirname(path).endswith(CACHE_DIR) else None
     have = (meta or {}).get(algo) if meta and meta.get("length") == os.path.getsize(path) else None
-    have = have or file_digest(path, algo)
+    have = have or fsutil.file_digest(path, algo)
     if not hmac.compare_digest(have, want):
         raise SaltInvocationError(
             f"image {redact(source)} does not match checksum {algo}:{want} (it is {algo}:{have}): refused. "

@@ -31,7 +31,6 @@ The master-side sequence (source_info -> prepare -> migrate -> finish or abort_c
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -42,7 +41,7 @@ import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, images, query, snapshot, validate
+from saltvirt import domxml, fsutil, images, query, snapshot, validate
 from saltvirt.conn import domain_exists, get_domain, libvirt
 from saltvirt.query import state_name
 
@@ -170,14 +169,6 @@ def migration_flags(active, live=True, tunnel=False, copy_storage=None, unsafe=F
 
 
 # source side ------------------------------------------------------------------------------------
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _disks(xml):
     """The disks as :func:`saltvirt.domxml.parse` reads them, in the shape the target prepares from."""
     return [
@@ -336,7 +327,7 @@ def migrate(
         destination_uri(target, tunnel, "tcp", None, uri_template)  # bad input first, then the TLS files
     flags = migration_flags(active, live, tunnel, copy_storage, unsafe, qemu_tls)
     for path, want in (verify_backing or {}).items():
-        if sha256(path) != want:
+        if fsutil.file_digest(path) != want:
             raise CommandExecutionError(
                 f"the backing image {path} differs on the target: nothing was migrated, VM {name!r} is still on "
                 f"{source}. Use copy_storage=all (full copy) or give the target the same image"
@@ -397,11 +388,6 @@ def _qemu_img(*args):
     if proc.returncode:
         raise CommandExecutionError(f"qemu-img {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout
-
-
-def _inside(path, base):
-    base = os.path.realpath(base)
-    return os.path.realpath(path).startswith(base + os.sep)
 
 
 def map_path(path, source_images, images_dir):
@@ -563,7 +549,7 @@ def prepare(conn, source, images_dir, copy_storage=None, allowed_paths=()):
                 continue
             folder = os.path.dirname(disk["dest"])
             if not os.path.isdir(folder):
-                if not _inside(folder, images_dir):
+                if not validate.is_inside(folder, images_dir):
                     raise CommandExecutionError(
                         f"directory {folder} for disk {disk['target']} does not exist on {host}"
                     )
@@ -571,7 +557,7 @@ def prepare(conn, source, images_dir, copy_storage=None, allowed_paths=()):
             args = ["create", "-q", "-f", disk["format"]]
             if disk["mode"] == "overlay":
                 args += ["-F", disk["backing_format"], "-b", disk["backing"]]
-                result["verify_backing"][disk["source_backing"]] = sha256(disk["backing"])
+                result["verify_backing"][disk["source_backing"]] = fsutil.file_digest(disk["backing"])
             images._new_file(disk["dest"], f"disk {disk['target']} of VM {name!r}")  # O_EXCL | O_NOFOLLOW
             created.append(disk["dest"])
             _qemu_img(*args, disk["dest"], str(disk["virtual_size"]))
@@ -586,7 +572,7 @@ def prepare(conn, source, images_dir, copy_storage=None, allowed_paths=()):
                 json.dump({"name": name, "uuid": source["uuid"], "created": created}, fh)
             created.append(os.path.join(vm_dir, RECORD))
     except BaseException:
-        _remove(created)
+        fsutil.remove_paths(created)
         raise
     return result
 
@@ -599,21 +585,6 @@ def _makedirs(folder, created):
     for path in reversed(missing):
         os.mkdir(path, 0o755)
         created.append(path)
-
-
-def _remove(paths):
-    """Remove files first, then directories (deepest first, only if empty): (removed, kept)."""
-    removed, kept = [], []
-    dirs = sorted((p for p in paths if os.path.isdir(p) and not os.path.islink(p)), key=len, reverse=True)
-    for path in [p for p in paths if p not in dirs] + dirs:
-        try:
-            (os.rmdir if path in dirs else os.unlink)(path)
-            removed.append(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            kept.append({"path": path, "reason": exc.strerror})
-    return removed, kept
 
 
 def _in_use(conn):
@@ -651,7 +622,7 @@ def abort_cleanup(conn, name, paths, images_dir):
             ours.append(path)
         else:
             kept.append({"path": path, "reason": "not created by virt.migrate_prepare for this VM"})
-    removed, failed = _remove(ours)
+    removed, failed = fsutil.remove_paths(ours)
     return {"name": name, "host": conn.getHostname(), "removed": removed, "kept": kept + failed}
 
 

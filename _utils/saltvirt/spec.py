@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from salt.exceptions import SaltInvocationError
 
 from saltvirt import speckeys, validate
+from saltvirt.images import DISK_FORMATS
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
 SERIAL_LOG_DIR = "/var/log/libvirt/qemu"
@@ -34,7 +35,6 @@ DEFAULT_NICS = [{"name": "eth0", "type": "bridge", "source": "br0", "model": "vi
 DEFAULT_DISKS = [{"name": "system"}]  # from the image; without an image: a blank disk of this size
 DEFAULT_BLANK_DISK_MIB = 8192
 NIC_TYPES = ("bridge", "network", "direct")
-DISK_FORMATS = ("qcow2", "raw")
 DISK_BUSES = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
 
 

@@ -52,6 +52,11 @@ def to_bool(value):
     return bool(value)
 
 
+def is_inside(path, base):
+    """True if ``path`` resolves (every symlink followed) to somewhere below ``base``."""
+    return os.path.realpath(path).startswith(os.path.realpath(base) + os.sep)
+
+
 def inside(base, *parts):
     """Join ``parts`` under ``base`` and make sure the result stays inside it (no ../ or symlink tricks)."""
     base_real = os.path.realpath(base)

@@ -11,7 +11,7 @@ import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import images, migrate
+from saltvirt import fsutil, images, migrate
 from tests.support.paths import TEST_NODE_XML
 from tests.support.saltloader import make_minion_mods
 
@@ -195,7 +195,7 @@ def test_migrate_refuses_before_touching_libvirt(test_conn, src_vm, tmp_path):
         migrate.migrate(test_conn, "nosuch", "hv2")
     other = tmp_path / "other.qcow2"
     qemu_img("create", "-q", "-f", "qcow2", str(other), "64M")
-    wrong = {src_vm["base"]: migrate.sha256(str(other)) + "0"}
+    wrong = {src_vm["base"]: fsutil.file_digest(str(other)) + "0"}
     with pytest.raises(CommandExecutionError, match="backing image .* differs on the target: nothing was migrated"):
         migrate.migrate(test_conn, "m", "hv2", copy_storage="inc", verify_backing=wrong, transport="tcp")
     assert src_vm["dom"].isActive()
@@ -243,7 +243,7 @@ def test_prepare_overlay_onto_the_targets_copy_of_the_backing_image(test_conn, s
     assert plan["copy_storage"] == "inc" and vda["mode"] == "overlay" and vdb["mode"] == "copy"
     made = img_info(vda["dest"])
     assert made["backing-filename"] == theirs and made["backing-filename-format"] == "qcow2"
-    assert plan["verify_backing"] == {src_vm["base"]: migrate.sha256(theirs)}
+    assert plan["verify_backing"] == {src_vm["base"]: fsutil.file_digest(theirs)}
     assert plan["needed_mib"] < 100  # the top layers only, not the 96 MiB of virtual disk
 
 
