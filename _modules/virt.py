@@ -326,7 +326,7 @@ def undefine(vm_, connection=None, **kwargs):
         return bool(lifecycle.undefine(conn, vm_))
 
 
-def purge(name, connection=None, **kwargs):
+def purge(vm_, connection=None, **kwargs):
     """
     Power off and undefine a VM, and delete the disk files salt-virt created for it (recorded in
     ``virt:images/<name>/.salt-virt.json`` with the VM's UUID). Anything else — backing images, shared
@@ -336,10 +336,15 @@ def purge(name, connection=None, **kwargs):
     (``volumes``); its internal snapshots are discarded with it (``snapshots_discarded``: their data was
     inside the deleted disks; a kept disk keeps the data of its snapshots).
 
+    Salt's ``dirs`` / ``removables`` are accepted: the VM directory goes when salt-virt created
+    everything in it; removable media (cdrom images) are never deleted unless salt-virt created them.
+
     CLI Example:: salt '*' virt.purge web1
     """
+    kwargs.pop("dirs", None), kwargs.pop("removables", None)
+    _salt_kwargs(kwargs, "virt.purge", extra=("dirs", "removables"))
     with _conn(connection) as conn:
-        return provision.purge(conn, name, images_dir=_images_dir())
+        return provision.purge(conn, vm_, images_dir=_images_dir())
 
 
 def image_gc(cache=False):

@@ -222,3 +222,12 @@ def test_vm_info_has_salts_keys(virt_test):
     mac, nic = next(iter(info["nics"].items()))
     assert nic["mac"] == mac and {"type", "source", "model", "target"} <= set(nic)
     assert virt_test["virt.get_nics"]("test") == info["nics"] and virt_test["virt.get_disks"]("test") == info["disks"]
+
+
+def test_purge_takes_salts_arguments_and_refuses_others(virt_test):
+    virt_test["virt.init"]("pg1", 1, 64, disk=None, nic=None, start=False)
+    with pytest.raises(SaltInvocationError, match=r"dir \(did you mean dirs\?\)"):
+        virt_test["virt.purge"]("pg1", dir=True)
+    assert "pg1" in virt_test["virt.list_domains"]()
+    assert virt_test["virt.purge"](vm_="pg1", dirs=True, removables=False)["name"] == "pg1"
+    assert "pg1" not in virt_test["virt.list_domains"]()
