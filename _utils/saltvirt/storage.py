@@ -58,6 +58,8 @@ def pool_secret(conn, spec, test=False):
         if exc.get_error_code() not in (libvirt.VIR_ERR_NO_SECRET, libvirt.VIR_ERR_NO_SUPPORT):
             msg = exc.get_error_message()
             raise CommandExecutionError(f"looking up the secret of pool {spec['name']}: {msg}") from None
+    # the secret is private (its value cannot be read back through the API), so an existing one cannot be
+    # compared: its value is (re)set on every call, as Salt did, and reported only when the secret is new
     changed = secret is None
     if not test:
         with lv_errors(f"store the source_auth password of pool {spec['name']} in a libvirt secret"):
@@ -65,12 +67,7 @@ def pool_secret(conn, spec, test=False):
                 ref = {"type": "usage", "value": secret_usage(spec["name"])}
                 desc = f"source_auth of storage pool {spec['name']} (salt-virt)"
                 secret = conn.secretDefineXML(poolxml.secret_xml(auth["type"], ref["value"], desc), 0)
-            try:
-                changed = changed or secret.value(0) != password
-            except libvirt.libvirtError:  # no value yet
-                changed = True
-            if changed:
-                secret.setValue(password, 0)
+            secret.setValue(password, 0)
     out = dict(spec, source=dict(spec["source"]))
     out["source"]["auth"] = {"type": auth["type"], "username": auth["username"], "secret": ref}
     return out, changed

@@ -175,3 +175,34 @@ def test_disk_pool_on_loop_device_vm_boots_from_partition(virt_hv, hv1, loop_dev
     assert v["virt.pool_list_volumes"]("stdisk") == []
     gone = load_states(v)["virt.pool_deleted"]("stdisk", purge=True)
     assert gone["changes"]["deleted"] is False and "deleting pool" in gone["comment"]  # libvirt cannot unlabel
+
+
+def test_iscsi_pool_chap_password_goes_into_a_private_secret(virt_hv, hv1, pools):
+    """No iSCSI target runs here (the pool is defined, not started): what is checked is the secret."""
+    import libvirt
+
+    v = virt_hv
+    auth = {"username": "iqnuser", "password": "chap-s3cret"}
+    args = {
+        "source_hosts": ["192.0.2.10:3260"],
+        "source_devices": ["iqn.2024-01.example:t1"],
+        "target": "/dev/disk/by-path",
+    }
+    assert v["virt.pool_define"]("stiscsi", "iscsi", source_auth=auth, start=False, **args) is True
+    xml = v["virt.pool_get_xml"]("stiscsi")
+    assert "chap-s3cret" not in xml and "<secret usage='pool_stiscsi'/>" in xml
+    conn = libvirt.open(hv1.uri)
+    try:
+        secret = conn.secretLookupByUsage(libvirt.VIR_SECRET_USAGE_TYPE_ISCSI, "pool_stiscsi")
+        assert "<secret ephemeral='no' private='yes'>" in secret.XMLDesc(0)
+        with pytest.raises(libvirt.libvirtError):  # private: nobody reads it back through the API
+            secret.value(0)
+        st = load_states(v)
+        source = {"auth": auth, "hosts": args["source_hosts"]}
+        same = st["virt.pool_defined"]("stiscsi", ptype="iscsi", source=source, autostart=False)
+        assert same["result"] is True and same["changes"] == {} and "chap-s3cret" not in repr(same)
+        assert v["virt.pool_undefine"]("stiscsi")["undefined"] is True
+        with pytest.raises(libvirt.libvirtError):  # the secret pool_define made went with the pool
+            conn.secretLookupByUsage(libvirt.VIR_SECRET_USAGE_TYPE_ISCSI, "pool_stiscsi")
+    finally:
+        conn.close()
