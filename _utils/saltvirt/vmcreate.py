@@ -9,6 +9,7 @@ that the hypervisor seeded our key. On failure the key it stored is taken back.
 """
 
 import hashlib
+import logging
 import math
 import os
 import time
@@ -17,8 +18,10 @@ import salt.fileserver
 import salt.utils.url
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import envelope, fleetstate, intake, minionkeys, placement
+from saltvirt import envelope, fleet_cleanup, fleetstate, intake, minionkeys, placement
 from saltvirt.fleet import Failed, call, gather
+
+log = logging.getLogger(__name__)
 
 
 def image_mib(opts, image, saltenv="base"):
@@ -143,7 +146,7 @@ def _create(
     watch = (f"salt/virt/init/{name}/", lambda tag, data: relay(tag.rsplit("/", 1)[-1], data)) if relay else None
     base_kwarg = dict(module_kwargs, image=image, seed=seed, **({"group": req["group"]} if req.get("group") else {}))
     try:
-        pos, attempt = 0, 0
+        pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
         while pos < len(order):
             hv = order[pos]
             kwarg = dict(base_kwarg)
@@ -162,6 +165,7 @@ def _create(
                     opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
                 )
             tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
+            _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
                 # published but unanswered: it may still create the VM there, so its room stays reserved
                 nxt = _reserve(
@@ -178,6 +182,7 @@ def _create(
                 fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
             raise _attempt_failed(name, hv, ans, jid, cfg, key_id, tried)
     except BaseException as exc:
+        _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, cfg)
         fleetstate.finish(lease.store, lease, "failed")  # no-op when settled or kept for a timeout
         if seed and not keys.keep:
             removed = bool(keys.pub) and minionkeys.remove_key(opts, key_id, keys.pub)
@@ -185,6 +190,19 @@ def _create(
                 exc.details["cleanup"] = {"key_removed": removed, "minion_id": key_id}
         raise
     raise Failed(f"virt.init of {name}: no candidate left", tried=tried)  # pragma: no cover - loop returns/raises
+
+
+def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease, cfg):
+    """If ``suspect`` (no answer, or an error while waiting) and the salt-master stopped: the job may well
+    finish on the hypervisor without it, and its VM needs the pre-accepted key, so the key stays, its room
+    stays reserved and the outcome is reported as unknown."""
+    if not suspect or fleet_cleanup.master_running(opts):
+        return
+    keys.keep = True
+    fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
+    message = fleet_cleanup.master_gone_message(name, hv, jid, key_id)
+    log.error("%s", message)  # salt-run itself may fail to print its answer without a master
+    raise Failed(message, tried=tried) from None
 
 
 def _refuse_existing_vm(hosts, name):

@@ -24,7 +24,8 @@ import pytest
 from salt.exceptions import CommandExecutionError
 
 from tests.support import lab
-from tests.support.paths import ROOT
+from tests.support.paths import GUEST_DIR, ROOT
+from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
 from tests.support.seed_helpers import leftovers
 
@@ -91,6 +92,7 @@ def init_direct(fhv, fdir, name, progress, **kwargs):
             images_dir=images_dir(fdir),
             nic=None,
             seed_backend="loop",
+            allowed_paths=[str(GUEST_DIR)],  # the test guest's kernel for boot=
             master="salt.example",
             progress=progress,
             **kwargs,
@@ -122,6 +124,17 @@ def retry_succeeds(fmods, fdir, name, start=False, boot=None):
     assert ret["seed"]["backend"] and fmods["virt.vm_state"](name) == {name: ret["state"]}
     fmods["virt.purge"](name)
     assert_absent(fmods, fdir, name)
+
+
+def revive(fhv):
+    """Start libvirtd again if the fault killed it (a test that failed early may not have)."""
+    try:
+        with open(f"/proc/{fhv.pid}/stat") as fh:
+            if fh.read().split()[2] != "Z":
+                return
+    except OSError:
+        pass
+    fhv.restart_daemon()
 
 
 def kill_libvirtd(fhv):
@@ -172,7 +185,7 @@ def test_libvirtd_killed_during_seeding(fhv, fdir, fmods):
         with pytest.raises(CommandExecutionError, match="define VM 'kseed'"):
             bounded(init_direct, fhv, fdir, "kseed", progress)
     finally:
-        fhv.restart_daemon()
+        revive(fhv)
     assert_absent(fmods, fdir, "kseed")
     retry_succeeds(fmods, fdir, "kseed")
 
@@ -189,7 +202,7 @@ def test_libvirtd_killed_right_after_define(fhv, fdir, fmods):
         with pytest.raises(CommandExecutionError) as err:
             bounded(init_direct, fhv, fdir, "kdef", progress)
     finally:
-        fhv.restart_daemon()
+        revive(fhv)
     msg = str(err.value)
     assert "cleanup incomplete" in msg and "virt.cleanup kdef" in msg and "its state is unknown" in msg, msg
     assert fmods["virt.vm_state"]("kdef") == {"kdef": "shutoff"}  # what the message warned about
@@ -221,7 +234,7 @@ def test_libvirtd_killed_during_start(fhv, fdir, fmods, boot_args):
         assert "virt.cleanup kstart" in str(exc), exc
     finally:
         pool.shutdown(wait=True)
-        fhv.restart_daemon()
+        revive(fhv)
     if ret is not None:  # init finished before the daemon died: fully created and reported
         assert ret["state"] == "running" and fmods["virt.vm_state"]("kstart") == {"kstart": "running"}
         fmods["virt.purge"]("kstart")
@@ -271,3 +284,84 @@ def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
     assert any(r.startswith("stopped qemu-storage-daemon") for r in out["released"]), out
     assert_absent(fmods, fdir, name)
     retry_succeeds(fmods, fdir, name)
+
+
+# the master stopped while salt-run virt.init waits ----------------------------------------------------
+@pytest.fixture(scope="module")
+def fmaster(salt_factories, state_tree):
+    virt = {"hypervisors": {"tgt": "fhyper", "tgt_type": "glob", "timeout": 10, "gather_job_timeout": 10}}
+    factory = salt_factories.salt_master_daemon("fault-master", overrides=master_config(state_tree, virt=virt))
+    with factory.started():
+        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def fhyper(fmaster, fhv, fdir):
+    factory = start_minion(fmaster, "fhyper", hypervisor_minion_config(fhv, images_dir(fdir)))
+    with factory.started():
+        ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        yield factory
+
+
+def key_state(master, minion_id):
+    pki = master.config["pki_dir"]
+    return [
+        d for d in ("minions", "minions_pre", "minions_rejected") if os.path.exists(os.path.join(pki, d, minion_id))
+    ]
+
+
+def test_master_stopped_while_salt_run_init_waits(fmaster, fhyper, fhv, fdir, fmods):
+    name = "fmst"
+    cmd = [os.path.join(os.path.dirname(sys.executable), "salt-run"), "-c", fmaster.config_dir, "--out=json"]
+    runner = subprocess.Popen(
+        [*cmd, "virt.init", name, "1", "128", "salt://images/guest.raw", "nic=None", "start=False"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lock = os.path.join(images_dir(fdir), ".locks", f"init-{name}")
+    vm_dir = os.path.join(images_dir(fdir), name)
+    deadline = time.monotonic() + 3 * BOUND  # salt-run start, a query, the image from the master: slow on CI
+    while not os.path.exists(vm_dir):  # the job has the image and makes the disk: the runner waits for it
+        assert runner.poll() is None and time.monotonic() < deadline, runner.stdout.read()
+        time.sleep(0.01)
+    assert key_state(fmaster, name) == ["minions"]  # pre-accepted by the runner
+    fmaster.terminate()
+    try:
+        out, _ = runner.communicate(timeout=BOUND)
+    finally:
+        fmaster.start()
+    assert runner.returncode != 0 and "the salt-master stopped while virt.init of fmst ran on fhyper" in out, out
+    assert key_state(fmaster, name) == ["minions"]  # kept for the VM the job may still create
+    deadline = time.monotonic() + BOUND
+    while os.path.exists(lock):  # the job on the hypervisor goes on without the master
+        assert time.monotonic() < deadline, "virt.init on the hypervisor did not finish"
+        time.sleep(0.05)
+    fhyper_ready(fmaster)
+    query = run_data(fmaster, "virt.query")
+    if name in query["fhyper"]["vm_info"]:  # created: reported, with its key accepted
+        assert key_state(fmaster, name) == ["minions"] and fmods["virt.vm_state"](name) == {name: "shutoff"}
+    purged = run_data(fmaster, "virt.purge", name)  # the VM, or what its init left, and the key
+    assert purged.get("key_deleted") == "accepted" and key_state(fmaster, name) == [], purged
+    assert_absent(fmods, fdir, name)
+    retry = run_data(fmaster, "virt.init", name, "1", "128", "salt://images/guest.raw", "nic=None", "start=False")
+    assert retry["host"] == "fhyper" and key_state(fmaster, name) == ["minions"], retry
+    run_data(fmaster, "virt.purge", name)
+    assert_absent(fmods, fdir, name) and key_state(fmaster, name) == []
+
+
+def run_data(master, *args):
+    return master.salt_run_cli(timeout=BOUND).run(*args).data
+
+
+def fhyper_ready(master):
+    """The minion reconnected to the restarted master (bounded)."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        ret = master.salt_cli(timeout=30).run("test.ping", minion_tgt="fhyper")
+        if ret.returncode == 0 and ret.data is True:
+            return
+        assert time.monotonic() < deadline, ret
