@@ -6,12 +6,12 @@ LocalClient; hypervisors that do not answer are listed as ``down``, never droppe
 ``saltvirt.fleet`` (fan-out), ``saltvirt.minionkeys`` (keys), ``saltvirt.vmcreate`` (VM creation) and
 ``saltvirt.placement`` (host choice).
 
-Master config (all optional)::
+Master config (``virt:hypervisors`` required, the rest optional)::
 
     virt:
-      hypervisors:                   # which minions are hypervisors, and how long to wait for them
-        tgt: 'hyper*'                # default: grain virt_hypervisor:True + minions that answered before
-        tgt_type: glob               # default: compound
+      hypervisors:                   # which minions are hypervisors (minion ids only), how long to wait
+        tgt: 'hyper*'                # or a list of ids [hyper1, hyper2], a pcre, a nodegroup (tgt_type)
+        tgt_type: glob               # grain/pillar matching only with hypervisors_trust_minion_data: True
         timeout: 5
         gather_job_timeout: 5
         max_wait: 60                 # hard bound for queries
@@ -24,7 +24,10 @@ Master config (all optional)::
         weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
         maintenance: [hyper3]        # never place new VMs there
 
-Every function also takes ``tgt=`` / ``tgt_type=`` to override the hypervisor target for one call.
+Every function also takes ``tgt=`` / ``tgt_type=`` to narrow the hypervisors for one call (never to
+add a minion to them). Trust: every VM is a minion of this master and root in it controls its grains
+and answers, so who is a hypervisor (fan-out, placement, sealed keys, migration targets) comes only
+from ``virt:hypervisors`` and the keys this master accepted (see README, Trust model).
 
 Progress events (master event bus) while ``virt.init`` works, one tag prefix per VM,
 ``salt/virt/init/<vm>/<step>``. From this runner (``data.source: runner``): ``placed`` (host, score,
@@ -490,10 +493,20 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
 
     A VM defined nowhere (every hypervisor answered) is what an interrupted ``virt.init`` leaves:
     then ``virt.cleanup`` runs on every hypervisor (disks with a manifest, seeding mounts, loop
-    devices, FUSE exports, stale init locks) and the pre-accepted key of the VM's minion is deleted.
+    devices, FUSE exports, stale init locks); no key is deleted then (nothing records which key that
+    init created): ``salt-key -d <id>`` if one is left.
+
+    The key deleted is only the one ``virt.init`` seeded into this VM: its minion id and key fingerprint
+    are recorded in the domain's <metadata> and compared with the master's key; any other key (another
+    minion's, one replaced since, or a VM without the record) is reported under ``key_note`` and left.
 
     CLI Example:: salt-run virt.purge web1
     """
+    recorded = None
+    if validate.to_bool(delete_key):
+        info = vm_info(name, host, tgt, tgt_type)["data"]
+        found = [h["vm_info"][name] for h in info.values() if isinstance(h, dict) and name in (h.get("vm_info") or {})]
+        recorded = found[0].get("minion") if len(found) == 1 else None
     ret = _action(name, "virt.purge", host, tgt, tgt_type)
     if "error" in ret["data"] and not host:
         try:
@@ -507,7 +520,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     if "error" in ret["data"] or not validate.to_bool(delete_key):
         return ret
     try:
-        ret["data"]["key_deleted"] = minionkeys.delete_key(__opts__, minion_id or name)
+        ret["data"].update(minionkeys.delete_recorded_key(__opts__, name, recorded, minion_id))
     except SaltException as exc:
         ret["data"]["key_deleted"] = f"not deleted: {exc}"
     return ret

@@ -4,24 +4,21 @@ not answer are reported ``down``, never dropped), and the fleet views built on i
 :func:`locate`). The master's key store is :mod:`saltvirt.minionkeys`; the master side of
 ``virt.init`` is :mod:`saltvirt.vmcreate`.
 
-Which minions are hypervisors (master config, every key optional)::
+Which minions are hypervisors: ``virt:hypervisors`` in the master config, minion ids only (see
+:mod:`saltvirt.hypervisors`; grains and answers decide nothing, nothing is learnt, nothing discovered
+with ``*``). Its mapping form also carries the waits (every key optional)::
 
     virt:
       hypervisors:
-        tgt: 'hyper*'            # default: G@virt_hypervisor:True or L@<minions that answered virt before>
-        tgt_type: glob           # default: compound
+        tgt: 'hyper*'            # or a list of ids, a pcre, a nodegroup (tgt_type), an id-only compound
+        tgt_type: glob
         timeout: 5               # seconds before Salt asks slow minions whether they still run the job
         gather_job_timeout: 5    # seconds to wait for that answer; no answer at all = down
         max_wait: 60             # hard bound for a query, whatever the minions say
         init_timeout: 1800       # hard bound for virt.init on one hypervisor (image copy + seeding)
 
-Default target: the ``virt_hypervisor`` grain in the master's minion data cache (nested hypervisors
-count: the grain is set where the libvirt bindings and a libvirt daemon or ``virt:connection:uri``
-are, not from ``virtual: physical``), plus every minion that
-answered a ``virt`` call before (remembered in the master cache, bank ``salt-virt``). The minions
-expected to answer are the accepted keys matching that target (no greedy guessing), so a stopped
-hypervisor is listed as ``down``. With nothing known yet (a fresh master) the first query goes to
-``*`` and keeps the minions where ``virt`` loaded.
+The minions expected to answer are the accepted keys the target matches, published to as an explicit
+list, so a stopped hypervisor is listed as ``down``. A per-call ``tgt=`` narrows the choice among them.
 
 Answer statuses: ``up`` (returned), ``error`` (answered with an error: the module raised, or virt
 did not load on an expected hypervisor), ``down`` (no answer, not even to Salt's find_job check),
@@ -40,38 +37,30 @@ import salt.key
 import salt.utils.minions
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt import hypervisors
+
 log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "tgt": None,
-    "tgt_type": "compound",
+    "tgt_type": None,
     "timeout": 5,
     "gather_job_timeout": 5,
     "max_wait": 60,
     "init_timeout": 1800,
 }
-GRAIN = "virt_hypervisor"
-CACHE_BANK = "salt-virt"
-CACHE_KEY = "hypervisors"
 _NO_VIRT = re.compile(r"^'virt(\.[\w.]+)?' (is not available|__virtual__ returned False)")
 _ERR_PREFIX = re.compile(r"^(ERROR: |ERROR executing '[\w.]+': )")
 
 
 def config(opts, **overrides):
-    """Effective ``virt:hypervisors`` settings: defaults < master config < per-call overrides."""
-    cfg = dict(DEFAULTS)
-    conf = ((opts.get("virt") or {}).get("hypervisors")) or {}
-    if not isinstance(conf, dict):
-        raise SaltInvocationError(f"virt:hypervisors must be a mapping, not {conf!r}")
-    unknown = sorted(set(conf) - set(DEFAULTS))
-    if unknown:
-        raise SaltInvocationError(
-            f"virt:hypervisors: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})"
-        )
-    cfg.update(conf)
+    """Effective settings: defaults < master config (``virt:hypervisors``) < per-call overrides. Raises
+    :class:`saltvirt.hypervisors.NotConfiguredError` (saying what to add) when no hypervisors are
+    configured, SaltInvocationError for a target on minion-reported data without the opt-in."""
+    hypervisors.target(opts)
+    cfg = dict(DEFAULTS, tgt=None, tgt_type=None)
+    cfg.update(hypervisors.waits(opts))
     cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
-    if overrides.get("tgt") and not overrides.get("tgt_type"):
-        cfg["tgt_type"] = "glob" if "," not in str(overrides["tgt"]) else "list"
     for key in ("timeout", "gather_job_timeout", "max_wait", "init_timeout"):
         try:
             cfg[key] = float(cfg[key])
@@ -87,55 +76,14 @@ def config(opts, **overrides):
 
 
 # who is a hypervisor -------------------------------------------------------------------------------
-def _cache(opts):
-    return salt.cache.Cache(opts)
-
-
-def known_hypervisors(opts):
-    try:
-        return dict(_cache(opts).fetch(CACHE_BANK, CACHE_KEY) or {})
-    except Exception as exc:  # noqa: BLE001 - an unreadable cache must not break queries
-        log.warning("virt runner: cannot read the known hypervisors from the master cache: %s", exc)
-        return {}
-
-
-def learn(opts, answers):
-    """Remember minions that answered as hypervisors; forget the ones where virt does not load."""
-    known = known_hypervisors(opts)
-    before = set(known)
-    for mid, ans in answers.items():
-        if ans["status"] == "up":
-            known.setdefault(mid, int(time.time()))  # first seen
-        elif ans.get("no_virt"):
-            known.pop(mid, None)
-    if set(known) != before:
-        try:
-            _cache(opts).store(CACHE_BANK, CACHE_KEY, known)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("virt runner: cannot store the known hypervisors in the master cache: %s", exc)
-
-
 def key_lists(opts):
     return salt.key.Key(opts).list_keys()
 
 
 def target(opts, cfg):
-    """``(tgt, tgt_type, auto)`` for the hypervisors; ``auto`` when derived (not configured)."""
-    if cfg["tgt"]:
-        tgt = cfg["tgt"]
-        if cfg["tgt_type"] == "list" and isinstance(tgt, str):
-            tgt = [t.strip() for t in tgt.split(",") if t.strip()]
-        return tgt, cfg["tgt_type"], False
-    accepted = set(key_lists(opts)["minions"])
-    known = sorted(set(known_hypervisors(opts)) & accepted)
-    tgt = f"G@{GRAIN}:True" + (f" or L@{','.join(known)}" if known else "")
-    return tgt, "compound", True
-
-
-def expected_minions(opts, tgt, tgt_type):
-    """Accepted minions the target matches on the master (cached grains, not greedy)."""
-    res = salt.utils.minions.CkMinions(opts).check_minions(tgt, tgt_type, greedy=False)
-    return set(res.get("minions", []) if isinstance(res, dict) else res)
+    """The hypervisors to publish to: the configured ones (accepted keys), narrowed by a per-call
+    ``tgt``/``tgt_type`` in ``cfg``; a sorted list of minion ids."""
+    return hypervisors.narrow(opts, cfg.get("tgt"), cfg.get("tgt_type"))
 
 
 # publish and gather --------------------------------------------------------------------------------
@@ -181,14 +129,26 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
     """
     cfg = cfg or config(opts)
-    auto = False
     if tgt is None:
-        tgt, tgt_type, auto = target(opts, cfg)
-    tgt_type = tgt_type or "glob"
-    expected = expected_minions(opts, tgt, tgt_type)
-    discover = auto and not expected
-    if discover:  # fresh master: nobody known yet, ask everyone and keep where virt loads
-        tgt, tgt_type = "*", "glob"
+        ids = target(opts, cfg)
+    else:  # one or a few named minions (virt.init, migration steps): only if they are hypervisors
+        named = [tgt] if isinstance(tgt, str) else list(tgt)
+        members = set(hypervisors.members(opts, named)) & set(key_lists(opts)["minions"])
+        ids = [m for m in named if m in members]
+        refused = {
+            m: {
+                "status": "error",
+                "error": f"{m} is not one of the hypervisors (virt:hypervisors in the master config)",
+            }
+            for m in named
+            if m not in members
+        }
+        if refused and not ids:
+            return refused, None
+    if not ids:
+        return {}, None
+    tgt, tgt_type = sorted(ids), "list"
+    expected = set(tgt)
     max_wait = float(max_wait or cfg["max_wait"])
     client = client or salt.client.get_local_client(opts["conf_file"])
     answers = {}
@@ -232,8 +192,8 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
             client.event.unsubscribe(watch[0], match_type="startswith")
     elapsed = time.monotonic() - started
     for mid in list(answers):
-        if answers[mid].get("no_virt") and mid not in expected:
-            del answers[mid]  # not a hypervisor (discovery, or a glob that caught other minions)
+        if mid not in expected:
+            del answers[mid]  # only the hypervisors' answers count, whoever else answers
     for mid in expected - set(answers):
         if elapsed >= max_wait:
             answers[mid] = {
@@ -245,8 +205,6 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
                 "status": "down",
                 "error": f"did not answer (waited {cfg['timeout']:g} s + {cfg['gather_job_timeout']:g} s job check)",
             }
-    if auto or discover:
-        learn(opts, answers)
     return {mid: answers[mid] for mid in sorted(answers)}, (pub or {}).get("jid")
 
 

@@ -5,6 +5,8 @@ pre-accept a new VM's key, take back a key we stored, delete a key as ``salt-key
 is Salt's own key cache (``keys.cache_driver``, default ``localfs_key``): what ``salt-key`` shows.
 """
 
+import hashlib
+
 import salt.cache
 import salt.key
 import salt.utils.verify
@@ -81,3 +83,37 @@ def delete_key(opts, minion_id):
         with salt.key.Key(opts) as keys:
             keys.delete_key(match_dict={folder[state]: [minion_id]})
     return state
+
+
+def _sha(pub):
+    return hashlib.sha256(pub.encode()).hexdigest()
+
+
+def delete_recorded_key(opts, name, recorded, minion_id=None):
+    """``salt-run virt.purge``: delete the minion key only when it is the one ``virt.init`` seeded into
+    VM ``name`` (``recorded``: ``{id, key_sha256}`` from the domain's <metadata>); anything else is
+    reported and left alone. Returns ``{key_deleted: state or False, key_note?: why not}``."""
+    if not recorded:
+        return {
+            "key_deleted": False,
+            "key_note": f"no minion key recorded in VM {name}'s definition (not created by salt-run virt.init, or "
+            f"created before keys were recorded): no key deleted; salt-key -d <id> if one is this VM's",
+        }
+    mid = recorded["id"]
+    if minion_id and minion_id != mid:
+        return {
+            "key_deleted": False,
+            "key_note": f"VM {name} holds the key of minion {mid}, not {minion_id}: no key deleted",
+        }
+    _valid(opts, mid)
+    entry = _keys(opts).fetch("keys", mid) or {}
+    pub = str(entry.get("pub") or "")
+    if not pub:
+        return {"key_deleted": False, "key_note": f"the master has no key for {mid}: nothing to delete"}
+    if recorded["key_sha256"] not in {_sha(pub), _sha(pub.strip()), _sha(pub.strip() + "\n")}:
+        return {
+            "key_deleted": False,
+            "key_note": f"the master's key for {mid} is not the one virt.init seeded into VM {name} (sha256 "
+            f"{recorded['key_sha256'][:16]}...): left alone",
+        }
+    return {"key_deleted": delete_key(opts, mid)}

@@ -149,7 +149,7 @@ def _create(
         pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
         while pos < len(order):
             hv = order[pos]
-            kwarg = dict(base_kwarg)
+            kwarg = seal_console_password(opts, hv, dict(base_kwarg), name)
             attempt += 1
             if seed:
                 if attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
@@ -327,3 +327,14 @@ def _check_seeded_key(opts, key, pub, init_ret):
         f"than the pre-accepted one: removed ours; "
         f"accept the VM's own key with salt-key -a {key['minion_id']} once it connects"
     ]
+
+
+def seal_console_password(opts, hv, kwarg, name):
+    """A console password given to ``salt-run virt.init`` (``graphics: {password: ...}``) travels sealed
+    to hypervisor ``hv``'s accepted minion key, like the new minion's private key (never in clear in the
+    publication or the job cache); the hypervisor's ``virt.init`` opens it."""
+    gfx = kwarg.get("graphics")
+    if isinstance(gfx, dict) and isinstance(gfx.get("password"), str):
+        sealed = envelope.seal(minionkeys.accepted_pub(opts, hv), gfx["password"], context=f"{name}/graphics")
+        kwarg = dict(kwarg, graphics=dict(gfx, password=sealed))
+    return kwarg

@@ -8,6 +8,10 @@ nodes of different capacities (tests/support/nodes/*.xml; read-only: every conne
     cap-full   2 CPUs, 4 GiB; running VMs use 3500 MiB and 8 vCPUs: full
     cap-maint  64 CPUs, 128 GiB; in maintenance (master config)
     cap-gone   128 CPUs, 512 GiB; its minion is stopped: down
+
+plus ``tenant-vm1``: a VM's minion whose root spoofs every grain it can (virt_hypervisor, fqdn, ipv4,
+virt:*) and answers ``virt.full_info`` with a huge fake host. The master config lists the hypervisors
+by minion id (``virt:hypervisors``): the tenant gains nothing.
 """
 
 import contextlib
@@ -29,8 +33,9 @@ NODES = ROOT / "tests" / "support" / "nodes"
 CAPS = ["cap-big", "cap-small", "cap-full", "cap-maint", "cap-gone"]
 ALL = sorted(["kvm1", *CAPS])
 UP_CAPS = "cap-big,cap-small,cap-full,cap-maint"  # a list target: the capacity hosts that answer
+TENANT = "tenant-vm1"
 MASTER_VIRT = {
-    "hypervisors": {"timeout": 4, "gather_job_timeout": 6},
+    "hypervisors": {"tgt": ALL, "tgt_type": "list", "timeout": 4, "gather_job_timeout": 6},
     "placement": {"mem_reserve_mib": 512, "maintenance": ["cap-maint"]},
 }
 
@@ -47,8 +52,7 @@ def vmaster(salt_factories, state_tree):
 
 @pytest.fixture(scope="module")
 def minions(vmaster, hv1, lab_dir, tmp_path_factory):
-    """kvm1 as conftest configures hypervisors; the cap-* minions get the virt_hypervisor grain from the
-    synced grain module (libvirt bindings + virt:connection:uri), as a real deployment would."""
+    """kvm1 as conftest configures hypervisors, the cap-* minions on test-driver nodes, and the tenant."""
     factories = {
         "kvm1": start_minion(vmaster, "kvm1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "rk-images"))
     }
@@ -57,11 +61,27 @@ def minions(vmaster, hv1, lab_dir, tmp_path_factory):
             "virt": {"connection": {"uri": f"test://{NODES / cap}.xml"}, "images": str(tmp_path_factory.mktemp(cap))}
         }
         factories[cap] = start_minion(vmaster, cap, config)
+    # the tenant: root in a guest sets every grain a hypervisor has, and a huge fake host behind virt
+    huge = tmp_path_factory.mktemp("tenant") / "huge.xml"
+    node = (NODES / "cap-gone.xml").read_text()
+    huge.write_text(node.replace("<memory>", "<memory>99").replace(">128<", ">4096<"))
+    spoofed = {
+        "virt_hypervisor": True,
+        "fqdn": "kvm1",
+        "host": "hv1",
+        "ipv4": ["10.252.0.11"],
+        "virt": {"tls": {"extra_sans": ["kvm1", "hv1", "10.252.0.11"]}},
+    }
+    factories[TENANT] = start_minion(
+        vmaster,
+        TENANT,
+        {"grains": spoofed, "virt": {"connection": {"uri": f"test://{huge}"}, "images": str(huge.parent)}},
+    )
     with contextlib.ExitStack() as stack:
         for factory in factories.values():
             stack.enter_context(factory.started())
         ret = vmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="*")
-        assert ret.returncode == 0 and sorted(ret.data) == ALL, ret
+        assert ret.returncode == 0 and sorted(ret.data) == sorted([*ALL, TENANT]), ret
         yield factories
 
 
@@ -415,3 +435,51 @@ def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boo
         and "fallback=False" in ret.data["error"]
     )
     assert "rvm3" not in json.dumps(accepted_keys(vmaster))
+
+
+# trust boundary -----------------------------------------------------------------------------------
+def test_a_tenant_spoofing_every_grain_gains_nothing(vmaster, gone_down):
+    """Root in a guest: every hypervisor grain set, a huge fake host behind virt.full_info, asking for
+    the libvirt pillar with its own configuration. No key material, never listed, never chosen, never a
+    migration/evacuation target, and no envelope is ever sealed to it."""
+    cli = vmaster.salt_cli(timeout=180)
+    grains = cli.run("grains.items", minion_tgt=TENANT).data
+    assert grains["virt_hypervisor"] is True and grains["fqdn"] == "kvm1" and grains["ipv4"] == ["10.252.0.11"]
+    huge = cli.run("virt.full_info", minion_tgt=TENANT).data["host"]
+    assert huge["vcpus_total"] == 4096 and huge["mem_total"] > 10 * 524288  # it would win any placement
+    # its pillar: no libvirt key material, not through the master's ext_pillar, not through pillar.ext
+    assert cli.run("saltutil.refresh_pillar", "wait=True", minion_tgt=TENANT).returncode == 0
+    pillar = cli.run("pillar.items", "unmask=True", minion_tgt=TENANT)
+    assert "libvirt" not in pillar.data and "PRIVATE KEY" not in pillar.stdout, pillar.data
+    ask = '{"libvirt": {"extra_sans": {"tenant-vm1": ["kvm1"]}}}'
+    own = cli.run("pillar.ext", ask, "unmask=True", minion_tgt=TENANT)
+    assert "libvirt" not in own.data and "CERTIFICATE" not in own.stdout, own.data
+    # never listed, never chosen
+    t0 = time.time()
+    assert TENANT not in run(vmaster, "virt.query").data
+    plan = run(vmaster, "virt.next_host", "cpu=200", "mem=600000").data  # fits the fake host only
+    assert plan["host"] is None and TENANT not in plan["excluded"], plan
+    assert TENANT not in {r["host"] for r in run(vmaster, "virt.next_host", "mem=64").data["ranking"]}
+    assert TENANT not in run(vmaster, "virt.query", f"tgt={TENANT}").data  # a call narrows, never adds
+    ret = run(vmaster, "virt.init", "tvm1", "200", "600000", "salt://images/guest.qcow2")
+    assert ret.returncode != 0 and "tvm1" not in accepted_keys(vmaster)["minions"], ret.data
+    ret = run(vmaster, "virt.init", "tvm2", "1", "64", "salt://images/guest.qcow2", f"host={TENANT}")
+    assert ret.returncode != 0 and f"{TENANT} is not one of the hypervisors" in ret.data["error"], ret.data
+    # never a migration or evacuation target
+    ret = run(vmaster, "virt.migrate", "twin", TENANT, "host=cap-small")
+    assert ret.returncode != 0 and f"{TENANT} is not a known hypervisor" in ret.data["error"], ret.data
+    plan = run(vmaster, "virt.evacuate", "cap-small", "dry_run=True").data
+    assert TENANT not in {p["target"] for p in plan["plan"].values()}, plan
+    # no publication of the runner's ever went to it, so no envelope was ever sealed to it
+    jobs = run(vmaster, "jobs.list_jobs", f"start_time={time.strftime('%Y, %b %d %H:%M', time.localtime(t0 - 60))}")
+    direct = {"grains.items", "virt.full_info", "saltutil.refresh_pillar", "pillar.items", "pillar.ext"}
+    to_tenant = {
+        job["Function"]
+        for job in jobs.data.values()
+        if TENANT in (job["Target"] if isinstance(job["Target"], list) else [job["Target"]])
+    }
+    assert to_tenant <= direct, to_tenant  # only this test's own `salt tenant-vm1 ...` calls
+    tenant_pub = (pathlib.Path(vmaster.config["pki_dir"]) / "minions" / TENANT).read_text()
+    kid = envelope.fingerprint(tenant_pub)
+    cache = pathlib.Path(vmaster.config["cachedir"]) / "jobs"
+    assert not any(kid in p.read_text(errors="replace") for p in cache.rglob("*.p") if p.stat().st_size < 1 << 20)

@@ -3,7 +3,7 @@
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import fleet
+from saltvirt import fleet, hypervisors
 
 
 @pytest.mark.parametrize(
@@ -68,18 +68,23 @@ def test_locate_finds_the_one_host_and_refuses_ambiguity():
 
 
 def test_hypervisor_settings_from_master_config_and_call():
-    cfg = fleet.config({})
-    assert (cfg["tgt"], cfg["tgt_type"], cfg["timeout"], cfg["gather_job_timeout"]) == (None, "compound", 5.0, 5.0)
     opts = {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 2, "max_wait": 1}}}
     cfg = fleet.config(opts)
-    assert (cfg["tgt"], cfg["timeout"]) == ("hyper*", 2.0)
+    assert (cfg["tgt"], cfg["tgt_type"], cfg["timeout"], cfg["gather_job_timeout"]) == (None, None, 2.0, 5.0)
     assert cfg["max_wait"] == 2 + 5 + 2  # never shorter than Salt's own down detection
-    assert fleet.config(opts, tgt="a,b")["tgt_type"] == "list"
-    assert fleet.config(opts, tgt="kvm*")["tgt_type"] == "glob"
-    assert fleet.config(opts, tgt="G@os:Debian", tgt_type="compound")["tgt_type"] == "compound"
+    assert fleet.config(opts, tgt="a,b")["tgt"] == "a,b"  # a per-call narrowing, resolved by hypervisors.narrow
+    assert fleet.config({"virt": {"hypervisors": ["hv1", "hv2"]}})["timeout"] == 5.0  # the list form: default waits
     with pytest.raises(SaltInvocationError, match="unknown key"):
-        fleet.config({"virt": {"hypervisors": {"tmeout": 3}}})
+        fleet.config({"virt": {"hypervisors": {"tgt": "h*", "tmeout": 3}}})
     with pytest.raises(SaltInvocationError, match="timeout must be a number"):
-        fleet.config({}, timeout="soon")
+        fleet.config(opts, timeout="soon")
     with pytest.raises(SaltInvocationError, match="must be above 0"):
-        fleet.config({}, timeout=-1)
+        fleet.config(opts, timeout=-1)
+
+
+def test_nothing_configured_or_the_old_grain_default_says_what_to_add():
+    for opts in ({}, {"virt": {"hypervisors": {"timeout": 4}}}):
+        with pytest.raises(hypervisors.NotConfiguredError, match="hypervisors: \\[hyper1, hyper2\\]"):
+            fleet.config(opts)
+    with pytest.raises(SaltInvocationError, match="hypervisors_trust_minion_data"):
+        fleet.config({"virt": {"hypervisors": {"tgt": "G@virt_hypervisor:True", "tgt_type": "compound"}}})

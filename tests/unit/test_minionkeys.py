@@ -48,3 +48,21 @@ def test_delete_key_removes_any_state_and_says_which(master_opts, tmp_path):
     minionkeys.preaccept(master_opts, "web4", pub)
     assert minionkeys.delete_key(master_opts, "web4") == "accepted"
     assert minionkeys.key_state(master_opts, "web4") is None
+
+
+def test_purge_deletes_only_the_recorded_key(master_opts):
+    """salt-run virt.purge: the master key goes only if it is the one virt.init seeded into the VM (its
+    id and sha256 in the domain's <metadata>); anything else is reported and left alone."""
+    import hashlib
+
+    pub = envelope.new_keypair()[0]
+    minionkeys.preaccept(master_opts, "web1", pub)
+    other = {"id": "web1", "key_sha256": "0" * 64}
+    assert minionkeys.delete_recorded_key(master_opts, "web1", None)["key_deleted"] is False
+    assert "left alone" in minionkeys.delete_recorded_key(master_opts, "web1", other)["key_note"]
+    wrong_id = minionkeys.delete_recorded_key(master_opts, "web1", dict(other, id="db1"), minion_id="web1")
+    assert wrong_id["key_deleted"] is False and "not web1" in wrong_id["key_note"]
+    assert minionkeys.key_state(master_opts, "web1") == "accepted"
+    mine = {"id": "web1", "key_sha256": hashlib.sha256(pub.encode()).hexdigest()}
+    assert minionkeys.delete_recorded_key(master_opts, "web1", mine) == {"key_deleted": "accepted"}
+    assert minionkeys.key_state(master_opts, "web1") is None
