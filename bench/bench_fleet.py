@@ -113,7 +113,7 @@ class Stack:
                     multiprocessing=False,
                     acceptance_wait_time=1,
                     log_file=os.path.join(d, "minion.log"),
-                    grains={"virt_hypervisor": True, "virtual": "physical"},
+                    grains={"virtual": "physical"},
                     virt={"connection": {"uri": uri}, "images": os.path.join(d, "images")},
                 ),
             )
@@ -275,7 +275,7 @@ def main(argv=None):
             common.OUR_VENV,
             [str(common.ROOT / "_runners")],
             [str(common.ROOT / "_modules")],
-            {"virt": {"hypervisors": {"max_wait": 900}}},
+            {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "max_wait": 900}}},
         ),
         ("saltext-virt", common.SALTEXT_VENV, [common.saltext_module_dir("runners")], [saltext_mods], {}),
     ]

@@ -74,6 +74,7 @@ class Demo:
             pki_dir=str(self.base / "pki" / "master"),
             log_file=str(self.base / "log" / "master"),
             on_demand_ext_pillar=[],
+            virt={"hypervisors": ["hyper1"]},  # who the hypervisors are: minion ids, never grains
         )
         if (ROOT / "_pillar" / "libvirt.py").exists():
             master["ext_pillar"] = [{"libvirt": {}}]
@@ -85,7 +86,6 @@ class Demo:
             publish_port=publish,
             pki_dir=str(self.base / "pki" / "minion"),
             log_file=str(self.base / "log" / "minion"),
-            grains={"virt_hypervisor": True},
             # virt:allowed_paths: the demo guest's kernel/initrd live outside virt:images
             virt={
                 "connection": {"uri": self.hv.uri},
