@@ -57,3 +57,34 @@ def test_undo_that_cannot_finish_reports_the_vm_state(test_conn, tmp_path):
     msg = str(err.value)
     assert "connection lost" in msg and "cleanup incomplete: undefine late2" in msg, msg
     assert "VM 'late2' is still defined, state shutoff" in msg and "virt.cleanup late2" in msg, msg
+
+
+def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_path):
+    """A console gets a generated password unless given one; one sealed by the runner is opened with
+    this minion's key (<pki_dir>/minion.pem); neither appears in the return."""
+    import libvirt
+
+    from saltvirt import envelope
+
+    ret = provision.init(test_conn, "gfx2", 1, 64, images_dir=str(tmp_path), nic=None, disk=None, enable_vnc=True)
+    secure = test_conn.lookupByName("gfx2").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
+    generated = secure.split("passwd='")[1].split("'")[0]
+    assert len(generated) == 8 and generated not in repr(ret)
+    pub, priv = envelope.new_keypair()
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "minion.pem").write_text(priv)
+    sealed = envelope.seal(pub, "s3cret-1", context="gfx3/graphics")
+    gfx = {"type": "vnc", "password": sealed}
+    ret = provision.init(
+        test_conn,
+        "gfx3",
+        1,
+        64,
+        images_dir=str(tmp_path),
+        nic=None,
+        disk=None,
+        graphics=gfx,
+        pki_dir=str(tmp_path / "pki"),
+    )
+    assert "passwd='s3cret-1'" in test_conn.lookupByName("gfx3").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
+    assert "s3cret-1" not in repr(ret)
