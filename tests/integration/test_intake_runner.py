@@ -1,5 +1,5 @@
 """Hostile images through ``salt-run virt.init`` on a real salt-master and a real hypervisor minion
-(``intake-hv``, managing the real namespaced libvirtd hv1): each is refused with a clear message, and
+(``hyper-intake``, managing the real namespaced libvirtd hv1): each is refused with a clear message, and
 nothing is left behind: no domain, no file in the minion's virt:images, no pre-accepted minion key.
 
 The minion trusts the test's self-signed HTTPS server through SSL_CERT_FILE and has
@@ -17,7 +17,7 @@ from tests.support import hostile
 from tests.support.saltd import hypervisor_minion_config, start_minion
 
 pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
-MINION = "intake-hv"  # not matched by the master's virt:hypervisors (hyper*): every call passes tgt=
+MINION = "hyper-intake"  # one of the master's virt:hypervisors (hyper*); every call narrows to it with tgt=
 
 
 @pytest.fixture(scope="module")
