@@ -13,8 +13,6 @@ import secrets
 import shutil
 import time
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import cleanup, domxml, envelope, hosttype, images, intake, validate, voldisks
@@ -80,19 +78,6 @@ def _bridge_hint(bridge, host):
     )
 
 
-def generate_minion_keypair():
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    priv = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
-    ).decode()
-    pub = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return pub, priv
-
-
 def _fingerprint(pub):
     return hashlib.sha256(pub.encode() if isinstance(pub, str) else pub).hexdigest()
 
@@ -133,7 +118,8 @@ def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_D
                 f"an earlier virt.init of {name!r} was interrupted and its leftovers could not be removed: "
                 f"{'; '.join(earlier['errors'])}"
             )
-        result = _init(conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, **kwargs)
+        request = seeding.Request.pop_from(kwargs, default_minion_id=name)
+        result = _init(conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, seed_request=request, **kwargs)
         if earlier:
             result["cleaned_up"] = earlier
         return result
@@ -153,13 +139,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     vtype=None,
     start=True,
     seed=True,
-    seed_backend="auto",
-    minion_id=None,
-    master=None,
-    pub_key=None,
-    priv_key=None,
-    minion_config=None,
-    pki_dir=None,
+    seed_request=None,
     progress=None,
     checksum=None,
     allow_http=False,
@@ -176,10 +156,9 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
     kind = hosttype.detect(conn, vtype)
 
-    fetched = info = None
-    if image:
-        info = intake.accept(
-            image,
+    def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
+        return intake.accept(
+            source,
             os.path.join(images_dir, intake.CACHE_DIR),
             cache_file,
             checksum=checksum,
@@ -187,12 +166,16 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             max_image_mib=max_image_mib,
             trusted=validate.to_bool(trusted_image),
         )
+
+    fetched = info = None
+    if image:
+        info = accept(image, checksum)
         fetched = info["path"]
         progress("image_cached", image=info["source"], path=fetched, checksum=info["checksum"])
     gfx = spec_args.get("graphics")
     if isinstance(gfx, dict) and envelope.is_envelope(gfx.get("password")):
         # sealed by the runner for this hypervisor only: a console password never travels in clear
-        spec_args["graphics"] = dict(gfx, password=envelope.unseal(gfx["password"], pki_dir))
+        spec_args["graphics"] = dict(gfx, password=envelope.unseal(gfx["password"], seed_request.pki_dir))
     spec = vmspec.build(
         name,
         cpu,
@@ -214,16 +197,64 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         if disk.image and disk.image == fetched:
             src_formats[disk.name], sources[disk.name] = info["format"], image
         elif disk.image:  # a disk entry with an image of its own: through the same door
-            extra = intake.accept(
-                disk.image,
-                os.path.join(images_dir, intake.CACHE_DIR),
-                cache_file,
-                allow_http=validate.to_bool(allow_http),
-                max_image_mib=max_image_mib,
-                trusted=validate.to_bool(trusted_image),
-            )
+            extra = accept(disk.image)
             sources[disk.name] = disk.image
             disk.image, src_formats[disk.name] = extra["path"], extra["format"]
+    _check_disks_and_nics(conn, spec, host)
+
+    undo = _Undo()
+    result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
+    try:
+        if not os.path.isdir(spec.vm_dir):
+            os.makedirs(spec.vm_dir, mode=0o755)
+            undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
+        seeds_first = validate.to_bool(seed)
+        for disk in spec.disks:
+            made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
+            if made:
+                result["disks"].append(made)
+        if any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
+            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+        progress("disks_ready", disks=[d["path"] for d in result["disks"]])
+
+        result["seed"] = None
+        if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
+            result["seed"], result["key"] = _seed(spec, seed_request)
+            progress("seeded", backend=result["seed"]["backend"])
+            spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+        for made in result["disks"]:
+            if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
+                voldisks.finish_staged(made, spec.disks[0])
+
+        with lv_errors(f"define VM {name!r} on {host}"):
+            dom = conn.defineXML(domxml.build(spec))
+        undo.add(f"undefine {name}", dom.undefine)
+        result["uuid"] = dom.UUIDString()
+        if os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
+            images.set_uuid(spec.vm_dir, result["uuid"])
+        progress("defined", uuid=result["uuid"])
+
+        result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
+        result["state"] = _read_back(dom, name, host)
+    except BaseException as exc:
+        errors = undo.run()
+        if errors:
+            lock.keep_mark()  # virt.cleanup (or the next init of this name) finishes the job
+            log.error("init %s: cleanup after failure was incomplete: %s", name, errors)
+            if isinstance(exc, (CommandExecutionError, SaltInvocationError)):
+                left = _left_behind(conn, name, result)
+                raise type(exc)(
+                    f"{exc} (cleanup incomplete: {'; '.join(errors)}; {left}; "
+                    f"once {host} is reachable again run: salt <hypervisor> virt.cleanup {name})"
+                ) from None
+        raise
+    result["seconds"] = round(time.monotonic() - started_at, 3)
+    return result
+
+
+def _check_disks_and_nics(conn, spec, host):
+    """Before anything is made: pool disks resolvable, file disks neither missing (attach) nor taken,
+    the host bridges the NICs use present."""
     voldisks.resolve(conn, spec.disks)  # pool disks: pool running, format, partition name, no name taken
     for disk in spec.disks:
         if disk.pool:
@@ -240,89 +271,50 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     if missing:
         raise CommandExecutionError(_bridge_hint(missing[0], host))
 
-    undo = _Undo()
-    result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
+
+def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo):
+    """Create one disk (a pool volume, a clone of its image or a blank file), recorded as this VM's and
+    with its undo step; what was made (None for a disk there is nothing to make for)."""
+    name = spec.name
+    if disk.pool and not disk.attach:
+        seeds = seeds_first and disk is spec.disks[0] and disk.image
+        made = voldisks.create(
+            conn,
+            disk,
+            image=disk.image,
+            src_fmt=src_formats.get(disk.name),
+            stage_dir=spec.vm_dir if seeds else None,
+        )
+        undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: voldisks.delete(conn, m))
+        voldisks.record(spec.vm_dir, name, made)
+        return dict(made, target=disk.target)
+    if disk.device != "disk" or not disk.path or disk.attach:
+        return None
+    if disk.image:
+        made = _clone(disk, sources[disk.name], images_dir, src_formats[disk.name])
+        undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+        if disk.size and disk.size * 1048576 > images.image_info(disk.path, disk.format)["virtual_size"]:
+            images.resize(disk.path, disk.size, disk.format)
+    else:
+        made = images.create_disk(disk.path, disk.size, fmt=disk.format)
+        undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+    images.record_owned(spec.vm_dir, name, [disk.path])
+    return dict(made, name=disk.name, target=disk.target)
+
+
+def _start(dom, spec, host, undo, progress):
+    """Start the new VM (a missing host bridge gets the same hint as before defining it); True."""
     try:
-        if not os.path.isdir(spec.vm_dir):
-            os.makedirs(spec.vm_dir, mode=0o755)
-            undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
-        for disk in spec.disks:
-            if disk.pool and not disk.attach:
-                seeds = validate.to_bool(seed) and disk is spec.disks[0] and disk.image
-                made = voldisks.create(
-                    conn,
-                    disk,
-                    image=disk.image,
-                    src_fmt=src_formats.get(disk.name),
-                    stage_dir=spec.vm_dir if seeds else None,
-                )
-                undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: voldisks.delete(conn, m))
-                voldisks.record(spec.vm_dir, name, made)
-                result["disks"].append(dict(made, target=disk.target))
-                continue
-            if disk.device != "disk" or not disk.path or disk.attach:
-                continue
-            if disk.image:
-                made = _clone(disk, sources[disk.name], images_dir, src_formats[disk.name])
-                undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
-                if disk.size and disk.size * 1048576 > images.image_info(disk.path, disk.format)["virtual_size"]:
-                    images.resize(disk.path, disk.size, disk.format)
-            else:
-                made = images.create_disk(disk.path, disk.size, fmt=disk.format)
-                undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
-            images.record_owned(spec.vm_dir, name, [disk.path])
-            result["disks"].append(dict(made, name=disk.name, target=disk.target))
-        if any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
-            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
-        progress("disks_ready", disks=[d["path"] for d in result["disks"]])
-
-        result["seed"] = None
-        if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
-            result["seed"], result["key"] = _seed(
-                spec, seed_backend, minion_id or name, master, pub_key, priv_key, minion_config, pki_dir
-            )
-            progress("seeded", backend=result["seed"]["backend"])
-            spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
-        for made in result["disks"]:
-            if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
-                voldisks.finish_staged(made, spec.disks[0])
-
-        with lv_errors(f"define VM {name!r} on {host}"):
-            dom = conn.defineXML(domxml.build(spec))
-        undo.add(f"undefine {name}", dom.undefine)
-        result["uuid"] = dom.UUIDString()
-        if os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
-            images.set_uuid(spec.vm_dir, result["uuid"])
-        progress("defined", uuid=result["uuid"])
-
-        result["started"] = False
-        if validate.to_bool(start):
-            try:
-                dom.create()
-            except libvirt.libvirtError as exc:
-                msg = exc.get_error_message()
-                bridge = next((n.source for n in spec.nics if n.type == "bridge" and f"'{n.source}'" in msg), None)
-                if bridge and "No such device" in msg:
-                    raise CommandExecutionError(_bridge_hint(bridge, host)) from None
-                raise CommandExecutionError(f"start VM {name!r} on {host}: {msg}") from None
-            undo.add(f"stop {name}", lambda: dom.isActive() and dom.destroy())
-            result["started"] = True
-            progress("started")
-        result["state"] = _read_back(dom, name, host)
-    except BaseException as exc:
-        errors = undo.run()
-        if errors:
-            lock.keep_mark()  # virt.cleanup (or the next init of this name) finishes the job
-            log.error("init %s: cleanup after failure was incomplete: %s", name, errors)
-            if isinstance(exc, (CommandExecutionError, SaltInvocationError)):
-                left = _left_behind(conn, name, result)
-                raise type(exc)(
-                    f"{exc} (cleanup incomplete: {'; '.join(errors)}; {left}; "
-                    f"once {host} is reachable again run: salt <hypervisor> virt.cleanup {name})"
-                ) from None
-        raise
-    result["seconds"] = round(time.monotonic() - started_at, 3)
-    return result
+        dom.create()
+    except libvirt.libvirtError as exc:
+        msg = exc.get_error_message()
+        bridge = next((n.source for n in spec.nics if n.type == "bridge" and f"'{n.source}'" in msg), None)
+        if bridge and "No such device" in msg:
+            raise CommandExecutionError(_bridge_hint(bridge, host)) from None
+        raise CommandExecutionError(f"start VM {spec.name!r} on {host}: {msg}") from None
+    undo.add(f"stop {spec.name}", lambda: dom.isActive() and dom.destroy())
+    progress("started")
+    return True
 
 
 def _read_back(dom, name, host):
@@ -368,22 +360,27 @@ def _remove_manifest(vm_dir):
         os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
 
 
-def _seed(spec, backend, minion_id, master, pub_key, priv_key, minion_config, pki_dir):
-    key = {"minion_id": minion_id}
+def _seed(spec, req):
+    """Seed ``req`` (a :class:`saltvirt.seed.Request`) into the first disk: the minion's id, master, key
+    pair (opened here when the runner sealed it for this hypervisor) and config."""
+    key = {"minion_id": req.minion_id}
+    pub_key, priv_key = req.pub_key, req.priv_key
     if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.envelope)
-        priv_key = envelope.unseal(priv_key, pki_dir)
+        priv_key = envelope.unseal(priv_key, req.pki_dir)
     if not pub_key or not priv_key:
         if pub_key or priv_key:
             raise SaltInvocationError("pass both pub_key and priv_key, or neither (a new key pair is generated)")
-        pub_key, priv_key = generate_minion_keypair()
+        pub_key, priv_key = envelope.new_keypair()
         key["generated"] = True
         key["accepted"] = False
-        key["hint"] = f"accept it on the master: salt-key -a {minion_id}"
+        key["hint"] = f"accept it on the master: salt-key -a {req.minion_id}"
     key["fingerprint"] = _fingerprint(pub_key)
-    files = seeding.salt_minion_files(minion_id, master=master, pub=pub_key, priv=priv_key, config=minion_config)
+    files = seeding.salt_minion_files(
+        req.minion_id, master=req.master, pub=pub_key, priv=priv_key, config=req.minion_config
+    )
     disk = spec.disks[0]
     try:
-        done = seeding.seed(disk.path, files, backend=backend, fmt=disk.format)
+        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format)
     except CommandExecutionError as exc:
         raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
     return done, key

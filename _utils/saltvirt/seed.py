@@ -11,6 +11,7 @@ An image in use by a running qemu (its write lock is held) is refused.
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -111,6 +112,41 @@ def _normalize_files(files):
         if any(other.startswith(path + "/") for other in out):
             raise SaltInvocationError(f"{path} is both a file and a parent directory of other files")
     return out
+
+
+# the request --------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Request:
+    """What ``virt.init`` seeds into a new VM's image: the minion's id, its master, its key pair (a
+    ``priv_key`` dict is sealed for this hypervisor, see :mod:`saltvirt.envelope`, and opened with the
+    key in ``pki_dir``; no pair: a new one is generated) and extra minion config; ``backend`` as
+    :func:`seed` takes it."""
+
+    minion_id: str
+    backend: str = "auto"
+    master: str | None = None
+    pub_key: str | None = None
+    priv_key: str | dict | None = None
+    minion_config: dict | None = None
+    pki_dir: str | None = None
+
+    ARGS = {
+        "seed_backend": "backend",
+        "minion_id": "minion_id",
+        "master": "master",
+        "pub_key": "pub_key",
+        "priv_key": "priv_key",
+        "minion_config": "minion_config",
+        "pki_dir": "pki_dir",
+    }
+
+    @classmethod
+    def pop_from(cls, kwargs, default_minion_id):
+        """The request from ``virt.init``'s keyword arguments (removed from ``kwargs``)."""
+        given = {field: kwargs.pop(arg) for arg, field in cls.ARGS.items() if arg in kwargs}
+        given = {k: v for k, v in given.items() if v is not None}
+        given["minion_id"] = given.get("minion_id") or default_minion_id
+        return cls(**given)
 
 
 # helpers -------------------------------------------------------------------------------------------
