@@ -413,49 +413,54 @@ def define_xml_path(path, connection=None, **kwargs):
 
 
 # queries ------------------------------------------------------------------------------------------
-def list_domains(connection=None):
+def list_domains(connection=None, **kwargs):
     """Names of all defined VMs.
 
     CLI Example:: salt '*' virt.list_domains
     """
+    _salt_kwargs(kwargs, "virt.list_domains")
     with _conn(connection) as conn:
         return query.list_domains(conn)
 
 
-def list_active_vms(connection=None):
+def list_active_vms(connection=None, **kwargs):
     """Names of running (active) VMs.
 
     CLI Example:: salt '*' virt.list_active_vms
     """
+    _salt_kwargs(kwargs, "virt.list_active_vms")
     with _conn(connection) as conn:
         return query.list_domains(conn, "active")
 
 
-def list_inactive_vms(connection=None):
+def list_inactive_vms(connection=None, **kwargs):
     """Names of defined but inactive VMs.
 
     CLI Example:: salt '*' virt.list_inactive_vms
     """
+    _salt_kwargs(kwargs, "virt.list_inactive_vms")
     with _conn(connection) as conn:
         return query.list_domains(conn, "inactive")
 
 
-def vm_info(vm_=None, connection=None):
+def vm_info(vm_=None, connection=None, **kwargs):
     """
     State, cpu, memory, disks (file, format, size), NICs (MAC, source, model) and graphics of one VM,
     or of all.
 
     CLI Example:: salt '*' virt.vm_info web1
     """
+    _salt_kwargs(kwargs, "virt.vm_info")
     with _conn(connection) as conn:
         return query.vm_info(conn, vm_)
 
 
-def vm_state(vm_=None, connection=None):
+def vm_state(vm_=None, connection=None, **kwargs):
     """``{name: state}`` for one VM or all.
 
     CLI Example:: salt '*' virt.vm_state web1
     """
+    _salt_kwargs(kwargs, "virt.vm_state")
     with _conn(connection) as conn:
         return query.vm_state(conn, vm_)
 
@@ -473,80 +478,89 @@ def full_info(connection=None, **kwargs):
         return ret
 
 
-def get_xml(vm_, inactive=False, connection=None):
+def get_xml(vm_, inactive=False, connection=None, **kwargs):
     """The VM's libvirt XML (``inactive=True``: the persistent definition).
 
     CLI Example:: salt '*' virt.get_xml web1
     """
+    _salt_kwargs(kwargs, "virt.get_xml")
     with _conn(connection) as conn:
         return lifecycle.get_xml(conn, vm_, inactive)
 
 
-def get_nics(vm_, connection=None):
+def get_nics(vm_, connection=None, **kwargs):
     """``{mac: {type, source, model, target}}`` of a VM.
 
     CLI Example:: salt '*' virt.get_nics web1
     """
+    _salt_kwargs(kwargs, "virt.get_nics")
     return vm_info(vm_, connection)[vm_]["nics"]
 
 
-def get_macs(vm_, connection=None):
+def get_macs(vm_, connection=None, **kwargs):
     """MAC addresses of a VM's NICs.
 
     CLI Example:: salt '*' virt.get_macs web1
     """
+    _salt_kwargs(kwargs, "virt.get_macs")
     return sorted(get_nics(vm_, connection))
 
 
-def get_disks(vm_, connection=None):
+def get_disks(vm_, connection=None, **kwargs):
     """``{target: {file, format, virtual_size, allocation, backing_file, ...}}`` of a VM.
 
     CLI Example:: salt '*' virt.get_disks web1
     """
+    _salt_kwargs(kwargs, "virt.get_disks")
     return vm_info(vm_, connection)[vm_]["disks"]
 
 
-def get_graphics(vm_, connection=None):
+def get_graphics(vm_, connection=None, **kwargs):
     """The VM's console: ``{type, listen, port, autoport, address: 'host:port'}`` or None.
 
     CLI Example:: salt '*' virt.get_graphics web1
     """
+    _salt_kwargs(kwargs, "virt.get_graphics")
     return vm_info(vm_, connection)[vm_]["graphics"]
 
 
 # host ---------------------------------------------------------------------------------------------
-def node_info(connection=None):
+def node_info(connection=None, **kwargs):
     """CPU model, count and speed, memory and NUMA layout of the hypervisor.
 
     CLI Example:: salt '*' virt.node_info
     """
+    _salt_kwargs(kwargs, "virt.node_info")
     with _conn(connection) as conn:
         return query.node_info(conn)
 
 
-def host_info(connection=None):
+def host_info(connection=None, **kwargs):
     """Capacity and usage (memory, vCPUs, VMs, free space in ``virt:images``) — what placement uses.
 
     CLI Example:: salt '*' virt.host_info
     """
+    _salt_kwargs(kwargs, "virt.host_info")
     with _conn(connection) as conn:
         return query.host_info(conn, _images_dir())
 
 
-def freemem(connection=None):
+def freemem(connection=None, **kwargs):
     """MiB of memory not given to running VMs.
 
     CLI Example:: salt '*' virt.freemem
     """
+    _salt_kwargs(kwargs, "virt.freemem")
     with _conn(connection) as conn:
         return query.freemem(conn)
 
 
-def freecpu(connection=None):
+def freecpu(connection=None, **kwargs):
     """Host CPUs minus vCPUs of running VMs.
 
     CLI Example:: salt '*' virt.freecpu
     """
+    _salt_kwargs(kwargs, "virt.freecpu")
     with _conn(connection) as conn:
         return query.freecpu(conn)
 

@@ -231,3 +231,17 @@ def test_purge_takes_salts_arguments_and_refuses_others(virt_test):
     assert "pg1" in virt_test["virt.list_domains"]()
     assert virt_test["virt.purge"](vm_="pg1", dirs=True, removables=False)["name"] == "pg1"
     assert "pg1" not in virt_test["virt.list_domains"]()
+
+
+def test_queries_take_salts_connection_keywords(virt_test):
+    v = virt_test
+    kw = {"connection": "test:///default", "username": None, "password": None}
+    assert "test" in v["virt.list_domains"](**kw) and v["virt.list_active_vms"](**kw) == ["test"]
+    assert v["virt.list_inactive_vms"](**kw) == [] and v["virt.vm_state"](vm_="test", **kw) == {"test": "running"}
+    assert v["virt.vm_info"](vm_="test", **kw)["test"]["state"] == "running"
+    assert v["virt.get_xml"](vm_="test", **kw).startswith("<domain")
+    assert v["virt.get_macs"](vm_="test", **kw) == ["aa:bb:cc:dd:ee:ff"]
+    assert isinstance(v["virt.freemem"](**kw), int) and isinstance(v["virt.freecpu"](**kw), int)
+    assert v["virt.node_info"](**kw)["sockets"] >= 1
+    with pytest.raises(SaltInvocationError, match="username= is not supported"):
+        v["virt.vm_info"]("test", username="admin")
