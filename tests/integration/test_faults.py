@@ -1,4 +1,4 @@
-"""Fault injection on a real libvirtd (own namespaced hypervisor for this module: its daemon is killed,
+"""Fault injection on a real libvirtd (hv9, a namespaced hypervisor of this module only: its daemon is killed,
 stopped and restarted here). Every fault is injected at an observed point, never after a sleep:
 
 * at a step of ``virt.init`` reported through its progress callback (the hook that sends the
@@ -34,7 +34,7 @@ BOUND = 120  # seconds: a call that takes longer than this is hanging, and the t
 
 @pytest.fixture(scope="module")
 def fhv(lab_dir, fabric):
-    hv = lab.Hypervisor(lab_dir, 7, fabric).start()
+    hv = lab.Hypervisor(lab_dir, 9, fabric).start()  # 9: not used by another module (migration: 6-8)
     yield hv
     with _suppress():
         os.kill(hv.pid, signal.SIGCONT)
@@ -103,8 +103,22 @@ def assert_absent(fmods, fdir, name):
     assert name not in fmods["virt.list_domains"](), f"domain {name} is still defined"
     assert not os.path.exists(os.path.join(images_dir(fdir), name)), os.listdir(os.path.join(images_dir(fdir), name))
     assert not os.path.exists(os.path.join(images_dir(fdir), ".locks", f"init-{name}"))
-    assert leftovers(os.path.join(images_dir(fdir), name), "salt-virt-seed-") == []
+    assert seeding_of(os.path.join(images_dir(fdir), name)) == []
     assert not qemu_pids(name)
+
+
+def seeding_of(vm_dir):
+    """Seeding state attached to the disks of ``vm_dir`` (other tests may be seeding other VMs meanwhile):
+    qemu-storage-daemons serving them, loop devices on them or on those daemons' FUSE exports, the mounts
+    of those loop devices, the daemons' scratch directories."""
+    from saltvirt import cleanup
+
+    disks = {os.path.join(vm_dir, f) for f in ("system.raw", "system.qcow2")}
+    exports = cleanup._qsd_exports(disks)
+    loops = cleanup._loops(disks | set(exports.values()))
+    nums = set().union(*(cleanup._devnums(n) for n in loops)) if loops else set()
+    mounts = [point for num, point, _src in cleanup._mountinfo() if num in nums]
+    return [f"qsd {pid}: {exp}" for pid, exp in exports.items()] + [f"loop {n}" for n in loops] + mounts
 
 
 def qemu_pids(name):
@@ -269,19 +283,21 @@ def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + BOUND
-    while not any(m.endswith("/root") for m in leftovers("salt-virt-seed-")) and child.poll() is None:
+    while not any(m.endswith("/root") for m in seeding_of(vm_dir)) and child.poll() is None:
         assert time.monotonic() < deadline, "seeding never mounted the guest filesystem"
         time.sleep(0.01)
+    scratch = os.path.dirname(next(m for m in seeding_of(vm_dir) if m.endswith("/root")))
     child.kill()
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stdout.read().decode()
-    left = leftovers(vm_dir, "salt-virt-seed-")
-    assert any("qemu-storage-daemon" in x for x in left) and any(x.startswith("loop:") for x in left), left
+    left = seeding_of(vm_dir)
+    assert any(x.startswith("qsd") for x in left) and any(x.startswith("loop") for x in left), left
     assert os.path.exists(os.path.join(images_dir(fdir), ".locks", f"init-{name}"))
     out = fmods["virt.cleanup"](name)
     assert out["interrupted"] and out["errors"] == [] and len(out["removed"]) == 1, out
     assert any(r.startswith("detached /dev/loop") for r in out["released"]), out
     assert any(r.startswith("stopped qemu-storage-daemon") for r in out["released"]), out
+    assert not os.path.exists(scratch) and not leftovers(scratch), leftovers(scratch)
     assert_absent(fmods, fdir, name)
     retry_succeeds(fmods, fdir, name)
 
