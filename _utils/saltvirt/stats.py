@@ -70,7 +70,8 @@ def diskstats(conn, name=None):
     for dom in _domains(conn, name, active_only=not name):
         if not dom.isActive():
             raise CommandExecutionError(f"VM {dom.name()!r} is not running: libvirt has no disk statistics for it")
-        devs = [d["target"] for d in domxml.parse(dom.XMLDesc(0))["disks"] if d.get("target")]
+        # an empty cdrom drive has no statistics: only disks with media
+        devs = [d["target"] for d in domxml.parse(dom.XMLDesc(0))["disks"] if d.get("target") and d.get("file")]
         total, per = _sum_devices(dom, devs, dom.blockStats, DISK_KEYS)
         out[dom.name()] = dict(total, devices=per)
     return out
