@@ -28,8 +28,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_fleet  # noqa: E402
-import common  # noqa: E402
+import bench_fleet
+import common
 
 FULL = {"inits": 20, "hosts": 3, "mem": 146}
 QUICK = {"inits": 4, "hosts": 2, "mem": 400}

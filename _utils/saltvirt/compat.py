@@ -206,5 +206,5 @@ def profiles(configured):
         table = configured.get(kind) or {}
         if not isinstance(table, dict):
             raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")
-        out[kind] = {name: spec._profile(configured, kind, name, default) for name in sorted({"default", *table})}  # noqa: SLF001
+        out[kind] = {name: spec._profile(configured, kind, name, default) for name in sorted({"default", *table})}
     return out

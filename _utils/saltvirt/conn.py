@@ -58,7 +58,7 @@ def _event_loop():
             while True:
                 try:
                     libvirt.virEventRunDefaultImpl()
-                except Exception:  # noqa: BLE001 - keep the loop alive; libvirt logs its own errors
+                except Exception:
                     log.debug("libvirt event loop iteration failed", exc_info=True)
 
         threading.Thread(target=run, name="salt-virt-libvirt-events", daemon=True).start()

@@ -21,6 +21,7 @@ from saltvirt import spec as vmspec
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.lifecycle import undefine
 from saltvirt.query import describe
+from saltvirt.undo import Undo
 
 log = logging.getLogger(__name__)
 BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
@@ -80,28 +81,6 @@ def _bridge_hint(bridge, host):
 
 def _fingerprint(pub):
     return hashlib.sha256(pub.encode() if isinstance(pub, str) else pub).hexdigest()
-
-
-class _Undo:
-    """What this init created, to be removed again (newest first) if a later step fails."""
-
-    def __init__(self):
-        self.steps = []
-
-    def add(self, what, func):
-        self.steps.append((what, func))
-
-    def run(self):
-        """Undo newest first; stop at the first step that fails: what is left stays consistent (a
-        domain that could not be undefined keeps its disks and manifest, for virt.cleanup)."""
-        steps = list(reversed(self.steps))
-        for pos, (what, func) in enumerate(steps):
-            try:
-                func()
-            except Exception as exc:  # noqa: BLE001 - reported with what was left as it was
-                left = [w for w, _f in steps[pos + 1 :]]
-                return [f"{what}: {exc}"] + ([f"left for virt.cleanup: {', '.join(left)}"] if left else [])
-        return []
 
 
 def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_DIR, **kwargs):
@@ -202,7 +181,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             disk.image, src_formats[disk.name] = extra["path"], extra["format"]
     _check_disks_and_nics(conn, spec, host)
 
-    undo = _Undo()
+    undo = Undo(stop_at_failure=True)
     result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
     try:
         if not os.path.isdir(spec.vm_dir):

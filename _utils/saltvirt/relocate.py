@@ -95,7 +95,7 @@ def migrate(
         )
 
 
-def _migrate(  # noqa: PLR0912 - one sequence with its failure paths
+def _migrate(
     remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout, transport
 ):
     if copy_storage not in (None, "all", "inc"):

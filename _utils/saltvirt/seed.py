@@ -28,6 +28,7 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import images
+from saltvirt.undo import Undo
 
 log = logging.getLogger(__name__)
 
@@ -164,24 +165,6 @@ def _run(cmd, what, timeout=120, check=True):
     return proc
 
 
-class _Undo(list):
-    """Cleanup steps ``(what, func)``, run newest first; a failing step does not stop the others."""
-
-    def push(self, what, func):
-        self.append((what, func))
-
-    def run(self):
-        errors = []
-        while self:
-            what, func = self.pop()
-            try:
-                func()
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up
-                log.error("seed cleanup: %s failed: %s", what, exc)
-                errors.append(f"{what}: {exc}")
-        return errors
-
-
 def _wait(cond, timeout, step=0.05):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -261,7 +244,7 @@ def _qemu_lock(image, undo):
     """Hold the byte locks a qemu writer holds while we write behind qemu's back (loop backend): no
     VM can open the image for writing meanwhile."""
     fd = os.open(image, os.O_RDWR)
-    undo.push(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
+    undo.add(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
     for offset in _QEMU_WRITE_BYTES:
         try:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(images._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
@@ -272,7 +255,7 @@ def _qemu_lock(image, undo):
 # block devices -------------------------------------------------------------------------------------
 def _losetup(path, undo):
     dev = _run(["losetup", "-P", "-f", "--show", path], f"attaching {path} to a loop device").stdout.strip()
-    undo.push(f"detach {dev}", lambda: _detach(dev))
+    undo.add(f"detach {dev}", lambda: _detach(dev))
     return dev
 
 
@@ -299,7 +282,7 @@ def _partitions(dev, tmp, undo):
         _run(["partx", "-a", dev], f"reading the partition table of {dev}", check=False)
         found = _sys_parts(dev)
         if found:
-            undo.push(f"partx -d {dev}", lambda: _run(["partx", "-d", dev], f"partx -d {dev}", check=False))
+            undo.add(f"partx -d {dev}", lambda: _run(["partx", "-d", dev], f"partx -d {dev}", check=False))
     if not found:
         return [("whole disk", dev)]
     out = []
@@ -471,7 +454,7 @@ def _qsd_fuse(image, fmt, files, tmp, undo):
     cmd += ["--export", json.dumps(fuse)]
     with open(logfile, "wb") as out:  # own session: a Ctrl-C must reach us (who flush and stop it), not it
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    undo.push("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile))
+    undo.add("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile))
     if not _wait(lambda: proc.poll() is not None or _mounted(export), 30):
         raise CommandExecutionError("qemu-storage-daemon did not export the image within 30s")
     if proc.poll() is not None:
@@ -516,7 +499,7 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
         raise CommandExecutionError("no free /dev/nbd* device (all connected)")
     dev, pidfile = free[0], os.path.join(tmp, "qemu-nbd.pid")
     _run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
-    undo.push(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
+    undo.add(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
     if not _wait(lambda: _read(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
         raise CommandExecutionError(f"{dev} did not come up after qemu-nbd --connect")
     return _seed_device(dev, files, tmp, undo)
@@ -586,7 +569,7 @@ class _Guestfish:
 
 def _libguestfs(image, fmt, files, tmp, undo):
     g = _Guestfish(image, fmt, tmp)
-    undo.push("shut down the libguestfs appliance", g.close)
+    undo.add("shut down the libguestfs appliance", g.close)
     g("launch")
     tried = []
     for dev, fstype in g("list-filesystems").items():
@@ -634,9 +617,9 @@ def seed(image_path, files, backend="auto", fmt=None):
     _refuse_if_in_use(image)
     attempts = []
     for name in BACKENDS if backend == "auto" else (backend,):
-        t0, undo = time.monotonic(), _Undo()
+        t0, undo = time.monotonic(), Undo(what="seed cleanup")
         tmp = tempfile.mkdtemp(prefix="salt-virt-seed-")
-        undo.push(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))
+        undo.add(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))
         outcome = error = None
         stop = False
         try:
