@@ -381,3 +381,62 @@ def fhyper_ready(master):
         if ret.returncode == 0 and ret.data is True:
             return
         assert time.monotonic() < deadline, ret
+
+
+# the fabric link cut during a migration -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def fhv5(lab_dir, fabric):
+    hv = lab.Hypervisor(lab_dir, 5, fabric).start()  # the migration target (5: used by no other module)
+    yield hv
+    hv.stop()
+
+
+def link(fabric, hv, state):
+    """Up or down the hypervisor's uplink on the fabric bridge (its veth end in the fabric namespace)."""
+    lab.run(["ip", "-n", fabric.netns, "link", "set", f"sv{fabric.tag}d{hv.index}", state])
+
+
+def test_fabric_link_cut_during_migration(fhv, fhv5, fabric, fdir, fmods, boot_args):
+    """The target's link goes down once the migration moves data: the migration fails (libvirt's keepalive
+    between the daemons), the VM keeps running on the source, nothing is left on the target, and the
+    migration succeeds once the link is back."""
+    import libvirt
+
+    from saltvirt import conn as vconn
+    from saltvirt import migrate
+
+    name = "kmig"
+    fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
+    args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def cut_when_moving():
+        with vconn.connect(fhv.uri) as conn:
+            dom = conn.lookupByName(name)
+            deadline = time.monotonic() + BOUND
+            while dom.jobInfo()[0] == libvirt.VIR_DOMAIN_JOB_NONE or not dom.jobInfo()[3]:
+                assert time.monotonic() < deadline, "the migration never started moving data"
+                time.sleep(0.01)
+            link(fabric, fhv5, "down")
+
+    try:
+        cutter = pool.submit(cut_when_moving)
+        with vconn.connect(fhv.uri) as conn:
+            with pytest.raises(CommandExecutionError, match=f"migrating VM '{name}' from hv9 to hv5 failed"):
+                bounded(migrate.migrate, conn, name, "hv5", max_bandwidth=1, **args)
+        cutter.result(timeout=BOUND)
+    finally:
+        pool.shutdown(wait=True)
+        link(fabric, fhv5, "up")
+    assert fmods["virt.vm_state"](name) == {name: "running"}
+    with vconn.connect(fhv5.uri) as target:
+        assert [d.name() for d in target.listAllDomains(0)] == []
+    with vconn.connect(fhv.uri) as conn:
+        assert bounded(migrate.migrate, conn, name, "hv5", **args)["undefined_on_source"] is True
+    with vconn.connect(fhv5.uri) as target:
+        dom = target.lookupByName(name)
+        assert dom.isActive()
+        dom.destroy()
+        dom.undefine()
+    assert len(fmods["virt.cleanup"](name)["removed"]) == 1  # its disk: manifest, no domain here any more
+    assert_absent(fmods, fdir, name)
