@@ -13,7 +13,7 @@ Configuration (minion config, grains or pillar, read with ``config.get``)::
         uri: qemu:///system      # default: libvirt's default URI; every function takes connection=
       type: qemu                 # force the domain type; default: kvm if KVM really works, else qemu
       images: /srv/salt-images   # one directory per VM below it
-      allowed_paths: []          # minion config only: more directories for disks[].path, boot kernel/initrd, serial_log
+      allowed_paths: []          # minion config only: dirs for local images, disks[].path, kernel/initrd, serial_log
       max_image_mib: 65536       # image download / salt:// image size cap
       nic: {default: [...]}      # NIC profiles   (see saltvirt.spec)
       disk: {default: [...]}     # disk profiles
@@ -124,7 +124,9 @@ def init(
     cpu / mem
         vCPUs and memory in MiB.
     image
-        ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor.
+        ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor
+        inside ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
+        ``disks: [{image: ...}]``; ``trusted_image`` does not lift this).
         Only raw and qcow2 images without a backing file or external data file are accepted (the
         format is read from the header and passed to qemu, never guessed); a download stops at
         ``virt:max_image_mib`` MiB (default 65536).

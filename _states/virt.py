@@ -122,15 +122,17 @@ def _check_args(kwargs):
         compat.refuse_unknown(kwargs, sorted(known), "virt.running/defined (they take the arguments of virt.init)")
 
 
-def _image_format(image, saltenv, test, trusted=False):
+def _image_format(image, saltenv, test, trusted=False, roots=()):
     """Format of the image the VM would be cloned from, when it can be known without side effects
     (test=True never fetches: an uncached salt:// image or a URL stays "as the image"). Decided by
-    saltvirt.intake (header + ``qemu-img info -f``): a hostile image is refused here already."""
+    saltvirt.intake (header + ``qemu-img info -f``): a hostile image, or a local path outside ``roots``
+    (virt:images + virt:allowed_paths), is refused here already."""
     from saltvirt import intake
     from saltvirt.validate import to_bool
 
     if not image:
         return None
+    intake.confine_local(image, roots)
     if image.startswith("/"):
         return intake.probe(image, trusted=to_bool(trusted))["format"]
     if image.startswith("salt://"):
@@ -152,17 +154,25 @@ def _create(ret, name, cpu, mem, start, kwargs):
 
     if cpu is None or mem is None:
         raise SaltInvocationError(f"VM {name} does not exist: cpu and mem are needed to create the VM")
+    from saltvirt.validate import allowed_paths as _allowed
+
     test = __opts__["test"]
+    images_dir = _config("virt:images", DEFAULT_IMAGES_DIR)
+    allowed = (__opts__.get("virt") or {}).get("allowed_paths") or ()  # minion config only
     created = converge.preview(
         name,
         cpu,
         mem,
-        images_dir=_config("virt:images", DEFAULT_IMAGES_DIR),
+        images_dir=images_dir,
         profiles={"nic": _config("virt:nic", {}), "disk": _config("virt:disk", {})},
         image_format=_image_format(
-            kwargs.get("image"), kwargs.get("saltenv", "base"), test, trusted=kwargs.get("trusted_image")
+            kwargs.get("image"),
+            kwargs.get("saltenv", "base"),
+            test,
+            trusted=kwargs.get("trusted_image"),
+            roots=(images_dir, *_allowed(allowed)),
         ),
-        allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
+        allowed_paths=allowed,
         **kwargs,
     )
     created["started"] = bool(start)

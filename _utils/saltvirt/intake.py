@@ -36,7 +36,7 @@ import urllib.request
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import fsutil, images
+from saltvirt import fsutil, images, validate
 
 log = logging.getLogger(__name__)
 
@@ -388,15 +388,20 @@ def accept(
     allow_http=False,
     max_image_mib=None,
     trusted=False,
+    roots=None,
 ):
     """Fetch ``image`` (any source), verify ``checksum`` and check its format: the only way an image
-    enters salt-virt. Returns :func:`probe`'s dict plus ``source`` (redacted) and ``checksum``."""
+    enters salt-virt. Returns :func:`probe`'s dict plus ``source`` (redacted) and ``checksum``.
+
+    ``roots``: the directories a local path may come from (``virt:images`` + the operator's
+    ``virt:allowed_paths``); see :func:`confine_local`. ``trusted`` does not lift it."""
     trusted = bool(trusted)
     if trusted and (not isinstance(image, str) or "://" in image):
         raise SaltInvocationError(
             "trusted_image=True is only for a local absolute path you built yourself, never for salt:// or URLs"
         )
     parse_checksum(checksum)  # bad syntax fails before any download
+    confine_local(image, roots)
     local = None
     try:
         local = fetch(image, cache_dir, cache_file, allow_http=allow_http, max_image_mib=max_image_mib)
@@ -410,6 +415,15 @@ def accept(
             "image %s accepted as trusted (format %s): not checked for backing or data files", local, info["format"]
         )
     return dict(info, source=redact(image), checksum=verified, trusted=trusted)
+
+
+def confine_local(image, roots):
+    """A local image path (no ``scheme://``) must lie inside ``roots`` (``virt:images`` and the
+    operator's ``virt:allowed_paths``) after resolving symlinks: otherwise ``image=/etc/shadow`` would
+    become a VM's disk. ``roots=None`` (no directories given) refuses every local path."""
+    if not isinstance(image, str) or "://" in image or not image.strip():
+        return  # URLs and salt:// are fetched into our own cache; bad values fail in fetch
+    validate.confined(image.strip(), "image", tuple(roots or ()))
 
 
 def _forget(local, cache_dir):

@@ -135,6 +135,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
     kind = hosttype.detect(conn, vtype)
 
+    image_roots = (images_dir, *validate.allowed_paths(allowed_paths))  # where a local image may come from
+
     def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
         return intake.accept(
             source,
@@ -144,6 +146,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             allow_http=validate.to_bool(allow_http),
             max_image_mib=max_image_mib,
             trusted=validate.to_bool(trusted_image),
+            roots=image_roots,
         )
 
     fetched = info = None

@@ -2,6 +2,8 @@
 
 from tests.support.paths import GUEST_DIR, ROOT
 
+SOURCES = "sources"  # tmp_path/sources is in virt:allowed_paths: local source images of a test go there
+
 
 def make_minion_mods(tmp_path, uri, images_dir=None, **config):
     """The real Salt loader with this repo's _modules, as a minion would load them (no daemon)."""
@@ -21,7 +23,8 @@ def make_minion_mods(tmp_path, uri, images_dir=None, **config):
                 {
                     "connection": {"uri": uri},
                     "images": str(images_dir or tmp_path / "images"),
-                    "allowed_paths": [str(GUEST_DIR)],  # the test guest's kernel/initrd (boot_args)
+                    # the test guest's kernel/initrd/images, and tmp_path/sources: the tests' own source images
+                    "allowed_paths": [str(GUEST_DIR), str(tmp_path / SOURCES)],
                 },
                 **config,
             ),

@@ -14,26 +14,34 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from tests.support import hostile
-from tests.support.saltloader import make_minion_mods
+from tests.support.saltloader import SOURCES, load_states, make_minion_mods
 from saltvirt import intake
 
 MIB = 1048576
 
 
 @pytest.fixture
-def base(tmp_path, guest):
+def sources(tmp_path):
+    """tmp_path/sources: in the loader's virt:allowed_paths (tests.support.saltloader)."""
+    folder = tmp_path / SOURCES
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def base(sources, guest):
     """Private copies of the guest images: {'raw': path, 'qcow2': path}."""
     out = {}
     for fmt in ("raw", "qcow2"):
-        out[fmt] = str(tmp_path / f"base.{fmt}")
+        out[fmt] = str(sources / f"base.{fmt}")
         shutil.copyfile(guest[fmt], out[fmt])
     return out
 
 
 @pytest.fixture
-def evil(tmp_path):
+def evil(sources):
     """Every hostile image, each aimed at an /etc/shadow-like host file."""
-    folder = tmp_path / "evil"
+    folder = sources / "evil"
     folder.mkdir()
     secret = hostile.secret_file(str(folder))
     return {
@@ -95,7 +103,8 @@ def test_probe_refuses_hostile_images(evil, kind):
 
 def test_trusted_local_path_is_the_documented_opt_in(evil, tmp_path):
     assert intake.probe(evil["backing file"], trusted=True)["format"] == "qcow2"
-    assert intake.accept(evil["vmdk"], str(tmp_path / "c"), trusted=True)["format"] == "vmdk"
+    roots = [os.path.dirname(evil["vmdk"])]
+    assert intake.accept(evil["vmdk"], str(tmp_path / "c"), trusted=True, roots=roots)["format"] == "vmdk"
     with pytest.raises(SaltInvocationError, match="trusted_image=True is only for a local absolute path"):
         intake.accept("salt://evil.qcow2", str(tmp_path / "c"), lambda u: evil["backing file"], trusted=True)
     with pytest.raises(SaltInvocationError, match="trusted_image=True is only for a local absolute path"):
@@ -104,10 +113,10 @@ def test_trusted_local_path_is_the_documented_opt_in(evil, tmp_path):
 
 # checksum ----------------------------------------------------------------------------------------
 def test_checksum_verified_for_local_and_salt_sources(base, tmp_path):
-    cache = str(tmp_path / "cache")
+    cache, roots = str(tmp_path / "cache"), [os.path.dirname(base["raw"])]
     for algo in ("sha256", "sha512"):
         good = f"{algo}:{digest(base['qcow2'], algo)}"
-        assert intake.accept(base["qcow2"], cache, checksum=good)["checksum"] == good
+        assert intake.accept(base["qcow2"], cache, checksum=good, roots=roots)["checksum"] == good
         got = intake.accept(
             "salt://g.qcow2", cache, lambda u: base["qcow2"], checksum=good.upper().replace("SHA", "sha")
         )
@@ -115,10 +124,10 @@ def test_checksum_verified_for_local_and_salt_sources(base, tmp_path):
     wrong = "sha256:" + "0" * 64
     for src, cache_file in ((base["raw"], None), ("salt://g.raw", lambda u: base["raw"])):
         with pytest.raises(SaltInvocationError, match=f"does not match checksum {wrong}"):
-            intake.accept(src, cache, cache_file, checksum=wrong)
+            intake.accept(src, cache, cache_file, checksum=wrong, roots=roots)
     for bad in ("md5:" + "0" * 32, "sha256:xyz", "sha256:" + "0" * 63, "0" * 64):
         with pytest.raises(SaltInvocationError, match="checksum must be 'sha256:<64 hex digits>'"):
-            intake.accept(base["raw"], cache, checksum=bad)
+            intake.accept(base["raw"], cache, checksum=bad, roots=roots)
     assert not os.path.exists(cache)
 
 
@@ -392,3 +401,54 @@ def test_purge_collects_the_cached_base_of_its_overlay(virt_test, base, web):
     assert os.listdir(os.path.join(images_dir, ".bases")) == []
     cached = v["virt.image_gc"](cache=True)["removed"]
     assert len(cached) == 2 and os.listdir(os.path.join(images_dir, ".cache")) == []  # image + its metadata
+
+
+# local source paths: only from virt:images or virt:allowed_paths ---------------------------------
+@pytest.fixture
+def outside(tmp_path):
+    """An /etc/shadow-like host file outside virt:images and virt:allowed_paths, and a symlink to it
+    planted inside an allowed directory."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    secret = hostile.secret_file(str(folder))
+    sources = tmp_path / SOURCES
+    sources.mkdir(exist_ok=True)
+    link = sources / "innocent.raw"
+    link.symlink_to(secret)
+    return {"secret": secret, "link": str(link), "sources": str(sources)}
+
+
+def test_local_image_confined_to_the_given_roots(outside, base, tmp_path):
+    cache = str(tmp_path / "c")
+    for image in (outside["secret"], outside["link"]):
+        for trusted in (False, True):  # trusted_image lifts the format checks, never the confinement
+            with pytest.raises(SaltInvocationError, match="outside the directories salt-virt may use"):
+                intake.accept(image, cache, trusted=trusted, roots=[outside["sources"]])
+    with pytest.raises(SaltInvocationError, match=r"\(none\).*virt:allowed_paths in the minion config"):
+        intake.accept(base["raw"], cache)  # no roots given: every local path refused
+    assert intake.accept(base["raw"], cache, roots=[outside["sources"]])["format"] == "raw"
+    assert not os.path.exists(cache)
+
+
+def test_virt_init_refuses_a_local_image_outside_images_and_allowed_paths(virt_test, outside, base):
+    """``virt.init x 1 64 image=/etc/shadow``: the host file would become the VM's disk."""
+    images_dir = virt_test.opts["virt"]["images"]
+    args = {"nic": None, "seed": False, "start": False}
+    msg = r"image .*host-shadow.* is outside the directories salt-virt may use .*virt:allowed_paths in the minion"
+    for image in (outside["secret"], outside["link"]):
+        for trusted in (False, True):
+            with pytest.raises(SaltInvocationError, match=msg):
+                virt_test["virt.init"]("evilvm", 1, 64, image=image, trusted_image=trusted, **args)
+            _nothing_left(virt_test, "evilvm", images_dir)
+        with pytest.raises(SaltInvocationError, match=msg):  # a per-disk image: the same door
+            virt_test["virt.init"]("evilvm", 1, 64, disk=None, disks=[{"d": {"image": image}}], **args)
+        _nothing_left(virt_test, "evilvm", images_dir)
+    preview = load_states(virt_test, test=True)["virt.running"]("evilvm", cpu=1, mem=64, image=outside["secret"])
+    assert preview["result"] is False and "virt:allowed_paths" in preview["comment"]
+    _nothing_left(virt_test, "evilvm", images_dir)
+    with open(outside["secret"], "rb") as fh:
+        assert fh.read() == hostile.SECRET * 64  # untouched
+    # inside virt:allowed_paths (the loader's tmp_path/sources): accepted
+    ok = virt_test["virt.init"]("goodvm", 1, 64, image=base["raw"], **args)
+    assert ok["disks"][0]["format"] == "raw" and ok["state"] == "shutoff"
+    assert virt_test["virt.purge"]("goodvm")["removed"] == [ok["disks"][0]["path"]]
