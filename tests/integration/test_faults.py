@@ -56,7 +56,11 @@ def fdir(guest):
 def fmods(tmp_path_factory, fhv, fdir):
     conn = {"uri": fhv.uri, "open_timeout": 5, "keepalive": {"interval": 1, "count": 2}}
     return make_minion_mods(
-        tmp_path_factory.mktemp("fmods"), fhv.uri, images_dir=os.path.join(fdir, "images"), connection=conn
+        tmp_path_factory.mktemp("fmods"),
+        fhv.uri,
+        images_dir=os.path.join(fdir, "images"),
+        connection=conn,
+        allowed_paths=[str(GUEST_DIR), fdir],  # base.raw/base.qcow2 live in fdir, outside virt:images
     )
 
 
@@ -92,7 +96,7 @@ def init_direct(fhv, fdir, name, progress, **kwargs):
             images_dir=images_dir(fdir),
             nic=None,
             seed_backend="loop",
-            allowed_paths=[str(GUEST_DIR)],  # the test guest's kernel for boot=
+            allowed_paths=[str(GUEST_DIR), fdir],  # the test guest's kernel for boot=; base.raw in fdir
             master="salt.example",
             progress=progress,
             **kwargs,
@@ -266,7 +270,7 @@ sys.path.insert(0, {utils!r})
 from saltvirt import conn, provision
 with conn.connect({uri!r}) as c:
     provision.init(c, {name!r}, 1, 128, {image!r}, images_dir={images!r}, nic=None, seed_backend="qsd-fuse",
-                   master="salt.example", start=False)
+                   master="salt.example", start=False, allowed_paths=[{fdir!r}])
 """
 
 
@@ -280,6 +284,7 @@ def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
         name=name,
         image=os.path.join(fdir, "base.qcow2"),
         images=images_dir(fdir),
+        fdir=fdir,
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + BOUND

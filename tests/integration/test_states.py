@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.support import lab
+from tests.support.saltd import SOURCES
 
 
 def single(salt_cli, fun, name, *args, test=False):
@@ -45,8 +46,11 @@ def boot(guest):
 
 
 @pytest.fixture(scope="module")
-def image(guest):
-    path = tempfile.mkdtemp(prefix="svstate-", dir="/var/tmp")
+def image(guest, lab_dir):
+    """A private copy of the guest image in hyper1's virt:allowed_paths (<lab_dir>/sources)."""
+    sources = os.path.join(lab_dir, SOURCES)
+    os.makedirs(sources, mode=0o755, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="svstate-", dir=sources)
     os.chmod(path, 0o755)
     dst = os.path.join(path, "base.qcow2")
     shutil.copyfile(guest["qcow2"], dst)

@@ -1,5 +1,7 @@
 """Configuration of real Salt daemons (pytest-salt-factories) for the integration tests."""
 
+import os
+
 from tests.support.paths import GUEST_DIR, ROOT
 
 
@@ -26,10 +28,15 @@ def start_minion(master, minion_id, overrides):
     return master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
 
 
+SOURCES = "sources"  # <parent of virt:images>/sources is in virt:allowed_paths: the tests' local source images
+
+
 def hypervisor_minion_config(hv, images_dir, **extra):
+    # virt:allowed_paths: the test guest's kernel/initrd (boot_args) and images live outside virt:images;
+    # a test's own source images go to <parent of virt:images>/sources (local images must be inside one)
+    allowed = [str(GUEST_DIR), os.path.join(os.path.dirname(os.path.abspath(images_dir)), SOURCES)]
     config = {
-        # virt:allowed_paths: the test guest's kernel/initrd (boot_args) live outside virt:images
-        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir), "allowed_paths": [str(GUEST_DIR)]},
+        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir), "allowed_paths": allowed},
         "grains": {"virt_hypervisor": True},
     }
     config.update(extra)
