@@ -345,6 +345,30 @@ def test_runner_tunnel_from_master_config(mmaster, local, hvs, shared_vm, tunnel
     shared_vm.continued_on("hv6", mark)
 
 
+@pytest.fixture
+def flat_tunnel_in_master_config(mmaster):
+    """The older tutorial's flat spelling ``virt.tunnel: True`` in the master config (honoured, warned)."""
+    path = pathlib.Path(mmaster.config_dir) / "master.d" / "flat-tunnel.conf"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"virt.tunnel": True}))
+    yield
+    path.unlink()
+
+
+def test_runner_tunnel_from_the_tutorials_flat_master_setting(
+    mmaster, local, hvs, shared_vm, flat_tunnel_in_master_config
+):
+    for source, target in (("hv6", "hv7"), ("hv7", "hv6")):  # and back: later tests expect it on hv6
+        assert where(local, "vshared") == {source: "running"}
+        mark = shared_vm.mark(source)
+        ret = run(mmaster, "virt.migrate", "vshared", target)
+        assert ret.returncode == 0, ret
+        data = ret.data
+        assert data["tunnelled"] is True and data["target_uri"].startswith(f"qemu+tls://{target}/system?pkipath=")
+        assert where(local, "vshared") == {target: "running"}
+        shared_vm.continued_on(target, mark)
+
+
 def test_runner_shared_nothing_overlay_copies_the_top_layer(
     mmaster, local, hvs, store, guest, lab_dir, tunnel_in_master_config
 ):
