@@ -102,29 +102,8 @@ def _migrate(
         raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
     started = time.monotonic()
     hosts = hosts if hosts is not None else remote.gather("virt.vm_state")
-    source = fleet.locate(hosts, name, source)
-    if target == source:
-        raise SaltInvocationError(f"VM {name!r} is already on {target}")
-    if target not in hosts:
-        raise fleet.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
-    if hosts[target]["status"] != "up":
-        status, error = hosts[target]["status"], str(hosts[target].get("error")).rstrip(".")
-        why = {"down": "is down", "timeout": "did not answer in time"}.get(status, "answered with an error")
-        raise fleet.Failed(f"target hypervisor {target} {why}: {error}. VM {name!r} stays on {source}", host=target)
-    info = remote.call(source, "virt.migrate_source_info", name)
-    probes = [p["path"] for p in (info.get("probes") or {}).values()]
-    try:
-        prep = remote.call(target, "virt.migrate_prepare", name, info, copy_storage=copy_storage)
-    except CommandExecutionError as exc:
-        raise fleet.Failed(
-            f"preparing {target} for VM {name!r} failed: {exc}. Nothing was migrated, the VM stays on {source}",
-            stage="prepare",
-            source=source,
-            target=target,
-        ) from None
-    finally:
-        if probes:
-            _quiet(remote, source, "virt.migrate_abort_cleanup", name, probes)
+    source = _source_and_target(hosts, name, source, target)
+    info, prep = _prepare(remote, name, source, target, copy_storage)
     copying = prep["copy_storage"]
     note = None
     if tunnel and copying:
@@ -143,15 +122,57 @@ def _migrate(
         "max_downtime": max_downtime,
         "max_bandwidth": max_bandwidth,
     }
+    moved = _move(remote, name, source, target, info, prep, kwargs, timeout)
+    done = remote.call(target, "virt.migrate_finish", name)
+    return _migrated(name, source, target, prep, moved, done, note, started)
+
+
+def _source_and_target(hosts, name, source, target):
+    """Where the VM is (``source``) after checking that ``target`` is another hypervisor that answered."""
+    source = fleet.locate(hosts, name, source)
+    if target == source:
+        raise SaltInvocationError(f"VM {name!r} is already on {target}")
+    if target not in hosts:
+        raise fleet.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
+    if hosts[target]["status"] != "up":
+        status, error = hosts[target]["status"], str(hosts[target].get("error")).rstrip(".")
+        why = {"down": "is down", "timeout": "did not answer in time"}.get(status, "answered with an error")
+        raise fleet.Failed(f"target hypervisor {target} {why}: {error}. VM {name!r} stays on {source}", host=target)
+    return source
+
+
+def _prepare(remote, name, source, target, copy_storage):
+    """The source's facts and the target's preparation (disks shared, copied or refused); the source's
+    shared-storage probe files are removed whatever happens."""
+    info = remote.call(source, "virt.migrate_source_info", name)
+    probes = [p["path"] for p in (info.get("probes") or {}).values()]
     try:
-        if copying and not info["active"]:
+        prep = remote.call(target, "virt.migrate_prepare", name, info, copy_storage=copy_storage)
+    except CommandExecutionError as exc:
+        raise fleet.Failed(
+            f"preparing {target} for VM {name!r} failed: {exc}. Nothing was migrated, the VM stays on {source}",
+            stage="prepare",
+            source=source,
+            target=target,
+        ) from None
+    finally:
+        if probes:
+            _quiet(remote, source, "virt.migrate_abort_cleanup", name, probes)
+    return info, prep
+
+
+def _move(remote, name, source, target, info, prep, kwargs, timeout):
+    """``virt.migrate`` on the source; on failure the target's prepared files are removed (not after a
+    timeout: the migration may still be running) and the error says where the VM is."""
+    try:
+        if prep["copy_storage"] and not info["active"]:
             raise fleet.Failed(
                 f"VM {name!r} is stopped and its disks are not on storage {target} sees: libvirt moves a stopped VM's "
                 "definition only. Start it to migrate it live with its disks, or put its disks on shared storage",
                 retry=False,
             )
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        moved = remote.call(source, "virt.migrate", name, prep["address"], max_wait=timeout, **kwargs)
+        return remote.call(source, "virt.migrate", name, prep["address"], max_wait=timeout, **kwargs)
     except CommandExecutionError as exc:
         status = getattr(exc, "details", {}).get("status")
         if status == "timeout":  # it may still be migrating: removing its target disks now would break it
@@ -171,7 +192,11 @@ def _migrate(
             source_state=_still_on_source(remote, source, name),
             target_cleanup=cleanup,
         ) from None
-    done = remote.call(target, "virt.migrate_finish", name)
+
+
+def _migrated(name, source, target, prep, moved, done, note, started):
+    """The runner's answer for a finished migration."""
+    copying = prep["copy_storage"]
     left = [d["source"] for d in prep["disks"] if d["mode"] != "shared"]
     ret = {
         "name": name,
