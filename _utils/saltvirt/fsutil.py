@@ -50,3 +50,9 @@ def remove_paths(paths):
         except OSError as exc:
             kept.append({"path": path, "reason": exc.strerror})
     return removed, kept
+
+
+def sha256(data):
+    """Hex SHA-256 of ``data`` (str as UTF-8, or bytes): key fingerprints as `sha256sum` shows them,
+    content hashes in manifests."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

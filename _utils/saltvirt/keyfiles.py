@@ -14,11 +14,11 @@ certificates only) are set in it (:func:`conf_plan`).
 """
 
 import grp
-import hashlib
 import json
 import os
 import re
 
+from saltvirt import fsutil
 from saltvirt.fsutil import atomic_write
 
 # pillar key -> (path below basepath, mode)
@@ -47,10 +47,6 @@ DIRS = {"CA": (0o755, False), "libvirt": (0o755, False), "libvirt/private": (0o7
 QEMU_GROUPS = ("libvirt-qemu", "qemu")  # Debian/Ubuntu, Fedora/RHEL
 MANIFEST = "libvirt/private/.salt-virt-keys.json"
 ORIG_SUFFIX = ".salt-virt-orig"
-
-
-def _sha(data):
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
 def qemu_gid(group=None):
@@ -93,7 +89,7 @@ def plan(data, basepath, qemu=False, qemu_group=None, replace_foreign=False):
     for key, rel, wanted_mode in _targets(qemu):
         mode = wanted_mode
         content = data[key]
-        wanted[rel] = _sha(content)
+        wanted[rel] = fsutil.sha256(content)
         path = os.path.join(basepath, rel)
         file_gid = gid if rel.startswith("qemu/") else None
         if file_gid is None and rel.startswith("qemu/") and mode == 0o640:
@@ -147,7 +143,7 @@ def _compare(path, content, mode, gid, secret, written_sha):
     with open(path, "rb") as fh:
         current = fh.read()
     if current != content.encode():
-        foreign = _sha(current) != written_sha
+        foreign = fsutil.sha256(current) != written_sha
         return ("key replaced" if secret else "updated"), foreign
     changes = []
     if st.st_mode & 0o777 != mode:

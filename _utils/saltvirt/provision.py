@@ -15,7 +15,7 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import cleanup, domxml, envelope, hosttype, images, intake, validate, voldisks
+from saltvirt import cleanup, domxml, envelope, fsutil, hosttype, images, intake, validate, voldisks
 from saltvirt import seed as seeding
 from saltvirt import spec as vmspec
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
@@ -77,10 +77,6 @@ def _bridge_hint(bridge, host):
         f"bridge {bridge!r} does not exist on {host}. Create it (the br0 part of salt-virt.example.sls does), "
         "or choose another NIC profile (nic=...) or interfaces=[{name: eth0, type: network, source: default}]"
     )
-
-
-def _fingerprint(pub):
-    return hashlib.sha256(pub.encode() if isinstance(pub, str) else pub).hexdigest()
 
 
 def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_DIR, **kwargs):
@@ -356,7 +352,7 @@ def _seed(spec, req):
         key["generated"] = True
         key["accepted"] = False
         key["hint"] = f"accept it on the master: salt-key -a {req.minion_id}"
-    key["fingerprint"] = _fingerprint(pub_key)
+    key["fingerprint"] = fsutil.sha256(pub_key)
     files = seeding.salt_minion_files(
         req.minion_id, master=req.master, pub=pub_key, priv=priv_key, config=req.minion_config
     )

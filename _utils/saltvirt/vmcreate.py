@@ -8,7 +8,6 @@ over to the next candidate only when a hypervisor does not answer (with a fresh 
 that the hypervisor seeded our key. On failure the key it stored is taken back.
 """
 
-import hashlib
 import logging
 import math
 import os
@@ -18,7 +17,7 @@ import salt.fileserver
 import salt.utils.url
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import envelope, fleet_cleanup, fleetstate, intake, minionkeys, placement
+from saltvirt import envelope, fleet_cleanup, fleetstate, fsutil, intake, minionkeys, placement
 from saltvirt.fleet import Failed, call, gather
 
 log = logging.getLogger(__name__)
@@ -260,7 +259,7 @@ class _NewKey:
         pub, priv = envelope.new_keypair()
         minionkeys.preaccept(self.opts, self.key_id, pub)
         # sha256 of minion.pub as written (what `sha256sum minion.pub` and the module's virt.init report)
-        fingerprint = hashlib.sha256(pub.encode()).hexdigest()
+        fingerprint = fsutil.sha256(pub)
         self.progress("key_accepted", minion_id=self.key_id, fingerprint=fingerprint)
         self.pub, self.priv = pub, priv
         self.info = {"minion_id": self.key_id, "state": "accepted", "fingerprint": fingerprint}
