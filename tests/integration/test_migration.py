@@ -180,6 +180,10 @@ def run(mmaster, *args, **kwargs):
 
 
 # guests ------------------------------------------------------------------------------------------
+# bound on waiting for a TCG guest's console: seconds when idle, minutes on a loaded shared machine
+BOOT_WAIT = 300
+
+
 class Console:
     """A guest's serial console across hypervisors: each keeps its own log of the same guest."""
 
@@ -201,7 +205,7 @@ class Console:
 
     def mark(self, host):
         """Before a move: the console log's size on every host, and the last heartbeat on ``host``."""
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + BOOT_WAIT
         while not self.beats(host):  # booted (or arrived) and beating
             assert time.monotonic() < deadline, f"no heartbeat of {self.name} on {host}:\n{self.text(host)[-500:]}"
             time.sleep(0.2)
@@ -209,7 +213,7 @@ class Console:
 
     def continued_on(self, host, mark):
         """The heartbeat goes on on ``host`` after a move, counting on from the source, with no new boot."""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + BOOT_WAIT
         while time.monotonic() < deadline:
             new = self.text(host)[mark["sizes"][host] :]
             beats = [int(n) for n in re.findall(r"^HB (\d+)\r?$", new, re.M)]
