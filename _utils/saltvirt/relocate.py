@@ -129,11 +129,11 @@ def _migrate(
 
 def _source_and_target(hosts, name, source, target):
     """Where the VM is (``source``) after checking that ``target`` is another hypervisor that answered."""
+    if target not in hosts:  # first: a minion that is not a hypervisor is never a target, whatever else
+        raise fleet.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
     source = fleet.locate(hosts, name, source)
     if target == source:
         raise SaltInvocationError(f"VM {name!r} is already on {target}")
-    if target not in hosts:
-        raise fleet.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
     if hosts[target]["status"] != "up":
         status, error = hosts[target]["status"], str(hosts[target].get("error")).rstrip(".")
         why = {"down": "is down", "timeout": "did not answer in time"}.get(status, "answered with an error")
