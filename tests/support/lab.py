@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 
@@ -31,6 +32,9 @@ class Fabric:
         self.tag = tag
         self.netns = f"sv{tag}f"
         self.up = False
+        self.dnsmasq_pid = None
+        self.master_ip = None
+        self.leases = None
 
     def start(self):
         run(["ip", "netns", "add", self.netns], check=False)
@@ -42,8 +46,60 @@ class Fabric:
         return self
 
     def stop(self):
+        if self.dnsmasq_pid:
+            with contextlib.suppress(OSError):
+                os.kill(self.dnsmasq_pid, signal.SIGTERM)
+            self.dnsmasq_pid = None
+        if self.leases:
+            shutil.rmtree(os.path.dirname(self.leases), ignore_errors=True)
+            self.leases = None
+        run(["ip", "link", "del", f"sv{self.tag}m"], check=False)
         run(["ip", "netns", "del", self.netns], check=False)
         self.up = False
+
+    def master_link(self):
+        """Let guests on the fabric reach services of the root namespace (the tests' salt-master).
+
+        Shape: guest (10.252.0.x, DHCP) -> br0 of its hypervisor -> fab0 (10.252.0.1, the guests'
+        router) -> veth ``sv<tag>n`` in the fabric namespace (10.253.A.B+2/30) -> ``sv<tag>m`` in the
+        root namespace (10.253.A.B+1/30). The fabric masquerades what it forwards, so the root
+        namespace never needs a route back to 10.252.0.0/24 (every lab uses that subnet) and labs
+        running side by side do not collide. Returns the address guests use for the master (a salt
+        master must listen on it or on 0.0.0.0)."""
+        n = int(self.tag, 16)
+        a, b = (n >> 8) & 0xFF, (n & 0x3F) * 4
+        root_ip, fab_ip = f"10.253.{a}.{b + 1}", f"10.253.{a}.{b + 2}"
+        up, down = f"sv{self.tag}m", f"sv{self.tag}n"
+        run(["ip", "link", "add", up, "type", "veth", "peer", "name", down], check=False)
+        run(["ip", "link", "set", down, "netns", self.netns], check=False)
+        run(["ip", "addr", "replace", f"{root_ip}/30", "dev", up])
+        run(["ip", "link", "set", up, "up"])
+        run(["ip", "-n", self.netns, "addr", "replace", f"{fab_ip}/30", "dev", down])
+        run(["ip", "-n", self.netns, "link", "set", down, "up"])
+        run(["ip", "netns", "exec", self.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        nat = ["ip", "netns", "exec", self.netns, "iptables", "-t", "nat"]
+        rule = ["POSTROUTING", "-o", down, "-j", "MASQUERADE"]
+        if run(nat + ["-C"] + rule, check=False).returncode:
+            run(nat + ["-A"] + rule)
+        self.master_ip = root_ip
+        return root_ip
+
+    def dhcp(self, first=100, last=199):
+        """A DHCP server on fab0 (dnsmasq, no DNS): leases 10.252.0.<first..last>, router 10.252.0.1."""
+        if self.dnsmasq_pid:
+            return self
+        base = tempfile.mkdtemp(prefix=f"sv{self.tag}dhcp-", dir="/var/tmp")
+        pidfile = os.path.join(base, "dnsmasq.pid")
+        run(
+            ["ip", "netns", "exec", self.netns, "dnsmasq", "--port=0", "--interface=fab0", "--bind-interfaces",
+             "--except-interface=lo", f"--dhcp-range={FABRIC_NET}.{first},{FABRIC_NET}.{last},1h",
+             f"--dhcp-option=3,{FABRIC_NET}.1", f"--dhcp-leasefile={base}/leases", f"--pid-file={pidfile}",
+             "--dhcp-authoritative", "--conf-file=/dev/null"]
+        )  # fmt: skip
+        with open(pidfile) as fh:
+            self.dnsmasq_pid = int(fh.read().strip())
+        self.leases = os.path.join(base, "leases")
+        return self
 
 
 class Hypervisor:
