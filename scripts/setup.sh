@@ -18,7 +18,7 @@ PKGS=(
   libvirt-dev pkg-config dnsmasq-base iptables e2fsprogs iproute2 python3-venv
   busybox-static xz-utils zstd cpio bc fuse3 fdisk util-linux procps
   lvm2 dosfstools ovmf swtpm swtpm-tools xorriso redis-server mmdebstrap
-  libxml2-utils parted
+  libxml2-utils parted extlinux syslinux-common
 )
 [ "${WITH_GUESTFS:-0}" = 1 ] && PKGS+=(libguestfs-tools linux-image-amd64)
 missing=()
@@ -50,5 +50,18 @@ if [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ]; then
   log "building test guest in $GUEST"
   bash "$HERE/scripts/build-guest.sh" "$GUEST"
 fi
+# 4. Debian 12 guest image with salt-minion (the tutorial's last step; ~3-6 min the first time) ----
+# Rebuilt only when its recipe (build script + salt venv recipe) changes. SALT_VIRT_DEBIAN_VARIANTS
+# adds "nominion" (an image without salt-minion); SALT_VIRT_DEBIAN_VARIANTS="" skips the images.
+DEBIAN=${SALT_VIRT_DEBIAN:-$CACHE/debian}
+DEB_HASH=$(cat "$HERE/scripts/build-debian-image.sh" "$HERE/scripts/salt-venv.sh" | sha256sum | cut -c1-16)
+for variant in ${SALT_VIRT_DEBIAN_VARIANTS-minion}; do
+  if [ ! -f "$DEBIAN/.ok-$variant-$DEB_HASH" ]; then
+    log "building Debian guest image ($variant) in $DEBIAN"
+    rm -f "$DEBIAN"/.ok-"$variant"-*
+    bash "$HERE/scripts/build-debian-image.sh" "$DEBIAN" "$variant"
+    touch "$DEBIAN/.ok-$variant-$DEB_HASH"
+  fi
+done
 log "ok"
 echo "venv: $VENV"

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Build a realistic Debian 12 guest image locally (the tutorial's last step: its minion answers test.ping).
+#   build-debian-image.sh OUTDIR [minion|nominion]
+# OUTDIR/debian-<variant>.qcow2   1 GiB virtual, MBR disk, partition 1 = ext4 root, extlinux boot loader,
+#                                 systemd, linux-image-cloud-amd64, python3, systemd-networkd (DHCP on every
+#                                 ethernet NIC), and with "minion": salt-minion 3008.5 in /opt/saltstack/salt
+#                                 (the same two-step install as scripts/salt-venv.sh), enabled at boot.
+# The kernel logs to ttyS0; the minion's start is marked there too ("SALT-MINION-START <id>").
+# Packages come from the distribution mirror apt is configured with (mmdebstrap), salt from PyPI.
+set -euo pipefail
+OUT=$(realpath -m "${1:?usage: build-debian-image.sh OUTDIR [minion|nominion]}")
+VARIANT=${2:-minion}
+case "$VARIANT" in minion|nominion) ;; *) echo "build-debian-image: variant is minion or nominion" >&2; exit 2;; esac
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+WORK=$(mktemp -d /var/tmp/svdeb.XXXXXX)
+LOOP=
+cleanup() {
+  mountpoint -q "$WORK/mnt" && umount "$WORK/mnt"
+  [ -n "$LOOP" ] && losetup -d "$LOOP"
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# 1. root filesystem ---------------------------------------------------------------------------------
+HOOK="$WORK/customize.sh"
+cat > "$HOOK" <<'HOOK'
+#!/bin/sh
+set -e
+R=$1
+echo salt-virt-guest > "$R/etc/hostname"
+printf '127.0.0.1 localhost\n' > "$R/etc/hosts"
+printf '/dev/vda1 / ext4 defaults,noatime 0 1\n' > "$R/etc/fstab"
+mkdir -p "$R/etc/systemd/network"
+printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nUseDomains=yes\n' > "$R/etc/systemd/network/50-dhcp.network"
+chroot "$R" systemctl enable systemd-networkd.service >/dev/null 2>&1
+chroot "$R" systemctl mask systemd-networkd-wait-online.service apt-daily.timer apt-daily-upgrade.timer \
+  e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+chroot "$R" passwd -d root >/dev/null
+# a serial login for debugging (root, no password: lab image only)
+chroot "$R" systemctl enable serial-getty@ttyS0.service >/dev/null 2>&1 || true
+rm -rf "$R"/usr/share/doc/* "$R"/usr/share/man/* "$R"/usr/share/info/* "$R"/var/cache/apt/*.bin \
+  "$R"/var/lib/apt/lists/*
+find "$R"/usr/share/locale -mindepth 1 -maxdepth 1 ! -name 'en*' -exec rm -rf {} + 2>/dev/null || true
+HOOK
+MINION_HOOK="$WORK/minion.sh"
+cat > "$MINION_HOOK" <<'HOOK'
+#!/bin/sh
+set -e
+R=$1
+# the wheels were built on this host (same Debian release, same python3): no network, no compiler inside
+chroot "$R" python3 -m venv /opt/saltstack/salt
+chroot "$R" /opt/saltstack/salt/bin/pip install -q --no-index --find-links /tmp/wheels --no-deps salt==3008.5
+chroot "$R" /opt/saltstack/salt/bin/pip install -q --no-index --find-links /tmp/wheels -r /tmp/wheels/salt-deps.txt
+rm -rf "$R/tmp/wheels"
+mkdir -p "$R/etc/salt/minion.d" "$R/etc/salt/pki/minion"
+for b in salt-minion salt-call; do ln -sf /opt/saltstack/salt/bin/$b "$R/usr/bin/$b"; done
+cat > "$R/etc/systemd/system/salt-minion.service" <<'UNIT'
+[Unit]
+Description=The Salt Minion
+After=network-online.target systemd-networkd.service
+Wants=network-online.target
+
+[Service]
+Type=simple
+ExecStartPre=/bin/sh -c 'echo "SALT-MINION-START $(cat /etc/salt/minion_id 2>/dev/null)" > /dev/ttyS0'
+ExecStart=/opt/saltstack/salt/bin/salt-minion
+KillMode=process
+Restart=on-failure
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+chroot "$R" systemctl enable salt-minion.service >/dev/null 2>&1
+find "$R/opt/saltstack/salt" -name tests -type d -path '*site-packages/*' -prune -exec rm -rf {} + 2>/dev/null || true
+# bytecode compiled here, at host speed: an emulated (TCG) guest would otherwise compile salt on its first start
+chroot "$R" /opt/saltstack/salt/bin/python -m compileall -q -j 0 /opt/saltstack/salt/lib >/dev/null || true
+HOOK
+chmod +x "$HOOK" "$MINION_HOOK"
+HOOKS=(--customize-hook="$HOOK \"\$1\"")
+if [ "$VARIANT" = minion ]; then
+  # salt 3008.5 and its requirements as wheels, built here with the host venv's pip (scripts/salt-venv.sh
+  # made it: same two-step recipe, same relaxed certifi floor); some requirements (timelib) are sdists
+  # that need a compiler, which the image does not carry.
+  HOST_VENV=${SALT_VIRT_VENV:-/var/cache/salt-virt/venv}
+  [ -f "$HOST_VENV/salt-deps.txt" ] || { echo "build-debian-image: run scripts/setup.sh first (needs $HOST_VENV)" >&2; exit 1; }
+  mkdir -p "$WORK/wheels"
+  "$HOST_VENV/bin/pip" wheel -q --disable-pip-version-check -w "$WORK/wheels" --no-deps salt==3008.5 2>&1 | grep -v 'is ignored' >&2 || true
+  "$HOST_VENV/bin/pip" wheel -q --disable-pip-version-check -w "$WORK/wheels" -r "$HOST_VENV/salt-deps.txt" 2>&1 | grep -v 'is ignored' >&2 || true
+  cp "$HOST_VENV/salt-deps.txt" "$WORK/wheels/"
+  ls "$WORK"/wheels/salt-3008.5-*.whl >/dev/null
+  HOOKS+=(--customize-hook="copy-in $WORK/wheels /tmp" --customize-hook="$MINION_HOOK \"\$1\"")
+fi
+mkdir -p "$WORK/root"
+mmdebstrap --quiet --variant=minbase --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --include=systemd-sysv,udev,linux-image-cloud-amd64,python3,python3-venv,iproute2,ca-certificates,dbus,procps \
+  "${HOOKS[@]}" bookworm "$WORK/root"
+
+# 2. disk: MBR, partition 1 ext4 from the tree (no mount for the content), extlinux ------------------
+SIZE_MIB=1024
+RAW="$WORK/disk.raw"
+truncate -s ${SIZE_MIB}M "$RAW"
+printf 'label: dos\nstart=2048, type=83, bootable\n' | sfdisk -q "$RAW"
+truncate -s $((SIZE_MIB - 1))M "$WORK/part.img"
+KVER=$(ls "$WORK/root/lib/modules" | head -1)
+mkdir -p "$WORK/root/boot/extlinux"
+cat > "$WORK/root/boot/extlinux/extlinux.conf" <<EOF
+DEFAULT debian
+TIMEOUT 0
+PROMPT 0
+LABEL debian
+  LINUX /boot/vmlinuz-$KVER
+  INITRD /boot/initrd.img-$KVER
+  APPEND root=/dev/vda1 ro console=ttyS0 quiet systemd.show_status=0 net.ifnames=0
+EOF
+mkfs.ext4 -q -F -L root -O ^metadata_csum_seed -d "$WORK/root" "$WORK/part.img"
+dd if="$WORK/part.img" of="$RAW" bs=1M seek=1 conv=notrunc,sparse status=none
+rm -f "$WORK/part.img"
+LOOP=$(losetup -f --show -o $((2048 * 512)) "$RAW")
+mkdir -p "$WORK/mnt"
+mount "$LOOP" "$WORK/mnt"
+extlinux --install "$WORK/mnt/boot/extlinux" >/dev/null 2>&1
+umount "$WORK/mnt"
+losetup -d "$LOOP"; LOOP=
+dd if=/usr/lib/EXTLINUX/mbr.bin of="$RAW" conv=notrunc bs=440 count=1 status=none
+qemu-img convert -c -f raw -O qcow2 "$RAW" "$OUT/debian-$VARIANT.qcow2.tmp"
+chmod 644 "$OUT/debian-$VARIANT.qcow2.tmp"
+mv "$OUT/debian-$VARIANT.qcow2.tmp" "$OUT/debian-$VARIANT.qcow2"
+ls -la "$OUT/debian-$VARIANT.qcow2" >&2
