@@ -23,6 +23,8 @@ Master config (``virt:hypervisors`` required, the rest optional)::
         strategy: spread             # or pack
         weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
         maintenance: [hyper3]        # never place new VMs there
+      guest_master: 10.0.0.2         # the address new VMs' minions use for this master (default: Salt's
+                                     # "salt"); this master's ports are seeded when not 4505/4506
 
 Every function also takes ``tgt=`` / ``tgt_type=`` to narrow the hypervisors for one call (never to
 add a minion to them). Trust: every VM is a minion of this master and root in it controls its grains
@@ -345,6 +347,7 @@ def init(
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
+        module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
         module_kwargs.update(
             enable_qcow=validate.to_bool(enable_qcow),
             enable_vnc=validate.to_bool(enable_vnc),

@@ -39,6 +39,25 @@ def image_mib(opts, image, saltenv="base"):
     return 0, f"size of {intake.redact(image)} unknown on the master: not counted"
 
 
+SALT_DEFAULT_PORTS = {"master_port": 4506, "publish_port": 4505}
+
+
+def guest_master(opts, conf, module_kwargs):
+    """Where the new VM's minion finds this master, unless the caller said so (``master=`` /
+    ``minion_config=``): ``virt:guest_master`` from the master config (an address or a list, as the
+    minion's ``master`` setting), and this master's ports when they are not Salt's defaults (a guest
+    cannot guess them). Without ``virt:guest_master`` the minion keeps Salt's default (``salt``)."""
+    kwargs = dict(module_kwargs)
+    if kwargs.get("master") is None and conf.get("guest_master"):
+        kwargs["master"] = conf["guest_master"]
+    ports = {"master_port": opts.get("ret_port"), "publish_port": opts.get("publish_port")}
+    extra = {k: int(v) for k, v in ports.items() if v and int(v) != SALT_DEFAULT_PORTS[k]}
+    config = kwargs.get("minion_config")
+    if extra and (config is None or isinstance(config, dict)):
+        kwargs["minion_config"] = dict(extra, **(config or {}))
+    return kwargs
+
+
 def _entry(plan, host):
     return next((r for r in plan["ranking"] if r["host"] == host), {"host": host, "score": None, "asked_for": True})
 

@@ -87,3 +87,20 @@ def test_a_host_that_did_not_answer_init_keeps_its_reservation(tmp_path):
         fleetstate.finish(lease.store, lease, "failed")  # the call fails: only h2's is dropped
     load = fleetstate.reserved(fleetstate.Store(opts), hosts, since)
     assert load["h1"]["vms"] == ["web1"] and load["h2"]["vms"] == [] and tried == []
+
+
+def test_guest_master_seeds_where_new_minions_find_this_master():
+    """virt:guest_master and this master's non-default ports reach the new minion's config; whatever the
+    caller gave wins, and Salt's default ports are not written."""
+    opts = {"ret_port": 14506, "publish_port": 14505}
+    kwargs = vmcreate.guest_master(opts, {"guest_master": "10.0.0.2"}, {"image": "x"})
+    assert kwargs == {
+        "image": "x",
+        "master": "10.0.0.2",
+        "minion_config": {"master_port": 14506, "publish_port": 14505},
+    }
+    given = {"master": "m1", "minion_config": {"master_port": 1, "log_level": "info"}}
+    kwargs = vmcreate.guest_master(opts, {"guest_master": "10.0.0.2"}, given)
+    assert kwargs == {"master": "m1", "minion_config": {"master_port": 1, "publish_port": 14505, "log_level": "info"}}
+    assert given == {"master": "m1", "minion_config": {"master_port": 1, "log_level": "info"}}  # not changed
+    assert vmcreate.guest_master({"ret_port": 4506, "publish_port": 4505}, {}, {}) == {}
