@@ -1,5 +1,10 @@
 """The demo behind ./setup-and-demo: real salt-master + hypervisor minion + libvirtd, a real guest.
 
+By default it ends like the tutorial: ``salt-run virt.init demo1 ...`` with a Debian 12 image that
+carries salt-minion (built by scripts/setup.sh), then ``salt demo1 test.ping`` answers True with the key
+the master pre-accepted, and the time from the runner call to that first True is printed.
+``--quick`` uses the tiny busybox guest instead (no minion in it: it prints what seeding wrote).
+
 Every step is the real command a user would type (shown as `$ ...`); nothing is simulated. The
 hypervisor is a libvirtd in its own network/mount namespaces (tests/support/lab.py) so the demo never
 touches this machine's own libvirt or network configuration. Everything is removed at the end.
@@ -23,6 +28,7 @@ import lab  # noqa: E402
 
 VENV_BIN = pathlib.Path(sys.executable).parent
 GUEST = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt/guest"))
+DEBIAN = pathlib.Path(os.environ.get("SALT_VIRT_DEBIAN", "/var/cache/salt-virt/debian"))
 
 
 def free_port():
@@ -36,8 +42,10 @@ def say(msg):
 
 
 class Demo:
-    def __init__(self, keep=False):
+    def __init__(self, keep=False, quick=False):
         self.keep = keep
+        self.quick = quick
+        self.master_ip = None
         self.base = pathlib.Path(tempfile.mkdtemp(prefix="svdemo", dir="/tmp"))
         self.base.chmod(0o755)  # QEMU (libvirt-qemu) must reach the VM disks below it
         self.conf = self.base / "etc"
@@ -62,19 +70,24 @@ class Demo:
     def configure(self):
         tree = self.base / "srv"
         (tree / "images").mkdir(parents=True)
-        shutil.copyfile(GUEST / "disk.qcow2", tree / "images" / "guest.qcow2")
+        if self.quick:
+            shutil.copyfile(GUEST / "disk.qcow2", tree / "images" / "guest.qcow2")
+        else:
+            (tree / "images" / "debian.qcow2").symlink_to(DEBIAN / "debian-minion.qcow2")
         publish, ret = free_port(), free_port()
         common = {"root_dir": str(self.base), "user": "root", "log_level_logfile": "info"}
         master = dict(
             common,
-            interface="127.0.0.1",
+            # the Debian guest's own minion reaches the master through the lab's master link
+            interface="127.0.0.1" if self.quick else "0.0.0.0",
             publish_port=publish,
             ret_port=ret,
             file_roots={"base": [str(ROOT), str(tree)]},
             pki_dir=str(self.base / "pki" / "master"),
             log_file=str(self.base / "log" / "master"),
             on_demand_ext_pillar=[],
-            virt={"hypervisors": ["hyper1"]},  # who the hypervisors are: minion ids, never grains
+            # who the hypervisors are (minion ids, never grains); where new VMs' minions find this master
+            virt={"hypervisors": ["hyper1"], "guest_master": self.master_ip or "127.0.0.1"},
         )
         if (ROOT / "_pillar" / "libvirt.py").exists():
             master["ext_pillar"] = [{"libvirt": {}}]
@@ -119,6 +132,9 @@ class Demo:
         t0 = time.monotonic()
         say("a hypervisor: libvirtd in its own namespaces, bridge br0 (TCG guests, this host's KVM cannot boot one)")
         self.fabric = lab.Fabric(lab.new_tag()).start()
+        if not self.quick:
+            self.master_ip = self.fabric.master_link()  # guests on br0 reach the master here
+            self.fabric.dhcp()  # and get their address from DHCP on the fabric
         self.hv = lab.Hypervisor(str(self.base / "hv"), 1, self.fabric).start()
         print(f"libvirtd pid {self.hv.pid}, {self.hv.uri}")
         self.configure()
@@ -139,6 +155,17 @@ class Demo:
         self.salt("salt-run", "saltutil.sync_all")
         self.salt("salt", "hyper1", "saltutil.sync_all")
 
+        if self.quick:
+            self.busybox_vm()
+        else:
+            self.debian_vm()
+
+        say("query the fleet")
+        self.salt("salt-run", "virt.query")
+        self.salt("salt-run", "virt.purge", "demo1")
+        print(f"\ndemo finished in {time.monotonic() - t0:.1f}s")
+
+    def busybox_vm(self):
         say("create a VM: placed, image cached, overlay-cloned, seeded with a pre-accepted key, started")
         boot = json.dumps(
             {"kernel": str(GUEST / "vmlinuz"), "initrd": str(GUEST / "initrd.img"), "cmdline": "console=ttyS0 quiet"}
@@ -163,10 +190,26 @@ class Demo:
                 print("  console: " + line.strip())
         self.salt("salt-key", "-L")
 
-        say("query the fleet")
-        self.salt("salt-run", "virt.query")
-        self.salt("salt-run", "virt.purge", "demo1")
-        print(f"\ndemo finished in {time.monotonic() - t0:.1f}s")
+    def debian_vm(self):
+        say("create a Debian VM: placed, image cached, overlay-cloned, seeded with a pre-accepted key, started")
+        t0 = time.monotonic()
+        self.salt("salt-run", "virt.init", "demo1", "1", "512", "salt://images/debian.qcow2", "enable_qcow=True")
+        t_init = time.monotonic() - t0
+        say("the tutorial's last step: the new VM's own minion answers (key pre-accepted, never pending)")
+        print("$ salt demo1 test.ping   (repeated until it answers)", flush=True)
+        self.wait(
+            "demo1's minion",
+            lambda: (
+                '"demo1": true'
+                in self.salt("salt", "demo1", "test.ping", "--timeout=5", "--out=json", quiet=True, check=False).stdout
+            ),
+            timeout=600,
+        )
+        t_ping = time.monotonic() - t0
+        self.salt("salt", "demo1", "test.ping")
+        self.salt("salt", "demo1", "grains.item", "os", "osrelease")
+        self.salt("salt-key", "-L")
+        print(f"\nsalt-run virt.init returned after {t_init:.1f}s; first test.ping True after {t_ping:.1f}s")
 
     def cleanup(self):
         for proc in self.pids:
@@ -190,7 +233,9 @@ class Demo:
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", action="store_true", help="keep the demo directory (configs, logs)")
-    demo = Demo(keep=parser.parse_args().keep)
+    parser.add_argument("--quick", action="store_true", help="the tiny busybox guest instead of Debian + salt-minion")
+    args = parser.parse_args()
+    demo = Demo(keep=args.keep, quick=args.quick)
     try:
         demo.run()
     finally:
