@@ -55,9 +55,11 @@ def hostile_tree(state_tree, folder):
 
 
 @pytest.fixture(scope="module")
-def intake_hv(salt_master, hv1, lab_dir, servers):
+def intake_hv(salt_master, hv1, lab_dir, servers, folder):
     config = hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "intake-images")
     config["virt"]["max_image_mib"] = 1
+    # the local hostile image lies in an allowed directory: refused for what it is, not for where it is
+    config["virt"]["allowed_paths"].append(str(folder))
     environ = dict(os.environ, SSL_CERT_FILE=servers["tls"].cert, no_proxy="127.0.0.1")
     factory = start_minion(salt_master, MINION, config)
     factory.environ.update(environ)

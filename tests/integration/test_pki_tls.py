@@ -287,6 +287,8 @@ def test_near_expiry_cert_is_renewed_and_rewritten(salt_cli, salt_master, hyper1
     expected = {
         os.path.join(keys_dir, "libvirt", "servercert.pem"): "updated",
         os.path.join(keys_dir, "libvirt", "private", "serverkey.pem"): "key replaced",
+        # the replaced certificate is revoked: the CRL that libvirtd reads changes with it
+        os.path.join(keys_dir, "CA", "cacrl.pem"): "updated",
     }
     preview = only(salt_cli.run(*STATE, f"basepath={keys_dir}", "test=True", minion_tgt="hyper1"))
     assert preview["result"] is None and preview["changes"] == expected
