@@ -264,10 +264,17 @@ def test_libvirtd_killed_during_start(fhv, fdir, fmods, boot_args):
 
 
 # the minion's job killed during seeding --------------------------------------------------------------
+# The child holds still once it has written into the mounted guest filesystem, so the SIGKILL lands
+# during seeding on a loaded machine too (the mount lasts ~0.2 s otherwise, and polling can miss it).
 CHILD = """
-import sys
+import sys, time
 sys.path.insert(0, {utils!r})
-from saltvirt import conn, provision
+from saltvirt import conn, provision, seed
+_write_files = seed._write_files
+def _write_and_hold(root, files):
+    _write_files(root, files)
+    time.sleep(600)
+seed._write_files = _write_and_hold
 with conn.connect({uri!r}) as c:
     provision.init(c, {name!r}, 1, 128, {image!r}, images_dir={images!r}, nic=None, seed_backend="qsd-fuse",
                    master="salt.example", start=False, allowed_paths=[{fdir!r}])
@@ -291,6 +298,7 @@ def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
     while not any(m.endswith("/root") for m in seeding_of(vm_dir)) and child.poll() is None:
         assert time.monotonic() < deadline, "seeding never mounted the guest filesystem"
         time.sleep(0.01)
+    assert child.poll() is None, child.stdout.read().decode()  # still seeding, not finished or failed
     scratch = os.path.dirname(next(m for m in seeding_of(vm_dir) if m.endswith("/root")))
     child.kill()
     child.wait()
