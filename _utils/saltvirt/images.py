@@ -17,12 +17,11 @@ import logging
 import os
 import stat
 import struct
-import subprocess
 import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import validate
+from saltvirt import tools, validate
 from saltvirt.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
@@ -34,19 +33,8 @@ MIB = 1048576
 
 # helpers ---------------------------------------------------------------------------------------
 def _run(cmd, what, timeout=3600):
-    """Run ``cmd`` (list, no shell); raise CommandExecutionError naming ``what`` on failure."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise CommandExecutionError(f"{what}: {cmd[0]} is not installed (install qemu-utils)") from None
-    except subprocess.TimeoutExpired:
-        raise CommandExecutionError(f"{what}: {cmd[0]} did not finish within {timeout}s") from None
-    if proc.returncode != 0:
-        err = (proc.stderr or proc.stdout).strip()
-        if "lock" in err and ("Failed to get" in err or "another process" in err):
-            err += " (the image is in use by a running VM: shut it down first)"
-        raise CommandExecutionError(f"{what} failed: {err}")
-    return proc
+    """Run ``cmd``; raise CommandExecutionError naming ``what`` on failure (qemu-img and friends)."""
+    return tools.run(cmd, what, timeout=timeout, install="qemu-utils")
 
 
 def _abs_path(path, what):

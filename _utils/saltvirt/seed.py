@@ -28,6 +28,7 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import images
+from saltvirt.tools import run as _run
 from saltvirt.undo import Undo
 
 log = logging.getLogger(__name__)
@@ -151,20 +152,6 @@ class Request:
 
 
 # helpers -------------------------------------------------------------------------------------------
-def _run(cmd, what, timeout=120, check=True):
-    try:
-        proc = subprocess.run(  # the exit status is checked below, with the tool's own message
-            cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
-        )
-    except FileNotFoundError:
-        raise CommandExecutionError(f"{what}: {cmd[0]} is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise CommandExecutionError(f"{what}: {cmd[0]} did not finish within {timeout}s") from None
-    if check and proc.returncode != 0:
-        raise CommandExecutionError(f"{what}: {(proc.stderr or proc.stdout).strip() or f'exit {proc.returncode}'}")
-    return proc
-
-
 def _wait(cond, timeout, step=0.05):
     deadline = time.monotonic() + timeout
     while not cond():
