@@ -53,10 +53,6 @@ def __virtual__():
     return __virtualname__
 
 
-def _fire(tag, data):
-    __salt__["event.send"](tag, data)
-
-
 def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
@@ -68,7 +64,7 @@ def start(connection=None, **options):
         watcher = _events.Watcher(
             __opts__["id"],
             lambda: _c.connect(uri, open_timeout=open_timeout, keepalive=keepalive),
-            _fire,
+            _events.MasterSender(__opts__),
             options,
         )
     except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop

@@ -18,11 +18,16 @@ found by the watcher ends the session; it reconnects with exponential backoff (`
 ``backoff_max`` seconds). What changed while it was disconnected is found by comparing the domains'
 states before the loss (the last snapshot, kept up to date by the events) with a snapshot after the
 reconnect (:func:`reconcile`); those changes are fired as the matching events with
-``reconciled: True`` and ``detail: reconciled``. A VM that stopped and started again in between is seen
-by its new domain id. Events are delivered at least once around a reconnect (an event libvirt
+``reconciled: True`` and ``detail: reconciled``. A VM that stopped and started again in between is
+seen by its new domain id. Events are delivered at least once around a reconnect (an event libvirt
 queues while the new snapshot is taken may repeat a reconciled one).
+
+The watcher's own sessions are events too: ``salt/virt/<host>/engine/connected`` (``session``: 1, 2,
+...; ``reconnect``), sent after the reconciled events, and ``salt/virt/<host>/engine/disconnected``
+(``reason``: eof, keepalive, error, connection dead).
 """
 
+import collections
 import datetime
 import logging
 import queue
@@ -30,7 +35,7 @@ import threading
 import time
 import urllib.parse
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import conn as vconn
 from saltvirt import query
@@ -122,6 +127,8 @@ STATE_AFTER = {
 }
 SAFE = "._-+@:"  # kept as they are in a tag part; everything else is %-escaped
 DEFAULTS = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
+PENDING_MAX = 1000  # events kept for the master while it does not take them (oldest dropped first)
+RETRY_EVERY = 5.0  # seconds between delivery attempts of kept events while nothing else happens
 
 
 def _const(name, default=None):
@@ -197,6 +204,13 @@ def tag(host, vm, event):
     if event not in EVENTS and event != "lifecycle":
         raise SaltInvocationError(f"unknown virt event {event!r} (known: {', '.join(EVENTS)})")
     return f"salt/virt/{tag_part(host)}/domain/{tag_part(vm)}/{event}"
+
+
+def engine_tag(host, what):
+    """``salt/virt/<host>/engine/<connected|disconnected>``: the watcher's own sessions."""
+    if what not in ("connected", "disconnected"):
+        raise SaltInvocationError(f"unknown engine event {what!r}")
+    return f"salt/virt/{tag_part(host)}/engine/{what}"
 
 
 def now():
@@ -303,6 +317,46 @@ def settings(config):
     return out
 
 
+# delivery ------------------------------------------------------------------------------------------
+class MasterSender:
+    """``fire(tag, data)`` straight to the master's request server, as ``salt-call event.send`` does:
+    the master confirms it took the event (the minion's own event bus drops events while the minion is
+    not connected, e.g. while it starts, without telling). Raises CommandExecutionError when no master
+    took it. With several masters, every one gets it. The master publishes it on its bus with the
+    minion id it authenticated (``data['id']``)."""
+
+    def __init__(self, opts, timeout=10):
+        self.opts, self.timeout, self.uris = opts, timeout, None
+
+    def _master_uris(self):
+        if self.opts.get("master_uri_list"):
+            return list(self.opts["master_uri_list"])
+        if self.opts.get("master_uri"):
+            return [self.opts["master_uri"]]
+        import salt.minion  # noqa: PLC0415 - only on a minion, and only when its opts lack the URI
+
+        masters = self.opts["master"] if isinstance(self.opts["master"], list) else [self.opts["master"]]
+        return [salt.minion.resolve_dns(dict(self.opts, master=m))["master_uri"] for m in masters]
+
+    def __call__(self, tag, data):
+        import salt.channel.client  # noqa: PLC0415 - minion side only
+
+        self.uris = self.uris or self._master_uris()
+        load = {"id": self.opts["id"], "tag": tag, "data": data, "cmd": "_minion_event"}
+        took, errors = 0, []
+        for uri in self.uris:
+            try:
+                with salt.channel.client.ReqChannel.factory(self.opts, master_uri=uri) as channel:
+                    channel.send(load, tries=1, timeout=self.timeout)
+                took += 1
+            except Exception as exc:  # noqa: BLE001 - reported below, the event is kept for a retry
+                errors.append(f"{uri}: {exc or type(exc).__name__}")
+        if not took:
+            self.uris = None  # resolve again next time (the master may have moved)
+            raise CommandExecutionError(f"no master took the event: {'; '.join(errors)}")
+        return True
+
+
 # the watcher ---------------------------------------------------------------------------------------
 class Watcher:
     """One hypervisor's libvirt events -> ``fire(tag, data)``, reconnecting after libvirtd goes away.
@@ -318,6 +372,8 @@ class Watcher:
         self.stop = threading.Event()
         self.connected = threading.Event()  # set while a session runs (tests and the engine's log)
         self.sessions = 0
+        self.pending = collections.deque(maxlen=PENDING_MAX)  # (tag, data) the master did not take yet
+        self.last_try = 0.0
 
     # libvirt's callbacks (event-loop thread): queue raw facts only ------------------------------
     def _on_lifecycle(self, _conn, dom, event, detail, _opaque):
@@ -348,10 +404,37 @@ class Watcher:
         wanted = self.options["events"]
         if wanted is not None and event not in wanted:
             return
-        try:
-            self.fire(tag(self.host, name, event), payload(self.host, name, uuid, event, detail, **extra))
-        except Exception as exc:  # noqa: BLE001 - one event that cannot be sent never stops the watcher
-            log.warning("virt_events: could not send %s of %s: %s", event, name, exc)
+        self._deliver(tag(self.host, name, event), payload(self.host, name, uuid, event, detail, **extra))
+
+    def _engine(self, what, **data):
+        self._deliver(engine_tag(self.host, what), dict(data, host=self.host, event=what, time=now()))
+
+    def _deliver(self, tag_, data):
+        """Send in order; what the master does not take is kept (up to PENDING_MAX) and sent later."""
+        self.pending.append((tag_, data))
+        if len(self.pending) == 1 or time.monotonic() - self.last_try > RETRY_EVERY:
+            self.flush()
+
+    def flush(self):
+        """Send the kept events, oldest first; stop at the first the master does not take."""
+        self.last_try = time.monotonic()
+        sent = 0
+        while self.pending:
+            tag_, data = self.pending[0]
+            try:
+                self.fire(tag_, data)
+            except Exception as exc:  # noqa: BLE001 - kept and retried; the watcher goes on
+                log.warning(
+                    "virt_events: the master did not take %s (%s); %d event(s) kept for a retry",
+                    tag_,
+                    exc,
+                    len(self.pending),
+                )
+                break
+            self.pending.popleft()
+            sent += 1
+        if sent > 1:
+            log.info("virt_events: sent %d events the master had not taken before", sent)
 
     def _track(self, name, uuid, dom_id, typ):
         if self.known is None:
@@ -368,7 +451,6 @@ class Watcher:
     def handle(self, kind, who, args):
         """Map one queued fact to its event and send it; returns False when the connection closed."""
         if kind == "closed":
-            log.info("virt_events: libvirt connection closed (reason %s)", args[0])
             return False
         name, uuid, dom_id = who
         if kind == "lifecycle":
@@ -422,20 +504,28 @@ class Watcher:
         ids = self._register(conn)
         self._reconcile(snapshot(conn))
         self.sessions += 1
+        self._engine("connected", session=self.sessions, reconnect=self.sessions > 1)
         self.connected.set()
+        why = "stopped"
         try:
             while not self.stop.is_set():
                 try:
                     kind, who, args = self.inbox.get(timeout=1)
                 except queue.Empty:
+                    if self.pending and time.monotonic() - self.last_try > RETRY_EVERY:
+                        self.flush()
                     if not conn.isAlive():
-                        log.info("virt_events: libvirt connection is dead")
+                        why = "connection dead"
                         return
                     continue
                 if not self.handle(kind, who, args):
+                    why = _named("VIR_CONNECT_CLOSE_REASON_", args[0])
                     return
         finally:
             self.connected.clear()
+            if why != "stopped":
+                log.info("virt_events: libvirt connection lost (%s)", why)
+                self._engine("disconnected", session=self.sessions, reason=why)
             for cb_id in ids:
                 try:
                     conn.domainEventDeregisterAny(cb_id)

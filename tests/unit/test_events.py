@@ -164,14 +164,14 @@ def test_settings_are_checked():
 
 # the watcher on libvirt's test driver -------------------------------------------------------------
 class Bus:
-    """What the engine would send to the master."""
+    """What the engine would send to the master: ``sent`` (domain events) and ``engine`` (its sessions)."""
 
     def __init__(self):
-        self.sent, self.lock = [], threading.Lock()
+        self.sent, self.engine, self.lock = [], [], threading.Lock()
 
     def __call__(self, tag, data):
         with self.lock:
-            self.sent.append((tag, data))
+            (self.sent if "/domain/" in tag else self.engine).append((tag, data))
 
     def wait(self, pred, what):
         deadline = time.monotonic() + WAIT
@@ -243,6 +243,32 @@ def test_event_filter():
         conn.close()
 
 
+def test_events_the_master_does_not_take_are_kept_and_sent_in_order(monkeypatch):
+    """The delivery function raises while the master is away (MasterSender does; it needs a master, see
+    tests/integration/test_events.py): events are kept, then sent oldest first; the oldest are dropped
+    beyond PENDING_MAX."""
+    master_up, got = [False], []
+
+    def fire(tag, data):
+        if not master_up[0]:
+            raise RuntimeError("no master took the event")
+        got.append(data["name"])
+
+    watcher = events.Watcher("h1", None, fire)
+    for name in ("a", "b", "c"):
+        watcher._send(name, "u", "started", "booted")
+    assert got == [] and [d["name"] for _t, d in watcher.pending] == ["a", "b", "c"]
+    master_up[0] = True
+    watcher.flush()
+    assert got == ["a", "b", "c"] and not watcher.pending
+    master_up[0] = False
+    monkeypatch.setattr(events, "PENDING_MAX", 2)
+    watcher = events.Watcher("h1", None, fire)
+    for name in ("x", "y", "z"):
+        watcher._send(name, "u", "stopped", "destroyed")
+    assert [d["name"] for _t, d in watcher.pending] == ["y", "z"]
+
+
 NODE = """<node xmlns:test='http://libvirt.org/schemas/domain/test/1.0'>
   <cpu><mhz>2400</mhz><model>test-cpu</model><active>4</active><max>4</max><nodes>1</nodes><sockets>1</sockets>
   <cores>4</cores><threads>1</threads></cpu>
@@ -271,11 +297,19 @@ def test_reconnect_fires_what_changed_while_disconnected(tmp_path):
     thread = start(watcher)
     try:
         assert watcher.sessions == 1 and bus.sent == []  # the first snapshot is the baseline: no events
+        assert bus.engine == [("salt/virt/hyper-test/engine/connected", bus.engine[0][1])]
+        assert bus.engine[0][1]["session"] == 1 and bus.engine[0][1]["reconnect"] is False
         # while "disconnected": fa stopped, fb removed, fc defined and started (the file is the new truth)
         write_node(node, [("keep", ids["keep"], RUNNING), ("fa", ids["fa"], SHUTOFF), ("fc", ids["fc"], RUNNING)])
         watcher.on_close(None, libvirt.VIR_CONNECT_CLOSE_REASON_EOF, None)  # what libvirt calls when libvirtd goes
         bus.wait(lambda t, d: t.endswith("/fc/started"), "reconciled events")
-        assert watcher.sessions == 2
+        assert watcher.connected.wait(WAIT) and watcher.sessions == 2
+        assert [(t.rsplit("/", 1)[1], d.get("reason"), d["session"]) for t, d in bus.engine] == [
+            ("connected", None, 1),
+            ("disconnected", "eof", 1),
+            ("connected", None, 2),
+        ]
+        assert bus.engine[2][1]["reconnect"] is True
         got = [(t.split("/")[4], d["event"], d.get("was"), d["uuid"]) for t, d in bus.sent]
         assert got == [
             ("fa", "stopped", "running", ids["fa"]),
