@@ -10,8 +10,8 @@
   or at any time with `salt-call event.send salt/virt/hypervisor/ready`.
 
   Trust: any minion, every VM included, can send this event with any data. So only `data['id']` is
-  used: the minion id the master authenticated the sender as (not the tag, not the event's data), and
-  only for events a minion sent (cmd _minion_event). The runner then refuses a minion that is not in
+  used: the minion id the master authenticated the sender as (not the tag, not the event's data; keep
+  the master's default minimum_auth_version: 3), and only for events a minion sent (cmd _minion_event). The runner then refuses a minion that is not in
   virt:hypervisors (master config), reads what to create from that host's pillar as the master compiles
   it (virt:assigned_vms), never from the event, and skips VMs that exist: firing twice creates nothing
   twice.
