@@ -442,9 +442,15 @@ class Watcher:
         if typ == "UNDEFINED":
             self.known.pop(uuid, None)
             return
-        entry = self.known.setdefault(uuid, {"name": name, "state": "shutoff", "id": -1, "persistent": True})
+        # a VM first seen starting without a definition is transient (createXML): it is gone once stopped
+        new = {"name": name, "state": "shutoff", "id": -1, "persistent": typ == "DEFINED"}
+        entry = self.known.setdefault(uuid, new)
         entry["name"] = name
-        if STATE_AFTER.get(typ):
+        if typ == "DEFINED":
+            entry["persistent"] = True
+        if STATE_AFTER.get(typ) == "shutoff" and not entry["persistent"]:
+            self.known.pop(uuid, None)
+        elif STATE_AFTER.get(typ):
             entry["state"] = STATE_AFTER[typ]
             entry["id"] = dom_id if entry["state"] != "shutoff" else -1
 

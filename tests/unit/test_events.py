@@ -226,6 +226,34 @@ def test_live_lifecycle_events_on_the_test_driver():
         conn.close()
 
 
+TRANSIENT = "<domain type='test'><name>evtr1</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+
+
+def test_known_states_follow_the_events():
+    """What the reconcile diff starts from after a loss: persistent VMs with their last state, transient
+    ones (started without a definition) forgotten once they stop."""
+    bus = Bus()
+    watcher = events.Watcher("h1", lambda: vconn.connect("test:///default"), bus, {"backoff_min": 0.1})
+    thread = start(watcher)
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    try:
+        transient = conn.createXML(TRANSIENT, 0)
+        uuid_ = transient.UUIDString()
+        bus.wait(lambda t, d: t.endswith("/evtr1/started"), "transient started")
+        assert watcher.known[uuid_]["state"] == "running" and watcher.known[uuid_]["persistent"] is False
+        transient.destroy()
+        dom.suspend()
+        bus.wait(lambda t, d: t.endswith("/test/suspended"), "suspended")
+        assert uuid_ not in watcher.known  # a stopped transient VM no longer exists
+        assert watcher.known[dom.UUIDString()]["state"] == "paused"
+    finally:
+        stop(watcher, thread)
+        if dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+            dom.resume()
+        conn.close()
+
+
 def test_event_filter():
     bus = Bus()
     opts = {"events": ["started"], "backoff_min": 0.1}
