@@ -309,3 +309,49 @@ def test_reactor_creates_the_assigned_vm_for_a_hypervisor_only(minions, emaster,
     assert sorted(call(cli, "virt.vm_state")) == ["evweb1"]
     call(cli, "virt.purge", "evweb1")
     print(f"reactor: tenant refused, assigned VM created, second event idempotent: {time.monotonic() - t_all:.1f} s")
+
+
+def test_a_live_migration_out_is_an_event(minions, emaster, cli, event_listener, ehv, lab_dir, fabric, guest):
+    """Migrated: evmig1 moves live from hv3 (the engine's) to a second hypervisor hv2 on the same fabric
+    (peer to peer over libvirtd's TCP in the lab; the disk is a file both see at the same path)."""
+    import libvirt
+
+    t_all = time.monotonic()
+    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    call(
+        cli,
+        "virt.init",
+        "evmig1",
+        "1",
+        "128",
+        "image=salt://images/guest.qcow2",
+        "seed=False",
+        f"boot={json.dumps(boot)}",
+    )
+    uuid = call(cli, "virt.vm_info", "evmig1")["evmig1"]["uuid"]
+    target = lab.Hypervisor(lab_dir, 2, fabric).start()  # 2: used by no other module
+    try:
+        t0 = time.time()
+        flags = (
+            libvirt.VIR_MIGRATE_LIVE
+            | libvirt.VIR_MIGRATE_PEER2PEER
+            | libvirt.VIR_MIGRATE_PERSIST_DEST
+            | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+            | libvirt.VIR_MIGRATE_UNSAFE  # the same file on both: this lab's "shared storage"
+        )
+        src = libvirt.open(ehv.uri)
+        try:
+            src.lookupByName("evmig1").migrateToURI3(f"qemu+tcp://{target.hostname}/system", {}, flags)
+        finally:
+            src.close()
+        out = domain_event(event_listener, emaster, "evmig1", "migrated", t0)
+        assert (out["detail"], out["direction"], out["uuid"]) == ("migrated", "out", uuid)
+        assert "evmig1" not in call(cli, "virt.vm_state")
+        dst = libvirt.open(target.uri)
+        try:
+            assert dst.lookupByName("evmig1").isActive()
+        finally:
+            dst.close()
+    finally:
+        target.stop()
+    print(f"live migration out: {time.monotonic() - t_all:.1f} s")
