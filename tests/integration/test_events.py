@@ -9,7 +9,8 @@ here), and a tenant minion ``evtenant`` (a VM's root: it can send any event).
   definition removed meanwhile: ``undefined``, reconciled; a VM whose QEMU died meanwhile), and live
   events arrive again;
 * the reactor: a tenant's "ready" event (with hostile data) creates nothing; the hypervisor's ready
-  event creates the VM the master's pillar assigns to it, once.
+  event creates the VM the master's pillar assigns to it, once;
+* a live migration out to a second hypervisor (hv2, started for that test only): ``migrated``, ``out``.
 """
 
 import contextlib
