@@ -19,6 +19,9 @@
                                    # The host's address must then live on the bridge: configure that
                                    # (persistently) with the distribution's network tooling first.
       manage_service: True         # False: packages, config and keys only (e.g. in a container)
+      ready_event: False           # True: at the end, fire salt/virt/hypervisor/ready to the master (with
+                                   # salt-virt.reactor.sls the master then creates the VMs its pillar
+                                   # assigns to this host: virt:assigned_vms)
 
   Listening for TLS: with systemd, libvirtd is socket activated and libvirtd-tls.socket (port 16514)
   is enabled; without systemd, libvirtd is started with --listen (LIBVIRTD_ARGS in libvirtd_defaults).
@@ -137,4 +140,20 @@ salt-virt-bridge-uplink:
     - unless: test "$(basename "$(readlink /sys/class/net/{{ uplink }}/master 2>/dev/null)")" = {{ bridge }}
     - require:
       - cmd: salt-virt-bridge
+{%- endif %}
+{%- if cfg.get('ready_event') %}
+
+# the last step: tell the master this hypervisor is ready (salt-virt.reactor.sls reacts to it)
+salt-virt-ready:
+  event.send:
+    - name: salt/virt/hypervisor/ready
+    - require:
+      - virt: salt-virt-keys
+      - cmd: salt-virt-bridge
+{%- if uplink %}
+      - cmd: salt-virt-bridge-uplink
+{%- endif %}
+{%- if cfg.get('manage_service', True) %}
+      - service: salt-virt-libvirtd
+{%- endif %}
 {%- endif %}

@@ -10,6 +10,7 @@ EXT_DIRS = {
     "pillar": "_pillar",
     "output": "_output",
     "grains": "_grains",
+    "engines": "_engines",
 }
 
 setup(

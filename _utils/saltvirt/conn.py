@@ -65,6 +65,12 @@ def _event_loop():
         _loop["pid"] = os.getpid()
 
 
+def event_loop():
+    """Make sure libvirt's event loop runs in this process (before opening a connection whose domain
+    events or close callback are wanted: libvirt delivers them only through a registered loop)."""
+    _event_loop()
+
+
 def _number(value, what, minimum):
     try:
         num = int(value)

@@ -2,7 +2,8 @@
 
 After ``pip install .`` Salt calls :func:`get_dirs` and adds these directories to its module search
 path, so ``virt.*`` (modules, states, runners), the ``libvirt`` ext_pillar, the ``virt_query``
-outputter and the ``virt_hypervisor`` grain load without ``saltutil.sync_all``.
+outputter, the ``virt_hypervisor`` grain and the ``virt_events`` engine load without
+``saltutil.sync_all``.
 """
 
 import os
@@ -15,6 +16,7 @@ KINDS = {
     "pillar": "pillar",
     "output": "output",
     "grains": "grains",
+    "engines": "engines",
 }
 
 

@@ -14,6 +14,7 @@ LOADERS = {
     "modules": ("_modules", "salt.loader.minion_mods(opts, utils=utils)", "virt.init"),
     "states": ("_states", "salt.loader.states(opts, mods, utils, {})", "virt.running"),
     "runners": ("_runners", "salt.loader.runner(opts, utils=utils)", "virt.query"),
+    "engines": ("_engines", "salt.loader.engines(opts, mods, [], utils)", "virt_events.start"),
 }
 
 
@@ -75,6 +76,6 @@ print(json.dumps(found))
     assert found["saltvirt"].startswith(str(target))
     assert found["virt_type"] == "test"
     for kind, (repo_dir, _call, fun) in LOADERS.items():
-        if (ROOT / repo_dir / "virt.py").exists():
+        if (ROOT / repo_dir / f"{fun.split('.')[0]}.py").exists():
             assert found[kind] == [fun, True], (kind, found)
             assert found["dirs"][kind] == [str(target / "saltvirt" / "ext" / kind)]

@@ -1,0 +1,41 @@
+"""_engines/virt_events.py through Salt's real engine loader (no daemons): it loads, and a bad option
+in the engine's config is refused with the reason (the engine then idles instead of crash-looping)."""
+
+import threading
+
+import pytest
+
+from tests.support.paths import ROOT
+
+
+@pytest.fixture
+def engines(tmp_path):
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.minion_config(None)
+    opts.update(
+        id="hyper-test",
+        file_client="local",
+        cachedir=str(tmp_path / "cache"),
+        pki_dir=str(tmp_path / "pki"),
+        engines_dirs=[str(ROOT / "_engines")],
+        virt={"connection": {"uri": "test:///default"}},
+    )
+    opts["grains"] = {}
+    utils = salt.loader.utils(opts)
+    mods = salt.loader.minion_mods(opts, utils=utils)
+    return salt.loader.engines(opts, mods, [], utils)
+
+
+def test_the_engine_loads(engines):
+    assert "virt_events.start" in engines
+
+
+def test_a_bad_option_is_logged_and_the_engine_idles(engines, caplog):
+    thread = threading.Thread(target=engines["virt_events.start"], kwargs={"bakoff_max": 3}, daemon=True)
+    with caplog.at_level("ERROR"):
+        thread.start()
+        thread.join(3)
+    assert thread.is_alive()  # idling, not returning (Salt would restart it at once)
+    assert "virt_events engine not started: virt_events: unknown option(s) bakoff_max" in caplog.text

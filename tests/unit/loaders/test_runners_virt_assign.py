@@ -1,0 +1,45 @@
+"""_runners/virt_assign.py through Salt's real runner loader (no daemons): merged into the ``virt`` runner
+with _runners/virt.py, and ``virt.provision_assigned`` acts only for configured hypervisors."""
+
+import pytest
+
+from tests.support.paths import ROOT
+
+
+@pytest.fixture
+def runners(tmp_path):
+    import salt.config
+    import salt.loader
+
+    from saltvirt import envelope
+
+    opts = salt.config.master_config(None)
+    opts.update(
+        cachedir=str(tmp_path / "cache"),
+        pki_dir=str(tmp_path / "pki"),
+        sock_dir=str(tmp_path / "sock"),
+        runner_dirs=[str(ROOT / "_runners")],
+        extension_modules=str(tmp_path / "ext"),
+        pillar_roots={"base": [str(tmp_path / "pillar")]},
+        virt={"hypervisors": ["hyper1"]},
+    )
+    keys = tmp_path / "pki" / "minions"
+    keys.mkdir(parents=True)
+    for mid in ("hyper1", "tenant-vm1"):
+        (keys / mid).write_text(envelope.new_keypair()[0])
+    return salt.loader.runner(opts, utils=salt.loader.utils(opts))
+
+
+def test_one_virt_runner_from_both_files(runners):
+    assert {"virt.init", "virt.query", "virt.provision_assigned"} <= set(runners)
+    assert "virt_assign.provision_assigned" not in runners
+
+
+@pytest.mark.parametrize("host", ["tenant-vm1", "nobody", "hyper*", "../hyper1"])
+def test_only_a_configured_hypervisor_gets_its_vms(runners, host):
+    ret = runners["virt.provision_assigned"](host=host)
+    assert ret["retcode"] == 1 and ret["host"] == host
+    assert ret["error"] == (
+        f"{host} is not one of the hypervisors (virt:hypervisors in the master config): refusing provisioning the "
+        "VMs assigned to it"
+    )
