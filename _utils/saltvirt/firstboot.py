@@ -1,0 +1,203 @@
+"""What a new VM does on its first boot besides reading its seeded files: is there a Salt minion in the
+image, and if not, install one; and when no seeding backend can mount the image, hand the minion's
+files to cloud-init instead.
+
+A :class:`Plan` is made per ``virt.init``. While the seeding backend has the guest's root filesystem
+mounted (:func:`saltvirt.seed.seed`'s ``inspect``), :meth:`Plan.inspect` looks for salt-minion and
+cloud-init *as files* (:data:`MINION_PATHS`, :data:`CLOUD_INIT_PATHS`, symlinks resolved inside the
+guest): nothing of the guest is ever executed on the hypervisor. With no minion and
+``virt:minion_install`` configured (minion config or pillar)::
+
+    virt:
+      minion_install:
+        url: https://repo.example.net/bootstrap-salt.sh   # or http:// (the checksum is what is trusted)
+        checksum: sha256:<hex>                            # required: verified in the guest before it runs
+        args: [-X, stable, 3008.5]                        # optional: arguments of the script
+
+the installer (:data:`SCRIPT`: fetch with curl or wget, verify the checksum, ``sh`` it with ``args``,
+once) runs at first boot: through cloud-init's ``runcmd`` when the VM gets a cidata volume and the image
+has cloud-init (or could not be inspected), otherwise through a seeded systemd one-shot unit
+(:data:`UNIT`, enabled by its ``multi-user.target.wants`` link; it disables itself once it succeeded).
+The script does nothing if a minion is there by then. What was found and done is reported as
+``minion: {found, path, cloud_init_in_image, install}`` (the URL without credentials).
+"""
+
+import posixpath
+import re
+import shlex
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt import cloudinit, intake, speckeys
+
+MINION_PATHS = (
+    "/usr/bin/salt-minion",
+    "/usr/local/bin/salt-minion",
+    "/opt/saltstack/salt/salt-minion",
+    "/opt/saltstack/salt/bin/salt-minion",
+)
+CLOUD_INIT_PATHS = ("/usr/bin/cloud-init", "/usr/local/bin/cloud-init")
+SCRIPT = "/usr/local/sbin/salt-virt-install-minion"
+UNIT_NAME = "salt-virt-install-minion.service"
+UNIT = f"/etc/systemd/system/{UNIT_NAME}"
+UNIT_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
+DONE_MARK = "/var/lib/salt-virt/minion-installed"
+INSTALL_KEYS = ("url", "checksum", "args")
+_URL_RE = re.compile(r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+$")
+_SUMS = {"sha256": 64, "sha512": 128}
+RESTART_MINION = "if command -v systemctl >/dev/null 2>&1; then systemctl restart salt-minion || true; fi"
+
+
+def install_source(conf):
+    """``virt:minion_install`` checked: ``{url, algo, hex, args}`` or None when not configured."""
+    if not conf:
+        return None
+    speckeys.check_keys(conf, "virt:minion_install", INSTALL_KEYS)
+    url = conf.get("url")
+    if not isinstance(url, str) or not _URL_RE.match(url) or "'" in url:
+        raise SaltInvocationError(
+            f"virt:minion_install:url must be an http(s) URL of an installer script, got {intake.redact(url)!r}"
+        )
+    checksum = conf.get("checksum")
+    algo, _, digest = str(checksum or "").partition(":")
+    if algo not in _SUMS or not re.fullmatch(f"[0-9a-fA-F]{{{_SUMS[algo]}}}", digest):
+        raise SaltInvocationError(
+            "virt:minion_install:checksum is required (sha256:<hex> or sha512:<hex>): the guest runs the "
+            "installer only when its checksum matches"
+        )
+    args = conf.get("args") or []
+    if isinstance(args, str):
+        args = shlex.split(args)
+    if not isinstance(args, list) or not all(isinstance(a, str) and "\n" not in a for a in args):
+        raise SaltInvocationError(f"virt:minion_install:args must be a list of strings, got {args!r}")
+    return {"url": url, "algo": algo, "hex": digest.lower(), "args": args}
+
+
+def script(source):
+    """The first-boot installer (POSIX sh): fetch, verify, run once."""
+    q = shlex.quote
+    shown = intake.redact(source["url"])
+    return f"""#!/bin/sh
+# salt-virt: install a Salt minion on first boot (the image had none). Runs once.
+say() {{ echo "salt-virt-install-minion: $*"; }}
+if command -v salt-minion >/dev/null 2>&1 || [ -x /opt/saltstack/salt/salt-minion ]; then
+  say "a salt-minion is installed already"; exit 0
+fi
+tmp=$(mktemp -d) || exit 1
+fetch() {{
+  if command -v curl >/dev/null 2>&1; then curl -fsSL -o "$tmp/installer" {q(source["url"])}
+  elif command -v wget >/dev/null 2>&1; then wget -q -O "$tmp/installer" {q(source["url"])}
+  else say "neither curl nor wget: cannot fetch the installer"; return 2; fi
+}}
+n=0
+until fetch; do n=$((n+1)); [ $n -ge 30 ] && {{ say "could not fetch {shown}"; exit 1; }}; sleep 2; done
+echo {q(source["hex"] + "  ")}"$tmp/installer" | {source["algo"]}sum -c - >/dev/null 2>&1 || {{
+  say "checksum mismatch for {shown}: not running it"; exit 1; }}
+say "fetched {shown} ({source["algo"]} ok), running it"
+sh "$tmp/installer" {" ".join(q(a) for a in source["args"])}
+rc=$?
+rm -rf "$tmp"
+if [ $rc -eq 0 ]; then
+  mkdir -p {posixpath.dirname(DONE_MARK)} && touch {DONE_MARK}
+  rm -f {UNIT_LINK}
+fi
+say "installer exited with $rc"
+exit $rc
+"""
+
+
+def unit():
+    return f"""[Unit]
+Description=salt-virt: install a Salt minion (first boot)
+Wants=network-online.target
+After=network-online.target
+ConditionPathExists=!{DONE_MARK}
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh {SCRIPT}
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+class Plan:
+    """One VM's first boot: what was found in the image, how its minion files and installer get there."""
+
+    def __init__(self, cloud_init, install_conf):
+        self.cloud = cloud_init  # the checked cloud_init= ({} for True) or None
+        self.source = install_source(install_conf)
+        self.inspected = False
+        self.found = self.path = self.image_cloud_init = None
+        self.how = None  # "runcmd" | "boot hook" | None
+        self.minion_files = {}  # the minion's files, when they go through cloud-init
+
+    def inspect(self, exists):
+        """Called by the seeding backend with the guest's root mounted; ``exists(path)`` looks inside the
+        guest. Returns the extra files to seed (the boot hook), possibly {}."""
+        self.inspected = True
+        self.path = next((p for p in MINION_PATHS if exists(p)), None)
+        self.found = self.path is not None
+        self.image_cloud_init = any(exists(p) for p in CLOUD_INIT_PATHS)
+        if self.found or not self.source:
+            return {}
+        if self.cloud is not None and self.image_cloud_init:
+            self.how = "runcmd"
+            return {}
+        self.how = "boot hook"
+        return {
+            SCRIPT: {"content": script(self.source), "mode": 0o755},
+            UNIT: {"content": unit(), "mode": 0o644},
+            UNIT_LINK: {"symlink": UNIT},
+        }
+
+    def via_cloud_init(self, files):
+        """No seeding backend could write the image: the minion's ``files`` go through cloud-init."""
+        self.minion_files = dict(files)
+        if self.source:
+            self.how = "runcmd"  # the image was not inspected: the script itself checks for a minion
+
+    def additions(self):
+        """salt-virt's cloud-config for the cidata volume ({} when it has nothing to add)."""
+        out, runcmd = {}, []
+        files = dict(self.minion_files)
+        if self.how == "runcmd":
+            files[SCRIPT] = {"content": script(self.source), "mode": 0o755}
+            runcmd.append(["sh", SCRIPT])
+        if self.minion_files:
+            runcmd.append(["sh", "-c", RESTART_MINION])  # a minion that started before write_files ran
+        if files:
+            out["write_files"] = cloudinit.write_files(files)
+        if runcmd:
+            out["runcmd"] = runcmd
+        return out
+
+    def report(self):
+        out = {"found": self.found, "path": self.path, "cloud_init_in_image": self.image_cloud_init}
+        url = intake.redact(self.source["url"]) if self.source else None
+        if self.how == "runcmd":
+            out["install"] = f"cloud-init runcmd from {url}"
+        elif self.how == "boot hook":
+            out["install"] = f"seeded boot hook ({UNIT_NAME}) from {url}"
+        else:
+            out["install"] = None
+        if not self.inspected:
+            out["note"] = "the image was not inspected (not seeded through a mounted filesystem)"
+        elif self.found:
+            out["note"] = "left alone: the image has a Salt minion"
+        elif not self.source:
+            out["note"] = "no Salt minion in the image and virt:minion_install is not configured: it gets none"
+        return out
+
+
+CLOUD_INIT_BACKEND = "cloud-init"  # seed_backend=cloud-init: the minion's files go on the cidata volume
+
+
+def seeded_by_cloud_init(files, attempts):
+    """The ``seed`` report when the minion's files ride on the cidata volume."""
+    why = "no backend could mount the image: " if attempts else "asked for: "
+    attempt = {"backend": CLOUD_INIT_BACKEND, "ok": True, "reason": why + "written as cloud-init write_files",
+               "seconds": 0}  # fmt: skip
+    return {"backend": CLOUD_INIT_BACKEND, "attempts": [*attempts, attempt], "files": sorted(files)}
