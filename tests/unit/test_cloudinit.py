@@ -13,6 +13,7 @@ import yaml
 from salt.exceptions import CommandExecutionError
 
 from saltvirt import cloudinit, spec, speckeys
+from tests.support.saltloader import load_states
 
 
 def read_iso(path):
@@ -164,3 +165,28 @@ def test_write_seed_reports_hashes_not_content(tmp_path):
     assert set(made["documents"]) == {"user-data", "meta-data"}
     assert made["instance_id"] in files["meta-data"].decode()
     assert yaml.safe_load(files["user-data"]) == {"runcmd": [["true"]]}
+
+
+def test_virt_init_on_the_test_driver_keeps_the_seed_of_a_vm_not_started(virt_test):
+    """Through the real loader (libvirt's test driver cannot detach devices: the detach once started is
+    proven on a real libvirtd, tests/integration/test_cloudinit.py): not started, the CD stays in the
+    definition and its ISO in the VM's directory until virt.purge removes it."""
+    ret = virt_test["virt.init"]("cit2", 1, 64, disk=None, nic=None, cloud_init=True, seed=False, start=False)
+    iso = ret["cloud_init"]["iso"]
+    assert "minion" not in ret  # not seeded: nothing looked into, nothing to install
+    assert "cidata.iso" in virt_test["virt.get_xml"]("cit2", inactive=True)
+    assert os.path.isfile(iso) and set(ret["cloud_init"]["documents"]) == {"user-data", "meta-data"}
+    assert virt_test["virt.purge"]("cit2")["removed"] == [iso]
+    assert not os.path.exists(os.path.dirname(iso))
+
+
+def test_state_preview_shows_the_seed_volume(virt_test):
+    """virt.running test=True: the exact disks virt.init will create, the seed CD-ROM among them."""
+    states = load_states(virt_test, test=True)
+    ret = states["virt.running"]("cit3", cpu=1, mem=64, disk=None, cloud_init={"ip": "10.0.0.5/24"})
+    assert ret["result"] is None
+    images = virt_test["config.get"]("virt:images")
+    cd = ret["changes"]["created"]["disks"]["sda"]
+    assert cd["path"] == os.path.join(images, "cit3", "cidata.iso") and cd["device"] == "cdrom"
+    bad = states["virt.running"]("cit3", cpu=1, mem=64, disk=None, cloud_init={"ip": "nope"})
+    assert bad["result"] is False and "cloud_init:ip" in bad["comment"]
