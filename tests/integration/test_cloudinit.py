@@ -5,14 +5,17 @@ a NoCloud ``cidata`` CD on SATA and prints what it holds (``CIDATA-USER/META/NET
 disk's enabled ``salt-virt-*.service`` one-shot units once the network is up, like systemd would
 (``BOOT-HOOK``): see scripts/build-guest.sh. The guests get DHCP on the lab fabric and a route to the
 root namespace (``Fabric.master_link``), where this module serves the "minion installer" over HTTP.
-Two guest boots; a third VM (an image with a minion) is only created, never started.
+Two guest boots; the other VMs (images with a minion, one through ``salt-run virt.init`` on the session's
+master and hyper1) are only created, never started.
 """
 
 import base64
 import hashlib
 import http.server
 import io
+import json
 import os
+import pathlib
 import shutil
 import threading
 import xml.etree.ElementTree as ET
@@ -20,13 +23,14 @@ import xml.etree.ElementTree as ET
 import pycdlib
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
 
-from saltvirt import firstboot
+from saltvirt import envelope, firstboot
 from saltvirt import seed as seeding
 from tests.support import lab
 from tests.support.saltloader import make_minion_mods
 
-pytestmark = [pytest.mark.libvirtd]
+pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", "/var/cache/salt-virt/debian"), "debian-minion.qcow2")
 INSTALLER = b'#!/bin/sh\necho "MINION-INSTALLER-RAN args=$*"\n'
 USER_DATA = "#cloud-config\n# written by test_cloudinit\nruncmd:\n- [sh, -c, 'echo user <&> \"quoted\"']\n"
@@ -222,3 +226,39 @@ def test_images_with_a_minion_are_left_alone(ci_virt, guest, qemu_tmp):
             assert docs["user-data"] == b"#cloud-config\n"  # nothing of ours to add
         finally:
             ci_virt["virt.purge"](name)
+
+
+def test_runner_passes_cloud_init_and_the_key_reaches_the_iso_sealed(salt_run_cli, salt_master, hyper1):
+    """salt-run virt.init: cloud_init flows through to the hypervisor's virt.init; the minion key the
+    master pre-accepted travels sealed to hyper1, which writes it into the ISO itself. Not started."""
+    ret = salt_run_cli.run(
+        "virt.init",
+        "cirun1",
+        "1",
+        "128",
+        "salt://images/guest.qcow2",
+        "host=hyper1",
+        'cloud_init={"hostname": "cirun1.example.net"}',
+        "seed_backend=cloud-init",
+        "start=False",
+    )
+    assert ret.returncode == 0, ret
+    res = ret.data
+    try:
+        assert res["init"]["seed"]["backend"] == "cloud-init" and res["key"]["state"] == "accepted"
+        docs = read_iso(res["init"]["cloud_init"]["iso"])
+        assert b"local-hostname: cirun1.example.net" in docs["meta-data"]
+        files = {f["path"]: f for f in yaml.safe_load(docs["user-data"])["write_files"]}
+        pem = base64.b64decode(files["/etc/salt/pki/minion/minion.pem"]["content"])
+        guest_key = serialization.load_pem_private_key(pem, password=None)
+        master_pub = (pathlib.Path(salt_master.config["pki_dir"]) / "minions" / "cirun1").read_text()
+        assert envelope.fingerprint(guest_key.public_key()) == envelope.fingerprint(master_pub)
+        job = salt_run_cli.run("jobs.list_job", res["jid"]).data
+        kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
+        assert kwargs["cloud_init"] == {"hostname": "cirun1.example.net"}
+        assert envelope.is_envelope(kwargs["priv_key"]) and "PRIVATE KEY" not in json.dumps(job)
+        assert "PRIVATE KEY" not in ret.stdout
+    finally:
+        purged = salt_run_cli.run("virt.purge", "cirun1")
+    assert purged.returncode == 0 and purged.data["key_deleted"] == "accepted", purged
+    assert not os.path.exists(res["init"]["cloud_init"]["iso"])
