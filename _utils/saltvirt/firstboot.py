@@ -10,25 +10,29 @@ guest): nothing of the guest is ever executed on the hypervisor. With no minion 
 
     virt:
       minion_install:
-        url: https://repo.example.net/bootstrap-salt.sh   # or http:// (the checksum is what is trusted)
+        url: https://repo.example.net/bootstrap-salt.sh   # or http:// (the checksum is what is trusted),
+                                                          # or salt://... (the master's file server)
         checksum: sha256:<hex>                            # required: verified in the guest before it runs
         args: [-X, stable, 3008.5]                        # optional: arguments of the script
 
 the installer (:data:`SCRIPT`: fetch with curl or wget, verify the checksum, ``sh`` it with ``args``,
-once) runs at first boot: through cloud-init's ``runcmd`` when the VM gets a cidata volume and the image
+once) runs at first boot (a ``salt://`` installer is fetched by the hypervisor, checked there and in
+the guest, and written into the guest with the script: the guest needs no route to the master):
+through cloud-init's ``runcmd`` when the VM gets a cidata volume and the image
 has cloud-init (or could not be inspected), otherwise through a seeded systemd one-shot unit
 (:data:`UNIT`, enabled by its ``multi-user.target.wants`` link; it disables itself once it succeeded).
 The script does nothing if a minion is there by then. What was found and done is reported as
 ``minion: {found, path, cloud_init_in_image, install}`` (the URL without credentials).
 """
 
+import os
 import posixpath
 import re
 import shlex
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import cloudinit, intake, speckeys
+from saltvirt import cloudinit, fsutil, intake, speckeys
 
 MINION_PATHS = (
     "/usr/bin/salt-minion",
@@ -38,25 +42,32 @@ MINION_PATHS = (
 )
 CLOUD_INIT_PATHS = ("/usr/bin/cloud-init", "/usr/local/bin/cloud-init")
 SCRIPT = "/usr/local/sbin/salt-virt-install-minion"
+EMBEDDED = "/usr/local/sbin/salt-virt-minion-installer"  # a salt:// installer, written with the script
+MAX_EMBEDDED = 4 << 20
 UNIT_NAME = "salt-virt-install-minion.service"
 UNIT = f"/etc/systemd/system/{UNIT_NAME}"
 UNIT_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
 DONE_MARK = "/var/lib/salt-virt/minion-installed"
 INSTALL_KEYS = ("url", "checksum", "args")
 _URL_RE = re.compile(r"^https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+$")
+_SALT_RE = re.compile(r"^salt://[A-Za-z0-9._/-]+$")
 _SUMS = {"sha256": 64, "sha512": 128}
 RESTART_MINION = "if command -v systemctl >/dev/null 2>&1; then systemctl restart salt-minion || true; fi"
 
 
-def install_source(conf):
-    """``virt:minion_install`` checked: ``{url, algo, hex, args}`` or None when not configured."""
+def install_source(conf, cache_file=None):
+    """``virt:minion_install`` checked: ``{url, algo, hex, args, content}`` or None when not configured.
+    ``content``: a ``salt://`` installer fetched with ``cache_file`` (the master's file server) and
+    checked here; None for http(s), which the guest fetches."""
     if not conf:
         return None
     speckeys.check_keys(conf, "virt:minion_install", INSTALL_KEYS)
     url = conf.get("url")
-    if not isinstance(url, str) or not _URL_RE.match(url) or "'" in url:
+    salt_url = isinstance(url, str) and bool(_SALT_RE.fullmatch(url)) and ".." not in url.split("/")
+    if not salt_url and (not isinstance(url, str) or not _URL_RE.fullmatch(url) or "'" in url):
         raise SaltInvocationError(
-            f"virt:minion_install:url must be an http(s) URL of an installer script, got {intake.redact(url)!r}"
+            "virt:minion_install:url must be an http(s) or salt:// URL of an installer script, "
+            f"got {intake.redact(url)!r}"
         )
     checksum = conf.get("checksum")
     algo, _, digest = str(checksum or "").partition(":")
@@ -70,7 +81,23 @@ def install_source(conf):
         args = shlex.split(args)
     if not isinstance(args, list) or not all(isinstance(a, str) and "\n" not in a for a in args):
         raise SaltInvocationError(f"virt:minion_install:args must be a list of strings, got {args!r}")
-    return {"url": url, "algo": algo, "hex": digest.lower(), "args": args}
+    source = {"url": url, "algo": algo, "hex": digest.lower(), "args": args, "content": None}
+    if salt_url:
+        source["content"] = _from_master(url, algo, source["hex"], cache_file)
+    return source
+
+
+def _from_master(url, algo, digest, cache_file):
+    """The installer from the master's file server, checked against its checksum here already."""
+    local = cache_file(url) if cache_file else None
+    if not local or not os.path.isfile(local):
+        raise CommandExecutionError(f"virt:minion_install: {url} is not on the master's file server")
+    if os.path.getsize(local) > MAX_EMBEDDED:
+        raise CommandExecutionError(f"virt:minion_install: {url} is larger than {MAX_EMBEDDED >> 20} MiB")
+    if fsutil.file_digest(local, algo) != digest:
+        raise CommandExecutionError(f"virt:minion_install: {url} does not match its checksum: not using it")
+    with open(local, "rb") as fh:
+        return fh.read()
 
 
 def script(source):
@@ -84,11 +111,7 @@ if command -v salt-minion >/dev/null 2>&1 || [ -x /opt/saltstack/salt/salt-minio
   say "a salt-minion is installed already"; exit 0
 fi
 tmp=$(mktemp -d) || exit 1
-fetch() {{
-  if command -v curl >/dev/null 2>&1; then curl -fsSL -o "$tmp/installer" {q(source["url"])}
-  elif command -v wget >/dev/null 2>&1; then wget -q -O "$tmp/installer" {q(source["url"])}
-  else say "neither curl nor wget: cannot fetch the installer"; return 2; fi
-}}
+{_fetch(source)}
 n=0
 until fetch; do n=$((n+1)); [ $n -ge 30 ] && {{ say "could not fetch {shown}"; exit 1; }}; sleep 2; done
 echo {q(source["hex"] + "  ")}"$tmp/installer" | {source["algo"]}sum -c - >/dev/null 2>&1 || {{
@@ -104,6 +127,25 @@ fi
 say "installer exited with $rc"
 exit $rc
 """
+
+
+def _fetch(source):
+    q = shlex.quote
+    if source.get("content") is not None:
+        return f'fetch() {{ cp {EMBEDDED} "$tmp/installer"; }}'
+    return f"""fetch() {{
+  if command -v curl >/dev/null 2>&1; then curl -fsSL -o "$tmp/installer" {q(source["url"])}
+  elif command -v wget >/dev/null 2>&1; then wget -q -O "$tmp/installer" {q(source["url"])}
+  else say "neither curl nor wget: cannot fetch the installer"; return 2; fi
+}}"""
+
+
+def _installer_files(source):
+    """The script, and a salt:// installer embedded next to it."""
+    files = {SCRIPT: {"content": script(source), "mode": 0o755}}
+    if source.get("content") is not None:
+        files[EMBEDDED] = {"content": source["content"], "mode": 0o644}
+    return files
 
 
 def unit():
@@ -126,9 +168,9 @@ WantedBy=multi-user.target
 class Plan:
     """One VM's first boot: what was found in the image, how its minion files and installer get there."""
 
-    def __init__(self, cloud_init, install_conf):
+    def __init__(self, cloud_init, install_conf, cache_file=None):
         self.cloud = cloud_init  # the checked cloud_init= ({} for True) or None
-        self.source = install_source(install_conf)
+        self.source = install_source(install_conf, cache_file)
         self.inspected = False
         self.found = self.path = self.image_cloud_init = None
         self.how = None  # "runcmd" | "boot hook" | None
@@ -147,11 +189,8 @@ class Plan:
             self.how = "runcmd"
             return {}
         self.how = "boot hook"
-        return {
-            SCRIPT: {"content": script(self.source), "mode": 0o755},
-            UNIT: {"content": unit(), "mode": 0o644},
-            UNIT_LINK: {"symlink": UNIT},
-        }
+        hook = {UNIT: {"content": unit(), "mode": 0o644}, UNIT_LINK: {"symlink": UNIT}}
+        return {**_installer_files(self.source), **hook}
 
     def via_cloud_init(self, files):
         """No seeding backend could write the image: the minion's ``files`` go through cloud-init."""
@@ -164,7 +203,7 @@ class Plan:
         out, runcmd = {}, []
         files = dict(self.minion_files)
         if self.how == "runcmd":
-            files[SCRIPT] = {"content": script(self.source), "mode": 0o755}
+            files.update(_installer_files(self.source))
             runcmd.append(["sh", SCRIPT])
         if self.minion_files:
             runcmd.append(["sh", "-c", RESTART_MINION])  # a minion that started before write_files ran
@@ -177,6 +216,8 @@ class Plan:
     def report(self):
         out = {"found": self.found, "path": self.path, "cloud_init_in_image": self.image_cloud_init}
         url = intake.redact(self.source["url"]) if self.source else None
+        if self.source and self.source["content"] is not None:
+            url += " (fetched by the hypervisor, written into the guest)"
         if self.how == "runcmd":
             out["install"] = f"cloud-init runcmd from {url}"
         elif self.how == "boot hook":

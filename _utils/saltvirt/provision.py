@@ -170,7 +170,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         cloud_init=cloud_init,
         **spec_args,
     )
-    plan = firstboot.Plan(spec.cloud_init, minion_install)
+    plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in
         # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return

@@ -233,7 +233,7 @@ def _line_list(value, what, pattern=None, maximum=16384):
         raise SaltInvocationError(f"{what} must be a non-empty list of strings, got {value!r}")
     for item in value:
         _plain_text(item, what, maximum=maximum)
-        if pattern is not None and not pattern.match(item):
+        if pattern is not None and not pattern.fullmatch(item):
             raise SaltInvocationError(f"{what}: {item!r} is not valid")
     return list(value)
 
@@ -245,7 +245,7 @@ def _cloud_users(value):
     for item in value:
         user = {"name": item} if isinstance(item, str) else item
         check_keys(user, "cloud_init:users entry", _USER_KEYS)
-        if not isinstance(user.get("name"), str) or not _USER_RE.match(user["name"]):
+        if not isinstance(user.get("name"), str) or not _USER_RE.fullmatch(user["name"]):
             raise SaltInvocationError(
                 f"cloud_init:users: name must be a user name like admin, got {user.get('name')!r}"
             )
@@ -296,7 +296,7 @@ def cloud_init(value):
     if out.get("ssh_authorized_keys") is not None:
         out["ssh_authorized_keys"] = _line_list(out["ssh_authorized_keys"], "cloud_init:ssh_authorized_keys")
     if out.get("hostname") is not None and not (
-        isinstance(out["hostname"], str) and _HOSTNAME_RE.match(out["hostname"])
+        isinstance(out["hostname"], str) and _HOSTNAME_RE.fullmatch(out["hostname"])
     ):
         raise SaltInvocationError(f"cloud_init:hostname must be a host name, got {out['hostname']!r}")
     return _cloud_network(out)

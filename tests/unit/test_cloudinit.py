@@ -10,7 +10,7 @@ import shutil
 import pycdlib
 import pytest
 import yaml
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import cloudinit, spec, speckeys
 from tests.support.saltloader import load_states
@@ -190,3 +190,16 @@ def test_state_preview_shows_the_seed_volume(virt_test):
     assert cd["path"] == os.path.join(images, "cit3", "cidata.iso") and cd["device"] == "cdrom"
     bad = states["virt.running"]("cit3", cpu=1, mem=64, disk=None, cloud_init={"ip": "nope"})
     assert bad["result"] is False and "cloud_init:ip" in bad["comment"]
+
+
+def test_an_existing_seed_file_is_never_overwritten(virt_test):
+    images = virt_test["config.get"]("virt:images")
+    os.makedirs(os.path.join(images, "cit4"))
+    precious = os.path.join(images, "cit4", "cidata.iso")
+    with open(precious, "wb") as fh:
+        fh.write(b"someone's")
+    with pytest.raises(SaltInvocationError, match="already exists: refusing to overwrite"):
+        virt_test["virt.init"]("cit4", 1, 64, disk=None, nic=None, cloud_init=True, seed=False)
+    with open(precious, "rb") as fh:
+        assert fh.read() == b"someone's"
+    assert "cit4" not in virt_test["virt.list_domains"]()

@@ -1,12 +1,13 @@
 """saltvirt.firstboot: what a new VM's first boot gets, from what was found in its image (the inspection
 itself runs inside the seeding backends: tests/integration/test_cloudinit.py boots it)."""
 
+import hashlib
 import shlex
 import subprocess
 
 import pytest
 import yaml
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt import cloudinit, firstboot
 
@@ -21,9 +22,10 @@ def exists_in(*paths):
 @pytest.mark.parametrize(
     "conf, message",
     [
-        ({"url": "ftp://x/y.sh", "checksum": SUM}, "http\\(s\\) URL"),
-        ({"url": "https://x/y.sh'; reboot; '", "checksum": SUM}, "http\\(s\\) URL"),
-        ({"url": "https://x/y.sh\nreboot", "checksum": SUM}, "http\\(s\\) URL"),
+        ({"url": "ftp://x/y.sh", "checksum": SUM}, "http\\(s\\) or salt:// URL"),
+        ({"url": "https://x/y.sh'; reboot; '", "checksum": SUM}, "http\\(s\\) or salt:// URL"),
+        ({"url": "https://x/y.sh\nreboot", "checksum": SUM}, "http\\(s\\) or salt:// URL"),
+        ({"url": "https://x/y.sh\n", "checksum": SUM}, "http\\(s\\) or salt:// URL"),
         ({"url": "https://x/y.sh"}, "checksum is required"),
         ({"url": "https://x/y.sh", "checksum": "md5:" + "a" * 32}, "checksum is required"),
         ({"url": "https://x/y.sh", "checksum": "sha256:xyz"}, "checksum is required"),
@@ -106,3 +108,47 @@ def test_minion_files_through_cloud_init_when_not_mounted():
     assert report["found"] is None and "not inspected" in report["note"]
     user = cloudinit.user_data({}, cfg)
     assert yaml.safe_load(user)["write_files"][0]["encoding"] == "b64"
+
+
+def test_installer_from_the_masters_file_server_is_checked_and_embedded(tmp_path):
+    """salt://: fetched by the hypervisor (cp.cache_file in virt.init), checked there, written into the
+    guest with the script, which copies it instead of fetching (and checks it again)."""
+    body = b"#!/bin/sh\necho installing\n"
+    cached = tmp_path / "bootstrap-salt.sh"
+    cached.write_bytes(body)
+    asked = []
+
+    def cache_file(url):
+        asked.append(url)
+        return str(cached)
+
+    conf = {"url": "salt://salt/bootstrap-salt.sh", "checksum": "sha256:" + hashlib.sha256(body).hexdigest()}
+    plan = firstboot.Plan(None, conf, cache_file)
+    assert asked == ["salt://salt/bootstrap-salt.sh"]
+    extra = plan.inspect(exists_in())
+    assert extra[firstboot.EMBEDDED] == {"content": body, "mode": 0o644}
+    assert f'cp {firstboot.EMBEDDED} "$tmp/installer"' in extra[firstboot.SCRIPT]["content"]
+    assert "wget" not in extra[firstboot.SCRIPT]["content"]
+    assert plan.report()["install"].endswith(
+        "from salt://salt/bootstrap-salt.sh (fetched by the hypervisor, written into the guest)"
+    )
+    runcmd = firstboot.Plan({}, conf, cache_file)
+    runcmd.via_cloud_init({})
+    assert [f["path"] for f in runcmd.additions()["write_files"]] == [firstboot.SCRIPT, firstboot.EMBEDDED]
+
+
+@pytest.mark.parametrize(
+    "url, content, message",
+    [
+        ("salt://salt/bootstrap-salt.sh", b"tampered", "does not match its checksum"),
+        ("salt://salt/missing.sh", None, "is not on the master's file server"),
+        ("salt://../etc/shadow", b"", "http\\(s\\) or salt:// URL"),
+    ],
+)
+def test_bad_installer_from_the_master_is_refused(tmp_path, url, content, message):
+    path = tmp_path / "cached"
+    if content is not None:
+        path.write_bytes(content)
+    conf = {"url": url, "checksum": SUM}
+    with pytest.raises((SaltInvocationError, CommandExecutionError), match=message):
+        firstboot.Plan(None, conf, lambda u: str(path) if content is not None else "")

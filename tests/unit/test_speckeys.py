@@ -90,6 +90,8 @@ HOSTILE = [
     ({"cloud_init": {"meta_data": "instance-id: a", "hostname": "h"}}, "either meta_data"),
     ({"cloud_init": {"network_config": "version: 2", "ip": "10.0.0.5/24"}}, "either network_config"),
     ({"cloud_init": {"hostname": "bad host"}}, "hostname must be a host name"),
+    ({"cloud_init": {"hostname": "web1\n"}}, "hostname must be a host name"),
+    ({"cloud_init": {"users": ["admin\n"]}}, "name must be a user name"),
     ({"cloud_init": {"ip": "10.0.0.5"}}, "with its prefix"),
     ({"cloud_init": {"ip": "10.0.0.500/24"}}, "with its prefix"),
     ({"cloud_init": {"gateway": "10.0.0.1"}}, "need a static ip"),
