@@ -107,16 +107,17 @@ def script(source):
     return f"""#!/bin/sh
 # salt-virt: install a Salt minion on first boot (the image had none). Runs once.
 say() {{ echo "salt-virt-install-minion: $*"; }}
+src={q(shown)}
 if command -v salt-minion >/dev/null 2>&1 || [ -x /opt/saltstack/salt/salt-minion ]; then
   say "a salt-minion is installed already"; exit 0
 fi
 tmp=$(mktemp -d) || exit 1
 {_fetch(source)}
 n=0
-until fetch; do n=$((n+1)); [ $n -ge 30 ] && {{ say "could not fetch {shown}"; exit 1; }}; sleep 2; done
+until fetch; do n=$((n+1)); [ $n -ge 30 ] && {{ say "could not fetch $src"; exit 1; }}; sleep 2; done
 echo {q(source["hex"] + "  ")}"$tmp/installer" | {source["algo"]}sum -c - >/dev/null 2>&1 || {{
-  say "checksum mismatch for {shown}: not running it"; exit 1; }}
-say "fetched {shown} ({source["algo"]} ok), running it"
+  say "checksum mismatch for $src: not running it"; exit 1; }}
+say "fetched $src ({source["algo"]} ok), running it"
 sh "$tmp/installer" {" ".join(q(a) for a in source["args"])}
 rc=$?
 rm -rf "$tmp"

@@ -57,6 +57,9 @@ def test_credentials_never_in_the_report_but_in_the_script():
 def test_script_is_valid_sh_and_quotes_every_argument():
     script = firstboot.script(firstboot.install_source(SOURCE))
     assert subprocess.run(["sh", "-n"], input=script, text=True, check=False).returncode == 0
+    odd = firstboot.script(firstboot.install_source(dict(SOURCE, url="https://x.example/$(reboot)?a=1&b=2")))
+    assert "src='https://x.example/$(reboot)?a=1&b=2'" in odd  # never expanded by the guest's shell
+    assert odd.count("$(reboot)") == 3  # src= and the two fetch commands, all single-quoted
     assert 'sh "$tmp/installer" -X ' + shlex.quote("a b") in script
     assert "ab" * 32 + "  " in script and "sha256sum -c" in script
 
