@@ -32,8 +32,8 @@
 {%- set cfg = salt['pillar.get']('salt_virt', {}) %}
 {%- set family = grains['os_family'] %}
 {%- set packages = {
-      'Debian': ['libvirt-daemon-system', 'libvirt-clients', 'qemu-system-x86', 'qemu-utils', 'python3-libvirt', 'gnutls-bin', 'iproute2'],
-      'RedHat': ['libvirt', 'libvirt-client', 'qemu-kvm', 'qemu-img', 'python3-libvirt', 'gnutls-utils', 'iproute'],
+      'Debian': ['libvirt-daemon-system', 'libvirt-clients', 'qemu-system-x86', 'qemu-utils', 'python3-libvirt', 'gnutls-bin', 'iproute2', 'xorriso'],
+      'RedHat': ['libvirt', 'libvirt-client', 'qemu-kvm', 'qemu-img', 'python3-libvirt', 'gnutls-utils', 'iproute', 'xorriso'],
     }.get(family, []) %}
 {%- set conf = cfg.get('libvirtd_conf', '/etc/libvirt/libvirtd.conf') %}
 {%- set defaults = cfg.get('libvirtd_defaults', '/etc/sysconfig/libvirtd' if family == 'RedHat' else '/etc/default/libvirtd') %}

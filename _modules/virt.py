@@ -112,6 +112,7 @@ def init(
     checksum=None,
     allow_http=False,
     trusted_image=False,
+    cloud_init=None,
     **kwargs,
 ):
     """
@@ -148,7 +149,16 @@ def init(
         or a directory the operator lists in ``virt:allowed_paths`` in the minion config.
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
-        qemu-storage-daemon FUSE export, loop mount; the one used is reported).
+        qemu-storage-daemon FUSE export, loop mount; the one used is reported). ``cloud-init``: write
+        them on the cloud-init volume instead (needs ``cloud_init``); with ``cloud_init`` that is also
+        what happens when no backend can mount the image. While the image is mounted salt-virt looks
+        for salt-minion in it; without one, ``virt:minion_install`` (minion config/pillar: ``{url,
+        checksum, args}``) installs it at first boot (reported under ``minion``).
+    cloud_init
+        a cloud-init NoCloud ``cidata`` CD-ROM for the first boot: ``True`` or ``{user_data, meta_data,
+        network_config}`` (text, byte for byte; meta/network also mappings) or the short forms
+        ``{users, ssh_authorized_keys, hostname, ip, gateway, dns}``. Detached from the definition and
+        deleted once the VM has started (it keeps it for that boot).
     pub_key / priv_key
         the new minion's key pair (the ``virt.init`` runner pre-accepts it on the master); without
         them a key pair is generated and left for ``salt-key -a``.
@@ -166,6 +176,7 @@ def init(
 
         salt 'hyper*' virt.init centos1 2 512 image=/var/lib/libvirt/images/centos.img
         salt 'hyper*' virt.init web1 2 1024 image=salt://images/web.qcow2 enable_qcow=True enable_vnc=True
+        salt 'hyper*' virt.init web2 2 1024 image=salt://images/debian-cloud.qcow2 cloud_init=True
     """
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     warnings = compat.init_args(kwargs)
@@ -200,6 +211,8 @@ def init(
             trusted_image=trusted_image,
             max_image_mib=_cfg("virt:max_image_mib", None),
             allowed_paths=_allowed_paths(),
+            cloud_init=cloud_init,
+            minion_install=_cfg("virt:minion_install", None),
             **spec_args,
         )
     if warnings:

@@ -321,7 +321,7 @@ def init(
         the new minion's id (default: the VM name).
 
     Any other keyword (``boot``, ``nic``, ``disk``, ``interfaces``, ``disks``, ``graphics``,
-    ``master``, ``minion_config``, ``seed_backend``, ...) is passed to the module's ``virt.init``.
+    ``master``, ``minion_config``, ``seed_backend``, ``cloud_init``, ...) is passed to the module's ``virt.init``.
 
     On failure: a clear error with the hypervisor's real message; the key this call stored is
     removed and ``virt.init`` on the hypervisor removes what it created. Only a hypervisor that did

@@ -261,7 +261,7 @@ def running(name, cpu=None, mem=None, **kwargs):
       nic/disk profile ``default``, no graphics); applied live where the hypervisor can, the rest to the
       definition, and the comment says which ("applied live: ..." / "needs restart: ..."). Disks the
       state does not list are reported, never removed; a new disk must be blank (size) or an existing
-      file (path). Arguments that only matter at creation (image, seed, boot, ...) are not enforced.
+      file (path). Arguments that only matter at creation (image, seed, boot, cloud_init, ...) are not enforced.
 
     ``test=True`` returns the changes it would make (for a new VM: what ``virt.init`` will create).
 

@@ -9,7 +9,13 @@
 #   SALT-MINION-ID: <id>         /etc/salt/minion_id written by seeding (absent if not seeded)
 #   SALT-MINION-CONF: <file> <one line>   each /etc/salt/minion.d/*.conf, newlines folded to ' | '
 #   SALT-MINION-KEY: <sha256 of minion.pub>  /etc/salt/pki/minion/minion.pub
+#   CIDATA-USER: sha256=<hex> first=<line>   a cloud-init NoCloud CD (label cidata, SATA) is attached:
+#   CIDATA-META: <meta-data, newlines folded to ' | '>   what it holds (CIDATA-NET: sha256=... first=...
+#   CIDATA-WRITE: <path>         / none; each write_files path in user-data); no CD: none of these
 #   NET-UP eth0 <ip>             when guest.ip=ADDR/len (or dhcp) is on the kernel cmdline
+#   BOOT-HOOK: <unit> rc=<n>     after the network: the disk's enabled salt-virt-*.service one-shot units
+#                                (multi-user.target.wants) run like systemd would, their ExecStart script
+#                                from the disk with the initramfs's busybox (their own output is shown too)
 #   HB <n>                       heartbeat every second (guest.mode=poweroff powers off instead)
 set -euo pipefail
 OUT=$(realpath -m "${1:?usage: build-guest.sh OUTDIR}")
@@ -31,6 +37,7 @@ R=rootfs
 mkdir -p $R/bin $R/proc $R/sys $R/dev $R/mnt $R/tmp $R/lib/mod $R/etc
 cp bbx/bin/busybox $R/bin/busybox
 MODS="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net virtio_blk crc16 mbcache jbd2 crc32c_generic ext4 e1000"
+MODS="$MODS scsi_common scsi_mod libata libahci ahci cdrom sr_mod isofs"  # the cidata CD on SATA (AHCI)
 : > $R/lib/mod/order
 for m in $MODS; do
   f=$(find kx/lib/modules/"$KVER"/kernel -name "$m.ko*" | head -1)
@@ -55,8 +62,10 @@ for a in $(cat /proc/cmdline); do
 done
 echo "GUEST-BOOT-OK uptime=$(cut -d' ' -f1 /proc/uptime) kernel=$(uname -r)"
 for i in 1 2 3 4 5 6 7 8 9 10; do [ -b /dev/vda ] || [ -b /dev/sda ] && break; sleep 0.3; done
+ROOT=
 for d in /dev/vda1 /dev/vda /dev/sda1 /dev/sda; do
   if [ -b $d ] && mount -t ext4 -o ro $d /mnt 2>/dev/null; then
+    ROOT=$d
     [ -f /mnt/seed.txt ] && echo "SEED: $(cat /mnt/seed.txt)"
     [ -f /mnt/etc/salt/minion_id ] && echo "SALT-MINION-ID: $(cat /mnt/etc/salt/minion_id)"
     for c in /mnt/etc/salt/minion.d/*.conf; do
@@ -66,6 +75,23 @@ for d in /dev/vda1 /dev/vda /dev/sda1 /dev/sda; do
     umount /mnt; break
   fi
 done
+if ls /sys/bus/pci/drivers/ahci/0000:* >/dev/null 2>&1; then  # a SATA controller: maybe the cidata CD
+  for i in $(seq 1 25); do [ -b /dev/sr0 ] && break; sleep 0.2; done
+  mkdir -p /cd
+  if [ -b /dev/sr0 ] && mount -t iso9660 -o ro /dev/sr0 /cd 2>/dev/null; then
+    if [ -f /cd/user-data ]; then
+      echo "CIDATA-USER: sha256=$(sha256sum /cd/user-data | cut -d' ' -f1) first=$(head -n1 /cd/user-data)"
+      grep -o '^- path: .*' /cd/user-data | while read -r _ _ p; do echo "CIDATA-WRITE: $p"; done
+    fi
+    [ -f /cd/meta-data ] && echo "CIDATA-META: $(tr '\n' '|' < /cd/meta-data | sed 's/|/ | /g')"
+    if [ -f /cd/network-config ]; then
+      echo "CIDATA-NET: sha256=$(sha256sum /cd/network-config | cut -d' ' -f1) first=$(head -n1 /cd/network-config)"
+    else
+      echo "CIDATA-NET: none"
+    fi
+    umount /cd
+  fi
+fi
 ip link set lo up
 if [ -n "$IP" ]; then
   for i in 1 2 3 4 5; do [ -e /sys/class/net/eth0 ] && break; sleep 1; done
@@ -75,6 +101,15 @@ if [ -n "$IP" ]; then
   else
     ip addr add "$IP" dev eth0 && echo "NET-UP eth0 $IP"
   fi
+fi
+if [ -n "$ROOT" ] && mount -t ext4 -o ro $ROOT /mnt 2>/dev/null; then
+  for u in /mnt/etc/systemd/system/multi-user.target.wants/salt-virt-*.service; do
+    [ -e "$u" ] || [ -L "$u" ] || continue
+    x=$(sed -n 's/^ExecStart=//p' "/mnt/etc/systemd/system/${u##*/}" | head -n1)
+    s=${x##* }
+    sh "/mnt$s"; echo "BOOT-HOOK: ${u##*/} rc=$?"
+  done
+  umount /mnt
 fi
 if [ "$MODE" = poweroff ]; then echo "GUEST-POWEROFF"; sync; poweroff -f; fi
 n=0

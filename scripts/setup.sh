@@ -46,9 +46,21 @@ if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
 fi
 
 # 3. Tiny bootable test guest (no internet): kernel + busybox initramfs + seedable disks --------
-if [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ]; then
+# Rebuilt when build-guest.sh changes (hash stamp), into a new directory renamed into place: a guest
+# directory is never half-built.
+GUEST_HASH=$(sha256sum < "$HERE/scripts/build-guest.sh" | cut -c1-16)
+if [ ! -f "$GUEST/.ok-$GUEST_HASH" ] || [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ]; then
   log "building test guest in $GUEST"
-  bash "$HERE/scripts/build-guest.sh" "$GUEST"
+  NEW=$(mktemp -d "${GUEST%/}.new.XXXXXX")
+  bash "$HERE/scripts/build-guest.sh" "$NEW"
+  touch "$NEW/.ok-$GUEST_HASH"
+  chmod 755 "$NEW"
+  if [ -e "$GUEST" ]; then
+    OLD=$(mktemp -d "${GUEST%/}.old.XXXXXX")
+    mv "$GUEST" "$OLD/guest" && mv "$NEW" "$GUEST" && rm -rf "$OLD"
+  else
+    mv "$NEW" "$GUEST"
+  fi
 fi
 # 4. Debian 12 guest image with salt-minion (the tutorial's last step; ~3-6 min the first time) ----
 # Rebuilt only when its recipe (build script + salt venv recipe) changes. SALT_VIRT_DEBIAN_VARIANTS

@@ -126,8 +126,8 @@ def init_args(kwargs, where="virt.init"):
     if "install" in kwargs:
         install = kwargs.pop("install")
         warnings.append(
-            f"install={install} is ignored: salt-virt does not install salt-minion into images; "
-            "use an image with salt-minion installed (seed=True writes its config and keys)"
+            f"install={install} is ignored: salt-virt installs salt-minion at first boot when the image has "
+            "none and virt:minion_install is configured (see the minion section of virt.init's return)"
         )
     if "serial_type" in kwargs:
         stype = kwargs.pop("serial_type")

@@ -29,10 +29,22 @@ MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphi
 
 # desired ------------------------------------------------------------------------------------------
 def desired_spec(
-    name, cpu, mem, *, images_dir, profiles, vtype="qemu", image=None, image_format=None, allowed_paths=(), **init_args
+    name,
+    cpu,
+    mem,
+    *,
+    images_dir,
+    profiles,
+    vtype="qemu",
+    image=None,
+    image_format=None,
+    allowed_paths=(),
+    cloud_init=None,
+    **init_args,
 ):
     """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here).
-    ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only)."""
+    ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only). ``cloud_init`` only
+    shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
     spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
     return vmspec.build(
         name,
@@ -44,6 +56,7 @@ def desired_spec(
         images_dir=images_dir,
         profiles=profiles,
         allowed_paths=allowed_paths,
+        cloud_init=cloud_init,
         **spec_args,
     )
 
@@ -87,6 +100,8 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
             entry["image"] = d.image
         if d.attach:
             entry["attach"] = True
+        if d is vmspec.cidata_disk(spec):
+            entry.update(device="cdrom", cloud_init="seed volume, detached from the definition once started")
         disks[d.target] = entry
     out = {
         "cpu": spec.cpu,

@@ -15,7 +15,8 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import cleanup, domxml, envelope, fsutil, hosttype, images, intake, validate, voldisks
+from saltvirt import cleanup, cloudinit, domxml, envelope, firstboot, fsutil, hosttype, images, intake, validate
+from saltvirt import voldisks
 from saltvirt import seed as seeding
 from saltvirt import spec as vmspec
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
@@ -121,6 +122,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     trusted_image=False,
     max_image_mib=None,
     allowed_paths=(),
+    cloud_init=None,
+    minion_install=None,
     **spec_args,
 ):
     progress = progress or _no_progress
@@ -164,8 +167,10 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         images_dir=images_dir,
         profiles=profiles,
         allowed_paths=allowed_paths,
+        cloud_init=cloud_init,
         **spec_args,
     )
+    plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in
         # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return
@@ -197,9 +202,12 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
 
         result["seed"] = None
         if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
-            result["seed"], result["key"] = _seed(spec, seed_request)
+            result["seed"], result["key"] = _seed(spec, seed_request, plan)
+            result["minion"] = plan.report()
             progress("seeded", backend=result["seed"]["backend"])
             spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+        if spec.cloud_init is not None:
+            result["cloud_init"] = _cidata(spec, plan, undo)
         for made in result["disks"]:
             if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
                 voldisks.finish_staged(made, spec.disks[0])
@@ -213,6 +221,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         progress("defined", uuid=result["uuid"])
 
         result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
+        if result["started"] and spec.cloud_init is not None:  # the seed is single-use: see saltvirt.cloudinit
+            result["cloud_init"].update(cloudinit.retire(dom, spec))
         result["state"] = _read_back(dom, name, host)
     except BaseException as exc:
         errors = undo.run()
@@ -338,9 +348,11 @@ def _remove_manifest(vm_dir):
         os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
 
 
-def _seed(spec, req):
+def _seed(spec, req, plan):
     """Seed ``req`` (a :class:`saltvirt.seed.Request`) into the first disk: the minion's id, master, key
-    pair (opened here when the runner sealed it for this hypervisor) and config."""
+    pair (opened here when the runner sealed it for this hypervisor) and config; ``plan`` (a
+    :class:`saltvirt.firstboot.Plan`) looks into the image meanwhile. With ``cloud_init``, when no backend
+    can mount the image (or ``seed_backend='cloud-init'``), the files go on the cidata volume instead."""
     key = {"minion_id": req.minion_id}
     pub_key, priv_key = req.pub_key, req.priv_key
     if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.envelope)
@@ -357,11 +369,32 @@ def _seed(spec, req):
         req.minion_id, master=req.master, pub=pub_key, priv=priv_key, config=req.minion_config
     )
     disk = spec.disks[0]
+    if req.backend == firstboot.CLOUD_INIT_BACKEND:
+        if spec.cloud_init is None:
+            raise SaltInvocationError("seed_backend=cloud-init needs cloud_init (True or its documents)")
+        plan.via_cloud_init(files)
+        return firstboot.seeded_by_cloud_init(files, []), key
     try:
-        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format)
+        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=plan.inspect)
+    except seeding.SeedError as exc:
+        if spec.cloud_init is None or not exc.clean:
+            raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
+        plan.via_cloud_init(files)
+        done = firstboot.seeded_by_cloud_init(files, exc.attempts)
     except CommandExecutionError as exc:
         raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
     return done, key
+
+
+def _cidata(spec, plan, undo):
+    """Write the cloud-init seed ISO into the VM's directory (recorded as the VM's, undone on failure)."""
+    iso = vmspec.cidata_disk(spec).path
+    made = cloudinit.write_seed(spec, plan.additions())
+    undo.add(f"remove {iso}", lambda: os.path.exists(iso) and os.unlink(iso))
+    images.record_owned(spec.vm_dir, spec.name, [iso])
+    if not any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
+        undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+    return made
 
 
 def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
@@ -377,6 +410,7 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     undefine(conn, name)
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)
+    files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
     vols = voldisks.remove_owned(conn, vm_dir, name, uuid, voldisks.disk_refs(facts))
     outcome = images.remove_owned(vm_dir, name, uuid, files)
     gc = intake.gc_bases(images_dir)  # cached bases no image backs onto any more

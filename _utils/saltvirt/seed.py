@@ -50,6 +50,21 @@ class _GuestError(Exception):
     """The image's content is the problem: every other backend would fail the same way."""
 
 
+class SeedError(CommandExecutionError):
+    """No backend could seed the image. ``attempts`` as :func:`seed` reports them; ``clean``: every
+    backend cleaned up after itself (nothing is left attached or mounted)."""
+
+    def __init__(self, message, attempts, clean):
+        super().__init__(message)
+        self.attempts, self.clean = attempts, clean
+
+
+class Link(str):
+    """A symlink to write into the guest (its target), instead of a file's content."""
+
+    __slots__ = ()
+
+
 # files ---------------------------------------------------------------------------------------------
 def salt_minion_files(minion_id, master=None, pub=None, priv=None, config=None):
     """The files a Salt minion needs on first boot: ``{guest path: {'content': bytes, 'mode': int}}``."""
@@ -103,6 +118,12 @@ def _normalize_files(files):
             raise SaltInvocationError(f"guest path must be an absolute file path, got {path!r}")
         if any(ord(c) < 32 for c in path) or os.path.normpath(path) != path or ".." in path.split("/"):
             raise SaltInvocationError(f"guest path {path!r} must be normalized, without '..', NUL or control chars")
+        if isinstance(spec, dict) and "symlink" in spec:
+            target = spec["symlink"]
+            if not isinstance(target, str) or not target or any(ord(c) < 32 for c in target):
+                raise SaltInvocationError(f"{path}: symlink target must be a path, got {target!r}")
+            out[path] = (Link(target), 0o777)
+            continue
         content, mode = (spec.get("content"), spec.get("mode", 0o644)) if isinstance(spec, dict) else (spec, 0o644)
         content = content.encode() if isinstance(content, str) else content
         if not isinstance(content, bytes):
@@ -114,6 +135,45 @@ def _normalize_files(files):
         if any(other.startswith(path + "/") for other in out):
             raise SaltInvocationError(f"{path} is both a file and a parent directory of other files")
     return out
+
+
+class _Files(dict):
+    """Normalized files plus the caller's ``inspect`` hook (see :func:`seed`)."""
+
+    inspect = None
+    added = ()  # the paths inspect added
+
+
+def _complete(files, exists):
+    """``files`` plus what the caller's ``inspect`` hook adds once it has looked into the mounted guest."""
+    if getattr(files, "inspect", None) is None:
+        return files
+    extra = files.inspect(exists) or {}
+    files.added = tuple(sorted(extra))
+    return {**files, **(_normalize_files(extra) if extra else {})}
+
+
+def _guest_exists(root, path, depth=0):
+    """Whether ``path`` exists in the guest whose root is the fd ``root`` (symlinks resolved inside it)."""
+    parts = path.strip("/").split("/")
+    try:
+        dfd = _open_dir(root, parts[:-1], create=False)
+    except (OSError, _GuestError):
+        return False
+    try:
+        st = os.lstat(parts[-1], dir_fd=dfd)
+        if not stat.S_ISLNK(st.st_mode):
+            return True
+        target = os.readlink(parts[-1], dir_fd=dfd)
+        if depth >= 40:
+            return False
+        if not target.startswith("/"):
+            target = os.path.normpath("/" + "/".join(parts[:-1] + [target]))
+        return _guest_exists(root, target, depth + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
 
 
 # the request --------------------------------------------------------------------------------------
@@ -320,7 +380,7 @@ def _seed_device(dev, files, tmp, undo):
                 if not _has_etc(root):
                     tried.append(f"{label} ({fstype}): no /etc")
                     continue
-                _write_files(root, files)
+                _write_files(root, _complete(files, lambda p, r=root: _guest_exists(r, p)))
             finally:
                 os.close(root)
             _run(["sync", "-f", mnt], f"syncing {label}")
@@ -393,6 +453,9 @@ def _write_files(root, files):
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=dfd)
+            if isinstance(content, Link):
+                _write_link(dfd, tmp, name, content, path)
+                continue
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
             try:
                 view = memoryview(content)
@@ -411,6 +474,16 @@ def _write_files(root, files):
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _write_link(dfd, tmp, name, target, path):
+    """A symlink ``name`` -> ``target`` in the directory fd ``dfd``; replaces only a symlink."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISLNK(os.lstat(name, dir_fd=dfd).st_mode):
+            raise _GuestError(f"{path} exists in the guest and is not a symlink: not replacing it")
+    os.symlink(target, tmp, dir_fd=dfd)
+    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    os.fsync(dfd)
 
 
 # backends ------------------------------------------------------------------------------------------
@@ -572,9 +645,12 @@ def _libguestfs(image, fmt, files, tmp, undo):
             g("umount-all")
             tried.append(f"{dev} ({fstype}): no /etc")
             continue
-        for path, (content, mode) in files.items():
+        for path, (content, mode) in _complete(files, lambda p: bool(g("exists", p))).items():
             g("mkdir-p", os.path.dirname(path))
-            g.write(path, content, mode)
+            if isinstance(content, Link):
+                g("ln-sf", str(content), path)
+            else:
+                g.write(path, content, mode)
         g("umount-all")
         g("shutdown")  # syncs the disks and waits for the appliance to exit
         return {"root": dev, "fstype": fstype}
@@ -585,16 +661,21 @@ _BACKENDS = {"libguestfs": _libguestfs, "qemu-nbd": _qemu_nbd, "qsd-fuse": _qsd_
 
 
 # entry point ---------------------------------------------------------------------------------------
-def seed(image_path, files, backend="auto", fmt=None):
+def seed(image_path, files, backend="auto", fmt=None, inspect=None):
     """Write ``files`` into the root filesystem of the stopped image ``image_path``.
 
     ``backend``: 'auto' (each of BACKENDS in turn) or one of them. ``fmt``: the image's format, trusted
     over probing (None: detect). Returns ``{backend, attempts: [{backend, ok, reason, seconds}], root,
-    fstype, files, seconds}``; raises CommandExecutionError naming every backend tried and why it failed.
+    fstype, files, seconds}``; raises :class:`SeedError` naming every backend tried and why it failed.
+
+    ``inspect``: called as ``inspect(exists)`` while the guest's root filesystem is mounted, before the
+    files are written; ``exists(path)`` tells whether a path exists in the guest (nothing is executed);
+    it returns more files to write (same form as ``files``, ``{path: {'symlink': target}}`` for a link).
     """
     started = time.monotonic()
     image = os.path.abspath(images._existing_image(image_path))
-    files = _normalize_files(files)
+    files = _Files(_normalize_files(files))
+    files.inspect = inspect
     if backend not in BACKENDS + ("auto",):
         raise SaltInvocationError(f"seed backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
     if fmt is None:  # callers with an untrusted image pass the format saltvirt.intake decided
@@ -602,7 +683,7 @@ def seed(image_path, files, backend="auto", fmt=None):
     if fmt not in images.DISK_FORMATS:
         raise SaltInvocationError(f"cannot seed a {fmt} image: only {images.DISK_FORMATS} are supported")
     _refuse_if_in_use(image)
-    attempts = []
+    attempts, clean = [], True
     for name in BACKENDS if backend == "auto" else (backend,):
         t0, undo = time.monotonic(), Undo(what="seed cleanup")
         tmp = tempfile.mkdtemp(prefix="salt-virt-seed-")
@@ -621,13 +702,13 @@ def seed(image_path, files, backend="auto", fmt=None):
             cleanup = undo.run()
         if cleanup:  # something may still be attached: do not go on
             error = f"{error or 'wrote the files'}, then cleanup failed: {'; '.join(cleanup)}"
-            outcome, stop = None, True
+            outcome, stop, clean = None, True, False
         seconds = round(time.monotonic() - t0, 3)
         attempts.append({"backend": name, "ok": outcome is not None, "reason": error or "ok", "seconds": seconds})
         if outcome is not None:
             total = round(time.monotonic() - started, 3)
-            return dict(outcome, backend=name, attempts=attempts, files=sorted(files), seconds=total)
+            return dict(outcome, backend=name, attempts=attempts, files=sorted([*files, *files.added]), seconds=total)
         if stop:
             break
     summary = "; ".join(f"{a['backend']}: {a['reason']}" for a in attempts)
-    raise CommandExecutionError(f"could not seed {image}: {summary}")
+    raise SeedError(f"could not seed {image}: {summary}", attempts, clean)

@@ -36,6 +36,9 @@ DEFAULT_DISKS = [{"name": "system"}]  # from the image; without an image: a blan
 DEFAULT_BLANK_DISK_MIB = 8192
 NIC_TYPES = ("bridge", "network", "direct")
 DISK_BUSES = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
+# the NoCloud seed volume (cloud_init=...): a read-only CD-ROM on SATA (libvirt adds the AHCI controller on
+# i440fx and q35 alike; IDE does not exist on q35), present in the definition until the first start
+CIDATA_DISK = {"name": "cidata", "file": "cidata.iso", "bus": "sata"}
 
 
 @dataclass
@@ -95,6 +98,8 @@ class VMSpec:
     # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
     # salt-run virt.purge deletes a master key only when it is this very key
     minion_key: dict | None = None
+    # cloud_init= as saltvirt.speckeys.cloud_init checked it ({} for True), None: no cidata volume
+    cloud_init: dict | None = None
 
 
 def _named_entries(value, what):
@@ -313,6 +318,7 @@ def build(
     arch="x86_64",
     group=None,
     allowed_paths=(),
+    cloud_init=None,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -339,6 +345,9 @@ def build(
     default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
     disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), _named_entries(disks, "disks"))
     disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(disk_entries)]
+    cloud = speckeys.cloud_init(cloud_init)
+    if cloud is not None:
+        disk_objs.append(_cidata_disk(disk_objs, vm_dir))
     _assign_targets(disk_objs)
 
     gfx = None
@@ -378,4 +387,23 @@ def build(
         serial_log=serial_log,
         vm_dir=vm_dir,
         group=validate.vm_name(group, "group") if group else None,
+        cloud_init=cloud,
     )
+
+
+def _cidata_disk(disks, vm_dir):
+    """The cloud-init NoCloud CD-ROM (its ISO is written by saltvirt.cloudinit into the VM's directory)."""
+    if any(d.name == CIDATA_DISK["name"] for d in disks):
+        raise SaltInvocationError(
+            f"a disk named {CIDATA_DISK['name']!r} is given and cloud_init needs that name for its seed volume: "
+            "rename the disk"
+        )
+    path = os.path.join(vm_dir, CIDATA_DISK["file"])
+    return Disk(name=CIDATA_DISK["name"], format="raw", path=path, bus=CIDATA_DISK["bus"], device="cdrom")
+
+
+def cidata_disk(spec):
+    """The spec's cloud-init seed CD-ROM, or None."""
+    if spec.cloud_init is None:
+        return None
+    return next((d for d in spec.disks if d.name == CIDATA_DISK["name"] and d.device == "cdrom"), None)

@@ -192,3 +192,141 @@ def scalar(value, what, example):
             f"{what} as a {type(value).__name__} (Salt's detailed form) {_NOT_YET}: give a number, e.g. {example}"
         )
     return value
+
+
+# cloud-init (NoCloud) ------------------------------------------------------------------------------
+CLOUD_INIT_KEYS = ("user_data", "meta_data", "network_config", "users", "ssh_authorized_keys", "hostname", "ip")
+CLOUD_INIT_KEYS += ("gateway", "dns")
+CLOUD_INIT_MAX_BYTES = 65536  # per document (user-data, meta-data, network-config): EC2's is 16 KiB
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_USER_KEYS = ("name", "gecos", "groups", "shell", "sudo", "lock_passwd", "ssh_authorized_keys", "primary_group")
+
+
+def _document(value, what):
+    """user_data / meta_data / network_config: text (kept byte for byte) or, except user_data, a mapping."""
+    if isinstance(value, dict):
+        try:
+            import yaml  # noqa: PLC0415 - only when a mapping is given
+
+            text = yaml.safe_dump(value, default_flow_style=False, sort_keys=False)
+        except Exception as exc:  # noqa: BLE001 - any non-representable value is bad input
+            raise SaltInvocationError(f"{what} cannot be written as YAML: {exc}") from None
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise SaltInvocationError(f"{what} must be text{'' if what.endswith('user_data') else ' or a mapping'}, got "
+                                  f"{type(value).__name__}")  # fmt: skip
+    if "\x00" in text:
+        raise SaltInvocationError(f"{what} must not contain NUL characters")
+    if len(text.encode("utf-8", "surrogatepass")) > CLOUD_INIT_MAX_BYTES:
+        raise SaltInvocationError(
+            f"{what} is larger than {CLOUD_INIT_MAX_BYTES} bytes: fetch big payloads from the guest "
+            "(cloud-init #include or runcmd) instead"
+        )
+    return value
+
+
+def _line_list(value, what, pattern=None, maximum=16384):
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise SaltInvocationError(f"{what} must be a non-empty list of strings, got {value!r}")
+    for item in value:
+        _plain_text(item, what, maximum=maximum)
+        if pattern is not None and not pattern.fullmatch(item):
+            raise SaltInvocationError(f"{what}: {item!r} is not valid")
+    return list(value)
+
+
+def _cloud_users(value):
+    if not isinstance(value, list) or not value:
+        raise SaltInvocationError(f"cloud_init:users must be a list of user names or mappings, got {value!r}")
+    out = []
+    for item in value:
+        user = {"name": item} if isinstance(item, str) else item
+        check_keys(user, "cloud_init:users entry", _USER_KEYS)
+        if not isinstance(user.get("name"), str) or not _USER_RE.fullmatch(user["name"]):
+            raise SaltInvocationError(
+                f"cloud_init:users: name must be a user name like admin, got {user.get('name')!r}"
+            )
+        for key, val in user.items():
+            if key == "ssh_authorized_keys":
+                _line_list(val, "cloud_init:users:ssh_authorized_keys")
+            elif key == "groups" and isinstance(val, list):
+                _line_list(val, "cloud_init:users:groups", _USER_RE)
+            elif key in ("lock_passwd",):
+                if not isinstance(val, bool):
+                    raise SaltInvocationError(f"cloud_init:users:{key} must be true or false, got {val!r}")
+            else:
+                _plain_text(val, f"cloud_init:users:{key}", maximum=256)
+        out.append(dict(user))
+    return out
+
+
+def cloud_init(value):
+    """``cloud_init``: ``True`` (generated documents), a mapping of :data:`CLOUD_INIT_KEYS`, or
+    None/False (no cidata volume). Returns the checked mapping ({} for True) or None.
+
+    ``user_data`` is text (cloud-config, a script, MIME: passed byte for byte); ``meta_data`` and
+    ``network_config`` are text or mappings. The short forms (``users``, ``ssh_authorized_keys``,
+    ``hostname``, static ``ip``/``gateway``/``dns``) build the documents instead and cannot be mixed with
+    the document they would write."""
+    if value in (None, False, "", "false", "False"):
+        return None
+    if value is True or value in ("true", "True"):
+        return {}
+    check_keys(value, "cloud_init", CLOUD_INIT_KEYS)
+    out = dict(value)
+    for key in ("user_data", "meta_data", "network_config"):
+        if out.get(key) is not None:
+            if key == "user_data" and not isinstance(out[key], str):
+                raise SaltInvocationError(f"cloud_init:user_data must be text (e.g. '#cloud-config ...'), got "
+                                          f"{type(out[key]).__name__}")  # fmt: skip
+            _document(out[key], f"cloud_init:{key}")
+    if out.get("user_data") is not None and (out.get("users") or out.get("ssh_authorized_keys")):
+        raise SaltInvocationError(
+            "cloud_init: give either user_data or users/ssh_authorized_keys (they would write the same document)"
+        )
+    if out.get("meta_data") is not None and out.get("hostname"):
+        raise SaltInvocationError("cloud_init: give either meta_data (with local-hostname) or hostname, not both")
+    if out.get("network_config") is not None and any(out.get(k) for k in ("ip", "gateway", "dns")):
+        raise SaltInvocationError("cloud_init: give either network_config or ip/gateway/dns, not both")
+    if out.get("users") is not None:
+        out["users"] = _cloud_users(out["users"])
+    if out.get("ssh_authorized_keys") is not None:
+        out["ssh_authorized_keys"] = _line_list(out["ssh_authorized_keys"], "cloud_init:ssh_authorized_keys")
+    if out.get("hostname") is not None and not (
+        isinstance(out["hostname"], str) and _HOSTNAME_RE.fullmatch(out["hostname"])
+    ):
+        raise SaltInvocationError(f"cloud_init:hostname must be a host name, got {out['hostname']!r}")
+    return _cloud_network(out)
+
+
+def _cloud_network(out):
+    """The static network short form: ip (with prefix), gateway, dns."""
+    if out.get("ip") is not None:
+        try:
+            iface = ipaddress.ip_interface(str(out["ip"]))
+        except ValueError:
+            iface = None
+        if iface is None or "/" not in str(out["ip"]) or not isinstance(out["ip"], str):
+            raise SaltInvocationError(f"cloud_init:ip must be an address with its prefix like 10.0.0.5/24, got "
+                                      f"{out['ip']!r}")  # fmt: skip
+        out["ip"] = str(iface)
+    elif out.get("gateway") or out.get("dns"):
+        raise SaltInvocationError("cloud_init: gateway/dns need a static ip (ip: 10.0.0.5/24)")
+    if out.get("gateway") is not None:
+        out["gateway"] = _ip(out["gateway"], "cloud_init:gateway")
+    if out.get("dns") is not None:
+        dns = [out["dns"]] if isinstance(out["dns"], str) else out["dns"]
+        if not isinstance(dns, list) or not dns:
+            raise SaltInvocationError(f"cloud_init:dns must be a list of addresses, got {out['dns']!r}")
+        out["dns"] = [_ip(d, "cloud_init:dns") for d in dns]
+    return out
+
+
+def _ip(value, what):
+    try:
+        return str(ipaddress.ip_address(str(value)))
+    except ValueError:
+        raise SaltInvocationError(f"{what} must be an IP address, got {value!r}") from None

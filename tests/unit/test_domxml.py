@@ -101,6 +101,8 @@ GOLDEN_CASES = {
     "disk-cdrom": vm(
         disks=[spec.Disk("iso", format="raw", path="/srv/iso/install.iso", device="cdrom", bus="sata", target="sdb")]
     ),
+    # the cloud-init seed volume exactly as spec.build makes it for cloud_init=... (saltvirt.cloudinit)
+    "disk-cidata": vm(disks=[spec.build("golden1", 1, 64, images_dir="/srv/vms", disk=None, cloud_init=True).disks[0]]),
     "nic-bridge": vm(nics=[spec.Nic("eth0", type="bridge", source="br0", model="virtio", mac="52:54:00:6b:00:01")]),
     "nic-network": vm(nics=[spec.Nic("eth0", type="network", source="default", model="e1000")]),
     "nic-direct": vm(nics=[spec.Nic("eth0", type="direct", source="eno1", model="virtio", mac="52:54:00:6b:00:02")]),

@@ -32,7 +32,6 @@ WITHOUT_UNIT_FILE = {
     "lifecycle",
     "loader",
     "relocate",
-    "seed",
     "storage",
 }
 
