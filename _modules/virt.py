@@ -38,7 +38,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt import conn as _c
-    from saltvirt import compat, hosttype, intake, lifecycle, provision, query
+    from saltvirt import compat, guestips, hosttype, intake, lifecycle, provision, query
     from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ def init(
     checksum=None,
     allow_http=False,
     trusted_image=False,
+    guest_agent=True,
     **kwargs,
 ):
     """
@@ -159,6 +160,9 @@ def init(
         group on the same host).
     vtype
         ``kvm`` or ``qemu``; default ``virt:type`` or what the host can really run.
+    guest_agent
+        add the QEMU guest agent's channel (``org.qemu.guest_agent.0``), through which ``virt.vm_info``
+        reads the guest's IP addresses when the guest runs the agent; ``False`` leaves it out.
 
     CLI Example:
 
@@ -200,6 +204,7 @@ def init(
             trusted_image=trusted_image,
             max_image_mib=_cfg("virt:max_image_mib", None),
             allowed_paths=_allowed_paths(),
+            guest_agent=guest_agent,
             **spec_args,
         )
     if warnings:
@@ -445,16 +450,30 @@ def list_inactive_vms(connection=None, **kwargs):
         return query.list_domains(conn, "inactive")
 
 
+def _agent_timeout():
+    """``virt:guest_agent_timeout``: seconds the guest agent calls of one query may take together."""
+    value = _cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        value = -1
+    if not 0 < value <= 60:
+        raise SaltInvocationError(f"virt:guest_agent_timeout must be a number of seconds (0-60], not {value!r}")
+    return value
+
+
 def vm_info(vm_=None, connection=None, **kwargs):
     """
-    State, cpu, memory, disks (file, format, size), NICs (MAC, source, model) and graphics of one VM,
-    or of all.
+    State, cpu, memory, disks (file, format, size), NICs (MAC, source, model, and for a running VM its
+    ``ips``: ``[{address, prefix, type, source}]``, source ``agent``, ``lease`` or ``arp``) and graphics
+    of one VM, or of all. Addresses from the guest agent or ARP are what the guest claims: never trust them.
 
     CLI Example:: salt '*' virt.vm_info web1
     """
     _salt_kwargs(kwargs, "virt.vm_info")
+    timeout = _agent_timeout()
     with _conn(connection) as conn:
-        return query.vm_info(conn, vm_)
+        return query.vm_info(conn, vm_, agent_timeout=timeout)
 
 
 def vm_state(vm_=None, connection=None, **kwargs):
@@ -474,8 +493,9 @@ def full_info(connection=None, **kwargs):
     CLI Example:: salt '*' virt.full_info
     """
     _salt_kwargs(kwargs, "virt.full_info")
+    timeout = _agent_timeout()
     with _conn(connection) as conn:
-        ret = query.full_info(conn, _images_dir())
+        ret = query.full_info(conn, _images_dir(), agent_timeout=timeout)
         ret.update(freecpu=query.freecpu(conn), freemem=query.freemem(conn), node_info=query.node_info(conn))
         return ret
 

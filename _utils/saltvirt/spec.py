@@ -95,6 +95,7 @@ class VMSpec:
     # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
     # salt-run virt.purge deletes a master key only when it is this very key
     minion_key: dict | None = None
+    guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
 
 
 def _named_entries(value, what):
@@ -313,6 +314,7 @@ def build(
     arch="x86_64",
     group=None,
     allowed_paths=(),
+    guest_agent=True,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -378,4 +380,5 @@ def build(
         serial_log=serial_log,
         vm_dir=vm_dir,
         group=validate.vm_name(group, "group") if group else None,
+        guest_agent=validate.to_bool(guest_agent),
     )
