@@ -382,8 +382,8 @@ def init(
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
                 created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)
-                if created["wait"]["result"] != "ok":
-                    __context__["retcode"] = 1
+                if created["wait"]["result"] != "ok":  # salt-run's exit code: the VM is there, the wait failed
+                    __context__["retcode"] = created["retcode"] = 1
     except SaltException as exc:
         progress("failed", error=getattr(exc, "error", None) or str(exc))
         return _failed(exc)

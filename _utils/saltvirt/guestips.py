@@ -79,16 +79,24 @@ def clean(raw, source):
     return {mac: ips for mac, ips in out.items() if ips}
 
 
+def _host_wide(exc):
+    """True for an error of the source itself (not of this VM): not worth asking again for the next VM."""
+    codes = ("VIR_ERR_INTERNAL_ERROR", "VIR_ERR_NO_SUPPORT", "VIR_ERR_OPERATION_UNSUPPORTED")
+    return exc.get_error_code() in {getattr(libvirt, c) for c in codes}
+
+
 def ask(dom, source):
-    """``({mac: [address]}, note)`` from one source for one VM; ``note`` says why it gave nothing."""
+    """``(found, note, host_wide)`` from one source for one VM: ``{mac: [address]}``; ``note`` says why it
+    gave nothing; ``host_wide``: the source itself failed (libvirt 9.0's ARP source fails on some kernels
+    with "wrong nlmsg len", for example), so it is not asked for the other VMs of this query."""
     try:
-        return clean(dom.interfaceAddresses(_flag(source)), source), None
+        return clean(dom.interfaceAddresses(_flag(source)), source), None, False
     except libvirt.libvirtError as exc:
-        return {}, f"{source}: {exc.get_error_message()}"
+        return {}, f"{source}: {exc.get_error_message()}", _host_wide(exc)
 
 
 def ask_agents(doms, timeout=AGENT_TIMEOUT):
-    """``{name: (found, note)}``: the guest agents of ``doms`` ({name: dom}), asked in a few daemon threads;
+    """``{name: (found, note, host_wide)}``: the guest agents of ``doms`` ({name: dom}), asked in a few daemon threads;
     a VM whose agent has not answered when ``timeout`` seconds are up gets a note instead (its call may
     still finish in the background: it never holds up this query or the job)."""
     if not doms:
@@ -112,7 +120,7 @@ def ask_agents(doms, timeout=AGENT_TIMEOUT):
     for thread in threads[: len(doms)]:
         thread.join(max(0.0, deadline - time.monotonic()))
     stop.set()
-    late = ({}, f"agent: no answer within {timeout:g} s")
+    late = ({}, f"agent: no answer within {timeout:g} s", False)
     return {name: results.get(name, late) for name in doms}
 
 
@@ -125,18 +133,25 @@ def _missing(nics, found, types):
     return [n for n in nics.values() if n.get("type") in types and not found.get((n.get("mac") or "").lower())]
 
 
-def _lookup(dom, nics, agent_answer):
-    """Addresses of one running VM's NICs: the agent's answer, then leases, then ARP for what is missing."""
+def _lookup(dom, nics, agent_answer, failed):
+    """Addresses of one running VM's NICs: the agent's answer, then leases, then ARP for what is missing.
+    ``failed``: {source: note} of sources that failed host-wide in this query (skipped, note repeated)."""
     found, notes = dict(agent_answer[0]) if agent_answer else {}, []
     if agent_answer and agent_answer[1]:
         notes.append(agent_answer[1])
     for source, types in (("lease", ("network",)), ("arp", _ARP_TYPES)):
-        if _missing(nics, found, types):
-            more, note = ask(dom, source)
-            for mac, ips in more.items():
-                found.setdefault(mac, ips)
-            if note:
-                notes.append(note)
+        if not _missing(nics, found, types):
+            continue
+        if source in failed:
+            notes.append(failed[source])
+            continue
+        more, note, host_wide = ask(dom, source)
+        for mac, ips in more.items():
+            found.setdefault(mac, ips)
+        if note:
+            notes.append(note)
+            if host_wide:
+                failed[source] = note
     return found, notes
 
 
@@ -150,9 +165,10 @@ def annotate(doms, infos, agent_timeout=AGENT_TIMEOUT):
         if info.get("state") == "running" and info.get("nics") and name in doms:
             running[name] = info
     agents = ask_agents({n: doms[n] for n, info in running.items() if _wants_agent(info)}, agent_timeout)
+    failed = {}
     for name, info in running.items():
         try:
-            found, notes = _lookup(doms[name], info["nics"], agents.get(name))
+            found, notes = _lookup(doms[name], info["nics"], agents.get(name), failed)
         except libvirt.libvirtError as exc:  # e.g. stopped meanwhile: the rest of its entry still stands
             found, notes = {}, [exc.get_error_message()]
         for nic in info["nics"].values():
