@@ -452,13 +452,15 @@ def list_inactive_vms(connection=None, **kwargs):
 
 def _agent_timeout():
     """``virt:guest_agent_timeout``: seconds the guest agent calls of one query may take together."""
-    value = _cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT)
+    raw = _cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT)
     try:
-        value = float(value)
+        value = float(raw)
     except (TypeError, ValueError):
-        value = -1
-    if not 0 < value <= 60:
-        raise SaltInvocationError(f"virt:guest_agent_timeout must be a number of seconds (0-60], not {value!r}")
+        value = -1.0
+    if isinstance(raw, bool) or not 0 < value <= 60:
+        raise SaltInvocationError(
+            f"virt:guest_agent_timeout must be a number of seconds above 0, at most 60, not {raw!r}"
+        )
     return value
 
 
@@ -511,7 +513,7 @@ def get_xml(vm_, inactive=False, connection=None, **kwargs):
 
 
 def get_nics(vm_, connection=None, **kwargs):
-    """``{mac: {type, source, model, target}}`` of a VM.
+    """``{mac: {type, source, model, target, ips}}`` of a VM (``ips`` as in ``virt.vm_info``).
 
     CLI Example:: salt '*' virt.get_nics web1
     """
