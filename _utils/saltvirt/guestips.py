@@ -13,12 +13,16 @@ Sources, asked in this order and only for running VMs, each at most once per VM 
     the hypervisor's neighbour table (NICs of type ``bridge``/``network`` still without an address):
     only guests the hypervisor has exchanged packets with.
 
+Lease and ARP lookups of one query run in :data:`LOOKUP_WORKERS` threads (one libvirt call each, in
+parallel); a source that fails for the whole host is asked once per query, not once per VM.
+
 The agent's and ARP's answers are guest-controlled: a guest can claim any address. They are shown
 labelled by source, never used to decide anything; only well-formed addresses are kept (loopback,
 link-local, multicast and unspecified ones are dropped), at most :data:`MAX_PER_NIC` per NIC.
 """
 
 import ipaddress
+import logging
 import queue
 import re
 import threading
@@ -26,8 +30,11 @@ import time
 
 from saltvirt.conn import libvirt
 
+log = logging.getLogger(__name__)
+
 AGENT_TIMEOUT = 2.0  # seconds for all the guest agent calls of one query together
 AGENT_WORKERS = 8
+LOOKUP_WORKERS = 4  # lease/ARP lookups of one query in parallel: a few libvirtd workers, not all of them
 MAX_PER_NIC = 16
 SOURCES = ("agent", "lease", "arp")
 _MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -95,33 +102,45 @@ def ask(dom, source):
         return {}, f"{source}: {exc.get_error_message()}", _host_wide(exc)
 
 
-def ask_agents(doms, timeout=AGENT_TIMEOUT):
-    """``{name: (found, note, host_wide)}``: the guest agents of ``doms`` ({name: dom}), asked in a few daemon threads;
-    a VM whose agent has not answered when ``timeout`` seconds are up gets a note instead (its call may
-    still finish in the background: it never holds up this query or the job)."""
-    if not doms:
-        return {}
+def in_threads(items, fn, workers, timeout=None):
+    """``{key: fn(value)}`` for ``items`` ({key: value}), run in up to ``workers`` daemon threads (libvirt
+    calls release the GIL and one connection carries concurrent calls). With ``timeout`` (seconds), keys
+    not done by then are left out: their calls may finish in the background but never hold up the caller
+    or the job. An exception of ``fn`` leaves its key out too (and is logged)."""
+    if len(items) <= 1 and timeout is None:
+        return {key: fn(value) for key, value in items.items()}
     todo, results, stop = queue.SimpleQueue(), {}, threading.Event()
-    for item in doms.items():
+    for item in items.items():
         todo.put(item)
 
     def work():
         while not stop.is_set():
             try:
-                name, dom = todo.get_nowait()
+                key, value = todo.get_nowait()
             except queue.Empty:
                 return
-            results[name] = ask(dom, "agent")
+            try:
+                results[key] = fn(value)
+            except Exception:  # noqa: BLE001 - one VM's lookup must not lose the others'
+                log.exception("guest IP lookup of %s failed", key)
 
-    threads = [threading.Thread(target=work, daemon=True, name="saltvirt-agent") for _ in range(AGENT_WORKERS)]
-    for thread in threads[: len(doms)]:
+    threads = [threading.Thread(target=work, daemon=True, name="saltvirt-ips") for _ in range(min(workers, len(items)))]
+    for thread in threads:
         thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads[: len(doms)]:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for thread in threads:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
     stop.set()
+    return dict(results)
+
+
+def ask_agents(doms, timeout=AGENT_TIMEOUT):
+    """``{name: (found, note, host_wide)}``: the guest agents of ``doms`` ({name: dom}), asked in a few
+    threads under one budget; a VM whose agent has not answered when ``timeout`` seconds are up gets a
+    note instead."""
+    answers = in_threads(doms, lambda dom: ask(dom, "agent"), AGENT_WORKERS, timeout)
     late = ({}, f"agent: no answer within {timeout:g} s", False)
-    return {name: results.get(name, late) for name in doms}
+    return {name: answers.get(name, late) for name in doms}
 
 
 def _wants_agent(info):
@@ -165,12 +184,14 @@ def annotate(doms, infos, agent_timeout=AGENT_TIMEOUT):
         if info.get("state") == "running" and info.get("nics") and name in doms:
             running[name] = info
     agents = ask_agents({n: doms[n] for n, info in running.items() if _wants_agent(info)}, agent_timeout)
-    failed = {}
+    failed = {}  # sources that failed host-wide in this query
+
+    def lookup(name):
+        return _lookup(doms[name], running[name]["nics"], agents.get(name), failed)
+
+    looked = in_threads({name: name for name in running}, lookup, LOOKUP_WORKERS)
     for name, info in running.items():
-        try:
-            found, notes = _lookup(doms[name], info["nics"], agents.get(name), failed)
-        except libvirt.libvirtError as exc:  # e.g. stopped meanwhile: the rest of its entry still stands
-            found, notes = {}, [exc.get_error_message()]
+        found, notes = looked.get(name, ({}, ["the address lookup failed (see the minion log)"]))
         for nic in info["nics"].values():
             nic["ips"] = found.get((nic.get("mac") or "").lower(), [])
         if notes:

@@ -138,8 +138,8 @@ def test_guest_claimed_addresses_are_validated():
 
 def test_a_source_failing_host_wide_is_asked_once_per_query(conn):
     """libvirt 9.0's ARP source fails on the lab's kernel ("internal error: wrong nlmsg len"): every VM
-    names the failure, but it is asked only once, not once per VM."""
-    doms = {n: _define(conn, n, [("bridge", "br0", MAC1)]) for n in ("b1", "b2", "b3")}
+    names the failure, but it is not asked again for every VM."""
+    doms = {f"b{i}": _define(conn, f"b{i}", [("bridge", "br0", MAC1)]) for i in range(12)}
 
     class BrokenArp(Counting):
         def interfaceAddresses(self, source):  # noqa: N802 - libvirt's name
@@ -159,7 +159,8 @@ def test_a_source_failing_host_wide_is_asked_once_per_query(conn):
         infos = {n: query.describe(d, "hv") for n, d in doms.items()}
         guestips.annotate(counted, infos)
         calls = sum(len(c.calls) for c in counted.values())
-        assert calls == (1 if host_wide else 3), kind
+        # lookups run in LOOKUP_WORKERS threads: at most that many ask before the first failure is known
+        assert calls <= guestips.LOOKUP_WORKERS if host_wide else calls == len(doms), (kind, calls)
         notes = {info["ips_note"] for info in infos.values()}
         assert len(notes) == 1 and next(iter(notes)).startswith("arp: "), notes
 
@@ -213,9 +214,9 @@ def test_agent_threads_do_not_outlive_their_work(conn):
     answers = guestips.ask_agents(doms, timeout=10)
     assert all(note is None and found[MAC1][0]["source"] == "agent" for found, note, _ in answers.values())
     deadline = time.monotonic() + 5
-    while any(t.name == "saltvirt-agent" for t in threading.enumerate()) and time.monotonic() < deadline:
+    while any(t.name == "saltvirt-ips" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not any(t.name == "saltvirt-agent" for t in threading.enumerate())
+    assert not any(t.name == "saltvirt-ips" for t in threading.enumerate())
 
 
 @pytest.mark.parametrize("state", ["connected", "unknown"])
