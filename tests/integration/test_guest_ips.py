@@ -102,13 +102,14 @@ def test_lease_address_wait_ip_vm_info_and_query(salt_master, salt_run_cli, salt
     assert info["nics"][mac]["ips"] == ips and "ips_note" not in info
 
     # the runner's fleet query and vm_info, and the text a user reads
-    data = salt_run_cli.run("virt.query", f"tgt={MINION}").data
+    # timeout=30: on a loaded CI machine hyper1 may take more than Salt's 5 s to answer (it is then "down")
+    data = salt_run_cli.run("virt.query", f"tgt={MINION}", "timeout=30").data
     assert data[MINION]["vm_info"][name]["nics"][mac]["ips"] == ips
     data = salt_run_cli.run("virt.vm_info", name, f"tgt={MINION}").data
     assert data[MINION]["vm_info"][name]["nics"][mac]["ips"] == ips
     salt_run = str(pathlib.Path(sys.executable).parent / "salt-run")
     text = subprocess.run(
-        [salt_run, "-c", str(salt_master.config_dir), "virt.query", f"tgt={MINION}"],
+        [salt_run, "-c", str(salt_master.config_dir), "virt.query", f"tgt={MINION}", "timeout=30"],
         capture_output=True,
         text=True,
         timeout=300,
