@@ -184,8 +184,9 @@ def _progress(vm):
 # fleet queries ------------------------------------------------------------------------------------
 def query(tgt=None, tgt_type=None, timeout=None, rates=False, interval=2):
     """
-    Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs) plus each hypervisor's
-    capacity, in one round trip. Hypervisors that do not answer are listed with ``status: down``.
+    Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs with the running VMs' IPs
+    and their source: guest agent, DHCP lease or ARP) plus each hypervisor's capacity, in one round trip.
+    Hypervisors that do not answer are listed with ``status: down``.
 
     rates
         also measure each running VM's CPU %, disk and network bytes/s (and disk requests/s) over
