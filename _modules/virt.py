@@ -38,7 +38,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt import conn as _c
-    from saltvirt import compat, hosttype, intake, lifecycle, provision, query
+    from saltvirt import compat, guestips, hosttype, intake, lifecycle, provision, query
     from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ def init(
     allow_http=False,
     trusted_image=False,
     cloud_init=None,
+    guest_agent=True,
     **kwargs,
 ):
     """
@@ -169,6 +170,9 @@ def init(
         group on the same host).
     vtype
         ``kvm`` or ``qemu``; default ``virt:type`` or what the host can really run.
+    guest_agent
+        add the QEMU guest agent's channel (``org.qemu.guest_agent.0``), through which ``virt.vm_info``
+        reads the guest's IP addresses when the guest runs the agent; ``False`` leaves it out.
 
     CLI Example:
 
@@ -213,6 +217,7 @@ def init(
             allowed_paths=_allowed_paths(),
             cloud_init=cloud_init,
             minion_install=_cfg("virt:minion_install", None),
+            guest_agent=guest_agent,
             **spec_args,
         )
     if warnings:
@@ -458,16 +463,32 @@ def list_inactive_vms(connection=None, **kwargs):
         return query.list_domains(conn, "inactive")
 
 
+def _agent_timeout():
+    """``virt:guest_agent_timeout``: seconds the guest agent calls of one query may take together."""
+    raw = _cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if isinstance(raw, bool) or not 0 < value <= 60:
+        raise SaltInvocationError(
+            f"virt:guest_agent_timeout must be a number of seconds above 0, at most 60, not {raw!r}"
+        )
+    return value
+
+
 def vm_info(vm_=None, connection=None, **kwargs):
     """
-    State, cpu, memory, disks (file, format, size), NICs (MAC, source, model) and graphics of one VM,
-    or of all.
+    State, cpu, memory, disks (file, format, size), NICs (MAC, source, model, and for a running VM its
+    ``ips``: ``[{address, prefix, type, source}]``, source ``agent``, ``lease`` or ``arp``) and graphics
+    of one VM, or of all. Addresses from the guest agent or ARP are what the guest claims: never trust them.
 
     CLI Example:: salt '*' virt.vm_info web1
     """
     _salt_kwargs(kwargs, "virt.vm_info")
+    timeout = _agent_timeout()
     with _conn(connection) as conn:
-        return query.vm_info(conn, vm_)
+        return query.vm_info(conn, vm_, agent_timeout=timeout)
 
 
 def vm_state(vm_=None, connection=None, **kwargs):
@@ -487,8 +508,9 @@ def full_info(connection=None, **kwargs):
     CLI Example:: salt '*' virt.full_info
     """
     _salt_kwargs(kwargs, "virt.full_info")
+    timeout = _agent_timeout()
     with _conn(connection) as conn:
-        ret = query.full_info(conn, _images_dir())
+        ret = query.full_info(conn, _images_dir(), agent_timeout=timeout)
         ret.update(freecpu=query.freecpu(conn), freemem=query.freemem(conn), node_info=query.node_info(conn))
         return ret
 
@@ -504,7 +526,7 @@ def get_xml(vm_, inactive=False, connection=None, **kwargs):
 
 
 def get_nics(vm_, connection=None, **kwargs):
-    """``{mac: {type, source, model, target}}`` of a VM.
+    """``{mac: {type, source, model, target, ips}}`` of a VM (``ips`` as in ``virt.vm_info``).
 
     CLI Example:: salt '*' virt.get_nics web1
     """

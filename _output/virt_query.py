@@ -16,10 +16,17 @@ errors). ``virt.query``::
         NIC - 52:54:00:3e:5f:01:
           Source: br0
           Type: bridge
+          IP: 192.168.122.10/24 (lease)
     hyper2  down  (did not answer (waited 5 s + 5 s job check))
 
 ``--out=json`` (or yaml) prints the same answer as plain data instead.
+
+A NIC's ``IP`` lines name their source (``agent``: the guest agent, ``lease``: libvirt's DHCP, ``arp``: the
+hypervisor's neighbour table): agent and ARP addresses are what the guest claims. Anything that is not a
+well-formed address is printed escaped, never as it came.
 """
+
+import ipaddress
 
 __virtualname__ = "virt_query"
 
@@ -63,6 +70,25 @@ def _host_line(mid, ans):
     if h.get("disk_free") is not None:
         parts.append(f"{h['disk_free']} MiB free in {h.get('images_dir', 'virt:images')}")
     return f"{mid}  up  ({h.get('hostname', mid)}: {', '.join(parts)})"
+
+
+def _printable(value):
+    """``value`` as text with control and non-ASCII characters escaped (data a guest may have shaped)."""
+    text = str(value)
+    return text if text.isascii() and text.isprintable() else ascii(text)[1:-1]
+
+
+def _ip_line(ip):
+    """``address/prefix (source)`` of one guest address; a malformed one is shown escaped and marked."""
+    if not isinstance(ip, dict):
+        return f"      IP: {_printable(ip)} (malformed)"
+    try:
+        address = str(ipaddress.ip_address(str(ip.get("address"))))
+    except ValueError:
+        return f"      IP: {_printable(ip.get('address'))} (malformed, {_printable(ip.get('source'))})"
+    prefix = ip.get("prefix")
+    where = f"{address}/{prefix}" if isinstance(prefix, int) and not isinstance(prefix, bool) else address
+    return f"      IP: {where} ({_printable(ip.get('source') or '?')})"
 
 
 def _rates_line(rate):
@@ -111,6 +137,9 @@ def _vm(mid, name, vm):
         out.append(f"      Type: {nic.get('type') or '-'}")
         if nic.get("model"):
             out.append(f"      Model: {nic['model']}")
+        out.extend(_ip_line(ip) for ip in nic.get("ips") or [])
+    if vm.get("ips_note"):
+        out.append(f"    IPs: {_printable(vm['ips_note'])}")
     return out
 
 
@@ -188,6 +217,30 @@ def _created(data):
         lines.append(f"  Seeded with: {seed.get('backend')}")
     if data.get("vm_info"):
         lines.extend(_vm(data["host"], data["name"], data["vm_info"]))
+    if data.get("wait"):
+        lines.extend(_waited(data["wait"]))
+    return lines
+
+
+def _waited(wait):
+    """The lines of ``salt-run virt.init ... wait=ip|minion``."""
+    if wait.get("result") == "ok" and wait.get("for") == "ip":
+        lines = [f"  Waited {wait.get('seconds')} s for an address:"]
+        for mac, ips in sorted((wait.get("ips") or {}).items()):
+            lines.append(f"    NIC - {_printable(mac)}:")
+            lines.extend("  " + _ip_line(ip) for ip in ips)
+        return lines
+    if wait.get("result") == "ok":
+        return [f"  Waited {wait.get('seconds')} s: minion {wait.get('minion')} answered test.ping"]
+    lines = [f"  WAIT {str(wait.get('result')).upper()}: {wait.get('message')}"]
+    seen = wait.get("seen") or {}
+    if seen:
+        what = [f"state {seen['state']}"] if seen.get("state") else [_printable(seen.get("vm"))]
+        addrs = [f"{ip.get('address')} ({ip.get('source')})" for ips in (seen.get("ips") or {}).values() for ip in ips]
+        what.append(f"addresses: {', '.join(_printable(a) for a in addrs) or 'none'}")
+        if wait.get("pings"):
+            what.append(f"{wait['pings']} test.ping publication(s) unanswered")
+        lines.append(f"    Seen: {'; '.join(what)}")
     return lines
 
 

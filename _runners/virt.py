@@ -74,7 +74,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import compat, fleet, minionkeys, placement, validate, vmcreate
+    from saltvirt import compat, fleet, minionkeys, placement, validate, vmcreate, vmwait
     from saltvirt import fleet_cleanup
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,9 @@ def _progress(vm):
 # fleet queries ------------------------------------------------------------------------------------
 def query(tgt=None, tgt_type=None, timeout=None, rates=False, interval=2):
     """
-    Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs) plus each hypervisor's
-    capacity, in one round trip. Hypervisors that do not answer are listed with ``status: down``.
+    Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs with the running VMs' IPs
+    and their source: guest agent, DHCP lease or ARP) plus each hypervisor's capacity, in one round trip.
+    Hypervisors that do not answer are listed with ``status: down``.
 
     rates
         also measure each running VM's CPU %, disk and network bytes/s (and disk requests/s) over
@@ -304,6 +305,8 @@ def init(
     minion_id=None,
     tgt=None,
     tgt_type=None,
+    wait=None,
+    wait_timeout=300,
     **kwargs,
 ):
     """
@@ -319,6 +322,11 @@ def init(
         as in the execution module's ``virt.init``; ``group`` is an anti-affinity group.
     minion_id
         the new minion's id (default: the VM name).
+    wait / wait_timeout
+        ``wait=ip``: return once the VM has an IP address on one of its NICs (``vm_info``: guest agent,
+        DHCP lease or ARP, named as the source); ``wait=minion``: once its own minion answers
+        ``test.ping``. At most ``wait_timeout`` seconds (default 300); when that runs out the VM is kept,
+        ``wait`` in the answer says what was seen, and salt-run exits non-zero.
 
     Any other keyword (``boot``, ``nic``, ``disk``, ``interfaces``, ``disks``, ``graphics``,
     ``master``, ``minion_config``, ``seed_backend``, ``cloud_init``, ...) is passed to the module's ``virt.init``.
@@ -335,10 +343,12 @@ def init(
         salt-run virt.init centos1 2 512 salt://centos.img
         salt-run virt.init web1 2 1024 salt://images/web.qcow2 enable_qcow=True enable_vnc=True group=web
         salt-run virt.init db1 4 4096 salt://images/db.qcow2 host=hyper2
+        salt-run virt.init web2 1 1024 salt://images/web.qcow2 wait=minion wait_timeout=600
     """
     progress = _progress(name)
     try:
         validate.vm_name(name)
+        wait, wait_timeout = vmwait.check(wait, wait_timeout, start)
         seed = validate.to_bool(seed)
         cfg = _cfg(tgt, tgt_type)
         disk, _note = vmcreate.image_mib(__opts__, image, saltenv)
@@ -371,6 +381,10 @@ def init(
                 progress=progress,
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
             )
+            if wait:  # the VM exists from here on: whatever the wait sees, it is kept
+                created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)
+                if created["wait"]["result"] != "ok":  # salt-run's exit code: the VM is there, the wait failed
+                    __context__["retcode"] = created["retcode"] = 1
     except SaltException as exc:
         progress("failed", error=getattr(exc, "error", None) or str(exc))
         return _failed(exc)

@@ -9,6 +9,7 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 import xml.etree.ElementTree as ET
 
 METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
+GUEST_AGENT = "org.qemu.guest_agent.0"  # the virtio-serial port name the QEMU guest agent listens on
 ET.register_namespace("saltvirt", METADATA_NS)
 
 
@@ -65,6 +66,8 @@ def build(spec):
     devices.extend(disk(d) for d in spec.disks)
     devices.extend(interface(n) for n in spec.nics)
     devices.extend([serial(spec.serial_log), console()])
+    if spec.guest_agent:
+        devices.append(guest_agent_channel())
     if spec.graphics:
         devices.extend([graphics(spec.graphics), video(), tablet()])
     return ET.tostring(dom, encoding="unicode")
@@ -119,6 +122,14 @@ def serial(log_file=None):
 def console():
     el = _el("console", type="pty")
     _sub(el, "target", type="serial", port=0)
+    return el
+
+
+def guest_agent_channel():
+    """The QEMU guest agent's virtio-serial channel (libvirt picks the socket and adds the controller).
+    A guest without the agent just leaves it unused; libvirt reports ``state='connected'`` once it runs."""
+    el = _el("channel", type="unix")
+    _sub(el, "target", type="virtio", name=GUEST_AGENT)
     return el
 
 
@@ -339,7 +350,17 @@ def parse(xml):
         "serial_log": log.get("file") if log is not None else None,
         "group": root.findtext(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}group"),
         "minion": _minion(root),
+        "guest_agent": _guest_agent(devices),
     }
+
+
+def _guest_agent(devices):
+    """The guest agent channel's state: ``connected``/``disconnected`` (a running VM, as libvirt reports
+    it), ``unknown`` (no state reported: not running, or a driver that does not say), None (no channel)."""
+    for el in devices.findall("channel/target"):
+        if el.get("name") == GUEST_AGENT:
+            return el.get("state") or "unknown"
+    return None
 
 
 def _minion(root):

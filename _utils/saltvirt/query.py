@@ -5,7 +5,7 @@ import os
 
 from salt.exceptions import CommandExecutionError
 
-from saltvirt import domxml
+from saltvirt import domxml, guestips
 from saltvirt.conn import get_domain, libvirt
 
 STATES = {
@@ -130,6 +130,7 @@ def describe(dom, hostname, stats=None, xml=None):
         "serial_log": facts["serial_log"],
         "group": facts["group"],
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
+        "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.guestips), None without one
         "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)
         **domxml.salt_facts(xml),
     }
@@ -166,18 +167,20 @@ def _unreadable(dom, exc, stats):
     }
 
 
-def vm_info(conn, name=None):
+def vm_info(conn, name=None, agent_timeout=guestips.AGENT_TIMEOUT):
     """{name: info} for one VM or all of them. With all of them, a VM that cannot be read (XML that
     does not parse, a device libvirt cannot report) is listed with its ``error`` (and state, if known)
-    instead of failing the whole answer; a VM that vanishes meanwhile is left out."""
+    instead of failing the whole answer; a VM that vanishes meanwhile is left out. Running VMs' NICs
+    get their ``ips`` (:mod:`saltvirt.guestips`; the guest agent calls share ``agent_timeout`` seconds)."""
     hostname = conn.getHostname()
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     stats = _all_stats(conn, doms)
-    out = {}
+    out, described = {}, {}
     for dom in doms:
         try:
             vm_name = dom.name()
             out[vm_name] = describe(dom, hostname, stats.get(vm_name))
+            described[vm_name] = dom
         except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
             if _vanished(exc):
                 if name:
@@ -187,6 +190,7 @@ def vm_info(conn, name=None):
             if name:
                 raise CommandExecutionError(entry["error"]) from None
             out[vm_name] = entry
+    guestips.annotate(described, {n: out[n] for n in described if n in out}, agent_timeout)
     return out
 
 
@@ -272,5 +276,5 @@ def host_info(conn, images_dir=None):
     return out
 
 
-def full_info(conn, images_dir=None):
-    return {"host": host_info(conn, images_dir), "vm_info": vm_info(conn)}
+def full_info(conn, images_dir=None, agent_timeout=guestips.AGENT_TIMEOUT):
+    return {"host": host_info(conn, images_dir), "vm_info": vm_info(conn, agent_timeout=agent_timeout)}

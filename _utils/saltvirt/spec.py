@@ -100,6 +100,7 @@ class VMSpec:
     minion_key: dict | None = None
     # cloud_init= as saltvirt.speckeys.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
+    guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
 
 
 def _named_entries(value, what):
@@ -319,6 +320,7 @@ def build(
     group=None,
     allowed_paths=(),
     cloud_init=None,
+    guest_agent=True,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -388,6 +390,7 @@ def build(
         vm_dir=vm_dir,
         group=validate.vm_name(group, "group") if group else None,
         cloud_init=cloud,
+        guest_agent=validate.to_bool(guest_agent),
     )
 
 

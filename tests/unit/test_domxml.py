@@ -74,8 +74,9 @@ def test_domain_name_of_user_xml():
 
 # golden files: one per device kind -------------------------------------------------------------------
 def vm(**kw):
-    """A VM with no devices but the ones a case adds (the serial console is always there)."""
-    return spec.VMSpec(**dict({"name": "golden1", "cpu": 2, "mem": 256}, **kw))
+    """A VM with no devices but the ones a case adds (the serial console is always there; the guest agent
+    channel, on by default in a VMSpec, only in its own case)."""
+    return spec.VMSpec(**dict({"name": "golden1", "cpu": 2, "mem": 256, "guest_agent": False}, **kw))
 
 
 def facts(xml):
@@ -116,6 +117,7 @@ GOLDEN_CASES = {
     "serial-log": vm(serial_log="/var/log/libvirt/qemu/golden1-serial.log"),
     "metadata-group": vm(group="web"),
     "kvm-aarch64": vm(vtype="kvm", arch="aarch64"),
+    "guest-agent-channel": vm(guest_agent=True),
 }
 
 
@@ -149,3 +151,25 @@ def test_minion_key_kept_in_metadata():
     vm.minion_key = {"minion_id": "web1", "fingerprint": "ab" * 32}
     facts = domxml.parse(domxml.build(vm))
     assert facts["minion"] == {"id": "web1", "key_sha256": "ab" * 32} and facts["group"] == "web"
+
+
+def test_new_vms_get_the_guest_agent_channel_unless_opted_out():
+    assert spec.build("ga1", 1, 128).guest_agent is True
+    xml = domxml.build(spec.build("ga1", 1, 128))
+    assert domxml.parse(xml)["guest_agent"] == "unknown"  # defined, not running: libvirt reports no state
+    assert "org.qemu.guest_agent.0" in xml
+    for off in (False, "false", "no"):
+        xml = domxml.build(spec.build("ga1", 1, 128, guest_agent=off))
+        assert "channel" not in xml and domxml.parse(xml)["guest_agent"] is None
+
+
+@pytest.mark.parametrize("state", ["connected", "disconnected"])
+def test_parse_reads_the_agent_channel_state_of_a_running_vm(state):
+    xml = (
+        "<domain type='kvm'><name>x</name><devices>"
+        "<channel type='unix'><source mode='bind' path='/run/x.sock'/>"
+        "<target type='virtio' name='org.qemu.spice.0' state='connected'/></channel>"
+        f"<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0' state='{state}'/></channel>"
+        "</devices></domain>"
+    )
+    assert domxml.parse(xml)["guest_agent"] == state

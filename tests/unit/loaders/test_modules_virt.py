@@ -98,3 +98,27 @@ def test_init_without_image_creates_a_blank_system_disk_and_purge_removes_it(vir
     assert images.image_info(str(path))["virtual_size"] == 8192 * 1024 * 1024
     purged = virt_test["virt.purge"]("blank1")
     assert purged["removed"] == [str(path)] and not path.exists()
+
+
+def test_vm_info_shows_guest_ips_and_init_adds_the_agent_channel(virt_test, tmp_path):
+    nics = virt_test["virt.vm_info"]("test")["test"]["nics"]
+    # the test driver's own VM: one NIC on network "default", its (made-up) address from the DHCP leases
+    assert [ip["source"] for nic in nics.values() for ip in nic["ips"]] == ["lease"]
+    assert virt_test["virt.get_nics"]("test") == nics
+    virt_test["virt.init"]("ga1", 1, 128, nic=None, start=False)
+    virt_test["virt.init"]("ga2", 1, 128, nic=None, start=False, guest_agent=False)
+    assert "org.qemu.guest_agent.0" in virt_test["virt.get_xml"]("ga1")
+    assert "guest_agent" not in virt_test["virt.get_xml"]("ga2")
+    info = virt_test["virt.vm_info"]()
+    assert info["ga1"]["guest_agent"] == "unknown" and info["ga2"]["guest_agent"] is None
+    for name in ("ga1", "ga2"):
+        virt_test["virt.purge"](name)
+
+
+@pytest.mark.parametrize("value", ["soon", 0, -1, 61, True])
+def test_bad_guest_agent_timeout_is_refused(tmp_path, value):
+    from tests.support.saltloader import make_minion_mods
+
+    mods = make_minion_mods(tmp_path, "test:///default", guest_agent_timeout=value)
+    with pytest.raises(SaltInvocationError, match="timeout must be a number of seconds above 0, at most 60"):
+        mods["virt.vm_info"]("test")

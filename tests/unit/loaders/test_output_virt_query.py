@@ -1,5 +1,6 @@
 """_output/virt_query.py through Salt's outputter loader: where a console really listens, the ssh
-tunnel that reaches a loopback one, and the rates of ``salt-run virt.query rates=True``."""
+tunnel that reaches a loopback one, the rates of ``salt-run virt.query rates=True``, guest addresses per
+NIC with their source, and what ``salt-run virt.init ... wait=`` saw."""
 
 from tests.support.paths import ROOT
 
@@ -43,3 +44,73 @@ def test_rates_line():
     }
     text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(rates=rates)}}})
     assert "    Rates: cpu 12.5%, disk read 2.0K/s, write 0B/s, net in 100B/s, out 5B/s" in text
+
+
+MAC = "52:54:00:6b:10:01"
+
+
+def nic(ips):
+    return {MAC: {"type": "bridge", "source": "br0", "model": "virtio", "mac": MAC, "ips": ips}}
+
+
+def test_guest_addresses_per_nic_with_their_source():
+    ips = [
+        {"address": "10.0.0.5", "prefix": 24, "type": "ipv4", "source": "lease"},
+        {"address": "2001:db8::5", "prefix": None, "type": "ipv6", "source": "agent"},
+    ]
+    info = vm(nics=nic(ips), ips_note="agent: no answer within 2 s")
+    text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": info}}})
+    assert f"    NIC - {MAC}:\n      Source: br0\n      Type: bridge\n      Model: virtio\n" in text
+    assert "      IP: 10.0.0.5/24 (lease)\n      IP: 2001:db8::5 (agent)\n" in text
+    assert text.endswith("    IPs: agent: no answer within 2 s")
+    assert "IP:" not in render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(nics=nic([]))}}})
+
+
+def test_guest_controlled_text_is_printed_escaped():
+    """A hypervisor answer that did not go through saltvirt.guestips (an older module, a forged answer):
+    nothing that is not an address reaches the terminal as it came."""
+    ips = [
+        {"address": "10.0.0.6\n\x1b[31mroot login ok", "prefix": 24, "source": "agent"},
+        {"address": "10.0.0.7", "prefix": "24\nx", "source": "arp\x1b[0m"},
+        "\x1b]0;title\x07",
+    ]
+    text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(nics=nic(ips), ips_note="x\x1bq")}}})
+    assert "\x1b" not in text and "root login ok\n" not in text
+    assert "      IP: 10.0.0.6\\n\\x1b[31mroot login ok (malformed, agent)" in text
+    assert "      IP: 10.0.0.7 (arp\\x1b[0m)" in text
+    assert "    IPs: x\\x1bq" in text
+
+
+def created(**wait):
+    return {
+        "name": "web1",
+        "host": "hv1",
+        "placement": {},
+        "tried": [],
+        "key": None,
+        "init": {},
+        "jid": "1",
+        "seconds": 3.0,
+        "vm_info": None,
+        "wait": wait,
+    }
+
+
+def test_wait_lines():
+    ip = {"address": "10.0.0.5", "prefix": 24, "type": "ipv4", "source": "lease"}
+    text = render(created(**{"for": "ip", "result": "ok", "seconds": 12.5, "ips": {MAC: [ip]}}))
+    assert text.endswith(f"  Waited 12.5 s for an address:\n    NIC - {MAC}:\n        IP: 10.0.0.5/24 (lease)")
+    text = render(created(**{"for": "minion", "result": "ok", "seconds": 40.0, "minion": "web1"}))
+    assert text.endswith("  Waited 40.0 s: minion web1 answered test.ping")
+    timeout = {
+        "for": "minion",
+        "result": "timeout",
+        "seconds": 10.2,
+        "pings": 2,
+        "minion": "web1",
+        "seen": {"state": "running", "ips": {MAC: [ip]}},
+        "message": "minion web1 did not answer test.ping within 10 s. The VM web1 was created on hv1 and is kept",
+    }
+    text = render(created(**timeout))
+    assert "  WAIT TIMEOUT: minion web1 did not answer test.ping within 10 s. The VM web1 was created" in text
+    assert text.endswith("    Seen: state running; addresses: 10.0.0.5 (lease); 2 test.ping publication(s) unanswered")

@@ -1,0 +1,42 @@
+"""_runners/virt.py through Salt's runner loader, without a salt-master: what is refused before anything
+is published or created (``salt-run virt.init ... wait=``). Waiting itself needs a master and a hypervisor:
+tests/integration/test_guest_ips.py."""
+
+import pytest
+
+from tests.support.paths import ROOT
+
+
+@pytest.fixture
+def runner(tmp_path):
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.master_config(None)
+    opts.update(
+        {
+            "runner_dirs": [str(ROOT / "_runners")],
+            "virt": {"hypervisors": ["hyper1"]},
+            "sock_dir": str(tmp_path / "sock"),  # no master: progress events go nowhere
+            "pki_dir": str(tmp_path / "pki"),
+            "cachedir": str(tmp_path / "cache"),
+        }
+    )
+    return salt.loader.runner(opts, utils=salt.loader.utils(opts))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"wait": "ssh"}, "wait must be ip or minion (or left out), not 'ssh'"),
+        ({"wait": "minion", "start": False}, "wait=minion needs the VM started: leave out start=False"),
+        (
+            {"wait": "ip", "wait_timeout": "0"},
+            "wait_timeout must be a number of seconds above 0 (at most 86400), not '0'",
+        ),
+    ],
+)
+def test_init_refuses_a_bad_wait_before_anything_happens(runner, tmp_path, kwargs, message):
+    ret = runner["virt.init"]("web1", 1, 128, **kwargs)
+    assert ret["data"] == {"error": message, "retcode": 1}
+    assert not (tmp_path / "pki").exists()  # no key generated, nothing published
