@@ -110,6 +110,25 @@ def recover(host, **policy):
     return ret
 
 
+def reconcile(host):
+    """
+    After ``virt.recover HOST``, once HOST is back: undefine there (its disks are kept: they are shared
+    and in use) every VM ``virt.recover`` restarted on another hypervisor, after checking it is stopped on
+    HOST and defined elsewhere with the same UUID. A copy running on HOST is never touched and is
+    reported under ``conflicts`` (exit code 1): stop one of the two copies yourself.
+
+    CLI Example:: salt-run virt.reconcile hyper1
+    """
+    try:
+        with _client() as client:
+            ret = recovery.reconcile(_remote(client), host)
+    except SaltException as exc:
+        return _failed(exc)
+    if ret["conflicts"]:
+        __context__["retcode"] = 1
+    return ret
+
+
 def rebalance(
     apply=False, metric="mem", threshold=None, max_moves=10, transport=None, tgt=None, tgt_type=None, **policy
 ):
@@ -139,6 +158,11 @@ def rebalance(
             timeout = float(conf.get("migration_timeout", relocate.DEFAULT_TIMEOUT))
             tunnel = validate.to_bool(conf.get("tunnel", False))
             done = _rebalance.apply(remote, proposal, tunnel=tunnel, timeout=timeout, transport=transport or None)
+            if done["moved"]:
+                try:
+                    recovery.refresh(remote)  # the record follows the VMs (virt.recover reads it)
+                except SaltException as exc:  # the moves are done: report them, and that the record is behind
+                    done["record"] = f"not recorded again ({exc}): run salt-run virt.record"
     except SaltException as exc:
         return _failed(exc)
     if done["failed"]:

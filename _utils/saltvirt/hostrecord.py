@@ -165,7 +165,14 @@ def check(facts, storage, roots):
         elif not os.path.exists(path):
             reasons.append(f"disk {d['target']} ({path}) is missing")
     for path in (facts["boot"].get(k) for k in ("kernel", "initrd")):
-        if path and not os.path.isfile(path):
+        if not path:
+            continue
+        try:
+            validate.confined(path, "kernel/initrd", roots)
+        except SaltInvocationError as exc:
+            reasons.append(str(exc))
+            continue
+        if not os.path.isfile(path):
             reasons.append(f"{path} (kernel/initrd) is not on this host")
     return reasons
 

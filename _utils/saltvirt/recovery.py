@@ -20,7 +20,9 @@ answered and keeps the others' last record.
 5. each VM, biggest first, under its per-VM lock (the one ``virt.init``/``virt.migrate`` take), goes to
    the host :mod:`saltvirt.placement` ranks best among the other hypervisors, with its room reserved
    (:func:`saltvirt.fleetstate.reserve`); ``virt.recovery_restart`` defines and starts it there. A
-   target that fails (it undoes its definition) is excluded and the next one tried.
+   target that fails (it undoes its definition) is excluded and the next one tried;
+6. the answering hypervisors are recorded again (:func:`refresh`), and the VMs restarted are remembered
+   for :func:`reconcile`, which undefines HOST's stale copies once it is back.
 """
 
 import subprocess
@@ -31,6 +33,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt import fleet, fleetstate, placement, validate
 
 HOSTS = "salt-virt/hosts"
+RECOVERED = "salt-virt/recovered"  # per down host: the VMs recovered elsewhere, for reconcile()
 FENCE_DEFAULTS = {"command": None, "timeout": 60}
 RECOVERY_DEFAULTS = {"probe_uri": None, "probes": 2, "probe_wait": 10}
 RUNNING = ("running", "paused", "blocked")
@@ -377,8 +380,61 @@ def recover(remote, host, conf, pol=None, store=None):
             failed[name] = {"error": str(exc), **getattr(exc, "details", {})}
     result.update(recovered=recovered, failed=failed)
     if recovered:
+        _remember_recovered(store, host, rec, recovered)
+        # the hosts that took VMs are recorded again at once: if one of them fails next, its record has them
+        try:
+            result["recorded"] = sorted(h for h, r in refresh(remote, store).items() if r["status"] == "recorded")
+        except CommandExecutionError as exc:  # the VMs run: say so, and that the record is behind
+            result["recorded"] = f"not recorded again ({exc}): run salt-run virt.record"
         result["note"] = (
             f"{host} still has its own definitions of {', '.join(sorted(recovered))}: before it runs VMs again, "
-            f"undefine them there (salt {host} virt.undefine NAME; never virt.purge: the disks are shared and in use)"
+            f"run salt-run virt.reconcile {host} (it undefines them there, keeping the shared disks; "
+            "never virt.purge them there)"
         )
     return result
+
+
+def _remember_recovered(store, host, rec, recovered):
+    now = time.time()
+    done = {n: {"to": r["host"], "uuid": rec["vms"][n].get("uuid"), "at": now} for n, r in recovered.items()}
+    store.transact(RECOVERED, host, lambda old: dict(old or {}, **done))
+
+
+def reconcile(remote, host, store=None):
+    """``salt-run virt.reconcile HOST``: HOST is back; undefine there (disks kept) the VMs that
+    :func:`recover` restarted elsewhere, once each is verified defined on another hypervisor (same
+    UUID) and stopped on HOST. A copy running on HOST is never touched: reported under ``conflicts``."""
+    validate.host_name(host, "host (a hypervisor's minion id)")
+    store = store or fleetstate.Store(remote.opts)
+    hosts = remote.gather("virt.full_info")
+    if host not in hosts:
+        raise fleet.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
+    if hosts[host]["status"] != "up":
+        raise fleet.Failed(
+            f"{host} is {hosts[host]['status']} ({hosts[host].get('error')}): reconcile it once it is back"
+        )
+    todo = store.fetch(RECOVERED, host) or {}
+    here = hosts[host].get("vm_info") or {}
+    undefined, kept, conflicts, gone = {}, {}, {}, []
+    for name, info in sorted(todo.items()):
+        mine = here.get(name)
+        if not mine or (info.get("uuid") and mine.get("uuid") != info["uuid"]):
+            gone.append(name)
+            continue
+        now = _where_now(hosts, host, name, info.get("uuid"))
+        if mine.get("state") not in ("shutoff", "crashed", "nostate", "shutdown"):
+            conflicts[name] = f"{mine.get('state')} on {host}" + (f" AND defined on {now[0]} ({now[1]})" if now else "")
+            continue
+        if not now:
+            kept[name] = f"no other hypervisor that answered has it: {host}'s definition is the only one, kept"
+            continue
+        try:
+            remote.call(host, "virt.undefine", name)
+        except CommandExecutionError as exc:
+            kept[name] = f"undefine failed: {exc}"
+            continue
+        undefined[name] = f"undefined on {host} (disks kept); it is on {now[0]} ({now[1]})"
+        gone.append(name)
+    left = set(todo) - set(gone)
+    store.transact(RECOVERED, host, lambda old: {n: v for n, v in (old or {}).items() if n in left} or None)
+    return {"host": host, "undefined": undefined, "kept": kept, "conflicts": conflicts}

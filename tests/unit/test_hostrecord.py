@@ -92,6 +92,8 @@ def test_same_path_other_storage_is_not_shared(storage, tmp_path):
     reasons = hostrecord.check(facts, recorded, [str(shared), str(tmp_path)])
     assert "does not see the down host's storage there" in reasons[0] and "not shared" in reasons[0]
     assert "kernel/initrd" in reasons[1]
+    facts["disks"], facts["boot"] = [], {"kernel": "/etc/shadow"}  # a recorded definition never names host files
+    assert "is outside the directories salt-virt may use" in hostrecord.check(facts, recorded, [str(shared)])[0]
 
 
 def test_hostile_restart_input(test_conn, tmp_path):

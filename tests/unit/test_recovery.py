@@ -3,7 +3,7 @@
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import fleet, recovery
+from saltvirt import fleet, fleetstate, recovery
 
 
 def rec(**vms):
@@ -159,3 +159,60 @@ def test_nothing_to_restart_is_not_fenced(tmp_path, monkeypatch):
     out = recovery.recover(peers, "hv1", {}, store=object())
     assert out["fenced"] is None and out["recovered"] == {} and "was not fenced" in out["note"]
     assert "no other hypervisor can run it" in out["not_recoverable"]["web1"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real localfs store (Salt's cache), as one master uses it."""
+    import salt.config
+
+    opts = salt.config.master_config(None)
+    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "virt": {}})
+    return fleetstate.Store(opts)
+
+
+class Back(Fleet):
+    """The host is back: hosts' facts and the undefine calls are data here (real ones: the integration test)."""
+
+    def __init__(self, hosts):
+        super().__init__({})
+        self.hosts, self.undefined = hosts, []
+
+    def gather(self, fun):
+        return self.hosts
+
+    def call(self, minion, fun, *args, **kwargs):
+        assert fun == "virt.undefine"
+        self.undefined.append((minion, args[0]))
+        return True
+
+
+def test_reconcile_undefines_only_stale_stopped_copies(store):
+    store.transact(
+        recovery.RECOVERED,
+        "hv1",
+        lambda old: {
+            "a": {"to": "hv2", "uuid": "u-a"},
+            "b": {"to": "hv2", "uuid": "u-b"},
+            "c": {"to": "hv3", "uuid": "u-c"},
+            "d": {"to": "hv3", "uuid": "u-d"},
+        },
+    )
+    hosts = {
+        "hv1": up(
+            a={"state": "shutoff", "uuid": "u-a"},
+            b={"state": "running", "uuid": "u-b"},  # two copies running: never touched
+            c={"state": "shutoff", "uuid": "u-c"},  # not defined elsewhere any more: the only copy
+        ),  # d: already gone from hv1
+        "hv2": up(a={"state": "running", "uuid": "u-a"}, b={"state": "running", "uuid": "u-b"}),
+        "hv3": up(),
+    }
+    fleet_ = Back(hosts)
+    out = recovery.reconcile(fleet_, "hv1", store)
+    assert fleet_.undefined == [("hv1", "a")]
+    assert out["undefined"] == {"a": "undefined on hv1 (disks kept); it is on hv2 (running)"}
+    assert out["conflicts"] == {"b": "running on hv1 AND defined on hv2 (running)"}
+    assert "the only one, kept" in out["kept"]["c"]
+    assert sorted(store.fetch(recovery.RECOVERED, "hv1")) == ["b", "c"]  # left for the next run
+    with pytest.raises(fleet.Failed, match="reconcile it once it is back"):
+        recovery.reconcile(Back(dict(hosts, hv1={"status": "down"})), "hv1", store)
