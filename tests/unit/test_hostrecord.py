@@ -111,3 +111,16 @@ def test_probe_reports_unreachable(tmp_path):
     assert hostrecord.probe(f"test://{TEST_NODE_XML}")["reachable"] is True
     with pytest.raises(SaltInvocationError, match="libvirt URI"):
         hostrecord.probe("hv1")
+
+
+def test_module_functions_through_salts_loader(virt_test, tmp_path):
+    for fun in ("recovery_record", "recovery_probe", "recovery_check", "recovery_restart"):
+        assert f"virt.{fun}" in virt_test and "CLI Example" in virt_test[f"virt.{fun}"].__doc__
+    rec = virt_test["virt.recovery_record"]()
+    assert rec["vms"]["test"]["uuid"] and "<domain" in rec["vms"]["test"]["xml"]
+    assert virt_test["virt.recovery_probe"]("hv2", uri="test:///default")["reachable"] is True
+    # the test driver's own domain has its disk at /guest/diskimage1: outside this host's directories
+    checked = virt_test["virt.recovery_check"]({"test": rec["vms"]["test"]["xml"]}, rec["storage"])
+    assert "/guest/diskimage1 is outside the directories salt-virt may use" in checked["test"][0]
+    with pytest.raises(CommandExecutionError, match="already defined"):
+        virt_test["virt.recovery_restart"]("test", rec["vms"]["test"]["xml"], rec["storage"])
