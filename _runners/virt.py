@@ -261,12 +261,14 @@ def host_info(tgt=None, tgt_type=None, timeout=None):
         return _failed(exc)
 
 
-def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, tgt_type=None, **policy):
+def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, tgt_type=None, affinity=None, **policy):
     """
     Where a VM with ``cpu`` vCPUs and ``mem`` MiB (and a full copy of ``image``, in anti-affinity
     ``group``) would be placed, and why: every host's score with its parts, every excluded host
     with the reasons. Policy keys (``maintenance``, ``strategy``, ``mem_reserve_mib``, ...) may be
-    given to try a policy for this call only.
+    given to try a policy for this call only. ``affinity``: soft affinity terms
+    (``[{group: db, weight: 2}]``, negative weights for soft anti-affinity), shown as ``affinity:<group>``
+    score parts.
 
     CLI Example:
 
@@ -279,7 +281,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
         disk, note = vmcreate.image_mib(__opts__, image, saltenv)
-        req = placement.make_request(cpu, mem, disk, group)
+        req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         plan = placement.rank(_gather("virt.full_info", tgt, tgt_type), req, pol)
     except SaltException as exc:
@@ -307,6 +309,7 @@ def init(
     tgt_type=None,
     wait=None,
     wait_timeout=300,
+    affinity=None,
     **kwargs,
 ):
     """
@@ -320,6 +323,8 @@ def init(
         is used if it is down.
     enable_qcow / enable_vnc / start / seed / group / saltenv
         as in the execution module's ``virt.init``; ``group`` is an anti-affinity group.
+    affinity
+        soft affinity terms for the placement (``[{group: db, weight: 2}]``; see ``virt.next_host``).
     minion_id
         the new minion's id (default: the VM name).
     wait / wait_timeout
@@ -352,7 +357,7 @@ def init(
         seed = validate.to_bool(seed)
         cfg = _cfg(tgt, tgt_type)
         disk, _note = vmcreate.image_mib(__opts__, image, saltenv)
-        req = placement.make_request(cpu, mem, disk, group)
+        req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"))
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything

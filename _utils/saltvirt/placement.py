@@ -24,6 +24,13 @@ default) prefers headroom: the fraction of memory and of vCPU capacity left afte
 disk left relative to the roomiest candidate, and few VMs. ``strategy: pack`` inverts them (fill hosts
 before starting new ones). Ties go to the lower host id, so the choice is deterministic.
 
+Soft affinity (the request's ``affinity``: ``[{group: web, weight: 0.5}, {group: db, weight: -1}]``)
+adds one score term per group, weighted by ``abs(weight)`` beside the resource weights: a positive
+weight prefers hosts with more VMs of that group (members by their ``group``, or their own soft
+``affinity`` groups, and in-flight reservations), a negative one (soft anti-affinity) hosts with fewer.
+The term is ``members / most members on any candidate`` (``1 -`` that for a negative weight); it is
+shown as ``affinity:<group>`` among the score's parts. Unlike ``group`` it never excludes a host.
+
 Policy (master config ``virt:placement``; every key optional)::
 
     virt:
@@ -119,14 +126,55 @@ def _positive_int(value, what):
     return int(value)
 
 
-def make_request(cpu, mem, disk_mib=0, group=None):
-    """What the VM needs: vCPUs, memory (MiB), disk (MiB for a full copy of its image), its group."""
-    return {
+def make_affinity(value):
+    """Soft affinity terms ``[{group, weight}]`` from ``[{group, weight}, ...]``, ``{group: weight}``
+    or one ``{group, weight}``; weights are non-zero numbers in -10..10 (negative: soft anti-affinity)."""
+    if value in (None, "", [], {}):
+        return []
+    if isinstance(value, dict):
+        value = [value] if "group" in value else [{"group": g, "weight": w} for g, w in value.items()]
+    if not isinstance(value, (list, tuple)):
+        raise SaltInvocationError(f"affinity must be a list of {{group, weight}}, not {value!r}")
+    terms = {}
+    for item in value:
+        if not isinstance(item, dict) or set(item) - {"group", "weight"} or not item.get("group"):
+            raise SaltInvocationError(
+                f"affinity: each entry is {{group: <name>, weight: <-10..10, not 0>}}, not {item!r}"
+            )
+        group = str(item["group"])
+        try:
+            weight = float(item.get("weight", 1.0))
+        except (TypeError, ValueError):
+            raise SaltInvocationError(f"affinity: weight of group {group!r} must be a number") from None
+        if math.isnan(weight) or not weight or abs(weight) > 10:
+            raise SaltInvocationError(f"affinity: weight of group {group!r} must be in -10..10 and not 0")
+        terms[group] = weight
+    return [{"group": g, "weight": w} for g, w in sorted(terms.items())]
+
+
+def make_request(cpu, mem, disk_mib=0, group=None, affinity=None):
+    """What the VM needs: vCPUs, memory (MiB), disk (MiB for a full copy of its image), its group, its
+    soft affinity terms (:func:`make_affinity`)."""
+    req = {
         "cpu": _positive_int(cpu, "cpu"),
         "mem": _positive_int(mem, "mem (MiB)"),
         "disk_mib": int(_number(disk_mib or 0, "disk_mib")),
         "group": str(group) if group else None,
     }
+    terms = make_affinity(affinity)
+    if terms:
+        req["affinity"] = terms
+    return req
+
+
+def _members(answer, load, group):
+    """How many VMs of soft-affinity ``group`` a host has (theirs and in-flight ones)."""
+    count = 0
+    for info in (answer.get("vm_info") or {}).values():
+        vm = info or {}
+        soft = [t.get("group") for t in vm.get("affinity") or [] if isinstance(t, dict)]
+        count += vm.get("group") == group or group in soft
+    return count + sum(1 for g in ((load or {}).get("groups") or {}).values() if g == group)
 
 
 def in_maintenance(host, patterns):
@@ -242,6 +290,12 @@ def rank(hosts, req, pol=None, exclude=(), reserved=None):
     max_disk = max((f["disk_mib"] or 0 for _h, f in fits), default=0)
     max_vms = max((f["vms"] for _h, f in fits), default=0)
     pack = pol["strategy"] == "pack"
+    members = {
+        h: {t["group"]: _members(hosts[h], (reserved or {}).get(h), t["group"]) for t in req.get("affinity") or ()}
+        for h, _f in fits
+    }
+    terms = req.get("affinity") or ()
+    most_members = {t["group"]: max((m[t["group"]] for m in members.values()), default=0) for t in terms}
     ranking = []
     for host, free in fits:
         raw = {
@@ -252,7 +306,13 @@ def rank(hosts, req, pol=None, exclude=(), reserved=None):
         }
         if pack:
             raw = {k: 1.0 - v for k, v in raw.items()}
-        score = sum(weights[k] * raw[k] for k in raw) / total_w
+        score = sum(weights[k] * raw[k] for k in raw)
+        for term in req.get("affinity") or ():
+            mine, most = members[host][term["group"]], most_members[term["group"]]
+            frac = mine / most if most else 0.0
+            raw[f"affinity:{term['group']}"] = frac if term["weight"] > 0 else 1.0 - frac
+            score += abs(term["weight"]) * raw[f"affinity:{term['group']}"]
+        score /= total_w + sum(abs(t["weight"]) for t in req.get("affinity") or ())
         ranking.append(
             {
                 "host": host,

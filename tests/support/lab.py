@@ -163,7 +163,7 @@ class Hypervisor:
             fh.write('cgroup_controllers = [ ]\nremember_owner = 0\nmigration_address = "0.0.0.0"\n')
         with open(self.path("hosts"), "w") as fh:
             fh.write("127.0.0.1 localhost\n")
-            for i in range(1, 10):
+            for i in range(1, 20):  # hv1..hv19: every lab index the tests use
                 fh.write(f"{FABRIC_NET}.{10 + i} hv{i}\n")
 
     def _network(self):

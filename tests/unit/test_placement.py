@@ -241,3 +241,52 @@ def test_a_thousand_hosts_all_accounted_for_and_the_roomiest_wins():
     assert out["excluded"]["hv0500"] == ["down: did not answer within 10 s"]
     scores = [r["score"] for r in out["ranking"]]
     assert scores == sorted(scores, reverse=True)
+
+
+# soft affinity -------------------------------------------------------------------------------------
+def test_soft_affinity_prefers_the_groups_hosts_and_shows_the_score_parts():
+    hosts = {"a": host(vms={"db1": "db"}), "b": host(), "c": host(vms={"db2": "db", "db3": "db"})}
+    plain = placement.rank(hosts, req())
+    assert plain["host"] == "b"  # fewest VMs: spread alone goes to the empty host
+    near = placement.rank(hosts, placement.make_request(1, 512, affinity=[{"group": "db", "weight": 5}]))
+    assert near["host"] == "c"
+    parts = {r["host"]: r["scores"]["affinity:db"] for r in near["ranking"]}
+    assert parts == {"a": 0.5, "b": 0.0, "c": 1.0}
+    assert not near["excluded"]  # soft: nobody is excluded
+
+
+def test_soft_anti_affinity_spreads_without_excluding():
+    hosts = {"a": host(vms={"w1": "web", "x": None, "y": None}), "b": host(vms={"w2": "web", "w3": "web"})}
+    ranked = placement.rank(hosts, placement.make_request(1, 512, affinity={"web": -10}))
+    assert ranked["host"] == "a" and ranked["ranking"][0]["scores"]["affinity:web"] == 0.5
+    assert ranked["ranking"][1]["scores"]["affinity:web"] == 0.0 and not ranked["excluded"]
+    # members by their own soft groups and in-flight reservations count too
+    hosts = {"a": host(), "b": host()}
+    hosts["a"]["vm_info"]["s1"] = {"state": "running", "affinity": [{"group": "web", "weight": 1}]}
+    load = {"b": {"groups": {"w9": "web"}}}
+    ranked = placement.rank(
+        hosts, placement.make_request(1, 512, affinity={"group": "web", "weight": 1}), reserved=load
+    )
+    assert {r["host"]: r["scores"]["affinity:web"] for r in ranked["ranking"]} == {"a": 1.0, "b": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("web", "must be a list"),
+        ([{"group": "web", "weight": 0}], "not 0"),
+        ([{"group": "web", "weight": 11}], "-10..10"),
+        ([{"group": "web", "weight": "x"}], "must be a number"),
+        ([{"weight": 1}], "each entry is"),
+        ([{"group": "web", "hard": True}], "each entry is"),
+    ],
+)
+def test_soft_affinity_bad_input(value, message):
+    with pytest.raises(SaltInvocationError, match=message):
+        placement.make_request(1, 512, affinity=value)
+
+
+def test_hard_group_stays_hard_beside_soft_terms():
+    hosts = {"a": host(vms={"w1": "web"}), "b": host()}
+    ranked = placement.rank(hosts, placement.make_request(1, 512, 0, "web", affinity={"web": 10}))
+    assert ranked["host"] == "b" and "anti-affinity" in ranked["excluded"]["a"][0]

@@ -1,0 +1,89 @@
+"""
+Execution module ``virt`` (continued): the hypervisor side of host-failure recovery
+(``saltvirt.hostrecord``). ``salt-run virt.record`` / ``virt.recover`` (``saltvirt.recovery``) call these.
+Salt's loader merges every file whose ``__virtualname__`` is ``virt`` into one ``virt`` module.
+"""
+
+import os
+import sys
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt import conn as _c
+    from saltvirt import hostrecord as _hr
+    from saltvirt import migrate as _migrate
+    from saltvirt.validate import to_bool as _bool
+
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+    if _c.libvirt is None:
+        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+    return __virtualname__
+
+
+def _allowed_paths():
+    return (__opts__.get("virt") or {}).get("allowed_paths") or ()  # minion config only
+
+
+def recovery_record(connection=None):
+    """
+    What the master keeps about this hypervisor for ``salt-run virt.recover``: every VM's inactive
+    definition (no passwords), state and disks, and the storage marker of each directory holding them
+    (``<root>/.salt-virt-storage``, written once).
+
+    CLI Example:: salt 'hyper1' virt.recovery_record
+    """
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _hr.record(conn, _c.salt_images_dir(__salt__), _allowed_paths())
+
+
+def recovery_probe(host, uri=None, wait=10):
+    """
+    Can this hypervisor reach the libvirtd of peer ``host``? ``uri``: the URI to try (the master's
+    ``virt:recovery:probe_uri``); default the URI a migration to ``host`` would use (TLS with this
+    host's client certificate, ``virt:migration`` settings). Returns ``{uri, reachable, error}``.
+
+    CLI Example:: salt 'hyper2' virt.recovery_probe hyper1
+    """
+    if not uri:
+        mig = _migrate.settings(_c.salt_config(__salt__))
+        target = mig["hosts"].get(host, host)
+        transport = mig["transport"] or "tls"
+        uri = _migrate.destination_uri(target, False, transport, mig["pkipath"], mig["uri_template"])
+    return _hr.probe(uri, float(wait))
+
+
+def recovery_check(vms, storage):
+    """
+    For ``salt-run virt.recover``: why this hypervisor could not run each of ``vms`` (``{name: xml}``,
+    a down host's recorded definitions; ``storage``: its storage markers): ``{name: [reasons]}``,
+    an empty list where it could. Reads files only, changes nothing.
+
+    CLI Example:: salt 'hyper2' virt.recovery_check '{web1: "<domain...>"}' '{...}'
+    """
+    return _hr.check_all(vms, storage, _c.salt_images_dir(__salt__), _allowed_paths())
+
+
+def recovery_restart(name, xml, storage, start=True, connection=None):
+    """
+    Define VM ``name`` from a down hypervisor's recorded ``xml`` here and start it: only when every
+    disk lies inside this host's ``virt:images``/``virt:allowed_paths`` and on storage shared with
+    the down host (``storage``: its recorded markers). On failure the definition is removed again.
+
+    CLI Example:: salt 'hyper2' virt.recovery_restart web1 '<domain...>' '{...}'
+    """
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _hr.restart(conn, name, xml, storage, _c.salt_images_dir(__salt__), _allowed_paths(), start=_bool(start))
