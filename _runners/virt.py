@@ -217,6 +217,8 @@ def _add_rates(data, tgt, tgt_type, timeout, interval):
         raise SaltInvocationError(f"interval must be a number of seconds, not {interval!r}") from None
     if not 0 < interval <= 300:
         raise SaltInvocationError(f"interval must be between 0 and 300 seconds, not {interval}")
+    from saltvirt import stats  # noqa: PLC0415 - rates(): arithmetic over two samples, only when asked
+
     first = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
     time.sleep(interval)
     second = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)

@@ -76,7 +76,7 @@ def clean(raw, source):
         if not isinstance(iface, dict) or not isinstance(iface.get("hwaddr"), str):
             continue
         mac = iface["hwaddr"].strip().lower()
-        if not _MAC_RE.match(mac):
+        if not _MAC_RE.fullmatch(mac):
             continue
         for entry in iface.get("addrs") or []:
             ip = _address(entry, source)

@@ -143,6 +143,11 @@ def merge_by_name(base, overrides):
 def _profile(profiles, kind, name, default):
     if name in (None, "", "none", False):
         return []
+    if not isinstance(name, str):
+        plural = "interfaces" if kind == "nic" else "disks"
+        raise SaltInvocationError(
+            f"{kind}= names a profile (a string), not {type(name).__name__} {name!r}: list devices in {plural}="
+        )
     table = (profiles or {}).get(kind) or {}
     if name in table:
         return _named_entries(table[name], f"virt:{kind}:{name}")

@@ -91,7 +91,7 @@ def listen_address(value, what="graphics:listen"):
         try:
             return str(ipaddress.ip_address(text))
         except ValueError:
-            if _HOSTNAME_RE.match(text):
+            if _HOSTNAME_RE.fullmatch(text):
                 return text
     raise SaltInvocationError(f"{what} must be an IP address or a host name, got {value!r}")
 
@@ -141,11 +141,11 @@ def graphics(value, enable_vnc=False):
 def nic(entry, what):
     """Check one NIC entry (after shorthand expansion) key by key and value by value."""
     check_keys(entry, what, NIC_KEYS)
-    if entry.get("source") is not None and not _SOURCE_RE.match(str(entry["source"])):
+    if entry.get("source") is not None and not _SOURCE_RE.fullmatch(str(entry["source"])):
         raise SaltInvocationError(f"{what}:source must be a bridge, network or device name, got {entry['source']!r}")
-    if entry.get("model") is not None and not _MODEL_RE.match(str(entry["model"])):
+    if entry.get("model") is not None and not _MODEL_RE.fullmatch(str(entry["model"])):
         raise SaltInvocationError(f"{what}:model must be a NIC model name like virtio or e1000, got {entry['model']!r}")
-    if entry.get("mac") is not None and not (isinstance(entry["mac"], str) and _MAC_RE.match(entry["mac"])):
+    if entry.get("mac") is not None and not (isinstance(entry["mac"], str) and _MAC_RE.fullmatch(entry["mac"])):
         raise SaltInvocationError(f"{what}:mac must look like 52:54:00:12:34:56, got {entry['mac']!r}")
 
 
@@ -161,7 +161,9 @@ def disk(entry, what):
             entry[new] = value
     if entry.get("device", "disk") not in _DEVICES:
         raise SaltInvocationError(f"{what}:device must be one of {_DEVICES}, got {entry['device']!r}")
-    if entry.get("target") is not None and not (isinstance(entry["target"], str) and _TARGET_RE.match(entry["target"])):
+    if entry.get("target") is not None and not (
+        isinstance(entry["target"], str) and _TARGET_RE.fullmatch(entry["target"])
+    ):
         raise SaltInvocationError(f"{what}:target must be a device name like vdb or sda, got {entry['target']!r}")
     if entry.get("image") is not None:
         _plain_text(entry["image"], f"{what}:image")

@@ -155,6 +155,13 @@ def test_list_and_host_info(vmaster, gone_down):
     assert ret.data["cap-gone"]["status"] == "down"
 
 
+def test_query_with_rates_samples_twice(vmaster, gone_down):
+    ret = run(vmaster, "virt.query", "rates=True", "interval=0.5", "tgt=cap-small")
+    assert ret.returncode == 0, ret
+    rates = ret.data["cap-small"]["vm_info"]["twin"]["rates"]  # twin runs there
+    assert {"cpu_percent"} <= set(rates) and rates["cpu_percent"] >= 0, rates
+
+
 def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
     out = run_text(vmaster, "virt.query")
     assert out.returncode == 0, out.stderr

@@ -71,6 +71,12 @@ HOSTILE = [
     ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0", "model": "<x>"}]}, "model must be"),
     ({"interfaces": [{"name": "eth0", "type": "bridge", "sorce": "br0"}]}, "did you mean 'source'"),
     ({"interfaces": [{"name": "eth0", "type": "bogus", "source": "x"}]}, "type must be one of"),
+    # a trailing newline never passes a pattern (fullmatch, not match with "$")
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0\n"}]}, "source must be a bridge"),
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0", "mac": "52:54:00:00:00:01\n"}]}, "mac must"),
+    ({"interfaces": [{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio\n"}]}, "model must be"),
+    ({"disks": [{"name": "data", "size": 1, "target": "vdb\n"}]}, "target"),
+    ({"nic": []}, r"nic= names a profile \(a string\), not list \[\]: list devices in interfaces="),
     # boot
     ({"boot": {"kernel": "/k", "cmdline": "a\x00b"}}, "control characters"),
     ({"boot": {"kernal": "/k"}}, "did you mean 'kernel'"),
