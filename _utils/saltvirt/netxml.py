@@ -219,7 +219,9 @@ def _ip_config(config, version):
     if ranges:
         speckeys.check_keys(ranges[0], f"{what}:dhcp_ranges", ("start", "end"))
         dhcp = _dhcp_range(net, ranges[0].get("start"), ranges[0].get("end"))
-    hosts = _dhcp_hosts(config["hosts"], net, f"{what}:hosts") if config.get("hosts") else None
+    hosts = None  # IPv4: None leaves the network's hosts, [] (hosts: {}) declares none
+    if config.get("hosts") not in (None, "") and (config["hosts"] or version == 4):
+        hosts = _dhcp_hosts(config["hosts"], net, f"{what}:hosts")
     bootp = None
     if config.get("bootp"):
         if version == 6:
@@ -631,7 +633,7 @@ def _set_ips(root, spec):
             continue
         else:
             want = dict(spec["ipv6"], bootp=None)
-        if facts is not None and all(facts.get(k) == want.get(k) for k in ("ip", "dhcp", "hosts", "bootp")):
+        if facts is not None and all((facts.get(k) or None) == (want.get(k) or None) for k in facts):
             continue
         new = _ip_element(want["ip"], want["dhcp"], want.get("hosts"), want.get("bootp")) if want["ip"] else None
         if cur is not None:
@@ -766,8 +768,9 @@ def network_diff(spec, current):
     for key in ("forward", "ip", "dhcp", "bridge", *OPTIONAL):
         if spec[key] is None and (key == "bridge" or key in OPTIONAL):
             continue
-        if spec[key] != current.get(key):
-            out[key] = {"old": current.get(key), "new": spec[key]}
+        want = spec[key] or None if key == "hosts" else spec[key]  # [] declares: no hosts
+        if want != current.get(key):
+            out[key] = {"old": current.get(key), "new": want}
     return out
 
 

@@ -209,6 +209,16 @@ def test_live_dhcp_hosts_without_restart(conn):
     live = netxml.parse_network(net.XMLDesc(0))  # one definition on the test driver; live + config: real lab test
     assert live["hosts"] == spec2["hosts"] and live["ipv6"]["hosts"] == spec2["ipv6"]["hosts"]
     assert netpool.ensure(conn, "network", spec2)["changes"] == {}
+    none = netxml.network_spec("live1", forward=None, ipv4_config=dict(base, hosts={}), ipv6_config=v6)
+    assert netpool.ensure(conn, "network", none, test=True)["changes"]["live"] == {
+        "hosts": {"old": spec2["hosts"], "new": None}
+    }
+    three = dict(base, hosts={"10.62.0.7": {"name": "b"}})
+    spec3 = netxml.network_spec("live1", forward=None, ipv4_config=three, ipv6_config=dict(v6, hosts=[]))
+    assert spec3["ipv6"]["hosts"] is None  # an empty list declares "no hosts"
+    assert set(netpool.ensure(conn, "network", spec3)["changes"]) == {"live"}
+    after = netxml.parse_network(net.XMLDesc(0))
+    assert after["hosts"] == [{"ip": "10.62.0.7", "name": "b"}] and after["ipv6"]["hosts"] is None  # deleted live
     other = netxml.network_spec("live1", forward=None, ipv4_config=dict(two, cidr="10.62.0.0/23"))
     moved = netpool.ensure(conn, "network", other)
     assert set(moved["changes"]) == {"redefined"} and "after a restart" in moved["comment"]
