@@ -207,7 +207,8 @@ def network_set_autostart(name, state="on", connection=None, **kwargs):
 
 
 def network_info(name=None, connection=None):
-    """``{name: {bridge, forward, ip, dhcp, active, autostart}}`` of one network or all.
+    """``{name: {bridge, forward, ip, dhcp, hosts, bootp, ipv6, nat, interfaces, pf, addresses, mtu,
+    vport, vlan, domain, dns, active, autostart, persistent}}`` of one network or all (absent parts None).
 
     CLI Example:: salt 'hyper1' virt.network_info
     """

@@ -132,6 +132,8 @@ def _dhcp_range(net, dhcp_start, dhcp_end):
 
 
 def _ip(ip, netmask):
+    if isinstance(ip, dict):  # Salt's 4th positional argument is ipv4_config
+        raise SaltInvocationError("ip is a mapping: give Salt's form by name, ipv4_config={cidr: ...}")
     if netmask and not ip:
         raise SaltInvocationError("netmask needs ip=")
     if not ip:

@@ -2,9 +2,10 @@
 dnsmasq libvirt starts inside the hypervisor's namespace, and virt.network_update adds a DHCP host to the
 running dnsmasq without restarting the network.
 
-No openvswitch network here: it needs the openvswitch kernel module and a running ovs-vswitchd and
-ovsdb-server (no systemd in this container, package not installed); its XML (vport with parameters, VLAN
-trunk/native tags) is pinned by golden files and read back on the test driver (tests/unit/test_netxml.py).
+No openvswitch network here: apt-cache lists openvswitch-switch 3.1.0, but this machine's kernel has no
+openvswitch module (no /lib/modules, not loaded), so ovs-vswitchd's kernel datapath cannot run, and the
+package is not part of scripts/setup.sh. The openvswitch XML (vport with parameters, VLAN trunk/native
+tags) is pinned by golden files, validated and read back on the test driver (tests/unit/test_netxml.py).
 """
 
 import os
