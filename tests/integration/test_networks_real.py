@@ -65,3 +65,27 @@ def test_static_hosts_and_ipv6_reach_dnsmasq_and_live_update(network, hv1):
     finally:
         conn.close()
     assert v["virt.network_update"](NET, None, None, ipv4_config=more, ipv6_config=V6) is False
+
+
+def test_every_argument_is_idempotent_on_a_real_libvirtd(network):
+    """What libvirt 9 writes back (defaults it adds, attribute forms) compares equal: a second
+    update finds nothing to do."""
+    v = network
+    args = {
+        "ipv4_config": dict(V4, bootp={"file": "pxelinux.0", "server": "10.71.0.2"}),
+        "ipv6_config": V6,
+        "nat": {"address": {"start": "10.252.0.200", "end": "10.252.0.210"}},
+        "mtu": 1400,
+        "domain": {"name": "lab.example", "localOnly": True},
+        "dns": {
+            "forwarders": [{"domain": "example.com", "addr": "10.252.0.1"}],
+            "txt": {"lab.example": "v=spf1 -all"},
+            "hosts": {"10.71.0.7": ["mirror.lab.example"]},
+            "srvs": [{"name": "ldap", "protocol": "tcp", "domain": "lab.example", "target": "db", "port": 389}],
+        },
+    }
+    assert v["virt.network_define"](NET, None, "nat", autostart=False, **args) is True
+    assert v["virt.network_info"](NET)[NET]["active"]
+    assert v["virt.network_update"](NET, None, "nat", test=True, **args) is False
+    assert v["virt.network_update"](NET, None, "nat", **args) is False
+    assert v["virt.network_update"](NET, None, "nat", **dict(args, mtu=1300), test=True) is True
