@@ -2,7 +2,6 @@
 Execution module ``virt`` (continued): virtual networks (``saltvirt.netpool``).
 """
 
-import ipaddress
 import os
 import sys
 
@@ -22,7 +21,6 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt import conn as _c
     from saltvirt import netpool as _np
-    from saltvirt import speckeys
     from saltvirt.validate import to_bool as _bool
 
 __virtualname__ = "virt"
@@ -40,57 +38,50 @@ def _conn(connection=None):
     return _c.salt_connect(__salt__, connection)
 
 
-def _ipv4_config(ipv4_config, ip, dhcp_start, dhcp_end):
-    """Salt's ``ipv4_config: {cidr, dhcp_ranges: [{start, end}]}`` -> ``ip``/``dhcp_start``/``dhcp_end``
-    (libvirt's address is the first host of ``cidr``, as Salt's)."""
-    if not ipv4_config:
-        return ip, dhcp_start, dhcp_end
-    if ip or dhcp_start or dhcp_end:
-        raise SaltInvocationError("network: give ipv4_config (Salt's form) or ip/dhcp_start/dhcp_end, not both")
-    speckeys.check_keys(
-        ipv4_config,
-        "ipv4_config",
-        ("cidr", "dhcp_ranges"),
-        {"hosts": "ipv4_config:hosts (static DHCP hosts) is not supported by salt-virt yet"},
-    )
-    try:
-        net = ipaddress.ip_network(str(ipv4_config.get("cidr")), strict=False)
-    except ValueError:
-        raise SaltInvocationError(
-            f"ipv4_config:cidr must be a network like 192.168.100.0/24, got {ipv4_config.get('cidr')!r}"
-        ) from None
-    ranges = ipv4_config.get("dhcp_ranges") or []
-    if not isinstance(ranges, list) or len(ranges) > 1:
-        raise SaltInvocationError("ipv4_config:dhcp_ranges: salt-virt supports one range [{start: ..., end: ...}]")
-    start = end = None
-    if ranges:
-        speckeys.check_keys(ranges[0], "ipv4_config:dhcp_ranges", ("start", "end"))
-        start, end = ranges[0].get("start"), ranges[0].get("end")
-    return f"{net[1]}/{net.prefixlen}", start, end
-
-
-_NOT_YET = {
-    "ipv6_config": "IPv6",
-    "vport": "openvswitch virtual ports",
-    "tag": "VLAN tags",
-    "mtu": "the MTU",
-    "domain": "the DNS domain",
-    "nat": "NAT port ranges",
-    "interfaces": "macvtap/hostdev interfaces",
-    "addresses": "hostdev addresses",
-    "physical_function": "SR-IOV physical functions",
-    "dns": "DNS settings",
-}
-
-
-def _refuse_not_yet(kwargs, fun):
-    for key, what in _NOT_YET.items():
-        if kwargs.pop(key, None) not in (None, "", [], {}):
-            raise SaltInvocationError(f"{fun}: {key} ({what}) is not supported by salt-virt yet: leave it out")
+def _refuse_unknown(kwargs, fun):
     kwargs.pop("username", None), kwargs.pop("password", None)
     unknown = sorted(k for k in kwargs if not k.startswith("__"))
     if unknown:
         raise SaltInvocationError(f"{fun}: unknown argument(s) {', '.join(unknown)}")
+
+
+_SALT_ARGS = (
+    "ipv4_config",
+    "ipv6_config",
+    "vport",
+    "tag",
+    "mtu",
+    "domain",
+    "nat",
+    "interfaces",
+    "addresses",
+    "physical_function",
+    "dns",
+)
+
+
+def _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, fun):
+    """The one network spec (saltvirt.netxml) from this module's arguments; Salt's nested ones in kwargs."""
+    salt_args = {k: kwargs.pop(k) for k in _SALT_ARGS if k in kwargs}
+    _refuse_unknown(kwargs, fun)
+    return _np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **salt_args)
+
+
+_ARGS_DOC = """
+    Arguments (Salt's names and shapes; each nested key is checked, an unknown one names the nearest):
+    ``forward``: nat, route, open, bridge (onto an existing ``bridge``, or macvtap over ``interfaces``),
+    private/vepa/passthrough (macvtap over ``interfaces`` or ``physical_function``), hostdev (SR-IOV:
+    ``physical_function`` or PCI ``addresses``) or none. ``ip`` as ADDRESS/PREFIX or ADDRESS with
+    ``netmask`` and a DHCP range ``dhcp_start``/``dhcp_end``; or ``ipv4_config``/``ipv6_config``:
+    ``{cidr, dhcp_ranges: [{start, end}], hosts: {IP: {mac, name}} or [{ip, mac, name, id}],
+    bootp: {file, server}}`` (the address is the first host of ``cidr``; one range; IPv6 hosts by
+    ``id``/``name``). ``nat: {address: {start, end}, port: {start, end}}``; ``vport``: openvswitch
+    or ``{type, parameters: {interfaceid, profileid}}``; ``tag``: a VLAN id or ``{trunk, tags:
+    [{id, nativeMode}]}``; ``mtu``; ``domain``: a name or ``{name, localOnly}``; ``dns: {forwarders:
+    [{domain, addr}], txt: {name: text}, hosts: {IP: [names]}, srvs: [{name, protocol, domain,
+    target, port, priority, weight}]}``; ``interfaces``/``addresses``: a list or a whitespace
+    separated string. Left out on an existing network: kept as it is.
+"""
 
 
 def network_define(
@@ -104,29 +95,25 @@ def network_define(
     autostart=True,
     start=True,
     connection=None,
-    ipv4_config=None,
     **kwargs,
 ):
     """
-    Define a virtual network (``forward``: nat, route, open, bridge (onto an existing ``bridge``) or
-    none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``, with an optional DHCP range; or Salt's
-    ``ipv4_config: {cidr, dhcp_ranges: [{start, end}]}``). Started and set to autostart by default, as
-    Salt's. Returns True.
+    Define a virtual network (arguments below); started and set to autostart by default, as Salt's.
+    Returns True. Bad input is refused before anything is defined.
 
     CLI Example::
 
         salt 'hyper1' virt.network_define lab forward=none ip=10.50.0.1/24 dhcp_start=10.50.0.10 dhcp_end=10.50.0.99
+        salt 'hyper1' virt.network_define lab None nat \\
+            ipv4_config='{cidr: 10.51.0.0/24, hosts: {10.51.0.5: {mac: "52:54:00:00:00:05", name: db}}}'
     """
-    _refuse_not_yet(kwargs, "virt.network_define")
-    ip, dhcp_start, dhcp_end = _ipv4_config(ipv4_config, ip, dhcp_start, dhcp_end)
-    np = _np
-    spec = np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
+    spec = _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, "virt.network_define")
     with _conn(connection) as conn:
-        np.define(conn, "network", spec)
+        _np.define(conn, "network", spec)
         if _bool(autostart):
-            np.set_autostart(conn, "network", name, True)
+            _np.set_autostart(conn, "network", name, True)
         if _bool(start):
-            np.start(conn, "network", name)
+            _np.start(conn, "network", name)
         return True
 
 
@@ -138,25 +125,28 @@ def network_update(
     netmask=None,
     dhcp_start=None,
     dhcp_end=None,
-    ipv4_config=None,
     test=False,
     connection=None,
     **kwargs,
 ):
     """
-    Bring an existing network to this definition (the arguments of ``virt.network_define``, Salt's
-    ``ipv4_config`` too). Returns True when it needed (``test=True``: needs) an update, False when it
-    was as declared (Salt's return). A running network uses the new definition after a restart.
+    Bring an existing network to this definition (the arguments of ``virt.network_define``). Returns
+    True when it needed (``test=True``: needs) an update, False when it was as declared (Salt's
+    return). Changed static DHCP hosts of a running network are applied live (virNetworkUpdate: dnsmasq
+    gets them, no restart); any other change is written and used after the network's restart.
 
     CLI Example:: salt 'hyper1' virt.network_update lab forward=none ip=10.50.0.1/24
     """
-    _refuse_not_yet(kwargs, "virt.network_update")
-    ip, dhcp_start, dhcp_end = _ipv4_config(ipv4_config, ip, dhcp_start, dhcp_end)
-    spec = _np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
+    spec = _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, "virt.network_update")
     with _conn(connection) as conn:
         _np.get(conn, "network", name)  # an update needs an existing network
         ret = _np.ensure(conn, "network", spec, test=_bool(test))
     return bool(ret["changes"])
+
+
+for _fun in (network_define, network_update):
+    if _fun.__doc__:  # None under python -OO
+        _fun.__doc__ += _ARGS_DOC
 
 
 def network_start(name, connection=None, **kwargs):
@@ -164,7 +154,7 @@ def network_start(name, connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.network_start isolated
     """
-    _refuse_not_yet(kwargs, "virt.network_start")
+    _refuse_unknown(kwargs, "virt.network_start")
     with _conn(connection) as conn:
         _np.start(conn, "network", name)
         return True
@@ -175,7 +165,7 @@ def network_stop(name, connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.network_stop isolated
     """
-    _refuse_not_yet(kwargs, "virt.network_stop")
+    _refuse_unknown(kwargs, "virt.network_stop")
     with _conn(connection) as conn:
         _np.stop(conn, "network", name)
         return True
@@ -186,7 +176,7 @@ def network_undefine(name, connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.network_undefine isolated
     """
-    _refuse_not_yet(kwargs, "virt.network_undefine")
+    _refuse_unknown(kwargs, "virt.network_undefine")
     with _conn(connection) as conn:
         return bool(_np.undefine(conn, "network", name))
 
@@ -196,7 +186,7 @@ def network_get_xml(name, connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.network_get_xml default
     """
-    _refuse_not_yet(kwargs, "virt.network_get_xml")
+    _refuse_unknown(kwargs, "virt.network_get_xml")
     with _conn(connection) as conn:
         net = _np.get(conn, "network", name)
         with _c.lv_errors(f"read network {name!r}"):
@@ -208,7 +198,7 @@ def network_set_autostart(name, state="on", connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.network_set_autostart default off
     """
-    _refuse_not_yet(kwargs, "virt.network_set_autostart")
+    _refuse_unknown(kwargs, "virt.network_set_autostart")
     if str(state).lower() not in ("on", "off", "true", "false", "yes", "no", "1", "0"):
         raise SaltInvocationError(f"virt.network_set_autostart: state must be on or off, got {state!r}")
     with _conn(connection) as conn:
@@ -217,7 +207,8 @@ def network_set_autostart(name, state="on", connection=None, **kwargs):
 
 
 def network_info(name=None, connection=None):
-    """``{name: {bridge, forward, ip, dhcp, active, autostart}}`` of one network or all.
+    """``{name: {bridge, forward, ip, dhcp, hosts, bootp, ipv6, nat, interfaces, pf, addresses, mtu,
+    vport, vlan, domain, dns, active, autostart, persistent}}`` of one network or all (absent parts None).
 
     CLI Example:: salt 'hyper1' virt.network_info
     """

@@ -442,10 +442,11 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
     )
 
 
-def _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end):
+def _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, salt_args):
     from saltvirt import netpool
 
-    return lambda: netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask)
+    given = {k: v for k, v in salt_args.items() if v is not None}
+    return lambda: netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **given)
 
 
 def network_defined(
@@ -458,30 +459,56 @@ def network_defined(
     dhcp_end=None,
     autostart=True,
     connection=None,
+    ipv4_config=None,
+    ipv6_config=None,
+    vport=None,
+    tag=None,
+    mtu=None,
+    domain=None,
+    nat=None,
+    interfaces=None,
+    addresses=None,
+    physical_function=None,
+    dns=None,
 ):
     """
-    A libvirt virtual network with this definition exists (``forward``: nat, route, open, bridge onto
-    an existing host ``bridge``, or none; ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``; an
-    optional DHCP range). A changed definition of a running network is written and used after its
-    restart (the comment says so). ``autostart``: True/False, or None to leave it.
+    A libvirt virtual network with this definition exists: the arguments of ``virt.network_define``
+    (Salt's ``ipv4_config``/``ipv6_config`` with static DHCP ``hosts`` and ``bootp``, ``nat``, ``vport``,
+    ``tag``, ``mtu``, ``domain``, ``dns``, ``interfaces``, ``physical_function``, ``addresses``; what
+    is left out stays as the network has it). Changed static DHCP hosts of a running network are applied
+    live; any other change of a running network is written and used after its restart (the comment
+    says so). ``autostart``: True/False, or None to leave it.
 
     .. code-block:: yaml
 
         isolated:
           virt.network_defined:
             - forward: none
-            - ip: 10.50.0.1/24
-            - dhcp_start: 10.50.0.10
-            - dhcp_end: 10.50.0.99
+            - ipv4_config:
+                cidr: 10.50.0.0/24
+                dhcp_ranges:
+                  - {start: 10.50.0.10, end: 10.50.0.99}
+                hosts:
+                  10.50.0.5: {mac: "52:54:00:00:00:05", name: db}
+            - ipv6_config:
+                cidr: fd00:50::/64
+            - domain: {name: lab.example, localOnly: True}
     """
-    return _object_state(
-        "network",
-        name,
-        _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end),
-        autostart,
-        False,
-        connection,
+    salt_args = dict(
+        ipv4_config=ipv4_config,
+        ipv6_config=ipv6_config,
+        vport=vport,
+        tag=tag,
+        mtu=mtu,
+        domain=domain,
+        nat=nat,
+        interfaces=interfaces,
+        addresses=addresses,
+        physical_function=physical_function,
+        dns=dns,
     )
+    spec = _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, salt_args)
+    return _object_state("network", name, spec, autostart, False, connection)
 
 
 def network_running(
@@ -494,9 +521,20 @@ def network_running(
     dhcp_end=None,
     autostart=True,
     connection=None,
+    ipv4_config=None,
+    ipv6_config=None,
+    vport=None,
+    tag=None,
+    mtu=None,
+    domain=None,
+    nat=None,
+    interfaces=None,
+    addresses=None,
+    physical_function=None,
+    dns=None,
 ):
     """
-    Like ``virt.network_defined``, and the network is started.
+    Like ``virt.network_defined`` (the same arguments), and the network is started.
 
     .. code-block:: yaml
 
@@ -505,6 +543,18 @@ def network_running(
             - forward: bridge
             - bridge: br0
     """
-    return _object_state(
-        "network", name, _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end), autostart, True, connection
+    salt_args = dict(
+        ipv4_config=ipv4_config,
+        ipv6_config=ipv6_config,
+        vport=vport,
+        tag=tag,
+        mtu=mtu,
+        domain=domain,
+        nat=nat,
+        interfaces=interfaces,
+        addresses=addresses,
+        physical_function=physical_function,
+        dns=dns,
     )
+    spec = _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, salt_args)
+    return _object_state("network", name, spec, autostart, True, connection)

@@ -1,139 +1,20 @@
 """libvirt virtual networks and storage pools: XML (ElementTree), desired-vs-current, lifecycle."""
 
-import ipaddress
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import poolxml, validate
+from saltvirt import netxml, poolxml
 from saltvirt.conn import libvirt, lv_errors
 
-FORWARD_MODES = (None, "nat", "route", "bridge", "open", "isolated")
 POOL_TYPES = tuple(poolxml.POOL_TYPES)
 
-
-def network_spec(  # noqa: C901, PLR0912 - one check per argument, in the order the user reads them
-    name, bridge=None, forward="nat", ip=None, dhcp_start=None, dhcp_end=None, netmask=None
-):
-    """Normalised desired network: {name, bridge, forward, ip (CIDR), dhcp: [start, end]}.
-
-    ``ip``: ADDRESS/PREFIX, or ADDRESS with ``netmask``. ``forward``: nat, route, open, bridge (onto an
-    existing host ``bridge``, no ip) or None/none/isolated (no forwarding)."""
-    validate.vm_name(name, "network name")
-    if forward in ("isolated", "none", ""):
-        forward = None
-    if forward not in FORWARD_MODES:
-        raise SaltInvocationError(f"forward must be one of nat, route, bridge, open or none, got {forward!r}")
-    if forward == "bridge" and not bridge:
-        raise SaltInvocationError("forward=bridge needs bridge=<existing host bridge>")
-    if bridge:
-        validate.vm_name(bridge, "bridge name")
-    net = None
-    if netmask and not ip:
-        raise SaltInvocationError("netmask needs ip=")
-    if ip:
-        try:
-            net = ipaddress.ip_interface(f"{ip}/{netmask}" if netmask else str(ip))
-        except ValueError:
-            raise SaltInvocationError(
-                "ip must be ADDRESS/PREFIX (e.g. 192.168.100.1/24) or ADDRESS with netmask=, "
-                f"got {ip!r} {netmask or ''}"
-            ) from None
-        if net.network.prefixlen == net.max_prefixlen:
-            raise SaltInvocationError(f"ip {ip} needs a prefix or netmask (e.g. {net.ip}/24)")
-        if forward == "bridge":
-            raise SaltInvocationError("a forward=bridge network has no ip: the host bridge's own network is used")
-    dhcp = None
-    if dhcp_start or dhcp_end:
-        if not net:
-            raise SaltInvocationError("dhcp range needs ip=")
-        if not (dhcp_start and dhcp_end):
-            raise SaltInvocationError("a dhcp range needs both dhcp_start and dhcp_end")
-        for addr in (dhcp_start, dhcp_end):
-            try:
-                inside = ipaddress.ip_address(addr) in net.network
-            except ValueError:
-                raise SaltInvocationError(f"dhcp address {addr!r} is not an IP address") from None
-            if not inside:
-                raise SaltInvocationError(f"dhcp address {addr} is outside {net.network}")
-        if ipaddress.ip_address(dhcp_start) > ipaddress.ip_address(dhcp_end):
-            raise SaltInvocationError(f"dhcp range {dhcp_start} - {dhcp_end} is backwards")
-        dhcp = [str(dhcp_start), str(dhcp_end)]
-    return {"name": name, "bridge": bridge, "forward": forward, "ip": str(net) if net else None, "dhcp": dhcp}
-
-
-def _ip_element(spec):
-    net = ipaddress.ip_interface(spec["ip"])
-    attrs = {"address": str(net.ip), "prefix": str(net.network.prefixlen)}
-    if net.version == 6:
-        attrs["family"] = "ipv6"
-    ip_el = ET.Element("ip", attrs)
-    if spec["dhcp"]:
-        ET.SubElement(ET.SubElement(ip_el, "dhcp"), "range", start=spec["dhcp"][0], end=spec["dhcp"][1])
-    return ip_el
-
-
-def network_xml(spec, base=None):
-    """Network XML for ``spec``. With ``base`` (the current definition) only the managed parts change:
-    uuid, MAC, the bridge name libvirt picked, DNS and everything else stay."""
-    if base is None:
-        root = ET.Element("network")
-        ET.SubElement(root, "name").text = spec["name"]
-    else:
-        root = ET.fromstring(base)
-    fwd = root.find("forward")
-    if fwd is not None and (not spec["forward"] or fwd.get("mode", "nat") != spec["forward"]):
-        root.remove(fwd)
-        fwd = None
-    if spec["forward"] and fwd is None:
-        root.insert(2 if root.find("uuid") is not None else 1, ET.Element("forward", mode=spec["forward"]))
-    br = root.find("bridge")
-    if spec["bridge"]:
-        if br is None:
-            br = ET.SubElement(root, "bridge")
-        br.set("name", spec["bridge"])
-    if _first_ip(root) is not None and _ip_facts(_first_ip(root)) != (spec["ip"], spec["dhcp"]):
-        root.remove(_first_ip(root))
-    if spec["ip"] and _first_ip(root) is None:
-        root.append(_ip_element(spec))
-    return ET.tostring(root, encoding="unicode")
-
-
-def _first_ip(root):
-    return next((el for el in root.findall("ip") if el.get("address")), None)
-
-
-def _ip_facts(ip_el):
-    prefix = ip_el.get("prefix")
-    if not prefix:
-        prefix = ipaddress.ip_network(f"0.0.0.0/{ip_el.get('netmask')}").prefixlen if ip_el.get("netmask") else 24
-    ip = str(ipaddress.ip_interface(f"{ip_el.get('address')}/{prefix}"))
-    rng = ip_el.find("dhcp/range")
-    return ip, ([rng.get("start"), rng.get("end")] if rng is not None else None)
-
-
-def parse_network(xml):
-    root = ET.fromstring(xml)
-    fwd, br, ip_el = root.find("forward"), root.find("bridge"), _first_ip(root)
-    ip, dhcp = _ip_facts(ip_el) if ip_el is not None else (None, None)
-    return {
-        "name": root.findtext("name"),
-        "bridge": br.get("name") if br is not None else None,
-        "forward": fwd.get("mode", "nat") if fwd is not None else None,
-        "ip": ip,
-        "dhcp": dhcp,
-    }
-
-
-def network_diff(spec, current):
-    """Fields that differ; ``bridge`` None in the spec means: whatever libvirt picked."""
-    out = {}
-    for key in ("forward", "ip", "dhcp", "bridge"):
-        if key == "bridge" and spec[key] is None:
-            continue
-        if spec[key] != current.get(key):
-            out[key] = {"old": current.get(key), "new": spec[key]}
-    return out
+# networks: their XML and spec live in saltvirt.netxml; define/update/start/stop here
+FORWARD_MODES = netxml.FORWARD_MODES
+network_spec = netxml.network_spec
+network_xml = netxml.network_xml
+parse_network = netxml.parse_network
+network_diff = netxml.network_diff
 
 
 # storage pools: their XML lives in saltvirt.poolxml (all pool types); define/start/stop/autostart here
@@ -207,21 +88,61 @@ def define(conn, kind, spec, replace=False):
         return conn.networkDefineXML(xml) if kind == "network" else conn.storagePoolDefineXML(xml, 0)
 
 
-def ensure(conn, kind, spec, autostart=None, run=False, test=False):
+def _live_host_steps(diff):
+    """virNetworkUpdate steps when ``diff`` changes only static DHCP hosts (IPv4 ``hosts`` and/or the
+    hosts of ``ipv6``), else None (the network must be redefined and restarted)."""
+    steps = []
+    for key, change in diff.items():
+        old, new = change["old"], change["new"]
+        if key == "hosts":
+            steps += netxml.host_changes(old, new)
+        elif key == "ipv6" and old and new and dict(old, hosts=None) == dict(new, hosts=None):
+            steps += netxml.host_changes(old["hosts"], new["hosts"])
+        else:
+            return None
+    return steps
+
+
+def update_hosts(conn, name, steps):
+    """Apply DHCP host ``steps`` (netxml.host_changes) to the running network and its definition
+    (virNetworkUpdate, live + config): dnsmasq gets the new hosts without a restart of the network."""
+    obj = get(conn, "network", name)
+    commands = {
+        "delete": libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE,
+        "modify": libvirt.VIR_NETWORK_UPDATE_COMMAND_MODIFY,
+        "add": libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+    }
+    flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+    ips = ET.fromstring(_xml(obj, "network")).findall("ip")
+    for command, host in steps:
+        xml = ET.tostring(netxml.host_element(host), encoding="unicode")
+        family = "ipv6" if ":" in host["ip"] else "ipv4"
+        # parentIndex: the <ip> element of the host's family (libvirt's -1 takes the first one, any family)
+        parent = next(i for i, el in enumerate(ips) if el.get("family", "ipv4") == family and el.get("address"))
+        with lv_errors(f"{command} DHCP host {host['ip']} of network {name!r}"):
+            obj.update(commands[command], libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, parent, xml, flags)
+
+
+def ensure(conn, kind, spec, autostart=None, run=False, test=False):  # noqa: C901, PLR0912 - one step per change kind
     """The ``virt.network_*`` / ``virt.pool_*`` states: bring the object to ``spec`` (define or
     redefine), ``autostart`` (None: leave it) and, with ``run``, active. Returns {'changes', 'comment'};
-    with ``test`` the same changes, nothing done."""
+    with ``test`` the same changes, nothing done. A running network whose only change is its static
+    DHCP hosts gets them live (change ``live``), without a restart."""
     name = spec["name"]
     obj = lookup(conn, kind, name)
     changes = {}
+    active = bool(obj is not None and obj.isActive())
+    live_steps = None
     if obj is None:
         changes["defined"] = spec
     else:
         current = info(conn, kind, name, inactive=True)[name]
         diff = network_diff(spec, current) if kind == "network" else pool_diff(spec, current)
-        if diff or not current["persistent"]:
+        live_steps = _live_host_steps(diff) if kind == "network" and active and current["persistent"] else None
+        if diff and live_steps is not None:
+            changes["live"] = diff
+        elif diff or not current["persistent"]:
             changes["redefined"] = diff
-    active = bool(obj is not None and obj.isActive())
     if autostart is not None and bool(obj is not None and obj.autostart()) != bool(autostart):
         changes["autostart"] = {"old": bool(obj is not None and obj.autostart()), "new": bool(autostart)}
     if run and not active:
@@ -230,15 +151,18 @@ def ensure(conn, kind, spec, autostart=None, run=False, test=False):
     words = {
         "defined": "defined",
         "redefined": f"redefined ({', '.join(changes.get('redefined') or ['made persistent'])})",
+        "live": f"updated live ({', '.join(changes.get('live') or [])}: DHCP hosts, no restart needed)",
         "autostart": f"autostart {'on' if autostart else 'off'}",
         "started": "started",
     }
-    done = ", ".join(words[k] for k in ("defined", "redefined", "autostart", "started") if k in changes)
+    done = ", ".join(words[k] for k in ("defined", "redefined", "live", "autostart", "started") if k in changes)
     if test:
         comment = f"{kind} {name} would be {done}" if changes else f"{kind} {name} is as declared"
     else:
         if "defined" in changes or "redefined" in changes:
             define(conn, kind, spec, replace=True)
+        if "live" in changes:
+            update_hosts(conn, name, live_steps)
         if "autostart" in changes:
             set_autostart(conn, kind, name, autostart)
         if "started" in changes:

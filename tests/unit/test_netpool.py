@@ -7,7 +7,7 @@ import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import netpool
+from saltvirt import netpool, netxml
 from tests.support.saltloader import load_states
 
 
@@ -25,6 +25,9 @@ def conn():
     c.close()
 
 
+UNSET = dict.fromkeys(netxml.OPTIONAL)  # the spec keys a plain ip/dhcp network does not declare
+
+
 @pytest.fixture
 def states(virt_test, conn):
     return lambda test=False: load_states(virt_test, test)
@@ -35,6 +38,7 @@ def test_network_spec_normalises():
     assert netpool.network_spec(
         "n", ip="10.1.0.1", netmask="255.255.0.0", dhcp_start="10.1.0.10", dhcp_end="10.1.9.9"
     ) == {
+        **UNSET,
         "name": "n",
         "bridge": None,
         "forward": "nat",
@@ -44,6 +48,7 @@ def test_network_spec_normalises():
     for isolated in (None, "none", "isolated", ""):
         assert netpool.network_spec("n", forward=isolated, ip="10.2.0.1/24")["forward"] is None
     assert netpool.network_spec("lan", forward="bridge", bridge="br0") == {
+        **UNSET,
         "name": "lan",
         "bridge": "br0",
         "forward": "bridge",
@@ -91,7 +96,8 @@ def test_network_xml_round_trip_and_redefinition_keeps_the_rest():
     assert root.find("bridge").get("name") == "virbr7" and root.find("mac").get("address") == "52:54:00:11:22:33"
     assert root.find("domain").get("name") == "lab" and root.find("forward").get("mode") == "nat"
     assert [ip.get("address") for ip in root.findall("ip")] == ["10.4.0.1"]
-    assert netpool.parse_network(ET.tostring(root, encoding="unicode")) == dict(nat, bridge="virbr7")
+    kept = {"bridge": "virbr7", "domain": {"name": "lab"}}  # undeclared: left as the network has it
+    assert netpool.parse_network(ET.tostring(root, encoding="unicode")) == dict(nat, **kept)
     same = ET.fromstring(netpool.network_xml(netpool.network_spec("iso", forward=None, ip="10.3.0.1/24"), base))
     assert same.find("ip").get("netmask") == "255.255.255.0"  # unchanged ip element left as written
 
@@ -118,6 +124,7 @@ def test_pool_spec_and_xml():
 def test_parse_what_libvirt_reports(conn):
     default = netpool.info(conn, "network", "default")["default"]
     assert default == {
+        **UNSET,
         "name": "default",
         "bridge": "virbr0",
         "forward": "nat",
