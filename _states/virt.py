@@ -442,11 +442,24 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
     )
 
 
-def _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, salt_args):
+# Salt's network_define arguments beyond the basic ones (saltvirt.netxml checks them key by key)
+_NETWORK_SALT_ARGS = (
+    "ipv4_config", "ipv6_config", "vport", "tag", "mtu", "domain", "nat", "interfaces", "addresses",
+    "physical_function", "dns",
+)  # fmt: skip
+
+
+def _network_state(args, started):
+    """The network states' common body: ``args`` are the state's own arguments (its locals())."""
     from saltvirt import netpool
 
-    given = {k: v for k, v in salt_args.items() if v is not None}
-    return lambda: netpool.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **given)
+    given = {k: args[k] for k in _NETWORK_SALT_ARGS if args[k] is not None}
+    basic = [args[k] for k in ("name", "bridge", "forward", "ip", "dhcp_start", "dhcp_end")]
+
+    def spec():
+        return netpool.network_spec(*basic, netmask=args["netmask"], **given)
+
+    return _object_state("network", args["name"], spec, args["autostart"], started, args["connection"])
 
 
 def network_defined(
@@ -494,21 +507,7 @@ def network_defined(
                 cidr: fd00:50::/64
             - domain: {name: lab.example, localOnly: True}
     """
-    salt_args = dict(
-        ipv4_config=ipv4_config,
-        ipv6_config=ipv6_config,
-        vport=vport,
-        tag=tag,
-        mtu=mtu,
-        domain=domain,
-        nat=nat,
-        interfaces=interfaces,
-        addresses=addresses,
-        physical_function=physical_function,
-        dns=dns,
-    )
-    spec = _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, salt_args)
-    return _object_state("network", name, spec, autostart, False, connection)
+    return _network_state(locals(), started=False)
 
 
 def network_running(
@@ -543,18 +542,4 @@ def network_running(
             - forward: bridge
             - bridge: br0
     """
-    salt_args = dict(
-        ipv4_config=ipv4_config,
-        ipv6_config=ipv6_config,
-        vport=vport,
-        tag=tag,
-        mtu=mtu,
-        domain=domain,
-        nat=nat,
-        interfaces=interfaces,
-        addresses=addresses,
-        physical_function=physical_function,
-        dns=dns,
-    )
-    spec = _network(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, salt_args)
-    return _object_state("network", name, spec, autostart, True, connection)
+    return _network_state(locals(), started=True)
