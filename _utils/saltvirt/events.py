@@ -12,7 +12,9 @@ import hashlib
 import logging
 import os
 import socket
+import queue
 import stat
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +75,18 @@ class Progress:
     """``progress(step, **data)`` for ``saltvirt.provision.init``: fires ``<prefix>/<step>`` with
     ``data`` (plus ``base``) the way ``event.send`` would, through one connection per ``virt.init``.
 
-    ``send(tag, data)``: the fallback for the ``salt-call`` route (Salt's ``event.send``).
-    ``probe``: the bus check (a parameter so tests can count it). Use as a context manager (closes
-    the connection)."""
+    On a bus the events go out from one sender thread, in order, while the init goes on (the connect
+    and each send cost a few ms); :meth:`close` (the end of the ``with`` block) waits for them, at most
+    ``close_timeout`` seconds. ``send(tag, data)``: the fallback for the ``salt-call`` route (Salt's
+    ``event.send``, synchronous). ``probe``: the bus check (a parameter so tests can count it)."""
 
-    def __init__(self, opts, prefix, base=None, send=None, probe=bus_reachable):
+    def __init__(self, opts, prefix, base=None, send=None, probe=bus_reachable, close_timeout=5):
         self.opts, self.prefix, self.base = opts, prefix, dict(base or {})
-        self._send, self._probe = send, probe
+        self._send, self._probe, self._close_timeout = send, probe, close_timeout
         self.route = route(opts)
         self.skipped = None  # why events are not sent (None: they are)
         self.sent = 0
-        self._bus = None
+        self._bus = self._queue = self._thread = None
         self._decided = False
 
     def _decide(self):
@@ -98,22 +101,45 @@ class Progress:
             log.debug("virt.init progress events not sent: %s", why)
 
     def __call__(self, step, **data):
+        """Send (or queue) one step; False when events are not sent (see ``skipped``)."""
         if not self._decided:
             self._decide()
         if self.skipped:
             return False
         tag, payload = f"{self.prefix}/{step}", dict(data, **self.base)
+        if self.route != "salt-call":
+            if self._thread is None:
+                self._queue = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._sender, daemon=True, name=f"progress {self.prefix}")
+                self._thread.start()
+            self._queue.put((tag, payload))
+            return True
+        return self._deliver(tag, payload, self._send)
+
+    def _deliver(self, tag, payload, how):
         try:
-            ok = self._send(tag, payload) if self.route == "salt-call" else self._fire(tag, payload)
+            ok = how(tag, payload)
         except Exception as exc:  # noqa: BLE001 - progress events are best effort, never fail the work
             ok = False
             log.debug("progress event %s not sent: %s", tag, exc)
         if ok is False:  # the bus went away: stop trying (each try could wait up to 1 s)
             self.skipped = f"the event bus did not take {tag}"
-            self.close()
             return False
         self.sent += 1
         return True
+
+    def _sender(self):
+        try:
+            while (item := self._queue.get()) is not None:
+                if not self.skipped:
+                    self._deliver(*item, self._fire)
+        finally:
+            bus, self._bus = self._bus, None
+            if bus is not None:
+                try:
+                    bus.destroy()
+                except Exception as exc:  # noqa: BLE001 - closing a best-effort connection
+                    log.debug("closing the progress event connection: %s", exc)
 
     def _fire(self, tag, payload):
         if self._bus is None:
@@ -126,12 +152,13 @@ class Progress:
         return self._bus.fire_event({"data": payload, "tag": tag, "events": None, "pretag": None}, "fire_master")
 
     def close(self):
-        bus, self._bus = self._bus, None
-        if bus is not None:
-            try:
-                bus.destroy()
-            except Exception as exc:  # noqa: BLE001 - closing a best-effort connection
-                log.debug("closing the progress event connection: %s", exc)
+        """Wait (bounded) until every queued event is sent, then close the connection."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(self._close_timeout)
+            if thread.is_alive():
+                log.debug("progress events of %s still being sent after %s s", self.prefix, self._close_timeout)
 
     def __enter__(self):
         return self
