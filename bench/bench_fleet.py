@@ -234,6 +234,51 @@ def timed(stack, *args, timeout=1800):
     }
 
 
+def timed_init(stack, vm):
+    """``salt-run virt.init`` of a small VM (no image: define + start on a test-driver hypervisor), timed
+    whole, with the answer's per-step ``timeline``."""
+    cmd = ("salt-run", "virt.init", vm, "1", "64", "nic=None", "disk=None", "seed=False", "--out=json")
+    with tempfile.TemporaryFile("w+") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [os.path.join(stack.bin, cmd[0]), "-c", stack.conf, *cmd[1:]],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        data = last_json(out.read()) or {}
+    return {
+        "wall": wall,
+        "rc": proc.returncode,
+        "host": data.get("host"),
+        "started": (data.get("init") or {}).get("started"),
+        "timeline": data.get("timeline") or [],
+        "tail": proc.stderr[-600:],
+    }
+
+
+def render_init(runs):
+    """Median time of each step of the runner's virt.init (seconds since the runner began)."""
+    good = [r for r in runs if r["rc"] == 0 and r["started"]]
+    steps = {}
+    for r in good:
+        for t in r["timeline"]:
+            steps.setdefault(t["step"], []).append(t["at"])
+    rows = [[step, common.fmt_stat(common.summary(ats))] for step, ats in steps.items()]
+    rows.append(
+        ["whole salt-run command (process start to exit)", common.fmt_stat(common.summary([r["wall"] for r in good]))]
+    )
+    return (
+        "salt-run virt.init end to end (no image: define + start on a test-driver hypervisor; the answer's "
+        "`timeline`, seconds since the runner function began), median (min–max, n)\n\n"
+        + common.table(["step", "at"], rows)
+    ), [f"salt-run virt.init rc={r['rc']} started={r['started']}: {r['tail']}" for r in runs if r not in good]
+
+
 COMMANDS = {
     "salt-run virt.query": ("salt-run", "virt.query", "--out=json"),
     "salt -G virtual:physical virt.full_info": (
@@ -293,6 +338,10 @@ def main(argv=None):
                 for label, cmd in COMMANDS.items():
                     log(f"fleet {name}: {label} {rep + 1}/{cfg['reps']}")
                     results.setdefault((name, label), []).append(timed(stack, *cmd))
+            if name == "salt-virt":  # the runner's virt.init end to end, with its own per-step timeline
+                for rep in range(cfg["reps"]):
+                    log(f"fleet {name}: salt-run virt.init {rep + 1}/{cfg['reps']}")
+                    results.setdefault((name, "_init"), []).append(timed_init(stack, f"fbench{rep}"))
             mem1 = stack.minion_memory()
             results[(name, "_mem")] = {m: {"rss_before": mem0[m][0], "hwm_after": mem1[m][1]} for m in mem1}
         except Exception as exc:  # noqa: BLE001 - report and go on with the other stack
@@ -334,16 +383,20 @@ def main(argv=None):
             mem_rows.append(
                 [name, common.fmt_mib(max(hwm) if hwm else None), common.fmt_mib(max(growth) if growth else None)]
             )
+    init_table, init_errors = render_init(results.get(("salt-virt", "_init"), []))
+    errors += [f"salt-virt {e}" for e in init_errors]
     tables = [
         f"{cfg['minions']} minions x {cfg['domains']} domains (test driver), whole command, median (min–max, n)\n\n"
         + common.table(["command", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt"], body),
         "Minion memory after all queries (largest minion process)\n\n"
         + common.table(["stack", "peak RSS (VmHWM)", "growth over RSS before the queries"], mem_rows),
+        init_table,
     ]
     result = {
         "title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
         "tables": tables,
         "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+        "init": results.get(("salt-virt", "_init"), []),
         "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors],
     }
     common.emit("fleet", result)
