@@ -361,7 +361,8 @@ def _seed(spec, req):
     )
     disk = spec.disks[0]
     try:
-        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format)
+        # fresh: the disk was made by this init a moment ago (exclusively): nobody else can have it open
+        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, fresh=True)
     except CommandExecutionError as exc:
         raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
     return done, key
