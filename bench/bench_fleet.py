@@ -261,6 +261,56 @@ def timed_init(stack, vm):
     }
 
 
+# where a command's time goes: cumulative time of these functions in a cProfile of one run
+BREAKDOWN = {
+    "salt-run virt.query": [
+        ("whole command (under cProfile)", ("salt-run", "<module>")),
+        ("Salt CLI start-up before the runner (imports, config, parsing)", None),
+        ("load the runner module (Salt's loader + our imports)", ("utils/lazy.py", "verify_fun")),
+        ("Salt's MasterMinion for the runner job", ("client/mixins.py", "mminion")),
+        ("our runner function virt.query", ("_runners/virt.py", "query")),
+        ("  of which: publish (LocalClient.run_job)", ("client/__init__.py", "run_job")),
+        ("  of which: publish + wait for the minions' answers (fleet.run)", ("fleet.py", "run")),
+        ("fire events on the master bus (the job's return event)", ("utils/event.py", "fire_event")),
+        ("print the answer (json outputter)", ("client/mixins.py", "print_async_event")),
+    ],
+    "salt -G virtual:physical virt.full_info": [
+        ("whole command (under cProfile)", ("bin/salt", "<module>")),
+        ("LocalClient set-up", ("client/__init__.py", "get_local_client")),
+        ("publish + wait for the answers (batch path of --static)", ("cli/batch.py", "run")),
+        ("print the answer (json outputter)", ("output/__init__.py", "display_output")),
+    ],
+}
+
+
+def profile_breakdown(stack, label, cmd):
+    """One run of ``cmd`` under cProfile: [(part, seconds)] per BREAKDOWN[label]."""
+    import pstats
+
+    out = os.path.join(stack.base, f"prof-{label.split()[0]}.prof")
+    python = os.path.join(stack.bin, "python")
+    subprocess.run(
+        [python, "-m", "cProfile", "-o", out, os.path.join(stack.bin, cmd[0]), "-c", stack.conf, *cmd[1:]],
+        capture_output=True,
+        timeout=1800,
+        check=False,
+    )
+    stats = pstats.Stats(out).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
+
+    def cum(key):
+        hits = [v[3] for (f, _ln, fn), v in stats.items() if f.endswith(key[0]) and fn == key[1]]
+        return max(hits) if hits else None
+
+    parts = []
+    for part, key in BREAKDOWN[label]:
+        if key is None:  # everything before the runner ran: the whole command minus runner.run
+            whole, runner = cum(("salt-run", "<module>")), cum(("salt/runner.py", "run"))
+            parts.append((part, whole - runner if whole and runner else None))
+        else:
+            parts.append((part, cum(key)))
+    return parts
+
+
 def render_init(runs):
     """Median time of each step of the runner's virt.init (seconds since the runner began)."""
     good = [r for r in runs if r["rc"] == 0 and r["started"]]
@@ -339,6 +389,11 @@ def main(argv=None):
                 for label, cmd in COMMANDS.items():
                     log(f"fleet {name}: {label} {rep + 1}/{cfg['reps']}")
                     results.setdefault((name, label), []).append(timed(stack, *cmd))
+            if name == "salt-virt" and not args.quick:  # where the time goes, runner vs plain fan-out
+                for label, cmd in COMMANDS.items():
+                    log(f"fleet {name}: {label} under cProfile")
+                    results[(name, "_profile")] = results.get((name, "_profile"), {})
+                    results[(name, "_profile")][label] = profile_breakdown(stack, label, cmd)
             if name == "salt-virt":  # the runner's virt.init end to end, with its own per-step timeline
                 for rep in range(cfg["reps"]):
                     log(f"fleet {name}: salt-run virt.init {rep + 1}/{cfg['reps']}")
@@ -384,6 +439,8 @@ def main(argv=None):
             mem_rows.append(
                 [name, common.fmt_mib(max(hwm) if hwm else None), common.fmt_mib(max(growth) if growth else None)]
             )
+    prof = results.get(("salt-virt", "_profile")) or {}
+    prof_rows = [[label, part, common.fmt_s(sec)] for label, parts in prof.items() for part, sec in parts]
     init_table, init_errors = render_init(results.get(("salt-virt", "_init"), []))
     errors += [f"salt-virt {e}" for e in init_errors]
     tables = [
@@ -392,12 +449,20 @@ def main(argv=None):
         "Minion memory after all queries (largest minion process)\n\n"
         + common.table(["stack", "peak RSS (VmHWM)", "growth over RSS before the queries"], mem_rows),
         init_table,
-    ]
+    ] + (
+        [
+            "Where the time goes (salt-virt stack, one run of each under cProfile: cumulative seconds, profiler "
+            "overhead included)\n\n" + common.table(["command", "part", "seconds"], prof_rows)
+        ]
+        if prof_rows
+        else []
+    )
     result = {
         "title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
         "tables": tables,
         "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
         "init": results.get(("salt-virt", "_init"), []),
+        "profile": prof,
         "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors],
     }
     common.emit("fleet", result)
