@@ -393,7 +393,10 @@ def main(argv=None):
                 for label, cmd in COMMANDS.items():
                     log(f"fleet {name}: {label} under cProfile")
                     results[(name, "_profile")] = results.get((name, "_profile"), {})
-                    results[(name, "_profile")][label] = profile_breakdown(stack, label, cmd)
+                    try:
+                        results[(name, "_profile")][label] = profile_breakdown(stack, label, cmd)
+                    except Exception as exc:  # noqa: BLE001 - a diagnostic: never loses the other figures
+                        errors.append(f"salt-virt profile of {label}: {exc}")
             if name == "salt-virt":  # the runner's virt.init end to end, with its own per-step timeline
                 for rep in range(cfg["reps"]):
                     log(f"fleet {name}: salt-run virt.init {rep + 1}/{cfg['reps']}")
