@@ -336,8 +336,7 @@ def _seed_device(dev, files, tmp, undo):
                 _write_files(root, files)
             finally:
                 os.close(root)
-            _run(["sync", "-f", mnt], f"syncing {label}")
-            done = True
+            done = True  # written; the unmount below writes it back (and must succeed)
         finally:
             try:
                 _umount(mnt)
@@ -398,7 +397,9 @@ def _has_etc(root):
 
 
 def _write_files(root, files):
-    """Each file via a temp file + fsync + rename in its (guest-resolved) directory."""
+    """Each file via a temp file + rename in its (guest-resolved) directory. No fsync here: the unmount
+    that must follow (a failed one fails the seeding) writes the filesystem back, and the image is then
+    flushed (qemu-storage-daemon) or fsynced (loop) before the VM is defined."""
     for path, (content, mode) in files.items():
         parts = path.strip("/").split("/")
         dfd = _open_dir(root, parts[:-1], create=True)
@@ -413,7 +414,6 @@ def _write_files(root, files):
                     view = view[os.write(fd, view) :]
                 os.fchown(fd, 0, 0)
                 os.fchmod(fd, mode)
-                os.fsync(fd)
             finally:
                 os.close(fd)
             try:
@@ -421,7 +421,6 @@ def _write_files(root, files):
             except IsADirectoryError:
                 os.unlink(tmp, dir_fd=dfd)
                 raise _GuestError(f"{path} is a directory in the guest") from None
-            os.fsync(dfd)
         finally:
             os.close(dfd)
 
