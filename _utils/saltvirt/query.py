@@ -70,8 +70,8 @@ def _block_stats(stats):
 def describe(dom, hostname, stats=None, xml=None, listed=None):
     """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
     domains (autostart / persistent known without two round trips per domain)."""
-    xml = xml or dom.XMLDesc(0)
-    facts = domxml.parse(xml)
+    root = domxml.read(xml or dom.XMLDesc(0))  # parsed once for every fact below
+    facts = domxml.parse(root)
     stats = stats or {}
     state_code = stats.get("state.state")
     if state_code is None:
@@ -137,7 +137,7 @@ def describe(dom, hostname, stats=None, xml=None, listed=None):
         "group": facts["group"],
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
         "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)
-        **domxml.salt_facts(xml),
+        **domxml.salt_facts(root),
     }
 
 
