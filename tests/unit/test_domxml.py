@@ -161,8 +161,12 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
     assert domxml.read(tree) is tree
     assert domxml.parse(tree) == domxml.parse(xml)
     assert domxml.salt_facts(tree) == domxml.salt_facts(xml)
-    assert domxml.loader(tree) == domxml.loader(xml) == {
-        "path": "/usr/share/OVMF/OVMF_CODE.fd",
-        "readonly": "yes",
-        "type": "pflash",
-    }
+    assert (
+        domxml.loader(tree)
+        == domxml.loader(xml)
+        == {
+            "path": "/usr/share/OVMF/OVMF_CODE.fd",
+            "readonly": "yes",
+            "type": "pflash",
+        }
+    )
