@@ -38,7 +38,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt import conn as _c
-    from saltvirt import compat, events, hosttype, intake, lifecycle, provision, query
+    from saltvirt import compat, hosttype, intake, lifecycle, provision, query
+    from saltvirt import progress as progress_events
     from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,8 @@ def _allowed_paths():
 
 
 def _progress(name):
-    """Progress events of one ``virt.init`` (``saltvirt.events``): one connection, none without a bus."""
-    return events.Progress(
+    """Progress events of one ``virt.init`` (``saltvirt.progress``): one connection, none without a bus."""
+    return progress_events.Progress(
         __opts__,
         f"salt/virt/init/{name}",
         base={"vm": name, "host": __grains__.get("id")},

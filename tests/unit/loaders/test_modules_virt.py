@@ -114,7 +114,7 @@ def test_init_without_a_minion_event_bus_does_not_try_the_bus(virt_test, monkeyp
     monkeypatch.setattr(
         salt.utils.event.SaltEvent, "connect_pull", lambda s, timeout=1: pulls.append(1) or real(s, timeout)
     )
-    with caplog.at_level(logging.DEBUG, logger="saltvirt.events"):
+    with caplog.at_level(logging.DEBUG, logger="saltvirt.progress"):
         ret = virt_test["virt.init"]("nobus1", 1, 64, nic=None, disk=None, start=True)
     assert ret["started"] is True and pulls == []
     skipped = [r.getMessage() for r in caplog.records if "progress events not sent" in r.getMessage()]

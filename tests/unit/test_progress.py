@@ -1,4 +1,4 @@
-"""saltvirt.events: virt.init progress events with a real minion event bus (tests.support.eventbus), and
+"""saltvirt.progress: virt.init progress events with a real minion event bus (tests.support.eventbus), and
 without one (no socket, a stale socket), with nothing mocked: the bus check and Salt's event code are
 watched, not replaced."""
 
@@ -10,7 +10,7 @@ import salt.config
 import salt.utils.event
 
 from tests.support.eventbus import minion_bus
-from saltvirt import events
+from saltvirt import progress as progress_events
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def pulls(monkeypatch):
 )
 def test_route_follows_event_send(extra, expected):
     base = {"file_client": "remote", "local": False, "master_type": "str", "use_master_when_local": False}
-    assert events.route(dict(base, **extra)) == expected
+    assert progress_events.route(dict(base, **extra)) == expected
 
 
 def test_no_bus_means_no_event_and_no_wait(opts, pulls):
@@ -57,9 +57,9 @@ def test_no_bus_means_no_event_and_no_wait(opts, pulls):
 
     def probe(o):
         probes.append(1)
-        return events.bus_reachable(o)
+        return progress_events.bus_reachable(o)
 
-    with events.Progress(opts, "salt/virt/init/vm1", base={"vm": "vm1"}, probe=probe) as progress:
+    with progress_events.Progress(opts, "salt/virt/init/vm1", base={"vm": "vm1"}, probe=probe) as progress:
         for step in ("image_cached", "disks_ready", "defined", "started"):
             assert progress(step, x=1) is False
     assert probes == [1]  # decided once per init
@@ -68,18 +68,18 @@ def test_no_bus_means_no_event_and_no_wait(opts, pulls):
 
 
 def test_a_stale_socket_is_no_bus(opts, pulls):
-    path = events.bus_address(opts)
+    path = progress_events.bus_address(opts)
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(path)  # the file a dead minion leaves: a socket nobody listens on
-    ok, why = events.bus_reachable(opts)
+    ok, why = progress_events.bus_reachable(opts)
     assert not ok and "refused" in why.lower()
-    progress = events.Progress(opts, "salt/virt/init/vm1")
+    progress = progress_events.Progress(opts, "salt/virt/init/vm1")
     assert progress("defined") is False and pulls == []
 
 
 def test_a_plain_file_is_no_bus(opts):
-    open(events.bus_address(opts), "w").close()
-    ok, why = events.bus_reachable(opts)
+    open(progress_events.bus_address(opts), "w").close()
+    ok, why = progress_events.bus_reachable(opts)
     assert not ok and "not a socket" in why
 
 
@@ -89,8 +89,8 @@ def test_a_plain_file_is_no_bus(opts):
 def test_with_a_bus_every_step_goes_through_one_connection(opts, pulls, file_client, expected_tag):
     opts["file_client"] = file_client
     with minion_bus(opts) as received:
-        assert events.bus_reachable(opts) == (True, None)
-        with events.Progress(opts, "salt/virt/init/vm2", base={"vm": "vm2", "host": "h"}) as progress:
+        assert progress_events.bus_reachable(opts) == (True, None)
+        with progress_events.Progress(opts, "salt/virt/init/vm2", base={"vm": "vm2", "host": "h"}) as progress:
             assert progress("defined", uuid="u1") is True
             assert progress("started") is True
         assert progress.sent == 2 and progress.skipped is None
@@ -109,7 +109,9 @@ def test_with_a_bus_every_step_goes_through_one_connection(opts, pulls, file_cli
 def test_salt_call_with_a_master_uses_event_send(opts):
     opts.update({"file_client": "remote", "__cli": "salt-call"})
     sent = []
-    progress = events.Progress(opts, "salt/virt/init/vm3", base={"vm": "vm3"}, send=lambda t, d: sent.append((t, d)))
+    progress = progress_events.Progress(
+        opts, "salt/virt/init/vm3", base={"vm": "vm3"}, send=lambda t, d: sent.append((t, d))
+    )
     assert progress("defined", uuid="u") is True
     assert sent == [("salt/virt/init/vm3/defined", {"uuid": "u", "vm": "vm3"})]
 
@@ -122,6 +124,6 @@ def test_a_failing_send_stops_further_tries(opts):
         sent.append(tag)
         return False
 
-    progress = events.Progress(opts, "p", send=send)
+    progress = progress_events.Progress(opts, "p", send=send)
     assert progress("a") is False and progress("b") is False
     assert sent == ["p/a"] and progress.skipped
