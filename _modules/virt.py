@@ -39,6 +39,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt import conn as _c
     from saltvirt import compat, guestips, hosttype, intake, lifecycle, provision, query
+    from saltvirt import progress as progress_events
     from saltvirt.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -72,13 +73,13 @@ def _allowed_paths():
 
 
 def _progress(name):
-    def send(step, **data):
-        try:
-            __salt__["event.send"](f"salt/virt/init/{name}/{step}", dict(data, vm=name, host=__grains__.get("id")))
-        except Exception:  # noqa: BLE001 - progress events are best effort (e.g. masterless)
-            log.debug("could not send progress event %s for %s", step, name)
-
-    return send
+    """Progress events of one ``virt.init`` (``saltvirt.progress``): one connection, none without a bus."""
+    return progress_events.Progress(
+        __opts__,
+        f"salt/virt/init/{name}",
+        base={"vm": name, "host": __grains__.get("id")},
+        send=__salt__["event.send"],
+    )
 
 
 # lifecycle ----------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def init(
     if seed_cmd not in ("seed.apply", None, ""):
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
     spec_args = {key: value for key, value in locals().items() if key in provision.SPEC_ARGS}
-    with _conn(connection) as conn:
+    with _conn(connection) as conn, _progress(name) as progress:
         ret = provision.init(
             conn,
             name,
@@ -209,7 +210,7 @@ def init(
             priv_key=priv_key,
             minion_config=minion_config,
             pki_dir=__opts__.get("pki_dir"),
-            progress=_progress(name),
+            progress=progress,
             checksum=checksum,
             allow_http=allow_http,
             trusted_image=trusted_image,

@@ -155,6 +155,14 @@ def _progress(vm):
         "started": "{vm}: started on {host}",
     }
 
+    t0, timeline = time.monotonic(), []
+
+    def mark(step, source="runner", **data):
+        """One line of the answer's ``timeline``: seconds since the runner began, when it saw the step."""
+        entry = {"step": step, "at": round(time.monotonic() - t0, 3), "source": source}
+        entry.update({k: data[k] for k in ("host", "status") if data.get(k)})
+        timeline.append(entry)
+
     def show(template, payload):
         if not _human_output():
             return
@@ -166,10 +174,12 @@ def _progress(vm):
 
     def relay(step, data):
         """A progress event the hypervisor's virt.init fired (already on the bus): only show it."""
+        mark(step, "hypervisor", host=data.get("host"))
         show(module_messages.get(step, "{vm}: {step} on {host}"), dict(data, vm=vm, step=step))
 
     def send(step, **data):
         payload = dict(data, vm=vm, step=step, source="runner")
+        mark(step, host=data.get("host"))
         try:
             with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
                 bus.fire_event(dict(payload), f"salt/virt/init/{vm}/{step}")
@@ -177,7 +187,7 @@ def _progress(vm):
             log.debug("virt runner: could not fire %s for %s: %s", step, vm, exc)
         show(messages.get(step, "{vm}: {step}"), payload)
 
-    send.relay = relay
+    send.relay, send.mark, send.timeline = relay, mark, timeline
     return send
 
 
@@ -397,6 +407,8 @@ def init(
         return _failed(exc)
     if warnings and isinstance(created, dict):
         created["warnings"] = warnings + list(created.get("warnings") or [])
+    if isinstance(created, dict):
+        created["timeline"] = progress.timeline
     return _out(created)
 
 

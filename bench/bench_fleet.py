@@ -234,6 +234,101 @@ def timed(stack, *args, timeout=1800):
     }
 
 
+def timed_init(stack, vm):
+    """``salt-run virt.init`` of a small VM (no image: define + start on a test-driver hypervisor), timed
+    whole, with the answer's per-step ``timeline``."""
+    cmd = ("salt-run", "virt.init", vm, "1", "64", "nic=None", "disk=None", "seed=False", "--out=json")
+    with tempfile.TemporaryFile("w+") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [os.path.join(stack.bin, cmd[0]), "-c", stack.conf, *cmd[1:]],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        data = last_json(out.read()) or {}
+    return {
+        "wall": wall,
+        "rc": proc.returncode,
+        "host": data.get("host"),
+        "started": (data.get("init") or {}).get("started"),
+        "timeline": data.get("timeline") or [],
+        "tail": proc.stderr[-600:],
+    }
+
+
+# where a command's time goes: cumulative time of these functions in a cProfile of one run
+BREAKDOWN = {
+    "salt-run virt.query": [
+        ("whole command (under cProfile)", ("salt-run", "<module>")),
+        ("Salt CLI start-up before the runner (imports, config, parsing)", None),
+        ("load the runner module (Salt's loader + our imports)", ("utils/lazy.py", "verify_fun")),
+        ("Salt's MasterMinion for the runner job", ("client/mixins.py", "mminion")),
+        ("our runner function virt.query", ("_runners/virt.py", "query")),
+        ("  of which: publish (LocalClient.run_job)", ("client/__init__.py", "run_job")),
+        ("  of which: publish + wait for the minions' answers (fleet.run)", ("fleet.py", "run")),
+        ("fire events on the master bus (the job's return event)", ("utils/event.py", "fire_event")),
+        ("print the answer (json outputter)", ("client/mixins.py", "print_async_event")),
+    ],
+    "salt -G virtual:physical virt.full_info": [
+        ("whole command (under cProfile)", ("bin/salt", "<module>")),
+        ("LocalClient set-up", ("client/__init__.py", "get_local_client")),
+        ("publish + wait for the answers (batch path of --static)", ("cli/batch.py", "run")),
+        ("print the answer (json outputter)", ("output/__init__.py", "display_output")),
+    ],
+}
+
+
+def profile_breakdown(stack, label, cmd):
+    """One run of ``cmd`` under cProfile: [(part, seconds)] per BREAKDOWN[label]."""
+    import pstats
+
+    out = os.path.join(stack.base, f"prof-{label.split()[0]}.prof")
+    python = os.path.join(stack.bin, "python")
+    subprocess.run(
+        [python, "-m", "cProfile", "-o", out, os.path.join(stack.bin, cmd[0]), "-c", stack.conf, *cmd[1:]],
+        capture_output=True,
+        timeout=1800,
+        check=False,
+    )
+    stats = pstats.Stats(out).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
+
+    def cum(key):
+        hits = [v[3] for (f, _ln, fn), v in stats.items() if f.endswith(key[0]) and fn == key[1]]
+        return max(hits) if hits else None
+
+    parts = []
+    for part, key in BREAKDOWN[label]:
+        if key is None:  # everything before the runner ran: the whole command minus runner.run
+            whole, runner = cum(("salt-run", "<module>")), cum(("salt/runner.py", "run"))
+            parts.append((part, whole - runner if whole and runner else None))
+        else:
+            parts.append((part, cum(key)))
+    return parts
+
+
+def render_init(runs):
+    """Median time of each step of the runner's virt.init (seconds since the runner began)."""
+    good = [r for r in runs if r["rc"] == 0 and r["started"]]
+    steps = {}
+    for r in good:
+        for t in r["timeline"]:
+            steps.setdefault(t["step"], []).append(t["at"])
+    rows = [[step, common.fmt_stat(common.summary(ats))] for step, ats in steps.items()]
+    rows.append(
+        ["whole salt-run command (process start to exit)", common.fmt_stat(common.summary([r["wall"] for r in good]))]
+    )
+    return (
+        "salt-run virt.init end to end (no image: define + start on a test-driver hypervisor; the answer's "
+        "`timeline`, seconds since the runner function began), median (min–max, n)\n\n"
+        + common.table(["step", "at"], rows)
+    ), [f"salt-run virt.init rc={r['rc']} started={r['started']}: {r['tail']}" for r in runs if r not in good]
+
+
 COMMANDS = {
     "salt-run virt.query": ("salt-run", "virt.query", "--out=json"),
     "salt -G virtual:physical virt.full_info": (
@@ -255,6 +350,7 @@ def main(argv=None):
     ap.add_argument("--minions", type=int)
     ap.add_argument("--domains", type=int)
     ap.add_argument("--reps", type=int)
+    ap.add_argument("--no-saltext", action="store_true", help="salt-virt's stack only (saltext-virt's takes minutes)")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     for key in ("minions", "domains", "reps"):
@@ -278,7 +374,7 @@ def main(argv=None):
             {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "max_wait": 900}}},
         ),
         ("saltext-virt", common.SALTEXT_VENV, [common.saltext_module_dir("runners")], [saltext_mods], {}),
-    ]
+    ][: 1 if args.no_saltext else 2]
     results, errors = {}, []
 
     def run_stack(name, venv, runner_dirs, module_dirs, extra):
@@ -293,6 +389,18 @@ def main(argv=None):
                 for label, cmd in COMMANDS.items():
                     log(f"fleet {name}: {label} {rep + 1}/{cfg['reps']}")
                     results.setdefault((name, label), []).append(timed(stack, *cmd))
+            if name == "salt-virt" and not args.quick:  # where the time goes, runner vs plain fan-out
+                for label, cmd in COMMANDS.items():
+                    log(f"fleet {name}: {label} under cProfile")
+                    results[(name, "_profile")] = results.get((name, "_profile"), {})
+                    try:
+                        results[(name, "_profile")][label] = profile_breakdown(stack, label, cmd)
+                    except Exception as exc:  # noqa: BLE001 - a diagnostic: never loses the other figures
+                        errors.append(f"salt-virt profile of {label}: {exc}")
+            if name == "salt-virt":  # the runner's virt.init end to end, with its own per-step timeline
+                for rep in range(cfg["reps"]):
+                    log(f"fleet {name}: salt-run virt.init {rep + 1}/{cfg['reps']}")
+                    results.setdefault((name, "_init"), []).append(timed_init(stack, f"fbench{rep}"))
             mem1 = stack.minion_memory()
             results[(name, "_mem")] = {m: {"rss_before": mem0[m][0], "hwm_after": mem1[m][1]} for m in mem1}
         except Exception as exc:  # noqa: BLE001 - report and go on with the other stack
@@ -334,16 +442,30 @@ def main(argv=None):
             mem_rows.append(
                 [name, common.fmt_mib(max(hwm) if hwm else None), common.fmt_mib(max(growth) if growth else None)]
             )
+    prof = results.get(("salt-virt", "_profile")) or {}
+    prof_rows = [[label, part, common.fmt_s(sec)] for label, parts in prof.items() for part, sec in parts]
+    init_table, init_errors = render_init(results.get(("salt-virt", "_init"), []))
+    errors += [f"salt-virt {e}" for e in init_errors]
     tables = [
         f"{cfg['minions']} minions x {cfg['domains']} domains (test driver), whole command, median (min–max, n)\n\n"
         + common.table(["command", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt"], body),
         "Minion memory after all queries (largest minion process)\n\n"
         + common.table(["stack", "peak RSS (VmHWM)", "growth over RSS before the queries"], mem_rows),
-    ]
+        init_table,
+    ] + (
+        [
+            "Where the time goes (salt-virt stack, one run of each under cProfile: cumulative seconds, profiler "
+            "overhead included)\n\n" + common.table(["command", "part", "seconds"], prof_rows)
+        ]
+        if prof_rows
+        else []
+    )
     result = {
         "title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
         "tables": tables,
         "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+        "init": results.get(("salt-virt", "_init"), []),
+        "profile": prof,
         "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors],
     }
     common.emit("fleet", result)

@@ -61,6 +61,7 @@ MODES = {
             "salt-virt virt.init seed=False",
             "saltext-virt 0.1.0 virt.init seed=False",
             "salt-virt virt.init seed=False, type auto-detected",
+            "salt-virt virt.init seed=False, no minion event bus",
         },
     ),
 }
@@ -205,6 +206,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="one process, one call per variant, overlay only")
     ap.add_argument("--procs", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--modes", help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     args = ap.parse_args(argv)
     procs, reps = (1, 1) if args.quick else (args.procs, args.reps)
     workdir = tempfile.mkdtemp(prefix="svbench-i", dir="/var/tmp")
@@ -216,7 +218,7 @@ def main(argv=None):
             reps,
             workdir,
             lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
-            disk_modes=("overlay",) if args.quick else tuple(MODES),
+            disk_modes=("overlay",) if args.quick else tuple(args.modes.split(",") if args.modes else MODES),
             skip=QUICK_SKIP if args.quick else (),
             warm=not args.quick,
         )

@@ -1,4 +1,5 @@
-"""Query at scale on one hypervisor: ``virt.full_info`` of salt-virt vs saltext-virt 0.1.0.
+"""Query at scale on one hypervisor: ``virt.full_info`` of salt-virt vs saltext-virt 0.1.0, against the
+raw libvirt-python floor (bulk APIs: bench/worker.py ``raw_full_info``).
 
 Backends:
   test   libvirt's test driver with a node XML of N domains (``test:///abs/node.xml``). The driver runs
@@ -35,15 +36,21 @@ def reps_for(cfg, impl, size):
     return r if isinstance(r, int) else r.get(size, 1)
 
 
+FLOOR = "raw libvirt-python (floor)"
+
+
 def measure(impl, uri, reps, images_dir, timeout):
-    """``reps`` fresh processes, one full_info call each; returns (times, hwm, growth, result, errors)."""
-    spec = {
-        "mode": "call",
-        "module_dirs": impl["module_dirs"],
-        "func": "virt.full_info",
-        "reps": 1,
-        "virt": {"connection": {"uri": uri}, "images": images_dir},
-    }
+    """``reps`` fresh processes, one full_info call each (the floor: its raw libvirt equivalent)."""
+    if impl.get("floor"):
+        spec = {"mode": "rawquery", "uri": uri, "reps": 1}
+    else:
+        spec = {
+            "mode": "call",
+            "module_dirs": impl["module_dirs"],
+            "func": "virt.full_info",
+            "reps": 1,
+            "virt": {"connection": {"uri": uri}, "images": images_dir},
+        }
     out = []
     for _ in range(reps):
         out.append(common.run_worker(impl["python"], spec, timeout=timeout))
@@ -121,6 +128,8 @@ def render(rows):
         sub = [r for r in rows if r["backend"] == backend]
         body = []
         for size in sorted({r["size"] for r in sub}):
+            floor = next((r for r in sub if r["size"] == size and r["impl"] == FLOOR), None)
+            f_w = floor["wall"]["median"] if floor and floor["wall"] else None
             ours = next((r for r in sub if r["size"] == size and r["impl"] == "salt-virt"), None)
             theirs = next((r for r in sub if r["size"] == size and r["impl"] == "saltext-virt"), None)
             o_w = ours["wall"]["median"] if ours and ours["wall"] else None
@@ -134,13 +143,15 @@ def render(rows):
             body.append(
                 [
                     size,
+                    common.fmt_stat(floor and floor["wall"]),
                     common.fmt_stat(ours and ours["wall"]),
+                    f"**{common.ratio(o_w, f_w)}**",
                     common.fmt_stat(theirs and theirs["wall"]),
                     f"**{common.ratio(t_w, o_w)}**",
                     f"{common.fmt_s(o_c)} / {common.fmt_s(t_c)} ({common.ratio(t_c, o_c)})",
                     f"{common.fmt_mib(o_m)} (+{o_g})",
                     f"{common.fmt_mib(t_m)} (+{t_g})",
-                    f"{ours and ours['vms']} / {theirs and theirs['vms']}",
+                    f"{floor and floor['vms']} / {ours and ours['vms']} / {theirs and theirs['vms']}",
                 ]
             )
         label = "libvirt test driver (node XML)" if backend == "test" else "real libvirtd, defined domains"
@@ -149,20 +160,22 @@ def render(rows):
             + common.table(
                 [
                     "domains",
+                    "raw libvirt floor (bulk APIs)",
                     "salt-virt",
+                    "salt-virt / floor",
                     "saltext-virt 0.1.0",
                     "saltext / salt-virt",
                     "client CPU ours / theirs",
                     "peak RSS salt-virt (+growth)",
                     "peak RSS saltext (+growth)",
-                    "VMs seen",
+                    "VMs seen (floor / ours / saltext)",
                 ],
                 body,
             )
         )
         # linearity: time per domain
         per = []
-        for impl in ("salt-virt", "saltext-virt"):
+        for impl in (FLOOR, "salt-virt", "saltext-virt"):
             pts = [(r["size"], r["wall"]["median"]) for r in sub if r["impl"] == impl and r["wall"]]
             if pts:
                 per.append([impl] + [f"N={n}: {common.fmt_s(t / n)}" for n, t in pts])
@@ -181,13 +194,18 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run each (smoke test)")
     ap.add_argument("--backend", choices=["test", "real", "both"], default="both")
     ap.add_argument("--sizes", help="comma-separated domain counts (default 100,300,1000)")
+    ap.add_argument("--no-saltext", action="store_true", help="salt-virt and the floor only")
     ap.add_argument("--timeout", type=int, default=3600, help="per-process timeout (s)")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
+    cfg["reps"] = dict(cfg["reps"], **{FLOOR: cfg["reps"]["salt-virt"]})
     if args.sizes:
         cfg["sizes"] = [int(s) for s in args.sizes.split(",")]
     backends = ["test", "real"] if args.backend == "both" else [args.backend]
-    impls = common.impls()
+    impls = dict(common.impls())
+    if args.no_saltext:
+        del impls["saltext-virt"]
+    impls = {FLOOR: {"python": impls["salt-virt"]["python"], "floor": True}, **impls}
     workdir = tempfile.mkdtemp(prefix="svbench-q", dir="/var/tmp")
     os.chmod(workdir, 0o755)
     load0 = common.loadavg()

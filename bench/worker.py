@@ -8,6 +8,7 @@ modes:
   init      VM creation ``reps`` times: impl salt-virt / saltext-virt (virt.init via the loader) or
             raw (libvirt-python floor: qemu-img + defineXML + create); each VM is removed untimed
   clone     saltvirt.images.clone(src, dest, overlay=...) ``reps`` times (our venv only)
+  rawquery  the raw libvirt-python floor of virt.full_info (bulk APIs) ``reps`` times
 """
 
 import contextlib
@@ -103,6 +104,71 @@ def summarize(value):
     if isinstance(value, (list, tuple)):
         return {"items": len(value)}
     return {"value": repr(value)[:200]}
+
+
+def raw_full_info(uri):
+    """The floor of a fleet query of one host: plain libvirt-python with its bulk APIs (one listAllDomains,
+    one getAllDomainStats-style call, two filtered listAllDomains for autostart/persistent), one XMLDesc
+    per domain parsed with ElementTree for what any tool must report (vCPUs, memory, disks, NICs,
+    graphics), and the host's getInfo."""
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    conn = libvirt.open(uri)
+    try:
+        want = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_BLOCK
+        doms = conn.listAllDomains(0)
+        stats = conn.domainListGetStats(doms, want) if doms else []
+        auto = {d.UUIDString() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_AUTOSTART)}
+        pers = {d.UUIDString() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_PERSISTENT)}
+        node = conn.getInfo()
+        vms = {}
+        for dom, st in stats:
+            root = ET.fromstring(dom.XMLDesc(0))
+            uuid = dom.UUIDString()
+            vms[dom.name()] = {
+                "state": st.get("state.state"),
+                "cputime": st.get("cpu.time"),
+                "cpu": int(root.findtext("vcpu") or 0),
+                "mem": int(root.findtext("memory") or 0) // 1024,
+                "disks": {
+                    (d.find("target").get("dev") if d.find("target") is not None else None): {
+                        "file": d.find("source").get("file") if d.find("source") is not None else None,
+                        "capacity": st.get(f"block.{i}.capacity"),
+                    }
+                    for i, d in enumerate(root.iter("disk"))
+                },
+                "nics": [
+                    {"mac": n.find("mac").get("address") if n.find("mac") is not None else None, "type": n.get("type")}
+                    for n in root.iter("interface")
+                ],
+                "graphics": [g.attrib for g in root.iter("graphics")],
+                "autostart": uuid in auto,
+                "persistent": uuid in pers,
+            }
+        return {"host": {"cpus": node[2], "mem": node[1]}, "vm_info": vms}
+    finally:
+        conn.close()
+
+
+def mode_rawquery(spec, workdir):
+    """The raw libvirt floor of ``virt.full_info``, ``reps`` times, timed as mode_call times a call."""
+    hwm0, rss0 = vm_hwm_kib(), vm_rss_kib()
+    times, cpu, result = [], [], None
+    for _ in range(spec.get("reps", 1)):
+        c0, t0 = time.process_time(), time.perf_counter()
+        result = raw_full_info(spec["uri"])
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {
+        "times": times,
+        "cpu": cpu,
+        "hwm_before_kib": hwm0,
+        "rss_before_kib": rss0,
+        "hwm_after_kib": vm_hwm_kib(),
+        "result": summarize(result),
+    }
 
 
 def mode_call(spec, workdir):
@@ -297,7 +363,8 @@ def main():
     spec = json.loads(sys.stdin.read())
     workdir = tempfile.mkdtemp(prefix="svbench-w")
     try:
-        out = {"init": mode_init, "call": mode_call, "clone": mode_clone}[spec["mode"]](spec, workdir)
+        modes = {"init": mode_init, "call": mode_call, "clone": mode_clone, "rawquery": mode_rawquery}
+        out = modes[spec["mode"]](spec, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out["ok"] = True

@@ -271,9 +271,15 @@ def _mib(el):
     return int(_int(el.text) * factor.get(unit, 1 / 1024))
 
 
+def read(xml):
+    """The parsed domain XML (``xml``: a string, or what this returned already): parse once, then hand
+    the tree to :func:`parse`, :func:`salt_facts` and :func:`loader`."""
+    return xml if isinstance(xml, ET.Element) else ET.fromstring(xml)
+
+
 def parse(xml):
     """The facts salt-virt reports about a domain, from its XML (no further libvirt calls)."""
-    root = ET.fromstring(xml)
+    root = read(xml)
     devices = root.find("devices")
     if devices is None:
         devices = ET.Element("devices")
@@ -374,7 +380,7 @@ def _minion(root):
 def loader(xml):
     """``<os><loader>`` as Salt's ``virt.get_loader``: ``{path, <attributes>}``, ``{path: "None"}`` if none."""
     out = {"path": "None"}
-    el = ET.fromstring(xml).find("os/loader")
+    el = read(xml).find("os/loader")
     if el is not None:
         out["path"] = (el.text or "").strip() or "None"
         out.update(el.attrib)
@@ -383,8 +389,8 @@ def loader(xml):
 
 def salt_facts(xml):
     """The facts Salt's ``virt.vm_info`` adds: ``loader`` and the ``on_poweroff``/``on_reboot``/``on_crash`` actions."""
-    root = ET.fromstring(xml)
-    out = {"loader": loader(xml)}
+    root = read(xml)
+    out = {"loader": loader(root)}
     for key in ("on_poweroff", "on_reboot", "on_crash"):
         out[key] = root.findtext(key)
     return out

@@ -161,6 +161,7 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     started = time.monotonic()
     if pub:
         waiting = set(pub.get("minions") or []) | expected
+        missing = set(waiting)  # who has not answered yet (kept as answers come: no rescan per answer)
         deadline = started + max_wait
         try:
             for item in client.get_iter_returns(
@@ -177,7 +178,8 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
                     for mid, data in item.items():
                         if isinstance(data, dict) and "ret" in data:
                             answers[mid] = classify(data["ret"], data.get("retcode"))
-                    if expected and expected <= set(answers) and waiting <= set(answers):
+                            missing.discard(mid)
+                    if expected and not missing:
                         break
                 else:
                     time.sleep(0.02)

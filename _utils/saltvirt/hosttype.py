@@ -141,9 +141,11 @@ def is_local_uri(uri):
 
 def detect(conn, override=None, arch="x86_64"):
     """Return {'type': 'kvm'|'qemu'|'test', 'reason': str} for new domains on ``conn``."""
+    if override in VALID_TYPES:  # no need to ask libvirt (a getCapabilities RPC + parse per init)
+        return {"type": override, "reason": "set by configuration (virt:type) or argument"}
     offered = capability_types(conn.getCapabilities(), arch)
     if override:
-        if override not in VALID_TYPES and override not in offered:
+        if override not in offered:
             raise SaltInvocationError(f"virt type {override!r} is not one of {VALID_TYPES}")
         return {"type": override, "reason": "set by configuration (virt:type) or argument"}
     if conn.getType().lower() == "test":

@@ -364,6 +364,11 @@ def probe(path, source=None, trusted=False):
     qemu_fmt = {"vmdk descriptor": "vmdk", "qcow (v1)": "qcow"}.get(fmt, fmt)
     if trusted and not re.fullmatch(r"[a-z0-9]+", qemu_fmt):
         raise SaltInvocationError(f"image {shown}: unknown format {fmt}")
+    if fmt == "raw":
+        # raw has no header, no backing and no data file: qemu-img info -f raw could only echo the file's
+        # size back (a subprocess per init for nothing)
+        st = os.stat(path)
+        return {"path": path, "format": "raw", "virtual_size": st.st_size, "actual_size": st.st_blocks * 512}
     info = _qemu_info(path, qemu_fmt)
     if not trusted:
         specific = (info.get("format-specific") or {}).get("data") or {}

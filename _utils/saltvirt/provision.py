@@ -21,6 +21,7 @@ from saltvirt import seed as seeding
 from saltvirt import spec as vmspec
 from saltvirt.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.lifecycle import undefine
+from saltvirt.query import _all_stats as bulk_stats
 from saltvirt.query import describe
 from saltvirt.undo import Undo
 
@@ -223,7 +224,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
         if result["started"] and spec.cloud_init is not None:  # the seed is single-use: see saltvirt.cloudinit
             result["cloud_init"].update(cloudinit.retire(dom, spec))
-        result["state"] = _read_back(dom, name, host)
+        result["vm_info"] = _read_back(dom, name, host)
+        result["state"] = result["vm_info"]["state"]
     except BaseException as exc:
         errors = undo.run()
         if errors:
@@ -306,8 +308,9 @@ def _start(dom, spec, host, undo, progress):
 
 
 def _read_back(dom, name, host):
-    """The new VM's state, after checking that libvirt's description of it reads back: libvirt echoes
-    some values unescaped, and a VM whose XML does not parse would break every later query."""
+    """The new VM's info as ``virt.vm_info`` reports it (so the runner needs no second round trip for
+    it), after checking that libvirt's description of it reads back: libvirt echoes some values
+    unescaped, and a VM whose XML does not parse would break every later query."""
     with lv_errors(f"reading back VM {name!r} on {host}"):
         xml = dom.XMLDesc(0)
         try:
@@ -316,7 +319,7 @@ def _read_back(dom, name, host):
             raise CommandExecutionError(
                 f"libvirt's description of the new VM {name!r} does not parse ({exc}): removed it again"
             ) from None
-        return describe(dom, host, xml=xml)["state"]
+        return describe(dom, host, stats=bulk_stats(dom.connect(), [dom]).get(name), xml=xml)
 
 
 def _left_behind(conn, name, result):
@@ -375,7 +378,8 @@ def _seed(spec, req, plan):
         plan.via_cloud_init(files)
         return firstboot.seeded_by_cloud_init(files, []), key
     try:
-        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=plan.inspect)
+        # fresh: the disk was made by this init a moment ago (exclusively): nobody else can have it open
+        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=plan.inspect, fresh=True)
     except seeding.SeedError as exc:
         if spec.cloud_init is None or not exc.clean:
             raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None

@@ -67,10 +67,11 @@ def _block_stats(stats):
     return out
 
 
-def describe(dom, hostname, stats=None, xml=None):
-    """Everything ``virt.vm_info`` reports for one domain."""
-    xml = xml or dom.XMLDesc(0)
-    facts = domxml.parse(xml)
+def describe(dom, hostname, stats=None, xml=None, listed=None):
+    """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
+    domains (autostart / persistent known without two round trips per domain)."""
+    root = domxml.read(xml or dom.XMLDesc(0))  # parsed once for every fact below
+    facts = domxml.parse(root)
     stats = stats or {}
     state_code = stats.get("state.state")
     if state_code is None:
@@ -108,13 +109,18 @@ def describe(dom, hostname, stats=None, xml=None):
     graphics = [
         dict(g, address=_graphics_address(g, hostname), tunnel=graphics_tunnel(g, hostname)) for g in facts["graphics"]
     ]
-    try:
-        autostart = bool(dom.autostart())
-    except libvirt.libvirtError:
-        autostart = False
+    uuid = dom.UUIDString()  # kept by the domain object: no round trip
+    if listed is not None:
+        autostart, persistent = uuid in listed["autostart"], uuid in listed["persistent"]
+    else:
+        try:
+            autostart = bool(dom.autostart())
+        except libvirt.libvirtError:
+            autostart = False
+        persistent = bool(dom.isPersistent())
     return {
         "name": facts["name"],
-        "uuid": dom.UUIDString(),
+        "uuid": uuid,
         "state": state_name(state_code),
         "type": facts["type"],
         "cpu": facts["cpu"],
@@ -122,7 +128,7 @@ def describe(dom, hostname, stats=None, xml=None):
         "current_mem": facts["current_mem"],
         "cputime": stats.get("cpu.time"),
         "autostart": autostart,
-        "persistent": bool(dom.isPersistent()),
+        "persistent": persistent,
         "disks": disks,
         "nics": nics,
         "graphics": graphics[0] if graphics else None,
@@ -132,7 +138,7 @@ def describe(dom, hostname, stats=None, xml=None):
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
         "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.guestips), None without one
         "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)
-        **domxml.salt_facts(xml),
+        **domxml.salt_facts(root),
     }
 
 
@@ -145,6 +151,18 @@ def _all_stats(conn, doms):
             return {d.name(): s for d, s in conn.domainListGetStats(doms, libvirt.VIR_DOMAIN_STATS_STATE)}
         except libvirt.libvirtError:
             return {}
+
+
+def _listed_flags(conn):
+    """``{autostart: {uuid}, persistent: {uuid}}`` of every domain: two listAllDomains calls instead of
+    two round trips per domain (None when the driver cannot filter: then each domain is asked)."""
+    try:
+        return {
+            "autostart": {d.UUIDString() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_AUTOSTART)},
+            "persistent": {d.UUIDString() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_PERSISTENT)},
+        }
+    except libvirt.libvirtError:
+        return None
 
 
 def _vanished(exc):
@@ -175,11 +193,12 @@ def vm_info(conn, name=None, agent_timeout=guestips.AGENT_TIMEOUT):
     hostname = conn.getHostname()
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     stats = _all_stats(conn, doms)
+    listed = None if name else _listed_flags(conn)
     out, described = {}, {}
     for dom in doms:
         try:
             vm_name = dom.name()
-            out[vm_name] = describe(dom, hostname, stats.get(vm_name))
+            out[vm_name] = describe(dom, hostname, stats.get(vm_name), listed=listed)
             described[vm_name] = dom
         except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
             if _vanished(exc):

@@ -144,8 +144,7 @@ def _create(
     if seed:
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
-    hosts = gather(opts, "virt.full_info", cfg, client)
-    _refuse_existing_vm(hosts, name)
+    hosts = _snapshot(opts, name, cfg, client, progress)
     plan = placement.rank(hosts, req, policy, reserved=fleetstate.reserved(lease.store, hosts, since, lease.cfg))
     order, tried = _order(plan, hosts, name, host, fallback), []
     first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried)
@@ -176,7 +175,7 @@ def _create(
             lease.check()  # never publish for a name whose lock we no longer hold
             lease.note(host=hv)
             args = [name, req["cpu"], req["mem"]]
-            ans, jid = call(opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch)
+            ans, jid = _call_init(opts, hv, args, kwarg, cfg, client, watch, progress)
             if ans["status"] == "up":
                 fleetstate.finish(lease.store, lease, "settled")
                 return _created(
@@ -208,6 +207,29 @@ def _create(
                 exc.details["cleanup"] = {"key_removed": removed, "minion_id": key_id}
         raise
     raise Failed(f"virt.init of {name}: no candidate left", tried=tried)  # pragma: no cover - loop returns/raises
+
+
+def _snapshot(opts, name, cfg, client, progress):
+    """Every hypervisor's answer (``virt.full_info``) for placement; refuses a name already in use."""
+    hosts = gather(opts, "virt.full_info", cfg, client)
+    _mark(progress, "hosts_queried")
+    _refuse_existing_vm(hosts, name)
+    return hosts
+
+
+def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress):
+    """``virt.init`` on ``hv`` (bounded by ``init_timeout``), its publication and answer on the timeline."""
+    _mark(progress, "published", host=hv)
+    ans, jid = call(opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch)
+    _mark(progress, "returned", host=hv, status=ans["status"])
+    return ans, jid
+
+
+def _mark(progress, step, **data):
+    """A step for the runner's timeline only (no event): ``progress.mark`` when the callback has one."""
+    mark = getattr(progress, "mark", None)
+    if mark is not None:
+        mark(step, **data)
 
 
 def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease, cfg):
@@ -293,16 +315,19 @@ def _created(opts, name, hv, ans, jid, plan, tried, keys, started, cfg, client, 
     key, warnings = None, []
     if keys:
         key, warnings = _check_seeded_key(opts, keys.info, keys.pub, ans["ret"])
-    info, _ = call(opts, hv, "virt.vm_info", [name], None, cfg, None, client)
+    vm_info = ans["ret"].get("vm_info") if isinstance(ans["ret"], dict) else None
+    if not isinstance(vm_info, dict):  # a hypervisor whose virt.init does not return it: ask (one more round trip)
+        info, _ = call(opts, hv, "virt.vm_info", [name], None, cfg, None, client)
+        vm_info = (info.get("ret") or {}).get(name) if info["status"] == "up" else None
     result = {
         "name": name,
         "host": hv,
         "placement": dict(_brief(plan), chosen=_entry(plan, hv)),
         "tried": tried,
         "key": key,
-        "init": ans["ret"],
+        "init": {k: v for k, v in ans["ret"].items() if k != "vm_info"} if isinstance(ans["ret"], dict) else ans["ret"],
         "jid": jid,
-        "vm_info": (info.get("ret") or {}).get(name) if info["status"] == "up" else None,
+        "vm_info": vm_info,
         "seconds": round(time.monotonic() - started, 1),
     }
     if warnings:

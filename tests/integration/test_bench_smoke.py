@@ -17,7 +17,7 @@ import pytest
 from tests.support.paths import ROOT
 
 BENCH = ROOT / "bench"
-SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst"]
+SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst", "scale"]
 
 pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 
@@ -91,11 +91,29 @@ def test_init_floor_and_ours_work(quick_runs):
 
 def test_fleet_runner_and_fanout(quick_runs):
     res = check(quick_runs["fleet"])
-    ours = [v for k, v in res["raw"].items() if k.startswith("salt-virt/") and not k.endswith("_mem")]
+    extra = ("_mem", "_init", "_profile")
+    ours = [v for k, v in res["raw"].items() if k.startswith("salt-virt/") and not k.endswith(extra)]
     assert ours and all(r["rc"] == 0 and r["counted"][1] > 0 for runs in ours for r in runs)
+    # the runner's virt.init end to end: created and started, with its per-step timeline
+    assert res["init"] and all(r["rc"] == 0 and r["started"] for r in res["init"]), res["init"]
+    steps = [t["step"] for t in res["init"][0]["timeline"]]
+    assert steps[0] == "hosts_queried" and "published" in steps and "started" in steps and steps[-1] == "done", steps
 
 
 def test_burst_creates_every_vm_and_never_overcommits(quick_runs):
     res = check(quick_runs["burst"])
     raw = res["raw"]
     assert sum(raw["per_host"].values()) == 4 and all(n <= raw["room"] for n in raw["per_host"].values()), raw
+
+
+def test_scale_runner_on_real_and_synthetic_fleets(quick_runs):
+    res = check(quick_runs["scale"])
+    syn = [r for r in res["rows"] if r["part"] == "synthetic"]
+    assert syn and all(r["wall"] and not r["errors"] for r in syn), syn
+    for r in syn:
+        if r["func"] == "virt.query":
+            assert r["seen"]["hosts"] == r["size"] and r["seen"]["vms"] > 0, r
+        else:
+            assert r["seen"]["host"] and not r["seen"]["error"], r
+    real = [r for r in res["rows"] if r["part"] == "real"]
+    assert len(real) == 3 and all(r["wall"] and r["seen"] for r in real), real

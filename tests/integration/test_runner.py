@@ -334,6 +334,15 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
     tags = [e.tag for e in events(event_listener, vmaster, "salt/virt/init/rvm1/*", t0)]
     for step in ("placed", "key_accepted", "image_cached", "seeded", "started", "done"):
         assert f"salt/virt/init/rvm1/{step}" in tags, tags
+    # ... and the answer's timeline: every step once, in order, seconds since the runner began
+    timeline = res["timeline"]
+    steps = [t["step"] for t in timeline]
+    want = ["hosts_queried", "placed", "key_accepted", "published", "image_cached", "disks_ready", "seeded"]
+    want += ["defined", "started", "returned", "done"]
+    assert [s for s in steps if s in want] == want, timeline
+    assert [t["at"] for t in timeline] == sorted(t["at"] for t in timeline) and timeline[-1]["at"] <= seconds
+    assert {t["source"] for t in timeline if t["step"] == "seeded"} == {"hypervisor"}
+    assert "vm_info" not in res["init"]  # the VM's info is in the answer once (from virt.init's own return)
 
     # the text output of the new VM reads like the tutorial
     text = run_text(vmaster, "virt.query", "tgt=kvm1").stdout

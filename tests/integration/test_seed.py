@@ -346,6 +346,22 @@ def test_image_in_use_by_qemu_is_refused(disks, tmp_path, scratch, fmt):
     seed.seed(disks[fmt], minion_files("x"), backend="qsd-fuse")  # free again
 
 
+def test_a_fresh_disk_skips_the_in_use_check(disks, scratch):
+    """virt.init seeds the disk it has just created (fresh=True): the in-use check (qemu-img info and a
+    scan of every process's open files) is skipped. Shown with an image another process holds open
+    (no qemu lock): refused without fresh, seeded with it."""
+    with open(disks["raw"], "rb") as fh:
+        holder = subprocess.Popen(["sleep", "60"], stdin=fh)
+    try:
+        with pytest.raises(CommandExecutionError, match=r"in use .*open in sleep"):
+            seed.seed(disks["raw"], minion_files("x"), backend="qsd-fuse", fmt="raw")
+        done = seed.seed(disks["raw"], minion_files("x"), backend="qsd-fuse", fmt="raw", fresh=True)
+        assert done["backend"] == "qsd-fuse" and done["attempts"][-1]["ok"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_image_attached_to_a_loop_device_is_refused(disks, scratch):
     dev = subprocess.run(["losetup", "-f", "--show", disks["raw"]], check=True, capture_output=True, text=True)
     dev = dev.stdout.strip()

@@ -5,8 +5,9 @@ from tests.support.paths import GUEST_DIR, ROOT
 SOURCES = "sources"  # tmp_path/sources is in virt:allowed_paths: local source images of a test go there
 
 
-def make_minion_mods(tmp_path, uri, images_dir=None, **config):
-    """The real Salt loader with this repo's _modules, as a minion would load them (no daemon)."""
+def make_minion_mods(tmp_path, uri, images_dir=None, opts_extra=None, **config):
+    """The real Salt loader with this repo's _modules, as a minion would load them (no daemon).
+    ``config``: ``virt:`` settings; ``opts_extra``: other minion options (``sock_dir``, ...)."""
     import salt.config
     import salt.loader
 
@@ -30,6 +31,7 @@ def make_minion_mods(tmp_path, uri, images_dir=None, **config):
             ),
         }
     )
+    opts.update(opts_extra or {})
     opts["grains"] = salt.loader.grains(opts)
     utils = salt.loader.utils(opts)
     return salt.loader.minion_mods(opts, utils=utils)

@@ -173,3 +173,26 @@ def test_parse_reads_the_agent_channel_state_of_a_running_vm(state):
         "</devices></domain>"
     )
     assert domxml.parse(xml)["guest_agent"] == state
+
+
+def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
+    """query.describe parses a domain's XML once and hands the tree to parse/salt_facts/loader."""
+    xml = (
+        "<domain type='kvm'><name>t1</name><memory unit='KiB'>65536</memory><vcpu>1</vcpu>"
+        "<os><type>hvm</type><loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader></os>"
+        "<on_reboot>restart</on_reboot><devices><disk type='file' device='disk'><source file='/x.qcow2'/>"
+        "<target dev='vda' bus='virtio'/></disk></devices></domain>"
+    )
+    tree = domxml.read(xml)
+    assert domxml.read(tree) is tree
+    assert domxml.parse(tree) == domxml.parse(xml)
+    assert domxml.salt_facts(tree) == domxml.salt_facts(xml)
+    assert (
+        domxml.loader(tree)
+        == domxml.loader(xml)
+        == {
+            "path": "/usr/share/OVMF/OVMF_CODE.fd",
+            "readonly": "yes",
+            "type": "pflash",
+        }
+    )

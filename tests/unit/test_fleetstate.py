@@ -285,3 +285,17 @@ def test_reservation_lifecycle_and_what_counts(backend):
         fleetstate.reserve(store, lease, "h3", "web3", req, host(), since)
         fleetstate.finish(store, lease, "failed")
     assert store.fetch(fleetstate.RESERVATIONS, "h3") is None
+
+
+def test_the_runner_does_not_import_redis_until_it_is_used():
+    """``salt-run virt.*`` imports fleetstate on every start-up: the redis client (~0.2 s) only with cache: redis."""
+    import sys
+
+    from tests.support.paths import ROOT
+
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / '_utils')!r}); "
+        "from saltvirt import fleetstate, vmcreate; print('redis' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -49,3 +49,21 @@ def test_detect_on_test_driver_and_override(test_conn):
     }
     with pytest.raises(SaltInvocationError, match="not one of"):
         hosttype.detect(test_conn, "xen")
+
+
+def test_a_given_type_needs_no_capabilities_rpc(test_conn):
+    """virt:type / vtype given: no getCapabilities round trip per init (a spy over the real connection)."""
+
+    class Counting:
+        def __init__(self, conn):
+            self.conn, self.calls = conn, []
+
+        def __getattr__(self, name):
+            self.calls.append(name)
+            return getattr(self.conn, name)
+
+    spy = Counting(test_conn)
+    assert hosttype.detect(spy, "kvm")["type"] == "kvm" and spy.calls == []
+    with pytest.raises(SaltInvocationError, match="not one of"):  # another name: checked against libvirt's offer
+        hosttype.detect(spy, "xen")
+    assert spy.calls == ["getCapabilities"]

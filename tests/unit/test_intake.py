@@ -95,6 +95,22 @@ def test_probe_accepts_raw_and_qcow2(base, fmt):
     assert info["format"] == fmt and info["virtual_size"] == 64 * MIB and info["path"] == base[fmt]
 
 
+def test_probe_reads_a_raw_image_as_qemu_img_does_without_running_it(base, sources, monkeypatch):
+    """raw has nothing for qemu-img to check: probe reads the sizes itself, the same figures qemu-img gives
+    (also for a sparse file). qemu-img is checked first, then taken off PATH to show probe does not run it."""
+    sparse = str(sources / "sparse.raw")
+    with open(sparse, "wb") as fh:
+        fh.write(b"\1" * 65536)
+        fh.truncate(32 * MIB)
+    for path in (base["raw"], sparse):
+        qemu = intake._qemu_info(path, "raw")
+        monkeypatch.setenv("PATH", str(sources))  # no qemu-img here: a run would fail
+        info = intake.probe(path)
+        monkeypatch.undo()
+        assert info["format"] == "raw"
+        assert (info["virtual_size"], info["actual_size"]) == (qemu["virtual-size"], qemu["actual-size"])
+
+
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
 def test_probe_refuses_hostile_images(evil, kind):
     with pytest.raises(SaltInvocationError, match=REFUSALS[kind]):

@@ -88,3 +88,15 @@ def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_pa
     )
     assert "passwd='s3cret-1'" in test_conn.lookupByName("gfx3").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
     assert "s3cret-1" not in repr(ret)
+
+
+def test_init_returns_the_new_vms_info_as_vm_info_reports_it(test_conn, tmp_path):
+    """The runner puts virt.init's own vm_info in its answer instead of asking the hypervisor again."""
+    from saltvirt import query
+
+    ret = provision.init(test_conn, "info1", 1, 64, images_dir=str(tmp_path), nic=None)
+    try:
+        assert ret["vm_info"] == query.vm_info(test_conn, "info1")["info1"]
+        assert ret["state"] == ret["vm_info"]["state"] == "running"
+    finally:
+        provision.purge(test_conn, "info1", images_dir=str(tmp_path))

@@ -49,3 +49,17 @@ def test_module_queries_survive_an_unreadable_vm(virt_test):
     assert "error" in full["vm_info"]["broken1"] and "error" not in full["vm_info"]["test"]
     assert virt_test["virt.vm_state"]() == {"broken1": "shutoff", "test": "running"}
     assert "broken1" in virt_test["virt.list_domains"]()
+
+
+def test_all_vms_answer_autostart_and_persistent_as_one_vm_does(test_conn):
+    """vm_info of all VMs reads autostart/persistent from two filtered listAllDomains calls (not two round
+    trips per VM): the same answer as asking each VM."""
+    xml = "<domain type='test'><name>{}</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    test_conn.defineXML(xml.format("auto1")).setAutostart(1)
+    test_conn.defineXML(xml.format("plain1"))
+    test_conn.createXML(xml.format("transient1"), 0)  # running, not persistent
+    every = query.vm_info(test_conn)
+    flags = {n: (v["autostart"], v["persistent"]) for n, v in every.items() if n in ("auto1", "plain1", "transient1")}
+    assert flags == {"auto1": (True, True), "plain1": (False, True), "transient1": (False, False)}
+    for name in every:
+        assert every[name] == query.vm_info(test_conn, name)[name]

@@ -104,3 +104,30 @@ def test_guest_master_seeds_where_new_minions_find_this_master():
     assert kwargs == {"master": "m1", "minion_config": {"master_port": 1, "publish_port": 14505, "log_level": "info"}}
     assert given == {"master": "m1", "minion_config": {"master_port": 1, "log_level": "info"}}  # not changed
     assert vmcreate.guest_master({"ret_port": 4506, "publish_port": 4505}, {}, {}) == {}
+
+
+def test_the_runner_answer_takes_the_vm_info_from_virt_init(tmp_path):
+    """virt.init returns the new VM's info: no second round trip to the hypervisor for it (no client
+    here: asking would fail), and it is in the answer once."""
+    host = {"status": "up", "host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
+    plan = placement.rank({"h1": host}, placement.make_request(1, 512), placement.make_policy())
+    vm = {"state": "running", "cpu": 1, "mem": 512}
+    ans = {"status": "up", "ret": {"name": "web1", "state": "running", "started": True, "vm_info": vm}}
+    steps = []
+    res = vmcreate._created(
+        {}, "web1", "h1", ans, "j1", plan, [], None, time.monotonic(), {}, None, lambda s, **d: steps.append(s)
+    )
+    assert res["vm_info"] == vm and res["init"] == {"name": "web1", "state": "running", "started": True}
+    assert steps == ["done"]
+
+
+def test_timeline_marks_go_only_to_a_callback_that_takes_them():
+    marks = []
+
+    def progress(step, **data):
+        raise AssertionError("a timeline mark is not an event")
+
+    progress.mark = lambda step, **data: marks.append((step, data))
+    vmcreate._mark(progress, "published", host="h1")
+    vmcreate._mark(lambda step, **data: None, "published", host="h1")  # a plain callback: nothing
+    assert marks == [("published", {"host": "h1"})]

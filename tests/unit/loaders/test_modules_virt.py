@@ -1,5 +1,7 @@
 """Every virt.* function the libvirt test driver supports, through the real Salt loader."""
 
+import time
+
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -122,3 +124,47 @@ def test_bad_guest_agent_timeout_is_refused(tmp_path, value):
     mods = make_minion_mods(tmp_path, "test:///default", guest_agent_timeout=value)
     with pytest.raises(SaltInvocationError, match="timeout must be a number of seconds above 0, at most 60"):
         mods["virt.vm_info"]("test")
+
+
+def test_init_without_a_minion_event_bus_does_not_try_the_bus(virt_test, monkeypatch, caplog):
+    """This process runs no salt-minion (file_client local, no bus socket): virt.init's progress is
+    decided once and Salt's event connect (~1 s of spinning per event) is never attempted."""
+    import logging
+
+    import salt.utils.event
+
+    pulls = []
+    real = salt.utils.event.SaltEvent.connect_pull
+    monkeypatch.setattr(
+        salt.utils.event.SaltEvent, "connect_pull", lambda s, timeout=1: pulls.append(1) or real(s, timeout)
+    )
+    with caplog.at_level(logging.DEBUG, logger="saltvirt.progress"):
+        ret = virt_test["virt.init"]("nobus1", 1, 64, nic=None, disk=None, start=True)
+    assert ret["started"] is True and pulls == []
+    skipped = [r.getMessage() for r in caplog.records if "progress events not sent" in r.getMessage()]
+    assert len(skipped) == 1 and "no minion event bus" in skipped[0]
+
+
+def test_init_with_a_minion_event_bus_sends_every_step(tmp_path):
+    """The same call inside a 'running minion' (a real minion event bus): every step is on the bus."""
+    from tests.support.eventbus import minion_bus
+    from tests.support.saltloader import make_minion_mods
+
+    import libvirt
+
+    held = libvirt.open("test:///default")  # the driver's state lives while a connection is open
+    (tmp_path / "sock").mkdir()
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"sock_dir": str(tmp_path / "sock")})
+    with minion_bus(mods.opts) as received:
+        ret = mods["virt.init"]("bus1", 1, 64, nic=None, disk=None, start=True)
+        try:
+            deadline = time.monotonic() + 10
+            while len(received) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            mods["virt.purge"]("bus1")
+            held.close()
+    assert ret["started"] is True
+    steps = ["disks_ready", "defined", "started"]
+    assert [t for t, _ in received] == [f"salt/virt/init/bus1/{step}" for step in steps]
+    assert all(d["vm"] == "bus1" and d["host"] == "hyper-test" for _, d in received)

@@ -1,0 +1,49 @@
+"""A real minion event bus (what a running salt-minion has) in a thread of the test process."""
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+
+
+@contextlib.contextmanager
+def minion_bus(opts, timeout=30):
+    """Serve the minion event bus of ``opts`` (``sock_dir``, ``id``) until the block ends; yields
+    ``received``: every (tag, data) published on it, in order."""
+    import salt.transport
+    import salt.utils.event
+    import tornado.ioloop
+
+    ready, loops, received = threading.Event(), [], []
+
+    def run():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        io_loop = tornado.ioloop.IOLoop.current()
+        loops.append(io_loop)
+        pub = salt.transport.ipc_publish_server("minion", opts)
+
+        async def publish(payload):  # what the bus publishes, recorded (then published as a minion does)
+            tag, data = salt.utils.event.SaltEvent.unpack(payload)
+            received.append((tag, data))
+            await pub.publish_payload(payload)
+
+        io_loop.add_callback(lambda: asyncio.ensure_future(pub.publisher(publish, io_loop=io_loop)))
+        io_loop.add_callback(ready.set)
+        io_loop.start()
+        pub.close()
+
+    thread = threading.Thread(target=run, daemon=True, name="minion-event-bus")
+    thread.start()
+    if not ready.wait(timeout):
+        raise RuntimeError("the minion event bus did not start")
+    deadline = time.monotonic() + timeout
+    while not any(n.endswith("_pull.ipc") for n in os.listdir(opts["sock_dir"])):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the minion event bus did not open its pull socket")
+        time.sleep(0.01)
+    try:
+        yield received
+    finally:
+        loops[0].add_callback(loops[0].stop)
+        thread.join(timeout)
