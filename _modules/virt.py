@@ -112,6 +112,13 @@ def init(
     checksum=None,
     allow_http=False,
     trusted_image=False,
+    boot_dev=None,
+    os_type=None,
+    arch=None,
+    stop_on_reboot=False,
+    serials=None,
+    consoles=None,
+    tpm=None,
     **kwargs,
 ):
     """
@@ -146,6 +153,21 @@ def init(
         ``{kernel, initrd, cmdline}`` for direct kernel boot. Kernel, initrd, ``disks[].path`` and
         ``serial_log`` must be inside ``virt:images`` (serial logs also in libvirt's log directory)
         or a directory the operator lists in ``virt:allowed_paths`` in the minion config.
+        UEFI: ``{efi: True}`` (libvirt picks the distribution's OVMF), ``{loader: <OVMF code>, nvram:
+        <variables template>}`` (paths inside virt:images, virt:allowed_paths, /usr/share/OVMF or
+        /usr/share/qemu), ``secure_boot: True`` (OVMF's secure-boot build with enrolled keys, q35, SMM).
+    boot_dev
+        boot order without a kernel, Salt's ``"hd cdrom network"`` (also ``fd``); default ``hd``.
+    os_type / arch
+        ``hvm`` / the host's architecture only (Salt's values; anything else is refused).
+    stop_on_reboot
+        the VM stops instead of rebooting (``<on_reboot>destroy``).
+    serials / consoles
+        extra serial ports (after the logged serial console on port 0) / virtio consoles: a list of
+        ``{type: pty}`` or ``{type: tcp, port: 4555, protocol: telnet|raw, host: 127.0.0.1}`` (TCP ones
+        listen on 127.0.0.1 unless ``host`` names an address).
+    tpm
+        ``True``: a TPM 2.0 (tpm-crb) emulated by swtpm; or ``{model: tpm-crb|tpm-tis, version: "2.0"|"1.2"}``.
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported).

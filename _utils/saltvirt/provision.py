@@ -37,6 +37,13 @@ SPEC_ARGS = (
     "boot",
     "serial_log",
     "group",
+    "boot_dev",
+    "os_type",
+    "arch",
+    "stop_on_reboot",
+    "serials",
+    "consoles",
+    "tpm",
 )
 
 

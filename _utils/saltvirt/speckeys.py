@@ -22,7 +22,7 @@ NIC_SHORTHAND = ("bridge", "network", "direct", "eth")  # classic profile spelli
 DISK_KEYS = ("name", "size", "format", "path", "image", "overlay", "bus", "device", "target", "pool")
 DISK_ALIASES = {"model": "bus", "overlay_image": "overlay", "source_file": "path"}  # Salt's names -> ours
 DISK_INTERNAL = ("default_size",)
-BOOT_KEYS = ("kernel", "initrd", "cmdline")
+BOOT_KEYS = ("kernel", "initrd", "cmdline", "loader", "nvram", "efi", "secure_boot")
 
 _NOT_YET = "is not supported by salt-virt yet"
 GRAPHICS_REFUSED = {"tls_port": f"graphics:tls_port (SPICE over TLS) {_NOT_YET}; leave it out"}
@@ -37,12 +37,7 @@ DISK_REFUSED = {
     "io": f"disks:io {_NOT_YET}: leave it out (libvirt's default I/O mode is used)",
     "iothread_id": f"disks:iothread_id {_NOT_YET}: leave it out",
 }
-BOOT_REFUSED = {
-    "loader": f"boot:loader (UEFI firmware) {_NOT_YET}: boot with the default BIOS or a kernel/initrd",
-    "nvram": f"boot:nvram (UEFI variables) {_NOT_YET}",
-    "efi": f"boot:efi (UEFI firmware) {_NOT_YET}",
-    "secure_boot": f"boot:secure_boot {_NOT_YET}",
-}
+BOOT_REFUSED = {}
 
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
 _SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
@@ -182,6 +177,12 @@ def boot(value):
             validate.absolute_path(value[key], f"boot:{key}")
     if value.get("cmdline") is not None:
         _plain_text(value["cmdline"], "boot:cmdline")
+    for key in ("loader", "nvram"):
+        if value.get(key):
+            validate.absolute_path(value[key], f"boot:{key}")
+    for key in ("efi", "secure_boot"):
+        if value.get(key) is not None:
+            flag(value[key], f"boot:{key}")
     return value
 
 
@@ -192,3 +193,116 @@ def scalar(value, what, example):
             f"{what} as a {type(value).__name__} (Salt's detailed form) {_NOT_YET}: give a number, e.g. {example}"
         )
     return value
+
+
+# the domain's firmware, boot order, serial ports, consoles, TPM (saltvirt.spec builds them) ----------
+BOOT_DEVS = ("hd", "cdrom", "network", "fd")
+CHARDEV_KEYS = ("type", "host", "port", "protocol", "target_type")
+CHARDEV_REFUSED = {
+    "path": "a file, device, pipe or socket source is not supported by salt-virt: use type pty or tcp",
+    "tls": f"chardev tls (TLS for TCP serial ports) {_NOT_YET}: leave it out",
+    "target_port": "target_port is chosen by salt-virt (the serial console is port 0, extra ones follow): leave it out",
+}
+CHARDEV_TYPES = ("pty", "tcp")
+TPM_KEYS = ("model", "version")
+TPM_MODELS = ("tpm-crb", "tpm-tis")
+
+
+def flag(value, what):
+    """A strict boolean: True/False, or yes/no/true/false/on/off/1/0 as text (anything else is refused)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        return validate.to_bool(value)
+    raise SaltInvocationError(f"{what} must be true or false, got {value!r}")
+
+
+def boot_dev(value):
+    """Salt's ``boot_dev`` ("hd cdrom network", or a list) -> a list of boot devices, or None."""
+    if value in (None, ""):
+        return None
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise SaltInvocationError(f"boot_dev must be a space separated list like 'hd cdrom network', got {value!r}")
+    out = []
+    for item in items:
+        if item not in BOOT_DEVS:
+            raise SaltInvocationError(f"boot_dev: {item!r} is not a boot device (one of {', '.join(BOOT_DEVS)})")
+        if item in out:
+            raise SaltInvocationError(f"boot_dev: {item!r} is given twice")
+        out.append(item)
+    return out
+
+
+def os_type(value):
+    if value in (None, "", "hvm"):
+        return "hvm"
+    raise SaltInvocationError(
+        f"os_type={value!r} is not supported: salt-virt runs full virtualization (hvm) guests only; leave os_type out"
+    )
+
+
+def chardevs(value, what):
+    """Salt's ``serials`` / ``consoles``: a list of {type: pty|tcp, host, port, protocol, target_type}."""
+    if value in (None, "", []):
+        return []
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise SaltInvocationError(f"{what} must be a list of mappings like {{type: pty}}, got {value!r}")
+    out = []
+    for i, entry in enumerate(value):
+        where = f"{what}[{i}]"
+        check_keys(entry, where, CHARDEV_KEYS, CHARDEV_REFUSED)
+        ctype = entry.get("type", "pty")
+        if ctype not in CHARDEV_TYPES:
+            raise SaltInvocationError(f"{where}:type must be one of {', '.join(CHARDEV_TYPES)}, got {ctype!r}")
+        item = {"type": ctype}
+        if ctype == "tcp":
+            port = entry.get("port")
+            try:
+                port = int(str(port).strip()) if not isinstance(port, bool) else None
+            except (TypeError, ValueError):
+                port = None
+            if port is None or not 1 <= port <= 65535:
+                raise SaltInvocationError(f"{where}:port must be a TCP port 1-65535, got {entry.get('port')!r}")
+            protocol = entry.get("protocol", "telnet")
+            if protocol not in ("telnet", "raw"):
+                raise SaltInvocationError(f"{where}:protocol must be telnet or raw, got {protocol!r}")
+            # a serial port is a root shell for whoever connects: local unless a host is named
+            item.update(
+                port=port, protocol=protocol, host=listen_address(entry.get("host", "127.0.0.1"), f"{where}:host")
+            )
+        else:
+            for key in ("host", "port", "protocol"):
+                if entry.get(key) is not None:
+                    raise SaltInvocationError(f"{where}:{key} is for type tcp only (a pty has no {key})")
+        target = entry.get("target_type")
+        allowed = ("serial",) if what == "serials" else ("virtio",)  # the serial console (port 0) is always there
+        if target is not None and target not in allowed:
+            raise SaltInvocationError(f"{where}:target_type must be one of {', '.join(allowed)}, got {target!r}")
+        item["target_type"] = target or ("serial" if what == "serials" else "virtio")
+        out.append(item)
+    return out
+
+
+def tpm(value):
+    """``tpm``: True (a TPM 2.0 tpm-crb emulated by swtpm) or {model, version}; None/False: no TPM."""
+    if value in (None, "", False):
+        return None
+    if isinstance(value, (bool, str)):
+        if not flag(value, "tpm"):
+            return None
+        value = {}
+    check_keys(value, "tpm", TPM_KEYS)
+    model = value.get("model", "tpm-crb")
+    if model not in TPM_MODELS:
+        raise SaltInvocationError(f"tpm:model must be one of {', '.join(TPM_MODELS)}, got {model!r}")
+    version = str(value.get("version", "2.0"))
+    if version not in ("2.0", "1.2"):
+        raise SaltInvocationError(f"tpm:version must be 2.0 or 1.2, got {value.get('version')!r}")
+    if version == "1.2" and model == "tpm-crb":
+        raise SaltInvocationError("tpm: the tpm-crb model needs version 2.0 (use model tpm-tis for 1.2)")
+    return {"model": model, "version": version}

@@ -147,3 +147,64 @@ def test_minion_key_kept_in_metadata():
     vm.minion_key = {"minion_id": "web1", "fingerprint": "ab" * 32}
     facts = domxml.parse(domxml.build(vm))
     assert facts["minion"] == {"id": "web1", "key_sha256": "ab" * 32} and facts["group"] == "web"
+
+
+# firmware, boot order, extra serial ports and consoles, vTPM (issue #15) ------------------------------
+FEATURE_CASES = {
+    "uefi-auto": vm(boot=spec.Boot(efi=True)),
+    "uefi-secure-boot-auto": vm(boot=spec.Boot(efi=True, secure_boot=True)),
+    "uefi-loader-nvram": vm(
+        boot=spec.Boot(loader="/usr/share/OVMF/OVMF_CODE_4M.fd", nvram="/usr/share/OVMF/OVMF_VARS_4M.fd")
+    ),
+    "uefi-loader-secure-boot": vm(
+        boot=spec.Boot(
+            loader="/usr/share/OVMF/OVMF_CODE_4M.ms.fd", nvram="/usr/share/OVMF/OVMF_VARS_4M.ms.fd", secure_boot=True
+        )
+    ),
+    "boot-dev-order": vm(boot_dev=["network", "cdrom", "hd"]),
+    "stop-on-reboot": vm(stop_on_reboot=True),
+    "serials-consoles": vm(
+        serials=[
+            {"type": "pty", "target_type": "serial"},
+            {"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "telnet", "target_type": "serial"},
+        ],
+        consoles=[{"type": "pty", "target_type": "virtio"}],
+    ),
+    "tpm-crb": vm(tpm={"model": "tpm-crb", "version": "2.0"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FEATURE_CASES))
+def test_golden_features(golden, case):
+    """Each new element is its golden file, valid for libvirt's schema and what libvirt reads back."""
+    xml = domxml.build(FEATURE_CASES[case])
+    ours, libvirts = domxml.feature_facts(xml), domxml.feature_facts(golden(f"domxml/{case}", xml))
+    assert libvirts == ours
+
+
+def test_feature_facts_from_spec_build():
+    """What virt.init's arguments become, read back the way virt.update compares them."""
+    s = spec.build(
+        "f1",
+        1,
+        64,
+        disk=None,
+        nic=None,
+        images_dir="/v",
+        boot={"efi": "yes", "secure_boot": True},
+        serials=[{"type": "tcp", "port": "4555", "protocol": "raw"}],
+        consoles={"type": "pty"},
+        tpm=True,
+        stop_on_reboot="true",
+    )
+    facts = domxml.feature_facts(domxml.build(s))
+    assert facts == {
+        "firmware": {"efi": True, "loader": None, "nvram": None, "secure_boot": True},
+        "boot_dev": ["hd"],
+        "stop_on_reboot": True,
+        "serials": [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}],
+        "consoles": [{"type": "pty"}],
+        "tpm": {"model": "tpm-crb", "version": "2.0"},
+    }
+    root = ET.fromstring(domxml.build(s))
+    assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"

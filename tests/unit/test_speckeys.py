@@ -75,11 +75,48 @@ HOSTILE = [
     ({"boot": {"kernel": "/k", "cmdline": "a\x00b"}}, "control characters"),
     ({"boot": {"kernal": "/k"}}, "did you mean 'kernel'"),
     ({"boot": {"kernel": "relative/k"}}, "absolute path"),
-    ({"boot": {"loader": "/usr/share/OVMF/OVMF_CODE.fd"}}, "boot:loader"),
+    ({"boot": {"loader": "/etc/shadow"}}, "boot:loader /etc/shadow is outside"),
     ({"boot": "/vmlinuz"}, "boot must be a mapping"),
     # cpu / mem in Salt's detailed forms (not yet supported: refused, not misread)
     ({"cpu": {"maximum": 2, "topology": {"sockets": 1}}}, "cpu as a dict"),
     ({"mem": {"boot": "1g"}}, "mem as a dict"),
+]
+# firmware, boot order, serials/consoles, vTPM: every nested key, hostile values
+HOSTILE += [
+    ({"boot": {"loader": "/usr/share/OVMF/../../../etc/shadow"}}, "boot:loader must be an absolute path without"),
+    ({"boot": {"loader": "OVMF_CODE.fd"}}, "boot:loader.*absolute path"),
+    ({"boot": {"loader": "/usr/share/OVMF/OVMF_CODE_4M.fd", "nvram": "/root/vars.fd"}}, "boot:nvram /root/vars.fd"),
+    ({"boot": {"nvram": "/usr/share/OVMF/OVMF_VARS_4M.fd"}}, "boot:nvram .* goes with boot:loader"),
+    ({"boot": {"efi": "maybe"}}, "boot:efi must be true or false"),
+    ({"boot": {"secure_boot": [1]}}, "boot:secure_boot must be true or false"),
+    ({"boot": {"efi": False, "secure_boot": True}}, "boot:efi is False"),
+    ({"boot": {"secureboot": True}}, "did you mean 'secure_boot'"),
+    ({"boot_dev": "hd floppy"}, "boot_dev: 'floppy' is not a boot device"),
+    ({"boot_dev": "hd hd"}, "given twice"),
+    ({"boot_dev": {"hd": 1}}, "boot_dev must be a space separated list"),
+    ({"boot_dev": "network", "boot": {"kernel": "/v/k"}}, "boot_dev has no effect with a direct kernel boot"),
+    ({"os_type": "xen"}, "os_type='xen' is not supported"),
+    ({"arch": "aarch64"}, "arch='aarch64' is not supported: salt-virt runs guests of the host's architecture"),
+    ({"stop_on_reboot": "sometimes"}, "stop_on_reboot must be true or false"),
+    ({"serials": "tcp"}, "serials must be a list"),
+    ({"serials": [{"type": "file", "path": "/etc/passwd"}]}, "a file, device, pipe or socket source"),
+    ({"serials": [{"type": "unix"}]}, r"serials\[0\]:type must be one of pty, tcp"),
+    ({"serials": [{"type": "tcp"}]}, r"serials\[0\]:port must be a TCP port"),
+    ({"serials": [{"type": "tcp", "port": 70000}]}, "port must be a TCP port 1-65535"),
+    ({"serials": [{"type": "tcp", "port": True}]}, "port must be a TCP port"),
+    ({"serials": [{"type": "tcp", "port": 4555, "protocol": "ssh"}]}, "protocol must be telnet or raw"),
+    ({"serials": [{"type": "tcp", "port": 4555, "host": "0.0.0.0'/><x"}]}, "host must be an IP address"),
+    ({"serials": [{"type": "tcp", "port": 4555, "tls": True}]}, "chardev tls"),
+    ({"serials": [{"type": "pty", "target_port": 0}]}, "target_port is chosen by salt-virt"),
+    ({"serials": [{"type": "pty", "port": 4555}]}, "port is for type tcp only"),
+    ({"serials": [{"type": "pty", "target_type": "usb-serial"}]}, "target_type must be one of serial"),
+    ({"consoles": [{"type": "pty", "target_type": "serial"}]}, "target_type must be one of virtio"),
+    ({"consoles": [{"typ": "pty"}]}, "did you mean 'type'"),
+    ({"tpm": {"model": "tpm-spapr"}}, "tpm:model must be one of"),
+    ({"tpm": {"version": "3"}}, "tpm:version must be 2.0 or 1.2"),
+    ({"tpm": {"model": "tpm-crb", "version": "1.2"}}, "tpm-crb model needs version 2.0"),
+    ({"tpm": {"backend": "passthrough"}}, "tpm: unknown key 'backend'"),
+    ({"tpm": "perhaps"}, "tpm must be true or false"),
 ]
 
 
@@ -152,7 +189,7 @@ def test_old_argument_spellings_warn_or_are_refused(virt_test):
         ({"images": "/srv"}, "images= is not an argument: the source image is image="),
         ({"serial_type": "tcp"}, "serial_type='tcp' is not supported"),
         ({"hypervisor": "xen"}, "use vtype=kvm or vtype=qemu"),
-        ({"boot_dev": "cdrom"}, "boot_dev='cdrom' is not supported by salt-virt yet"),
+        ({"os_type": "xen"}, "os_type='xen' is not supported: salt-virt runs full virtualization"),
         ({"console": False}, "console=False"),
     ):
         with pytest.raises(SaltInvocationError, match=message):
