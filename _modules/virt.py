@@ -119,6 +119,8 @@ def init(
     serials=None,
     consoles=None,
     tpm=None,
+    clock=None,
+    hypervisor_features=None,
     **kwargs,
 ):
     """
@@ -168,6 +170,11 @@ def init(
         listen on 127.0.0.1 unless ``host`` names an address).
     tpm
         ``True``: a TPM 2.0 (tpm-crb) emulated by swtpm; or ``{model: tpm-crb|tpm-tis, version: "2.0"|"1.2"}``.
+    clock
+        Salt's ``{utc: False}``, ``{timezone: Europe/Paris}``, ``{adjustment: 3600}`` and ``timers:
+        {rtc: {track: wall, tickpolicy: catchup}, hpet: {present: False}, ...}``.
+    hypervisor_features
+        ``{kvm-hint-dedicated: True, kvm-hidden: True}``.
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported).

@@ -93,8 +93,6 @@ VTYPES = ("kvm", "qemu", "test")
 # Salt's virt.init arguments salt-virt accepts when they have the value meaning "Salt's default"
 SALT_DEFAULTS = {
     "numatune": (None,),
-    "hypervisor_features": (None,),
-    "clock": (None,),
     "host_devices": (None,),
     "username": (None,),
     "password": (None,),

@@ -47,6 +47,8 @@ def build(spec):
     _metadata(dom, spec)
     dom.append(os_config(spec))
     dom.append(features(spec))
+    if spec.clock:
+        dom.append(clock(spec.clock))
     _sub(dom, "on_poweroff", "destroy")
     _sub(dom, "on_reboot", "destroy" if spec.stop_on_reboot else "restart")
     _sub(dom, "on_crash", "destroy")
@@ -97,6 +99,18 @@ def features(spec):
     _sub(el, "apic")
     if spec.boot and spec.boot.secure_boot:
         _sub(el, "smm", state="on")
+    if spec.hypervisor_features:
+        kvm = _sub(el, "kvm")
+        for name, on in sorted(spec.hypervisor_features.items()):
+            _sub(kvm, name.removeprefix("kvm-"), state="on" if on else "off")
+    return el
+
+
+def clock(c):
+    """``<clock>`` (speckeys.clock) with its ``<timer>`` elements."""
+    el = _el("clock", **{k: v for k, v in c.items() if k != "timers"})
+    for t in c["timers"]:
+        _sub(el, "timer", **t)
     return el
 
 
@@ -440,7 +454,7 @@ def parse_for_compare(xml):
 
 
 # firmware, boot order, extra chardevs, vTPM: read to compare, replaced in a definition ------------------
-FEATURES = ("firmware", "boot_dev", "stop_on_reboot", "serials", "consoles", "tpm")
+FEATURES = ("firmware", "boot_dev", "stop_on_reboot", "serials", "consoles", "tpm", "clock", "hypervisor_features")
 
 
 def _chardev_facts(el):
@@ -493,7 +507,16 @@ def feature_facts(xml):
         "tpm": {"model": tpm_el.get("model"), "version": backend.get("version") if backend is not None else None}
         if tpm_el is not None
         else None,
+        "clock": _clock_facts(root.find("clock")),
+        "hypervisor_features": {f"kvm-{el.tag}": el.get("state") == "on" for el in root.findall("features/kvm/*")},
     }
+
+
+def _clock_facts(el):
+    """``<clock>``'s attributes and timers; None for libvirt's default (UTC, no timers: what it reads back)."""
+    if el is None or (dict(el.attrib) == {"offset": "utc"} and not el.findall("timer")):
+        return None
+    return {**el.attrib, "timers": [dict(t.attrib) for t in el.findall("timer")]}
 
 
 def replace_features(xml, new_xml, fields):
@@ -507,6 +530,11 @@ def replace_features(xml, new_xml, fields):
         for el in os_el.findall("boot"):
             os_el.remove(el)
         os_el.extend(new_os.findall("boot"))
+    for key, tag, parent in (("clock", "clock", root), ("hypervisor_features", "kvm", root.find("features"))):
+        if key in fields and parent is not None:
+            for el in parent.findall(tag):
+                parent.remove(el)
+            parent.extend(new.findall(tag) if key == "clock" else new.findall("features/kvm"))
     if "stop_on_reboot" in fields:
         on_reboot = root.find("on_reboot")
         if on_reboot is None:

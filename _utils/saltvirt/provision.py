@@ -44,6 +44,8 @@ SPEC_ARGS = (
     "serials",
     "consoles",
     "tpm",
+    "clock",
+    "hypervisor_features",
 )
 
 

@@ -106,6 +106,8 @@ class VMSpec:
     serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): speckeys.chardevs
     consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
     tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
+    clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
+    hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
 
 
 def _named_entries(value, what):
@@ -330,6 +332,8 @@ def build(
     serials=None,
     consoles=None,
     tpm=None,
+    clock=None,
+    hypervisor_features=None,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -406,6 +410,8 @@ def build(
         serials=speckeys.chardevs(serials, "serials"),
         consoles=speckeys.chardevs(consoles, "consoles"),
         tpm=speckeys.tpm(tpm),
+        clock=speckeys.clock(clock),
+        hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
     )
 
 

@@ -306,3 +306,75 @@ def tpm(value):
     if version == "1.2" and model == "tpm-crb":
         raise SaltInvocationError("tpm: the tpm-crb model needs version 2.0 (use model tpm-tis for 1.2)")
     return {"model": model, "version": version}
+
+
+CLOCK_KEYS = ("utc", "timezone", "adjustment", "timers")
+TIMER_NAMES = ("platform", "hpet", "kvmclock", "pit", "rtc", "tsc", "hypervclock")
+TIMER_KEYS = ("track", "tickpolicy", "frequency", "mode", "present")
+TIMER_REFUSED = {
+    k: f"clock:timers:<name>:{k} (catchup tuning) {_NOT_YET}: leave it out"
+    for k in ("catchup", "slew", "threshold", "limit")
+}
+_TIMER_VALUES = {
+    "track": ("boot", "guest", "wall", "realtime"),
+    "tickpolicy": ("delay", "catchup", "merge", "discard"),
+    "mode": ("auto", "native", "emulate", "paravirt", "smpsafe"),
+}
+_TIMEZONE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]{0,31}(/[A-Za-z0-9_+-]{1,32}){0,2}$")
+HYPERVISOR_FEATURES = ("kvm-hint-dedicated", "kvm-hidden")
+
+
+def clock(value):
+    """Salt's ``clock``: {utc, timezone, adjustment (seconds or reset), timers: {name: {...}}} -> the
+    attributes of ``<clock>`` and its ``<timer>`` elements, or None (libvirt's default, UTC)."""
+    if value in (None, ""):
+        return None
+    check_keys(value, "clock", CLOCK_KEYS)
+    utc = flag(value.get("utc", True), "clock:utc")
+    out = {"offset": "utc" if utc else "localtime", "timers": []}
+    if value.get("timezone") is not None:
+        tz = value["timezone"]
+        if not isinstance(tz, str) or not _TIMEZONE_RE.match(tz):
+            raise SaltInvocationError(f"clock:timezone must be a time zone name like Europe/Paris, got {tz!r}")
+        if value.get("adjustment") is not None or "utc" in value:
+            raise SaltInvocationError("clock:timezone goes alone (no utc or adjustment with it)")
+        out = {"offset": "timezone", "timezone": tz, "timers": []}
+    adj = value.get("adjustment")
+    if adj == "reset":
+        out["adjustment"] = "reset"
+    elif adj is not None:
+        if isinstance(adj, bool) or not re.fullmatch(r"-?\d{1,10}", str(adj).strip()):
+            raise SaltInvocationError(f"clock:adjustment must be a number of seconds or reset, got {adj!r}")
+        out.update(offset="variable", adjustment=int(str(adj).strip()), basis="utc" if utc else "localtime")
+    timers = value.get("timers") or {}
+    if not isinstance(timers, dict):
+        raise SaltInvocationError(f"clock:timers must map timer names to settings, got {timers!r}")
+    out["timers"] = [_timer(name, conf or {}) for name, conf in timers.items()]
+    return out
+
+
+def _timer(name, conf):
+    """One ``clock:timers`` entry, key by key."""
+    if name not in TIMER_NAMES:
+        raise unknown_key_error(name, "clock:timers", TIMER_NAMES)
+    where = f"clock:timers:{name}"
+    check_keys(conf, where, TIMER_KEYS, TIMER_REFUSED)
+    timer = {"name": name}
+    for key, allowed in _TIMER_VALUES.items():
+        if conf.get(key) is not None:
+            if conf[key] not in allowed:
+                raise SaltInvocationError(f"{where}:{key} must be one of {', '.join(allowed)}, got {conf[key]!r}")
+            timer[key] = conf[key]
+    if conf.get("frequency") is not None:
+        timer["frequency"] = validate.positive_int(conf["frequency"], f"{where}:frequency (Hz)")
+    if conf.get("present") is not None:
+        timer["present"] = "yes" if flag(conf["present"], f"{where}:present") else "no"
+    return timer
+
+
+def hypervisor_features(value):
+    """Salt's ``hypervisor_features`` ({kvm-hint-dedicated: True, kvm-hidden: True}) -> {name: bool}."""
+    if value in (None, "", {}):
+        return {}
+    check_keys(value, "hypervisor_features", HYPERVISOR_FEATURES)
+    return {k: flag(v, f"hypervisor_features:{k}") for k, v in value.items()}

@@ -373,6 +373,8 @@ FEATURES = {
     "serials": [{"type": "tcp", "port": 4555, "protocol": "raw"}],
     "consoles": [{"type": "pty"}],
     "tpm": True,
+    "clock": {"utc": False, "timers": {"rtc": {"track": "wall"}}},
+    "hypervisor_features": {"kvm-hidden": True},
 }
 
 
@@ -380,11 +382,11 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     v = virt_test
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
-    assert set(preview["changes"]) == {"firmware", "boot_dev", "stop_on_reboot", "serials", "consoles", "tpm"}
+    assert set(preview["changes"]) == set(domxml.FEATURES)
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
-    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 6
+    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 8
     facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["firmware"] == {"efi": True, "loader": None, "nvram": None, "secure_boot": False}
     assert facts["boot_dev"] == ["network", "hd"] and facts["stop_on_reboot"] is True
@@ -393,7 +395,19 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     assert v["virt.update"]("conv5", **FEATURES)["changes"] == {}  # converged
     # only what is given is managed: the serial console (port 0) and its log stay
     assert domxml.parse(v["virt.get_xml"]("conv5"))["serial_log"].endswith("conv5-serial.log")
-    back = v["virt.update"]("conv5", boot={}, boot_dev="hd", tpm=False, serials=[], consoles=[], stop_on_reboot=False)
+    assert facts["clock"] == {"offset": "localtime", "timers": [{"name": "rtc", "track": "wall"}]}
+    assert facts["hypervisor_features"] == {"kvm-hidden": True}
+    back = v["virt.update"](
+        "conv5",
+        boot={},
+        boot_dev="hd",
+        tpm=False,
+        serials=[],
+        consoles=[],
+        stop_on_reboot=False,
+        clock={},
+        hypervisor_features={"kvm-hidden": False},
+    )
     assert set(back["changes"]) == set(preview["changes"])
     facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["tpm"] is None and facts["serials"] == [] and facts["firmware"]["efi"] is False

@@ -171,6 +171,17 @@ FEATURE_CASES = {
         consoles=[{"type": "pty", "target_type": "virtio"}],
     ),
     "tpm-crb": vm(tpm={"model": "tpm-crb", "version": "2.0"}),
+    "clock-timers": vm(
+        clock=spec.speckeys.clock(
+            {
+                "utc": False,
+                "timers": {"rtc": {"track": "wall", "tickpolicy": "catchup"}, "hpet": {"present": False}},
+            }
+        )
+    ),
+    "clock-timezone": vm(clock=spec.speckeys.clock({"timezone": "Europe/Paris"})),
+    "clock-adjustment": vm(clock=spec.speckeys.clock({"adjustment": 3600})),
+    "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
 }
 
 
@@ -205,6 +216,8 @@ def test_feature_facts_from_spec_build():
         "serials": [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}],
         "consoles": [{"type": "pty"}],
         "tpm": {"model": "tpm-crb", "version": "2.0"},
+        "clock": None,
+        "hypervisor_features": {},
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"
