@@ -131,7 +131,10 @@ def init(
     name
         VM name (letters, digits, ``.``, ``_``, ``-``); also the new minion's id unless ``minion_id``.
     cpu / mem
-        vCPUs and memory in MiB.
+        vCPUs and memory in MiB; or Salt's dicts: ``cpu: {maximum, mode: custom|host-model|host-passthrough,
+        match, check, model: {name, fallback, vendor_id}, vendor, topology: {sockets, cores, threads},
+        features: {vmx: disable}}`` and ``mem: {boot: 1g, hard_limit, soft_limit, swap_hard_limit,
+        min_guarantee}`` (sizes in MiB or 512m/2g); their other keys are refused with the reason.
     image
         ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor
         inside ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for

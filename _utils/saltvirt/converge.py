@@ -26,7 +26,7 @@ FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
 MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
 # firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
-MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",))
+MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=())
 
 
 # desired ------------------------------------------------------------------------------------------
@@ -514,6 +514,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         for f in FIELDS
         if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
     ]
+    manage += [f for f, v in (("cpu_model", cpu), ("memtune", mem)) if isinstance(v, dict)]  # Salt's dict forms
     args = dict(init_args)
     if "nics" not in manage:
         args.update(nic=None, interfaces=None)

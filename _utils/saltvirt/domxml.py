@@ -47,6 +47,10 @@ def build(spec):
     _metadata(dom, spec)
     dom.append(os_config(spec))
     dom.append(features(spec))
+    if spec.cpu_model:
+        dom.append(cpu(spec.cpu_model))
+    if spec.memtune:
+        dom.append(memtune(spec.memtune))
     if spec.clock:
         dom.append(clock(spec.clock))
     _sub(dom, "on_poweroff", "destroy")
@@ -103,6 +107,30 @@ def features(spec):
         kvm = _sub(el, "kvm")
         for name, on in sorted(spec.hypervisor_features.items()):
             _sub(kvm, name.removeprefix("kvm-"), state="on" if on else "off")
+    return el
+
+
+def cpu(c):
+    """``<cpu>`` from Salt's cpu dict (speckeys.cpu_detail): mode, match, check, model, vendor, topology, features."""
+    el = _el("cpu", mode=c["mode"], match=c.get("match"), check=c.get("check"))
+    if c.get("model"):
+        m = c["model"]
+        _sub(el, "model", m["name"], fallback=m.get("fallback"), vendor_id=m.get("vendor_id"))
+    if c.get("vendor"):
+        _sub(el, "vendor", c["vendor"])
+    if c.get("topology"):
+        _sub(el, "topology", **c["topology"])
+    for name, policy in sorted(c["features"].items()):
+        _sub(el, "feature", policy=policy, name=name)
+    return el
+
+
+def memtune(limits):
+    """``<memtune>`` with the limits (MiB) of Salt's mem dict."""
+    el = _el("memtune")
+    for key in ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee"):
+        if key in limits:
+            _sub(el, key, limits[key], unit="MiB")
     return el
 
 
@@ -454,7 +482,18 @@ def parse_for_compare(xml):
 
 
 # firmware, boot order, extra chardevs, vTPM: read to compare, replaced in a definition ------------------
-FEATURES = ("firmware", "boot_dev", "stop_on_reboot", "serials", "consoles", "tpm", "clock", "hypervisor_features")
+FEATURES = (
+    "firmware",
+    "boot_dev",
+    "stop_on_reboot",
+    "serials",
+    "consoles",
+    "tpm",
+    "clock",
+    "hypervisor_features",
+    "cpu_model",
+    "memtune",
+)
 
 
 def _chardev_facts(el):
@@ -509,7 +548,31 @@ def feature_facts(xml):
         else None,
         "clock": _clock_facts(root.find("clock")),
         "hypervisor_features": {f"kvm-{el.tag}": el.get("state") == "on" for el in root.findall("features/kvm/*")},
+        "cpu_model": _cpu_facts(root.find("cpu")),
+        "memtune": {el.tag: _mib(el) for el in root.findall("memtune/*")} or None,
     }
+
+
+def _cpu_facts(el):
+    """``<cpu>`` as speckeys.cpu_detail writes it, without what libvirt adds on define (check, match
+    exact, fallback allow, dies)."""
+    if el is None:
+        return None
+    out = {"mode": el.get("mode", "custom")}
+    if el.get("match") not in (None, "exact"):  # libvirt writes its default (exact) back
+        out["match"] = el.get("match")
+    model = el.find("model")
+    if model is not None and (model.text or "").strip():
+        out["model"] = {"name": model.text.strip(), **{k: v for k, v in model.attrib.items() if k != "fallback"}}
+        if model.get("fallback") not in (None, "allow"):
+            out["model"]["fallback"] = model.get("fallback")
+    if el.findtext("vendor"):
+        out["vendor"] = el.findtext("vendor")
+    topo = el.find("topology")
+    if topo is not None:
+        out["topology"] = {k: _int(topo.get(k), 1) for k in ("sockets", "cores", "threads")}
+    out["features"] = {f.get("name"): f.get("policy", "require") for f in el.findall("feature")}
+    return out
 
 
 def _clock_facts(el):
@@ -530,11 +593,15 @@ def replace_features(xml, new_xml, fields):
         for el in os_el.findall("boot"):
             os_el.remove(el)
         os_el.extend(new_os.findall("boot"))
-    for key, tag, parent in (("clock", "clock", root), ("hypervisor_features", "kvm", root.find("features"))):
-        if key in fields and parent is not None:
-            for el in parent.findall(tag):
-                parent.remove(el)
-            parent.extend(new.findall(tag) if key == "clock" else new.findall("features/kvm"))
+    for key, tag in (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune")):
+        if key in fields:
+            for el in root.findall(tag):
+                root.remove(el)
+            root.extend(new.findall(tag))
+    if "hypervisor_features" in fields and root.find("features") is not None:
+        for el in root.findall("features/kvm"):
+            root.find("features").remove(el)
+        root.find("features").extend(new.findall("features/kvm"))
     if "stop_on_reboot" in fields:
         on_reboot = root.find("on_reboot")
         if on_reboot is None:

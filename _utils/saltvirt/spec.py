@@ -108,6 +108,8 @@ class VMSpec:
     tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
     clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
+    cpu_model: dict | None = None  # Salt's cpu dict (speckeys.cpu_detail): mode, model, topology, features
+    memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
 
 
 def _named_entries(value, what):
@@ -342,6 +344,10 @@ def build(
     call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
     """
     name = validate.vm_name(name)
+    cpu, cpu_model = speckeys.cpu_detail(cpu)
+    if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
+        raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
+    mem, memtune = speckeys.mem_detail(mem)
     cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
@@ -412,6 +418,8 @@ def build(
         tpm=speckeys.tpm(tpm),
         clock=speckeys.clock(clock),
         hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
+        cpu_model=cpu_model,
+        memtune=memtune,
     )
 
 

@@ -378,3 +378,102 @@ def hypervisor_features(value):
         return {}
     check_keys(value, "hypervisor_features", HYPERVISOR_FEATURES)
     return {k: flag(v, f"hypervisor_features:{k}") for k, v in value.items()}
+
+
+# cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
+CPU_KEYS = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")
+CPU_REFUSED = {
+    k: f"cpu:{k} {_NOT_YET}: leave it out"
+    for k in ("current", "placement", "cpuset", "tuning", "numa", "vcpus", "cache", "cache_mode")
+}
+CPU_MODEL_KEYS = ("name", "fallback", "vendor_id")
+TOPOLOGY_KEYS = ("sockets", "cores", "threads")
+MEM_KEYS = ("boot", "hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")
+MEM_REFUSED = {
+    k: f"mem:{k} {_NOT_YET}: leave it out" for k in ("current", "max", "slots", "hugepages", "nosharepages", "locked")
+}
+_CPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def _name(value, what):
+    if not isinstance(value, str) or not _CPU_NAME_RE.match(value):
+        raise SaltInvocationError(f"{what} must be a name like Skylake-Client or vmx, got {value!r}")
+    return value
+
+
+def _choice(value, what, allowed):
+    if value not in allowed:
+        raise SaltInvocationError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def cpu_detail(value):
+    """Salt's ``cpu`` dict -> ``(vCPUs, {<cpu> attributes/children})``; a number -> ``(number, None)``."""
+    if not isinstance(value, dict):
+        return value, None
+    check_keys(value, "cpu", CPU_KEYS, CPU_REFUSED)
+    if value.get("maximum") is None:
+        raise SaltInvocationError("cpu as a mapping needs maximum (the number of vCPUs)")
+    count = validate.positive_int(value["maximum"], "cpu:maximum", maximum=4096)
+    out = {"mode": _choice(value.get("mode", "custom"), "cpu:mode", ("custom", "host-model", "host-passthrough"))}
+    for key, allowed in (("match", ("minimum", "exact", "strict")), ("check", ("none", "partial", "full"))):
+        if value.get(key) is not None:
+            out[key] = _choice(value[key], f"cpu:{key}", allowed)
+    model = value.get("model")
+    if isinstance(model, str):
+        model = {"name": model}
+    if model is not None:
+        check_keys(model, "cpu:model", CPU_MODEL_KEYS)
+        out["model"] = {"name": _name(model.get("name"), "cpu:model:name")}
+        if model.get("fallback") is not None:
+            out["model"]["fallback"] = _choice(model["fallback"], "cpu:model:fallback", ("allow", "forbid"))
+        if model.get("vendor_id") is not None:
+            vid = model["vendor_id"]
+            if not isinstance(vid, str) or not re.fullmatch(r"[A-Za-z0-9]{12}", vid):
+                raise SaltInvocationError(f"cpu:model:vendor_id must be 12 letters or digits, got {vid!r}")
+            out["model"]["vendor_id"] = vid
+    if value.get("vendor") is not None:
+        out["vendor"] = _name(value["vendor"], "cpu:vendor")
+    if value.get("topology") is not None:
+        check_keys(value["topology"], "cpu:topology", TOPOLOGY_KEYS)
+        topo = {k: validate.positive_int(value["topology"].get(k, 1), f"cpu:topology:{k}") for k in TOPOLOGY_KEYS}
+        if topo["sockets"] * topo["cores"] * topo["threads"] != count:
+            raise SaltInvocationError(f"cpu:topology {topo} must multiply to cpu:maximum ({count})")
+        out["topology"] = topo
+    feats = value.get("features") or {}
+    if not isinstance(feats, dict):
+        raise SaltInvocationError(f"cpu:features must map feature names to a policy, got {feats!r}")
+    policies = ("force", "require", "optional", "disable", "forbid")
+    out["features"] = {
+        _name(k, "cpu:features name"): _choice(p, f"cpu:features:{k}", policies) for k, p in feats.items()
+    }
+    if out["mode"] != "custom" and ("model" in out or "vendor" in out):
+        raise SaltInvocationError(f"cpu:model and cpu:vendor go with mode custom, not {out['mode']}")
+    return count, out
+
+
+def mib(value, what):
+    """A size in MiB: a number (MiB) or Salt's ``512m``/``1g``/``1 GiB``."""
+    if isinstance(value, bool):
+        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
+    match = _SIZE_RE.match(str(value))
+    if not match:
+        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
+    number, unit = int(match.group(1)), (match.group(2) or "m").lower()
+    size = number * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
+    if size < 1 or size != int(size):
+        raise SaltInvocationError(f"{what} must be a whole number of MiB, got {value!r}")
+    return int(size)
+
+
+def mem_detail(value):
+    """Salt's ``mem`` dict -> ``(boot MiB, {memtune limits in MiB})``; a number -> ``(number, None)``."""
+    if not isinstance(value, dict):
+        return value, None
+    check_keys(value, "mem", MEM_KEYS, MEM_REFUSED)
+    if value.get("boot") is None:
+        raise SaltInvocationError("mem as a mapping needs boot (the memory in MiB, or 1g ...)")
+    boot_mib = mib(value["boot"], "mem:boot")
+    limits = {k: mib(value[k], f"mem:{k}") for k in MEM_KEYS[1:] if value.get(k) is not None}
+    return boot_mib, limits or None

@@ -382,7 +382,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     v = virt_test
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
-    assert set(preview["changes"]) == set(domxml.FEATURES)
+    assert set(preview["changes"]) == set(domxml.FEATURES) - {"cpu_model", "memtune"}
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
@@ -412,6 +412,23 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["tpm"] is None and facts["serials"] == [] and facts["firmware"]["efi"] is False
     v["virt.undefine"]("conv5")
+
+
+def test_update_applies_salts_cpu_and_mem_dicts(virt_test):
+    v = virt_test
+    v["virt.init"]("conv8", 1, 64, nic=None, disk=None, start=False)
+    cpu = {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}}
+    mem = {"boot": "128m", "hard_limit": "1g"}
+    done = v["virt.update"]("conv8", cpu=cpu, mem=mem)
+    assert {"cpu", "mem", "cpu_model", "memtune"} <= set(done["changes"])
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv8"))
+    assert facts["cpu_model"]["topology"] == {"sockets": 1, "cores": 2, "threads": 1}
+    assert facts["cpu_model"]["model"] == {"name": "qemu64"} and facts["memtune"] == {"hard_limit": 1024}
+    info = v["virt.vm_info"]("conv8")["conv8"]
+    assert (info["cpu"], info["mem"]) == (2, 128)
+    assert v["virt.update"]("conv8", cpu=cpu, mem=mem)["changes"] == {}
+    assert v["virt.update"]("conv8", cpu=2, mem=128)["changes"] == {}  # plain numbers leave the details alone
+    v["virt.undefine"]("conv8")
 
 
 def test_secure_boot_on_an_i440fx_vm_is_refused_and_nothing_changes(virt_test):

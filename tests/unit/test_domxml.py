@@ -181,6 +181,20 @@ FEATURE_CASES = {
     ),
     "clock-timezone": vm(clock=spec.speckeys.clock({"timezone": "Europe/Paris"})),
     "clock-adjustment": vm(clock=spec.speckeys.clock({"adjustment": 3600})),
+    "cpu-custom-topology-features": vm(
+        cpu=4,
+        cpu_model=spec.speckeys.cpu_detail(
+            {
+                "maximum": 4,
+                "match": "exact",
+                "model": {"name": "qemu64", "fallback": "forbid"},
+                "topology": {"sockets": 1, "cores": 2, "threads": 2},
+                "features": {"vmx": "disable", "pdpe1gb": "optional"},
+            }
+        )[1],
+    ),
+    "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
+    "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
     "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
 }
 
@@ -218,6 +232,8 @@ def test_feature_facts_from_spec_build():
         "tpm": {"model": "tpm-crb", "version": "2.0"},
         "clock": None,
         "hypervisor_features": {},
+        "cpu_model": None,
+        "memtune": None,
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"

@@ -78,8 +78,8 @@ HOSTILE = [
     ({"boot": {"loader": "/etc/shadow"}}, "boot:loader /etc/shadow is outside"),
     ({"boot": "/vmlinuz"}, "boot must be a mapping"),
     # cpu / mem in Salt's detailed forms (not yet supported: refused, not misread)
-    ({"cpu": {"maximum": 2, "topology": {"sockets": 1}}}, "cpu as a dict"),
-    ({"mem": {"boot": "1g"}}, "mem as a dict"),
+    ({"cpu": {"maximum": 2, "topology": {"sockets": 1}}}, "must multiply to cpu:maximum"),
+    ({"mem": {"boot": "1g", "hugepages": [{"size": "2m"}]}}, "mem:hugepages is not supported by salt-virt yet"),
 ]
 # firmware, boot order, serials/consoles, vTPM: every nested key, hostile values
 HOSTILE += [
@@ -135,6 +135,33 @@ HOSTILE += [
     ({"hypervisor_features": {"kvm-hint-dedicate": True}}, "did you mean 'kvm-hint-dedicated'"),
     ({"hypervisor_features": {"kvm-hidden": "perhaps"}}, "hypervisor_features:kvm-hidden must be true or false"),
     ({"hypervisor_features": ["kvm-hidden"]}, "hypervisor_features must be a mapping"),
+    ({"cpu": {"mode": "host-model"}}, "cpu as a mapping needs maximum"),
+    ({"cpu": {"maximum": 1, "mode": "host-passthrough"}}, "host-passthrough needs KVM"),
+    ({"cpu": {"maximum": "lots"}}, "cpu:maximum must be a positive integer"),
+    ({"cpu": {"maximum": 2, "mode": "passthrough"}}, "cpu:mode must be one of"),
+    ({"cpu": {"maximum": 2, "match": "loose"}}, "cpu:match must be one of"),
+    ({"cpu": {"maximum": 2, "check": "maybe"}}, "cpu:check must be one of"),
+    ({"cpu": {"maximum": 2, "model": {"name": "qemu64'/><x"}}}, "cpu:model:name must be a name"),
+    ({"cpu": {"maximum": 2, "model": {"name": "qemu64", "fallback": "yes"}}}, "cpu:model:fallback must be one of"),
+    ({"cpu": {"maximum": 2, "model": {"name": "qemu64", "vendor_id": "x"}}}, "vendor_id must be 12"),
+    ({"cpu": {"maximum": 2, "model": {"nme": "qemu64"}}}, "did you mean 'name'"),
+    ({"cpu": {"maximum": 2, "vendor": "Intel<"}}, "cpu:vendor must be a name"),
+    ({"cpu": {"maximum": 2, "topology": {"sockets": 2, "dies": 1}}}, "cpu:topology: unknown key 'dies'"),
+    ({"cpu": {"maximum": 2, "topology": {"sockets": 0}}}, "cpu:topology:sockets must be a positive integer"),
+    ({"cpu": {"maximum": 2, "features": ["vmx"]}}, "cpu:features must map"),
+    ({"cpu": {"maximum": 2, "features": {"vmx": "on"}}}, "cpu:features:vmx must be one of"),
+    ({"cpu": {"maximum": 2, "mode": "host-passthrough", "model": "qemu64"}}, "go with mode custom"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpupin": {0: "1"}}}}, "cpu:tuning is not supported by salt-virt yet"),
+    ({"cpu": {"maximum": 2, "numa": {}}}, "cpu:numa is not supported by salt-virt yet"),
+    ({"cpu": {"maximum": 2, "cpuset": "0-1"}}, "cpu:cpuset is not supported by salt-virt yet"),
+    ({"cpu": {"maximum": 2, "current": 1}}, "cpu:current is not supported by salt-virt yet"),
+    ({"mem": {"hard_limit": "2g"}}, "mem as a mapping needs boot"),
+    ({"mem": {"boot": "lots"}}, "mem:boot must be a size"),
+    ({"mem": {"boot": "1g", "hard_limit": "1.5g"}}, "mem:hard_limit must be a size"),
+    ({"mem": {"boot": "1g", "soft_limit": "1k"}}, "mem:soft_limit must be a whole number of MiB"),
+    ({"mem": {"boot": "1g", "max": "4g"}}, "mem:max is not supported by salt-virt yet"),
+    ({"mem": {"boot": "1g", "current": "512m"}}, "mem:current is not supported by salt-virt yet"),
+    ({"mem": {"boot": "1g", "hard_limt": "2g"}}, "did you mean 'hard_limit'"),
 ]
 
 
