@@ -1,6 +1,7 @@
 """UEFI (OVMF), secure boot, a swtpm vTPM and extra serial/console devices on a real libvirtd with a
 TCG guest: the busybox guest (direct kernel boot) is booted under OVMF by libvirt's firmware
-autoselection, with a TPM 2.0 emulated by swtpm, an extra TCP serial port and a virtio console."""
+autoselection, with a TPM 2.0 emulated by swtpm, an extra TCP serial port, a virtio console, Salt's cpu
+dict (model, topology) and clock (local time)."""
 
 import json
 import os
@@ -36,7 +37,7 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
     port = free_port()
     ret = v["virt.init"](
         "uefi1",
-        1,
+        {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}},
         256,
         disk=None,
         nic=None,
@@ -45,6 +46,7 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         tpm=True,
         serials=[{"type": "tcp", "port": port, "protocol": "raw"}],
         consoles=[{"type": "pty"}],
+        clock={"utc": False, "timers": {"rtc": {"tickpolicy": "catchup"}}},
     )
     try:
         assert ret["state"] == "running"
@@ -63,6 +65,10 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         sock = tpmdev.split("chardev=")[1]
         assert any(a.startswith(f"socket,id={sock},path=") and "swtpm" in a for a in args)
         assert any('"driver":"virtconsole"' in a for a in args)  # the extra virtio console
+        # Salt's cpu dict and clock reached QEMU: CPU model, topology, guest clock in host local time
+        assert args[args.index("-cpu") + 1].startswith("qemu64")
+        assert args[args.index("-smp") + 1] == "2,sockets=1,dies=1,cores=2,threads=1"
+        assert args[args.index("-rtc") + 1].startswith("base=localtime")
         facts = domxml.feature_facts(v["virt.get_xml"]("uefi1"))
         assert facts["tpm"] == {"model": "tpm-crb", "version": "2.0"} and facts["firmware"]["efi"] is True
         # the extra serial port listens (TCP) on 127.0.0.1 of the hypervisor only (the lab's network namespace)
