@@ -324,7 +324,11 @@ def pending_restart(current_facts):
         out.append("nics")
     if {d["target"] for d in cfg["disks"]} != {d["target"] for d in live["disks"]}:
         out.append("disks")
-    out.extend(f for f in domxml.FEATURES if cfg["features"][f] != live["features"][f])
+    # a running VM's firmware (the autoselected OVMF) and CPU (its expanded features) are filled in by
+    # libvirt at start: only the definition tells what was asked for, so they are not compared here
+    out.extend(
+        f for f in domxml.FEATURES if f not in ("firmware", "cpu_model") and cfg["features"][f] != live["features"][f]
+    )
     return out
 
 

@@ -35,19 +35,15 @@ def free_port():
 def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_args):
     v = virt_hv
     port = free_port()
-    ret = v["virt.init"](
-        "uefi1",
-        {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}},
-        256,
-        disk=None,
-        nic=None,
-        seed=False,
-        boot=dict(boot_args, efi=True),
-        tpm=True,
-        serials=[{"type": "tcp", "port": port, "protocol": "raw"}],
-        consoles=[{"type": "pty"}],
-        clock={"utc": False, "timers": {"rtc": {"tickpolicy": "catchup"}}},
-    )
+    cpu = {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}}
+    shape = {
+        "boot": dict(boot_args, efi=True),
+        "tpm": True,
+        "serials": [{"type": "tcp", "port": port, "protocol": "raw"}],
+        "consoles": [{"type": "pty"}],
+        "clock": {"utc": False, "timers": {"rtc": {"tickpolicy": "catchup"}}},
+    }
+    ret = v["virt.init"]("uefi1", cpu, 256, disk=None, nic=None, seed=False, **shape)
     try:
         assert ret["state"] == "running"
         # OVMF ran the kernel's EFI stub: the guest's init prints its marker on ttyS0 (port 0, logged)
@@ -74,6 +70,9 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         # the extra serial port listens (TCP) on 127.0.0.1 of the hypervisor only (the lab's network namespace)
         listening = lab.run(["ip", "netns", "exec", hv1.netns, "ss", "-Hltn"]).stdout
         assert f"127.0.0.1:{port} " in listening, listening
+        # what libvirt filled in (the autoselected OVMF, its nvram) is no difference: nothing to update
+        same = v["virt.update"]("uefi1", cpu=cpu, mem=256, disk=None, nic=None, **shape)
+        assert same["changes"] == {} and same["pending_restart"] == [], same
     finally:
         v["virt.purge"]("uefi1")
 
