@@ -121,6 +121,7 @@ def init(
     tpm=None,
     clock=None,
     hypervisor_features=None,
+    numatune=None,
     **kwargs,
 ):
     """
@@ -178,6 +179,8 @@ def init(
         {rtc: {track: wall, tickpolicy: catchup}, hpet: {present: False}, ...}``.
     hypervisor_features
         ``{kvm-hint-dedicated: True, kvm-hidden: True}``.
+    numatune
+        ``{memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}`` (host NUMA nodes).
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported).

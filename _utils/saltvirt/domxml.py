@@ -51,6 +51,8 @@ def build(spec):
         dom.append(cpu(spec.cpu_model))
     if spec.memtune:
         dom.append(memtune(spec.memtune))
+    if spec.numatune:
+        dom.append(numatune(spec.numatune))
     if spec.clock:
         dom.append(clock(spec.clock))
     _sub(dom, "on_poweroff", "destroy")
@@ -131,6 +133,13 @@ def memtune(limits):
     for key in ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee"):
         if key in limits:
             _sub(el, key, limits[key], unit="MiB")
+    return el
+
+
+def numatune(n):
+    """``<numatune><memory mode nodeset/>``: the host NUMA nodes the guest's memory comes from."""
+    el = _el("numatune")
+    _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
     return el
 
 
@@ -493,6 +502,7 @@ FEATURES = (
     "hypervisor_features",
     "cpu_model",
     "memtune",
+    "numatune",
 )
 
 
@@ -550,6 +560,7 @@ def feature_facts(xml):
         "hypervisor_features": {f"kvm-{el.tag}": el.get("state") == "on" for el in root.findall("features/kvm/*")},
         "cpu_model": _cpu_facts(root.find("cpu")),
         "memtune": {el.tag: _mib(el) for el in root.findall("memtune/*")} or None,
+        "numatune": dict(root.find("numatune/memory").attrib) if root.find("numatune/memory") is not None else None,
     }
 
 
@@ -593,7 +604,7 @@ def replace_features(xml, new_xml, fields):
         for el in os_el.findall("boot"):
             os_el.remove(el)
         os_el.extend(new_os.findall("boot"))
-    for key, tag in (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune")):
+    for key, tag in (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune")):
         if key in fields:
             for el in root.findall(tag):
                 root.remove(el)

@@ -46,6 +46,7 @@ SPEC_ARGS = (
     "tpm",
     "clock",
     "hypervisor_features",
+    "numatune",
 )
 
 

@@ -110,6 +110,7 @@ class VMSpec:
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
     cpu_model: dict | None = None  # Salt's cpu dict (speckeys.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
+    numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
 
 
 def _named_entries(value, what):
@@ -336,6 +337,7 @@ def build(
     tpm=None,
     clock=None,
     hypervisor_features=None,
+    numatune=None,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -420,6 +422,7 @@ def build(
         hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
         cpu_model=cpu_model,
         memtune=memtune,
+        numatune=speckeys.numatune(numatune),
     )
 
 

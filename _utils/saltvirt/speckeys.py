@@ -477,3 +477,26 @@ def mem_detail(value):
     boot_mib = mib(value["boot"], "mem:boot")
     limits = {k: mib(value[k], f"mem:{k}") for k in MEM_KEYS[1:] if value.get(k) is not None}
     return boot_mib, limits or None
+
+
+NUMATUNE_KEYS = ("memory",)
+NUMATUNE_REFUSED = {
+    "memnodes": "numatune:memnodes needs guest NUMA cells (cpu:numa), which salt-virt does not build yet"
+}
+_NODESET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
+
+
+def numatune(value):
+    """Salt's ``numatune: {memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}``."""
+    if value in (None, "", {}):
+        return None
+    check_keys(value, "numatune", NUMATUNE_KEYS, NUMATUNE_REFUSED)
+    mem = value.get("memory") or {}
+    check_keys(mem, "numatune:memory", ("mode", "nodeset"))
+    mode = _choice(
+        mem.get("mode", "strict"), "numatune:memory:mode", ("strict", "interleave", "preferred", "restrictive")
+    )
+    nodeset = mem.get("nodeset")
+    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.match(str(nodeset)):
+        raise SaltInvocationError(f"numatune:memory:nodeset must be host NUMA nodes like 0-1,^3, got {nodeset!r}")
+    return {"mode": mode, "nodeset": str(nodeset)}

@@ -375,6 +375,7 @@ FEATURES = {
     "tpm": True,
     "clock": {"utc": False, "timers": {"rtc": {"track": "wall"}}},
     "hypervisor_features": {"kvm-hidden": True},
+    "numatune": {"memory": {"mode": "interleave", "nodeset": "0"}},
 }
 
 
@@ -386,7 +387,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
-    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 8
+    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 9
     facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["firmware"] == {"efi": True, "loader": None, "nvram": None, "secure_boot": False}
     assert facts["boot_dev"] == ["network", "hd"] and facts["stop_on_reboot"] is True
@@ -407,6 +408,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
         stop_on_reboot=False,
         clock={},
         hypervisor_features={"kvm-hidden": False},
+        numatune={"memory": {"mode": "strict", "nodeset": "0"}},
     )
     assert set(back["changes"]) == set(preview["changes"])
     facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))

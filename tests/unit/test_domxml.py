@@ -195,6 +195,7 @@ FEATURE_CASES = {
     ),
     "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
     "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
+    "numatune-strict": vm(numatune=spec.speckeys.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
     "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
 }
 
@@ -234,6 +235,7 @@ def test_feature_facts_from_spec_build():
         "hypervisor_features": {},
         "cpu_model": None,
         "memtune": None,
+        "numatune": None,
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"

@@ -162,6 +162,12 @@ HOSTILE += [
     ({"mem": {"boot": "1g", "max": "4g"}}, "mem:max is not supported by salt-virt yet"),
     ({"mem": {"boot": "1g", "current": "512m"}}, "mem:current is not supported by salt-virt yet"),
     ({"mem": {"boot": "1g", "hard_limt": "2g"}}, "did you mean 'hard_limit'"),
+    ({"numatune": {"memory": {"mode": "strict", "nodeset": "0'/><x"}}}, "numatune:memory:nodeset must be host NUMA"),
+    ({"numatune": {"memory": {"mode": "loose", "nodeset": "0"}}}, "numatune:memory:mode must be one of"),
+    ({"numatune": {"memory": {"mode": "strict"}}}, "numatune:memory:nodeset must be"),
+    ({"numatune": {"memory": {"placement": "auto", "nodeset": "0"}}}, "numatune:memory: unknown key 'placement'"),
+    ({"numatune": {"memnodes": {0: {"mode": "strict", "nodeset": "0"}}}}, "numatune:memnodes needs guest NUMA cells"),
+    ({"numatune": "0-1"}, "numatune must be a mapping"),
 ]
 
 
