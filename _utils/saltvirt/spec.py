@@ -326,7 +326,7 @@ def build(
     images_dir=DEFAULT_IMAGES_DIR,
     profiles=None,
     serial_log=True,
-    arch="x86_64",
+    arch=None,  # the host's (saltvirt.spec._host_arch)
     group=None,
     allowed_paths=(),
     boot_dev=None,
