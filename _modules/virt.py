@@ -115,6 +115,16 @@ def init(
     trusted_image=False,
     cloud_init=None,
     guest_agent=True,
+    boot_dev=None,
+    os_type=None,
+    arch=None,
+    stop_on_reboot=False,
+    serials=None,
+    consoles=None,
+    tpm=None,
+    clock=None,
+    hypervisor_features=None,
+    numatune=None,
     **kwargs,
 ):
     """
@@ -125,7 +135,10 @@ def init(
     name
         VM name (letters, digits, ``.``, ``_``, ``-``); also the new minion's id unless ``minion_id``.
     cpu / mem
-        vCPUs and memory in MiB.
+        vCPUs and memory in MiB; or Salt's dicts: ``cpu: {maximum, mode: custom|host-model|host-passthrough,
+        match, check, model: {name, fallback, vendor_id}, vendor, topology: {sockets, cores, threads},
+        features: {vmx: disable}}`` and ``mem: {boot: 1g, hard_limit, soft_limit, swap_hard_limit,
+        min_guarantee}`` (sizes in MiB or 512m/2g); their other keys are refused with the reason.
     image
         ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor
         inside ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
@@ -149,6 +162,28 @@ def init(
         ``{kernel, initrd, cmdline}`` for direct kernel boot. Kernel, initrd, ``disks[].path`` and
         ``serial_log`` must be inside ``virt:images`` (serial logs also in libvirt's log directory)
         or a directory the operator lists in ``virt:allowed_paths`` in the minion config.
+        UEFI: ``{efi: True}`` (libvirt picks the distribution's OVMF), ``{loader: <OVMF code>, nvram:
+        <variables template>}`` (paths inside virt:images, virt:allowed_paths, /usr/share/OVMF or
+        /usr/share/qemu), ``secure_boot: True`` (OVMF's secure-boot build with enrolled keys, q35, SMM).
+    boot_dev
+        boot order without a kernel, Salt's ``"hd cdrom network"`` (also ``fd``); default ``hd``.
+    os_type / arch
+        ``hvm`` / the host's architecture only (Salt's values; anything else is refused).
+    stop_on_reboot
+        the VM stops instead of rebooting (``<on_reboot>destroy``).
+    serials / consoles
+        extra serial ports (after the logged serial console on port 0) / virtio consoles: a list of
+        ``{type: pty}`` or ``{type: tcp, port: 4555, protocol: telnet|raw, host: 127.0.0.1}`` (TCP ones
+        listen on 127.0.0.1 unless ``host`` names an address).
+    tpm
+        ``True``: a TPM 2.0 (tpm-crb) emulated by swtpm; or ``{model: tpm-crb|tpm-tis, version: "2.0"|"1.2"}``.
+    clock
+        Salt's ``{utc: False}``, ``{timezone: Europe/Paris}``, ``{adjustment: 3600}`` and ``timers:
+        {rtc: {track: wall, tickpolicy: catchup}, hpet: {present: False}, ...}``.
+    hypervisor_features
+        ``{kvm-hint-dedicated: True, kvm-hidden: True}``.
+    numatune
+        ``{memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}`` (host NUMA nodes).
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported). ``cloud-init``: write

@@ -92,15 +92,6 @@ def master_opts(opts):
 VTYPES = ("kvm", "qemu", "test")
 # Salt's virt.init arguments salt-virt accepts when they have the value meaning "Salt's default"
 SALT_DEFAULTS = {
-    "os_type": ("hvm",),
-    "arch": ("x86_64",),
-    "boot_dev": ("hd",),
-    "stop_on_reboot": (False,),
-    "numatune": (None,),
-    "hypervisor_features": (None,),
-    "clock": (None,),
-    "serials": (None,),
-    "consoles": (None,),
     "host_devices": (None,),
     "username": (None,),
     "password": (None,),

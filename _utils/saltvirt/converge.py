@@ -22,9 +22,11 @@ from saltvirt import domxml, fsutil, images, intake, provision, voldisks
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
-FIELDS = ("cpu", "mem", "nics", "disks", "graphics")
+FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
 MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
+# firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
+MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=())
 
 
 # desired ------------------------------------------------------------------------------------------
@@ -236,7 +238,18 @@ def diff(desired, current_facts, manage=FIELDS):
         unlisted = sorted(t for t in have if t not in {d.target for d in desired.disks})
         if added or unlisted:
             changes["disks"] = {k: v for k, v in (("added", added), ("not_in_spec", unlisted)) if v}
+    changes.update(_diff_features(desired, cfg, manage))
     return changes
+
+
+def _diff_features(desired, cfg, manage):
+    """Firmware, boot order, on_reboot, extra serials/consoles, vTPM: as virt.init writes them vs the definition."""
+    want = domxml.feature_facts(domxml.build(desired))
+    return {
+        f: {"old": cfg["features"][f], "new": want[f]}
+        for f in domxml.FEATURES
+        if f in manage and want[f] != cfg["features"][f]
+    }
 
 
 def actionable(changes):
@@ -277,6 +290,9 @@ def steps(changes):
             vol = f"volume {disk['pool']}/{disk['volume']}"
             what = f"{vol} attached" if disk["attach"] else f"{disk['size']} MiB {vol}"
         out.append(("disk_added", disk, f"disk {disk['target']} ({what}) added"))
+    for f in domxml.FEATURES:
+        if f in changes:
+            out.append((f, changes[f], f"{f} {changes[f]['old']} -> {changes[f]['new']}"))
     return out
 
 
@@ -323,6 +339,11 @@ def pending_restart(current_facts):
         out.append("nics")
     if {d["target"] for d in cfg["disks"]} != {d["target"] for d in live["disks"]}:
         out.append("disks")
+    # a running VM's firmware (the autoselected OVMF) and CPU (its expanded features) are filled in by
+    # libvirt at start: only the definition tells what was asked for, so they are not compared here
+    out.extend(
+        f for f in domxml.FEATURES if f not in ("firmware", "cpu_model") and cfg["features"][f] != live["features"][f]
+    )
     return out
 
 
@@ -356,6 +377,20 @@ def _redefine(conn, dom, desired, changes, created):
     created["nics"] = domxml.new_interfaces(new_xml, kept)
     created["disks"] = domxml.disks_by_target(new_xml)
     return dom
+
+
+def _redefine_features(conn, dom, desired, fields):
+    """Firmware, boot order, on_reboot, extra serials/consoles and the vTPM into the persistent
+    definition, as :func:`saltvirt.domxml.build` writes them for the desired spec."""
+    secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
+    try:
+        xml = domxml.replace_features(
+            dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure), domxml.build(desired), fields
+        )
+    except ValueError as exc:
+        raise SaltInvocationError(f"cannot update VM {desired.name!r}: {exc}; recreate it to change that") from None
+    with lv_errors(f"redefine VM {desired.name!r}"):
+        return conn.defineXML(xml)
 
 
 def _make_disks(desired, changes, uuid, conn=None):
@@ -421,6 +456,8 @@ def _live(dom, kind, item, created):
         dom.setMemoryFlags(item["new"] * 1024, live_flag)
     elif kind == "graphics":
         raise _NotLive("graphics change at the next start")
+    elif kind in domxml.FEATURES:
+        raise _NotLive("needs restart")
     elif kind in ("nic_removed", "nic_changed"):
         el = domxml.interface_by_mac(dom.XMLDesc(0), item["mac"])
         if el is None:
@@ -454,6 +491,9 @@ def apply(conn, dom, desired, changes):
         if "mem" in changes:
             dom.setMemoryFlags(desired.mem * 1024, cfg | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
             dom.setMemoryFlags(desired.mem * 1024, cfg)
+    feats = [f for f in domxml.FEATURES if f in changes]
+    if feats:
+        dom = _redefine_features(conn, dom, desired, feats)
     created = {"nics": [], "disks": {}}
     if set(changes) & {"graphics", "nics", "disks"}:
         made = _make_disks(desired, changes, dom.UUIDString(), conn)
@@ -493,6 +533,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         for f in FIELDS
         if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
     ]
+    manage += [f for f, v in (("cpu_model", cpu), ("memtune", mem)) if isinstance(v, dict)]  # Salt's dict forms
     args = dict(init_args)
     if "nics" not in manage:
         args.update(nic=None, interfaces=None)

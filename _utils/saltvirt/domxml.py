@@ -46,21 +46,18 @@ def build(spec):
     _sub(dom, "currentMemory", spec.mem, unit="MiB")
     _sub(dom, "vcpu", spec.cpu)
     _metadata(dom, spec)
-    os_el = _sub(dom, "os")
-    _sub(os_el, "type", "hvm", arch=spec.arch)
-    if spec.boot and spec.boot.kernel:
-        _sub(os_el, "kernel", spec.boot.kernel)
-        if spec.boot.initrd:
-            _sub(os_el, "initrd", spec.boot.initrd)
-        if spec.boot.cmdline:
-            _sub(os_el, "cmdline", spec.boot.cmdline)
-    else:
-        _sub(os_el, "boot", dev="hd")
-    features = _sub(dom, "features")
-    _sub(features, "acpi")
-    _sub(features, "apic")
+    dom.append(os_config(spec))
+    dom.append(features(spec))
+    if spec.cpu_model:
+        dom.append(cpu(spec.cpu_model))
+    if spec.memtune:
+        dom.append(memtune(spec.memtune))
+    if spec.numatune:
+        dom.append(numatune(spec.numatune))
+    if spec.clock:
+        dom.append(clock(spec.clock))
     _sub(dom, "on_poweroff", "destroy")
-    _sub(dom, "on_reboot", "restart")
+    _sub(dom, "on_reboot", "destroy" if spec.stop_on_reboot else "restart")
     _sub(dom, "on_crash", "destroy")
     devices = _sub(dom, "devices")
     devices.extend(disk(d) for d in spec.disks)
@@ -68,9 +65,93 @@ def build(spec):
     devices.extend([serial(spec.serial_log), console()])
     if spec.guest_agent:
         devices.append(guest_agent_channel())
+    devices.extend(chardev("serial", c, port) for port, c in enumerate(spec.serials, start=1))
+    devices.extend(chardev("console", c, port) for port, c in enumerate(spec.consoles, start=1))
+    if spec.tpm:
+        devices.append(tpm(spec.tpm))
     if spec.graphics:
         devices.extend([graphics(spec.graphics), video(), tablet()])
     return ET.tostring(dom, encoding="unicode")
+
+
+def os_config(spec):
+    """``<os>``: architecture, machine, firmware (BIOS, UEFI autoselected or a given OVMF), direct
+    kernel boot or the boot order. Secure boot needs q35 (OVMF's SMM build)."""
+    b = spec.boot
+    secure = bool(b and b.secure_boot)
+    el = _el("os", firmware="efi" if b and b.efi else None)
+    _sub(el, "type", "hvm", arch=spec.arch, machine="q35" if secure else None)
+    if b and b.efi and secure:
+        fw = _sub(el, "firmware")
+        _sub(fw, "feature", enabled="yes", name="enrolled-keys")
+        _sub(fw, "feature", enabled="yes", name="secure-boot")
+    if b and b.loader:
+        _sub(el, "loader", b.loader, readonly="yes", secure="yes" if secure else None, type="pflash")
+        if b.nvram:
+            _sub(el, "nvram", template=b.nvram)
+    if b and b.kernel:
+        _sub(el, "kernel", b.kernel)
+        if b.initrd:
+            _sub(el, "initrd", b.initrd)
+        if b.cmdline:
+            _sub(el, "cmdline", b.cmdline)
+    else:
+        for dev in spec.boot_dev or ["hd"]:
+            _sub(el, "boot", dev=dev)
+    return el
+
+
+def features(spec):
+    """``<features>``: ACPI, APIC, and SMM for secure boot."""
+    el = _el("features")
+    _sub(el, "acpi")
+    _sub(el, "apic")
+    if spec.boot and spec.boot.secure_boot:
+        _sub(el, "smm", state="on")
+    if spec.hypervisor_features:
+        kvm = _sub(el, "kvm")
+        for name, on in sorted(spec.hypervisor_features.items()):
+            _sub(kvm, name.removeprefix("kvm-"), state="on" if on else "off")
+    return el
+
+
+def cpu(c):
+    """``<cpu>`` from Salt's cpu dict (speckeys.cpu_detail): mode, match, check, model, vendor, topology, features."""
+    el = _el("cpu", mode=c["mode"], match=c.get("match"), check=c.get("check"))
+    if c.get("model"):
+        m = c["model"]
+        _sub(el, "model", m["name"], fallback=m.get("fallback"), vendor_id=m.get("vendor_id"))
+    if c.get("vendor"):
+        _sub(el, "vendor", c["vendor"])
+    if c.get("topology"):
+        _sub(el, "topology", **c["topology"])
+    for name, policy in sorted(c["features"].items()):
+        _sub(el, "feature", policy=policy, name=name)
+    return el
+
+
+def memtune(limits):
+    """``<memtune>`` with the limits (MiB) of Salt's mem dict."""
+    el = _el("memtune")
+    for key in ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee"):
+        if key in limits:
+            _sub(el, key, limits[key], unit="MiB")
+    return el
+
+
+def numatune(n):
+    """``<numatune><memory mode nodeset/>``: the host NUMA nodes the guest's memory comes from."""
+    el = _el("numatune")
+    _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
+    return el
+
+
+def clock(c):
+    """``<clock>`` (speckeys.clock) with its ``<timer>`` elements."""
+    el = _el("clock", **{k: v for k, v in c.items() if k != "timers"})
+    for t in c["timers"]:
+        _sub(el, "timer", **t)
+    return el
 
 
 # one builder per device: an Element, exactly as build() writes it for a new VM --------------------
@@ -130,6 +211,27 @@ def guest_agent_channel():
     A guest without the agent just leaves it unused; libvirt reports ``state='connected'`` once it runs."""
     el = _el("channel", type="unix")
     _sub(el, "target", type="virtio", name=GUEST_AGENT)
+    return el
+
+
+def chardev(kind, c, port):
+    """An extra ``<serial>`` / ``<console>`` (Salt's serials/consoles entry, checked by speckeys.chardevs)
+    at ``port`` (the serial console is port 0); a TCP one listens on its host (telnet or raw)."""
+    el = _el(kind, type=c["type"])
+    if c["type"] == "tcp":
+        _sub(el, "source", mode="bind", host=c["host"], service=c["port"])
+        _sub(el, "protocol", type=c["protocol"])
+    if kind == "serial":
+        _sub(el, "target", port=port)
+    else:
+        _sub(el, "target", type=c["target_type"], port=port)
+    return el
+
+
+def tpm(t):
+    """A vTPM emulated by swtpm (libvirt starts it, its state lives below /var/lib/libvirt/swtpm)."""
+    el = _el("tpm", model=t["model"])
+    _sub(el, "backend", type="emulator", version=t["version"])
     return el
 
 
@@ -408,7 +510,174 @@ def parse_for_compare(xml):
         src = el.find("source")
         if src is not None and nic["type"] in ("bridge", "network"):
             nic["source"] = src.get(nic["type"]) or nic["source"]
+    facts["features"] = feature_facts(xml)
     passwds = [g.get("passwd") for g in root.findall("devices/graphics")]
     for g, pw in zip(facts["graphics"], passwds, strict=True):
         g["passwd"] = pw
     return facts
+
+
+# firmware, boot order, extra chardevs, vTPM: read to compare, replaced in a definition ------------------
+FEATURES = (
+    "firmware",
+    "boot_dev",
+    "stop_on_reboot",
+    "serials",
+    "consoles",
+    "tpm",
+    "clock",
+    "hypervisor_features",
+    "cpu_model",
+    "memtune",
+    "numatune",
+)
+
+
+def _chardev_facts(el):
+    src, proto = el.find("source"), el.find("protocol")
+    out = {"type": el.get("type")}
+    if el.get("type") == "tcp" and src is not None:
+        out.update(
+            host=src.get("host"),
+            port=_int(src.get("service"), None),
+            protocol=proto.get("type") if proto is not None else "raw",
+        )
+    return out
+
+
+def _port(el):
+    target = el.find("target")
+    return _int(target.get("port"), 0) if target is not None else 0
+
+
+def feature_facts(xml):
+    """The firmware, boot order, on_reboot action, extra serial ports (port >= 1), virtio consoles and
+    vTPM of domain XML, normalized so what libvirt reads back equals what :func:`build` wrote."""
+    root = ET.fromstring(xml)
+    os_el = root.find("os")
+    if os_el is None:
+        os_el = ET.Element("os")
+    loader = os_el.find("loader")
+    nvram = os_el.find("nvram")
+    autoselected = os_el.get("firmware") == "efi"
+    fw_secure = os_el.find("firmware/feature[@name='secure-boot']")
+    secure = (fw_secure is not None and fw_secure.get("enabled") == "yes") or (
+        loader is not None and loader.get("secure") == "yes"
+    )
+    own_loader = loader is not None and not autoselected and (loader.text or "").strip()
+    serials = [el for el in root.findall("devices/serial") if _port(el) >= 1]
+    consoles = [el for el in root.findall("devices/console") if el.find("target[@type='virtio']") is not None]
+    tpm_el = root.find("devices/tpm")
+    backend = tpm_el.find("backend") if tpm_el is not None else None
+    return {
+        "firmware": {
+            "efi": autoselected or bool(own_loader),
+            "loader": own_loader or None,
+            "nvram": nvram.get("template") if own_loader and nvram is not None else None,
+            "secure_boot": secure,
+        },
+        "boot_dev": [b.get("dev") for b in os_el.findall("boot")],
+        "stop_on_reboot": root.findtext("on_reboot") == "destroy",
+        "serials": [_chardev_facts(el) for el in serials],
+        "consoles": [_chardev_facts(el) for el in consoles],
+        "tpm": {"model": tpm_el.get("model"), "version": backend.get("version") if backend is not None else None}
+        if tpm_el is not None
+        else None,
+        "clock": _clock_facts(root.find("clock")),
+        "hypervisor_features": {f"kvm-{el.tag}": el.get("state") == "on" for el in root.findall("features/kvm/*")},
+        "cpu_model": _cpu_facts(root.find("cpu")),
+        "memtune": {el.tag: _mib(el) for el in root.findall("memtune/*")} or None,
+        "numatune": dict(root.find("numatune/memory").attrib) if root.find("numatune/memory") is not None else None,
+    }
+
+
+def _cpu_facts(el):
+    """``<cpu>`` as speckeys.cpu_detail writes it, without what libvirt adds on define (check, match
+    exact, fallback allow, dies)."""
+    if el is None:
+        return None
+    out = {"mode": el.get("mode", "custom")}
+    if el.get("match") not in (None, "exact"):  # libvirt writes its default (exact) back
+        out["match"] = el.get("match")
+    model = el.find("model")
+    if model is not None and (model.text or "").strip():
+        out["model"] = {"name": model.text.strip(), **{k: v for k, v in model.attrib.items() if k != "fallback"}}
+        if model.get("fallback") not in (None, "allow"):
+            out["model"]["fallback"] = model.get("fallback")
+    if el.findtext("vendor"):
+        out["vendor"] = el.findtext("vendor")
+    topo = el.find("topology")
+    if topo is not None:
+        out["topology"] = {k: _int(topo.get(k), 1) for k in ("sockets", "cores", "threads")}
+    out["features"] = {f.get("name"): f.get("policy", "require") for f in el.findall("feature")}
+    return out
+
+
+def _clock_facts(el):
+    """``<clock>``'s attributes and timers; None for libvirt's default (UTC, no timers: what it reads back)."""
+    if el is None or (dict(el.attrib) == {"offset": "utc"} and not el.findall("timer")):
+        return None
+    return {**el.attrib, "timers": [dict(t.attrib) for t in el.findall("timer")]}
+
+
+def replace_features(xml, new_xml, fields):
+    """Domain XML ``xml`` with the elements of ``fields`` (of :data:`FEATURES`) taken from ``new_xml``
+    (what :func:`build` writes for the desired spec); everything else is kept as it is."""
+    root, new = ET.fromstring(xml), ET.fromstring(new_xml)
+    os_el, new_os = root.find("os"), new.find("os")
+    if "firmware" in fields:
+        _replace_firmware(root, new)
+    if "boot_dev" in fields:
+        for el in os_el.findall("boot"):
+            os_el.remove(el)
+        os_el.extend(new_os.findall("boot"))
+    for key, tag in (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune")):
+        if key in fields:
+            for el in root.findall(tag):
+                root.remove(el)
+            root.extend(new.findall(tag))
+    if "hypervisor_features" in fields and root.find("features") is not None:
+        for el in root.findall("features/kvm"):
+            root.find("features").remove(el)
+        root.find("features").extend(new.findall("features/kvm"))
+    if "stop_on_reboot" in fields:
+        on_reboot = root.find("on_reboot")
+        if on_reboot is None:
+            on_reboot = _sub(root, "on_reboot")
+        on_reboot.text = new.findtext("on_reboot")
+    devices, new_devices = root.find("devices"), new.find("devices")
+    pick = {
+        "serials": lambda d: [el for el in d.findall("serial") if _port(el) >= 1],
+        "consoles": lambda d: [el for el in d.findall("console") if el.find("target[@type='virtio']") is not None],
+        "tpm": lambda d: d.findall("tpm"),
+    }
+    for key, find in pick.items():
+        if key in fields:
+            for el in find(devices):
+                devices.remove(el)
+            devices.extend(find(new_devices))
+    return ET.tostring(root, encoding="unicode")
+
+
+def _replace_firmware(root, new):
+    """``<os>``'s firmware attribute, ``<firmware>``, ``<loader>``, ``<nvram>`` and ``<features><smm>``
+    from ``new``; ValueError when that needs another machine type (secure boot: q35)."""
+    os_el, new_os = root.find("os"), new.find("os")
+    old_machine = os_el.find("type").get("machine") or ""
+    if new_os.find("type").get("machine") == "q35" and "q35" not in old_machine:
+        raise ValueError(f"secure boot needs machine type q35 and this VM is {old_machine or 'i440fx'}")
+    os_el.attrib.pop("firmware", None)
+    if new_os.get("firmware"):
+        os_el.set("firmware", new_os.get("firmware"))
+    for tag in ("firmware", "loader", "nvram"):
+        for el in os_el.findall(tag):
+            os_el.remove(el)
+    for i, tag in enumerate(("firmware", "loader", "nvram")):
+        for el in new_os.findall(tag):
+            os_el.insert(1 + i, el)
+    feats = root.find("features")
+    if feats is None:
+        feats = _sub(root, "features")
+    for el in feats.findall("smm"):
+        feats.remove(el)
+    feats.extend(new.findall("features/smm"))

@@ -39,6 +39,16 @@ SPEC_ARGS = (
     "boot",
     "serial_log",
     "group",
+    "boot_dev",
+    "os_type",
+    "arch",
+    "stop_on_reboot",
+    "serials",
+    "consoles",
+    "tpm",
+    "clock",
+    "hypervisor_features",
+    "numatune",
 )
 
 

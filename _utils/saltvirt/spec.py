@@ -21,6 +21,7 @@ Config (minion config, grains or pillar through ``config.get``)::
 
 import copy
 import os
+import platform
 import re
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ DEFAULT_NICS = [{"name": "eth0", "type": "bridge", "source": "br0", "model": "vi
 DEFAULT_DISKS = [{"name": "system"}]  # from the image; without an image: a blank disk of this size
 DEFAULT_BLANK_DISK_MIB = 8192
 NIC_TYPES = ("bridge", "network", "direct")
+FIRMWARE_DIRS = ("/usr/share/OVMF", "/usr/share/qemu")  # the distribution's UEFI firmware (boot:loader/nvram)
 DISK_BUSES = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
 # the NoCloud seed volume (cloud_init=...): a read-only CD-ROM on SATA (libvirt adds the AHCI controller on
 # i440fx and q35 alike; IDE does not exist on q35), present in the definition until the first start
@@ -79,6 +81,10 @@ class Boot:
     kernel: str | None = None
     initrd: str | None = None
     cmdline: str | None = None
+    efi: bool = False  # UEFI firmware: libvirt picks the distribution's OVMF (<os firmware='efi'>) unless loader
+    loader: str | None = None  # path of the OVMF code (pflash)
+    nvram: str | None = None  # template of the UEFI variables (the VM's own copy is libvirt's)
+    secure_boot: bool = False  # OVMF with secure boot (machine q35 and SMM)
 
 
 @dataclass
@@ -101,6 +107,16 @@ class VMSpec:
     # cloud_init= as saltvirt.speckeys.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
+    boot_dev: list | None = None  # boot order (["hd", "cdrom", "network"]); None: hd, or the kernel given in boot
+    stop_on_reboot: bool = False
+    serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): speckeys.chardevs
+    consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
+    tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
+    clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
+    hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
+    cpu_model: dict | None = None  # Salt's cpu dict (speckeys.cpu_detail): mode, model, topology, features
+    memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
+    numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
 
 
 def _named_entries(value, what):
@@ -321,11 +337,20 @@ def build(
     images_dir=DEFAULT_IMAGES_DIR,
     profiles=None,
     serial_log=True,
-    arch="x86_64",
+    arch=None,  # the host's (saltvirt.spec._host_arch)
     group=None,
     allowed_paths=(),
     cloud_init=None,
     guest_agent=True,
+    boot_dev=None,
+    os_type=None,
+    stop_on_reboot=False,
+    serials=None,
+    consoles=None,
+    tpm=None,
+    clock=None,
+    hypervisor_features=None,
+    numatune=None,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -334,6 +359,10 @@ def build(
     call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
     """
     name = validate.vm_name(name)
+    cpu, cpu_model = speckeys.cpu_detail(cpu)
+    if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
+        raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
+    mem, memtune = speckeys.mem_detail(mem)
     cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
@@ -368,11 +397,17 @@ def build(
         )
 
     boot_obj = None
+    boot_devs = speckeys.boot_dev(boot_dev)
+    if speckeys.boot(boot) and boot_devs and boot.get("kernel"):
+        raise SaltInvocationError("boot_dev has no effect with a direct kernel boot (boot:kernel): give one of them")
     if speckeys.boot(boot):
         for key in ("kernel", "initrd"):
             if boot.get(key):
                 validate.confined(boot[key], f"boot:{key}", roots)
         boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
+        _firmware(boot_obj, boot, roots)
+    speckeys.os_type(os_type)
+    arch = _host_arch(arch)
 
     if serial_log is True:
         serial_log = os.path.join(SERIAL_LOG_DIR, f"{name}-serial.log")
@@ -396,6 +431,16 @@ def build(
         group=validate.vm_name(group, "group") if group else None,
         cloud_init=cloud,
         guest_agent=validate.to_bool(guest_agent),
+        boot_dev=boot_devs,
+        stop_on_reboot=speckeys.flag(stop_on_reboot, "stop_on_reboot") if stop_on_reboot is not None else False,
+        serials=speckeys.chardevs(serials, "serials"),
+        consoles=speckeys.chardevs(consoles, "consoles"),
+        tpm=speckeys.tpm(tpm),
+        clock=speckeys.clock(clock),
+        hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
+        cpu_model=cpu_model,
+        memtune=memtune,
+        numatune=speckeys.numatune(numatune),
     )
 
 
@@ -415,3 +460,32 @@ def cidata_disk(spec):
     if spec.cloud_init is None:
         return None
     return next((d for d in spec.disks if d.name == CIDATA_DISK["name"] and d.device == "cdrom"), None)
+
+
+def _host_arch(arch):
+    """The guest architecture: the host's own (TCG emulation of another one is not offered)."""
+    host = platform.machine()
+    if arch in (None, "", host):
+        return host
+    raise SaltInvocationError(
+        f"arch={arch!r} is not supported: salt-virt runs guests of the host's architecture ({host}) only; "
+        "leave arch out"
+    )
+
+
+def _firmware(boot_obj, boot, roots):
+    """boot:efi/loader/nvram/secure_boot into ``boot_obj``: firmware paths only from virt:images,
+    virt:allowed_paths or the distribution's firmware directories (:data:`FIRMWARE_DIRS`)."""
+    hint = f"virt:images, virt:allowed_paths, {', '.join(FIRMWARE_DIRS)}"
+    for key in ("loader", "nvram"):
+        if boot.get(key):
+            setattr(boot_obj, key, validate.confined(boot[key], f"boot:{key}", (*roots, *FIRMWARE_DIRS), hint))
+    efi = boot.get("efi")
+    efi = None if efi is None else speckeys.flag(efi, "boot:efi")
+    secure = speckeys.flag(boot.get("secure_boot", False), "boot:secure_boot")
+    if efi is False and (boot_obj.loader or secure):
+        raise SaltInvocationError("boot:efi is False but boot:loader or boot:secure_boot asks for UEFI: drop one")
+    if boot_obj.nvram and not boot_obj.loader:
+        raise SaltInvocationError("boot:nvram (the UEFI variables template) goes with boot:loader (the OVMF code)")
+    boot_obj.secure_boot = secure
+    boot_obj.efi = bool(efi or secure) and not boot_obj.loader

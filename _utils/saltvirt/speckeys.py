@@ -22,7 +22,7 @@ NIC_SHORTHAND = ("bridge", "network", "direct", "eth")  # classic profile spelli
 DISK_KEYS = ("name", "size", "format", "path", "image", "overlay", "bus", "device", "target", "pool")
 DISK_ALIASES = {"model": "bus", "overlay_image": "overlay", "source_file": "path"}  # Salt's names -> ours
 DISK_INTERNAL = ("default_size",)
-BOOT_KEYS = ("kernel", "initrd", "cmdline")
+BOOT_KEYS = ("kernel", "initrd", "cmdline", "loader", "nvram", "efi", "secure_boot")
 
 _NOT_YET = "is not supported by salt-virt yet"
 GRAPHICS_REFUSED = {"tls_port": f"graphics:tls_port (SPICE over TLS) {_NOT_YET}; leave it out"}
@@ -37,12 +37,7 @@ DISK_REFUSED = {
     "io": f"disks:io {_NOT_YET}: leave it out (libvirt's default I/O mode is used)",
     "iothread_id": f"disks:iothread_id {_NOT_YET}: leave it out",
 }
-BOOT_REFUSED = {
-    "loader": f"boot:loader (UEFI firmware) {_NOT_YET}: boot with the default BIOS or a kernel/initrd",
-    "nvram": f"boot:nvram (UEFI variables) {_NOT_YET}",
-    "efi": f"boot:efi (UEFI firmware) {_NOT_YET}",
-    "secure_boot": f"boot:secure_boot {_NOT_YET}",
-}
+BOOT_REFUSED = {}
 
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
 _SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
@@ -184,6 +179,12 @@ def boot(value):
             validate.absolute_path(value[key], f"boot:{key}")
     if value.get("cmdline") is not None:
         _plain_text(value["cmdline"], "boot:cmdline")
+    for key in ("loader", "nvram"):
+        if value.get(key):
+            validate.absolute_path(value[key], f"boot:{key}")
+    for key in ("efi", "secure_boot"):
+        if value.get(key) is not None:
+            flag(value[key], f"boot:{key}")
     return value
 
 
@@ -332,3 +333,310 @@ def _ip(value, what):
         return str(ipaddress.ip_address(str(value)))
     except ValueError:
         raise SaltInvocationError(f"{what} must be an IP address, got {value!r}") from None
+
+
+# the domain's firmware, boot order, serial ports, consoles, TPM (saltvirt.spec builds them) ----------
+BOOT_DEVS = ("hd", "cdrom", "network", "fd")
+CHARDEV_KEYS = ("type", "host", "port", "protocol", "target_type")
+CHARDEV_REFUSED = {
+    "path": "a file, device, pipe or socket source is not supported by salt-virt: use type pty or tcp",
+    "tls": f"chardev tls (TLS for TCP serial ports) {_NOT_YET}: leave it out",
+    "target_port": "target_port is chosen by salt-virt (the serial console is port 0, extra ones follow): leave it out",
+}
+CHARDEV_TYPES = ("pty", "tcp")
+TPM_KEYS = ("model", "version")
+TPM_MODELS = ("tpm-crb", "tpm-tis")
+
+
+def flag(value, what):
+    """A strict boolean: True/False, or yes/no/true/false/on/off/1/0 as text (anything else is refused)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        return validate.to_bool(value)
+    raise SaltInvocationError(f"{what} must be true or false, got {value!r}")
+
+
+def boot_dev(value):
+    """Salt's ``boot_dev`` ("hd cdrom network", or a list) -> a list of boot devices, or None."""
+    if value in (None, ""):
+        return None
+    items = value.split() if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise SaltInvocationError(f"boot_dev must be a space separated list like 'hd cdrom network', got {value!r}")
+    out = []
+    for item in items:
+        if item not in BOOT_DEVS:
+            raise SaltInvocationError(f"boot_dev: {item!r} is not a boot device (one of {', '.join(BOOT_DEVS)})")
+        if item in out:
+            raise SaltInvocationError(f"boot_dev: {item!r} is given twice")
+        out.append(item)
+    return out
+
+
+def os_type(value):
+    if value in (None, "", "hvm"):
+        return "hvm"
+    raise SaltInvocationError(
+        f"os_type={value!r} is not supported: salt-virt runs full virtualization (hvm) guests only; leave os_type out"
+    )
+
+
+def chardevs(value, what):
+    """Salt's ``serials`` / ``consoles``: a list of {type: pty|tcp, host, port, protocol, target_type}."""
+    if value in (None, "", []):
+        return []
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise SaltInvocationError(f"{what} must be a list of mappings like {{type: pty}}, got {value!r}")
+    out = []
+    for i, entry in enumerate(value):
+        where = f"{what}[{i}]"
+        check_keys(entry, where, CHARDEV_KEYS, CHARDEV_REFUSED)
+        ctype = entry.get("type", "pty")
+        if ctype not in CHARDEV_TYPES:
+            raise SaltInvocationError(f"{where}:type must be one of {', '.join(CHARDEV_TYPES)}, got {ctype!r}")
+        item = {"type": ctype}
+        if ctype == "tcp":
+            port = entry.get("port")
+            try:
+                port = int(str(port).strip()) if not isinstance(port, bool) else None
+            except (TypeError, ValueError):
+                port = None
+            if port is None or not 1 <= port <= 65535:
+                raise SaltInvocationError(f"{where}:port must be a TCP port 1-65535, got {entry.get('port')!r}")
+            protocol = entry.get("protocol", "telnet")
+            if protocol not in ("telnet", "raw"):
+                raise SaltInvocationError(f"{where}:protocol must be telnet or raw, got {protocol!r}")
+            # a serial port is a root shell for whoever connects: local unless a host is named
+            item.update(
+                port=port, protocol=protocol, host=listen_address(entry.get("host", "127.0.0.1"), f"{where}:host")
+            )
+        else:
+            for key in ("host", "port", "protocol"):
+                if entry.get(key) is not None:
+                    raise SaltInvocationError(f"{where}:{key} is for type tcp only (a pty has no {key})")
+        target = entry.get("target_type")
+        allowed = ("serial",) if what == "serials" else ("virtio",)  # the serial console (port 0) is always there
+        if target is not None and target not in allowed:
+            raise SaltInvocationError(f"{where}:target_type must be one of {', '.join(allowed)}, got {target!r}")
+        item["target_type"] = target or ("serial" if what == "serials" else "virtio")
+        out.append(item)
+    return out
+
+
+def tpm(value):
+    """``tpm``: True (a TPM 2.0 tpm-crb emulated by swtpm) or {model, version}; None/False: no TPM."""
+    if value in (None, "", False):
+        return None
+    if isinstance(value, (bool, str)):
+        if not flag(value, "tpm"):
+            return None
+        value = {}
+    check_keys(value, "tpm", TPM_KEYS)
+    model = value.get("model", "tpm-crb")
+    if model not in TPM_MODELS:
+        raise SaltInvocationError(f"tpm:model must be one of {', '.join(TPM_MODELS)}, got {model!r}")
+    version = str(value.get("version", "2.0"))
+    if version not in ("2.0", "1.2"):
+        raise SaltInvocationError(f"tpm:version must be 2.0 or 1.2, got {value.get('version')!r}")
+    if version == "1.2" and model == "tpm-crb":
+        raise SaltInvocationError("tpm: the tpm-crb model needs version 2.0 (use model tpm-tis for 1.2)")
+    return {"model": model, "version": version}
+
+
+CLOCK_KEYS = ("utc", "timezone", "adjustment", "timers")
+TIMER_NAMES = ("platform", "hpet", "kvmclock", "pit", "rtc", "tsc", "hypervclock")
+TIMER_KEYS = ("track", "tickpolicy", "frequency", "mode", "present")
+TIMER_REFUSED = {
+    k: f"clock:timers:<name>:{k} (catchup tuning) {_NOT_YET}: leave it out"
+    for k in ("catchup", "slew", "threshold", "limit")
+}
+_TIMER_VALUES = {
+    "track": ("boot", "guest", "wall", "realtime"),
+    "tickpolicy": ("delay", "catchup", "merge", "discard"),
+    "mode": ("auto", "native", "emulate", "paravirt", "smpsafe"),
+}
+_TIMEZONE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]{0,31}(/[A-Za-z0-9_+-]{1,32}){0,2}$")
+HYPERVISOR_FEATURES = ("kvm-hint-dedicated", "kvm-hidden")
+
+
+def clock(value):
+    """Salt's ``clock``: {utc, timezone, adjustment (seconds or reset), timers: {name: {...}}} -> the
+    attributes of ``<clock>`` and its ``<timer>`` elements, or None (libvirt's default, UTC)."""
+    if value in (None, ""):
+        return None
+    check_keys(value, "clock", CLOCK_KEYS)
+    utc = flag(value.get("utc", True), "clock:utc")
+    out = {"offset": "utc" if utc else "localtime", "timers": []}
+    if value.get("timezone") is not None:
+        tz = value["timezone"]
+        if not isinstance(tz, str) or not _TIMEZONE_RE.match(tz):
+            raise SaltInvocationError(f"clock:timezone must be a time zone name like Europe/Paris, got {tz!r}")
+        if value.get("adjustment") is not None or "utc" in value:
+            raise SaltInvocationError("clock:timezone goes alone (no utc or adjustment with it)")
+        out = {"offset": "timezone", "timezone": tz, "timers": []}
+    adj = value.get("adjustment")
+    if adj == "reset":
+        out["adjustment"] = "reset"
+    elif adj is not None:
+        if isinstance(adj, bool) or not re.fullmatch(r"-?\d{1,10}", str(adj).strip()):
+            raise SaltInvocationError(f"clock:adjustment must be a number of seconds or reset, got {adj!r}")
+        out.update(offset="variable", adjustment=int(str(adj).strip()), basis="utc" if utc else "localtime")
+    timers = value.get("timers") or {}
+    if not isinstance(timers, dict):
+        raise SaltInvocationError(f"clock:timers must map timer names to settings, got {timers!r}")
+    out["timers"] = [_timer(name, conf or {}) for name, conf in timers.items()]
+    return out
+
+
+def _timer(name, conf):
+    """One ``clock:timers`` entry, key by key."""
+    if name not in TIMER_NAMES:
+        raise unknown_key_error(name, "clock:timers", TIMER_NAMES)
+    where = f"clock:timers:{name}"
+    check_keys(conf, where, TIMER_KEYS, TIMER_REFUSED)
+    timer = {"name": name}
+    for key, allowed in _TIMER_VALUES.items():
+        if conf.get(key) is not None:
+            if conf[key] not in allowed:
+                raise SaltInvocationError(f"{where}:{key} must be one of {', '.join(allowed)}, got {conf[key]!r}")
+            timer[key] = conf[key]
+    if conf.get("frequency") is not None:
+        timer["frequency"] = validate.positive_int(conf["frequency"], f"{where}:frequency (Hz)")
+    if conf.get("present") is not None:
+        timer["present"] = "yes" if flag(conf["present"], f"{where}:present") else "no"
+    return timer
+
+
+def hypervisor_features(value):
+    """Salt's ``hypervisor_features`` ({kvm-hint-dedicated: True, kvm-hidden: True}) -> {name: bool}."""
+    if value in (None, "", {}):
+        return {}
+    check_keys(value, "hypervisor_features", HYPERVISOR_FEATURES)
+    return {k: flag(v, f"hypervisor_features:{k}") for k, v in value.items()}
+
+
+# cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
+CPU_KEYS = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")
+CPU_REFUSED = {
+    k: f"cpu:{k} {_NOT_YET}: leave it out"
+    for k in ("current", "placement", "cpuset", "tuning", "numa", "vcpus", "cache", "cache_mode")
+}
+CPU_MODEL_KEYS = ("name", "fallback", "vendor_id")
+TOPOLOGY_KEYS = ("sockets", "cores", "threads")
+MEM_KEYS = ("boot", "hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")
+MEM_REFUSED = {
+    k: f"mem:{k} {_NOT_YET}: leave it out" for k in ("current", "max", "slots", "hugepages", "nosharepages", "locked")
+}
+_CPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def _name(value, what):
+    if not isinstance(value, str) or not _CPU_NAME_RE.match(value):
+        raise SaltInvocationError(f"{what} must be a name like Skylake-Client or vmx, got {value!r}")
+    return value
+
+
+def _choice(value, what, allowed):
+    if value not in allowed:
+        raise SaltInvocationError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def cpu_detail(value):
+    """Salt's ``cpu`` dict -> ``(vCPUs, {<cpu> attributes/children})``; a number -> ``(number, None)``."""
+    if not isinstance(value, dict):
+        return value, None
+    check_keys(value, "cpu", CPU_KEYS, CPU_REFUSED)
+    if value.get("maximum") is None:
+        raise SaltInvocationError("cpu as a mapping needs maximum (the number of vCPUs)")
+    count = validate.positive_int(value["maximum"], "cpu:maximum", maximum=4096)
+    out = {"mode": _choice(value.get("mode", "custom"), "cpu:mode", ("custom", "host-model", "host-passthrough"))}
+    for key, allowed in (("match", ("minimum", "exact", "strict")), ("check", ("none", "partial", "full"))):
+        if value.get(key) is not None:
+            out[key] = _choice(value[key], f"cpu:{key}", allowed)
+    model = value.get("model")
+    if isinstance(model, str):
+        model = {"name": model}
+    if model is not None:
+        check_keys(model, "cpu:model", CPU_MODEL_KEYS)
+        out["model"] = {"name": _name(model.get("name"), "cpu:model:name")}
+        if model.get("fallback") is not None:
+            out["model"]["fallback"] = _choice(model["fallback"], "cpu:model:fallback", ("allow", "forbid"))
+        if model.get("vendor_id") is not None:
+            vid = model["vendor_id"]
+            if not isinstance(vid, str) or not re.fullmatch(r"[A-Za-z0-9]{12}", vid):
+                raise SaltInvocationError(f"cpu:model:vendor_id must be 12 letters or digits, got {vid!r}")
+            out["model"]["vendor_id"] = vid
+    if value.get("vendor") is not None:
+        out["vendor"] = _name(value["vendor"], "cpu:vendor")
+    if value.get("topology") is not None:
+        check_keys(value["topology"], "cpu:topology", TOPOLOGY_KEYS)
+        topo = {k: validate.positive_int(value["topology"].get(k, 1), f"cpu:topology:{k}") for k in TOPOLOGY_KEYS}
+        if topo["sockets"] * topo["cores"] * topo["threads"] != count:
+            raise SaltInvocationError(f"cpu:topology {topo} must multiply to cpu:maximum ({count})")
+        out["topology"] = topo
+    feats = value.get("features") or {}
+    if not isinstance(feats, dict):
+        raise SaltInvocationError(f"cpu:features must map feature names to a policy, got {feats!r}")
+    policies = ("force", "require", "optional", "disable", "forbid")
+    out["features"] = {
+        _name(k, "cpu:features name"): _choice(p, f"cpu:features:{k}", policies) for k, p in feats.items()
+    }
+    if out["mode"] != "custom" and ("model" in out or "vendor" in out):
+        raise SaltInvocationError(f"cpu:model and cpu:vendor go with mode custom, not {out['mode']}")
+    return count, out
+
+
+def mib(value, what):
+    """A size in MiB: a number (MiB) or Salt's ``512m``/``1g``/``1 GiB``."""
+    if isinstance(value, bool):
+        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
+    match = _SIZE_RE.match(str(value))
+    if not match:
+        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
+    number, unit = int(match.group(1)), (match.group(2) or "m").lower()
+    size = number * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
+    if size < 1 or size != int(size):
+        raise SaltInvocationError(f"{what} must be a whole number of MiB, got {value!r}")
+    return int(size)
+
+
+def mem_detail(value):
+    """Salt's ``mem`` dict -> ``(boot MiB, {memtune limits in MiB})``; a number -> ``(number, None)``."""
+    if not isinstance(value, dict):
+        return value, None
+    check_keys(value, "mem", MEM_KEYS, MEM_REFUSED)
+    if value.get("boot") is None:
+        raise SaltInvocationError("mem as a mapping needs boot (the memory in MiB, or 1g ...)")
+    boot_mib = mib(value["boot"], "mem:boot")
+    limits = {k: mib(value[k], f"mem:{k}") for k in MEM_KEYS[1:] if value.get(k) is not None}
+    return boot_mib, limits or None
+
+
+NUMATUNE_KEYS = ("memory",)
+NUMATUNE_REFUSED = {
+    "memnodes": "numatune:memnodes needs guest NUMA cells (cpu:numa), which salt-virt does not build yet"
+}
+_NODESET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
+
+
+def numatune(value):
+    """Salt's ``numatune: {memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}``."""
+    if value in (None, "", {}):
+        return None
+    check_keys(value, "numatune", NUMATUNE_KEYS, NUMATUNE_REFUSED)
+    mem = value.get("memory") or {}
+    check_keys(mem, "numatune:memory", ("mode", "nodeset"))
+    mode = _choice(
+        mem.get("mode", "strict"), "numatune:memory:mode", ("strict", "interleave", "preferred", "restrictive")
+    )
+    nodeset = mem.get("nodeset")
+    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.match(str(nodeset)):
+        raise SaltInvocationError(f"numatune:memory:nodeset must be host NUMA nodes like 0-1,^3, got {nodeset!r}")
+    return {"mode": mode, "nodeset": str(nodeset)}

@@ -363,3 +363,95 @@ def test_no_password_given_keeps_the_vms_own():
     assert converge.diff(spec_of(enable_vnc=True), have) == {}
     moved = converge.diff(spec_of(graphics={"type": "vnc", "listen": "127.0.0.2"}), have)
     assert moved["graphics"]["new"]["password"] is True  # listen changes, the password stays
+
+
+# firmware, boot order, on_reboot, extra serials/consoles, vTPM (issue #15) ----------------------------
+FEATURES = {
+    "boot": {"efi": True},
+    "boot_dev": "network hd",
+    "stop_on_reboot": True,
+    "serials": [{"type": "tcp", "port": 4555, "protocol": "raw"}],
+    "consoles": [{"type": "pty"}],
+    "tpm": True,
+    "clock": {"utc": False, "timers": {"rtc": {"track": "wall"}}},
+    "hypervisor_features": {"kvm-hidden": True},
+    "numatune": {"memory": {"mode": "interleave", "nodeset": "0"}},
+}
+
+
+def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
+    v = virt_test
+    v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
+    preview = v["virt.update"]("conv5", test=True, **FEATURES)
+    assert set(preview["changes"]) == set(domxml.FEATURES) - {"cpu_model", "memtune"}
+    assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
+    assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
+    done = v["virt.update"]("conv5", **FEATURES)
+    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 9
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
+    assert facts["firmware"] == {"efi": True, "loader": None, "nvram": None, "secure_boot": False}
+    assert facts["boot_dev"] == ["network", "hd"] and facts["stop_on_reboot"] is True
+    assert facts["serials"] == [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}]
+    assert facts["consoles"] == [{"type": "pty"}] and facts["tpm"] == {"model": "tpm-crb", "version": "2.0"}
+    assert v["virt.update"]("conv5", **FEATURES)["changes"] == {}  # converged
+    # only what is given is managed: the serial console (port 0) and its log stay
+    assert domxml.parse(v["virt.get_xml"]("conv5"))["serial_log"].endswith("conv5-serial.log")
+    assert facts["clock"] == {"offset": "localtime", "timers": [{"name": "rtc", "track": "wall"}]}
+    assert facts["hypervisor_features"] == {"kvm-hidden": True}
+    back = v["virt.update"](
+        "conv5",
+        boot={},
+        boot_dev="hd",
+        tpm=False,
+        serials=[],
+        consoles=[],
+        stop_on_reboot=False,
+        clock={},
+        hypervisor_features={"kvm-hidden": False},
+        numatune={"memory": {"mode": "strict", "nodeset": "0"}},
+    )
+    assert set(back["changes"]) == set(preview["changes"])
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
+    assert facts["tpm"] is None and facts["serials"] == [] and facts["firmware"]["efi"] is False
+    v["virt.undefine"]("conv5")
+
+
+def test_update_applies_salts_cpu_and_mem_dicts(virt_test):
+    v = virt_test
+    v["virt.init"]("conv8", 1, 64, nic=None, disk=None, start=False)
+    cpu = {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}}
+    mem = {"boot": "128m", "hard_limit": "1g"}
+    done = v["virt.update"]("conv8", cpu=cpu, mem=mem)
+    assert {"cpu", "mem", "cpu_model", "memtune"} <= set(done["changes"])
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv8"))
+    assert facts["cpu_model"]["topology"] == {"sockets": 1, "cores": 2, "threads": 1}
+    assert facts["cpu_model"]["model"] == {"name": "qemu64"} and facts["memtune"] == {"hard_limit": 1024}
+    info = v["virt.vm_info"]("conv8")["conv8"]
+    assert (info["cpu"], info["mem"]) == (2, 128)
+    assert v["virt.update"]("conv8", cpu=cpu, mem=mem)["changes"] == {}
+    assert v["virt.update"]("conv8", cpu=2, mem=128)["changes"] == {}  # plain numbers leave the details alone
+    v["virt.undefine"]("conv8")
+
+
+def test_secure_boot_on_an_i440fx_vm_is_refused_and_nothing_changes(virt_test):
+    v = virt_test
+    v["virt.init"]("conv6", 1, 64, nic=None, disk=None, start=False)
+    before = v["virt.get_xml"]("conv6")
+    with pytest.raises(SaltInvocationError, match="secure boot needs machine type q35.*recreate it"):
+        v["virt.update"]("conv6", boot={"efi": True, "secure_boot": True}, tpm=True)
+    assert v["virt.get_xml"]("conv6") == before
+    v["virt.undefine"]("conv6")
+
+
+def test_feature_changes_to_a_running_vm_need_a_restart(virt_test):
+    v = virt_test
+    v["virt.init"]("conv7", 1, 64, nic=None, disk=None, start=True)
+    plan = v["virt.update"]("conv7", tpm=True, stop_on_reboot=True, test=True)["plan"]
+    assert plan["live"] == [] and len(plan["restart"]) == 2
+    done = v["virt.update"]("conv7", tpm=True, stop_on_reboot=True)
+    assert (
+        all(r.endswith("(needs restart)") for r in done["applied"]["restart"]) and len(done["applied"]["restart"]) == 2
+    )
+    assert set(done["pending_restart"]) == {"tpm", "stop_on_reboot"}
+    v["virt.destroy"]("conv7")
+    v["virt.undefine"]("conv7")

@@ -196,3 +196,95 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
             "type": "pflash",
         }
     )
+
+
+# firmware, boot order, extra serial ports and consoles, vTPM (issue #15) ------------------------------
+FEATURE_CASES = {
+    "uefi-auto": vm(boot=spec.Boot(efi=True)),
+    "uefi-secure-boot-auto": vm(boot=spec.Boot(efi=True, secure_boot=True)),
+    "uefi-loader-nvram": vm(
+        boot=spec.Boot(loader="/usr/share/OVMF/OVMF_CODE_4M.fd", nvram="/usr/share/OVMF/OVMF_VARS_4M.fd")
+    ),
+    "uefi-loader-secure-boot": vm(
+        boot=spec.Boot(
+            loader="/usr/share/OVMF/OVMF_CODE_4M.ms.fd", nvram="/usr/share/OVMF/OVMF_VARS_4M.ms.fd", secure_boot=True
+        )
+    ),
+    "boot-dev-order": vm(boot_dev=["network", "cdrom", "hd"]),
+    "stop-on-reboot": vm(stop_on_reboot=True),
+    "serials-consoles": vm(
+        serials=[
+            {"type": "pty", "target_type": "serial"},
+            {"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "telnet", "target_type": "serial"},
+        ],
+        consoles=[{"type": "pty", "target_type": "virtio"}],
+    ),
+    "tpm-crb": vm(tpm={"model": "tpm-crb", "version": "2.0"}),
+    "clock-timers": vm(
+        clock=spec.speckeys.clock(
+            {
+                "utc": False,
+                "timers": {"rtc": {"track": "wall", "tickpolicy": "catchup"}, "hpet": {"present": False}},
+            }
+        )
+    ),
+    "clock-timezone": vm(clock=spec.speckeys.clock({"timezone": "Europe/Paris"})),
+    "clock-adjustment": vm(clock=spec.speckeys.clock({"adjustment": 3600})),
+    "cpu-custom-topology-features": vm(
+        cpu=4,
+        cpu_model=spec.speckeys.cpu_detail(
+            {
+                "maximum": 4,
+                "match": "exact",
+                "model": {"name": "qemu64", "fallback": "forbid"},
+                "topology": {"sockets": 1, "cores": 2, "threads": 2},
+                "features": {"vmx": "disable", "pdpe1gb": "optional"},
+            }
+        )[1],
+    ),
+    "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
+    "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
+    "numatune-strict": vm(numatune=spec.speckeys.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
+    "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FEATURE_CASES))
+def test_golden_features(golden, case):
+    """Each new element is its golden file, valid for libvirt's schema and what libvirt reads back."""
+    xml = domxml.build(FEATURE_CASES[case])
+    ours, libvirts = domxml.feature_facts(xml), domxml.feature_facts(golden(f"domxml/{case}", xml))
+    assert libvirts == ours
+
+
+def test_feature_facts_from_spec_build():
+    """What virt.init's arguments become, read back the way virt.update compares them."""
+    s = spec.build(
+        "f1",
+        1,
+        64,
+        disk=None,
+        nic=None,
+        images_dir="/v",
+        boot={"efi": "yes", "secure_boot": True},
+        serials=[{"type": "tcp", "port": "4555", "protocol": "raw"}],
+        consoles={"type": "pty"},
+        tpm=True,
+        stop_on_reboot="true",
+    )
+    facts = domxml.feature_facts(domxml.build(s))
+    assert facts == {
+        "firmware": {"efi": True, "loader": None, "nvram": None, "secure_boot": True},
+        "boot_dev": ["hd"],
+        "stop_on_reboot": True,
+        "serials": [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}],
+        "consoles": [{"type": "pty"}],
+        "tpm": {"model": "tpm-crb", "version": "2.0"},
+        "clock": None,
+        "hypervisor_features": {},
+        "cpu_model": None,
+        "memtune": None,
+        "numatune": None,
+    }
+    root = ET.fromstring(domxml.build(s))
+    assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"
