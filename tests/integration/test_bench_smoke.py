@@ -17,7 +17,7 @@ import pytest
 from tests.support.paths import ROOT
 
 BENCH = ROOT / "bench"
-SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst", "scale"]
+SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial"]
 
 pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 
@@ -117,3 +117,13 @@ def test_scale_runner_on_real_and_synthetic_fleets(quick_runs):
             assert r["seen"]["host"] and not r["seen"]["error"], r
     real = [r for r in res["rows"] if r["part"] == "real"]
     assert len(real) == 3 and all(r["wall"] and r["seen"] for r in real), real
+
+
+def test_tutorial_quick_creates_and_boots_one_vm(quick_runs):
+    # --quick: the busybox guest (no minion): the runner's timeline and the console's first line only
+    res = check(quick_runs["tutorial"])
+    (run,) = res["runs"]["single"]
+    assert run["rc"] == 0 and run["started"] and not run["error"], run
+    steps = [t["step"] for t in run["timeline"]]
+    assert "started" in steps and steps[-1] == "done", steps
+    assert run["returned"] > 0 and run["first_line"] and run["console_head"], run

@@ -1,0 +1,394 @@
+"""Tutorial: seconds from ``salt-run virt.init web1 ...`` to the first ``salt web1 test.ping`` that
+answers True, for the Debian 12 + salt-minion image (scripts/build-debian-image.sh, cached in
+/var/cache/salt-virt/debian), on real lab hypervisors (tests/support/lab.py: namespaced libvirtd, TCG
+guests) and a real salt-master (plain daemons with ``-c`` dirs, as bench_fleet runs them).
+
+The guest reaches the master as in tests/integration/test_tutorial.py: the lab fabric has DHCP and a
+link to the root namespace (``Fabric.master_link``); the master listens on 0.0.0.0 and
+``virt:guest_master`` tells new VMs where it is. The master does not auto-accept keys: virt.init
+pre-accepts the new minion's key.
+
+Split of one VM's time (all from the same clock, 0 = the ``salt-run virt.init`` process starts):
+
+* runner: the answer's per-step ``timeline`` (seconds since the runner function began) and the whole
+  command (process start to exit: Salt's CLI start-up and exit included);
+* boot: the guest's serial console log (``<hv>/log/qemu/<vm>-serial.log``), each line timestamped as it
+  arrives (the file is polled every 0.1 s): its first line, and the ``SALT-MINION-START`` line the
+  image's salt-minion unit prints (ExecStartPre) just before the minion's Python starts;
+* minion: the master's ``salt/minion/<id>/start`` event (``salt-run state.event``, lines timestamped
+  as they arrive) and the first ``salt <id> test.ping`` answering True (polled once the start event or
+  the console marker was seen; each poll is a whole ``salt`` command, as a user types it).
+
+Cases: 1 VM (``--reps`` times, one after the other) and ``--burst`` VMs started at once (one
+``salt-run virt.init`` each, in threads) on 2 lab hypervisors. The image is cached on every hypervisor
+before the clock starts (``cp.cache_file``), as the tutorial's "already cached" case.
+
+``--quick`` (the smoke test): 1 VM of the tiny busybox guest (no minion in it) on 1 hypervisor,
+measured to the runner's "started" and the console's first line; no ping.
+
+    $VENV/bin/python bench/bench_tutorial.py [--quick] [--reps 2] [--burst 5]
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+import bench_fleet
+import common
+import lab  # noqa: E402
+
+DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", str(common.CACHE / "debian")), "debian-minion.qcow2")
+MARKER = "SALT-MINION-START"
+FULL = {"reps": 2, "burst": 5, "hosts": 2}
+QUICK = {"reps": 1, "burst": 0, "hosts": 1}
+PING_TIMEOUT = 600  # TCG boot of systemd + salt-minion, five at once on 2 cores
+
+
+class TutStack(bench_fleet.Stack):
+    """bench_fleet's master + hypervisor minions, plus what the tutorial needs: the master reachable by
+    guests, no auto-accept, the images' directory allowed for the busybox guest's kernel."""
+
+    def configure(self):
+        super().configure()
+        for d in self.minion_confs:
+            path = os.path.join(d, "minion")
+            with open(path) as fh:
+                cfg = json.load(fh)
+            cfg["virt"]["allowed_paths"] = [str(common.GUEST)]
+            cfg["grains"]["virt_hypervisor"] = True
+            self._write(path, cfg)
+        self.auto_accept_minions()
+
+    def auto_accept_minions(self):
+        """auto_accept is off (as the tutorial runs): the hypervisor minions' keys are accepted by a
+        thread while they start (the guests' keys are pre-accepted by virt.init)."""
+
+        def accept():
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not getattr(self, "_accepted", False):
+                self.cli("salt-key", "-y", "-A", timeout=60)
+                time.sleep(2)
+
+        threading.Thread(target=accept, daemon=True).start()
+
+
+class Console:
+    """Lines of a serial log file, each with the time (time.monotonic) it was first seen."""
+
+    def __init__(self, path):
+        self.path, self.lines, self.stop = path, [], threading.Event()
+        try:
+            self.offset = os.path.getsize(path)  # append="on": skip an earlier VM's lines
+        except OSError:
+            self.offset = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        buf = ""
+        while not self.stop.is_set():
+            try:
+                with open(self.path, errors="replace") as fh:
+                    fh.seek(self.offset)
+                    chunk = fh.read()
+                    self.offset = fh.tell()
+            except OSError:
+                chunk = ""
+            if chunk:
+                now = time.monotonic()
+                buf += chunk
+                *done, buf = re.split(r"\r?\n", buf)
+                self.lines += [(now, ln) for ln in done if ln.strip()]
+            time.sleep(0.1)
+
+    def first(self, text=None):
+        for t, ln in self.lines:
+            if text is None or text in ln:
+                return t
+        return None
+
+
+class Events:
+    """``salt-run state.event`` on the master: the first ``salt/minion/<id>/start`` per id, timestamped."""
+
+    def __init__(self, stack):
+        self.starts = {}
+        self.proc = subprocess.Popen(
+            [os.path.join(stack.bin, "salt-run"), "-c", stack.conf, "state.event", "tagmatch=salt/minion/*/start"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        for line in self.proc.stdout:
+            m = re.match(r"salt/minion/([^/\s]+)/start", line)
+            if m:
+                self.starts.setdefault(m.group(1), time.monotonic())
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def one_vm(stack, hvs, events, name, quick):
+    """virt.init of ``name`` as the tutorial types it, then its boot and first answer: times since t0.
+    ``hvs``: {hypervisor minion id: lab.Hypervisor}."""
+    consoles = {mid: Console(h.path("log", "qemu", f"{name}-serial.log")) for mid, h in hvs.items()}
+    if quick:
+        boot = json.dumps(
+            {"kernel": str(common.GUEST / "vmlinuz"), "initrd": str(common.GUEST / "initrd.img"),
+             "cmdline": "console=ttyS0 quiet"}
+        )  # fmt: skip
+        args = [
+            "virt.init",
+            name,
+            "1",
+            "256",
+            "salt://images/guest.qcow2",
+            "enable_qcow=True",
+            "nic=None",
+            f"boot={boot}",
+        ]
+    else:
+        args = ["virt.init", name, "1", "512", "salt://images/debian.qcow2", "enable_qcow=True"]
+    cmd = ["salt-run", *args]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [os.path.join(stack.bin, "salt-run"), "-c", stack.conf, *args, "--out=json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    t_ret = time.monotonic()
+    data = bench_fleet.last_json(proc.stdout) or {}
+    res = {
+        "name": name,
+        "command": " ".join(cmd),
+        "rc": proc.returncode,
+        "host": data.get("host"),
+        "started": bool((data.get("init") or {}).get("started")),
+        "timeline": data.get("timeline") or [],
+        "returned": t_ret - t0,
+        "error": None if proc.returncode == 0 else (data.get("error") or proc.stderr[-800:] or proc.stdout[-800:]),
+    }
+    console = consoles.get(res["host"])
+    deadline = time.monotonic() + (120 if quick else PING_TIMEOUT)
+    first_line = marker = event = ping = None
+    while res["rc"] == 0 and time.monotonic() < deadline:
+        if console is None:  # host name unknown: whichever console got lines
+            console = next((c for c in consoles.values() if c.lines), None)
+        if console is not None:
+            first_line = console.first()
+            marker = console.first(MARKER)
+        event = events.starts.get(name) if events else None
+        if quick:
+            if first_line:
+                break
+        elif event or marker:
+            out = stack.cli("salt", name, "test.ping", "--out=json", "-t", "10", timeout=60)
+            if f'"{name}": true' in out.stdout:
+                ping = time.monotonic()
+                event = event or (events.starts.get(name) if events else None)
+                break
+        time.sleep(0.5 if quick else 1)
+    for c in consoles.values():
+        c.stop.set()
+    rel = lambda t: None if t is None else t - t0  # noqa: E731
+    res.update(first_line=rel(first_line), marker=rel(marker), event=rel(event), ping=rel(ping))
+    res["console_head"] = [ln for _, ln in (console.lines[:3] if console else [])]
+    if res["rc"] == 0 and (first_line is None or (not quick and ping is None)):
+        res["error"] = "no console line" if first_line is None else f"no test.ping True within {PING_TIMEOUT} s"
+    return res
+
+
+def _at(timeline, step):
+    return next((t["at"] for t in timeline if t["step"] == step), None)
+
+
+PHASES = [
+    ("salt-run virt.init: runner function to `started` (timeline)", lambda r: _at(r["timeline"], "started")),
+    (
+        "salt-run virt.init: rest of the command (CLI start-up, after `started`, exit)",
+        lambda r: r["returned"] - _at(r["timeline"], "started") if _at(r["timeline"], "started") else None,
+    ),
+    ("returned → console's first line (firmware, bootloader, quiet kernel)", lambda r: _d(r, "returned", "first_line")),
+    ("console's first line → SALT-MINION-START (systemd to the minion unit)", lambda r: _d(r, "first_line", "marker")),
+    ("SALT-MINION-START → salt/minion/<id>/start event (minion start-up, auth)", lambda r: _d(r, "marker", "event")),
+    ("start event → first test.ping True (a `salt` command each poll)", lambda r: _d(r, "event", "ping")),
+]  # fmt: skip
+POINTS = [
+    ("salt-run virt.init returned", "returned"),
+    ("console's first line", "first_line"),
+    ("SALT-MINION-START on the console", "marker"),
+    ("salt/minion/<id>/start event", "event"),
+    ("first `salt <id> test.ping` True", "ping"),
+]
+
+
+def _d(r, a, b):
+    return r[b] - r[a] if r.get(a) is not None and r.get(b) is not None else None
+
+
+def render(label, runs, quick):
+    good = [r for r in runs if r["rc"] == 0 and not r["error"]]
+    steps = {}
+    for r in good:
+        for t in r["timeline"]:
+            steps.setdefault(t["step"], []).append(t["at"])
+    stat = lambda vals: common.fmt_stat(common.summary(vals))  # noqa: E731
+    points = [[p, stat([r[k] for r in good])] for p, k in POINTS if not quick or k in ("returned", "first_line")]
+    phases = [[p, stat([f(r) for r in good])] for p, f in PHASES[: 3 if quick else None]]
+    tl = [[s, stat(v)] for s, v in steps.items()]
+    return [
+        f"{label}: seconds since `salt-run virt.init` started, median (min–max, n)\n\n"
+        + common.table(["point", "at"], points),
+        f"{label}: where the time goes (phase durations), median (min–max, n)\n\n"
+        + common.table(["phase", "seconds"], phases),
+        f"{label}: the runner's `timeline` (seconds since the runner function began)\n\n"
+        + common.table(["step", "at"], tl),
+    ]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int, help="1-VM runs, one after the other")
+    ap.add_argument("--burst", type=int, help="VMs started at once (0: none)")
+    args = ap.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    cfg.update({k: getattr(args, k) for k in ("reps", "burst") if getattr(args, k) is not None})
+    log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    if not args.quick and not os.path.isfile(DEBIAN):
+        print(f"{DEBIAN} is missing: run scripts/setup.sh (it builds the Debian guest image)", file=sys.stderr)
+        return 2
+    load0 = common.loadavg()
+    workdir = tempfile.mkdtemp(prefix="svt", dir="/tmp")  # short: unix socket paths < 107 bytes
+    os.chmod(workdir, 0o755)  # QEMU (libvirt-qemu) must reach the VM disks below it
+    fabric, hvs, stack, events = None, [], None, None
+    runs, errors = {"single": [], "burst": []}, []
+    try:
+        fabric = lab.Fabric(lab.new_tag()).start()
+        master_ip = None
+        if not args.quick:
+            master_ip = fabric.master_link()
+            fabric.dhcp()
+        for i in range(cfg["hosts"]):
+            hvs.append(lab.Hypervisor(os.path.join(workdir, "hv"), i + 1, fabric).start())
+        srv = os.path.join(workdir, "s", "srv", "images")
+        os.makedirs(srv)
+        if args.quick:
+            shutil.copyfile(common.GUEST / "disk.qcow2", os.path.join(srv, "guest.qcow2"))
+        else:
+            os.symlink(DEBIAN, os.path.join(srv, "debian.qcow2"))
+        extra = {
+            "interface": "127.0.0.1" if args.quick else "0.0.0.0",
+            "auto_accept": False,
+            "virt": {
+                "hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 30, "gather_job_timeout": 30},
+                "guest_master": master_ip or "127.0.0.1",
+            },
+        }
+        stack = TutStack(
+            "salt-virt",
+            str(common.OUR_VENV),
+            os.path.join(workdir, "s"),
+            [h.uri for h in hvs],
+            [str(common.ROOT / "_runners")],
+            [str(common.ROOT / "_modules")],
+            extra,
+        )
+        log(f"tutorial: salt-master + {cfg['hosts']} lab hypervisor(s)")
+        stack.start()
+        stack._accepted = True
+        image = "salt://images/guest.qcow2" if args.quick else "salt://images/debian.qcow2"
+        if not args.quick:  # the busybox disk is tiny: --quick saves the extra salt command
+            log(f"tutorial: caching {image} on every hypervisor")
+            cached = stack.cli("salt", "hyper*", "cp.cache_file", image, "--out=json", "--static", "-t", "300")
+            if cached.returncode != 0:
+                raise RuntimeError(f"cp.cache_file: {cached.stdout[-500:]} {cached.stderr[-500:]}")
+        events = None if args.quick else Events(stack)
+        time.sleep(0 if args.quick else 3)  # the event listener is subscribed before the first init
+        vm_hvs = {f"hyper{i:02d}": h for i, h in enumerate(hvs)}
+        for rep in range(cfg["reps"]):
+            name = "web1" if rep == 0 else f"web1r{rep}"
+            log(f"tutorial: 1 VM ({name}), rep {rep + 1}/{cfg['reps']}")
+            r = one_vm(stack, vm_hvs, events, name, args.quick)
+            runs["single"].append(r)
+            log(
+                f"tutorial: {name}: "
+                + json.dumps({k: r[k] for k in ("returned", "first_line", "marker", "event", "ping")})
+            )
+            stack.cli("salt-run", "virt.purge", name, timeout=300)
+        if cfg["burst"]:
+            load_b = common.loadavg()
+            names = [f"web{i + 2}" for i in range(cfg["burst"])]
+            log(f"tutorial: {len(names)} VMs at once: {', '.join(names)} (load {load_b})")
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
+                futs = [pool.submit(one_vm, stack, vm_hvs, events, n, False) for n in names]
+                runs["burst"] = [f.result() for f in futs]
+            runs["burst_load"] = (load_b, common.loadavg())
+            for r in runs["burst"]:
+                log(f"tutorial: {r['name']} on {r['host']}: ping at {r['ping']}")
+    except Exception as exc:  # noqa: BLE001 - reported in the result
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        if events:
+            events.close()
+        if stack:
+            stack.stop()
+        for h in hvs:
+            h.stop()
+        if fabric:
+            fabric.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    for r in runs["single"] + runs["burst"]:
+        if r["error"]:
+            errors.append(f"{r['name']}: rc={r['rc']}: {r['error']}")
+    guest = "busybox test guest (no minion)" if args.quick else "Debian 12 + salt-minion"
+    tables = render(f"1 VM ({guest}), one after the other", runs["single"], args.quick)
+    if runs["burst"]:
+        per_host = {}
+        for r in runs["burst"]:
+            per_host[r["host"]] = per_host.get(r["host"], 0) + 1
+        tables += render(
+            f"{cfg['burst']} VMs at once on {cfg['hosts']} hypervisors "
+            f"({', '.join(f'{h}: {n}' for h, n in sorted(per_host.items(), key=str))})",
+            runs["burst"],
+            False,
+        )
+    result = {
+        "title": "9. tutorial: salt-run virt.init to the first test.ping",
+        "tables": tables,
+        "runs": runs,
+        "notes": [
+            f"command: `{runs['single'][0]['command'] if runs['single'] else '?'}` "
+            "(then `salt <id> test.ping` until True)",
+            f"load average before/after: {load0} / {common.loadavg()}",
+        ]
+        + ([f"load average before/after the burst: {' / '.join(runs['burst_load'])}"] if "burst_load" in runs else [])
+        + [f"ERROR {e}" for e in errors],
+    }
+    common.emit("tutorial", result)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
