@@ -22,8 +22,14 @@ SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tu
 pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 
 
+def selected_scripts(session):
+    """The scripts whose tests run in this session (``-k tutorial`` runs only bench_tutorial.py)."""
+    names = [item.name for item in session.items if item.module.__name__ == __name__]
+    return [s for s in SCRIPTS if any(n.startswith(f"test_{s}") for n in names)]
+
+
 @pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
+def quick_runs(tmp_path_factory, request):
     if os.geteuid() != 0:
         pytest.fail("the bench smoke test needs root (libvirtd in namespaces, salt daemons)")
     setup = subprocess.run([str(BENCH / "setup-saltext.sh")], capture_output=True, text=True, timeout=900, check=False)
@@ -38,7 +44,7 @@ def quick_runs(tmp_path_factory):
             stderr=subprocess.PIPE,
             text=True,
         )
-        for name in SCRIPTS
+        for name in selected_scripts(request.session)
     }
     runs = {}
     for name, proc in procs.items():
