@@ -251,17 +251,19 @@ def _d(r, a, b):
 
 
 def render(label, runs, quick):
-    good = [r for r in runs if r["rc"] == 0 and not r["error"]]
+    good = [r for r in runs if r["rc"] == 0]  # a VM that never answered still counts up to where it got (n)
     steps = {}
     for r in good:
         for t in r["timeline"]:
             steps.setdefault(t["step"], []).append(t["at"])
+    last = "first_line" if quick else "ping"
     stat = lambda vals: common.fmt_stat(common.summary(vals))  # noqa: E731
     points = [[p, stat([r[k] for r in good])] for p, k in POINTS if not quick or k in ("returned", "first_line")]
     phases = [[p, stat([f(r) for r in good])] for p, f in PHASES[: 3 if quick else None]]
     tl = [[s, stat(v)] for s, v in steps.items()]
     return [
-        f"{label}: seconds since `salt-run virt.init` started, median (min–max, n)\n\n"
+        f"{label}: seconds since `salt-run virt.init` started, median (min–max, n); "
+        f"{sum(1 for r in good if r.get(last) is not None)}/{len(runs)} reached the last point\n\n"
         + common.table(["point", "at"], points),
         f"{label}: where the time goes (phase durations), median (min–max, n)\n\n"
         + common.table(["phase", "seconds"], phases),
