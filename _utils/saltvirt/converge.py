@@ -26,7 +26,8 @@ FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
 MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
 # firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
-MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=())
+MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=())
+DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune",)}  # managed by Salt's cpu/mem dicts
 
 
 # desired ------------------------------------------------------------------------------------------
@@ -194,8 +195,11 @@ def diff(desired, current_facts, manage=FIELDS):
     cfg = current_facts["config"]
     changes = {}
     old_cpu, old_mem = _cpu_mem(cfg)
-    if "cpu" in manage and (cfg["cpu"], cfg["vcpu_current"]) != (desired.cpu, desired.cpu):
+    want_cpu = (desired.vcpu or {}).get("current", desired.cpu)  # cpu:current: vCPUs online at start
+    if "cpu" in manage and (cfg["cpu"], cfg["vcpu_current"]) != (desired.cpu, want_cpu):
         changes["cpu"] = {"old": old_cpu, "new": desired.cpu}
+        if want_cpu != desired.cpu:
+            changes["cpu"].update(new=f"{want_cpu} (maximum {desired.cpu})", current=want_cpu)
     if "mem" in manage and (cfg["mem"], cfg["current_mem"]) != (desired.mem, desired.mem):
         changes["mem"] = {"old": old_mem, "new": desired.mem}
     if "graphics" in manage:
@@ -299,7 +303,7 @@ def steps(changes):
 def _live_ok(kind, item, live):
     """Whether the running VM can take this change without a restart (what :func:`apply` will try)."""
     if kind == "cpu":
-        return item["new"] <= live["cpu"]
+        return item.get("current", item["new"]) <= live["cpu"]
     if kind == "mem":
         return item["new"] <= live["mem"]
     if kind == "nic_changed":
@@ -449,7 +453,7 @@ def _live(dom, kind, item, created):
     """Apply one change to the running VM; raises libvirt.libvirtError when the hypervisor refuses."""
     live_flag = libvirt.VIR_DOMAIN_AFFECT_LIVE
     if kind == "cpu":
-        dom.setVcpusFlags(item["new"], live_flag)
+        dom.setVcpusFlags(item.get("current", item["new"]), live_flag)
     elif kind == "mem":
         if item["new"] * 1024 > dom.maxMemory():
             raise _NotLive("above the running VM's maximum memory")
@@ -487,7 +491,7 @@ def apply(conn, dom, desired, changes):
     with lv_errors(f"update VM {desired.name!r}"):
         if "cpu" in changes:
             dom.setVcpusFlags(desired.cpu, cfg | libvirt.VIR_DOMAIN_VCPU_MAXIMUM)
-            dom.setVcpusFlags(desired.cpu, cfg)
+            dom.setVcpusFlags(changes["cpu"].get("current", desired.cpu), cfg)
         if "mem" in changes:
             dom.setMemoryFlags(desired.mem * 1024, cfg | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
             dom.setMemoryFlags(desired.mem * 1024, cfg)
@@ -533,7 +537,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         for f in FIELDS
         if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
     ]
-    manage += [f for f, v in (("cpu_model", cpu), ("memtune", mem)) if isinstance(v, dict)]  # Salt's dict forms
+    manage += [f for k, v in (("cpu", cpu), ("mem", mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
     args = dict(init_args)
     if "nics" not in manage:
         args.update(nic=None, interfaces=None)

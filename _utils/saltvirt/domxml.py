@@ -44,12 +44,14 @@ def build(spec):
     _sub(dom, "name", spec.name)
     _sub(dom, "memory", spec.mem, unit="MiB")
     _sub(dom, "currentMemory", spec.mem, unit="MiB")
-    _sub(dom, "vcpu", spec.cpu)
+    _sub(dom, "vcpu", spec.cpu, **(spec.vcpu or {}))
     _metadata(dom, spec)
     dom.append(os_config(spec))
     dom.append(features(spec))
     if spec.cpu_model:
         dom.append(cpu(spec.cpu_model))
+    if spec.cputune:
+        dom.append(cputune(spec.cputune))
     if spec.memtune:
         dom.append(memtune(spec.memtune))
     if spec.numatune:
@@ -127,6 +129,27 @@ def cpu(c):
         _sub(el, "topology", **c["topology"])
     for name, policy in sorted(c["features"].items()):
         _sub(el, "feature", policy=policy, name=name)
+    if c.get("numa"):
+        numa = _sub(el, "numa")
+        for cell in c["numa"]:
+            _sub(numa, "cell", **{k: v for k, v in cell.items() if k != "memory"}, memory=cell["memory"], unit="MiB")
+    return el
+
+
+CPUTUNE_SCALARS = ("shares", "global_period", "global_quota", "period", "quota")
+CPUTUNE_SCALARS += ("emulator_period", "emulator_quota", "iothread_period", "iothread_quota")
+
+
+def cputune(t):
+    """``<cputune>`` from Salt's cpu:tuning (speckeys.cpu_tuning), in libvirt's order."""
+    el = _el("cputune")
+    for key in CPUTUNE_SCALARS:
+        if key in t:
+            _sub(el, key, t[key])
+    for vcpu, cpus in sorted(t.get("vcpupin", {}).items()):
+        _sub(el, "vcpupin", vcpu=vcpu, cpuset=cpus)
+    if t.get("emulatorpin"):
+        _sub(el, "emulatorpin", cpuset=t["emulatorpin"])
     return el
 
 
@@ -356,7 +379,8 @@ def _int(text, default=0):
         return default
 
 
-def _mib(el):
+def _mib(el, attr=None):
+    """An element's size (its text, or its attribute ``attr``) in MiB; libvirt's default unit is KiB."""
     if el is None:
         return 0
     unit = (el.get("unit") or "KiB").lower()
@@ -370,7 +394,7 @@ def _mib(el):
         "gib": 1024,
         "g": 1024,
     }
-    return int(_int(el.text) * factor.get(unit, 1 / 1024))
+    return int(_int(el.get(attr) if attr else el.text) * factor.get(unit, 1 / 1024))
 
 
 def read(xml):
@@ -530,6 +554,8 @@ FEATURES = (
     "cpu_model",
     "memtune",
     "numatune",
+    "vcpu",
+    "cputune",
 )
 
 
@@ -588,7 +614,28 @@ def feature_facts(xml):
         "cpu_model": _cpu_facts(root.find("cpu")),
         "memtune": {el.tag: _mib(el) for el in root.findall("memtune/*")} or None,
         "numatune": dict(root.find("numatune/memory").attrib) if root.find("numatune/memory") is not None else None,
+        "vcpu": _vcpu_facts(root.find("vcpu")),
+        "cputune": _cputune_facts(root.find("cputune")),
     }
+
+
+def _vcpu_facts(el):
+    """``<vcpu>``'s placement and host cpuset (its count and current are the ``cpu`` field)."""
+    if el is None:
+        return {"placement": "static", "cpuset": None}
+    return {"placement": el.get("placement", "static"), "cpuset": el.get("cpuset")}
+
+
+def _cputune_facts(el):
+    if el is None or not len(el):
+        return None
+    out = {k: _int(el.findtext(k)) for k in CPUTUNE_SCALARS if el.find(k) is not None}
+    pins = {_int(p.get("vcpu")): p.get("cpuset") for p in el.findall("vcpupin")}
+    if pins:
+        out["vcpupin"] = pins
+    if el.find("emulatorpin") is not None:
+        out["emulatorpin"] = el.find("emulatorpin").get("cpuset")
+    return out
 
 
 def _cpu_facts(el):
@@ -610,7 +657,13 @@ def _cpu_facts(el):
     if topo is not None:
         out["topology"] = {k: _int(topo.get(k), 1) for k in ("sockets", "cores", "threads")}
     out["features"] = {f.get("name"): f.get("policy", "require") for f in el.findall("feature")}
-    return out
+    cells = [
+        {**{k: v for k, v in c.attrib.items() if k != "unit"}, "id": _int(c.get("id")), "memory": _mib(c, "memory")}
+        for c in el.findall("numa/cell")
+    ]
+    if cells:
+        out["numa"] = cells
+    return None if out == {"mode": "custom", "features": {}} else out  # libvirt drops an empty <cpu>
 
 
 def _clock_facts(el):
@@ -631,7 +684,11 @@ def replace_features(xml, new_xml, fields):
         for el in os_el.findall("boot"):
             os_el.remove(el)
         os_el.extend(new_os.findall("boot"))
-    for key, tag in (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune")):
+    if "vcpu" in fields:  # placement/cpuset (and the count, as the cpu setters left it)
+        root.find("vcpu").attrib.clear()
+        root.find("vcpu").attrib.update(new.find("vcpu").attrib)
+    tags = (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune"))
+    for key, tag in (*tags, ("cputune", "cputune")):
         if key in fields:
             for el in root.findall(tag):
                 root.remove(el)

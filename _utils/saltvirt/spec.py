@@ -117,6 +117,8 @@ class VMSpec:
     cpu_model: dict | None = None  # Salt's cpu dict (speckeys.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
     numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
+    vcpu: dict | None = None  # Salt's cpu:current/placement/cpuset: the attributes of <vcpu>
+    cputune: dict | None = None  # Salt's cpu:tuning (speckeys.cpu_tuning): vcpupin, emulatorpin, shares, ...
 
 
 def _named_entries(value, what):
@@ -367,6 +369,7 @@ def build(
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
+    vcpu, cputune = _cpu_parts(cpu_model, mem)
     validate.absolute_path(images_dir, "virt:images")
     vm_dir = validate.inside(images_dir, name)
     roots = (images_dir, *validate.allowed_paths(allowed_paths))
@@ -441,7 +444,23 @@ def build(
         cpu_model=cpu_model,
         memtune=memtune,
         numatune=speckeys.numatune(numatune),
+        vcpu=vcpu,
+        cputune=cputune,
     )
+
+
+def _cpu_parts(cpu_model, mem):
+    """Salt's cpu dict beside <cpu>: ``(<vcpu> attributes, <cputune>)`` taken out of ``cpu_model``; its
+    NUMA cells stay in it (they are inside <cpu>) and must hold the boot memory exactly (libvirt sums them)."""
+    if not cpu_model:
+        return None, None
+    cells = cpu_model.get("numa") or []
+    if cells and sum(c["memory"] for c in cells) != mem:
+        raise SaltInvocationError(
+            f"cpu:numa cells hold {sum(c['memory'] for c in cells)} MiB and mem is {mem} MiB: libvirt makes the "
+            "memory the sum of the cells, so make them add up to mem"
+        )
+    return cpu_model.pop("vcpu", None), cpu_model.pop("tuning", None)
 
 
 def _cidata_disk(disks, vm_dir):

@@ -522,10 +522,25 @@ def hypervisor_features(value):
 
 # cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
 CPU_KEYS = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")
+CPU_KEYS += ("current", "placement", "cpuset", "tuning", "numa")
 CPU_REFUSED = {
-    k: f"cpu:{k} {_NOT_YET}: leave it out"
-    for k in ("current", "placement", "cpuset", "tuning", "numa", "vcpus", "cache", "cache_mode")
+    "vcpus": f"cpu:vcpus (per-vCPU hotplug order) {_NOT_YET}: use cpu:current for the vCPUs online at start",
+    "cache": f"cpu:cache {_NOT_YET}: leave it out (libvirt's default cache emulation is used)",
+    "iothreads": f"cpu:iothreads {_NOT_YET}: leave it out",
 }
+TUNING_PERIODS = ("period", "global_period", "emulator_period", "iothread_period")
+TUNING_QUOTAS = ("quota", "global_quota", "emulator_quota", "iothread_quota")
+TUNING_KEYS = ("vcpupin", "emulatorpin", "shares") + TUNING_PERIODS + TUNING_QUOTAS
+TUNING_REFUSED = {
+    "iothreadpin": f"cpu:tuning:iothreadpin needs cpu:iothreads, which {_NOT_YET}: leave it out",
+    **{
+        k: f"cpu:tuning:{k} {_NOT_YET}: leave it out (use vcpupin/emulatorpin, shares, period, quota)"
+        for k in ("vcpusched", "iothreadsched", "emulatorsched", "cachetune", "memorytune")
+    },
+}
+NUMA_CELL_KEYS = ("cpus", "memory", "memAccess", "discard")
+NUMA_CELL_REFUSED = {"distances": f"cpu:numa:<cell>:distances {_NOT_YET}: leave it out (libvirt's defaults apply)"}
+_CPUSET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
 CPU_MODEL_KEYS = ("name", "fallback", "vendor_id")
 TOPOLOGY_KEYS = ("sockets", "cores", "threads")
 MEM_KEYS = ("boot", "hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")
@@ -560,19 +575,7 @@ def cpu_detail(value):
     for key, allowed in (("match", ("minimum", "exact", "strict")), ("check", ("none", "partial", "full"))):
         if value.get(key) is not None:
             out[key] = _choice(value[key], f"cpu:{key}", allowed)
-    model = value.get("model")
-    if isinstance(model, str):
-        model = {"name": model}
-    if model is not None:
-        check_keys(model, "cpu:model", CPU_MODEL_KEYS)
-        out["model"] = {"name": _name(model.get("name"), "cpu:model:name")}
-        if model.get("fallback") is not None:
-            out["model"]["fallback"] = _choice(model["fallback"], "cpu:model:fallback", ("allow", "forbid"))
-        if model.get("vendor_id") is not None:
-            vid = model["vendor_id"]
-            if not isinstance(vid, str) or not re.fullmatch(r"[A-Za-z0-9]{12}", vid):
-                raise SaltInvocationError(f"cpu:model:vendor_id must be 12 letters or digits, got {vid!r}")
-            out["model"]["vendor_id"] = vid
+    _cpu_model(value.get("model"), out)
     if value.get("vendor") is not None:
         out["vendor"] = _name(value["vendor"], "cpu:vendor")
     if value.get("topology") is not None:
@@ -590,7 +593,158 @@ def cpu_detail(value):
     }
     if out["mode"] != "custom" and ("model" in out or "vendor" in out):
         raise SaltInvocationError(f"cpu:model and cpu:vendor go with mode custom, not {out['mode']}")
+    _vcpu_detail(value, count, out)
+    if value.get("tuning") is not None:
+        out["tuning"] = cpu_tuning(value["tuning"], count)
+    if value.get("numa") is not None:
+        out["numa"] = numa_cells(value["numa"], count)
     return count, out
+
+
+def _cpu_model(model, out):
+    """cpu:model (a name, or {name, fallback, vendor_id}) -> ``out["model"]``."""
+    if isinstance(model, str):
+        model = {"name": model}
+    if model is None:
+        return
+    check_keys(model, "cpu:model", CPU_MODEL_KEYS)
+    out["model"] = {"name": _name(model.get("name"), "cpu:model:name")}
+    if model.get("fallback") is not None:
+        out["model"]["fallback"] = _choice(model["fallback"], "cpu:model:fallback", ("allow", "forbid"))
+    if model.get("vendor_id") is not None:
+        vid = model["vendor_id"]
+        if not isinstance(vid, str) or not re.fullmatch(r"[A-Za-z0-9]{12}", vid):
+            raise SaltInvocationError(f"cpu:model:vendor_id must be 12 letters or digits, got {vid!r}")
+        out["model"]["vendor_id"] = vid
+
+
+def cpuset(value, what, maximum=None):
+    """A CPU set (``0-3,^2,6`` or one number) in libvirt's canonical spelling (``0-1,3,6``), as libvirt
+    writes it back; every id below ``maximum`` when given (the guest's vCPUs)."""
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    if not _CPUSET_RE.match(text):
+        raise SaltInvocationError(f"{what} must be a CPU set like 0-3,^2,6, got {value!r}")
+    ids = set()
+    for part in text.split(","):
+        neg = part.startswith("^")
+        lo, _, hi = part.lstrip("^").partition("-")
+        span = set(range(int(lo), int(hi or lo) + 1))
+        if not span:
+            raise SaltInvocationError(f"{what}: the range {part!r} is empty (write low-high)")
+        ids = ids - span if neg else ids | span
+    if not ids:
+        raise SaltInvocationError(f"{what}: {value!r} names no CPU")
+    if maximum is not None and max(ids) >= maximum:
+        raise SaltInvocationError(
+            f"{what}: CPU {max(ids)} does not exist (the VM has {maximum} vCPUs: 0-{maximum - 1})"
+        )
+    runs = []  # [first, last] of each run of consecutive ids
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def _vcpu_detail(value, count, out):
+    """cpu:current, placement, cpuset -> ``out["vcpu"]`` (the attributes of ``<vcpu>``)."""
+    vcpu = {}
+    if value.get("placement") is not None:
+        vcpu["placement"] = _choice(value["placement"], "cpu:placement", ("static", "auto"))
+    if value.get("cpuset") is not None:
+        if vcpu.get("placement") == "auto":
+            raise SaltInvocationError("cpu:cpuset goes with placement static (auto lets numad choose): drop one")
+        vcpu["cpuset"] = cpuset(value["cpuset"], "cpu:cpuset")
+    if value.get("current") is not None:
+        current = validate.positive_int(value["current"], "cpu:current", maximum=4096)
+        if current > count:
+            raise SaltInvocationError(f"cpu:current ({current}) must not exceed cpu:maximum ({count})")
+        vcpu["current"] = current
+    if vcpu:
+        out["vcpu"] = vcpu
+
+
+def _int_in(value, what, low, high):
+    try:
+        number = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise SaltInvocationError(f"{what} must be a whole number {low}-{high}, got {value!r}")
+    return number
+
+
+def _vcpu_id(key, what, count):
+    vcpu = _int_in(key, what, 0, 4095)
+    if vcpu >= count:
+        raise SaltInvocationError(f"{what}: vCPU {vcpu} does not exist (the VM has {count} vCPUs: 0-{count - 1})")
+    return vcpu
+
+
+def cpu_tuning(value, count):
+    """Salt's ``cpu:tuning`` -> ``<cputune>``: vcpupin {vcpu: host cpuset}, emulatorpin, shares, the CFS
+    periods (1000-1000000 us) and quotas (-1 or 1000-17592186044415 us)."""
+    check_keys(value, "cpu:tuning", TUNING_KEYS, TUNING_REFUSED)
+    out = {}
+    if value.get("shares") is not None:
+        out["shares"] = _int_in(value["shares"], "cpu:tuning:shares", 2, 262144)
+    for key in TUNING_PERIODS:
+        if value.get(key) is not None:
+            out[key] = _int_in(value[key], f"cpu:tuning:{key} (microseconds)", 1000, 1000000)
+    for key in TUNING_QUOTAS:
+        if value.get(key) is not None:
+            out[key] = _int_in(value[key], f"cpu:tuning:{key} (microseconds, -1: none)", -1, 17592186044415)
+            if 0 <= out[key] < 1000:
+                raise SaltInvocationError(f"cpu:tuning:{key} must be -1 or at least 1000, got {value[key]!r}")
+    pins = value.get("vcpupin") or {}
+    if not isinstance(pins, dict):
+        raise SaltInvocationError(f"cpu:tuning:vcpupin must map vCPU ids to host CPU sets, got {pins!r}")
+    if pins:
+        out["vcpupin"] = {
+            _vcpu_id(k, "cpu:tuning:vcpupin", count): cpuset(v, f"cpu:tuning:vcpupin:{k}") for k, v in pins.items()
+        }
+    if value.get("emulatorpin") is not None:
+        out["emulatorpin"] = cpuset(value["emulatorpin"], "cpu:tuning:emulatorpin")
+    return out
+
+
+def numa_cells(value, count):
+    """Salt's ``cpu:numa`` ({cell id: {cpus, memory, memAccess, discard}}) -> a list of guest NUMA cells
+    (memory in MiB), ids 0..n-1, vCPUs of the VM, no vCPU in two cells."""
+    if not isinstance(value, dict) or not value:
+        raise SaltInvocationError(f"cpu:numa must map cell ids (0, 1, ...) to {{cpus, memory}}, got {value!r}")
+    cells, seen = [], set()
+    for key in sorted(value, key=lambda k: _int_in(k, "cpu:numa cell id", 0, 255)):
+        cell_id = _int_in(key, "cpu:numa cell id", 0, 255)
+        where = f"cpu:numa:{cell_id}"
+        conf = value[key]
+        check_keys(conf, where, NUMA_CELL_KEYS, NUMA_CELL_REFUSED)
+        for need in ("cpus", "memory"):
+            if conf.get(need) is None:
+                raise SaltInvocationError(f"{where} needs {need}")
+        cpus = cpuset(conf["cpus"], f"{where}:cpus", maximum=count)
+        ids = _cpu_ids(cpus)
+        if ids & seen:
+            raise SaltInvocationError(f"{where}:cpus: vCPU {min(ids & seen)} is in another cell already")
+        seen |= ids
+        cell = {"id": cell_id, "cpus": cpus, "memory": mib(conf["memory"], f"{where}:memory")}
+        if conf.get("memAccess") is not None:
+            cell["memAccess"] = _choice(conf["memAccess"], f"{where}:memAccess", ("shared", "private"))
+        if conf.get("discard") is not None:
+            cell["discard"] = "yes" if flag(conf["discard"], f"{where}:discard") else "no"
+        cells.append(cell)
+    if [c["id"] for c in cells] != list(range(len(cells))):
+        raise SaltInvocationError(f"cpu:numa cell ids must be 0, 1, ... without gaps, got {sorted(value)!r}")
+    return cells
+
+
+def _cpu_ids(canonical):
+    ids = set()
+    for part in canonical.split(","):
+        lo, _, hi = part.partition("-")
+        ids |= set(range(int(lo), int(hi or lo) + 1))
+    return ids
 
 
 def mib(value, what):

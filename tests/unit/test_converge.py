@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import subprocess
+import xml.etree.ElementTree as ET
 
 import pytest
 from salt.exceptions import SaltInvocationError
@@ -383,7 +384,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     v = virt_test
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
-    assert set(preview["changes"]) == set(domxml.FEATURES) - {"cpu_model", "memtune"}
+    assert set(preview["changes"]) == set(domxml.FEATURES) - {"cpu_model", "memtune", "vcpu", "cputune"}
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
@@ -431,6 +432,46 @@ def test_update_applies_salts_cpu_and_mem_dicts(virt_test):
     assert v["virt.update"]("conv8", cpu=cpu, mem=mem)["changes"] == {}
     assert v["virt.update"]("conv8", cpu=2, mem=128)["changes"] == {}  # plain numbers leave the details alone
     v["virt.undefine"]("conv8")
+
+
+def test_update_applies_cpu_tuning_numa_current_and_cpuset(virt_test):
+    v = virt_test
+    v["virt.init"]("conv9", 1, 64, nic=None, disk=None, start=False)
+    cpu = {
+        "maximum": 4,
+        "current": 2,
+        "cpuset": "0-3",
+        "tuning": {"vcpupin": {0: "0", 1: "1-2,^2"}, "emulatorpin": "0-1", "shares": 512},
+        "numa": {0: {"cpus": "0-1", "memory": "64m"}, 1: {"cpus": "2-3", "memory": 64}},
+    }
+    preview = v["virt.update"]("conv9", cpu=cpu, mem=128, test=True)
+    assert preview["changes"]["cpu"] == {"old": 1, "new": "2 (maximum 4)", "current": 2}
+    done = v["virt.update"]("conv9", cpu=cpu, mem=128)
+    assert set(done["changes"]) == set(preview["changes"]) == {"cpu", "mem", "cpu_model", "vcpu", "cputune"}
+    xml = v["virt.get_xml"]("conv9")
+    facts = domxml.feature_facts(xml)
+    assert facts["vcpu"] == {"placement": "static", "cpuset": "0-3"}
+    assert facts["cputune"] == {"shares": 512, "vcpupin": {0: "0", 1: "1"}, "emulatorpin": "0-1"}
+    assert [c["cpus"] for c in facts["cpu_model"]["numa"]] == ["0-1", "2-3"]
+    root = ET.fromstring(xml)
+    assert (root.find("vcpu").text, root.find("vcpu").get("current")) == ("4", "2")
+    assert v["virt.update"]("conv9", cpu=cpu, mem=128)["changes"] == {}  # idempotent
+    assert v["virt.update"]("conv9", cpu=dict(cpu, current=4), mem=128)["changes"]["cpu"] == {
+        "old": "2 (maximum 4)",
+        "new": 4,
+    }
+    v["virt.undefine"]("conv9")
+
+
+def test_cpu_tuning_change_to_a_running_vm_needs_a_restart(virt_test):
+    v = virt_test
+    cpu = {"maximum": 2, "tuning": {"vcpupin": {0: "0"}}}
+    v["virt.init"]("conv10", cpu, 64, nic=None, disk=None, start=True)
+    done = v["virt.update"]("conv10", cpu=dict(cpu, tuning={"vcpupin": {0: "1"}}))
+    assert set(done["changes"]) == {"cputune"} and done["applied"]["restart"]
+    assert done["pending_restart"] == ["cputune"]
+    v["virt.destroy"]("conv10")
+    v["virt.undefine"]("conv10")
 
 
 def test_secure_boot_on_an_i440fx_vm_is_refused_and_nothing_changes(virt_test):

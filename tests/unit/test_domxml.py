@@ -199,6 +199,12 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
 
 
 # firmware, boot order, extra serial ports and consoles, vTPM (issue #15) ------------------------------
+def cpu_dict(value):
+    """VMSpec fields of Salt's cpu dict: <cpu> (with its NUMA cells), <vcpu> attributes, <cputune>."""
+    model = spec.speckeys.cpu_detail(value)[1]
+    return {"vcpu": model.pop("vcpu", None), "cputune": model.pop("tuning", None), "cpu_model": model}
+
+
 FEATURE_CASES = {
     "uefi-auto": vm(boot=spec.Boot(efi=True)),
     "uefi-secure-boot-auto": vm(boot=spec.Boot(efi=True, secure_boot=True)),
@@ -241,6 +247,31 @@ FEATURE_CASES = {
                 "features": {"vmx": "disable", "pdpe1gb": "optional"},
             }
         )[1],
+    ),
+    "cpu-tuning-numa": vm(
+        cpu=4,
+        mem=256,
+        **cpu_dict(
+            {
+                "maximum": 4,
+                "current": 2,
+                "placement": "static",
+                "cpuset": "0-3",
+                "tuning": {
+                    "vcpupin": {0: "0-1", 1: "2,3", 2: "1-4,^2"},
+                    "emulatorpin": "0",
+                    "shares": 2048,
+                    "period": 100000,
+                    "quota": 50000,
+                    "emulator_period": 100000,
+                    "emulator_quota": -1,
+                },
+                "numa": {
+                    0: {"cpus": "0-1", "memory": "128m", "memAccess": "shared"},
+                    1: {"cpus": "2-3", "memory": 128, "discard": True},
+                },
+            }
+        ),
     ),
     "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
     "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
@@ -285,6 +316,8 @@ def test_feature_facts_from_spec_build():
         "cpu_model": None,
         "memtune": None,
         "numatune": None,
+        "vcpu": {"placement": "static", "cpuset": None},
+        "cputune": None,
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"

@@ -182,10 +182,41 @@ HOSTILE += [
     ({"cpu": {"maximum": 2, "features": ["vmx"]}}, "cpu:features must map"),
     ({"cpu": {"maximum": 2, "features": {"vmx": "on"}}}, "cpu:features:vmx must be one of"),
     ({"cpu": {"maximum": 2, "mode": "host-passthrough", "model": "qemu64"}}, "go with mode custom"),
-    ({"cpu": {"maximum": 2, "tuning": {"vcpupin": {0: "1"}}}}, "cpu:tuning is not supported by salt-virt yet"),
-    ({"cpu": {"maximum": 2, "numa": {}}}, "cpu:numa is not supported by salt-virt yet"),
-    ({"cpu": {"maximum": 2, "cpuset": "0-1"}}, "cpu:cpuset is not supported by salt-virt yet"),
-    ({"cpu": {"maximum": 2, "current": 1}}, "cpu:current is not supported by salt-virt yet"),
+    # cpu:current / placement / cpuset / tuning / numa
+    ({"cpu": {"maximum": 2, "current": 3}}, r"cpu:current \(3\) must not exceed cpu:maximum \(2\)"),
+    ({"cpu": {"maximum": 2, "current": "one"}}, "cpu:current must be a positive integer"),
+    ({"cpu": {"maximum": 2, "placement": "numad"}}, "cpu:placement must be one of static, auto"),
+    ({"cpu": {"maximum": 2, "placement": "auto", "cpuset": "0"}}, "cpu:cpuset goes with placement static"),
+    ({"cpu": {"maximum": 2, "cpuset": "0'/><x"}}, "cpu:cpuset must be a CPU set like"),
+    ({"cpu": {"maximum": 2, "cpuset": "3-1"}}, "the range '3-1' is empty"),
+    ({"cpu": {"maximum": 2, "cpuset": "1,^1"}}, "names no CPU"),
+    ({"cpu": {"maximum": 2, "cpuset": True}}, "cpu:cpuset must be a CPU set"),
+    ({"cpu": {"maximum": 2, "vcpus": {0: {"enabled": True}}}}, "cpu:vcpus .* is not supported by salt-virt yet"),
+    ({"cpu": {"maximum": 2, "cache": {"mode": "emulate"}}}, "cpu:cache is not supported by salt-virt yet"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpupin": {2: "1"}}}}, "vcpupin: vCPU 2 does not exist"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpupin": {"x": "1"}}}}, "vcpupin must be a whole number"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpupin": {0: "1;rm"}}}}, "vcpupin:0 must be a CPU set"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpupin": ["0"]}}}, "vcpupin must map vCPU ids"),
+    ({"cpu": {"maximum": 2, "tuning": {"emulatorpin": "<x/>"}}}, "emulatorpin must be a CPU set"),
+    ({"cpu": {"maximum": 2, "tuning": {"shares": 1}}}, "cpu:tuning:shares must be a whole number 2-262144"),
+    ({"cpu": {"maximum": 2, "tuning": {"period": 10}}}, "cpu:tuning:period .* must be a whole number 1000-1000000"),
+    ({"cpu": {"maximum": 2, "tuning": {"quota": 5}}}, "cpu:tuning:quota must be -1 or at least 1000"),
+    ({"cpu": {"maximum": 2, "tuning": {"quota": "-1; x"}}}, "cpu:tuning:quota .* must be a whole number"),
+    ({"cpu": {"maximum": 2, "tuning": {"iothreadpin": {1: "0"}}}}, "iothreadpin needs cpu:iothreads"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpusched": []}}}, "cpu:tuning:vcpusched is not supported by salt-virt"),
+    ({"cpu": {"maximum": 2, "tuning": {"vcpupn": {}}}}, "did you mean 'vcpupin'"),
+    ({"cpu": {"maximum": 2, "numa": {}}}, "cpu:numa must map cell ids"),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0-2", "memory": 64}}}}, "cpu:numa:0:cpus: CPU 2 does not exist"),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0"}}}}, "cpu:numa:0 needs memory"),
+    ({"cpu": {"maximum": 2, "numa": {1: {"cpus": "0", "memory": 64}}}}, "cell ids must be 0, 1, ... without gaps"),
+    (
+        {"cpu": {"maximum": 2, "numa": {0: {"cpus": "0-1", "memory": 32}, 1: {"cpus": "1", "memory": 32}}}},
+        "vCPU 1 is in another cell already",
+    ),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0-1", "memory": 32}}}}, "cpu:numa cells hold 32 MiB and mem is 64"),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0", "memory": 64, "memAccess": "x"}}}}, "memAccess must be one"),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0", "memory": 64, "discard": "maybe"}}}}, "discard must be true"),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0", "memory": 64, "distances": {}}}}}, "distances is not supp"),
     ({"mem": {"hard_limit": "2g"}}, "mem as a mapping needs boot"),
     ({"mem": {"boot": "lots"}}, "mem:boot must be a size"),
     ({"mem": {"boot": "1g", "hard_limit": "1.5g"}}, "mem:hard_limit must be a size"),
@@ -307,3 +338,18 @@ def test_old_flat_config_spellings_are_honoured():
     assert conf == {"tunnel": False, "x": 1} and not warnings  # the mapping wins
     conf, warnings = compat.master_virt_conf({"virt.tunnel": True, "virt.hypervisors.timeout": 9})
     assert conf == {"tunnel": True, "hypervisors": {"timeout": 9}} and len(warnings) == 2
+
+
+def test_salt_cpu_tuning_numa_and_vcpu_placement_are_honoured():
+    s = build(
+        cpu={
+            "maximum": 4,
+            "current": "2",
+            "cpuset": "0-3,^2",
+            "tuning": {"vcpupin": {0: "1-4,^2", "1": 0}, "emulatorpin": "0,1", "shares": 2048, "quota": -1},
+            "numa": {"1": {"cpus": "2-3", "memory": "32m"}, 0: {"cpus": "0,1", "memory": 32, "memAccess": "shared"}},
+        }
+    )
+    assert s.cpu == 4 and s.vcpu == {"cpuset": "0-1,3", "current": 2}  # libvirt's canonical CPU sets
+    assert s.cputune == {"shares": 2048, "quota": -1, "vcpupin": {0: "1,3-4", 1: "0"}, "emulatorpin": "0-1"}
+    assert [(c["id"], c["cpus"], c["memory"]) for c in s.cpu_model["numa"]] == [(0, "0-1", 32), (1, "2-3", 32)]
