@@ -42,8 +42,10 @@ def build(spec):
     """Domain XML (str) for a :class:`saltvirt.spec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
     _sub(dom, "name", spec.name)
+    if spec.max_mem:
+        _sub(dom, "maxMemory", spec.max_mem["size"], slots=spec.max_mem["slots"], unit="MiB")
     _sub(dom, "memory", spec.mem, unit="MiB")
-    _sub(dom, "currentMemory", spec.mem, unit="MiB")
+    _sub(dom, "currentMemory", spec.mem_current or spec.mem, unit="MiB")
     _sub(dom, "vcpu", spec.cpu, **(spec.vcpu or {}))
     _metadata(dom, spec)
     dom.append(os_config(spec))
@@ -54,6 +56,8 @@ def build(spec):
         dom.append(cputune(spec.cputune))
     if spec.memtune:
         dom.append(memtune(spec.memtune))
+    if spec.memory_backing:
+        dom.append(memory_backing(spec.memory_backing))
     if spec.numatune:
         dom.append(numatune(spec.numatune))
     if spec.clock:
@@ -159,6 +163,28 @@ def memtune(limits):
     for key in ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee"):
         if key in limits:
             _sub(el, key, limits[key], unit="MiB")
+    return el
+
+
+def memory_backing(b):
+    """``<memoryBacking>`` from Salt's mem dict (speckeys.memory_backing): hugepages (page sizes in KiB,
+    per guest NUMA cells), nosharepages, locked, source, access, allocation, discard."""
+    el = _el("memoryBacking")
+    if "hugepages" in b:
+        pages = _sub(el, "hugepages")
+        for page in b["hugepages"]:
+            _sub(pages, "page", size=page["size"], unit="KiB", nodeset=page.get("nodeset"))
+    for key in ("nosharepages", "locked"):
+        if b.get(key):
+            _sub(el, key)
+    if b.get("source"):
+        _sub(el, "source", type=b["source"])
+    if b.get("access"):
+        _sub(el, "access", mode=b["access"])
+    if b.get("allocation"):
+        _sub(el, "allocation", mode=b["allocation"])
+    if b.get("discard"):
+        _sub(el, "discard")
     return el
 
 
@@ -556,6 +582,8 @@ FEATURES = (
     "numatune",
     "vcpu",
     "cputune",
+    "max_mem",
+    "memory_backing",
 )
 
 
@@ -594,6 +622,7 @@ def feature_facts(xml):
     serials = [el for el in root.findall("devices/serial") if _port(el) >= 1]
     consoles = [el for el in root.findall("devices/console") if el.find("target[@type='virtio']") is not None]
     tpm_el = root.find("devices/tpm")
+    max_el = root.find("maxMemory")
     backend = tpm_el.find("backend") if tpm_el is not None else None
     return {
         "firmware": {
@@ -616,7 +645,33 @@ def feature_facts(xml):
         "numatune": dict(root.find("numatune/memory").attrib) if root.find("numatune/memory") is not None else None,
         "vcpu": _vcpu_facts(root.find("vcpu")),
         "cputune": _cputune_facts(root.find("cputune")),
+        "max_mem": {"size": _mib(max_el), "slots": _int(max_el.get("slots"))} if max_el is not None else None,
+        "memory_backing": _backing_facts(root.find("memoryBacking")),
     }
+
+
+def _backing_facts(el):
+    """``<memoryBacking>`` as speckeys.memory_backing writes it (page sizes in KiB)."""
+    if el is None or not len(el):
+        return None
+    out = {}
+    if el.find("hugepages") is not None:
+        out["hugepages"] = [
+            {"size": _kib(p), **({"nodeset": p.get("nodeset")} if p.get("nodeset") else {})}
+            for p in el.findall("hugepages/page")
+        ]
+    for key in ("nosharepages", "locked", "discard"):
+        if el.find(key) is not None:
+            out[key] = True
+    for key, attr in (("source", "type"), ("access", "mode"), ("allocation", "mode")):
+        if el.find(key) is not None:
+            out[key] = el.find(key).get(attr)
+    return out
+
+
+def _kib(page):
+    unit = (page.get("unit") or "KiB").lower().rstrip("b").rstrip("i") or "k"
+    return _int(page.get("size")) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}.get(unit[0], 1)
 
 
 def _vcpu_facts(el):
@@ -688,7 +743,8 @@ def replace_features(xml, new_xml, fields):
         root.find("vcpu").attrib.clear()
         root.find("vcpu").attrib.update(new.find("vcpu").attrib)
     tags = (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune"))
-    for key, tag in (*tags, ("cputune", "cputune")):
+    tags += (("cputune", "cputune"), ("max_mem", "maxMemory"), ("memory_backing", "memoryBacking"))
+    for key, tag in tags:
         if key in fields:
             for el in root.findall(tag):
                 root.remove(el)

@@ -119,6 +119,9 @@ class VMSpec:
     numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
     vcpu: dict | None = None  # Salt's cpu:current/placement/cpuset: the attributes of <vcpu>
     cputune: dict | None = None  # Salt's cpu:tuning (speckeys.cpu_tuning): vcpupin, emulatorpin, shares, ...
+    mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
+    max_mem: dict | None = None  # Salt's mem:max + slots: {size (MiB), slots} (<maxMemory>, memory hotplug)
+    memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (speckeys.memory_backing)
 
 
 def _named_entries(value, what):
@@ -364,12 +367,14 @@ def build(
     cpu, cpu_model = speckeys.cpu_detail(cpu)
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
+    mem_dict = mem
     mem, memtune = speckeys.mem_detail(mem)
     cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
     vcpu, cputune = _cpu_parts(cpu_model, mem)
+    mem_current, max_mem, backing = speckeys.mem_layout(mem_dict, mem, len((cpu_model or {}).get("numa") or []))
     validate.absolute_path(images_dir, "virt:images")
     vm_dir = validate.inside(images_dir, name)
     roots = (images_dir, *validate.allowed_paths(allowed_paths))
@@ -446,6 +451,9 @@ def build(
         numatune=speckeys.numatune(numatune),
         vcpu=vcpu,
         cputune=cputune,
+        mem_current=mem_current,
+        max_mem=max_mem,
+        memory_backing=backing,
     )
 
 

@@ -543,10 +543,11 @@ NUMA_CELL_REFUSED = {"distances": f"cpu:numa:<cell>:distances {_NOT_YET}: leave 
 _CPUSET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
 CPU_MODEL_KEYS = ("name", "fallback", "vendor_id")
 TOPOLOGY_KEYS = ("sockets", "cores", "threads")
-MEM_KEYS = ("boot", "hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")
-MEM_REFUSED = {
-    k: f"mem:{k} {_NOT_YET}: leave it out" for k in ("current", "max", "slots", "hugepages", "nosharepages", "locked")
-}
+MEM_LIMITS = ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")  # <memtune>
+MEM_BACKING = ("hugepages", "nosharepages", "locked", "source", "access", "allocation", "discard")  # <memoryBacking>
+MEM_KEYS = ("boot", *MEM_LIMITS, "current", "max", "slots", *MEM_BACKING)
+MEM_REFUSED = {}
+HUGEPAGE_KEYS = ("size", "nodeset")
 _CPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -618,7 +619,7 @@ def _cpu_model(model, out):
         out["model"]["vendor_id"] = vid
 
 
-def cpuset(value, what, maximum=None):
+def cpuset(value, what, maximum=None, of="vCPUs"):
     """A CPU set (``0-3,^2,6`` or one number) in libvirt's canonical spelling (``0-1,3,6``), as libvirt
     writes it back; every id below ``maximum`` when given (the guest's vCPUs)."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
@@ -635,9 +636,7 @@ def cpuset(value, what, maximum=None):
     if not ids:
         raise SaltInvocationError(f"{what}: {value!r} names no CPU")
     if maximum is not None and max(ids) >= maximum:
-        raise SaltInvocationError(
-            f"{what}: CPU {max(ids)} does not exist (the VM has {maximum} vCPUs: 0-{maximum - 1})"
-        )
+        raise SaltInvocationError(f"{what}: {max(ids)} does not exist (the VM has {maximum} {of}: 0-{maximum - 1})")
     runs = []  # [first, last] of each run of consecutive ids
     for i in sorted(ids):
         if runs and i == runs[-1][1] + 1:
@@ -769,8 +768,78 @@ def mem_detail(value):
     if value.get("boot") is None:
         raise SaltInvocationError("mem as a mapping needs boot (the memory in MiB, or 1g ...)")
     boot_mib = mib(value["boot"], "mem:boot")
-    limits = {k: mib(value[k], f"mem:{k}") for k in MEM_KEYS[1:] if value.get(k) is not None}
+    limits = {k: mib(value[k], f"mem:{k}") for k in MEM_LIMITS if value.get(k) is not None}
     return boot_mib, limits or None
+
+
+def mem_layout(value, boot_mib, numa_cells=0):
+    """Salt's ``mem:current`` / ``max`` + ``slots`` / backing keys -> ``(current MiB or None, {size, slots}
+    or None, <memoryBacking> dict or None)``. ``numa_cells``: how many guest NUMA cells cpu:numa has."""
+    if not isinstance(value, dict):
+        return None, None, None
+    current = None
+    if value.get("current") is not None:
+        current = mib(value["current"], "mem:current")
+        if current > boot_mib:
+            raise SaltInvocationError(f"mem:current ({current} MiB) must not exceed mem:boot ({boot_mib} MiB)")
+    max_mem = None
+    if value.get("max") is not None or value.get("slots") is not None:
+        if value.get("max") is None or value.get("slots") is None:
+            raise SaltInvocationError("mem:max (memory hotplug maximum) and mem:slots go together: give both")
+        max_mem = {"size": mib(value["max"], "mem:max"), "slots": _int_in(value["slots"], "mem:slots", 1, 255)}
+        if max_mem["size"] < boot_mib:
+            raise SaltInvocationError(f"mem:max ({max_mem['size']} MiB) must be at least mem:boot ({boot_mib} MiB)")
+        if not numa_cells:
+            raise SaltInvocationError("mem:max (memory hotplug) needs guest NUMA cells: add cpu:numa (e.g. one cell)")
+    return current, max_mem, memory_backing(value, numa_cells)
+
+
+def _kib(value, what):
+    """A page size in KiB: a number (MiB, as mem's sizes) or ``4k``/``2m``/``1g``."""
+    match = _SIZE_RE.match(str(value)) if not isinstance(value, bool) else None
+    if not match or int(match.group(1)) < 1:
+        raise SaltInvocationError(f"{what} must be a page size like 2m or 1g, got {value!r}")
+    return int(match.group(1)) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}[(match.group(2) or "m").lower()]
+
+
+def memory_backing(value, numa_cells=0):
+    """Salt's mem:hugepages (True, or [{size, nodeset}]), nosharepages, locked, source, access,
+    allocation, discard -> the ``<memoryBacking>`` dict, or None."""
+    out = {}
+    pages = value.get("hugepages")
+    if pages is not None and pages is not False:
+        out["hugepages"] = [] if pages is True else _hugepages(pages, numa_cells)
+    for key in ("nosharepages", "locked", "discard"):
+        if value.get(key) is not None and flag(value[key], f"mem:{key}"):
+            out[key] = True
+    for key, allowed in (
+        ("source", ("file", "anonymous", "memfd")),
+        ("access", ("shared", "private")),
+        ("allocation", ("immediate", "ondemand")),
+    ):
+        if value.get(key) is not None:
+            out[key] = _choice(value[key], f"mem:{key}", allowed)
+    return out or None
+
+
+def _hugepages(pages, numa_cells):
+    if isinstance(pages, dict):
+        pages = [pages]
+    if not isinstance(pages, list) or not pages:
+        raise SaltInvocationError(f"mem:hugepages must be True or a list of {{size, nodeset}}, got {pages!r}")
+    out = []
+    for i, page in enumerate(pages):
+        where = f"mem:hugepages[{i}]"
+        check_keys(page, where, HUGEPAGE_KEYS)
+        if page.get("size") is None:
+            raise SaltInvocationError(f"{where} needs a size (e.g. 2m or 1g)")
+        entry = {"size": _kib(page["size"], f"{where}:size")}
+        if page.get("nodeset") is not None:
+            if not numa_cells:
+                raise SaltInvocationError(f"{where}:nodeset names guest NUMA cells: add cpu:numa, or drop nodeset")
+            entry["nodeset"] = cpuset(page["nodeset"], f"{where}:nodeset", maximum=numa_cells, of="NUMA cells")
+        out.append(entry)
+    return out
 
 
 NUMATUNE_KEYS = ("memory",)

@@ -384,7 +384,14 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     v = virt_test
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
-    assert set(preview["changes"]) == set(domxml.FEATURES) - {"cpu_model", "memtune", "vcpu", "cputune"}
+    assert set(preview["changes"]) == set(domxml.FEATURES) - {
+        "cpu_model",
+        "memtune",
+        "vcpu",
+        "cputune",
+        "max_mem",
+        "memory_backing",
+    }
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
@@ -461,6 +468,29 @@ def test_update_applies_cpu_tuning_numa_current_and_cpuset(virt_test):
         "new": 4,
     }
     v["virt.undefine"]("conv9")
+
+
+def test_update_applies_mem_current_max_slots_hugepages(virt_test):
+    v = virt_test
+    v["virt.init"]("conv11", 1, 64, nic=None, disk=None, start=False)
+    cpu = {"maximum": 1, "numa": {0: {"cpus": "0", "memory": "128m"}}}
+    mem = {"boot": "128m", "current": 96, "max": "512m", "slots": 2, "hugepages": [{"size": "2m", "nodeset": 0}]}
+    preview = v["virt.update"]("conv11", cpu=cpu, mem=mem, test=True)
+    assert preview["changes"]["mem"] == {"old": 64, "new": "96 (maximum 128)", "current": 96}
+    done = v["virt.update"]("conv11", cpu=cpu, mem=mem)
+    assert set(done["changes"]) == set(preview["changes"]) == {"mem", "cpu_model", "max_mem", "memory_backing"}
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv11"))
+    assert facts["max_mem"] == {"size": 512, "slots": 2}
+    assert facts["memory_backing"] == {"hugepages": [{"size": 2048, "nodeset": "0"}]}
+    info = v["virt.vm_info"]("conv11")["conv11"]
+    assert (info["mem"], info["current_mem"]) == (128, 96)
+    assert v["virt.update"]("conv11", cpu=cpu, mem=mem)["changes"] == {}  # idempotent
+    assert v["virt.update"]("conv11", cpu=cpu, mem=dict(mem, hugepages=False))["changes"]["memory_backing"] == {
+        "old": {"hugepages": [{"size": 2048, "nodeset": "0"}]},
+        "new": None,
+    }
+    assert domxml.feature_facts(v["virt.get_xml"]("conv11"))["memory_backing"] is None
+    v["virt.undefine"]("conv11")
 
 
 def test_cpu_tuning_change_to_a_running_vm_needs_a_restart(virt_test):

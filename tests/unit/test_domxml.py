@@ -273,6 +273,21 @@ FEATURE_CASES = {
             }
         ),
     ),
+    "mem-hotplug-hugepages": vm(
+        mem=256,
+        mem_current=128,
+        max_mem={"size": 1024, "slots": 4},
+        memory_backing=spec.speckeys.memory_backing(
+            {"hugepages": [{"size": "2m", "nodeset": "0"}, {"size": "1g"}], "nosharepages": True, "locked": True},
+            numa_cells=1,
+        ),
+        **cpu_dict({"maximum": 2, "numa": {0: {"cpus": "0-1", "memory": 256}}}),
+    ),
+    "mem-backing-memfd": vm(
+        memory_backing=spec.speckeys.memory_backing(
+            {"hugepages": True, "source": "memfd", "access": "shared", "allocation": "immediate", "discard": True}
+        )
+    ),
     "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
     "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
     "numatune-strict": vm(numatune=spec.speckeys.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
@@ -318,6 +333,8 @@ def test_feature_facts_from_spec_build():
         "numatune": None,
         "vcpu": {"placement": "static", "cpuset": None},
         "cputune": None,
+        "max_mem": None,
+        "memory_backing": None,
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"

@@ -110,7 +110,7 @@ HOSTILE = [
     ({"cloud_init": True, "disks": [{"name": "cidata", "size": 1}]}, "needs that name"),
     # cpu / mem in Salt's detailed forms (not yet supported: refused, not misread)
     ({"cpu": {"maximum": 2, "topology": {"sockets": 1}}}, "must multiply to cpu:maximum"),
-    ({"mem": {"boot": "1g", "hugepages": [{"size": "2m"}]}}, "mem:hugepages is not supported by salt-virt yet"),
+    ({"mem": {"boot": "1g", "hugepages": [{"size": "2m<x/>"}]}}, r"mem:hugepages\[0\]:size must be a page size"),
 ]
 # firmware, boot order, serials/consoles, vTPM: every nested key, hostile values
 HOSTILE += [
@@ -206,7 +206,7 @@ HOSTILE += [
     ({"cpu": {"maximum": 2, "tuning": {"vcpusched": []}}}, "cpu:tuning:vcpusched is not supported by salt-virt"),
     ({"cpu": {"maximum": 2, "tuning": {"vcpupn": {}}}}, "did you mean 'vcpupin'"),
     ({"cpu": {"maximum": 2, "numa": {}}}, "cpu:numa must map cell ids"),
-    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0-2", "memory": 64}}}}, "cpu:numa:0:cpus: CPU 2 does not exist"),
+    ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0-2", "memory": 64}}}}, "cpu:numa:0:cpus: 2 does not exist"),
     ({"cpu": {"maximum": 2, "numa": {0: {"cpus": "0"}}}}, "cpu:numa:0 needs memory"),
     ({"cpu": {"maximum": 2, "numa": {1: {"cpus": "0", "memory": 64}}}}, "cell ids must be 0, 1, ... without gaps"),
     (
@@ -221,8 +221,30 @@ HOSTILE += [
     ({"mem": {"boot": "lots"}}, "mem:boot must be a size"),
     ({"mem": {"boot": "1g", "hard_limit": "1.5g"}}, "mem:hard_limit must be a size"),
     ({"mem": {"boot": "1g", "soft_limit": "1k"}}, "mem:soft_limit must be a whole number of MiB"),
-    ({"mem": {"boot": "1g", "max": "4g"}}, "mem:max is not supported by salt-virt yet"),
-    ({"mem": {"boot": "1g", "current": "512m"}}, "mem:current is not supported by salt-virt yet"),
+    # mem:current / max / slots / hugepages / backing
+    ({"mem": {"boot": "1g", "current": "2g"}}, r"mem:current \(2048 MiB\) must not exceed mem:boot \(1024 MiB\)"),
+    ({"mem": {"boot": "1g", "current": "lots"}}, "mem:current must be a size"),
+    ({"mem": {"boot": "1g", "max": "4g"}}, "mem:max .* and mem:slots go together"),
+    ({"mem": {"boot": "1g", "slots": 4}}, "mem:max .* and mem:slots go together"),
+    ({"mem": {"boot": "1g", "max": "4g", "slots": 0}}, "mem:slots must be a whole number 1-255"),
+    ({"mem": {"boot": "1g", "max": "512m", "slots": 2}}, "mem:max .* must be at least mem:boot"),
+    ({"mem": {"boot": "1g", "max": "4g", "slots": 2}}, "mem:max .* needs guest NUMA cells: add cpu:numa"),
+    ({"mem": {"boot": 64, "hugepages": "yes"}}, "mem:hugepages must be True or a list"),
+    ({"mem": {"boot": 64, "hugepages": [{"size": "2x"}]}}, r"mem:hugepages\[0\]:size must be a page size"),
+    ({"mem": {"boot": 64, "hugepages": [{"nodeset": "0"}]}}, r"mem:hugepages\[0\] needs a size"),
+    ({"mem": {"boot": 64, "hugepages": [{"size": "2m", "nodeset": "0"}]}}, "nodeset names guest NUMA cells"),
+    (
+        {
+            "cpu": {"maximum": 1, "numa": {0: {"cpus": "0", "memory": 64}}},
+            "mem": {"boot": 64, "hugepages": [{"size": "2m", "nodeset": "1"}]},
+        },
+        "nodeset: 1 does not exist .*1 NUMA cells",
+    ),
+    ({"mem": {"boot": 64, "hugepages": [{"size": "2m", "node": "0"}]}}, "did you mean 'nodeset'"),
+    ({"mem": {"boot": 64, "source": "ram"}}, "mem:source must be one of file, anonymous, memfd"),
+    ({"mem": {"boot": 64, "access": "public"}}, "mem:access must be one of shared, private"),
+    ({"mem": {"boot": 64, "allocation": "lazy"}}, "mem:allocation must be one of immediate, ondemand"),
+    ({"mem": {"boot": 64, "locked": "perhaps"}}, "mem:locked must be true or false"),
     ({"mem": {"boot": "1g", "hard_limt": "2g"}}, "did you mean 'hard_limit'"),
     ({"numatune": {"memory": {"mode": "strict", "nodeset": "0'/><x"}}}, "numatune:memory:nodeset must be host NUMA"),
     ({"numatune": {"memory": {"mode": "loose", "nodeset": "0"}}}, "numatune:memory:mode must be one of"),
@@ -353,3 +375,16 @@ def test_salt_cpu_tuning_numa_and_vcpu_placement_are_honoured():
     assert s.cpu == 4 and s.vcpu == {"cpuset": "0-1,3", "current": 2}  # libvirt's canonical CPU sets
     assert s.cputune == {"shares": 2048, "quota": -1, "vcpupin": {0: "1,3-4", 1: "0"}, "emulatorpin": "0-1"}
     assert [(c["id"], c["cpus"], c["memory"]) for c in s.cpu_model["numa"]] == [(0, "0-1", 32), (1, "2-3", 32)]
+
+
+def test_salt_mem_current_max_slots_hugepages_are_honoured():
+    s = build(
+        cpu={"maximum": 2, "numa": {0: {"cpus": 0, "memory": "512m"}, 1: {"cpus": 1, "memory": "512m"}}},
+        mem={"boot": "1g", "current": "512m", "max": "4g", "slots": 8, "hugepages": [{"size": "2m", "nodeset": "0,1"}]},
+    )
+    assert (s.mem, s.mem_current, s.max_mem) == (1024, 512, {"size": 4096, "slots": 8})
+    assert s.memory_backing == {"hugepages": [{"size": 2048, "nodeset": "0-1"}]}
+    assert build(mem={"boot": 64, "hugepages": True, "nosharepages": "yes"}).memory_backing == {
+        "hugepages": [],
+        "nosharepages": True,
+    }
