@@ -122,7 +122,7 @@ def features(spec):
 
 
 def cpu(c):
-    """``<cpu>`` from Salt's cpu dict (speckeys.cpu_detail): mode, match, check, model, vendor, topology, features."""
+    """``<cpu>`` from Salt's cpu dict (cpumem.cpu_detail): mode, match, check, model, vendor, topology, features."""
     el = _el("cpu", mode=c["mode"], match=c.get("match"), check=c.get("check"))
     if c.get("model"):
         m = c["model"]
@@ -145,7 +145,7 @@ CPUTUNE_SCALARS += ("emulator_period", "emulator_quota", "iothread_period", "iot
 
 
 def cputune(t):
-    """``<cputune>`` from Salt's cpu:tuning (speckeys.cpu_tuning), in libvirt's order."""
+    """``<cputune>`` from Salt's cpu:tuning (cpumem.cpu_tuning), in libvirt's order."""
     el = _el("cputune")
     for key in CPUTUNE_SCALARS:
         if key in t:
@@ -167,7 +167,7 @@ def memtune(limits):
 
 
 def memory_backing(b):
-    """``<memoryBacking>`` from Salt's mem dict (speckeys.memory_backing): hugepages (page sizes in KiB,
+    """``<memoryBacking>`` from Salt's mem dict (cpumem.memory_backing): hugepages (page sizes in KiB,
     per guest NUMA cells), nosharepages, locked, source, access, allocation, discard."""
     el = _el("memoryBacking")
     if "hugepages" in b:
@@ -651,7 +651,7 @@ def feature_facts(xml):
 
 
 def _backing_facts(el):
-    """``<memoryBacking>`` as speckeys.memory_backing writes it (page sizes in KiB)."""
+    """``<memoryBacking>`` as cpumem.memory_backing writes it (page sizes in KiB)."""
     if el is None or not len(el):
         return None
     out = {}
@@ -694,7 +694,7 @@ def _cputune_facts(el):
 
 
 def _cpu_facts(el):
-    """``<cpu>`` as speckeys.cpu_detail writes it, without what libvirt adds on define (check, match
+    """``<cpu>`` as cpumem.cpu_detail writes it, without what libvirt adds on define (check, match
     exact, fallback allow, dies)."""
     if el is None:
         return None

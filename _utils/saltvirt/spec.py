@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import speckeys, validate
+from saltvirt import cpumem, speckeys, validate
 from saltvirt.images import DISK_FORMATS
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
@@ -114,14 +114,14 @@ class VMSpec:
     tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
     clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
-    cpu_model: dict | None = None  # Salt's cpu dict (speckeys.cpu_detail): mode, model, topology, features
+    cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
     numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
     vcpu: dict | None = None  # Salt's cpu:current/placement/cpuset: the attributes of <vcpu>
-    cputune: dict | None = None  # Salt's cpu:tuning (speckeys.cpu_tuning): vcpupin, emulatorpin, shares, ...
+    cputune: dict | None = None  # Salt's cpu:tuning (cpumem.cpu_tuning): vcpupin, emulatorpin, shares, ...
     mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
     max_mem: dict | None = None  # Salt's mem:max + slots: {size (MiB), slots} (<maxMemory>, memory hotplug)
-    memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (speckeys.memory_backing)
+    memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
 
 
 def _named_entries(value, what):
@@ -364,17 +364,17 @@ def build(
     call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
     """
     name = validate.vm_name(name)
-    cpu, cpu_model = speckeys.cpu_detail(cpu)
+    cpu, cpu_model = cpumem.cpu_detail(cpu)
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
     mem_dict = mem
-    mem, memtune = speckeys.mem_detail(mem)
+    mem, memtune = cpumem.mem_detail(mem)
     cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
     vcpu, cputune = _cpu_parts(cpu_model, mem)
-    mem_current, max_mem, backing = speckeys.mem_layout(mem_dict, mem, len((cpu_model or {}).get("numa") or []))
+    mem_current, max_mem, backing = cpumem.mem_layout(mem_dict, mem, len((cpu_model or {}).get("numa") or []))
     validate.absolute_path(images_dir, "virt:images")
     vm_dir = validate.inside(images_dir, name)
     roots = (images_dir, *validate.allowed_paths(allowed_paths))
@@ -448,7 +448,7 @@ def build(
         hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
         cpu_model=cpu_model,
         memtune=memtune,
-        numatune=speckeys.numatune(numatune),
+        numatune=cpumem.numatune(numatune),
         vcpu=vcpu,
         cputune=cputune,
         mem_current=mem_current,

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from saltvirt import domxml, spec
+from saltvirt import cpumem, domxml, spec
 from tests.support import golden as golden_files
 
 
@@ -201,7 +201,7 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
 # firmware, boot order, extra serial ports and consoles, vTPM (issue #15) ------------------------------
 def cpu_dict(value):
     """VMSpec fields of Salt's cpu dict: <cpu> (with its NUMA cells), <vcpu> attributes, <cputune>."""
-    model = spec.speckeys.cpu_detail(value)[1]
+    model = cpumem.cpu_detail(value)[1]
     return {"vcpu": model.pop("vcpu", None), "cputune": model.pop("tuning", None), "cpu_model": model}
 
 
@@ -238,7 +238,7 @@ FEATURE_CASES = {
     "clock-adjustment": vm(clock=spec.speckeys.clock({"adjustment": 3600})),
     "cpu-custom-topology-features": vm(
         cpu=4,
-        cpu_model=spec.speckeys.cpu_detail(
+        cpu_model=cpumem.cpu_detail(
             {
                 "maximum": 4,
                 "match": "exact",
@@ -277,20 +277,20 @@ FEATURE_CASES = {
         mem=256,
         mem_current=128,
         max_mem={"size": 1024, "slots": 4},
-        memory_backing=spec.speckeys.memory_backing(
+        memory_backing=cpumem.memory_backing(
             {"hugepages": [{"size": "2m", "nodeset": "0"}, {"size": "1g"}], "nosharepages": True, "locked": True},
             numa_cells=1,
         ),
         **cpu_dict({"maximum": 2, "numa": {0: {"cpus": "0-1", "memory": 256}}}),
     ),
     "mem-backing-memfd": vm(
-        memory_backing=spec.speckeys.memory_backing(
+        memory_backing=cpumem.memory_backing(
             {"hugepages": True, "source": "memfd", "access": "shared", "allocation": "immediate", "discard": True}
         )
     ),
-    "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
-    "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
-    "numatune-strict": vm(numatune=spec.speckeys.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
+    "cpu-host-passthrough": vm(cpu_model=cpumem.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
+    "memtune-limits": vm(memtune=cpumem.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
+    "numatune-strict": vm(numatune=cpumem.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
     "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
 }
 
