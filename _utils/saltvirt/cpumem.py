@@ -334,24 +334,50 @@ def _hugepages(pages, numa_cells):
     return out
 
 
-NUMATUNE_KEYS = ("memory",)
-NUMATUNE_REFUSED = {
-    "memnodes": "numatune:memnodes needs guest NUMA cells (cpu:numa), which salt-virt does not build yet"
-}
+NUMATUNE_KEYS = ("memory", "memnodes")
+NUMATUNE_MODES = ("strict", "interleave", "preferred", "restrictive")
 _NODESET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
 
 
-def numatune(value):
-    """Salt's ``numatune: {memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}``."""
+def _host_nodes(nodeset, what):
+    """Host NUMA nodes (``0-1,^3``) in libvirt's spelling."""
+    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.match(str(nodeset)):
+        raise SaltInvocationError(f"{what} must be host NUMA nodes like 0-1,^3, got {nodeset!r}")
+    return cpuset(nodeset, what)
+
+
+def numatune(value, numa_cells=0):
+    """Salt's ``numatune: {memory: {mode, nodeset}, memnodes: {<guest cell>: {mode, nodeset}}}`` ->
+    ``{mode, nodeset, memnodes: [{cellid, mode, nodeset}]}`` (modes strict|interleave|preferred|restrictive;
+    ``numa_cells``: how many guest NUMA cells cpu:numa has, which memnodes name)."""
     if value in (None, "", {}):
         return None
-    check_keys(value, "numatune", NUMATUNE_KEYS, NUMATUNE_REFUSED)
-    mem = value.get("memory") or {}
-    check_keys(mem, "numatune:memory", ("mode", "nodeset"))
-    mode = _choice(
-        mem.get("mode", "strict"), "numatune:memory:mode", ("strict", "interleave", "preferred", "restrictive")
-    )
-    nodeset = mem.get("nodeset")
-    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.match(str(nodeset)):
-        raise SaltInvocationError(f"numatune:memory:nodeset must be host NUMA nodes like 0-1,^3, got {nodeset!r}")
-    return {"mode": mode, "nodeset": str(nodeset)}
+    check_keys(value, "numatune", NUMATUNE_KEYS)
+    out = {}
+    if value.get("memory") is not None or value.get("memnodes") is None:
+        mem = value.get("memory") or {}
+        check_keys(mem, "numatune:memory", ("mode", "nodeset"))
+        out["mode"] = _choice(mem.get("mode", "strict"), "numatune:memory:mode", NUMATUNE_MODES)
+        out["nodeset"] = _host_nodes(mem.get("nodeset"), "numatune:memory:nodeset")
+    nodes = value.get("memnodes")
+    if nodes is not None:
+        if not isinstance(nodes, dict) or not nodes:
+            raise SaltInvocationError(f"numatune:memnodes must map guest cell ids to {{mode, nodeset}}, got {nodes!r}")
+        if not numa_cells:
+            raise SaltInvocationError("numatune:memnodes tunes guest NUMA cells: add cpu:numa, or use numatune:memory")
+        out["memnodes"] = []
+        for key in sorted(nodes, key=lambda k: _int_in(k, "numatune:memnodes cell id", 0, 255)):
+            cell = _int_in(key, "numatune:memnodes cell id", 0, 255)
+            where = f"numatune:memnodes:{cell}"
+            if cell >= numa_cells:
+                raise SaltInvocationError(f"{where}: the VM has guest NUMA cells 0-{numa_cells - 1} (cpu:numa)")
+            conf = nodes[key]
+            check_keys(conf, where, ("mode", "nodeset"))
+            out["memnodes"].append(
+                {
+                    "cellid": cell,
+                    "mode": _choice(conf.get("mode", "strict"), f"{where}:mode", NUMATUNE_MODES),
+                    "nodeset": _host_nodes(conf.get("nodeset"), f"{where}:nodeset"),
+                }
+            )
+    return out

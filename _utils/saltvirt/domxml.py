@@ -189,9 +189,12 @@ def memory_backing(b):
 
 
 def numatune(n):
-    """``<numatune><memory mode nodeset/>``: the host NUMA nodes the guest's memory comes from."""
+    """``<numatune>``: the host NUMA nodes the guest's memory comes from, and per guest cell (``<memnode>``)."""
     el = _el("numatune")
-    _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
+    if n.get("mode"):
+        _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
+    for node in n.get("memnodes", []):
+        _sub(el, "memnode", cellid=node["cellid"], mode=node["mode"], nodeset=node["nodeset"])
     return el
 
 
@@ -642,7 +645,7 @@ def feature_facts(xml):
         "hypervisor_features": {f"kvm-{el.tag}": el.get("state") == "on" for el in root.findall("features/kvm/*")},
         "cpu_model": _cpu_facts(root.find("cpu")),
         "memtune": {el.tag: _mib(el) for el in root.findall("memtune/*")} or None,
-        "numatune": dict(root.find("numatune/memory").attrib) if root.find("numatune/memory") is not None else None,
+        "numatune": _numatune_facts(root.find("numatune")),
         "vcpu": _vcpu_facts(root.find("vcpu")),
         "cputune": _cputune_facts(root.find("cputune")),
         "max_mem": {"size": _mib(max_el), "slots": _int(max_el.get("slots"))} if max_el is not None else None,
@@ -672,6 +675,15 @@ def _backing_facts(el):
 def _kib(page):
     unit = (page.get("unit") or "KiB").lower().rstrip("b").rstrip("i") or "k"
     return _int(page.get("size")) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}.get(unit[0], 1)
+
+
+def _numatune_facts(el):
+    """``<numatune>``: its memory's mode and nodeset, and ``memnodes`` when there are some."""
+    if el is None or not len(el):
+        return None
+    out = dict(el.find("memory").attrib) if el.find("memory") is not None else {}
+    nodes = [{**m.attrib, "cellid": _int(m.get("cellid"))} for m in el.findall("memnode")]
+    return {**out, "memnodes": nodes} if nodes else out
 
 
 def _vcpu_facts(el):

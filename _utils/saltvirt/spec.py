@@ -116,7 +116,7 @@ class VMSpec:
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
     cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
-    numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
+    numatune: dict | None = None  # {mode, nodeset, memnodes}: host NUMA nodes the guest memory comes from
     vcpu: dict | None = None  # Salt's cpu:current/placement/cpuset: the attributes of <vcpu>
     cputune: dict | None = None  # Salt's cpu:tuning (cpumem.cpu_tuning): vcpupin, emulatorpin, shares, ...
     mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
@@ -448,7 +448,7 @@ def build(
         hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
         cpu_model=cpu_model,
         memtune=memtune,
-        numatune=cpumem.numatune(numatune),
+        numatune=cpumem.numatune(numatune, len((cpu_model or {}).get("numa") or [])),
         vcpu=vcpu,
         cputune=cputune,
         mem_current=mem_current,

@@ -493,6 +493,19 @@ def test_update_applies_mem_current_max_slots_hugepages(virt_test):
     v["virt.undefine"]("conv11")
 
 
+def test_update_applies_numatune_memnodes(virt_test):
+    v = virt_test
+    cpu = {"maximum": 2, "numa": {0: {"cpus": "0", "memory": 32}, 1: {"cpus": "1", "memory": 32}}}
+    v["virt.init"]("conv12", cpu, 64, nic=None, disk=None, start=False)
+    tune = {"memnodes": {0: {"mode": "strict", "nodeset": "0"}, 1: {"mode": "preferred", "nodeset": "0"}}}
+    done = v["virt.update"]("conv12", cpu=cpu, numatune=tune)
+    assert set(done["changes"]) == {"numatune"} and done["changes"]["numatune"]["old"] is None
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv12"))
+    assert [n["mode"] for n in facts["numatune"]["memnodes"]] == ["strict", "preferred"]
+    assert v["virt.update"]("conv12", cpu=cpu, numatune=tune)["changes"] == {}  # idempotent
+    v["virt.undefine"]("conv12")
+
+
 def test_cpu_tuning_change_to_a_running_vm_needs_a_restart(virt_test):
     v = virt_test
     cpu = {"maximum": 2, "tuning": {"vcpupin": {0: "0"}}}

@@ -53,3 +53,17 @@ def test_salt_mem_current_max_slots_hugepages_are_honoured():
         "hugepages": [],
         "nosharepages": True,
     }
+
+
+def test_salt_numatune_memnodes_are_honoured():
+    s = build(
+        cpu={"maximum": 2, "numa": {0: {"cpus": 0, "memory": 32}, 1: {"cpus": 1, "memory": 32}}},
+        numatune={"memnodes": {"1": {"mode": "preferred", "nodeset": "0,1"}, 0: {"nodeset": 0}}},
+    )
+    assert s.numatune == {
+        "memnodes": [
+            {"cellid": 0, "mode": "strict", "nodeset": "0"},
+            {"cellid": 1, "mode": "preferred", "nodeset": "0-1"},
+        ]
+    }
+    assert build(numatune={"memory": {"nodeset": "0,1"}}).numatune == {"mode": "strict", "nodeset": "0-1"}

@@ -288,6 +288,17 @@ FEATURE_CASES = {
             {"hugepages": True, "source": "memfd", "access": "shared", "allocation": "immediate", "discard": True}
         )
     ),
+    "numatune-memnodes": vm(
+        mem=256,
+        numatune=cpumem.numatune(
+            {
+                "memory": {"mode": "interleave", "nodeset": "0"},
+                "memnodes": {0: {"nodeset": 0}, 1: {"mode": "preferred", "nodeset": "0"}},
+            },
+            numa_cells=2,
+        ),
+        **cpu_dict({"maximum": 2, "numa": {0: {"cpus": "0", "memory": 128}, 1: {"cpus": "1", "memory": 128}}}),
+    ),
     "cpu-host-passthrough": vm(cpu_model=cpumem.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
     "memtune-limits": vm(memtune=cpumem.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
     "numatune-strict": vm(numatune=cpumem.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),

@@ -250,7 +250,23 @@ HOSTILE += [
     ({"numatune": {"memory": {"mode": "loose", "nodeset": "0"}}}, "numatune:memory:mode must be one of"),
     ({"numatune": {"memory": {"mode": "strict"}}}, "numatune:memory:nodeset must be"),
     ({"numatune": {"memory": {"placement": "auto", "nodeset": "0"}}}, "numatune:memory: unknown key 'placement'"),
-    ({"numatune": {"memnodes": {0: {"mode": "strict", "nodeset": "0"}}}}, "numatune:memnodes needs guest NUMA cells"),
+    ({"numatune": {"memnodes": {0: {"mode": "strict", "nodeset": "0"}}}}, "numatune:memnodes tunes guest NUMA"),
+    (
+        {"cpu": {"maximum": 1, "numa": {0: {"cpus": 0, "memory": 64}}}, "numatune": {"memnodes": {1: {"nodeset": 0}}}},
+        r"numatune:memnodes:1: the VM has guest NUMA cells 0-0",
+    ),
+    (
+        {
+            "cpu": {"maximum": 1, "numa": {0: {"cpus": 0, "memory": 64}}},
+            "numatune": {"memnodes": {0: {"nodeset": "x"}}},
+        },
+        "numatune:memnodes:0:nodeset must be host NUMA nodes",
+    ),
+    (
+        {"cpu": {"maximum": 1, "numa": {0: {"cpus": 0, "memory": 64}}}, "numatune": {"memnodes": {0: {"mode": "x"}}}},
+        "numatune:memnodes:0:mode must be one of",
+    ),
+    ({"numatune": {"memnodes": [0]}}, "numatune:memnodes must map guest cell ids"),
     ({"numatune": "0-1"}, "numatune must be a mapping"),
 ]
 
