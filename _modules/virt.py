@@ -125,6 +125,7 @@ def init(
     clock=None,
     hypervisor_features=None,
     numatune=None,
+    host_devices=None,
     **kwargs,
 ):
     """
@@ -188,6 +189,11 @@ def init(
     numatune
         ``{memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}, memnodes: {0: {mode,
         nodeset}}}`` (host NUMA nodes; ``memnodes`` per guest cell of ``cpu:numa``).
+    host_devices
+        Salt's list of node device names to pass through (``virt.node_devices``: ``pci_0000_00_1f_2``,
+        ``usb_3_1``): PCI devices as managed ``<hostdev>`` (libvirt detaches them from their host driver
+        while the VM runs; needs an IOMMU and KVM), USB devices by vendor, product and address. An unknown
+        name is refused with the PCI/USB devices the hypervisor has.
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported). ``cloud-init``: write

@@ -18,7 +18,7 @@ import os
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, fsutil, images, intake, provision, voldisks
+from saltvirt import caps, domxml, fsutil, images, intake, provision, voldisks
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
@@ -564,6 +564,8 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         allowed_paths=allowed_paths,
         **args,
     )
+    if "host_devices" in manage:
+        desired.hostdevs = caps.host_devices(conn, desired.host_devices)
     changes = diff(desired, facts, manage)
     ret = {"name": name, "changes": changes, "plan": plan(changes, facts), "applied": None}
     if actionable(changes) and not test:

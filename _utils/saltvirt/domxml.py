@@ -75,6 +75,7 @@ def build(spec):
     devices.extend(chardev("console", c, port) for port, c in enumerate(spec.consoles, start=1))
     if spec.tpm:
         devices.append(tpm(spec.tpm))
+    devices.extend(hostdev(h) for h in spec.hostdevs)
     if spec.graphics:
         devices.extend([graphics(spec.graphics), video(), tablet()])
     return ET.tostring(dom, encoding="unicode")
@@ -284,6 +285,22 @@ def tpm(t):
     """A vTPM emulated by swtpm (libvirt starts it, its state lives below /var/lib/libvirt/swtpm)."""
     el = _el("tpm", model=t["model"])
     _sub(el, "backend", type="emulator", version=t["version"])
+    return el
+
+
+def hostdev(h):
+    """A host PCI or USB device passed through (saltvirt.caps.host_devices); libvirt detaches a PCI
+    device from its host driver (managed) while the VM runs."""
+    el = _el("hostdev", mode="subsystem", type=h["type"], managed="yes" if h["type"] == "pci" else None)
+    src = _sub(el, "source")
+    if h["type"] == "pci":
+        dom, bus, rest = h["address"].split(":")
+        slot, func = rest.split(".")
+        _sub(src, "address", domain=f"0x{dom}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{func}")
+    else:
+        _sub(src, "vendor", id=h["vendor"])
+        _sub(src, "product", id=h["product"])
+        _sub(src, "address", bus=h["bus"], device=h["device"])
     return el
 
 
@@ -587,6 +604,7 @@ FEATURES = (
     "cputune",
     "max_mem",
     "memory_backing",
+    "host_devices",
 )
 
 
@@ -650,7 +668,21 @@ def feature_facts(xml):
         "cputune": _cputune_facts(root.find("cputune")),
         "max_mem": {"size": _mib(max_el), "slots": _int(max_el.get("slots"))} if max_el is not None else None,
         "memory_backing": _backing_facts(root.find("memoryBacking")),
+        "host_devices": [_hostdev_facts(el) for el in root.findall("devices/hostdev")],
     }
+
+
+def _hostdev_facts(el):
+    """A ``<hostdev>``'s source: ``{type: pci, address}`` or ``{type: usb, vendor, product}``."""
+    src = el.find("source")
+    if src is None:
+        return {"type": el.get("type")}
+    if el.get("type") == "pci" and src.find("address") is not None:
+        a = src.find("address")
+        nums = [int(a.get(k) or "0", 16) for k in ("domain", "bus", "slot", "function")]
+        return {"type": "pci", "address": "{:04x}:{:02x}:{:02x}.{:x}".format(*nums)}
+    ids = {k: src.find(k).get("id") for k in ("vendor", "product") if src.find(k) is not None}
+    return {"type": el.get("type"), **ids}
 
 
 def _backing_facts(el):
@@ -775,6 +807,7 @@ def replace_features(xml, new_xml, fields):
         "serials": lambda d: [el for el in d.findall("serial") if _port(el) >= 1],
         "consoles": lambda d: [el for el in d.findall("console") if el.find("target[@type='virtio']") is not None],
         "tpm": lambda d: d.findall("tpm"),
+        "host_devices": lambda d: d.findall("hostdev"),
     }
     for key, find in pick.items():
         if key in fields:

@@ -121,6 +121,8 @@ class VMSpec:
     cputune: dict | None = None  # Salt's cpu:tuning (cpumem.cpu_tuning): vcpupin, emulatorpin, shares, ...
     mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
     max_mem: dict | None = None  # Salt's mem:max + slots: {size (MiB), slots} (<maxMemory>, memory hotplug)
+    host_devices: list = field(default_factory=list)  # Salt's host_devices: node device names
+    hostdevs: list = field(default_factory=list)  # what they are on the hypervisor (saltvirt.caps.host_devices)
     memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
 
 
@@ -356,6 +358,7 @@ def build(
     clock=None,
     hypervisor_features=None,
     numatune=None,
+    host_devices=None,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -454,6 +457,7 @@ def build(
         mem_current=mem_current,
         max_mem=max_mem,
         memory_backing=backing,
+        host_devices=speckeys.host_devices(host_devices),
     )
 
 

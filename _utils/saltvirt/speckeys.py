@@ -429,6 +429,30 @@ def chardevs(value, what):
     return out
 
 
+_NODEDEV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def host_devices(value):
+    """Salt's ``host_devices``: a list of node device names (``virt.node_devices``: pci_0000_00_1f_2,
+    usb_3_1, ...); they are looked up on the hypervisor by :func:`saltvirt.caps.host_devices`."""
+    if value in (None, "", []):
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise SaltInvocationError(
+            f"host_devices must be a list of node device names (virt.node_devices), got {value!r}"
+        )
+    out = []
+    for name in value:
+        if not isinstance(name, str) or not _NODEDEV_RE.match(name):
+            raise SaltInvocationError(f"host_devices: {name!r} is not a node device name like pci_0000_00_1f_2")
+        if name in out:
+            raise SaltInvocationError(f"host_devices: {name!r} is given twice")
+        out.append(name)
+    return out
+
+
 def tpm(value):
     """``tpm``: True (a TPM 2.0 tpm-crb emulated by swtpm) or {model, version}; None/False: no TPM."""
     if value in (None, "", False):

@@ -12,6 +12,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt import converge, domxml
+from saltvirt.conn import libvirt
 from tests.support.saltloader import load_states
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed
@@ -391,6 +392,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
         "cputune",
         "max_mem",
         "memory_backing",
+        "host_devices",  # test:///default has no PCI/USB devices: test_host_devices_are_looked_up_...
     }
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
@@ -539,3 +541,57 @@ def test_feature_changes_to_a_running_vm_need_a_restart(virt_test):
     assert set(done["pending_restart"]) == {"tpm", "stop_on_reboot"}
     v["virt.destroy"]("conv7")
     v["virt.undefine"]("conv7")
+
+
+# host devices: libvirt's test driver with node devices of our own (a PCI SATA controller, a USB hub, a NIC);
+# no real passthrough is possible on this machine (no IOMMU, guests run under TCG), so only the definition
+# is checked here
+NODE_DEVICES = """<node>
+  <cpu><mhz>2000</mhz><model>i686</model><nodes>1</nodes><sockets>1</sockets><cores>2</cores><threads>1</threads></cpu>
+  <memory>2097152</memory>
+  <device><name>pci_0000_00_1f_2</name><parent>computer</parent><capability type='pci'>
+    <domain>0</domain><bus>0</bus><slot>31</slot><function>2</function>
+    <product id='0x2922'>SATA Controller</product><vendor id='0x8086'>Intel Corporation</vendor></capability></device>
+  <device><name>usb_3_1</name><parent>computer</parent><capability type='usb_device'>
+    <bus>3</bus><device>1</device><product id='0x0002'>2.0 root hub</product><vendor id='0x1d6b'>Linux</vendor>
+  </capability></device>
+  <device><name>net_eth9_52_54_00_00_00_09</name><parent>computer</parent><capability type='net'>
+    <interface>eth9</interface><address>52:54:00:00:00:09</address></capability></device>
+</node>"""
+
+
+def test_host_devices_are_looked_up_and_passed_through(tmp_path):
+    node = tmp_path / "node.xml"
+    node.write_text(NODE_DEVICES)
+    conn = libvirt.open(f"test://{node}")
+    args = {"images_dir": str(tmp_path), "profiles": {}}
+    conn.defineXML(domxml.build(converge.desired_spec("hd1", 1, 64, nic=None, disk=None, **args)))
+    done = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
+    assert done["changes"]["host_devices"] == {
+        "old": [],
+        "new": [
+            {"type": "pci", "address": "0000:00:1f.2"},
+            {"type": "usb", "vendor": "0x1d6b", "product": "0x0002"},
+        ],
+    }
+    root = ET.fromstring(conn.lookupByName("hd1").XMLDesc(0))
+    src = root.find("devices/hostdev[@type='pci']/source/address")
+    assert (src.get("bus"), src.get("slot"), src.get("function")) == ("0x00", "0x1f", "0x2")
+    assert root.find("devices/hostdev[@type='pci']").get("managed") == "yes"
+    again = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
+    assert again["changes"] == {}  # idempotent
+    with pytest.raises(SaltInvocationError, match=r"no device 'pci_0000_00_1f_3'.*here: pci_0000_00_1f_2, usb_3_1"):
+        converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_3"], **args)
+    with pytest.raises(SaltInvocationError, match="net_eth9_52_54_00_00_00_09 is a net device; only PCI and USB"):
+        converge.update(conn, "hd1", host_devices=["net_eth9_52_54_00_00_00_09"], **args)
+    assert converge.update(conn, "hd1", host_devices=[], **args)["changes"]["host_devices"]["new"] == []
+    assert ET.fromstring(conn.lookupByName("hd1").XMLDesc(0)).find("devices/hostdev") is None
+    conn.close()
+
+
+def test_virt_init_refuses_an_unknown_host_device_before_anything_is_made(virt_test):
+    images = virt_test["config.get"]("virt:images")
+    with pytest.raises(SaltInvocationError, match="no device 'pci_0000_00_1f_2' on this hypervisor"):
+        virt_test["virt.init"]("hd2", 1, 64, nic=None, disk=None, start=False, host_devices=["pci_0000_00_1f_2"])
+    assert "hd2" not in virt_test["virt.list_domains"]()
+    assert not os.path.exists(os.path.join(images, "hd2"))

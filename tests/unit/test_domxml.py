@@ -299,6 +299,12 @@ FEATURE_CASES = {
         ),
         **cpu_dict({"maximum": 2, "numa": {0: {"cpus": "0", "memory": 128}, 1: {"cpus": "1", "memory": 128}}}),
     ),
+    "hostdev-pci-usb": vm(
+        hostdevs=[
+            {"name": "pci_0000_00_1f_2", "type": "pci", "address": "0000:00:1f.2"},
+            {"name": "usb_3_1", "type": "usb", "vendor": "0x1d6b", "product": "0x0002", "bus": 3, "device": 1},
+        ]
+    ),
     "cpu-host-passthrough": vm(cpu_model=cpumem.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
     "memtune-limits": vm(memtune=cpumem.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
     "numatune-strict": vm(numatune=cpumem.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
@@ -346,6 +352,7 @@ def test_feature_facts_from_spec_build():
         "cputune": None,
         "max_mem": None,
         "memory_backing": None,
+        "host_devices": [],
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"

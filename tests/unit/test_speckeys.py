@@ -267,6 +267,10 @@ HOSTILE += [
         "numatune:memnodes:0:mode must be one of",
     ),
     ({"numatune": {"memnodes": [0]}}, "numatune:memnodes must map guest cell ids"),
+    ({"host_devices": ["pci_0000_00_1f_2'/><x"]}, "is not a node device name like pci_0000_00_1f_2"),
+    ({"host_devices": ["../../etc"]}, "is not a node device name"),
+    ({"host_devices": ["usb_3_1", "usb_3_1"]}, "'usb_3_1' is given twice"),
+    ({"host_devices": {"pci": 1}}, "host_devices must be a list of node device names"),
     ({"numatune": "0-1"}, "numatune must be a mapping"),
 ]
 
