@@ -125,6 +125,7 @@ def init(
     clock=None,
     hypervisor_features=None,
     numatune=None,
+    host_devices=None,
     **kwargs,
 ):
     """
@@ -137,8 +138,11 @@ def init(
     cpu / mem
         vCPUs and memory in MiB; or Salt's dicts: ``cpu: {maximum, mode: custom|host-model|host-passthrough,
         match, check, model: {name, fallback, vendor_id}, vendor, topology: {sockets, cores, threads},
-        features: {vmx: disable}}`` and ``mem: {boot: 1g, hard_limit, soft_limit, swap_hard_limit,
-        min_guarantee}`` (sizes in MiB or 512m/2g); their other keys are refused with the reason.
+        features: {vmx: disable}, current: 2, placement: static|auto, cpuset: "0-3", tuning: {vcpupin:
+        {0: "0-1"}, emulatorpin, shares, period, quota, ...}, numa: {0: {cpus: "0-1", memory: 1g, memAccess,
+        discard}}}`` and ``mem: {boot: 1g, current, max, slots, hard_limit, soft_limit, swap_hard_limit,
+        min_guarantee, hugepages: [{size: 2m, nodeset}], nosharepages, locked, source, access, allocation,
+        discard}`` (sizes in MiB or 512m/2g); their other keys are refused with the reason.
     image
         ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor
         inside ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
@@ -183,7 +187,13 @@ def init(
     hypervisor_features
         ``{kvm-hint-dedicated: True, kvm-hidden: True}``.
     numatune
-        ``{memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}`` (host NUMA nodes).
+        ``{memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}, memnodes: {0: {mode,
+        nodeset}}}`` (host NUMA nodes; ``memnodes`` per guest cell of ``cpu:numa``).
+    host_devices
+        Salt's list of node device names to pass through (``virt.node_devices``: ``pci_0000_00_1f_2``,
+        ``usb_3_1``): PCI devices as managed ``<hostdev>`` (libvirt detaches them from their host driver
+        while the VM runs; needs an IOMMU and KVM), USB devices by vendor, product and address. An unknown
+        name is refused with the PCI/USB devices the hypervisor has.
     seed / seed_backend
         write minion config and keys into the image before boot (``auto``: libguestfs, qemu-nbd,
         qemu-storage-daemon FUSE export, loop mount; the one used is reported). ``cloud-init``: write

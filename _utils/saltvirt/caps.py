@@ -348,3 +348,46 @@ def node_devices(conn):
     with lv_errors("list the host's devices"):
         devices = conn.listAllDevices(flags)
         return [parse_node_device(d.XMLDesc(0)) for d in devices]
+
+
+def _host_device(conn, name):
+    """One node device as the source of a ``<hostdev>`` (saltvirt.domxml.hostdev)."""
+    with lv_errors(f"read host device {name!r}"):
+        root = ET.fromstring(conn.nodeDeviceLookupByName(name).XMLDesc(0))
+    cap = root.find("capability")
+    ctype = cap.get("type") if cap is not None else None
+    if ctype == "pci":
+        nums = [_int(cap.findtext(k)) or 0 for k in ("domain", "bus", "slot", "function")]
+        return {"name": name, "type": "pci", "address": "{:04x}:{:02x}:{:02x}.{:x}".format(*nums)}
+    if ctype == "usb_device" and cap.find("vendor") is not None and cap.find("product") is not None:
+        return {
+            "name": name,
+            "type": "usb",
+            "vendor": cap.find("vendor").get("id"),
+            "product": cap.find("product").get("id"),
+            "bus": _int(cap.findtext("bus")),
+            "device": _int(cap.findtext("device")),
+        }
+    raise SaltInvocationError(
+        f"host_devices: {name} is a {ctype or 'unknown'} device; only PCI and USB devices can be passed through "
+        "(mdev devices are not supported by salt-virt yet)"
+    )
+
+
+def host_devices(conn, names):
+    """Salt's ``host_devices`` (node device names) -> what ``<hostdev>`` needs of each (PCI address, USB
+    vendor/product/bus/device); an unknown name is refused with the names this hypervisor has."""
+    if not names:
+        return []
+    with lv_errors("list the host's devices"):
+        known = {d.name() for d in conn.listAllDevices(0)}
+    out = []
+    for name in names:
+        if name not in known:
+            available = sorted(d["name"] for d in node_devices(conn) if d["caps"] in ("pci", "usb"))
+            raise SaltInvocationError(
+                f"host_devices: no device {name!r} on this hypervisor (virt.node_devices lists them; PCI and USB "
+                f"here: {', '.join(available) or 'none'})"
+            )
+        out.append(_host_device(conn, name))
+    return out

@@ -92,7 +92,6 @@ def master_opts(opts):
 VTYPES = ("kvm", "qemu", "test")
 # Salt's virt.init arguments salt-virt accepts when they have the value meaning "Salt's default"
 SALT_DEFAULTS = {
-    "host_devices": (None,),
     "username": (None,),
     "password": (None,),
 }

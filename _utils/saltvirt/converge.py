@@ -18,7 +18,7 @@ import os
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import domxml, fsutil, images, intake, provision, voldisks
+from saltvirt import caps, domxml, fsutil, images, intake, provision, voldisks
 from saltvirt import spec as vmspec
 from saltvirt.conn import get_domain, libvirt, lv_errors
 
@@ -26,7 +26,9 @@ FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
 MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
 # firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
-MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=())
+MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=())
+MANAGED_BY.update(max_mem=(), memory_backing=())
+DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_mem", "memory_backing")}
 
 
 # desired ------------------------------------------------------------------------------------------
@@ -187,17 +189,29 @@ def _diff_nics(desired, have):
     return {k: v for k, v in out.items() if v}
 
 
+def _diff_cpu_mem(desired, cfg, manage):
+    """vCPUs (maximum, and cpu:current online at start) and memory (boot, and mem:current) vs the definition."""
+    changes = {}
+    old_cpu, old_mem = _cpu_mem(cfg)
+    want_cpu = (desired.vcpu or {}).get("current", desired.cpu)
+    if "cpu" in manage and (cfg["cpu"], cfg["vcpu_current"]) != (desired.cpu, want_cpu):
+        changes["cpu"] = {"old": old_cpu, "new": desired.cpu}
+        if want_cpu != desired.cpu:
+            changes["cpu"].update(new=f"{want_cpu} (maximum {desired.cpu})", current=want_cpu)
+    want_mem = desired.mem_current or desired.mem
+    if "mem" in manage and (cfg["mem"], cfg["current_mem"]) != (desired.mem, want_mem):
+        changes["mem"] = {"old": old_mem, "new": desired.mem}
+        if want_mem != desired.mem:
+            changes["mem"].update(new=f"{want_mem} (maximum {desired.mem})", current=want_mem)
+    return changes
+
+
 def diff(desired, current_facts, manage=FIELDS):
     """{field: change} for every managed field where the persistent definition differs from
     ``desired``. Raises SaltInvocationError for what cannot be done to an existing VM (a new disk that
     would be cloned from an image)."""
     cfg = current_facts["config"]
-    changes = {}
-    old_cpu, old_mem = _cpu_mem(cfg)
-    if "cpu" in manage and (cfg["cpu"], cfg["vcpu_current"]) != (desired.cpu, desired.cpu):
-        changes["cpu"] = {"old": old_cpu, "new": desired.cpu}
-    if "mem" in manage and (cfg["mem"], cfg["current_mem"]) != (desired.mem, desired.mem):
-        changes["mem"] = {"old": old_mem, "new": desired.mem}
+    changes = _diff_cpu_mem(desired, cfg, manage)
     if "graphics" in manage:
         have = cfg["graphics"][0] if cfg["graphics"] else None
         if desired.graphics and not desired.graphics.password and have and have.get("passwd"):
@@ -299,9 +313,9 @@ def steps(changes):
 def _live_ok(kind, item, live):
     """Whether the running VM can take this change without a restart (what :func:`apply` will try)."""
     if kind == "cpu":
-        return item["new"] <= live["cpu"]
+        return item.get("current", item["new"]) <= live["cpu"]
     if kind == "mem":
-        return item["new"] <= live["mem"]
+        return item.get("current", item["new"]) <= live["mem"]
     if kind == "nic_changed":
         old, new = item["old"], item["new"]
         return old["type"] == new["type"] and old["model"] == new["model"] and new["type"] in ("bridge", "network")
@@ -449,11 +463,12 @@ def _live(dom, kind, item, created):
     """Apply one change to the running VM; raises libvirt.libvirtError when the hypervisor refuses."""
     live_flag = libvirt.VIR_DOMAIN_AFFECT_LIVE
     if kind == "cpu":
-        dom.setVcpusFlags(item["new"], live_flag)
+        dom.setVcpusFlags(item.get("current", item["new"]), live_flag)
     elif kind == "mem":
-        if item["new"] * 1024 > dom.maxMemory():
+        size = item.get("current", item["new"]) * 1024
+        if size > dom.maxMemory():
             raise _NotLive("above the running VM's maximum memory")
-        dom.setMemoryFlags(item["new"] * 1024, live_flag)
+        dom.setMemoryFlags(size, live_flag)
     elif kind == "graphics":
         raise _NotLive("graphics change at the next start")
     elif kind in domxml.FEATURES:
@@ -487,10 +502,10 @@ def apply(conn, dom, desired, changes):
     with lv_errors(f"update VM {desired.name!r}"):
         if "cpu" in changes:
             dom.setVcpusFlags(desired.cpu, cfg | libvirt.VIR_DOMAIN_VCPU_MAXIMUM)
-            dom.setVcpusFlags(desired.cpu, cfg)
+            dom.setVcpusFlags(changes["cpu"].get("current", desired.cpu), cfg)
         if "mem" in changes:
             dom.setMemoryFlags(desired.mem * 1024, cfg | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
-            dom.setMemoryFlags(desired.mem * 1024, cfg)
+            dom.setMemoryFlags(changes["mem"].get("current", desired.mem) * 1024, cfg)
     feats = [f for f in domxml.FEATURES if f in changes]
     if feats:
         dom = _redefine_features(conn, dom, desired, feats)
@@ -533,7 +548,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         for f in FIELDS
         if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
     ]
-    manage += [f for f, v in (("cpu_model", cpu), ("memtune", mem)) if isinstance(v, dict)]  # Salt's dict forms
+    manage += [f for k, v in (("cpu", cpu), ("mem", mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
     args = dict(init_args)
     if "nics" not in manage:
         args.update(nic=None, interfaces=None)
@@ -549,6 +564,8 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
         allowed_paths=allowed_paths,
         **args,
     )
+    if "host_devices" in manage:
+        desired.hostdevs = caps.host_devices(conn, desired.host_devices)
     changes = diff(desired, facts, manage)
     ret = {"name": name, "changes": changes, "plan": plan(changes, facts), "applied": None}
     if actionable(changes) and not test:

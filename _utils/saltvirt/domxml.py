@@ -42,16 +42,22 @@ def build(spec):
     """Domain XML (str) for a :class:`saltvirt.spec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
     _sub(dom, "name", spec.name)
+    if spec.max_mem:
+        _sub(dom, "maxMemory", spec.max_mem["size"], slots=spec.max_mem["slots"], unit="MiB")
     _sub(dom, "memory", spec.mem, unit="MiB")
-    _sub(dom, "currentMemory", spec.mem, unit="MiB")
-    _sub(dom, "vcpu", spec.cpu)
+    _sub(dom, "currentMemory", spec.mem_current or spec.mem, unit="MiB")
+    _sub(dom, "vcpu", spec.cpu, **(spec.vcpu or {}))
     _metadata(dom, spec)
     dom.append(os_config(spec))
     dom.append(features(spec))
     if spec.cpu_model:
         dom.append(cpu(spec.cpu_model))
+    if spec.cputune:
+        dom.append(cputune(spec.cputune))
     if spec.memtune:
         dom.append(memtune(spec.memtune))
+    if spec.memory_backing:
+        dom.append(memory_backing(spec.memory_backing))
     if spec.numatune:
         dom.append(numatune(spec.numatune))
     if spec.clock:
@@ -69,6 +75,7 @@ def build(spec):
     devices.extend(chardev("console", c, port) for port, c in enumerate(spec.consoles, start=1))
     if spec.tpm:
         devices.append(tpm(spec.tpm))
+    devices.extend(hostdev(h) for h in spec.hostdevs)
     if spec.graphics:
         devices.extend([graphics(spec.graphics), video(), tablet()])
     return ET.tostring(dom, encoding="unicode")
@@ -116,7 +123,7 @@ def features(spec):
 
 
 def cpu(c):
-    """``<cpu>`` from Salt's cpu dict (speckeys.cpu_detail): mode, match, check, model, vendor, topology, features."""
+    """``<cpu>`` from Salt's cpu dict (cpumem.cpu_detail): mode, match, check, model, vendor, topology, features."""
     el = _el("cpu", mode=c["mode"], match=c.get("match"), check=c.get("check"))
     if c.get("model"):
         m = c["model"]
@@ -127,6 +134,27 @@ def cpu(c):
         _sub(el, "topology", **c["topology"])
     for name, policy in sorted(c["features"].items()):
         _sub(el, "feature", policy=policy, name=name)
+    if c.get("numa"):
+        numa = _sub(el, "numa")
+        for cell in c["numa"]:
+            _sub(numa, "cell", **{k: v for k, v in cell.items() if k != "memory"}, memory=cell["memory"], unit="MiB")
+    return el
+
+
+CPUTUNE_SCALARS = ("shares", "global_period", "global_quota", "period", "quota")
+CPUTUNE_SCALARS += ("emulator_period", "emulator_quota", "iothread_period", "iothread_quota")
+
+
+def cputune(t):
+    """``<cputune>`` from Salt's cpu:tuning (cpumem.cpu_tuning), in libvirt's order."""
+    el = _el("cputune")
+    for key in CPUTUNE_SCALARS:
+        if key in t:
+            _sub(el, key, t[key])
+    for vcpu, cpus in sorted(t.get("vcpupin", {}).items()):
+        _sub(el, "vcpupin", vcpu=vcpu, cpuset=cpus)
+    if t.get("emulatorpin"):
+        _sub(el, "emulatorpin", cpuset=t["emulatorpin"])
     return el
 
 
@@ -139,10 +167,35 @@ def memtune(limits):
     return el
 
 
+def memory_backing(b):
+    """``<memoryBacking>`` from Salt's mem dict (cpumem.memory_backing): hugepages (page sizes in KiB,
+    per guest NUMA cells), nosharepages, locked, source, access, allocation, discard."""
+    el = _el("memoryBacking")
+    if "hugepages" in b:
+        pages = _sub(el, "hugepages")
+        for page in b["hugepages"]:
+            _sub(pages, "page", size=page["size"], unit="KiB", nodeset=page.get("nodeset"))
+    for key in ("nosharepages", "locked"):
+        if b.get(key):
+            _sub(el, key)
+    if b.get("source"):
+        _sub(el, "source", type=b["source"])
+    if b.get("access"):
+        _sub(el, "access", mode=b["access"])
+    if b.get("allocation"):
+        _sub(el, "allocation", mode=b["allocation"])
+    if b.get("discard"):
+        _sub(el, "discard")
+    return el
+
+
 def numatune(n):
-    """``<numatune><memory mode nodeset/>``: the host NUMA nodes the guest's memory comes from."""
+    """``<numatune>``: the host NUMA nodes the guest's memory comes from, and per guest cell (``<memnode>``)."""
     el = _el("numatune")
-    _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
+    if n.get("mode"):
+        _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
+    for node in n.get("memnodes", []):
+        _sub(el, "memnode", cellid=node["cellid"], mode=node["mode"], nodeset=node["nodeset"])
     return el
 
 
@@ -232,6 +285,22 @@ def tpm(t):
     """A vTPM emulated by swtpm (libvirt starts it, its state lives below /var/lib/libvirt/swtpm)."""
     el = _el("tpm", model=t["model"])
     _sub(el, "backend", type="emulator", version=t["version"])
+    return el
+
+
+def hostdev(h):
+    """A host PCI or USB device passed through (saltvirt.caps.host_devices); libvirt detaches a PCI
+    device from its host driver (managed) while the VM runs."""
+    el = _el("hostdev", mode="subsystem", type=h["type"], managed="yes" if h["type"] == "pci" else None)
+    src = _sub(el, "source")
+    if h["type"] == "pci":
+        dom, bus, rest = h["address"].split(":")
+        slot, func = rest.split(".")
+        _sub(src, "address", domain=f"0x{dom}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{func}")
+    else:
+        _sub(src, "vendor", id=h["vendor"])
+        _sub(src, "product", id=h["product"])
+        _sub(src, "address", bus=h["bus"], device=h["device"])
     return el
 
 
@@ -356,7 +425,8 @@ def _int(text, default=0):
         return default
 
 
-def _mib(el):
+def _mib(el, attr=None):
+    """An element's size (its text, or its attribute ``attr``) in MiB; libvirt's default unit is KiB."""
     if el is None:
         return 0
     unit = (el.get("unit") or "KiB").lower()
@@ -370,7 +440,7 @@ def _mib(el):
         "gib": 1024,
         "g": 1024,
     }
-    return int(_int(el.text) * factor.get(unit, 1 / 1024))
+    return int(_int(el.get(attr) if attr else el.text) * factor.get(unit, 1 / 1024))
 
 
 def read(xml):
@@ -530,6 +600,11 @@ FEATURES = (
     "cpu_model",
     "memtune",
     "numatune",
+    "vcpu",
+    "cputune",
+    "max_mem",
+    "memory_backing",
+    "host_devices",
 )
 
 
@@ -568,6 +643,7 @@ def feature_facts(xml):
     serials = [el for el in root.findall("devices/serial") if _port(el) >= 1]
     consoles = [el for el in root.findall("devices/console") if el.find("target[@type='virtio']") is not None]
     tpm_el = root.find("devices/tpm")
+    max_el = root.find("maxMemory")
     backend = tpm_el.find("backend") if tpm_el is not None else None
     return {
         "firmware": {
@@ -587,12 +663,82 @@ def feature_facts(xml):
         "hypervisor_features": {f"kvm-{el.tag}": el.get("state") == "on" for el in root.findall("features/kvm/*")},
         "cpu_model": _cpu_facts(root.find("cpu")),
         "memtune": {el.tag: _mib(el) for el in root.findall("memtune/*")} or None,
-        "numatune": dict(root.find("numatune/memory").attrib) if root.find("numatune/memory") is not None else None,
+        "numatune": _numatune_facts(root.find("numatune")),
+        "vcpu": _vcpu_facts(root.find("vcpu")),
+        "cputune": _cputune_facts(root.find("cputune")),
+        "max_mem": {"size": _mib(max_el), "slots": _int(max_el.get("slots"))} if max_el is not None else None,
+        "memory_backing": _backing_facts(root.find("memoryBacking")),
+        "host_devices": [_hostdev_facts(el) for el in root.findall("devices/hostdev")],
     }
 
 
+def _hostdev_facts(el):
+    """A ``<hostdev>``'s source: ``{type: pci, address}`` or ``{type: usb, vendor, product}``."""
+    src = el.find("source")
+    if src is None:
+        return {"type": el.get("type")}
+    if el.get("type") == "pci" and src.find("address") is not None:
+        a = src.find("address")
+        nums = [int(a.get(k) or "0", 16) for k in ("domain", "bus", "slot", "function")]
+        return {"type": "pci", "address": "{:04x}:{:02x}:{:02x}.{:x}".format(*nums)}
+    ids = {k: src.find(k).get("id") for k in ("vendor", "product") if src.find(k) is not None}
+    return {"type": el.get("type"), **ids}
+
+
+def _backing_facts(el):
+    """``<memoryBacking>`` as cpumem.memory_backing writes it (page sizes in KiB)."""
+    if el is None or not len(el):
+        return None
+    out = {}
+    if el.find("hugepages") is not None:
+        out["hugepages"] = [
+            {"size": _kib(p), **({"nodeset": p.get("nodeset")} if p.get("nodeset") else {})}
+            for p in el.findall("hugepages/page")
+        ]
+    for key in ("nosharepages", "locked", "discard"):
+        if el.find(key) is not None:
+            out[key] = True
+    for key, attr in (("source", "type"), ("access", "mode"), ("allocation", "mode")):
+        if el.find(key) is not None:
+            out[key] = el.find(key).get(attr)
+    return out
+
+
+def _kib(page):
+    unit = (page.get("unit") or "KiB").lower().rstrip("b").rstrip("i") or "k"
+    return _int(page.get("size")) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}.get(unit[0], 1)
+
+
+def _numatune_facts(el):
+    """``<numatune>``: its memory's mode and nodeset, and ``memnodes`` when there are some."""
+    if el is None or not len(el):
+        return None
+    out = dict(el.find("memory").attrib) if el.find("memory") is not None else {}
+    nodes = [{**m.attrib, "cellid": _int(m.get("cellid"))} for m in el.findall("memnode")]
+    return {**out, "memnodes": nodes} if nodes else out
+
+
+def _vcpu_facts(el):
+    """``<vcpu>``'s placement and host cpuset (its count and current are the ``cpu`` field)."""
+    if el is None:
+        return {"placement": "static", "cpuset": None}
+    return {"placement": el.get("placement", "static"), "cpuset": el.get("cpuset")}
+
+
+def _cputune_facts(el):
+    if el is None or not len(el):
+        return None
+    out = {k: _int(el.findtext(k)) for k in CPUTUNE_SCALARS if el.find(k) is not None}
+    pins = {_int(p.get("vcpu")): p.get("cpuset") for p in el.findall("vcpupin")}
+    if pins:
+        out["vcpupin"] = pins
+    if el.find("emulatorpin") is not None:
+        out["emulatorpin"] = el.find("emulatorpin").get("cpuset")
+    return out
+
+
 def _cpu_facts(el):
-    """``<cpu>`` as speckeys.cpu_detail writes it, without what libvirt adds on define (check, match
+    """``<cpu>`` as cpumem.cpu_detail writes it, without what libvirt adds on define (check, match
     exact, fallback allow, dies)."""
     if el is None:
         return None
@@ -610,7 +756,13 @@ def _cpu_facts(el):
     if topo is not None:
         out["topology"] = {k: _int(topo.get(k), 1) for k in ("sockets", "cores", "threads")}
     out["features"] = {f.get("name"): f.get("policy", "require") for f in el.findall("feature")}
-    return out
+    cells = [
+        {**{k: v for k, v in c.attrib.items() if k != "unit"}, "id": _int(c.get("id")), "memory": _mib(c, "memory")}
+        for c in el.findall("numa/cell")
+    ]
+    if cells:
+        out["numa"] = cells
+    return None if out == {"mode": "custom", "features": {}} else out  # libvirt drops an empty <cpu>
 
 
 def _clock_facts(el):
@@ -631,7 +783,12 @@ def replace_features(xml, new_xml, fields):
         for el in os_el.findall("boot"):
             os_el.remove(el)
         os_el.extend(new_os.findall("boot"))
-    for key, tag in (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune")):
+    if "vcpu" in fields:  # placement/cpuset (and the count, as the cpu setters left it)
+        root.find("vcpu").attrib.clear()
+        root.find("vcpu").attrib.update(new.find("vcpu").attrib)
+    tags = (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune"))
+    tags += (("cputune", "cputune"), ("max_mem", "maxMemory"), ("memory_backing", "memoryBacking"))
+    for key, tag in tags:
         if key in fields:
             for el in root.findall(tag):
                 root.remove(el)
@@ -650,6 +807,7 @@ def replace_features(xml, new_xml, fields):
         "serials": lambda d: [el for el in d.findall("serial") if _port(el) >= 1],
         "consoles": lambda d: [el for el in d.findall("console") if el.find("target[@type='virtio']") is not None],
         "tpm": lambda d: d.findall("tpm"),
+        "host_devices": lambda d: d.findall("hostdev"),
     }
     for key, find in pick.items():
         if key in fields:

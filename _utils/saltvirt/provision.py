@@ -15,7 +15,7 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt import cleanup, cloudinit, domxml, envelope, firstboot, fsutil, hosttype, images, intake, validate
+from saltvirt import caps, cleanup, cloudinit, domxml, envelope, firstboot, fsutil, hosttype, images, intake, validate
 from saltvirt import voldisks
 from saltvirt import seed as seeding
 from saltvirt import spec as vmspec
@@ -49,6 +49,7 @@ SPEC_ARGS = (
     "clock",
     "hypervisor_features",
     "numatune",
+    "host_devices",
 )
 
 
@@ -195,6 +196,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             sources[disk.name] = disk.image
             disk.image, src_formats[disk.name] = extra["path"], extra["format"]
     _check_disks_and_nics(conn, spec, host)
+    spec.hostdevs = caps.host_devices(conn, spec.host_devices)  # unknown names refused before anything is made
 
     undo = Undo(stop_at_failure=True)
     result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from salt.exceptions import SaltInvocationError
 
-from saltvirt import speckeys, validate
+from saltvirt import cpumem, speckeys, validate
 from saltvirt.images import DISK_FORMATS
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
@@ -114,9 +114,16 @@ class VMSpec:
     tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
     clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
-    cpu_model: dict | None = None  # Salt's cpu dict (speckeys.cpu_detail): mode, model, topology, features
+    cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
-    numatune: dict | None = None  # {mode, nodeset}: host NUMA nodes the guest memory comes from
+    numatune: dict | None = None  # {mode, nodeset, memnodes}: host NUMA nodes the guest memory comes from
+    vcpu: dict | None = None  # Salt's cpu:current/placement/cpuset: the attributes of <vcpu>
+    cputune: dict | None = None  # Salt's cpu:tuning (cpumem.cpu_tuning): vcpupin, emulatorpin, shares, ...
+    mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
+    max_mem: dict | None = None  # Salt's mem:max + slots: {size (MiB), slots} (<maxMemory>, memory hotplug)
+    host_devices: list = field(default_factory=list)  # Salt's host_devices: node device names
+    hostdevs: list = field(default_factory=list)  # what they are on the hypervisor (saltvirt.caps.host_devices)
+    memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
 
 
 def _named_entries(value, what):
@@ -351,6 +358,7 @@ def build(
     clock=None,
     hypervisor_features=None,
     numatune=None,
+    host_devices=None,
 ):
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -359,14 +367,17 @@ def build(
     call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
     """
     name = validate.vm_name(name)
-    cpu, cpu_model = speckeys.cpu_detail(cpu)
+    cpu, cpu_model = cpumem.cpu_detail(cpu)
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
-    mem, memtune = speckeys.mem_detail(mem)
+    mem_dict = mem
+    mem, memtune = cpumem.mem_detail(mem)
     cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
+    vcpu, cputune = _cpu_parts(cpu_model, mem)
+    mem_current, max_mem, backing = cpumem.mem_layout(mem_dict, mem, len((cpu_model or {}).get("numa") or []))
     validate.absolute_path(images_dir, "virt:images")
     vm_dir = validate.inside(images_dir, name)
     roots = (images_dir, *validate.allowed_paths(allowed_paths))
@@ -440,8 +451,28 @@ def build(
         hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
         cpu_model=cpu_model,
         memtune=memtune,
-        numatune=speckeys.numatune(numatune),
+        numatune=cpumem.numatune(numatune, len((cpu_model or {}).get("numa") or [])),
+        vcpu=vcpu,
+        cputune=cputune,
+        mem_current=mem_current,
+        max_mem=max_mem,
+        memory_backing=backing,
+        host_devices=speckeys.host_devices(host_devices),
     )
+
+
+def _cpu_parts(cpu_model, mem):
+    """Salt's cpu dict beside <cpu>: ``(<vcpu> attributes, <cputune>)`` taken out of ``cpu_model``; its
+    NUMA cells stay in it (they are inside <cpu>) and must hold the boot memory exactly (libvirt sums them)."""
+    if not cpu_model:
+        return None, None
+    cells = cpu_model.get("numa") or []
+    if cells and sum(c["memory"] for c in cells) != mem:
+        raise SaltInvocationError(
+            f"cpu:numa cells hold {sum(c['memory'] for c in cells)} MiB and mem is {mem} MiB: libvirt makes the "
+            "memory the sum of the cells, so make them add up to mem"
+        )
+    return cpu_model.pop("vcpu", None), cpu_model.pop("tuning", None)
 
 
 def _cidata_disk(disks, vm_dir):

@@ -1,5 +1,6 @@
 """Key-by-key checks of the nested arguments of ``virt.init`` / ``virt.update`` / the states (graphics,
-disks, interfaces, boot, cpu, mem): every key is honoured, or refused before anything is created with a
+disks, interfaces, boot, chardevs, tpm, clock; Salt's cpu/mem dicts are in :mod:`saltvirt.cpumem`):
+every key is honoured, or refused before anything is created with a
 message naming the nearest supported key. :mod:`saltvirt.spec` calls these; nothing here touches libvirt.
 
 Salt's own spellings are accepted where salt-virt honours them (``graphics:listen`` as a mapping,
@@ -24,18 +25,18 @@ DISK_ALIASES = {"model": "bus", "overlay_image": "overlay", "source_file": "path
 DISK_INTERNAL = ("default_size",)
 BOOT_KEYS = ("kernel", "initrd", "cmdline", "loader", "nvram", "efi", "secure_boot")
 
-_NOT_YET = "is not supported by salt-virt yet"
-GRAPHICS_REFUSED = {"tls_port": f"graphics:tls_port (SPICE over TLS) {_NOT_YET}; leave it out"}
+NOT_YET = "is not supported by salt-virt yet"
+GRAPHICS_REFUSED = {"tls_port": f"graphics:tls_port (SPICE over TLS) {NOT_YET}; leave it out"}
 LISTEN_REFUSED = {
     "network": "graphics:listen:network is not supported: use listen: {type: address, address: <ip>}",
 }
 DISK_REFUSED = {
-    "backing_store_path": f"disks:backing_store_path (volume backing stores) {_NOT_YET}: use image + overlay",
-    "backing_store_format": f"disks:backing_store_format {_NOT_YET}: use image + overlay",
+    "backing_store_path": f"disks:backing_store_path (volume backing stores) {NOT_YET}: use image + overlay",
+    "backing_store_format": f"disks:backing_store_format {NOT_YET}: use image + overlay",
     "hostname_property": "disks:hostname_property is for ZFS volumes (bhyve), which salt-virt does not manage",
     "sparse_volume": "disks:sparse_volume is for ZFS volumes (bhyve), which salt-virt does not manage",
-    "io": f"disks:io {_NOT_YET}: leave it out (libvirt's default I/O mode is used)",
-    "iothread_id": f"disks:iothread_id {_NOT_YET}: leave it out",
+    "io": f"disks:io {NOT_YET}: leave it out (libvirt's default I/O mode is used)",
+    "iothread_id": f"disks:iothread_id {NOT_YET}: leave it out",
 }
 BOOT_REFUSED = {}
 
@@ -192,7 +193,7 @@ def scalar(value, what, example):
     """``cpu`` / ``mem`` as a number; Salt's detailed dict form is refused with the reason."""
     if isinstance(value, (dict, list)):
         raise SaltInvocationError(
-            f"{what} as a {type(value).__name__} (Salt's detailed form) {_NOT_YET}: give a number, e.g. {example}"
+            f"{what} as a {type(value).__name__} (Salt's detailed form) {NOT_YET}: give a number, e.g. {example}"
         )
     return value
 
@@ -340,7 +341,7 @@ BOOT_DEVS = ("hd", "cdrom", "network", "fd")
 CHARDEV_KEYS = ("type", "host", "port", "protocol", "target_type")
 CHARDEV_REFUSED = {
     "path": "a file, device, pipe or socket source is not supported by salt-virt: use type pty or tcp",
-    "tls": f"chardev tls (TLS for TCP serial ports) {_NOT_YET}: leave it out",
+    "tls": f"chardev tls (TLS for TCP serial ports) {NOT_YET}: leave it out",
     "target_port": "target_port is chosen by salt-virt (the serial console is port 0, extra ones follow): leave it out",
 }
 CHARDEV_TYPES = ("pty", "tcp")
@@ -428,6 +429,30 @@ def chardevs(value, what):
     return out
 
 
+_NODEDEV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def host_devices(value):
+    """Salt's ``host_devices``: a list of node device names (``virt.node_devices``: pci_0000_00_1f_2,
+    usb_3_1, ...); they are looked up on the hypervisor by :func:`saltvirt.caps.host_devices`."""
+    if value in (None, "", []):
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise SaltInvocationError(
+            f"host_devices must be a list of node device names (virt.node_devices), got {value!r}"
+        )
+    out = []
+    for name in value:
+        if not isinstance(name, str) or not _NODEDEV_RE.match(name):
+            raise SaltInvocationError(f"host_devices: {name!r} is not a node device name like pci_0000_00_1f_2")
+        if name in out:
+            raise SaltInvocationError(f"host_devices: {name!r} is given twice")
+        out.append(name)
+    return out
+
+
 def tpm(value):
     """``tpm``: True (a TPM 2.0 tpm-crb emulated by swtpm) or {model, version}; None/False: no TPM."""
     if value in (None, "", False):
@@ -452,7 +477,7 @@ CLOCK_KEYS = ("utc", "timezone", "adjustment", "timers")
 TIMER_NAMES = ("platform", "hpet", "kvmclock", "pit", "rtc", "tsc", "hypervclock")
 TIMER_KEYS = ("track", "tickpolicy", "frequency", "mode", "present")
 TIMER_REFUSED = {
-    k: f"clock:timers:<name>:{k} (catchup tuning) {_NOT_YET}: leave it out"
+    k: f"clock:timers:<name>:{k} (catchup tuning) {NOT_YET}: leave it out"
     for k in ("catchup", "slew", "threshold", "limit")
 }
 _TIMER_VALUES = {
@@ -518,125 +543,3 @@ def hypervisor_features(value):
         return {}
     check_keys(value, "hypervisor_features", HYPERVISOR_FEATURES)
     return {k: flag(v, f"hypervisor_features:{k}") for k, v in value.items()}
-
-
-# cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
-CPU_KEYS = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")
-CPU_REFUSED = {
-    k: f"cpu:{k} {_NOT_YET}: leave it out"
-    for k in ("current", "placement", "cpuset", "tuning", "numa", "vcpus", "cache", "cache_mode")
-}
-CPU_MODEL_KEYS = ("name", "fallback", "vendor_id")
-TOPOLOGY_KEYS = ("sockets", "cores", "threads")
-MEM_KEYS = ("boot", "hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")
-MEM_REFUSED = {
-    k: f"mem:{k} {_NOT_YET}: leave it out" for k in ("current", "max", "slots", "hugepages", "nosharepages", "locked")
-}
-_CPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-
-
-def _name(value, what):
-    if not isinstance(value, str) or not _CPU_NAME_RE.match(value):
-        raise SaltInvocationError(f"{what} must be a name like Skylake-Client or vmx, got {value!r}")
-    return value
-
-
-def _choice(value, what, allowed):
-    if value not in allowed:
-        raise SaltInvocationError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
-    return value
-
-
-def cpu_detail(value):
-    """Salt's ``cpu`` dict -> ``(vCPUs, {<cpu> attributes/children})``; a number -> ``(number, None)``."""
-    if not isinstance(value, dict):
-        return value, None
-    check_keys(value, "cpu", CPU_KEYS, CPU_REFUSED)
-    if value.get("maximum") is None:
-        raise SaltInvocationError("cpu as a mapping needs maximum (the number of vCPUs)")
-    count = validate.positive_int(value["maximum"], "cpu:maximum", maximum=4096)
-    out = {"mode": _choice(value.get("mode", "custom"), "cpu:mode", ("custom", "host-model", "host-passthrough"))}
-    for key, allowed in (("match", ("minimum", "exact", "strict")), ("check", ("none", "partial", "full"))):
-        if value.get(key) is not None:
-            out[key] = _choice(value[key], f"cpu:{key}", allowed)
-    model = value.get("model")
-    if isinstance(model, str):
-        model = {"name": model}
-    if model is not None:
-        check_keys(model, "cpu:model", CPU_MODEL_KEYS)
-        out["model"] = {"name": _name(model.get("name"), "cpu:model:name")}
-        if model.get("fallback") is not None:
-            out["model"]["fallback"] = _choice(model["fallback"], "cpu:model:fallback", ("allow", "forbid"))
-        if model.get("vendor_id") is not None:
-            vid = model["vendor_id"]
-            if not isinstance(vid, str) or not re.fullmatch(r"[A-Za-z0-9]{12}", vid):
-                raise SaltInvocationError(f"cpu:model:vendor_id must be 12 letters or digits, got {vid!r}")
-            out["model"]["vendor_id"] = vid
-    if value.get("vendor") is not None:
-        out["vendor"] = _name(value["vendor"], "cpu:vendor")
-    if value.get("topology") is not None:
-        check_keys(value["topology"], "cpu:topology", TOPOLOGY_KEYS)
-        topo = {k: validate.positive_int(value["topology"].get(k, 1), f"cpu:topology:{k}") for k in TOPOLOGY_KEYS}
-        if topo["sockets"] * topo["cores"] * topo["threads"] != count:
-            raise SaltInvocationError(f"cpu:topology {topo} must multiply to cpu:maximum ({count})")
-        out["topology"] = topo
-    feats = value.get("features") or {}
-    if not isinstance(feats, dict):
-        raise SaltInvocationError(f"cpu:features must map feature names to a policy, got {feats!r}")
-    policies = ("force", "require", "optional", "disable", "forbid")
-    out["features"] = {
-        _name(k, "cpu:features name"): _choice(p, f"cpu:features:{k}", policies) for k, p in feats.items()
-    }
-    if out["mode"] != "custom" and ("model" in out or "vendor" in out):
-        raise SaltInvocationError(f"cpu:model and cpu:vendor go with mode custom, not {out['mode']}")
-    return count, out
-
-
-def mib(value, what):
-    """A size in MiB: a number (MiB) or Salt's ``512m``/``1g``/``1 GiB``."""
-    if isinstance(value, bool):
-        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
-    match = _SIZE_RE.match(str(value))
-    if not match:
-        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
-    number, unit = int(match.group(1)), (match.group(2) or "m").lower()
-    size = number * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
-    if size < 1 or size != int(size):
-        raise SaltInvocationError(f"{what} must be a whole number of MiB, got {value!r}")
-    return int(size)
-
-
-def mem_detail(value):
-    """Salt's ``mem`` dict -> ``(boot MiB, {memtune limits in MiB})``; a number -> ``(number, None)``."""
-    if not isinstance(value, dict):
-        return value, None
-    check_keys(value, "mem", MEM_KEYS, MEM_REFUSED)
-    if value.get("boot") is None:
-        raise SaltInvocationError("mem as a mapping needs boot (the memory in MiB, or 1g ...)")
-    boot_mib = mib(value["boot"], "mem:boot")
-    limits = {k: mib(value[k], f"mem:{k}") for k in MEM_KEYS[1:] if value.get(k) is not None}
-    return boot_mib, limits or None
-
-
-NUMATUNE_KEYS = ("memory",)
-NUMATUNE_REFUSED = {
-    "memnodes": "numatune:memnodes needs guest NUMA cells (cpu:numa), which salt-virt does not build yet"
-}
-_NODESET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
-
-
-def numatune(value):
-    """Salt's ``numatune: {memory: {mode: strict|interleave|preferred|restrictive, nodeset: "0-1"}}``."""
-    if value in (None, "", {}):
-        return None
-    check_keys(value, "numatune", NUMATUNE_KEYS, NUMATUNE_REFUSED)
-    mem = value.get("memory") or {}
-    check_keys(mem, "numatune:memory", ("mode", "nodeset"))
-    mode = _choice(
-        mem.get("mode", "strict"), "numatune:memory:mode", ("strict", "interleave", "preferred", "restrictive")
-    )
-    nodeset = mem.get("nodeset")
-    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.match(str(nodeset)):
-        raise SaltInvocationError(f"numatune:memory:nodeset must be host NUMA nodes like 0-1,^3, got {nodeset!r}")
-    return {"mode": mode, "nodeset": str(nodeset)}

@@ -1,7 +1,7 @@
 """UEFI (OVMF), secure boot, a swtpm vTPM and extra serial/console devices on a real libvirtd with a
 TCG guest: the busybox guest (direct kernel boot) is booted under OVMF by libvirt's firmware
 autoselection, with a TPM 2.0 emulated by swtpm, an extra TCP serial port, a virtio console, Salt's cpu
-dict (model, topology) and clock (local time)."""
+dict (model, topology, guest NUMA cells, vCPU pinning) and clock (local time)."""
 
 import json
 import os
@@ -36,6 +36,9 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
     v = virt_hv
     port = free_port()
     cpu = {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}}
+    # Salt's guest NUMA cells and vCPU pinning on the same boot (the host has 2 CPUs: one vCPU on each)
+    cpu.update(numa={0: {"cpus": "0", "memory": 128}, 1: {"cpus": "1", "memory": 128}})
+    cpu.update(tuning={"vcpupin": {0: "0", 1: "1"}})
     shape = {
         "boot": dict(boot_args, efi=True),
         "tpm": True,
@@ -65,6 +68,10 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         assert args[args.index("-cpu") + 1].startswith("qemu64")
         assert args[args.index("-smp") + 1] == "2,sockets=1,dies=1,cores=2,threads=1"
         assert args[args.index("-rtc") + 1].startswith("base=localtime")
+        numa = [args[i + 1] for i, a in enumerate(args) if a == "-numa"]
+        assert any(n.startswith("node,nodeid=0,cpus=0,") for n in numa), numa
+        assert any(n.startswith("node,nodeid=1,cpus=1,") for n in numa), numa
+        assert domxml.feature_facts(v["virt.get_xml"]("uefi1"))["cputune"] == {"vcpupin": {0: "0", 1: "1"}}
         facts = domxml.feature_facts(v["virt.get_xml"]("uefi1"))
         assert facts["tpm"] == {"model": "tpm-crb", "version": "2.0"} and facts["firmware"]["efi"] is True
         # the extra serial port listens (TCP) on 127.0.0.1 of the hypervisor only (the lab's network namespace)

@@ -6,11 +6,13 @@ import json
 import os
 import pathlib
 import subprocess
+import xml.etree.ElementTree as ET
 
 import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt import converge, domxml
+from saltvirt.conn import libvirt
 from tests.support.saltloader import load_states
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed
@@ -383,7 +385,15 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     v = virt_test
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
-    assert set(preview["changes"]) == set(domxml.FEATURES) - {"cpu_model", "memtune"}
+    assert set(preview["changes"]) == set(domxml.FEATURES) - {
+        "cpu_model",
+        "memtune",
+        "vcpu",
+        "cputune",
+        "max_mem",
+        "memory_backing",
+        "host_devices",  # test:///default has no PCI/USB devices: test_host_devices_are_looked_up_...
+    }
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
@@ -433,6 +443,82 @@ def test_update_applies_salts_cpu_and_mem_dicts(virt_test):
     v["virt.undefine"]("conv8")
 
 
+def test_update_applies_cpu_tuning_numa_current_and_cpuset(virt_test):
+    v = virt_test
+    v["virt.init"]("conv9", 1, 64, nic=None, disk=None, start=False)
+    cpu = {
+        "maximum": 4,
+        "current": 2,
+        "cpuset": "0-3",
+        "tuning": {"vcpupin": {0: "0", 1: "1-2,^2"}, "emulatorpin": "0-1", "shares": 512},
+        "numa": {0: {"cpus": "0-1", "memory": "64m"}, 1: {"cpus": "2-3", "memory": 64}},
+    }
+    preview = v["virt.update"]("conv9", cpu=cpu, mem=128, test=True)
+    assert preview["changes"]["cpu"] == {"old": 1, "new": "2 (maximum 4)", "current": 2}
+    done = v["virt.update"]("conv9", cpu=cpu, mem=128)
+    assert set(done["changes"]) == set(preview["changes"]) == {"cpu", "mem", "cpu_model", "vcpu", "cputune"}
+    xml = v["virt.get_xml"]("conv9")
+    facts = domxml.feature_facts(xml)
+    assert facts["vcpu"] == {"placement": "static", "cpuset": "0-3"}
+    assert facts["cputune"] == {"shares": 512, "vcpupin": {0: "0", 1: "1"}, "emulatorpin": "0-1"}
+    assert [c["cpus"] for c in facts["cpu_model"]["numa"]] == ["0-1", "2-3"]
+    root = ET.fromstring(xml)
+    assert (root.find("vcpu").text, root.find("vcpu").get("current")) == ("4", "2")
+    assert v["virt.update"]("conv9", cpu=cpu, mem=128)["changes"] == {}  # idempotent
+    assert v["virt.update"]("conv9", cpu=dict(cpu, current=4), mem=128)["changes"]["cpu"] == {
+        "old": "2 (maximum 4)",
+        "new": 4,
+    }
+    v["virt.undefine"]("conv9")
+
+
+def test_update_applies_mem_current_max_slots_hugepages(virt_test):
+    v = virt_test
+    v["virt.init"]("conv11", 1, 64, nic=None, disk=None, start=False)
+    cpu = {"maximum": 1, "numa": {0: {"cpus": "0", "memory": "128m"}}}
+    mem = {"boot": "128m", "current": 96, "max": "512m", "slots": 2, "hugepages": [{"size": "2m", "nodeset": 0}]}
+    preview = v["virt.update"]("conv11", cpu=cpu, mem=mem, test=True)
+    assert preview["changes"]["mem"] == {"old": 64, "new": "96 (maximum 128)", "current": 96}
+    done = v["virt.update"]("conv11", cpu=cpu, mem=mem)
+    assert set(done["changes"]) == set(preview["changes"]) == {"mem", "cpu_model", "max_mem", "memory_backing"}
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv11"))
+    assert facts["max_mem"] == {"size": 512, "slots": 2}
+    assert facts["memory_backing"] == {"hugepages": [{"size": 2048, "nodeset": "0"}]}
+    info = v["virt.vm_info"]("conv11")["conv11"]
+    assert (info["mem"], info["current_mem"]) == (128, 96)
+    assert v["virt.update"]("conv11", cpu=cpu, mem=mem)["changes"] == {}  # idempotent
+    assert v["virt.update"]("conv11", cpu=cpu, mem=dict(mem, hugepages=False))["changes"]["memory_backing"] == {
+        "old": {"hugepages": [{"size": 2048, "nodeset": "0"}]},
+        "new": None,
+    }
+    assert domxml.feature_facts(v["virt.get_xml"]("conv11"))["memory_backing"] is None
+    v["virt.undefine"]("conv11")
+
+
+def test_update_applies_numatune_memnodes(virt_test):
+    v = virt_test
+    cpu = {"maximum": 2, "numa": {0: {"cpus": "0", "memory": 32}, 1: {"cpus": "1", "memory": 32}}}
+    v["virt.init"]("conv12", cpu, 64, nic=None, disk=None, start=False)
+    tune = {"memnodes": {0: {"mode": "strict", "nodeset": "0"}, 1: {"mode": "preferred", "nodeset": "0"}}}
+    done = v["virt.update"]("conv12", cpu=cpu, numatune=tune)
+    assert set(done["changes"]) == {"numatune"} and done["changes"]["numatune"]["old"] is None
+    facts = domxml.feature_facts(v["virt.get_xml"]("conv12"))
+    assert [n["mode"] for n in facts["numatune"]["memnodes"]] == ["strict", "preferred"]
+    assert v["virt.update"]("conv12", cpu=cpu, numatune=tune)["changes"] == {}  # idempotent
+    v["virt.undefine"]("conv12")
+
+
+def test_cpu_tuning_change_to_a_running_vm_needs_a_restart(virt_test):
+    v = virt_test
+    cpu = {"maximum": 2, "tuning": {"vcpupin": {0: "0"}}}
+    v["virt.init"]("conv10", cpu, 64, nic=None, disk=None, start=True)
+    done = v["virt.update"]("conv10", cpu=dict(cpu, tuning={"vcpupin": {0: "1"}}))
+    assert set(done["changes"]) == {"cputune"} and done["applied"]["restart"]
+    assert done["pending_restart"] == ["cputune"]
+    v["virt.destroy"]("conv10")
+    v["virt.undefine"]("conv10")
+
+
 def test_secure_boot_on_an_i440fx_vm_is_refused_and_nothing_changes(virt_test):
     v = virt_test
     v["virt.init"]("conv6", 1, 64, nic=None, disk=None, start=False)
@@ -455,3 +541,57 @@ def test_feature_changes_to_a_running_vm_need_a_restart(virt_test):
     assert set(done["pending_restart"]) == {"tpm", "stop_on_reboot"}
     v["virt.destroy"]("conv7")
     v["virt.undefine"]("conv7")
+
+
+# host devices: libvirt's test driver with node devices of our own (a PCI SATA controller, a USB hub, a NIC);
+# no real passthrough is possible on this machine (no IOMMU, guests run under TCG), so only the definition
+# is checked here
+NODE_DEVICES = """<node>
+  <cpu><mhz>2000</mhz><model>i686</model><nodes>1</nodes><sockets>1</sockets><cores>2</cores><threads>1</threads></cpu>
+  <memory>2097152</memory>
+  <device><name>pci_0000_00_1f_2</name><parent>computer</parent><capability type='pci'>
+    <domain>0</domain><bus>0</bus><slot>31</slot><function>2</function>
+    <product id='0x2922'>SATA Controller</product><vendor id='0x8086'>Intel Corporation</vendor></capability></device>
+  <device><name>usb_3_1</name><parent>computer</parent><capability type='usb_device'>
+    <bus>3</bus><device>1</device><product id='0x0002'>2.0 root hub</product><vendor id='0x1d6b'>Linux</vendor>
+  </capability></device>
+  <device><name>net_eth9_52_54_00_00_00_09</name><parent>computer</parent><capability type='net'>
+    <interface>eth9</interface><address>52:54:00:00:00:09</address></capability></device>
+</node>"""
+
+
+def test_host_devices_are_looked_up_and_passed_through(tmp_path):
+    node = tmp_path / "node.xml"
+    node.write_text(NODE_DEVICES)
+    conn = libvirt.open(f"test://{node}")
+    args = {"images_dir": str(tmp_path), "profiles": {}}
+    conn.defineXML(domxml.build(converge.desired_spec("hd1", 1, 64, nic=None, disk=None, **args)))
+    done = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
+    assert done["changes"]["host_devices"] == {
+        "old": [],
+        "new": [
+            {"type": "pci", "address": "0000:00:1f.2"},
+            {"type": "usb", "vendor": "0x1d6b", "product": "0x0002"},
+        ],
+    }
+    root = ET.fromstring(conn.lookupByName("hd1").XMLDesc(0))
+    src = root.find("devices/hostdev[@type='pci']/source/address")
+    assert (src.get("bus"), src.get("slot"), src.get("function")) == ("0x00", "0x1f", "0x2")
+    assert root.find("devices/hostdev[@type='pci']").get("managed") == "yes"
+    again = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
+    assert again["changes"] == {}  # idempotent
+    with pytest.raises(SaltInvocationError, match=r"no device 'pci_0000_00_1f_3'.*here: pci_0000_00_1f_2, usb_3_1"):
+        converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_3"], **args)
+    with pytest.raises(SaltInvocationError, match="net_eth9_52_54_00_00_00_09 is a net device; only PCI and USB"):
+        converge.update(conn, "hd1", host_devices=["net_eth9_52_54_00_00_00_09"], **args)
+    assert converge.update(conn, "hd1", host_devices=[], **args)["changes"]["host_devices"]["new"] == []
+    assert ET.fromstring(conn.lookupByName("hd1").XMLDesc(0)).find("devices/hostdev") is None
+    conn.close()
+
+
+def test_virt_init_refuses_an_unknown_host_device_before_anything_is_made(virt_test):
+    images = virt_test["config.get"]("virt:images")
+    with pytest.raises(SaltInvocationError, match="no device 'pci_0000_00_1f_2' on this hypervisor"):
+        virt_test["virt.init"]("hd2", 1, 64, nic=None, disk=None, start=False, host_devices=["pci_0000_00_1f_2"])
+    assert "hd2" not in virt_test["virt.list_domains"]()
+    assert not os.path.exists(os.path.join(images, "hd2"))

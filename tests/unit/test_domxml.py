@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from saltvirt import domxml, spec
+from saltvirt import cpumem, domxml, spec
 from tests.support import golden as golden_files
 
 
@@ -199,6 +199,12 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
 
 
 # firmware, boot order, extra serial ports and consoles, vTPM (issue #15) ------------------------------
+def cpu_dict(value):
+    """VMSpec fields of Salt's cpu dict: <cpu> (with its NUMA cells), <vcpu> attributes, <cputune>."""
+    model = cpumem.cpu_detail(value)[1]
+    return {"vcpu": model.pop("vcpu", None), "cputune": model.pop("tuning", None), "cpu_model": model}
+
+
 FEATURE_CASES = {
     "uefi-auto": vm(boot=spec.Boot(efi=True)),
     "uefi-secure-boot-auto": vm(boot=spec.Boot(efi=True, secure_boot=True)),
@@ -232,7 +238,7 @@ FEATURE_CASES = {
     "clock-adjustment": vm(clock=spec.speckeys.clock({"adjustment": 3600})),
     "cpu-custom-topology-features": vm(
         cpu=4,
-        cpu_model=spec.speckeys.cpu_detail(
+        cpu_model=cpumem.cpu_detail(
             {
                 "maximum": 4,
                 "match": "exact",
@@ -242,9 +248,66 @@ FEATURE_CASES = {
             }
         )[1],
     ),
-    "cpu-host-passthrough": vm(cpu_model=spec.speckeys.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
-    "memtune-limits": vm(memtune=spec.speckeys.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
-    "numatune-strict": vm(numatune=spec.speckeys.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
+    "cpu-tuning-numa": vm(
+        cpu=4,
+        mem=256,
+        **cpu_dict(
+            {
+                "maximum": 4,
+                "current": 2,
+                "placement": "static",
+                "cpuset": "0-3",
+                "tuning": {
+                    "vcpupin": {0: "0-1", 1: "2,3", 2: "1-4,^2"},
+                    "emulatorpin": "0",
+                    "shares": 2048,
+                    "period": 100000,
+                    "quota": 50000,
+                    "emulator_period": 100000,
+                    "emulator_quota": -1,
+                },
+                "numa": {
+                    0: {"cpus": "0-1", "memory": "128m", "memAccess": "shared"},
+                    1: {"cpus": "2-3", "memory": 128, "discard": True},
+                },
+            }
+        ),
+    ),
+    "mem-hotplug-hugepages": vm(
+        mem=256,
+        mem_current=128,
+        max_mem={"size": 1024, "slots": 4},
+        memory_backing=cpumem.memory_backing(
+            {"hugepages": [{"size": "2m", "nodeset": "0"}, {"size": "1g"}], "nosharepages": True, "locked": True},
+            numa_cells=1,
+        ),
+        **cpu_dict({"maximum": 2, "numa": {0: {"cpus": "0-1", "memory": 256}}}),
+    ),
+    "mem-backing-memfd": vm(
+        memory_backing=cpumem.memory_backing(
+            {"hugepages": True, "source": "memfd", "access": "shared", "allocation": "immediate", "discard": True}
+        )
+    ),
+    "numatune-memnodes": vm(
+        mem=256,
+        numatune=cpumem.numatune(
+            {
+                "memory": {"mode": "interleave", "nodeset": "0"},
+                "memnodes": {0: {"nodeset": 0}, 1: {"mode": "preferred", "nodeset": "0"}},
+            },
+            numa_cells=2,
+        ),
+        **cpu_dict({"maximum": 2, "numa": {0: {"cpus": "0", "memory": 128}, 1: {"cpus": "1", "memory": 128}}}),
+    ),
+    "hostdev-pci-usb": vm(
+        hostdevs=[
+            {"name": "pci_0000_00_1f_2", "type": "pci", "address": "0000:00:1f.2"},
+            {"name": "usb_3_1", "type": "usb", "vendor": "0x1d6b", "product": "0x0002", "bus": 3, "device": 1},
+        ]
+    ),
+    "cpu-host-passthrough": vm(cpu_model=cpumem.cpu_detail({"maximum": 2, "mode": "host-passthrough"})[1]),
+    "memtune-limits": vm(memtune=cpumem.mem_detail({"boot": "256m", "hard_limit": "1g", "soft_limit": 512})[1]),
+    "numatune-strict": vm(numatune=cpumem.numatune({"memory": {"mode": "strict", "nodeset": "0"}})),
     "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
 }
 
@@ -285,6 +348,11 @@ def test_feature_facts_from_spec_build():
         "cpu_model": None,
         "memtune": None,
         "numatune": None,
+        "vcpu": {"placement": "static", "cpuset": None},
+        "cputune": None,
+        "max_mem": None,
+        "memory_backing": None,
+        "host_devices": [],
     }
     root = ET.fromstring(domxml.build(s))
     assert root.find("os/type").get("machine") == "q35" and root.find("features/smm").get("state") == "on"
