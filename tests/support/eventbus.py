@@ -3,6 +3,8 @@
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
 import time
 
@@ -47,3 +49,14 @@ def minion_bus(opts, timeout=30):
     finally:
         loops[0].add_callback(loops[0].stop)
         thread.join(timeout)
+
+
+@contextlib.contextmanager
+def short_sock_dir():
+    """A socket directory with a short path: AF_UNIX paths end at 107 bytes, and pytest's tmp_path
+    under xdist (``/tmp/pytest-of-root/pytest-N/popen-gwN/<test name>/``) can be longer than that."""
+    path = tempfile.mkdtemp(prefix="svbus-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -11,15 +11,15 @@ import salt.utils.event
 
 from tests.support.eventbus import minion_bus
 from saltvirt import progress as progress_events
+from tests.support.eventbus import short_sock_dir
 
 
 @pytest.fixture
-def opts(tmp_path):
-    sock_dir = tmp_path / "sock"
-    sock_dir.mkdir()
-    opts = salt.config.minion_config(None)
-    opts.update({"id": "hyper-ev", "file_client": "local", "sock_dir": str(sock_dir)})
-    return opts
+def opts():
+    with short_sock_dir() as sock_dir:
+        opts = salt.config.minion_config(None)
+        opts.update({"id": "hyper-ev", "file_client": "local", "sock_dir": sock_dir})
+        yield opts
 
 
 @pytest.fixture
