@@ -308,7 +308,8 @@ def _losetup(path, undo):
 
 def _detach(dev):
     _run(["losetup", "-d", dev], f"detaching {dev}")
-    if not _wait(lambda: not os.path.exists(f"/sys/block/{os.path.basename(dev)}/loop/backing_file"), 10):
+    # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s
+    if not _wait(lambda: not os.path.exists(f"/sys/block/{os.path.basename(dev)}/loop/backing_file"), 30):
         raise CommandExecutionError(f"{dev} is still attached after 'losetup -d' (busy?): check 'losetup -a'")
 
 
