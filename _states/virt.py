@@ -86,7 +86,10 @@ MANAGED_DEFAULTS = {
     "enable_vnc": False,
     "graphics": None,
 }
-UPDATE_ARGS = tuple(MANAGED_DEFAULTS) + ("image", "enable_qcow", "connection")
+# domain features virt.update manages on an existing VM when the state declares them (else left as they are)
+FEATURE_ARGS = ("boot", "boot_dev", "stop_on_reboot", "serials", "consoles", "tpm", "clock", "hypervisor_features")
+FEATURE_ARGS += ("numatune", "host_devices")
+UPDATE_ARGS = tuple(MANAGED_DEFAULTS) + ("image", "enable_qcow", "connection") + FEATURE_ARGS
 
 
 def _ret(name, **kw):

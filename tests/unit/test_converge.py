@@ -299,6 +299,25 @@ def test_running_creates_exactly_the_preview_then_is_idempotent(states, virt_tes
     assert st["virt.absent"]("conv6", remove_disks=True)["changes"]["vm"]["removed"] == [disk["path"]]
 
 
+def test_defined_converges_declared_features_of_an_existing_vm(states, virt_test):
+    """The states pass the domain features they declare to virt.update (a vTPM and a clock here):
+    applied to the definition, then idempotent; features they do not declare are left alone."""
+    base = {"cpu": 1, "mem": 64, "seed": False, "nic": None, "disk": None}
+    st = states()
+    assert st["virt.defined"]("conv8", **base)["result"] is True
+    declared = dict(base, tpm=True, clock={"utc": False})
+    would = states(test=True)["virt.defined"]("conv8", **declared)
+    assert would["result"] is None and set(would["changes"]) == {"tpm", "clock"}, would
+    done = st["virt.defined"]("conv8", **declared)
+    assert done["result"] is True and done["changes"] == would["changes"], done
+    xml = virt_test["virt.get_xml"]("conv8")
+    assert "<tpm model='tpm-crb'>" in xml and "<clock offset='localtime'" in xml
+    assert st["virt.defined"]("conv8", **declared)["changes"] == {}
+    assert st["virt.defined"]("conv8", **base)["changes"] == {}  # not declared: the vTPM stays
+    assert "<tpm model='tpm-crb'>" in virt_test["virt.get_xml"]("conv8")
+    assert st["virt.absent"]("conv8")["result"] is True
+
+
 def test_defined_does_not_start_and_running_starts(states, virt_test):
     st = states()
     args = {"cpu": 1, "mem": 64, "nic": None, "disk": None}
