@@ -20,7 +20,6 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import compat as _compat
     from saltvirt import conn as _c
     from saltvirt import domxml as _domxml
     from saltvirt import lifecycle as _lifecycle
@@ -38,10 +37,7 @@ def __virtual__():
 
 
 def _conn(connection=None, kwargs=None, fun="virt"):
-    kwargs = {k: v for k, v in (kwargs or {}).items() if not k.startswith("__")}
-    kwargs.pop("username", None), kwargs.pop("password", None)
-    _compat.refuse_unknown(kwargs, ("connection", "username", "password"), fun)
-    return _c.salt_connect(__salt__, connection)
+    return _c.salt_connect_compat(__salt__, connection, kwargs, fun)
 
 
 def create_xml_str(xml, connection=None, **kwargs):

@@ -35,10 +35,7 @@ def __virtual__():
 
 
 def _conn(connection=None, kwargs=None, fun="virt"):
-    kwargs = {k: v for k, v in (kwargs or {}).items() if not k.startswith("__")}
-    kwargs.pop("username", None), kwargs.pop("password", None)
-    _compat.refuse_unknown(kwargs, ("connection", "username", "password"), fun)
-    return _c.salt_connect(__salt__, connection)
+    return _c.salt_connect_compat(__salt__, connection, kwargs, fun)
 
 
 def domain_capabilities(emulator=None, arch=None, machine=None, domain=None, connection=None, **kwargs):

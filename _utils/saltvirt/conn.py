@@ -152,19 +152,17 @@ def salt_connect(salt, connection=None):
     )
 
 
-def salt_connect_compat(salt, connection=None, kwargs=None):
+def salt_connect_compat(salt, connection=None, kwargs=None, fun="virt"):
     """Like salt_connect, for functions taking Salt's ``**kwargs`` (username/password, ...): a
     username/password is refused (salt-virt reaches libvirt through its TLS certificates or the local
-    socket, never a password) and so is any other unknown argument."""
-    extra = sorted(k for k in (kwargs or {}) if not k.startswith("__"))
-    if any((kwargs or {}).get(k) for k in ("username", "password")):
+    socket, never a password) and so is any other unknown argument, naming the nearest known one."""
+    given = {k: v for k, v in (kwargs or {}).items() if not k.startswith("__")}
+    if any(given.get(k) for k in ("username", "password")):
         raise SaltInvocationError(
             "username/password connections are not supported: salt-virt connects with the TLS certificates "
             "virt.keys installs (qemu+tls://) or the local socket; drop username= and password="
         )
-    extra = [k for k in extra if k not in ("username", "password")]
-    if extra:
-        raise SaltInvocationError(f"unknown argument(s): {', '.join(extra)}")
+    compat.refuse_unknown(given, ("connection", "username", "password"), fun)
     return salt_connect(salt, connection)
 
 

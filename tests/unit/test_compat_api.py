@@ -245,3 +245,9 @@ def test_queries_take_salts_connection_keywords(virt_test):
     assert v["virt.node_info"](**kw)["sockets"] >= 1
     with pytest.raises(SaltInvocationError, match="username= is not supported"):
         v["virt.vm_info"]("test", username="admin")
+    # the statistics and host functions: the same rules (a password is refused, never silently ignored)
+    assert v["virt.vm_cputime"](vm_="test", **kw)["test"]["cputime"] >= 0
+    with pytest.raises(SaltInvocationError, match="username/password connections are not supported"):
+        v["virt.vm_cputime"]("test", password="secret")
+    with pytest.raises(SaltInvocationError, match=r"virt.domain_capabilities: unknown argument\(s\) conection"):
+        v["virt.domain_capabilities"](conection="test:///default")
