@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import time
 
-import libvirt
 import pytest
 
 from tests.support import lab
@@ -132,12 +131,7 @@ def minions(mmaster, lab_hvs, lab_dir, store):
             assert state["result"] is True and len(state["changes"]) == 6, ret  # + the CRL
         foreign_tls(lab_hvs["hv8"], lab_dir)
         for hv in lab_hvs.values():
-            hv.start()
-            # a fresh libvirtd probes QEMU at its first use (seconds; much longer on a loaded CI box): do it now,
-            # not while a migration's peer-to-peer connection waits on it
-            conn = libvirt.open(hv.uri)
-            conn.getDomainCapabilities(None, "x86_64", None, "qemu")
-            conn.close()
+            hv.start().warm_up()
         yield factories
     finally:
         for factory in started:

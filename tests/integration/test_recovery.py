@@ -21,7 +21,6 @@ import stat
 import subprocess
 import time
 
-import libvirt
 import pytest
 
 from tests.support import lab
@@ -86,10 +85,7 @@ def minions(rmaster, lab_hvs, lab_dir, store):
         ret = rmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="hv1*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
         for hv in lab_hvs.values():
-            hv.start()
-            conn = libvirt.open(hv.uri)  # a fresh libvirtd probes QEMU at its first use: now, not mid-test
-            conn.getDomainCapabilities(None, "x86_64", None, "qemu")
-            conn.close()
+            hv.start().warm_up()
         yield factories
     finally:
         for factory in started:

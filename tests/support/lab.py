@@ -207,6 +207,17 @@ class Hypervisor:
             self.pid = int(fh.read().strip())
         return self
 
+    def warm_up(self):
+        """Make libvirtd probe QEMU now: a fresh libvirtd does it at its first use (seconds; much longer
+        on a loaded machine), which must not happen while a migration's peer connection waits on it."""
+        import libvirt  # noqa: PLC0415 - the lab itself needs no bindings until a test asks for this
+
+        conn = libvirt.open(self.uri)
+        try:
+            conn.getDomainCapabilities(None, "x86_64", None, "qemu")
+        finally:
+            conn.close()
+
     def ns_run(self, cmd, check=True):
         """Run a command inside this hypervisor's namespaces (network + mounts)."""
         return run(["nsenter", "-t", str(self.pid), "-n", "-m", "-u", "--"] + list(cmd), check=check)
