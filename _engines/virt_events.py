@@ -7,7 +7,7 @@ Runs on a hypervisor minion; fires ``salt/virt/<minion id>/domain/<vm>/<event>``
 ``io_error``, ``control_error``, ``agent_connected``, ``agent_disconnected``. Data: ``name``, ``uuid``,
 ``event``, ``detail``, ``host``, ``time`` (and a few per-event keys; never secrets). It reconnects when
 libvirtd restarts and fires what changed meanwhile with ``reconciled: True``. The logic lives in
-``saltvirt.events``.
+``saltvirt.host.events``.
 
 Minion config (the connection is ``virt:connection``, as for the ``virt`` module)::
 
@@ -38,8 +38,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import events as _events
+    from saltvirt.host import conn as _c
+    from saltvirt.host import events as _events
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt_events"

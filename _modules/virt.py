@@ -15,7 +15,7 @@ Configuration (minion config, grains or pillar, read with ``config.get``)::
       images: /srv/salt-images   # one directory per VM below it
       allowed_paths: []          # minion config only: dirs for local images, disks[].path, kernel/initrd, serial_log
       max_image_mib: 65536       # image download / salt:// image size cap
-      nic: {default: [...]}      # NIC profiles   (see saltvirt.spec)
+      nic: {default: [...]}      # NIC profiles   (see saltvirt.spec.vmspec)
       disk: {default: [...]}     # disk profiles
 """
 
@@ -37,10 +37,13 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import compat, guestips, hosttype, intake, lifecycle, provision, query
-    from saltvirt import progress as progress_events
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.spec import compat
+    from saltvirt.host import guestips, hosttype, lifecycle, query
+    from saltvirt.storage import intake
+    from saltvirt.vm import provision
+    from saltvirt.vm import progress as progress_events
+    from saltvirt.base.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -73,7 +76,7 @@ def _allowed_paths():
 
 
 def _progress(name):
-    """Progress events of one ``virt.init`` (``saltvirt.progress``): one connection, none without a bus."""
+    """Progress events of one ``virt.init`` (``saltvirt.vm.progress``): one connection, none without a bus."""
     return progress_events.Progress(
         __opts__,
         f"salt/virt/init/{name}",
@@ -672,7 +675,7 @@ def capabilities(connection=None, **kwargs):
 
     CLI Example:: salt '*' virt.capabilities
     """
-    from saltvirt import caps
+    from saltvirt.host import caps
 
     _salt_kwargs(kwargs, "virt.capabilities")
     with _conn(connection) as conn:
@@ -689,7 +692,7 @@ def capabilities_xml(connection=None):
 
 
 # ==================================================================================================
-# update, networks and storage pools (saltvirt.converge, saltvirt.netpool): what the virt states use
+# update, networks and storage pools (saltvirt.vm.converge, saltvirt.host.netpool): what the virt states use
 # ==================================================================================================
 def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     """
@@ -705,7 +708,7 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.update web1 cpu=4 mem=2048 enable_vnc=True
     """
-    from saltvirt import converge
+    from saltvirt.vm import converge
 
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     if "allowed_paths" in kwargs:

@@ -1,6 +1,6 @@
 """
 Execution module ``virt`` (continued): ``virt.cleanup``, removing what an interrupted ``virt.init``
-left on this hypervisor (``saltvirt.cleanup``).
+left on this hypervisor (``saltvirt.vm.cleanup``).
 """
 
 import os
@@ -17,8 +17,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import cleanup as _cleanup
-    from saltvirt import conn as _c
+    from saltvirt.vm import cleanup as _cleanup
+    from saltvirt.host import conn as _c
 
 __virtualname__ = "virt"
 

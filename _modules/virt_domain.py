@@ -1,7 +1,7 @@
 """
 Execution module ``virt`` (continued): Salt's remaining per-VM functions — ``create_xml_str`` /
 ``create_xml_path`` (transient VMs), ``ctrl_alt_del``, ``get_loader`` — and the statistics
-``vm_cputime``, ``vm_netstats``, ``vm_diskstats`` (``saltvirt.stats``).
+``vm_cputime``, ``vm_netstats``, ``vm_diskstats`` (``saltvirt.host.stats``).
 """
 
 import os
@@ -20,10 +20,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import domxml as _domxml
-    from saltvirt import lifecycle as _lifecycle
-    from saltvirt import stats as _stats
+    from saltvirt.host import conn as _c
+    from saltvirt.xml import domxml as _domxml
+    from saltvirt.host import lifecycle as _lifecycle
+    from saltvirt.host import stats as _stats
 
 __virtualname__ = "virt"
 

@@ -1,7 +1,7 @@
 """
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
 ``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
-``get_profiles`` (``saltvirt.caps``, ``saltvirt.compat``).
+``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``).
 """
 
 import os
@@ -18,10 +18,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import caps as _caps
-    from saltvirt import compat as _compat
-    from saltvirt import conn as _c
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.host import caps as _caps
+    from saltvirt.spec import compat as _compat
+    from saltvirt.host import conn as _c
+    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 

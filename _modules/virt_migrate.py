@@ -1,7 +1,7 @@
 """
-Execution module ``virt`` (continued): moving VMs between hypervisors (``saltvirt.migrate``).
+Execution module ``virt`` (continued): moving VMs between hypervisors (``saltvirt.vm.migrate``).
 
-``salt-run virt.migrate`` / ``virt.evacuate`` (``saltvirt.relocate``) drive these functions on the
+``salt-run virt.migrate`` / ``virt.evacuate`` (``saltvirt.fleet.relocate``) drive these functions on the
 source and the target hypervisor. Salt's loader merges every file whose ``__virtualname__`` is
 ``virt`` into one ``virt`` module.
 """
@@ -22,10 +22,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import compat
-    from saltvirt import conn as _c
-    from saltvirt import migrate as _migrate
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.spec import compat
+    from saltvirt.host import conn as _c
+    from saltvirt.vm import migrate as _migrate
+    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 
@@ -47,8 +47,8 @@ def _images_dir():
 
 
 # migrate ------------------------------------------------------------------------------------------
-# Moving VMs between hypervisors (saltvirt.migrate). ``salt-run virt.migrate`` / ``virt.evacuate``
-# (saltvirt.relocate) drive the helpers below on the source and the target hypervisor.
+# Moving VMs between hypervisors (saltvirt.vm.migrate). ``salt-run virt.migrate`` / ``virt.evacuate``
+# (saltvirt.fleet.relocate) drive the helpers below on the source and the target hypervisor.
 
 
 def migrate(
@@ -97,7 +97,7 @@ def migrate(
         milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
 
     Settings (minion config or pillar): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
-    uri_template, qemu_tls, hosts}`` (see ``saltvirt.migrate``).
+    uri_template, qemu_tls, hosts}`` (see ``saltvirt.vm.migrate``).
 
     CLI Example:
 

@@ -1,5 +1,5 @@
 """
-Execution module ``virt`` (continued): virtual networks (``saltvirt.netpool``).
+Execution module ``virt`` (continued): virtual networks (``saltvirt.host.netpool``).
 """
 
 import os
@@ -19,9 +19,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import netpool as _np
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.host import netpool as _np
+    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 
@@ -61,7 +61,7 @@ _SALT_ARGS = (
 
 
 def _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, fun):
-    """The one network spec (saltvirt.netxml) from this module's arguments; Salt's nested ones in kwargs."""
+    """The one network spec (saltvirt.xml.netxml) from this module's arguments; Salt's nested ones in kwargs."""
     salt_args = {k: kwargs.pop(k) for k in _SALT_ARGS if k in kwargs}
     _refuse_unknown(kwargs, fun)
     return _np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **salt_args)

@@ -1,6 +1,6 @@
 """
 Execution module ``virt`` (continued): the hypervisor side of host-failure recovery
-(``saltvirt.hostrecord``). ``salt-run virt.record`` / ``virt.recover`` (``saltvirt.recovery``) call these.
+(``saltvirt.host.hostrecord``). ``salt-run virt.record`` / ``virt.recover`` (``saltvirt.fleet.recovery``) call these.
 Salt's loader merges every file whose ``__virtualname__`` is ``virt`` into one ``virt`` module.
 """
 
@@ -18,10 +18,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import hostrecord as _hr
-    from saltvirt import migrate as _migrate
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.host import hostrecord as _hr
+    from saltvirt.vm import migrate as _migrate
+    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 

@@ -1,5 +1,5 @@
 """
-Execution module ``virt`` (continued): VM snapshots (``saltvirt.snapshot``), Salt's ``snapshot``,
+Execution module ``virt`` (continued): VM snapshots (``saltvirt.host.snapshot``), Salt's ``snapshot``,
 ``list_snapshots``, ``revert_snapshot`` and ``delete_snapshots``. Internal qcow2 snapshots: a running VM's
 memory is included; a VM with a raw disk is refused with the reason.
 """
@@ -21,9 +21,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import snapshot as _snap
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.host import snapshot as _snap
+    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 

@@ -1,5 +1,5 @@
 """
-Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.netpool``).
+Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.host.netpool``).
 """
 
 import os
@@ -19,11 +19,11 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import conn as _c
-    from saltvirt import netpool as _np
-    from saltvirt import poolxml as _px
-    from saltvirt import storage as _st
-    from saltvirt.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.host import netpool as _np
+    from saltvirt.xml import poolxml as _px
+    from saltvirt.storage import pools as _st
+    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 

@@ -1,7 +1,7 @@
 """
 ext_pillar ``libvirt``: libvirt TLS certificates for the hypervisors, signed by a CA the master keeps.
 
-Each hypervisor (``virt:hypervisors`` in the master config, see ``saltvirt.hypervisors``: minion ids,
+Each hypervisor (``virt:hypervisors`` in the master config, see ``saltvirt.fleet.hypervisors``: minion ids,
 never grains) gets, in its own pillar only::
 
     libvirt:
@@ -160,7 +160,8 @@ def _moved(config):
 
 
 def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
-    from saltvirt import crl, hypervisors, pki
+    from saltvirt.pki import ca as pki, crl
+    from saltvirt.fleet import hypervisors
 
     on_demand = _on_demand()
     if on_demand or (on_demand is None and "libvirt" in (__opts__.get("on_demand_ext_pillar") or [])):

@@ -3,8 +3,8 @@ Control a fleet of libvirt/KVM hypervisors from the master: ``salt-run virt.<fun
 
 Every function publishes once to all hypervisor minions (in parallel, bounded waits) through
 LocalClient; hypervisors that do not answer are listed as ``down``, never dropped. The logic lives in
-``saltvirt.fleet`` (fan-out), ``saltvirt.minionkeys`` (keys), ``saltvirt.vmcreate`` (VM creation) and
-``saltvirt.placement`` (host choice).
+``saltvirt.fleet.publish`` (fan-out), ``saltvirt.fleet.minionkeys`` (keys), ``saltvirt.fleet.vmcreate``
+(VM creation) and ``saltvirt.fleet.placement`` (host choice).
 
 Master config (``virt:hypervisors`` required, the rest optional)::
 
@@ -16,7 +16,7 @@ Master config (``virt:hypervisors`` required, the rest optional)::
         gather_job_timeout: 5
         max_wait: 60                 # hard bound for queries
         init_timeout: 1800           # hard bound for virt.init on one hypervisor
-      placement:                     # see saltvirt.placement
+      placement:                     # see saltvirt.fleet.placement
         mem_reserve_mib: 1024
         cpu_overcommit: 4.0
         disk_reserve_mib: 1024
@@ -42,7 +42,7 @@ stays plain data).
 Trust model for the new minion's key (``virt.init``): the key pair is generated here, on the master,
 in memory. The public key is stored as *accepted* under the new minion's id (refused if the master
 already has any key for that id). The private key leaves this process only sealed to the chosen
-hypervisor's accepted minion key (RSA-OAEP + AES-256-GCM, ``saltvirt.envelope``): the publication is
+hypervisor's accepted minion key (RSA-OAEP + AES-256-GCM, ``saltvirt.pki.envelope``): the publication is
 readable by every minion holding the AES session key and is stored in the job cache, but only that
 hypervisor can open it; it writes the key into the guest's disk and returns only the fingerprint. The
 hypervisor is trusted with the guest's key (it owns the guest's disk anyway); other minions and
@@ -74,8 +74,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import compat, fleet, minionkeys, placement, validate, vmcreate, vmwait
-    from saltvirt import fleet_cleanup
+    from saltvirt.base import validate
+    from saltvirt.spec import compat
+    from saltvirt.fleet import minionkeys, placement, publish as fleet, vmcreate, vmwait
+    from saltvirt.fleet import leftovers as fleet_cleanup
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -227,7 +229,7 @@ def _add_rates(data, tgt, tgt_type, timeout, interval):
         raise SaltInvocationError(f"interval must be a number of seconds, not {interval!r}") from None
     if not 0 < interval <= 300:
         raise SaltInvocationError(f"interval must be between 0 and 300 seconds, not {interval}")
-    from saltvirt import stats  # noqa: PLC0415 - rates(): arithmetic over two samples, only when asked
+    from saltvirt.host import stats  # noqa: PLC0415 - rates(): arithmetic over two samples, only when asked
 
     first = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
     time.sleep(interval)
@@ -564,9 +566,9 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
 
 # migration ----------------------------------------------------------------------------------------
 # migrate / evacuate: added here later (they use fleet.gather/locate and placement.rank the same way).
-# ---- salt-virt migrate / evacuate (saltvirt.relocate) -------------------------------------------
+# ---- salt-virt migrate / evacuate (saltvirt.fleet.relocate) -------------------------------------------
 if saltvirt is not None:
-    from saltvirt import relocate
+    from saltvirt.fleet import relocate
 
 
 def _migration_opts(tunnel):

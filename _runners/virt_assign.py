@@ -2,7 +2,7 @@
 Runner ``virt`` (continued): ``virt.provision_assigned``, creating the VMs the master's pillar assigns
 to a hypervisor (the reactor example ``salt-virt.reactor.sls`` runs it when a hypervisor fires
 ``salt/virt/hypervisor/ready``). Salt's loader merges every runner file whose ``__virtualname__`` is
-``virt``. The logic lives in ``saltvirt.assign``; each VM is created by ``virt.init`` of this runner.
+``virt``. The logic lives in ``saltvirt.fleet.assign``; each VM is created by ``virt.init`` of this runner.
 
 Trust: an event is data a minion sends, and root in any VM can send any event. The host must be one
 of ``virt:hypervisors`` (master config, accepted key); what to create comes only from that host's
@@ -27,7 +27,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import assign, compat, fleet, hypervisors, validate
+    from saltvirt.base import validate
+    from saltvirt.spec import compat
+    from saltvirt.fleet import assign, hypervisors, publish as fleet
 
 __virtualname__ = "virt"
 

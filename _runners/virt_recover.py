@@ -1,6 +1,6 @@
 """
-Runner ``virt`` (continued): host-failure recovery and rebalancing (``saltvirt.recovery``,
-``saltvirt.rebalance``). Salt's loader merges every runner file whose ``__virtualname__`` is ``virt``
+Runner ``virt`` (continued): host-failure recovery and rebalancing (``saltvirt.fleet.recovery``,
+``saltvirt.fleet.rebalance``). Salt's loader merges every runner file whose ``__virtualname__`` is ``virt``
 into one ``virt`` runner, as it does for the execution modules.
 
 Master config (every key optional; without ``virt:fence:command`` ``virt.recover`` refuses)::
@@ -34,7 +34,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt import compat, fleet, placement, rebalance as _rebalance, recovery, relocate, validate
+    from saltvirt.base import validate
+    from saltvirt.spec import compat
+    from saltvirt.fleet import placement, publish as fleet, rebalance as _rebalance, recovery, relocate
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"

@@ -59,7 +59,7 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
           virt.keys:
             - basepath: /etc/pki
     """
-    from saltvirt import keyfiles
+    from saltvirt.pki import keyfiles
 
     data = __pillar__.get("libvirt")
     if not data:  # a host that just became a hypervisor in this very run: ask the master afresh
@@ -120,7 +120,7 @@ def _check_args(kwargs):
             "start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not"
         )
     if unknown:
-        from saltvirt import compat
+        from saltvirt.spec import compat
 
         compat.refuse_unknown(kwargs, sorted(known), "virt.running/defined (they take the arguments of virt.init)")
 
@@ -128,10 +128,10 @@ def _check_args(kwargs):
 def _image_format(image, saltenv, test, trusted=False, roots=()):
     """Format of the image the VM would be cloned from, when it can be known without side effects
     (test=True never fetches: an uncached salt:// image or a URL stays "as the image"). Decided by
-    saltvirt.intake (header + ``qemu-img info -f``): a hostile image, or a local path outside ``roots``
+    saltvirt.storage.intake (header + ``qemu-img info -f``): a hostile image, or a local path outside ``roots``
     (virt:images + virt:allowed_paths), is refused here already."""
-    from saltvirt import intake
-    from saltvirt.validate import to_bool
+    from saltvirt.storage import intake
+    from saltvirt.base.validate import to_bool
 
     if not image:
         return None
@@ -145,19 +145,19 @@ def _image_format(image, saltenv, test, trusted=False, roots=()):
 
 
 def _config(key, default):
-    from saltvirt import conn as vconn
+    from saltvirt.host import conn as vconn
 
     return vconn.salt_config(__salt__)(key, default) or default
 
 
 def _create(ret, name, cpu, mem, start, kwargs):
     from salt.exceptions import SaltInvocationError
-    from saltvirt import converge
-    from saltvirt.spec import DEFAULT_IMAGES_DIR
+    from saltvirt.vm import converge
+    from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
 
     if cpu is None or mem is None:
         raise SaltInvocationError(f"VM {name} does not exist: cpu and mem are needed to create the VM")
-    from saltvirt.validate import allowed_paths as _allowed
+    from saltvirt.base.validate import allowed_paths as _allowed
 
     test = __opts__["test"]
     images_dir = _config("virt:images", DEFAULT_IMAGES_DIR)
@@ -238,7 +238,7 @@ def _update(ret, name, cpu, mem, start, state, kwargs):
 
 def _ensure_vm(name, cpu, mem, start, kwargs):
     ret = _ret(name)
-    from saltvirt import compat
+    from saltvirt.spec import compat
 
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     try:
@@ -365,7 +365,7 @@ def rebooted(name, hard=False, connection=None):
           virt.rebooted:
             - hard: True
     """
-    from saltvirt.validate import to_bool
+    from saltvirt.base.validate import to_bool
 
     hard = to_bool(hard)
     ret = _ret(name)
@@ -396,7 +396,7 @@ def absent(name, remove_disks=False, connection=None):
           virt.absent:
             - remove_disks: True
     """
-    from saltvirt.validate import to_bool
+    from saltvirt.base.validate import to_bool
 
     ret = _ret(name)
     remove_disks = to_bool(remove_disks)
@@ -427,8 +427,8 @@ def absent(name, remove_disks=False, connection=None):
 
 # networks (pools: _states/virt_storage.py) -----------------------------------------------------------
 def _object_state(kind, name, make_spec, autostart, run, connection):
-    from saltvirt import conn as vconn
-    from saltvirt import netpool
+    from saltvirt.host import conn as vconn
+    from saltvirt.host import netpool
 
     ret = _ret(name)
     try:
@@ -445,7 +445,7 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
     )
 
 
-# Salt's network_define arguments beyond the basic ones (saltvirt.netxml checks them key by key)
+# Salt's network_define arguments beyond the basic ones (saltvirt.xml.netxml checks them key by key)
 _NETWORK_SALT_ARGS = (
     "ipv4_config", "ipv6_config", "vport", "tag", "mtu", "domain", "nat", "interfaces", "addresses",
     "physical_function", "dns",
@@ -454,7 +454,7 @@ _NETWORK_SALT_ARGS = (
 
 def _network_state(args, started):
     """The network states' common body: ``args`` are the state's own arguments (its locals())."""
-    from saltvirt import netpool
+    from saltvirt.host import netpool
 
     given = {k: args[k] for k in _NETWORK_SALT_ARGS if args[k] is not None}
     basic = [args[k] for k in ("name", "bridge", "forward", "ip", "dhcp_start", "dhcp_end")]

@@ -1,6 +1,6 @@
 """
 States ``virt`` (continued): VM snapshots, Salt's ``snapshot``, ``saved`` (its older name) and ``reverted``,
-over ``saltvirt.snapshot``. ``name`` may be a shell-style pattern over the VM names (as in Salt).
+over ``saltvirt.host.snapshot``. ``name`` may be a shell-style pattern over the VM names (as in Salt).
 
 ``virt.snapshot`` takes a new snapshot on every run: that is what it is for (periodic snapshots, told
 apart by ``suffix``); ``virt.reverted`` reverts on every run. ``test=True`` names exactly which snapshot
@@ -24,8 +24,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 if saltvirt is not None:
     from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-    from saltvirt import conn as _c
-    from saltvirt import snapshot as _snap
+    from saltvirt.host import conn as _c
+    from saltvirt.host import snapshot as _snap
 
 __virtualname__ = "virt"
 

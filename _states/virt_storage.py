@@ -1,6 +1,6 @@
 """
 States ``virt`` (continued): storage pools and volumes (``pool_defined``, ``pool_running``,
-``pool_deleted``, ``volume_defined``). The logic lives in ``saltvirt.storage`` / ``saltvirt.poolxml``.
+``pool_deleted``, ``volume_defined``). The logic lives in ``saltvirt.storage.pools`` / ``saltvirt.xml.poolxml``.
 """
 
 import os
@@ -19,9 +19,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 if saltvirt is not None:
     from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-    from saltvirt import conn as _c
-    from saltvirt import poolxml as _px
-    from saltvirt import storage as _st
+    from saltvirt.host import conn as _c
+    from saltvirt.xml import poolxml as _px
+    from saltvirt.storage import pools as _st
 
 __virtualname__ = "virt"
 

@@ -1,4 +1,4 @@
-"""Clone time vs image size: ``saltvirt.images.clone`` full copy vs qcow2 overlay (256 MiB, 1 GiB, 4 GiB).
+"""Clone time vs image size: ``saltvirt.storage.images.clone`` full copy vs qcow2 overlay (256 MiB, 1 GiB, 4 GiB).
 
 Base images hold real data: in every 4 MiB, 3 MiB of random bytes and a 1 MiB hole (sparse), so a
 copy has 3/4 of the virtual size to move and an overlay has nothing to move. The qcow2 base is
@@ -66,14 +66,14 @@ def main(argv=None):
         cfg["sizes_mib"] = [int(s) for s in args.sizes.split(",")]
     sys.path.insert(0, str(common.ROOT / "_utils"))
     try:
-        from saltvirt import images  # noqa: F401 - only to fail early and clearly
+        from saltvirt.storage import images  # noqa: F401 - only to fail early and clearly
     except ImportError as exc:
         common.emit(
             "clone",
             {
                 "title": "2. clone time vs image size",
                 "tables": [],
-                "notes": [f"PENDING: saltvirt.images is not importable yet ({exc})"],
+                "notes": [f"PENDING: saltvirt.storage.images is not importable yet ({exc})"],
             },
         )
         return 1

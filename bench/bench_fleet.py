@@ -2,7 +2,8 @@
 with 100 domains (1,000 VMs in all). Two stacks, one after the other, each in its own venv with its
 own master and minions (plain daemons with ``-c`` dirs, as scripts/demo.py runs them):
 
-  salt-virt     ``salt-run virt.query`` (our runner, saltvirt.fleet) and ``salt -G virtual:physical virt.full_info``
+  salt-virt     ``salt-run virt.query`` (our runner, saltvirt.fleet.publish) and
+                ``salt -G virtual:physical virt.full_info``
   saltext-virt  ``salt-run virt.query`` (saltext-virt 0.1.0's runner) and the same ``salt`` fan-out of its module
 
 Minions run jobs in threads (``multiprocessing: False``, both stacks) so that a minion's VmHWM includes

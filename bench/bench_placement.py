@@ -1,4 +1,4 @@
-"""Placement decision time: ``saltvirt.placement.rank`` over synthetic hosts shaped like the answers of
+"""Placement decision time: ``saltvirt.fleet.placement.rank`` over synthetic hosts shaped like the answers of
 ``salt-run virt.query`` (host facts + vm_info with anti-affinity groups), including the hosts that do
 not fit (memory, vCPUs, disk, group, down, maintenance) so every branch is exercised.
 
@@ -100,7 +100,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--hosts", default=None, help="comma-separated host counts (default 100,1000,10000)")
     args = ap.parse_args(argv)
-    from saltvirt import placement
+    from saltvirt.fleet import placement
 
     counts = (
         [int(c) for c in args.hosts.split(",")] if args.hosts else ([10, 100] if args.quick else [100, 1000, 10000])

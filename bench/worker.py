@@ -7,7 +7,7 @@ modes:
   call      __salt__[func](*args, **kwargs) ``reps`` times through the Salt loader (module_dirs)
   init      VM creation ``reps`` times: impl salt-virt / saltext-virt (virt.init via the loader) or
             raw (libvirt-python floor: qemu-img + defineXML + create); each VM is removed untimed
-  clone     saltvirt.images.clone(src, dest, overlay=...) ``reps`` times (our venv only)
+  clone     saltvirt.storage.images.clone(src, dest, overlay=...) ``reps`` times (our venv only)
   rawquery  the raw libvirt-python floor of virt.full_info (bulk APIs) ``reps`` times
 """
 
@@ -331,7 +331,7 @@ def qemu_img_info(path):
 
 def mode_clone(spec, workdir):
     sys.path.insert(0, spec["utils_path"])
-    from saltvirt import images
+    from saltvirt.storage import images
 
     times, fsyncs, chain = [], [], None
     for i in range(spec.get("reps", 1)):

@@ -25,8 +25,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from saltvirt import envelope, firstboot
-from saltvirt import seed as seeding
+from saltvirt.pki import envelope
+from saltvirt.guest import firstboot
+from saltvirt.guest import seed as seeding
 from tests.support import lab
 from tests.support.saltloader import make_minion_mods
 

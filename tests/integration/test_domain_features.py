@@ -8,7 +8,7 @@ import os
 import socket
 import xml.etree.ElementTree as ET
 
-from saltvirt import domxml
+from saltvirt.xml import domxml
 from tests.support import lab
 
 BOOT_WAIT = 300  # TCG + OVMF on a busy 2-core host

@@ -83,8 +83,8 @@ def images_dir(fdir):
 
 def init_direct(fhv, fdir, name, progress, **kwargs):
     """virt.init through the library, with ``progress`` as the fault hook."""
-    from saltvirt import conn as vconn
-    from saltvirt import provision
+    from saltvirt.host import conn as vconn
+    from saltvirt.vm import provision
 
     with vconn.connect(fhv.uri, keepalive={"interval": 1, "count": 2}) as conn:
         return provision.init(
@@ -115,7 +115,7 @@ def seeding_of(vm_dir):
     """Seeding state attached to the disks of ``vm_dir`` (other tests may be seeding other VMs meanwhile):
     qemu-storage-daemons serving them, loop devices on them or on those daemons' FUSE exports, the mounts
     of those loop devices, the daemons' scratch directories."""
-    from saltvirt import cleanup
+    from saltvirt.vm import cleanup
 
     disks = {os.path.join(vm_dir, f) for f in ("system.raw", "system.qcow2")}
     exports = cleanup._qsd_exports(disks)
@@ -171,8 +171,8 @@ def kill_libvirtd(fhv):
 
 # a hung libvirtd -----------------------------------------------------------------------------------
 def test_hung_libvirtd_fails_the_call_instead_of_hanging(fhv, fmods):
-    from saltvirt import conn as vconn
-    from saltvirt import query
+    from saltvirt.host import conn as vconn
+    from saltvirt.host import query
 
     assert fmods["virt.list_domains"]() == []
     with pytest.raises(CommandExecutionError, match="lost the connection to libvirt.*keepalive: 1 s x 2"):
@@ -269,7 +269,9 @@ def test_libvirtd_killed_during_start(fhv, fdir, fmods, boot_args):
 CHILD = """
 import sys, time
 sys.path.insert(0, {utils!r})
-from saltvirt import conn, provision, seed
+from saltvirt.guest import seed
+from saltvirt.host import conn
+from saltvirt.vm import provision
 _write_files = seed._write_files
 def _write_and_hold(root, files):
     _write_files(root, files)
@@ -418,8 +420,8 @@ def test_fabric_link_cut_during_migration(fhv, fhv5, fabric, fdir, fmods, boot_a
     migration succeeds once the link is back."""
     import libvirt
 
-    from saltvirt import conn as vconn
-    from saltvirt import migrate
+    from saltvirt.host import conn as vconn
+    from saltvirt.vm import migrate
 
     name = "kmig"
     fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)

@@ -1,6 +1,6 @@
-"""saltvirt.hosttype on a real libvirtd: the kvm probe against a real kvm boot, detect() on hv1."""
+"""saltvirt.host.hosttype on a real libvirtd: the kvm probe against a real kvm boot, detect() on hv1."""
 
-from saltvirt import hosttype
+from saltvirt.host import hosttype
 from tests.support import lab
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from tests.support import lab
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
-from saltvirt import pki
+from saltvirt.pki import ca as pki
 
 pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HVS = (6, 7, 8)

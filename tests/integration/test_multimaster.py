@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from saltvirt import fleetstate
+from saltvirt.fleet import fleetstate
 from tests.support.paths import ROOT
 from tests.support.redis_server import RedisServer
 from tests.support.saltd import master_config, start_minion

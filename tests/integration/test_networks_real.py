@@ -13,7 +13,7 @@ import os
 import libvirt
 import pytest
 
-from saltvirt import netxml
+from saltvirt.xml import netxml
 
 NET = "svdhcp"
 V4 = {

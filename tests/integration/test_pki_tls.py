@@ -16,7 +16,7 @@ import pytest
 from tests.support import lab
 from tests.support.paths import ROOT
 from tests.support.saltd import start_minion
-from saltvirt import pki
+from saltvirt.pki import ca as pki
 
 STATE = ("state.single", "virt.keys", "libvirt-keys")
 

@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
-from saltvirt import envelope
+from saltvirt.pki import envelope
 
 pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 NODES = ROOT / "tests" / "support" / "nodes"

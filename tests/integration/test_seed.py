@@ -1,4 +1,4 @@
-"""saltvirt.seed on real images with the real tools (losetup, qemu-storage-daemon + FUSE, mount), read
+"""saltvirt.guest.seed on real images with the real tools (losetup, qemu-storage-daemon + FUSE, mount), read
 back with debugfs (no shared code with the backends), and a TCG boot that prints what was seeded.
 
 qemu-nbd (no nbd kernel module here) and libguestfs (not installed) are exercised only through what
@@ -19,7 +19,8 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from tests.support import lab
-from saltvirt import images, seed
+from saltvirt.storage import images
+from saltvirt.guest import seed
 from tests.support.seed_helpers import build_disk, fsck_clean, leftovers, read_guest, sha256
 
 MASTER = "salt-master.example"

@@ -1,4 +1,4 @@
-"""Test helpers for saltvirt.seed: build small guest disks and read files back out of them with tools
+"""Test helpers for saltvirt.guest.seed: build small guest disks and read files back out of them with tools
 that share no code with the seeding backends (qemu-img convert + debugfs, no mounts)."""
 
 import hashlib

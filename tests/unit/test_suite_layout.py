@@ -24,20 +24,31 @@ INTEGRATION_FIXTURES = {
 INTEGRATION_HELPERS = {"tests.support.lab", "tests.support.saltd"}
 # library modules without their tests/unit/test_<module>.py yet: this list may only shrink
 WITHOUT_UNIT_FILE = {
-    "caps",
-    "conn",
-    "crl",
-    "fleet_cleanup",
-    "fsutil",
-    "lifecycle",
+    "host/caps",
+    "host/conn",
+    "pki/crl",
+    "fleet/leftovers",
+    "base/fsutil",
+    "host/lifecycle",
     "loader",
-    "relocate",
-    "storage",
+    "fleet/relocate",
+    "storage/pools",
 }
 
 
 def modules():
-    return {p.stem for p in LIBRARY.glob("*.py") if p.stem != "__init__"}
+    """Library modules as ``<layer>/<module>`` (``loader`` alone: it is the package's face)."""
+    return {
+        str(p.relative_to(LIBRARY).with_suffix(""))
+        for p in LIBRARY.rglob("*.py")
+        if p.stem not in ("__init__", "__main__")
+    }
+
+
+def unit_file(module):
+    """tests/unit/<layer>/test_<module>.py mirrors _utils/saltvirt/<layer>/<module>.py."""
+    layer, _, name = module.rpartition("/")
+    return TESTS / "unit" / layer / f"test_{name}.py"
 
 
 def unit_files():
@@ -70,17 +81,19 @@ def test_unit_tests_use_no_real_daemons():
 
 def test_unit_files_are_named_after_a_library_module():
     mods = modules()
-    strays = [
-        str(p.relative_to(ROOT))
-        for p in (TESTS / "unit").glob("test_*.py")
-        if p.stem != "test_suite_layout"
-        and not any(p.stem == f"test_{m}" or p.stem.startswith(f"test_{m}_") for m in mods)
-    ]
-    assert not strays, f"tests/unit/test_<module>[_<aspect>].py for a saltvirt module (HACKING.md): {strays}"
+    strays = []
+    for p in (TESTS / "unit").rglob("test_*.py"):
+        layer = str(p.parent.relative_to(TESTS / "unit"))
+        if layer == "loaders" or p.name == "test_suite_layout.py":
+            continue
+        names = {m.rpartition("/")[2] for m in mods if m.rpartition("/")[0] == layer}
+        if not any(p.stem == f"test_{m}" or p.stem.startswith(f"test_{m}_") for m in names):
+            strays.append(str(p.relative_to(ROOT)))
+    assert not strays, f"tests/unit/<layer>/test_<module>[_<aspect>].py for a saltvirt module (HACKING.md): {strays}"
 
 
 def test_every_library_module_has_a_unit_file():
-    without = {m for m in modules() if not (TESTS / "unit" / f"test_{m}.py").exists()}
+    without = {m for m in modules() if not unit_file(m).exists()}
     assert without <= WITHOUT_UNIT_FILE, (
         f"new library modules need tests/unit/test_<module>.py: {without - WITHOUT_UNIT_FILE}"
     )
@@ -89,7 +102,7 @@ def test_every_library_module_has_a_unit_file():
 def test_the_exception_list_only_shrinks():
     """A module that got its unit file leaves WITHOUT_UNIT_FILE, so the list stays true (an entry for a removed
     module is harmless: delete it when you see it)."""
-    stale = {m for m in WITHOUT_UNIT_FILE if (TESTS / "unit" / f"test_{m}.py").exists()}
+    stale = {m for m in WITHOUT_UNIT_FILE if unit_file(m).exists()}
     assert not stale, f"remove from WITHOUT_UNIT_FILE in {__file__}: {sorted(stale)}"
 
 
@@ -110,4 +123,66 @@ def test_xdist_work_units():
     assert work_unit("tests/integration/test_states.py::test_x") == SESSION_MASTER_UNIT  # uses hyper1
     assert work_unit("tests/integration/test_migration.py::test_a[p]") == "tests/integration/test_migration.py"
     assert work_unit("tests/integration/test_migration.py::test_b") == "tests/integration/test_migration.py"
-    assert work_unit("tests/unit/test_spec.py::test_a") == "tests/unit/test_spec.py::test_a"
+    assert work_unit("tests/unit/spec/test_vmspec.py::test_a") == "tests/unit/spec/test_vmspec.py::test_a"
+
+
+# the library's layers, bottom up (HACKING.md "Layout"): a module imports only from its own layer or below
+LAYERS = ["base", "pki", "spec", "xml", "host", "storage", "guest", "vm", "fleet"]
+# modules still on an import cycle: this set may only shrink
+KNOWN_CYCLES = {"pki/ca", "pki/crl"}
+
+
+def library_imports():
+    """(module, imported saltvirt module) for every import in the library, as ``<layer>/<module>`` names."""
+    edges = []
+    for path in LIBRARY.rglob("*.py"):
+        me = str(path.relative_to(LIBRARY).with_suffix(""))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "saltvirt":
+                parts = node.module.split(".")[1:]
+                targets = ["/".join([*parts, a.name]) if len(parts) == 1 else "/".join(parts) for a in node.names]
+                edges += [(me, t) for t in (targets if parts else [a.name for a in node.names])]
+            elif isinstance(node, ast.Import):
+                edges += [(me, "/".join(a.name.split(".")[1:])) for a in node.names if a.name.startswith("saltvirt.")]
+    return edges
+
+
+def test_library_imports_only_lower_layers():
+    mods = modules()
+    bad = []
+    for me, target in library_imports():
+        layer, target_layer = me.partition("/")[0], target.partition("/")[0]
+        if target_layer not in LAYERS:
+            continue  # the package face (saltvirt.__version__)
+        if target not in mods and target_layer != target:
+            bad.append(f"{me} imports {target}, which is not a library module")
+        elif layer in LAYERS and LAYERS.index(target_layer) > LAYERS.index(layer):
+            bad.append(f"{me} ({layer}) imports {target} from the higher layer {target_layer}")
+    assert not bad, "move the shared piece down a layer (HACKING.md 'Layout'):\n" + "\n".join(bad)
+
+
+def test_library_has_no_import_cycle():
+    graph = {}
+    for me, target in library_imports():
+        graph.setdefault(me, set()).add(target)
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cyclic = sorted(m for m in graph if m in reach(m) and m not in KNOWN_CYCLES)
+    assert not cyclic, f"modules on an import cycle (move what both need into a module below them): {cyclic}"
+
+
+def test_every_layer_says_what_it_may_import():
+    missing = [
+        layer
+        for layer in LAYERS
+        if "May import" not in ((LIBRARY / layer / "__init__.py").read_text() if (LIBRARY / layer).is_dir() else "")
+    ]
+    assert not missing, f"each layer's __init__.py docstring says what lives there and what it may import: {missing}"

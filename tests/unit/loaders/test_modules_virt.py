@@ -95,7 +95,7 @@ def test_init_without_image_creates_a_blank_system_disk_and_purge_removes_it(vir
     path = tmp_path / "images" / "blank1" / "system.qcow2"
     assert [d["path"] for d in ret["disks"]] == [str(path)]
     assert ret["seed"] is None  # nothing to seed without an image
-    from saltvirt import images
+    from saltvirt.storage import images
 
     assert images.image_info(str(path))["virtual_size"] == 8192 * 1024 * 1024
     purged = virt_test["virt.purge"]("blank1")
@@ -138,7 +138,7 @@ def test_init_without_a_minion_event_bus_does_not_try_the_bus(virt_test, monkeyp
     monkeypatch.setattr(
         salt.utils.event.SaltEvent, "connect_pull", lambda s, timeout=1: pulls.append(1) or real(s, timeout)
     )
-    with caplog.at_level(logging.DEBUG, logger="saltvirt.progress"):
+    with caplog.at_level(logging.DEBUG, logger="saltvirt.vm.progress"):
         ret = virt_test["virt.init"]("nobus1", 1, 64, nic=None, disk=None, start=True)
     assert ret["started"] is True and pulls == []
     skipped = [r.getMessage() for r in caplog.records if "progress events not sent" in r.getMessage()]

@@ -67,7 +67,7 @@ def test_guest_addresses_per_nic_with_their_source():
 
 
 def test_guest_controlled_text_is_printed_escaped():
-    """A hypervisor answer that did not go through saltvirt.guestips (an older module, a forged answer):
+    """A hypervisor answer that did not go through saltvirt.host.guestips (an older module, a forged answer):
     nothing that is not an address reaches the terminal as it came."""
     ips = [
         {"address": "10.0.0.6\n\x1b[31mroot login ok", "prefix": 24, "source": "agent"},

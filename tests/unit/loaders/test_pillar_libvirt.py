@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from saltvirt import crl, pki
+from saltvirt.pki import ca as pki, crl
 from tests.support.paths import ROOT
 from tests.support.pkitools import mode
 
@@ -48,7 +48,7 @@ def compile_pillar(tmp_path):
 
 
 def pki_pub():
-    from saltvirt import envelope
+    from saltvirt.pki import envelope
 
     return envelope.new_keypair()[0]
 

@@ -11,7 +11,7 @@ def runners(tmp_path):
     import salt.config
     import salt.loader
 
-    from saltvirt import envelope
+    from saltvirt.pki import envelope
 
     opts = salt.config.master_config(None)
     opts.update(

@@ -2,7 +2,7 @@
 state loader (formulas written as ``libvirt_keys: libvirt.keys``)."""
 
 from tests.support.saltloader import load_states, make_minion_mods
-from tests.unit.test_keyfiles import _pillar
+from tests.unit.pki.test_keyfiles import _pillar
 
 
 def test_libvirt_keys_is_virt_keys_under_its_old_name(tmp_path):

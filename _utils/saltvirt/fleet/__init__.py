@@ -1,0 +1,7 @@
+"""The master side: many hypervisors at once (layer 9, master only; nothing imports it).
+
+``publish`` (publish to hypervisor minions, gather answers), ``fleetstate`` (locks and reservations shared by
+masters), ``leftovers`` (cleaning up after an interrupted ``salt-run virt.init``), ``hypervisors``, ``placement``,
+``minionkeys``, ``vmcreate``, ``vmwait``, ``relocate``, ``rebalance``, ``recovery``, ``assign``.
+May import: every layer below.
+"""

@@ -1,0 +1,348 @@
+"""Where a new VM goes. Pure functions: host facts + a request + a policy -> hosts ranked by score with
+the score's parts, and every host that cannot take the VM with the reasons why. No Salt, no libvirt.
+
+Host facts are what ``salt-run virt.query`` gathers (``virt.full_info`` per hypervisor)::
+
+    {"hyper1": {"status": "up", "host": {mem_total, mem_used_by_vms, vcpus_total, vcpus_used_by_vms,
+                                          disk_free, images_dir, vms_defined, ...},
+                "vm_info": {name: {"group": "web", ...}, ...}},
+     "hyper2": {"status": "down", "error": "did not answer within 10 s"}}
+
+A host takes the VM only if all of these hold:
+
+* it answered (``status: up``) and is not in maintenance (``maintenance``: ids or globs);
+* memory: ``mem_total - mem_used_by_vms (running VMs) - mem_reserve_mib >= mem``;
+* vCPUs: ``vcpus_used_by_vms + cpu <= vcpus_total * cpu_overcommit``;
+* disk: ``disk_free (in virt:images) - disk_reserve_mib >= disk_mib`` (a full copy of the image);
+* anti-affinity: no VM of the request's ``group`` is defined there.
+
+Capacity that in-flight ``virt.init`` calls reserved (``saltvirt.fleet.fleetstate``, shared by every master)
+counts as used (memory, vCPUs, disk, VM count, group members).
+
+Among those, the score (0..1) is the weighted mean of per-resource scores. ``strategy: spread`` (the
+default) prefers headroom: the fraction of memory and of vCPU capacity left after placing the VM, the
+disk left relative to the roomiest candidate, and few VMs. ``strategy: pack`` inverts them (fill hosts
+before starting new ones). Ties go to the lower host id, so the choice is deterministic.
+
+Soft affinity (the request's ``affinity``: ``[{group: web, weight: 0.5}, {group: db, weight: -1}]``)
+adds one score term per group, weighted by ``abs(weight)`` beside the resource weights: a positive
+weight prefers hosts with more VMs of that group (members by their ``group``, or their own soft
+``affinity`` groups, and in-flight reservations), a negative one (soft anti-affinity) hosts with fewer.
+The term is ``members / most members on any candidate`` (``1 -`` that for a negative weight); it is
+shown as ``affinity:<group>`` among the score's parts. Unlike ``group`` it never excludes a host.
+
+Policy (master config ``virt:placement``; every key optional)::
+
+    virt:
+      placement:
+        mem_reserve_mib: 1024      # kept for the host itself
+        cpu_overcommit: 4.0        # vCPUs per host CPU
+        disk_reserve_mib: 1024     # kept free in virt:images
+        strategy: spread           # or pack
+        weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
+        maintenance: [hyper3, 'rack2-*']
+"""
+
+import copy
+import fnmatch
+import math
+
+from salt.exceptions import SaltInvocationError
+
+DEFAULT_POLICY = {
+    "mem_reserve_mib": 1024,
+    "cpu_overcommit": 4.0,
+    "disk_reserve_mib": 1024,
+    "strategy": "spread",
+    "weights": {"mem": 1.0, "cpu": 1.0, "disk": 0.5, "vms": 0.25},
+    "maintenance": [],
+}
+STRATEGIES = ("spread", "pack")
+
+
+def _number(value, what, minimum=0.0, integer=False):
+    try:
+        num = float(value)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"virt:placement:{what} must be a number, not {value!r}") from None
+    if math.isnan(num) or num < minimum:
+        raise SaltInvocationError(f"virt:placement:{what} must be >= {minimum}, not {value!r}")
+    return int(num) if integer else num
+
+
+def _names(value, what):
+    if value in (None, "", False):
+        return []
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple, set)):
+        raise SaltInvocationError(f"virt:placement:{what} must be a list of minion ids or globs, not {value!r}")
+    return [str(v).strip() for v in value if str(v).strip()]
+
+
+def make_policy(config=None, **overrides):
+    """The effective policy: defaults < ``config`` (master ``virt:placement``) < per-call overrides."""
+    pol = copy.deepcopy(DEFAULT_POLICY)
+    for source in (config or {}, {k: v for k, v in overrides.items() if v is not None}):
+        if not isinstance(source, dict):
+            raise SaltInvocationError(f"virt:placement must be a mapping, not {source!r}")
+        unknown = sorted(set(source) - set(DEFAULT_POLICY))
+        if unknown:
+            raise SaltInvocationError(
+                f"virt:placement: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(DEFAULT_POLICY))})"
+            )
+        for key, value in source.items():
+            if key == "weights":
+                if not isinstance(value, dict):
+                    raise SaltInvocationError(f"virt:placement:weights must be a mapping, not {value!r}")
+                bad = sorted(set(value) - set(DEFAULT_POLICY["weights"]))
+                if bad:
+                    raise SaltInvocationError(
+                        f"virt:placement:weights: unknown resource(s) {', '.join(bad)} (known: mem, cpu, disk, vms)"
+                    )
+                pol["weights"].update({k: _number(v, f"weights:{k}") for k, v in value.items()})
+            elif key == "maintenance":
+                pol["maintenance"] = _names(value, key)
+            elif key == "strategy":
+                if value not in STRATEGIES:
+                    raise SaltInvocationError(
+                        f"virt:placement:strategy must be one of {', '.join(STRATEGIES)}, not {value!r}"
+                    )
+                pol["strategy"] = value
+            elif key == "cpu_overcommit":
+                pol[key] = _number(value, key, minimum=0.01)
+            else:
+                pol[key] = _number(value, key, integer=True)
+    if not any(pol["weights"].values()):
+        raise SaltInvocationError("virt:placement:weights: at least one weight must be above 0")
+    return pol
+
+
+def _positive_int(value, what):
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise SaltInvocationError(f"{what} must be a positive integer, not {value!r}")
+    if int(value) <= 0:
+        raise SaltInvocationError(f"{what} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+def make_affinity(value):
+    """Soft affinity terms ``[{group, weight}]`` from ``[{group, weight}, ...]``, ``{group: weight}``
+    or one ``{group, weight}``; weights are non-zero numbers in -10..10 (negative: soft anti-affinity)."""
+    if value in (None, "", [], {}):
+        return []
+    if isinstance(value, dict):
+        value = [value] if "group" in value else [{"group": g, "weight": w} for g, w in value.items()]
+    if not isinstance(value, (list, tuple)):
+        raise SaltInvocationError(f"affinity must be a list of {{group, weight}}, not {value!r}")
+    terms = {}
+    for item in value:
+        if not isinstance(item, dict) or set(item) - {"group", "weight"} or not item.get("group"):
+            raise SaltInvocationError(
+                f"affinity: each entry is {{group: <name>, weight: <-10..10, not 0>}}, not {item!r}"
+            )
+        group = str(item["group"])
+        try:
+            weight = float(item.get("weight", 1.0))
+        except (TypeError, ValueError):
+            raise SaltInvocationError(f"affinity: weight of group {group!r} must be a number") from None
+        if math.isnan(weight) or not weight or abs(weight) > 10:
+            raise SaltInvocationError(f"affinity: weight of group {group!r} must be in -10..10 and not 0")
+        terms[group] = weight
+    return [{"group": g, "weight": w} for g, w in sorted(terms.items())]
+
+
+def make_request(cpu, mem, disk_mib=0, group=None, affinity=None):
+    """What the VM needs: vCPUs, memory (MiB), disk (MiB for a full copy of its image), its group, its
+    soft affinity terms (:func:`make_affinity`)."""
+    req = {
+        "cpu": _positive_int(cpu, "cpu"),
+        "mem": _positive_int(mem, "mem (MiB)"),
+        "disk_mib": int(_number(disk_mib or 0, "disk_mib")),
+        "group": str(group) if group else None,
+    }
+    terms = make_affinity(affinity)
+    if terms:
+        req["affinity"] = terms
+    return req
+
+
+def _members(answer, load, group):
+    """How many VMs of soft-affinity ``group`` a host has (theirs and in-flight ones)."""
+    count = 0
+    for info in (answer.get("vm_info") or {}).values():
+        vm = info or {}
+        soft = [t.get("group") for t in vm.get("affinity") or [] if isinstance(t, dict)]
+        count += vm.get("group") == group or group in soft
+    return count + sum(1 for g in ((load or {}).get("groups") or {}).values() if g == group)
+
+
+def in_maintenance(host, patterns):
+    """The maintenance pattern that matches ``host``, or None."""
+    return next((p for p in patterns if fnmatch.fnmatchcase(host, p)), None)
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check(host, answer, req, pol, load=None):
+    """(free-after dict, reasons list) for one host; reasons empty means it fits. ``load``: what
+    in-flight creations reserved there (``saltvirt.fleet.fleetstate.tally``), counted as used."""
+    status = answer.get("status", "up") if isinstance(answer, dict) else "down"
+    if status != "up":
+        return None, [f"{status}: {answer.get('error') or 'no answer'}" if isinstance(answer, dict) else "down"]
+    pattern = in_maintenance(host, pol["maintenance"])
+    if pattern:
+        return None, [f"in maintenance (virt:placement:maintenance: {pattern!r})"]
+    facts = answer.get("host", answer)
+    mem_total, mem_used = _int(facts.get("mem_total")), _int(facts.get("mem_used_by_vms")) or 0
+    cpus, cpus_used = _int(facts.get("vcpus_total")), _int(facts.get("vcpus_used_by_vms")) or 0
+    if not mem_total or not cpus:
+        return None, ["no capacity facts in its answer (is salt-virt on this minion up to date?)"]
+    load = load or {}
+    inflight = len(load.get("vms") or [])
+    held = f" by {inflight} in-flight init(s)" if inflight else ""
+    mem_res, cpu_res, disk_res = int(load.get("mem") or 0), int(load.get("cpu") or 0), int(load.get("disk_mib") or 0)
+    reasons = []
+    reserve = pol["mem_reserve_mib"]
+    mem_left = mem_total - mem_used - mem_res - reserve - req["mem"]
+    if mem_left < 0:
+        reasons.append(
+            f"memory: needs {req['mem']} MiB, {max(mem_total - mem_used - mem_res - reserve, 0)} MiB free "
+            f"({mem_total} total - {mem_used} used by running VMs"
+            + (f" - {mem_res} reserved{held}" if inflight else "")
+            + f" - {reserve} reserve)"
+        )
+    cap = cpus * pol["cpu_overcommit"]
+    cpu_left = cap - cpus_used - cpu_res - req["cpu"]
+    if cpu_left < 0:
+        reasons.append(
+            f"vcpus: needs {req['cpu']}, {max(int(cap - cpus_used - cpu_res), 0)} left "
+            f"({cpus} CPUs x {pol['cpu_overcommit']:g} overcommit = {cap:g}, {cpus_used} used by running VMs"
+            + (f", {cpu_res} reserved{held}" if inflight else "")
+            + ")"
+        )
+    disk_free = _int(facts.get("disk_free"))
+    disk_left = None
+    if disk_free is not None:
+        disk_free -= disk_res
+        disk_left = disk_free - pol["disk_reserve_mib"] - req["disk_mib"]
+        if disk_left < 0:
+            reasons.append(
+                f"disk: needs {req['disk_mib']} MiB in {facts.get('images_dir') or 'virt:images'}, "
+                f"{max(disk_free - pol['disk_reserve_mib'], 0)} MiB free "
+                f"(after a {pol['disk_reserve_mib']} MiB reserve)"
+            )
+    elif req["disk_mib"]:
+        reasons.append("disk: the host did not report free space in virt:images")
+    group = req["group"]
+    if group:
+        members = sorted(n for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("group") == group)
+        members += sorted(f"{n} (in flight)" for n, g in (load.get("groups") or {}).items() if g == group)
+        if members:
+            reasons.append(f"anti-affinity: group {group!r} already has {', '.join(members)} here")
+    vms = _int(facts.get("vms_defined"))
+    if vms is None:
+        vms = len(answer.get("vm_info") or {})
+    vms += inflight
+    free = {
+        "mem_mib": mem_left,
+        "mem_frac": mem_left / mem_total,
+        "vcpus": cpu_left,
+        "cpu_frac": cpu_left / cap,
+        "disk_mib": disk_left,
+        "vms": vms,
+    }
+    return free, reasons
+
+
+def fits(host, answer, req, pol, load=None):
+    """The reasons ``host`` cannot take ``req`` with ``load`` reserved there (empty: it fits)."""
+    return _check(host, answer, req, pol, load)[1]
+
+
+def rank(hosts, req, pol=None, exclude=(), reserved=None):
+    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``reserved``: ``{id: load}``
+    of in-flight creations (``saltvirt.fleet.fleetstate.reserved``), counted as used capacity. Returns::
+
+    {"host": best id or None, "reason": one line,
+     "ranking": [{"host", "score", "scores": {mem, cpu, disk, vms}, "free_after": {...}}, ...],
+     "excluded": {id: [reasons]}, "request": req, "policy": pol}
+    """
+    pol = pol or make_policy()
+    fits, excluded = [], {}
+    skip = set(exclude)
+    for host in sorted(hosts):
+        if host in skip:
+            excluded[host] = ["excluded by the caller (already tried)"]
+            continue
+        free, reasons = _check(host, hosts[host], req, pol, (reserved or {}).get(host))
+        if reasons:
+            excluded[host] = reasons
+        else:
+            fits.append((host, free))
+    weights = pol["weights"]
+    total_w = sum(weights.values())
+    max_disk = max((f["disk_mib"] or 0 for _h, f in fits), default=0)
+    max_vms = max((f["vms"] for _h, f in fits), default=0)
+    pack = pol["strategy"] == "pack"
+    members = {
+        h: {t["group"]: _members(hosts[h], (reserved or {}).get(h), t["group"]) for t in req.get("affinity") or ()}
+        for h, _f in fits
+    }
+    terms = req.get("affinity") or ()
+    most_members = {t["group"]: max((m[t["group"]] for m in members.values()), default=0) for t in terms}
+    ranking = []
+    for host, free in fits:
+        raw = {
+            "mem": free["mem_frac"],
+            "cpu": free["cpu_frac"],
+            "disk": (free["disk_mib"] or 0) / max_disk if max_disk > 0 else 1.0,
+            "vms": 1.0 - free["vms"] / (max_vms + 1),
+        }
+        if pack:
+            raw = {k: 1.0 - v for k, v in raw.items()}
+        score = sum(weights[k] * raw[k] for k in raw)
+        for term in req.get("affinity") or ():
+            mine, most = members[host][term["group"]], most_members[term["group"]]
+            frac = mine / most if most else 0.0
+            raw[f"affinity:{term['group']}"] = frac if term["weight"] > 0 else 1.0 - frac
+            score += abs(term["weight"]) * raw[f"affinity:{term['group']}"]
+        score /= total_w + sum(abs(t["weight"]) for t in req.get("affinity") or ())
+        ranking.append(
+            {
+                "host": host,
+                "score": round(score, 4),
+                "scores": {k: round(v, 4) for k, v in raw.items()},
+                "free_after": {
+                    "mem_mib": free["mem_mib"],
+                    "vcpus": round(free["vcpus"], 2),
+                    "disk_mib": free["disk_mib"],
+                    "vms": free["vms"],
+                },
+                "_exact": score,
+            }
+        )
+    ranking.sort(key=lambda r: (-r["_exact"], r["host"]))
+    for pos, entry in enumerate(ranking, 1):
+        del entry["_exact"]
+        entry["rank"] = pos
+    best = ranking[0]["host"] if ranking else None
+    if best:
+        reason = f"{best}: best {pol['strategy']} score {ranking[0]['score']} of {len(ranking)} host(s) that fit" + (
+            f"; {len(excluded)} excluded" if excluded else ""
+        )
+    elif hosts:
+        reason = (
+            f"no host can take a VM with {req['cpu']} vCPU(s), {req['mem']} MiB"
+            + (f", {req['disk_mib']} MiB disk" if req["disk_mib"] else "")
+            + (f" in group {req['group']!r}" if req["group"] else "")
+            + ": see excluded"
+        )
+    else:
+        reason = "no hypervisors found (see virt:hypervisors in the master config)"
+    return {"host": best, "reason": reason, "ranking": ranking, "excluded": excluded, "request": req, "policy": pol}

@@ -1,0 +1,275 @@
+"""How the ``virt`` runner reaches the hypervisors (master side): which minions are hypervisors, one
+LocalClient publication to all of them with bounded waits, answers merged per minion (hosts that do
+not answer are reported ``down``, never dropped), and the fleet views built on it (:func:`gather`,
+:func:`locate`). The master's key store is :mod:`saltvirt.fleet.minionkeys`; the master side of
+``virt.init`` is :mod:`saltvirt.fleet.vmcreate`.
+
+Which minions are hypervisors: ``virt:hypervisors`` in the master config, minion ids only (see
+:mod:`saltvirt.fleet.hypervisors`; grains and answers decide nothing, nothing is learnt, nothing discovered
+with ``*``). Its mapping form also carries the waits (every key optional)::
+
+    virt:
+      hypervisors:
+        tgt: 'hyper*'            # or a list of ids, a pcre, a nodegroup (tgt_type), an id-only compound
+        tgt_type: glob
+        timeout: 5               # seconds before Salt asks slow minions whether they still run the job
+        gather_job_timeout: 5    # seconds to wait for that answer; no answer at all = down
+        max_wait: 60             # hard bound for a query, whatever the minions say
+        init_timeout: 1800       # hard bound for virt.init on one hypervisor (image copy + seeding)
+
+The minions expected to answer are the accepted keys the target matches, published to as an explicit
+list, so a stopped hypervisor is listed as ``down``. A per-call ``tgt=`` narrows the choice among them.
+
+Answer statuses: ``up`` (returned), ``error`` (answered with an error: the module raised, or virt
+did not load on an expected hypervisor), ``down`` (no answer, not even to Salt's find_job check),
+``timeout`` (still running the job when ``max_wait`` ran out: it may still finish).
+"""
+
+import contextlib
+import io
+import logging
+import re
+import time
+
+import salt.cache
+import salt.client
+import salt.key
+import salt.utils.minions
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.fleet import hypervisors
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {
+    "tgt": None,
+    "tgt_type": None,
+    "timeout": 5,
+    "gather_job_timeout": 5,
+    "max_wait": 60,
+    "init_timeout": 1800,
+}
+_NO_VIRT = re.compile(r"^'virt(\.[\w.]+)?' (is not available|__virtual__ returned False)")
+_ERR_PREFIX = re.compile(r"^(ERROR: |ERROR executing '[\w.]+': )")
+
+
+def config(opts, **overrides):
+    """Effective settings: defaults < master config (``virt:hypervisors``) < per-call overrides. Raises
+    :class:`saltvirt.fleet.hypervisors.NotConfiguredError` (saying what to add) when no hypervisors are
+    configured, SaltInvocationError for a target on minion-reported data without the opt-in."""
+    hypervisors.target(opts)
+    cfg = dict(DEFAULTS, tgt=None, tgt_type=None)
+    cfg.update(hypervisors.waits(opts))
+    cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
+    for key in ("timeout", "gather_job_timeout", "max_wait", "init_timeout"):
+        try:
+            cfg[key] = float(cfg[key])
+        except (TypeError, ValueError):
+            raise SaltInvocationError(f"virt:hypervisors:{key} must be a number of seconds, not {cfg[key]!r}") from None
+        if cfg[key] <= 0:
+            raise SaltInvocationError(f"virt:hypervisors:{key} must be above 0, not {cfg[key]!r}")
+    # a hard bound shorter than Salt's own down-detection would report down hosts as 'timeout'
+    floor = cfg["timeout"] + cfg["gather_job_timeout"] + 2
+    cfg["max_wait"] = max(cfg["max_wait"], floor)
+    cfg["init_timeout"] = max(cfg["init_timeout"], floor)
+    return cfg
+
+
+# who is a hypervisor -------------------------------------------------------------------------------
+def key_lists(opts):
+    return salt.key.Key(opts).list_keys()
+
+
+def target(opts, cfg):
+    """The hypervisors to publish to: the configured ones (accepted keys), narrowed by a per-call
+    ``tgt``/``tgt_type`` in ``cfg``; a sorted list of minion ids."""
+    return hypervisors.narrow(opts, cfg.get("tgt"), cfg.get("tgt_type"))
+
+
+# publish and gather --------------------------------------------------------------------------------
+def classify(ret, retcode):
+    """One minion's answer -> ``{status, ret | error, no_virt?}``."""
+    if isinstance(ret, str) and _NO_VIRT.match(ret):
+        return {"status": "error", "error": ret, "no_virt": True}
+    failed = retcode not in (None, 0) or (
+        isinstance(ret, str) and ret.startswith(("ERROR", "Passed invalid arguments"))
+    )
+    if failed:
+        if isinstance(ret, dict) and any(isinstance(v, str) and _NO_VIRT.match(v) for v in ret.values()):
+            msg = next(v for v in ret.values() if isinstance(v, str) and _NO_VIRT.match(v))
+            return {"status": "error", "error": msg, "no_virt": True}
+        text = ret if isinstance(ret, str) else repr(ret)
+        return {"status": "error", "error": _ERR_PREFIX.sub("", text).strip(), "retcode": retcode}
+    return {"status": "up", "ret": ret}
+
+
+def _relay(client, watch):
+    """Hand events whose tag starts with ``watch[0]`` (other than the runner's own) to ``watch[1]``."""
+    if not watch:
+        return
+    while True:
+        ev = client.event.get_event(wait=0.001, tag=watch[0], match_type="startswith", full=True, no_block=True)
+        if not ev:
+            return
+        data = ev.get("data") or {}
+        if isinstance(data, dict) and data.get("source") != "runner":
+            try:
+                watch[1](ev["tag"], data.get("data", data) if isinstance(data.get("data"), dict) else data)
+            except Exception as exc:  # noqa: BLE001 - progress display never breaks the work
+                log.debug("virt runner: progress relay failed: %s", exc)
+
+
+def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies every answer
+    opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wait=None, client=None, watch=None
+):
+    """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
+
+    Returns ``{minion: {"status": up|error|down|timeout, "ret"|"error": ...}}`` for every minion
+    expected (the target's accepted keys) plus any other minion that answered as a hypervisor.
+    ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
+    """
+    cfg = cfg or config(opts)
+    if tgt is None:
+        ids = target(opts, cfg)
+    else:  # one or a few named minions (virt.init, migration steps): only if they are hypervisors
+        named = [tgt] if isinstance(tgt, str) else list(tgt)
+        members = set(hypervisors.members(opts, named)) & set(key_lists(opts)["minions"])
+        ids = [m for m in named if m in members]
+        refused = {
+            m: {
+                "status": "error",
+                "error": f"{m} is not one of the hypervisors (virt:hypervisors in the master config)",
+            }
+            for m in named
+            if m not in members
+        }
+        if refused and not ids:
+            return refused, None
+    if not ids:
+        return {}, None
+    tgt, tgt_type = sorted(ids), "list"
+    expected = set(tgt)
+    max_wait = float(max_wait or cfg["max_wait"])
+    client = client or salt.client.get_local_client(opts["conf_file"])
+    answers = {}
+    if watch:
+        client.event.subscribe(watch[0], match_type="startswith")
+    with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
+        pub = client.run_job(tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], kwarg=kwarg, listen=True)
+    if noise.getvalue().strip():
+        log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
+    started = time.monotonic()
+    if pub:
+        waiting = set(pub.get("minions") or []) | expected
+        missing = set(waiting)  # who has not answered yet (kept as answers come: no rescan per answer)
+        deadline = started + max_wait
+        try:
+            for item in client.get_iter_returns(
+                pub["jid"],
+                waiting,
+                timeout=cfg["timeout"],
+                tgt=tgt,
+                tgt_type=tgt_type,
+                gather_job_timeout=cfg["gather_job_timeout"],
+                block=False,
+            ):
+                _relay(client, watch)
+                if item:
+                    for mid, data in item.items():
+                        if isinstance(data, dict) and "ret" in data:
+                            answers[mid] = classify(data["ret"], data.get("retcode"))
+                            missing.discard(mid)
+                    if expected and not missing:
+                        break
+                else:
+                    time.sleep(0.02)
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            _relay(client, watch)
+            with contextlib.suppress(Exception):
+                client._clean_up_subscriptions(pub["jid"])
+    if watch:
+        with contextlib.suppress(Exception):
+            client.event.unsubscribe(watch[0], match_type="startswith")
+    elapsed = time.monotonic() - started
+    for mid in list(answers):
+        if mid not in expected:
+            del answers[mid]  # only the hypervisors' answers count, whoever else answers
+    for mid in expected - set(answers):
+        if elapsed >= max_wait:
+            answers[mid] = {
+                "status": "timeout",
+                "error": f"no answer within max_wait={max_wait:g} s (it may still be running)",
+            }
+        else:
+            answers[mid] = {
+                "status": "down",
+                "error": f"did not answer (waited {cfg['timeout']:g} s + {cfg['gather_job_timeout']:g} s job check)",
+            }
+    return {mid: answers[mid] for mid in sorted(answers)}, (pub or {}).get("jid")
+
+
+def call(opts, minion, fun, arg=(), kwarg=None, cfg=None, max_wait=None, client=None, watch=None):
+    """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
+    answers, jid = run(
+        opts, fun, arg, kwarg, tgt=[minion], tgt_type="list", cfg=cfg, max_wait=max_wait, client=client, watch=watch
+    )
+    return answers.get(minion) or {"status": "down", "error": "did not answer"}, jid
+
+
+# fleet views ---------------------------------------------------------------------------------------
+class Failed(CommandExecutionError):  # noqa: N818 - the runner's public name for it
+    """A runner operation failed; ``details`` (tried hosts, cleanup, ...) go into the runner's answer."""
+
+    def __init__(self, message, **details):
+        super().__init__(message)
+        self.details = details
+
+
+def gather(opts, fun="virt.full_info", cfg=None, client=None):
+    """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` ->
+    ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``)."""
+    answers, _jid = run(opts, fun, cfg=cfg, client=client)
+    out = {}
+    for mid, ans in answers.items():
+        if ans["status"] != "up":
+            out[mid] = {k: v for k, v in ans.items() if k in ("status", "error")}
+        elif fun == "virt.full_info" and isinstance(ans["ret"], dict):
+            out[mid] = {"status": "up", "host": ans["ret"].get("host", {}), "vm_info": ans["ret"].get("vm_info", {})}
+        elif fun == "virt.vm_state":
+            out[mid] = {"status": "up", "vms": ans["ret"]}
+        else:
+            out[mid] = {"status": "up", "host": ans["ret"]}
+    return out
+
+
+def down_hosts(hosts):
+    return sorted(h for h, a in hosts.items() if a["status"] != "up")
+
+
+def locate(hosts, name, host=None):
+    """The one hypervisor where VM ``name`` is defined (``hosts`` from :func:`gather`)."""
+
+    def has(ans):
+        vms = ans.get("vms") if "vms" in ans else ans.get("vm_info")
+        return ans["status"] == "up" and name in (vms or {})
+
+    found = sorted(h for h, a in hosts.items() if has(a))
+    unknown = down_hosts(hosts)
+    if host:
+        if host in found:
+            return host
+        if host in unknown:
+            raise Failed(f"hypervisor {host} is {hosts[host]['status']}: {hosts[host].get('error')}", down=unknown)
+        raise Failed(f"VM {name!r} is not defined on {host}" + (f" (it is on {', '.join(found)})" if found else ""))
+    if len(found) > 1:
+        raise Failed(
+            f"VM name {name!r} is ambiguous: defined on {', '.join(found)}. Pass host=<one of them>, "
+            "and rename one of them to keep names unique",
+            hosts=found,
+        )
+    if not found:
+        hint = f"; these hypervisors did not answer and may have it: {', '.join(unknown)}" if unknown else ""
+        raise Failed(f"VM {name!r} is not defined on any hypervisor that answered{hint}", down=unknown)
+    return found[0]

@@ -1,0 +1,182 @@
+"""Rebalancing the fleet: ``salt-run virt.rebalance`` proposes (dry run, the default) or performs
+(``apply=True``) live migrations that bring the hypervisors' load within a spread threshold.
+
+:func:`plan` is a pure function over the hosts' facts (``virt.full_info`` of every hypervisor, the
+shape :mod:`saltvirt.fleet.placement` reads). A host's load:
+
+* ``metric: mem`` (the default): memory of its running VMs / (``mem_total`` - ``mem_reserve_mib``), 0..1;
+* ``metric: vms``: the number of its running VMs.
+
+The spread is the most loaded host's load minus the least loaded one's, over the hosts that answered
+and are not in ``maintenance``. While the spread is above ``threshold`` (mem: 0.10, vms: 2 by default)
+and fewer than ``max_moves`` moves are planned, it takes the most loaded host's running VMs (biggest
+first; then the next most loaded host's, if none of them helps) and moves the first one that placement
+allows somewhere (memory, vCPUs, anti-affinity, soft affinity, maintenance:
+:func:`saltvirt.fleet.placement.rank`, the source excluded) whose move makes the spread smaller, trying the
+targets in placement's order. Each planned move is booked on the facts, so the next one sees it.
+Only running VMs move (live), so their guests never stop.
+
+:func:`apply` runs the planned moves one by one with :func:`saltvirt.fleet.relocate.migrate` (per-VM lock,
+shared-storage probe, disk copy when not shared); a move that fails is reported and the rest go on.
+"""
+
+import copy
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.fleet import placement, relocate
+
+METRICS = {"mem": 0.10, "vms": 2}
+RUNNING = ("running", "blocked")
+
+
+def _mem(vm):
+    try:
+        return int(vm.get("mem") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def load(answer, metric, pol):
+    """One host's load (see the module doc), or None when it has no usable facts."""
+    vms = [vm for vm in (answer.get("vm_info") or {}).values() if (vm or {}).get("state") in RUNNING]
+    if metric == "vms":
+        return len(vms)
+    facts = answer.get("host") or {}
+    try:
+        room = int(facts.get("mem_total")) - pol["mem_reserve_mib"]
+    except (TypeError, ValueError):
+        return None
+    used = facts.get("mem_used_by_vms")
+    used = int(used) if used is not None else sum(_mem(vm) for vm in vms)
+    return round(used / room, 4) if room > 0 else None
+
+
+def loads(hosts, metric, pol):
+    out = {}
+    for host in sorted(hosts):
+        ans = hosts[host]
+        if ans.get("status") != "up" or placement.in_maintenance(host, pol["maintenance"]):
+            continue
+        value = load(ans, metric, pol)
+        if value is not None:
+            out[host] = value
+    return out
+
+
+def spread(values):
+    return round(max(values.values()) - min(values.values()), 4) if len(values) > 1 else 0
+
+
+def _move_facts(hosts, vm, name, source, target):
+    for host, sign in ((source, -1), (target, 1)):
+        facts = hosts[host].setdefault("host", {})
+        facts["mem_used_by_vms"] = int(facts.get("mem_used_by_vms") or 0) + sign * _mem(vm)
+        facts["vcpus_used_by_vms"] = int(facts.get("vcpus_used_by_vms") or 0) + sign * int(vm.get("cpu") or 0)
+        facts["vms_defined"] = int(facts.get("vms_defined") or 0) + sign
+    hosts[target].setdefault("vm_info", {})[name] = hosts[source]["vm_info"].pop(name)
+
+
+def _check(metric, threshold, max_moves):
+    if metric not in METRICS:
+        raise SaltInvocationError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    try:
+        threshold = float(METRICS[metric] if threshold is None else threshold)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"threshold must be a number, not {threshold!r}") from None
+    if threshold < 0:
+        raise SaltInvocationError(f"threshold must be >= 0, not {threshold!r}")
+    try:
+        max_moves = int(max_moves)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"max_moves must be a positive integer, not {max_moves!r}") from None
+    if max_moves < 1:
+        raise SaltInvocationError(f"max_moves must be a positive integer, not {max_moves!r}")
+    return threshold, max_moves
+
+
+def _next_move(hosts, pol, metric, current, now):
+    """The first move that makes the spread smaller, off the most loaded host that has one, or None."""
+    for source in sorted(current, key=lambda h: (-current[h], h)):
+        move = _move_from(hosts, pol, metric, current, now, source)
+        if move:
+            return move
+    return None
+
+
+def _move_from(hosts, pol, metric, current, now, source):
+    vms = {n: vm for n, vm in (hosts[source].get("vm_info") or {}).items() if (vm or {}).get("state") in RUNNING}
+    for name in sorted(vms, key=lambda n: (-_mem(vms[n]), n)):
+        vm = vms[name]
+        req = placement.make_request(
+            vm.get("cpu") or 1, max(_mem(vm), 1), 0, vm.get("group"), affinity=vm.get("affinity")
+        )
+        ranked = placement.rank(hosts, req, pol, exclude=[source])
+        for entry in ranked["ranking"]:
+            target = entry["host"]
+            if target not in current:
+                continue
+            trial = copy.deepcopy({source: hosts[source], target: hosts[target]})
+            _move_facts(trial, vm, name, source, target)
+            after = dict(current, **{h: load(trial[h], metric, pol) for h in (source, target)})
+            if spread(after) < now:
+                return {
+                    "vm": name,
+                    "from": source,
+                    "to": target,
+                    "score": entry["score"],
+                    "spread_after": spread(after),
+                }
+    return None
+
+
+def plan(hosts, pol=None, metric="mem", threshold=None, max_moves=10):
+    """The moves that bring ``hosts`` within ``threshold`` (see the module doc). Pure: ``hosts`` is
+    not changed. ``{metric, threshold, spread_before, spread_after, load_before, load_after, moves,
+    balanced, reason}``."""
+    pol = pol or placement.make_policy()
+    threshold, max_moves = _check(metric, threshold, max_moves)
+    hosts = copy.deepcopy(hosts)
+    before = loads(hosts, metric, pol)
+    moves, current = [], dict(before)
+    reason = None
+    while True:
+        now = spread(current)
+        if now <= threshold:
+            reason = f"spread {now:g} is within the threshold {threshold:g}"
+            break
+        if len(moves) >= max_moves:
+            reason = f"stopped after max_moves={max_moves}; spread still {now:g}"
+            break
+        move = _next_move(hosts, pol, metric, current, now)
+        if not move:
+            reason = f"no live migration makes the spread ({now:g}) smaller: placement allows none that helps"
+            break
+        _move_facts(hosts, hosts[move["from"]]["vm_info"][move["vm"]], move["vm"], move["from"], move["to"])
+        current = loads(hosts, metric, pol)
+        moves.append(move)
+    return {
+        "metric": metric,
+        "threshold": threshold,
+        "spread_before": spread(before),
+        "spread_after": spread(current),
+        "load_before": before,
+        "load_after": current,
+        "moves": moves,
+        "balanced": spread(current) <= threshold,
+        "reason": reason,
+    }
+
+
+def apply(remote, proposal, **migrate_kwargs):
+    """Perform the planned moves one by one (:func:`saltvirt.fleet.relocate.migrate`): ``{moved, failed}``."""
+    moved, failed = {}, {}
+    for move in proposal["moves"]:
+        name = move["vm"]
+        try:
+            moved[name] = relocate.migrate(remote, name, move["to"], source=move["from"], **migrate_kwargs)
+        except CommandExecutionError as exc:
+            failed[name] = {"error": str(exc), **getattr(exc, "details", {})}
+        except SaltInvocationError as exc:  # held by another call, or already moved meanwhile
+            failed[name] = {"error": str(exc)}
+    return {"moved": moved, "failed": failed}

@@ -1,0 +1,296 @@
+"""Moving VMs between hypervisors, the master side of ``salt-run virt.migrate`` and ``virt.evacuate``.
+
+One migration is four steps on two hypervisors, each a ``virt.migrate_*`` call (:mod:`saltvirt.vm.migrate`):
+
+1. source ``virt.migrate_source_info``: the VM's disks (size, format, backing image) and probe files;
+2. target ``virt.migrate_prepare``: storage the target sees (probe) is used in place; for the rest it
+   checks room and creates disk files of the right size and format (qcow2 overlays onto its copy of
+   the backing image); then the probe files are removed again;
+3. source ``virt.migrate``: one peer-to-peer libvirt migration, live if the VM runs, over the libvirtd TLS
+   connection (plaintext TCP only with ``transport=tcp``, reported in ``warnings``); tunnelled through it
+   when ``virt:tunnel`` is set in the master config (libvirt cannot tunnel a disk copy: then the data goes
+   over a direct stream);
+4. target ``virt.migrate_finish`` (the VM is there: report it) or, on failure, ``virt.migrate_abort_cleanup``
+   (remove what step 2 created) and a check that the VM still runs on the source.
+
+Evacuation migrates every VM off one host, one at a time, each to the host ``saltvirt.fleet.placement``
+ranks best (the evacuated host excluded); a target that fails is excluded and the next one tried.
+"""
+
+import time
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.fleet import fleetstate, placement, publish as fleet
+
+DEFAULT_TIMEOUT = 3600  # seconds one libvirt migration may take (master config virt:migration_timeout)
+
+
+class Remote:
+    """How this module reaches the hypervisors: :mod:`saltvirt.fleet.publish` (LocalClient) from the runner."""
+
+    def __init__(self, opts, cfg, client):
+        self.opts, self.cfg, self.client = opts, cfg, client
+
+    def gather(self, fun):
+        return fleet.gather(self.opts, fun, self.cfg, self.client)
+
+    def call(self, minion, fun, *args, max_wait=None, **kwargs):
+        """The function's return, or :class:`fleet.Failed` with ``status`` (error, down, timeout)."""
+        ans, jid = fleet.call(self.opts, minion, fun, list(args), kwargs or None, self.cfg, max_wait, self.client)
+        if ans["status"] != "up":
+            error = ans.get("error") or ans["status"]
+            raise fleet.Failed(f"{fun} on {minion}: {error}", host=minion, status=ans["status"], jid=jid)
+        return ans["ret"]
+
+
+def _quiet(remote, minion, fun, *args):
+    """Best-effort call (cleanup): its answer, or the reason it failed."""
+    try:
+        return remote.call(minion, fun, *args)
+    except CommandExecutionError as exc:
+        return {"error": str(exc)}
+
+
+def _still_on_source(remote, source, name):
+    try:
+        return remote.call(source, "virt.vm_state", name).get(name)
+    except CommandExecutionError as exc:
+        return f"unknown ({exc})"
+
+
+def migrate(
+    remote,
+    name,
+    target,
+    source=None,
+    hosts=None,
+    live=True,
+    tunnel=False,
+    copy_storage=None,
+    max_downtime=None,
+    max_bandwidth=None,
+    timeout=DEFAULT_TIMEOUT,
+    transport=None,
+):
+    """Move VM ``name`` to hypervisor minion ``target``; see the runner's ``virt.migrate``.
+
+    ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). Holds the
+    runner's per-VM lock (the one ``virt.init`` takes): two migrations of one VM never overlap."""
+    validate.vm_name(name)
+    with fleetstate.lock(remote.opts, [name], kind="virt.migrate"):
+        return _migrate(
+            remote,
+            name,
+            target,
+            source,
+            hosts,
+            live,
+            tunnel,
+            copy_storage,
+            max_downtime,
+            max_bandwidth,
+            timeout,
+            transport,
+        )
+
+
+def _migrate(
+    remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout, transport
+):
+    if copy_storage not in (None, "all", "inc"):
+        raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
+    started = time.monotonic()
+    hosts = hosts if hosts is not None else remote.gather("virt.vm_state")
+    source = _source_and_target(hosts, name, source, target)
+    info, prep = _prepare(remote, name, source, target, copy_storage)
+    copying = prep["copy_storage"]
+    note = None
+    if tunnel and copying:
+        note = (
+            "virt:tunnel: libvirt cannot tunnel a disk copy; the libvirtd connection was TLS, the data a direct stream"
+        )
+    kwargs = {
+        "live": live,
+        "tunnel": bool(tunnel) and not copying,
+        "transport": transport,  # None: the hypervisor's setting, TLS unless tcp is named there
+        "copy_storage": copying,
+        "unsafe": prep["unsafe"],
+        "disk_map": prep["disk_map"] or None,
+        "migrate_disks": prep["migrate_disks"] or None,
+        "verify_backing": prep["verify_backing"] or None,
+        "max_downtime": max_downtime,
+        "max_bandwidth": max_bandwidth,
+    }
+    moved = _move(remote, name, source, target, info, prep, kwargs, timeout)
+    done = remote.call(target, "virt.migrate_finish", name)
+    return _migrated(name, source, target, prep, moved, done, note, started)
+
+
+def _source_and_target(hosts, name, source, target):
+    """Where the VM is (``source``) after checking that ``target`` is another hypervisor that answered."""
+    if target not in hosts:  # first: a minion that is not a hypervisor is never a target, whatever else
+        raise fleet.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
+    source = fleet.locate(hosts, name, source)
+    if target == source:
+        raise SaltInvocationError(f"VM {name!r} is already on {target}")
+    if hosts[target]["status"] != "up":
+        status, error = hosts[target]["status"], str(hosts[target].get("error")).rstrip(".")
+        why = {"down": "is down", "timeout": "did not answer in time"}.get(status, "answered with an error")
+        raise fleet.Failed(f"target hypervisor {target} {why}: {error}. VM {name!r} stays on {source}", host=target)
+    return source
+
+
+def _prepare(remote, name, source, target, copy_storage):
+    """The source's facts and the target's preparation (disks shared, copied or refused); the source's
+    shared-storage probe files are removed whatever happens."""
+    info = remote.call(source, "virt.migrate_source_info", name)
+    probes = [p["path"] for p in (info.get("probes") or {}).values()]
+    try:
+        prep = remote.call(target, "virt.migrate_prepare", name, info, copy_storage=copy_storage)
+    except CommandExecutionError as exc:
+        raise fleet.Failed(
+            f"preparing {target} for VM {name!r} failed: {exc}. Nothing was migrated, the VM stays on {source}",
+            stage="prepare",
+            source=source,
+            target=target,
+        ) from None
+    finally:
+        if probes:
+            _quiet(remote, source, "virt.migrate_abort_cleanup", name, probes)
+    return info, prep
+
+
+def _move(remote, name, source, target, info, prep, kwargs, timeout):
+    """``virt.migrate`` on the source; on failure the target's prepared files are removed (not after a
+    timeout: the migration may still be running) and the error says where the VM is."""
+    try:
+        if prep["copy_storage"] and not info["active"]:
+            raise fleet.Failed(
+                f"VM {name!r} is stopped and its disks are not on storage {target} sees: libvirt moves a stopped VM's "
+                "definition only. Start it to migrate it live with its disks, or put its disks on shared storage",
+                retry=False,
+            )
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return remote.call(source, "virt.migrate", name, prep["address"], max_wait=timeout, **kwargs)
+    except CommandExecutionError as exc:
+        status = getattr(exc, "details", {}).get("status")
+        if status == "timeout":  # it may still be migrating: removing its target disks now would break it
+            raise fleet.Failed(
+                f"migrating VM {name!r} from {source} to {target} did not finish within {timeout} s and may still be "
+                f"running: check with salt-run virt.list, then salt {target} virt.migrate_abort_cleanup {name} "
+                "'<created files>' if it failed",
+                created=prep["created"],
+                retry=False,
+            ) from None
+        cleanup = (
+            _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None
+        )
+        raise fleet.Failed(
+            str(exc),
+            **{**getattr(exc, "details", {}), "source": source, "target": target},
+            source_state=_still_on_source(remote, source, name),
+            target_cleanup=cleanup,
+        ) from None
+
+
+def _migrated(name, source, target, prep, moved, done, note, started):
+    """The runner's answer for a finished migration."""
+    copying = prep["copy_storage"]
+    left = [d["source"] for d in prep["disks"] if d["mode"] != "shared"]
+    ret = {
+        "name": name,
+        "source": source,
+        "target": target,
+        "target_host": done["host"],
+        "state": done["state"],
+        "persistent": done["persistent"],
+        "undefined_on_source": moved["undefined_on_source"],
+        "live": moved["live"],
+        "tunnelled": moved["tunnelled"],
+        "target_uri": moved["target_uri"],
+        "copy_storage": copying,
+        "disks": done["disks"],
+        "migration_seconds": moved["seconds"],
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    ret["transport"] = moved.get("transport")
+    if moved.get("warnings"):
+        ret["warnings"] = moved["warnings"]
+    if left:
+        ret["source_files_left"] = left
+    if note:
+        ret["note"] = note
+    return ret
+
+
+def _request(vm):
+    return placement.make_request(vm.get("cpu") or 1, max(int(vm.get("mem") or 1), 1), 0, vm.get("group"))
+
+
+def _book(facts, vm, name):
+    """Count a VM placed on ``facts`` (one host's full_info) so the next placement sees it."""
+    host = facts.setdefault("host", {})
+    if vm.get("state") in ("running", "paused", "blocked"):
+        host["mem_used_by_vms"] = int(host.get("mem_used_by_vms") or 0) + int(vm.get("mem") or 0)
+        host["vcpus_used_by_vms"] = int(host.get("vcpus_used_by_vms") or 0) + int(vm.get("cpu") or 0)
+    host["vms_defined"] = int(host.get("vms_defined") or 0) + 1
+    facts.setdefault("vm_info", {})[name] = vm
+
+
+def evacuate(
+    remote, host, policy=None, live=True, tunnel=False, dry_run=False, timeout=DEFAULT_TIMEOUT, transport=None
+):
+    """Migrate every VM off ``host`` (a hypervisor minion); see the runner's ``virt.evacuate``."""
+    facts = remote.gather("virt.full_info")
+    if host not in facts:
+        raise fleet.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(facts))})")
+    if facts[host]["status"] != "up":
+        raise fleet.Failed(f"{host} is {facts[host]['status']}: {facts[host].get('error')}: cannot evacuate it")
+    pol = policy or placement.make_policy()
+    vms = dict(facts[host]["vm_info"])
+    # biggest first: the hardest to place get the most choice; running before stopped
+    order = sorted(vms, key=lambda n: (vms[n].get("state") != "running", -int(vms[n].get("mem") or 0), n))
+    moved, failed, plan = {}, {}, {}
+    for name in order:
+        vm = vms[name]
+        tried, errors = {host}, []
+        while True:
+            ranked = placement.rank(facts, _request(vm), pol, exclude=tried)
+            if not ranked["host"]:
+                failed[name] = {"error": "; ".join(errors) or ranked["reason"], "excluded": ranked["excluded"]}
+                break
+            choice = ranked["host"]
+            if dry_run:
+                plan[name] = {"target": choice, "score": ranked["ranking"][0]["score"], "reason": ranked["reason"]}
+                _book(facts[choice], vm, name)
+                break
+            try:
+                moved[name] = migrate(
+                    remote,
+                    name,
+                    choice,
+                    source=host,
+                    hosts=facts,
+                    live=live,
+                    tunnel=tunnel,
+                    timeout=timeout,
+                    transport=transport,
+                )
+            except CommandExecutionError as exc:
+                errors.append(str(exc))
+                details = getattr(exc, "details", {})
+                # retry elsewhere only while the VM is verifiably where it was (never after a timeout)
+                if not details.get("retry", True) or details.get("source_state") not in (None, vm.get("state")):
+                    failed[name] = {"error": "; ".join(errors), **details}
+                    break
+                tried.add(choice)
+                continue
+            if errors:
+                moved[name]["failed_first"] = errors
+            _book(facts[choice], vm, name)
+            break
+    if dry_run:
+        return {"host": host, "dry_run": True, "plan": plan, "cannot_place": failed}
+    return {"host": host, "evacuated": not failed, "moved": moved, "failed": failed, "left": sorted(failed)}

@@ -1,0 +1,386 @@
+"""The master side of ``virt.init`` (the ``virt`` runner's ``virt.init``).
+
+Steps: take the per-VM lock (:mod:`saltvirt.fleet.fleetstate`), refuse a name that exists on a hypervisor,
+place the VM (:mod:`saltvirt.fleet.placement`, with the capacity in-flight creations reserved), pre-accept a
+new key pair for the VM's minion (:mod:`saltvirt.fleet.minionkeys`) and seal its private key for the chosen
+hypervisor only (:mod:`saltvirt.pki.envelope`), run ``virt.init`` there (:mod:`saltvirt.fleet.publish`), falling
+over to the next candidate only when a hypervisor does not answer (with a fresh key pair), and check
+that the hypervisor seeded our key. On failure the key it stored is taken back.
+"""
+
+import logging
+import math
+import os
+import time
+
+import salt.fileserver
+import salt.utils.url
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import fsutil
+from saltvirt.pki import envelope
+from saltvirt.storage import intake
+from saltvirt.fleet import fleetstate, leftovers as fleet_cleanup, minionkeys, placement
+from saltvirt.fleet.publish import Failed, call, gather
+
+log = logging.getLogger(__name__)
+
+
+def image_mib(opts, image, saltenv="base"):
+    """``(MiB, note)``: the disk a full copy of ``image`` needs, measured on the master when it can be."""
+    if not image:
+        return 0, "no image"
+    if isinstance(image, str) and image.startswith("salt://"):
+        path, env = salt.utils.url.parse(image)
+        try:
+            fnd = salt.fileserver.Fileserver(opts).find_file(path, env or saltenv)
+        except Exception as exc:  # noqa: BLE001 - size is advisory; the hypervisor reports real errors
+            return 0, f"size unknown ({exc})"
+        if not fnd or not fnd.get("path"):
+            raise SaltInvocationError(f"image {image} is not on the master's fileserver (saltenv {env or saltenv})")
+        return math.ceil(os.path.getsize(fnd["path"]) / 1048576), f"{image}: measured in the master's file_roots"
+    return 0, f"size of {intake.redact(image)} unknown on the master: not counted"
+
+
+SALT_DEFAULT_PORTS = {"master_port": 4506, "publish_port": 4505}
+
+
+def guest_master(opts, conf, module_kwargs):
+    """Where the new VM's minion finds this master, unless the caller said so (``master=`` /
+    ``minion_config=``): ``virt:guest_master`` from the master config (an address or a list, as the
+    minion's ``master`` setting), and this master's ports when they are not Salt's defaults (a guest
+    cannot guess them). Without ``virt:guest_master`` the minion keeps Salt's default (``salt``)."""
+    kwargs = dict(module_kwargs)
+    if kwargs.get("master") is None and conf.get("guest_master"):
+        kwargs["master"] = conf["guest_master"]
+    ports = {"master_port": opts.get("ret_port"), "publish_port": opts.get("publish_port")}
+    extra = {k: int(v) for k, v in ports.items() if v and int(v) != SALT_DEFAULT_PORTS[k]}
+    config = kwargs.get("minion_config")
+    if extra and (config is None or isinstance(config, dict)):
+        kwargs["minion_config"] = dict(extra, **(config or {}))
+    return kwargs
+
+
+def _entry(plan, host):
+    return next((r for r in plan["ranking"] if r["host"] == host), {"host": host, "score": None, "asked_for": True})
+
+
+def _brief(plan):
+    return {
+        "reason": plan["reason"],
+        "ranking": [{"host": r["host"], "score": r["score"]} for r in plan["ranking"]],
+        "excluded": plan["excluded"],
+    }
+
+
+def create(opts, name, req, image, module_kwargs, job=None, **kwargs):
+    """Place, pre-accept the new minion's key, run ``virt.init`` on the chosen hypervisor (falling over
+    to the next candidate only when a hypervisor does not answer), return where it went and its info.
+    Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure.
+
+    One ``virt.init`` per VM name / minion id at a time across every master sharing the cache
+    (``saltvirt.fleet.fleetstate`` locks); the capacity it takes is reserved from placement until the VM runs."""
+    with fleetstate.lock(opts, [name, kwargs.get("minion_id") or name], kind="virt.init", job=job) as lease:
+        taken = [{"name": t["name"], "why": t["why"], "was": t["was"]} for t in lease.taken_over]
+        try:
+            result = _create(opts, name, req, image, module_kwargs, lease=lease, **kwargs)
+        except Failed as exc:
+            if taken:
+                exc.details["taken_over"] = taken
+            raise
+        if taken:
+            result["taken_over"] = taken
+        return result
+
+
+def _reserve(lease, hosts, order, start, name, req, policy, since, tried, keep_previous=None):
+    """Reserve ``req`` on the first host of ``order[start:]`` that still has room with every in-flight
+    creation counted (other masters' too); hosts without room go to ``tried``. Its position, or None.
+    ``keep_previous`` (seconds): the previous candidate did not answer virt.init but may still run it, so
+    its reservation stays for that long instead of being dropped."""
+    if keep_previous:
+        fleetstate.finish(lease.store, lease, "unknown", keep_for=keep_previous)
+    else:
+        fleetstate.finish(lease.store, lease, "failed")  # the previous candidate's, if any
+    for pos in range(start, len(order)):
+        hv = order[pos]
+        try:
+            fleetstate.reserve(
+                lease.store,
+                lease,
+                hv,
+                name,
+                req,
+                hosts.get(hv),
+                since,
+                fits=lambda answer, load, hv=hv: placement.fits(hv, answer, req, policy, load),
+            )
+            return pos
+        except fleetstate.NoRoomError as exc:
+            tried.append(
+                {"host": hv, "outcome": "no room", "error": f"in-flight inits took the room: {exc}", "jid": None}
+            )
+    return None
+
+
+def _create(
+    opts,
+    name,
+    req,
+    image,
+    module_kwargs,
+    *,
+    policy,
+    cfg,
+    host=None,
+    fallback=True,
+    seed=True,
+    minion_id=None,
+    client=None,
+    progress=None,
+    lease=None,
+):
+    progress = progress or (lambda step, **data: None)
+    started = time.monotonic()
+    key_id = minion_id or name
+    seed = bool(seed and image)  # seeding writes into the image's filesystem: no image, no key to hand out
+    if seed:
+        minionkeys.refuse_existing_key(opts, key_id)
+    since = time.time()  # reservations settled after this are not in the snapshot yet
+    hosts = _snapshot(opts, name, cfg, client, progress)
+    plan = placement.rank(hosts, req, policy, reserved=fleetstate.reserved(lease.store, hosts, since, lease.cfg))
+    order, tried = _order(plan, hosts, name, host, fallback), []
+    first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried)
+    if first is None:
+        raise Failed(
+            f"no host can take {name} any more: in-flight inits reserved the room (see tried)",
+            placement=_brief(plan),
+            tried=tried,
+        )
+    order = order[first:]
+    _placed(plan, hosts, order[0], progress)
+    keys = _NewKey(opts, key_id, progress)
+    if seed:
+        keys.fresh()
+    relay = getattr(progress, "relay", None)  # the hypervisor's own progress events, shown as they come
+    watch = (f"salt/virt/init/{name}/", lambda tag, data: relay(tag.rsplit("/", 1)[-1], data)) if relay else None
+    base_kwarg = dict(module_kwargs, image=image, seed=seed, **({"group": req["group"]} if req.get("group") else {}))
+    try:
+        pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
+        while pos < len(order):
+            hv = order[pos]
+            kwarg = seal_console_password(opts, hv, dict(base_kwarg), name)
+            attempt += 1
+            if seed:
+                if attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
+                    keys.fresh()
+                kwarg.update(pub_key=keys.pub, priv_key=keys.sealed_for(hv), minion_id=key_id)
+            lease.check()  # never publish for a name whose lock we no longer hold
+            lease.note(host=hv)
+            args = [name, req["cpu"], req["mem"]]
+            ans, jid = _call_init(opts, hv, args, kwarg, cfg, client, watch, progress)
+            if ans["status"] == "up":
+                fleetstate.finish(lease.store, lease, "settled")
+                return _created(
+                    opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
+                )
+            tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
+            _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
+            if ans["status"] == "down" and fallback and pos + 1 < len(order):
+                # published but unanswered: it may still create the VM there, so its room stays reserved
+                nxt = _reserve(
+                    lease, hosts, order, pos + 1, name, req, policy, since, tried, keep_previous=cfg["init_timeout"]
+                )
+                if nxt is not None:
+                    progress("fallback", host=hv, error=ans.get("error"), next=order[nxt])
+                    pos = nxt
+                    continue
+            if ans["status"] == "timeout":
+                keys.keep = True  # it may still finish there: its key stays for it
+            if ans["status"] in ("timeout", "down"):
+                # it may still run (or create the VM) there: its capacity stays reserved for as long as it may
+                fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
+            raise _attempt_failed(name, hv, ans, jid, cfg, key_id, tried)
+    except BaseException as exc:
+        _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, cfg)
+        fleetstate.finish(lease.store, lease, "failed")  # no-op when settled or kept for a timeout
+        if seed and not keys.keep:
+            removed = bool(keys.pub) and minionkeys.remove_key(opts, key_id, keys.pub)
+            if isinstance(exc, Failed):
+                exc.details["cleanup"] = {"key_removed": removed, "minion_id": key_id}
+        raise
+    raise Failed(f"virt.init of {name}: no candidate left", tried=tried)  # pragma: no cover - loop returns/raises
+
+
+def _snapshot(opts, name, cfg, client, progress):
+    """Every hypervisor's answer (``virt.full_info``) for placement; refuses a name already in use."""
+    hosts = gather(opts, "virt.full_info", cfg, client)
+    _mark(progress, "hosts_queried")
+    _refuse_existing_vm(hosts, name)
+    return hosts
+
+
+def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress):
+    """``virt.init`` on ``hv`` (bounded by ``init_timeout``), its publication and answer on the timeline."""
+    _mark(progress, "published", host=hv)
+    ans, jid = call(opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch)
+    _mark(progress, "returned", host=hv, status=ans["status"])
+    return ans, jid
+
+
+def _mark(progress, step, **data):
+    """A step for the runner's timeline only (no event): ``progress.mark`` when the callback has one."""
+    mark = getattr(progress, "mark", None)
+    if mark is not None:
+        mark(step, **data)
+
+
+def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease, cfg):
+    """If ``suspect`` (no answer, or an error while waiting) and the salt-master stopped: the job may well
+    finish on the hypervisor without it, and its VM needs the pre-accepted key, so the key stays, its room
+    stays reserved and the outcome is reported as unknown."""
+    if not suspect or fleet_cleanup.master_running(opts):
+        return
+    keys.keep = True
+    fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
+    message = fleet_cleanup.master_gone_message(name, hv, jid, key_id)
+    log.error("%s", message)  # salt-run itself may fail to print its answer without a master
+    raise Failed(message, tried=tried) from None
+
+
+def _refuse_existing_vm(hosts, name):
+    where = sorted(h for h, a in hosts.items() if a["status"] == "up" and name in a["vm_info"])
+    if where:
+        raise Failed(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
+
+
+def _order(plan, hosts, name, host, fallback):
+    """The hypervisors to try, in order: the ranking, or ``host=`` first (only it with ``fallback=False``)."""
+    order = [r["host"] for r in plan["ranking"]]
+    if host:
+        if host not in hosts:
+            raise Failed(
+                f"{host} is not one of the hypervisors ({', '.join(sorted(hosts)) or 'none found'}): "
+                "check the name, or virt:hypervisors in the master config",
+                placement=_brief(plan),
+            )
+        status = hosts[host]["status"]
+        if status == "up" and host in plan["excluded"]:
+            raise Failed(f"{host} cannot take {name}: {'; '.join(plan['excluded'][host])}", placement=_brief(plan))
+        if status == "up" or (status == "down" and fallback):
+            # a host that was down for the query may be back: it is tried first, the ranking after it
+            order = [host] + ([h for h in order if h != host] if fallback else [])
+        else:
+            raise Failed(
+                f"{host} is {status}: {hosts[host].get('error')}" + ("" if fallback else " (fallback=False)"),
+                placement=_brief(plan),
+            )
+    if not order:
+        raise Failed(plan["reason"], placement=_brief(plan), tried=[])
+    return order
+
+
+def _placed(plan, hosts, first, progress):
+    chosen = _entry(plan, first)
+    reason = plan["reason"] if first == plan["host"] else f"{first}: asked for with host="
+    if hosts[first]["status"] != "up":
+        reason += f" (it did not answer the query: {hosts[first].get('error')}; trying it, then the ranking)"
+    progress("placed", host=first, score=chosen["score"], scores=chosen.get("scores"), reason=reason)
+
+
+class _NewKey:
+    """The new VM's minion key pair, pre-accepted on this master; a fresh pair replaces the previous one."""
+
+    def __init__(self, opts, key_id, progress):
+        self.opts, self.key_id, self.progress = opts, key_id, progress
+        self.pub = self.priv = self.info = None
+        self.keep = False  # True: leave the key on failure (a timed-out virt.init may still use it)
+
+    def fresh(self):
+        if self.pub:
+            minionkeys.remove_key(self.opts, self.key_id, self.pub)
+            self.pub = None
+        pub, priv = envelope.new_keypair()
+        minionkeys.preaccept(self.opts, self.key_id, pub)
+        # sha256 of minion.pub as written (what `sha256sum minion.pub` and the module's virt.init report)
+        fingerprint = fsutil.sha256(pub)
+        self.progress("key_accepted", minion_id=self.key_id, fingerprint=fingerprint)
+        self.pub, self.priv = pub, priv
+        self.info = {"minion_id": self.key_id, "state": "accepted", "fingerprint": fingerprint}
+
+    def sealed_for(self, hv):
+        """The private key sealed for hypervisor ``hv``'s accepted key (never what a minion claims)."""
+        return envelope.seal(minionkeys.accepted_pub(self.opts, hv), self.priv, context=self.key_id)
+
+
+def _created(opts, name, hv, ans, jid, plan, tried, keys, started, cfg, client, progress):
+    """The runner's answer once ``virt.init`` succeeded on ``hv``."""
+    key, warnings = None, []
+    if keys:
+        key, warnings = _check_seeded_key(opts, keys.info, keys.pub, ans["ret"])
+    vm_info = ans["ret"].get("vm_info") if isinstance(ans["ret"], dict) else None
+    if not isinstance(vm_info, dict):  # a hypervisor whose virt.init does not return it: ask (one more round trip)
+        info, _ = call(opts, hv, "virt.vm_info", [name], None, cfg, None, client)
+        vm_info = (info.get("ret") or {}).get(name) if info["status"] == "up" else None
+    result = {
+        "name": name,
+        "host": hv,
+        "placement": dict(_brief(plan), chosen=_entry(plan, hv)),
+        "tried": tried,
+        "key": key,
+        "init": {k: v for k, v in ans["ret"].items() if k != "vm_info"} if isinstance(ans["ret"], dict) else ans["ret"],
+        "jid": jid,
+        "vm_info": vm_info,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    if warnings:
+        result["warnings"] = warnings
+    progress("done", host=hv, seconds=result["seconds"])
+    return result
+
+
+def _attempt_failed(name, hv, ans, jid, cfg, key_id, tried):
+    """The error for a ``virt.init`` that did not succeed on ``hv`` and is not retried elsewhere."""
+    if ans["status"] == "timeout":
+        return Failed(
+            f"virt.init of {name} on {hv} was still running after {cfg['init_timeout']:g} s (job {jid}): "
+            f"it may still finish. Check with `salt-run jobs.lookup_jid {jid}`; "
+            f"the key of {key_id} is kept for it "
+            f"(salt-key -d {key_id} if the VM never appears)",
+            tried=tried,
+        )
+    if ans["status"] == "down":
+        return Failed(
+            f"no hypervisor answered virt.init for {name}: tried {', '.join(t['host'] for t in tried)}",
+            tried=tried,
+        )
+    return Failed(f"virt.init of {name} on {hv} failed: {ans.get('error')}", tried=tried)
+
+
+def _check_seeded_key(opts, key, pub, init_ret):
+    """The hypervisor must have seeded *our* key; otherwise take the pre-accepted one back."""
+    ret = init_ret if isinstance(init_ret, dict) else {}
+    seeded = ret.get("key") or {}
+    if ret.get("seed") and seeded.get("fingerprint") in (None, key["fingerprint"]):
+        return key, []
+    minionkeys.remove_key(opts, key["minion_id"], pub)
+    if not ret.get("seed"):
+        return dict(key, state="removed"), [
+            "the hypervisor did not seed the VM, so no minion holds the pre-accepted key: removed it"
+        ]
+    return dict(key, state="removed"), [
+        f"the hypervisor seeded another key (sha256 {str(seeded.get('fingerprint'))[:16]}...) "
+        f"than the pre-accepted one: removed ours; "
+        f"accept the VM's own key with salt-key -a {key['minion_id']} once it connects"
+    ]
+
+
+def seal_console_password(opts, hv, kwarg, name):
+    """A console password given to ``salt-run virt.init`` (``graphics: {password: ...}``) travels sealed
+    to hypervisor ``hv``'s accepted minion key, like the new minion's private key (never in clear in the
+    publication or the job cache); the hypervisor's ``virt.init`` opens it."""
+    gfx = kwarg.get("graphics")
+    if isinstance(gfx, dict) and isinstance(gfx.get("password"), str):
+        sealed = envelope.seal(minionkeys.accepted_pub(opts, hv), gfx["password"], context=f"{name}/graphics")
+        kwarg = dict(kwarg, graphics=dict(gfx, password=sealed))
+    return kwarg

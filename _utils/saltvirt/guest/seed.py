@@ -1,0 +1,719 @@
+"""Write files (a Salt minion's id, config and keys) into a VM's root filesystem before its first boot.
+
+Backends, in the order ``backend='auto'`` tries them (a named backend tries only that one):
+``libguestfs`` (python ``guestfs`` or ``guestfish``), ``qemu-nbd`` (needs the nbd kernel module),
+``qsd-fuse`` (qemu-storage-daemon exports the image - qcow2, raw, overlays - as a file over FUSE, which
+is loop-mounted) and ``loop`` (raw images only). The root filesystem is the first partition (or the
+whole disk) with an ``/etc``. Paths resolve inside the guest (a guest symlink never leads to the host);
+files are written atomically, owned by root, with their modes. Before :func:`seed` returns everything
+is unmounted and detached and qemu-storage-daemon/qemu-nbd have exited: every write is in the image.
+An image in use by a running qemu (its write lock is held) is refused.
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import struct
+import subprocess
+import tempfile
+import time
+
+import yaml
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.storage import images
+from saltvirt.base.tools import run as _run
+from saltvirt.base.undo import Undo
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("libguestfs", "qemu-nbd", "qsd-fuse", "loop")
+NOT_ROOT_FS = ("swap", "LVM2_member", "crypto_LUKS", "linux_raid_member", "zfs_member", "iso9660", "vfat", "unknown")
+# What the host kernel may mount from an untrusted image (loop, qsd-fuse, qemu-nbd backends): the
+# common root filesystems whose drivers are fuzzed and maintained. Anything else (minix, cramfs, hfs,
+# udf, ...) is refused: a hostile image aimed at a weak filesystem driver attacks the hypervisor's
+# kernel. libguestfs mounts inside its own appliance and is not limited by this list.
+KERNEL_MOUNT_FS = ("ext2", "ext3", "ext4", "xfs", "btrfs", "vfat")
+
+
+class _Skip(Exception):  # noqa: N818 - a signal to try the next backend, not an error
+    """This backend cannot be used here (not installed, not applicable to this image)."""
+
+
+class _GuestError(Exception):
+    """The image's content is the problem: every other backend would fail the same way."""
+
+
+class SeedError(CommandExecutionError):
+    """No backend could seed the image. ``attempts`` as :func:`seed` reports them; ``clean``: every
+    backend cleaned up after itself (nothing is left attached or mounted)."""
+
+    def __init__(self, message, attempts, clean):
+        super().__init__(message)
+        self.attempts, self.clean = attempts, clean
+
+
+class Link(str):
+    """A symlink to write into the guest (its target), instead of a file's content."""
+
+    __slots__ = ()
+
+
+# files ---------------------------------------------------------------------------------------------
+def salt_minion_files(minion_id, master=None, pub=None, priv=None, config=None):
+    """The files a Salt minion needs on first boot: ``{guest path: {'content': bytes, 'mode': int}}``."""
+    if not isinstance(minion_id, str) or not minion_id or len(minion_id) > 255:
+        raise SaltInvocationError(f"minion id must be a non-empty string, got {minion_id!r}")
+    if any(c.isspace() or ord(c) < 32 for c in minion_id) or "/" in minion_id:
+        raise SaltInvocationError(f"minion id {minion_id!r} must not contain '/', spaces or control characters")
+    conf = {"id": minion_id}
+    if master:
+        masters = [master] if isinstance(master, str) else master
+        if not isinstance(masters, (list, tuple)) or not all(isinstance(m, str) and m.strip() for m in masters):
+            raise SaltInvocationError(f"master must be a host name or a list of them, got {master!r}")
+        conf["master"] = master if isinstance(master, str) else list(masters)
+    if config:
+        if not isinstance(config, dict):
+            raise SaltInvocationError(f"minion config must be a dict, got {type(config).__name__}")
+        for key in ("id", "master"):
+            if key in config and key in conf and config[key] != conf[key]:
+                raise SaltInvocationError(f"minion config sets {key}={config[key]!r}, {key}={conf[key]!r} was passed")
+        conf.update(config)
+    try:
+        text = yaml.safe_dump(conf, default_flow_style=False, sort_keys=False)
+    except yaml.YAMLError as exc:
+        raise SaltInvocationError(f"minion config cannot be written as YAML: {exc}") from None
+    files = {
+        "/etc/salt/minion_id": {"content": minion_id.encode(), "mode": 0o644},
+        "/etc/salt/minion.d/99-salt-virt.conf": {"content": text.encode(), "mode": 0o644},
+    }
+    if bool(pub) != bool(priv):
+        raise SaltInvocationError("pass both the minion's public and private key, or neither")
+    if pub:
+        files["/etc/salt/pki/minion/minion.pem"] = {"content": _pem(priv, "PRIVATE KEY", "private"), "mode": 0o400}
+        files["/etc/salt/pki/minion/minion.pub"] = {"content": _pem(pub, "PUBLIC KEY", "public"), "mode": 0o644}
+    return files
+
+
+def _pem(key, marker, what):
+    data = key.encode() if isinstance(key, str) else key
+    if not isinstance(data, bytes) or b"-----BEGIN" not in data or marker.encode() not in data:
+        raise SaltInvocationError(f"the minion's {what} key must be a PEM '{marker}' (were pub and priv swapped?)")
+    return data if data.endswith(b"\n") else data + b"\n"
+
+
+def _normalize_files(files):
+    """``{path: (bytes, mode)}`` after checking every guest path and mode."""
+    if not isinstance(files, dict) or not files:
+        raise SaltInvocationError("files must be a non-empty dict {guest path: {'content': bytes, 'mode': int}}")
+    out = {}
+    for path, spec in files.items():
+        if not isinstance(path, str) or not path.startswith("/") or path == "/":
+            raise SaltInvocationError(f"guest path must be an absolute file path, got {path!r}")
+        if any(ord(c) < 32 for c in path) or os.path.normpath(path) != path or ".." in path.split("/"):
+            raise SaltInvocationError(f"guest path {path!r} must be normalized, without '..', NUL or control chars")
+        if isinstance(spec, dict) and "symlink" in spec:
+            target = spec["symlink"]
+            if not isinstance(target, str) or not target or any(ord(c) < 32 for c in target):
+                raise SaltInvocationError(f"{path}: symlink target must be a path, got {target!r}")
+            out[path] = (Link(target), 0o777)
+            continue
+        content, mode = (spec.get("content"), spec.get("mode", 0o644)) if isinstance(spec, dict) else (spec, 0o644)
+        content = content.encode() if isinstance(content, str) else content
+        if not isinstance(content, bytes):
+            raise SaltInvocationError(f"{path}: content must be bytes or str")
+        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+            raise SaltInvocationError(f"{path}: mode must be an integer like 0o644, got {mode!r}")
+        out[path] = (content, mode)
+    for path in out:
+        if any(other.startswith(path + "/") for other in out):
+            raise SaltInvocationError(f"{path} is both a file and a parent directory of other files")
+    return out
+
+
+class _Files(dict):
+    """Normalized files plus the caller's ``inspect`` hook (see :func:`seed`)."""
+
+    inspect = None
+    added = ()  # the paths inspect added
+
+
+def _complete(files, exists):
+    """``files`` plus what the caller's ``inspect`` hook adds once it has looked into the mounted guest."""
+    if getattr(files, "inspect", None) is None:
+        return files
+    extra = files.inspect(exists) or {}
+    files.added = tuple(sorted(extra))
+    return {**files, **(_normalize_files(extra) if extra else {})}
+
+
+def _guest_exists(root, path, depth=0):
+    """Whether ``path`` exists in the guest whose root is the fd ``root`` (symlinks resolved inside it)."""
+    parts = path.strip("/").split("/")
+    try:
+        dfd = _open_dir(root, parts[:-1], create=False)
+    except (OSError, _GuestError):
+        return False
+    try:
+        st = os.lstat(parts[-1], dir_fd=dfd)
+        if not stat.S_ISLNK(st.st_mode):
+            return True
+        target = os.readlink(parts[-1], dir_fd=dfd)
+        if depth >= 40:
+            return False
+        if not target.startswith("/"):
+            target = os.path.normpath("/" + "/".join(parts[:-1] + [target]))
+        return _guest_exists(root, target, depth + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+# the request --------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Request:
+    """What ``virt.init`` seeds into a new VM's image: the minion's id, its master, its key pair (a
+    ``priv_key`` dict is sealed for this hypervisor, see :mod:`saltvirt.pki.envelope`, and opened with the
+    key in ``pki_dir``; no pair: a new one is generated) and extra minion config; ``backend`` as
+    :func:`seed` takes it."""
+
+    minion_id: str
+    backend: str = "auto"
+    master: str | None = None
+    pub_key: str | None = None
+    priv_key: str | dict | None = None
+    minion_config: dict | None = None
+    pki_dir: str | None = None
+
+    ARGS = {
+        "seed_backend": "backend",
+        "minion_id": "minion_id",
+        "master": "master",
+        "pub_key": "pub_key",
+        "priv_key": "priv_key",
+        "minion_config": "minion_config",
+        "pki_dir": "pki_dir",
+    }
+
+    @classmethod
+    def pop_from(cls, kwargs, default_minion_id):
+        """The request from ``virt.init``'s keyword arguments (removed from ``kwargs``)."""
+        given = {field: kwargs.pop(arg) for arg, field in cls.ARGS.items() if arg in kwargs}
+        given = {k: v for k, v in given.items() if v is not None}
+        given["minion_id"] = given.get("minion_id") or default_minion_id
+        return cls(**given)
+
+
+# helpers -------------------------------------------------------------------------------------------
+def _wait(cond, timeout, step=0.01):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+def _read(path):
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as fh:
+        points = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in fh)
+        return path in points
+
+
+def _remove_tmp(tmp):
+    """Remove our scratch directory without ever descending into something still mounted."""
+    for entry in os.scandir(tmp):
+        if _mounted(entry.path):
+            raise CommandExecutionError(f"{entry.path} is still mounted: unmount it by hand, then remove {tmp}")
+        if entry.is_dir(follow_symlinks=False):
+            os.rmdir(entry.path)  # an empty mount point; fails (safely) if not empty
+        else:
+            os.unlink(entry.path)
+    os.rmdir(tmp)
+
+
+_QEMU_WRITE_BYTES = (101, 201)  # qemu's byte locks: holds perm "write" (101), forbids others to write (201)
+
+
+def _refuse_if_in_use(image):
+    """Refuse an image a running qemu has open: as a VM's disk (``qemu-img info`` without ``-U`` fails on
+    its write lock) or as a backing file (qcow2: qemu's 'unshare write' byte lock; raw backing files are
+    not locked at all: open file descriptors)."""
+    proc = _run(["qemu-img", "info", "--output=json", image], f"checking {image}", check=False)
+    if proc.returncode != 0 and "lock" not in proc.stderr:
+        raise CommandExecutionError(f"cannot read {image}: {proc.stderr.strip()}")
+    why = ["qemu holds its write lock"] if proc.returncode != 0 else []
+    why += [f"qemu lock byte {offset} is held" for offset in images.held_qemu_locks(image, _QEMU_WRITE_BYTES)]
+    why += [f"open in {user}" for user in _openers(image)]
+    loops = [
+        n for n in os.listdir("/sys/block") if _read(f"/sys/block/{n}/loop/backing_file") == os.path.realpath(image)
+    ]
+    why += [f"attached to /dev/{n}" for n in loops]
+    if why:
+        raise CommandExecutionError(
+            f"{image} is in use by a running VM, as its disk or as a backing file, or otherwise ({', '.join(why)}): "
+            "shut the VM down (or detach it) before seeding"
+        )
+
+
+def _openers(path):
+    """Other processes with ``path`` open (readlink of /proc/*/fd: never blocks on a FUSE file)."""
+    real, me, found = os.path.realpath(path), str(os.getpid()), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == real:
+                        found.append(f"{_read(f'/proc/{pid}/comm')} (pid {pid})")
+                        break
+    return found
+
+
+def _qemu_lock(image, undo):
+    """Hold the byte locks a qemu writer holds while we write behind qemu's back (loop backend): no
+    VM can open the image for writing meanwhile."""
+    fd = os.open(image, os.O_RDWR)
+    undo.add(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
+    for offset in _QEMU_WRITE_BYTES:
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(images._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
+        except OSError as exc:
+            raise CommandExecutionError(f"{image} is locked by another process: {exc.strerror}") from None
+
+
+# block devices -------------------------------------------------------------------------------------
+def _losetup(path, undo):
+    dev = _run(["losetup", "-P", "-f", "--show", path], f"attaching {path} to a loop device").stdout.strip()
+    undo.add(f"detach {dev}", lambda: _detach(dev))
+    return dev
+
+
+def _detach(dev):
+    _run(["losetup", "-d", dev], f"detaching {dev}")
+    # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s
+    if not _wait(lambda: not os.path.exists(f"/sys/block/{os.path.basename(dev)}/loop/backing_file"), 30):
+        raise CommandExecutionError(f"{dev} is still attached after 'losetup -d' (busy?): check 'losetup -a'")
+
+
+def _sys_parts(dev):
+    name, found = os.path.basename(dev), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(f"/sys/block/{name}"):
+            if entry.name.startswith(name) and os.path.exists(os.path.join(entry.path, "partition")):
+                found.append((int(_read(os.path.join(entry.path, "partition"))), entry.name, entry.path))
+    return sorted(found)
+
+
+def _partitions(dev, tmp, undo):
+    """[(label, device node)] for every partition of ``dev``, or the whole device if it has none.
+    Kernels built without partition-table support get them from ``partx -a`` (userspace parsing)."""
+    found = _sys_parts(dev)
+    if not found:
+        _run(["partx", "-a", dev], f"reading the partition table of {dev}", check=False)
+        found = _sys_parts(dev)
+        if found:
+            undo.add(f"partx -d {dev}", lambda: _run(["partx", "-d", dev], f"partx -d {dev}", check=False))
+    if not found:
+        return [("whole disk", dev)]
+    out = []
+    for num, name, sys_path in found:
+        node = f"/dev/{name}"
+        if not _wait(lambda n=node: os.path.exists(n) and stat.S_ISBLK(os.stat(n).st_mode), 2):
+            major, minor = (int(x) for x in _read(os.path.join(sys_path, "dev")).split(":"))
+            node = os.path.join(tmp, name)  # no devtmpfs/udev node: make our own
+            os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(major, minor))
+        out.append((f"partition {num}", node))
+    return out
+
+
+def _umount(mnt):
+    for _ in range(10):
+        if _run(["umount", mnt], f"unmounting {mnt}", check=False).returncode == 0 or not _mounted(mnt):
+            return
+        time.sleep(0.3)
+    _run(["umount", "-l", mnt], f"lazily unmounting {mnt}", check=False)
+    raise CommandExecutionError(f"could not unmount {mnt} (busy): detached it lazily; check with 'findmnt'")
+
+
+def _seed_device(dev, files, tmp, undo):
+    """Find the root filesystem on ``dev``, write ``files`` into it, sync and unmount it."""
+    mnt = os.path.join(tmp, "root")
+    os.makedirs(mnt, mode=0o700, exist_ok=True)
+    tried = []
+    for label, node in _partitions(dev, tmp, undo):
+        fstype = _run(["blkid", "-p", "-o", "value", "-s", "TYPE", node], f"probing {node}", check=False).stdout.strip()
+        if not fstype or fstype in NOT_ROOT_FS:
+            tried.append(f"{label}: {fstype or 'no filesystem'}")
+            continue
+        if fstype not in KERNEL_MOUNT_FS:
+            tried.append(
+                f"{label} ({fstype}): refused: the host kernel mounts only {', '.join(KERNEL_MOUNT_FS)} from "
+                "an untrusted image (use libguestfs for other filesystems)"
+            )
+            continue
+        opts = "nodev,nosuid,noexec" + (",nouuid" if fstype == "xfs" else "")
+        proc = _run(["mount", "-t", fstype, "-o", opts, node, mnt], f"mounting {label}", check=False)
+        if proc.returncode != 0:
+            tried.append(f"{label} ({fstype}): mount failed: {proc.stderr.strip()}")
+            continue
+        done = False
+        try:
+            root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if not _has_etc(root):
+                    tried.append(f"{label} ({fstype}): no /etc")
+                    continue
+                _write_files(root, _complete(files, lambda p, r=root: _guest_exists(r, p)))
+            finally:
+                os.close(root)
+            done = True  # written; the unmount below writes it back (and must succeed)
+        finally:
+            try:
+                _umount(mnt)
+            except CommandExecutionError:
+                if done:
+                    raise
+        return {"root": label, "fstype": fstype}
+    raise _GuestError(f"no filesystem with an /etc directory found ({'; '.join(tried)}); LVM roots need libguestfs")
+
+
+# writing inside the guest (every path resolved inside the guest's root) ----------------------------
+def _open_dir(root, parts, create):
+    """Open directory ``/parts...`` of the guest whose root is the fd ``root``; symlinks resolve inside
+    the guest, missing directories are created (0755) when ``create``. Returns a new fd."""
+    stack, todo, links = [os.dup(root)], list(parts), 0
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        while todo:
+            comp = todo.pop(0)
+            if comp in ("", ".") or (comp == ".." and len(stack) == 1):
+                continue
+            if comp == "..":
+                os.close(stack.pop())
+                continue
+            try:
+                st = os.lstat(comp, dir_fd=stack[-1])
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(comp, 0o755, dir_fd=stack[-1])
+                stack.append(os.open(comp, flags, dir_fd=stack[-1]))
+                os.fchmod(stack[-1], 0o755)
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > 40:
+                    raise _GuestError(f"too many symlinks resolving /{'/'.join(parts)} in the guest")
+                target = os.readlink(comp, dir_fd=stack[-1])
+                while target.startswith("/") and len(stack) > 1:
+                    os.close(stack.pop())
+                todo[:0] = target.split("/")
+            elif stat.S_ISDIR(st.st_mode):
+                stack.append(os.open(comp, flags, dir_fd=stack[-1]))
+            else:
+                raise _GuestError(f"/{'/'.join(parts)}: {comp} is not a directory in the guest")
+        return stack.pop()
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _has_etc(root):
+    try:
+        os.close(_open_dir(root, ["etc"], create=False))
+        return True
+    except (FileNotFoundError, _GuestError):
+        return False
+
+
+def _write_files(root, files):
+    """Each file via a temp file + rename in its (guest-resolved) directory. No fsync here: the unmount
+    that must follow (a failed one fails the seeding) writes the filesystem back, and the image is then
+    flushed (qemu-storage-daemon) or fsynced (loop) before the VM is defined."""
+    for path, (content, mode) in files.items():
+        parts = path.strip("/").split("/")
+        dfd = _open_dir(root, parts[:-1], create=True)
+        name, tmp = parts[-1], f".{parts[-1]}.salt-virt-tmp"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(content, Link):
+                _write_link(dfd, tmp, name, content, path)
+                continue
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+            try:
+                view = memoryview(content)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchown(fd, 0, 0)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            try:
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except IsADirectoryError:
+                os.unlink(tmp, dir_fd=dfd)
+                raise _GuestError(f"{path} is a directory in the guest") from None
+        finally:
+            os.close(dfd)
+
+
+def _write_link(dfd, tmp, name, target, path):
+    """A symlink ``name`` -> ``target`` in the directory fd ``dfd``; replaces only a symlink."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISLNK(os.lstat(name, dir_fd=dfd).st_mode):
+            raise _GuestError(f"{path} exists in the guest and is not a symlink: not replacing it")
+    os.symlink(target, tmp, dir_fd=dfd)
+    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    os.fsync(dfd)
+
+
+# backends ------------------------------------------------------------------------------------------
+def _need_root(tool):
+    if os.geteuid() != 0:
+        raise _Skip("needs root (loop devices and mounts)")
+    if not shutil.which(tool):
+        raise _Skip(f"{tool} is not installed")
+
+
+def _loop(image, fmt, files, tmp, undo):
+    if fmt != "raw":
+        raise _Skip(f"loop works on raw images only and {image} is {fmt}: use backend qsd-fuse (or auto)")
+    _need_root("losetup")
+    _qemu_lock(image, undo)
+    return _seed_device(_losetup(image, undo), files, tmp, undo)
+
+
+def _qsd_fuse(image, fmt, files, tmp, undo):
+    _need_root("qemu-storage-daemon")
+    if not os.path.exists("/dev/fuse"):
+        raise _Skip("/dev/fuse is missing (modprobe fuse)")
+    export, logfile = os.path.join(tmp, "export"), os.path.join(tmp, "qsd.log")
+    open(export, "w").close()
+    fuse = {"type": "fuse", "id": "exp0", "node-name": "disk0", "mountpoint": export, "writable": True}
+    cmd = ["qemu-storage-daemon", "--blockdev", json.dumps({"driver": "file", "node-name": "file0", "filename": image})]
+    cmd += ["--blockdev", json.dumps({"driver": fmt, "node-name": "disk0", "file": "file0"})]
+    cmd += ["--export", json.dumps(fuse)]
+    with open(logfile, "wb") as out:  # own session: a Ctrl-C must reach us (who flush and stop it), not it
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    undo.add("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile))
+    if not _wait(lambda: proc.poll() is not None or _mounted(export), 30):
+        raise CommandExecutionError("qemu-storage-daemon did not export the image within 30s")
+    if proc.poll() is not None:
+        hint = ": the image or its backing file is in use (by a VM?)" if "lock" in _read(logfile) else ""
+        raise CommandExecutionError(f"qemu-storage-daemon failed{hint}: {_read(logfile)}")
+    return _seed_device(_losetup(export, undo), files, tmp, undo)
+
+
+def _stop_qsd(proc, export, logfile):
+    """fsync the export (qemu flushes the image), stop the daemon and wait until it has exited."""
+    if proc.poll() is not None and not _mounted(export):
+        return  # it never came up: that failure is reported already
+    try:
+        if proc.poll() is None:
+            fd = os.open(export, os.O_RDWR)
+            os.fsync(fd)
+            os.close(fd)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if _mounted(export):  # killed (or crashed): do not leave a dead FUSE mount behind
+            _run(["umount", "-l", export], f"unmounting {export}", check=False)
+    if proc.returncode not in (0, -15):
+        raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {_read(logfile)}")
+
+
+def _qemu_nbd(image, fmt, files, tmp, undo):
+    _need_root("qemu-nbd")
+    if not os.path.exists("/sys/block/nbd0"):
+        if not shutil.which("modprobe"):
+            raise _Skip("the nbd kernel module is not loaded and modprobe is not installed")
+        proc = _run(["modprobe", "nbd", "max_part=16"], "loading nbd", check=False)
+        if proc.returncode != 0 or not _wait(lambda: os.path.exists("/sys/block/nbd0"), 2):
+            raise _Skip(f"the nbd kernel module is not available ({proc.stderr.strip() or 'modprobe nbd failed'})")
+    free = [n for n in sorted(os.listdir("/sys/block")) if n.startswith("nbd") and _read(f"/sys/block/{n}/size") == "0"]
+    free = [f"/dev/{n}" for n in free if not os.path.exists(f"/sys/block/{n}/pid")]
+    if not free:
+        raise CommandExecutionError("no free /dev/nbd* device (all connected)")
+    dev, pidfile = free[0], os.path.join(tmp, "qemu-nbd.pid")
+    _run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
+    undo.add(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
+    if not _wait(lambda: _read(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
+        raise CommandExecutionError(f"{dev} did not come up after qemu-nbd --connect")
+    return _seed_device(dev, files, tmp, undo)
+
+
+def _nbd_disconnect(dev, pidfile):
+    pid = _read(pidfile)
+    _run(["qemu-nbd", "--disconnect", dev], f"disconnecting {dev}")
+    if pid.isdigit() and not _wait(lambda: not os.path.exists(f"/proc/{pid}"), 60):
+        raise CommandExecutionError(f"qemu-nbd (pid {pid}) did not exit within 60s after disconnecting {dev}")
+
+
+class _Guestfish:
+    """libguestfs driven either in-process (python ``guestfs``) or through ``guestfish --listen``."""
+
+    def __init__(self, image, fmt, tmp):
+        try:
+            import guestfs  # noqa: PLC0415 - optional
+        except ImportError:
+            guestfs = None
+        self.g, self.pid, self.tmp = None, None, tmp
+        if guestfs is not None:
+            self.g = guestfs.GuestFS(python_return_dict=True)
+            self.g.add_drive_opts(image, format=fmt, readonly=False)
+        elif shutil.which("guestfish"):
+            cmd = ["guestfish", "--listen", "--rw", f"--format={fmt}", "-a", image]
+            out = _run(cmd, "starting guestfish").stdout
+            self.pid = out.split("GUESTFISH_PID=", 1)[-1].split(";", 1)[0].strip()
+            if not self.pid.isdigit():
+                raise CommandExecutionError(f"guestfish --listen printed no pid: {out.strip()!r}")
+        else:
+            raise _Skip("libguestfs is not installed (no python guestfs module, no guestfish)")
+
+    def __call__(self, name, *args, **opts):
+        if self.g is not None:
+            try:
+                return getattr(self.g, name.replace("-", "_"))(*args, **opts)
+            except RuntimeError as exc:
+                raise CommandExecutionError(f"libguestfs {name}: {exc}") from None
+        args = [str(a) for a in args] + [f"{k}:{str(v).lower()}" for k, v in opts.items()]
+        cmd = ["guestfish", f"--remote={self.pid}", "--", name, *args]
+        out = _run(cmd, f"guestfish {name}", timeout=900).stdout
+        if name == "list-filesystems":
+            return dict(line.rsplit(": ", 1) for line in out.splitlines() if ": " in line)
+        return {"true": True, "false": False}.get(out.strip(), out)
+
+    def write(self, path, content, mode):
+        if self.g is not None:
+            self("write", path, content)
+        else:
+            local = os.path.join(self.tmp, "upload")
+            with open(os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+                fh.write(content)
+            self("upload", local, path)
+            os.unlink(local)
+        self("chown", 0, 0, path)
+        self("chmod", mode if self.g is not None else f"0{mode:o}", path)
+
+    def close(self):
+        if self.g is not None:
+            self.g.close()
+            return
+        _run(["guestfish", f"--remote={self.pid}", "--", "exit"], "stopping guestfish", check=False)
+        if not _wait(lambda: not os.path.exists(f"/proc/{self.pid}"), 60):
+            raise CommandExecutionError(f"guestfish (pid {self.pid}) did not exit within 60s")
+
+
+def _libguestfs(image, fmt, files, tmp, undo):
+    g = _Guestfish(image, fmt, tmp)
+    undo.add("shut down the libguestfs appliance", g.close)
+    g("launch")
+    tried = []
+    for dev, fstype in g("list-filesystems").items():
+        if fstype in NOT_ROOT_FS:
+            tried.append(f"{dev}: {fstype}")
+            continue
+        try:
+            g("mount", dev, "/")
+        except CommandExecutionError as exc:
+            tried.append(f"{dev} ({fstype}): {exc}")
+            continue
+        if not g("is-dir", "/etc", followsymlinks=True):
+            g("umount-all")
+            tried.append(f"{dev} ({fstype}): no /etc")
+            continue
+        for path, (content, mode) in _complete(files, lambda p: bool(g("exists", p))).items():
+            g("mkdir-p", os.path.dirname(path))
+            if isinstance(content, Link):
+                g("ln-sf", str(content), path)
+            else:
+                g.write(path, content, mode)
+        g("umount-all")
+        g("shutdown")  # syncs the disks and waits for the appliance to exit
+        return {"root": dev, "fstype": fstype}
+    raise _GuestError(f"no filesystem with an /etc directory found ({'; '.join(tried) or 'no filesystems'})")
+
+
+_BACKENDS = {"libguestfs": _libguestfs, "qemu-nbd": _qemu_nbd, "qsd-fuse": _qsd_fuse, "loop": _loop}
+
+
+# entry point ---------------------------------------------------------------------------------------
+def seed(image_path, files, backend="auto", fmt=None, inspect=None, fresh=False):
+    """Write ``files`` into the root filesystem of the stopped image ``image_path``.
+
+    ``backend``: 'auto' (each of BACKENDS in turn) or one of them. ``fmt``: the image's format, trusted
+    over probing (None: detect). Returns ``{backend, attempts: [{backend, ok, reason, seconds}], root,
+    fstype, files, seconds}``; raises :class:`SeedError` naming every backend tried and why it failed.
+
+    ``inspect``: called as ``inspect(exists)`` while the guest's root filesystem is mounted, before the
+    files are written; ``exists(path)`` tells whether a path exists in the guest (nothing is executed);
+    it returns more files to write (same form as ``files``, ``{path: {'symlink': target}}`` for a link).
+
+    ``fresh``: the caller created ``image_path`` itself just now (exclusively, as virt.init's clone
+    does), so no VM or other process can have it open: the in-use check (a ``qemu-img info`` and a scan
+    of every process's open files, ~0.1-0.25 s) is skipped.
+    """
+    started = time.monotonic()
+    image = os.path.abspath(images._existing_image(image_path))
+    files = _Files(_normalize_files(files))
+    files.inspect = inspect
+    if backend not in BACKENDS + ("auto",):
+        raise SaltInvocationError(f"seed backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+    if fmt is None:  # callers with an untrusted image pass the format saltvirt.storage.intake decided
+        fmt = images.image_info(image)["format"]
+    if fmt not in images.DISK_FORMATS:
+        raise SaltInvocationError(f"cannot seed a {fmt} image: only {images.DISK_FORMATS} are supported")
+    if not fresh:
+        _refuse_if_in_use(image)
+    attempts, clean = [], True
+    for name in BACKENDS if backend == "auto" else (backend,):
+        t0, undo = time.monotonic(), Undo(what="seed cleanup")
+        tmp = tempfile.mkdtemp(prefix="salt-virt-seed-")
+        undo.add(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))
+        outcome = error = None
+        stop = False
+        try:
+            outcome = _BACKENDS[name](image, fmt, files, tmp, undo)
+        except _Skip as exc:
+            error = f"skipped: {exc}"
+        except _GuestError as exc:
+            error, stop = f"failed: {exc}", True  # every other backend would see the same content
+        except (CommandExecutionError, OSError) as exc:
+            error = f"failed: {exc}"
+        finally:
+            cleanup = undo.run()
+        if cleanup:  # something may still be attached: do not go on
+            error = f"{error or 'wrote the files'}, then cleanup failed: {'; '.join(cleanup)}"
+            outcome, stop, clean = None, True, False
+        seconds = round(time.monotonic() - t0, 3)
+        attempts.append({"backend": name, "ok": outcome is not None, "reason": error or "ok", "seconds": seconds})
+        if outcome is not None:
+            total = round(time.monotonic() - started, 3)
+            return dict(outcome, backend=name, attempts=attempts, files=sorted([*files, *files.added]), seconds=total)
+        if stop:
+            break
+    summary = "; ".join(f"{a['backend']}: {a['reason']}" for a in attempts)
+    raise SeedError(f"could not seed {image}: {summary}", attempts, clean)

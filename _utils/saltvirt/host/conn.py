@@ -1,0 +1,254 @@
+"""libvirt connections: URI resolution from config, connect/close, libvirt errors -> Salt errors.
+
+A hung libvirtd (stopped, deadlocked, its host unreachable) must fail a call, not hang the minion's
+job: opening a connection is bounded (``open_timeout``), and every connection sends keepalive probes
+(``virt:connection:keepalive``; libvirt then closes it and the pending call fails), which needs
+libvirt's event loop: one daemon thread per process runs it. Any libvirt error escaping a
+``with connect(...)`` block becomes a CommandExecutionError naming the URI.
+
+Config (minion config, grains or pillar)::
+
+    virt:
+      connection:
+        uri: qemu:///system
+        open_timeout: 30            # seconds to wait for libvirtd to accept the connection
+        keepalive: {interval: 5, count: 5}   # declared dead after ~interval * (count + 1) s of silence
+"""
+
+import contextlib
+import logging
+import os
+import threading
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.spec import compat
+from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
+
+try:
+    import libvirt
+except ImportError:  # the loader modules report this through __virtual__
+    libvirt = None
+
+if libvirt is not None:
+    # libvirt prints every error to stderr by default; we raise them as exceptions instead.
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+log = logging.getLogger(__name__)
+DEFAULT_OPEN_TIMEOUT = 30
+DEFAULT_KEEPALIVE = {"interval": 5, "count": 5}
+_loop = {"pid": None, "registered": False}
+_loop_lock = threading.Lock()
+
+
+def _event_loop():
+    """libvirt's default event loop, running in a daemon thread of this process (keepalive needs it).
+    Registered once; after a fork (a minion job) the child gets its own runner thread."""
+    if libvirt is None or _loop["pid"] == os.getpid():
+        return
+    with _loop_lock:
+        if _loop["pid"] == os.getpid():
+            return
+        if not _loop["registered"]:
+            libvirt.virEventRegisterDefaultImpl()
+            _loop["registered"] = True
+
+        def run():
+            while True:
+                try:
+                    libvirt.virEventRunDefaultImpl()
+                except Exception:
+                    log.debug("libvirt event loop iteration failed", exc_info=True)
+
+        threading.Thread(target=run, name="salt-virt-libvirt-events", daemon=True).start()
+        _loop["pid"] = os.getpid()
+
+
+def event_loop():
+    """Make sure libvirt's event loop runs in this process (before opening a connection whose domain
+    events or close callback are wanted: libvirt delivers them only through a registered loop)."""
+    _event_loop()
+
+
+def _number(value, what, minimum):
+    try:
+        num = int(value)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"{what} must be a whole number, not {value!r}") from None
+    if num < minimum:
+        raise SaltInvocationError(f"{what} must be >= {minimum}, not {num}")
+    return num
+
+
+def keepalive_settings(value):
+    """``virt:connection:keepalive`` -> (interval, count); ``False``/0 interval turns it off."""
+    if value in (False, 0, "off"):
+        return 0, 0
+    conf = dict(DEFAULT_KEEPALIVE, **(value if isinstance(value, dict) else {}))
+    if value not in (None, True) and not isinstance(value, dict):
+        raise SaltInvocationError(f"virt:connection:keepalive must be a mapping {{interval, count}}, not {value!r}")
+    return (
+        _number(conf["interval"], "virt:connection:keepalive:interval", 0),
+        _number(conf["count"], "virt:connection:keepalive:count", 1),
+    )
+
+
+def _open(uri, readonly, timeout):
+    """``libvirt.open`` bounded by ``timeout`` seconds: a libvirtd that accepts the socket but never
+    answers (stopped, deadlocked) otherwise blocks forever. The abandoned attempt closes its
+    connection if it ever completes."""
+    opener = libvirt.openReadOnly if readonly else libvirt.open
+    if not timeout:
+        return opener(uri)
+    box, gave_up = {}, threading.Event()
+
+    def attempt():
+        try:
+            conn = opener(uri)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller below
+            box["error"] = exc
+            return
+        box["conn"] = conn
+        if gave_up.is_set():
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    worker = threading.Thread(target=attempt, name="salt-virt-libvirt-open", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        gave_up.set()
+        raise CommandExecutionError(
+            f"libvirt at {describe(uri)} did not answer within {timeout} s (virt:connection:open_timeout): "
+            "libvirtd is hung or overloaded. Check it (e.g. 'virsh list', its log), restart it if needed"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["conn"]
+
+
+def resolve_uri(config_get, connection=None):
+    """Per-call ``connection`` > config/pillar ``virt:connection:uri`` > libvirt's default (None)."""
+    if connection:
+        return connection
+    return config_get("virt:connection:uri", None) or None
+
+
+def salt_config(salt):
+    """``config.get`` of a loader module's ``__salt__`` as a ``(key, default)`` function; ``virt:x``
+    also finds the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
+    return compat.config_getter(lambda key, default=None: salt["config.get"](key, default))
+
+
+def salt_connect(salt, connection=None):
+    """The connection a loader module's function uses: ``connection=`` or the configured URI, with
+    the configured open timeout and keepalive."""
+    get = salt_config(salt)
+    return connect(
+        resolve_uri(get, connection),
+        open_timeout=get("virt:connection:open_timeout", DEFAULT_OPEN_TIMEOUT),
+        keepalive=get("virt:connection:keepalive", None),
+    )
+
+
+def salt_connect_compat(salt, connection=None, kwargs=None, fun="virt"):
+    """Like salt_connect, for functions taking Salt's ``**kwargs`` (username/password, ...): a
+    username/password is refused (salt-virt reaches libvirt through its TLS certificates or the local
+    socket, never a password) and so is any other unknown argument, naming the nearest known one."""
+    given = {k: v for k, v in (kwargs or {}).items() if not k.startswith("__")}
+    if any(given.get(k) for k in ("username", "password")):
+        raise SaltInvocationError(
+            "username/password connections are not supported: salt-virt connects with the TLS certificates "
+            "virt.keys installs (qemu+tls://) or the local socket; drop username= and password="
+        )
+    compat.refuse_unknown(given, ("connection", "username", "password"), fun)
+    return salt_connect(salt, connection)
+
+
+def salt_images_dir(salt):
+    """The configured ``virt:images`` directory (default ``/srv/salt-images``)."""
+    return salt_config(salt)("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
+
+
+def describe(uri):
+    return uri or "the default libvirt URI"
+
+
+def _lost(exc):
+    """True when a libvirtError means the connection itself is gone (keepalive timeout, daemon died)."""
+    msg = exc.get_error_message() or ""
+    return exc.get_error_code() in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_INTERNAL_ERROR) and (
+        "keepalive" in msg or "connection closed" in msg or "End of file" in msg or "Cannot write data" in msg
+    )
+
+
+@contextlib.contextmanager
+def connect(uri=None, readonly=False, open_timeout=DEFAULT_OPEN_TIMEOUT, keepalive=None):
+    """Open a libvirt connection for the duration of a ``with`` block (bounded open, keepalive); a
+    libvirt error escaping the block becomes a CommandExecutionError that names the URI."""
+    if libvirt is None:
+        raise CommandExecutionError("the libvirt python bindings are not installed (pip install libvirt-python)")
+    open_timeout = _number(open_timeout or 0, "virt:connection:open_timeout", 0)
+    interval, count = keepalive_settings(keepalive)
+    if interval:
+        _event_loop()
+    try:
+        conn = _open(uri, readonly, open_timeout)
+    except libvirt.libvirtError as exc:
+        raise CommandExecutionError(
+            f"cannot connect to libvirt at {describe(uri)}: {exc.get_error_message()}. "
+            "Check that libvirtd is running and that virt:connection:uri is right."
+        ) from None
+    if interval:
+        try:
+            conn.setKeepAlive(interval, count)
+        except libvirt.libvirtError as exc:  # local drivers (test://) have no keepalive: nothing can hang
+            log.debug("no keepalive on %s: %s", describe(uri), exc.get_error_message())
+    try:
+        yield conn
+    except libvirt.libvirtError as exc:
+        if _lost(exc):
+            raise CommandExecutionError(
+                f"lost the connection to libvirt at {describe(uri)}: {exc.get_error_message()}. libvirtd stopped "
+                "answering (hung, restarted or unreachable): check it, then retry"
+                + ("" if not interval else f" (keepalive: {interval} s x {count})")
+            ) from None
+        raise CommandExecutionError(f"libvirt at {describe(uri)}: {exc.get_error_message()}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def lv_errors(action):
+    """Decorator/context: turn libvirtError into CommandExecutionError('<action>: <message>')."""
+
+    class _Ctx(contextlib.ContextDecorator):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb):
+            if exc_type is not None and libvirt is not None and issubclass(exc_type, libvirt.libvirtError):
+                raise CommandExecutionError(f"{action}: {exc.get_error_message()}") from None
+            return False
+
+    return _Ctx()
+
+
+def get_domain(conn, name):
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            raise CommandExecutionError(f"VM {name!r} is not defined on {conn.getHostname()}") from None
+        raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
+
+
+def domain_exists(conn, name):
+    try:
+        conn.lookupByName(name)
+        return True
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return False
+        raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None

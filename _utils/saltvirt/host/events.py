@@ -1,0 +1,572 @@
+"""Domain lifecycle events on the Salt bus: the library behind the ``virt_events`` engine (minion side).
+
+A :class:`Watcher` holds one libvirt connection with libvirt's event loop running (the daemon thread of
+:mod:`saltvirt.host.conn`), registers domain callbacks (lifecycle, reboot, I/O error, control error, guest
+agent) and hands every event to ``fire(tag, data)`` (the engine sends it to the master). libvirt calls
+the callbacks on its event-loop thread; they only queue raw facts, and the watcher's own thread maps
+and sends them, so the bookkeeping has one thread.
+
+Tag: ``salt/virt/<host>/domain/<vm>/<event>`` (:func:`tag`; the host is the minion id; characters
+outside ``[A-Za-z0-9._+@:-]`` in either name are %-escaped so a name cannot add tag levels or glob
+characters). Data (:func:`payload`): ``name``, ``uuid``, ``event``, ``detail``, ``host``, ``time``
+(UTC, ISO 8601), plus per event ``direction`` (migrated: in/out), ``device``/``source``/``action``
+(io_error), ``reason`` (agent), ``reconciled``/``was`` (see below). Never anything from the domain
+XML (console passwords, secrets).
+
+Reconnects: libvirt's close callback (libvirtd restarted, keepalive timeout) or a dead connection
+found by the watcher ends the session; it reconnects with exponential backoff (``backoff_min`` ..
+``backoff_max`` seconds). What changed while it was disconnected is found by comparing the domains'
+states before the loss (the last snapshot, kept up to date by the events) with a snapshot after the
+reconnect (:func:`reconcile`); those changes are fired as the matching events with
+``reconciled: True`` and ``detail: reconciled``. A VM that stopped and started again in between is
+seen by its new domain id. Events are delivered at least once around a reconnect (an event libvirt
+queues while the new snapshot is taken may repeat a reconciled one).
+
+The watcher's own sessions are events too: ``salt/virt/<host>/engine/connected`` (``session``: 1, 2,
+...; ``reconnect``), sent after the reconciled events, and ``salt/virt/<host>/engine/disconnected``
+(``reason``: eof, keepalive, error, connection dead).
+"""
+
+import collections
+import datetime
+import logging
+import queue
+import threading
+import time
+import urllib.parse
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.host import conn as vconn
+from saltvirt.host import query
+
+try:
+    import libvirt
+except ImportError:  # the engine's __virtual__ reports this
+    libvirt = None
+
+log = logging.getLogger(__name__)
+
+# libvirt's lifecycle (event type, detail) names -> our event name. Every pair libvirt defines is listed
+# (tests/unit/test_events.py checks that against the bindings); an unknown pair maps by its type.
+LIFECYCLE = {
+    "DEFINED": {"ADDED": "defined", "UPDATED": "defined", "RENAMED": "defined", "FROM_SNAPSHOT": "defined"},
+    "UNDEFINED": {"REMOVED": "undefined", "RENAMED": "undefined"},
+    "STARTED": {
+        "BOOTED": "started",
+        "MIGRATED": "migrated",  # the target of an incoming migration
+        "RESTORED": "started",
+        "FROM_SNAPSHOT": "started",
+        "WAKEUP": "started",
+    },
+    "SUSPENDED": dict.fromkeys(
+        (
+            "PAUSED",
+            "MIGRATED",
+            "IOERROR",
+            "WATCHDOG",
+            "RESTORED",
+            "FROM_SNAPSHOT",
+            "API_ERROR",
+            "POSTCOPY",
+            "POSTCOPY_FAILED",
+        ),
+        "suspended",
+    ),
+    "RESUMED": dict.fromkeys(("UNPAUSED", "MIGRATED", "FROM_SNAPSHOT", "POSTCOPY", "POSTCOPY_FAILED"), "resumed"),
+    "STOPPED": {
+        "SHUTDOWN": "stopped",
+        "DESTROYED": "stopped",
+        "CRASHED": "crashed",  # the guest crashed (on_crash=destroy)
+        "MIGRATED": "migrated",  # the source of an outgoing migration
+        "SAVED": "stopped",
+        "FAILED": "crashed",  # the emulator died (QEMU killed or crashed)
+        "FROM_SNAPSHOT": "stopped",
+    },
+    "SHUTDOWN": dict.fromkeys(("FINISHED", "GUEST", "HOST"), "shutdown"),
+    "PMSUSPENDED": dict.fromkeys(("MEMORY", "DISK"), "pmsuspended"),
+    "CRASHED": {"PANICKED": "panicked", "CRASHLOADED": "panicked"},  # guest panic (pvpanic, hyperv crash)
+}
+BY_TYPE = {
+    "DEFINED": "defined",
+    "UNDEFINED": "undefined",
+    "STARTED": "started",
+    "SUSPENDED": "suspended",
+    "RESUMED": "resumed",
+    "STOPPED": "stopped",
+    "SHUTDOWN": "shutdown",
+    "PMSUSPENDED": "pmsuspended",
+    "CRASHED": "panicked",
+}
+EVENTS = (
+    "defined",
+    "undefined",
+    "started",
+    "suspended",
+    "resumed",
+    "stopped",
+    "shutdown",
+    "pmsuspended",
+    "crashed",
+    "panicked",
+    "migrated",
+    "rebooted",
+    "io_error",
+    "control_error",
+    "agent_connected",
+    "agent_disconnected",
+)
+# the state a VM is in after a lifecycle event type (None: unchanged); the reconcile diff compares these
+STATE_AFTER = {
+    "STARTED": "running",
+    "SUSPENDED": "paused",
+    "RESUMED": "running",
+    "STOPPED": "shutoff",
+    "PMSUSPENDED": "pmsuspended",
+    "CRASHED": "crashed",
+}
+SAFE = "._-+@:"  # kept as they are in a tag part; everything else is %-escaped
+DEFAULTS = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
+PENDING_MAX = 1000  # events kept for the master while it does not take them (oldest dropped first)
+RETRY_EVERY = 5.0  # seconds between delivery attempts of kept events while nothing else happens
+
+
+def _const(name, default=None):
+    return getattr(libvirt, name, default) if libvirt is not None else default
+
+
+def _lifecycle_codes():
+    """``{(type code, detail code): (type name, detail name)}`` from the bindings' constants."""
+    codes = {}
+    for typ, details in LIFECYCLE.items():
+        tcode = _const(f"VIR_DOMAIN_EVENT_{typ}")
+        if tcode is None:
+            continue
+        codes[(tcode, None)] = (typ, None)
+        for det in details:
+            dcode = _const(f"VIR_DOMAIN_EVENT_{typ}_{det}")
+            if dcode is not None:
+                codes[(tcode, dcode)] = (typ, det)
+    return codes
+
+
+_CODES = _lifecycle_codes()
+
+
+def lifecycle(event, detail):
+    """libvirt lifecycle ``(event, detail)`` codes -> ``(name, detail, extra)``; unknown codes keep a name
+    by their type (or ``lifecycle``) and the number as detail."""
+    typ, _ = _CODES.get((event, None), (None, None))
+    _, det = _CODES.get((event, detail), (typ, None))
+    if typ is None:
+        return "lifecycle", f"{event}/{detail}", {}
+    name = LIFECYCLE[typ].get(det) or BY_TYPE[typ]
+    extra = {}
+    if name == "migrated":
+        extra["direction"] = "in" if typ == "STARTED" else "out"
+    return name, det.lower() if det else str(detail), extra
+
+
+def _named(prefix, code):
+    """The suffix of the bindings' constant ``<prefix><SUFFIX>`` whose value is ``code``, lower case."""
+    if libvirt is not None:
+        for attr in dir(libvirt):
+            if attr.startswith(prefix) and getattr(libvirt, attr) == code:
+                return attr[len(prefix) :].lower()
+    return str(code)
+
+
+def io_error(action):
+    """IO_ERROR_REASON's action code -> ``none``/``pause``/``report``."""
+    return _named("VIR_DOMAIN_EVENT_IO_ERROR_", action)
+
+
+def agent(state, reason):
+    """AGENT_LIFECYCLE ``(state, reason)`` -> ``(event name, reason name)``."""
+    connected = state == _const("VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED", 1)
+    why = _named("VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_REASON_", reason)
+    return ("agent_connected" if connected else "agent_disconnected"), why
+
+
+# tags and data -------------------------------------------------------------------------------------
+def tag_part(text):
+    """One level of an event tag: ``text`` with every character outside ``[A-Za-z0-9._+@:-]`` %-escaped
+    (``/``, ``*``, spaces, newlines, ``%`` itself), so a VM or minion name adds no tag level and no glob;
+    ``.``/``..`` are escaped whole. Reversible with ``urllib.parse.unquote``."""
+    if not isinstance(text, str) or not text:
+        raise SaltInvocationError(f"an event tag part must be a non-empty string, not {text!r}")
+    part = urllib.parse.quote(text, safe=SAFE)
+    return part.replace(".", "%2E") if set(part) == {"."} else part
+
+
+def tag(host, vm, event):
+    """``salt/virt/<host>/domain/<vm>/<event>`` with both names escaped by :func:`tag_part`."""
+    if event not in EVENTS and event != "lifecycle":
+        raise SaltInvocationError(f"unknown virt event {event!r} (known: {', '.join(EVENTS)})")
+    return f"salt/virt/{tag_part(host)}/domain/{tag_part(vm)}/{event}"
+
+
+def engine_tag(host, what):
+    """``salt/virt/<host>/engine/<connected|disconnected>``: the watcher's own sessions."""
+    if what not in ("connected", "disconnected"):
+        raise SaltInvocationError(f"unknown engine event {what!r}")
+    return f"salt/virt/{tag_part(host)}/engine/{what}"
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def payload(host, vm, uuid, event, detail, **extra):
+    """The event data: who, what, when; ``extra`` keys with a None value are left out."""
+    data = {"name": vm, "uuid": uuid, "event": event, "detail": detail, "host": host, "time": now()}
+    data.update({k: v for k, v in extra.items() if v is not None})
+    return data
+
+
+# snapshots and the reconcile diff ------------------------------------------------------------------
+def snapshot(conn):
+    """``{uuid: {name, state, id, persistent}}`` of every domain (state names as ``virt.vm_state``)."""
+    found = {}
+    for dom in conn.listAllDomains(0):
+        try:
+            state = query.state_name(dom.state()[0])
+            found[dom.UUIDString()] = {
+                "name": dom.name(),
+                "state": state,
+                "id": dom.ID() if state != "shutoff" else -1,
+                "persistent": bool(dom.isPersistent()),
+            }
+        except libvirt.libvirtError as exc:  # vanished while listing: it is simply not there
+            log.debug("virt_events: skipping a domain while taking a snapshot: %s", exc)
+    return found
+
+
+ACTIVE = ("running", "paused", "pmsuspended", "blocked", "shutdown")
+
+
+def _transition(was, now_state):
+    """The event for a VM seen in ``was`` state before and ``now_state`` after, or None."""
+    if was == now_state:
+        return None
+    if now_state == "crashed":
+        return "crashed"
+    if now_state == "shutoff":
+        return "stopped"
+    if now_state == "paused":
+        return "suspended"
+    if now_state == "pmsuspended":
+        return "pmsuspended"
+    if now_state in ACTIVE:
+        return "resumed" if was in ("paused", "pmsuspended") else "started"
+    return None
+
+
+def reconcile(before, after):
+    """The events that explain how ``before`` became ``after`` (both from :func:`snapshot`), in order:
+    ``[(uuid, name, event, was)]``. New VMs are ``defined`` (and ``started`` when running), vanished
+    ones ``stopped`` (when they ran) and ``undefined``; a VM running under a new domain id stopped
+    and started again. Sorted by VM name (vanished and changed ones first, then new ones)."""
+    out = []
+    for uuid, old in sorted(before.items(), key=lambda item: (item[1]["name"], item[0])):
+        new = after.get(uuid)
+        if new is None:
+            if old["state"] in ACTIVE:
+                out.append((uuid, old["name"], "stopped", old["state"]))
+            out.append((uuid, old["name"], "undefined", old["state"]))
+            continue
+        if old["state"] in ACTIVE and new["state"] in ACTIVE and old.get("id") != new.get("id"):
+            out += [(uuid, new["name"], "stopped", old["state"]), (uuid, new["name"], "started", "shutoff")]
+            continue
+        event = _transition(old["state"], new["state"])
+        if event:
+            out.append((uuid, new["name"], event, old["state"]))
+    for uuid, new in sorted(after.items(), key=lambda item: (item[1]["name"], item[0])):
+        if uuid not in before:
+            out.append((uuid, new["name"], "defined", None))
+            if new["state"] in ACTIVE:
+                out.append((uuid, new["name"], "started", "shutoff"))
+    return out
+
+
+def settings(config):
+    """Engine options -> checked settings (``backoff_min``/``backoff_max`` seconds, ``events`` filter,
+    ``reconcile``)."""
+    config = {k: v for k, v in (config or {}).items() if not str(k).startswith("__")}
+    unknown = sorted(set(config) - set(DEFAULTS) - {"connection"})
+    if unknown:
+        raise SaltInvocationError(
+            f"virt_events: unknown option(s) {', '.join(unknown)} (known: connection, {', '.join(sorted(DEFAULTS))})"
+        )
+    out = dict(DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS and v is not None})
+    for key in ("backoff_min", "backoff_max"):
+        try:
+            out[key] = float(out[key])
+        except (TypeError, ValueError):
+            raise SaltInvocationError(f"virt_events: {key} must be a number of seconds, not {out[key]!r}") from None
+        if out[key] <= 0:
+            raise SaltInvocationError(f"virt_events: {key} must be above 0, not {out[key]}")
+    out["backoff_max"] = max(out["backoff_max"], out["backoff_min"])
+    if out["events"] is not None:
+        wanted = [out["events"]] if isinstance(out["events"], str) else list(out["events"])
+        bad = sorted(set(wanted) - set(EVENTS))
+        if bad:
+            raise SaltInvocationError(f"virt_events: unknown event(s) {', '.join(bad)} (known: {', '.join(EVENTS)})")
+        out["events"] = set(wanted)
+    out["reconcile"] = out["reconcile"] not in (False, "false", "False", 0, "0")
+    return out
+
+
+# delivery ------------------------------------------------------------------------------------------
+class MasterSender:
+    """``fire(tag, data)`` straight to the master's request server, as ``salt-call event.send`` does:
+    the master confirms it took the event (the minion's own event bus drops events while the minion is
+    not connected, e.g. while it starts, without telling). Raises CommandExecutionError when no master
+    took it. With several masters, every one gets it. The master publishes it on its bus with the
+    minion id it authenticated (``data['id']``)."""
+
+    def __init__(self, opts, timeout=10):
+        self.opts, self.timeout, self.uris = opts, timeout, None
+
+    def _master_uris(self):
+        if self.opts.get("master_uri_list"):
+            return list(self.opts["master_uri_list"])
+        if self.opts.get("master_uri"):
+            return [self.opts["master_uri"]]
+        import salt.minion  # noqa: PLC0415 - only on a minion, and only when its opts lack the URI
+
+        masters = self.opts["master"] if isinstance(self.opts["master"], list) else [self.opts["master"]]
+        return [salt.minion.resolve_dns(dict(self.opts, master=m))["master_uri"] for m in masters]
+
+    def __call__(self, tag, data):
+        import salt.channel.client  # noqa: PLC0415 - minion side only
+
+        self.uris = self.uris or self._master_uris()
+        load = {"id": self.opts["id"], "tag": tag, "data": data, "cmd": "_minion_event"}
+        took, errors = 0, []
+        for uri in self.uris:
+            try:
+                with salt.channel.client.ReqChannel.factory(self.opts, master_uri=uri) as channel:
+                    channel.send(load, tries=1, timeout=self.timeout)
+                took += 1
+            except Exception as exc:  # noqa: BLE001 - reported below, the event is kept for a retry
+                errors.append(f"{uri}: {exc or type(exc).__name__}")
+        if not took:
+            self.uris = None  # resolve again next time (the master may have moved)
+            raise CommandExecutionError(f"no master took the event: {'; '.join(errors)}")
+        return True
+
+
+# the watcher ---------------------------------------------------------------------------------------
+class Watcher:
+    """One hypervisor's libvirt events -> ``fire(tag, data)``, reconnecting after libvirtd goes away.
+
+    ``connect`` is a context-manager factory yielding a libvirt connection (the engine passes
+    :func:`saltvirt.host.conn.connect` with the configured URI, open timeout and keepalive)."""
+
+    def __init__(self, host, connect, fire, options=None):
+        self.host, self.connect, self.fire = host, connect, fire
+        self.options = settings(options)
+        self.inbox = queue.Queue()
+        self.known = None  # the last snapshot, kept current by the events: {uuid: {name, state, id, ...}}
+        self.stop = threading.Event()
+        self.connected = threading.Event()  # set while a session runs (tests and the engine's log)
+        self.sessions = 0
+        self.pending = collections.deque(maxlen=PENDING_MAX)  # (tag, data) the master did not take yet
+        self.last_try = 0.0
+
+    # libvirt's callbacks (event-loop thread): queue raw facts only ------------------------------
+    def _on_lifecycle(self, _conn, dom, event, detail, _opaque):
+        self.inbox.put(("lifecycle", self._who(dom), (event, detail)))
+
+    def _on_reboot(self, _conn, dom, _opaque):
+        self.inbox.put(("rebooted", self._who(dom), ()))
+
+    def _on_io_error(self, _conn, dom, src_path, dev_alias, action, reason, _opaque):
+        self.inbox.put(("io_error", self._who(dom), (src_path, dev_alias, action, reason)))
+
+    def _on_control_error(self, _conn, dom, _opaque):
+        self.inbox.put(("control_error", self._who(dom), ()))
+
+    def _on_agent(self, _conn, dom, state, reason, _opaque):
+        self.inbox.put(("agent", self._who(dom), (state, reason)))
+
+    def on_close(self, _conn, reason, _opaque):
+        """libvirt's connection close callback (libvirtd gone, keepalive timeout, ...)."""
+        self.inbox.put(("closed", None, (reason,)))
+
+    @staticmethod
+    def _who(dom):
+        return dom.name(), dom.UUIDString(), dom.ID()
+
+    # mapping and sending (the watcher's thread) -------------------------------------------------
+    def _send(self, name, uuid, event, detail, **extra):
+        wanted = self.options["events"]
+        if wanted is not None and event not in wanted:
+            return
+        self._deliver(tag(self.host, name, event), payload(self.host, name, uuid, event, detail, **extra))
+
+    def _engine(self, what, **data):
+        self._deliver(engine_tag(self.host, what), dict(data, host=self.host, event=what, time=now()))
+
+    def _deliver(self, tag_, data):
+        """Send in order; what the master does not take is kept (up to PENDING_MAX) and sent later."""
+        self.pending.append((tag_, data))
+        if len(self.pending) == 1 or time.monotonic() - self.last_try > RETRY_EVERY:
+            self.flush()
+
+    def flush(self):
+        """Send the kept events, oldest first; stop at the first the master does not take."""
+        self.last_try = time.monotonic()
+        sent = 0
+        while self.pending:
+            tag_, data = self.pending[0]
+            try:
+                self.fire(tag_, data)
+            except Exception as exc:  # noqa: BLE001 - kept and retried; the watcher goes on
+                log.warning(
+                    "virt_events: the master did not take %s (%s); %d event(s) kept for a retry",
+                    tag_,
+                    exc,
+                    len(self.pending),
+                )
+                break
+            self.pending.popleft()
+            sent += 1
+        if sent > 1:
+            log.info("virt_events: sent %d events the master had not taken before", sent)
+
+    def _track(self, name, uuid, dom_id, typ):
+        if self.known is None:
+            return
+        if typ == "UNDEFINED":
+            self.known.pop(uuid, None)
+            return
+        # a VM first seen starting without a definition is transient (createXML): it is gone once stopped
+        new = {"name": name, "state": "shutoff", "id": -1, "persistent": typ == "DEFINED"}
+        entry = self.known.setdefault(uuid, new)
+        entry["name"] = name
+        if typ == "DEFINED":
+            entry["persistent"] = True
+        if STATE_AFTER.get(typ) == "shutoff" and not entry["persistent"]:
+            self.known.pop(uuid, None)
+        elif STATE_AFTER.get(typ):
+            entry["state"] = STATE_AFTER[typ]
+            entry["id"] = dom_id if entry["state"] != "shutoff" else -1
+
+    def handle(self, kind, who, args):
+        """Map one queued fact to its event and send it; returns False when the connection closed."""
+        if kind == "closed":
+            return False
+        name, uuid, dom_id = who
+        if kind == "lifecycle":
+            event, detail = args
+            typ = _CODES.get((event, None), (None, None))[0]
+            ev_name, det, extra = lifecycle(event, detail)
+            self._track(name, uuid, dom_id, typ)
+            self._send(name, uuid, ev_name, det, **extra)
+        elif kind == "io_error":
+            src_path, dev_alias, action, reason = args
+            self._send(
+                name, uuid, "io_error", reason or "unknown", device=dev_alias, source=src_path, action=io_error(action)
+            )
+        elif kind == "agent":
+            ev_name, why = agent(*args)
+            self._send(name, uuid, ev_name, why)
+        else:
+            self._send(name, uuid, kind, kind)
+        return True
+
+    # sessions --------------------------------------------------------------------------------------
+    def _register(self, conn):
+        ids = []
+        callbacks = [
+            ("VIR_DOMAIN_EVENT_ID_LIFECYCLE", self._on_lifecycle),
+            ("VIR_DOMAIN_EVENT_ID_REBOOT", self._on_reboot),
+            ("VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON", self._on_io_error),
+            ("VIR_DOMAIN_EVENT_ID_CONTROL_ERROR", self._on_control_error),
+            ("VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE", self._on_agent),
+        ]
+        for const, callback in callbacks:
+            try:
+                ids.append(conn.domainEventRegisterAny(None, getattr(libvirt, const), callback, None))
+            except libvirt.libvirtError as exc:  # an older libvirtd lacks one: the others still work
+                log.info("virt_events: %s not available: %s", const, exc.get_error_message())
+        try:
+            conn.registerCloseCallback(self.on_close, None)
+        except libvirt.libvirtError as exc:  # then a dead connection is found by isAlive()
+            log.info("virt_events: no close callback: %s", exc.get_error_message())
+        return ids
+
+    def _reconcile(self, after):
+        before, self.known = self.known, after
+        if before is None or not self.options["reconcile"]:
+            return
+        for uuid, name, event, was in reconcile(before, after):
+            self._send(name, uuid, event, "reconciled", reconciled=True, was=was)
+
+    def session(self, conn):
+        """Register, reconcile, then send events until the connection closes or :attr:`stop` is set."""
+        ids = self._register(conn)
+        self._reconcile(snapshot(conn))
+        self.sessions += 1
+        self._engine("connected", session=self.sessions, reconnect=self.sessions > 1)
+        self.connected.set()
+        why = "stopped"
+        try:
+            while not self.stop.is_set():
+                try:
+                    kind, who, args = self.inbox.get(timeout=1)
+                except queue.Empty:
+                    if self.pending and time.monotonic() - self.last_try > RETRY_EVERY:
+                        self.flush()
+                    if not conn.isAlive():
+                        why = "connection dead"
+                        return
+                    continue
+                if not self.handle(kind, who, args):
+                    why = _named("VIR_CONNECT_CLOSE_REASON_", args[0])
+                    return
+        finally:
+            self.connected.clear()
+            if why != "stopped":
+                log.info("virt_events: libvirt connection lost (%s)", why)
+                self._engine("disconnected", session=self.sessions, reason=why)
+            for cb_id in ids:
+                try:
+                    conn.domainEventDeregisterAny(cb_id)
+                except libvirt.libvirtError:
+                    log.debug("virt_events: could not deregister callback %s (connection gone)", cb_id)
+            try:
+                conn.unregisterCloseCallback()
+            except libvirt.libvirtError:
+                log.debug("virt_events: could not unregister the close callback (connection gone)")
+
+    def run(self):
+        """Sessions until :attr:`stop` is set, reconnecting with exponential backoff."""
+        vconn.event_loop()  # before the first open: libvirt delivers events only through a registered loop
+        delay = self.options["backoff_min"]
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                with self.connect() as conn:
+                    self.session(conn)
+            except Exception as exc:  # noqa: BLE001 - libvirtd down or refusing: retry after the backoff
+                log.warning("virt_events: libvirt unavailable (%s); retrying in %.0f s", exc, delay)
+            self._drain()
+            if self.stop.is_set():
+                break
+            if time.monotonic() - started > self.options["backoff_max"]:
+                delay = self.options["backoff_min"]  # it ran a while: start the backoff afresh
+            self.stop.wait(delay)
+            delay = min(delay * 2, self.options["backoff_max"])
+
+    def _drain(self):
+        """Send what the last session queued before it ended (the close notice itself is dropped)."""
+        while True:
+            try:
+                kind, who, args = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind != "closed":
+                self.handle(kind, who, args)

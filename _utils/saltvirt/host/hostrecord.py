@@ -1,0 +1,231 @@
+"""The hypervisor side of host-failure recovery (``salt-run virt.recover``, :mod:`saltvirt.fleet.recovery`).
+
+* :func:`record`: what the master keeps about this host while it is up: every domain's inactive XML
+  (no passwords: read without ``VIR_DOMAIN_XML_SECURE``), state, size, group, and for each disk which
+  storage root (``virt:images`` or a ``virt:allowed_paths`` entry) holds it, with that root's
+  *storage marker*: ``<root>/.salt-virt-storage``, a random token written once (``O_EXCL``) by the first
+  host that records that root. Another host proves it sees the same storage when it reads the same
+  token at the same path (the shared-storage probe of ``virt.migrate``, kept for when the source is
+  gone);
+* :func:`probe`: can this host open a libvirt connection to a peer's libvirtd? (the "down" check);
+* :func:`restart`: define a VM from a down host's recorded XML here and start it, after checking its
+  disks are inside this host's own ``virt:images``/``virt:allowed_paths`` and on storage it shares
+  with the down host (the markers); on failure the definition it made is removed again.
+"""
+
+import contextlib
+import os
+import secrets
+import threading
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.xml import domxml
+from saltvirt.host.conn import domain_exists, libvirt
+from saltvirt.host.query import state_name
+
+MARKER = ".salt-virt-storage"
+
+
+def _marker(root):
+    """``{path, token}`` of the storage marker in ``root`` (written once), or ``{path, error}``."""
+    path = os.path.join(root, MARKER)
+    token = secrets.token_hex(16)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(token)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return {"path": path, "error": f"cannot write the storage marker {path}: {exc.strerror}"}
+    return {"path": path, "token": read_marker(path)}
+
+
+def read_marker(path):
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _root_of(path, roots):
+    real = os.path.realpath(path)
+    for root in roots:
+        base = os.path.realpath(root)
+        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+            return root
+    return None
+
+
+def _disks(facts, roots, markers):
+    out = []
+    for d in facts["disks"]:
+        entry = {"target": d["target"], "path": d["file"], "type": d["type"], "readonly": d["readonly"]}
+        if d["readonly"] or d["device"] in ("cdrom", "floppy"):
+            entry["readonly"] = True  # needed on the target, never written: not a sharing question
+        elif d["type"] != "file" or not d["file"] or d.get("pool"):
+            entry["why"] = f"disk {d['target']} is not a plain file ({d.get('pool') and 'pool volume' or d['type']})"
+        else:
+            root = _root_of(d["file"], roots)
+            if root is None:
+                entry["why"] = f"disk {d['target']} ({d['file']}) is outside virt:images and virt:allowed_paths"
+            else:
+                if root not in markers:
+                    markers[root] = _marker(root)
+                entry["root"] = root
+        out.append(entry)
+    return out
+
+
+def record(conn, images_dir, allowed_paths=()):
+    """This host's domains as :mod:`saltvirt.fleet.recovery` keeps them (see the module doc)."""
+    roots = [r for r in (images_dir, *validate.allowed_paths(allowed_paths)) if r and os.path.isdir(r)]
+    markers, vms = {}, {}
+    for dom in conn.listAllDomains(0):
+        try:
+            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            facts = domxml.parse(xml)
+            state = state_name(dom.state()[0])
+            autostart = bool(dom.autostart())
+        except libvirt.libvirtError as exc:  # vanished meanwhile, or unreadable: say so, keep the others
+            vms[dom.name()] = {"error": exc.get_error_message()}
+            continue
+        vms[facts["name"]] = {
+            "uuid": dom.UUIDString(),
+            "state": state,
+            "persistent": bool(dom.isPersistent()),
+            "autostart": autostart,
+            "cpu": facts["cpu"],
+            "mem": facts["mem"],
+            "group": facts["group"],
+            "boot_files": [facts["boot"][k] for k in ("kernel", "initrd") if facts["boot"].get(k)],
+            "disks": _disks(facts, roots, markers),
+            "xml": xml,
+        }
+    return {"hostname": conn.getHostname(), "images_dir": images_dir, "storage": markers, "vms": vms}
+
+
+def probe(uri, wait=10.0):
+    """``{uri, reachable, error}``: whether a libvirt connection to ``uri`` opens within ``wait`` s."""
+    if not isinstance(uri, str) or "://" not in uri:
+        raise SaltInvocationError(f"uri must be a libvirt URI (qemu+tls://host/system), not {uri!r}")
+    box = {}
+
+    def attempt():
+        try:
+            conn = libvirt.openReadOnly(uri)
+            try:
+                box["hostname"] = conn.getHostname()
+            finally:
+                conn.close()
+        except libvirt.libvirtError as exc:
+            box["error"] = exc.get_error_message()
+
+    worker = threading.Thread(target=attempt, name="salt-virt-probe", daemon=True)
+    worker.start()
+    worker.join(wait)
+    if worker.is_alive():
+        return {"uri": uri, "reachable": None, "error": f"no answer within {wait:g} s (hung, or filtered)"}
+    if "hostname" in box:
+        return {"uri": uri, "reachable": True, "hostname": box["hostname"]}
+    return {"uri": uri, "reachable": False, "error": box.get("error")}
+
+
+def check(facts, storage, roots):
+    """Why this host cannot run a VM with these disks (parsed XML facts), or [] (pure, file reads only).
+    ``storage``: the down host's markers ``{root: {path, token}}``; ``roots``: this host's own."""
+    reasons = []
+    for d in facts["disks"]:
+        path = d["file"]
+        if not path:
+            continue
+        if d["type"] != "file" or d.get("pool"):
+            reasons.append(f"disk {d['target']}: not a plain file")
+            continue
+        try:
+            validate.confined(path, f"disk {d['target']}", roots)
+        except SaltInvocationError as exc:
+            reasons.append(str(exc))
+            continue
+        if d["readonly"] or d["device"] in ("cdrom", "floppy"):
+            if not os.path.exists(path):
+                reasons.append(f"disk {d['target']} ({path}) is not on this host")
+            continue
+        root = _root_of(path, list(storage))
+        mark = storage.get(root) if root else None
+        if not mark or not mark.get("token"):
+            reasons.append(f"disk {d['target']} ({path}): no storage marker recorded for its directory")
+        elif read_marker(mark["path"]) != mark["token"]:
+            reasons.append(
+                f"disk {d['target']} ({path}): this host does not see the down host's storage there "
+                f"({mark['path']} missing or different): not shared"
+            )
+        elif not os.path.exists(path):
+            reasons.append(f"disk {d['target']} ({path}) is missing")
+    for path in (facts["boot"].get(k) for k in ("kernel", "initrd")):
+        if not path:
+            continue
+        try:
+            validate.confined(path, "kernel/initrd", roots)
+        except SaltInvocationError as exc:
+            reasons.append(str(exc))
+            continue
+        if not os.path.isfile(path):
+            reasons.append(f"{path} (kernel/initrd) is not on this host")
+    return reasons
+
+
+def check_all(vms, storage, images_dir, allowed_paths=()):
+    """``{name: [reasons]}`` for ``vms`` (``{name: recorded xml}``): why this host cannot run each one
+    (empty list: it can)."""
+    if not isinstance(vms, dict) or not isinstance(storage or {}, dict):
+        raise SaltInvocationError("vms must map VM names to their recorded XML, storage the recorded markers")
+    roots = [images_dir, *validate.allowed_paths(allowed_paths)]
+    out = {}
+    for name, xml in sorted(vms.items()):
+        try:
+            out[name] = check(domxml.parse(xml), storage or {}, roots)
+        except Exception as exc:  # noqa: BLE001 - a definition that does not parse cannot run here either
+            out[name] = [f"the recorded definition does not parse: {exc}"]
+    return out
+
+
+def restart(conn, name, xml, storage, images_dir, allowed_paths=(), start=True):
+    """Define ``name`` from ``xml`` (a down host's recorded definition) here and start it (see the module
+    doc). Refused when a VM of that name or UUID is defined here or a disk cannot be proven shared."""
+    validate.vm_name(name)
+    try:
+        facts = domxml.parse(xml)
+    except Exception as exc:  # noqa: BLE001 - ParseError and friends: bad input
+        raise SaltInvocationError(f"xml: the recorded definition of {name!r} does not parse: {exc}") from None
+    if facts["name"] != name:
+        raise SaltInvocationError(f"xml defines {facts['name']!r}, not {name!r}")
+    host = conn.getHostname()
+    if domain_exists(conn, name):
+        raise CommandExecutionError(f"a VM named {name!r} is already defined on {host}: not restarting it here")
+    if facts["uuid"]:
+        with contextlib.suppress(libvirt.libvirtError):
+            other = conn.lookupByUUIDString(facts["uuid"])
+            raise CommandExecutionError(f"VM {other.name()!r} on {host} has the UUID of {name!r}: not restarting it")
+    roots = [images_dir, *validate.allowed_paths(allowed_paths)]
+    reasons = check(facts, storage or {}, roots)
+    if reasons:
+        raise CommandExecutionError(f"cannot restart {name!r} on {host}: " + "; ".join(reasons))
+    try:
+        dom = conn.defineXML(xml)
+    except libvirt.libvirtError as exc:
+        raise CommandExecutionError(f"defining {name!r} on {host} failed: {exc.get_error_message()}") from None
+    if start:
+        try:
+            dom.create()
+        except libvirt.libvirtError as exc:
+            error = exc.get_error_message()
+            with contextlib.suppress(libvirt.libvirtError):
+                dom.undefine()  # we defined it a moment ago: nothing else is lost
+            raise CommandExecutionError(
+                f"starting {name!r} on {host} failed: {error}. Its definition here was removed again"
+            ) from None
+    return {"name": name, "host": host, "uuid": dom.UUIDString(), "state": state_name(dom.state()[0])}

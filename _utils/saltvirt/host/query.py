@@ -1,0 +1,300 @@
+"""Read-only facts about domains and hosts, shaped for Salt output. Bulk calls where libvirt has them:
+``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain."""
+
+import os
+
+from salt.exceptions import CommandExecutionError
+
+from saltvirt.xml import domxml
+from saltvirt.host import guestips
+from saltvirt.host.conn import get_domain, libvirt
+
+STATES = {
+    0: "nostate",
+    1: "running",
+    2: "blocked",
+    3: "paused",
+    4: "shutdown",
+    5: "shutoff",
+    6: "crashed",
+    7: "pmsuspended",
+}
+
+
+def state_name(code):
+    return STATES.get(code, "unknown")
+
+
+def list_domains(conn, which="all"):
+    flags = {
+        "all": 0,
+        "active": libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE,
+        "inactive": libvirt.VIR_CONNECT_LIST_DOMAINS_INACTIVE,
+    }[which]
+    return sorted(d.name() for d in conn.listAllDomains(flags))
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _graphics_address(g, hostname):
+    """Where the console really listens (``host:port``): a loopback listener stays loopback (reach it
+    through :func:`graphics_tunnel`), a wildcard one is reached at the hypervisor's host name."""
+    if g["port"] in (None, -1):
+        return None
+    host = g["listen"]
+    if not host or host in ("0.0.0.0", "::"):
+        host = hostname
+    return f"[{host}]:{g['port']}" if ":" in host else f"{host}:{g['port']}"
+
+
+def graphics_tunnel(g, hostname):
+    """The ssh command that reaches a console listening on the hypervisor's loopback, or None."""
+    if g.get("port") in (None, -1) or (g.get("listen") or "127.0.0.1") not in LOOPBACK:
+        return None
+    listen = "[::1]" if g.get("listen") == "::1" else "127.0.0.1"
+    return f"ssh -N -L {g['port']}:{listen}:{g['port']} {hostname}"
+
+
+def _block_stats(stats):
+    out = {}
+    for i in range(stats.get("block.count", 0)):
+        name = stats.get(f"block.{i}.name")
+        if name:
+            out[name] = {
+                "capacity": stats.get(f"block.{i}.capacity"),
+                "allocation": stats.get(f"block.{i}.allocation"),
+            }
+    return out
+
+
+def describe(dom, hostname, stats=None, xml=None, listed=None):
+    """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
+    domains (autostart / persistent known without two round trips per domain)."""
+    root = domxml.read(xml or dom.XMLDesc(0))  # parsed once for every fact below
+    facts = domxml.parse(root)
+    stats = stats or {}
+    state_code = stats.get("state.state")
+    if state_code is None:
+        state_code = dom.state()[0]
+    blocks = _block_stats(stats)
+    disks = {}
+    for d in facts["disks"]:
+        size = blocks.get(d["target"], {})
+        disks[d["target"]] = {
+            "file": d["file"],
+            "format": d["format"],
+            "device": d["device"],
+            "bus": d["bus"],
+            "backing_file": d["backing_file"],
+            **(
+                {"pool": d["pool"], "volume": d["volume"]} if d.get("pool") else {}
+            ),  # read from XML: a stopped pool is fine
+            "virtual_size": size.get("capacity"),
+            "allocation": size.get("allocation"),
+            # Salt's spellings of the same facts
+            "file format": d["format"],
+            "virtual size": size.get("capacity"),
+            "disk size": size.get("allocation"),
+        }
+    nics = {
+        (n["mac"] or f"nic{i}"): {
+            "type": n["type"],
+            "mac": n["mac"],
+            "source": n["source"],
+            "model": n["model"],
+            "target": n["target"],
+        }
+        for i, n in enumerate(facts["nics"])
+    }
+    graphics = [
+        dict(g, address=_graphics_address(g, hostname), tunnel=graphics_tunnel(g, hostname)) for g in facts["graphics"]
+    ]
+    uuid = dom.UUIDString()  # kept by the domain object: no round trip
+    if listed is not None:
+        autostart, persistent = uuid in listed["autostart"], uuid in listed["persistent"]
+    else:
+        try:
+            autostart = bool(dom.autostart())
+        except libvirt.libvirtError:
+            autostart = False
+        persistent = bool(dom.isPersistent())
+    return {
+        "name": facts["name"],
+        "uuid": uuid,
+        "state": state_name(state_code),
+        "type": facts["type"],
+        "cpu": facts["cpu"],
+        "mem": facts["mem"],
+        "current_mem": facts["current_mem"],
+        "cputime": stats.get("cpu.time"),
+        "autostart": autostart,
+        "persistent": persistent,
+        "disks": disks,
+        "nics": nics,
+        "graphics": graphics[0] if graphics else None,
+        "boot": facts["boot"],
+        "serial_log": facts["serial_log"],
+        "group": facts["group"],
+        "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
+        "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.host.guestips), None without one
+        "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)
+        **domxml.salt_facts(root),
+    }
+
+
+def _all_stats(conn, doms):
+    want = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_BLOCK
+    try:
+        return {d.name(): s for d, s in conn.domainListGetStats(doms, want)} if doms else {}
+    except libvirt.libvirtError:  # drivers without bulk stats (e.g. the test driver for some groups)
+        try:
+            return {d.name(): s for d, s in conn.domainListGetStats(doms, libvirt.VIR_DOMAIN_STATS_STATE)}
+        except libvirt.libvirtError:
+            return {}
+
+
+def _listed_flags(conn):
+    """``{autostart: {uuid}, persistent: {uuid}}`` of every domain: two listAllDomains calls instead of
+    two round trips per domain (None when the driver cannot filter: then each domain is asked)."""
+    try:
+        return {
+            "autostart": {d.UUIDString() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_AUTOSTART)},
+            "persistent": {d.UUIDString() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_PERSISTENT)},
+        }
+    except libvirt.libvirtError:
+        return None
+
+
+def _vanished(exc):
+    return isinstance(exc, libvirt.libvirtError) and exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN
+
+
+def _unreadable(dom, exc, stats):
+    """The entry for a VM that cannot be described: its error, and its state if libvirt still knows it."""
+    message = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else f"{type(exc).__name__}: {exc}"
+    state = (stats or {}).get("state.state")
+    if state is None:
+        try:
+            state = dom.state()[0]
+        except libvirt.libvirtError:
+            state = None
+    return {
+        "name": dom.name(),
+        "state": state_name(state) if state is not None else "unknown",
+        "error": f"cannot read VM {dom.name()!r}: {message} (see virt.get_xml {dom.name()})",
+    }
+
+
+def vm_info(conn, name=None, agent_timeout=guestips.AGENT_TIMEOUT):
+    """{name: info} for one VM or all of them. With all of them, a VM that cannot be read (XML that
+    does not parse, a device libvirt cannot report) is listed with its ``error`` (and state, if known)
+    instead of failing the whole answer; a VM that vanishes meanwhile is left out. Running VMs' NICs
+    get their ``ips`` (:mod:`saltvirt.host.guestips`; the guest agent calls share ``agent_timeout`` seconds)."""
+    hostname = conn.getHostname()
+    doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
+    stats = _all_stats(conn, doms)
+    listed = None if name else _listed_flags(conn)
+    out, described = {}, {}
+    for dom in doms:
+        try:
+            vm_name = dom.name()
+            out[vm_name] = describe(dom, hostname, stats.get(vm_name), listed=listed)
+            described[vm_name] = dom
+        except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
+            if _vanished(exc):
+                if name:
+                    raise CommandExecutionError(f"VM {name!r} vanished while being read") from None
+                continue
+            entry = _unreadable(dom, exc, stats.get(vm_name))
+            if name:
+                raise CommandExecutionError(entry["error"]) from None
+            out[vm_name] = entry
+    guestips.annotate(described, {n: out[n] for n in described if n in out}, agent_timeout)
+    return out
+
+
+def vm_state(conn, name=None):
+    doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
+    out = {}
+    for dom in doms:
+        try:
+            out[dom.name()] = state_name(dom.state()[0])
+        except libvirt.libvirtError as exc:
+            if not _vanished(exc) or name:
+                raise
+    return out
+
+
+def _active_infos(conn):
+    """``info()`` of every running VM, leaving out those that stop or vanish while we ask."""
+    infos = []
+    for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+        try:
+            infos.append(dom.info())
+        except libvirt.libvirtError as exc:
+            if not _vanished(exc) and exc.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID:
+                raise
+    return infos
+
+
+def node_info(conn):
+    model, mem_mib, cpus, mhz, nodes, sockets, cores, threads = conn.getInfo()
+    return {
+        "cpumodel": model,
+        "phymemory": mem_mib,
+        "cpus": cpus,
+        "cpumhz": mhz,
+        "numanodes": nodes,
+        "sockets": sockets,  # Salt's key
+        "cpusockets": sockets,
+        "cpucores": cores,
+        "cputhreads": threads,
+    }
+
+
+def freemem(conn, reserve_mib=0):
+    """MiB of host memory left for new VMs: physical memory minus what active VMs were given."""
+    total = conn.getInfo()[1]
+    used = sum(i[2] // 1024 for i in _active_infos(conn))
+    return total - used - reserve_mib
+
+
+def freecpu(conn):
+    total = conn.getInfo()[2]
+    used = sum(i[3] for i in _active_infos(conn))
+    return total - used
+
+
+def host_info(conn, images_dir=None):
+    """Host capacity and usage: what placement needs, in one call."""
+    info = node_info(conn)
+    infos = _active_infos(conn)
+    out = {
+        "hostname": conn.getHostname(),
+        "uri": conn.getURI(),
+        "hypervisor": conn.getType(),
+        "node": info,
+        "mem_total": info["phymemory"],
+        "mem_used_by_vms": sum(i[2] // 1024 for i in infos),
+        "vcpus_total": info["cpus"],
+        "vcpus_used_by_vms": sum(i[3] for i in infos),
+        "vms_active": len(infos),
+        "vms_defined": len(conn.listAllDomains(0)),
+    }
+    try:
+        out["mem_free_host"] = conn.getFreeMemory() // (1024 * 1024)
+    except libvirt.libvirtError:
+        out["mem_free_host"] = None
+    if images_dir:
+        probe = images_dir
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        st = os.statvfs(probe or "/")
+        out["images_dir"] = images_dir
+        out["disk_free"] = st.f_bavail * st.f_frsize // (1024 * 1024)
+    return out
+
+
+def full_info(conn, images_dir=None, agent_timeout=guestips.AGENT_TIMEOUT):
+    return {"host": host_info(conn, images_dir), "vm_info": vm_info(conn, agent_timeout=agent_timeout)}

@@ -1,0 +1,105 @@
+"""Per-VM counters in the shapes of Salt's ``virt.vm_cputime``, ``virt.vm_netstats`` and
+``virt.vm_diskstats`` (totals over the VM's devices, per VM name), and rates between two samples for
+``salt-run virt.query rates=True``. Device names come from :func:`saltvirt.xml.domxml.parse`."""
+
+import time
+
+from salt.exceptions import CommandExecutionError
+
+from saltvirt.xml import domxml
+from saltvirt.host.conn import get_domain, libvirt, lv_errors
+
+NET_KEYS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "tx_bytes", "tx_packets", "tx_errs", "tx_drop")
+DISK_KEYS = ("rd_req", "rd_bytes", "wr_req", "wr_bytes", "errs")
+
+
+def _domains(conn, name=None, active_only=False):
+    if name:
+        return [get_domain(conn, name)]
+    flags = libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE if active_only else 0
+    with lv_errors("list VMs"):
+        return sorted(conn.listAllDomains(flags), key=lambda d: d.name())
+
+
+def cputime(conn, name=None):
+    """``{vm: {cputime: ns, cputime_percent: int, vcpus: n}}`` (percent of the VM's vCPUs since boot, as Salt)."""
+    host_cpus = conn.getInfo()[2]
+    out = {}
+    for dom in _domains(conn, name):
+        state, _max, _mem, vcpus, cpu_ns = dom.info()
+        percent = (1.0e-7 * cpu_ns / host_cpus) / vcpus if cpu_ns and vcpus else 0
+        out[dom.name()] = {"cputime": int(cpu_ns), "cputime_percent": int(f"{percent:.0f}"), "vcpus": vcpus}
+    return out
+
+
+def _sum_devices(dom, devices, call, keys):
+    total = dict.fromkeys(keys, 0)
+    per_device = {}
+    for dev in devices:
+        try:
+            values = call(dev)
+        except libvirt.libvirtError as exc:
+            raise CommandExecutionError(
+                f"statistics of {dev} of VM {dom.name()!r}: {exc.get_error_message()}"
+            ) from None
+        row = {k: max(int(v), 0) for k, v in zip(keys, values, strict=False)}
+        per_device[dev] = row
+        for key in keys:
+            total[key] += row.get(key, 0)
+    return total, per_device
+
+
+def netstats(conn, name=None):
+    """``{vm: {rx_bytes, rx_packets, rx_errs, rx_drop, tx_bytes, ...}}`` summed over the VM's NICs
+    (running VMs; an inactive VM has zeros), plus ``devices`` with the per-NIC counters."""
+    out = {}
+    for dom in _domains(conn, name):
+        if not dom.isActive():
+            out[dom.name()] = {**dict.fromkeys(NET_KEYS, 0), "devices": {}}
+            continue
+        devs = [n["target"] for n in domxml.parse(dom.XMLDesc(0))["nics"] if n.get("target")]
+        total, per = _sum_devices(dom, devs, dom.interfaceStats, NET_KEYS)
+        out[dom.name()] = dict(total, devices=per)
+    return out
+
+
+def diskstats(conn, name=None):
+    """``{vm: {rd_req, rd_bytes, wr_req, wr_bytes, errs}}`` summed over the VM's disks (running VMs
+    only, as Salt: libvirt has no block statistics for a stopped VM), plus ``devices``."""
+    out = {}
+    for dom in _domains(conn, name, active_only=not name):
+        if not dom.isActive():
+            raise CommandExecutionError(f"VM {dom.name()!r} is not running: libvirt has no disk statistics for it")
+        # an empty cdrom drive has no statistics: only disks with media
+        devs = [d["target"] for d in domxml.parse(dom.XMLDesc(0))["disks"] if d.get("target") and d.get("file")]
+        total, per = _sum_devices(dom, devs, dom.blockStats, DISK_KEYS)
+        out[dom.name()] = dict(total, devices=per)
+    return out
+
+
+def sample(conn):
+    """One sample of every running VM's counters, with the monotonic time it was taken."""
+    active = {d.name() for d in _domains(conn, active_only=True)}
+    cpu = {k: v for k, v in cputime(conn).items() if k in active}
+    return {"at": time.monotonic(), "cpu": cpu, "net": netstats(conn) if active else {}, "disk": diskstats(conn)}
+
+
+def rates(first, second):
+    """Per-VM rates between two :func:`sample` results: cpu percent (of the VM's vCPUs), network and
+    disk bytes/s and requests/s."""
+    elapsed = max(second["at"] - first["at"], 1e-6)
+    out = {}
+    for name, cpu in second["cpu"].items():
+        if name not in first["cpu"]:
+            continue
+        vcpus = cpu.get("vcpus") or 1
+        entry = {
+            "cpu_percent": round(100.0 * (cpu["cputime"] - first["cpu"][name]["cputime"]) / (elapsed * 1e9 * vcpus), 1)
+        }
+        for kind, keys in (("net", ("rx_bytes", "tx_bytes")), ("disk", ("rd_bytes", "wr_bytes", "rd_req", "wr_req"))):
+            a, b = first[kind].get(name), second[kind].get(name)
+            if a and b:
+                for key in keys:
+                    entry[f"{key}_per_s"] = round(max(b[key] - a[key], 0) / elapsed, 1)
+        out[name] = entry
+    return out

@@ -1,0 +1,201 @@
+"""Old spellings of Salt's virt module, honoured with a deprecation warning or refused with the name of
+the replacement: configuration (``virt.tunnel: True`` next to ``virt: {tunnel: True}``) and arguments
+(``hypervisor=``, ``install=``, ``serial_type=``, ``console=``, ``images=`` …). Nothing here talks
+to libvirt.
+"""
+
+import logging
+import urllib.parse
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.spec import speckeys, vmspec as spec
+
+log = logging.getLogger(__name__)
+_MISSING = object()
+
+
+# configuration ------------------------------------------------------------------------------------
+def _flat_lookup(get, key):
+    """``virt:a:b`` under its old flat spellings: ``virt.a.b``, or ``virt.a`` holding ``{b: ...}``."""
+    parts = key.split(":")
+    if parts[0] != "virt" or len(parts) < 2:
+        return _MISSING, None
+    for split in range(len(parts), 1, -1):
+        flat = ".".join(parts[:split])
+        value = get(flat, _MISSING)
+        if value is _MISSING or value is None:
+            continue
+        for sub in parts[split:]:
+            if not isinstance(value, dict) or sub not in value:
+                value = _MISSING
+                break
+            value = value[sub]
+        if value is not _MISSING:
+            return value, flat
+    return _MISSING, None
+
+
+def config_getter(get):
+    """Wrap a ``config.get``-like ``get(key, default)``: ``virt:x`` falls back to the old flat ``virt.x``
+    spelling, with a deprecation warning in the log."""
+
+    def lookup(key, default=None):
+        value = get(key, _MISSING)
+        if value is not _MISSING and value is not None:
+            return value
+        old, flat = _flat_lookup(get, key)
+        if old is _MISSING:
+            return default if value is _MISSING else (value if value is not None else default)
+        log.warning("config %r is deprecated: write it as %r (virt: {%s: ...})", flat, key, key.split(":", 1)[1])
+        return old
+
+    return lookup
+
+
+def master_virt_conf(opts):
+    """The master's ``virt`` mapping with old flat keys (``virt.tunnel: True``) merged in (the mapping
+    wins on a conflict); ``(conf, warnings)``."""
+    conf = opts.get("virt") or {}
+    if not isinstance(conf, dict):
+        raise SaltInvocationError(f"master config 'virt' must be a mapping, not {conf!r}")
+    conf = dict(conf)
+    warnings = []
+    for key, value in opts.items():
+        if isinstance(key, str) and key.startswith("virt.") and len(key) > 5:
+            sub = key[5:]
+            path = sub.split(".")
+            target = conf
+            for part in path[:-1]:
+                target = target.setdefault(part, {}) if isinstance(target.get(part, {}), dict) else None
+                if target is None:
+                    break
+            if target is None or path[-1] in target:
+                continue
+            target[path[-1]] = value
+            nested = "..."
+            for part in reversed(path):
+                nested = f"{{{part}: {nested}}}"
+            warnings.append(f"master config {key!r} is deprecated: write it as virt: {nested}")
+    for warning in warnings:
+        log.warning(warning)
+    return conf, warnings
+
+
+def master_opts(opts):
+    """A copy of ``opts`` whose ``virt`` mapping includes the old flat keys."""
+    conf, _ = master_virt_conf(opts)
+    return dict(opts, virt=conf)
+
+
+# arguments ----------------------------------------------------------------------------------------
+VTYPES = ("kvm", "qemu", "test")
+# Salt's virt.init arguments salt-virt accepts when they have the value meaning "Salt's default"
+SALT_DEFAULTS = {
+    "username": (None,),
+    "password": (None,),
+}
+
+
+def init_args(kwargs, where="virt.init"):
+    """Map Salt's / older spellings in ``kwargs`` (a dict, modified in place) to salt-virt's;
+    returns the deprecation warnings to put in the return. Refuses what cannot be mapped."""
+    warnings = []
+    if "hypervisor" in kwargs:
+        hyper = kwargs.pop("hypervisor")
+        if hyper not in (None, ""):
+            if str(hyper).lower() not in VTYPES:
+                raise SaltInvocationError(
+                    f"{where}: hypervisor={hyper!r} is not supported: salt-virt manages libvirt/KVM; "
+                    "use vtype=kvm or vtype=qemu (or leave it out to detect what the host can run)"
+                )
+            if kwargs.get("vtype") not in (None, "", str(hyper).lower()):
+                raise SaltInvocationError(f"{where}: give vtype= or hypervisor= (its old name), not both")
+            kwargs["vtype"] = str(hyper).lower()
+            warnings.append(f"hypervisor={hyper} is deprecated: use vtype={str(hyper).lower()}")
+    if "install" in kwargs:
+        install = kwargs.pop("install")
+        warnings.append(
+            f"install={install} is ignored: salt-virt installs salt-minion at first boot when the image has "
+            "none and virt:minion_install is configured (see the minion section of virt.init's return)"
+        )
+    if "serial_type" in kwargs:
+        stype = kwargs.pop("serial_type")
+        if stype not in (None, "None", "", "pty"):
+            raise SaltInvocationError(
+                f"{where}: serial_type={stype!r} is not supported: every VM gets a pty serial console "
+                "(logged to serial_log); leave serial_type out"
+            )
+        warnings.append("serial_type is deprecated: every VM has a pty serial console (see serial_log)")
+    if "console" in kwargs:
+        console = kwargs.pop("console")
+        if console is not None and not validate.to_bool(console):
+            raise SaltInvocationError(f"{where}: console=False is not supported: every VM has a serial console")
+        warnings.append("console is deprecated: every VM has a serial console")
+    if "images" in kwargs:
+        raise SaltInvocationError(
+            f"{where}: images= is not an argument: the source image is image= (or disks: [{{name: system, "
+            "image: ...}}]); the directory VMs live in is the config setting virt:images"
+        )
+    for key, defaults in SALT_DEFAULTS.items():
+        if key in kwargs:
+            value = kwargs[key]
+            if value in defaults or value in (None, "") or (isinstance(value, str) and value in map(str, defaults)):
+                kwargs.pop(key)
+                continue
+            raise SaltInvocationError(
+                f"{where}: {key}={value!r} is not supported by salt-virt yet (Salt's default "
+                f"{defaults[0]!r} is accepted); leave {key} out"
+            )
+    return warnings
+
+
+def refuse_unknown(kwargs, known, where):
+    """Raise for arguments not in ``known``, naming the nearest one."""
+    unknown = sorted(k for k in kwargs if not str(k).startswith("__") and k not in known)
+    if not unknown:
+        return
+    parts = []
+    for key in unknown:
+        hint = speckeys.nearest(key, known)
+        parts.append(f"{key} (did you mean {hint}?)" if hint else key)
+    raise SaltInvocationError(f"{where}: unknown argument(s) {', '.join(parts)}")
+
+
+MIGRATION_SCHEMES = ("qemu+tls", "qemu+tcp", "qemu+ssh", "qemu+libssh2", "qemu+libssh")
+
+
+def migration_target(target, target_uri=None):
+    """Salt >= 3002 accepts a libvirt URI as ``virt.migrate`` target (``qemu+tls://hv2/system``):
+    ``(host, uri)``; a plain host name gives ``(target, target_uri)`` unchanged."""
+    if not isinstance(target, str) or "://" not in target:
+        return target, target_uri
+    if target_uri and target_uri != target:
+        raise SaltInvocationError("virt.migrate: the target is a URI already: leave target_uri out")
+    if any(c.isspace() or ord(c) < 32 for c in target):
+        raise SaltInvocationError(f"virt.migrate: invalid target URI {target!r}")
+    parts = urllib.parse.urlsplit(target)
+    if parts.scheme not in MIGRATION_SCHEMES:
+        raise SaltInvocationError(
+            f"virt.migrate: target URI scheme {parts.scheme!r} is not a remote QEMU libvirtd "
+            f"({', '.join(MIGRATION_SCHEMES)})"
+        )
+    if parts.path not in ("/system", "/system/") or parts.fragment:
+        raise SaltInvocationError(
+            f"virt.migrate: the target URI must name the system daemon (…/system), got {target!r}"
+        )
+    host = parts.hostname
+    validate.host_name(host or "", "virt.migrate target URI host")
+    return host, target
+
+
+def profiles(configured):
+    """``virt.get_profiles``: every NIC/disk profile (``default`` built in) as lists of named entries."""
+    out = {}
+    for kind, default in (("nic", spec.DEFAULT_NICS), ("disk", spec.DEFAULT_DISKS)):
+        table = configured.get(kind) or {}
+        if not isinstance(table, dict):
+            raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")
+        out[kind] = {name: spec._profile(configured, kind, name, default) for name in sorted({"default", *table})}
+    return out

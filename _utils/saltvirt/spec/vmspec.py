@@ -1,0 +1,523 @@
+"""The one description of a VM's desired shape, shared by ``virt.init`` and the ``virt.running`` /
+``virt.defined`` states: built from arguments + config profiles, rendered by :mod:`saltvirt.xml.domxml`,
+and compared with what libvirt has by :func:`diff`.
+
+Config (minion config, grains or pillar through ``config.get``)::
+
+    virt:
+      images: /srv/salt-images          # one directory per VM below it
+      nic:
+        default:                        # profile name; list form or the classic dict form
+          - {name: eth0, type: bridge, source: br0, model: virtio}
+        isolated:
+          eth0: {network: isolated}
+      disk:
+        default:
+          - system: {format: qcow2}
+        big:
+          - system: {size: 20480}
+          - data: {size: 102400, format: raw}
+"""
+
+import copy
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.spec import cpumem, speckeys
+
+DEFAULT_IMAGES_DIR = "/srv/salt-images"
+DISK_FORMATS = ("qcow2", "raw")  # the only disk formats a VM may get (storage.images checks what is on disk)
+SERIAL_LOG_DIR = "/var/log/libvirt/qemu"
+DEFAULT_NICS = [{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio"}]
+DEFAULT_DISKS = [{"name": "system"}]  # from the image; without an image: a blank disk of this size
+DEFAULT_BLANK_DISK_MIB = 8192
+NIC_TYPES = ("bridge", "network", "direct")
+FIRMWARE_DIRS = ("/usr/share/OVMF", "/usr/share/qemu")  # the distribution's UEFI firmware (boot:loader/nvram)
+DISK_BUSES = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
+# the NoCloud seed volume (cloud_init=...): a read-only CD-ROM on SATA (libvirt adds the AHCI controller on
+# i440fx and q35 alike; IDE does not exist on q35), present in the definition until the first start
+CIDATA_DISK = {"name": "cidata", "file": "cidata.iso", "bus": "sata"}
+
+
+@dataclass
+class Disk:
+    name: str
+    size: int | None = None  # MiB; None = the image's size
+    format: str | None = None  # qcow2|raw; None = the image's format
+    path: str | None = None  # file on the hypervisor
+    image: str | None = None  # source image to clone into ``path``
+    overlay: bool = False  # qcow2 overlay on the cached image instead of a full copy
+    bus: str = "virtio"
+    device: str = "disk"  # disk|cdrom
+    target: str | None = None  # vda, vdb, ...
+    attach: bool = False  # an existing file named by ``path``: attached, never created nor deleted
+    pool: str | None = None  # a libvirt storage pool: the disk is its volume ``volume`` (type='volume')
+    volume: str | None = None  # <vm>_<disk> by default; ``source_file`` names an existing one (attached)
+
+
+@dataclass
+class Nic:
+    name: str
+    type: str = "bridge"
+    source: str = "br0"
+    model: str = "virtio"
+    mac: str | None = None
+
+
+@dataclass
+class Graphics:
+    type: str = "vnc"
+    listen: str = "127.0.0.1"
+    port: int = -1  # -1 = autoport
+    password: str | None = None
+
+
+@dataclass
+class Boot:
+    kernel: str | None = None
+    initrd: str | None = None
+    cmdline: str | None = None
+    efi: bool = False  # UEFI firmware: libvirt picks the distribution's OVMF (<os firmware='efi'>) unless loader
+    loader: str | None = None  # path of the OVMF code (pflash)
+    nvram: str | None = None  # template of the UEFI variables (the VM's own copy is libvirt's)
+    secure_boot: bool = False  # OVMF with secure boot (machine q35 and SMM)
+
+
+@dataclass
+class VMSpec:
+    name: str
+    cpu: int
+    mem: int  # MiB
+    vtype: str = "qemu"
+    arch: str = "x86_64"
+    disks: list = field(default_factory=list)
+    nics: list = field(default_factory=list)
+    graphics: Graphics | None = None
+    boot: Boot | None = None
+    serial_log: str | None = None
+    vm_dir: str | None = None
+    group: str | None = None  # anti-affinity group, kept in the domain's <metadata>
+    # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
+    # salt-run virt.purge deletes a master key only when it is this very key
+    minion_key: dict | None = None
+    # cloud_init= as saltvirt.spec.speckeys.cloud_init checked it ({} for True), None: no cidata volume
+    cloud_init: dict | None = None
+    guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
+    boot_dev: list | None = None  # boot order (["hd", "cdrom", "network"]); None: hd, or the kernel given in boot
+    stop_on_reboot: bool = False
+    serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): speckeys.chardevs
+    consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
+    tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
+    clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
+    hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
+    cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
+    memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
+    numatune: dict | None = None  # {mode, nodeset, memnodes}: host NUMA nodes the guest memory comes from
+    vcpu: dict | None = None  # Salt's cpu:current/placement/cpuset: the attributes of <vcpu>
+    cputune: dict | None = None  # Salt's cpu:tuning (cpumem.cpu_tuning): vcpupin, emulatorpin, shares, ...
+    mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
+    max_mem: dict | None = None  # Salt's mem:max + slots: {size (MiB), slots} (<maxMemory>, memory hotplug)
+    host_devices: list = field(default_factory=list)  # Salt's host_devices: node device names
+    hostdevs: list = field(default_factory=list)  # what they are on the hypervisor (saltvirt.host.caps.host_devices)
+    memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
+
+
+def _named_entries(value, what):
+    """Profiles come as a list of {name: {...}}, a list of {'name': n, ...} or a dict {name: {...}}."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        value = [{k: v} for k, v in value.items()]
+    if not isinstance(value, list):
+        raise SaltInvocationError(f"{what} must be a list of named entries, got {value!r}")
+    out = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise SaltInvocationError(f"{what} entry must be a mapping, got {item!r}")
+        if "name" in item:
+            entry = dict(item)
+        elif len(item) == 1:
+            name, params = next(iter(item.items()))
+            entry = dict(params or {}, name=name)
+        else:
+            raise SaltInvocationError(f"{what} entry {item!r} has no name")
+        entry["name"] = str(entry["name"])
+        out.append(entry)
+    return out
+
+
+def merge_by_name(base, overrides):
+    """Entries of ``overrides`` replace/extend same-named entries of ``base``; new names are appended."""
+    merged = [copy.deepcopy(e) for e in base]
+    index = {e["name"]: i for i, e in enumerate(merged)}
+    for entry in overrides:
+        if entry["name"] in index:
+            merged[index[entry["name"]]].update(entry)
+        else:
+            index[entry["name"]] = len(merged)
+            merged.append(copy.deepcopy(entry))
+    return merged
+
+
+def _profile(profiles, kind, name, default):
+    if name in (None, "", "none", False):
+        return []
+    if not isinstance(name, str):
+        plural = "interfaces" if kind == "nic" else "disks"
+        raise SaltInvocationError(
+            f"{kind}= names a profile (a string), not {type(name).__name__} {name!r}: list devices in {plural}="
+        )
+    table = (profiles or {}).get(kind) or {}
+    if name in table:
+        return _named_entries(table[name], f"virt:{kind}:{name}")
+    if name == "default":
+        return copy.deepcopy(default)
+    raise SaltInvocationError(
+        f"{kind} profile {name!r} is not defined: add it under virt:{kind}:{name} in the minion config or "
+        f"pillar (defined: {', '.join(sorted(table)) or 'none'})"
+    )
+
+
+def _nic_shorthand(entry, what="interfaces"):
+    """Classic profile shorthand -> explicit keys: {bridge: br0} / {network: default} / {eth: e1000}."""
+    speckeys.check_keys(entry, f"{what} {entry.get('name')}", speckeys.NIC_KEYS, extra=speckeys.NIC_SHORTHAND)
+    entry = dict(entry)
+    for kind in NIC_TYPES:
+        if kind in entry and "source" not in entry:
+            entry["type"], entry["source"] = kind, entry.pop(kind)
+    if "eth" in entry:
+        entry.setdefault("model", entry.pop("eth"))
+    return entry
+
+
+def _nic(entry):
+    speckeys.nic(entry, f"NIC {entry['name']}")
+    nic_type = entry.get("type", "bridge")
+    if nic_type not in NIC_TYPES:
+        raise SaltInvocationError(f"NIC {entry['name']}: type must be one of {NIC_TYPES}, got {nic_type!r}")
+    if not entry.get("source"):
+        raise SaltInvocationError(f"NIC {entry['name']}: a source (bridge, network or device name) is needed")
+    return Nic(
+        name=entry["name"],
+        type=nic_type,
+        source=str(entry["source"]),
+        model=str(entry.get("model") or "virtio"),
+        mac=entry.get("mac"),
+    )
+
+
+def _pool_disk(entry, vm_dir, image, image_format, is_first):
+    """A disk on a pool volume (Salt's ``disks=[{name, pool, size, format, image | source_file}]``); the
+    pool decides the default format and a disk pool's partition name (saltvirt.storage.voldisks.resolve)."""
+    validate.vm_name(entry["name"], "disk name")
+    pool = validate.vm_name(str(entry["pool"]), f"pool of disk {entry['name']}")
+    source = entry.get("path")  # Salt's source_file (speckeys maps it to path): an existing volume's name
+    if source is not None:
+        validate.vm_name(str(source), f"source_file (volume name) of disk {entry['name']}")
+    disk_image = None if source else entry.get("image") or (image if is_first else None)
+    size = entry.get("size")
+    if size is not None:
+        size = validate.positive_int(size, f"size of disk {entry['name']} (MiB)")
+    if not source and not disk_image and size is None:
+        if not entry.get("default_size"):
+            raise SaltInvocationError(f"disk {entry['name']} needs a size (MiB), an image or a source_file volume")
+        size = entry["default_size"]
+    fmt = entry.get("format") or (image_format if disk_image and image_format in DISK_FORMATS else None)
+    if fmt is not None and fmt not in DISK_FORMATS:
+        raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
+    if validate.to_bool(entry.get("overlay", False)):
+        raise SaltInvocationError(f"disk {entry['name']}: a pool volume is a full copy of its image, not an overlay")
+    bus = entry.get("bus") or entry.get("model") or "virtio"
+    if bus not in DISK_BUSES:
+        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    return Disk(
+        name=entry["name"],
+        size=size,
+        format=fmt,
+        image=disk_image,
+        bus=bus,
+        target=entry.get("target"),
+        attach=bool(source),
+        pool=pool,
+        volume=str(source) if source else f"{os.path.basename(vm_dir)}_{entry['name']}",
+    )
+
+
+def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
+    entry = speckeys.disk(entry, f"disk {entry['name']}")
+    if entry.get("pool"):
+        return _pool_disk(entry, vm_dir, image, image_format, is_first)
+    disk_image = entry.get("image") or (image if is_first else None)
+    overlay = validate.to_bool(entry.get("overlay", enable_qcow)) and bool(disk_image)
+    size = entry.get("size")
+    if size is not None:
+        size = validate.positive_int(size, f"size of disk {entry['name']} (MiB)")
+    attach = bool(entry.get("path")) and not disk_image and size is None
+    if not disk_image and size is None and entry.get("default_size"):
+        size = entry["default_size"]
+    if not disk_image and size is None and entry.get("device", "disk") == "disk" and not entry.get("path"):
+        raise SaltInvocationError(f"disk {entry['name']} needs a size (MiB) or an image")
+    fmt = entry.get("format")
+    if overlay:
+        if fmt not in (None, "qcow2"):
+            raise SaltInvocationError(f"disk {entry['name']}: a qcow2 overlay (enable_qcow) cannot be {fmt}")
+        fmt = "qcow2"
+    if fmt is None:
+        fmt = (image_format if disk_image else None) or "qcow2"
+    if fmt not in DISK_FORMATS:
+        raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
+    bus = entry.get("bus") or entry.get("model") or "virtio"
+    if bus not in DISK_BUSES:
+        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    validate.vm_name(entry["name"], "disk name")
+    path = entry.get("path")
+    if path:
+        validate.confined(path, f"path of disk {entry['name']}", roots)
+    else:
+        path = os.path.join(vm_dir, f"{entry['name']}.{fmt}")
+    return Disk(
+        name=entry["name"],
+        size=size,
+        format=fmt,
+        path=path,
+        image=disk_image,
+        overlay=overlay,
+        bus=bus,
+        device=entry.get("device", "disk"),
+        target=entry.get("target"),
+        attach=attach,
+    )
+
+
+def _assign_targets(disks):
+    used = {d.target for d in disks if d.target}
+    counters = {}
+    for disk in disks:
+        if disk.target:
+            continue
+        prefix = DISK_BUSES[disk.bus]
+        n = counters.get(prefix, 0)
+        while f"{prefix}{chr(ord('a') + n)}" in used:
+            n += 1
+        disk.target = f"{prefix}{chr(ord('a') + n)}"
+        used.add(disk.target)
+        counters[prefix] = n + 1
+
+
+def _graphics_listen(listen):
+    """An address or host name: libvirt echoes it back unescaped, so anything else breaks its XML."""
+    if not isinstance(listen, str) or not re.fullmatch(r"[A-Za-z0-9.:_-]{1,255}", listen):
+        raise SaltInvocationError(f"graphics listen must be an IP address or host name, not {listen!r}")
+    return listen
+
+
+def _graphics_port(port):
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"graphics port must be a number (-1: automatic), not {port!r}") from None
+    if port != -1 and not 1 <= port <= 65535:
+        raise SaltInvocationError(f"graphics port must be -1 (automatic) or 1-65535, not {port}")
+    return port
+
+
+def build(
+    name,
+    cpu,
+    mem,
+    *,
+    vtype="qemu",
+    image=None,
+    image_format=None,
+    nic="default",
+    disk="default",
+    disks=None,
+    interfaces=None,
+    enable_qcow=False,
+    enable_vnc=False,
+    graphics=None,
+    boot=None,
+    images_dir=DEFAULT_IMAGES_DIR,
+    profiles=None,
+    serial_log=True,
+    arch=None,  # the host's (saltvirt.spec.vmspec._host_arch)
+    group=None,
+    allowed_paths=(),
+    cloud_init=None,
+    guest_agent=True,
+    boot_dev=None,
+    os_type=None,
+    stop_on_reboot=False,
+    serials=None,
+    consoles=None,
+    tpm=None,
+    clock=None,
+    hypervisor_features=None,
+    numatune=None,
+    host_devices=None,
+):
+    """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
+
+    Disk paths, ``boot`` kernel/initrd and ``serial_log`` must lie inside ``images_dir`` or one of
+    ``allowed_paths`` (the operator's ``virt:allowed_paths`` from the minion config, never from the
+    call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
+    """
+    name = validate.vm_name(name)
+    cpu, cpu_model = cpumem.cpu_detail(cpu)
+    if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
+        raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
+    mem_dict = mem
+    mem, memtune = cpumem.mem_detail(mem)
+    cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
+    mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
+    cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
+    mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
+    vcpu, cputune = _cpu_parts(cpu_model, mem)
+    mem_current, max_mem, backing = cpumem.mem_layout(mem_dict, mem, len((cpu_model or {}).get("numa") or []))
+    validate.absolute_path(images_dir, "virt:images")
+    vm_dir = validate.inside(images_dir, name)
+    roots = (images_dir, *validate.allowed_paths(allowed_paths))
+    enable_qcow = validate.to_bool(enable_qcow)
+
+    nic_entries = merge_by_name(
+        [_nic_shorthand(e, f"virt:nic:{nic}") for e in _profile(profiles, "nic", nic, DEFAULT_NICS)],
+        [_nic_shorthand(e) for e in _named_entries(interfaces, "interfaces")],
+    )
+    nics = [_nic(e) for e in nic_entries]
+
+    default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
+    disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), _named_entries(disks, "disks"))
+    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(disk_entries)]
+    cloud = speckeys.cloud_init(cloud_init)
+    if cloud is not None:
+        disk_objs.append(_cidata_disk(disk_objs, vm_dir))
+    _assign_targets(disk_objs)
+
+    gfx = None
+    params = speckeys.graphics(graphics, enable_vnc)
+    if params:
+        gfx = Graphics(
+            type=params["type"],
+            listen=_graphics_listen(params.get("listen", "127.0.0.1")),
+            port=_graphics_port(params.get("port", -1)),
+            password=params.get("password"),
+        )
+
+    boot_obj = None
+    boot_devs = speckeys.boot_dev(boot_dev)
+    if speckeys.boot(boot) and boot_devs and boot.get("kernel"):
+        raise SaltInvocationError("boot_dev has no effect with a direct kernel boot (boot:kernel): give one of them")
+    if speckeys.boot(boot):
+        for key in ("kernel", "initrd"):
+            if boot.get(key):
+                validate.confined(boot[key], f"boot:{key}", roots)
+        boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
+        _firmware(boot_obj, boot, roots)
+    speckeys.os_type(os_type)
+    arch = _host_arch(arch)
+
+    if serial_log is True:
+        serial_log = os.path.join(SERIAL_LOG_DIR, f"{name}-serial.log")
+    elif serial_log:
+        validate.confined(serial_log, "serial_log", (*roots, SERIAL_LOG_DIR), f"virt:images, {SERIAL_LOG_DIR}")
+    else:
+        serial_log = None
+
+    return VMSpec(
+        name=name,
+        cpu=cpu,
+        mem=mem,
+        vtype=vtype,
+        arch=arch,
+        disks=disk_objs,
+        nics=nics,
+        graphics=gfx,
+        boot=boot_obj,
+        serial_log=serial_log,
+        vm_dir=vm_dir,
+        group=validate.vm_name(group, "group") if group else None,
+        cloud_init=cloud,
+        guest_agent=validate.to_bool(guest_agent),
+        boot_dev=boot_devs,
+        stop_on_reboot=speckeys.flag(stop_on_reboot, "stop_on_reboot") if stop_on_reboot is not None else False,
+        serials=speckeys.chardevs(serials, "serials"),
+        consoles=speckeys.chardevs(consoles, "consoles"),
+        tpm=speckeys.tpm(tpm),
+        clock=speckeys.clock(clock),
+        hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
+        cpu_model=cpu_model,
+        memtune=memtune,
+        numatune=cpumem.numatune(numatune, len((cpu_model or {}).get("numa") or [])),
+        vcpu=vcpu,
+        cputune=cputune,
+        mem_current=mem_current,
+        max_mem=max_mem,
+        memory_backing=backing,
+        host_devices=speckeys.host_devices(host_devices),
+    )
+
+
+def _cpu_parts(cpu_model, mem):
+    """Salt's cpu dict beside <cpu>: ``(<vcpu> attributes, <cputune>)`` taken out of ``cpu_model``; its
+    NUMA cells stay in it (they are inside <cpu>) and must hold the boot memory exactly (libvirt sums them)."""
+    if not cpu_model:
+        return None, None
+    cells = cpu_model.get("numa") or []
+    if cells and sum(c["memory"] for c in cells) != mem:
+        raise SaltInvocationError(
+            f"cpu:numa cells hold {sum(c['memory'] for c in cells)} MiB and mem is {mem} MiB: libvirt makes the "
+            "memory the sum of the cells, so make them add up to mem"
+        )
+    return cpu_model.pop("vcpu", None), cpu_model.pop("tuning", None)
+
+
+def _cidata_disk(disks, vm_dir):
+    """The cloud-init NoCloud CD-ROM (its ISO is written by saltvirt.guest.cloudinit into the VM's directory)."""
+    if any(d.name == CIDATA_DISK["name"] for d in disks):
+        raise SaltInvocationError(
+            f"a disk named {CIDATA_DISK['name']!r} is given and cloud_init needs that name for its seed volume: "
+            "rename the disk"
+        )
+    path = os.path.join(vm_dir, CIDATA_DISK["file"])
+    return Disk(name=CIDATA_DISK["name"], format="raw", path=path, bus=CIDATA_DISK["bus"], device="cdrom")
+
+
+def cidata_disk(spec):
+    """The spec's cloud-init seed CD-ROM, or None."""
+    if spec.cloud_init is None:
+        return None
+    return next((d for d in spec.disks if d.name == CIDATA_DISK["name"] and d.device == "cdrom"), None)
+
+
+def _host_arch(arch):
+    """The guest architecture: the host's own (TCG emulation of another one is not offered)."""
+    host = platform.machine()
+    if arch in (None, "", host):
+        return host
+    raise SaltInvocationError(
+        f"arch={arch!r} is not supported: salt-virt runs guests of the host's architecture ({host}) only; "
+        "leave arch out"
+    )
+
+
+def _firmware(boot_obj, boot, roots):
+    """boot:efi/loader/nvram/secure_boot into ``boot_obj``: firmware paths only from virt:images,
+    virt:allowed_paths or the distribution's firmware directories (:data:`FIRMWARE_DIRS`)."""
+    hint = f"virt:images, virt:allowed_paths, {', '.join(FIRMWARE_DIRS)}"
+    for key in ("loader", "nvram"):
+        if boot.get(key):
+            setattr(boot_obj, key, validate.confined(boot[key], f"boot:{key}", (*roots, *FIRMWARE_DIRS), hint))
+    efi = boot.get("efi")
+    efi = None if efi is None else speckeys.flag(efi, "boot:efi")
+    secure = speckeys.flag(boot.get("secure_boot", False), "boot:secure_boot")
+    if efi is False and (boot_obj.loader or secure):
+        raise SaltInvocationError("boot:efi is False but boot:loader or boot:secure_boot asks for UEFI: drop one")
+    if boot_obj.nvram and not boot_obj.loader:
+        raise SaltInvocationError("boot:nvram (the UEFI variables template) goes with boot:loader (the OVMF code)")
+    boot_obj.secure_boot = secure
+    boot_obj.efi = bool(efi or secure) and not boot_obj.loader

@@ -1,0 +1,6 @@
+"""Disks and images: qemu-img, the ownership manifest, the one door for untrusted images, pool volumes (layer 6).
+
+``images`` (create, clone, info, manifests), ``intake`` (fetch, checksum, format checks, base gc), ``voldisks``
+(VM disks on pool volumes) and ``pools`` (Salt's ``pool_*``/``volume_*``). Both sides (the runner uses intake).
+May import: ``base``, ``pki``, ``spec``, ``xml``, ``host``.
+"""

@@ -1,0 +1,481 @@
+"""Disk images: inspect, fetch/cache, clone (full copy or qcow2 overlay), create, grow, and the
+ownership manifest that lets ``virt.purge`` prove a file belongs to a VM.
+
+Rules kept here:
+* never overwrite: every file this module creates is created exclusively (O_EXCL) first, and on
+  failure only that file is removed again;
+* never delete a file unless the VM's manifest (``<vm_dir>/.salt-virt.json``) lists it, it lies inside
+  the VM's directory (after resolving symlinks) and no other image in the images tree backs onto it;
+* a qcow2 overlay always records its backing format (``-F``): qemu must never probe a backing file.
+"""
+
+import contextlib
+import datetime
+import fcntl
+import json
+import logging
+import os
+import stat
+import struct
+import time
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import tools, validate
+from saltvirt.base.fsutil import atomic_write
+from saltvirt.spec.vmspec import DISK_FORMATS  # noqa: F401 - images.DISK_FORMATS is part of its face
+
+log = logging.getLogger(__name__)
+
+MANIFEST = ".salt-virt.json"
+MIB = 1048576
+
+
+# helpers ---------------------------------------------------------------------------------------
+def _run(cmd, what, timeout=3600):
+    """Run ``cmd``; raise CommandExecutionError naming ``what`` on failure (qemu-img and friends)."""
+    return tools.run(cmd, what, timeout=timeout, install="qemu-utils")
+
+
+def _abs_path(path, what):
+    """An absolute, normalized path without '..' components (SaltInvocationError otherwise)."""
+    return os.path.normpath(validate.absolute_path(path, what))
+
+
+def _existing_image(path, what="image"):
+    path = _abs_path(path, what)
+    if not os.path.isfile(path):
+        raise SaltInvocationError(f"{what} {path} does not exist or is not a regular file")
+    return path
+
+
+def _new_file(path, what):
+    """Create ``path`` exclusively (the placeholder a tool then writes into). Never overwrites."""
+    path = _abs_path(path, what)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise SaltInvocationError(f"directory {parent} for {what} {path} does not exist: create it first")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        raise SaltInvocationError(
+            f"{what} {path} already exists: refusing to overwrite it. Remove it yourself if it is not needed"
+        ) from None
+    os.close(fd)
+    return path
+
+
+@contextlib.contextmanager
+def _created(path):
+    """Remove ``path`` (which this call created) if the block fails."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def _disk_format(fmt, what="disk format"):
+    if fmt not in DISK_FORMATS:
+        raise SaltInvocationError(f"{what} must be one of {DISK_FORMATS}, got {fmt!r}")
+    return fmt
+
+
+# inspection ------------------------------------------------------------------------------------
+def image_info(path, fmt=None):
+    """Format, sizes and the full backing chain of ``path`` (read with ``-U``: works while in use).
+    Pass ``fmt`` whenever it is known (qemu then never guesses; untrusted images go through
+    :mod:`saltvirt.storage.intake`, which decides the format itself).
+
+    Returns ``{path, format, virtual_size, actual_size, backing_file, backing_format, chain}`` where
+    ``backing_file`` is absolute and ``chain`` lists ``path`` followed by every backing file.
+    """
+    path = os.path.abspath(_existing_image(path))
+    fmt_args = ["-f", _disk_format(fmt)] if fmt else []
+    proc = _run(
+        ["qemu-img", "info", "--output=json", "-U", *fmt_args, "--backing-chain", path],
+        f"reading image {path}",
+        timeout=120,
+    )
+    try:
+        layers = json.loads(proc.stdout)
+    except ValueError:
+        raise CommandExecutionError(f"qemu-img info {path} returned unreadable output: {proc.stdout[:200]!r}") from None
+    if isinstance(layers, dict):
+        layers = [layers]
+    top = layers[0]
+    chain = [path]
+    for layer in layers[:-1]:
+        chain.append(layer.get("full-backing-filename") or layer.get("backing-filename"))
+    backing = top.get("full-backing-filename") or top.get("backing-filename")
+    if backing and not os.path.isabs(backing):
+        backing = os.path.join(os.path.dirname(path), backing)
+    return {
+        "path": path,
+        "format": top.get("format"),
+        "virtual_size": top.get("virtual-size"),
+        "actual_size": top.get("actual-size"),
+        "backing_file": backing,
+        "backing_format": top.get("backing-filename-format"),
+        "chain": chain,
+    }
+
+
+def qcow2_backing(path):
+    """The backing file named in a qcow2 header (absolute), or None. Reads 4 KiB; no qemu, no locks."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(24)
+            if len(head) < 24 or head[:4] != b"QFI\xfb":
+                return None
+            offset, size = struct.unpack(">QI", head[8:20])
+            if not offset or not 0 < size < 4096:
+                return None
+            fh.seek(offset)
+            name = fh.read(size).decode("utf-8", "replace")
+    except OSError:
+        return None
+    if "://" in name or name.startswith("json:"):
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), name))
+
+
+_FLOCK = "hh4xqqi4x"  # struct flock (Linux x86_64/aarch64): type, whence, start, len, pid
+
+
+def held_qemu_locks(path, offsets=(101, 201)):
+    """Which of qemu's lock bytes other processes hold on ``path``: 101 = someone (a running VM) may
+    write it, 201 = someone forbids writers (e.g. a VM reading it as a qcow2 backing file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        held = []
+        for offset in offsets:
+            probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+            if struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
+                held.append(offset)
+        return held
+    finally:
+        os.close(fd)
+
+
+# small file helpers (the images manifest, intake's download metadata) -------------------------
+def _read_json(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "r") as fh:
+            data = json.load(fh)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path, data, mode=0o644):
+    """Write ``data`` to ``path`` atomically (temp file in the same directory + rename)."""
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    atomic_write(path, text.encode(), mode, fsync=True, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# create ----------------------------------------------------------------------------------------
+def clone(src, dst, overlay=False, fmt=None, src_fmt=None):
+    """Copy ``src`` to the new file ``dst`` (full copy) or create ``dst`` as a qcow2 overlay on it.
+
+    ``src_fmt``: the source's format as :func:`saltvirt.storage.intake.probe` decided it (never guessed then).
+    Never overwrites ``dst``. Returns ``{path, format, overlay, backing, seconds}``.
+    """
+    started = time.monotonic()
+    src = os.path.abspath(_existing_image(src, "source image"))
+    dst = _abs_path(dst, "destination disk")
+    if os.path.lexists(dst):
+        raise SaltInvocationError(f"destination disk {dst} already exists: refusing to overwrite it")
+    if src_fmt is None:
+        src_fmt = image_info(src)["format"]
+    if overlay:
+        if fmt not in (None, "qcow2"):
+            raise SaltInvocationError(f"an overlay is always qcow2, not {fmt!r}: drop fmt or use a full copy")
+        fmt = "qcow2"
+    else:
+        fmt = _disk_format(fmt or src_fmt, f"target format (the source {src} is {src_fmt}; pass fmt='qcow2' or 'raw')")
+    _new_file(dst, "destination disk")
+    with _created(dst):
+        if overlay:
+            cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", src_fmt, "-b", src, dst]
+            _run(cmd, f"creating overlay {dst} on {src}", timeout=300)
+        elif src_fmt == "raw" and fmt == "raw":
+            if held_qemu_locks(src, (101,)):  # cp takes no locks (qemu-img convert checks this itself)
+                raise CommandExecutionError(f"copying {src} failed: it is in use by a running VM: shut it down first")
+            _run(["cp", "--reflink=auto", "--sparse=always", src, dst], f"copying {src} to {dst}")
+        else:
+            _run(["qemu-img", "convert", "-f", src_fmt, "-O", fmt, src, dst], f"copying {src} to {dst}")
+    return {
+        "path": dst,
+        "format": fmt,
+        "overlay": bool(overlay),
+        "backing": src if overlay else None,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def create_disk(path, size_mb, fmt="qcow2"):
+    """Create a new blank disk (sparse) of ``size_mb`` MiB. Never overwrites."""
+    started = time.monotonic()
+    size = validate.positive_int(size_mb, "disk size (MiB)")
+    fmt = _disk_format(fmt)
+    path = _new_file(path, "disk")
+    with _created(path):
+        _run(["qemu-img", "create", "-q", "-f", fmt, path, f"{size}M"], f"creating disk {path}", timeout=300)
+    return {
+        "path": path,
+        "format": fmt,
+        "overlay": False,
+        "backing": None,
+        "size_mb": size,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def resize(path, size_mb, fmt=None):
+    """Grow ``path`` to ``size_mb`` MiB (the filesystem inside is not touched). Never shrinks."""
+    size = validate.positive_int(size_mb, "disk size (MiB)")
+    info = image_info(path, fmt)
+    old = info["virtual_size"]
+    if size * MIB < old:
+        raise SaltInvocationError(
+            f"cannot shrink {info['path']} from {old // MIB} MiB to {size} MiB (that would destroy data): only grow"
+        )
+    if size * MIB == old:
+        return {"path": info["path"], "old_size": old, "new_size": old, "changed": False}
+    cmd = ["qemu-img", "resize", "-q", "-f", info["format"], info["path"], f"{size}M"]
+    _run(cmd, f"resizing {info['path']}", timeout=300)
+    return {"path": info["path"], "old_size": old, "new_size": size * MIB, "changed": True}
+
+
+# ownership manifest ----------------------------------------------------------------------------
+def _manifest_file(vm_dir):
+    return os.path.join(vm_dir, MANIFEST)
+
+
+@contextlib.contextmanager
+def _locked(vm_dir):
+    """Serialize manifest updates: flock on the directory itself (no extra lock file left behind)."""
+    fd = os.open(vm_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _load_manifest(vm_dir, strict=False):
+    path = _manifest_file(vm_dir)
+    if not os.path.lexists(path):
+        return None
+    data = _read_json(path)
+    ok = data and isinstance(data.get("vm"), str) and isinstance(data.get("files"), list)
+    if not ok:
+        if strict:
+            raise CommandExecutionError(
+                f"ownership manifest {path} is unreadable or not a salt-virt manifest: fix or remove it by hand"
+            )
+        log.warning("ignoring unreadable ownership manifest %s", path)
+        return None
+    data["files"] = [f for f in data["files"] if isinstance(f, str) and os.path.isabs(f)]
+    return data
+
+
+def _check_owner(manifest, vm_dir, vm_name, vm_uuid):
+    """None if ``manifest`` belongs to this VM, else the reason why not."""
+    if manifest is None:
+        return f"no ownership manifest {_manifest_file(vm_dir)}: salt-virt did not create these files"
+    if manifest["vm"] != vm_name:
+        return f"{vm_dir} belongs to VM {manifest['vm']!r} according to its manifest, not to {vm_name!r}"
+    if manifest.get("uuid") and vm_uuid and manifest["uuid"] != vm_uuid:
+        return (
+            f"the manifest in {vm_dir} records VM uuid {manifest['uuid']}, this VM is {vm_uuid}: "
+            "the files belong to an earlier VM of the same name"
+        )
+    return None
+
+
+def _inside(vm_dir, path):
+    """True if ``path`` is inside ``vm_dir`` after resolving every symlink, and is not a symlink itself."""
+    return validate.is_inside(path, vm_dir) and not os.path.islink(path)
+
+
+def record_owned(vm_dir, vm_name, files, vm_uuid=None):
+    """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600)."""
+    if not os.path.isdir(vm_dir):
+        raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
+    if isinstance(files, str):
+        files = [files]
+    files = [os.path.abspath(_abs_path(f, "owned file")) for f in files]
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir, strict=True)
+        if manifest is not None:
+            reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
+            if reason:
+                raise SaltInvocationError(f"cannot record files for {vm_name!r}: {reason}")
+        else:
+            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+        for f in files:
+            if not _inside(vm_dir, f):
+                log.warning("%s is outside %s: recorded, but purge will never delete it", f, vm_dir)
+            if f not in manifest["files"]:
+                manifest["files"].append(f)
+        if vm_uuid:
+            manifest["uuid"] = vm_uuid
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+    return manifest
+
+
+def set_uuid(vm_dir, uuid):
+    """Bind the manifest to the libvirt uuid of the VM once it is defined."""
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir, strict=True)
+        if manifest is None:
+            raise CommandExecutionError(f"no ownership manifest in {vm_dir}: nothing to bind to uuid {uuid}")
+        if manifest.get("uuid") and manifest["uuid"] != uuid:
+            raise SaltInvocationError(f"the manifest in {vm_dir} is bound to uuid {manifest['uuid']}, not {uuid}")
+        manifest["uuid"] = uuid
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+    return manifest
+
+
+def record_owned_extra(vm_dir, vm_name, key, items, vm_uuid=None):
+    """Record other things this VM created (``key``: e.g. ``volumes``, a list of dicts) in its manifest."""
+    if not os.path.isdir(vm_dir):
+        raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir, strict=True)
+        if manifest is not None:
+            reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
+            if reason:
+                raise SaltInvocationError(f"cannot record {key} for {vm_name!r}: {reason}")
+        else:
+            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+        have = manifest.setdefault(key, [])
+        have.extend(i for i in items if i not in have)
+        if vm_uuid:
+            manifest["uuid"] = vm_uuid
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+    return manifest
+
+
+def owned_extra(vm_dir, vm_name, key, vm_uuid=None):
+    """The ``key`` entries of this VM's manifest ([] when it is not this VM's)."""
+    if not os.path.isdir(vm_dir):
+        return []
+    manifest = _load_manifest(vm_dir)
+    if _check_owner(manifest, vm_dir, vm_name, vm_uuid):
+        return []
+    return [i for i in manifest.get(key) or [] if isinstance(i, dict)]
+
+
+def forget_extra(vm_dir, vm_name, key, items, vm_uuid=None):
+    """Drop ``items`` from the manifest's ``key`` (they are gone); the manifest and the empty directory
+    go when nothing is left."""
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir)
+        if manifest is None or _check_owner(manifest, vm_dir, vm_name, vm_uuid):
+            return
+        manifest[key] = [i for i in manifest.get(key) or [] if i not in items]
+        if not manifest[key]:
+            del manifest[key]
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+
+
+def owned_files(vm_dir, vm_name, vm_uuid=None):
+    """Files the manifest lists for this VM that really are inside ``vm_dir`` (no symlink escapes)."""
+    if not os.path.isdir(vm_dir):
+        return []
+    manifest = _load_manifest(vm_dir)
+    if _check_owner(manifest, vm_dir, vm_name, vm_uuid):
+        return []
+    return [f for f in manifest["files"] if _inside(vm_dir, f)]
+
+
+def backing_users(images_root):
+    """``{backing file (realpath): [images that back onto it]}`` for qcow2 files up to two levels below
+    ``images_root`` (``<images>/<vm>/<disk>``, ``<images>/.bases/...``): header reads only, cheap."""
+    users = {}
+    candidates = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(images_root):
+            if entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    candidates.extend(e.path for e in os.scandir(entry.path) if e.is_file(follow_symlinks=False))
+            elif entry.is_file(follow_symlinks=False):
+                candidates.append(entry.path)
+    for path in candidates:
+        backing = qcow2_backing(path)
+        if backing:
+            users.setdefault(os.path.realpath(backing), []).append(os.path.realpath(path))
+    return users
+
+
+def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):  # noqa: C901, PLR0912 - every refusal reason in one place
+    """Delete those of ``candidate_paths`` this VM owns and nothing else backs onto.
+
+    Returns ``{'removed': [paths], 'kept': {path: reason}}``. The manifest and ``vm_dir`` go away only
+    when nothing is left in the directory.
+    """
+    removed, kept = [], {}
+    if isinstance(candidate_paths, str):
+        candidate_paths = [candidate_paths]
+    candidates = list(dict.fromkeys(candidate_paths or []))
+    if not os.path.isdir(vm_dir):
+        return {"removed": [], "kept": {c: f"VM directory {vm_dir} does not exist" for c in candidates}}
+    with _locked(vm_dir):
+        manifest = _load_manifest(vm_dir)
+        not_ours = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
+        owned = {os.path.realpath(f) for f in manifest["files"] if _inside(vm_dir, f)} if not not_ours else set()
+        doomed = {}
+        for path in candidates:
+            if not isinstance(path, str) or not os.path.isabs(path):
+                kept[str(path)] = "not an absolute path"
+            elif not_ours:
+                kept[path] = not_ours
+            elif not _inside(vm_dir, path):
+                kept[path] = f"outside {vm_dir}: salt-virt never deletes files outside the VM's directory"
+            elif os.path.realpath(path) not in owned:
+                kept[path] = f"not listed in {_manifest_file(vm_dir)}: salt-virt did not create it for this VM"
+            elif not os.path.lexists(path):
+                kept[path] = "already gone"
+            elif not stat.S_ISREG(os.lstat(path).st_mode):
+                kept[path] = "not a regular file"
+            else:
+                doomed[os.path.realpath(path)] = path
+        users = backing_users(os.path.dirname(os.path.realpath(vm_dir))) if doomed else {}
+        changed = True
+        while changed:  # a kept image keeps its backing file, which keeps its own backing file, ...
+            changed = False
+            for real, path in list(doomed.items()):
+                alive = [u for u in users.get(real, []) if u not in doomed and os.path.exists(u)]
+                if alive:
+                    kept[path] = f"backing file of {alive[0]}: delete that image first"
+                    del doomed[real]
+                    changed = True
+        for real, path in doomed.items():
+            try:
+                os.unlink(real)
+                removed.append(path)
+            except OSError as exc:
+                kept[path] = f"could not delete: {exc.strerror}"
+        if not not_ours:
+            left = [f for f in manifest["files"] if os.path.lexists(f) and _inside(vm_dir, f)]
+            if left or manifest.get("volumes"):  # volumes it owns keep the manifest (see saltvirt.storage.voldisks)
+                manifest["files"] = left
+                _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(_manifest_file(vm_dir))
+                with contextlib.suppress(OSError):
+                    os.rmdir(vm_dir)  # only succeeds when empty
+    return {"removed": removed, "kept": kept}

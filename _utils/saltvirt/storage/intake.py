@@ -1,0 +1,487 @@
+"""Image intake: the one door every image source (absolute path, ``salt://``, ``http(s)://``) goes
+through before ``virt.init`` clones it. Images are untrusted input.
+
+* the format is decided here from the file's header, then confirmed with
+  ``qemu-img info -f <format>``: qemu never guesses a format;
+* only raw and qcow2 are accepted; a qcow2 with a backing file, an external data file or encryption
+  is refused, and so is anything that looks like another format (a vmdk descriptor saved as
+  ``image.img`` would make qemu read the host file its extent names);
+* ``checksum='sha256:<hex>'`` / ``'sha512:<hex>'`` is verified before the image is used, for every
+  source;
+* downloads: https only unless ``allow_http=True``; never an https -> http redirect; credentials in
+  the URL go into an Authorization header (never to a redirect target) and are stripped from every
+  message, event, log line and cache metadata (:func:`redact`); at most ``virt:max_image_mib`` MiB,
+  enforced while downloading;
+* ``trusted=True`` (``virt.init ... trusted_image=True``) is the documented opt-in for a *local
+  absolute path* the operator built: backing files, data files and other formats are then accepted
+  as they are (never for ``salt://`` or URLs);
+* :func:`gc_bases` removes cached base images (``<virt:images>/.bases``) no image backs onto any more;
+  ``virt.purge`` runs it after removing a VM, ``virt.image_gc`` runs it on demand.
+"""
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import struct
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import fsutil, validate
+from saltvirt.storage import images
+
+log = logging.getLogger(__name__)
+
+ACCEPTED = ("raw", "qcow2")
+DEFAULT_MAX_IMAGE_MIB = 65536
+DOWNLOAD_TIMEOUT = 60
+BASES_DIR = ".bases"  # <images>/.bases: immutable copies of fetched images that overlays back onto
+CACHE_DIR = ".cache"  # <images>/.cache: http(s) downloads
+_CHUNK = 1 << 20
+_HASHES = {"sha256": 64, "sha512": 128}
+# header signatures of formats qemu would otherwise recognise (qemu's own probes, block/*.c)
+_MAGIC = (
+    (b"KDMV", "vmdk"),
+    (b"COWD", "vmdk"),
+    (b"conectix", "vpc"),
+    (b"vhdxfile", "vhdx"),
+    (b"QED\x00", "qed"),
+    (b"LUKS\xba\xbe", "luks"),
+    (b"WithoutFreeSpace", "parallels"),
+    (b"WithouFreSpacExt", "parallels"),
+    (b"Bochs Virtual HD Image", "bochs"),
+    (b"#!/bin/sh\n#V2.0 Format\n", "cloop"),
+    (b"<<< ", "vdi"),
+)
+_VMDK_TEXT = re.compile(rb"(?im)^\s*(createType\s*=|version\s*=\s*[123]\b|(RW|RDONLY|NOACCESS)\s+\d+\s+\w+)")
+_QCOW2_EXTERNAL_DATA = 1 << 2
+
+
+# URLs --------------------------------------------------------------------------------------------
+def redact(url):
+    """``url`` without user:password (for messages, events, logs and metadata)."""
+    if not isinstance(url, str) or "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def parse_checksum(checksum):
+    """``'sha256:<hex>'`` / ``'sha512:<hex>'`` -> ``(algorithm, hex)``; None -> None."""
+    if checksum in (None, ""):
+        return None
+    algo, _, digest = str(checksum).strip().partition(":")
+    algo, digest = algo.lower(), digest.strip().lower()
+    if algo not in _HASHES or not re.fullmatch(f"[0-9a-f]{{{_HASHES[algo]}}}", digest):
+        raise SaltInvocationError(
+            f"checksum must be 'sha256:<64 hex digits>' or 'sha512:<128 hex digits>', got {checksum!r}"
+        )
+    return algo, digest
+
+
+def _max_bytes(max_mib):
+    if max_mib in (None, ""):
+        max_mib = DEFAULT_MAX_IMAGE_MIB
+    try:
+        value = int(max_mib)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"virt:max_image_mib must be a number of MiB, got {max_mib!r}") from None
+    if value <= 0:
+        raise SaltInvocationError(f"virt:max_image_mib must be positive, got {max_mib!r}")
+    return value * images.MIB
+
+
+# fetch -------------------------------------------------------------------------------------------
+def fetch(image, cache_dir, cache_file=None, *, allow_http=False, max_image_mib=None):
+    """A local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
+
+    ``cache_file`` is Salt's ``cp.cache_file`` (salt:// URLs). Downloads go to ``cache_dir`` and are
+    reused while the server's Content-Length/ETag/Last-Modified stay the same. Checks nothing about
+    the content: :func:`accept` does (checksum, format).
+    """
+    if not isinstance(image, str) or not image.strip() or "\0" in image:
+        raise SaltInvocationError(f"image must be an absolute path or a salt://, https:// URL, got {image!r}")
+    image = image.strip()
+    limit = _max_bytes(max_image_mib)
+    if "://" not in image:
+        return images._existing_image(image)
+    scheme = image.split("://", 1)[0].lower()
+    if scheme == "salt":
+        if ".." in image.split("://", 1)[1].split("/"):
+            raise SaltInvocationError(f"image URL {image!r} must not contain '..'")
+        if cache_file is None:
+            raise SaltInvocationError(f"image {image}: salt:// images need Salt's cp.cache_file (use the minion)")
+        local = cache_file(image)
+        if not local:
+            raise SaltInvocationError(
+                f"image {image} not found on the master (file_roots of the master's fileserver): "
+                "check the path with 'salt-run fileserver.file_list'"
+            )
+        if not os.path.isfile(local):
+            raise CommandExecutionError(f"image {image} was cached as {local!r}, which is not a file")
+        if os.path.getsize(local) > limit:
+            raise SaltInvocationError(
+                f"image {image} is {os.path.getsize(local) // images.MIB} MiB, more than virt:max_image_mib "
+                f"({limit // images.MIB} MiB): raise virt:max_image_mib in the minion config if it is expected"
+            )
+        return local
+    if scheme == "https" or (scheme == "http" and allow_http):
+        return _download(image, images._abs_path(cache_dir, "image cache directory"), limit)
+    if scheme == "http":
+        raise SaltInvocationError(
+            f"image {redact(image)}: plain http is refused (anyone on the path can change the image): use "
+            "https://, or pass allow_http=True together with checksum=sha256:... if you must"
+        )
+    raise SaltInvocationError(
+        f"unsupported image source scheme {scheme!r} in {redact(image)!r}: use an absolute path, salt:// or https://"
+    )
+
+
+def _cache_name(url):
+    base = os.path.basename(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".") or "image"
+    return f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{base[:100]}"
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but never from https to anything else, and only to http(s)."""
+
+    def __init__(self, allow_http):
+        self.allow_http = allow_http
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        old = urllib.parse.urlsplit(req.full_url).scheme.lower()
+        new = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl)).scheme.lower()
+        downgrade = old == "https" and new != "https"
+        if new not in ("http", "https") or downgrade or (new == "http" and not self.allow_http):
+            raise CommandExecutionError(
+                f"downloading image {redact(req.full_url)}: the server redirects to {redact(newurl)}, "
+                f"refused ({old} -> {new}: an https image is only ever fetched over https)"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _request(url, headers):
+    """A Request without the URL's userinfo; credentials become a Basic header that is never sent on
+    to a redirect target (unredirected header)."""
+    parts = urllib.parse.urlsplit(url)
+    req = urllib.request.Request(redact(url), headers=headers)
+    if parts.username is not None:
+        user = urllib.parse.unquote(parts.username)
+        password = urllib.parse.unquote(parts.password or "")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        req.add_unredirected_header("Authorization", f"Basic {token}")
+    return req
+
+
+def _download(url, cache_dir, limit):
+    shown = redact(url)
+    os.makedirs(cache_dir, mode=0o755, exist_ok=True)
+    path = os.path.join(cache_dir, _cache_name(url))
+    meta_path = path + ".meta.json"
+    meta = images._read_json(meta_path) if os.path.isfile(path) else None
+    if meta and meta.get("url_sha256") != hashlib.sha256(url.encode()).hexdigest():
+        meta = None
+    headers = {"User-Agent": "salt-virt"}
+    if meta and meta.get("etag"):
+        headers["If-None-Match"] = meta["etag"]
+    if meta and meta.get("last_modified"):
+        headers["If-Modified-Since"] = meta["last_modified"]
+    allow_http = urllib.parse.urlsplit(url).scheme.lower() == "http"
+    opener = urllib.request.build_opener(_Redirects(allow_http))
+    try:
+        resp = opener.open(_request(url, headers), timeout=DOWNLOAD_TIMEOUT)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 304 and meta:
+            log.debug("image %s not modified, using %s", shown, path)
+            return path
+        raise CommandExecutionError(f"downloading image {shown} failed: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CommandExecutionError(
+            f"downloading image {shown} failed: {reason} (is it reachable from here?)"
+        ) from None
+    with resp:
+        length = resp.headers.get("Content-Length")
+        length = int(length) if length and length.isdigit() else None
+        if length is not None and length > limit:
+            raise SaltInvocationError(_too_big(shown, f"announces {length // images.MIB} MiB", limit))
+        fresh = {"url": shown, "url_sha256": hashlib.sha256(url.encode()).hexdigest(), "length": length}
+        fresh.update(etag=resp.headers.get("ETag"), last_modified=resp.headers.get("Last-Modified"))
+        if meta and _same_remote(meta, fresh) and os.path.getsize(path) == length:
+            log.debug("image %s unchanged (length/etag/last-modified), using %s", shown, path)
+            return path
+        got, digests = _save(resp, path, shown, limit, length)
+    fresh.update(length=got, fetched=images._now(), **digests)
+    images._write_json(meta_path, fresh)
+    return path
+
+
+def _save(resp, path, shown, limit, length):
+    """Stream ``resp`` into ``path`` (temp file + rename), at most ``limit`` bytes, hashing as it goes.
+    Returns ``(bytes, {algorithm: hex digest})``; on any failure nothing is left."""
+    cache_dir = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{os.path.basename(path)}.", suffix=".part")
+    digests = {algo: hashlib.new(algo) for algo in _HASHES}
+    try:
+        got = 0
+        with os.fdopen(fd, "wb") as out:
+            while True:
+                chunk = resp.read(_CHUNK)
+                if not chunk:
+                    break
+                got += len(chunk)
+                if got > limit:
+                    raise SaltInvocationError(_too_big(shown, f"sent more than {limit // images.MIB} MiB", limit))
+                out.write(chunk)
+                for h in digests.values():
+                    h.update(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if length is not None and got != length:
+            raise CommandExecutionError(f"downloading image {shown} failed: got {got} of {length} bytes (cut off?)")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CommandExecutionError(f"downloading image {shown} into {cache_dir} failed: {exc}") from None
+        raise
+    return got, {algo: h.hexdigest() for algo, h in digests.items()}
+
+
+def _too_big(shown, what, limit):
+    return (
+        f"downloading image {shown}: the server {what}, more than virt:max_image_mib ({limit // images.MIB} MiB): "
+        "nothing kept. Raise virt:max_image_mib in the minion config if the image really is that big"
+    )
+
+
+def _same_remote(meta, fresh):
+    if fresh["length"] is None or fresh["length"] != meta.get("length"):
+        return False
+    if not fresh["etag"] and not fresh["last_modified"]:
+        return False  # nothing to compare but the size: download again
+    return fresh["etag"] == meta.get("etag") and fresh["last_modified"] == meta.get("last_modified")
+
+
+# checksum ----------------------------------------------------------------------------------------
+def verify_checksum(path, checksum, source):
+    """Raise unless ``path`` has the digest ``checksum`` names (a download's recorded digest is reused)."""
+    parsed = parse_checksum(checksum)
+    if parsed is None:
+        return None
+    algo, want = parsed
+    meta = images._read_json(path + ".meta.json") if os.path.dirname(path).endswith(CACHE_DIR) else None
+    have = (meta or {}).get(algo) if meta and meta.get("length") == os.path.getsize(path) else None
+    have = have or fsutil.file_digest(path, algo)
+    if not hmac.compare_digest(have, want):
+        raise SaltInvocationError(
+            f"image {redact(source)} does not match checksum {algo}:{want} (it is {algo}:{have}): refused. "
+            "Check the checksum you were given, or the image source"
+        )
+    return f"{algo}:{have}"
+
+
+# format ------------------------------------------------------------------------------------------
+def sniff(path):
+    """The format the header of ``path`` claims: 'qcow2', 'raw', or the name of another format
+    ('vmdk', 'vmdk descriptor', 'qcow (v1)', ...). Reads the first 64 KiB; runs no tool."""
+    with open(path, "rb") as fh:
+        head = fh.read(65536)
+    if head[:4] == b"QFI\xfb":
+        version = struct.unpack(">I", head[4:8])[0] if len(head) >= 8 else 0
+        return "qcow2" if version in (2, 3) else f"qcow (v{version})"
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            if name == "vdi" and head[64:68] != b"\x7f\x10\xda\xbe":
+                continue
+            return name
+    if _VMDK_TEXT.search(head[:4096]):
+        return "vmdk descriptor"
+    return "raw"
+
+
+def _qcow2_header(path):
+    """(backing file offset, incompatible feature bits, crypt method) straight from the header."""
+    with open(path, "rb") as fh:
+        head = fh.read(104)
+    if len(head) < 72:
+        raise SaltInvocationError(f"image {path}: truncated qcow2 header")
+    version, backing_offset = struct.unpack(">IQ", head[4:16])
+    crypt = struct.unpack(">I", head[32:36])[0]
+    incompatible = struct.unpack(">Q", head[72:80])[0] if version >= 3 and len(head) >= 80 else 0
+    return backing_offset, incompatible, crypt
+
+
+def _qemu_info(path, fmt, chain=False):
+    cmd = ["qemu-img", "info", "--output=json", "-U", "-f", fmt] + (["--backing-chain"] if chain else []) + [path]
+    proc = images._run(cmd, f"reading image {path} as {fmt}", timeout=120)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise CommandExecutionError(f"qemu-img info {path} returned unreadable output: {proc.stdout[:200]!r}") from None
+    return data[0] if isinstance(data, list) else data
+
+
+def probe(path, source=None, trusted=False):
+    """Decide and check the format of the local image ``path``. Returns ``{path, format,
+    virtual_size, actual_size}``; raises SaltInvocationError naming what is wrong."""
+    path = os.path.abspath(images._existing_image(path, "image"))
+    shown = redact(source or path)
+    fmt = sniff(path)
+    hint = "convert it to raw or qcow2 with qemu-img convert first"
+    if not trusted:
+        if fmt not in ACCEPTED:
+            raise SaltInvocationError(
+                f"image {shown} is a {fmt} image: only {' and '.join(ACCEPTED)} images are accepted ({hint}; "
+                "other formats can name host files as their data)"
+            )
+        if fmt == "qcow2":
+            backing_offset, incompatible, crypt = _qcow2_header(path)
+            if backing_offset:
+                raise SaltInvocationError(
+                    f"image {shown} is a qcow2 with a backing file: refused (it could make the VM read a host "
+                    f"file). Flatten it with 'qemu-img convert -O qcow2' first"
+                )
+            if incompatible & _QCOW2_EXTERNAL_DATA:
+                raise SaltInvocationError(
+                    f"image {shown} is a qcow2 with an external data file: refused (its data would be a file "
+                    f"on this host). Flatten it with 'qemu-img convert -O qcow2' first"
+                )
+            if crypt:
+                raise SaltInvocationError(f"image {shown} is an encrypted qcow2: refused ({hint})")
+    qemu_fmt = {"vmdk descriptor": "vmdk", "qcow (v1)": "qcow"}.get(fmt, fmt)
+    if trusted and not re.fullmatch(r"[a-z0-9]+", qemu_fmt):
+        raise SaltInvocationError(f"image {shown}: unknown format {fmt}")
+    if fmt == "raw":
+        # raw has no header, no backing and no data file: qemu-img info -f raw could only echo the file's
+        # size back (a subprocess per init for nothing)
+        st = os.stat(path)
+        return {"path": path, "format": "raw", "virtual_size": st.st_size, "actual_size": st.st_blocks * 512}
+    info = _qemu_info(path, qemu_fmt)
+    if not trusted:
+        specific = (info.get("format-specific") or {}).get("data") or {}
+        if info.get("backing-filename") or info.get("full-backing-filename") or specific.get("data-file"):
+            raise SaltInvocationError(f"image {shown}: qemu-img reports a backing or data file: refused")
+        if info.get("format") != fmt:
+            raise CommandExecutionError(f"image {shown}: qemu-img reads it as {info.get('format')}, not {fmt}")
+    return {
+        "path": path,
+        "format": qemu_fmt,
+        "virtual_size": info.get("virtual-size"),
+        "actual_size": info.get("actual-size"),
+    }
+
+
+def accept(
+    image,
+    cache_dir,
+    cache_file=None,
+    *,
+    checksum=None,
+    allow_http=False,
+    max_image_mib=None,
+    trusted=False,
+    roots=None,
+):
+    """Fetch ``image`` (any source), verify ``checksum`` and check its format: the only way an image
+    enters salt-virt. Returns :func:`probe`'s dict plus ``source`` (redacted) and ``checksum``.
+
+    ``roots``: the directories a local path may come from (``virt:images`` + the operator's
+    ``virt:allowed_paths``); see :func:`confine_local`. ``trusted`` does not lift it."""
+    trusted = bool(trusted)
+    if trusted and (not isinstance(image, str) or "://" in image):
+        raise SaltInvocationError(
+            "trusted_image=True is only for a local absolute path you built yourself, never for salt:// or URLs"
+        )
+    parse_checksum(checksum)  # bad syntax fails before any download
+    confine_local(image, roots)
+    local = None
+    try:
+        local = fetch(image, cache_dir, cache_file, allow_http=allow_http, max_image_mib=max_image_mib)
+        verified = verify_checksum(local, checksum, image)
+        info = probe(local, image, trusted=trusted)
+    except BaseException:
+        _forget(local, cache_dir)
+        raise
+    if trusted:
+        log.warning(
+            "image %s accepted as trusted (format %s): not checked for backing or data files", local, info["format"]
+        )
+    return dict(info, source=redact(image), checksum=verified, trusted=trusted)
+
+
+def confine_local(image, roots):
+    """A local image path (no ``scheme://``) must lie inside ``roots`` (``virt:images`` and the
+    operator's ``virt:allowed_paths``) after resolving symlinks: otherwise ``image=/etc/shadow`` would
+    become a VM's disk. ``roots=None`` (no directories given) refuses every local path."""
+    if not isinstance(image, str) or "://" in image or not image.strip():
+        return  # URLs and salt:// are fetched into our own cache; bad values fail in fetch
+    validate.confined(image.strip(), "image", tuple(roots or ()))
+
+
+def _forget(local, cache_dir):
+    """A refused download is not kept (nor the cache directory if this left it empty)."""
+    if local and os.path.dirname(os.path.abspath(local)) == os.path.abspath(cache_dir):
+        for path in (local, local + ".meta.json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(cache_dir)  # only when empty
+
+
+# cached bases ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def bases_lock(images_dir):
+    """Exclusive lock on ``<images>/.bases`` held while a base is chosen and an overlay is created on
+    it, and while :func:`gc_bases` runs: a base is never collected between the two."""
+    bases = os.path.join(images_dir, BASES_DIR)
+    os.makedirs(bases, mode=0o755, exist_ok=True)
+    fd = os.open(bases, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield bases
+    finally:
+        os.close(fd)
+
+
+def gc_bases(images_dir, cache=False):
+    """Remove cached bases (``<images>/.bases/*``) that no image under ``images_dir`` backs onto; with
+    ``cache=True`` also the http(s) download cache (``<images>/.cache``), which only speeds up the next
+    ``virt.init`` of the same URL. Returns ``{removed: [paths], kept: [paths]}``."""
+    removed, kept = [], []
+    if os.path.isdir(os.path.join(images_dir, BASES_DIR)):
+        with bases_lock(images_dir) as bases:
+            users = images.backing_users(images_dir)
+            for entry in sorted(os.scandir(bases), key=lambda e: e.name):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if users.get(os.path.realpath(entry.path)):
+                    kept.append(entry.path)
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(entry.path)
+    if cache:
+        folder = os.path.join(images_dir, CACHE_DIR)
+        with contextlib.suppress(FileNotFoundError):
+            for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+                if entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        removed.append(entry.path)
+    if removed:
+        log.info("image gc in %s removed %s", images_dir, removed)
+    return {"removed": removed, "kept": kept}

@@ -1,0 +1,187 @@
+"""VM disks on storage pool volumes (``disks=[{name, pool, size, format, image | source_file}]``): resolving
+them against the pool, creating the volume (blank, or the image written into it: the image comes through
+the same intake as file disks, ``images.fetch``), and the VM's ownership of the volumes it created, kept
+in the VM's manifest (``<images>/<vm>/.salt-virt.json``, key ``volumes``) so purge deletes only those."""
+
+import contextlib
+import os
+import re
+import subprocess
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.xml import poolxml
+from saltvirt.storage import images, pools as storage
+from saltvirt.host.conn import lv_errors
+
+# pool types whose volumes are files: they take qcow2 (the default) or raw; the others hold raw data
+FILE_POOLS = ("dir", "fs", "netfs", "gluster")
+
+
+def _pool_type(pool_obj):
+    return poolxml.parse_pool(pool_obj.XMLDesc(0))["type"]
+
+
+def _next_partition(pool_obj):
+    """A disk pool's volumes are partitions, named after the device: the first free number."""
+    device = os.path.basename(poolxml.parse_pool(pool_obj.XMLDesc(0))["source"]["devices"][0]["path"])
+    used = {int(m.group(1)) for v in pool_obj.listVolumes() if (m := re.search(r"(\d+)$", v))}
+    sep = "p" if device[-1].isdigit() else ""
+    return f"{device}{sep}{min(i for i in range(1, len(used) + 2) if i not in used)}"
+
+
+def resolve(conn, disks):
+    """Check the pool disks of a spec against their pools and fill in what depends on the pool: the
+    format (qcow2 on file pools, raw elsewhere, unless given) and a disk pool's partition name. An
+    existing volume is refused unless the disk names it with ``source_file`` (then it is attached)."""
+    for disk in disks:
+        if not disk.pool:
+            continue
+        pool_obj = storage.running_pool(conn, disk.pool)
+        ptype = _pool_type(pool_obj)
+        with lv_errors(f"refresh pool {disk.pool!r}"):
+            pool_obj.refresh(0)
+        if disk.attach:
+            vol = storage.lookup_volume(conn, disk.pool, disk.volume)
+            if vol is None:
+                raise SaltInvocationError(
+                    f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}"
+                )
+            facts = poolxml.parse_volume(vol.XMLDesc(0))
+            disk.format = disk.format or (facts["format"] if facts["format"] in ("qcow2", "raw") else "raw")
+            disk.path = vol.path()
+            continue
+        if ptype == "disk":
+            disk.volume = _next_partition(pool_obj)
+        if disk.format is None:
+            disk.format = "qcow2" if ptype in FILE_POOLS else "raw"
+        elif disk.format != "raw" and ptype not in FILE_POOLS:
+            raise SaltInvocationError(f"disk {disk.name}: a {ptype} pool holds raw volumes, not {disk.format}")
+        if storage.lookup_volume(conn, disk.pool, disk.volume) is not None:
+            raise SaltInvocationError(
+                f"disk {disk.name}: volume {disk.volume!r} already exists in pool {disk.pool}: refusing to take it "
+                f"over. Delete it (virt.volume_delete {disk.pool} {disk.volume}) or attach it with "
+                f"source_file: {disk.volume}"
+            )
+    return disks
+
+
+def create(conn, disk, image=None, src_fmt=None, stage_dir=None):
+    """Create ``disk``'s volume (``image``: a local file from images.fetch, written into it). Sets
+    ``disk.path``; returns {name, pool, volume, path, format, key, size}. ``src_fmt``: the image's format
+    as the intake decided it (never guessed again). ``stage_dir``: the disk is
+    seeded next; when the volume is not a regular file (LV, partition) the image is copied to a staging
+    file there instead (``disk.path``, ``staged`` in the return) and written by :func:`finish_staged`."""
+    size = disk.size or 0
+    if image:
+        info = images.image_info(image, src_fmt)  # src_fmt: as the image intake decided it
+        size = max(size, -(-info["virtual_size"] // 1048576))
+    if not size:
+        raise SaltInvocationError(f"disk {disk.name} needs a size (MiB) or an image")
+    file_pool = _pool_type(storage.running_pool(conn, disk.pool)) in FILE_POOLS
+    # only file pools take an image format; a partition, LV, rbd image ... is raw data with its own types
+    spec = poolxml.volume_spec(disk.volume, size, format=disk.format if file_pool else None)
+    vol = storage.define_volume(conn, disk.pool, spec) and storage.get_volume(conn, disk.pool, disk.volume)
+    try:
+        disk.path = vol.path()
+        made = {
+            "name": disk.name,
+            "pool": disk.pool,
+            "volume": disk.volume,
+            "path": disk.path,
+            "format": disk.format,
+            "key": vol.key(),
+            "size": size,
+        }
+        if image and stage_dir and not os.path.isfile(disk.path):
+            made["staged"] = os.path.join(stage_dir, f".{disk.name}.staged.{disk.format}")
+            images.clone(image, made["staged"], fmt=disk.format, src_fmt=info["format"])
+            disk.path = made["staged"]
+        elif image:
+            _write_image(image, info["format"], disk.path, disk.format)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            storage.delete_volume(conn, disk.pool, disk.volume)
+        raise
+    return made
+
+
+def finish_staged(made, disk):
+    """Write the seeded staging file into its volume and remove it."""
+    try:
+        _write_image(made["staged"], disk.format, made["path"], disk.format)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(made.pop("staged"))
+    disk.path = made["path"]
+
+
+def _write_image(src, src_fmt, dst, fmt):
+    """Copy the image into the new volume (a file or block device the pool made): qemu-img convert -n
+    writes into the existing target, so the pool's file, LV or partition stays what the pool made."""
+    if not os.path.exists(dst):
+        raise CommandExecutionError(f"volume path {dst} is not reachable from this host: cannot write the image")
+    cmd = ["qemu-img", "convert", "-n", "-f", src_fmt, "-O", fmt, src, dst]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode:
+        raise CommandExecutionError(f"writing {src} into volume {dst} failed: {proc.stderr.strip()}")
+
+
+def delete(conn, made):
+    """Undo of create (init failed later)."""
+    if made.get("staged"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(made["staged"])
+    vol = storage.lookup_volume(conn, made["pool"], made["volume"])
+    if vol is not None and vol.key() == made["key"]:
+        storage.delete_volume(conn, made["pool"], made["volume"])
+
+
+# ownership ----------------------------------------------------------------------------------------
+def record(vm_dir, vm_name, made, vm_uuid=None):
+    """Add volumes this VM created to its manifest (next to the files it owns)."""
+    return images.record_owned_extra(
+        vm_dir, vm_name, "volumes", [{k: made[k] for k in ("pool", "volume", "key")}], vm_uuid
+    )
+
+
+def remove_owned(conn, vm_dir, vm_name, vm_uuid, used):
+    """Delete the volumes among ``used`` ({pool, volume} the VM's disks name) that the manifest says this VM
+    created and whose key is unchanged. Returns {'removed': ['pool/volume'], 'kept': {'pool/volume': why}}."""
+    owned = images.owned_extra(vm_dir, vm_name, "volumes", vm_uuid)
+    removed, kept, gone = [], {}, []
+    for ref in used:
+        label = f"{ref['pool']}/{ref['volume']}"
+        mine = next((o for o in owned if (o["pool"], o["volume"]) == (ref["pool"], ref["volume"])), None)
+        if mine is None:
+            kept[label] = "not created by salt-virt for this VM (not in its manifest)"
+            continue
+        try:
+            vol = storage.lookup_volume(conn, ref["pool"], ref["volume"])
+        except CommandExecutionError as exc:
+            kept[label] = str(exc)
+            continue
+        if vol is None:
+            kept[label] = "already gone"
+            gone.append(mine)
+        elif vol.key() != mine["key"]:
+            kept[label] = f"its key is now {vol.key()}, not the {mine['key']} this VM created: someone replaced it"
+        else:
+            try:
+                storage.delete_volume(conn, ref["pool"], ref["volume"])
+                removed.append(label)
+                gone.append(mine)
+            except CommandExecutionError as exc:
+                kept[label] = str(exc)
+    if gone:
+        images.forget_extra(vm_dir, vm_name, "volumes", gone, vm_uuid)
+    return {"removed": removed, "kept": kept}
+
+
+def disk_refs(facts):
+    """{pool, volume} of the volume disks in domxml.parse facts."""
+    return [
+        {"pool": d["pool"], "volume": d["volume"]}
+        for d in facts["disks"]
+        if d.get("type") == "volume" and d.get("pool") and d["device"] == "disk"
+    ]

@@ -1,0 +1,250 @@
+"""``virt.cleanup NAME``: remove what an interrupted ``virt.init`` left on this hypervisor.
+
+An init that dies (minion job killed, libvirtd killed, host crash) can leave: disks recorded in
+``<images>/<name>/.salt-virt.json`` with no domain, a domain defined (maybe running) by an init that
+never finished, and seeding state (a loop device, a mount, a qemu-storage-daemon FUSE export and its
+scratch directory under ``salt-virt-seed-*``). Every init holds ``<images>/.locks/init-<name>``
+(flock) while it runs and removes it when it finishes or has undone everything; a lock file nobody
+holds is therefore the mark of an interrupted init.
+
+Only what our init created is touched: files listed in the VM's manifest, seeding state attached to
+those files, and a domain only when the stale init lock says its init never finished (and the
+manifest's uuid, if recorded, is that domain's). A complete VM is left alone (``virt.purge`` removes it).
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.storage import images
+from saltvirt.host.conn import libvirt
+
+LOCKS_DIR = ".locks"
+SEED_PREFIX = "salt-virt-seed-"
+
+
+def _lock_path(images_dir, name):
+    return os.path.join(images_dir, LOCKS_DIR, f"init-{name}")
+
+
+class InitLock:
+    """The per-VM init lock on this hypervisor (see the module doc). ``keep_mark()`` leaves the file
+    behind on release: the init did not finish cleanly and ``virt.cleanup`` has work to do."""
+
+    def __init__(self, images_dir, name, purpose="virt.init"):
+        self.path = _lock_path(images_dir, name)
+        self.name, self.purpose = name, purpose
+        self.fd, self.existed, self.keep = None, False, False
+
+    def __enter__(self):
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        self.existed = os.path.exists(self.path)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise SaltInvocationError(
+                f"a virt.init or virt.cleanup of {self.name!r} is running on this host ({holder or 'unknown pid'}): "
+                "wait for it"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{self.purpose} pid {os.getpid()}\n".encode(), 0)
+        return self
+
+    def keep_mark(self):
+        self.keep = True
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None and self.existed:
+            self.keep = True  # cleaning up an interrupted init failed: it stays marked
+        if not self.keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        os.close(self.fd)
+        return False
+
+
+# seeding leftovers ----------------------------------------------------------------------------------
+def _read(path):
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _mountinfo():
+    """[(major:minor, mount point, source)] of this mount namespace."""
+    out = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            parts = line.split()
+            sep = parts.index("-")
+            point = parts[4].encode().decode("unicode_escape")
+            out.append((parts[2], point, parts[sep + 2] if len(parts) > sep + 2 else ""))
+    return out
+
+
+def _qsd_exports(disks):
+    """{pid: export path} of qemu-storage-daemon processes serving one of ``disks`` (seeding)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not args or os.path.basename(args[0]) != "qemu-storage-daemon":
+            continue
+        opts = []
+        for arg in args:
+            with contextlib.suppress(ValueError):
+                value = json.loads(arg)
+                if isinstance(value, dict):
+                    opts.append(value)
+        if not any(o.get("filename") in disks for o in opts):
+            continue
+        export = next((o.get("mountpoint") for o in opts if o.get("type") == "fuse"), None)
+        if export and os.path.basename(os.path.dirname(export)).startswith(SEED_PREFIX):
+            found[int(pid)] = export
+    return found
+
+
+def _loops(backing):
+    """Loop devices attached to one of ``backing`` (paths)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir("/sys/block")):
+            if name.startswith("loop") and _read(f"/sys/block/{name}/loop/backing_file") in backing:
+                out.append(name)
+    return out
+
+
+def _devnums(loop):
+    """major:minor of a loop device and its partitions."""
+    nums = [_read(f"/sys/block/{loop}/dev")]
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(f"/sys/block/{loop}"):
+            if entry.name.startswith(loop) and os.path.exists(os.path.join(entry.path, "partition")):
+                nums.append(_read(os.path.join(entry.path, "dev")))
+    return {n for n in nums if n}
+
+
+def _run(cmd):
+    import subprocess  # noqa: PLC0415 - only when there is something to clean
+
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+
+
+def _umount(point, done, errors):
+    if _run(["umount", point]).returncode != 0:
+        proc = _run(["umount", "-l", point])
+        if proc.returncode != 0:
+            errors.append(f"unmount {point}: {proc.stderr.strip()}")
+            return
+    done.append(f"unmounted {point}")
+
+
+def _stop(pid, done):
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    done.append(f"stopped qemu-storage-daemon (pid {pid})")
+
+
+def release_seeding(disks):
+    """Unmount, detach and stop whatever seeding left attached to ``disks``. Returns (done, errors)."""
+    disks = {os.path.realpath(d) for d in disks}
+    done, errors, scratch = [], [], set()
+    exports = _qsd_exports(disks)
+    loops = _loops(disks | set(exports.values()))
+    for loop in loops:
+        nums = _devnums(loop)
+        for num, point, _src in reversed(_mountinfo()):
+            if num in nums:
+                if os.path.basename(os.path.dirname(point)).startswith(SEED_PREFIX):
+                    scratch.add(os.path.dirname(point))
+                _umount(point, done, errors)
+        proc = _run(["losetup", "-d", f"/dev/{loop}"])
+        if proc.returncode == 0:
+            done.append(f"detached /dev/{loop}")
+        else:
+            errors.append(f"detach /dev/{loop}: {proc.stderr.strip()}")
+    for pid, export in exports.items():
+        _stop(pid, done)
+        scratch.add(os.path.dirname(export))
+        if any(point == export for _n, point, _s in _mountinfo()):
+            _umount(export, done, errors)
+    for tmp in sorted(scratch):
+        from saltvirt.guest.seed import _remove_tmp  # noqa: PLC0415 - seed pulls in more than cleanup needs
+
+        try:
+            _remove_tmp(tmp)
+            done.append(f"removed {tmp}")
+        except (OSError, CommandExecutionError) as exc:
+            errors.append(f"remove {tmp}: {exc}")
+    return done, errors
+
+
+# entry point ----------------------------------------------------------------------------------------
+def _domain(conn, name):
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
+
+
+def cleanup(conn, name, images_dir):
+    """Remove what an interrupted init of ``name`` left here; see the module doc. Returns
+    ``{name, interrupted, domain, removed, kept, released, errors}``."""
+    validate.vm_name(name)
+    validate.absolute_path(images_dir, "virt:images")
+    with InitLock(images_dir, name, purpose="virt.cleanup") as lock:
+        return clean(conn, name, images_dir, lock)
+
+
+def clean(conn, name, images_dir, lock):
+    """The work of :func:`cleanup`, under ``lock`` (held by the caller: cleanup, or an init that found
+    the mark of an interrupted one)."""
+    vm_dir = validate.inside(images_dir, name)
+    out = {"name": name, "interrupted": lock.existed, "domain": None, "removed": [], "kept": {}}
+    out.update(released=[], errors=[])
+    manifest = images._load_manifest(vm_dir) if os.path.isdir(vm_dir) else None
+    ours = manifest is not None and manifest.get("vm") == name
+    files = images.owned_files(vm_dir, name) if ours else []
+    dom = _domain(conn, name)
+    if dom is not None:
+        uuid = dom.UUIDString()
+        if not (lock.existed and ours and manifest.get("uuid") in (None, uuid)):
+            out["domain"] = "kept: a complete VM (virt.purge removes it)"
+            if lock.existed:
+                out["domain"] = "kept: the interrupted init's manifest does not name this VM"
+            return out
+        with contextlib.suppress(libvirt.libvirtError):
+            if dom.isActive():
+                dom.destroy()
+        from saltvirt.host.lifecycle import undefine  # noqa: PLC0415 - lifecycle imports more than we need
+
+        undefine(conn, name)
+        out["domain"] = f"undefined (uuid {uuid}): its init never finished"
+    out["released"], out["errors"] = release_seeding(files)
+    if out["errors"]:
+        lock.keep_mark()
+        return out
+    if ours:
+        outcome = images.remove_owned(vm_dir, name, None, files)
+        out["removed"], out["kept"] = outcome["removed"], outcome["kept"]
+    return out

@@ -1,0 +1,579 @@
+"""Desired vs current for a VM: the spec ``virt.init`` would build, the diff against what libvirt has,
+what applies live and what waits for a restart, and applying it. Used by ``virt.update`` and so by the
+``virt.running`` / ``virt.defined`` states.
+
+The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` with the init arguments
+``virt.init`` passes (:data:`saltvirt.vm.provision.SPEC_ARGS`), so a state and ``virt.init`` never disagree.
+Device XML comes from :mod:`saltvirt.xml.domxml`'s device builders as well (the ones ``virt.init`` uses).
+
+Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
+persistent definition; then, if the VM runs, the same changes live where the hypervisor can (vCPUs up
+to the boot maximum, memory up to the boot maximum, NIC/disk hotplug, NIC source change). Everything
+else is reported as needing a restart. Disks are never removed: a disk the spec does not list is
+reported under ``not_in_spec`` and left alone.
+"""
+
+import contextlib
+import os
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import fsutil
+from saltvirt.xml import domxml
+from saltvirt.host import caps
+from saltvirt.storage import images, intake, voldisks
+from saltvirt.vm import provision
+from saltvirt.spec import vmspec
+from saltvirt.host.conn import get_domain, libvirt, lv_errors
+
+FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
+# which init arguments put which field under management (virt.update only manages what it is given)
+MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
+# firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
+MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=())
+MANAGED_BY.update(max_mem=(), memory_backing=())
+DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_mem", "memory_backing")}
+
+
+# desired ------------------------------------------------------------------------------------------
+def desired_spec(
+    name,
+    cpu,
+    mem,
+    *,
+    images_dir,
+    profiles,
+    vtype="qemu",
+    image=None,
+    image_format=None,
+    allowed_paths=(),
+    cloud_init=None,
+    **init_args,
+):
+    """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here).
+    ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only). ``cloud_init`` only
+    shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
+    spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
+    return vmspec.build(
+        name,
+        cpu,
+        mem,
+        vtype=vtype,
+        image=image,
+        image_format=image_format,
+        images_dir=images_dir,
+        profiles=profiles,
+        allowed_paths=allowed_paths,
+        cloud_init=cloud_init,
+        **spec_args,
+    )
+
+
+def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=None, allowed_paths=(), **init_args):
+    """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
+    image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
+    spec = desired_spec(
+        name,
+        cpu,
+        mem,
+        images_dir=images_dir,
+        profiles=profiles,
+        image=image,
+        image_format=image_format or "qcow2",
+        allowed_paths=allowed_paths,
+        **init_args,
+    )
+    unknown = set()
+    if image and not image_format:
+        other = desired_spec(
+            name,
+            cpu,
+            mem,
+            images_dir=images_dir,
+            profiles=profiles,
+            image=image,
+            image_format="raw",
+            allowed_paths=allowed_paths,
+            **init_args,
+        )
+        unknown = {a.name for a, b in zip(spec.disks, other.disks, strict=True) if a.format != b.format}
+    disks = {}
+    for d in spec.disks:
+        entry = {"name": d.name, "path": d.path, "format": d.format, "size": d.size, "overlay": d.overlay}
+        if d.pool:  # a pool volume: its format/partition name follow the pool (None here: as the pool decides)
+            entry.update(pool=d.pool, volume=d.volume)
+        if d.name in unknown:
+            entry.update(path=os.path.join(spec.vm_dir, f"{d.name}.<image format>"), format="as the image")
+        if d.image:
+            entry["image"] = d.image
+        if d.attach:
+            entry["attach"] = True
+        if d is vmspec.cidata_disk(spec):
+            entry.update(device="cdrom", cloud_init="seed volume, detached from the definition once started")
+        disks[d.target] = entry
+    out = {
+        "cpu": spec.cpu,
+        "mem": spec.mem,
+        "image": intake.redact(image),
+        "disks": disks,
+        "nics": [{k: v for k, v in _nic_summary(n).items() if v is not None} for n in spec.nics],
+        "graphics": _gfx_summary(spec.graphics),
+    }
+    if spec.group:
+        out["group"] = spec.group
+    return out
+
+
+# current ------------------------------------------------------------------------------------------
+def current(dom):
+    """{'config': facts of the persistent definition, 'live': facts of the running VM (or None)}."""
+    secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
+    with lv_errors(f"read the definition of VM {dom.name()!r}"):
+        config = domxml.parse_for_compare(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
+        live = domxml.parse_for_compare(dom.XMLDesc(secure)) if dom.isActive() else None
+    return {"config": config, "live": live}
+
+
+# diff ---------------------------------------------------------------------------------------------
+def _mac(nic):
+    return (nic.get("mac") or "").lower()
+
+
+def _nic_summary(nic):
+    if isinstance(nic, vmspec.Nic):
+        return {"type": nic.type, "source": nic.source, "model": nic.model, "mac": nic.mac.lower() if nic.mac else None}
+    return {"type": nic["type"], "source": nic["source"], "model": nic["model"], "mac": _mac(nic) or None}
+
+
+def _gfx_summary(g):
+    """graphics without the password (only whether there is one); None when the VM has none."""
+    if g is None:
+        return None
+    if isinstance(g, vmspec.Graphics):
+        return {"type": g.type, "listen": g.listen, "port": g.port, "password": bool(g.password)}
+    port = -1 if g.get("autoport") else g["port"]
+    return {"type": g["type"], "listen": g["listen"], "port": port, "password": bool(g.get("passwd"))}
+
+
+def _same_nic(want, have):
+    return (want.type, want.source, want.model) == (have["type"], have["source"], have["model"]) and (
+        not want.mac or want.mac.lower() == _mac(have)
+    )
+
+
+def _cpu_mem(facts):
+    cpu = facts["cpu"] if facts["vcpu_current"] == facts["cpu"] else f"{facts['vcpu_current']} (maximum {facts['cpu']})"
+    mem = facts["mem"] if facts["current_mem"] == facts["mem"] else f"{facts['current_mem']} (maximum {facts['mem']})"
+    return cpu, mem
+
+
+def _diff_nics(desired, have):
+    have = list(have)
+    unmatched = []
+    for nic in desired.nics:
+        hit = next((h for h in have if _same_nic(nic, h)), None)
+        if hit is None:
+            unmatched.append(nic)
+        else:
+            have.remove(hit)
+    claimed = {n.mac.lower() for n in unmatched if n.mac}
+    added, changed = [], []
+    for nic in unmatched:  # same MAC, or the next NIC nobody claims: changed in place (the guest keeps its MAC)
+        if nic.mac:
+            old = next((h for h in have if _mac(h) == nic.mac.lower()), None)
+        else:
+            old = next((h for h in have if _mac(h) not in claimed), None)
+        if old is None:
+            added.append({k: v for k, v in _nic_summary(nic).items() if v is not None})
+        else:
+            have.remove(old)
+            new = {k: v for k, v in _nic_summary(nic).items() if k != "mac"}
+            changed.append({"mac": _mac(old), "old": {k: old[k] for k in new}, "new": new})
+    out = {"added": added, "removed": [_nic_summary(h) for h in have], "changed": changed}
+    return {k: v for k, v in out.items() if v}
+
+
+def _diff_cpu_mem(desired, cfg, manage):
+    """vCPUs (maximum, and cpu:current online at start) and memory (boot, and mem:current) vs the definition."""
+    changes = {}
+    old_cpu, old_mem = _cpu_mem(cfg)
+    want_cpu = (desired.vcpu or {}).get("current", desired.cpu)
+    if "cpu" in manage and (cfg["cpu"], cfg["vcpu_current"]) != (desired.cpu, want_cpu):
+        changes["cpu"] = {"old": old_cpu, "new": desired.cpu}
+        if want_cpu != desired.cpu:
+            changes["cpu"].update(new=f"{want_cpu} (maximum {desired.cpu})", current=want_cpu)
+    want_mem = desired.mem_current or desired.mem
+    if "mem" in manage and (cfg["mem"], cfg["current_mem"]) != (desired.mem, want_mem):
+        changes["mem"] = {"old": old_mem, "new": desired.mem}
+        if want_mem != desired.mem:
+            changes["mem"].update(new=f"{want_mem} (maximum {desired.mem})", current=want_mem)
+    return changes
+
+
+def diff(desired, current_facts, manage=FIELDS):
+    """{field: change} for every managed field where the persistent definition differs from
+    ``desired``. Raises SaltInvocationError for what cannot be done to an existing VM (a new disk that
+    would be cloned from an image)."""
+    cfg = current_facts["config"]
+    changes = _diff_cpu_mem(desired, cfg, manage)
+    if "graphics" in manage:
+        have = cfg["graphics"][0] if cfg["graphics"] else None
+        if desired.graphics and not desired.graphics.password and have and have.get("passwd"):
+            desired.graphics.password = have["passwd"]  # no password given: the VM keeps its own
+        want, was = _gfx_summary(desired.graphics), _gfx_summary(have)
+        if want != was:
+            changes["graphics"] = {"old": was, "new": want}
+        elif want and want["password"] and desired.graphics.password != have.get("passwd"):
+            changes["graphics"] = {"old": was, "new": want, "password": "changed"}
+    if "nics" in manage:
+        nics = _diff_nics(desired, cfg["nics"])
+        if nics:
+            changes["nics"] = nics
+    if "disks" in manage:
+        have = {d["target"] for d in cfg["disks"]}
+        added = []
+        for d in desired.disks:
+            if d.target in have:
+                continue
+            if d.image:
+                raise SaltInvocationError(
+                    f"disk {d.name} ({d.target}) would be cloned from an image, which only happens when the VM is "
+                    f"created: give it a size (a blank disk) or a path (an existing file) to add it to {desired.name}"
+                )
+            added.append(
+                {
+                    "name": d.name,
+                    "target": d.target,
+                    "path": d.path,
+                    "format": d.format,
+                    "size": d.size,
+                    "bus": d.bus,
+                    "device": d.device,
+                    "attach": d.attach,
+                    **({"pool": d.pool, "volume": d.volume} if d.pool else {}),
+                }
+            )
+        unlisted = sorted(t for t in have if t not in {d.target for d in desired.disks})
+        if added or unlisted:
+            changes["disks"] = {k: v for k, v in (("added", added), ("not_in_spec", unlisted)) if v}
+    changes.update(_diff_features(desired, cfg, manage))
+    return changes
+
+
+def _diff_features(desired, cfg, manage):
+    """Firmware, boot order, on_reboot, extra serials/consoles, vTPM: as virt.init writes them vs the definition."""
+    want = domxml.feature_facts(domxml.build(desired))
+    return {
+        f: {"old": cfg["features"][f], "new": want[f]}
+        for f in domxml.FEATURES
+        if f in manage and want[f] != cfg["features"][f]
+    }
+
+
+def actionable(changes):
+    """The changes that make the VM different (``disks.not_in_spec`` alone is only a report)."""
+    out = {k: v for k, v in changes.items() if k != "disks"}
+    if changes.get("disks", {}).get("added"):
+        out["disks"] = changes["disks"]
+    return out
+
+
+# describing and predicting ------------------------------------------------------------------------
+def _nic_text(nic):
+    return f"{nic['type']} {nic['source']} ({nic['model']})"
+
+
+def steps(changes):
+    """[(kind, item, description)] for every actionable change, in the order :func:`apply` works."""
+    out = []
+    if "cpu" in changes:
+        out.append(("cpu", changes["cpu"], f"cpu {changes['cpu']['old']} -> {changes['cpu']['new']}"))
+    if "mem" in changes:
+        out.append(("mem", changes["mem"], f"mem {changes['mem']['old']} -> {changes['mem']['new']} MiB"))
+    if "graphics" in changes:
+        g = changes["graphics"]
+        text = lambda s: f"{s['type']} on {s['listen']}" if s else "none"  # noqa: E731
+        desc = "graphics password" if g.get("password") else f"graphics {text(g['old'])} -> {text(g['new'])}"
+        out.append(("graphics", g, desc))
+    nics = changes.get("nics", {})
+    for nic in nics.get("removed", []):
+        out.append(("nic_removed", nic, f"NIC {nic['mac']} on {_nic_text(nic)} removed"))
+    for nic in nics.get("changed", []):
+        out.append(("nic_changed", nic, f"NIC {nic['mac']} {_nic_text(nic['old'])} -> {_nic_text(nic['new'])}"))
+    for nic in nics.get("added", []):
+        out.append(("nic_added", nic, f"NIC on {_nic_text(nic)} added"))
+    for disk in changes.get("disks", {}).get("added", []):
+        what = f"{disk['path']} attached" if disk["attach"] else f"{disk['size']} MiB {disk['format']}"
+        if disk.get("pool"):
+            vol = f"volume {disk['pool']}/{disk['volume']}"
+            what = f"{vol} attached" if disk["attach"] else f"{disk['size']} MiB {vol}"
+        out.append(("disk_added", disk, f"disk {disk['target']} ({what}) added"))
+    for f in domxml.FEATURES:
+        if f in changes:
+            out.append((f, changes[f], f"{f} {changes[f]['old']} -> {changes[f]['new']}"))
+    return out
+
+
+def _live_ok(kind, item, live):
+    """Whether the running VM can take this change without a restart (what :func:`apply` will try)."""
+    if kind == "cpu":
+        return item.get("current", item["new"]) <= live["cpu"]
+    if kind == "mem":
+        return item.get("current", item["new"]) <= live["mem"]
+    if kind == "nic_changed":
+        old, new = item["old"], item["new"]
+        return old["type"] == new["type"] and old["model"] == new["model"] and new["type"] in ("bridge", "network")
+    return kind in ("nic_added", "nic_removed", "disk_added")
+
+
+def plan(changes, current_facts):
+    """Predicted outcome: {'live': [...], 'restart': [...], 'definition': [...]} (``definition``:
+    the VM is not running, the change takes effect when it starts)."""
+    out = {"live": [], "restart": [], "definition": []}
+    live = current_facts["live"]
+    for kind, item, desc in steps(actionable(changes)):
+        if live is None:
+            out["definition"].append(desc)
+        else:
+            out["live" if _live_ok(kind, item, live) else "restart"].append(desc)
+    return out
+
+
+def pending_restart(current_facts):
+    """Fields where the running VM still differs from its definition (applied, waiting for a restart)."""
+    cfg, live = current_facts["config"], current_facts["live"]
+    if live is None:
+        return []
+    out = []
+    if (cfg["cpu"], cfg["vcpu_current"]) != (live["cpu"], live["vcpu_current"]):
+        out.append("cpu")
+    if cfg["mem"] != live["mem"]:
+        out.append("mem")
+    gfx = [[(g["type"], g["listen"]) for g in f["graphics"]] for f in (cfg, live)]
+    if gfx[0] != gfx[1]:
+        out.append("graphics")
+    nics = [sorted((_mac(n), n["type"], n["source"], n["model"]) for n in f["nics"]) for f in (cfg, live)]
+    if nics[0] != nics[1]:
+        out.append("nics")
+    if {d["target"] for d in cfg["disks"]} != {d["target"] for d in live["disks"]}:
+        out.append("disks")
+    # a running VM's firmware (the autoselected OVMF) and CPU (its expanded features) are filled in by
+    # libvirt at start: only the definition tells what was asked for, so they are not compared here
+    out.extend(
+        f for f in domxml.FEATURES if f not in ("firmware", "cpu_model") and cfg["features"][f] != live["features"][f]
+    )
+    return out
+
+
+# applying -----------------------------------------------------------------------------------------
+def _nic(summary, mac=None):
+    return vmspec.Nic(
+        name="nic",
+        type=summary["type"],
+        source=summary["source"],
+        model=summary["model"],
+        mac=mac or summary.get("mac"),
+    )
+
+
+def _redefine(conn, dom, desired, changes, created):
+    """Write the device and graphics changes into the persistent definition (one defineXML)."""
+    secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
+    nics = changes.get("nics", {})
+    added = {a["target"] for a in changes.get("disks", {}).get("added", [])}
+    xml, kept = domxml.edit_devices(
+        dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure),
+        graphics_spec=desired.graphics if "graphics" in changes else False,
+        remove_macs=[nic["mac"] for nic in nics.get("removed", [])],
+        change_nics=[_nic(nic["new"], mac=nic["mac"]) for nic in nics.get("changed", [])],
+        add_nics=[_nic(nic) for nic in nics.get("added", [])],
+        add_disks=[d for d in desired.disks if d.target in added],
+    )
+    with lv_errors(f"redefine VM {desired.name!r}"):
+        dom = conn.defineXML(xml)
+    new_xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    created["nics"] = domxml.new_interfaces(new_xml, kept)
+    created["disks"] = domxml.disks_by_target(new_xml)
+    return dom
+
+
+def _redefine_features(conn, dom, desired, fields):
+    """Firmware, boot order, on_reboot, extra serials/consoles and the vTPM into the persistent
+    definition, as :func:`saltvirt.xml.domxml.build` writes them for the desired spec."""
+    secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
+    try:
+        xml = domxml.replace_features(
+            dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure), domxml.build(desired), fields
+        )
+    except ValueError as exc:
+        raise SaltInvocationError(f"cannot update VM {desired.name!r}: {exc}; recreate it to change that") from None
+    with lv_errors(f"redefine VM {desired.name!r}"):
+        return conn.defineXML(xml)
+
+
+def _make_disks(desired, changes, uuid, conn=None):
+    """Create the blank disk files and pool volumes the changes add (all checked first); returns their
+    paths (volumes: what voldisks.create returned)."""
+    added = changes.get("disks", {}).get("added", [])
+    targets = {d["target"] for d in added}
+    volumes = [d for d in desired.disks if d.pool and d.target in targets]
+    voldisks.resolve(conn, volumes)  # pool running, no volume taken over, source_file volumes exist
+    for disk in added:
+        if disk.get("pool"):
+            continue
+        if disk["attach"]:
+            if not os.path.isfile(disk["path"]):
+                raise SaltInvocationError(
+                    f"disk {disk['name']}: {disk['path']} does not exist (give a size to create it)"
+                )
+        elif disk["device"] == "disk" and os.path.lexists(disk["path"]):
+            raise SaltInvocationError(
+                f"disk file {disk['path']} already exists and this VM does not use it: refusing to take it over. "
+                f"Remove it yourself, or give the disk path: {disk['path']} without a size to attach it"
+            )
+    made = []
+    try:
+        for vol in volumes:
+            if not vol.attach:
+                os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
+                made.append(voldisks.create(conn, vol))
+                voldisks.record(desired.vm_dir, desired.name, made[-1], uuid)
+        for disk in added:
+            if disk["attach"] or disk["device"] != "disk" or disk.get("pool"):
+                continue
+            os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
+            images.create_disk(disk["path"], disk["size"], fmt=disk["format"])
+            made.append(disk["path"])
+            images.record_owned(desired.vm_dir, desired.name, [disk["path"]], uuid)
+    except BaseException:
+        _remove(made, conn)
+        raise
+    return made
+
+
+def _remove(paths, conn=None):
+    for path in paths:
+        if isinstance(path, dict):  # a volume made by voldisks.create
+            with contextlib.suppress(CommandExecutionError):
+                voldisks.delete(conn, path)
+    fsutil.remove_paths([p for p in paths if not isinstance(p, dict)])
+
+
+class _NotLive(Exception):  # noqa: N818 - a signal to fall back to the definition, not an error
+    """The running VM cannot take this change: it applies at the next start."""
+
+
+def _live(dom, kind, item, created):
+    """Apply one change to the running VM; raises libvirt.libvirtError when the hypervisor refuses."""
+    live_flag = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    if kind == "cpu":
+        dom.setVcpusFlags(item.get("current", item["new"]), live_flag)
+    elif kind == "mem":
+        size = item.get("current", item["new"]) * 1024
+        if size > dom.maxMemory():
+            raise _NotLive("above the running VM's maximum memory")
+        dom.setMemoryFlags(size, live_flag)
+    elif kind == "graphics":
+        raise _NotLive("graphics change at the next start")
+    elif kind in domxml.FEATURES:
+        raise _NotLive("needs restart")
+    elif kind in ("nic_removed", "nic_changed"):
+        el = domxml.interface_by_mac(dom.XMLDesc(0), item["mac"])
+        if el is None:
+            return
+        if kind == "nic_removed":
+            dom.detachDeviceFlags(domxml.device_xml(el), live_flag)
+            if domxml.interface_by_mac(dom.XMLDesc(0), item["mac"]) is not None:
+                raise _NotLive("the guest has not released it yet")
+        else:
+            if not _live_ok(kind, item, None):
+                raise _NotLive("type or model change")
+            new = domxml.interface(_nic(item["new"], mac=item["mac"]))
+            dom.updateDeviceFlags(domxml.device_xml(new), live_flag)
+    elif kind == "nic_added":
+        dom.attachDeviceFlags(domxml.device_xml(created["nics"].pop(0), strip_address=True), live_flag)
+    elif kind == "disk_added":
+        dom.attachDeviceFlags(domxml.device_xml(created["disks"][item["target"]], strip_address=True), live_flag)
+
+
+def apply(conn, dom, desired, changes):
+    """Apply actionable ``changes`` (from :func:`diff`) to the definition and, if the VM runs, live.
+    Returns what happened: {'live': [...], 'restart': [...], 'definition': [...]}."""
+    changes = actionable(changes)
+    report = {"live": [], "restart": [], "definition": []}
+    running = bool(dom.isActive())
+    cfg = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+    with lv_errors(f"update VM {desired.name!r}"):
+        if "cpu" in changes:
+            dom.setVcpusFlags(desired.cpu, cfg | libvirt.VIR_DOMAIN_VCPU_MAXIMUM)
+            dom.setVcpusFlags(changes["cpu"].get("current", desired.cpu), cfg)
+        if "mem" in changes:
+            dom.setMemoryFlags(desired.mem * 1024, cfg | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
+            dom.setMemoryFlags(changes["mem"].get("current", desired.mem) * 1024, cfg)
+    feats = [f for f in domxml.FEATURES if f in changes]
+    if feats:
+        dom = _redefine_features(conn, dom, desired, feats)
+    created = {"nics": [], "disks": {}}
+    if set(changes) & {"graphics", "nics", "disks"}:
+        made = _make_disks(desired, changes, dom.UUIDString(), conn)
+        try:
+            dom = _redefine(conn, dom, desired, changes, created)
+        except CommandExecutionError:
+            _remove(made, conn)
+            raise
+    for kind, item, desc in steps(changes):
+        if not running:
+            report["definition"].append(desc)
+            continue
+        try:
+            _live(dom, kind, item, created)
+            report["live"].append(desc)
+        except _NotLive as exc:
+            report["restart"].append(desc if kind == "graphics" else f"{desc} ({exc})")
+        except libvirt.libvirtError as exc:
+            report["restart"].append(f"{desc} ({exc.get_error_message()})")
+    return report
+
+
+def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, allowed_paths=(), **init_args):
+    """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
+    and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
+    disks (disk/disks), graphics (enable_vnc/graphics)."""
+    unknown = sorted(k for k in init_args if k not in provision.SPEC_ARGS and k != "image")
+    if unknown:
+        raise SaltInvocationError(
+            f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})"
+        )
+    dom = get_domain(conn, name)
+    facts = current(dom)
+    cfg = facts["config"]
+    manage = [
+        f
+        for f in FIELDS
+        if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
+    ]
+    manage += [f for k, v in (("cpu", cpu), ("mem", mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
+    args = dict(init_args)
+    if "nics" not in manage:
+        args.update(nic=None, interfaces=None)
+    if "disks" not in manage:
+        args.update(disk=None, disks=None)
+    desired = desired_spec(
+        name,
+        cpu if cpu is not None else cfg["vcpu_current"],
+        mem if mem is not None else cfg["mem"],
+        vtype=cfg["type"],
+        images_dir=images_dir,
+        profiles=profiles,
+        allowed_paths=allowed_paths,
+        **args,
+    )
+    if "host_devices" in manage:
+        desired.hostdevs = caps.host_devices(conn, desired.host_devices)
+    changes = diff(desired, facts, manage)
+    ret = {"name": name, "changes": changes, "plan": plan(changes, facts), "applied": None}
+    if actionable(changes) and not test:
+        ret["applied"] = apply(conn, dom, desired, changes)
+        facts = current(conn.lookupByName(name))
+    ret["pending_restart"] = pending_restart(facts)
+    return ret

@@ -1,0 +1,449 @@
+"""``virt.init`` and ``virt.purge``: create a VM from an image, seeded before its first boot, and
+remove it again without ever touching a file the VM does not own.
+
+init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy or qcow2 overlay)
+-> seed (minion config + keys) -> define -> start. Any failure undoes exactly what this call created.
+"""
+
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import time
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import fsutil, validate
+from saltvirt.pki import envelope
+from saltvirt.xml import domxml
+from saltvirt.host import caps, hosttype
+from saltvirt.storage import images, intake
+from saltvirt.guest import cloudinit, firstboot
+from saltvirt.vm import cleanup
+from saltvirt.storage import voldisks
+from saltvirt.guest import seed as seeding
+from saltvirt.spec import vmspec
+from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.host.lifecycle import undefine
+from saltvirt.host.query import _all_stats as bulk_stats
+from saltvirt.host.query import describe
+from saltvirt.base.undo import Undo
+
+log = logging.getLogger(__name__)
+BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
+# init arguments that shape the VM and go straight to saltvirt.spec.vmspec.build
+SPEC_ARGS = (
+    "nic",
+    "disk",
+    "disks",
+    "interfaces",
+    "enable_qcow",
+    "enable_vnc",
+    "graphics",
+    "boot",
+    "serial_log",
+    "group",
+    "boot_dev",
+    "os_type",
+    "arch",
+    "stop_on_reboot",
+    "serials",
+    "consoles",
+    "tpm",
+    "clock",
+    "hypervisor_features",
+    "numatune",
+    "host_devices",
+)
+
+
+def _no_progress(step, **data):
+    log.debug("init progress %s %s", step, data)
+
+
+def base_image(fetched, images_dir, source):
+    """An immutable copy of a fetched image for overlays to back onto (a cache refresh must never
+    rewrite an overlay's backing file). Hard link when on the same filesystem: O(1) whatever the size.
+    Call it under :func:`saltvirt.storage.intake.bases_lock` (the image gc must not collect it meanwhile)."""
+    st = os.stat(fetched)
+    key = hashlib.sha256(f"{source}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    bases = os.path.join(images_dir, BASES_DIR)
+    os.makedirs(bases, mode=0o755, exist_ok=True)
+    dest = os.path.join(bases, f"{key}-{os.path.basename(fetched)}")
+    if os.path.exists(dest):
+        return dest
+    tmp = f"{dest}.tmp{os.getpid()}"
+    try:
+        os.link(fetched, tmp)
+    except OSError:
+        shutil.copyfile(fetched, tmp)
+    os.chmod(tmp, 0o444)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _local_bridge_missing(uri, nics):
+    """Bridges we can check from here (plain local URI: same host, same network namespace)."""
+    if not hosttype.is_local_uri(uri) or (uri and "socket=" in uri):
+        return []
+    return [n.source for n in nics if n.type == "bridge" and not os.path.isdir(f"/sys/class/net/{n.source}/bridge")]
+
+
+def _bridge_hint(bridge, host):
+    return (
+        f"bridge {bridge!r} does not exist on {host}. Create it (the br0 part of salt-virt.example.sls does), "
+        "or choose another NIC profile (nic=...) or interfaces=[{name: eth0, type: network, source: default}]"
+    )
+
+
+def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_DIR, **kwargs):
+    """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs.
+
+    Holds this host's init lock for ``name`` (``saltvirt.vm.cleanup``); if an earlier init of ``name``
+    was interrupted (its lock file is left), what it left is cleaned up first (``cleaned_up``)."""
+    validate.vm_name(name)
+    validate.absolute_path(images_dir, "virt:images")
+    with cleanup.InitLock(images_dir, name) as lock:
+        earlier = cleanup.clean(conn, name, images_dir, lock) if lock.existed else None
+        if earlier and earlier["errors"]:
+            raise CommandExecutionError(
+                f"an earlier virt.init of {name!r} was interrupted and its leftovers could not be removed: "
+                f"{'; '.join(earlier['errors'])}"
+            )
+        request = seeding.Request.pop_from(kwargs, default_minion_id=name)
+        result = _init(conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, seed_request=request, **kwargs)
+        if earlier:
+            result["cleaned_up"] = earlier
+        return result
+
+
+def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with its undo
+    conn,
+    name,
+    cpu,
+    mem,
+    image=None,
+    *,
+    lock,
+    images_dir=vmspec.DEFAULT_IMAGES_DIR,
+    profiles=None,
+    cache_file=None,
+    vtype=None,
+    start=True,
+    seed=True,
+    seed_request=None,
+    progress=None,
+    checksum=None,
+    allow_http=False,
+    trusted_image=False,
+    max_image_mib=None,
+    allowed_paths=(),
+    cloud_init=None,
+    minion_install=None,
+    **spec_args,
+):
+    progress = progress or _no_progress
+    started_at = time.monotonic()
+    validate.vm_name(name)
+    host = conn.getHostname()
+    if domain_exists(conn, name):
+        raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
+    kind = hosttype.detect(conn, vtype)
+
+    image_roots = (images_dir, *validate.allowed_paths(allowed_paths))  # where a local image may come from
+
+    def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
+        return intake.accept(
+            source,
+            os.path.join(images_dir, intake.CACHE_DIR),
+            cache_file,
+            checksum=checksum,
+            allow_http=validate.to_bool(allow_http),
+            max_image_mib=max_image_mib,
+            trusted=validate.to_bool(trusted_image),
+            roots=image_roots,
+        )
+
+    fetched = info = None
+    if image:
+        info = accept(image, checksum)
+        fetched = info["path"]
+        progress("image_cached", image=info["source"], path=fetched, checksum=info["checksum"])
+    gfx = spec_args.get("graphics")
+    if isinstance(gfx, dict) and envelope.is_envelope(gfx.get("password")):
+        # sealed by the runner for this hypervisor only: a console password never travels in clear
+        spec_args["graphics"] = dict(gfx, password=envelope.unseal(gfx["password"], seed_request.pki_dir))
+    spec = vmspec.build(
+        name,
+        cpu,
+        mem,
+        vtype=kind["type"],
+        image=fetched,
+        image_format=info["format"] if info else None,
+        images_dir=images_dir,
+        profiles=profiles,
+        allowed_paths=allowed_paths,
+        cloud_init=cloud_init,
+        **spec_args,
+    )
+    plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
+    if spec.graphics and not spec.graphics.password:
+        # a console without a password is open to whoever reaches its socket: generate one. It stays in
+        # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return
+        spec.graphics.password = secrets.token_urlsafe(6)[:8]
+    src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
+    for disk in spec.disks:
+        if disk.image and disk.image == fetched:
+            src_formats[disk.name], sources[disk.name] = info["format"], image
+        elif disk.image:  # a disk entry with an image of its own: through the same door
+            extra = accept(disk.image)
+            sources[disk.name] = disk.image
+            disk.image, src_formats[disk.name] = extra["path"], extra["format"]
+    _check_disks_and_nics(conn, spec, host)
+    spec.hostdevs = caps.host_devices(conn, spec.host_devices)  # unknown names refused before anything is made
+
+    undo = Undo(stop_at_failure=True)
+    result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
+    try:
+        if not os.path.isdir(spec.vm_dir):
+            os.makedirs(spec.vm_dir, mode=0o755)
+            undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
+        seeds_first = validate.to_bool(seed)
+        for disk in spec.disks:
+            made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
+            if made:
+                result["disks"].append(made)
+        if any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
+            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+        progress("disks_ready", disks=[d["path"] for d in result["disks"]])
+
+        result["seed"] = None
+        if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
+            result["seed"], result["key"] = _seed(spec, seed_request, plan)
+            result["minion"] = plan.report()
+            progress("seeded", backend=result["seed"]["backend"])
+            spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+        if spec.cloud_init is not None:
+            result["cloud_init"] = _cidata(spec, plan, undo)
+        for made in result["disks"]:
+            if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
+                voldisks.finish_staged(made, spec.disks[0])
+
+        with lv_errors(f"define VM {name!r} on {host}"):
+            dom = conn.defineXML(domxml.build(spec))
+        undo.add(f"undefine {name}", dom.undefine)
+        result["uuid"] = dom.UUIDString()
+        if os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
+            images.set_uuid(spec.vm_dir, result["uuid"])
+        progress("defined", uuid=result["uuid"])
+
+        result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
+        if result["started"] and spec.cloud_init is not None:  # the seed is single-use: see saltvirt.guest.cloudinit
+            result["cloud_init"].update(cloudinit.retire(dom, spec))
+        result["vm_info"] = _read_back(dom, name, host)
+        result["state"] = result["vm_info"]["state"]
+    except BaseException as exc:
+        errors = undo.run()
+        if errors:
+            lock.keep_mark()  # virt.cleanup (or the next init of this name) finishes the job
+            log.error("init %s: cleanup after failure was incomplete: %s", name, errors)
+            if isinstance(exc, (CommandExecutionError, SaltInvocationError)):
+                left = _left_behind(conn, name, result)
+                raise type(exc)(
+                    f"{exc} (cleanup incomplete: {'; '.join(errors)}; {left}; "
+                    f"once {host} is reachable again run: salt <hypervisor> virt.cleanup {name})"
+                ) from None
+        raise
+    result["seconds"] = round(time.monotonic() - started_at, 3)
+    return result
+
+
+def _check_disks_and_nics(conn, spec, host):
+    """Before anything is made: pool disks resolvable, file disks neither missing (attach) nor taken,
+    the host bridges the NICs use present."""
+    voldisks.resolve(conn, spec.disks)  # pool disks: pool running, format, partition name, no name taken
+    for disk in spec.disks:
+        if disk.pool:
+            continue
+        if disk.attach:
+            if not os.path.isfile(disk.path):
+                raise SaltInvocationError(f"disk {disk.name}: {disk.path} does not exist (give a size to create it)")
+        elif disk.path and os.path.lexists(disk.path):
+            raise SaltInvocationError(
+                f"disk file {disk.path} already exists: refusing to overwrite it. Remove it yourself if it is "
+                f"not needed, or choose another VM name"
+            )
+    missing = _local_bridge_missing(conn.getURI(), spec.nics)
+    if missing:
+        raise CommandExecutionError(_bridge_hint(missing[0], host))
+
+
+def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo):
+    """Create one disk (a pool volume, a clone of its image or a blank file), recorded as this VM's and
+    with its undo step; what was made (None for a disk there is nothing to make for)."""
+    name = spec.name
+    if disk.pool and not disk.attach:
+        seeds = seeds_first and disk is spec.disks[0] and disk.image
+        made = voldisks.create(
+            conn,
+            disk,
+            image=disk.image,
+            src_fmt=src_formats.get(disk.name),
+            stage_dir=spec.vm_dir if seeds else None,
+        )
+        undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: voldisks.delete(conn, m))
+        voldisks.record(spec.vm_dir, name, made)
+        return dict(made, target=disk.target)
+    if disk.device != "disk" or not disk.path or disk.attach:
+        return None
+    if disk.image:
+        made = _clone(disk, sources[disk.name], images_dir, src_formats[disk.name])
+        undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+        if disk.size and disk.size * 1048576 > images.image_info(disk.path, disk.format)["virtual_size"]:
+            images.resize(disk.path, disk.size, disk.format)
+    else:
+        made = images.create_disk(disk.path, disk.size, fmt=disk.format)
+        undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+    images.record_owned(spec.vm_dir, name, [disk.path])
+    return dict(made, name=disk.name, target=disk.target)
+
+
+def _start(dom, spec, host, undo, progress):
+    """Start the new VM (a missing host bridge gets the same hint as before defining it); True."""
+    try:
+        dom.create()
+    except libvirt.libvirtError as exc:
+        msg = exc.get_error_message()
+        bridge = next((n.source for n in spec.nics if n.type == "bridge" and f"'{n.source}'" in msg), None)
+        if bridge and "No such device" in msg:
+            raise CommandExecutionError(_bridge_hint(bridge, host)) from None
+        raise CommandExecutionError(f"start VM {spec.name!r} on {host}: {msg}") from None
+    undo.add(f"stop {spec.name}", lambda: dom.isActive() and dom.destroy())
+    progress("started")
+    return True
+
+
+def _read_back(dom, name, host):
+    """The new VM's info as ``virt.vm_info`` reports it (so the runner needs no second round trip for
+    it), after checking that libvirt's description of it reads back: libvirt echoes some values
+    unescaped, and a VM whose XML does not parse would break every later query."""
+    with lv_errors(f"reading back VM {name!r} on {host}"):
+        xml = dom.XMLDesc(0)
+        try:
+            domxml.parse(xml)
+        except Exception as exc:  # noqa: BLE001 - ParseError or a malformed device: all mean unreadable
+            raise CommandExecutionError(
+                f"libvirt's description of the new VM {name!r} does not parse ({exc}): removed it again"
+            ) from None
+        return describe(dom, host, stats=bulk_stats(dom.connect(), [dom]).get(name), xml=xml)
+
+
+def _left_behind(conn, name, result):
+    """What is left of a VM whose undo did not finish, as far as we can still tell."""
+    if "uuid" not in result:
+        return f"VM {name!r} was not defined; its disks may be left: {[d['path'] for d in result['disks']]}"
+    try:
+        state = describe(conn.lookupByName(name), result["host"])["state"]
+        return f"VM {name!r} is still defined, state {state}"
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return f"VM {name!r} is no longer defined"
+        return f"VM {name!r} was defined (uuid {result['uuid']}), its state is unknown: {exc.get_error_message()}"
+    except Exception as exc:  # noqa: BLE001 - best effort while reporting another failure
+        return f"VM {name!r} was defined (uuid {result['uuid']}), its state is unknown: {exc}"
+
+
+def _clone(disk, image, images_dir, src_fmt):  # image: the source as given (path, salt://, URL)
+    """Full copy of the accepted image, or an overlay on it (on an immutable base for fetched images)."""
+    if not (disk.overlay and image and "://" in image):
+        return images.clone(disk.image, disk.path, overlay=disk.overlay, fmt=disk.format, src_fmt=src_fmt)
+    with intake.bases_lock(images_dir):  # the image gc must not take the base before the overlay exists
+        src = base_image(disk.image, images_dir, image)
+        return images.clone(src, disk.path, overlay=True, fmt=disk.format, src_fmt=src_fmt)
+
+
+def _remove_manifest(vm_dir):
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
+
+
+def _seed(spec, req, plan):
+    """Seed ``req`` (a :class:`saltvirt.guest.seed.Request`) into the first disk: the minion's id, master, key
+    pair (opened here when the runner sealed it for this hypervisor) and config; ``plan`` (a
+    :class:`saltvirt.guest.firstboot.Plan`) looks into the image meanwhile. With ``cloud_init``, when no backend
+    can mount the image (or ``seed_backend='cloud-init'``), the files go on the cidata volume instead."""
+    key = {"minion_id": req.minion_id}
+    pub_key, priv_key = req.pub_key, req.priv_key
+    if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.pki.envelope)
+        priv_key = envelope.unseal(priv_key, req.pki_dir)
+    if not pub_key or not priv_key:
+        if pub_key or priv_key:
+            raise SaltInvocationError("pass both pub_key and priv_key, or neither (a new key pair is generated)")
+        pub_key, priv_key = envelope.new_keypair()
+        key["generated"] = True
+        key["accepted"] = False
+        key["hint"] = f"accept it on the master: salt-key -a {req.minion_id}"
+    key["fingerprint"] = fsutil.sha256(pub_key)
+    files = seeding.salt_minion_files(
+        req.minion_id, master=req.master, pub=pub_key, priv=priv_key, config=req.minion_config
+    )
+    disk = spec.disks[0]
+    if req.backend == firstboot.CLOUD_INIT_BACKEND:
+        if spec.cloud_init is None:
+            raise SaltInvocationError("seed_backend=cloud-init needs cloud_init (True or its documents)")
+        plan.via_cloud_init(files)
+        return firstboot.seeded_by_cloud_init(files, []), key
+    try:
+        # fresh: the disk was made by this init a moment ago (exclusively): nobody else can have it open
+        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=plan.inspect, fresh=True)
+    except seeding.SeedError as exc:
+        if spec.cloud_init is None or not exc.clean:
+            raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
+        plan.via_cloud_init(files)
+        done = firstboot.seeded_by_cloud_init(files, exc.attempts)
+    except CommandExecutionError as exc:
+        raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
+    return done, key
+
+
+def _cidata(spec, plan, undo):
+    """Write the cloud-init seed ISO into the VM's directory (recorded as the VM's, undone on failure)."""
+    iso = vmspec.cidata_disk(spec).path
+    made = cloudinit.write_seed(spec, plan.additions())
+    undo.add(f"remove {iso}", lambda: os.path.exists(iso) and os.unlink(iso))
+    images.record_owned(spec.vm_dir, spec.name, [iso])
+    if not any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
+        undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+    return made
+
+
+def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
+    """Stop and undefine ``name``; delete only the disk files salt-virt created for this very VM."""
+    validate.vm_name(name)
+    dom = get_domain(conn, name)
+    facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    uuid = dom.UUIDString()
+    snaps = [snap.getName() for snap in dom.listAllSnapshots(0)]  # their data lives in the disks below
+    if dom.isActive():
+        with lv_errors(f"stop VM {name!r}"):
+            dom.destroy()
+    undefine(conn, name)
+    files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
+    vm_dir = validate.inside(images_dir, name)
+    files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
+    vols = voldisks.remove_owned(conn, vm_dir, name, uuid, voldisks.disk_refs(facts))
+    outcome = images.remove_owned(vm_dir, name, uuid, files)
+    gc = intake.gc_bases(images_dir)  # cached bases no image backs onto any more
+    return {
+        "name": name,
+        "undefined": True,
+        "removed": outcome["removed"],
+        "kept": outcome["kept"],
+        "bases_removed": gc["removed"],
+        "volumes": vols,  # {'removed': ['pool/volume'], 'kept': {'pool/volume': why}}
+        # internal snapshots: their list goes with the definition, their data with the disks removed above
+        # (a kept disk keeps the data of its snapshots: qemu-img snapshot -l <disk>)
+        "snapshots_discarded": snaps,
+    }

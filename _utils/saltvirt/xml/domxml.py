@@ -1,0 +1,553 @@
+"""libvirt domain XML, built and read with ElementTree only (escaping for free).
+
+The only module that builds or reads domain XML: :func:`build` writes a new VM from its spec with one
+builder per device (:func:`disk`, :func:`interface`, :func:`graphics`, ...), :func:`parse` reads what
+salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interface_by_mac`,
+:func:`device_xml`) change an existing definition with the same builders (``saltvirt.vm.converge``).
+"""
+
+import xml.etree.ElementTree as ET
+
+# the feature elements (firmware, boot order, chardevs, vTPM, tuning, NUMA, clock, host devices) are read and
+# replaced by domxml_features, a part of this module kept in its own file: re-exported here
+from saltvirt.xml.domxml_features import CPUTUNE_SCALARS, FEATURES, feature_facts, replace_features  # noqa: F401
+from saltvirt.xml.etree import el as _el
+from saltvirt.xml.etree import mib as _mib
+from saltvirt.xml.etree import sub as _sub
+from saltvirt.xml.etree import to_int as _int
+
+METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
+GUEST_AGENT = "org.qemu.guest_agent.0"  # the virtio-serial port name the QEMU guest agent listens on
+ET.register_namespace("saltvirt", METADATA_NS)
+
+
+def _metadata(dom, spec):
+    """salt-virt's own <metadata>: the anti-affinity group, the minion key virt.init seeded."""
+    if not (spec.group or spec.minion_key):
+        return
+    meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
+    if spec.group:
+        _sub(meta, f"{{{METADATA_NS}}}group", spec.group)
+    if spec.minion_key:
+        key = spec.minion_key
+        _sub(meta, f"{{{METADATA_NS}}}minion", id=key["minion_id"], key_sha256=key["fingerprint"])
+
+
+def build(spec):
+    """Domain XML (str) for a :class:`saltvirt.spec.vmspec.VMSpec`."""
+    dom = ET.Element("domain", type=spec.vtype)
+    _sub(dom, "name", spec.name)
+    if spec.max_mem:
+        _sub(dom, "maxMemory", spec.max_mem["size"], slots=spec.max_mem["slots"], unit="MiB")
+    _sub(dom, "memory", spec.mem, unit="MiB")
+    _sub(dom, "currentMemory", spec.mem_current or spec.mem, unit="MiB")
+    _sub(dom, "vcpu", spec.cpu, **(spec.vcpu or {}))
+    _metadata(dom, spec)
+    dom.append(os_config(spec))
+    dom.append(features(spec))
+    if spec.cpu_model:
+        dom.append(cpu(spec.cpu_model))
+    if spec.cputune:
+        dom.append(cputune(spec.cputune))
+    if spec.memtune:
+        dom.append(memtune(spec.memtune))
+    if spec.memory_backing:
+        dom.append(memory_backing(spec.memory_backing))
+    if spec.numatune:
+        dom.append(numatune(spec.numatune))
+    if spec.clock:
+        dom.append(clock(spec.clock))
+    _sub(dom, "on_poweroff", "destroy")
+    _sub(dom, "on_reboot", "destroy" if spec.stop_on_reboot else "restart")
+    _sub(dom, "on_crash", "destroy")
+    devices = _sub(dom, "devices")
+    devices.extend(disk(d) for d in spec.disks)
+    devices.extend(interface(n) for n in spec.nics)
+    devices.extend([serial(spec.serial_log), console()])
+    if spec.guest_agent:
+        devices.append(guest_agent_channel())
+    devices.extend(chardev("serial", c, port) for port, c in enumerate(spec.serials, start=1))
+    devices.extend(chardev("console", c, port) for port, c in enumerate(spec.consoles, start=1))
+    if spec.tpm:
+        devices.append(tpm(spec.tpm))
+    devices.extend(hostdev(h) for h in spec.hostdevs)
+    if spec.graphics:
+        devices.extend([graphics(spec.graphics), video(), tablet()])
+    return ET.tostring(dom, encoding="unicode")
+
+
+def os_config(spec):
+    """``<os>``: architecture, machine, firmware (BIOS, UEFI autoselected or a given OVMF), direct
+    kernel boot or the boot order. Secure boot needs q35 (OVMF's SMM build)."""
+    b = spec.boot
+    secure = bool(b and b.secure_boot)
+    el = _el("os", firmware="efi" if b and b.efi else None)
+    _sub(el, "type", "hvm", arch=spec.arch, machine="q35" if secure else None)
+    if b and b.efi and secure:
+        fw = _sub(el, "firmware")
+        _sub(fw, "feature", enabled="yes", name="enrolled-keys")
+        _sub(fw, "feature", enabled="yes", name="secure-boot")
+    if b and b.loader:
+        _sub(el, "loader", b.loader, readonly="yes", secure="yes" if secure else None, type="pflash")
+        if b.nvram:
+            _sub(el, "nvram", template=b.nvram)
+    if b and b.kernel:
+        _sub(el, "kernel", b.kernel)
+        if b.initrd:
+            _sub(el, "initrd", b.initrd)
+        if b.cmdline:
+            _sub(el, "cmdline", b.cmdline)
+    else:
+        for dev in spec.boot_dev or ["hd"]:
+            _sub(el, "boot", dev=dev)
+    return el
+
+
+def features(spec):
+    """``<features>``: ACPI, APIC, and SMM for secure boot."""
+    el = _el("features")
+    _sub(el, "acpi")
+    _sub(el, "apic")
+    if spec.boot and spec.boot.secure_boot:
+        _sub(el, "smm", state="on")
+    if spec.hypervisor_features:
+        kvm = _sub(el, "kvm")
+        for name, on in sorted(spec.hypervisor_features.items()):
+            _sub(kvm, name.removeprefix("kvm-"), state="on" if on else "off")
+    return el
+
+
+def cpu(c):
+    """``<cpu>`` from Salt's cpu dict (cpumem.cpu_detail): mode, match, check, model, vendor, topology, features."""
+    el = _el("cpu", mode=c["mode"], match=c.get("match"), check=c.get("check"))
+    if c.get("model"):
+        m = c["model"]
+        _sub(el, "model", m["name"], fallback=m.get("fallback"), vendor_id=m.get("vendor_id"))
+    if c.get("vendor"):
+        _sub(el, "vendor", c["vendor"])
+    if c.get("topology"):
+        _sub(el, "topology", **c["topology"])
+    for name, policy in sorted(c["features"].items()):
+        _sub(el, "feature", policy=policy, name=name)
+    if c.get("numa"):
+        numa = _sub(el, "numa")
+        for cell in c["numa"]:
+            _sub(numa, "cell", **{k: v for k, v in cell.items() if k != "memory"}, memory=cell["memory"], unit="MiB")
+    return el
+
+
+def cputune(t):
+    """``<cputune>`` from Salt's cpu:tuning (cpumem.cpu_tuning), in libvirt's order."""
+    el = _el("cputune")
+    for key in CPUTUNE_SCALARS:
+        if key in t:
+            _sub(el, key, t[key])
+    for vcpu, cpus in sorted(t.get("vcpupin", {}).items()):
+        _sub(el, "vcpupin", vcpu=vcpu, cpuset=cpus)
+    if t.get("emulatorpin"):
+        _sub(el, "emulatorpin", cpuset=t["emulatorpin"])
+    return el
+
+
+def memtune(limits):
+    """``<memtune>`` with the limits (MiB) of Salt's mem dict."""
+    el = _el("memtune")
+    for key in ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee"):
+        if key in limits:
+            _sub(el, key, limits[key], unit="MiB")
+    return el
+
+
+def memory_backing(b):
+    """``<memoryBacking>`` from Salt's mem dict (cpumem.memory_backing): hugepages (page sizes in KiB,
+    per guest NUMA cells), nosharepages, locked, source, access, allocation, discard."""
+    el = _el("memoryBacking")
+    if "hugepages" in b:
+        pages = _sub(el, "hugepages")
+        for page in b["hugepages"]:
+            _sub(pages, "page", size=page["size"], unit="KiB", nodeset=page.get("nodeset"))
+    for key in ("nosharepages", "locked"):
+        if b.get(key):
+            _sub(el, key)
+    if b.get("source"):
+        _sub(el, "source", type=b["source"])
+    if b.get("access"):
+        _sub(el, "access", mode=b["access"])
+    if b.get("allocation"):
+        _sub(el, "allocation", mode=b["allocation"])
+    if b.get("discard"):
+        _sub(el, "discard")
+    return el
+
+
+def numatune(n):
+    """``<numatune>``: the host NUMA nodes the guest's memory comes from, and per guest cell (``<memnode>``)."""
+    el = _el("numatune")
+    if n.get("mode"):
+        _sub(el, "memory", mode=n["mode"], nodeset=n["nodeset"])
+    for node in n.get("memnodes", []):
+        _sub(el, "memnode", cellid=node["cellid"], mode=node["mode"], nodeset=node["nodeset"])
+    return el
+
+
+def clock(c):
+    """``<clock>`` (speckeys.clock) with its ``<timer>`` elements."""
+    el = _el("clock", **{k: v for k, v in c.items() if k != "timers"})
+    for t in c["timers"]:
+        _sub(el, "timer", **t)
+    return el
+
+
+# one builder per device: an Element, exactly as build() writes it for a new VM --------------------
+def disk(d):
+    """``<disk>`` for a :class:`saltvirt.spec.vmspec.Disk`: a file, or a volume of a storage pool."""
+    if d.pool:
+        return _volume_disk(d)
+    el = _el("disk", type="file", device=d.device)
+    _sub(el, "driver", name="qemu", type=d.format, cache="none" if d.device == "disk" else None)
+    if d.path:
+        _sub(el, "source", file=d.path)
+    _sub(el, "target", dev=d.target, bus=d.bus)
+    if d.device == "cdrom":
+        _sub(el, "readonly")
+    return el
+
+
+def _volume_disk(d):
+    """A disk on a storage pool volume: libvirt resolves pool + volume to the file or block device."""
+    el = _el("disk", type="volume", device="disk")
+    _sub(el, "driver", name="qemu", type=d.format, cache="none")
+    _sub(el, "source", pool=d.pool, volume=d.volume)
+    _sub(el, "target", dev=d.target, bus=d.bus)
+    return el
+
+
+def interface(nic):
+    """``<interface>`` for a :class:`saltvirt.spec.vmspec.Nic`."""
+    el = _el("interface", type=nic.type)
+    if nic.mac:
+        _sub(el, "mac", address=nic.mac)
+    if nic.type == "direct":
+        _sub(el, "source", dev=nic.source, mode="bridge")
+    else:
+        _sub(el, "source", **{nic.type: nic.source})
+    _sub(el, "model", type=nic.model)
+    return el
+
+
+def serial(log_file=None):
+    """The serial port (pty), logged to ``log_file`` when given."""
+    el = _el("serial", type="pty")
+    if log_file:
+        _sub(el, "log", file=log_file, append="on")
+    _sub(el, "target", port=0)
+    return el
+
+
+def console():
+    el = _el("console", type="pty")
+    _sub(el, "target", type="serial", port=0)
+    return el
+
+
+def guest_agent_channel():
+    """The QEMU guest agent's virtio-serial channel (libvirt picks the socket and adds the controller).
+    A guest without the agent just leaves it unused; libvirt reports ``state='connected'`` once it runs."""
+    el = _el("channel", type="unix")
+    _sub(el, "target", type="virtio", name=GUEST_AGENT)
+    return el
+
+
+def chardev(kind, c, port):
+    """An extra ``<serial>`` / ``<console>`` (Salt's serials/consoles entry, checked by speckeys.chardevs)
+    at ``port`` (the serial console is port 0); a TCP one listens on its host (telnet or raw)."""
+    el = _el(kind, type=c["type"])
+    if c["type"] == "tcp":
+        _sub(el, "source", mode="bind", host=c["host"], service=c["port"])
+        _sub(el, "protocol", type=c["protocol"])
+    if kind == "serial":
+        _sub(el, "target", port=port)
+    else:
+        _sub(el, "target", type=c["target_type"], port=port)
+    return el
+
+
+def tpm(t):
+    """A vTPM emulated by swtpm (libvirt starts it, its state lives below /var/lib/libvirt/swtpm)."""
+    el = _el("tpm", model=t["model"])
+    _sub(el, "backend", type="emulator", version=t["version"])
+    return el
+
+
+def hostdev(h):
+    """A host PCI or USB device passed through (saltvirt.host.caps.host_devices); libvirt detaches a PCI
+    device from its host driver (managed) while the VM runs."""
+    el = _el("hostdev", mode="subsystem", type=h["type"], managed="yes" if h["type"] == "pci" else None)
+    src = _sub(el, "source")
+    if h["type"] == "pci":
+        dom, bus, rest = h["address"].split(":")
+        slot, func = rest.split(".")
+        _sub(src, "address", domain=f"0x{dom}", bus=f"0x{bus}", slot=f"0x{slot}", function=f"0x{func}")
+    else:
+        _sub(src, "vendor", id=h["vendor"])
+        _sub(src, "product", id=h["product"])
+        _sub(src, "address", bus=h["bus"], device=h["device"])
+    return el
+
+
+def graphics(g):
+    """``<graphics>`` for a :class:`saltvirt.spec.vmspec.Graphics` (its password goes into the XML only)."""
+    el = _el(
+        "graphics",
+        type=g.type,
+        port=g.port,
+        autoport="yes" if g.port in (-1, None) else "no",
+        listen=g.listen,
+        passwd=g.password,
+    )
+    _sub(el, "listen", type="address", address=g.listen)
+    return el
+
+
+def video():
+    el = _el("video")
+    _sub(el, "model", type="vga")
+    return el
+
+
+def tablet():
+    """The USB tablet that keeps the pointer in sync on a graphical console."""
+    return _el("input", type="tablet", bus="usb")
+
+
+# editing an existing definition -------------------------------------------------------------------
+def _mac_of(el):
+    mac = el.find("mac")
+    return (mac.get("address") or "").lower() if mac is not None else ""
+
+
+def interface_by_mac(devices, mac):
+    """The ``<interface>`` with ``mac`` (lower case) in a domain's XML (str) or its ``<devices>`` element."""
+    if isinstance(devices, str):
+        devices = ET.fromstring(devices).find("devices")
+    return next((el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) == mac), None)
+
+
+def device_xml(el, strip_address=False):
+    """One device element as XML (to attach, detach or update it), without its PCI address if asked."""
+    el = ET.fromstring(ET.tostring(el))
+    if strip_address:
+        for addr in el.findall("address"):
+            el.remove(addr)
+    return ET.tostring(el, encoding="unicode")
+
+
+def edit_devices(xml, *, graphics_spec=False, remove_macs=(), change_nics=(), add_nics=(), add_disks=()):
+    """Domain XML with devices changed by the builders above. Returns ``(xml, kept)``: ``kept`` are the
+    MACs (lower case) of the interfaces already there, so the ones libvirt completes can be told apart.
+
+    ``graphics_spec``: False keeps graphics as they are, None removes them, a Graphics replaces them.
+    ``change_nics``: Nics whose MAC names the interface to change in place (its PCI address kept)."""
+    root = ET.fromstring(xml)
+    devices = root.find("devices")
+    if graphics_spec is not False:
+        for el in devices.findall("graphics") + devices.findall("video"):
+            devices.remove(el)
+        if graphics_spec:
+            devices.extend([graphics(graphics_spec), video()])
+            if devices.find("input[@type='tablet']") is None:
+                devices.append(tablet())
+    for mac in remove_macs:
+        el = interface_by_mac(devices, mac)
+        if el is not None:
+            devices.remove(el)
+    for nic in change_nics:
+        el = interface_by_mac(devices, nic.mac.lower())
+        new = interface(nic)
+        if el is not None:  # same element, same MAC and PCI address: new type, source, model
+            keep = el.findall("address")
+            el.clear()
+            el.attrib.update(new.attrib)
+            el.extend(list(new) + keep)
+    kept = {m.get("address", "").lower() for m in devices.findall("interface/mac")}
+    devices.extend(interface(n) for n in add_nics)
+    devices.extend(disk(d) for d in add_disks)
+    return ET.tostring(root, encoding="unicode"), kept
+
+
+def move_disks(xml, disk_map):
+    """Domain XML with disk sources moved per ``disk_map`` ({source path: target path}); the backing
+    chain libvirt reports is dropped for moved disks (the target reads it from the new image)."""
+    root = ET.fromstring(xml)
+    for el in root.findall("devices/disk"):
+        src = el.find("source")
+        if src is not None and src.get("file") in disk_map:
+            src.set("file", disk_map[src.get("file")])
+            for backing in el.findall("backingStore"):
+                el.remove(backing)
+    return ET.tostring(root, encoding="unicode")
+
+
+def new_interfaces(xml, kept_macs):
+    """The ``<interface>`` elements of ``xml`` whose MAC is not in ``kept_macs`` (the ones just added)."""
+    devices = ET.fromstring(xml).find("devices")
+    return [el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) not in kept_macs]
+
+
+def disks_by_target(xml):
+    """``{target dev: <disk> element}`` of a domain's XML."""
+    devices = ET.fromstring(xml).find("devices")
+    return {el.find("target").get("dev"): el for el in devices.findall("disk") if el.find("target") is not None}
+
+
+# reading ------------------------------------------------------------------------------------------
+def domain_name(xml):
+    """The ``<name>`` of domain XML given by a user; ValueError when it does not parse."""
+    try:
+        return ET.fromstring(xml).findtext("name")
+    except ET.ParseError as exc:
+        raise ValueError(f"the domain XML does not parse: {exc}") from None
+
+
+def read(xml):
+    """The parsed domain XML (``xml``: a string, or what this returned already): parse once, then hand
+    the tree to :func:`parse`, :func:`salt_facts` and :func:`loader`."""
+    return xml if isinstance(xml, ET.Element) else ET.fromstring(xml)
+
+
+def parse(xml):
+    """The facts salt-virt reports about a domain, from its XML (no further libvirt calls)."""
+    root = read(xml)
+    devices = root.find("devices")
+    if devices is None:
+        devices = ET.Element("devices")
+    disks = []
+    for d in devices.findall("disk"):
+        src, tgt, drv = d.find("source"), d.find("target"), d.find("driver")
+        backing = d.find("backingStore/source")
+        disks.append(
+            {
+                "target": tgt.get("dev") if tgt is not None else None,
+                "bus": tgt.get("bus") if tgt is not None else None,
+                "device": d.get("device", "disk"),
+                "type": d.get("type"),
+                "file": (src.get("file") or src.get("dev") or src.get("volume")) if src is not None else None,
+                "format": drv.get("type") if drv is not None else None,
+                "backing_file": backing.get("file") if backing is not None else None,
+                "cache": drv.get("cache") if drv is not None else None,
+                "readonly": d.find("readonly") is not None,
+                "shareable": d.find("shareable") is not None,
+                "pool": src.get("pool") if src is not None else None,
+                "volume": src.get("volume") if src is not None else None,
+            }
+        )
+    nics = []
+    for i in devices.findall("interface"):
+        mac, src, model, tgt = i.find("mac"), i.find("source"), i.find("model"), i.find("target")
+        source = None
+        if src is not None:
+            source = src.get("bridge") or src.get("network") or src.get("dev")
+        nics.append(
+            {
+                "type": i.get("type"),
+                "mac": mac.get("address") if mac is not None else None,
+                "source": source,
+                "model": model.get("type") if model is not None else None,
+                "target": tgt.get("dev") if tgt is not None else None,
+            }
+        )
+    graphics = []
+    for g in devices.findall("graphics"):
+        listen = g.get("listen")
+        lel = g.find("listen")
+        if lel is not None and lel.get("address"):
+            listen = lel.get("address")
+        graphics.append(
+            {
+                "type": g.get("type"),
+                "port": _int(g.get("port"), -1),
+                "autoport": g.get("autoport") == "yes",
+                "listen": listen,
+                "password": bool(g.get("passwd")),
+            }
+        )
+    os_el = root.find("os")
+    boot = {}
+    if os_el is not None:
+        for key in ("kernel", "initrd", "cmdline"):
+            el = os_el.find(key)
+            if el is not None:
+                boot[key] = el.text
+    log = devices.find("serial/log")
+    vcpu = root.find("vcpu")
+    return {
+        "name": root.findtext("name"),
+        "uuid": root.findtext("uuid"),
+        "type": root.get("type"),
+        "cpu": _int(vcpu.text if vcpu is not None else None, 1),
+        "mem": _mib(root.find("memory")),
+        "current_mem": _mib(root.find("currentMemory")),
+        "disks": disks,
+        "nics": nics,
+        "graphics": graphics,
+        "boot": boot,
+        "serial_log": log.get("file") if log is not None else None,
+        "group": root.findtext(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}group"),
+        "minion": _minion(root),
+        "guest_agent": _guest_agent(devices),
+    }
+
+
+def _guest_agent(devices):
+    """The guest agent channel's state: ``connected``/``disconnected`` (a running VM, as libvirt reports
+    it), ``unknown`` (no state reported: not running, or a driver that does not say), None (no channel)."""
+    for el in devices.findall("channel/target"):
+        if el.get("name") == GUEST_AGENT:
+            return el.get("state") or "unknown"
+    return None
+
+
+def _minion(root):
+    """``{id, key_sha256}`` of the minion key virt.init seeded into this VM (its <metadata>), or None."""
+    el = root.find(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}minion")
+    if el is None or not el.get("id") or not el.get("key_sha256"):
+        return None
+    return {"id": el.get("id"), "key_sha256": el.get("key_sha256")}
+
+
+def loader(xml):
+    """``<os><loader>`` as Salt's ``virt.get_loader``: ``{path, <attributes>}``, ``{path: "None"}`` if none."""
+    out = {"path": "None"}
+    el = read(xml).find("os/loader")
+    if el is not None:
+        out["path"] = (el.text or "").strip() or "None"
+        out.update(el.attrib)
+    return out
+
+
+def salt_facts(xml):
+    """The facts Salt's ``virt.vm_info`` adds: ``loader`` and the ``on_poweroff``/``on_reboot``/``on_crash`` actions."""
+    root = read(xml)
+    out = {"loader": loader(root)}
+    for key in ("on_poweroff", "on_reboot", "on_crash"):
+        out[key] = root.findtext(key)
+    return out
+
+
+def parse_for_compare(xml):
+    """:func:`parse` plus what comparing with a spec needs (``saltvirt.vm.converge``): the current vCPU
+    count, each NIC's source by its type (a running VM's network NIC also names its bridge) and the
+    graphics passwords. Never report these facts as they are: they hold the passwords."""
+    facts = parse(xml)
+    root = ET.fromstring(xml)
+    vcpu = root.find("vcpu")
+    facts["vcpu_current"] = int(vcpu.get("current") or facts["cpu"]) if vcpu is not None else facts["cpu"]
+    for nic, el in zip(facts["nics"], root.findall("devices/interface"), strict=True):
+        src = el.find("source")
+        if src is not None and nic["type"] in ("bridge", "network"):
+            nic["source"] = src.get(nic["type"]) or nic["source"]
+    facts["features"] = feature_facts(xml)
+    passwds = [g.get("passwd") for g in root.findall("devices/graphics")]
+    for g, pw in zip(facts["graphics"], passwds, strict=True):
+        g["passwd"] = pw
+    return facts

@@ -1,0 +1,111 @@
+"""Names and paths: full-match validation (a trailing newline or '..' never passes)."""
+
+import os
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from tests.support.saltloader import make_minion_mods
+from saltvirt.base import validate
+from saltvirt.spec import vmspec as spec
+from saltvirt.host import netpool
+from saltvirt.vm import migrate
+
+HOSTILE_NAMES = ["web1\n", "a\n", "../x", "..", ".", "a/b", "-a", "a b", "", "x" * 64, "a\0b", "\nweb1"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_vm_names_refused(name):
+    with pytest.raises(SaltInvocationError, match="VM name"):
+        validate.vm_name(name)
+
+
+@pytest.mark.parametrize("name", ["a\n", "../x"])
+def test_hostile_names_refused_for_every_kind(name):
+    with pytest.raises(SaltInvocationError, match="network name"):
+        netpool.network_spec(name)
+    with pytest.raises(SaltInvocationError, match="pool name"):
+        netpool.pool_spec(name, target="/srv/x")
+    with pytest.raises(SaltInvocationError, match="VM name"):
+        spec.build(name, 1, 64, disk=None, nic=None, images_dir="/srv/vms")
+    with pytest.raises(SaltInvocationError, match="disk name"):
+        spec.build("ok", 1, 64, disks=[{"name": name, "size": 1}], nic=None, images_dir="/srv/vms")
+    with pytest.raises(SaltInvocationError, match="host name"):
+        migrate.destination_uri(name)
+
+
+def test_good_names_pass():
+    assert validate.vm_name("web-1.example_2") == "web-1.example_2"
+    assert validate.host_name("hv1.example.com") == "hv1.example.com"
+    assert validate.host_name("fd00::1") == "fd00::1"
+    with pytest.raises(SaltInvocationError):
+        validate.host_name("hv1\n")
+
+
+# paths: through virt.init / virt.update on the real loader (test driver) ------------------------------
+@pytest.fixture
+def outside(tmp_path):
+    """A host file outside virt:images (the /etc/passwd or authorized_keys of the tests)."""
+    folder = tmp_path / "host"
+    folder.mkdir()
+    path = folder / "authorized_keys"
+    path.write_text("ssh-ed25519 AAAA operator\n")
+    return str(path)
+
+
+def _refused(v, match, **args):
+    with pytest.raises(SaltInvocationError, match=match):
+        v["virt.init"]("pathvm", 1, 64, **dict({"nic": None, "disk": None, "start": False}, **args))
+    assert "pathvm" not in v["virt.list_domains"]()
+
+
+def test_hostile_paths_refused(virt_test, outside, tmp_path):
+    v = virt_test
+    images_dir = v.opts["virt"]["images"]
+    setting = r"outside the directories salt-virt may use .*virt:allowed_paths in the minion config"
+    _refused(v, f"path of disk data {outside} is {setting}", disks=[{"data": {"path": outside}}])
+    _refused(v, f"boot:kernel {outside} is {setting}", boot={"kernel": outside})
+    _refused(v, f"boot:initrd {outside} is {setting}", boot={"kernel": f"{images_dir}/k", "initrd": outside})
+    _refused(v, f"serial_log {outside} is {setting}", serial_log=outside)
+    _refused(v, "serial_log /root/.ssh/authorized_keys is outside", serial_log="/root/.ssh/authorized_keys")
+    _refused(v, "must be an absolute path without '..'", disks=[{"d": {"path": f"{images_dir}/../host/x"}}])
+    # a symlink inside virt:images that leads out is judged by where it leads
+    os.makedirs(images_dir, exist_ok=True)
+    link = os.path.join(images_dir, "innocent.img")
+    os.symlink(outside, link)
+    _refused(v, f"path of disk d {link} \\(resolves to {outside}\\) is outside", disks=[{"d": {"path": link}}])
+    with open(outside) as fh:
+        assert fh.read() == "ssh-ed25519 AAAA operator\n"
+
+
+def test_allowed_paths_come_from_the_minion_config_only(virt_test, outside, tmp_path):
+    with pytest.raises(SaltInvocationError, match="unknown argument.*allowed_paths"):
+        virt_test["virt.init"]("pathvm", 1, 64, nic=None, disk=None, allowed_paths=["/"])
+    virt_test["virt.init"]("pathvm", 1, 64, nic=None, disk=None, start=False)
+    with pytest.raises(SaltInvocationError, match="minion config"):
+        virt_test["virt.update"]("pathvm", disks=[{"data": {"path": outside}}], allowed_paths=["/"])
+    with pytest.raises(SaltInvocationError, match="outside the directories"):
+        virt_test["virt.update"]("pathvm", disk=None, disks=[{"data": {"path": outside}}])
+    assert virt_test["virt.get_disks"]("pathvm") == {}
+    folder = os.path.dirname(outside)
+    allowed = make_minion_mods(tmp_path, "test:///default", allowed_paths=[folder])
+    made = allowed["virt.update"]("pathvm", disk=None, disks=[{"data": {"path": outside}}])
+    assert made["changes"]["disks"]["added"][0]["attach"] is True
+
+
+def test_serial_log_may_go_to_libvirts_log_dir():
+    s = spec.build("n", 1, 64, disk=None, nic=None, images_dir="/v", serial_log=f"{spec.SERIAL_LOG_DIR}/n-x.log")
+    assert s.serial_log == f"{spec.SERIAL_LOG_DIR}/n-x.log"
+    with pytest.raises(SaltInvocationError, match="outside"):
+        spec.build("n", 1, 64, disk=None, nic=None, images_dir="/v", serial_log="/var/log/libvirt/x.log")
+
+
+@pytest.mark.parametrize("name", ["a\n", "../x"])
+def test_hostile_names_refused_by_virt_init(virt_test, name):
+    with pytest.raises(SaltInvocationError, match="invalid VM name"):
+        virt_test["virt.init"](name, 1, 64, nic=None, disk=None, start=False)
+    assert name not in virt_test["virt.list_domains"]()
+    with pytest.raises(SaltInvocationError, match="invalid network name"):
+        virt_test["virt.network_define"](name, bridge="br9")
+    with pytest.raises(SaltInvocationError, match="invalid pool name"):
+        virt_test["virt.pool_define"](name, target="/srv/x")

@@ -1,0 +1,128 @@
+"""saltvirt.fleet.publish: the runner's pure helpers around placement (answers, locating a VM, settings)."""
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.fleet import hypervisors, publish as fleet
+
+
+@pytest.mark.parametrize(
+    "ret, retcode, expected",
+    [
+        ({"host": {}}, 0, {"status": "up", "ret": {"host": {}}}),
+        (
+            "ERROR: start VM 'x' on hv1: no bridge",
+            1,
+            {"status": "error", "error": "start VM 'x' on hv1: no bridge", "retcode": 1},
+        ),
+        (
+            "ERROR executing 'virt.init': nic profile 'n' is not defined",
+            1,
+            {"status": "error", "error": "nic profile 'n' is not defined", "retcode": 1},
+        ),
+        (
+            "'virt.full_info' is not available.",
+            1,
+            {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True},
+        ),
+        (
+            "'virt' __virtual__ returned False: libvirt python bindings missing",
+            1,
+            {
+                "status": "error",
+                "error": "'virt' __virtual__ returned False: libvirt python bindings missing",
+                "no_virt": True,
+            },
+        ),
+        (
+            {"virt.full_info": "'virt.full_info' is not available."},
+            1,
+            {"status": "error", "error": "'virt.full_info' is not available.", "no_virt": True},
+        ),
+        (False, 0, {"status": "up", "ret": False}),
+    ],
+)
+def test_minion_answers_are_classified(ret, retcode, expected):
+    assert fleet.classify(ret, retcode) == expected
+
+
+HOSTS = {
+    "h1": {"status": "up", "vms": {"web1": "running", "twin": "running"}},
+    "h2": {"status": "up", "vm_info": {"twin": {}, "db1": {}}},
+    "h3": {"status": "down", "error": "did not answer"},
+}
+
+
+def test_locate_finds_the_one_host_and_refuses_ambiguity():
+    assert fleet.locate(HOSTS, "web1") == "h1" and fleet.locate(HOSTS, "db1") == "h2"
+    with pytest.raises(fleet.Failed, match="ambiguous: defined on h1, h2. Pass host=") as exc:
+        fleet.locate(HOSTS, "twin")
+    assert exc.value.details == {"hosts": ["h1", "h2"]}
+    assert fleet.locate(HOSTS, "twin", host="h2") == "h2"
+    with pytest.raises(fleet.Failed, match="not defined on any hypervisor that answered; .* may have it: h3"):
+        fleet.locate(HOSTS, "nosuch")
+    with pytest.raises(fleet.Failed, match=r"'web1' is not defined on h2 \(it is on h1\)"):
+        fleet.locate(HOSTS, "web1", host="h2")
+    with pytest.raises(fleet.Failed, match="hypervisor h3 is down: did not answer"):
+        fleet.locate(HOSTS, "web1", host="h3")
+
+
+def test_hypervisor_settings_from_master_config_and_call():
+    opts = {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 2, "max_wait": 1}}}
+    cfg = fleet.config(opts)
+    assert (cfg["tgt"], cfg["tgt_type"], cfg["timeout"], cfg["gather_job_timeout"]) == (None, None, 2.0, 5.0)
+    assert cfg["max_wait"] == 2 + 5 + 2  # never shorter than Salt's own down detection
+    assert fleet.config(opts, tgt="a,b")["tgt"] == "a,b"  # a per-call narrowing, resolved by hypervisors.narrow
+    assert fleet.config({"virt": {"hypervisors": ["hv1", "hv2"]}})["timeout"] == 5.0  # the list form: default waits
+    with pytest.raises(SaltInvocationError, match="unknown key"):
+        fleet.config({"virt": {"hypervisors": {"tgt": "h*", "tmeout": 3}}})
+    with pytest.raises(SaltInvocationError, match="timeout must be a number"):
+        fleet.config(opts, timeout="soon")
+    with pytest.raises(SaltInvocationError, match="must be above 0"):
+        fleet.config(opts, timeout=-1)
+
+
+def test_nothing_configured_or_the_old_grain_default_says_what_to_add():
+    for opts in ({}, {"virt": {"hypervisors": {"timeout": 4}}}):
+        with pytest.raises(hypervisors.NotConfiguredError, match="hypervisors: \\[hyper1, hyper2\\]"):
+            fleet.config(opts)
+    with pytest.raises(SaltInvocationError, match="hypervisors_trust_minion_data"):
+        fleet.config({"virt": {"hypervisors": {"tgt": "G@virt_hypervisor:True", "tgt_type": "compound"}}})
+
+
+class _AnsweringClient:
+    """LocalClient's part fleet.run uses, answering at once. A stand-in: the real one needs a running
+    salt-master (tests/integration/test_runner.py covers run() with one); here it lets a unit test count
+    how far run() reads the answers."""
+
+    def __init__(self, answers):
+        self.answers, self.read = answers, []
+
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True):
+        return {"jid": "1", "minions": list(tgt)}
+
+    def get_iter_returns(self, jid, minions, **_kw):
+        for mid in sorted(self.answers):
+            self.read.append(mid)
+            yield {mid: {"ret": self.answers[mid], "retcode": 0}}
+        yield {"late": {"ret": True, "retcode": 0}}  # never read: everyone expected has answered
+
+    def _clean_up_subscriptions(self, jid):
+        pass
+
+
+def test_run_stops_once_every_hypervisor_answered(tmp_path):
+    import salt.config
+
+    opts = salt.config.master_config(None)
+    opts.update(pki_dir=str(tmp_path / "pki"), cachedir=str(tmp_path), virt={"hypervisors": {"tgt": "hv*"}})
+    (tmp_path / "pki" / "minions").mkdir(parents=True)
+    for mid in ("hv1", "hv2", "hv3"):
+        (tmp_path / "pki" / "minions" / mid).write_text("-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n")
+    client = _AnsweringClient({"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
+    answers, jid = fleet.run(opts, "virt.full_info", client=client)
+    assert jid == "1" and client.read == ["hv1", "hv2", "hv3"]
+    assert answers == {m: {"status": "up", "ret": r} for m, r in client.answers.items()}
+    one_down = _AnsweringClient({"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 never answers: down, not dropped
+    answers, _ = fleet.run(opts, "virt.full_info", client=one_down)
+    assert answers["hv2"]["status"] == "down" and answers["hv1"]["status"] == "up" and "late" not in answers

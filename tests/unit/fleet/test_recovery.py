@@ -1,0 +1,218 @@
+"""saltvirt.fleet.recovery: the plan (pure), the settings, fencing (a real command), the down checks."""
+
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.fleet import fleetstate, publish as fleet, recovery
+
+
+def rec(**vms):
+    storage = {"/srv/shared": {"path": "/srv/shared/.salt-virt-storage", "token": "t0k"}}
+    return {"recorded": 1000.0, "master": "m1", "storage": storage, "vms": vms}
+
+
+def vm(state="running", mem=512, disks=None, uuid=None):
+    disks = disks if disks is not None else [{"target": "vda", "path": "/srv/shared/x.qcow2", "root": "/srv/shared"}]
+    return {"state": state, "mem": mem, "cpu": 1, "uuid": uuid, "xml": "<domain/>", "disks": disks}
+
+
+def up(**vms):
+    return {"status": "up", "host": {}, "vm_info": vms}
+
+
+HOSTS = {"hv1": {"status": "down", "error": "no answer"}, "hv2": up(), "hv3": up()}
+
+
+def test_plan_restarts_what_is_shared_biggest_first_and_says_why_not_for_the_rest():
+    record = rec(
+        small=vm(mem=256),
+        big=vm(mem=2048),
+        off=vm(state="shutoff", mem=4096),
+        local=vm(disks=[{"target": "vda", "path": "/x", "why": "disk vda (/x) is outside virt:images"}]),
+        pool=vm(disks=[{"target": "vda", "path": "/srv/other/x", "root": "/srv/other"}]),  # no marker recorded
+        broken={"error": "domain vanished"},
+    )
+    out = recovery.plan(record, HOSTS, "hv1")
+    assert out["restart"] == ["big", "small", "off"]  # running first, biggest first
+    assert out["not_recoverable"]["local"] == "not on shared storage: disk vda (/x) is outside virt:images"
+    assert out["not_recoverable"]["pool"] == "not on shared storage: disk vda: no storage marker"
+    assert "could not be read when recorded (domain vanished)" in out["not_recoverable"]["broken"]
+
+
+def test_plan_leaves_alone_what_runs_elsewhere_by_name_or_uuid():
+    hosts = dict(HOSTS, hv2=up(web1={"state": "running"}), hv3=up(renamed={"state": "shutoff", "uuid": "u-2"}))
+    out = recovery.plan(rec(web1=vm(), db1=vm(uuid="u-2")), hosts, "hv1")
+    assert out["restart"] == []
+    assert out["elsewhere"] == {
+        "web1": "defined on hv2 (running) now: left alone",
+        "db1": "defined on hv3 (shutoff) now: left alone",
+    }
+
+
+def test_plan_uses_the_peers_checks():
+    checks = {"hv2": {"a": [], "b": ["disk vda: not shared"]}, "hv3": {"a": ["no"], "b": ["disk vda: missing"]}}
+    out = recovery.plan(rec(a=vm(), b=vm()), HOSTS, "hv1", checks)
+    assert out["restart"] == ["a"] and out["candidates"] == {"a": ["hv2"]}
+    assert out["not_recoverable"]["b"] == (
+        "no other hypervisor can run it: hv2: disk vda: not shared; hv3: disk vda: missing"
+    )
+    assert recovery.plan(rec(a=vm()), HOSTS, "hv1", {})["not_recoverable"]["a"] == "no other hypervisor answered"
+
+
+def test_fence_refused_without_a_command_and_runs_the_operators_command(tmp_path):
+    with pytest.raises(fleet.Failed, match="no fence command"):
+        recovery.fence(recovery.fence_config({}), "hv1")
+    script = tmp_path / "fence.sh"
+    script.write_text(f'#!/bin/sh\necho "off: $1" ; echo "$1" > {tmp_path}/ran; exit ${{2:-0}}\n')
+    script.chmod(0o755)
+    cfg = recovery.fence_config({"fence": {"command": [str(script), "{host}"], "timeout": 5}})
+    assert recovery.fence(cfg, "hv1") == {"command": [str(script), "hv1"], "rc": 0, "output": "off: hv1"}
+    assert (tmp_path / "ran").read_text() == "hv1\n"
+    cfg = recovery.fence_config({"fence": {"command": [str(script), "{host}", "3"]}})
+    assert recovery.fence(cfg, "hv1")["rc"] == 3
+    slow = recovery.fence_config({"fence": {"command": ["sleep", "5"], "timeout": 0.2}})
+    assert recovery.fence(slow, "hv1")["rc"] is None
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"fence": "fence-host {host}"}, "must be a mapping"),
+        ({"fence": {"command": "fence-host {host}"}}, "list of arguments"),
+        ({"fence": {"command": []}}, "list of arguments"),
+        ({"fence": {"command": ["x"], "timeout": 0}}, "above 0"),
+        ({"fence": {"cmd": ["x"]}}, "unknown key"),
+    ],
+)
+def test_fence_config_bad_input(conf, message):
+    with pytest.raises(SaltInvocationError, match=message):
+        recovery.fence_config(conf)
+
+
+def test_recovery_config():
+    assert recovery.recovery_config({})["probes"] == 2
+    with pytest.raises(SaltInvocationError, match="must contain"):
+        recovery.recovery_config({"recovery": {"probe_uri": "qemu+tls://hv1/system"}})
+    with pytest.raises(SaltInvocationError, match="unknown key"):
+        recovery.recovery_config({"recovery": {"probe": 1}})
+    assert (
+        recovery.probe_uri("qemu+unix:///system?socket=/x/{host}/sock", "hv1")
+        == "qemu+unix:///system?socket=/x/hv1/sock"
+    )
+
+
+class Peers:
+    """Stands in for :class:`saltvirt.fleet.relocate.Remote`: what the peers answered is data here; the real
+    publication to real minions is tests/integration/test_recovery.py."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def call(self, minion, fun, *args, **kwargs):
+        ans = self.answers[minion]
+        if isinstance(ans, Exception):
+            raise ans
+        return ans
+
+
+CFG = recovery.recovery_config({})
+
+
+def test_verify_down_refuses_when_either_side_answers():
+    for status in ("up", "error", "timeout"):
+        hosts = dict(HOSTS, hv1={"status": status})
+        with pytest.raises(fleet.Failed, match="refusing to recover hv1: its minion"):
+            recovery.verify_down(Peers({}), "hv1", hosts, CFG)
+    reached = Peers(
+        {"hv2": {"uri": "u", "reachable": False}, "hv3": {"uri": "qemu+tls://hv1/system", "reachable": True}}
+    )
+    with pytest.raises(fleet.Failed, match="but its libvirtd does \\(reached from hv3 at qemu\\+tls://hv1/system\\)"):
+        recovery.verify_down(reached, "hv1", HOSTS, CFG)
+    unsure = Peers({"hv2": CommandExecutionError("down"), "hv3": {"uri": "u", "reachable": None, "error": "hung"}})
+    with pytest.raises(fleet.Failed, match="no other hypervisor could check"):
+        recovery.verify_down(unsure, "hv1", HOSTS, CFG)
+    with pytest.raises(fleet.Failed, match="no other hypervisor answered"):
+        recovery.verify_down(Peers({}), "hv1", {"hv1": HOSTS["hv1"]}, CFG)
+
+
+def test_verify_down_both_ways():
+    peers = Peers({"hv2": {"uri": "u", "reachable": False, "error": "refused"}, "hv3": CommandExecutionError("x")})
+    seen = recovery.verify_down(peers, "hv1", HOSTS, CFG)
+    assert seen["minion"] == "down" and [p["from"] for p in seen["libvirt"]] == ["hv2", "hv3"]
+
+
+class Fleet(Peers):
+    """Also answers ``gather`` and publications (``fleet.run``): nothing to restart, so nothing else runs."""
+
+    opts = {"id": "m1"}
+    cfg = client = None
+
+    def gather(self, fun):
+        return HOSTS
+
+
+def test_nothing_to_restart_is_not_fenced(tmp_path, monkeypatch):
+    # the record and the peers' checks live in Salt's cache / come from minions: given as data here
+    monkeypatch.setattr(recovery, "recall", lambda opts, host, store=None: rec(web1=vm()))
+    monkeypatch.setattr(recovery, "check_peers", lambda *a: {"hv2": {"web1": ["no"]}, "hv3": {"web1": ["no"]}})
+    peers = Fleet({"hv2": {"uri": "u", "reachable": False}, "hv3": {"uri": "u", "reachable": False}})
+    out = recovery.recover(peers, "hv1", {}, store=object())
+    assert out["fenced"] is None and out["recovered"] == {} and "was not fenced" in out["note"]
+    assert "no other hypervisor can run it" in out["not_recoverable"]["web1"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real localfs store (Salt's cache), as one master uses it."""
+    import salt.config
+
+    opts = salt.config.master_config(None)
+    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "virt": {}})
+    return fleetstate.Store(opts)
+
+
+class Back(Fleet):
+    """The host is back: hosts' facts and the undefine calls are data here (real ones: the integration test)."""
+
+    def __init__(self, hosts):
+        super().__init__({})
+        self.hosts, self.undefined = hosts, []
+
+    def gather(self, fun):
+        return self.hosts
+
+    def call(self, minion, fun, *args, **kwargs):
+        assert fun == "virt.undefine"
+        self.undefined.append((minion, args[0]))
+        return True
+
+
+def test_reconcile_undefines_only_stale_stopped_copies(store):
+    store.transact(
+        recovery.RECOVERED,
+        "hv1",
+        lambda old: {
+            "a": {"to": "hv2", "uuid": "u-a"},
+            "b": {"to": "hv2", "uuid": "u-b"},
+            "c": {"to": "hv3", "uuid": "u-c"},
+            "d": {"to": "hv3", "uuid": "u-d"},
+        },
+    )
+    hosts = {
+        "hv1": up(
+            a={"state": "shutoff", "uuid": "u-a"},
+            b={"state": "running", "uuid": "u-b"},  # two copies running: never touched
+            c={"state": "shutoff", "uuid": "u-c"},  # not defined elsewhere any more: the only copy
+        ),  # d: already gone from hv1
+        "hv2": up(a={"state": "running", "uuid": "u-a"}, b={"state": "running", "uuid": "u-b"}),
+        "hv3": up(),
+    }
+    fleet_ = Back(hosts)
+    out = recovery.reconcile(fleet_, "hv1", store)
+    assert fleet_.undefined == [("hv1", "a")]
+    assert out["undefined"] == {"a": "undefined on hv1 (disks kept); it is on hv2 (running)"}
+    assert out["conflicts"] == {"b": "running on hv1 AND defined on hv2 (running)"}
+    assert "the only one, kept" in out["kept"]["c"]
+    assert sorted(store.fetch(recovery.RECOVERED, "hv1")) == ["b", "c"]  # left for the next run
+    with pytest.raises(fleet.Failed, match="reconcile it once it is back"):
+        recovery.reconcile(Back(dict(hosts, hv1={"status": "down"})), "hv1", store)

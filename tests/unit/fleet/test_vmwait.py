@@ -1,0 +1,148 @@
+"""saltvirt.fleet.vmwait: ``salt-run virt.init ... wait=ip|minion``. Arguments are checked before anything is
+created; a wait that runs out (or fails) keeps the VM and says what it saw.
+
+The waiting itself publishes through a salt-master (``fleet.call``, LocalClient): with a real master and
+hypervisor that is tests/integration/test_guest_ips.py. Here ``vmwait.call`` is replaced by a function
+returning what a hypervisor would answer, since unit tests have no salt-master."""
+
+import pytest
+from salt.exceptions import SaltClientError, SaltInvocationError
+
+from saltvirt.fleet import vmwait
+
+CREATED = {"name": "web1", "host": "hyper1", "key": {"minion_id": "web1-id"}}
+IP = {"address": "10.0.0.5", "prefix": 24, "type": "ipv4", "source": "lease"}
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((None, 300), (None, None)),
+        (("", "x"), (None, None)),  # no wait: wait_timeout is not even looked at
+        (("ip", 300), ("ip", 300.0)),
+        ((" Minion ", "12.5"), ("minion", 12.5)),
+    ],
+)
+def test_check_accepts(args, expected):
+    assert vmwait.check(*args) == expected
+
+
+@pytest.mark.parametrize(
+    ("wait", "timeout", "start", "message"),
+    [
+        ("ssh", 300, True, "wait must be ip or minion (or left out), not 'ssh'"),
+        (["ip"], 300, True, "wait must be ip or minion"),
+        (True, 300, True, "wait must be ip or minion"),
+        ("ip", 0, True, "wait_timeout must be a number of seconds above 0"),
+        ("ip", -5, True, "wait_timeout must be a number of seconds above 0"),
+        ("ip", "soon", True, "not 'soon'"),
+        ("ip", True, True, "wait_timeout must be a number"),
+        ("ip", 10**9, True, f"at most {vmwait.MAX_TIMEOUT}"),
+        ("minion", 60, False, "wait=minion needs the VM started: leave out start=False"),
+        ("ip", 60, "false", "wait=ip needs the VM started"),
+    ],
+)
+def test_check_refuses_with_a_clear_message(wait, timeout, start, message):
+    with pytest.raises(SaltInvocationError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        vmwait.check(wait, timeout, start)
+
+
+class Hypervisor:
+    """What ``virt.vm_info NAME`` on the hypervisor answers, one answer per call (the last one repeats)."""
+
+    def __init__(self, *answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, opts, host, fun, args, kwarg, cfg, max_wait, client):
+        self.calls.append((host, fun, args))
+        ans = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(ans, Exception):
+            raise ans
+        return ans, "jid"
+
+
+def up(state="running", ips=(), note=None):
+    info = {"state": state, "nics": {"52:54:00:00:00:01": {"ips": list(ips)}, "52:54:00:00:00:02": {"ips": []}}}
+    if note:
+        info["ips_note"] = note
+    return {"status": "up", "ret": {"web1": info}}
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(vmwait, "POLL", 0.01)
+
+
+def test_wait_ip_returns_the_addresses_once_there(monkeypatch, fast):
+    hv = Hypervisor(up(), {"status": "down", "error": "did not answer"}, up(ips=[IP]))
+    monkeypatch.setattr(vmwait, "call", hv)
+    ret = vmwait.wait({}, "ip", CREATED, 30, {}, None)
+    assert ret["result"] == "ok" and ret["ips"] == {"52:54:00:00:00:01": [IP]}
+    assert hv.calls == [("hyper1", "virt.vm_info", ["web1"])] * 3  # only the new VM, on its own host
+
+
+def test_wait_ip_timeout_keeps_the_vm_and_says_what_it_saw(monkeypatch, fast):
+    monkeypatch.setattr(vmwait, "call", Hypervisor(up(note="lease: network gone")))
+    ret = vmwait.wait({}, "ip", CREATED, 0.1, {}, None)
+    assert ret["result"] == "timeout" and ret["seen"] == {
+        "state": "running",
+        "ips": {},
+        "ips_note": "lease: network gone",
+    }
+    assert ret["message"] == (
+        "no address showed up on web1's NICs within 0.1 s. The VM web1 was created on hyper1 and is kept: "
+        "see salt-run virt.vm_info web1, or salt-run virt.purge web1 to remove it"
+    )
+
+
+class NoMinion:
+    """A LocalClient whose publications reach nobody (what a VM without a running minion looks like)."""
+
+    def __init__(self):
+        self.published = []
+
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, listen=False):
+        self.published.append((tuple(tgt), fun, tgt_type))
+        return {"jid": str(len(self.published)), "minions": tgt}
+
+    def get_iter_returns(self, jid, minions, **kwargs):
+        yield None
+        yield None
+
+    def _clean_up_subscriptions(self, jid):
+        pass
+
+
+def test_wait_minion_pings_only_the_new_minion_and_times_out_clearly(monkeypatch):
+    monkeypatch.setattr(vmwait, "call", Hypervisor(up(ips=[IP])))
+    monkeypatch.setattr(vmwait, "PING_WINDOW", 0.05)
+    client = NoMinion()
+    ret = vmwait.wait({}, "minion", CREATED, 0.3, {}, client)
+    assert ret["result"] == "timeout" and ret["minion"] == "web1-id" and ret["pings"] >= 1
+    assert set(client.published) == {(("web1-id",), "test.ping", "list")}  # a list target: never a glob
+    assert ret["seen"] == {"state": "running", "ips": {"52:54:00:00:00:01": [IP]}}
+    assert ret["message"].startswith("minion web1-id did not answer test.ping within 0.3 s. The VM web1 was created")
+
+    unseeded = dict(CREATED, key=None)
+    ret = vmwait.wait({}, "minion", unseeded, 0.1, {}, NoMinion())
+    assert "(no minion key was seeded: seed=False or no image;" in ret["message"]
+
+
+def test_wait_minion_ok(monkeypatch):
+    class Answers(NoMinion):
+        def get_iter_returns(self, jid, minions, **kwargs):
+            yield None
+            yield {"web1-id": {"ret": True, "retcode": 0}}
+
+    ret = vmwait.wait({}, "minion", CREATED, 30, {}, Answers())
+    assert ret["result"] == "ok" and ret["minion"] == "web1-id"
+
+
+def test_a_failing_wait_never_fails_the_created_vm(monkeypatch):
+    class Broken(NoMinion):
+        def run_job(self, *args, **kwargs):
+            raise SaltClientError("master gone")
+
+    ret = vmwait.wait({}, "minion", CREATED, 30, {}, Broken())
+    assert ret["result"] == "error"
+    assert ret["message"].startswith("waiting for minion failed (master gone). The VM web1 was created on hyper1")

@@ -1,0 +1,126 @@
+"""saltvirt.host.hostrecord on libvirt's test driver: two file-based test:/// connections are two hosts."""
+
+import libvirt
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.host import hostrecord
+from tests.support.paths import TEST_NODE_XML
+
+
+def xml(name, disk, uuid="3f6ba1d4-1111-4c1b-9a40-0123456789ab", ro=None):
+    extra = f"<disk type='file' device='cdrom'><source file='{ro}'/><target dev='hdc'/><readonly/></disk>" if ro else ""
+    return (
+        f"<domain type='test'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>128</memory><vcpu>1</vcpu>"
+        "<os><type>hvm</type></os><devices>"
+        f"<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='{disk}'/>"
+        f"<target dev='vda' bus='virtio'/></disk>{extra}</devices></domain>"
+    )
+
+
+@pytest.fixture
+def storage(tmp_path):
+    shared, local = tmp_path / "shared", tmp_path / "local"
+    shared.mkdir()
+    local.mkdir()
+    (shared / "web1.qcow2").write_bytes(b"x")
+    (local / "db1.qcow2").write_bytes(b"x")
+    return shared, local
+
+
+def test_record_keeps_definitions_and_marks_the_storage(test_conn, storage, tmp_path):
+    shared, local = storage
+    test_conn.defineXML(xml("web1", shared / "web1.qcow2"))
+    test_conn.defineXML(xml("db1", local / "db1.qcow2", uuid="3f6ba1d4-2222-4c1b-9a40-0123456789ab"))
+    rec = hostrecord.record(test_conn, str(local), [str(shared)])
+    web = rec["vms"]["web1"]
+    assert web["uuid"] == "3f6ba1d4-1111-4c1b-9a40-0123456789ab" and web["mem"] == 128 and "<domain" in web["xml"]
+    assert web["disks"] == [
+        {"target": "vda", "path": str(shared / "web1.qcow2"), "type": "file", "readonly": False, "root": str(shared)}
+    ]
+    token = (shared / hostrecord.MARKER).read_text()
+    assert rec["storage"][str(shared)] == {"path": str(shared / hostrecord.MARKER), "token": token}
+    # written once: a second record (or another host) reads the same token
+    assert hostrecord.record(test_conn, str(local), [str(shared)])["storage"][str(shared)]["token"] == token
+
+
+def test_a_disk_outside_the_roots_is_flagged(test_conn, tmp_path):
+    test_conn.defineXML(xml("odd", "/var/lib/elsewhere/odd.qcow2"))
+    rec = hostrecord.record(test_conn, str(tmp_path), [])
+    assert "outside virt:images and virt:allowed_paths" in rec["vms"]["odd"]["disks"][0]["why"]
+
+
+def test_restart_on_another_host_only_where_it_sees_the_same_storage(test_conn, storage, tmp_path):
+    shared, local = storage
+    test_conn.defineXML(xml("web1", shared / "web1.qcow2"))
+    test_conn.defineXML(xml("db1", local / "db1.qcow2", uuid="3f6ba1d4-2222-4c1b-9a40-0123456789ab"))
+    rec = hostrecord.record(test_conn, str(local), [str(shared)])
+    other = libvirt.open(f"test://{TEST_NODE_XML}")  # a second host: its own state
+    try:
+        other_images = tmp_path / "other-images"
+        other_images.mkdir()
+        checks = hostrecord.check_all(
+            {n: v["xml"] for n, v in rec["vms"].items()}, rec["storage"], str(other_images), [str(shared)]
+        )
+        assert checks["web1"] == []
+        assert "outside the directories salt-virt may use" in checks["db1"][0]
+        done = hostrecord.restart(
+            other, "web1", rec["vms"]["web1"]["xml"], rec["storage"], str(other_images), [str(shared)]
+        )
+        assert done["state"] == "running" and done["uuid"] == rec["vms"]["web1"]["uuid"]
+        with pytest.raises(CommandExecutionError, match="already defined"):
+            hostrecord.restart(
+                other, "web1", rec["vms"]["web1"]["xml"], rec["storage"], str(other_images), [str(shared)]
+            )
+        with pytest.raises(CommandExecutionError, match="cannot restart 'db1'"):
+            hostrecord.restart(other, "db1", rec["vms"]["db1"]["xml"], rec["storage"], str(other_images), [str(shared)])
+        assert [d.name() for d in other.listAllDomains(0) if d.name() == "db1"] == []
+    finally:
+        other.close()
+
+
+def test_same_path_other_storage_is_not_shared(storage, tmp_path):
+    shared, _local = storage
+    recorded = {str(shared): {"path": str(shared / hostrecord.MARKER), "token": "aaaa"}}
+    (shared / hostrecord.MARKER).write_text("bbbb")  # another filesystem at the same path: its own marker
+    facts = {
+        "disks": [
+            {"target": "vda", "file": str(shared / "web1.qcow2"), "type": "file", "readonly": False, "device": "disk"}
+        ],
+        "boot": {"kernel": str(tmp_path / "missing-vmlinuz")},
+    }
+    reasons = hostrecord.check(facts, recorded, [str(shared), str(tmp_path)])
+    assert "does not see the down host's storage there" in reasons[0] and "not shared" in reasons[0]
+    assert "kernel/initrd" in reasons[1]
+    facts["disks"], facts["boot"] = [], {"kernel": "/etc/shadow"}  # a recorded definition never names host files
+    assert "is outside the directories salt-virt may use" in hostrecord.check(facts, recorded, [str(shared)])[0]
+
+
+def test_hostile_restart_input(test_conn, tmp_path):
+    with pytest.raises(SaltInvocationError, match="does not parse"):
+        hostrecord.restart(test_conn, "web1", "<domain", {}, str(tmp_path))
+    with pytest.raises(SaltInvocationError, match="defines 'other'"):
+        hostrecord.restart(test_conn, "web1", xml("other", tmp_path / "x"), {}, str(tmp_path))
+    with pytest.raises(SaltInvocationError):
+        hostrecord.restart(test_conn, "../x", xml("../x", tmp_path / "x"), {}, str(tmp_path))
+
+
+def test_probe_reports_unreachable(tmp_path):
+    ans = hostrecord.probe(f"qemu+unix:///system?socket={tmp_path}/nothing-listens", wait=10)
+    assert ans["reachable"] is False and "nothing-listens" in ans["error"]
+    assert hostrecord.probe(f"test://{TEST_NODE_XML}")["reachable"] is True
+    with pytest.raises(SaltInvocationError, match="libvirt URI"):
+        hostrecord.probe("hv1")
+
+
+def test_module_functions_through_salts_loader(virt_test, tmp_path):
+    for fun in ("recovery_record", "recovery_probe", "recovery_check", "recovery_restart"):
+        assert f"virt.{fun}" in virt_test and "CLI Example" in virt_test[f"virt.{fun}"].__doc__
+    rec = virt_test["virt.recovery_record"]()
+    assert rec["vms"]["test"]["uuid"] and "<domain" in rec["vms"]["test"]["xml"]
+    assert virt_test["virt.recovery_probe"]("hv2", uri="test:///default")["reachable"] is True
+    # the test driver's own domain has its disk at /guest/diskimage1: outside this host's directories
+    checked = virt_test["virt.recovery_check"]({"test": rec["vms"]["test"]["xml"]}, rec["storage"])
+    assert "/guest/diskimage1 is outside the directories salt-virt may use" in checked["test"][0]
+    with pytest.raises(CommandExecutionError, match="already defined"):
+        virt_test["virt.recovery_restart"]("test", rec["vms"]["test"]["xml"], rec["storage"])

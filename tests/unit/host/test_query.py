@@ -1,0 +1,65 @@
+"""saltvirt.host.query: one VM that cannot be read is that VM's error, not the host's (test driver)."""
+
+import pytest
+from salt.exceptions import CommandExecutionError
+
+from saltvirt.host import query
+
+
+def _define_unreadable(conn):
+    """A domain whose XML libvirt hands back unparseable (what a bad graphics value used to leave)."""
+    xml = (
+        "<domain type='test'><name>broken1</name><memory>65536</memory><os><type>hvm</type></os>"
+        "<devices><graphics type='vnc' port='-1' listen=\"{'address': '1.2.3.4'}\"/></devices></domain>"
+    )
+    return conn.defineXML(xml)
+
+
+def test_one_unreadable_vm_is_its_own_error(test_conn):
+    good = "<domain type='test'><name>good1</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    test_conn.defineXML(good).create()
+    _define_unreadable(test_conn)
+    full = query.full_info(test_conn)
+    assert full["host"]["vms_defined"] == 2 and full["host"]["vms_active"] == 1
+    assert full["vm_info"]["good1"]["state"] == "running" and "error" not in full["vm_info"]["good1"]
+    broken = full["vm_info"]["broken1"]
+    assert broken["state"] == "shutoff" and "cannot read" in broken["error"]
+    assert query.host_info(test_conn)["vms_defined"] == 2
+    assert query.vm_state(test_conn) == {"broken1": "shutoff", "good1": "running"}
+    with pytest.raises(CommandExecutionError, match="cannot read VM 'broken1': ParseError"):
+        query.vm_info(test_conn, "broken1")
+
+
+def test_unreadable_vm_keeps_the_host_in_placement(test_conn):
+    from saltvirt.fleet import placement
+
+    _define_unreadable(test_conn)
+    hosts = {"hyper1": dict(query.full_info(test_conn), status="up")}
+    plan = placement.rank(hosts, placement.make_request(1, 64), placement.make_policy(mem_reserve_mib=0))
+    assert plan["host"] == "hyper1", plan
+
+
+def test_module_queries_survive_an_unreadable_vm(virt_test):
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    _define_unreadable(conn)
+    conn.close()
+    full = virt_test["virt.full_info"]()
+    assert "error" in full["vm_info"]["broken1"] and "error" not in full["vm_info"]["test"]
+    assert virt_test["virt.vm_state"]() == {"broken1": "shutoff", "test": "running"}
+    assert "broken1" in virt_test["virt.list_domains"]()
+
+
+def test_all_vms_answer_autostart_and_persistent_as_one_vm_does(test_conn):
+    """vm_info of all VMs reads autostart/persistent from two filtered listAllDomains calls (not two round
+    trips per VM): the same answer as asking each VM."""
+    xml = "<domain type='test'><name>{}</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    test_conn.defineXML(xml.format("auto1")).setAutostart(1)
+    test_conn.defineXML(xml.format("plain1"))
+    test_conn.createXML(xml.format("transient1"), 0)  # running, not persistent
+    every = query.vm_info(test_conn)
+    flags = {n: (v["autostart"], v["persistent"]) for n, v in every.items() if n in ("auto1", "plain1", "transient1")}
+    assert flags == {"auto1": (True, True), "plain1": (False, True), "transient1": (False, False)}
+    for name in every:
+        assert every[name] == query.vm_info(test_conn, name)[name]

@@ -1,0 +1,102 @@
+"""saltvirt.vm.provision: faults after defineXML in virt.init (libvirt's test driver).
+
+The post-define faults are injected through init's own ``progress`` callback (the hook that sends the
+progress events): raising there is a failure at exactly that step, with nothing mocked.
+"""
+
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.vm import provision
+
+# a graphics listen that is not a string: libvirt stores it and then hands back XML that does not parse
+BAD_LISTEN = {"listen": {"address": "1.2.3.4'/><x"}}  # Salt's mapping form is honoured; this address is not
+
+
+def _left(conn, tmp_path):
+    names = sorted(d.name() for d in conn.listAllDomains(0))
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    return names, files
+
+
+def test_bad_graphics_leaves_nothing_defined(test_conn, tmp_path):
+    before = _left(test_conn, tmp_path)
+    with pytest.raises(SaltInvocationError, match="graphics:listen:address"):
+        provision.init(test_conn, "gfx1", 1, 64, images_dir=str(tmp_path), nic=None, start=False, graphics=BAD_LISTEN)
+    with pytest.raises(SaltInvocationError, match="graphics:port"):
+        provision.init(test_conn, "gfx1", 1, 64, images_dir=str(tmp_path), nic=None, graphics={"port": "x"})
+    assert _left(test_conn, tmp_path) == before
+
+
+@pytest.mark.parametrize("step", ["defined", "started"])
+def test_failure_after_define_is_undone(test_conn, tmp_path, step):
+    before = _left(test_conn, tmp_path)
+
+    def progress(at, **_data):
+        if at == step:
+            raise CommandExecutionError(f"injected fault at {at}")
+
+    with pytest.raises(CommandExecutionError, match=f"injected fault at {step}"):
+        provision.init(test_conn, "late1", 1, 64, images_dir=str(tmp_path), nic=None, progress=progress)
+    assert _left(test_conn, tmp_path) == before  # no domain, no disk, no manifest, no VM directory
+
+
+def test_undo_that_cannot_finish_reports_the_vm_state(test_conn, tmp_path):
+    """The undo cannot remove the domain (here: another one took its name meanwhile; on a real host:
+    libvirtd died, see tests/integration/test_faults.py): the error says what is left and what to run."""
+    xml = "<domain type='test'><name>late2</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+
+    def progress(at, **_data):
+        if at == "defined":
+            test_conn.lookupByName("late2").undefine()
+            test_conn.defineXML(xml)
+            raise CommandExecutionError("connection lost")
+
+    with pytest.raises(CommandExecutionError) as err:
+        provision.init(test_conn, "late2", 1, 64, images_dir=str(tmp_path), nic=None, progress=progress)
+    msg = str(err.value)
+    assert "connection lost" in msg and "cleanup incomplete: undefine late2" in msg, msg
+    assert "VM 'late2' is still defined, state shutoff" in msg and "virt.cleanup late2" in msg, msg
+
+
+def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_path):
+    """A console gets a generated password unless given one; one sealed by the runner is opened with
+    this minion's key (<pki_dir>/minion.pem); neither appears in the return."""
+    import libvirt
+
+    from saltvirt.pki import envelope
+
+    ret = provision.init(test_conn, "gfx2", 1, 64, images_dir=str(tmp_path), nic=None, disk=None, enable_vnc=True)
+    secure = test_conn.lookupByName("gfx2").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
+    generated = secure.split("passwd='")[1].split("'")[0]
+    assert len(generated) == 8 and generated not in repr(ret)
+    pub, priv = envelope.new_keypair()
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "minion.pem").write_text(priv)
+    sealed = envelope.seal(pub, "s3cret-1", context="gfx3/graphics")
+    gfx = {"type": "vnc", "password": sealed}
+    ret = provision.init(
+        test_conn,
+        "gfx3",
+        1,
+        64,
+        images_dir=str(tmp_path),
+        nic=None,
+        disk=None,
+        graphics=gfx,
+        pki_dir=str(tmp_path / "pki"),
+    )
+    assert "passwd='s3cret-1'" in test_conn.lookupByName("gfx3").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
+    assert "s3cret-1" not in repr(ret)
+
+
+def test_init_returns_the_new_vms_info_as_vm_info_reports_it(test_conn, tmp_path):
+    """The runner puts virt.init's own vm_info in its answer instead of asking the hypervisor again."""
+    from saltvirt.host import query
+
+    ret = provision.init(test_conn, "info1", 1, 64, images_dir=str(tmp_path), nic=None)
+    try:
+        assert ret["vm_info"] == query.vm_info(test_conn, "info1")["info1"]
+        assert ret["state"] == ret["vm_info"]["state"] == "running"
+    finally:
+        provision.purge(test_conn, "info1", images_dir=str(tmp_path))

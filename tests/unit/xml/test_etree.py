@@ -1,0 +1,32 @@
+"""saltvirt.xml.etree: the ElementTree helpers under domxml and domxml_features."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from saltvirt.xml import etree
+
+
+def test_el_drops_none_attributes_and_stringifies():
+    node = etree.el("memory", 512, unit="MiB", dumpCore=None)
+    assert ET.tostring(node) == b'<memory unit="MiB">512</memory>'
+
+
+def test_sub_appends_to_parent():
+    parent = etree.el("devices")
+    child = etree.sub(parent, "disk", type="file")
+    assert list(parent) == [child] and child.get("type") == "file"
+
+
+@pytest.mark.parametrize(("text", "default", "want"), [("7", 0, 7), (None, 3, 3), ("x", -1, -1)])
+def test_to_int(text, default, want):
+    assert etree.to_int(text, default) == want
+
+
+@pytest.mark.parametrize(
+    ("xml", "want"),
+    [("<m>1048576</m>", 1024), ("<m unit='GiB'>2</m>", 2048), ("<m unit='bytes'>1048576</m>", 1), ("<m>x</m>", 0)],
+)
+def test_mib_units(xml, want):
+    assert etree.mib(ET.fromstring(xml)) == want
+    assert etree.mib(None) == 0
