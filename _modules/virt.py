@@ -416,15 +416,18 @@ def purge(vm_, connection=None, **kwargs):
         return provision.purge(conn, vm_, images_dir=_images_dir())
 
 
-def image_gc(cache=False):
+def image_gc(cache=False, connection=None):
     """
-    Remove cached base images (``virt:images/.bases``) that no disk under ``virt:images`` backs onto
-    any more; with ``cache=True`` also the download cache (``virt:images/.cache``). ``virt.purge``
-    does the first part itself after every VM it removes.
+    Remove cached base images (``virt:images/.bases``) that nothing on this host uses any more: no
+    domain libvirt knows here (defined or running, wherever its disks live), no ownership manifest and
+    no image under ``virt:images`` has it anywhere in its backing chain. With ``cache=True`` also the
+    download cache (``virt:images/.cache``). ``virt.purge`` does the first part itself after every VM
+    it removes.
 
     CLI Example:: salt 'hyper*' virt.image_gc cache=True
     """
-    return intake.gc_bases(_images_dir(), cache=_bool(cache))
+    with _conn(connection) as conn:
+        return intake.gc_bases(_images_dir(), cache=_bool(cache), conn=conn)
 
 
 def set_autostart(vm_, state="on", connection=None, **kwargs):

@@ -273,7 +273,7 @@ def _locked(vm_dir):
         os.close(fd)
 
 
-def _load_manifest(vm_dir, strict=False):
+def load_manifest(vm_dir, strict=False):
     path = _manifest_file(vm_dir)
     if not os.path.lexists(path):
         return None
@@ -317,7 +317,7 @@ def record_owned(vm_dir, vm_name, files, vm_uuid=None):
         files = [files]
     files = [os.path.abspath(_abs_path(f, "owned file")) for f in files]
     with _locked(vm_dir):
-        manifest = _load_manifest(vm_dir, strict=True)
+        manifest = load_manifest(vm_dir, strict=True)
         if manifest is not None:
             reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
             if reason:
@@ -338,7 +338,7 @@ def record_owned(vm_dir, vm_name, files, vm_uuid=None):
 def set_uuid(vm_dir, uuid):
     """Bind the manifest to the libvirt uuid of the VM once it is defined."""
     with _locked(vm_dir):
-        manifest = _load_manifest(vm_dir, strict=True)
+        manifest = load_manifest(vm_dir, strict=True)
         if manifest is None:
             raise CommandExecutionError(f"no ownership manifest in {vm_dir}: nothing to bind to uuid {uuid}")
         if manifest.get("uuid") and manifest["uuid"] != uuid:
@@ -353,7 +353,7 @@ def record_owned_extra(vm_dir, vm_name, key, items, vm_uuid=None):
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     with _locked(vm_dir):
-        manifest = _load_manifest(vm_dir, strict=True)
+        manifest = load_manifest(vm_dir, strict=True)
         if manifest is not None:
             reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
             if reason:
@@ -372,7 +372,7 @@ def owned_extra(vm_dir, vm_name, key, vm_uuid=None):
     """The ``key`` entries of this VM's manifest ([] when it is not this VM's)."""
     if not os.path.isdir(vm_dir):
         return []
-    manifest = _load_manifest(vm_dir)
+    manifest = load_manifest(vm_dir)
     if _check_owner(manifest, vm_dir, vm_name, vm_uuid):
         return []
     return [i for i in manifest.get(key) or [] if isinstance(i, dict)]
@@ -382,7 +382,7 @@ def forget_extra(vm_dir, vm_name, key, items, vm_uuid=None):
     """Drop ``items`` from the manifest's ``key`` (they are gone); the manifest and the empty directory
     go when nothing is left."""
     with _locked(vm_dir):
-        manifest = _load_manifest(vm_dir)
+        manifest = load_manifest(vm_dir)
         if manifest is None or _check_owner(manifest, vm_dir, vm_name, vm_uuid):
             return
         manifest[key] = [i for i in manifest.get(key) or [] if i not in items]
@@ -395,28 +395,44 @@ def owned_files(vm_dir, vm_name, vm_uuid=None):
     """Files the manifest lists for this VM that really are inside ``vm_dir`` (no symlink escapes)."""
     if not os.path.isdir(vm_dir):
         return []
-    manifest = _load_manifest(vm_dir)
+    manifest = load_manifest(vm_dir)
     if _check_owner(manifest, vm_dir, vm_name, vm_uuid):
         return []
     return [f for f in manifest["files"] if _inside(vm_dir, f)]
 
 
+def backing_chain(path, limit=64):
+    """Every file below ``path`` in its qcow2 backing chain (realpaths, nearest first), read from the
+    headers (no qemu, no locks); stops at a loop or after ``limit`` links."""
+    chain, seen = [], {os.path.realpath(path)}
+    backing = qcow2_backing(path)
+    while backing and len(chain) < limit:
+        real = os.path.realpath(backing)
+        if real in seen:
+            break
+        seen.add(real)
+        chain.append(real)
+        backing = qcow2_backing(real)
+    return chain
+
+
+def image_files(root):
+    """Every regular file below ``root`` at any depth (symlinks neither followed nor listed)."""
+    out = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        out.extend(p for p in (os.path.join(folder, f) for f in files) if os.path.isfile(p) and not os.path.islink(p))
+    return out
+
+
 def backing_users(images_root):
-    """``{backing file (realpath): [images that back onto it]}`` for qcow2 files up to two levels below
-    ``images_root`` (``<images>/<vm>/<disk>``, ``<images>/.bases/...``): header reads only, cheap."""
+    """``{backing file (realpath): [images that back onto it]}`` for every qcow2 file below
+    ``images_root``, at any depth, over the whole chain (an overlay of an overlay keeps the base too):
+    header reads only."""
     users = {}
-    candidates = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(images_root):
-            if entry.is_dir(follow_symlinks=False):
-                with contextlib.suppress(OSError):
-                    candidates.extend(e.path for e in os.scandir(entry.path) if e.is_file(follow_symlinks=False))
-            elif entry.is_file(follow_symlinks=False):
-                candidates.append(entry.path)
-    for path in candidates:
-        backing = qcow2_backing(path)
-        if backing:
-            users.setdefault(os.path.realpath(backing), []).append(os.path.realpath(path))
+    for path in image_files(images_root):
+        for backing in backing_chain(path):
+            users.setdefault(backing, []).append(os.path.realpath(path))
     return users
 
 
@@ -433,7 +449,7 @@ def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):  # noqa: C901, PLR0
     if not os.path.isdir(vm_dir):
         return {"removed": [], "kept": {c: f"VM directory {vm_dir} does not exist" for c in candidates}}
     with _locked(vm_dir):
-        manifest = _load_manifest(vm_dir)
+        manifest = load_manifest(vm_dir)
         not_ours = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
         owned = {os.path.realpath(f) for f in manifest["files"] if _inside(vm_dir, f)} if not not_ours else set()
         doomed = {}

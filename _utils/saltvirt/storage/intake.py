@@ -37,7 +37,9 @@ import urllib.request
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, validate
+from saltvirt.host.conn import libvirt
 from saltvirt.storage import images
+from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
 
@@ -457,23 +459,75 @@ def bases_lock(images_dir):
         os.close(fd)
 
 
-def gc_bases(images_dir, cache=False):
-    """Remove cached bases (``<images>/.bases/*``) that no image under ``images_dir`` backs onto; with
-    ``cache=True`` also the http(s) download cache (``<images>/.cache``), which only speeds up the next
-    ``virt.init`` of the same URL. Returns ``{removed: [paths], kept: [paths]}``."""
+def _domain_disks(conn):
+    """``{disk file: domain name}`` of every domain libvirt knows on this host, defined or running
+    (its inactive and, when running, its live definition: a hot-plugged disk counts too)."""
+    out = {}
+    for dom in conn.listAllDomains(0):
+        flags = [libvirt.VIR_DOMAIN_XML_INACTIVE] + ([0] if dom.isActive() else [])
+        for flag in flags:
+            try:
+                facts = domxml.parse(dom.XMLDesc(flag))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    break  # gone meanwhile: it references nothing any more
+                raise CommandExecutionError(
+                    f"image gc: cannot read the definition of {dom.name()}: {exc.get_error_message()}; "
+                    "nothing was removed"
+                ) from None
+            for disk in facts["disks"]:
+                for path in (disk.get("file"), disk.get("backing_file")):
+                    if path and os.path.isabs(path):
+                        out.setdefault(path, facts["name"])
+    return out
+
+
+def references(images_dir, conn=None):
+    """``{file (realpath): [who uses it]}``: every file a domain on this host (``conn``: defined or
+    running, wherever its disks live), an ownership manifest under ``images_dir`` or any image below
+    ``images_dir`` (any depth) uses, with the whole backing chain of each (qcow2 headers). A file
+    below ``images_dir`` lists itself (``image <path>``)."""
+    tops = []
+    if conn is not None:
+        tops += [(path, f"domain {name}") for path, name in _domain_disks(conn).items()]
+    for path in images.image_files(images_dir):
+        if os.path.basename(path) == images.MANIFEST:
+            # every file it lists counts, even one purge would not delete (a symlink, outside): keeping is safe
+            listed = (images.load_manifest(os.path.dirname(path)) or {}).get("files") or []
+            tops += [(owned, f"manifest {path}") for owned in listed if os.path.exists(owned)]
+        else:
+            tops.append((path, f"image {path}"))
+    refs = {}
+    for path, who in tops:
+        refs.setdefault(os.path.realpath(path), []).append(who)
+        for backing in images.backing_chain(path):
+            refs.setdefault(backing, []).append(f"backing chain of {path} ({who})")
+    return refs
+
+
+def gc_bases(images_dir, cache=False, conn=None):
+    """Remove cached bases (``<images>/.bases/*``) that nothing on this host uses (:func:`references`:
+    libvirt's domains through ``conn``, the ownership manifests, every image under ``images_dir``, each
+    with its whole backing chain); with ``cache=True`` also the http(s) download cache
+    (``<images>/.cache``), which only speeds up the next ``virt.init`` of the same URL.
+    Returns ``{removed: [paths], kept: [paths]}``."""
     removed, kept = [], []
     if os.path.isdir(os.path.join(images_dir, BASES_DIR)):
         with bases_lock(images_dir) as bases:
-            users = images.backing_users(images_dir)
-            for entry in sorted(os.scandir(bases), key=lambda e: e.name):
-                if not entry.is_file(follow_symlinks=False):
-                    continue
-                if users.get(os.path.realpath(entry.path)):
-                    kept.append(entry.path)
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed.append(entry.path)
+            while True:  # a base removed may have been the last user of the base below it
+                refs, before = references(images_dir, conn), len(removed)
+                for entry in sorted(os.scandir(bases), key=lambda e: e.name):
+                    if not entry.is_file(follow_symlinks=False) or entry.path in removed:
+                        continue
+                    # kept while anything but its own listing as an image refers to it
+                    if [who for who in refs.get(os.path.realpath(entry.path), []) if who != f"image {entry.path}"]:
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        removed.append(entry.path)
+                if len(removed) == before:
+                    break
+            kept = sorted(e.path for e in os.scandir(bases) if e.is_file(follow_symlinks=False))
     if cache:
         folder = os.path.join(images_dir, CACHE_DIR)
         with contextlib.suppress(FileNotFoundError):

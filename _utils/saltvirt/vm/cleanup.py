@@ -222,7 +222,7 @@ def clean(conn, name, images_dir, lock):
     vm_dir = validate.inside(images_dir, name)
     out = {"name": name, "interrupted": lock.existed, "domain": None, "removed": [], "kept": {}}
     out.update(released=[], errors=[])
-    manifest = images._load_manifest(vm_dir) if os.path.isdir(vm_dir) else None
+    manifest = images.load_manifest(vm_dir) if os.path.isdir(vm_dir) else None
     ours = manifest is not None and manifest.get("vm") == name
     files = images.owned_files(vm_dir, name) if ours else []
     dom = _domain(conn, name)

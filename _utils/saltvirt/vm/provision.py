@@ -435,7 +435,7 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
     vols = voldisks.remove_owned(conn, vm_dir, name, uuid, voldisks.disk_refs(facts))
     outcome = images.remove_owned(vm_dir, name, uuid, files)
-    gc = intake.gc_bases(images_dir)  # cached bases no image backs onto any more
+    gc = intake.gc_bases(images_dir, conn=conn)  # cached bases nothing on this host uses any more
     return {
         "name": name,
         "undefined": True,

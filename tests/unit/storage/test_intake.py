@@ -15,7 +15,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from tests.support import hostile
 from tests.support.saltloader import SOURCES, load_states, make_minion_mods
-from saltvirt.storage import intake
+from saltvirt.storage import images, intake
 
 MIB = 1048576
 
@@ -349,6 +349,66 @@ def test_gc_removes_only_bases_nothing_backs_onto(base, tmp_path):
     out = intake.gc_bases(str(images_dir), cache=True)
     assert out["removed"] == [used, str(images_dir / ".cache" / "x.raw")] and out["kept"] == []
     assert intake.gc_bases(str(tmp_path / "nothing")) == {"removed": [], "kept": []}
+
+
+def _overlay(backing, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    hostile.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, path])
+    return path
+
+
+def test_gc_keeps_bases_used_at_any_depth_by_libvirt_manifests_and_chains(base, tmp_path, test_conn):
+    """Every base below is used from somewhere a two-level scan never looked: deep directories, another
+    directory only a libvirt domain names, an overlay of an overlay, a chain of bases. Only the base
+    nothing uses goes, and once its last user is gone each of the others goes too."""
+    images_dir, other = tmp_path / "images", tmp_path / "elsewhere"
+    bases = images_dir / ".bases"
+    bases.mkdir(parents=True)
+    names = ("deep", "outside", "chained", "lower", "unused")
+    b = {n: str(bases / f"{n}.qcow2") for n in names}
+    for n in ("deep", "outside", "lower", "unused"):
+        shutil.copyfile(base["qcow2"], b[n])
+    _overlay(b["lower"], b["chained"])  # a base on a base: "lower" is used through "chained"
+    deep = _overlay(b["deep"], str(images_dir / "vm1" / "disks" / "a" / "b" / "system.qcow2"))
+    mid = _overlay(b["chained"], str(images_dir / "vm2" / "mid.qcow2"))
+    top = _overlay(mid, str(other / "x" / "y" / "top.qcow2"))  # outside images: only libvirt knows it
+    os.unlink(mid)  # ... and its middle link moves out of images too
+    mid = _overlay(b["chained"], str(other / "mid.qcow2"))
+    hostile.run(["qemu-img", "rebase", "-u", "-F", "qcow2", "-b", mid, top])
+    outside = _overlay(b["outside"], str(other / "z" / "data.qcow2"))
+    xml = f"""<domain type='test'><name>gcuser</name><memory>65536</memory><os><type>hvm</type></os>
+      <devices><disk type='file' device='disk'><source file='{top}'/><target dev='vda'/></disk>
+      <disk type='file' device='disk'><source file='{outside}'/><target dev='vdb'/></disk></devices></domain>"""
+    dom = test_conn.defineXML(xml)
+    try:
+        out = intake.gc_bases(str(images_dir), conn=test_conn)
+        assert out == {"removed": [b["unused"]], "kept": sorted(b[n] for n in names if n != "unused")}
+        refs = intake.references(str(images_dir), test_conn)
+        assert any("domain gcuser" in who for who in refs[os.path.realpath(b["lower"])])
+        # without libvirt's view the bases only the domain uses would go: that is what conn= is for
+        dom.undefine()
+        dom = None
+        out = intake.gc_bases(str(images_dir), conn=test_conn)
+        assert out == {"removed": [b["chained"], b["outside"], b["lower"]], "kept": [b["deep"]]}
+        os.unlink(deep)
+        assert intake.gc_bases(str(images_dir), conn=test_conn) == {"removed": [b["deep"]], "kept": []}
+    finally:
+        if dom is not None:
+            dom.undefine()
+
+
+def test_gc_keeps_what_an_ownership_manifest_lists_through_a_symlinked_folder(base, tmp_path):
+    """A manifest's files count even where the image walk does not go (it never follows symlinks)."""
+    images_dir = tmp_path / "images"
+    (images_dir / ".bases").mkdir(parents=True)
+    used = str(images_dir / ".bases" / "used.qcow2")
+    shutil.copyfile(base["qcow2"], used)
+    real_dir = tmp_path / "real"
+    disk = _overlay(used, str(real_dir / "system.qcow2"))
+    (images_dir / "vm1").mkdir()
+    os.symlink(disk, images_dir / "vm1" / "system.qcow2")
+    images.record_owned(str(images_dir / "vm1"), "vm1", [str(images_dir / "vm1" / "system.qcow2")])
+    assert intake.gc_bases(str(images_dir)) == {"removed": [], "kept": [used]}
 
 
 # through virt.init on the real loader (test driver) ----------------------------------------------
