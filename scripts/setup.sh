@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup for salt-virt on Debian 12 (root, no systemd needed).
-#   scripts/setup.sh            apt packages + venv (salt 3008.5, libvirt-python, test deps) + test guest
+#   scripts/setup.sh            apt packages + venv (salt 3008.5, libvirt-python, test, docs and type-check deps) + test guest
 # Everything lands in $SALT_VIRT_CACHE (default /var/cache/salt-virt) so a second run takes seconds.
 # Prints the venv path on its last line: "venv: PATH".
 set -euo pipefail
@@ -41,7 +41,7 @@ REQ_HASH=$( (cat "$HERE/requirements-test.txt"; echo "$VENV_LAYOUT") | sha256sum
 if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
   log "building venv $VENV"
   bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
-  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories' || { echo "setup: venv incomplete" >&2; exit 1; }
+  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
 
