@@ -1,0 +1,103 @@
+"""Who called a ``virt`` runner function: the user Salt authenticated for the job, never an argument.
+
+How Salt 3008 tells a runner function its caller (``salt/client/mixins.py``, ``salt/master.py``):
+
+* salt-api (``rest_cherrypy``, clients ``runner``/``runner_async``) and ``salt-run --eauth`` send the
+  credentials to the master; ``ClearFuncs.runner`` authenticates them (eauth backend, or a token made by
+  one) and starts the job with ``RunnerClient.asynchronous(fun, low, username)``. The job process sets
+  ``low["__user__"] = username`` *after* the caller's keywords were put in ``low`` (so a keyword cannot
+  replace it), and ``SyncClientMixin.low`` injects ``data["user"]`` as the module global ``__user__`` of
+  every runner module. A caller's ``__user__=``/``__pub_user=`` keywords land in ``**kwargs`` at most.
+* a local ``salt-run`` (no ``--eauth``) runs the function in the caller's own process, as the OS user
+  that started it: ``__user__`` is ``salt.utils.user.get_specific_user()`` (``root``, or ``sudo_<name>``
+  under sudo). Running it needs the master's files, which is operator access already.
+* a master key holder (``publisher_acl`` user with the master's ``.<user>_key``) asking the master:
+  ``__user__`` is its OS user name (sudo users become the master's user).
+* ``saltutil.runner`` in a minion job and the orchestrate runner's ``salt.runner`` state pass the
+  publisher's user as ``__pub_user`` in pub data (``saltmod.runner`` overwrites any SLS-given one).
+* the reactor runs runner jobs as ``Reactor``; a runner started with no user at all gets ``UNKNOWN``.
+
+Never read ``__opts__["user"]`` for the caller: ``state.orchestrate`` sets it to its caller's name, and
+otherwise it is the master's own user. Who counts as an operator is in :func:`resolve`.
+"""
+
+import contextlib
+import grp
+import os
+import pwd
+from dataclasses import dataclass, field
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.fleet import tenants as tenants_conf
+
+UNKNOWN = ("", "UNKNOWN", None)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The caller of one runner job: its Salt user, whether it is an operator, its tenant (or None)."""
+
+    user: str
+    operator: bool
+    tenant: str | None = None
+    why: str = ""  # how the role was decided (shown by salt-run virt.whoami)
+    groups: tuple = field(default=())
+
+
+def job_user(runner_globals) -> str | None:
+    """The user Salt authenticated for this runner job: the ``__user__`` global the runner client injected
+    into the runner module (pass the runner's ``globals()``). None when the job has no known user."""
+    user = runner_globals.get("__user__")
+    return None if user in UNKNOWN or not isinstance(user, str) else user
+
+
+def os_groups(user: str) -> tuple:
+    """The master host's groups of ``user`` (primary and supplementary), as Salt's ``%group`` ACL
+    entries see them; () for a name that is no OS user (an eauth ``file`` user, say)."""
+    names = set()
+    with contextlib.suppress(KeyError):
+        names.add(grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name)
+    names.update(g.gr_name for g in grp.getgrall() if user in g.gr_mem)
+    return tuple(sorted(names))
+
+
+def _process_user():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return None
+
+
+def resolve(opts, user) -> Caller:
+    """The :class:`Caller` for Salt user ``user`` (from :func:`job_user`) under the master config.
+
+    Without ``virt:tenants`` every caller is an operator (salt-virt's behaviour before tenants). With it:
+    operators are ``root``, ``sudo_<name>`` (Salt's name for root through sudo), the OS user the master
+    runs as, and the users/``group%`` entries of ``virt:operators``; the others must be a member of
+    exactly one tenant. Raises SaltInvocationError for a caller Salt did not name or no tenant has."""
+    conf = tenants_conf.config(opts)
+    if not conf["tenants"]:
+        return Caller(user or "UNKNOWN", True, why="virt:tenants is not configured: every caller is an operator")
+    if not user:
+        raise SaltInvocationError(
+            "this runner job has no authenticated user (Salt passed none), and virt:tenants is configured: "
+            "call it through salt-api or salt-run with eauth, or as root on the master"
+        )
+    groups = os_groups(user)
+    if user == "root" or user.startswith("sudo_") or user == _process_user():
+        return Caller(user, True, why="root on the master", groups=groups)
+    if tenants_conf.matches(conf["operators"], user, groups):
+        return Caller(user, True, why="listed in virt:operators", groups=groups)
+    found = [name for name, t in conf["tenants"].items() if tenants_conf.matches(t["members"], user, groups)]
+    if len(found) > 1:
+        raise SaltInvocationError(
+            f"user {user} is a member of several tenants ({', '.join(sorted(found))}): "
+            "the operator must leave it in one (virt:tenants:<name>:members)"
+        )
+    if not found:
+        raise SaltInvocationError(
+            f"user {user} is in no tenant and no operator: ask the operator to add it to "
+            "virt:tenants:<tenant>:members (or virt:operators) in the master config"
+        )
+    return Caller(user, False, tenant=found[0], why=f"member of tenant {found[0]}", groups=groups)

@@ -1,0 +1,166 @@
+"""Tenants of the private cloud: the operator's ``virt:tenants`` and ``virt:operators`` (master config).
+
+::
+
+    virt:
+      operators: [ops, 'admins%']        # Salt users, and OS groups on the master written 'group%'
+      tenants:
+        acme:
+          members: [alice, 'acme-devs%']
+          quota: {vcpus: 16, mem: 32768, disk: 204800, vms: 10}   # mem/disk in MiB; a missing key: no limit
+          images: [debian12]               # names in virt:catalog; tenants use catalog images only
+          profiles: [default]              # nic/disk profiles (the minion's virt:nic / virt:disk); default [default]
+          networks: [default]              # interfaces: [{source: <network or bridge>}]; default: none
+          pools: []                        # disks: [{pool: <pool>}]; default: none
+          hypervisors: ['hyper*']          # minion id globs the tenant's VMs may land on; default: all
+
+Who is the caller and whether it is an operator: :mod:`saltvirt.fleet.callers`. What a tenant caller may
+pass to ``virt.init``: :func:`check_init`.
+"""
+
+import fnmatch
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import validate
+
+QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
+TENANT_KEYS = ("members", "quota", "images", "profiles", "networks", "pools", "hypervisors")
+# what a tenant may pass to salt-run virt.init besides name/cpu/mem/image: no path, URI, device or trust flag
+INIT_KWARGS = frozenset(
+    {"nic", "disk", "interfaces", "disks", "start", "seed", "group", "affinity", "enable_qcow", "enable_vnc"}
+    | {"wait", "wait_timeout", "saltenv", "cloud_init", "guest_agent", "host", "fallback"}
+)
+NIC_KEYS = frozenset({"name", "source", "network", "bridge", "type", "model", "mac"})
+DISK_KEYS = frozenset({"name", "size", "format", "pool", "bus", "model"})  # no image, path or volume: a new disk
+
+
+def _keys(entry, allowed, what, tenant_name):
+    if not isinstance(entry, dict):
+        raise SaltInvocationError(f"{what} entries must be mappings, not {entry!r}")
+    extra = sorted(set(entry) - allowed)
+    if extra:
+        raise SaltInvocationError(
+            f"tenant {tenant_name} may not set {', '.join(extra)} in {what} (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _names(value, where):
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise SaltInvocationError(f"{where} must be a list of names, not {value!r}")
+    return list(value)
+
+
+def _quota(value, where):
+    value = value or {}
+    if not isinstance(value, dict):
+        raise SaltInvocationError(f"{where} must be a mapping of {', '.join(QUOTA_KEYS)}, not {value!r}")
+    unknown = sorted(set(value) - set(QUOTA_KEYS))
+    if unknown:
+        raise SaltInvocationError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(QUOTA_KEYS)})")
+    out = {}
+    for key, limit in value.items():
+        if limit is None:
+            continue
+        try:
+            out[key] = int(limit)
+        except (TypeError, ValueError):
+            raise SaltInvocationError(f"{where}:{key} must be a whole number, not {limit!r}") from None
+        if out[key] < 0:
+            raise SaltInvocationError(f"{where}:{key} must be >= 0, not {limit!r}")
+    return out
+
+
+def config(opts):
+    """``{operators: [...], tenants: {name: {members, quota, images, profiles, networks, pools,
+    hypervisors}}}`` checked; an empty ``tenants`` means the feature is off."""
+    virt = opts.get("virt") or {}
+    raw = virt.get("tenants") or {}
+    if not isinstance(raw, dict):
+        raise SaltInvocationError(f"virt:tenants must be a mapping of tenant names, not {raw!r}")
+    tenants, owner = {}, {}
+    for name, given in raw.items():
+        validate.vm_name(name, "tenant")
+        conf = given or {}
+        where = f"virt:tenants:{name}"
+        if not isinstance(conf, dict):
+            raise SaltInvocationError(f"{where} must be a mapping, not {conf!r}")
+        unknown = sorted(set(conf) - set(TENANT_KEYS))
+        if unknown:
+            raise SaltInvocationError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(TENANT_KEYS)})")
+        t = {key: _names(conf.get(key), f"{where}:{key}") for key in TENANT_KEYS if key != "quota"}
+        t["quota"] = _quota(conf.get("quota"), f"{where}:quota")
+        if "profiles" not in conf:
+            t["profiles"] = ["default"]
+        if "hypervisors" not in conf:
+            t["hypervisors"] = ["*"]
+        for member in t["members"]:
+            if member in owner:
+                raise SaltInvocationError(
+                    f"{member} is a member of tenants {owner[member]} and {name}: a Salt user belongs to one tenant"
+                )
+            owner[member] = name
+        tenants[name] = t
+    return {"operators": _names(virt.get("operators"), "virt:operators"), "tenants": tenants}
+
+
+def matches(entries, user, groups=()):
+    """True if ``user`` (or one of its ``groups``, written ``group%`` as Salt's ACLs) is in ``entries``."""
+    for entry in entries:
+        if entry.endswith("%"):
+            if entry[:-1] in groups:
+                return True
+        elif entry == user:
+            return True
+    return False
+
+
+def tenant(opts, name):
+    """One tenant's checked configuration."""
+    conf = config(opts)["tenants"]
+    if name not in conf:
+        raise SaltInvocationError(f"no tenant named {name!r} in virt:tenants (known: {', '.join(sorted(conf))})")
+    return conf[name]
+
+
+def host_allowed(conf, host):
+    return any(fnmatch.fnmatchcase(host, pat) for pat in conf["hypervisors"])
+
+
+def refuse(what, name, tenant_name, allowed):
+    """The one wording for a tenant asking for something the operator did not give it."""
+    listed = ", ".join(allowed) if allowed else "none"
+    raise SaltInvocationError(f"tenant {tenant_name} may not use {what} {name!r} (allowed: {listed}): ask the operator")
+
+
+def check_init(conf, tenant_name, kwargs):
+    """Refuse what a tenant caller may not pass to ``virt.init``: keywords outside :data:`INIT_KWARGS`
+    (paths, URIs, devices, seeding and trust switches stay with the operator), profiles, networks and
+    pools outside the tenant's lists, a ``host=`` outside its hypervisors."""
+    extra = sorted(k for k in kwargs if k not in INIT_KWARGS)
+    if extra:
+        raise SaltInvocationError(
+            f"tenant {tenant_name} may not pass {', '.join(extra)} to virt.init "
+            f"(a tenant may pass: {', '.join(sorted(INIT_KWARGS))})"
+        )
+    for key in ("nic", "disk"):
+        profile = kwargs.get(key, "default")
+        if profile not in conf["profiles"]:
+            refuse(f"{key} profile", profile, tenant_name, conf["profiles"])
+    for nic in kwargs.get("interfaces") or []:
+        _keys(nic, NIC_KEYS, "interfaces", tenant_name)
+        source = nic.get("source") or nic.get("network") or nic.get("bridge")
+        if not isinstance(source, str) or source not in conf["networks"]:
+            refuse("network", source, tenant_name, conf["networks"])
+    for disk in kwargs.get("disks") or []:
+        _keys(disk, DISK_KEYS, "disks", tenant_name)
+        pool = disk.get("pool")
+        if pool is not None and pool not in conf["pools"]:
+            refuse("pool", pool, tenant_name, conf["pools"])
+    host = kwargs.get("host")
+    if host and not host_allowed(conf, host):
+        refuse("hypervisor", host, tenant_name, conf["hypervisors"])

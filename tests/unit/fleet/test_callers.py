@@ -1,0 +1,108 @@
+"""saltvirt.fleet.callers: the caller of a runner job is what Salt put in ``__user__``, never an argument;
+operators and tenants resolved from the master config."""
+
+import grp
+import os
+import pwd
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.fleet import callers
+from tests.support.paths import ROOT
+
+PROBE = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "_utils")!r})
+from saltvirt.fleet import callers
+
+
+def probe(*args, **kwargs):
+    return {{"user": callers.job_user(globals()), "kwargs": sorted(kwargs)}}
+"""
+
+TENANTS = {
+    "operators": ["ops", "wheel-ish%"],
+    "tenants": {"acme": {"members": ["alice", "acmegrp%"]}, "beta": {"members": ["bob"]}},
+}
+
+
+def opts(virt=TENANTS):
+    return {"virt": virt}
+
+
+def test_job_user_is_the_runner_clients_user_not_a_keyword(tmp_path):
+    """Salt's real RunnerClient job path (what the master runs for salt-api/eauth callers): the keywords
+    ``__user__``/``__pub_user`` a caller sends end up in **kwargs; the global stays the job's user."""
+    import salt.config
+    import salt.runner
+
+    (tmp_path / "runners").mkdir()
+    (tmp_path / "runners" / "probe.py").write_text(PROBE)
+    (tmp_path / "cache" / "proc").mkdir(parents=True)
+    master = salt.config.master_config(None)
+    master.update(
+        runner_dirs=[str(tmp_path / "runners")],
+        cachedir=str(tmp_path / "cache"),
+        sock_dir=str(tmp_path / "sock"),
+        extension_modules=str(tmp_path / "ext"),
+    )
+    forged = {"arg": [], "kwarg": {"__user__": "root", "__pub_user": "root", "user": "root"}}
+    with salt.runner.RunnerClient(master) as client:
+        ret = client._proc_function(
+            instance=client,
+            opts=master,
+            fun="probe.probe",
+            low=forged,
+            user="alice",
+            tag="salt/run/1",
+            jid="1",
+            daemonize=False,
+            full_return=True,
+        )
+    assert ret["return"] == {"user": "alice", "kwargs": ["__pub_user", "__user__", "user"]}
+
+
+@pytest.mark.parametrize("value", [None, "", "UNKNOWN", 3])
+def test_job_user_unknown(value):
+    assert callers.job_user({"__user__": value}) is None
+    assert callers.job_user({}) is None
+
+
+def test_without_tenants_everyone_is_an_operator():
+    who = callers.resolve({"virt": {}}, "alice")
+    assert who.operator and who.tenant is None and "not configured" in who.why
+
+
+@pytest.mark.parametrize("user", ["root", "sudo_alice", pwd.getpwuid(os.geteuid()).pw_name, "ops"])
+def test_operators(user):
+    who = callers.resolve(opts(), user)
+    assert who.operator and who.tenant is None
+
+
+def test_tenant_member_and_group_member():
+    assert callers.resolve(opts(), "alice") == callers.Caller("alice", False, "acme", "member of tenant acme")
+    assert callers.resolve(opts(), "bob").tenant == "beta"
+    # an OS group of the master host written group% (as Salt's ACLs): a real group of a real user here
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    group = grp.getgrgid(os.getegid()).gr_name
+    conf = {"tenants": {"acme": {"members": [f"{group}%"]}}}
+    assert group in callers.os_groups(user)
+    # the process's own user is an operator: check the group rule on the resolver's matcher instead
+    from saltvirt.fleet import tenants
+
+    assert tenants.matches(conf["tenants"]["acme"]["members"], "nobody-here", callers.os_groups(user))
+    assert not tenants.matches(conf["tenants"]["acme"]["members"], "nobody-here", ())
+
+
+def test_unknown_and_strangers_are_refused():
+    with pytest.raises(SaltInvocationError, match="no authenticated user"):
+        callers.resolve(opts(), None)
+    with pytest.raises(SaltInvocationError, match="user mallory is in no tenant and no operator"):
+        callers.resolve(opts(), "mallory")
+
+
+def test_a_user_in_two_tenants_is_a_config_error():
+    conf = {"tenants": {"a": {"members": ["alice"]}, "b": {"members": ["alice"]}}}
+    with pytest.raises(SaltInvocationError, match="alice is a member of tenants a and b"):
+        callers.resolve(opts(conf), "alice")

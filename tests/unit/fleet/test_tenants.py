@@ -1,0 +1,100 @@
+"""saltvirt.fleet.tenants: virt:tenants / virt:operators checked; what a tenant may pass to virt.init."""
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.fleet import tenants
+
+CONF = {
+    "virt": {
+        "tenants": {
+            "acme": {
+                "members": ["alice"],
+                "quota": {"vcpus": 4, "mem": 2048, "vms": 2},
+                "images": ["debian12"],
+                "networks": ["tenantnet"],
+                "pools": ["acme-pool"],
+                "hypervisors": ["hyper1", "rack2-*"],
+            },
+            "empty": None,
+        }
+    }
+}
+
+
+def test_config_defaults_and_values():
+    conf = tenants.config(CONF)
+    acme = conf["tenants"]["acme"]
+    assert acme["quota"] == {"vcpus": 4, "mem": 2048, "vms": 2}
+    assert acme["profiles"] == ["default"]
+    assert conf["tenants"]["empty"] == {
+        "members": [],
+        "quota": {},
+        "images": [],
+        "profiles": ["default"],
+        "networks": [],
+        "pools": [],
+        "hypervisors": ["*"],
+    }
+    assert tenants.config({})["tenants"] == {}
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"a": {"quota": {"cpus": 1}}}, "unknown key.*cpus"),
+        ({"a": {"quota": {"vcpus": -1}}}, "must be >= 0"),
+        ({"a": {"quota": {"vcpus": "many"}}}, "whole number"),
+        ({"a": {"member": ["x"]}}, "unknown key.*member"),
+        ({"a": {"members": "x", "images": [3]}}, "list of names"),
+        ({"a/b": {}}, "tenant"),
+        (["a"], "must be a mapping"),
+    ],
+)
+def test_config_errors(bad, match):
+    with pytest.raises(SaltInvocationError, match=match):
+        tenants.config({"virt": {"tenants": bad}})
+
+
+def test_matches_users_and_groups():
+    assert tenants.matches(["alice", "devs%"], "alice")
+    assert tenants.matches(["alice", "devs%"], "carol", ("devs",))
+    assert not tenants.matches(["alice", "devs%"], "devs")  # a user named like the group is not the group
+
+
+def test_hosts():
+    acme = tenants.tenant(CONF, "acme")
+    assert tenants.host_allowed(acme, "rack2-h3") and not tenants.host_allowed(acme, "hyper2")
+    with pytest.raises(SaltInvocationError, match="no tenant named 'nope'"):
+        tenants.tenant(CONF, "nope")
+
+
+def test_check_init_allows_what_the_operator_gave():
+    acme = tenants.tenant(CONF, "acme")
+    tenants.check_init(
+        acme,
+        "acme",
+        {
+            "interfaces": [{"name": "eth0", "network": "tenantnet"}],
+            "disks": [{"name": "data", "size": 64, "pool": "acme-pool"}],
+            "host": "hyper1",
+            "start": False,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"boot": {"kernel": "/etc/shadow"}}, "may not pass boot to virt.init"),
+        ({"trusted_image": True, "minion_config": {}}, "may not pass minion_config, trusted_image"),
+        ({"nic": "uplink"}, "may not use nic profile 'uplink' \\(allowed: default\\)"),
+        ({"interfaces": [{"name": "eth0", "bridge": "br-mgmt"}]}, "may not use network 'br-mgmt'"),
+        ({"disks": [{"name": "d", "path": "/dev/sda"}]}, "may not set path in disks"),
+        ({"disks": [{"name": "d", "size": 1, "pool": "other"}]}, "may not use pool 'other'"),
+        ({"host": "hyper2"}, "may not use hypervisor 'hyper2' \\(allowed: hyper1, rack2-\\*\\)"),
+    ],
+)
+def test_check_init_refusals(kwargs, match):
+    with pytest.raises(SaltInvocationError, match=match):
+        tenants.check_init(tenants.tenant(CONF, "acme"), "acme", kwargs)
