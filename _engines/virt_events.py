@@ -57,7 +57,8 @@ def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
     get = _c.salt_config(__salt__)
-    uri = _c.resolve_uri(get, connection)
+    # the engine's own ``connection`` option is minion config (operator), not a call argument
+    uri = connection or _c.resolve_uri(get)
     open_timeout = get("virt:connection:open_timeout", _c.DEFAULT_OPEN_TIMEOUT)
     keepalive = get("virt:connection:keepalive", None)
     try:

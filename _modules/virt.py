@@ -6,11 +6,12 @@ Migration, networks and storage live in ``virt_migrate.py``, ``virt_network.py``
 
 The logic lives in the ``saltvirt`` library (``_utils/saltvirt``); this module is the Salt face of it.
 
-Configuration (minion config, grains or pillar, read with ``config.get``)::
+Configuration (minion config or grains, read with ``config.get``; never pillar: callers write pillar)::
 
     virt:
       connection:
-        uri: qemu:///system      # default: libvirt's default URI; every function takes connection=
+        uri: qemu:///system      # default: libvirt's default URI
+      connections: {}            # {name: uri}: the other URIs a call may pick with connection=<name>
       type: qemu                 # force the domain type; default: kvm if KVM really works, else qemu
       images: /srv/salt-images   # one directory per VM below it
       allowed_paths: []          # minion config only: dirs for local images, disks[].path, kernel/initrd, serial_log

@@ -109,6 +109,8 @@ def migrate(
         salt 'hyper1' virt.migrate db1 hv2.example.com copy_storage=all
     """
     target, target_uri = compat.migration_target(target, target_uri)
+    if target_uri:
+        _c.peer_uri(target_uri, "virt.migrate target URI")
     opts = _migrate.settings(_c.salt_config(__salt__))
     note = None
     if tunnel is None:

@@ -58,7 +58,9 @@ def recovery_probe(host, uri=None, wait=10):
 
     CLI Example:: salt 'hyper2' virt.recovery_probe hyper1
     """
-    if not uri:
+    if uri:
+        _c.peer_uri(uri, "virt.recovery_probe uri")
+    else:
         mig = _migrate.settings(_c.salt_config(__salt__))
         target = mig["hosts"].get(host, host)
         transport = mig["transport"] or "tls"

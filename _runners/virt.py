@@ -374,6 +374,7 @@ def init(
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"))
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+        compat.refuse_connection_args(module_kwargs, "salt-run virt.init")
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)

@@ -6,19 +6,27 @@ job: opening a connection is bounded (``open_timeout``), and every connection se
 libvirt's event loop: one daemon thread per process runs it. Any libvirt error escaping a
 ``with connect(...)`` block becomes a CommandExecutionError naming the URI.
 
-Config (minion config, grains or pillar)::
+Config (minion config or grains: operator settings; pillar is written by callers and never read)::
 
     virt:
       connection:
         uri: qemu:///system
         open_timeout: 30            # seconds to wait for libvirtd to accept the connection
         keepalive: {interval: 5, count: 5}   # declared dead after ~interval * (count + 1) s of silence
+      connections:                  # optional: other libvirt URIs a call may pick by name (connection=<name>)
+        session: qemu:///session
+
+A call never passes a URI: ``connection=`` is one of the names in ``virt:connections`` (or the
+configured ``virt:connection:uri`` itself, for Salt-compatible SLS files). A URI reaches libvirt as root
+on the hypervisor (``qemu+ext://?command=`` runs a program, ``test:///<file>`` reads a file, ``?socket=``,
+``?keyfile=`` and ``+ssh`` reach other sockets or root's keys), so only the operator may write one.
 """
 
 import contextlib
 import logging
 import os
 import threading
+import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -128,21 +136,64 @@ def _open(uri, readonly, timeout):
     return box["conn"]
 
 
+CONNECTION_REFUSED = (
+    "connection= must name a libvirt connection the operator configured: URIs come from the minion config only "
+    "(virt:connection:uri, or a name listed in virt:connections{names}); drop connection= or pass one of those names"
+)
+PEER_SCHEMES = ("qemu+tls", "qemu+tcp")
+
+
 def resolve_uri(config_get, connection=None):
-    """Per-call ``connection`` > config/pillar ``virt:connection:uri`` > libvirt's default (None)."""
-    if connection:
-        return connection
-    return config_get("virt:connection:uri", None) or None
+    """The URI a call uses: the configured ``virt:connection:uri`` (None: libvirt's default), or the
+    operator's ``virt:connections[<connection>]``. Anything else in ``connection=`` (a URI, a path) is
+    refused without echoing it (it may carry credentials)."""
+    configured = config_get("virt:connection:uri", None) or None
+    if not connection or connection == configured:
+        return configured
+    named = config_get("virt:connections", None) or {}
+    if not isinstance(named, dict):
+        raise SaltInvocationError("virt:connections must map connection names to libvirt URIs")
+    if isinstance(connection, str) and connection in named and named[connection]:
+        return named[connection]
+    names = f": {', '.join(sorted(map(str, named)))}" if named else ""
+    raise SaltInvocationError(CONNECTION_REFUSED.format(names=names))
+
+
+def peer_uri(uri, what):
+    """Check a URI naming another hypervisor's libvirtd (migration target, recovery probe) that a call
+    supplied: ``qemu+tls``/``qemu+tcp`` to a host's ``/system``, nothing else (no query: ``?command=``,
+    ``?socket=``, ``?keyfile=``, ``?pkipath=`` come from configuration; no user; no ssh: root's keys).
+    Returns ``uri``."""
+    parts = urllib.parse.urlsplit(uri) if isinstance(uri, str) else None
+    if (
+        parts is None
+        or any(c.isspace() or ord(c) < 32 for c in uri)
+        or parts.scheme not in PEER_SCHEMES
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("/system", "/system/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise SaltInvocationError(
+            f"{what} must be qemu+tls://<host>/system or qemu+tcp://<host>/system with no user, query or "
+            "fragment (transport options come from the operator's virt:migration config)"
+        )
+    return uri
 
 
 def salt_config(salt):
-    """``config.get`` of a loader module's ``__salt__`` as a ``(key, default)`` function; ``virt:x``
-    also finds the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
-    return compat.config_getter(lambda key, default=None: salt["config.get"](key, default))
+    """Operator configuration of a loader module (minion config and grains through ``config.get``,
+    never pillar: pillar is written by callers) as a ``(key, default)`` function; ``virt:x`` also finds
+    the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
+    return compat.config_getter(
+        lambda key, default=None: salt["config.get"](key, default, omit_pillar=True, omit_master=True)
+    )
 
 
 def salt_connect(salt, connection=None):
-    """The connection a loader module's function uses: ``connection=`` or the configured URI, with
+    """The connection a loader module's function uses: the configured URI (or one ``connection=``
+    names from ``virt:connections``), with
     the configured open timeout and keepalive."""
     get = salt_config(salt)
     return connect(

@@ -98,6 +98,21 @@ SALT_DEFAULTS = {
 }
 
 
+# never forwarded by the runner: each hypervisor opens the libvirt connection its own minion config names
+CONNECTION_ARGS = ("connection", "username", "password")
+NOT_FORWARDED = (
+    "{where}: {arg}= is not forwarded to the hypervisors: each one uses the libvirt connection its minion config "
+    "names (virt:connection); drop {arg}="
+)
+
+
+def refuse_connection_args(kwargs, where):
+    """The runner's refusal of a connection argument meant for a hypervisor (its value is not echoed)."""
+    for arg in CONNECTION_ARGS:
+        if arg in kwargs:
+            raise SaltInvocationError(NOT_FORWARDED.format(where=where, arg=arg))
+
+
 def init_args(kwargs, where="virt.init"):
     """Map Salt's / older spellings in ``kwargs`` (a dict, modified in place) to salt-virt's;
     returns the deprecation warnings to put in the return. Refuses what cannot be mapped."""

@@ -5,6 +5,8 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from tests.support.saltloader import make_minion_mods
+
 
 def test_module_loads_with_virtual_name(virt_test):
     assert "virt.init" in virt_test
@@ -85,9 +87,11 @@ def test_occupied_name_and_unknown_vm(virt_test):
         virt_test["virt.start"]("nope")
 
 
-def test_unreachable_connection_is_a_clear_error(virt_test):
+def test_unreachable_connection_is_a_clear_error(tmp_path):
+    broken = {"broken": "qemu+unix:///system?socket=/nonexistent/sock"}  # an operator-named connection
+    mods = make_minion_mods(tmp_path, "test:///default", connections=broken)
     with pytest.raises(CommandExecutionError, match="cannot connect to libvirt at qemu\\+unix.*Check that libvirtd"):
-        virt_test["virt.list_domains"](connection="qemu+unix:///system?socket=/nonexistent/sock")
+        mods["virt.list_domains"](connection="broken")
 
 
 def test_init_without_image_creates_a_blank_system_disk_and_purge_removes_it(virt_test, tmp_path):
@@ -119,8 +123,6 @@ def test_vm_info_shows_guest_ips_and_init_adds_the_agent_channel(virt_test, tmp_
 
 @pytest.mark.parametrize("value", ["soon", 0, -1, 61, True])
 def test_bad_guest_agent_timeout_is_refused(tmp_path, value):
-    from tests.support.saltloader import make_minion_mods
-
     mods = make_minion_mods(tmp_path, "test:///default", guest_agent_timeout=value)
     with pytest.raises(SaltInvocationError, match="timeout must be a number of seconds above 0, at most 60"):
         mods["virt.vm_info"]("test")
@@ -148,8 +150,6 @@ def test_init_without_a_minion_event_bus_does_not_try_the_bus(virt_test, monkeyp
 def test_init_with_a_minion_event_bus_sends_every_step(tmp_path):
     """The same call inside a 'running minion' (a real minion event bus): every step is on the bus."""
     from tests.support.eventbus import minion_bus, short_sock_dir
-    from tests.support.saltloader import make_minion_mods
-
     import libvirt
 
     held = libvirt.open("test:///default")  # the driver's state lives while a connection is open

@@ -40,3 +40,16 @@ def test_init_refuses_a_bad_wait_before_anything_happens(runner, tmp_path, kwarg
     ret = runner["virt.init"]("web1", 1, 128, **kwargs)
     assert ret["data"] == {"error": message, "retcode": 1}
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
+
+
+@pytest.mark.parametrize("arg", ["connection", "username", "password"])
+def test_init_never_forwards_a_connection_argument(runner, tmp_path, arg):
+    hostile = "qemu+ext:///system?command=/bin/sh"
+    ret = runner["virt.init"]("web1", 1, 128, **{arg: hostile})
+    message = (
+        f"salt-run virt.init: {arg}= is not forwarded to the hypervisors: each one uses the libvirt connection its "
+        f"minion config names (virt:connection); drop {arg}="
+    )
+    assert ret["data"] == {"error": message, "retcode": 1}
+    assert hostile not in str(ret)
+    assert not (tmp_path / "pki").exists()  # no key generated, nothing published

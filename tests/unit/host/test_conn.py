@@ -1,0 +1,105 @@
+"""saltvirt.host.conn: libvirt URIs come from the operator's configuration only (issue 23): a call picks a
+configured connection by name, never passes a URI; peer URIs a call may give are qemu+tls/tcp only."""
+
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.host import conn as vconn
+from tests.support.saltloader import make_minion_mods
+
+# each of these reached libvirt.open as root before: a program run, a file read, another socket, root's keys
+HOSTILE_URIS = [
+    "qemu+ext:///system?command=/bin/touch",
+    "test:///etc/shadow",
+    "qemu+unix:///system?socket=/run/other.sock",
+    "qemu+ssh://root@localhost/system?keyfile=/root/.ssh/id_rsa",
+    "qemu:///system",
+]
+
+
+def _getter(conf):
+    def get(key, default=None):
+        node = conf
+        for part in key.split(":")[1:]:
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    return get
+
+
+def test_no_connection_is_the_configured_uri():
+    get = _getter({"connection": {"uri": "test:///default"}})
+    assert vconn.resolve_uri(get) == "test:///default"
+    assert vconn.resolve_uri(get, "test:///default") == "test:///default"  # Salt SLS naming the configured URI
+    assert vconn.resolve_uri(_getter({})) is None  # libvirt's default
+
+
+def test_a_configured_name_picks_its_uri():
+    get = _getter({"connection": {"uri": "test:///default"}, "connections": {"session": "qemu:///session"}})
+    assert vconn.resolve_uri(get, "session") == "qemu:///session"
+
+
+@pytest.mark.parametrize("uri", HOSTILE_URIS)
+def test_a_uri_from_a_call_is_refused_without_echoing_it(uri):
+    get = _getter({"connection": {"uri": "test:///default"}, "connections": {"session": "qemu:///session"}})
+    with pytest.raises(SaltInvocationError) as err:
+        vconn.resolve_uri(get, uri)
+    msg = str(err.value)
+    assert msg == vconn.CONNECTION_REFUSED.format(names=": session"), msg
+    assert uri not in msg and "shadow" not in msg and "keyfile" not in msg
+
+
+def test_loader_module_refuses_a_uri_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    mods = make_minion_mods(tmp_path, "test:///default")
+    for fun in ("virt.list_domains", "virt.node_info", "virt.pool_capabilities", "virt.list_snapshots"):
+        with pytest.raises(SaltInvocationError, match="must name a libvirt connection the operator configured"):
+            mods[fun](connection=f"qemu+ext:///system?command=/bin/touch%20{marker}")
+    assert not marker.exists()
+    with pytest.raises(SaltInvocationError, match="must name a libvirt connection") as err:
+        mods["virt.list_domains"](connection="test:///etc/shadow")
+    assert "root:" not in str(err.value)
+
+
+def test_pillar_cannot_set_the_uri(tmp_path):
+    """Pillar is written by callers (pillar authors): virt:connection from pillar is never read."""
+    pillar = {"virt": {"connection": {"uri": "test:///etc/shadow"}, "connections": {"x": "test:///etc/hostname"}}}
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pillar": pillar})
+    assert mods["config.get"]("virt:connections:x") == "test:///etc/hostname"  # the pillar is there ...
+    assert "test" in mods["virt.list_domains"]()
+    with pytest.raises(SaltInvocationError, match="must name a libvirt connection"):  # ... and not read
+        mods["virt.list_domains"](connection="x")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "qemu+ext:///system?command=/bin/sh",
+        "qemu+ssh://hv2/system",
+        "qemu+tls://hv2/system?pkipath=/root",
+        "qemu+tls://root@hv2/system",
+        "qemu+tcp://hv2/session",
+        "qemu+tls:///system",
+        "qemu+tls://hv2/system\n",
+    ],
+)
+def test_peer_uri_refusals(uri):
+    with pytest.raises(SaltInvocationError, match=r"^target must be qemu\+tls://<host>/system or qemu\+tcp"):
+        vconn.peer_uri(uri, "target")
+
+
+def test_peer_uri_accepts_plain_remote_system_daemons():
+    assert vconn.peer_uri("qemu+tls://hv2/system", "t") == "qemu+tls://hv2/system"
+    assert vconn.peer_uri("qemu+tcp://[fd00::2]/system", "t") == "qemu+tcp://[fd00::2]/system"
+
+
+def test_migrate_and_probe_refuse_a_hostile_peer_uri(tmp_path):
+    marker = tmp_path / "ran"
+    mods = make_minion_mods(tmp_path, "test:///default")
+    with pytest.raises(SaltInvocationError, match="virt.migrate target URI must be"):
+        mods["virt.migrate"]("test", "hv2", target_uri=f"qemu+ext:///system?command=/bin/touch%20{marker}")
+    with pytest.raises(SaltInvocationError, match="virt.recovery_probe uri must be"):
+        mods["virt.recovery_probe"]("hv2", uri=f"qemu+ext:///system?command=/bin/touch%20{marker}")
+    assert not marker.exists()
