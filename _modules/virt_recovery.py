@@ -89,3 +89,28 @@ def recovery_restart(name, xml, storage, start=True, connection=None):
     """
     with _c.salt_connect(__salt__, connection) as conn:
         return _hr.restart(conn, name, xml, storage, _c.salt_images_dir(__salt__), _allowed_paths(), start=_bool(start))
+
+
+def recovery_where(name, uuid=None, connection=None):
+    """
+    For ``salt-run virt.recover``'s last look before it starts a VM anywhere: the domains on this
+    hypervisor named ``name`` or with UUID ``uuid``, defined or running: ``[{name, uuid, state, autostart}]``.
+
+    CLI Example:: salt '*' virt.recovery_where web1 uuid=3f6ba1d4-1111-4c1b-9a40-0123456789ab
+    """
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _hr.where(conn, name, uuid or None)
+
+
+def recovery_disarm(names, connection=None):
+    """
+    Turn autostart off for those of ``names`` (VM names) defined on this hypervisor: ``salt-run
+    virt.reconcile`` runs it first on a host back from fencing, whose VMs run elsewhere now. Returns
+    ``{name: whether autostart was on}``.
+
+    CLI Example:: salt 'hyper1' virt.recovery_disarm '[web1, db1]'
+    """
+    if isinstance(names, str):
+        names = [names]
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _hr.disarm(conn, list(names))

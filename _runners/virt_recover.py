@@ -88,14 +88,17 @@ def record(tgt=None, tgt_type=None):
         return _failed(exc)
 
 
-def recover(host, **policy):
+def recover(host, force=False, **policy):
     """
     Restart the VMs of hypervisor ``host`` that is down on the other hypervisors (see README, "Host
     failure recovery and rebalancing"). Refused unless its minion does not answer AND other hypervisors
     cannot reach its libvirtd, and unless the fence command (``virt:fence:command``) ran and exited 0.
     Only VMs whose disks are all on storage the chosen host shares are restarted (from the master's
     record, ``virt.record``; its age is reported); the others are listed with the reason. Targets are
-    chosen by placement (policy keys apply to this call only).
+    chosen by placement (policy keys apply to this call only). Right before each start, every
+    hypervisor is asked again and the VM is claimed in the shared store: a copy anywhere, or another
+    run's claim, refuses. ``force=True``: go on although other hypervisors do not answer (they might
+    run the VMs: know that they do not), or over a claim a run that died left behind.
 
     CLI Example:: salt-run virt.recover hyper1
     """
@@ -104,7 +107,7 @@ def recover(host, **policy):
         conf = _conf()
         pol = placement.make_policy(conf.get("placement"), **policy)
         with _client() as client:
-            ret = recovery.recover(_remote(client), host, conf, pol)
+            ret = recovery.recover(_remote(client), host, conf, pol, force=validate.to_bool(force))
     except SaltException as exc:
         return _failed(exc)
     if ret.get("failed"):

@@ -21,8 +21,17 @@ answered and keeps the others' last record.
    the host :mod:`saltvirt.fleet.placement` ranks best among the other hypervisors, with its room reserved
    (:func:`saltvirt.fleet.fleetstate.reserve`); ``virt.recovery_restart`` defines and starts it there. A
    target that fails (it undoes its definition) is excluded and the next one tried;
+   Right before each start, under that lock, :mod:`saltvirt.fleet.recovery_guard` asks every hypervisor
+   again (a copy anywhere refuses) and claims the VM in the shared store (two overlapping runs never
+   both start it). A target that does not answer the restart call stops that VM (it may be starting
+   there): no other host is tried on a guess;
 6. the answering hypervisors are recorded again (:func:`refresh`), and the VMs restarted are remembered
-   for :func:`reconcile`, which undefines HOST's stale copies once it is back.
+   for :func:`reconcile`, which turns autostart off for HOST's stale copies, then undefines them, once
+   it is back.
+
+Step 1 also refuses (unless ``force=True``) when any other hypervisor does not answer: it may run one
+of HOST's VMs (migrated there after the last record). In step 2 only "connection refused" and a timeout
+count as down; any other probe error (TLS, names) stops recovery with that error.
 """
 
 import subprocess
@@ -31,7 +40,7 @@ import time
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.fleet import fleetstate, placement, publish as fleet
+from saltvirt.fleet import fleetstate, placement, publish as fleet, recovery_guard as guard
 
 HOSTS = "salt-virt/hosts"
 RECOVERED = "salt-virt/recovered"  # per down host: the VMs recovered elsewhere, for reconcile()
@@ -94,7 +103,7 @@ def refresh(remote, store=None):
     """Gather ``virt.recovery_record`` from every hypervisor and store the answers; hosts that did
     not answer keep their last record. Returns ``{host: {status, vms, recorded}}`` (a summary)."""
     store = store or fleetstate.Store(remote.opts)
-    answers, _jid = fleet.run(remote.opts, "virt.recovery_record", cfg=remote.cfg, client=remote.client)
+    answers = remote.run("virt.recovery_record")
     now = time.time()
     out = {}
     for host, ans in answers.items():
@@ -167,10 +176,18 @@ def verify_down(remote, host, hosts, rcfg):
             "Fix the minion, or migrate the VMs",
             down=seen,
         )
-    if not any(p.get("reachable") is False for p in probes):
+    unsure = [p for p in probes if p.get("reachable") is not False]
+    if unsure:  # only "connection refused" or a timeout prove it down; any other error proves nothing
         raise fleet.Failed(
-            f"refusing to recover {host}: no other hypervisor could check whether its libvirtd is down "
-            f"({'; '.join(p.get('error') or '?' for p in probes) or 'no other hypervisor answered'})",
+            f"refusing to recover {host}: "
+            + "; ".join(f"{p['from']} could not check its libvirtd: {p.get('error') or '?'}" for p in unsure)
+            + ". Only 'connection refused' or a timeout show a host is down: fix that (certificates, names, "
+            "virt:recovery:probe_uri), then retry",
+            down=seen,
+        )
+    if not probes:
+        raise fleet.Failed(
+            f"refusing to recover {host}: no other hypervisor answered to check whether its libvirtd is down",
             down=seen,
         )
     return seen
@@ -240,14 +257,7 @@ def check_peers(remote, rec, host, hosts):
     vms = {n: vm["xml"] for n, vm in (rec.get("vms") or {}).items() if vm.get("xml")}
     if not peers or not vms:
         return {}
-    answers, _jid = fleet.run(
-        remote.opts,
-        "virt.recovery_check",
-        [vms, rec.get("storage") or {}],
-        tgt=peers,
-        cfg=remote.cfg,
-        client=remote.client,
-    )
+    answers = remote.run("virt.recovery_check", vms, rec.get("storage") or {}, tgt=peers)
     return {p: a["ret"] if a["status"] == "up" else f"{a['status']}: {a.get('error')}" for p, a in answers.items()}
 
 
@@ -287,9 +297,10 @@ def _book(facts, vm, name):
     facts.setdefault("vm_info", {})[name] = {"state": "running", "group": vm.get("group"), "uuid": vm.get("uuid")}
 
 
-def restart_one(remote, rec, name, hosts, host, pol, store, able=None):
-    """Place and restart one recorded VM under its lock, on one of ``able`` (default: any other host);
-    ``{host, state, score}`` or raises Failed."""
+def restart_one(remote, rec, name, hosts, host, pol, store, able=None, force=False):  # noqa: PLR0913
+    """Place and restart one recorded VM under its lock, on one of ``able`` (default: any other host),
+    after the guards of :mod:`saltvirt.fleet.recovery_guard` (every hypervisor asked again, the VM's
+    entry in the shared store claimed); ``{host, state, score}`` or raises Failed."""
     vm = rec["vms"][name]
     req = _request(vm)
     tried, errors = {host} | ({h for h in hosts if h not in able} if able is not None else set()), []
@@ -317,15 +328,31 @@ def restart_one(remote, rec, name, hosts, host, pol, store, able=None):
                 tried.add(target)
                 continue
             lease.check()
+            try:  # the plan's snapshot is old: look again, under the lock, right before the start
+                guard.last_look(remote, name, vm.get("uuid"), host, force)
+                guard.claim(store, rec, name, host, target, remote.opts, force)
+            except CommandExecutionError:
+                fleetstate.finish(store, lease, "failed")
+                raise
             try:
                 done = remote.call(
                     target, "virt.recovery_restart", name, vm["xml"], rec.get("storage") or {}, start=_start(vm)
                 )
             except CommandExecutionError as exc:
                 fleetstate.finish(store, lease, "failed")
+                if getattr(exc, "details", {}).get("status") in guard.UNSURE:
+                    # no answer: it may be starting there. Never try another host on a guess
+                    guard.settle(store, name, "unsure")
+                    raise fleet.Failed(
+                        f"{exc}: {name} may be starting on {target}; not trying another host. Check {target}, "
+                        "then retry (force=True once you know it does not run there)",
+                        tried=sorted(tried | {target}),
+                    ) from None
+                guard.settle(store, name, "failed")
                 errors.append(str(exc))
                 tried.add(target)
                 continue
+            guard.settle(store, name, "recovered")
             fleetstate.finish(store, lease, "settled")
             _book(hosts[target], vm, name)
             out = {"host": target, "state": done.get("state"), "score": ranked["ranking"][0]["score"]}
@@ -338,8 +365,9 @@ def _start(vm):
     return vm.get("state") in RUNNING
 
 
-def recover(remote, host, conf, pol=None, store=None):
-    """``salt-run virt.recover HOST``: see the module doc. Returns the runner's answer."""
+def recover(remote, host, conf, pol=None, store=None, force=False):
+    """``salt-run virt.recover HOST``: see the module doc. Returns the runner's answer. ``force``: go on
+    although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``."""
     validate.host_name(host, "host (a hypervisor's minion id)")
     store = store or fleetstate.Store(remote.opts)
     fcfg, rcfg = fence_config(conf), recovery_config(conf)
@@ -347,6 +375,15 @@ def recover(remote, host, conf, pol=None, store=None):
     if host not in hosts:
         raise fleet.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
     down = verify_down(remote, host, hosts, rcfg)
+    silent = [h for h in fleet.down_hosts(hosts) if h != host]
+    if silent and not force:
+        raise fleet.Failed(
+            f"refusing to recover {host}: {', '.join(silent)} did not answer, and may run {host}'s VMs now "
+            "(migrated there since the last record). Bring it back, or retry with force=True once you know "
+            "it runs none of them",
+            down=down,
+            silent={h: hosts[h] for h in silent},
+        )
     rec = recall(remote.opts, host, store)
     if not rec:
         raise fleet.Failed(
@@ -374,7 +411,9 @@ def recover(remote, host, conf, pol=None, store=None):
     recovered, failed = {}, {}
     for name in todo["restart"]:
         try:
-            recovered[name] = restart_one(remote, rec, name, hosts, host, pol, store, todo["candidates"].get(name))
+            recovered[name] = restart_one(
+                remote, rec, name, hosts, host, pol, store, todo["candidates"].get(name), force=force
+            )
         except fleetstate.HeldError as exc:  # another master migrates or recovers it right now
             failed[name] = {"error": str(exc)}
         except CommandExecutionError as exc:
@@ -416,6 +455,21 @@ def reconcile(remote, host, store=None):
         )
     todo = store.fetch(RECOVERED, host) or {}
     here = hosts[host].get("vm_info") or {}
+    stale = [
+        n
+        for n, i in sorted(todo.items())
+        if n in here and here[n].get("uuid") == (i.get("uuid") or here[n].get("uuid"))
+    ]
+    disarmed = {}
+    if stale:  # first of all: none of them may start here again by itself (a reboot, a libvirtd restart)
+        try:
+            disarmed = remote.call(host, "virt.recovery_disarm", stale)
+        except CommandExecutionError as exc:
+            raise fleet.Failed(
+                f"{host}: could not turn autostart off for {', '.join(stale)} ({exc}); nothing was undefined. "
+                "Retry virt.reconcile",
+                conflicts={},
+            ) from None
     undefined, kept, conflicts, gone = {}, {}, {}, []
     for name, info in sorted(todo.items()):
         mine = here.get(name)
@@ -438,4 +492,5 @@ def reconcile(remote, host, store=None):
         gone.append(name)
     left = set(todo) - set(gone)
     store.transact(RECOVERED, host, lambda old: {n: v for n, v in (old or {}).items() if n in left} or None)
-    return {"host": host, "undefined": undefined, "kept": kept, "conflicts": conflicts}
+    autostart_off = sorted(n for n, was_on in disarmed.items() if was_on)
+    return {"host": host, "undefined": undefined, "kept": kept, "conflicts": conflicts, "autostart_off": autostart_off}

@@ -36,6 +36,12 @@ class Remote:
     def gather(self, fun):
         return fleet.gather(self.opts, fun, self.cfg, self.client)
 
+    def run(self, fun, *args, tgt=None):
+        """Every hypervisor's (or those in ``tgt``) answer to ``fun(*args)``: ``{minion: {status,
+        ret|error}}`` (:func:`fleet.run`, one publication)."""
+        answers, _jid = fleet.run(self.opts, fun, list(args), tgt=tgt, cfg=self.cfg, client=self.client)
+        return answers
+
     def call(self, minion, fun, *args, max_wait=None, **kwargs):
         """The function's return, or :class:`fleet.Failed` with ``status`` (error, down, timeout)."""
         ans, jid = fleet.call(self.opts, minion, fun, list(args), kwargs or None, self.cfg, max_wait, self.client)

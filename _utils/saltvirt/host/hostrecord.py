@@ -14,6 +14,7 @@
 """
 
 import contextlib
+import errno
 import os
 import secrets
 import threading
@@ -108,8 +109,29 @@ def record(conn, images_dir, allowed_paths=()):
     return {"hostname": conn.getHostname(), "images_dir": images_dir, "storage": markers, "vms": vms}
 
 
+# errno values that mean "nothing answers there" (the host or its libvirtd is down): refused, timed out,
+# and no route (a powered-off host on the same link: ARP times out). Anything else (TLS, certificates,
+# name resolution, authentication, protocol) is a problem on the checking side and proves nothing.
+_DOWN_ERRNO = {errno.ECONNREFUSED: "refused", errno.ETIMEDOUT: "timeout", errno.EHOSTUNREACH: "timeout"}
+
+
+def _down_reason(exc):
+    """``refused``/``timeout`` when a libvirt error says nothing listens at the peer, else None."""
+    if exc.get_error_code() != libvirt.VIR_ERR_SYSTEM_ERROR:
+        return None
+    num = exc.get_int1()
+    if num in _DOWN_ERRNO:
+        return _DOWN_ERRNO[num]
+    # a unix socket (lab, local URIs) whose daemon is gone: connect() says ENOENT for the socket file
+    if num == errno.ENOENT and (exc.get_error_message() or "").startswith("Failed to connect socket"):
+        return "refused"
+    return None
+
+
 def probe(uri, wait=10.0):
-    """``{uri, reachable, error}``: whether a libvirt connection to ``uri`` opens within ``wait`` s."""
+    """``{uri, reachable, down, error}``: whether a libvirt connection to ``uri`` opens within ``wait`` s.
+    ``reachable`` is True (it answered), False only when nothing answers (``down``: ``refused`` or
+    ``timeout``), None for any other error (it says nothing about the peer: recovery stops on it)."""
     if not isinstance(uri, str) or "://" not in uri:
         raise SaltInvocationError(f"uri must be a libvirt URI (qemu+tls://host/system), not {uri!r}")
     box = {}
@@ -122,16 +144,59 @@ def probe(uri, wait=10.0):
             finally:
                 conn.close()
         except libvirt.libvirtError as exc:
-            box["error"] = exc.get_error_message()
+            box["error"], box["down"] = exc.get_error_message(), _down_reason(exc)
 
     worker = threading.Thread(target=attempt, name="salt-virt-probe", daemon=True)
     worker.start()
     worker.join(wait)
     if worker.is_alive():
-        return {"uri": uri, "reachable": None, "error": f"no answer within {wait:g} s (hung, or filtered)"}
+        return {"uri": uri, "reachable": False, "down": "timeout", "error": f"no answer within {wait:g} s"}
     if "hostname" in box:
         return {"uri": uri, "reachable": True, "hostname": box["hostname"]}
-    return {"uri": uri, "reachable": False, "error": box.get("error")}
+    if box.get("down"):
+        return {"uri": uri, "reachable": False, "down": box["down"], "error": box.get("error")}
+    return {"uri": uri, "reachable": None, "error": box.get("error")}
+
+
+def where(conn, name, uuid=None):
+    """The domains here named ``name`` or with UUID ``uuid``: ``[{name, uuid, state, autostart}]``
+    (recovery's last look, under the VM's lock, before it starts a copy anywhere)."""
+    validate.vm_name(name)
+    out = []
+    for dom in conn.listAllDomains(0):
+        try:
+            if dom.name() != name and (not uuid or dom.UUIDString() != uuid):
+                continue
+            out.append(
+                {
+                    "name": dom.name(),
+                    "uuid": dom.UUIDString(),
+                    "state": state_name(dom.state()[0]),
+                    "autostart": bool(dom.autostart()),
+                }
+            )
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:  # gone meanwhile: not here any more
+                raise CommandExecutionError(f"cannot read domain {dom.name()}: {exc.get_error_message()}") from None
+    return out
+
+
+def disarm(conn, names):
+    """Turn autostart off for those of ``names`` defined here (a host back from fencing must not start
+    again what runs elsewhere now): ``{name: was autostart on}``."""
+    out = {}
+    for name in names:
+        validate.vm_name(name)
+        try:
+            dom = conn.lookupByName(name)
+            out[name] = bool(dom.autostart())
+            if out[name]:
+                dom.setAutostart(0)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                error = exc.get_error_message()
+                raise CommandExecutionError(f"cannot turn autostart off for {name}: {error}") from None
+    return out
 
 
 def check(facts, storage, roots):

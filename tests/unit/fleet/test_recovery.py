@@ -3,7 +3,8 @@
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.fleet import fleetstate, publish as fleet, recovery
+from saltvirt.fleet import fleetstate, publish as fleet, recovery, recovery_guard as guard
+from tests.support.testfleet import TestFleet, domain_xml
 
 
 def rec(**vms):
@@ -128,15 +129,24 @@ def test_verify_down_refuses_when_either_side_answers():
     )
     with pytest.raises(fleet.Failed, match="but its libvirtd does \\(reached from hv3 at qemu\\+tls://hv1/system\\)"):
         recovery.verify_down(reached, "hv1", HOSTS, CFG)
-    unsure = Peers({"hv2": CommandExecutionError("down"), "hv3": {"uri": "u", "reachable": None, "error": "hung"}})
-    with pytest.raises(fleet.Failed, match="no other hypervisor could check"):
+    unsure = Peers({"hv2": CommandExecutionError("down"), "hv3": {"uri": "u", "reachable": False, "down": "refused"}})
+    with pytest.raises(fleet.Failed, match="hv2 could not check its libvirtd: down. Only 'connection refused'"):
         recovery.verify_down(unsure, "hv1", HOSTS, CFG)
+    # a TLS error on the checking host proves nothing about hv1: it stops recovery, with the error
+    tls = Peers(
+        {
+            "hv2": {"uri": "u", "reachable": False, "down": "refused"},
+            "hv3": {"uri": "u", "reachable": None, "error": "Cannot read CA certificate '/etc/pki/CA/cacert.pem'"},
+        }
+    )
+    with pytest.raises(fleet.Failed, match="hv3 could not check its libvirtd: Cannot read CA certificate"):
+        recovery.verify_down(tls, "hv1", HOSTS, CFG)
     with pytest.raises(fleet.Failed, match="no other hypervisor answered"):
         recovery.verify_down(Peers({}), "hv1", {"hv1": HOSTS["hv1"]}, CFG)
 
 
 def test_verify_down_both_ways():
-    peers = Peers({"hv2": {"uri": "u", "reachable": False, "error": "refused"}, "hv3": CommandExecutionError("x")})
+    peers = Peers({"hv2": {"uri": "u", "reachable": False, "error": "refused"}, "hv3": {"reachable": False}})
     seen = recovery.verify_down(peers, "hv1", HOSTS, CFG)
     assert seen["minion"] == "down" and [p["from"] for p in seen["libvirt"]] == ["hv2", "hv3"]
 
@@ -182,6 +192,9 @@ class Back(Fleet):
         return self.hosts
 
     def call(self, minion, fun, *args, **kwargs):
+        if fun == "virt.recovery_disarm":
+            self.disarmed = (minion, args[0])
+            return {n: n == "a" for n in args[0]}
         assert fun == "virt.undefine"
         self.undefined.append((minion, args[0]))
         return True
@@ -210,9 +223,117 @@ def test_reconcile_undefines_only_stale_stopped_copies(store):
     fleet_ = Back(hosts)
     out = recovery.reconcile(fleet_, "hv1", store)
     assert fleet_.undefined == [("hv1", "a")]
+    assert fleet_.disarmed == ("hv1", ["a", "b", "c"]) and out["autostart_off"] == ["a"]  # first of all
     assert out["undefined"] == {"a": "undefined on hv1 (disks kept); it is on hv2 (running)"}
     assert out["conflicts"] == {"b": "running on hv1 AND defined on hv2 (running)"}
     assert "the only one, kept" in out["kept"]["c"]
     assert sorted(store.fetch(recovery.RECOVERED, "hv1")) == ["b", "c"]  # left for the next run
     with pytest.raises(fleet.Failed, match="reconcile it once it is back"):
         recovery.reconcile(Back(dict(hosts, hv1={"status": "down"})), "hv1", store)
+
+
+# recover() end to end: three hypervisors on the test driver (tests/support/testfleet.py), real store ----------
+WEB1 = "3f6ba1d4-1111-4c1b-9a40-0123456789ab"
+TRUE = {"fence": {"command": ["true"], "timeout": 10}}  # the power switch: hv1's domains are stopped by hand
+
+
+@pytest.fixture
+def three(tmp_path, store):
+    """hv1 ran web1 (disk on the shared directory) and was recorded; then it failed: its guest died
+    with it (destroyed here) and its minion went silent."""
+    hosts = TestFleet(tmp_path, opts=store.opts)
+    disk = f"{hosts.shared}/web1.qcow2"
+    open(disk, "wb").close()
+    dom = hosts.conns["hv1"].defineXML(domain_xml("web1", disk, WEB1))
+    dom.create()
+    dom.setAutostart(1)
+    assert recovery.refresh(hosts, store)["hv1"]["vms"] == ["web1"]
+    dom.destroy()
+    hosts.silent.add("hv1")
+    yield hosts
+    hosts.close()
+
+
+class Stale(TestFleet):
+    """A run whose snapshot (virt.full_info) was gathered before another run restarted the VM."""
+
+    __test__ = False
+
+    def __init__(self, live, snapshot):
+        self.__dict__.update(live.__dict__)
+        self.snapshot = snapshot
+
+    def gather(self, fun):
+        return self.snapshot
+
+
+def test_overlapping_recovers_never_both_start_it(three, store):
+    before = three.gather("virt.full_info")  # run B gathers here ...
+    a = recovery.recover(three, "hv1", TRUE, store=store)  # ... run A restarts web1 meanwhile
+    target = a["recovered"]["web1"]["host"]
+    assert three.running("web1") == [target]
+    b = recovery.recover(Stale(three, before), "hv1", TRUE, store=store)
+    assert b["recovered"] == {} and f"is defined on {target} (running) now" in b["failed"]["web1"]["error"]
+    assert three.running("web1") == [target]
+    # the next layer on its own: B's last look cannot see that host (forced past its silence): the store refuses
+    three.silent.add(target)
+    rec = recovery.recall(store.opts, "hv1", store)
+    pol = recovery.placement.make_policy()
+    with pytest.raises(fleet.Failed, match="web1 was already recovered from hv1 to"):
+        recovery.restart_one(three, rec, "web1", before, "hv1", pol, store, force=True)
+    assert three.running("web1") == [target]  # libvirt on every host, the silent ones included
+
+
+def test_a_silent_hypervisor_refuses_recovery_unless_forced(three, store, tmp_path):
+    three.silent.add("hv3")
+    with pytest.raises(fleet.Failed, match="refusing to recover hv1: hv3 did not answer, and may run hv1's VMs"):
+        recovery.recover(three, "hv1", TRUE, store=store)
+    assert three.running("web1") == []
+    out = recovery.recover(three, "hv1", TRUE, store=store, force=True)
+    assert out["recovered"]["web1"]["host"] == "hv2" and three.running("web1") == ["hv2"]
+
+
+def test_a_probe_error_is_not_a_down_host(three, store, tmp_path):
+    three.probe_uri = f"qemu+tls://hv1/system?pkipath={tmp_path}/no-pki"  # a TLS misconfiguration on the peers
+    with pytest.raises(fleet.Failed, match="could not check its libvirtd: Cannot read CA certificate") as info:
+        recovery.recover(three, "hv1", TRUE, store=store)
+    assert all(p["reachable"] is None for p in info.value.details["down"]["libvirt"])
+    assert three.running("web1") == []
+
+
+class NoAnswer(TestFleet):
+    """The target starts the VM, but its answer never reaches the master (link cut, minion killed)."""
+
+    __test__ = False
+
+    def __init__(self, live):
+        self.__dict__.update(live.__dict__)
+
+    def call(self, minion, fun, *args, max_wait=None, **kwargs):
+        ret = super().call(minion, fun, *args, **kwargs)
+        if fun == "virt.recovery_restart":
+            raise fleet.Failed(f"{fun} on {minion}: no answer within 5 s", host=minion, status="timeout")
+        return ret
+
+
+def test_a_start_without_an_answer_is_never_tried_on_another_host(three, store):
+    out = recovery.recover(NoAnswer(three), "hv1", TRUE, store=store)
+    assert (
+        out["recovered"] == {}
+        and "web1 may be starting on hv2; not trying another host" in out["failed"]["web1"]["error"]
+    )
+    assert three.running("web1") == ["hv2"]  # once
+    assert store.fetch(guard.VMS, "web1")["state"] == "recovering"
+    again = recovery.recover(three, "hv1", TRUE, store=store, force=True)  # even forced: the last look sees it
+    assert again["recovered"] == {} and "web1" in again["elsewhere"]
+    assert three.running("web1") == ["hv2"]
+
+
+def test_the_fenced_host_back_does_not_start_them_again(three, store):
+    target = recovery.recover(three, "hv1", TRUE, store=store)["recovered"]["web1"]["host"]
+    three.silent.discard("hv1")  # hv1 is back, with its stale definition (autostart on)
+    assert three.conns["hv1"].lookupByName("web1").autostart() == 1
+    out = recovery.reconcile(three, "hv1", store)
+    assert out["autostart_off"] == ["web1"] and list(out["undefined"]) == ["web1"]
+    assert [d.name() for d in three.conns["hv1"].listAllDomains(0)] == []
+    assert three.running("web1") == [target]

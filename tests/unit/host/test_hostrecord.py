@@ -107,14 +107,58 @@ def test_hostile_restart_input(test_conn, tmp_path):
 
 def test_probe_reports_unreachable(tmp_path):
     ans = hostrecord.probe(f"qemu+unix:///system?socket={tmp_path}/nothing-listens", wait=10)
-    assert ans["reachable"] is False and "nothing-listens" in ans["error"]
+    assert ans["reachable"] is False and ans["down"] == "refused" and "nothing-listens" in ans["error"]
     assert hostrecord.probe(f"test://{TEST_NODE_XML}")["reachable"] is True
     with pytest.raises(SaltInvocationError, match="libvirt URI"):
         hostrecord.probe("hv1")
 
 
+def test_probe_counts_only_refused_and_timeout_as_down(tmp_path):
+    import socket
+
+    with socket.socket() as srv:  # a port nothing listens on: bound, never listening -> refused
+        srv.bind(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+        ans = hostrecord.probe(f"qemu+tcp://127.0.0.1:{port}/system", wait=10)
+    assert ans["reachable"] is False and ans["down"] == "refused" and "Connection refused" in ans["error"]
+    with socket.socket() as srv:  # listening, never answering: a hung libvirtd is a timeout
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        ans = hostrecord.probe(f"qemu+tcp://127.0.0.1:{srv.getsockname()[1]}/system", wait=1)
+    assert ans == {"uri": ans["uri"], "reachable": False, "down": "timeout", "error": "no answer within 1 s"}
+    # errors on the checking side say nothing about the peer: not down
+    for uri, why in (
+        (f"qemu+tls://127.0.0.1/system?pkipath={tmp_path}/no-pki", "Cannot read CA certificate"),
+        ("qemu+tcp://no-such-host.invalid/system", "Unable to resolve address"),
+    ):
+        ans = hostrecord.probe(uri, wait=10)
+        assert ans["reachable"] is None and "down" not in ans and why in ans["error"], ans
+
+
+def test_where_and_disarm(test_conn, tmp_path):
+    uuid = "3f6ba1d4-1111-4c1b-9a40-0123456789ab"
+    dom = test_conn.defineXML(xml("web1", tmp_path / "w.qcow2", uuid=uuid))
+    dom.setAutostart(1)
+    seen = [{"name": "web1", "uuid": uuid, "state": "shutoff", "autostart": True}]
+    assert hostrecord.where(test_conn, "web1") == seen
+    assert hostrecord.where(test_conn, "renamed", uuid) == seen  # by UUID, whatever its name now
+    assert hostrecord.where(test_conn, "other", "3f6ba1d4-0000-4c1b-9a40-0123456789ab") == []
+    assert hostrecord.disarm(test_conn, ["web1", "absent"]) == {"web1": True}
+    assert dom.autostart() == 0 and hostrecord.disarm(test_conn, ["web1"]) == {"web1": False}
+    with pytest.raises(SaltInvocationError):
+        hostrecord.where(test_conn, "../x")
+
+
 def test_module_functions_through_salts_loader(virt_test, tmp_path):
-    for fun in ("recovery_record", "recovery_probe", "recovery_check", "recovery_restart"):
+    funs = (
+        "recovery_record",
+        "recovery_probe",
+        "recovery_check",
+        "recovery_restart",
+        "recovery_where",
+        "recovery_disarm",
+    )
+    for fun in funs:
         assert f"virt.{fun}" in virt_test and "CLI Example" in virt_test[f"virt.{fun}"].__doc__
     rec = virt_test["virt.recovery_record"]()
     assert rec["vms"]["test"]["uuid"] and "<domain" in rec["vms"]["test"]["xml"]
