@@ -18,6 +18,9 @@ Minion config (the connection is ``virt:connection``, as for the ``virt`` module
           events: [started, stopped, crashed]   # only these (default: all)
           reconcile: True       # after a reconnect, fire what changed while disconnected
 
+When it starts, it first releases seeding a killed job left behind (``virt.reap_seeding``) and reports
+it as ``salt/virt/<minion id>/reaped``.
+
 The engine module must be on the minion when it starts: ``saltutil.sync_all`` (or ``pip install``),
 then restart the salt-minion.
 """
@@ -40,6 +43,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
 if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
+    from saltvirt.vm import cleanup as _cleanup
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt_events"
@@ -53,9 +57,26 @@ def __virtual__():
     return __virtualname__
 
 
+def _reap(minion_id):
+    """Seeding a job left behind before this minion (re)started: released, reported to the master
+    (``salt/virt/<minion id>/reaped``) and in the log."""
+    try:
+        out = _cleanup.reap_seeding()
+    except Exception as exc:  # noqa: BLE001 - the watcher must start whatever the reaper met
+        log.error("virt_events: reaping stale seeding failed: %s", exc)
+        return
+    if out["removed"] or out["errors"]:
+        log.warning("virt_events: stale seeding released: %s; errors: %s", out["removed"], out["errors"])
+        try:
+            _events.MasterSender(__opts__)(f"salt/virt/{minion_id}/reaped", out)
+        except Exception as exc:  # noqa: BLE001 - the log has it
+            log.warning("virt_events: could not report the reaped seeding to the master: %s", exc)
+
+
 def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
+    _reap(__opts__["id"])
     get = _c.salt_config(__salt__)
     # the engine's own ``connection`` option is minion config (operator), not a call argument
     uri = connection or _c.resolve_uri(get)

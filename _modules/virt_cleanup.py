@@ -45,3 +45,17 @@ def cleanup(name, connection=None):
     """
     with _c.salt_connect(__salt__, connection) as conn:
         return _cleanup.cleanup(conn, name, _c.salt_images_dir(__salt__))
+
+
+def reap_seeding():
+    """
+    Release seeding whose job is gone (a job killed, the minion restarted mid-``virt.init``): for each
+    scratch directory ``salt-virt-seed-*`` in the temporary directory that salt-virt made (a real
+    directory of this user, mode 0700, never a symlink) and whose seeding process no longer runs, the
+    guest filesystems mounted in it are unmounted, their loop devices and the one on its FUSE export
+    detached, the qemu-storage-daemon serving that export stopped, and the directory removed. The
+    ``virt_events`` engine runs it when the minion starts. Returns ``{removed, errors, left}``.
+
+    CLI Example:: salt 'hyper1' virt.reap_seeding
+    """
+    return _cleanup.reap_seeding()

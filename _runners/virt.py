@@ -111,6 +111,12 @@ def _client():
     return salt.client.get_local_client(__opts__["conf_file"])
 
 
+def _store():
+    from saltvirt.fleet import fleetstate  # noqa: PLC0415 - the shared store, only where it is used
+
+    return fleetstate.Store(__opts__)
+
+
 def _out(data):
     """Runner answer rendered by the virt_query outputter (``--out=json`` gives ``data`` as is)."""
     return {"outputter": OUTPUTTER, "data": data}
@@ -550,12 +556,20 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     if "error" in ret["data"] and not host:
         try:
             with _client() as client:
-                leftovers = fleet_cleanup.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client)
+                leftovers = fleet_cleanup.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client, _store())
         except SaltException as exc:
             leftovers = None
             log.debug("virt.purge %s: no leftovers cleanup: %s", name, exc)
         if leftovers is not None:
             ret = _out(leftovers)
+    elif "error" not in ret["data"]:  # purged where it was: what an init that fell over left elsewhere goes too
+        try:
+            with _client() as client:
+                ret["data"]["cleanup_elsewhere"] = fleet_cleanup.cleanup_everywhere(
+                    __opts__, name, _cfg(tgt, tgt_type), client, _store()
+                )
+        except SaltException as exc:
+            ret["data"]["cleanup_elsewhere"] = {"error": str(exc)}
     if "error" in ret["data"] or not validate.to_bool(delete_key):
         return ret
     try:

@@ -36,7 +36,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.spec import compat
-    from saltvirt.fleet import placement, publish as fleet, rebalance as _rebalance, recovery, relocate
+    from saltvirt.fleet import fleetstate, leftovers, placement, publish as fleet, rebalance as _rebalance
+    from saltvirt.fleet import recovery, relocate
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -76,16 +77,23 @@ def record(tgt=None, tgt_type=None):
     """
     Record every hypervisor's VM definitions, states and storage markers on the master (Salt's cache,
     shared by every master with the same ``cache:``), for ``virt.recover`` when a host is down. Hosts
-    that do not answer keep their last record. Schedule it on the master, e.g.
+    that do not answer keep their last record. Hosts a ``virt.init`` abandoned (published there, no
+    answer, fell over) get ``virt.cleanup`` of that VM once they answer (``abandoned_init_cleanup``).
+    Schedule it on the master, e.g.
     ``schedule: {virt-record: {function: virt.record, minutes: 5}}``.
 
     CLI Example:: salt-run virt.record
     """
     try:
         with _client() as client:
-            return recovery.refresh(_remote(client, tgt, tgt_type))
+            remote = _remote(client, tgt, tgt_type)
+            out = recovery.refresh(remote)
+            # hosts a virt.init abandoned (no answer, fell over): cleaned once they answer again
+            call = leftovers.publish_call(__opts__, remote.cfg, client)
+            healed = leftovers.heal(call, fleetstate.Store(__opts__))
     except SaltException as exc:
         return _failed(exc)
+    return dict(out, **({"abandoned_init_cleanup": healed} if healed else {}))
 
 
 def recover(host, force=False, **policy):

@@ -28,7 +28,6 @@ PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py"}
 WITHOUT_UNIT_FILE = {
     "host/caps",
     "pki/crl",
-    "fleet/leftovers",
     "base/fsutil",
     "host/lifecycle",
     "loader",

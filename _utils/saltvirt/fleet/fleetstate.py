@@ -52,6 +52,8 @@ import salt.cache
 import salt.payload
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import procs
+
 redis = None  # imported on first use (cache: redis only): ~0.2 s of every salt-run virt.* start-up otherwise
 
 
@@ -214,22 +216,13 @@ def _redis_transact(rd, bank, key, update, attempts=200):
 
 
 # owners and liveness --------------------------------------------------------------------------------
-def _proc_start(pid):
-    """The start time of process ``pid`` (clock ticks since boot), or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def me(opts, job=None):
     pid = os.getpid()
     return {
         "master": opts.get("id"),
         "host": socket.gethostname(),
         "pid": pid,
-        "pid_start": _proc_start(pid),
+        "pid_start": procs.start_time(pid),
         "job": job,
     }
 
@@ -238,7 +231,7 @@ def local_owner_alive(opts, owner):
     """True/False for an owner on this master (same master id and host), None for another master's."""
     if not owner or owner.get("master") != opts.get("id") or owner.get("host") != socket.gethostname():
         return None
-    start = _proc_start(owner.get("pid") or -1)
+    start = procs.start_time(owner.get("pid") or -1)
     return start is not None and start == owner.get("pid_start")
 
 

@@ -184,7 +184,7 @@ def _create(
                 return _created(
                     opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
                 )
-            tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
+            _note_attempt(opts, lease, tried, name, hv, ans, jid)
             _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
                 # published but unanswered: it may still create the VM there, so its room stays reserved
@@ -210,6 +210,12 @@ def _create(
                 exc.details["cleanup"] = {"key_removed": removed, "minion_id": key_id}
         raise
     raise Failed(f"virt.init of {name}: no candidate left", tried=tried)  # pragma: no cover - loop returns/raises
+
+
+def _note_attempt(opts, lease, tried, name, hv, ans, jid):
+    tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
+    if ans["status"] in ("down", "timeout"):  # it may leave disks and seeding there: cleaned once it answers
+        fleet_cleanup.remember(lease.store, hv, name, jid, ans["status"], opts.get("id"))
 
 
 def _snapshot(opts, name, cfg, client, progress):

@@ -28,6 +28,7 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.storage import images
+from saltvirt.base import procs
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
 
@@ -234,6 +235,18 @@ def _mounted(path):
     with open("/proc/self/mountinfo") as fh:
         points = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in fh)
         return path in points
+
+
+SCRATCH_PREFIX = "salt-virt-seed-"  # <tmp>/salt-virt-seed-*: a seeding's scratch directory (mode 0700)
+OWNER_FILE = "owner"  # in it: "<pid> <start time>" of the process seeding (saltvirt.base.procs.mark)
+
+
+def _mark_owner(tmp):
+    """Name the process that seeds in its scratch directory: the reaper (saltvirt.vm.cleanup.reap_seeding)
+    leaves a scratch directory alone while that process runs."""
+    fd = os.open(os.path.join(tmp, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(procs.mark() + "\n")
 
 
 def _remove_tmp(tmp):
@@ -691,8 +704,9 @@ def seed(image_path, files, backend="auto", fmt=None, inspect=None, fresh=False)
     attempts, clean = [], True
     for name in BACKENDS if backend == "auto" else (backend,):
         t0, undo = time.monotonic(), Undo(what="seed cleanup")
-        tmp = tempfile.mkdtemp(prefix="salt-virt-seed-")
+        tmp = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
         undo.add(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))
+        _mark_owner(tmp)
         outcome = error = None
         stop = False
         try:

@@ -17,16 +17,19 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import validate
+from saltvirt.base import procs, validate
+from saltvirt.guest import seed
 from saltvirt.storage import images
 from saltvirt.host.conn import libvirt
 
 LOCKS_DIR = ".locks"
-SEED_PREFIX = "salt-virt-seed-"
+SEED_PREFIX = seed.SCRATCH_PREFIX
+REAP_GRACE = 3600.0  # seconds: a scratch directory without an owner mark is stale only when older
 
 
 def _lock_path(images_dir, name):
@@ -187,14 +190,116 @@ def release_seeding(disks):
         if any(point == export for _n, point, _s in _mountinfo()):
             _umount(export, done, errors)
     for tmp in sorted(scratch):
-        from saltvirt.guest.seed import _remove_tmp  # noqa: PLC0415 - seed pulls in more than cleanup needs
-
         try:
-            _remove_tmp(tmp)
+            seed._remove_tmp(tmp)
             done.append(f"removed {tmp}")
         except (OSError, CommandExecutionError) as exc:
             errors.append(f"remove {tmp}: {exc}")
     return done, errors
+
+
+# the reaper: seeding whose job is gone, found from the scratch directories ---------------------------
+def _loop_of(num):
+    """The loop device (``loopN``) behind block device ``major:minor`` (a loop or one of its partitions)."""
+    parts = os.path.realpath(f"/sys/dev/block/{num}").split(os.sep)
+    return next((p for p in parts if p.startswith("loop") and p[4:].isdigit()), None)
+
+
+def _qsd_serving(export):
+    """Pids of qemu-storage-daemons whose FUSE export is ``export``."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not args or os.path.basename(args[0]) != "qemu-storage-daemon":
+            continue
+        for arg in args:
+            with contextlib.suppress(ValueError):
+                value = json.loads(arg)
+                if isinstance(value, dict) and value.get("type") == "fuse" and value.get("mountpoint") == export:
+                    pids.append(int(pid))
+    return pids
+
+
+def _release_scratch(path):
+    """Undo what a dead seeding job attached under its scratch directory ``path``: ``(done, errors)``."""
+    done, errors, loops = [], [], []
+    export = os.path.join(path, "export")
+    inside = [(n, p) for n, p, _s in _mountinfo() if p.startswith(path + os.sep) and p != export]
+    for num, point in reversed(inside):  # the guest's filesystems (on loop devices), deepest first
+        loop = _loop_of(num)
+        if loop and loop not in loops:
+            loops.append(loop)
+        _umount(point, done, errors)
+    loops += [lp for lp in _loops({export}) if lp not in loops]  # the FUSE export attached, not mounted
+    for loop in loops:
+        proc = _run(["losetup", "-d", f"/dev/{loop}"])
+        if proc.returncode == 0:
+            done.append(f"detached /dev/{loop}")
+        else:
+            errors.append(f"detach /dev/{loop}: {proc.stderr.strip()}")
+    for pid in _qsd_serving(export):
+        _stop(pid, done)
+    if any(point == export for _n, point, _s in _mountinfo()):
+        _umount(export, done, errors)
+    if not errors:
+        try:
+            seed._remove_tmp(path)
+            done.append(f"removed {path}")
+        except (OSError, CommandExecutionError) as exc:
+            errors.append(f"remove {path}: {exc}")
+    return done, errors
+
+
+def _stale(path, st, grace):
+    """Why the scratch directory ``path`` (``st``: its lstat) belongs to a seeding whose job is gone,
+    or None while that job may still run."""
+    try:
+        fd = os.open(os.path.join(path, seed.OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="ascii", errors="replace") as fh:
+            owner = fh.read(100).strip()
+    except OSError:
+        owner = None
+    if owner is not None and procs.alive(owner) is not None:
+        return None if procs.alive(owner) else f"its seeding process ({owner.split()[0]}) is gone"
+    age = time.time() - st.st_mtime
+    return f"no owner mark, {age:.0f} s old" if age > grace else None
+
+
+def reap_seeding(tmpdir=None, grace=REAP_GRACE):
+    """Release seeding whose job is gone (a minion restarted, a job killed): for every scratch directory
+    ``<tmpdir>/salt-virt-seed-*`` that salt-virt made (a real directory, not a symlink, owned by this
+    user, mode 0700 as ``mkdtemp`` makes it) whose owner process is gone, unmount the guest's
+    filesystems mounted inside it, detach their loop devices and the one on its FUSE export, stop the
+    qemu-storage-daemon serving that export, and remove the directory. Anything else is left alone.
+    Returns ``{removed: [what was done], errors: [...], left: {path: why}}``."""
+    import tempfile  # noqa: PLC0415 - the default scratch place, as seeding's mkdtemp uses it
+
+    tmpdir = tmpdir or tempfile.gettempdir()
+    out = {"removed": [], "errors": [], "left": {}}
+    try:
+        entries = sorted(e.path for e in os.scandir(tmpdir) if e.name.startswith(SEED_PREFIX))
+    except OSError as exc:
+        out["errors"].append(f"cannot list {tmpdir}: {exc.strerror}")
+        return out
+    for path in entries:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+            out["left"][path] = "not a scratch directory salt-virt made (a symlink, another owner or mode)"
+            continue
+        why = _stale(path, st, grace)
+        if why is None:
+            continue  # its seeding runs: not ours to touch
+        done, errors = _release_scratch(path)
+        out["removed"] += [f"{path}: {why}", *done]
+        out["errors"] += errors
+    return out
 
 
 # entry point ----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import procs
 from saltvirt.fleet import fleetstate, placement
 from tests.support.redis_server import RedisServer
 
@@ -129,7 +130,7 @@ def test_live_local_owner_is_never_broken_even_expired(backend):
     opts = backend("m1")
     alive = subprocess.Popen(["sleep", "30"])
     try:
-        owner = dict(fleetstate.me(opts), pid=alive.pid, pid_start=fleetstate._proc_start(alive.pid))
+        owner = dict(fleetstate.me(opts), pid=alive.pid, pid_start=procs.start_time(alive.pid))
         record(opts, "web1", owner=owner, expires=time.time() - 600)
         with pytest.raises(fleetstate.HeldError, match="its lease expired, but the process is alive"):
             with fleetstate.lock(opts, ["web1"]):

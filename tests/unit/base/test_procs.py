@@ -1,0 +1,19 @@
+"""saltvirt.base.procs on real processes."""
+
+import subprocess
+
+from saltvirt.base import procs
+
+
+def test_a_mark_names_one_process_and_outlives_it():
+    me = procs.mark()
+    assert procs.alive(me) is True
+    child = subprocess.Popen(["sleep", "30"])
+    theirs = f"{child.pid} {procs.start_time(child.pid)}"
+    assert procs.alive(theirs) is True
+    child.kill()
+    child.wait()
+    assert procs.alive(theirs) is False and procs.start_time(child.pid) is None
+    pid = me.split()[0]
+    assert procs.alive(f"{pid} 1") is False  # same pid, another start: another process
+    assert procs.alive("garbage") is None and procs.alive("") is None

@@ -1,0 +1,70 @@
+"""saltvirt.fleet.leftovers: hosts a virt.init abandoned are remembered in a real store and cleaned
+(real virt.cleanup on libvirt's test driver) once they answer."""
+
+import os
+
+import pytest
+
+from saltvirt.fleet import fleetstate, leftovers
+from saltvirt.storage import images
+from saltvirt.vm import cleanup
+
+
+@pytest.fixture
+def store(tmp_path):
+    import salt.config
+
+    opts = salt.config.master_config(None)
+    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "virt": {}})
+    return fleetstate.Store(opts)
+
+
+def half_init(images_dir, name):
+    """What a virt.init killed while seeding leaves: a disk in its manifest, its init lock file."""
+    vm_dir = os.path.join(images_dir, name)
+    os.makedirs(vm_dir)
+    disk = os.path.join(vm_dir, "system.qcow2")
+    images.create_disk(disk, 16)
+    images.record_owned(vm_dir, name, [disk])
+    os.makedirs(os.path.join(images_dir, cleanup.LOCKS_DIR), exist_ok=True)
+    with open(cleanup._lock_path(images_dir, name), "w") as fh:
+        fh.write("virt.init pid 0\n")
+    return disk
+
+
+def test_an_abandoned_host_is_cleaned_once_it_answers(tmp_path, store, test_conn):
+    images_dir = str(tmp_path / "hv3-images")
+    disk = half_init(images_dir, "web1")
+    leftovers.remember(store, "hv3", "web1", "2026", "down", "m1")
+    leftovers.remember(store, "hv3", "web2", "2027", "timeout", "m1")
+    silent = {"hv3"}
+
+    def call(host, fun, args):  # the publication: hv3's real virt.cleanup on its own libvirt and disks
+        if host in silent:
+            return {"status": "down", "error": "did not answer"}
+        assert fun == "virt.cleanup"
+        try:
+            return {"status": "up", "ret": cleanup.cleanup(test_conn, args[0], images_dir)}
+        except Exception as exc:  # noqa: BLE001 - what Salt's job returns for a raised error
+            return {"status": "error", "error": str(exc)}
+
+    out = leftovers.heal(call, store)
+    assert out == {"hv3": {"web1": {"error": "down: did not answer"}}}  # web2 waits without a second try
+    assert os.path.exists(disk) and sorted(store.fetch(leftovers.ABANDONED, "hv3")) == ["web1", "web2"]
+    silent.clear()
+    out = leftovers.heal(call, store, name="web1")
+    assert out["hv3"]["web1"]["removed"] == [disk] and out["hv3"]["web1"]["interrupted"] is True
+    assert not os.path.exists(disk) and sorted(store.fetch(leftovers.ABANDONED, "hv3")) == ["web2"]
+    # an init still running there: cleanup refuses (its lock is held), the entry stays
+    with cleanup.InitLock(images_dir, "web2"):
+        out = leftovers.heal(call, store)
+    assert "a virt.init or virt.cleanup of 'web2' is running on this host" in out["hv3"]["web2"]["error"]
+    assert store.fetch(leftovers.ABANDONED, "hv3") == {"web2": store.fetch(leftovers.ABANDONED, "hv3")["web2"]}
+    assert leftovers.heal(call, store)["hv3"]["web2"]["removed"] == []
+    assert store.fetch(leftovers.ABANDONED, "hv3") is None
+
+
+def test_a_late_init_that_finished_is_reported_not_removed():
+    ans = {"status": "up", "ret": {"domain": "kept: a complete VM (virt.purge removes it)", "errors": []}}
+    report, finished = leftovers._cleaned(ans)
+    assert finished and "two VMs of this name" in report["note"]
