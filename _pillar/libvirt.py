@@ -160,7 +160,7 @@ def _moved(config):
 
 
 def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
-    from saltvirt.pki import ca as pki, crl
+    from saltvirt.pki import ca as pki, revocation
     from saltvirt.fleet import hypervisors
 
     on_demand = _on_demand()
@@ -202,7 +202,7 @@ def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-ar
     ca_dir = config.get("ca_dir") or os.path.join(__opts__["pki_dir"], "libvirt")
     try:
         accepted = set(hypervisors.accepted(opts)) | {minion_id}  # compiling for it: it is authenticated
-        swept = crl.sweep(ca_dir, lambda mid: mid in accepted and hypervisors.matches(opts, mid))
+        swept = revocation.sweep(ca_dir, lambda mid: mid in accepted and hypervisors.matches(opts, mid))
     except Exception as exc:
         log.error("libvirt ext_pillar: revoking the certificates of former hypervisors failed: %s", exc)
         raise
@@ -228,7 +228,7 @@ def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-ar
     bundle = pki.trusted_bundle(ca_dir)
     out = {
         "cacert": bundle,
-        "crl": crl.crl_pem(ca_dir),
+        "crl": revocation.crl_pem(ca_dir),
         "tls_allowed_dn_list": [pki.CLIENT_DN_PATTERN],
         "ca": pki.summary(bundle),
     }

@@ -20,21 +20,25 @@ Command line (on the master, as root)::
 """
 
 import argparse
-import contextlib
 import datetime
-import fcntl
 import ipaddress
 import json
 import os
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.fsutil import atomic_write
+from saltvirt.pki import crl
+from saltvirt.pki.castore import SKEW as _SKEW
+from saltvirt.pki.castore import locked as _locked
+from saltvirt.pki.castore import mkdir_private as _mkdir_private
+from saltvirt.pki.castore import now as _now
+from saltvirt.pki.castore import read as _read
+from saltvirt.pki.castore import signed_by
+from saltvirt.pki.castore import write as _write
 
 KINDS = ("server", "client", "qemu-server", "qemu-client")
 SERVER_KINDS = ("server", "qemu-server")
@@ -45,43 +49,9 @@ EC_CURVES = {256: ec.SECP256R1, 384: ec.SECP384R1, 521: ec.SECP521R1}
 DEFAULTS = {"days": 825, "renew_days": 30, "ca_days": 3650, "key_type": "rsa", "key_size": 3072}
 CA_CN = "salt-virt libvirt CA"
 ORG = "salt-virt"
-_SKEW = datetime.timedelta(minutes=5)  # not_before slack for hosts whose clocks lag a little
-
-
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc)
 
 
 # files -----------------------------------------------------------------------------------------
-def _mkdir_private(path):
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    if os.stat(path).st_mode & 0o777 != 0o700:
-        os.chmod(path, 0o700)
-
-
-def _write(path, data, mode):
-    """Atomic write with the final mode from the start (no window where a key is world-readable)."""
-    _mkdir_private(os.path.dirname(path))
-    atomic_write(path, data, mode)
-
-
-def _read(path):
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-@contextlib.contextmanager
-def _locked(directory):
-    """Exclusive lock on ``directory`` (master worker processes compile pillars concurrently)."""
-    _mkdir_private(directory)
-    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 def _key_pem(key):
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -333,16 +303,6 @@ def default_cn(minion_id, kind, cn=None):
 
 
 # leaf certificates -----------------------------------------------------------------------------
-def signed_by(cert, ca_cert):
-    if cert.issuer != ca_cert.subject:
-        return False
-    try:
-        cert.verify_directly_issued_by(ca_cert)
-    except (InvalidSignature, ValueError, TypeError):
-        return False
-    return True
-
-
 def needs_renewal(cert, ca_cert, sans=None, renew_days=DEFAULTS["renew_days"], kind="server", cn=None, key=None):
     """(True, reason) if ``cert`` must be reissued, else (False, '').
 
@@ -491,9 +451,7 @@ def issue(
         _write(key_path, _key_pem(key), 0o600)
         _write(cert_path, _cert_pem(cert), 0o644)
     if old_cert is not None:  # the replaced certificate must stop working (the CRL in the pillar)
-        from saltvirt.pki import crl  # noqa: PLC0415 - crl imports pki
-
-        crl.revoke(ca_dir, [old_cert], f"{minion_id} {kind}: reissued ({reason})")
+        crl.revoke(ca_dir, ca_cert, ca_key, [old_cert], f"{minion_id} {kind}: reissued ({reason})")
     return {
         "cert": _cert_pem(cert).decode(),
         "key": _key_pem(key).decode(),

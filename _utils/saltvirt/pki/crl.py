@@ -2,7 +2,7 @@
 
 A certificate is revoked when it is reissued (renewal, SAN/CN/key change, ``force``) and when its
 minion stops being a hypervisor (its key deleted on the master, or no longer in ``virt:hypervisors``:
-:func:`sweep`, run by the ``libvirt`` ext_pillar). The ``libvirt`` pillar carries the CRL; the
+:func:`saltvirt.pki.revocation.sweep`, run by the ``libvirt`` ext_pillar). The ``libvirt`` pillar carries the CRL; the
 ``virt.keys`` state writes it where libvirtd (``crl_file``) and QEMU (``ca-crl.pem``) read it.
 
 On-disk layout below ``ca_dir``::
@@ -15,6 +15,10 @@ The CRL's nextUpdate is the CA's expiry: libvirtd (GnuTLS) refuses every client 
 its nextUpdate, and this CRL only changes when the master compiles a hypervisor's pillar. Certificates
 signed by a retired CA cannot be listed (its key is gone): they stop working when ``previous/`` no
 longer holds that CA, or when they expire.
+
+This module keeps the CRL given the CA's certificate and key (it never loads the CA itself:
+:mod:`saltvirt.pki.ca` imports it to revoke what it reissues); :mod:`saltvirt.pki.revocation` holds the
+``ca_dir``-level operations above both.
 """
 
 import datetime
@@ -24,7 +28,7 @@ import os
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
-from saltvirt.pki import ca as pki
+from saltvirt.pki import castore
 
 
 def _paths(ca_dir):
@@ -42,11 +46,11 @@ def _record(path):
 
 
 def _build(ca_cert, ca_key, record):
-    now = pki._now()
+    now = castore.now()
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
-        .last_update(now - pki._SKEW)
+        .last_update(now - castore.SKEW)
         .next_update(ca_cert.not_valid_after_utc)
         .add_extension(x509.CRLNumber(len(record) + int(now.timestamp())), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -76,44 +80,44 @@ def _fresh(pem, ca_cert, record):
     )
 
 
-def crl_pem(ca_dir):
-    """The current CRL (PEM text), rebuilt if missing, stale or signed by a retired CA."""
-    ca_cert, ca_key = pki.ensure_ca(ca_dir)
+def current(ca_dir, ca_cert, ca_key):
+    """The current CRL of the CA ``ca_cert``/``ca_key`` (PEM text), rebuilt if missing, stale or signed by
+    a retired CA."""
     folder, record_path, crl_path = _paths(ca_dir)
-    with pki._locked(folder):
+    with castore.locked(folder):
         record = _prune(_record(record_path))
         try:
-            pem = pki._read(crl_path)
+            pem = castore.read(crl_path)
         except OSError:
             pem = b""
         if not _fresh(pem, ca_cert, record):
             pem = _build(ca_cert, ca_key, record)
-            pki._write(crl_path, pem, 0o644)
+            castore.write(crl_path, pem, 0o644)
     return pem.decode()
 
 
 def _prune(record):
     """Entries of certificates that have expired anyway are dropped (the CRL stays small)."""
-    now = pki._now()
+    now = castore.now()
     return [e for e in record if datetime.datetime.fromisoformat(e["not_after"]) > now]
 
 
-def revoke(ca_dir, certs, reason):
-    """Put ``certs`` (signed by the current CA) on the CRL; returns the serials added."""
-    ca_cert, ca_key = pki.ensure_ca(ca_dir)
+def revoke(ca_dir, ca_cert, ca_key, certs, reason):
+    """Put ``certs`` signed by ``ca_cert`` on the CRL; returns the serials added (others are skipped:
+    already listed, expired, or signed by another CA)."""
     folder, record_path, crl_path = _paths(ca_dir)
     added = []
-    with pki._locked(folder):
+    with castore.locked(folder):
         record = _prune(_record(record_path))
         known = {e["serial"] for e in record}
         for cert in certs:
             serial = f"{cert.serial_number:x}"
-            if serial in known or not pki.signed_by(cert, ca_cert) or cert.not_valid_after_utc <= pki._now():
+            if serial in known or not castore.signed_by(cert, ca_cert) or cert.not_valid_after_utc <= castore.now():
                 continue
             record.append(
                 {
                     "serial": serial,
-                    "revoked_at": pki._now().isoformat(),
+                    "revoked_at": castore.now().isoformat(),
                     "reason": str(reason)[:200],
                     "subject": cert.subject.rfc4514_string(),
                     "not_after": cert.not_valid_after_utc.isoformat(),
@@ -121,43 +125,11 @@ def revoke(ca_dir, certs, reason):
             )
             added.append(serial)
         if added:
-            pki._write(record_path, json.dumps(record, indent=1).encode(), 0o600)
-            pki._write(crl_path, _build(ca_cert, ca_key, record), 0o644)
+            castore.write(record_path, json.dumps(record, indent=1).encode(), 0o600)
+            castore.write(crl_path, _build(ca_cert, ca_key, record), 0o644)
     return added
 
 
 def revoked(ca_dir):
     """The record: what is revoked, when and why (no secrets)."""
     return _record(_paths(ca_dir)[1])
-
-
-def retire_minion(ca_dir, minion_id, reason):
-    """Revoke every certificate of ``minion_id`` and move its directory to ``retired/``."""
-    pki.valid_minion_id(minion_id)
-    directory = os.path.join(ca_dir, "minions", minion_id)
-    if not os.path.isdir(directory):
-        return []
-    certs = []
-    for kind in pki.KINDS:
-        try:
-            certs.append(pki.load_cert(pki._read(os.path.join(directory, f"{kind}cert.pem"))))
-        except (OSError, ValueError):
-            continue
-    added = revoke(ca_dir, certs, f"{minion_id}: {reason}")
-    retired = os.path.join(ca_dir, "retired")
-    pki._mkdir_private(retired)
-    with pki._locked(directory):
-        os.rename(directory, os.path.join(retired, f"{minion_id}-{pki._now():%Y%m%dT%H%M%S%f}"))
-    return added
-
-
-def sweep(ca_dir, still_hypervisor):
-    """Retire every minion below ``ca_dir`` for which ``still_hypervisor(id)`` is False:
-    ``{id: [revoked serials]}``."""
-    minions = os.path.join(ca_dir, "minions")
-    out = {}
-    for minion_id in sorted(os.listdir(minions)) if os.path.isdir(minions) else ():
-        if not os.path.isdir(os.path.join(minions, minion_id)) or still_hypervisor(minion_id):
-            continue
-        out[minion_id] = retire_minion(ca_dir, minion_id, "no longer a hypervisor (key deleted or not configured)")
-    return out

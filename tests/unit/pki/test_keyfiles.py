@@ -4,7 +4,7 @@ test=True preview, never overwriting what it did not write)."""
 import grp
 import os
 
-from saltvirt.pki import ca as pki, crl, keyfiles
+from saltvirt.pki import ca as pki, keyfiles, revocation
 from tests.support.pkitools import K, mode
 
 
@@ -16,7 +16,7 @@ def _pillar(tmp_path, ca="ca"):
     qclient = pki.issue(ca, "h", "qemu-client", **K)
     return {
         "cacert": pki.trusted_bundle(ca),
-        "crl": crl.crl_pem(ca),
+        "crl": revocation.crl_pem(ca),
         "servercert": server["cert"],
         "serverkey": server["key"],
         "clientcert": client["cert"],
