@@ -20,7 +20,6 @@ Configuration (minion config or grains, read with ``config.get``; never pillar: 
       disk: {default: [...]}     # disk profiles
 """
 
-import inspect
 import logging
 import os
 import sys
@@ -39,7 +38,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt.host import conn as _c
-    from saltvirt.spec import compat
+    from saltvirt.spec import compat, vmargs
     from saltvirt.host import guestips, hosttype, lifecycle, query
     from saltvirt.storage import intake
     from saltvirt.vm import provision
@@ -275,7 +274,7 @@ def init(
     return ret
 
 
-_INIT_ARGS = tuple(p for p in inspect.signature(init).parameters if p != "kwargs")
+_INIT_ARGS = vmargs.NAMES  # the signature above matches the table (tests/unit/spec/test_vmargs.py)
 
 
 def _salt_kwargs(kwargs, fun, extra=()):
@@ -717,7 +716,7 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     if "allowed_paths" in kwargs:
         raise SaltInvocationError("allowed_paths is read from the minion config (virt:allowed_paths) only")
-    for old, new in (("disk_profile", "disk"), ("nic_profile", "nic")):
+    for old, new in vmargs.update_renames().items():
         if old in kwargs:
             if new in kwargs:
                 raise SaltInvocationError(f"virt.update: give {new}= or {old}= (Salt's name), not both")

@@ -75,7 +75,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.spec import compat
+    from saltvirt.spec import compat, vmargs
     from saltvirt.fleet import minionkeys, placement, publish as fleet, vmcreate, vmwait
     from saltvirt.fleet import leftovers as fleet_cleanup
 
@@ -353,8 +353,10 @@ def init(
         ``test.ping``. At most ``wait_timeout`` seconds (default 300); when that runs out the VM is kept,
         ``wait`` in the answer says what was seen, and salt-run exits non-zero.
 
-    Any other keyword (``boot``, ``nic``, ``disk``, ``interfaces``, ``disks``, ``graphics``,
-    ``master``, ``minion_config``, ``seed_backend``, ``cloud_init``, ...) is passed to the module's ``virt.init``.
+    Any other keyword of the module's ``virt.init`` (``boot``, ``nic``, ``disk``, ``interfaces``, ``disks``,
+    ``graphics``, ``master``, ``minion_config``, ``seed_backend``, ``cloud_init``, ...) is passed to it; an
+    unknown one, and ``pub_key``/``priv_key`` (this runner makes the key pair), are refused before anything
+    happens (the table: ``saltvirt.spec.vmargs``, docs/topics/vm-arguments.md).
 
     On failure: a clear error with the hypervisor's real message; the key this call stored is
     removed and ``virt.init`` on the hypervisor removes what it created. Only a hypervisor that did
@@ -383,6 +385,7 @@ def init(
         compat.refuse_connection_args(module_kwargs, "salt-run virt.init")
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
+        module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
         module_kwargs.update(
             enable_qcow=validate.to_bool(enable_qcow),

@@ -17,6 +17,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
     except ImportError:
         saltvirt = None
 
+if saltvirt is not None:
+    # virt.init's arguments: what the states take and enforce on an existing VM (the one declaration)
+    from saltvirt.spec import vmargs
+
 __virtualname__ = "virt"
 
 
@@ -77,21 +81,6 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
 
 
 # VMs -----------------------------------------------------------------------------------------------
-# What an existing VM is held to when the state does not say otherwise: virt.init's own defaults.
-MANAGED_DEFAULTS = {
-    "nic": "default",
-    "disk": "default",
-    "disks": None,
-    "interfaces": None,
-    "enable_vnc": False,
-    "graphics": None,
-}
-# domain features virt.update manages on an existing VM when the state declares them (else left as they are)
-FEATURE_ARGS = ("boot", "boot_dev", "stop_on_reboot", "serials", "consoles", "tpm", "clock", "hypervisor_features")
-FEATURE_ARGS += ("numatune", "host_devices")
-UPDATE_ARGS = tuple(MANAGED_DEFAULTS) + ("image", "enable_qcow", "connection") + FEATURE_ARGS
-
-
 def _ret(name, **kw):
     return dict({"name": name, "result": True, "changes": {}, "comment": ""}, **kw)
 
@@ -109,20 +98,16 @@ def _vm_state(name, connection=None):
 
 
 def _check_args(kwargs):
-    """The state takes virt.init's arguments: refuse others (a typo must not pass silently)."""
-    import salt.utils.args
+    """The state takes virt.init's arguments (saltvirt.spec.vmargs): refuse others (a typo must not pass silently)."""
     from salt.exceptions import SaltInvocationError
+    from saltvirt.spec import compat
 
-    known = set(salt.utils.args.get_function_argspec(__salt__["virt.init"]).args) - {"name", "cpu", "mem", "start"}
-    unknown = sorted(set(kwargs) - known)
-    if "start" in unknown:
-        raise SaltInvocationError(
-            "start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not"
-        )
-    if unknown:
-        from saltvirt.spec import compat
-
-        compat.refuse_unknown(kwargs, sorted(known), "virt.running/defined (they take the arguments of virt.init)")
+    refused = sorted(set(kwargs) & set(vmargs.STATE_REFUSALS))
+    if refused:
+        raise SaltInvocationError(vmargs.STATE_REFUSALS[refused[0]])
+    compat.refuse_unknown(
+        kwargs, sorted(vmargs.STATE_KWARGS), "virt.running/defined (they take the arguments of virt.init)"
+    )
 
 
 def _image_format(image, saltenv, test, trusted=False, roots=()):
@@ -196,7 +181,8 @@ def _create(ret, name, cpu, mem, start, kwargs):
 def _update(ret, name, cpu, mem, start, state, kwargs):
     test = __opts__["test"]
     connection = kwargs.get("connection")
-    args = dict(MANAGED_DEFAULTS, **{k: v for k, v in kwargs.items() if k in UPDATE_ARGS})
+    # held to virt.init's defaults when left out (vmargs.HELD), else what the state gives
+    args = dict(vmargs.STATE_HELD_DEFAULTS, **{k: v for k, v in kwargs.items() if k in vmargs.STATE_UPDATE_ARGS})
     upd = __salt__["virt.update"](name, cpu=cpu, mem=mem, test=test, **args)
     changes = {k: v for k, v in upd["changes"].items() if k != "disks" or v.get("added")}
     if "disks" in changes:

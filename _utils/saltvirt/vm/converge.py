@@ -23,7 +23,7 @@ from saltvirt.xml import domxml
 from saltvirt.host import caps
 from saltvirt.storage import images, intake, voldisks
 from saltvirt.vm import provision
-from saltvirt.spec import vmspec
+from saltvirt.spec import vmargs, vmspec
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
@@ -539,7 +539,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics)."""
-    unknown = sorted(k for k in init_args if k not in provision.SPEC_ARGS and k != "image")
+    unknown = sorted(k for k in init_args if k not in vmargs.UPDATE_KWARGS)
     if unknown:
         raise SaltInvocationError(
             f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})"

@@ -24,7 +24,7 @@ from saltvirt.guest import cloudinit, firstboot
 from saltvirt.vm import cleanup
 from saltvirt.storage import voldisks
 from saltvirt.guest import seed as seeding
-from saltvirt.spec import vmspec
+from saltvirt.spec import vmargs, vmspec
 from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import _all_stats as bulk_stats
@@ -33,30 +33,7 @@ from saltvirt.base.undo import Undo
 
 log = logging.getLogger(__name__)
 BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
-# init arguments that shape the VM and go straight to saltvirt.spec.vmspec.build
-SPEC_ARGS = (
-    "nic",
-    "disk",
-    "disks",
-    "interfaces",
-    "enable_qcow",
-    "enable_vnc",
-    "graphics",
-    "boot",
-    "serial_log",
-    "group",
-    "boot_dev",
-    "os_type",
-    "arch",
-    "stop_on_reboot",
-    "serials",
-    "consoles",
-    "tpm",
-    "clock",
-    "hypervisor_features",
-    "numatune",
-    "host_devices",
-)
+SPEC_ARGS = vmargs.SPEC_ARGS  # init arguments that shape the VM: they go straight to vmspec.build
 
 
 def _no_progress(step, **data):
