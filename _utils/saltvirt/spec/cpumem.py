@@ -13,7 +13,7 @@ from saltvirt.base import validate
 from saltvirt.spec.speckeys import NOT_YET, check_keys, flag
 
 # cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
-CPU_KEYS = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")
+CPU_KEYS: tuple[str, ...] = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")
 CPU_KEYS += ("current", "placement", "cpuset", "tuning", "numa")
 CPU_REFUSED = {
     "vcpus": f"cpu:vcpus (per-vCPU hotplug order) {NOT_YET}: use cpu:current for the vCPUs online at start",
@@ -38,7 +38,7 @@ TOPOLOGY_KEYS = ("sockets", "cores", "threads")
 MEM_LIMITS = ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee")  # <memtune>
 MEM_BACKING = ("hugepages", "nosharepages", "locked", "source", "access", "allocation", "discard")  # <memoryBacking>
 MEM_KEYS = ("boot", *MEM_LIMITS, "current", "max", "slots", *MEM_BACKING)
-MEM_REFUSED = {}
+MEM_REFUSED: dict[str, str] = {}
 HUGEPAGE_KEYS = ("size", "nodeset")
 _CPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)

@@ -38,7 +38,7 @@ DISK_REFUSED = {
     "io": f"disks:io {NOT_YET}: leave it out (libvirt's default I/O mode is used)",
     "iothread_id": f"disks:iothread_id {NOT_YET}: leave it out",
 }
-BOOT_REFUSED = {}
+BOOT_REFUSED: dict[str, str] = {}
 
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
 _SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
@@ -199,7 +199,15 @@ def scalar(value, what, example):
 
 
 # cloud-init (NoCloud) ------------------------------------------------------------------------------
-CLOUD_INIT_KEYS = ("user_data", "meta_data", "network_config", "users", "ssh_authorized_keys", "hostname", "ip")
+CLOUD_INIT_KEYS: tuple[str, ...] = (
+    "user_data",
+    "meta_data",
+    "network_config",
+    "users",
+    "ssh_authorized_keys",
+    "hostname",
+    "ip",
+)
 CLOUD_INIT_KEYS += ("gateway", "dns")
 CLOUD_INIT_MAX_BYTES = 65536  # per document (user-data, meta-data, network-config): EC2's is 16 KiB
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")

@@ -28,7 +28,11 @@ from saltvirt.host.conn import get_domain, libvirt, lv_errors
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
-MANAGED_BY = {"nics": ("nic", "interfaces"), "disks": ("disk", "disks"), "graphics": ("enable_vnc", "graphics")}
+MANAGED_BY: dict[str, tuple[str, ...]] = {
+    "nics": ("nic", "interfaces"),
+    "disks": ("disk", "disks"),
+    "graphics": ("enable_vnc", "graphics"),
+}
 # firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
 MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=())
 MANAGED_BY.update(max_mem=(), memory_backing=())

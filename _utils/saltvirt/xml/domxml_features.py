@@ -12,7 +12,7 @@ from saltvirt.xml.etree import mib as _mib
 from saltvirt.xml.etree import sub as _sub
 from saltvirt.xml.etree import to_int as _int
 
-CPUTUNE_SCALARS = ("shares", "global_period", "global_quota", "period", "quota")
+CPUTUNE_SCALARS: tuple[str, ...] = ("shares", "global_period", "global_quota", "period", "quota")
 CPUTUNE_SCALARS += ("emulator_period", "emulator_quota", "iothread_period", "iothread_quota")
 
 
