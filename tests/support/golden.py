@@ -10,7 +10,8 @@ A golden check (the ``golden`` fixture, tests/conftest.py) of ``xml`` for case `
    and returns libvirt's read-back XML, so tests can also check what libvirt understood.
 
 The schema and the define call come from the root element: domain, network, pool (storage pool),
-volume (storage volume, created in the test driver's ``default-pool``).
+volume (storage volume, created in the test driver's ``default-pool``), domaincheckpoint (created on the
+test driver's domain ``test``), domainbackup (schema only: the test driver runs no backup jobs).
 """
 
 import difflib
@@ -21,7 +22,14 @@ import xml.etree.ElementTree as ET
 from tests.support.paths import ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
-SCHEMAS = {"domain": "domain", "network": "network", "pool": "storagepool", "volume": "storagevol"}
+SCHEMAS = {
+    "domain": "domain",
+    "network": "network",
+    "pool": "storagepool",
+    "volume": "storagevol",
+    "domaincheckpoint": "domaincheckpoint",
+    "domainbackup": "domainbackup",
+}
 
 
 def pretty(xml):
@@ -102,6 +110,14 @@ def define_on_test_driver(xml):
                 return obj.XMLDesc(0)  # the test driver keeps one definition (no INACTIVE flag)
             finally:
                 obj.undefine()
+        if kind == "domainbackup":
+            return xml  # the test driver has no backup jobs: the schema check above is the whole check
+        if kind == "domaincheckpoint":  # on the test driver's own running domain 'test' (disk vda)
+            cp = conn.lookupByName("test").checkpointCreateXML(xml, 0)  # no VALIDATE flag for a new one
+            try:
+                return cp.getXMLDesc(libvirt.VIR_DOMAIN_CHECKPOINT_XML_NO_DOMAIN)
+            finally:
+                cp.delete(0)
         pool = conn.storagePoolLookupByName("default-pool")
         # libvirt 9's volume parser takes no VALIDATE flag: the schema check above (virt-xml-validate) stands in
         obj = pool.createXML(xml, 0)

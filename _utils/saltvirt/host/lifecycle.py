@@ -82,6 +82,7 @@ def undefine(conn, name):
     for flag in (
         "VIR_DOMAIN_UNDEFINE_MANAGED_SAVE",
         "VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA",
+        "VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA",  # backup checkpoints: their bitmaps go with the disks
         "VIR_DOMAIN_UNDEFINE_NVRAM",
     ):
         flags |= getattr(libvirt, flag, 0)

@@ -145,13 +145,36 @@ def revert(conn, domain, vm_snapshot=None, cleanup=False, test=False):
     """Salt's ``revert_snapshot``: {reverted, deleted: [names] or 'N/A'}. The VM comes back in the state
     the snapshot recorded (running, with its memory, or shut off)."""
     dom, snap, newer = revert_plan(conn, domain, vm_snapshot, cleanup)
+    dropped = []
     if not test:
         with lv_errors(f"revert VM {domain!r} to snapshot {snap.getName()!r}"):
             dom.revertToSnapshot(snap, 0)
         for name in newer:
             with lv_errors(f"delete snapshot {name!r} of VM {domain!r}"):
                 dom.snapshotLookupByName(name, 0).delete(0)
-    return {"reverted": snap.getName(), "deleted": newer if cleanup else "N/A"}
+        dropped = discard_checkpoints(dom)
+    out = {"reverted": snap.getName(), "deleted": newer if cleanup else "N/A"}
+    if dropped:
+        out["checkpoints_discarded"] = dropped
+    return out
+
+
+def discard_checkpoints(dom, metadata_only=False):
+    """Delete the VM's backup checkpoints (names): after a revert their dirty bitmaps no longer say what
+    changed (the revert itself is no guest write), so an incremental backup built on them would miss
+    blocks. The next backup is a full one (``saltvirt.vm.backup`` says why). ``metadata_only``: the
+    disks holding the bitmaps are gone (a restore replaced them)."""
+    flags = libvirt.VIR_DOMAIN_CHECKPOINT_DELETE_METADATA_ONLY if metadata_only else 0
+    try:
+        cps = dom.listAllCheckpoints(0)
+    except libvirt.libvirtError:  # a driver without checkpoints (test:///) has none to drop
+        return []
+    names = []
+    for cp in cps:
+        with lv_errors(f"delete checkpoint {cp.getName()!r} of VM {dom.name()!r}"):
+            cp.delete(flags)
+        names.append(cp.getName())
+    return names
 
 
 def delete(conn, domain, names_=(), test=False):

@@ -6,6 +6,7 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 :func:`device_xml`) change an existing definition with the same builders (``saltvirt.vm.converge``).
 """
 
+import os
 import xml.etree.ElementTree as ET
 
 # the feature elements (firmware, boot order, chardevs, vTPM, tuning, NUMA, clock, host devices) are read and
@@ -385,6 +386,30 @@ def move_disks(xml, disk_map):
             src.set("file", disk_map[src.get("file")])
             for backing in el.findall("backingStore"):
                 el.remove(backing)
+    return ET.tostring(root, encoding="unicode")
+
+
+def restored(xml, disk_map, new_name=None):
+    """Domain XML recorded by a backup, made ready to define again: disks moved per ``disk_map``
+    (:func:`move_disks`) onto qcow2 files; with ``new_name`` a second VM beside the first: renamed, without the uuid
+    and MAC addresses (libvirt makes new ones) and with serial logs named after the new VM."""
+    root = ET.fromstring(move_disks(xml, disk_map))
+    for el in root.findall("devices/disk"):
+        src, drv = el.find("source"), el.find("driver")
+        if src is not None and src.get("file") in disk_map.values() and drv is not None:
+            drv.set("type", "qcow2")  # a restored disk is always qcow2, whatever the original was
+    if new_name:
+        old = root.findtext("name")
+        root.find("name").text = new_name
+        for el in root.findall("uuid"):
+            root.remove(el)
+        for nic in root.findall("devices/interface"):
+            for mac in nic.findall("mac"):
+                nic.remove(mac)
+        for log in root.findall("devices/*/log"):
+            path = log.get("file") or ""
+            if os.path.basename(path).startswith(f"{old}-"):
+                log.set("file", os.path.join(os.path.dirname(path), new_name + os.path.basename(path)[len(old) :]))
     return ET.tostring(root, encoding="unicode")
 
 

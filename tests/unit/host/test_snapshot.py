@@ -122,3 +122,19 @@ def test_migration_refuses_vm_with_snapshots(virt_test, snapvm):
         conn.close()
     assert virt_test["virt.vm_state"](snapvm) == {snapvm: "running"}  # nothing was done
     # purge of a VM with snapshots (the test driver cannot undefine one): tests/integration/test_snapshot_real.py
+
+
+def test_discard_checkpoints(virt_test, snapvm):
+    """A revert calls this (after a revert the dirty bitmaps miss what the revert changed, so an incremental
+    backup built on them would be wrong); a restore too, metadata only (the disks went). The test driver
+    refuses a snapshot while a checkpoint exists (QEMU allows it): the revert itself is proven on the lab,
+    tests/integration/test_backup_real.py."""
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName(snapvm)
+    for name in ("salt-backup-a", "salt-backup-b"):
+        dom.checkpointCreateXML(f"<domaincheckpoint><name>{name}</name></domaincheckpoint>", 0)
+    assert sorted(snapshot.discard_checkpoints(dom)) == ["salt-backup-a", "salt-backup-b"]
+    assert dom.listAllCheckpoints(0) == [] and snapshot.discard_checkpoints(dom) == []
+    dom.checkpointCreateXML("<domaincheckpoint><name>c</name></domaincheckpoint>", 0)
+    assert snapshot.discard_checkpoints(dom, metadata_only=True) == ["c"] and dom.listAllCheckpoints(0) == []
+    conn.close()

@@ -200,3 +200,26 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
 
 
 # firmware, boot order, extra serial ports and consoles, vTPM (issue #15) ------------------------------
+
+
+def test_restored_beside_the_original_gets_a_new_identity_and_qcow2_disks():
+    """A restore with as_name: renamed, no uuid or MACs (libvirt makes new ones), serial log renamed,
+    moved disks qcow2 whatever they were; an unmoved disk is left as it was."""
+    xml = """<domain><name>web1</name><uuid>0f3c2a44-1b5e-4e0c-9a8f-1234567890ab</uuid><devices>
+      <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/i/web1/system.raw'/>
+        <target dev='vda'/></disk>
+      <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/shared/x.raw'/>
+        <target dev='vdb'/></disk>
+      <interface type='bridge'><mac address='52:54:00:00:00:01'/><source bridge='br0'/></interface>
+      <serial type='pty'><log file='/var/log/libvirt/qemu/web1-serial.log'/></serial>
+    </devices></domain>"""
+    out = ET.fromstring(domxml.restored(xml, {"/i/web1/system.raw": "/i/web2/vda.qcow2"}, new_name="web2"))
+    assert out.findtext("name") == "web2" and out.find("uuid") is None
+    assert out.find("devices/interface/mac") is None
+    assert out.find("devices/serial/log").get("file") == "/var/log/libvirt/qemu/web2-serial.log"
+    vda, vdb = out.findall("devices/disk")
+    assert (vda.find("source").get("file"), vda.find("driver").get("type")) == ("/i/web2/vda.qcow2", "qcow2")
+    assert (vdb.find("source").get("file"), vdb.find("driver").get("type")) == ("/shared/x.raw", "raw")
+    same = ET.fromstring(domxml.restored(xml, {"/i/web1/system.raw": "/i/web1/vda.qcow2"}))
+    assert same.findtext("name") == "web1" and same.findtext("uuid") == "0f3c2a44-1b5e-4e0c-9a8f-1234567890ab"
+    assert same.find("devices/interface/mac").get("address") == "52:54:00:00:00:01"

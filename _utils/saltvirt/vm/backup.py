@@ -1,0 +1,346 @@
+"""``virt.backup``, ``virt.backup_list``, ``virt.backup_delete``, ``virt.backup_prune``: backups of one
+VM on its hypervisor into the operator's backup directory (layout: :mod:`saltvirt.vm.backupstore`).
+
+A running VM is backed up live with libvirt's backup API (push mode into qcow2 files): QEMU copies
+the disks as they were when the job began while the guest runs on. Each live backup also creates a
+checkpoint (a dirty bitmap per qcow2 disk), so the next backup with ``incremental=True`` copies only
+the blocks written since. A stopped VM is copied with ``qemu-img convert`` (libvirt makes no
+checkpoint of an inactive VM, so the next backup is full). With the QEMU guest agent connected the
+guest's filesystems are frozen for the instant the job starts and thawed at once; without it the
+backup is crash-consistent, and the result says which.
+
+Checkpoints and the other operations: a snapshot revert discards the VM's checkpoints
+(:func:`saltvirt.host.snapshot.revert`); a migrated or restored VM has none on its new definition.
+Without the parent's checkpoint an incremental backup cannot be made: a full one is made and the
+result says why (``note``).
+"""
+
+import datetime
+import logging
+import os
+import time
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import tools
+from saltvirt.base.fsutil import file_digest, remove_paths
+from saltvirt.host.conn import get_domain, libvirt, lv_errors
+from saltvirt.storage import images
+from saltvirt.vm import backupstore as store
+from saltvirt.xml import backupxml, domxml
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 6 * 3600  # seconds a backup job may run (virt:backup:timeout)
+CONSISTENT = "filesystems frozen by the guest agent at the start"
+CRASH = "crash-consistent (no guest agent answered: like pulling the power cord at the start)"
+OFFLINE = "consistent (VM stopped: copied offline)"
+
+
+def _utc():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _iso(t):
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# what to copy ---------------------------------------------------------------------------------------
+def choose_disks(facts, disks=None):
+    """The VM's disks to back up: ``[{target, file, format}]`` (default: every writable file disk).
+    ``disks``: target devs (``vda,vdb`` or a list). Raises for an unknown or unsupported disk."""
+    usable = {
+        d["target"]: d
+        for d in facts["disks"]
+        if d["device"] == "disk" and d["type"] == "file" and not d["readonly"] and not d["shareable"]
+    }
+    if disks in (None, "", []):
+        if not usable:
+            raise CommandExecutionError(f"VM {facts['name']} has no file-backed writable disk to back up")
+        return list(usable.values())
+    wanted = [w.strip() for w in disks.split(",")] if isinstance(disks, str) else list(disks)
+    every = {d["target"]: d for d in facts["disks"]}
+    for w in wanted:
+        if w not in every:
+            raise SaltInvocationError(f"VM {facts['name']} has no disk {w!r} (its disks: {', '.join(every)})")
+        if w not in usable:
+            raise SaltInvocationError(
+                f"disk {w} of VM {facts['name']} cannot be backed up: only writable, unshared file disks can "
+                "(pool volumes, CD-ROMs and shared disks are not supported)"
+            )
+    return [usable[w] for w in dict.fromkeys(wanted)]
+
+
+def _checkpoints(dom):
+    """Names of the VM's salt-virt backup checkpoints."""
+    with lv_errors(f"list the checkpoints of VM {dom.name()!r}"):
+        return [c.getName() for c in dom.listAllCheckpoints(0) if c.getName().startswith(store.CHECKPOINT_PREFIX)]
+
+
+def plan(dom, chosen, valid, incremental):
+    """``(parent manifest or None, note)``: what an incremental backup builds on, or why it cannot."""
+    if not incremental:
+        return None, None
+    if not valid:
+        return None, "no earlier backup of this VM: made a full one"
+    parent = valid[-1]
+    if not dom.isActive():
+        return None, "the VM is stopped (libvirt checkpoints need a running VM): made a full offline copy"
+    targets = [d["target"] for d in chosen]
+    if [d["target"] for d in parent["disks"]] != targets:
+        return None, f"the disks differ from those of backup {parent['id']}: made a full one"
+    not_qcow2 = [d["target"] for d in chosen if d["format"] != "qcow2"]
+    if not_qcow2:
+        return None, f"disk(s) {', '.join(not_qcow2)} are not qcow2 (no dirty bitmaps): made a full one"
+    if parent.get("uuid") != dom.UUIDString():
+        return None, f"backup {parent['id']} is of an earlier VM of this name: made a full one"
+    if not parent.get("checkpoint") or parent["checkpoint"] not in _checkpoints(dom):
+        return None, (
+            f"the checkpoint of backup {parent['id']} is gone from the VM (offline copy, snapshot revert, "
+            "migration or restore since): made a full one"
+        )
+    return parent, None
+
+
+# copying --------------------------------------------------------------------------------------------
+def _freeze(dom, facts):
+    """Freeze the guest's filesystems if its agent answers: ``(frozen, consistency)``."""
+    if facts.get("guest_agent") != "connected":
+        return False, CRASH
+    try:
+        dom.fsFreeze()
+    except libvirt.libvirtError as exc:
+        log.info("VM %s: guest agent did not freeze (%s): crash-consistent backup", dom.name(), exc)
+        return False, CRASH
+    return True, CONSISTENT
+
+
+def _wait_job(dom, timeout):
+    """Wait for the backup job to end; raise if it failed or ran past ``timeout`` (then aborted)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with lv_errors(f"follow the backup job of VM {dom.name()!r}"):
+            active = dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+        if not active:
+            break
+        if time.monotonic() > deadline:
+            with lv_errors(f"abort the backup job of VM {dom.name()!r}"):
+                dom.abortJob()
+            raise CommandExecutionError(f"backup of VM {dom.name()} ran past {timeout} s (virt:backup:timeout)")
+        time.sleep(0.2)
+    with lv_errors(f"read the backup job's result of VM {dom.name()!r}"):
+        stats = dom.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
+    if stats.get("operation") != libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP or not stats.get("success"):
+        raise CommandExecutionError(
+            f"the backup job of VM {dom.name()} failed: {stats.get('errmsg') or 'libvirt gave no reason'}"
+        )
+    return stats
+
+
+def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
+    """Push-mode backup of the running VM into ``files``, with a new checkpoint when ``checkpoint`` is
+    a name; returns ``(consistency, whether the checkpoint was made)``."""
+    every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
+    skip = [t for t in every if t not in files]
+    bitmaps = [d["target"] for d in chosen if d["format"] == "qcow2"] if checkpoint else []
+    bxml = backupxml.backup_xml(files, skip=skip, incremental=parent["checkpoint"] if parent else None)
+    cxml = backupxml.checkpoint_xml(checkpoint, bitmaps, skip=[t for t in every if t not in bitmaps])
+    frozen, consistency = _freeze(dom, facts)
+    try:
+        with lv_errors(f"start the backup of VM {dom.name()!r}"):
+            dom.backupBegin(bxml, cxml if bitmaps else None, 0)
+    finally:
+        if frozen:
+            try:
+                dom.fsThaw()
+            except libvirt.libvirtError as exc:  # the guest stays frozen: say so loudly
+                log.error("VM %s: thawing its filesystems failed: %s (virsh domfsthaw)", dom.name(), exc)
+    if on_started:
+        on_started()  # fault-injection point of the integration tests (kill libvirtd mid-job)
+    _wait_job(dom, timeout)
+    return consistency, bool(bitmaps)
+
+
+def _offline(chosen, files):
+    for d in chosen:
+        images.clone(d["file"], files[d["target"]], fmt="qcow2", src_fmt=d["format"])
+    return OFFLINE
+
+
+def _rebase(path, parent_file):
+    """Point an incremental file at its parent backup file (relative: the directory may move)."""
+    cmd = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", parent_file, path]
+    tools.run(cmd, f"linking {path} to {parent_file}", timeout=120, install="qemu-utils")
+
+
+def _describe_disks(directory, chosen, files, parent):
+    out = []
+    for d in chosen:
+        path = files[d["target"]]
+        backing = None
+        if parent:
+            backing = next(p["file"] for p in parent["disks"] if p["target"] == d["target"])
+            _rebase(path, backing)
+        info = images.image_info(path, "qcow2")
+        out.append(
+            {
+                "target": d["target"],
+                "file": os.path.basename(path),
+                "source": d["file"],
+                "format": "qcow2",
+                "backing": backing,
+                "virtual_size": info["virtual_size"],
+                "size": os.stat(path).st_size,
+                "sha256": file_digest(path),
+            }
+        )
+    return out
+
+
+def _drop_old_checkpoints(dom, keep):
+    """Only the newest backup checkpoint is needed (the next incremental builds on it): others go."""
+    dropped = []
+    for name in _checkpoints(dom):
+        if name != keep:
+            try:
+                dom.checkpointLookupByName(name, 0).delete(0)
+                dropped.append(name)
+            except libvirt.libvirtError as exc:
+                log.warning("VM %s: could not delete checkpoint %s: %s", dom.name(), name, exc)
+    return dropped
+
+
+# the face -------------------------------------------------------------------------------------------
+def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the tests' fault hook
+    conn, root, name, disks=None, incremental=False, target=None, timeout=DEFAULT_TIMEOUT, on_started=None
+):
+    """Back up VM ``name`` into ``<root>/[<target>/]<name>/``. Returns the backup's manifest (without
+    the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
+    and ``removed_incomplete`` (files of interrupted backups cleaned up first)."""
+    dom = get_domain(conn, name)
+    xml = dom.XMLDesc(0)
+    facts = domxml.parse(xml)
+    uuid = dom.UUIDString()
+    chosen = choose_disks(facts, disks)
+    directory = store.vm_dir(root, name, target, create=True)
+    with store.locked(directory, name):
+        valid, _broken, incomplete = store.scan(directory)
+        cleaned = _clean_incomplete(directory, name, uuid, incomplete)
+        parent, note = plan(dom, chosen, valid, incremental)
+        bid = store.new_id(directory)
+        files = {d["target"]: store.disk_file(directory, bid, d["target"]) for d in chosen}
+        images.record_owned(directory, name, [*files.values(), store.manifest_file(directory, bid)], uuid)
+        started, clock = _utc(), time.monotonic()
+        live = bool(dom.isActive())
+        checkpoint = f"{store.CHECKPOINT_PREFIX}{bid}" if live else None
+        if live and dom.snapshotNum(0):
+            checkpoint, note = None, _with_snapshots(note, parent)
+        try:
+            if live:
+                consistency, made = _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started)
+                # without a checkpoint of its own, the parent's still covers every change since this backup
+                checkpoint = checkpoint if made else (parent or {}).get("checkpoint")
+            else:
+                consistency = _offline(chosen, files)
+            described = _describe_disks(directory, chosen, files, parent)
+        except BaseException:
+            remove_paths([p for p in files.values() if os.path.lexists(p)])
+            raise
+        manifest = {
+            "format": store.MANIFEST_FORMAT,
+            "id": bid,
+            "vm": name,
+            "uuid": uuid,
+            "host": conn.getHostname(),
+            "type": "incremental" if parent else "full",
+            "parent": parent["id"] if parent else None,
+            "chain": [*(parent["chain"] if parent else []), bid],
+            "checkpoint": checkpoint,
+            "started": _iso(started),
+            "finished": _iso(_utc()),
+            "duration": round(time.monotonic() - clock, 3),
+            "live": live,
+            "consistency": consistency,
+            "disks": described,
+            "size": sum(d["size"] for d in described),
+            "domain_xml": dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom.isPersistent() else xml,
+        }
+        store.write_manifest(directory, manifest)  # from here on it counts
+    dropped = _drop_old_checkpoints(dom, checkpoint) if live and checkpoint else []
+    out = store.summary(manifest)
+    out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
+    return out
+
+
+def _with_snapshots(note, parent):
+    """libvirt makes no checkpoint while the VM has snapshots: say what that means for the next backup."""
+    said = (
+        "the VM has snapshots and libvirt makes no checkpoint while it has any: "
+        + ("the next incremental builds on the parent's checkpoint" if parent else "the next backup is full too")
+        + " (delete the snapshots to get checkpoints again)"
+    )
+    return f"{note}; {said}" if note else said
+
+
+def _clean_incomplete(directory, name, uuid, incomplete):
+    """Remove what interrupted backups left (owned files only); their names."""
+    if not incomplete:
+        return []
+    paths = store.leftovers(directory, incomplete)
+    out = images.remove_owned(directory, name, uuid, paths)
+    for path, reason in out["kept"].items():
+        log.warning("VM %s: left %s of an interrupted backup: %s", name, path, reason)
+    return sorted(os.path.basename(p) for p in out["removed"])
+
+
+def listing(root, name, target=None):
+    """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}``."""
+    directory = store.vm_dir(root, name, target)
+    valid, broken, incomplete = store.scan(directory)
+    return {
+        "vm": name,
+        "dir": directory,
+        "backups": [store.summary(m) for m in valid],
+        "broken": broken,
+        "incomplete": incomplete,
+    }
+
+
+def delete(root, name, bid, target=None, test=False):
+    """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
+    store.backup_id(bid)
+    directory = store.vm_dir(root, name, target)
+    with store.locked(directory, name):
+        valid, broken, _incomplete = store.scan(directory)
+        by_id = {m["id"]: m for m in valid}
+        if bid not in by_id and bid not in broken:
+            raise SaltInvocationError(f"VM {name} has no backup {bid} in {directory} (see virt.backup_list {name})")
+        needed = store.needed_by(valid, bid)
+        if needed:
+            raise CommandExecutionError(
+                f"backup {bid} of VM {name} is needed by {', '.join(needed)} (they build on it): delete those first"
+            )
+        m = by_id.get(bid) or store.read_manifest(directory, bid)[0] or {"disks": []}
+        files = [d.get("file") for d in m["disks"] if isinstance(d, dict) and isinstance(d.get("file"), str)]
+        files = [f for f in files if os.path.basename(f) == f]
+        if test:
+            return {"id": bid, "removed": [f"{bid}.json", *files], "kept": {}, "test": True}
+        return {"id": bid, **store.remove(directory, name, m.get("uuid"), bid, files)}
+
+
+def prune(root, name, target=None, keep=None, keep_daily=None, keep_weekly=None, test=False):
+    """``virt.backup_prune``: apply a retention policy; ``{kept, pruned, refused}`` (ids)."""
+    directory = store.vm_dir(root, name, target)
+    valid, _broken, _incomplete = store.scan(directory)
+    kept, doomed = store.retention(valid, keep, keep_daily, keep_weekly)
+    pruned, refused = [], {}
+    for bid in doomed:  # newest first: what builds on a backup goes before it
+        if test:
+            pruned.append(bid)
+            continue
+        try:
+            delete(root, name, bid, target)
+            pruned.append(bid)
+        except (CommandExecutionError, SaltInvocationError) as exc:
+            refused[bid] = str(exc)
+    return {"vm": name, "kept": kept, "pruned": pruned, "refused": refused, "test": bool(test)}

@@ -1,0 +1,274 @@
+"""Where backups live and what counts as one: the backup directory, per-VM subdirectories, backup
+manifests, listing, deletion that never breaks a chain, retention plans.
+
+Layout (``virt:backup:dir`` in the minion config, decided by the operator only)::
+
+    <virt:backup:dir>/[<target>/]<vm>/
+        .salt-virt.json              ownership manifest (saltvirt.storage.images): every file below is listed
+        .lock                        held while a backup, restore or delete of this VM runs
+        <id>.<disk target>.qcow2     one file per disk; an incremental one backs onto its parent's file
+        <id>.json                    the backup manifest, written last and atomically
+
+A backup is valid only when its manifest exists, parses and names files that exist: files without a
+manifest are an interrupted backup, never listed as valid and removed by the next backup. Backing
+files are named relative (basename only), so another host mounting the directory elsewhere can restore.
+"""
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import os
+import re
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.base.fsutil import atomic_write, file_digest
+from saltvirt.storage import images
+
+CONFIG_KEY = "virt:backup:dir"
+LOCK = ".lock"
+ID_RE = re.compile(r"\d{8}T\d{6}Z(-\d{1,3})?")
+MANIFEST_FORMAT = 1
+CHECKPOINT_PREFIX = "salt-backup-"
+
+
+# the directory --------------------------------------------------------------------------------------
+def root_dir(configured):
+    """The operator's backup directory (``virt:backup:dir``): it must be set and exist."""
+    if not configured:
+        raise CommandExecutionError(
+            f"no backup directory configured: set {CONFIG_KEY} in the minion config (an absolute directory the "
+            "operator created; callers never choose it)"
+        )
+    path = validate.absolute_path(configured, CONFIG_KEY)
+    if not os.path.isdir(path):
+        raise CommandExecutionError(f"{CONFIG_KEY} {path} does not exist: the operator creates it (mkdir -p {path})")
+    return path
+
+
+def vm_dir(root, vm, target=None, create=False):
+    """``<root>/[<target>/]<vm>``: every part a safe name, the result inside ``root`` (no symlink escape)."""
+    validate.vm_name(vm)
+    parts = [validate.vm_name(target, "backup target")] if target else []
+    path = validate.inside(root, *parts, vm)
+    if create:
+        for depth in range(1, len(parts) + 2):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(validate.inside(root, *(parts + [vm])[:depth]), 0o750)
+    return path
+
+
+def backup_id(bid):
+    if not isinstance(bid, str) or not ID_RE.fullmatch(bid):
+        raise SaltInvocationError(f"invalid backup id {bid!r}: ids look like 20260101T120000Z (see virt.backup_list)")
+    return bid
+
+
+def new_id(directory, now=None):
+    """A fresh id (UTC time; ``-2``, ``-3``... within the same second) no file in ``directory`` uses."""
+    stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    taken = {n.split(".", 1)[0] for n in os.listdir(directory)} if os.path.isdir(directory) else set()
+    bid, n = stamp, 1
+    while bid in taken:
+        n += 1
+        bid = f"{stamp}-{n}"
+    return bid
+
+
+def disk_file(directory, bid, target):
+    return os.path.join(directory, f"{bid}.{target}.qcow2")
+
+
+def manifest_file(directory, bid):
+    return os.path.join(directory, f"{bid}.json")
+
+
+@contextlib.contextmanager
+def locked(directory, vm):
+    """One backup/restore/delete per VM directory at a time; a second one is refused, not queued."""
+    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise CommandExecutionError(
+                f"a backup, restore or delete of VM {vm} is running ({directory}): try again when it has finished"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+# manifests ------------------------------------------------------------------------------------------
+def write_manifest(directory, manifest):
+    """Write a backup's manifest atomically (fsynced temp file + rename): the step that makes it valid."""
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    path = manifest_file(directory, manifest["id"])
+    atomic_write(path, text.encode(), 0o640, fsync=True, prefix=f".{manifest['id']}.", suffix=".tmp")
+    return path
+
+
+def _problem(directory, m):
+    """Why the manifest ``m`` does not describe a usable backup, or None."""
+    if m.get("format") != MANIFEST_FORMAT or not isinstance(m.get("disks"), list) or not m["disks"]:
+        return "not a salt-virt backup manifest"
+    for d in m["disks"]:
+        name = d.get("file") if isinstance(d, dict) else None
+        if not isinstance(name, str) or os.path.basename(name) != name or not name.startswith(m["id"] + "."):
+            return f"names a file outside its backup: {name!r}"
+        if not os.path.isfile(os.path.join(directory, name)):
+            return f"file {name} is missing"
+    chain = m.get("chain")
+    if not isinstance(chain, list) or not chain or chain[-1] != m["id"]:
+        return "has no chain"
+    return None
+
+
+def read_manifest(directory, bid):
+    """``(manifest, problem)``: the parsed manifest of backup ``bid`` (None if absent or unreadable)."""
+    try:
+        fd = os.open(manifest_file(directory, bid), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as fh:
+            m = json.load(fh)
+    except FileNotFoundError:
+        return None, "no such backup"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable manifest: {exc}"
+    if not isinstance(m, dict) or m.get("id") != bid:
+        return None, "manifest of another backup"
+    return m, _problem(directory, m)
+
+
+def scan(directory):
+    """``(valid, broken, incomplete)``: valid backups oldest first (manifests); broken ones
+    ``{id: reason}``; incomplete: ids with files but no manifest (interrupted backups)."""
+    if not os.path.isdir(directory):
+        return [], {}, []
+    ids, with_manifest = set(), set()
+    for name in os.listdir(directory):
+        bid, _, rest = name.partition(".")
+        if ID_RE.fullmatch(bid):
+            ids.add(bid)
+            if rest == "json":
+                with_manifest.add(bid)
+    valid, broken = [], {}
+    for bid in sorted(with_manifest):
+        m, problem = read_manifest(directory, bid)
+        if problem:
+            broken[bid] = problem
+        else:
+            valid.append(m)
+    by_id = {m["id"]: m for m in valid}
+    for m in list(valid):  # a chain is only as good as every backup it builds on
+        missing = [p for p in m["chain"] if p not in by_id]
+        if missing:
+            broken[m["id"]] = f"builds on backup {missing[0]}, which is gone or broken"
+            valid.remove(m)
+    valid.sort(key=lambda m: (m.get("finished") or "", m["id"]))
+    return valid, broken, sorted(ids - with_manifest)
+
+
+def summary(m):
+    """What ``virt.backup_list`` shows of a manifest (no domain XML)."""
+    keys = ("id", "type", "parent", "chain", "checkpoint", "started", "finished", "duration", "size", "live")
+    out = {k: m.get(k) for k in keys}
+    out["consistency"] = m.get("consistency")
+    out["disks"] = [{k: d.get(k) for k in ("target", "file", "size", "virtual_size", "sha256")} for d in m["disks"]]
+    return out
+
+
+def verify(directory, chain):
+    """Check every file of ``chain`` (manifests, oldest first) against its checksum and its backing
+    file against the chain; raise CommandExecutionError naming the first mismatch."""
+    previous = {}
+    for m in chain:
+        for d in m["disks"]:
+            path = os.path.join(directory, d["file"])
+            if not validate.is_inside(path, directory) or os.path.islink(path):
+                raise CommandExecutionError(f"backup {m['id']}: {d['file']} is not a file inside {directory}")
+            want = os.path.join(directory, previous[d["target"]]) if d.get("backing") else None
+            if d.get("backing") and d["backing"] != previous.get(d["target"]):
+                raise CommandExecutionError(f"backup {m['id']}: disk {d['target']} does not build on its parent")
+            if images.qcow2_backing(path) != want:
+                raise CommandExecutionError(
+                    f"backup {m['id']}: {d['file']} backs onto {images.qcow2_backing(path)}, expected {want}: "
+                    "the file was changed after the backup; it cannot be restored"
+                )
+            if file_digest(path) != d["sha256"]:
+                raise CommandExecutionError(
+                    f"backup {m['id']}: checksum mismatch on {d['file']} (damaged or changed after the backup): "
+                    "it cannot be restored; restore an older full backup"
+                )
+            previous[d["target"]] = d["file"]
+    return True
+
+
+# chains and deletion --------------------------------------------------------------------------------
+def chain_of(valid, bid):
+    """The manifests of backup ``bid``'s chain (its full backup first), from ``valid``."""
+    by_id = {m["id"]: m for m in valid}
+    if bid not in by_id:
+        raise SaltInvocationError(f"no valid backup {bid} (valid: {', '.join(by_id) or 'none'})")
+    return [by_id[p] for p in by_id[bid]["chain"]]
+
+
+def needed_by(valid, bid):
+    """Ids of the backups whose chain includes ``bid`` (other than itself)."""
+    return [m["id"] for m in valid if bid in m["chain"] and m["id"] != bid]
+
+
+def remove(directory, vm, uuid, bid, files):
+    """Remove backup ``bid``: its manifest first (it is invalid from then on), then its files (owned
+    ones only, nothing another image backs onto). ``{removed, kept}``."""
+    doomed = [manifest_file(directory, bid)] + [os.path.join(directory, f) for f in files]
+    out = images.remove_owned(directory, vm, uuid, doomed)
+    return {"removed": [os.path.basename(p) for p in out["removed"]], "kept": out["kept"]}
+
+
+def leftovers(directory, incomplete):
+    """Every file of the interrupted backups ``incomplete`` (ids) in ``directory``."""
+    ids = set(incomplete)
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.partition(".")[0] in ids)
+
+
+# retention ------------------------------------------------------------------------------------------
+def _day(m):
+    return (m.get("finished") or m["id"])[:10].replace("-", "")
+
+
+def _week(m):
+    d = datetime.datetime.strptime(_day(m)[:8], "%Y%m%d").date()
+    return tuple(d.isocalendar()[:2])
+
+
+def retention(valid, keep=None, keep_daily=None, keep_weekly=None):
+    """``(kept, pruned)`` ids under a retention policy: the ``keep`` newest backups, the newest backup of
+    each of the last ``keep_daily`` days and of the last ``keep_weekly`` ISO weeks that have backups;
+    then every backup a kept one builds on (a chain is never broken). ``pruned`` is newest first, so
+    an incremental goes before the backup it builds on. No rule given: keeps everything."""
+    rules = {"keep": keep, "keep_daily": keep_daily, "keep_weekly": keep_weekly}
+    rules = {k: validate.positive_int(v, k) for k, v in rules.items() if v not in (None, "", 0, "0")}
+    newest_first = sorted(valid, key=lambda m: (m.get("finished") or "", m["id"]), reverse=True)
+    if not rules:
+        return [m["id"] for m in reversed(newest_first)], []
+    keep_ids = {m["id"] for m in newest_first[: rules.get("keep", 0)]}
+    for key, period in (("keep_daily", _day), ("keep_weekly", _week)):
+        seen = []
+        for m in newest_first:
+            p = period(m)
+            if p not in seen:
+                if len(seen) == rules.get(key, 0):
+                    break
+                seen.append(p)
+                keep_ids.add(m["id"])
+    by_id = {m["id"]: m for m in valid}
+    for bid in list(keep_ids):
+        keep_ids.update(p for p in by_id[bid]["chain"] if p in by_id)
+    kept = [m["id"] for m in reversed(newest_first) if m["id"] in keep_ids]
+    pruned = [m["id"] for m in newest_first if m["id"] not in keep_ids]
+    return kept, pruned

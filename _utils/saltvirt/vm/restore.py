@@ -1,0 +1,95 @@
+"""``virt.restore``: a backup chain rebuilt into fresh disks and the VM defined from the XML the backup
+recorded (the backups themselves: :mod:`saltvirt.vm.backup`, :mod:`saltvirt.vm.backupstore`).
+
+Every file of the chain is checked first (checksum, and that it backs onto exactly its parent), then
+each disk's chain is flattened by ``qemu-img convert`` into a new qcow2 file in
+``<virt:images>/<vm>/`` that the VM's ownership manifest lists (purge removes it). Nothing is
+overwritten: a restore in place (same name) of a defined VM is refused while it runs unless
+``force=True`` (it is stopped then), and the disks it replaces are removed only when salt-virt created
+them for this VM. ``as_name`` restores beside the original: a new name, uuid and MAC addresses.
+"""
+
+import os
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.base.fsutil import remove_paths
+from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.host.snapshot import discard_checkpoints
+from saltvirt.storage import images
+from saltvirt.vm import backupstore as store
+from saltvirt.xml import domxml
+
+
+def _existing(conn, name, new, force):
+    """The VM that will be replaced (in place), or None; refuses what must not be replaced."""
+    if not domain_exists(conn, new):
+        return None
+    if new != name:
+        raise SaltInvocationError(f"a VM named {new} exists already: choose another as_name")
+    dom = get_domain(conn, new)
+    if dom.isActive():
+        if not force:
+            raise CommandExecutionError(
+                f"VM {name} is running: restoring in place replaces its disks. Stop it first, restore with "
+                f"as_name=<new name> beside it, or pass force=True (it is powered off)"
+            )
+        with lv_errors(f"stop VM {name!r}"):
+            dom.destroy()
+    return dom
+
+
+def restore(conn, root, images_dir, name, bid, as_name=None, target=None, force=False, start=False):  # noqa: PLR0913 - the module's keywords
+    """Restore backup ``bid`` of VM ``name`` (see the module docstring). Returns ``{name, id, chain,
+    disks: {target: new file}, defined, started, replaced: {removed, kept}, checkpoints_dropped}``."""
+    store.backup_id(bid)
+    new = validate.vm_name(as_name, "as_name") if as_name else name
+    directory = store.vm_dir(root, name, target)
+    with store.locked(directory, name):
+        valid, broken, _incomplete = store.scan(directory)
+        if bid in broken:
+            raise CommandExecutionError(f"backup {bid} of VM {name} cannot be restored: {broken[bid]}")
+        chain = store.chain_of(valid, bid)
+        store.verify(directory, chain)
+        top = chain[-1]
+        old = _existing(conn, name, new, force)
+        old_files = []
+        if old is not None:
+            facts = domxml.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+            old_files = [d["file"] for d in facts["disks"] if d["type"] == "file" and d["device"] == "disk"]
+        vm_dir = validate.inside(images_dir, new)
+        os.makedirs(vm_dir, mode=0o755, exist_ok=True)
+        made, disk_map = [], {}
+        try:
+            for d in top["disks"]:
+                dst = os.path.join(vm_dir, f"{d['target']}-restored-{bid}.qcow2")
+                images.clone(os.path.join(directory, d["file"]), dst, fmt="qcow2", src_fmt="qcow2")
+                made.append(dst)
+                disk_map[d["source"]] = dst
+            images.record_owned(vm_dir, new, made)
+            xml = domxml.restored(top["domain_xml"], disk_map, new_name=as_name if new != name else None)
+            with lv_errors(f"define VM {new!r}"):
+                dom = conn.defineXML(xml)
+        except BaseException:
+            remove_paths(made)
+            raise
+    images.set_uuid(vm_dir, dom.UUIDString())
+    dropped = discard_checkpoints(dom, metadata_only=True)
+    replaced = {"removed": [], "kept": {}}
+    gone = [f for f in old_files if f not in disk_map.values()]
+    if gone:
+        replaced = images.remove_owned(vm_dir, new, dom.UUIDString(), gone)
+    if start:
+        with lv_errors(f"start VM {new!r}"):
+            dom.create()
+    return {
+        "name": new,
+        "id": bid,
+        "chain": top["chain"],
+        "disks": {d["target"]: disk_map[d["source"]] for d in top["disks"]},
+        "defined": True,
+        "started": bool(start),
+        "replaced": replaced,
+        "checkpoints_dropped": dropped,
+    }

@@ -1,0 +1,55 @@
+"""Backup XML: ``<domainbackup>`` (push mode into files) and ``<domaincheckpoint>`` (one bitmap per
+disk), the only builders of both; and the reader of a checkpoint's name and disks.
+
+Push mode only: QEMU writes each disk's backup into a qcow2 file salt-virt names. A full backup copies
+every block; an incremental one (``incremental=<checkpoint>``) only the blocks written since that
+checkpoint. Checkpoints are persistent dirty bitmaps in the qcow2 disks, so a disk that is not qcow2
+gets ``checkpoint='no'`` and can only ever be copied in full.
+"""
+
+import xml.etree.ElementTree as ET
+
+from saltvirt.xml.etree import sub
+
+
+def backup_xml(copy, skip=(), incremental=None):
+    """``<domainbackup mode='push'>`` writing each disk of ``copy`` ({target dev: new qcow2 file});
+    the disks of ``skip`` are named with ``backup='no'`` (libvirt would otherwise copy every disk).
+    ``incremental``: the checkpoint whose changes since are copied (none: a full copy)."""
+    root = ET.Element("domainbackup", mode="push")
+    if incremental:
+        sub(root, "incremental", incremental)
+    el = sub(root, "disks")
+    for target, path in copy.items():
+        disk = sub(el, "disk", name=target, backup="yes", type="file")
+        sub(disk, "target", file=path)
+        sub(disk, "driver", type="qcow2")
+    for target in skip:
+        sub(el, "disk", name=target, backup="no")
+    return ET.tostring(root, encoding="unicode")
+
+
+def checkpoint_xml(name, bitmaps, skip=(), description=None):
+    """``<domaincheckpoint>`` named ``name`` with a bitmap on each disk of ``bitmaps`` (target devs) and
+    none on those of ``skip``."""
+    root = ET.Element("domaincheckpoint")
+    sub(root, "name", name)
+    if description:
+        sub(root, "description", description)
+    el = sub(root, "disks")
+    for target in bitmaps:
+        sub(el, "disk", name=target, checkpoint="bitmap")
+    for target in skip:
+        sub(el, "disk", name=target, checkpoint="no")
+    return ET.tostring(root, encoding="unicode")
+
+
+def parse_checkpoint(xml):
+    """``{name, created (unix time), parent, bitmaps: [target devs]}`` of a checkpoint's XML."""
+    root = ET.fromstring(xml)
+    return {
+        "name": root.findtext("name"),
+        "created": int(root.findtext("creationTime") or 0),
+        "parent": root.findtext("parent/name"),
+        "bitmaps": [d.get("name") for d in root.findall("disks/disk") if d.get("checkpoint") == "bitmap"],
+    }

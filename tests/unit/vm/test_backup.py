@@ -1,0 +1,174 @@
+"""saltvirt.vm.backup through the loader (``virt.backup``, ``backup_list``, ``backup_delete``,
+``backup_prune``) on libvirt's test driver with real qcow2 files: a stopped VM is copied offline
+with qemu-img (live backups need QEMU: tests/integration/test_backup_real.py)."""
+
+import json
+import os
+import subprocess
+
+import libvirt
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.vm import backup, backupstore
+from tests.support.saltloader import SOURCES, make_minion_mods
+
+
+def qemu_io(path, command, check=True):
+    cmd = ["qemu-io", "-f", "qcow2", "-c", command, str(path)]
+    return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
+
+
+def read_pattern(path, pattern, offset, length):
+    """True if ``length`` bytes at ``offset`` of the qcow2 image ``path`` all hold ``pattern``."""
+    out = qemu_io(path, f"read -P {pattern} {offset} {length}", check=False)  # exit 1 on a mismatch
+    return "Pattern verification failed" not in out and f"read {length}/{length}" in out
+
+
+@pytest.fixture
+def bk(tmp_path):
+    """virt.* on test:///default with virt:backup:dir set; a stopped VM 'bk1' whose one disk holds data."""
+    (tmp_path / SOURCES).mkdir()
+    src = tmp_path / SOURCES / "src.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(src), "16M"], check=True)
+    qemu_io(src, "write -P 0x11 0 1M")
+    (tmp_path / "backups").mkdir()
+    mods = make_minion_mods(tmp_path, "test:///default", backup={"dir": str(tmp_path / "backups")})
+    conn = libvirt.open("test:///default")  # test:///default keeps its state while a connection is open
+    mods["virt.init"]("bk1", 1, 64, image=str(src), nic=None, start=False, seed=False)
+    yield mods, tmp_path
+    for name in ("bk1", "bk1-copy"):
+        try:
+            dom = conn.lookupByName(name)
+        except libvirt.libvirtError:
+            continue
+        if dom.isActive():
+            dom.destroy()
+        dom.undefine()
+    conn.close()
+
+
+def test_offline_full_backup_records_chain_checksums_and_xml(bk):
+    v, tmp = bk
+    made = v["virt.backup"]("bk1", incremental=True)
+    assert made["type"] == "full" and made["chain"] == [made["id"]] and made["parent"] is None
+    assert made["note"] == "no earlier backup of this VM: made a full one"
+    assert made["live"] is False and made["consistency"] == backup.OFFLINE and made["checkpoint"] is None
+    directory = tmp / "backups" / "bk1"
+    assert made["dir"] == str(directory)
+    (disk,) = made["disks"]
+    path = directory / disk["file"]
+    assert disk["sha256"] == backupstore.file_digest(path) and disk["virtual_size"] == 16 << 20
+    manifest = json.loads((directory / f"{made['id']}.json").read_text())
+    assert "<name>bk1</name>" in manifest["domain_xml"] and manifest["size"] == os.path.getsize(path)
+    owned = json.loads((directory / ".salt-virt.json").read_text())
+    assert owned["vm"] == "bk1" and str(path) in owned["files"]
+    # the copy holds the data (qemu-io reads the pattern back)
+    assert read_pattern(path, "0x11", 0, 1048576)
+    listed = v["virt.backup_list"]("bk1")
+    assert [b["id"] for b in listed["backups"]] == [made["id"]]
+    assert listed["incomplete"] == [] and listed["broken"] == {}
+
+
+def test_second_backup_of_a_stopped_vm_is_full_and_says_why(bk):
+    v, _tmp = bk
+    first = v["virt.backup"]("bk1")
+    second = v["virt.backup"]("bk1", incremental=True)
+    assert second["type"] == "full" and second["id"] != first["id"]
+    assert "stopped" in second["note"]
+    assert [b["id"] for b in v["virt.backup_list"]("bk1")["backups"]] == [first["id"], second["id"]]
+
+
+def test_interrupted_backup_is_not_valid_and_is_cleaned_up_by_the_next(bk):
+    v, tmp = bk
+    done = v["virt.backup"]("bk1")
+    directory = tmp / "backups" / "bk1"
+    # what a killed backup leaves: its disk file, recorded as owned, but no manifest
+    half = directory / "20200101T000000Z.vda.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(half), "16M"], check=True)
+    from saltvirt.storage import images
+
+    images.record_owned(str(directory), "bk1", [str(half)])
+    listed = v["virt.backup_list"]("bk1")
+    assert [b["id"] for b in listed["backups"]] == [done["id"]] and listed["incomplete"] == ["20200101T000000Z"]
+    again = v["virt.backup"]("bk1")
+    assert again["removed_incomplete"] == [half.name] and not half.exists()
+    # a file nobody recorded is never removed
+    stray = directory / "20200101T000001Z.vda.qcow2"
+    stray.write_bytes(b"not ours")
+    v["virt.backup"]("bk1")
+    assert stray.exists()
+
+
+def test_delete_refuses_a_needed_backup_and_prune_keeps_chains(bk):
+    v, tmp = bk
+    directory = tmp / "backups" / "bk1"
+    full = v["virt.backup"]("bk1")
+    # an incremental on top of it, as a live backup records it (made here by hand: no QEMU in unit tests)
+    inc = make_incremental(directory, full, "20990101T000000Z")
+    with pytest.raises(CommandExecutionError, match="is needed by 20990101T000000Z"):
+        v["virt.backup_delete"]("bk1", full["id"])
+    assert [b["id"] for b in v["virt.backup_list"]("bk1")["backups"]] == [full["id"], inc]
+    plan = v["virt.backup_prune"]("bk1", keep=1, test=True)
+    assert plan["kept"] == [full["id"], inc] and plan["pruned"] == []
+    gone = v["virt.backup_delete"]("bk1", inc)
+    assert gone["removed"] == [f"{inc}.json", f"{inc}.vda.qcow2"] and gone["kept"] == {}
+    assert v["virt.backup_delete"]("bk1", full["id"])["removed"][0] == f"{full['id']}.json"
+    assert v["virt.backup_list"]("bk1")["backups"] == []
+    with pytest.raises(SaltInvocationError, match="invalid backup id"):
+        v["virt.backup_delete"]("bk1", "../bk2/x")
+
+
+def make_incremental(directory, parent, bid):
+    """An incremental backup file + manifest built on ``parent`` (what a live incremental leaves)."""
+    pfile = parent["disks"][0]["file"]
+    path = directory / f"{bid}.vda.qcow2"
+    cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", pfile, str(path)]
+    subprocess.run(cmd, check=True, cwd=directory)
+    qemu_io(path, "write -P 0x22 0 64k")
+    from saltvirt.storage import images
+
+    images.record_owned(str(directory), "bk1", [str(path), str(directory / f"{bid}.json")])
+    m = json.loads((directory / f"{parent['id']}.json").read_text())
+    disk = dict(m["disks"][0], file=path.name, backing=pfile, sha256=backupstore.file_digest(path))
+    m.update(id=bid, type="incremental", parent=parent["id"], chain=[parent["id"], bid], disks=[disk])
+    m["finished"] = "2099-01-01T00:00:00Z"
+    backupstore.write_manifest(str(directory), m)
+    return bid
+
+
+def test_callers_never_reach_outside_the_backup_dir(bk):
+    v, _tmp = bk
+    for target in ("../x", "/etc", "a/b"):
+        with pytest.raises(SaltInvocationError):
+            v["virt.backup"]("bk1", target=target)
+    with pytest.raises(SaltInvocationError):
+        v["virt.backup_list"]("../bk1")
+    made = v["virt.backup"]("bk1", target="weekly")
+    assert made["dir"].endswith("/backups/weekly/bk1")
+
+
+def test_no_backup_dir_configured_is_refused(tmp_path):
+    mods = make_minion_mods(tmp_path, "test:///default")
+    with pytest.raises(CommandExecutionError, match="set virt:backup:dir in the minion config"):
+        mods["virt.backup_list"]("bk1")
+
+
+def test_unknown_or_unsupported_disk_is_refused(bk):
+    v, _tmp = bk
+    with pytest.raises(SaltInvocationError, match="has no disk 'vdz'"):
+        v["virt.backup"]("bk1", disks="vdz")
+
+
+def test_choose_disks_skips_cdroms_and_shared_disks():
+    facts = {
+        "name": "x",
+        "disks": [
+            {"target": "vda", "device": "disk", "type": "file", "readonly": False, "shareable": False, "file": "/a"},
+            {"target": "sda", "device": "cdrom", "type": "file", "readonly": True, "shareable": False, "file": "/i"},
+            {"target": "vdb", "device": "disk", "type": "file", "readonly": False, "shareable": True, "file": "/s"},
+        ],
+    }
+    assert [d["target"] for d in backup.choose_disks(facts)] == ["vda"]
+    with pytest.raises(SaltInvocationError, match="cannot be backed up"):
+        backup.choose_disks(facts, ["vdb"])

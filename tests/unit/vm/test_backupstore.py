@@ -1,0 +1,154 @@
+"""saltvirt.vm.backupstore: the backup directory, manifests, chains, verification and retention."""
+
+import datetime
+import os
+import subprocess
+
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.vm import backupstore as store
+
+
+def manifest(bid, parent=None, chain=None, finished=None, target="vda"):
+    return {
+        "format": store.MANIFEST_FORMAT,
+        "id": bid,
+        "parent": parent,
+        "chain": chain or [bid],
+        "finished": finished or f"{bid[:4]}-{bid[4:6]}-{bid[6:8]}T{bid[9:11]}:{bid[11:13]}:{bid[13:15]}Z",
+        "disks": [{"target": target, "file": f"{bid}.{target}.qcow2"}],
+    }
+
+
+def chain(*spec):
+    """Manifests from ``(id, parent)`` pairs (the chain follows the parents)."""
+    out, by_id = [], {}
+    for bid, parent in spec:
+        m = manifest(bid, parent, (by_id[parent]["chain"] if parent else []) + [bid])
+        by_id[bid] = m
+        out.append(m)
+    return out
+
+
+def test_vm_dir_stays_inside_the_root(tmp_path):
+    assert store.vm_dir(str(tmp_path), "web1", create=True) == str(tmp_path / "web1")
+    assert store.vm_dir(str(tmp_path), "web1", "weekly", create=True) == str(tmp_path / "weekly" / "web1")
+    assert (tmp_path / "weekly" / "web1").is_dir()
+    for vm, target in (("../x", None), ("web1", ".."), ("web1", "a/b"), ("web1\n", None)):
+        with pytest.raises(SaltInvocationError):
+            store.vm_dir(str(tmp_path), vm, target)
+    os.symlink("/etc", tmp_path / "evil")  # a symlink planted in the backup dir leads nowhere
+    with pytest.raises(SaltInvocationError, match="escapes"):
+        store.vm_dir(str(tmp_path), "evil")
+
+
+def test_root_dir_must_be_configured_and_exist(tmp_path):
+    with pytest.raises(CommandExecutionError, match="set virt:backup:dir"):
+        store.root_dir(None)
+    with pytest.raises(CommandExecutionError, match="does not exist"):
+        store.root_dir(str(tmp_path / "nope"))
+    with pytest.raises(SaltInvocationError, match="absolute"):
+        store.root_dir("relative/dir")
+
+
+def test_new_ids_never_collide(tmp_path):
+    now = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    assert store.new_id(str(tmp_path), now) == "20260102T030405Z"
+    (tmp_path / "20260102T030405Z.vda.qcow2").write_bytes(b"")
+    assert store.new_id(str(tmp_path), now) == "20260102T030405Z-2"
+    assert store.backup_id("20260102T030405Z-2")
+    for bad in ("x", "../20260102T030405Z", "20260102T030405Z.json", None):
+        with pytest.raises(SaltInvocationError):
+            store.backup_id(bad)
+
+
+def test_scan_tells_valid_broken_and_incomplete_apart(tmp_path):
+    d = str(tmp_path)
+    full, inc, orphan = chain(
+        ("20260101T000000Z", None), ("20260102T000000Z", "20260101T000000Z"), ("20260103T000000Z", None)
+    )
+    for m in (full, inc, orphan):
+        store.write_manifest(d, m)
+        (tmp_path / m["disks"][0]["file"]).write_bytes(b"x")
+    (tmp_path / "20260104T000000Z.vda.qcow2").write_bytes(b"x")  # interrupted: no manifest
+    os.unlink(tmp_path / orphan["disks"][0]["file"])  # a valid-looking manifest whose file is gone
+    bad = dict(manifest("20260105T000000Z"), disks=[{"target": "vda", "file": "../../etc/passwd"}])
+    store.write_manifest(d, bad)
+    valid, broken, incomplete = store.scan(d)
+    assert [m["id"] for m in valid] == ["20260101T000000Z", "20260102T000000Z"]
+    assert broken == {
+        "20260103T000000Z": "file 20260103T000000Z.vda.qcow2 is missing",
+        "20260105T000000Z": "names a file outside its backup: '../../etc/passwd'",
+    }
+    assert incomplete == ["20260104T000000Z"]
+    os.unlink(tmp_path / full["disks"][0]["file"])  # the full one breaks: so does what builds on it
+    valid, broken, _ = store.scan(d)
+    assert valid == [] and "gone or broken" in broken["20260102T000000Z"]
+
+
+def test_retention_keep_n_never_breaks_a_chain():
+    ms = chain(
+        ("20260101T020000Z", None),
+        ("20260102T020000Z", "20260101T020000Z"),
+        ("20260103T020000Z", "20260102T020000Z"),
+        ("20260104T020000Z", None),
+        ("20260105T020000Z", "20260104T020000Z"),
+    )
+    kept, pruned = store.retention(ms, keep=1)
+    assert kept == ["20260104T020000Z", "20260105T020000Z"]  # the newest and the full it builds on
+    assert pruned == ["20260103T020000Z", "20260102T020000Z", "20260101T020000Z"]  # newest first
+    kept, pruned = store.retention(ms, keep=3)
+    assert kept == [m["id"] for m in ms] and pruned == []
+    assert store.retention(ms) == ([m["id"] for m in ms], [])  # no rule: nothing goes
+
+
+def test_retention_daily_and_weekly():
+    days = ["20260105", "20260106", "20260106", "20260112", "20260113", "20260120"]  # Mondays: 5, 12, 19
+    ms = [manifest(f"{d}T0{i}0000Z") for i, d in enumerate(days)]
+    kept, pruned = store.retention(ms, keep_daily=2)
+    assert kept == ["20260113T040000Z", "20260120T050000Z"]
+    kept, _ = store.retention(ms, keep_weekly=2)
+    assert kept == ["20260113T040000Z", "20260120T050000Z"]  # newest of week 3 (12-18) and of week 4
+    kept, _ = store.retention(ms, keep_weekly=3, keep_daily=1)
+    assert kept == ["20260106T020000Z", "20260113T040000Z", "20260120T050000Z"]
+    with pytest.raises(SaltInvocationError):
+        store.retention(ms, keep="-1")
+
+
+def test_verify_catches_a_changed_file_and_a_rewired_backing_file(tmp_path):
+    d = str(tmp_path)
+    full = tmp_path / "20260101T000000Z.vda.qcow2"
+    inc = tmp_path / "20260102T000000Z.vda.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(full), "1M"], check=True)
+    cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", full.name, str(inc)]
+    subprocess.run(cmd, check=True, cwd=d)
+    ms = chain(("20260101T000000Z", None), ("20260102T000000Z", "20260101T000000Z"))
+    ms[0]["disks"][0]["sha256"] = store.file_digest(full)
+    ms[1]["disks"][0].update(sha256=store.file_digest(inc), backing=full.name)
+    assert store.verify(d, ms)
+    ms[0]["disks"][0]["sha256"] = "0" * 64
+    with pytest.raises(CommandExecutionError, match="checksum mismatch"):
+        store.verify(d, ms)
+    ms[0]["disks"][0]["sha256"] = store.file_digest(full)
+    subprocess.run(["qemu-img", "rebase", "-u", "-F", "qcow2", "-b", "/etc/passwd", str(inc)], check=True)
+    with pytest.raises(CommandExecutionError, match="backs onto /etc/passwd"):
+        store.verify(d, ms)
+
+
+def test_needed_by_and_chain_of():
+    ms = chain(("20260101T000000Z", None), ("20260102T000000Z", "20260101T000000Z"))
+    assert store.needed_by(ms, "20260101T000000Z") == ["20260102T000000Z"]
+    assert store.needed_by(ms, "20260102T000000Z") == []
+    assert [m["id"] for m in store.chain_of(ms, "20260102T000000Z")] == ["20260101T000000Z", "20260102T000000Z"]
+    with pytest.raises(SaltInvocationError, match="no valid backup"):
+        store.chain_of(ms, "20990101T000000Z")
+
+
+def test_a_second_backup_of_the_same_vm_is_refused_while_one_runs(tmp_path):
+    with store.locked(str(tmp_path), "web1"):
+        with pytest.raises(CommandExecutionError, match="is running"):
+            with store.locked(str(tmp_path), "web1"):
+                pass
+    with store.locked(str(tmp_path), "web1"):  # released again
+        pass

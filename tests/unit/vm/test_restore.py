@@ -1,0 +1,62 @@
+"""saltvirt.vm.restore through ``virt.restore`` on libvirt's test driver with real qcow2 files: verify,
+rebuild into fresh disks, define; refusals that protect a running VM and damaged backups."""
+
+import json
+import subprocess
+
+import libvirt
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from tests.unit.vm.test_backup import bk, make_incremental, read_pattern  # noqa: F401 - the fixture is shared
+
+pytestmark = pytest.mark.usefixtures("bk")
+
+
+def test_restore_beside_the_original_rebuilds_the_chain(bk):  # noqa: F811
+    v, tmp = bk
+    full = v["virt.backup"]("bk1")
+    inc = make_incremental(tmp / "backups" / "bk1", full, "20990101T000000Z")
+    done = v["virt.restore"]("bk1", inc, as_name="bk1-copy")
+    assert done["name"] == "bk1-copy" and done["chain"] == [full["id"], inc] and done["started"] is False
+    (disk,) = done["disks"].values()
+    assert disk.startswith(str(tmp / "images" / "bk1-copy") + "/")
+    # flattened: no backing file, the full's data with the incremental's change on top
+    info = json.loads(subprocess.check_output(["qemu-img", "info", "--output=json", disk]))
+    assert "backing-filename" not in info
+    assert read_pattern(disk, "0x22", 0, 65536) and read_pattern(disk, "0x11", 65536, 1048576 - 65536)
+    conn = libvirt.open("test:///default")
+    xml = conn.lookupByName("bk1-copy").XMLDesc(0)
+    assert disk in xml and conn.lookupByName("bk1-copy").UUIDString() != conn.lookupByName("bk1").UUIDString()
+    owned = json.loads((tmp / "images" / "bk1-copy" / ".salt-virt.json").read_text())
+    assert owned["files"] == [disk] and owned["uuid"] == conn.lookupByName("bk1-copy").UUIDString()
+    with pytest.raises(SaltInvocationError, match="exists already"):
+        v["virt.restore"]("bk1", inc, as_name="bk1-copy")
+    # restoring the full alone gives the full's data
+    assert not read_pattern(v["virt.restore"]("bk1", full["id"], as_name="bk1-old")["disks"]["vda"], "0x22", 0, 65536)
+    conn.lookupByName("bk1-old").undefine()
+
+
+def test_restore_in_place_refuses_a_running_vm_unless_forced(bk):  # noqa: F811
+    v, tmp = bk
+    made = v["virt.backup"]("bk1")
+    old_disk = v["virt.get_disks"]("bk1")["vda"]["file"]
+    v["virt.start"]("bk1")
+    with pytest.raises(CommandExecutionError, match="is running"):
+        v["virt.restore"]("bk1", made["id"])
+    assert v["virt.vm_state"]("bk1") == {"bk1": "running"}
+    done = v["virt.restore"]("bk1", made["id"], force=True, start=True)
+    assert done["replaced"]["removed"] == [old_disk] and done["started"] is True
+    assert v["virt.get_disks"]("bk1")["vda"]["file"] == done["disks"]["vda"]
+
+
+def test_damaged_backup_is_never_restored(bk):  # noqa: F811
+    v, tmp = bk
+    made = v["virt.backup"]("bk1")
+    path = tmp / "backups" / "bk1" / made["disks"][0]["file"]
+    subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x66 0 4k", str(path)], check=True, capture_output=True)
+    with pytest.raises(CommandExecutionError, match="checksum mismatch"):
+        v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
+    assert not (tmp / "images" / "bk1-copy").exists() or not list((tmp / "images" / "bk1-copy").iterdir())
+    with pytest.raises(SaltInvocationError, match="no valid backup"):
+        v["virt.restore"]("bk1", "20990101T000000Z")

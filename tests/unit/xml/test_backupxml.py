@@ -1,0 +1,48 @@
+"""saltvirt.xml.backupxml: <domainbackup> and <domaincheckpoint>, pinned by golden files that libvirt's
+schemas accept (and, for checkpoints, the test driver creates)."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from saltvirt.xml import backupxml
+
+BACKUPS = {
+    "push-full": dict(copy={"vda": "/srv/backups/web1/20260101T020000Z.vda.qcow2"}, skip=["vdb"]),
+    "push-incremental": dict(
+        copy={
+            "vda": "/srv/backups/web1/20260102T020000Z.vda.qcow2",
+            "vdb": "/srv/backups/web1/20260102T020000Z.vdb.qcow2",
+        },
+        incremental="salt-backup-20260101T020000Z",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BACKUPS))
+def test_golden_backup(golden, case):
+    golden(f"backupxml/{case}", backupxml.backup_xml(**BACKUPS[case]))
+
+
+def test_backup_copies_only_what_it_names():
+    root = ET.fromstring(backupxml.backup_xml(**BACKUPS["push-full"]))
+    assert root.get("mode") == "push" and root.find("incremental") is None
+    assert [(d.get("name"), d.get("backup")) for d in root.findall("disks/disk")] == [("vda", "yes"), ("vdb", "no")]
+    assert root.find("disks/disk/target").get("file").endswith(".vda.qcow2")
+
+
+def test_golden_checkpoint_and_parse(golden):
+    """The test driver's domain 'test' has one disk, vda: libvirt reads the bitmap back under our name."""
+    xml = backupxml.checkpoint_xml("salt-backup-20260101T020000Z", ["vda"], description="salt-virt <&>")
+    back = golden("backupxml/checkpoint-bitmap", xml)
+    facts = backupxml.parse_checkpoint(back)
+    assert facts["name"] == "salt-backup-20260101T020000Z" and facts["bitmaps"] == ["vda"]
+    assert facts["created"] > 0 and facts["parent"] is None
+
+
+def test_checkpoint_skips_disks_without_bitmaps():
+    root = ET.fromstring(backupxml.checkpoint_xml("c", ["vda"], skip=["vdb"]))
+    assert [(d.get("name"), d.get("checkpoint")) for d in root.findall("disks/disk")] == [
+        ("vda", "bitmap"),
+        ("vdb", "no"),
+    ]
