@@ -41,7 +41,7 @@ REQ_HASH=$( (cat "$HERE/requirements-test.txt"; echo "$VENV_LAYOUT") | sha256sum
 if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
   log "building venv $VENV"
   bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
-  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy' || { echo "setup: venv incomplete" >&2; exit 1; }
+  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy, cherrypy' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
 

@@ -21,7 +21,7 @@ INTEGRATION_FIXTURES = {
     "salt_run_cli",
     "state_tree",
 }
-INTEGRATION_HELPERS = {"tests.support.lab", "tests.support.saltd"}
+INTEGRATION_HELPERS = {"tests.support.lab", "tests.support.saltd", "tests.support.saltapi"}
 # tests/unit/test_<x>.py of the project as a whole (not of one library module)
 PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py"}
 # library modules without their tests/unit/test_<module>.py yet: this list may only shrink
