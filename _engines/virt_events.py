@@ -42,6 +42,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
 
 if saltvirt is not None:
     from saltvirt.host import conn as _c
+    from saltvirt.host import capacity as _capacity
     from saltvirt.host import events as _events
     from saltvirt.vm import cleanup as _cleanup
 
@@ -88,6 +89,7 @@ def start(connection=None, **options):
             lambda: _c.connect(uri, open_timeout=open_timeout, keepalive=keepalive),
             _events.MasterSender(__opts__),
             options,
+            on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
         )
     except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop
         log.error("virt_events engine not started: %s", exc)

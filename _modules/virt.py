@@ -39,7 +39,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
-    from saltvirt.host import guestips, hosttype, lifecycle, query
+    from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.storage import intake
     from saltvirt.vm import provision
     from saltvirt.vm import progress as progress_events
@@ -68,6 +68,11 @@ def _conn(connection=None):
 
 def _images_dir():
     return _c.salt_images_dir(__salt__)
+
+
+def _definitions_changed():
+    """A definition changed in place (same UUID): ``virt.capacity``'s cached index is stale."""
+    capacity.bump(capacity.cache_dir(__opts__))
 
 
 def _allowed_paths():
@@ -451,7 +456,9 @@ def setmem(vm_, memory, config=True, connection=None, **kwargs):
     """
     _salt_kwargs(kwargs, "virt.setmem")
     with _conn(connection) as conn:
-        return bool(lifecycle.setmem(conn, vm_, memory, config=_bool(config)))
+        done = bool(lifecycle.setmem(conn, vm_, memory, config=_bool(config)))
+    _definitions_changed()
+    return done
 
 
 def setvcpus(vm_, vcpus, config=True, connection=None, **kwargs):
@@ -462,7 +469,9 @@ def setvcpus(vm_, vcpus, config=True, connection=None, **kwargs):
     """
     _salt_kwargs(kwargs, "virt.setvcpus")
     with _conn(connection) as conn:
-        return bool(lifecycle.setvcpus(conn, vm_, vcpus, config=_bool(config)))
+        done = bool(lifecycle.setvcpus(conn, vm_, vcpus, config=_bool(config)))
+    _definitions_changed()
+    return done
 
 
 def define_xml_str(xml, connection=None, **kwargs):
@@ -472,7 +481,9 @@ def define_xml_str(xml, connection=None, **kwargs):
     """
     _salt_kwargs(kwargs, "virt.define_xml_str")
     with _conn(connection) as conn:
-        return bool(lifecycle.define_xml_str(conn, xml))
+        done = bool(lifecycle.define_xml_str(conn, xml))
+    _definitions_changed()  # it may redefine an existing VM (its group, size)
+    return done
 
 
 def define_xml_path(path, connection=None, **kwargs):
@@ -743,6 +754,8 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
         )
         if autostart is not None and not _bool(test):
             lifecycle.set_autostart(conn, name, _bool(autostart))
+    if not _bool(test):
+        _definitions_changed()
     changes = ret["changes"]
     ret.update(
         definition=bool(converge.actionable(changes)),

@@ -1,6 +1,7 @@
 """
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
-``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
+``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``all_capabilities``,
+``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
 ``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``).
 """
 
@@ -19,6 +20,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt.host import caps as _caps
+    from saltvirt.host import capacity as _capacity
     from saltvirt.spec import compat as _compat
     from saltvirt.host import conn as _c
     from saltvirt.base.validate import to_bool as _bool
@@ -36,6 +38,20 @@ def __virtual__():
 
 def _conn(connection=None, kwargs=None, fun="virt"):
     return _c.salt_connect_compat(__salt__, connection, kwargs, fun)
+
+
+def capacity(connection=None, **kwargs):
+    """
+    What placement needs from this hypervisor, cheaply: node totals, memory and vCPUs running VMs use
+    (and what every defined VM would), free disk in ``virt:images``, and each VM's ``group`` and state
+    (``vm_info``: ``{name: {group, state, cpu, mem}}``). No per-VM XML, disks, NICs or guest IPs: ask
+    ``virt.full_info`` for those. The group index is cached in the minion's cachedir (see
+    ``saltvirt.host.capacity``).
+
+    CLI Example:: salt 'hyper1' virt.capacity
+    """
+    with _conn(connection, kwargs, "virt.capacity") as conn:
+        return _capacity.capacity(conn, _c.salt_images_dir(__salt__), cache_dir=_capacity.cache_dir(__opts__))
 
 
 def domain_capabilities(emulator=None, arch=None, machine=None, domain=None, connection=None, **kwargs):

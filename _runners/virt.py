@@ -303,7 +303,9 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
         disk, note = vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
-        plan = placement.rank(_gather("virt.full_info", tgt, tgt_type), req, pol)
+        with _client() as client:  # capacity only: placement needs no VM's full facts
+            hosts = fleet.capacities(__opts__, _cfg(tgt, tgt_type), client)
+        plan = placement.rank(hosts, req, pol)
     except SaltException as exc:
         return _failed(exc)
     plan["request"]["disk_note"] = note

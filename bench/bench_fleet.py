@@ -365,7 +365,7 @@ def main(argv=None):
         nodexml.write_node(os.path.join(workdir, "nodes"), cfg["domains"], prefix=f"h{i:02d}vm")
         for i in range(cfg["minions"])
     ]
-    saltext_mods = common.saltext_module_dir("modules")
+    saltext = not args.no_saltext  # its venv may not exist without it (bench/setup-saltext.sh)
     stacks = [
         (
             "salt-virt",
@@ -374,8 +374,19 @@ def main(argv=None):
             [str(common.ROOT / "_modules")],
             {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "max_wait": 900}}},
         ),
-        ("saltext-virt", common.SALTEXT_VENV, [common.saltext_module_dir("runners")], [saltext_mods], {}),
-    ][: 1 if args.no_saltext else 2]
+    ] + (
+        [
+            (
+                "saltext-virt",
+                common.SALTEXT_VENV,
+                [common.saltext_module_dir("runners")],
+                [common.saltext_module_dir("modules")],
+                {},
+            )
+        ]
+        if saltext
+        else []
+    )
     results, errors = {}, []
 
     def run_stack(name, venv, runner_dirs, module_dirs, extra):

@@ -228,20 +228,35 @@ class Failed(CommandExecutionError):  # noqa: N818 - the runner's public name fo
 
 
 def gather(opts, fun="virt.full_info", cfg=None, client=None):
-    """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` ->
+    """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` and ``capacity`` ->
     ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``)."""
     answers, _jid = run(opts, fun, cfg=cfg, client=client)
     out = {}
     for mid, ans in answers.items():
         if ans["status"] != "up":
-            out[mid] = {k: v for k, v in ans.items() if k in ("status", "error")}
-        elif fun == "virt.full_info" and isinstance(ans["ret"], dict):
+            out[mid] = {k: v for k, v in ans.items() if k in ("status", "error", "no_virt")}
+        elif fun in ("virt.full_info", "virt.capacity") and isinstance(ans["ret"], dict):
             out[mid] = {"status": "up", "host": ans["ret"].get("host", {}), "vm_info": ans["ret"].get("vm_info", {})}
         elif fun == "virt.vm_state":
             out[mid] = {"status": "up", "vms": ans["ret"]}
         else:
             out[mid] = {"status": "up", "host": ans["ret"]}
     return out
+
+
+def capacities(opts, cfg=None, client=None):
+    """Every hypervisor's capacity for placement (``virt.capacity``: node totals, usage, the group
+    index; not every VM's facts). A hypervisor with an older salt-virt that has no ``virt.capacity``
+    is asked ``virt.full_info`` instead, so placement still sees it."""
+    cfg = cfg or config(opts)
+    hosts = gather(opts, "virt.capacity", cfg, client)
+    old = sorted(h for h, a in hosts.items() if a.get("no_virt") and "virt.capacity" in str(a.get("error")))
+    if old:
+        log.info("virt runner: %s have no virt.capacity (older salt-virt): asking virt.full_info", ", ".join(old))
+        hosts.update(gather(opts, "virt.full_info", dict(cfg, tgt=old, tgt_type="list"), client))
+    for answer in hosts.values():
+        answer.pop("no_virt", None)
+    return hosts
 
 
 def down_hosts(hosts):

@@ -21,7 +21,7 @@ from saltvirt.base import fsutil
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, leftovers as fleet_cleanup, minionkeys, placement
-from saltvirt.fleet.publish import Failed, call, gather
+from saltvirt.fleet.publish import Failed, call, capacities
 
 log = logging.getLogger(__name__)
 
@@ -219,8 +219,9 @@ def _note_attempt(opts, lease, tried, name, hv, ans, jid):
 
 
 def _snapshot(opts, name, cfg, client, progress):
-    """Every hypervisor's answer (``virt.full_info``) for placement; refuses a name already in use."""
-    hosts = gather(opts, "virt.full_info", cfg, client)
+    """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement; refuses a name
+    already in use."""
+    hosts = capacities(opts, cfg, client)
     _mark(progress, "hosts_queried")
     _refuse_existing_vm(hosts, name)
     return hosts

@@ -364,8 +364,9 @@ class Watcher:
     ``connect`` is a context-manager factory yielding a libvirt connection (the engine passes
     :func:`saltvirt.host.conn.connect` with the configured URI, open timeout and keepalive)."""
 
-    def __init__(self, host, connect, fire, options=None):
+    def __init__(self, host, connect, fire, options=None, on_defined=None):
         self.host, self.connect, self.fire = host, connect, fire
+        self.on_defined = on_defined  # called when a definition is added or changed (virt.capacity's cache)
         self.options = settings(options)
         self.inbox = queue.Queue()
         self.known = None  # the last snapshot, kept current by the events: {uuid: {name, state, id, ...}}
@@ -464,6 +465,8 @@ class Watcher:
             typ = _CODES.get((event, None), (None, None))[0]
             ev_name, det, extra = lifecycle(event, detail)
             self._track(name, uuid, dom_id, typ)
+            if typ == "DEFINED" and self.on_defined is not None:
+                self.on_defined()
             self._send(name, uuid, ev_name, det, **extra)
         elif kind == "io_error":
             src_path, dev_alias, action, reason = args

@@ -287,13 +287,18 @@ def host_info(conn, images_dir=None):
     except libvirt.libvirtError:
         out["mem_free_host"] = None
     if images_dir:
-        probe = images_dir
-        while probe and not os.path.exists(probe):
-            probe = os.path.dirname(probe)
-        st = os.statvfs(probe or "/")
         out["images_dir"] = images_dir
-        out["disk_free"] = st.f_bavail * st.f_frsize // (1024 * 1024)
+        out["disk_free"] = free_mib(images_dir)
     return out
+
+
+def free_mib(path):
+    """MiB free for new files in ``path`` (or its nearest existing parent: it may not exist yet)."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe or "/")
+    return st.f_bavail * st.f_frsize // (1024 * 1024)
 
 
 def full_info(conn, images_dir=None, agent_timeout=guestips.AGENT_TIMEOUT):

@@ -132,3 +132,85 @@ def test_timeline_marks_go_only_to_a_callback_that_takes_them():
     vmcreate._mark(progress, "published", host="h1")
     vmcreate._mark(lambda step, **data: None, "published", host="h1")  # a plain callback: nothing
     assert marks == [("published", {"host": "h1"})]
+
+
+class _RecordingClient:
+    """LocalClient's part fleet.run uses, answering each publication from ``answers[fun][minion]`` and
+    recording what was published. A stand-in: the real one needs a running salt-master
+    (tests/integration/test_runner.py places VMs through one); here a unit test sees every call."""
+
+    def __init__(self, answers):
+        self.answers, self.published = answers, []
+        self.event = None
+
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True):
+        self.published.append((fun, sorted(tgt)))
+        self._fun, self._tgt = fun, list(tgt)
+        return {"jid": str(len(self.published)), "minions": list(tgt)}
+
+    def get_iter_returns(self, jid, minions, **_kw):
+        for mid in self._tgt:
+            if mid in self.answers.get(self._fun, {}):
+                yield {mid: {"ret": self.answers[self._fun][mid], "retcode": 0}}
+
+    def _clean_up_subscriptions(self, jid):
+        pass
+
+
+def _fleet_opts(tmp_path, ids):
+    opts = master_opts(tmp_path)
+    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*"}})
+    (tmp_path / "pki" / "minions").mkdir(parents=True)
+    for mid in ids:
+        (tmp_path / "pki" / "minions" / mid).write_text("-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n")
+    return opts
+
+
+def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
+    """salt-run virt.init places with virt.capacity (node totals, usage, the group index), never
+    virt.full_info (every VM's facts); the group index still keeps the group's members apart."""
+    from saltvirt.fleet import publish
+    from saltvirt.host import capacity
+
+    test_conn.defineXML(
+        "<domain type='test'><name>web1</name><memory unit='MiB'>64</memory><metadata>"
+        f"<sv:vm xmlns:sv='{capacity.METADATA_NS}'><sv:group>web</sv:group></sv:vm></metadata>"
+        "<os><type>hvm</type></os></domain>"
+    )
+    with_web = capacity.capacity(test_conn, str(tmp_path / "images"))
+    test_conn.lookupByName("web1").undefine()
+    without = capacity.capacity(test_conn, str(tmp_path / "images"))
+    opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
+    ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
+    client = _RecordingClient({"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}})
+    res = vmcreate.create(
+        opts,
+        "web2",
+        placement.make_request(1, 64, group="web"),
+        None,
+        {},
+        policy=placement.make_policy(mem_reserve_mib=0),
+        cfg=publish.config(opts),
+        client=client,
+        seed=False,
+    )
+    assert res["host"] == "hv2" and "anti-affinity" in res["placement"]["excluded"]["hv1"][0]
+    assert client.published == [("virt.capacity", ["hv1", "hv2"]), ("virt.init", ["hv2"])]
+
+
+def test_a_hypervisor_without_virt_capacity_is_asked_full_info(tmp_path, test_conn):
+    """An older salt-virt on one hypervisor (no virt.capacity): asked virt.full_info, still placed."""
+    from saltvirt.fleet import publish
+    from saltvirt.host import capacity, query
+
+    opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = _RecordingClient(
+        {
+            "virt.capacity": {"hv1": capacity.capacity(test_conn), "hv2": "'virt.capacity' is not available."},
+            "virt.full_info": {"hv2": query.full_info(test_conn)},
+        }
+    )
+    hosts = publish.capacities(opts, publish.config(opts), client)
+    assert client.published == [("virt.capacity", ["hv1", "hv2"]), ("virt.full_info", ["hv2"])]
+    assert {h: a["status"] for h, a in hosts.items()} == {"hv1": "up", "hv2": "up"}
+    assert "no_virt" not in hosts["hv2"] and hosts["hv2"]["host"]["mem_total"] == hosts["hv1"]["host"]["mem_total"]
