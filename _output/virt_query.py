@@ -190,6 +190,9 @@ def _placement(data):
                 f"  {r.get('rank', '-'):>3}. {r['host']:<{width}}  {r['score']:.4f}  ({parts})  free after: "
                 f"{free.get('mem_mib')} MiB, {free.get('vcpus')} vCPUs, {free.get('disk_mib')} MiB disk"
             )
+        more = (data.get("fit") or 0) - len(data["ranking"])
+        if more > 0:
+            lines.append(f"  ... and {more} more host(s) that fit (only the best {len(data['ranking'])} are listed)")
     if data.get("excluded"):
         lines.append("Excluded:")
         for host, reasons in sorted(data["excluded"].items()):

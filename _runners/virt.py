@@ -305,7 +305,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with _client() as client:  # capacity only: placement needs no VM's full facts
             hosts = fleet.capacities(__opts__, _cfg(tgt, tgt_type), client)
-        plan = placement.rank(hosts, req, pol)
+        plan = placement.rank(hosts, req, pol, top=placement.RANK_TOP)
     except SaltException as exc:
         return _failed(exc)
     plan["request"]["disk_note"] = note

@@ -46,7 +46,9 @@ Policy (master config ``virt:placement``; every key optional)::
 
 import copy
 import fnmatch
+import heapq
 import math
+import re
 
 from salt.exceptions import SaltInvocationError
 
@@ -59,6 +61,7 @@ DEFAULT_POLICY = {
     "maintenance": [],
 }
 STRATEGIES = ("spread", "pack")
+RANK_TOP = 50  # hosts the runner lists (and falls over to) in a big fleet; ``fit`` counts all that fit
 
 
 def _number(value, what, minimum=0.0, integer=False):
@@ -242,7 +245,7 @@ def _check(host, answer, req, pol, load=None):
         reasons.append("disk: the host did not report free space in virt:images")
     group = req["group"]
     if group:
-        members = sorted(n for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("group") == group)
+        members = _group_members(answer, facts, group)
         members += sorted(f"{n} (in flight)" for n, g in (load.get("groups") or {}).items() if g == group)
         if members:
             reasons.append(f"anti-affinity: group {group!r} already has {', '.join(members)} here")
@@ -266,75 +269,149 @@ def fits(host, answer, req, pol, load=None):
     return _check(host, answer, req, pol, load)[1]
 
 
-def rank(hosts, req, pol=None, exclude=(), reserved=None):
-    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``reserved``: ``{id: load}``
-    of in-flight creations (``saltvirt.fleet.fleetstate.reserved``), counted as used capacity. Returns::
+def _maintenance_re(patterns):
+    """One compiled regex for every maintenance glob (None without any): a match per host, not per pattern."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)) if patterns else None
 
-    {"host": best id or None, "reason": one line,
+
+def _fast_free(answer, host, need, maint_re):
+    """The free-after tuple of a host that plainly fits (up, not in maintenance, nothing reserved there,
+    room for everything, no member of the group), else None: :func:`_check` then says why (or handles
+    what this does not). Plain arithmetic, no strings: most of a big fleet's hosts take this path.
+    ``need``: (mem + reserve, cpu, overcommit, disk + reserve, disk asked, group) from :func:`rank`."""
+    if answer.__class__ is not dict or answer.get("status", "up") != "up":
+        return None
+    if maint_re is not None and maint_re.match(host):
+        return None
+    facts = answer.get("host", answer)
+    mem_need, cpu_need, overcommit, disk_need, disk_asked, group = need
+    try:
+        mem_total, cpus = int(facts["mem_total"]), int(facts["vcpus_total"])
+        mem_left = mem_total - int(facts.get("mem_used_by_vms") or 0) - mem_need
+        cap = cpus * overcommit
+        cpu_left = cap - int(facts.get("vcpus_used_by_vms") or 0) - cpu_need
+        disk_free = facts.get("disk_free")
+        disk_left = None if disk_free is None else int(disk_free) - disk_need
+        vms = int(facts["vms_defined"]) if "vms_defined" in facts else len(answer.get("vm_info") or {})
+    except (KeyError, TypeError, ValueError):
+        return None
+    if mem_total <= 0 or cpus <= 0 or mem_left < 0 or cpu_left < 0:
+        return None
+    if (disk_left is None and disk_asked) or (disk_left is not None and disk_left < 0):
+        return None
+    if group and _group_members(answer, facts, group):
+        return None
+    return mem_left, mem_left / mem_total, cpu_left, cpu_left / cap, disk_left, vms
+
+
+def _group_members(answer, facts, group):
+    """Names of ``group``'s VMs on a host: its capacity answer's ``groups`` index, or a scan of ``vm_info``."""
+    index = facts.get("groups")
+    if isinstance(index, dict):
+        return sorted(index.get(group) or ())
+    return sorted(n for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("group") == group)
+
+
+def rank(hosts, req, pol=None, exclude=(), reserved=None, top=None):
+    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``reserved``: ``{id: load}``
+    of in-flight creations (``saltvirt.fleet.fleetstate.reserved``), counted as used capacity. ``top``:
+    list only the best ``top`` hosts in ``ranking`` (all of them by default; ``fit`` counts them all).
+    Returns::
+
+    {"host": best id or None, "reason": one line, "fit": how many hosts fit,
      "ranking": [{"host", "score", "scores": {mem, cpu, disk, vms}, "free_after": {...}}, ...],
      "excluded": {id: [reasons]}, "request": req, "policy": pol}
     """
     pol = pol or make_policy()
+    reserved = reserved or {}
     fits, excluded = [], {}
     skip = set(exclude)
-    for host in sorted(hosts):
+    maint_re = _maintenance_re(pol["maintenance"])
+    need = (
+        pol["mem_reserve_mib"] + req["mem"],
+        req["cpu"],
+        pol["cpu_overcommit"],
+        pol["disk_reserve_mib"] + req["disk_mib"],
+        req["disk_mib"],
+        req["group"],
+    )
+    for host, answer in hosts.items():
         if host in skip:
             excluded[host] = ["excluded by the caller (already tried)"]
             continue
-        free, reasons = _check(host, hosts[host], req, pol, (reserved or {}).get(host))
-        if reasons:
-            excluded[host] = reasons
-        else:
-            fits.append((host, free))
+        load = reserved.get(host)
+        free = None if load else _fast_free(answer, host, need, maint_re)
+        if free is None:
+            checked, reasons = _check(host, answer, req, pol, load)
+            if reasons:
+                excluded[host] = reasons
+                continue
+            free = tuple(checked[k] for k in ("mem_mib", "mem_frac", "vcpus", "cpu_frac", "disk_mib", "vms"))
+        fits.append((host, free))
+    excluded = dict(sorted(excluded.items()))
     weights = pol["weights"]
-    total_w = sum(weights.values())
-    max_disk = max((f["disk_mib"] or 0 for _h, f in fits), default=0)
-    max_vms = max((f["vms"] for _h, f in fits), default=0)
-    pack = pol["strategy"] == "pack"
-    members = {
-        h: {t["group"]: _members(hosts[h], (reserved or {}).get(h), t["group"]) for t in req.get("affinity") or ()}
-        for h, _f in fits
-    }
+    w_mem, w_cpu, w_disk, w_vms = (weights[k] for k in ("mem", "cpu", "disk", "vms"))
     terms = req.get("affinity") or ()
+    total_w = sum(weights.values()) + sum(abs(t["weight"]) for t in terms)
+    max_disk = max((f[4] or 0 for _h, f in fits), default=0)
+    max_vms = max((f[5] for _h, f in fits), default=0)
+    pack = pol["strategy"] == "pack"
+    members = (
+        {h: {t["group"]: _members(hosts[h], reserved.get(h), t["group"]) for t in terms} for h, _f in fits}
+        if terms
+        else {}
+    )
     most_members = {t["group"]: max((m[t["group"]] for m in members.values()), default=0) for t in terms}
-    ranking = []
-    for host, free in fits:
+
+    def parts(host, free):
         raw = {
-            "mem": free["mem_frac"],
-            "cpu": free["cpu_frac"],
-            "disk": (free["disk_mib"] or 0) / max_disk if max_disk > 0 else 1.0,
-            "vms": 1.0 - free["vms"] / (max_vms + 1),
+            "mem": free[1],
+            "cpu": free[3],
+            "disk": (free[4] or 0) / max_disk if max_disk > 0 else 1.0,
+            "vms": 1.0 - free[5] / (max_vms + 1),
         }
         if pack:
             raw = {k: 1.0 - v for k, v in raw.items()}
-        score = sum(weights[k] * raw[k] for k in raw)
-        for term in req.get("affinity") or ():
+        for term in terms:
             mine, most = members[host][term["group"]], most_members[term["group"]]
             frac = mine / most if most else 0.0
             raw[f"affinity:{term['group']}"] = frac if term["weight"] > 0 else 1.0 - frac
-            score += abs(term["weight"]) * raw[f"affinity:{term['group']}"]
-        score /= total_w + sum(abs(t["weight"]) for t in req.get("affinity") or ())
+        return raw
+
+    scored = []
+    for host, free in fits:
+        if terms:
+            raw = parts(host, free)
+            score = sum(weights[k] * raw[k] for k in ("mem", "cpu", "disk", "vms"))
+            score += sum(abs(t["weight"]) * raw[f"affinity:{t['group']}"] for t in terms)
+        else:  # the same sum, inline: no dict per host
+            disk = (free[4] or 0) / max_disk if max_disk > 0 else 1.0
+            vms = 1.0 - free[5] / (max_vms + 1)
+            if pack:
+                score = w_mem * (1 - free[1]) + w_cpu * (1 - free[3]) + w_disk * (1 - disk) + w_vms * (1 - vms)
+            else:
+                score = w_mem * free[1] + w_cpu * free[3] + w_disk * disk + w_vms * vms
+        scored.append((-score / total_w, host, free))
+    best_first = heapq.nsmallest(top, scored) if top is not None and top < len(scored) else sorted(scored)
+    ranking = []
+    for pos, (neg, host, free) in enumerate(best_first, 1):
         ranking.append(
             {
                 "host": host,
-                "score": round(score, 4),
-                "scores": {k: round(v, 4) for k, v in raw.items()},
+                "score": round(-neg, 4),
+                "scores": {k: round(v, 4) for k, v in parts(host, free).items()},
                 "free_after": {
-                    "mem_mib": free["mem_mib"],
-                    "vcpus": round(free["vcpus"], 2),
-                    "disk_mib": free["disk_mib"],
-                    "vms": free["vms"],
+                    "mem_mib": free[0],
+                    "vcpus": round(free[2], 2),
+                    "disk_mib": free[4],
+                    "vms": free[5],
                 },
-                "_exact": score,
+                "rank": pos,
             }
         )
-    ranking.sort(key=lambda r: (-r["_exact"], r["host"]))
-    for pos, entry in enumerate(ranking, 1):
-        del entry["_exact"]
-        entry["rank"] = pos
     best = ranking[0]["host"] if ranking else None
     if best:
-        reason = f"{best}: best {pol['strategy']} score {ranking[0]['score']} of {len(ranking)} host(s) that fit" + (
+        reason = f"{best}: best {pol['strategy']} score {ranking[0]['score']} of {len(fits)} host(s) that fit" + (
             f"; {len(excluded)} excluded" if excluded else ""
         )
     elif hosts:
@@ -346,4 +423,12 @@ def rank(hosts, req, pol=None, exclude=(), reserved=None):
         )
     else:
         reason = "no hypervisors found (see virt:hypervisors in the master config)"
-    return {"host": best, "reason": reason, "ranking": ranking, "excluded": excluded, "request": req, "policy": pol}
+    return {
+        "host": best,
+        "reason": reason,
+        "fit": len(fits),
+        "ranking": ranking,
+        "excluded": excluded,
+        "request": req,
+        "policy": pol,
+    }

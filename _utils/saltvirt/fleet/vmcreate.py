@@ -148,7 +148,8 @@ def _create(
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
     hosts = _snapshot(opts, name, cfg, client, progress)
-    plan = placement.rank(hosts, req, policy, reserved=fleetstate.reserved(lease.store, hosts, since, lease.cfg))
+    load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
+    plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
     order, tried = _order(plan, hosts, name, host, fallback), []
     first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried)
     if first is None:

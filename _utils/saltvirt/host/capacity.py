@@ -15,7 +15,8 @@ outside salt-virt without the engine running). A new UUID or a renamed domain is
 removed one dropped, so creations and deletions are always current.
 
 The answer is shaped like ``full_info`` (``host`` + ``vm_info``) so the fleet code reads either, but
-each ``vm_info`` entry holds only ``group``, ``state``, ``cpu`` and ``mem`` (MiB, of the definition).
+each ``vm_info`` entry holds only ``group``, ``state``, ``cpu`` and ``mem`` (MiB, of the definition);
+``host["groups"]`` is the same index by group (``{group: [names]}``).
 """
 
 import hashlib
@@ -151,6 +152,15 @@ def _index(conn, doms, cache_dir, max_age):
     return out, state
 
 
+def _groups(vms):
+    """The anti-affinity index: ``{group: [VM names]}`` (placement's group check is one lookup)."""
+    out = {}
+    for name in sorted(vms):
+        if vms[name]["group"]:
+            out.setdefault(vms[name]["group"], []).append(name)
+    return out
+
+
 def capacity(conn, images_dir=None, cache_dir=None, max_age=MAX_AGE):
     """Node totals, what running VMs use, what all defined VMs would use, free disk in ``images_dir``,
     and ``vm_info``: ``{name: {group, state, cpu, mem}}`` (the group index). See the module doc."""
@@ -202,6 +212,7 @@ def capacity(conn, images_dir=None, cache_dir=None, max_age=MAX_AGE):
         "vcpus_defined": sum(v["cpu"] for v in vms.values()),
         "vms_active": active,
         "vms_defined": len(vms),
+        "groups": _groups(vms),
         "cache": cache,
     }
     if images_dir:

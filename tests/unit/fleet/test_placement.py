@@ -290,3 +290,54 @@ def test_hard_group_stays_hard_beside_soft_terms():
     hosts = {"a": host(vms={"w1": "web"}), "b": host()}
     ranked = placement.rank(hosts, placement.make_request(1, 512, 0, "web", affinity={"web": 10}))
     assert ranked["host"] == "b" and "anti-affinity" in ranked["excluded"]["a"][0]
+
+
+def _random_fleet(count, seed):
+    rnd = random.Random(seed)
+    hosts = {}
+    for i in range(count):
+        mem = rnd.choice([4, 32, 64]) * GIB
+        hosts[f"hv{i:04d}"] = host(
+            mem=mem,
+            mem_used=rnd.randint(0, mem // 1024) * 1024,
+            cpus=rnd.choice([2, 16, 32]),
+            cpus_used=rnd.randint(0, 130),
+            disk=rnd.randint(0, 100) * GIB,
+            vms={f"vm{i}-{j}": rnd.choice(["web", "db", None]) for j in range(rnd.randint(0, 4))},
+            status=rnd.choice(["up"] * 20 + ["down"]),
+        )
+    return hosts
+
+
+@pytest.mark.parametrize("strategy", ["spread", "pack"])
+def test_the_fast_path_agrees_with_the_reasons_and_top_is_a_prefix(strategy):
+    """Hosts that plainly fit skip the reasons (_fast_free); every host is still in the ranking exactly
+    when fits() finds no reason, and ``top`` lists the first hosts of the full ranking."""
+    hosts = _random_fleet(400, 3)
+    pol = placement.make_policy({"maintenance": ["hv00*"], "strategy": strategy})
+    for request in (req(2, 4 * GIB, 10 * GIB), req(1, 512, 0, "web")):
+        full = placement.rank(hosts, request, pol)
+        fitting = {h for h in hosts if not placement.fits(h, hosts[h], request, pol)}
+        assert {r["host"] for r in full["ranking"]} == fitting and full["fit"] == len(fitting) > 20
+        assert set(full["excluded"]) == set(hosts) - fitting
+        top = placement.rank(hosts, request, pol, top=5)
+        assert top["ranking"] == full["ranking"][:5] and top["fit"] == full["fit"] and top["reason"] == full["reason"]
+        assert top["excluded"] == full["excluded"]
+
+
+def test_the_capacity_group_index_decides_as_the_vm_list_does():
+    """virt.capacity answers carry ``host.groups`` ({group: [names]}): the same exclusions as scanning vm_info."""
+    hosts = _random_fleet(200, 5)
+    indexed = {}
+    for name, given in hosts.items():
+        answer = dict(given)
+        if answer["status"] == "up":
+            groups = {}
+            for vm, info in sorted(answer["vm_info"].items()):
+                if info["group"]:
+                    groups.setdefault(info["group"], []).append(vm)
+            answer["host"] = dict(answer["host"], groups=groups)
+        indexed[name] = answer
+    pol = placement.make_policy()
+    for group in ("web", "db"):
+        assert placement.rank(indexed, req(1, 512, 0, group), pol) == placement.rank(hosts, req(1, 512, 0, group), pol)

@@ -33,6 +33,7 @@ def test_the_same_usage_as_host_info_and_each_vms_group(test_conn, tmp_path):
     assert vms["web1"] == {"group": "web", "state": "running", "cpu": 2, "mem": 256}
     assert vms["db1"] == {"group": "db", "state": "shutoff", "cpu": 4, "mem": 512}
     assert vms["plain1"]["group"] is None
+    assert cap["host"]["groups"] == {"db": ["db1"], "web": ["web1"]}
     assert cap["host"]["mem_defined"] == sum(v["mem"] for v in vms.values())
     # the group is what full_info reads from the XML
     full = query.full_info(test_conn)
