@@ -138,9 +138,15 @@ def _vm(mid, name, vm):
         if nic.get("model"):
             out.append(f"      Model: {nic['model']}")
         out.extend(_ip_line(ip) for ip in nic.get("ips") or [])
-    if vm.get("ips_note"):
-        out.append(f"    IPs: {_printable(vm['ips_note'])}")
+    unknown = [n for n in (vm.get("nics") or {}).values() if isinstance(n, dict) and not n.get("ips")]
+    if vm.get("ips_note") and unknown:  # a source that failed while another answered is no news
+        out.append(f"    IPs: unknown ({_short(_printable(vm['ips_note']))})")
     return out
+
+
+def _short(text, limit=100):
+    """One short line: ``text`` cut at ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _host_facts(h):

@@ -37,6 +37,8 @@ def reps_for(cfg, impl, size):
 
 
 FLOOR = "raw libvirt-python (floor)"
+CAP_COLD = "salt-virt virt.capacity, cold cache"
+CAP_WARM = "salt-virt virt.capacity, warm cache"
 
 
 def measure(impl, uri, reps, images_dir, timeout):
@@ -47,7 +49,8 @@ def measure(impl, uri, reps, images_dir, timeout):
         spec = {
             "mode": "call",
             "module_dirs": impl["module_dirs"],
-            "func": "virt.full_info",
+            "func": impl.get("func", "virt.full_info"),
+            "warmup": impl.get("warmup", 0),  # virt.capacity warm: its cache written by a first call
             "reps": 1,
             "virt": {"connection": {"uri": uri}, "images": images_dir},
         }
@@ -173,6 +176,27 @@ def render(rows):
                 body,
             )
         )
+        cap = []
+        for size in sorted({r["size"] for r in sub}):
+            by = {r["impl"]: r for r in sub if r["size"] == size}
+            if CAP_COLD not in by:
+                continue
+            full = by.get("salt-virt") or {}
+            f_w = full["wall"]["median"] if full.get("wall") else None
+            cells = [size, common.fmt_stat(full.get("wall"))]
+            for which in (CAP_COLD, CAP_WARM):
+                row = by.get(which) or {}
+                w = row["wall"]["median"] if row.get("wall") else None
+                cells += [common.fmt_stat(row.get("wall")), f"**{common.ratio(w, f_w)}**"]
+            cap.append(cells)
+        if cap:
+            tables.append(
+                f"**{label}** — `virt.capacity` (what placement asks) vs `virt.full_info`, same runs\n\n"
+                + common.table(
+                    ["domains", "full_info", "capacity, cold cache", "/ full_info", "capacity, warm", "/ full_info"],
+                    cap,
+                )
+            )
         # linearity: time per domain
         per = []
         for impl in (FLOOR, "salt-virt", "saltext-virt"):
@@ -196,6 +220,9 @@ def main(argv=None):
     ap.add_argument("--sizes", help="comma-separated domain counts (default 100,300,1000)")
     ap.add_argument("--no-saltext", action="store_true", help="salt-virt and the floor only")
     ap.add_argument("--timeout", type=int, default=3600, help="per-process timeout (s)")
+    ap.add_argument(
+        "--capacity", action="store_true", help="also virt.capacity (placement's question), cold and warm cache"
+    )
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["reps"] = dict(cfg["reps"], **{FLOOR: cfg["reps"]["salt-virt"]})
@@ -206,6 +233,11 @@ def main(argv=None):
     if args.no_saltext:
         del impls["saltext-virt"]
     impls = {FLOOR: {"python": impls["salt-virt"]["python"], "floor": True}, **impls}
+    if args.capacity:
+        ours = impls["salt-virt"]
+        for label, warmup in ((CAP_COLD, 0), (CAP_WARM, 1)):
+            impls[label] = dict(ours, func="virt.capacity", warmup=warmup)
+            cfg["reps"][label] = cfg["reps"]["salt-virt"]
     workdir = tempfile.mkdtemp(prefix="svbench-q", dir="/var/tmp")
     os.chmod(workdir, 0o755)
     load0 = common.loadavg()

@@ -1,17 +1,21 @@
 """Guest IP addresses per NIC (matched by MAC), each labelled with where it came from.
 
-Sources, asked in this order and only for running VMs, each at most once per VM per query:
+Sources, cheapest first, only for running VMs, each at most once per VM per query:
 
+``lease`` (per network)
+    the DHCP leases of libvirt's own networks, one call per network for all its VMs (libvirtd reads
+    its lease file); drivers without it are asked per VM after the agent (below).
 ``agent``
     the QEMU guest agent inside the guest (``virt.init`` adds its channel, see ``domxml``); asked only
     when libvirt does not report the channel as disconnected. The calls of one query run in a few
     threads under one time budget (:data:`AGENT_TIMEOUT`), so agents that do not answer cost that budget
     once, not once each.
 ``lease``
-    the DHCP leases of libvirt's own networks (NICs of type ``network`` still without an address).
+    per VM, where the network-wide call is not supported (NICs of type ``network`` still without an address).
 ``arp``
-    the hypervisor's neighbour table (NICs of type ``bridge``/``network`` still without an address):
-    only guests the hypervisor has exchanged packets with.
+    the fallback: the hypervisor's neighbour table (NICs of type ``bridge``/``network`` still without an
+    address): only guests the hypervisor has exchanged packets with. Once it fails for the host (libvirt
+    9.0 on some kernels: "wrong nlmsg len") it is skipped for the rest of the query.
 
 Lease and ARP lookups of one query run in :data:`LOOKUP_WORKERS` threads (one libvirt call each, in
 parallel); a source that fails for the whole host is asked once per query, not once per VM.
@@ -148,21 +152,29 @@ def _wants_agent(info):
 
 
 def _missing(nics, found, types):
-    """The NICs of one of ``types`` that no source has given an address yet."""
-    return [n for n in nics.values() if n.get("type") in types and not found.get((n.get("mac") or "").lower())]
+    """The NICs of one of ``types`` (None: any) that no source has given an address yet."""
+    return [
+        n
+        for n in nics.values()
+        if (types is None or n.get("type") in types) and not found.get((n.get("mac") or "").lower())
+    ]
 
 
-def _lookup(dom, nics, agent_answer, failed):
-    """Addresses of one running VM's NICs: the agent's answer, then leases, then ARP for what is missing.
-    ``failed``: {source: note} of sources that failed host-wide in this query (skipped, note repeated)."""
-    found, notes = dict(agent_answer[0]) if agent_answer else {}, []
-    if agent_answer and agent_answer[1]:
+def _lookup(dom, nics, agent_answer, failed, known=None):
+    """Addresses of one running VM's NICs: ``known`` (network leases), the agent's answer, then leases
+    per VM, then ARP for what is missing. ``failed``: {source: note} of sources not to ask per VM in
+    this query (they failed host-wide: note repeated; None: already answered network-wide)."""
+    found, notes = dict(known or {}), []
+    for mac, ips in (agent_answer[0] if agent_answer else {}).items():
+        found.setdefault(mac, ips)
+    if agent_answer and agent_answer[1] and _missing(nics, found, None):
         notes.append(agent_answer[1])
     for source, types in (("lease", ("network",)), ("arp", _ARP_TYPES)):
         if not _missing(nics, found, types):
             continue
         if source in failed:
-            notes.append(failed[source])
+            if failed[source]:
+                notes.append(failed[source])
             continue
         more, note, host_wide = ask(dom, source)
         for mac, ips in more.items():
@@ -174,20 +186,66 @@ def _lookup(dom, nics, agent_answer, failed):
     return found, notes
 
 
-def annotate(doms, infos, agent_timeout=AGENT_TIMEOUT):
+def network_leases(conn, networks):
+    """``({mac: [address]}, supported)`` from the DHCP leases of libvirt ``networks`` (one call each);
+    ``supported`` is False when the driver has no network-wide lease call (then ask per VM)."""
+    found = {}
+    for net in sorted(networks):
+        try:
+            leases = conn.networkLookupByName(net).DHCPLeases()
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED):
+                return {}, False
+            log.debug("guest IPs: leases of network %s: %s", net, exc.get_error_message())
+            continue  # its VMs' addresses come from their agents or ARP
+        raw = {
+            str(i): {
+                "hwaddr": lease.get("mac"),
+                "addrs": [{"addr": lease.get("ipaddr"), "prefix": lease.get("prefix")}],
+            }
+            for i, lease in enumerate(leases or [])
+            if isinstance(lease, dict)
+        }
+        for mac, ips in clean(raw, "lease").items():
+            mine = found.setdefault(mac, [])
+            mine.extend(ip for ip in ips if ip not in mine and len(mine) < MAX_PER_NIC)
+    return found, True
+
+
+def _found_in(nics, leases):
+    """The part of ``leases`` ({mac: ips}) that belongs to ``nics``."""
+    macs = {(n.get("mac") or "").lower() for n in nics.values()}
+    return {mac: ips for mac, ips in leases.items() if mac in macs}
+
+
+def annotate(doms, infos, agent_timeout=AGENT_TIMEOUT, conn=None):
     """Give every NIC of every VM in ``infos`` ({name: vm_info entry}) its ``ips``; ``doms``: {name: dom}.
-    Only running VMs are asked; a source that failed is named in the VM's ``ips_note``."""
+    Only running VMs are asked; a source that failed is named in the VM's ``ips_note``. With ``conn``,
+    libvirt's networks are asked for their leases first (one call per network, not one per VM)."""
     running = {}
     for name, info in infos.items():
         for nic in (info.get("nics") or {}).values():
             nic["ips"] = []
         if info.get("state") == "running" and info.get("nics") and name in doms:
             running[name] = info
-    agents = ask_agents({n: doms[n] for n, info in running.items() if _wants_agent(info)}, agent_timeout)
-    failed = {}  # sources that failed host-wide in this query
+    leases, bulk = {}, False
+    networks = {
+        nic.get("source")
+        for info in running.values()
+        for nic in info["nics"].values()
+        if nic.get("type") == "network" and nic.get("source")
+    }
+    if conn is not None and networks:
+        leases, bulk = network_leases(conn, networks)
+    known = {name: _found_in(running[name]["nics"], leases) for name in running}
+    ask_agent = {
+        n: doms[n] for n, info in running.items() if _wants_agent(info) and _missing(info["nics"], known[n], None)
+    }
+    agents = ask_agents(ask_agent, agent_timeout)
+    failed = {"lease": None} if bulk else {}  # sources not to ask per VM (None: answered network-wide)
 
     def lookup(name):
-        return _lookup(doms[name], running[name]["nics"], agents.get(name), failed)
+        return _lookup(doms[name], running[name]["nics"], agents.get(name), failed, known[name])
 
     looked = in_threads({name: name for name in running}, lookup, LOOKUP_WORKERS)
     for name, info in running.items():

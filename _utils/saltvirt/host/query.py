@@ -210,7 +210,7 @@ def vm_info(conn, name=None, agent_timeout=guestips.AGENT_TIMEOUT):
             if name:
                 raise CommandExecutionError(entry["error"]) from None
             out[vm_name] = entry
-    guestips.annotate(described, {n: out[n] for n in described if n in out}, agent_timeout)
+    guestips.annotate(described, {n: out[n] for n in described if n in out}, agent_timeout, conn=conn)
     return out
 
 

@@ -224,3 +224,60 @@ def test_agent_asked_unless_reported_disconnected(state):
     assert guestips._wants_agent({"guest_agent": state})
     assert not guestips._wants_agent({"guest_agent": "disconnected"})
     assert not guestips._wants_agent({"guest_agent": None})
+
+
+class LeasingConn:
+    """The test driver's connection with a network-wide lease call: libvirt's test driver has no
+    virNetworkGetDHCPLeases (a real libvirtd reads dnsmasq's lease file), so this object answers it for
+    the ``default`` network and passes everything else to the real connection."""
+
+    def __init__(self, conn, leases):
+        self.conn, self.leases, self.asked = conn, leases, []
+
+    def networkLookupByName(self, name):  # noqa: N802 - libvirt's name
+        net = self.conn.networkLookupByName(name)  # a real lookup: an unknown network fails as libvirt does
+        outer = self
+
+        class Net:
+            def DHCPLeases(self):  # noqa: N802 - libvirt's name
+                outer.asked.append(name)
+                return outer.leases
+
+        return Net() if net else None
+
+
+def test_network_leases_answer_first_in_one_call_per_network(conn):
+    """Leases of libvirt's networks are the cheapest source: asked once per network for all its VMs; the
+    agent and per-VM sources are asked only for NICs still without an address."""
+    doms = {
+        "n1": _define(conn, "n1", [("network", "default", MAC1)], agent=True),
+        "n2": _define(conn, "n2", [("network", "default", MAC2), ("bridge", "br0", "52:54:00:6b:10:03")]),
+    }
+    leases = [
+        {"mac": MAC1.upper(), "ipaddr": "192.168.122.10", "prefix": 24, "hostname": "evil\n\x1b"},
+        {"mac": MAC2, "ipaddr": "192.168.122.11", "prefix": 24},
+        {"mac": MAC2, "ipaddr": "not an address", "prefix": 24},
+        {"mac": "52:54:00:ff:ff:ff", "ipaddr": "192.168.122.99", "prefix": 24},  # another VM's: not ours
+    ]
+    counted = {n: Counting(d) for n, d in doms.items()}
+    infos = {n: query.describe(d, "hv") for n, d in doms.items()}
+    leasing = LeasingConn(conn, leases)
+    guestips.annotate(counted, infos, conn=leasing)
+    assert leasing.asked == ["default"]
+    assert infos["n1"]["nics"][MAC1]["ips"] == [
+        {"address": "192.168.122.10", "prefix": 24, "type": "ipv4", "source": "lease"}
+    ]
+    assert [ip["address"] for ip in infos["n2"]["nics"][MAC2]["ips"]] == ["192.168.122.11"]
+    assert counted["n1"].calls == []  # its only NIC had a lease: no agent, no ARP
+    # n2's bridged NIC: no per-VM lease call (the network answered), ARP as the fallback
+    assert counted["n2"].calls == [libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP]
+
+
+def test_without_network_leases_each_vm_is_asked(conn):
+    """The test driver has no network-wide lease call: each VM's leases are asked, as before."""
+    dom = _define(conn, "solo", [("network", "default", MAC1)])
+    counted = Counting(dom)
+    infos = {"solo": query.describe(dom, "hv")}
+    guestips.annotate({"solo": counted}, infos, conn=conn)
+    assert counted.calls == [libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE]
+    assert [ip["source"] for ip in infos["solo"]["nics"][MAC1]["ips"]] == ["lease"]

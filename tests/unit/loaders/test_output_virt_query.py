@@ -61,8 +61,15 @@ def test_guest_addresses_per_nic_with_their_source():
     info = vm(nics=nic(ips), ips_note="agent: no answer within 2 s")
     text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": info}}})
     assert f"    NIC - {MAC}:\n      Source: br0\n      Type: bridge\n      Model: virtio\n" in text
-    assert "      IP: 10.0.0.5/24 (lease)\n      IP: 2001:db8::5 (agent)\n" in text
-    assert text.endswith("    IPs: agent: no answer within 2 s")
+    assert text.endswith("      IP: 10.0.0.5/24 (lease)\n      IP: 2001:db8::5 (agent)")
+    assert "IPs:" not in text  # every NIC has an address: the source that failed is no news
+    none = vm(nics=nic([]), ips_note="lease: no lease; arp: internal error: wrong nlmsg len " + "x" * 200)
+    text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": none}}})
+    last = text.splitlines()[-1]
+    assert (
+        last.startswith("    IPs: unknown (lease: no lease; arp: internal error: wrong nlmsg len x") and len(last) < 120
+    )
+    assert last.endswith("...)")
     assert "IP:" not in render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(nics=nic([]))}}})
 
 
@@ -75,10 +82,11 @@ def test_guest_controlled_text_is_printed_escaped():
         "\x1b]0;title\x07",
     ]
     text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(nics=nic(ips), ips_note="x\x1bq")}}})
+    bare = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(nics=nic([]), ips_note="x\x1bq")}}})
     assert "\x1b" not in text and "root login ok\n" not in text
     assert "      IP: 10.0.0.6\\n\\x1b[31mroot login ok (malformed, agent)" in text
     assert "      IP: 10.0.0.7 (arp\\x1b[0m)" in text
-    assert "    IPs: x\\x1bq" in text
+    assert "    IPs: unknown (x\\x1bq)" in bare and "\x1b" not in bare
 
 
 def created(**wait):
