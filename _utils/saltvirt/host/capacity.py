@@ -63,21 +63,23 @@ def _definition(dom):
     return info[3], info[1] // 1024
 
 
-def cache_dir(opts):
+def cache_dir(opts: dict | None) -> str | None:
     """Where a minion keeps its capacity index: ``<cachedir>/saltvirt`` (None without a cachedir)."""
     base = (opts or {}).get("cachedir")
     return os.path.join(base, "saltvirt") if base else None
 
 
-def generation(cache_dir):
+def generation(cache_dir: str | None) -> int:
     """The generation counter (0 when never bumped)."""
+    if not cache_dir:
+        return 0
     try:
         return os.stat(os.path.join(cache_dir, GENERATION)).st_mtime_ns
-    except (OSError, TypeError):
+    except OSError:
         return 0
 
 
-def bump(cache_dir):
+def bump(cache_dir: str | None) -> None:
     """Invalidate every cached capacity index under ``cache_dir`` (a definition changed in place)."""
     if not cache_dir:
         return
@@ -161,7 +163,9 @@ def _groups(vms):
     return out
 
 
-def capacity(conn, images_dir=None, cache_dir=None, max_age=MAX_AGE):
+def capacity(
+    conn: "libvirt.virConnect", images_dir: str | None = None, cache_dir: str | None = None, max_age: float = MAX_AGE
+) -> dict:
     """Node totals, what running VMs use, what all defined VMs would use, free disk in ``images_dir``,
     and ``vm_info``: ``{name: {group, state, cpu, mem}}`` (the group index). See the module doc."""
     node = query.node_info(conn)

@@ -186,10 +186,10 @@ def _lookup(dom, nics, agent_answer, failed, known=None):
     return found, notes
 
 
-def network_leases(conn, networks):
+def network_leases(conn: "libvirt.virConnect", networks: set) -> tuple[dict, bool]:
     """``({mac: [address]}, supported)`` from the DHCP leases of libvirt ``networks`` (one call each);
     ``supported`` is False when the driver has no network-wide lease call (then ask per VM)."""
-    found = {}
+    found: dict[str, list] = {}
     for net in sorted(networks):
         try:
             leases = conn.networkLookupByName(net).DHCPLeases()
