@@ -6,18 +6,10 @@ Migration, networks and storage live in ``virt_migrate.py``, ``virt_network.py``
 
 The logic lives in the ``saltvirt`` library (``_utils/saltvirt``); this module is the Salt face of it.
 
-Configuration (minion config or grains, read with ``config.get``; never pillar: callers write pillar)::
-
-    virt:
-      connection:
-        uri: qemu:///system      # default: libvirt's default URI
-      connections: {}            # {name: uri}: the other URIs a call may pick with connection=<name>
-      type: qemu                 # force the domain type; default: kvm if KVM really works, else qemu
-      images: /srv/salt-images   # one directory per VM below it
-      allowed_paths: []          # minion config only: dirs for local images, disks[].path, kernel/initrd, serial_log
-      max_image_mib: 65536       # image download / salt:// image size cap
-      nic: {default: [...]}      # NIC profiles   (see saltvirt.spec.vmspec)
-      disk: {default: [...]}     # disk profiles
+Configuration: ``virt:`` in the minion config or grains (``connection``, ``connections``, ``type``,
+``images``, ``allowed_paths``, ``max_image_mib``, ``nic``/``disk`` profiles, ...), read with ``config.get``;
+never pillar (callers write pillar). Every key with its default and meaning: ``docs/configuration.md``;
+the user guide: ``docs/topics/queries.md``.
 """
 
 import logging

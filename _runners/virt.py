@@ -6,30 +6,14 @@ LocalClient; hypervisors that do not answer are listed as ``down``, never droppe
 ``saltvirt.fleet.publish`` (fan-out), ``saltvirt.fleet.minionkeys`` (keys), ``saltvirt.fleet.vmcreate``
 (VM creation) and ``saltvirt.fleet.placement`` (host choice).
 
-Master config (``virt:hypervisors`` required, the rest optional)::
-
-    virt:
-      hypervisors:                   # which minions are hypervisors (minion ids only), how long to wait
-        tgt: 'hyper*'                # or a list of ids [hyper1, hyper2], a pcre, a nodegroup (tgt_type)
-        tgt_type: glob               # grain/pillar matching only with hypervisors_trust_minion_data: True
-        timeout: 5
-        gather_job_timeout: 5
-        max_wait: 60                 # hard bound for queries
-        init_timeout: 1800           # hard bound for virt.init on one hypervisor
-      placement:                     # see saltvirt.fleet.placement
-        mem_reserve_mib: 1024
-        cpu_overcommit: 4.0
-        disk_reserve_mib: 1024
-        strategy: spread             # or pack
-        weights: {mem: 1.0, cpu: 1.0, disk: 0.5, vms: 0.25}
-        maintenance: [hyper3]        # never place new VMs there
-      guest_master: 10.0.0.2         # the address new VMs' minions use for this master (default: Salt's
-                                     # "salt"); this master's ports are seeded when not 4505/4506
+Master config: ``virt:hypervisors`` (required: which minions are hypervisors, by minion id, and how long
+to wait for them), ``virt:placement``, ``virt:guest_master``, ... Every key with its default and meaning:
+``docs/configuration.md``; placement, keys and migration: ``docs/topics/runner.md``.
 
 Every function also takes ``tgt=`` / ``tgt_type=`` to narrow the hypervisors for one call (never to
 add a minion to them). Trust: every VM is a minion of this master and root in it controls its grains
 and answers, so who is a hypervisor (fan-out, placement, sealed keys, migration targets) comes only
-from ``virt:hypervisors`` and the keys this master accepted (see README, Trust model).
+from ``virt:hypervisors`` and the keys this master accepted (``docs/topics/trust.md``).
 
 Progress events (master event bus) while ``virt.init`` works, one tag prefix per VM,
 ``salt/virt/init/<vm>/<step>``. From this runner (``data.source: runner``): ``placed`` (host, score,

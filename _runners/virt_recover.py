@@ -98,8 +98,8 @@ def record(tgt=None, tgt_type=None):
 
 def recover(host, force=False, **policy):
     """
-    Restart the VMs of hypervisor ``host`` that is down on the other hypervisors (see README, "Host
-    failure recovery and rebalancing"). Refused unless its minion does not answer AND other hypervisors
+    Restart the VMs of hypervisor ``host`` that is down on the other hypervisors (see
+    ``docs/topics/recovery.md``). Refused unless its minion does not answer AND other hypervisors
     cannot reach its libvirtd, and unless the fence command (``virt:fence:command``) ran and exited 0.
     Only VMs whose disks are all on storage the chosen host shares are restarted (from the master's
     record, ``virt.record``; its age is reported); the others are listed with the reason. Targets are

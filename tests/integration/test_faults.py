@@ -7,7 +7,7 @@ stopped and restarted here). Every fault is injected at an observed point, never
 
 After each fault the VM is either fully created and reported, or fully absent (no domain, no disk, no
 VM directory, no mount, loop device, qemu-storage-daemon, init lock), after ``virt.cleanup`` where the
-fault left something; and a retry succeeds. The table of outcomes is in README.md ("Safety").
+fault left something; and a retry succeeds. The table of outcomes is in docs/topics/safety.md.
 """
 
 import concurrent.futures

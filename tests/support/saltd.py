@@ -13,7 +13,7 @@ def master_config(state_tree, **extra):
         "open_mode": False,
         "auto_accept": True,
         "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
-        # who the hypervisors are: minion ids in the master config (never grains, see README "Trust model")
+        # who the hypervisors are: minion ids in the master config (never grains, see docs/topics/trust.md)
         "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob"}},
     }
     if (ROOT / "_pillar" / "libvirt.py").exists():

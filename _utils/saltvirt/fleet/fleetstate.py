@@ -2,18 +2,13 @@
 reservations, kept in Salt's own cache layer (``salt.cache.Cache(opts)``), so the operator picks the
 backend with Salt's standard ``cache:`` master setting.
 
-What each backend guarantees (every update is a read-modify-write done by :meth:`Store.transact`):
-
-* ``redis`` (several masters): a real compare-and-set. The entry is the same Redis hash field Salt's
-  ``redis`` cache driver reads and writes (``<keys_prefix><sep><bank>/`` -> ``key``); the update runs
-  under ``WATCH`` + ``MULTI``/``EXEC`` on a client built from the same ``cache.redis.*`` master options,
-  so two masters updating one entry at once: one wins, the other re-reads and decides again.
-  ``cache.redis.cluster_mode`` is refused (a transaction across the driver's keys spans hash slots).
-* ``localfs`` (the default, one master): an ``flock`` on ``<cachedir>/salt-virt/state.lock`` around
-  fetch + store (the driver writes by atomic rename). Correct between the processes of one master
-  (``salt-run`` calls, the master's workers); NOT between masters, even on a shared filesystem.
-* any other driver (``etcd``, ``consul``, ``mysql``, ...): the same file lock, so it is correct on one
-  master only. A warning says so; use ``redis`` for several masters.
+What each ``cache:`` backend guarantees to the operator (redis: correct across masters; localfs and the
+others: one master only) is in ``docs/topics/masters.md``. How (every update is a read-modify-write done by
+:meth:`Store.transact`): with ``redis``, ``WATCH`` + ``MULTI``/``EXEC`` on the same Redis hash field Salt's
+``redis`` cache driver uses (``<keys_prefix><sep><bank>/`` -> ``key``), on a client built from the same
+``cache.redis.*`` options (``cache.redis.cluster_mode`` is refused: a transaction across the driver's keys
+spans hash slots); with any other driver, an ``flock`` on ``<cachedir>/salt-virt/state.lock`` around fetch +
+store, and a warning when the driver is not ``localfs``.
 
 Locks (bank ``salt-virt/locks``, one entry per VM name / minion id)::
 

@@ -39,7 +39,7 @@ HOWTO = (
     "  virt:\n"
     "    hypervisors: [hyper1, hyper2]     # or a glob on ids: 'hyper*', or {tgt: <nodegroup>, tgt_type: nodegroup}\n"
     "and restart the salt-master. The virt_hypervisor grain no longer makes a minion a hypervisor: any VM's "
-    "root can set it (see README, Trust model)"
+    "root can set it (see docs/topics/trust.md)"
 )
 _WORD = re.compile(r"^(?P<engine>[A-Z])@(?P<rest>.*)$")
 
