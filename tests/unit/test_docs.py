@@ -39,15 +39,3 @@ def test_readme_links_into_docs_exist():
 def test_topic_pages_have_a_title():
     untitled = [p.name for p in (DOCS / "topics").glob("*.md") if not p.read_text().startswith("# ")]
     assert not untitled, f"docs/topics/<topic>.md starts with '# Title' (MyST): {untitled}"
-
-
-def test_configuration_page_lists_every_virt_key():
-    """Every top-level ``virt:<key>`` the code names (in a config lookup, an error or a docstring) has a row in
-    docs/configuration.md."""
-    named = set()
-    for folder in ("_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output", "_utils"):
-        for path in (ROOT / folder).rglob("*.py"):
-            named |= set(re.findall(r"\bvirt:([a-z][a-z_]+)\b", path.read_text()))
-    page = (DOCS / "configuration.md").read_text()
-    missing = sorted(key for key in named if f"`virt:{key}" not in page)
-    assert not missing, f"add these virt: keys to docs/configuration.md (default and meaning): {missing}"

@@ -185,3 +185,55 @@ def test_every_layer_says_what_it_may_import():
         if "May import" not in ((LIBRARY / layer / "__init__.py").read_text() if (LIBRARY / layer).is_dir() else "")
     ]
     assert not missing, f"each layer's __init__.py docstring says what lives there and what it may import: {missing}"
+
+
+# layers whose public functions are all typed (HACKING.md "Rules"; mypy runs in test_types.py), bottom up:
+# this list may only grow (base .. fleet)
+TYPED_LAYERS = ["base"]
+
+
+def untyped(path):
+    """Public functions and methods of one module lacking an annotation: ``name: what is missing``."""
+    out = []
+
+    def visit(body, prefix=""):
+        for node in body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                visit(node.body, f"{node.name}.")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+                args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                args += [a for a in (node.args.vararg, node.args.kwarg) if a]
+                missing = [a.arg for a in args if a.annotation is None and a.arg not in ("self", "cls")]
+                missing += ["return"] if node.returns is None else []
+                if missing:
+                    out.append(f"{prefix}{node.name}: {', '.join(missing)}")
+
+    visit(ast.parse(path.read_text()).body)
+    return out
+
+
+def test_public_functions_of_typed_layers_are_annotated():
+    missing = []
+    for layer in TYPED_LAYERS:
+        for path in sorted((LIBRARY / layer).glob("*.py")):
+            missing += [f"{path.relative_to(LIBRARY)} {m}" for m in untyped(path)]
+    assert not missing, "public functions need type hints (saltvirt.base.salttypes for Salt's dunders):\n" + "\n".join(
+        missing
+    )
+
+
+def test_the_annotation_check_sees_a_missing_hint(tmp_path):
+    (tmp_path / "m.py").write_text("def f(a: int, b) -> int: ...\nclass C:\n    def g(self, x: int): ...\n")
+    assert untyped(tmp_path / "m.py") == ["f: b", "C.g: return"]
+
+
+def test_configuration_page_lists_every_virt_key():
+    """Every top-level ``virt:<key>`` the code names (in a config lookup, an error or a docstring) has a row in
+    docs/configuration.md (HACKING.md "Rules")."""
+    named = set()
+    for folder in ("_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output", "_utils"):
+        for path in (ROOT / folder).rglob("*.py"):
+            named |= set(re.findall(r"\bvirt:([a-z][a-z_]+)\b", path.read_text()))
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    missing = sorted(key for key in named if f"`virt:{key}" not in page)
+    assert not missing, f"add these virt: keys to docs/configuration.md (default and meaning): {missing}"

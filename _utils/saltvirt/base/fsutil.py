@@ -4,9 +4,18 @@ import contextlib
 import hashlib
 import os
 import tempfile
+from collections.abc import Collection
 
 
-def atomic_write(path, data, mode, gid=None, fsync=False, prefix=".tmp-", suffix=""):
+def atomic_write(
+    path: str,
+    data: bytes,
+    mode: int,
+    gid: int | None = None,
+    fsync: bool = False,
+    prefix: str = ".tmp-",
+    suffix: str = "",
+) -> None:
     """Write bytes ``data`` to ``path`` via a temp file in the same directory and a rename. The temp
     file has its final ``mode`` (and group ``gid``) before any byte is written, so a key is never
     readable by others, and readers see the old or the new file, never a partial one."""
@@ -27,7 +36,7 @@ def atomic_write(path, data, mode, gid=None, fsync=False, prefix=".tmp-", suffix
         raise
 
 
-def file_digest(path, algo="sha256"):
+def file_digest(path: str, algo: str = "sha256") -> str:
     """Hex digest of a file's content (read in 1 MiB blocks)."""
     h = hashlib.new(algo)
     with open(path, "rb") as fh:
@@ -36,7 +45,7 @@ def file_digest(path, algo="sha256"):
     return h.hexdigest()
 
 
-def remove_paths(paths):
+def remove_paths(paths: Collection[str]) -> tuple[list[str], list[dict[str, str | None]]]:
     """Remove files first, then directories (deepest first, only if empty): ``(removed, kept)``, where
     ``kept`` lists ``{path, reason}`` of what could not be removed; a path already gone is skipped."""
     removed, kept = [], []
@@ -52,7 +61,7 @@ def remove_paths(paths):
     return removed, kept
 
 
-def sha256(data):
+def sha256(data: str | bytes) -> str:
     """Hex SHA-256 of ``data`` (str as UTF-8, or bytes): key fingerprints as `sha256sum` shows them,
     content hashes in manifests."""
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()

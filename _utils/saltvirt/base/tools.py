@@ -1,11 +1,14 @@
 """Running host tools (qemu-img, mount, losetup, ...): one runner with the errors users can act on."""
 
 import subprocess
+from collections.abc import Sequence
 
 from salt.exceptions import CommandExecutionError
 
 
-def run(cmd, what, timeout=120, check=True, install=None):
+def run(
+    cmd: Sequence[str], what: str, timeout: float = 120, check: bool = True, install: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` (a list, never a shell) with no stdin; return the CompletedProcess.
 
     Raises CommandExecutionError naming ``what`` when the tool is missing (``install``: the package to

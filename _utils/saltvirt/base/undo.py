@@ -1,6 +1,8 @@
 """Undo steps: what an operation made, to be taken back newest first if a later step fails."""
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -12,16 +14,16 @@ class Undo:
     that could not be undefined keeps its disks, for ``virt.cleanup``); the steps not run are named in
     the errors. Otherwise every step runs and each failure is logged (``what`` names the operation)."""
 
-    def __init__(self, stop_at_failure=False, what="cleanup"):
-        self.steps = []
+    def __init__(self, stop_at_failure: bool = False, what: str = "cleanup") -> None:
+        self.steps: list[tuple[str, Callable[[], Any]]] = []
         self.stop_at_failure = stop_at_failure
         self.what = what
 
-    def add(self, what, func):
+    def add(self, what: str, func: Callable[[], Any]) -> None:
         self.steps.append((what, func))
 
-    def run(self):
-        errors = []
+    def run(self) -> list[str]:
+        errors: list[str] = []
         while self.steps:
             what, func = self.steps.pop()
             try:

@@ -2,6 +2,8 @@
 
 import os
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
@@ -12,7 +14,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")  # a host name, an IPv4 or an IPv6 address
 
 
-def vm_name(name, what="VM name"):
+def vm_name(name: Any, what: str = "VM name") -> str:
     """Return ``name`` if it is a safe VM/network/pool name, else raise SaltInvocationError."""
     if not isinstance(name, str) or not name:
         raise SaltInvocationError(f"{what} must be a non-empty string, got {name!r}")
@@ -24,14 +26,14 @@ def vm_name(name, what="VM name"):
     return name
 
 
-def host_name(name, what="host name"):
+def host_name(name: Any, what: str = "host name") -> str:
     """Return ``name`` if it is a plain host name or IP address (full match), else raise."""
     if not isinstance(name, str) or not _HOST_RE.fullmatch(name) or name.strip(".:") == "":
         raise SaltInvocationError(f"{what} must be a host name or an IP address, not {name!r}")
     return name
 
 
-def positive_int(value, what, maximum=None):
+def positive_int(value: Any, what: str, maximum: int | None = None) -> int:
     """Coerce ``value`` (int or numeric string, e.g. from the CLI) to a positive int."""
     if isinstance(value, bool):
         raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}")
@@ -46,18 +48,18 @@ def positive_int(value, what, maximum=None):
     return number
 
 
-def to_bool(value):
+def to_bool(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return bool(value)
 
 
-def is_inside(path, base):
+def is_inside(path: str, base: str) -> bool:
     """True if ``path`` resolves (every symlink followed) to somewhere below ``base``."""
     return os.path.realpath(path).startswith(os.path.realpath(base) + os.sep)
 
 
-def inside(base, *parts):
+def inside(base: str, *parts: str) -> str:
     """Join ``parts`` under ``base`` and make sure the result stays inside it (no ../ or symlink tricks)."""
     base_real = os.path.realpath(base)
     path = os.path.realpath(os.path.join(base_real, *parts))
@@ -66,7 +68,7 @@ def inside(base, *parts):
     return path
 
 
-def absolute_path(path, what="path"):
+def absolute_path(path: Any, what: str = "path") -> str:
     if not isinstance(path, str) or not path or "\0" in path:
         raise SaltInvocationError(f"{what} must be a non-empty string, got {path!r}")
     if not os.path.isabs(path) or ".." in path.split("/"):
@@ -74,7 +76,7 @@ def absolute_path(path, what="path"):
     return path
 
 
-def confined(path, what, roots, hint="virt:images or virt:allowed_paths"):
+def confined(path: Any, what: str, roots: Sequence[str | None], hint: str = "virt:images or virt:allowed_paths") -> str:
     """``path`` (absolute) if, after resolving symlinks and '..', it lies inside one of ``roots``;
     else SaltInvocationError naming the settings that would allow it."""
     absolute_path(path, what)
@@ -94,7 +96,7 @@ def confined(path, what, roots, hint="virt:images or virt:allowed_paths"):
     )
 
 
-def allowed_paths(value):
+def allowed_paths(value: Any) -> tuple[str, ...]:
     """``virt:allowed_paths`` from the minion config: a list of absolute directories."""
     if value in (None, "", []):
         return ()
