@@ -75,9 +75,9 @@ ARGS = (
     Arg("seed_backend", "auto", "str", "auto, libguestfs, qemu-nbd, qsd-fuse, loop or cloud-init"),
     Arg("saltenv", "base", "str", "the fileserver environment of salt:// images", OWN),
     Arg("pub_key", None, "PEM", "the new minion's public key", REFUSE,
-        refusal="salt-run virt.init generates the new minion's key pair and pre-accepts it"),
+        refusal="salt-run virt.init makes the new minion's key pair and pre-accepts it"),
     Arg("priv_key", None, "PEM", "the new minion's private key", REFUSE,
-        refusal="salt-run virt.init generates the new minion's key pair and pre-accepts it"),
+        refusal="salt-run virt.init makes the new minion's key pair and pre-accepts it"),
     Arg("master", None, "str or list", "the master the new minion connects to"),
     Arg("minion_id", None, "str", "the new minion's id (default: the VM name)", OWN),
     Arg("minion_config", None, "dict", "extra minion config written into the image"),
@@ -86,7 +86,8 @@ ARGS = (
     Arg("serial_log", True, "bool or path", "log the serial console to a file", update=True, spec=True),
     Arg("group", None, "str", "anti-affinity group (the runner never puts two of one group on a host)", OWN,
         update=True, spec=True),
-    Arg("connection", None, "libvirt URI", "the libvirt connection", state=CALL, update=True),
+    Arg("connection", None, "name", "a libvirt connection the minion config names (virt:connections)", REFUSE,
+        CALL, True, refusal="each one uses the libvirt connection its minion config names (virt:connection)"),
     Arg("checksum", None, "sha256:<hex> or sha512:<hex>", "verify the image before use"),
     Arg("allow_http", False, "bool", "accept a plain http:// image URL"),
     Arg("trusted_image", False, "bool", "accept a local image as it is (backing files, other formats)"),
@@ -151,8 +152,11 @@ def forward(kwargs, where="salt-run virt.init"):
     Refuses what the runner sets itself and names it does not know (with the nearest one)."""
     kwargs = {k: v for k, v in kwargs.items() if not str(k).startswith("__")}
     refused = sorted(k for k in kwargs if k in BY_NAME and BY_NAME[k].runner == REFUSE)
-    if refused:
-        raise SaltInvocationError(f"{where}: {', '.join(refused)} cannot be given: {BY_NAME[refused[0]].refusal}")
+    if refused:  # the value is not echoed (a key, a URI)
+        arg = refused[0]
+        raise SaltInvocationError(
+            f"{where}: {arg}= is not forwarded to the hypervisors: {BY_NAME[arg].refusal}; drop {arg}="
+        )
     compat.refuse_unknown(kwargs, [a.name for a in ARGS if a.runner != REFUSE], where)
     return kwargs
 

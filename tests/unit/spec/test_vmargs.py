@@ -188,8 +188,19 @@ def test_runner_forwards_what_the_table_says(arg):
 @pytest.mark.parametrize("arg", [a.name for a in vmargs.ARGS if a.runner == vmargs.REFUSE])
 def test_runner_refuses_what_it_sets_itself(runner, tmp_path, arg):
     ret = runner["virt.init"]("web1", 1, 128, **{arg: "x"})
-    assert ret["data"]["retcode"] == 1 and f"{arg} cannot be given" in ret["data"]["error"], ret
+    assert ret["data"] == {
+        "error": f"salt-run virt.init: {arg}= is not forwarded to the hypervisors: {vmargs.BY_NAME[arg].refusal}; "
+        f"drop {arg}=",
+        "retcode": 1,
+    }
     assert not (tmp_path / "pki").exists()  # refused before a key was generated or anything published
+
+
+@pytest.mark.parametrize("arg", [a.name for a in vmargs.ARGS if a.runner == vmargs.REFUSE])
+def test_forward_refuses_in_the_runners_words(arg):
+    with pytest.raises(SaltInvocationError, match=f"^salt-run virt.init: {arg}= is not forwarded") as exc:
+        vmargs.forward({arg: "secret-value"})
+    assert "secret-value" not in str(exc.value)
 
 
 def test_runner_refuses_an_undeclared_argument_before_anything_happens(runner, tmp_path):
