@@ -35,6 +35,7 @@ if saltvirt is not None:
     from saltvirt.storage import intake
     from saltvirt.vm import provision
     from saltvirt.vm import progress as progress_events
+    from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
 
 log = logging.getLogger(__name__)
@@ -275,14 +276,10 @@ _INIT_ARGS = vmargs.NAMES  # the signature above matches the table (tests/unit/s
 
 
 def _salt_kwargs(kwargs, fun, extra=()):
-    """Salt's connection keywords: ``username``/``password`` (libvirt auth, unused by salt-virt: the
-    connection URI's own credentials are used) are accepted empty; anything else is refused."""
+    """Salt's connection keywords: ``username``/``password`` are accepted empty (salt-virt never logs in to
+    libvirt with a password); anything else is refused."""
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
-    for key in ("username", "password"):
-        if kwargs.pop(key, None) is not None:
-            raise SaltInvocationError(
-                f"{fun}: {key}= is not supported: put credentials in the connection URI or libvirt's auth.conf"
-            )
+    validate.no_credentials(kwargs.pop("username", None), kwargs.pop("password", None), fun)
     compat.refuse_unknown(kwargs, ("connection", "username", "password", *extra), fun)
 
 

@@ -23,6 +23,7 @@ if saltvirt is not None:
     from saltvirt.host import capacity as _capacity
     from saltvirt.spec import compat as _compat
     from saltvirt.host import conn as _c
+    from saltvirt.base import validate as _validate
     from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
@@ -122,7 +123,8 @@ def get_profiles(hypervisor=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.get_profiles
     """
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
-    kwargs.pop("username", None), kwargs.pop("password", None), kwargs.pop("connection", None)
+    _validate.no_credentials(kwargs.pop("username", None), kwargs.pop("password", None), "virt.get_profiles")
+    kwargs.pop("connection", None)
     _compat.refuse_unknown(kwargs, ("hypervisor", "connection"), "virt.get_profiles")
     cfg = _c.salt_config(__salt__)
     return _compat.profiles({"nic": cfg("virt:nic", {}) or {}, "disk": cfg("virt:disk", {}) or {}})

@@ -21,6 +21,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
+    from saltvirt.base import validate as _validate
     from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
@@ -39,7 +40,7 @@ def _conn(connection=None):
 
 
 def _refuse_unknown(kwargs, fun):
-    kwargs.pop("username", None), kwargs.pop("password", None)
+    _validate.no_credentials(kwargs.pop("username", None), kwargs.pop("password", None), fun)
     unknown = sorted(k for k in kwargs if not k.startswith("__"))
     if unknown:
         raise SaltInvocationError(f"{fun}: unknown argument(s) {', '.join(unknown)}")

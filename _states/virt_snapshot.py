@@ -24,6 +24,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 if saltvirt is not None:
     from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+    from saltvirt.base import validate
     from saltvirt.host import conn as _c
     from saltvirt.host import snapshot as _snap
 
@@ -45,8 +46,7 @@ def _over_vms(name, connection, username, password, action, section, done_commen
     ret = {"name": name, "changes": {}, "result": None if test else True, "comment": ""}
     changed, ignored = [], []
     try:
-        if username or password:
-            raise SaltInvocationError("username/password connections are not supported: use virt.keys (TLS)")
+        validate.no_credentials(username, password)
         with _c.salt_connect(__salt__, connection) as conn:
             vms = _targets(conn, name)
             for vm in vms:

@@ -19,6 +19,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 if saltvirt is not None:
     from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+    from saltvirt.base import validate
     from saltvirt.host import conn as _c
     from saltvirt.xml import poolxml as _px
     from saltvirt.storage import pools as _st
@@ -37,11 +38,7 @@ def _ret(name, **kw):
 
 
 def _no_password_login(username, password):
-    if username or password:
-        raise SaltInvocationError(
-            "username/password connections are not supported: salt-virt connects with the TLS certificates "
-            "virt.keys installs (qemu+tls://) or the local socket"
-        )
+    validate.no_credentials(username, password)
 
 
 def _pool_spec(name, ptype, target, permissions, source):

@@ -48,6 +48,19 @@ def positive_int(value: Any, what: str, maximum: int | None = None) -> int:
     return number
 
 
+CREDENTIALS_REFUSED = (
+    "username/password connections are not supported: salt-virt connects with the TLS certificates virt.keys "
+    "installs (qemu+tls://) or the local socket; drop username= and password="
+)
+
+
+def no_credentials(username: Any = None, password: Any = None, where: str | None = None) -> None:
+    """Salt's username/password connection keywords: accepted empty (Salt's default), else refused
+    in one wording that never echoes the value."""
+    if any(value not in (None, "", "None") for value in (username, password)):
+        raise SaltInvocationError(f"{where}: {CREDENTIALS_REFUSED}" if where else CREDENTIALS_REFUSED)
+
+
 def to_bool(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")

@@ -30,6 +30,7 @@ import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import validate
 from saltvirt.spec import compat
 from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
 
@@ -208,11 +209,7 @@ def salt_connect_compat(salt, connection=None, kwargs=None, fun="virt"):
     username/password is refused (salt-virt reaches libvirt through its TLS certificates or the local
     socket, never a password) and so is any other unknown argument, naming the nearest known one."""
     given = {k: v for k, v in (kwargs or {}).items() if not k.startswith("__")}
-    if any(given.get(k) for k in ("username", "password")):
-        raise SaltInvocationError(
-            "username/password connections are not supported: salt-virt connects with the TLS certificates "
-            "virt.keys installs (qemu+tls://) or the local socket; drop username= and password="
-        )
+    validate.no_credentials(given.get("username"), given.get("password"), fun)
     compat.refuse_unknown(given, ("connection", "username", "password"), fun)
     return salt_connect(salt, connection)
 

@@ -91,11 +91,6 @@ def master_opts(opts):
 
 # arguments ----------------------------------------------------------------------------------------
 VTYPES = ("kvm", "qemu", "test")
-# Salt's virt.init arguments salt-virt accepts when they have the value meaning "Salt's default"
-SALT_DEFAULTS = {
-    "username": (None,),
-    "password": (None,),
-}
 
 
 # never forwarded by the runner: each hypervisor opens the libvirt connection its own minion config names
@@ -153,16 +148,8 @@ def init_args(kwargs, where="virt.init"):
             f"{where}: images= is not an argument: the source image is image= (or disks: [{{name: system, "
             "image: ...}}]); the directory VMs live in is the config setting virt:images"
         )
-    for key, defaults in SALT_DEFAULTS.items():
-        if key in kwargs:
-            value = kwargs[key]
-            if value in defaults or value in (None, "") or (isinstance(value, str) and value in map(str, defaults)):
-                kwargs.pop(key)
-                continue
-            raise SaltInvocationError(
-                f"{where}: {key}={value!r} is not supported by salt-virt yet (Salt's default "
-                f"{defaults[0]!r} is accepted); leave {key} out"
-            )
+    if "username" in kwargs or "password" in kwargs:  # Salt's default (empty) only
+        validate.no_credentials(kwargs.pop("username", None), kwargs.pop("password", None), where)
     return warnings
 
 

@@ -109,3 +109,15 @@ def test_hostile_names_refused_by_virt_init(virt_test, name):
         virt_test["virt.network_define"](name, bridge="br9")
     with pytest.raises(SaltInvocationError, match="invalid pool name"):
         virt_test["virt.pool_define"](name, target="/srv/x")
+
+
+def test_credentials_are_refused_in_one_wording_without_the_value():
+    for empty in (None, "", "None"):
+        validate.no_credentials(empty, empty)  # Salt's default
+    with pytest.raises(
+        SaltInvocationError, match=r"^virt.start: username/password connections are not supported"
+    ) as exc:
+        validate.no_credentials("admin", None, "virt.start")
+    with pytest.raises(SaltInvocationError, match="^username/password connections are not supported") as exc:
+        validate.no_credentials(None, "s3cret-pw")
+    assert "s3cret-pw" not in str(exc.value)
