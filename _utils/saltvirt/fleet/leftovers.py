@@ -11,10 +11,7 @@
 
 The pre-accepted key is deleted by the runner's purge like any purged VM's key."""
 
-import contextlib
-import fcntl
 import logging
-import os
 import time
 
 from salt.exceptions import CommandExecutionError
@@ -46,23 +43,6 @@ def master_gone_message(name, host, jid, key_id):
         f"{name} exists; the pre-accepted key of {key_id} is kept for it (`salt-run virt.purge {name}` removes the "
         "VM, whatever an interrupted init left, and the key)"
     )
-
-
-def _stale_lock(opts, name):
-    """Remove the runner's init lock file of ``name`` if no virt.init holds it; True if removed."""
-    path = os.path.join(opts["cachedir"], "salt-virt", "locks", f"init-{name}")
-    try:
-        fh = open(path, "a")  # noqa: SIM115 - closed below, after the lock test
-    except OSError:
-        return False
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise CommandExecutionError(f"a virt.init of {name!r} is running on this master: wait for it") from None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    return True
 
 
 def remember(store, host, name, jid, status, master):
@@ -130,7 +110,8 @@ def cleanup_everywhere(opts, name, cfg, client, store=None):
 
 def purge_leftovers(opts, name, cfg, client, store=None):
     """None if ``name`` is defined somewhere or a hypervisor did not answer (the VM may be there);
-    otherwise run ``virt.cleanup name`` everywhere and return ``{name, defined, cleanup, lock_removed}``."""
+    otherwise run ``virt.cleanup name`` everywhere and return ``{name, defined, cleanup}`` (each hypervisor's
+    cleanup refuses while a virt.init of ``name`` runs there: its init lock)."""
     from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
 
     hosts = fleet.gather(opts, "virt.vm_state", cfg, client)
@@ -138,7 +119,7 @@ def purge_leftovers(opts, name, cfg, client, store=None):
         return None
     report = cleanup_everywhere(opts, name, cfg, client, store)
     failed = sorted(m for m, r in report.items() if "error" in r or r.get("errors"))
-    out = {"name": name, "defined": False, "cleanup": report, "lock_removed": _stale_lock(opts, name)}
+    out = {"name": name, "defined": False, "cleanup": report}
     if failed:
         out["error"] = f"virt.cleanup of {name} did not finish on {', '.join(failed)}: see cleanup"
     return out

@@ -28,7 +28,6 @@ VPORT_TYPES = ("openvswitch", "802.1Qbh", "802.1Qbg", "midonet")
 VPORT_PARAMS = ("interfaceid", "profileid", "managerid", "typeid", "typeidversion", "instanceid")
 # the keys whose None means "not declared" (left as the network has it), in libvirt's element order
 OPTIONAL = ("mtu", "vport", "vlan", "domain", "dns", "nat", "interfaces", "pf", "addresses", "hosts", "bootp", "ipv6")
-LIVE = ("hosts",)  # what virNetworkUpdate changes on a running network
 
 # libvirt's dnsName: no '_' (Salt's example TXT name _http.tcp.example.com fails libvirt's schema)
 _DNS_NAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9][A-Za-z0-9-]{0,62})*\.?$")
