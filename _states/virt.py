@@ -419,7 +419,7 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
     ret = _ret(name)
     try:
         spec = make_spec()
-        with vconn.connect(vconn.resolve_uri(vconn.salt_config(__salt__), connection)) as conn:
+        with vconn.salt_connect(__salt__, connection) as conn:  # open_timeout and keepalive apply
             done = netpool.ensure(conn, kind, spec, autostart=autostart, run=run, test=__opts__["test"])
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))

@@ -14,7 +14,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.xml import netxml
 from saltvirt.host import netpool
-from tests.support.saltloader import load_states
+from tests.support.saltloader import load_states, make_minion_mods
 
 HOSTS = {"10.60.0.5": {"mac": "52:54:00:AA:00:05", "name": "db"}, "10.60.0.6": {"mac": "52:54:00:aa:00:06"}}
 IPV4 = {
@@ -260,3 +260,11 @@ def test_module_and_states_take_salt_arguments(virt_test, conn, tmp_path):
     )
     bad = st["virt.network_defined"]("st1", forward="none", tag={"tags": [{"id": 1}, {"id": 2}]})
     assert bad["result"] is False and "trunk" in bad["comment"]
+
+
+def test_network_states_open_libvirt_with_the_configured_connection_settings(tmp_path):
+    """The network states connect through saltvirt.host.conn.salt_connect like every function: the
+    configured keepalive (here an unusable one) and open_timeout apply to them too."""
+    mods = make_minion_mods(tmp_path, "test:///default", connection={"uri": "test:///default", "keepalive": "often"})
+    ret = load_states(mods, True)["virt.network_running"]("ka1", forward="none", ipv4_config=IPV4)
+    assert ret["result"] is False and "virt:connection:keepalive must be a mapping" in ret["comment"], ret
