@@ -19,6 +19,12 @@
                                    # The host's address must then live on the bridge: configure that
                                    # (persistently) with the distribution's network tooling first.
       manage_service: True         # False: packages, config and keys only (e.g. in a container)
+      lockspace: /srv/vms/.lockspace   # a directory on the storage every hypervisor shares: libvirt's lock
+                                   # manager (virtlockd) keeps a lease per disk there, so QEMU never opens
+                                   # a disk another host runs (the last guard of virt.recover). Enable it
+                                   # on every hypervisor before VMs run (running ones hold no lease)
+      qemu_conf: /etc/libvirt/qemu.conf
+      qemu_lockd_conf: /etc/libvirt/qemu-lockd.conf
       ready_event: False           # True: at the end, fire salt/virt/hypervisor/ready to the master (with
                                    # salt-virt.reactor.sls the master then creates the VMs its pillar
                                    # assigns to this host: virt:assigned_vms)
@@ -41,6 +47,7 @@
 {%- set bridge = cfg.get('bridge', 'br0') %}
 {%- set uplink = cfg.get('bridge_uplink') %}
 {%- set systemd = grains.get('init') == 'systemd' %}
+{%- set lockspace = cfg.get('lockspace') %}
 
 {%- if not packages %}
 salt-virt-unsupported-os:
@@ -118,11 +125,61 @@ salt-virt-libvirtd:
     - watch:
       - file: salt-virt-libvirtd-listen
       - virt: salt-virt-keys
+{%- if lockspace %}
+      - file: salt-virt-lock-manager
+{%- endif %}
 {%- if systemd %}
     - require:
       - service: salt-virt-libvirtd-tls-socket
 {%- else %}
       - file: salt-virt-libvirtd-args
+{%- endif %}
+{%- endif %}
+
+{%- if lockspace %}
+
+# libvirt's lock manager with a lockspace on the shared storage: a disk leased by one host's virtlockd
+# cannot be opened by QEMU on another (one VM never runs twice, whatever a controller believes)
+salt-virt-lockspace:
+  file.directory:
+    - name: {{ lockspace }}
+    - mode: '0700'
+    - makedirs: True
+
+salt-virt-lockd:
+  file.keyvalue:
+    - name: {{ cfg.get('qemu_lockd_conf', '/etc/libvirt/qemu-lockd.conf') }}
+    - separator: ' = '
+    - uncomment: '#'
+    - append_if_not_found: True
+    - key_values:
+        auto_disk_leases: '1'
+        require_lease_for_disks: '1'
+        file_lockspace_dir: '"{{ lockspace }}"'
+    - require:
+      - pkg: salt-virt-packages
+      - file: salt-virt-lockspace
+
+salt-virt-lock-manager:
+  file.keyvalue:
+    - name: {{ cfg.get('qemu_conf', '/etc/libvirt/qemu.conf') }}
+    - separator: ' = '
+    - uncomment: '#'
+    - append_if_not_found: True
+    - key_values:
+        lock_manager: '"lockd"'
+    - require:
+      - file: salt-virt-lockd
+{%- if cfg.get('manage_service', True) %}
+
+salt-virt-virtlockd:
+  service.running:
+    - name: virtlockd
+    - enable: True
+    - require:
+      - file: salt-virt-lockd
+    - require_in:
+      - service: salt-virt-libvirtd
 {%- endif %}
 {%- endif %}
 

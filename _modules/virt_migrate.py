@@ -97,7 +97,9 @@ def migrate(
         milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
 
     Settings (minion config or pillar): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
-    uri_template, qemu_tls, hosts}`` (see ``saltvirt.vm.migrate``).
+    uri_template, qemu_tls, hosts, stall_timeout}`` (see ``saltvirt.vm.migrate``). ``stall_timeout``
+    (default 60 s): a migration that moves no data for that long (the target unreachable) is aborted
+    and reported; the VM keeps running here.
 
     CLI Example:
 
@@ -138,6 +140,7 @@ def migrate(
             disk_map=disk_map,
             migrate_disks=migrate_disks,
             verify_backing=verify_backing,
+            stall_timeout=opts["stall_timeout"],
         )
     if note:
         ret["note"] = note

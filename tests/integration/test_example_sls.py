@@ -119,3 +119,46 @@ def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sl
         assert all(preview[k]["result"] is True for k in REAL_PARTS)  # the applied parts stay as they are
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_lockspace_configures_libvirts_lock_manager(salt_cli, hyper1, hypervisor_sls):
+    """pillar salt_virt:lockspace: qemu.conf's lock_manager and qemu-lockd.conf's disk leases in that
+    directory, applied for real into temp copies (tests/integration/test_lockspace.py shows what it does:
+    QEMU refuses a disk another host holds); the virtlockd service only in test mode (no systemd here)."""
+    tmp = tempfile.mkdtemp(prefix="svsls-", dir="/var/tmp")
+    try:
+        qemu, lockd = os.path.join(tmp, "qemu.conf"), os.path.join(tmp, "qemu-lockd.conf")
+        shutil.copyfile("/etc/libvirt/qemu.conf", qemu)
+        shutil.copyfile("/etc/libvirt/qemu-lockd.conf", lockd)
+        pillar = {
+            "salt_virt": {
+                "lockspace": os.path.join(tmp, "shared", ".lockspace"),
+                "qemu_conf": qemu,
+                "qemu_lockd_conf": lockd,
+                "manage_service": False,
+            }
+        }
+        parts = ["salt-virt-lockspace", "salt-virt-lockd", "salt-virt-lock-manager"]
+
+        def apply():
+            out = {}
+            for part in parts:  # each with its requisites (the package, the directory)
+                cmd = ["state.sls_id", part, hypervisor_sls, f"pillar={json.dumps(pillar)}"]
+                out.update(states_by_id(salt_cli.run(*cmd, minion_tgt="hyper1", _timeout=600).data))
+            return {k: v for k, v in out.items() if k in parts}
+
+        states = apply()
+        assert set(states) == set(parts) and all(s["result"] is True for s in states.values()), states
+        assert '\nlock_manager = "lockd"' in pathlib.Path(qemu).read_text()
+        text = pathlib.Path(lockd).read_text()
+        assert "\nauto_disk_leases = 1" in text and "\nrequire_lease_for_disks = 1" in text
+        assert f'\nfile_lockspace_dir = "{tmp}/shared/.lockspace"' in text
+        assert oct(os.stat(os.path.join(tmp, "shared", ".lockspace")).st_mode & 0o777) == "0o700"
+        assert {k: s["changes"] for k, s in apply().items() if s["changes"]} == {}  # idempotent
+        pillar["salt_virt"]["manage_service"] = True
+        shown = salt_cli.run("state.show_sls", hypervisor_sls, f"pillar={json.dumps(pillar)}", minion_tgt="hyper1")
+        assert arg(shown.data, "salt-virt-virtlockd", "name") == "virtlockd", shown.data
+        watched = arg(shown.data, "salt-virt-libvirtd", "watch")
+        assert {"file": "salt-virt-lock-manager"} in watched, watched
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

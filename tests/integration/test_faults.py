@@ -12,6 +12,7 @@ fault left something; and a retry succeeds. The table of outcomes is in docs/top
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -457,4 +458,62 @@ def test_fabric_link_cut_during_migration(fhv, fhv5, fabric, fdir, fmods, boot_a
         dom.destroy()
         dom.undefine()
     assert len(fmods["virt.cleanup"](name)["removed"]) == 1  # its disk: manifest, no domain here any more
+    assert_absent(fmods, fdir, name)
+
+
+def test_link_cut_during_disk_copy_is_aborted_within_the_stall_bound(fhv, fhv5, fabric, fdir, fmods, boot_args):
+    """A live migration copying its disk (copy_storage=all, NBD over TCP) whose target's link goes down
+    and stays down: the watchdog (virt:migration:stall_timeout) aborts it while the link is still down,
+    the call reports it, the VM keeps running on the source and nothing runs on the target."""
+    from saltvirt.host import conn as vconn
+    from saltvirt.vm import migrate
+
+    name = "kcopy"
+    fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
+    src = fmods["virt.get_disks"](name)["vda"]["file"]
+    dst = os.path.join(fdir, "kcopy-on-hv5.raw")  # a path of its own: both labs see one filesystem
+    size = json.loads(subprocess.check_output(["qemu-img", "info", "-U", "--output=json", src]))["virtual-size"]
+    subprocess.run(["qemu-img", "create", "-q", "-f", "raw", dst, str(size)], check=True)
+    args = {
+        "transport": "tcp",
+        "target_uri": "qemu+tcp://hv5/system",
+        "copy_storage": "all",
+        "disk_map": {src: dst},
+        "max_bandwidth": 1,
+        "stall_timeout": 15,
+    }
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    cut_at = {}
+
+    def cut_when_moving():
+        with vconn.connect(fhv.uri) as conn:
+            dom = conn.lookupByName(name)
+            deadline = time.monotonic() + BOUND
+            while dom.jobInfo()[0] == 0 or not dom.jobInfo()[4]:  # VIR_DOMAIN_JOB_NONE / no data yet
+                assert time.monotonic() < deadline, "the migration never started moving data"
+                time.sleep(0.01)
+            link(fabric, fhv5, "down")
+            cut_at["t"] = time.monotonic()
+
+    try:
+        cutter = pool.submit(cut_when_moving)
+        with vconn.connect(fhv.uri) as conn:
+            with pytest.raises(CommandExecutionError, match="no progress for 15 s .*stall_timeout.*: aborted"):
+                bounded(migrate.migrate, conn, name, "hv5", **args)
+        returned = time.monotonic()
+        cutter.result(timeout=BOUND)
+        # the call returned while the link was still down (it is restored only below)
+        print(f"migration aborted {returned - cut_at['t']:.1f} s after the link was cut")
+        assert fmods["virt.vm_state"](name) == {name: "running"}
+    finally:
+        pool.shutdown(wait=True)
+        link(fabric, fhv5, "up")
+    deadline = time.monotonic() + BOUND
+    with vconn.connect(fhv5.uri) as target:  # the target drops its half-received domain (bounded)
+        while [d.name() for d in target.listAllDomains(0)]:
+            assert time.monotonic() < deadline, [d.name() for d in target.listAllDomains(0)]
+            time.sleep(0.2)
+    assert fmods["virt.vm_state"](name) == {name: "running"}
+    fmods["virt.purge"](name)
+    os.unlink(dst)
     assert_absent(fmods, fdir, name)

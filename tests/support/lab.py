@@ -105,8 +105,9 @@ class Fabric:
 class Hypervisor:
     """One libvirtd in its own namespaces. ``uri`` reaches it from the root namespace."""
 
-    def __init__(self, base, index, fabric, tls_dir=None, extra_libvirtd_conf="", hostname=None):
+    def __init__(self, base, index, fabric, tls_dir=None, extra_libvirtd_conf="", hostname=None, lockspace=None):
         self.index = index
+        self.lockspace = lockspace  # a directory: libvirt's lock manager (virtlockd) keeps disk leases there
         self.fabric = fabric
         self.hostname = hostname or f"hv{index}"
         self.dir = os.path.join(base, self.hostname)
@@ -161,6 +162,12 @@ class Hypervisor:
             fh.write("\n".join(conf) + "\n" + self.extra_conf + "\n")
         with open(self.path("etc", "qemu.conf"), "a") as fh:
             fh.write('cgroup_controllers = [ ]\nremember_owner = 0\nmigration_address = "0.0.0.0"\n')
+            if self.lockspace:  # every disk leased in the shared lockspace: QEMU never opens one held elsewhere
+                fh.write('lock_manager = "lockd"\n')
+        if self.lockspace:
+            with open(self.path("etc", "qemu-lockd.conf"), "w") as fh:
+                fh.write("auto_disk_leases = 1\nrequire_lease_for_disks = 1\n")
+                fh.write(f'file_lockspace_dir = "{self.lockspace}"\n')
         with open(self.path("hosts"), "w") as fh:
             fh.write("127.0.0.1 localhost\n")
             for i in range(1, 20):  # hv1..hv19: every lab index the tests use
@@ -193,6 +200,7 @@ class Hypervisor:
             mount --bind {d}/log   /var/log/libvirt
             mount --bind {d}/hosts /etc/hosts
             virtlogd -d -p {d}/virtlogd.pid
+            {f"virtlockd -d -p {d}/virtlockd.pid" if self.lockspace else ""}
             libvirtd -d -l -p {d}/libvirtd.pid
         """
         os.makedirs("/run/libvirt", exist_ok=True)
@@ -236,7 +244,7 @@ class Hypervisor:
             conn.close()
         except Exception:  # noqa: BLE001 - best-effort teardown of a test daemon
             pass
-        for name in ("libvirtd", "virtlogd"):
+        for name in ("libvirtd", "virtlogd", "virtlockd"):
             pidfile = self.path(f"{name}.pid")
             try:
                 with open(pidfile) as fh:

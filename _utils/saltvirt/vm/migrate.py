@@ -51,7 +51,10 @@ from saltvirt.host.query import state_name
 PROBE_PREFIX = ".salt-virt-probe-"
 RECORD = ".salt-virt-migrate.json"  # <images>/<vm>/: what prepare created, for abort_cleanup
 DEFAULT_URI_TEMPLATE = "qemu+{transport}://{target}/system"
-SETTINGS = ("transport", "pkipath", "uri_template", "qemu_tls", "hosts", "address")
+SETTINGS = ("transport", "pkipath", "uri_template", "qemu_tls", "hosts", "address", "stall_timeout")
+STALL_TIMEOUT = 60.0  # seconds a migration may move no data before it is aborted (virt:migration:stall_timeout)
+ABORT_GRACE = 10.0  # seconds an aborted migration may take to end before its streams are cut
+MIGRATION_PORTS = range(49152, 49216)  # libvirt's migration_port_min..max: the target's migration and NBD ports
 TRANSPORTS = ("tcp", "tls")
 COPY_MODES = ("all", "inc")
 ROOM_MARGIN_MIB = 16  # plus 1% of the virtual size: image metadata, blocks the guest writes meanwhile
@@ -69,6 +72,7 @@ def settings(config_get):
     out = {k: mig.get(k) for k in SETTINGS}
     out["tunnel"] = validate.to_bool(config_get("virt:tunnel", False))
     out["qemu_tls"] = validate.to_bool(out["qemu_tls"])
+    out["stall_timeout"] = stall_bound(out["stall_timeout"])
     out["hosts"] = out["hosts"] or {}
     if not isinstance(out["hosts"], dict):
         raise SaltInvocationError(f"virt:migration:hosts must map names to addresses, not {out['hosts']!r}")
@@ -275,6 +279,117 @@ def _hint(exc, target):
     return ""
 
 
+def stall_bound(value):
+    """``virt:migration:stall_timeout`` checked: seconds (default :data:`STALL_TIMEOUT`)."""
+    if value is None:
+        return STALL_TIMEOUT
+    try:
+        num = float(value)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"virt:migration:stall_timeout must be seconds, not {value!r}") from None
+    if not num > 0:
+        raise SaltInvocationError(f"virt:migration:stall_timeout must be above 0, not {value!r}")
+    return num
+
+
+def _qemu_pid(uuid):
+    """The pid of the QEMU running the domain ``uuid`` on this host, or None."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        qemu = os.path.basename(args[0]).startswith("qemu-system") and "-uuid" in args[:-1]
+        if qemu and args[args.index("-uuid") + 1] == uuid:
+            return int(pid)
+    return None
+
+
+def _split_addr(text):
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def cut_migration_streams(uuid):
+    """Close (``ss -K``, in QEMU's own network namespace) the TCP connections the QEMU of domain
+    ``uuid`` opened to a migration port (:data:`MIGRATION_PORTS`): its migration stream and its NBD disk
+    copies. An aborted migration whose peer vanished otherwise waits for TCP to give up (minutes) before
+    QEMU lets go. Returns the connections closed (``local -> peer``)."""
+    pid = _qemu_pid(uuid)
+    if pid is None:
+        return []
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ns = ["nsenter", "-t", str(pid), "-n", "--"]
+    listing = subprocess.run([*ns, "ss", "-tanei"], capture_output=True, text=True, check=False).stdout
+    mine = []
+    for line in listing.splitlines():
+        fields = line.split()
+        ino = next((f[4:] for f in fields if f.startswith("ino:")), None)
+        if len(fields) > 4 and ino in inodes:
+            mine.append((fields[0], _split_addr(fields[3]), _split_addr(fields[4])))
+    listening = {local[1] for state, local, _peer in mine if state == "LISTEN"}
+    closed = []
+    for state, local, peer in mine:
+        if state == "LISTEN" or local[1] in listening or peer[1] not in MIGRATION_PORTS:
+            continue  # not an outgoing migration connection (a VNC client, a listening socket)
+        filt = ["src", local[0], "sport", "=", f":{local[1]}", "dst", peer[0], "dport", "=", f":{peer[1]}"]
+        if subprocess.run([*ns, "ss", "-K", "-tn", *filt], capture_output=True, check=False).returncode == 0:
+            closed.append(f"{local[0]}:{local[1]} -> {peer[0]}:{peer[1]}")
+    return closed
+
+
+class Watchdog:
+    """Aborts a domain's migration job once it moved no data for ``bound`` seconds (a peer that stopped
+    answering: a cut link, a hung target), so the call returns without waiting for the network; the VM
+    keeps running on the source. Progress: libvirt's job counters (data, memory and disk bytes). An
+    aborted job that does not end within :data:`ABORT_GRACE` (QEMU waiting on a dead TCP peer) gets its
+    migration connections closed (:func:`cut_migration_streams`)."""
+
+    def __init__(self, dom, bound, poll=1.0):
+        self.dom, self.bound, self.poll = dom, bound, poll
+        self.aborted, self._stop = None, threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="salt-virt-migration-watchdog", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(self.poll + 30)
+
+    def _watch(self):
+        seen, since = None, time.monotonic()
+        while not self._stop.wait(self.poll):
+            try:
+                info = self.dom.jobInfo()
+            except libvirt.libvirtError:
+                continue  # a query refused while the job changes phase: look again
+            if info[0] == libvirt.VIR_DOMAIN_JOB_NONE or tuple(info[3:]) != seen:
+                seen, since = tuple(info[3:]), time.monotonic()
+                continue
+            if time.monotonic() - since >= self.bound:
+                self._abort()
+                return
+
+    def _abort(self):
+        self.aborted = f"no progress for {self.bound:g} s (virt:migration:stall_timeout): aborted"
+        with contextlib.suppress(libvirt.libvirtError):
+            self.dom.abortJob()
+        if self._stop.wait(ABORT_GRACE):
+            return
+        closed = cut_migration_streams(self.dom.UUIDString())
+        if closed:
+            self.aborted += f", its connections to the unreachable target closed ({', '.join(closed)})"
+
+
 def _target_view(uri, uuid, wait=10.0):
     """(hostname, state) of the VM as the target libvirtd reports it, or None if this minion cannot
     reach the target itself (it is the source libvirtd that migrated, not this process)."""
@@ -315,8 +430,10 @@ def migrate(
     disk_map=None,
     migrate_disks=None,
     verify_backing=None,
+    stall_timeout=STALL_TIMEOUT,
 ):
-    """Move ``name`` from this libvirtd to ``target``; see ``virt.migrate`` for the arguments."""
+    """Move ``name`` from this libvirtd to ``target``; see ``virt.migrate`` for the arguments. A migration
+    that moves no data for ``stall_timeout`` seconds is aborted (:class:`Watchdog`)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
     snapshot.refuse_migration(dom)
@@ -352,13 +469,16 @@ def migrate(
     if max_bandwidth:
         params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = validate.positive_int(max_bandwidth, "max_bandwidth (MiB/s)")
     started = time.monotonic()
+    watchdog = Watchdog(dom, stall_bound(stall_timeout))
     try:
         if max_downtime and active:
             dom.migrateSetMaxDowntime(validate.positive_int(max_downtime, "max_downtime (ms)"), 0)
-        dom.migrateToURI3(dest, params, flags)
+        with watchdog:
+            dom.migrateToURI3(dest, params, flags)
     except libvirt.libvirtError as exc:
+        why = f"{watchdog.aborted} ({exc.get_error_message()})" if watchdog.aborted else exc.get_error_message()
         raise CommandExecutionError(
-            f"migrating VM {name!r} from {source} to {target} failed: {exc.get_error_message()}{_hint(exc, target)}. "
+            f"migrating VM {name!r} from {source} to {target} failed: {why}{_hint(exc, target)}. "
             f"{_where(conn, uuid, name)}"
         ) from None
     seconds = round(time.monotonic() - started, 3)

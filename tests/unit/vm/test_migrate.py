@@ -102,6 +102,13 @@ def test_settings_from_config():
     got = migrate.settings(lambda key, default=None: conf.get(key, default))
     assert got["tunnel"] is True and got["transport"] == "tls" and got["pkipath"] == "/etc/pki/x"
     assert got["hosts"] == {"hyper2": "hv2"} and got["qemu_tls"] is False and got["address"] is None
+    assert got["stall_timeout"] == migrate.STALL_TIMEOUT == 60.0
+    conf["virt:migration"] = {"stall_timeout": "15"}
+    assert migrate.settings(lambda key, default=None: conf.get(key, default))["stall_timeout"] == 15.0
+    for bad in ("soon", 0, -3):
+        conf["virt:migration"] = {"stall_timeout": bad}
+        with pytest.raises(SaltInvocationError, match="virt:migration:stall_timeout must be"):
+            migrate.settings(lambda key, default=None: conf.get(key, default))
     with pytest.raises(SaltInvocationError, match="unknown key.*tunel"):
         migrate.settings(lambda key, default=None: {"tunel": True} if key == "virt:migration" else default)
 
