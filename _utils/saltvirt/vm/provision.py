@@ -61,6 +61,52 @@ def base_image(fetched, images_dir, source):
     return dest
 
 
+def accept_image(
+    source,
+    images_dir,
+    cache_file=None,
+    *,
+    allowed_paths=(),
+    checksum=None,
+    allow_http=False,
+    max_image_mib=None,
+    trusted=False,
+):
+    """``source`` through :func:`saltvirt.storage.intake.accept` with this host's settings: downloads into
+    ``<images>/.cache``, local paths only from ``virt:images`` and ``virt:allowed_paths``."""
+    return intake.accept(
+        source,
+        os.path.join(images_dir, intake.CACHE_DIR),
+        cache_file,
+        checksum=checksum,
+        allow_http=validate.to_bool(allow_http),
+        max_image_mib=max_image_mib,
+        trusted=validate.to_bool(trusted),
+        roots=(images_dir, *validate.allowed_paths(allowed_paths)),
+    )
+
+
+def warm(image: str, *, images_dir: str = vmspec.DEFAULT_IMAGES_DIR, cache_file=None, **accept_args) -> dict:
+    """Fetch ``image`` and check it as ``virt.init`` does (:func:`accept_image`), then import it as the
+    base overlays back onto (``<images>/.bases``), so that the next ``virt.init`` of it is the cached
+    case: nothing left to fetch, check or copy. Returns what is cached where and how long it took."""
+    started = time.monotonic()
+    validate.absolute_path(images_dir, "virt:images")
+    info = accept_image(image, images_dir, cache_file, **accept_args)
+    base = None
+    if isinstance(image, str) and "://" in image:  # a local image is used in place: no base of its own
+        with intake.bases_lock(images_dir):
+            base = base_image(info["path"], images_dir, image)
+    return {
+        "image": info["source"],
+        "path": info["path"],
+        "format": info["format"],
+        "checksum": info["checksum"],
+        "base": base,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
 def _local_bridge_missing(uri, nics):
     """Bridges we can check from here (plain local URI: same host, same network namespace)."""
     if not hosttype.is_local_uri(uri) or (uri and "socket=" in uri):
@@ -129,18 +175,16 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
     kind = hosttype.detect(conn, vtype)
 
-    image_roots = (images_dir, *validate.allowed_paths(allowed_paths))  # where a local image may come from
-
     def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
-        return intake.accept(
+        return accept_image(
             source,
-            os.path.join(images_dir, intake.CACHE_DIR),
+            images_dir,
             cache_file,
+            allowed_paths=allowed_paths,
             checksum=checksum,
-            allow_http=validate.to_bool(allow_http),
+            allow_http=allow_http,
             max_image_mib=max_image_mib,
-            trusted=validate.to_bool(trusted_image),
-            roots=image_roots,
+            trusted=trusted_image,
         )
 
     fetched = info = None

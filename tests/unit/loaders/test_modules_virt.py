@@ -168,3 +168,21 @@ def test_init_with_a_minion_event_bus_sends_every_step(tmp_path):
     steps = ["disks_ready", "defined", "started"]
     assert [t for t, _ in received] == [f"salt/virt/init/bus1/{step}" for step in steps]
     assert all(d["vm"] == "bus1" and d["host"] == "hyper-test" for _, d in received)
+
+
+def test_image_warm_through_the_loader(virt_test, tmp_path, guest):
+    """virt.image_warm with the minion's settings: a local image in virt:allowed_paths is checked and
+    used in place (no base); one outside them is refused; unknown arguments are refused."""
+    import shutil
+
+    from tests.support.saltloader import SOURCES
+
+    (tmp_path / SOURCES).mkdir(exist_ok=True)
+    local = tmp_path / SOURCES / "web.raw"
+    shutil.copyfile(guest["raw"], local)
+    ret = virt_test["virt.image_warm"](str(local))
+    assert ret["path"] == str(local) and ret["format"] == "raw" and ret["base"] is None
+    with pytest.raises(SaltInvocationError, match="allowed_paths"):
+        virt_test["virt.image_warm"]("/etc/hostname")
+    with pytest.raises(SaltInvocationError, match="unknown argument"):
+        virt_test["virt.image_warm"](str(local), overlay=True)

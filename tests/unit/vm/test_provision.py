@@ -100,3 +100,36 @@ def test_init_returns_the_new_vms_info_as_vm_info_reports_it(test_conn, tmp_path
         assert ret["state"] == ret["vm_info"]["state"] == "running"
     finally:
         provision.purge(test_conn, "info1", images_dir=str(tmp_path))
+
+
+def test_image_warm_fetches_checks_and_imports_the_base_once(tmp_path, guest):
+    """virt.image_warm: the image through virt.init's own door, then its base in <images>/.bases, where an
+    overlay init finds it; a second warm-up finds it warm; a bad checksum is refused as by virt.init."""
+    import hashlib
+    import os
+    import shutil
+
+    from saltvirt.storage import intake
+
+    cached = tmp_path / "minion-cache" / "web.qcow2"  # where cp.cache_file would have put it
+    cached.parent.mkdir()
+    shutil.copyfile(guest["qcow2"], cached)
+    images_dir = str(tmp_path / "images")
+    asked = []
+
+    def cache_file(url):
+        asked.append(url)
+        return str(cached)
+
+    first = provision.warm("salt://images/web.qcow2", images_dir=images_dir, cache_file=cache_file)
+    assert asked == ["salt://images/web.qcow2"] and first["path"] == str(cached) and first["format"] == "qcow2"
+    assert os.path.dirname(first["base"]) == os.path.join(images_dir, intake.BASES_DIR)
+    assert provision.base_image(str(cached), images_dir, "salt://images/web.qcow2") == first["base"]  # init's base
+    assert os.stat(first["base"]).st_mode & 0o777 == 0o444
+    again = provision.warm("salt://images/web.qcow2", images_dir=images_dir, cache_file=cache_file)
+    assert again["base"] == first["base"] and len(os.listdir(os.path.dirname(first["base"]))) == 1
+    bad = "sha256:" + hashlib.sha256(b"something else").hexdigest()
+    with pytest.raises(SaltInvocationError, match="does not match checksum"):
+        provision.warm("salt://images/web.qcow2", images_dir=images_dir, cache_file=cache_file, checksum=bad)
+    with pytest.raises(SaltInvocationError, match="allowed_paths"):
+        provision.warm(str(cached), images_dir=images_dir)  # a local path outside virt:images / allowed_paths
