@@ -24,6 +24,8 @@ import datetime
 import ipaddress
 import json
 import os
+from collections.abc import Iterable
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Data
 from saltvirt.pki import crl
 from saltvirt.pki.castore import SKEW as _SKEW
 from saltvirt.pki.castore import locked as _locked
@@ -46,7 +49,7 @@ CLIENT_DN_PATTERN = "O=salt-virt,CN=* libvirt client"  # libvirtd tls_allowed_dn
 KEY_TYPES = ("rsa", "ec")
 RSA_SIZES = (2048, 3072, 4096)
 EC_CURVES = {256: ec.SECP256R1, 384: ec.SECP384R1, 521: ec.SECP521R1}
-DEFAULTS = {"days": 825, "renew_days": 30, "ca_days": 3650, "key_type": "rsa", "key_size": 3072}
+DEFAULTS: dict[str, Any] = {"days": 825, "renew_days": 30, "ca_days": 3650, "key_type": "rsa", "key_size": 3072}
 CA_CN = "salt-virt libvirt CA"
 ORG = "salt-virt"
 
@@ -62,11 +65,11 @@ def _cert_pem(cert):
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def load_cert(pem):
+def load_cert(pem: str | bytes) -> x509.Certificate:
     return x509.load_pem_x509_certificate(pem.encode() if isinstance(pem, str) else pem)
 
 
-def load_certs(pem):
+def load_certs(pem: str | bytes) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem.encode() if isinstance(pem, str) else pem)
 
 
@@ -90,7 +93,7 @@ def _ca_days(days):
     return days
 
 
-def key_settings(key_type=None, key_size=None):
+def key_settings(key_type: str | None = None, key_size: Any = None) -> tuple[str, int]:
     """Validated (key_type, key_size): rsa 2048/3072/4096 (default 3072) or ec 256/384/521 (default 256)."""
     key_type = str(key_type or DEFAULTS["key_type"]).lower()
     if key_type not in KEY_TYPES:
@@ -102,9 +105,11 @@ def key_settings(key_type=None, key_size=None):
     return key_type, key_size
 
 
-def settings(days=None, renew_days=None, ca_days=None, key_type=None, key_size=None):
+def settings(
+    days: Any = None, renew_days: Any = None, ca_days: Any = None, key_type: str | None = None, key_size: Any = None
+) -> Data:
     """Validated validity and key parameters (missing ones from :data:`DEFAULTS`)."""
-    out = {
+    out: Data = {
         "days": _int(DEFAULTS["days"] if days is None else days, "days"),
         "renew_days": _int(DEFAULTS["renew_days"] if renew_days is None else renew_days, "renew_days"),
         "ca_days": _int(DEFAULTS["ca_days"] if ca_days is None else ca_days, "ca_days"),
@@ -126,7 +131,7 @@ def _new_key(key_type, key_size):
     return rsa.generate_private_key(public_exponent=65537, key_size=key_size)
 
 
-def key_params(public_key):
+def key_params(public_key: Any) -> tuple[str, int | None]:
     """('rsa', 3072) / ('ec', 256) for a public (or private) key."""
     if isinstance(public_key, (rsa.RSAPublicKey, rsa.RSAPrivateKey)):
         return "rsa", public_key.key_size
@@ -135,7 +140,7 @@ def key_params(public_key):
     return type(public_key).__name__, None
 
 
-def valid_minion_id(minion_id):
+def valid_minion_id(minion_id: Any) -> str:
     if (
         not isinstance(minion_id, str)
         or not minion_id
@@ -188,7 +193,9 @@ def _new_ca(ca_dir, cn, days, key_type, key_size):
     return cert, key
 
 
-def ensure_ca(ca_dir, cn=CA_CN, days=None, key_size=None, key_type=None):
+def ensure_ca(
+    ca_dir: str, cn: str = CA_CN, days: Any = None, key_size: Any = None, key_type: str | None = None
+) -> tuple[x509.Certificate, Any]:
     """Load the CA in ``ca_dir``, creating it (directory 0700, key 0600) the first time.
 
     Refuses (CommandExecutionError) a half-present CA (cert without key or the reverse: never
@@ -211,7 +218,8 @@ def ensure_ca(ca_dir, cn=CA_CN, days=None, key_size=None, key_type=None):
         key = serialization.load_pem_private_key(_read(key_path), password=None)
     if os.stat(key_path).st_mode & 0o777 != 0o600:
         os.chmod(key_path, 0o600)
-    if cert.public_key().public_numbers() != key.public_key().public_numbers():
+    # RSA or EC keys only (key_settings), both have public_numbers()
+    if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
         raise CommandExecutionError(f"libvirt CA in {ca_dir}: cakey.pem does not belong to cacert.pem")
     if cert.not_valid_after_utc <= _now():
         raise CommandExecutionError(
@@ -221,7 +229,7 @@ def ensure_ca(ca_dir, cn=CA_CN, days=None, key_size=None, key_type=None):
     return cert, key
 
 
-def ca_warning(ca_cert, renew_days=DEFAULTS["renew_days"], minimum=90):
+def ca_warning(ca_cert: x509.Certificate, renew_days: int = DEFAULTS["renew_days"], minimum: int = 90) -> str:
     """A message when the CA expires within max(renew_days, minimum) days, else ''."""
     left = ca_cert.not_valid_after_utc - _now()
     if left < datetime.timedelta(days=max(int(renew_days), minimum)):
@@ -232,7 +240,9 @@ def ca_warning(ca_cert, renew_days=DEFAULTS["renew_days"], minimum=90):
     return ""
 
 
-def rotate_ca(ca_dir, cn=CA_CN, days=None, key_type=None, key_size=None):
+def rotate_ca(
+    ca_dir: str, cn: str = CA_CN, days: Any = None, key_type: str | None = None, key_size: Any = None
+) -> Data:
     """Retire the current CA (its cert to ``previous/<date>-<serial>.pem``, still trusted; its key
     deleted) and create a new one. Every certificate is reissued on the next pillar compile."""
     ca_days = _ca_days(days)
@@ -250,7 +260,7 @@ def rotate_ca(ca_dir, cn=CA_CN, days=None, key_type=None, key_size=None):
     return {"retired": retired, "previous": summary(_cert_pem(old_cert)), "current": summary(_cert_pem(new[0]))}
 
 
-def trusted_bundle(ca_dir):
+def trusted_bundle(ca_dir: str) -> str:
     """PEM bundle: the current CA certificate plus unexpired retired ones in ``previous/``."""
     bundle = [_read(os.path.join(ca_dir, "cacert.pem"))]
     previous = os.path.join(ca_dir, "previous")
@@ -264,7 +274,7 @@ def trusted_bundle(ca_dir):
 
 
 # names -----------------------------------------------------------------------------------------
-def split_sans(sans):
+def split_sans(sans: Iterable[Any]) -> tuple[set[str], set[Any]]:
     """({dns names, lower case}, {ip addresses}) from a list mixing both."""
     dns, ips = set(), set()
     for raw in sans or ():
@@ -278,7 +288,7 @@ def split_sans(sans):
     return dns, ips
 
 
-def cert_sans(cert):
+def cert_sans(cert: x509.Certificate) -> tuple[set[str], set[Any]]:
     try:
         ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -286,12 +296,12 @@ def cert_sans(cert):
     return {d.lower() for d in ext.get_values_for_type(x509.DNSName)}, set(ext.get_values_for_type(x509.IPAddress))
 
 
-def common_name(cert):
+def common_name(cert: x509.Certificate) -> str:
     attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return attrs[0].value if attrs else ""
+    return attrs[0].value if attrs else ""  # type: ignore[return-value]  # a CN is a str (bytes: other OIDs)
 
 
-def default_cn(minion_id, kind, cn=None):
+def default_cn(minion_id: str, kind: str, cn: str | None = None) -> str:
     """Server: the host's FQDN (or id); client: "<id> libvirt client" (what libvirtd's
     ``tls_allowed_dn_list`` admits, :data:`CLIENT_DN_PATTERN`); QEMU's migration pair: "<id> qemu
     migration server|client", which libvirtd's allow list does not admit."""
@@ -303,7 +313,15 @@ def default_cn(minion_id, kind, cn=None):
 
 
 # leaf certificates -----------------------------------------------------------------------------
-def needs_renewal(cert, ca_cert, sans=None, renew_days=DEFAULTS["renew_days"], kind="server", cn=None, key=None):
+def needs_renewal(
+    cert: x509.Certificate,
+    ca_cert: x509.Certificate,
+    sans: Iterable[Any] | None = None,
+    renew_days: int = DEFAULTS["renew_days"],
+    kind: str = "server",
+    cn: str | None = None,
+    key: Any = None,
+) -> tuple[bool, str]:
     """(True, reason) if ``cert`` must be reissued, else (False, '').
 
     ``sans``/``cn`` are the wanted names (None: not compared); ``key`` the wanted (key_type, key_size)."""
@@ -373,18 +391,18 @@ def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
 
 
 def issue(
-    ca_dir,
-    minion_id,
-    kind,
-    sans=None,
-    days=None,
-    renew_days=None,
-    key_size=None,
-    ca_days=None,
-    cn=None,
-    key_type=None,
-    force=False,
-):
+    ca_dir: str,
+    minion_id: str,
+    kind: str,
+    sans: Iterable[Any] | None = None,
+    days: Any = None,
+    renew_days: Any = None,
+    key_size: Any = None,
+    ca_days: Any = None,
+    cn: str | None = None,
+    key_type: str | None = None,
+    force: bool = False,
+) -> Data:
     """The ``kind`` (server|client) certificate + key of ``minion_id``: reused while valid, else (re)issued
     and stored under ``ca_dir/minions/<id>/``. Server certificates carry ``sans`` (DNS names and IPs;
     default: the minion id).
@@ -434,7 +452,7 @@ def issue(
                 except (OSError, ValueError):
                     renew, reason = True, "key missing or unreadable"
                 else:
-                    if key.public_key().public_numbers() != cert.public_key().public_numbers():
+                    if key.public_key().public_numbers() != cert.public_key().public_numbers():  # type: ignore[union-attr]
                         renew, reason = True, "key does not match the certificate"
             if not renew:
                 if os.stat(key_path).st_mode & 0o777 != 0o600:
@@ -473,9 +491,9 @@ def _norm(name):
     return str(next(iter(ips))) if ips else next(iter(dns), "")
 
 
-def claimed_elsewhere(ca_dir, minion_id):
+def claimed_elsewhere(ca_dir: str, minion_id: str) -> dict[str, str]:
     """{name: minion id} for every SAN a server certificate of another minion below ``ca_dir`` holds."""
-    held = {}
+    held: dict[str, str] = {}
     minions = os.path.join(ca_dir, "minions")
     for other in sorted(os.listdir(minions)) if os.path.isdir(minions) else ():
         if other == minion_id:
@@ -491,7 +509,7 @@ def claimed_elsewhere(ca_dir, minion_id):
     return held
 
 
-def summary(pem):
+def summary(pem: str | bytes) -> Data:
     """What a certificate is, without secrets: subject, issuer, serial, validity, SANs, fingerprint."""
     cert = load_cert(pem)
     dns, ips = cert_sans(cert)
@@ -507,9 +525,9 @@ def summary(pem):
     }
 
 
-def inventory(ca_dir):
+def inventory(ca_dir: str) -> Data:
     """Summaries of the CA, the retired CAs and every minion certificate below ``ca_dir`` (no keys)."""
-    out = {"ca": summary(_read(os.path.join(ca_dir, "cacert.pem"))), "previous": [], "minions": {}}
+    out: Data = {"ca": summary(_read(os.path.join(ca_dir, "cacert.pem"))), "previous": [], "minions": {}}
     previous = os.path.join(ca_dir, "previous")
     if os.path.isdir(previous):
         out["previous"] = [

@@ -24,10 +24,13 @@ This module keeps the CRL given the CA's certificate and key (it never loads the
 import datetime
 import json
 import os
+from collections.abc import Iterable
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
+from saltvirt.base.salttypes import Data
 from saltvirt.pki import castore
 
 
@@ -80,7 +83,7 @@ def _fresh(pem, ca_cert, record):
     )
 
 
-def current(ca_dir, ca_cert, ca_key):
+def current(ca_dir: str, ca_cert: x509.Certificate, ca_key: Any) -> str:
     """The current CRL of the CA ``ca_cert``/``ca_key`` (PEM text), rebuilt if missing, stale or signed by
     a retired CA."""
     folder, record_path, crl_path = _paths(ca_dir)
@@ -102,11 +105,13 @@ def _prune(record):
     return [e for e in record if datetime.datetime.fromisoformat(e["not_after"]) > now]
 
 
-def revoke(ca_dir, ca_cert, ca_key, certs, reason):
+def revoke(
+    ca_dir: str, ca_cert: x509.Certificate, ca_key: Any, certs: Iterable[x509.Certificate], reason: str
+) -> list[str]:
     """Put ``certs`` signed by ``ca_cert`` on the CRL; returns the serials added (others are skipped:
     already listed, expired, or signed by another CA)."""
     folder, record_path, crl_path = _paths(ca_dir)
-    added = []
+    added: list[str] = []
     with castore.locked(folder):
         record = _prune(_record(record_path))
         known = {e["serial"] for e in record}
@@ -130,6 +135,6 @@ def revoke(ca_dir, ca_cert, ca_key, certs, reason):
     return added
 
 
-def revoked(ca_dir):
+def revoked(ca_dir: str) -> list[Data]:
     """The record: what is revoked, when and why (no secrets)."""
     return _record(_paths(ca_dir)[1])

@@ -19,11 +19,14 @@ The envelope is plain JSON-able data: ``{v, alg, kid, context, ek, nonce, ct}`` 
 import base64
 import hashlib
 import os
+from typing import Any
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.base.salttypes import Data
 
 VERSION = 1
 ALG = "RSA-OAEP-SHA256+A256GCM"
@@ -56,7 +59,7 @@ def _load_public(pub_pem):
     return key
 
 
-def fingerprint(pub):
+def fingerprint(pub: str | bytes) -> str:
     """SHA-256 of the DER SubjectPublicKeyInfo: the same for PKCS#1 and SPKI PEM spellings of a key."""
     key = _load_public(pub) if isinstance(pub, (str, bytes)) else pub
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -67,7 +70,7 @@ def _aad(kid, context):
     return f"salt-virt/envelope/v{VERSION}|{kid}|{context or ''}".encode()
 
 
-def new_keypair(bits=2048):
+def new_keypair(bits: int = 2048) -> tuple[str, str]:
     """A fresh RSA key pair for a new minion: ``(public PEM (SPKI), private PEM (PKCS#1))``, as Salt
     writes them (``minion.pub`` / ``minion.pem``)."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
@@ -78,7 +81,7 @@ def new_keypair(bits=2048):
     return pub.decode(), priv
 
 
-def seal(pub_pem, secret, context=""):
+def seal(pub_pem: str | bytes, secret: str, context: str = "") -> Data:
     """Encrypt ``secret`` (str) for the holder of the private key matching ``pub_pem``."""
     if not isinstance(secret, (str, bytes)) or not secret:
         raise SaltInvocationError("cannot seal an empty secret")
@@ -99,7 +102,7 @@ def seal(pub_pem, secret, context=""):
     }
 
 
-def is_envelope(value):
+def is_envelope(value: Any) -> bool:
     return isinstance(value, dict) and all(f in value for f in _FIELDS)
 
 
@@ -116,7 +119,7 @@ def _minion_private_key(pki_dir):
         raise CommandExecutionError(f"cannot open the sealed key: cannot read {path}: {exc}") from None
 
 
-def unseal(envelope, pki_dir):
+def unseal(envelope: Any, pki_dir: str) -> str:
     """Open an envelope with this minion's key (``<pki_dir>/minion.pem``); returns the secret as str."""
     if not is_envelope(envelope):
         raise SaltInvocationError(f"sealed key: not an envelope (needs fields {', '.join(_FIELDS)})")

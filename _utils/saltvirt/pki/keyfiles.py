@@ -19,6 +19,7 @@ import os
 import re
 
 from saltvirt.base import fsutil
+from saltvirt.base.salttypes import Data
 from saltvirt.base.fsutil import atomic_write
 
 # pillar key -> (path below basepath, mode)
@@ -49,7 +50,7 @@ MANIFEST = "libvirt/private/.salt-virt-keys.json"
 ORIG_SUFFIX = ".salt-virt-orig"
 
 
-def qemu_gid(group=None):
+def qemu_gid(group: str | None = None) -> tuple[int | None, str | None]:
     """(gid, name) of the group QEMU runs as (``group`` or the first of QEMU_GROUPS that exists)."""
     for name in [group] if group else QEMU_GROUPS:
         try:
@@ -79,7 +80,9 @@ def _targets(qemu):
     return out
 
 
-def plan(data, basepath, qemu=False, qemu_group=None, replace_foreign=False):
+def plan(
+    data: Data, basepath: str, qemu: bool = False, qemu_group: str | None = None, replace_foreign: bool = False
+) -> Data:
     """What ``virt.keys`` would do: {'files': [...], 'dirs': [...], 'foreign': [paths], 'manifest': {...}}.
 
     Each file: {path, rel, content, mode, gid, what, foreign}; each dir: {path, mode, gid, what}."""
@@ -171,7 +174,7 @@ def _keep_original(path):
     return target
 
 
-def apply(todo):
+def apply(todo: Data) -> None:
     """Carry out a :func:`plan`: directories first, then files, then the manifest."""
     for d in todo["dirs"]:
         _ensure_dir(d)
@@ -197,7 +200,7 @@ def apply(todo):
         )
 
 
-def conf_settings(basepath, data):
+def conf_settings(basepath: str, data: Data) -> dict[str, str]:
     """libvirtd.conf keys ``virt.keys`` maintains: the CRL and the client DN allow list."""
     dns = data.get("tls_allowed_dn_list") or []
     return {
@@ -206,7 +209,7 @@ def conf_settings(basepath, data):
     }
 
 
-def conf_plan(path, wanted):
+def conf_plan(path: str, wanted: dict[str, str]) -> tuple[str | None, Data]:
     """(new text or None when unchanged, {key: change}) for setting ``wanted`` keys in libvirtd.conf:
     an existing (or commented-out) ``key = ...`` line is replaced, a missing key appended."""
     with open(path, encoding="utf-8") as fh:
@@ -241,10 +244,17 @@ def _libvirtd_conf(libvirtd_conf, basepath):
 
 
 def keys_state(
-    name, data, basepath, qemu=False, test=False, qemu_group=None, replace_foreign=False, libvirtd_conf=None
-):
+    name: str,
+    data: Data,
+    basepath: str,
+    qemu: bool = False,
+    test: bool = False,
+    qemu_group: str | None = None,
+    replace_foreign: bool = False,
+    libvirtd_conf: str | None = None,
+) -> Data:
     """The whole ``virt.keys`` state as plain Python (the state module only passes pillar and opts)."""
-    ret = {"name": name, "result": True, "changes": {}, "comment": ""}
+    ret: Data = {"name": name, "result": True, "changes": {}, "comment": ""}
     if not data:
         ret["result"] = False
         ret["comment"] = (
