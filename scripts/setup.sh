@@ -35,12 +35,23 @@ if [ -c /dev/kvm ] && getent group kvm >/dev/null; then chgrp kvm /dev/kvm && ch
 [ -c /dev/net/tun ] || { mkdir -p /dev/net; mknod /dev/net/tun c 10 200; chmod 0666 /dev/net/tun; }
 
 # 2. Python venv: salt 3008.5 (two-step: its certifi floor is newer than the registry), libvirt ---
-# Rebuilt only when requirements-test.txt or VENV_LAYOUT changes.
+# When requirements-test.txt changes, the venv is updated in place (pip installs what is new): the venv is
+# shared by every checkout on the machine, and a rebuild from scratch would pull it from under running tests.
+# Rebuilt from scratch only when it is missing or VENV_LAYOUT changes (a venv without .layout counts as 1).
 VENV_LAYOUT=1
 REQ_HASH=$( (cat "$HERE/requirements-test.txt"; echo "$VENV_LAYOUT") | sha256sum | cut -c1-16)
 if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
-  log "building venv $VENV"
-  bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.layout" 2>/dev/null || echo 1)" = "$VENV_LAYOUT" ] \
+     && "$VENV/bin/python" -c 'import salt.version' 2>/dev/null; then
+    log "updating venv $VENV (requirements-test.txt changed)"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$HERE/requirements-test.txt" 2>&1 \
+      | { grep -v -e 'is ignored: it is neither' -e 'dependency resolver does not currently' \
+            -e 'requires certifi>=' -e 'which is not installed' >&2 || true; }
+  else
+    log "building venv $VENV"
+    bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
+    echo "$VENV_LAYOUT" > "$VENV/.layout"
+  fi
   "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy, cherrypy' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
