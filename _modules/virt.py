@@ -229,6 +229,7 @@ def init(
         salt 'hyper*' virt.init web1 2 1024 image=salt://images/web.qcow2 enable_qcow=True enable_vnc=True
         salt 'hyper*' virt.init web2 2 1024 image=salt://images/debian-cloud.qcow2 cloud_init=True
     """
+    job = kwargs.get("__pub_jid")  # Salt's own job id: a sealed secret opens only in the job it was sealed for
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     warnings = compat.init_args(kwargs)
     vtype = kwargs.pop("vtype", None) or vtype
@@ -256,6 +257,8 @@ def init(
             priv_key=priv_key,
             minion_config=minion_config,
             pki_dir=__opts__.get("pki_dir"),
+            envelope_job=job,
+            replay_cache=os.path.join(__opts__.get("cachedir") or "", "salt-virt", "opened-envelopes"),
             progress=progress,
             checksum=checksum,
             allow_http=allow_http,

@@ -96,3 +96,48 @@ def test_the_runner_never_forwards_a_connection(api, alice, hyper, marker):
     ret = api.master.salt_run_cli(timeout=120).run("virt.init", "deleg1", "1", "128", f"connection={uri}")
     assert "connection= is not forwarded to the hypervisors" in ret.stdout, ret
     assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def created(api, hyper):
+    """A VM that alice creates through salt-api: its sealed private key is in the master's job cache."""
+    alice = api.client("alice")
+    status, body = alice.runner(
+        "virt.init",
+        name="deleg-vm",
+        cpu=1,
+        mem=128,
+        image="salt://images/guest.qcow2",
+        host=HV,
+        start=False,
+        nic=None,
+        graphics={"type": "vnc", "password": "gfxpw-91"},
+    )
+    assert status == 200 and isinstance(body, dict) and body.get("host") == HV, body
+    assert "gfxpw-91" not in str(body)
+    job = api.master.salt_run_cli(timeout=120).run("jobs.list_job", body["jid"]).data
+    kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
+    yield {"answer": body, "jid": body["jid"], "kwargs": kwargs}
+    alice.runner("virt.purge", name="deleg-vm", host=HV)
+
+
+def test_a_sealed_key_from_the_job_cache_opens_nowhere_else(alice, created, hyper):
+    """Issue 23 #2: another VM's sealed key as a console password, or replayed in its own job: refused,
+    nothing defined, no secret in the answer."""
+    sealed = created["kwargs"]["priv_key"]
+    assert sealed["context"] == "deleg-vm/priv_key" and sealed["job"] == created["jid"]
+    gfx = {"type": "vnc", "password": sealed}
+    status, body = alice.local(HV, "virt.init", ["deleg-x", 1, 128], nic=None, disk=None, graphics=gfx)
+    err = _minion_error(body)
+    assert "the sealed secret was not sealed as deleg-x/graphics" in err, body
+    assert "PRIVATE KEY" not in err
+    # the same job id as the original publication (a caller may choose a jid): opened once already
+    low = {"client": "local", "tgt": HV, "fun": "virt.init", "arg": ["deleg-vm2", 1, 128], "jid": created["jid"]}
+    kwarg = dict(nic=None, disk=None, minion_id="deleg-vm", priv_key=sealed, pub_key=created["kwargs"]["pub_key"])
+    status, body = alice.run(dict(low, kwarg=kwarg))
+    assert "the sealed secret was opened before" in str(body) and "PRIVATE KEY" not in str(body), body
+    status, body = alice.local(HV, "virt.list_domains")
+    assert "deleg-x" not in body[HV] and "deleg-vm2" not in body[HV], body
+    # the runner refuses to forward it
+    status, body = alice.runner("virt.init", name="deleg-y", cpu=1, mem=128, graphics=gfx)
+    assert "a sealed envelope or mapping is never accepted from a call" in str(body) and "PRIVATE" not in str(body)

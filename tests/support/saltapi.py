@@ -88,10 +88,13 @@ class Client:
             return status, raw
 
     def run(self, lowstate, timeout=300):
-        """One lowstate chunk through ``/run``: ``(status, return value)`` (``return[0]`` when 200)."""
+        """One lowstate chunk through ``/run``: ``(status, return value)`` (``return[0]`` when 200; a runner's
+        ``{outputter, data}`` wrapping is unwrapped to ``data``)."""
         status, body = self.post("/run", [dict(lowstate, **self.creds)], timeout=timeout)
         if status == 200 and isinstance(body, dict) and isinstance(body.get("return"), list):
-            return status, body["return"][0]
+            body = body["return"][0]
+            if isinstance(body, dict) and set(body) == {"outputter", "data"}:
+                body = body["data"]
         return status, body
 
     def runner(self, fun, timeout=300, **kwargs):

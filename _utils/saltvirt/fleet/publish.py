@@ -33,6 +33,7 @@ import time
 
 import salt.cache
 import salt.client
+import salt.utils.jid
 import salt.key
 import salt.utils.minions
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -120,13 +121,14 @@ def _relay(client, watch):
 
 
 def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies every answer
-    opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wait=None, client=None, watch=None
+    opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wait=None, client=None, watch=None, jid=None
 ):
     """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
 
     Returns ``{minion: {"status": up|error|down|timeout, "ret"|"error": ...}}`` for every minion
     expected (the target's accepted keys) plus any other minion that answered as a hypervisor.
     ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
+    ``jid``: publish under this job id (made beforehand with :func:`new_jid`: what a sealed secret is bound to).
     """
     cfg = cfg or config(opts)
     if tgt is None:
@@ -155,7 +157,9 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     if watch:
         client.event.subscribe(watch[0], match_type="startswith")
     with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
-        pub = client.run_job(tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], kwarg=kwarg, listen=True)
+        pub = client.run_job(
+            tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], jid=jid or "", kwarg=kwarg, listen=True
+        )
     if noise.getvalue().strip():
         log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
     started = time.monotonic()
@@ -210,10 +214,25 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     return {mid: answers[mid] for mid in sorted(answers)}, (pub or {}).get("jid")
 
 
-def call(opts, minion, fun, arg=(), kwarg=None, cfg=None, max_wait=None, client=None, watch=None):
+def new_jid(opts):
+    """A fresh Salt job id, to seal a secret for the job before publishing it (``run(..., jid=)``)."""
+    return salt.utils.jid.gen_jid(opts)
+
+
+def call(opts, minion, fun, arg=(), kwarg=None, cfg=None, max_wait=None, client=None, watch=None, jid=None):
     """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
     answers, jid = run(
-        opts, fun, arg, kwarg, tgt=[minion], tgt_type="list", cfg=cfg, max_wait=max_wait, client=client, watch=watch
+        opts,
+        fun,
+        arg,
+        kwarg,
+        tgt=[minion],
+        tgt_type="list",
+        cfg=cfg,
+        max_wait=max_wait,
+        client=client,
+        watch=watch,
+        jid=jid,
     )
     return answers.get(minion) or {"status": "down", "error": "did not answer"}, jid
 

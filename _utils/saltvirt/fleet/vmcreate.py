@@ -21,7 +21,7 @@ from saltvirt.base import fsutil
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, leftovers as fleet_cleanup, minionkeys, placement
-from saltvirt.fleet.publish import Failed, call, capacities
+from saltvirt.fleet.publish import Failed, call, capacities, new_jid
 
 log = logging.getLogger(__name__)
 
@@ -170,16 +170,17 @@ def _create(
         pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
         while pos < len(order):
             hv = order[pos]
-            kwarg = seal_console_password(opts, hv, dict(base_kwarg), name)
+            pub_jid = new_jid(opts)  # what the secrets below are sealed for: they open in this publication only
+            kwarg = seal_console_password(opts, hv, dict(base_kwarg), name, pub_jid)
             attempt += 1
             if seed:
                 if attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
                     keys.fresh()
-                kwarg.update(pub_key=keys.pub, priv_key=keys.sealed_for(hv), minion_id=key_id)
+                kwarg.update(pub_key=keys.pub, priv_key=keys.sealed_for(hv, pub_jid), minion_id=key_id)
             lease.check()  # never publish for a name whose lock we no longer hold
             lease.note(host=hv)
             args = [name, req["cpu"], req["mem"]]
-            ans, jid = _call_init(opts, hv, args, kwarg, cfg, client, watch, progress)
+            ans, jid = _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, pub_jid)
             if ans["status"] == "up":
                 fleetstate.finish(lease.store, lease, "settled")
                 return _created(
@@ -228,10 +229,11 @@ def _snapshot(opts, name, cfg, client, progress):
     return hosts
 
 
-def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress):
-    """``virt.init`` on ``hv`` (bounded by ``init_timeout``), its publication and answer on the timeline."""
+def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job):
+    """``virt.init`` on ``hv`` (bounded by ``init_timeout``) as job ``job``, its publication and answer on
+    the timeline."""
     _mark(progress, "published", host=hv)
-    ans, jid = call(opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch)
+    ans, jid = call(opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch, jid=job)
     _mark(progress, "returned", host=hv, status=ans["status"])
     return ans, jid
 
@@ -316,9 +318,10 @@ class _NewKey:
         self.pub, self.priv = pub, priv
         self.info = {"minion_id": self.key_id, "state": "accepted", "fingerprint": fingerprint}
 
-    def sealed_for(self, hv):
-        """The private key sealed for hypervisor ``hv``'s accepted key (never what a minion claims)."""
-        return envelope.seal(minionkeys.accepted_pub(self.opts, hv), self.priv, context=self.key_id)
+    def sealed_for(self, hv, job):
+        """The private key sealed for hypervisor ``hv``'s accepted key (never what a minion claims), to be
+        opened as ``<minion_id>/priv_key`` in job ``job`` only."""
+        return envelope.seal(minionkeys.accepted_pub(self.opts, hv), self.priv, f"{self.key_id}/priv_key", job)
 
 
 def _created(opts, name, hv, ans, jid, plan, tried, keys, started, cfg, client, progress):
@@ -383,12 +386,29 @@ def _check_seeded_key(opts, key, pub, init_ret):
     ]
 
 
-def seal_console_password(opts, hv, kwarg, name):
+SEALED_ARG_REFUSED = (
+    "salt-run virt.init: {arg} must be given in clear to the runner (it seals it for the chosen hypervisor "
+    "itself); a sealed envelope or mapping is never accepted from a call"
+)
+
+
+def refuse_sealed_args(kwarg):
+    """A caller never hands the runner an envelope (or any mapping) where the runner seals a secret: it
+    would be forwarded as is and opened by the hypervisor."""
+    gfx = kwarg.get("graphics")
+    if isinstance(gfx, dict) and gfx.get("password") is not None and not isinstance(gfx["password"], str):
+        raise SaltInvocationError(SEALED_ARG_REFUSED.format(arg="graphics:password"))
+    if kwarg.get("priv_key") is not None and not isinstance(kwarg["priv_key"], str):
+        raise SaltInvocationError(SEALED_ARG_REFUSED.format(arg="priv_key"))
+
+
+def seal_console_password(opts, hv, kwarg, name, job):
     """A console password given to ``salt-run virt.init`` (``graphics: {password: ...}``) travels sealed
     to hypervisor ``hv``'s accepted minion key, like the new minion's private key (never in clear in the
-    publication or the job cache); the hypervisor's ``virt.init`` opens it."""
+    publication or the job cache), for job ``job``; the hypervisor's ``virt.init`` opens it."""
+    refuse_sealed_args(kwarg)
     gfx = kwarg.get("graphics")
     if isinstance(gfx, dict) and isinstance(gfx.get("password"), str):
-        sealed = envelope.seal(minionkeys.accepted_pub(opts, hv), gfx["password"], context=f"{name}/graphics")
+        sealed = envelope.seal(minionkeys.accepted_pub(opts, hv), gfx["password"], f"{name}/graphics", job)
         kwarg = dict(kwarg, graphics=dict(gfx, password=sealed))
     return kwarg

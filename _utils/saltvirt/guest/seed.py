@@ -192,6 +192,8 @@ class Request:
     priv_key: str | dict | None = None
     minion_config: dict | None = None
     pki_dir: str | None = None
+    job: str | None = None  # the Salt job this virt.init runs in: a sealed secret opens only in its own job
+    replay_cache: str | None = None  # the file remembering envelopes opened (saltvirt.pki.envelope)
 
     ARGS = {
         "seed_backend": "backend",
@@ -201,6 +203,8 @@ class Request:
         "priv_key": "priv_key",
         "minion_config": "minion_config",
         "pki_dir": "pki_dir",
+        "envelope_job": "job",
+        "replay_cache": "replay_cache",
     }
 
     @classmethod

@@ -13,12 +13,22 @@ and by anyone reading the job cache. Instead the runner seals it:
 * :func:`unseal` runs on that hypervisor with its own ``<pki_dir>/minion.pem``. Another minion holding
   the envelope cannot open it (wrong RSA key), and a tampered envelope fails the GCM tag check.
 
-The envelope is plain JSON-able data: ``{v, alg, kid, context, ek, nonce, ct}`` (base64 strings).
+An envelope is bound to its purpose: the context (``<minion_id>/priv_key``, ``<vm>/graphics``), the Salt
+job it was published in, a random id and the sealing time are authenticated data. :func:`unseal` opens it
+only for the context and job the caller names, at most ``MAX_AGE`` after sealing, and once: the ids it
+opened are remembered (``replay_cache``) until they expire. Every minion sees every publication and the
+job cache keeps them, so without this an envelope passed elsewhere (e.g. a VM's sealed key as another
+VM's console password) would make the hypervisor a decryption oracle.
+
+The envelope is plain JSON-able data: ``{v, alg, kid, context, job, id, iat, ek, nonce, ct}``.
 """
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import os
+import time
 from typing import Any
 
 from cryptography.hazmat.primitives import hashes, serialization
@@ -28,9 +38,18 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Data
 
-VERSION = 1
+VERSION = 2
 ALG = "RSA-OAEP-SHA256+A256GCM"
 _FIELDS = ("v", "alg", "kid", "ek", "nonce", "ct")
+MAX_AGE = 24 * 3600  # an envelope older than this is refused (and its id forgotten by the replay cache)
+CLOCK_SKEW = 300
+PURPOSE_REFUSED = (
+    "the sealed secret was not sealed as {context}: an envelope opens only for the purpose salt-run virt.init "
+    "sealed it for; pass it nowhere else"
+)
+JOB_REFUSED = "the sealed secret belongs to another job: it opens only in the job salt-run virt.init published it in"
+REPLAY_REFUSED = "the sealed secret was opened before: an envelope opens once; run salt-run virt.init again"
+EXPIRED_REFUSED = "the sealed secret has expired or its time is invalid: run salt-run virt.init again"
 
 
 def _oaep():
@@ -66,8 +85,9 @@ def fingerprint(pub: str | bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
-def _aad(kid, context):
-    return f"salt-virt/envelope/v{VERSION}|{kid}|{context or ''}".encode()
+def _aad(env: Data) -> str:
+    parts = (env["kid"], env.get("context") or "", env.get("job") or "", env.get("id") or "", str(env.get("iat")))
+    return f"salt-virt/envelope/v{VERSION}|" + "|".join(parts)
 
 
 def new_keypair(bits: int = 2048) -> tuple[str, str]:
@@ -81,25 +101,28 @@ def new_keypair(bits: int = 2048) -> tuple[str, str]:
     return pub.decode(), priv
 
 
-def seal(pub_pem: str | bytes, secret: str, context: str = "") -> Data:
-    """Encrypt ``secret`` (str) for the holder of the private key matching ``pub_pem``."""
+def seal(pub_pem: str | bytes, secret: str, context: str, job: str) -> Data:
+    """Encrypt ``secret`` (str) for the holder of the private key matching ``pub_pem``, to be opened only
+    as ``context`` (e.g. ``web1/priv_key``) in Salt job ``job`` (the jid the runner publishes it in)."""
     if not isinstance(secret, (str, bytes)) or not secret:
         raise SaltInvocationError("cannot seal an empty secret")
+    if not context or not job:
+        raise SaltInvocationError("cannot seal without a context and a job: an envelope is bound to its purpose")
     plain = secret.encode() if isinstance(secret, str) else secret
     key = _load_public(pub_pem)
-    kid = fingerprint(key)
-    cek = AESGCM.generate_key(bit_length=256)
-    nonce = os.urandom(12)
-    ct = AESGCM(cek).encrypt(nonce, plain, _aad(kid, context))
-    return {
+    env = {
         "v": VERSION,
         "alg": ALG,
-        "kid": kid,
-        "context": context or "",
-        "ek": _b64(key.encrypt(cek, _oaep())),
-        "nonce": _b64(nonce),
-        "ct": _b64(ct),
+        "kid": fingerprint(key),
+        "context": str(context),
+        "job": str(job),
+        "id": _b64(os.urandom(16)),
+        "iat": int(time.time()),
     }
+    cek = AESGCM.generate_key(bit_length=256)
+    nonce = os.urandom(12)
+    ct = AESGCM(cek).encrypt(nonce, plain, _aad(env).encode())
+    return dict(env, ek=_b64(key.encrypt(cek, _oaep())), nonce=_b64(nonce), ct=_b64(ct))
 
 
 def is_envelope(value: Any) -> bool:
@@ -119,8 +142,33 @@ def _minion_private_key(pki_dir):
         raise CommandExecutionError(f"cannot open the sealed key: cannot read {path}: {exc}") from None
 
 
-def unseal(envelope: Any, pki_dir: str) -> str:
-    """Open an envelope with this minion's key (``<pki_dir>/minion.pem``); returns the secret as str."""
+def _remember(replay_cache: str | None, env_id: str, now: float) -> None:
+    """Record ``env_id`` as opened in the file ``replay_cache`` (``<id> <expiry>`` lines, locked; expired
+    lines dropped); raise if it was opened before. None: no cache (a caller outside a minion job)."""
+    if not replay_cache:
+        return
+    os.makedirs(os.path.dirname(replay_cache) or ".", mode=0o700, exist_ok=True)
+    fd = os.open(replay_cache, os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        live = {}
+        for line in fh.read().splitlines():
+            seen, _, expiry = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                if float(expiry) > now:
+                    live[seen] = expiry
+        if env_id in live:
+            raise CommandExecutionError(REPLAY_REFUSED)
+        live[env_id] = str(int(now + MAX_AGE + CLOCK_SKEW))
+        fh.seek(0)
+        fh.truncate()
+        fh.write("".join(f"{k} {v}\n" for k, v in live.items()))
+
+
+def unseal(envelope: Any, pki_dir: str, context: str, job: str, replay_cache: str | None = None) -> str:
+    """Open an envelope with this minion's key (``<pki_dir>/minion.pem``) as ``context`` in job ``job``;
+    returns the secret as str. Refused: another context or job, too old, already opened (``replay_cache``:
+    the file remembering opened envelopes). No refusal shows anything of the secret."""
     if not is_envelope(envelope):
         raise SaltInvocationError(f"sealed key: not an envelope (needs fields {', '.join(_FIELDS)})")
     if envelope["v"] != VERSION or envelope["alg"] != ALG:
@@ -128,6 +176,14 @@ def unseal(envelope: Any, pki_dir: str) -> str:
             f"sealed key: unsupported envelope v={envelope['v']!r} alg={envelope['alg']!r} "
             f"(this salt-virt reads v{VERSION} {ALG}): update salt-virt on this hypervisor"
         )
+    if not context or envelope.get("context") != context:
+        raise CommandExecutionError(PURPOSE_REFUSED.format(context=context))
+    if not job or str(envelope.get("job")) != str(job):
+        raise CommandExecutionError(JOB_REFUSED)
+    now = time.time()
+    iat = envelope.get("iat")
+    if not isinstance(iat, int) or isinstance(iat, bool) or not now - MAX_AGE <= iat <= now + CLOCK_SKEW:
+        raise CommandExecutionError(EXPIRED_REFUSED)
     key = _minion_private_key(pki_dir)
     mine = fingerprint(key.public_key())
     if mine != envelope["kid"]:
@@ -141,10 +197,11 @@ def unseal(envelope: Any, pki_dir: str) -> str:
         plain = AESGCM(cek).decrypt(
             _unb64(envelope["nonce"], "nonce"),
             _unb64(envelope["ct"], "ct"),
-            _aad(envelope["kid"], envelope.get("context")),
+            _aad(envelope).encode(),
         )
     except (SaltInvocationError, CommandExecutionError):
         raise
     except Exception:  # noqa: BLE001 - InvalidTag/ValueError: tampered or corrupt, never say more
         raise CommandExecutionError("the sealed key could not be opened: it is corrupt or was tampered with") from None
+    _remember(replay_cache, str(envelope.get("id")), now)
     return plain.decode()

@@ -74,9 +74,11 @@ def check_keys(entry, what, supported, refused=None, extra=()):
         raise unknown_key_error(key, what, tuple(supported) + tuple(k for k in extra if k not in DISK_INTERNAL))
 
 
-def _plain_text(value, what, maximum=4096):
+def _plain_text(value, what, maximum=4096, secret=False):
+    """``value`` if it is one line of text; ``secret``: the refusal never shows the value (a password)."""
     if not isinstance(value, str) or len(value) > maximum or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise SaltInvocationError(f"{what} must be text without control characters or newlines, got {value!r}")
+        shown = f"at most {maximum} characters" if secret else f"got {value!r}"
+        raise SaltInvocationError(f"{what} must be text without control characters or newlines, {shown}")
     return value
 
 
@@ -130,7 +132,7 @@ def graphics(value, enable_vnc=False):
             raise SaltInvocationError(f"graphics:port must be -1 (automatic) or 1-65535, got {value['port']!r}")
         out["port"] = port
     if value.get("password") is not None:
-        out["password"] = _plain_text(value["password"], "graphics:password", maximum=256)
+        out["password"] = _plain_text(value["password"], "graphics:password", maximum=256, secret=True)
     return out
 
 

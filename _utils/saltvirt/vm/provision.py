@@ -195,7 +195,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     gfx = spec_args.get("graphics")
     if isinstance(gfx, dict) and envelope.is_envelope(gfx.get("password")):
         # sealed by the runner for this hypervisor only: a console password never travels in clear
-        spec_args["graphics"] = dict(gfx, password=envelope.unseal(gfx["password"], seed_request.pki_dir))
+        spec_args["graphics"] = dict(gfx, password=_unseal(seed_request, gfx["password"], f"{name}/graphics"))
     spec = vmspec.build(
         name,
         cpu,
@@ -390,6 +390,11 @@ def _remove_manifest(vm_dir):
         os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
 
 
+def _unseal(req, sealed, context):
+    """A secret the runner sealed for this hypervisor, opened only as ``context`` in this job."""
+    return envelope.unseal(sealed, req.pki_dir, context, req.job, replay_cache=req.replay_cache)
+
+
 def _seed(spec, req, plan):
     """Seed ``req`` (a :class:`saltvirt.guest.seed.Request`) into the first disk: the minion's id, master, key
     pair (opened here when the runner sealed it for this hypervisor) and config; ``plan`` (a
@@ -398,7 +403,7 @@ def _seed(spec, req, plan):
     key = {"minion_id": req.minion_id}
     pub_key, priv_key = req.pub_key, req.priv_key
     if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.pki.envelope)
-        priv_key = envelope.unseal(priv_key, req.pki_dir)
+        priv_key = _unseal(req, priv_key, f"{req.minion_id}/priv_key")
     if not pub_key or not priv_key:
         if pub_key or priv_key:
             raise SaltInvocationError("pass both pub_key and priv_key, or neither (a new key pair is generated)")

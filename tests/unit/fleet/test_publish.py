@@ -98,7 +98,7 @@ class _AnsweringClient:
     def __init__(self, answers):
         self.answers, self.read = answers, []
 
-    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True):
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, jid="", kwarg=None, listen=True):
         return {"jid": "1", "minions": list(tgt)}
 
     def get_iter_returns(self, jid, minions, **_kw):

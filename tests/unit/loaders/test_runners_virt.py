@@ -53,3 +53,22 @@ def test_init_never_forwards_a_connection_argument(runner, tmp_path, arg):
     assert ret["data"] == {"error": message, "retcode": 1}
     assert hostile not in str(ret)
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "arg"),
+    [
+        ({"graphics": {"type": "vnc", "password": {"v": 2, "ct": "stolen"}}}, "graphics:password"),
+        ({"priv_key": {"v": 2, "ct": "stolen"}}, "priv_key"),
+    ],
+)
+def test_init_never_forwards_an_envelope_from_a_call(runner, tmp_path, kwargs, arg):
+    """A sealed secret (e.g. another VM's key from the job cache) never passes the runner unsealed."""
+    ret = runner["virt.init"]("web1", 1, 128, **kwargs)
+    message = (
+        f"salt-run virt.init: {arg} must be given in clear to the runner (it seals it for the chosen hypervisor "
+        "itself); a sealed envelope or mapping is never accepted from a call"
+    )
+    assert ret["data"] == {"error": message, "retcode": 1}
+    assert "stolen" not in str(ret)
+    assert not (tmp_path / "pki").exists()

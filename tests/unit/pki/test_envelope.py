@@ -1,4 +1,5 @@
-"""saltvirt.pki.envelope: a secret sealed for one minion opens only with that minion's key."""
+"""saltvirt.pki.envelope: a secret sealed for one minion opens only with that minion's key, only for the
+purpose (context) and job it was sealed for, and only once."""
 
 import json
 import os
@@ -21,6 +22,9 @@ def minion_pki(tmp_path, name):
     return pki, pub
 
 
+CTX, JOB = "web1/priv_key", "20261125203000123456"
+
+
 @pytest.fixture
 def secret():
     return envelope.new_keypair()[1]  # a new VM minion's private key, what the runner seals
@@ -29,15 +33,15 @@ def secret():
 def test_only_the_recipient_opens_it(tmp_path, secret):
     hv1, hv1_pub = minion_pki(tmp_path, "hv1")
     hv2, _ = minion_pki(tmp_path, "hv2")
-    sealed = envelope.seal(hv1_pub, secret, context="web1")
-    assert envelope.unseal(sealed, str(hv1)) == secret
+    sealed = envelope.seal(hv1_pub, secret, CTX, JOB)
+    assert envelope.unseal(sealed, str(hv1), CTX, JOB) == secret
     with pytest.raises(CommandExecutionError, match="sealed for another minion"):
-        envelope.unseal(sealed, str(hv2))
+        envelope.unseal(sealed, str(hv2), CTX, JOB)
 
 
 def test_envelope_is_plain_data_without_the_secret(tmp_path, secret):
     _pki, pub = minion_pki(tmp_path, "hv1")
-    sealed = envelope.seal(pub, secret)
+    sealed = envelope.seal(pub, secret, CTX, JOB)
     # it travels through Salt's msgpack publication and lands in the JSON job cache
     assert salt.payload.loads(salt.payload.dumps(sealed)) == sealed
     text = json.dumps(sealed)
@@ -50,28 +54,75 @@ def test_envelope_is_plain_data_without_the_secret(tmp_path, secret):
 
 def test_two_seals_of_the_same_secret_differ(tmp_path, secret):
     _pki, pub = minion_pki(tmp_path, "hv1")
-    a, b = envelope.seal(pub, secret), envelope.seal(pub, secret)
-    assert a["ct"] != b["ct"] and a["ek"] != b["ek"] and a["nonce"] != b["nonce"]
+    a, b = envelope.seal(pub, secret, CTX, JOB), envelope.seal(pub, secret, CTX, JOB)
+    assert a["ct"] != b["ct"] and a["ek"] != b["ek"] and a["nonce"] != b["nonce"] and a["id"] != b["id"]
 
 
-@pytest.mark.parametrize("field", ["ct", "nonce", "ek", "kid", "context"])
+@pytest.mark.parametrize("field", ["ct", "nonce", "ek", "kid", "id", "iat"])
 def test_tampering_is_detected(tmp_path, secret, field):
     pki, pub = minion_pki(tmp_path, "hv1")
-    sealed = envelope.seal(pub, secret, context="web1")
+    sealed = envelope.seal(pub, secret, CTX, JOB)
     value = sealed[field]
     if field == "kid":  # claiming another recipient: refused before any decryption
         sealed[field] = "0" * 64
         with pytest.raises(CommandExecutionError, match="sealed for another minion"):
-            envelope.unseal(sealed, str(pki))
+            envelope.unseal(sealed, str(pki), CTX, JOB)
         return
-    if field == "context":
-        sealed[field] = "web2"
+    if field == "iat":
+        sealed[field] = value - 1
     else:
         raw = bytearray(envelope._unb64(value, field))
         raw[len(raw) // 2] ^= 0x01
         sealed[field] = envelope._b64(bytes(raw))
     with pytest.raises(CommandExecutionError, match="corrupt or was tampered with"):
-        envelope.unseal(sealed, str(pki))
+        envelope.unseal(sealed, str(pki), CTX, JOB)
+
+
+def test_another_purpose_is_refused_without_the_secret(tmp_path, secret):
+    """A VM's sealed private key passed as another VM's console password (issue 23): never opened."""
+    pki, pub = minion_pki(tmp_path, "hv1")
+    sealed = envelope.seal(pub, secret, CTX, JOB)
+    for context in ("web2/graphics", "web1/graphics", "web2/priv_key"):
+        with pytest.raises(CommandExecutionError) as err:
+            envelope.unseal(sealed, str(pki), context, JOB)
+        assert str(err.value) == envelope.PURPOSE_REFUSED.format(context=context)
+    # rewriting the context to match is caught by the authentication tag
+    with pytest.raises(CommandExecutionError, match="corrupt or was tampered with"):
+        envelope.unseal(dict(sealed, context="web2/graphics"), str(pki), "web2/graphics", JOB)
+
+
+def test_another_job_is_refused(tmp_path, secret):
+    pki, pub = minion_pki(tmp_path, "hv1")
+    sealed = envelope.seal(pub, secret, CTX, JOB)
+    with pytest.raises(CommandExecutionError) as err:
+        envelope.unseal(sealed, str(pki), CTX, "20261125203000999999")
+    assert str(err.value) == envelope.JOB_REFUSED
+    with pytest.raises(CommandExecutionError, match="corrupt or was tampered with"):
+        envelope.unseal(dict(sealed, job="20261125203000999999"), str(pki), CTX, "20261125203000999999")
+
+
+def test_an_envelope_opens_once(tmp_path, secret):
+    pki, pub = minion_pki(tmp_path, "hv1")
+    cache = str(tmp_path / "cache" / "opened")
+    sealed = envelope.seal(pub, secret, CTX, JOB)
+    assert envelope.unseal(sealed, str(pki), CTX, JOB, replay_cache=cache) == secret
+    with pytest.raises(CommandExecutionError) as err:
+        envelope.unseal(sealed, str(pki), CTX, JOB, replay_cache=cache)
+    assert str(err.value) == envelope.REPLAY_REFUSED and secret not in str(err.value)
+    other = envelope.seal(pub, secret, CTX, JOB)  # another envelope still opens
+    assert envelope.unseal(other, str(pki), CTX, JOB, replay_cache=cache) == secret
+    assert os.stat(cache).st_mode & 0o777 == 0o600
+
+
+def test_expired_or_future_envelopes_are_refused(tmp_path, secret, monkeypatch):
+    pki, pub = minion_pki(tmp_path, "hv1")
+    sealed = envelope.seal(pub, secret, CTX, JOB)
+    for shift in (envelope.MAX_AGE + 60, -(envelope.CLOCK_SKEW + 60)):
+        now = sealed["iat"] + shift
+        monkeypatch.setattr(envelope.time, "time", lambda now=now: now)
+        with pytest.raises(CommandExecutionError) as err:
+            envelope.unseal(sealed, str(pki), CTX, JOB)
+        assert str(err.value) == envelope.EXPIRED_REFUSED
 
 
 def test_pkcs1_and_spki_spellings_have_one_fingerprint(tmp_path):
@@ -87,18 +138,20 @@ def test_pkcs1_and_spki_spellings_have_one_fingerprint(tmp_path):
 def test_bad_inputs_have_clear_errors(tmp_path, secret):
     pki, pub = minion_pki(tmp_path, "hv1")
     with pytest.raises(SaltInvocationError, match="not a PEM public key"):
-        envelope.seal("not a key", secret)
+        envelope.seal("not a key", secret, CTX, JOB)
     with pytest.raises(SaltInvocationError, match="empty secret"):
-        envelope.seal(pub, "")
+        envelope.seal(pub, "", CTX, JOB)
+    with pytest.raises(SaltInvocationError, match="without a context and a job"):
+        envelope.seal(pub, secret, "", JOB)
     with pytest.raises(SaltInvocationError, match="not an envelope"):
-        envelope.unseal({"ct": "abc"}, str(pki))
-    sealed = envelope.seal(pub, secret)
+        envelope.unseal({"ct": "abc"}, str(pki), CTX, JOB)
+    sealed = envelope.seal(pub, secret, CTX, JOB)
     with pytest.raises(SaltInvocationError, match="unsupported envelope"):
-        envelope.unseal(dict(sealed, v=99), str(pki))
+        envelope.unseal(dict(sealed, v=1), str(pki), CTX, JOB)
     with pytest.raises(SaltInvocationError, match="not valid base64"):
-        envelope.unseal(dict(sealed, ct="***"), str(pki))
+        envelope.unseal(dict(sealed, ct="***"), str(pki), CTX, JOB)
     with pytest.raises(CommandExecutionError, match="minion.pem does not exist"):
-        envelope.unseal(sealed, str(tmp_path / "nowhere"))
+        envelope.unseal(sealed, str(tmp_path / "nowhere"), CTX, JOB)
 
 
 def test_new_keypair_is_a_salt_minion_keypair(tmp_path):

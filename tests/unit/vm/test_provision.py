@@ -73,7 +73,7 @@ def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_pa
     pub, priv = envelope.new_keypair()
     (tmp_path / "pki").mkdir()
     (tmp_path / "pki" / "minion.pem").write_text(priv)
-    sealed = envelope.seal(pub, "s3cret-1", context="gfx3/graphics")
+    sealed = envelope.seal(pub, "s3cret-1", "gfx3/graphics", "20261125000000000001")
     gfx = {"type": "vnc", "password": sealed}
     ret = provision.init(
         test_conn,
@@ -85,9 +85,39 @@ def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_pa
         disk=None,
         graphics=gfx,
         pki_dir=str(tmp_path / "pki"),
+        envelope_job="20261125000000000001",
     )
     assert "passwd='s3cret-1'" in test_conn.lookupByName("gfx3").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
     assert "s3cret-1" not in repr(ret)
+
+
+def test_a_sealed_key_is_no_console_password(test_conn, tmp_path):
+    """Issue 23: another VM's sealed private key passed as graphics:password is refused before it is opened
+    (the hypervisor is no decryption oracle), and nothing is defined."""
+    from saltvirt.pki import envelope
+
+    pub, priv = envelope.new_keypair()
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "minion.pem").write_text(priv)
+    victim_key = envelope.new_keypair()[1]
+    job = "20261125000000000002"
+    sealed = envelope.seal(pub, victim_key, "victim/priv_key", job)
+    for name, context_job in (("gfx4", job), ("gfx5", "20261125000000000003")):
+        with pytest.raises(CommandExecutionError) as err:
+            provision.init(
+                test_conn,
+                name,
+                1,
+                64,
+                images_dir=str(tmp_path),
+                nic=None,
+                disk=None,
+                graphics={"type": "vnc", "password": sealed},
+                pki_dir=str(tmp_path / "pki"),
+                envelope_job=context_job,
+            )
+        assert "sealed" in str(err.value) and "PRIVATE KEY" not in str(err.value)
+        assert name not in [d.name() for d in test_conn.listAllDomains(0)]
 
 
 def test_init_returns_the_new_vms_info_as_vm_info_reports_it(test_conn, tmp_path):
