@@ -157,9 +157,8 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     if watch:
         client.event.subscribe(watch[0], match_type="startswith")
     with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
-        pub = client.run_job(
-            tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], jid=jid or "", kwarg=kwarg, listen=True
-        )
+        more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
+        pub = client.run_job(tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], kwarg=kwarg, listen=True, **more)
     if noise.getvalue().strip():
         log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
     started = time.monotonic()

@@ -170,13 +170,10 @@ def _create(
         pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
         while pos < len(order):
             hv = order[pos]
-            pub_jid = new_jid(opts)  # what the secrets below are sealed for: they open in this publication only
-            kwarg = seal_console_password(opts, hv, dict(base_kwarg), name, pub_jid)
             attempt += 1
-            if seed:
-                if attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
-                    keys.fresh()
-                kwarg.update(pub_key=keys.pub, priv_key=keys.sealed_for(hv, pub_jid), minion_id=key_id)
+            if seed and attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
+                keys.fresh()
+            pub_jid, kwarg = _sealed_kwarg(opts, hv, base_kwarg, name, keys if seed else None)
             lease.check()  # never publish for a name whose lock we no longer hold
             lease.note(host=hv)
             args = [name, req["cpu"], req["mem"]]
@@ -227,6 +224,16 @@ def _snapshot(opts, name, cfg, client, progress):
     _mark(progress, "hosts_queried")
     _refuse_existing_vm(hosts, name)
     return hosts
+
+
+def _sealed_kwarg(opts, hv, base_kwarg, name, keys):
+    """``(jid, kwarg)``: a new job id and virt.init's arguments with its secrets (console password, the
+    minion's private key when ``keys``) sealed for ``hv``, to open in that job only."""
+    pub_jid = new_jid(opts)
+    kwarg = seal_console_password(opts, hv, dict(base_kwarg), name, pub_jid)
+    if keys:
+        kwarg.update(pub_key=keys.pub, priv_key=keys.sealed_for(hv, pub_jid), minion_id=keys.key_id)
+    return pub_jid, kwarg
 
 
 def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job):

@@ -143,10 +143,10 @@ class _RecordingClient:
         self.answers, self.published = answers, []
         self.event = None
 
-    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True):
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
         self.published.append((fun, sorted(tgt)))
         self._fun, self._tgt = fun, list(tgt)
-        return {"jid": str(len(self.published)), "minions": list(tgt)}
+        return {"jid": jid or str(len(self.published)), "minions": list(tgt)}
 
     def get_iter_returns(self, jid, minions, **_kw):
         for mid in self._tgt:
