@@ -6,10 +6,13 @@ to libvirt.
 
 import logging
 import urllib.parse
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import ConfigGet, Data, SaltOpts
 from saltvirt.spec import speckeys, vmspec as spec
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,7 @@ def _flat_lookup(get, key):
     return _MISSING, None
 
 
-def config_getter(get):
+def config_getter(get: ConfigGet) -> ConfigGet:
     """Wrap a ``config.get``-like ``get(key, default)``: ``virt:x`` falls back to the old flat ``virt.x``
     spelling, with a deprecation warning in the log."""
 
@@ -54,7 +57,7 @@ def config_getter(get):
     return lookup
 
 
-def master_virt_conf(opts):
+def master_virt_conf(opts: SaltOpts) -> tuple[Data, list[str]]:
     """The master's ``virt`` mapping with old flat keys (``virt.tunnel: True``) merged in (the mapping
     wins on a conflict); ``(conf, warnings)``."""
     conf = opts.get("virt") or {}
@@ -66,7 +69,7 @@ def master_virt_conf(opts):
         if isinstance(key, str) and key.startswith("virt.") and len(key) > 5:
             sub = key[5:]
             path = sub.split(".")
-            target = conf
+            target: Any = conf
             for part in path[:-1]:
                 target = target.setdefault(part, {}) if isinstance(target.get(part, {}), dict) else None
                 if target is None:
@@ -83,7 +86,7 @@ def master_virt_conf(opts):
     return conf, warnings
 
 
-def master_opts(opts):
+def master_opts(opts: SaltOpts) -> SaltOpts:
     """A copy of ``opts`` whose ``virt`` mapping includes the old flat keys."""
     conf, _ = master_virt_conf(opts)
     return dict(opts, virt=conf)
@@ -101,14 +104,14 @@ NOT_FORWARDED = (
 )
 
 
-def refuse_connection_args(kwargs, where):
+def refuse_connection_args(kwargs: Mapping[str, Any], where: str) -> None:
     """The runner's refusal of a connection argument meant for a hypervisor (its value is not echoed)."""
     for arg in CONNECTION_ARGS:
         if arg in kwargs:
             raise SaltInvocationError(NOT_FORWARDED.format(where=where, arg=arg))
 
 
-def init_args(kwargs, where="virt.init"):
+def init_args(kwargs: dict[str, Any], where: str = "virt.init") -> list[str]:
     """Map Salt's / older spellings in ``kwargs`` (a dict, modified in place) to salt-virt's;
     returns the deprecation warnings to put in the return. Refuses what cannot be mapped."""
     warnings = []
@@ -153,7 +156,7 @@ def init_args(kwargs, where="virt.init"):
     return warnings
 
 
-def refuse_unknown(kwargs, known, where):
+def refuse_unknown(kwargs: Mapping[str, Any], known: Collection[str], where: str) -> None:
     """Raise for arguments not in ``known``, naming the nearest one."""
     unknown = sorted(k for k in kwargs if not str(k).startswith("__") and k not in known)
     if not unknown:
@@ -168,7 +171,7 @@ def refuse_unknown(kwargs, known, where):
 MIGRATION_SCHEMES = ("qemu+tls", "qemu+tcp", "qemu+ssh", "qemu+libssh2", "qemu+libssh")
 
 
-def migration_target(target, target_uri=None):
+def migration_target(target: str, target_uri: str | None = None) -> tuple[str | None, str | None]:
     """Salt >= 3002 accepts a libvirt URI as ``virt.migrate`` target (``qemu+tls://hv2/system``):
     ``(host, uri)``; a plain host name gives ``(target, target_uri)`` unchanged."""
     if not isinstance(target, str) or "://" not in target:
@@ -192,7 +195,7 @@ def migration_target(target, target_uri=None):
     return host, target
 
 
-def profiles(configured):
+def profiles(configured: Any) -> Data:
     """``virt.get_profiles``: every NIC/disk profile (``default`` built in) as lists of named entries."""
     out = {}
     for kind, default in (("nic", spec.DEFAULT_NICS), ("disk", spec.DEFAULT_DISKS)):

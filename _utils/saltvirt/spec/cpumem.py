@@ -6,10 +6,12 @@ equal. :mod:`saltvirt.spec.vmspec` calls these; nothing here touches libvirt.
 """
 
 import re
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 from saltvirt.spec.speckeys import NOT_YET, check_keys, flag
 
 # cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
@@ -56,7 +58,7 @@ def _choice(value, what, allowed):
     return value
 
 
-def cpu_detail(value):
+def cpu_detail(value: Any) -> tuple[Any, Data | None]:
     """Salt's ``cpu`` dict -> ``(vCPUs, {<cpu> attributes/children})``; a number -> ``(number, None)``."""
     if not isinstance(value, dict):
         return value, None
@@ -111,13 +113,13 @@ def _cpu_model(model, out):
         out["model"]["vendor_id"] = vid
 
 
-def cpuset(value, what, maximum=None, of="vCPUs"):
+def cpuset(value: Any, what: str, maximum: int | None = None, of: str = "vCPUs") -> str:
     """A CPU set (``0-3,^2,6`` or one number) in libvirt's canonical spelling (``0-1,3,6``), as libvirt
     writes it back; every id below ``maximum`` when given (the guest's vCPUs)."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
     if not _CPUSET_RE.match(text):
         raise SaltInvocationError(f"{what} must be a CPU set like 0-3,^2,6, got {value!r}")
-    ids = set()
+    ids: set[int] = set()
     for part in text.split(","):
         neg = part.startswith("^")
         lo, _, hi = part.lstrip("^").partition("-")
@@ -129,7 +131,7 @@ def cpuset(value, what, maximum=None, of="vCPUs"):
         raise SaltInvocationError(f"{what}: {value!r} names no CPU")
     if maximum is not None and max(ids) >= maximum:
         raise SaltInvocationError(f"{what}: {max(ids)} does not exist (the VM has {maximum} {of}: 0-{maximum - 1})")
-    runs = []  # [first, last] of each run of consecutive ids
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive ids
     for i in sorted(ids):
         if runs and i == runs[-1][1] + 1:
             runs[-1][1] = i
@@ -173,7 +175,7 @@ def _vcpu_id(key, what, count):
     return vcpu
 
 
-def cpu_tuning(value, count):
+def cpu_tuning(value: Any, count: int) -> Data:
     """Salt's ``cpu:tuning`` -> ``<cputune>``: vcpupin {vcpu: host cpuset}, emulatorpin, shares, the CFS
     periods (1000-1000000 us) and quotas (-1 or 1000-17592186044415 us)."""
     check_keys(value, "cpu:tuning", TUNING_KEYS, TUNING_REFUSED)
@@ -200,12 +202,13 @@ def cpu_tuning(value, count):
     return out
 
 
-def numa_cells(value, count):
+def numa_cells(value: Any, count: int) -> list[Data]:
     """Salt's ``cpu:numa`` ({cell id: {cpus, memory, memAccess, discard}}) -> a list of guest NUMA cells
     (memory in MiB), ids 0..n-1, vCPUs of the VM, no vCPU in two cells."""
     if not isinstance(value, dict) or not value:
         raise SaltInvocationError(f"cpu:numa must map cell ids (0, 1, ...) to {{cpus, memory}}, got {value!r}")
-    cells, seen = [], set()
+    cells: list[Data] = []
+    seen: set[int] = set()
     for key in sorted(value, key=lambda k: _int_in(k, "cpu:numa cell id", 0, 255)):
         cell_id = _int_in(key, "cpu:numa cell id", 0, 255)
         where = f"cpu:numa:{cell_id}"
@@ -238,7 +241,7 @@ def _cpu_ids(canonical):
     return ids
 
 
-def mib(value, what):
+def mib(value: Any, what: str) -> int:
     """A size in MiB: a number (MiB) or Salt's ``512m``/``1g``/``1 GiB``."""
     if isinstance(value, bool):
         raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
@@ -252,7 +255,7 @@ def mib(value, what):
     return int(size)
 
 
-def mem_detail(value):
+def mem_detail(value: Any) -> tuple[Any, Data | None]:
     """Salt's ``mem`` dict -> ``(boot MiB, {memtune limits in MiB})``; a number -> ``(number, None)``."""
     if not isinstance(value, dict):
         return value, None
@@ -264,7 +267,7 @@ def mem_detail(value):
     return boot_mib, limits or None
 
 
-def mem_layout(value, boot_mib, numa_cells=0):
+def mem_layout(value: Any, boot_mib: int, numa_cells: int = 0) -> tuple[int | None, Data | None, Data | None]:
     """Salt's ``mem:current`` / ``max`` + ``slots`` / backing keys -> ``(current MiB or None, {size, slots}
     or None, <memoryBacking> dict or None)``. ``numa_cells``: how many guest NUMA cells cpu:numa has."""
     if not isinstance(value, dict):
@@ -294,7 +297,7 @@ def _kib(value, what):
     return int(match.group(1)) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}[(match.group(2) or "m").lower()]
 
 
-def memory_backing(value, numa_cells=0):
+def memory_backing(value: Any, numa_cells: int = 0) -> Data | None:
     """Salt's mem:hugepages (True, or [{size, nodeset}]), nosharepages, locked, source, access,
     allocation, discard -> the ``<memoryBacking>`` dict, or None."""
     out = {}
@@ -346,7 +349,7 @@ def _host_nodes(nodeset, what):
     return cpuset(nodeset, what)
 
 
-def numatune(value, numa_cells=0):
+def numatune(value: Any, numa_cells: int = 0) -> Data | None:
     """Salt's ``numatune: {memory: {mode, nodeset}, memnodes: {<guest cell>: {mode, nodeset}}}`` ->
     ``{mode, nodeset, memnodes: [{cellid, mode, nodeset}]}`` (modes strict|interleave|preferred|restrictive;
     ``numa_cells``: how many guest NUMA cells cpu:numa has, which memnodes name)."""

@@ -11,10 +11,13 @@ salt-virt does not implement are refused with the reason rather than ignored.
 import difflib
 import ipaddress
 import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 
 GRAPHICS_KEYS = ("type", "port", "listen", "password")
 LISTEN_KEYS = ("type", "address")
@@ -48,19 +51,25 @@ _TARGET_RE = re.compile(r"^(vd|sd|hd|xvd)[a-z]{1,3}$")
 _DEVICES = ("disk", "cdrom")
 
 
-def nearest(key, choices):
+def nearest(key: str, choices: Iterable[str]) -> str | None:
     """The supported key closest to ``key`` (difflib), or None."""
     hits = difflib.get_close_matches(str(key), [str(c) for c in choices], n=1, cutoff=0.5)
     return hits[0] if hits else None
 
 
-def unknown_key_error(key, what, supported):
+def unknown_key_error(key: str, what: str, supported: Sequence[str]) -> SaltInvocationError:
     hint = nearest(key, supported)
     said = f"; did you mean {hint!r}?" if hint else ""
     return SaltInvocationError(f"{what}: unknown key {key!r}{said} (supported: {', '.join(supported)})")
 
 
-def check_keys(entry, what, supported, refused=None, extra=()):
+def check_keys(
+    entry: Any,
+    what: str,
+    supported: Collection[str],
+    refused: Mapping[str, str] | None = None,
+    extra: Collection[str] = (),
+) -> None:
     """Raise for any key of ``entry`` that is neither ``supported`` (or ``extra``) nor silently allowed:
     a key of Salt's that salt-virt refuses gets its reason, anything else the nearest supported key."""
     if not isinstance(entry, dict):
@@ -82,7 +91,7 @@ def _plain_text(value, what, maximum=4096, secret=False):
     return value
 
 
-def listen_address(value, what="graphics:listen"):
+def listen_address(value: Any, what: str = "graphics:listen") -> str:
     """An IP address or host name to listen on (never anything that could be markup)."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
     if text:
@@ -94,7 +103,7 @@ def listen_address(value, what="graphics:listen"):
     raise SaltInvocationError(f"{what} must be an IP address or a host name, got {value!r}")
 
 
-def graphics(value, enable_vnc=False):
+def graphics(value: Any, enable_vnc: Any = False) -> Data | None:
     """``graphics`` (a type string, or Salt's mapping) -> ``{type, listen, port, password}`` or None."""
     if value in (None, "", False):
         return {"type": "vnc"} if validate.to_bool(enable_vnc) else None
@@ -136,7 +145,7 @@ def graphics(value, enable_vnc=False):
     return out
 
 
-def nic(entry, what):
+def nic(entry: Data, what: str) -> None:
     """Check one NIC entry (after shorthand expansion) key by key and value by value."""
     check_keys(entry, what, NIC_KEYS)
     if entry.get("source") is not None and not _SOURCE_RE.fullmatch(str(entry["source"])):
@@ -147,7 +156,7 @@ def nic(entry, what):
         raise SaltInvocationError(f"{what}:mac must look like 52:54:00:12:34:56, got {entry['mac']!r}")
 
 
-def disk(entry, what):
+def disk(entry: Data, what: str) -> Data:
     """Check one disk entry key by key; Salt's spellings are mapped to ours. Returns the mapped entry."""
     check_keys(entry, what, DISK_KEYS, DISK_REFUSED, extra=tuple(DISK_ALIASES) + DISK_INTERNAL)
     entry = dict(entry)
@@ -170,7 +179,7 @@ def disk(entry, what):
     return entry
 
 
-def boot(value):
+def boot(value: Any) -> Data | None:
     """Check ``boot`` key by key; returns it (or None)."""
     if not value:
         return None
@@ -191,7 +200,7 @@ def boot(value):
     return value
 
 
-def scalar(value, what, example):
+def scalar(value: Any, what: str, example: str) -> Any:
     """``cpu`` / ``mem`` as a number; Salt's detailed dict form is refused with the reason."""
     if isinstance(value, (dict, list)):
         raise SaltInvocationError(
@@ -277,7 +286,7 @@ def _cloud_users(value):
     return out
 
 
-def cloud_init(value):
+def cloud_init(value: Any) -> Data | None:
     """``cloud_init``: ``True`` (generated documents), a mapping of :data:`CLOUD_INIT_KEYS`, or
     None/False (no cidata volume). Returns the checked mapping ({} for True) or None.
 
@@ -359,7 +368,7 @@ TPM_KEYS = ("model", "version")
 TPM_MODELS = ("tpm-crb", "tpm-tis")
 
 
-def flag(value, what):
+def flag(value: Any, what: str) -> bool:
     """A strict boolean: True/False, or yes/no/true/false/on/off/1/0 as text (anything else is refused)."""
     if isinstance(value, bool):
         return value
@@ -370,7 +379,7 @@ def flag(value, what):
     raise SaltInvocationError(f"{what} must be true or false, got {value!r}")
 
 
-def boot_dev(value):
+def boot_dev(value: Any) -> list[str] | None:
     """Salt's ``boot_dev`` ("hd cdrom network", or a list) -> a list of boot devices, or None."""
     if value in (None, ""):
         return None
@@ -387,7 +396,7 @@ def boot_dev(value):
     return out
 
 
-def os_type(value):
+def os_type(value: Any) -> str:
     if value in (None, "", "hvm"):
         return "hvm"
     raise SaltInvocationError(
@@ -395,7 +404,7 @@ def os_type(value):
     )
 
 
-def chardevs(value, what):
+def chardevs(value: Any, what: str) -> list[Data]:
     """Salt's ``serials`` / ``consoles``: a list of {type: pty|tcp, host, port, protocol, target_type}."""
     if value in (None, "", []):
         return []
@@ -442,7 +451,7 @@ def chardevs(value, what):
 _NODEDEV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
-def host_devices(value):
+def host_devices(value: Any) -> list[str]:
     """Salt's ``host_devices``: a list of node device names (``virt.node_devices``: pci_0000_00_1f_2,
     usb_3_1, ...); they are looked up on the hypervisor by :func:`saltvirt.host.caps.host_devices`."""
     if value in (None, "", []):
@@ -463,7 +472,7 @@ def host_devices(value):
     return out
 
 
-def tpm(value):
+def tpm(value: Any) -> dict[str, str] | None:
     """``tpm``: True (a TPM 2.0 tpm-crb emulated by swtpm) or {model, version}; None/False: no TPM."""
     if value in (None, "", False):
         return None
@@ -499,14 +508,14 @@ _TIMEZONE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]{0,31}(/[A-Za-z0-9_+-]{1,32})
 HYPERVISOR_FEATURES = ("kvm-hint-dedicated", "kvm-hidden")
 
 
-def clock(value):
+def clock(value: Any) -> Data | None:
     """Salt's ``clock``: {utc, timezone, adjustment (seconds or reset), timers: {name: {...}}} -> the
     attributes of ``<clock>`` and its ``<timer>`` elements, or None (libvirt's default, UTC)."""
     if value in (None, ""):
         return None
     check_keys(value, "clock", CLOCK_KEYS)
     utc = flag(value.get("utc", True), "clock:utc")
-    out = {"offset": "utc" if utc else "localtime", "timers": []}
+    out: Data = {"offset": "utc" if utc else "localtime", "timers": []}
     if value.get("timezone") is not None:
         tz = value["timezone"]
         if not isinstance(tz, str) or not _TIMEZONE_RE.match(tz):
@@ -547,7 +556,7 @@ def _timer(name, conf):
     return timer
 
 
-def hypervisor_features(value):
+def hypervisor_features(value: Any) -> dict[str, bool]:
     """Salt's ``hypervisor_features`` ({kvm-hint-dedicated: True, kvm-hidden: True}) -> {name: bool}."""
     if value in (None, "", {}):
         return {}

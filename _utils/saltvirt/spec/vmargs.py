@@ -12,9 +12,12 @@ handling; the coverage test then checks the module, the runner and the states do
 """
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base.salttypes import Data
 from saltvirt.spec import compat
 
 # salt-run virt.init: what the runner does with an argument
@@ -141,12 +144,12 @@ SALT_RETIRED = {
 }
 
 
-def update_renames():
+def update_renames() -> dict[str, str]:
     """``{Salt's virt.update spelling: salt-virt's name}`` (``disk_profile`` -> ``disk``)."""
     return {old: a.name for a in ARGS for old in a.salt_update}
 
 
-def forward(kwargs, where="salt-run virt.init"):
+def forward(kwargs: Data, where: str = "salt-run virt.init") -> Data:
     """The keywords ``salt-run virt.init`` passes on to the hypervisor's ``virt.init``: ``kwargs`` (Salt's
     old spellings already mapped by :func:`saltvirt.spec.compat.init_args`) minus the loader's ``__`` keys.
     Refuses what the runner sets itself and names it does not know (with the nearest one)."""
@@ -161,7 +164,7 @@ def forward(kwargs, where="salt-run virt.init"):
     return kwargs
 
 
-def signature_mismatches(func):
+def signature_mismatches(func: Callable[..., Any]) -> list[str]:
     """How ``func``'s signature (``virt.init``) differs from the table: ``[]`` when it matches, names and
     defaults in order."""
     import inspect  # noqa: PLC0415 - only the check needs it
@@ -191,7 +194,7 @@ _STATE_WORDS = {
 }
 
 
-def markdown():
+def markdown() -> str:
     """The reference page of ``virt.init``/``virt.update``'s arguments (MyST markdown), from :data:`ARGS`."""
     lines = [
         "# virt.init and virt.update arguments",

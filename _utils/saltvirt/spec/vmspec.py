@@ -23,11 +23,14 @@ import copy
 import os
 import platform
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 from saltvirt.spec import cpumem, speckeys
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
@@ -151,7 +154,7 @@ def _named_entries(value, what):
     return out
 
 
-def merge_by_name(base, overrides):
+def merge_by_name(base: Iterable[Data], overrides: Iterable[Data]) -> list[Data]:
     """Entries of ``overrides`` replace/extend same-named entries of ``base``; new names are appended."""
     merged = [copy.deepcopy(e) for e in base]
     index = {e["name"]: i for i, e in enumerate(merged)}
@@ -327,40 +330,40 @@ def _graphics_port(port):
 
 
 def build(
-    name,
-    cpu,
-    mem,
+    name: str,
+    cpu: Any,
+    mem: Any,
     *,
-    vtype="qemu",
-    image=None,
-    image_format=None,
-    nic="default",
-    disk="default",
-    disks=None,
-    interfaces=None,
-    enable_qcow=False,
-    enable_vnc=False,
-    graphics=None,
-    boot=None,
-    images_dir=DEFAULT_IMAGES_DIR,
-    profiles=None,
-    serial_log=True,
-    arch=None,  # the host's (saltvirt.spec.vmspec._host_arch)
-    group=None,
-    allowed_paths=(),
-    cloud_init=None,
-    guest_agent=True,
-    boot_dev=None,
-    os_type=None,
-    stop_on_reboot=False,
-    serials=None,
-    consoles=None,
-    tpm=None,
-    clock=None,
-    hypervisor_features=None,
-    numatune=None,
-    host_devices=None,
-):
+    vtype: str = "qemu",
+    image: Any = None,
+    image_format: Any = None,
+    nic: Any = "default",
+    disk: Any = "default",
+    disks: Any = None,
+    interfaces: Any = None,
+    enable_qcow: Any = False,
+    enable_vnc: Any = False,
+    graphics: Any = None,
+    boot: Any = None,
+    images_dir: str = DEFAULT_IMAGES_DIR,
+    profiles: Any = None,
+    serial_log: Any = True,
+    arch: Any = None,  # the host's (saltvirt.spec.vmspec._host_arch)
+    group: Any = None,
+    allowed_paths: Any = (),
+    cloud_init: Any = None,
+    guest_agent: Any = True,
+    boot_dev: Any = None,
+    os_type: Any = None,
+    stop_on_reboot: Any = False,
+    serials: Any = None,
+    consoles: Any = None,
+    tpm: Any = None,
+    clock: Any = None,
+    hypervisor_features: Any = None,
+    numatune: Any = None,
+    host_devices: Any = None,
+) -> VMSpec:
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
     Disk paths, ``boot`` kernel/initrd and ``serial_log`` must lie inside ``images_dir`` or one of
@@ -487,7 +490,7 @@ def _cidata_disk(disks, vm_dir):
     return Disk(name=CIDATA_DISK["name"], format="raw", path=path, bus=CIDATA_DISK["bus"], device="cdrom")
 
 
-def cidata_disk(spec):
+def cidata_disk(spec: VMSpec) -> Disk | None:
     """The spec's cloud-init seed CD-ROM, or None."""
     if spec.cloud_init is None:
         return None
