@@ -330,6 +330,28 @@ def render_init(runs):
     ), [f"salt-run virt.init rc={r['rc']} started={r['started']}: {r['tail']}" for r in runs if r not in good]
 
 
+PLACEMENT_COMMANDS = {
+    "salt -G virtual:physical virt.capacity": (
+        "salt",
+        "-G",
+        "virtual:physical",
+        "virt.capacity",
+        "--out=json",
+        "--static",
+        "-t",
+        "900",
+    ),
+    "salt -G virtual:physical test.ping (floor)": (
+        "salt",
+        "-G",
+        "virtual:physical",
+        "test.ping",
+        "--out=json",
+        "--static",
+        "-t",
+        "900",
+    ),
+}
 COMMANDS = {
     "salt-run virt.query": ("salt-run", "virt.query", "--out=json"),
     "salt -G virtual:physical virt.full_info": (
@@ -388,6 +410,7 @@ def main(argv=None):
         else []
     )
     results, errors = {}, []
+    fanout = {}  # placement's question and the test.ping floor (salt-virt's stack)
 
     def run_stack(name, venv, runner_dirs, module_dirs, extra):
         stack = Stack(name, str(venv), os.path.join(workdir, name[:6]), nodes, runner_dirs, module_dirs, extra)
@@ -409,6 +432,11 @@ def main(argv=None):
                         results[(name, "_profile")][label] = profile_breakdown(stack, label, cmd)
                     except Exception as exc:  # noqa: BLE001 - a diagnostic: never loses the other figures
                         errors.append(f"salt-virt profile of {label}: {exc}")
+            if name == "salt-virt":  # placement's question beside the floor of any fan-out (test.ping)
+                for rep in range(cfg["reps"]):
+                    for label, cmd in PLACEMENT_COMMANDS.items():
+                        log(f"fleet {name}: {label} {rep + 1}/{cfg['reps']}")
+                        fanout.setdefault(label, []).append(timed(stack, *cmd))
             if name == "salt-virt":  # the runner's virt.init end to end, with its own per-step timeline
                 for rep in range(cfg["reps"]):
                     log(f"fleet {name}: salt-run virt.init {rep + 1}/{cfg['reps']}")
@@ -456,6 +484,11 @@ def main(argv=None):
             )
     prof = results.get(("salt-virt", "_profile")) or {}
     prof_rows = [[label, part, common.fmt_s(sec)] for label, parts in prof.items() for part, sec in parts]
+    fan_rows = []
+    for label in ("salt -G virtual:physical virt.full_info", *PLACEMENT_COMMANDS):
+        runs = results.get(("salt-virt", label), []) if label in COMMANDS else fanout.get(label, [])
+        runs = [r for r in runs if r["rc"] == 0]
+        fan_rows.append([label, common.fmt_stat(common.summary([r["wall"] for r in runs]))])
     init_table, init_errors = render_init(results.get(("salt-virt", "_init"), []))
     errors += [f"salt-virt {e}" for e in init_errors]
     tables = [
@@ -463,6 +496,8 @@ def main(argv=None):
         + common.table(["command", "salt-virt", "saltext-virt 0.1.0", "saltext / salt-virt"], body),
         "Minion memory after all queries (largest minion process)\n\n"
         + common.table(["stack", "peak RSS (VmHWM)", "growth over RSS before the queries"], mem_rows),
+        "What placement asks (virt.capacity) beside virt.full_info and the floor of any fan-out (test.ping), "
+        "whole `salt` command, median (min–max, n)\n\n" + common.table(["command", "salt-virt"], fan_rows),
         init_table,
     ] + (
         [
@@ -476,6 +511,7 @@ def main(argv=None):
         "title": f"3b. fleet query: {cfg['minions']} minions x {cfg['domains']} domains",
         "tables": tables,
         "raw": {f"{k[0]}/{k[1]}": v for k, v in results.items()},
+        "fanout": fanout,
         "init": results.get(("salt-virt", "_init"), []),
         "profile": prof,
         "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"ERROR {e}" for e in errors],

@@ -114,7 +114,8 @@ def child(spec):
                 "vms": sum(len(a.get("vm_info") or {}) for a in data.values()),
             }
         else:
-            seen = {"host": data.get("host"), "ranked": len(data.get("ranking") or []), "error": data.get("error")}
+            fit = data.get("fit", len(data.get("ranking") or []))  # the runner lists the best RANK_TOP of them
+            seen = {"host": data.get("host"), "ranked": fit, "error": data.get("error")}
         return {"ok": True, "wall": wall, "rss_before_kib": rss0, "hwm_kib": hwm, "seen": seen}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
