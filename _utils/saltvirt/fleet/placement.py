@@ -193,13 +193,15 @@ def _int(value):
         return None
 
 
-def _check(host, answer, req, pol, load=None):
+def _check(host, answer, req, pol, load=None, maint_re=False):
     """(free-after dict, reasons list) for one host; reasons empty means it fits. ``load``: what
-    in-flight creations reserved there (``saltvirt.fleet.fleetstate.tally``), counted as used."""
+    in-flight creations reserved there (``saltvirt.fleet.fleetstate.tally``), counted as used.
+    ``maint_re``: :func:`_maintenance_re` of the policy, when the caller has it."""
     status = answer.get("status", "up") if isinstance(answer, dict) else "down"
     if status != "up":
         return None, [f"{status}: {answer.get('error') or 'no answer'}" if isinstance(answer, dict) else "down"]
-    pattern = in_maintenance(host, pol["maintenance"])
+    maybe = maint_re is False or (maint_re is not None and maint_re.match(host))
+    pattern = in_maintenance(host, pol["maintenance"]) if maybe else None
     if pattern:
         return None, [f"in maintenance (virt:placement:maintenance: {pattern!r})"]
     facts = answer.get("host", answer)
@@ -299,8 +301,10 @@ def _fast_free(answer, host, need, maint_re):
         return None
     if (disk_left is None and disk_asked) or (disk_left is not None and disk_left < 0):
         return None
-    if group and _group_members(answer, facts, group):
-        return None
+    if group:
+        index = facts.get("groups")
+        if index.get(group) if isinstance(index, dict) else _group_members(answer, facts, group):
+            return None
     return mem_left, mem_left / mem_total, cpu_left, cpu_left / cap, disk_left, vms
 
 
@@ -342,7 +346,7 @@ def rank(hosts, req, pol=None, exclude=(), reserved=None, top=None):
         load = reserved.get(host)
         free = None if load else _fast_free(answer, host, need, maint_re)
         if free is None:
-            checked, reasons = _check(host, answer, req, pol, load)
+            checked, reasons = _check(host, answer, req, pol, load, maint_re)
             if reasons:
                 excluded[host] = reasons
                 continue
