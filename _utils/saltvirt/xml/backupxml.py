@@ -8,11 +8,13 @@ gets ``checkpoint='no'`` and can only ever be copied in full.
 """
 
 import xml.etree.ElementTree as ET
+from collections.abc import Collection, Iterable, Mapping
 
+from saltvirt.base.salttypes import Data
 from saltvirt.xml.etree import sub
 
 
-def backup_xml(copy, skip=(), incremental=None):
+def backup_xml(copy: Mapping[str, str], skip: Collection[str] = (), incremental: str | None = None) -> str:
     """``<domainbackup mode='push'>`` writing each disk of ``copy`` ({target dev: new qcow2 file});
     the disks of ``skip`` are named with ``backup='no'`` (libvirt would otherwise copy every disk).
     ``incremental``: the checkpoint whose changes since are copied (none: a full copy)."""
@@ -29,7 +31,9 @@ def backup_xml(copy, skip=(), incremental=None):
     return ET.tostring(root, encoding="unicode")
 
 
-def checkpoint_xml(name, bitmaps, skip=(), description=None):
+def checkpoint_xml(
+    name: str, bitmaps: Iterable[str], skip: Collection[str] = (), description: str | None = None
+) -> str:
     """``<domaincheckpoint>`` named ``name`` with a bitmap on each disk of ``bitmaps`` (target devs) and
     none on those of ``skip``."""
     root = ET.Element("domaincheckpoint")
@@ -44,7 +48,7 @@ def checkpoint_xml(name, bitmaps, skip=(), description=None):
     return ET.tostring(root, encoding="unicode")
 
 
-def parse_checkpoint(xml):
+def parse_checkpoint(xml: str) -> Data:
     """``{name, created (unix time), parent, bitmaps: [target devs]}`` of a checkpoint's XML."""
     root = ET.fromstring(xml)
     return {

@@ -8,9 +8,12 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Collection, Iterable, Mapping
 
 # the feature elements (firmware, boot order, chardevs, vTPM, tuning, NUMA, clock, host devices) are read and
 # replaced by domxml_features, a part of this module kept in its own file: re-exported here
+from saltvirt.base.salttypes import Data
+from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec
 from saltvirt.xml.domxml_features import CPUTUNE_SCALARS, FEATURES, feature_facts, replace_features  # noqa: F401
 from saltvirt.xml.etree import el as _el
 from saltvirt.xml.etree import mib as _mib
@@ -34,7 +37,7 @@ def _metadata(dom, spec):
         _sub(meta, f"{{{METADATA_NS}}}minion", id=key["minion_id"], key_sha256=key["fingerprint"])
 
 
-def build(spec):
+def build(spec: VMSpec) -> str:
     """Domain XML (str) for a :class:`saltvirt.spec.vmspec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
     _sub(dom, "name", spec.name)
@@ -77,7 +80,7 @@ def build(spec):
     return ET.tostring(dom, encoding="unicode")
 
 
-def os_config(spec):
+def os_config(spec: VMSpec) -> ET.Element:
     """``<os>``: architecture, machine, firmware (BIOS, UEFI autoselected or a given OVMF), direct
     kernel boot or the boot order. Secure boot needs q35 (OVMF's SMM build)."""
     b = spec.boot
@@ -104,7 +107,7 @@ def os_config(spec):
     return el
 
 
-def features(spec):
+def features(spec: VMSpec) -> ET.Element:
     """``<features>``: ACPI, APIC, and SMM for secure boot."""
     el = _el("features")
     _sub(el, "acpi")
@@ -118,7 +121,7 @@ def features(spec):
     return el
 
 
-def cpu(c):
+def cpu(c: Data) -> ET.Element:
     """``<cpu>`` from Salt's cpu dict (cpumem.cpu_detail): mode, match, check, model, vendor, topology, features."""
     el = _el("cpu", mode=c["mode"], match=c.get("match"), check=c.get("check"))
     if c.get("model"):
@@ -137,7 +140,7 @@ def cpu(c):
     return el
 
 
-def cputune(t):
+def cputune(t: Data) -> ET.Element:
     """``<cputune>`` from Salt's cpu:tuning (cpumem.cpu_tuning), in libvirt's order."""
     el = _el("cputune")
     for key in CPUTUNE_SCALARS:
@@ -150,7 +153,7 @@ def cputune(t):
     return el
 
 
-def memtune(limits):
+def memtune(limits: Data) -> ET.Element:
     """``<memtune>`` with the limits (MiB) of Salt's mem dict."""
     el = _el("memtune")
     for key in ("hard_limit", "soft_limit", "swap_hard_limit", "min_guarantee"):
@@ -159,7 +162,7 @@ def memtune(limits):
     return el
 
 
-def memory_backing(b):
+def memory_backing(b: Data) -> ET.Element:
     """``<memoryBacking>`` from Salt's mem dict (cpumem.memory_backing): hugepages (page sizes in KiB,
     per guest NUMA cells), nosharepages, locked, source, access, allocation, discard."""
     el = _el("memoryBacking")
@@ -181,7 +184,7 @@ def memory_backing(b):
     return el
 
 
-def numatune(n):
+def numatune(n: Data) -> ET.Element:
     """``<numatune>``: the host NUMA nodes the guest's memory comes from, and per guest cell (``<memnode>``)."""
     el = _el("numatune")
     if n.get("mode"):
@@ -191,7 +194,7 @@ def numatune(n):
     return el
 
 
-def clock(c):
+def clock(c: Data) -> ET.Element:
     """``<clock>`` (speckeys.clock) with its ``<timer>`` elements."""
     el = _el("clock", **{k: v for k, v in c.items() if k != "timers"})
     for t in c["timers"]:
@@ -200,7 +203,7 @@ def clock(c):
 
 
 # one builder per device: an Element, exactly as build() writes it for a new VM --------------------
-def disk(d):
+def disk(d: Disk) -> ET.Element:
     """``<disk>`` for a :class:`saltvirt.spec.vmspec.Disk`: a file, or a volume of a storage pool."""
     if d.pool:
         return _volume_disk(d)
@@ -223,7 +226,7 @@ def _volume_disk(d):
     return el
 
 
-def interface(nic):
+def interface(nic: Nic) -> ET.Element:
     """``<interface>`` for a :class:`saltvirt.spec.vmspec.Nic`."""
     el = _el("interface", type=nic.type)
     if nic.mac:
@@ -236,7 +239,7 @@ def interface(nic):
     return el
 
 
-def serial(log_file=None):
+def serial(log_file: str | None = None) -> ET.Element:
     """The serial port (pty), logged to ``log_file`` when given."""
     el = _el("serial", type="pty")
     if log_file:
@@ -245,13 +248,13 @@ def serial(log_file=None):
     return el
 
 
-def console():
+def console() -> ET.Element:
     el = _el("console", type="pty")
     _sub(el, "target", type="serial", port=0)
     return el
 
 
-def guest_agent_channel():
+def guest_agent_channel() -> ET.Element:
     """The QEMU guest agent's virtio-serial channel (libvirt picks the socket and adds the controller).
     A guest without the agent just leaves it unused; libvirt reports ``state='connected'`` once it runs."""
     el = _el("channel", type="unix")
@@ -259,7 +262,7 @@ def guest_agent_channel():
     return el
 
 
-def chardev(kind, c, port):
+def chardev(kind: str, c: Data, port: int) -> ET.Element:
     """An extra ``<serial>`` / ``<console>`` (Salt's serials/consoles entry, checked by speckeys.chardevs)
     at ``port`` (the serial console is port 0); a TCP one listens on its host (telnet or raw)."""
     el = _el(kind, type=c["type"])
@@ -273,14 +276,14 @@ def chardev(kind, c, port):
     return el
 
 
-def tpm(t):
+def tpm(t: Data) -> ET.Element:
     """A vTPM emulated by swtpm (libvirt starts it, its state lives below /var/lib/libvirt/swtpm)."""
     el = _el("tpm", model=t["model"])
     _sub(el, "backend", type="emulator", version=t["version"])
     return el
 
 
-def hostdev(h):
+def hostdev(h: Data) -> ET.Element:
     """A host PCI or USB device passed through (saltvirt.host.caps.host_devices); libvirt detaches a PCI
     device from its host driver (managed) while the VM runs."""
     el = _el("hostdev", mode="subsystem", type=h["type"], managed="yes" if h["type"] == "pci" else None)
@@ -296,7 +299,7 @@ def hostdev(h):
     return el
 
 
-def graphics(g):
+def graphics(g: Graphics) -> ET.Element:
     """``<graphics>`` for a :class:`saltvirt.spec.vmspec.Graphics` (its password goes into the XML only)."""
     el = _el(
         "graphics",
@@ -310,13 +313,13 @@ def graphics(g):
     return el
 
 
-def video():
+def video() -> ET.Element:
     el = _el("video")
     _sub(el, "model", type="vga")
     return el
 
 
-def tablet():
+def tablet() -> ET.Element:
     """The USB tablet that keeps the pointer in sync on a graphical console."""
     return _el("input", type="tablet", bus="usb")
 
@@ -327,14 +330,14 @@ def _mac_of(el):
     return (mac.get("address") or "").lower() if mac is not None else ""
 
 
-def interface_by_mac(devices, mac):
+def interface_by_mac(devices: str | ET.Element | None, mac: str) -> ET.Element | None:
     """The ``<interface>`` with ``mac`` (lower case) in a domain's XML (str) or its ``<devices>`` element."""
     if isinstance(devices, str):
         devices = ET.fromstring(devices).find("devices")
     return next((el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) == mac), None)
 
 
-def device_xml(el, strip_address=False):
+def device_xml(el: ET.Element, strip_address: bool = False) -> str:
     """One device element as XML (to attach, detach or update it), without its PCI address if asked."""
     el = ET.fromstring(ET.tostring(el))
     if strip_address:
@@ -343,7 +346,15 @@ def device_xml(el, strip_address=False):
     return ET.tostring(el, encoding="unicode")
 
 
-def edit_devices(xml, *, graphics_spec=False, remove_macs=(), change_nics=(), add_nics=(), add_disks=()):
+def edit_devices(
+    xml: str,
+    *,
+    graphics_spec: Graphics | None | bool = False,
+    remove_macs: Collection[str] = (),
+    change_nics: Iterable[Nic] = (),
+    add_nics: Iterable[Nic] = (),
+    add_disks: Iterable[Disk] = (),
+) -> tuple[str, set[str]]:
     """Domain XML with devices changed by the builders above. Returns ``(xml, kept)``: ``kept`` are the
     MACs (lower case) of the interfaces already there, so the ones libvirt completes can be told apart.
 
@@ -376,7 +387,7 @@ def edit_devices(xml, *, graphics_spec=False, remove_macs=(), change_nics=(), ad
     return ET.tostring(root, encoding="unicode"), kept
 
 
-def move_disks(xml, disk_map):
+def move_disks(xml: str, disk_map: Mapping[str, str]) -> str:
     """Domain XML with disk sources moved per ``disk_map`` ({source path: target path}); the backing
     chain libvirt reports is dropped for moved disks (the target reads it from the new image)."""
     root = ET.fromstring(xml)
@@ -389,7 +400,7 @@ def move_disks(xml, disk_map):
     return ET.tostring(root, encoding="unicode")
 
 
-def restored(xml, disk_map, new_name=None):
+def restored(xml: str, disk_map: Mapping[str, str], new_name: str | None = None) -> str:
     """Domain XML recorded by a backup, made ready to define again: disks moved per ``disk_map``
     (:func:`move_disks`) onto qcow2 files; with ``new_name`` a second VM beside the first: renamed, without the uuid
     and MAC addresses (libvirt makes new ones) and with serial logs named after the new VM."""
@@ -413,20 +424,20 @@ def restored(xml, disk_map, new_name=None):
     return ET.tostring(root, encoding="unicode")
 
 
-def new_interfaces(xml, kept_macs):
+def new_interfaces(xml: str, kept_macs: Collection[str]) -> list[ET.Element]:
     """The ``<interface>`` elements of ``xml`` whose MAC is not in ``kept_macs`` (the ones just added)."""
     devices = ET.fromstring(xml).find("devices")
     return [el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) not in kept_macs]
 
 
-def disks_by_target(xml):
+def disks_by_target(xml: str) -> dict[str, ET.Element]:
     """``{target dev: <disk> element}`` of a domain's XML."""
     devices = ET.fromstring(xml).find("devices")
     return {el.find("target").get("dev"): el for el in devices.findall("disk") if el.find("target") is not None}
 
 
 # reading ------------------------------------------------------------------------------------------
-def domain_name(xml):
+def domain_name(xml: str) -> str | None:
     """The ``<name>`` of domain XML given by a user; ValueError when it does not parse."""
     try:
         return ET.fromstring(xml).findtext("name")
@@ -434,13 +445,13 @@ def domain_name(xml):
         raise ValueError(f"the domain XML does not parse: {exc}") from None
 
 
-def read(xml):
+def read(xml: str | ET.Element) -> ET.Element:
     """The parsed domain XML (``xml``: a string, or what this returned already): parse once, then hand
     the tree to :func:`parse`, :func:`salt_facts` and :func:`loader`."""
     return xml if isinstance(xml, ET.Element) else ET.fromstring(xml)
 
 
-def parse(xml):
+def parse(xml: str | ET.Element) -> Data:
     """The facts salt-virt reports about a domain, from its XML (no further libvirt calls)."""
     root = read(xml)
     devices = root.find("devices")
@@ -540,7 +551,7 @@ def _minion(root):
     return {"id": el.get("id"), "key_sha256": el.get("key_sha256")}
 
 
-def loader(xml):
+def loader(xml: str | ET.Element) -> Data:
     """``<os><loader>`` as Salt's ``virt.get_loader``: ``{path, <attributes>}``, ``{path: "None"}`` if none."""
     out = {"path": "None"}
     el = read(xml).find("os/loader")
@@ -550,16 +561,16 @@ def loader(xml):
     return out
 
 
-def salt_facts(xml):
+def salt_facts(xml: str | ET.Element) -> Data:
     """The facts Salt's ``virt.vm_info`` adds: ``loader`` and the ``on_poweroff``/``on_reboot``/``on_crash`` actions."""
     root = read(xml)
-    out = {"loader": loader(root)}
+    out: Data = {"loader": loader(root)}
     for key in ("on_poweroff", "on_reboot", "on_crash"):
         out[key] = root.findtext(key)
     return out
 
 
-def parse_for_compare(xml):
+def parse_for_compare(xml: str | ET.Element) -> Data:
     """:func:`parse` plus what comparing with a spec needs (``saltvirt.vm.converge``): the current vCPU
     count, each NIC's source by its type (a running VM's network NIC also names its bridge) and the
     graphics passwords. Never report these facts as they are: they hold the passwords."""

@@ -7,7 +7,9 @@ Part of :mod:`saltvirt.xml.domxml` (import it from there: ``domxml.feature_facts
 """
 
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 
+from saltvirt.base.salttypes import Data
 from saltvirt.xml.etree import mib as _mib
 from saltvirt.xml.etree import sub as _sub
 from saltvirt.xml.etree import to_int as _int
@@ -54,7 +56,7 @@ def _port(el):
     return _int(target.get("port"), 0) if target is not None else 0
 
 
-def feature_facts(xml):
+def feature_facts(xml: str | ET.Element) -> Data:
     """The firmware, boot order, on_reboot action, extra serial ports (port >= 1), virtio consoles and
     vTPM of domain XML, normalized so what libvirt reads back equals what :func:`build` wrote."""
     root = ET.fromstring(xml)
@@ -201,7 +203,7 @@ def _clock_facts(el):
     return {**el.attrib, "timers": [dict(t.attrib) for t in el.findall("timer")]}
 
 
-def replace_features(xml, new_xml, fields):
+def replace_features(xml: str, new_xml: str, fields: Iterable[str]) -> str:
     """Domain XML ``xml`` with the elements of ``fields`` (of :data:`FEATURES`) taken from ``new_xml``
     (what :func:`build` writes for the desired spec); everything else is kept as it is."""
     root, new = ET.fromstring(xml), ET.fromstring(new_xml)
@@ -215,7 +217,12 @@ def replace_features(xml, new_xml, fields):
     if "vcpu" in fields:  # placement/cpuset (and the count, as the cpu setters left it)
         root.find("vcpu").attrib.clear()
         root.find("vcpu").attrib.update(new.find("vcpu").attrib)
-    tags = (("clock", "clock"), ("cpu_model", "cpu"), ("memtune", "memtune"), ("numatune", "numatune"))
+    tags: tuple[tuple[str, str], ...] = (
+        ("clock", "clock"),
+        ("cpu_model", "cpu"),
+        ("memtune", "memtune"),
+        ("numatune", "numatune"),
+    )
     tags += (("cputune", "cputune"), ("max_mem", "maxMemory"), ("memory_backing", "memoryBacking"))
     for key, tag in tags:
         if key in fields:

@@ -4,9 +4,10 @@ Below both, so neither imports the other for them.
 """
 
 import xml.etree.ElementTree as ET
+from typing import Any
 
 
-def el(tag, text=None, **attrs):
+def el(tag: str, text: Any = None, **attrs: Any) -> ET.Element:
     """A new element; attributes whose value is None are left out, values and text become strings."""
     new = ET.Element(tag, {k: str(v) for k, v in attrs.items() if v is not None})
     if text is not None:
@@ -14,14 +15,14 @@ def el(tag, text=None, **attrs):
     return new
 
 
-def sub(parent, tag, text=None, **attrs):
+def sub(parent: ET.Element, tag: str, text: Any = None, **attrs: Any) -> ET.Element:
     """A new child element of ``parent`` (see :func:`el`)."""
     child = el(tag, text, **attrs)
     parent.append(child)
     return child
 
 
-def to_int(text, default=0):
+def to_int(text: Any, default: int = 0) -> int:
     """An integer from XML text, ``default`` when it is missing or not a number."""
     try:
         return int(text)
@@ -29,7 +30,7 @@ def to_int(text, default=0):
         return default
 
 
-def mib(node, attr=None):
+def mib(node: ET.Element | None, attr: str | None = None) -> int:
     """An element's size (its text, or its attribute ``attr``) in MiB; libvirt's default unit is KiB."""
     if node is None:
         return 0

@@ -11,10 +11,13 @@ import ipaddress
 import re
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 from saltvirt.spec import speckeys
 
 MACVTAP_MODES = ("private", "vepa", "passthrough")
@@ -411,26 +414,26 @@ def _forwarding(spec, forward, bridge, interfaces, physical_function, addresses,
 
 
 def network_spec(  # noqa: PLR0913 - Salt's arguments, each its own
-    name,
-    bridge=None,
-    forward="nat",
-    ip=None,
-    dhcp_start=None,
-    dhcp_end=None,
-    netmask=None,
+    name: str,
+    bridge: Any = None,
+    forward: Any = "nat",
+    ip: Any = None,
+    dhcp_start: Any = None,
+    dhcp_end: Any = None,
+    netmask: Any = None,
     *,
-    ipv4_config=None,
-    ipv6_config=None,
-    vport=None,
-    tag=None,
-    mtu=None,
-    domain=None,
-    nat=None,
-    interfaces=None,
-    addresses=None,
-    physical_function=None,
-    dns=None,
-):
+    ipv4_config: Any = None,
+    ipv6_config: Any = None,
+    vport: Any = None,
+    tag: Any = None,
+    mtu: Any = None,
+    domain: Any = None,
+    nat: Any = None,
+    interfaces: Any = None,
+    addresses: Any = None,
+    physical_function: Any = None,
+    dns: Any = None,
+) -> Data:
     """Normalised desired network: {name, bridge, forward, ip (IPv4 CIDR), dhcp: [start, end], and the
     OPTIONAL keys (None: not declared)}. ``ip`` as ADDRESS/PREFIX or ADDRESS with ``netmask``, or Salt's
     ``ipv4_config``; see _modules/virt_network.py for every argument."""
@@ -494,7 +497,7 @@ def _dhcp_element(parent, dhcp, hosts, bootp):
         _sub(el, "bootp", file=bootp["file"], server=bootp.get("server"))
 
 
-def host_element(host):
+def host_element(host: Mapping[str, Any]) -> ET.Element:
     """<host> of a static DHCP host (also the XML virNetworkUpdate takes)."""
     return ET.Element("host", {k: host[k] for k in ("mac", "id", "name", "ip") if k in host})
 
@@ -559,7 +562,7 @@ def _replace(root, tag, new, after=("name", "uuid")):
         root.insert(pos, new)
 
 
-def network_xml(spec, base=None):
+def network_xml(spec: Data, base: str | None = None) -> str:
     """Network XML for ``spec``. With ``base`` (the current definition) only what the spec declares
     changes: uuid, MAC, the bridge name libvirt picked and every undeclared part stay."""
     if base is None:
@@ -725,12 +728,12 @@ def _parse_forward(fwd):
     }
 
 
-def parse_network(xml):
+def parse_network(xml: str) -> Data:
     """The facts of a network's XML, in the spec's shape (absent parts None)."""
     root = ET.fromstring(xml)
     br, ip4, ip6 = root.find("bridge"), _first_ip(root, 4), _first_ip(root, 6)
     facts = _ip_facts(ip4) if ip4 is not None else {"ip": None, "dhcp": None, "hosts": None, "bootp": None}
-    out = {"name": root.findtext("name"), "bridge": br.get("name") if br is not None else None}
+    out: Data = {"name": root.findtext("name"), "bridge": br.get("name") if br is not None else None}
     out.update(_parse_forward(root.find("forward")))
     out.update(facts)
     out["ipv6"] = None
@@ -764,7 +767,7 @@ def parse_network(xml):
     return out
 
 
-def network_diff(spec, current):
+def network_diff(spec: Data, current: Data) -> Data:
     """Fields that differ; an undeclared (None) ``bridge`` or OPTIONAL key is whatever the network has."""
     out = {}
     for key in ("forward", "ip", "dhcp", "bridge", *OPTIONAL):
@@ -776,7 +779,7 @@ def network_diff(spec, current):
     return out
 
 
-def host_changes(old, new):
+def host_changes(old: Iterable[Data], new: Iterable[Data]) -> list[tuple[str, Data]]:
     """virNetworkUpdate steps from DHCP hosts ``old`` to ``new``: [(command, host)] with command
     'delete', 'modify' or 'add' (a host is the same when its mac, id or name is)."""
     old, new = old or [], new or []

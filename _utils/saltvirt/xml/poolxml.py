@@ -2,10 +2,12 @@
 ``volume_define`` arguments, builders, parsers and desired-vs-current comparison. No libvirt calls here."""
 
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 
 # type: (what the pool needs to be usable, one line for the error message)
 POOL_TYPES = {
@@ -122,20 +124,20 @@ def _auth(auth, ptype):
 
 
 def pool_spec(
-    name,
-    ptype="dir",
-    target=None,
-    permissions=None,
-    source_devices=None,
-    source_dir=None,
-    source_initiator=None,
-    source_adapter=None,
-    source_hosts=None,
-    source_auth=None,
-    source_name=None,
-    source_format=None,
-    require=True,
-):
+    name: str,
+    ptype: str = "dir",
+    target: Any = None,
+    permissions: Any = None,
+    source_devices: Any = None,
+    source_dir: Any = None,
+    source_initiator: Any = None,
+    source_adapter: Any = None,
+    source_hosts: Any = None,
+    source_auth: Any = None,
+    source_name: Any = None,
+    source_format: Any = None,
+    require: bool = True,
+) -> Data:
     """Normalised desired pool: {name, type, target, permissions, source: {devices, dir, hosts, name,
     format, initiator, adapter, auth}} (None: not declared). Raises SaltInvocationError naming what a
     type is missing (``require=False``: an update of an existing pool, see ``check_required``)."""
@@ -173,7 +175,7 @@ def pool_spec(
     return check_required(spec) if require else spec
 
 
-def check_required(spec):
+def check_required(spec: Data) -> Data:
     """``spec`` if it has what its type needs, else SaltInvocationError naming the missing arguments."""
     have = dict(spec["source"], target=spec["target"])
     missing = [_SOURCE_WORDS[key] for key in POOL_TYPES[spec["type"]] if not have.get(key)]
@@ -221,7 +223,7 @@ def _source_element(src):
     return el
 
 
-def pool_xml(spec, base=None):
+def pool_xml(spec: Data, base: str | None = None) -> str:
     """Pool XML for ``spec`` (its source auth must reference a secret by then). With ``base`` (the current
     definition) the uuid stays and what the spec leaves undeclared (None) is taken from ``base``."""
     if base is not None:
@@ -247,7 +249,7 @@ def _parse_perms(el):
     return {child.tag: child.text for child in el if child.text is not None} or None
 
 
-def parse_pool(xml):
+def parse_pool(xml: str) -> Data:
     """A spec-shaped dict of a pool definition (libvirt's defaults included as it reports them)."""
     root = ET.fromstring(xml)
     src = root.find("source")
@@ -255,7 +257,7 @@ def parse_pool(xml):
     adapter = src.find("adapter")
     auth = src.find("auth")
     secret = auth.find("secret") if auth is not None else None
-    source = {
+    source: Data = {
         "devices": [dict(d.attrib) for d in src.findall("device")] or None,
         "dir": src.find("dir").get("path") if src.find("dir") is not None else None,
         "hosts": [{"name": h.get("name"), "port": h.get("port")} for h in src.findall("host")] or None,
@@ -284,7 +286,7 @@ def parse_pool(xml):
     }
 
 
-def merged(spec, current):
+def merged(spec: Data, current: Data) -> Data:
     """``spec`` with what it leaves undeclared (None) taken from ``current`` (a parsed definition)."""
     out = dict(spec, source=dict(spec["source"]))
     if out["target"] is None:
@@ -297,7 +299,7 @@ def merged(spec, current):
     return out
 
 
-def public(spec):
+def public(spec: Data) -> Data:
     """The spec as it may appear in a state's changes or a job return: no password."""
     out = dict(spec, source=dict(spec["source"]))
     auth = out["source"].get("auth")
@@ -337,7 +339,7 @@ def _source_differs(key, want, cur):
     return want != cur
 
 
-def pool_diff(spec, current):
+def pool_diff(spec: Data, current: Data) -> Data:
     """{field: {old, new}} for what the spec declares and the current definition does not have
     (undeclared fields and libvirt's filled-in defaults are not differences). Auth is compared by
     type, username and secret reference (a new password is the secret's business: storage.pool_secret)."""
@@ -357,7 +359,7 @@ def pool_diff(spec, current):
     return out
 
 
-def secret_xml(secret_type, usage, description):
+def secret_xml(secret_type: str, usage: str, description: str) -> str:
     """A private, persistent libvirt secret for a pool's source auth (usage: ceph name or iscsi target)."""
     root = ET.Element("secret", ephemeral="no", private="yes")
     ET.SubElement(root, "description").text = description
@@ -380,7 +382,16 @@ def _mib(value, what):
     return mib
 
 
-def volume_spec(name, size, allocation=0, format=None, type=None, permissions=None, backing_store=None, nocow=False):  # pylint: disable=redefined-builtin
+def volume_spec(  # pylint: disable=redefined-builtin
+    name: str,
+    size: Any,
+    allocation: Any = 0,
+    format: Any = None,
+    type: Any = None,
+    permissions: Any = None,
+    backing_store: Any = None,
+    nocow: Any = False,
+) -> Data:
     """Normalised desired volume (Salt's ``volume_define`` arguments; sizes in MiB)."""
     validate.vm_name(name, "volume name")
     if type not in VOLUME_TYPES:
@@ -405,7 +416,7 @@ def volume_spec(name, size, allocation=0, format=None, type=None, permissions=No
     }
 
 
-def volume_xml(spec):
+def volume_xml(spec: Data) -> str:
     root = ET.Element("volume", {"type": spec["type"]} if spec["type"] else {})
     ET.SubElement(root, "name").text = spec["name"]
     ET.SubElement(root, "capacity", unit="bytes").text = str(spec["size"] * 1024 * 1024)
@@ -423,7 +434,7 @@ def volume_xml(spec):
     return ET.tostring(root, encoding="unicode")
 
 
-def parse_volume(xml):
+def parse_volume(xml: str) -> Data:
     root = ET.fromstring(xml)
     fmt = root.find("target/format")
     bs_path, bs_fmt = root.findtext("backingStore/path"), root.find("backingStore/format")
