@@ -147,12 +147,13 @@ def revert(conn, domain, vm_snapshot=None, cleanup=False, test=False):
     dom, snap, newer = revert_plan(conn, domain, vm_snapshot, cleanup)
     dropped = []
     if not test:
+        # first: QEMU refuses to load a snapshot into a disk with active dirty bitmaps (and the VM is gone)
+        dropped = discard_checkpoints(dom)
         with lv_errors(f"revert VM {domain!r} to snapshot {snap.getName()!r}"):
             dom.revertToSnapshot(snap, 0)
         for name in newer:
             with lv_errors(f"delete snapshot {name!r} of VM {domain!r}"):
                 dom.snapshotLookupByName(name, 0).delete(0)
-        dropped = discard_checkpoints(dom)
     out = {"reverted": snap.getName(), "deleted": newer if cleanup else "N/A"}
     if dropped:
         out["checkpoints_discarded"] = dropped
@@ -160,9 +161,10 @@ def revert(conn, domain, vm_snapshot=None, cleanup=False, test=False):
 
 
 def discard_checkpoints(dom, metadata_only=False):
-    """Delete the VM's backup checkpoints (names): after a revert their dirty bitmaps no longer say what
-    changed (the revert itself is no guest write), so an incremental backup built on them would miss
-    blocks. The next backup is a full one (``saltvirt.vm.backup`` says why). ``metadata_only``: the
+    """Delete the VM's backup checkpoints (names) before a revert: QEMU refuses to load an internal
+    snapshot into a disk with active dirty bitmaps, and after a revert they would no longer say what
+    changed (the revert is no guest write), so an incremental built on them would miss blocks. The
+    next backup is a full one (``saltvirt.vm.backup`` says why). ``metadata_only``: the
     disks holding the bitmaps are gone (a restore replaced them)."""
     flags = libvirt.VIR_DOMAIN_CHECKPOINT_DELETE_METADATA_ONLY if metadata_only else 0
     try:

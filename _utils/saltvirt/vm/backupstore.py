@@ -57,7 +57,8 @@ def vm_dir(root, vm, target=None, create=False):
     if create:
         for depth in range(1, len(parts) + 2):
             with contextlib.suppress(FileExistsError):
-                os.mkdir(validate.inside(root, *(parts + [vm])[:depth]), 0o750)
+                # traverse-only for others: QEMU (its own user) opens the files it writes by name
+                os.mkdir(validate.inside(root, *(parts + [vm])[:depth]), 0o711)
     return path
 
 

@@ -1,0 +1,193 @@
+"""Backups of a running TCG guest on the real libvirtd hv1 (libvirt 9 + QEMU 7.2): a marker written into
+the guest's disk, full backup, marker changed, incremental backup, VM purged, each restore boots and
+shows its own marker; a restore on another hypervisor (hv13) from the shared backup directory;
+retention on real chains; snapshots and checkpoints; libvirtd killed in the middle of a backup.
+
+The marker is written through the guest's own QEMU block layer (HMP ``qemu-io`` on the running disk
+device, see tests/integration/test_snapshot_real.py): the busybox guest has no shell on its console."""
+
+import os
+import time
+
+import pytest
+from salt.exceptions import CommandExecutionError
+
+from saltvirt.host import conn as lvconn
+from saltvirt.vm import backup as backup_lib
+from tests.integration.test_snapshot_real import MARK, has_marker, qemu_io
+from tests.support import lab
+from tests.support.paths import GUEST_DIR
+from tests.support.saltloader import make_minion_mods
+
+CHANGED = "write -P 0x33 48M 64k"  # the marker after the full backup
+
+
+def has_changed_marker(hv, vm):
+    out = qemu_io(hv, vm, "read -P 0x33 48M 64k")
+    return "Pattern verification failed" not in out and "read 65536/65536" in out
+
+
+@pytest.fixture(scope="module")
+def hv13(lab_dir, fabric):
+    """A second hypervisor (13: used by no other module) that mounts the same backup directory."""
+    hv = lab.Hypervisor(lab_dir, 13, fabric).start()
+    yield hv
+    hv.stop()
+
+
+@pytest.fixture
+def backups(qemu_tmp):
+    path = qemu_tmp / "backups"
+    path.mkdir()
+    path.chmod(0o755)
+    return path
+
+
+def mods_for(hv, tmp_path, qemu_tmp, backups, images="images"):
+    allowed = [str(GUEST_DIR), str(qemu_tmp)]
+    return make_minion_mods(
+        tmp_path / hv.hostname,
+        hv.uri,
+        images_dir=qemu_tmp / images,
+        allowed_paths=allowed,
+        backup={"dir": str(backups)},
+    )
+
+
+@pytest.fixture
+def v1(hv1, tmp_path, qemu_tmp, backups):
+    mods = mods_for(hv1, tmp_path, qemu_tmp, backups)
+    yield mods
+    for name in mods["virt.list_domains"]():
+        if name.startswith("bkr"):
+            mods["virt.purge"](name)
+
+
+def boot(v, hv, name, boot_args, guest):
+    disks = [{"name": "system", "bus": "sata"}]  # a SATA disk: its qdev id lets qemu-io write as the guest does
+    v["virt.init"](name, 1, 256, image=guest["qcow2"], boot=boot_args, seed=False, disks=disks)
+    lab.wait_for_text(hv.path("log", "qemu", f"{name}-serial.log"), "HB 2", timeout=300)
+
+
+def wait_booted(hv, name):
+    lab.wait_for_text(hv.path("log", "qemu", f"{name}-serial.log"), "HB 2", timeout=300)
+
+
+def test_full_incremental_purge_restore_each_boots_with_its_marker(  # noqa: PLR0913 - fixtures
+    v1, hv1, hv13, tmp_path, qemu_tmp, backups, boot_args, guest
+):
+    v = v1
+    boot(v, hv1, "bkr1", boot_args, guest)
+    assert "wrote 65536/65536" in qemu_io(hv1, "bkr1", MARK)
+    full = v["virt.backup"]("bkr1")
+    assert (full["type"], full["live"], full["parent"]) == ("full", True, None)
+    assert full["consistency"] == backup_lib.CRASH  # the busybox guest runs no agent: said so
+    assert full["checkpoint"] == f"salt-backup-{full['id']}"
+    assert "wrote 65536/65536" in qemu_io(hv1, "bkr1", CHANGED)
+    inc = v["virt.backup"]("bkr1", incremental=True)
+    assert (inc["type"], inc["parent"], inc["chain"]) == ("incremental", full["id"], [full["id"], inc["id"]])
+    assert inc["note"] is None and inc["checkpoints_dropped"] == [full["checkpoint"]]
+    assert inc["size"] < full["size"]  # only what changed since the full one
+    assert [b["id"] for b in v["virt.backup_list"]("bkr1")["backups"]] == [full["id"], inc["id"]]
+
+    v["virt.purge"]("bkr1")
+    assert "bkr1" not in v["virt.list_domains"]()
+    old = v["virt.restore"]("bkr1", full["id"], as_name="bkr1-full", start=True)
+    assert old["chain"] == [full["id"]]
+    new = v["virt.restore"]("bkr1", inc["id"], start=True)
+    assert new["name"] == "bkr1" and new["chain"] == [full["id"], inc["id"]]
+    wait_booted(hv1, "bkr1-full")
+    wait_booted(hv1, "bkr1")
+    assert has_marker(hv1, "bkr1-full") and not has_changed_marker(hv1, "bkr1-full")
+    assert has_changed_marker(hv1, "bkr1")
+
+    # another hypervisor mounting the same backup directory restores the chain there
+    v13 = mods_for(hv13, tmp_path, qemu_tmp, backups, images="images13")
+    try:
+        there = v13["virt.restore"]("bkr1", inc["id"], start=True)
+        assert there["disks"]["sda"].startswith(str(qemu_tmp / "images13" / "bkr1"))
+        wait_booted(hv13, "bkr1")
+        assert has_changed_marker(hv13, "bkr1")
+    finally:
+        if "bkr1" in v13["virt.list_domains"]():
+            v13["virt.purge"]("bkr1")
+
+    # a restored VM has no checkpoint: its next incremental is full, and says why
+    again = v["virt.backup"]("bkr1", incremental=True)
+    assert again["type"] == "full" and "checkpoint of backup" in again["note"]
+
+
+def test_retention_on_real_chains_prunes_files_and_keeps_what_is_needed(v1, hv1, backups, boot_args, guest):
+    v = v1
+    boot(v, hv1, "bkr2", boot_args, guest)
+    made = [v["virt.backup"]("bkr2")]
+    for step in range(2):
+        qemu_io(hv1, "bkr2", f"write -P 0x4{step} 40M 64k")
+        made.append(v["virt.backup"]("bkr2", incremental=True))
+    made.append(v["virt.backup"]("bkr2"))  # a second full chain
+    qemu_io(hv1, "bkr2", "write -P 0x50 40M 64k")
+    made.append(v["virt.backup"]("bkr2", incremental=True))
+    ids = [m["id"] for m in made]
+    assert [m["type"] for m in made] == ["full", "incremental", "incremental", "full", "incremental"]
+    # keep=1: the newest incremental and the full it builds on stay; the first chain goes, newest first
+    preview = v["virt.backup_prune"]("bkr2", keep=1, test=True)
+    assert preview["kept"] == ids[3:] and preview["pruned"] == ids[2::-1]
+    assert len(os.listdir(backups / "bkr2")) == 2 + 2 * len(ids)  # nothing gone on test=True
+    done = v["virt.backup_prune"]("bkr2", keep=1)
+    assert done["pruned"] == ids[2::-1] and done["refused"] == {}
+    left = sorted(n for n in os.listdir(backups / "bkr2") if not n.startswith("."))
+    assert left == sorted([f"{i}.json" for i in ids[3:]] + [f"{i}.sda.qcow2" for i in ids[3:]])
+    with pytest.raises(CommandExecutionError, match="is needed by"):
+        v["virt.backup_delete"]("bkr2", ids[3])
+    restored = v["virt.restore"]("bkr2", ids[4], as_name="bkr2-copy")  # the kept chain still verifies
+    assert restored["chain"] == ids[3:]
+
+
+def test_snapshots_and_checkpoints(v1, hv1, boot_args, guest):
+    """QEMU takes an internal snapshot of a VM with a checkpoint; libvirt makes no checkpoint while a
+    snapshot exists (the backup says so); a revert discards the checkpoints (the next is full)."""
+    v = v1
+    boot(v, hv1, "bkr3", boot_args, guest)
+    full = v["virt.backup"]("bkr3")
+    v["virt.snapshot"]("bkr3", name="s1")
+    inc = v["virt.backup"]("bkr3", incremental=True)
+    assert inc["type"] == "incremental" and "snapshots" in inc["note"]
+    assert inc["checkpoint"] == full["checkpoint"]  # the parent's checkpoint covers everything since
+    reverted = v["virt.revert_snapshot"]("bkr3", vm_snapshot="s1")
+    assert reverted["checkpoints_discarded"] == [full["checkpoint"]]
+    v["virt.delete_snapshots"]("bkr3", "s1")
+    after = v["virt.backup"]("bkr3", incremental=True)
+    assert after["type"] == "full" and "is gone from the VM" in after["note"]
+
+
+def after_reconnect(call, timeout=300):
+    """A restarted libvirtd reconnects to each running QEMU in a job of its own ('init'): calls that need
+    the VM's job lock time out until it has finished. Retry those (only those) for a bounded time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except CommandExecutionError as exc:
+            if "cannot acquire state change lock" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, backups, boot_args, guest):
+    v = v1
+    boot(v, hv1, "bkr4", boot_args, guest)
+    qemu_io(hv1, "bkr4", MARK)
+    full = v["virt.backup"]("bkr4")
+    qemu_io(hv1, "bkr4", CHANGED)
+    with lvconn.connect(hv1.uri) as conn, pytest.raises(CommandExecutionError):
+        backup_lib.backup(conn, str(backups), "bkr4", incremental=True, on_started=hv1.kill_daemon)
+    hv1.restart_daemon()
+    listed = v["virt.backup_list"]("bkr4")
+    assert [b["id"] for b in listed["backups"]] == [full["id"]]  # the interrupted one never counts
+    nxt = after_reconnect(lambda: v["virt.backup"]("bkr4", incremental=True))
+    assert nxt["type"] == "incremental" and nxt["parent"] == full["id"]
+    assert [b["id"] for b in v["virt.backup_list"]("bkr4")["backups"]] == [full["id"], nxt["id"]]
+    assert v["virt.backup_list"]("bkr4")["incomplete"] == []
+    v["virt.restore"]("bkr4", nxt["id"], as_name="bkr4-back", start=True)
+    wait_booted(hv1, "bkr4-back")
+    assert has_changed_marker(hv1, "bkr4-back")
