@@ -3,7 +3,7 @@ Execution module ``virt`` (continued): backups of one VM into the operator's bac
 (``saltvirt.vm.backup``, ``saltvirt.vm.restore``): ``backup``, ``backup_list``, ``backup_delete``,
 ``backup_prune``, ``restore``.
 
-Minion config (operator only; callers never pass a path)::
+Minion config only (an operator setting: never read from pillar or grains; callers never pass a path)::
 
     virt:
       backup:
@@ -47,8 +47,14 @@ def _conn(connection=None, kwargs=None):
     return _c.salt_connect_compat(__salt__, connection, kwargs)
 
 
+def _settings():
+    """``virt:backup`` from the minion config only: pillar and grains are written by callers and tenants."""
+    conf = (__opts__.get("virt") or {}).get("backup") or {}
+    return conf if isinstance(conf, dict) else {}
+
+
 def _root():
-    return _store.root_dir(_c.salt_config(__salt__)(_store.CONFIG_KEY, None))
+    return _store.root_dir(_settings().get("dir"))
 
 
 def backup(name, disks=None, incremental=False, target=None, connection=None, **kwargs):
@@ -65,9 +71,7 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
         salt 'hyper1' virt.backup web1
         salt 'hyper1' virt.backup web1 incremental=True
     """
-    timeout = validate.positive_int(
-        _c.salt_config(__salt__)("virt:backup:timeout", _backup.DEFAULT_TIMEOUT), "virt:backup:timeout"
-    )
+    timeout = validate.positive_int(_settings().get("timeout") or _backup.DEFAULT_TIMEOUT, "virt:backup:timeout")
     root = _root()
     with _conn(connection, kwargs) as conn:
         return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout)

@@ -1,0 +1,124 @@
+"""The master side of ``salt-run virt.backup``: find each VM's hypervisor, back the VMs up there (at most
+``per_host`` at a time on one hypervisor, the hypervisors in parallel), then apply the retention policy
+to each VM just backed up; report what was made, pruned and what failed.
+
+Master config (every key optional)::
+
+    virt:
+      backup:
+        per_host: 1                 # concurrent backups on one hypervisor
+        timeout: 21600              # seconds the runner waits for one VM's backup
+        retention: {keep_daily: 7, keep_weekly: 4}   # or {keep: N}; none: keep everything
+
+The backups themselves run on the hypervisors (:mod:`saltvirt.vm.backup`), into the directory each
+hypervisor's minion config names (``virt:backup:dir``): the runner never passes a path.
+"""
+
+import concurrent.futures
+import threading
+import time
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import validate
+
+RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
+DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
+
+
+def settings(conf, per_host=None, timeout=None, **retention):
+    """Effective ``{per_host, timeout, retention}``: per-call values over ``virt:backup`` of the master."""
+    conf = conf or {}
+    if not isinstance(conf, dict):
+        raise SaltInvocationError(f"virt:backup in the master config must be a mapping, not {conf!r}")
+    def pick(value, key):
+        return value if value not in (None, "") else conf.get(key, DEFAULTS[key])
+
+    per_host = validate.positive_int(pick(per_host, "per_host"), "per_host", 16)
+    timeout = validate.positive_int(pick(timeout, "timeout"), "timeout")
+    given = {k: v for k, v in retention.items() if k in RETENTION_KEYS and v not in (None, "")}
+    unknown = sorted(k for k in retention if k not in RETENTION_KEYS and not k.startswith("__"))
+    if unknown:
+        raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)}: retention takes {RETENTION_KEYS}")
+    policy = given or dict(conf.get("retention") or {})
+    bad = sorted(set(policy) - set(RETENTION_KEYS))
+    if bad:
+        raise SaltInvocationError(f"virt:backup:retention: unknown key(s) {', '.join(bad)} (use {RETENTION_KEYS})")
+    policy = {k: validate.positive_int(v, k) for k, v in policy.items()}
+    return {"per_host": per_host, "timeout": timeout, "retention": policy}
+
+
+def plan(hosts, name="all"):
+    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.gather``): every VM for
+    ``all``, else the one host defining ``name``; a name on two hypervisors is refused, never guessed."""
+    where = {}
+    for host, ans in sorted(hosts.items()):
+        if ans.get("status") == "up":
+            for vm in sorted(ans.get("vms") or {}):
+                where.setdefault(vm, []).append(host)
+    down = sorted(h for h, a in hosts.items() if a.get("status") != "up")
+    wanted = sorted(where) if name in (None, "", "all") else [validate.vm_name(name)]
+    work, problems = {}, {}
+    for vm in wanted:
+        found = where.get(vm, [])
+        if len(found) > 1:
+            problems[vm] = f"defined on {', '.join(found)}: back it up with salt '<host>' virt.backup {vm}"
+        elif not found:
+            problems[vm] = "not defined on any hypervisor that answered" + (
+                f" (down: {', '.join(down)})" if down else ""
+            )
+        else:
+            work.setdefault(found[0], []).append(vm)
+    return work, problems
+
+
+def run(call, work, cfg, incremental=True, progress=None):
+    """Back up every VM of ``work`` ({host: [vms]}) through ``call(host, fun, args, kwargs, max_wait)``
+    (one Salt job per VM, ``publish.call`` shaped answers), ``cfg["per_host"]`` at a time per host.
+    Returns ``{made, pruned, failed}`` keyed by VM."""
+    made, pruned, failed = {}, {}, {}
+    lock = threading.Lock()
+    total, done = sum(len(v) for v in work.values()), [0]
+
+    def one(host, vm):
+        started = time.monotonic()
+        ans = call(host, "virt.backup", [vm], {"incremental": bool(incremental)}, cfg["timeout"])
+        result, pruned_ids, error = None, None, None
+        if ans.get("status") != "up":
+            error = f"{host}: {ans.get('error') or ans.get('status')}"
+        else:
+            result = ans["ret"]
+            if cfg["retention"]:
+                kept = call(host, "virt.backup_prune", [vm], dict(cfg["retention"]), 600)
+                if kept.get("status") == "up":
+                    pruned_ids = kept["ret"]
+                else:
+                    error = f"{host}: backup made, retention failed: {kept.get('error') or kept.get('status')}"
+        with lock:
+            done[0] += 1
+            if result is not None:
+                made[vm] = {"host": host, **_brief(result)}
+            if pruned_ids is not None:
+                pruned[vm] = {"pruned": pruned_ids["pruned"], "kept": pruned_ids["kept"]}
+                if pruned_ids.get("refused"):
+                    pruned[vm]["refused"] = pruned_ids["refused"]
+            if error:
+                failed[vm] = error
+            if progress:
+                state = "failed" if error and result is None else "done"
+                progress(f"[{done[0]}/{total}] {vm} on {host}: {state} in {time.monotonic() - started:.1f} s")
+
+    def host_queue(host, vms):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg["per_host"]) as pool:
+            list(pool.map(lambda vm: one(host, vm), vms))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(work))) as hosts:
+        list(hosts.map(lambda item: host_queue(*item), work.items()))
+    return {"made": made, "pruned": pruned, "failed": failed}
+
+
+def _brief(result):
+    if not isinstance(result, dict):
+        return {"result": result}
+    keys = ("id", "type", "parent", "size", "duration", "consistency", "note", "live")
+    return {k: result.get(k) for k in keys if result.get(k) is not None}

@@ -1,0 +1,76 @@
+"""saltvirt.fleet.backups: settings, the per-host plan, and the fan-out with retention. The fan-out runs the
+real ``virt.backup``/``virt.backup_prune`` of this repo's loader on libvirt's test driver: only Salt's
+transport (publish to a minion, gather its answer) is replaced by a direct call, since unit tests run no
+salt daemons (tests/integration/test_backup_runner.py runs the real runner)."""
+
+import threading
+
+import libvirt
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.fleet import backups
+from tests.unit.vm.test_backup import bk  # noqa: F401 - the fixture is shared
+
+
+def test_settings_call_over_config_and_checked():
+    conf = {"per_host": 2, "timeout": 60, "retention": {"keep_daily": 7}}
+    assert backups.settings(conf) == {"per_host": 2, "timeout": 60, "retention": {"keep_daily": 7}}
+    assert backups.settings(conf, per_host=3, keep=2)["retention"] == {"keep": 2}
+    assert backups.settings(None) == {"per_host": 1, "timeout": 21600, "retention": {}}
+    with pytest.raises(SaltInvocationError, match="unknown argument"):
+        backups.settings({}, keep_monthly=3)
+    with pytest.raises(SaltInvocationError, match="unknown key"):
+        backups.settings({"retention": {"keep_yearly": 1}})
+    with pytest.raises(SaltInvocationError):
+        backups.settings({}, per_host=0)
+
+
+def test_plan_finds_each_vms_host_and_refuses_ambiguity():
+    hosts = {
+        "h1": {"status": "up", "vms": {"a": "running", "dup": "running"}},
+        "h2": {"status": "up", "vms": {"b": "shutdown", "dup": "shutdown"}},
+        "h3": {"status": "down", "error": "did not answer"},
+    }
+    work, problems = backups.plan(hosts, "all")
+    assert work == {"h1": ["a"], "h2": ["b"]}
+    assert problems == {"dup": "defined on h1, h2: back it up with salt '<host>' virt.backup dup"}
+    assert backups.plan(hosts, "b") == ({"h2": ["b"]}, {})
+    assert backups.plan(hosts, "zz")[1] == {"zz": "not defined on any hypervisor that answered (down: h3)"}
+    with pytest.raises(SaltInvocationError):
+        backups.plan(hosts, "../x")
+
+
+def test_run_backs_up_prunes_and_respects_the_per_host_limit(bk):  # noqa: F811
+    v, _tmp = bk
+    v["virt.init"]("bk2", 1, 64, disk=None, nic=None, start=False, seed=False, disks=[{"name": "d", "size": 8}])
+    busy, peak, lock = {}, {}, threading.Lock()
+
+    def call(host, fun, args, kwargs, max_wait):
+        with lock:
+            busy[host] = busy.get(host, 0) + 1
+            peak[host] = max(peak.get(host, 0), busy[host])
+        try:
+            return {"status": "up", "ret": v[fun](*args, **kwargs)}
+        except Exception as exc:  # noqa: BLE001 - what a minion answers with
+            return {"status": "error", "error": str(exc)}
+        finally:
+            with lock:
+                busy[host] -= 1
+
+    cfg = backups.settings({}, per_host=1, keep=1)
+    lines = []
+    try:
+        first = backups.run(call, {"h1": ["bk1", "bk2"]}, cfg, progress=lines.append)
+        assert sorted(first["made"]) == ["bk1", "bk2"] and first["failed"] == {}
+        assert first["made"]["bk1"]["host"] == "h1" and first["made"]["bk1"]["type"] == "full"
+        second = backups.run(call, {"h1": ["bk1", "nosuchvm"]}, cfg, progress=lines.append)
+        assert second["pruned"]["bk1"]["pruned"] == [first["made"]["bk1"]["id"]]  # keep=1: the older full goes
+        assert second["pruned"]["bk1"]["kept"] == [second["made"]["bk1"]["id"]]
+        assert "nosuchvm" in second["failed"] and "is not defined" in second["failed"]["nosuchvm"]
+        assert peak == {"h1": 1}
+        assert len(lines) == 4 and lines[0].startswith("[1/2] ")
+    finally:
+        conn = libvirt.open("test:///default")
+        conn.lookupByName("bk2").undefine()
+        conn.close()
