@@ -1,0 +1,72 @@
+"""``salt-run virt.backup`` with a real salt-master and hypervisor minion over a real libvirtd (hv15): every
+VM backed up on its hypervisor, retention from the master config applied, failures reported with exit
+code 1. The VMs are stopped (offline copies): the live path is tests/integration/test_backup_real.py."""
+
+import pathlib
+
+import pytest
+
+from tests.support import lab
+from tests.support.paths import GUEST_DIR
+from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltloader import make_minion_mods
+
+MASTER_VIRT = {
+    "hypervisors": {"tgt": ["bkhv1"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
+    "backup": {"per_host": 1, "retention": {"keep": 1}},
+}
+
+
+@pytest.fixture(scope="module")
+def hv15(lab_dir, fabric):
+    hv = lab.Hypervisor(lab_dir, 15, fabric).start()  # 15: used by no other module
+    yield hv
+    hv.stop()
+
+
+@pytest.fixture(scope="module")
+def bkmaster(salt_factories, state_tree):
+    factory = salt_factories.salt_master_daemon("bk-master", overrides=master_config(state_tree, virt=MASTER_VIRT))
+    with factory.started():
+        ret = factory.salt_run_cli(timeout=180).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def fleet(bkmaster, hv15, lab_dir, tmp_path_factory):
+    """Minion bkhv1 managing hv15 with a backup directory; two stopped VMs defined there."""
+    root = pathlib.Path(lab_dir) / "bk-runner"
+    (root / "backups").mkdir(parents=True)
+    (root / "backups").chmod(0o755)
+    config = hypervisor_minion_config(hv15, root / "images")
+    config["virt"]["backup"] = {"dir": str(root / "backups")}
+    mods = make_minion_mods(tmp_path_factory.mktemp("bkmods"), hv15.uri, images_dir=root / "images")
+    for name in ("bkrun1", "bkrun2"):
+        mods["virt.init"](name, 1, 128, image=str(GUEST_DIR / "disk.qcow2"), seed=False, start=False, nic=None)
+    minion = start_minion(bkmaster, "bkhv1", config)
+    with minion.started():
+        ret = bkmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="bkhv1")
+        assert ret.returncode == 0, ret
+        yield root
+
+
+def test_runner_backs_up_every_vm_and_applies_retention(bkmaster, fleet):
+    run = bkmaster.salt_run_cli(timeout=600).run
+    first = run("virt.backup", "all")
+    assert first.returncode == 0, first
+    made = first.data["made"]
+    assert sorted(made) == ["bkrun1", "bkrun2"] and first.data["failed"] == {} and first.data["down"] == []
+    assert {m["host"] for m in made.values()} == {"bkhv1"} and {m["type"] for m in made.values()} == {"full"}
+    assert first.data["pruned"]["bkrun1"] == {"pruned": [], "kept": [made["bkrun1"]["id"]]}
+
+    second = run("virt.backup", "bkrun1")
+    assert second.returncode == 0, second
+    newer = second.data["made"]["bkrun1"]["id"]
+    assert "stopped" in second.data["made"]["bkrun1"]["note"]  # incremental asked: a stopped VM gets a full one
+    assert second.data["pruned"]["bkrun1"] == {"pruned": [made["bkrun1"]["id"]], "kept": [newer]}
+    left = sorted(p.name for p in (fleet / "backups" / "bkrun1").iterdir() if not p.name.startswith("."))
+    assert left == [f"{newer}.json", f"{newer}.vda.qcow2"]
+
+    missing = run("virt.backup", "nosuchvm")
+    assert missing.returncode == 1 and "not defined on any hypervisor" in missing.data["failed"]["nosuchvm"]
