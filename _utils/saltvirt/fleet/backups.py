@@ -31,6 +31,7 @@ def settings(conf, per_host=None, timeout=None, **retention):
     conf = conf or {}
     if not isinstance(conf, dict):
         raise SaltInvocationError(f"virt:backup in the master config must be a mapping, not {conf!r}")
+
     def pick(value, key):
         return value if value not in (None, "") else conf.get(key, DEFAULTS[key])
 
