@@ -153,11 +153,11 @@ def init(
         ``virt:max_image_mib`` MiB (default 65536).
     checksum
         ``sha256:<hex>`` or ``sha512:<hex>``: verified before the image is used (any source).
-    allow_http
-        accept a plain ``http://`` image URL (an https URL never follows a redirect to http).
-    trusted_image
-        opt-in for a local absolute path you built yourself: backing files, data files and other
-        formats are then accepted as they are. Never for salt:// or URLs.
+    allow_http / trusted_image
+        operator switches, refused as call arguments: the minion config's ``virt:insecure_http_images:
+        True`` accepts plain ``http://`` image URLs (an https URL never follows a redirect to http);
+        ``virt:insecure_trusted_images: [<absolute path>, ...]`` accepts those local images as they are
+        (backing files, data files, other formats). Never for salt:// or URLs.
     nic / disk
         profile names from ``virt:nic`` / ``virt:disk`` (``default``: one virtio NIC on bridge br0 and
         one system disk from the image); ``interfaces`` / ``disks`` add or override entries by name.
@@ -236,6 +236,7 @@ def init(
     compat.refuse_unknown(kwargs, _INIT_ARGS, "virt.init")
     if seed_cmd not in ("seed.apply", None, ""):
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
+    compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
     spec_args = {key: value for key, value in locals().items() if key in provision.SPEC_ARGS}
     with _conn(connection) as conn, _progress(name) as progress:
         ret = provision.init(
@@ -261,8 +262,8 @@ def init(
             replay_cache=os.path.join(__opts__.get("cachedir") or "", "salt-virt", "opened-envelopes"),
             progress=progress,
             checksum=checksum,
-            allow_http=allow_http,
-            trusted_image=trusted_image,
+            allow_http=_bool(_cfg("virt:insecure_http_images", False)),
+            trusted_image=isinstance(image, str) and image in (_cfg("virt:insecure_trusted_images", None) or ()),
             max_image_mib=_cfg("virt:max_image_mib", None),
             allowed_paths=_allowed_paths(),
             cloud_init=cloud_init,

@@ -22,6 +22,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
+    from saltvirt.spec import compat
     from saltvirt.xml import poolxml as _px
     from saltvirt.storage import pools as _st
     from saltvirt.base.validate import to_bool as _bool
@@ -55,6 +56,7 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     if kwargs:
         raise SaltInvocationError(f"virt.image_warm: unknown argument(s) {', '.join(sorted(kwargs))}")
+    compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
     get = _c.salt_config(__salt__)
     return _provision.warm(
         image,
@@ -62,9 +64,9 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
         cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
         allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
         checksum=checksum,
-        allow_http=allow_http,
+        allow_http=_bool(get("virt:insecure_http_images", False)),
         max_image_mib=get("virt:max_image_mib", None),
-        trusted=trusted_image,
+        trusted=isinstance(image, str) and image in (get("virt:insecure_trusted_images", None) or ()),
     )
 
 

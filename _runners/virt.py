@@ -370,6 +370,7 @@ def init(
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
         compat.refuse_connection_args(module_kwargs, "salt-run virt.init")
         vmcreate.refuse_sealed_args(module_kwargs)
+        compat.refuse_operator_switches(module_kwargs)
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on

@@ -31,7 +31,7 @@ def folder():
 def servers(folder):
     with hostile.Server(str(folder), tls=True) as tls, hostile.Server() as web:
         web.files["/x.raw"] = b"\0" * 4096
-        web.streams["/big.raw"] = (b"\0" * 65536, 1024)  # 64 MiB, no Content-Length
+        tls.streams["/big.raw"] = (b"\0" * 65536, 1024)  # 64 MiB, no Content-Length
         tls.redirects["/moved.raw"] = web.url("/x.raw")
         yield {"tls": tls, "web": web}
 
@@ -83,7 +83,7 @@ def cases(servers, tree):
         "https to http": ([tls.url("/moved.raw", userinfo="alice:s3cret")], r"refused (https -> http"),
         "plain http": ([web.url("/x.raw")], "plain http is refused"),
         "oversized": (
-            [web.url("/big.raw"), "allow_http=True"],
+            [tls.url("/big.raw")],
             "the server sent more than 1 MiB, more than virt:max_image_mib (1 MiB): nothing kept",
         ),
     }
@@ -99,6 +99,20 @@ CASES = [
     "plain http",
     "oversized",
 ]
+
+
+def test_allow_http_from_a_call_is_refused_before_anything(salt_master, salt_run_cli, intake_hv, servers, hv1):
+    """Issue 23: allow_http is the operator's switch (minion config), never a call's: nothing is fetched
+    (an SSRF to a loopback-only service), no key pre-accepted."""
+    web = servers["web"]
+    ret = salt_run_cli.run("virt.init", "evilhttp", "1", "64", web.url("/x.raw"), "allow_http=True", f"tgt={MINION}")
+    assert ret.returncode == 1, ret
+    assert ret.data["error"].startswith("allow_http= is an operator switch, not a call argument"), ret.data
+    assert "evilhttp" not in str(salt_master.salt_key_cli().run("-L").data)
+    ret = salt_master.salt_cli(timeout=120).run(
+        "virt.init", "evilhttp", "1", "64", web.url("/x.raw"), "allow_http=True", minion_tgt=MINION
+    )
+    assert "allow_http= is an operator switch" in str(ret.data), ret
 
 
 @pytest.mark.parametrize("case", CASES)

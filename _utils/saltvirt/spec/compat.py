@@ -104,6 +104,23 @@ NOT_FORWARDED = (
 )
 
 
+# "trust me" switches: the operator's, in the hypervisor's minion config; a call passing one is refused
+OPERATOR_SWITCHES = {
+    "allow_http": "virt:insecure_http_images: True",
+    "trusted_image": "virt:insecure_trusted_images: [<absolute image path>, ...]",
+}
+SWITCH_REFUSED = (
+    "{arg}= is an operator switch, not a call argument: the hypervisor's operator sets {key} in its minion config"
+)
+
+
+def refuse_operator_switches(given: Mapping[str, Any]) -> None:
+    """Refuse any of :data:`OPERATOR_SWITCHES` set in ``given`` (a call's arguments) to anything but off."""
+    for arg, key in OPERATOR_SWITCHES.items():
+        if given.get(arg) not in (None, False, "", 0, "False", "false", "no", "off"):
+            raise SaltInvocationError(SWITCH_REFUSED.format(arg=arg, key=key))
+
+
 def refuse_connection_args(kwargs: Mapping[str, Any], where: str) -> None:
     """The runner's refusal of a connection argument meant for a hypervisor (its value is not echoed)."""
     for arg in CONNECTION_ARGS:

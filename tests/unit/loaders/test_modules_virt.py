@@ -186,3 +186,44 @@ def test_image_warm_through_the_loader(virt_test, tmp_path, guest):
         virt_test["virt.image_warm"]("/etc/hostname")
     with pytest.raises(SaltInvocationError, match="unknown argument"):
         virt_test["virt.image_warm"](str(local), overlay=True)
+
+
+@pytest.mark.parametrize(
+    ("fun", "arg", "key"),
+    [
+        ("virt.init", "allow_http", "virt:insecure_http_images: True"),
+        ("virt.init", "trusted_image", "virt:insecure_trusted_images: [<absolute image path>, ...]"),
+        ("virt.image_warm", "allow_http", "virt:insecure_http_images: True"),
+        ("virt.image_warm", "trusted_image", "virt:insecure_trusted_images: [<absolute image path>, ...]"),
+    ],
+)
+def test_operator_switches_are_refused_as_call_arguments(virt_test, guest, fun, arg, key):
+    """Issue 23 #5: the "trust me" switches are the operator's (minion config), never a caller's."""
+    args = ("sw1", 1, 64) if fun == "virt.init" else ()
+    with pytest.raises(SaltInvocationError) as err:
+        virt_test[fun](*args, image=guest["qcow2"], **{arg: True})
+    assert str(err.value) == (
+        f"{arg}= is an operator switch, not a call argument: the hypervisor's operator sets {key} in its minion config"
+    )
+    assert "sw1" not in virt_test["virt.list_domains"]()
+
+
+def test_trusted_images_come_from_the_minion_config(tmp_path, guest):
+    """virt:insecure_trusted_images lets exactly the listed local image through as it is."""
+    import shutil
+
+    from saltvirt.storage import images
+
+    src = tmp_path / "sources"
+    src.mkdir()
+    base = src / "base.qcow2"
+    shutil.copyfile(guest["qcow2"], base)
+    backed = src / "backed.qcow2"
+    images.clone(str(base), str(backed), overlay=True, fmt="qcow2", src_fmt="qcow2")
+    plain = make_minion_mods(tmp_path / "a", "test:///default", allowed_paths=[str(src)])
+    with pytest.raises(SaltInvocationError, match="backing file"):
+        plain["virt.image_warm"](str(backed))
+    trusting = make_minion_mods(
+        tmp_path / "b", "test:///default", allowed_paths=[str(src)], insecure_trusted_images=[str(backed)]
+    )
+    assert trusting["virt.image_warm"](str(backed))["format"] == "qcow2"
