@@ -60,7 +60,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.spec import compat, vmargs
-    from saltvirt.fleet import minionkeys, placement, publish as fleet, vmcreate, vmwait
+    from saltvirt.fleet import hypervisors, minionkeys, placement, publish as fleet, vmcreate, vmwait
     from saltvirt.fleet import leftovers as fleet_cleanup
 
 log = logging.getLogger(__name__)
@@ -361,6 +361,7 @@ def init(
     progress = _progress(name)
     try:
         validate.vm_name(name)
+        hypervisors.refuse_vm_id(__opts__, name, minion_id)  # a VM is never taken for a hypervisor
         wait, wait_timeout = vmwait.check(wait, wait_timeout, start)
         seed = validate.to_bool(seed)
         cfg = _cfg(tgt, tgt_type)

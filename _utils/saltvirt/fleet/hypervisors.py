@@ -19,11 +19,19 @@ data the minion reports about itself: it is refused unless the operator sets the
 ``virt:hypervisors_trust_minion_data: True`` (then every guest's root can claim to be a hypervisor).
 There is no auto-learning from answers and no ``*`` discovery: with nothing configured, everything
 that needs the hypervisors stops with :data:`HOWTO`.
+
+A VM is never a hypervisor, whatever the target says: ``salt-run virt.init`` refuses a VM name or minion
+id that the target matches (:func:`refuse_vm_id`), and records every minion id it pre-accepts for a VM
+in the master's cache (bank :data:`VM_IDS_BANK`); a recorded id never matches (:func:`matches`,
+:func:`members`), so a later or broader glob cannot give a VM certificates or make it a target.
 """
 
 import fnmatch
 import re
 
+import time
+
+import salt.cache
 import salt.key
 import salt.loader
 import salt.utils.minions
@@ -42,6 +50,11 @@ HOWTO = (
     "root can set it (see docs/topics/trust.md)"
 )
 _WORD = re.compile(r"^(?P<engine>[A-Z])@(?P<rest>.*)$")
+VM_IDS_BANK = "salt-virt/vm-minions"
+VM_ID_REFUSED = (
+    "salt-run virt.init: the {what} {value!r} matches virt:hypervisors in the master config: a VM must never be "
+    "taken for a hypervisor (it would get libvirt certificates); pick another {what}"
+)
 
 
 class NotConfiguredError(SaltInvocationError):
@@ -154,9 +167,44 @@ def target(opts):
     return tgt, tgt_type
 
 
+def record_vm_id(opts, minion_id, vm):
+    """Remember that the runner pre-accepted ``minion_id`` for VM ``vm``: it is never a hypervisor."""
+    salt.cache.Cache(opts).store(VM_IDS_BANK, minion_id, {"vm": vm, "at": int(time.time())})
+
+
+def _vm_cache(opts):
+    # a master always has a cachedir; bare option dicts (target checks alone) have no records to read
+    return salt.cache.Cache(opts) if opts.get("cachedir") else None
+
+
+def vm_ids(opts):
+    """The minion ids recorded as VMs (:func:`record_vm_id`)."""
+    cache = _vm_cache(opts)
+    return set(cache.list(VM_IDS_BANK) or []) if cache else set()
+
+
+def is_vm_id(opts, minion_id):
+    cache = _vm_cache(opts)
+    return bool(cache and cache.contains(VM_IDS_BANK, minion_id))
+
+
+def refuse_vm_id(opts, name, minion_id=None):
+    """Refuse a new VM whose ``name`` or ``minion_id`` the hypervisor target matches (on ids only)."""
+    tgt, tgt_type = target(opts)
+    for what, value in (("VM name", name), ("minion id", minion_id)):
+        if value and _target_matches(opts, str(value), tgt, tgt_type, None, None):
+            raise SaltInvocationError(VM_ID_REFUSED.format(what=what, value=value))
+
+
 def matches(opts, minion_id, tgt=None, tgt_type=None, grains=None, pillar=None):
     """Is ``minion_id`` one of the hypervisors? On ids alone unless the operator opted in, in which
-    case ``grains``/``pillar`` (the minion's own data) are used too."""
+    case ``grains``/``pillar`` (the minion's own data) are used too. A recorded VM id never is."""
+    if is_vm_id(opts, minion_id):
+        return False
+    return _target_matches(opts, minion_id, tgt, tgt_type, grains, pillar)
+
+
+def _target_matches(opts, minion_id, tgt, tgt_type, grains, pillar):
     if tgt is None:
         tgt, tgt_type = target(opts)
     if tgt_type == "list":
@@ -189,12 +237,12 @@ def members(opts, ids=None):
     """The hypervisors: accepted minion ids (or ``ids``) that the configured target matches, sorted.
     With the opt-in, grain/pillar targets are resolved from the master's minion data cache."""
     tgt, tgt_type = target(opts)
-    ids = accepted(opts) if ids is None else list(ids)
+    ids = set(accepted(opts) if ids is None else ids) - vm_ids(opts)
     if trusts_minion_data(opts) and tgt_type not in ("list", "glob", "pcre"):
         res = salt.utils.minions.CkMinions(opts).check_minions(tgt, tgt_type, greedy=False)
         found = set(res.get("minions", []) if isinstance(res, dict) else res)
-        return sorted(set(ids) & found)
-    return sorted(m for m in set(ids) if matches(opts, m, tgt, tgt_type))
+        return sorted(ids & found)
+    return sorted(m for m in ids if _target_matches(opts, m, tgt, tgt_type, None, None))
 
 
 def narrow(opts, tgt=None, tgt_type=None):

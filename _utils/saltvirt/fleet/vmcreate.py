@@ -20,7 +20,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import fsutil
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
-from saltvirt.fleet import fleetstate, leftovers as fleet_cleanup, minionkeys, placement
+from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
 from saltvirt.fleet.publish import Failed, call, capacities, new_jid
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def _create(
         )
     order = order[first:]
     _placed(plan, hosts, order[0], progress)
-    keys = _NewKey(opts, key_id, progress)
+    keys = _NewKey(opts, key_id, progress, vm=name)
     if seed:
         keys.fresh()
     relay = getattr(progress, "relay", None)  # the hypervisor's own progress events, shown as they come
@@ -308,8 +308,8 @@ def _placed(plan, hosts, first, progress):
 class _NewKey:
     """The new VM's minion key pair, pre-accepted on this master; a fresh pair replaces the previous one."""
 
-    def __init__(self, opts, key_id, progress):
-        self.opts, self.key_id, self.progress = opts, key_id, progress
+    def __init__(self, opts, key_id, progress, vm=None):
+        self.opts, self.key_id, self.progress, self.vm = opts, key_id, progress, vm or key_id
         self.pub = self.priv = self.info = None
         self.keep = False  # True: leave the key on failure (a timed-out virt.init may still use it)
 
@@ -318,6 +318,7 @@ class _NewKey:
             minionkeys.remove_key(self.opts, self.key_id, self.pub)
             self.pub = None
         pub, priv = envelope.new_keypair()
+        hypervisors.record_vm_id(self.opts, self.key_id, self.vm)  # before the key: never a hypervisor
         minionkeys.preaccept(self.opts, self.key_id, pub)
         # sha256 of minion.pub as written (what `sha256sum minion.pub` and the module's virt.init report)
         fingerprint = fsutil.sha256(pub)

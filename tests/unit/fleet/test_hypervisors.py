@@ -78,3 +78,34 @@ def test_matching_uses_the_id_never_grains():
     assert not hypervisors.matches(opts({"tgt": "^hv\\d$", "tgt_type": "pcre"}), "hv33")
     assert hypervisors.members(opts("hv*"), ["hv1", "tenant", "hv2"]) == ["hv1", "hv2"]
     assert hypervisors.waits(opts({"tgt": "hv*", "timeout": 3})) == {"timeout": 3}
+
+
+def _master_opts(tmp_path, hv):
+    import salt.config
+
+    master = salt.config.master_config(None)
+    master.update(cachedir=str(tmp_path / "cache"), pki_dir=str(tmp_path / "pki"), virt={"hypervisors": hv})
+    return master
+
+
+@pytest.mark.parametrize(
+    ("name", "minion_id", "what"), [("hyper-db1", None, "VM name"), ("db1", "hyper9", "minion id")]
+)
+def test_a_vm_named_like_a_hypervisor_is_refused(tmp_path, name, minion_id, what):
+    """Issue 23 #3: with virt:hypervisors 'hyper*', a VM 'hyper-db1' would be a hypervisor (certificates)."""
+    master = _master_opts(tmp_path, "hyper*")
+    with pytest.raises(SaltInvocationError) as err:
+        hypervisors.refuse_vm_id(master, name, minion_id)
+    value = minion_id or name
+    assert str(err.value) == hypervisors.VM_ID_REFUSED.format(what=what, value=value)
+    hypervisors.refuse_vm_id(master, "db1", "db1")  # anything else passes
+
+
+def test_a_recorded_vm_id_never_matches(tmp_path):
+    """An id the runner pre-accepted for a VM stays out of the hypervisors even when a glob matches it."""
+    master = _master_opts(tmp_path, "*-1")
+    assert hypervisors.matches(master, "web-1")
+    hypervisors.record_vm_id(master, "web-1", "web-1")
+    assert not hypervisors.matches(master, "web-1")
+    assert hypervisors.members(master, ["web-1", "hv-1"]) == ["hv-1"]
+    assert hypervisors.vm_ids(master) == {"web-1"}

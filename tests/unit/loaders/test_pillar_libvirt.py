@@ -132,3 +132,18 @@ def test_ext_pillar_old_placeholder_config_is_accepted(compile_pillar):
     # anything else that is not a mapping: every minion is told why (not only the master log)
     bad = compile_pillar("hv1", {}, raw=[{"libvirt": ["a", "b"]}])
     assert list(bad["libvirt"]) == ["error"] and "configure it with a mapping" in bad["libvirt"]["error"]
+
+
+def test_a_recorded_vm_id_gets_no_certificates_even_if_the_glob_matches(compile_pillar, tmp_path):
+    """Issue 23 #3: a minion id the runner pre-accepted for a VM is recorded; the ext_pillar never gives it
+    libvirt certificates, even when virt:hypervisors (here 'hv*') matches it."""
+    import salt.config
+
+    from saltvirt.fleet import hypervisors
+
+    virt = {"hypervisors": "hv*"}
+    assert "libvirt" in compile_pillar("hv7", GRAINS, virt=virt, accepted=("hv1", "hv7"))
+    master = dict(salt.config.master_config(None), cachedir=str(tmp_path / "cache"))
+    hypervisors.record_vm_id(master, "hv-vm1", "hv-vm1")
+    out = compile_pillar("hv-vm1", GRAINS, virt=virt, accepted=("hv1", "hv-vm1"))
+    assert "libvirt" not in out, sorted(out)

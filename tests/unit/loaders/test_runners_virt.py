@@ -72,3 +72,17 @@ def test_init_never_forwards_an_envelope_from_a_call(runner, tmp_path, kwargs, a
     assert ret["data"] == {"error": message, "retcode": 1}
     assert "stolen" not in str(ret)
     assert not (tmp_path / "pki").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "what", "value"),
+    [("hyper1", {}, "VM name", "hyper1"), ("db1", {"minion_id": "hyper1"}, "minion id", "hyper1")],
+)
+def test_init_refuses_a_vm_the_hypervisor_target_matches(runner, tmp_path, name, kwargs, what, value):
+    ret = runner["virt.init"](name, 1, 128, **kwargs)
+    message = (
+        f"salt-run virt.init: the {what} {value!r} matches virt:hypervisors in the master config: a VM must never "
+        f"be taken for a hypervisor (it would get libvirt certificates); pick another {what}"
+    )
+    assert ret["data"] == {"error": message, "retcode": 1}
+    assert not (tmp_path / "pki").exists()  # no key generated, nothing published
