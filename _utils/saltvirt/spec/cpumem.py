@@ -47,7 +47,7 @@ _SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
 def _name(value, what):
-    if not isinstance(value, str) or not _CPU_NAME_RE.match(value):
+    if not isinstance(value, str) or not _CPU_NAME_RE.fullmatch(value):
         raise SaltInvocationError(f"{what} must be a name like Skylake-Client or vmx, got {value!r}")
     return value
 
@@ -117,7 +117,7 @@ def cpuset(value: Any, what: str, maximum: int | None = None, of: str = "vCPUs")
     """A CPU set (``0-3,^2,6`` or one number) in libvirt's canonical spelling (``0-1,3,6``), as libvirt
     writes it back; every id below ``maximum`` when given (the guest's vCPUs)."""
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    if not _CPUSET_RE.match(text):
+    if not _CPUSET_RE.fullmatch(text):
         raise SaltInvocationError(f"{what} must be a CPU set like 0-3,^2,6, got {value!r}")
     ids: set[int] = set()
     for part in text.split(","):
@@ -344,7 +344,7 @@ _NODESET_RE = re.compile(r"^\^?\d{1,4}(-\d{1,4})?(,\^?\d{1,4}(-\d{1,4})?)*$")
 
 def _host_nodes(nodeset, what):
     """Host NUMA nodes (``0-1,^3``) in libvirt's spelling."""
-    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.match(str(nodeset)):
+    if not isinstance(nodeset, (str, int)) or isinstance(nodeset, bool) or not _NODESET_RE.fullmatch(str(nodeset)):
         raise SaltInvocationError(f"{what} must be host NUMA nodes like 0-1,^3, got {nodeset!r}")
     return cpuset(nodeset, what)
 

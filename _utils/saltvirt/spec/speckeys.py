@@ -464,7 +464,7 @@ def host_devices(value: Any) -> list[str]:
         )
     out = []
     for name in value:
-        if not isinstance(name, str) or not _NODEDEV_RE.match(name):
+        if not isinstance(name, str) or not _NODEDEV_RE.fullmatch(name):
             raise SaltInvocationError(f"host_devices: {name!r} is not a node device name like pci_0000_00_1f_2")
         if name in out:
             raise SaltInvocationError(f"host_devices: {name!r} is given twice")
@@ -518,7 +518,7 @@ def clock(value: Any) -> Data | None:
     out: Data = {"offset": "utc" if utc else "localtime", "timers": []}
     if value.get("timezone") is not None:
         tz = value["timezone"]
-        if not isinstance(tz, str) or not _TIMEZONE_RE.match(tz):
+        if not isinstance(tz, str) or not _TIMEZONE_RE.fullmatch(tz):
             raise SaltInvocationError(f"clock:timezone must be a time zone name like Europe/Paris, got {tz!r}")
         if value.get("adjustment") is not None or "utc" in value:
             raise SaltInvocationError("clock:timezone goes alone (no utc or adjustment with it)")

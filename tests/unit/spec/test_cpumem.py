@@ -67,3 +67,15 @@ def test_salt_numatune_memnodes_are_honoured():
         ]
     }
     assert build(numatune={"memory": {"nodeset": "0,1"}}).numatune == {"mode": "strict", "nodeset": "0-1"}
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: cpumem.numatune({"memory": {"mode": "strict", "nodeset": "0\n"}}),
+    ],
+)
+def test_a_trailing_newline_is_refused(call):
+    """Issue 23 #8: these patterns use fullmatch ('$' with re.match passes "0-1\\n")."""
+    with pytest.raises(SaltInvocationError):
+        call()

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import compat, vmspec as spec
+from saltvirt.spec import compat, speckeys, vmspec as spec
 from saltvirt.xml import domxml
 
 
@@ -381,3 +381,16 @@ def test_old_flat_config_spellings_are_honoured():
     assert conf == {"tunnel": False, "x": 1} and not warnings  # the mapping wins
     conf, warnings = compat.master_virt_conf({"virt.tunnel": True, "virt.hypervisors.timeout": 9})
     assert conf == {"tunnel": True, "hypervisors": {"timeout": 9}} and len(warnings) == 2
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: speckeys.host_devices(["pci_0000_00_1f_2\n"]), "is not a node device name"),
+        (lambda: speckeys.clock({"timezone": "Europe/Paris\n"}), "must be a time zone name"),
+    ],
+)
+def test_a_trailing_newline_is_no_valid_name(call, message):
+    """Issue 23 #8: '$' in re.match also matches before a trailing newline; these use fullmatch."""
+    with pytest.raises(SaltInvocationError, match=message):
+        call()
