@@ -27,7 +27,6 @@ PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py"}
 # library modules without their tests/unit/test_<module>.py yet: this list may only shrink
 WITHOUT_UNIT_FILE = {
     "host/caps",
-    "base/fsutil",
     "host/lifecycle",
     "loader",
     "fleet/relocate",

@@ -61,6 +61,15 @@ def remove_paths(paths: Collection[str]) -> tuple[list[str], list[dict[str, str 
     return removed, kept
 
 
+def read_text(path: str, default: str | None = "", encoding: str = "utf-8") -> str | None:
+    """The text of a small file (a /sys attribute, a marker), stripped; ``default`` when it cannot be read."""
+    try:
+        with open(path, encoding=encoding) as fh:
+            return fh.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return default
+
+
 def sha256(data: str | bytes) -> str:
     """Hex SHA-256 of ``data`` (str as UTF-8, or bytes): key fingerprints as `sha256sum` shows them,
     content hashes in manifests."""

@@ -33,19 +33,39 @@ def host_name(name: Any, what: str = "host name") -> str:
     return name
 
 
-def positive_int(value: Any, what: str, maximum: int | None = None) -> int:
-    """Coerce ``value`` (int or numeric string, e.g. from the CLI) to a positive int."""
-    if isinstance(value, bool):
-        raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}")
+def int_in(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` (an int or a numeric string, e.g. from the CLI; never a bool) as an int from ``low`` to
+    ``high`` (either may be open), else SaltInvocationError in one wording."""
     try:
-        number = int(str(value).strip())
+        number = None if isinstance(value, bool) else int(str(value).strip())
     except (TypeError, ValueError):
-        raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}") from None
-    if number <= 0:
-        raise SaltInvocationError(f"{what} must be a positive integer, got {value!r}")
-    if maximum is not None and number > maximum:
-        raise SaltInvocationError(f"{what} {number} is larger than the maximum {maximum}")
+        number = None
+    if number is None or (low is not None and number < low) or (high is not None and number > high):
+        if low == 1 and high is None:
+            wanted = "a positive integer"
+        elif high is None:
+            wanted = f"a whole number >= {low}"
+        elif low is None:
+            wanted = f"a whole number <= {high}"
+        else:
+            wanted = f"a whole number {low}-{high}"
+        raise SaltInvocationError(f"{what} must be {wanted}, got {value!r}")
     return number
+
+
+def positive_int(value: Any, what: str, maximum: int | None = None) -> int:
+    """Coerce ``value`` (int or numeric string, e.g. from the CLI) to a positive int (at most ``maximum``)."""
+    number = int_in(value, what, 1)
+    return number if maximum is None else int_in(number, what, 1, maximum)
+
+
+def int_or_none(value: Any) -> int | None:
+    """A number libvirt or a minion reported, as an int; None when it is missing or not a number (facts
+    are read leniently: a missing one is not an error)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 CREDENTIALS_REFUSED = (
@@ -67,16 +87,28 @@ def to_bool(value: Any) -> bool:
     return bool(value)
 
 
+def _within(real: str, base_real: str) -> bool:
+    """Resolved ``real`` is ``base_real`` or below it (the one comparison every "inside" check makes)."""
+    return real == base_real or real.startswith(base_real.rstrip(os.sep) + os.sep)
+
+
 def is_inside(path: str, base: str) -> bool:
-    """True if ``path`` resolves (every symlink followed) to somewhere below ``base``."""
-    return os.path.realpath(path).startswith(os.path.realpath(base) + os.sep)
+    """True if ``path`` resolves (every symlink followed) to somewhere below ``base`` (not ``base`` itself)."""
+    real, base_real = os.path.realpath(path), os.path.realpath(base)
+    return real != base_real and _within(real, base_real)
+
+
+def root_of(path: str, roots: Sequence[str | None]) -> str | None:
+    """The first of ``roots`` that ``path`` resolves (symlinks, '..') to or below, else None."""
+    real = os.path.realpath(path)
+    return next((root for root in roots if root and _within(real, os.path.realpath(root))), None)
 
 
 def inside(base: str, *parts: str) -> str:
     """Join ``parts`` under ``base`` and make sure the result stays inside it (no ../ or symlink tricks)."""
     base_real = os.path.realpath(base)
     path = os.path.realpath(os.path.join(base_real, *parts))
-    if path != base_real and not path.startswith(base_real + os.sep):
+    if not _within(path, base_real):
         raise SaltInvocationError(f"path {os.path.join(base, *parts)!r} escapes {base!r}")
     return path
 
@@ -93,13 +125,9 @@ def confined(path: Any, what: str, roots: Sequence[str | None], hint: str = "vir
     """``path`` (absolute) if, after resolving symlinks and '..', it lies inside one of ``roots``;
     else SaltInvocationError naming the settings that would allow it."""
     absolute_path(path, what)
+    if root_of(path, roots) is not None:
+        return path
     real = os.path.realpath(path)
-    for root in roots:
-        if not root:
-            continue
-        base = os.path.realpath(root)
-        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
-            return path
     shown = ", ".join(str(r) for r in roots if r) or "none"
     resolved = f" (resolves to {real})" if real != os.path.normpath(path) else ""
     raise SaltInvocationError(

@@ -52,6 +52,8 @@ import re
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base import validate
+
 DEFAULT_POLICY = {
     "mem_reserve_mib": 1024,
     "cpu_overcommit": 4.0,
@@ -122,14 +124,6 @@ def make_policy(config=None, **overrides):
     return pol
 
 
-def _positive_int(value, what):
-    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
-        raise SaltInvocationError(f"{what} must be a positive integer, not {value!r}")
-    if int(value) <= 0:
-        raise SaltInvocationError(f"{what} must be a positive integer, not {value!r}")
-    return int(value)
-
-
 def make_affinity(value):
     """Soft affinity terms ``[{group, weight}]`` from ``[{group, weight}, ...]``, ``{group: weight}``
     or one ``{group, weight}``; weights are non-zero numbers in -10..10 (negative: soft anti-affinity)."""
@@ -160,8 +154,8 @@ def make_request(cpu, mem, disk_mib=0, group=None, affinity=None):
     """What the VM needs: vCPUs, memory (MiB), disk (MiB for a full copy of its image), its group, its
     soft affinity terms (:func:`make_affinity`)."""
     req = {
-        "cpu": _positive_int(cpu, "cpu"),
-        "mem": _positive_int(mem, "mem (MiB)"),
+        "cpu": validate.positive_int(cpu, "cpu"),
+        "mem": validate.positive_int(mem, "mem (MiB)"),
         "disk_mib": int(_number(disk_mib or 0, "disk_mib")),
         "group": str(group) if group else None,
     }
@@ -186,13 +180,6 @@ def in_maintenance(host, patterns):
     return next((p for p in patterns if fnmatch.fnmatchcase(host, p)), None)
 
 
-def _int(value):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _check(host, answer, req, pol, load=None, maint_re=False):
     """(free-after dict, reasons list) for one host; reasons empty means it fits. ``load``: what
     in-flight creations reserved there (``saltvirt.fleet.fleetstate.tally``), counted as used.
@@ -205,8 +192,14 @@ def _check(host, answer, req, pol, load=None, maint_re=False):
     if pattern:
         return None, [f"in maintenance (virt:placement:maintenance: {pattern!r})"]
     facts = answer.get("host", answer)
-    mem_total, mem_used = _int(facts.get("mem_total")), _int(facts.get("mem_used_by_vms")) or 0
-    cpus, cpus_used = _int(facts.get("vcpus_total")), _int(facts.get("vcpus_used_by_vms")) or 0
+    mem_total, mem_used = (
+        validate.int_or_none(facts.get("mem_total")),
+        validate.int_or_none(facts.get("mem_used_by_vms")) or 0,
+    )
+    cpus, cpus_used = (
+        validate.int_or_none(facts.get("vcpus_total")),
+        validate.int_or_none(facts.get("vcpus_used_by_vms")) or 0,
+    )
     if not mem_total or not cpus:
         return None, ["no capacity facts in its answer (is salt-virt on this minion up to date?)"]
     load = load or {}
@@ -232,7 +225,7 @@ def _check(host, answer, req, pol, load=None, maint_re=False):
             + (f", {cpu_res} reserved{held}" if inflight else "")
             + ")"
         )
-    disk_free = _int(facts.get("disk_free"))
+    disk_free = validate.int_or_none(facts.get("disk_free"))
     disk_left = None
     if disk_free is not None:
         disk_free -= disk_res
@@ -251,7 +244,7 @@ def _check(host, answer, req, pol, load=None, maint_re=False):
         members += sorted(f"{n} (in flight)" for n, g in (load.get("groups") or {}).items() if g == group)
         if members:
             reasons.append(f"anti-affinity: group {group!r} already has {', '.join(members)} here")
-    vms = _int(facts.get("vms_defined"))
+    vms = validate.int_or_none(facts.get("vms_defined"))
     if vms is None:
         vms = len(answer.get("vm_info") or {})
     vms += inflight

@@ -24,6 +24,7 @@ import copy
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import validate
 from saltvirt.fleet import placement, relocate
 
 METRICS = {"mem": 0.10, "vms": 2}
@@ -86,12 +87,7 @@ def _check(metric, threshold, max_moves):
         raise SaltInvocationError(f"threshold must be a number, not {threshold!r}") from None
     if threshold < 0:
         raise SaltInvocationError(f"threshold must be >= 0, not {threshold!r}")
-    try:
-        max_moves = int(max_moves)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"max_moves must be a positive integer, not {max_moves!r}") from None
-    if max_moves < 1:
-        raise SaltInvocationError(f"max_moves must be a positive integer, not {max_moves!r}")
+    max_moves = validate.positive_int(max_moves, "max_moves")
     return threshold, max_moves
 
 

@@ -28,7 +28,7 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.storage import images
-from saltvirt.base import procs
+from saltvirt.base import fsutil, procs
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
 
@@ -226,14 +226,6 @@ def _wait(cond, timeout, step=0.01):
     return True
 
 
-def _read(path):
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
 def _mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as fh:
@@ -279,7 +271,9 @@ def _refuse_if_in_use(image):
     why += [f"qemu lock byte {offset} is held" for offset in images.held_qemu_locks(image, _QEMU_WRITE_BYTES)]
     why += [f"open in {user}" for user in _openers(image)]
     loops = [
-        n for n in os.listdir("/sys/block") if _read(f"/sys/block/{n}/loop/backing_file") == os.path.realpath(image)
+        n
+        for n in os.listdir("/sys/block")
+        if fsutil.read_text(f"/sys/block/{n}/loop/backing_file") == os.path.realpath(image)
     ]
     why += [f"attached to /dev/{n}" for n in loops]
     if why:
@@ -299,7 +293,7 @@ def _openers(path):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):  # closed meanwhile
                     if os.readlink(f"/proc/{pid}/fd/{fd}") == real:
-                        found.append(f"{_read(f'/proc/{pid}/comm')} (pid {pid})")
+                        found.append(f"{fsutil.read_text(f'/proc/{pid}/comm')} (pid {pid})")
                         break
     return found
 
@@ -335,7 +329,7 @@ def _sys_parts(dev):
     with contextlib.suppress(OSError):
         for entry in os.scandir(f"/sys/block/{name}"):
             if entry.name.startswith(name) and os.path.exists(os.path.join(entry.path, "partition")):
-                found.append((int(_read(os.path.join(entry.path, "partition"))), entry.name, entry.path))
+                found.append((int(fsutil.read_text(os.path.join(entry.path, "partition"))), entry.name, entry.path))
     return sorted(found)
 
 
@@ -354,7 +348,7 @@ def _partitions(dev, tmp, undo):
     for num, name, sys_path in found:
         node = f"/dev/{name}"
         if not _wait(lambda n=node: os.path.exists(n) and stat.S_ISBLK(os.stat(n).st_mode), 2):
-            major, minor = (int(x) for x in _read(os.path.join(sys_path, "dev")).split(":"))
+            major, minor = (int(x) for x in fsutil.read_text(os.path.join(sys_path, "dev")).split(":"))
             node = os.path.join(tmp, name)  # no devtmpfs/udev node: make our own
             os.mknod(node, 0o600 | stat.S_IFBLK, os.makedev(major, minor))
         out.append((f"partition {num}", node))
@@ -535,8 +529,8 @@ def _qsd_fuse(image, fmt, files, tmp, undo):
     if not _wait(lambda: proc.poll() is not None or _mounted(export), 30):
         raise CommandExecutionError("qemu-storage-daemon did not export the image within 30s")
     if proc.poll() is not None:
-        hint = ": the image or its backing file is in use (by a VM?)" if "lock" in _read(logfile) else ""
-        raise CommandExecutionError(f"qemu-storage-daemon failed{hint}: {_read(logfile)}")
+        hint = ": the image or its backing file is in use (by a VM?)" if "lock" in fsutil.read_text(logfile) else ""
+        raise CommandExecutionError(f"qemu-storage-daemon failed{hint}: {fsutil.read_text(logfile)}")
     return _seed_device(_losetup(export, undo), files, tmp, undo)
 
 
@@ -559,7 +553,7 @@ def _stop_qsd(proc, export, logfile):
         if _mounted(export):  # killed (or crashed): do not leave a dead FUSE mount behind
             _run(["umount", "-l", export], f"unmounting {export}", check=False)
     if proc.returncode not in (0, -15):
-        raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {_read(logfile)}")
+        raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {fsutil.read_text(logfile)}")
 
 
 def _qemu_nbd(image, fmt, files, tmp, undo):
@@ -570,20 +564,24 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
         proc = _run(["modprobe", "nbd", "max_part=16"], "loading nbd", check=False)
         if proc.returncode != 0 or not _wait(lambda: os.path.exists("/sys/block/nbd0"), 2):
             raise _Skip(f"the nbd kernel module is not available ({proc.stderr.strip() or 'modprobe nbd failed'})")
-    free = [n for n in sorted(os.listdir("/sys/block")) if n.startswith("nbd") and _read(f"/sys/block/{n}/size") == "0"]
+    free = [
+        n
+        for n in sorted(os.listdir("/sys/block"))
+        if n.startswith("nbd") and fsutil.read_text(f"/sys/block/{n}/size") == "0"
+    ]
     free = [f"/dev/{n}" for n in free if not os.path.exists(f"/sys/block/{n}/pid")]
     if not free:
         raise CommandExecutionError("no free /dev/nbd* device (all connected)")
     dev, pidfile = free[0], os.path.join(tmp, "qemu-nbd.pid")
     _run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
     undo.add(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
-    if not _wait(lambda: _read(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
+    if not _wait(lambda: fsutil.read_text(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
         raise CommandExecutionError(f"{dev} did not come up after qemu-nbd --connect")
     return _seed_device(dev, files, tmp, undo)
 
 
 def _nbd_disconnect(dev, pidfile):
-    pid = _read(pidfile)
+    pid = fsutil.read_text(pidfile)
     _run(["qemu-nbd", "--disconnect", dev], f"disconnecting {dev}")
     if pid.isdigit() and not _wait(lambda: not os.path.exists(f"/proc/{pid}"), 60):
         raise CommandExecutionError(f"qemu-nbd (pid {pid}) did not exit within 60s after disconnecting {dev}")

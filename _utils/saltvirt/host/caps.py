@@ -6,19 +6,13 @@ import xml.etree.ElementTree as ET
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base import validate
 from saltvirt.host.conn import libvirt, lv_errors
 
 
 def _text(node, path):
     el = node.find(path)
     return el.text if el is not None else None
-
-
-def _int(value):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _unit(value, unit):
@@ -92,8 +86,8 @@ def _cell(cell):
 
 def _bank(bank):
     out = {
-        "id": _int(bank.get("id")),
-        "level": _int(bank.get("level")),
+        "id": validate.int_or_none(bank.get("id")),
+        "level": validate.int_or_none(bank.get("level")),
         "type": bank.get("type"),
         "size": _unit(bank.get("size"), bank.get("unit")),
         "cpus": bank.get("cpus"),
@@ -103,7 +97,7 @@ def _bank(bank):
         entry = {
             "granularity": _unit(ctl.get("granularity"), ctl.get("unit")),
             "type": ctl.get("type"),
-            "maxAllocs": _int(ctl.get("maxAllocs")),
+            "maxAllocs": validate.int_or_none(ctl.get("maxAllocs")),
         }
         if ctl.get("min"):
             entry["min"] = _unit(ctl.get("min"), ctl.get("unit"))
@@ -130,7 +124,7 @@ def _host(host):
                 cpu["microcode"] = child.find("microcode").get("version")
             topo = child.find("topology")
             if topo is not None:
-                cpu.update({k: _int(topo.get(k)) for k in ("sockets", "cores", "threads")})
+                cpu.update({k: validate.int_or_none(topo.get(k)) for k in ("sockets", "cores", "threads")})
             out["cpu"] = cpu
         elif child.tag == "power_management":
             out["power_management"] = [n.tag for n in child]
@@ -207,7 +201,7 @@ def parse_domain_capabilities(xml):
     }
     vcpu = root.find("vcpu")
     if vcpu is not None:
-        out["max_vcpus"] = _int(vcpu.get("max"))
+        out["max_vcpus"] = validate.int_or_none(vcpu.get("max"))
     iothreads = root.find("iothreads")
     if iothreads is not None:
         out["iothreads"] = _supported(iothreads)
@@ -284,7 +278,7 @@ def cpu_baseline(conn, full=False, migratable=False, out="libvirt"):
 
 # node devices -------------------------------------------------------------------------------------
 def _pci_address(cap):
-    parts = [_int(cap.findtext(k)) or 0 for k in ("domain", "bus", "slot", "function")]
+    parts = [validate.int_or_none(cap.findtext(k)) or 0 for k in ("domain", "bus", "slot", "function")]
     return "{:04x}:{:02x}:{:02x}.{:x}".format(*parts)
 
 
@@ -333,7 +327,7 @@ def parse_node_device(xml):
         if link is not None:
             out["state"] = link.get("state")
             if link.get("speed"):
-                out["speed"] = _int(link.get("speed"))
+                out["speed"] = validate.int_or_none(link.get("speed"))
     elif ctype == "mdev":
         out["type"] = cap.find("type").get("id") if cap.find("type") is not None else None
         out["uuid"] = cap.findtext("uuid")
@@ -357,7 +351,7 @@ def _host_device(conn, name):
     cap = root.find("capability")
     ctype = cap.get("type") if cap is not None else None
     if ctype == "pci":
-        nums = [_int(cap.findtext(k)) or 0 for k in ("domain", "bus", "slot", "function")]
+        nums = [validate.int_or_none(cap.findtext(k)) or 0 for k in ("domain", "bus", "slot", "function")]
         return {"name": name, "type": "pci", "address": "{:04x}:{:02x}:{:02x}.{:x}".format(*nums)}
     if ctype == "usb_device" and cap.find("vendor") is not None and cap.find("product") is not None:
         return {
@@ -365,8 +359,8 @@ def _host_device(conn, name):
             "type": "usb",
             "vendor": cap.find("vendor").get("id"),
             "product": cap.find("product").get("id"),
-            "bus": _int(cap.findtext("bus")),
-            "device": _int(cap.findtext("device")),
+            "bus": validate.int_or_none(cap.findtext("bus")),
+            "device": validate.int_or_none(cap.findtext("device")),
         }
     raise SaltInvocationError(
         f"host_devices: {name} is a {ctype or 'unknown'} device; only PCI and USB devices can be passed through "

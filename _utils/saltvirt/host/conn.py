@@ -80,16 +80,6 @@ def event_loop():
     _event_loop()
 
 
-def _number(value, what, minimum):
-    try:
-        num = int(value)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"{what} must be a whole number, not {value!r}") from None
-    if num < minimum:
-        raise SaltInvocationError(f"{what} must be >= {minimum}, not {num}")
-    return num
-
-
 def keepalive_settings(value):
     """``virt:connection:keepalive`` -> (interval, count); ``False``/0 interval turns it off."""
     if value in (False, 0, "off"):
@@ -98,8 +88,8 @@ def keepalive_settings(value):
     if value not in (None, True) and not isinstance(value, dict):
         raise SaltInvocationError(f"virt:connection:keepalive must be a mapping {{interval, count}}, not {value!r}")
     return (
-        _number(conf["interval"], "virt:connection:keepalive:interval", 0),
-        _number(conf["count"], "virt:connection:keepalive:count", 1),
+        validate.int_in(conf["interval"], "virt:connection:keepalive:interval", 0),
+        validate.int_in(conf["count"], "virt:connection:keepalive:count", 1),
     )
 
 
@@ -237,7 +227,7 @@ def connect(uri=None, readonly=False, open_timeout=DEFAULT_OPEN_TIMEOUT, keepali
     libvirt error escaping the block becomes a CommandExecutionError that names the URI."""
     if libvirt is None:
         raise CommandExecutionError("the libvirt python bindings are not installed (pip install libvirt-python)")
-    open_timeout = _number(open_timeout or 0, "virt:connection:open_timeout", 0)
+    open_timeout = validate.int_in(open_timeout or 0, "virt:connection:open_timeout", 0)
     interval, count = keepalive_settings(keepalive)
     if interval:
         _event_loop()

@@ -21,7 +21,7 @@ import threading
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import validate
+from saltvirt.base import fsutil, validate
 from saltvirt.xml import domxml
 from saltvirt.host.conn import domain_exists, libvirt
 from saltvirt.host.query import state_name
@@ -45,20 +45,7 @@ def _marker(root):
 
 
 def read_marker(path):
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read().strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _root_of(path, roots):
-    real = os.path.realpath(path)
-    for root in roots:
-        base = os.path.realpath(root)
-        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
-            return root
-    return None
+    return fsutil.read_text(path, None, "ascii") or None
 
 
 def _disks(facts, roots, markers):
@@ -70,7 +57,7 @@ def _disks(facts, roots, markers):
         elif d["type"] != "file" or not d["file"] or d.get("pool"):
             entry["why"] = f"disk {d['target']} is not a plain file ({d.get('pool') and 'pool volume' or d['type']})"
         else:
-            root = _root_of(d["file"], roots)
+            root = validate.root_of(d["file"], roots)
             if root is None:
                 entry["why"] = f"disk {d['target']} ({d['file']}) is outside virt:images and virt:allowed_paths"
             else:
@@ -219,7 +206,7 @@ def check(facts, storage, roots):
             if not os.path.exists(path):
                 reasons.append(f"disk {d['target']} ({path}) is not on this host")
             continue
-        root = _root_of(path, list(storage))
+        root = validate.root_of(path, list(storage))
         mark = storage.get(root) if root else None
         if not mark or not mark.get("token"):
             reasons.append(f"disk {d['target']} ({path}): no storage marker recorded for its directory")

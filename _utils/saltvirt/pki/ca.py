@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
 from saltvirt.pki import crl
 from saltvirt.pki.castore import SKEW as _SKEW
@@ -74,20 +75,8 @@ def load_certs(pem: str | bytes) -> list[x509.Certificate]:
 
 
 # parameters ------------------------------------------------------------------------------------
-def _int(value, what):
-    if isinstance(value, bool):
-        raise SaltInvocationError(f"libvirt pki: {what} must be a positive integer, got {value!r}")
-    try:
-        number = int(str(value).strip())
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"libvirt pki: {what} must be a positive integer, got {value!r}") from None
-    if number < 0:
-        raise SaltInvocationError(f"libvirt pki: {what} must not be negative, got {value!r}")
-    return number
-
-
 def _ca_days(days):
-    days = _int(DEFAULTS["ca_days"] if days is None else days, "ca_days")
+    days = validate.int_in(DEFAULTS["ca_days"] if days is None else days, "libvirt pki: ca_days", 0)
     if days < 1:
         raise SaltInvocationError("libvirt pki: ca_days must be at least 1")
     return days
@@ -98,7 +87,9 @@ def key_settings(key_type: str | None = None, key_size: Any = None) -> tuple[str
     key_type = str(key_type or DEFAULTS["key_type"]).lower()
     if key_type not in KEY_TYPES:
         raise SaltInvocationError(f"libvirt pki: key_type must be one of {KEY_TYPES}, got {key_type!r}")
-    key_size = _int(key_size or (DEFAULTS["key_size"] if key_type == "rsa" else 256), "key_size")
+    key_size = validate.int_in(
+        key_size or (DEFAULTS["key_size"] if key_type == "rsa" else 256), "libvirt pki: key_size", 0
+    )
     allowed = RSA_SIZES if key_type == "rsa" else tuple(EC_CURVES)
     if key_size not in allowed:
         raise SaltInvocationError(f"libvirt pki: key_size for {key_type} must be one of {allowed}, got {key_size}")
@@ -110,9 +101,11 @@ def settings(
 ) -> Data:
     """Validated validity and key parameters (missing ones from :data:`DEFAULTS`)."""
     out: Data = {
-        "days": _int(DEFAULTS["days"] if days is None else days, "days"),
-        "renew_days": _int(DEFAULTS["renew_days"] if renew_days is None else renew_days, "renew_days"),
-        "ca_days": _int(DEFAULTS["ca_days"] if ca_days is None else ca_days, "ca_days"),
+        "days": validate.int_in(DEFAULTS["days"] if days is None else days, "libvirt pki: days", 0),
+        "renew_days": validate.int_in(
+            DEFAULTS["renew_days"] if renew_days is None else renew_days, "libvirt pki: renew_days", 0
+        ),
+        "ca_days": validate.int_in(DEFAULTS["ca_days"] if ca_days is None else ca_days, "libvirt pki: ca_days", 0),
     }
     out["key_type"], out["key_size"] = key_settings(key_type, key_size)
     if out["days"] < 1 or out["ca_days"] < 1:

@@ -158,18 +158,8 @@ def _vcpu_detail(value, count, out):
         out["vcpu"] = vcpu
 
 
-def _int_in(value, what, low, high):
-    try:
-        number = int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        number = None
-    if number is None or not low <= number <= high:
-        raise SaltInvocationError(f"{what} must be a whole number {low}-{high}, got {value!r}")
-    return number
-
-
 def _vcpu_id(key, what, count):
-    vcpu = _int_in(key, what, 0, 4095)
+    vcpu = validate.int_in(key, what, 0, 4095)
     if vcpu >= count:
         raise SaltInvocationError(f"{what}: vCPU {vcpu} does not exist (the VM has {count} vCPUs: 0-{count - 1})")
     return vcpu
@@ -181,13 +171,13 @@ def cpu_tuning(value: Any, count: int) -> Data:
     check_keys(value, "cpu:tuning", TUNING_KEYS, TUNING_REFUSED)
     out = {}
     if value.get("shares") is not None:
-        out["shares"] = _int_in(value["shares"], "cpu:tuning:shares", 2, 262144)
+        out["shares"] = validate.int_in(value["shares"], "cpu:tuning:shares", 2, 262144)
     for key in TUNING_PERIODS:
         if value.get(key) is not None:
-            out[key] = _int_in(value[key], f"cpu:tuning:{key} (microseconds)", 1000, 1000000)
+            out[key] = validate.int_in(value[key], f"cpu:tuning:{key} (microseconds)", 1000, 1000000)
     for key in TUNING_QUOTAS:
         if value.get(key) is not None:
-            out[key] = _int_in(value[key], f"cpu:tuning:{key} (microseconds, -1: none)", -1, 17592186044415)
+            out[key] = validate.int_in(value[key], f"cpu:tuning:{key} (microseconds, -1: none)", -1, 17592186044415)
             if 0 <= out[key] < 1000:
                 raise SaltInvocationError(f"cpu:tuning:{key} must be -1 or at least 1000, got {value[key]!r}")
     pins = value.get("vcpupin") or {}
@@ -209,8 +199,8 @@ def numa_cells(value: Any, count: int) -> list[Data]:
         raise SaltInvocationError(f"cpu:numa must map cell ids (0, 1, ...) to {{cpus, memory}}, got {value!r}")
     cells: list[Data] = []
     seen: set[int] = set()
-    for key in sorted(value, key=lambda k: _int_in(k, "cpu:numa cell id", 0, 255)):
-        cell_id = _int_in(key, "cpu:numa cell id", 0, 255)
+    for key in sorted(value, key=lambda k: validate.int_in(k, "cpu:numa cell id", 0, 255)):
+        cell_id = validate.int_in(key, "cpu:numa cell id", 0, 255)
         where = f"cpu:numa:{cell_id}"
         conf = value[key]
         check_keys(conf, where, NUMA_CELL_KEYS, NUMA_CELL_REFUSED)
@@ -281,7 +271,7 @@ def mem_layout(value: Any, boot_mib: int, numa_cells: int = 0) -> tuple[int | No
     if value.get("max") is not None or value.get("slots") is not None:
         if value.get("max") is None or value.get("slots") is None:
             raise SaltInvocationError("mem:max (memory hotplug maximum) and mem:slots go together: give both")
-        max_mem = {"size": mib(value["max"], "mem:max"), "slots": _int_in(value["slots"], "mem:slots", 1, 255)}
+        max_mem = {"size": mib(value["max"], "mem:max"), "slots": validate.int_in(value["slots"], "mem:slots", 1, 255)}
         if max_mem["size"] < boot_mib:
             raise SaltInvocationError(f"mem:max ({max_mem['size']} MiB) must be at least mem:boot ({boot_mib} MiB)")
         if not numa_cells:
@@ -369,8 +359,8 @@ def numatune(value: Any, numa_cells: int = 0) -> Data | None:
         if not numa_cells:
             raise SaltInvocationError("numatune:memnodes tunes guest NUMA cells: add cpu:numa, or use numatune:memory")
         out["memnodes"] = []
-        for key in sorted(nodes, key=lambda k: _int_in(k, "numatune:memnodes cell id", 0, 255)):
-            cell = _int_in(key, "numatune:memnodes cell id", 0, 255)
+        for key in sorted(nodes, key=lambda k: validate.int_in(k, "numatune:memnodes cell id", 0, 255)):
+            cell = validate.int_in(key, "numatune:memnodes cell id", 0, 255)
             where = f"numatune:memnodes:{cell}"
             if cell >= numa_cells:
                 raise SaltInvocationError(f"{where}: the VM has guest NUMA cells 0-{numa_cells - 1} (cpu:numa)")

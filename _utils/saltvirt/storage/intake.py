@@ -94,13 +94,7 @@ def parse_checksum(checksum):
 def _max_bytes(max_mib):
     if max_mib in (None, ""):
         max_mib = DEFAULT_MAX_IMAGE_MIB
-    try:
-        value = int(max_mib)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"virt:max_image_mib must be a number of MiB, got {max_mib!r}") from None
-    if value <= 0:
-        raise SaltInvocationError(f"virt:max_image_mib must be positive, got {max_mib!r}")
-    return value * images.MIB
+    return validate.positive_int(max_mib, "virt:max_image_mib (MiB)") * images.MIB
 
 
 # fetch -------------------------------------------------------------------------------------------

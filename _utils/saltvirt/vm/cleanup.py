@@ -22,7 +22,7 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import procs, validate
+from saltvirt.base import fsutil, procs, tools, validate
 from saltvirt.guest import seed
 from saltvirt.storage import images
 from saltvirt.host.conn import libvirt
@@ -76,14 +76,6 @@ class InitLock:
 
 
 # seeding leftovers ----------------------------------------------------------------------------------
-def _read(path):
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
 def _mountinfo():
     """[(major:minor, mount point, source)] of this mount namespace."""
     out = []
@@ -126,25 +118,24 @@ def _loops(backing):
     out = []
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir("/sys/block")):
-            if name.startswith("loop") and _read(f"/sys/block/{name}/loop/backing_file") in backing:
+            if name.startswith("loop") and fsutil.read_text(f"/sys/block/{name}/loop/backing_file") in backing:
                 out.append(name)
     return out
 
 
 def _devnums(loop):
     """major:minor of a loop device and its partitions."""
-    nums = [_read(f"/sys/block/{loop}/dev")]
+    nums = [fsutil.read_text(f"/sys/block/{loop}/dev")]
     with contextlib.suppress(OSError):
         for entry in os.scandir(f"/sys/block/{loop}"):
             if entry.name.startswith(loop) and os.path.exists(os.path.join(entry.path, "partition")):
-                nums.append(_read(os.path.join(entry.path, "dev")))
+                nums.append(fsutil.read_text(os.path.join(entry.path, "dev")))
     return {n for n in nums if n}
 
 
 def _run(cmd):
-    import subprocess  # noqa: PLC0415 - only when there is something to clean
-
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+    """A cleanup step's tool: its exit status is the caller's to judge (it reports, never raises for it)."""
+    return tools.run(cmd, " ".join(cmd), timeout=60, check=False)
 
 
 def _umount(point, done, errors):

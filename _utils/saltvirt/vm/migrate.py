@@ -34,14 +34,14 @@ import contextlib
 import json
 import os
 import secrets
-import subprocess
 import threading
+import subprocess
 import time
 import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil, validate
+from saltvirt.base import fsutil, tools, validate
 from saltvirt.xml import domxml
 from saltvirt.host import query, snapshot
 from saltvirt.storage import images
@@ -507,10 +507,7 @@ def migrate(
 
 # target side ------------------------------------------------------------------------------------
 def _qemu_img(*args):
-    proc = subprocess.run(["qemu-img", *args], capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise CommandExecutionError(f"qemu-img {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout
+    return tools.run(["qemu-img", *args], f"qemu-img {' '.join(args)}", install="qemu-utils").stdout
 
 
 def map_path(path, source_images, images_dir):

@@ -65,18 +65,6 @@ def _addr(value, what, version=None):
     return addr
 
 
-def _int(value, what, low, high):
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        number = int(str(value).strip())
-    except ValueError:
-        raise SaltInvocationError(f"{what} must be a whole number from {low} to {high}, got {value!r}") from None
-    if not low <= number <= high:
-        raise SaltInvocationError(f"{what} must be from {low} to {high}, got {number}")
-    return number
-
-
 def _iface(value, what):
     if not isinstance(value, str) or not _IFACE_RE.match(value):
         raise SaltInvocationError(
@@ -277,7 +265,7 @@ def _vlan(value):
     out = {"tags": []}
     for tag in tags:
         speckeys.check_keys(tag, "tag:tags", ("id", "nativeMode"))
-        item = {"id": _int(tag.get("id"), "tag:tags:id (VLAN id)", 0, 4095)}
+        item = {"id": validate.int_in(tag.get("id"), "tag:tags:id (VLAN id)", 0, 4095)}
         if tag.get("nativeMode") is not None:
             if tag["nativeMode"] not in ("tagged", "untagged"):
                 raise SaltInvocationError(f"tag:tags:nativeMode must be tagged or untagged, got {tag['nativeMode']!r}")
@@ -306,7 +294,7 @@ def _nat(value):
     if value.get("address"):
         out["address"] = [str(a) for a in _range(value["address"], "nat:address", lambda v, w: _addr(v, w, 4))]
     if value.get("port"):
-        out["port"] = _range(value["port"], "nat:port", lambda v, w: _int(v, w, 1, 65535))
+        out["port"] = _range(value["port"], "nat:port", lambda v, w: validate.int_in(v, w, 1, 65535))
     return out
 
 
@@ -362,7 +350,7 @@ def _dns_srv(srv):
         item["target"] = srv["target"] if srv["target"] == "." else _dns_name(srv["target"], "dns:srvs:target")
     for key in ("port", "priority", "weight"):
         if srv.get(key) is not None:
-            item[key] = _int(srv[key], f"dns:srvs:{key}", 1 if key == "port" else 0, 65535)
+            item[key] = validate.int_in(srv[key], f"dns:srvs:{key}", 1 if key == "port" else 0, 65535)
     return item
 
 
@@ -468,7 +456,7 @@ def network_spec(  # noqa: PLR0913 - Salt's arguments, each its own
     if tag not in (None, "", {}):
         spec["vlan"] = _vlan(tag)
     if mtu not in (None, ""):
-        spec["mtu"] = _int(mtu, "mtu", 68, 65535)
+        spec["mtu"] = validate.int_in(mtu, "mtu", 68, 65535)
     if domain:
         spec["domain"] = _domain(domain)
     if dns:

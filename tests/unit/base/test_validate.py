@@ -121,3 +121,46 @@ def test_credentials_are_refused_in_one_wording_without_the_value():
     with pytest.raises(SaltInvocationError, match="^username/password connections are not supported") as exc:
         validate.no_credentials(None, "s3cret-pw")
     assert "s3cret-pw" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "low", "high", "message"),
+    [
+        ("x", 0, 10, "n must be a whole number 0-10, got 'x'"),
+        (True, 0, 10, "n must be a whole number 0-10, got True"),  # a bool is not a number here
+        (11, 0, 10, "n must be a whole number 0-10, got 11"),
+        (0, 1, None, "n must be a positive integer, got 0"),
+        (-1, 0, None, "n must be a whole number >= 0, got -1"),
+        ("5; reboot", None, 4, "n must be a whole number <= 4, got '5; reboot'"),
+    ],
+)
+def test_int_in_refuses_in_one_wording(value, low, high, message):
+    with pytest.raises(SaltInvocationError) as exc:
+        validate.int_in(value, "n", low, high)
+    assert str(exc.value) == message
+
+
+def test_int_in_and_its_lenient_sibling():
+    assert validate.int_in(" 7 ", "n", 0, 10) == 7 and validate.int_in("-1", "n", -1) == -1
+    assert validate.positive_int("3", "cpu", maximum=4) == 3
+    with pytest.raises(SaltInvocationError, match="cpu must be a positive integer, got 0"):
+        validate.positive_int(0, "cpu", maximum=4)
+    with pytest.raises(SaltInvocationError, match="cpu must be a whole number 1-4, got 5"):
+        validate.positive_int(5, "cpu", maximum=4)
+    assert [validate.int_or_none(v) for v in ("12", None, "n/a", 3)] == [12, None, None, 3]
+
+
+def test_inside_checks_share_one_comparison(tmp_path):
+    root, other = tmp_path / "images", tmp_path / "images-other"
+    (root / "vm").mkdir(parents=True)
+    other.mkdir()
+    (root / "escape").symlink_to(other)
+    assert validate.is_inside(str(root / "vm"), str(root)) and not validate.is_inside(str(root), str(root))
+    assert not validate.is_inside(str(other), str(root))  # a sibling sharing the prefix is not inside
+    assert not validate.is_inside(str(root / "escape"), str(root))  # nor a symlink out
+    assert validate.root_of(str(root / "vm" / "disk"), [None, str(other), str(root)]) == str(root)
+    assert validate.root_of(str(root / "escape" / "x"), [str(root)]) is None
+    assert validate.inside(str(root), "vm") == str(root / "vm")
+    with pytest.raises(SaltInvocationError, match="escapes"):
+        validate.inside(str(root), "escape", "x")
+    assert validate.is_inside("/srv/x", "/")

@@ -407,3 +407,10 @@ def test_transport_is_tls_unless_tcp_is_named(tmp_path):
     assert migrate.choose_transport(target_uri="qemu+tls://hv2/system") == (None, [])
     with pytest.raises(SaltInvocationError, match="transport must be one of"):
         migrate.choose_transport("ssh")
+
+
+def test_qemu_img_on_the_target_runs_through_tools_run(tmp_path):
+    """One runner for host tools (timeout, the tool's own message naming the step)."""
+    with pytest.raises(CommandExecutionError, match=r"^qemu-img create -q -f qcow2 .*/no/such/dir/d.qcow2 1M failed: "):
+        migrate._qemu_img("create", "-q", "-f", "qcow2", str(tmp_path / "no/such/dir/d.qcow2"), "1M")
+    assert migrate._qemu_img("create", "-q", "-f", "qcow2", str(tmp_path / "d.qcow2"), "1M") == ""

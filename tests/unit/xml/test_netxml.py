@@ -120,7 +120,7 @@ V4 = {"cidr": "10.9.0.0/24"}
         ({"ipv4_config": V4, "ip": "10.9.0.1/24"}, "not both"),
         ({"ip": "fd00::1/64"}, "give it as ipv6_config"),
         ({"ip": {"cidr": "10.9.0.0/24"}}, "by name, ipv4_config="),
-        ({"tag": 4096}, "from 0 to 4095"),
+        ({"tag": 4096}, "whole number 0-4095"),
         ({"tag": {"tags": [{"id": 1}, {"id": 2}]}}, "need trunk: True"),
         ({"tag": {"tags": [{"id": 1, "nativeMode": "raw"}]}}, "tagged or untagged"),
         ({"tag": {"tag": [{"id": 1}]}}, "did you mean 'tags'"),

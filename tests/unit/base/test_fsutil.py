@@ -1,0 +1,22 @@
+"""saltvirt.base.fsutil: small file jobs every layer shares."""
+
+import os
+
+from saltvirt.base import fsutil
+
+
+def test_read_text_is_stripped_or_the_default(tmp_path):
+    (tmp_path / "dev").write_text("7:0\n")
+    assert fsutil.read_text(str(tmp_path / "dev")) == "7:0"
+    assert fsutil.read_text(str(tmp_path / "missing")) == ""
+    assert fsutil.read_text(str(tmp_path / "missing"), None) is None
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")
+    assert fsutil.read_text(str(tmp_path / "binary"), None, "ascii") is None  # undecodable: the default
+
+
+def test_atomic_write_has_its_mode_from_the_start_and_remove_paths_reports(tmp_path):
+    path = tmp_path / "key.pem"
+    fsutil.atomic_write(str(path), b"secret", 0o600)
+    assert path.read_bytes() == b"secret" and os.stat(path).st_mode & 0o777 == 0o600
+    removed, kept = fsutil.remove_paths([str(path), str(tmp_path / "gone")])
+    assert removed == [str(path)] and not path.exists() and not kept
