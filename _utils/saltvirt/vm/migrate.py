@@ -34,8 +34,8 @@ import contextlib
 import json
 import os
 import secrets
-import threading
 import subprocess
+import threading
 import time
 import urllib.parse
 
