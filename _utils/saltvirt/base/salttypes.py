@@ -15,3 +15,7 @@ SaltPillar: TypeAlias = dict[str, Any]  # __pillar__
 SaltContext: TypeAlias = dict[str, Any]  # __context__: per-process cache of one loader
 ConfigGet: TypeAlias = Callable[..., Any]  # config.get-like: get("virt:images", default) -> value
 Data: TypeAlias = dict[str, Any]  # a return, an event's data, a parsed spec: Salt's plain dicts
+# libvirt handles (virConnect, virDomain, virNetwork, virStoragePool): libvirt-python ships no type information,
+# so these name what a signature wants without checking it
+Conn: TypeAlias = Any
+Domain: TypeAlias = Any

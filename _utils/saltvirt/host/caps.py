@@ -2,11 +2,13 @@
 module (``virt.capabilities``, ``virt.domain_capabilities``, ``virt.all_capabilities``,
 ``virt.cpu_baseline``, ``virt.node_devices``). libvirt's XML is read with ElementTree only."""
 
+from typing import Any
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import libvirt, lv_errors
 
 
@@ -148,12 +150,12 @@ def _host(host):
     return out
 
 
-def parse_capabilities(xml):
+def parse_capabilities(xml: str) -> Data:
     root = ET.fromstring(xml)
     return {"host": _host(root.find("host")), "guests": [_guest(g) for g in root.findall("guest")]}
 
 
-def capabilities(conn):
+def capabilities(conn: Conn) -> Data:
     with lv_errors("read the host capabilities"):
         return parse_capabilities(conn.getCapabilities())
 
@@ -191,7 +193,7 @@ def _cpu_modes(node):
     return out
 
 
-def parse_domain_capabilities(xml):
+def parse_domain_capabilities(xml: str) -> Data:
     root = ET.fromstring(xml)
     out = {
         "emulator": _text(root, "path"),
@@ -230,12 +232,18 @@ def parse_domain_capabilities(xml):
     return out
 
 
-def domain_capabilities(conn, emulator=None, arch=None, machine=None, domain=None):
+def domain_capabilities(
+    conn: Conn,
+    emulator: str | None = None,
+    arch: str | None = None,
+    machine: str | None = None,
+    domain: str | None = None,
+) -> Data:
     with lv_errors("read the domain capabilities"):
         return parse_domain_capabilities(conn.getDomainCapabilities(emulator, arch, machine, domain, 0))
 
 
-def all_capabilities(conn):
+def all_capabilities(conn: Conn) -> Data:
     """Host capabilities plus the domain capabilities of every (arch, domain type) the host offers."""
     host = capabilities(conn)
     domains = []
@@ -250,7 +258,7 @@ def all_capabilities(conn):
 
 
 # cpu baseline ------------------------------------------------------------------------------------
-def cpu_baseline(conn, full=False, migratable=False, out="libvirt"):
+def cpu_baseline(conn: Conn, full: bool = False, migratable: bool = False, out: str = "libvirt") -> Data | str:
     """The CPU model every guest can use on this host (Salt's ``virt.cpu_baseline``): libvirt's XML
     (``out=libvirt``) or ``{model, vendor, features: [{name, policy}]}`` (``out=salt``)."""
     if out not in ("libvirt", "salt"):
@@ -282,7 +290,7 @@ def _pci_address(cap):
     return "{:04x}:{:02x}:{:02x}.{:x}".format(*parts)
 
 
-def parse_node_device(xml):
+def parse_node_device(xml: str) -> Data:
     """One node device in Salt's shape: ``{name, caps, ...}`` with the PCI/USB/net/mdev specifics."""
     root = ET.fromstring(xml)
     cap = root.find("capability")
@@ -334,7 +342,7 @@ def parse_node_device(xml):
     return out
 
 
-def node_devices(conn):
+def node_devices(conn: Conn) -> list[Data]:
     """The host's PCI, USB, network and mdev devices (what ``host_devices`` can name)."""
     flags = 0
     for flag in ("PCI_DEV", "USB_DEV", "NET", "MDEV"):
@@ -368,7 +376,7 @@ def _host_device(conn, name):
     )
 
 
-def host_devices(conn, names):
+def host_devices(conn: Conn, names: Any) -> list[Data]:
     """Salt's ``host_devices`` (node device names) -> what ``<hostdev>`` needs of each (PCI address, USB
     vendor/product/bus/device); an unknown name is refused with the names this hypervisor has."""
     if not names:

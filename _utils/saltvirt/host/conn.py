@@ -22,6 +22,9 @@ on the hypervisor (``qemu+ext://?command=`` runs a program, ``test:///<file>`` r
 ``?keyfile=`` and ``+ssh`` reach other sockets or root's keys), so only the operator may write one.
 """
 
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
 import contextlib
 import logging
 import os
@@ -30,6 +33,7 @@ import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import ConfigGet, Conn, Domain, SaltFunctions
 from saltvirt.base import validate
 from saltvirt.spec import compat
 from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
@@ -74,13 +78,13 @@ def _event_loop():
         _loop["pid"] = os.getpid()
 
 
-def event_loop():
+def event_loop() -> None:
     """Make sure libvirt's event loop runs in this process (before opening a connection whose domain
     events or close callback are wanted: libvirt delivers them only through a registered loop)."""
     _event_loop()
 
 
-def keepalive_settings(value):
+def keepalive_settings(value: Any) -> tuple[float, float]:
     """``virt:connection:keepalive`` -> (interval, count); ``False``/0 interval turns it off."""
     if value in (False, 0, "off"):
         return 0, 0
@@ -134,7 +138,7 @@ CONNECTION_REFUSED = (
 PEER_SCHEMES = ("qemu+tls", "qemu+tcp")
 
 
-def resolve_uri(config_get, connection=None):
+def resolve_uri(config_get: ConfigGet, connection: str | None = None) -> str | None:
     """The URI a call uses: the configured ``virt:connection:uri`` (None: libvirt's default), or the
     operator's ``virt:connections[<connection>]``. Anything else in ``connection=`` (a URI, a path) is
     refused without echoing it (it may carry credentials)."""
@@ -150,7 +154,7 @@ def resolve_uri(config_get, connection=None):
     raise SaltInvocationError(CONNECTION_REFUSED.format(names=names))
 
 
-def peer_uri(uri, what):
+def peer_uri(uri: Any, what: str) -> str:
     """Check a URI naming another hypervisor's libvirtd (migration target, recovery probe) that a call
     supplied: ``qemu+tls``/``qemu+tcp`` to a host's ``/system``, nothing else (no query: ``?command=``,
     ``?socket=``, ``?keyfile=``, ``?pkipath=`` come from configuration; no user; no ssh: root's keys).
@@ -173,7 +177,7 @@ def peer_uri(uri, what):
     return uri
 
 
-def salt_config(salt):
+def salt_config(salt: SaltFunctions) -> ConfigGet:
     """Operator configuration of a loader module (minion config and grains through ``config.get``,
     never pillar: pillar is written by callers) as a ``(key, default)`` function; ``virt:x`` also finds
     the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
@@ -182,7 +186,7 @@ def salt_config(salt):
     )
 
 
-def salt_connect(salt, connection=None):
+def salt_connect(salt: SaltFunctions, connection: str | None = None) -> AbstractContextManager[Conn]:
     """The connection a loader module's function uses: the configured URI (or one ``connection=``
     names from ``virt:connections``), with
     the configured open timeout and keepalive."""
@@ -194,7 +198,9 @@ def salt_connect(salt, connection=None):
     )
 
 
-def salt_connect_compat(salt, connection=None, kwargs=None, fun="virt"):
+def salt_connect_compat(
+    salt: SaltFunctions, connection: str | None = None, kwargs: Mapping[str, Any] | None = None, fun: str = "virt"
+) -> AbstractContextManager[Conn]:
     """Like salt_connect, for functions taking Salt's ``**kwargs`` (username/password, ...): a
     username/password is refused (salt-virt reaches libvirt through its TLS certificates or the local
     socket, never a password) and so is any other unknown argument, naming the nearest known one."""
@@ -204,12 +210,12 @@ def salt_connect_compat(salt, connection=None, kwargs=None, fun="virt"):
     return salt_connect(salt, connection)
 
 
-def salt_images_dir(salt):
+def salt_images_dir(salt: SaltFunctions) -> str:
     """The configured ``virt:images`` directory (default ``/srv/salt-images``)."""
     return salt_config(salt)("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
 
 
-def describe(uri):
+def describe(uri: str | None) -> str:
     return uri or "the default libvirt URI"
 
 
@@ -222,7 +228,9 @@ def _lost(exc):
 
 
 @contextlib.contextmanager
-def connect(uri=None, readonly=False, open_timeout=DEFAULT_OPEN_TIMEOUT, keepalive=None):
+def connect(
+    uri: str | None = None, readonly: bool = False, open_timeout: Any = DEFAULT_OPEN_TIMEOUT, keepalive: Any = None
+) -> Iterator[Conn]:
     """Open a libvirt connection for the duration of a ``with`` block (bounded open, keepalive); a
     libvirt error escaping the block becomes a CommandExecutionError that names the URI."""
     if libvirt is None:
@@ -258,7 +266,7 @@ def connect(uri=None, readonly=False, open_timeout=DEFAULT_OPEN_TIMEOUT, keepali
             conn.close()
 
 
-def lv_errors(action):
+def lv_errors(action: str) -> Any:
     """Decorator/context: turn libvirtError into CommandExecutionError('<action>: <message>')."""
 
     class _Ctx(contextlib.ContextDecorator):
@@ -273,7 +281,7 @@ def lv_errors(action):
     return _Ctx()
 
 
-def get_domain(conn, name):
+def get_domain(conn: Conn, name: str) -> Domain:
     try:
         return conn.lookupByName(name)
     except libvirt.libvirtError as exc:
@@ -282,7 +290,7 @@ def get_domain(conn, name):
         raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
 
 
-def domain_exists(conn, name):
+def domain_exists(conn: Conn, name: str) -> bool:
     try:
         conn.lookupByName(name)
         return True

@@ -27,6 +27,8 @@ The watcher's own sessions are events too: ``salt/virt/<host>/engine/connected``
 (``reason``: eof, keepalive, error, connection dead).
 """
 
+from collections.abc import Mapping
+from typing import Any
 import collections
 import datetime
 import logging
@@ -37,6 +39,7 @@ import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import conn as vconn
 from saltvirt.host import query
 
@@ -153,7 +156,7 @@ def _lifecycle_codes():
 _CODES = _lifecycle_codes()
 
 
-def lifecycle(event, detail):
+def lifecycle(event: int, detail: int) -> tuple[str, str, Data]:
     """libvirt lifecycle ``(event, detail)`` codes -> ``(name, detail, extra)``; unknown codes keep a name
     by their type (or ``lifecycle``) and the number as detail."""
     typ, _ = _CODES.get((event, None), (None, None))
@@ -176,12 +179,12 @@ def _named(prefix, code):
     return str(code)
 
 
-def io_error(action):
+def io_error(action: int) -> str:
     """IO_ERROR_REASON's action code -> ``none``/``pause``/``report``."""
     return _named("VIR_DOMAIN_EVENT_IO_ERROR_", action)
 
 
-def agent(state, reason):
+def agent(state: int, reason: int) -> tuple[str, str]:
     """AGENT_LIFECYCLE ``(state, reason)`` -> ``(event name, reason name)``."""
     connected = state == _const("VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED", 1)
     why = _named("VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_REASON_", reason)
@@ -189,7 +192,7 @@ def agent(state, reason):
 
 
 # tags and data -------------------------------------------------------------------------------------
-def tag_part(text):
+def tag_part(text: Any) -> str:
     """One level of an event tag: ``text`` with every character outside ``[A-Za-z0-9._+@:-]`` %-escaped
     (``/``, ``*``, spaces, newlines, ``%`` itself), so a VM or minion name adds no tag level and no glob;
     ``.``/``..`` are escaped whole. Reversible with ``urllib.parse.unquote``."""
@@ -199,25 +202,25 @@ def tag_part(text):
     return part.replace(".", "%2E") if set(part) == {"."} else part
 
 
-def tag(host, vm, event):
+def tag(host: str, vm: str, event: str) -> str:
     """``salt/virt/<host>/domain/<vm>/<event>`` with both names escaped by :func:`tag_part`."""
     if event not in EVENTS and event != "lifecycle":
         raise SaltInvocationError(f"unknown virt event {event!r} (known: {', '.join(EVENTS)})")
     return f"salt/virt/{tag_part(host)}/domain/{tag_part(vm)}/{event}"
 
 
-def engine_tag(host, what):
+def engine_tag(host: str, what: str) -> str:
     """``salt/virt/<host>/engine/<connected|disconnected>``: the watcher's own sessions."""
     if what not in ("connected", "disconnected"):
         raise SaltInvocationError(f"unknown engine event {what!r}")
     return f"salt/virt/{tag_part(host)}/engine/{what}"
 
 
-def now():
+def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def payload(host, vm, uuid, event, detail, **extra):
+def payload(host: str, vm: str, uuid: str, event: str, detail: str, **extra: Any) -> Data:
     """The event data: who, what, when; ``extra`` keys with a None value are left out."""
     data = {"name": vm, "uuid": uuid, "event": event, "detail": detail, "host": host, "time": now()}
     data.update({k: v for k, v in extra.items() if v is not None})
@@ -225,7 +228,7 @@ def payload(host, vm, uuid, event, detail, **extra):
 
 
 # snapshots and the reconcile diff ------------------------------------------------------------------
-def snapshot(conn):
+def snapshot(conn: Conn) -> dict[str, Data]:
     """``{uuid: {name, state, id, persistent}}`` of every domain (state names as ``virt.vm_state``)."""
     found = {}
     for dom in conn.listAllDomains(0):
@@ -262,7 +265,7 @@ def _transition(was, now_state):
     return None
 
 
-def reconcile(before, after):
+def reconcile(before: Mapping[str, Data], after: Mapping[str, Data]) -> list[tuple[str, Any, str, Any]]:
     """The events that explain how ``before`` became ``after`` (both from :func:`snapshot`), in order:
     ``[(uuid, name, event, was)]``. New VMs are ``defined`` (and ``started`` when running), vanished
     ones ``stopped`` (when they ran) and ``undefined``; a VM running under a new domain id stopped
@@ -289,7 +292,7 @@ def reconcile(before, after):
     return out
 
 
-def settings(config):
+def settings(config: Mapping[str, Any] | None) -> Data:
     """Engine options -> checked settings (``backoff_min``/``backoff_max`` seconds, ``events`` filter,
     ``reconcile``)."""
     config = {k: v for k, v in (config or {}).items() if not str(k).startswith("__")}
@@ -392,7 +395,7 @@ class Watcher:
     def _on_agent(self, _conn, dom, state, reason, _opaque):
         self.inbox.put(("agent", self._who(dom), (state, reason)))
 
-    def on_close(self, _conn, reason, _opaque):
+    def on_close(self, _conn: Conn, reason: int, _opaque: Any) -> None:
         """libvirt's connection close callback (libvirtd gone, keepalive timeout, ...)."""
         self.inbox.put(("closed", None, (reason,)))
 
@@ -416,7 +419,7 @@ class Watcher:
         if len(self.pending) == 1 or time.monotonic() - self.last_try > RETRY_EVERY:
             self.flush()
 
-    def flush(self):
+    def flush(self) -> None:
         """Send the kept events, oldest first; stop at the first the master does not take."""
         self.last_try = time.monotonic()
         sent = 0
@@ -455,7 +458,7 @@ class Watcher:
             entry["state"] = STATE_AFTER[typ]
             entry["id"] = dom_id if entry["state"] != "shutoff" else -1
 
-    def handle(self, kind, who, args):
+    def handle(self, kind: str, who: Any, args: Any) -> bool:
         """Map one queued fact to its event and send it; returns False when the connection closed."""
         if kind == "closed":
             return False
@@ -508,7 +511,7 @@ class Watcher:
         for uuid, name, event, was in reconcile(before, after):
             self._send(name, uuid, event, "reconciled", reconciled=True, was=was)
 
-    def session(self, conn):
+    def session(self, conn: Conn) -> None:
         """Register, reconcile, then send events until the connection closes or :attr:`stop` is set."""
         ids = self._register(conn)
         self._reconcile(snapshot(conn))
@@ -545,7 +548,7 @@ class Watcher:
             except libvirt.libvirtError:
                 log.debug("virt_events: could not unregister the close callback (connection gone)")
 
-    def run(self):
+    def run(self) -> None:
         """Sessions until :attr:`stop` is set, reconnecting with exponential backoff."""
         vconn.event_loop()  # before the first open: libvirt delivers events only through a registered loop
         delay = self.options["backoff_min"]

@@ -25,6 +25,8 @@ labelled by source, never used to decide anything; only well-formed addresses ar
 link-local, multicast and unspecified ones are dropped), at most :data:`MAX_PER_NIC` per NIC.
 """
 
+from collections.abc import Callable, Mapping
+from typing import Any
 import ipaddress
 import logging
 import queue
@@ -32,6 +34,7 @@ import re
 import threading
 import time
 
+from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import libvirt
 
 log = logging.getLogger(__name__)
@@ -70,10 +73,10 @@ def _address(raw, source):
     return {"address": str(addr), "prefix": prefix, "type": f"ipv{addr.version}", "source": source}
 
 
-def clean(raw, source):
+def clean(raw: Any, source: str) -> dict[str, list[Data]]:
     """libvirt's ``interfaceAddresses`` answer -> ``{mac: [address, ...]}`` (MACs lower case), keeping only
     well-formed entries (see the module docstring): the answer may come from the guest."""
-    out = {}
+    out: dict[str, list[Data]] = {}
     if not isinstance(raw, dict):
         return out
     for iface in raw.values():
@@ -96,7 +99,7 @@ def _host_wide(exc):
     return exc.get_error_code() in {getattr(libvirt, c) for c in codes}
 
 
-def ask(dom, source):
+def ask(dom: Domain, source: str) -> tuple[dict[str, list[Data]], str | None, bool]:
     """``(found, note, host_wide)`` from one source for one VM: ``{mac: [address]}``; ``note`` says why it
     gave nothing; ``host_wide``: the source itself failed (libvirt 9.0's ARP source fails on some kernels
     with "wrong nlmsg len", for example), so it is not asked for the other VMs of this query."""
@@ -106,14 +109,16 @@ def ask(dom, source):
         return {}, f"{source}: {exc.get_error_message()}", _host_wide(exc)
 
 
-def in_threads(items, fn, workers, timeout=None):
+def in_threads(
+    items: Mapping[Any, Any], fn: Callable[[Any], Any], workers: int, timeout: float | None = None
+) -> dict[Any, Any]:
     """``{key: fn(value)}`` for ``items`` ({key: value}), run in up to ``workers`` daemon threads (libvirt
     calls release the GIL and one connection carries concurrent calls). With ``timeout`` (seconds), keys
     not done by then are left out: their calls may finish in the background but never hold up the caller
     or the job. An exception of ``fn`` leaves its key out too (and is logged)."""
     if len(items) <= 1 and timeout is None:
         return {key: fn(value) for key, value in items.items()}
-    todo, results, stop = queue.SimpleQueue(), {}, threading.Event()
+    todo, results, stop = queue.SimpleQueue(), {}, threading.Event()  # type: queue.SimpleQueue[Any], dict[Any, Any], threading.Event
     for item in items.items():
         todo.put(item)
 
@@ -138,12 +143,12 @@ def in_threads(items, fn, workers, timeout=None):
     return dict(results)
 
 
-def ask_agents(doms, timeout=AGENT_TIMEOUT):
+def ask_agents(doms: Mapping[str, Domain], timeout: float = AGENT_TIMEOUT) -> dict[str, tuple[Any, Any, Any]]:
     """``{name: (found, note, host_wide)}``: the guest agents of ``doms`` ({name: dom}), asked in a few
     threads under one budget; a VM whose agent has not answered when ``timeout`` seconds are up gets a
     note instead."""
     answers = in_threads(doms, lambda dom: ask(dom, "agent"), AGENT_WORKERS, timeout)
-    late = ({}, f"agent: no answer within {timeout:g} s", False)
+    late: tuple[Any, Any, Any] = ({}, f"agent: no answer within {timeout:g} s", False)
     return {name: answers.get(name, late) for name in doms}
 
 
@@ -218,7 +223,9 @@ def _found_in(nics, leases):
     return {mac: ips for mac, ips in leases.items() if mac in macs}
 
 
-def annotate(doms, infos, agent_timeout=AGENT_TIMEOUT, conn=None):
+def annotate(
+    doms: Mapping[str, Domain], infos: dict[str, Data], agent_timeout: float = AGENT_TIMEOUT, conn: Conn = None
+) -> dict[str, Data]:
     """Give every NIC of every VM in ``infos`` ({name: vm_info entry}) its ``ips``; ``doms``: {name: dom}.
     Only running VMs are asked; a source that failed is named in the VM's ``ips_note``. With ``conn``,
     libvirt's networks are asked for their leases first (one call per network, not one per VM)."""
@@ -228,7 +235,7 @@ def annotate(doms, infos, agent_timeout=AGENT_TIMEOUT, conn=None):
             nic["ips"] = []
         if info.get("state") == "running" and info.get("nics") and name in doms:
             running[name] = info
-    leases, bulk = {}, False
+    leases, bulk = {}, False  # type: dict[str, Any], bool
     networks = {
         nic.get("source")
         for info in running.values()

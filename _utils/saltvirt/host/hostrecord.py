@@ -13,6 +13,8 @@
   with the down host (the markers); on failure the definition it made is removed again.
 """
 
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 import contextlib
 import errno
 import os
@@ -21,6 +23,7 @@ import threading
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import fsutil, validate
 from saltvirt.xml import domxml
 from saltvirt.host.conn import domain_exists, libvirt
@@ -44,7 +47,7 @@ def _marker(root):
     return {"path": path, "token": read_marker(path)}
 
 
-def read_marker(path):
+def read_marker(path: str) -> str | None:
     return fsutil.read_text(path, None, "ascii") or None
 
 
@@ -68,10 +71,10 @@ def _disks(facts, roots, markers):
     return out
 
 
-def record(conn, images_dir, allowed_paths=()):
+def record(conn: Conn, images_dir: str, allowed_paths: Iterable[str] = ()) -> Data:
     """This host's domains as :mod:`saltvirt.fleet.recovery` keeps them (see the module doc)."""
     roots = [r for r in (images_dir, *validate.allowed_paths(allowed_paths)) if r and os.path.isdir(r)]
-    markers, vms = {}, {}
+    markers, vms = {}, {}  # type: dict[str, Any], dict[str, Any]
     for dom in conn.listAllDomains(0):
         try:
             xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
@@ -115,7 +118,7 @@ def _down_reason(exc):
     return None
 
 
-def probe(uri, wait=10.0):
+def probe(uri: str, wait: float = 10.0) -> Data:
     """``{uri, reachable, down, error}``: whether a libvirt connection to ``uri`` opens within ``wait`` s.
     ``reachable`` is True (it answered), False only when nothing answers (``down``: ``refused`` or
     ``timeout``), None for any other error (it says nothing about the peer: recovery stops on it)."""
@@ -145,7 +148,7 @@ def probe(uri, wait=10.0):
     return {"uri": uri, "reachable": None, "error": box.get("error")}
 
 
-def where(conn, name, uuid=None):
+def where(conn: Conn, name: str, uuid: str | None = None) -> list[Data]:
     """The domains here named ``name`` or with UUID ``uuid``: ``[{name, uuid, state, autostart}]``
     (recovery's last look, under the VM's lock, before it starts a copy anywhere)."""
     validate.vm_name(name)
@@ -168,10 +171,10 @@ def where(conn, name, uuid=None):
     return out
 
 
-def disarm(conn, names):
+def disarm(conn: Conn, names: Iterable[str]) -> dict[str, bool]:
     """Turn autostart off for those of ``names`` defined here (a host back from fencing must not start
     again what runs elsewhere now): ``{name: was autostart on}``."""
-    out = {}
+    out: dict[str, bool] = {}
     for name in names:
         validate.vm_name(name)
         try:
@@ -186,7 +189,7 @@ def disarm(conn, names):
     return out
 
 
-def check(facts, storage, roots):
+def check(facts: Data, storage: Mapping[str, Any], roots: Sequence[str]) -> list[str]:
     """Why this host cannot run a VM with these disks (parsed XML facts), or [] (pure, file reads only).
     ``storage``: the down host's markers ``{root: {path, token}}``; ``roots``: this host's own."""
     reasons = []
@@ -230,7 +233,9 @@ def check(facts, storage, roots):
     return reasons
 
 
-def check_all(vms, storage, images_dir, allowed_paths=()):
+def check_all(
+    vms: Mapping[str, str], storage: Mapping[str, Any], images_dir: str, allowed_paths: Iterable[str] = ()
+) -> dict[str, list[str]]:
     """``{name: [reasons]}`` for ``vms`` (``{name: recorded xml}``): why this host cannot run each one
     (empty list: it can)."""
     if not isinstance(vms, dict) or not isinstance(storage or {}, dict):
@@ -245,7 +250,15 @@ def check_all(vms, storage, images_dir, allowed_paths=()):
     return out
 
 
-def restart(conn, name, xml, storage, images_dir, allowed_paths=(), start=True):
+def restart(
+    conn: Conn,
+    name: str,
+    xml: str,
+    storage: Mapping[str, Any],
+    images_dir: str,
+    allowed_paths: Iterable[str] = (),
+    start: bool = True,
+) -> Data:
     """Define ``name`` from ``xml`` (a down host's recorded definition) here and start it (see the module
     doc). Refused when a VM of that name or UUID is defined here or a disk cannot be proven shared."""
     validate.vm_name(name)

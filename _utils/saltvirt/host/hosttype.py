@@ -19,6 +19,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import SaltInvocationError
+from saltvirt.base.salttypes import Conn
 
 VALID_TYPES = ("kvm", "qemu")
 
@@ -107,7 +108,7 @@ def _host_cpu_flags():
 
 
 @functools.cache
-def probe_kvm(timeout=10):
+def probe_kvm(timeout: float = 10) -> tuple[bool, str]:
     """(ok, reason) for this machine's KVM, probed once per process in a child with a timeout."""
     try:
         out = subprocess.run(
@@ -121,7 +122,7 @@ def probe_kvm(timeout=10):
         return False, f"the KVM probe failed: {out.stderr.strip()[-300:]}"
 
 
-def capability_types(caps_xml, arch="x86_64"):
+def capability_types(caps_xml: str, arch: str = "x86_64") -> list[str | None]:
     """Domain types libvirt offers for ``arch`` (from ``conn.getCapabilities()``)."""
     root = ET.fromstring(caps_xml)
     types = []
@@ -132,14 +133,14 @@ def capability_types(caps_xml, arch="x86_64"):
     return types
 
 
-def is_local_uri(uri):
+def is_local_uri(uri: str | None) -> bool:
     if not uri:
         return True
     scheme, _, rest = uri.partition("://")
     return ("+" not in scheme or scheme.endswith("+unix")) and (rest.startswith("/") or not rest.split("/")[0])
 
 
-def detect(conn, override=None, arch="x86_64"):
+def detect(conn: Conn, override: str | None = None, arch: str = "x86_64") -> dict[str, str]:
     """Return {'type': 'kvm'|'qemu'|'test', 'reason': str} for new domains on ``conn``."""
     if override in VALID_TYPES:  # no need to ask libvirt (a getCapabilities RPC + parse per init)
         return {"type": override, "reason": "set by configuration (virt:type) or argument"}

@@ -5,6 +5,7 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import validate
 from saltvirt.xml import domxml
 from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
@@ -30,7 +31,7 @@ def _act(conn, name, action, method, *args, allowed=None):
     return {"name": name, "action": action, "state": _state(dom), "previous": current}
 
 
-def start(conn, name):
+def start(conn: Conn, name: str) -> Data:
     dom = get_domain(conn, name)
     if dom.isActive():
         return {"name": name, "action": "start", "state": _state(dom), "previous": _state(dom), "changed": False}
@@ -39,7 +40,7 @@ def start(conn, name):
     return {"name": name, "action": "start", "state": _state(dom), "previous": "shutoff", "changed": True}
 
 
-def shutdown(conn, name, timeout=0):
+def shutdown(conn: Conn, name: str, timeout: float = 0) -> Data:
     """Ask the guest to shut down (ACPI). With ``timeout`` > 0, wait up to that many seconds."""
     ret = _act(conn, name, "shut down", "shutdown", allowed=("running", "blocked", "paused"))
     dom = get_domain(conn, name)
@@ -50,7 +51,7 @@ def shutdown(conn, name, timeout=0):
     return ret
 
 
-def destroy(conn, name):
+def destroy(conn: Conn, name: str) -> Data:
     return _act(
         conn,
         name,
@@ -60,23 +61,23 @@ def destroy(conn, name):
     )
 
 
-def reboot(conn, name):
+def reboot(conn: Conn, name: str) -> Data:
     return _act(conn, name, "reboot", "reboot", 0, allowed=("running", "blocked"))
 
 
-def reset(conn, name):
+def reset(conn: Conn, name: str) -> Data:
     return _act(conn, name, "reset", "reset", 0, allowed=("running", "blocked", "paused"))
 
 
-def pause(conn, name):
+def pause(conn: Conn, name: str) -> Data:
     return _act(conn, name, "pause", "suspend", allowed=("running", "blocked", "paused"))
 
 
-def resume(conn, name):
+def resume(conn: Conn, name: str) -> Data:
     return _act(conn, name, "resume", "resume", allowed=("paused", "running"))
 
 
-def undefine(conn, name):
+def undefine(conn: Conn, name: str) -> Data:
     dom = get_domain(conn, name)
     flags = 0
     for flag in (
@@ -94,14 +95,14 @@ def undefine(conn, name):
     return {"name": name, "action": "undefine", "defined": False}
 
 
-def set_autostart(conn, name, state=True):
+def set_autostart(conn: Conn, name: str, state: bool = True) -> Data:
     dom = get_domain(conn, name)
     with lv_errors(f"set autostart of VM {name!r}"):
         dom.setAutostart(1 if validate.to_bool(state) else 0)
     return {"name": name, "autostart": bool(dom.autostart())}
 
 
-def setmem(conn, name, mem, config=True, live=None):
+def setmem(conn: Conn, name: str, mem: int, config: bool = True, live: bool | None = None) -> Data:
     """Set memory (MiB). Inactive domain: config only. Active: live + config, max raised only in config."""
     mem = validate.positive_int(mem, "mem (MiB)")
     dom = get_domain(conn, name)
@@ -125,7 +126,7 @@ def setmem(conn, name, mem, config=True, live=None):
     }
 
 
-def setvcpus(conn, name, cpu, config=True, live=None):
+def setvcpus(conn: Conn, name: str, cpu: int, config: bool = True, live: bool | None = None) -> Data:
     cpu = validate.positive_int(cpu, "cpu")
     dom = get_domain(conn, name)
     applied = []
@@ -149,7 +150,7 @@ def setvcpus(conn, name, cpu, config=True, live=None):
     }
 
 
-def define_xml_str(conn, xml):
+def define_xml_str(conn: Conn, xml: str) -> Data:
     try:
         name = domxml.domain_name(xml)
     except ValueError as exc:
@@ -160,12 +161,12 @@ def define_xml_str(conn, xml):
     return {"name": dom.name(), "uuid": dom.UUIDString(), "defined": True}
 
 
-def get_xml(conn, name, inactive=False):
+def get_xml(conn: Conn, name: str, inactive: bool = False) -> str:
     flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
     return get_domain(conn, name).XMLDesc(flags)
 
 
-def create_xml_str(conn, xml):
+def create_xml_str(conn: Conn, xml: str) -> Data:
     """Start a transient domain from XML (Salt's ``virt.create_xml_str``)."""
     try:
         name = domxml.domain_name(xml)
@@ -177,7 +178,7 @@ def create_xml_str(conn, xml):
     return {"name": dom.name(), "uuid": dom.UUIDString(), "state": _state(dom)}
 
 
-def ctrl_alt_del(conn, name):
+def ctrl_alt_del(conn: Conn, name: str) -> Data:
     """Send Ctrl+Alt+Del (Linux keycodes: left ctrl 29, left alt 56, delete 111) for 3 ms."""
     dom = get_domain(conn, name)
     if not dom.isActive():

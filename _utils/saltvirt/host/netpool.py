@@ -1,9 +1,12 @@
 """libvirt virtual networks and storage pools: XML (ElementTree), desired-vs-current, lifecycle."""
 
+from collections.abc import Iterable
+from typing import Any
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.xml import netxml, poolxml
 from saltvirt.host.conn import libvirt, lv_errors
 
@@ -25,7 +28,7 @@ pool_diff = poolxml.pool_diff
 
 
 # objects ------------------------------------------------------------------------------------------
-def lookup(conn, kind, name):
+def lookup(conn: Conn, kind: str, name: str) -> Any:
     finder = conn.networkLookupByName if kind == "network" else conn.storagePoolLookupByName
     code = libvirt.VIR_ERR_NO_NETWORK if kind == "network" else libvirt.VIR_ERR_NO_STORAGE_POOL
     try:
@@ -36,7 +39,7 @@ def lookup(conn, kind, name):
         raise CommandExecutionError(f"looking up {kind} {name!r}: {exc.get_error_message()}") from None
 
 
-def get(conn, kind, name):
+def get(conn: Conn, kind: str, name: str) -> Any:
     obj = lookup(conn, kind, name)
     if obj is None:
         raise CommandExecutionError(f"{kind} {name!r} is not defined on {conn.getHostname()}")
@@ -55,7 +58,7 @@ def _xml(obj, kind, inactive=False):
         return obj.XMLDesc(0)
 
 
-def info(conn, kind, name=None, inactive=False):
+def info(conn: Conn, kind: str, name: str | None = None, inactive: bool = False) -> dict[str, Data]:
     """{name: {..., active, autostart, persistent}} for one network/pool or all (``inactive``: as
     defined, which a running object only uses after a restart)."""
     if name:
@@ -74,7 +77,7 @@ def info(conn, kind, name=None, inactive=False):
     return out
 
 
-def define(conn, kind, spec, replace=False):
+def define(conn: Conn, kind: str, spec: Data, replace: bool = False) -> Any:
     """Define a network/pool; ``replace``: redefine an existing one, keeping what the spec does not
     manage (uuid, MAC, bridge name libvirt picked, ...)."""
     existing = lookup(conn, kind, spec["name"])
@@ -103,7 +106,7 @@ def _live_host_steps(diff):
     return steps
 
 
-def update_hosts(conn, name, steps):
+def update_hosts(conn: Conn, name: str, steps: Iterable[tuple[str, Data]]) -> None:
     """Apply DHCP host ``steps`` (netxml.host_changes) to the running network and its definition
     (virNetworkUpdate, live + config): dnsmasq gets the new hosts without a restart of the network."""
     obj = get(conn, "network", name)
@@ -123,16 +126,18 @@ def update_hosts(conn, name, steps):
             obj.update(commands[command], libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, parent, xml, flags)
 
 
-def ensure(conn, kind, spec, autostart=None, run=False, test=False):  # noqa: C901, PLR0912 - one step per change kind
+def ensure(  # noqa: C901, PLR0912 - one step per change kind
+    conn: Conn, kind: str, spec: Data, autostart: bool | None = None, run: bool = False, test: bool = False
+) -> Data:
     """The ``virt.network_*`` / ``virt.pool_*`` states: bring the object to ``spec`` (define or
     redefine), ``autostart`` (None: leave it) and, with ``run``, active. Returns {'changes', 'comment'};
     with ``test`` the same changes, nothing done. A running network whose only change is its static
     DHCP hosts gets them live (change ``live``), without a restart."""
     name = spec["name"]
     obj = lookup(conn, kind, name)
-    changes = {}
+    changes: Data = {}
     active = bool(obj is not None and obj.isActive())
-    live_steps = None
+    live_steps: Any = None
     if obj is None:
         changes["defined"] = spec
     else:
@@ -175,7 +180,7 @@ def ensure(conn, kind, spec, autostart=None, run=False, test=False):  # noqa: C9
     return {"changes": changes, "comment": comment}
 
 
-def start(conn, kind, name, build=False):
+def start(conn: Conn, kind: str, name: str, build: bool = False) -> bool:
     obj = get(conn, kind, name)
     if obj.isActive():
         return False
@@ -200,7 +205,7 @@ def start(conn, kind, name, build=False):
     return True
 
 
-def stop(conn, kind, name):
+def stop(conn: Conn, kind: str, name: str) -> bool:
     obj = get(conn, kind, name)
     if not obj.isActive():
         return False
@@ -209,7 +214,7 @@ def stop(conn, kind, name):
     return True
 
 
-def undefine(conn, kind, name):
+def undefine(conn: Conn, kind: str, name: str) -> bool:
     obj = get(conn, kind, name)
     with lv_errors(f"undefine {kind} {name!r}"):
         if obj.isActive():
@@ -218,7 +223,7 @@ def undefine(conn, kind, name):
     return True
 
 
-def set_autostart(conn, kind, name, value):
+def set_autostart(conn: Conn, kind: str, name: str, value: Any) -> bool:
     obj = get(conn, kind, name)
     if bool(obj.autostart()) == bool(value):
         return False
@@ -227,7 +232,7 @@ def set_autostart(conn, kind, name, value):
     return True
 
 
-def list_volumes(conn, pool):
+def list_volumes(conn: Conn, pool: str) -> list[str]:
     obj = get(conn, "pool", pool)
     if not obj.isActive():
         raise CommandExecutionError(f"pool {pool!r} is not running")

@@ -5,6 +5,7 @@ import os
 
 from salt.exceptions import CommandExecutionError
 
+from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.xml import domxml
 from saltvirt.host import guestips
 from saltvirt.host.conn import get_domain, libvirt
@@ -21,11 +22,11 @@ STATES = {
 }
 
 
-def state_name(code):
+def state_name(code: int) -> str:
     return STATES.get(code, "unknown")
 
 
-def list_domains(conn, which="all"):
+def list_domains(conn: Conn, which: str = "all") -> list[str]:
     flags = {
         "all": 0,
         "active": libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE,
@@ -48,7 +49,7 @@ def _graphics_address(g, hostname):
     return f"[{host}]:{g['port']}" if ":" in host else f"{host}:{g['port']}"
 
 
-def graphics_tunnel(g, hostname):
+def graphics_tunnel(g: Data, hostname: str) -> str | None:
     """The ssh command that reaches a console listening on the hypervisor's loopback, or None."""
     if g.get("port") in (None, -1) or (g.get("listen") or "127.0.0.1") not in LOOPBACK:
         return None
@@ -68,7 +69,9 @@ def _block_stats(stats):
     return out
 
 
-def describe(dom, hostname, stats=None, xml=None, listed=None):
+def describe(
+    dom: Domain, hostname: str, stats: Data | None = None, xml: str | None = None, listed: Data | None = None
+) -> Data:
     """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
     domains (autostart / persistent known without two round trips per domain)."""
     root = domxml.read(xml or dom.XMLDesc(0))  # parsed once for every fact below
@@ -186,7 +189,7 @@ def _unreadable(dom, exc, stats):
     }
 
 
-def vm_info(conn, name=None, agent_timeout=guestips.AGENT_TIMEOUT):
+def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips.AGENT_TIMEOUT) -> dict[str, Data]:
     """{name: info} for one VM or all of them. With all of them, a VM that cannot be read (XML that
     does not parse, a device libvirt cannot report) is listed with its ``error`` (and state, if known)
     instead of failing the whole answer; a VM that vanishes meanwhile is left out. Running VMs' NICs
@@ -214,7 +217,7 @@ def vm_info(conn, name=None, agent_timeout=guestips.AGENT_TIMEOUT):
     return out
 
 
-def vm_state(conn, name=None):
+def vm_state(conn: Conn, name: str | None = None) -> dict[str, str]:
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     out = {}
     for dom in doms:
@@ -238,7 +241,7 @@ def _active_infos(conn):
     return infos
 
 
-def node_info(conn):
+def node_info(conn: Conn) -> Data:
     model, mem_mib, cpus, mhz, nodes, sockets, cores, threads = conn.getInfo()
     return {
         "cpumodel": model,
@@ -253,20 +256,20 @@ def node_info(conn):
     }
 
 
-def freemem(conn, reserve_mib=0):
+def freemem(conn: Conn, reserve_mib: int = 0) -> int:
     """MiB of host memory left for new VMs: physical memory minus what active VMs were given."""
     total = conn.getInfo()[1]
     used = sum(i[2] // 1024 for i in _active_infos(conn))
     return total - used - reserve_mib
 
 
-def freecpu(conn):
+def freecpu(conn: Conn) -> int:
     total = conn.getInfo()[2]
     used = sum(i[3] for i in _active_infos(conn))
     return total - used
 
 
-def host_info(conn, images_dir=None):
+def host_info(conn: Conn, images_dir: str | None = None) -> Data:
     """Host capacity and usage: what placement needs, in one call."""
     info = node_info(conn)
     infos = _active_infos(conn)
@@ -292,7 +295,7 @@ def host_info(conn, images_dir=None):
     return out
 
 
-def free_mib(path):
+def free_mib(path: str) -> int:
     """MiB free for new files in ``path`` (or its nearest existing parent: it may not exist yet)."""
     probe = path
     while probe and not os.path.exists(probe):
@@ -301,5 +304,5 @@ def free_mib(path):
     return st.f_bavail * st.f_frsize // (1024 * 1024)
 
 
-def full_info(conn, images_dir=None, agent_timeout=guestips.AGENT_TIMEOUT):
+def full_info(conn: Conn, images_dir: str | None = None, agent_timeout: float = guestips.AGENT_TIMEOUT) -> Data:
     return {"host": host_info(conn, images_dir), "vm_info": vm_info(conn, agent_timeout=agent_timeout)}

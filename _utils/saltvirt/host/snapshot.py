@@ -7,18 +7,21 @@ volume-in-a-raw-pool) disk is refused with the reason. libvirt keeps the snapsho
 the domain: purge drops it together with the disks it deletes; migration refuses VMs that have any
 (libvirt cannot migrate internal snapshots), see :func:`refuse_migration`."""
 
+from collections.abc import Iterable
+from typing import Any
 import datetime
 import time
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.base import validate
 from saltvirt.xml import domxml
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 
 
-def snapshot_xml(name, description=None):
+def snapshot_xml(name: str, description: str | None = None) -> str:
     """``<domainsnapshot>`` for an internal snapshot (libvirt's default: every qcow2 disk, plus memory
     when the VM runs)."""
     root = ET.Element("domainsnapshot")
@@ -28,7 +31,7 @@ def snapshot_xml(name, description=None):
     return ET.tostring(root, encoding="unicode")
 
 
-def parse_snapshot(xml, current=False, unix_time=False):
+def parse_snapshot(xml: str, current: bool = False, unix_time: bool = False) -> Data:
     """Salt's snapshot description: {name, created, running, current} (+ state, description, parent)."""
     root = ET.fromstring(xml)
     created = float(root.findtext("creationTime") or 0)
@@ -75,7 +78,7 @@ def _unsnapshottable(dom):
     return out
 
 
-def snapshot_name(domain, name=None, suffix=None, now=None):
+def snapshot_name(domain: str, name: str | None = None, suffix: str | None = None, now: Any = None) -> str:
     """Salt's naming: ``name`` or ``<domain>-<YYYYmmdd-HHMMSS>``, then ``-<suffix>``."""
     if not name:
         name = f"{domain}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
@@ -86,7 +89,7 @@ def snapshot_name(domain, name=None, suffix=None, now=None):
     return validate.vm_name(name, "snapshot name")
 
 
-def create(conn, domain, name=None, suffix=None, test=False):
+def create(conn: Conn, domain: str, name: str | None = None, suffix: str | None = None, test: bool = False) -> Data:
     """Take an internal snapshot. Returns Salt's {name} plus {memory: VM was running}."""
     dom = get_domain(conn, domain)
     name = snapshot_name(domain, name, suffix)
@@ -106,17 +109,19 @@ def create(conn, domain, name=None, suffix=None, test=False):
     return {"name": name, "memory": running}
 
 
-def list_all(conn, domain=None):
+def list_all(conn: Conn, domain: str | None = None) -> dict[str, Any]:
     """Salt's ``list_snapshots``: {vm: [{name, created, running, current, ...}] or 'N/A'} (oldest first)."""
     doms = [get_domain(conn, domain)] if domain else conn.listAllDomains(0)
     return {d.name(): [_describe(s) for s in _snapshots(d)] or "N/A" for d in doms}
 
 
-def names(conn, domain):
+def names(conn: Conn, domain: str) -> list[str]:
     return [s.getName() for s in _snapshots(get_domain(conn, domain))]
 
 
-def revert_plan(conn, domain, vm_snapshot=None, cleanup=False):
+def revert_plan(
+    conn: Conn, domain: str, vm_snapshot: str | None = None, cleanup: bool = False
+) -> tuple[Domain, Any, list[Any]]:
     """Which snapshot a revert goes to and what ``cleanup`` deletes (the snapshots taken after it).
     Without ``vm_snapshot``: the one before the current snapshot (Salt's "previous")."""
     dom = get_domain(conn, domain)
@@ -141,7 +146,7 @@ def revert_plan(conn, domain, vm_snapshot=None, cleanup=False):
     return dom, snaps[index], newer
 
 
-def revert(conn, domain, vm_snapshot=None, cleanup=False, test=False):
+def revert(conn: Conn, domain: str, vm_snapshot: str | None = None, cleanup: bool = False, test: bool = False) -> Data:
     """Salt's ``revert_snapshot``: {reverted, deleted: [names] or 'N/A'}. The VM comes back in the state
     the snapshot recorded (running, with its memory, or shut off)."""
     dom, snap, newer = revert_plan(conn, domain, vm_snapshot, cleanup)
@@ -160,7 +165,7 @@ def revert(conn, domain, vm_snapshot=None, cleanup=False, test=False):
     return out
 
 
-def discard_checkpoints(dom, metadata_only=False):
+def discard_checkpoints(dom: Domain, metadata_only: bool = False) -> list[str]:
     """Delete the VM's backup checkpoints (names) before a revert: QEMU refuses to load an internal
     snapshot into a disk with active dirty bitmaps, and after a revert they would no longer say what
     changed (the revert is no guest write), so an incremental built on them would miss blocks. The
@@ -179,7 +184,7 @@ def discard_checkpoints(dom, metadata_only=False):
     return names
 
 
-def delete(conn, domain, names_=(), test=False):
+def delete(conn: Conn, domain: str, names_: Iterable[str] = (), test: bool = False) -> Data:
     """Salt's ``delete_snapshots``: the named snapshots (none named: all). Every name must exist (nothing
     is deleted otherwise). Returns {available: {vm: [...] or 'N/A'}, deleted: {name: description}}."""
     dom = get_domain(conn, domain)
@@ -207,7 +212,7 @@ def _all(snaps):
     return [(s.getName(), _describe(s)) for s in snaps]
 
 
-def refuse_migration(dom):
+def refuse_migration(dom: Domain) -> None:
     """libvirt cannot migrate a VM with internal snapshots: say so before anything is done."""
     try:
         count = dom.snapshotNum(0)

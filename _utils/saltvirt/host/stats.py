@@ -6,6 +6,7 @@ import time
 
 from salt.exceptions import CommandExecutionError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.xml import domxml
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 
@@ -21,7 +22,7 @@ def _domains(conn, name=None, active_only=False):
         return sorted(conn.listAllDomains(flags), key=lambda d: d.name())
 
 
-def cputime(conn, name=None):
+def cputime(conn: Conn, name: str | None = None) -> dict[str, Data]:
     """``{vm: {cputime: ns, cputime_percent: int, vcpus: n}}`` (percent of the VM's vCPUs since boot, as Salt)."""
     host_cpus = conn.getInfo()[2]
     out = {}
@@ -49,7 +50,7 @@ def _sum_devices(dom, devices, call, keys):
     return total, per_device
 
 
-def netstats(conn, name=None):
+def netstats(conn: Conn, name: str | None = None) -> dict[str, Data]:
     """``{vm: {rx_bytes, rx_packets, rx_errs, rx_drop, tx_bytes, ...}}`` summed over the VM's NICs
     (running VMs; an inactive VM has zeros), plus ``devices`` with the per-NIC counters."""
     out = {}
@@ -63,7 +64,7 @@ def netstats(conn, name=None):
     return out
 
 
-def diskstats(conn, name=None):
+def diskstats(conn: Conn, name: str | None = None) -> dict[str, Data]:
     """``{vm: {rd_req, rd_bytes, wr_req, wr_bytes, errs}}`` summed over the VM's disks (running VMs
     only, as Salt: libvirt has no block statistics for a stopped VM), plus ``devices``."""
     out = {}
@@ -77,14 +78,14 @@ def diskstats(conn, name=None):
     return out
 
 
-def sample(conn):
+def sample(conn: Conn) -> Data:
     """One sample of every running VM's counters, with the monotonic time it was taken."""
     active = {d.name() for d in _domains(conn, active_only=True)}
     cpu = {k: v for k, v in cputime(conn).items() if k in active}
     return {"at": time.monotonic(), "cpu": cpu, "net": netstats(conn) if active else {}, "disk": diskstats(conn)}
 
 
-def rates(first, second):
+def rates(first: Data, second: Data) -> dict[str, Data]:
     """Per-VM rates between two :func:`sample` results: cpu percent (of the VM's vCPUs), network and
     disk bytes/s and requests/s."""
     elapsed = max(second["at"] - first["at"], 1e-6)

@@ -169,7 +169,7 @@ def cpu_tuning(value: Any, count: int) -> Data:
     """Salt's ``cpu:tuning`` -> ``<cputune>``: vcpupin {vcpu: host cpuset}, emulatorpin, shares, the CFS
     periods (1000-1000000 us) and quotas (-1 or 1000-17592186044415 us)."""
     check_keys(value, "cpu:tuning", TUNING_KEYS, TUNING_REFUSED)
-    out = {}
+    out: Data = {}
     if value.get("shares") is not None:
         out["shares"] = validate.int_in(value["shares"], "cpu:tuning:shares", 2, 262144)
     for key in TUNING_PERIODS:
