@@ -41,6 +41,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.fleet import fleetstate, placement, publish as fleet, recovery_guard as guard
+from saltvirt.pki import recordmac
 
 HOSTS = "salt-virt/hosts"
 RECOVERED = "salt-virt/recovered"  # per down host: the VMs recovered elsewhere, for reconcile()
@@ -109,6 +110,7 @@ def refresh(remote, store=None):
     for host, ans in answers.items():
         if ans["status"] == "up" and isinstance(ans["ret"], dict):
             entry = dict(ans["ret"], recorded=now, master=remote.opts.get("id"))
+            entry = recordmac.sign(remote.opts["pki_dir"], HOSTS, host, entry)
             store.transact(HOSTS, host, lambda _old, entry=entry: entry)
             out[host] = {"status": "recorded", "vms": sorted(entry.get("vms") or {}), "recorded": _ts(now)}
         else:
@@ -121,8 +123,20 @@ def refresh(remote, store=None):
     return out
 
 
+UNSIGNED_RECORD = (
+    "refusing to use the record of {host} in the shared store: it does not carry this master's MAC "
+    "(key <pki_dir>/salt-virt-records.key; several masters need the same key file). Nothing is defined from it; "
+    "run salt-run virt.record while {host} is up"
+)
+
+
 def recall(opts, host, store=None):
-    return (store or fleetstate.Store(opts)).fetch(HOSTS, host)
+    """HOST's record from the shared store, only if this master signed it (anyone who can write to the
+    store could otherwise have a hypervisor define any domain XML)."""
+    rec = (store or fleetstate.Store(opts)).fetch(HOSTS, host)
+    if rec is not None and not recordmac.verified(opts["pki_dir"], HOSTS, host, rec):
+        raise fleet.Failed(UNSIGNED_RECORD.format(host=host))
+    return rec
 
 
 def _ts(epoch):

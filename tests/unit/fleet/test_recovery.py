@@ -177,7 +177,7 @@ def store(tmp_path):
     import salt.config
 
     opts = salt.config.master_config(None)
-    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "virt": {}})
+    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "pki_dir": str(tmp_path / "pki"), "virt": {}})
     return fleetstate.Store(opts)
 
 
@@ -337,3 +337,24 @@ def test_the_fenced_host_back_does_not_start_them_again(three, store):
     assert out["autostart_off"] == ["web1"] and list(out["undefined"]) == ["web1"]
     assert [d.name() for d in three.conns["hv1"].listAllDomains(0)] == []
     assert three.running("web1") == [target]
+
+
+def test_a_record_changed_in_the_shared_store_is_never_defined(three, store):
+    """Issue 23 #7: write access to the shared store is not root on a hypervisor: a record this master did
+    not sign (changed, or written by someone else) is refused before anything is defined."""
+    old = recovery.recall(store.opts, "hv1", store)
+    evil = dict(old)
+    evil["vms"] = {
+        n: dict(v, xml=v["xml"].replace("</devices>", "<hostdev/></devices>")) for n, v in old["vms"].items()
+    }
+    store.transact(recovery.HOSTS, "hv1", lambda _old: evil)
+    with pytest.raises(fleet.Failed) as err:
+        recovery.recover(three, "hv1", TRUE, store=store, force=True)
+    assert str(err.value) == recovery.UNSIGNED_RECORD.format(host="hv1")
+    unsigned = {k: v for k, v in old.items() if k != "mac"}
+    store.transact(recovery.HOSTS, "hv1", lambda _old: unsigned)
+    with pytest.raises(fleet.Failed, match="does not carry this master's MAC"):
+        recovery.recover(three, "hv1", TRUE, store=store, force=True)
+    assert three.running("web1") == [] and all(
+        "web1" not in three.conns[h].listDefinedDomains() for h in ("hv2", "hv3")
+    )
