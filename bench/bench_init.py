@@ -22,8 +22,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-sys.path.insert(0, str(common.ROOT / "tests" / "support"))
-import lab
+sys.path.insert(0, str(common.ROOT))  # the lab the way the tests import it
+from tests.support import lab
 
 # (label, impl, extra spec). vtype/hypervisor=qemu everywhere: the apples-to-apples rows.
 # The loader processes have a minion event bus (event_bus), as inside a running salt-minion.

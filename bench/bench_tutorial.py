@@ -43,10 +43,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 import bench_fleet
 import common
-import lab  # noqa: E402
+
+sys.path.insert(0, str(common.ROOT))  # the lab the way the tests import it
+from tests.support import lab
 
 DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", str(common.CACHE / "debian")), "debian-minion.qcow2")
 MARKER = "SALT-MINION-START"
