@@ -14,6 +14,7 @@ import pytest
 
 from tests.support import golden as golden_files
 from tests.support import lab, xdist_groups
+from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
@@ -34,9 +35,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test by its folder: tests/unit -> ``unit``, tests/integration -> ``integration``."""
+    """Mark every test by its folder (tests/unit -> ``unit``, tests/integration -> ``integration``) and by
+    the daemons its fixtures start (``libvirtd``, ``salt``: tests/support/markers.py)."""
     tests = ROOT / "tests"
     for item in items:
+        for name in item_markers(item):
+            item.add_marker(getattr(pytest.mark, name))
         try:
             folder = pathlib.Path(item.path).resolve().relative_to(tests).parts[0]
         except ValueError:

@@ -19,6 +19,8 @@ from tests.support.paths import ROOT
 BENCH = ROOT / "bench"
 SCRIPTS = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial"]
 
+# the bench scripts start their own libvirtd and salt daemons in subprocesses, not through fixtures: the
+# markers tests/conftest.py derives from fixtures cannot see them, so they are declared here
 pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 
 

@@ -31,7 +31,6 @@ from saltvirt.guest import seed as seeding
 from tests.support import lab
 from tests.support.saltloader import make_minion_mods
 
-pytestmark = [pytest.mark.libvirtd, pytest.mark.salt]
 DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", "/var/cache/salt-virt/debian"), "debian-minion.qcow2")
 INSTALLER = b'#!/bin/sh\necho "MINION-INSTALLER-RAN args=$*"\n'
 USER_DATA = "#cloud-config\n# written by test_cloudinit\nruncmd:\n- [sh, -c, 'echo user <&> \"quoted\"']\n"

@@ -14,7 +14,6 @@ from tests.support import saltapi
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, start_minion
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HV = "hyper-a"
 USERS = {
     "alice": saltapi.User("alice-pw-4f1", [saltapi.RUNNER_VIRT, {"hyper*": ["virt.*"]}]),

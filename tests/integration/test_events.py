@@ -28,7 +28,6 @@ from tests.support import lab
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HOST, TENANT = "evhyper", "evtenant"
 WAIT = 180  # seconds: a bound for an event on a loaded 2-core machine, not a speed check
 PASSWORD = "Ev3ntPw9"  # VNC passwords are at most 8 characters

@@ -25,7 +25,6 @@ import pytest
 
 from tests.support import lab
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 MINION = "hyper1"  # one of the session master's virt:hypervisors (hyper*): every call narrows to it
 TAG = lab.new_tag()
 NET = f"ips{TAG}"

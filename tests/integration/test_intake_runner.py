@@ -16,7 +16,6 @@ import pytest
 from tests.support import hostile
 from tests.support.saltd import hypervisor_minion_config, start_minion
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 MINION = "hyper-intake"  # one of the master's virt:hypervisors (hyper*); every call narrows to it with tgt=
 
 

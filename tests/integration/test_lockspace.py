@@ -16,7 +16,6 @@ from tests.support import lab
 from tests.support.paths import GUEST_DIR
 from tests.support.saltloader import make_minion_mods
 
-pytestmark = [pytest.mark.libvirtd]
 HVS = (13, 14)  # lab indexes no other module uses
 
 

@@ -26,7 +26,6 @@ from tests.support import lab
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from saltvirt.pki import ca as pki
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HVS = (6, 7, 8)
 SMALL_MIB = 40
 MASTER_VIRT = {

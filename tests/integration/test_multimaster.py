@@ -27,7 +27,6 @@ from tests.support.paths import ROOT
 from tests.support.redis_server import RedisServer
 from tests.support.saltd import master_config, start_minion
 
-pytestmark = [pytest.mark.salt]
 HOSTS = ["mmhv1", "mmhv2"]
 VIRT = {
     "hypervisors": {"tgt": "mm*", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 45},

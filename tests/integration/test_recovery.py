@@ -26,7 +26,6 @@ import pytest
 from tests.support import lab
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HVS = (10, 11, 12)
 BOOT_WAIT = 300  # bound on a TCG guest's console: seconds when idle, minutes on a loaded machine
 

@@ -28,7 +28,6 @@ from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from saltvirt.pki import envelope
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 NODES = ROOT / "tests" / "support" / "nodes"
 CAPS = ["cap-big", "cap-small", "cap-full", "cap-maint", "cap-gone"]
 ALL = sorted(["kvm1", *CAPS])

@@ -21,7 +21,6 @@ import pytest
 from tests.support import lab
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 DEBIAN = pathlib.Path(os.environ.get("SALT_VIRT_DEBIAN", "/var/cache/salt-virt/debian"))
 PING_TIMEOUT = 420  # TCG boot of systemd + salt-minion start; generous for a loaded CI machine
 

@@ -4,23 +4,13 @@ unit tests mirror the library and need no real libvirtd or salt daemons, helpers
 import ast
 import re
 
+from tests.support.markers import LIBVIRTD_FIXTURES, SALT_FIXTURES, daemon_markers
 from tests.support.paths import ROOT
 
 TESTS = ROOT / "tests"
 LIBRARY = ROOT / "_utils" / "saltvirt"
 # fixtures (tests/conftest.py) that start a real libvirtd or salt daemons: integration tests only
-INTEGRATION_FIXTURES = {
-    "fabric",
-    "hv1",
-    "virt_hv",
-    "lab_dir",
-    "salt_factories",
-    "salt_master",
-    "hyper1",
-    "salt_cli",
-    "salt_run_cli",
-    "state_tree",
-}
+INTEGRATION_FIXTURES = LIBVIRTD_FIXTURES | SALT_FIXTURES | {"lab_dir", "state_tree"}
 INTEGRATION_HELPERS = {"tests.support.lab", "tests.support.saltd", "tests.support.saltapi"}
 # tests/unit/test_<x>.py of the project as a whole (not of one library module)
 PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py"}
@@ -236,3 +226,34 @@ def test_configuration_page_lists_every_virt_key():
     page = (ROOT / "docs" / "configuration.md").read_text()
     missing = sorted(key for key in named if f"`virt:{key}" not in page)
     assert not missing, f"add these virt: keys to docs/configuration.md (default and meaning): {missing}"
+
+
+def test_daemon_markers_come_from_fixtures_and_hand_built_labs():
+    assert daemon_markers(["tmp_path", "virt_test"]) == []
+    assert daemon_markers(["hyper1", "hv1", "salt_master"]) == ["libvirtd", "salt"]
+
+    class lab:  # noqa: N801 - stands for tests.support.lab (a unit test may not import it): names are what count
+        Hypervisor = Fabric = staticmethod(lambda *args: None)
+
+    def hand_built(where):
+        return lab.Hypervisor(where, 9, lab.Fabric("x"))
+
+    assert daemon_markers(["where"], [hand_built]) == ["libvirtd"]
+
+
+def test_not_salt_deselects_every_test_that_starts_salt_daemons():
+    """The markers tests/conftest.py derives, as ``pytest -m`` sees them (collection only: nothing starts)."""
+    import subprocess
+    import sys
+
+    def collected(marks, *files):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "-n", "0", "-m", marks,
+             *(f"tests/integration/{f}" for f in files)],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        return {line.split("::")[0].rpartition("/")[2] for line in proc.stdout.splitlines() if "::" in line}
+
+    files = ("test_runner.py", "test_hosttype.py", "test_cloudinit.py", "test_seed.py")
+    assert collected("not salt", *files) == {"test_hosttype.py", "test_cloudinit.py", "test_seed.py"}
+    assert collected("not libvirtd", *files) == {"test_seed.py"}  # cloudinit builds its lab by hand
