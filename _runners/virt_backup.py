@@ -86,4 +86,5 @@ def backup(name="all", incremental=True, per_host=None, timeout=None, tgt=None, 
     out["down"] = fleet.down_hosts(hosts)
     if out["failed"]:
         __context__["retcode"] = 1
+        out["retcode"] = 1  # what salt-run's exit code follows (as the other virt runner functions do)
     return out

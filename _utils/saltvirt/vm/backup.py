@@ -242,6 +242,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
                 checkpoint = checkpoint if made else (parent or {}).get("checkpoint")
             else:
                 consistency = _offline(chosen, files)
+            copied = time.monotonic() - clock
             described = _describe_disks(directory, chosen, files, parent)
         except BaseException:
             remove_paths([p for p in files.values() if os.path.lexists(p)])
@@ -258,7 +259,8 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
             "checkpoint": checkpoint,
             "started": _iso(started),
             "finished": _iso(_utc()),
-            "duration": round(time.monotonic() - clock, 3),
+            "duration": round(time.monotonic() - clock, 3),  # copy + checksums + manifest
+            "copy_seconds": round(copied, 3),
             "live": live,
             "consistency": consistency,
             "disks": described,

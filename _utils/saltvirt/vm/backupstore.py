@@ -176,7 +176,8 @@ def scan(directory):
 
 def summary(m):
     """What ``virt.backup_list`` shows of a manifest (no domain XML)."""
-    keys = ("id", "type", "parent", "chain", "checkpoint", "started", "finished", "duration", "size", "live")
+    keys = ("id", "type", "parent", "chain", "checkpoint", "started", "finished", "duration", "copy_seconds")
+    keys += ("size", "live")
     out = {k: m.get(k) for k in keys}
     out["consistency"] = m.get("consistency")
     out["disks"] = [{k: d.get(k) for k in ("target", "file", "size", "virtual_size", "sha256")} for d in m["disks"]]
