@@ -43,3 +43,22 @@ def load_states(mods, test=False):
 
     opts = dict(mods.opts, test=test, states_dirs=[str(ROOT / "_states")])
     return salt.loader.states(opts, mods, salt.loader.utils(opts), {})
+
+
+def make_runners(tmp_path):
+    """This repo's _runners through Salt's runner loader, without a salt-master (hypervisor ``hyper1``
+    configured; nothing answers): what a runner refuses before it publishes anything."""
+    import salt.config
+    import salt.loader
+
+    opts = salt.config.master_config(None)
+    opts.update(
+        {
+            "runner_dirs": [str(ROOT / "_runners")],
+            "virt": {"hypervisors": ["hyper1"]},
+            "sock_dir": str(tmp_path / "sock"),  # no master: progress events go nowhere
+            "pki_dir": str(tmp_path / "pki"),
+            "cachedir": str(tmp_path / "cache"),
+        }
+    )
+    return salt.loader.runner(opts, utils=salt.loader.utils(opts))

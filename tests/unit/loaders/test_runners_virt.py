@@ -4,25 +4,12 @@ tests/integration/test_guest_ips.py."""
 
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.saltloader import make_runners
 
 
 @pytest.fixture
 def runner(tmp_path):
-    import salt.config
-    import salt.loader
-
-    opts = salt.config.master_config(None)
-    opts.update(
-        {
-            "runner_dirs": [str(ROOT / "_runners")],
-            "virt": {"hypervisors": ["hyper1"]},
-            "sock_dir": str(tmp_path / "sock"),  # no master: progress events go nowhere
-            "pki_dir": str(tmp_path / "pki"),
-            "cachedir": str(tmp_path / "cache"),
-        }
-    )
-    return salt.loader.runner(opts, utils=salt.loader.utils(opts))
+    return make_runners(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.spec import compat, vmargs
 from saltvirt.vm import provision
 from tests.support.paths import ROOT
-from tests.support.saltloader import load_states, make_minion_mods
+from tests.support.saltloader import load_states, make_minion_mods, make_runners
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed
 BASE = {"nic": None, "disk": None, "start": False, "seed": False}  # the smallest VM the test driver defines
@@ -164,20 +164,7 @@ def test_salts_retired_arguments_are_mapped_or_refused():
 # salt-run virt.init -------------------------------------------------------------------------------
 @pytest.fixture
 def runner(tmp_path):
-    import salt.config
-    import salt.loader
-
-    opts = salt.config.master_config(None)
-    opts.update(
-        {
-            "runner_dirs": [str(ROOT / "_runners")],
-            "virt": {"hypervisors": ["hyper1"]},
-            "sock_dir": str(tmp_path / "sock"),  # no master: progress events go nowhere
-            "pki_dir": str(tmp_path / "pki"),
-            "cachedir": str(tmp_path / "cache"),
-        }
-    )
-    return salt.loader.runner(opts, utils=salt.loader.utils(opts))
+    return make_runners(tmp_path)
 
 
 @pytest.mark.parametrize("arg", [a.name for a in vmargs.ARGS if a.runner == vmargs.FORWARD])
