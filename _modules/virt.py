@@ -127,6 +127,7 @@ def init(
     hypervisor_features=None,
     numatune=None,
     host_devices=None,
+    owner=None,
     **kwargs,
 ):
     """
@@ -215,6 +216,9 @@ def init(
     group
         anti-affinity group (stored in the domain metadata; the runner never places two VMs of one
         group on the same host).
+    owner
+        ``{tenant, creator}`` stored in the domain metadata: ``salt-run virt.init`` sets it from the
+        job's authenticated user (see docs/topics/tenants.md); the runner scopes tenants by it.
     vtype
         ``kvm`` or ``qemu``; default ``virt:type`` or what the host can really run.
     guest_agent

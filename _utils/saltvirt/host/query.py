@@ -139,6 +139,7 @@ def describe(
         "boot": facts["boot"],
         "serial_log": facts["serial_log"],
         "group": facts["group"],
+        "owner": facts["owner"],  # {tenant, creator} salt-run virt.init recorded, or None
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
         "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.host.guestips), None without one
         "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)

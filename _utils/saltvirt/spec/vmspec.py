@@ -108,6 +108,9 @@ class VMSpec:
     # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
     # salt-run virt.purge deletes a master key only when it is this very key
     minion_key: dict | None = None
+    # the tenant the VM belongs to and the Salt user who created it ({tenant, creator}), in <metadata>:
+    # written by salt-run virt.init from the job's authenticated user (saltvirt.fleet.callers)
+    owner: dict | None = None
     # cloud_init= as saltvirt.spec.speckeys.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
@@ -184,6 +187,22 @@ def _profile(profiles, kind, name, default):
         f"{kind} profile {name!r} is not defined: add it under virt:{kind}:{name} in the minion config or "
         f"pillar (defined: {', '.join(sorted(table)) or 'none'})"
     )
+
+
+def _owner(owner):
+    """``{tenant, creator}`` for the domain's <metadata>: names only (what ``virt.init`` on the master wrote)."""
+    if owner is None:
+        return None
+    if not isinstance(owner, dict) or set(owner) - {"tenant", "creator"}:
+        raise SaltInvocationError(f"owner must be {{tenant, creator}}, not {owner!r}")
+    out = {}
+    for key in ("tenant", "creator"):
+        value = owner.get(key)
+        if value is not None:
+            if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.@%+=-]{1,128}", value):
+                raise SaltInvocationError(f"owner:{key} must be a name (letters, digits, _.@%+=-), not {value!r}")
+            out[key] = value
+    return out or None
 
 
 def _nic_shorthand(entry, what="interfaces"):
@@ -363,6 +382,7 @@ def build(
     hypervisor_features: Any = None,
     numatune: Any = None,
     host_devices: Any = None,
+    owner: Any = None,
 ) -> VMSpec:
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -444,6 +464,7 @@ def build(
         serial_log=serial_log,
         vm_dir=vm_dir,
         group=validate.vm_name(group, "group") if group else None,
+        owner=_owner(owner),
         cloud_init=cloud,
         guest_agent=validate.to_bool(guest_agent),
         boot_dev=boot_devs,

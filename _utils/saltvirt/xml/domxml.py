@@ -27,7 +27,7 @@ ET.register_namespace("saltvirt", METADATA_NS)
 
 def _metadata(dom, spec):
     """salt-virt's own <metadata>: the anti-affinity group, the minion key virt.init seeded."""
-    if not (spec.group or spec.minion_key):
+    if not (spec.group or spec.minion_key or spec.owner):
         return
     meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
     if spec.group:
@@ -35,6 +35,8 @@ def _metadata(dom, spec):
     if spec.minion_key:
         key = spec.minion_key
         _sub(meta, f"{{{METADATA_NS}}}minion", id=key["minion_id"], key_sha256=key["fingerprint"])
+    if spec.owner:
+        _sub(meta, f"{{{METADATA_NS}}}owner", **spec.owner)
 
 
 def build(spec: VMSpec) -> str:
@@ -530,6 +532,7 @@ def parse(xml: str | ET.Element) -> Data:
         "serial_log": log.get("file") if log is not None else None,
         "group": root.findtext(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}group"),
         "minion": _minion(root),
+        "owner": owner(root),
         "guest_agent": _guest_agent(devices),
     }
 
@@ -541,6 +544,14 @@ def _guest_agent(devices):
         if el.get("name") == GUEST_AGENT:
             return el.get("state") or "unknown"
     return None
+
+
+def owner(root):
+    """``{tenant, creator}`` salt-run virt.init recorded in the domain's <metadata>, or None."""
+    el = root.find(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}owner")
+    if el is None:
+        return None
+    return {key: el.get(key) for key in ("tenant", "creator")}
 
 
 def _minion(root):

@@ -4,6 +4,7 @@ what it builds, one per device kind (tests/golden/domxml/, see tests/support/gol
 import xml.etree.ElementTree as ET
 
 import pytest
+from salt.exceptions import SaltInvocationError
 
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml import domxml
@@ -152,6 +153,20 @@ def test_minion_key_kept_in_metadata():
     vm.minion_key = {"minion_id": "web1", "fingerprint": "ab" * 32}
     facts = domxml.parse(domxml.build(vm))
     assert facts["minion"] == {"id": "web1", "key_sha256": "ab" * 32} and facts["group"] == "web"
+
+
+def test_owner_kept_in_metadata():
+    """salt-run virt.init records the tenant and the creator; the runner scopes tenants by it."""
+    vm = spec.build("web1", 1, 128, images_dir="/srv/img", profiles={}, owner={"tenant": "acme", "creator": "alice"})
+    xml = domxml.build(vm)
+    assert '<saltvirt:owner tenant="acme" creator="alice" />' in xml
+    assert domxml.parse(xml)["owner"] == {"tenant": "acme", "creator": "alice"}
+    assert domxml.parse(domxml.build(spec.build("web2", 1, 128)))["owner"] is None
+    only = spec.build("web3", 1, 128, owner={"creator": "root"})
+    assert domxml.parse(domxml.build(only))["owner"] == {"tenant": None, "creator": "root"}
+    for bad in ({"tenant": "a b"}, {"tenant": "x", "role": "admin"}, "acme", {"creator": "<x>"}):
+        with pytest.raises(SaltInvocationError, match="owner"):
+            spec.build("web4", 1, 128, owner=bad)
 
 
 def test_new_vms_get_the_guest_agent_channel_unless_opted_out():
