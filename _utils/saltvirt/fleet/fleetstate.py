@@ -265,6 +265,8 @@ class Lease:
         self.token = uuid.uuid4().hex
         self.owner = me(opts, job)
         self.held, self.taken_over, self.reservation = [], [], None
+        self.quota = None  # (tenant, vm) of a tenant quota entry (saltvirt.fleet.quota)
+        self.on_renew = []  # more entries renewed with the lease: callables(expires)
         self.lost, self.renewed_at = None, None
         self._stop = threading.Event()
         self._thread = None
@@ -356,6 +358,8 @@ class Lease:
                 self.store.transact(LOCKS, name, update)
         if self.reservation:
             renew_reservation(self.store, self.reservation, self.token, now + self.ttl)
+        for renew in self.on_renew:
+            renew(now + self.ttl)
         self.renewed_at = now
 
     def _renew_loop(self):
@@ -460,17 +464,9 @@ def reserve(store, lease, host, name, req, answer, since, pol=None, fits=None, c
         if reasons:
             refused.append((reasons, load))
             raise AbortUpdate
-        entries[name] = {
-            "cpu": req["cpu"],
-            "mem": req["mem"],
-            "disk_mib": req.get("disk_mib") or 0,
-            "group": req.get("group"),
-            "token": lease.token,
-            "owner": lease.owner,
-            "state": "active",
-            "taken": now,
-            "expires": now + lease.ttl,
-        }
+        entries[name] = active_entry(
+            lease, now, cpu=req["cpu"], mem=req["mem"], disk_mib=req.get("disk_mib") or 0, group=req.get("group")
+        )
         return {"entries": entries}
 
     try:
@@ -480,7 +476,13 @@ def reserve(store, lease, host, name, req, answer, since, pol=None, fits=None, c
     lease.reservation = (host, name)
 
 
-def renew_reservation(store, where, token, expires):
+def active_entry(lease, now, **sizes):
+    """A new ``active`` ledger entry of ``lease`` (host reservations, tenant quotas): ``sizes`` + who, when."""
+    return dict(sizes, token=lease.token, owner=lease.owner, state="active", taken=now, expires=now + lease.ttl)
+
+
+def renew_reservation(store, where, token, expires, bank=RESERVATIONS):
+    """Extend the active entry ``where`` (``(key, vm)`` in ``bank``) held with ``token`` to ``expires``."""
     host, name = where
 
     def update(old):
@@ -492,7 +494,7 @@ def renew_reservation(store, where, token, expires):
         return {"entries": entries}
 
     with contextlib.suppress(AbortUpdate):
-        store.transact(RESERVATIONS, host, update)
+        store.transact(bank, host, update)
 
 
 def finish(store, lease, outcome, keep_for=None):
@@ -500,7 +502,13 @@ def finish(store, lease, outcome, keep_for=None):
     snapshots only), ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds)."""
     if not lease.reservation:
         return
-    host, name = lease.reservation
+    end_entry(store, RESERVATIONS, lease.reservation, lease, outcome, keep_for)
+    lease.reservation = None
+
+
+def end_entry(store, bank, where, lease, outcome, keep_for=None):
+    """End ``lease``'s entry ``where`` (``(key, vm)`` in ``bank``) as :func:`finish` describes."""
+    host, name = where
     now = time.time()
 
     def update(old):
@@ -517,5 +525,4 @@ def finish(store, lease, outcome, keep_for=None):
         return {"entries": entries} if entries else None
 
     with contextlib.suppress(AbortUpdate):
-        store.transact(RESERVATIONS, host, update)
-    lease.reservation = None
+        store.transact(bank, host, update)

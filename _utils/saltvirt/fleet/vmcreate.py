@@ -21,7 +21,8 @@ from saltvirt.base import fsutil
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
-from saltvirt.fleet.publish import Failed, call, capacities, new_jid
+from saltvirt.fleet import quota as quotas
+from saltvirt.fleet.publish import Failed, call, capacities, gather, new_jid
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ def create(opts, name, req, image, module_kwargs, job=None, **kwargs):
             if taken:
                 exc.details["taken_over"] = taken
             raise
+        finally:  # a quota taken before a refusal (placement, a taken name): given back (no-op once ended)
+            quotas.finish(lease.store, lease, "failed")
         if taken:
             result["taken_over"] = taken
         return result
@@ -139,6 +142,7 @@ def _create(
     client=None,
     progress=None,
     lease=None,
+    tenant=None,  # the tenant the VM is for (see _tenant_quota)
 ):
     progress = progress or (lambda step, **data: None)
     started = time.monotonic()
@@ -148,6 +152,7 @@ def _create(
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
     hosts = _snapshot(opts, name, cfg, client, progress)
+    hosts = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
     load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
     plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
     order, tried = _order(plan, hosts, name, host, fallback), []
@@ -179,7 +184,7 @@ def _create(
             args = [name, req["cpu"], req["mem"]]
             ans, jid = _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, pub_jid)
             if ans["status"] == "up":
-                fleetstate.finish(lease.store, lease, "settled")
+                _end(lease, "settled")
                 return _created(
                     opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
                 )
@@ -198,11 +203,11 @@ def _create(
                 keys.keep = True  # it may still finish there: its key stays for it
             if ans["status"] in ("timeout", "down"):
                 # it may still run (or create the VM) there: its capacity stays reserved for as long as it may
-                fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
+                _end(lease, "unknown", keep_for=cfg["init_timeout"])
             raise _attempt_failed(name, hv, ans, jid, cfg, key_id, tried)
     except BaseException as exc:
         _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, cfg)
-        fleetstate.finish(lease.store, lease, "failed")  # no-op when settled or kept for a timeout
+        _end(lease, "failed")  # no-op when settled or kept for a timeout
         if seed and not keys.keep:
             removed = bool(keys.pub) and minionkeys.remove_key(opts, key_id, keys.pub)
             if isinstance(exc, Failed):
@@ -215,6 +220,23 @@ def _note_attempt(opts, lease, tried, name, hv, ans, jid):
     tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
     if ans["status"] in ("down", "timeout"):  # it may leave disks and seeding there: cleaned once it answers
         fleet_cleanup.remember(lease.store, hv, name, jid, ans["status"], opts.get("id"))
+
+
+def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
+    """Take the tenant's quota for the VM (counted over every hypervisor's VMs, by the owner in their
+    <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
+    only the tenant's hypervisors as candidates. ``tenant``: ``{name, quota, allowed(host)}`` or None."""
+    if not tenant:
+        return hosts
+    fleet_vms = gather(opts, "virt.full_info", cfg, client)
+    quotas.reserve(lease.store, lease, tenant["name"], name, req, fleet_vms, since, tenant["quota"])
+    return {h: a for h, a in hosts.items() if tenant["allowed"](h)}
+
+
+def _end(lease, outcome, keep_for=None):
+    """End the host reservation and the tenant quota entry of ``lease`` alike (see fleetstate.finish)."""
+    fleetstate.finish(lease.store, lease, outcome, keep_for=keep_for)
+    quotas.finish(lease.store, lease, outcome, keep_for=keep_for)
 
 
 def _snapshot(opts, name, cfg, client, progress):
@@ -259,7 +281,7 @@ def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease
     if not suspect or fleet_cleanup.master_running(opts):
         return
     keys.keep = True
-    fleetstate.finish(lease.store, lease, "unknown", keep_for=cfg["init_timeout"])
+    _end(lease, "unknown", keep_for=cfg["init_timeout"])
     message = fleet_cleanup.master_gone_message(name, hv, jid, key_id)
     log.error("%s", message)  # salt-run itself may fail to print its answer without a master
     raise Failed(message, tried=tried) from None

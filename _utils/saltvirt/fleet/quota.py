@@ -1,0 +1,194 @@
+"""Tenant quotas (``virt:tenants:<t>:quota``), taken atomically with placement reservations.
+
+What a tenant uses is counted from two sources, by VM name (a VM is counted once):
+
+* the fleet snapshot (``virt.full_info`` of every hypervisor): every VM whose <metadata> owner is the tenant,
+  with its vCPUs and memory as defined, its disk as its quota entry recorded it (else its disks' sizes);
+* the tenant's ledger (bank ``salt-virt/quotas``, one entry per tenant, in the same store and under the same
+  compare-and-set as :mod:`saltvirt.fleet.fleetstate` reservations): ``{entries: {vm: {cpu, mem, disk_mib,
+  token, state: active|settled, expires, settled_at}}}``. An ``active`` entry (a ``virt.init`` at work)
+  counts until it expires (renewed with its lease); a ``settled`` one (the VM was created) counts for
+  snapshots taken before it settled, and while a hypervisor did not answer (its VMs may be there). Settled
+  entries stay while their VM exists: ``virt.purge`` drops them, and a snapshot in which every hypervisor
+  answered and the VM is gone prunes them.
+
+:func:`reserve` re-counts and checks the quota inside the transaction, so two masters or twenty concurrent
+``virt.init`` calls of one tenant never take more than its quota together.
+"""
+
+import contextlib
+import math
+import time
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.fleet import fleetstate
+from saltvirt.fleet.tenants import QUOTA_KEYS
+
+QUOTAS = "salt-virt/quotas"
+MIB = 1048576
+
+
+class QuotaError(SaltInvocationError):
+    """The request would take the tenant over its quota; ``usage`` has the figures."""
+
+    def __init__(self, message, usage):
+        super().__init__(message)
+        self.usage = usage
+
+
+def _down(hosts):
+    return any((ans or {}).get("status") != "up" for ans in hosts.values())
+
+
+def _vm_disk_mib(vm):
+    sizes = [(d or {}).get("virtual_size") for d in ((vm or {}).get("disks") or {}).values()]
+    return sum(math.ceil(int(s) / MIB) for s in sizes if s)
+
+
+def tenant_vms(hosts, tenant):
+    """``{vm: (host, vm_info)}`` of every VM the snapshot shows with ``tenant`` in its <metadata>."""
+    out = {}
+    for host, ans in sorted(hosts.items()):
+        if (ans or {}).get("status") != "up":
+            continue
+        for name, vm in ((ans.get("vm_info") or {}) if "vm_info" in ans else {}).items():
+            if ((vm or {}).get("owner") or {}).get("tenant") == tenant:
+                out[name] = (host, vm)
+    return out
+
+
+def count(ledger, hosts, tenant, since, now=None, skew=fleetstate.DEFAULTS["clock_skew"]):
+    """``{vcpus, mem, disk, vms, names: [...]}`` the tenant uses (see the module doc)."""
+    now = now or time.time()
+    entries = (ledger or {}).get("entries") or {}
+    used = {"vcpus": 0, "mem": 0, "disk": 0, "vms": 0, "names": []}
+    seen = tenant_vms(hosts, tenant)
+    down = _down(hosts)
+    for name, (_host, vm) in seen.items():
+        rec = entries.get(name) or {}
+        used["vcpus"] += int(vm.get("cpu") or 0)
+        used["mem"] += int(vm.get("mem") or 0)
+        used["disk"] += int(rec.get("disk_mib") or 0) if rec else _vm_disk_mib(vm)
+        used["names"].append(name)
+    for name, rec in sorted(entries.items()):
+        if name in seen:
+            continue
+        if rec.get("state") == "settled":
+            counts = down or rec.get("settled_at", 0) >= since - skew
+        else:
+            counts = rec.get("expires", 0) > now
+        if counts:
+            used["vcpus"] += int(rec.get("cpu") or 0)
+            used["mem"] += int(rec.get("mem") or 0)
+            used["disk"] += int(rec.get("disk_mib") or 0)
+            used["names"].append(name)
+    used["vms"] = len(used["names"])
+    return used
+
+
+def _prune(entries, hosts, tenant, since, now, skew):
+    """Drop expired active entries, and settled ones whose VM a complete snapshot no longer shows."""
+    seen, down = tenant_vms(hosts, tenant), _down(hosts)
+    out = {}
+    for name, rec in entries.items():
+        if rec.get("state") == "settled":
+            if name in seen or down or rec.get("settled_at", 0) >= since - skew:
+                out[name] = rec
+        elif rec.get("expires", 0) > now:
+            out[name] = rec
+    return out
+
+
+def refusal(tenant, used, quota, asked):
+    """Why a request ``asked`` ({vcpus, mem, disk, vms}) does not fit: "tenant acme: 15 of 16 vCPUs used,
+    asked 2" (every exceeded limit, "; "-joined), or None when it fits."""
+    reasons = [
+        f"{used[key]} of {quota[key]} {unit} used, asked {asked[key]}"
+        for key, unit in QUOTA_KEYS.items()
+        if key in quota and used[key] + asked[key] > quota[key]
+    ]
+    return f"tenant {tenant}: {'; '.join(reasons)}" if reasons else None
+
+
+def reserve(store, lease, tenant, name, req, hosts, since, quota, cfg=None):
+    """Take ``req`` ({cpu, mem, disk_mib}) for VM ``name`` from ``tenant``'s quota, atomically (the usage is
+    re-counted inside the compare-and-set). Raises :class:`QuotaError` with every exceeded limit. The entry
+    is renewed with ``lease`` and ended by :func:`finish`."""
+    cfg = cfg or lease.cfg
+    now = time.time()
+    asked = {"vcpus": int(req["cpu"]), "mem": int(req["mem"]), "disk": int(req.get("disk_mib") or 0), "vms": 1}
+    refused = []
+
+    def update(old):
+        refused.clear()
+        entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
+        entries.pop(name, None)  # a stale one of ours (retry after a dead master) is replaced
+        used = count({"entries": entries}, hosts, tenant, since, now, cfg["clock_skew"])
+        reasons = refusal(tenant, used, quota, asked)
+        if reasons:
+            refused.append((reasons, used))
+            raise fleetstate.AbortUpdate
+        sizes = {"cpu": asked["vcpus"], "mem": asked["mem"], "disk_mib": asked["disk"]}
+        entries[name] = fleetstate.active_entry(lease, now, **sizes)
+        return {"entries": entries}
+
+    try:
+        store.transact(QUOTAS, tenant, update)
+    except fleetstate.AbortUpdate:
+        reasons, used = refused[0]
+        raise QuotaError(
+            f"{reasons}: no room for {name} (purge one of its VMs, or ask the operator for a larger quota)",
+            dict(used, quota=quota),
+        ) from None
+    where = (tenant, name)
+    lease.on_renew.append(lambda expires: fleetstate.renew_reservation(store, where, lease.token, expires, QUOTAS))
+    lease.quota = where
+
+
+def finish(store, lease, outcome, keep_for=None):
+    """End ``lease``'s quota entry: ``settled`` (the VM exists: the entry stays until it is purged),
+    ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds: it may still appear)."""
+    if getattr(lease, "quota", None):
+        fleetstate.end_entry(store, QUOTAS, lease.quota, lease, outcome, keep_for)
+    lease.quota = None  # ended: a later "failed" must not drop what "unknown" kept
+
+
+def forget(store, tenant, name):
+    """Drop VM ``name``'s entry from ``tenant``'s ledger (it was purged)."""
+
+    def update(old):
+        entries = dict((old or {}).get("entries") or {})
+        if name not in entries:
+            raise fleetstate.AbortUpdate
+        del entries[name]
+        return {"entries": entries} if entries else None
+
+    with contextlib.suppress(fleetstate.AbortUpdate):
+        store.transact(QUOTAS, tenant, update)
+
+
+def bar(used, limit, width=20):
+    """``[########............] 8 of 16`` (no limit: ``8 (no quota)``)."""
+    if limit is None:
+        return f"{used} (no quota)"
+    filled = width if limit <= 0 else min(width, round(width * used / limit))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {used} of {limit}"
+
+
+def usage(store, hosts, tenants, since, cfg=None):
+    """``{tenant: {vcpus|mem|disk|vms: {used, quota, bar}, vms_list: [...]}}`` for ``tenants``
+    ({name: checked tenant config})."""
+    cfg = cfg or fleetstate.DEFAULTS
+    ledgers = store.entries(QUOTAS)
+    out = {}
+    for name, conf in sorted(tenants.items()):
+        used = count(ledgers.get(name), hosts, name, since, skew=cfg["clock_skew"])
+        quota = conf["quota"]
+        row = {
+            key: {"used": used[key], "quota": quota.get(key), "bar": f"{unit}: {bar(used[key], quota.get(key))}"}
+            for key, unit in QUOTA_KEYS.items()
+        }
+        row["vm_names"] = sorted(used["names"])
+        out[name] = row
+    return out

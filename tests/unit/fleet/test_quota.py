@@ -1,0 +1,139 @@
+"""saltvirt.fleet.quota: a tenant's usage counted from the fleet snapshot and its ledger, and quotas
+taken under the shared store's compare-and-set (localfs file lock, real redis WATCH/MULTI)."""
+
+import threading
+import time
+
+import pytest
+
+from saltvirt.fleet import fleetstate, quota
+
+
+def vm(tenant, cpu=1, mem=256, state="running", disk_bytes=None):
+    disks = {"vda": {"virtual_size": disk_bytes}} if disk_bytes else {}
+    return {"cpu": cpu, "mem": mem, "state": state, "disks": disks, "owner": {"tenant": tenant, "creator": "u"}}
+
+
+HOSTS = {
+    "h1": {"status": "up", "vm_info": {"a1": vm("acme", 2, 512, disk_bytes=3 * 1048576), "b1": vm("beta", 4)}},
+    "h2": {"status": "up", "vm_info": {"a2": vm("acme", 1, 256, state="shutoff"), "x": {"cpu": 8, "mem": 1}}},
+}
+
+
+def test_count_from_the_snapshot_by_owner():
+    used = quota.count(None, HOSTS, "acme", time.time())
+    assert used == {"vcpus": 3, "mem": 768, "disk": 3, "vms": 2, "names": ["a1", "a2"]}
+    assert quota.count(None, HOSTS, "nobody", time.time())["vms"] == 0
+
+
+def test_ledger_entries_count_until_the_snapshot_shows_the_vm():
+    now = time.time()
+    ledger = {
+        "entries": {
+            "a1": {"cpu": 2, "mem": 512, "disk_mib": 100, "state": "settled", "settled_at": now - 5},
+            "new": {"cpu": 1, "mem": 64, "disk_mib": 10, "state": "active", "expires": now + 60},
+            "expired": {"cpu": 1, "mem": 64, "state": "active", "expires": now - 1},
+            "gone": {"cpu": 1, "mem": 64, "state": "settled", "settled_at": now - 600},
+            "late": {"cpu": 1, "mem": 64, "state": "settled", "settled_at": now},
+        }
+    }
+    used = quota.count(ledger, HOSTS, "acme", since=now - 1, now=now)
+    # a1 from the snapshot (its recorded disk), new (active), late (settled after the snapshot was taken)
+    assert used["names"] == ["a1", "a2", "late", "new"] and used["vcpus"] == 5 and used["disk"] == 110
+    # a hypervisor that did not answer may hold settled VMs: they count
+    down = dict(HOSTS, h3={"status": "down", "error": "no answer"})
+    assert "gone" in quota.count(ledger, down, "acme", since=now - 1, now=now)["names"]
+
+
+def test_refusal_wording():
+    used = {"vcpus": 15, "mem": 100, "disk": 0, "vms": 3}
+    asked = {"vcpus": 2, "mem": 100, "disk": 5, "vms": 1}
+    assert quota.refusal("acme", used, {"vcpus": 16, "vms": 4}, asked) == "tenant acme: 15 of 16 vCPUs used, asked 2"
+    assert quota.refusal("acme", used, {"vcpus": 16, "vms": 3}, asked) == (
+        "tenant acme: 15 of 16 vCPUs used, asked 2; 3 of 3 VMs used, asked 1"
+    )
+    assert quota.refusal("acme", used, {"vcpus": 17, "mem": 200}, asked) is None
+
+
+def test_bar():
+    assert quota.bar(8, 16, width=10) == "[#####.....] 8 of 16"
+    assert quota.bar(20, 16, width=4) == "[####] 20 of 16"
+    assert quota.bar(3, None) == "3 (no quota)"
+    assert quota.bar(0, 0, width=2) == "[##] 0 of 0"
+
+
+def test_reserve_settle_forget(backend):
+    opts = backend()
+    store = fleetstate.Store(opts)
+    limits = {"vcpus": 4, "vms": 3}
+    since = time.time()
+    with fleetstate.lock(opts, ["a3"]) as lease:
+        quota.reserve(store, lease, "acme", "a3", {"cpu": 1, "mem": 64}, HOSTS, since, limits)
+        lease.renew()  # the entry is renewed with the lease
+        quota.finish(store, lease, "settled")
+    entry = store.fetch(quota.QUOTAS, "acme")["entries"]["a3"]
+    assert entry["state"] == "settled" and entry["cpu"] == 1
+    with fleetstate.lock(opts, ["a4"]) as lease, pytest.raises(quota.QuotaError) as err:
+        quota.reserve(store, lease, "acme", "a4", {"cpu": 1, "mem": 64}, HOSTS, since, limits)
+    assert str(err.value) == (
+        "tenant acme: 4 of 4 vCPUs used, asked 1; 3 of 3 VMs used, asked 1: no room for a4 "
+        "(purge one of its VMs, or ask the operator for a larger quota)"
+    ), str(err.value)
+    assert err.value.usage["names"] == ["a1", "a2", "a3"]
+    quota.forget(store, "acme", "a3")
+    assert store.fetch(quota.QUOTAS, "acme") is None
+
+
+def test_a_failed_init_gives_the_quota_back_and_unknown_keeps_it(backend):
+    opts = backend()
+    store = fleetstate.Store(opts)
+    with fleetstate.lock(opts, ["v"]) as lease:
+        quota.reserve(store, lease, "t", "v", {"cpu": 1, "mem": 1}, {}, time.time(), {})
+        quota.finish(store, lease, "failed")
+    assert store.fetch(quota.QUOTAS, "t") is None
+    with fleetstate.lock(opts, ["v"]) as lease:
+        quota.reserve(store, lease, "t", "v", {"cpu": 1, "mem": 1}, {}, time.time(), {})
+        quota.finish(store, lease, "unknown", keep_for=900)
+        quota.finish(store, lease, "failed")  # what vmcreate's cleanup does after a timeout: a no-op now
+    assert store.fetch(quota.QUOTAS, "t")["entries"]["v"]["expires"] > time.time() + 800
+
+
+def test_twenty_concurrent_reservations_never_exceed_the_quota(backend):
+    """Twenty callers on as many "masters" (opts with their own ids, one shared store) race for a quota of
+    5 vCPUs: exactly five win, whatever the interleaving."""
+    won, refused, start = [], [], threading.Barrier(20)
+
+    def contend(i):
+        opts = backend(f"m{i}")
+        store = fleetstate.Store(opts)
+        start.wait()
+        with fleetstate.lock(opts, [f"vm{i}"]) as lease:
+            try:
+                quota.reserve(store, lease, "acme", f"vm{i}", {"cpu": 1, "mem": 64}, {}, time.time(), {"vcpus": 5})
+                won.append(i)
+                quota.finish(store, lease, "settled")
+            except quota.QuotaError as exc:
+                refused.append(str(exc))
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 5 and len(refused) == 15, (won, refused)
+    assert all(msg.startswith("tenant acme: 5 of 5 vCPUs used, asked 1") for msg in refused)
+    ledger = fleetstate.Store(backend()).fetch(quota.QUOTAS, "acme")
+    assert sorted(ledger["entries"]) == sorted(f"vm{i}" for i in won)
+
+
+def test_usage_report():
+    conf = {"acme": {"quota": {"vcpus": 4}}, "beta": {"quota": {}}}
+
+    class Empty:
+        def entries(self, bank):
+            return {}
+
+    out = quota.usage(Empty(), HOSTS, conf, time.time())
+    assert out["acme"]["vcpus"] == {"used": 3, "quota": 4, "bar": "vCPUs: [###############.....] 3 of 4"}
+    assert out["acme"]["vm_names"] == ["a1", "a2"]
+    assert out["beta"]["vcpus"]["bar"] == "vCPUs: 4 (no quota)"
