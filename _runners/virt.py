@@ -61,6 +61,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.spec import compat, vmargs
     from saltvirt.fleet import hypervisors, minionkeys, placement, publish as fleet, vmcreate, vmwait
+    from saltvirt.fleet import callers, catalog, fleetstate, quota, tenants
     from saltvirt.fleet import leftovers as fleet_cleanup
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,21 @@ def _failed(exc, **extra):
 def _gather(fun, tgt=None, tgt_type=None, timeout=None):
     with _client() as client:
         return fleet.gather(__opts__, fun, _cfg(tgt, tgt_type, timeout), client)
+
+
+def _who():
+    """The caller of this job as Salt authenticated it (``__user__``, never an argument) and its role."""
+    return callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__)))
+
+
+def _seen(who, tgt=None, tgt_type=None, timeout=None):
+    """Every hypervisor's ``virt.full_info``, cut to what ``who`` may see (a tenant: its own VMs)."""
+    return tenants.visible(_gather("virt.full_info", tgt, tgt_type, timeout), who, tenants.config(__opts__))
+
+
+def _operator(fun):
+    """Refuse operator functions to tenant callers (raises SaltInvocationError)."""
+    tenants.operator_only(_who(), fun)
 
 
 def _human_output():
@@ -204,7 +220,8 @@ def query(tgt=None, tgt_type=None, timeout=None, rates=False, interval=2):
         salt-run virt.query rates=True interval=5
     """
     try:
-        data = _gather("virt.full_info", tgt, tgt_type, timeout)
+        who = _who()
+        data = _seen(who, tgt, tgt_type, timeout)
         if validate.to_bool(rates):
             _add_rates(data, tgt, tgt_type, timeout, interval)
         return _out(data)
@@ -224,7 +241,7 @@ def _add_rates(data, tgt, tgt_type, timeout, interval):
     first = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
     time.sleep(interval)
     second = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
-    for mid, ans in data.items():
+    for mid, ans in data.items():  # data: what the caller may see; only its VMs get rates
         a, b = first.get(mid) or {}, second.get(mid) or {}
         if ans.get("status") != "up" or a.get("status") != "up" or b.get("status") != "up":
             continue
@@ -244,9 +261,22 @@ def list_(tgt=None, tgt_type=None, timeout=None):
         salt-run virt.list
     """
     try:
-        return _out(_gather("virt.vm_state", tgt, tgt_type, timeout))
+        who = _who()
+        if who.operator:
+            return _out(_gather("virt.vm_state", tgt, tgt_type, timeout))
+        seen = _seen(who, tgt, tgt_type, timeout)  # the owner is in <metadata>: vm_state does not read it
+        return _out({h: _states(a) for h, a in seen.items()})
     except SaltException as exc:
         return _failed(exc)
+
+
+def _states(ans):
+    """A ``virt.full_info`` answer in ``virt.vm_state``'s shape (``{status, vms: {name: state}}``)."""
+    if ans.get("status") != "up":
+        return ans
+    out = {k: v for k, v in ans.items() if k not in ("vm_info", "host", "freecpu", "freemem", "node_info")}
+    out["vms"] = {n: vm.get("state") for n, vm in (ans.get("vm_info") or {}).items()}
+    return out
 
 
 def host_info(tgt=None, tgt_type=None, timeout=None):
@@ -260,6 +290,7 @@ def host_info(tgt=None, tgt_type=None, timeout=None):
         salt-run virt.host_info
     """
     try:
+        _operator("virt.host_info")
         return _out(_gather("virt.host_info", tgt, tgt_type, timeout))
     except SaltException as exc:
         return _failed(exc)
@@ -284,6 +315,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
     """
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
+        _operator("virt.next_host")
         disk, note = vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
@@ -316,6 +348,7 @@ def init(
     wait=None,
     wait_timeout=300,
     affinity=None,
+    tenant=None,
     **kwargs,
 ):
     """
@@ -333,6 +366,12 @@ def init(
         soft affinity terms for the placement (``[{group: db, weight: 2}]``; see ``virt.next_host``).
     minion_id
         the new minion's id (default: the VM name).
+    image
+        a name from the operator's image catalog (``virt:catalog``: source, checksum and size come
+        from it), or a ``salt://``/``https://`` source (operators only).
+    tenant
+        operators only: create the VM for this tenant (its quota, hypervisors, <metadata> owner). A
+        tenant member's VMs always belong to its own tenant (see docs/topics/tenants.md).
     wait / wait_timeout
         ``wait=ip``: return once the VM has an IP address on one of its NICs (``vm_info``: guest agent,
         DHCP lease or ARP, named as the source); ``wait=minion``: once its own minion answers
@@ -362,13 +401,17 @@ def init(
     try:
         validate.vm_name(name)
         hypervisors.refuse_vm_id(__opts__, name, minion_id)  # a VM is never taken for a hypervisor
+        who = _who()
+        module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+        owner, image, entry = _tenancy(
+            who, tenant, image, module_kwargs, name=name, minion_id=minion_id, host=host, tgt=tgt, tgt_type=tgt_type
+        )
         wait, wait_timeout = vmwait.check(wait, wait_timeout, start)
         seed = validate.to_bool(seed)
         cfg = _cfg(tgt, tgt_type)
-        disk, _note = vmcreate.image_mib(__opts__, image, saltenv)
+        disk, _note = (entry["min_size"], "catalog") if entry else vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"))
-        module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
         compat.refuse_connection_args(module_kwargs, "salt-run virt.init")
         vmcreate.refuse_sealed_args(module_kwargs)
         compat.refuse_operator_switches(module_kwargs)
@@ -381,7 +424,12 @@ def init(
             enable_vnc=validate.to_bool(enable_vnc),
             start=validate.to_bool(start),
             saltenv=saltenv,
+            owner=owner["meta"],
         )
+        if entry:  # the catalog's checksum is verified by the hypervisor before any (cached) copy is used
+            module_kwargs["checksum"] = entry["checksum"]
+            for key in ("nic", "disk"):
+                module_kwargs.setdefault(key, entry["profile"])
         with _client() as client:
             created = vmcreate.create(
                 __opts__,
@@ -398,6 +446,7 @@ def init(
                 client=client,
                 progress=progress,
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
+                tenant=owner["quota"],
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
                 created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)
@@ -411,6 +460,86 @@ def init(
     if isinstance(created, dict):
         created["timeline"] = progress.timeline
     return _out(created)
+
+
+def _tenancy(who, tenant, image, module_kwargs, **call):
+    """What ``virt.init`` does for caller ``who``: ``({meta, quota}, image source, catalog entry)``. A tenant
+    member creates in its own tenant, from its catalog images, with what the operator gave it; an operator
+    may name ``tenant=`` (its quota and hypervisors apply) and any image."""
+    conf = tenants.config(__opts__)
+    if not who.operator:
+        if tenant not in (None, who.tenant):
+            raise SaltInvocationError(f"user {who.user} is in tenant {who.tenant}: tenant={tenant} is refused")
+        tenant = who.tenant
+        tconf = conf["tenants"][tenant]
+        tenants.check_init(tconf, tenant, dict(module_kwargs, host=call.get("host")))
+        if call.get("minion_id") not in (None, call["name"]):
+            raise SaltInvocationError(f"tenant {tenant}: a VM's minion id is its name (minion_id= is refused)")
+        entry, image = catalog.resolve(__opts__, image, tenant, tconf["images"])
+    else:
+        if tenant is not None and tenant not in conf["tenants"]:
+            raise SaltInvocationError(f"no tenant named {tenant!r} in virt:tenants")
+        entry, image = catalog.resolve(__opts__, image)
+    if tenant is None:
+        return {"meta": {"creator": who.user}, "quota": None}, image, entry
+    tconf = conf["tenants"][tenant]
+    return (
+        {
+            "meta": {"tenant": tenant, "creator": who.user},
+            "quota": {
+                "name": tenant,
+                "quota": tconf["quota"],
+                "allowed": lambda h: tenants.host_allowed(tconf, h),
+            },
+        },
+        image,
+        entry,
+    )
+
+
+def usage(tgt=None, tgt_type=None, timeout=None):
+    """
+    Each tenant's usage against its quota (vCPUs, memory MiB, disk MiB, VMs), with a text bar per
+    resource, counted as ``virt.init`` counts it (the VMs whose <metadata> name the tenant, plus
+    creations in flight). A tenant member sees its own tenant only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.usage
+        salt-run virt.usage --out=json
+    """
+    try:
+        who = _who()
+        conf = tenants.config(__opts__)["tenants"]
+        if not who.operator:
+            conf = {who.tenant: conf[who.tenant]}
+        since = time.time()
+        hosts = _gather("virt.full_info", tgt, tgt_type, timeout)
+        store = fleetstate.Store(__opts__)
+        data = quota.usage(store, hosts, conf, since, fleetstate.config(__opts__))
+        down = fleet.down_hosts(hosts)
+        if down:
+            data["_note"] = (
+                f"these hypervisors did not answer (their VMs are counted from the ledger): {', '.join(down)}"
+            )
+        return data
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def whoami():
+    """
+    Who Salt says called this job, and whether it acts as an operator or for a tenant.
+
+    CLI Example:: salt-run virt.whoami
+    """
+    try:
+        who = _who()
+    except SaltException as exc:
+        return _failed(exc)
+    return {"user": who.user, "operator": who.operator, "tenant": who.tenant, "why": who.why}
 
 
 # one VM -------------------------------------------------------------------------------------------
@@ -427,20 +556,38 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
     if not name:
         return query(tgt, tgt_type)
     try:
-        hosts = _gather("virt.full_info", tgt, tgt_type)
-        where = fleet.locate(hosts, name, host)
+        who = _who()
+        hosts = _seen(who, tgt, tgt_type)
+        where = _locate(who, hosts, name, host)
     except SaltException as exc:
         return _failed(exc)
     return _out({where: {"status": "up", "vm_info": {name: hosts[where]["vm_info"][name]}}})
 
 
+def _locate(who, hosts, name, host=None):
+    """The hypervisor of VM ``name`` among what ``who`` sees; a tenant's "no VM named X in tenant T"."""
+    if not who.operator and not any(name in (a.get("vm_info") or {}) for a in hosts.values()):
+        down = fleet.down_hosts(hosts)
+        hint = f" (these hypervisors did not answer: {', '.join(down)})" if down else ""
+        raise fleet.Failed(tenants.missing(name, who) + hint)
+    return fleet.locate(hosts, name, host)
+
+
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
-    """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer."""
+    """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer. A tenant
+    caller acts on its tenant's VMs only (found by the owner in their <metadata>)."""
     try:
         validate.vm_name(name)
+        who = _who()
         with _client() as client:
             cfg = _cfg(tgt, tgt_type)
-            where = fleet.locate(fleet.gather(__opts__, "virt.vm_state", cfg, client), name, host)
+            if who.operator:
+                where = fleet.locate(fleet.gather(__opts__, "virt.vm_state", cfg, client), name, host)
+            else:
+                seen = tenants.visible(
+                    fleet.gather(__opts__, "virt.full_info", cfg, client), who, tenants.config(__opts__)
+                )
+                where = _locate(who, seen, name, host)
             ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client)
     except SaltException as exc:
         return _failed(exc)
@@ -539,13 +686,18 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
 
     CLI Example:: salt-run virt.purge web1
     """
-    recorded = None
-    if validate.to_bool(delete_key):
-        info = vm_info(name, host, tgt, tgt_type)["data"]
-        found = [h["vm_info"][name] for h in info.values() if isinstance(h, dict) and name in (h.get("vm_info") or {})]
-        recorded = found[0].get("minion") if len(found) == 1 else None
+    try:
+        who = _who()
+    except SaltException as exc:
+        return _failed(exc)
+    info = vm_info(name, host, tgt, tgt_type)["data"]
+    found = [h["vm_info"][name] for h in info.values() if isinstance(h, dict) and name in (h.get("vm_info") or {})]
+    recorded = found[0].get("minion") if len(found) == 1 and validate.to_bool(delete_key) else None
+    owner = (found[0].get("owner") or {}) if len(found) == 1 else {}
     ret = _action(name, "virt.purge", host, tgt, tgt_type)
-    if "error" in ret["data"] and not host:
+    if "error" not in ret["data"] and owner.get("tenant"):
+        quota.forget(fleetstate.Store(__opts__), owner["tenant"], name)  # its quota entry goes with it
+    if "error" in ret["data"] and not host and who.operator:  # leftovers of any init: operators only
         try:
             with _client() as client:
                 leftovers = fleet_cleanup.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client, _store())
@@ -639,6 +791,12 @@ def migrate(
     """
     try:
         validate.vm_name(name)
+        who = _who()
+        if not who.operator:  # its own VM, to one of its hypervisors
+            host = _locate(who, _seen(who, tgt, tgt_type), name, host)
+            tconf = tenants.config(__opts__)["tenants"][who.tenant]
+            if not tenants.host_allowed(tconf, target):
+                tenants.refuse("hypervisor", target, who.tenant, tconf["hypervisors"])
         tunnel, timeout = _migration_opts(tunnel)
         with _client() as client:
             remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
@@ -683,6 +841,7 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
     """
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
+        _operator("virt.evacuate")
         tunnel, timeout = _migration_opts(tunnel)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with _client() as client:

@@ -30,6 +30,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.spec import compat
     from saltvirt.fleet import assign, hypervisors, publish as fleet
+    from saltvirt.fleet import callers, tenants
 
 __virtualname__ = "virt"
 
@@ -74,6 +75,8 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None):
         salt-run virt.provision_assigned host=hyper1 dry_run=True
     """
     try:
+        who = callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__)))
+        tenants.operator_only(who, "virt.provision_assigned")
         opts = compat.master_opts(__opts__)
         hypervisors.require(opts, host, "provisioning the VMs assigned to it")
         assigned, invalid = assign.entries(assign.host_pillar(__opts__, host, saltenv, pillarenv))

@@ -38,6 +38,7 @@ if saltvirt is not None:
     from saltvirt.spec import compat
     from saltvirt.fleet import fleetstate, leftovers, placement, publish as fleet, rebalance as _rebalance
     from saltvirt.fleet import recovery, relocate
+    from saltvirt.fleet import callers, tenants
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -67,6 +68,11 @@ def _client():
     return salt.client.get_local_client(__opts__["conf_file"])
 
 
+def _operator(fun):
+    """These functions act on whole hypervisors: operators only (the job's Salt user, never an argument)."""
+    tenants.operator_only(callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__))), fun)
+
+
 def _failed(exc):
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
@@ -85,6 +91,7 @@ def record(tgt=None, tgt_type=None):
     CLI Example:: salt-run virt.record
     """
     try:
+        _operator("virt.record")
         with _client() as client:
             remote = _remote(client, tgt, tgt_type)
             out = recovery.refresh(remote)
@@ -112,6 +119,7 @@ def recover(host, force=False, **policy):
     """
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
+        _operator("virt.recover")
         conf = _conf()
         pol = placement.make_policy(conf.get("placement"), **policy)
         with _client() as client:
@@ -133,6 +141,7 @@ def reconcile(host):
     CLI Example:: salt-run virt.reconcile hyper1
     """
     try:
+        _operator("virt.reconcile")
         with _client() as client:
             ret = recovery.reconcile(_remote(client), host)
     except SaltException as exc:
@@ -161,6 +170,7 @@ def rebalance(
     """
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
+        _operator("virt.rebalance")
         conf = _conf()
         pol = placement.make_policy(conf.get("placement"), **policy)
         with _client() as client:

@@ -32,6 +32,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.fleet import tenants as tenants_conf
 
 UNKNOWN = ("", "UNKNOWN", None)
+REACTOR = "Reactor"  # salt.utils.reactor's user for the runner jobs of reactor SLS files
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,32 @@ class Caller:
     groups: tuple = field(default=())
 
 
-def job_user(runner_globals) -> str | None:
-    """The user Salt authenticated for this runner job: the ``__user__`` global the runner client injected
-    into the runner module (pass the runner's ``globals()``). None when the job has no known user."""
-    user = runner_globals.get("__user__")
-    return None if user in UNKNOWN or not isinstance(user, str) else user
+# one function of each runner file that shares the virtualname ``virt``
+RUNNER_FACES = ("virt.init", "virt.record", "virt.provision_assigned")
+
+
+def job_user(*scopes) -> str | None:
+    """The user Salt authenticated for this runner job: the ``__user__`` global the runner client injected.
+    ``SyncClientMixin.low`` injects it into ONE module per virtualname (the first loaded function's), and
+    salt-virt's ``virt`` runner is three files: pass the runner's ``globals()`` and the other files' (see
+    :func:`runner_scopes`). None when the job has no known user; refused if two files disagree."""
+    found = set()
+    for scope in scopes:
+        user = scope.get("__user__")
+        if isinstance(user, str) and user not in UNKNOWN:
+            found.add(user)
+    if len(found) > 1:
+        raise SaltInvocationError(f"this runner job has several users ({', '.join(sorted(found))}): refused")
+    return found.pop() if found else None
+
+
+def runner_scopes(runner_globals, salt_loader):
+    """``runner_globals`` and the module globals of the ``virt`` runner's other files (``__salt__``)."""
+    scopes = [runner_globals]
+    for fun in RUNNER_FACES:
+        with contextlib.suppress(KeyError, AttributeError):
+            scopes.append(salt_loader[fun].__globals__)
+    return scopes
 
 
 def os_groups(user: str) -> tuple:
@@ -74,8 +96,9 @@ def resolve(opts, user) -> Caller:
 
     Without ``virt:tenants`` every caller is an operator (salt-virt's behaviour before tenants). With it:
     operators are ``root``, ``sudo_<name>`` (Salt's name for root through sudo), the OS user the master
-    runs as, and the users/``group%`` entries of ``virt:operators``; the others must be a member of
-    exactly one tenant. Raises SaltInvocationError for a caller Salt did not name or no tenant has."""
+    runs as, the reactor (``Reactor``), and the users/``group%`` entries of ``virt:operators``; the others
+    must be a member of exactly one tenant. Raises SaltInvocationError for a caller Salt did not name or
+    no tenant has."""
     conf = tenants_conf.config(opts)
     if not conf["tenants"]:
         return Caller(user or "UNKNOWN", True, why="virt:tenants is not configured: every caller is an operator")
@@ -87,6 +110,8 @@ def resolve(opts, user) -> Caller:
     groups = os_groups(user)
     if user == "root" or user.startswith("sudo_") or user == _process_user():
         return Caller(user, True, why="root on the master", groups=groups)
+    if user == REACTOR:
+        return Caller(user, True, why="the master's reactor (its SLS files are the operator's)")
     if tenants_conf.matches(conf["operators"], user, groups):
         return Caller(user, True, why="listed in virt:operators", groups=groups)
     found = [name for name, t in conf["tenants"].items() if tenants_conf.matches(t["members"], user, groups)]

@@ -164,3 +164,39 @@ def check_init(conf, tenant_name, kwargs):
     host = kwargs.get("host")
     if host and not host_allowed(conf, host):
         refuse("hypervisor", host, tenant_name, conf["hypervisors"])
+
+
+# what a tenant caller sees of the fleet --------------------------------------------------------------
+def owned_by(vm, tenant_name):
+    return ((vm or {}).get("owner") or {}).get("tenant") == tenant_name
+
+
+def visible(hosts, caller, conf):
+    """The part of a fleet answer (``virt.full_info`` per hypervisor) ``caller`` may see: everything for
+    an operator; for a tenant member its hypervisors (and any other holding one of its VMs) with only
+    the tenant's VMs (by the owner in their <metadata>)."""
+    if caller.operator:
+        return hosts
+    tconf = conf["tenants"][caller.tenant]
+    out = {}
+    for host, ans in hosts.items():
+        vms = (ans or {}).get("vm_info") or {}
+        mine = {n: vm for n, vm in vms.items() if owned_by(vm, caller.tenant)}
+        if mine or host_allowed(tconf, host):
+            out[host] = dict(ans, vm_info=mine) if "vm_info" in (ans or {}) else dict(ans)
+    return out
+
+
+def missing(name, caller):
+    """The one wording for a VM a tenant caller does not own (or that does not exist)."""
+    return f"no VM named {name} in tenant {caller.tenant}"
+
+
+def operator_only(caller, fun):
+    """Refuse ``fun`` (an operator's runner function) to a tenant caller."""
+    if not caller.operator:
+        raise SaltInvocationError(
+            f"{fun} is for operators: user {caller.user} is a member of tenant {caller.tenant} "
+            "(tenants use virt.init, virt.query, virt.list, virt.vm_info, virt.start/stop/..., virt.purge, "
+            "virt.migrate and virt.usage)"
+        )

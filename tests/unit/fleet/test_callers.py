@@ -69,6 +69,14 @@ def test_job_user_unknown(value):
     assert callers.job_user({}) is None
 
 
+def test_job_user_across_the_runner_files():
+    """Salt injects __user__ into one module per virtualname: whichever of the virt runner's files it is."""
+    assert callers.job_user({}, {"__user__": "alice"}, {"__user__": "UNKNOWN"}) == "alice"
+    assert callers.job_user({"__user__": "alice"}, {"__user__": "alice"}) == "alice"
+    with pytest.raises(SaltInvocationError, match="several users \\(alice, root\\): refused"):
+        callers.job_user({"__user__": "alice"}, {"__user__": "root"})
+
+
 def test_without_tenants_everyone_is_an_operator():
     who = callers.resolve({"virt": {}}, "alice")
     assert who.operator and who.tenant is None and "not configured" in who.why

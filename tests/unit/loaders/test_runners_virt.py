@@ -73,3 +73,73 @@ def test_init_refuses_a_vm_the_hypervisor_target_matches(runner, tmp_path, name,
     )
     assert ret["data"] == {"error": message, "retcode": 1}
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
+
+
+# tenants: what is refused before anything is published (the whole flow: tests/integration/test_tenants.py)
+SHA = "sha256:" + "ab" * 32
+TENANTS = {
+    "hypervisors": ["hyper1"],
+    "operators": ["carol"],
+    "tenants": {"acme": {"members": ["alice"], "quota": {"vcpus": 2}, "images": ["tiny"]}},
+    "catalog": {"tiny": {"source": "salt://images/tiny.qcow2", "checksum": SHA}},
+}
+
+
+@pytest.fixture
+def tenant_runner(runner):
+    runner.opts["virt"] = TENANTS
+
+    def call(user, fun, *args, **kwargs):
+        # what Salt's runner client does for every job: the job's user as the module global __user__
+        runner[fun].__globals__["__user__"] = user
+        return runner[fun](*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"image": "salt://images/tiny.qcow2"}, "tenant acme may use catalog images only: 'salt://images/tiny.qcow2'"),
+        ({"image": "other"}, "tenant acme may use catalog images only: 'other' is not one of its images (tiny)"),
+        ({"image": "tiny", "boot": {"kernel": "/etc/shadow"}}, "tenant acme may not pass boot to virt.init"),
+        ({"image": "tiny", "tenant": "beta"}, "user alice is in tenant acme: tenant=beta is refused"),
+        ({"image": "tiny", "minion_id": "hyper2"}, "tenant acme: a VM's minion id is its name"),
+        ({"image": "tiny", "nic": "uplink"}, "tenant acme may not use nic profile 'uplink' (allowed: default)"),
+    ],
+)
+def test_tenant_init_refusals_before_anything_happens(tenant_runner, tmp_path, kwargs, message):
+    ret = tenant_runner("alice", "virt.init", "web1", 1, 128, **kwargs)
+    assert ret["data"]["error"].startswith(message), ret
+    assert not (tmp_path / "pki").exists()  # no key generated, nothing published
+
+
+def test_callers_from_the_job_user_only(tenant_runner):
+    assert tenant_runner("alice", "virt.whoami") == {
+        "user": "alice",
+        "operator": False,
+        "tenant": "acme",
+        "why": "member of tenant acme",
+    }
+    assert tenant_runner("carol", "virt.whoami")["operator"] is True
+    refused = tenant_runner("mallory", "virt.whoami")["data"]["error"]
+    assert refused.startswith("user mallory is in no tenant and no operator")
+    refused = tenant_runner("UNKNOWN", "virt.whoami")["data"]["error"]
+    assert refused.startswith("this runner job has no authenticated user")
+
+
+@pytest.mark.parametrize("fun", ["virt.record", "virt.rebalance", "virt.provision_assigned"])
+def test_other_runner_files_see_the_user_salt_injected_into_one(runner, fun):
+    """SyncClientMixin.low puts __user__ into the first loaded module of virtualname virt only."""
+    runner.opts["virt"] = TENANTS
+    runner["virt.init"].__globals__["__user__"] = "alice"
+    assert "__user__" not in runner[fun].__globals__
+    ret = runner[fun](**({"host": "hyper1"} if fun == "virt.provision_assigned" else {}))
+    assert ret["error"].startswith(f"{fun} is for operators: user alice is a member of tenant acme"), ret
+
+
+@pytest.mark.parametrize("fun", ["virt.host_info", "virt.next_host", "virt.evacuate"])
+def test_operator_functions_refused_to_tenants(tenant_runner, fun):
+    args = ("hyper1",) if fun == "virt.evacuate" else ()
+    ret = tenant_runner("alice", fun, *args)
+    assert ret["data"]["error"].startswith(f"{fun} is for operators: user alice is a member of tenant acme")
