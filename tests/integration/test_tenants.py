@@ -1,0 +1,282 @@
+"""Tenants through a real salt-api (rest_cherrypy, ``file`` eauth) on a real salt-master, with two real
+namespaced libvirtd hypervisors (``thv1``/``thv2`` manage hv21/hv22). VMs are defined, not booted
+(``seed=False start=False``: quota and isolation need no running guest; the docs' curl walk-through
+starts one for a moment).
+
+    alice  tenant acme: quota 3 vCPUs, 3 VMs; catalog image tiny
+    bob    tenant beta: quota 4 vCPUs; catalog images tiny, other
+    carol  operator (virt:operators)
+
+Every libvirt fact is read from the hypervisors' libvirtd itself (domain XML <metadata>)."""
+
+import concurrent.futures
+import contextlib
+import hashlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import libvirt
+import pytest
+
+from tests.support import lab, saltapi
+from tests.support.paths import ROOT
+from tests.support.saltd import hypervisor_minion_config, start_minion
+
+pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
+HOSTS = ["thv1", "thv2"]
+USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
+META = "{https://github.com/salt-virt/salt-virt/metadata/1}"
+TINY = "tenant-tiny.qcow2"
+OTHER = "tenant-other.qcow2"
+
+
+def sha256(path):
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def images(state_tree):
+    """Two small qcow2 images in the master's file_roots (not bootable: these VMs are only defined)."""
+    made = {}
+    for name, size in ((TINY, "16M"), (OTHER, "8M")):
+        path = pathlib.Path(state_tree) / "images" / name
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path), size], check=True)
+        made[name] = path
+    yield made
+    for path in made.values():
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def hvs(lab_dir, fabric):
+    started = []
+    try:
+        for index in (21, 22):  # 21, 22: used by no other module
+            started.append(lab.Hypervisor(lab_dir, index, fabric).start())
+        yield dict(zip(HOSTS, started, strict=True))
+    finally:
+        for hv in started:
+            hv.stop()
+
+
+@pytest.fixture(scope="module")
+def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
+    """The master (virt:tenants, virt:catalog) behind salt-api with file eauth, two hypervisor minions."""
+    users = {
+        "alice": saltapi.User(USERS["alice"], [saltapi.RUNNER_VIRT]),
+        "bob": saltapi.User(USERS["bob"], [saltapi.RUNNER_VIRT]),
+        "carol": saltapi.User(USERS["carol"], ["@runner"]),
+    }
+    tiny = {"source": f"salt://images/{TINY}", "checksum": sha256(images[TINY]), "min_size": 16}
+    virt = {
+        # generous waits: ten concurrent inits each ask both hypervisors on a 2-core machine
+        "hypervisors": {"tgt": HOSTS, "tgt_type": "list", "timeout": 60, "gather_job_timeout": 30},
+        "operators": ["carol"],
+        "tenants": {
+            "acme": {"members": ["alice"], "quota": {"vcpus": 3, "vms": 3}, "images": ["tiny", "debian12"]},
+            "beta": {"members": ["bob"], "quota": {"vcpus": 4}, "images": ["tiny", "other"]},
+        },
+        "catalog": {
+            "tiny": tiny,
+            "debian12": tiny,  # the name the docs' curl walk-through uses
+            "other": {"source": f"salt://images/{OTHER}", "checksum": sha256(images[OTHER]), "min_size": 8},
+        },
+    }
+    workdir = tmp_path_factory.mktemp("api")
+    with saltapi.started(salt_factories, "tenant-master", state_tree, users, workdir, virt=virt) as api:
+        ret = api.master.salt_run_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
+        with contextlib.ExitStack() as stack:
+            for mid, hv in hvs.items():
+                config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{mid}-images")
+                stack.enter_context(start_minion(api.master, mid, config).started())
+            ret = api.master.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="*")
+            assert ret.returncode == 0 and sorted(ret.data) == HOSTS, ret
+            yield {"master": api.master, "url": api.url, "hvs": hvs, "api": api}
+
+
+class Session:
+    """One eauth user's runner calls through salt-api (sec's harness, tests/support/saltapi.py)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def runner(self, fun, **kwargs):
+        status, body = self.client.runner(fun, timeout=900, **kwargs)
+        assert status == 200, (fun, status, body)
+        return body
+
+
+def login(cloud, user):
+    return Session(cloud["api"].client(user))
+
+
+def libvirt_vms(cloud):
+    """``{vm: {host, tenant, creator, vcpus}}`` read from every hypervisor's libvirtd."""
+    out = {}
+    for host, hv in cloud["hvs"].items():
+        conn = libvirt.open(hv.uri)
+        try:
+            for dom in conn.listAllDomains(0):
+                root = ET.fromstring(dom.XMLDesc(0))
+                owner = root.find(f"metadata/{META}vm/{META}owner")
+                out[dom.name()] = {
+                    "host": host,
+                    "tenant": owner.get("tenant") if owner is not None else None,
+                    "creator": owner.get("creator") if owner is not None else None,
+                    "vcpus": int(root.findtext("vcpu")),
+                }
+        finally:
+            conn.close()
+    return out
+
+
+def init(session, name, image="tiny", **kwargs):
+    return session.runner("virt.init", name=name, cpu=1, mem=64, image=image, seed=False, start=False, **kwargs)
+
+
+# identity ---------------------------------------------------------------------------------------------
+def test_the_caller_is_the_eauth_user_whatever_the_call_says(cloud):
+    alice = login(cloud, "alice")
+    forged = alice.runner("virt.whoami", __user__="root", __pub_user="root", user="root", username="carol")
+    # the keywords travel as the call's kwarg: Salt drops them (whoami takes none); the job's user stays alice
+    assert forged == {"user": "alice", "operator": False, "tenant": "acme", "why": "member of tenant acme"}
+    assert login(cloud, "carol").runner("virt.whoami")["operator"] is True
+    # nothing on the hypervisors: Salt's own eauth refuses a module call by a tenant user
+    status, body = cloud["api"].client("alice").local("thv1", "virt.vm_info")
+    assert status in (401, 403), (status, body)
+
+
+def test_the_docs_curl_walk_through_runs_as_written(cloud, tmp_path):
+    """docs/topics/tenants.md: every line of its bash block, with SALTAPI pointing at this salt-api."""
+    text = (ROOT / "docs" / "topics" / "tenants.md").read_text()
+    (block,) = re.findall(r"```bash\n(.*?)```", text, re.S)
+    env = dict(os.environ, SALTAPI=cloud["url"])
+    ret = subprocess.run(
+        ["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert ret.returncode == 0, ret
+    answers = [line for line in ret.stdout.replace("}{", "}\n{").splitlines() if line.strip()]
+    assert len(answers) == 7, ret.stdout
+    assert '"host": "thv' in answers[1] and '"web1"' in answers[2] and '"acme"' in answers[3], answers
+    assert '"error":' not in ret.stdout, ret.stdout
+    assert "web1" not in libvirt_vms(cloud)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# quota, catalog, isolation ---------------------------------------------------------------------------
+def test_each_tenant_creates_until_its_quota_refuses(cloud):
+    alice, bob = login(cloud, "alice"), login(cloud, "bob")
+    for name in ("a1", "a2", "a3"):
+        ret = init(alice, name)
+        assert ret.get("host") in HOSTS, ret
+    refused = init(alice, "a4")
+    assert refused["error"].startswith("tenant acme: 3 of 3 vCPUs used, asked 1; 3 of 3 VMs used, asked 1"), refused
+    assert refused["retcode"] == 1
+    ret = bob.runner("virt.init", name="b1", cpu=3, mem=64, image="other", seed=False, start=False)
+    assert ret.get("host") in HOSTS, ret
+    refused = bob.runner("virt.init", name="b2", cpu=2, mem=64, image="tiny", seed=False, start=False)
+    assert refused["error"].startswith("tenant beta: 3 of 4 vCPUs used, asked 2"), refused
+    vms = libvirt_vms(cloud)
+    assert {n: (v["tenant"], v["creator"]) for n, v in vms.items()} == {
+        "a1": ("acme", "alice"),
+        "a2": ("acme", "alice"),
+        "a3": ("acme", "alice"),
+        "b1": ("beta", "bob"),
+    }
+
+
+def test_tenants_use_their_catalog_images_only(cloud):
+    alice = login(cloud, "alice")
+    for image in ("other", f"salt://images/{TINY}", "/var/tmp/x.qcow2"):
+        ret = init(alice, "img1", image=image)
+        assert "tenant acme may use catalog images only" in ret["error"], (image, ret)
+    ret = alice.runner("virt.init", name="img1", cpu=1, mem=64, image="tiny", boot={"kernel": "/etc/passwd"})
+    assert "tenant acme may not pass boot to virt.init" in ret["error"], ret
+    ret = init(alice, "thv2")  # its minion key would be accepted under a hypervisor's id
+    assert "the VM name 'thv2' matches virt:hypervisors" in ret["error"], ret
+    assert sorted(libvirt_vms(cloud)) == ["a1", "a2", "a3", "b1"]
+
+
+def test_a_tenant_cannot_see_or_touch_another_tenants_vms(cloud):
+    bob = login(cloud, "bob")
+    for fun, extra in [
+        ("virt.vm_info", {}),
+        ("virt.stop", {}),
+        ("virt.start", {}),
+        ("virt.pause", {}),
+        ("virt.reset", {}),
+        ("virt.purge", {}),
+        ("virt.migrate", {"target": "thv2"}),
+    ]:
+        ret = bob.runner(fun, name="a1", **extra)
+        assert ret["error"] == "no VM named a1 in tenant beta", (fun, ret)
+    seen = bob.runner("virt.list")
+    assert sorted(n for ans in seen.values() for n in ans.get("vms", {})) == ["b1"], seen
+    query = bob.runner("virt.query")
+    assert sorted(n for ans in query.values() for n in ans.get("vm_info", {})) == ["b1"]
+    assert "alice" not in str(query) and "a1" not in str(query)
+    for fun in ("virt.host_info", "virt.evacuate", "virt.rebalance", "virt.record"):
+        kwargs = {"host": "thv1"} if fun == "virt.evacuate" else {}
+        ret = bob.runner(fun, **kwargs)
+        assert ret["error"].startswith(f"{fun} is for operators: user bob is a member of tenant beta"), ret
+    assert sorted(libvirt_vms(cloud)) == ["a1", "a2", "a3", "b1"]  # nothing was touched
+
+
+def test_the_operator_sees_and_does_everything(cloud):
+    carol = login(cloud, "carol")
+    query = carol.runner("virt.query")
+    assert sorted(n for ans in query.values() for n in ans.get("vm_info", {})) == ["a1", "a2", "a3", "b1"]
+    info = carol.runner("virt.vm_info", name="a2")
+    (ans,) = info.values()
+    assert ans["vm_info"]["a2"]["owner"] == {"tenant": "acme", "creator": "alice"}
+    ret = carol.runner("virt.purge", name="a3")
+    assert "error" not in ret, ret
+    # the quota follows at once: alice may create one again
+    ret = init(login(cloud, "alice"), "a4")
+    assert ret.get("host") in HOSTS, ret
+
+
+def test_ten_concurrent_inits_never_exceed_the_quota(cloud):
+    bob = login(cloud, "bob")
+    assert "error" not in bob.runner("virt.purge", name="b1")
+
+    def one(i):
+        return init(login(cloud, "bob"), f"c{i}")
+
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(one, range(10)))
+    created = [a for a in answers if "host" in a]
+    refused = [a["error"] for a in answers if "error" in a]
+    assert len(created) == 4 and len(refused) == 6, answers
+    assert all(e.startswith("tenant beta: ") and "of 4 vCPUs used, asked 1" in e for e in refused), refused
+    beta = {n: v for n, v in libvirt_vms(cloud).items() if v["tenant"] == "beta"}
+    assert sum(v["vcpus"] for v in beta.values()) == 4 and len(beta) == 4, beta
+    assert {v["host"] for v in beta.values()} <= set(HOSTS)
+
+
+def test_usage_per_tenant(cloud):
+    master = cloud["master"]
+    ret = master.salt_run_cli(timeout=300).run("virt.usage")
+    assert ret.returncode == 0, ret
+    assert ret.data["acme"]["vcpus"] == {"used": 3, "quota": 3, "bar": "vCPUs: [####################] 3 of 3"}
+    assert ret.data["acme"]["vms"]["used"] == 3 and ret.data["acme"]["mem"]["quota"] is None
+    assert ret.data["beta"]["vcpus"]["used"] == 4 and ret.data["beta"]["vm_names"] == sorted(
+        n for n, v in libvirt_vms(cloud).items() if v["tenant"] == "beta"
+    )
+    text = subprocess.run(
+        [str(pathlib.Path(sys.executable).parent / "salt-run"), "-c", str(master.config_dir), "virt.usage"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "vCPUs: [####################] 3 of 3" in text.stdout, text
+    assert "memory: 192 (no quota)" in text.stdout or "MiB memory: 192 (no quota)" in text.stdout, text.stdout
+    # a tenant sees its own line only
+    assert sorted(login(cloud, "alice").runner("virt.usage")) == ["acme"]
