@@ -273,6 +273,7 @@ def init(
             cloud_init=cloud_init,
             minion_install=_cfg("virt:minion_install", None),
             guest_agent=guest_agent,
+            owner=owner,
             **spec_args,
         )
     if warnings:

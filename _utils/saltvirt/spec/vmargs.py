@@ -112,7 +112,7 @@ ARGS = (
     Arg("host_devices", None, "list", "node devices to pass through (PCI, USB)", state=GIVEN, update=True,
         spec=True),
     Arg("owner", None, "{tenant, creator}", "the VM's tenant and creator, kept in its <metadata>", REFUSE,
-        spec=True, refusal="salt-run virt.init records the tenant and the caller Salt authenticated"),
+        refusal="salt-run virt.init records the tenant and the caller Salt authenticated"),
 )  # fmt: skip
 BY_NAME = {a.name: a for a in ARGS}
 NAMES = tuple(a.name for a in ARGS)  # virt.init's arguments, in its signature's order

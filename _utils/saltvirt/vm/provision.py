@@ -165,6 +165,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     allowed_paths=(),
     cloud_init=None,
     minion_install=None,
+    owner=None,
     **spec_args,
 ):
     progress = progress or _no_progress
@@ -207,6 +208,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         profiles=profiles,
         allowed_paths=allowed_paths,
         cloud_init=cloud_init,
+        owner=owner,  # not a SPEC_ARG: only salt-run virt.init sets it (saltvirt.spec.vmargs refuses it from calls)
         **spec_args,
     )
     plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)

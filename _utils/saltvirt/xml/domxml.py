@@ -546,7 +546,7 @@ def _guest_agent(devices):
     return None
 
 
-def owner(root):
+def owner(root: ET.Element) -> dict | None:
     """``{tenant, creator}`` salt-run virt.init recorded in the domain's <metadata>, or None."""
     el = root.find(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}owner")
     if el is None:
