@@ -9,6 +9,8 @@ Rules kept here:
 * a qcow2 overlay always records its backing format (``-F``): qemu must never probe a backing file.
 """
 
+from collections.abc import Iterable
+from typing import Any
 import contextlib
 import datetime
 import fcntl
@@ -21,6 +23,7 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Data
 from saltvirt.base import tools, validate
 from saltvirt.base.fsutil import atomic_write
 from saltvirt.spec.vmspec import DISK_FORMATS  # noqa: F401 - images.DISK_FORMATS is part of its face
@@ -83,7 +86,7 @@ def _disk_format(fmt, what="disk format"):
 
 
 # inspection ------------------------------------------------------------------------------------
-def image_info(path, fmt=None):
+def image_info(path: str, fmt: str | None = None) -> Data:
     """Format, sizes and the full backing chain of ``path`` (read with ``-U``: works while in use).
     Pass ``fmt`` whenever it is known (qemu then never guesses; untrusted images go through
     :mod:`saltvirt.storage.intake`, which decides the format itself).
@@ -122,7 +125,7 @@ def image_info(path, fmt=None):
     }
 
 
-def qcow2_backing(path):
+def qcow2_backing(path: str) -> str | None:
     """The backing file named in a qcow2 header (absolute), or None. Reads 4 KiB; no qemu, no locks."""
     try:
         with open(path, "rb") as fh:
@@ -144,7 +147,7 @@ def qcow2_backing(path):
 _FLOCK = "hh4xqqi4x"  # struct flock (Linux x86_64/aarch64): type, whence, start, len, pid
 
 
-def held_qemu_locks(path, offsets=(101, 201)):
+def held_qemu_locks(path: str, offsets: Iterable[int] = (101, 201)) -> list[int]:
     """Which of qemu's lock bytes other processes hold on ``path``: 101 = someone (a running VM) may
     write it, 201 = someone forbids writers (e.g. a VM reading it as a qcow2 backing file)."""
     fd = os.open(path, os.O_RDONLY)
@@ -184,7 +187,7 @@ def _now():
 
 
 # create ----------------------------------------------------------------------------------------
-def clone(src, dst, overlay=False, fmt=None, src_fmt=None):
+def clone(src: str, dst: str, overlay: bool = False, fmt: str | None = None, src_fmt: str | None = None) -> Data:
     """Copy ``src`` to the new file ``dst`` (full copy) or create ``dst`` as a qcow2 overlay on it.
 
     ``src_fmt``: the source's format as :func:`saltvirt.storage.intake.probe` decided it (never guessed then).
@@ -223,7 +226,7 @@ def clone(src, dst, overlay=False, fmt=None, src_fmt=None):
     }
 
 
-def create_disk(path, size_mb, fmt="qcow2"):
+def create_disk(path: str, size_mb: Any, fmt: str = "qcow2") -> Data:
     """Create a new blank disk (sparse) of ``size_mb`` MiB. Never overwrites."""
     started = time.monotonic()
     size = validate.positive_int(size_mb, "disk size (MiB)")
@@ -241,7 +244,7 @@ def create_disk(path, size_mb, fmt="qcow2"):
     }
 
 
-def resize(path, size_mb, fmt=None):
+def resize(path: str, size_mb: Any, fmt: str | None = None) -> Data:
     """Grow ``path`` to ``size_mb`` MiB (the filesystem inside is not touched). Never shrinks."""
     size = validate.positive_int(size_mb, "disk size (MiB)")
     info = image_info(path, fmt)
@@ -273,7 +276,7 @@ def _locked(vm_dir):
         os.close(fd)
 
 
-def load_manifest(vm_dir, strict=False):
+def load_manifest(vm_dir: str, strict: bool = False) -> Any:
     path = _manifest_file(vm_dir)
     if not os.path.lexists(path):
         return None
@@ -309,7 +312,7 @@ def _inside(vm_dir, path):
     return validate.is_inside(path, vm_dir) and not os.path.islink(path)
 
 
-def record_owned(vm_dir, vm_name, files, vm_uuid=None):
+def record_owned(vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str | None = None) -> Data:
     """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600)."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
@@ -335,7 +338,7 @@ def record_owned(vm_dir, vm_name, files, vm_uuid=None):
     return manifest
 
 
-def set_uuid(vm_dir, uuid):
+def set_uuid(vm_dir: str, uuid: str) -> Data:
     """Bind the manifest to the libvirt uuid of the VM once it is defined."""
     with _locked(vm_dir):
         manifest = load_manifest(vm_dir, strict=True)
@@ -348,7 +351,7 @@ def set_uuid(vm_dir, uuid):
     return manifest
 
 
-def record_owned_extra(vm_dir, vm_name, key, items, vm_uuid=None):
+def record_owned_extra(vm_dir: str, vm_name: str, key: str, items: Iterable[Data], vm_uuid: str | None = None) -> Data:
     """Record other things this VM created (``key``: e.g. ``volumes``, a list of dicts) in its manifest."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
@@ -368,7 +371,7 @@ def record_owned_extra(vm_dir, vm_name, key, items, vm_uuid=None):
     return manifest
 
 
-def owned_extra(vm_dir, vm_name, key, vm_uuid=None):
+def owned_extra(vm_dir: str, vm_name: str, key: str, vm_uuid: str | None = None) -> list[Data]:
     """The ``key`` entries of this VM's manifest ([] when it is not this VM's)."""
     if not os.path.isdir(vm_dir):
         return []
@@ -378,7 +381,7 @@ def owned_extra(vm_dir, vm_name, key, vm_uuid=None):
     return [i for i in manifest.get(key) or [] if isinstance(i, dict)]
 
 
-def forget_extra(vm_dir, vm_name, key, items, vm_uuid=None):
+def forget_extra(vm_dir: str, vm_name: str, key: str, items: Iterable[Data], vm_uuid: str | None = None) -> None:
     """Drop ``items`` from the manifest's ``key`` (they are gone); the manifest and the empty directory
     go when nothing is left."""
     with _locked(vm_dir):
@@ -391,7 +394,7 @@ def forget_extra(vm_dir, vm_name, key, items, vm_uuid=None):
         _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
 
 
-def owned_files(vm_dir, vm_name, vm_uuid=None):
+def owned_files(vm_dir: str, vm_name: str, vm_uuid: str | None = None) -> list[str]:
     """Files the manifest lists for this VM that really are inside ``vm_dir`` (no symlink escapes)."""
     if not os.path.isdir(vm_dir):
         return []
@@ -401,10 +404,10 @@ def owned_files(vm_dir, vm_name, vm_uuid=None):
     return [f for f in manifest["files"] if _inside(vm_dir, f)]
 
 
-def backing_chain(path, limit=64):
+def backing_chain(path: str, limit: int = 64) -> list[str]:
     """Every file below ``path`` in its qcow2 backing chain (realpaths, nearest first), read from the
     headers (no qemu, no locks); stops at a loop or after ``limit`` links."""
-    chain, seen = [], {os.path.realpath(path)}
+    chain, seen = [], {os.path.realpath(path)}  # type: list[str], set[str]
     backing = qcow2_backing(path)
     while backing and len(chain) < limit:
         real = os.path.realpath(backing)
@@ -416,27 +419,27 @@ def backing_chain(path, limit=64):
     return chain
 
 
-def image_files(root):
+def image_files(root: str) -> list[str]:
     """Every regular file below ``root`` at any depth (symlinks neither followed nor listed)."""
-    out = []
+    out: list[str] = []
     for folder, dirs, files in os.walk(root, followlinks=False):
         dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
         out.extend(p for p in (os.path.join(folder, f) for f in files) if os.path.isfile(p) and not os.path.islink(p))
     return out
 
 
-def backing_users(images_root):
+def backing_users(images_root: str) -> dict[str, list[str]]:
     """``{backing file (realpath): [images that back onto it]}`` for every qcow2 file below
     ``images_root``, at any depth, over the whole chain (an overlay of an overlay keeps the base too):
     header reads only."""
-    users = {}
+    users: dict[str, list[str]] = {}
     for path in image_files(images_root):
         for backing in backing_chain(path):
             users.setdefault(backing, []).append(os.path.realpath(path))
     return users
 
 
-def remove_owned(vm_dir, vm_name, vm_uuid, candidate_paths):  # noqa: C901, PLR0912 - every refusal reason in one place
+def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths: Iterable[str]) -> Data:  # noqa: C901, PLR0912 - every refusal reason in one place
     """Delete those of ``candidate_paths`` this VM owns and nothing else backs onto.
 
     Returns ``{'removed': [paths], 'kept': {path: reason}}``. The manifest and ``vm_dir`` go away only

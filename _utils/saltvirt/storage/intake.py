@@ -19,6 +19,8 @@ through before ``virt.init`` clones it. Images are untrusted input.
   ``virt.purge`` runs it after removing a VM, ``virt.image_gc`` runs it on demand.
 """
 
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 import base64
 import contextlib
 import fcntl
@@ -36,6 +38,7 @@ import urllib.request
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import fsutil, validate
 from saltvirt.host.conn import libvirt
 from saltvirt.storage import images
@@ -69,7 +72,7 @@ _QCOW2_EXTERNAL_DATA = 1 << 2
 
 
 # URLs --------------------------------------------------------------------------------------------
-def redact(url):
+def redact(url: str) -> str:
     """``url`` without user:password (for messages, events, logs and metadata)."""
     if not isinstance(url, str) or "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
         return url
@@ -78,7 +81,7 @@ def redact(url):
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
-def parse_checksum(checksum):
+def parse_checksum(checksum: Any) -> tuple[str, str] | None:
     """``'sha256:<hex>'`` / ``'sha512:<hex>'`` -> ``(algorithm, hex)``; None -> None."""
     if checksum in (None, ""):
         return None
@@ -98,7 +101,14 @@ def _max_bytes(max_mib):
 
 
 # fetch -------------------------------------------------------------------------------------------
-def fetch(image, cache_dir, cache_file=None, *, allow_http=False, max_image_mib=None):
+def fetch(
+    image: str,
+    cache_dir: str,
+    cache_file: Callable[[str], Any] | None = None,
+    *,
+    allow_http: bool = False,
+    max_image_mib: Any = None,
+) -> str:
     """A local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
 
     ``cache_file`` is Salt's ``cp.cache_file`` (salt:// URLs). Downloads go to ``cache_dir`` and are
@@ -273,7 +283,7 @@ def _same_remote(meta, fresh):
 
 
 # checksum ----------------------------------------------------------------------------------------
-def verify_checksum(path, checksum, source):
+def verify_checksum(path: str, checksum: Any, source: str) -> str | None:
     """Raise unless ``path`` has the digest ``checksum`` names (a download's recorded digest is reused)."""
     parsed = parse_checksum(checksum)
     if parsed is None:
@@ -291,7 +301,7 @@ def verify_checksum(path, checksum, source):
 
 
 # format ------------------------------------------------------------------------------------------
-def sniff(path):
+def sniff(path: str) -> str:
     """The format the header of ``path`` claims: 'qcow2', 'raw', or the name of another format
     ('vmdk', 'vmdk descriptor', 'qcow (v1)', ...). Reads the first 64 KiB; runs no tool."""
     with open(path, "rb") as fh:
@@ -331,7 +341,7 @@ def _qemu_info(path, fmt, chain=False):
     return data[0] if isinstance(data, list) else data
 
 
-def probe(path, source=None, trusted=False):
+def probe(path: str, source: str | None = None, trusted: bool = False) -> Data:
     """Decide and check the format of the local image ``path``. Returns ``{path, format,
     virtual_size, actual_size}``; raises SaltInvocationError naming what is wrong."""
     path = os.path.abspath(images._existing_image(path, "image"))
@@ -382,16 +392,16 @@ def probe(path, source=None, trusted=False):
 
 
 def accept(
-    image,
-    cache_dir,
-    cache_file=None,
+    image: str,
+    cache_dir: str,
+    cache_file: Callable[[str], Any] | None = None,
     *,
-    checksum=None,
-    allow_http=False,
-    max_image_mib=None,
-    trusted=False,
-    roots=None,
-):
+    checksum: Any = None,
+    allow_http: bool = False,
+    max_image_mib: Any = None,
+    trusted: bool = False,
+    roots: Any = None,
+) -> Data:
     """Fetch ``image`` (any source), verify ``checksum`` and check its format: the only way an image
     enters salt-virt. Returns :func:`probe`'s dict plus ``source`` (redacted) and ``checksum``.
 
@@ -419,7 +429,7 @@ def accept(
     return dict(info, source=redact(image), checksum=verified, trusted=trusted)
 
 
-def confine_local(image, roots):
+def confine_local(image: str, roots: Sequence[str | None]) -> None:
     """A local image path (no ``scheme://``) must lie inside ``roots`` (``virt:images`` and the
     operator's ``virt:allowed_paths``) after resolving symlinks: otherwise ``image=/etc/shadow`` would
     become a VM's disk. ``roots=None`` (no directories given) refuses every local path."""
@@ -440,7 +450,7 @@ def _forget(local, cache_dir):
 
 # cached bases ------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def bases_lock(images_dir):
+def bases_lock(images_dir: str) -> Iterator[str]:
     """Exclusive lock on ``<images>/.bases`` held while a base is chosen and an overlay is created on
     it, and while :func:`gc_bases` runs: a base is never collected between the two."""
     bases = os.path.join(images_dir, BASES_DIR)
@@ -476,7 +486,7 @@ def _domain_disks(conn):
     return out
 
 
-def references(images_dir, conn=None):
+def references(images_dir: str, conn: Conn = None) -> dict[str, list[str]]:
     """``{file (realpath): [who uses it]}``: every file a domain on this host (``conn``: defined or
     running, wherever its disks live), an ownership manifest under ``images_dir`` or any image below
     ``images_dir`` (any depth) uses, with the whole backing chain of each (qcow2 headers). A file
@@ -491,7 +501,7 @@ def references(images_dir, conn=None):
             tops += [(owned, f"manifest {path}") for owned in listed if os.path.exists(owned)]
         else:
             tops.append((path, f"image {path}"))
-    refs = {}
+    refs: dict[str, list[str]] = {}
     for path, who in tops:
         refs.setdefault(os.path.realpath(path), []).append(who)
         for backing in images.backing_chain(path):
@@ -499,13 +509,13 @@ def references(images_dir, conn=None):
     return refs
 
 
-def gc_bases(images_dir, cache=False, conn=None):
+def gc_bases(images_dir: str, cache: bool = False, conn: Conn = None) -> Data:
     """Remove cached bases (``<images>/.bases/*``) that nothing on this host uses (:func:`references`:
     libvirt's domains through ``conn``, the ownership manifests, every image under ``images_dir``, each
     with its whole backing chain); with ``cache=True`` also the http(s) download cache
     (``<images>/.cache``), which only speeds up the next ``virt.init`` of the same URL.
     Returns ``{removed: [paths], kept: [paths]}``."""
-    removed, kept = [], []
+    removed, kept = [], []  # type: list[str], list[Any]
     if os.path.isdir(os.path.join(images_dir, BASES_DIR)):
         with bases_lock(images_dir) as bases:
             while True:  # a base removed may have been the last user of the base below it

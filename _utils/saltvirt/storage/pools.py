@@ -2,6 +2,7 @@
 ``saltvirt.xml.poolxml``; generic define/start/stop/autostart of pools is shared with networks in
 ``saltvirt.host.netpool``)."""
 
+from typing import Any
 import base64
 import binascii
 import contextlib
@@ -11,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import validate
 from saltvirt.xml import domxml, poolxml
 from saltvirt.host import netpool
@@ -24,12 +26,12 @@ def _usage_type(secret_type):
     return libvirt.VIR_SECRET_USAGE_TYPE_CEPH if secret_type == "ceph" else libvirt.VIR_SECRET_USAGE_TYPE_ISCSI
 
 
-def secret_usage(pool_name):
+def secret_usage(pool_name: str) -> str:
     """The usage name of the secret a pool_define with a password makes (and pool_undefine removes)."""
     return f"pool_{pool_name}"
 
 
-def pool_secret(conn, spec, test=False):
+def pool_secret(conn: Conn, spec: Data, test: bool = False) -> tuple[Data, bool]:
     """``spec`` with a source_auth password moved into a libvirt secret (made when missing, its value set;
     an existing secret referenced by the current definition is reused). Returns (spec, changed)."""
     auth = spec["source"].get("auth")
@@ -87,12 +89,12 @@ def _drop_secret(conn, pool_xml, name):
     return True
 
 
-def start_pool(conn, name, build=True):
+def start_pool(conn: Conn, name: str, build: bool = True) -> bool:
     """Start a pool, building it first (see netpool.start). False when it was running already."""
     return netpool.start(conn, "pool", name, build=build)
 
 
-def define_pool(conn, spec, transient=False, start=True):
+def define_pool(conn: Conn, spec: Data, transient: bool = False, start: bool = True) -> bool:
     """Salt's ``pool_define``: define (or, ``transient``, create running) a new pool. Returns True."""
     if netpool.lookup(conn, "pool", spec["name"]) is not None:
         raise SaltInvocationError(
@@ -110,7 +112,7 @@ def define_pool(conn, spec, transient=False, start=True):
     return True
 
 
-def update_pool(conn, spec, test=False):
+def update_pool(conn: Conn, spec: Data, test: bool = False) -> bool:
     """Salt's ``pool_update``: redefine when the declared fields differ (uuid and undeclared fields kept).
     Returns whether it (would have) changed."""
     obj = netpool.get(conn, "pool", spec["name"])
@@ -124,7 +126,14 @@ def update_pool(conn, spec, test=False):
     return bool(diff) or secret_changed
 
 
-def ensure_pool(conn, spec, autostart=True, run=False, transient=False, test=False):
+def ensure_pool(
+    conn: Conn,
+    spec: Data,
+    autostart: bool | None = True,
+    run: bool = False,
+    transient: bool = False,
+    test: bool = False,
+) -> Data:
     """The ``virt.pool_defined`` / ``pool_running`` states (see netpool.ensure), with source_auth secrets
     and transient pools. Returns {'changes', 'comment'}; changes never hold a password."""
     name = spec["name"]
@@ -157,7 +166,7 @@ def ensure_pool(conn, spec, autostart=True, run=False, transient=False, test=Fal
     return done
 
 
-def pool_info(conn, name=None):
+def pool_info(conn: Conn, name: str | None = None) -> dict[str, Data]:
     """Salt's ``pool_info`` keys (uuid, state, capacity, allocation, free, autostart, persistent,
     target_path, type) plus ours (target, active, available, source, permissions)."""
     out = {}
@@ -184,18 +193,18 @@ def _call(conn, name, action, func):
     return True
 
 
-def build_pool(conn, name):
+def build_pool(conn: Conn, name: str) -> Any:
     return _call(conn, name, "build", lambda o: o.build(0))
 
 
-def refresh_pool(conn, name):
+def refresh_pool(conn: Conn, name: str) -> Any:
     obj = netpool.get(conn, "pool", name)
     if not obj.isActive():
         raise CommandExecutionError(f"pool {name!r} is not running: start it (virt.pool_start) to refresh it")
     return _call(conn, name, "refresh", lambda o: o.refresh(0))
 
 
-def delete_pool(conn, name):
+def delete_pool(conn: Conn, name: str) -> Any:
     """Delete what build made (the target directory, the volume group): the pool must be stopped."""
     obj = netpool.get(conn, "pool", name)
     if obj.isActive():
@@ -203,7 +212,7 @@ def delete_pool(conn, name):
     return _call(conn, name, "delete", lambda o: o.delete(libvirt.VIR_STORAGE_POOL_DELETE_NORMAL))
 
 
-def undefine_pool(conn, name):
+def undefine_pool(conn: Conn, name: str) -> bool:
     obj = netpool.get(conn, "pool", name)
     xml = obj.XMLDesc(0)
     netpool.undefine(conn, "pool", name)
@@ -211,14 +220,14 @@ def undefine_pool(conn, name):
     return True
 
 
-def delete_all(conn, name, purge=False, test=False):
+def delete_all(conn: Conn, name: str, purge: bool = False, test: bool = False) -> tuple[Data | None, list[str]]:
     """The ``virt.pool_deleted`` state: (purge: delete its volumes, stop, delete) and undefine.
     Returns (changes in Salt's shape, list of unsupported actions)."""
     obj = netpool.lookup(conn, "pool", name)
     if obj is None:
         return None, []
     ptype = ET.fromstring(obj.XMLDesc(0)).get("type")
-    changes = {"stopped": False, "deleted": False, "undefined": False, "deleted_volumes": []}
+    changes: Data = {"stopped": False, "deleted": False, "undefined": False, "deleted_volumes": []}
     unsupported = []
     if obj.isActive():
         if purge:
@@ -275,7 +284,7 @@ def _parse_caps(xml):
     return out
 
 
-def capabilities(conn):
+def capabilities(conn: Conn) -> Data:
     """Salt's ``pool_capabilities``: {computed, pool_types: [{name, supported, options}]}."""
     try:
         return {"computed": False, "pool_types": _parse_caps(conn.getStoragePoolCapabilities(0))}
@@ -286,14 +295,14 @@ def capabilities(conn):
 
 
 # volumes ------------------------------------------------------------------------------------------
-def running_pool(conn, pool):
+def running_pool(conn: Conn, pool: str) -> Any:
     obj = netpool.get(conn, "pool", pool)
     if not obj.isActive():
         raise CommandExecutionError(f"pool {pool!r} is not running: start it (virt.pool_start {pool})")
     return obj
 
 
-def lookup_volume(conn, pool, name):
+def lookup_volume(conn: Conn, pool: str, name: str) -> Any:
     obj = running_pool(conn, pool)
     try:
         return obj.storageVolLookupByName(name)
@@ -303,14 +312,14 @@ def lookup_volume(conn, pool, name):
         raise CommandExecutionError(f"looking up volume {name!r} in pool {pool!r}: {exc.get_error_message()}") from None
 
 
-def get_volume(conn, pool, name):
+def get_volume(conn: Conn, pool: str, name: str) -> Any:
     vol = lookup_volume(conn, pool, name)
     if vol is None:
         raise CommandExecutionError(f"volume {name!r} does not exist in pool {pool!r}")
     return vol
 
 
-def create_volume_xml(conn, pool, xml):
+def create_volume_xml(conn: Conn, pool: str, xml: str) -> Any:
     """Create a volume from XML in a running pool; an existing name is an error (nothing overwritten)."""
     try:
         name = ET.fromstring(xml).findtext("name")
@@ -327,7 +336,7 @@ def create_volume_xml(conn, pool, xml):
         return obj.createXML(xml, 0)
 
 
-def define_volume(conn, pool, spec):
+def define_volume(conn: Conn, pool: str, spec: Data) -> bool:
     """Salt's ``volume_define``: a new volume (logical pools allocate it fully, as LVM does)."""
     obj = running_pool(conn, pool)
     if ET.fromstring(obj.XMLDesc(0)).get("type") == "logical":
@@ -336,7 +345,7 @@ def define_volume(conn, pool, spec):
     return True
 
 
-def delete_volume(conn, pool, name):
+def delete_volume(conn: Conn, pool: str, name: str) -> bool:
     vol = get_volume(conn, pool, name)
     try:
         vol.delete(0)
@@ -368,7 +377,9 @@ def _delete_partition(conn, pool, name):
     return True
 
 
-def upload_volume(conn, pool, name, path, offset=0, length=0, sparse=False):
+def upload_volume(
+    conn: Conn, pool: str, name: str, path: str, offset: int = 0, length: int = 0, sparse: bool = False
+) -> bool:
     """Salt's ``volume_upload``: write a local file into a volume at ``offset`` (``length`` bytes, 0: all)."""
     validate.absolute_path(path, "file")
     if not os.path.isfile(path):
@@ -414,12 +425,12 @@ def _domain_disk_paths(conn):
     return out
 
 
-def volume_infos(conn, pool=None, volume=None):
+def volume_infos(conn: Conn, pool: str | None = None, volume: str | None = None) -> dict[str, Data]:
     """Salt's ``volume_infos``: {pool: {volume: {type, key, path, capacity, allocation, used_by,
     backing_store, format}}} over running pools (empty pools left out)."""
     disks = _domain_disk_paths(conn)
     pools = [p for p in conn.listAllStoragePools(0) if p.isActive() and (pool is None or p.name() == pool)]
-    backing = {}
+    backing: Data = {}
     result = {}
     for pobj in pools:
         vols = {}
@@ -452,7 +463,7 @@ def volume_infos(conn, pool=None, volume=None):
     return result
 
 
-def ensure_volume(conn, pool, spec, test=False):
+def ensure_volume(conn: Conn, pool: str, spec: Data, test: bool = False) -> Data:
     """The ``virt.volume_defined`` state: {'result', 'changes', 'comment'} (Salt's comments)."""
     if netpool.lookup(conn, "pool", pool) is None:
         raise SaltInvocationError(f"Storage pool {pool} not existing")

@@ -3,6 +3,8 @@ them against the pool, creating the volume (blank, or the image written into it:
 the same intake as file disks, ``images.fetch``), and the VM's ownership of the volumes it created, kept
 in the VM's manifest (``<images>/<vm>/.salt-virt.json``, key ``volumes``) so purge deletes only those."""
 
+from collections.abc import Iterable
+from typing import Any
 import contextlib
 import os
 import re
@@ -10,6 +12,7 @@ import subprocess
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.xml import poolxml
 from saltvirt.storage import images, pools as storage
 from saltvirt.host.conn import lv_errors
@@ -30,7 +33,7 @@ def _next_partition(pool_obj):
     return f"{device}{sep}{min(i for i in range(1, len(used) + 2) if i not in used)}"
 
 
-def resolve(conn, disks):
+def resolve(conn: Conn, disks: Any) -> Any:
     """Check the pool disks of a spec against their pools and fill in what depends on the pool: the
     format (qcow2 on file pools, raw elsewhere, unless given) and a disk pool's partition name. An
     existing volume is refused unless the disk names it with ``source_file`` (then it is attached)."""
@@ -66,7 +69,9 @@ def resolve(conn, disks):
     return disks
 
 
-def create(conn, disk, image=None, src_fmt=None, stage_dir=None):
+def create(
+    conn: Conn, disk: Any, image: str | None = None, src_fmt: str | None = None, stage_dir: str | None = None
+) -> Data:
     """Create ``disk``'s volume (``image``: a local file from images.fetch, written into it). Sets
     ``disk.path``; returns {name, pool, volume, path, format, key, size}. ``src_fmt``: the image's format
     as the intake decided it (never guessed again). ``stage_dir``: the disk is
@@ -81,7 +86,7 @@ def create(conn, disk, image=None, src_fmt=None, stage_dir=None):
     file_pool = _pool_type(storage.running_pool(conn, disk.pool)) in FILE_POOLS
     # only file pools take an image format; a partition, LV, rbd image ... is raw data with its own types
     spec = poolxml.volume_spec(disk.volume, size, format=disk.format if file_pool else None)
-    vol = storage.define_volume(conn, disk.pool, spec) and storage.get_volume(conn, disk.pool, disk.volume)
+    vol: Any = storage.define_volume(conn, disk.pool, spec) and storage.get_volume(conn, disk.pool, disk.volume)
     try:
         disk.path = vol.path()
         made = {
@@ -106,7 +111,7 @@ def create(conn, disk, image=None, src_fmt=None, stage_dir=None):
     return made
 
 
-def finish_staged(made, disk):
+def finish_staged(made: Data, disk: Any) -> None:
     """Write the seeded staging file into its volume and remove it."""
     try:
         _write_image(made["staged"], disk.format, made["path"], disk.format)
@@ -127,7 +132,7 @@ def _write_image(src, src_fmt, dst, fmt):
         raise CommandExecutionError(f"writing {src} into volume {dst} failed: {proc.stderr.strip()}")
 
 
-def delete(conn, made):
+def delete(conn: Conn, made: Data) -> None:
     """Undo of create (init failed later)."""
     if made.get("staged"):
         with contextlib.suppress(FileNotFoundError):
@@ -138,14 +143,14 @@ def delete(conn, made):
 
 
 # ownership ----------------------------------------------------------------------------------------
-def record(vm_dir, vm_name, made, vm_uuid=None):
+def record(vm_dir: str, vm_name: str, made: Data, vm_uuid: str | None = None) -> Data:
     """Add volumes this VM created to its manifest (next to the files it owns)."""
     return images.record_owned_extra(
         vm_dir, vm_name, "volumes", [{k: made[k] for k in ("pool", "volume", "key")}], vm_uuid
     )
 
 
-def remove_owned(conn, vm_dir, vm_name, vm_uuid, used):
+def remove_owned(conn: Conn, vm_dir: str, vm_name: str, vm_uuid: str | None, used: Iterable[Data]) -> Data:
     """Delete the volumes among ``used`` ({pool, volume} the VM's disks name) that the manifest says this VM
     created and whose key is unchanged. Returns {'removed': ['pool/volume'], 'kept': {'pool/volume': why}}."""
     owned = images.owned_extra(vm_dir, vm_name, "volumes", vm_uuid)
@@ -178,7 +183,7 @@ def remove_owned(conn, vm_dir, vm_name, vm_uuid, used):
     return {"removed": removed, "kept": kept}
 
 
-def disk_refs(facts):
+def disk_refs(facts: Data) -> list[Data]:
     """{pool, volume} of the volume disks in domxml.parse facts."""
     return [
         {"pool": d["pool"], "volume": d["volume"]}
