@@ -140,3 +140,29 @@ def test_a_sealed_key_from_the_job_cache_opens_nowhere_else(alice, created, hype
     # the runner refuses to forward it
     status, body = alice.runner("virt.init", name="deleg-y", cpu=1, mem=128, graphics=gfx)
     assert "a sealed envelope or mapping is never accepted from a call" in str(body) and "PRIVATE" not in str(body)
+
+
+def test_a_vm_named_like_a_hypervisor_is_refused(api, alice, hyper):
+    """Issue 23 #3: 'hyper*' are the hypervisors; a VM 'hyper-db1' (or minion_id 'hyper-x') would get
+    libvirt certificates. Refused before any key is pre-accepted."""
+    for kwargs, what in (
+        ({"name": "hyper-db1"}, "VM name 'hyper-db1'"),
+        ({"name": "db1", "minion_id": "hyper-x"}, "minion id 'hyper-x'"),
+    ):
+        status, body = alice.runner("virt.init", cpu=1, mem=128, image="salt://images/guest.qcow2", **kwargs)
+        assert status == 200 and f"the {what} matches virt:hypervisors" in str(body), body
+    keys = api.master.salt_key_cli(timeout=60).run("-L").stdout
+    assert "hyper-db1" not in keys and "hyper-x" not in keys
+
+
+@pytest.mark.parametrize("arg", ["trusted_image", "allow_http"])
+def test_operator_switches_are_refused_through_the_api(alice, hyper, arg):
+    """Issue 23 #5: the "trust me" switches are minion config, never a call's (runner and module)."""
+    status, body = alice.runner(
+        "virt.init", name="deleg-sw", cpu=1, mem=128, image="salt://images/guest.qcow2", **{arg: True}
+    )
+    assert f"{arg}= is an operator switch, not a call argument" in str(body), body
+    status, body = alice.local(HV, "virt.init", ["deleg-sw", 1, 128], image="salt://images/guest.qcow2", **{arg: True})
+    assert f"{arg}= is an operator switch, not a call argument" in _minion_error(body), body
+    status, body = alice.local(HV, "virt.list_domains")
+    assert "deleg-sw" not in body[HV]

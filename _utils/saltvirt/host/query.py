@@ -69,6 +69,9 @@ def _block_stats(stats):
     return out
 
 
+XML_SECURE = 1  # libvirt.VIR_DOMAIN_XML_SECURE
+
+
 def describe(
     dom: Domain, hostname: str, stats: Data | None = None, xml: str | None = None, listed: Data | None = None
 ) -> Data:
@@ -76,6 +79,12 @@ def describe(
     domains (autostart / persistent known without two round trips per domain)."""
     root = domxml.read(xml or dom.XMLDesc(0))  # parsed once for every fact below
     facts = domxml.parse(root)
+    if facts["graphics"]:
+        # libvirt drops passwd from the plain XML: whether a console has one is read from the secure XML,
+        # which is parsed here and dropped (only the yes/no leaves this function)
+        secure = domxml.parse(domxml.read(dom.XMLDesc(XML_SECURE)))["graphics"]
+        for g, s in zip(facts["graphics"], secure, strict=False):
+            g["password"] = bool(s.get("password"))
     stats = stats or {}
     state_code = stats.get("state.state")
     if state_code is None:

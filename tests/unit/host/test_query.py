@@ -63,3 +63,19 @@ def test_all_vms_answer_autostart_and_persistent_as_one_vm_does(test_conn):
     assert flags == {"auto1": (True, True), "plain1": (False, True), "transient1": (False, False)}
     for name in every:
         assert every[name] == query.vm_info(test_conn, name)[name]
+
+
+def test_vm_info_says_whether_a_console_has_a_password_never_which(test_conn):
+    """Issue 23 #8: libvirt's plain XML drops passwd, so a console with a password read as "no password"."""
+    xml = (
+        "<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os>"
+        "<devices><graphics type='vnc' port='-1' autoport='yes' {pw}listen='127.0.0.1'/></devices></domain>"
+    )
+    for name, pw, want in (("pw1", "passwd='s3cretpw' ", True), ("pw2", "", False)):
+        dom = test_conn.defineXML(xml.format(name=name, pw=pw))
+        try:
+            info = query.vm_info(test_conn, name)[name]
+            assert info["graphics"]["password"] is want, info["graphics"]
+            assert "s3cretpw" not in repr(info)
+        finally:
+            dom.undefine()
