@@ -88,28 +88,37 @@ def _mountinfo():
     return out
 
 
-def _qsd_exports(disks):
-    """{pid: export path} of qemu-storage-daemon processes serving one of ``disks`` (seeding)."""
-    found = {}
+def _qsd_processes():
+    """``(pid, [json options])`` of the qemu-storage-daemons seeding started: run by this user from a
+    binary named qemu-storage-daemon (``/proc/<pid>/exe``), not any process that calls itself so."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+                continue
+            if os.path.basename(os.readlink(f"/proc/{pid}/exe")) != "qemu-storage-daemon":
+                continue
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 args = fh.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if not args or os.path.basename(args[0]) != "qemu-storage-daemon":
-            continue
         opts = []
-        for arg in args:
+        for arg in args[1:]:
             with contextlib.suppress(ValueError):
                 value = json.loads(arg)
                 if isinstance(value, dict):
                     opts.append(value)
+        yield int(pid), opts
+
+
+def _qsd_exports(disks):
+    """{pid: export path} of qemu-storage-daemon processes serving one of ``disks`` (seeding)."""
+    found = {}
+    for pid, opts in _qsd_processes():
         if not any(o.get("filename") in disks for o in opts):
             continue
         export = next((o.get("mountpoint") for o in opts if o.get("type") == "fuse"), None)
         if export and os.path.basename(os.path.dirname(export)).startswith(SEED_PREFIX):
-            found[int(pid)] = export
+            found[pid] = export
     return found
 
 
@@ -198,21 +207,11 @@ def _loop_of(num):
 
 def _qsd_serving(export):
     """Pids of qemu-storage-daemons whose FUSE export is ``export``."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not args or os.path.basename(args[0]) != "qemu-storage-daemon":
-            continue
-        for arg in args:
-            with contextlib.suppress(ValueError):
-                value = json.loads(arg)
-                if isinstance(value, dict) and value.get("type") == "fuse" and value.get("mountpoint") == export:
-                    pids.append(int(pid))
-    return pids
+    return [
+        pid
+        for pid, opts in _qsd_processes()
+        if any(o.get("type") == "fuse" and o.get("mountpoint") == export for o in opts)
+    ]
 
 
 def _release_scratch(path):

@@ -105,3 +105,24 @@ def test_reap_releases_seeding_whose_job_is_gone_and_nothing_else(tmp_path):
     assert sorted(out["left"]) == sorted(str(scratch_root / f"{cleanup.SEED_PREFIX}{n}") for n in ("link", "open"))
     assert live.exists() and other.exists() and (scratch_root / f"{cleanup.SEED_PREFIX}link").is_symlink()
     assert cleanup.reap_seeding(str(scratch_root))["removed"] == []  # nothing left to do
+
+
+def test_a_process_calling_itself_qemu_storage_daemon_is_not_one(tmp_path):
+    """Issue 23 #8: cleanup stops only real qemu-storage-daemons (its binary, this user), not any process
+    whose argv[0] says so (a signal to whatever a local user runs)."""
+    import json
+    import subprocess
+
+    from saltvirt.vm import cleanup
+
+    export = str(tmp_path / "salt-virt-seed-x" / "export")
+    fake = json.dumps({"type": "fuse", "mountpoint": export})
+    # argv[0] "qemu-storage-daemon", the export's JSON in its command line: /bin/sh running "sleep"
+    proc = subprocess.Popen(["qemu-storage-daemon", "-c", "sleep 30; true", fake], executable="/bin/sh")
+    try:
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+            assert fh.read().startswith(b"qemu-storage-daemon\0") and proc.poll() is None
+        assert cleanup._qsd_serving(export) == []
+    finally:
+        proc.kill()
+        proc.wait()
