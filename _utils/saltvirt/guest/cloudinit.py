@@ -22,6 +22,8 @@ guest. With ``start=False`` the CD stays in the definition (and the ISO in the V
 VM is purged: start it with ``virt.init``'s ``start=True`` to get a single-use seed.
 """
 
+from collections.abc import Mapping
+from typing import Any
 import base64
 import contextlib
 import email.message
@@ -37,6 +39,7 @@ import tempfile
 import yaml
 from salt.exceptions import CommandExecutionError
 
+from saltvirt.base.salttypes import Data, Domain
 from saltvirt.base import fsutil
 from saltvirt.xml import domxml
 from saltvirt.spec import vmspec
@@ -72,7 +75,7 @@ def _text_part(text, subtype):
     return email.mime.text.MIMEText(text, subtype, charset)
 
 
-def user_data(ci, additions=None):
+def user_data(ci: Data, additions: Data | None = None) -> str:
     """user-data (str): the user's text as given; with salt-virt ``additions`` (a cloud-config dict) a
     MIME multipart of the user's part and ours; otherwise a cloud-config from the short forms."""
     additions = additions or {}
@@ -94,7 +97,7 @@ def user_data(ci, additions=None):
     return "#cloud-config\n" + (_yaml(cfg) if cfg else "")
 
 
-def meta_data(ci, name, instance_id):
+def meta_data(ci: Data, name: str, instance_id: str) -> str:
     """meta-data (str): as given, or ``instance-id`` (new for every virt.init, so cloud-init runs on a
     clone of an image that ran it before) and ``local-hostname``."""
     given = ci.get("meta_data")
@@ -106,7 +109,7 @@ def meta_data(ci, name, instance_id):
     return _yaml(data)
 
 
-def network_config(ci):
+def network_config(ci: Data) -> str | None:
     """network-config (str) or None (cloud-init's default: DHCP on the first NIC)."""
     given = ci.get("network_config")
     if isinstance(given, str):
@@ -123,7 +126,7 @@ def network_config(ci):
     return _yaml({"version": 2, "ethernets": {"primary": eth}})
 
 
-def documents(ci, *, name, instance_id, additions=None):
+def documents(ci: Any, *, name: str, instance_id: str, additions: Data | None = None) -> dict[str, bytes]:
     """``{file name: bytes}`` of the cidata volume (``network-config`` only when there is one)."""
     docs = {
         "user-data": user_data(ci, additions),
@@ -133,7 +136,7 @@ def documents(ci, *, name, instance_id, additions=None):
     return {k: v.encode("utf-8", "surrogatepass") for k, v in docs.items() if v is not None}
 
 
-def write_files(files):
+def write_files(files: Mapping[str, Data]) -> list[Data]:
     """cloud-config ``write_files`` for ``{guest path: {'content': bytes|str, 'mode': int}}`` (as
     :func:`saltvirt.guest.seed.salt_minion_files` makes them), base64 so any byte survives YAML."""
     out = []
@@ -152,7 +155,7 @@ def write_files(files):
 
 
 # the ISO -------------------------------------------------------------------------------------------
-def make_iso(path, docs):
+def make_iso(path: str, docs: Mapping[str, bytes]) -> str:
     """Write the cidata ISO ``path`` (mode 0600: it may hold a minion key) with ``docs`` ({name: bytes}).
     Never overwrites: an existing ``path`` is an error. Returns which tool wrote it."""
     if os.path.lexists(path):
@@ -162,7 +165,7 @@ def make_iso(path, docs):
         try:
             import pycdlib  # noqa: PLC0415 - optional: xorriso/genisoimage otherwise
         except ImportError:
-            pycdlib = None
+            pycdlib = None  # type: ignore[assignment]
         tool = _pycdlib(pycdlib, tmp, docs) if pycdlib else _mkisofs(tmp, docs)
         os.chmod(tmp, 0o600)
         with open(tmp, "rb+") as fh:
@@ -205,20 +208,20 @@ def _mkisofs(tmp, docs):
 
 
 # the seed's life -----------------------------------------------------------------------------------
-def iso_path(vm_dir):
+def iso_path(vm_dir: str) -> str:
     return os.path.join(vm_dir, vmspec.CIDATA_DISK["file"])
 
 
-def leftover(vm_dir):
+def leftover(vm_dir: str) -> list[str]:
     """The seed ISO still in ``vm_dir`` (a VM created with start=False), for virt.purge: [] or [path]."""
     path = iso_path(vm_dir)
     return [path] if os.path.isfile(path) else []
 
 
-def retire(dom, spec):
+def retire(dom: Domain, spec: vmspec.VMSpec) -> Data:
     """Once the VM runs: detach the cidata CD-ROM from the persistent definition (the running VM keeps
     it for this boot) and delete the ISO (qemu holds it open). Returns what was done."""
-    disk = vmspec.cidata_disk(spec)
+    disk: Any = vmspec.cidata_disk(spec)
     with lv_errors(f"detach the cloud-init CD-ROM of {spec.name!r} from its definition"):
         dom.detachDeviceFlags(domxml.device_xml(domxml.disk(disk)), libvirt.VIR_DOMAIN_AFFECT_CONFIG)
     with contextlib.suppress(FileNotFoundError):
@@ -226,10 +229,10 @@ def retire(dom, spec):
     return {"detached": True, "iso_removed": True, "target": disk.target}
 
 
-def write_seed(spec, additions):
+def write_seed(spec: vmspec.VMSpec, additions: Data | None) -> Data:
     """Write ``spec``'s cidata ISO with salt-virt's ``additions`` (cloud-config). Returns ``{iso, tool,
     target, documents: {name: sha256}}`` (hashes only: user-data may hold a minion key)."""
-    disk = vmspec.cidata_disk(spec)
+    disk: Any = vmspec.cidata_disk(spec)
     instance_id = f"iid-{spec.name}-{secrets.token_hex(4)}"
     docs = documents(spec.cloud_init, name=spec.name, instance_id=instance_id, additions=additions)
     tool = make_iso(disk.path, docs)

@@ -25,6 +25,8 @@ The script does nothing if a minion is there by then. What was found and done is
 ``minion: {found, path, cloud_init_in_image, install}`` (the URL without credentials).
 """
 
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 import os
 import posixpath
 import re
@@ -32,6 +34,7 @@ import shlex
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Data
 from saltvirt.base import fsutil
 from saltvirt.spec import speckeys
 from saltvirt.storage import intake
@@ -58,7 +61,7 @@ _SUMS = {"sha256": 64, "sha512": 128}
 RESTART_MINION = "if command -v systemctl >/dev/null 2>&1; then systemctl restart salt-minion || true; fi"
 
 
-def install_source(conf, cache_file=None):
+def install_source(conf: Any, cache_file: Callable[[str], Any] | None = None) -> Data | None:
     """``virt:minion_install`` checked: ``{url, algo, hex, args, content}`` or None when not configured.
     ``content``: a ``salt://`` installer fetched with ``cache_file`` (the master's file server) and
     checked here; None for http(s), which the guest fetches."""
@@ -103,7 +106,7 @@ def _from_master(url, algo, digest, cache_file):
         return fh.read()
 
 
-def script(source):
+def script(source: Data) -> str:
     """The first-boot installer (POSIX sh): fetch, verify, run once."""
     q = shlex.quote
     shown = intake.redact(source["url"])
@@ -152,7 +155,7 @@ def _installer_files(source):
     return files
 
 
-def unit():
+def unit() -> str:
     return f"""[Unit]
 Description=salt-virt: install a Salt minion (first boot)
 Wants=network-online.target
@@ -180,7 +183,7 @@ class Plan:
         self.how = None  # "runcmd" | "boot hook" | None
         self.minion_files = {}  # the minion's files, when they go through cloud-init
 
-    def inspect(self, exists):
+    def inspect(self, exists: Callable[[str], bool]) -> dict[str, Data]:
         """Called by the seeding backend with the guest's root mounted; ``exists(path)`` looks inside the
         guest. Returns the extra files to seed (the boot hook), possibly {}."""
         self.inspected = True
@@ -196,15 +199,15 @@ class Plan:
         hook = {UNIT: {"content": unit(), "mode": 0o644}, UNIT_LINK: {"symlink": UNIT}}
         return {**_installer_files(self.source), **hook}
 
-    def via_cloud_init(self, files):
+    def via_cloud_init(self, files: Mapping[str, Data]) -> None:
         """No seeding backend could write the image: the minion's ``files`` go through cloud-init."""
         self.minion_files = dict(files)
         if self.source:
             self.how = "runcmd"  # the image was not inspected: the script itself checks for a minion
 
-    def additions(self):
+    def additions(self) -> Data:
         """salt-virt's cloud-config for the cidata volume ({} when it has nothing to add)."""
-        out, runcmd = {}, []
+        out, runcmd = {}, []  # type: dict[str, Any], list[Any]
         files = dict(self.minion_files)
         if self.how == "runcmd":
             files.update(_installer_files(self.source))
@@ -217,9 +220,9 @@ class Plan:
             out["runcmd"] = runcmd
         return out
 
-    def report(self):
+    def report(self) -> Data:
         out = {"found": self.found, "path": self.path, "cloud_init_in_image": self.image_cloud_init}
-        url = intake.redact(self.source["url"]) if self.source else None
+        url: Any = intake.redact(self.source["url"]) if self.source else None
         if self.source and self.source["content"] is not None:
             url += " (fetched by the hypervisor, written into the guest)"
         if self.how == "runcmd":
@@ -240,7 +243,7 @@ class Plan:
 CLOUD_INIT_BACKEND = "cloud-init"  # seed_backend=cloud-init: the minion's files go on the cidata volume
 
 
-def seeded_by_cloud_init(files, attempts):
+def seeded_by_cloud_init(files: Mapping[str, Data], attempts: Sequence[Data]) -> Data:
     """The ``seed`` report when the minion's files ride on the cidata volume."""
     why = "no backend could mount the image: " if attempts else "asked for: "
     attempt = {"backend": CLOUD_INIT_BACKEND, "ok": True, "reason": why + "written as cloud-init write_files",

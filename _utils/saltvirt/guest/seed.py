@@ -10,6 +10,8 @@ is unmounted and detached and qemu-storage-daemon/qemu-nbd have exited: every wr
 An image in use by a running qemu (its write lock is held) is refused.
 """
 
+from collections.abc import Callable, Mapping
+from typing import Any
 import contextlib
 import dataclasses
 import fcntl
@@ -27,6 +29,7 @@ import time
 import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Data
 from saltvirt.storage import images
 from saltvirt.base import fsutil, procs
 from saltvirt.base.tools import run as _run
@@ -67,13 +70,15 @@ class Link(str):
 
 
 # files ---------------------------------------------------------------------------------------------
-def salt_minion_files(minion_id, master=None, pub=None, priv=None, config=None):
+def salt_minion_files(
+    minion_id: str, master: Any = None, pub: str | None = None, priv: str | None = None, config: Data | None = None
+) -> dict[str, Data]:
     """The files a Salt minion needs on first boot: ``{guest path: {'content': bytes, 'mode': int}}``."""
     if not isinstance(minion_id, str) or not minion_id or len(minion_id) > 255:
         raise SaltInvocationError(f"minion id must be a non-empty string, got {minion_id!r}")
     if any(c.isspace() or ord(c) < 32 for c in minion_id) or "/" in minion_id:
         raise SaltInvocationError(f"minion id {minion_id!r} must not contain '/', spaces or control characters")
-    conf = {"id": minion_id}
+    conf: Data = {"id": minion_id}
     if master:
         masters = [master] if isinstance(master, str) else master
         if not isinstance(masters, (list, tuple)) or not all(isinstance(m, str) and m.strip() for m in masters):
@@ -208,7 +213,7 @@ class Request:
     }
 
     @classmethod
-    def pop_from(cls, kwargs, default_minion_id):
+    def pop_from(cls, kwargs: dict[str, Any], default_minion_id: str) -> "Request":
         """The request from ``virt.init``'s keyword arguments (removed from ``kwargs``)."""
         given = {field: kwargs.pop(arg) for arg, field in cls.ARGS.items() if arg in kwargs}
         given = {k: v for k, v in given.items() if v is not None}
@@ -676,7 +681,14 @@ _BACKENDS = {"libguestfs": _libguestfs, "qemu-nbd": _qemu_nbd, "qsd-fuse": _qsd_
 
 
 # entry point ---------------------------------------------------------------------------------------
-def seed(image_path, files, backend="auto", fmt=None, inspect=None, fresh=False):
+def seed(
+    image_path: str,
+    files: Mapping[str, Data],
+    backend: str = "auto",
+    fmt: str | None = None,
+    inspect: Callable[..., Any] | None = None,
+    fresh: bool = False,
+) -> Data:
     """Write ``files`` into the root filesystem of the stopped image ``image_path``.
 
     ``backend``: 'auto' (each of BACKENDS in turn) or one of them. ``fmt``: the image's format, trusted
@@ -694,7 +706,7 @@ def seed(image_path, files, backend="auto", fmt=None, inspect=None, fresh=False)
     started = time.monotonic()
     image = os.path.abspath(images._existing_image(image_path))
     files = _Files(_normalize_files(files))
-    files.inspect = inspect
+    files.inspect = inspect  # type: ignore[assignment]
     if backend not in BACKENDS + ("auto",):
         raise SaltInvocationError(f"seed backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
     if fmt is None:  # callers with an untrusted image pass the format saltvirt.storage.intake decided
@@ -707,7 +719,7 @@ def seed(image_path, files, backend="auto", fmt=None, inspect=None, fresh=False)
     for name in BACKENDS if backend == "auto" else (backend,):
         t0, undo = time.monotonic(), Undo(what="seed cleanup")
         tmp = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
-        undo.add(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))
+        undo.add(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))  # type: ignore[misc]
         _mark_owner(tmp)
         outcome = error = None
         stop = False
