@@ -43,6 +43,7 @@ import contextlib
 import logging
 import os
 import sys
+import re
 import time
 
 from salt.exceptions import SaltException, SaltInvocationError
@@ -141,6 +142,14 @@ def _human_output():
     return not __opts__.get("quiet") and out not in _MACHINE_OUTPUTS
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text):
+    """A progress line without control characters (a hypervisor's values are shown on the caller's terminal)."""
+    return _CONTROL.sub("?", text)
+
+
 def _progress(vm):
     """Callback firing ``salt/virt/init/<vm>/<step>`` on the master bus (+ salt-run progress lines)."""
     import salt.utils.event
@@ -175,7 +184,7 @@ def _progress(vm):
         if not _human_output():
             return
         try:
-            msg = template.format_map(collections.defaultdict(str, payload))
+            msg = _printable(template.format_map(collections.defaultdict(str, payload)))
             __jid_event__.fire_event({"message": msg, "outputter": OUTPUTTER}, "progress")
         except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
             log.debug("virt runner: no progress output for %s: %s", payload.get("step"), exc)

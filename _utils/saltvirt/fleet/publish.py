@@ -104,8 +104,10 @@ def classify(ret, retcode):
     return {"status": "up", "ret": ret}
 
 
-def _relay(client, watch):
-    """Hand events whose tag starts with ``watch[0]`` (other than the runner's own) to ``watch[1]``."""
+def _relay(client, watch, senders=()):
+    """Hand events whose tag starts with ``watch[0]``, sent by one of ``senders`` (the minions this
+    publication went to, as the master authenticated the sender: ``id`` of a minion event), to ``watch[1]``;
+    any other minion's events under that tag are dropped."""
     if not watch:
         return
     while True:
@@ -113,7 +115,7 @@ def _relay(client, watch):
         if not ev:
             return
         data = ev.get("data") or {}
-        if isinstance(data, dict) and data.get("source") != "runner":
+        if isinstance(data, dict) and data.get("source") != "runner" and data.get("id") in senders:
             try:
                 watch[1](ev["tag"], data.get("data", data) if isinstance(data.get("data"), dict) else data)
             except Exception as exc:  # noqa: BLE001 - progress display never breaks the work
@@ -176,7 +178,7 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
                 gather_job_timeout=cfg["gather_job_timeout"],
                 block=False,
             ):
-                _relay(client, watch)
+                _relay(client, watch, expected)
                 if item:
                     for mid, data in item.items():
                         if isinstance(data, dict) and "ret" in data:
@@ -189,7 +191,7 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
                 if time.monotonic() > deadline:
                     break
         finally:
-            _relay(client, watch)
+            _relay(client, watch, expected)
             with contextlib.suppress(Exception):
                 client._clean_up_subscriptions(pub["jid"])
     if watch:

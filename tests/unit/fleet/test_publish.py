@@ -126,3 +126,30 @@ def test_run_stops_once_every_hypervisor_answered(tmp_path):
     one_down = _AnsweringClient({"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 never answers: down, not dropped
     answers, _ = fleet.run(opts, "virt.full_info", client=one_down)
     assert answers["hv2"]["status"] == "down" and answers["hv1"]["status"] == "up" and "late" not in answers
+
+
+class _Events:
+    def __init__(self, events):
+        self.events = list(events)
+
+    def get_event(self, **_kw):
+        return self.events.pop(0) if self.events else None
+
+
+class _EventClient:
+    def __init__(self, events):
+        self.event = _Events(events)
+
+
+def test_progress_is_relayed_only_from_the_minions_published_to():
+    """Issue 23 #6: another minion firing salt/virt/init/<vm>/... is never shown as the hypervisor's progress."""
+    seen = []
+    tag = "salt/virt/init/web1/seeded"
+    client = _EventClient(
+        [
+            {"tag": tag, "data": {"id": "tenant-vm", "data": {"host": "hv1", "backend": "\x1b[2Jowned"}}},
+            {"tag": tag, "data": {"id": "hv1", "data": {"host": "hv1", "backend": "loop"}}},
+        ]
+    )
+    fleet._relay(client, ("salt/virt/init/web1/", lambda t, d: seen.append((t, d))), {"hv1"})
+    assert seen == [(tag, {"host": "hv1", "backend": "loop"})]
