@@ -209,7 +209,8 @@ def network_set_autostart(name, state="on", connection=None, **kwargs):
 
 def network_info(name=None, connection=None):
     """``{name: {bridge, forward, ip, dhcp, hosts, bootp, ipv6, nat, interfaces, pf, addresses, mtu,
-    vport, vlan, domain, dns, active, autostart, persistent}}`` of one network or all (absent parts None).
+    vport, vlan, domain, dns, active, autostart, persistent}}`` of one network or all (absent parts None);
+    ``{}`` for a network that is not defined, as Salt.
 
     CLI Example:: salt 'hyper1' virt.network_info
     """

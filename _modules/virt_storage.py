@@ -266,7 +266,8 @@ def pool_set_autostart(name, state="on", connection=None, **kwargs):
 
 def pool_info(name=None, connection=None, **kwargs):
     """{name: {uuid, state, type, target_path, capacity, allocation, free, autostart, persistent, ...}} of
-    one pool or all (Salt's keys, plus target, active, available, source, permissions).
+    one pool or all (Salt's keys, plus target, active, available, source, permissions); ``{}`` for a pool
+    that is not defined, as Salt.
 
     CLI Example:: salt 'hyper1' virt.pool_info
     """

@@ -60,9 +60,11 @@ def _xml(obj, kind, inactive=False):
 
 def info(conn: Conn, kind: str, name: str | None = None, inactive: bool = False) -> dict[str, Data]:
     """{name: {..., active, autostart, persistent}} for one network/pool or all (``inactive``: as
-    defined, which a running object only uses after a restart)."""
+    defined, which a running object only uses after a restart). A ``name`` that is not defined gives
+    ``{}``, as Salt's ``network_info``/``pool_info`` (callers test ``.get(name)`` before creating it)."""
     if name:
-        objs = [get(conn, kind, name)]
+        obj = lookup(conn, kind, name)
+        objs = [obj] if obj is not None else []
     else:
         objs = conn.listAllNetworks(0) if kind == "network" else conn.listAllStoragePools(0)
     parse = parse_network if kind == "network" else parse_pool
