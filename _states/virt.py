@@ -181,8 +181,8 @@ def _create(ret, name, cpu, mem, start, kwargs):
 def _update(ret, name, cpu, mem, start, state, kwargs):
     test = __opts__["test"]
     connection = kwargs.get("connection")
-    # held to virt.init's defaults when left out (vmargs.HELD), else what the state gives
-    args = dict(vmargs.STATE_HELD_DEFAULTS, **{k: v for k, v in kwargs.items() if k in vmargs.STATE_UPDATE_ARGS})
+    # only what the state gives (not None): the rest of the VM is left as it is, as Salt's update
+    args = {k: v for k, v in kwargs.items() if k in vmargs.STATE_UPDATE_ARGS and v is not None}
     upd = __salt__["virt.update"](name, cpu=cpu, mem=mem, test=test, **args)
     changes = {k: v for k, v in upd["changes"].items() if k != "disks" or v.get("added")}
     if "disks" in changes:
@@ -246,11 +246,13 @@ def running(name, cpu=None, mem=None, **kwargs):
     disks, interfaces, enable_qcow, enable_vnc, graphics, boot, seed, ...) and builds the same spec:
 
     - absent: created exactly as ``virt.init`` would (cpu and mem needed), and started;
-    - present: cpu, mem, NICs, disks and graphics are enforced (omitted ones at ``virt.init``'s defaults:
-      nic/disk profile ``default``, no graphics); applied live where the hypervisor can, the rest to the
-      definition, and the comment says which ("applied live: ..." / "needs restart: ..."). Disks the
-      state does not list are reported, never removed; a new disk must be blank (size) or an existing
-      file (path). Arguments that only matter at creation (image, seed, boot, cloud_init, ...) are not enforced.
+    - present: what the state names is enforced (cpu, mem, NICs, disks, graphics, boot, boot_dev and the
+      other domain features); what it does not name (or names as None) is left as it is, as Salt's
+      update does: ``virt.running: [name: web1]`` never touches an existing VM's devices. Applied live
+      where the hypervisor can, the rest to the definition, and the comment says which ("applied live:
+      ..." / "needs restart: ..."). Disks the state does not list are reported, never removed; a new
+      disk must be blank (size) or an existing file (path). Arguments that only matter at creation
+      (image, seed, cloud_init, vm_type, ...) are not enforced.
 
     ``test=True`` returns the changes it would make (for a new VM: what ``virt.init`` will create).
 

@@ -128,22 +128,32 @@ def refuse_connection_args(kwargs: Mapping[str, Any], where: str) -> None:
             raise SaltInvocationError(NOT_FORWARDED.format(where=where, arg=arg))
 
 
+def _vtype_arg(kwargs: dict[str, Any], key: str, where: str, warnings: list[str]) -> None:
+    """Salt's ``hypervisor=`` / ``vm_type=`` -> ``vtype`` (kvm, qemu)."""
+    if key not in kwargs:
+        return
+    hyper = kwargs.pop(key)
+    if hyper in (None, ""):
+        return
+    kind = str(hyper).lower()
+    if kind not in VTYPES:
+        raise SaltInvocationError(
+            f"{where}: {key}={hyper!r} is not supported: salt-virt manages libvirt/KVM; "
+            "use vtype=kvm or vtype=qemu (or leave it out to detect what the host can run)"
+        )
+    if kwargs.get("vtype") not in (None, "", kind):
+        raise SaltInvocationError(f"{where}: give vtype= or {key}= (Salt's name for it), not both")
+    kwargs["vtype"] = kind
+    if key == "hypervisor":
+        warnings.append(f"hypervisor={hyper} is deprecated: use vtype={kind}")
+
+
 def init_args(kwargs: dict[str, Any], where: str = "virt.init") -> list[str]:
     """Map Salt's / older spellings in ``kwargs`` (a dict, modified in place) to salt-virt's;
     returns the deprecation warnings to put in the return. Refuses what cannot be mapped."""
     warnings = []
-    if "hypervisor" in kwargs:
-        hyper = kwargs.pop("hypervisor")
-        if hyper not in (None, ""):
-            if str(hyper).lower() not in VTYPES:
-                raise SaltInvocationError(
-                    f"{where}: hypervisor={hyper!r} is not supported: salt-virt manages libvirt/KVM; "
-                    "use vtype=kvm or vtype=qemu (or leave it out to detect what the host can run)"
-                )
-            if kwargs.get("vtype") not in (None, "", str(hyper).lower()):
-                raise SaltInvocationError(f"{where}: give vtype= or hypervisor= (its old name), not both")
-            kwargs["vtype"] = str(hyper).lower()
-            warnings.append(f"hypervisor={hyper} is deprecated: use vtype={str(hyper).lower()}")
+    for key in ("hypervisor", "vm_type"):  # Salt's names: virt.init's (deprecated) and the states'
+        _vtype_arg(kwargs, key, where, warnings)
     if "install" in kwargs:
         install = kwargs.pop("install")
         warnings.append(

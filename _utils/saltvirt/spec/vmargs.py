@@ -25,8 +25,7 @@ OWN = "own"  # a parameter of the runner itself, checked there and passed on to 
 FORWARD = "forward"  # passed to the hypervisor's virt.init as given
 REFUSE = "refuse"  # refused: the runner sets it itself (:attr:`Arg.refusal` says why)
 # virt.running / virt.defined on a VM that exists already
-HELD = "held"  # enforced; when the state leaves it out, held to virt.init's default
-GIVEN = "given"  # enforced when the state gives it, else the VM keeps what it has
+GIVEN = "given"  # enforced when the state gives it (not None), else the VM keeps what it has (as Salt's update)
 CREATE = "create"  # only shapes a new VM (never compared with an existing one)
 CALL = "call"  # says how to reach libvirt, not what the VM is (passed to every call)
 KEY = "key"  # the state's name
@@ -59,17 +58,17 @@ ARGS = (
         GIVEN, True, required=True),
     Arg("image", None, "salt:// URL, https URL or absolute path", "the image the system disk is cloned from", OWN,
         GIVEN, True),
-    Arg("nic", "default", "profile name", "NIC profile from virt:nic", state=HELD, update=True, spec=True,
+    Arg("nic", "default", "profile name", "NIC profile from virt:nic", state=GIVEN, update=True, spec=True,
         salt_update=("nic_profile",)),
-    Arg("disk", "default", "profile name", "disk profile from virt:disk", state=HELD, update=True, spec=True,
+    Arg("disk", "default", "profile name", "disk profile from virt:disk", state=GIVEN, update=True, spec=True,
         salt_update=("disk_profile",)),
-    Arg("disks", None, "list or mapping", "disks added to or overriding the profile's, by name", state=HELD,
+    Arg("disks", None, "list or mapping", "disks added to or overriding the profile's, by name", state=GIVEN,
         update=True, spec=True),
-    Arg("interfaces", None, "list or mapping", "NICs added to or overriding the profile's, by name", state=HELD,
+    Arg("interfaces", None, "list or mapping", "NICs added to or overriding the profile's, by name", state=GIVEN,
         update=True, spec=True),
     Arg("enable_qcow", False, "bool", "a qcow2 overlay on the image instead of a full copy", OWN, GIVEN, True, True),
-    Arg("enable_vnc", False, "bool", "a VNC console on 127.0.0.1", OWN, HELD, True, True),
-    Arg("graphics", None, "dict", "{type, listen, port, password}", state=HELD, update=True, spec=True),
+    Arg("enable_vnc", False, "bool", "a VNC console on 127.0.0.1", OWN, GIVEN, True, True),
+    Arg("graphics", None, "dict", "{type, listen, port, password}", state=GIVEN, update=True, spec=True),
     Arg("boot", None, "dict", "direct kernel boot or UEFI ({kernel, initrd, cmdline} / {efi: True})", state=GIVEN,
         update=True, spec=True),
     Arg("start", True, "bool", "start the VM after seeding", OWN, NOT_TAKEN),
@@ -120,9 +119,8 @@ NAMES = tuple(a.name for a in ARGS)  # virt.init's arguments, in its signature's
 SPEC_ARGS = tuple(a.name for a in ARGS if a.spec)
 # the keywords virt.update passes to saltvirt.vm.converge.update (cpu, mem and connection are its own)
 UPDATE_KWARGS = tuple(a.name for a in ARGS if a.update and a.name not in ("name", "cpu", "mem", "connection"))
-# virt.running/defined on an existing VM: what virt.update gets, and the defaults an omitted one is held to
-STATE_UPDATE_ARGS = tuple(a.name for a in ARGS if a.state in (HELD, GIVEN, CALL) and a.name not in ("cpu", "mem"))
-STATE_HELD_DEFAULTS = {a.name: a.default for a in ARGS if a.state == HELD}
+# virt.running/defined on an existing VM: what virt.update gets when the state gives it (the rest is left alone)
+STATE_UPDATE_ARGS = tuple(a.name for a in ARGS if a.state in (GIVEN, CALL) and a.name not in ("cpu", "mem"))
 # what the states refuse, and why
 STATE_REFUSALS = {
     "start": "start is not an argument of virt.running/defined: virt.running starts the VM, virt.defined does not"
@@ -187,7 +185,6 @@ def signature_mismatches(func: Callable[..., Any]) -> list[str]:
 
 _RUNNER_WORDS = {OWN: "yes (its own parameter)", FORWARD: "yes", REFUSE: "refused"}
 _STATE_WORDS = {
-    HELD: "to virt.update (virt.init's default when left out)",
     GIVEN: "to virt.update when given",
     CREATE: "creation only",
     CALL: "every call",

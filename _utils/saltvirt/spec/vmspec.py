@@ -433,8 +433,6 @@ def build(
 
     boot_obj = None
     boot_devs = speckeys.boot_dev(boot_dev)
-    if speckeys.boot(boot) and boot_devs and boot.get("kernel"):
-        raise SaltInvocationError("boot_dev has no effect with a direct kernel boot (boot:kernel): give one of them")
     if speckeys.boot(boot):
         for key in ("kernel", "initrd"):
             if boot.get(key):

@@ -35,6 +35,9 @@ MANAGED_BY: dict[str, tuple[str, ...]] = {
 }
 # firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
 MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=())
+MANAGED_BY.update(kernel_boot=("boot",))
+# the keys of ``boot`` that put a part of it under management (``boot: {kernel: null}`` leaves the firmware alone)
+BOOT_PARTS = {"kernel_boot": ("kernel", "initrd", "cmdline"), "firmware": ("efi", "loader", "nvram", "secure_boot")}
 MANAGED_BY.update(max_mem=(), memory_backing=())
 DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_mem", "memory_backing")}
 
@@ -539,6 +542,22 @@ def apply(conn, dom, desired, changes):
     return report
 
 
+def _managed(cpu, mem, init_args):
+    """The fields a call names: an argument given and not None (Salt's "not given"); of ``boot``, only
+    the parts whose keys it has."""
+    given = {k for k, v in init_args.items() if v is not None}
+    boot = init_args.get("boot")
+    return [
+        f
+        for f in FIELDS
+        if {"cpu": cpu, "mem": mem}.get(f) is not None
+        or (
+            any(k in given for k in MANAGED_BY.get(f, ()))
+            and not (f in BOOT_PARTS and isinstance(boot, dict) and not set(boot) & set(BOOT_PARTS[f]))
+        )
+    ]
+
+
 def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, allowed_paths=(), **init_args):
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
@@ -551,11 +570,7 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
     dom = get_domain(conn, name)
     facts = current(dom)
     cfg = facts["config"]
-    manage = [
-        f
-        for f in FIELDS
-        if {"cpu": cpu, "mem": mem}.get(f) is not None or any(k in init_args for k in MANAGED_BY.get(f, ()))
-    ]
+    manage = _managed(cpu, mem, init_args)
     manage += [f for k, v in (("cpu", cpu), ("mem", mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
     args = dict(init_args)
     if "nics" not in manage:

@@ -103,9 +103,9 @@ def os_config(spec: VMSpec) -> ET.Element:
             _sub(el, "initrd", b.initrd)
         if b.cmdline:
             _sub(el, "cmdline", b.cmdline)
-    else:
-        for dev in spec.boot_dev or ["hd"]:
-            _sub(el, "boot", dev=dev)
+    # with a direct kernel boot only the order given (as Salt: for after the kernel is taken away)
+    for dev in spec.boot_dev or ([] if b and b.kernel else ["hd"]):
+        _sub(el, "boot", dev=dev)
     return el
 
 

@@ -16,11 +16,13 @@ from saltvirt.xml.etree import to_int as _int
 
 CPUTUNE_SCALARS: tuple[str, ...] = ("shares", "global_period", "global_quota", "period", "quota")
 CPUTUNE_SCALARS += ("emulator_period", "emulator_quota", "iothread_period", "iothread_quota")
+KERNEL_TAGS = ("kernel", "initrd", "cmdline")  # direct kernel boot (Salt's boot:kernel/initrd/cmdline)
 
 
 # firmware, boot order, extra chardevs, vTPM: read to compare, replaced in a definition ------------------
 FEATURES = (
     "firmware",
+    "kernel_boot",
     "boot_dev",
     "stop_on_reboot",
     "serials",
@@ -83,6 +85,7 @@ def feature_facts(xml: str | ET.Element) -> Data:
             "nvram": nvram.get("template") if own_loader and nvram is not None else None,
             "secure_boot": secure,
         },
+        "kernel_boot": {tag: os_el.findtext(tag) or None for tag in KERNEL_TAGS},
         "boot_dev": [b.get("dev") for b in os_el.findall("boot")],
         "stop_on_reboot": root.findtext("on_reboot") == "destroy",
         "serials": [_chardev_facts(el) for el in serials],
@@ -207,13 +210,7 @@ def replace_features(xml: str, new_xml: str, fields: Iterable[str]) -> str:
     """Domain XML ``xml`` with the elements of ``fields`` (of :data:`FEATURES`) taken from ``new_xml``
     (what :func:`build` writes for the desired spec); everything else is kept as it is."""
     root, new = ET.fromstring(xml), ET.fromstring(new_xml)
-    os_el, new_os = root.find("os"), new.find("os")
-    if "firmware" in fields:
-        _replace_firmware(root, new)
-    if "boot_dev" in fields:
-        for el in os_el.findall("boot"):
-            os_el.remove(el)
-        os_el.extend(new_os.findall("boot"))
+    _replace_os(root, new, fields)
     if "vcpu" in fields:  # placement/cpuset (and the count, as the cpu setters left it)
         root.find("vcpu").attrib.clear()
         root.find("vcpu").attrib.update(new.find("vcpu").attrib)
@@ -251,6 +248,23 @@ def replace_features(xml: str, new_xml: str, fields: Iterable[str]) -> str:
                 devices.remove(el)
             devices.extend(find(new_devices))
     return ET.tostring(root, encoding="unicode")
+
+
+def _replace_os(root, new, fields):
+    """The ``<os>`` parts of ``fields``: firmware, direct kernel boot, boot order."""
+    os_el, new_os = root.find("os"), new.find("os")
+    if "firmware" in fields:
+        _replace_firmware(root, new)
+    if "kernel_boot" in fields:
+        for el in [el for el in os_el if el.tag in KERNEL_TAGS]:
+            os_el.remove(el)
+        at = next((i for i, el in enumerate(os_el) if el.tag == "boot"), len(os_el))
+        for i, el in enumerate(el for el in new_os if el.tag in KERNEL_TAGS):
+            os_el.insert(at + i, el)
+    if "boot_dev" in fields:
+        for el in os_el.findall("boot"):
+            os_el.remove(el)
+        os_el.extend(new_os.findall("boot"))
 
 
 def _replace_firmware(root, new):

@@ -34,3 +34,16 @@ def test_migration_target_refuses_other_uris(uri, message):
 def test_uri_target_and_target_uri_together_must_agree():
     with pytest.raises(SaltInvocationError, match="leave target_uri out"):
         compat.migration_target("qemu+tls://hv2/system", "qemu+tcp://hv2/system")
+
+
+def test_vm_type_is_salts_name_for_vtype(virt_test):
+    """The states' ``vm_type`` (Salt's name for the hypervisor type) is vtype, no deprecation."""
+    kwargs = {"vm_type": "KVM"}
+    assert compat.init_args(kwargs, "virt.running/defined") == [] and kwargs == {"vtype": "kvm"}
+    with pytest.raises(SaltInvocationError, match="vm_type='xen' is not supported"):
+        compat.init_args({"vm_type": "xen"})
+    with pytest.raises(SaltInvocationError, match="give vtype= or vm_type="):
+        compat.init_args({"vm_type": "kvm", "vtype": "qemu"})
+    assert compat.init_args({"vm_type": None}) == []
+    made = virt_test["virt.init"]("vmtype1", 1, 64, disk=None, nic=None, start=False, vm_type="qemu")
+    assert made["name"] == "vmtype1" and "<domain type='qemu'" in virt_test["virt.get_xml"]("vmtype1")

@@ -126,7 +126,6 @@ HOSTILE += [
     ({"boot_dev": "hd floppy"}, "boot_dev: 'floppy' is not a boot device"),
     ({"boot_dev": "hd hd"}, "given twice"),
     ({"boot_dev": {"hd": 1}}, "boot_dev must be a space separated list"),
-    ({"boot_dev": "network", "boot": {"kernel": "/v/k"}}, "boot_dev has no effect with a direct kernel boot"),
     ({"os_type": "xen"}, "os_type='xen' is not supported"),
     ({"arch": "aarch64"}, "arch='aarch64' is not supported: salt-virt runs guests of the host's architecture"),
     ({"stop_on_reboot": "sometimes"}, "stop_on_reboot must be true or false"),

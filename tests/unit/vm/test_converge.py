@@ -406,6 +406,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
     assert set(preview["changes"]) == set(domxml.FEATURES) - {
+        "kernel_boot",  # boot names no kernel/initrd/cmdline: that part is left alone
         "cpu_model",
         "memtune",
         "vcpu",

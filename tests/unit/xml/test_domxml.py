@@ -116,6 +116,11 @@ GOLDEN_CASES = {
     "boot-kernel-initrd-cmdline": vm(
         boot=spec.Boot(kernel="/srv/boot/vmlinuz", initrd="/srv/boot/initrd.img", cmdline="console=ttyS0 x='<&>'")
     ),
+    # Salt's PXE/cobbler install: kernel boot now, this boot order once the kernel is taken away
+    "boot-kernel-and-boot-dev": vm(
+        boot=spec.Boot(kernel="/srv/boot/vmlinuz", initrd="/srv/boot/initrd.img", cmdline="autoyast=x"),
+        boot_dev=["network", "hd"],
+    ),
     "serial-log": vm(serial_log="/var/log/libvirt/qemu/golden1-serial.log"),
     "metadata-group": vm(group="web"),
     "kvm-aarch64": vm(vtype="kvm", arch="aarch64"),

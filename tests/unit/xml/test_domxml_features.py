@@ -154,6 +154,7 @@ def test_feature_facts_from_spec_build():
     facts = domxml.feature_facts(domxml.build(s))
     assert facts == {
         "firmware": {"efi": True, "loader": None, "nvram": None, "secure_boot": True},
+        "kernel_boot": {"kernel": None, "initrd": None, "cmdline": None},
         "boot_dev": ["hd"],
         "stop_on_reboot": True,
         "serials": [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}],
