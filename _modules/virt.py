@@ -70,7 +70,7 @@ def _definitions_changed():
 
 def _allowed_paths():
     """``virt:allowed_paths`` from the minion config only: never from the call, pillar or grains."""
-    return (__opts__.get("virt") or {}).get("allowed_paths") or ()
+    return validate.configured_allowed_paths(__opts__)  # minion config only
 
 
 def _progress(name):
@@ -237,6 +237,7 @@ def init(
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     warnings = compat.init_args(kwargs)
     vtype = kwargs.pop("vtype", None) or vtype
+    images_dir = compat.images_dir(kwargs.pop("images", None), _images_dir(), _allowed_paths())
     compat.refuse_unknown(kwargs, _INIT_ARGS, "virt.init")
     if seed_cmd not in ("seed.apply", None, ""):
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
@@ -249,7 +250,7 @@ def init(
             cpu,
             mem,
             image,
-            images_dir=_images_dir(),
+            images_dir=images_dir,
             profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
             cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
             vtype=vtype or _cfg("virt:type", None),

@@ -6,6 +6,7 @@ source and the target hypervisor. Salt's loader merges every file whose ``__virt
 ``virt`` into one ``virt`` module.
 """
 
+import logging
 import os
 import sys
 
@@ -26,8 +27,10 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.vm import migrate as _migrate
     from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.base.validate import configured_allowed_paths
 
 __virtualname__ = "virt"
+log = logging.getLogger(__name__)
 
 
 def __virtual__():
@@ -66,6 +69,7 @@ def migrate(
     disk_map=None,
     migrate_disks=None,
     verify_backing=None,
+    report=False,
     connection=None,
 ):
     """
@@ -95,6 +99,9 @@ def migrate(
         shared (the runner proves it with a probe file first).
     max_downtime / max_bandwidth
         milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
+    report
+        return the migration's report (source, target, URI, transport, seconds, warnings, ...) instead
+        of Salt's ``True`` (``salt-run virt.migrate`` asks for it). Without it, warnings go to the log.
 
     Settings (minion config or pillar): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
     uri_template, qemu_tls, hosts, stall_timeout}`` (see ``saltvirt.vm.migrate``). ``stall_timeout``
@@ -144,7 +151,11 @@ def migrate(
         )
     if note:
         ret["note"] = note
-    return ret
+    if _bool(report):
+        return ret
+    for warning in [*ret.get("warnings", []), *([note] if note else [])]:
+        log.warning("virt.migrate %s: %s", name, warning)
+    return True  # Salt's return
 
 
 def migrate_source_info(name, probe=True, connection=None):
@@ -176,7 +187,7 @@ def migrate_prepare(name, source, copy_storage=None, connection=None):
             source,
             _images_dir(),
             copy_storage=copy_storage or None,
-            allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),  # minion config only
+            allowed_paths=configured_allowed_paths(__opts__),  # minion config only
         )
     ret["address"] = (
         _migrate.settings(_c.salt_config(__salt__))["address"] or ret["host"]
@@ -281,6 +292,6 @@ def seed_non_shared_migrate(disks, force=False, name=None, connection=None):
             source,
             _images_dir(),
             copy_storage="all",
-            allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
+            allowed_paths=configured_allowed_paths(__opts__),
         )
     return True

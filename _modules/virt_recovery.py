@@ -21,6 +21,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import hostrecord as _hr
     from saltvirt.vm import migrate as _migrate
+    from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
@@ -35,7 +36,7 @@ def __virtual__():
 
 
 def _allowed_paths():
-    return (__opts__.get("virt") or {}).get("allowed_paths") or ()  # minion config only
+    return validate.configured_allowed_paths(__opts__)  # minion config only
 
 
 def recovery_record(connection=None):

@@ -100,6 +100,13 @@ def _rates_line(rate):
     return f"    Rates: {', '.join(parts)}"
 
 
+def _nic_source(nic):
+    source = nic.get("source_name") or nic.get("source") or "-"
+    if isinstance(source, dict):  # Salt's shape: {network: ...} / {bridge: ...}
+        source = ", ".join(f"{k}={v}" for k, v in sorted(source.items())) or "-"
+    return source
+
+
 def _vm(mid, name, vm):
     out = [f"  {name}"]
     if vm.get("error"):
@@ -113,8 +120,9 @@ def _vm(mid, name, vm):
     if vm.get("group"):
         out.append(f"    Group: {vm['group']}")
     gfx = vm.get("graphics")
-    if gfx:
-        where = gfx.get("address") or (f"{mid}:{gfx['port']}" if gfx.get("port") not in (None, -1) else "not listening")
+    if gfx and gfx.get("type") not in (None, "None"):  # Salt's shape: a headless VM's type is "None"
+        port = gfx.get("port")
+        where = gfx.get("address") or (f"{mid}:{port}" if str(port) not in ("None", "-1") else "not listening")
         local = gfx.get("listen") in ("127.0.0.1", "::1", "localhost")
         out.append(f"    Graphics: {gfx.get('type', '?')} - {where}" + (f" (loopback of {mid})" if local else ""))
         if gfx.get("tunnel"):
@@ -133,7 +141,7 @@ def _vm(mid, name, vm):
             out.append(f"      Backing File: {disk['backing_file']}")
     for mac, nic in sorted((vm.get("nics") or {}).items()):
         out.append(f"    NIC - {mac}:")
-        out.append(f"      Source: {nic.get('source') or '-'}")
+        out.append(f"      Source: {_nic_source(nic)}")
         out.append(f"      Type: {nic.get('type') or '-'}")
         if nic.get("model"):
             out.append(f"      Model: {nic['model']}")

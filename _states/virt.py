@@ -106,7 +106,9 @@ def _check_args(kwargs):
     if refused:
         raise SaltInvocationError(vmargs.STATE_REFUSALS[refused[0]])
     compat.refuse_unknown(
-        kwargs, sorted(vmargs.STATE_KWARGS), "virt.running/defined (they take the arguments of virt.init)"
+        kwargs,
+        sorted({*vmargs.STATE_KWARGS, "images"}),  # images: old Salt's per-call images directory (compat.images_dir)
+        "virt.running/defined (they take the arguments of virt.init)",
     )
 
 
@@ -145,8 +147,11 @@ def _create(ret, name, cpu, mem, start, kwargs):
     from saltvirt.base.validate import allowed_paths as _allowed
 
     test = __opts__["test"]
-    images_dir = _config("virt:images", DEFAULT_IMAGES_DIR)
-    allowed = (__opts__.get("virt") or {}).get("allowed_paths") or ()  # minion config only
+    from saltvirt.base.validate import configured_allowed_paths
+    from saltvirt.spec import compat
+
+    allowed = configured_allowed_paths(__opts__)  # minion config only
+    images_dir = compat.images_dir(kwargs.get("images"), _config("virt:images", DEFAULT_IMAGES_DIR), allowed)
     created = converge.preview(
         name,
         cpu,

@@ -275,12 +275,8 @@ def test_module_live_migration_with_shared_storage(cli, hvs, shared_vm, fabric, 
     t0 = time.monotonic()
     ret = salt(cli, "hv6", "virt.migrate", "vshared", "hv7", unsafe=True, transport="tcp")  # plaintext, by name
     assert ret.returncode == 0, ret
-    ret = ret.data
-    print(f"module migration, shared storage, tcp: {time.monotonic() - t0:.1f} s (libvirt {ret['seconds']} s)")
-    assert ret["source"] == "hv6" and ret["target"] == "hv7" and ret["undefined_on_source"] is True
-    assert ret["live"] is True and ret["tunnelled"] is False and ret["copy_storage"] is None
-    assert ret["target_uri"] == "qemu+tcp://hv7/system" and ret["transport"] == "tcp"
-    assert "plaintext migration" in ret["warnings"][0]
+    print(f"module migration, shared storage, tcp: {time.monotonic() - t0:.1f} s")
+    assert ret.data is True  # Salt's return (its tests assert isinstance(ret, bool)); report=True gives the report
     assert where(local, "vshared") == {"hv7": "running"}
     assert ok(local, "hv7", "virt.vm_info", "vshared")["vshared"]["persistent"] is True
     shared_vm.continued_on("hv7", mark)
@@ -291,7 +287,7 @@ def test_module_tunnelled_tls_migration(local, hvs, shared_vm):
     # memory through the TLS libvirtd connection (16514); hv7's libvirtd authenticates with the client
     # certificate virt.keys wrote from the master's libvirt ext_pillar, and checks hv6's server certificate
     mark = shared_vm.mark("hv7")
-    ret = ok(local, "hv7", "virt.migrate", "vshared", "hv6", tunnel=True, unsafe=True)
+    ret = ok(local, "hv7", "virt.migrate", "vshared", "hv6", tunnel=True, unsafe=True, report=True)
     print(f"module migration, shared storage, tunnelled TLS: libvirt {ret['seconds']} s")
     assert (
         ret["tunnelled"] is True and ret["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client"

@@ -137,6 +137,18 @@ def confined(path: Any, what: str, roots: Sequence[str | None], hint: str = "vir
     )
 
 
+# libvirt's own image directory: allowed unless the minion config sets virt:allowed_paths (an operator
+# default, as Salt's tutorial puts images there; ``allowed_paths: []`` takes it away)
+DEFAULT_ALLOWED_PATHS = ("/var/lib/libvirt/images",)
+
+
+def configured_allowed_paths(opts: Any) -> Any:
+    """``virt:allowed_paths`` of the minion config ``opts`` (never the call, pillar or grains), or
+    :data:`DEFAULT_ALLOWED_PATHS` when the operator has not set it."""
+    conf = (opts or {}).get("virt") or {}
+    return conf.get("allowed_paths", DEFAULT_ALLOWED_PATHS)
+
+
 def allowed_paths(value: Any) -> tuple[str, ...]:
     """``virt:allowed_paths`` from the minion config: a list of absolute directories."""
     if value in (None, "", []):

@@ -179,7 +179,7 @@ def _move(remote, name, source, target, info, prep, kwargs, timeout):
                 retry=False,
             )
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return remote.call(source, "virt.migrate", name, prep["address"], max_wait=timeout, **kwargs)
+        return remote.call(source, "virt.migrate", name, prep["address"], max_wait=timeout, report=True, **kwargs)
     except CommandExecutionError as exc:
         status = getattr(exc, "details", {}).get("status")
         if status == "timeout":  # it may still be migrating: removing its target disks now would break it

@@ -75,8 +75,25 @@ def info(conn: Conn, kind: str, name: str | None = None, inactive: bool = False)
         if kind == "pool" and obj.isActive():
             cap, alloc, avail = obj.info()[1:4]
             facts.update(capacity=cap, allocation=alloc, available=avail)
+        if kind == "network":  # Salt's keys besides ours
+            facts.update(uuid=obj.UUIDString(), leases=_leases(obj))
         out[obj.name()] = facts
     return out
+
+
+LEASE_TYPES = {0: "ipv4", 1: "ipv6"}  # VIR_IP_ADDR_TYPE_*
+
+
+def _leases(net):
+    """The network's DHCP leases as Salt's ``network_info`` gives them (libvirt's dicts, ``type``
+    ipv4/ipv6); [] for a stopped network or a driver without leases."""
+    if not net.isActive():
+        return []
+    try:
+        leases = net.DHCPLeases()
+    except libvirt.libvirtError:
+        return []
+    return [dict(lease, type=LEASE_TYPES.get(lease.get("type"), "unknown")) for lease in leases]
 
 
 def define(conn: Conn, kind: str, spec: Data, replace: bool = False) -> Any:

@@ -72,6 +72,31 @@ def _block_stats(stats):
 XML_SECURE = 1  # libvirt.VIR_DOMAIN_XML_SECURE
 
 
+def _by_mac(ours, theirs):
+    """Salt's NIC entries (:func:`domxml.salt_devices`) lined up with ours (by MAC; None where none)."""
+    by_mac = {n["mac"]: n for n in theirs}
+    return [by_mac.get(n["mac"]) for n in ours]
+
+
+def _disk(d, size):
+    """One disk as Salt's ``get_disks`` entry (``file``, ``type``: the device, ``file format``, ``virtual
+    size``, ``disk size``: left out when unknown, as Salt) plus ours."""
+    out = {
+        "file": d["file"],
+        "type": d["device"],
+        "format": d["format"],
+        "device": d["device"],
+        "bus": d["bus"],
+        "backing_file": d["backing_file"],
+        **({"pool": d["pool"], "volume": d["volume"]} if d.get("pool") else {}),  # from XML: a stopped pool is fine
+        "virtual_size": size.get("capacity"),
+        "allocation": size.get("allocation"),
+    }
+    salts = {"file format": d["format"], "virtual size": size.get("capacity"), "disk size": size.get("allocation")}
+    out.update({k: v for k, v in salts.items() if v is not None})
+    return out
+
+
 def describe(
     dom: Domain, hostname: str, stats: Data | None = None, xml: str | None = None, listed: Data | None = None
 ) -> Data:
@@ -90,38 +115,24 @@ def describe(
     if state_code is None:
         state_code = dom.state()[0]
     blocks = _block_stats(stats)
-    disks = {}
-    for d in facts["disks"]:
-        size = blocks.get(d["target"], {})
-        disks[d["target"]] = {
-            "file": d["file"],
-            "format": d["format"],
-            "device": d["device"],
-            "bus": d["bus"],
-            "backing_file": d["backing_file"],
-            **(
-                {"pool": d["pool"], "volume": d["volume"]} if d.get("pool") else {}
-            ),  # read from XML: a stopped pool is fine
-            "virtual_size": size.get("capacity"),
-            "allocation": size.get("allocation"),
-            # Salt's spellings of the same facts
-            "file format": d["format"],
-            "virtual size": size.get("capacity"),
-            "disk size": size.get("allocation"),
-        }
-    nics = {
-        (n["mac"] or f"nic{i}"): {
-            "type": n["type"],
-            "mac": n["mac"],
-            "source": n["source"],
-            "model": n["model"],
-            "target": n["target"],
-        }
-        for i, n in enumerate(facts["nics"])
-    }
-    graphics = [
-        dict(g, address=_graphics_address(g, hostname), tunnel=graphics_tunnel(g, hostname)) for g in facts["graphics"]
-    ]
+    salt = domxml.salt_devices(root)
+    disks = {d["target"]: _disk(d, blocks.get(d["target"], {})) for d in facts["disks"]}
+    nics = {}
+    for i, (n, theirs) in enumerate(zip(facts["nics"], _by_mac(facts["nics"], salt["nics"]), strict=True)):
+        nic = {"type": n["type"], "mac": n["mac"], "model": n["model"], "target": n["target"]}
+        # Salt's shape: keys it leaves out when unset are left out, source is {network|bridge|dev: ...}
+        nic = {k: v for k, v in nic.items() if v is not None}
+        nic.update(theirs or {"source": {}})
+        nic["source_name"] = n["source"]  # ours: the network, bridge or device name alone
+        nics[n["mac"] or f"nic{i}"] = nic
+    graphics = dict(salt["graphics"], address=None, tunnel=None, password=False)
+    if facts["graphics"]:  # ours besides Salt's: where it listens, how to reach it, whether it has a password
+        g = facts["graphics"][0]
+        graphics.update(address=_graphics_address(g, hostname), tunnel=graphics_tunnel(g, hostname))
+        graphics["password"] = g["password"]
+    cputime = stats.get("cpu.time")
+    if cputime is None:
+        cputime = dom.info()[4]  # drivers without bulk stats
     uuid = dom.UUIDString()  # kept by the domain object: no round trip
     if listed is not None:
         autostart, persistent = uuid in listed["autostart"], uuid in listed["persistent"]
@@ -139,12 +150,12 @@ def describe(
         "cpu": facts["cpu"],
         "mem": facts["mem"],
         "current_mem": facts["current_mem"],
-        "cputime": stats.get("cpu.time"),
+        "cputime": int(cputime),
         "autostart": autostart,
         "persistent": persistent,
         "disks": disks,
         "nics": nics,
-        "graphics": graphics[0] if graphics else None,
+        "graphics": graphics,
         "boot": facts["boot"],
         "serial_log": facts["serial_log"],
         "group": facts["group"],

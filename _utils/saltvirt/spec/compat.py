@@ -173,14 +173,23 @@ def init_args(kwargs: dict[str, Any], where: str = "virt.init") -> list[str]:
         if console is not None and not validate.to_bool(console):
             raise SaltInvocationError(f"{where}: console=False is not supported: every VM has a serial console")
         warnings.append("console is deprecated: every VM has a serial console")
-    if "images" in kwargs:
-        raise SaltInvocationError(
-            f"{where}: images= is not an argument: the source image is image= (or disks: [{{name: system, "
-            "image: ...}}]); the directory VMs live in is the config setting virt:images"
-        )
     if "username" in kwargs or "password" in kwargs:  # Salt's default (empty) only
         validate.no_credentials(kwargs.pop("username", None), kwargs.pop("password", None), where)
     return warnings
+
+
+def images_dir(images: Any, configured: str, allowed: Any, where: str = "virt.init") -> str:
+    """Old Salt's per-call ``images=`` (the directory the VM's disks go to): honoured when it is
+    ``virt:images`` (``configured``) or inside a directory of ``virt:allowed_paths`` (``allowed``, the
+    minion config's); None: ``configured``. Anything else is refused, naming those settings."""
+    if images in (None, ""):
+        return configured
+    return validate.confined(
+        images,
+        f"{where}: images=",
+        (configured, *validate.allowed_paths(allowed)),
+        hint="virt:images (or leave images= out: the VM's disks go to virt:images)",
+    )
 
 
 def refuse_unknown(kwargs: Mapping[str, Any], known: Collection[str], where: str) -> None:
@@ -230,4 +239,10 @@ def profiles(configured: Any) -> Data:
         if not isinstance(table, dict):
             raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")
         out[kind] = {name: spec._profile(configured, kind, name, default) for name in sorted({"default", *table})}
+    # Salt's profiles name the disk model: virtio, what a VM gets when the entry names no bus (copies:
+    # the entries may be the configuration's own)
+    out["disk"] = {
+        name: [e if "bus" in e or "model" in e else dict(e, model="virtio") for e in entries]
+        for name, entries in out["disk"].items()
+    }
     return out

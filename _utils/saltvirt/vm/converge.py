@@ -544,7 +544,7 @@ def apply(conn, dom, desired, changes):
 
 def _managed(cpu, mem, init_args):
     """The fields a call names: an argument given and not None (Salt's "not given"); of ``boot``, only
-    the parts whose keys it has."""
+    the parts whose keys it has (``boot: {}``: all of them, back to the default)."""
     given = {k for k, v in init_args.items() if v is not None}
     boot = init_args.get("boot")
     return [
@@ -553,7 +553,7 @@ def _managed(cpu, mem, init_args):
         if {"cpu": cpu, "mem": mem}.get(f) is not None
         or (
             any(k in given for k in MANAGED_BY.get(f, ()))
-            and not (f in BOOT_PARTS and isinstance(boot, dict) and not set(boot) & set(BOOT_PARTS[f]))
+            and not (f in BOOT_PARTS and isinstance(boot, dict) and boot and not set(boot) & set(BOOT_PARTS[f]))
         )
     ]
 

@@ -581,6 +581,38 @@ def salt_facts(xml: str | ET.Element) -> Data:
     return out
 
 
+# Salt's graphics keys, "None" (a string, as Salt's) when the VM has no console or the attribute is unset
+SALT_GRAPHICS_KEYS = ("autoport", "keymap", "listen", "port", "type")
+SECRET_ATTRS = ("passwd",)  # never reported
+
+
+def salt_devices(xml: str | ET.Element) -> Data:
+    """NICs and graphics as Salt's ``virt.vm_info`` shapes them: ``nics``, one per ``<interface>`` with a
+    MAC, ``{type, mac, model?, target?, source: {attr: value}, driver?/address?/virtualport?: {...}}``
+    (the attributes of those elements, as Salt), and ``graphics``: the attributes of the first
+    ``<graphics>`` as strings over Salt's defaults (``"None"``), the password left out."""
+    root = read(xml)
+    nics: list[Data] = []
+    for iface in root.findall("devices/interface"):
+        nic: Data = {"type": iface.get("type")}
+        for el in iface:
+            if el.tag == "mac":
+                nic["mac"] = el.get("address")
+            elif el.tag == "model":
+                nic["model"] = el.get("type")
+            elif el.tag == "target":
+                nic["target"] = el.get("dev")
+            elif el.tag in ("source", "driver", "address", "virtualport"):
+                nic[el.tag] = dict(el.attrib)
+        nic.setdefault("source", {})
+        if nic.get("mac"):
+            nics.append(nic)
+    graphics = dict.fromkeys(SALT_GRAPHICS_KEYS, "None")
+    for el in root.findall("devices/graphics")[:1]:
+        graphics.update({k: v for k, v in el.attrib.items() if k not in SECRET_ATTRS})
+    return {"nics": nics, "graphics": graphics}
+
+
 def parse_for_compare(xml: str | ET.Element) -> Data:
     """:func:`parse` plus what comparing with a spec needs (``saltvirt.vm.converge``): the current vCPU
     count, each NIC's source by its type (a running VM's network NIC also names its bridge) and the

@@ -134,7 +134,10 @@ def test_parse_what_libvirt_reports(conn):
         "active": True,
         "autostart": False,
         "persistent": True,
+        "uuid": default["uuid"],  # Salt's keys
+        "leases": default["leases"],
     }
+    assert isinstance(default["uuid"], str) and isinstance(default["leases"], list)
     pool = netpool.info(conn, "pool", "default-pool")["default-pool"]
     assert pool["type"] == "dir" and pool["target"] == "/default-pool" and pool["capacity"] > 0
     assert netpool.info(conn, "network", "nope") == {}  # Salt's "not found"

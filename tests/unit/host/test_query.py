@@ -61,8 +61,11 @@ def test_all_vms_answer_autostart_and_persistent_as_one_vm_does(test_conn):
     every = query.vm_info(test_conn)
     flags = {n: (v["autostart"], v["persistent"]) for n, v in every.items() if n in ("auto1", "plain1", "transient1")}
     assert flags == {"auto1": (True, True), "plain1": (False, True), "transient1": (False, False)}
+    def steady(info):  # the test driver's cputime of a running VM is the clock
+        return {k: v for k, v in info.items() if k != "cputime"}
+
     for name in every:
-        assert every[name] == query.vm_info(test_conn, name)[name]
+        assert steady(every[name]) == steady(query.vm_info(test_conn, name)[name])
 
 
 def test_vm_info_says_whether_a_console_has_a_password_never_which(test_conn):

@@ -47,3 +47,29 @@ def test_vm_type_is_salts_name_for_vtype(virt_test):
     assert compat.init_args({"vm_type": None}) == []
     made = virt_test["virt.init"]("vmtype1", 1, 64, disk=None, nic=None, start=False, vm_type="qemu")
     assert made["name"] == "vmtype1" and "<domain type='qemu'" in virt_test["virt.get_xml"]("vmtype1")
+
+
+def test_images_names_virt_images_or_an_allowed_directory(virt_test, tmp_path):
+    """Old Salt's per-call images directory: honoured inside virt:images / virt:allowed_paths, refused
+    elsewhere with the settings that would allow it."""
+    images = virt_test["config.get"]("virt:images")
+    assert compat.images_dir(None, images, ()) == images
+    assert compat.images_dir(images, images, ()) == images
+    sources = str(tmp_path / "sources")  # in the fixture's virt:allowed_paths
+    made = virt_test["virt.init"]("imgs1", 1, 64, nic=None, start=False, seed=False, images=sources)
+    assert made["name"] == "imgs1"
+    assert virt_test["virt.get_disks"]("imgs1")["vda"]["file"].startswith(sources + "/imgs1/")
+    with pytest.raises(SaltInvocationError, match=r"images= /srv is outside .*virt:images.*virt:allowed_paths"):
+        virt_test["virt.init"]("imgs2", 1, 64, nic=None, start=False, seed=False, images="/srv")
+    assert "imgs2" not in virt_test["virt.list_domains"]()
+    virt_test["virt.purge"]("imgs1")
+
+
+def test_libvirts_image_directory_is_allowed_unless_the_operator_says_otherwise():
+    assert compat.validate.configured_allowed_paths({}) == ("/var/lib/libvirt/images",)
+    assert compat.validate.configured_allowed_paths({"virt": {"images": "/srv/vms"}}) == ("/var/lib/libvirt/images",)
+    assert compat.validate.configured_allowed_paths({"virt": {"allowed_paths": []}}) == []
+    assert compat.validate.configured_allowed_paths({"virt": {"allowed_paths": ["/srv/x"]}}) == ["/srv/x"]
+    # the tutorial's image=/var/lib/libvirt/images/...: inside the default roots
+    roots = ("/srv/vms", *compat.validate.configured_allowed_paths({}))
+    assert compat.validate.confined("/var/lib/libvirt/images/centos.img", "image", roots)

@@ -341,7 +341,7 @@ def test_old_argument_spellings_warn_or_are_refused(virt_test):
     assert "install=True is ignored" in text and "serial_type is deprecated" in text and "console" in text
     virt_test["virt.undefine"]("old1")
     for kwargs, message in (
-        ({"images": "/srv"}, "images= is not an argument: the source image is image="),
+        ({"images": "/srv"}, "images= /srv is outside the directories salt-virt may use .* virt:images"),
         ({"serial_type": "tcp"}, "serial_type='tcp' is not supported"),
         ({"hypervisor": "xen"}, "use vtype=kvm or vtype=qemu"),
         ({"os_type": "xen"}, "os_type='xen' is not supported: salt-virt runs full virtualization"),
