@@ -61,6 +61,7 @@ def test_all_vms_answer_autostart_and_persistent_as_one_vm_does(test_conn):
     every = query.vm_info(test_conn)
     flags = {n: (v["autostart"], v["persistent"]) for n, v in every.items() if n in ("auto1", "plain1", "transient1")}
     assert flags == {"auto1": (True, True), "plain1": (False, True), "transient1": (False, False)}
+
     def steady(info):  # the test driver's cputime of a running VM is the clock
         return {k: v for k, v in info.items() if k != "cputime"}
 
