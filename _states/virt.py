@@ -107,7 +107,7 @@ def _check_args(kwargs):
         raise SaltInvocationError(vmargs.STATE_REFUSALS[refused[0]])
     compat.refuse_unknown(
         kwargs,
-        sorted({*vmargs.STATE_KWARGS, "images"}),  # images: old Salt's per-call images directory (compat.images_dir)
+        sorted({*vmargs.STATE_KWARGS, *vmargs.SALT_TAKEN}),  # images=: compat.images_dir
         "virt.running/defined (they take the arguments of virt.init)",
     )
 

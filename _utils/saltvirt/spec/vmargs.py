@@ -84,7 +84,7 @@ ARGS = (
     Arg("minion_id", None, "str", "the new minion's id (default: the VM name)", OWN),
     Arg("minion_config", None, "dict", "extra minion config written into the image"),
     Arg("vtype", None, "kvm or qemu", "domain type (default virt:type, or what the host can run)",
-        salt=("hypervisor",)),
+        salt=("hypervisor", "vm_type")),
     Arg("serial_log", True, "bool or path", "log the serial console to a file", update=True, spec=True),
     Arg("group", None, "str", "anti-affinity group (the runner never puts two of one group on a host)", OWN,
         update=True, spec=True),
@@ -138,9 +138,13 @@ SALT_RETIRED = {
     "install": "ignored with a warning: virt:minion_install installs salt-minion at first boot",
     "serial_type": "pty (or empty) ignored with a warning; anything else refused",
     "console": "True ignored with a warning (every VM has a serial console); False refused",
-    "images": "refused: the source image is image=, the directory is virt:images",
     "username": "empty accepted; anything else refused",
     "password": "empty accepted; anything else refused",
+}
+# Salt's virt.init arguments taken under Salt's meaning without being salt-virt's own parameters
+SALT_TAKEN = {
+    "images": "old Salt's per-call images directory: the VM's disks go there when it is virt:images or inside "
+    "virt:allowed_paths (the hypervisor's config decides), else refused naming those settings",
 }
 
 
@@ -160,7 +164,8 @@ def forward(kwargs: Data, where: str = "salt-run virt.init") -> Data:
         raise SaltInvocationError(
             f"{where}: {arg}= is not forwarded to the hypervisors: {BY_NAME[arg].refusal}; drop {arg}="
         )
-    compat.refuse_unknown(kwargs, [a.name for a in ARGS if a.runner != REFUSE], where)
+    # SALT_TAKEN (images=): checked by the hypervisor (compat.images_dir)
+    compat.refuse_unknown(kwargs, [*(a.name for a in ARGS if a.runner != REFUSE), *SALT_TAKEN], where)
     return kwargs
 
 
@@ -218,6 +223,8 @@ def markdown() -> str:
         )
     lines += ["", "## virt.update only", ""]
     lines += [f"- `{name}`: {doc}" for name, doc in UPDATE_ONLY.items()]
+    lines += ["", "## Salt's arguments taken under Salt's meaning", ""]
+    lines += [f"- `{name}`: {doc}" for name, doc in SALT_TAKEN.items()]
     lines += ["", "## Salt's arguments salt-virt does not take", ""]
     lines += [f"- `{name}`: {doc}" for name, doc in SALT_RETIRED.items()]
     return "\n".join(lines) + "\n"

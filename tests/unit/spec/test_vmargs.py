@@ -116,7 +116,7 @@ def test_markdown_lists_every_argument_once():
     assert page.startswith("# virt.init and virt.update arguments\n")
     for arg in vmargs.ARGS:
         assert page.count(f"| `{arg.name}` |") == 1, arg.name
-    for name in [*vmargs.UPDATE_ONLY, *vmargs.SALT_RETIRED]:
+    for name in [*vmargs.UPDATE_ONLY, *vmargs.SALT_RETIRED, *vmargs.SALT_TAKEN]:
         assert f"- `{name}`: " in page
 
 
