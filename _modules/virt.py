@@ -403,7 +403,11 @@ def purge(vm_, connection=None, **kwargs):
     """
     Power off and undefine a VM, and delete the disk files salt-virt created for it (recorded in
     ``virt:images/<name>/.salt-virt.json`` with the VM's UUID). Anything else — backing images, shared
-    directories, disks it did not create — is kept and listed under ``kept`` with the reason.
+    directories, disks it did not create — is kept and listed under ``kept`` with the reason. A VM
+    salt-virt did not create (``virt.define_xml_*``, virt-install, an older Salt: no ``virt:images/<name>``
+    manifest) loses its disk files as with Salt's purge, except files outside ``virt:images``,
+    ``virt:allowed_paths`` and this host's directory pools, files another domain uses (directly or
+    in a backing chain), files another image backs onto and files in another salt-virt VM's directory.
     Cached base images (``virt:images/.bases``) no image backs onto any more are removed afterwards
     (``bases_removed``). Pool volumes the VM created (``disks: [{pool: ...}]``) are deleted, others kept
     (``volumes``); its internal snapshots are discarded with it (``snapshots_discarded``: their data was
@@ -417,7 +421,7 @@ def purge(vm_, connection=None, **kwargs):
     kwargs.pop("dirs", None), kwargs.pop("removables", None)
     _salt_kwargs(kwargs, "virt.purge", extra=("dirs", "removables"))
     with _conn(connection) as conn:
-        return provision.purge(conn, vm_, images_dir=_images_dir())
+        return provision.purge(conn, vm_, images_dir=_images_dir(), allowed_paths=_allowed_paths())
 
 
 def image_gc(cache=False, connection=None):

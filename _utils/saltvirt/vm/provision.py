@@ -22,7 +22,7 @@ from saltvirt.host import caps, hosttype
 from saltvirt.storage import images, intake
 from saltvirt.guest import cloudinit, firstboot
 from saltvirt.vm import cleanup
-from saltvirt.storage import voldisks
+from saltvirt.storage import foreign, voldisks
 from saltvirt.guest import seed as seeding
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
@@ -258,8 +258,10 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             dom = conn.defineXML(domxml.build(spec))
         undo.add(f"undefine {name}", dom.undefine)
         result["uuid"] = dom.UUIDString()
-        if os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
-            images.set_uuid(spec.vm_dir, result["uuid"])
+        # always a manifest bound to the uuid, even with no file made: purge tells salt-virt's VMs from others by it
+        if not os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
+            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+        images.record_owned(spec.vm_dir, name, [], vm_uuid=result["uuid"])
         progress("defined", uuid=result["uuid"])
 
         result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
@@ -447,8 +449,11 @@ def _cidata(spec, plan, undo):
     return made
 
 
-def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
-    """Stop and undefine ``name``; delete only the disk files salt-virt created for this very VM."""
+def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR, allowed_paths=()):
+    """Stop and undefine ``name``; delete the disk files salt-virt created for this very VM. A VM salt-virt
+    did not create (no ownership manifest in its directory) loses its disk files as with Salt's purge,
+    except what :mod:`saltvirt.storage.foreign` keeps (outside ``images_dir``/``allowed_paths``/pool
+    directories, used by another domain or image)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
     facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
@@ -462,7 +467,10 @@ def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR):
     vm_dir = validate.inside(images_dir, name)
     files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
     vols = voldisks.remove_owned(conn, vm_dir, name, uuid, voldisks.disk_refs(facts))
-    outcome = images.remove_owned(vm_dir, name, uuid, files)
+    if os.path.isdir(vm_dir) and images.load_manifest(vm_dir) is not None:
+        outcome = images.remove_owned(vm_dir, name, uuid, files)
+    else:  # not made by salt-virt: Salt's purge deletes its disks, foreign keeps what others use
+        outcome = foreign.remove(conn, name, files, images_dir, allowed_paths)
     gc = intake.gc_bases(images_dir, conn=conn)  # cached bases nothing on this host uses any more
     return {
         "name": name,

@@ -1,0 +1,71 @@
+"""Salt's meanings on a real libvirtd (hv1, a booted TCG guest): every key of Salt's query returns has
+Salt's type (tests/support/salt_shapes.py), a state given only the name leaves a VM with non-default
+NICs, disks, console, boot order and kernel boot alone, and boot_dev goes with a direct kernel boot."""
+
+import shutil
+
+from saltvirt.xml import domxml
+from tests.support import lab
+from tests.support.salt_shapes import SHAPES, check
+from tests.support.saltloader import load_states
+
+
+def _conforms(function, value):
+    errors = check(value, SHAPES[function], function)
+    assert not errors, "\n".join(errors)
+
+
+def test_shapes_and_a_name_only_state_on_real_libvirt(virt_hv, hv1, guest, boot_args, qemu_tmp):
+    v = virt_hv
+    base = qemu_tmp / "base.qcow2"
+    shutil.copyfile(guest["qcow2"], base)
+    shape = {
+        "nic": None,
+        "interfaces": [{"name": "eth0", "type": "bridge", "source": "br0", "model": "e1000"}],
+        "disks": [{"name": "data", "size": 16, "model": "scsi"}],
+        "graphics": {"type": "vnc"},
+        "boot_dev": "network hd",  # with the kernel below, as Salt takes both
+        "stop_on_reboot": True,
+        "serials": [{"type": "tcp", "port": 4556, "protocol": "raw"}],
+    }
+    ret = v["virt.init"](
+        "rshape1", 1, 128, image=str(base), enable_qcow=True, seed=False, boot=boot_args, vm_type="qemu", **shape
+    )
+    v["virt.init"]("rshape2", 1, 64, seed=False, nic=None, disk=None, start=False)  # headless, nothing attached
+    try:
+        assert ret["state"] == "running"
+        lab.wait_for_text(hv1.path("log", "qemu", "rshape1-serial.log"), "GUEST-BOOT-OK", timeout=300)
+        feats = domxml.feature_facts(v["virt.get_xml"]("rshape1", inactive=True))
+        assert feats["boot_dev"] == ["network", "hd"] and feats["kernel_boot"]["kernel"] == boot_args["kernel"]
+
+        # shapes, with a running VM (block stats: sizes known) and a headless stopped one
+        for name in ("rshape1", "rshape2"):
+            _conforms("vm_info", v["virt.vm_info"](name))
+            _conforms("get_disks", v["virt.get_disks"](name))
+            _conforms("get_nics", v["virt.get_nics"](name))
+            _conforms("get_graphics", v["virt.get_graphics"](name))
+        _conforms("full_info", v["virt.full_info"]())
+        _conforms("node_info", v["virt.node_info"]())
+        _conforms("pool_info", v["virt.pool_info"]())
+        _conforms("network_info", v["virt.network_info"]())
+        _conforms("volume_infos", v["virt.volume_infos"]())
+        _conforms("list_snapshots", v["virt.list_snapshots"]())
+        info = v["virt.vm_info"]("rshape1")["rshape1"]
+        nic = next(iter(info["nics"].values()))
+        assert nic["source"]["bridge"] == "br0" and nic["model"] == "e1000"
+        assert info["graphics"]["type"] == "vnc" and info["graphics"]["port"].isdigit()
+        assert isinstance(info["disks"]["vda"]["virtual size"], int)  # running: libvirt's block stats
+        assert v["virt.get_graphics"]("rshape2")["type"] == "None"
+        assert v["virt.network_info"]("no-such-net") == {} and v["virt.pool_info"]("no-such-pool") == {}
+
+        # a state given only the name changes nothing of either VM
+        st = load_states(v, False)
+        for name, state in (("rshape1", "virt.running"), ("rshape1", "virt.defined"), ("rshape2", "virt.defined")):
+            before = v["virt.get_xml"](name, inactive=True)
+            done = st[state](name)
+            assert done["result"] is True and done["changes"] == {}, done
+            assert v["virt.get_xml"](name, inactive=True) == before
+        assert v["virt.vm_state"]("rshape2") == {"rshape2": "shutoff"}
+    finally:
+        v["virt.purge"]("rshape1")
+        v["virt.purge"]("rshape2")
