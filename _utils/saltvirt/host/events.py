@@ -41,7 +41,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import conn as vconn
-from saltvirt.host import query
+from saltvirt.host import query, saltevents
 
 try:
     import libvirt
@@ -130,6 +130,8 @@ STATE_AFTER = {
 }
 SAFE = "._-+@:"  # kept as they are in a tag part; everything else is %-escaped
 DEFAULTS = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
+# Salt's libvirt_events scheme beside ours (saltvirt.host.saltevents)
+DEFAULTS.update(tags="salt-virt", tag_prefix=saltevents.DEFAULT_PREFIX, filters=None)
 PENDING_MAX = 1000  # events kept for the master while it does not take them (oldest dropped first)
 RETRY_EVERY = 5.0  # seconds between delivery attempts of kept events while nothing else happens
 
@@ -317,6 +319,7 @@ def settings(config: Mapping[str, Any] | None) -> Data:
             raise SaltInvocationError(f"virt_events: unknown event(s) {', '.join(bad)} (known: {', '.join(EVENTS)})")
         out["events"] = set(wanted)
     out["reconcile"] = out["reconcile"] not in (False, "false", "False", 0, "0")
+    out.update(saltevents.settings(out.pop("tags"), out.pop("tag_prefix"), out.pop("filters")))
     return out
 
 
@@ -377,6 +380,7 @@ class Watcher:
         self.connected = threading.Event()  # set while a session runs (tests and the engine's log)
         self.sessions = 0
         self.pending = collections.deque(maxlen=PENDING_MAX)  # (tag, data) the master did not take yet
+        self.uri = None  # the connection's URI (Salt's libvirt_events tags name it)
         self.last_try = 0.0
 
     # libvirt's callbacks (event-loop thread): queue raw facts only ------------------------------
@@ -458,11 +462,37 @@ class Watcher:
             entry["state"] = STATE_AFTER[typ]
             entry["id"] = dom_id if entry["state"] != "shutoff" else -1
 
+    def _send_salt(self, who: Any, kind: str, args: Any) -> None:
+        """The same event in Salt's libvirt_events scheme (engine option ``tags``)."""
+        event_type = {"rebooted": "reboot", "agent": "agent_lifecycle"}.get(kind, kind)
+        if self.options["tags"] == "salt-virt" or not saltevents.wanted(self.options, event_type):
+            return
+        uri = self.uri or ""
+        if kind == "lifecycle":
+            typ, det = _CODES.get(tuple(args), _CODES.get((args[0], None), (None, None)))
+            data = saltevents.lifecycle(uri, who, typ, det)
+        elif kind == "io_error":
+            src_path, dev_alias, action, reason = args
+            data = saltevents.data(uri, who, event_type, srcPath=src_path, dev=dev_alias, action=io_error(action))
+            data["reason"] = reason
+        elif kind == "agent":
+            state, reason = args
+            data = saltevents.data(uri, who, event_type, state=agent(state, reason)[0].removeprefix("agent_"))
+            data["reason"] = _named("VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_REASON_", reason).replace("_", " ")
+        else:
+            data = saltevents.data(uri, who, event_type)
+        self._deliver(saltevents.tag(self.options["tag_prefix"], uri, event_type), data)
+
     def handle(self, kind: str, who: Any, args: Any) -> bool:
         """Map one queued fact to its event and send it; returns False when the connection closed."""
         if kind == "closed":
             return False
         name, uuid, dom_id = who
+        self._send_salt(who, kind, args)
+        if self.options["tags"] == "libvirt_events":  # Salt's tags only
+            if kind == "lifecycle":
+                self._track(name, uuid, dom_id, _CODES.get((args[0], None), (None, None))[0])
+            return True
         if kind == "lifecycle":
             event, detail = args
             typ = _CODES.get((event, None), (None, None))[0]
@@ -514,6 +544,7 @@ class Watcher:
     def session(self, conn: Conn) -> None:
         """Register, reconcile, then send events until the connection closes or :attr:`stop` is set."""
         ids = self._register(conn)
+        self.uri = conn.getURI()
         self._reconcile(snapshot(conn))
         self.sessions += 1
         self._engine("connected", session=self.sessions, reconnect=self.sessions > 1)
