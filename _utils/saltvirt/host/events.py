@@ -129,7 +129,7 @@ STATE_AFTER = {
     "CRASHED": "crashed",
 }
 SAFE = "._-+@:"  # kept as they are in a tag part; everything else is %-escaped
-DEFAULTS = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
+DEFAULTS: dict[str, object] = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
 # Salt's libvirt_events scheme beside ours (saltvirt.host.saltevents)
 DEFAULTS.update(tags="salt-virt", tag_prefix=saltevents.DEFAULT_PREFIX, filters=None)
 PENDING_MAX = 1000  # events kept for the master while it does not take them (oldest dropped first)
