@@ -151,7 +151,7 @@ def _vtype_arg(kwargs: dict[str, Any], key: str, where: str, warnings: list[str]
 def init_args(kwargs: dict[str, Any], where: str = "virt.init") -> list[str]:
     """Map Salt's / older spellings in ``kwargs`` (a dict, modified in place) to salt-virt's;
     returns the deprecation warnings to put in the return. Refuses what cannot be mapped."""
-    warnings = []
+    warnings: list[str] = []
     for key in ("hypervisor", "vm_type"):  # Salt's names: virt.init's (deprecated) and the states'
         _vtype_arg(kwargs, key, where, warnings)
     if "install" in kwargs:
