@@ -223,6 +223,14 @@ def _found_in(nics, leases):
     return {mac: ips for mac, ips in leases.items() if mac in macs}
 
 
+def _network_of(nic: dict[str, Any]) -> str | None:
+    """The libvirt network a vm_info NIC is on (Salt's shape: ``source: {network: ...}``), or None."""
+    if nic.get("type") != "network":
+        return None
+    source = nic.get("source")
+    return source.get("network") if isinstance(source, dict) else source or None
+
+
 def annotate(
     doms: Mapping[str, Domain], infos: dict[str, Data], agent_timeout: float = AGENT_TIMEOUT, conn: Conn = None
 ) -> dict[str, Data]:
@@ -236,12 +244,7 @@ def annotate(
         if info.get("state") == "running" and info.get("nics") and name in doms:
             running[name] = info
     leases, bulk = {}, False  # type: dict[str, Any], bool
-    networks = {
-        nic.get("source")
-        for info in running.values()
-        for nic in info["nics"].values()
-        if nic.get("type") == "network" and nic.get("source")
-    }
+    networks = {_network_of(nic) for info in running.values() for nic in info["nics"].values() if _network_of(nic)}
     if conn is not None and networks:
         leases, bulk = network_leases(conn, networks)
     known = {name: _found_in(running[name]["nics"], leases) for name in running}

@@ -13,6 +13,7 @@ secret) are not relayed.
 """
 
 import urllib.parse
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
@@ -22,7 +23,7 @@ SCHEMES = ("salt-virt", "libvirt_events", "both")
 SALT_OBJECTS = ("network", "pool", "nodedev", "secret")  # Salt's engine has them; not relayed here
 
 
-def settings(tags="salt-virt", tag_prefix=DEFAULT_PREFIX, filters=None):
+def settings(tags: Any = "salt-virt", tag_prefix: Any = DEFAULT_PREFIX, filters: Any = None) -> dict[str, Any]:
     """The engine's ``tags``, ``tag_prefix`` and ``filters`` options, checked."""
     if tags not in SCHEMES:
         raise SaltInvocationError(f"virt_events: tags must be one of {', '.join(SCHEMES)}, not {tags!r}")
@@ -39,13 +40,13 @@ def settings(tags="salt-virt", tag_prefix=DEFAULT_PREFIX, filters=None):
     return {"tags": tags, "tag_prefix": tag_prefix.rstrip("/"), "filters": set(filters)}
 
 
-def wanted(options, event_type):
+def wanted(options: dict[str, Any], event_type: str) -> bool:
     """Whether Salt's ``filters`` relay this domain event type."""
     filters = options["filters"]
     return bool({"all", "domain", f"domain/{event_type}"} & filters)
 
 
-def uri_part(uri):
+def uri_part(uri: str) -> str:
     """``qemu+ssh://user@host:1234/system`` -> ``qemu+ssh/user@host:1234/system`` (Salt's engine)."""
     parsed = urllib.parse.urlparse(uri)
     parts = [parsed.scheme]
@@ -56,15 +57,15 @@ def uri_part(uri):
     return "/".join(parts)
 
 
-def tag(prefix, uri, event_type):
+def tag(prefix: str, uri: str, event_type: str) -> str:
     return f"{prefix}/{uri_part(uri)}/domain/{event_type}"
 
 
-def _words(name):
+def _words(name: str | None) -> str:
     return name.lower().replace("_", " ") if name else "unknown"
 
 
-def data(uri, who, event_type, **extra):
+def data(uri: str, who: tuple[str, str, int], event_type: str, **extra: Any) -> dict[str, Any]:
     """Salt's event data for the domain ``who`` (name, uuid, id)."""
     name, uuid, dom_id = who
     out = {"uri": uri, "domain": {"name": name, "id": dom_id, "uuid": uuid}, "event": event_type}
@@ -72,6 +73,6 @@ def data(uri, who, event_type, **extra):
     return out
 
 
-def lifecycle(uri, who, typ, det):
+def lifecycle(uri: str, who: tuple[str, str, int], typ: str | None, det: str | None) -> dict[str, Any]:
     """A lifecycle event from libvirt's constant names (``STARTED``, ``FROM_SNAPSHOT``) as Salt words them."""
     return data(uri, who, "lifecycle", event=_words(typ), detail=_words(det))

@@ -10,6 +10,8 @@ uses it (as a disk or anywhere in a disk's backing chain) and no image under the
 
 import os
 import stat
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from saltvirt.base import validate
 from saltvirt.xml import domxml
@@ -19,7 +21,7 @@ from saltvirt.host.conn import libvirt
 DIR_POOL_TYPES = ("dir", "fs", "netfs")  # pools whose volumes are files in their target directory
 
 
-def pool_dirs(conn):
+def pool_dirs(conn: Any) -> list[str]:
     """Target directories of this host's running directory-like pools."""
     out = []
     for pool in conn.listAllStoragePools(0):
@@ -35,10 +37,10 @@ def pool_dirs(conn):
     return out
 
 
-def files_in_use(conn, but=None):
+def files_in_use(conn: Any, but: str | None = None) -> dict[str, str]:
     """{realpath: VM name} of every file a domain on this host (other than ``but``) uses: its disks, in
     its definition and while running, and their backing chains."""
-    used = {}
+    used: dict[str, str] = {}
     for dom in conn.listAllDomains(0):
         try:
             if dom.name() == but:
@@ -80,19 +82,22 @@ def _refusal(path, roots, in_use, owner):
     return None
 
 
-def remove(conn, name, files, images_dir, allowed_paths=()):
+def remove(
+    conn: Any, name: str, files: Iterable[str], images_dir: str, allowed_paths: Sequence[str] = ()
+) -> dict[str, Any]:
     """Delete the disk ``files`` of the (already undefined) foreign VM ``name`` that nothing else uses.
     Returns ``{'removed': [paths], 'kept': {path: reason}}``."""
     roots = [images_dir, *allowed_paths, *pool_dirs(conn)]
     in_use = files_in_use(conn, but=name)
-    kept, doomed = {}, {}
+    kept: dict[str, str] = {}
+    doomed: dict[str, str] = {}
     for path in dict.fromkeys(files):
         reason = _refusal(path, roots, in_use, _salt_virt_owner(path, images_dir))
         if reason:
             kept[path] = reason
         else:
             doomed[os.path.realpath(path)] = path
-    users = {}
+    users: dict[str, set[str]] = {}
     for root in roots:
         if root and os.path.isdir(root) and doomed:
             for backing, over in images.backing_users(root).items():
