@@ -421,7 +421,6 @@ def init(
         disk, _note = (entry["min_size"], "catalog") if entry else vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"))
-        compat.refuse_connection_args(module_kwargs, "salt-run virt.init")
         vmcreate.refuse_sealed_args(module_kwargs)
         compat.refuse_operator_switches(module_kwargs)
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything

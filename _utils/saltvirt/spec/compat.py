@@ -96,14 +96,6 @@ def master_opts(opts: SaltOpts) -> SaltOpts:
 VTYPES = ("kvm", "qemu", "test")
 
 
-# never forwarded by the runner: each hypervisor opens the libvirt connection its own minion config names
-CONNECTION_ARGS = ("connection", "username", "password")
-NOT_FORWARDED = (
-    "{where}: {arg}= is not forwarded to the hypervisors: each one uses the libvirt connection its minion config "
-    "names (virt:connection); drop {arg}="
-)
-
-
 # "trust me" switches: the operator's, in the hypervisor's minion config; a call passing one is refused
 OPERATOR_SWITCHES = {
     "allow_http": "virt:insecure_http_images: True",
@@ -119,13 +111,6 @@ def refuse_operator_switches(given: Mapping[str, Any]) -> None:
     for arg, key in OPERATOR_SWITCHES.items():
         if given.get(arg) not in (None, False, "", 0, "False", "false", "no", "off"):
             raise SaltInvocationError(SWITCH_REFUSED.format(arg=arg, key=key))
-
-
-def refuse_connection_args(kwargs: Mapping[str, Any], where: str) -> None:
-    """The runner's refusal of a connection argument meant for a hypervisor (its value is not echoed)."""
-    for arg in CONNECTION_ARGS:
-        if arg in kwargs:
-            raise SaltInvocationError(NOT_FORWARDED.format(where=where, arg=arg))
 
 
 def _vtype_arg(kwargs: dict[str, Any], key: str, where: str, warnings: list[str]) -> None:
