@@ -6,13 +6,8 @@ import shutil
 
 from saltvirt.xml import domxml
 from tests.support import lab
-from tests.support.salt_shapes import SHAPES, check
+from tests.support.salt_shapes import assert_all_conform
 from tests.support.saltloader import load_states
-
-
-def _conforms(function, value):
-    errors = check(value, SHAPES[function], function)
-    assert not errors, "\n".join(errors)
 
 
 def test_shapes_and_a_name_only_state_on_real_libvirt(virt_hv, hv1, guest, boot_args, qemu_tmp):
@@ -39,17 +34,7 @@ def test_shapes_and_a_name_only_state_on_real_libvirt(virt_hv, hv1, guest, boot_
         assert feats["boot_dev"] == ["network", "hd"] and feats["kernel_boot"]["kernel"] == boot_args["kernel"]
 
         # shapes, with a running VM (block stats: sizes known) and a headless stopped one
-        for name in ("rshape1", "rshape2"):
-            _conforms("vm_info", v["virt.vm_info"](name))
-            _conforms("get_disks", v["virt.get_disks"](name))
-            _conforms("get_nics", v["virt.get_nics"](name))
-            _conforms("get_graphics", v["virt.get_graphics"](name))
-        _conforms("full_info", v["virt.full_info"]())
-        _conforms("node_info", v["virt.node_info"]())
-        _conforms("pool_info", v["virt.pool_info"]())
-        _conforms("network_info", v["virt.network_info"]())
-        _conforms("volume_infos", v["virt.volume_infos"]())
-        _conforms("list_snapshots", v["virt.list_snapshots"]())
+        assert_all_conform(v, ("rshape1", "rshape2"))
         info = v["virt.vm_info"]("rshape1")["rshape1"]
         nic = next(iter(info["nics"].values()))
         assert nic["source"]["bridge"] == "br0" and nic["model"] == "e1000"

@@ -131,6 +131,22 @@ def check(value, schema, path="ret"):
     return errors
 
 
+def assert_conforms(function, value):
+    """Fail with every way ``value`` (what ``virt.<function>`` returned) differs from Salt's shape."""
+    errors = check(value, SHAPES[function], function)
+    assert not errors, "\n".join(errors)
+
+
+def assert_all_conform(virt, vm_names):
+    """Every function of :data:`SHAPES` through ``virt`` (``__salt__``): per VM of ``vm_names`` and host-wide."""
+    for name in vm_names:
+        for function in ("vm_info", "get_disks", "get_nics", "get_graphics"):
+            assert_conforms(function, virt[f"virt.{function}"](name))
+    for function in ("vm_info", "full_info", "node_info", "pool_info", "network_info", "volume_infos"):
+        assert_conforms(function, virt[f"virt.{function}"]())
+    assert_conforms("list_snapshots", virt["virt.list_snapshots"]())
+
+
 SALTEXT_MODULE = "saltext/virt/modules/virt.py"
 PLACEHOLDERS = {"<int>": "0", "<float>": "0.0", "<bool>": "True", "<str>": "''"}
 

@@ -102,20 +102,5 @@ def remove(
         if root and os.path.isdir(root) and doomed:
             for backing, over in images.backing_users(root).items():
                 users.setdefault(backing, set()).update(over)
-    changed = True
-    while changed:  # a kept image keeps its backing file (and that one's own)
-        changed = False
-        for real, path in list(doomed.items()):
-            alive = sorted(u for u in users.get(real, ()) if u not in doomed and os.path.exists(u))
-            if alive:
-                kept[path] = f"backing file of {alive[0]}: delete that image first"
-                del doomed[real]
-                changed = True
-    removed = []
-    for real, path in doomed.items():
-        try:
-            os.unlink(real)
-            removed.append(path)
-        except OSError as exc:
-            kept[path] = f"could not delete: {exc.strerror}"
+    removed = images.unlink_unless_backing(doomed, users, kept)
     return {"removed": removed, "kept": kept}

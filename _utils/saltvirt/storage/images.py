@@ -9,7 +9,7 @@ Rules kept here:
 * a qcow2 overlay always records its backing format (``-F``): qemu must never probe a backing file.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 import contextlib
 import datetime
@@ -439,6 +439,32 @@ def backing_users(images_root: str) -> dict[str, list[str]]:
     return users
 
 
+def unlink_unless_backing(
+    doomed: dict[str, str], users: Mapping[str, Iterable[str]], kept: dict[str, str]
+) -> list[str]:
+    """Delete ``doomed`` ({realpath: path as given}) except a file an image that stays backs onto
+    (``users``: :func:`backing_users`); a kept image keeps its backing file, which keeps its own, ...
+    The reasons go into ``kept``; returns the paths deleted."""
+    doomed = dict(doomed)
+    changed = True
+    while changed:
+        changed = False
+        for real, path in list(doomed.items()):
+            alive = sorted(u for u in users.get(real, ()) if u not in doomed and os.path.exists(u))
+            if alive:
+                kept[path] = f"backing file of {alive[0]}: delete that image first"
+                del doomed[real]
+                changed = True
+    removed = []
+    for real, path in doomed.items():
+        try:
+            os.unlink(real)
+            removed.append(path)
+        except OSError as exc:
+            kept[path] = f"could not delete: {exc.strerror}"
+    return removed
+
+
 def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths: Iterable[str]) -> Data:  # noqa: C901, PLR0912 - every refusal reason in one place
     """Delete those of ``candidate_paths`` this VM owns and nothing else backs onto.
 
@@ -472,21 +498,7 @@ def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths
             else:
                 doomed[os.path.realpath(path)] = path
         users = backing_users(os.path.dirname(os.path.realpath(vm_dir))) if doomed else {}
-        changed = True
-        while changed:  # a kept image keeps its backing file, which keeps its own backing file, ...
-            changed = False
-            for real, path in list(doomed.items()):
-                alive = [u for u in users.get(real, []) if u not in doomed and os.path.exists(u)]
-                if alive:
-                    kept[path] = f"backing file of {alive[0]}: delete that image first"
-                    del doomed[real]
-                    changed = True
-        for real, path in doomed.items():
-            try:
-                os.unlink(real)
-                removed.append(path)
-            except OSError as exc:
-                kept[path] = f"could not delete: {exc.strerror}"
+        removed += unlink_unless_backing(doomed, users, kept)
         if not not_ours:
             left = [f for f in manifest["files"] if os.path.lexists(f) and _inside(vm_dir, f)]
             if left or manifest.get("volumes"):  # volumes it owns keep the manifest (see saltvirt.storage.voldisks)

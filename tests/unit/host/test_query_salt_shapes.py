@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from tests.support import salt_shapes
-from tests.support.salt_shapes import SHAPES, check
+from tests.support.salt_shapes import SHAPES, assert_all_conform, assert_conforms, check
 
 SALTEXT_SITE = pathlib.Path("/var/cache/salt-virt/bench-saltext-venv/lib/python3.11/site-packages")
 NICS = [
@@ -39,20 +39,8 @@ def v(virt_test):
     virt_test["virt.delete_snapshots"]("shape-full", all=True)  # the fixture's undefine refuses a VM with snapshots
 
 
-def _conforms(function, value):
-    errors = check(value, SHAPES[function], function)
-    assert not errors, "\n".join(errors)
-
-
 def test_vm_facts_have_salts_types(v):
-    for name in ("shape-full", "shape-bare", "test"):  # the driver's own VM runs
-        _conforms("vm_info", v["virt.vm_info"](name))
-        _conforms("get_disks", v["virt.get_disks"](name))
-        _conforms("get_nics", v["virt.get_nics"](name))
-        _conforms("get_graphics", v["virt.get_graphics"](name))
-    _conforms("vm_info", v["virt.vm_info"]())
-    _conforms("full_info", v["virt.full_info"]())
-    _conforms("node_info", v["virt.node_info"]())
+    assert_all_conform(v, ("shape-full", "shape-bare", "test"))  # the driver's own VM runs
 
 
 def test_the_cases_a_client_iterates(v):
@@ -68,21 +56,21 @@ def test_the_cases_a_client_iterates(v):
 
 
 def test_host_storage_network_and_snapshot_shapes(v):
-    _conforms("pool_info", v["virt.pool_info"]())
-    _conforms("network_info", v["virt.network_info"]())
+    assert_conforms("pool_info", v["virt.pool_info"]())
+    assert_conforms("network_info", v["virt.network_info"]())
     assert v["virt.network_stop"]("default") is True
     try:
         stopped = v["virt.network_info"]("default")
-        _conforms("network_info", stopped)
+        assert_conforms("network_info", stopped)
         assert stopped["default"]["leases"] == []
     finally:
         v["virt.network_start"]("default")
     volumes = v["virt.volume_infos"]()
     assert "shape-vol" in volumes["default-pool"]
-    _conforms("volume_infos", volumes)
+    assert_conforms("volume_infos", volumes)
     snaps = v["virt.list_snapshots"]()
     assert snaps["shape-bare"] == "N/A" and snaps["shape-full"][0]["name"] == "snap1"
-    _conforms("list_snapshots", snaps)
+    assert_conforms("list_snapshots", snaps)
     # absent: Salt's "not found" answers
     assert v["virt.network_info"]("no-such") == {} and v["virt.pool_info"]("no-such") == {}
     assert v["virt.volume_infos"]("default-pool", "no-such") == {}
