@@ -17,6 +17,17 @@ from saltvirt.host.query import state_name
 from tests.support.paths import TEST_NODE_XML
 
 
+def local_store(tmp_path, master_id="m1"):
+    """A real localfs store (Salt's cache), as one master uses it."""
+    import salt.config  # noqa: PLC0415 - only the tests that want a store pay for it
+
+    from saltvirt.fleet import fleetstate  # noqa: PLC0415
+
+    opts = salt.config.master_config(None)
+    opts.update({"id": master_id, "cachedir": str(tmp_path / "cache"), "pki_dir": str(tmp_path / "pki"), "virt": {}})
+    return fleetstate.Store(opts)
+
+
 def domain_xml(name, disk, uuid, mem=128):
     return (
         f"<domain type='test'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>{mem}</memory><vcpu>1</vcpu>"

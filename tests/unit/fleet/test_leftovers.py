@@ -5,18 +5,15 @@ import os
 
 import pytest
 
-from saltvirt.fleet import fleetstate, leftovers
+from saltvirt.fleet import leftovers
 from saltvirt.storage import images
 from saltvirt.vm import cleanup
+from tests.support.testfleet import local_store
 
 
 @pytest.fixture
 def store(tmp_path):
-    import salt.config
-
-    opts = salt.config.master_config(None)
-    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "virt": {}})
-    return fleetstate.Store(opts)
+    return local_store(tmp_path)
 
 
 def half_init(images_dir, name):

@@ -3,8 +3,8 @@
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.fleet import fleetstate, publish as fleet, recovery, recovery_guard as guard
-from tests.support.testfleet import TestFleet, domain_xml
+from saltvirt.fleet import publish as fleet, recovery, recovery_guard as guard
+from tests.support.testfleet import TestFleet, domain_xml, local_store
 
 
 def rec(**vms):
@@ -173,12 +173,7 @@ def test_nothing_to_restart_is_not_fenced(tmp_path, monkeypatch):
 
 @pytest.fixture
 def store(tmp_path):
-    """A real localfs store (Salt's cache), as one master uses it."""
-    import salt.config
-
-    opts = salt.config.master_config(None)
-    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "pki_dir": str(tmp_path / "pki"), "virt": {}})
-    return fleetstate.Store(opts)
+    return local_store(tmp_path)
 
 
 class Back(Fleet):

@@ -5,19 +5,15 @@ import time
 
 import pytest
 
-from saltvirt.fleet import fleetstate, publish as fleet, recovery_guard as guard
-from tests.support.testfleet import TestFleet, domain_xml
+from saltvirt.fleet import publish as fleet, recovery_guard as guard
+from tests.support.testfleet import TestFleet, domain_xml, local_store
 
 UUID = "3f6ba1d4-1111-4c1b-9a40-0123456789ab"
 
 
 @pytest.fixture
 def store(tmp_path):
-    import salt.config
-
-    opts = salt.config.master_config(None)
-    opts.update({"id": "m1", "cachedir": str(tmp_path / "cache"), "virt": {}})
-    return fleetstate.Store(opts)
+    return local_store(tmp_path)
 
 
 @pytest.fixture
