@@ -65,7 +65,11 @@ def _cleaned(ans):
         return {"error": f"{ans['status']}: {ans.get('error')}"}, False
     ret = ans["ret"] if isinstance(ans["ret"], dict) else {"error": str(ans["ret"])}
     if str(ret.get("domain") or "").startswith("kept: a complete VM"):
-        ret = dict(ret, note="the abandoned virt.init finished there after all: two VMs of this name, purge one")
+        ret = dict(
+            ret,
+            note="the abandoned virt.init finished there after all: that VM is complete and kept "
+            "(virt.purge it there if the VM was created on another host too)",
+        )
     return ret, not (ret.get("error") or ret.get("errors"))
 
 

@@ -64,4 +64,4 @@ def test_an_abandoned_host_is_cleaned_once_it_answers(tmp_path, store, test_conn
 def test_a_late_init_that_finished_is_reported_not_removed():
     ans = {"status": "up", "ret": {"domain": "kept: a complete VM (virt.purge removes it)", "errors": []}}
     report, finished = leftovers._cleaned(ans)
-    assert finished and "two VMs of this name" in report["note"]
+    assert finished and "finished there after all: that VM is complete and kept" in report["note"]
