@@ -54,13 +54,19 @@ def recovery_record(connection=None):
 def recovery_probe(host, uri=None, wait=10):
     """
     Can this hypervisor reach the libvirtd of peer ``host``? ``uri``: the URI to try (the master's
-    ``virt:recovery:probe_uri``); default the URI a migration to ``host`` would use (TLS with this
-    host's client certificate, ``virt:migration`` settings). Returns ``{uri, reachable, error}``.
+    ``virt:recovery:probe_uri``: ``qemu+tls``/``qemu+tcp`` to ``/system`` only); default this minion's own
+    ``virt:recovery:probe_uri`` (minion config, ``{host}`` replaced: any URI, e.g. with ``?socket=``),
+    else the URI a migration to ``host`` would use (TLS with this host's client certificate,
+    ``virt:migration`` settings). Returns ``{uri, reachable, down, error}``.
 
     CLI Example:: salt 'hyper2' virt.recovery_probe hyper1
     """
+    template = _c.salt_config(__salt__)("virt:recovery:probe_uri", None)  # this minion's operator config
     if uri:
         _c.peer_uri(uri, "virt.recovery_probe uri")
+    elif template:
+        validate.host_name(host, "host (a hypervisor's minion id)")
+        uri = str(template).replace("{host}", host)
     else:
         mig = _migrate.settings(_c.salt_config(__salt__))
         target = mig["hosts"].get(host, host)

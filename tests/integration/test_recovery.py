@@ -7,9 +7,10 @@ namespaced libvirtd (no TLS: migrations here ask for plaintext by name).
     hv11, hv12  the survivors
 
 Shared storage: one directory (``rec-store``) every hypervisor sees at the same path, in their
-``virt:allowed_paths``; each hypervisor's ``virt:images`` is its own. How the survivors check the
-failed host's libvirtd: ``virt:recovery:probe_uri`` names its unix socket (the lab's libvirtds listen
-in network namespaces the minions cannot reach; on a real fleet the default, the TLS migration URI).
+``virt:allowed_paths``; each hypervisor's ``virt:images`` is its own. Each libvirtd leases every disk in
+``rec-store/.lockspace`` (virtlockd): QEMU never opens a disk another host holds. How the survivors check the
+failed host's libvirtd: the minions' ``virt:recovery:probe_uri`` names its unix socket (the lab's libvirtds
+listen in network namespaces the minions cannot reach; on a real fleet the default, the TLS migration URI).
 Proof that a recovered guest runs: a fresh boot and heartbeats on its console on the new host.
 """
 
@@ -17,8 +18,10 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -40,8 +43,10 @@ def store(lab_dir, guest):
 
 
 @pytest.fixture(scope="module")
-def lab_hvs(lab_dir, fabric):
-    hvs = {f"hv{i}": lab.Hypervisor(lab_dir, i, fabric) for i in HVS}
+def lab_hvs(lab_dir, fabric, store):
+    # libvirt's lock manager with its lockspace on the shared storage: the last guard (disk leases)
+    (store / ".lockspace").mkdir()
+    hvs = {f"hv{i}": lab.Hypervisor(lab_dir, i, fabric, lockspace=str(store / ".lockspace")) for i in HVS}
     try:
         yield hvs
     finally:
@@ -53,9 +58,9 @@ def lab_hvs(lab_dir, fabric):
 def master_virt(lab_dir):
     return {
         # bounded waits, generous enough for a loaded shared machine: a slow minion must not look down here
-        "hypervisors": {"tgt": "hv1[012]", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 8},
+        "hypervisors": {"tgt": "hv1[012]", "tgt_type": "glob", "timeout": 15, "gather_job_timeout": 20},
         "placement": {"mem_reserve_mib": 256, "disk_reserve_mib": 0},
-        "recovery": {"probe_uri": f"qemu+unix:///system?socket={lab_dir}/{{host}}/run/libvirt-sock", "probe_wait": 5},
+        "recovery": {"probe_wait": 5},
     }
 
 
@@ -75,6 +80,8 @@ def minions(rmaster, lab_hvs, lab_dir, store):
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
         config["virt"]["allowed_paths"].append(str(store))
+        # how a survivor checks a host's libvirtd: its unix socket (operator config: a URI with options)
+        config["virt"]["recovery"] = {"probe_uri": f"qemu+unix:///system?socket={lab_dir}/{{host}}/run/libvirt-sock"}
         factories[name] = start_minion(rmaster, name, config)
     started = []
     try:
@@ -194,6 +201,7 @@ def test_recover_a_failed_host(rmaster, local, lab_hvs, minions, store, guest, r
         boot=boot,
     )
     beating(lab_hvs["hv10"], "rvm")
+    ok(local, "hv10", "virt.set_autostart", "rvm", "on")  # hv10 would start it again when it boots
 
     ret = run(rmaster, "virt.record")
     assert ret.returncode == 0, ret
@@ -273,6 +281,8 @@ def test_rebalance_proposes_then_migrates(rmaster, local, lab_hvs, minions, stor
 
 def test_reconcile_when_the_failed_host_is_back(rmaster, local, lab_hvs, minions, store):
     hv10 = lab_hvs["hv10"]
+    for marker in pathlib.Path(hv10.path("run")).rglob("autostarted"):  # a boot: libvirtd autostarts again
+        marker.unlink()
     hv10.restart_daemon()  # the fenced host comes back with its old definitions (its guests are gone)
     minions["hv10"].start()
     all_hvs = ("hv10", "hv11", "hv12")
@@ -280,11 +290,15 @@ def test_reconcile_when_the_failed_host_is_back(rmaster, local, lab_hvs, minions
     while "hv10" not in local.cmd("hv10", "virt.vm_state", timeout=10):  # its minion and libvirtd answer
         assert time.monotonic() < deadline, "hv10's minion did not come back"
     recovered_on = where(local, "rvm", ("hv11", "hv12"))
-    assert where(local, "rvm", all_hvs) == dict(recovered_on, hv10="shutoff")  # defined twice: one stale
+    # defined twice, one stale: its autostart on boot was refused by the lock manager (the lease is held)
+    assert where(local, "rvm", all_hvs) == dict(recovered_on, hv10="shutoff")
+    log = pathlib.Path(hv10.path("log", "libvirtd.log")).read_text(errors="replace")
+    print("hv10 autostart:", [line for line in log.splitlines() if "autostart" in line.lower()][-3:])
 
     ret = run(rmaster, "virt.reconcile", "hv10")
     assert ret.returncode == 0, ret
     assert list(ret.data["undefined"]) == ["rvm"] and ret.data["conflicts"] == {}, ret.data
+    assert ret.data["autostart_off"] == ["rvm"], ret.data  # first of all
     assert where(local, "rvm", all_hvs) == recovered_on  # one definition left: the running one
     assert (store / "rvm.qcow2").exists()  # its disk is shared and in use: kept
     ret = run(rmaster, "virt.reconcile", "hv10")  # nothing left to do
@@ -296,3 +310,68 @@ def test_both_runner_files_make_one_virt_runner(rmaster):
     (virt.record/recover/rebalance/reconcile ran above; virt.py's functions are still there)."""
     ret = run(rmaster, "virt.host_info")
     assert ret.returncode == 0 and ret.data["hv11"]["status"] == "up", ret
+
+
+def seeding_job(vm_dir):
+    """The pid of the job seeding a disk in ``vm_dir``: from the qemu-storage-daemon serving it, its FUSE
+    export's scratch directory, and the owner mark seeding writes there."""
+    from saltvirt.base import procs
+    from saltvirt.vm import cleanup
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if os.path.basename(args[0]) != "qemu-storage-daemon" or not any(vm_dir in a for a in args):
+            continue
+        for arg in args:
+            if '"mountpoint"' in arg:
+                owner = pathlib.Path(os.path.dirname(json.loads(arg)["mountpoint"])) / "owner"
+                mark = owner.read_text() if owner.exists() else ""
+                if procs.alive(mark) and os.path.basename(os.path.dirname(str(owner))).startswith(cleanup.SEED_PREFIX):
+                    return int(mark.split()[0])
+    return None
+
+
+def test_a_host_abandoned_mid_init_is_cleaned_once_it_answers(rmaster, local, lab_hvs, minions, lab_dir):
+    """`salt-run virt.init host=hv11` whose job on hv11 is SIGKILLed while it seeds: the runner falls over
+    to another hypervisor and remembers hv11; what the killed job left there (disk, seeding mounts, loop
+    devices, qemu-storage-daemon) goes at the next `salt-run virt.record`, and `virt.purge` cleans every host."""
+    from tests.support.seed_helpers import leftovers
+
+    name = "fall1"
+    vm_dir = pathlib.Path(lab_dir) / "hv11-images" / name
+    salt_run = os.path.join(os.path.dirname(sys.executable), "salt-run")
+    cmd = [salt_run, "-c", rmaster.config_dir, "--out=json", "virt.init", name, "1", "128"]
+    runner = subprocess.Popen(
+        [*cmd, "salt://images/guest.raw", "nic=None", "start=False", "host=hv11"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + BOOT_WAIT
+    while seeding_job(str(vm_dir)) is None:  # seeding attached the new disk: kill the job right there
+        assert runner.poll() is None and time.monotonic() < deadline, runner.stdout.read()
+        time.sleep(0.05)
+    os.kill(seeding_job(str(vm_dir)), signal.SIGKILL)
+    out, _ = runner.communicate(timeout=BOOT_WAIT)
+    assert runner.returncode == 0, out
+    created = json.loads(out)
+    created = created.get("data", created)
+    assert created["host"] in ("hv10", "hv12"), created
+    left = leftovers(str(vm_dir))
+    assert left and vm_dir.exists(), left  # the killed job's debris on hv11, for now
+
+    ret = run(rmaster, "virt.record")
+    assert ret.returncode == 0, ret
+    healed = ret.data["abandoned_init_cleanup"]["hv11"][name]
+    assert healed["interrupted"] is True and healed["errors"] == [], healed
+    assert leftovers(str(vm_dir)) == [] and not vm_dir.exists(), healed
+    ret = run(rmaster, "virt.record")
+    assert "abandoned_init_cleanup" not in ret.data, ret.data  # done: forgotten
+
+    ret = run(rmaster, "virt.purge", name)
+    assert ret.returncode == 0, ret
+    assert sorted(ret.data["cleanup_elsewhere"]) == ["hv10", "hv11", "hv12"], ret.data
+    assert where(local, name, ("hv10", "hv11", "hv12")) == {}
