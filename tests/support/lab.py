@@ -271,6 +271,7 @@ class Hypervisor:
             mount --bind {d}/cache /var/cache/libvirt
             mount --bind {d}/log   /var/log/libvirt
             mount --bind {d}/hosts /etc/hosts
+            virtlogd -d -p {d}/virtlogd.pid || true
             {f"virtlockd -d -p {d}/virtlockd.pid || true" if self.lockspace else ""}
             libvirtd -d -l -p {d}/libvirtd.pid
         """
