@@ -1,6 +1,20 @@
-"""Process identity: a pid alone is reused by the kernel, a pid with its start time is not."""
+"""Process identity: a pid alone is reused by the kernel, a pid with its start time is not; and the
+command lines of this host's processes."""
 
 import os
+from collections.abc import Iterator
+
+
+def cmdlines() -> Iterator[tuple[int, list[str]]]:
+    """``(pid, argv)`` of every process this host shows in /proc (those gone meanwhile are skipped)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and args[0]:
+            yield int(pid), args
 
 
 def start_time(pid: int) -> int | None:

@@ -41,7 +41,7 @@ import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil, tools, validate
+from saltvirt.base import fsutil, procs, tools, validate
 from saltvirt.xml import domxml
 from saltvirt.host import query, snapshot
 from saltvirt.storage import images
@@ -294,15 +294,10 @@ def stall_bound(value):
 
 def _qemu_pid(uuid):
     """The pid of the QEMU running the domain ``uuid`` on this host, or None."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
+    for pid, args in procs.cmdlines():
         qemu = os.path.basename(args[0]).startswith("qemu-system") and "-uuid" in args[:-1]
         if qemu and args[args.index("-uuid") + 1] == uuid:
-            return int(pid)
+            return pid
     return None
 
 

@@ -17,3 +17,12 @@ def test_a_mark_names_one_process_and_outlives_it():
     pid = me.split()[0]
     assert procs.alive(f"{pid} 1") is False  # same pid, another start: another process
     assert procs.alive("garbage") is None and procs.alive("") is None
+
+
+def test_cmdlines_show_a_running_process():
+    child = subprocess.Popen(["sleep", "31"])
+    try:
+        assert (child.pid, ["sleep", "31", ""]) in list(procs.cmdlines())
+    finally:
+        child.kill()
+        child.wait()
