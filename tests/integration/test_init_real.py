@@ -84,7 +84,10 @@ def test_vnc_port_answers_rfb(virt_hv, hv1, boot_args):
     virt_hv["virt.init"]("vnc1", 1, 128, disk=None, boot=boot_args, enable_vnc=True)
     try:
         gfx = virt_hv["virt.get_graphics"]("vnc1")
-        assert gfx["type"] == "vnc" and gfx["listen"] == "127.0.0.1" and gfx["port"] >= 5900
+        # Salt's shape: the <graphics> attributes as strings (port "5900", autoport "yes")
+        assert gfx["type"] == "vnc" and gfx["listen"] == "127.0.0.1" and gfx["autoport"] == "yes"
+        assert gfx["port"].isdigit() and int(gfx["port"]) >= 5900
+        assert gfx["password"] is True and "passwd" not in gfx  # generated, reported only as a yes/no
         # the console listens on the hypervisor's loopback: reported as such, with the ssh tunnel to it
         assert gfx["address"] == f"127.0.0.1:{gfx['port']}"
         assert gfx["tunnel"] == f"ssh -N -L {gfx['port']}:127.0.0.1:{gfx['port']} hv1"
@@ -98,7 +101,17 @@ def test_vnc_port_answers_rfb(virt_hv, hv1, boot_args):
 def test_no_vnc_unless_asked(virt_hv, boot_args):
     virt_hv["virt.init"]("novnc1", 1, 128, disk=None, boot=boot_args, start=False)
     try:
-        assert virt_hv["virt.get_graphics"]("novnc1") is None
+        # Salt's shape for a VM without a console: its keys, each the string "None"
+        assert virt_hv["virt.get_graphics"]("novnc1") == {
+            "autoport": "None",
+            "keymap": "None",
+            "listen": "None",
+            "port": "None",
+            "type": "None",
+            "address": None,
+            "tunnel": None,
+            "password": False,
+        }
     finally:
         virt_hv["virt.purge"]("novnc1")
 

@@ -299,8 +299,9 @@ def new_tag():
     return uuid.uuid4().hex[:4]
 
 
-def wait_for_text(path, text, timeout=60):
-    """Wait until ``text`` appears in file ``path`` (a guest's serial log); return the file content."""
+def wait_for_text(path, text, timeout=180):
+    """Wait until ``text`` appears in file ``path`` (a guest's serial log); return the file content. The
+    bound is generous: TCG guests on a shared 2-core host at load 20-40 took >60 s to print their seed."""
     deadline = time.monotonic() + timeout
     content = ""
     while time.monotonic() < deadline:
