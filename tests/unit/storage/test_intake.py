@@ -162,7 +162,9 @@ def test_http_checksum_and_nothing_kept_on_mismatch(base, web, tmp_path):
 # downloads ---------------------------------------------------------------------------------------
 def test_plain_http_needs_allow_http(web, tmp_path):
     web.files["/x.raw"] = b"\0" * 4096
-    with pytest.raises(SaltInvocationError, match="plain http is refused .* allow_http=True"):
+    with pytest.raises(
+        SaltInvocationError, match="plain http is refused .* virt:insecure_http_images: True in the minion"
+    ):
         intake.accept(web.url("/x.raw"), str(tmp_path / "cache"))
     assert web.log == [] and not os.path.exists(tmp_path / "cache")
 
@@ -442,9 +444,12 @@ def test_virt_init_refuses_bad_checksum_redirect_and_oversize(virt_test, base, t
     with pytest.raises(CommandExecutionError, match=r"refused \(https -> http"):
         v["virt.init"]("evilvm", 1, 64, image=tls.url("/moved.raw", userinfo="u:pw"), **args)
     web.streams["/big.raw"] = (b"\0" * 65536, 1024)
-    capped = make_minion_mods(tmp_path, "test:///default", images_dir=images_dir, max_image_mib=1)
+    # plain http only because the operator opted in (minion config), never by a call argument
+    capped = make_minion_mods(
+        tmp_path, "test:///default", images_dir=images_dir, max_image_mib=1, insecure_http_images=True
+    )
     with pytest.raises(SaltInvocationError, match=r"more than virt:max_image_mib \(1 MiB\)"):
-        capped["virt.init"]("evilvm", 1, 64, image=web.url("/big.raw"), allow_http=True, **args)
+        capped["virt.init"]("evilvm", 1, 64, image=web.url("/big.raw"), **args)
     _nothing_left(v, "evilvm", images_dir)
     ok = v["virt.init"](
         "goodvm", 1, 64, image=base["qcow2"], checksum="sha256:" + digest(base["qcow2"]), enable_qcow=False, **args
@@ -453,13 +458,15 @@ def test_virt_init_refuses_bad_checksum_redirect_and_oversize(virt_test, base, t
     assert v["virt.purge"]("goodvm")["removed"] == [ok["disks"][0]["path"]]
 
 
-def test_purge_collects_the_cached_base_of_its_overlay(virt_test, base, web):
+def test_purge_collects_the_cached_base_of_its_overlay(virt_test, base, web, tmp_path):
     """An overlay from a downloaded image backs onto <images>/.bases/...; purging the last VM that uses
     it removes the base too (virt.image_gc cache=True then empties the download cache)."""
-    v, images_dir = virt_test, virt_test.opts["virt"]["images"]
+    images_dir = virt_test.opts["virt"]["images"]  # virt_test: removes the test driver's domains afterwards
+    # plain http only because the operator opted in (minion config), never by a call argument
+    v = make_minion_mods(tmp_path / "http", "test:///default", images_dir=images_dir, insecure_http_images=True)
     with open(base["qcow2"], "rb") as fh:
         web.files["/g.qcow2"] = fh.read()
-    args = {"nic": None, "seed": False, "start": False, "enable_qcow": True, "allow_http": True}
+    args = {"nic": None, "seed": False, "start": False, "enable_qcow": True}
     one = v["virt.init"]("gc1", 1, 64, image=web.url("/g.qcow2"), **args)
     two = v["virt.init"]("gc2", 1, 64, image=web.url("/g.qcow2"), **args)
     # the server sends no ETag: the second init downloads again and gets a base of its own
@@ -506,15 +513,14 @@ def test_local_image_confined_to_the_given_roots(outside, base, tmp_path):
     assert not os.path.exists(cache)
 
 
-def test_virt_init_refuses_a_local_image_outside_images_and_allowed_paths(virt_test, outside, base):
+def test_virt_init_refuses_a_local_image_outside_images_and_allowed_paths(virt_test, outside, base, tmp_path):
     """``virt.init x 1 64 image=/etc/shadow``: the host file would become the VM's disk."""
     images_dir = virt_test.opts["virt"]["images"]
     args = {"nic": None, "seed": False, "start": False}
     msg = r"image .*host-shadow.* is outside the directories salt-virt may use .*virt:allowed_paths in the minion"
     for image in (outside["secret"], outside["link"]):
-        for trusted in (False, True):
-            with pytest.raises(SaltInvocationError, match=msg):
-                virt_test["virt.init"]("evilvm", 1, 64, image=image, trusted_image=trusted, **args)
+        with pytest.raises(SaltInvocationError, match=msg):
+            virt_test["virt.init"]("evilvm", 1, 64, image=image, **args)
             _nothing_left(virt_test, "evilvm", images_dir)
         with pytest.raises(SaltInvocationError, match=msg):  # a per-disk image: the same door
             virt_test["virt.init"]("evilvm", 1, 64, disk=None, disks=[{"d": {"image": image}}], **args)
@@ -528,3 +534,12 @@ def test_virt_init_refuses_a_local_image_outside_images_and_allowed_paths(virt_t
     ok = virt_test["virt.init"]("goodvm", 1, 64, image=base["raw"], **args)
     assert ok["disks"][0]["format"] == "raw" and ok["state"] == "shutoff"
     assert virt_test["virt.purge"]("goodvm")["removed"] == [ok["disks"][0]["path"]]
+    # the operator's virt:insecure_trusted_images lifts the format checks, never the confinement
+    images = [outside["secret"], outside["link"]]
+    trusting = make_minion_mods(
+        tmp_path / "t", "test:///default", images_dir=images_dir, insecure_trusted_images=images
+    )
+    for image in images:
+        with pytest.raises(SaltInvocationError, match=msg):
+            trusting["virt.init"]("evilvm", 1, 64, image=image, **args)
+        _nothing_left(virt_test, "evilvm", images_dir)
