@@ -8,7 +8,8 @@ through before ``virt.init`` clones it. Images are untrusted input.
   ``image.img`` would make qemu read the host file its extent names);
 * ``checksum='sha256:<hex>'`` / ``'sha512:<hex>'`` is verified before the image is used, for every
   source;
-* downloads: https only unless ``allow_http=True`` (the minion config's ``virt:insecure_http_images``); never an https -> http redirect; credentials in
+* downloads: https only unless ``allow_http=True`` (the minion config's ``virt:insecure_http_images``);
+  never an https -> http redirect; credentials in
   the URL go into an Authorization header (never to a redirect target) and are stripped from every
   message, event, log line and cache metadata (:func:`redact`); at most ``virt:max_image_mib`` MiB,
   enforced while downloading;
@@ -146,8 +147,8 @@ def fetch(
     if scheme == "http":
         raise SaltInvocationError(
             f"image {redact(image)}: plain http is refused (anyone on the path can change the image): use "
-            "https://, or (the operator, if it must be) set virt:insecure_http_images: True in the minion config and pass "
-            "checksum=sha256:..."
+            "https://, or (the operator, if it must be) set virt:insecure_http_images: True in the minion "
+            "config and pass checksum=sha256:..."
         )
     raise SaltInvocationError(
         f"unsupported image source scheme {scheme!r} in {redact(image)!r}: use an absolute path, salt:// or https://"
