@@ -172,7 +172,10 @@ def test_networks_with_salt_names_and_returns(virt_test):
     for kwargs, message in (
         ({"ipv4_config": {"cidr": "10.9.0.0/24", "hosts": {"a": {}}}}, "hosts"),
         ({"ipv4_config": {"cdir": "10.9.0.0/24"}}, "did you mean 'cidr'"),
-        ({"tag": 5000}, "from 0 to 4095"),  # the full set: tests/unit/test_netxml.py
+        (
+            {"tag": 5000},
+            r"VLAN id\) must be a whole number 0-4095, got 5000",
+        ),  # the full set: tests/unit/xml/test_netxml.py
         ({"vport": "openvswitch"}, "openvswitch needs bridge="),
     ):
         with pytest.raises(SaltInvocationError, match=message):

@@ -112,6 +112,7 @@ def test_a_process_calling_itself_qemu_storage_daemon_is_not_one(tmp_path):
     whose argv[0] says so (a signal to whatever a local user runs)."""
     import json
     import subprocess
+    import time
 
     from saltvirt.vm import cleanup
 
@@ -120,8 +121,13 @@ def test_a_process_calling_itself_qemu_storage_daemon_is_not_one(tmp_path):
     # argv[0] "qemu-storage-daemon", the export's JSON in its command line: /bin/sh running "sleep"
     proc = subprocess.Popen(["qemu-storage-daemon", "-c", "sleep 30; true", fake], executable="/bin/sh")
     try:
-        with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
-            assert fh.read().startswith(b"qemu-storage-daemon\0") and proc.poll() is None
+        # the command line is empty until the child has exec'd (a while on a loaded machine): wait for it
+        deadline, cmdline = time.monotonic() + 30, b""
+        while not cmdline and time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            time.sleep(0.05)
+        assert cmdline.startswith(b"qemu-storage-daemon\0") and proc.poll() is None
         assert cleanup._qsd_serving(export) == []
     finally:
         proc.kill()
