@@ -29,7 +29,8 @@ from saltvirt.pki import ca as pki
 HVS = (6, 7, 8)
 SMALL_MIB = 40
 MASTER_VIRT = {
-    "hypervisors": {"tgt": "hv[678]", "tgt_type": "glob", "timeout": 3, "gather_job_timeout": 3},
+    # a minion job takes 20 s and more at load 20-30 on 2 cores: waits of 3 s + 3 s called live hosts down
+    "hypervisors": {"tgt": "hv[678]", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 25},
     "placement": {"mem_reserve_mib": 256, "disk_reserve_mib": 0},
 }
 
