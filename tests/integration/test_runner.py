@@ -124,7 +124,7 @@ def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minion
     assert sorted(ret.data) == ALL and all(ret.data[m]["status"] == "up" for m in ALL), ret.data
     assert ret.data["cap-big"]["host"]["mem_total"] == 65536 and ret.data["cap-big"]["host"]["vcpus_total"] == 32
     web = ret.data["cap-big"]["vm_info"]["web-a"]
-    assert web["group"] == "web" and web["graphics"]["port"] == 5901 and web["disks"]["vda"]["format"] == "qcow2"
+    assert web["group"] == "web" and web["graphics"]["port"] == "5901" and web["disks"]["vda"]["format"] == "qcow2"
     assert ret.data["kvm1"]["host"]["hypervisor"] == "QEMU"
     pubs = [e for e in events(event_listener, vmaster, "salt/job/*/new", t0) if e.data.get("fun") == "virt.full_info"]
     assert len(pubs) == 1 and sorted(pubs[0].data["minions"]) == ALL  # one publication for all hosts
@@ -399,9 +399,12 @@ def test_init_failure_leaves_nothing_behind_and_is_not_retried(vmaster, gone_dow
     assert "rbad1" not in json.dumps(accepted_keys(vmaster))
     assert not os.path.exists(pathlib.Path(lab_dir) / "rk-images" / "rbad1")
     assert "rbad1" not in run(vmaster, "virt.list", "tgt=kvm1").data["kvm1"]["vms"]
-    # a key the master already has is refused and left alone (kvm1's own key!)
+    # a hypervisor's name is refused as a VM name before any key is touched (kvm1's own key stays)
     ret = run(vmaster, "virt.init", "kvm1", "1", "128", "salt://images/guest.qcow2")
-    assert ret.returncode == 1 and "already has a accepted key for 'kvm1'" in ret.data["error"], ret
+    assert ret.returncode == 1 and ret.data["error"] == (
+        "salt-run virt.init: the VM name 'kvm1' matches virt:hypervisors in the master config: a VM must never be "
+        "taken for a hypervisor (it would get libvirt certificates); pick another VM name"
+    ), ret
     assert "kvm1" in accepted_keys(vmaster)["minions"]
     # a full host is refused when asked for by name
     ret = run(vmaster, "virt.init", "rbad2", "1", "128", "salt://images/guest.qcow2", "host=cap-full")
