@@ -227,11 +227,12 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
         valid, _broken, incomplete = store.scan(directory)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
         parent, note = plan(dom, chosen, valid, incremental)
-        bid = store.new_id(directory)
+        live = bool(dom.isActive())
+        ours = [c.removeprefix(store.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
+        bid = store.new_id(directory, taken=ours)
         files = {d["target"]: store.disk_file(directory, bid, d["target"]) for d in chosen}
         images.record_owned(directory, name, [*files.values(), store.manifest_file(directory, bid)], uuid)
         started, clock = _utc(), time.monotonic()
-        live = bool(dom.isActive())
         checkpoint = f"{store.CHECKPOINT_PREFIX}{bid}" if live else None
         if live and dom.snapshotNum(0):
             checkpoint, note = None, _with_snapshots(note, parent)

@@ -68,10 +68,12 @@ def backup_id(bid):
     return bid
 
 
-def new_id(directory, now=None):
-    """A fresh id (UTC time; ``-2``, ``-3``... within the same second) no file in ``directory`` uses."""
+def new_id(directory, now=None, taken=()):
+    """A fresh id (UTC time; ``-2``, ``-3``... within the same second) no file in ``directory`` uses and
+    that is not in ``taken`` (the ids of the VM's checkpoints: an interrupted backup removes its files,
+    but its checkpoint may outlive it in libvirt)."""
     stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
-    taken = {n.split(".", 1)[0] for n in os.listdir(directory)} if os.path.isdir(directory) else set()
+    taken = set(taken) | ({n.split(".", 1)[0] for n in os.listdir(directory)} if os.path.isdir(directory) else set())
     bid, n = stamp, 1
     while bid in taken:
         n += 1

@@ -57,6 +57,8 @@ def test_new_ids_never_collide(tmp_path):
     assert store.new_id(str(tmp_path), now) == "20260102T030405Z"
     (tmp_path / "20260102T030405Z.vda.qcow2").write_bytes(b"")
     assert store.new_id(str(tmp_path), now) == "20260102T030405Z-2"
+    # an interrupted backup's checkpoint outlives its removed files: its id stays taken
+    assert store.new_id(str(tmp_path), now, taken=["20260102T030405Z-2"]) == "20260102T030405Z-3"
     assert store.backup_id("20260102T030405Z-2")
     for bad in ("x", "../20260102T030405Z", "20260102T030405Z.json", None):
         with pytest.raises(SaltInvocationError):
