@@ -1,6 +1,8 @@
 """``salt-run virt.backup`` with a real salt-master and hypervisor minion over a real libvirtd (hv15): every
 VM backed up on its hypervisor, retention from the master config applied, failures reported with exit
-code 1. The VMs are stopped (offline copies): the live path is tests/integration/test_backup_real.py."""
+code 1; with tenants (bkrun1 belongs to tenant acme), a tenant member (``file`` eauth through salt-run) backs
+up its own VMs only. The VMs are stopped (offline copies): the live path is
+tests/integration/test_backup_real.py."""
 
 import pathlib
 
@@ -14,7 +16,9 @@ from tests.support.saltloader import make_minion_mods
 MASTER_VIRT = {
     "hypervisors": {"tgt": ["bkhv1"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
     "backup": {"per_host": 1, "retention": {"keep": 1}},
+    "tenants": {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}},
 }
+ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")  # salt-run as tenant acme
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +29,13 @@ def hv15(lab_dir, fabric):
 
 
 @pytest.fixture(scope="module")
-def bkmaster(salt_factories, state_tree):
-    factory = salt_factories.salt_master_daemon("bk-master", overrides=master_config(state_tree, virt=MASTER_VIRT))
+def bkmaster(salt_factories, state_tree, tmp_path_factory):
+    users = tmp_path_factory.mktemp("eauth") / "users"
+    users.write_text("alice:alice-secret\n")
+    users.chmod(0o600)
+    eauth = {"file": {"^filename": str(users), "^filetype": "text", "^hashtype": "plaintext", "alice": ["@runner"]}}
+    overrides = master_config(state_tree, virt=MASTER_VIRT, external_auth=eauth)
+    factory = salt_factories.salt_master_daemon("bk-master", overrides=overrides)
     with factory.started():
         ret = factory.salt_run_cli(timeout=180).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
@@ -42,8 +51,9 @@ def fleet(bkmaster, hv15, lab_dir, tmp_path_factory):
     config = hypervisor_minion_config(hv15, root / "images")
     config["virt"]["backup"] = {"dir": str(root / "backups")}
     mods = make_minion_mods(tmp_path_factory.mktemp("bkmods"), hv15.uri, images_dir=root / "images")
-    for name in ("bkrun1", "bkrun2"):
-        mods["virt.init"](name, 1, 128, image=str(GUEST_DIR / "disk.qcow2"), seed=False, start=False, nic=None)
+    for name, owner in (("bkrun1", {"tenant": "acme", "creator": "alice"}), ("bkrun2", None)):
+        image = str(GUEST_DIR / "disk.qcow2")
+        mods["virt.init"](name, 1, 128, image=image, seed=False, start=False, nic=None, owner=owner)
     minion = start_minion(bkmaster, "bkhv1", config)
     with minion.started():
         ret = bkmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="bkhv1")
@@ -70,3 +80,17 @@ def test_runner_backs_up_every_vm_and_applies_retention(bkmaster, fleet):
 
     missing = run("virt.backup", "nosuchvm")
     assert missing.returncode == 1 and "not defined on any hypervisor" in missing.data["failed"]["nosuchvm"]
+
+
+def test_runner_backs_up_a_tenants_vms_only(bkmaster, fleet):
+    run = bkmaster.salt_run_cli(timeout=600).run
+    ops = run("virt.backup", "all", "tenant=acme")  # an operator (root on the master) picks one tenant
+    assert ops.returncode == 0 and sorted(ops.data["made"]) == ["bkrun1"] and ops.data["failed"] == {}, ops
+
+    mine = run(*ALICE, "virt.backup", "all")  # alice's "all" is tenant acme's VMs
+    assert sorted(mine.data["made"]) == ["bkrun1"] and mine.data["failed"] == {}, mine
+    assert mine.data["made"]["bkrun1"]["host"] == "bkhv1"
+    other = run(*ALICE, "virt.backup", "bkrun2")  # another tenant's (here: no tenant's) VM is not there
+    assert other.data["made"] == {} and other.data["failed"] == {"bkrun2": "no VM named bkrun2 in tenant acme"}
+    refused = run(*ALICE, "virt.backup", "all", "tenant=beta")
+    assert refused.data == {"error": "user alice is in tenant acme: tenant=beta is refused", "retcode": 1}

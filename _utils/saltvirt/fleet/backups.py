@@ -12,6 +12,9 @@ Master config (every key optional)::
 
 The backups themselves run on the hypervisors (:mod:`saltvirt.vm.backup`), into the directory each
 hypervisor's minion config names (``virt:backup:dir``): the runner never passes a path.
+
+Tenants (:mod:`saltvirt.fleet.tenants`): a tenant caller only ever backs up its own tenant's VMs (the owner
+in their <metadata>); an operator backs up every VM, or one tenant's with ``tenant=`` (:func:`scope`).
 """
 
 import concurrent.futures
@@ -21,6 +24,7 @@ import time
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.fleet import tenants
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
@@ -49,9 +53,41 @@ def settings(conf, per_host=None, timeout=None, **retention):
     return {"per_host": per_host, "timeout": timeout, "retention": policy}
 
 
-def plan(hosts, name="all"):
-    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.gather``): every VM for
-    ``all``, else the one host defining ``name``; a name on two hypervisors is refused, never guessed."""
+def scope(caller, tenant, conf):
+    """The tenant whose VMs a run backs up, or None for every VM: a tenant caller's own tenant (another
+    ``tenant=`` is refused); for an operator the ``tenant=`` it names, if any (``conf``: tenants.config)."""
+    if not caller.operator:
+        if tenant not in (None, "", caller.tenant):
+            raise SaltInvocationError(f"user {caller.user} is in tenant {caller.tenant}: tenant={tenant} is refused")
+        return caller.tenant
+    if tenant in (None, ""):
+        return None
+    if tenant not in conf["tenants"]:
+        known = ", ".join(sorted(conf["tenants"])) or "none: virt:tenants is not configured"
+        raise SaltInvocationError(f"no tenant named {tenant!r} in virt:tenants (known: {known})")
+    return tenant
+
+
+def owned(hosts, tenant_name):
+    """``virt.full_info`` answers (``publish.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
+    with only the VMs whose <metadata> owner is ``tenant_name``."""
+    out = {}
+    for host, ans in hosts.items():
+        if ans.get("status") != "up":
+            out[host] = ans
+            continue
+        vms = ans.get("vm_info") or {}
+        out[host] = {
+            "status": "up",
+            "vms": {n: vm.get("state") for n, vm in vms.items() if tenants.owned_by(vm, tenant_name)},
+        }
+    return out
+
+
+def plan(hosts, name="all", tenant=None):
+    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.gather``, or
+    :func:`owned`'s cut for ``tenant``): every VM for ``all``, else the one host defining ``name``; a
+    name on two hypervisors is refused, never guessed."""
     where = {}
     for host, ans in sorted(hosts.items()):
         if ans.get("status") == "up":
@@ -65,9 +101,8 @@ def plan(hosts, name="all"):
         if len(found) > 1:
             problems[vm] = f"defined on {', '.join(found)}: back it up with salt '<host>' virt.backup {vm}"
         elif not found:
-            problems[vm] = "not defined on any hypervisor that answered" + (
-                f" (down: {', '.join(down)})" if down else ""
-            )
+            said = f"no VM named {vm} in tenant {tenant}" if tenant else "not defined on any hypervisor that answered"
+            problems[vm] = said + (f" (down: {', '.join(down)})" if down else "")
         else:
             work.setdefault(found[0], []).append(vm)
     return work, problems

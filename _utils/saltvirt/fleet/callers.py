@@ -47,13 +47,13 @@ class Caller:
 
 
 # one function of each runner file that shares the virtualname ``virt``
-RUNNER_FACES = ("virt.init", "virt.record", "virt.provision_assigned")
+RUNNER_FACES = ("virt.init", "virt.record", "virt.provision_assigned", "virt.backup")
 
 
 def job_user(*scopes) -> str | None:
     """The user Salt authenticated for this runner job: the ``__user__`` global the runner client injected.
     ``SyncClientMixin.low`` injects it into ONE module per virtualname (the first loaded function's), and
-    salt-virt's ``virt`` runner is three files: pass the runner's ``globals()`` and the other files' (see
+    salt-virt's ``virt`` runner is several files: pass the runner's ``globals()`` and the other files' (see
     :func:`runner_scopes`). None when the job has no known user; refused if two files disagree."""
     found = set()
     for scope in scopes:

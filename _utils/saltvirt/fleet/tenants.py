@@ -198,5 +198,5 @@ def operator_only(caller, fun):
         raise SaltInvocationError(
             f"{fun} is for operators: user {caller.user} is a member of tenant {caller.tenant} "
             "(tenants use virt.init, virt.query, virt.list, virt.vm_info, virt.start/stop/..., virt.purge, "
-            "virt.migrate and virt.usage)"
+            "virt.migrate, virt.usage and virt.backup)"
         )

@@ -9,7 +9,7 @@ import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.fleet import backups
+from saltvirt.fleet import backups, callers, tenants
 from tests.unit.vm.test_backup import bk  # noqa: F401 - the fixture is shared
 
 
@@ -74,3 +74,38 @@ def test_run_backs_up_prunes_and_respects_the_per_host_limit(bk):  # noqa: F811
         conn = libvirt.open("test:///default")
         conn.lookupByName("bk2").undefine()
         conn.close()
+
+
+# tenants: what a run backs up (the whole flow with a real master: tests/integration/test_backup_runner.py)
+TENANTS = {"tenants": {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}}, "operators": ["carol"]}
+
+
+def test_scope_tenant_callers_get_their_own_tenant_only():
+    conf = tenants.config({"virt": TENANTS})
+    alice = callers.resolve({"virt": TENANTS}, "alice")
+    carol = callers.resolve({"virt": TENANTS}, "carol")
+    assert backups.scope(alice, None, conf) == "acme"
+    assert backups.scope(alice, "acme", conf) == "acme"
+    with pytest.raises(SaltInvocationError, match="user alice is in tenant acme: tenant=beta is refused"):
+        backups.scope(alice, "beta", conf)
+    assert backups.scope(carol, None, conf) is None  # an operator: every VM
+    assert backups.scope(carol, "beta", conf) == "beta"
+    with pytest.raises(SaltInvocationError, match="no tenant named 'gamma' in virt:tenants"):
+        backups.scope(carol, "gamma", conf)
+
+
+def test_plan_for_a_tenant_sees_its_own_vms_only():
+    def vm(state, tenant=None):
+        return {"state": state, "owner": {"tenant": tenant, "creator": "x"} if tenant else None}
+
+    full_info = {
+        "h1": {"status": "up", "vm_info": {"a1": vm("running", "acme"), "b1": vm("running", "beta"), "o": vm("x")}},
+        "h2": {"status": "up", "vm_info": {"a2": vm("shutdown", "acme")}},
+        "h3": {"status": "down", "error": "did not answer"},
+    }
+    hosts = backups.owned(full_info, "acme")
+    assert hosts["h1"] == {"status": "up", "vms": {"a1": "running"}} and hosts["h3"]["status"] == "down"
+    assert backups.plan(hosts, "all", tenant="acme") == ({"h1": ["a1"], "h2": ["a2"]}, {})
+    work, problems = backups.plan(hosts, "b1", tenant="acme")  # another tenant's VM: as if it did not exist
+    assert work == {} and problems == {"b1": "no VM named b1 in tenant acme (down: h3)"}
+    assert backups.plan(backups.owned(full_info, "beta"), "all", tenant="beta")[0] == {"h1": ["b1"]}

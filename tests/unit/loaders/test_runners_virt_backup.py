@@ -1,0 +1,60 @@
+"""_runners/virt_backup.py through Salt's runner loader, without a salt-master: who the caller is and what
+a tenant caller is refused before anything is published (the backups themselves, with a real master and
+hypervisor: tests/integration/test_backup_runner.py)."""
+
+import pytest
+
+from tests.support.saltloader import make_runners
+
+TENANTS = {
+    "hypervisors": ["hyper1"],
+    "operators": ["carol"],
+    "tenants": {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}},
+}
+
+
+FILES = ("virt.init", "virt.record", "virt.provision_assigned", "virt.backup")  # one function of each file
+
+
+@pytest.fixture
+def runner(tmp_path):
+    runners = make_runners(tmp_path)
+    runners.opts["virt"] = TENANTS
+    for fun in FILES:  # Salt's job user stays in a module's globals after the job: no test sees another's
+        runners[fun].__globals__.pop("__user__", None)
+    yield runners
+    for fun in FILES:
+        runners[fun].__globals__.pop("__user__", None)
+
+
+def test_a_tenant_caller_may_not_name_another_tenant(runner):
+    runner["virt.backup"].__globals__["__user__"] = "alice"  # what Salt's runner client injects
+    assert runner["virt.backup"]("all", tenant="beta") == {
+        "error": "user alice is in tenant acme: tenant=beta is refused",
+        "retcode": 1,
+    }
+
+
+def test_an_operator_names_a_known_tenant_only(runner):
+    runner["virt.backup"].__globals__["__user__"] = "carol"
+    ret = runner["virt.backup"]("all", tenant="gamma")
+    assert ret["error"].startswith("no tenant named 'gamma' in virt:tenants (known: acme, beta)"), ret
+
+
+def test_no_user_is_refused_under_tenants(runner):
+    ret = runner["virt.backup"]("all")
+    assert ret["error"].startswith("this runner job has no authenticated user"), ret
+
+
+@pytest.mark.parametrize(("injected", "called"), [("virt.init", "virt.backup"), ("virt.backup", "virt.record")])
+def test_the_user_salt_injected_into_one_runner_file_is_seen_by_the_others(runner, injected, called):
+    """SyncClientMixin.low puts __user__ into the first loaded module of virtualname virt only: the backup
+    runner file finds it in the others, and they find it in the backup runner file."""
+    runner[injected].__globals__["__user__"] = "alice"
+    assert "__user__" not in runner[called].__globals__
+    if called == "virt.backup":
+        ret = runner[called]("all", tenant="beta")
+        assert ret["error"] == "user alice is in tenant acme: tenant=beta is refused"
+    else:
+        ret = runner[called]()
+        assert ret["error"].startswith("virt.record is for operators: user alice is a member of tenant acme"), ret
