@@ -1,13 +1,17 @@
 """Backups of a running TCG guest on the real libvirtd hv1 (libvirt 9 + QEMU 7.2): a marker written into
 the guest's disk, full backup, marker changed, incremental backup, VM purged, each restore boots and
 shows its own marker; a restore on another hypervisor (hv13) from the shared backup directory;
-retention on real chains; snapshots and checkpoints; libvirtd killed in the middle of a backup.
+retention on real chains; snapshots and checkpoints; an incremental after a live migration to hv13;
+libvirtd killed in the middle of a backup.
 
 The marker is written through the guest's own QEMU block layer (HMP ``qemu-io`` on the running disk
 device, see tests/integration/test_snapshot_real.py): the busybox guest has no shell on its console."""
 
 import os
+import subprocess
 import time
+
+import libvirt
 
 import pytest
 from salt.exceptions import CommandExecutionError
@@ -158,6 +162,50 @@ def test_snapshots_and_checkpoints(v1, hv1, boot_args, guest):
     v["virt.delete_snapshots"]("bkr3", "s1")
     after = v["virt.backup"]("bkr3", incremental=True)
     assert after["type"] == "full" and "is gone from the VM" in after["note"]
+
+
+def migrate_live(src, dst, name):
+    """A plain libvirt live migration of VM ``name`` from ``src`` to ``dst`` (both lab hypervisors see the
+    same disk paths: QEMU's shared-storage migration; UNSAFE: libvirt only trusts cluster filesystems)."""
+    flags = (
+        libvirt.VIR_MIGRATE_LIVE
+        | libvirt.VIR_MIGRATE_PERSIST_DEST
+        | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+        | libvirt.VIR_MIGRATE_UNSAFE
+    )
+    with lvconn.connect(src.uri) as sconn, lvconn.connect(dst.uri) as dconn:
+        sconn.lookupByName(name).migrate(dconn, flags, None, f"tcp://{dst.ip}", 0)
+
+
+def test_incremental_after_live_migration_redefines_the_checkpoint(  # noqa: PLR0913 - fixtures
+    v1, hv1, hv13, tmp_path, qemu_tmp, backups, boot_args, guest
+):
+    """libvirt leaves the checkpoint metadata behind on a migration; the qcow2 bitmap travels with the
+    disk. The incremental on the target redefines the checkpoint (libvirt validates the bitmap) and
+    holds the write made on the source after the full backup. No guest boot is needed: the writes go
+    through QEMU's block layer, and the backups copy what QEMU has."""
+    v = v1
+    disks = [{"name": "system", "bus": "sata"}]
+    v["virt.init"]("bkr5", 1, 256, image=guest["qcow2"], boot=boot_args, seed=False, disks=disks)
+    full = v["virt.backup"]("bkr5")
+    assert "wrote 65536/65536" in qemu_io(hv1, "bkr5", CHANGED)  # on hv1, after the full backup
+    migrate_live(hv1, hv13, "bkr5")
+    v13 = mods_for(hv13, tmp_path, qemu_tmp, backups, images="images13")
+    try:
+        with lvconn.connect(hv13.uri) as conn:
+            assert conn.lookupByName("bkr5").listAllCheckpoints(0) == []  # libvirt did not carry it
+        inc = v13["virt.backup"]("bkr5", incremental=True)
+        assert (inc["type"], inc["parent"], inc["note"]) == ("incremental", full["id"], None), inc
+        assert inc["checkpoint_redefined"] == full["checkpoint"]
+        assert inc["checkpoints_dropped"] == [full["checkpoint"]] and inc["size"] < full["size"]
+        back = v13["virt.restore"]("bkr5", inc["id"], as_name="bkr5-back")  # defined, not started
+        read = ["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x33 48M 64k", back["disks"]["sda"]]
+        out = subprocess.run(read, check=True, capture_output=True, text=True).stdout
+        assert "read 65536/65536" in out and "Pattern verification failed" not in out
+    finally:
+        for name in ("bkr5", "bkr5-back"):
+            if name in v13["virt.list_domains"]():
+                v13["virt.purge"](name)
 
 
 def after_reconnect(call, timeout=900):

@@ -10,9 +10,12 @@ guest's filesystems are frozen for the instant the job starts and thawed at once
 backup is crash-consistent, and the result says which.
 
 Checkpoints and the other operations: a snapshot revert discards the VM's checkpoints
-(:func:`saltvirt.host.snapshot.revert`); a migrated or restored VM has none on its new definition.
-Without the parent's checkpoint an incremental backup cannot be made: a full one is made and the
-result says why (``note``).
+(:func:`saltvirt.host.snapshot.revert`); a restored VM has none on its new definition (nor bitmaps in
+its new disks). A live-migrated VM has no checkpoint metadata on the target (libvirt does not carry
+it), but its qcow2 disks still hold the bitmaps: the next incremental backup redefines the parent's
+checkpoint from them when libvirt validates them (:func:`redefine`; ``checkpoint_redefined`` in the
+result). Without a usable parent checkpoint an incremental backup cannot be made: a full one is made
+and the result says why (``note``).
 """
 
 import datetime
@@ -77,8 +80,10 @@ def _checkpoints(dom):
         return [c.getName() for c in dom.listAllCheckpoints(0) if c.getName().startswith(store.CHECKPOINT_PREFIX)]
 
 
-def plan(dom, chosen, valid, incremental):
-    """``(parent manifest or None, note)``: what an incremental backup builds on, or why it cannot."""
+def plan(dom, chosen, valid, incremental, every=None):
+    """``(parent manifest or None, note)``: what an incremental backup builds on, or why it cannot.
+    A parent checkpoint whose metadata is gone is redefined from the disks' bitmaps when libvirt finds
+    them valid (:func:`redefine`). ``every``: the target devs of all the VM's disks."""
     if not incremental:
         return None, None
     if not valid:
@@ -95,11 +100,39 @@ def plan(dom, chosen, valid, incremental):
     if parent.get("uuid") != dom.UUIDString():
         return None, f"backup {parent['id']} is of an earlier VM of this name: made a full one"
     if not parent.get("checkpoint") or parent["checkpoint"] not in _checkpoints(dom):
-        return None, (
-            f"the checkpoint of backup {parent['id']} is gone from the VM (offline copy, snapshot revert, "
-            "migration or restore since): made a full one"
-        )
+        why = redefine(dom, parent, every or targets) if parent.get("checkpoint") else "it made none to redefine"
+        if why:
+            return None, (
+                f"the checkpoint of backup {parent['id']} is gone from the VM and {why} (offline copy, snapshot "
+                "revert, restore, or a migration that did not carry the disks' bitmaps): made a full one"
+            )
     return parent, None
+
+
+def redefine(dom, parent, every):
+    """Give libvirt back the metadata of ``parent``'s checkpoint when the bitmaps it names are in the
+    running VM's disks: libvirt does not carry checkpoint metadata across a migration, while QEMU
+    carries the persistent bitmaps in the qcow2 files (shared storage) or in the migration stream.
+    ``VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE`` makes libvirt check that each bitmap is in the
+    disk's active layer, recording and consistent, so a bitmap that missed writes is never used.
+    Returns None when redefined, else why not (for the backup's note)."""
+    validate_flag = getattr(libvirt, "VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE_VALIDATE", None)
+    if validate_flag is None:
+        return "this libvirt cannot check the disks' bitmaps (no REDEFINE_VALIDATE): it is not redefined"
+    bitmaps = [d["target"] for d in parent["disks"]]
+    created = datetime.datetime.strptime(parent["started"], "%Y-%m-%dT%H:%M:%SZ")
+    xml = backupxml.checkpoint_xml(
+        parent["checkpoint"],
+        bitmaps,
+        skip=[t for t in every if t not in bitmaps],
+        created=int(created.replace(tzinfo=datetime.timezone.utc).timestamp()),
+    )
+    try:
+        dom.checkpointCreateXML(xml, libvirt.VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE | validate_flag)
+    except libvirt.libvirtError as exc:
+        return f"its bitmaps are not usable in the disks (libvirt: {exc.get_error_message() or exc})"
+    log.info("VM %s: redefined checkpoint %s from the bitmaps in its disks", dom.name(), parent["checkpoint"])
+    return None
 
 
 # copying --------------------------------------------------------------------------------------------
@@ -226,7 +259,10 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     with store.locked(directory, name):
         valid, _broken, incomplete = store.scan(directory)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
-        parent, note = plan(dom, chosen, valid, incremental)
+        every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
+        had = set(_checkpoints(dom)) if incremental and dom.isActive() else set()
+        parent, note = plan(dom, chosen, valid, incremental, every)
+        redefined = parent["checkpoint"] if parent and parent["checkpoint"] not in had else None
         live = bool(dom.isActive())
         ours = [c.removeprefix(store.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
         bid = store.new_id(directory, taken=ours)
@@ -272,6 +308,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     dropped = _drop_old_checkpoints(dom, checkpoint) if live and checkpoint else []
     out = store.summary(manifest)
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
+    out["checkpoint_redefined"] = redefined
     return out
 
 

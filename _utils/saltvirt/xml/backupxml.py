@@ -32,17 +32,28 @@ def backup_xml(copy: Mapping[str, str], skip: Collection[str] = (), incremental:
 
 
 def checkpoint_xml(
-    name: str, bitmaps: Iterable[str], skip: Collection[str] = (), description: str | None = None
+    name: str,
+    bitmaps: Iterable[str],
+    skip: Collection[str] = (),
+    description: str | None = None,
+    created: int | None = None,
 ) -> str:
     """``<domaincheckpoint>`` named ``name`` with a bitmap on each disk of ``bitmaps`` (target devs) and
-    none on those of ``skip``."""
+    none on those of ``skip``. ``created`` (unix time): the XML that redefines an existing checkpoint
+    (``VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE``), with its creation time and each disk's bitmap named
+    (libvirt names a checkpoint's bitmaps after it)."""
     root = ET.Element("domaincheckpoint")
     sub(root, "name", name)
     if description:
         sub(root, "description", description)
+    if created is not None:
+        sub(root, "creationTime", str(int(created)))
     el = sub(root, "disks")
     for target in bitmaps:
-        sub(el, "disk", name=target, checkpoint="bitmap")
+        if created is None:
+            sub(el, "disk", name=target, checkpoint="bitmap")
+        else:
+            sub(el, "disk", name=target, checkpoint="bitmap", bitmap=name)
     for target in skip:
         sub(el, "disk", name=target, checkpoint="no")
     return ET.tostring(root, encoding="unicode")

@@ -172,3 +172,31 @@ def test_choose_disks_skips_cdroms_and_shared_disks():
     assert [d["target"] for d in backup.choose_disks(facts)] == ["vda"]
     with pytest.raises(SaltInvocationError, match="cannot be backed up"):
         backup.choose_disks(facts, ["vdb"])
+
+
+def test_a_lost_checkpoint_is_redefined_only_with_libvirts_check_of_the_bitmaps():
+    """A parent whose checkpoint metadata is gone (a migration): the redefinition always asks libvirt to
+    validate the bitmaps in the disks; the test driver cannot (no QEMU), so the backup is full and says
+    why. The redefinition itself, after a real live migration: tests/integration/test_backup_real.py."""
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.lookupByName("test")  # running, one disk vda
+        parent = {
+            "id": "20260101T020000Z",
+            "uuid": dom.UUIDString(),
+            "checkpoint": "salt-backup-20260101T020000Z",
+            "started": "2026-01-01T02:00:00Z",
+            "disks": [{"target": "vda"}],
+        }
+        chosen = [{"target": "vda", "format": "qcow2"}]
+        got, note = backup.plan(dom, chosen, [parent], True, ["vda"])
+        assert got is None
+        assert note.startswith(
+            "the checkpoint of backup 20260101T020000Z is gone from the VM and its bitmaps are not usable in the "
+            "disks (libvirt: unsupported flags (0x4)"
+        ), note
+        assert backup._checkpoints(dom) == []  # nothing was redefined unchecked
+        made_none = dict(parent, checkpoint=None)
+        assert "and it made none to redefine" in backup.plan(dom, chosen, [made_none], True, ["vda"])[1]
+    finally:
+        conn.close()

@@ -46,3 +46,24 @@ def test_checkpoint_skips_disks_without_bitmaps():
         ("vda", "bitmap"),
         ("vdb", "no"),
     ]
+
+
+def test_redefine_xml_names_creation_time_and_bitmaps():
+    """The XML that gives libvirt back a checkpoint's metadata: the test driver redefines it as written
+    (its REDEFINE_VALIDATE, the check of the disks' bitmaps, needs QEMU: tests/integration/test_backup_real.py)."""
+    import libvirt  # noqa: PLC0415 - only this test talks to a driver directly
+
+    xml = backupxml.checkpoint_xml("salt-backup-20260101T020000Z", ["vda"], created=1767232800)
+    conn = libvirt.open("test:///default")
+    try:
+        cp = conn.lookupByName("test").checkpointCreateXML(xml, libvirt.VIR_DOMAIN_CHECKPOINT_CREATE_REDEFINE)
+        try:
+            root = ET.fromstring(cp.getXMLDesc(libvirt.VIR_DOMAIN_CHECKPOINT_XML_NO_DOMAIN))
+        finally:
+            cp.delete(libvirt.VIR_DOMAIN_CHECKPOINT_DELETE_METADATA_ONLY)
+    finally:
+        conn.close()
+    assert root.findtext("creationTime") == "1767232800"
+    assert [(d.get("name"), d.get("bitmap")) for d in root.findall("disks/disk")] == [
+        ("vda", "salt-backup-20260101T020000Z")
+    ]
