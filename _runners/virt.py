@@ -4,7 +4,9 @@ Control a fleet of libvirt/KVM hypervisors from the master: ``salt-run virt.<fun
 Every function publishes once to all hypervisor minions (in parallel, bounded waits) through
 LocalClient; hypervisors that do not answer are listed as ``down``, never dropped. The logic lives in
 ``saltvirt.fleet.publish`` (fan-out), ``saltvirt.fleet.minionkeys`` (keys), ``saltvirt.fleet.vmcreate``
-(VM creation) and ``saltvirt.fleet.placement`` (host choice).
+(VM creation) and ``saltvirt.fleet.placement`` (host choice). Salt's loader merges every runner file whose
+``__virtualname__`` is ``virt`` into this one runner: tenants' ``virt.usage``/``virt.whoami`` are in
+``virt_tenants.py``, ``virt.migrate``/``virt.evacuate`` in ``virt_migrate.py``.
 
 Master config: ``virt:hypervisors`` (required: which minions are hypervisors, by minion id, and how long
 to wait for them), ``virt:placement``, ``virt:guest_master``, ... Every key with its default and meaning:
@@ -98,8 +100,6 @@ def _client():
 
 
 def _store():
-    from saltvirt.fleet import fleetstate  # noqa: PLC0415 - the shared store, only where it is used
-
     return fleetstate.Store(__opts__)
 
 
@@ -112,9 +112,7 @@ def _failed(exc, **extra):
     """The runner's answer for a failure: the real message, details, and a non-zero exit code."""
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
-    message = getattr(exc, "error", None) or str(exc)
-    data = {"error": message, **getattr(exc, "details", {}), **extra, "retcode": 1}
-    return _out(data)
+    return _out(fleet.failure(exc, **extra))
 
 
 def _gather(fun, tgt=None, tgt_type=None, timeout=None):
@@ -124,7 +122,7 @@ def _gather(fun, tgt=None, tgt_type=None, timeout=None):
 
 def _who():
     """The caller of this job as Salt authenticated it (``__user__``, never an argument) and its role."""
-    return callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__)))
+    return callers.job_caller(__opts__, globals(), __salt__)
 
 
 def _seen(who, tgt=None, tgt_type=None, timeout=None):
@@ -505,51 +503,6 @@ def _tenancy(who, tenant, image, module_kwargs, **call):
     )
 
 
-def usage(tgt=None, tgt_type=None, timeout=None):
-    """
-    Each tenant's usage against its quota (vCPUs, memory MiB, disk MiB, VMs), with a text bar per
-    resource, counted as ``virt.init`` counts it (the VMs whose <metadata> name the tenant, plus
-    creations in flight). A tenant member sees its own tenant only.
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run virt.usage
-        salt-run virt.usage --out=json
-    """
-    try:
-        who = _who()
-        conf = tenants.config(__opts__)["tenants"]
-        if not who.operator:
-            conf = {who.tenant: conf[who.tenant]}
-        since = time.time()
-        hosts = _gather("virt.full_info", tgt, tgt_type, timeout)
-        store = fleetstate.Store(__opts__)
-        data = quota.usage(store, hosts, conf, since, fleetstate.config(__opts__))
-        down = fleet.down_hosts(hosts)
-        if down:
-            data["_note"] = (
-                f"these hypervisors did not answer (their VMs are counted from the ledger): {', '.join(down)}"
-            )
-        return data
-    except SaltException as exc:
-        return _failed(exc)
-
-
-def whoami():
-    """
-    Who Salt says called this job, and whether it acts as an operator or for a tenant.
-
-    CLI Example:: salt-run virt.whoami
-    """
-    try:
-        who = _who()
-    except SaltException as exc:
-        return _failed(exc)
-    return {"user": who.user, "operator": who.operator, "tenant": who.tenant, "why": who.why}
-
-
 # one VM -------------------------------------------------------------------------------------------
 def vm_info(name=None, host=None, tgt=None, tgt_type=None):
     """
@@ -566,19 +519,10 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
     try:
         who = _who()
         hosts = _seen(who, tgt, tgt_type)
-        where = _locate(who, hosts, name, host)
+        where = tenants.locate(hosts, name, who, host)
     except SaltException as exc:
         return _failed(exc)
     return _out({where: {"status": "up", "vm_info": {name: hosts[where]["vm_info"][name]}}})
-
-
-def _locate(who, hosts, name, host=None):
-    """The hypervisor of VM ``name`` among what ``who`` sees; a tenant's "no VM named X in tenant T"."""
-    if not who.operator and not any(name in (a.get("vm_info") or {}) for a in hosts.values()):
-        down = fleet.down_hosts(hosts)
-        hint = f" (these hypervisors did not answer: {', '.join(down)})" if down else ""
-        raise fleet.Failed(tenants.missing(name, who) + hint)
-    return fleet.locate(hosts, name, host)
 
 
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
@@ -595,7 +539,7 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
                 seen = tenants.visible(
                     fleet.gather(__opts__, "virt.full_info", cfg, client), who, tenants.config(__opts__)
                 )
-                where = _locate(who, seen, name, host)
+                where = tenants.locate(seen, name, who, host)
             ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client)
     except SaltException as exc:
         return _failed(exc)
@@ -704,7 +648,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     owner = (found[0].get("owner") or {}) if len(found) == 1 else {}
     ret = _action(name, "virt.purge", host, tgt, tgt_type)
     if "error" not in ret["data"] and owner.get("tenant"):
-        quota.forget(fleetstate.Store(__opts__), owner["tenant"], name)  # its quota entry goes with it
+        quota.forget(_store(), owner["tenant"], name)  # its quota entry goes with it
     if "error" in ret["data"] and not host and who.operator:  # leftovers of any init: operators only
         try:
             with _client() as client:
@@ -728,144 +672,4 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
         ret["data"].update(minionkeys.delete_recorded_key(__opts__, name, recorded, minion_id))
     except SaltException as exc:
         ret["data"]["key_deleted"] = f"not deleted: {exc}"
-    return ret
-
-
-# migration ----------------------------------------------------------------------------------------
-# migrate / evacuate: added here later (they use fleet.gather/locate and placement.rank the same way).
-# ---- salt-virt migrate / evacuate (saltvirt.fleet.relocate) -------------------------------------------
-if saltvirt is not None:
-    from saltvirt.fleet import relocate
-
-
-def _migration_opts(tunnel):
-    """``virt:tunnel`` (default for ``tunnel``) and ``virt:migration_timeout`` from the master config."""
-    conf = _virt_conf()
-    timeout = conf.get("migration_timeout", relocate.DEFAULT_TIMEOUT)
-    try:
-        timeout = float(timeout)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"virt:migration_timeout must be a number of seconds, not {timeout!r}") from None
-    return validate.to_bool(conf.get("tunnel", False) if tunnel is None else tunnel), timeout
-
-
-def migrate(
-    name,
-    target,
-    host=None,
-    live=True,
-    tunnel=None,
-    copy_storage=None,
-    max_downtime=None,
-    max_bandwidth=None,
-    tgt=None,
-    tgt_type=None,
-    transport=None,
-):
-    """
-    Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
-    runner finds the VM's hypervisor, asks the target to prepare (storage it shares with the source
-    is used in place, proven with a probe file; for the rest it checks room and creates disk files of
-    the right size and format, qcow2 overlays onto its copy of the backing image), then the source's
-    libvirtd migrates peer to peer, copying the disks that are not shared. The VM ends up defined on
-    the target and undefined on the source.
-
-    On failure the error says why and where the VM is (still on the source); what the target had
-    prepared is removed again.
-
-    transport
-        the libvirtd-to-libvirtd connection: TLS (port 16514, the certificates ``virt.keys`` writes) unless
-        ``transport=tcp`` asks for plaintext by name (the result then carries ``warnings``).
-    tunnel
-        tunnel the migration through the TLS libvirtd connection (port 16514); default: the master
-        config's ``virt:tunnel``. libvirt cannot tunnel a disk copy: then the libvirtd connection is
-        TLS and the data goes over a direct stream (reported as ``note``).
-    copy_storage
-        ``all`` (full copies) or ``inc`` (overlays onto the backing image, which the target must
-        have); default: decided per VM (``inc`` when the target has every backing image).
-    host
-        the VM's hypervisor, if its name is ambiguous.
-    max_downtime / max_bandwidth
-        milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
-
-    Master config: ``virt:tunnel`` (bool), ``virt:migration_timeout`` (seconds, default 3600).
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run virt.migrate web1 hyper2
-        salt-run virt.migrate db1 hyper3 tunnel=True max_downtime=300
-    """
-    try:
-        validate.vm_name(name)
-        who = _who()
-        if not who.operator:  # its own VM, to one of its hypervisors
-            host = _locate(who, _seen(who, tgt, tgt_type), name, host)
-            tconf = tenants.config(__opts__)["tenants"][who.tenant]
-            if not tenants.host_allowed(tconf, target):
-                tenants.refuse("hypervisor", target, who.tenant, tconf["hypervisors"])
-        tunnel, timeout = _migration_opts(tunnel)
-        with _client() as client:
-            remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
-            return relocate.migrate(
-                remote,
-                name,
-                target,
-                source=host,
-                live=validate.to_bool(live),
-                tunnel=tunnel,
-                copy_storage=copy_storage or None,
-                max_downtime=max_downtime,
-                max_bandwidth=max_bandwidth,
-                timeout=timeout,
-                transport=transport or None,
-            )
-    except SaltException as exc:
-        return _failed(exc)
-
-
-def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, transport=None, **policy):
-    """
-    Move every VM off hypervisor minion ``host`` (for maintenance), one at a time, each to the host
-    placement ranks best (see ``virt.next_host``: memory, vCPUs, anti-affinity groups, maintenance);
-    a target that fails is skipped and the next one tried while the VM is still on ``host``. Add
-    ``host`` to ``virt:placement:maintenance`` to keep new VMs off it meanwhile.
-
-    dry_run
-        only show where each VM would go.
-    transport
-        as in ``virt.migrate``: TLS unless ``tcp`` is asked for by name.
-
-    Policy keys (``maintenance``, ``strategy``, ``mem_reserve_mib``, ...) apply to this call only.
-    Exits non-zero if a VM could not be moved (listed under ``failed`` with the reasons).
-
-    CLI Example:
-
-    .. code-block:: bash
-
-        salt-run virt.evacuate hyper1 dry_run=True
-        salt-run virt.evacuate hyper1
-    """
-    policy = {k: v for k, v in policy.items() if not k.startswith("__")}
-    try:
-        _operator("virt.evacuate")
-        tunnel, timeout = _migration_opts(tunnel)
-        pol = placement.make_policy(_virt_conf().get("placement"), **policy)
-        with _client() as client:
-            remote = relocate.Remote(__opts__, _cfg(tgt, tgt_type), client)
-            ret = relocate.evacuate(
-                remote,
-                host,
-                pol,
-                live=validate.to_bool(live),
-                tunnel=tunnel,
-                dry_run=validate.to_bool(dry_run),
-                timeout=timeout,
-                transport=transport or None,
-            )
-    except SaltException as exc:
-        return _failed(exc)
-    if ret.get("failed") or ret.get("cannot_place"):
-        __context__["retcode"] = 1
     return ret

@@ -75,7 +75,7 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None):
         salt-run virt.provision_assigned host=hyper1 dry_run=True
     """
     try:
-        who = callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__)))
+        who = callers.job_caller(__opts__, globals(), __salt__)
         tenants.operator_only(who, "virt.provision_assigned")
         opts = compat.master_opts(__opts__)
         hypervisors.require(opts, host, "provisioning the VMs assigned to it")

@@ -70,13 +70,13 @@ def _client():
 
 def _operator(fun):
     """These functions act on whole hypervisors: operators only (the job's Salt user, never an argument)."""
-    tenants.operator_only(callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__))), fun)
+    tenants.operator_only(callers.job_caller(__opts__, globals(), __salt__), fun)
 
 
 def _failed(exc):
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
-    return {"error": getattr(exc, "error", None) or str(exc), **getattr(exc, "details", {}), "retcode": 1}
+    return fleet.failure(exc)
 
 
 def record(tgt=None, tgt_type=None):

@@ -61,4 +61,13 @@ def make_runners(tmp_path):
             "cachedir": str(tmp_path / "cache"),
         }
     )
-    return salt.loader.runner(opts, utils=salt.loader.utils(opts))
+    return new_job(salt.loader.runner(opts, utils=salt.loader.utils(opts)))
+
+
+def new_job(runners):
+    """``runners`` as a new runner job's process has them: no module holds a ``__user__`` yet. Salt keeps a loaded
+    module in ``sys.modules`` across loader instances, so what one test injected would otherwise stay (and a test
+    that puts a user into another file of the ``virt`` runner would see two users)."""
+    for fun in runners:
+        runners[fun].__globals__.pop("__user__", None)
+    return runners

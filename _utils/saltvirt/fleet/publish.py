@@ -247,6 +247,12 @@ class Failed(CommandExecutionError):  # noqa: N818 - the runner's public name fo
         self.details = details
 
 
+def failure(exc, **extra):
+    """A runner function's answer for ``exc``: its real message, its :class:`Failed` details, ``extra`` and
+    ``retcode: 1`` (the loader module also sets ``__context__["retcode"]``, salt-run's exit code)."""
+    return {"error": getattr(exc, "error", None) or str(exc), **getattr(exc, "details", {}), **extra, "retcode": 1}
+
+
 def gather(opts, fun="virt.full_info", cfg=None, client=None):
     """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` and ``capacity`` ->
     ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``)."""

@@ -23,6 +23,7 @@ import fnmatch
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.fleet import publish
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
 TENANT_KEYS = ("members", "quota", "images", "profiles", "networks", "pools", "hypervisors")
@@ -185,6 +186,16 @@ def visible(hosts, caller, conf):
         if mine or host_allowed(tconf, host):
             out[host] = dict(ans, vm_info=mine) if "vm_info" in (ans or {}) else dict(ans)
     return out
+
+
+def locate(hosts, name, caller, host=None):
+    """The hypervisor of VM ``name`` among ``hosts`` (what :func:`visible` gave ``caller``); to a tenant caller a
+    VM it does not see is :func:`missing` (never "defined on another hypervisor")."""
+    if not caller.operator and not any(name in (a.get("vm_info") or {}) for a in hosts.values()):
+        down = publish.down_hosts(hosts)
+        hint = f" (these hypervisors did not answer: {', '.join(down)})" if down else ""
+        raise publish.Failed(missing(name, caller) + hint)
+    return publish.locate(hosts, name, host)
 
 
 def missing(name, caller):

@@ -114,3 +114,9 @@ def test_a_user_in_two_tenants_is_a_config_error():
     conf = {"tenants": {"a": {"members": ["alice"]}, "b": {"members": ["alice"]}}}
     with pytest.raises(SaltInvocationError, match="alice is a member of tenants a and b"):
         callers.resolve(opts(conf), "alice")
+
+
+def test_job_caller_resolves_the_user_of_any_runner_file():
+    other = {"__user__": "alice"}
+    loader = {"virt.init": type("F", (), {"__globals__": other})()}
+    assert callers.job_caller(opts(), {"__user__": "UNKNOWN"}, loader) == callers.resolve(opts(), "alice")

@@ -153,3 +153,15 @@ def test_progress_is_relayed_only_from_the_minions_published_to():
     )
     fleet._relay(client, ("salt/virt/init/web1/", lambda t, d: seen.append((t, d))), {"hv1"})
     assert seen == [(tag, {"host": "hv1", "backend": "loop"})]
+
+
+def test_failure_is_the_runners_answer():
+    from salt.exceptions import SaltInvocationError
+
+    assert fleet.failure(fleet.Failed("no room", tried=["hyper1"]), host="hyper2") == {
+        "error": "no room",
+        "tried": ["hyper1"],
+        "host": "hyper2",
+        "retcode": 1,
+    }
+    assert fleet.failure(SaltInvocationError("bad name")) == {"error": "bad name", "retcode": 1}

@@ -98,3 +98,19 @@ def test_check_init_allows_what_the_operator_gave():
 def test_check_init_refusals(kwargs, match):
     with pytest.raises(SaltInvocationError, match=match):
         tenants.check_init(tenants.tenant(CONF, "acme"), "acme", kwargs)
+
+
+def test_locate_as_a_tenant_sees_it():
+    from saltvirt.fleet import callers, publish
+
+    alice = callers.Caller("alice", False, "acme")
+    ops = callers.Caller("root", True)
+    hosts = {
+        "hyper1": {"status": "up", "vm_info": {"web1": {"owner": {"tenant": "acme"}}}},
+        "hyper2": {"status": "down", "error": "no answer"},
+    }
+    assert tenants.locate(hosts, "web1", alice) == tenants.locate(hosts, "web1", ops) == "hyper1"
+    with pytest.raises(publish.Failed, match=r"^no VM named db1 in tenant acme \(these hypervisors did not answer: "):
+        tenants.locate(hosts, "db1", alice)
+    with pytest.raises(publish.Failed, match="^VM 'db1' is not defined on any hypervisor that answered"):
+        tenants.locate(hosts, "db1", ops)  # an operator gets the fleet's own wording

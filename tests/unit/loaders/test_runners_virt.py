@@ -1,4 +1,4 @@
-"""_runners/virt.py through Salt's runner loader, without a salt-master: what is refused before anything
+"""_runners/virt*.py (one ``virt`` runner) through Salt's runner loader, without a salt-master: what is refused before anything
 is published or created (``salt-run virt.init ... wait=``). Waiting itself needs a master and a hypervisor:
 tests/integration/test_guest_ips.py."""
 
@@ -143,3 +143,38 @@ def test_operator_functions_refused_to_tenants(tenant_runner, fun):
     args = ("hyper1",) if fun == "virt.evacuate" else ()
     ret = tenant_runner("alice", fun, *args)
     assert ret["data"]["error"].startswith(f"{fun} is for operators: user alice is a member of tenant acme")
+
+
+def test_every_virt_runner_file_has_a_face_the_caller_is_looked_up_in(runner):
+    """Salt injects __user__ into one of the virt runner's files: callers.RUNNER_FACES names one function of each."""
+    import ast
+
+    from saltvirt.fleet import callers
+    from tests.support.paths import ROOT
+
+    files = set()
+    for path in (ROOT / "_runners").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if hasattr(t, "id")}
+        if "__virtualname__" in names and '__virtualname__ = "virt"' in path.read_text():
+            files.add(path.name)
+    faces = {runner[fun].__globals__["__file__"].rsplit("/", 1)[-1] for fun in callers.RUNNER_FACES}
+    assert files == faces, "add one function of each virt runner file to saltvirt.fleet.callers.RUNNER_FACES"
+
+
+@pytest.mark.parametrize("face", ["virt.init", "virt.whoami", "virt.migrate", "virt.record", "virt.backup"])
+def test_whichever_file_salt_injected_the_user_into(runner, face):
+    runner.opts["virt"] = TENANTS
+    runner[face].__globals__["__user__"] = "alice"
+    assert runner["virt.whoami"]()["tenant"] == "acme"
+    for fun, args in (("virt.vm_info", ("web1",)), ("virt.migrate", ("web1", "hyper1"))):
+        # a tenant's VM no hypervisor answered for: the tenant's wording, so the caller was seen as alice
+        assert runner[fun](*args)["data"]["error"].startswith("no VM named web1 in tenant acme"), fun
+
+
+def test_tenant_functions_answer_in_the_runners_shape(tenant_runner):
+    refused = tenant_runner("mallory", "virt.usage")
+    assert refused["outputter"] == "virt_query" and refused["data"]["retcode"] == 1
+    assert refused["data"]["error"].startswith("user mallory is in no tenant and no operator")
+    bad = tenant_runner("carol", "virt.migrate", "../web1", "hyper1")
+    assert bad["outputter"] == "virt_query" and "retcode" in bad["data"] and bad["data"]["error"]

@@ -4,6 +4,7 @@ with _runners/virt.py, and ``virt.provision_assigned`` acts only for configured 
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.saltloader import new_job
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def runners(tmp_path):
     keys.mkdir(parents=True)
     for mid in ("hyper1", "tenant-vm1"):
         (keys / mid).write_text(envelope.new_keypair()[0])
-    return salt.loader.runner(opts, utils=salt.loader.utils(opts))
+    return new_job(salt.loader.runner(opts, utils=salt.loader.utils(opts)))
 
 
 def test_one_virt_runner_from_both_files(runners):

@@ -1,0 +1,189 @@
+"""
+Runner ``virt`` (continued): moving VMs between hypervisors, ``virt.migrate`` (one VM) and ``virt.evacuate`` (every
+VM of one host) (``saltvirt.fleet.relocate``; placement: ``saltvirt.fleet.placement``). Salt's loader merges every
+runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner. Migration, TLS and the master config:
+docs/topics/runner.md.
+"""
+
+import contextlib
+import os
+import sys
+
+import salt.client
+from salt.exceptions import SaltException, SaltInvocationError
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt.base import validate
+    from saltvirt.spec import compat
+    from saltvirt.fleet import callers, placement, publish as fleet, relocate, tenants
+
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return (
+            False,
+            "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)",
+        )
+    return __virtualname__
+
+
+def _failed(exc):
+    """The answer for a failure, as the other ``virt`` runner functions give it (``virt_query`` outputter)."""
+    with contextlib.suppress(NameError):  # __context__ is injected by the loader
+        __context__["retcode"] = 1
+    return {"outputter": "virt_query", "data": fleet.failure(exc)}
+
+
+def _virt_conf():
+    return compat.master_virt_conf(__opts__)[0]
+
+
+def _remote(client, tgt=None, tgt_type=None):
+    cfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    return relocate.Remote(__opts__, cfg, client)
+
+
+def _migration_opts(tunnel):
+    """``virt:tunnel`` (default for ``tunnel``) and ``virt:migration_timeout`` from the master config."""
+    conf = _virt_conf()
+    timeout = conf.get("migration_timeout", relocate.DEFAULT_TIMEOUT)
+    try:
+        timeout = float(timeout)
+    except (TypeError, ValueError):
+        raise SaltInvocationError(f"virt:migration_timeout must be a number of seconds, not {timeout!r}") from None
+    return validate.to_bool(conf.get("tunnel", False) if tunnel is None else tunnel), timeout
+
+
+def migrate(
+    name,
+    target,
+    host=None,
+    live=True,
+    tunnel=None,
+    copy_storage=None,
+    max_downtime=None,
+    max_bandwidth=None,
+    tgt=None,
+    tgt_type=None,
+    transport=None,
+):
+    """
+    Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
+    runner finds the VM's hypervisor, asks the target to prepare (storage it shares with the source
+    is used in place, proven with a probe file; for the rest it checks room and creates disk files of
+    the right size and format, qcow2 overlays onto its copy of the backing image), then the source's
+    libvirtd migrates peer to peer, copying the disks that are not shared. The VM ends up defined on
+    the target and undefined on the source.
+
+    On failure the error says why and where the VM is (still on the source); what the target had
+    prepared is removed again.
+
+    transport
+        the libvirtd-to-libvirtd connection: TLS (port 16514, the certificates ``virt.keys`` writes) unless
+        ``transport=tcp`` asks for plaintext by name (the result then carries ``warnings``).
+    tunnel
+        tunnel the migration through the TLS libvirtd connection (port 16514); default: the master
+        config's ``virt:tunnel``. libvirt cannot tunnel a disk copy: then the libvirtd connection is
+        TLS and the data goes over a direct stream (reported as ``note``).
+    copy_storage
+        ``all`` (full copies) or ``inc`` (overlays onto the backing image, which the target must
+        have); default: decided per VM (``inc`` when the target has every backing image).
+    host
+        the VM's hypervisor, if its name is ambiguous.
+    max_downtime / max_bandwidth
+        milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
+
+    Master config: ``virt:tunnel`` (bool), ``virt:migration_timeout`` (seconds, default 3600).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.migrate web1 hyper2
+        salt-run virt.migrate db1 hyper3 tunnel=True max_downtime=300
+    """
+    try:
+        validate.vm_name(name)
+        who = callers.job_caller(__opts__, globals(), __salt__)
+        with salt.client.get_local_client(__opts__["conf_file"]) as client:
+            remote = _remote(client, tgt, tgt_type)
+            if not who.operator:  # its own VM, to one of its hypervisors
+                seen = tenants.visible(remote.gather("virt.full_info"), who, tenants.config(__opts__))
+                host = tenants.locate(seen, name, who, host)
+                tconf = tenants.config(__opts__)["tenants"][who.tenant]
+                if not tenants.host_allowed(tconf, target):
+                    tenants.refuse("hypervisor", target, who.tenant, tconf["hypervisors"])
+            tunnel, timeout = _migration_opts(tunnel)
+            return relocate.migrate(
+                remote,
+                name,
+                target,
+                source=host,
+                live=validate.to_bool(live),
+                tunnel=tunnel,
+                copy_storage=copy_storage or None,
+                max_downtime=max_downtime,
+                max_bandwidth=max_bandwidth,
+                timeout=timeout,
+                transport=transport or None,
+            )
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, transport=None, **policy):
+    """
+    Move every VM off hypervisor minion ``host`` (for maintenance), one at a time, each to the host
+    placement ranks best (see ``virt.next_host``: memory, vCPUs, anti-affinity groups, maintenance);
+    a target that fails is skipped and the next one tried while the VM is still on ``host``. Add
+    ``host`` to ``virt:placement:maintenance`` to keep new VMs off it meanwhile.
+
+    dry_run
+        only show where each VM would go.
+    transport
+        as in ``virt.migrate``: TLS unless ``tcp`` is asked for by name.
+
+    Policy keys (``maintenance``, ``strategy``, ``mem_reserve_mib``, ...) apply to this call only.
+    Exits non-zero if a VM could not be moved (listed under ``failed`` with the reasons).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.evacuate hyper1 dry_run=True
+        salt-run virt.evacuate hyper1
+    """
+    policy = {k: v for k, v in policy.items() if not k.startswith("__")}
+    try:
+        tenants.operator_only(callers.job_caller(__opts__, globals(), __salt__), "virt.evacuate")
+        tunnel, timeout = _migration_opts(tunnel)
+        pol = placement.make_policy(_virt_conf().get("placement"), **policy)
+        with salt.client.get_local_client(__opts__["conf_file"]) as client:
+            remote = _remote(client, tgt, tgt_type)
+            ret = relocate.evacuate(
+                remote,
+                host,
+                pol,
+                live=validate.to_bool(live),
+                tunnel=tunnel,
+                dry_run=validate.to_bool(dry_run),
+                timeout=timeout,
+                transport=transport or None,
+            )
+    except SaltException as exc:
+        return _failed(exc)
+    if ret.get("failed") or ret.get("cannot_place"):
+        __context__["retcode"] = 1
+    return ret

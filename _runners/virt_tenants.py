@@ -1,0 +1,93 @@
+"""
+Runner ``virt`` (continued): what a tenant's member (or an operator) asks about tenancy, ``virt.whoami`` and
+``virt.usage`` (``saltvirt.fleet.callers``, ``saltvirt.fleet.tenants``, ``saltvirt.fleet.quota``). Salt's loader
+merges every runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner. Tenants, quotas and the
+master config: docs/topics/tenants.md.
+"""
+
+import contextlib
+import os
+import sys
+import time
+
+import salt.client
+from salt.exceptions import SaltException
+
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+
+if saltvirt is not None:
+    from saltvirt.spec import compat
+    from saltvirt.fleet import callers, fleetstate, publish as fleet, quota, tenants
+
+__virtualname__ = "virt"
+
+
+def __virtual__():
+    if saltvirt is None:
+        return (
+            False,
+            "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)",
+        )
+    return __virtualname__
+
+
+def _failed(exc):
+    """The answer for a failure, as the other ``virt`` runner functions give it (``virt_query`` outputter)."""
+    with contextlib.suppress(NameError):  # __context__ is injected by the loader
+        __context__["retcode"] = 1
+    return {"outputter": "virt_query", "data": fleet.failure(exc)}
+
+
+def usage(tgt=None, tgt_type=None, timeout=None):
+    """
+    Each tenant's usage against its quota (vCPUs, memory MiB, disk MiB, VMs), with a text bar per
+    resource, counted as ``virt.init`` counts it (the VMs whose <metadata> name the tenant, plus
+    creations in flight). A tenant member sees its own tenant only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.usage
+        salt-run virt.usage --out=json
+    """
+    try:
+        who = callers.job_caller(__opts__, globals(), __salt__)
+        conf = tenants.config(__opts__)["tenants"]
+        if not who.operator:
+            conf = {who.tenant: conf[who.tenant]}
+        since = time.time()
+        cfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+        with salt.client.get_local_client(__opts__["conf_file"]) as client:
+            hosts = fleet.gather(__opts__, "virt.full_info", cfg, client)
+        store = fleetstate.Store(__opts__)
+        data = quota.usage(store, hosts, conf, since, fleetstate.config(__opts__))
+        down = fleet.down_hosts(hosts)
+        if down:
+            data["_note"] = (
+                f"these hypervisors did not answer (their VMs are counted from the ledger): {', '.join(down)}"
+            )
+        return data
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def whoami():
+    """
+    Who Salt says called this job, and whether it acts as an operator or for a tenant.
+
+    CLI Example:: salt-run virt.whoami
+    """
+    try:
+        who = callers.job_caller(__opts__, globals(), __salt__)
+    except SaltException as exc:
+        return _failed(exc)
+    return {"user": who.user, "operator": who.operator, "tenant": who.tenant, "why": who.why}
