@@ -81,7 +81,7 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
         salt-run virt.backup all tenant=acme
     """
     try:
-        who = callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__)))
+        who = callers.job_caller(__opts__, globals(), __salt__)
         only = backups.scope(who, tenant, tenants.config(__opts__))
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)

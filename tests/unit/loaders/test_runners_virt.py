@@ -1,6 +1,6 @@
-"""_runners/virt*.py (one ``virt`` runner) through Salt's runner loader, without a salt-master: what is refused before anything
-is published or created (``salt-run virt.init ... wait=``). Waiting itself needs a master and a hypervisor:
-tests/integration/test_guest_ips.py."""
+"""_runners/virt*.py (one ``virt`` runner) through Salt's runner loader, without a salt-master: what is refused
+before anything is published or created (``salt-run virt.init ... wait=``). Waiting itself needs a master and a
+hypervisor: tests/integration/test_guest_ips.py."""
 
 import pytest
 
