@@ -719,8 +719,9 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     Live where the hypervisor can, always in the definition: ``applied`` says what went live, what
     needs a restart; ``test=True`` returns the changes and the ``plan`` without making them.
 
-    Salt's spellings are taken: ``disk_profile``/``nic_profile`` (for ``disk``/``nic``), ``live=True``,
-    ``autostart``; the return has Salt's keys ``definition``, ``cpu``, ``mem``, ``disk``
+    Salt's spellings are taken: ``disk_profile``/``nic_profile`` (for ``disk``/``nic``), ``live``
+    (``False``: only the definition changes, a running VM takes it at its next start), ``autostart``;
+    the return has Salt's keys ``definition``, ``cpu``, ``mem``, ``disk``
     (attached/detached/updated) and ``interface`` (attached/detached) besides ``changes``/``plan``.
 
     CLI Example:: salt 'hyper1' virt.update web1 cpu=4 mem=2048 enable_vnc=True
@@ -735,8 +736,7 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
             if new in kwargs:
                 raise SaltInvocationError(f"virt.update: give {new}= or {old}= (Salt's name), not both")
             kwargs[new] = kwargs.pop(old)
-    if not _bool(kwargs.pop("live", True)):
-        raise SaltInvocationError("virt.update: live=False is not supported: changes go live where libvirt can")
+    live = _bool(kwargs.pop("live", True))
     autostart = kwargs.pop("autostart", None)
     warnings = compat.init_args(kwargs, "virt.update")
     if cpu in (0, "0"):  # Salt's "not given"
@@ -753,6 +753,7 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
             test=_bool(test),
             cpu=cpu,
             mem=mem,
+            live=live,
             **kwargs,
         )
         if autostart is not None and not _bool(test):

@@ -183,12 +183,12 @@ def _create(ret, name, cpu, mem, start, kwargs):
     return dict(ret, comment="; ".join(comment))
 
 
-def _update(ret, name, cpu, mem, start, state, kwargs):
+def _update(ret, name, cpu, mem, start, state, kwargs, live):
     test = __opts__["test"]
     connection = kwargs.get("connection")
     # only what the state gives (not None): the rest of the VM is left as it is, as Salt's update
     args = {k: v for k, v in kwargs.items() if k in vmargs.STATE_UPDATE_ARGS and v is not None}
-    upd = __salt__["virt.update"](name, cpu=cpu, mem=mem, test=test, **args)
+    upd = __salt__["virt.update"](name, cpu=cpu, mem=mem, test=test, live=live, **args)
     changes = {k: v for k, v in upd["changes"].items() if k != "disks" or v.get("added")}
     if "disks" in changes:
         changes["disks"] = {"added": changes["disks"]["added"]}
@@ -232,6 +232,7 @@ def _ensure_vm(name, cpu, mem, start, kwargs):
     from saltvirt.spec import compat
 
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+    live = kwargs.pop("live", True)  # Salt's: False changes only the definition of a running VM
     try:
         warnings = compat.init_args(kwargs, "virt.running/defined")
         _check_args(kwargs)
@@ -240,7 +241,7 @@ def _ensure_vm(name, cpu, mem, start, kwargs):
         state = _vm_state(name, kwargs.get("connection"))
         if state is None:
             return _create(ret, name, cpu, mem, start, kwargs)
-        return _update(ret, name, cpu, mem, start, state, kwargs)
+        return _update(ret, name, cpu, mem, start, state, kwargs, live)
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))
 
@@ -278,7 +279,8 @@ def running(name, cpu=None, mem=None, **kwargs):
 def defined(name, cpu=None, mem=None, **kwargs):
     """
     Like ``virt.running``, but a new VM is not started and a stopped one stays stopped (a running VM
-    is left running, and changed live where possible).
+    is left running, and changed live where possible; with Salt's ``live: False`` only its definition
+    changes, taken at its next start).
 
     .. code-block:: yaml
 

@@ -130,7 +130,8 @@ STATE_KWARGS = tuple(a.name for a in ARGS if a.state not in (KEY, NOT_TAKEN) and
 # virt.update's own arguments besides virt.init's (the reference page)
 UPDATE_ONLY = {
     "test": "return the changes and the plan without making them",
-    "live": "Salt's live=True (the default; live=False is refused: changes go live where libvirt can)",
+    "live": "Salt's live: True (the default) changes a running VM live where libvirt can; False only its "
+    "definition (taken at the next start)",
     "autostart": "Salt's autostart: set the VM's autostart flag",
 }
 # Salt's virt.init arguments that are not salt-virt's: what happens to them (saltvirt.spec.compat.init_args)

@@ -333,14 +333,17 @@ def _live_ok(kind, item, live):
     return kind in ("nic_added", "nic_removed", "disk_added")
 
 
-def plan(changes, current_facts):
+def plan(changes, current_facts, live_update=True):
     """Predicted outcome: {'live': [...], 'restart': [...], 'definition': [...]} (``definition``:
-    the VM is not running, the change takes effect when it starts)."""
+    the VM is not running, the change takes effect when it starts). ``live_update=False`` (Salt's
+    ``live=False``): a running VM gets nothing live, every change waits for its restart."""
     out = {"live": [], "restart": [], "definition": []}
     live = current_facts["live"]
     for kind, item, desc in steps(actionable(changes)):
         if live is None:
             out["definition"].append(desc)
+        elif not live_update:
+            out["restart"].append(f"{desc} (live=False)")
         else:
             out["live" if _live_ok(kind, item, live) else "restart"].append(desc)
     return out
@@ -503,9 +506,9 @@ def _live(dom, kind, item, created):
         dom.attachDeviceFlags(domxml.device_xml(created["disks"][item["target"]], strip_address=True), live_flag)
 
 
-def apply(conn, dom, desired, changes):
-    """Apply actionable ``changes`` (from :func:`diff`) to the definition and, if the VM runs, live.
-    Returns what happened: {'live': [...], 'restart': [...], 'definition': [...]}."""
+def apply(conn, dom, desired, changes, live_update=True):
+    """Apply actionable ``changes`` (from :func:`diff`) to the definition and, if the VM runs (and
+    ``live_update``), live. Returns what happened: {'live': [...], 'restart': [...], 'definition': [...]}."""
     changes = actionable(changes)
     report = {"live": [], "restart": [], "definition": []}
     running = bool(dom.isActive())
@@ -531,6 +534,9 @@ def apply(conn, dom, desired, changes):
     for kind, item, desc in steps(changes):
         if not running:
             report["definition"].append(desc)
+            continue
+        if not live_update:
+            report["restart"].append(f"{desc} (live=False)")
             continue
         try:
             _live(dom, kind, item, created)
@@ -558,10 +564,13 @@ def _managed(cpu, mem, init_args):
     ]
 
 
-def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, allowed_paths=(), **init_args):
+def update(
+    conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, allowed_paths=(), live=True, **init_args
+):
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
-    disks (disk/disks), graphics (enable_vnc/graphics)."""
+    disks (disk/disks), graphics (enable_vnc/graphics). ``live=False`` (Salt's): only the definition
+    changes, a running VM takes it at its next start."""
     unknown = sorted(k for k in init_args if k not in vmargs.UPDATE_KWARGS)
     if unknown:
         raise SaltInvocationError(
@@ -590,9 +599,9 @@ def update(conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, 
     if "host_devices" in manage:
         desired.hostdevs = caps.host_devices(conn, desired.host_devices)
     changes = diff(desired, facts, manage)
-    ret = {"name": name, "changes": changes, "plan": plan(changes, facts), "applied": None}
+    ret = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
     if actionable(changes) and not test:
-        ret["applied"] = apply(conn, dom, desired, changes)
+        ret["applied"] = apply(conn, dom, desired, changes, live)
         facts = current(conn.lookupByName(name))
     ret["pending_restart"] = pending_restart(facts)
     return ret

@@ -148,8 +148,17 @@ def test_update_takes_salt_names_and_returns_salt_keys(virt_test, vm):
     done = v["virt.update"](vm, cpu=2, autostart=True)
     assert done["definition"] is True and v["virt.vm_info"](vm)[vm]["cpu"] == 2
     assert v["virt.update"](vm, cpu=2)["definition"] is False
-    with pytest.raises(SaltInvocationError, match="live=False"):
-        v["virt.update"](vm, cpu=1, live=False)
+    # Salt's live=False: a running VM's definition changes, the running VM keeps what it has until restarted
+    v["virt.start"](vm)
+    later = v["virt.update"](vm, cpu=1, live=False)
+    assert later["definition"] is True and later["applied"] == {
+        "live": [],
+        "restart": ["cpu 2 -> 1 (live=False)"],
+        "definition": [],
+    }
+    assert later["pending_restart"] == ["cpu"] and "<vcpu placement='static'>1</vcpu>" in v["virt.get_xml"](
+        vm, inactive=True
+    )
 
 
 def test_networks_with_salt_names_and_returns(virt_test):

@@ -131,3 +131,15 @@ def test_states_take_vm_type_and_boot_dev_with_a_kernel(virt_test):
     facts = domxml.feature_facts(virt_test["virt.get_xml"]("kern1"))
     assert facts["kernel_boot"] == kernel and facts["boot_dev"] == ["network", "hd"]
     assert st["virt.defined"]("kern1", boot=kernel, boot_dev="network hd", **args)["changes"] == {}
+
+
+def test_live_false_changes_only_the_definition_of_a_running_vm(virt_test):
+    """Salt's ``live: False`` (Uyuni's create-vm.sls redefines the VM it just started that way)."""
+    st = load_states(virt_test, False)
+    args = {"nic": None, "disk": None, "seed": False}
+    assert st["virt.running"]("live1", cpu=1, mem=64, **args)["result"] is True
+    ret = st["virt.defined"]("live1", cpu=1, mem=48, live=False, **args)
+    assert ret["result"] is True and set(ret["changes"]) == {"mem"}, ret
+    assert "needs restart: mem 64 -> 48 MiB (live=False)" in ret["comment"], ret["comment"]
+    assert "<currentMemory unit='KiB'>65536</currentMemory>" in virt_test["virt.get_xml"]("live1")  # running: as it was
+    assert "<memory unit='KiB'>49152</memory>" in virt_test["virt.get_xml"]("live1", inactive=True)
