@@ -80,9 +80,10 @@ def _by_mac(ours, theirs):
 
 def _disk(d, size):
     """One disk as Salt's ``get_disks`` entry (``file``, ``type``: the device, ``file format``, ``virtual
-    size``, ``disk size``: left out when unknown, as Salt) plus ours."""
+    size``, ``disk size``: left out when unknown, as Salt) plus ours. A pool volume's ``file`` is Salt's
+    ``<pool>/<volume>`` (clients take the pool from it: Uyuni starts a VM's pools that way)."""
     out = {
-        "file": d["file"],
+        "file": f"{d['pool']}/{d['volume']}" if d.get("pool") and d.get("volume") else d["file"],
         "type": d["device"],
         "format": d["format"],
         "device": d["device"],

@@ -55,6 +55,28 @@ def test_the_cases_a_client_iterates(v):
     assert full["disks"]["vda"]["type"] == "disk"
 
 
+def test_a_pool_volume_disk_is_salts_pool_slash_volume(virt_test):
+    """Salt's ``file`` of a volume disk is ``<pool>/<volume>``: Uyuni's virt_utils takes the pool from it
+    (``re.match("^[^/:]+/", disk["file"])``) to start a VM's pools before the VM."""
+    v = virt_test
+    v["virt.init"](
+        "shape-pool",
+        1,
+        64,
+        start=False,
+        seed=False,
+        nic=None,
+        disk=None,
+        disks=[{"name": "system", "pool": "default-pool", "size": 8}],
+    )
+    try:
+        (disk,) = v["virt.get_disks"]("shape-pool").values()
+        assert disk["file"] == "default-pool/shape-pool_system" and disk["pool"] == "default-pool"
+        assert v["virt.vm_info"]("shape-pool")["shape-pool"]["disks"]["vda"]["file"] == disk["file"]
+    finally:
+        v["virt.purge"]("shape-pool")
+
+
 def test_host_storage_network_and_snapshot_shapes(v):
     assert_conforms("pool_info", v["virt.pool_info"]())
     assert_conforms("network_info", v["virt.network_info"]())
