@@ -194,9 +194,10 @@ def salt_master(salt_factories, state_tree):
 @pytest.fixture(scope="session")
 def hyper1(salt_master, hv1, lab_dir):
     """Minion 'hyper1' managing the real libvirtd hv1, bundle pulled with saltutil.sync_all."""
-    factory = start_minion(
-        salt_master, "hyper1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "hyper1-images")
-    )
+    config = hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "hyper1-images")
+    # Uyuni's create-vm.sls caches a kickstart kernel and initrd in /tmp/virt/<vm>/ (test_uyuni_real.py)
+    config["virt"]["allowed_paths"].append("/tmp/virt")
+    factory = start_minion(salt_master, "hyper1", config)
     with factory.started():
         ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret

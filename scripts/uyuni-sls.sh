@@ -1,0 +1,42 @@
+#!/bin/bash
+# Uyuni's (SUSE Manager's) virtualization SLS files and loader modules, for tests/integration/test_uyuni_real.py.
+# Uyuni is GPL-2.0 and salt-virt Apache-2.0: the files stay out of this repository. This script fetches the
+# versions the test was written against (each checked by its sha256) into
+#   $SALT_VIRT_UYUNI (default /var/cache/salt-virt/uyuni/susemanager-sls), laid out as Uyuni's susemanager-sls.
+# The test reads them from there and fetches nothing itself (no file there: it is skipped and says so).
+# A file whose digest differs (Uyuni changed it) is not installed: the test is written for the pinned content.
+set -euo pipefail
+DEST=${SALT_VIRT_UYUNI:-${SALT_VIRT_CACHE:-/var/cache/salt-virt}/uyuni/susemanager-sls}
+BASE=https://raw.githubusercontent.com/uyuni-project/uyuni
+# <sha256> <commit holding that content, or a branch> <path under susemanager-utils/susemanager-sls>
+FILES="
+2def96080004a8cab24c7844685625598b5dad0047a5d4d3fdd4437f42fe3cb7 master salt/virt/create-vm.sls
+99fe51ad9f6365c5bb5fc2bcb35f1b7f90a3ffac3d190f8faa6a7351bc1934e3 master salt/virt/update-vm.sls
+431b1e24eafd843fa1a995281128768385f6f57abe4a8c2f1eca33ddcedb1106 2f7a3442af5835a4cb553ba3c52fdcc4641d943c salt/virt/deleted.sls
+f9989c08a58d459b6a22cdffef529af30b6e9b01dc2d1ec1ecdb77b9b911b51f 80e4fce00d4120aa2e6be863c3350d9886e7ce18 salt/virt/statechange.sls
+a0a332f48e1fe6f8a39bc8685da83ecb56918c6fb1660c9fc177b177623623b4 a4f11b7da087ded9686a08ab91525e07a1190d07 salt/virt/network-create.sls
+d750da28b2ffbe8b8ffa7e9cac2945d5418e6e2d6299620ef38bedc2d735a7fd 3389e932794ac68fe0fc3e3ba7e4b85d32434e0d salt/virt/pool-create.sls
+00a0ea8e2fa986a2828086055e87705e27ecacdbfd6330b3fe53caeb509aa0d8 54c3151828d435311e1ab249301849960824596b src/modules/virt_utils.py
+9d0e7149b4d574631eb2a0c2e88b295ea90715472c0f66e54690de71301b0bdb b2ea45a469e7297ccc0437dbadee0235ecff57e9 src/states/virt_utils.py
+9120e6901614633baebd23aa0ba82ffd877dac295cd8851671898637c4b54fe3 b2ea45a469e7297ccc0437dbadee0235ecff57e9 src/states/mgrcompat.py
+"
+log() { printf '[uyuni-sls] %s\n' "$*" >&2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+while read -r sum ref path; do
+  [ -n "$path" ] || continue
+  if [ -f "$DEST/$path" ] && echo "$sum  $DEST/$path" | sha256sum -c --status; then
+    continue
+  fi
+  if ! curl -fsSL --max-time 60 -o "$tmp/file" "$BASE/$ref/susemanager-utils/susemanager-sls/$path"; then
+    log "could not fetch $path ($ref)"; status=1; continue
+  fi
+  if ! echo "$sum  $tmp/file" | sha256sum -c --status; then
+    log "$path at $ref is not the pinned content (sha256 $sum): not installed"; status=1; continue
+  fi
+  mkdir -p "$DEST/$(dirname "$path")"
+  mv "$tmp/file" "$DEST/$path"
+  log "$path"
+done <<< "$FILES"
+exit $status

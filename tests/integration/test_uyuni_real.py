@@ -1,0 +1,189 @@
+"""A real client's SLS files unchanged: Uyuni's (SUSE Manager's) ``salt/virt/*.sls`` and its ``virt_utils``
+and ``mgrcompat`` loader modules, applied through the session master to hyper1 (real libvirtd) with the
+pillar Uyuni's server sends (``SaltServerActionService``: Gson, so a null value is left out). A network
+and a pool as its UI creates them, a VM installed the PXE/kickstart way (cobbler's kernel and initrd from
+the file server, then redefined to boot from its disk), update, power state and delete; each action's
+libvirt outcome and, applied again, no change.
+
+Uyuni is GPL-2.0 and this project Apache-2.0: its files are not part of this repository. The test reads
+them from a checkout of ``susemanager-utils/susemanager-sls`` (``SALT_VIRT_UYUNI``, default
+``/var/cache/salt-virt/uyuni/susemanager-sls``; ``scripts/uyuni-sls.sh`` puts the files it needs there)
+and fetches nothing itself."""
+
+import json
+import os
+import pathlib
+import shutil
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.support import lab
+
+UYUNI = pathlib.Path(os.environ.get("SALT_VIRT_UYUNI", "/var/cache/salt-virt/uyuni/susemanager-sls"))
+SLS = ("create-vm", "update-vm", "deleted", "statechange", "network-create", "pool-create")
+MODULES = {"_modules": ["virt_utils.py"], "_states": ["virt_utils.py", "mgrcompat.py"]}
+BOOT_WAIT = 300  # a TCG guest boots in seconds on an idle host, minutes on a loaded shared CI machine
+VM, NET, POOL = "uyvm1", "uynet", "uypool"
+
+
+@pytest.fixture(scope="module")
+def uyuni(state_tree, salt_cli, hyper1, guest):
+    """Uyuni's files in the master's file_roots (salt://virt/*.sls, its _modules/_states synced to hyper1),
+    the test guest's kernel and initrd where cobbler's sync puts a distribution (salt://bootloader/)."""
+    missing = [f"salt/virt/{s}.sls" for s in SLS if not (UYUNI / "salt" / "virt" / f"{s}.sls").is_file()]
+    missing += [
+        f"src/{d[1:]}/{f}" for d, files in MODULES.items() for f in files if not (UYUNI / "src" / d[1:] / f).is_file()
+    ]
+    if missing:
+        pytest.skip(f"Uyuni's files are not in {UYUNI} ({', '.join(missing)}): run scripts/uyuni-sls.sh")
+    made = [state_tree / "virt", state_tree / "bootloader"]
+    (state_tree / "virt").mkdir()
+    for name in SLS:
+        shutil.copyfile(UYUNI / "salt" / "virt" / f"{name}.sls", state_tree / "virt" / f"{name}.sls")
+    for folder, files in MODULES.items():
+        (state_tree / folder).mkdir(exist_ok=True)
+        for name in files:
+            shutil.copyfile(UYUNI / "src" / folder[1:] / name, state_tree / folder / name)
+            made.append(state_tree / folder / name)
+    distro = state_tree / "bootloader" / "1" / "busybox-x86_64"
+    distro.mkdir(parents=True)
+    shutil.copyfile(guest["kernel"], distro / "linux")
+    shutil.copyfile(guest["initrd"], distro / "initrd")
+    assert salt_cli.run("saltutil.sync_all", minion_tgt="hyper1").returncode == 0
+    yield
+    for path in made:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    salt_cli.run("saltutil.sync_all", minion_tgt="hyper1")
+
+
+def apply(salt_cli, sls, pillar):
+    """``state.apply virt.<sls>`` with the action's pillar, as Uyuni's server calls it:
+    {"<state module>:<id>": result} (statechange.sls gives one id two states)."""
+    ret = salt_cli.run("state.apply", f"virt.{sls}", f"pillar={json.dumps(pillar)}", minion_tgt="hyper1", _timeout=300)
+    assert isinstance(ret.data, dict), ret
+    states = {f"{key.split('_|-')[0]}:{v['__id__']}": v for key, v in ret.data.items()}
+    assert all(v["result"] is True for v in states.values()), {k: v["comment"] for k, v in states.items()}
+    return states
+
+
+def changed(states):
+    return {k: v["changes"] for k, v in states.items() if v["changes"]}
+
+
+def call(salt_cli, fun, *args):
+    ret = salt_cli.run(fun, *args, minion_tgt="hyper1")
+    assert ret.returncode == 0, ret
+    return ret.data
+
+
+def vm_pillar(target):
+    """``virtDomainActionToPillar`` for a VM installed from a cobbler profile: one new 1 GiB disk in a
+    pool, one NIC on a virtual network, VNC, no template image (so boot_dev "network hd")."""
+    return {
+        "name": VM,
+        "vcpus": 1,
+        "mem": 128,
+        "vm_type": "qemu",  # what the UI offers on a host without KVM (the lab's TCG)
+        "os_type": "hvm",
+        "arch": "x86_64",
+        "disks": [
+            {"name": "system", "format": "qcow2", "pool": POOL, "size": 1024, "model": "virtio", "device": "disk"}
+        ],
+        "interfaces": [{"name": "eth0", "type": "network", "source": NET}],
+        "graphics": {"type": "vnc"},
+        "boot": {
+            "kernel": "1/busybox-x86_64/linux",
+            "initrd": "1/busybox-x86_64/initrd",
+            "kopts": f"console=ttyS0 quiet autoyast=http://uyuni.example/cblr/svc/op/autoinstall/system/{VM}",
+        },
+        "boot_dev": "network hd",
+    }
+
+
+def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp):
+    # network-create / pool-create: what the UI's "create" sends; the SLS asks virt.*_info first ({} if absent)
+    net = {"network_name": NET, "autostart": False, "action_type": "running"}
+    net["ipv4_config"] = {"cidr": "10.81.0.1/24", "dhcp_ranges": [{"start": "10.81.0.10", "end": "10.81.0.50"}]}
+    pool = {"pool_name": POOL, "pool_type": "dir", "autostart": True, "target": str(qemu_tmp / POOL)}
+    pool.update(permissions={}, action_type="running")
+    cached = pathlib.Path("/tmp/virt") / VM  # where create-vm.sls caches the kernel (the minion runs here)
+    shutil.rmtree(cached, ignore_errors=True)
+    try:
+        made = apply(salt_cli, "network-create", net)
+        assert set(made) == {"virt:network_running"} and made["virt:network_running"]["changes"], made
+        info = call(salt_cli, "virt.network_info", NET)[NET]
+        assert info["active"] and info["ip"] == "10.81.0.1/24" and info["dhcp"] == ["10.81.0.10", "10.81.0.50"]
+        assert changed(apply(salt_cli, "network-create", net)) == {}
+        made = apply(salt_cli, "pool-create", pool)
+        assert set(made) == {"virt:pool_running"} and made["virt:pool_running"]["changes"], made
+        assert call(salt_cli, "virt.pool_info", POOL)[POOL]["state"] == "running"
+        assert changed(apply(salt_cli, "pool-create", pool)) == {}
+
+        _create_update_and_power(salt_cli, hv1, qemu_tmp)
+
+        # deleted.sls: powered off, then virt.purge (module.run): the VM and its volume go, pool and network stay
+        gone = apply(salt_cli, "deleted", {"domain_name": VM})
+        assert set(changed(gone)) == {"virt:vm_stopped", "mgrcompat:mgr_virt_destroy"}
+        assert VM not in call(salt_cli, "virt.list_domains")
+        assert call(salt_cli, "virt.pool_list_volumes", POOL) == []
+        assert NET in call(salt_cli, "virt.list_networks") and POOL in call(salt_cli, "virt.list_pools")
+    finally:
+        shutil.rmtree(cached, ignore_errors=True)
+        if VM in call(salt_cli, "virt.list_domains"):
+            call(salt_cli, "virt.purge", VM)
+        for fun in ("virt.network_stop", "virt.network_undefine", "virt.pool_stop", "virt.pool_undefine"):
+            salt_cli.run(fun, NET if "network" in fun else POOL, minion_tgt="hyper1")
+
+
+def _create_update_and_power(salt_cli, hv1, qemu_tmp):
+    pillar = vm_pillar(qemu_tmp)
+    # create-vm: the first boot from cobbler's kernel (stop_on_reboot), then the definition boots from disk
+    made = apply(salt_cli, "create-vm", pillar)
+    assert set(changed(made)) >= {"file:kernel_cached", "file:initrd_cached", "virt:domain_first_boot_define"}
+    assert "virt:domain_define" in changed(made)
+    lab.wait_for_text(hv1.path("log", "qemu", f"{VM}-serial.log"), "GUEST-BOOT-OK", timeout=BOOT_WAIT)
+    live = ET.fromstring(call(salt_cli, "virt.get_xml", VM))
+    config = ET.fromstring(call(salt_cli, "virt.get_xml", VM, "inactive=True"))
+    assert live.findtext("os/kernel") == f"/tmp/virt/{VM}/kernel" and live.findtext("on_reboot") == "destroy"
+    assert "autoyast=" in live.findtext("os/cmdline")
+    assert config.find("os/kernel") is None and config.find("os/cmdline") is None
+    assert [b.get("dev") for b in config.findall("os/boot")] == ["network", "hd"]
+    assert config.findtext("on_reboot") == "restart" and config.get("type") == "qemu"
+    info = call(salt_cli, "virt.vm_info", VM)[VM]
+    assert info["graphics"]["type"] == "vnc" and info["cpu"] == 1 and info["mem"] == 128
+    (nic,) = info["nics"].values()
+    assert nic["type"] == "network" and nic["source"]["network"] == NET
+    volumes = call(salt_cli, "virt.pool_list_volumes", POOL)
+    assert volumes == [f"{VM}_system"] and info["disks"]["vda"]["file"] == f"{POOL}/{VM}_system"  # Salt's shape
+    assert call(salt_cli, "virt_utils.vm_info", VM) == {VM: {"graphics_type": "vnc"}}
+
+    # statechange: power off (hard off: the guest has no ACPI), again: nothing to do
+    off = {"domain_name": VM, "domain_state": "powered_off"}
+    assert changed(apply(salt_cli, "statechange", off)) and call(salt_cli, "virt.vm_state", VM) == {VM: "shutoff"}
+    assert changed(apply(salt_cli, "statechange", off)) == {}
+
+    # update-vm (the UI's edit of the stopped VM): everything as shown, memory lowered; the second time nothing
+    pillar.update(mem=96, uuid=info["uuid"])
+    del pillar["boot"], pillar["boot_dev"], pillar["disks"][0]["size"]
+    pillar["disks"][0]["source_file"] = volumes[0]  # an existing volume of the pool, as Salt's virt.update takes it
+    first = apply(salt_cli, "update-vm", pillar)["mgrcompat:domain_update"]["changes"]["ret"]
+    assert first["definition"] is True and first["mem"] is True, first
+    again = apply(salt_cli, "update-vm", pillar)["mgrcompat:domain_update"]["changes"]["ret"]
+    assert again["definition"] is False, again
+    info = call(salt_cli, "virt.vm_info", VM)[VM]
+    assert (info["mem"], info["graphics"]["type"], list(info["disks"]), len(info["nics"])) == (96, "vnc", ["vda"], 1)
+
+    # statechange to running: virt_utils first starts the VM's network and pool (found from Salt's shapes of
+    # vm_info: a NIC's source mapping, a volume's "<pool>/<volume>"), both stopped meanwhile, then virt.running
+    call(salt_cli, "virt.network_stop", NET)
+    call(salt_cli, "virt.pool_stop", POOL)
+    start = {"domain_name": VM, "domain_state": "running"}
+    started = apply(salt_cli, "statechange", start)
+    assert started[f"virt_utils:{VM}"]["changes"] == {"networks": {NET: "started"}, "pools": {POOL: "started"}}
+    assert started[f"virt:{VM}"]["changes"] and call(salt_cli, "virt.vm_state", VM) == {VM: "running"}
+    assert call(salt_cli, "virt.network_info", NET)[NET]["active"]
+    again = apply(salt_cli, "statechange", start)
+    # virt_utils refreshes the pools each time (Uyuni's own state); virt.running has nothing to do
+    assert again[f"virt_utils:{VM}"]["changes"] == {"networks": {}, "pools": {POOL: "refreshed"}}
+    assert again[f"virt:{VM}"]["changes"] == {}
