@@ -186,8 +186,9 @@ def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
         if frozen:
             try:
                 dom.fsThaw()
-            except libvirt.libvirtError as exc:  # the guest stays frozen: say so loudly
+            except libvirt.libvirtError as exc:  # the guest stays frozen: say so loudly, in the result too
                 log.error("VM %s: thawing its filesystems failed: %s (virsh domfsthaw)", dom.name(), exc)
+                consistency = f"{CONSISTENT}; THAWING FAILED, the guest may still be frozen: {exc} (virsh domfsthaw)"
     if on_started:
         on_started()  # fault-injection point of the integration tests (kill libvirtd mid-job)
     _wait_job(dom, timeout)
