@@ -1,6 +1,7 @@
 """
-Runner ``virt`` (continued): ``salt-run virt.backup`` backs VMs up on their hypervisors with retention
-(``saltvirt.fleet.backups``; the hypervisor side: ``saltvirt.vm.backup``). Salt's loader merges every
+Runner ``virt`` (continued): ``salt-run virt.backup`` backs VMs up on their hypervisors with retention,
+``salt-run virt.restore`` restores one where it cannot run twice (``saltvirt.fleet.backups``; the
+hypervisor side: ``saltvirt.vm.backup``, ``saltvirt.vm.restore``). Salt's loader merges every
 runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner. Nightly runs and the master
 config: docs/topics/backups.md.
 """
@@ -10,7 +11,7 @@ import logging
 import os
 import sys
 
-from salt.exceptions import SaltException
+from salt.exceptions import CommandExecutionError, SaltException, SaltInvocationError
 
 try:
     import saltvirt  # pip install . puts it on sys.path
@@ -24,7 +25,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import backups, callers, tenants
+    from saltvirt.fleet import backups, callers, fleetstate, tenants
     from saltvirt.fleet import publish as fleet
     from saltvirt.spec import compat
 
@@ -105,3 +106,46 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
         __context__["retcode"] = 1
         out["retcode"] = 1  # what salt-run's exit code follows (as the other virt runner functions do)
     return out
+
+
+def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_down=False, **kwargs):  # noqa: A002, PLR0913 - Salt's CLI spelling (virt.restore web1 <id>) and keywords
+    """
+    Restore backup ``id`` of VM ``name`` on hypervisor ``host`` (one that mounts the backup directory;
+    default: the hypervisor that defines ``name``, a restore in place) with its ``virt.restore``. Every
+    hypervisor is asked first, so that one VM never runs twice: under the same name the restore is
+    refused while ``name`` is defined on another hypervisor, or while a hypervisor does not answer
+    (``ignore_down=True``: you know it runs nothing); ``as_name=NEW`` (or ``as=NEW``) restores a copy
+    with a new name, uuid and MAC addresses, refused while ``NEW`` is defined anywhere. ``force`` and
+    ``start`` are those of the module. Operators only.
+
+    CLI Example::
+
+        salt-run virt.restore web1 20260101T020000Z host=hyper2
+        salt-run virt.restore web1 20260101T020000Z host=hyper2 as=web1-copy start=True
+    """
+    as_name = as_name or kwargs.pop("as", None)
+    unknown = sorted(k for k in kwargs if not k.startswith("__"))
+    try:
+        if unknown:
+            raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)} to virt.restore")
+        tenants.operator_only(
+            callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__))), "virt.restore"
+        )
+        validate.vm_name(name)
+        new = validate.vm_name(as_name, "as_name") if as_name else name
+        conf = compat.master_virt_conf(__opts__)[0].get("backup")
+        wait = backups.settings(conf)["timeout"]
+        fcfg = fleet.config(compat.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
+        with fleetstate.lock(__opts__, [new], kind="virt.restore"):
+            hosts = fleet.gather(__opts__, "virt.vm_state", cfg=fcfg)
+            where, down = backups.restore_host(hosts, name, host, as_name, validate.to_bool(ignore_down))
+            args = {"as_name": as_name, "start": validate.to_bool(start), "force": validate.to_bool(force)}
+            _show(f"restoring backup {id} of VM {name} on {where}" + (f" as {as_name}" if as_name else ""))
+            ans = fleet.call(__opts__, where, "virt.restore", [name, id], args, cfg=fcfg, max_wait=wait)[0]
+        if ans.get("status") != "up":
+            raise CommandExecutionError(f"virt.restore on {where}: {ans.get('error') or ans.get('status')}")
+    except SaltException as exc:
+        with contextlib.suppress(NameError):
+            __context__["retcode"] = 1
+        return {"error": str(exc), "retcode": 1}
+    return {"name": new, "host": where, "down": down, "result": ans["ret"]}

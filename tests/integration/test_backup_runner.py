@@ -1,20 +1,22 @@
 """``salt-run virt.backup`` with a real salt-master and hypervisor minion over a real libvirtd (hv15): every
 VM backed up on its hypervisor, retention from the master config applied, failures reported with exit
 code 1; with tenants (bkrun1 belongs to tenant acme), a tenant member (``file`` eauth through salt-run) backs
-up its own VMs only. The VMs are stopped (offline copies): the live path is
-tests/integration/test_backup_real.py."""
+up its own VMs only; ``salt-run virt.restore`` asks every hypervisor before it restores on another one
+(bkhv2: libvirt's test driver, a hypervisor minion that mounts the same backup directory; the restore
+itself on a real second libvirtd: tests/integration/test_backup_real.py). The VMs are stopped (offline
+copies): the live path is tests/integration/test_backup_real.py."""
 
 import pathlib
 
 import pytest
 
 from tests.support import lab
-from tests.support.paths import GUEST_DIR
+from tests.support.paths import GUEST_DIR, TEST_NODE_XML
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
 
 MASTER_VIRT = {
-    "hypervisors": {"tgt": ["bkhv1"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
+    "hypervisors": {"tgt": ["bkhv1", "bkhv2"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
     "backup": {"per_host": 1, "retention": {"keep": 1}},
     "tenants": {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}},
 }
@@ -54,10 +56,14 @@ def fleet(bkmaster, hv15, lab_dir, tmp_path_factory):
     for name, owner in (("bkrun1", {"tenant": "acme", "creator": "alice"}), ("bkrun2", None)):
         image = str(GUEST_DIR / "disk.qcow2")
         mods["virt.init"](name, 1, 128, image=image, seed=False, start=False, nic=None, owner=owner)
-    minion = start_minion(bkmaster, "bkhv1", config)
-    with minion.started():
-        ret = bkmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="bkhv1")
-        assert ret.returncode == 0, ret
+    other = {  # a second hypervisor on libvirt's test driver (a node with no VMs), same backup directory
+        "virt": {"connection": {"uri": f"test://{TEST_NODE_XML}"}, "images": str(root / "images2")},
+        "grains": {"virt_hypervisor": True},
+    }
+    other["virt"]["backup"] = config["virt"]["backup"]
+    with start_minion(bkmaster, "bkhv1", config).started(), start_minion(bkmaster, "bkhv2", other).started():
+        ret = bkmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="bkhv*")
+        assert ret.returncode == 0 and sorted(ret.data) == ["bkhv1", "bkhv2"], ret
         yield root
 
 
@@ -94,3 +100,23 @@ def test_runner_backs_up_a_tenants_vms_only(bkmaster, fleet):
     assert other.data["made"] == {} and other.data["failed"] == {"bkrun2": "no VM named bkrun2 in tenant acme"}
     refused = run(*ALICE, "virt.backup", "all", "tenant=beta")
     assert refused.data == {"error": "user alice is in tenant acme: tenant=beta is refused", "retcode": 1}
+
+
+def test_restore_on_another_hypervisor_never_runs_one_vm_twice(bkmaster, fleet):
+    run = bkmaster.salt_run_cli(timeout=600).run
+    made = run("virt.backup", "bkrun2", "incremental=False")
+    assert made.returncode == 0, made
+    bid = made.data["made"]["bkrun2"]["id"]
+
+    twice = run("virt.restore", "bkrun2", bid, "host=bkhv2")  # bkrun2 is still defined on bkhv1
+    assert twice.returncode == 1 and twice.data["error"].startswith(
+        "VM bkrun2 is defined on bkhv1 (shutoff): restoring it on bkhv2 under the same name could run it twice"
+    ), twice
+    assert not (fleet / "images2" / "bkrun2").exists()  # bkhv2 was never asked
+    taken = run("virt.restore", "bkrun2", bid, "host=bkhv2", "as=bkrun1")
+    assert taken.returncode == 1 and taken.data["error"].startswith("a VM named bkrun1 is defined on bkhv1"), taken
+
+    copy = run("virt.restore", "bkrun2", bid, "host=bkhv2", "as=bkrun2-copy")  # a new identity: allowed
+    assert copy.returncode == 0 and (copy.data["host"], copy.data["name"]) == ("bkhv2", "bkrun2-copy"), copy
+    assert copy.data["result"]["chain"] == [bid]
+    assert copy.data["result"]["disks"]["vda"].startswith(str(fleet / "images2" / "bkrun2-copy"))

@@ -21,7 +21,7 @@ import concurrent.futures
 import threading
 import time
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.fleet import tenants
@@ -158,3 +158,52 @@ def _brief(result):
         return {"result": result}
     keys = ("id", "type", "parent", "size", "duration", "consistency", "note", "live")
     return {k: result.get(k) for k in keys if result.get(k) is not None}
+
+
+# restore: one VM never runs twice --------------------------------------------------------------------
+def restore_host(hosts, name, host=None, as_name=None, ignore_down=False):
+    """The hypervisor ``salt-run virt.restore`` restores VM ``name`` on, from every hypervisor's
+    ``virt.vm_state`` (``publish.gather``), and ``down``: the hypervisors that did not answer. A backup
+    directory that several hypervisors mount lets any of them restore the VM, so the fleet is asked first:
+
+    * under the same name, refused while a VM of that name is defined on another hypervisor (running or
+      not: the restored copy and the original would both run) and while a hypervisor does not answer
+      (it may run it) unless ``ignore_down`` (the operator knows those run nothing: powered off);
+    * ``as_name`` (a new name, uuid and MAC addresses) is refused while that name is defined anywhere.
+
+    ``host`` defaults to the one hypervisor that defines ``name`` (a restore in place)."""
+    up = {h: a.get("vms") or {} for h, a in hosts.items() if a.get("status") == "up"}
+    down = sorted(h for h in hosts if h not in up)
+    found = {h: vms[name] for h, vms in sorted(up.items()) if name in vms}
+    if host in (None, ""):
+        if as_name or len(found) != 1:
+            raise SaltInvocationError(
+                f"name the hypervisor to restore VM {as_name or name} on: host=<minion id> (one that mounts the "
+                "backup directory)"
+            )
+        host = next(iter(found))
+    if host not in up:
+        answered = ", ".join(sorted(up)) or "none"
+        raise CommandExecutionError(
+            f"hypervisor {host} did not answer or is not in virt:hypervisors (answered: {answered})"
+        )
+    if as_name:
+        taken = {h: vms[as_name] for h, vms in sorted(up.items()) if as_name in vms}
+        if taken:
+            h, state = next(iter(taken.items()))
+            raise SaltInvocationError(f"a VM named {as_name} is defined on {h} ({state}): choose another as_name")
+        return host, down
+    elsewhere = {h: state for h, state in found.items() if h != host}
+    if elsewhere:
+        on = ", ".join(f"{h} ({state})" for h, state in elsewhere.items())
+        raise CommandExecutionError(
+            f"VM {name} is defined on {on}: restoring it on {host} under the same name could run it twice. "
+            f"Restore it beside with as_name=<new name> (a new uuid and MAC addresses), or purge it there first"
+        )
+    if down and not ignore_down:
+        raise CommandExecutionError(
+            f"hypervisor(s) {', '.join(down)} did not answer: VM {name} may be defined or running there. Restore "
+            "when they answer, with as_name=<new name>, or with ignore_down=True if you know they run nothing "
+            "(powered off)"
+        )
+    return host, down

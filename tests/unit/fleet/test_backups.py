@@ -7,7 +7,7 @@ import threading
 
 import libvirt
 import pytest
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.fleet import backups, callers, tenants
 from tests.unit.vm.test_backup import bk  # noqa: F401 - the fixture is shared
@@ -109,3 +109,35 @@ def test_plan_for_a_tenant_sees_its_own_vms_only():
     work, problems = backups.plan(hosts, "b1", tenant="acme")  # another tenant's VM: as if it did not exist
     assert work == {} and problems == {"b1": "no VM named b1 in tenant acme (down: h3)"}
     assert backups.plan(backups.owned(full_info, "beta"), "all", tenant="beta")[0] == {"h1": ["b1"]}
+
+
+# salt-run virt.restore: where, and never one VM twice (with a real master: tests/integration/test_backup_runner.py)
+FLEET = {
+    "h1": {"status": "up", "vms": {"web1": "running", "db1": "shutdown"}},
+    "h2": {"status": "up", "vms": {}},
+}
+
+
+def test_restore_under_the_same_name_is_refused_while_the_vm_is_defined_elsewhere():
+    with pytest.raises(CommandExecutionError, match=r"VM web1 is defined on h1 \(running\): restoring it on h2"):
+        backups.restore_host(FLEET, "web1", "h2")
+    with pytest.raises(CommandExecutionError, match=r"VM db1 is defined on h1 \(shutdown\)"):  # stopped counts
+        backups.restore_host(FLEET, "db1", "h2")
+    assert backups.restore_host(FLEET, "web1") == ("h1", [])  # in place: the module checks running/force
+    assert backups.restore_host(FLEET, "web1", "h1") == ("h1", [])
+    assert backups.restore_host(FLEET, "gone", "h2") == ("h2", [])  # purged everywhere: any host may
+    assert backups.restore_host(FLEET, "web1", "h2", as_name="web1-copy") == ("h2", [])  # a new identity
+
+
+def test_restore_refusals_name_the_way_out():
+    with pytest.raises(SaltInvocationError, match="a VM named db1 is defined on h1 .*: choose another as_name"):
+        backups.restore_host(FLEET, "web1", "h2", as_name="db1")
+    with pytest.raises(SaltInvocationError, match="name the hypervisor to restore VM gone on: host="):
+        backups.restore_host(FLEET, "gone")
+    with pytest.raises(CommandExecutionError, match=r"hypervisor h9 did not answer .*\(answered: h1, h2\)"):
+        backups.restore_host(FLEET, "gone", "h9")
+    down = dict(FLEET, h3={"status": "down", "error": "no answer"})
+    with pytest.raises(CommandExecutionError, match=r"h3 did not answer: VM gone may be defined or running there"):
+        backups.restore_host(down, "gone", "h2")
+    assert backups.restore_host(down, "gone", "h2", ignore_down=True) == ("h2", ["h3"])
+    assert backups.restore_host(down, "gone", "h2", as_name="gone2") == ("h2", ["h3"])

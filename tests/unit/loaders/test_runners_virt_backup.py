@@ -58,3 +58,17 @@ def test_the_user_salt_injected_into_one_runner_file_is_seen_by_the_others(runne
     else:
         ret = runner[called]()
         assert ret["error"].startswith("virt.record is for operators: user alice is a member of tenant acme"), ret
+
+
+@pytest.mark.parametrize(
+    ("user", "kwargs", "message"),
+    [
+        ("alice", {}, "virt.restore is for operators: user alice is a member of tenant acme"),
+        ("carol", {"target": "/etc"}, "unknown argument(s) target to virt.restore"),
+        ("carol", {"as": "../x"}, "invalid as_name"),
+    ],
+)
+def test_restore_refusals_before_anything_is_asked(runner, user, kwargs, message):
+    runner["virt.restore"].__globals__["__user__"] = user
+    ret = runner["virt.restore"]("web1", "20260101T020000Z", **kwargs)
+    assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
