@@ -4,9 +4,10 @@ redis-server as their ``cache:`` backend; the hypervisor minions are multi-maste
     mmhv1, mmhv2   libvirt test driver (test:///default, kept in the minion process: multiprocessing
                    False); 3072 MiB, of which the driver's own 'test' domain uses 2048: with
                    mem_reserve_mib 0, room for exactly five 200 MiB VMs each
-    mmgone         a hypervisor whose minion is stopped: a query waits for it (timeout + job check: 50 s,
+    mmgone         a hypervisor whose minion is stopped: a query waits for it (timeout + job check: 30 s,
                    generous for a loaded machine: a live minion only has to answer Salt's job check),
-                   so concurrent inits of one name really overlap while they hold their locks
+                   so concurrent inits of one name really overlap while they hold their locks; calls
+                   that do not need that wait name the answering hosts (``UP``)
 
 Every ``salt-run`` here is a real CLI process against one master's config directory.
 """
@@ -29,11 +30,12 @@ from tests.support.saltd import master_config, start_minion
 
 HOSTS = ["mmhv1", "mmhv2"]
 VIRT = {
-    "hypervisors": {"tgt": "mm*", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 45},
+    "hypervisors": {"tgt": "mm*", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 25},
     "placement": {"mem_reserve_mib": 0, "disk_reserve_mib": 0},
     "shared": {"lock_ttl": 10},
 }
 VM = ["1", "200", "nic=None", "disk=None"]  # 1 vCPU, 200 MiB, no NIC, no disk: test-driver VMs
+UP = "tgt=mmhv1,mmhv2"  # the answering hosts only: no wait for mmgone where no overlap is needed
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def finish(proc, timeout=300):
 
 def vms(masters, master="mm2"):
     """``{host: [new VM names]}`` from virt.list through ``master``."""
-    code, data = finish(salt_run(masters[master], "virt.list"))
+    code, data = finish(salt_run(masters[master], "virt.list", UP))
     assert code == 0, data
     return {h: sorted(n for n in data[h].get("vms") or {} if n != "test") for h in HOSTS}
 
@@ -135,13 +137,13 @@ def test_same_name_on_both_masters_creates_one_vm_and_names_the_holder(masters, 
     placed = vms(masters)
     assert sum(placed.values(), []) == ["web1"], placed  # exactly one VM
     assert shared_locks(redis_server) == {}  # released
-    code, data = finish(salt_run(masters[loser], "virt.purge", "web1"))  # the other master finds and removes it
+    code, data = finish(salt_run(masters[loser], "virt.purge", "web1", UP))  # the other master finds and removes it
     assert code == 0, data
 
 
 def test_ten_inits_over_two_masters_never_overcommit(masters, hypervisors):
     names = [f"b{i:02d}" for i in range(10)]
-    up = "tgt=mmhv1,mmhv2"  # the answering hosts only: no wait for mmgone (overlap is not needed here)
+    up = UP
     procs = {n: salt_run(masters["mm1" if i % 2 else "mm2"], "virt.init", n, *VM, up) for i, n in enumerate(names)}
     results = {n: finish(p) for n, p in procs.items()}
     failed = {n: d for n, (code, d) in results.items() if code != 0}
@@ -155,14 +157,14 @@ def test_ten_inits_over_two_masters_never_overcommit(masters, hypervisors):
     burst = {h: [n for n in placed[h] if n.startswith("b")] for h in HOSTS}
     assert set(names) - set(failed) <= set(burst["mmhv1"] + burst["mmhv2"]) <= set(names), burst
     assert len(burst["mmhv1"]) <= 5 and len(burst["mmhv2"]) <= 5, burst  # never over its room
-    code, info = finish(salt_run(masters["mm1"], "virt.host_info"))
+    code, info = finish(salt_run(masters["mm1"], "virt.host_info", up))
     for h in HOSTS:
         facts = info[h]["host"]
         assert facts["mem_used_by_vms"] <= facts["mem_total"], (h, facts)
     # full now: the next init is refused, not piled on
     code, data = finish(salt_run(masters["mm2"], "virt.init", "b10", *VM, up))
     assert code == 1 and data["error"].startswith("no host can take a VM with 1 vCPU(s), 200 MiB"), data
-    code, data = finish(salt_run(masters["mm1"], "virt.purge", "b00"))  # room for the next test
+    code, data = finish(salt_run(masters["mm1"], "virt.purge", "b00", up))  # room for the next test
     assert code == 0, data
 
 
@@ -178,12 +180,12 @@ def test_a_master_killed_mid_init_leaves_a_lock_that_expires(masters, hypervisor
     proc.kill()  # the runner process dies mid-call, and its master with it
     proc.wait()
     masters["mm1"].terminate()
-    code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM))
+    code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM, UP))
     assert code == 1 and data["error"].startswith("'web9' is held: virt.init by master mm1 "), data
     assert f"pid {proc.pid}, job " in data["error"]
     while shared_locks(redis_server)["web9"]["expires"] > time.time() - 1:  # nobody renews it: it expires
         time.sleep(0.5)
-    code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM))
+    code, data = finish(salt_run(masters["mm2"], "virt.init", "web9", *VM, UP))
     assert code == 0 and data["host"] in HOSTS, data
     (over,) = [t for t in data["taken_over"] if t["name"] == "web9"]
     assert over["why"] == "expired" and over["was"].startswith("virt.init by master mm1 "), over

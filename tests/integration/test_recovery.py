@@ -58,7 +58,7 @@ def lab_hvs(lab_dir, fabric, store):
 def master_virt(lab_dir):
     return {
         # bounded waits, generous enough for a loaded shared machine: a slow minion must not look down here
-        "hypervisors": {"tgt": "hv1[012]", "tgt_type": "glob", "timeout": 15, "gather_job_timeout": 20},
+        "hypervisors": {"tgt": "hv1[012]", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 15},
         "placement": {"mem_reserve_mib": 256, "disk_reserve_mib": 0},
         "recovery": {"probe_wait": 5},
     }
