@@ -114,6 +114,19 @@ def test_xdist_work_units():
     assert work_unit("tests/unit/spec/test_vmspec.py::test_a") == "tests/unit/spec/test_vmspec.py::test_a"
 
 
+def test_xdist_costs_name_real_units():
+    """Every unit in xdist_groups.COST exists (a renamed module would silently lose its place in the order),
+    and the costliest unit left goes first."""
+    from tests.support.xdist_groups import COST, SESSION_MASTER_UNIT, cost, work_unit
+
+    for unit in COST:
+        if unit != SESSION_MASTER_UNIT:
+            assert (ROOT / unit).is_file(), unit
+            assert work_unit(f"{unit}::test_x") == unit, f"{unit} runs on the session master: cost it there"
+    assert cost("tests/integration/test_tutorial.py", {"t": False}) > cost("tests/integration/test_seed.py", {})
+    assert cost("tests/integration/test_seed.py", dict.fromkeys("abc", False)) == 3
+
+
 # the library's layers, bottom up (HACKING.md "Layout"): a module imports only from its own layer or below
 LAYERS = ["base", "pki", "spec", "xml", "host", "storage", "guest", "vm", "fleet"]
 # modules still on an import cycle: this set may only shrink
