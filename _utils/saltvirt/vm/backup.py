@@ -22,11 +22,14 @@ import datetime
 import logging
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import tools
 from saltvirt.base.fsutil import file_digest, remove_paths
+from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 from saltvirt.storage import images
 from saltvirt.vm import backupstore as store
@@ -49,7 +52,7 @@ def _iso(t):
 
 
 # what to copy ---------------------------------------------------------------------------------------
-def choose_disks(facts, disks=None):
+def choose_disks(facts: Data, disks: str | list[str] | None = None) -> list[Data]:
     """The VM's disks to back up: ``[{target, file, format}]`` (default: every writable file disk).
     ``disks``: target devs (``vda,vdb`` or a list). Raises for an unknown or unsupported disk."""
     usable = {
@@ -80,7 +83,9 @@ def _checkpoints(dom):
         return [c.getName() for c in dom.listAllCheckpoints(0) if c.getName().startswith(store.CHECKPOINT_PREFIX)]
 
 
-def plan(dom, chosen, valid, incremental, every=None):
+def plan(
+    dom: Domain, chosen: list[Data], valid: list[Data], incremental: bool, every: list[str] | None = None
+) -> tuple[Data | None, str | None]:
     """``(parent manifest or None, note)``: what an incremental backup builds on, or why it cannot.
     A parent checkpoint whose metadata is gone is redefined from the disks' bitmaps when libvirt finds
     them valid (:func:`redefine`). ``every``: the target devs of all the VM's disks."""
@@ -109,7 +114,7 @@ def plan(dom, chosen, valid, incremental, every=None):
     return parent, None
 
 
-def redefine(dom, parent, every):
+def redefine(dom: Domain, parent: Data, every: list[str]) -> str | None:
     """Give libvirt back the metadata of ``parent``'s checkpoint when the bitmaps it names are in the
     running VM's disks: libvirt does not carry checkpoint metadata across a migration, while QEMU
     carries the persistent bitmaps in the qcow2 files (shared storage) or in the migration stream.
@@ -246,8 +251,15 @@ def _drop_old_checkpoints(dom, keep):
 
 # the face -------------------------------------------------------------------------------------------
 def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the tests' fault hook
-    conn, root, name, disks=None, incremental=False, target=None, timeout=DEFAULT_TIMEOUT, on_started=None
-):
+    conn: Conn,
+    root: str,
+    name: str,
+    disks: str | list[str] | None = None,
+    incremental: bool = False,
+    target: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_started: Callable[[], Any] | None = None,
+) -> Data:
     """Back up VM ``name`` into ``<root>/[<target>/]<name>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
     and ``removed_incomplete`` (files of interrupted backups cleaned up first)."""
@@ -334,7 +346,7 @@ def _clean_incomplete(directory, name, uuid, incomplete):
     return sorted(os.path.basename(p) for p in out["removed"])
 
 
-def listing(root, name, target=None):
+def listing(root: str, name: str, target: str | None = None) -> Data:
     """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}``."""
     directory = store.vm_dir(root, name, target)
     valid, broken, incomplete = store.scan(directory)
@@ -347,7 +359,7 @@ def listing(root, name, target=None):
     }
 
 
-def delete(root, name, bid, target=None, test=False):
+def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False) -> Data:
     """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
     store.backup_id(bid)
     directory = store.vm_dir(root, name, target)
@@ -362,14 +374,22 @@ def delete(root, name, bid, target=None, test=False):
                 f"backup {bid} of VM {name} is needed by {', '.join(needed)} (they build on it): delete those first"
             )
         m = by_id.get(bid) or store.read_manifest(directory, bid)[0] or {"disks": []}
-        files = [d.get("file") for d in m["disks"] if isinstance(d, dict) and isinstance(d.get("file"), str)]
+        files = [d["file"] for d in m["disks"] if isinstance(d, dict) and isinstance(d.get("file"), str)]
         files = [f for f in files if os.path.basename(f) == f]
         if test:
             return {"id": bid, "removed": [f"{bid}.json", *files], "kept": {}, "test": True}
         return {"id": bid, **store.remove(directory, name, m.get("uuid"), bid, files)}
 
 
-def prune(root, name, target=None, keep=None, keep_daily=None, keep_weekly=None, test=False):
+def prune(
+    root: str,
+    name: str,
+    target: str | None = None,
+    keep: Any = None,
+    keep_daily: Any = None,
+    keep_weekly: Any = None,
+    test: bool = False,
+) -> Data:
     """``virt.backup_prune``: apply a retention policy; ``{kept, pruned, refused}`` (ids)."""
     directory = store.vm_dir(root, name, target)
     valid, _broken, _incomplete = store.scan(directory)

@@ -21,11 +21,14 @@ import fcntl
 import json
 import os
 import re
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.fsutil import atomic_write, file_digest
+from saltvirt.base.salttypes import Data
 from saltvirt.storage import images
 
 CONFIG_KEY = "virt:backup:dir"
@@ -36,7 +39,7 @@ CHECKPOINT_PREFIX = "salt-backup-"
 
 
 # the directory --------------------------------------------------------------------------------------
-def root_dir(configured):
+def root_dir(configured: str | None) -> str:
     """The operator's backup directory (``virt:backup:dir``): it must be set and exist."""
     if not configured:
         raise CommandExecutionError(
@@ -49,7 +52,7 @@ def root_dir(configured):
     return path
 
 
-def vm_dir(root, vm, target=None, create=False):
+def vm_dir(root: str, vm: str, target: str | None = None, create: bool = False) -> str:
     """``<root>/[<target>/]<vm>``: every part a safe name, the result inside ``root`` (no symlink escape)."""
     validate.vm_name(vm)
     parts = [validate.vm_name(target, "backup target")] if target else []
@@ -62,13 +65,13 @@ def vm_dir(root, vm, target=None, create=False):
     return path
 
 
-def backup_id(bid):
+def backup_id(bid: Any) -> str:
     if not isinstance(bid, str) or not ID_RE.fullmatch(bid):
         raise SaltInvocationError(f"invalid backup id {bid!r}: ids look like 20260101T120000Z (see virt.backup_list)")
     return bid
 
 
-def new_id(directory, now=None, taken=()):
+def new_id(directory: str, now: datetime.datetime | None = None, taken: Iterable[str] = ()) -> str:
     """A fresh id (UTC time; ``-2``, ``-3``... within the same second) no file in ``directory`` uses and
     that is not in ``taken`` (the ids of the VM's checkpoints: an interrupted backup removes its files,
     but its checkpoint may outlive it in libvirt)."""
@@ -81,16 +84,16 @@ def new_id(directory, now=None, taken=()):
     return bid
 
 
-def disk_file(directory, bid, target):
+def disk_file(directory: str, bid: str, target: str) -> str:
     return os.path.join(directory, f"{bid}.{target}.qcow2")
 
 
-def manifest_file(directory, bid):
+def manifest_file(directory: str, bid: str) -> str:
     return os.path.join(directory, f"{bid}.json")
 
 
 @contextlib.contextmanager
-def locked(directory, vm):
+def locked(directory: str, vm: str) -> Iterator[None]:
     """One backup/restore/delete per VM directory at a time; a second one is refused, not queued."""
     fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
@@ -108,7 +111,7 @@ def locked(directory, vm):
 
 
 # manifests ------------------------------------------------------------------------------------------
-def write_manifest(directory, manifest):
+def write_manifest(directory: str, manifest: Data) -> str:
     """Write a backup's manifest atomically (fsynced temp file + rename): the step that makes it valid."""
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     path = manifest_file(directory, manifest["id"])
@@ -132,7 +135,7 @@ def _problem(directory, m):
     return None
 
 
-def read_manifest(directory, bid):
+def read_manifest(directory: str, bid: str) -> tuple[Data | None, str | None]:
     """``(manifest, problem)``: the parsed manifest of backup ``bid`` (None if absent or unreadable)."""
     try:
         fd = os.open(manifest_file(directory, bid), os.O_RDONLY | os.O_NOFOLLOW)
@@ -147,7 +150,7 @@ def read_manifest(directory, bid):
     return m, _problem(directory, m)
 
 
-def scan(directory):
+def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
     """``(valid, broken, incomplete)``: valid backups oldest first (manifests); broken ones
     ``{id: reason}``; incomplete: ids with files but no manifest (interrupted backups)."""
     if not os.path.isdir(directory):
@@ -159,12 +162,13 @@ def scan(directory):
             ids.add(bid)
             if rest == "json":
                 with_manifest.add(bid)
-    valid, broken = [], {}
+    valid: list[Data] = []
+    broken: dict[str, str] = {}
     for bid in sorted(with_manifest):
         m, problem = read_manifest(directory, bid)
         if problem:
             broken[bid] = problem
-        else:
+        elif m is not None:
             valid.append(m)
     by_id = {m["id"]: m for m in valid}
     for m in list(valid):  # a chain is only as good as every backup it builds on
@@ -176,9 +180,19 @@ def scan(directory):
     return valid, broken, sorted(ids - with_manifest)
 
 
-def summary(m):
+def summary(m: Data) -> Data:
     """What ``virt.backup_list`` shows of a manifest (no domain XML)."""
-    keys = ("id", "type", "parent", "chain", "checkpoint", "started", "finished", "duration", "copy_seconds")
+    keys: tuple[str, ...] = (
+        "id",
+        "type",
+        "parent",
+        "chain",
+        "checkpoint",
+        "started",
+        "finished",
+        "duration",
+        "copy_seconds",
+    )
     keys += ("size", "live")
     out = {k: m.get(k) for k in keys}
     out["consistency"] = m.get("consistency")
@@ -186,10 +200,10 @@ def summary(m):
     return out
 
 
-def verify(directory, chain):
+def verify(directory: str, chain: list[Data]) -> bool:
     """Check every file of ``chain`` (manifests, oldest first) against its checksum and its backing
     file against the chain; raise CommandExecutionError naming the first mismatch."""
-    previous = {}
+    previous: dict[str, str] = {}
     for m in chain:
         for d in m["disks"]:
             path = os.path.join(directory, d["file"])
@@ -213,7 +227,7 @@ def verify(directory, chain):
 
 
 # chains and deletion --------------------------------------------------------------------------------
-def chain_of(valid, bid):
+def chain_of(valid: list[Data], bid: str) -> list[Data]:
     """The manifests of backup ``bid``'s chain (its full backup first), from ``valid``."""
     by_id = {m["id"]: m for m in valid}
     if bid not in by_id:
@@ -221,12 +235,12 @@ def chain_of(valid, bid):
     return [by_id[p] for p in by_id[bid]["chain"]]
 
 
-def needed_by(valid, bid):
+def needed_by(valid: list[Data], bid: str) -> list[str]:
     """Ids of the backups whose chain includes ``bid`` (other than itself)."""
     return [m["id"] for m in valid if bid in m["chain"] and m["id"] != bid]
 
 
-def remove(directory, vm, uuid, bid, files):
+def remove(directory: str, vm: str, uuid: str | None, bid: str, files: list[str]) -> Data:
     """Remove backup ``bid``: its manifest first (it is invalid from then on), then its files (owned
     ones only, nothing another image backs onto). ``{removed, kept}``."""
     doomed = [manifest_file(directory, bid)] + [os.path.join(directory, f) for f in files]
@@ -234,7 +248,7 @@ def remove(directory, vm, uuid, bid, files):
     return {"removed": [os.path.basename(p) for p in out["removed"]], "kept": out["kept"]}
 
 
-def leftovers(directory, incomplete):
+def leftovers(directory: str, incomplete: Iterable[str]) -> list[str]:
     """Every file of the interrupted backups ``incomplete`` (ids) in ``directory``."""
     ids = set(incomplete)
     return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.partition(".")[0] in ids)
@@ -250,7 +264,9 @@ def _week(m):
     return tuple(d.isocalendar()[:2])
 
 
-def retention(valid, keep=None, keep_daily=None, keep_weekly=None):
+def retention(
+    valid: list[Data], keep: Any = None, keep_daily: Any = None, keep_weekly: Any = None
+) -> tuple[list[str], list[str]]:
     """``(kept, pruned)`` ids under a retention policy: the ``keep`` newest backups, the newest backup of
     each of the last ``keep_daily`` days and of the last ``keep_weekly`` ISO weeks that have backups;
     then every backup a kept one builds on (a chain is never broken). ``pruned`` is newest first, so
@@ -262,7 +278,7 @@ def retention(valid, keep=None, keep_daily=None, keep_weekly=None):
         return [m["id"] for m in reversed(newest_first)], []
     keep_ids = {m["id"] for m in newest_first[: rules.get("keep", 0)]}
     for key, period in (("keep_daily", _day), ("keep_weekly", _week)):
-        seen = []
+        seen: list[str] = []
         for m in newest_first:
             p = period(m)
             if p not in seen:

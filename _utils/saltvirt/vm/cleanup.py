@@ -19,10 +19,12 @@ import os
 import signal
 import stat
 import time
+from collections.abc import Iterable
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, procs, tools, validate
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.guest import seed
 from saltvirt.storage import images
 from saltvirt.host.conn import libvirt
@@ -62,7 +64,7 @@ class InitLock:
         os.pwrite(self.fd, f"{self.purpose} pid {os.getpid()}\n".encode(), 0)
         return self
 
-    def keep_mark(self):
+    def keep_mark(self) -> None:
         self.keep = True
 
     def __exit__(self, exc_type, *exc):
@@ -166,10 +168,12 @@ def _stop(pid, done):
     done.append(f"stopped qemu-storage-daemon (pid {pid})")
 
 
-def release_seeding(disks):
+def release_seeding(disks: Iterable[str]) -> tuple[list[str], list[str]]:
     """Unmount, detach and stop whatever seeding left attached to ``disks``. Returns (done, errors)."""
     disks = {os.path.realpath(d) for d in disks}
-    done, errors, scratch = [], [], set()
+    done: list[str] = []
+    errors: list[str] = []
+    scratch = set()
     exports = _qsd_exports(disks)
     loops = _loops(disks | set(exports.values()))
     for loop in loops:
@@ -259,7 +263,7 @@ def _stale(path, st, grace):
     return f"no owner mark, {age:.0f} s old" if age > grace else None
 
 
-def reap_seeding(tmpdir=None, grace=REAP_GRACE):
+def reap_seeding(tmpdir: str | None = None, grace: float = REAP_GRACE) -> Data:
     """Release seeding whose job is gone (a minion restarted, a job killed): for every scratch directory
     ``<tmpdir>/salt-virt-seed-*`` that salt-virt made (a real directory, not a symlink, owned by this
     user, mode 0700 as ``mkdtemp`` makes it) whose owner process is gone, unmount the guest's
@@ -269,7 +273,7 @@ def reap_seeding(tmpdir=None, grace=REAP_GRACE):
     import tempfile  # noqa: PLC0415 - the default scratch place, as seeding's mkdtemp uses it
 
     tmpdir = tmpdir or tempfile.gettempdir()
-    out = {"removed": [], "errors": [], "left": {}}
+    out: Data = {"removed": [], "errors": [], "left": {}}
     try:
         entries = sorted(e.path for e in os.scandir(tmpdir) if e.name.startswith(SEED_PREFIX))
     except OSError as exc:
@@ -302,7 +306,7 @@ def _domain(conn, name):
         raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
 
 
-def cleanup(conn, name, images_dir):
+def cleanup(conn: Conn, name: str, images_dir: str) -> Data:
     """Remove what an interrupted init of ``name`` left here; see the module doc. Returns
     ``{name, interrupted, domain, removed, kept, released, errors}``."""
     validate.vm_name(name)
@@ -311,7 +315,7 @@ def cleanup(conn, name, images_dir):
         return clean(conn, name, images_dir, lock)
 
 
-def clean(conn, name, images_dir, lock):
+def clean(conn: Conn, name: str, images_dir: str, lock: InitLock) -> Data:
     """The work of :func:`cleanup`, under ``lock`` (held by the caller: cleanup, or an init that found
     the mark of an interrupted one)."""
     vm_dir = validate.inside(images_dir, name)
@@ -323,7 +327,7 @@ def clean(conn, name, images_dir, lock):
     dom = _domain(conn, name)
     if dom is not None:
         uuid = dom.UUIDString()
-        if not (lock.existed and ours and manifest.get("uuid") in (None, uuid)):
+        if not (lock.existed and ours and (manifest or {}).get("uuid") in (None, uuid)):
             out["domain"] = "kept: a complete VM (virt.purge removes it)"
             if lock.existed:
                 out["domain"] = "kept: the interrupted init's manifest does not name this VM"

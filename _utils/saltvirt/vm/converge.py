@@ -15,10 +15,13 @@ reported under ``not_in_spec`` and left alone.
 
 import contextlib
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil
+from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.xml import domxml
 from saltvirt.host import caps
 from saltvirt.storage import images, intake, voldisks
@@ -44,19 +47,19 @@ DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_
 
 # desired ------------------------------------------------------------------------------------------
 def desired_spec(
-    name,
-    cpu,
-    mem,
+    name: str,
+    cpu: Any,
+    mem: Any,
     *,
-    images_dir,
-    profiles,
-    vtype="qemu",
-    image=None,
-    image_format=None,
-    allowed_paths=(),
-    cloud_init=None,
-    **init_args,
-):
+    images_dir: str,
+    profiles: Data | None,
+    vtype: str = "qemu",
+    image: str | None = None,
+    image_format: str | None = None,
+    allowed_paths: Sequence[str] = (),
+    cloud_init: Any = None,
+    **init_args: Any,
+) -> vmspec.VMSpec:
     """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here).
     ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only). ``cloud_init`` only
     shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
@@ -76,7 +79,18 @@ def desired_spec(
     )
 
 
-def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=None, allowed_paths=(), **init_args):
+def preview(
+    name: str,
+    cpu: Any,
+    mem: Any,
+    *,
+    images_dir: str,
+    profiles: Data | None,
+    image: str | None = None,
+    image_format: str | None = None,
+    allowed_paths: Sequence[str] = (),
+    **init_args: Any,
+) -> Data:
     """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
     image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
     spec = desired_spec(
@@ -110,7 +124,7 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
         if d.pool:  # a pool volume: its format/partition name follow the pool (None here: as the pool decides)
             entry.update(pool=d.pool, volume=d.volume)
         if d.name in unknown:
-            entry.update(path=os.path.join(spec.vm_dir, f"{d.name}.<image format>"), format="as the image")
+            entry.update(path=os.path.join(spec.vm_dir or "", f"{d.name}.<image format>"), format="as the image")
         if d.image:
             entry["image"] = d.image
         if d.attach:
@@ -121,7 +135,7 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
     out = {
         "cpu": spec.cpu,
         "mem": spec.mem,
-        "image": intake.redact(image),
+        "image": intake.redact(image) if image else image,
         "disks": disks,
         "nics": [{k: v for k, v in _nic_summary(n).items() if v is not None} for n in spec.nics],
         "graphics": _gfx_summary(spec.graphics),
@@ -132,7 +146,7 @@ def preview(name, cpu, mem, *, images_dir, profiles, image=None, image_format=No
 
 
 # current ------------------------------------------------------------------------------------------
-def current(dom):
+def current(dom: Domain) -> Data:
     """{'config': facts of the persistent definition, 'live': facts of the running VM (or None)}."""
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
     with lv_errors(f"read the definition of VM {dom.name()!r}"):
@@ -217,7 +231,7 @@ def _diff_cpu_mem(desired, cfg, manage):
     return changes
 
 
-def diff(desired, current_facts, manage=FIELDS):
+def diff(desired: vmspec.VMSpec, current_facts: Data, manage: Sequence[str] = FIELDS) -> Data:
     """{field: change} for every managed field where the persistent definition differs from
     ``desired``. Raises SaltInvocationError for what cannot be done to an existing VM (a new disk that
     would be cloned from an image)."""
@@ -230,7 +244,9 @@ def diff(desired, current_facts, manage=FIELDS):
         want, was = _gfx_summary(desired.graphics), _gfx_summary(have)
         if want != was:
             changes["graphics"] = {"old": was, "new": want}
-        elif want and want["password"] and desired.graphics.password != have.get("passwd"):
+        elif (
+            want and want["password"] and desired.graphics and have and desired.graphics.password != have.get("passwd")
+        ):
             changes["graphics"] = {"old": was, "new": want, "password": "changed"}
     if "nics" in manage:
         nics = _diff_nics(desired, cfg["nics"])
@@ -277,7 +293,7 @@ def _diff_features(desired, cfg, manage):
     }
 
 
-def actionable(changes):
+def actionable(changes: Data) -> Data:
     """The changes that make the VM different (``disks.not_in_spec`` alone is only a report)."""
     out = {k: v for k, v in changes.items() if k != "disks"}
     if changes.get("disks", {}).get("added"):
@@ -290,7 +306,7 @@ def _nic_text(nic):
     return f"{nic['type']} {nic['source']} ({nic['model']})"
 
 
-def steps(changes):
+def steps(changes: Data) -> list[tuple[str, Any, str]]:
     """[(kind, item, description)] for every actionable change, in the order :func:`apply` works."""
     out = []
     if "cpu" in changes:
@@ -333,11 +349,11 @@ def _live_ok(kind, item, live):
     return kind in ("nic_added", "nic_removed", "disk_added")
 
 
-def plan(changes, current_facts, live_update=True):
+def plan(changes: Data, current_facts: Data, live_update: bool = True) -> dict[str, list[str]]:
     """Predicted outcome: {'live': [...], 'restart': [...], 'definition': [...]} (``definition``:
     the VM is not running, the change takes effect when it starts). ``live_update=False`` (Salt's
     ``live=False``): a running VM gets nothing live, every change waits for its restart."""
-    out = {"live": [], "restart": [], "definition": []}
+    out: dict[str, list[str]] = {"live": [], "restart": [], "definition": []}
     live = current_facts["live"]
     for kind, item, desc in steps(actionable(changes)):
         if live is None:
@@ -349,7 +365,7 @@ def plan(changes, current_facts, live_update=True):
     return out
 
 
-def pending_restart(current_facts):
+def pending_restart(current_facts: Data) -> list[str]:
     """Fields where the running VM still differs from its definition (applied, waiting for a restart)."""
     cfg, live = current_facts["config"], current_facts["live"]
     if live is None:
@@ -506,11 +522,13 @@ def _live(dom, kind, item, created):
         dom.attachDeviceFlags(domxml.device_xml(created["disks"][item["target"]], strip_address=True), live_flag)
 
 
-def apply(conn, dom, desired, changes, live_update=True):
+def apply(
+    conn: Conn, dom: Domain, desired: vmspec.VMSpec, changes: Data, live_update: bool = True
+) -> dict[str, list[str]]:
     """Apply actionable ``changes`` (from :func:`diff`) to the definition and, if the VM runs (and
     ``live_update``), live. Returns what happened: {'live': [...], 'restart': [...], 'definition': [...]}."""
     changes = actionable(changes)
-    report = {"live": [], "restart": [], "definition": []}
+    report: dict[str, list[str]] = {"live": [], "restart": [], "definition": []}
     running = bool(dom.isActive())
     cfg = libvirt.VIR_DOMAIN_AFFECT_CONFIG
     with lv_errors(f"update VM {desired.name!r}"):
@@ -523,7 +541,7 @@ def apply(conn, dom, desired, changes, live_update=True):
     feats = [f for f in domxml.FEATURES if f in changes]
     if feats:
         dom = _redefine_features(conn, dom, desired, feats)
-    created = {"nics": [], "disks": {}}
+    created: Data = {"nics": [], "disks": {}}
     if set(changes) & {"graphics", "nics", "disks"}:
         made = _make_disks(desired, changes, dom.UUIDString(), conn)
         try:
@@ -565,8 +583,18 @@ def _managed(cpu, mem, init_args):
 
 
 def update(
-    conn, name, *, images_dir, profiles, test=False, cpu=None, mem=None, allowed_paths=(), live=True, **init_args
-):
+    conn: Conn,
+    name: str,
+    *,
+    images_dir: str,
+    profiles: Data | None,
+    test: bool = False,
+    cpu: Any = None,
+    mem: Any = None,
+    allowed_paths: Sequence[str] = (),
+    live: bool = True,
+    **init_args: Any,
+) -> Data:
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics). ``live=False`` (Salt's): only the definition
@@ -599,7 +627,7 @@ def update(
     if "host_devices" in manage:
         desired.hostdevs = caps.host_devices(conn, desired.host_devices)
     changes = diff(desired, facts, manage)
-    ret = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
+    ret: Data = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
     if actionable(changes) and not test:
         ret["applied"] = apply(conn, dom, desired, changes, live)
         facts = current(conn.lookupByName(name))

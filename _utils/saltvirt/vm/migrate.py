@@ -38,10 +38,13 @@ import subprocess
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, procs, tools, validate
+from saltvirt.base.salttypes import ConfigGet, Conn, Data
 from saltvirt.xml import domxml
 from saltvirt.host import query, snapshot
 from saltvirt.storage import images
@@ -61,7 +64,7 @@ ROOM_MARGIN_MIB = 16  # plus 1% of the virtual size: image metadata, blocks the 
 
 
 # settings and the libvirt call ------------------------------------------------------------------
-def settings(config_get):
+def settings(config_get: ConfigGet) -> Data:
     """``virt:tunnel`` and ``virt:migration`` from the minion's config, checked."""
     mig = config_get("virt:migration", {}) or {}
     if not isinstance(mig, dict):
@@ -90,13 +93,15 @@ PLAINTEXT_WARNING = (
 )
 
 
-def tls_missing(pkipath=None):
+def tls_missing(pkipath: str | None = None) -> list[str]:
     """The TLS client files libvirt needs for ``qemu+tls://`` that are missing (empty: all there)."""
     files = {n: os.path.join(pkipath, n) for n in DEFAULT_PKI} if pkipath else DEFAULT_PKI
     return [path for path in files.values() if not os.path.isfile(path)]
 
 
-def choose_transport(transport=None, pkipath=None, target_uri=None):
+def choose_transport(
+    transport: str | None = None, pkipath: str | None = None, target_uri: str | None = None
+) -> tuple[str | None, list[str]]:
     """``(transport, warnings)``: TLS unless ``tcp`` is asked for by name; TLS without the client
     files is refused before anything moves."""
     if target_uri:
@@ -117,7 +122,13 @@ def choose_transport(transport=None, pkipath=None, target_uri=None):
     return "tls", []
 
 
-def destination_uri(target, tunnel=False, transport=None, pkipath=None, uri_template=None):
+def destination_uri(
+    target: str,
+    tunnel: bool = False,
+    transport: str | None = None,
+    pkipath: str | None = None,
+    uri_template: str | None = None,
+) -> str:
     """The URI the *source libvirtd* opens to the target (peer to peer), e.g. ``qemu+tls://hv2/system``."""
     validate.host_name(target, "target (the target hypervisor's host name or address)")
     transport = transport or ("tls" if tunnel else "tcp")
@@ -136,7 +147,7 @@ def destination_uri(target, tunnel=False, transport=None, pkipath=None, uri_temp
     return uri
 
 
-def data_uri(dest_uri):
+def data_uri(dest_uri: str) -> str | None:
     """``tcp://<target>``: where QEMU sends the migration stream directly (not through libvirtd)."""
     host = urllib.parse.urlsplit(dest_uri).hostname
     if not host:
@@ -144,7 +155,14 @@ def data_uri(dest_uri):
     return f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
 
 
-def migration_flags(active, live=True, tunnel=False, copy_storage=None, unsafe=False, qemu_tls=False):
+def migration_flags(
+    active: bool,
+    live: bool = True,
+    tunnel: bool = False,
+    copy_storage: str | None = None,
+    unsafe: bool = False,
+    qemu_tls: bool = False,
+) -> int:
     """libvirt flags: always peer to peer, persistent on the target, undefined on the source."""
     flags = libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
     if copy_storage not in (None, *COPY_MODES):
@@ -168,7 +186,7 @@ def migration_flags(active, live=True, tunnel=False, copy_storage=None, unsafe=F
     elif qemu_tls and active:
         flags |= libvirt.VIR_MIGRATE_TLS
     flags |= {"all": libvirt.VIR_MIGRATE_NON_SHARED_DISK, "inc": libvirt.VIR_MIGRATE_NON_SHARED_INC}.get(
-        copy_storage, 0
+        copy_storage or "", 0
     )
     if unsafe:
         flags |= libvirt.VIR_MIGRATE_UNSAFE
@@ -193,7 +211,7 @@ def _disks(xml):
     ]
 
 
-def source_info(conn, name, images_dir, probe=True):
+def source_info(conn: Conn, name: str, images_dir: str, probe: bool = True) -> Data:
     """What the target needs to prepare for ``name``; with ``probe``, a file in each disk directory
     that only a target sharing that storage can see (remove them with :func:`abort_cleanup`)."""
     validate.vm_name(name)
@@ -279,7 +297,7 @@ def _hint(exc, target):
     return ""
 
 
-def stall_bound(value):
+def stall_bound(value: Any) -> float:
     """``virt:migration:stall_timeout`` checked: seconds (default :data:`STALL_TIMEOUT`)."""
     if value is None:
         return STALL_TIMEOUT
@@ -306,7 +324,7 @@ def _split_addr(text):
     return host.strip("[]"), int(port)
 
 
-def cut_migration_streams(uuid):
+def cut_migration_streams(uuid: str) -> list[str]:
     """Close (``ss -K``, in QEMU's own network namespace) the TCP connections the QEMU of domain
     ``uuid`` opened to a migration port (:data:`MIGRATION_PORTS`): its migration stream and its NBD disk
     copies. An aborted migration whose peer vanished otherwise waits for TCP to give up (minutes) before
@@ -407,26 +425,26 @@ def _target_view(uri, uuid, wait=10.0):
 
 
 def migrate(
-    conn,
-    name,
-    target,
-    live=True,
-    tunnel=False,
-    copy_storage=None,
-    offline=False,
-    max_downtime=None,
-    max_bandwidth=None,
-    target_uri=None,
-    transport=None,
-    pkipath=None,
-    uri_template=None,
-    qemu_tls=False,
-    unsafe=False,
-    disk_map=None,
-    migrate_disks=None,
-    verify_backing=None,
-    stall_timeout=STALL_TIMEOUT,
-):
+    conn: Conn,
+    name: str,
+    target: str,
+    live: bool = True,
+    tunnel: bool = False,
+    copy_storage: str | None = None,
+    offline: bool = False,
+    max_downtime: Any = None,
+    max_bandwidth: Any = None,
+    target_uri: str | None = None,
+    transport: str | None = None,
+    pkipath: str | None = None,
+    uri_template: str | None = None,
+    qemu_tls: bool = False,
+    unsafe: bool = False,
+    disk_map: dict[str, str] | None = None,
+    migrate_disks: Iterable[str] | None = None,
+    verify_backing: dict[str, str] | None = None,
+    stall_timeout: Any = STALL_TIMEOUT,
+) -> Data:
     """Move ``name`` from this libvirtd to ``target``; see ``virt.migrate`` for the arguments. A migration
     that moves no data for ``stall_timeout`` seconds is aborted (:class:`Watchdog`)."""
     validate.vm_name(name)
@@ -449,7 +467,7 @@ def migrate(
             )
     transport, warnings = choose_transport(transport, pkipath, target_uri)
     dest = target_uri or destination_uri(target, tunnel, transport, pkipath, uri_template)
-    params = {}
+    params: dict[str, Any] = {}
     if not tunnel and data_uri(dest):
         params[libvirt.VIR_MIGRATE_PARAM_URI] = data_uri(dest)
     if disk_map:
@@ -505,7 +523,7 @@ def _qemu_img(*args):
     return tools.run(["qemu-img", *args], f"qemu-img {' '.join(args)}", install="qemu-utils").stdout
 
 
-def map_path(path, source_images, images_dir):
+def map_path(path: str, source_images: str | None, images_dir: str) -> str:
     """Where a source file goes on the target: the same place below the target's ``virt:images``, or
     the same absolute path if it is not below the source's ``virt:images``."""
     if source_images and path.startswith(source_images.rstrip("/") + "/"):
@@ -548,7 +566,7 @@ def _within(path, roots):
         return False
 
 
-def plan(source, images_dir, copy_storage=None, allowed_paths=()):
+def plan(source: Data, images_dir: str, copy_storage: str | None = None, allowed_paths: Sequence[str] = ()) -> Data:
     """Decide, without touching anything, what :func:`prepare` does with each disk of ``source``:
 
     * ``shared``: the target uses the source's file in place. Only for a disk that stays at the same path
@@ -639,7 +657,9 @@ def plan(source, images_dir, copy_storage=None, allowed_paths=()):
     }
 
 
-def prepare(conn, source, images_dir, copy_storage=None, allowed_paths=()):
+def prepare(
+    conn: Conn, source: Data, images_dir: str, copy_storage: str | None = None, allowed_paths: Sequence[str] = ()
+) -> Data:
     """Create the target's disk files for ``source`` (what :func:`source_info` returned on the source):
     only inside ``images_dir`` / ``allowed_paths``, each created exclusively (O_EXCL, no symlink
     followed) before qemu-img writes it, so a file that appeared after the plan is never overwritten."""
@@ -722,7 +742,7 @@ def _record(images_dir, name):
         return path, None
 
 
-def abort_cleanup(conn, name, paths, images_dir):
+def abort_cleanup(conn: Conn, name: str, paths: Iterable[str], images_dir: str) -> Data:
     """After a failed migration: remove what :func:`prepare` created on this host (as its record here
     says) and the probe files :func:`source_info` left. Anything else, or a disk a VM here uses, stays."""
     validate.vm_name(name)
@@ -741,7 +761,7 @@ def abort_cleanup(conn, name, paths, images_dir):
     return {"name": name, "host": conn.getHostname(), "removed": removed, "kept": kept + failed}
 
 
-def finish(conn, name, images_dir):
+def finish(conn: Conn, name: str, images_dir: str) -> Data:
     """After a successful migration, on the target: the VM as defined here; drop prepare's record."""
     validate.vm_name(name)
     dom = get_domain(conn, name)

@@ -16,6 +16,8 @@ import queue
 import stat
 import threading
 
+from saltvirt.base.salttypes import SaltOpts
+
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ def _local(opts):
     )
 
 
-def route(opts):
+def route(opts: SaltOpts) -> str:
     """Where ``event.send`` would put an event: ``local`` (the minion bus, masterless), ``master``
     (through the minion bus to the master: inside a running salt-minion) or ``salt-call`` (a
     ``salt-call`` with a master sends straight to the master over its own channel, no bus needed)."""
@@ -38,7 +40,7 @@ def route(opts):
     return "master"
 
 
-def bus_address(opts):
+def bus_address(opts: SaltOpts) -> str | tuple[str, int]:
     """The minion event bus's pull socket: a path (``ipc_mode: ipc``) or ``(host, port)`` (``tcp``),
     as ``salt.transport.base.ipc_publish_server`` names it."""
     if opts.get("ipc_mode") == "tcp":
@@ -49,7 +51,7 @@ def bus_address(opts):
     return os.path.join(opts.get("sock_dir") or "", f"minion_event_{id_hash}_pull.ipc")
 
 
-def bus_reachable(opts, timeout=0.2):
+def bus_reachable(opts: SaltOpts, timeout: float = 0.2) -> tuple[bool, str | None]:
     """(reachable, reason): is something listening on the minion event bus's pull socket? A missing
     socket file is known without a syscall to connect; a stale one (minion gone) refuses at once."""
     addr = bus_address(opts)
@@ -151,7 +153,7 @@ class Progress:
         # what a running salt-minion forwards to its master (as event.fire_master does)
         return self._bus.fire_event({"data": payload, "tag": tag, "events": None, "pretag": None}, "fire_master")
 
-    def close(self):
+    def close(self) -> None:
         """Wait (bounded) until every queued event is sent, then close the connection."""
         thread, self._thread = self._thread, None
         if thread is not None:

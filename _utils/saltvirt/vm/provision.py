@@ -12,6 +12,8 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -30,6 +32,7 @@ from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import _all_stats as bulk_stats
 from saltvirt.host.query import describe
 from saltvirt.base.undo import Undo
+from saltvirt.base.salttypes import Conn, Data
 
 log = logging.getLogger(__name__)
 BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
@@ -40,7 +43,7 @@ def _no_progress(step, **data):
     log.debug("init progress %s %s", step, data)
 
 
-def base_image(fetched, images_dir, source):
+def base_image(fetched: str, images_dir: str, source: str) -> str:
     """An immutable copy of a fetched image for overlays to back onto (a cache refresh must never
     rewrite an overlay's backing file). Hard link when on the same filesystem: O(1) whatever the size.
     Call it under :func:`saltvirt.storage.intake.bases_lock` (the image gc must not collect it meanwhile)."""
@@ -62,16 +65,16 @@ def base_image(fetched, images_dir, source):
 
 
 def accept_image(
-    source,
-    images_dir,
-    cache_file=None,
+    source: str,
+    images_dir: str,
+    cache_file: Callable[[str], Any] | None = None,
     *,
-    allowed_paths=(),
-    checksum=None,
-    allow_http=False,
-    max_image_mib=None,
-    trusted=False,
-):
+    allowed_paths: Sequence[str] = (),
+    checksum: Any = None,
+    allow_http: Any = False,
+    max_image_mib: Any = None,
+    trusted: bool = False,
+) -> Data:
     """``source`` through :func:`saltvirt.storage.intake.accept` with this host's settings: downloads into
     ``<images>/.cache``, local paths only from ``virt:images`` and ``virt:allowed_paths``."""
     return intake.accept(
@@ -86,7 +89,13 @@ def accept_image(
     )
 
 
-def warm(image: str, *, images_dir: str = vmspec.DEFAULT_IMAGES_DIR, cache_file=None, **accept_args) -> dict:
+def warm(
+    image: str,
+    *,
+    images_dir: str = vmspec.DEFAULT_IMAGES_DIR,
+    cache_file: Callable[[str], Any] | None = None,
+    **accept_args: Any,
+) -> dict:
     """Fetch ``image`` and check it as ``virt.init`` does (:func:`accept_image`), then import it as the
     base overlays back onto (``<images>/.bases``), so that the next ``virt.init`` of it is the cached
     case: nothing left to fetch, check or copy. Returns what is cached where and how long it took."""
@@ -121,7 +130,16 @@ def _bridge_hint(bridge, host):
     )
 
 
-def init(conn, name, cpu, mem, image=None, *, images_dir=vmspec.DEFAULT_IMAGES_DIR, **kwargs):
+def init(
+    conn: Conn,
+    name: str,
+    cpu: Any,
+    mem: Any,
+    image: str | None = None,
+    *,
+    images_dir: str = vmspec.DEFAULT_IMAGES_DIR,
+    **kwargs: Any,
+) -> Data:
     """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs.
 
     Holds this host's init lock for ``name`` (``saltvirt.vm.cleanup``); if an earlier init of ``name``
@@ -449,7 +467,9 @@ def _cidata(spec, plan, undo):
     return made
 
 
-def purge(conn, name, images_dir=vmspec.DEFAULT_IMAGES_DIR, allowed_paths=()):
+def purge(
+    conn: Conn, name: str, images_dir: str = vmspec.DEFAULT_IMAGES_DIR, allowed_paths: Sequence[str] = ()
+) -> Data:
     """Stop and undefine ``name``; delete the disk files salt-virt created for this very VM. A VM salt-virt
     did not create (no ownership manifest in its directory) loses its disk files as with Salt's purge,
     except what :mod:`saltvirt.storage.foreign` keeps (outside ``images_dir``/``allowed_paths``/pool

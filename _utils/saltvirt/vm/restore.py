@@ -15,6 +15,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.fsutil import remove_paths
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.snapshot import discard_checkpoints
 from saltvirt.storage import images
@@ -40,7 +41,17 @@ def _existing(conn, name, new, force):
     return dom
 
 
-def restore(conn, root, images_dir, name, bid, as_name=None, target=None, force=False, start=False):  # noqa: PLR0913 - the module's keywords
+def restore(  # noqa: PLR0913 - the module's keywords
+    conn: Conn,
+    root: str,
+    images_dir: str,
+    name: str,
+    bid: str,
+    as_name: str | None = None,
+    target: str | None = None,
+    force: bool = False,
+    start: bool = False,
+) -> Data:
     """Restore backup ``bid`` of VM ``name`` (see the module docstring). Returns ``{name, id, chain,
     disks: {target: new file}, defined, started, replaced: {removed, kept}, checkpoints_dropped}``."""
     store.backup_id(bid)
@@ -76,7 +87,7 @@ def restore(conn, root, images_dir, name, bid, as_name=None, target=None, force=
             raise
     images.set_uuid(vm_dir, dom.UUIDString())
     dropped = discard_checkpoints(dom, metadata_only=True)
-    replaced = {"removed": [], "kept": {}}
+    replaced: Data = {"removed": [], "kept": {}}
     gone = [f for f in old_files if f not in disk_map.values()]
     if gone:
         replaced = images.remove_owned(vm_dir, new, dom.UUIDString(), gone)
