@@ -16,6 +16,9 @@ through before ``virt.init`` clones it. Images are untrusted input.
 * ``trusted=True`` (``virt.init ... trusted_image=True``) is the documented opt-in for a *local
   absolute path* the operator built: backing files, data files and other formats are then accepted
   as they are (never for ``salt://`` or URLs);
+* :func:`existing_disk`: the same checks for a disk that already exists (a file or volume attached to a
+  VM by :mod:`saltvirt.storage.attach`), whose declared format must be what is on it: it is never
+  assumed to be qcow2;
 * :func:`gc_bases` removes cached base images (``<virt:images>/.bases``) no image backs onto any more;
   ``virt.purge`` runs it after removing a VM, ``virt.image_gc`` runs it on demand.
 """
@@ -391,6 +394,86 @@ def probe(path: str, source: str | None = None, trusted: bool = False) -> Data:
         "virtual_size": info.get("virtual-size"),
         "actual_size": info.get("actual-size"),
     }
+
+
+# existing disks -----------------------------------------------------------------------------------
+# one wording per refusal of an existing disk (a file or volume attached to a VM): what to do is in it
+DISK_REFUSALS = {
+    "chain": (
+        "disk {name}: {path} is a qcow2 with {what}: refused (the VM could read a host file through it). "
+        "Flatten it with 'qemu-img convert -O qcow2' first, or (an overlay on a base image the operator "
+        "built) the operator lists that base in virt:insecure_trusted_images; if it is a raw disk whose "
+        "guest wrote this header, attach it with format: raw"
+    ),
+    "undeclared qcow2": (
+        "disk {name}: {path} starts with a qcow2 header and no format is given: salt-virt never assumes "
+        "qcow2 for an existing disk. Give format: qcow2 if it is a qcow2 image, or format: raw if it is a "
+        "raw disk whose guest wrote that header"
+    ),
+    "not qcow2": "disk {name}: {path} is raw, not qcow2: attach it with format: raw",
+    "foreign": (
+        "disk {name}: {path} looks like a {found} image: only raw and qcow2 disks are attached. Convert it "
+        "with 'qemu-img convert -O qcow2' first; if it is a raw disk whose guest wrote this header, attach "
+        "it with format: raw"
+    ),
+}
+
+
+def existing_disk(path: str, declared: str | None, name: str, trusted: Sequence[str] = ()) -> str:
+    """The format an existing disk ``path`` (a file or a block device: an attached file or pool volume)
+    is attached with, checked against what is on it as an image is: ``raw`` (qemu reads the bytes as
+    they are, whatever they look like) or a ``qcow2`` with no backing file, external data file or
+    encryption. ``declared``: the format the caller gave (None: as the content says, which must be
+    raw: an existing file is never assumed to be qcow2). ``trusted``: the operator's
+    ``virt:insecure_trusted_images``: a qcow2 whose backing file is one of them (its format recorded in
+    the header) is accepted, an overlay on a base the operator built. Raises SaltInvocationError with one
+    of :data:`DISK_REFUSALS`."""
+    if declared not in (None, *ACCEPTED):
+        raise SaltInvocationError(f"disk {name}: format must be one of {ACCEPTED}, got {declared!r}")
+    try:
+        found = sniff(path)
+    except OSError as exc:
+        raise SaltInvocationError(f"disk {name}: cannot read {path}: {exc.strerror}") from None
+    if declared == "raw":
+        return "raw"
+    if found == "raw":
+        if declared == "qcow2":
+            raise SaltInvocationError(DISK_REFUSALS["not qcow2"].format(name=name, path=path))
+        return "raw"
+    if found != "qcow2":
+        raise SaltInvocationError(DISK_REFUSALS["foreign"].format(name=name, path=path, found=found))
+    what = _qcow2_chain(path, {os.path.realpath(t) for t in trusted or () if isinstance(t, str) and os.path.isabs(t)})
+    if what:
+        raise SaltInvocationError(DISK_REFUSALS["chain"].format(name=name, path=path, what=what))
+    if declared is None:
+        raise SaltInvocationError(DISK_REFUSALS["undeclared qcow2"].format(name=name, path=path))
+    return "qcow2"
+
+
+def _qcow2_chain(path, trusted):
+    """What of a backing file (unless one of ``trusted``, with its format recorded), external data file
+    or encryption the qcow2 ``path`` has (its header, then qemu-img's view of it read as qcow2), or None."""
+    backing_offset, incompatible, crypt = _qcow2_header(path)
+    if incompatible & _QCOW2_EXTERNAL_DATA:
+        return "an external data file"
+    if crypt:
+        return "encryption"
+    if backing_offset and not trusted:
+        return "a backing file"
+    info = _qemu_info(path, "qcow2")
+    specific = (info.get("format-specific") or {}).get("data") or {}
+    if specific.get("data-file"):
+        return "an external data file"
+    backing = info.get("full-backing-filename") or info.get("backing-filename")
+    if backing_offset or backing:
+        backing = backing and os.path.join(os.path.dirname(os.path.abspath(path)), backing)
+        if not backing or os.path.realpath(backing) not in trusted:
+            return "a backing file"
+        if info.get("backing-filename-format") not in ACCEPTED:
+            return "a backing file whose format it does not record"
+    if info.get("encrypted"):
+        return "encryption"
+    return None
 
 
 def accept(

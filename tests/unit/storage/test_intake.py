@@ -117,6 +117,63 @@ def test_probe_refuses_hostile_images(evil, kind):
         intake.probe(evil[kind])
 
 
+# existing disks (saltvirt.storage.attach's format check) ----------------------------------------
+FORMATS = [
+    # (file, declared, attached as or the refusal)
+    ("raw", None, "raw"),
+    ("raw", "raw", "raw"),
+    ("raw", "qcow2", "is raw, not qcow2: attach it with format: raw"),
+    ("qcow2", None, "starts with a qcow2 header and no format is given: salt-virt never assumes qcow2"),
+    ("qcow2", "qcow2", "qcow2"),
+    ("qcow2", "raw", "raw"),
+    ("backing file", None, "is a qcow2 with a backing file: refused"),
+    ("backing file", "qcow2", "is a qcow2 with a backing file: refused"),
+    ("backing file", "raw", "raw"),  # a raw disk whose guest wrote that header: its bytes, never the host file
+    ("external data file", "qcow2", "is a qcow2 with an external data file: refused"),
+    ("external data file", "raw", "raw"),
+    ("vmdk descriptor", None, "looks like a vmdk descriptor image: only raw and qcow2 disks are attached"),
+    ("vmdk descriptor", "qcow2", "looks like a vmdk descriptor image"),
+    ("vmdk descriptor", "raw", "raw"),
+]
+
+
+@pytest.mark.parametrize(("kind", "declared", "want"), FORMATS)
+def test_existing_disk_format_is_what_is_on_it(base, evil, kind, declared, want):
+    path = dict(base, **evil)[kind]
+    if want in ("raw", "qcow2"):
+        assert intake.existing_disk(path, declared, "data") == want
+    else:
+        with pytest.raises(SaltInvocationError, match=want):
+            intake.existing_disk(path, declared, "data")
+
+
+def test_an_overlay_is_attached_only_onto_a_base_the_operator_trusts(base, evil, tmp_path):
+    """An overlay the operator made on a golden image (shared storage): accepted when the operator lists
+    the base in virt:insecure_trusted_images and the overlay records the base's format; else refused."""
+    golden = base["qcow2"]
+    overlay, unrecorded = str(tmp_path / "vm.qcow2"), str(tmp_path / "unrecorded.qcow2")
+    hostile.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", golden, overlay])
+    hostile.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", golden, unrecorded])
+    with open(unrecorded, "r+b") as fh:  # the backing format header extension (0xe2792aca) becomes the end marker
+        head = fh.read(4096)
+        fh.seek(head.index(bytes.fromhex("e2792aca")))
+        fh.write(b"\0\0\0\0")
+    assert "backing-filename-format" not in json.loads(
+        hostile.run(["qemu-img", "info", "--output=json", "-f", "qcow2", unrecorded]).stdout
+    )
+    with pytest.raises(SaltInvocationError, match="is a qcow2 with a backing file: refused"):
+        intake.existing_disk(overlay, "qcow2", "system")
+    with pytest.raises(SaltInvocationError, match="is a qcow2 with a backing file: refused"):
+        intake.existing_disk(overlay, "qcow2", "system", [base["raw"]])  # another base trusted, not this one
+    assert intake.existing_disk(overlay, "qcow2", "system", [golden]) == "qcow2"
+    with pytest.raises(SaltInvocationError, match="starts with a qcow2 header and no format is given"):
+        intake.existing_disk(overlay, None, "system", [golden])
+    with pytest.raises(SaltInvocationError, match="with a backing file whose format it does not record: refused"):
+        intake.existing_disk(unrecorded, "qcow2", "system", [golden])
+    with pytest.raises(SaltInvocationError, match="is a qcow2 with a backing file: refused"):
+        intake.existing_disk(evil["backing file"], "qcow2", "data", [golden])  # a guest's header naming a host file
+
+
 def test_trusted_local_path_is_the_documented_opt_in(evil, tmp_path):
     assert intake.probe(evil["backing file"], trusted=True)["format"] == "qcow2"
     roots = [os.path.dirname(evil["vmdk"])]
