@@ -32,7 +32,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
-    from saltvirt.storage import intake
+    from saltvirt.storage import attach, intake
     from saltvirt.vm import provision
     from saltvirt.vm import progress as progress_events
     from saltvirt.base import validate
@@ -71,6 +71,12 @@ def _definitions_changed():
 def _allowed_paths():
     """``virt:allowed_paths`` from the minion config only: never from the call, pillar or grains."""
     return validate.configured_allowed_paths(__opts__)  # minion config only
+
+
+def _operator():
+    """The operator's disk and device switches (``virt:pools``, ``virt:host_devices``,
+    ``virt:adopt_orphan_disks``) from the minion config only."""
+    return attach.operator_settings(__opts__)
 
 
 def _progress(name):
@@ -271,6 +277,7 @@ def init(
             trusted_image=isinstance(image, str) and image in (_cfg("virt:insecure_trusted_images", None) or ()),
             max_image_mib=_cfg("virt:max_image_mib", None),
             allowed_paths=_allowed_paths(),
+            operator=_operator(),
             cloud_init=cloud_init,
             minion_install=_cfg("virt:minion_install", None),
             guest_agent=guest_agent,
@@ -731,6 +738,8 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     if "allowed_paths" in kwargs:
         raise SaltInvocationError("allowed_paths is read from the minion config (virt:allowed_paths) only")
+    if "operator" in kwargs:
+        raise SaltInvocationError("operator= is not a call argument: the operator's switches are minion config only")
     for old, new in vmargs.update_renames().items():
         if old in kwargs:
             if new in kwargs:
@@ -748,6 +757,7 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
             conn,
             name,
             allowed_paths=_allowed_paths(),
+            operator=_operator(),
             images_dir=_images_dir(),
             profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
             test=_bool(test),

@@ -47,7 +47,8 @@ def test_a_second_start_on_another_host_is_refused_by_libvirt(hvs, shared, tmp_p
 
     first, second = hvs
     roots = [str(shared), str(GUEST_DIR)]  # the disks; the test guest's kernel and initrd
-    mods = make_minion_mods(tmp_path / "m1", first.uri, images_dir=str(tmp_path / "img1"), allowed_paths=roots)
+    conf = {"allowed_paths": roots, "insecure_trusted_images": [str(shared / "golden.qcow2")]}  # overlays on it
+    mods = make_minion_mods(tmp_path / "m1", first.uri, images_dir=str(tmp_path / "img1"), **conf)
     disk = shared / "lk1.qcow2"
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(shared / "golden.qcow2"), str(disk)],

@@ -111,6 +111,7 @@ def minions(mmaster, lab_hvs, lab_dir, store):
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
         config["virt"]["allowed_paths"].append(str(store))  # source images, and the shared-storage VM's disk
+        config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
         if name != "hv8":
             config["virt"]["migration"] = {"pkipath": pkipath(hv)}
         factories[name] = start_minion(mmaster, name, config)

@@ -80,6 +80,7 @@ def minions(rmaster, lab_hvs, lab_dir, store):
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
         config["virt"]["allowed_paths"].append(str(store))
+        config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
         # how a survivor checks a host's libvirtd: its unix socket (operator config: a URI with options)
         config["virt"]["recovery"] = {"probe_uri": f"qemu+unix:///system?socket={lab_dir}/{{host}}/run/libvirt-sock"}
         factories[name] = start_minion(rmaster, name, config)

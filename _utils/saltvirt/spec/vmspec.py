@@ -51,7 +51,7 @@ CIDATA_DISK = {"name": "cidata", "file": "cidata.iso", "bus": "sata"}
 class Disk:
     name: str
     size: int | None = None  # MiB; None = the image's size
-    format: str | None = None  # qcow2|raw; None = the image's format
+    format: str | None = None  # qcow2|raw; None = the image's format (attached: what is on disk, storage.attach)
     path: str | None = None  # file on the hypervisor
     image: str | None = None  # source image to clone into ``path``
     overlay: bool = False  # qcow2 overlay on the cached image instead of a full copy
@@ -289,9 +289,9 @@ def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
         if fmt not in (None, "qcow2"):
             raise SaltInvocationError(f"disk {entry['name']}: a qcow2 overlay (enable_qcow) cannot be {fmt}")
         fmt = "qcow2"
-    if fmt is None:
+    if fmt is None and not attach:  # an existing disk's format is what is on it (saltvirt.storage.attach)
         fmt = (image_format if disk_image else None) or "qcow2"
-    if fmt not in DISK_FORMATS:
+    if fmt is not None and fmt not in DISK_FORMATS:
         raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
     bus = entry.get("bus") or entry.get("model") or "virtio"
     if bus not in DISK_BUSES:

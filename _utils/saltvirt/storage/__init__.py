@@ -1,6 +1,7 @@
 """Disks and images: qemu-img, the ownership manifest, the one door for untrusted images, pool volumes (layer 6).
 
-``images`` (create, clone, info, manifests), ``intake`` (fetch, checksum, format checks, base gc), ``voldisks``
+``images`` (create, clone, info, manifests), ``intake`` (fetch, checksum, format checks, base gc), ``attach``
+(the one door for existing disks a VM is given, the operator's disk and device switches), ``voldisks``
 (VM disks on pool volumes) and ``pools`` (Salt's ``pool_*``/``volume_*``). Both sides (the runner uses intake).
 May import: ``base``, ``pki``, ``spec``, ``xml``, ``host``.
 """

@@ -14,7 +14,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.xml import poolxml
-from saltvirt.storage import images, pools as storage
+from saltvirt.storage import attach, images, pools as storage
 from saltvirt.host.conn import lv_errors
 
 # pool types whose volumes are files: they take qcow2 (the default) or raw; the others hold raw data
@@ -33,13 +33,16 @@ def _next_partition(pool_obj):
     return f"{device}{sep}{min(i for i in range(1, len(used) + 2) if i not in used)}"
 
 
-def resolve(conn: Conn, disks: Any) -> Any:
+def resolve(conn: Conn, disks: Any, settings: Any = None) -> Any:
     """Check the pool disks of a spec against their pools and fill in what depends on the pool: the
     format (qcow2 on file pools, raw elsewhere, unless given) and a disk pool's partition name. An
-    existing volume is refused unless the disk names it with ``source_file`` (then it is attached)."""
+    existing volume is refused unless the disk names it with ``source_file`` (then it is attached, and
+    its format is what :func:`saltvirt.storage.attach.admit` finds on it). ``settings``: the operator's
+    (:func:`saltvirt.storage.attach.operator_settings`): only the pools of ``virt:pools``."""
     for disk in disks:
         if not disk.pool:
             continue
+        attach.check_pool(disk.pool, disk.attach, settings)
         pool_obj = storage.running_pool(conn, disk.pool)
         ptype = _pool_type(pool_obj)
         with lv_errors(f"refresh pool {disk.pool!r}"):
@@ -50,9 +53,7 @@ def resolve(conn: Conn, disks: Any) -> Any:
                 raise SaltInvocationError(
                     f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}"
                 )
-            facts = poolxml.parse_volume(vol.XMLDesc(0))
-            disk.format = disk.format or (facts["format"] if facts["format"] in ("qcow2", "raw") else "raw")
-            disk.path = vol.path()
+            disk.path = vol.path()  # never libvirt's probed format: attach.admit reads what is on it
             continue
         if ptype == "disk":
             disk.volume = _next_partition(pool_obj)

@@ -24,7 +24,7 @@ from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.xml import domxml
 from saltvirt.host import caps
-from saltvirt.storage import images, intake, voldisks
+from saltvirt.storage import attach, images, intake, voldisks
 from saltvirt.vm import provision
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
@@ -437,22 +437,17 @@ def _redefine_features(conn, dom, desired, fields):
         return conn.defineXML(xml)
 
 
-def _make_disks(desired, changes, uuid, conn=None):
+def _make_disks(desired, changes, uuid, conn=None, operator=None):
     """Create the blank disk files and pool volumes the changes add (all checked first); returns their
     paths (volumes: what voldisks.create returned)."""
     added = changes.get("disks", {}).get("added", [])
     targets = {d["target"] for d in added}
     volumes = [d for d in desired.disks if d.pool and d.target in targets]
-    voldisks.resolve(conn, volumes)  # pool running, no volume taken over, source_file volumes exist
+    voldisks.resolve(conn, volumes, operator)  # pool allowed and running, no volume taken over
     for disk in added:
-        if disk.get("pool"):
+        if disk.get("pool") or disk["attach"]:  # attached ones passed attach.admit in update()
             continue
-        if disk["attach"]:
-            if not os.path.isfile(disk["path"]):
-                raise SaltInvocationError(
-                    f"disk {disk['name']}: {disk['path']} does not exist (give a size to create it)"
-                )
-        elif disk["device"] == "disk" and os.path.lexists(disk["path"]):
+        if disk["device"] == "disk" and os.path.lexists(disk["path"]):
             raise SaltInvocationError(
                 f"disk file {disk['path']} already exists and this VM does not use it: refusing to take it over. "
                 f"Remove it yourself, or give the disk path: {disk['path']} without a size to attach it"
@@ -523,10 +518,16 @@ def _live(dom, kind, item, created):
 
 
 def apply(
-    conn: Conn, dom: Domain, desired: vmspec.VMSpec, changes: Data, live_update: bool = True
+    conn: Conn,
+    dom: Domain,
+    desired: vmspec.VMSpec,
+    changes: Data,
+    live_update: bool = True,
+    operator: Data | None = None,
 ) -> dict[str, list[str]]:
     """Apply actionable ``changes`` (from :func:`diff`) to the definition and, if the VM runs (and
-    ``live_update``), live. Returns what happened: {'live': [...], 'restart': [...], 'definition': [...]}."""
+    ``live_update``), live. ``operator``: as for :func:`update`. Returns what happened: {'live': [...],
+    'restart': [...], 'definition': [...]}."""
     changes = actionable(changes)
     report: dict[str, list[str]] = {"live": [], "restart": [], "definition": []}
     running = bool(dom.isActive())
@@ -543,7 +544,7 @@ def apply(
         dom = _redefine_features(conn, dom, desired, feats)
     created: Data = {"nics": [], "disks": {}}
     if set(changes) & {"graphics", "nics", "disks"}:
-        made = _make_disks(desired, changes, dom.UUIDString(), conn)
+        made = _make_disks(desired, changes, dom.UUIDString(), conn, operator)
         try:
             dom = _redefine(conn, dom, desired, changes, created)
         except CommandExecutionError:
@@ -593,12 +594,15 @@ def update(
     mem: Any = None,
     allowed_paths: Sequence[str] = (),
     live: bool = True,
+    operator: Data | None = None,
     **init_args: Any,
 ) -> Data:
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics). ``live=False`` (Salt's): only the definition
-    changes, a running VM takes it at its next start."""
+    changes, a running VM takes it at its next start. ``operator``: the operator's switches
+    (:func:`saltvirt.storage.attach.operator_settings`): a disk added passes :func:`saltvirt.storage.attach.admit`,
+    a pool and a host device must be ones the operator made available."""
     unknown = sorted(k for k in init_args if k not in vmargs.UPDATE_KWARGS)
     if unknown:
         raise SaltInvocationError(
@@ -625,11 +629,19 @@ def update(
         **args,
     )
     if "host_devices" in manage:
+        attach.check_host_devices(desired.host_devices, operator)
         desired.hostdevs = caps.host_devices(conn, desired.host_devices)
+    if "disks" in manage:  # the disks it adds: through the one door, also for test=True
+        have = {d["target"] for d in cfg["disks"]}
+        new = [d for d in desired.disks if d.target not in have]
+        for d in new:
+            if d.pool:
+                attach.check_pool(d.pool, d.attach, operator)
+        attach.admit(conn, new, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
     changes = diff(desired, facts, manage)
     ret: Data = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
     if actionable(changes) and not test:
-        ret["applied"] = apply(conn, dom, desired, changes, live)
+        ret["applied"] = apply(conn, dom, desired, changes, live, operator)
         facts = current(conn.lookupByName(name))
     ret["pending_restart"] = pending_restart(facts)
     return ret

@@ -21,7 +21,7 @@ from saltvirt.base import fsutil, validate
 from saltvirt.pki import envelope
 from saltvirt.xml import domxml
 from saltvirt.host import caps, hosttype
-from saltvirt.storage import images, intake
+from saltvirt.storage import attach, images, intake
 from saltvirt.guest import cloudinit, firstboot
 from saltvirt.vm import cleanup
 from saltvirt.storage import foreign, voldisks
@@ -184,6 +184,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     cloud_init=None,
     minion_install=None,
     owner=None,
+    operator=None,
     **spec_args,
 ):
     progress = progress or _no_progress
@@ -242,11 +243,14 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             extra = accept(disk.image)
             sources[disk.name] = disk.image
             disk.image, src_formats[disk.name] = extra["path"], extra["format"]
-    _check_disks_and_nics(conn, spec, host)
+    attached = _check_disks_and_nics(conn, spec, host, images_dir, operator)
+    attach.check_host_devices(spec.host_devices, operator)  # only what the operator lists in virt:host_devices
     spec.hostdevs = caps.host_devices(conn, spec.host_devices)  # unknown names refused before anything is made
 
     undo = Undo(stop_at_failure=True)
     result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
+    if attached:
+        result["attached"] = attached  # existing disks (storage.attach): their format as found on them
     try:
         if not os.path.isdir(spec.vm_dir):
             os.makedirs(spec.vm_dir, mode=0o755)
@@ -303,24 +307,24 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     return result
 
 
-def _check_disks_and_nics(conn, spec, host):
-    """Before anything is made: pool disks resolvable, file disks neither missing (attach) nor taken,
-    the host bridges the NICs use present."""
-    voldisks.resolve(conn, spec.disks)  # pool disks: pool running, format, partition name, no name taken
+def _check_disks_and_nics(conn, spec, host, images_dir, operator):
+    """Before anything is made: pool disks resolvable, new file disks not taken, existing disks through
+    the one door (:func:`saltvirt.storage.attach.admit`), the host bridges the NICs use present.
+    Returns what ``admit`` reports of the attached disks."""
+    voldisks.resolve(conn, spec.disks, operator)  # pool disks: pool allowed and running, format, no name taken
     for disk in spec.disks:
-        if disk.pool:
+        if disk.pool or disk.attach:
             continue
-        if disk.attach:
-            if not os.path.isfile(disk.path):
-                raise SaltInvocationError(f"disk {disk.name}: {disk.path} does not exist (give a size to create it)")
-        elif disk.path and os.path.lexists(disk.path):
+        if disk.path and os.path.lexists(disk.path):
             raise SaltInvocationError(
                 f"disk file {disk.path} already exists: refusing to overwrite it. Remove it yourself if it is "
                 f"not needed, or choose another VM name"
             )
+    attached = attach.admit(conn, spec.disks, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
     missing = _local_bridge_missing(conn.getURI(), spec.nics)
     if missing:
         raise CommandExecutionError(_bridge_hint(missing[0], host))
+    return attached
 
 
 def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo):

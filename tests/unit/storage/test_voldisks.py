@@ -6,6 +6,8 @@ import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from tests.support.saltloader import make_minion_mods
+
 
 @pytest.fixture
 def conn():
@@ -22,22 +24,23 @@ def conn():
     c.close()
 
 
-def test_disks_on_pool_volumes_init_info_purge(virt_test, conn):
+def test_disks_on_pool_volumes_init_info_purge(tmp_path, virt_test, conn):
     """Salt's ``disks=[{name, pool, size}]``: the volume is made in the pool, attached as type='volume',
-    owned by the VM (purge deletes it, never a volume it attached with source_file)."""
+    owned by the VM (purge deletes it, never a volume it attached with source_file). An existing volume
+    is attached only from a pool the operator lists in virt:pools, as what is on it (raw here)."""
     v = virt_test
-    v["virt.pool_define"]("cd1", "dir", target="/cd1")
+    target = tmp_path / "cd1"  # the test driver makes no files: the attached volume's file is made here
+    target.mkdir()
+    v["virt.pool_define"]("cd1", "dir", target=str(target))
     v["virt.volume_define"]("cd1", "shared", 4)
-    ret = v["virt.init"](
-        "pv1",
-        1,
-        128,
-        disk=None,
-        nic=None,
-        start=False,
-        disks=[{"name": "data", "pool": "cd1", "size": 16}, {"name": "old", "pool": "cd1", "source_file": "shared"}],
-    )
+    (target / "shared").write_bytes(b"\0" * 4096)
+    disks = [{"name": "data", "pool": "cd1", "size": 16}, {"name": "old", "pool": "cd1", "source_file": "shared"}]
+    with pytest.raises(SaltInvocationError, match="pool 'cd1' is not one the operator made available to VMs"):
+        v["virt.init"]("pv1", 1, 128, disk=None, nic=None, start=False, disks=disks)
+    v = make_minion_mods(tmp_path, "test:///default", pools=["cd1"])
+    ret = v["virt.init"]("pv1", 1, 128, disk=None, nic=None, start=False, disks=disks)
     assert [(d["pool"], d["volume"], d["format"]) for d in ret["disks"]] == [("cd1", "pv1_data", "qcow2")]
+    assert ret["attached"] == [{"name": "old", "path": str(target / "shared"), "format": "raw"}]
     xml = v["virt.get_xml"]("pv1")
     assert "<source pool='cd1' volume='pv1_data'/>" in xml and "<source pool='cd1' volume='shared'/>" in xml
     assert v["virt.volume_infos"]("cd1", "pv1_data")["cd1"]["pv1_data"]["used_by"] == ["pv1"]
@@ -58,16 +61,20 @@ def test_disks_on_pool_volumes_init_info_purge(virt_test, conn):
     assert v["virt.pool_list_volumes"]("cd1") == ["pv9_data", "shared"]
 
 
-def test_disks_on_pool_volumes_bad_input(virt_test, conn):
+def test_disks_on_pool_volumes_bad_input(tmp_path, virt_test, conn):
     v = virt_test
     with pytest.raises(CommandExecutionError, match="pool 'nopool' is not defined"):
         v["virt.init"]("pv2", 1, 128, disk=None, nic=None, disks=[{"name": "d", "pool": "nopool", "size": 1}])
     with pytest.raises(SaltInvocationError, match="needs a size"):
         v["virt.init"]("pv2", 1, 128, disk=None, nic=None, disks=[{"name": "d", "pool": "default-pool"}])
+    nope = [{"name": "d", "pool": "default-pool", "source_file": "nope"}]
+    with pytest.raises(SaltInvocationError, match="pool 'default-pool' is not one the operator made available"):
+        v["virt.init"]("pv2", 1, 128, disk=None, nic=None, disks=nope)
+    v = make_minion_mods(tmp_path, "test:///default", pools=["default-pool"])
     with pytest.raises(SaltInvocationError, match="volume 'nope' does not exist in pool default-pool"):
-        v["virt.init"](
-            "pv2", 1, 128, disk=None, nic=None, disks=[{"name": "d", "pool": "default-pool", "source_file": "nope"}]
-        )
+        v["virt.init"]("pv2", 1, 128, disk=None, nic=None, disks=nope)
+    with pytest.raises(SaltInvocationError, match="pool 'cd9' is not one the operator made available to VMs"):
+        v["virt.init"]("pv2", 1, 128, disk=None, nic=None, disks=[{"name": "d", "pool": "cd9", "size": 1}])
     assert "pv2" not in v["virt.list_domains"]()
 
 

@@ -12,9 +12,10 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.xml import domxml
+from saltvirt.storage import attach
 from saltvirt.vm import converge
 from saltvirt.host.conn import libvirt
-from tests.support.saltloader import load_states
+from tests.support.saltloader import load_states, make_minion_mods
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed
 TWO_NICS = NET + [{"name": "eth1", "type": "network", "source": "default", "model": "e1000"}]
@@ -587,6 +588,10 @@ def test_host_devices_are_looked_up_and_passed_through(tmp_path):
     conn = libvirt.open(f"test://{node}")
     args = {"images_dir": str(tmp_path), "profiles": {}}
     conn.defineXML(domxml.build(converge.desired_spec("hd1", 1, 64, nic=None, disk=None, **args)))
+    with pytest.raises(SaltInvocationError, match="'usb_3_1' is not one the operator made available to VMs"):
+        converge.update(conn, "hd1", host_devices=["usb_3_1"], **args)  # none unless virt:host_devices lists it
+    listed = ["pci_0000_00_1f_2", "usb_3_1", "pci_0000_00_1f_3", "net_eth9_52_54_00_00_00_09"]
+    args["operator"] = attach.operator_settings({"virt": {"host_devices": listed}})
     done = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
     assert done["changes"]["host_devices"] == {
         "old": [],
@@ -610,9 +615,12 @@ def test_host_devices_are_looked_up_and_passed_through(tmp_path):
     conn.close()
 
 
-def test_virt_init_refuses_an_unknown_host_device_before_anything_is_made(virt_test):
+def test_virt_init_refuses_an_unknown_host_device_before_anything_is_made(tmp_path, virt_test):
     images = virt_test["config.get"]("virt:images")
-    with pytest.raises(SaltInvocationError, match="no device 'pci_0000_00_1f_2' on this hypervisor"):
+    with pytest.raises(SaltInvocationError, match="'pci_0000_00_1f_2' is not one the operator made available"):
         virt_test["virt.init"]("hd2", 1, 64, nic=None, disk=None, start=False, host_devices=["pci_0000_00_1f_2"])
+    v = make_minion_mods(tmp_path, "test:///default", host_devices=["pci_0000_00_1f_2"])  # listed, not there
+    with pytest.raises(SaltInvocationError, match="no device 'pci_0000_00_1f_2' on this hypervisor"):
+        v["virt.init"]("hd2", 1, 64, nic=None, disk=None, start=False, host_devices=["pci_0000_00_1f_2"])
     assert "hd2" not in virt_test["virt.list_domains"]()
     assert not os.path.exists(os.path.join(images, "hd2"))
