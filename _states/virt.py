@@ -105,6 +105,7 @@ def _check_args(kwargs):
     refused = sorted(set(kwargs) & set(vmargs.STATE_REFUSALS))
     if refused:
         raise SaltInvocationError(vmargs.STATE_REFUSALS[refused[0]])
+    compat.refuse_operator_switches(kwargs)  # trusted_image=, allow_http=: the minion config's, also for test=True
     compat.refuse_unknown(
         kwargs,
         sorted({*vmargs.STATE_KWARGS, *vmargs.SALT_TAKEN}),  # images=: compat.images_dir
@@ -162,7 +163,7 @@ def _create(ret, name, cpu, mem, start, kwargs):
             kwargs.get("image"),
             kwargs.get("saltenv", "base"),
             test,
-            trusted=kwargs.get("trusted_image"),
+            trusted=kwargs.get("image") in (((__opts__.get("virt") or {}).get("insecure_trusted_images")) or ()),
             roots=(images_dir, *_allowed(allowed)),
         ),
         allowed_paths=allowed,

@@ -624,3 +624,14 @@ def test_virt_init_refuses_an_unknown_host_device_before_anything_is_made(tmp_pa
         v["virt.init"]("hd2", 1, 64, nic=None, disk=None, start=False, host_devices=["pci_0000_00_1f_2"])
     assert "hd2" not in virt_test["virt.list_domains"]()
     assert not os.path.exists(os.path.join(images, "hd2"))
+
+
+def test_states_refuse_the_operator_switches_also_with_test(virt_test, guest):
+    """trusted_image= / allow_http= given to virt.running are refused as by virt.init, also for test=True
+    (whose preview would otherwise read the image as trusted)."""
+    for test in (True, False):
+        st = load_states(virt_test, test=test)
+        for arg in ("trusted_image", "allow_http"):
+            ret = st["virt.running"]("sw1", cpu=1, mem=64, image=guest["qcow2"], nic=None, **{arg: True})
+            assert ret["result"] is False and f"{arg}= is an operator switch, not a call argument" in ret["comment"]
+    assert "sw1" not in virt_test["virt.list_domains"]()
