@@ -141,6 +141,7 @@ def test_running_creates_the_preview_then_converges_live_and_at_restart(salt_cli
     less = single(salt_cli, "virt.running", "st1", *fewer)
     assert less["changes"] == {"mem": {"old": 192, "new": 160}}, less
     assert "applied live: mem 192 -> 160 MiB" in less["comment"] and "vdb" not in less["comment"], less
+    assert "pending restart" not in less["comment"], less  # it went live: nothing waits for a restart
     assert os.path.exists(data_disk) and "vdb" in call(salt_cli, "virt.get_disks", "st1")
     gone = single(salt_cli, "virt.absent", "st1", "remove_disks=True")
     assert sorted(gone["changes"]["vm"]["removed"]) == sorted([created_preview["disks"]["vda"]["path"], data_disk])

@@ -371,9 +371,11 @@ def pending_restart(current_facts: Data) -> list[str]:
     if live is None:
         return []
     out = []
-    if (cfg["cpu"], cfg["vcpu_current"]) != (live["cpu"], live["vcpu_current"]):
+    # what the running VM has is its current vCPUs / memory; its maximum stays the one it started with, so
+    # a lowered maximum whose current value went live is not pending (a raised one is: it needs the restart)
+    if cfg["vcpu_current"] != live["vcpu_current"] or cfg["cpu"] > live["cpu"]:
         out.append("cpu")
-    if cfg["mem"] != live["mem"]:
+    if cfg["current_mem"] != live["current_mem"] or cfg["mem"] > live["mem"]:
         out.append("mem")
     gfx = [[(g["type"], g["listen"]) for g in f["graphics"]] for f in (cfg, live)]
     if gfx[0] != gfx[1]:
@@ -640,8 +642,12 @@ def update(
         attach.admit(conn, new, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
     changes = diff(desired, facts, manage)
     ret: Data = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
+    went_live: set[str] = set()
     if actionable(changes) and not test:
         ret["applied"] = apply(conn, dom, desired, changes, live, operator)
         facts = current(conn.lookupByName(name))
-    ret["pending_restart"] = pending_restart(facts)
+        went_live = {kind for kind, _item, desc in steps(actionable(changes)) if desc in ret["applied"]["live"]}
+    # a balloon target libvirt took is the running VM's memory even before the guest has given the memory
+    # back (its XML follows when it has): what went live now is not pending
+    ret["pending_restart"] = [f for f in pending_restart(facts) if f not in went_live & {"cpu", "mem"}]
     return ret

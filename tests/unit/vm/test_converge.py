@@ -250,9 +250,23 @@ def test_running_vm_reports_what_needs_a_restart(virt_test):
     assert [x.split(" (")[0] for x in done["applied"]["live"]] == ["mem 64 -> 32 MiB"]
     restart = " | ".join(done["applied"]["restart"])
     assert "cpu 1 -> 2 (" in restart and "NIC on network default (e1000) added (" in restart  # libvirt's reason
-    assert done["pending_restart"] == ["cpu", "mem", "nics"]
+    # mem went live: the running VM has 32 MiB (its maximum stays 64 until a restart), nothing pending
+    assert done["pending_restart"] == ["cpu", "nics"]
     again = v["virt.update"]("conv5", cpu=2, mem=32, nic=None, interfaces=TWO_NICS)
-    assert again["changes"] == {} and again["pending_restart"] == ["cpu", "mem", "nics"]
+    assert again["changes"] == {} and again["pending_restart"] == ["cpu", "nics"]
+    raised = v["virt.update"]("conv5", mem=96)  # above the running VM's maximum: at the restart
+    assert raised["applied"]["restart"] and raised["pending_restart"] == ["cpu", "mem", "nics"]
+
+
+def test_pending_restart_is_what_the_running_vm_lacks():
+    """Lowered live (current = the new value, the boot maximum still the old one): not pending; a current
+    value that did not go live (the guest ignored the balloon) or a raised maximum: pending."""
+    cfg = facts_of(spec_of(1, 64))["config"]
+    lowered = dict(cfg, cpu=2, vcpu_current=1, mem=128, current_mem=64)  # started with 2 / 128, lowered live
+    assert converge.pending_restart({"config": cfg, "live": lowered}) == []
+    assert converge.pending_restart({"config": cfg, "live": dict(lowered, current_mem=128)}) == ["mem"]
+    assert converge.pending_restart({"config": cfg, "live": dict(lowered, vcpu_current=2)}) == ["cpu"]
+    assert converge.pending_restart({"config": lowered, "live": cfg}) == ["cpu", "mem"]
 
 
 # the states through Salt's state loader (test driver) ----------------------------------------------
@@ -295,9 +309,7 @@ def test_running_creates_exactly_the_preview_then_is_idempotent(states, virt_tes
     assert done["changes"] == would["changes"] and "applied live: mem 64 -> 32 MiB" in done["comment"]
     assert "needs restart: NIC on network default (e1000) added" in done["comment"]
     again = st["virt.running"]("conv6", **bigger)
-    assert (
-        again["changes"] == {} and "pending restart (defined, not yet in the running VM): mem, nics" in again["comment"]
-    )
+    assert again["changes"] == {} and "pending restart (defined, not yet in the running VM): nics" in again["comment"]
     assert st["virt.absent"]("conv6", remove_disks=True)["changes"]["vm"]["removed"] == [disk["path"]]
 
 
