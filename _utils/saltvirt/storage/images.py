@@ -312,6 +312,26 @@ def _inside(vm_dir, path):
     return validate.is_inside(path, vm_dir) and not os.path.islink(path)
 
 
+@contextlib.contextmanager
+def _recording(vm_dir, vm_name, vm_uuid, what):
+    """This VM's manifest (a new one if there is none; refused if it names another VM) for the caller to
+    add ``what`` to, under the directory's lock; then bound to ``vm_uuid`` and written back (mode 0600)."""
+    if not os.path.isdir(vm_dir):
+        raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
+    with _locked(vm_dir):
+        manifest = load_manifest(vm_dir, strict=True)
+        if manifest is not None:
+            reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
+            if reason:
+                raise SaltInvocationError(f"cannot record {what} for {vm_name!r}: {reason}")
+        else:
+            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+        yield manifest
+        if vm_uuid:
+            manifest["uuid"] = vm_uuid
+        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+
+
 def record_owned(vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str | None = None) -> Data:
     """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600)."""
     if not os.path.isdir(vm_dir):
@@ -319,22 +339,12 @@ def record_owned(vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str |
     if isinstance(files, str):
         files = [files]
     files = [os.path.abspath(_abs_path(f, "owned file")) for f in files]
-    with _locked(vm_dir):
-        manifest = load_manifest(vm_dir, strict=True)
-        if manifest is not None:
-            reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
-            if reason:
-                raise SaltInvocationError(f"cannot record files for {vm_name!r}: {reason}")
-        else:
-            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+    with _recording(vm_dir, vm_name, vm_uuid, "files") as manifest:
         for f in files:
             if not _inside(vm_dir, f):
                 log.warning("%s is outside %s: recorded, but purge will never delete it", f, vm_dir)
             if f not in manifest["files"]:
                 manifest["files"].append(f)
-        if vm_uuid:
-            manifest["uuid"] = vm_uuid
-        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
     return manifest
 
 
@@ -353,21 +363,9 @@ def set_uuid(vm_dir: str, uuid: str) -> Data:
 
 def record_owned_extra(vm_dir: str, vm_name: str, key: str, items: Iterable[Data], vm_uuid: str | None = None) -> Data:
     """Record other things this VM created (``key``: e.g. ``volumes``, a list of dicts) in its manifest."""
-    if not os.path.isdir(vm_dir):
-        raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
-    with _locked(vm_dir):
-        manifest = load_manifest(vm_dir, strict=True)
-        if manifest is not None:
-            reason = _check_owner(manifest, vm_dir, vm_name, vm_uuid)
-            if reason:
-                raise SaltInvocationError(f"cannot record {key} for {vm_name!r}: {reason}")
-        else:
-            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+    with _recording(vm_dir, vm_name, vm_uuid, key) as manifest:
         have = manifest.setdefault(key, [])
         have.extend(i for i in items if i not in have)
-        if vm_uuid:
-            manifest["uuid"] = vm_uuid
-        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
     return manifest
 
 
