@@ -538,16 +538,7 @@ def list_inactive_vms(connection=None, **kwargs):
 
 def _agent_timeout():
     """``virt:guest_agent_timeout``: seconds the guest agent calls of one query may take together."""
-    raw = _cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = -1.0
-    if isinstance(raw, bool) or not 0 < value <= 60:
-        raise SaltInvocationError(
-            f"virt:guest_agent_timeout must be a number of seconds above 0, at most 60, not {raw!r}"
-        )
-    return value
+    return validate.seconds(_cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT), "virt:guest_agent_timeout", 60)
 
 
 def vm_info(vm_=None, connection=None, **kwargs):

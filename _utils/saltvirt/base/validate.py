@@ -59,6 +59,19 @@ def positive_int(value: Any, what: str, maximum: int | None = None) -> int:
     return number if maximum is None else int_in(number, what, 1, maximum)
 
 
+def seconds(value: Any, what: str, maximum: float | None = None) -> float:
+    """``value`` (a number or a numeric string; never a bool) as a duration above 0 seconds (at most
+    ``maximum``), else SaltInvocationError in one wording."""
+    try:
+        number = None if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not number > 0 or (maximum is not None and number > maximum):
+        most = "" if maximum is None else f" (at most {maximum})"
+        raise SaltInvocationError(f"{what} must be a number of seconds above 0{most}, not {value!r}")
+    return number
+
+
 def int_or_none(value: Any) -> int | None:
     """A number libvirt or a minion reported, as an int; None when it is missing or not a number (facts
     are read leniently: a missing one is not an error)."""

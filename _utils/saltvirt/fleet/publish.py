@@ -36,8 +36,9 @@ import salt.client
 import salt.utils.jid
 import salt.key
 import salt.utils.minions
-from salt.exceptions import CommandExecutionError, SaltInvocationError
+from salt.exceptions import CommandExecutionError
 
+from saltvirt.base import validate
 from saltvirt.fleet import hypervisors
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,7 @@ def config(opts, **overrides):
     cfg.update(hypervisors.waits(opts))
     cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
     for key in ("timeout", "gather_job_timeout", "max_wait", "init_timeout"):
-        try:
-            cfg[key] = float(cfg[key])
-        except (TypeError, ValueError):
-            raise SaltInvocationError(f"virt:hypervisors:{key} must be a number of seconds, not {cfg[key]!r}") from None
-        if cfg[key] <= 0:
-            raise SaltInvocationError(f"virt:hypervisors:{key} must be above 0, not {cfg[key]!r}")
+        cfg[key] = validate.seconds(cfg[key], f"virt:hypervisors:{key}")
     # a hard bound shorter than Salt's own down-detection would report down hosts as 'timeout'
     floor = cfg["timeout"] + cfg["gather_job_timeout"] + 2
     cfg["max_wait"] = max(cfg["max_wait"], floor)

@@ -68,7 +68,7 @@ def fence_config(conf):
             f"virt:fence:command must be a list of arguments (no shell), e.g. [/usr/sbin/fence-host, '{{host}}'], "
             f"not {cmd!r}"
         )
-    cfg["timeout"] = _seconds(cfg["timeout"], "virt:fence:timeout")
+    cfg["timeout"] = validate.seconds(cfg["timeout"], "virt:fence:timeout")
     return cfg
 
 
@@ -83,20 +83,10 @@ def recovery_config(conf):
         )
     cfg = dict(RECOVERY_DEFAULTS, **raw)
     cfg["probes"] = validate.positive_int(cfg["probes"], "virt:recovery:probes")
-    cfg["probe_wait"] = _seconds(cfg["probe_wait"], "virt:recovery:probe_wait")
+    cfg["probe_wait"] = validate.seconds(cfg["probe_wait"], "virt:recovery:probe_wait")
     if cfg["probe_uri"] is not None and "{host}" not in str(cfg["probe_uri"]):
         raise SaltInvocationError("virt:recovery:probe_uri must contain {host}, e.g. qemu+tls://{host}/system")
     return cfg
-
-
-def _seconds(value, what):
-    try:
-        num = float(value)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"{what} must be a number of seconds, not {value!r}") from None
-    if not num > 0:
-        raise SaltInvocationError(f"{what} must be above 0, not {value!r}")
-    return num
 
 
 # the record -------------------------------------------------------------------------------------

@@ -36,14 +36,7 @@ def check(wait, wait_timeout=DEFAULT_TIMEOUT, start=True):
         return None, None
     if not isinstance(wait, str) or wait.strip().lower() not in WAITS:
         raise SaltInvocationError(f"wait must be ip or minion (or left out), not {wait!r}")
-    try:
-        seconds = float(wait_timeout)
-    except (TypeError, ValueError):
-        seconds = None
-    if seconds is None or isinstance(wait_timeout, bool) or not 0 < seconds <= MAX_TIMEOUT:
-        raise SaltInvocationError(
-            f"wait_timeout must be a number of seconds above 0 (at most {MAX_TIMEOUT}), not {wait_timeout!r}"
-        )
+    seconds = validate.seconds(wait_timeout, "wait_timeout", MAX_TIMEOUT)
     if not validate.to_bool(start):
         raise SaltInvocationError(f"wait={wait.strip().lower()} needs the VM started: leave out start=False")
     return wait.strip().lower(), seconds

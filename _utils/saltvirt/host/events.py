@@ -39,6 +39,7 @@ import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import conn as vconn
 from saltvirt.host import query, saltevents
@@ -305,12 +306,7 @@ def settings(config: Mapping[str, Any] | None) -> Data:
         )
     out = dict(DEFAULTS, **{k: v for k, v in config.items() if k in DEFAULTS and v is not None})
     for key in ("backoff_min", "backoff_max"):
-        try:
-            out[key] = float(out[key])
-        except (TypeError, ValueError):
-            raise SaltInvocationError(f"virt_events: {key} must be a number of seconds, not {out[key]!r}") from None
-        if out[key] <= 0:
-            raise SaltInvocationError(f"virt_events: {key} must be above 0, not {out[key]}")
+        out[key] = validate.seconds(out[key], f"virt_events: {key}")
     out["backoff_max"] = max(out["backoff_max"], out["backoff_min"])
     if out["events"] is not None:
         wanted = [out["events"]] if isinstance(out["events"], str) else list(out["events"])

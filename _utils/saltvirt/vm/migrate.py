@@ -299,15 +299,7 @@ def _hint(exc, target):
 
 def stall_bound(value: Any) -> float:
     """``virt:migration:stall_timeout`` checked: seconds (default :data:`STALL_TIMEOUT`)."""
-    if value is None:
-        return STALL_TIMEOUT
-    try:
-        num = float(value)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"virt:migration:stall_timeout must be seconds, not {value!r}") from None
-    if not num > 0:
-        raise SaltInvocationError(f"virt:migration:stall_timeout must be above 0, not {value!r}")
-    return num
+    return STALL_TIMEOUT if value is None else validate.seconds(value, "virt:migration:stall_timeout")
 
 
 def _qemu_pid(uuid):

@@ -164,3 +164,14 @@ def test_inside_checks_share_one_comparison(tmp_path):
     with pytest.raises(SaltInvocationError, match="escapes"):
         validate.inside(str(root), "escape", "x")
     assert validate.is_inside("/srv/x", "/")
+
+
+@pytest.mark.parametrize(("value", "expect"), [(5, 5.0), ("0.5", 0.5), (60, 60.0)])
+def test_seconds(value, expect):
+    assert validate.seconds(value, "t", 60) == expect
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", None, True, 61, "nan"])
+def test_seconds_refused_in_one_wording(value):
+    with pytest.raises(SaltInvocationError, match=r"^t must be a number of seconds above 0 \(at most 60\), not "):
+        validate.seconds(value, "t", 60)

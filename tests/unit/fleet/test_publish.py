@@ -78,7 +78,9 @@ def test_hypervisor_settings_from_master_config_and_call():
         fleet.config({"virt": {"hypervisors": {"tgt": "h*", "tmeout": 3}}})
     with pytest.raises(SaltInvocationError, match="timeout must be a number"):
         fleet.config(opts, timeout="soon")
-    with pytest.raises(SaltInvocationError, match="must be above 0"):
+    with pytest.raises(
+        SaltInvocationError, match="virt:hypervisors:timeout must be a number of seconds above 0, not -1"
+    ):
         fleet.config(opts, timeout=-1)
 
 

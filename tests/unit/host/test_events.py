@@ -158,7 +158,7 @@ def test_settings_are_checked():
         events.settings({"bakoff": 1})
     with pytest.raises(SaltInvocationError, match="unknown event.*boom"):
         events.settings({"events": ["started", "boom"]})
-    with pytest.raises(SaltInvocationError, match="backoff_min must be above 0"):
+    with pytest.raises(SaltInvocationError, match="backoff_min must be a number of seconds above 0"):
         events.settings({"backoff_min": 0})
 
 
