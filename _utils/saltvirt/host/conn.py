@@ -281,20 +281,22 @@ def lv_errors(action: str) -> Any:
     return _Ctx()
 
 
-def get_domain(conn: Conn, name: str) -> Domain:
+def lookup_domain(conn: Conn, name: str) -> Domain | None:
+    """VM ``name``, or None when it is not defined here (any other libvirt error is raised)."""
     try:
         return conn.lookupByName(name)
     except libvirt.libvirtError as exc:
         if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-            raise CommandExecutionError(f"VM {name!r} is not defined on {conn.getHostname()}") from None
+            return None
         raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
+
+
+def get_domain(conn: Conn, name: str) -> Domain:
+    dom = lookup_domain(conn, name)
+    if dom is None:
+        raise CommandExecutionError(f"VM {name!r} is not defined on {conn.getHostname()}")
+    return dom
 
 
 def domain_exists(conn: Conn, name: str) -> bool:
-    try:
-        conn.lookupByName(name)
-        return True
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-            return False
-        raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
+    return lookup_domain(conn, name) is not None

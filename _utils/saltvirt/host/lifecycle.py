@@ -150,12 +150,17 @@ def setvcpus(conn: Conn, name: str, cpu: int, config: bool = True, live: bool | 
     }
 
 
-def define_xml_str(conn: Conn, xml: str) -> Data:
+def _xml_vm_name(xml):
+    """The checked VM name of domain XML a caller passed (bad XML or name: SaltInvocationError)."""
     try:
         name = domxml.domain_name(xml)
     except ValueError as exc:
         raise SaltInvocationError(str(exc)) from None
-    validate.vm_name(name or "")
+    return validate.vm_name(name or "")
+
+
+def define_xml_str(conn: Conn, xml: str) -> Data:
+    name = _xml_vm_name(xml)
     with lv_errors(f"define VM {name!r}"):
         dom = conn.defineXML(xml)
     return {"name": dom.name(), "uuid": dom.UUIDString(), "defined": True}
@@ -168,11 +173,7 @@ def get_xml(conn: Conn, name: str, inactive: bool = False) -> str:
 
 def create_xml_str(conn: Conn, xml: str) -> Data:
     """Start a transient domain from XML (Salt's ``virt.create_xml_str``)."""
-    try:
-        name = domxml.domain_name(xml)
-    except ValueError as exc:
-        raise SaltInvocationError(str(exc)) from None
-    validate.vm_name(name or "")
+    name = _xml_vm_name(xml)
     with lv_errors(f"create transient VM {name!r}"):
         dom = conn.createXML(xml, 0)
     return {"name": dom.name(), "uuid": dom.UUIDString(), "state": _state(dom)}

@@ -27,7 +27,7 @@ from saltvirt.base import fsutil, procs, tools, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.guest import seed
 from saltvirt.storage import images
-from saltvirt.host.conn import libvirt
+from saltvirt.host.conn import libvirt, lookup_domain
 
 LOCKS_DIR = ".locks"
 SEED_PREFIX = seed.SCRATCH_PREFIX
@@ -297,15 +297,6 @@ def reap_seeding(tmpdir: str | None = None, grace: float = REAP_GRACE) -> Data:
 
 
 # entry point ----------------------------------------------------------------------------------------
-def _domain(conn, name):
-    try:
-        return conn.lookupByName(name)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-            return None
-        raise CommandExecutionError(f"looking up VM {name!r}: {exc.get_error_message()}") from None
-
-
 def cleanup(conn: Conn, name: str, images_dir: str) -> Data:
     """Remove what an interrupted init of ``name`` left here; see the module doc. Returns
     ``{name, interrupted, domain, removed, kept, released, errors}``."""
@@ -324,7 +315,7 @@ def clean(conn: Conn, name: str, images_dir: str, lock: InitLock) -> Data:
     manifest = images.load_manifest(vm_dir) if os.path.isdir(vm_dir) else None
     ours = manifest is not None and manifest.get("vm") == name
     files = images.owned_files(vm_dir, name) if ours else []
-    dom = _domain(conn, name)
+    dom = lookup_domain(conn, name)
     if dom is not None:
         uuid = dom.UUIDString()
         if not (lock.existed and ours and (manifest or {}).get("uuid") in (None, uuid)):

@@ -103,3 +103,16 @@ def test_migrate_and_probe_refuse_a_hostile_peer_uri(tmp_path):
     with pytest.raises(SaltInvocationError, match="virt.recovery_probe uri must be"):
         mods["virt.recovery_probe"]("hv2", uri=f"qemu+ext:///system?command=/bin/touch%20{marker}")
     assert not marker.exists()
+
+
+def test_domain_lookups(test_conn):
+    from salt.exceptions import CommandExecutionError
+
+    test_conn.defineXML("<domain type='test'><name>web1</name><memory>8192</memory><os><type>hvm</type></os></domain>")
+    assert vconn.lookup_domain(test_conn, "web1").name() == "web1"
+    assert vconn.get_domain(test_conn, "web1").name() == "web1"
+    assert vconn.domain_exists(test_conn, "web1")
+    assert vconn.lookup_domain(test_conn, "nosuchvm") is None
+    assert not vconn.domain_exists(test_conn, "nosuchvm")
+    with pytest.raises(CommandExecutionError, match="^VM 'nosuchvm' is not defined on "):
+        vconn.get_domain(test_conn, "nosuchvm")
