@@ -104,6 +104,49 @@ def test_dir_pool_vm_boots_from_cloned_volume_and_purge(virt_hv, hv1, pools, qem
     assert v["virt.pool_list_volumes"]("stdir") == []
 
 
+def test_purge_of_a_foreign_vm_takes_its_volumes_but_no_base_or_shared_one(virt_hv, pools, qemu_tmp):
+    """A VM salt-virt did not make (virt.define_xml_str), its disks volumes of a dir pool: purge deletes its
+    own volume, keeps the one another domain uses and the one an overlay in the pool backs onto."""
+    v = virt_hv
+    target = qemu_tmp / "fpool"
+    assert v["virt.pool_define"]("stfp", "dir", target=str(target)) is True
+    for vol in ("own", "base", "shared"):
+        sh("qemu-img", "create", "-q", "-f", "raw", str(target / f"{vol}.raw"), "1M")
+    sh(
+        "qemu-img",
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        str(target / "base.raw"),
+        "-F",
+        "raw",
+        str(target / "top.qcow2"),
+    )
+    v["virt.pool_refresh"]("stfp")
+
+    def domain(name, vols):
+        disks = "".join(
+            f"<disk type='volume' device='disk'><driver name='qemu' type='raw'/><source pool='stfp' volume='{vol}'/>"
+            f"<target dev='vd{chr(97 + i)}' bus='virtio'/></disk>"
+            for i, vol in enumerate(vols)
+        )
+        return (
+            f"<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><os><type>hvm</type></os>"
+            f"<devices>{disks}</devices></domain>"
+        )
+
+    assert v["virt.define_xml_str"](domain("stvf1", ["own.raw", "base.raw", "shared.raw"])) is True
+    assert v["virt.define_xml_str"](domain("stvf2", ["shared.raw"])) is True
+    ret = v["virt.purge"]("stvf1")
+    assert ret["volumes"]["removed"] == ["stfp/own.raw"], ret
+    assert ret["volumes"]["kept"]["stfp/shared.raw"] == "used by VM 'stvf2'"
+    assert ret["volumes"]["kept"]["stfp/base.raw"].startswith(f"backing file of {target / 'top.qcow2'}")
+    assert sorted(v["virt.pool_list_volumes"]("stfp")) == ["base.raw", "shared.raw", "top.qcow2"]
+    assert v["virt.purge"]("stvf2")["volumes"]["removed"] == ["stfp/shared.raw"]  # nothing else uses it now
+
+
 def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, loop_device, pools, qemu_tmp):
     v = virt_hv
     dev = loop_device("64M")

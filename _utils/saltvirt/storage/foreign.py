@@ -6,6 +6,10 @@ A file goes only when all of these hold: it lies inside the roots the operator g
 (no symlink, no device), it is not in another salt-virt VM's directory, no other domain on this host
 uses it (as a disk or anywhere in a disk's backing chain) and no image under the roots backs onto it
 (unless that image goes too). Everything else is kept, with the reason.
+
+Its pool volumes (``<disk type='volume'>``) go the same way, through libvirt: unless another domain names
+the same pool volume or uses its file (as a disk or in a backing chain), or an image under the roots backs
+onto it. Removable media (CD-ROMs) are never candidates.
 """
 
 import os
@@ -15,7 +19,9 @@ from typing import Any
 
 from saltvirt.base import validate
 from saltvirt.xml import domxml
-from saltvirt.storage import images
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.storage import images, pools
 from saltvirt.host.conn import libvirt
 
 DIR_POOL_TYPES = ("dir", "fs", "netfs")  # pools whose volumes are files in their target directory
@@ -37,10 +43,17 @@ def pool_dirs(conn: Any) -> list[str]:
     return out
 
 
-def files_in_use(conn: Any, but: str | None = None) -> dict[str, str]:
-    """{realpath: VM name} of every file a domain on this host (other than ``but``) uses: its disks, in
-    its definition and while running, and their backing chains."""
-    used: dict[str, str] = {}
+def _volume_path(conn, pool, volume):
+    """The path of a pool volume (None when the pool is not running or the volume is gone)."""
+    try:
+        vol = pools.lookup_volume(conn, pool, volume)
+        return vol.path() if vol is not None else None
+    except (CommandExecutionError, SaltInvocationError, libvirt.libvirtError):
+        return None
+
+
+def _domain_disks(conn, but):
+    """(VM name, disk facts) of every disk of every domain but ``but``, in its definition and while running."""
     for dom in conn.listAllDomains(0):
         try:
             if dom.name() == but:
@@ -50,9 +63,27 @@ def files_in_use(conn: Any, but: str | None = None) -> dict[str, str]:
             continue
         for xml in xmls:
             for disk in domxml.parse(xml)["disks"]:
-                if disk.get("file"):
-                    for path in [os.path.realpath(disk["file"]), *images.backing_chain(disk["file"])]:
-                        used.setdefault(path, dom.name())
+                yield dom.name(), disk
+
+
+def files_in_use(conn: Any, but: str | None = None) -> dict[str, str]:
+    """{realpath: VM name} of every file a domain on this host (other than ``but``) uses: its disks (a pool
+    volume's by its path), in its definition and while running, and their backing chains."""
+    used: dict[str, str] = {}
+    for vm, disk in _domain_disks(conn, but):
+        path = _volume_path(conn, disk["pool"], disk["volume"]) if disk.get("pool") else disk.get("file")
+        if path and os.path.isabs(path):
+            for real in [os.path.realpath(path), *images.backing_chain(path)]:
+                used.setdefault(real, vm)
+    return used
+
+
+def volumes_in_use(conn: Any, but: str | None = None) -> dict[tuple[str, str], str]:
+    """{(pool, volume): VM name} of every pool volume a domain on this host (other than ``but``) names."""
+    used: dict[tuple[str, str], str] = {}
+    for vm, disk in _domain_disks(conn, but):
+        if disk.get("pool") and disk.get("volume"):
+            used.setdefault((disk["pool"], disk["volume"]), vm)
     return used
 
 
@@ -103,4 +134,59 @@ def remove(
             for backing, over in images.backing_users(root).items():
                 users.setdefault(backing, set()).update(over)
     removed = images.unlink_unless_backing(doomed, users, kept)
+    return {"removed": removed, "kept": kept}
+
+
+def _volume_refusal(conn, ref, in_use, used_refs, users, images_dir):
+    """Why the pool volume ``ref`` ({pool, volume}) must stay, or None."""
+    key = (ref["pool"], ref["volume"])
+    if key in used_refs:
+        return f"used by VM {used_refs[key]!r}"
+    try:
+        vol = pools.lookup_volume(conn, *key)
+    except (CommandExecutionError, SaltInvocationError) as exc:
+        return str(exc)
+    if vol is None:
+        return "already gone"
+    path = vol.path()
+    real = os.path.realpath(path) if os.path.isabs(path) else path
+    if real in in_use:
+        return f"used by VM {in_use[real]!r}"
+    over = sorted(u for u in users.get(real, ()) if os.path.exists(u))
+    if over:
+        return f"backing file of {over[0]}: delete that image first"
+    owner = _salt_virt_owner(path, images_dir) if os.path.isabs(path) else None
+    if owner:
+        return f"in the directory of salt-virt VM {owner!r}"
+    return None
+
+
+def remove_volumes(
+    conn: Any, name: str, refs: Iterable[dict[str, str]], images_dir: str, allowed_paths: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Delete the pool volumes ``refs`` ({pool, volume}: the disks of the already undefined foreign VM
+    ``name``) that nothing else uses, as Salt's purge deletes a VM's volumes. Returns
+    ``{'removed': ['pool/volume'], 'kept': {'pool/volume': reason}}``."""
+    refs = list({(r["pool"], r["volume"]): r for r in refs}.values())
+    removed: list[str] = []
+    kept: dict[str, str] = {}
+    if not refs:
+        return {"removed": removed, "kept": kept}
+    in_use, used_refs = files_in_use(conn, but=name), volumes_in_use(conn, but=name)
+    users: dict[str, list[str]] = {}
+    for root in dict.fromkeys([images_dir, *allowed_paths, *pool_dirs(conn)]):
+        if root and os.path.isdir(root):
+            for backing, over in images.backing_users(root).items():
+                users.setdefault(backing, []).extend(over)
+    for ref in refs:
+        label = f"{ref['pool']}/{ref['volume']}"
+        reason = _volume_refusal(conn, ref, in_use, used_refs, users, images_dir)
+        if reason:
+            kept[label] = reason
+            continue
+        try:
+            pools.delete_volume(conn, ref["pool"], ref["volume"])
+            removed.append(label)
+        except CommandExecutionError as exc:
+            kept[label] = str(exc)
     return {"removed": removed, "kept": kept}

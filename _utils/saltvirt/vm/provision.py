@@ -475,9 +475,9 @@ def purge(
     conn: Conn, name: str, images_dir: str = vmspec.DEFAULT_IMAGES_DIR, allowed_paths: Sequence[str] = ()
 ) -> Data:
     """Stop and undefine ``name``; delete the disk files salt-virt created for this very VM. A VM salt-virt
-    did not create (no ownership manifest in its directory) loses its disk files as with Salt's purge,
-    except what :mod:`saltvirt.storage.foreign` keeps (outside ``images_dir``/``allowed_paths``/pool
-    directories, used by another domain or image)."""
+    did not create (no ownership manifest in its directory) loses its disk files and pool volumes as with
+    Salt's purge, except what :mod:`saltvirt.storage.foreign` keeps (outside ``images_dir``/``allowed_paths``/
+    pool directories, used by another domain or image)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
     facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
@@ -490,10 +490,12 @@ def purge(
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)
     files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
-    vols = voldisks.remove_owned(conn, vm_dir, name, uuid, voldisks.disk_refs(facts))
+    refs = voldisks.disk_refs(facts)
     if os.path.isdir(vm_dir) and images.load_manifest(vm_dir) is not None:
+        vols = voldisks.remove_owned(conn, vm_dir, name, uuid, refs)
         outcome = images.remove_owned(vm_dir, name, uuid, files)
-    else:  # not made by salt-virt: Salt's purge deletes its disks, foreign keeps what others use
+    else:  # not made by salt-virt: Salt's purge deletes its disks and volumes, foreign keeps what others use
+        vols = foreign.remove_volumes(conn, name, refs, images_dir, allowed_paths)
         outcome = foreign.remove(conn, name, files, images_dir, allowed_paths)
     gc = intake.gc_bases(images_dir, conn=conn)  # cached bases nothing on this host uses any more
     return {

@@ -103,3 +103,51 @@ def test_pool_directories_count_as_roots(virt_test):
         assert "/default-pool" in foreign.pool_dirs(conn)
     finally:
         conn.close()
+
+
+VOLDISK = (
+    "<disk type='volume' device='{device}'><driver name='qemu' type='raw'/>"
+    "<source pool='default-pool' volume='{volume}'/><target dev='{dev}' bus='virtio'/></disk>"
+)
+
+
+def volume_domain_xml(name, volumes, files=()):
+    devs = "".join(
+        VOLDISK.format(device=device, volume=vol, dev=f"vd{chr(97 + i)}") for i, (vol, device) in enumerate(volumes)
+    )
+    devs += "".join(
+        DISK.format(device="disk", fmt="raw", path=p, dev=f"vd{chr(97 + len(volumes) + i)}")
+        for i, p in enumerate(files)
+    )
+    return (
+        f"<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os>"
+        f"<devices>{devs}</devices></domain>"
+    )
+
+
+def test_a_foreign_vms_pool_volumes_go_what_others_use_stays(virt_test):
+    """Salt's purge deletes a VM's volumes: a foreign VM's volume disks go unless another domain names the
+    same volume or uses its file; a CD-ROM volume is never a candidate."""
+    v = virt_test
+    for vol in ("fv-own", "fv-named", "fv-byfile", "fv-cd"):
+        v["virt.volume_define"]("default-pool", vol, 1)
+    try:
+        mine = [("fv-own", "disk"), ("fv-named", "disk"), ("fv-byfile", "disk"), ("fv-cd", "cdrom")]
+        assert v["virt.define_xml_str"](volume_domain_xml("fvols", mine)) is True
+        neighbour = volume_domain_xml("fvneigh", [("fv-named", "disk")], files=["/default-pool/fv-byfile"])
+        assert v["virt.define_xml_str"](neighbour) is True
+
+        ret = v["virt.purge"]("fvols")
+        assert ret["volumes"]["removed"] == ["default-pool/fv-own"]
+        assert ret["volumes"]["kept"] == {
+            "default-pool/fv-named": "used by VM 'fvneigh'",
+            "default-pool/fv-byfile": "used by VM 'fvneigh'",
+        }
+        left = v["virt.pool_list_volumes"]("default-pool")
+        assert "fv-own" not in left and {"fv-named", "fv-byfile", "fv-cd"} <= set(left)
+        assert "fvols" not in v["virt.list_domains"]()
+    finally:
+        v["virt.purge"]("fvneigh")
+        for vol in ("fv-named", "fv-byfile", "fv-cd"):
+            if vol in v["virt.pool_list_volumes"]("default-pool"):
+                v["virt.volume_delete"]("default-pool", vol)
