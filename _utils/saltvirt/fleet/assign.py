@@ -22,24 +22,26 @@ skipped, so running it twice creates nothing twice.
 """
 
 import copy
+from typing import Any
 
 import salt.pillar
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
 
 PILLAR_KEY = "assigned_vms"
 HOST_KEYS = ("host", "fallback", "tgt", "tgt_type")
 
 
-def host_pillar(opts, host, saltenv="base", pillarenv=None):
+def host_pillar(opts: SaltOpts, host: str, saltenv: str = "base", pillarenv: str | None = None) -> Data:
     """Minion ``host``'s pillar as this master compiles it: pillar_roots only, no grains, no ext_pillar."""
     local = copy.deepcopy(dict(opts))
     local.update(ext_pillar=[], on_demand_ext_pillar=[], pillar_cache=False)
     return salt.pillar.Pillar(local, {}, host, saltenv or "base", pillarenv=pillarenv).compile_pillar()
 
 
-def entries(pillar):
+def entries(pillar: Data) -> tuple[dict[str, Data], dict[str, str]]:
     """``virt:assigned_vms`` of a compiled pillar -> ``({name: spec}, {name: error})``; a bad entry is
     reported and left out, the others stay."""
     raw = ((pillar or {}).get("virt") or {}).get(PILLAR_KEY) or {}
@@ -54,7 +56,7 @@ def entries(pillar):
     return good, bad
 
 
-def check_spec(name, spec):
+def check_spec(name: str, spec: Any) -> Data:
     """One assignment: a mapping with ``cpu`` and ``mem``; no key that would choose another host."""
     if not isinstance(spec, dict):
         raise SaltInvocationError(f"virt:{PILLAR_KEY}:{name} must be a mapping (cpu, mem, image, ...), not {spec!r}")
@@ -70,10 +72,10 @@ def check_spec(name, spec):
     return dict(spec)
 
 
-def plan(assigned, hosts):
+def plan(assigned: dict[str, Data], hosts: dict[str, Data]) -> tuple[list[str], dict[str, list[str]]]:
     """Which assigned VMs to create: ``(to_create, existing)`` where ``existing`` maps a name to the
     hypervisors it is defined on (``hosts`` from ``fleet.gather(..., "virt.vm_state")``)."""
-    existing = {}
+    existing: dict[str, list[str]] = {}
     for host, ans in hosts.items():
         for vm in (ans.get("vms") or {}) if ans.get("status") == "up" else ():
             existing.setdefault(vm, []).append(host)

@@ -20,17 +20,20 @@ in their <metadata>); an operator backs up every VM, or one tenant's with ``tena
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 from saltvirt.fleet import tenants
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
 
 
-def settings(conf, per_host=None, timeout=None, **retention):
+def settings(conf: Data | None, per_host: Any = None, timeout: Any = None, **retention: Any) -> Data:
     """Effective ``{per_host, timeout, retention}``: per-call values over ``virt:backup`` of the master."""
     conf = conf or {}
     if not isinstance(conf, dict):
@@ -53,7 +56,7 @@ def settings(conf, per_host=None, timeout=None, **retention):
     return {"per_host": per_host, "timeout": timeout, "retention": policy}
 
 
-def scope(caller, tenant, conf):
+def scope(caller: tenants.Caller, tenant: str | None, conf: Data) -> str | None:
     """The tenant whose VMs a run backs up, or None for every VM: a tenant caller's own tenant (another
     ``tenant=`` is refused); for an operator the ``tenant=`` it names, if any (``conf``: tenants.config)."""
     if not caller.operator:
@@ -68,7 +71,7 @@ def scope(caller, tenant, conf):
     return tenant
 
 
-def owned(hosts, tenant_name):
+def owned(hosts: dict[str, Data], tenant_name: str | None) -> dict[str, Data]:
     """``virt.full_info`` answers (``publish.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
     with only the VMs whose <metadata> owner is ``tenant_name``."""
     out = {}
@@ -84,18 +87,21 @@ def owned(hosts, tenant_name):
     return out
 
 
-def plan(hosts, name="all", tenant=None):
+def plan(
+    hosts: dict[str, Data], name: str = "all", tenant: str | None = None
+) -> tuple[dict[str, list[str]], dict[str, str]]:
     """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.gather``, or
     :func:`owned`'s cut for ``tenant``): every VM for ``all``, else the one host defining ``name``; a
     name on two hypervisors is refused, never guessed."""
-    where = {}
+    where: dict[str, list[str]] = {}
     for host, ans in sorted(hosts.items()):
         if ans.get("status") == "up":
             for vm in sorted(ans.get("vms") or {}):
                 where.setdefault(vm, []).append(host)
     down = sorted(h for h, a in hosts.items() if a.get("status") != "up")
     wanted = sorted(where) if name in (None, "", "all") else [validate.vm_name(name)]
-    work, problems = {}, {}
+    work: dict[str, list[str]] = {}
+    problems: dict[str, str] = {}
     for vm in wanted:
         found = where.get(vm, [])
         if len(found) > 1:
@@ -108,7 +114,13 @@ def plan(hosts, name="all", tenant=None):
     return work, problems
 
 
-def run(call, work, cfg, incremental=True, progress=None):
+def run(
+    call: Callable[..., Any],
+    work: dict[str, list[str]],
+    cfg: Data,
+    incremental: bool = True,
+    progress: Callable[[str], Any] | None = None,
+) -> Data:
     """Back up every VM of ``work`` ({host: [vms]}) through ``call(host, fun, args, kwargs, max_wait)``
     (one Salt job per VM, ``publish.call`` shaped answers), ``cfg["per_host"]`` at a time per host.
     Returns ``{made, pruned, failed}`` keyed by VM."""
@@ -161,7 +173,9 @@ def _brief(result):
 
 
 # restore: one VM never runs twice --------------------------------------------------------------------
-def restore_host(hosts, name, host=None, as_name=None, ignore_down=False):
+def restore_host(
+    hosts: dict[str, Data], name: str, host: str | None = None, as_name: str | None = None, ignore_down: bool = False
+) -> tuple[str, list[str]]:
     """The hypervisor ``salt-run virt.restore`` restores VM ``name`` on, from every hypervisor's
     ``virt.vm_state`` (``publish.gather``), and ``down``: the hypervisors that did not answer. A backup
     directory that several hypervisors mount lets any of them restore the VM, so the fleet is asked first:

@@ -25,32 +25,24 @@ import contextlib
 import grp
 import os
 import pwd
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base.salttypes import SaltFunctions, SaltOpts
 from saltvirt.fleet import tenants as tenants_conf
+from saltvirt.fleet.tenants import Caller  # who a caller is, as tenants (below this module) need it
 
 UNKNOWN = ("", "UNKNOWN", None)
 REACTOR = "Reactor"  # salt.utils.reactor's user for the runner jobs of reactor SLS files
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The caller of one runner job: its Salt user, whether it is an operator, its tenant (or None)."""
-
-    user: str
-    operator: bool
-    tenant: str | None = None
-    why: str = ""  # how the role was decided (shown by salt-run virt.whoami)
-    groups: tuple = field(default=())
 
 
 # one function of each runner file that shares the virtualname ``virt`` (a test checks every file has one)
 RUNNER_FACES = ("virt.init", "virt.whoami", "virt.migrate", "virt.record", "virt.provision_assigned", "virt.backup")
 
 
-def job_user(*scopes) -> str | None:
+def job_user(*scopes: Mapping[str, Any]) -> str | None:
     """The user Salt authenticated for this runner job: the ``__user__`` global the runner client injected.
     ``SyncClientMixin.low`` injects it into ONE module per virtualname (the first loaded function's), and
     salt-virt's ``virt`` runner is several files: pass the runner's ``globals()`` and the other files' (see
@@ -65,7 +57,7 @@ def job_user(*scopes) -> str | None:
     return found.pop() if found else None
 
 
-def runner_scopes(runner_globals, salt_loader):
+def runner_scopes(runner_globals: Mapping[str, Any], salt_loader: SaltFunctions) -> list[Mapping[str, Any]]:
     """``runner_globals`` and the module globals of the ``virt`` runner's other files (``__salt__``)."""
     scopes = [runner_globals]
     for fun in RUNNER_FACES:
@@ -74,7 +66,7 @@ def runner_scopes(runner_globals, salt_loader):
     return scopes
 
 
-def job_caller(opts, runner_globals, salt_loader) -> Caller:
+def job_caller(opts: SaltOpts, runner_globals: Mapping[str, Any], salt_loader: SaltFunctions) -> Caller:
     """The :class:`Caller` of this runner job: :func:`resolve` of :func:`job_user` over every ``virt`` runner
     file (``runner_globals``: the calling file's ``globals()``; ``salt_loader``: its ``__salt__``)."""
     return resolve(opts, job_user(*runner_scopes(runner_globals, salt_loader)))
@@ -97,7 +89,7 @@ def _process_user():
         return None
 
 
-def resolve(opts, user) -> Caller:
+def resolve(opts: SaltOpts, user: str | None) -> Caller:
     """The :class:`Caller` for Salt user ``user`` (from :func:`job_user`) under the master config.
 
     Without ``virt:tenants`` every caller is an operator (salt-virt's behaviour before tenants). With it:

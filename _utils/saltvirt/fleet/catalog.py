@@ -19,16 +19,19 @@ its length/ETag/Last-Modified changed, and the cached base key includes the file
 (:func:`saltvirt.vm.provision.base_image`), so VMs created before keep their old base.
 """
 
+from collections.abc import Iterable
+
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.storage import intake
 
 ENTRY_KEYS = ("source", "checksum", "format", "min_size", "profile")
 FORMATS = ("qcow2", "raw")
 
 
-def config(opts):
+def config(opts: SaltOpts) -> dict[str, Data]:
     """``{name: {source, checksum, format, min_size, profile}}`` checked."""
     raw = (opts.get("virt") or {}).get("catalog") or {}
     if not isinstance(raw, dict):
@@ -62,7 +65,9 @@ def config(opts):
     return out
 
 
-def resolve(opts, image, tenant=None, allowed=None):
+def resolve(
+    opts: SaltOpts, image: str | None, tenant: str | None = None, allowed: Iterable[str] | None = None
+) -> tuple[Data | None, str | None]:
     """``(entry or None, image source)``: a catalog name becomes its entry and source. A tenant caller
     (``tenant`` set) may name only catalog images listed in its ``allowed`` images."""
     catalog = config(opts)

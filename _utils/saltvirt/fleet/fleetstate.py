@@ -42,12 +42,15 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import salt.cache
 import salt.payload
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import procs
+from saltvirt.base.salttypes import Data, SaltOpts
 
 redis = None  # imported on first use (cache: redis only): ~0.2 s of every salt-run virt.* start-up otherwise
 
@@ -71,7 +74,7 @@ DEFAULTS = {"lock_ttl": 60.0, "settle_window": 900.0, "clock_skew": 5.0}
 _MULTI_MASTER = ("redis",)
 
 
-def config(opts):
+def config(opts: SaltOpts) -> Data:
     """``virt:shared`` from the master config: defaults < config."""
     conf = (opts.get("virt") or {}).get("shared") or {}
     if not isinstance(conf, dict):
@@ -114,18 +117,18 @@ class Store:
                 )
 
     @property
-    def multi_master(self):
+    def multi_master(self) -> bool:
         return self.driver in _MULTI_MASTER
 
-    def describe(self):
+    def describe(self) -> str:
         if self._redis is not None:
             return f"redis ({self._redis['where']})"
         return f"{self.driver} (file lock {self.lockfile}: one master)"
 
-    def fetch(self, bank, key):
+    def fetch(self, bank: str, key: str) -> Any:
         return self.cache.fetch(bank, key) or None
 
-    def entries(self, bank):
+    def entries(self, bank: str) -> dict[str, Any]:
         out = {}
         for key in self.cache.list(bank) or []:
             val = self.fetch(bank, key)
@@ -133,7 +136,7 @@ class Store:
                 out[key] = val
         return out
 
-    def transact(self, bank, key, update):
+    def transact(self, bank: str, key: str, update: Callable[..., Any]) -> Any:
         """``update(old or None) -> new`` (None deletes; raise :class:`AbortUpdate` to keep it). Returns new."""
         try:
             if self._redis is not None:
@@ -211,7 +214,7 @@ def _redis_transact(rd, bank, key, update, attempts=200):
 
 
 # owners and liveness --------------------------------------------------------------------------------
-def me(opts, job=None):
+def me(opts: SaltOpts, job: str | None = None) -> Data:
     pid = os.getpid()
     return {
         "master": opts.get("id"),
@@ -222,7 +225,7 @@ def me(opts, job=None):
     }
 
 
-def local_owner_alive(opts, owner):
+def local_owner_alive(opts: SaltOpts, owner: Data) -> bool | None:
     """True/False for an owner on this master (same master id and host), None for another master's."""
     if not owner or owner.get("master") != opts.get("id") or owner.get("host") != socket.gethostname():
         return None
@@ -230,7 +233,7 @@ def local_owner_alive(opts, owner):
     return start is not None and start == owner.get("pid_start")
 
 
-def who(rec):
+def who(rec: Data) -> str:
     """A one-line description of a lock's owner, for messages."""
     own = rec.get("owner") or {}
     job = f", job {own['job']}" if own.get("job") else ""
@@ -272,7 +275,7 @@ class Lease:
         self._thread = None
 
     # taking and giving back
-    def acquire(self):
+    def acquire(self) -> "Lease":
         try:
             for name in self.names:
                 self._take(name)
@@ -317,7 +320,7 @@ class Lease:
             log.warning("virt: took over the stale lock of %r (%s): %s", name, why, who(stale[0]))
             self.taken_over.append({"name": name, "why": why, "stale": stale[0], "was": who(stale[0])})
 
-    def release(self):
+    def release(self) -> None:
         self._stop.set()
         if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
@@ -332,7 +335,7 @@ class Lease:
             self.held.remove(name)
 
     # while working
-    def note(self, **detail):
+    def note(self, **detail: Any) -> None:
         """Record what the holder is doing (host, hypervisor job) in its lock entries."""
         for name in self.held:
 
@@ -344,7 +347,7 @@ class Lease:
             with contextlib.suppress(AbortUpdate):
                 self.store.transact(LOCKS, name, update)
 
-    def renew(self):
+    def renew(self) -> None:
         now = time.time()
         for name in self.held:
 
@@ -369,7 +372,7 @@ class Lease:
             except Exception as exc:  # noqa: BLE001 - check() reports a lease we could not keep
                 log.warning("virt: cannot renew the lock of %s: %s", ", ".join(self.names), exc)
 
-    def check(self):
+    def check(self) -> None:
         """Raise unless every lock is still ours (call before an irreversible step)."""
         if self.lost:
             name, rec = self.lost
@@ -383,7 +386,14 @@ class Lease:
 
 
 @contextlib.contextmanager
-def lock(opts, names, kind="init", job=None, ttl=None, store=None):
+def lock(
+    opts: SaltOpts,
+    names: Iterable[str],
+    kind: str = "init",
+    job: str | None = None,
+    ttl: float | None = None,
+    store: Store | None = None,
+) -> Iterator[Lease]:
     """Hold the locks of ``names`` (VM names / minion ids) for one call: raises :class:`HeldError` (with
     who holds it) if a live owner has one. The same function serves virt.init and migrate/evacuate."""
     lease = Lease(store or Store(opts), opts, kind, names, job=job, ttl=ttl).acquire()
@@ -393,7 +403,7 @@ def lock(opts, names, kind="init", job=None, ttl=None, store=None):
         lease.release()
 
 
-def holders(opts, store=None):
+def holders(opts: SaltOpts, store: Store | None = None) -> dict[str, Any]:
     """Every lock entry now in the store: ``{name: record}``."""
     return (store or Store(opts)).entries(LOCKS)
 
@@ -417,11 +427,17 @@ def _prune(entries, now, window):
     }
 
 
-def tally(ledger, answer, since, now=None, skew=DEFAULTS["clock_skew"]):
+def tally(
+    ledger: Data | None,
+    answer: Data | None,
+    since: float,
+    now: float | None = None,
+    skew: float = DEFAULTS["clock_skew"],
+) -> Data:
     """What one host's reservations add to its used capacity: ``{cpu, mem, disk_mib, vms: [names],
     groups: {name: group}}``."""
     now = now or time.time()
-    out = {"cpu": 0, "mem": 0, "disk_mib": 0, "vms": [], "groups": {}}
+    out: Data = {"cpu": 0, "mem": 0, "disk_mib": 0, "vms": [], "groups": {}}
     for name, rec in sorted(((ledger or {}).get("entries") or {}).items()):
         if _counts(dict(rec, name=name), answer, since, now, skew):
             out["cpu"] += int(rec.get("cpu") or 0)
@@ -433,7 +449,7 @@ def tally(ledger, answer, since, now=None, skew=DEFAULTS["clock_skew"]):
     return out
 
 
-def reserved(store, hosts, since, cfg=None):
+def reserved(store: Store, hosts: dict[str, Data], since: float, cfg: Data | None = None) -> dict[str, Data]:
     """``{host: tally}`` for every host in ``hosts`` (the snapshot taken at ``since``)."""
     cfg = cfg or DEFAULTS
     ledgers = store.entries(RESERVATIONS)
@@ -447,13 +463,24 @@ class NoRoomError(Exception):
         self.reasons, self.load = reasons, load
 
 
-def reserve(store, lease, host, name, req, answer, since, pol=None, fits=None, cfg=None):
+def reserve(
+    store: Store,
+    lease: Lease,
+    host: str,
+    name: str,
+    req: Data,
+    answer: Data | None,
+    since: float,
+    pol: Data | None = None,
+    fits: Callable[..., list[str]] | None = None,
+    cfg: Data | None = None,
+) -> Any:
     """Reserve ``req`` on ``host`` for VM ``name`` if it still fits with every other reservation
     (``fits(answer, load) -> reasons``; not checked for a host that did not answer). Atomic per host.
     Raises :class:`NoRoomError`."""
     cfg = cfg or lease.cfg
     now = time.time()
-    refused = []
+    refused: list[str] = []
 
     def update(old):
         refused.clear()
@@ -476,12 +503,14 @@ def reserve(store, lease, host, name, req, answer, since, pol=None, fits=None, c
     lease.reservation = (host, name)
 
 
-def active_entry(lease, now, **sizes):
+def active_entry(lease: Lease, now: float, **sizes: Any) -> Data:
     """A new ``active`` ledger entry of ``lease`` (host reservations, tenant quotas): ``sizes`` + who, when."""
     return dict(sizes, token=lease.token, owner=lease.owner, state="active", taken=now, expires=now + lease.ttl)
 
 
-def renew_reservation(store, where, token, expires, bank=RESERVATIONS):
+def renew_reservation(
+    store: Store, where: tuple[str, str], token: str, expires: float, bank: str = RESERVATIONS
+) -> Any:
     """Extend the active entry ``where`` (``(key, vm)`` in ``bank``) held with ``token`` to ``expires``."""
     host, name = where
 
@@ -497,7 +526,7 @@ def renew_reservation(store, where, token, expires, bank=RESERVATIONS):
         store.transact(bank, host, update)
 
 
-def finish(store, lease, outcome, keep_for=None):
+def finish(store: Store, lease: Lease, outcome: str, keep_for: float | None = None) -> None:
     """End the reservation of ``lease``: ``settled`` (the VM is running/defined: counts for older
     snapshots only), ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds)."""
     if not lease.reservation:
@@ -506,7 +535,9 @@ def finish(store, lease, outcome, keep_for=None):
     lease.reservation = None
 
 
-def end_entry(store, bank, where, lease, outcome, keep_for=None):
+def end_entry(
+    store: Store, bank: str, where: tuple[str, str], lease: Lease, outcome: str, keep_for: float | None = None
+) -> Any:
     """End ``lease``'s entry ``where`` (``(key, vm)`` in ``bank``) as :func:`finish` describes."""
     host, name = where
     now = time.time()

@@ -28,6 +28,8 @@ in the master's cache (bank :data:`VM_IDS_BANK`); a recorded id never matches (:
 
 import fnmatch
 import re
+from collections.abc import Iterable
+from typing import Any
 
 import time
 
@@ -36,6 +38,8 @@ import salt.key
 import salt.loader
 import salt.utils.minions
 from salt.exceptions import SaltInvocationError
+
+from saltvirt.base.salttypes import Data, SaltGrains, SaltOpts, SaltPillar
 
 OPT_IN = "hypervisors_trust_minion_data"
 ID_TYPES = ("glob", "list", "pcre", "nodegroup", "compound")
@@ -61,7 +65,7 @@ class NotConfiguredError(SaltInvocationError):
     """``virt:hypervisors`` is missing (or only holds waits): the message says what to add."""
 
 
-def trusts_minion_data(opts):
+def trusts_minion_data(opts: SaltOpts) -> bool:
     """True only when the operator set ``virt:hypervisors_trust_minion_data: True`` (exactly True)."""
     return (opts.get("virt") or {}).get(OPT_IN) is True
 
@@ -73,7 +77,7 @@ def _raw(opts):
     return conf.get("hypervisors")
 
 
-def waits(opts):
+def waits(opts: SaltOpts) -> Data:
     """The runner's wait settings given in the mapping form of ``virt:hypervisors`` (may be empty)."""
     raw = _raw(opts)
     return {k: raw[k] for k in WAITS if k in raw} if isinstance(raw, dict) else {}
@@ -120,7 +124,7 @@ def _check_compound(opts, expr, seen=()):
             )
 
 
-def target(opts):
+def target(opts: SaltOpts) -> tuple[Any, str]:
     """``(tgt, tgt_type)`` of the hypervisors from the master config; raises :class:`NotConfiguredError`
     (with :data:`HOWTO`) when missing, SaltInvocationError for a refused or malformed target."""
     raw = _raw(opts)
@@ -153,7 +157,7 @@ def target(opts):
             raise NotConfiguredError(HOWTO)
     elif not isinstance(tgt, str):
         raise SaltInvocationError(f"virt:hypervisors: a {tgt_type} target must be a string, not {tgt!r}")
-    if tgt_type == "glob" and tgt.strip() in ("*", "**"):
+    if tgt_type == "glob" and isinstance(tgt, str) and tgt.strip() in ("*", "**"):
         raise SaltInvocationError(
             "virt:hypervisors: '*' would make every minion, every VM included, a hypervisor: list the hypervisors' ids"
         )
@@ -167,7 +171,7 @@ def target(opts):
     return tgt, tgt_type
 
 
-def record_vm_id(opts, minion_id, vm):
+def record_vm_id(opts: SaltOpts, minion_id: str, vm: str) -> None:
     """Remember that the runner pre-accepted ``minion_id`` for VM ``vm``: it is never a hypervisor."""
     salt.cache.Cache(opts).store(VM_IDS_BANK, minion_id, {"vm": vm, "at": int(time.time())})
 
@@ -177,18 +181,18 @@ def _vm_cache(opts):
     return salt.cache.Cache(opts) if opts.get("cachedir") else None
 
 
-def vm_ids(opts):
+def vm_ids(opts: SaltOpts) -> set[str]:
     """The minion ids recorded as VMs (:func:`record_vm_id`)."""
     cache = _vm_cache(opts)
     return set(cache.list(VM_IDS_BANK) or []) if cache else set()
 
 
-def is_vm_id(opts, minion_id):
+def is_vm_id(opts: SaltOpts, minion_id: str) -> bool:
     cache = _vm_cache(opts)
     return bool(cache and cache.contains(VM_IDS_BANK, minion_id))
 
 
-def refuse_vm_id(opts, name, minion_id=None):
+def refuse_vm_id(opts: SaltOpts, name: str, minion_id: str | None = None) -> None:
     """Refuse a new VM whose ``name`` or ``minion_id`` the hypervisor target matches (on ids only)."""
     tgt, tgt_type = target(opts)
     for what, value in (("VM name", name), ("minion id", minion_id)):
@@ -196,7 +200,14 @@ def refuse_vm_id(opts, name, minion_id=None):
             raise SaltInvocationError(VM_ID_REFUSED.format(what=what, value=value))
 
 
-def matches(opts, minion_id, tgt=None, tgt_type=None, grains=None, pillar=None):
+def matches(
+    opts: SaltOpts,
+    minion_id: str,
+    tgt: Any = None,
+    tgt_type: str | None = None,
+    grains: SaltGrains | None = None,
+    pillar: SaltPillar | None = None,
+) -> bool:
     """Is ``minion_id`` one of the hypervisors? On ids alone unless the operator opted in, in which
     case ``grains``/``pillar`` (the minion's own data) are used too. A recorded VM id never is."""
     if is_vm_id(opts, minion_id):
@@ -228,12 +239,12 @@ def _target_matches(opts, minion_id, tgt, tgt_type, grains, pillar):
     return bool(matchers[fun](tgt, opts=local))
 
 
-def accepted(opts):
+def accepted(opts: SaltOpts) -> list[str]:
     """Minion ids whose keys the master has accepted."""
     return list(salt.key.Key(opts).list_keys().get("minions") or [])
 
 
-def members(opts, ids=None):
+def members(opts: SaltOpts, ids: Iterable[str] | None = None) -> list[str]:
     """The hypervisors: accepted minion ids (or ``ids``) that the configured target matches, sorted.
     With the opt-in, grain/pillar targets are resolved from the master's minion data cache."""
     tgt, tgt_type = target(opts)
@@ -245,7 +256,7 @@ def members(opts, ids=None):
     return sorted(m for m in ids if _target_matches(opts, m, tgt, tgt_type, None, None))
 
 
-def narrow(opts, tgt=None, tgt_type=None):
+def narrow(opts: SaltOpts, tgt: Any = None, tgt_type: str | None = None) -> list[str]:
     """The hypervisors, narrowed by a per-call target (``salt-run virt.query tgt=...``): a call can
     select among the configured hypervisors, never add a minion to them."""
     hosts = members(opts)
@@ -259,7 +270,7 @@ def narrow(opts, tgt=None, tgt_type=None):
     return sorted(set(hosts) & found)
 
 
-def require(opts, minion_id, what="this"):
+def require(opts: SaltOpts, minion_id: str, what: str = "this") -> str:
     """Raise unless ``minion_id`` is one of the configured hypervisors (accepted key + target)."""
     if minion_id not in members(opts, [minion_id]) or minion_id not in accepted(opts):
         raise SaltInvocationError(

@@ -13,14 +13,19 @@ The pre-accepted key is deleted by the runner's purge like any purged VM's key."
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from salt.exceptions import CommandExecutionError
+
+from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.fleet import fleetstate
 
 log = logging.getLogger(__name__)
 ABANDONED = "salt-virt/abandoned"
 
 
-def master_running(opts):
+def master_running(opts: SaltOpts) -> bool:
     """Whether this master's salt-master still accepts connections on its ret port (the runner runs on
     the master host): when it stopped, a hypervisor that "did not answer" had no master to answer to."""
     import socket  # noqa: PLC0415 - only on this rare path
@@ -34,7 +39,7 @@ def master_running(opts):
         return False
 
 
-def master_gone_message(name, host, jid, key_id):
+def master_gone_message(name: str, host: str, jid: str | None, key_id: str | None) -> str:
     return (
         f"the salt-master stopped while virt.init of {name} ran on {host}"
         + (f" (job {jid})" if jid else "")
@@ -45,7 +50,7 @@ def master_gone_message(name, host, jid, key_id):
     )
 
 
-def remember(store, host, name, jid, status, master):
+def remember(store: fleetstate.Store, host: str, name: str, jid: str | None, status: str, master: str | None) -> None:
     """Note that a ``virt.init`` of ``name`` was left running (or dying) on ``host`` (best effort: a store
     that cannot be written only loses the automatic cleanup, which ``virt.purge NAME`` still does)."""
     entry = {"jid": jid, "status": status, "at": time.time(), "master": master}
@@ -73,13 +78,13 @@ def _cleaned(ans):
     return ret, not (ret.get("error") or ret.get("errors"))
 
 
-def heal(call, store, name=None):
+def heal(call: Callable[..., Any], store: fleetstate.Store, name: str | None = None) -> Data:
     """``virt.cleanup`` of each VM (or only ``name``) on the hosts :func:`remember` noted, where they
     answer now: ``{host: {vm: virt.cleanup's answer or {error}}}``. ``call(host, fun, args)``: one
     publication, answered as :func:`saltvirt.fleet.publish.call` does (``{status, ret|error}``). An entry
     goes once its cleanup finished; a host still silent (or still running that init: cleanup refuses)
     keeps it."""
-    report = {}
+    report: Data = {}
     for host, vms in sorted(store.entries(ABANDONED).items()):
         for vm in sorted(n for n in vms if name is None or n == name):
             ans = call(host, "virt.cleanup", [vm])
@@ -91,14 +96,16 @@ def heal(call, store, name=None):
     return report
 
 
-def publish_call(opts, cfg, client):
+def publish_call(opts: SaltOpts, cfg: Data, client: Any) -> Callable[..., Any]:
     """:func:`heal`'s ``call`` through Salt (the runner)."""
     from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
 
     return lambda host, fun, args: fleet.call(opts, host, fun, args, cfg=cfg, client=client)[0]
 
 
-def cleanup_everywhere(opts, name, cfg, client, store=None):
+def cleanup_everywhere(
+    opts: SaltOpts, name: str, cfg: Data, client: Any, store: fleetstate.Store | None = None
+) -> Data:
     """``virt.cleanup name`` on every hypervisor (what an interrupted or abandoned init left; a complete
     VM is never touched): ``{host: answer}``; the abandoned-init entries of hosts that finished go."""
     from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
@@ -112,7 +119,9 @@ def cleanup_everywhere(opts, name, cfg, client, store=None):
     return report
 
 
-def purge_leftovers(opts, name, cfg, client, store=None):
+def purge_leftovers(
+    opts: SaltOpts, name: str, cfg: Data, client: Any, store: fleetstate.Store | None = None
+) -> Data | None:
     """None if ``name`` is defined somewhere or a hypervisor did not answer (the VM may be there);
     otherwise run ``virt.cleanup name`` everywhere and return ``{name, defined, cleanup}`` (each hypervisor's
     cleanup refuses while a virt.init of ``name`` runs there: its init lock)."""

@@ -12,6 +12,8 @@ import salt.key
 import salt.utils.verify
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base.salttypes import Data, SaltOpts
+
 
 def _keys(opts):
     return salt.cache.Cache(opts, driver=opts.get("keys.cache_driver") or "localfs_key")
@@ -26,7 +28,7 @@ def _valid(opts, minion_id):
         raise SaltInvocationError(f"{minion_id!r} is not a valid minion id")
 
 
-def key_state(opts, minion_id):
+def key_state(opts: SaltOpts, minion_id: str) -> str | None:
     """``accepted|pending|rejected|denied`` or None: what the master has for ``minion_id``."""
     _valid(opts, minion_id)
     store = _keys(opts)
@@ -36,7 +38,7 @@ def key_state(opts, minion_id):
     return "denied" if store.fetch("denied_keys", minion_id) else None
 
 
-def accepted_pub(opts, minion_id):
+def accepted_pub(opts: SaltOpts, minion_id: str) -> str:
     """The public key the master accepted for ``minion_id`` (never what a minion claims)."""
     _valid(opts, minion_id)
     entry = _keys(opts).fetch("keys", minion_id)
@@ -45,7 +47,7 @@ def accepted_pub(opts, minion_id):
     return entry["pub"]
 
 
-def refuse_existing_key(opts, minion_id):
+def refuse_existing_key(opts: SaltOpts, minion_id: str) -> None:
     state = key_state(opts, minion_id)
     if state:
         raise SaltInvocationError(
@@ -54,13 +56,13 @@ def refuse_existing_key(opts, minion_id):
         )
 
 
-def preaccept(opts, minion_id, pub):
+def preaccept(opts: SaltOpts, minion_id: str, pub: str) -> None:
     """Store ``pub`` as the accepted key of ``minion_id``; refuses if the master has any key for it."""
     refuse_existing_key(opts, minion_id)
     _keys(opts).store("keys", minion_id, {"state": "accepted", "pub": pub})
 
 
-def remove_key(opts, minion_id, pub):
+def remove_key(opts: SaltOpts, minion_id: str, pub: str) -> bool:
     """Remove ``minion_id``'s key only if it is still the one we stored. True if removed."""
     store = _keys(opts)
     entry = store.fetch("keys", minion_id)
@@ -70,7 +72,7 @@ def remove_key(opts, minion_id, pub):
     return True
 
 
-def delete_key(opts, minion_id):
+def delete_key(opts: SaltOpts, minion_id: str) -> str | None:
     """Delete ``minion_id``'s key in whatever state it is (``salt-key -d``); the state it had, or None."""
     state = key_state(opts, minion_id)
     if state:
@@ -89,7 +91,7 @@ def _sha(pub):
     return hashlib.sha256(pub.encode()).hexdigest()
 
 
-def delete_recorded_key(opts, name, recorded, minion_id=None):
+def delete_recorded_key(opts: SaltOpts, name: str, recorded: Data | None, minion_id: str | None = None) -> Data:
     """``salt-run virt.purge``: delete the minion key only when it is the one ``virt.init`` seeded into
     VM ``name`` (``recorded``: ``{id, key_sha256}`` from the domain's <metadata>); anything else is
     reported and left alone. Returns ``{key_deleted: state or False, key_note?: why not}``."""

@@ -49,12 +49,15 @@ import fnmatch
 import heapq
 import math
 import re
+from collections.abc import Iterable
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 
-DEFAULT_POLICY = {
+DEFAULT_POLICY: Data = {
     "mem_reserve_mib": 1024,
     "cpu_overcommit": 4.0,
     "disk_reserve_mib": 1024,
@@ -86,9 +89,9 @@ def _names(value, what):
     return [str(v).strip() for v in value if str(v).strip()]
 
 
-def make_policy(config=None, **overrides):
+def make_policy(config: Data | None = None, **overrides: Any) -> Data:
     """The effective policy: defaults < ``config`` (master ``virt:placement``) < per-call overrides."""
-    pol = copy.deepcopy(DEFAULT_POLICY)
+    pol: Data = copy.deepcopy(DEFAULT_POLICY)
     for source in (config or {}, {k: v for k, v in overrides.items() if v is not None}):
         if not isinstance(source, dict):
             raise SaltInvocationError(f"virt:placement must be a mapping, not {source!r}")
@@ -124,7 +127,7 @@ def make_policy(config=None, **overrides):
     return pol
 
 
-def make_affinity(value):
+def make_affinity(value: Any) -> list[Data]:
     """Soft affinity terms ``[{group, weight}]`` from ``[{group, weight}, ...]``, ``{group: weight}``
     or one ``{group, weight}``; weights are non-zero numbers in -10..10 (negative: soft anti-affinity)."""
     if value in (None, "", [], {}):
@@ -150,10 +153,10 @@ def make_affinity(value):
     return [{"group": g, "weight": w} for g, w in sorted(terms.items())]
 
 
-def make_request(cpu, mem, disk_mib=0, group=None, affinity=None):
+def make_request(cpu: Any, mem: Any, disk_mib: Any = 0, group: str | None = None, affinity: Any = None) -> Data:
     """What the VM needs: vCPUs, memory (MiB), disk (MiB for a full copy of its image), its group, its
     soft affinity terms (:func:`make_affinity`)."""
-    req = {
+    req: Data = {
         "cpu": validate.positive_int(cpu, "cpu"),
         "mem": validate.positive_int(mem, "mem (MiB)"),
         "disk_mib": int(_number(disk_mib or 0, "disk_mib")),
@@ -175,7 +178,7 @@ def _members(answer, load, group):
     return count + sum(1 for g in ((load or {}).get("groups") or {}).values() if g == group)
 
 
-def in_maintenance(host, patterns):
+def in_maintenance(host: str, patterns: Iterable[str]) -> str | None:
     """The maintenance pattern that matches ``host``, or None."""
     return next((p for p in patterns if fnmatch.fnmatchcase(host, p)), None)
 
@@ -259,7 +262,7 @@ def _check(host, answer, req, pol, load=None, maint_re=False):
     return free, reasons
 
 
-def fits(host, answer, req, pol, load=None):
+def fits(host: str, answer: Data, req: Data, pol: Data, load: Data | None = None) -> list[str]:
     """The reasons ``host`` cannot take ``req`` with ``load`` reserved there (empty: it fits)."""
     return _check(host, answer, req, pol, load)[1]
 
@@ -309,7 +312,14 @@ def _group_members(answer, facts, group):
     return sorted(n for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("group") == group)
 
 
-def rank(hosts, req, pol=None, exclude=(), reserved=None, top=None):
+def rank(
+    hosts: dict[str, Data],
+    req: Data,
+    pol: Data | None = None,
+    exclude: Iterable[str] = (),
+    reserved: dict[str, Data] | None = None,
+    top: int | None = None,
+) -> Data:
     """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``reserved``: ``{id: load}``
     of in-flight creations (``saltvirt.fleet.fleetstate.reserved``), counted as used capacity. ``top``:
     list only the best ``top`` hosts in ``ranking`` (all of them by default; ``fit`` counts them all).

@@ -30,6 +30,8 @@ import io
 import logging
 import re
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import salt.cache
 import salt.client
@@ -39,6 +41,7 @@ import salt.utils.minions
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import hypervisors
 
 log = logging.getLogger(__name__)
@@ -55,12 +58,12 @@ _NO_VIRT = re.compile(r"^'virt(\.[\w.]+)?' (is not available|__virtual__ returne
 _ERR_PREFIX = re.compile(r"^(ERROR: |ERROR executing '[\w.]+': )")
 
 
-def config(opts, **overrides):
+def config(opts: SaltOpts, **overrides: Any) -> Data:
     """Effective settings: defaults < master config (``virt:hypervisors``) < per-call overrides. Raises
     :class:`saltvirt.fleet.hypervisors.NotConfiguredError` (saying what to add) when no hypervisors are
     configured, SaltInvocationError for a target on minion-reported data without the opt-in."""
     hypervisors.target(opts)
-    cfg = dict(DEFAULTS, tgt=None, tgt_type=None)
+    cfg: Data = dict(DEFAULTS, tgt=None, tgt_type=None)
     cfg.update(hypervisors.waits(opts))
     cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
     for key in ("timeout", "gather_job_timeout", "max_wait", "init_timeout"):
@@ -73,18 +76,18 @@ def config(opts, **overrides):
 
 
 # who is a hypervisor -------------------------------------------------------------------------------
-def key_lists(opts):
+def key_lists(opts: SaltOpts) -> dict[str, list[str]]:
     return salt.key.Key(opts).list_keys()
 
 
-def target(opts, cfg):
+def target(opts: SaltOpts, cfg: Data) -> list[str]:
     """The hypervisors to publish to: the configured ones (accepted keys), narrowed by a per-call
     ``tgt``/``tgt_type`` in ``cfg``; a sorted list of minion ids."""
     return hypervisors.narrow(opts, cfg.get("tgt"), cfg.get("tgt_type"))
 
 
 # publish and gather --------------------------------------------------------------------------------
-def classify(ret, retcode):
+def classify(ret: Any, retcode: Any) -> Data:
     """One minion's answer -> ``{status, ret | error, no_virt?}``."""
     if isinstance(ret, str) and _NO_VIRT.match(ret):
         return {"status": "error", "error": ret, "no_virt": True}
@@ -119,8 +122,18 @@ def _relay(client, watch, senders=()):
 
 
 def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies every answer
-    opts, fun, arg=(), kwarg=None, tgt=None, tgt_type=None, cfg=None, max_wait=None, client=None, watch=None, jid=None
-):
+    opts: SaltOpts,
+    fun: str,
+    arg: Sequence[Any] = (),
+    kwarg: Data | None = None,
+    tgt: str | Sequence[str] | None = None,
+    tgt_type: str | None = None,
+    cfg: Data | None = None,
+    max_wait: float | None = None,
+    client: Any = None,
+    watch: tuple[str, Callable[..., Any]] | None = None,
+    jid: str | None = None,
+) -> tuple[dict[str, Data], str | None]:
     """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
 
     Returns ``{minion: {"status": up|error|down|timeout, "ret"|"error": ...}}`` for every minion
@@ -211,12 +224,23 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     return {mid: answers[mid] for mid in sorted(answers)}, (pub or {}).get("jid")
 
 
-def new_jid(opts):
+def new_jid(opts: SaltOpts) -> str:
     """A fresh Salt job id, to seal a secret for the job before publishing it (``run(..., jid=)``)."""
     return salt.utils.jid.gen_jid(opts)
 
 
-def call(opts, minion, fun, arg=(), kwarg=None, cfg=None, max_wait=None, client=None, watch=None, jid=None):
+def call(
+    opts: SaltOpts,
+    minion: str,
+    fun: str,
+    arg: Sequence[Any] = (),
+    kwarg: Data | None = None,
+    cfg: Data | None = None,
+    max_wait: float | None = None,
+    client: Any = None,
+    watch: tuple[str, Callable[..., Any]] | None = None,
+    jid: str | None = None,
+) -> tuple[Data, str | None]:
     """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
     answers, jid = run(
         opts,
@@ -243,13 +267,13 @@ class Failed(CommandExecutionError):  # noqa: N818 - the runner's public name fo
         self.details = details
 
 
-def failure(exc, **extra):
+def failure(exc: Exception, **extra: Any) -> Data:
     """A runner function's answer for ``exc``: its real message, its :class:`Failed` details, ``extra`` and
     ``retcode: 1`` (the loader module also sets ``__context__["retcode"]``, salt-run's exit code)."""
     return {"error": getattr(exc, "error", None) or str(exc), **getattr(exc, "details", {}), **extra, "retcode": 1}
 
 
-def gather(opts, fun="virt.full_info", cfg=None, client=None):
+def gather(opts: SaltOpts, fun: str = "virt.full_info", cfg: Data | None = None, client: Any = None) -> dict[str, Data]:
     """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` and ``capacity`` ->
     ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``)."""
     answers, _jid = run(opts, fun, cfg=cfg, client=client)
@@ -266,7 +290,7 @@ def gather(opts, fun="virt.full_info", cfg=None, client=None):
     return out
 
 
-def capacities(opts, cfg=None, client=None):
+def capacities(opts: SaltOpts, cfg: Data | None = None, client: Any = None) -> dict[str, Data]:
     """Every hypervisor's capacity for placement (``virt.capacity``: node totals, usage, the group
     index; not every VM's facts). A hypervisor with an older salt-virt that has no ``virt.capacity``
     is asked ``virt.full_info`` instead, so placement still sees it."""
@@ -281,11 +305,11 @@ def capacities(opts, cfg=None, client=None):
     return hosts
 
 
-def down_hosts(hosts):
+def down_hosts(hosts: dict[str, Data]) -> list[str]:
     return sorted(h for h, a in hosts.items() if a["status"] != "up")
 
 
-def locate(hosts, name, host=None):
+def locate(hosts: dict[str, Data], name: str, host: str | None = None) -> str:
     """The one hypervisor where VM ``name`` is defined (``hosts`` from :func:`gather`)."""
 
     def has(ans):

@@ -19,9 +19,11 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
 import contextlib
 import math
 import time
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base.salttypes import Data
 from saltvirt.fleet import fleetstate
 from saltvirt.fleet.tenants import QUOTA_KEYS
 
@@ -46,7 +48,7 @@ def _vm_disk_mib(vm):
     return sum(math.ceil(int(s) / MIB) for s in sizes if s)
 
 
-def tenant_vms(hosts, tenant):
+def tenant_vms(hosts: dict[str, Data], tenant: str) -> dict[str, tuple[str, Data]]:
     """``{vm: (host, vm_info)}`` of every VM the snapshot shows with ``tenant`` in its <metadata>."""
     out = {}
     for host, ans in sorted(hosts.items()):
@@ -58,11 +60,18 @@ def tenant_vms(hosts, tenant):
     return out
 
 
-def count(ledger, hosts, tenant, since, now=None, skew=fleetstate.DEFAULTS["clock_skew"]):
+def count(
+    ledger: Data | None,
+    hosts: dict[str, Data],
+    tenant: str,
+    since: float,
+    now: float | None = None,
+    skew: float = fleetstate.DEFAULTS["clock_skew"],
+) -> Data:
     """``{vcpus, mem, disk, vms, names: [...]}`` the tenant uses (see the module doc)."""
     now = now or time.time()
     entries = (ledger or {}).get("entries") or {}
-    used = {"vcpus": 0, "mem": 0, "disk": 0, "vms": 0, "names": []}
+    used: Data = {"vcpus": 0, "mem": 0, "disk": 0, "vms": 0, "names": []}
     seen = tenant_vms(hosts, tenant)
     down = _down(hosts)
     for name, (_host, vm) in seen.items():
@@ -100,7 +109,7 @@ def _prune(entries, hosts, tenant, since, now, skew):
     return out
 
 
-def refusal(tenant, used, quota, asked):
+def refusal(tenant: str, used: Data, quota: Data, asked: Data) -> str | None:
     """Why a request ``asked`` ({vcpus, mem, disk, vms}) does not fit: "tenant acme: 15 of 16 vCPUs used,
     asked 2" (every exceeded limit, "; "-joined), or None when it fits."""
     reasons = [
@@ -111,14 +120,24 @@ def refusal(tenant, used, quota, asked):
     return f"tenant {tenant}: {'; '.join(reasons)}" if reasons else None
 
 
-def reserve(store, lease, tenant, name, req, hosts, since, quota, cfg=None):
+def reserve(
+    store: fleetstate.Store,
+    lease: fleetstate.Lease,
+    tenant: str,
+    name: str,
+    req: Data,
+    hosts: dict[str, Data],
+    since: float,
+    quota: Data,
+    cfg: Data | None = None,
+) -> Any:
     """Take ``req`` ({cpu, mem, disk_mib}) for VM ``name`` from ``tenant``'s quota, atomically (the usage is
     re-counted inside the compare-and-set). Raises :class:`QuotaError` with every exceeded limit. The entry
     is renewed with ``lease`` and ended by :func:`finish`."""
     cfg = cfg or lease.cfg
     now = time.time()
     asked = {"vcpus": int(req["cpu"]), "mem": int(req["mem"]), "disk": int(req.get("disk_mib") or 0), "vms": 1}
-    refused = []
+    refused: list[tuple[str, Data]] = []
 
     def update(old):
         refused.clear()
@@ -146,7 +165,7 @@ def reserve(store, lease, tenant, name, req, hosts, since, quota, cfg=None):
     lease.quota = where
 
 
-def finish(store, lease, outcome, keep_for=None):
+def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_for: float | None = None) -> None:
     """End ``lease``'s quota entry: ``settled`` (the VM exists: the entry stays until it is purged),
     ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds: it may still appear)."""
     if getattr(lease, "quota", None):
@@ -154,7 +173,7 @@ def finish(store, lease, outcome, keep_for=None):
     lease.quota = None  # ended: a later "failed" must not drop what "unknown" kept
 
 
-def forget(store, tenant, name):
+def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:
     """Drop VM ``name``'s entry from ``tenant``'s ledger (it was purged)."""
 
     def update(old):
@@ -168,7 +187,7 @@ def forget(store, tenant, name):
         store.transact(QUOTAS, tenant, update)
 
 
-def bar(used, limit, width=20):
+def bar(used: int, limit: int | None, width: int = 20) -> str:
     """``[########............] 8 of 16`` (no limit: ``8 (no quota)``)."""
     if limit is None:
         return f"{used} (no quota)"
@@ -176,7 +195,9 @@ def bar(used, limit, width=20):
     return f"[{'#' * filled}{'.' * (width - filled)}] {used} of {limit}"
 
 
-def usage(store, hosts, tenants, since, cfg=None):
+def usage(
+    store: fleetstate.Store, hosts: dict[str, Data], tenants: dict[str, Data], since: float, cfg: Data | None = None
+) -> Data:
     """``{tenant: {vcpus|mem|disk|vms: {used, quota, bar}, vms_list: [...]}}`` for ``tenants``
     ({name: checked tenant config})."""
     cfg = cfg or fleetstate.DEFAULTS
@@ -185,7 +206,7 @@ def usage(store, hosts, tenants, since, cfg=None):
     for name, conf in sorted(tenants.items()):
         used = count(ledgers.get(name), hosts, name, since, skew=cfg["clock_skew"])
         quota = conf["quota"]
-        row = {
+        row: Data = {
             key: {"used": used[key], "quota": quota.get(key), "bar": f"{unit}: {bar(used[key], quota.get(key))}"}
             for key, unit in QUOTA_KEYS.items()
         }

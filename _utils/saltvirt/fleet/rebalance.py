@@ -21,10 +21,12 @@ shared-storage probe, disk copy when not shared); a move that fails is reported 
 """
 
 import copy
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 from saltvirt.fleet import placement, relocate
 
 METRICS = {"mem": 0.10, "vms": 2}
@@ -38,22 +40,22 @@ def _mem(vm):
         return 0
 
 
-def load(answer, metric, pol):
+def load(answer: Data, metric: str, pol: Data) -> float | int | None:
     """One host's load (see the module doc), or None when it has no usable facts."""
     vms = [vm for vm in (answer.get("vm_info") or {}).values() if (vm or {}).get("state") in RUNNING]
     if metric == "vms":
         return len(vms)
     facts = answer.get("host") or {}
     try:
-        room = int(facts.get("mem_total")) - pol["mem_reserve_mib"]
-    except (TypeError, ValueError):
+        room = int(facts["mem_total"]) - pol["mem_reserve_mib"]
+    except (KeyError, TypeError, ValueError):
         return None
     used = facts.get("mem_used_by_vms")
     used = int(used) if used is not None else sum(_mem(vm) for vm in vms)
     return round(used / room, 4) if room > 0 else None
 
 
-def loads(hosts, metric, pol):
+def loads(hosts: dict[str, Data], metric: str, pol: Data) -> dict[str, float | int]:
     out = {}
     for host in sorted(hosts):
         ans = hosts[host]
@@ -65,7 +67,7 @@ def loads(hosts, metric, pol):
     return out
 
 
-def spread(values):
+def spread(values: dict[str, float | int]) -> float | int:
     return round(max(values.values()) - min(values.values()), 4) if len(values) > 1 else 0
 
 
@@ -126,7 +128,9 @@ def _move_from(hosts, pol, metric, current, now, source):
     return None
 
 
-def plan(hosts, pol=None, metric="mem", threshold=None, max_moves=10):
+def plan(
+    hosts: dict[str, Data], pol: Data | None = None, metric: str = "mem", threshold: Any = None, max_moves: Any = 10
+) -> Data:
     """The moves that bring ``hosts`` within ``threshold`` (see the module doc). Pure: ``hosts`` is
     not changed. ``{metric, threshold, spread_before, spread_after, load_before, load_after, moves,
     balanced, reason}``."""
@@ -134,7 +138,8 @@ def plan(hosts, pol=None, metric="mem", threshold=None, max_moves=10):
     threshold, max_moves = _check(metric, threshold, max_moves)
     hosts = copy.deepcopy(hosts)
     before = loads(hosts, metric, pol)
-    moves, current = [], dict(before)
+    moves: list[Data] = []
+    current = dict(before)
     reason = None
     while True:
         now = spread(current)
@@ -164,7 +169,7 @@ def plan(hosts, pol=None, metric="mem", threshold=None, max_moves=10):
     }
 
 
-def apply(remote, proposal, **migrate_kwargs):
+def apply(remote: relocate.Remote, proposal: Data, **migrate_kwargs: Any) -> Data:
     """Perform the planned moves one by one (:func:`saltvirt.fleet.relocate.migrate`): ``{moved, failed}``."""
     moved, failed = {}, {}
     for move in proposal["moves"]:

@@ -36,10 +36,14 @@ count as down; any other probe error (TLS, names) stops recovery with that error
 
 import subprocess
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.fleet import relocate
 from saltvirt.fleet import fleetstate, placement, publish as fleet, recovery_guard as guard
 from saltvirt.pki import recordmac
 
@@ -51,7 +55,7 @@ RUNNING = ("running", "paused", "blocked")
 
 
 # configuration ----------------------------------------------------------------------------------
-def fence_config(conf):
+def fence_config(conf: Data) -> Data:
     """``virt:fence`` from the master config: ``{command: [argv...] or None, timeout}``."""
     raw = conf.get("fence") or {}
     if not isinstance(raw, dict):
@@ -72,7 +76,7 @@ def fence_config(conf):
     return cfg
 
 
-def recovery_config(conf):
+def recovery_config(conf: Data) -> Data:
     raw = conf.get("recovery") or {}
     if not isinstance(raw, dict):
         raise SaltInvocationError(f"virt:recovery must be a mapping, not {raw!r}")
@@ -90,7 +94,7 @@ def recovery_config(conf):
 
 
 # the record -------------------------------------------------------------------------------------
-def refresh(remote, store=None):
+def refresh(remote: relocate.Remote, store: fleetstate.Store | None = None) -> Data:
     """Gather ``virt.recovery_record`` from every hypervisor and store the answers; hosts that did
     not answer keep their last record. Returns ``{host: {status, vms, recorded}}`` (a summary)."""
     store = store or fleetstate.Store(remote.opts)
@@ -120,7 +124,7 @@ UNSIGNED_RECORD = (
 )
 
 
-def recall(opts, host, store=None):
+def recall(opts: SaltOpts, host: str, store: fleetstate.Store | None = None) -> Data | None:
     """HOST's record from the shared store, only if this master signed it (anyone who can write to the
     store could otherwise have a hypervisor define any domain XML)."""
     rec = (store or fleetstate.Store(opts)).fetch(HOSTS, host)
@@ -133,7 +137,7 @@ def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else None
 
 
-def age(rec, now=None):
+def age(rec: Data, now: float | None = None) -> Data:
     """``{recorded, age_seconds, master}`` of a record."""
     now = now or time.time()
     return {
@@ -144,11 +148,11 @@ def age(rec, now=None):
 
 
 # down? -------------------------------------------------------------------------------------------
-def probe_uri(template, host):
+def probe_uri(template: str | None, host: str) -> str | None:
     return template.replace("{host}", host) if template else None
 
 
-def verify_down(remote, host, hosts, rcfg):
+def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg: Data) -> Data:
     """``{minion, libvirt: [probe answers]}`` when HOST is down both ways; raises :class:`fleet.Failed`
     (with what was seen) when its minion or its libvirtd answers, or nobody could check libvirtd."""
     status = hosts[host]["status"]
@@ -161,7 +165,7 @@ def verify_down(remote, host, hosts, rcfg):
         )
     peers = [h for h in sorted(hosts) if h != host and hosts[h]["status"] == "up"][: rcfg["probes"]]
     uri = probe_uri(rcfg["probe_uri"], host)
-    probes = []
+    probes: list[Data] = []
     for peer in peers:
         try:
             ans = remote.call(
@@ -210,7 +214,7 @@ def _where_now(hosts, host, name, uuid):
     return None
 
 
-def plan(rec, hosts, host, checks=None):
+def plan(rec: Data, hosts: dict[str, Data], host: str, checks: dict[str, Any] | None = None) -> Data:
     """What recovering ``host`` from its record ``rec`` would do, given ``hosts`` (``virt.full_info``
     of every hypervisor) and ``checks`` (``{peer: {vm: [reasons it cannot run it]}}``, the other
     hypervisors' ``virt.recovery_check``): ``{restart: [names, biggest first], candidates: {name:
@@ -255,7 +259,7 @@ def plan(rec, hosts, host, checks=None):
     return {"restart": restart, "candidates": candidates, "elsewhere": elsewhere, "not_recoverable": refused}
 
 
-def check_peers(remote, rec, host, hosts):
+def check_peers(remote: relocate.Remote, rec: Data, host: str, hosts: dict[str, Data]) -> dict[str, Any]:
     """Every other answering hypervisor's ``virt.recovery_check`` of the recorded VMs (one publication)."""
     peers = [h for h in sorted(hosts) if h != host and hosts[h]["status"] == "up"]
     vms = {n: vm["xml"] for n, vm in (rec.get("vms") or {}).items() if vm.get("xml")}
@@ -266,7 +270,7 @@ def check_peers(remote, rec, host, hosts):
 
 
 # fencing -------------------------------------------------------------------------------------------
-def fence(fcfg, host):
+def fence(fcfg: Data, host: str) -> Data:
     """Run the operator's fence command for ``host``: ``{command, rc, output}``; raises without one."""
     if not fcfg["command"]:
         raise fleet.Failed(
@@ -301,13 +305,24 @@ def _book(facts, vm, name):
     facts.setdefault("vm_info", {})[name] = {"state": "running", "group": vm.get("group"), "uuid": vm.get("uuid")}
 
 
-def restart_one(remote, rec, name, hosts, host, pol, store, able=None, force=False):  # noqa: PLR0913
+def restart_one(  # noqa: PLR0913 - one recorded VM: where it was, where it may go, and how
+    remote: relocate.Remote,
+    rec: Data,
+    name: str,
+    hosts: dict[str, Data],
+    host: str,
+    pol: Data,
+    store: fleetstate.Store,
+    able: Iterable[str] | None = None,
+    force: bool = False,
+) -> Data:
     """Place and restart one recorded VM under its lock, on one of ``able`` (default: any other host),
     after the guards of :mod:`saltvirt.fleet.recovery_guard` (every hypervisor asked again, the VM's
     entry in the shared store claimed); ``{host, state, score}`` or raises Failed."""
     vm = rec["vms"][name]
     req = _request(vm)
-    tried, errors = {host} | ({h for h in hosts if h not in able} if able is not None else set()), []
+    tried = {host} | ({h for h in hosts if h not in able} if able is not None else set())
+    errors: list[str] = []
     with fleetstate.lock(remote.opts, [name], kind="virt.recover", store=store) as lease:
         since = time.time()
         while True:
@@ -369,7 +384,14 @@ def _start(vm):
     return vm.get("state") in RUNNING
 
 
-def recover(remote, host, conf, pol=None, store=None, force=False):
+def recover(
+    remote: relocate.Remote,
+    host: str,
+    conf: Data,
+    pol: Data | None = None,
+    store: fleetstate.Store | None = None,
+    force: bool = False,
+) -> Data:
     """``salt-run virt.recover HOST``: see the module doc. Returns the runner's answer. ``force``: go on
     although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``."""
     validate.host_name(host, "host (a hypervisor's minion id)")
@@ -444,7 +466,7 @@ def _remember_recovered(store, host, rec, recovered):
     store.transact(RECOVERED, host, lambda old: dict(old or {}, **done))
 
 
-def reconcile(remote, host, store=None):
+def reconcile(remote: relocate.Remote, host: str, store: fleetstate.Store | None = None) -> Data:
     """``salt-run virt.reconcile HOST``: HOST is back; undefine there (disks kept) the VMs that
     :func:`recover` restarted elsewhere, once each is verified defined on another hypervisor (same
     UUID) and stopped on HOST. A copy running on HOST is never touched: reported under ``conflicts``."""

@@ -15,7 +15,10 @@ before a copy is started anywhere, whatever the plan (made from an older snapsho
 
 import os
 import time
+from typing import Any
 
+from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.fleet import fleetstate, relocate
 from saltvirt.fleet import publish as fleet
 
 VMS = "salt-virt/recovery-vms"
@@ -26,7 +29,7 @@ def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
 
 
-def last_look(remote, name, uuid, host, force=False):
+def last_look(remote: relocate.Remote, name: str, uuid: str | None, host: str, force: bool = False) -> Data:
     """Ask every hypervisor where ``name``/``uuid`` is defined; raises :class:`fleet.Failed` when a copy
     exists anywhere, or (without ``force``) when a hypervisor other than ``host`` did not answer.
     Returns ``{hypervisor: status}``."""
@@ -77,7 +80,9 @@ def _blocks(old, rec, name, force):
     )
 
 
-def claim(store, rec, name, host, target, opts, force=False):
+def claim(
+    store: fleetstate.Store, rec: Data, name: str, host: str, target: str, opts: SaltOpts, force: bool = False
+) -> Any:
     """Mark ``name`` ``recovering`` (from ``host`` to ``target``) in the shared store, in one
     compare-and-set with the check of what another run left there; raises :class:`fleet.Failed`."""
     uuid = ((rec.get("vms") or {}).get(name) or {}).get("uuid")
@@ -100,7 +105,7 @@ def claim(store, rec, name, host, target, opts, force=False):
     return store.transact(VMS, name, update)
 
 
-def settle(store, name, outcome):
+def settle(store: fleetstate.Store, name: str, outcome: str) -> Any:
     """After the start: ``recovered`` (it runs), ``failed`` (refused there, definition undone: the entry
     goes) or ``unsure`` (no answer: it may be starting; the ``recovering`` entry stays)."""
 

@@ -18,10 +18,12 @@ ranks best (the evacuated host excluded); a target that fails is excluded and th
 """
 
 import time
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data
 from saltvirt.fleet import fleetstate, placement, publish as fleet
 
 DEFAULT_TIMEOUT = 3600  # seconds one libvirt migration may take (master config virt:migration_timeout)
@@ -33,16 +35,16 @@ class Remote:
     def __init__(self, opts, cfg, client):
         self.opts, self.cfg, self.client = opts, cfg, client
 
-    def gather(self, fun):
+    def gather(self, fun: str) -> dict[str, Data]:
         return fleet.gather(self.opts, fun, self.cfg, self.client)
 
-    def run(self, fun, *args, tgt=None):
+    def run(self, fun: str, *args: Any, tgt: str | list[str] | None = None) -> dict[str, Data]:
         """Every hypervisor's (or those in ``tgt``) answer to ``fun(*args)``: ``{minion: {status,
         ret|error}}`` (:func:`fleet.run`, one publication)."""
         answers, _jid = fleet.run(self.opts, fun, list(args), tgt=tgt, cfg=self.cfg, client=self.client)
         return answers
 
-    def call(self, minion, fun, *args, max_wait=None, **kwargs):
+    def call(self, minion: str, fun: str, *args: Any, max_wait: float | None = None, **kwargs: Any) -> Any:
         """The function's return, or :class:`fleet.Failed` with ``status`` (error, down, timeout)."""
         ans, jid = fleet.call(self.opts, minion, fun, list(args), kwargs or None, self.cfg, max_wait, self.client)
         if ans["status"] != "up":
@@ -67,19 +69,19 @@ def _still_on_source(remote, source, name):
 
 
 def migrate(
-    remote,
-    name,
-    target,
-    source=None,
-    hosts=None,
-    live=True,
-    tunnel=False,
-    copy_storage=None,
-    max_downtime=None,
-    max_bandwidth=None,
-    timeout=DEFAULT_TIMEOUT,
-    transport=None,
-):
+    remote: Remote,
+    name: str,
+    target: str,
+    source: str | None = None,
+    hosts: dict[str, Data] | None = None,
+    live: bool = True,
+    tunnel: bool = False,
+    copy_storage: str | None = None,
+    max_downtime: Any = None,
+    max_bandwidth: Any = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    transport: str | None = None,
+) -> Data:
     """Move VM ``name`` to hypervisor minion ``target``; see the runner's ``virt.migrate``.
 
     ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). Holds the
@@ -246,8 +248,15 @@ def _book(facts, vm, name):
 
 
 def evacuate(
-    remote, host, policy=None, live=True, tunnel=False, dry_run=False, timeout=DEFAULT_TIMEOUT, transport=None
-):
+    remote: Remote,
+    host: str,
+    policy: Data | None = None,
+    live: bool = True,
+    tunnel: bool = False,
+    dry_run: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    transport: str | None = None,
+) -> Data:
     """Migrate every VM off ``host`` (a hypervisor minion); see the runner's ``virt.evacuate``."""
     facts = remote.gather("virt.full_info")
     if host not in facts:
@@ -261,7 +270,8 @@ def evacuate(
     moved, failed, plan = {}, {}, {}
     for name in order:
         vm = vms[name]
-        tried, errors = {host}, []
+        tried = {host}
+        errors: list[str] = []
         while True:
             ranked = placement.rank(facts, _request(vm), pol, exclude=tried)
             if not ranked["host"]:

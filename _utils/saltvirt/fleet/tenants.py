@@ -19,10 +19,13 @@ pass to ``virt.init``: :func:`check_init`.
 """
 
 import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
@@ -34,6 +37,19 @@ INIT_KWARGS = frozenset(
 )
 NIC_KEYS = frozenset({"name", "source", "network", "bridge", "type", "model", "mac"})
 DISK_KEYS = frozenset({"name", "size", "format", "pool", "bus", "model"})  # no image, path or volume: a new disk
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The caller of one runner job: its Salt user, whether it is an operator, its tenant (or None).
+    :func:`saltvirt.fleet.callers.resolve` decides it; it is defined here, below that module, because what a
+    caller may see and do is decided here."""
+
+    user: str
+    operator: bool
+    tenant: str | None = None
+    why: str = ""  # how the role was decided (shown by salt-run virt.whoami)
+    groups: tuple = field(default=())
 
 
 def _keys(entry, allowed, what, tenant_name):
@@ -76,14 +92,15 @@ def _quota(value, where):
     return out
 
 
-def config(opts):
+def config(opts: SaltOpts) -> Data:
     """``{operators: [...], tenants: {name: {members, quota, images, profiles, networks, pools,
     hypervisors}}}`` checked; an empty ``tenants`` means the feature is off."""
     virt = opts.get("virt") or {}
     raw = virt.get("tenants") or {}
     if not isinstance(raw, dict):
         raise SaltInvocationError(f"virt:tenants must be a mapping of tenant names, not {raw!r}")
-    tenants, owner = {}, {}
+    tenants: dict[str, Data] = {}
+    owner: dict[str, str] = {}
     for name, given in raw.items():
         validate.vm_name(name, "tenant")
         conf = given or {}
@@ -109,7 +126,7 @@ def config(opts):
     return {"operators": _names(virt.get("operators"), "virt:operators"), "tenants": tenants}
 
 
-def matches(entries, user, groups=()):
+def matches(entries: Iterable[str], user: str, groups: Iterable[str] = ()) -> bool:
     """True if ``user`` (or one of its ``groups``, written ``group%`` as Salt's ACLs) is in ``entries``."""
     for entry in entries:
         if entry.endswith("%"):
@@ -120,7 +137,7 @@ def matches(entries, user, groups=()):
     return False
 
 
-def tenant(opts, name):
+def tenant(opts: SaltOpts, name: str) -> Data:
     """One tenant's checked configuration."""
     conf = config(opts)["tenants"]
     if name not in conf:
@@ -128,17 +145,17 @@ def tenant(opts, name):
     return conf[name]
 
 
-def host_allowed(conf, host):
+def host_allowed(conf: Data, host: str) -> bool:
     return any(fnmatch.fnmatchcase(host, pat) for pat in conf["hypervisors"])
 
 
-def refuse(what, name, tenant_name, allowed):
+def refuse(what: str, name: str, tenant_name: str, allowed: Iterable[str]) -> None:
     """The one wording for a tenant asking for something the operator did not give it."""
     listed = ", ".join(allowed) if allowed else "none"
     raise SaltInvocationError(f"tenant {tenant_name} may not use {what} {name!r} (allowed: {listed}): ask the operator")
 
 
-def check_init(conf, tenant_name, kwargs):
+def check_init(conf: Data, tenant_name: str, kwargs: Data) -> None:
     """Refuse what a tenant caller may not pass to ``virt.init``: keywords outside :data:`INIT_KWARGS`
     (paths, URIs, devices, seeding and trust switches stay with the operator), profiles, networks and
     pools outside the tenant's lists, a ``host=`` outside its hypervisors."""
@@ -168,11 +185,11 @@ def check_init(conf, tenant_name, kwargs):
 
 
 # what a tenant caller sees of the fleet --------------------------------------------------------------
-def owned_by(vm, tenant_name):
+def owned_by(vm: Data | None, tenant_name: str | None) -> bool:
     return ((vm or {}).get("owner") or {}).get("tenant") == tenant_name
 
 
-def visible(hosts, caller, conf):
+def visible(hosts: dict[str, Data], caller: Caller, conf: Data) -> dict[str, Data]:
     """The part of a fleet answer (``virt.full_info`` per hypervisor) ``caller`` may see: everything for
     an operator; for a tenant member its hypervisors (and any other holding one of its VMs) with only
     the tenant's VMs (by the owner in their <metadata>)."""
@@ -188,7 +205,7 @@ def visible(hosts, caller, conf):
     return out
 
 
-def locate(hosts, name, caller, host=None):
+def locate(hosts: dict[str, Data], name: str, caller: Caller, host: str | None = None) -> str:
     """The hypervisor of VM ``name`` among ``hosts`` (what :func:`visible` gave ``caller``); to a tenant caller a
     VM it does not see is :func:`missing` (never "defined on another hypervisor")."""
     if not caller.operator and not any(name in (a.get("vm_info") or {}) for a in hosts.values()):
@@ -198,12 +215,12 @@ def locate(hosts, name, caller, host=None):
     return publish.locate(hosts, name, host)
 
 
-def missing(name, caller):
+def missing(name: str, caller: Caller) -> str:
     """The one wording for a VM a tenant caller does not own (or that does not exist)."""
     return f"no VM named {name} in tenant {caller.tenant}"
 
 
-def operator_only(caller, fun):
+def operator_only(caller: Caller, fun: str) -> None:
     """Refuse ``fun`` (an operator's runner function) to a tenant caller."""
     if not caller.operator:
         raise SaltInvocationError(

@@ -12,12 +12,14 @@ import logging
 import math
 import os
 import time
+from typing import Any
 
 import salt.fileserver
 import salt.utils.url
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import fsutil
+from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
@@ -27,7 +29,7 @@ from saltvirt.fleet.publish import Failed, call, capacities, gather, new_jid
 log = logging.getLogger(__name__)
 
 
-def image_mib(opts, image, saltenv="base"):
+def image_mib(opts: SaltOpts, image: str | None, saltenv: str = "base") -> tuple[int, str]:
     """``(MiB, note)``: the disk a full copy of ``image`` needs, measured on the master when it can be."""
     if not image:
         return 0, "no image"
@@ -46,7 +48,7 @@ def image_mib(opts, image, saltenv="base"):
 SALT_DEFAULT_PORTS = {"master_port": 4506, "publish_port": 4505}
 
 
-def guest_master(opts, conf, module_kwargs):
+def guest_master(opts: SaltOpts, conf: Data, module_kwargs: Data) -> Data:
     """Where the new VM's minion finds this master, unless the caller said so (``master=`` /
     ``minion_config=``): ``virt:guest_master`` from the master config (an address or a list, as the
     minion's ``master`` setting), and this master's ports when they are not Salt's defaults (a guest
@@ -74,7 +76,9 @@ def _brief(plan):
     }
 
 
-def create(opts, name, req, image, module_kwargs, job=None, **kwargs):
+def create(
+    opts: SaltOpts, name: str, req: Data, image: str | None, module_kwargs: Data, job: str | None = None, **kwargs: Any
+) -> Data:
     """Place, pre-accept the new minion's key, run ``virt.init`` on the chosen hypervisor (falling over
     to the next candidate only when a hypervisor does not answer), return where it went and its info.
     Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure.
@@ -422,7 +426,7 @@ SEALED_ARG_REFUSED = (
 )
 
 
-def refuse_sealed_args(kwarg):
+def refuse_sealed_args(kwarg: Data) -> None:
     """A caller never hands the runner an envelope (or any mapping) where the runner seals a secret: it
     would be forwarded as is and opened by the hypervisor."""
     gfx = kwarg.get("graphics")
@@ -432,7 +436,7 @@ def refuse_sealed_args(kwarg):
         raise SaltInvocationError(SEALED_ARG_REFUSED.format(arg="priv_key"))
 
 
-def seal_console_password(opts, hv, kwarg, name, job):
+def seal_console_password(opts: SaltOpts, hv: str, kwarg: Data, name: str, job: str) -> Data:
     """A console password given to ``salt-run virt.init`` (``graphics: {password: ...}``) travels sealed
     to hypervisor ``hv``'s accepted minion key, like the new minion's private key (never in clear in the
     publication or the job cache), for job ``job``; the hypervisor's ``virt.init`` opens it."""

@@ -16,10 +16,12 @@ import contextlib
 import io
 import logging
 import time
+from typing import Any
 
 from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet.publish import call
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ POLL = 2.0  # seconds between two looks at the VM's addresses
 PING_WINDOW = 5.0  # seconds one test.ping publication is waited for
 
 
-def check(wait, wait_timeout=DEFAULT_TIMEOUT, start=True):
+def check(wait: Any, wait_timeout: Any = DEFAULT_TIMEOUT, start: Any = True) -> tuple[str | None, float | None]:
     """``(wait, seconds)`` validated before anything is created, ``(None, None)`` without a wait."""
     if wait in (None, "", False):
         return None, None
@@ -97,7 +99,7 @@ def _seen(info, why):
     return seen
 
 
-def wait(opts, what, created, seconds, cfg, client):
+def wait(opts: SaltOpts, what: str, created: Data, seconds: float, cfg: Data, client: Any) -> Data:
     """Wait ``seconds`` at most for ``what`` (``ip``/``minion``) of the VM the runner just ``created``
     (its answer: ``name``, ``host``, ``key``). Returns ``{for, result: ok|timeout|error, seconds, ...}``;
     never raises: the VM exists whatever happens while waiting."""
