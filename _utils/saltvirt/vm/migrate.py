@@ -353,13 +353,16 @@ def cut_migration_streams(uuid: str) -> list[str]:
 class Watchdog:
     """Aborts a domain's migration job once it moved no data for ``bound`` seconds (a peer that stopped
     answering: a cut link, a hung target), so the call returns without waiting for the network; the VM
-    keeps running on the source. Progress: libvirt's job counters (data, memory and disk bytes). An
-    aborted job that does not end within :data:`ABORT_GRACE` (QEMU waiting on a dead TCP peer) gets its
-    migration connections closed (:func:`cut_migration_streams`)."""
+    keeps running on the source. Progress: libvirt's job counters (data, memory and disk bytes). A job
+    query that does not answer counts as no progress: while QEMU copies a disk to a dead NBD peer its
+    monitor blocks, and libvirt's jobInfo() and abortJob() wait on it. So both run in threads of their
+    own, and an aborted job that does not end within :data:`ABORT_GRACE` gets its migration connections
+    closed (:func:`cut_migration_streams`), which unblocks QEMU."""
 
     def __init__(self, dom, bound, poll=1.0):
         self.dom, self.bound, self.poll = dom, bound, poll
         self.aborted, self._stop = None, threading.Event()
+        self._pending = None  # (answer box, done event) of a jobInfo() call still waiting
         self._thread = threading.Thread(target=self._watch, name="salt-virt-migration-watchdog", daemon=True)
 
     def __enter__(self):
@@ -368,31 +371,55 @@ class Watchdog:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join(self.poll + 30)
+        self._thread.join(self.poll * 2 + 30)
 
     def _watch(self):
         seen, since = None, time.monotonic()
         while not self._stop.wait(self.poll):
-            try:
-                info = self.dom.jobInfo()
-            except libvirt.libvirtError:
-                continue  # a query refused while the job changes phase: look again
-            if info[0] == libvirt.VIR_DOMAIN_JOB_NONE or tuple(info[3:]) != seen:
+            info = self._sample()
+            if info is not None and (info[0] == libvirt.VIR_DOMAIN_JOB_NONE or tuple(info[3:]) != seen):
                 seen, since = tuple(info[3:]), time.monotonic()
                 continue
             if time.monotonic() - since >= self.bound:
                 self._abort()
                 return
 
+    def _sample(self):
+        """The job's counters if libvirt answers within ``poll`` seconds, else None (no news: a refused
+        query while the job changes phase, or a monitor blocked on a dead peer: asked again once it answers)."""
+        if self._pending is None:
+            box, done = {}, threading.Event()
+            self._pending = (box, done)
+            _in_thread(lambda: box.update(info=self.dom.jobInfo()), done, "salt-virt-migration-jobinfo")
+        box, done = self._pending
+        if not done.wait(self.poll):
+            return None
+        self._pending = None
+        return box.get("info")
+
     def _abort(self):
         self.aborted = f"no progress for {self.bound:g} s (virt:migration:stall_timeout): aborted"
-        with contextlib.suppress(libvirt.libvirtError):
-            self.dom.abortJob()
+        _in_thread(self.dom.abortJob, threading.Event(), "salt-virt-migration-abort")
         if self._stop.wait(ABORT_GRACE):
             return
         closed = cut_migration_streams(self.dom.UUIDString())
         if closed:
             self.aborted += f", its connections to the unreachable target closed ({', '.join(closed)})"
+
+
+def _in_thread(call, done, name):
+    """Run libvirt ``call`` in a daemon thread (it may block on a QEMU monitor); ``done`` is set when it
+    returned or failed (a libvirt error is the job changing phase or already gone: ignored)."""
+
+    def run():
+        try:
+            call()
+        except libvirt.libvirtError:
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
 
 
 def _target_view(uri, uuid, wait=10.0):

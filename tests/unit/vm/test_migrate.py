@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 import subprocess
+import threading
+import time
 
 import libvirt
 import pytest
@@ -414,3 +416,36 @@ def test_qemu_img_on_the_target_runs_through_tools_run(tmp_path):
     with pytest.raises(CommandExecutionError, match=r"^qemu-img create -q -f qcow2 .*/no/such/dir/d.qcow2 1M failed: "):
         migrate._qemu_img("create", "-q", "-f", "qcow2", str(tmp_path / "no/such/dir/d.qcow2"), "1M")
     assert migrate._qemu_img("create", "-q", "-f", "qcow2", str(tmp_path / "d.qcow2"), "1M") == ""
+
+
+class StuckMonitor:
+    """A domain whose QEMU monitor blocks after one answer, as while QEMU copies a disk to an NBD peer
+    behind a cut link (tests/integration/test_faults.py runs the real thing; here the watchdog's own
+    bookkeeping, in milliseconds: the test driver has no migration jobs)."""
+
+    def __init__(self):
+        self.answered, self.release = 0, threading.Event()
+
+    def jobInfo(self):  # noqa: N802 - libvirt's name
+        self.answered += 1
+        if self.answered > 1:
+            self.release.wait(30)  # blocked until the streams are cut
+        return [libvirt.VIR_DOMAIN_JOB_UNBOUNDED, 1000, 0, 64, 16, 48, 0, 0, 0, 64, 16, 48]
+
+    def abortJob(self):  # noqa: N802 - libvirt's name
+        self.release.wait(30)  # queued behind the blocked query
+
+    def UUIDString(self):  # noqa: N802 - libvirt's name
+        return "00000000-0000-0000-0000-00000000dead"  # no QEMU has it: nothing to cut
+
+
+def test_watchdog_aborts_when_the_job_query_itself_hangs(monkeypatch):
+    monkeypatch.setattr(migrate, "ABORT_GRACE", 0.05)
+    dom = StuckMonitor()
+    started = time.monotonic()
+    with migrate.Watchdog(dom, 0.3, poll=0.02) as dog:
+        while dog.aborted is None:
+            assert time.monotonic() - started < 10, "the watchdog waited on the blocked job query"
+            time.sleep(0.01)
+    dom.release.set()
+    assert dog.aborted == "no progress for 0.3 s (virt:migration:stall_timeout): aborted"
