@@ -233,6 +233,13 @@ def _nic(entry):
     )
 
 
+def _disk_bus(entry):
+    bus = entry.get("bus") or entry.get("model") or "virtio"
+    if bus not in DISK_BUSES:
+        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    return bus
+
+
 def _pool_disk(entry, vm_dir, image, image_format, is_first):
     """A disk on a pool volume (Salt's ``disks=[{name, pool, size, format, image | source_file}]``); the
     pool decides the default format and a disk pool's partition name (saltvirt.storage.voldisks.resolve)."""
@@ -254,9 +261,7 @@ def _pool_disk(entry, vm_dir, image, image_format, is_first):
         raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
     if validate.to_bool(entry.get("overlay", False)):
         raise SaltInvocationError(f"disk {entry['name']}: a pool volume is a full copy of its image, not an overlay")
-    bus = entry.get("bus") or entry.get("model") or "virtio"
-    if bus not in DISK_BUSES:
-        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    bus = _disk_bus(entry)
     return Disk(
         name=entry["name"],
         size=size,
@@ -293,9 +298,7 @@ def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
         fmt = (image_format if disk_image else None) or "qcow2"
     if fmt is not None and fmt not in DISK_FORMATS:
         raise SaltInvocationError(f"disk {entry['name']}: format must be one of {DISK_FORMATS}, got {fmt!r}")
-    bus = entry.get("bus") or entry.get("model") or "virtio"
-    if bus not in DISK_BUSES:
-        raise SaltInvocationError(f"disk {entry['name']}: bus must be one of {tuple(DISK_BUSES)}, got {bus!r}")
+    bus = _disk_bus(entry)
     validate.vm_name(entry["name"], "disk name")
     path = entry.get("path")
     if path:

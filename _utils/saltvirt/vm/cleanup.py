@@ -158,6 +158,22 @@ def _umount(point, done, errors):
     done.append(f"unmounted {point}")
 
 
+def _detach(loop, done, errors):
+    proc = _run(["losetup", "-d", f"/dev/{loop}"])
+    if proc.returncode == 0:
+        done.append(f"detached /dev/{loop}")
+    else:
+        errors.append(f"detach /dev/{loop}: {proc.stderr.strip()}")
+
+
+def _remove_scratch(path, done, errors):
+    try:
+        seed._remove_tmp(path)
+        done.append(f"removed {path}")
+    except (OSError, CommandExecutionError) as exc:
+        errors.append(f"remove {path}: {exc}")
+
+
 def _stop(pid, done):
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -183,22 +199,14 @@ def release_seeding(disks: Iterable[str]) -> tuple[list[str], list[str]]:
                 if os.path.basename(os.path.dirname(point)).startswith(SEED_PREFIX):
                     scratch.add(os.path.dirname(point))
                 _umount(point, done, errors)
-        proc = _run(["losetup", "-d", f"/dev/{loop}"])
-        if proc.returncode == 0:
-            done.append(f"detached /dev/{loop}")
-        else:
-            errors.append(f"detach /dev/{loop}: {proc.stderr.strip()}")
+        _detach(loop, done, errors)
     for pid, export in exports.items():
         _stop(pid, done)
         scratch.add(os.path.dirname(export))
         if any(point == export for _n, point, _s in _mountinfo()):
             _umount(export, done, errors)
     for tmp in sorted(scratch):
-        try:
-            seed._remove_tmp(tmp)
-            done.append(f"removed {tmp}")
-        except (OSError, CommandExecutionError) as exc:
-            errors.append(f"remove {tmp}: {exc}")
+        _remove_scratch(tmp, done, errors)
     return done, errors
 
 
@@ -230,21 +238,13 @@ def _release_scratch(path):
         _umount(point, done, errors)
     loops += [lp for lp in _loops({export}) if lp not in loops]  # the FUSE export attached, not mounted
     for loop in loops:
-        proc = _run(["losetup", "-d", f"/dev/{loop}"])
-        if proc.returncode == 0:
-            done.append(f"detached /dev/{loop}")
-        else:
-            errors.append(f"detach /dev/{loop}: {proc.stderr.strip()}")
+        _detach(loop, done, errors)
     for pid in _qsd_serving(export):
         _stop(pid, done)
     if any(point == export for _n, point, _s in _mountinfo()):
         _umount(export, done, errors)
     if not errors:
-        try:
-            seed._remove_tmp(path)
-            done.append(f"removed {path}")
-        except (OSError, CommandExecutionError) as exc:
-            errors.append(f"remove {path}: {exc}")
+        _remove_scratch(path, done, errors)
     return done, errors
 
 
