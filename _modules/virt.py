@@ -29,6 +29,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
@@ -775,3 +776,7 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     if warnings:
         ret["warnings"] = warnings
     return ret
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

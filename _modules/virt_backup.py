@@ -25,6 +25,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
@@ -128,3 +129,7 @@ def restore(name, id, as_name=None, target=None, force=False, start=False, conne
         return _restore.restore(
             conn, root, images_dir, name, id, as_name, target, force=_bool(force), start=_bool(start)
         )
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

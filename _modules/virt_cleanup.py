@@ -17,6 +17,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.vm import cleanup as _cleanup
     from saltvirt.host import conn as _c
 
@@ -59,3 +60,7 @@ def reap_seeding():
     CLI Example:: salt 'hyper1' virt.reap_seeding
     """
     return _cleanup.reap_seeding()
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

@@ -20,6 +20,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.xml import domxml as _domxml
     from saltvirt.host import lifecycle as _lifecycle
@@ -127,3 +128,7 @@ def vm_stats_sample(connection=None):
     """
     with _conn(connection) as conn:
         return _stats.sample(conn)
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

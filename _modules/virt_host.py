@@ -19,6 +19,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import caps as _caps
     from saltvirt.host import capacity as _capacity
     from saltvirt.spec import compat as _compat
@@ -128,3 +129,7 @@ def get_profiles(hypervisor=None, **kwargs):
     _compat.refuse_unknown(kwargs, ("hypervisor", "connection"), "virt.get_profiles")
     cfg = _c.salt_config(__salt__)
     return _compat.profiles({"nic": cfg("virt:nic", {}) or {}, "disk": cfg("virt:disk", {}) or {}})
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

@@ -23,6 +23,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.spec import compat
     from saltvirt.host import conn as _c
     from saltvirt.vm import migrate as _migrate
@@ -295,3 +296,7 @@ def seed_non_shared_migrate(disks, force=False, name=None, connection=None):
             allowed_paths=configured_allowed_paths(__opts__),
         )
     return True
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

@@ -19,6 +19,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
     from saltvirt.base import validate as _validate
@@ -224,3 +225,7 @@ def list_networks(connection=None):
     CLI Example:: salt 'hyper1' virt.list_networks
     """
     return sorted(network_info(connection=connection))
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

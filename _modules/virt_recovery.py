@@ -18,6 +18,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.host import hostrecord as _hr
     from saltvirt.vm import migrate as _migrate
@@ -121,3 +122,7 @@ def recovery_disarm(names, connection=None):
         names = [names]
     with _c.salt_connect(__salt__, connection) as conn:
         return _hr.disarm(conn, list(names))
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

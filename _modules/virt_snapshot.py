@@ -21,6 +21,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.host import snapshot as _snap
     from saltvirt.base.validate import to_bool as _bool
@@ -92,3 +93,7 @@ def delete_snapshots(name, *names, **kwargs):
         raise SaltInvocationError("give snapshot names or all=True, not both")
     with _conn(connection, kwargs) as conn:
         return _snap.delete(conn, name, names)
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

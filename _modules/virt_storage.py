@@ -20,6 +20,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
     from saltvirt.spec import compat
@@ -381,3 +382,7 @@ def define_vol_xml_path(path, pool=None, connection=None, **kwargs):
     except OSError as exc:
         raise SaltInvocationError(f"cannot read {path}: {exc.strerror}") from None
     return define_vol_xml_str(xml, pool=pool, connection=connection, **kwargs)
+
+
+if saltvirt is not None:  # last: every public function above refuses non-operators
+    _operators.guard_module(globals())

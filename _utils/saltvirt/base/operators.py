@@ -1,0 +1,112 @@
+"""Who may call the ``virt`` execution module on a hypervisor: the users of minion config ``virt:operators``.
+
+A job published to a hypervisor runs as root there, so a direct ``salt 'hyper*' virt.init ...`` by an
+eauth user (salt-api's ``local`` client) or a ``publisher_acl`` user would bypass what the runner enforces
+(tenants, quotas, the catalog, placement). Such calls are refused unless the job's user is an operator;
+everybody else goes through the runner (``salt-run virt.<fn>``), whose own publications carry the master's
+user and pass.
+
+How the minion learns the job's user (Salt 3008, ``salt/minion.py`` ``load_args_and_kwargs``): the
+publication's data (``user``, ``jid``, ``fun``, ...) is handed to a module function as ``__pub_<key>``
+keywords, *after* the caller's own keywords, and only to functions that take ``**kwargs``. The master
+always puts ``user`` in a publication (``ClearFuncs.publish``: the eauth/token name, or the OS user the
+master authenticated by its key file), so a caller's ``__pub_user=`` is replaced by the real one. A call
+with no ``__pub_user`` did not come from a publication: ``salt-call`` on the hypervisor, a state or
+another module calling ``__salt__``, the minion's own schedule. Those are not refused.
+
+The user a publication carries (``salt/client/__init__.py``, ``salt.utils.user.get_specific_user``):
+``root`` (or the master's ``user:``, ``salt`` in Salt's packages) for whatever runs inside the master
+(the runner's LocalClient, the reactor, peer publishing), ``sudo_<name>`` for root through sudo, the
+eauth name for salt-api and ``--eauth`` users, the OS user for ``publisher_acl`` users.
+
+Every public function of every ``virt`` loader file is wrapped by :func:`guard_module` (its last line);
+``tests/unit/base/test_operators.py`` walks the loaded ``virt.*`` functions and fails on one that is not.
+"""
+
+import fnmatch
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+# root; Salt's packaged master user; root through sudo (also what a master started with sudo publishes as)
+DEFAULT_OPERATORS = ("root", "salt", "sudo_*")
+MARK = "__virt_operators_only__"  # set on every guarded function (the coverage test looks for it)
+PUB = "__pub_"
+
+
+def operators(opts: Any) -> tuple[str, ...]:
+    """``virt:operators`` of the minion config ``opts`` (never pillar, grains or the call): Salt user names,
+    ``fnmatch`` globs allowed; :data:`DEFAULT_OPERATORS` when unset."""
+    conf = (opts or {}).get("virt") or {}
+    value = conf.get("operators", DEFAULT_OPERATORS)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise SaltInvocationError(
+            f"virt:operators (minion config) must be a list of Salt user names, not {value!r}: fix the minion config"
+        )
+    return tuple(value)
+
+
+def is_operator(opts: Any, user: str) -> bool:
+    """True if Salt user ``user`` matches an entry of :func:`operators`."""
+    return any(fnmatch.fnmatchcase(user, entry) for entry in operators(opts))
+
+
+def refusal(fun: str, user: Any) -> str:
+    """The one wording of the refusal (``fun``: ``virt.<name>``)."""
+    return (
+        f"{fun} on a hypervisor is for operators, and user {user!s:.64} is not in this minion's virt:operators: "
+        f"use the runner (salt-run {fun}, or salt-api's runner client), or ask the operator"
+    )
+
+
+def check(opts: Any, fun: str, kwargs: dict[str, Any]) -> None:
+    """Refuse (CommandExecutionError) a published call of ``fun`` whose job user is no operator."""
+    if f"{PUB}user" not in kwargs:
+        return  # no publication: salt-call on the hypervisor, another module or state, the schedule
+    user = kwargs[f"{PUB}user"]
+    if not isinstance(user, str) or not user or not is_operator(opts, user):
+        raise CommandExecutionError(refusal(fun, user))
+
+
+def guard(func: Callable[..., Any], fun: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    """``func`` (Salt name ``fun``) refusing non-operators. The wrapper's signature is ``func``'s plus
+    ``**kwargs`` when it has none, so that Salt hands it the ``__pub_*`` data; those keywords are passed
+    on only to a ``func`` that takes ``**kwargs``. ``namespace``: the loader module's globals (its
+    ``__opts__``, injected by Salt's loader, is read at call time)."""
+    sig = inspect.signature(func)
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        check(namespace.get("__opts__"), fun, kwargs)
+        if not takes_kwargs:
+            kwargs = {k: v for k, v in kwargs.items() if not k.startswith(PUB)}
+        return func(*args, **kwargs)
+
+    # Salt's argspec follows __wrapped__ (salt.utils.args.get_function_argspec): it must see the wrapper's
+    # **kwargs, or it would not hand over the publication's user
+    del wrapper.__wrapped__
+    if not takes_kwargs:
+        extra = inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)
+        sig = sig.replace(parameters=[*sig.parameters.values(), extra])
+    wrapper.__signature__ = sig  # type: ignore[attr-defined]
+    setattr(wrapper, MARK, func)
+    return wrapper
+
+
+def guard_module(namespace: dict[str, Any]) -> None:
+    """Wrap every public function defined in the loader module whose globals are ``namespace`` (call it as
+    the module's last line: ``_operators.guard_module(globals())``)."""
+    virtualname = namespace.get("__virtualname__") or namespace["__name__"].rsplit(".", 1)[-1]
+    aliases = namespace.get("__func_alias__") or {}
+    for name, obj in list(namespace.items()):
+        if name.startswith("_") or not inspect.isfunction(obj) or hasattr(obj, MARK):
+            continue
+        if obj.__module__ != namespace["__name__"]:
+            continue  # imported: Salt's loader does not load it as this module's function
+        namespace[name] = guard(obj, f"{virtualname}.{aliases.get(name, name)}", namespace)
