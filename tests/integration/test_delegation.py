@@ -1,14 +1,22 @@
 """Delegation is a trust boundary (issue 23), proven through a real salt-api (rest_cherrypy) in front of a
 real salt-master: the eauth user ``alice`` may run ``@runner: [virt.*]`` and ``virt.*`` on the hypervisors,
-nothing else. Every attack is tried through the API (and the salt-run CLI where it fits) and must get a
-clear refusal with nothing created, nothing read and nothing secret in the answer.
+nothing else, and the hypervisor's ``virt:operators`` lists her (so the deeper refusals are reached).
+Every attack is tried through the API (and the salt-run CLI where it fits) and must get a clear refusal
+with nothing created, nothing read and nothing secret in the answer, the job cache or the logs. ``dave``
+has the same eauth rights but is no operator on the hypervisor: his direct ``virt.*`` calls are refused
+(issue 26), his runner calls work.
 
     hyper-a    real namespaced libvirtd hv1 (lab), this repo's _modules straight from the checkout
 """
 
+import json
 import pathlib
 
 import pytest
+import salt.payload
+import salt.utils.user
+
+from saltvirt.base import operators
 
 from tests.support import saltapi
 from tests.support.paths import ROOT
@@ -17,7 +25,9 @@ from tests.support.saltd import hypervisor_minion_config, start_minion
 HV = "hyper-a"
 USERS = {
     "alice": saltapi.User("alice-pw-4f1", [saltapi.RUNNER_VIRT, {"hyper*": ["virt.*"]}]),
+    "dave": saltapi.User("dave-pw-7c2", [saltapi.RUNNER_VIRT, {"hyper*": ["virt.*"]}]),
 }
+GFX_PW = "gfxpw-91"
 VIRT = {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 10, "gather_job_timeout": 30}}
 
 
@@ -31,6 +41,7 @@ def api(salt_factories, state_tree, tmp_path_factory):
 @pytest.fixture(scope="module")
 def hyper(api, hv1, lab_dir):
     config = hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "deleg-images", module_dirs=[str(ROOT / "_modules")])
+    config["virt"]["operators"] = [*operators.DEFAULT_OPERATORS, "alice"]  # dave is not one
     factory = start_minion(api.master, HV, config)
     with factory.started():
         ret = api.master.salt_cli(timeout=120).run("test.ping", minion_tgt=HV)
@@ -110,10 +121,10 @@ def created(api, hyper):
         host=HV,
         start=False,
         nic=None,
-        graphics={"type": "vnc", "password": "gfxpw-91"},
+        graphics={"type": "vnc", "password": GFX_PW},
     )
     assert status == 200 and isinstance(body, dict) and body.get("host") == HV, body
-    assert "gfxpw-91" not in str(body)
+    assert GFX_PW not in str(body)
     job = api.master.salt_run_cli(timeout=120).run("jobs.list_job", body["jid"]).data
     kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
     yield {"answer": body, "jid": body["jid"], "kwargs": kwargs}
@@ -163,3 +174,103 @@ def test_operator_switches_are_refused_through_the_api(alice, hyper, arg):
     assert f"{arg}= is an operator switch, not a call argument" in _minion_error(body), body
     status, body = alice.local(HV, "virt.list_domains")
     assert "deleg-sw" not in body[HV]
+
+
+# issue 26: the hypervisor refuses direct virt.* calls of users who are not its operators ------------------
+def _jobs(api):
+    ret = api.master.salt_run_cli(timeout=120).run("jobs.list_jobs")
+    assert ret.returncode == 0 and isinstance(ret.data, dict), ret
+    return ret.data
+
+
+def _domains(api):
+    """What libvirtd on the hypervisor has, asked as root on the master (an operator)."""
+    ret = api.master.salt_cli(timeout=120).run("virt.list_domains", minion_tgt=HV)
+    assert ret.returncode == 0 and isinstance(ret.data, list), ret
+    return ret.data
+
+
+def test_a_direct_virt_call_by_a_non_operator_is_refused(api, hyper):
+    """dave may publish virt.* to the hypervisors (Salt's eauth lets him), but the hypervisor refuses every
+    published virt.* call of a user not in its virt:operators, arbitrary domain XML and a recovery restart
+    included, and says how to do it through the runner; a forged __pub_user changes nothing."""
+    dave = api.client("dave")
+    xml = "<domain type='qemu'><name>deleg-d2</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    new = {"nic": None, "disk": None, "start": False}
+    for fun, arg, kwargs in [
+        ("virt.init", ["deleg-d1", 1, 128], new),
+        ("virt.init", ["deleg-d1", 1, 128], dict(new, __pub_user="root")),
+        ("virt.define_xml_str", [xml], {}),
+        ("virt.recovery_restart", ["deleg-d2", xml, {}], {}),
+        ("virt.list_domains", [], {}),
+        ("virt.get_hypervisor", [], {}),  # a function without **kwargs of its own
+    ]:
+        status, body = dave.local(HV, fun, arg, **kwargs)
+        assert status == 200 and operators.refusal(fun, "dave") in _minion_error(body), (fun, body)
+    assert not {"deleg-d1", "deleg-d2"} & set(_domains(api))
+    # the same user through the runner: its publications carry the master's own user and pass
+    assert _runner_list_works(dave)
+
+
+def _runner_list_works(client):
+    status, body = client.runner("virt.list")
+    assert status == 200 and isinstance(body, dict) and isinstance(body.get(HV), dict), body
+    assert "vms" in body[HV] and "error" not in body[HV], body
+    return True
+
+
+def test_the_runners_publications_carry_the_masters_user(api, hyper):
+    """What user the hypervisor sees for a job the runner publishes on behalf of an eauth user: the
+    master's own (the runner's LocalClient), which the default virt:operators lists; dave's name is only
+    on his runner job."""
+    before = set(_jobs(api))
+    assert _runner_list_works(api.client("dave"))
+    new = {jid: job for jid, job in _jobs(api).items() if jid not in before}
+    published = {jid: job for jid, job in new.items() if not job["Function"].startswith("runner.")}
+    assert published and all(job["Function"].startswith("virt.") for job in published.values()), new
+    users = {job["User"] for job in published.values()}
+    assert users == {salt.utils.user.get_specific_user()}, new
+    assert all(operators.is_operator({}, user) for user in users)
+    assert {job["User"] for job in new.values() if job["Function"] == "runner.virt.list"} == {"dave"}, new
+
+
+def test_no_secret_in_the_job_cache_or_the_logs(api, hyper, created):
+    """After the attacks above: no password (eauth, console) and no private key in clear in any file of the
+    master's and the hypervisor minion's cache dirs (job cache included) or in the master's, salt-api's and
+    the minion's log files. The sealed key is in the job cache, sealed only."""
+    assert "PRIVATE KEY" not in json.dumps(created["kwargs"]) and created["kwargs"]["priv_key"]["context"]
+    secrets = [s.encode() for s in (GFX_PW, USERS["alice"].password, USERS["dave"].password, "PRIVATE KEY")]
+    configs = [api.master.config, hyper.config]
+    dirs = [pathlib.Path(c["cachedir"]) for c in configs]
+    files = [p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_size < 50 << 20]
+    logs = [pathlib.Path(c[key]) for c in configs for key in ("log_file", "api_logfile") if c.get(key)]
+    logs = [p for p in logs if p.is_file()]
+    assert any("jobs" in p.parts for p in files) and len(logs) >= 2, (files, logs)
+    assert sum(p.stat().st_size for p in logs) > 10000  # the logs of the attacks above are there
+    leaked = [(p, s.decode()) for p in files + logs for s in secrets if s in p.read_bytes()]
+    # Salt itself (not salt-virt) keeps a caller's own input in the master's root-only job cache: a runner
+    # job's arguments (the console password alice gave virt.init) in that job's .load.p/return.p, and the
+    # eauth password of a salt-api `local` request sent with credentials (not a /login token) in that
+    # publication's .load.p. Nothing else may hold a secret: no log, no minion file, no publication of
+    # the runner's, no private key anywhere.
+    own = [(p, s) for p, s in leaked if _callers_own_input(_job_load(p), s)]
+    assert sorted(set(leaked) - set(own)) == [], "\n".join(f"{p}: {s}" for p, s in set(leaked) - set(own))
+
+
+def _callers_own_input(load, secret):
+    ret = load.get("return") if isinstance(load.get("return"), dict) else {}
+    if secret == GFX_PW and ret.get("fun") == "runner.virt.init" and ret.get("user") == "alice":
+        return True
+    kwargs = load.get("kwargs") or {}
+    user = USERS.get(kwargs.get("username"))
+    return user is not None and secret == user.password == kwargs.get("password") and load.get("cmd") == "publish"
+
+
+def _job_load(path):
+    """The job's ``.load.p`` for a file of the master's job cache (``jobs/<xx>/<hash>/[<id>/]<file>``)."""
+    parts = path.parts
+    if "jobs" not in parts:
+        return {}
+    jobdir = pathlib.Path(*parts[: parts.index("jobs") + 3])
+    load = salt.payload.loads((jobdir / ".load.p").read_bytes())
+    return load if isinstance(load, dict) else {}
