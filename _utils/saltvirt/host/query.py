@@ -2,6 +2,7 @@
 ``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain."""
 
 import os
+from collections.abc import Iterator
 
 from salt.exceptions import CommandExecutionError
 
@@ -209,6 +210,30 @@ def _unreadable(dom, exc, stats):
         "state": state_name(state) if state is not None else "unknown",
         "error": f"cannot read VM {dom.name()!r}: {message} (see virt.get_xml {dom.name()})",
     }
+
+
+def domain_disks(
+    conn: Conn, but: str | None = None, but_uuid: str | None = None, unread: str = ""
+) -> Iterator[tuple[str, Data]]:
+    """(VM name, disk facts) of every disk of every domain on this host, in its definition and, while it
+    runs, its live one (a hot-plugged disk counts too); not those of VM ``but`` (by name) or ``but_uuid``.
+    A domain gone meanwhile uses nothing any more and is skipped; a definition libvirt cannot give raises
+    CommandExecutionError with ``unread`` (what the caller therefore did not do) appended."""
+    for dom in conn.listAllDomains(0):
+        try:
+            if dom.name() == but or (but_uuid and dom.UUIDString() == but_uuid):
+                continue
+            flags = [libvirt.VIR_DOMAIN_XML_INACTIVE] + ([0] if dom.isActive() else [])
+            xmls = [dom.XMLDesc(flag) for flag in flags]
+        except libvirt.libvirtError as exc:
+            if _vanished(exc):
+                continue
+            raise CommandExecutionError(
+                f"cannot read the definition of VM {dom.name()}: {exc.get_error_message()}{unread}"
+            ) from None
+        for xml in xmls:
+            for disk in domxml.parse(xml)["disks"]:
+                yield dom.name(), disk
 
 
 def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips.AGENT_TIMEOUT) -> dict[str, Data]:

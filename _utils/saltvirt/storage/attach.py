@@ -30,9 +30,9 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
+from saltvirt.host import query
 from saltvirt.host.conn import libvirt
 from saltvirt.storage import images, intake, pools as storage
-from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
 
@@ -97,28 +97,15 @@ def _other_domains(conn, vm, uuid):
     """``{realpath: VM}`` of every disk file (and its backing file) and ``{(pool, volume): VM}`` of every
     volume disk of the other domains of this host, defined or running."""
     paths, volumes = {}, {}
-    for dom in conn.listAllDomains(0):
-        if dom.name() == vm or (uuid and dom.UUIDString() == uuid):
+    for name, disk in query.domain_disks(conn, vm, uuid, unread=": nothing was attached"):
+        if disk.get("type") == "volume" and disk.get("pool"):
+            volumes.setdefault((disk["pool"], disk["volume"]), name)
             continue
-        flags = [libvirt.VIR_DOMAIN_XML_INACTIVE] + ([0] if dom.isActive() else [])
-        for flag in flags:
-            try:
-                facts = domxml.parse(dom.XMLDesc(flag))
-            except libvirt.libvirtError as exc:
-                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                    break
-                raise CommandExecutionError(
-                    f"cannot read the definition of VM {dom.name()}: {exc.get_error_message()}: nothing was attached"
-                ) from None
-            for disk in facts["disks"]:
-                if disk.get("type") == "volume" and disk.get("pool"):
-                    volumes.setdefault((disk["pool"], disk["volume"]), facts["name"])
-                    continue
-                for path in (disk.get("file"), disk.get("backing_file")):
-                    if path and os.path.isabs(path):
-                        paths.setdefault(os.path.realpath(path), facts["name"])
-                        for below in images.backing_chain(path):
-                            paths.setdefault(below, facts["name"])
+        for path in (disk.get("file"), disk.get("backing_file")):
+            if path and os.path.isabs(path):
+                paths.setdefault(os.path.realpath(path), name)
+                for below in images.backing_chain(path):
+                    paths.setdefault(below, name)
     for (pool, volume), name in volumes.items():
         with contextlib.suppress(CommandExecutionError, libvirt.libvirtError):
             vol = storage.lookup_volume(conn, pool, volume)

@@ -22,9 +22,12 @@ from saltvirt.xml import domxml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.storage import images, pools
+from saltvirt.host import query
 from saltvirt.host.conn import libvirt
 
 DIR_POOL_TYPES = ("dir", "fs", "netfs")  # pools whose volumes are files in their target directory
+# what a purge says when it cannot tell what other domains use (it deletes nothing more then)
+UNREAD = ": nothing more was deleted (purge again once libvirt can read it)"
 
 
 def pool_dirs(conn: Any) -> list[str]:
@@ -52,25 +55,11 @@ def _volume_path(conn, pool, volume):
         return None
 
 
-def _domain_disks(conn, but):
-    """(VM name, disk facts) of every disk of every domain but ``but``, in its definition and while running."""
-    for dom in conn.listAllDomains(0):
-        try:
-            if dom.name() == but:
-                continue
-            xmls = [dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)] + ([dom.XMLDesc(0)] if dom.isActive() else [])
-        except libvirt.libvirtError:  # vanished meanwhile: it uses nothing any more
-            continue
-        for xml in xmls:
-            for disk in domxml.parse(xml)["disks"]:
-                yield dom.name(), disk
-
-
 def files_in_use(conn: Any, but: str | None = None) -> dict[str, str]:
     """{realpath: VM name} of every file a domain on this host (other than ``but``) uses: its disks (a pool
     volume's by its path), in its definition and while running, and their backing chains."""
     used: dict[str, str] = {}
-    for vm, disk in _domain_disks(conn, but):
+    for vm, disk in query.domain_disks(conn, but, unread=UNREAD):
         path = _volume_path(conn, disk["pool"], disk["volume"]) if disk.get("pool") else disk.get("file")
         if path and os.path.isabs(path):
             for real in [os.path.realpath(path), *images.backing_chain(path)]:
@@ -81,7 +70,7 @@ def files_in_use(conn: Any, but: str | None = None) -> dict[str, str]:
 def volumes_in_use(conn: Any, but: str | None = None) -> dict[tuple[str, str], str]:
     """{(pool, volume): VM name} of every pool volume a domain on this host (other than ``but``) names."""
     used: dict[tuple[str, str], str] = {}
-    for vm, disk in _domain_disks(conn, but):
+    for vm, disk in query.domain_disks(conn, but, unread=UNREAD):
         if disk.get("pool") and disk.get("volume"):
             used.setdefault((disk["pool"], disk["volume"]), vm)
     return used

@@ -44,9 +44,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import fsutil, validate
-from saltvirt.host.conn import libvirt
+from saltvirt.host import query
 from saltvirt.storage import images
-from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
 
@@ -548,29 +547,6 @@ def bases_lock(images_dir: str) -> Iterator[str]:
         os.close(fd)
 
 
-def _domain_disks(conn):
-    """``{disk file: domain name}`` of every domain libvirt knows on this host, defined or running
-    (its inactive and, when running, its live definition: a hot-plugged disk counts too)."""
-    out = {}
-    for dom in conn.listAllDomains(0):
-        flags = [libvirt.VIR_DOMAIN_XML_INACTIVE] + ([0] if dom.isActive() else [])
-        for flag in flags:
-            try:
-                facts = domxml.parse(dom.XMLDesc(flag))
-            except libvirt.libvirtError as exc:
-                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                    break  # gone meanwhile: it references nothing any more
-                raise CommandExecutionError(
-                    f"image gc: cannot read the definition of {dom.name()}: {exc.get_error_message()}; "
-                    "nothing was removed"
-                ) from None
-            for disk in facts["disks"]:
-                for path in (disk.get("file"), disk.get("backing_file")):
-                    if path and os.path.isabs(path):
-                        out.setdefault(path, facts["name"])
-    return out
-
-
 def references(images_dir: str, conn: Conn = None) -> dict[str, list[str]]:
     """``{file (realpath): [who uses it]}``: every file a domain on this host (``conn``: defined or
     running, wherever its disks live), an ownership manifest under ``images_dir`` or any image below
@@ -578,7 +554,12 @@ def references(images_dir: str, conn: Conn = None) -> dict[str, list[str]]:
     below ``images_dir`` lists itself (``image <path>``)."""
     tops = []
     if conn is not None:
-        tops += [(path, f"domain {name}") for path, name in _domain_disks(conn).items()]
+        files: dict[str, str] = {}
+        for name, disk in query.domain_disks(conn, unread="; image gc removed nothing"):
+            for path in (disk.get("file"), disk.get("backing_file")):
+                if path and os.path.isabs(path):
+                    files.setdefault(path, name)
+        tops += [(path, f"domain {name}") for path, name in files.items()]
     for path in images.image_files(images_dir):
         if os.path.basename(path) == images.MANIFEST:
             # every file it lists counts, even one purge would not delete (a symlink, outside): keeping is safe

@@ -83,3 +83,21 @@ def test_vm_info_says_whether_a_console_has_a_password_never_which(test_conn):
             assert "s3cretpw" not in repr(info)
         finally:
             dom.undefine()
+
+
+def _domain_with_disk(conn, name, path):
+    return conn.defineXML(
+        f"<domain type='test'><name>{name}</name><memory>8192</memory><os><type>hvm</type></os><devices>"
+        f"<disk type='file' device='disk'><source file='{path}'/><target dev='vda'/></disk></devices></domain>"
+    )
+
+
+def test_domain_disks_of_every_domain_but_one(test_conn):
+    web = _domain_with_disk(test_conn, "web1", "/srv/web1.qcow2")
+    _domain_with_disk(test_conn, "db1", "/srv/db1.qcow2")
+    seen = sorted((vm, d["file"]) for vm, d in query.domain_disks(test_conn))
+    assert seen == [("db1", "/srv/db1.qcow2"), ("web1", "/srv/web1.qcow2")]
+    assert [vm for vm, _d in query.domain_disks(test_conn, but="web1")] == ["db1"]
+    assert [vm for vm, _d in query.domain_disks(test_conn, but_uuid=web.UUIDString())] == ["db1"]
+    web.create()  # running: its live definition counts too (a hot-plugged disk)
+    assert sorted(vm for vm, _d in query.domain_disks(test_conn, but="db1")) == ["web1", "web1"]
