@@ -10,7 +10,7 @@ import os
 import sys
 
 import salt.client
-from salt.exceptions import SaltException, SaltInvocationError
+from salt.exceptions import SaltException
 
 try:
     import saltvirt  # pip install . puts it on sys.path
@@ -53,17 +53,6 @@ def _virt_conf():
 def _remote(client, tgt=None, tgt_type=None):
     cfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
     return relocate.Remote(__opts__, cfg, client)
-
-
-def _migration_opts(tunnel):
-    """``virt:tunnel`` (default for ``tunnel``) and ``virt:migration_timeout`` from the master config."""
-    conf = _virt_conf()
-    timeout = conf.get("migration_timeout", relocate.DEFAULT_TIMEOUT)
-    try:
-        timeout = float(timeout)
-    except (TypeError, ValueError):
-        raise SaltInvocationError(f"virt:migration_timeout must be a number of seconds, not {timeout!r}") from None
-    return validate.to_bool(conf.get("tunnel", False) if tunnel is None else tunnel), timeout
 
 
 def migrate(
@@ -125,7 +114,7 @@ def migrate(
                 tconf = tenants.config(__opts__)["tenants"][who.tenant]
                 if not tenants.host_allowed(tconf, target):
                     tenants.refuse("hypervisor", target, who.tenant, tconf["hypervisors"])
-            tunnel, timeout = _migration_opts(tunnel)
+            tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
             return relocate.migrate(
                 remote,
                 name,
@@ -168,7 +157,7 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
         tenants.operator_only(callers.job_caller(__opts__, globals(), __salt__), "virt.evacuate")
-        tunnel, timeout = _migration_opts(tunnel)
+        tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             remote = _remote(client, tgt, tgt_type)

@@ -178,8 +178,7 @@ def rebalance(
             proposal = _rebalance.plan(remote.gather("virt.full_info"), pol, metric, threshold, max_moves)
             if not validate.to_bool(apply):
                 return dict(proposal, dry_run=True)
-            timeout = float(conf.get("migration_timeout", relocate.DEFAULT_TIMEOUT))
-            tunnel = validate.to_bool(conf.get("tunnel", False))
+            tunnel, timeout = relocate.settings(conf)
             done = _rebalance.apply(remote, proposal, tunnel=tunnel, timeout=timeout, transport=transport or None)
             if done["moved"]:
                 try:

@@ -19,7 +19,6 @@ WITHOUT_UNIT_FILE = {
     "host/caps",
     "host/lifecycle",
     "loader",
-    "fleet/relocate",
     "storage/pools",
 }
 

@@ -53,6 +53,13 @@ class Remote:
         return ans["ret"]
 
 
+def settings(conf: Data, tunnel: Any = None) -> tuple[bool, float]:
+    """``(tunnel, timeout)`` of a migration from the master's ``virt`` config: ``tunnel`` (a call's own, else
+    ``virt:tunnel``, default off) and ``virt:migration_timeout`` (seconds, default :data:`DEFAULT_TIMEOUT`)."""
+    timeout = validate.seconds(conf.get("migration_timeout", DEFAULT_TIMEOUT), "virt:migration_timeout")
+    return validate.to_bool(conf.get("tunnel", False) if tunnel is None else tunnel), timeout
+
+
 def _quiet(remote, minion, fun, *args):
     """Best-effort call (cleanup): its answer, or the reason it failed."""
     try:

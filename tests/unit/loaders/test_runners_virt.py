@@ -178,3 +178,10 @@ def test_tenant_functions_answer_in_the_runners_shape(tenant_runner):
     assert refused["data"]["error"].startswith("user mallory is in no tenant and no operator")
     bad = tenant_runner("carol", "virt.migrate", "../web1", "hyper1")
     assert bad["outputter"] == "virt_query" and "retcode" in bad["data"] and bad["data"]["error"]
+
+
+@pytest.mark.parametrize(("fun", "args"), [("virt.migrate", ("web1", "hyper2")), ("virt.evacuate", ("hyper1",))])
+def test_a_bad_migration_timeout_is_refused_before_anything_moves(runner, fun, args):
+    runner.opts["virt"] = {"hypervisors": ["hyper1"], "migration_timeout": "soon"}
+    ret = runner[fun](*args)
+    assert ret["data"]["error"].startswith("virt:migration_timeout must be a number of seconds above 0"), ret
