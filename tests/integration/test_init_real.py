@@ -175,6 +175,35 @@ def test_missing_bridge_is_explained_and_cleaned_up(virt_hv, qemu_tmp, base_imag
     _nothing_left(virt_hv, qemu_tmp, "nobridge")
 
 
+def test_a_raw_disk_with_a_guest_written_qcow2_header_is_attached_as_raw(virt_hv, hv1, qemu_tmp, boot_args):
+    """Issue 23's window: a raw data disk whose guest wrote a qcow2 header naming a host file. Attached
+    without a format (Salt's spelling) it is refused and nothing is made; with format: raw the real qemu
+    opens it as raw: libvirt's live definition of the running VM has no backing store for it."""
+    import xml.etree.ElementTree as ET
+
+    secret = qemu_tmp / "host-secret"
+    secret.write_bytes(b"not for guests\n" * 256)
+    disk = qemu_tmp / "sources" / "data.raw"
+    disk.parent.mkdir(exist_ok=True)
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(secret), str(disk), "1M"], check=True
+    )
+    entry = {"name": "data", "source_file": str(disk)}
+    with pytest.raises(SaltInvocationError, match="is a qcow2 with a backing file: refused"):
+        virt_hv["virt.init"]("window1", 1, 128, disk=None, nic=None, boot=boot_args, disks=[entry])
+    _nothing_left(virt_hv, qemu_tmp, "window1")
+    ret = virt_hv["virt.init"](
+        "window1", 1, 128, disk=None, nic=None, boot=boot_args, disks=[dict(entry, format="raw")]
+    )
+    assert ret["state"] == "running" and ret["attached"][0]["format"] == "raw"
+    live = ET.fromstring(virt_hv["virt.get_xml"]("window1"))
+    el = next(d for d in live.findall("devices/disk") if d.find("source").get("file") == str(disk))
+    assert el.find("driver").get("type") == "raw"
+    assert el.find("backingStore") is None or el.find("backingStore/source") is None  # qemu never opened the secret
+    purged = virt_hv["virt.purge"]("window1")
+    assert purged["removed"] == [] and disk.exists() and secret.exists()
+
+
 def test_purge_keeps_disks_it_did_not_create(virt_hv, qemu_tmp, base_images, boot_args):
     foreign = qemu_tmp / "foreign.qcow2"
     shutil.copyfile(base_images["qcow2"], foreign)
