@@ -135,9 +135,10 @@ def _volume_owner(manifests, pool, volume, key):
     return None
 
 
-def _file_owner(images_dir, manifests, real):
+def _file_owner(images_dir, manifests, real, read_only=False):
     """(VM, its uuid or None) a file belongs to by the manifests or, inside ``virt:images``, by the VM
-    directory it is in; None when no VM owns it. Refuses what is salt-virt's or the operator's."""
+    directory it is in; None when no VM owns it. Refuses what is salt-virt's (its caches hold other
+    callers' downloads) or, unless ``read_only`` (a kernel the operator put there), the operator's."""
     for manifest in manifests.values():
         if real in {os.path.realpath(f) for f in manifest["files"]}:
             return manifest["vm"], manifest.get("uuid")
@@ -145,6 +146,8 @@ def _file_owner(images_dir, manifests, real):
     if not validate.is_inside(real, root):
         return None
     top, _, rest = os.path.relpath(real, root).partition(os.sep)
+    if read_only and not rest and not top.startswith("."):
+        return None
     if top.startswith(".") or not rest:
         what = "salt-virt's own image cache" if top.startswith(".") else "an image of the operator's"
         raise SaltInvocationError(
@@ -256,6 +259,45 @@ def admit(
         if adopted:
             out[-1]["adopted_from"] = adopted
     return out
+
+
+def host_files(
+    conn: Conn,
+    files: Iterable[tuple[str, str | None]],
+    *,
+    vm: str,
+    uuid: str | None,
+    images_dir: str,
+) -> None:
+    """The host files a VM is given that are not disks: ``[(what, path)]``, e.g. ``boot:kernel``,
+    ``boot:initrd`` (read into the guest's memory) and ``serial_log`` (qemu appends the guest's console to
+    it, virtlogd rotates it). None of them may be a disk or backing file of another VM of this host, a
+    file another VM owns (gone or not: no adoption here), salt-virt's cache or a base images back onto;
+    a serial log is also never an existing disk of this VM. Paths that do not exist yet pass."""
+    existing = [(what, str(path)) for what, path in files if path and os.path.lexists(path)]
+    if not existing:
+        return
+    others, _ = _other_domains(conn, vm, uuid)
+    backed = images.backing_users(images_dir) if os.path.isdir(images_dir) else {}
+    manifests = _manifests(images_dir)
+    listed = {os.path.realpath(f) for manifest in manifests.values() for f in manifest["files"]}
+    for what, path in existing:
+        real = os.path.realpath(path)
+        owner = others.get(real)
+        if owner is None:
+            found = _file_owner(images_dir, manifests, real, read_only=what != "serial_log")
+            owner = found[0] if found and found[0] != vm else None
+        if owner is not None:
+            raise SaltInvocationError(
+                f"{what}: {path} is a file of VM {owner!r}: refused (a VM is given only its own files and the "
+                "operator's). Use a file of its own"
+            )
+        if backed.get(real):
+            raise SaltInvocationError(
+                f"{what}: {path} is the backing file of {sorted(backed[real])[0]}: refused. Use a file of its own"
+            )
+        if what == "serial_log" and (real in listed or intake.sniff(real) != "raw"):
+            raise SaltInvocationError(f"serial_log: {path} is a VM's disk or an image: refused. Log to a new file")
 
 
 def _in_use(name, what, user):

@@ -633,6 +633,9 @@ def update(
     if "host_devices" in manage:
         attach.check_host_devices(desired.host_devices, operator)
         desired.hostdevs = caps.host_devices(conn, desired.host_devices)
+    if "kernel_boot" in manage and desired.boot:  # host files the guest reads: never another VM's
+        given = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
+        attach.host_files(conn, given, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)
     if "disks" in manage:  # the disks it adds: through the one door, also for test=True
         have = {d["target"] for d in cfg["disks"]}
         new = [d for d in desired.disks if d.target not in have]

@@ -321,6 +321,9 @@ def _check_disks_and_nics(conn, spec, host, images_dir, operator):
                 f"not needed, or choose another VM name"
             )
     attached = attach.admit(conn, spec.disks, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
+    boot = spec.boot or vmspec.Boot()
+    given = [("boot:kernel", boot.kernel), ("boot:initrd", boot.initrd), ("serial_log", spec.serial_log)]
+    attach.host_files(conn, given, vm=spec.name, uuid=None, images_dir=images_dir)
     missing = _local_bridge_missing(conn.getURI(), spec.nics)
     if missing:
         raise CommandExecutionError(_bridge_hint(missing[0], host))

@@ -122,3 +122,24 @@ def test_operator_settings_come_from_the_minion_config_only(virt_test):
         virt_test["virt.update"]("test", operator={"adopt_orphan_disks": True})
     with pytest.raises(SaltInvocationError, match="unknown argument"):
         virt_test["virt.init"]("at9", 1, 64, operator={"adopt_orphan_disks": True})
+
+
+def test_kernel_initrd_and_serial_log_are_never_another_vms_disk(virt_test, guest):
+    """boot:initrd is read into the guest's memory and serial_log is appended to (and rotated) by the host:
+    another VM's disk there would be read or overwritten. The test guest's kernel, shared by every VM, and
+    a new log file pass."""
+    v = virt_test
+    images = v["config.get"]("virt:images")
+    v["virt.init"]("hf1", 1, 64, nic=None, disk=None, start=False, disks=[{"name": "data", "size": 1}])
+    theirs = os.path.join(images, "hf1", "data.qcow2")
+    boot = {"kernel": guest["kernel"], "initrd": theirs}
+    with pytest.raises(SaltInvocationError, match=f"boot:initrd: {theirs} is a file of VM 'hf1': refused"):
+        v["virt.init"]("hf2", 1, 64, nic=None, disk=None, start=False, boot=boot)
+    with pytest.raises(SaltInvocationError, match=f"serial_log: {theirs} is a file of VM 'hf1': refused"):
+        v["virt.init"]("hf2", 1, 64, nic=None, disk=None, start=False, serial_log=theirs)
+    assert "hf2" not in v["virt.list_domains"]() and not os.path.exists(os.path.join(images, "hf2"))
+    own_log = os.path.join(images, "hf2.log")  # a new file: fine
+    v["virt.init"]("hf2", 1, 64, nic=None, disk=None, start=False, serial_log=own_log, boot=dict(boot, initrd=None))
+    with pytest.raises(SaltInvocationError, match=f"boot:initrd: {theirs} is a file of VM 'hf1': refused"):
+        v["virt.update"]("hf2", boot=boot)
+    assert v["virt.vm_info"]("hf2")["hf2"]["boot"].get("initrd") in (None, "")
