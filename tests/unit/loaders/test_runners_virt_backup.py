@@ -4,6 +4,7 @@ hypervisor: tests/integration/test_backup_runner.py)."""
 
 import pytest
 
+from saltvirt.fleet import callers
 from tests.support.saltloader import make_runners
 
 TENANTS = {
@@ -13,7 +14,7 @@ TENANTS = {
 }
 
 
-FILES = ("virt.init", "virt.record", "virt.provision_assigned", "virt.backup")  # one function of each file
+FILES = callers.RUNNER_FACES  # one function of each runner file of the virtual name virt
 
 
 @pytest.fixture
