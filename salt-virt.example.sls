@@ -202,8 +202,8 @@ salt-virt-bridge-uplink:
 
 # the last step: tell the master this hypervisor is ready (salt-virt.reactor.sls reacts to it)
 salt-virt-ready:
-  event.send:
-    - name: salt/virt/hypervisor/ready
+  module.run:
+    - virt.ready: []
     - require:
       - virt: salt-virt-keys
       - cmd: salt-virt-bridge

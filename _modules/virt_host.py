@@ -22,6 +22,7 @@ if saltvirt is not None:
     from saltvirt.base import operators as _operators
     from saltvirt.host import caps as _caps
     from saltvirt.host import capacity as _capacity
+    from saltvirt.host import readiness as _readiness
     from saltvirt.spec import compat as _compat
     from saltvirt.host import conn as _c
     from saltvirt.base import validate as _validate
@@ -129,6 +130,32 @@ def get_profiles(hypervisor=None, **kwargs):
     _compat.refuse_unknown(kwargs, ("hypervisor", "connection"), "virt.get_profiles")
     cfg = _c.salt_config(__salt__)
     return _compat.profiles({"nic": cfg("virt:nic", {}) or {}, "disk": cfg("virt:disk", {}) or {}})
+
+
+READY_TAG = "salt/virt/hypervisor/ready"
+
+
+def ready():
+    """
+    Tell the master this hypervisor is ready: fire ``salt/virt/hypervisor/ready`` with a fresh nonce that
+    only this minion keeps (its cachedir), so that ``salt-run virt.provision_assigned`` (the reactor example)
+    can ask it back with ``virt.ready_confirm``; an event any other minion forges carries no such nonce.
+    ``salt-virt.example.sls`` runs it as its last step. Returns True once the event is sent.
+
+    CLI Example:: salt-call virt.ready
+    """
+    nonce = _readiness.announce(__opts__["cachedir"])
+    return bool(__salt__["event.send"](READY_TAG, {"nonce": nonce}))
+
+
+def ready_confirm(nonce):
+    """
+    Did this hypervisor fire the ready event carrying ``nonce`` (``virt.ready``, within 10 minutes)? True
+    once; the runner asks before it provisions anything for a ready event.
+
+    CLI Example:: salt 'hyper1' virt.ready_confirm 3f6b...
+    """
+    return _readiness.confirm(__opts__["cachedir"], nonce)
 
 
 if saltvirt is not None:  # last: every public function above refuses non-operators

@@ -50,7 +50,7 @@ def _failed(message, **extra):
     return {"error": message, **extra, "retcode": 1}
 
 
-def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None):
+def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None, ready_nonce=None):
     """
     Create the VMs that the master's pillar assigns to hypervisor ``host`` (``virt:assigned_vms`` in
     that host's pillar: ``{name: {cpu, mem, image, ...any virt.init keyword}}``) and are defined on no
@@ -62,6 +62,11 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None):
 
     dry_run
         only report what would be created.
+
+    ready_nonce
+        the nonce of the hypervisor's ready event (``virt.ready``; the reactor example passes it): ``host``
+        is asked whether it sent it, and nothing happens unless it says yes. Required when the reactor
+        runs this (any minion can forge an event's tag and data).
 
     Returns ``{host, created: {name: virt.init's answer}, failed: {name: error}, existing: {name:
     [hosts]}, invalid: {name: why}, down: [hypervisors that did not answer]}``; exits non-zero when
@@ -79,6 +84,8 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None):
         tenants.operator_only(who, "virt.provision_assigned")
         opts = compat.master_opts(__opts__)
         hypervisors.require(opts, host, "provisioning the VMs assigned to it")
+        if ready_nonce is not None or who.user == callers.REACTOR:
+            assign.confirm_ready(__opts__, host, ready_nonce, fleet.config(opts))
         assigned, invalid = assign.entries(assign.host_pillar(__opts__, host, saltenv, pillarenv))
         hosts = fleet.gather(__opts__, "virt.vm_state", fleet.config(opts))
     except SaltException as exc:

@@ -266,12 +266,10 @@ def test_example_sls_fires_the_ready_event_last(minions, cli, state_tree):
     rendered = cli.run("state.show_sls", "hypervisor", f"pillar={pillar}", minion_tgt=HOST).data
     assert isinstance(rendered, dict), rendered
     ready = rendered["salt-virt-ready"]
-    assert [a for a in ready["event"] if isinstance(a, dict) and "require" in a] == [
+    assert [a for a in ready["module"] if isinstance(a, dict) and "require" in a] == [
         {"require": [{"virt": "salt-virt-keys"}, {"cmd": "salt-virt-bridge"}, {"service": "salt-virt-libvirtd"}]}
     ]
-    assert next(a["name"] for a in ready["event"] if isinstance(a, dict) and "name" in a) == (
-        "salt/virt/hypervisor/ready"
-    )
+    assert {"virt.ready": []} in ready["module"]  # the event with a nonce only this minion keeps
     assert "salt-virt-ready" not in cli.run("state.show_sls", "hypervisor", minion_tgt=HOST).data  # opt-in
 
 
@@ -291,9 +289,33 @@ def test_reactor_creates_the_assigned_vm_for_a_hypervisor_only(minions, emaster,
     vms = call(cli, "virt.vm_state")
     assert "evbad1" not in vms and "evbad2" not in vms
 
-    # the hypervisor's ready event (the example SLS's last state): the VM its pillar assigns is created
+    # the tenant forges the hypervisor's own event: Salt's batch form lets it choose the tag and ALL the
+    # data (cmd, id), so the reactor runs for HOST; the runner asks HOST, which sent no such nonce: refused
+    t0 = time.time()
+    forged = {"cmd": "_minion_event", "id": HOST, "data": {"nonce": "0" * 32}}
+    batch = {
+        "tag": None,
+        "data": None,
+        "pretag": None,
+        "events": [{"tag": "salt/virt/hypervisor/ready", "data": forged}],
+    }
+    ret = cli.run("event.fire", json.dumps(batch), "fire_master", minion_tgt=TENANT)
+    assert ret.returncode == 0 and ret.data is True, ret
+    refused = wait_runner(event_listener, emaster, t0, HOST)
+    assert refused["retcode"] == 1 and refused["error"].startswith(
+        f"{HOST} did not confirm that it sent this ready event (it did not send it, or it was used already): "
+        "nothing provisioned"
+    ), refused
+    # the hypervisor's plain event.send (no nonce) is no proof either
+    t0 = time.time()
+    assert cli.run("event.send", "salt/virt/hypervisor/ready", minion_tgt=HOST).returncode == 0
+    refused = wait_runner(event_listener, emaster, t0, HOST)
+    assert refused["error"].startswith(f"{HOST} did not confirm that it sent this ready event (no nonce in the event)")
+    assert "evweb1" not in call(cli, "virt.vm_state")
+
+    # the hypervisor's ready event (virt.ready, the example SLS's last state): the VM its pillar assigns is created
     t1 = time.time()
-    ret = cli.run("state.single", "event.send", "name=salt/virt/hypervisor/ready", minion_tgt=HOST)
+    ret = cli.run("state.single", "module.run", "name=salt-virt-ready", "virt.ready=[]", minion_tgt=HOST)
     assert ret.returncode == 0, ret
     done = wait_runner(event_listener, emaster, t1, HOST)
     assert sorted(done["created"]) == ["evweb1"] and done["failed"] == {} and done["existing"] == {}, done
@@ -303,12 +325,13 @@ def test_reactor_creates_the_assigned_vm_for_a_hypervisor_only(minions, emaster,
 
     # again: idempotent, nothing created twice
     t2 = time.time()
-    assert cli.run("event.send", "salt/virt/hypervisor/ready", minion_tgt=HOST).returncode == 0
+    assert cli.run("virt.ready", minion_tgt=HOST).returncode == 0
     again = wait_runner(event_listener, emaster, t2, HOST)
     assert again["created"] == {} and again["existing"] == {"evweb1": [HOST]}, again
     assert sorted(call(cli, "virt.vm_state")) == ["evweb1"]
     call(cli, "virt.purge", "evweb1")
-    print(f"reactor: tenant refused, assigned VM created, second event idempotent: {time.monotonic() - t_all:.1f} s")
+    took = time.monotonic() - t_all
+    print(f"reactor: forged events refused, assigned VM created, second event idempotent: {took:.1f} s")
 
 
 def test_a_live_migration_out_is_an_event(minions, emaster, cli, event_listener, ehv, lab_dir, fabric, guest):

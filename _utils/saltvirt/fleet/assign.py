@@ -28,6 +28,7 @@ import salt.pillar
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.fleet import publish
 from saltvirt.base.salttypes import Data, SaltOpts
 
 PILLAR_KEY = "assigned_vms"
@@ -81,3 +82,19 @@ def plan(assigned: dict[str, Data], hosts: dict[str, Data]) -> tuple[list[str], 
             existing.setdefault(vm, []).append(host)
     to_create = [name for name in sorted(assigned) if name not in existing]
     return to_create, {name: sorted(existing[name]) for name in sorted(assigned) if name in existing}
+
+
+def confirm_ready(opts: Any, host: str, nonce: Any, cfg: Any = None) -> None:
+    """Ask ``host`` (a job only it answers) whether it fired the ready event carrying ``nonce``
+    (``virt.ready``); SaltInvocationError when it does not say yes. Salt lets any minion forge an event's
+    tag and data, so a reactor run for a ready event acts only after this."""
+    why = "no nonce in the event"
+    if isinstance(nonce, str) and nonce:
+        answer, _ = publish.call(opts, host, "virt.ready_confirm", [nonce], cfg=cfg)
+        if answer.get("status") == "up" and answer.get("ret") is True:
+            return
+        why = answer.get("error") or "it did not send it, or it was used already"
+    raise SaltInvocationError(
+        f"{host} did not confirm that it sent this ready event ({why}): nothing provisioned. Any minion can "
+        "forge an event; a hypervisor announces itself with salt-call virt.ready (salt-virt.example.sls does)"
+    )

@@ -44,3 +44,21 @@ def test_only_a_configured_hypervisor_gets_its_vms(runners, host):
         f"{host} is not one of the hypervisors (virt:hypervisors in the master config): refusing provisioning the "
         "VMs assigned to it"
     )
+
+
+@pytest.mark.parametrize("nonce", [None, ""])
+def test_a_reactor_job_without_the_hosts_nonce_provisions_nothing(runners, nonce):
+    """The reactor runs provision_assigned for any "ready" event, and Salt lets any minion forge one (tag and
+    data): without a nonce the host can confirm, nothing is asked or created (no master runs here: a
+    publication would fail differently)."""
+    fun = runners["virt.provision_assigned"]
+    fun.__globals__["__user__"] = "Reactor"  # what Salt's reactor injects into its runner jobs
+    try:
+        ret = fun(host="hyper1", ready_nonce=nonce)
+    finally:
+        fun.__globals__.pop("__user__", None)
+    assert ret["retcode"] == 1 and ret["host"] == "hyper1"
+    assert ret["error"].startswith(
+        "hyper1 did not confirm that it sent this ready event (no nonce in the event): nothing provisioned. "
+        "Any minion can forge an event; a hypervisor announces itself with salt-call virt.ready"
+    )
