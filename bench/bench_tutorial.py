@@ -32,6 +32,7 @@ measured to the runner's "started" and the console's first line; no ping.
 
 import argparse
 import concurrent.futures
+import glob
 import json
 import os
 import re
@@ -223,6 +224,54 @@ def one_vm(stack, hvs, events, name, quick):
     return res
 
 
+def identity(fabric, hvs, stack, name):
+    """Where a VM's minion stood at the end, to tell the causes apart when it never answered: its MACs
+    (libvirt), the addresses the fabric's DHCP server leased to them (two VMs with one address: only one of
+    them can keep a TCP connection to the master), and how many returns (any job: test.ping, find_job)
+    from it the master's job cache holds (answers that came after every poll had given up count here)."""
+    import libvirt  # noqa: PLC0415 - the lab's bindings, only needed by the full (Debian) run
+
+    macs = []
+    for h in hvs:
+        conn = libvirt.open(h.uri)
+        try:
+            dom = conn.lookupByName(name)
+            macs = re.findall(r"<mac address=.([0-9a-f:]+).", dom.XMLDesc())
+        except libvirt.libvirtError:
+            continue
+        finally:
+            conn.close()
+    leased = {}
+    if fabric.leases and os.path.exists(fabric.leases):
+        with open(fabric.leases) as fh:
+            for line in fh:  # <expiry> <mac> <ip> <hostname> <client id>
+                f = line.split()
+                if len(f) >= 5:
+                    leased.setdefault(f[1].lower(), []).append({"ip": f[2], "client_id": f[4]})
+    jobs = os.path.join(stack.conf, "var", "cache", "salt", "master", "jobs")
+    returns = len(glob.glob(os.path.join(glob.escape(jobs), "*", "*", name, "return.p")))
+    return {"macs": macs, "leases": {m: leased.get(m, []) for m in macs}, "master_returns": returns}
+
+
+def identity_notes(burst):
+    """One line per burst VM (MACs, leased addresses, returns the master got) and the shared addresses."""
+    notes, owners = [], {}
+    for r in burst:
+        ident = r.get("identity") or {}
+        ips = sorted({x["ip"] for leases in ident.get("leases", {}).values() for x in leases})
+        for ip in ips:
+            owners.setdefault(ip, []).append(r["name"])
+        notes.append(
+            f"{r['name']} on {r['host']}: MAC {', '.join(ident.get('macs') or ['?'])}, "
+            f"leased {', '.join(ips) or 'none'}, "
+            f"{ident.get('master_returns', '?')} return(s) in the master's job cache, first True ping "
+            + ("none" if r.get("ping") is None else f"at {r['ping']:.1f} s")
+        )
+    shared = {ip: names for ip, names in owners.items() if len(names) > 1}
+    notes.append(f"addresses leased to more than one VM: {shared or 'none'}")
+    return notes if burst else []
+
+
 def _at(timeline, step):
     return next((t["at"] for t in timeline if t["step"] == step), None)
 
@@ -352,7 +401,9 @@ def main(argv=None):
                 runs["burst"] = [f.result() for f in futs]
             runs["burst_load"] = (load_b, common.loadavg())
             for r in runs["burst"]:
-                log(f"tutorial: {r['name']} on {r['host']}: ping at {r['ping']}")
+                r["identity"] = identity(fabric, hvs, stack, r["name"])
+            for r in runs["burst"]:
+                log(f"tutorial: {r['name']} on {r['host']}: ping at {r['ping']}: {json.dumps(r['identity'])}")
     except Exception as exc:  # noqa: BLE001 - reported in the result
         errors.append(f"{type(exc).__name__}: {exc}")
     finally:
@@ -391,6 +442,7 @@ def main(argv=None):
             f"load average before/after: {load0} / {common.loadavg()}",
         ]
         + ([f"load average before/after the burst: {' / '.join(runs['burst_load'])}"] if "burst_load" in runs else [])
+        + identity_notes(runs["burst"])
         + [f"ERROR {e}" for e in errors],
     }
     common.emit("tutorial", result)
