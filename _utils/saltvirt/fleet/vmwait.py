@@ -6,7 +6,10 @@
 ``minion``
     until the new VM's own minion answers ``test.ping``: published through the runner's LocalClient to
     that one minion id only (a list target, never a glob), again every few seconds, since a minion that
-    connects later never sees an earlier publication.
+    connects later never sees an earlier publication. An answer to any of this wait's publications counts,
+    also one that comes after its own window (read from the master's job cache): a guest slower than the
+    window (many new VMs booting at once on emulated CPUs) answers every publication late, and would
+    otherwise never be seen answering while each new publication adds to its load.
 
 A wait that runs out never undoes anything: the VM stays created, and the answer says so and what was
 seen (state, addresses, pings); the runner then exits non-zero.
@@ -62,12 +65,29 @@ def _look(opts, host, name, cfg, client, max_wait):
     return info, None if info else f"{name} is not on {host} any more"
 
 
-def _ping(client, minion_id, until):
-    """True once ``minion_id`` answers one test.ping publication before ``until`` (monotonic)."""
+def _answered(client, jids, minion_id):
+    """Whether ``minion_id`` returned True to one of the publications ``jids`` (the master's job cache)."""
+    for jid in jids:
+        try:
+            ret = client.get_cache_returns(jid)
+        except SaltException as exc:
+            log.debug("job cache of %s not readable: %s", jid, exc)
+            continue
+        if isinstance(ret.get(minion_id), dict) and ret[minion_id].get("ret") is True:
+            return True
+    return False
+
+
+def _ping(client, minion_id, until, earlier):
+    """True once ``minion_id`` answers a test.ping publication: a new one before ``until`` (monotonic) or
+    one of the ``earlier`` ones (their jids; the new one is appended) at any time."""
+    if _answered(client, earlier, minion_id):
+        return True
     with contextlib.redirect_stdout(io.StringIO()):  # LocalClient prints "No minions matched"
         pub = client.run_job([minion_id], "test.ping", [], "list", timeout=PING_WINDOW, listen=True)
     if not pub:
         return False
+    earlier.append(pub["jid"])
     try:
         for item in client.get_iter_returns(
             pub["jid"],
@@ -123,7 +143,7 @@ def _wait(opts, what, created, seconds, cfg, client):
     deadline = started + seconds
     out = {"for": what, "timeout": seconds}
     info = why = None
-    pings = 0
+    pings, jids = 0, []
     while True:
         if what == "ip":
             info, why = _look(opts, host, name, cfg, client, max(1.0, deadline - time.monotonic()))
@@ -131,12 +151,14 @@ def _wait(opts, what, created, seconds, cfg, client):
                 return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), ips=_ips(info))
         else:
             pings += 1
-            if _ping(client, minion_id, min(deadline, time.monotonic() + PING_WINDOW)):
+            if _ping(client, minion_id, min(deadline, time.monotonic() + PING_WINDOW), jids):
                 return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), minion=minion_id)
         if time.monotonic() + (POLL if what == "ip" else 0) >= deadline:
             break
         time.sleep(POLL if what == "ip" else 0.5)
     if what == "minion":
+        if _answered(client, jids, minion_id):  # the last publication's answer came after its window
+            return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), minion=minion_id)
         info, why = _look(opts, host, name, cfg, client, None)
         out.update(minion=minion_id, pings=pings)
     return dict(

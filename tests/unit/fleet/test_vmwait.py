@@ -109,6 +109,9 @@ class NoMinion:
         yield None
         yield None
 
+    def get_cache_returns(self, jid):
+        return {}
+
     def _clean_up_subscriptions(self, jid):
         pass
 
@@ -146,3 +149,32 @@ def test_a_failing_wait_never_fails_the_created_vm(monkeypatch):
     ret = vmwait.wait({}, "minion", CREATED, 30, {}, Broken())
     assert ret["result"] == "error"
     assert ret["message"].startswith("waiting for minion failed (master gone). The VM web1 was created on hyper1")
+
+
+class LateMinion(NoMinion):
+    """A minion slower than the ping window: it answers each publication, but only after its window
+    (in the master's job cache once the next publication is out)."""
+
+    def get_cache_returns(self, jid):
+        late = int(jid) < len(self.published)
+        return {"web1-id": {"ret": True}} if late else {}
+
+
+def test_wait_minion_counts_an_answer_that_came_after_its_window(monkeypatch):
+    monkeypatch.setattr(vmwait, "PING_WINDOW", 0.05)
+    client = LateMinion()
+    ret = vmwait.wait({}, "minion", CREATED, 30, {}, client)
+    assert ret["result"] == "ok" and ret["minion"] == "web1-id"
+    assert len(client.published) == 2  # the first one's answer was seen before a third publication
+
+
+def test_wait_minion_reads_the_last_answer_when_the_time_is_up(monkeypatch):
+    class AnswersAfterTheLastWindow(NoMinion):
+        def get_cache_returns(self, jid):
+            return {"web1-id": {"ret": True}} if jid == str(len(self.published)) else {}
+
+    monkeypatch.setattr(vmwait, "PING_WINDOW", 0.05)
+    monkeypatch.setattr(vmwait, "call", Hypervisor(up(ips=[IP])))
+    client = AnswersAfterTheLastWindow()
+    ret = vmwait.wait({}, "minion", CREATED, 0.01, {}, client)
+    assert ret["result"] == "ok" and len(client.published) == 1
