@@ -3,7 +3,8 @@ and ``mgrcompat`` loader modules, applied through the session master to hyper1 (
 pillar Uyuni's server sends (``SaltServerActionService``: Gson, so a null value is left out). A network
 and a pool as its UI creates them, a VM installed the PXE/kickstart way (cobbler's kernel and initrd from
 the file server, then redefined to boot from its disk), update, power state and delete; each action's
-libvirt outcome and, applied again, no change.
+libvirt outcome and, applied again, no change. Besides: memory and vCPUs, the network and pool state
+changes, deleting a volume, the network and the pool.
 
 Uyuni is GPL-2.0 and this project Apache-2.0: its files are not part of this repository. The test reads
 them from a checkout of ``susemanager-utils/susemanager-sls`` (``SALT_VIRT_UYUNI``, default
@@ -21,7 +22,11 @@ import pytest
 from tests.support import lab
 
 UYUNI = pathlib.Path(os.environ.get("SALT_VIRT_UYUNI", "/var/cache/salt-virt/uyuni/susemanager-sls"))
-SLS = ("create-vm", "update-vm", "deleted", "statechange", "network-create", "pool-create")
+SLS = (
+    *("create-vm", "update-vm", "deleted", "statechange", "setmem", "setvcpus"),
+    *("network-create", "network-statechange", "pool-create", "pool-statechange", "pool-refreshed"),
+    *("volume-deleted", "pool-deleted"),
+)
 MODULES = {"_modules": ["virt_utils.py"], "_states": ["virt_utils.py", "mgrcompat.py"]}
 BOOT_WAIT = 300  # a TCG guest boots in seconds on an idle host, minutes on a loaded shared CI machine
 VM, NET, POOL = "uyvm1", "uynet", "uypool"
@@ -128,6 +133,18 @@ def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp):
         assert VM not in call(salt_cli, "virt.list_domains")
         assert call(salt_cli, "virt.pool_list_volumes", POOL) == []
         assert NET in call(salt_cli, "virt.list_networks") and POOL in call(salt_cli, "virt.list_pools")
+
+        # the UI's volume delete (then a pool refresh), network delete (stop, undefine) and pool delete (purge)
+        call(salt_cli, "virt.volume_define", POOL, "spare", 1)
+        assert set(changed(apply(salt_cli, "volume-deleted", {"pool_name": POOL, "volume_name": "spare"}))) == {
+            "mgrcompat:mgr_volume_deleted",
+            "mgrcompat:mgr_pool_refreshed",
+        }
+        assert call(salt_cli, "virt.pool_list_volumes", POOL) == []
+        apply(salt_cli, "network-statechange", {"network_name": NET, "network_state": "delete"})
+        assert NET not in call(salt_cli, "virt.list_networks")
+        assert changed(apply(salt_cli, "pool-deleted", {"pool_name": POOL, "pool_purge": True}))
+        assert POOL not in call(salt_cli, "virt.list_pools")
     finally:
         shutil.rmtree(cached, ignore_errors=True)
         if VM in call(salt_cli, "virt.list_domains"):
@@ -163,8 +180,13 @@ def _create_update_and_power(salt_cli, hv1, qemu_tmp):
     assert changed(apply(salt_cli, "statechange", off)) and call(salt_cli, "virt.vm_state", VM) == {VM: "shutoff"}
     assert changed(apply(salt_cli, "statechange", off)) == {}
 
+    # setmem (pillar in KiB) and setvcpus of the stopped VM, into its definition
+    apply(salt_cli, "setmem", {"domain_name": VM, "domain_mem": 80 * 1024})
+    apply(salt_cli, "setvcpus", {"domain_name": VM, "domain_vcpus": 2})
+    assert [call(salt_cli, "virt.vm_info", VM)[VM][k] for k in ("mem", "cpu")] == [80, 2]
+
     # update-vm (the UI's edit of the stopped VM): everything as shown, memory lowered; the second time nothing
-    pillar.update(mem=96, uuid=info["uuid"])
+    pillar.update(vcpus=2, mem=96, uuid=info["uuid"])
     del pillar["boot"], pillar["boot_dev"], pillar["disks"][0]["size"]
     pillar["disks"][0]["source_file"] = volumes[0]  # an existing volume of the pool, as Salt's virt.update takes it
     first = apply(salt_cli, "update-vm", pillar)["mgrcompat:domain_update"]["changes"]["ret"]
@@ -176,8 +198,8 @@ def _create_update_and_power(salt_cli, hv1, qemu_tmp):
 
     # statechange to running: virt_utils first starts the VM's network and pool (found from Salt's shapes of
     # vm_info: a NIC's source mapping, a volume's "<pool>/<volume>"), both stopped meanwhile, then virt.running
-    call(salt_cli, "virt.network_stop", NET)
-    call(salt_cli, "virt.pool_stop", POOL)
+    apply(salt_cli, "network-statechange", {"network_name": NET, "network_state": "stop"})
+    apply(salt_cli, "pool-statechange", {"pool_name": POOL, "pool_state": "stop"})
     start = {"domain_name": VM, "domain_state": "running"}
     started = apply(salt_cli, "statechange", start)
     assert started[f"virt_utils:{VM}"]["changes"] == {"networks": {NET: "started"}, "pools": {POOL: "started"}}
