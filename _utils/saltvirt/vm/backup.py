@@ -272,6 +272,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     with store.locked(directory, name):
         valid, _broken, incomplete = store.scan(directory)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
+        stale = _end_stale_job(dom) if dom.isActive() else False
         every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
         had = set(_checkpoints(dom)) if incremental and dom.isActive() else set()
         parent, note = plan(dom, chosen, valid, incremental, every)
@@ -322,7 +323,36 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     out = store.summary(manifest)
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
     out["checkpoint_redefined"] = redefined
+    out["stale_job_ended"] = stale
     return out
+
+
+def _end_stale_job(dom: Any) -> bool:
+    """End the backup job a restarted libvirtd may keep for a backup interrupted by its death: it restores
+    the job from the domain's status but not what the job was (libvirt 9: "backup job data missing"), so
+    every later backup is refused until the job is aborted. A real backup job running (started outside
+    salt-virt: this one holds the VM's backup lock) is refused instead. True when a stale job was ended."""
+    try:
+        stats = dom.jobStats(0)
+    except libvirt.libvirtError:
+        return False
+    if stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE) == libvirt.VIR_DOMAIN_JOB_NONE:
+        return False
+    if stats.get("operation") != libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP:
+        return False
+    try:
+        dom.backupGetXMLDesc(0)
+    except libvirt.libvirtError:
+        pass  # no backup behind the job: the stale one
+    else:
+        raise CommandExecutionError(
+            f"VM {dom.name()} has a backup job running that salt-virt did not start: wait for it to end, or "
+            f"end it with 'virsh domjobabort {dom.name()}'"
+        )
+    with lv_errors(f"end the stale backup job of VM {dom.name()!r}"):
+        dom.abortJob()
+    log.warning("VM %s: ended the backup job an interrupted backup left in libvirt", dom.name())
+    return True
 
 
 def _with_snapshots(note, parent):
