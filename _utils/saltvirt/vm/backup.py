@@ -19,6 +19,7 @@ and the result says why (``note``).
 """
 
 import datetime
+import json
 import logging
 import os
 import time
@@ -186,7 +187,13 @@ def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
     frozen, consistency = _freeze(dom, facts)
     try:
         with lv_errors(f"start the backup of VM {dom.name()!r}"):
-            dom.backupBegin(bxml, cxml if bitmaps else None, 0)
+            try:
+                dom.backupBegin(bxml, cxml if bitmaps else None, 0)
+            except libvirt.libvirtError as exc:
+                if "Bitmap already exists: backup-" not in str(exc):
+                    raise
+                _drop_scratch_bitmaps(dom)  # what an interrupted backup left in QEMU: once more without it
+                dom.backupBegin(bxml, cxml if bitmaps else None, 0)
     finally:
         if frozen:
             try:
@@ -352,7 +359,31 @@ def _end_stale_job(dom: Any) -> bool:
     with lv_errors(f"end the stale backup job of VM {dom.name()!r}"):
         dom.abortJob()
     log.warning("VM %s: ended the backup job an interrupted backup left in libvirt", dom.name())
+    _drop_scratch_bitmaps(dom)
     return True
+
+
+def _drop_scratch_bitmaps(dom: Any) -> None:
+    """Remove the scratch bitmaps (``backup-<disk>``) libvirt made in QEMU for the interrupted backup: the
+    stale job's end does not, and the next incremental backup would fail on "Bitmap already exists".
+    libvirt has no API for them: QEMU's own commands (QMP), on this VM's disk nodes only."""
+    import libvirt_qemu  # noqa: PLC0415 - only on this repair path
+
+    def qmp(command, **arguments):
+        cmd = json.dumps({"execute": command, "arguments": arguments})
+        return json.loads(libvirt_qemu.qemuMonitorCommand(dom, cmd, 0)).get("return")
+
+    targets = {d["target"] for d in domxml.parse(dom.XMLDesc(0))["disks"]}
+    try:
+        for node in qmp("query-named-block-nodes", flat=True) or []:
+            for bitmap in node.get("dirty-bitmaps") or []:
+                if bitmap.get("name", "").removeprefix("backup-") in targets:
+                    qmp("block-dirty-bitmap-remove", node=node["node-name"], name=bitmap["name"])
+                    log.warning(
+                        "VM %s: removed scratch bitmap %s of the interrupted backup", dom.name(), bitmap["name"]
+                    )
+    except (libvirt.libvirtError, ValueError) as exc:
+        log.warning("VM %s: could not check for scratch bitmaps of the interrupted backup: %s", dom.name(), exc)
 
 
 def _with_snapshots(note, parent):
