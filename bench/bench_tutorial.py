@@ -191,6 +191,7 @@ def one_vm(stack, hvs, events, name, quick):
         "host": data.get("host"),
         "started": bool((data.get("init") or {}).get("started")),
         "timeline": data.get("timeline") or [],
+        "t0": t0,
         "returned": t_ret - t0,
         "error": None if proc.returncode == 0 else (data.get("error") or proc.stderr[-800:] or proc.stdout[-800:]),
     }
@@ -240,11 +241,10 @@ def identity(fabric, hvs, stack, name):
     macs = []
     for h in hvs:
         conn = libvirt.open(h.uri)
-        try:
-            dom = conn.lookupByName(name)
-            macs = re.findall(r"<mac address=.([0-9a-f:]+).", dom.XMLDesc())
-        except libvirt.libvirtError:
-            continue
+        try:  # listed, not looked up: a lookup on the other hypervisors would print libvirt's error
+            for dom in conn.listAllDomains():
+                if dom.name() == name:
+                    macs = re.findall(r"<mac address=.([0-9a-f:]+).", dom.XMLDesc())
         finally:
             conn.close()
     leased = {}
@@ -300,6 +300,13 @@ def identity_notes(burst):
         )
     shared = {ip: names for ip, names in owners.items() if len(names) > 1}
     notes.append(f"addresses leased to more than one VM: {shared or 'none'}")
+    answered = [r["t0"] + r["ping"] for r in burst if r.get("ping") is not None]
+    if answered:
+        wall = max(answered) - min(r["t0"] for r in burst)
+        notes.append(
+            f"{len(answered)}/{len(burst)} answered; first `salt-run virt.init` start to the last first True "
+            f"ping: {wall:.1f} s = {len(answered) * 60 / wall:.2f} VMs per minute"
+        )
     return notes if burst else []
 
 
