@@ -36,9 +36,13 @@ while read -r sum ref path; do
   if [ -f "$DEST/$path" ] && echo "$sum  $DEST/$path" | sha256sum -c --status; then
     continue
   fi
-  if ! curl -fsSL --max-time 60 -o "$tmp/file" "$BASE/$ref/susemanager-utils/susemanager-sls/$path"; then
-    log "could not fetch $path ($ref)"; status=1; continue
-  fi
+  rc=0
+  curl -fsSL --connect-timeout 10 --max-time 60 -o "$tmp/file" "$BASE/$ref/susemanager-utils/susemanager-sls/$path" || rc=$?
+  case $rc in
+    0) ;;
+    6|7|28) log "no connection to $BASE (curl exit $rc): not fetching the rest"; exit 1 ;;
+    *) log "could not fetch $path ($ref, curl exit $rc)"; status=1; continue ;;
+  esac
   if ! echo "$sum  $tmp/file" | sha256sum -c --status; then
     log "$path at $ref is not the pinned content (sha256 $sum): not installed"; status=1; continue
   fi
