@@ -23,7 +23,7 @@ import time
 import pytest
 
 from tests.support import lab
-from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
 from saltvirt.pki import ca as pki
 
 HVS = (6, 7, 8)
@@ -107,19 +107,15 @@ def foreign_tls(hv, tmp):
 def minions(mmaster, lab_hvs, lab_dir, store):
     """One minion per hypervisor; hv6 and hv7 get their libvirt TLS files from the master's libvirt
     ext_pillar through the virt.keys state before their libvirtd starts (hv8's come from another CA)."""
-    factories = {}
+    configs = {}
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
         config["virt"]["allowed_paths"].append(str(store))  # source images, and the shared-storage VM's disk
         config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
         if name != "hv8":
             config["virt"]["migration"] = {"pkipath": pkipath(hv)}
-        factories[name] = start_minion(mmaster, name, config)
-    started = []
-    try:
-        for factory in factories.values():
-            factory.start()
-            started.append(factory)
+        configs[name] = config
+    with started_minions(mmaster, configs) as factories:
         cli = mmaster.salt_cli(timeout=180)
         ret = cli.run("saltutil.sync_all", minion_tgt="hv*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
@@ -134,9 +130,6 @@ def minions(mmaster, lab_hvs, lab_dir, store):
         for hv in lab_hvs.values():
             hv.start().warm_up()
         yield factories
-    finally:
-        for factory in started:
-            factory.terminate()
 
 
 @pytest.fixture(scope="module")

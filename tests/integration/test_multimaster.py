@@ -12,7 +12,6 @@ redis-server as their ``cache:`` backend; the hypervisor minions are multi-maste
 Every ``salt-run`` here is a real CLI process against one master's config directory.
 """
 
-import contextlib
 import json
 import os
 import pathlib
@@ -26,7 +25,7 @@ import pytest
 from saltvirt.fleet import fleetstate
 from tests.support.paths import ROOT
 from tests.support.redis_server import RedisServer
-from tests.support.saltd import master_config, start_minion
+from tests.support.saltd import master_config, started_minions
 
 HOSTS = ["mmhv1", "mmhv2"]
 VIRT = {
@@ -72,9 +71,8 @@ def masters(salt_factories, state_tree, redis_server):
 def hypervisors(masters, tmp_path_factory):
     m1, m2 = masters["mm1"], masters["mm2"]
     both = [f"{m['interface']}:{m['ret_port']}" for m in (m1.config, m2.config)]
-    factories = {}
-    for mid in [*HOSTS, "mmgone"]:
-        config = {
+    configs = {
+        mid: {
             "master": both,
             "multiprocessing": False,  # jobs in threads of one process: test:///default is per process
             # virt straight from the repo (it finds saltvirt in ../_utils); svtest.hold keeps test:/// open
@@ -82,10 +80,9 @@ def hypervisors(masters, tmp_path_factory):
             "virt": {"connection": {"uri": "test:///default"}, "images": str(tmp_path_factory.mktemp(mid))},
             "grains": {"virt_hypervisor": True},
         }
-        factories[mid] = start_minion(m1, mid, config)
-    with contextlib.ExitStack() as stack:
-        for factory in factories.values():
-            stack.enter_context(factory.started())
+        for mid in [*HOSTS, "mmgone"]
+    }
+    with started_minions(m1, configs) as factories:
         for master in (m1, m2):  # both masters accepted and reach every minion
             ret = master.salt_cli(timeout=120).run("test.ping", minion_tgt="mm*")
             assert ret.returncode == 0 and sorted(ret.data) == sorted(factories), ret

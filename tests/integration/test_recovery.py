@@ -27,7 +27,7 @@ import time
 import pytest
 
 from tests.support import lab
-from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
 
 HVS = (10, 11, 12)
 BOOT_WAIT = 300  # bound on a TCG guest's console: seconds when idle, minutes on a loaded machine
@@ -76,27 +76,20 @@ def rmaster(salt_factories, state_tree, lab_dir):
 
 @pytest.fixture(scope="module")
 def minions(rmaster, lab_hvs, lab_dir, store):
-    factories = {}
+    configs = {}
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
         config["virt"]["allowed_paths"].append(str(store))
         config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
         # how a survivor checks a host's libvirtd: its unix socket (operator config: a URI with options)
         config["virt"]["recovery"] = {"probe_uri": f"qemu+unix:///system?socket={lab_dir}/{{host}}/run/libvirt-sock"}
-        factories[name] = start_minion(rmaster, name, config)
-    started = []
-    try:
-        for factory in factories.values():
-            factory.start()
-            started.append(factory)
+        configs[name] = config
+    with started_minions(rmaster, configs) as factories:
         ret = rmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="hv1*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
         for hv in lab_hvs.values():
             hv.start().warm_up()
         yield factories
-    finally:
-        for factory in started:
-            factory.terminate()
 
 
 @pytest.fixture(scope="module")

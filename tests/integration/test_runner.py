@@ -14,7 +14,6 @@ virt:*) and answers ``virt.full_info`` with a huge fake host. The master config 
 by minion id (``virt:hypervisors``): the tenant gains nothing.
 """
 
-import contextlib
 import json
 import os
 import pathlib
@@ -25,7 +24,7 @@ import time
 import pytest
 
 from tests.support.paths import ROOT
-from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
 from saltvirt.pki import envelope
 
 NODES = ROOT / "tests" / "support" / "nodes"
@@ -57,14 +56,11 @@ def vmaster(salt_factories, state_tree):
 @pytest.fixture(scope="module")
 def minions(vmaster, hv1, lab_dir, tmp_path_factory):
     """kvm1 as conftest configures hypervisors, the cap-* minions on test-driver nodes, and the tenant."""
-    factories = {
-        "kvm1": start_minion(vmaster, "kvm1", hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "rk-images"))
-    }
+    configs = {"kvm1": hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "rk-images")}
     for cap in CAPS:
-        config = {
+        configs[cap] = {
             "virt": {"connection": {"uri": f"test://{NODES / cap}.xml"}, "images": str(tmp_path_factory.mktemp(cap))}
         }
-        factories[cap] = start_minion(vmaster, cap, config)
     # the tenant: root in a guest sets every grain a hypervisor has, and a huge fake host behind virt
     huge = tmp_path_factory.mktemp("tenant") / "huge.xml"
     node = (NODES / "cap-gone.xml").read_text()
@@ -76,14 +72,8 @@ def minions(vmaster, hv1, lab_dir, tmp_path_factory):
         "ipv4": ["10.252.0.11"],
         "virt": {"tls": {"extra_sans": ["kvm1", "hv1", "10.252.0.11"]}},
     }
-    factories[TENANT] = start_minion(
-        vmaster,
-        TENANT,
-        {"grains": spoofed, "virt": {"connection": {"uri": f"test://{huge}"}, "images": str(huge.parent)}},
-    )
-    with contextlib.ExitStack() as stack:
-        for factory in factories.values():
-            stack.enter_context(factory.started())
+    configs[TENANT] = {"grains": spoofed, "virt": {"connection": {"uri": f"test://{huge}"}, "images": str(huge.parent)}}
+    with started_minions(vmaster, configs) as factories:
         ret = vmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted([*ALL, TENANT]), ret
         yield factories

@@ -10,7 +10,6 @@ starts one for a moment).
 Every libvirt fact is read from the hypervisors' libvirtd itself (domain XML <metadata>)."""
 
 import concurrent.futures
-import contextlib
 import hashlib
 import os
 import pathlib
@@ -25,7 +24,7 @@ import pytest
 
 from tests.support import lab, saltapi
 from tests.support.paths import ROOT
-from tests.support.saltd import hypervisor_minion_config, start_minion
+from tests.support.saltd import hypervisor_minion_config, started_minions
 
 pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HOSTS = ["thv1", "thv2"]
@@ -91,10 +90,10 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
     with saltapi.started(salt_factories, "tenant-master", state_tree, users, workdir, virt=virt) as api:
         ret = api.master.salt_run_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
-        with contextlib.ExitStack() as stack:
-            for mid, hv in hvs.items():
-                config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{mid}-images")
-                stack.enter_context(start_minion(api.master, mid, config).started())
+        configs = {
+            mid: hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{mid}-images") for mid, hv in hvs.items()
+        }
+        with started_minions(api.master, configs):
             ret = api.master.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="*")
             assert ret.returncode == 0 and sorted(ret.data) == HOSTS, ret
             yield {"master": api.master, "url": api.url, "hvs": hvs, "api": api}

@@ -1,5 +1,6 @@
 """Configuration of real Salt daemons (pytest-salt-factories) for the integration tests."""
 
+import contextlib
 import os
 
 from tests.support.paths import GUEST_DIR, ROOT
@@ -26,6 +27,18 @@ def master_config(state_tree, **extra):
 def start_minion(master, minion_id, overrides):
     """A minion factory of ``master`` (start it with ``.started()``, then sync the bundle from the master)."""
     return master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
+
+
+@contextlib.contextmanager
+def started_minions(master, configs):
+    """Minions of ``master`` running for the ``with`` block: ``configs`` maps minion id -> overrides (as
+    :func:`start_minion`); yields ``{id: factory}`` (a test may stop and start one again). All are stopped
+    at the end, also when starting one failed."""
+    factories = {mid: start_minion(master, mid, overrides) for mid, overrides in configs.items()}
+    with contextlib.ExitStack() as stack:
+        for factory in factories.values():
+            stack.enter_context(factory.started())
+        yield factories
 
 
 SOURCES = "sources"  # <parent of virt:images>/sources is in virt:allowed_paths: the tests' local source images
