@@ -279,7 +279,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     with store.locked(directory, name):
         valid, _broken, incomplete = store.scan(directory)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
-        stale = _end_stale_job(dom) if dom.isActive() else False
+        stale = _end_stale_job(dom, directory) if dom.isActive() else False
         every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
         had = set(_checkpoints(dom)) if incremental and dom.isActive() else set()
         parent, note = plan(dom, chosen, valid, incremental, every)
@@ -334,11 +334,12 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     return out
 
 
-def _end_stale_job(dom: Any) -> bool:
-    """End the backup job a restarted libvirtd may keep for a backup interrupted by its death: it restores
-    the job from the domain's status but not what the job was (libvirt 9: "backup job data missing"), so
-    every later backup is refused until the job is aborted. A real backup job running (started outside
-    salt-virt: this one holds the VM's backup lock) is refused instead. True when a stale job was ended."""
+def _end_stale_job(dom: Any, directory: str, wait: float = 120.0) -> bool:
+    """End what a backup interrupted by a libvirtd restart left running on the VM, before a new one:
+    the restarted libvirtd either keeps an empty backup job (libvirt 9: "backup job data missing") or
+    follows QEMU's job on to the files the interrupted call already removed; both refuse every new
+    backup. A backup job writing outside ``directory`` (this VM's backups, whose lock this call holds)
+    was not started here: refused. True when a job was ended (and its scratch bitmaps removed)."""
     try:
         stats = dom.jobStats(0)
     except libvirt.libvirtError:
@@ -348,17 +349,25 @@ def _end_stale_job(dom: Any) -> bool:
     if stats.get("operation") != libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP:
         return False
     try:
-        dom.backupGetXMLDesc(0)
+        files = backupxml.backup_files(dom.backupGetXMLDesc(0))
     except libvirt.libvirtError:
-        pass  # no backup behind the job: the stale one
-    else:
+        files = []  # no backup behind the job: the empty one
+    if any(os.path.dirname(f) != directory for f in files):
         raise CommandExecutionError(
-            f"VM {dom.name()} has a backup job running that salt-virt did not start: wait for it to end, or "
-            f"end it with 'virsh domjobabort {dom.name()}'"
+            f"VM {dom.name()} has a backup job running that salt-virt did not start (it writes "
+            f"{', '.join(files)}): wait for it to end, or end it with 'virsh domjobabort {dom.name()}'"
         )
-    with lv_errors(f"end the stale backup job of VM {dom.name()!r}"):
+    with lv_errors(f"end the interrupted backup job of VM {dom.name()!r}"):
         dom.abortJob()
-    log.warning("VM %s: ended the backup job an interrupted backup left in libvirt", dom.name())
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if dom.jobInfo()[0] == libvirt.VIR_DOMAIN_JOB_NONE:
+                break
+        except libvirt.libvirtError:
+            break  # the empty job: nothing left to follow
+        time.sleep(0.2)
+    log.warning("VM %s: ended the backup job an interrupted backup left (%s)", dom.name(), files or "empty")
     _drop_scratch_bitmaps(dom)
     return True
 

@@ -31,6 +31,12 @@ def backup_xml(copy: Mapping[str, str], skip: Collection[str] = (), incremental:
     return ET.tostring(root, encoding="unicode")
 
 
+def backup_files(xml: str) -> list[str]:
+    """The target files of a ``<domainbackup>`` (what :func:`backup_xml` wrote; libvirt's
+    ``backupGetXMLDesc`` of a running job)."""
+    return [t.get("file", "") for t in ET.fromstring(xml).findall("disks/disk/target")]
+
+
 def checkpoint_xml(
     name: str,
     bitmaps: Iterable[str],

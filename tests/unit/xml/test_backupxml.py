@@ -67,3 +67,8 @@ def test_redefine_xml_names_creation_time_and_bitmaps():
     assert [(d.get("name"), d.get("bitmap")) for d in root.findall("disks/disk")] == [
         ("vda", "salt-backup-20260101T020000Z")
     ]
+
+
+def test_backup_files_reads_back_what_backup_xml_wrote():
+    xml = backupxml.backup_xml({"vda": "/b/web1/1.vda.qcow2", "vdb": "/b/web1/1.vdb.qcow2"}, skip=["sda"])
+    assert backupxml.backup_files(xml) == ["/b/web1/1.vda.qcow2", "/b/web1/1.vdb.qcow2"]
