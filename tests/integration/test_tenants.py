@@ -26,7 +26,6 @@ from tests.support import lab, saltapi
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, started_minions
 
-pytestmark = [pytest.mark.salt, pytest.mark.libvirtd]
 HOSTS = ["thv1", "thv2"]
 USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 META = "{https://github.com/salt-virt/salt-virt/metadata/1}"

@@ -12,7 +12,7 @@ LIBVIRTD_FIXTURES = frozenset({"fabric", "hv1", "virt_hv"})
 SALT_FIXTURES = frozenset({"salt_factories", "salt_master", "hyper1", "salt_cli", "salt_run_cli"})
 # names whose use in a fixture or test starts them by hand (tests/support/lab.py, saltd.py, salt-factories)
 LIBVIRTD_CALLS = frozenset({"Fabric", "Hypervisor"})
-SALT_CALLS = frozenset({"start_minion", "salt_master_daemon", "salt_minion_daemon"})
+SALT_CALLS = frozenset({"start_minion", "started_minions", "salt_master_daemon", "salt_minion_daemon"})
 
 
 def _names(code):
