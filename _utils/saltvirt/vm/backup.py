@@ -192,7 +192,7 @@ def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
             except libvirt.libvirtError as exc:
                 if "Bitmap already exists: backup-" not in str(exc):
                     raise
-                _drop_scratch_bitmaps(dom)  # what an interrupted backup left in QEMU: once more without it
+                _drop_scratch_bitmaps(dom, every)  # what an interrupted backup left in QEMU: once more without it
                 dom.backupBegin(bxml, cxml if bitmaps else None, 0)
     finally:
         if frozen:
@@ -279,12 +279,12 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     with store.locked(directory, name):
         valid, _broken, incomplete = store.scan(directory)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
-        stale = _end_stale_job(dom, directory) if dom.isActive() else False
+        live = bool(dom.isActive())
         every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
-        had = set(_checkpoints(dom)) if incremental and dom.isActive() else set()
+        stale = _end_stale_job(dom, directory, every) if live else False
+        had = set(_checkpoints(dom)) if incremental and live else set()
         parent, note = plan(dom, chosen, valid, incremental, every)
         redefined = parent["checkpoint"] if parent and parent["checkpoint"] not in had else None
-        live = bool(dom.isActive())
         ours = [c.removeprefix(store.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
         bid = store.new_id(directory, taken=ours)
         files = {d["target"]: store.disk_file(directory, bid, d["target"]) for d in chosen}
@@ -334,7 +334,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     return out
 
 
-def _end_stale_job(dom: Any, directory: str, wait: float = 120.0) -> bool:
+def _end_stale_job(dom: Domain, directory: str, targets: list[str], wait: float = 120.0) -> bool:
     """End what a backup interrupted by a libvirtd restart left running on the VM, before a new one:
     the restarted libvirtd either keeps an empty backup job (libvirt 9: "backup job data missing") or
     follows QEMU's job on to the files the interrupted call already removed; both refuse every new
@@ -368,21 +368,20 @@ def _end_stale_job(dom: Any, directory: str, wait: float = 120.0) -> bool:
             break  # the empty job: nothing left to follow
         time.sleep(0.2)
     log.warning("VM %s: ended the backup job an interrupted backup left (%s)", dom.name(), files or "empty")
-    _drop_scratch_bitmaps(dom)
+    _drop_scratch_bitmaps(dom, targets)
     return True
 
 
-def _drop_scratch_bitmaps(dom: Any) -> None:
-    """Remove the scratch bitmaps (``backup-<disk>``) libvirt made in QEMU for the interrupted backup: the
-    stale job's end does not, and the next incremental backup would fail on "Bitmap already exists".
-    libvirt has no API for them: QEMU's own commands (QMP), on this VM's disk nodes only."""
+def _drop_scratch_bitmaps(dom: Domain, targets: list[str]) -> None:
+    """Remove the scratch bitmaps (``backup-<disk>``, ``targets``: the VM's disk devs) libvirt made in QEMU
+    for the interrupted backup: the stale job's end does not, and the next incremental backup would fail
+    on "Bitmap already exists". libvirt has no API for them: QEMU's own commands (QMP)."""
     import libvirt_qemu  # noqa: PLC0415 - only on this repair path
 
     def qmp(command, **arguments):
         cmd = json.dumps({"execute": command, "arguments": arguments})
         return json.loads(libvirt_qemu.qemuMonitorCommand(dom, cmd, 0)).get("return")
 
-    targets = {d["target"] for d in domxml.parse(dom.XMLDesc(0))["disks"]}
     try:
         for node in qmp("query-named-block-nodes", flat=True) or []:
             for bitmap in node.get("dirty-bitmaps") or []:
