@@ -390,7 +390,7 @@ class Watchdog:
         if self._pending is None:
             box, done = {}, threading.Event()
             self._pending = (box, done)
-            _in_thread(lambda: box.update(info=self.dom.jobInfo()), done, "salt-virt-migration-jobinfo")
+            _in_thread(lambda: box.update(info=self.dom.jobInfo()), "salt-virt-migration-jobinfo", done)
         box, done = self._pending
         if not done.wait(self.poll):
             return None
@@ -399,7 +399,7 @@ class Watchdog:
 
     def _abort(self):
         self.aborted = f"no progress for {self.bound:g} s (virt:migration:stall_timeout): aborted"
-        _in_thread(self.dom.abortJob, threading.Event(), "salt-virt-migration-abort")
+        _in_thread(self.dom.abortJob, "salt-virt-migration-abort")
         if self._stop.wait(ABORT_GRACE):
             return
         closed = cut_migration_streams(self.dom.UUIDString())
@@ -407,9 +407,10 @@ class Watchdog:
             self.aborted += f", its connections to the unreachable target closed ({', '.join(closed)})"
 
 
-def _in_thread(call, done, name):
-    """Run libvirt ``call`` in a daemon thread (it may block on a QEMU monitor); ``done`` is set when it
-    returned or failed (a libvirt error is the job changing phase or already gone: ignored)."""
+def _in_thread(call, name, done=None):
+    """Run libvirt ``call`` in a daemon thread (it may block on a QEMU monitor); ``done`` (an Event), if
+    given, is set when it returned or failed (a libvirt error is the job changing phase or already gone:
+    ignored)."""
 
     def run():
         try:
@@ -417,7 +418,8 @@ def _in_thread(call, done, name):
         except libvirt.libvirtError:
             pass
         finally:
-            done.set()
+            if done is not None:
+                done.set()
 
     threading.Thread(target=run, name=name, daemon=True).start()
 
