@@ -94,13 +94,46 @@ def saltext_determine_host(hosts, reps):
     return json.loads(out.stdout)
 
 
+def placement_at(rev):
+    """``saltvirt.fleet.placement`` as committed at ``rev`` (git), as a module beside the working tree's."""
+    import importlib.util
+
+    src = subprocess.run(
+        ["git", "-C", str(common.ROOT), "show", f"{rev}:_utils/saltvirt/fleet/placement.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    spec = importlib.util.spec_from_loader(f"placement_{rev}", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    exec(compile(src, f"{rev}:placement.py", "exec"), mod.__dict__)
+    return mod
+
+
+def timed(mod, hosts, req_args):
+    """One decision as the runner asks it: (wall, CPU, result)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    pol = mod.make_policy({"maintenance": ["hyper0001*"]})
+    req = mod.make_request(**req_args)
+    result = mod.rank(hosts, req, pol, top=mod.RANK_TOP)
+    return time.perf_counter() - t0, time.process_time() - c0, result
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--hosts", default=None, help="comma-separated host counts (default 100,1000,10000)")
     ap.add_argument("--no-saltext", action="store_true", help="skip saltext-virt's row (its venv is not needed)")
+    ap.add_argument(
+        "--against",
+        metavar="REV",
+        help="also time placement.py as committed at REV (git), alternating with this tree's, and check "
+        "that both give the same answer",
+    )
     args = ap.parse_args(argv)
     from saltvirt.fleet import placement
+
+    before = placement_at(args.against) if args.against else None
 
     counts = (
         [int(c) for c in args.hosts.split(",")] if args.hosts else ([10, 100] if args.quick else [100, 1000, 10000])
@@ -116,13 +149,30 @@ def main(argv=None):
         }
         for label, req_args in cases.items():
             times, cpu, result = [], [], None
+            old_times, old_cpu = [], []
             for _ in range(reps):
-                t0, c0 = time.perf_counter(), time.process_time()
-                pol = placement.make_policy({"maintenance": ["hyper0001*"]})
-                req = placement.make_request(**req_args)
-                result = placement.rank(hosts, req, pol, top=placement.RANK_TOP)  # as the runner asks
-                times.append(time.perf_counter() - t0)
-                cpu.append(time.process_time() - c0)
+                wall, used, result = timed(placement, hosts, req_args)
+                times.append(wall)
+                cpu.append(used)
+                if before is not None:  # alternate, so that load from elsewhere hits both
+                    wall, used, old = timed(before, hosts, req_args)
+                    old_times.append(wall)
+                    old_cpu.append(used)
+                    if old != result:
+                        raise SystemExit(f"{count} hosts, {label}: {args.against} answers differently")
+            if before is not None:
+                st, cst = common.summary(old_times), common.summary(old_cpu)
+                details[f"{count}/{label}/{args.against}"] = {"stat": st, "cpu": cst}
+                rows.append(
+                    [
+                        count,
+                        f"{label}, as of {args.against} (same answer)",
+                        common.fmt_stat(st),
+                        common.fmt_stat(cst),
+                        common.fmt_s(st["median"] / count),
+                        result["host"],
+                    ]
+                )
             st, cst = common.summary(times), common.summary(cpu)
             details[f"{count}/{label}"] = {
                 "stat": st,

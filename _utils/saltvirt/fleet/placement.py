@@ -246,7 +246,7 @@ def _check(host, answer, req, pol, load=None, maint_re=False):
         members = _group_members(answer, facts, group)
         members += sorted(f"{n} (in flight)" for n, g in (load.get("groups") or {}).items() if g == group)
         if members:
-            reasons.append(f"anti-affinity: group {group!r} already has {', '.join(members)} here")
+            reasons.append(_anti_affinity(group, members))
     vms = validate.int_or_none(facts.get("vms_defined"))
     if vms is None:
         vms = len(answer.get("vm_info") or {})
@@ -262,6 +262,11 @@ def _check(host, answer, req, pol, load=None, maint_re=False):
     return free, reasons
 
 
+def _anti_affinity(group, members):
+    """The reason a host with ``members`` of ``group`` cannot take the VM."""
+    return f"anti-affinity: group {group!r} already has {', '.join(members)} here"
+
+
 def fits(host: str, answer: Data, req: Data, pol: Data, load: Data | None = None) -> list[str]:
     """The reasons ``host`` cannot take ``req`` with ``load`` reserved there (empty: it fits)."""
     return _check(host, answer, req, pol, load)[1]
@@ -274,8 +279,9 @@ def _maintenance_re(patterns):
 
 def _fast_free(answer, host, need, maint_re):
     """The free-after tuple of a host that plainly fits (up, not in maintenance, nothing reserved there,
-    room for everything, no member of the group), else None: :func:`_check` then says why (or handles
-    what this does not). Plain arithmetic, no strings: most of a big fleet's hosts take this path.
+    room for everything, no member of the group); the sorted names of the group's members when they are
+    all that is in the way; else None: :func:`_check` then says why (or handles what this does not).
+    Plain arithmetic, no strings: most of a big fleet's hosts take this path.
     ``need``: (mem + reserve, cpu, overcommit, disk + reserve, disk asked, group) from :func:`rank`."""
     if answer.__class__ is not dict or answer.get("status", "up") != "up":
         return None
@@ -299,8 +305,10 @@ def _fast_free(answer, host, need, maint_re):
         return None
     if group:
         index = facts.get("groups")
-        if index.get(group) if isinstance(index, dict) else _group_members(answer, facts, group):
-            return None
+        if not isinstance(index, dict) or index.get(group):  # a member may be here: name them
+            members = _group_members(answer, facts, group)
+            if members:
+                return members
     return mem_left, mem_left / mem_total, cpu_left, cpu_left / cap, disk_left, vms
 
 
@@ -310,6 +318,37 @@ def _group_members(answer, facts, group):
     if isinstance(index, dict):
         return sorted(index.get(group) or ())
     return sorted(n for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("group") == group)
+
+
+def _sift(hosts, req, pol, skip, reserved):
+    """(hosts that fit as ``[(id, free-after tuple)]``, ``{id: reasons}`` of the others sorted by id)."""
+    maint_re = _maintenance_re(pol["maintenance"])
+    fits, excluded = [], {}
+    need = (
+        pol["mem_reserve_mib"] + req["mem"],
+        req["cpu"],
+        pol["cpu_overcommit"],
+        pol["disk_reserve_mib"] + req["disk_mib"],
+        req["disk_mib"],
+        req["group"],
+    )
+    for host, answer in hosts.items():
+        if host in skip:
+            excluded[host] = ["excluded by the caller (already tried)"]
+            continue
+        load = reserved.get(host)
+        free = None if load else _fast_free(answer, host, need, maint_re)
+        if free.__class__ is list:  # only the group's members are in the way
+            excluded[host] = [_anti_affinity(req["group"], free)]
+            continue
+        if free is None:
+            checked, reasons = _check(host, answer, req, pol, load, maint_re)
+            if reasons:
+                excluded[host] = reasons
+                continue
+            free = tuple(checked[k] for k in ("mem_mib", "mem_frac", "vcpus", "cpu_frac", "disk_mib", "vms"))
+        fits.append((host, free))
+    return fits, dict(sorted(excluded.items()))
 
 
 def rank(
@@ -331,31 +370,7 @@ def rank(
     """
     pol = pol or make_policy()
     reserved = reserved or {}
-    fits, excluded = [], {}
-    skip = set(exclude)
-    maint_re = _maintenance_re(pol["maintenance"])
-    need = (
-        pol["mem_reserve_mib"] + req["mem"],
-        req["cpu"],
-        pol["cpu_overcommit"],
-        pol["disk_reserve_mib"] + req["disk_mib"],
-        req["disk_mib"],
-        req["group"],
-    )
-    for host, answer in hosts.items():
-        if host in skip:
-            excluded[host] = ["excluded by the caller (already tried)"]
-            continue
-        load = reserved.get(host)
-        free = None if load else _fast_free(answer, host, need, maint_re)
-        if free is None:
-            checked, reasons = _check(host, answer, req, pol, load, maint_re)
-            if reasons:
-                excluded[host] = reasons
-                continue
-            free = tuple(checked[k] for k in ("mem_mib", "mem_frac", "vcpus", "cpu_frac", "disk_mib", "vms"))
-        fits.append((host, free))
-    excluded = dict(sorted(excluded.items()))
+    fits, excluded = _sift(hosts, req, pol, set(exclude), reserved)
     weights = pol["weights"]
     w_mem, w_cpu, w_disk, w_vms = (weights[k] for k in ("mem", "cpu", "disk", "vms"))
     terms = req.get("affinity") or ()

@@ -325,19 +325,45 @@ def test_the_fast_path_agrees_with_the_reasons_and_top_is_a_prefix(strategy):
         assert top["excluded"] == full["excluded"]
 
 
-def test_the_capacity_group_index_decides_as_the_vm_list_does():
-    """virt.capacity answers carry ``host.groups`` ({group: [names]}): the same exclusions as scanning vm_info."""
-    hosts = _random_fleet(200, 5)
+def _indexed(hosts):
+    """The same fleet as virt.capacity answers it: ``host.groups`` ({group: [names]}) beside vm_info."""
     indexed = {}
     for name, given in hosts.items():
         answer = dict(given)
         if answer["status"] == "up":
             groups = {}
-            for vm, info in sorted(answer["vm_info"].items()):
+            for vm, info in sorted(answer["vm_info"].items(), reverse=True):  # the index is not sorted
                 if info["group"]:
                     groups.setdefault(info["group"], []).append(vm)
             answer["host"] = dict(answer["host"], groups=groups)
         indexed[name] = answer
+    return indexed
+
+
+@pytest.mark.parametrize("shape", ["vm_info", "index"])
+def test_every_excluded_host_has_exactly_the_reasons_fits_gives(shape):
+    """The fast path's exclusions (the group's members only) read as the full check's, word for word, on
+    a random fleet, with and without in-flight reservations (which always take the full check)."""
+    hosts = _random_fleet(400, 11)
+    hosts = _indexed(hosts) if shape == "index" else hosts
+    pol = placement.make_policy({"maintenance": ["hv01*"]})
+    reserved = {"hv0002": {"mem": 512, "cpu": 1, "vms": ["x"], "groups": {"x": "web"}}}
+    for request in (req(1, 512, 0, "web"), req(2, 8 * GIB, 10 * GIB, "db"), req(1, 512)):
+        for load in ({}, reserved):
+            ranked = placement.rank(hosts, request, pol, reserved=load)
+            want = {h: placement.fits(h, a, request, pol, load.get(h)) for h, a in hosts.items()}
+            assert ranked["excluded"] == {h: reasons for h, reasons in sorted(want.items()) if reasons}
+            assert list(ranked["excluded"]) == sorted(ranked["excluded"])
+    assert any(
+        "anti-affinity" in r[0] and len(r) == 1
+        for r in placement.rank(hosts, req(1, 512, 0, "web"))["excluded"].values()
+    )
+
+
+def test_the_capacity_group_index_decides_as_the_vm_list_does():
+    """virt.capacity answers carry ``host.groups`` ({group: [names]}): the same exclusions as scanning vm_info."""
+    hosts = _random_fleet(200, 5)
+    indexed = _indexed(hosts)
     pol = placement.make_policy()
     for group in ("web", "db"):
         assert placement.rank(indexed, req(1, 512, 0, group), pol) == placement.rank(hosts, req(1, 512, 0, group), pol)
