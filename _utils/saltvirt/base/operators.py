@@ -29,7 +29,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from salt.exceptions import CommandExecutionError, SaltInvocationError
+from salt.exceptions import CommandExecutionError
+
+from saltvirt.base import validate
 
 # root; Salt's packaged master user; root through sudo (also what a master started with sudo publishes as)
 DEFAULT_OPERATORS = ("root", "salt", "sudo_*")
@@ -41,14 +43,7 @@ def operators(opts: Any) -> tuple[str, ...]:
     """``virt:operators`` of the minion config ``opts`` (never pillar, grains or the call): Salt user names,
     ``fnmatch`` globs allowed; :data:`DEFAULT_OPERATORS` when unset."""
     conf = (opts or {}).get("virt") or {}
-    value = conf.get("operators", DEFAULT_OPERATORS)
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise SaltInvocationError(
-            f"virt:operators (minion config) must be a list of Salt user names, not {value!r}: fix the minion config"
-        )
-    return tuple(value)
+    return validate.config_names(conf.get("operators", DEFAULT_OPERATORS), "virt:operators")
 
 
 def is_operator(opts: Any, user: str) -> bool:

@@ -171,3 +171,14 @@ def allowed_paths(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         raise SaltInvocationError(f"virt:allowed_paths must be a list of absolute directories, got {value!r}")
     return tuple(absolute_path(v, "virt:allowed_paths entry") for v in value)
+
+
+def config_names(value: Any, key: str, where: str = "minion config") -> tuple[str, ...]:
+    """A config list of names (``virt:operators``, ``virt:pools``, ...): a list of non-empty strings, one
+    string for a list of one. Anything else is SaltInvocationError in one wording naming ``key`` and the
+    config it is read from (``where``)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise SaltInvocationError(f"{key} in the {where} must be a list of names, got {value!r}: fix the {where}")
+    return tuple(value)

@@ -63,13 +63,7 @@ def _keys(entry, allowed, what, tenant_name):
 
 
 def _names(value, where):
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise SaltInvocationError(f"{where} must be a list of names, not {value!r}")
-    return list(value)
+    return [] if value is None else list(validate.config_names(value, where, "master config"))
 
 
 def _quota(value, where):

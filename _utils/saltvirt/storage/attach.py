@@ -46,23 +46,14 @@ def operator_settings(opts: Any) -> Data:
     ``host_devices`` (tuple of node device names a VM may be given; none by default) and
     ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto)."""
     conf = (opts or {}).get("virt") or {}
+    names = validate.config_names
     pools = conf.get("pools")
-    if pools is not None:
-        pools = _names(pools, "virt:pools")
     return {
         "adopt_orphan_disks": validate.to_bool(conf.get("adopt_orphan_disks", False)),
-        "pools": pools,
-        "host_devices": _names(conf.get("host_devices") or [], "virt:host_devices"),
-        "trusted_images": _names(conf.get("insecure_trusted_images") or [], "virt:insecure_trusted_images"),
+        "pools": None if pools is None else names(pools, "virt:pools"),
+        "host_devices": names(conf.get("host_devices") or [], "virt:host_devices"),
+        "trusted_images": names(conf.get("insecure_trusted_images") or [], "virt:insecure_trusted_images"),
     }
-
-
-def _names(value, key):
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise CommandExecutionError(f"{key} in the minion config must be a list of names, got {value!r}")
-    return tuple(value)
 
 
 def check_pool(pool: str, attach: bool, settings: Mapping[str, Any] | None) -> None:

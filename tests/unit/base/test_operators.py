@@ -77,7 +77,7 @@ def test_the_operator_list_comes_from_the_minion_config(tmp_path):
 
 def test_a_bad_operator_list_is_an_error_saying_what_to_fix():
     for bad in ({"x": 1}, [1], [""]):
-        with pytest.raises(SaltInvocationError, match=r"virt:operators \(minion config\) must be a list"):
+        with pytest.raises(SaltInvocationError, match=r"virt:operators in the minion config must be a list of names"):
             operators.operators({"virt": {"operators": bad}})
     assert operators.operators({"virt": {"operators": "ops"}}) == ("ops",)
     assert operators.operators({}) == operators.DEFAULT_OPERATORS

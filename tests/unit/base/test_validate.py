@@ -175,3 +175,17 @@ def test_seconds(value, expect):
 def test_seconds_refused_in_one_wording(value):
     with pytest.raises(SaltInvocationError, match=r"^t must be a number of seconds above 0 \(at most 60\), not "):
         validate.seconds(value, "t", 60)
+
+
+@pytest.mark.parametrize("bad", [{"x": 1}, [1], [""], None, 3, [None]])
+def test_config_names_refused_in_one_wording(bad):
+    with pytest.raises(SaltInvocationError, match=r"^virt:pools in the minion config must be a list of names, got "):
+        validate.config_names(bad, "virt:pools")
+    with pytest.raises(SaltInvocationError, match=r"in the master config .*: fix the master config$"):
+        validate.config_names(bad, "virt:operators", "master config")
+
+
+def test_config_names_takes_one_name_or_a_list():
+    assert validate.config_names("ops", "virt:operators") == ("ops",)
+    assert validate.config_names(["a", "b*"], "virt:operators") == ("a", "b*")
+    assert validate.config_names((), "virt:host_devices") == ()
