@@ -64,7 +64,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.spec import compat, vmargs
     from saltvirt.fleet import hypervisors, minionkeys, placement, publish as fleet, vmcreate, vmwait
-    from saltvirt.fleet import callers, catalog, fleetstate, quota, tenants
+    from saltvirt.fleet import callers, catalog, fleetstate, quota, tenants, vmupdate
     from saltvirt.fleet import leftovers as fleet_cleanup
 
 log = logging.getLogger(__name__)
@@ -488,19 +488,13 @@ def _tenancy(who, tenant, image, module_kwargs, **call):
         entry, image = catalog.resolve(__opts__, image)
     if tenant is None:
         return {"meta": {"creator": who.user}, "quota": None}, image, entry
+    return {"meta": {"tenant": tenant, "creator": who.user}, "quota": _quota_of(conf, tenant)}, image, entry
+
+
+def _quota_of(conf, tenant):
+    """``{name, quota, allowed(host)}``: what ``virt.init``/``virt.update`` take from ``tenant``'s quota."""
     tconf = conf["tenants"][tenant]
-    return (
-        {
-            "meta": {"tenant": tenant, "creator": who.user},
-            "quota": {
-                "name": tenant,
-                "quota": tconf["quota"],
-                "allowed": lambda h: tenants.host_allowed(tconf, h),
-            },
-        },
-        image,
-        entry,
-    )
+    return {"name": tenant, "quota": tconf["quota"], "allowed": lambda h: tenants.host_allowed(tconf, h)}
 
 
 # one VM -------------------------------------------------------------------------------------------
@@ -525,6 +519,16 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
     return _out({where: {"status": "up", "vm_info": {name: hosts[where]["vm_info"][name]}}})
 
 
+def _where(who, name, host, cfg, client):
+    """``(hypervisor of VM name, fleet snapshot)`` in one round trip: a tenant caller finds its tenant's VMs
+    only (by the owner in their <metadata>, read with ``virt.full_info``)."""
+    if who.operator:
+        hosts = fleet.gather(__opts__, "virt.vm_state", cfg, client)
+        return fleet.locate(hosts, name, host), hosts
+    hosts = tenants.visible(fleet.gather(__opts__, "virt.full_info", cfg, client), who, tenants.config(__opts__))
+    return tenants.locate(hosts, name, who, host), hosts
+
+
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
     """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer. A tenant
     caller acts on its tenant's VMs only (found by the owner in their <metadata>)."""
@@ -533,13 +537,7 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
         who = _who()
         with _client() as client:
             cfg = _cfg(tgt, tgt_type)
-            if who.operator:
-                where = fleet.locate(fleet.gather(__opts__, "virt.vm_state", cfg, client), name, host)
-            else:
-                seen = tenants.visible(
-                    fleet.gather(__opts__, "virt.full_info", cfg, client), who, tenants.config(__opts__)
-                )
-                where = tenants.locate(seen, name, who, host)
+            where, _hosts = _where(who, name, host, cfg, client)
             ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client)
     except SaltException as exc:
         return _failed(exc)
@@ -548,6 +546,59 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
             fleet.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid)
         )
     return _out({"name": name, "host": where, "result": ans["ret"]})
+
+
+def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwargs):
+    """
+    Change VM ``name`` where it is defined with the hypervisor's ``virt.update``: the same arguments
+    (``cpu``, ``mem``, ``nic``/``nic_profile``, ``disk``/``disk_profile``, ``disks``, ``interfaces``,
+    ``enable_vnc``, ``graphics``, ``live``, ``test``, ``autostart``, ...; docs/topics/vm-arguments.md) and
+    its answer (``definition``, ``cpu``, ``mem``, ``disk``, ``interface``, ``changes``, ``plan``, ...) with
+    the ``host``. The VM's per-name lock is held meanwhile (no ``virt.init`` or migration of it).
+
+    A tenant member updates its tenant's VMs only, with whole-number ``cpu``/``mem``, its profiles,
+    networks and pools, new blank ``disks`` (no path or device), ``enable_vnc``, ``live``, ``test`` and
+    ``autostart``; what the change adds (vCPUs, memory, new disks) is taken from its quota first, in the
+    same compare-and-set as ``virt.init`` (docs/topics/tenants.md). An operator's update is not counted.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.update web1 cpu=4 mem=4096
+        salt-run virt.update web1 disks='[{name: data, size: 10240}]' live=False
+        salt-run virt.update web1 cpu=2 test=True
+    """
+    try:
+        validate.vm_name(name)
+        who = _who()
+        kwargs = vmupdate.arguments(kwargs)
+        tenant = None
+        if not who.operator:
+            conf = tenants.config(__opts__)
+            tenants.check_update(conf["tenants"][who.tenant], who.tenant, kwargs)
+            cpu, mem = vmupdate.sizes(cpu, mem)
+            tenant = _quota_of(conf, who.tenant)
+        with _client() as client:
+            cfg = _cfg(tgt, tgt_type)
+
+            def call(where, fun, args, kwarg):
+                return fleet.call(__opts__, where, fun, args, kwarg, cfg, None, client)[0]
+
+            ret = vmupdate.update(
+                __opts__,
+                name,
+                cpu,
+                mem,
+                kwargs,
+                locate=lambda: _where(who, name, host, cfg, client),
+                call=call,
+                tenant=tenant,
+                job=globals().get("__jid__"),
+            )
+    except SaltException as exc:
+        return _failed(exc)
+    return _out(ret)
 
 
 def start(name, host=None, tgt=None, tgt_type=None):

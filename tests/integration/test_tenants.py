@@ -160,8 +160,9 @@ def test_the_docs_curl_walk_through_runs_as_written(cloud, tmp_path):
     )
     assert ret.returncode == 0, ret
     answers = [line for line in ret.stdout.replace("}{", "}\n{").splitlines() if line.strip()]
-    assert len(answers) == 7, ret.stdout
+    assert len(answers) == 8, ret.stdout
     assert '"host": "thv' in answers[1] and '"web1"' in answers[2] and '"acme"' in answers[3], answers
+    assert '"cpu": true' in answers[4] and '"definition": true' in answers[4], answers  # resized by virt.update
     assert '"error":' not in ret.stdout, ret.stdout
     assert "web1" not in libvirt_vms(cloud)
     shutil.rmtree(tmp_path, ignore_errors=True)
@@ -279,3 +280,19 @@ def test_usage_per_tenant(cloud):
     assert "memory: 192 (no quota)" in text.stdout or "MiB memory: 192 (no quota)" in text.stdout, text.stdout
     # a tenant sees its own line only
     assert sorted(login(cloud, "alice").runner("virt.usage")) == ["acme"]
+
+
+def test_a_tenant_resizes_its_own_vms_within_its_quota(cloud):
+    """salt-run virt.update through salt-api: the growth is taken from the quota (acme: 3 vCPUs), the other
+    tenant's VMs are not found."""
+    alice = login(cloud, "alice")
+    assert "error" not in alice.runner("virt.purge", name="a4")  # acme: a1, a2 (1 vCPU each) of 3
+    ret = alice.runner("virt.update", name="a1", cpu=2)
+    assert ret["host"] in HOSTS and ret["cpu"] is True and ret["changes"]["cpu"]["new"] == 2, ret
+    refused = alice.runner("virt.update", name="a2", cpu=3)
+    assert refused["error"].startswith("tenant acme: 3 of 3 vCPUs used, asked 2: no room to grow a2"), refused
+    theirs = next(n for n, v in libvirt_vms(cloud).items() if v["tenant"] == "beta")
+    ret = alice.runner("virt.update", name=theirs, cpu=1)
+    assert ret["error"] == f"no VM named {theirs} in tenant acme", ret
+    vms = libvirt_vms(cloud)
+    assert (vms["a1"]["vcpus"], vms["a2"]["vcpus"], vms[theirs]["vcpus"]) == (2, 1, 1), vms

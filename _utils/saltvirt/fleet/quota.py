@@ -11,9 +11,13 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
   snapshots taken before it settled, and while a hypervisor did not answer (its VMs may be there). Settled
   entries stay while their VM exists: ``virt.purge`` drops them, and a snapshot in which every hypervisor
   answered and the VM is gone prunes them.
+* growth entries (``<vm>/update``, ``grows: <vm>``): what a ``salt-run virt.update`` adds to an existing VM
+  (the positive part of its vCPU, memory and disk change; no VM). Active while the update runs; once it is
+  done the VM's own entry takes the new sizes and the growth entry, settled, counts only for snapshots
+  taken before it settled (those still show the VM's old sizes).
 
 :func:`reserve` re-counts and checks the quota inside the transaction, so two masters or twenty concurrent
-``virt.init`` calls of one tenant never take more than its quota together.
+``virt.init``/``virt.update`` calls of one tenant never take more than its quota together.
 """
 
 import contextlib
@@ -29,6 +33,7 @@ from saltvirt.fleet.tenants import QUOTA_KEYS
 
 QUOTAS = "salt-virt/quotas"
 MIB = 1048576
+GROWS = "/update"  # a growth entry's key: <vm>/update ('/' is in no VM name)
 
 
 class QuotaError(SaltInvocationError):
@@ -81,32 +86,53 @@ def count(
         used["disk"] += int(rec.get("disk_mib") or 0) if rec else _vm_disk_mib(vm)
         used["names"].append(name)
     for name, rec in sorted(entries.items()):
-        if name in seen:
+        if name in seen or not _counts(rec, down, since, now, skew):
             continue
-        if rec.get("state") == "settled":
-            counts = down or rec.get("settled_at", 0) >= since - skew
-        else:
-            counts = rec.get("expires", 0) > now
-        if counts:
-            used["vcpus"] += int(rec.get("cpu") or 0)
-            used["mem"] += int(rec.get("mem") or 0)
-            used["disk"] += int(rec.get("disk_mib") or 0)
+        grown = _grown(rec, seen, entries) if rec.get("grows") else rec
+        used["vcpus"] += int(grown.get("cpu") or 0)
+        used["mem"] += int(grown.get("mem") or 0)
+        used["disk"] += int(grown.get("disk_mib") or 0)
+        if not rec.get("grows"):  # a growth entry is no VM of its own
             used["names"].append(name)
     used["vms"] = len(used["names"])
     return used
 
 
-def _prune(entries, hosts, tenant, since, now, skew):
-    """Drop expired active entries, and settled ones whose VM a complete snapshot no longer shows."""
-    seen, down = tenant_vms(hosts, tenant), _down(hosts)
-    out = {}
-    for name, rec in entries.items():
-        if rec.get("state") == "settled":
-            if name in seen or down or rec.get("settled_at", 0) >= since - skew:
-                out[name] = rec
-        elif rec.get("expires", 0) > now:
-            out[name] = rec
+def _grown(rec, seen, entries):
+    """What a growth entry (that counts) adds to the snapshot: of its vCPUs and memory what the VM the
+    snapshot shows lacks of the update's target sizes (``to``: none once it shows them); its disk while
+    the update runs, or until the VM's own entry has it (once settled)."""
+    settled = rec.get("state") == "settled"
+    vm_name = rec["grows"]
+    out = {"disk_mib": 0 if settled and vm_name in entries else rec.get("disk_mib")}
+    for key in ("cpu", "mem"):
+        delta = int(rec.get(key) or 0)
+        if vm_name in seen:
+            target = int((rec.get("to") or {}).get(key) or 0)
+            delta = min(delta, max(0, target - int(seen[vm_name][1].get(key) or 0)))
+        elif settled:
+            delta = 0  # the VM's own entry has its new sizes
+        out[key] = delta
     return out
+
+
+def _counts(rec, down, since, now, skew):
+    """Whether a ledger entry whose VM the snapshot does not show counts (see the module doc)."""
+    if rec.get("state") != "settled":
+        return rec.get("expires", 0) > now
+    # a settled growth entry: only snapshots taken before it settled show the VM's old sizes
+    return (down and not rec.get("grows")) or rec.get("settled_at", 0) >= since - skew
+
+
+def _prune(entries, hosts, tenant, since, now, skew):
+    """Drop expired active entries, settled ones whose VM a complete snapshot no longer shows, and settled
+    growth entries every later snapshot has (the VM's new sizes)."""
+    seen, down = tenant_vms(hosts, tenant), _down(hosts)
+    return {
+        n: r
+        for n, r in entries.items()
+        if _counts(r, down, since, now, skew) or (n in seen and r.get("state") == "settled" and not r.get("grows"))
+    }
 
 
 def refusal(tenant: str, used: Data, quota: Data, asked: Data) -> str | None:
@@ -130,57 +156,90 @@ def reserve(
     since: float,
     quota: Data,
     cfg: Data | None = None,
+    grow: Data | None = None,
 ) -> Any:
     """Take ``req`` ({cpu, mem, disk_mib}) for VM ``name`` from ``tenant``'s quota, atomically (the usage is
-    re-counted inside the compare-and-set). Raises :class:`QuotaError` with every exceeded limit. The entry
-    is renewed with ``lease`` and ended by :func:`finish`."""
+    re-counted inside the compare-and-set). ``grow``: the sizes ``virt.update`` gives the existing VM ``name``
+    ({cpu, mem}, each optional) and ``req`` what that adds (a growth entry: no VM counted). Raises
+    :class:`QuotaError` with every exceeded limit. The entry is renewed with ``lease`` and ended by
+    :func:`finish`."""
     cfg = cfg or lease.cfg
     now = time.time()
-    asked = {"vcpus": int(req["cpu"]), "mem": int(req["mem"]), "disk": int(req.get("disk_mib") or 0), "vms": 1}
+    key = name + GROWS if grow else name
+    asked = {
+        "vcpus": int(req["cpu"]),
+        "mem": int(req["mem"]),
+        "disk": int(req.get("disk_mib") or 0),
+        "vms": int(not grow),
+    }
     refused: list[tuple[str, Data]] = []
 
     def update(old):
         refused.clear()
         entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
-        entries.pop(name, None)  # a stale one of ours (retry after a dead master) is replaced
+        entries.pop(key, None)  # a stale one of ours (retry after a dead master) is replaced
         used = count({"entries": entries}, hosts, tenant, since, now, cfg["clock_skew"])
         reasons = refusal(tenant, used, quota, asked)
         if reasons:
             refused.append((reasons, used))
             raise fleetstate.AbortUpdate
         sizes = {"cpu": asked["vcpus"], "mem": asked["mem"], "disk_mib": asked["disk"]}
-        entries[name] = fleetstate.active_entry(lease, now, **sizes)
+        entries[key] = fleetstate.active_entry(lease, now, **sizes, **({"grows": name, "to": grow} if grow else {}))
         return {"entries": entries}
 
     try:
         store.transact(QUOTAS, tenant, update)
     except fleetstate.AbortUpdate:
         reasons, used = refused[0]
+        what = f"to grow {name} (shrink or purge one of its VMs" if grow else f"for {name} (purge one of its VMs"
         raise QuotaError(
-            f"{reasons}: no room for {name} (purge one of its VMs, or ask the operator for a larger quota)",
-            dict(used, quota=quota),
+            f"{reasons}: no room {what}, or ask the operator for a larger quota)", dict(used, quota=quota)
         ) from None
-    where = (tenant, name)
+    where = (tenant, key)
     lease.on_renew.append(lambda expires: fleetstate.renew_reservation(store, where, lease.token, expires, QUOTAS))
     lease.quota = where
 
 
 def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_for: float | None = None) -> None:
     """End ``lease``'s quota entry: ``settled`` (the VM exists: the entry stays until it is purged),
-    ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds: it may still appear)."""
-    if getattr(lease, "quota", None):
-        fleetstate.end_entry(store, QUOTAS, lease.quota, lease, outcome, keep_for)
+    ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds: it may still appear). A growth
+    entry settled gives its VM's own entry the update's sizes (and its disk) in the same transaction."""
+    where = getattr(lease, "quota", None)
     lease.quota = None  # ended: a later "failed" must not drop what "unknown" kept
-
-
-def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:
-    """Drop VM ``name``'s entry from ``tenant``'s ledger (it was purged)."""
+    if not where:
+        return
+    if outcome != "settled" or not where[1].endswith(GROWS):
+        fleetstate.end_entry(store, QUOTAS, where, lease, outcome, keep_for)
+        return
+    tenant, key = where
+    now = time.time()
 
     def update(old):
         entries = dict((old or {}).get("entries") or {})
-        if name not in entries:
+        rec = entries.get(key)
+        if not rec or rec.get("token") != lease.token:
             raise fleetstate.AbortUpdate
-        del entries[name]
+        entries[key] = dict(rec, state="settled", settled_at=now)
+        vm = entries.get(rec["grows"])
+        if vm:
+            new = {k: int(v) for k, v in (rec.get("to") or {}).items() if v is not None}
+            new["disk_mib"] = int(vm.get("disk_mib") or 0) + int(rec.get("disk_mib") or 0)
+            entries[rec["grows"]] = dict(vm, **new)
+        return {"entries": entries}
+
+    with contextlib.suppress(fleetstate.AbortUpdate):
+        store.transact(QUOTAS, tenant, update)
+
+
+def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:
+    """Drop VM ``name``'s entries (its own, a growth one) from ``tenant``'s ledger (it was purged)."""
+
+    def update(old):
+        entries = dict((old or {}).get("entries") or {})
+        if name not in entries and name + GROWS not in entries:
+            raise fleetstate.AbortUpdate
+        for key in (name, name + GROWS):
+            entries.pop(key, None)
         return {"entries": entries} if entries else None
 
     with contextlib.suppress(fleetstate.AbortUpdate):

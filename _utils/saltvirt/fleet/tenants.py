@@ -27,6 +27,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
+from saltvirt.spec import vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
 TENANT_KEYS = ("members", "quota", "images", "profiles", "networks", "pools", "hypervisors")
@@ -35,6 +36,8 @@ INIT_KWARGS = frozenset(
     {"nic", "disk", "interfaces", "disks", "start", "seed", "group", "affinity", "enable_qcow", "enable_vnc"}
     | {"wait", "wait_timeout", "saltenv", "cloud_init", "guest_agent", "host", "fallback"}
 )
+# what a tenant may pass to salt-run virt.update besides name/cpu/mem (Salt's nic_profile/disk_profile mapped first)
+UPDATE_KWARGS = frozenset({"nic", "disk", "interfaces", "disks", "enable_vnc", "live", "test", "autostart"})
 NIC_KEYS = frozenset({"name", "source", "network", "bridge", "type", "model", "mac"})
 DISK_KEYS = frozenset({"name", "size", "format", "pool", "bus", "model"})  # no image, path or volume: a new disk
 
@@ -153,22 +156,33 @@ def check_init(conf: Data, tenant_name: str, kwargs: Data) -> None:
     """Refuse what a tenant caller may not pass to ``virt.init``: keywords outside :data:`INIT_KWARGS`
     (paths, URIs, devices, seeding and trust switches stay with the operator), profiles, networks and
     pools outside the tenant's lists, a ``host=`` outside its hypervisors."""
-    extra = sorted(k for k in kwargs if k not in INIT_KWARGS)
+    _check(conf, tenant_name, {"nic": "default", "disk": "default", **kwargs}, INIT_KWARGS, "virt.init")
+
+
+def check_update(conf: Data, tenant_name: str, kwargs: Data) -> None:
+    """Refuse what a tenant caller may not pass to ``virt.update`` (Salt's spellings already mapped): keywords
+    outside :data:`UPDATE_KWARGS`, and profiles, networks and pools outside the tenant's lists, as
+    :func:`check_init` does."""
+    _check(conf, tenant_name, kwargs, UPDATE_KWARGS, "virt.update")
+
+
+def _check(conf, tenant_name, kwargs, allowed, fun):
+    extra = sorted(k for k in kwargs if k not in allowed)
     if extra:
         raise SaltInvocationError(
-            f"tenant {tenant_name} may not pass {', '.join(extra)} to virt.init "
-            f"(a tenant may pass: {', '.join(sorted(INIT_KWARGS))})"
+            f"tenant {tenant_name} may not pass {', '.join(extra)} to {fun} "
+            f"(a tenant may pass: {', '.join(sorted(allowed))})"
         )
     for key in ("nic", "disk"):
-        profile = kwargs.get(key, "default")
-        if profile not in conf["profiles"]:
+        profile = kwargs.get(key)
+        if key in kwargs and profile not in conf["profiles"]:
             refuse(f"{key} profile", profile, tenant_name, conf["profiles"])
-    for nic in kwargs.get("interfaces") or []:
+    for nic in vmspec.named_entries(kwargs.get("interfaces"), "interfaces"):
         _keys(nic, NIC_KEYS, "interfaces", tenant_name)
         source = nic.get("source") or nic.get("network") or nic.get("bridge")
         if not isinstance(source, str) or source not in conf["networks"]:
             refuse("network", source, tenant_name, conf["networks"])
-    for disk in kwargs.get("disks") or []:
+    for disk in vmspec.named_entries(kwargs.get("disks"), "disks"):
         _keys(disk, DISK_KEYS, "disks", tenant_name)
         pool = disk.get("pool")
         if pool is not None and pool not in conf["pools"]:
@@ -220,5 +234,5 @@ def operator_only(caller: Caller, fun: str) -> None:
         raise SaltInvocationError(
             f"{fun} is for operators: user {caller.user} is a member of tenant {caller.tenant} "
             "(tenants use virt.init, virt.query, virt.list, virt.vm_info, virt.start/stop/..., virt.purge, "
-            "virt.migrate, virt.usage and virt.backup)"
+            "virt.update, virt.migrate, virt.usage and virt.backup)"
         )

@@ -133,8 +133,9 @@ class VMSpec:
     memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
 
 
-def _named_entries(value, what):
-    """Profiles come as a list of {name: {...}}, a list of {'name': n, ...} or a dict {name: {...}}."""
+def named_entries(value: Any, what: str) -> list[Data]:
+    """Profiles come as a list of {name: {...}}, a list of {'name': n, ...} or a dict {name: {...}}: as a
+    list of ``{name, ...}`` (checked: every entry a mapping with a name)."""
     if value is None:
         return []
     if isinstance(value, dict):
@@ -180,7 +181,7 @@ def _profile(profiles, kind, name, default):
         )
     table = (profiles or {}).get(kind) or {}
     if name in table:
-        return _named_entries(table[name], f"virt:{kind}:{name}")
+        return named_entries(table[name], f"virt:{kind}:{name}")
     if name == "default":
         return copy.deepcopy(default)
     raise SaltInvocationError(
@@ -412,12 +413,12 @@ def build(
 
     nic_entries = merge_by_name(
         [_nic_shorthand(e, f"virt:nic:{nic}") for e in _profile(profiles, "nic", nic, DEFAULT_NICS)],
-        [_nic_shorthand(e) for e in _named_entries(interfaces, "interfaces")],
+        [_nic_shorthand(e) for e in named_entries(interfaces, "interfaces")],
     )
     nics = [_nic(e) for e in nic_entries]
 
     default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
-    disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), _named_entries(disks, "disks"))
+    disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), named_entries(disks, "disks"))
     disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(disk_entries)]
     cloud = speckeys.cloud_init(cloud_init)
     if cloud is not None:

@@ -137,3 +137,44 @@ def test_usage_report():
     assert out["acme"]["vcpus"] == {"used": 3, "quota": 4, "bar": "vCPUs: [###############.....] 3 of 4"}
     assert out["acme"]["vm_names"] == ["a1", "a2"]
     assert out["beta"]["vcpus"]["bar"] == "vCPUs: 4 (no quota)"
+
+
+def test_a_growth_entry_counts_what_the_snapshot_lacks_and_is_no_vm():
+    """``<vm>/update`` (salt-run virt.update growing a1 from 2 to 4 vCPUs, +100 MiB disk): while it runs it
+    counts on top of a snapshot that shows a1 with 2 vCPUs, not on top of one that shows 4 already; settled,
+    its disk is in a1's own entry."""
+    now = time.time()
+    grow = {"cpu": 2, "mem": 0, "disk_mib": 100, "grows": "a1", "to": {"cpu": 4, "mem": None}}
+    ledger = {"entries": {"a1": {"cpu": 2, "mem": 512, "disk_mib": 3, "state": "settled", "settled_at": now - 60}}}
+    ledger["entries"]["a1/update"] = dict(grow, state="active", expires=now + 60)
+    used = quota.count(ledger, HOSTS, "acme", since=now, now=now)
+    assert (used["vcpus"], used["disk"], used["vms"], used["names"]) == (5, 103, 2, ["a1", "a2"])
+    grown = {h: {"status": "up", "vm_info": dict(a["vm_info"])} for h, a in HOSTS.items()}
+    grown["h1"]["vm_info"]["a1"] = vm("acme", 4, 512)
+    assert quota.count(ledger, grown, "acme", since=now, now=now)["vcpus"] == 5  # 4 + 1, nothing twice
+    # settled (a1's own entry folded): an older snapshot still lacks the vCPUs, the disk is a1's own now
+    ledger["entries"]["a1"]["disk_mib"] = 103
+    ledger["entries"]["a1/update"] = dict(grow, state="settled", settled_at=now)
+    older = quota.count(ledger, HOSTS, "acme", since=now - 1, now=now)
+    assert (older["vcpus"], older["disk"]) == (5, 103)
+    assert quota.count(ledger, HOSTS, "acme", since=now + 60, now=now + 60)["vcpus"] == 3  # pruned: out of the window
+
+
+def test_growth_reserve_settle_and_forget(backend):
+    opts = backend()
+    store = fleetstate.Store(opts)
+    with fleetstate.lock(opts, ["a1"]) as lease:
+        quota.reserve(store, lease, "acme", "a1", {"cpu": 2, "mem": 64}, {}, time.time(), {})
+        quota.finish(store, lease, "settled")
+    with fleetstate.lock(opts, ["a1"]) as lease:
+        to = {"cpu": 4, "mem": None}
+        quota.reserve(store, lease, "acme", "a1", {"cpu": 2, "mem": 0, "disk_mib": 10}, {}, time.time(), {}, grow=to)
+        quota.finish(store, lease, "settled")
+    entries = store.fetch(quota.QUOTAS, "acme")["entries"]
+    assert (entries["a1"]["cpu"], entries["a1"]["mem"], entries["a1"]["disk_mib"]) == (4, 64, 10)
+    assert entries["a1/update"]["state"] == "settled" and entries["a1/update"]["grows"] == "a1"
+    with fleetstate.lock(opts, ["a1"]) as lease, pytest.raises(quota.QuotaError) as err:
+        quota.reserve(store, lease, "acme", "a1", {"cpu": 1, "mem": 0}, {}, time.time(), {"vcpus": 4}, grow=to)
+    assert str(err.value).startswith("tenant acme: 4 of 4 vCPUs used, asked 1: no room to grow a1 (shrink or purge")
+    quota.forget(store, "acme", "a1")
+    assert store.fetch(quota.QUOTAS, "acme") is None

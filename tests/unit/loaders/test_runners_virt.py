@@ -114,6 +114,28 @@ def test_tenant_init_refusals_before_anything_happens(tenant_runner, tmp_path, k
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"boot": {"kernel": "/etc/shadow"}}, "tenant acme may not pass boot to virt.update (a tenant may pass: "),
+        ({"host_devices": ["pci_0000_00_1f_2"]}, "tenant acme may not pass host_devices to virt.update"),
+        ({"graphics": {"type": "vnc", "listen": "0.0.0.0"}}, "tenant acme may not pass graphics to virt.update"),
+        ({"disks": [{"name": "d", "path": "/dev/sda"}]}, "tenant acme may not set path in disks (allowed: "),
+        ({"disks": {"d": {"size": 8, "pool": "ops"}}}, "tenant acme may not use pool 'ops' (allowed: none)"),
+        ({"nic_profile": "uplink"}, "tenant acme may not use nic profile 'uplink' (allowed: default)"),
+        ({"interfaces": [{"name": "e", "bridge": "br-mgmt"}]}, "tenant acme may not use network 'br-mgmt'"),
+        ({"cpu": {"maximum": 4, "tuning": {"vcpupin": {0: "0"}}}}, "cpu must be"),
+        ({"connection": "qemu:///system"}, "salt-run virt.update: connection= is not forwarded"),
+        ({"alloewd_paths": ["/"]}, "salt-run virt.update: unknown argument(s) alloewd_paths"),
+    ],
+)
+def test_tenant_update_refusals_before_anything_happens(tenant_runner, kwargs, message):
+    """What a tenant may not pass to salt-run virt.update is refused before any hypervisor is asked (none
+    answers here: a refusal after publishing would say so)."""
+    ret = tenant_runner("alice", "virt.update", "web1", **kwargs)
+    assert ret["data"]["error"].startswith(message), ret
+
+
 def test_callers_from_the_job_user_only(tenant_runner):
     assert tenant_runner("alice", "virt.whoami") == {
         "user": "alice",

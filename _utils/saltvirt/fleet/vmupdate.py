@@ -1,0 +1,116 @@
+"""The master side of ``salt-run virt.update``: one VM changed where it is defined, within its tenant's quota.
+
+The runner finds the VM (for a tenant caller among its tenant's VMs only) and calls :func:`update`, which
+holds the VM's per-name lock (the one ``virt.init`` and migrations take), takes what the change adds from
+the tenant's quota (a growth entry, :func:`saltvirt.fleet.quota.reserve` with ``grow=True``: the same
+compare-and-set as ``virt.init``'s), runs the hypervisor's ``virt.update`` and settles the quota with the
+VM's new sizes (or gives it back when the update failed). The arguments are the module's
+(:mod:`saltvirt.spec.vmargs`); the hypervisor checks their values as for any ``virt.update``.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.fleet import fleetstate, publish, quota
+from saltvirt.spec import compat, vmargs
+
+FUN = "virt.update"
+
+
+def arguments(kwargs: Data) -> Data:
+    """The keywords a runner call passes on to the hypervisor's ``virt.update``: the loader's ``__`` keys
+    dropped, Salt's spellings mapped (``nic_profile`` -> ``nic``, ``disk_profile`` -> ``disk``), what the
+    runner sets itself (``connection``) and names ``virt.update`` does not take refused."""
+    kwargs = {k: v for k, v in kwargs.items() if not str(k).startswith("__")}
+    for old, new in vmargs.update_renames().items():
+        if old in kwargs:
+            if new in kwargs:
+                raise SaltInvocationError(f"salt-run virt.update: give {new}= or {old}= (Salt's name), not both")
+            kwargs[new] = kwargs.pop(old)
+    where = "salt-run virt.update"
+    table = vmargs.BY_NAME
+    refused = sorted(k for k in kwargs if k in table and table[k].update and table[k].runner == vmargs.REFUSE)
+    if refused:
+        raise SaltInvocationError(f"{where}: {refused[0]}= is not forwarded: {vmargs.BY_NAME[refused[0]].refusal}")
+    compat.refuse_unknown(kwargs, [*vmargs.UPDATE_KWARGS, *vmargs.UPDATE_ONLY], where)
+    return kwargs
+
+
+def sizes(cpu: Any, mem: Any) -> tuple[int | None, int | None]:
+    """A tenant's ``cpu``/``mem``: whole numbers (vCPUs, MiB) or not given (None, Salt's 0): what its quota
+    counts (Salt's cpu/mem mappings, with host CPU pinning and NUMA placement, stay with the operator)."""
+
+    def one(value: Any, what: str) -> int | None:
+        return None if value in (None, 0, "0") else validate.positive_int(value, what)
+
+    return one(cpu, "cpu"), one(mem, "mem (MiB)")
+
+
+def growth(vm: Data, cpu: int | None, mem: int | None, added: Data | None = None) -> Data:
+    """What an update adds to a VM (``vm``: its ``virt.full_info`` entry): ``{cpu, mem, disk_mib}``, the
+    positive part of each change; ``added``: the hypervisor's ``changes`` of a ``test=True`` run (new blank
+    disks count with their size; an existing file attached is none of the quota's)."""
+    disks = ((added or {}).get("disks") or {}).get("added") or []
+    return {
+        "cpu": max(0, (cpu or 0) - int(vm.get("cpu") or 0)) if cpu else 0,
+        "mem": max(0, (mem or 0) - int(vm.get("mem") or 0)) if mem else 0,
+        "disk_mib": sum(int(d.get("size") or 0) for d in disks if not d.get("attach")),
+    }
+
+
+def _answer(where: str, name: str, ans: Data) -> Data:
+    if ans.get("status") != "up":
+        raise publish.Failed(f"{FUN} {name} on {where}: {ans.get('status')}: {ans.get('error')}", host=where)
+    return ans["ret"]
+
+
+def update(
+    opts: SaltOpts,
+    name: str,
+    cpu: Any,
+    mem: Any,
+    kwargs: Data,
+    *,
+    locate: Callable[[], tuple[str, dict[str, Data]]],
+    call: Callable[[str, str, list[Any], Data], Data],
+    tenant: Data | None = None,
+    job: str | None = None,
+    store: fleetstate.Store | None = None,
+) -> Data:
+    """Update VM ``name`` where it is defined; the module's answer with ``host``.
+
+    ``locate()``: ``(host, fleet snapshot)`` taken now (``virt.full_info`` when ``tenant`` is given);
+    ``call(host, fun, args, kwargs)``: one hypervisor's answer (:func:`saltvirt.fleet.publish.call`);
+    ``tenant``: ``{name, quota}`` whose quota the growth is taken from (a tenant caller), or None (an
+    operator: not counted). Raises :class:`saltvirt.fleet.quota.QuotaError` when the growth does not fit."""
+    test = validate.to_bool(kwargs.get("test", False))
+    with fleetstate.lock(opts, [name], kind=FUN, job=job, store=store) as lease:
+        try:
+            since = time.time()
+            where, hosts = locate()
+            args = dict(kwargs, cpu=cpu, mem=mem)
+            if tenant and not test:
+                trial = None
+                if "disks" in kwargs or "disk" in kwargs:  # the disks it adds, as the hypervisor builds them
+                    trial = _answer(where, name, call(where, FUN, [name], dict(args, test=True)))["changes"]
+                grown = growth(hosts[where]["vm_info"][name], cpu, mem, trial)
+                if any(grown.values()):
+                    to = {"cpu": cpu, "mem": mem}
+                    quota.reserve(
+                        lease.store, lease, tenant["name"], name, grown, hosts, since, tenant["quota"], grow=to
+                    )
+            lease.check()  # never change a VM whose lock we no longer hold
+            lease.note(host=where)
+            ans = call(where, FUN, [name], args)
+            if ans.get("status") in ("down", "timeout"):  # it may still apply: the growth stays counted a while
+                quota.finish(lease.store, lease, "unknown")
+            ret = _answer(where, name, ans)
+            quota.finish(lease.store, lease, "settled")
+        finally:  # refused, failed, or the hypervisor said no: the growth is given back (no-op once ended)
+            quota.finish(lease.store, lease, "failed")
+    return dict(ret, host=where)
