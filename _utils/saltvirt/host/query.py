@@ -99,18 +99,33 @@ def _disk(d, size):
     return out
 
 
+def _domain_xml(dom):
+    """(XML, whether it is the secure one) in one round trip: the secure XML tells whether a console has a
+    password (only that yes/no, and none of its other additions, leaves :func:`describe`); the plain one
+    where this connection may not read it (read-only)."""
+    try:
+        return dom.XMLDesc(XML_SECURE), True
+    except libvirt.libvirtError as exc:
+        if _vanished(exc):
+            raise
+        return dom.XMLDesc(0), False
+
+
 def describe(
     dom: Domain, hostname: str, stats: Data | None = None, xml: str | None = None, listed: Data | None = None
 ) -> Data:
     """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
     domains (autostart / persistent known without two round trips per domain)."""
-    root = domxml.read(xml or dom.XMLDesc(0))  # parsed once for every fact below
+    secure = False
+    if xml is None:
+        xml, secure = _domain_xml(dom)
+    root = domxml.read(xml)  # parsed once for every fact below
     facts = domxml.parse(root)
-    if facts["graphics"]:
+    if facts["graphics"] and not secure:
         # libvirt drops passwd from the plain XML: whether a console has one is read from the secure XML,
         # which is parsed here and dropped (only the yes/no leaves this function)
-        secure = domxml.parse(domxml.read(dom.XMLDesc(XML_SECURE)))["graphics"]
-        for g, s in zip(facts["graphics"], secure, strict=False):
+        consoles = domxml.parse(domxml.read(dom.XMLDesc(XML_SECURE)))["graphics"]
+        for g, s in zip(facts["graphics"], consoles, strict=False):
             g["password"] = bool(s.get("password"))
     stats = stats or {}
     state_code = stats.get("state.state")

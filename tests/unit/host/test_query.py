@@ -101,3 +101,43 @@ def test_domain_disks_of_every_domain_but_one(test_conn):
     assert [vm for vm, _d in query.domain_disks(test_conn, but_uuid=web.UUIDString())] == ["db1"]
     web.create()  # running: its live definition counts too (a hot-plugged disk)
     assert sorted(vm for vm, _d in query.domain_disks(test_conn, but="db1")) == ["web1", "web1"]
+
+
+def _steady(info):
+    """A VM's facts but its cputime (the test driver's is the clock)."""
+    return {k: v for k, v in info.items() if k != "cputime"}
+
+
+def test_one_secure_read_per_vm_answers_as_the_plain_read_and_keeps_its_secrets(test_conn):
+    """vm_info reads each VM's secure XML once (the console password's yes/no without a second round trip);
+    the answer is the one the plain XML gives, and neither the password nor a disk's HTTP cookies leave."""
+    dom = test_conn.defineXML(
+        "<domain type='test'><name>sec1</name><memory>65536</memory><os><type>hvm</type></os><devices>"
+        "<disk type='network' device='disk'><driver name='qemu' type='raw'/><source protocol='http' name='x.img'>"
+        "<host name='example.com' port='80'/><cookies><cookie name='c'>c00kievalue</cookie></cookies></source>"
+        "<target dev='vdb' bus='virtio'/></disk><graphics type='vnc' port='-1' autoport='yes' passwd='s3cretpw' "
+        "passwdValidTo='2030-01-01T00:00:00' listen='127.0.0.1'/></devices></domain>"
+    )
+    assert "c00kievalue" in dom.XMLDesc(query.XML_SECURE) and "c00kievalue" not in dom.XMLDesc(0)
+    hostname = test_conn.getHostname()
+    one_read = query.describe(dom, hostname)
+    plain_then_secure = query.describe(dom, hostname, xml=dom.XMLDesc(0))
+    assert _steady(one_read) == _steady(plain_then_secure) and one_read["graphics"]["password"] is True
+    assert "s3cretpw" not in repr(one_read) and "c00kievalue" not in repr(one_read)
+
+
+def test_a_read_only_connection_gets_the_plain_xml():
+    """libvirt refuses the secure XML on a read-only connection: a VM without a console is still described."""
+    import libvirt
+
+    rw = libvirt.open("test:///default")
+    ro = libvirt.openReadOnly("test:///default")
+    try:
+        rw.defineXML("<domain type='test'><name>ro1</name><memory>65536</memory><os><type>hvm</type></os></domain>")
+        with pytest.raises(libvirt.libvirtError):
+            ro.lookupByName("ro1").XMLDesc(query.XML_SECURE)
+        assert _steady(query.vm_info(ro, "ro1")["ro1"]) == _steady(query.vm_info(rw, "ro1")["ro1"])
+    finally:
+        rw.lookupByName("ro1").undefine()
+        ro.close()
+        rw.close()
