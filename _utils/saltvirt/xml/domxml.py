@@ -16,11 +16,14 @@ from saltvirt.base.salttypes import Data
 from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec
 from saltvirt.xml.domxml_features import CPUTUNE_SCALARS, FEATURES, feature_facts, replace_features  # noqa: F401
 from saltvirt.xml.etree import el as _el
+from saltvirt.xml.etree import every as _every
+from saltvirt.xml.etree import first as _first
 from saltvirt.xml.etree import mib as _mib
 from saltvirt.xml.etree import sub as _sub
 from saltvirt.xml.etree import to_int as _int
 
 METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
+_VM = f"{{{METADATA_NS}}}vm"  # salt-virt's element in a domain's <metadata>
 GUEST_AGENT = "org.qemu.guest_agent.0"  # the virtio-serial port name the QEMU guest agent listens on
 ET.register_namespace("saltvirt", METADATA_NS)
 
@@ -462,7 +465,7 @@ def parse(xml: str | ET.Element) -> Data:
     disks = []
     for d in devices.findall("disk"):
         src, tgt, drv = d.find("source"), d.find("target"), d.find("driver")
-        backing = d.find("backingStore/source")
+        backing = _first(d, "backingStore", "source")
         disks.append(
             {
                 "target": tgt.get("dev") if tgt is not None else None,
@@ -516,7 +519,7 @@ def parse(xml: str | ET.Element) -> Data:
             el = os_el.find(key)
             if el is not None:
                 boot[key] = el.text
-    log = devices.find("serial/log")
+    log = _first(devices, "serial", "log")
     vcpu = root.find("vcpu")
     return {
         "name": root.findtext("name"),
@@ -530,17 +533,23 @@ def parse(xml: str | ET.Element) -> Data:
         "graphics": graphics,
         "boot": boot,
         "serial_log": log.get("file") if log is not None else None,
-        "group": root.findtext(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}group"),
+        "group": _meta_text(root, "group"),
         "minion": _minion(root),
         "owner": owner(root),
         "guest_agent": _guest_agent(devices),
     }
 
 
+def _meta_text(root, tag):
+    """The text of salt-virt's ``<metadata><sv:vm><sv:{tag}>`` ("" when empty), None without one."""
+    el = _first(root, "metadata", _VM, f"{{{METADATA_NS}}}{tag}")
+    return None if el is None else el.text or ""
+
+
 def _guest_agent(devices):
     """The guest agent channel's state: ``connected``/``disconnected`` (a running VM, as libvirt reports
     it), ``unknown`` (no state reported: not running, or a driver that does not say), None (no channel)."""
-    for el in devices.findall("channel/target"):
+    for el in _every(devices, "channel", "target"):
         if el.get("name") == GUEST_AGENT:
             return el.get("state") or "unknown"
     return None
@@ -548,7 +557,7 @@ def _guest_agent(devices):
 
 def owner(root: ET.Element) -> dict | None:
     """``{tenant, creator}`` salt-run virt.init recorded in the domain's <metadata>, or None."""
-    el = root.find(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}owner")
+    el = _first(root, "metadata", _VM, f"{{{METADATA_NS}}}owner")
     if el is None:
         return None
     return {key: el.get(key) for key in ("tenant", "creator")}
@@ -556,7 +565,7 @@ def owner(root: ET.Element) -> dict | None:
 
 def _minion(root):
     """``{id, key_sha256}`` of the minion key virt.init seeded into this VM (its <metadata>), or None."""
-    el = root.find(f"metadata/{{{METADATA_NS}}}vm/{{{METADATA_NS}}}minion")
+    el = _first(root, "metadata", _VM, f"{{{METADATA_NS}}}minion")
     if el is None or not el.get("id") or not el.get("key_sha256"):
         return None
     return {"id": el.get("id"), "key_sha256": el.get("key_sha256")}
@@ -565,7 +574,7 @@ def _minion(root):
 def loader(xml: str | ET.Element) -> Data:
     """``<os><loader>`` as Salt's ``virt.get_loader``: ``{path, <attributes>}``, ``{path: "None"}`` if none."""
     out = {"path": "None"}
-    el = read(xml).find("os/loader")
+    el = _first(read(xml), "os", "loader")
     if el is not None:
         out["path"] = (el.text or "").strip() or "None"
         out.update(el.attrib)
@@ -593,7 +602,7 @@ def salt_devices(xml: str | ET.Element) -> Data:
     ``<graphics>`` as strings over Salt's defaults (``"None"``), the password left out."""
     root = read(xml)
     nics: list[Data] = []
-    for iface in root.findall("devices/interface"):
+    for iface in _every(root, "devices", "interface"):
         nic: Data = {"type": iface.get("type")}
         for el in iface:
             if el.tag == "mac":
@@ -608,7 +617,7 @@ def salt_devices(xml: str | ET.Element) -> Data:
         if nic.get("mac"):
             nics.append(nic)
     graphics = dict.fromkeys(SALT_GRAPHICS_KEYS, "None")
-    for el in root.findall("devices/graphics")[:1]:
+    for el in _every(root, "devices", "graphics")[:1]:
         graphics.update({k: v for k, v in el.attrib.items() if k not in SECRET_ATTRS})
     return {"nics": nics, "graphics": graphics}
 

@@ -22,6 +22,27 @@ def sub(parent: ET.Element, tag: str, text: Any = None, **attrs: Any) -> ET.Elem
     return child
 
 
+def first(node: ET.Element, *tags: str) -> ET.Element | None:
+    """``node.find("a/b/c")`` for plain tags (``a``, ``{ns}b``), one tag at a time: ElementTree's C code
+    finds one tag, a path goes through ElementPath in Python (several times slower per call)."""
+    head, rest = tags[0], tags[1:]
+    if not rest:
+        return node.find(head)
+    for child in node.findall(head):
+        found = first(child, *rest)
+        if found is not None:
+            return found
+    return None
+
+
+def every(node: ET.Element, *tags: str) -> list[ET.Element]:
+    """``node.findall("a/b")`` for plain tags, one tag at a time (see :func:`first`)."""
+    found = [node]
+    for tag in tags:
+        found = [child for parent in found for child in parent.findall(tag)]
+    return found
+
+
 def to_int(text: Any, default: int = 0) -> int:
     """An integer from XML text, ``default`` when it is missing or not a number."""
     try:
@@ -35,14 +56,16 @@ def mib(node: ET.Element | None, attr: str | None = None) -> int:
     if node is None:
         return 0
     unit = (node.get("unit") or "KiB").lower()
-    factor = {
-        "b": 1 / 1048576,
-        "bytes": 1 / 1048576,
-        "kib": 1 / 1024,
-        "k": 1 / 1024,
-        "mib": 1,
-        "m": 1,
-        "gib": 1024,
-        "g": 1024,
-    }
-    return int(to_int(node.get(attr) if attr else node.text) * factor.get(unit, 1 / 1024))
+    return int(to_int(node.get(attr) if attr else node.text) * _PER_MIB.get(unit, 1 / 1024))
+
+
+_PER_MIB = {
+    "b": 1 / 1048576,
+    "bytes": 1 / 1048576,
+    "kib": 1 / 1024,
+    "k": 1 / 1024,
+    "mib": 1,
+    "m": 1,
+    "gib": 1024,
+    "g": 1024,
+}

@@ -30,3 +30,22 @@ def test_to_int(text, default, want):
 def test_mib_units(xml, want):
     assert etree.mib(ET.fromstring(xml)) == want
     assert etree.mib(None) == 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["serial/log", "backingStore/source", "metadata/{urn:x}vm/{urn:x}group", "os/loader", "devices/graphics", "nope/x"],
+)
+def test_first_and_every_walk_a_path_as_find_and_findall_do(path):
+    """One tag at a time (ElementTree's C code) gives what ElementPath gives: the first match under any
+    branch, not only under the first element of the first tag."""
+    root = ET.fromstring(
+        "<r xmlns:x='urn:x'><serial/><serial><log file='b'/></serial><serial><log file='c'/></serial>"
+        "<backingStore><format/></backingStore><backingStore><source file='s'/></backingStore>"
+        "<metadata><other/></metadata><metadata><x:vm><x:group>web</x:group></x:vm></metadata>"
+        "<os><type/></os><devices><graphics type='vnc'/><disk/><graphics type='spice'/></devices><devices>"
+        "<graphics type='sdl'/></devices></r>"
+    )
+    tags = path.split("/")
+    assert etree.first(root, *tags) is root.find(path)
+    assert etree.every(root, *tags) == root.findall(path)
