@@ -37,6 +37,7 @@ def reps_for(cfg, impl, size):
 
 
 FLOOR = "raw libvirt-python (floor)"
+FLOOR_KA = "raw libvirt-python + keepalive"
 CAP_COLD = "salt-virt virt.capacity, cold cache"
 CAP_WARM = "salt-virt virt.capacity, warm cache"
 
@@ -44,7 +45,7 @@ CAP_WARM = "salt-virt virt.capacity, warm cache"
 def measure(impl, uri, reps, images_dir, timeout):
     """``reps`` fresh processes, one full_info call each (the floor: its raw libvirt equivalent)."""
     if impl.get("floor"):
-        spec = {"mode": "rawquery", "uri": uri, "reps": 1}
+        spec = {"mode": "rawquery", "uri": uri, "reps": 1, "keepalive": impl.get("keepalive", False)}
     else:
         spec = {
             "mode": "call",
@@ -197,6 +198,25 @@ def render(rows):
                     cap,
                 )
             )
+        ka = []
+        for size in sorted({r["size"] for r in sub}):
+            by = {r["impl"]: r for r in sub if r["size"] == size}
+            if FLOOR_KA not in by:
+                continue
+            medians = [by.get(i, {}).get("wall") and by[i]["wall"]["median"] for i in (FLOOR, FLOOR_KA, "salt-virt")]
+            ka.append(
+                [size]
+                + [common.fmt_stat(by.get(i, {}).get("wall")) for i in (FLOOR, FLOOR_KA, "salt-virt")]
+                + [f"**{common.ratio(medians[2], medians[0])}**", f"**{common.ratio(medians[2], medians[1])}**"]
+            )
+        if ka:
+            tables.append(
+                f"**{label}** — the floor with libvirt's keepalive, as salt-virt connects (default event loop "
+                "thread, 5 s x 5), same runs\n\n"
+                + common.table(
+                    ["domains", "floor", "floor + keepalive", "salt-virt", "/ floor", "/ floor + keepalive"], ka
+                )
+            )
         # linearity: time per domain
         per = []
         for impl in (FLOOR, "salt-virt", "saltext-virt"):
@@ -223,6 +243,11 @@ def main(argv=None):
     ap.add_argument(
         "--capacity", action="store_true", help="also virt.capacity (placement's question), cold and warm cache"
     )
+    ap.add_argument(
+        "--keepalive-floor",
+        action="store_true",
+        help="also the floor with libvirt's keepalive on (salt-virt's connections have it: what it costs)",
+    )
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     cfg["reps"] = dict(cfg["reps"], **{FLOOR: cfg["reps"]["salt-virt"]})
@@ -233,6 +258,9 @@ def main(argv=None):
     if args.no_saltext:
         del impls["saltext-virt"]
     impls = {FLOOR: {"python": impls["salt-virt"]["python"], "floor": True}, **impls}
+    if args.keepalive_floor:
+        impls = {FLOOR_KA: dict(impls[FLOOR], keepalive=True), **impls}
+        cfg["reps"][FLOOR_KA] = cfg["reps"]["salt-virt"]
     if args.capacity:
         ours = impls["salt-virt"]
         for label, warmup in ((CAP_COLD, 0), (CAP_WARM, 1)):
