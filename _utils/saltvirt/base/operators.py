@@ -42,7 +42,7 @@ PUB = "__pub_"
 def operators(opts: Any) -> tuple[str, ...]:
     """``virt:operators`` of the minion config ``opts`` (never pillar, grains or the call): Salt user names,
     ``fnmatch`` globs allowed; :data:`DEFAULT_OPERATORS` when unset."""
-    conf = (opts or {}).get("virt") or {}
+    conf = ({} if opts is None else opts).get("virt") or {}
     return validate.config_names(conf.get("operators", DEFAULT_OPERATORS), "virt:operators")
 
 

@@ -158,7 +158,7 @@ DEFAULT_ALLOWED_PATHS = ("/var/lib/libvirt/images",)
 def configured_allowed_paths(opts: Any) -> Any:
     """``virt:allowed_paths`` of the minion config ``opts`` (never the call, pillar or grains), or
     :data:`DEFAULT_ALLOWED_PATHS` when the operator has not set it."""
-    conf = (opts or {}).get("virt") or {}
+    conf = ({} if opts is None else opts).get("virt") or {}
     return conf.get("allowed_paths", DEFAULT_ALLOWED_PATHS)
 
 

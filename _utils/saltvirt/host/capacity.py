@@ -65,7 +65,7 @@ def _definition(dom):
 
 def cache_dir(opts: dict | None) -> str | None:
     """Where a minion keeps its capacity index: ``<cachedir>/saltvirt`` (None without a cachedir)."""
-    base = (opts or {}).get("cachedir")
+    base = ({} if opts is None else opts).get("cachedir")
     return os.path.join(base, "saltvirt") if base else None
 
 

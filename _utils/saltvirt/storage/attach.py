@@ -45,7 +45,7 @@ def operator_settings(opts: Any) -> Data:
     grains): ``adopt_orphan_disks`` (bool), ``pools`` (tuple of pool names, or None when not set),
     ``host_devices`` (tuple of node device names a VM may be given; none by default) and
     ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto)."""
-    conf = (opts or {}).get("virt") or {}
+    conf = ({} if opts is None else opts).get("virt") or {}
     names = validate.config_names
     pools = conf.get("pools")
     return {
