@@ -223,11 +223,14 @@ class Request:
 
 # helpers -------------------------------------------------------------------------------------------
 def _wait(cond, timeout, step=0.01):
-    deadline = time.monotonic() + timeout
+    """Poll ``cond`` until true (True) or ``timeout`` seconds (False): after 1 ms first, doubling up to
+    ``step``, so that what is ready within a few ms (a FUSE export, a partition node) is not kept 10 ms."""
+    deadline, delay = time.monotonic() + timeout, 0.001
     while not cond():
         if time.monotonic() > deadline:
             return False
-        time.sleep(step)
+        time.sleep(delay)
+        delay = min(delay * 2, step)
     return True
 
 

@@ -194,6 +194,9 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     if domain_exists(conn, name):
         raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
     kind = hosttype.detect(conn, vtype)
+    keypair = None
+    if image and validate.to_bool(seed) and seed_request and not (seed_request.pub_key or seed_request.priv_key):
+        keypair = envelope.keypair_maker()  # the minion's new key pair, made while the image is checked and copied
 
     def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
         return accept_image(
@@ -266,7 +269,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
 
         result["seed"] = None
         if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
-            result["seed"], result["key"] = _seed(spec, seed_request, plan)
+            result["seed"], result["key"] = _seed(spec, seed_request, plan, keypair)
             result["minion"] = plan.report()
             progress("seeded", backend=result["seed"]["backend"])
             spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
@@ -424,9 +427,10 @@ def _unseal(req, sealed, context):
     return envelope.unseal(sealed, req.pki_dir, context, req.job, replay_cache=req.replay_cache)
 
 
-def _seed(spec, req, plan):
+def _seed(spec, req, plan, keypair=None):
     """Seed ``req`` (a :class:`saltvirt.guest.seed.Request`) into the first disk: the minion's id, master, key
-    pair (opened here when the runner sealed it for this hypervisor) and config; ``plan`` (a
+    pair (opened here when the runner sealed it for this hypervisor; a new one from ``keypair``, an
+    :func:`saltvirt.pki.envelope.keypair_maker`, when given none) and config; ``plan`` (a
     :class:`saltvirt.guest.firstboot.Plan`) looks into the image meanwhile. With ``cloud_init``, when no backend
     can mount the image (or ``seed_backend='cloud-init'``), the files go on the cidata volume instead."""
     key = {"minion_id": req.minion_id}
@@ -436,7 +440,7 @@ def _seed(spec, req, plan):
     if not pub_key or not priv_key:
         if pub_key or priv_key:
             raise SaltInvocationError("pass both pub_key and priv_key, or neither (a new key pair is generated)")
-        pub_key, priv_key = envelope.new_keypair()
+        pub_key, priv_key = keypair() if keypair else envelope.new_keypair()
         key["generated"] = True
         key["accepted"] = False
         key["hint"] = f"accept it on the master: salt-key -a {req.minion_id}"

@@ -164,3 +164,15 @@ def test_new_keypair_is_a_salt_minion_keypair(tmp_path):
     loaded = salt.crypt.get_rsa_key(str(path), None)
     assert envelope.fingerprint(loaded.public_key()) == envelope.fingerprint(pub)
     assert loaded.key_size == 2048
+
+
+def test_keypair_maker_hands_over_the_pair_or_the_error(tmp_path):
+    """The pair made in a thread is a minion key pair as new_keypair's; a failed generation raises in the
+    caller when it asks for the pair (not lost in the thread)."""
+    pub, priv = envelope.keypair_maker()()
+    path = tmp_path / "minion.pem"
+    path.write_text(priv)
+    assert envelope.fingerprint(salt.crypt.get_rsa_key(str(path), None).public_key()) == envelope.fingerprint(pub)
+    failed = envelope.keypair_maker(bits=64)  # below what the library makes
+    with pytest.raises(ValueError, match="key_size"):
+        failed()
