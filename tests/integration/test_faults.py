@@ -7,7 +7,7 @@ stopped and restarted here). Every fault is injected at an observed point, never
 
 After each fault the VM is either fully created and reported, or fully absent (no domain, no disk, no
 VM directory, no mount, loop device, qemu-storage-daemon, init lock), after ``virt.cleanup`` where the
-fault left something; and a retry succeeds. The table of outcomes is in docs/topics/safety.md.
+fault left something; and a retry succeeds. The table of outcomes is in docs/topics/faults.md.
 """
 
 import concurrent.futures
@@ -516,4 +516,79 @@ def test_link_cut_during_disk_copy_is_aborted_within_the_stall_bound(fhv, fhv5, 
     assert fmods["virt.vm_state"](name) == {name: "running"}
     fmods["virt.purge"](name)
     os.unlink(dst)
+    assert_absent(fmods, fdir, name)
+
+
+# the target's libvirtd killed during a migration ---------------------------------------------------
+def qemu_on(hv, name):
+    """Pids of the QEMUs running ``name`` inside ``hv``'s namespaces (every lab's QEMUs are processes of
+    this one machine: told apart by their network namespace)."""
+    netns = os.stat(f"/run/netns/{hv.netns}").st_ino  # named by ``ip netns``: outlives a killed libvirtd
+    found = []
+    for pid in qemu_pids(name):
+        with _suppress():
+            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns:
+                found.append(pid)
+    return found
+
+
+def wait_until(cond, what):
+    deadline = time.monotonic() + BOUND
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_target_libvirtd_killed_during_migration(fhv, fhv5, fdir, fmods, boot_args):
+    """The target's libvirtd dies once a live migration moves data: the call fails at once (the source's
+    libvirtd loses its peer connection), the VM keeps running on the source and only there, the target
+    keeps nothing (neither its half-received QEMU nor a definition, also once its libvirtd is back), and
+    the migration succeeds after the restart."""
+    import libvirt
+
+    from saltvirt.host import conn as vconn
+    from saltvirt.vm import migrate
+
+    name = "ktgt"
+    fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
+    args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    killed = {}
+
+    def kill_when_moving():
+        with vconn.connect(fhv.uri) as conn:
+            dom = conn.lookupByName(name)
+            wait_until(lambda: dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE and dom.jobInfo()[3], "no data moved")
+            assert qemu_on(fhv5, name), "no incoming QEMU on the target while data moves"
+            fhv5.kill_daemon()
+            killed["t"] = time.monotonic()
+
+    try:
+        killer = pool.submit(kill_when_moving)
+        with vconn.connect(fhv.uri) as conn:
+            with pytest.raises(CommandExecutionError, match=f"migrating VM '{name}' from hv9 to hv5 failed") as err:
+                bounded(migrate.migrate, conn, name, "hv5", max_bandwidth=1, **args)
+        print(f"migration failed {time.monotonic() - killed['t']:.1f} s after the kill: {err.value}")
+        killer.result(timeout=BOUND)
+        assert f"VM '{name}' is still running on hv9" in str(err.value), err.value
+        assert fmods["virt.vm_state"](name) == {name: "running"}
+        wait_until(lambda: not qemu_on(fhv5, name), "the target's incoming QEMU outlived the failed migration")
+        print(f"the target's incoming QEMU gone {time.monotonic() - killed['t']:.1f} s after the kill")
+    finally:
+        pool.shutdown(wait=True)
+        revive(fhv5)
+    restarted = time.monotonic()
+    with vconn.connect(fhv5.uri) as target:  # the killed daemon's status of the incoming VM: dropped once
+        seen = [(d.name(), d.state()) for d in target.listAllDomains(0)]  # it finds that QEMU gone (bounded)
+        wait_until(lambda: not target.listAllDomains(0), "the restarted target keeps the failed migration's VM")
+        print(f"after the restart the target listed {seen}, nothing {time.monotonic() - restarted:.1f} s later")
+    assert len(qemu_on(fhv, name)) == 1 and not qemu_on(fhv5, name)  # running once, on the source
+    with vconn.connect(fhv.uri) as conn:
+        assert bounded(migrate.migrate, conn, name, "hv5", **args)["undefined_on_source"] is True
+    assert len(qemu_on(fhv5, name)) == 1 and not qemu_on(fhv, name)
+    with vconn.connect(fhv5.uri) as target:
+        dom = target.lookupByName(name)
+        dom.destroy()
+        dom.undefine()
+    assert len(fmods["virt.cleanup"](name)["removed"]) == 1  # its disk: manifest, no domain here any more
     assert_absent(fmods, fdir, name)
