@@ -25,7 +25,7 @@ if saltvirt is not None:
     from saltvirt.host import netpool as _np
     from saltvirt.spec import compat
     from saltvirt.xml import poolxml as _px
-    from saltvirt.storage import pools as _st
+    from saltvirt.storage import attach as _attach, pools as _st, rawcalls as _rc
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.vm import provision as _provision
 
@@ -42,6 +42,11 @@ def __virtual__():
 
 def _conn(connection=None, kwargs=None):
     return _c.salt_connect_compat(__salt__, connection, kwargs)
+
+
+def _limits():
+    """The operator's limits on what a call may define (minion config only): ``saltvirt.storage.rawcalls``."""
+    return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
 def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_image=False, **kwargs):
@@ -118,6 +123,8 @@ def pool_define(
     mpath, rbd, gluster or zfs. Sources as in Salt's virt.pool_define (see pool_update). ``transient``: a
     running pool that disappears once stopped. ``start`` (default True): build what the pool needs on
     empty devices only (directory, volume group, partition table) and start it. Returns True.
+    Only where the operator allows (minion config): a target directory inside ``virt:pool_paths``,
+    devices, volume groups, servers and adapters listed in ``virt:pool_sources``.
 
     CLI Example::
 
@@ -138,7 +145,7 @@ def pool_define(
     )
     spec = _px.pool_spec(name, ptype, target, permissions=permissions, **src)
     with _conn(connection, kwargs) as conn:
-        _st.define_pool(conn, spec, transient=_bool(transient), start=_bool(start))
+        _rc.define_pool(conn, spec, transient=_bool(transient), start=_bool(start), **_limits())
         if _bool(autostart) and not _bool(transient):
             _np.set_autostart(conn, "pool", name, True)
         return True
@@ -164,7 +171,7 @@ def pool_update(
     """
     Redefine a pool when what is given differs from its definition (uuid and what is not given are
     kept; a running pool uses the new definition after a restart). Returns whether it (would have)
-    changed. Sources: see pool_define.
+    changed. Sources and what the operator allows: see pool_define (only what changes is checked).
 
     CLI Example:: salt 'hyper1' virt.pool_update images dir target=/srv/images2 test=True
     """
@@ -180,7 +187,7 @@ def pool_update(
     )
     spec = _px.pool_spec(name, ptype, target, permissions=permissions, require=False, **src)
     with _conn(connection, kwargs) as conn:
-        return _st.update_pool(conn, spec, test=_bool(test))
+        return _rc.update_pool(conn, spec, test=_bool(test), **_limits())
 
 
 pool_define.__doc__ += _SOURCE_DOC
@@ -330,14 +337,17 @@ def volume_define(
     """
     Create a volume of ``size`` MiB (``allocation`` MiB allocated now) in a running pool; ``format``
     (qcow2, raw, ...; see pool_capabilities), ``backing_store``: {path, format} (the format is
-    mandatory: never guessed). An existing volume of that name is an error. Returns True.
+    mandatory: never guessed, and must be what is on it: raw, or qcow2 with nothing outside itself). The
+    backing store lies in ``virt:images``, ``virt:allowed_paths`` or a pool of ``virt:pools`` and is no
+    VM's disk, unless the operator lists it in ``virt:insecure_trusted_images``. An existing volume of that
+    name is an error. Returns True.
 
     CLI Example:: salt 'hyper1' virt.volume_define default myvm.qcow2 8192 format=qcow2 \\
         backing_store="{path: /srv/base.img, format: raw}"
     """
     spec = _px.volume_spec(name, size, allocation, format, type, permissions, backing_store, nocow)
     with _conn(connection, kwargs) as conn:
-        return _st.define_volume(conn, pool, spec)
+        return _rc.define_volume(conn, pool, spec, **_limits())
 
 
 def volume_delete(pool, volume, connection=None, **kwargs):
@@ -351,12 +361,13 @@ def volume_delete(pool, volume, connection=None, **kwargs):
 
 def volume_upload(pool, volume, file, offset=0, length=0, sparse=False, connection=None, **kwargs):
     """Write the local ``file`` into a volume at byte ``offset`` (``length`` bytes, 0: all of it).
-    Returns True.
+    The file lies in ``virt:allowed_paths`` (or ``virt:images``) and is no VM's disk; the volume is in a
+    pool VMs may attach from (``virt:pools``) and no VM's disk. Returns True.
 
     CLI Example:: salt 'hyper1' virt.volume_upload images web1-data /srv/data.img
     """
     with _conn(connection, kwargs) as conn:
-        return _st.upload_volume(conn, pool, volume, file, offset=offset, length=length, sparse=sparse)
+        return _rc.upload_volume(conn, pool, volume, file, offset=offset, length=length, sparse=sparse, **_limits())
 
 
 def define_vol_xml_str(xml, pool=None, connection=None, **kwargs):

@@ -22,7 +22,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.host import conn as _c
     from saltvirt.xml import poolxml as _px
-    from saltvirt.storage import pools as _st
+    from saltvirt.storage import attach as _attach, pools as _st, rawcalls as _rc
 
 __virtualname__ = "virt"
 
@@ -35,6 +35,11 @@ def __virtual__():
 
 def _ret(name, **kw):
     return dict({"name": name, "result": True, "changes": {}, "comment": ""}, **kw)
+
+
+def _limits():
+    """The operator's limits on what a state may define (minion config only): ``saltvirt.storage.rawcalls``."""
+    return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
 def _no_password_login(username, password):
@@ -62,7 +67,9 @@ def _pool_state(name, ptype, target, permissions, source, transient, autostart, 
         _no_password_login(username, password)
         spec = _pool_spec(name, ptype, target, permissions, source)
         with _c.salt_connect(__salt__, connection) as conn:
-            done = _st.ensure_pool(conn, spec, autostart=autostart, run=run, transient=transient, test=__opts__["test"])
+            done = _rc.ensure_pool(
+                conn, spec, autostart=autostart, run=run, transient=transient, test=__opts__["test"], **_limits()
+            )
     except (CommandExecutionError, SaltInvocationError) as exc:
         return dict(ret, result=False, comment=str(exc))
     return dict(
@@ -192,7 +199,7 @@ def volume_defined(
         _no_password_login(username, password)
         spec = _px.volume_spec(name, size, allocation, format, type, permissions, backing_store, nocow)
         with _c.salt_connect(__salt__, connection) as conn:
-            done = _st.ensure_volume(conn, pool, spec, test=__opts__["test"])
+            done = _rc.ensure_volume(conn, pool, spec, test=__opts__["test"], **_limits())
     except (CommandExecutionError, SaltInvocationError) as exc:
         return dict(ret, result=False, comment=str(exc))
     return dict(ret, **done)

@@ -158,9 +158,19 @@ def virt_test(tmp_path):
 def virt_hv(tmp_path, hv1, qemu_tmp):
     """``__salt__`` with virt.* bound to the real namespaced libvirtd ``hv1``; virt:images is
     ``qemu_tmp / 'images'``; virt:allowed_paths adds ``qemu_tmp`` itself (disks tests attach from there)
-    and the test guest's directory."""
+    and the test guest's directory; pools may be made in ``qemu_tmp`` on loop devices."""
     allowed = [str(GUEST_DIR), str(qemu_tmp)]
-    return make_minion_mods(tmp_path, hv1.uri, images_dir=qemu_tmp / "images", allowed_paths=allowed)
+    # what the storage and serial tests use: pools in qemu_tmp on loop devices, any TCP serial port
+    sources = {"devices": ["/dev/loop*"], "names": ["stvg*", "othervg"], "hosts": ["192.0.2.10"]}
+    return make_minion_mods(
+        tmp_path,
+        hv1.uri,
+        images_dir=qemu_tmp / "images",
+        allowed_paths=allowed,
+        pool_paths=[str(qemu_tmp)],
+        pool_sources=sources,
+        serial_tcp_ports="1024-65535",
+    )
 
 
 # real Salt daemons (pytest-salt-factories) --------------------------------------------------------

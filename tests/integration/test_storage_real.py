@@ -10,10 +10,10 @@ import os
 import subprocess
 
 import pytest
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from tests.support import lab
-from tests.support.saltloader import load_states
+from tests.support.saltloader import load_states, make_minion_mods
 
 
 def sh(*cmd, check=True):
@@ -147,7 +147,7 @@ def test_purge_of_a_foreign_vm_takes_its_volumes_but_no_base_or_shared_one(virt_
     assert v["virt.purge"]("stvf2")["volumes"]["removed"] == ["stfp/shared.raw"]  # nothing else uses it now
 
 
-def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, loop_device, pools, qemu_tmp):
+def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, loop_device, pools, qemu_tmp, tmp_path):
     v = virt_hv
     dev = loop_device("64M")
     sh("mkfs.ext4", "-q", dev)
@@ -159,8 +159,12 @@ def test_fs_pool_on_ext4_loop_volumes_upload(virt_hv, hv1, loop_device, pools, q
     assert v["virt.volume_define"]("stfs", "blob", 1, format="raw") is True
     payload = qemu_tmp / "payload"
     payload.write_bytes(b"A" * 4096 + b"B" * 4096)
-    # offset/length: the first 4 KiB of the file (the A's) go to byte 64 KiB of the volume, nothing else
-    assert v["virt.volume_upload"]("stfs", "blob", str(payload), offset=65536, length=4096) is True
+    # offset/length: the first 4 KiB of the file (the A's) go to byte 64 KiB of the volume, nothing else;
+    # an upload overwrites an existing volume: only in a pool the operator lists in virt:pools
+    with pytest.raises(SaltInvocationError, match="pool 'stfs' is not one the operator made available"):
+        v["virt.volume_upload"]("stfs", "blob", str(payload))
+    listed = make_minion_mods(tmp_path / "m2", hv1.uri, **dict(v.opts["virt"], pools=["stfs"]))
+    assert listed["virt.volume_upload"]("stfs", "blob", str(payload), offset=65536, length=4096) is True
     path = v["virt.volume_infos"]("stfs", "blob")["stfs"]["blob"]["path"]
     assert path == f"{target}/blob"
     dump = hv1.ns_run(["sh", "-c", f"dd if={path} bs=4096 skip=15 count=3 status=none | od -v -An -c | tr -d ' \\n'"])

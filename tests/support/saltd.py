@@ -20,6 +20,7 @@ def master_config(state_tree, **extra):
     if (ROOT / "_pillar" / "libvirt.py").exists():
         # 2048-bit keys keep the tests quick; hyper1 manages hv1 (10.252.0.11 in its fabric)
         config["ext_pillar"] = [{"libvirt": {"key_size": 2048, "extra_sans": {"hyper1": ["hv1", "10.252.0.11"]}}}]
+    config["virt"]["pool_paths"] = ["/var/tmp"]
     config.update(extra)
     return config
 
@@ -49,7 +50,13 @@ def hypervisor_minion_config(hv, images_dir, **extra):
     # a test's own source images go to <parent of virt:images>/sources (local images must be inside one)
     allowed = [str(GUEST_DIR), os.path.join(os.path.dirname(os.path.abspath(images_dir)), SOURCES)]
     config = {
-        "virt": {"connection": {"uri": hv.uri}, "images": str(images_dir), "allowed_paths": allowed},
+        # pool_paths: the tests' pools are made in qemu_tmp (/var/tmp/svt-*)
+        "virt": {
+            "connection": {"uri": hv.uri},
+            "images": str(images_dir),
+            "allowed_paths": allowed,
+            "pool_paths": ["/var/tmp"],
+        },
         "grains": {"virt_hypervisor": True},
     }
     config.update(extra)

@@ -162,15 +162,16 @@ def configured_allowed_paths(opts: Any) -> Any:
     return conf.get("allowed_paths", DEFAULT_ALLOWED_PATHS)
 
 
-def allowed_paths(value: Any) -> tuple[str, ...]:
-    """``virt:allowed_paths`` from the minion config: a list of absolute directories."""
+def allowed_paths(value: Any, key: str = "virt:allowed_paths") -> tuple[str, ...]:
+    """``virt:allowed_paths`` (or another config list ``key`` of paths) from the minion config: a list of
+    absolute paths."""
     if value in (None, "", []):
         return ()
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise SaltInvocationError(f"virt:allowed_paths must be a list of absolute directories, got {value!r}")
-    return tuple(absolute_path(v, "virt:allowed_paths entry") for v in value)
+        raise SaltInvocationError(f"{key} must be a list of absolute directories, got {value!r}")
+    return tuple(absolute_path(v, f"{key} entry") for v in value)
 
 
 def config_names(value: Any, key: str, where: str = "minion config") -> tuple[str, ...]:

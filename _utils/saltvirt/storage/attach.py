@@ -38,22 +38,59 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ATTACH_POOLS = ("default",)  # libvirt's /var/lib/libvirt/images, as virt:allowed_paths' default
 ADOPT_KEY = "virt:adopt_orphan_disks"
+POOL_SOURCE_KINDS = ("devices", "names", "hosts", "adapters")  # virt:pool_sources (see storage.rawcalls)
+DEFAULT_SERIAL_LISTEN = ("127.0.0.1", "::1", "localhost")  # a TCP serial port is a root console of its guest
 
 
 def operator_settings(opts: Any) -> Data:
     """The operator's disk and device switches from the minion config ``opts`` (never a call, pillar or
     grains): ``adopt_orphan_disks`` (bool), ``pools`` (tuple of pool names, or None when not set),
-    ``host_devices`` (tuple of node device names a VM may be given; none by default) and
-    ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto)."""
+    ``host_devices`` (tuple of node device names a VM may be given; none by default),
+    ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto),
+    ``allowed_paths`` (``virt:allowed_paths``), ``pool_paths`` and ``pool_sources`` (where Salt's
+    ``pool_define`` may put a pool: :mod:`saltvirt.storage.rawcalls`), ``serial_tcp_ports`` ((low, high)
+    or None: none) and ``serial_tcp_listen`` (addresses; :func:`check_serials`)."""
     conf = ({} if opts is None else opts).get("virt") or {}
     names = validate.config_names
     pools = conf.get("pools")
+    allowed = validate.allowed_paths(validate.configured_allowed_paths(opts))
+    pool_paths = conf.get("pool_paths")
+    sources = conf.get("pool_sources") or {}
+    if not isinstance(sources, dict) or set(sources) - set(POOL_SOURCE_KINDS):
+        raise SaltInvocationError(
+            f"virt:pool_sources in the minion config must be a mapping of {', '.join(POOL_SOURCE_KINDS)} "
+            f"(lists of names), got {sources!r}: fix the minion config"
+        )
     return {
         "adopt_orphan_disks": validate.to_bool(conf.get("adopt_orphan_disks", False)),
         "pools": None if pools is None else names(pools, "virt:pools"),
         "host_devices": names(conf.get("host_devices") or [], "virt:host_devices"),
         "trusted_images": names(conf.get("insecure_trusted_images") or [], "virt:insecure_trusted_images"),
+        "allowed_paths": allowed,
+        "pool_paths": allowed if pool_paths is None else validate.allowed_paths(pool_paths, "virt:pool_paths"),
+        "pool_sources": {
+            kind: names(sources.get(kind) or [], f"virt:pool_sources:{kind}") for kind in POOL_SOURCE_KINDS
+        },
+        "serial_tcp_ports": _port_range(conf.get("serial_tcp_ports")),
+        "serial_tcp_listen": names(conf.get("serial_tcp_listen", DEFAULT_SERIAL_LISTEN), "virt:serial_tcp_listen"),
     }
+
+
+def _port_range(value):
+    """``virt:serial_tcp_ports``: ``"low-high"``, ``[low, high]`` or one port; None (unset): no TCP serials."""
+    if value in (None, "", [], False):
+        return None
+    parts = value.split("-", 1) if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    try:
+        low, high = (int(str(parts[0]).strip()), int(str(parts[-1]).strip())) if len(parts) in (1, 2) else (0, 0)
+    except ValueError:
+        low = high = 0
+    if isinstance(value, bool) or not 1024 <= low <= high <= 65535:
+        raise SaltInvocationError(
+            f"virt:serial_tcp_ports in the minion config must be a port range like '4600-4699' (ports 1024-65535), "
+            f"got {value!r}: fix the minion config"
+        )
+    return low, high
 
 
 def check_pool(pool: str, attach: bool, settings: Mapping[str, Any] | None) -> None:
@@ -80,6 +117,35 @@ def check_host_devices(names: Iterable[str], settings: Mapping[str, Any] | None)
             raise SaltInvocationError(
                 f"host_devices: {name!r} is not one the operator made available to VMs "
                 f"({', '.join(allowed) or 'none'}): the operator lists it in virt:host_devices in the minion config"
+            )
+
+
+def check_serials(chardevs: Iterable[Mapping[str, Any]], settings: Mapping[str, Any] | None) -> None:
+    """Refuse a TCP serial port or console (``serials``/``consoles`` of ``type: tcp``, from
+    :func:`saltvirt.spec.speckeys.chardevs`) outside the operator's ``virt:serial_tcp_ports`` (default:
+    none) or listening on an address not in ``virt:serial_tcp_listen`` (default: loopback only): whoever
+    reaches the port has the guest's console, and the port is the hypervisor's."""
+    ports = (settings or {}).get("serial_tcp_ports")
+    listen = (settings or {}).get("serial_tcp_listen", DEFAULT_SERIAL_LISTEN)
+    for dev in chardevs or ():
+        if dev.get("type") != "tcp":
+            continue
+        if ports is None:
+            raise SaltInvocationError(
+                f"serial port tcp:{dev['port']}: TCP serial ports are off on this hypervisor: use type pty "
+                "(virt.console), or the operator sets a port range in virt:serial_tcp_ports in the minion config"
+            )
+        if not ports[0] <= dev["port"] <= ports[1]:
+            raise SaltInvocationError(
+                f"serial port tcp:{dev['port']} is outside the ports the operator made available for serial "
+                f"consoles ({ports[0]}-{ports[1]}): pick one of them, or the operator widens virt:serial_tcp_ports "
+                "in the minion config"
+            )
+        if dev.get("host") not in listen:
+            raise SaltInvocationError(
+                f"serial port tcp:{dev['port']}: listening on {dev.get('host')} is not allowed "
+                f"({', '.join(listen) or 'none'}): leave host out (local only), or the operator lists the address "
+                "in virt:serial_tcp_listen in the minion config"
             )
 
 
@@ -289,6 +355,60 @@ def host_files(
             )
         if what == "serial_log" and (real in listed or intake.sniff(real) != "raw"):
             raise SaltInvocationError(f"serial_log: {path} is a VM's disk or an image: refused. Log to a new file")
+
+
+def readable(
+    conn: Conn, files: Iterable[tuple[str, str]], *, images_dir: str, settings: Mapping[str, Any] | None = None
+) -> None:
+    """Host files read into something no VM owns yet: ``[(what, path)]``, e.g. a new volume's
+    ``backing_store`` or a file ``virt.volume_upload`` copies into a volume. The ownership door of
+    :func:`admit`: not a disk or backing file of a VM of this host, not a file a VM owns (a gone VM's
+    only with ``virt:adopt_orphan_disks``), not salt-virt's cache, not a block device the host holds.
+    A file the operator lists in ``virt:insecure_trusted_images`` (a base many volumes back onto) passes."""
+    files = [(what, str(path)) for what, path in files if path]
+    if not files:
+        return
+    others, _ = _other_domains(conn, None, None)
+    manifests = _manifests(images_dir)
+    trusted = {os.path.realpath(t) for t in (settings or {}).get("trusted_images") or ()}
+    for what, path in files:
+        real = os.path.realpath(path)
+        if real in trusted:
+            continue
+        owner = (others[real], None) if real in others else _file_owner(images_dir, manifests, real, read_only=True)
+        if owner is not None and _exists(conn, *owner):
+            raise SaltInvocationError(
+                f"{what}: {path} is a disk of VM {owner[0]!r}: refused (only what no VM owns, or a base the "
+                "operator lists in virt:insecure_trusted_images). Use a copy of your own"
+            )
+        _check_owner(conn, owner, what, path, None, None, settings)  # a gone VM's: the adoption switch
+        if os.path.exists(real) and _held_by_host(real):
+            raise SaltInvocationError(
+                f"{what}: {path} is in use by this host (mounted, swap or a volume group): refused"
+            )
+
+
+def overwritable(
+    conn: Conn, pool: str, volume: str, vol: Any, *, images_dir: str, settings: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse to overwrite (``virt.volume_upload``) the volume ``pool``/``volume`` (``vol``: its libvirt
+    object) when a VM of this host uses it or a VM owns it (its manifest records it; a gone VM's only with
+    ``virt:adopt_orphan_disks``)."""
+    others, other_volumes = _other_domains(conn, None, None)
+    real = os.path.realpath(vol.path())
+    user = other_volumes.get((pool, volume)) or others.get(real)
+    manifests = _manifests(images_dir)
+    owner = _volume_owner(manifests, pool, volume, vol.key())
+    if owner is None and os.path.isabs(real):
+        owner = _file_owner(images_dir, manifests, real, read_only=True)
+    if user is None and owner is not None and _exists(conn, *owner):
+        user = owner[0]
+    if user is not None:
+        raise SaltInvocationError(
+            f"volume {pool}/{volume} is a disk of VM {user!r}: refused (an upload overwrites it). Upload into a "
+            "new volume"
+        )
+    _check_owner(conn, owner, f"{pool}/{volume}", vol.path(), None, None, settings)
 
 
 def _in_use(name, what, user):

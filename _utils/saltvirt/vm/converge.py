@@ -633,6 +633,8 @@ def update(
     if "host_devices" in manage:
         attach.check_host_devices(desired.host_devices, operator)
         desired.hostdevs = caps.host_devices(conn, desired.host_devices)
+    if "serials" in manage or "consoles" in manage:  # TCP ports: virt:serial_tcp_ports only
+        attach.check_serials(desired.serials + desired.consoles, operator)
     if "kernel_boot" in manage and desired.boot:  # host files the guest reads: never another VM's
         given = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
         attach.host_files(conn, given, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)

@@ -248,6 +248,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             disk.image, src_formats[disk.name] = extra["path"], extra["format"]
     attached = _check_disks_and_nics(conn, spec, host, images_dir, operator)
     attach.check_host_devices(spec.host_devices, operator)  # only what the operator lists in virt:host_devices
+    attach.check_serials(spec.serials + spec.consoles, operator)  # TCP ports: virt:serial_tcp_ports only
     spec.hostdevs = caps.host_devices(conn, spec.host_devices)  # unknown names refused before anything is made
 
     undo = Undo(stop_at_failure=True)

@@ -205,10 +205,15 @@ def test_module_functions(virt_test, conn):
     assert v["virt.network_undefine"]("np2") is True
     assert "np2" not in v["virt.list_networks"]()
 
-    assert v["virt.pool_define"]("pp2", target="/var/tmp/pp2") is True  # Salt's return; start=True by default
+    assert v["virt.pool_define"]("pp2", target="/srv/test-pools/pp2") is True  # Salt's return; start=True by default
     pool = v["virt.pool_info"]("pp2")["pp2"]
-    assert (pool["type"], pool["target"], pool["active"], pool["autostart"]) == ("dir", "/var/tmp/pp2", True, False)
-    assert (pool["state"], pool["target_path"], pool["free"]) == ("running", "/var/tmp/pp2", pool["available"])
+    assert (pool["type"], pool["target"], pool["active"], pool["autostart"]) == (
+        "dir",
+        "/srv/test-pools/pp2",
+        True,
+        False,
+    )
+    assert (pool["state"], pool["target_path"], pool["free"]) == ("running", "/srv/test-pools/pp2", pool["available"])
     assert v["virt.pool_list_volumes"]("pp2") == [] and "pp2" in v["virt.list_pools"]()
     assert v["virt.pool_stop"]("pp2") == {"name": "pp2", "stopped": True}
     with pytest.raises(CommandExecutionError, match="pool 'pp2' is not running"):
@@ -247,9 +252,9 @@ def test_network_and_pool_states(states, conn):
     bad = st["virt.network_defined"]("np3", forward="bridge")
     assert bad["result"] is False and "needs bridge=" in bad["comment"]
 
-    pool = {"target": "/var/tmp/pp3"}
+    pool = {"target": "/srv/test-pools/pp3"}
     assert preview["virt.pool_defined"]("pp3", **pool)["changes"] == {
-        "defined": netpool.pool_spec("pp3", target="/var/tmp/pp3"),
+        "defined": netpool.pool_spec("pp3", target="/srv/test-pools/pp3"),
         "autostart": {"old": False, "new": True},
     }
     assert st["virt.pool_defined"]("pp3", **pool)["result"] is True

@@ -39,7 +39,7 @@ def test_pool_functions_with_salts_argument_names(virt_test, conn):
         v["virt.pool_define"](
             "cp1",
             ptype="netfs",
-            target="/mnt/cifs",
+            target="/srv/test-pools/cifs",
             permissions={"mode": "0770", "owner": 1000, "group": 100},
             source_dir="samba_share",
             source_hosts=["example.com"],
@@ -53,19 +53,19 @@ def test_pool_functions_with_salts_argument_names(virt_test, conn):
     assert {k: info[k] for k in ("state", "type", "target_path", "autostart", "persistent")} == {
         "state": "inactive",
         "type": "netfs",
-        "target_path": "/mnt/cifs",
+        "target_path": "/srv/test-pools/cifs",
         "autostart": False,
         "persistent": True,
     }
     assert {"uuid", "capacity", "allocation", "free"} <= set(info)
     assert "<dir path='samba_share'/>" in v["virt.pool_get_xml"]("cp1")
     # pool_update: False when nothing declared differs, True (and done) when it does; test=True only tells
-    assert v["virt.pool_update"]("cp1", ptype="netfs", target="/mnt/cifs", source_format="cifs") is False
-    assert v["virt.pool_update"]("cp1", ptype="netfs", target="/mnt/other", test=True) is True
+    assert v["virt.pool_update"]("cp1", ptype="netfs", target="/srv/test-pools/cifs", source_format="cifs") is False
+    assert v["virt.pool_update"]("cp1", ptype="netfs", target="/srv/test-pools/other", test=True) is True
     assert info["uuid"] == v["virt.pool_info"]("cp1")["cp1"]["uuid"]
-    assert v["virt.pool_info"]("cp1")["cp1"]["target_path"] == "/mnt/cifs"
-    assert v["virt.pool_update"]("cp1", ptype="netfs", target="/mnt/other") is True
-    assert v["virt.pool_info"]("cp1")["cp1"]["target_path"] == "/mnt/other"
+    assert v["virt.pool_info"]("cp1")["cp1"]["target_path"] == "/srv/test-pools/cifs"
+    assert v["virt.pool_update"]("cp1", ptype="netfs", target="/srv/test-pools/other") is True
+    assert v["virt.pool_info"]("cp1")["cp1"]["target_path"] == "/srv/test-pools/other"
     assert v["virt.pool_set_autostart"]("cp1", state="on") is True
     assert v["virt.pool_info"]("cp1")["cp1"]["autostart"] is True
     assert v["virt.pool_build"]("cp1") is True
@@ -102,7 +102,7 @@ def test_pool_bad_input(virt_test, conn):
 
 def test_volume_functions_with_salts_argument_names(virt_test, conn, tmp_path):
     v = virt_test
-    v["virt.pool_define"]("cv1", "dir", target="/cv1")
+    v["virt.pool_define"]("cv1", "dir", target="/srv/test-pools/cv1")
     assert (
         v["virt.volume_define"](
             "cv1",
@@ -185,7 +185,7 @@ def test_pool_states_with_salts_argument_names(states, conn):
 
 
 def test_pool_deleted_purges_volumes_and_names_unsupported(states, virt_test, conn):
-    virt_test["virt.pool_define"]("cs2", "dir", target="/cs2")
+    virt_test["virt.pool_define"]("cs2", "dir", target="/srv/test-pools/cs2")
     virt_test["virt.volume_define"]("cs2", "a", 1)
     done = states()["virt.pool_deleted"]("cs2", purge=True)
     assert done["changes"]["deleted_volumes"] == ["a"] and done["result"] is True
@@ -195,7 +195,7 @@ def test_pool_deleted_purges_volumes_and_names_unsupported(states, virt_test, co
 
 
 def test_volume_defined_state(states, virt_test, conn):
-    virt_test["virt.pool_define"]("cs4", "dir", target="/cs4")
+    virt_test["virt.pool_define"]("cs4", "dir", target="/srv/test-pools/cs4")
     args = {"pool": "cs4", "size": 16, "format": "qcow2", "allocation": 0, "permissions": None, "nocow": False}
     would = states(test=True)["virt.volume_defined"](name="d1", **args)
     assert would["result"] is None and would["changes"] == {"cs4/d1": {"old": "", "new": "defined"}}

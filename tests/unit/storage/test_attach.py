@@ -109,15 +109,53 @@ def test_salt_virts_own_files_and_backing_files_are_never_a_vms_disk(virt_test, 
 
 
 def test_operator_settings_come_from_the_minion_config_only(virt_test):
-    none = {"adopt_orphan_disks": False, "pools": None, "host_devices": (), "trusted_images": ()}
+    libvirts = ("/var/lib/libvirt/images",)
+    none = {
+        "adopt_orphan_disks": False,
+        "pools": None,
+        "host_devices": (),
+        "trusted_images": (),
+        "allowed_paths": libvirts,
+        "pool_paths": libvirts,  # virt:allowed_paths' unless set
+        "pool_sources": {"devices": (), "names": (), "hosts": (), "adapters": ()},
+        "serial_tcp_ports": None,
+        "serial_tcp_listen": attach.DEFAULT_SERIAL_LISTEN,
+    }
     assert attach.operator_settings({}) == none
-    conf = {"virt": {"pools": "vms", "host_devices": ["pci_0000_00_1f_2"], "adopt_orphan_disks": "true"}}
+    conf = {
+        "virt": {
+            "pools": "vms",
+            "host_devices": ["pci_0000_00_1f_2"],
+            "adopt_orphan_disks": "true",
+            "allowed_paths": [],
+            "pool_paths": "/srv/pools",
+            "pool_sources": {"devices": "/dev/sdb", "hosts": ["nfs*.example.com"]},
+            "serial_tcp_ports": "4600-4699",
+            "serial_tcp_listen": ["192.0.2.1"],
+        }
+    }
     assert attach.operator_settings(conf) == {
         "adopt_orphan_disks": True,
         "pools": ("vms",),
         "host_devices": ("pci_0000_00_1f_2",),
         "trusted_images": (),
+        "allowed_paths": (),
+        "pool_paths": ("/srv/pools",),
+        "pool_sources": {"devices": ("/dev/sdb",), "names": (), "hosts": ("nfs*.example.com",), "adapters": ()},
+        "serial_tcp_ports": (4600, 4699),
+        "serial_tcp_listen": ("192.0.2.1",),
     }
+    for key, bad, message in [
+        ("pool_sources", {"disks": ["/dev/sdb"]}, "virt:pool_sources in the minion config must be a mapping of"),
+        ("pool_sources", {"devices": [3]}, "virt:pool_sources:devices in the minion config must be a list of names"),
+        ("pool_paths", ["relative"], "virt:pool_paths entry must be an absolute path"),
+        ("serial_tcp_ports", "22-4000", "virt:serial_tcp_ports in the minion config must be a port range"),
+        ("serial_tcp_ports", [5000, 4000], "must be a port range"),
+        ("serial_tcp_ports", "many", "must be a port range"),
+    ]:
+        with pytest.raises(SaltInvocationError, match=message):
+            attach.operator_settings({"virt": {key: bad}})
+    assert attach.operator_settings({"virt": {"serial_tcp_ports": 5901}})["serial_tcp_ports"] == (5901, 5901)
     with pytest.raises(SaltInvocationError, match="operator= is not a call argument"):
         virt_test["virt.update"]("test", operator={"adopt_orphan_disks": True})
     with pytest.raises(SaltInvocationError, match="unknown argument"):
@@ -143,3 +181,44 @@ def test_kernel_initrd_and_serial_log_are_never_another_vms_disk(virt_test, gues
     with pytest.raises(SaltInvocationError, match=f"boot:initrd: {theirs} is a file of VM 'hf1': refused"):
         v["virt.update"]("hf2", boot=boot)
     assert v["virt.vm_info"]("hf2")["hf2"]["boot"].get("initrd") in (None, "")
+
+
+def test_tcp_serial_ports_only_in_the_operators_range_and_addresses(tmp_path, virt_test):
+    """A TCP serial port is the guest's console for whoever reaches it, on a port of the hypervisor: off by
+    default; with virt:serial_tcp_ports only those ports, and only on virt:serial_tcp_listen (loopback)."""
+    tcp = {"type": "tcp", "port": 4601, "protocol": "raw"}
+    with pytest.raises(
+        SaltInvocationError, match=r"TCP serial ports are off on this hypervisor: .*virt:serial_tcp_ports"
+    ):
+        virt_test["virt.init"]("ser1", 1, 64, nic=None, disk=None, start=False, serials=[tcp])
+    assert "ser1" not in virt_test["virt.list_domains"]()
+
+    v = make_minion_mods(tmp_path / "m", "test:///default", serial_tcp_ports="4600-4609")
+    for chardevs, refusal in [
+        ({"serials": [dict(tcp, port=22)]}, r"tcp:22 is outside the ports .* \(4600-4609\)"),
+        ({"consoles": [dict(tcp, port=4610)]}, "tcp:4610 is outside the ports"),
+        ({"serials": [dict(tcp, host="0.0.0.0")]}, "listening on 0.0.0.0 is not allowed .*virt:serial_tcp_listen"),
+    ]:
+        with pytest.raises(SaltInvocationError, match=refusal):
+            v["virt.init"]("ser1", 1, 64, nic=None, disk=None, start=False, **chardevs)
+    assert "ser1" not in v["virt.list_domains"]()
+    try:
+        v["virt.init"]("ser1", 1, 64, nic=None, disk=None, start=False, serials=[tcp])
+        assert "<source mode='bind' host='127.0.0.1' service='4601'" in v["virt.get_xml"]("ser1")
+        for test in (True, False):  # virt.update and the state: the same limits, also for test=True
+            with pytest.raises(SaltInvocationError, match="tcp:5000 is outside the ports"):
+                v["virt.update"]("ser1", test=test, serials=[dict(tcp, port=5000)])
+        ret = load_states(v)["virt.defined"]("ser1", serials=[dict(tcp, host="192.0.2.1")])
+        assert ret["result"] is False and "listening on 192.0.2.1 is not allowed" in ret["comment"], ret
+        assert "service='4601'" in v["virt.get_xml"]("ser1")
+    finally:
+        v["virt.purge"]("ser1")
+
+
+def test_check_serials_by_itself():
+    settings = {"serial_tcp_ports": (5000, 5000), "serial_tcp_listen": ("192.0.2.1",)}
+    attach.check_serials([{"type": "pty"}, {"type": "tcp", "port": 5000, "host": "192.0.2.1"}], settings)
+    with pytest.raises(SaltInvocationError, match=r"listening on 127.0.0.1 is not allowed \(192.0.2.1\)"):
+        attach.check_serials([{"type": "tcp", "port": 5000, "host": "127.0.0.1"}], settings)
+    with pytest.raises(SaltInvocationError, match="TCP serial ports are off"):
+        attach.check_serials([{"type": "tcp", "port": 5000, "host": "127.0.0.1"}], {})

@@ -84,7 +84,7 @@ def test_update_and_running_state_add_a_volume_disk(virt_test, conn):
     from tests.support.saltloader import load_states
 
     v = virt_test
-    v["virt.pool_define"]("cd2", "dir", target="/cd2")
+    v["virt.pool_define"]("cd2", "dir", target="/srv/test-pools/cd2")
     v["virt.init"]("pv3", 1, 128, disk=None, nic=None, start=False, disks=[{"name": "system", "size": 8}])
     disks = [{"name": "system", "size": 8}, {"name": "data", "pool": "cd2", "size": 16}]
     would = v["virt.update"]("pv3", disks=disks, test=True)

@@ -414,8 +414,8 @@ FEATURES = {
 }
 
 
-def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test):
-    v = virt_test
+def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_path):
+    v = make_minion_mods(tmp_path / "tcp", "test:///default", serial_tcp_ports="4555")  # the TCP serial port
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
     assert set(preview["changes"]) == set(domxml.FEATURES) - {

@@ -5,7 +5,7 @@ graphics, boot order and devices (libvirt's test driver, Salt's real state loade
 import pytest
 
 from saltvirt.xml import domxml
-from tests.support.saltloader import load_states
+from tests.support.saltloader import load_states, make_minion_mods
 
 NAME = "keep1"
 # a VM nothing like virt.init's defaults (nic/disk profile "default", no graphics, boot from hd)
@@ -47,6 +47,12 @@ CHANGE = [
     ({"hypervisor_features": {"kvm-hidden": False}}, "hypervisor_features"),
     ({"numatune": {"memory": {"mode": "strict", "nodeset": "0"}}}, "numatune"),
 ]
+
+
+@pytest.fixture
+def virt_test(virt_test, tmp_path):
+    """The test driver's virt.* (cleaned up by the outer fixture) with the shape's TCP serial port allowed."""
+    return make_minion_mods(tmp_path / "tcp", "test:///default", serial_tcp_ports="4555")
 
 
 @pytest.fixture

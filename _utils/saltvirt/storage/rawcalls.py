@@ -1,0 +1,211 @@
+"""Salt's raw storage calls within what the operator made available: ``virt.pool_define`` /
+``pool_update`` and the ``virt.pool_defined`` / ``pool_running`` states, ``virt.volume_define`` and the
+``virt.volume_defined`` state with a ``backing_store``, ``virt.volume_upload``. Same arguments and returns
+as :mod:`saltvirt.storage.pools` (Salt's), checked first; the limits come from the minion config only
+(:func:`saltvirt.storage.attach.operator_settings`):
+
+* a pool's target directory (``dir``, ``fs``, ``netfs``: libvirt creates it, sets its permissions or
+  mounts on it) lies inside a directory of ``virt:pool_paths`` (default: those of ``virt:allowed_paths``),
+  never inside ``virt:images``;
+* what a pool is made of must be listed in ``virt:pool_sources`` (default: nothing): ``devices`` (block
+  devices of ``fs``, ``logical`` and ``disk`` pools), ``names`` (the volume group of a ``logical`` pool, the
+  zpool of a ``zfs`` pool), ``hosts`` (servers of ``netfs``, ``iscsi``, ``iscsi-direct``, ``rbd`` and
+  ``gluster`` pools), ``adapters`` (a ``scsi`` pool's adapter name or wwpn; ``mpath`` for the multipath
+  pool, which shows every multipath device of the host). Entries are ``fnmatch`` globs;
+* an existing pool: only what a call changes is checked (what the operator defined stays usable);
+* a ``backing_store`` lies in ``virt:images``, ``virt:allowed_paths`` or is a volume of a pool VMs may
+  attach from (``virt:pools``), passes the ownership door (:func:`saltvirt.storage.attach.readable`) and
+  is what its declared format says (raw, or a qcow2 with nothing outside itself);
+* a file ``volume_upload`` copies lies in ``virt:allowed_paths`` or ``virt:images`` and passes the same
+  door; the volume it overwrites is in a pool VMs may attach from and is no VM's disk.
+"""
+
+import fnmatch
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.base import validate
+from saltvirt.base.salttypes import Conn, Data
+from saltvirt.host import netpool
+from saltvirt.host.conn import libvirt
+from saltvirt.storage import attach, intake, pools
+from saltvirt.xml import poolxml
+
+TARGET_DIR_TYPES = ("dir", "fs", "netfs")  # libvirt makes, chowns or mounts on the target directory
+DEVICE_TYPES = ("fs", "logical", "disk")  # source_devices are this host's block devices
+NAME_TYPES = ("logical", "zfs")  # source_name is this host's volume group / zpool
+HOST_TYPES = ("netfs", "iscsi", "iscsi-direct", "rbd", "gluster")  # source_hosts are servers
+_ALL = ("type", "target", "source_devices", "source_name", "source_hosts", "source_adapter")
+
+
+# pools --------------------------------------------------------------------------------------------
+def check_pool(spec: Data, settings: Mapping[str, Any] | None, images_dir: str, current: Data | None = None) -> None:
+    """Refuse a pool definition (``current``: the parsed definition of an existing pool; then only what
+    ``spec`` changes is checked) whose target or sources the operator has not made available."""
+    full, keys = spec, set(_ALL)
+    if current is not None:
+        full = poolxml.merged(spec, current)
+        diff = poolxml.pool_diff(spec, current)
+        keys = set(_ALL) if "type" in diff else set(diff)
+    settings = settings or {}
+    name, ptype, src = full["name"], full["type"], full["source"] or {}
+    if "target" in keys and ptype in TARGET_DIR_TYPES and full.get("target"):
+        _check_target(name, full["target"], settings, images_dir)
+    if "source_devices" in keys and ptype in DEVICE_TYPES:
+        for dev in src.get("devices") or ():
+            path = dev["path"]
+            _listed(name, "devices", "source device", path, (path, os.path.realpath(path)), settings)
+    if keys & {"type", "source_name"} and ptype in NAME_TYPES:
+        vg = src.get("name") or name  # libvirt: a logical pool's volume group is named like the pool
+        _listed(name, "names", "volume group" if ptype == "logical" else "zpool", vg, (vg,), settings)
+    if "source_hosts" in keys and ptype in HOST_TYPES:
+        for host in src.get("hosts") or ():
+            _listed(name, "hosts", "source host", host["name"], (host["name"].lower(),), settings)
+    if keys & {"type", "source_adapter"} and ptype == "scsi":
+        adapter = src.get("adapter") or {}
+        ident = adapter.get("name") or adapter.get("wwpn") or ""
+        _listed(name, "adapters", "SCSI adapter", ident or repr(adapter), (str(ident),) if ident else (), settings)
+    if "type" in keys and ptype == "mpath":
+        _listed(name, "adapters", "multipath (every multipath device of the host)", "mpath", ("mpath",), settings)
+
+
+def _check_target(name, target, settings, images_dir):
+    if validate.root_of(target, (images_dir,)):
+        raise SaltInvocationError(
+            f"pool {name}: target {target} is inside virt:images, salt-virt's VM directories: refused. Put the "
+            "pool's directory elsewhere (virt:pool_paths)"
+        )
+    roots = settings.get("pool_paths") or ()
+    if validate.root_of(target, roots) is None:
+        raise SaltInvocationError(
+            f"pool {name}: target {target} is outside the directories pools may use ({', '.join(roots) or 'none'}): "
+            "put it inside one, or the operator lists the directory in virt:pool_paths in the minion config"
+        )
+
+
+def _listed(name, kind, what, shown, candidates, settings):
+    allowed = (settings.get("pool_sources") or {}).get(kind) or ()
+    if any(fnmatch.fnmatchcase(c, entry) for c in candidates for entry in allowed):
+        return
+    raise SaltInvocationError(
+        f"pool {name}: {what} {shown} is not one the operator made available for pools "
+        f"({', '.join(allowed) or 'none'}): the operator lists it in virt:pool_sources:{kind} in the minion config"
+    )
+
+
+def _current(conn, name):
+    obj = netpool.lookup(conn, "pool", name)
+    return None if obj is None else poolxml.parse_pool(netpool._xml(obj, "pool", inactive=True))
+
+
+def define_pool(
+    conn: Conn,
+    spec: Data,
+    *,
+    settings: Mapping[str, Any] | None,
+    images_dir: str,
+    transient: bool = False,
+    start: bool = True,
+) -> bool:
+    """Salt's ``pool_define`` (:func:`saltvirt.storage.pools.define_pool`) within the operator's limits."""
+    if _current(conn, spec["name"]) is None:  # an existing name: define_pool's own refusal
+        check_pool(spec, settings, images_dir)
+    return pools.define_pool(conn, spec, transient=transient, start=start)
+
+
+def update_pool(
+    conn: Conn, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, test: bool = False
+) -> bool:
+    """Salt's ``pool_update`` (:func:`saltvirt.storage.pools.update_pool`): what it changes within the limits."""
+    current = _current(conn, spec["name"])
+    if current is not None:
+        check_pool(spec, settings, images_dir, current)
+    return pools.update_pool(conn, spec, test=test)
+
+
+def ensure_pool(conn: Conn, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, **kwargs: Any) -> Data:
+    """The ``virt.pool_defined`` / ``pool_running`` states (:func:`saltvirt.storage.pools.ensure_pool`),
+    what they define or change within the limits (also with test=True)."""
+    check_pool(spec, settings, images_dir, _current(conn, spec["name"]))
+    return pools.ensure_pool(conn, spec, **kwargs)
+
+
+# volumes ------------------------------------------------------------------------------------------
+def check_backing_store(conn: Conn, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str) -> None:
+    """Refuse a new volume's ``backing_store`` the operator has not made available (module docstring)."""
+    backing = spec.get("backing_store")
+    if not backing:
+        return
+    path = backing["path"]
+    settings = settings or {}
+    trusted = {os.path.realpath(t) for t in settings.get("trusted_images") or ()}
+    if os.path.realpath(path) not in trusted and _pool_of(conn, path) is None:
+        roots = (images_dir, *(settings.get("allowed_paths") or ()))
+        validate.confined(path, "backing_store path", roots, "virt:images, virt:allowed_paths or a pool of virt:pools")
+    if not os.path.exists(path):
+        raise SaltInvocationError(f"backing_store: {path} does not exist")
+    attach.readable(conn, [("backing_store", path)], images_dir=images_dir, settings=settings)
+    intake.existing_disk(path, backing["format"], "backing_store", settings.get("trusted_images") or ())
+
+
+def _pool_of(conn, path):
+    """The pool (the operator made available to VMs) whose volume ``path`` is, else None."""
+    try:
+        pool = conn.storageVolLookupByPath(path).storagePoolLookupByVolume().name()
+    except libvirt.libvirtError:
+        return None
+    return pool
+
+
+def define_volume(conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
+    """Salt's ``volume_define`` (:func:`saltvirt.storage.pools.define_volume`) within the operator's limits."""
+    attach.check_pool(pool, False, settings)
+    _check_backing_pool(conn, spec, settings)
+    check_backing_store(conn, spec, settings=settings, images_dir=images_dir)
+    return pools.define_volume(conn, pool, spec)
+
+
+def _check_backing_pool(conn, spec, settings):
+    backing = spec.get("backing_store") or {}
+    pool = _pool_of(conn, backing["path"]) if backing else None
+    if pool is not None:
+        attach.check_pool(pool, True, settings)
+
+
+def ensure_volume(
+    conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, test: bool = False
+) -> Data:
+    """The ``virt.volume_defined`` state (:func:`saltvirt.storage.pools.ensure_volume`): a volume it
+    creates is within the limits (also with test=True)."""
+    if netpool.lookup(conn, "pool", pool) is not None and pools.lookup_volume(conn, pool, spec["name"]) is None:
+        attach.check_pool(pool, False, settings)
+        _check_backing_pool(conn, spec, settings)
+        check_backing_store(conn, spec, settings=settings, images_dir=images_dir)
+    return pools.ensure_volume(conn, pool, spec, test=test)
+
+
+def upload_volume(
+    conn: Conn,
+    pool: str,
+    name: str,
+    path: str,
+    *,
+    settings: Mapping[str, Any] | None,
+    images_dir: str,
+    offset: int = 0,
+    length: int = 0,
+    sparse: bool = False,
+) -> bool:
+    """Salt's ``volume_upload`` (:func:`saltvirt.storage.pools.upload_volume`): the file from a directory
+    the operator made available, into a volume no VM uses or owns of a pool VMs may attach from."""
+    settings = settings or {}
+    roots = (*(settings.get("allowed_paths") or ()), images_dir)
+    validate.confined(path, "file", roots, "virt:allowed_paths")
+    attach.check_pool(pool, True, settings)
+    vol = pools.get_volume(conn, pool, name)
+    attach.readable(conn, [("file", path)], images_dir=images_dir, settings=settings)
+    attach.overwritable(conn, pool, name, vol, images_dir=images_dir, settings=settings)
+    return pools.upload_volume(conn, pool, name, path, offset=offset, length=length, sparse=sparse)

@@ -1,0 +1,234 @@
+"""saltvirt.storage.rawcalls: Salt's raw storage functions (virt.pool_define, pool_update, volume_define with a
+backing_store, volume_upload, and the pool/volume states) stay within what the operator configured. Through
+the real Salt loader on libvirt's test:/// driver, real files in tmp dirs; each refusal leaves libvirt as it was."""
+
+import os
+import re
+
+import libvirt
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.storage import rawcalls
+from saltvirt.xml import poolxml
+from tests.support import hostile
+from tests.support.saltloader import SOURCES, load_states, make_minion_mods
+
+
+@pytest.fixture
+def conn():
+    """test:///default (what the loader modules see); the pools a test defines are removed afterwards."""
+    c = libvirt.open("test:///default")
+    before = {p.name() for p in c.listAllStoragePools(0)}
+    yield c
+    for obj in c.listAllStoragePools(0):
+        if obj.name() not in before:
+            persistent = obj.isPersistent()
+            if obj.isActive():
+                obj.destroy()
+            if persistent:
+                obj.undefine()
+    c.close()
+
+
+@pytest.fixture
+def strict(tmp_path, conn):
+    """virt.* with an operator who made little available: pools only in tmp_path/pools, one device, one
+    volume group, one NFS server; existing volumes from the pool 'rp-ok'."""
+    (tmp_path / SOURCES).mkdir(exist_ok=True)
+    sources = {"devices": ["/dev/vd-ok"], "names": ["vg_ok"], "hosts": ["nfs.example.com"], "adapters": ["host9"]}
+    return make_minion_mods(
+        tmp_path / "m",
+        "test:///default",
+        images_dir=tmp_path / "images",
+        allowed_paths=[str(tmp_path / SOURCES)],
+        pool_paths=[str(tmp_path / "pools")],
+        pool_sources=sources,
+        pools=["rp-ok"],
+    )
+
+
+def _pools(conn):
+    return {p.name() for p in conn.listAllStoragePools(0)}
+
+
+# pools --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("ptype", "kwargs", "refusal"),
+    [
+        ("dir", {"target": "/etc"}, "target /etc is outside the directories pools may use .*virt:pool_paths"),
+        ("dir", {"target": "{images}/vm1"}, "is inside virt:images, salt-virt's VM directories: refused"),
+        ("dir", {"target": "{pools}/../../x"}, "must be an absolute path without '..'"),
+        (
+            "netfs",
+            {"target": "{pools}/n", "source_hosts": ["evil.example.com"], "source_dir": "/export"},
+            "source host evil.example.com is not one the operator made available .*virt:pool_sources:hosts",
+        ),
+        (
+            "fs",
+            {"target": "{pools}/f", "source_devices": [{"path": "/dev/sda"}]},
+            "source device /dev/sda is not one .*virt:pool_sources:devices in the minion config",
+        ),
+        ("disk", {"source_devices": ["/dev/sda"]}, "source device /dev/sda is not one"),
+        ("logical", {}, "volume group rp-bad is not one .*virt:pool_sources:names"),  # libvirt: VG named like it
+        ("logical", {"source_name": "root_vg"}, "volume group root_vg is not one"),
+        ("zfs", {"source_name": "rpool"}, "zpool rpool is not one"),
+        ("scsi", {"source_adapter": {"type": "scsi_host", "name": "host0"}}, "SCSI adapter host0 is not one"),
+        ("mpath", {}, "multipath .* is not one .*virt:pool_sources:adapters"),
+    ],
+)
+def test_pool_define_refuses_what_the_operator_did_not_make_available(strict, conn, tmp_path, ptype, kwargs, refusal):
+    where = {"images": str(tmp_path / "images"), "pools": str(tmp_path / "pools")}
+    kwargs = {k: v.format(**where) if isinstance(v, str) else v for k, v in kwargs.items()}
+    before = _pools(conn)
+    with pytest.raises(SaltInvocationError, match=refusal):
+        strict["virt.pool_define"]("rp-bad", ptype, start=False, **kwargs)
+    source = {k.removeprefix("source_"): v for k, v in kwargs.items() if k != "target"}
+    for test in (True, False):  # the states: the same refusal, also for test=True
+        state = load_states(strict, test)["virt.pool_defined"]
+        ret = state("rp-bad", ptype=ptype, target=kwargs.get("target"), source=source)
+        assert ret["result"] is False and re.search(refusal, ret["comment"]), ret
+    assert _pools(conn) == before
+
+
+def test_pool_define_within_the_limits_and_symlinks_resolved(strict, conn, tmp_path):
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    assert strict["virt.pool_define"]("rp-ok", "dir", target=str(pools / "a"), start=False) is True
+    sources = {"target": str(pools / "n"), "source_hosts": ["NFS.example.com:2049"], "source_dir": "/export"}
+    assert strict["virt.pool_define"]("rp-nfs", "netfs", start=False, **sources) is True
+    assert strict["virt.pool_define"]("vg_ok", "logical", source_devices=["/dev/vd-ok"], start=False) is True
+    os.symlink("/etc", pools / "etc")  # inside pool_paths by name, /etc once resolved
+    with pytest.raises(SaltInvocationError, match=r"target .*/etc/x \(resolves to /etc/x\)|is outside"):
+        strict["virt.pool_define"]("rp-bad", "dir", target=str(pools / "etc" / "x"), start=False)
+    assert "rp-bad" not in _pools(conn)
+
+
+def test_an_existing_pool_is_checked_for_what_a_call_changes(strict, conn, tmp_path):
+    """The operator's pool (defined outside these limits) keeps working: a call may change its permissions,
+    not move its target or sources out of the limits."""
+    spec = poolxml.pool_spec("rp-op", "dir", "/srv/operator-pool")
+    conn.storagePoolDefineXML(poolxml.pool_xml(spec), 0)
+    assert strict["virt.pool_update"]("rp-op", "dir", permissions={"mode": "0750"}) is True
+    with pytest.raises(SaltInvocationError, match="target /etc is outside"):
+        strict["virt.pool_update"]("rp-op", "dir", target="/etc")
+    with pytest.raises(SaltInvocationError, match="source device /dev/sda is not one"):  # a type change: all of it
+        strict["virt.pool_update"]("rp-op", "fs", target=str(tmp_path / "pools" / "f"), source_devices=["/dev/sda"])
+    ret = load_states(strict)["virt.pool_defined"]("rp-op", ptype="dir", target="/etc")
+    assert ret["result"] is False and "target /etc is outside" in ret["comment"]
+    assert load_states(strict)["virt.pool_defined"]("rp-op", ptype="dir")["result"] is True  # nothing changes
+    assert poolxml.parse_pool(conn.storagePoolLookupByName("rp-op").XMLDesc(0))["target"] == "/srv/operator-pool"
+
+
+def test_check_pool_by_itself():
+    settings = {"pool_paths": ("/srv/pools",), "pool_sources": {"hosts": ("*.example.com",)}}
+    rawcalls.check_pool(poolxml.pool_spec("p", "dir", "/srv/pools/p"), settings, "/srv/salt-images")
+    rawcalls.check_pool(
+        poolxml.pool_spec("g", "gluster", source_hosts=["gl1.example.com"], source_name="gv0"), settings, "/x"
+    )
+    with pytest.raises(SaltInvocationError, match="source host gl1 is not one"):
+        rawcalls.check_pool(poolxml.pool_spec("g", "gluster", source_hosts=["gl1"], source_name="gv0"), settings, "/x")
+    with pytest.raises(SaltInvocationError, match=r"outside the directories pools may use \(none\)"):
+        rawcalls.check_pool(poolxml.pool_spec("p", "dir", "/srv/pools/p"), {}, "/x")
+
+
+# volumes ------------------------------------------------------------------------------------------
+@pytest.fixture
+def pool(strict, conn, tmp_path):
+    """A running dir pool 'rp-ok' (in virt:pools) and the files of the tests."""
+    (tmp_path / "pools").mkdir(exist_ok=True)
+    strict["virt.pool_define"]("rp-ok", "dir", target=str(tmp_path / "pools" / "rp-ok"))
+    folder = tmp_path / SOURCES
+    raw = folder / "base.raw"
+    raw.write_bytes(b"\0" * 65536)
+    qcow2 = str(folder / "base.qcow2")
+    hostile.run(["qemu-img", "create", "-q", "-f", "qcow2", qcow2, "1M"])
+    secret = hostile.secret_file(str(folder))
+    attached = folder / "attached.raw"
+    attached.write_bytes(b"\0" * 65536)
+    return {
+        "raw": str(raw),
+        "qcow2": qcow2,
+        "secret": secret,
+        "backing": hostile.backing_file_image(str(folder), secret),
+        "attached": str(attached),
+    }
+
+
+@pytest.mark.parametrize(
+    ("backing", "refusal"),
+    [
+        ({"path": "/etc/shadow", "format": "raw"}, "backing_store path /etc/shadow is outside the directories"),
+        ({"path": "{backing}", "format": "qcow2"}, "is a qcow2 with a backing file: refused"),
+        ({"path": "{raw}", "format": "qcow2"}, "is raw, not qcow2"),
+        ({"path": "{qcow2}", "format": "vmdk"}, "format must be one of"),
+        ({"path": "{theirs}", "format": "qcow2"}, "backing_store: .* is a disk of VM 'rv1': refused"),
+        ({"path": "{attached}", "format": "raw"}, "backing_store: .* is a disk of VM 'rv2': refused"),
+        ({"path": "{missing}", "format": "raw"}, "does not exist"),
+    ],
+)
+def test_a_backing_store_goes_through_the_ownership_door(strict, conn, pool, tmp_path, backing, refusal):
+    images = tmp_path / "images"
+    strict["virt.init"]("rv1", 1, 64, nic=None, disk=None, start=False, disks=[{"name": "data", "size": 1}])
+    strict["virt.init"](
+        "rv2", 1, 64, nic=None, disk=None, start=False, disks=[{"name": "d", "path": pool["attached"], "format": "raw"}]
+    )
+    where = dict(pool, theirs=str(images / "rv1" / "data.qcow2"), missing=f"{pool['raw']}.x")
+    backing = dict(backing, path=backing["path"].format(**where))
+    try:
+        with pytest.raises(SaltInvocationError, match=refusal):
+            strict["virt.volume_define"]("rp-ok", "top.qcow2", 8, format="qcow2", backing_store=backing)
+        ret = load_states(strict)["virt.volume_defined"]("rp-ok", "top.qcow2", 8, format="qcow2", backing_store=backing)
+        assert ret["result"] is False and ret["changes"] == {}, ret
+        assert strict["virt.pool_list_volumes"]("rp-ok") == []
+    finally:
+        for vm in ("rv1", "rv2"):
+            strict["virt.purge"](vm)
+
+
+def test_a_backing_store_the_operator_made_available(strict, conn, pool, tmp_path):
+    base = {"path": pool["qcow2"], "format": "qcow2"}
+    assert strict["virt.volume_define"]("rp-ok", "top.qcow2", 8, format="qcow2", backing_store=base) is True
+    xml = conn.storagePoolLookupByName("rp-ok").storageVolLookupByName("top.qcow2").XMLDesc(0)
+    assert poolxml.parse_volume(xml)["backing_store"] == base
+    # a new volume in a pool the operator did not list (virt:pools set): refused
+    conn.storagePoolCreateXML(poolxml.pool_xml(poolxml.pool_spec("rp-other", "dir", "/srv/rp-other")), 0)
+    with pytest.raises(SaltInvocationError, match="pool 'rp-other' is not one the operator made available"):
+        strict["virt.volume_define"]("rp-other", "v", 1)
+    # a base the operator vouches for (virt:insecure_trusted_images) may be shared and lie anywhere
+    trusted = make_minion_mods(
+        tmp_path / "t",
+        "test:///default",
+        images_dir=tmp_path / "images",
+        insecure_trusted_images=[pool["backing"]],
+        allowed_paths=[],
+    )
+    chain = {"path": pool["backing"], "format": "raw"}
+    assert trusted["virt.volume_define"]("rp-ok", "t2.qcow2", 8, format="qcow2", backing_store=chain) is True
+
+
+def test_volume_upload_reads_only_allowed_files_into_free_volumes(strict, conn, pool, tmp_path):
+    strict["virt.volume_define"]("rp-ok", "free", 1, format="raw")
+    for path, refusal in [
+        ("/etc/shadow", "file /etc/shadow is outside the directories salt-virt may use"),
+        (str(tmp_path / "images" / "rv3" / "data.qcow2"), "file: .* is a disk of VM 'rv3': refused"),
+    ]:
+        strict["virt.init"]("rv3", 1, 64, nic=None, disk=None, start=False, disks=[{"name": "data", "size": 1}])
+        try:
+            with pytest.raises(SaltInvocationError, match=refusal):
+                strict["virt.volume_upload"]("rp-ok", "free", path)
+        finally:
+            strict["virt.purge"]("rv3")
+    # the volume: in a pool VMs may attach from, and no VM's disk
+    conn.storagePoolCreateXML(poolxml.pool_xml(poolxml.pool_spec("rp-host", "dir", "/srv/rp-host")), 0)
+    with pytest.raises(SaltInvocationError, match="pool 'rp-host' is not one the operator made available"):
+        strict["virt.volume_upload"]("rp-host", "root-lv", pool["raw"])
+    strict["virt.init"](
+        "rv4", 1, 64, nic=None, disk=None, start=False, disks=[{"name": "d", "pool": "rp-ok", "size": 1}]
+    )
+    try:
+        used = [v for v in strict["virt.pool_list_volumes"]("rp-ok") if v.startswith("rv4")][0]
+        with pytest.raises(SaltInvocationError, match=f"volume rp-ok/{used} is a disk of VM 'rv4': refused"):
+            strict["virt.volume_upload"]("rp-ok", used, pool["raw"])
+    finally:
+        strict["virt.purge"]("rv4")
