@@ -442,7 +442,7 @@ def build(
             if boot.get(key):
                 validate.confined(boot[key], f"boot:{key}", roots)
         boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
-        _firmware(boot_obj, boot, roots)
+        _firmware(boot_obj, boot)
     speckeys.os_type(os_type)
     arch = _host_arch(arch)
 
@@ -531,13 +531,12 @@ def _host_arch(arch):
     )
 
 
-def _firmware(boot_obj, boot, roots):
-    """boot:efi/loader/nvram/secure_boot into ``boot_obj``: firmware paths only from virt:images,
-    virt:allowed_paths or the distribution's firmware directories (:data:`FIRMWARE_DIRS`)."""
-    hint = f"virt:images, virt:allowed_paths, {', '.join(FIRMWARE_DIRS)}"
+def _firmware(boot_obj, boot):
+    """boot:efi/loader/nvram/secure_boot into ``boot_obj``: firmware paths absolute (which files a VM may
+    have is the hypervisor's to say: :mod:`saltvirt.storage.firmware`)."""
     for key in ("loader", "nvram"):
         if boot.get(key):
-            setattr(boot_obj, key, validate.confined(boot[key], f"boot:{key}", (*roots, *FIRMWARE_DIRS), hint))
+            setattr(boot_obj, key, validate.absolute_path(boot[key], f"boot:{key}"))
     efi = boot.get("efi")
     efi = None if efi is None else speckeys.flag(efi, "boot:efi")
     secure = speckeys.flag(boot.get("secure_boot", False), "boot:secure_boot")

@@ -49,7 +49,8 @@ def operator_settings(opts: Any) -> Data:
     ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto),
     ``allowed_paths`` (``virt:allowed_paths``), ``pool_paths`` and ``pool_sources`` (where Salt's
     ``pool_define`` may put a pool: :mod:`saltvirt.storage.rawcalls`), ``serial_tcp_ports`` ((low, high)
-    or None: none) and ``serial_tcp_listen`` (addresses; :func:`check_serials`)."""
+    or None: none) and ``serial_tcp_listen`` (addresses; :func:`check_serials`), ``firmware`` (UEFI files
+    beside the host's own: :mod:`saltvirt.storage.firmware`)."""
     conf = ({} if opts is None else opts).get("virt") or {}
     names = validate.config_names
     pools = conf.get("pools")
@@ -73,6 +74,7 @@ def operator_settings(opts: Any) -> Data:
         },
         "serial_tcp_ports": _port_range(conf.get("serial_tcp_ports")),
         "serial_tcp_listen": names(conf.get("serial_tcp_listen", DEFAULT_SERIAL_LISTEN), "virt:serial_tcp_listen"),
+        "firmware": validate.allowed_paths(conf.get("firmware") or [], "virt:firmware"),
     }
 
 

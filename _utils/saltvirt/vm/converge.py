@@ -24,7 +24,7 @@ from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.xml import domxml
 from saltvirt.host import caps
-from saltvirt.storage import attach, images, intake, voldisks
+from saltvirt.storage import attach, firmware, images, intake, voldisks
 from saltvirt.vm import provision
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
@@ -635,6 +635,8 @@ def update(
         desired.hostdevs = caps.host_devices(conn, desired.host_devices)
     if "serials" in manage or "consoles" in manage:  # TCP ports: virt:serial_tcp_ports only
         attach.check_serials(desired.serials + desired.consoles, operator)
+    if "firmware" in manage:  # UEFI files the guest reads: the host's, the operator's, the VM's own
+        firmware.check(conn, desired.boot, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
     if "kernel_boot" in manage and desired.boot:  # host files the guest reads: never another VM's
         given = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
         attach.host_files(conn, given, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)

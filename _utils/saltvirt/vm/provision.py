@@ -24,7 +24,7 @@ from saltvirt.host import caps, hosttype
 from saltvirt.storage import attach, images, intake
 from saltvirt.guest import cloudinit, firstboot
 from saltvirt.vm import cleanup
-from saltvirt.storage import foreign, voldisks
+from saltvirt.storage import firmware, foreign, voldisks
 from saltvirt.guest import seed as seeding
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
@@ -328,6 +328,7 @@ def _check_disks_and_nics(conn, spec, host, images_dir, operator):
     boot = spec.boot or vmspec.Boot()
     given = [("boot:kernel", boot.kernel), ("boot:initrd", boot.initrd), ("serial_log", spec.serial_log)]
     attach.host_files(conn, given, vm=spec.name, uuid=None, images_dir=images_dir)
+    firmware.check(conn, spec.boot, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
     missing = _local_bridge_missing(conn.getURI(), spec.nics)
     if missing:
         raise CommandExecutionError(_bridge_hint(missing[0], host))

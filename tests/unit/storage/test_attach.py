@@ -120,6 +120,7 @@ def test_operator_settings_come_from_the_minion_config_only(virt_test):
         "pool_sources": {"devices": (), "names": (), "hosts": (), "adapters": ()},
         "serial_tcp_ports": None,
         "serial_tcp_listen": attach.DEFAULT_SERIAL_LISTEN,
+        "firmware": (),
     }
     assert attach.operator_settings({}) == none
     conf = {
@@ -132,6 +133,7 @@ def test_operator_settings_come_from_the_minion_config_only(virt_test):
             "pool_sources": {"devices": "/dev/sdb", "hosts": ["nfs*.example.com"]},
             "serial_tcp_ports": "4600-4699",
             "serial_tcp_listen": ["192.0.2.1"],
+            "firmware": ["/srv/fw/CODE.fd"],
         }
     }
     assert attach.operator_settings(conf) == {
@@ -144,6 +146,7 @@ def test_operator_settings_come_from_the_minion_config_only(virt_test):
         "pool_sources": {"devices": ("/dev/sdb",), "names": (), "hosts": ("nfs*.example.com",), "adapters": ()},
         "serial_tcp_ports": (4600, 4699),
         "serial_tcp_listen": ("192.0.2.1",),
+        "firmware": ("/srv/fw/CODE.fd",),
     }
     for key, bad, message in [
         ("pool_sources", {"disks": ["/dev/sdb"]}, "virt:pool_sources in the minion config must be a mapping of"),
@@ -152,6 +155,7 @@ def test_operator_settings_come_from_the_minion_config_only(virt_test):
         ("serial_tcp_ports", "22-4000", "virt:serial_tcp_ports in the minion config must be a port range"),
         ("serial_tcp_ports", [5000, 4000], "must be a port range"),
         ("serial_tcp_ports", "many", "must be a port range"),
+        ("firmware", [""], "virt:firmware entry must be a non-empty string"),
     ]:
         with pytest.raises(SaltInvocationError, match=message):
             attach.operator_settings({"virt": {key: bad}})
