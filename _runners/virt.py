@@ -492,9 +492,14 @@ def _tenancy(who, tenant, image, module_kwargs, **call):
 
 
 def _quota_of(conf, tenant):
-    """``{name, quota, allowed(host)}``: what ``virt.init``/``virt.update`` take from ``tenant``'s quota."""
+    """``{name, quota, groups, allowed(host)}``: what ``virt.init``/``virt.update`` take from ``tenant``'s quota."""
     tconf = conf["tenants"][tenant]
-    return {"name": tenant, "quota": tconf["quota"], "allowed": lambda h: tenants.host_allowed(tconf, h)}
+    return {
+        "name": tenant,
+        "quota": tconf["quota"],
+        "groups": tconf["groups"],
+        "allowed": lambda h: tenants.host_allowed(tconf, h),
+    }
 
 
 # one VM -------------------------------------------------------------------------------------------

@@ -23,13 +23,14 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base.salttypes import Data
 from saltvirt.fleet import fleetstate
-from saltvirt.fleet.tenants import QUOTA_KEYS
+from saltvirt.fleet.tenants import QUOTA_KEYS, host_allowed, in_groups
 
 QUOTAS = "salt-virt/quotas"
 MIB = 1048576
@@ -72,14 +73,21 @@ def count(
     since: float,
     now: float | None = None,
     skew: float = fleetstate.DEFAULTS["clock_skew"],
+    on: Callable[[str | None], bool] | None = None,
 ) -> Data:
-    """``{vcpus, mem, disk, vms, names: [...]}`` the tenant uses (see the module doc)."""
+    """``{vcpus, mem, disk, vms, names: [...]}`` the tenant uses (see the module doc); ``on(host)``: only
+    on these hypervisors (a hypervisor group: the VMs the snapshot shows there, and the ledger entries
+    placed there)."""
     now = now or time.time()
     entries = (ledger or {}).get("entries") or {}
     used: Data = {"vcpus": 0, "mem": 0, "disk": 0, "vms": 0, "names": []}
     seen = tenant_vms(hosts, tenant)
     down = _down(hosts)
-    for name, (_host, vm) in seen.items():
+    if on is not None:
+        entries = {n: r for n, r in entries.items() if n in seen or on(r.get("host"))}
+    for name, (host, vm) in seen.items():
+        if on is not None and not on(host):
+            continue
         rec = entries.get(name) or {}
         used["vcpus"] += int(vm.get("cpu") or 0)
         used["mem"] += int(vm.get("mem") or 0)
@@ -135,15 +143,32 @@ def _prune(entries, hosts, tenant, since, now, skew):
     }
 
 
-def refusal(tenant: str, used: Data, quota: Data, asked: Data) -> str | None:
+def refusal(tenant: str, used: Data, quota: Data, asked: Data, group: str | None = None) -> str | None:
     """Why a request ``asked`` ({vcpus, mem, disk, vms}) does not fit: "tenant acme: 15 of 16 vCPUs used,
-    asked 2" (every exceeded limit, "; "-joined), or None when it fits."""
+    asked 2" (every exceeded limit, "; "-joined; on hypervisor group ``group``: "tenant acme on hypervisor
+    group gpu: ..."), or None when it fits."""
     reasons = [
         f"{used[key]} of {quota[key]} {unit} used, asked {asked[key]}"
         for key, unit in QUOTA_KEYS.items()
         if key in quota and used[key] + asked[key] > quota[key]
     ]
-    return f"tenant {tenant}: {'; '.join(reasons)}" if reasons else None
+    where = f" on hypervisor group {group}" if group else ""
+    return f"tenant {tenant}{where}: {'; '.join(reasons)}" if reasons else None
+
+
+def _group_refusal(entries, hosts, tenant, since, now, skew, host, groups, asked):
+    """:func:`refusal` for every hypervisor group (a tenant's ``groups``) ``host`` is in, or None."""
+    for group in in_groups(groups or {}, host):
+        conf = groups[group]
+
+        def on(h, conf=conf):
+            return bool(h) and host_allowed(conf, h)
+
+        used = count({"entries": entries}, hosts, tenant, since, now, skew, on=on)
+        reasons = refusal(tenant, used, conf["quota"], asked, group)
+        if reasons:
+            return reasons, used
+    return None
 
 
 def reserve(
@@ -157,12 +182,15 @@ def reserve(
     quota: Data,
     cfg: Data | None = None,
     grow: Data | None = None,
+    host: str | None = None,
+    groups: Data | None = None,
 ) -> Any:
     """Take ``req`` ({cpu, mem, disk_mib}) for VM ``name`` from ``tenant``'s quota, atomically (the usage is
     re-counted inside the compare-and-set). ``grow``: the sizes ``virt.update`` gives the existing VM ``name``
-    ({cpu, mem}, each optional) and ``req`` what that adds (a growth entry: no VM counted). Raises
-    :class:`QuotaError` with every exceeded limit. The entry is renewed with ``lease`` and ended by
-    :func:`finish`."""
+    ({cpu, mem}, each optional) and ``req`` what that adds (a growth entry: no VM counted). ``host``: where
+    it is (a growth) and then ``groups`` (the tenant's per hypervisor group quotas) are checked too;
+    without it :func:`place` checks them once placement chose one. Raises :class:`QuotaError` with every
+    exceeded limit. The entry is renewed with ``lease`` and ended by :func:`finish`."""
     cfg = cfg or lease.cfg
     now = time.time()
     key = name + GROWS if grow else name
@@ -183,8 +211,13 @@ def reserve(
         if reasons:
             refused.append((reasons, used))
             raise fleetstate.AbortUpdate
+        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], host, groups, asked)
+        if group:
+            refused.append(group)
+            raise fleetstate.AbortUpdate
         sizes = {"cpu": asked["vcpus"], "mem": asked["mem"], "disk_mib": asked["disk"]}
-        entries[key] = fleetstate.active_entry(lease, now, **sizes, **({"grows": name, "to": grow} if grow else {}))
+        extra = dict({"grows": name, "to": grow} if grow else {}, **({"host": host} if host else {}))
+        entries[key] = fleetstate.active_entry(lease, now, **sizes, **extra)
         return {"entries": entries}
 
     try:
@@ -198,6 +231,49 @@ def reserve(
     where = (tenant, key)
     lease.on_renew.append(lambda expires: fleetstate.renew_reservation(store, where, lease.token, expires, QUOTAS))
     lease.quota = where
+
+
+def place(
+    store: fleetstate.Store,
+    lease: fleetstate.Lease,
+    host: str,
+    hosts: dict[str, Data],
+    since: float,
+    groups: Data,
+    cfg: Data | None = None,
+) -> None:
+    """Put ``lease``'s quota entry (taken by :func:`reserve` before placement) on hypervisor ``host``: refused
+    with :class:`QuotaError` when the tenant's quota of a hypervisor group ``host`` is in (``groups``) has no
+    room for it, counted under the compare-and-set of the tenant's ledger as :func:`reserve` counts."""
+    where = getattr(lease, "quota", None)
+    if not where or not groups:
+        return
+    tenant, key = where
+    cfg = cfg or lease.cfg
+    now = time.time()
+    refused: list[tuple[str, Data]] = []
+
+    def update(old):
+        refused.clear()
+        entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
+        rec = entries.pop(key, None)
+        if not rec or rec.get("token") != lease.token:
+            raise fleetstate.AbortUpdate
+        asked = {"vcpus": rec.get("cpu") or 0, "mem": rec.get("mem") or 0, "disk": rec.get("disk_mib") or 0}
+        asked["vms"] = int(not rec.get("grows"))
+        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], host, groups, asked)
+        if group:
+            refused.append(group)
+            raise fleetstate.AbortUpdate
+        entries[key] = dict(rec, host=host)
+        return {"entries": entries}
+
+    try:
+        store.transact(QUOTAS, tenant, update)
+    except fleetstate.AbortUpdate:
+        if refused:
+            reasons, used = refused[0]
+            raise QuotaError(f"{reasons}: no room for {key} on {host}", used) from None
 
 
 def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_for: float | None = None) -> None:

@@ -4,10 +4,12 @@
 
     virt:
       operators: [ops, 'admins%']        # Salt users, and OS groups on the master written 'group%'
+      hypervisor_groups: {gpu: ['gpu*']}   # named sets of hypervisors (minion id globs), for group_quotas
       tenants:
         acme:
           members: [alice, 'acme-devs%']
           quota: {vcpus: 16, mem: 32768, disk: 204800, vms: 10}   # mem/disk in MiB; a missing key: no limit
+          group_quotas: {gpu: {vcpus: 4}}  # per group of virt:hypervisor_groups: its VMs there, together
           images: [debian12]               # names in virt:catalog; tenants use catalog images only
           profiles: [default]              # nic/disk profiles (the minion's virt:nic / virt:disk); default [default]
           networks: [default]              # interfaces: [{source: <network or bridge>}]; default: none
@@ -30,7 +32,7 @@ from saltvirt.fleet import publish
 from saltvirt.spec import vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
-TENANT_KEYS = ("members", "quota", "images", "profiles", "networks", "pools", "hypervisors")
+TENANT_KEYS = ("members", "quota", "group_quotas", "images", "profiles", "networks", "pools", "hypervisors")
 # what a tenant may pass to salt-run virt.init besides name/cpu/mem/image: no path, URI, device or trust flag
 INIT_KWARGS = frozenset(
     {"nic", "disk", "interfaces", "disks", "start", "seed", "group", "affinity", "enable_qcow", "enable_vnc"}
@@ -89,15 +91,45 @@ def _quota(value, where):
     return out
 
 
+def _hypervisor_groups(value):
+    """``virt:hypervisor_groups``: ``{group: [minion id globs]}``."""
+    value = value or {}
+    if not isinstance(value, dict):
+        raise SaltInvocationError(f"virt:hypervisor_groups must be a mapping of group names, not {value!r}")
+    return {validate.vm_name(g, "hypervisor group"): _names(v, f"virt:hypervisor_groups:{g}") for g, v in value.items()}
+
+
+def _group_quotas(value, where, groups):
+    """A tenant's ``group_quotas`` (``{group: quota}``, groups of ``virt:hypervisor_groups``) as
+    ``{group: {hypervisors: [globs], quota: {...}}}``."""
+    value = value or {}
+    if not isinstance(value, dict):
+        raise SaltInvocationError(f"{where} must be a mapping of hypervisor groups, not {value!r}")
+    unknown = sorted(str(g) for g in value if g not in groups)
+    if unknown:
+        known = ", ".join(sorted(groups)) or "none"
+        raise SaltInvocationError(
+            f"{where}: {', '.join(unknown)} is no group of virt:hypervisor_groups (known: {known})"
+        )
+    return {g: {"hypervisors": groups[g], "quota": _quota(q, f"{where}:{g}")} for g, q in value.items()}
+
+
+def in_groups(groups: Data, host: str | None) -> list[str]:
+    """The names of ``groups`` (a tenant's checked ``groups``) whose hypervisors include ``host``."""
+    return [g for g, conf in sorted(groups.items()) if host and host_allowed(conf, host)]
+
+
 def config(opts: SaltOpts) -> Data:
-    """``{operators: [...], tenants: {name: {members, quota, images, profiles, networks, pools,
-    hypervisors}}}`` checked; an empty ``tenants`` means the feature is off."""
+    """``{operators: [...], tenants: {name: {members, quota, groups, images, profiles, networks, pools,
+    hypervisors}}}`` checked (``groups``: ``{hypervisor group: {hypervisors, quota}}`` from the tenant's
+    ``group_quotas`` and ``virt:hypervisor_groups``); an empty ``tenants`` means the feature is off."""
     virt = opts.get("virt") or {}
     raw = virt.get("tenants") or {}
     if not isinstance(raw, dict):
         raise SaltInvocationError(f"virt:tenants must be a mapping of tenant names, not {raw!r}")
     tenants: dict[str, Data] = {}
     owner: dict[str, str] = {}
+    groups = _hypervisor_groups(virt.get("hypervisor_groups"))
     for name, given in raw.items():
         validate.vm_name(name, "tenant")
         conf = given or {}
@@ -107,8 +139,9 @@ def config(opts: SaltOpts) -> Data:
         unknown = sorted(set(conf) - set(TENANT_KEYS))
         if unknown:
             raise SaltInvocationError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(TENANT_KEYS)})")
-        t = {key: _names(conf.get(key), f"{where}:{key}") for key in TENANT_KEYS if key != "quota"}
+        t = {key: _names(conf.get(key), f"{where}:{key}") for key in TENANT_KEYS if "quota" not in key}
         t["quota"] = _quota(conf.get("quota"), f"{where}:quota")
+        t["groups"] = _group_quotas(conf.get("group_quotas"), f"{where}:group_quotas", groups)
         if "profiles" not in conf:
             t["profiles"] = ["default"]
         if "hypervisors" not in conf:

@@ -100,17 +100,24 @@ def create(
         return result
 
 
-def _reserve(lease, hosts, order, start, name, req, policy, since, tried, keep_previous=None):
+def _reserve(lease, hosts, order, start, name, req, policy, since, tried, keep_previous=None, place=None):
     """Reserve ``req`` on the first host of ``order[start:]`` that still has room with every in-flight
     creation counted (other masters' too); hosts without room go to ``tried``. Its position, or None.
     ``keep_previous`` (seconds): the previous candidate did not answer virt.init but may still run it, so
-    its reservation stays for that long instead of being dropped."""
+    its reservation stays for that long instead of being dropped. ``place(host)``: the tenant's quota of
+    the host's hypervisor groups (:func:`saltvirt.fleet.quota.place`), checked first."""
     if keep_previous:
         fleetstate.finish(lease.store, lease, "unknown", keep_for=keep_previous)
     else:
         fleetstate.finish(lease.store, lease, "failed")  # the previous candidate's, if any
     for pos in range(start, len(order)):
         hv = order[pos]
+        try:
+            if place:
+                place(hv)
+        except quotas.QuotaError as exc:
+            tried.append({"host": hv, "outcome": "quota", "error": str(exc), "jid": None})
+            continue
         try:
             fleetstate.reserve(
                 lease.store,
@@ -156,17 +163,13 @@ def _create(
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
     hosts = _snapshot(opts, name, cfg, client, progress)
-    hosts = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
+    hosts, place = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
     load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
     plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
     order, tried = _order(plan, hosts, name, host, fallback), []
-    first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried)
+    first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried, place=place)
     if first is None:
-        raise Failed(
-            f"no host can take {name} any more: in-flight inits reserved the room (see tried)",
-            placement=_brief(plan),
-            tried=tried,
-        )
+        raise _no_room(name, plan, tried)
     order = order[first:]
     _placed(plan, hosts, order[0], progress)
     keys = _NewKey(opts, key_id, progress, vm=name)
@@ -197,7 +200,17 @@ def _create(
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
                 # published but unanswered: it may still create the VM there, so its room stays reserved
                 nxt = _reserve(
-                    lease, hosts, order, pos + 1, name, req, policy, since, tried, keep_previous=cfg["init_timeout"]
+                    lease,
+                    hosts,
+                    order,
+                    pos + 1,
+                    name,
+                    req,
+                    policy,
+                    since,
+                    tried,
+                    keep_previous=cfg["init_timeout"],
+                    place=place,
                 )
                 if nxt is not None:
                     progress("fallback", host=hv, error=ans.get("error"), next=order[nxt])
@@ -220,6 +233,14 @@ def _create(
     raise Failed(f"virt.init of {name}: no candidate left", tried=tried)  # pragma: no cover - loop returns/raises
 
 
+def _no_room(name, plan, tried):
+    """No candidate could be reserved: the tenant's quota of their hypervisor groups when that refused every
+    one, else in-flight inits took the room."""
+    quota_full = [t["error"] for t in tried if t["outcome"] == "quota"]
+    why = quota_full[0] if tried and len(quota_full) == len(tried) else "in-flight inits reserved the room (see tried)"
+    return Failed(f"no host can take {name} any more: {why}", placement=_brief(plan), tried=tried)
+
+
 def _note_attempt(opts, lease, tried, name, hv, ans, jid):
     tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
     if ans["status"] in ("down", "timeout"):  # it may leave disks and seeding there: cleaned once it answers
@@ -229,12 +250,18 @@ def _note_attempt(opts, lease, tried, name, hv, ans, jid):
 def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
     """Take the tenant's quota for the VM (counted over every hypervisor's VMs, by the owner in their
     <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
-    only the tenant's hypervisors as candidates. ``tenant``: ``{name, quota, allowed(host)}`` or None."""
+    only the tenant's hypervisors as candidates. ``tenant``: ``{name, quota, allowed(host), groups}`` or None.
+    ``(candidates, place)``: ``place(host)`` checks the tenant's quotas per hypervisor group (None without)."""
     if not tenant:
-        return hosts
+        return hosts, None
     fleet_vms = gather(opts, "virt.full_info", cfg, client)
     quotas.reserve(lease.store, lease, tenant["name"], name, req, fleet_vms, since, tenant["quota"])
-    return {h: a for h, a in hosts.items() if tenant["allowed"](h)}
+    groups = tenant.get("groups")
+
+    def place(host):
+        quotas.place(lease.store, lease, host, fleet_vms, since, groups)
+
+    return {h: a for h, a in hosts.items() if tenant["allowed"](h)}, (place if groups else None)
 
 
 def _end(lease, outcome, keep_for=None):

@@ -86,8 +86,9 @@ def update(
 
     ``locate()``: ``(host, fleet snapshot)`` taken now (``virt.full_info`` when ``tenant`` is given);
     ``call(host, fun, args, kwargs)``: one hypervisor's answer (:func:`saltvirt.fleet.publish.call`);
-    ``tenant``: ``{name, quota}`` whose quota the growth is taken from (a tenant caller), or None (an
-    operator: not counted). Raises :class:`saltvirt.fleet.quota.QuotaError` when the growth does not fit."""
+    ``tenant``: ``{name, quota, groups}`` whose quota (and quotas per hypervisor group) the growth is taken
+    from (a tenant caller), or None (an operator: not counted). Raises
+    :class:`saltvirt.fleet.quota.QuotaError` when the growth does not fit."""
     test = validate.to_bool(kwargs.get("test", False))
     with fleetstate.lock(opts, [name], kind=FUN, job=job, store=store) as lease:
         try:
@@ -102,7 +103,17 @@ def update(
                 if any(grown.values()):
                     to = {"cpu": cpu, "mem": mem}
                     quota.reserve(
-                        lease.store, lease, tenant["name"], name, grown, hosts, since, tenant["quota"], grow=to
+                        lease.store,
+                        lease,
+                        tenant["name"],
+                        name,
+                        grown,
+                        hosts,
+                        since,
+                        tenant["quota"],
+                        grow=to,
+                        host=where,
+                        groups=tenant.get("groups"),
                     )
             lease.check()  # never change a VM whose lock we no longer hold
             lease.note(host=where)

@@ -178,3 +178,64 @@ def test_growth_reserve_settle_and_forget(backend):
     assert str(err.value).startswith("tenant acme: 4 of 4 vCPUs used, asked 1: no room to grow a1 (shrink or purge")
     quota.forget(store, "acme", "a1")
     assert store.fetch(quota.QUOTAS, "acme") is None
+
+
+GROUPS = {"gpu": {"hypervisors": ["h2", "h3"], "quota": {"vcpus": 3, "vms": 2}}}
+
+
+def test_a_hypervisor_group_quota_is_checked_where_the_vm_is_placed(backend):
+    """acme has a2 (1 vCPU) on h2, in group gpu (3 vCPUs, 2 VMs there); a1 (2 vCPUs) on h1 is not in it."""
+    opts = backend()
+    store = fleetstate.Store(opts)
+    since = time.time()
+    with fleetstate.lock(opts, ["n1"]) as lease:
+        quota.reserve(store, lease, "acme", "n1", {"cpu": 2, "mem": 64}, HOSTS, since, {"vcpus": 8})
+        quota.place(store, lease, "h1", HOSTS, since, GROUPS)  # outside the group: always
+        quota.place(store, lease, "h3", HOSTS, since, GROUPS)  # 1 + 2 of 3
+        quota.finish(store, lease, "settled")
+    assert store.fetch(quota.QUOTAS, "acme")["entries"]["n1"]["host"] == "h3"
+    with fleetstate.lock(opts, ["n2"]) as lease:
+        quota.reserve(store, lease, "acme", "n2", {"cpu": 1, "mem": 64}, HOSTS, since, {"vcpus": 8})
+        with pytest.raises(quota.QuotaError) as err:
+            quota.place(store, lease, "h2", HOSTS, since, GROUPS)
+        assert str(err.value) == (
+            "tenant acme on hypervisor group gpu: 3 of 3 vCPUs used, asked 1; 2 of 2 VMs used, asked 1: "
+            "no room for n2 on h2"
+        )
+        quota.place(store, lease, "h1", HOSTS, since, GROUPS)
+    # a growth on the group's hypervisor is checked there in the same transaction
+    with (
+        fleetstate.lock(opts, ["a2"]) as lease,
+        pytest.raises(quota.QuotaError, match="on hypervisor group gpu: 3 of 3 vCPUs"),
+    ):
+        grow = {"cpu": 2, "mem": None}
+        quota.reserve(
+            store, lease, "acme", "a2", {"cpu": 1, "mem": 0}, HOSTS, since, {}, grow=grow, host="h2", groups=GROUPS
+        )
+
+
+def test_concurrent_placements_never_exceed_a_group_quota(backend):
+    """Ten inits of one tenant (whose total quota has room) race for a group of 3 vCPUs: three land there."""
+    won, refused, start = [], [], threading.Barrier(10)
+    groups = {"gpu": {"hypervisors": ["g*"], "quota": {"vcpus": 3}}}
+
+    def contend(i):
+        opts = backend(f"m{i}")
+        store = fleetstate.Store(opts)
+        start.wait()
+        with fleetstate.lock(opts, [f"vm{i}"]) as lease:
+            quota.reserve(store, lease, "acme", f"vm{i}", {"cpu": 1, "mem": 64}, {}, time.time(), {"vcpus": 20})
+            try:
+                quota.place(store, lease, "g1", {}, time.time(), groups)
+                won.append(i)
+                quota.finish(store, lease, "settled")
+            except quota.QuotaError as exc:
+                refused.append(str(exc))
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 3 and len(refused) == 7, (won, refused)
+    assert all(msg.startswith("tenant acme on hypervisor group gpu: 3 of 3 vCPUs used, asked 1") for msg in refused)

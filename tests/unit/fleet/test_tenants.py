@@ -35,8 +35,27 @@ def test_config_defaults_and_values():
         "networks": [],
         "pools": [],
         "hypervisors": ["*"],
+        "groups": {},
     }
     assert tenants.config({})["tenants"] == {}
+
+
+def test_quotas_per_hypervisor_group():
+    virt = {
+        "hypervisor_groups": {"gpu": ["gpu*"], "ssd": ["hyper1", "gpu2"]},
+        "tenants": {"acme": {"quota": {"vcpus": 8}, "group_quotas": {"gpu": {"vcpus": 2, "vms": 1}}}},
+    }
+    acme = tenants.config({"virt": virt})["tenants"]["acme"]
+    assert acme["groups"] == {"gpu": {"hypervisors": ["gpu*"], "quota": {"vcpus": 2, "vms": 1}}}
+    assert tenants.in_groups(acme["groups"], "gpu2") == ["gpu"] and tenants.in_groups(acme["groups"], "hyper1") == []
+    virt["tenants"]["acme"]["group_quotas"] = {"fast": {"vcpus": 1}}
+    with pytest.raises(
+        SaltInvocationError, match=r"group_quotas: fast is no group of virt:hypervisor_groups \(known: gpu, ssd\)"
+    ):
+        tenants.config({"virt": virt})
+    virt["tenants"]["acme"]["group_quotas"] = {"gpu": {"cpus": 1}}
+    with pytest.raises(SaltInvocationError, match="group_quotas:gpu: unknown key"):
+        tenants.config({"virt": virt})
 
 
 @pytest.mark.parametrize(

@@ -214,3 +214,38 @@ def test_a_hypervisor_without_virt_capacity_is_asked_full_info(tmp_path, test_co
     assert client.published == [("virt.capacity", ["hv1", "hv2"]), ("virt.full_info", ["hv2"])]
     assert {h: a["status"] for h, a in hosts.items()} == {"hv1": "up", "hv2": "up"}
     assert "no_virt" not in hosts["hv2"] and hosts["hv2"]["host"]["mem_total"] == hosts["hv1"]["host"]["mem_total"]
+
+
+def test_a_host_whose_hypervisor_group_is_full_for_the_tenant_is_passed_over(tmp_path):
+    """virt.init's host choice: the tenant's quota of gpu1's hypervisor group (1 VM, taken by g1 there) refuses
+    gpu1, the next candidate is reserved; when every candidate is refused so, the refusal is the quota's."""
+    from saltvirt.fleet import quota
+
+    opts = master_opts(tmp_path)
+    groups = {"gpu": {"hypervisors": ["gpu*"], "quota": {"vms": 1}}}
+    facts = {"mem_total": 16384, "mem_used_by_vms": 64, "vcpus_total": 8, "vcpus_used_by_vms": 1}
+    facts.update(disk_free=102400, images_dir="/srv/salt-images", vms_defined=1)
+    g1 = {"cpu": 1, "mem": 64, "state": "running", "owner": {"tenant": "acme", "creator": "alice"}}
+    fleet_vms = {
+        "gpu1": {"status": "up", "host": facts, "vm_info": {"g1": g1}},
+        "hv2": {"status": "up", "host": facts, "vm_info": {}},
+    }
+    policy, req = placement.make_policy(), placement.make_request(1, 64)
+    since = time.time()
+    with fleetstate.lock(opts, ["web1"]) as lease:
+        quota.reserve(lease.store, lease, "acme", "web1", req, fleet_vms, since, {})
+
+        def place(hv):
+            quota.place(lease.store, lease, hv, fleet_vms, since, groups)
+
+        tried = []
+        pos = vmcreate._reserve(lease, fleet_vms, ["gpu1", "hv2"], 0, "web1", req, policy, since, tried, place=place)
+        assert pos == 1 and [t["outcome"] for t in tried] == ["quota"], tried
+        assert (
+            tried[0]["error"]
+            == "tenant acme on hypervisor group gpu: 1 of 1 VMs used, asked 1: no room for web1 on gpu1"
+        )
+        tried = []
+        assert vmcreate._reserve(lease, fleet_vms, ["gpu1"], 0, "web1", req, policy, since, tried, place=place) is None
+        err = vmcreate._no_room("web1", {"reason": "", "ranking": [], "excluded": {}}, tried)
+        assert str(err) == f"no host can take web1 any more: {tried[0]['error']}"
