@@ -17,6 +17,11 @@
 #                                (multi-user.target.wants) run like systemd would, their ExecStart script
 #                                from the disk with the initramfs's busybox (their own output is shown too)
 #   HB <n>                       heartbeat every second (guest.mode=poweroff powers off instead)
+# OUTDIR/initrd-qga.img             the same plus the QEMU guest agent (Debian's qemu-ga, its libraries, the
+#                                   virtio_console module): it mounts the disk's ext4 read-write on /data,
+#                                   starts qemu-ga on the org.qemu.guest_agent.0 port, then prints
+#   QGA-UP <device> on /data     (or QGA-FAILED: <why>) and each heartbeat first writes <n> to /data/heartbeat,
+#                                so "HB <n>" shows the filesystem took a write (a frozen one blocks it)
 set -euo pipefail
 OUT=$(realpath -m "${1:?usage: build-guest.sh OUTDIR}")
 mkdir -p "$OUT"
@@ -27,9 +32,11 @@ chmod 755 "$WORK"   # apt-get download runs as _apt
 KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
 if [ -z "$KPKG" ]; then apt-get update -qq; KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}'); fi
 [ -n "$KPKG" ] || { echo "build-guest: cannot resolve the kernel package" >&2; exit 1; }
-apt-get download -q "$KPKG" busybox-static >/dev/null 2>&1 || apt-get download "$KPKG" busybox-static
+PKGS="$KPKG busybox-static qemu-guest-agent"
+apt-get download -q $PKGS >/dev/null 2>&1 || apt-get download $PKGS
 dpkg-deb -x "$KPKG"_*.deb kx
 dpkg-deb -x busybox-static_*.deb bbx
+dpkg-deb -x qemu-guest-agent_*.deb qga
 KVER=$(ls kx/lib/modules)
 cp kx/boot/vmlinuz-"$KVER" "$OUT"/vmlinuz.tmp
 
@@ -39,14 +46,18 @@ cp bbx/bin/busybox $R/bin/busybox
 MODS="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net virtio_blk crc16 mbcache jbd2 crc32c_generic ext4 e1000"
 MODS="$MODS scsi_common scsi_mod libata libahci ahci cdrom sr_mod isofs"  # the cidata CD on SATA (AHCI)
 : > $R/lib/mod/order
-for m in $MODS; do
-  f=$(find kx/lib/modules/"$KVER"/kernel -name "$m.ko*" | head -1)
-  [ -n "$f" ] || { echo "build-guest: module $m not found" >&2; exit 1; }
+module() {  # module NAME DESTDIR: the kernel's module, uncompressed
+  local f
+  f=$(find kx/lib/modules/"$KVER"/kernel -name "$1.ko*" | head -1)
+  [ -n "$f" ] || { echo "build-guest: module $1 not found" >&2; exit 1; }
   case "$f" in
-    *.ko.xz) xz -dc "$f" > $R/lib/mod/$m.ko ;;
-    *.ko.zst) zstd -qdc "$f" > $R/lib/mod/$m.ko ;;
-    *) cp "$f" $R/lib/mod/$m.ko ;;
+    *.ko.xz) xz -dc "$f" > "$2/$1.ko" ;;
+    *.ko.zst) zstd -qdc "$f" > "$2/$1.ko" ;;
+    *) cp "$f" "$2/$1.ko" ;;
   esac
+}
+for m in $MODS; do
+  module "$m" $R/lib/mod
   echo "$m" >> $R/lib/mod/order
 done
 cat > $R/init <<'INIT'
@@ -111,9 +122,28 @@ if [ -n "$ROOT" ] && mount -t ext4 -o ro $ROOT /mnt 2>/dev/null; then
   done
   umount /mnt
 fi
+DATA=
+if [ -x /usr/sbin/qemu-ga ]; then  # the initrd-qga.img variant: a read-write filesystem and the agent
+  insmod /lib/mod/virtio_console.ko 2>/dev/null
+  mkdir -p /data /var/run /dev/virtio-ports
+  for i in $(seq 1 25); do ls /sys/class/virtio-ports/vport* >/dev/null 2>&1 && break; sleep 0.2; done
+  for p in /sys/class/virtio-ports/vport*; do  # what udev's rule would link
+    [ -f "$p/name" ] && ln -sf "/dev/${p##*/}" "/dev/virtio-ports/$(cat "$p/name")"
+  done
+  PORT=/dev/virtio-ports/org.qemu.guest_agent.0
+  if [ -z "$ROOT" ]; then echo "QGA-FAILED: no ext4 disk to mount"
+  elif ! mount -t ext4 $ROOT /data; then echo "QGA-FAILED: cannot mount $ROOT read-write"
+  elif [ ! -e $PORT ]; then echo "QGA-FAILED: no $PORT (ports: $(ls /sys/class/virtio-ports 2>&1))"
+  else
+    /usr/sbin/qemu-ga -m virtio-serial -p $PORT -t /var/run >/tmp/qemu-ga.log 2>&1 &
+    QGA=$!; sleep 1
+    if kill -0 $QGA 2>/dev/null; then DATA=/data; echo "QGA-UP $ROOT on /data pid=$QGA"
+    else echo "QGA-FAILED: qemu-ga exited: $(tr '\n' '|' < /tmp/qemu-ga.log)"; fi
+  fi
+fi
 if [ "$MODE" = poweroff ]; then echo "GUEST-POWEROFF"; sync; poweroff -f; fi
 n=0
-while true; do echo "HB $n"; n=$((n+1)); sleep 1; done
+while true; do [ -n "$DATA" ] && echo $n > $DATA/heartbeat; echo "HB $n"; n=$((n+1)); sleep 1; done
 INIT
 chmod +x $R/init
 cat > $R/etc/udhcpc.sh <<'DH'
@@ -123,6 +153,19 @@ case "$1" in bound|renew) ip addr flush dev "$interface"; ip addr add "$ip/${mas
 DH
 chmod +x $R/etc/udhcpc.sh
 (cd $R && find . | ../bbx/bin/busybox cpio -o -H newc 2>/dev/null) | gzip -9 > "$OUT"/initrd.img.tmp
+
+# The guest-agent variant: qemu-ga with the shared libraries (and loader) it links, taken from the host
+# (the same Debian release: qemu-system-x86 depends on each of them).
+mkdir -p $R/usr/sbin
+cp qga/usr/sbin/qemu-ga $R/usr/sbin/qemu-ga
+module virtio_console $R/lib/mod
+libs=$(ldd qga/usr/sbin/qemu-ga) || { echo "build-guest: ldd qemu-ga failed: $libs" >&2; exit 1; }
+if grep -q 'not found' <<<"$libs"; then echo "build-guest: qemu-ga needs libraries missing here: $libs" >&2; exit 1; fi
+for lib in $(awk '/=> \//{print $3} /^\t\//{print $1}' <<<"$libs"); do
+  mkdir -p "$R$(dirname "$lib")"
+  cp -L "$lib" "$R$lib"
+done
+(cd $R && find . | ../bbx/bin/busybox cpio -o -H newc 2>/dev/null) | gzip -9 > "$OUT"/initrd-qga.img.tmp
 
 # Root filesystem content, then an MBR disk with it in partition 1 (built without mounting anything).
 mkdir -p fs/etc/salt fs/root
@@ -135,5 +178,6 @@ dd if=part.img of=disk.raw bs=1M seek=1 conv=notrunc status=none
 qemu-img convert -f raw -O qcow2 disk.raw disk.qcow2
 mv disk.raw "$OUT"/disk.raw; mv disk.qcow2 "$OUT"/disk.qcow2
 mv "$OUT"/vmlinuz.tmp "$OUT"/vmlinuz; mv "$OUT"/initrd.img.tmp "$OUT"/initrd.img
+mv "$OUT"/initrd-qga.img.tmp "$OUT"/initrd-qga.img
 chmod 644 "$OUT"/*
 ls -la "$OUT" >&2

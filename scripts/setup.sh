@@ -56,11 +56,13 @@ if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
   touch "$VENV/.ok-$REQ_HASH"
 fi
 
-# 3. Tiny bootable test guest (no internet): kernel + busybox initramfs + seedable disks --------
+# 3. Tiny bootable test guest (no internet): kernel + busybox initramfs (+ a variant with the QEMU guest
+# agent) + seedable disks --------------------------------------------------------------------------
 # Rebuilt when build-guest.sh changes (hash stamp), into a new directory renamed into place: a guest
 # directory is never half-built.
 GUEST_HASH=$(sha256sum < "$HERE/scripts/build-guest.sh" | cut -c1-16)
-if [ ! -f "$GUEST/.ok-$GUEST_HASH" ] || [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ]; then
+if [ ! -f "$GUEST/.ok-$GUEST_HASH" ] || [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ] \
+   || [ ! -s "$GUEST/initrd-qga.img" ]; then
   log "building test guest in $GUEST"
   NEW=$(mktemp -d "${GUEST%/}.new.XXXXXX")
   bash "$HERE/scripts/build-guest.sh" "$NEW"

@@ -87,6 +87,7 @@ def guest():
         "dir": str(GUEST_DIR),
         "kernel": str(GUEST_DIR / "vmlinuz"),
         "initrd": str(GUEST_DIR / "initrd.img"),
+        "initrd_qga": str(GUEST_DIR / "initrd-qga.img"),  # the same with qemu-ga (scripts/build-guest.sh)
         "raw": str(GUEST_DIR / "disk.raw"),
         "qcow2": str(GUEST_DIR / "disk.qcow2"),
     }
