@@ -65,7 +65,8 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
     what changed since the last backup (a full one is made, and ``note`` says why, when it cannot).
     ``disks``: target devs (``vda,vdb``), default every writable file disk. ``target``: a subdirectory
     name under the backup directory (a name, never a path). The result holds the backup's id, type,
-    chain, size, duration, checksums and ``consistency`` (guest agent freeze, or crash-consistent).
+    chain, size, duration, checksums, ``consistency`` (guest agent freeze, or crash-consistent) and
+    ``fs_freeze`` (how many filesystems the guest agent froze and thawed; None without a freeze).
 
     CLI Example::
 

@@ -77,7 +77,7 @@ def backed_up(name, max_age="24h", incremental=True, disks=None, target=None):
         made = __salt__["virt.backup"](name, disks=disks, incremental=_bool(incremental), target=target)
     except (CommandExecutionError, SaltInvocationError) as exc:
         return dict(ret, result=False, comment=str(exc))
-    keep = ("id", "type", "parent", "size", "duration", "consistency", "note", "checkpoint_redefined")
+    keep = ("id", "type", "parent", "size", "duration", "consistency", "fs_freeze", "note", "checkpoint_redefined")
     ret["changes"] = {"backup": {k: made.get(k) for k in keep if made.get(k) is not None}}
     ret["comment"] = f"VM {name}: {why}; made {made['type']} backup {made['id']}"
     return ret

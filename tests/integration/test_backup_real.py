@@ -2,23 +2,28 @@
 the guest's disk, full backup, marker changed, incremental backup, VM purged, each restore boots and
 shows its own marker; a restore on another hypervisor (hv13) from the shared backup directory;
 retention on real chains; snapshots and checkpoints; an incremental after a live migration to hv13;
-libvirtd killed in the middle of a backup.
+libvirtd killed in the middle of a backup; a guest running the QEMU guest agent (the busybox guest's
+qemu-ga variant) frozen and thawed around the backup start.
 
 The marker is written through the guest's own QEMU block layer (HMP ``qemu-io`` on the running disk
 device, see tests/integration/test_snapshot_real.py): the busybox guest has no shell on its console."""
 
+import json
 import os
+import shutil
 import subprocess
 import time
 
 import libvirt
+import libvirt_qemu
 
 import pytest
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import conn as lvconn
 from saltvirt.vm import backup as backup_lib
-from tests.integration.test_snapshot_real import MARK, has_marker, qemu_io
+from saltvirt.xml import domxml
+from tests.integration.test_snapshot_real import MARK, has_marker, heartbeats, qemu_io, wait_heartbeat
 from tests.support import lab
 from tests.support.paths import GUEST_DIR
 from tests.support.saltloader import make_minion_mods
@@ -240,3 +245,77 @@ def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, ba
     v["virt.restore"]("bkr4", nxt["id"], as_name="bkr4-back", start=True)
     wait_booted(hv1, "bkr4-back")
     assert has_changed_marker(hv1, "bkr4-back")
+
+
+def agent(hv, name, command):
+    """A guest agent command through libvirt (``virsh qemu-agent-command``): its ``return``."""
+    with lvconn.connect(hv.uri) as conn:
+        out = libvirt_qemu.qemuAgentCommand(conn.lookupByName(name), json.dumps({"execute": command}), 30, 0)
+    return json.loads(out)["return"]
+
+
+def wait_agent_connected(hv, name, timeout=120):
+    """libvirt marks the agent's channel connected once qemu-ga in the guest opens its port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with lvconn.connect(hv.uri) as conn:
+            state = domxml.parse(conn.lookupByName(name).XMLDesc(0))["guest_agent"]
+        if state == "connected" or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
+def ext4_facts(disk, tmp_path, running=False):
+    """What partition 1 (the guest's ext4) of qcow2 ``disk`` holds: ``(needs_recovery, heartbeat,
+    e2fsck -fn rc)``. ``needs_recovery`` is the superblock's journal flag: set while a journalled ext4 is
+    mounted read-write, cleared on disk by a freeze (FIFREEZE flushes the journal first) and set again
+    by the thaw; so a backup made while the guest's filesystem was frozen has it clear, and a
+    crash-consistent copy of the mounted filesystem has it set. ``running``: read a running VM's disk."""
+    raw, part = tmp_path / "disk.raw", tmp_path / "part.img"
+    share = ["-U"] if running else []
+    subprocess.run(["qemu-img", "convert", *share, "-f", "qcow2", "-O", "raw", disk, raw], check=True)
+    with open(raw, "rb") as src, open(part, "wb") as dst:
+        src.seek(1 << 20)  # partition 1 starts at sector 2048 (scripts/build-guest.sh)
+        shutil.copyfileobj(src, dst)
+    superblock = part.read_bytes()[1024:2048]
+    needs_recovery = bool(int.from_bytes(superblock[0x60:0x64], "little") & 0x4)  # s_feature_incompat RECOVER
+    cat = subprocess.run(["debugfs", "-R", "cat /heartbeat", str(part)], check=False, capture_output=True, text=True)
+    fsck = subprocess.run(["e2fsck", "-fn", str(part)], check=False, capture_output=True, text=True)
+    return needs_recovery, cat.stdout.strip(), fsck.returncode
+
+
+def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start(  # noqa: PLR0913 - fixtures
+    v1, hv1, tmp_path, backups, guest
+):
+    """The busybox guest's qemu-ga variant mounts its disk's ext4 read-write on /data, runs Debian's
+    qemu-ga on the agent channel ``virt.init`` adds, and writes a heartbeat number into /data/heartbeat
+    before printing each ``HB <n>``. The backup reports the agent's own counts; the backup's filesystem
+    is the frozen one (journal flushed, clean for e2fsck, the latest heartbeat on disk although nothing
+    in the guest synced it); the guest is thawed after (the agent says so, and its writes go on)."""
+    if not os.path.isfile(guest["initrd_qga"]):
+        pytest.fail(f"no {guest['initrd_qga']} (the test guest's guest-agent variant): run scripts/setup.sh")
+    v = v1
+    boot_args = {"kernel": guest["kernel"], "initrd": guest["initrd_qga"], "cmdline": "console=ttyS0 quiet"}
+    v["virt.init"]("bkr6", 1, 256, image=guest["qcow2"], boot=boot_args, seed=False)  # guest_agent=True: default
+    serial = lab.wait_for_text(hv1.path("log", "qemu", "bkr6-serial.log"), "HB 2", timeout=300)
+    assert "QGA-UP /dev/vda1 on /data" in serial, serial[-2000:]
+    assert wait_agent_connected(hv1, "bkr6") == "connected"
+    assert agent(hv1, "bkr6", "guest-fsfreeze-status") == "thawed"
+    with lvconn.connect(hv1.uri) as conn:
+        disk = domxml.parse(conn.lookupByName("bkr6").XMLDesc(0))["disks"][0]["file"]
+    assert ext4_facts(disk, tmp_path, running=True)[0] is True  # mounted read-write: the flag the freeze clears
+
+    beat = heartbeats(hv1, "bkr6")[-1]  # written to /data/heartbeat (page cache only) before it was printed
+    made = v["virt.backup"]("bkr6")
+    assert (made["live"], made["consistency"]) == (True, backup_lib.CONSISTENT)
+    assert made["fs_freeze"] == {"frozen": 1, "thawed": 1}  # /data; the initramfs' own filesystems are virtual
+    assert v["virt.backup_list"]("bkr6")["backups"][0]["fs_freeze"] == made["fs_freeze"]  # in the manifest too
+
+    assert agent(hv1, "bkr6", "guest-fsfreeze-status") == "thawed"
+    wait_heartbeat(hv1, "bkr6", heartbeats(hv1, "bkr6")[-1] + 1, timeout=120)  # writes to /data go on
+
+    back = v["virt.restore"]("bkr6", made["id"], as_name="bkr6-back")  # checksums verified; not started
+    needs_recovery, heartbeat, fsck_rc = ext4_facts(back["disks"]["vda"], tmp_path)
+    assert needs_recovery is False  # the frozen filesystem: journal flushed at the start of the backup
+    assert fsck_rc == 0  # and clean
+    assert heartbeat.isdigit() and int(heartbeat) >= beat, heartbeat

@@ -168,7 +168,18 @@ def run(
 def _brief(result):
     if not isinstance(result, dict):
         return {"result": result}
-    keys = ("id", "type", "parent", "size", "duration", "consistency", "note", "live", "checkpoint_redefined")
+    keys = (
+        "id",
+        "type",
+        "parent",
+        "size",
+        "duration",
+        "consistency",
+        "fs_freeze",
+        "note",
+        "live",
+        "checkpoint_redefined",
+    )
     return {k: result.get(k) for k in keys if result.get(k) is not None}
 
 

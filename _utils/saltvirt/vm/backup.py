@@ -6,8 +6,9 @@ the disks as they were when the job began while the guest runs on. Each live bac
 checkpoint (a dirty bitmap per qcow2 disk), so the next backup with ``incremental=True`` copies only
 the blocks written since. A stopped VM is copied with ``qemu-img convert`` (libvirt makes no
 checkpoint of an inactive VM, so the next backup is full). With the QEMU guest agent connected the
-guest's filesystems are frozen for the instant the job starts and thawed at once; without it the
-backup is crash-consistent, and the result says which.
+guest's filesystems are frozen for the instant the job starts and thawed at once (``fs_freeze`` in the
+result: how many the agent froze and thawed); without it the backup is crash-consistent, and the
+result says which.
 
 Checkpoints and the other operations: a snapshot revert discards the VM's checkpoints
 (:func:`saltvirt.host.snapshot.revert`); a restored VM has none on its new definition (nor bitmaps in
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 6 * 3600  # seconds a backup job may run (virt:backup:timeout)
 CONSISTENT = "filesystems frozen by the guest agent at the start"
 CRASH = "crash-consistent (no guest agent answered: like pulling the power cord at the start)"
+NONE_FROZEN = "crash-consistent (the guest agent froze no filesystem: it found none it can freeze)"
 OFFLINE = "consistent (VM stopped: copied offline)"
 
 
@@ -143,15 +145,16 @@ def redefine(dom: Domain, parent: Data, every: list[str]) -> str | None:
 
 # copying --------------------------------------------------------------------------------------------
 def _freeze(dom, facts):
-    """Freeze the guest's filesystems if its agent answers: ``(frozen, consistency)``."""
+    """Freeze the guest's filesystems if its agent answers: ``(how many it froze or None, consistency)``
+    (None: no agent asked or it failed; then nothing is to be thawed)."""
     if facts.get("guest_agent") != "connected":
-        return False, CRASH
+        return None, CRASH
     try:
-        dom.fsFreeze()
+        frozen = dom.fsFreeze()
     except libvirt.libvirtError as exc:
         log.info("VM %s: guest agent did not freeze (%s): crash-consistent backup", dom.name(), exc)
-        return False, CRASH
-    return True, CONSISTENT
+        return None, CRASH
+    return frozen, CONSISTENT if frozen else NONE_FROZEN
 
 
 def _wait_job(dom, timeout):
@@ -178,13 +181,15 @@ def _wait_job(dom, timeout):
 
 def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
     """Push-mode backup of the running VM into ``files``, with a new checkpoint when ``checkpoint`` is
-    a name; returns ``(consistency, whether the checkpoint was made)``."""
+    a name; returns ``(consistency, whether the checkpoint was made, fs_freeze)``; ``fs_freeze``:
+    ``{frozen, thawed}`` as the guest agent counted them, None when no agent froze."""
     every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
     skip = [t for t in every if t not in files]
     bitmaps = [d["target"] for d in chosen if d["format"] == "qcow2"] if checkpoint else []
     bxml = backupxml.backup_xml(files, skip=skip, incremental=parent["checkpoint"] if parent else None)
     cxml = backupxml.checkpoint_xml(checkpoint, bitmaps, skip=[t for t in every if t not in bitmaps])
     frozen, consistency = _freeze(dom, facts)
+    thawed = None
     try:
         with lv_errors(f"start the backup of VM {dom.name()!r}"):
             try:
@@ -195,16 +200,17 @@ def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
                 _drop_scratch_bitmaps(dom, every)  # what an interrupted backup left in QEMU: once more without it
                 dom.backupBegin(bxml, cxml if bitmaps else None, 0)
     finally:
-        if frozen:
+        if frozen is not None:  # thawed even when it froze none: the agent may still count itself frozen
             try:
-                dom.fsThaw()
+                thawed = dom.fsThaw()
             except libvirt.libvirtError as exc:  # the guest stays frozen: say so loudly, in the result too
                 log.error("VM %s: thawing its filesystems failed: %s (virsh domfsthaw)", dom.name(), exc)
                 consistency = f"{CONSISTENT}; THAWING FAILED, the guest may still be frozen: {exc} (virsh domfsthaw)"
     if on_started:
         on_started()  # fault-injection point of the integration tests (kill libvirtd mid-job)
     _wait_job(dom, timeout)
-    return consistency, bool(bitmaps)
+    fs_freeze = {"frozen": frozen, "thawed": thawed} if frozen is not None else None
+    return consistency, bool(bitmaps), fs_freeze
 
 
 def _offline(chosen, files):
@@ -295,11 +301,11 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
             checkpoint, note = None, _with_snapshots(note, parent)
         try:
             if live:
-                consistency, made = _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started)
+                consistency, made, fs_freeze = _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started)
                 # without a checkpoint of its own, the parent's still covers every change since this backup
                 checkpoint = checkpoint if made else (parent or {}).get("checkpoint")
             else:
-                consistency = _offline(chosen, files)
+                consistency, fs_freeze = _offline(chosen, files), None
             copied = time.monotonic() - clock
             described = _describe_disks(directory, chosen, files, parent)
         except BaseException:
@@ -321,6 +327,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
             "copy_seconds": round(copied, 3),
             "live": live,
             "consistency": consistency,
+            "fs_freeze": fs_freeze,
             "disks": described,
             "size": sum(d["size"] for d in described),
             "domain_xml": dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom.isPersistent() else xml,

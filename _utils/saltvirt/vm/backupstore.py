@@ -196,6 +196,7 @@ def summary(m: Data) -> Data:
     keys += ("size", "live")
     out = {k: m.get(k) for k in keys}
     out["consistency"] = m.get("consistency")
+    out["fs_freeze"] = m.get("fs_freeze")  # {frozen, thawed}: the guest agent's counts (None: no freeze)
     out["disks"] = [{k: d.get(k) for k in ("target", "file", "size", "virtual_size", "sha256")} for d in m["disks"]]
     return out
 

@@ -203,20 +203,19 @@ def test_a_lost_checkpoint_is_redefined_only_with_libvirts_check_of_the_bitmaps(
 
 
 def test_guest_freeze_decision_and_thaw_on_the_test_driver(bk):
-    """The freeze/thaw decision logic only. libvirt's test driver implements fsFreeze/fsThaw itself (it
-    counts the filesystems it froze; no guest agent is involved), so no mock is needed. A real QEMU
-    guest agent needs a guest running qemu-ga, which no test guest here has (docs/topics/backups.md,
-    "Guest consistency"): the agent path is not proven on a real guest."""
+    """The freeze/thaw decision logic. libvirt's test driver implements fsFreeze/fsThaw itself (it
+    counts the filesystems it froze; no guest agent is involved), so no mock is needed. The real agent
+    in a real guest: tests/integration/test_backup_real.py (the busybox guest's qemu-ga variant)."""
     conn = libvirt.open("test:///default")
     try:
         dom = conn.lookupByName("test")  # running
-        assert backup._freeze(dom, {"guest_agent": None}) == (False, backup.CRASH)  # no agent channel
-        assert backup._freeze(dom, {"guest_agent": "disconnected"}) == (False, backup.CRASH)  # agent not up
+        assert backup._freeze(dom, {"guest_agent": None}) == (None, backup.CRASH)  # no agent channel
+        assert backup._freeze(dom, {"guest_agent": "disconnected"}) == (None, backup.CRASH)  # agent not up
         assert dom.fsThaw() == 0  # neither asked for a freeze
-        assert backup._freeze(dom, {"guest_agent": "connected"}) == (True, backup.CONSISTENT)
+        assert backup._freeze(dom, {"guest_agent": "connected"}) == (2, backup.CONSISTENT)  # the count
         assert dom.fsThaw() == 2  # frozen by _freeze: thawed here
         # an agent that does not freeze (here: a stopped VM) gives a crash-consistent backup, not a failure
-        assert backup._freeze(conn.lookupByName("bk1"), {"guest_agent": "connected"}) == (False, backup.CRASH)
+        assert backup._freeze(conn.lookupByName("bk1"), {"guest_agent": "connected"}) == (None, backup.CRASH)
         # the backup job does not start (the test driver has none): the guest is thawed all the same
         facts = {"guest_agent": "connected", "disks": [{"target": "vda", "device": "disk"}]}
         chosen = [{"target": "vda", "format": "qcow2"}]
