@@ -11,6 +11,8 @@ has the same eauth rights but is no operator on the hypervisor: his direct ``vir
 
 import json
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 import salt.payload
@@ -174,6 +176,61 @@ def test_operator_switches_are_refused_through_the_api(alice, hyper, arg):
     assert f"{arg}= is an operator switch, not a call argument" in _minion_error(body), body
     status, body = alice.local(HV, "virt.list_domains")
     assert "deleg-sw" not in body[HV]
+
+
+# disks, backing stores, pools and serial ports through the API (issue 23 #4/#5, the raw storage functions) --
+@pytest.fixture
+def pool_dir():
+    """A directory for alice's pool, inside the hypervisor's virt:pool_paths (/var/tmp in the test config)."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="svdeleg-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_disk_attacks_through_the_api_are_refused(api, alice, hyper, created, pool_dir):
+    """alice (an operator of the hypervisor, so every deeper check is reached) names another VM's disk and a
+    host file as a disk, the other VM's disk as a new volume's backing store, a pool on /etc and TCP serial
+    ports, through salt-api's local and runner clients: each gets its refusal, libvirt gets nothing (no VM,
+    pool or volume) and the other VM's disk is untouched. Her pool inside virt:pool_paths is defined."""
+    disks = alice.local(HV, "virt.get_disks", ["deleg-vm"])[1][HV]
+    theirs = next(d["file"] for d in disks.values() if d.get("file"))
+    seen = pathlib.Path(theirs).stat()
+    status, body = alice.local(HV, "virt.pool_define", ["deleg-pool", "dir"], target=str(pool_dir / "pool"))
+    assert (status, body) == (200, {HV: True}), body
+    new = {"nic": None, "disk": None, "start": False}
+    tcp = [{"type": "tcp", "port": 22, "protocol": "raw"}]
+    try:
+        for fun, arg, kwargs, refusal in [
+            ("virt.init", ["deleg-a", 1, 128], dict(new, disks=[{"name": "data", "path": theirs, "format": "qcow2"}]),
+             f"disk data: {theirs} is a disk of VM 'deleg-vm': refused"),
+            ("virt.init", ["deleg-a", 1, 128], dict(new, disks=[{"name": "data", "path": "/etc/shadow"}]),
+             "path of disk data /etc/shadow is outside the directories salt-virt may use"),
+            ("virt.init", ["deleg-a", 1, 128], dict(new, serials=tcp), "TCP serial ports are off on this hypervisor"),
+            ("virt.pool_define", ["deleg-etc", "dir"], {"target": "/etc/deleg"},
+             "pool deleg-etc: target /etc/deleg is outside the directories pools may use"),
+            ("virt.volume_define", ["deleg-pool", "top.qcow2", 8],
+             {"format": "qcow2", "backing_store": {"path": theirs, "format": "qcow2"}},
+             f"backing_store: {theirs} is a disk of VM 'deleg-vm': refused"),
+        ]:  # fmt: skip
+            status, body = alice.local(HV, fun, arg, **kwargs)
+            assert status == 200 and refusal in _minion_error(body), (fun, kwargs, body)
+        # the runner forwards them to the hypervisor, which refuses the same
+        image = {"image": "salt://images/guest.qcow2", "host": HV, "start": False, "nic": None}
+        for kwargs, refusal in [
+            ({"disks": [{"name": "data", "path": theirs, "format": "qcow2"}]}, "is a disk of VM 'deleg-vm': refused"),
+            ({"consoles": [{"type": "tcp", "port": 4555}]}, "TCP serial ports are off on this hypervisor"),
+        ]:
+            status, body = alice.runner("virt.init", name="deleg-r", cpu=1, mem=128, **image, **kwargs)
+            assert status == 200 and refusal in str(body), (kwargs, body)
+        assert not {"deleg-a", "deleg-r"} & set(_domains(api))
+        assert "deleg-r" not in api.master.salt_key_cli(timeout=60).run("-L").stdout
+        assert alice.local(HV, "virt.pool_list_volumes", ["deleg-pool"]) == (200, {HV: []})
+        assert "deleg-etc" not in alice.local(HV, "virt.list_pools")[1][HV]
+        after = pathlib.Path(theirs).stat()
+        assert (after.st_size, after.st_mtime_ns) == (seen.st_size, seen.st_mtime_ns)
+    finally:
+        alice.local(HV, "virt.pool_undefine", ["deleg-pool"])
 
 
 # issue 26: the hypervisor refuses direct virt.* calls of users who are not its operators ------------------
