@@ -48,6 +48,10 @@ def __virtual__():
         return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
     if _c.libvirt is None:
         return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+    try:  # libvirt clients opening the default connection in this minion reach virt:connection's libvirtd
+        _c.export_default_uri(_c.salt_config(__salt__))
+    except Exception as exc:  # noqa: BLE001 - loading the module must not depend on it; the log says why
+        log.warning("virt: could not export virt:connection:uri as LIBVIRT_DEFAULT_URI: %s", exc)
     return __virtualname__
 
 

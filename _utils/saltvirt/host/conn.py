@@ -215,6 +215,37 @@ def salt_images_dir(salt: SaltFunctions) -> str:
     return salt_config(salt)("virt:images", DEFAULT_IMAGES_DIR) or DEFAULT_IMAGES_DIR
 
 
+DEFAULT_URI_ENV = "LIBVIRT_DEFAULT_URI"
+_exported: dict[str, str | None] = {"uri": None}
+
+
+def export_default_uri(config_get: ConfigGet) -> str | None:
+    """Make the configured ``virt:connection:uri`` libvirt's default URI in this process
+    (``LIBVIRT_DEFAULT_URI``), so libvirt clients that open "the default connection" in the minion reach
+    the libvirtd that ``virt.*`` manages: other products' loader modules (Uyuni's
+    ``virt_utils.vm_definition`` calls ``libvirt.open()``) and the ``virsh`` a state runs (subprocesses
+    inherit it). A value the environment already had is the operator's and stays (logged when it differs);
+    one exported here before is replaced when the configuration changed. Returns the URI now exported
+    by this function, or None (nothing configured, or the operator's own value)."""
+    uri = config_get("virt:connection:uri", None) or None
+    current = os.environ.get(DEFAULT_URI_ENV)
+    if current is not None and current != _exported["uri"]:
+        if uri and current != uri:
+            log.warning(
+                "%s is set in the minion's environment and differs from virt:connection:uri: libvirt clients "
+                "that open the default connection (virsh, other modules) do not reach the libvirtd virt.* uses",
+                DEFAULT_URI_ENV,
+            )
+        return None
+    if uri is None:
+        if current is not None:  # ours, and the configuration no longer names a URI
+            del os.environ[DEFAULT_URI_ENV]
+        _exported["uri"] = None
+        return None
+    os.environ[DEFAULT_URI_ENV] = _exported["uri"] = uri
+    return uri
+
+
 def describe(uri: str | None) -> str:
     return uri or "the default libvirt URI"
 

@@ -1,6 +1,8 @@
 """saltvirt.host.conn: libvirt URIs come from the operator's configuration only (issue 23): a call picks a
 configured connection by name, never passes a URI; peer URIs a call may give are qemu+tls/tcp only."""
 
+import os
+
 import pytest
 from salt.exceptions import SaltInvocationError
 
@@ -116,3 +118,41 @@ def test_domain_lookups(test_conn):
     assert not vconn.domain_exists(test_conn, "nosuchvm")
     with pytest.raises(CommandExecutionError, match="^VM 'nosuchvm' is not defined on "):
         vconn.get_domain(test_conn, "nosuchvm")
+
+
+@pytest.fixture
+def default_uri(monkeypatch):
+    """LIBVIRT_DEFAULT_URI unset and nothing exported yet (both restored afterwards)."""
+    monkeypatch.delenv(vconn.DEFAULT_URI_ENV, raising=False)
+    monkeypatch.setattr(vconn, "_exported", {"uri": None})
+    return monkeypatch
+
+
+def test_the_configured_uri_becomes_libvirts_default_connection(default_uri):
+    """A client opening libvirt's default connection in the minion (Uyuni's virt_utils: libvirt.open())
+    reaches the configured libvirtd."""
+    import libvirt
+
+    assert vconn.export_default_uri(_getter({"connection": {"uri": "test:///default"}})) == "test:///default"
+    conn = libvirt.open()
+    try:
+        assert conn.getURI() == "test:///default" and "test" in [d.name() for d in conn.listAllDomains(0)]
+    finally:
+        conn.close()
+    # the configuration changed: the value exported before follows it, or goes with it
+    assert vconn.export_default_uri(_getter({"connection": {"uri": "test:///other"}})) == "test:///other"
+    assert vconn.export_default_uri(_getter({})) is None
+    assert vconn.DEFAULT_URI_ENV not in os.environ
+
+
+def test_the_operators_own_default_uri_stays(default_uri, caplog):
+    default_uri.setenv(vconn.DEFAULT_URI_ENV, "qemu:///session")
+    assert vconn.export_default_uri(_getter({"connection": {"uri": "test:///default"}})) is None
+    assert os.environ[vconn.DEFAULT_URI_ENV] == "qemu:///session"
+    assert "differs from virt:connection:uri" in caplog.text
+
+
+def test_loading_the_virt_module_exports_the_minion_configs_uri_not_pillars(default_uri, tmp_path):
+    pillar = {"virt": {"connection": {"uri": "test:///etc/shadow"}}}
+    make_minion_mods(tmp_path, "test:///default", opts_extra={"pillar": pillar})["virt.list_domains"]()
+    assert os.environ[vconn.DEFAULT_URI_ENV] == "test:///default"
