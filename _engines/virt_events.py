@@ -19,12 +19,14 @@ Minion config (the connection is ``virt:connection``, as for the ``virt`` module
           reconcile: True       # after a reconnect, fire what changed while disconnected
           tags: salt-virt       # libvirt_events: Salt's libvirt_events engine tags instead; both: both
           tag_prefix: salt/engines/libvirt_events   # Salt's option, for tags libvirt_events/both
-          filters: [all]        # Salt's option: all, domain, domain/lifecycle, domain/reboot, ...
+          filters: [all]        # Salt's option: all, domain, domain/lifecycle, pool, pool/refresh, ...
 
 With ``tags: libvirt_events`` (or ``both``) reactors written for Salt's ``libvirt_events`` engine keep
 working: ``salt/engines/libvirt_events/<uri>/domain/<lifecycle|reboot|io_error|control_error|
-agent_lifecycle>`` with Salt's data (``uri``, ``domain: {name, id, uuid}``, ``event``, ``detail``, ...;
-see ``saltvirt.host.saltevents``).
+agent_lifecycle>`` with Salt's data (``uri``, ``domain: {name, id, uuid}``, ``event``, ``detail``, ...),
+and Salt's other objects: ``network/lifecycle``, ``pool/lifecycle``, ``pool/refresh``,
+``nodedev/lifecycle``, ``nodedev/update``, ``secret/lifecycle``, ``secret/value_changed`` (see
+``saltvirt.host.saltevents``).
 
 When it starts, it first releases seeding a killed job left behind (``virt.reap_seeding``) and reports
 it as ``salt/virt/<minion id>/reaped``.

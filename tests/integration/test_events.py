@@ -10,7 +10,10 @@ here), and a tenant minion ``evtenant`` (a VM's root: it can send any event).
   events arrive again;
 * the reactor: a tenant's "ready" event (with hostile data) creates nothing; the hypervisor's ready
   event creates the VM the master's pillar assigns to it, once;
-* a live migration out to a second hypervisor (hv2, started for that test only): ``migrated``, ``out``.
+* a live migration out to a second hypervisor (hv2, started for that test only): ``migrated``, ``out``;
+* Salt's ``libvirt_events`` scheme beside ours (engine option ``tags: both``): a network, a storage pool
+  and a secret defined, started, refreshed, given a value, stopped and removed on the real libvirtd arrive
+  with Salt's tags and data (never the secret's value).
 """
 
 import contextlib
@@ -72,7 +75,7 @@ def emaster(salt_factories, state_tree, pillar_roots):
 @pytest.fixture(scope="module")
 def minions(emaster, ehv, lab_dir):
     """evhyper with the engine (synced from file_roots, then the minion restarted so it starts), evtenant."""
-    engine = {"virt_events": {"backoff_min": 0.5, "backoff_max": 2}}
+    engine = {"virt_events": {"backoff_min": 0.5, "backoff_max": 2, "tags": "both"}}
     config = hypervisor_minion_config(ehv, pathlib.Path(lab_dir) / "ev-images", engines=[engine])
     hyper, tenant = start_minion(emaster, HOST, config), start_minion(emaster, TENANT, {})
     with hyper.started(), tenant.started():
@@ -378,3 +381,78 @@ def test_a_live_migration_out_is_an_event(minions, emaster, cli, event_listener,
     finally:
         target.stop()
     print(f"live migration out: {time.monotonic() - t_all:.1f} s")
+
+
+def test_network_pool_and_secret_events_in_salts_scheme(minions, emaster, event_listener, ehv, lab_dir):
+    import libvirt
+
+    t_all = time.monotonic()
+    wait(event_listener, emaster, f"salt/virt/{HOST}/engine/connected", minions["engine_started"])
+    t0 = time.time()
+    target = tempfile.mkdtemp(prefix="evpool-", dir=lab_dir)
+    conn = libvirt.open(ehv.uri)
+    secret_value = b"Ev3ntSecretValue"
+    try:
+        net = conn.networkDefineXML("<network><name>evnet1</name><bridge name='evbr1'/></network>")
+        net.create()
+        pool = conn.storagePoolDefineXML(
+            f"<pool type='dir'><name>evpool1</name><target><path>{target}</path></target></pool>"
+        )
+        pool.create()
+        pool.refresh()
+        secret = conn.secretDefineXML(
+            "<secret ephemeral='no' private='yes'><usage type='ceph'><name>evsecret</name></usage></secret>"
+        )
+        secret.setValue(secret_value)
+        ids = {"network": net.UUIDString(), "pool": pool.UUIDString(), "secret": secret.UUIDString()}
+        uri = conn.getURI()
+        for thing in (net, pool):
+            thing.destroy()
+            thing.undefine()
+        secret.undefine()
+    finally:
+        conn.close()
+    prefix = "salt/engines/libvirt_events/qemu+unix/system"  # Salt's: the URI's scheme, host and path
+
+    def salts(obj, event_type, event):
+        ev = wait(
+            event_listener,
+            emaster,
+            f"{prefix}/{obj}/{event_type}",
+            t0,
+            lambda d: d["data"].get("event") == event and d["data"].get(obj, {}).get("uuid") == ids[obj],
+            f"{obj}/{event_type} {event}",
+        )
+        assert ev.data["id"] == HOST
+        return {k: v for k, v in ev.data["data"].items() if not k.startswith("_")}
+
+    for event in ("defined", "started", "stopped", "undefined"):
+        data = salts("network", "lifecycle", event)
+        assert data == {
+            "uri": uri,
+            "network": {"name": "evnet1", "uuid": ids["network"]},
+            "event": event,
+            "detail": "unknown",
+        }
+    for event in ("defined", "started", "stopped", "undefined"):
+        assert salts("pool", "lifecycle", event)["pool"] == {"name": "evpool1", "uuid": ids["pool"]}
+    assert salts("pool", "refresh", "refresh") == {
+        "uri": uri,
+        "pool": {"name": "evpool1", "uuid": ids["pool"]},
+        "event": "refresh",
+    }
+    assert salts("secret", "lifecycle", "defined") == {
+        "uri": uri,
+        "secret": {"uuid": ids["secret"]},
+        "event": "defined",
+        "detail": "unknown",
+    }
+    assert salts("secret", "value_changed", "value_changed") == {
+        "uri": uri,
+        "secret": {"uuid": ids["secret"]},
+        "event": "value_changed",
+    }
+    salts("secret", "lifecycle", "undefined")
+    everything = event_listener.get_events([(emaster.id, "salt/engines/libvirt_events/*")], after_time=t0)
+    assert secret_value.decode() not in json.dumps([e.full_data for e in everything], default=str)
+    print(f"network, pool and secret events in Salt's scheme: {time.monotonic() - t_all:.1f} s")

@@ -133,6 +133,13 @@ SAFE = "._-+@:"  # kept as they are in a tag part; everything else is %-escaped
 DEFAULTS: dict[str, object] = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
 # Salt's libvirt_events scheme beside ours (saltvirt.host.saltevents)
 DEFAULTS.update(tags="salt-virt", tag_prefix=saltevents.DEFAULT_PREFIX, filters=None)
+# Salt's engine's other objects: (register, deregister, event-id constant prefix) on a libvirt connection
+OBJECT_CALLS = {
+    "network": ("networkEventRegisterAny", "networkEventDeregisterAny", "VIR_NETWORK_EVENT_ID_"),
+    "pool": ("storagePoolEventRegisterAny", "storagePoolEventDeregisterAny", "VIR_STORAGE_POOL_EVENT_ID_"),
+    "nodedev": ("nodeDeviceEventRegisterAny", "nodeDeviceEventDeregisterAny", "VIR_NODE_DEVICE_EVENT_ID_"),
+    "secret": ("secretEventRegisterAny", "secretEventDeregisterAny", "VIR_SECRET_EVENT_ID_"),
+}
 PENDING_MAX = 1000  # events kept for the master while it does not take them (oldest dropped first)
 RETRY_EVERY = 5.0  # seconds between delivery attempts of kept events while nothing else happens
 
@@ -399,6 +406,22 @@ class Watcher:
         """libvirt's connection close callback (libvirtd gone, keepalive timeout, ...)."""
         self.inbox.put(("closed", None, (reason,)))
 
+    def _object_callback(self, obj, event_type):
+        """The callback of a network/pool/nodedev/secret event: queues ``(object, type)`` and who it is."""
+
+        def ident(thing):
+            if obj == "nodedev":
+                return {"name": thing.name()}
+            if obj == "secret":  # its UUID only: never its value or usage
+                return {"uuid": thing.UUIDString()}
+            return {"name": thing.name(), "uuid": thing.UUIDString()}
+
+        if event_type == "lifecycle":
+            return lambda _conn, thing, event, _detail, _opaque: self.inbox.put(
+                ("object", (obj, event_type), (ident(thing), event))
+            )
+        return lambda _conn, thing, _opaque: self.inbox.put(("object", (obj, event_type), (ident(thing), None)))
+
     @staticmethod
     def _who(dom):
         return dom.name(), dom.UUIDString(), dom.ID()
@@ -479,10 +502,21 @@ class Watcher:
             data = saltevents.data(uri, who, event_type)
         self._deliver(saltevents.tag(self.options["tag_prefix"], uri, event_type), data)
 
+    def _send_object(self, what: Any, args: Any) -> None:
+        """A network/pool/nodedev/secret event in Salt's libvirt_events scheme (registered only for it)."""
+        (obj, event_type), (ident, code) = what, args
+        uri = self.uri or ""
+        name = saltevents.lifecycle_name(libvirt, obj, code) if code is not None else None
+        data = saltevents.object_data(uri, obj, event_type, ident, name)
+        self._deliver(saltevents.tag(self.options["tag_prefix"], uri, event_type, obj), data)
+
     def handle(self, kind: str, who: Any, args: Any) -> bool:
         """Map one queued fact to its event and send it; returns False when the connection closed."""
         if kind == "closed":
             return False
+        if kind == "object":
+            self._send_object(who, args)
+            return True
         name, uuid, dom_id = who
         self._send_salt(who, kind, args)
         if self.options["tags"] == "libvirt_events":  # Salt's tags only
@@ -511,6 +545,7 @@ class Watcher:
 
     # sessions --------------------------------------------------------------------------------------
     def _register(self, conn):
+        """Register the callbacks; returns ``[(deregister method, callback id)]``."""
         ids = []
         callbacks = [
             ("VIR_DOMAIN_EVENT_ID_LIFECYCLE", self._on_lifecycle),
@@ -521,9 +556,24 @@ class Watcher:
         ]
         for const, callback in callbacks:
             try:
-                ids.append(conn.domainEventRegisterAny(None, getattr(libvirt, const), callback, None))
+                ids.append(
+                    (
+                        "domainEventDeregisterAny",
+                        conn.domainEventRegisterAny(None, getattr(libvirt, const), callback, None),
+                    )
+                )
             except libvirt.libvirtError as exc:  # an older libvirtd lacks one: the others still work
                 log.info("virt_events: %s not available: %s", const, exc.get_error_message())
+        for obj, event_type in saltevents.objects_wanted(self.options):  # Salt's scheme only
+            register, deregister, prefix = OBJECT_CALLS[obj]
+            const = f"{prefix}{event_type.upper()}"
+            try:
+                cb_id = getattr(conn, register)(
+                    None, getattr(libvirt, const), self._object_callback(obj, event_type), None
+                )
+                ids.append((deregister, cb_id))
+            except (AttributeError, libvirt.libvirtError) as exc:  # older bindings or daemon: the others still work
+                log.info("virt_events: %s/%s events not available: %s", obj, event_type, exc)
         try:
             conn.registerCloseCallback(self.on_close, None)
         except libvirt.libvirtError as exc:  # then a dead connection is found by isAlive()
@@ -565,9 +615,9 @@ class Watcher:
             if why != "stopped":
                 log.info("virt_events: libvirt connection lost (%s)", why)
                 self._engine("disconnected", session=self.sessions, reason=why)
-            for cb_id in ids:
+            for deregister, cb_id in ids:
                 try:
-                    conn.domainEventDeregisterAny(cb_id)
+                    getattr(conn, deregister)(cb_id)
                 except libvirt.libvirtError:
                     log.debug("virt_events: could not deregister callback %s (connection gone)", cb_id)
             try:
