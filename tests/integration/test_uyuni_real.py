@@ -15,11 +15,14 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from tests.support import lab
+from tests.support.saltd import SOURCES
 
 UYUNI = pathlib.Path(os.environ.get("SALT_VIRT_UYUNI", "/var/cache/salt-virt/uyuni/susemanager-sls"))
 SLS = (
@@ -30,6 +33,8 @@ SLS = (
 MODULES = {"_modules": ["virt_utils.py"], "_states": ["virt_utils.py", "mgrcompat.py"]}
 BOOT_WAIT = 300  # a TCG guest boots in seconds on an idle host, minutes on a loaded shared CI machine
 VM, NET, POOL = "uyvm1", "uynet", "uypool"
+TEMPLATED, EFI = "uyvm2", "uyvm3"  # from a template image: with an install ISO and a given OVMF; firmware picked
+OVMF = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"  # the host's own (Debian's ovmf)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,24 @@ def uyuni(state_tree, salt_cli, hyper1, guest):
     for path in made:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     salt_cli.run("saltutil.sync_all", minion_tgt="hyper1")
+
+
+@pytest.fixture
+def install_iso(lab_dir):
+    """An install DVD image where the operator allows local files (hyper1's <lab_dir>/sources): the path
+    Uyuni's UI takes as a CDROM disk's source file."""
+    sources = pathlib.Path(lab_dir) / SOURCES
+    sources.mkdir(mode=0o755, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="uyiso-", dir=sources)
+    os.chmod(folder, 0o755)
+    content = pathlib.Path(folder) / "content"
+    content.mkdir()
+    (content / "README").write_text("install media\n")
+    iso = pathlib.Path(folder) / "install.iso"
+    subprocess.run(["xorriso", "-as", "mkisofs", "-quiet", "-V", "INSTALL", "-o", str(iso), str(content)], check=True)
+    iso.chmod(0o644)
+    yield str(iso)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def apply(salt_cli, sls, pillar):
@@ -106,7 +129,7 @@ def vm_pillar(target):
     }
 
 
-def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp):
+def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp, guest, install_iso):
     # network-create / pool-create: what the UI's "create" sends; the SLS asks virt.*_info first ({} if absent)
     net = {"network_name": NET, "autostart": False, "action_type": "running"}
     net["ipv4_config"] = {"cidr": "10.81.0.1/24", "dhcp_ranges": [{"start": "10.81.0.10", "end": "10.81.0.50"}]}
@@ -126,6 +149,7 @@ def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp):
         assert changed(apply(salt_cli, "pool-create", pool)) == {}
 
         _create_update_and_power(salt_cli, hv1, qemu_tmp)
+        _template_cdrom_uefi(salt_cli, guest, install_iso)
 
         # deleted.sls: powered off, then virt.purge (module.run): the VM and its volume go, pool and network stay
         gone = apply(salt_cli, "deleted", {"domain_name": VM})
@@ -147,8 +171,8 @@ def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp):
         assert POOL not in call(salt_cli, "virt.list_pools")
     finally:
         shutil.rmtree(cached, ignore_errors=True)
-        if VM in call(salt_cli, "virt.list_domains"):
-            call(salt_cli, "virt.purge", VM)
+        for name in set(call(salt_cli, "virt.list_domains")) & {VM, TEMPLATED, EFI}:
+            call(salt_cli, "virt.purge", name)
         for fun in ("virt.network_stop", "virt.network_undefine", "virt.pool_stop", "virt.pool_undefine"):
             salt_cli.run(fun, NET if "network" in fun else POOL, minion_tgt="hyper1")
 
@@ -174,6 +198,10 @@ def _create_update_and_power(salt_cli, hv1, qemu_tmp):
     volumes = call(salt_cli, "virt.pool_list_volumes", POOL)
     assert volumes == [f"{VM}_system"] and info["disks"]["vda"]["file"] == f"{POOL}/{VM}_system"  # Salt's shape
     assert call(salt_cli, "virt_utils.vm_info", VM) == {VM: {"graphics_type": "vnc"}}
+    # virt_utils.vm_definition (the UI's edit form) opens libvirt's default connection, not virt:connection
+    found = call(salt_cli, "virt_utils.vm_definition", info["uuid"])
+    assert found and found["info"]["uuid"] == info["uuid"], found
+    assert ET.fromstring(found["definition"]).findtext("name") == VM
 
     # statechange: power off (hard off: the guest has no ACPI), again: nothing to do
     off = {"domain_name": VM, "domain_state": "powered_off"}
@@ -209,3 +237,58 @@ def _create_update_and_power(salt_cli, hv1, qemu_tmp):
     # virt_utils refreshes the pools each time (Uyuni's own state); virt.running has nothing to do
     assert again[f"virt_utils:{VM}"]["changes"] == {"networks": {}, "pools": {POOL: "refreshed"}}
     assert again[f"virt:{VM}"]["changes"] == {}
+
+
+def _template_cdrom_uefi(salt_cli, guest, iso):
+    """create-vm's other paths, with the pillar ``virtDomainActionToPillar`` builds: a system disk made
+    from a template image (``image``), an install DVD (a CDROM disk with an ISO ``source_file``: boot_dev
+    "cdrom hd", stop_on_reboot, then redefined to boot from its disk) and UEFI from the UI's firmware
+    fields (``uefi: {loader, nvram}``), or UEFI left to libvirt (``uefi: {efi: true}``, no ISO: boot_dev "hd")."""
+    system = {"name": "system", "format": "qcow2", "pool": POOL, "image": guest["qcow2"], "model": "virtio"}
+    system["device"] = "disk"
+    dvd = {"name": "disk-1", "source_file": iso, "model": "ide", "device": "cdrom"}  # Gson drops format/pool: null
+    base = {"vcpus": 1, "mem": 128, "vm_type": "qemu", "os_type": "hvm", "arch": "x86_64"}
+    base.update(interfaces=[{"name": "eth0", "type": "network", "source": NET}], graphics={"type": "vnc"})
+    with_dvd = dict(base, name=TEMPLATED, disks=[system, dvd], boot_dev="cdrom hd")
+    with_dvd["uefi"] = {"loader": OVMF[0], "nvram": OVMF[1]}
+    made = apply(salt_cli, "create-vm", with_dvd)
+    assert {"virt:domain_first_boot_define", "virt:domain_define"} <= set(changed(made)), made
+    live = ET.fromstring(call(salt_cli, "virt.get_xml", TEMPLATED))
+    config = ET.fromstring(call(salt_cli, "virt.get_xml", TEMPLATED, "inactive=True"))
+    assert [b.get("dev") for b in live.findall("os/boot")] == ["cdrom", "hd"] and live.findtext(
+        "on_reboot"
+    ) == "destroy"
+    assert [b.get("dev") for b in config.findall("os/boot")] == ["hd"] and config.findtext("on_reboot") == "restart"
+    for root in (live, config):
+        assert root.findtext("os/loader") == OVMF[0] and root.find("os/loader").get("type") == "pflash"
+        assert root.find("os/nvram").get("template") == OVMF[1]
+        (cdrom,) = root.findall("devices/disk[@device='cdrom']")
+        assert cdrom.find("source").get("file") == iso and cdrom.find("target").get("bus") == "ide"
+        assert cdrom.find("readonly") is not None
+    info = call(salt_cli, "virt.vm_info", TEMPLATED)[TEMPLATED]
+    assert info["disks"]["vda"]["file"] == f"{POOL}/{TEMPLATED}_system" and info["loader"]["path"] == OVMF[0]
+    # again: the first state sets the install boot back, the second the disk boot (as with Salt's virt, the
+    # SLS is written to run once); nothing else changes and the definition ends as it was
+    defined = call(salt_cli, "virt.get_xml", TEMPLATED, "inactive=True")
+    again = changed(apply(salt_cli, "create-vm", with_dvd))
+    assert set(again["virt:domain_first_boot_define"]) == {"boot_dev", "stop_on_reboot"}, again
+    assert set(again["virt:domain_define"]) == {"boot_dev", "stop_on_reboot"}, again
+    assert call(salt_cli, "virt.get_xml", TEMPLATED, "inactive=True") == defined
+
+    firmware = dict(base, name=EFI, disks=[system], boot_dev="hd", uefi={"efi": True})
+    made = apply(salt_cli, "create-vm", firmware)
+    assert "virt:domain_first_boot_define" in changed(made) and "virt:domain_define" not in made, made
+    config = ET.fromstring(call(salt_cli, "virt.get_xml", EFI, "inactive=True"))
+    live = ET.fromstring(call(salt_cli, "virt.get_xml", EFI))
+    assert config.find("os").get("firmware") == "efi"
+    assert live.findtext("os/loader").startswith(("/usr/share/OVMF/", "/usr/share/qemu/")), "not the host's firmware"
+    assert [b.get("dev") for b in config.findall("os/boot")] == ["hd"]
+    # again: only virt_utils' pool refresh (Uyuni's own state refreshes each time)
+    assert changed(apply(salt_cli, "create-vm", firmware)) == {f"virt_utils:pools-{EFI}": {POOL: "refreshed"}}
+
+    # deleted.sls: each VM's volume goes, the install ISO (not the VM's) stays
+    for name in (TEMPLATED, EFI):
+        assert "mgrcompat:mgr_virt_destroy" in changed(apply(salt_cli, "deleted", {"domain_name": name}))
+    assert not {TEMPLATED, EFI} & set(call(salt_cli, "virt.list_domains"))
+    assert not [v for v in call(salt_cli, "virt.pool_list_volumes", POOL) if v.startswith((TEMPLATED, EFI))]
+    assert os.path.isfile(iso)
