@@ -60,6 +60,7 @@ MODES = {
             "raw libvirt-python (floor)",
             "salt-virt virt.init seed=False",
             "saltext-virt 0.1.0 virt.init seed=False",
+            "salt-virt virt.init seed=True",  # seeding's own cost, without QEMU's start-up around it
             "salt-virt virt.init seed=False, type auto-detected",
             "salt-virt virt.init seed=False, no minion event bus",
         },
