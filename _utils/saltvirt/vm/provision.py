@@ -431,41 +431,55 @@ def _unseal(req, sealed, context):
 
 def _seed(spec, req, plan, keypair=None):
     """Seed ``req`` (a :class:`saltvirt.guest.seed.Request`) into the first disk: the minion's id, master, key
-    pair (opened here when the runner sealed it for this hypervisor; a new one from ``keypair``, an
-    :func:`saltvirt.pki.envelope.keypair_maker`, when given none) and config; ``plan`` (a
-    :class:`saltvirt.guest.firstboot.Plan`) looks into the image meanwhile. With ``cloud_init``, when no backend
-    can mount the image (or ``seed_backend='cloud-init'``), the files go on the cidata volume instead."""
+    pair (opened here when the runner sealed it for this hypervisor; a new one when given none) and config;
+    ``plan`` (a :class:`saltvirt.guest.firstboot.Plan`) looks into the image meanwhile. A new pair is made
+    by ``keypair`` (:func:`saltvirt.pki.envelope.keypair_maker`, started before the disk was made) and is
+    waited for only once the image is mounted. With ``cloud_init``, when no backend can mount the image
+    (or ``seed_backend='cloud-init'``), the files go on the cidata volume instead."""
     key = {"minion_id": req.minion_id}
     pub_key, priv_key = req.pub_key, req.priv_key
     if isinstance(priv_key, dict):  # sealed by the runner for this hypervisor only (see saltvirt.pki.envelope)
         priv_key = _unseal(req, priv_key, f"{req.minion_id}/priv_key")
+    new_pair = None
     if not pub_key or not priv_key:
         if pub_key or priv_key:
             raise SaltInvocationError("pass both pub_key and priv_key, or neither (a new key pair is generated)")
-        pub_key, priv_key = keypair() if keypair else envelope.new_keypair()
-        key["generated"] = True
-        key["accepted"] = False
-        key["hint"] = f"accept it on the master: salt-key -a {req.minion_id}"
-    key["fingerprint"] = fsutil.sha256(pub_key)
-    files = seeding.salt_minion_files(
-        req.minion_id, master=req.master, pub=pub_key, priv=priv_key, config=req.minion_config
-    )
+        new_pair = keypair or envelope.keypair_maker()
+        key.update(generated=True, accepted=False, hint=f"accept it on the master: salt-key -a {req.minion_id}")
+
+    def minion_files(pub, priv):
+        return seeding.salt_minion_files(req.minion_id, master=req.master, pub=pub, priv=priv, config=req.minion_config)
+
+    files = minion_files(pub_key, priv_key)  # id, master, config (and given keys) checked before anything is made
+    inspect = plan.inspect
+    if new_pair is not None:
+
+        def inspect(exists):  # the new keys join the files once the image is mounted
+            return {**plan.inspect(exists), **{p: f for p, f in minion_files(*new_pair()).items() if p not in files}}
+
+    def every_file():
+        return files if new_pair is None else minion_files(*new_pair())
+
     disk = spec.disks[0]
     if req.backend == firstboot.CLOUD_INIT_BACKEND:
         if spec.cloud_init is None:
             raise SaltInvocationError("seed_backend=cloud-init needs cloud_init (True or its documents)")
+        files = every_file()
         plan.via_cloud_init(files)
-        return firstboot.seeded_by_cloud_init(files, []), key
-    try:
-        # fresh: the disk was made by this init a moment ago (exclusively): nobody else can have it open
-        done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=plan.inspect, fresh=True)
-    except seeding.SeedError as exc:
-        if spec.cloud_init is None or not exc.clean:
+        done = firstboot.seeded_by_cloud_init(files, [])
+    else:
+        try:
+            # fresh: the disk was made by this init a moment ago (exclusively): nobody else can have it open
+            done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=inspect, fresh=True)
+        except seeding.SeedError as exc:
+            if spec.cloud_init is None or not exc.clean:
+                raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
+            files = every_file()
+            plan.via_cloud_init(files)
+            done = firstboot.seeded_by_cloud_init(files, exc.attempts)
+        except CommandExecutionError as exc:
             raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
-        plan.via_cloud_init(files)
-        done = firstboot.seeded_by_cloud_init(files, exc.attempts)
-    except CommandExecutionError as exc:
-        raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
+    key["fingerprint"] = fsutil.sha256(new_pair()[0] if new_pair is not None else pub_key)
     return done, key
 
 

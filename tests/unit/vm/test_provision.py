@@ -164,3 +164,48 @@ def test_image_warm_fetches_checks_and_imports_the_base_once(tmp_path, guest):
         provision.warm("salt://images/web.qcow2", images_dir=images_dir, cache_file=cache_file, checksum=bad)
     with pytest.raises(SaltInvocationError, match="allowed_paths"):
         provision.warm(str(cached), images_dir=images_dir)  # a local path outside virt:images / allowed_paths
+
+
+def test_a_generated_key_pair_is_the_one_seeded_and_reported(test_conn, tmp_path, guest):
+    """No key given: virt.init makes a pair (in a thread, beside the copy), seeds it and reports its
+    fingerprint; here through cloud-init write_files (the route a unit test can read back)."""
+    import base64
+    import email
+    import hashlib
+    import io
+
+    import pycdlib
+    import yaml
+    from cryptography.hazmat.primitives import serialization
+
+    ret = provision.init(
+        test_conn,
+        "key1",
+        1,
+        64,
+        image=guest["qcow2"],
+        images_dir=str(tmp_path),
+        allowed_paths=(guest["dir"],),
+        nic=None,
+        start=False,
+        seed_backend="cloud-init",
+        cloud_init=True,
+    )
+    iso = pycdlib.PyCdlib()
+    iso.open(ret["cloud_init"]["iso"])
+    buf = io.BytesIO()
+    iso.get_file_from_iso_fp(buf, rr_path="/user-data")
+    iso.close()
+    parts = [p.get_payload(decode=True) for p in email.message_from_bytes(buf.getvalue()).walk()]
+    written = {
+        f["path"]: base64.b64decode(f["content"])
+        for part in parts
+        if part and part.startswith(b"#cloud-config")
+        for f in yaml.safe_load(part).get("write_files", [])
+    }
+    pub, priv = written["/etc/salt/pki/minion/minion.pub"], written["/etc/salt/pki/minion/minion.pem"]
+    assert ret["key"]["generated"] is True and ret["key"]["fingerprint"] == hashlib.sha256(pub).hexdigest()
+    mine = serialization.load_pem_private_key(priv, None).public_key()
+    assert mine.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).strip() == (
+        pub.strip()
+    )
