@@ -98,7 +98,9 @@ def pool_defined(
     format, initiator, adapter, auth} as the ``source_*`` arguments of virt.pool_define; ``permissions``
     of the target; ``transient``: a running pool that is gone once stopped). Only what is declared is
     compared; a changed definition of a running pool is used after its restart (the comment says so).
-    A source_auth password goes into a libvirt secret, never into the state's return.
+    A source_auth password goes into a libvirt secret, never into the state's return. What it defines or
+    changes stays within the minion config's ``virt:pool_paths`` and ``virt:pool_sources`` (see
+    virt.pool_define; this example needs ``pool_sources: {devices: [/dev/sdb], names: [vg0]}``).
 
     .. code-block:: yaml
 
@@ -184,7 +186,8 @@ def volume_defined(
 ):
     """
     A volume ``name`` of ``size`` MiB exists in the running ``pool`` (an existing volume with another
-    format or backing store is an error; a different size is reported, never resized).
+    format or backing store is an error; a different size is reported, never resized). A new volume's
+    ``backing_store`` is checked as in virt.volume_define.
 
     .. code-block:: yaml
 
