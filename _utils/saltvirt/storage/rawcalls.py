@@ -142,7 +142,10 @@ def check_backing_store(conn: Conn, spec: Data, *, settings: Mapping[str, Any] |
     path = backing["path"]
     settings = settings or {}
     trusted = {os.path.realpath(t) for t in settings.get("trusted_images") or ()}
-    if os.path.realpath(path) not in trusted and _pool_of(conn, path) is None:
+    pool = None if os.path.realpath(path) in trusted else _pool_of(conn, path)
+    if pool is not None:
+        attach.check_pool(pool, True, settings)  # a volume: of a pool VMs may attach from
+    elif os.path.realpath(path) not in trusted:
         roots = (images_dir, *(settings.get("allowed_paths") or ()))
         validate.confined(path, "backing_store path", roots, "virt:images, virt:allowed_paths or a pool of virt:pools")
     if not os.path.exists(path):
@@ -163,16 +166,8 @@ def _pool_of(conn, path):
 def define_volume(conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
     """Salt's ``volume_define`` (:func:`saltvirt.storage.pools.define_volume`) within the operator's limits."""
     attach.check_pool(pool, False, settings)
-    _check_backing_pool(conn, spec, settings)
     check_backing_store(conn, spec, settings=settings, images_dir=images_dir)
     return pools.define_volume(conn, pool, spec)
-
-
-def _check_backing_pool(conn, spec, settings):
-    backing = spec.get("backing_store") or {}
-    pool = _pool_of(conn, backing["path"]) if backing else None
-    if pool is not None:
-        attach.check_pool(pool, True, settings)
 
 
 def ensure_volume(
@@ -182,7 +177,6 @@ def ensure_volume(
     creates is within the limits (also with test=True)."""
     if netpool.lookup(conn, "pool", pool) is not None and pools.lookup_volume(conn, pool, spec["name"]) is None:
         attach.check_pool(pool, False, settings)
-        _check_backing_pool(conn, spec, settings)
         check_backing_store(conn, spec, settings=settings, images_dir=images_dir)
     return pools.ensure_volume(conn, pool, spec, test=test)
 

@@ -232,3 +232,23 @@ def test_volume_upload_reads_only_allowed_files_into_free_volumes(strict, conn, 
             strict["virt.volume_upload"]("rp-ok", used, pool["raw"])
     finally:
         strict["virt.purge"]("rv4")
+
+
+def test_a_backing_store_volume_comes_from_a_pool_vms_may_attach_from(strict, conn, pool, tmp_path):
+    """A volume is a backing store by its pool (virt:pools), wherever its pool keeps it; one of a pool the
+    operator did not list is refused (a host's LV, another tenant's pool)."""
+    strict["virt.volume_define"]("rp-ok", "base.raw", 1, format="raw")
+    path = strict["virt.volume_infos"]("rp-ok", "base.raw")["rp-ok"]["base.raw"]["path"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # the test driver keeps no file: put one where it says
+    with open(path, "wb") as fh:
+        fh.write(b"\0" * 65536)
+    base = {"path": path, "format": "raw"}  # outside virt:allowed_paths and virt:images: by its pool
+    assert strict["virt.volume_define"]("rp-ok", "top.qcow2", 8, format="qcow2", backing_store=base) is True
+    conn.storagePoolCreateXML(poolxml.pool_xml(poolxml.pool_spec("rp-lvs", "dir", str(tmp_path / "lvs"))), 0)
+    conn.storagePoolLookupByName("rp-lvs").createXML(
+        "<volume><name>root</name><capacity>1048576</capacity></volume>", 0
+    )
+    root = {"path": str(tmp_path / "lvs" / "root"), "format": "raw"}
+    with pytest.raises(SaltInvocationError, match="pool 'rp-lvs' is not one the operator made available"):
+        strict["virt.volume_define"]("rp-ok", "t3.qcow2", 8, format="qcow2", backing_store=root)
+    assert sorted(strict["virt.pool_list_volumes"]("rp-ok")) == ["base.raw", "top.qcow2"]
