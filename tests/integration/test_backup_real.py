@@ -1,7 +1,8 @@
 """Backups of a running TCG guest on the real libvirtd hv1 (libvirt 9 + QEMU 7.2): a marker written into
 the guest's disk, full backup, marker changed, incremental backup, VM purged, each restore boots and
 shows its own marker; a restore on another hypervisor (hv13) from the shared backup directory;
-retention on real chains; snapshots and checkpoints; an incremental after a live migration to hv13;
+retention on real chains; snapshots and checkpoints; an incremental after a live migration to hv13
+(shared storage, and a disk copy);
 libvirtd killed in the middle of a backup; a guest running the QEMU guest agent (the busybox guest's
 qemu-ga variant) frozen and thawed around the backup start.
 
@@ -22,6 +23,7 @@ from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import conn as lvconn
 from saltvirt.vm import backup as backup_lib
+from saltvirt.vm import migrate as migrate_lib
 from saltvirt.xml import domxml
 from tests.integration.test_snapshot_real import MARK, has_marker, heartbeats, qemu_io, wait_heartbeat
 from tests.support import lab
@@ -182,35 +184,59 @@ def migrate_live(src, dst, name):
         sconn.lookupByName(name).migrate(dconn, flags, None, f"tcp://{dst.ip}", 0)
 
 
+def migrate_copying(src, dst, name, disk, qemu_tmp):
+    """A live migration of VM ``name`` that copies its disk (copy_storage=all: QEMU mirrors it over NBD
+    into a blank qcow2 at another path on ``dst``, as ``salt-run virt.migrate`` does between hosts
+    without shared storage); returns the new path."""
+    new = str(qemu_tmp / f"{name}-on-{dst.hostname}.qcow2")  # a path of its own: both labs see one filesystem
+    size = json.loads(subprocess.check_output(["qemu-img", "info", "-U", "--output=json", disk]))["virtual-size"]
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", new, str(size)], check=True)
+    uri = f"qemu+tcp://{dst.hostname}/system"
+    with lvconn.connect(src.uri) as conn:
+        moved = migrate_lib.migrate(
+            conn, name, dst.hostname, transport="tcp", target_uri=uri, copy_storage="all", disk_map={disk: new}
+        )
+    assert moved["copy_storage"] == "all" and moved["undefined_on_source"] is True
+    return new
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["shared-storage", "disk-copy"])
 def test_incremental_after_live_migration_redefines_the_checkpoint(  # noqa: PLR0913 - fixtures
-    v1, hv1, hv13, tmp_path, qemu_tmp, backups, boot_args, guest
+    v1, hv1, hv13, tmp_path, qemu_tmp, backups, boot_args, guest, copy
 ):
     """libvirt leaves the checkpoint metadata behind on a migration; the qcow2 bitmap travels with the
-    disk. The incremental on the target redefines the checkpoint (libvirt validates the bitmap) and
-    holds the write made on the source after the full backup. No guest boot is needed: the writes go
-    through QEMU's block layer, and the backups copy what QEMU has."""
-    v = v1
+    disk (shared storage: in the file; a disk copy: libvirt has QEMU migrate the checkpoints' bitmaps
+    with the copy). The incremental on the target redefines the checkpoint (libvirt validates the
+    bitmap) and holds the write made on the source after the full backup. No guest boot is needed: the
+    writes go through QEMU's block layer, and the backups copy what QEMU has."""
+    v, name = v1, f"bkr5{'c' if copy else ''}"
     disks = [{"name": "system", "bus": "sata"}]
-    v["virt.init"]("bkr5", 1, 256, image=guest["qcow2"], boot=boot_args, seed=False, disks=disks)
-    full = v["virt.backup"]("bkr5")
-    assert "wrote 65536/65536" in qemu_io(hv1, "bkr5", CHANGED)  # on hv1, after the full backup
-    migrate_live(hv1, hv13, "bkr5")
+    v["virt.init"](name, 1, 256, image=guest["qcow2"], boot=boot_args, seed=False, disks=disks)
+    full = v["virt.backup"](name)
+    assert "wrote 65536/65536" in qemu_io(hv1, name, CHANGED)  # on hv1, after the full backup
+    disk = v["virt.get_disks"](name)["sda"]["file"]
+    if copy:
+        disk = migrate_copying(hv1, hv13, name, disk, qemu_tmp)
+    else:
+        migrate_live(hv1, hv13, name)
     v13 = mods_for(hv13, tmp_path, qemu_tmp, backups, images="images13")
     try:
         with lvconn.connect(hv13.uri) as conn:
-            assert conn.lookupByName("bkr5").listAllCheckpoints(0) == []  # libvirt did not carry it
-        inc = v13["virt.backup"]("bkr5", incremental=True)
+            dom = conn.lookupByName(name)
+            assert domxml.parse(dom.XMLDesc(0))["disks"][0]["file"] == disk  # the copy, when copied
+            assert dom.listAllCheckpoints(0) == []  # libvirt did not carry it
+        inc = v13["virt.backup"](name, incremental=True)
         assert (inc["type"], inc["parent"], inc["note"]) == ("incremental", full["id"], None), inc
         assert inc["checkpoint_redefined"] == full["checkpoint"]
         assert inc["checkpoints_dropped"] == [full["checkpoint"]] and inc["size"] < full["size"]
-        back = v13["virt.restore"]("bkr5", inc["id"], as_name="bkr5-back")  # defined, not started
+        back = v13["virt.restore"](name, inc["id"], as_name=f"{name}-back")  # defined, not started
         read = ["qemu-io", "-r", "-f", "qcow2", "-c", "read -P 0x33 48M 64k", back["disks"]["sda"]]
         out = subprocess.run(read, check=True, capture_output=True, text=True).stdout
         assert "read 65536/65536" in out and "Pattern verification failed" not in out
     finally:
-        for name in ("bkr5", "bkr5-back"):
-            if name in v13["virt.list_domains"]():
-                v13["virt.purge"](name)
+        for vm in (name, f"{name}-back"):
+            if vm in v13["virt.list_domains"]():
+                v13["virt.purge"](vm)
 
 
 def after_reconnect(call, timeout=900):
