@@ -38,7 +38,6 @@ then restart the salt-minion.
 import logging
 import os
 import sys
-import time
 
 try:
     import saltvirt  # pip install . puts it on sys.path
@@ -88,22 +87,12 @@ def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
     _reap(__opts__["id"])
-    get = _c.salt_config(__salt__)
     # the engine's own ``connection`` option is minion config (operator), not a call argument
-    uri = connection or _c.resolve_uri(get)
-    open_timeout = get("virt:connection:open_timeout", _c.DEFAULT_OPEN_TIMEOUT)
-    keepalive = get("virt:connection:keepalive", None)
-    try:
-        watcher = _events.Watcher(
-            __opts__["id"],
-            lambda: _c.connect(uri, open_timeout=open_timeout, keepalive=keepalive),
-            _events.MasterSender(__opts__),
-            options,
-            on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
-        )
-    except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop
-        log.error("virt_events engine not started: %s", exc)
-        while True:
-            time.sleep(3600)
-    log.info("virt_events: watching %s for %s", _c.describe(uri), __opts__["id"])
-    watcher.run()
+    _events.serve(
+        __opts__["id"],
+        _events.MasterSender(__opts__),
+        _c.salt_config(__salt__),
+        connection,
+        options,
+        on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
+    )

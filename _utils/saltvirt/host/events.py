@@ -40,7 +40,7 @@ import urllib.parse
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.base.salttypes import Conn, Data
+from saltvirt.base.salttypes import ConfigGet, Conn, Data
 from saltvirt.host import conn as vconn
 from saltvirt.host import query, saltevents
 
@@ -521,7 +521,10 @@ class Watcher:
         self._send_salt(who, kind, args)
         if self.options["tags"] == "libvirt_events":  # Salt's tags only
             if kind == "lifecycle":
-                self._track(name, uuid, dom_id, _CODES.get((args[0], None), (None, None))[0])
+                typ = _CODES.get((args[0], None), (None, None))[0]
+                self._track(name, uuid, dom_id, typ)
+                if typ == "DEFINED" and self.on_defined is not None:
+                    self.on_defined()
             return True
         if kind == "lifecycle":
             event, detail = args
@@ -653,3 +656,35 @@ class Watcher:
                 return
             if kind != "closed":
                 self.handle(kind, who, args)
+
+
+def serve(
+    host: str,
+    fire: Any,
+    config_get: ConfigGet,
+    connection: str | None,
+    options: Mapping[str, Any] | None,
+    on_defined: Any = None,
+    engine: str = "virt_events",
+) -> None:
+    """An engine's body: watch this hypervisor's libvirt (the engine's own connection option, else
+    ``virt:connection``, with its open timeout and keepalive) and hand its events to ``fire`` until the
+    minion stops. A bad option is logged once and the engine idles (Salt would restart a failing engine
+    at once, logging the same error in a loop)."""
+    uri = connection or vconn.resolve_uri(config_get)
+    open_timeout = config_get("virt:connection:open_timeout", vconn.DEFAULT_OPEN_TIMEOUT)
+    keepalive = config_get("virt:connection:keepalive", None)
+    try:
+        watcher = Watcher(
+            host,
+            lambda: vconn.connect(uri, open_timeout=open_timeout, keepalive=keepalive),
+            fire,
+            options,
+            on_defined=on_defined,
+        )
+    except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop
+        log.error("%s engine not started: %s", engine, exc)
+        while True:
+            time.sleep(3600)
+    log.info("%s: watching %s for %s", engine, vconn.describe(uri), host)
+    watcher.run()
