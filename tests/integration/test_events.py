@@ -11,9 +11,10 @@ here), and a tenant minion ``evtenant`` (a VM's root: it can send any event).
 * the reactor: a tenant's "ready" event (with hostile data) creates nothing; the hypervisor's ready
   event creates the VM the master's pillar assigns to it, once;
 * a live migration out to a second hypervisor (hv2, started for that test only): ``migrated``, ``out``;
-* Salt's ``libvirt_events`` scheme beside ours (engine option ``tags: both``): a network, a storage pool
-  and a secret defined, started, refreshed, given a value, stopped and removed on the real libvirtd arrive
-  with Salt's tags and data (never the secret's value).
+* Salt's ``libvirt_events`` engine beside ours, configured as Uyuni does (``engines: [libvirt_events]``,
+  reaching the libvirtd of ``virt:connection``): the VM's start, and a network, a storage pool and a
+  secret defined, started, refreshed, given a value, stopped and removed arrive with Salt's tags and
+  data (never the secret's value).
 """
 
 import contextlib
@@ -75,12 +76,15 @@ def emaster(salt_factories, state_tree, pillar_roots):
 @pytest.fixture(scope="module")
 def minions(emaster, ehv, lab_dir):
     """evhyper with the engine (synced from file_roots, then the minion restarted so it starts), evtenant."""
-    engine = {"virt_events": {"backoff_min": 0.5, "backoff_max": 2, "tags": "both"}}
-    config = hypervisor_minion_config(ehv, pathlib.Path(lab_dir) / "ev-images", engines=[engine])
+    # and Salt's libvirt_events engine as Uyuni's engine-events.sls configures it (the name alone)
+    engines = [{"virt_events": {"backoff_min": 0.5, "backoff_max": 2}}, "libvirt_events"]
+    config = hypervisor_minion_config(ehv, pathlib.Path(lab_dir) / "ev-images", engines=engines)
     hyper, tenant = start_minion(emaster, HOST, config), start_minion(emaster, TENANT, {})
     with hyper.started(), tenant.started():
         ret = hyper.salt_call_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0 and "engines.virt_events" in ret.data["engines"], ret
+        assert ret.returncode == 0 and {"engines.virt_events", "engines.libvirt_events"} <= set(ret.data["engines"]), (
+            ret
+        )
         hyper.terminate()
         t0 = time.time()
         hyper.start()
@@ -171,6 +175,18 @@ def test_a_vms_lifecycle_reaches_the_master(minions, emaster, cli, event_listene
         "host": HOST,
     }
     assert set(started) == {"name", "uuid", "event", "detail", "host", "time"}, started
+    salts = wait(  # the same start from Salt's libvirt_events engine
+        event_listener,
+        emaster,
+        "salt/engines/libvirt_events/qemu+unix/system/domain/lifecycle",
+        t0,
+        lambda d: d["data"]["domain"]["name"] == "evvm1" and d["data"]["event"] == "started",
+    )
+    assert (salts.data["id"], salts.data["data"]["detail"], salts.data["data"]["domain"]["uuid"]) == (
+        HOST,
+        "booted",
+        uuid,
+    )
 
     t1 = time.time()
     call(cli, "virt.pause", "evvm1")
