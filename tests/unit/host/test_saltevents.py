@@ -153,3 +153,23 @@ def test_live_network_pool_and_nodedev_events_in_salts_scheme():
         if not conn.networkLookupByName("default").isActive():
             conn.networkLookupByName("default").create()
         conn.close()
+
+
+def test_a_definition_marks_the_capacity_index_stale_in_salts_scheme_too():
+    bumps = []
+    opts = {"tags": "libvirt_events", "filters": ["pool"]}  # no domain event relayed; the bump is ours
+    watcher = events.Watcher("hyper-test", lambda: vconn.connect("test:///default"), Recorder(), opts)
+    watcher.on_defined = lambda: bumps.append(1)
+    thread = start(watcher)
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    try:
+        conn.defineXML(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))  # the same definition again: "updated"
+        deadline = time.monotonic() + WAIT
+        while not bumps and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bumps
+        assert not [t for t, _d in watcher.fire if "/domain/" in t]
+    finally:
+        stop(watcher, thread)
+        conn.close()
