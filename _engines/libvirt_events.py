@@ -44,7 +44,7 @@ __virtualname__ = "libvirt_events"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "libvirt_events: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+        return False, "libvirt_events: the saltvirt library is missing (saltutil.sync_all, or pip install salt-virt)"
     if _c.libvirt is None:
         return False, "libvirt_events: the libvirt python bindings are not installed (pip install libvirt-python)"
     return __virtualname__
