@@ -21,7 +21,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from tests.support import lab
 from saltvirt.storage import images
 from saltvirt.guest import seed
-from tests.support.seed_helpers import build_disk, fsck_clean, leftovers, read_guest, sha256
+from tests.support.seed_helpers import build_disk, fill, fsck_clean, leftovers, read_guest, sha256
 
 MASTER = "salt-master.example"
 
@@ -314,6 +314,31 @@ def test_failure_after_mounting_cleans_up_everything(backend, fmt, tmp_path, scr
         seed.seed(disk, minion_files("x"), backend=backend)
     assert read_guest(disk, ["/etc/salt"], str(tmp_path))["/etc/salt"][0] == b"not a directory"
     assert fsck_clean(disk, str(tmp_path))
+
+
+@pytest.mark.parametrize("backend, fmt", [("loop", "raw"), ("qsd-fuse", "raw"), ("qsd-fuse", "qcow2")])
+def test_a_full_host_filesystem_fails_the_seeding(backend, fmt, tmp_path, scratch, keypair):
+    """The image's own filesystem full (a sparse copy: the guest's new blocks need room there): the device
+    under the guest filesystem fails the write-back, which the unmount would hide (it succeeds, the files
+    are lost, the guest's journal aborted). Seeding fails with ENOSPC named, nothing is left attached."""
+    small = tmp_path / "small"
+    small.mkdir()
+    lab.run(["mount", "-t", "tmpfs", "-o", "size=8m", "svseedfull", str(small)])
+    try:
+        disk = images.clone(disks_src(fmt), str(small / f"guest.{fmt}"), fmt=fmt, src_fmt=fmt)["path"]
+        fill(str(small))
+        with pytest.raises(CommandExecutionError, match=f"{backend}: failed: .*No space left on device") as err:
+            seed.seed(disk, minion_files("x", keypair), backend=backend, fmt=fmt)
+        print(err.value)
+        assert leftovers(disk) == []
+    finally:
+        lab.run(["umount", str(small)])
+
+
+def disks_src(fmt):
+    from tests.support.paths import GUEST_DIR
+
+    return str(GUEST_DIR / f"disk.{fmt}")
 
 
 def _hold(image, fmt, tmp_path):

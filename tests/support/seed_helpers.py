@@ -3,6 +3,7 @@ that share no code with the seeding backends (qemu-img convert + debugfs, no mou
 
 import hashlib
 import json
+import errno
 import os
 import re
 import subprocess
@@ -92,3 +93,16 @@ def leftovers(*needles):
         if cmdline.startswith("qemu-storage-daemon") and any(n in cmdline for n in needles):
             found.append(f"process {pid}: {cmdline[:200]}")
     return found
+
+
+def fill(path):
+    """Take every free block of the filesystem ``path`` is on (into the new file ``<path>/filler``)."""
+    fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\1" * 4096)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(fd)

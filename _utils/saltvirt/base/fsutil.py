@@ -1,6 +1,7 @@
 """Small file-system helpers shared by the library."""
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import tempfile
@@ -74,3 +75,14 @@ def sha256(data: str | bytes) -> str:
     """Hex SHA-256 of ``data`` (str as UTF-8, or bytes): key fingerprints as `sha256sum` shows them,
     content hashes in manifests."""
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def syncfs(fd: int) -> None:
+    """Write back the whole filesystem that ``fd`` (any file or directory on it) lives on, and raise
+    OSError with the errno of any write-back that failed since ``fd`` was opened (Linux >= 5.8 reports
+    those; ``os.sync()`` reports nothing). A filesystem whose device ran out of room (a loop device on a
+    full host filesystem) says ENOSPC here, while its unmount succeeds and loses the data."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
@@ -401,6 +402,7 @@ def _seed_device(dev, files, tmp, undo):
                     tried.append(f"{label} ({fstype}): no /etc")
                     continue
                 _write_files(root, _complete(files, lambda p, r=root: _guest_exists(r, p)))
+                _written_back(root, label)
             finally:
                 os.close(root)
             done = True  # written; the unmount below writes it back (and must succeed)
@@ -463,10 +465,33 @@ def _has_etc(root):
         return False
 
 
+def _written_back(root, label):
+    """Write the guest's filesystem back to its device now, and fail if that failed: the unmount that
+    follows succeeds even when the device (a loop device on a full host filesystem) refused the blocks,
+    and the guest's files would be lost silently (its journal aborted)."""
+    try:
+        fsutil.syncfs(root)
+    except OSError as exc:
+        raise CommandExecutionError(
+            f"writing the guest's files back to {label} failed: {exc.strerror} (the guest filesystem in the image "
+            "may be damaged now)"
+        ) from None
+
+
+def _no_room(image):
+    """Why a write into ``image`` failed when its filesystem is full (a loop or FUSE device reports EIO or
+    ENOSPC to the guest filesystem, whichever it met first): said with ENOSPC's own words."""
+    with contextlib.suppress(OSError):
+        st = os.statvfs(os.path.dirname(image))
+        if st.f_bavail * st.f_frsize < 1048576:
+            return f" ({os.path.dirname(image)}: {os.strerror(errno.ENOSPC)})"
+    return ""
+
+
 def _write_files(root, files):
-    """Each file via a temp file + rename in its (guest-resolved) directory. No fsync here: the unmount
-    that must follow (a failed one fails the seeding) writes the filesystem back, and the image is then
-    flushed (qemu-storage-daemon) or fsynced (loop) before the VM is defined."""
+    """Each file via a temp file + rename in its (guest-resolved) directory. No fsync per file: the
+    caller writes the whole filesystem back once (:func:`_written_back`, which fails on a write error),
+    and the image is then flushed (qemu-storage-daemon) or fsynced (loop) before the VM is defined."""
     for path, (content, mode) in files.items():
         parts = path.strip("/").split("/")
         dfd = _open_dir(root, parts[:-1], create=True)
@@ -733,7 +758,7 @@ def seed(
         except _GuestError as exc:
             error, stop = f"failed: {exc}", True  # every other backend would see the same content
         except (CommandExecutionError, OSError) as exc:
-            error = f"failed: {exc}"
+            error = f"failed: {exc}{_no_room(image)}"
         finally:
             cleanup = undo.run()
         if cleanup:  # something may still be attached: do not go on

@@ -6,6 +6,7 @@ init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy
 """
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -154,7 +155,14 @@ def init(
                 f"{'; '.join(earlier['errors'])}"
             )
         request = seeding.Request.pop_from(kwargs, default_minion_id=name)
-        result = _init(conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, seed_request=request, **kwargs)
+        try:
+            result = _init(
+                conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, seed_request=request, **kwargs
+            )
+        except CommandExecutionError as exc:
+            if os.strerror(errno.ENOSPC) not in str(exc):
+                raise
+            raise CommandExecutionError(f"{exc}. {_full_hint(images_dir)}") from None
         if earlier:
             result["cleaned_up"] = earlier
         return result
@@ -309,6 +317,19 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         raise
     result["seconds"] = round(time.monotonic() - started_at, 3)
     return result
+
+
+def _full_hint(images_dir):
+    """What to do when a disk of the new VM did not fit (its clone, or the guest's blocks while seeding)."""
+    try:
+        st = os.statvfs(images_dir)
+        free = f"{st.f_bavail * st.f_frsize // 1048576} MiB free now"
+    except OSError as exc:
+        free = f"its free space unknown: {exc.strerror}"
+    return (
+        f"A filesystem this VM's disks go on is full (virt:images {images_dir}: {free}; a pool disk: its pool's): "
+        "free space there, or set virt:images (or the disk's pool) to one with room, then retry"
+    )
 
 
 def _check_disks_and_nics(conn, spec, host, images_dir, operator):

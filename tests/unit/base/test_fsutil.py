@@ -1,6 +1,9 @@
 """saltvirt.base.fsutil: small file jobs every layer shares."""
 
+import errno
 import os
+
+import pytest
 
 from saltvirt.base import fsutil
 
@@ -20,3 +23,16 @@ def test_atomic_write_has_its_mode_from_the_start_and_remove_paths_reports(tmp_p
     assert path.read_bytes() == b"secret" and os.stat(path).st_mode & 0o777 == 0o600
     removed, kept = fsutil.remove_paths([str(path), str(tmp_path / "gone")])
     assert removed == [str(path)] and not path.exists() and not kept
+
+
+def test_syncfs_writes_back_and_raises_the_errno_of_a_failure(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 4096)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fsutil.syncfs(fd) is None
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as err:
+        fsutil.syncfs(fd)  # closed: the kernel's error comes back as OSError with its errno
+    assert err.value.errno == errno.EBADF
