@@ -24,11 +24,12 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError
 
+from saltvirt.base import procs
 from tests.support import lab
 from tests.support.paths import GUEST_DIR, ROOT
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
-from tests.support.seed_helpers import leftovers
+from tests.support.seed_helpers import fill, leftovers
 
 BOUND = 120  # seconds: a call that takes longer than this is hanging, and the test fails instead
 
@@ -82,8 +83,8 @@ def images_dir(fdir):
     return os.path.join(fdir, "images")
 
 
-def init_direct(fhv, fdir, name, progress, **kwargs):
-    """virt.init through the library, with ``progress`` as the fault hook."""
+def init_direct(fhv, fdir, name, progress, image=None, **kwargs):
+    """virt.init through the library, with ``progress`` as the fault hook (``fdir``: where virt:images is)."""
     from saltvirt.host import conn as vconn
     from saltvirt.vm import provision
 
@@ -93,11 +94,11 @@ def init_direct(fhv, fdir, name, progress, **kwargs):
             name,
             1,
             128,
-            os.path.join(fdir, "base.raw"),
+            image or os.path.join(fdir, "base.raw"),
             images_dir=images_dir(fdir),
             nic=None,
             seed_backend="loop",
-            allowed_paths=[str(GUEST_DIR), fdir],  # the test guest's kernel for boot=; base.raw in fdir
+            allowed_paths=[str(GUEST_DIR), fdir, os.path.dirname(image or fdir)],  # kernel for boot=; the image
             master="salt.example",
             progress=progress,
             **kwargs,
@@ -284,10 +285,11 @@ with conn.connect({uri!r}) as c:
 """
 
 
-def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
-    """SIGKILL of the process running virt.init while the guest's filesystem is mounted through a
-    qemu-storage-daemon FUSE export: everything it attached stays behind until virt.cleanup."""
-    name, vm_dir = "kjob", os.path.join(images_dir(fdir), "kjob")
+def seeding_child(fhv, fdir, name, tmpdir=None):
+    """A process running virt.init of ``name`` that holds still while the guest's filesystem is mounted
+    (through a qemu-storage-daemon FUSE export); returns it and its seeding's scratch directory (in
+    ``tmpdir``, default the system's)."""
+    vm_dir = os.path.join(images_dir(fdir), name)
     code = CHILD.format(
         utils=str(ROOT / "_utils"),
         uri=fhv.uri,
@@ -296,13 +298,21 @@ def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
         images=images_dir(fdir),
         fdir=fdir,
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(os.environ, **({"TMPDIR": tmpdir} if tmpdir else {}))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + BOUND
     while not any(m.endswith("/root") for m in seeding_of(vm_dir)) and child.poll() is None:
         assert time.monotonic() < deadline, "seeding never mounted the guest filesystem"
         time.sleep(0.01)
     assert child.poll() is None, child.stdout.read().decode()  # still seeding, not finished or failed
-    scratch = os.path.dirname(next(m for m in seeding_of(vm_dir) if m.endswith("/root")))
+    return child, os.path.dirname(next(m for m in seeding_of(vm_dir) if m.endswith("/root")))
+
+
+def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
+    """SIGKILL of the process running virt.init while the guest's filesystem is mounted through a
+    qemu-storage-daemon FUSE export: everything it attached stays behind until virt.cleanup."""
+    name, vm_dir = "kjob", os.path.join(images_dir(fdir), "kjob")
+    child, scratch = seeding_child(fhv, fdir, name)
     child.kill()
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stdout.read().decode()
@@ -330,8 +340,19 @@ def fmaster(salt_factories, state_tree):
 
 
 @pytest.fixture(scope="module")
-def fhyper(fmaster, fhv, fdir):
-    factory = start_minion(fmaster, "fhyper", hypervisor_minion_config(fhv, images_dir(fdir)))
+def ftmp():
+    """fhyper's TMPDIR: its seedings' scratch directories, where its engine's reaper looks (a private one:
+    the reaper never meets what another module's test leaves in the system's on purpose)."""
+    path = tempfile.mkdtemp(prefix="svfaulttmp-", dir="/var/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fhyper(fmaster, fhv, fdir, ftmp):
+    engine = {"virt_events": {"backoff_min": 0.5, "backoff_max": 2}}  # runs from the minion's next start (synced)
+    factory = start_minion(fmaster, "fhyper", hypervisor_minion_config(fhv, images_dir(fdir), engines=[engine]))
+    factory.environ["TMPDIR"] = ftmp
     with factory.started():
         ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
@@ -520,12 +541,12 @@ def test_link_cut_during_disk_copy_is_aborted_within_the_stall_bound(fhv, fhv5, 
 
 
 # the target's libvirtd killed during a migration ---------------------------------------------------
-def qemu_on(hv, name):
-    """Pids of the QEMUs running ``name`` inside ``hv``'s namespaces (every lab's QEMUs are processes of
-    this one machine: told apart by their network namespace)."""
+def qemu_on(hv, name=None):
+    """Pids of the QEMUs running ``name`` (None: any VM) inside ``hv``'s namespaces (every lab's QEMUs are
+    processes of this one machine: told apart by their network namespace)."""
     netns = os.stat(f"/run/netns/{hv.netns}").st_ino  # named by ``ip netns``: outlives a killed libvirtd
     found = []
-    for pid in qemu_pids(name):
+    for pid in qemu_pids(name) if name else [p for p, args in procs.cmdlines() if "guest=" in " ".join(args)]:
         with _suppress():
             if os.stat(f"/proc/{pid}/ns/net").st_ino == netns:
                 found.append(pid)
@@ -592,3 +613,132 @@ def test_target_libvirtd_killed_during_migration(fhv, fhv5, fdir, fmods, boot_ar
         dom.undefine()
     assert len(fmods["virt.cleanup"](name)["removed"]) == 1  # its disk: manifest, no domain here any more
     assert_absent(fmods, fdir, name)
+
+
+# the filesystem of virt:images full ------------------------------------------------------------------
+@pytest.fixture
+def small_fs():
+    """virt:images on a filesystem of its own (16 MiB tmpfs): a test fills it at the step it means to fail."""
+    path = tempfile.mkdtemp(prefix="svfull-", dir="/var/tmp")
+    lab.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "svfull", path])
+    yield path
+    lab.run(["umount", path], check=False)
+    os.rmdir(path)
+
+
+def purge_direct(fhv, fdir, name):
+    from saltvirt.host import conn as vconn
+    from saltvirt.vm import provision
+
+    with vconn.connect(fhv.uri) as conn:
+        return provision.purge(conn, name, images_dir=images_dir(fdir))
+
+
+@pytest.mark.parametrize("step", ["image_cached", "disks_ready"], ids=["clone", "seeding"])
+def test_disk_full(fhv, fdir, fmods, small_fs, step):
+    """virt:images' filesystem full when the VM's disk is copied from its image (clone) or when the guest's
+    files are written into that disk (seeding, loop backend: the guest filesystem's blocks are allocated in
+    the sparse copy then): init fails saying the filesystem is full and what to do, nothing is left (disk,
+    manifest, VM directory, lock, mount, loop device, scratch directory), and with space a retry succeeds."""
+    name = f"kfull{step[0]}"
+    before = set(os.listdir(tempfile.gettempdir()))
+
+    def progress(at, **_):
+        if at == step:
+            fill(small_fs)
+
+    with pytest.raises(CommandExecutionError) as err:
+        bounded(init_direct, fhv, small_fs, name, progress, image=os.path.join(fdir, "base.raw"), start=False)
+    msg = str(err.value)
+    print(msg)
+    assert "No space left on device" in msg and "virt:images" in msg, msg
+    assert_absent(fmods, small_fs, name)
+    assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("salt-virt-seed-")]
+    os.unlink(os.path.join(small_fs, "filler"))
+    ret = bounded(init_direct, fhv, small_fs, name, None, image=os.path.join(fdir, "base.raw"), start=False)
+    assert ret["seed"]["backend"] == "loop" and ret["state"] == "shutoff", ret
+    purge_direct(fhv, small_fs, name)
+    assert_absent(fmods, small_fs, name)
+
+
+# the hypervisor rebooted ---------------------------------------------------------------------------
+def power_loss(hv):
+    """``hv`` loses power: its libvirtd, virtlogd and every QEMU in its namespaces die at once, and its
+    /run (a tmpfs on a real host: libvirt's state of the running VMs, its mark that autostart ran) is gone."""
+    for daemon in ("libvirtd", "virtlogd"):
+        with _suppress(), open(hv.path(f"{daemon}.pid")) as fh:
+            os.kill(int(fh.read().strip()), signal.SIGKILL)
+    for pid in qemu_on(hv):
+        with _suppress():
+            os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not qemu_on(hv), "a QEMU survived SIGKILL")
+    for entry in os.scandir(hv.path("run")):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def test_hypervisor_rebooted(fhv, fhv5, fdir, fmods, fmaster, fhyper, ftmp, boot_args, event_listener):
+    """hv9 loses power with two VMs running (kauto with autostart, kman without), one migrated to hv5
+    before (kmig, autostart on while it was on hv9) and a virt.init seeding (its job dies too), then boots:
+    kauto runs again, on hv9 only; kman stays off; kmig runs on hv5 only (its definition left hv9 with the
+    migration); the salt-minion's restart reaps what the dead seeding left and reports it to the master."""
+    from saltvirt.host import conn as vconn
+    from saltvirt.vm import migrate
+
+    for name in ("kauto", "kman", "kmig"):
+        fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
+    assert fmods["virt.set_autostart"]("kauto", "on") and fmods["virt.set_autostart"]("kmig", "on")
+    with vconn.connect(fhv.uri) as conn:
+        args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
+        assert bounded(migrate.migrate, conn, "kmig", "hv5", **args)["undefined_on_source"] is True
+    child, scratch = seeding_child(fhv, fdir, "kbseed", tmpdir=ftmp)
+    child.kill()
+    child.wait()
+    power_loss(fhv)
+    booted = time.monotonic()
+    fhv.restart_daemon()
+    wait_until(lambda: fmods["virt.vm_state"]("kauto") == {"kauto": "running"}, "autostart not honoured")
+    print(f"kauto running {time.monotonic() - booted:.1f} s after libvirtd started again")
+    assert fmods["virt.vm_state"]("kman") == {"kman": "shutoff"}
+    assert "kmig" not in fmods["virt.list_domains"]()
+    with vconn.connect(fhv5.uri) as target:
+        assert [d.name() for d in target.listAllDomains(0)] == ["kmig"]
+    running = {name: (len(qemu_on(fhv, name)), len(qemu_on(fhv5, name))) for name in ("kauto", "kman", "kmig")}
+    assert running == {"kauto": (1, 0), "kman": (0, 0), "kmig": (0, 1)}  # each VM runs once, where it should
+
+    assert os.path.isdir(scratch) and seeding_of(os.path.join(images_dir(fdir), "kbseed"))  # left by the dead job
+    t0 = time.time()
+    fhyper.terminate()
+    fhyper.start()
+    event = wait_for_event(event_listener, fmaster, "salt/virt/fhyper/reaped", t0)
+    assert event["id"] == "fhyper", event  # the sender the master authenticated
+    reaped = event["data"]
+    print(f"reaped (minion restarted {time.time() - t0:.1f} s ago): {reaped}")
+    assert reaped["errors"] == [] and reaped["removed"][0].startswith(f"{scratch}: its seeding process"), reaped
+    assert any(r.startswith("stopped qemu-storage-daemon") for r in reaped["removed"]), reaped
+    assert not os.path.exists(scratch) and seeding_of(os.path.join(images_dir(fdir), "kbseed")) == []
+    out = fmods["virt.cleanup"]("kbseed")  # the disk the dead job made
+    assert out["interrupted"] and len(out["removed"]) == 1, out
+
+    for name in ("kauto", "kman"):
+        fmods["virt.purge"](name)
+    with vconn.connect(fhv5.uri) as target:
+        dom = target.lookupByName("kmig")
+        dom.destroy()
+        dom.undefine()
+    fmods["virt.cleanup"]("kmig")
+    for name in ("kauto", "kman", "kmig", "kbseed"):
+        assert_absent(fmods, fdir, name)
+
+
+def wait_for_event(listener, master, tag, after):
+    """The data of the first event ``tag`` on ``master``'s bus after ``after`` (bounded)."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        found = sorted(listener.get_events([(master.id, tag)], after_time=after), key=lambda e: e.stamp)
+        if found:
+            return found[0].data
+        assert time.monotonic() < deadline, f"no {tag} within {BOUND} s"
+        time.sleep(0.2)
