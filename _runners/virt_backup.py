@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 
 from salt.exceptions import CommandExecutionError, SaltException, SaltInvocationError
 
@@ -25,7 +26,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import backups, callers, fleetstate, tenants
+    from saltvirt.fleet import backups, callers, fleetstate, quota, tenants
     from saltvirt.fleet import publish as fleet
     from saltvirt.spec import compat
 
@@ -116,7 +117,11 @@ def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_
     refused while ``name`` is defined on another hypervisor, or while a hypervisor does not answer
     (``ignore_down=True``: you know it runs nothing); ``as_name=NEW`` (or ``as=NEW``) restores a copy
     with a new name, uuid and MAC addresses, refused while ``NEW`` is defined anywhere. ``force`` and
-    ``start`` are those of the module. Operators only.
+    ``start`` are those of the module.
+
+    With ``virt:tenants``, a tenant member restores its own tenant's backups only (the owner the backup
+    recorded in the VM's domain XML), in place only over its own VM, on its hypervisors; a restore that
+    makes a VM (``as=NEW``, or a VM defined nowhere) takes it from the tenant's quota as ``virt.init`` does.
 
     CLI Example::
 
@@ -128,24 +133,48 @@ def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_
     try:
         if unknown:
             raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)} to virt.restore")
-        tenants.operator_only(
-            callers.resolve(__opts__, callers.job_user(*callers.runner_scopes(globals(), __salt__))), "virt.restore"
-        )
+        who = callers.job_caller(__opts__, globals(), __salt__)
         validate.vm_name(name)
         new = validate.vm_name(as_name, "as_name") if as_name else name
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         wait = backups.settings(conf)["timeout"]
         fcfg = fleet.config(compat.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
-        with fleetstate.lock(__opts__, [new], kind="virt.restore"):
-            hosts = fleet.gather(__opts__, "virt.vm_state", cfg=fcfg)
-            where, down = backups.restore_host(hosts, name, host, as_name, validate.to_bool(ignore_down))
-            args = {"as_name": as_name, "start": validate.to_bool(start), "force": validate.to_bool(force)}
-            _show(f"restoring backup {id} of VM {name} on {where}" + (f" as {as_name}" if as_name else ""))
-            ans = fleet.call(__opts__, where, "virt.restore", [name, id], args, cfg=fcfg, max_wait=wait)[0]
-        if ans.get("status") != "up":
-            raise CommandExecutionError(f"virt.restore on {where}: {ans.get('error') or ans.get('status')}")
+        with fleetstate.lock(__opts__, [new], kind="virt.restore") as lease:
+            try:
+                since = time.time()
+                fun = "virt.vm_state" if who.operator else "virt.full_info"  # a tenant's: who owns what
+                full = fleet.gather(__opts__, fun, cfg=fcfg)
+                hosts = full if who.operator else backups.vm_states(full)
+                where, down = backups.restore_host(hosts, name, host, as_name, validate.to_bool(ignore_down))
+                if not who.operator:
+                    _tenant_restore(who, full, name, id, where, as_name, fcfg, lease, since)
+                args = {"as_name": as_name, "start": validate.to_bool(start), "force": validate.to_bool(force)}
+                _show(f"restoring backup {id} of VM {name} on {where}" + (f" as {as_name}" if as_name else ""))
+                ans = fleet.call(__opts__, where, "virt.restore", [name, id], args, cfg=fcfg, max_wait=wait)[0]
+                if ans.get("status") in ("down", "timeout"):  # it may still make the VM: its quota stays a while
+                    quota.finish(lease.store, lease, "unknown", keep_for=wait)
+                if ans.get("status") != "up":
+                    raise CommandExecutionError(f"virt.restore on {where}: {ans.get('error') or ans.get('status')}")
+                quota.finish(lease.store, lease, "settled")
+            finally:  # refused or failed: the quota it took is given back (no-op once ended)
+                quota.finish(lease.store, lease, "failed")
     except SaltException as exc:
         with contextlib.suppress(NameError):
             __context__["retcode"] = 1
         return {"error": str(exc), "retcode": 1}
     return {"name": new, "host": where, "down": down, "result": ans["ret"]}
+
+
+def _tenant_restore(who, full, name, bid, where, as_name, fcfg, lease, since):
+    """A tenant member's restore: its own backup (``virt.backup_list`` on ``where``), and the VM it makes
+    taken from its quota (``saltvirt.fleet.backups.tenant_restore``)."""
+    listing = fleet.call(__opts__, where, "virt.backup_list", [name], None, cfg=fcfg)[0]
+    if listing.get("status") != "up":
+        raise CommandExecutionError(f"virt.backup_list on {where}: {listing.get('error') or listing.get('status')}")
+    tconf = tenants.config(__opts__)["tenants"][who.tenant]
+    req = backups.tenant_restore(who, tconf, full, listing["ret"], name, bid, where, as_name)
+    if req:
+        new = as_name or name
+        quota.reserve(
+            lease.store, lease, who.tenant, new, req, full, since, tconf["quota"], host=where, groups=tconf["groups"]
+        )

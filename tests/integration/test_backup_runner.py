@@ -3,7 +3,8 @@ VM backed up on its hypervisor, retention from the master config applied, failur
 code 1; with tenants (bkrun1 belongs to tenant acme), a tenant member (``file`` eauth through salt-run) backs
 up its own VMs only; ``salt-run virt.restore`` asks every hypervisor before it restores on another one
 (bkhv2: libvirt's test driver, a hypervisor minion that mounts the same backup directory; the restore
-itself on a real second libvirtd: tests/integration/test_backup_real.py). The VMs are stopped (offline
+itself on a real second libvirtd: tests/integration/test_backup_real.py); a tenant member restores its own
+tenant's backups only, a copy within its quota (acme: 2 VMs). The VMs are stopped (offline
 copies): the live path is tests/integration/test_backup_real.py."""
 
 import pathlib
@@ -18,7 +19,7 @@ from tests.support.saltloader import make_minion_mods
 MASTER_VIRT = {
     "hypervisors": {"tgt": ["bkhv1", "bkhv2"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
     "backup": {"per_host": 1, "retention": {"keep": 1}},
-    "tenants": {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}},
+    "tenants": {"acme": {"members": ["alice"], "quota": {"vms": 2}}, "beta": {"members": ["bob"]}},
 }
 ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")  # salt-run as tenant acme
 
@@ -120,3 +121,23 @@ def test_restore_on_another_hypervisor_never_runs_one_vm_twice(bkmaster, fleet):
     assert copy.returncode == 0 and (copy.data["host"], copy.data["name"]) == ("bkhv2", "bkrun2-copy"), copy
     assert copy.data["result"]["chain"] == [bid]
     assert copy.data["result"]["disks"]["vda"].startswith(str(fleet / "images2" / "bkrun2-copy"))
+
+
+def test_a_tenant_restores_its_own_backups_within_its_quota(bkmaster, fleet):
+    """The owner comes from the domain XML the backup recorded; a copy is a new VM of the tenant's quota."""
+    run = bkmaster.salt_run_cli(timeout=600).run
+    mine = run(*ALICE, "virt.backup", "bkrun1", "incremental=False")
+    assert mine.returncode == 0, mine
+    bid = mine.data["made"]["bkrun1"]["id"]
+    copy = run(*ALICE, "virt.restore", "bkrun1", bid, "host=bkhv2", "as=bkrun1-copy")  # acme: bkrun1 + the copy
+    assert copy.returncode == 0 and (copy.data["host"], copy.data["name"]) == ("bkhv2", "bkrun1-copy"), copy
+    info = run(*ALICE, "virt.vm_info", "bkrun1-copy")
+    assert info.data["bkhv2"]["vm_info"]["bkrun1-copy"]["owner"] == {"tenant": "acme", "creator": "alice"}, info
+    refused = run(*ALICE, "virt.restore", "bkrun1", bid, "host=bkhv2", "as=bkrun1-two")
+    assert refused.returncode == 1 and refused.data["error"].startswith(
+        "tenant acme: 2 of 2 VMs used, asked 1: no room for bkrun1-two"
+    ), refused
+    theirs = run("virt.backup", "bkrun2")  # an operator's backup of a VM of no tenant
+    tid = theirs.data["made"]["bkrun2"]["id"]
+    other = run(*ALICE, "virt.restore", "bkrun2", tid, "host=bkhv2", "as=mine")
+    assert other.data == {"error": f"no backup {tid} of a VM named bkrun2 in tenant acme", "retcode": 1}, other

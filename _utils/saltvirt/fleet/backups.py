@@ -74,16 +74,19 @@ def scope(caller: tenants.Caller, tenant: str | None, conf: Data) -> str | None:
 def owned(hosts: dict[str, Data], tenant_name: str | None) -> dict[str, Data]:
     """``virt.full_info`` answers (``publish.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
     with only the VMs whose <metadata> owner is ``tenant_name``."""
+    return vm_states(hosts, lambda vm: tenants.owned_by(vm, tenant_name))
+
+
+def vm_states(hosts: dict[str, Data], keep: Callable[[Data], bool] | None = None) -> dict[str, Data]:
+    """``virt.full_info`` answers in ``virt.vm_state``'s shape (``{status, vms: {name: state}}``), the VMs
+    ``keep(vm_info)`` accepts (default: every one)."""
     out = {}
     for host, ans in hosts.items():
         if ans.get("status") != "up":
             out[host] = ans
             continue
         vms = ans.get("vm_info") or {}
-        out[host] = {
-            "status": "up",
-            "vms": {n: vm.get("state") for n, vm in vms.items() if tenants.owned_by(vm, tenant_name)},
-        }
+        out[host] = {"status": "up", "vms": {n: vm.get("state") for n, vm in vms.items() if not keep or keep(vm)}}
     return out
 
 
@@ -232,3 +235,33 @@ def restore_host(
             "(powered off)"
         )
     return host, down
+
+
+def tenant_restore(
+    caller: tenants.Caller,
+    conf: Data,
+    full: dict[str, Data],
+    listing: Data,
+    name: str,
+    bid: str,
+    host: str,
+    as_name: str | None = None,
+) -> Data | None:
+    """What tenant member ``caller`` may restore with ``salt-run virt.restore`` (``conf``: its tenant's checked
+    config; ``full``: every hypervisor's ``virt.full_info``; ``listing``: ``host``'s ``virt.backup_list`` of
+    ``name``). The owner is the one backup ``bid`` recorded in its domain XML: another tenant's backup (or
+    no tenant's) is one the caller does not see; in place, the VM defined as ``name`` must be its tenant's
+    too, and ``host`` one of its hypervisors. Returns ``{cpu, mem, disk_mib}`` to take from its quota when
+    the restore makes a VM (a copy ``as_name``, or ``name`` defined nowhere), else None."""
+    entry = next((b for b in listing.get("backups") or [] if b.get("id") == bid), None)
+    if not entry or not tenants.owned_by(entry, caller.tenant):
+        raise SaltInvocationError(f"no backup {bid} of a VM named {name} in tenant {caller.tenant}")
+    if not tenants.host_allowed(conf, host):
+        tenants.refuse("hypervisor", host, str(caller.tenant), conf["hypervisors"])
+    defined = [a["vm_info"][name] for a in full.values() if name in ((a or {}).get("vm_info") or {})]
+    if not as_name and defined:
+        if not all(tenants.owned_by(vm, caller.tenant) for vm in defined):
+            raise SaltInvocationError(tenants.missing(name, caller))
+        return None  # in place: the VM is counted already
+    disk_mib = sum(-(-int(d.get("virtual_size") or 0) // 1048576) for d in entry.get("disks") or [])
+    return {"cpu": int(entry.get("cpu") or 1), "mem": int(entry.get("mem") or 0), "disk_mib": disk_mib}

@@ -267,5 +267,5 @@ def operator_only(caller: Caller, fun: str) -> None:
         raise SaltInvocationError(
             f"{fun} is for operators: user {caller.user} is a member of tenant {caller.tenant} "
             "(tenants use virt.init, virt.query, virt.list, virt.vm_info, virt.start/stop/..., virt.purge, "
-            "virt.update, virt.migrate, virt.usage and virt.backup)"
+            "virt.update, virt.migrate, virt.usage, virt.backup and virt.restore)"
         )

@@ -30,6 +30,7 @@ from saltvirt.base import validate
 from saltvirt.base.fsutil import atomic_write, file_digest
 from saltvirt.base.salttypes import Data
 from saltvirt.storage import images
+from saltvirt.xml import domxml
 
 CONFIG_KEY = "virt:backup:dir"
 LOCK = ".lock"
@@ -198,7 +199,18 @@ def summary(m: Data) -> Data:
     out["consistency"] = m.get("consistency")
     out["fs_freeze"] = m.get("fs_freeze")  # {frozen, thawed}: the guest agent's counts (None: no freeze)
     out["disks"] = [{k: d.get(k) for k in ("target", "file", "size", "virtual_size", "sha256")} for d in m["disks"]]
+    out.update(recorded(m.get("domain_xml")))
     return out
+
+
+def recorded(domain_xml: Any) -> Data:
+    """``{owner, cpu, mem}`` of the domain XML a backup recorded (its tenant and creator from <metadata>, its
+    vCPUs and MiB): what the master needs to restore it for a tenant (``{}`` parts when it cannot be read)."""
+    try:
+        facts = domxml.parse(domain_xml) if isinstance(domain_xml, str) else {}
+    except Exception:  # noqa: BLE001 - a manifest's XML that does not parse: no owner, no sizes
+        facts = {}
+    return {"owner": facts.get("owner"), "cpu": facts.get("cpu"), "mem": facts.get("mem")}
 
 
 def verify(directory: str, chain: list[Data]) -> bool:

@@ -141,3 +141,36 @@ def test_restore_refusals_name_the_way_out():
         backups.restore_host(down, "gone", "h2")
     assert backups.restore_host(down, "gone", "h2", ignore_down=True) == ("h2", ["h3"])
     assert backups.restore_host(down, "gone", "h2", as_name="gone2") == ("h2", ["h3"])
+
+
+def test_a_tenant_restores_its_own_backups_only_and_a_new_vm_counts(bk):  # noqa: F811
+    """The owner is the one the backup recorded in the VM's domain XML (virt.backup_list shows it), never
+    the name: the restore of a copy asks the quota for the VM the backup recorded."""
+    v, _tmp = bk
+    owner = {"tenant": "acme", "creator": "alice"}
+    v["virt.init"](
+        "bk3", 2, 64, disk=None, nic=None, start=False, seed=False, disks=[{"name": "d", "size": 8}], owner=owner
+    )
+    try:
+        made = v["virt.backup"]("bk3")["id"]
+        theirs = v["virt.backup"]("bk1")["id"]
+        listing = v["virt.backup_list"]("bk3")
+        assert listing["backups"][0]["owner"] == owner and listing["backups"][0]["cpu"] == 2
+        full = {"h1": {"status": "up", "vm_info": v["virt.full_info"]()["vm_info"]}}
+        conf = tenants.config({"virt": dict(TENANTS, tenants={"acme": {"members": ["alice"]}, "beta": {}})})
+        acme, beta = conf["tenants"]["acme"], conf["tenants"]["beta"]
+        alice, bob = callers.resolve({"virt": TENANTS}, "alice"), callers.resolve({"virt": TENANTS}, "bob")
+        assert backups.tenant_restore(alice, acme, full, listing, "bk3", made, "h1") is None  # in place: counted
+        copy = backups.tenant_restore(alice, acme, full, listing, "bk3", made, "h1", as_name="bk3-copy")
+        assert copy == {"cpu": 2, "mem": 64, "disk_mib": 8}
+        with pytest.raises(SaltInvocationError, match=f"^no backup {made} of a VM named bk3 in tenant beta$"):
+            backups.tenant_restore(bob, beta, full, listing, "bk3", made, "h1", as_name="x")
+        other = v["virt.backup_list"]("bk1")  # a VM of no tenant
+        with pytest.raises(SaltInvocationError, match=f"^no backup {theirs} of a VM named bk1 in tenant acme$"):
+            backups.tenant_restore(alice, acme, full, other, "bk1", theirs, "h1", as_name="x")
+        with pytest.raises(SaltInvocationError, match="tenant acme may not use hypervisor 'h1'"):
+            backups.tenant_restore(alice, dict(acme, hypervisors=["h9"]), full, listing, "bk3", made, "h1", "x")
+    finally:
+        conn = libvirt.open("test:///default")
+        conn.lookupByName("bk3").undefine()
+        conn.close()

@@ -64,7 +64,7 @@ def test_the_user_salt_injected_into_one_runner_file_is_seen_by_the_others(runne
 @pytest.mark.parametrize(
     ("user", "kwargs", "message"),
     [
-        ("alice", {}, "virt.restore is for operators: user alice is a member of tenant acme"),
+        ("alice", {"as": "../x"}, "invalid as_name"),
         ("carol", {"target": "/etc"}, "unknown argument(s) target to virt.restore"),
         ("carol", {"as": "../x"}, "invalid as_name"),
     ],
