@@ -17,6 +17,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -149,7 +150,9 @@ def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp, guest, 
         assert changed(apply(salt_cli, "pool-create", pool)) == {}
 
         _create_update_and_power(salt_cli, hv1, qemu_tmp)
-        _template_cdrom_uefi(salt_cli, guest, install_iso)
+        t0 = time.monotonic()
+        _template_cdrom_uefi(salt_cli, hv1, guest, install_iso, qemu_tmp)
+        print(f"create-vm from a template, an install ISO, UEFI: {time.monotonic() - t0:.1f} s")
 
         # deleted.sls: powered off, then virt.purge (module.run): the VM and its volume go, pool and network stay
         gone = apply(salt_cli, "deleted", {"domain_name": VM})
@@ -239,7 +242,7 @@ def _create_update_and_power(salt_cli, hv1, qemu_tmp):
     assert again[f"virt:{VM}"]["changes"] == {}
 
 
-def _template_cdrom_uefi(salt_cli, guest, iso):
+def _template_cdrom_uefi(salt_cli, hv1, guest, iso, elsewhere):
     """create-vm's other paths, with the pillar ``virtDomainActionToPillar`` builds: a system disk made
     from a template image (``image``), an install DVD (a CDROM disk with an ISO ``source_file``: boot_dev
     "cdrom hd", stop_on_reboot, then redefined to boot from its disk) and UEFI from the UI's firmware
@@ -251,6 +254,16 @@ def _template_cdrom_uefi(salt_cli, guest, iso):
     base.update(interfaces=[{"name": "eth0", "type": "network", "source": NET}], graphics={"type": "vnc"})
     with_dvd = dict(base, name=TEMPLATED, disks=[system, dvd], boot_dev="cdrom hd")
     with_dvd["uefi"] = {"loader": OVMF[0], "nvram": OVMF[1]}
+
+    # an ISO outside the operator's directories is refused, and nothing is left of the VM
+    stray = str(shutil.copy(iso, elsewhere / "stray.iso"))
+    refused = dict(with_dvd, name="uyvm4", disks=[system, dict(dvd, source_file=stray)])
+    ret = salt_cli.run("state.apply", "virt.create-vm", f"pillar={json.dumps(refused)}", minion_tgt="hyper1")
+    first = next(v for v in ret.data.values() if v["__id__"] == "domain_first_boot_define")
+    assert first["result"] is False and "virt:allowed_paths" in first["comment"], first
+    assert "uyvm4" not in call(salt_cli, "virt.list_domains")
+    assert not [v for v in call(salt_cli, "virt.pool_list_volumes", POOL) if v.startswith("uyvm4")]
+
     made = apply(salt_cli, "create-vm", with_dvd)
     assert {"virt:domain_first_boot_define", "virt:domain_define"} <= set(changed(made)), made
     live = ET.fromstring(call(salt_cli, "virt.get_xml", TEMPLATED))
@@ -265,6 +278,9 @@ def _template_cdrom_uefi(salt_cli, guest, iso):
         (cdrom,) = root.findall("devices/disk[@device='cdrom']")
         assert cdrom.find("source").get("file") == iso and cdrom.find("target").get("bus") == "ide"
         assert cdrom.find("readonly") is not None
+    # the VM's own UEFI variables (libvirt's copy of the template), in the lab's /var/lib/libvirt
+    nvram = pathlib.Path(hv1.path("lib", os.path.relpath(live.findtext("os/nvram"), "/var/lib/libvirt")))
+    assert nvram.is_file()
     info = call(salt_cli, "virt.vm_info", TEMPLATED)[TEMPLATED]
     assert info["disks"]["vda"]["file"] == f"{POOL}/{TEMPLATED}_system" and info["loader"]["path"] == OVMF[0]
     # again: the first state sets the install boot back, the second the disk boot (as with Salt's virt, the
@@ -291,4 +307,4 @@ def _template_cdrom_uefi(salt_cli, guest, iso):
         assert "mgrcompat:mgr_virt_destroy" in changed(apply(salt_cli, "deleted", {"domain_name": name}))
     assert not {TEMPLATED, EFI} & set(call(salt_cli, "virt.list_domains"))
     assert not [v for v in call(salt_cli, "virt.pool_list_volumes", POOL) if v.startswith((TEMPLATED, EFI))]
-    assert os.path.isfile(iso)
+    assert os.path.isfile(iso) and not nvram.exists()
