@@ -223,25 +223,23 @@ def export_default_uri(config_get: ConfigGet) -> str | None:
     """Make the configured ``virt:connection:uri`` libvirt's default URI in this process
     (``LIBVIRT_DEFAULT_URI``), so libvirt clients that open "the default connection" in the minion reach
     the libvirtd that ``virt.*`` manages: other products' loader modules (Uyuni's
-    ``virt_utils.vm_definition`` calls ``libvirt.open()``) and the ``virsh`` a state runs (subprocesses
-    inherit it). A value the environment already had is the operator's and stays (logged when it differs);
-    one exported here before is replaced when the configuration changed. Returns the URI now exported
-    by this function, or None (nothing configured, or the operator's own value)."""
+    ``virt_utils.vm_definition`` calls ``libvirt.open()``, then ``virt.get_xml``: both must see the same
+    daemon) and the ``virsh`` a state runs (subprocesses inherit it). A different value the minion was
+    started with is replaced in the minion's process only (logged); with no URI configured, ``virt.*``
+    itself uses libvirt's default, and an inherited value stays. Returns the URI exported, or None."""
     uri = config_get("virt:connection:uri", None) or None
     current = os.environ.get(DEFAULT_URI_ENV)
-    if current is not None and current != _exported["uri"]:
-        if uri and current != uri:
-            log.warning(
-                "%s is set in the minion's environment and differs from virt:connection:uri: libvirt clients "
-                "that open the default connection (virsh, other modules) do not reach the libvirtd virt.* uses",
-                DEFAULT_URI_ENV,
-            )
-        return None
     if uri is None:
-        if current is not None:  # ours, and the configuration no longer names a URI
+        if current is not None and current == _exported["uri"]:  # ours, and the configuration dropped it
             del os.environ[DEFAULT_URI_ENV]
         _exported["uri"] = None
         return None
+    if current not in (None, uri, _exported["uri"]):
+        log.info(
+            "%s from the minion's environment replaced by virt:connection:uri in the minion's process, so that "
+            "libvirt clients opening the default connection (virsh, other modules) reach the libvirtd virt.* uses",
+            DEFAULT_URI_ENV,
+        )
     os.environ[DEFAULT_URI_ENV] = _exported["uri"] = uri
     return uri
 

@@ -145,11 +145,18 @@ def test_the_configured_uri_becomes_libvirts_default_connection(default_uri):
     assert vconn.DEFAULT_URI_ENV not in os.environ
 
 
-def test_the_operators_own_default_uri_stays(default_uri, caplog):
+def test_virt_connection_wins_over_an_inherited_default_uri(default_uri, caplog):
+    """virt_utils pairs libvirt.open() with virt.get_xml: both must reach the same libvirtd."""
     default_uri.setenv(vconn.DEFAULT_URI_ENV, "qemu:///session")
-    assert vconn.export_default_uri(_getter({"connection": {"uri": "test:///default"}})) is None
+    with caplog.at_level("INFO"):
+        assert vconn.export_default_uri(_getter({"connection": {"uri": "test:///default"}})) == "test:///default"
+    assert os.environ[vconn.DEFAULT_URI_ENV] == "test:///default"
+    assert "replaced by virt:connection:uri" in caplog.text and "session" not in caplog.text
+    # no URI configured: virt.* uses libvirt's default too, an inherited value is left as it is
+    default_uri.setattr(vconn, "_exported", {"uri": None})
+    default_uri.setenv(vconn.DEFAULT_URI_ENV, "qemu:///session")
+    assert vconn.export_default_uri(_getter({})) is None
     assert os.environ[vconn.DEFAULT_URI_ENV] == "qemu:///session"
-    assert "differs from virt:connection:uri" in caplog.text
 
 
 def test_loading_the_virt_module_exports_the_minion_configs_uri_not_pillars(default_uri, tmp_path):
