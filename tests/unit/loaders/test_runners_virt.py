@@ -207,3 +207,25 @@ def test_a_bad_migration_timeout_is_refused_before_anything_moves(runner, fun, a
     runner.opts["virt"] = {"hypervisors": ["hyper1"], "migration_timeout": "soon"}
     ret = runner[fun](*args)
     assert ret["data"]["error"].startswith("virt:migration_timeout must be a number of seconds above 0"), ret
+
+
+def test_the_runner_loads_without_libvirt(tmp_path):
+    """Every salt-run virt.* loads all the virt runner files on the master, where libvirt is not needed:
+    importing it (~0.1 s) was a cost of every runner call (a library module brought it in for one hypervisor-side
+    function). A fresh interpreter, as salt-run has one."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from tests.support.saltloader import make_runners\n"
+        f"runners = make_runners(__import__('pathlib').Path({str(tmp_path)!r}))\n"
+        "funs = [f for f in runners if f.startswith('virt.')]\n"
+        "assert 'virt.init' in funs and 'virt.query' in funs and 'virt.migrate' in funs, funs\n"
+        "print(sorted(m for m in sys.modules if m == 'libvirt' or m.startswith('libvirt.')))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
