@@ -9,6 +9,7 @@ qemu-ga variant) frozen and thawed around the backup start.
 The marker is written through the guest's own QEMU block layer (HMP ``qemu-io`` on the running disk
 device, see tests/integration/test_snapshot_real.py): the busybox guest has no shell on its console."""
 
+import base64
 import json
 import os
 import shutil
@@ -273,11 +274,23 @@ def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, ba
     assert has_changed_marker(hv1, "bkr4-back")
 
 
-def agent(hv, name, command):
+def agent(hv, name, command, **arguments):
     """A guest agent command through libvirt (``virsh qemu-agent-command``): its ``return``."""
+    cmd = json.dumps({"execute": command, **({"arguments": arguments} if arguments else {})})
     with lvconn.connect(hv.uri) as conn:
-        out = libvirt_qemu.qemuAgentCommand(conn.lookupByName(name), json.dumps({"execute": command}), 30, 0)
+        out = libvirt_qemu.qemuAgentCommand(conn.lookupByName(name), cmd, 30, 0)
     return json.loads(out)["return"]
+
+
+def guest_run(hv, name, *argv, timeout=60):
+    """Run a program in the guest through its agent (guest-exec): ``(exit code, output)``."""
+    pid = agent(hv, name, "guest-exec", path=argv[0], arg=list(argv[1:]), **{"capture-output": True})["pid"]
+    deadline = time.monotonic() + timeout
+    while not (status := agent(hv, name, "guest-exec-status", pid=pid))["exited"]:
+        assert time.monotonic() < deadline, f"{argv} still running in the guest after {timeout} s"
+        time.sleep(0.2)
+    out = "".join(base64.b64decode(status.get(k, "")).decode() for k in ("out-data", "err-data"))
+    return status.get("exitcode"), out
 
 
 def wait_agent_connected(hv, name, timeout=120):
@@ -317,7 +330,8 @@ def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start( 
     qemu-ga on the agent channel ``virt.init`` adds, and writes a heartbeat number into /data/heartbeat
     before printing each ``HB <n>``. The backup reports the agent's own counts; the backup's filesystem
     is the frozen one (journal flushed, clean for e2fsck, the latest heartbeat on disk although nothing
-    in the guest synced it); the guest is thawed after (the agent says so, and its writes go on)."""
+    in the guest synced it); the guest is thawed after (the agent says so, and its writes go on). With
+    /data unmounted (through the agent's guest-exec) the agent freezes nothing, and the backup says so."""
     if not os.path.isfile(guest["initrd_qga"]):
         pytest.fail(f"no {guest['initrd_qga']} (the test guest's guest-agent variant): run scripts/setup.sh")
     v = v1
@@ -345,3 +359,9 @@ def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start( 
     assert needs_recovery is False  # the frozen filesystem: journal flushed at the start of the backup
     assert fsck_rc == 0  # and clean
     assert heartbeat.isdigit() and int(heartbeat) >= beat, heartbeat
+
+    # an agent that finds nothing it can freeze (only virtual filesystems left): not called consistent
+    assert guest_run(hv1, "bkr6", "/bin/umount", "/data") == (0, "")
+    again = v["virt.backup"]("bkr6")
+    assert (again["consistency"], again["fs_freeze"]) == (backup_lib.NONE_FROZEN, {"frozen": 0, "thawed": 0})
+    assert agent(hv1, "bkr6", "guest-fsfreeze-status") == "thawed"
