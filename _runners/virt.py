@@ -62,7 +62,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.spec import compat, vmargs
+    from saltvirt.spec import compat, vmargs, vmspec
     from saltvirt.fleet import hypervisors, minionkeys, placement, publish as fleet, vmcreate, vmwait
     from saltvirt.fleet import callers, catalog, fleetstate, quota, tenants, vmupdate
     from saltvirt.fleet import leftovers as fleet_cleanup
@@ -425,6 +425,8 @@ def init(
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
+        if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only
+            owner["quota"]["disk_mib"] = vmspec.new_disks_mib(module_kwargs.get("disks"), disk)
         module_kwargs.update(
             enable_qcow=validate.to_bool(enable_qcow),
             enable_vnc=validate.to_bool(enable_vnc),

@@ -250,12 +250,14 @@ def _note_attempt(opts, lease, tried, name, hv, ans, jid):
 def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
     """Take the tenant's quota for the VM (counted over every hypervisor's VMs, by the owner in their
     <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
-    only the tenant's hypervisors as candidates. ``tenant``: ``{name, quota, allowed(host), groups}`` or None.
+    only the tenant's hypervisors as candidates. ``tenant``: ``{name, quota, allowed(host), groups, disk_mib}`` or
+    None (``disk_mib``: the disk its quota counts, default the request's).
     ``(candidates, place)``: ``place(host)`` checks the tenant's quotas per hypervisor group (None without)."""
     if not tenant:
         return hosts, None
     fleet_vms = gather(opts, "virt.full_info", cfg, client)
-    quotas.reserve(lease.store, lease, tenant["name"], name, req, fleet_vms, since, tenant["quota"])
+    asked = dict(req, disk_mib=tenant.get("disk_mib", req["disk_mib"]))  # the image and the new disks
+    quotas.reserve(lease.store, lease, tenant["name"], name, asked, fleet_vms, since, tenant["quota"])
     groups = tenant.get("groups")
 
     def place(host):

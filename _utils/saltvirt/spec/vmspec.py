@@ -320,6 +320,23 @@ def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
     )
 
 
+def new_disks_mib(disks: Any, system_mib: int = 0) -> int:
+    """MiB the disks of a new VM take, from ``virt.init``'s ``disks`` as :func:`build` reads them: the system
+    disk (``system_mib``, the image's size; an entry of ``disks`` named ``system`` with a bigger ``size``: that
+    size, ``virt.init`` grows the copy) plus the ``size`` of every other disk. A disk without a size (attached
+    from an existing file or volume, or a copy of another image at its own size) adds nothing."""
+    total = 0
+    for given in named_entries(disks, "disks"):
+        entry = speckeys.disk(given, f"disk {given['name']}")
+        size = entry.get("size")
+        mib = 0 if size is None else validate.positive_int(size, f"size of disk {entry['name']} (MiB)")
+        if entry["name"] == DEFAULT_DISKS[0]["name"]:
+            system_mib = max(system_mib, mib)
+        elif entry.get("device", "disk") == "disk":
+            total += mib
+    return total + system_mib
+
+
 def _assign_targets(disks):
     used = {d.target for d in disks if d.target}
     counters = {}

@@ -249,3 +249,22 @@ def test_a_host_whose_hypervisor_group_is_full_for_the_tenant_is_passed_over(tmp
         assert vmcreate._reserve(lease, fleet_vms, ["gpu1"], 0, "web1", req, policy, since, tried, place=place) is None
         err = vmcreate._no_room("web1", {"reason": "", "ranking": [], "excluded": {}}, tried)
         assert str(err) == f"no host can take web1 any more: {tried[0]['error']}"
+
+
+def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
+    """virt.init takes from the tenant's disk quota the image and the new disks (the runner's ``disk_mib``),
+    while placement keeps its own request; a request over the disk quota is refused before placement."""
+    from saltvirt.fleet import publish, quota
+
+    opts = _fleet_opts(tmp_path, ["hv1"])
+    client = _RecordingClient({"virt.full_info": {"hv1": {"vm_info": {}}}})
+    cfg, req = publish.config(opts), placement.make_request(1, 64, 2048)
+    tenant = {"name": "acme", "quota": {"disk": 12288}, "groups": {}, "allowed": lambda h: True, "disk_mib": 12288}
+    since = time.time()
+    with fleetstate.lock(opts, ["web1"]) as lease:
+        vmcreate._tenant_quota(opts, cfg, client, lease, tenant, "web1", req, {"hv1": {}}, since)
+        entry = lease.store.fetch(quota.QUOTAS, "acme")["entries"]["web1"]
+        assert entry["disk_mib"] == 12288 and req["disk_mib"] == 2048
+    with fleetstate.lock(opts, ["web2"]) as lease, pytest.raises(quota.QuotaError) as err:
+        vmcreate._tenant_quota(opts, cfg, client, lease, dict(tenant, disk_mib=1), "web2", req, {"hv1": {}}, since)
+    assert str(err.value).startswith("tenant acme: 12288 of 12288 MiB disk used, asked 1: no room for web2")

@@ -77,3 +77,26 @@ def test_bad_input_is_refused_with_a_clear_message(kwargs, message):
     args.update(kwargs)
     with pytest.raises(SaltInvocationError, match=message):
         spec.build(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args)
+
+
+@pytest.mark.parametrize(
+    "disks",
+    [
+        None,
+        [{"name": "data", "size": 1024}, {"name": "logs", "size": 512, "format": "raw"}],
+        {"system": {"size": 4096}, "data": {"size": 100}},  # a bigger system disk: virt.init grows the copy
+        [{"name": "system", "size": 1000}],  # smaller than the image: the image's size
+        [{"name": "scratch", "size": 300, "pool": "acme"}, {"name": "old", "source_file": "acme-old", "pool": "acme"}],
+    ],
+)
+def test_new_disks_mib_is_what_the_spec_allocates(disks):
+    """The disk a tenant's quota counts for virt.init: every disk of the spec virt.init builds, the image-backed
+    system disk at the image's size (2048 MiB here) unless it is given a bigger one; an attached volume: none."""
+    built = spec.build("web1", 1, 256, image="/srv/salt-images/base.qcow2", disks=disks)
+    allocated = sum(max(d.size or 0, 2048 if d.image else 0) for d in built.disks if not d.attach)
+    assert spec.new_disks_mib(disks, 2048) == allocated
+
+
+def test_new_disks_mib_refuses_a_bad_size():
+    with pytest.raises(SaltInvocationError, match=r"size of disk data \(MiB\)"):
+        spec.new_disks_mib([{"name": "data", "size": "lots"}], 2048)
