@@ -50,7 +50,8 @@ def usage(tgt=None, tgt_type=None, timeout=None):
     """
     Each tenant's usage against its quota (vCPUs, memory MiB, disk MiB, VMs), with a text bar per
     resource, counted as ``virt.init`` counts it (the VMs whose <metadata> name the tenant, plus
-    creations in flight). A tenant member sees its own tenant only.
+    creations in flight); under ``groups``, its use on each hypervisor group of its ``group_quotas``
+    against that quota, counted as placement counts it. A tenant member sees its own tenant only.
 
     CLI Example:
 

@@ -156,15 +156,16 @@ def refusal(tenant: str, used: Data, quota: Data, asked: Data, group: str | None
     return f"tenant {tenant}{where}: {'; '.join(reasons)}" if reasons else None
 
 
+def _on(group: Data) -> Callable[[str | None], bool]:
+    """Whether a hypervisor is one of hypervisor group ``group``'s (a tenant's checked ``groups`` entry)."""
+    return lambda host: host_allowed(group, host) if host else False
+
+
 def _group_refusal(entries, hosts, tenant, since, now, skew, host, groups, asked):
     """:func:`refusal` for every hypervisor group (a tenant's ``groups``) ``host`` is in, or None."""
     for group in in_groups(groups or {}, host):
         conf = groups[group]
-
-        def on(h, conf=conf):
-            return bool(h) and host_allowed(conf, h)
-
-        used = count({"entries": entries}, hosts, tenant, since, now, skew, on=on)
+        used = count({"entries": entries}, hosts, tenant, since, now, skew, on=_on(conf))
         reasons = refusal(tenant, used, conf["quota"], asked, group)
         if reasons:
             return reasons, used
@@ -330,21 +331,32 @@ def bar(used: int, limit: int | None, width: int = 20) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {used} of {limit}"
 
 
+def _rows(used: Data, quota: Data) -> Data:
+    return {
+        key: {"used": used[key], "quota": quota.get(key), "bar": f"{unit}: {bar(used[key], quota.get(key))}"}
+        for key, unit in QUOTA_KEYS.items()
+    }
+
+
 def usage(
     store: fleetstate.Store, hosts: dict[str, Data], tenants: dict[str, Data], since: float, cfg: Data | None = None
 ) -> Data:
-    """``{tenant: {vcpus|mem|disk|vms: {used, quota, bar}, vms_list: [...]}}`` for ``tenants``
-    ({name: checked tenant config})."""
+    """``{tenant: {vcpus|mem|disk|vms: {used, quota, bar}, vm_names: [...], groups: {group: {vcpus|mem|disk|vms:
+    {used, quota, bar}, vm_names: [...]}}}}`` for ``tenants`` ({name: checked tenant config}); ``groups``: its
+    use on each hypervisor group of its ``group_quotas``, counted as :func:`place` counts it (only when it has
+    any)."""
     cfg = cfg or fleetstate.DEFAULTS
     ledgers = store.entries(QUOTAS)
     out = {}
     for name, conf in sorted(tenants.items()):
         used = count(ledgers.get(name), hosts, name, since, skew=cfg["clock_skew"])
-        quota = conf["quota"]
-        row: Data = {
-            key: {"used": used[key], "quota": quota.get(key), "bar": f"{unit}: {bar(used[key], quota.get(key))}"}
-            for key, unit in QUOTA_KEYS.items()
-        }
+        row: Data = _rows(used, conf["quota"])
         row["vm_names"] = sorted(used["names"])
+        groups = {}
+        for group, gconf in sorted((conf.get("groups") or {}).items()):
+            in_group = count(ledgers.get(name), hosts, name, since, skew=cfg["clock_skew"], on=_on(gconf))
+            groups[group] = dict(_rows(in_group, gconf["quota"]), vm_names=sorted(in_group["names"]))
+        if groups:
+            row["groups"] = groups
         out[name] = row
     return out

@@ -214,6 +214,26 @@ def test_a_hypervisor_group_quota_is_checked_where_the_vm_is_placed(backend):
         )
 
 
+def test_usage_per_hypervisor_group(backend):
+    """virt.usage shows a tenant's use on each hypervisor group of its group_quotas as place() counts it: a2
+    (the snapshot, on h2) and n1 (an init placed on h3, not defined yet); a1 on h1 is outside the group."""
+    opts = backend()
+    store = fleetstate.Store(opts)
+    since = time.time()
+    with fleetstate.lock(opts, ["n1"]) as lease:
+        quota.reserve(store, lease, "acme", "n1", {"cpu": 2, "mem": 64, "disk_mib": 10}, HOSTS, since, {})
+        quota.place(store, lease, "h3", HOSTS, since, GROUPS)
+        conf = {"acme": {"quota": {"vcpus": 8}, "groups": GROUPS}, "beta": {"quota": {}, "groups": {}}}
+        out = quota.usage(store, HOSTS, conf, since)
+    gpu = out["acme"]["groups"]["gpu"]
+    assert gpu["vcpus"] == {"used": 3, "quota": 3, "bar": "vCPUs: [####################] 3 of 3"}
+    assert gpu["vms"]["bar"] == "VMs: [####################] 2 of 2"
+    assert gpu["mem"]["bar"] == "MiB memory: 320 (no quota)" and gpu["disk"]["used"] == 10
+    assert gpu["vm_names"] == ["a2", "n1"]
+    assert out["acme"]["vcpus"]["bar"] == "vCPUs: [############........] 5 of 8"  # every group and none
+    assert "groups" not in out["beta"]
+
+
 def test_concurrent_placements_never_exceed_a_group_quota(backend):
     """Ten inits of one tenant (whose total quota has room) race for a group of 3 vCPUs: three land there."""
     won, refused, start = [], [], threading.Barrier(10)
