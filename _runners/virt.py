@@ -568,7 +568,8 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
     A tenant member updates its tenant's VMs only, with whole-number ``cpu``/``mem``, its profiles,
     networks and pools, new blank ``disks`` (no path or device), ``enable_vnc``, ``live``, ``test`` and
     ``autostart``; what the change adds (vCPUs, memory, new disks) is taken from its quota first, in the
-    same compare-and-set as ``virt.init`` (docs/topics/tenants.md). An operator's update is not counted.
+    same compare-and-set as ``virt.init`` (docs/topics/tenants.md). An operator's update is not refused by
+    a quota; what it gives a tenant's VM is recorded in the tenant's usage.
 
     CLI Example:
 

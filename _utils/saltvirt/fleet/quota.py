@@ -3,7 +3,8 @@
 What a tenant uses is counted from two sources, by VM name (a VM is counted once):
 
 * the fleet snapshot (``virt.full_info`` of every hypervisor): every VM whose <metadata> owner is the tenant,
-  with its vCPUs and memory as defined, its disk as its quota entry recorded it (else its disks' sizes);
+  with its vCPUs and memory as defined, its disk as its quota entry recorded it (``virt.init``'s disks, and
+  what updates added, an operator's too: :func:`record`), else its disks' sizes;
 * the tenant's ledger (bank ``salt-virt/quotas``, one entry per tenant, in the same store and under the same
   compare-and-set as :mod:`saltvirt.fleet.fleetstate` reservations): ``{entries: {vm: {cpu, mem, disk_mib,
   token, state: active|settled, expires, settled_at}}}``. An ``active`` entry (a ``virt.init`` at work)
@@ -299,13 +300,40 @@ def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_
         entries[key] = dict(rec, state="settled", settled_at=now)
         vm = entries.get(rec["grows"])
         if vm:
-            new = {k: int(v) for k, v in (rec.get("to") or {}).items() if v is not None}
-            new["disk_mib"] = int(vm.get("disk_mib") or 0) + int(rec.get("disk_mib") or 0)
-            entries[rec["grows"]] = dict(vm, **new)
+            entries[rec["grows"]] = _resized(vm, rec.get("to"), rec.get("disk_mib"))
         return {"entries": entries}
 
     with contextlib.suppress(fleetstate.AbortUpdate):
         store.transact(QUOTAS, tenant, update)
+
+
+def _resized(vm: Data, to: Data | None, disk_mib: Any) -> Data:
+    """VM ledger entry ``vm`` with an update's new sizes (``to``: {cpu, mem}, each optional) and ``disk_mib`` more."""
+    new = {k: int(v) for k, v in (to or {}).items() if v is not None}
+    new["disk_mib"] = int(vm.get("disk_mib") or 0) + int(disk_mib or 0)
+    return dict(vm, **new)
+
+
+def record(store: fleetstate.Store, name: str, to: Data | None, disk_mib: int) -> str | None:
+    """What an operator's ``virt.update`` (never refused by a quota) gave VM ``name``: its new sizes (``to``) and
+    the ``disk_mib`` it added, written into its entry in the ledger of the tenant that has one (VM names are
+    the fleet's: at most one), so that the tenant's usage counts them (its entry's disk stands for the VM's
+    disks). That tenant, or None: no ledger has the VM, whose use is counted from what the hypervisors show."""
+    holders = [
+        t for t, ledger in sorted(store.entries(QUOTAS).items()) if name in ((ledger or {}).get("entries") or {})
+    ]
+
+    def update(old):
+        entries = dict((old or {}).get("entries") or {})
+        if name not in entries:
+            raise fleetstate.AbortUpdate
+        entries[name] = _resized(entries[name], to, disk_mib)
+        return {"entries": entries}
+
+    for tenant in holders:
+        with contextlib.suppress(fleetstate.AbortUpdate):
+            store.transact(QUOTAS, tenant, update)
+    return holders[0] if holders else None
 
 
 def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:

@@ -4,7 +4,8 @@ The runner finds the VM (for a tenant caller among its tenant's VMs only) and ca
 holds the VM's per-name lock (the one ``virt.init`` and migrations take), takes what the change adds from
 the tenant's quota (a growth entry, :func:`saltvirt.fleet.quota.reserve` with ``grow=True``: the same
 compare-and-set as ``virt.init``'s), runs the hypervisor's ``virt.update`` and settles the quota with the
-VM's new sizes (or gives it back when the update failed). The arguments are the module's
+VM's new sizes (or gives it back when the update failed). An operator's update is not refused by a quota, but
+what it gives a tenant's VM goes into that VM's ledger entry. The arguments are the module's
 (:mod:`saltvirt.spec.vmargs`); the hypervisor checks their values as for any ``virt.update``.
 """
 
@@ -61,6 +62,17 @@ def growth(vm: Data, cpu: int | None, mem: int | None, added: Data | None = None
         "mem": max(0, (mem or 0) - int(vm.get("mem") or 0)) if mem else 0,
         "disk_mib": sum(int(d.get("size") or 0) for d in disks if not d.get("attach")),
     }
+
+
+def _record(store: fleetstate.Store, name: str, changes: Data | None) -> None:
+    """An operator's update of a tenant's VM in its tenant's ledger entry (:func:`saltvirt.fleet.quota.record`):
+    the new vCPUs and memory the hypervisor reports, and the new blank disks' sizes."""
+    changes = changes or {}
+    to = {k: (changes.get(k) or {}).get("new") for k in ("cpu", "mem")}
+    to = {k: v for k, v in to.items() if isinstance(v, int) and not isinstance(v, bool)}
+    added = growth({}, None, None, changes)["disk_mib"]
+    if to or added:
+        quota.record(store, name, to, added)
 
 
 def _answer(where: str, name: str, ans: Data) -> Data:
@@ -122,6 +134,8 @@ def update(
                 quota.finish(lease.store, lease, "unknown")
             ret = _answer(where, name, ans)
             quota.finish(lease.store, lease, "settled")
+            if not tenant and not test:  # an operator's change: not refused, but the tenant's usage shows it
+                _record(lease.store, name, ret.get("changes"))
         finally:  # refused, failed, or the hypervisor said no: the growth is given back (no-op once ended)
             quota.finish(lease.store, lease, "failed")
     return dict(ret, host=where)

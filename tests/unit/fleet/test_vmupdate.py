@@ -123,6 +123,30 @@ def test_a_tenant_grows_within_its_quota_and_is_refused_past_it(virt_test, hv):
     assert vcpus(virt_test, "u1") == 8
 
 
+def test_an_operators_update_of_a_tenants_vm_shows_in_its_usage(virt_test, hv):
+    """Not refused by the quota (acme: 1 MiB disk), but the disk it adds and the new vCPUs go into the VM's
+    ledger entry, which the tenant's usage counts; a VM no tenant's ledger has is left alone."""
+    locate, call, opts = hv
+    define(virt_test, "o1")
+    store = settle(opts, "o1", 1, 64)
+    kwargs = {"disk": None, "disks": [{"data": {"size": 8}}]}
+    ret = vmupdate.update(opts, "o1", 2, None, kwargs, locate=locate, call=call)
+    assert [d["name"] for d in ret["disk"]["attached"]] == ["data"]
+    entry = store.fetch(quota.QUOTAS, "acme")["entries"]["o1"]
+    assert (entry["cpu"], entry["mem"], entry["disk_mib"]) == (2, 64, 8)
+    conf = {"acme": {"quota": {"disk": 1}}}
+    assert quota.usage(store, {"hv1": locate()[1]["hv1"]}, conf, time.time())["acme"]["disk"]["used"] == 8
+    # test=True records nothing; a VM in no ledger: nothing written (its usage is what the snapshot shows)
+    vmupdate.update(
+        opts, "o1", None, None, {"disk": None, "disks": [{"more": {"size": 4}}], "test": True}, locate=locate, call=call
+    )
+    assert store.fetch(quota.QUOTAS, "acme")["entries"]["o1"]["disk_mib"] == 8
+    define(virt_test, "o2")
+    vmupdate.update(opts, "o2", None, None, kwargs, locate=locate, call=call)
+    assert "o2" not in store.fetch(quota.QUOTAS, "acme")["entries"]
+    assert quota.record(store, "o2", {}, 8) is None and quota.record(store, "o1", {}, 0) == "acme"
+
+
 def test_a_failed_update_gives_the_growth_back(virt_test, hv):
     locate, call, opts = hv
     define(virt_test, "u2")
