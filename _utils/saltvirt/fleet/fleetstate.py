@@ -52,6 +52,9 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import procs
 from saltvirt.base.salttypes import Data, SaltOpts
 
+# seconds a redis command (and connecting) may take: a store that stops answering (a cut network) fails
+# the call instead of hanging the runner and its lease (Salt's own redis driver waits forever)
+REDIS_TIMEOUT = 10
 redis = None  # imported on first use (cache: redis only): ~0.2 s of every salt-run virt.* start-up otherwise
 
 
@@ -126,15 +129,28 @@ class Store:
         return f"{self.driver} (file lock {self.lockfile}: one master)"
 
     def fetch(self, bank: str, key: str) -> Any:
+        if self._redis is not None:  # our client, with its timeouts (Salt's driver has none)
+            return self._reading(lambda: _redis_fetch(self._redis, bank, key))
         return self.cache.fetch(bank, key) or None
 
     def entries(self, bank: str) -> dict[str, Any]:
+        if self._redis is not None:
+            return self._reading(lambda: _redis_entries(self._redis, bank))
         out = {}
         for key in self.cache.list(bank) or []:
             val = self.fetch(bank, key)
             if val:
                 out[key] = val
         return out
+
+    def _reading(self, read):
+        try:
+            return read()
+        except redis.RedisError as exc:
+            raise CommandExecutionError(
+                f"the shared runner state ({self.describe()}) cannot be read: {exc}. "
+                "Check the master's cache: setting and that the store is reachable"
+            ) from exc
 
     def transact(self, bank: str, key: str, update: Callable[..., Any]) -> Any:
         """``update(old or None) -> new`` (None deletes; raise :class:`AbortUpdate` to keep it). Returns new."""
@@ -177,7 +193,13 @@ def _redis_client(opts):
     host, port = opts.get("cache.redis.host", "localhost"), opts.get("cache.redis.port", 6379)
     sock = opts.get("cache.redis.unix_socket_path")
     client = redis.Redis(
-        host, port, unix_socket_path=sock, db=opts.get("cache.redis.db", "0"), password=opts.get("cache.redis.password")
+        host,
+        port,
+        unix_socket_path=sock,
+        db=opts.get("cache.redis.db", "0"),
+        password=opts.get("cache.redis.password"),
+        socket_timeout=REDIS_TIMEOUT,
+        socket_connect_timeout=REDIS_TIMEOUT,
     )
     return {
         "client": client,
@@ -186,6 +208,16 @@ def _redis_client(opts):
         "stamps": opts.get("cache.redis.timestamp_prefix", "$TSTAMP") + sep,
         "where": sock or f"{host}:{port}",
     }
+
+
+def _redis_fetch(rd, bank, key):
+    raw = rd["client"].hget(rd["keys"] + bank.rstrip("/") + "/", key)
+    return salt.payload.loads(raw) if raw else None
+
+
+def _redis_entries(rd, bank):
+    found = rd["client"].hgetall(rd["keys"] + bank.rstrip("/") + "/")
+    return {k.decode(): v for k, v in ((k, salt.payload.loads(raw)) for k, raw in found.items() if raw) if v}
 
 
 def _redis_transact(rd, bank, key, update, attempts=200):

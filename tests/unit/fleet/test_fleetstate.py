@@ -1,6 +1,8 @@
 """saltvirt.fleet.fleetstate: locks and reservations through salt.cache, on localfs (one master) and on a
 real redis-server (several masters). "Masters" here are opts with different ids sharing the store."""
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -149,7 +151,29 @@ def test_redis_entries_are_the_cache_drivers_own(redis_backend):
         cache = salt.cache.Cache(opts)
         assert cache.fetch(fleetstate.LOCKS, "web1")["token"] == lease.token  # Salt's driver reads it
         assert "web1" in cache.list(fleetstate.LOCKS) and cache.updated(fleetstate.LOCKS, "web1")
+        store = fleetstate.Store(opts)  # and salt-virt's own reads (its client has timeouts) read the driver's
+        assert store.fetch(fleetstate.LOCKS, "web1") == cache.fetch(fleetstate.LOCKS, "web1")
+        assert store.entries(fleetstate.LOCKS) == {"web1": cache.fetch(fleetstate.LOCKS, "web1")}
     assert not salt.cache.Cache(opts).contains(fleetstate.LOCKS, "web1")
+    assert fleetstate.Store(opts).fetch(fleetstate.LOCKS, "web1") is None
+    assert fleetstate.Store(opts).entries(fleetstate.LOCKS) == {}
+
+
+def test_a_hung_store_fails_reads_and_updates_within_the_timeout(redis_backend, redis_server, monkeypatch):
+    """redis stopped (SIGSTOP: it accepts nothing, refuses nothing, like a cut network): every call fails
+    after REDIS_TIMEOUT instead of waiting for it."""
+    monkeypatch.setattr(fleetstate, "REDIS_TIMEOUT", 0.5)
+    store = fleetstate.Store(redis_backend("m1"))
+    store.transact(fleetstate.LOCKS, "web1", lambda old: {"token": "t"})  # connected before the fault
+    os.kill(redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(CommandExecutionError, match=r"redis \(127\.0\.0\.1:\d+\)\) cannot be read: Timeout"):
+            store.fetch(fleetstate.LOCKS, "web1")
+        with pytest.raises(CommandExecutionError, match=r"redis \(127\.0\.0\.1:\d+\)\) cannot be updated: Timeout"):
+            store.transact(fleetstate.LOCKS, "web1", lambda old: None)
+    finally:
+        os.kill(redis_server.proc.pid, signal.SIGCONT)
+    assert store.fetch(fleetstate.LOCKS, "web1") == {"token": "t"}  # answers again: the same client works
 
 
 def test_redis_cluster_mode_is_refused(redis_backend):
