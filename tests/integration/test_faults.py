@@ -110,7 +110,7 @@ def assert_absent(fmods, fdir, name):
     assert not os.path.exists(os.path.join(images_dir(fdir), name)), os.listdir(os.path.join(images_dir(fdir), name))
     assert not os.path.exists(os.path.join(images_dir(fdir), ".locks", f"init-{name}"))
     assert seeding_of(os.path.join(images_dir(fdir), name)) == []
-    assert not qemu_pids(name)
+    assert not qemu_pids(name, fdir)
 
 
 def seeding_of(vm_dir):
@@ -127,12 +127,15 @@ def seeding_of(vm_dir):
     return [f"qsd {pid}: {exp}" for pid, exp in exports.items()] + [f"loop {n}" for n in loops] + mounts
 
 
-def qemu_pids(name):
+def qemu_pids(name, fdir=None):
+    """Pids of the QEMUs running ``name`` (with ``fdir``: whose disks are in it, i.e. this module's: the
+    whole suite may run beside it, with VMs of the same names)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if f"guest={name},".encode() in fh.read():
+                args = fh.read()
+                if f"guest={name},".encode() in args and (fdir is None or fdir.encode() in args):
                     found.append(int(pid))
         except OSError:
             continue
@@ -239,7 +242,7 @@ def test_libvirtd_killed_during_start(fhv, fdir, fmods, boot_args):
 
     def watch():
         deadline = time.monotonic() + BOUND
-        while not qemu_pids("kstart") and time.monotonic() < deadline:
+        while not qemu_pids("kstart", fdir) and time.monotonic() < deadline:
             time.sleep(0.01)
         kill_libvirtd(fhv)
 
@@ -681,18 +684,18 @@ def power_loss(hv):
 
 def test_hypervisor_rebooted(fhv, fhv5, fdir, fmods, fmaster, fhyper, ftmp, boot_args, event_listener):
     """hv9 loses power with two VMs running (kauto with autostart, kman without), one migrated to hv5
-    before (kmig, autostart on while it was on hv9) and a virt.init seeding (its job dies too), then boots:
-    kauto runs again, on hv9 only; kman stays off; kmig runs on hv5 only (its definition left hv9 with the
+    before (kbmig, autostart on while it was on hv9) and a virt.init seeding (its job dies too), then boots:
+    kauto runs again, on hv9 only; kman stays off; kbmig runs on hv5 only (its definition left hv9 with the
     migration); the salt-minion's restart reaps what the dead seeding left and reports it to the master."""
     from saltvirt.host import conn as vconn
     from saltvirt.vm import migrate
 
-    for name in ("kauto", "kman", "kmig"):
+    for name in ("kauto", "kman", "kbmig"):
         fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
-    assert fmods["virt.set_autostart"]("kauto", "on") and fmods["virt.set_autostart"]("kmig", "on")
+    assert fmods["virt.set_autostart"]("kauto", "on") and fmods["virt.set_autostart"]("kbmig", "on")
     with vconn.connect(fhv.uri) as conn:
         args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
-        assert bounded(migrate.migrate, conn, "kmig", "hv5", **args)["undefined_on_source"] is True
+        assert bounded(migrate.migrate, conn, "kbmig", "hv5", **args)["undefined_on_source"] is True
     child, scratch = seeding_child(fhv, fdir, "kbseed", tmpdir=ftmp)
     child.kill()
     child.wait()
@@ -702,11 +705,11 @@ def test_hypervisor_rebooted(fhv, fhv5, fdir, fmods, fmaster, fhyper, ftmp, boot
     wait_until(lambda: fmods["virt.vm_state"]("kauto") == {"kauto": "running"}, "autostart not honoured")
     print(f"kauto running {time.monotonic() - booted:.1f} s after libvirtd started again")
     assert fmods["virt.vm_state"]("kman") == {"kman": "shutoff"}
-    assert "kmig" not in fmods["virt.list_domains"]()
+    assert "kbmig" not in fmods["virt.list_domains"]()
     with vconn.connect(fhv5.uri) as target:
-        assert [d.name() for d in target.listAllDomains(0)] == ["kmig"]
-    running = {name: (len(qemu_on(fhv, name)), len(qemu_on(fhv5, name))) for name in ("kauto", "kman", "kmig")}
-    assert running == {"kauto": (1, 0), "kman": (0, 0), "kmig": (0, 1)}  # each VM runs once, where it should
+        assert [d.name() for d in target.listAllDomains(0)] == ["kbmig"]
+    running = {name: (len(qemu_on(fhv, name)), len(qemu_on(fhv5, name))) for name in ("kauto", "kman", "kbmig")}
+    assert running == {"kauto": (1, 0), "kman": (0, 0), "kbmig": (0, 1)}  # each VM runs once, where it should
 
     assert os.path.isdir(scratch) and seeding_of(os.path.join(images_dir(fdir), "kbseed"))  # left by the dead job
     t0 = time.time()
@@ -725,11 +728,11 @@ def test_hypervisor_rebooted(fhv, fhv5, fdir, fmods, fmaster, fhyper, ftmp, boot
     for name in ("kauto", "kman"):
         fmods["virt.purge"](name)
     with vconn.connect(fhv5.uri) as target:
-        dom = target.lookupByName("kmig")
+        dom = target.lookupByName("kbmig")
         dom.destroy()
         dom.undefine()
-    fmods["virt.cleanup"]("kmig")
-    for name in ("kauto", "kman", "kmig", "kbseed"):
+    fmods["virt.cleanup"]("kbmig")
+    for name in ("kauto", "kman", "kbmig", "kbseed"):
         assert_absent(fmods, fdir, name)
 
 
