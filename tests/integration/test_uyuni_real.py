@@ -34,7 +34,8 @@ SLS = (
 MODULES = {"_modules": ["virt_utils.py"], "_states": ["virt_utils.py", "mgrcompat.py"]}
 BOOT_WAIT = 300  # a TCG guest boots in seconds on an idle host, minutes on a loaded shared CI machine
 VM, NET, POOL = "uyvm1", "uynet", "uypool"
-TEMPLATED, EFI = "uyvm2", "uyvm3"  # from a template image: with an install ISO and a given OVMF; firmware picked
+# from a template image: with an install ISO and a given OVMF; with the firmware picked; with an ISO refused
+TEMPLATED, EFI, REFUSED = "uyvm2", "uyvm3", "uyvm4"
 OVMF = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"  # the host's own (Debian's ovmf)
 
 
@@ -174,7 +175,7 @@ def test_uyuni_network_pool_vm_lifecycle(uyuni, salt_cli, hv1, qemu_tmp, guest, 
         assert POOL not in call(salt_cli, "virt.list_pools")
     finally:
         shutil.rmtree(cached, ignore_errors=True)
-        for name in set(call(salt_cli, "virt.list_domains")) & {VM, TEMPLATED, EFI}:
+        for name in set(call(salt_cli, "virt.list_domains")) & {VM, TEMPLATED, EFI, REFUSED}:
             call(salt_cli, "virt.purge", name)
         for fun in ("virt.network_stop", "virt.network_undefine", "virt.pool_stop", "virt.pool_undefine"):
             salt_cli.run(fun, NET if "network" in fun else POOL, minion_tgt="hyper1")
@@ -255,22 +256,20 @@ def _template_cdrom_uefi(salt_cli, hv1, guest, iso, elsewhere):
     with_dvd = dict(base, name=TEMPLATED, disks=[system, dvd], boot_dev="cdrom hd")
     with_dvd["uefi"] = {"loader": OVMF[0], "nvram": OVMF[1]}
 
-    # an ISO outside the operator's directories is refused, and nothing is left of the VM
+    # an ISO outside the operator's directories is refused (nothing is left of the VM: checked at the end)
     stray = str(shutil.copy(iso, elsewhere / "stray.iso"))
-    refused = dict(with_dvd, name="uyvm4", disks=[system, dict(dvd, source_file=stray)])
+    refused = dict(with_dvd, name=REFUSED, disks=[system, dict(dvd, source_file=stray)])
     ret = salt_cli.run("state.apply", "virt.create-vm", f"pillar={json.dumps(refused)}", minion_tgt="hyper1")
     first = next(v for v in ret.data.values() if v["__id__"] == "domain_first_boot_define")
     assert first["result"] is False and "virt:allowed_paths" in first["comment"], first
-    assert "uyvm4" not in call(salt_cli, "virt.list_domains")
-    assert not [v for v in call(salt_cli, "virt.pool_list_volumes", POOL) if v.startswith("uyvm4")]
 
     made = apply(salt_cli, "create-vm", with_dvd)
     assert {"virt:domain_first_boot_define", "virt:domain_define"} <= set(changed(made)), made
     live = ET.fromstring(call(salt_cli, "virt.get_xml", TEMPLATED))
-    config = ET.fromstring(call(salt_cli, "virt.get_xml", TEMPLATED, "inactive=True"))
-    assert [b.get("dev") for b in live.findall("os/boot")] == ["cdrom", "hd"] and live.findtext(
-        "on_reboot"
-    ) == "destroy"
+    defined = call(salt_cli, "virt.get_xml", TEMPLATED, "inactive=True")
+    config = ET.fromstring(defined)
+    assert [b.get("dev") for b in live.findall("os/boot")] == ["cdrom", "hd"]
+    assert live.findtext("on_reboot") == "destroy"
     assert [b.get("dev") for b in config.findall("os/boot")] == ["hd"] and config.findtext("on_reboot") == "restart"
     for root in (live, config):
         assert root.findtext("os/loader") == OVMF[0] and root.find("os/loader").get("type") == "pflash"
@@ -285,7 +284,6 @@ def _template_cdrom_uefi(salt_cli, hv1, guest, iso, elsewhere):
     assert info["disks"]["vda"]["file"] == f"{POOL}/{TEMPLATED}_system" and info["loader"]["path"] == OVMF[0]
     # again: the first state sets the install boot back, the second the disk boot (as with Salt's virt, the
     # SLS is written to run once); nothing else changes and the definition ends as it was
-    defined = call(salt_cli, "virt.get_xml", TEMPLATED, "inactive=True")
     again = changed(apply(salt_cli, "create-vm", with_dvd))
     assert set(again["virt:domain_first_boot_define"]) == {"boot_dev", "stop_on_reboot"}, again
     assert set(again["virt:domain_define"]) == {"boot_dev", "stop_on_reboot"}, again
@@ -302,9 +300,10 @@ def _template_cdrom_uefi(salt_cli, hv1, guest, iso, elsewhere):
     # again: only virt_utils' pool refresh (Uyuni's own state refreshes each time)
     assert changed(apply(salt_cli, "create-vm", firmware)) == {f"virt_utils:pools-{EFI}": {POOL: "refreshed"}}
 
-    # deleted.sls: each VM's volume goes, the install ISO (not the VM's) stays
+    # deleted.sls: each VM's volume goes, the install ISO (not the VM's) stays; nothing of the refused VM
     for name in (TEMPLATED, EFI):
         assert "mgrcompat:mgr_virt_destroy" in changed(apply(salt_cli, "deleted", {"domain_name": name}))
-    assert not {TEMPLATED, EFI} & set(call(salt_cli, "virt.list_domains"))
-    assert not [v for v in call(salt_cli, "virt.pool_list_volumes", POOL) if v.startswith((TEMPLATED, EFI))]
+    assert not {TEMPLATED, EFI, REFUSED} & set(call(salt_cli, "virt.list_domains"))
+    volumes = call(salt_cli, "virt.pool_list_volumes", POOL)
+    assert not [v for v in volumes if v.startswith((TEMPLATED, EFI, REFUSED))], volumes
     assert os.path.isfile(iso) and not nvram.exists()
