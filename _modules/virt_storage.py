@@ -207,50 +207,58 @@ def pool_capabilities(connection=None, **kwargs):
 
 def pool_start(name, build=True, connection=None, **kwargs):
     """Start a defined pool (``build``: first make what it needs on empty devices: directory, volume
-    group, partition table).
+    group, partition table; only for a pool within the operator's limits, see pool_build: another one
+    starts as it is, and a start that fails says why it was not built).
 
     CLI Example:: salt 'hyper1' virt.pool_start images
     """
     with _conn(connection, kwargs) as conn:
-        return {"name": name, "started": _np.start(conn, "pool", name, build=_bool(build))}
+        return {"name": name, "started": _rc.start_pool(conn, name, build=_bool(build), **_limits())}
 
 
 def pool_build(name, connection=None, **kwargs):
     """Build a defined pool: its target directory, volume group or partition table (libvirt refuses
-    devices holding data). Returns True.
+    devices holding data). Only a pool within the operator's limits (minion config): its target
+    directory inside ``virt:pool_paths``, its devices, volume group, servers, adapters listed in
+    ``virt:pool_sources``. Returns True.
 
     CLI Example:: salt 'hyper1' virt.pool_build vg0
     """
     with _conn(connection, kwargs) as conn:
-        return _st.build_pool(conn, name)
+        return _rc.build_pool(conn, name, **_limits())
 
 
 def pool_stop(name, connection=None, **kwargs):
-    """Stop a running pool (its volumes stay).
+    """Stop a running pool (its volumes stay). A transient pool is gone once stopped: only one within
+    the operator's limits (see pool_build).
 
     CLI Example:: salt 'hyper1' virt.pool_stop images
     """
     with _conn(connection, kwargs) as conn:
-        return {"name": name, "stopped": _np.stop(conn, "pool", name)}
+        return {"name": name, "stopped": _rc.stop_pool(conn, name, **_limits())}
 
 
 def pool_undefine(name, connection=None, **kwargs):
     """Stop and remove a pool definition (its volumes stay; the libvirt secret virt.pool_define made for
-    its source_auth goes).
+    its source_auth goes). Only a pool within the operator's limits (see pool_build): a call removes only
+    what a call could define again.
 
     CLI Example:: salt 'hyper1' virt.pool_undefine images
     """
     with _conn(connection, kwargs) as conn:
-        return {"name": name, "undefined": _st.undefine_pool(conn, name)}
+        return {"name": name, "undefined": _rc.undefine_pool(conn, name, **_limits())}
 
 
-def pool_delete(name, connection=None, **kwargs):
-    """Delete what building a stopped pool made (target directory, volume group). Returns True.
+def pool_delete(name, fast=True, connection=None, **kwargs):
+    """Delete what building a stopped pool made: its (empty) target directory, its volume group or zpool
+    with every volume in it. ``fast=False`` (Salt's): libvirt zeroes the data first, where the pool type
+    can. Only a pool within the operator's limits (see pool_build), and none of whose volumes a domain
+    uses (defined or running), an image or volume outside it backs onto, or a VM owns. Returns True.
 
     CLI Example:: salt 'hyper1' virt.pool_delete images
     """
     with _conn(connection, kwargs) as conn:
-        return _st.delete_pool(conn, name)
+        return _rc.delete_pool(conn, name, fast=_bool(fast), **_limits())
 
 
 def pool_refresh(name, connection=None, **kwargs):
@@ -351,12 +359,14 @@ def volume_define(
 
 
 def volume_delete(pool, volume, connection=None, **kwargs):
-    """Delete a volume of a running pool. Returns True.
+    """Delete a volume of a running pool. Only from a pool VMs may attach from (minion config
+    ``virt:pools``), and not a volume a domain uses (defined or running, as a disk or in a backing chain),
+    another image or volume backs onto, or a VM owns. Returns True.
 
     CLI Example:: salt 'hyper1' virt.volume_delete images web1-data
     """
     with _conn(connection, kwargs) as conn:
-        return _st.delete_volume(conn, pool, volume)
+        return _rc.delete_volume(conn, pool, volume, **_limits())
 
 
 def volume_upload(pool, volume, file, offset=0, length=0, sparse=False, connection=None, **kwargs):

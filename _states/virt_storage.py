@@ -22,7 +22,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.host import conn as _c
     from saltvirt.xml import poolxml as _px
-    from saltvirt.storage import attach as _attach, pools as _st, rawcalls as _rc
+    from saltvirt.storage import attach as _attach, rawcalls as _rc
 
 __virtualname__ = "virt"
 
@@ -148,6 +148,8 @@ def pool_deleted(name, purge=False, connection=None, username=None, password=Non
     The pool is gone: stopped and undefined; with ``purge`` its volumes are deleted first and what
     building it made (directory, volume group) is removed: lost for ever. Changes in Salt's shape:
     {stopped, deleted, undefined, deleted_volumes}; what a pool type cannot do is named in the comment.
+    Only a pool within the minion config's ``virt:pool_paths`` and ``virt:pool_sources``; ``purge`` only
+    while no domain uses, no image outside the pool backs onto and no VM owns any of its volumes.
 
     .. code-block:: yaml
 
@@ -159,7 +161,7 @@ def pool_deleted(name, purge=False, connection=None, username=None, password=Non
     try:
         _no_password_login(username, password)
         with _c.salt_connect(__salt__, connection) as conn:
-            changes, unsupported = _st.delete_all(conn, name, purge=bool(purge), test=__opts__["test"])
+            changes, unsupported = _rc.delete_all(conn, name, purge=bool(purge), test=__opts__["test"], **_limits())
     except (CommandExecutionError, SaltInvocationError) as exc:
         return dict(ret, result=False, comment=f"Failed deleting pool: {exc}")
     if changes is None:

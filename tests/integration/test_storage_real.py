@@ -7,7 +7,9 @@ Loop devices and volume groups are made per test and removed in fixtures, also w
 
 import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -253,3 +255,75 @@ def test_iscsi_pool_chap_password_goes_into_a_private_secret(virt_hv, hv1, pools
             conn.secretLookupByUsage(libvirt.VIR_SECRET_USAGE_TYPE_ISCSI, "pool_stiscsi")
     finally:
         conn.close()
+
+
+def test_pool_and_volume_removal_never_takes_what_something_uses(virt_hv, hv1, pools, qemu_tmp, tmp_path):
+    """On a real dir pool: a foreign domain's volume, a base an overlay backs onto and the pool around them
+    are not deleted (running or stopped) until nothing uses them; an operator's pool outside
+    virt:pool_paths starts but is never built (its directory is not made) until the operator allows it."""
+    v = virt_hv
+    target = qemu_tmp / "delpool"
+    assert v["virt.pool_define"]("stdel", "dir", target=str(target)) is True
+    for vol in ("own", "base"):
+        sh("qemu-img", "create", "-q", "-f", "raw", str(target / f"{vol}.raw"), "1M")
+    sh(
+        "qemu-img",
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        str(target / "base.raw"),
+        "-F",
+        "raw",
+        str(target / "top.qcow2"),
+    )
+    v["virt.pool_refresh"]("stdel")
+    disk = "<disk type='volume' device='disk'><source pool='stdel' volume='own.raw'/><target dev='vda'/></disk>"
+    xml = (
+        "<domain type='qemu'><name>stvdel</name><memory unit='MiB'>64</memory><os><type>hvm</type></os>"
+        f"<devices>{disk}</devices></domain>"
+    )
+    assert v["virt.define_xml_str"](xml) is True
+    with pytest.raises(SaltInvocationError, match="volume stdel/own.raw is a disk of VM 'stvdel': refused"):
+        v["virt.volume_delete"]("stdel", "own.raw")
+    with pytest.raises(SaltInvocationError, match=f"volume stdel/base.raw is the backing file of {target}/top.qcow2"):
+        v["virt.volume_delete"]("stdel", "base.raw")
+    gone = load_states(v)["virt.pool_deleted"]("stdel", purge=True)
+    assert gone["result"] is False and "is a disk of VM 'stvdel': refused" in gone["comment"], gone
+    assert v["virt.pool_stop"]("stdel")["stopped"] is True
+    with pytest.raises(SaltInvocationError, match="pool stdel: own.raw is a disk of VM 'stvdel': refused"):
+        v["virt.pool_delete"]("stdel", fast=False)
+    assert sorted(os.listdir(target)) == ["base.raw", "own.raw", "top.qcow2"]
+    v["virt.undefine"]("stvdel")
+    v["virt.pool_start"]("stdel")
+    for vol in ("top.qcow2", "base.raw", "own.raw"):  # nothing uses them now
+        assert v["virt.volume_delete"]("stdel", vol) is True
+    v["virt.pool_stop"]("stdel")
+    assert v["virt.pool_delete"]("stdel") is True and not target.exists()
+    assert v["virt.pool_undefine"]("stdel")["undefined"] is True
+
+    # the operator's pool, defined outside virt:pool_paths: started as it is, never built by a call
+    elsewhere = tempfile.mkdtemp(prefix="svt-op-", dir="/var/tmp")
+    try:
+        optarget = os.path.join(elsewhere, "oppool")
+        import libvirt  # the operator defines it: straight through libvirt
+
+        conn = libvirt.open(hv1.uri)
+        try:
+            conn.storagePoolDefineXML(
+                f"<pool type='dir'><name>stop</name><target><path>{optarget}</path></target></pool>", 0
+            )
+        finally:
+            conn.close()
+        with pytest.raises(
+            CommandExecutionError, match="it was not built first: build pool stop refused .*virt:pool_paths"
+        ):
+            v["virt.pool_start"]("stop")
+        with pytest.raises(SaltInvocationError, match="build pool stop refused .*virt:pool_paths"):
+            v["virt.pool_build"]("stop")
+        assert not os.path.exists(optarget)
+        allowed = make_minion_mods(tmp_path / "m3", hv1.uri, **dict(v.opts["virt"], pool_paths=[elsewhere]))
+        assert allowed["virt.pool_start"]("stop")["started"] is True and os.path.isdir(optarget)
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -4,6 +4,7 @@ from tests.support.paths import GUEST_DIR, ROOT
 
 SOURCES = "sources"  # tmp_path/sources is in virt:allowed_paths: local source images of a test go there
 TEST_POOLS = "/srv/test-pools"  # in virt:pool_paths: the test driver's pools (it makes no directory)
+TEST_DRIVER_POOL = "/default-pool"  # in virt:pool_paths: the target of test:///default's own pool
 
 
 def make_minion_mods(tmp_path, uri, images_dir=None, opts_extra=None, **config):
@@ -28,7 +29,7 @@ def make_minion_mods(tmp_path, uri, images_dir=None, opts_extra=None, **config):
                     # the test guest's kernel/initrd/images, and tmp_path/sources: the tests' own source images
                     "allowed_paths": [str(GUEST_DIR), str(tmp_path / SOURCES)],
                     # what Salt's pool_define may use: the tests' pools (the test driver makes no directory)
-                    "pool_paths": [str(tmp_path), TEST_POOLS],
+                    "pool_paths": [str(tmp_path), TEST_POOLS, TEST_DRIVER_POOL],
                     "pool_sources": {"devices": ["/dev/sd[x-z]"], "names": ["cvg", "cp2"], "hosts": ["example.com"]},
                 },
                 **config,

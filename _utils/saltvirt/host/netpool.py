@@ -146,10 +146,17 @@ def update_hosts(conn: Conn, name: str, steps: Iterable[tuple[str, Data]]) -> No
 
 
 def ensure(  # noqa: C901, PLR0912 - one step per change kind
-    conn: Conn, kind: str, spec: Data, autostart: bool | None = None, run: bool = False, test: bool = False
+    conn: Conn,
+    kind: str,
+    spec: Data,
+    autostart: bool | None = None,
+    run: bool = False,
+    test: bool = False,
+    build: bool = True,
 ) -> Data:
     """The ``virt.network_*`` / ``virt.pool_*`` states: bring the object to ``spec`` (define or
-    redefine), ``autostart`` (None: leave it) and, with ``run``, active. Returns {'changes', 'comment'};
+    redefine), ``autostart`` (None: leave it) and, with ``run``, active (a pool built first unless not
+    ``build``). Returns {'changes', 'comment'};
     with ``test`` the same changes, nothing done. A running network whose only change is its static
     DHCP hosts gets them live (change ``live``), without a restart."""
     name = spec["name"]
@@ -190,7 +197,7 @@ def ensure(  # noqa: C901, PLR0912 - one step per change kind
         if "autostart" in changes:
             set_autostart(conn, kind, name, autostart)
         if "started" in changes:
-            start(conn, kind, name, build=kind == "pool")
+            start(conn, kind, name, build=build and kind == "pool")
         comment = f"{kind} {name} {done}" if changes else f"{kind} {name} is as declared"
     if later:
         comment += (

@@ -13,7 +13,9 @@ attached by path (Salt's ``disks=[{name, source_file | path, format}]``) and exi
   salt-virt's own directories (``.bases``, ``.cache``, ``.locks``) and images directly in ``virt:images``
   are never a VM's disk;
 * pools (:func:`check_pool`): only those the operator lists in ``virt:pools`` (default: existing volumes
-  only from ``default``, new volumes anywhere).
+  only from ``default``, new volumes anywhere);
+* what a call overwrites or deletes (:func:`changeable`, :func:`pool_unused`): the same use and ownership
+  checks, plus no image or volume backing onto it.
 
 The operator's settings come from the minion config only (:func:`operator_settings`), never from a call.
 """
@@ -32,7 +34,7 @@ from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
-from saltvirt.storage import images, intake, pools as storage
+from saltvirt.storage import foreign, images, intake, pools as storage
 
 log = logging.getLogger(__name__)
 
@@ -390,12 +392,28 @@ def readable(
             )
 
 
-def overwritable(
-    conn: Conn, pool: str, volume: str, vol: Any, *, images_dir: str, settings: Mapping[str, Any] | None = None
+# what a call does to an existing volume: (why a used one is refused, what to do instead)
+VOLUME_CHANGES = {
+    "upload": ("an upload overwrites it", "Upload into a new volume"),
+    "delete": ("deleting it destroys what that holds", "Remove that first (virt.purge for a VM), or keep the volume"),
+}
+
+
+def changeable(
+    conn: Conn,
+    pool: str,
+    volume: str,
+    vol: Any,
+    change: str,
+    *,
+    images_dir: str,
+    settings: Mapping[str, Any] | None = None,
 ) -> None:
-    """Refuse to overwrite (``virt.volume_upload``) the volume ``pool``/``volume`` (``vol``: its libvirt
-    object) when a VM of this host uses it or a VM owns it (its manifest records it; a gone VM's only with
-    ``virt:adopt_orphan_disks``)."""
+    """Refuse to ``change`` (a key of :data:`VOLUME_CHANGES`: ``virt.volume_upload`` overwrites,
+    ``virt.volume_delete`` deletes) the volume ``pool``/``volume`` (``vol``: its libvirt object) when a
+    domain of this host uses it (defined or running, salt-virt's or not, as a disk or in a disk's backing
+    chain), an image or volume backs onto it, or a VM owns it (its manifest records it; a gone VM's only
+    with ``virt:adopt_orphan_disks``)."""
     others, other_volumes = _other_domains(conn, None, None)
     real = os.path.realpath(vol.path())
     user = other_volumes.get((pool, volume)) or others.get(real)
@@ -406,11 +424,65 @@ def overwritable(
     if user is None and owner is not None and _exists(conn, *owner):
         user = owner[0]
     if user is not None:
-        raise SaltInvocationError(
-            f"volume {pool}/{volume} is a disk of VM {user!r}: refused (an upload overwrites it). Upload into a "
-            "new volume"
-        )
+        raise _volume_used(f"volume {pool}/{volume}", f"a disk of VM {user!r}", change)
+    backs = foreign.backing_users(conn, images_dir, (settings or {}).get("allowed_paths") or ())
+    over = sorted(u for u in backs.get(real, ()) if u != real)
+    if over:
+        raise _volume_used(f"volume {pool}/{volume}", f"the backing file of {over[0]}", change)
     _check_owner(conn, owner, f"{pool}/{volume}", vol.path(), None, None, settings)
+
+
+def pool_unused(
+    conn: Conn,
+    pool: str,
+    root: str | None,
+    *,
+    volumes: Iterable[str] = (),
+    images_dir: str,
+    settings: Mapping[str, Any] | None = None,
+) -> None:
+    """Refuse to delete the pool ``pool`` (what deleting it removes lies below ``root``: its target
+    directory, ``/dev/<volume group>``, ``/dev/zvol/<zpool>``; running or not) while a domain of this host
+    uses one of its volumes (by pool name, or a file below ``root`` as a disk or in a backing chain), an
+    image or volume outside it backs onto one, or a VM owns one (as :func:`changeable`). ``volumes``: the
+    paths of its volumes libvirt lists (a running pool), wherever they are."""
+    real_root = os.path.realpath(root) if root else None
+    entries = set()
+    if real_root and os.path.isdir(real_root):  # /dev/<vg>/<lv> are symlinks to /dev/dm-N
+        with contextlib.suppress(OSError):
+            entries = {os.path.realpath(os.path.join(real_root, e)) for e in os.listdir(real_root)}
+    entries |= {os.path.realpath(v) for v in volumes if v and os.path.isabs(v)}
+
+    def inside(path):
+        real = os.path.realpath(path)
+        return real in entries or bool(real_root and validate.is_inside(real, real_root))
+
+    others, other_volumes = _other_domains(conn, None, None)
+    used = [(v, vm) for (p, v), vm in sorted(other_volumes.items()) if p == pool]
+    used += [(path, vm) for path, vm in sorted(others.items()) if inside(path)]
+    manifests = _manifests(images_dir)
+    owned = [
+        (rec.get("volume"), (m["vm"], m.get("uuid")))
+        for m in manifests.values()
+        for rec in m.get("volumes") or []
+        if isinstance(rec, dict) and rec.get("pool") == pool
+    ]
+    owned += [(f, (m["vm"], m.get("uuid"))) for m in manifests.values() for f in m["files"] if inside(f)]
+    used += [(what, owner[0]) for what, owner in owned if _exists(conn, *owner)]
+    if used:
+        raise _volume_used(f"pool {pool}: {used[0][0]}", f"a disk of VM {used[0][1]!r}", "delete")
+    backs = foreign.backing_users(conn, images_dir, (settings or {}).get("allowed_paths") or ())
+    for backing, over in sorted(backs.items()):
+        outside = sorted(u for u in over if not inside(u))
+        if inside(backing) and outside:
+            raise _volume_used(f"pool {pool}: {backing}", f"the backing file of {outside[0]}", "delete")
+    for what, owner in owned:  # a gone VM's: the adoption switch
+        _check_owner(conn, owner, f"{pool}/{what}", str(what), None, None, settings)
+
+
+def _volume_used(what, user, change):
+    why, todo = VOLUME_CHANGES[change]
+    return SaltInvocationError(f"{what} is {user}: refused ({why}). {todo}")
 
 
 def _in_use(name, what, user):

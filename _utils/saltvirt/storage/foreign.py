@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from saltvirt.base import validate
-from saltvirt.xml import domxml
+from saltvirt.xml import domxml, poolxml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.storage import images, pools
@@ -74,6 +74,31 @@ def volumes_in_use(conn: Any, but: str | None = None) -> dict[tuple[str, str], s
         if disk.get("pool") and disk.get("volume"):
             used.setdefault((disk["pool"], disk["volume"]), vm)
     return used
+
+
+def backing_users(conn: Any, images_dir: str, allowed_paths: Sequence[str] = ()) -> dict[str, list[str]]:
+    """``{backing file (realpath): [images and volumes that back onto it]}``: every qcow2 file below
+    ``images_dir``, ``allowed_paths`` and the running directory pools (the whole chain, from the headers),
+    and every volume of a running pool whose backing store libvirt reports (an overlay on a logical
+    volume, a zvol)."""
+    users: dict[str, list[str]] = {}
+    for root in dict.fromkeys([images_dir, *allowed_paths, *pool_dirs(conn)]):
+        if root and os.path.isdir(root):
+            for backing, over in images.backing_users(root).items():
+                users.setdefault(backing, []).extend(over)
+    for pool in conn.listAllStoragePools(0):
+        try:
+            vols = pool.listAllVolumes(0) if pool.isActive() else []
+            facts = [poolxml.parse_volume(vol.XMLDesc(0)) for vol in vols]
+        except libvirt.libvirtError:  # stopped or gone meanwhile: nothing of it is read
+            continue
+        for fact in facts:
+            base = (fact["backing_store"] or {}).get("path")
+            if base and fact["path"]:
+                over = users.setdefault(os.path.realpath(base), [])
+                if os.path.realpath(fact["path"]) not in over:
+                    over.append(os.path.realpath(fact["path"]))
+    return users
 
 
 def _salt_virt_owner(path, images_dir):
@@ -162,11 +187,7 @@ def remove_volumes(
     if not refs:
         return {"removed": removed, "kept": kept}
     in_use, used_refs = files_in_use(conn, but=name), volumes_in_use(conn, but=name)
-    users: dict[str, list[str]] = {}
-    for root in dict.fromkeys([images_dir, *allowed_paths, *pool_dirs(conn)]):
-        if root and os.path.isdir(root):
-            for backing, over in images.backing_users(root).items():
-                users.setdefault(backing, []).extend(over)
+    users = backing_users(conn, images_dir, allowed_paths)
     for ref in refs:
         label = f"{ref['pool']}/{ref['volume']}"
         reason = _volume_refusal(conn, ref, in_use, used_refs, users, images_dir)

@@ -133,9 +133,11 @@ def ensure_pool(
     run: bool = False,
     transient: bool = False,
     test: bool = False,
+    build: bool = True,
 ) -> Data:
     """The ``virt.pool_defined`` / ``pool_running`` states (see netpool.ensure), with source_auth secrets
-    and transient pools. Returns {'changes', 'comment'}; changes never hold a password."""
+    and transient pools (``build``: build a pool it starts). Returns {'changes', 'comment'}; changes never
+    hold a password."""
     name = spec["name"]
     existing = netpool.lookup(conn, "pool", name)
     if existing is None:
@@ -157,7 +159,7 @@ def ensure_pool(
                 " a transient pool cannot be changed in place; remove it (virt.pool_deleted) first"
             )
         return {"changes": {}, "comment": f"pool {name} is as declared"}
-    done = netpool.ensure(conn, "pool", spec, autostart=autostart, run=run, test=test)
+    done = netpool.ensure(conn, "pool", spec, autostart=autostart, run=run, test=test, build=build)
     if "defined" in done["changes"]:
         done["changes"]["defined"] = poolxml.public(spec)
     if secret_changed and (test or netpool.lookup(conn, "pool", name) is not None):
@@ -204,12 +206,14 @@ def refresh_pool(conn: Conn, name: str) -> Any:
     return _call(conn, name, "refresh", lambda o: o.refresh(0))
 
 
-def delete_pool(conn: Conn, name: str) -> Any:
-    """Delete what build made (the target directory, the volume group): the pool must be stopped."""
+def delete_pool(conn: Conn, name: str, zeroed: bool = False) -> Any:
+    """Delete what build made (the target directory, the volume group): the pool must be stopped.
+    ``zeroed``: ask libvirt to overwrite the data with zeros first (Salt's ``fast=False``)."""
     obj = netpool.get(conn, "pool", name)
     if obj.isActive():
         raise CommandExecutionError(f"pool {name!r} is running: stop it (virt.pool_stop) before deleting it")
-    return _call(conn, name, "delete", lambda o: o.delete(libvirt.VIR_STORAGE_POOL_DELETE_NORMAL))
+    flags = libvirt.VIR_STORAGE_POOL_DELETE_ZEROED if zeroed else libvirt.VIR_STORAGE_POOL_DELETE_NORMAL
+    return _call(conn, name, "delete", lambda o: o.delete(flags))
 
 
 def undefine_pool(conn: Conn, name: str) -> bool:

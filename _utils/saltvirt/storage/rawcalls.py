@@ -1,6 +1,8 @@
 """Salt's raw storage calls within what the operator made available: ``virt.pool_define`` /
-``pool_update`` and the ``virt.pool_defined`` / ``pool_running`` states, ``virt.volume_define`` and the
-``virt.volume_defined`` state with a ``backing_store``, ``virt.volume_upload``. Same arguments and returns
+``pool_update`` and the ``virt.pool_defined`` / ``pool_running`` states, ``virt.pool_build`` /
+``pool_start`` / ``pool_stop`` / ``pool_undefine`` / ``pool_delete`` and the ``virt.pool_deleted`` state,
+``virt.volume_define`` and the ``virt.volume_defined`` state with a ``backing_store``,
+``virt.volume_upload``, ``virt.volume_delete``. Same arguments and returns
 as :mod:`saltvirt.storage.pools` (Salt's), checked first; the limits come from the minion config only
 (:func:`saltvirt.storage.attach.operator_settings`):
 
@@ -17,15 +19,22 @@ as :mod:`saltvirt.storage.pools` (Salt's), checked first; the limits come from t
   attach from (``virt:pools``), passes the ownership door (:func:`saltvirt.storage.attach.readable`) and
   is what its declared format says (raw, or a qcow2 with nothing outside itself);
 * a file ``volume_upload`` copies lies in ``virt:allowed_paths`` or ``virt:images`` and passes the same
-  door; the volume it overwrites is in a pool VMs may attach from and is no VM's disk.
+  door; the volume it overwrites is in a pool VMs may attach from and is no VM's disk;
+* building, deleting and undefining a pool (and stopping a transient one, which removes it) need all of
+  its definition within the limits above: a call removes only what a call could define again. A pool the
+  operator defined elsewhere still starts, never built;
+* what is deleted is used by nothing (:func:`saltvirt.storage.attach.changeable`,
+  :func:`saltvirt.storage.attach.pool_unused`): no domain's disk or backing chain, no image's or volume's
+  backing file, no VM's own; ``volume_delete`` only from a pool of ``virt:pools`` or one within the limits.
 """
 
+import contextlib
 import fnmatch
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
@@ -128,9 +137,122 @@ def update_pool(
 
 def ensure_pool(conn: Conn, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, **kwargs: Any) -> Data:
     """The ``virt.pool_defined`` / ``pool_running`` states (:func:`saltvirt.storage.pools.ensure_pool`),
-    what they define or change within the limits (also with test=True)."""
-    check_pool(spec, settings, images_dir, _current(conn, spec["name"]))
-    return pools.ensure_pool(conn, spec, **kwargs)
+    what they define or change within the limits (also with test=True); a pool they start is built
+    only within them (:func:`start_pool`)."""
+    current = _current(conn, spec["name"])
+    check_pool(spec, settings, images_dir, current)
+    why = None if current is None else _outside(poolxml.merged(spec, current), "build", settings, images_dir)
+    return _unbuilt(why, lambda: pools.ensure_pool(conn, spec, build=why is None, **kwargs))
+
+
+# what a call does to an existing pool: within the limits only --------------------------------------
+# where deleting a pool removes what is below, by type: its target directory, its volume group, its zpool;
+# other types' volumes are known by libvirt's list only (a disk pool's /dev target holds the whole host)
+CONTENT_ROOTS = {
+    "dir": "{target}",
+    "fs": "{target}",
+    "netfs": "{target}",
+    "logical": "/dev/{vg}",
+    "zfs": "/dev/zvol/{vg}",
+}
+
+
+def _outside(facts, action, settings, images_dir):
+    """The refusal (a SaltInvocationError) of ``action`` on the pool ``facts`` (its parsed definition) when
+    it is not within the operator's limits (:func:`check_pool` on all of it), else None."""
+    try:
+        check_pool(facts, settings, images_dir)
+    except SaltInvocationError as exc:
+        return SaltInvocationError(f"{action} pool {facts['name']} refused (not within the operator's limits): {exc}")
+    return None
+
+
+def _within(conn, name, action, settings, images_dir):
+    """The parsed definition of the pool ``name`` (None when not defined: the call's own error follows),
+    refused when ``action`` on it is not within the operator's limits."""
+    facts = _current(conn, name)
+    why = None if facts is None else _outside(facts, action, settings, images_dir)
+    if why is not None:
+        raise why
+    return facts
+
+
+def _unbuilt(why, start):
+    """``start()``; when it fails and ``why`` (a refusal) kept it from building the pool, say so."""
+    try:
+        return start()
+    except CommandExecutionError as exc:
+        if why is None:
+            raise
+        raise CommandExecutionError(f"{exc}; it was not built first: {why}") from None
+
+
+def build_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
+    """Salt's ``pool_build``: only a pool within the operator's limits (its target directory in
+    ``virt:pool_paths``, its devices, volume group, ... in ``virt:pool_sources``)."""
+    _within(conn, name, "build", settings, images_dir)
+    return bool(pools.build_pool(conn, name))
+
+
+def start_pool(conn: Conn, name: str, *, build: bool, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
+    """Salt's ``pool_start``: a pool outside the operator's limits (one the operator defined) starts, but is
+    never built (a failed start says why). False when it was running already."""
+    facts = _current(conn, name)
+    why = None if facts is None or not build else _outside(facts, "build", settings, images_dir)
+    return _unbuilt(why, lambda: pools.start_pool(conn, name, build=build and why is None))
+
+
+def stop_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
+    """Salt's ``pool_stop``; a transient pool (gone once stopped) only within the operator's limits."""
+    obj = netpool.lookup(conn, "pool", name)
+    if obj is not None and not obj.isPersistent():
+        _within(conn, name, "stop (and so remove) transient", settings, images_dir)
+    return netpool.stop(conn, "pool", name)
+
+
+def undefine_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
+    """Salt's ``pool_undefine``: only a pool within the operator's limits (a caller removes only what it
+    could define again)."""
+    _within(conn, name, "undefine", settings, images_dir)
+    return pools.undefine_pool(conn, name)
+
+
+def _unused(conn, name, facts, settings, images_dir):
+    """Refuse deleting the pool while anything uses or owns what is in it (:func:`attach.pool_unused`)."""
+    source = facts["source"] or {}
+    pattern, root = CONTENT_ROOTS.get(facts["type"]), None
+    if pattern and (facts["target"] or "{target}" not in pattern):
+        root = pattern.format(target=facts["target"], vg=source.get("name") or name)
+    obj = netpool.lookup(conn, "pool", name)
+    volumes = []
+    if obj is not None and obj.isActive():
+        with contextlib.suppress(libvirt.libvirtError):
+            volumes = [vol.path() for vol in obj.listAllVolumes(0)]
+    attach.pool_unused(conn, name, root, volumes=volumes, images_dir=images_dir, settings=settings)
+
+
+def delete_pool(
+    conn: Conn, name: str, *, fast: bool = True, settings: Mapping[str, Any] | None, images_dir: str
+) -> bool:
+    """Salt's ``pool_delete`` (``fast=False``: libvirt zeroes the data first, where it can): only a pool
+    within the operator's limits, and none whose volumes a domain uses, an image backs onto or a VM owns
+    (deleting a logical or zfs pool destroys its volume group or zpool with every volume in it)."""
+    facts = _within(conn, name, "delete", settings, images_dir)
+    if facts is not None:
+        _unused(conn, name, facts, settings, images_dir)
+    return bool(pools.delete_pool(conn, name, zeroed=not fast))
+
+
+def delete_all(
+    conn: Conn, name: str, *, purge: bool, test: bool, settings: Mapping[str, Any] | None, images_dir: str
+) -> tuple[Data | None, list[str]]:
+    """The ``virt.pool_deleted`` state (:func:`saltvirt.storage.pools.delete_all`): within the operator's
+    limits; with ``purge`` (its volumes and what building it made are deleted) only while nothing uses or
+    owns what is in it. Checked before anything is done, also with test=True."""
+    facts = _within(conn, name, "delete" if purge else "undefine", settings, images_dir)
+    if facts is not None and purge:
+        _unused(conn, name, facts, settings, images_dir)
+    return pools.delete_all(conn, name, purge=purge, test=test)
 
 
 # volumes ------------------------------------------------------------------------------------------
@@ -201,5 +323,21 @@ def upload_volume(
     attach.check_pool(pool, True, settings)
     vol = pools.get_volume(conn, pool, name)
     attach.readable(conn, [("file", path)], images_dir=images_dir, settings=settings)
-    attach.overwritable(conn, pool, name, vol, images_dir=images_dir, settings=settings)
+    attach.changeable(conn, pool, name, vol, "upload", images_dir=images_dir, settings=settings)
     return pools.upload_volume(conn, pool, name, path, offset=offset, length=length, sparse=sparse)
+
+
+def delete_volume(conn: Conn, pool: str, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
+    """Salt's ``volume_delete``: a volume of a pool VMs may attach from (``virt:pools``) or of a pool
+    within the operator's limits (which a call could delete with all its volumes), that no domain uses
+    (defined or running, as a disk or in a backing chain), no image or volume backs onto and no VM owns
+    (:func:`saltvirt.storage.attach.changeable`)."""
+    try:
+        attach.check_pool(pool, True, settings)
+    except SaltInvocationError as exc:
+        facts = _current(conn, pool)
+        if facts is None or _outside(facts, "delete", settings, images_dir) is not None:
+            raise SaltInvocationError(f"delete volume {pool}/{name} refused: {exc}") from None
+    vol = pools.get_volume(conn, pool, name)
+    attach.changeable(conn, pool, name, vol, "delete", images_dir=images_dir, settings=settings)
+    return pools.delete_volume(conn, pool, name)

@@ -96,8 +96,10 @@ def test_pool_bad_input(virt_test, conn):
         v["virt.pool_info"](username="root", password="x")
     with pytest.raises(CommandExecutionError, match="pool 'nope' is not defined"):
         v["virt.pool_build"]("nope")
+    v["virt.pool_define"]("cp-run", "dir", target="/srv/test-pools/cp-run")
     with pytest.raises(CommandExecutionError, match="is running: stop it"):
-        v["virt.pool_delete"]("default-pool")
+        v["virt.pool_delete"]("cp-run")
+    v["virt.pool_undefine"]("cp-run")
 
 
 def test_volume_functions_with_salts_argument_names(virt_test, conn, tmp_path):

@@ -252,3 +252,115 @@ def test_a_backing_store_volume_comes_from_a_pool_vms_may_attach_from(strict, co
     with pytest.raises(SaltInvocationError, match="pool 'rp-lvs' is not one the operator made available"):
         strict["virt.volume_define"]("rp-ok", "t3.qcow2", 8, format="qcow2", backing_store=root)
     assert sorted(strict["virt.pool_list_volumes"]("rp-ok")) == ["base.raw", "top.qcow2"]
+
+
+# what a call removes: only within the limits, never what something uses ----------------------------
+OUTSIDE = "{action} pool {pool} refused \\(not within the operator's limits\\): pool {pool}: .*{key} in the minion"
+USED = "{what} is {user}: refused \\(deleting it destroys what that holds\\)"
+
+
+def _foreign_domain(conn, name, path):
+    """A domain salt-virt did not make (virt-install, an older Salt), defined only, with the disk ``path``."""
+    return conn.defineXML(
+        f"<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os><devices>"
+        f"<disk type='file' device='disk'><source file='{path}'/><target dev='vda'/></disk></devices></domain>"
+    )
+
+
+def test_pool_removal_and_building_only_within_the_limits(strict, conn, tmp_path):
+    """The operator's pools (a directory outside virt:pool_paths, a volume group not in virt:pool_sources)
+    are not built, deleted or undefined by a call; the refusal names the key that would allow it."""
+    conn.storagePoolDefineXML(poolxml.pool_xml(poolxml.pool_spec("rp-op", "dir", "/srv/operator-pool")), 0)
+    spec = poolxml.pool_spec("root_vg", "logical", source_devices=[{"path": "/dev/vd-ok"}])  # the VG is not
+    conn.storagePoolDefineXML(poolxml.pool_xml(spec), 0)
+    conn.storagePoolCreateXML(poolxml.pool_xml(poolxml.pool_spec("rp-tr", "dir", "/srv/operator-tr")), 0)
+    dir_key, vg_key = "virt:pool_paths", "virt:pool_sources:names"
+    for pool, key in (("rp-op", dir_key), ("root_vg", vg_key)):
+        for action, call in [
+            ("build", strict["virt.pool_build"]),
+            ("delete", strict["virt.pool_delete"]),
+            ("delete", lambda p: strict["virt.pool_delete"](p, fast=False)),
+            ("undefine", strict["virt.pool_undefine"]),
+        ]:
+            with pytest.raises(SaltInvocationError, match=OUTSIDE.format(action=action, pool=pool, key=key)):
+                call(pool)
+        for test in (True, False):
+            for purge, action in ((True, "delete"), (False, "undefine")):
+                ret = load_states(strict, test)["virt.pool_deleted"](pool, purge=purge)
+                refusal = OUTSIDE.format(action=action, pool=pool, key=key)
+                assert ret["result"] is False and ret["changes"] == {} and re.search(refusal, ret["comment"]), ret
+    with pytest.raises(SaltInvocationError, match=OUTSIDE.format(action=".*transient", pool="rp-tr", key=dir_key)):
+        strict["virt.pool_stop"]("rp-tr")  # a transient pool is gone once stopped
+    assert {"rp-op", "root_vg", "rp-tr"} <= _pools(conn) and conn.storagePoolLookupByName("rp-tr").isActive()
+    # they still start (never built), stop and start again: what the operator set up stays usable
+    assert strict["virt.pool_start"]("rp-op") == {"name": "rp-op", "started": True}
+    assert strict["virt.pool_stop"]("rp-op") == {"name": "rp-op", "stopped": True}
+    # within the limits: a call builds, deletes and undefines what it could define again
+    target = str(tmp_path / "pools" / "rp-mine")
+    strict["virt.pool_define"]("rp-mine", "dir", target=target, start=False)
+    assert strict["virt.pool_build"]("rp-mine") is True
+    assert strict["virt.pool_delete"]("rp-mine") is True
+    assert strict["virt.pool_undefine"]("rp-mine") == {"name": "rp-mine", "undefined": True}
+
+
+def test_volume_delete_never_takes_what_something_uses(strict, conn, pool, tmp_path):
+    v = strict
+    # a salt-virt VM's volume, defined only (never started)
+    v["virt.init"]("rv5", 1, 64, nic=None, disk=None, start=False, disks=[{"name": "d", "pool": "rp-ok", "size": 1}])
+    # a foreign domain's disk, by the volume's path
+    v["virt.volume_define"]("rp-ok", "theirs.raw", 1, format="raw")
+    theirs = v["virt.volume_infos"]("rp-ok", "theirs.raw")["rp-ok"]["theirs.raw"]["path"]
+    _foreign_domain(conn, "rp-foreign", theirs)
+    # a base another volume backs onto (the test driver keeps no file: put one where it says)
+    v["virt.volume_define"]("rp-ok", "base.raw", 1, format="raw")
+    base = v["virt.volume_infos"]("rp-ok", "base.raw")["rp-ok"]["base.raw"]["path"]
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    with open(base, "wb") as fh:
+        fh.write(b"\0" * 65536)
+    v["virt.volume_define"]("rp-ok", "top.qcow2", 8, format="qcow2", backing_store={"path": base, "format": "raw"})
+    try:
+        mine = [vol for vol in v["virt.pool_list_volumes"]("rp-ok") if vol.startswith("rv5")][0]
+        for volume, user in [
+            (mine, "a disk of VM 'rv5'"),
+            ("theirs.raw", "a disk of VM 'rp-foreign'"),
+            ("base.raw", "the backing file of .*top.qcow2"),
+        ]:
+            with pytest.raises(SaltInvocationError, match=USED.format(what=f"volume rp-ok/{volume}", user=user)):
+                v["virt.volume_delete"]("rp-ok", volume)
+        # the whole pool neither, running (purge) or stopped
+        for test in (True, False):
+            ret = load_states(v, test)["virt.pool_deleted"]("rp-ok", purge=True)
+            assert ret["result"] is False and re.search(USED.format(what="pool rp-ok: .*", user=".*"), ret["comment"])
+        assert sorted(v["virt.pool_list_volumes"]("rp-ok")) == sorted([mine, "theirs.raw", "base.raw", "top.qcow2"])
+        v["virt.pool_stop"]("rp-ok")
+        with pytest.raises(SaltInvocationError, match=USED.format(what="pool rp-ok: .*", user="a disk of VM 'rv5'")):
+            v["virt.pool_delete"]("rp-ok", fast=False)
+        v["virt.pool_start"]("rp-ok")
+        # once nothing uses them, they go
+        assert v["virt.volume_delete"]("rp-ok", "top.qcow2") is True
+        assert v["virt.volume_delete"]("rp-ok", "base.raw") is True
+    finally:
+        v["virt.purge"]("rv5")
+        conn.lookupByName("rp-foreign").undefine()
+    assert v["virt.volume_delete"]("rp-ok", "theirs.raw") is True
+    assert load_states(v)["virt.pool_deleted"]("rp-ok", purge=True)["result"] is True
+    # a pool neither in virt:pools nor within the limits: its volumes are not a call's to delete
+    conn.storagePoolCreateXML(poolxml.pool_xml(poolxml.pool_spec("rp-host", "dir", "/srv/rp-host")), 0)
+    conn.storagePoolLookupByName("rp-host").createXML("<volume><name>lv</name><capacity>1024</capacity></volume>", 0)
+    refusal = "delete volume rp-host/lv refused: pool 'rp-host' is not one .* adds it to virt:pools"
+    with pytest.raises(SaltInvocationError, match=refusal):
+        v["virt.volume_delete"]("rp-host", "lv")
+
+
+def test_a_stopped_pool_is_not_deleted_under_a_domain(strict, conn, tmp_path):
+    """A stopped pool lists no volumes: a domain's disk below its target (here a volume group's
+    /dev/<vg>, the operator listed) keeps it."""
+    strict["virt.pool_define"]("vg_ok", "logical", source_devices=["/dev/vd-ok"], start=False)
+    _foreign_domain(conn, "rp-lv-user", "/dev/vg_ok/data")
+    try:
+        used = USED.format(what="pool vg_ok: /dev/vg_ok/data", user="a disk of VM 'rp-lv-user'")
+        with pytest.raises(SaltInvocationError, match=used):
+            strict["virt.pool_delete"]("vg_ok")
+    finally:
+        conn.lookupByName("rp-lv-user").undefine()
+    assert strict["virt.pool_delete"]("vg_ok") is True
