@@ -2,9 +2,9 @@
 
 A :class:`Watcher` holds one libvirt connection with libvirt's event loop running (the daemon thread of
 :mod:`saltvirt.host.conn`), registers domain callbacks (lifecycle, reboot, I/O error, control error, guest
-agent) and hands every event to ``fire(tag, data)`` (the engine sends it to the master). libvirt calls
-the callbacks on its event-loop thread; they only queue raw facts, and the watcher's own thread maps
-and sends them, so the bookkeeping has one thread.
+agent; in Salt's scheme also the rest of Salt's types) and hands every event to ``fire(tag, data)`` (the
+engine sends it to the master). libvirt calls the callbacks on its event-loop thread; they only queue raw
+facts, and the watcher's own thread maps and sends them, so the bookkeeping has one thread.
 
 Tag: ``salt/virt/<host>/domain/<vm>/<event>`` (:func:`tag`; the host is the minion id; characters
 outside ``[A-Za-z0-9._+@:-]`` in either name are %-escaped so a name cannot add tag levels or glob
@@ -402,6 +402,11 @@ class Watcher:
     def _on_agent(self, _conn, dom, state, reason, _opaque):
         self.inbox.put(("agent", self._who(dom), (state, reason)))
 
+    def _extra_callback(self, event_type):
+        """The callback of one of Salt's other domain event types (``saltevents.DOMAIN_EXTRA``): queues who
+        and libvirt's arguments between the domain and the opaque, mapped on the watcher's thread."""
+        return lambda _conn, dom, *args: self.inbox.put(("extra", event_type, (self._who(dom), args[:-1])))
+
     def on_close(self, _conn: Conn, reason: int, _opaque: Any) -> None:
         """libvirt's connection close callback (libvirtd gone, keepalive timeout, ...)."""
         self.inbox.put(("closed", None, (reason,)))
@@ -510,12 +515,27 @@ class Watcher:
         data = saltevents.object_data(uri, obj, event_type, ident, name)
         self._deliver(saltevents.tag(self.options["tag_prefix"], uri, event_type, obj), data)
 
+    def _send_extra(self, event_type: str, args: Any) -> None:
+        """One of Salt's other domain events, in its scheme only (registered only for it). Relayed as data:
+        nothing in it (a guest's or tenant's values) changes what the watcher tracks or does."""
+        who, cb_args = args
+        uri = self.uri or ""
+        try:
+            data = saltevents.extra_data(uri, who, event_type, cb_args)
+        except (TypeError, ValueError, AttributeError) as exc:  # arguments of another libvirt: skip, go on
+            log.warning("virt_events: could not map a %s event of %s: %s", event_type, who[0], exc)
+            return
+        self._deliver(saltevents.tag(self.options["tag_prefix"], uri, event_type), data)
+
     def handle(self, kind: str, who: Any, args: Any) -> bool:
         """Map one queued fact to its event and send it; returns False when the connection closed."""
         if kind == "closed":
             return False
         if kind == "object":
             self._send_object(who, args)
+            return True
+        if kind == "extra":
+            self._send_extra(who, args)
             return True
         name, uuid, dom_id = who
         self._send_salt(who, kind, args)
@@ -567,6 +587,17 @@ class Watcher:
                 )
             except libvirt.libvirtError as exc:  # an older libvirtd lacks one: the others still work
                 log.info("virt_events: %s not available: %s", const, exc.get_error_message())
+        for event_type in saltevents.domain_extra_wanted(self.options):  # Salt's scheme only
+            const = next((c for c in saltevents.DOMAIN_EXTRA[event_type][0] if hasattr(libvirt, c)), None)
+            try:
+                if const is None:
+                    raise AttributeError(f"the bindings have no {saltevents.DOMAIN_EXTRA[event_type][0][0]}")
+                cb_id = conn.domainEventRegisterAny(
+                    None, getattr(libvirt, const), self._extra_callback(event_type), None
+                )
+                ids.append(("domainEventDeregisterAny", cb_id))
+            except (AttributeError, libvirt.libvirtError) as exc:  # older bindings or daemon: the others still work
+                log.info("virt_events: domain/%s events not available: %s", event_type, exc)
         for obj, event_type in saltevents.objects_wanted(self.options):  # Salt's scheme only
             register, deregister, prefix = OBJECT_CALLS[obj]
             const = f"{prefix}{event_type.upper()}"

@@ -173,3 +173,197 @@ def test_a_definition_marks_the_capacity_index_stale_in_salts_scheme_too():
     finally:
         stop(watcher, thread)
         conn.close()
+
+
+# Salt's engine's domain event types, in the order of its CALLBACK_DEFS (salt/engines/libvirt_events.py)
+SALTS_DOMAIN_TYPES = [
+    "lifecycle",
+    "reboot",
+    "rtc_change",
+    "watchdog",
+    "graphics",
+    "io_error",
+    "control_error",
+    "disk_change",
+    "tray_change",
+    "pmwakeup",
+    "pmsuspend",
+    "balloon_change",
+    "pmsuspend_disk",
+    "device_removed",
+    "block_job",
+    "tunable",
+    "agent_lifecycle",
+    "device_added",
+    "migration_iteration",
+    "job_completed",
+    "device_removal_failed",
+    "metadata_change",
+    "block_threshold",
+]
+
+
+def test_every_domain_type_of_salts_engine_is_declared_and_filterable():
+    assert sorted(saltevents.TYPES) == sorted(SALTS_DOMAIN_TYPES)
+    for event_type, (ids, _build) in saltevents.DOMAIN_EXTRA.items():
+        assert any(hasattr(libvirt, c) for c in ids), event_type  # these bindings register every one
+    assert saltevents.DOMAIN_EXTRA["block_job"][0][0] == "VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2"  # preferred, as Salt
+    opts = events.settings({"tags": "both", "filters": ["domain/rtc_change", "domain/block_job", "pool"]})
+    assert saltevents.domain_extra_wanted(opts) == ["rtc_change", "block_job"]
+    assert saltevents.domain_extra_wanted(events.settings({"tags": "both"})) == list(saltevents.DOMAIN_EXTRA)
+    assert saltevents.domain_extra_wanted(events.settings({"filters": ["all"]})) == []  # ours: not relayed
+    with pytest.raises(SaltInvocationError, match="unknown filter.*domain/block_job_2"):
+        events.settings({"tags": "both", "filters": ["domain/block_job_2"]})  # Salt's tag is block_job
+
+
+def test_registration_follows_filters_on_the_test_driver():
+    vconn.event_loop()  # libvirt registers domain callbacks only with an event loop
+    conn = libvirt.open("test:///default")
+    try:
+        for filters, extra in ((["all"], len(saltevents.DOMAIN_EXTRA)), (["domain/watchdog", "pool/refresh"], 1)):
+            watcher = events.Watcher("hyper-test", None, Recorder(), {"tags": "libvirt_events", "filters": filters})
+            ids = watcher._register(conn)
+            try:
+                domain_ids = [i for m, i in ids if m == "domainEventDeregisterAny"]
+                assert len(domain_ids) == 5 + extra  # the five of both schemes, and Salt's others as filtered
+            finally:
+                for method, cb_id in ids:
+                    getattr(conn, method)(cb_id)
+                conn.unregisterCloseCallback()
+    finally:
+        conn.close()
+
+
+def test_live_metadata_change_is_relayed_and_filtered():
+    """The test driver emits metadata_change (setMetadata); its other Salt types need a real guest."""
+    sent, bumps = Recorder(), []
+    opts = {"tags": "libvirt_events", "filters": ["domain/metadata_change", "domain/lifecycle"]}
+    watcher = events.Watcher("hyper-test", lambda: vconn.connect("test:///default"), sent, opts)
+    watcher.on_defined = lambda: bumps.append(1)
+    thread = start(watcher)
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    tag = "salt/engines/libvirt_events/test/default/domain/metadata_change"
+    try:
+        known = dict(watcher.known[dom.UUIDString()])
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, "<x/>", "x", "https://tenant.example/ns", 0)
+        data = sent.wait(tag)
+        assert data == {
+            "uri": "test:///default",
+            "domain": {"name": "test", "id": dom.ID(), "uuid": dom.UUIDString()},
+            "event": "metadata_change",
+            "type": "element",
+            "nsuri": "https://tenant.example/ns",  # the namespace only, never the metadata
+        }
+        assert watcher.known[dom.UUIDString()] == known and bumps == []  # data only: nothing acted upon
+    finally:
+        stop(watcher, thread)
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None, "https://tenant.example/ns", 0)
+        conn.close()
+    # not in the filters: not registered, so not sent (a later lifecycle event shows the earlier one is past)
+    sent = Recorder()
+    opts = {"tags": "libvirt_events", "filters": ["domain/lifecycle"]}
+    watcher = events.Watcher("hyper-test", lambda: vconn.connect("test:///default"), sent, opts)
+    thread = start(watcher)
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    try:
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_DESCRIPTION, "tenant text", None, None, 0)
+        dom.suspend()
+        dom.resume()
+        sent.wait("salt/engines/libvirt_events/test/default/domain/lifecycle", lambda d: d["event"] == "resumed")
+        assert [t for t, _d in sent if t == tag] == []
+    finally:
+        stop(watcher, thread)
+        dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_DESCRIPTION, None, None, None, 0)
+        conn.close()
+
+
+L = libvirt
+# libvirt's callback arguments after the domain (libvirt-python's examples/event-test.py documents them) and
+# the data Salt's engine builds from them
+CALLS = {
+    "rtc_change": ((3600,), {"utcoffset": 3600}),
+    "watchdog": ((L.VIR_DOMAIN_EVENT_WATCHDOG_RESET,), {"action": "reset"}),
+    "graphics": (
+        (
+            L.VIR_DOMAIN_EVENT_GRAPHICS_CONNECT,
+            {"family": L.VIR_DOMAIN_EVENT_GRAPHICS_ADDRESS_IPV4, "node": "127.0.0.1", "service": "5900"},
+            {"family": L.VIR_DOMAIN_EVENT_GRAPHICS_ADDRESS_IPV6, "node": "::1", "service": "41000"},
+            "vnc",
+            [("x509dname", "CN=ops")],
+        ),
+        {
+            "phase": "connect",
+            "local": {"family": "ipv4", "node": "127.0.0.1", "service": "5900"},
+            "remote": {"family": "ipv6", "node": "::1", "service": "41000"},
+            "authScheme": "vnc",
+            "subject": [{"type": "x509dname", "name": "CN=ops"}],
+        },
+    ),
+    "disk_change": (
+        ("/isos/a.iso", None, "ide0-0-0", L.VIR_DOMAIN_EVENT_DISK_CHANGE_MISSING_ON_START),
+        {"oldSrcPath": "/isos/a.iso", "newSrcPath": None, "dev": "ide0-0-0", "reason": "change missing on start"},
+    ),
+    "tray_change": (("ide0-0-0", L.VIR_DOMAIN_EVENT_TRAY_CHANGE_OPEN), {"dev": "ide0-0-0", "reason": "open"}),
+    "pmwakeup": ((0,), {"reason": "unknown"}),
+    "pmsuspend": ((0,), {"reason": "unknown"}),
+    "balloon_change": ((524288,), {"actual": 524288}),
+    "pmsuspend_disk": ((0,), {"reason": "unknown"}),
+    "device_removed": (("virtio-disk1",), {"dev": "virtio-disk1"}),
+    "block_job": (
+        ("vda", L.VIR_DOMAIN_BLOCK_JOB_TYPE_ACTIVE_COMMIT, L.VIR_DOMAIN_BLOCK_JOB_FAILED),
+        {"disk": "vda", "type": "active commit", "status": "failed"},  # FAILED shares 1 with INFO_/SPEED_/ABORT_
+    ),
+    "tunable": (({"cputune.vcpu_period": 100000},), {"params": {"cputune.vcpu_period": 100000}}),
+    "device_added": (("net1",), {"dev": "net1"}),
+    "migration_iteration": ((3,), {"iteration": 3}),
+    "job_completed": (({"time_elapsed": 1200},), {"params": {"time_elapsed": 1200}}),
+    "device_removal_failed": (("net1",), {"dev": "net1"}),
+    "metadata_change": ((L.VIR_DOMAIN_METADATA_TITLE, None), {"type": "title", "nsuri": None}),
+    "block_threshold": (
+        ("vda[1]", "/images/a.qcow2", 1024, 512),
+        {"dev": "vda[1]", "path": "/images/a.qcow2", "threshold": 1024, "excess": 512},
+    ),
+}
+
+
+@pytest.mark.parametrize("event_type", list(saltevents.DOMAIN_EXTRA))
+def test_salts_other_domain_events_from_libvirts_callback_arguments(event_type):
+    """The test driver cannot emit these (no guest, no QEMU, no block jobs): the callback the watcher
+    registers is called as libvirt calls it, on a domain of the test driver, then handled as queued."""
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    sent, bumps = Recorder(), []
+    watcher = events.Watcher("hyper-test", None, sent, {"tags": "both"})
+    watcher.uri, watcher.known, watcher.on_defined = "test:///default", {}, lambda: bumps.append(1)
+    args, expected = CALLS[event_type]
+    try:
+        watcher._extra_callback(event_type)(conn, dom, *args, None)
+        assert watcher.handle(*watcher.inbox.get_nowait())
+        assert sent == [
+            (
+                f"salt/engines/libvirt_events/test/default/domain/{event_type}",
+                {
+                    "uri": "test:///default",
+                    "domain": {"name": "test", "id": dom.ID(), "uuid": dom.UUIDString()},
+                    "event": event_type,
+                    **expected,
+                },
+            )
+        ]
+        assert watcher.known == {} and bumps == []  # relayed as data, never acted upon; no salt/virt/ tag
+    finally:
+        conn.close()
+
+
+def test_callback_arguments_of_another_libvirt_are_skipped_not_fatal():
+    conn = libvirt.open("test:///default")
+    sent = Recorder()
+    watcher = events.Watcher("hyper-test", None, sent, {"tags": "libvirt_events"})
+    watcher.uri = "test:///default"
+    try:
+        watcher._extra_callback("block_job")(conn, conn.lookupByName("test"), "vda", None)  # one argument short
+        assert watcher.handle(*watcher.inbox.get_nowait()) and sent == []
+    finally:
+        conn.close()
