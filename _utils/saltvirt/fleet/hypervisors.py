@@ -33,13 +33,13 @@ from typing import Any
 
 import time
 
-import salt.cache
 import salt.key
 import salt.loader
 import salt.utils.minions
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base.salttypes import Data, SaltGrains, SaltOpts, SaltPillar
+from saltvirt.fleet import fleetstate
 
 OPT_IN = "hypervisors_trust_minion_data"
 ID_TYPES = ("glob", "list", "pcre", "nodegroup", "compound")
@@ -173,23 +173,24 @@ def target(opts: SaltOpts) -> tuple[Any, str]:
 
 def record_vm_id(opts: SaltOpts, minion_id: str, vm: str) -> None:
     """Remember that the runner pre-accepted ``minion_id`` for VM ``vm``: it is never a hypervisor."""
-    salt.cache.Cache(opts).store(VM_IDS_BANK, minion_id, {"vm": vm, "at": int(time.time())})
+    fleetstate.Store(opts).transact(VM_IDS_BANK, minion_id, lambda _old: {"vm": vm, "at": int(time.time())})
 
 
-def _vm_cache(opts):
-    # a master always has a cachedir; bare option dicts (target checks alone) have no records to read
-    return salt.cache.Cache(opts) if opts.get("cachedir") else None
+def _vm_store(opts):
+    # a master always has a cachedir; bare option dicts (target checks alone) have no records to read. The
+    # shared store's own client: bounded when redis stops answering (Salt's driver waits forever)
+    return fleetstate.Store(opts) if opts.get("cachedir") else None
 
 
 def vm_ids(opts: SaltOpts) -> set[str]:
     """The minion ids recorded as VMs (:func:`record_vm_id`)."""
-    cache = _vm_cache(opts)
-    return set(cache.list(VM_IDS_BANK) or []) if cache else set()
+    store = _vm_store(opts)
+    return set(store.entries(VM_IDS_BANK)) if store else set()
 
 
 def is_vm_id(opts: SaltOpts, minion_id: str) -> bool:
-    cache = _vm_cache(opts)
-    return bool(cache and cache.contains(VM_IDS_BANK, minion_id))
+    store = _vm_store(opts)
+    return bool(store and store.fetch(VM_IDS_BANK, minion_id))
 
 
 def refuse_vm_id(opts: SaltOpts, name: str, minion_id: str | None = None) -> None:
