@@ -33,7 +33,9 @@ SLS = (
 )
 MODULES = {"_modules": ["virt_utils.py"], "_states": ["virt_utils.py", "mgrcompat.py"]}
 BOOT_WAIT = 300  # a TCG guest boots in seconds on an idle host, minutes on a loaded shared CI machine
-VM, NET, POOL = "uyvm1", "uynet", "uypool"
+# the VM that boots from a cached kernel: create-vm.sls caches it in the host-wide /tmp/virt/<name>, so the
+# name is this run's own (two runs of the suite on one machine would otherwise share that directory)
+VM, NET, POOL = f"uyvm1-{os.getpid()}", "uynet", "uypool"
 # from a template image: with an install ISO and a given OVMF; with the firmware picked; with an ISO refused
 TEMPLATED, EFI, REFUSED = "uyvm2", "uyvm3", "uyvm4"
 OVMF = "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"  # the host's own (Debian's ovmf)
