@@ -55,6 +55,10 @@ DEFAULTS = {
     "init_timeout": 1800,
 }
 _NO_VIRT = re.compile(r"^'virt(\.[\w.]+)?' (is not available|__virtual__ returned False)")
+# between two empty looks at the event bus. Each look (Salt's non-blocking get_event) reads only what the
+# IPC socket has at that moment, so a big answer (a hypervisor's full_info) arrives over many looks: the
+# pause sets how fast it is read (Salt's own blocking wait pauses 10 ms)
+_POLL = 0.005
 _ERR_PREFIX = re.compile(r"^(ERROR: |ERROR executing '[\w.]+': )")
 
 
@@ -196,7 +200,7 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
                     if expected and not missing:
                         break
                 else:
-                    time.sleep(0.02)
+                    time.sleep(_POLL)
                 if time.monotonic() > deadline:
                     break
         finally:
