@@ -271,7 +271,7 @@ BREAKDOWN = {
         ("Salt's MasterMinion for the runner job", ("client/mixins.py", "mminion")),
         ("our runner function virt.query", ("_runners/virt.py", "query")),
         ("  of which: publish (LocalClient.run_job)", ("client/__init__.py", "run_job")),
-        ("  of which: publish + wait for the minions' answers (fleet.run)", ("fleet.py", "run")),
+        ("  of which: publish + wait for the minions' answers (fleet.run)", ("fleet/publish.py", "run")),
         ("fire events on the master bus (the job's return event)", ("utils/event.py", "fire_event")),
         ("print the answer (json outputter)", ("client/mixins.py", "print_async_event")),
     ],
