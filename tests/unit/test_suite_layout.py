@@ -66,6 +66,15 @@ def test_unit_tests_use_no_real_daemons():
     assert not offenders, f"real libvirtd / salt daemons belong in tests/integration: {offenders}"
 
 
+def test_hacking_map_names_every_library_module():
+    """HACKING.md's layer table is where a newcomer looks for a module: each one is named in its layer's row."""
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)/` \|.*$", (ROOT / "HACKING.md").read_text(), re.M)}
+    missing = [
+        m for m in sorted(modules()) if "/" in m and f"`{m.partition('/')[2]}`" not in rows.get(m.partition("/")[0], "")
+    ]
+    assert not missing, f"name these modules in their layer's row of HACKING.md 'Layout': {missing}"
+
+
 def test_unit_files_are_named_after_a_library_module():
     mods = modules()
     strays = []
