@@ -58,8 +58,8 @@ def growth(vm: Data, cpu: int | None, mem: int | None, added: Data | None = None
     disks count with their size; an existing file attached is none of the quota's)."""
     disks = ((added or {}).get("disks") or {}).get("added") or []
     return {
-        "cpu": max(0, (cpu or 0) - int(vm.get("cpu") or 0)) if cpu else 0,
-        "mem": max(0, (mem or 0) - int(vm.get("mem") or 0)) if mem else 0,
+        "cpu": max(0, cpu - int(vm.get("cpu") or 0)) if cpu else 0,
+        "mem": max(0, mem - int(vm.get("mem") or 0)) if mem else 0,
         "disk_mib": sum(int(d.get("size") or 0) for d in disks if not d.get("attach")),
     }
 

@@ -264,12 +264,14 @@ def check_backing_store(conn: Conn, spec: Data, *, settings: Mapping[str, Any] |
     path = backing["path"]
     settings = settings or {}
     trusted = {os.path.realpath(t) for t in settings.get("trusted_images") or ()}
-    pool = None if os.path.realpath(path) in trusted else _pool_of(conn, path)
-    if pool is not None:
-        attach.check_pool(pool, True, settings)  # a volume: of a pool VMs may attach from
-    elif os.path.realpath(path) not in trusted:
-        roots = (images_dir, *(settings.get("allowed_paths") or ()))
-        validate.confined(path, "backing_store path", roots, "virt:images, virt:allowed_paths or a pool of virt:pools")
+    if os.path.realpath(path) not in trusted:
+        pool = _pool_of(conn, path)
+        if pool is not None:
+            attach.check_pool(pool, True, settings)  # a volume: of a pool VMs may attach from
+        else:
+            roots = (images_dir, *(settings.get("allowed_paths") or ()))
+            where = "virt:images, virt:allowed_paths or a pool of virt:pools"
+            validate.confined(path, "backing_store path", roots, where)
     if not os.path.exists(path):
         raise SaltInvocationError(f"backing_store: {path} does not exist")
     attach.readable(conn, [("backing_store", path)], images_dir=images_dir, settings=settings)
@@ -279,10 +281,9 @@ def check_backing_store(conn: Conn, spec: Data, *, settings: Mapping[str, Any] |
 def _pool_of(conn, path):
     """The pool (the operator made available to VMs) whose volume ``path`` is, else None."""
     try:
-        pool = conn.storageVolLookupByPath(path).storagePoolLookupByVolume().name()
+        return conn.storageVolLookupByPath(path).storagePoolLookupByVolume().name()
     except libvirt.libvirtError:
         return None
-    return pool
 
 
 def define_volume(conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
