@@ -76,6 +76,17 @@ def pools(hv1):
     conn.close()
 
 
+def dir_pool_with_an_overlay(v, pool, target, volumes):
+    """A dir pool ``pool`` at ``target`` holding a raw 1 MiB ``<vol>.raw`` of each of ``volumes`` (one of them
+    ``base``) and ``top.qcow2``, an overlay that backs onto ``base.raw``."""
+    assert v["virt.pool_define"](pool, "dir", target=str(target)) is True
+    for vol in volumes:
+        sh("qemu-img", "create", "-q", "-f", "raw", str(target / f"{vol}.raw"), "1M")
+    top = str(target / "top.qcow2")
+    sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", str(target / "base.raw"), "-F", "raw", top)
+    v["virt.pool_refresh"](pool)
+
+
 def console(hv, name):
     return hv.path("log", "qemu", f"{name}-serial.log")
 
@@ -111,22 +122,7 @@ def test_purge_of_a_foreign_vm_takes_its_volumes_but_no_base_or_shared_one(virt_
     own volume, keeps the one another domain uses and the one an overlay in the pool backs onto."""
     v = virt_hv
     target = qemu_tmp / "fpool"
-    assert v["virt.pool_define"]("stfp", "dir", target=str(target)) is True
-    for vol in ("own", "base", "shared"):
-        sh("qemu-img", "create", "-q", "-f", "raw", str(target / f"{vol}.raw"), "1M")
-    sh(
-        "qemu-img",
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        str(target / "base.raw"),
-        "-F",
-        "raw",
-        str(target / "top.qcow2"),
-    )
-    v["virt.pool_refresh"]("stfp")
+    dir_pool_with_an_overlay(v, "stfp", target, ("own", "base", "shared"))
 
     def domain(name, vols):
         disks = "".join(
@@ -263,22 +259,7 @@ def test_pool_and_volume_removal_never_takes_what_something_uses(virt_hv, hv1, p
     virt:pool_paths starts but is never built (its directory is not made) until the operator allows it."""
     v = virt_hv
     target = qemu_tmp / "delpool"
-    assert v["virt.pool_define"]("stdel", "dir", target=str(target)) is True
-    for vol in ("own", "base"):
-        sh("qemu-img", "create", "-q", "-f", "raw", str(target / f"{vol}.raw"), "1M")
-    sh(
-        "qemu-img",
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        str(target / "base.raw"),
-        "-F",
-        "raw",
-        str(target / "top.qcow2"),
-    )
-    v["virt.pool_refresh"]("stdel")
+    dir_pool_with_an_overlay(v, "stdel", target, ("own", "base"))
     disk = "<disk type='volume' device='disk'><source pool='stdel' volume='own.raw'/><target dev='vda'/></disk>"
     xml = (
         "<domain type='qemu'><name>stvdel</name><memory unit='MiB'>64</memory><os><type>hvm</type></os>"
