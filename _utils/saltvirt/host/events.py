@@ -133,8 +133,10 @@ SAFE = "._-+@:"  # kept as they are in a tag part; everything else is %-escaped
 DEFAULTS: dict[str, object] = {"backoff_min": 1.0, "backoff_max": 30.0, "events": None, "reconcile": True}
 # Salt's libvirt_events scheme beside ours (saltvirt.host.saltevents)
 DEFAULTS.update(tags="salt-virt", tag_prefix=saltevents.DEFAULT_PREFIX, filters=None)
-# Salt's engine's other objects: (register, deregister, event-id constant prefix) on a libvirt connection
+# what events are registered on, and Salt's engine's other objects: (register, deregister, event-id constant
+# prefix) on a libvirt connection
 OBJECT_CALLS = {
+    "domain": ("domainEventRegisterAny", "domainEventDeregisterAny", "VIR_DOMAIN_EVENT_ID_"),
     "network": ("networkEventRegisterAny", "networkEventDeregisterAny", "VIR_NETWORK_EVENT_ID_"),
     "pool": ("storagePoolEventRegisterAny", "storagePoolEventDeregisterAny", "VIR_STORAGE_POOL_EVENT_ID_"),
     "nodedev": ("nodeDeviceEventRegisterAny", "nodeDeviceEventDeregisterAny", "VIR_NODE_DEVICE_EVENT_ID_"),
@@ -569,45 +571,34 @@ class Watcher:
     # sessions --------------------------------------------------------------------------------------
     def _register(self, conn):
         """Register the callbacks; returns ``[(deregister method, callback id)]``."""
-        ids = []
-        callbacks = [
-            ("VIR_DOMAIN_EVENT_ID_LIFECYCLE", self._on_lifecycle),
-            ("VIR_DOMAIN_EVENT_ID_REBOOT", self._on_reboot),
-            ("VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON", self._on_io_error),
-            ("VIR_DOMAIN_EVENT_ID_CONTROL_ERROR", self._on_control_error),
-            ("VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE", self._on_agent),
+        ours = [
+            ("LIFECYCLE", self._on_lifecycle),
+            ("REBOOT", self._on_reboot),
+            ("IO_ERROR_REASON", self._on_io_error),
+            ("CONTROL_ERROR", self._on_control_error),
+            ("AGENT_LIFECYCLE", self._on_agent),
         ]
-        for const, callback in callbacks:
-            try:
-                ids.append(
-                    (
-                        "domainEventDeregisterAny",
-                        conn.domainEventRegisterAny(None, getattr(libvirt, const), callback, None),
-                    )
-                )
-            except libvirt.libvirtError as exc:  # an older libvirtd lacks one: the others still work
-                log.info("virt_events: %s not available: %s", const, exc.get_error_message())
-        for event_type in saltevents.domain_extra_wanted(self.options):  # Salt's scheme only
-            const = next((c for c in saltevents.DOMAIN_EXTRA[event_type][0] if hasattr(libvirt, c)), None)
+        prefix = OBJECT_CALLS["domain"][2]
+        # (what, object, event-id constants: the first the bindings have, callback)
+        wanted = [(f"{prefix}{ev}", "domain", (f"{prefix}{ev}",), cb) for ev, cb in ours]
+        wanted += [  # Salt's scheme only
+            (f"domain/{ev}", "domain", saltevents.DOMAIN_EXTRA[ev][0], self._extra_callback(ev))
+            for ev in saltevents.domain_extra_wanted(self.options)
+        ]
+        wanted += [  # Salt's scheme only
+            (f"{obj}/{ev}", obj, (f"{OBJECT_CALLS[obj][2]}{ev.upper()}",), self._object_callback(obj, ev))
+            for obj, ev in saltevents.objects_wanted(self.options)
+        ]
+        ids = []
+        for what, obj, consts, callback in wanted:
+            register, deregister, _prefix = OBJECT_CALLS[obj]
+            const = next((c for c in consts if hasattr(libvirt, c)), None)
             try:
                 if const is None:
-                    raise AttributeError(f"the bindings have no {saltevents.DOMAIN_EXTRA[event_type][0][0]}")
-                cb_id = conn.domainEventRegisterAny(
-                    None, getattr(libvirt, const), self._extra_callback(event_type), None
-                )
-                ids.append(("domainEventDeregisterAny", cb_id))
+                    raise AttributeError(f"the bindings have no {consts[0]}")
+                ids.append((deregister, getattr(conn, register)(None, getattr(libvirt, const), callback, None)))
             except (AttributeError, libvirt.libvirtError) as exc:  # older bindings or daemon: the others still work
-                log.info("virt_events: domain/%s events not available: %s", event_type, exc)
-        for obj, event_type in saltevents.objects_wanted(self.options):  # Salt's scheme only
-            register, deregister, prefix = OBJECT_CALLS[obj]
-            const = f"{prefix}{event_type.upper()}"
-            try:
-                cb_id = getattr(conn, register)(
-                    None, getattr(libvirt, const), self._object_callback(obj, event_type), None
-                )
-                ids.append((deregister, cb_id))
-            except (AttributeError, libvirt.libvirtError) as exc:  # older bindings or daemon: the others still work
-                log.info("virt_events: %s/%s events not available: %s", obj, event_type, exc)
+                log.info("virt_events: %s events not available: %s", what, exc)
         try:
             conn.registerCloseCallback(self.on_close, None)
         except libvirt.libvirtError as exc:  # then a dead connection is found by isAlive()
