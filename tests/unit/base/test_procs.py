@@ -1,6 +1,7 @@
 """saltvirt.base.procs on real processes."""
 
 import subprocess
+import time
 
 from saltvirt.base import procs
 
@@ -22,7 +23,20 @@ def test_a_mark_names_one_process_and_outlives_it():
 def test_cmdlines_show_a_running_process():
     child = subprocess.Popen(["sleep", "31"])
     try:
+        # Popen returns once exec has begun (its close-on-exec pipe closed); the kernel sets the new
+        # program's arguments a moment later, and /proc shows an empty cmdline until then
+        deadline = time.monotonic() + 10
+        while _cmdline(child.pid) in ("", None) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert (child.pid, ["sleep", "31", ""]) in list(procs.cmdlines())
     finally:
         child.kill()
         child.wait()
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return None
