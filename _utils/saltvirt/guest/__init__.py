@@ -1,5 +1,6 @@
 """Before the first boot: seeding a minion config and key into the image, cloud-init, minion install (layer 7).
 
-``seed`` (backends: libguestfs, qemu-nbd, qsd-fuse, loop), ``cloudinit`` (NoCloud ISO), ``firstboot``. Minion side.
+``seed`` (backends: libguestfs, qemu-nbd, qsd-fuse, loop), ``disklabel`` (partition table, filesystem type),
+``cloudinit`` (NoCloud ISO), ``firstboot``. Minion side.
 May import: every layer below (``base`` .. ``storage``).
 """

@@ -35,6 +35,7 @@ from saltvirt.storage import images
 from saltvirt.base import fsutil, procs
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
+from saltvirt.guest import disklabel
 
 log = logging.getLogger(__name__)
 
@@ -320,8 +321,10 @@ def _qemu_lock(image, undo):
 
 
 # block devices -------------------------------------------------------------------------------------
-def _losetup(path, undo):
-    dev = _run(["losetup", "-P", "-f", "--show", path], f"attaching {path} to a loop device").stdout.strip()
+def _losetup(path, undo, offset=0, size=None):
+    """A loop device of ``path``: the whole file (its partitions scanned), or ``size`` bytes from ``offset``."""
+    cmd = ["losetup", "-f", "--show"] + (["-o", str(offset), "--sizelimit", str(size)] if size else ["-P"])
+    dev = _run([*cmd, path], f"attaching {path} to a loop device").stdout.strip()
     undo.add(f"detach {dev}", lambda: _detach(dev))
     return dev
 
@@ -374,46 +377,86 @@ def _umount(mnt):
 
 
 def _seed_device(dev, files, tmp, undo):
-    """Find the root filesystem on ``dev``, write ``files`` into it, sync and unmount it."""
-    mnt = os.path.join(tmp, "root")
+    """Find the root filesystem on the block device ``dev`` (its partitions as the kernel or ``partx``
+    reads them, each probed by ``blkid``), write ``files`` into it, sync and unmount it."""
+    return _first_root(((label, _blkid(node), node) for label, node in _partitions(dev, tmp, undo)), files, tmp)
+
+
+def _seed_file(path, files, tmp, undo):
+    """:func:`_seed_device` for an image file (raw, or qemu-storage-daemon's export of any format): the
+    partition table and each partition's filesystem type read from the file (saltvirt.guest.disklabel),
+    and only a root candidate attached, as a loop device of its own byte range. A layout disklabel does
+    not answer for certain goes the device's way (the whole file attached, the kernel/partx, blkid)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        parts = disklabel.partitions(fh.fileno(), size)
+        if parts is None:
+            return _seed_device(_losetup(path, undo), files, tmp, undo)
+        regions = [(f"partition {p.number}", p.offset, p.size) for p in parts] or [("whole disk", 0, size)]
+        found = [(label, off, length, disklabel.fstype(fh.fileno(), off, length)) for label, off, length in regions]
+
+    def candidates():  # a loop device only for a filesystem that may be mounted, once its turn comes
+        for label, off, length, known in found:
+            fstype = known or _blkid(path, off, length)  # what disklabel does not know for certain, blkid names
+            mountable = fstype in KERNEL_MOUNT_FS and fstype not in NOT_ROOT_FS
+            yield label, fstype, _losetup(path, undo, off, length) if mountable else None
+
+    return _first_root(candidates(), files, tmp)
+
+
+def _first_root(candidates, files, tmp):
+    """Write ``files`` into the first of ``candidates`` ((label, fstype, device node)) that is a root filesystem."""
+    mnt, tried = os.path.join(tmp, "root"), []
     os.makedirs(mnt, mode=0o700, exist_ok=True)
-    tried = []
-    for label, node in _partitions(dev, tmp, undo):
-        fstype = _run(["blkid", "-p", "-o", "value", "-s", "TYPE", node], f"probing {node}", check=False).stdout.strip()
-        if not fstype or fstype in NOT_ROOT_FS:
-            tried.append(f"{label}: {fstype or 'no filesystem'}")
-            continue
-        if fstype not in KERNEL_MOUNT_FS:
-            tried.append(
-                f"{label} ({fstype}): refused: the host kernel mounts only {', '.join(KERNEL_MOUNT_FS)} from "
-                "an untrusted image (use libguestfs for other filesystems)"
-            )
-            continue
-        opts = "nodev,nosuid,noexec" + (",nouuid" if fstype == "xfs" else "")
-        proc = _run(["mount", "-t", fstype, "-o", opts, node, mnt], f"mounting {label}", check=False)
-        if proc.returncode != 0:
-            tried.append(f"{label} ({fstype}): mount failed: {proc.stderr.strip()}")
-            continue
-        done = False
-        try:
-            root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                if not _has_etc(root):
-                    tried.append(f"{label} ({fstype}): no /etc")
-                    continue
-                _write_files(root, _complete(files, lambda p, r=root: _guest_exists(r, p)))
-                _written_back(root, label)
-            finally:
-                os.close(root)
-            done = True  # written; the unmount below writes it back (and must succeed)
-        finally:
-            try:
-                _umount(mnt)
-            except CommandExecutionError:
-                if done:
-                    raise
-        return {"root": label, "fstype": fstype}
+    for label, fstype, node in candidates:
+        done = _try_root(label, node, fstype, mnt, files, tried)
+        if done:
+            return done
     raise _GuestError(f"no filesystem with an /etc directory found ({'; '.join(tried)}); LVM roots need libguestfs")
+
+
+def _blkid(node, offset=0, size=None):
+    cmd = ["blkid", "-p", "-o", "value", "-s", "TYPE"]
+    cmd += ["-O", str(offset), "-S", str(size)] if size is not None else []
+    return _run([*cmd, node], f"probing {node}", check=False).stdout.strip()
+
+
+def _try_root(label, node, fstype, mnt, files, tried):
+    """Mount ``node`` (``label``: what it is, ``fstype`` as probed) when it may hold the root filesystem,
+    write ``files`` into it, sync and unmount it: ``{root, fstype}``; or None with the reason in ``tried``."""
+    if not fstype or fstype in NOT_ROOT_FS:
+        tried.append(f"{label}: {fstype or 'no filesystem'}")
+        return None
+    if fstype not in KERNEL_MOUNT_FS:
+        tried.append(
+            f"{label} ({fstype}): refused: the host kernel mounts only {', '.join(KERNEL_MOUNT_FS)} from "
+            "an untrusted image (use libguestfs for other filesystems)"
+        )
+        return None
+    opts = "nodev,nosuid,noexec" + (",nouuid" if fstype == "xfs" else "")
+    proc = _run(["mount", "-t", fstype, "-o", opts, node, mnt], f"mounting {label}", check=False)
+    if proc.returncode != 0:
+        tried.append(f"{label} ({fstype}): mount failed: {proc.stderr.strip()}")
+        return None
+    done = False
+    try:
+        root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if not _has_etc(root):
+                tried.append(f"{label} ({fstype}): no /etc")
+                return None
+            _write_files(root, _complete(files, lambda p, r=root: _guest_exists(r, p)))
+            _written_back(root, label)
+        finally:
+            os.close(root)
+        done = True  # written; the unmount below writes it back (and must succeed)
+    finally:
+        try:
+            _umount(mnt)
+        except CommandExecutionError:
+            if done:
+                raise
+    return {"root": label, "fstype": fstype}
 
 
 # writing inside the guest (every path resolved inside the guest's root) ----------------------------
@@ -543,7 +586,7 @@ def _loop(image, fmt, files, tmp, undo):
         raise _Skip(f"loop works on raw images only and {image} is {fmt}: use backend qsd-fuse (or auto)")
     _need_root("losetup")
     _qemu_lock(image, undo)
-    return _seed_device(_losetup(image, undo), files, tmp, undo)
+    return _seed_file(image, files, tmp, undo)
 
 
 def _qsd_fuse(image, fmt, files, tmp, undo):
@@ -564,7 +607,7 @@ def _qsd_fuse(image, fmt, files, tmp, undo):
     if proc.poll() is not None:
         hint = ": the image or its backing file is in use (by a VM?)" if "lock" in fsutil.read_text(logfile) else ""
         raise CommandExecutionError(f"qemu-storage-daemon failed{hint}: {fsutil.read_text(logfile)}")
-    return _seed_device(_losetup(export, undo), files, tmp, undo)
+    return _seed_file(export, files, tmp, undo)
 
 
 def _stop_qsd(proc, export, logfile):
