@@ -34,6 +34,11 @@ VARIANTS = [
     ("salt-virt virt.init seed=True", "salt-virt", {"seed": True, "vtype": "qemu", "event_bus": True}),
     ("salt-virt virt.init seed=False, type auto-detected", "salt-virt", {"seed": False, "event_bus": True}),
     ("salt-virt virt.init seed=False, no minion event bus", "salt-virt", {"seed": False, "vtype": "qemu"}),
+    (
+        "salt-virt virt.init seed=False, bus in its own process",
+        "salt-virt",
+        {"seed": False, "vtype": "qemu", "event_bus": "process"},
+    ),
 ]
 
 
@@ -63,6 +68,7 @@ MODES = {
             "salt-virt virt.init seed=True",  # seeding's own cost, without QEMU's start-up around it
             "salt-virt virt.init seed=False, type auto-detected",
             "salt-virt virt.init seed=False, no minion event bus",
+            "salt-virt virt.init seed=False, bus in its own process",
         },
     ),
 }
@@ -76,6 +82,7 @@ TITLES = {
 QUICK_SKIP = {
     "salt-virt virt.init seed=False, type auto-detected",
     "salt-virt virt.init seed=False, no minion event bus",
+    "salt-virt virt.init seed=False, bus in its own process",
 }
 
 

@@ -37,26 +37,35 @@ def vm_rss_kib():
     return None
 
 
-def start_event_bus(opts):
-    """The minion's local event bus (what a running salt-minion has), in a thread of this process:
-    without it every ``event.send`` spins ~1 s trying to connect before giving up."""
+def _serve_event_bus(opts, ready):
     import asyncio
-    import threading
 
     import salt.transport
     import tornado.ioloop
 
-    ready = threading.Event()
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    io_loop = tornado.ioloop.IOLoop.current()
+    pub = salt.transport.ipc_publish_server("minion", opts)
+    io_loop.add_callback(lambda: asyncio.ensure_future(pub.publisher(pub.publish_payload, io_loop=io_loop)))
+    io_loop.add_callback(ready.set)
+    io_loop.start()
 
-    def run():
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        io_loop = tornado.ioloop.IOLoop.current()
-        pub = salt.transport.ipc_publish_server("minion", opts)
-        io_loop.add_callback(lambda: asyncio.ensure_future(pub.publisher(pub.publish_payload, io_loop=io_loop)))
-        io_loop.add_callback(ready.set)
-        io_loop.start()
 
-    threading.Thread(target=run, daemon=True, name="event-bus").start()
+def start_event_bus(opts, where=True):
+    """The minion's local event bus (what a running salt-minion has): without it every ``event.send``
+    spins ~1 s trying to connect before giving up. ``where``: ``"process"`` serves it from a child
+    process, as a salt-minion does (its bus lives in the daemon, a job runs in a process of its own);
+    otherwise from a thread of this process (the bus's own work then shares this process's GIL)."""
+    import multiprocessing
+    import threading
+
+    if where == "process":
+        ctx = multiprocessing.get_context("fork")  # before any thread of this process is started
+        ready = ctx.Event()
+        ctx.Process(target=_serve_event_bus, args=(opts, ready), daemon=True, name="event-bus").start()
+    else:
+        ready = threading.Event()
+        threading.Thread(target=_serve_event_bus, args=(opts, ready), daemon=True, name="event-bus").start()
     if not ready.wait(30):
         raise SystemExit("the minion event bus did not start")
     deadline = time.monotonic() + 10
@@ -84,7 +93,7 @@ def minion_mods(spec, workdir):
     )
     os.makedirs(opts["sock_dir"], exist_ok=True)
     if spec.get("event_bus"):
-        start_event_bus(opts)
+        start_event_bus(opts, spec["event_bus"])
     opts["grains"] = salt.loader.grains(opts)
     utils = salt.loader.utils(opts)
     mods = salt.loader.minion_mods(opts, utils=utils)
