@@ -68,6 +68,7 @@ def child(spec):
     import salt.client
     import salt.config
     import salt.loader
+    import salt.runner  # noqa: F401 - loaded in every salt-run process before its runner function (salt.pillar too)
 
     sys.path.insert(0, os.path.join(str(common.ROOT), "bench"))
     from bench_placement import synthetic_hosts
