@@ -18,7 +18,8 @@ import zlib
 SECTOR = 512
 _EXTENDED = (0x05, 0x0F, 0x85)  # MBR extended partitions: logical partitions in a chain (left to the kernel)
 _GPT_PROTECTIVE = 0xEE
-_MAX_GPT_ENTRIES = 1024  # 128 is the usual; the table stays small whatever the header claims
+_MAX_GPT_ENTRIES = 1024  # 128 is the usual
+_MAX_GPT_ENTRY = 4096  # bytes; 128 is the usual
 
 # ext2/3/4 feature bits (as libblkid tells the three apart)
 _EXT_COMPAT_HAS_JOURNAL = 0x4
@@ -79,8 +80,8 @@ def _gpt(fd, disk_size):
     if not 92 <= size <= SECTOR or zlib.crc32(header[:16] + b"\0\0\0\0" + header[20:size]) != crc:
         return None
     table_lba, count, entry_size, table_crc = struct.unpack_from("<QIII", header, 72)
-    if count > _MAX_GPT_ENTRIES or entry_size < 128 or entry_size % 8 or table_lba < 2:
-        return None
+    if count > _MAX_GPT_ENTRIES or not 128 <= entry_size <= _MAX_GPT_ENTRY or entry_size % 8 or table_lba < 2:
+        return None  # the table read below stays within 1,024 x 4 KiB whatever the header claims
     length = count * entry_size
     if table_lba * SECTOR + length > disk_size:
         return None

@@ -94,6 +94,27 @@ def test_layouts_left_to_the_kernel(tmp_path, entries, boot):
     assert read(disk)[0] is None
 
 
+def test_a_gpt_claiming_huge_entries_is_not_read(tmp_path):
+    """The entry size comes from the tenant's image: a header claiming 64 KiB entries (the table 8 MiB)
+    is refused before the table is read, even with both checksums right (the read stays bounded)."""
+    import zlib
+
+    disk = blank(tmp_path, "gpt.raw")
+    sh("sfdisk", "-q", disk, data=b"label: gpt\nstart=2048, size=4M\n")
+    with open(disk, "r+b") as fh:
+        fh.seek(512)
+        header = bytearray(fh.read(92))
+        count = struct.unpack_from("<I", header, 80)[0]
+        fh.seek(1024)
+        table = fh.read(count * 65536)
+        struct.pack_into("<II", header, 84, 65536, zlib.crc32(table))  # entry size, the entries' CRC
+        struct.pack_into("<I", header, 16, 0)
+        struct.pack_into("<I", header, 16, zlib.crc32(bytes(header)))
+        fh.seek(512)
+        fh.write(header)
+    assert read(disk)[0] is None
+
+
 def test_a_damaged_gpt_is_left_to_the_kernel(tmp_path):
     disk = blank(tmp_path, "gpt.raw")
     sh("sfdisk", "-q", disk, data=b"label: gpt\nstart=2048, size=4M\n")
