@@ -86,3 +86,24 @@ def syncfs(fd: int) -> None:
     if libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
+MNT_DETACH = 0x2
+
+
+def mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
+    """mount(2): no ``mount`` process (its start-up and libmount's work are most of what it costs).
+    Raises OSError with the kernel's errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), fstype.encode(), ctypes.c_ulong(flags), data.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
+
+
+def umount(target: str, flags: int = 0) -> None:
+    """umount2(2) (``flags``: e.g. :data:`MNT_DETACH`); raises OSError with the kernel's errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(target.encode(), ctypes.c_int(flags)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)

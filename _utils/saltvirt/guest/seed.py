@@ -369,10 +369,15 @@ def _partitions(dev, tmp, undo):
 
 def _umount(mnt):
     for _ in range(10):
-        if _run(["umount", mnt], f"unmounting {mnt}", check=False).returncode == 0 or not _mounted(mnt):
+        try:
+            fsutil.umount(mnt)
             return
+        except OSError:
+            if not _mounted(mnt):
+                return
         time.sleep(0.3)
-    _run(["umount", "-l", mnt], f"lazily unmounting {mnt}", check=False)
+    with contextlib.suppress(OSError):
+        fsutil.umount(mnt, fsutil.MNT_DETACH)
     raise CommandExecutionError(f"could not unmount {mnt} (busy): detached it lazily; check with 'findmnt'")
 
 
@@ -433,10 +438,11 @@ def _try_root(label, node, fstype, mnt, files, tried):
             "an untrusted image (use libguestfs for other filesystems)"
         )
         return None
-    opts = "nodev,nosuid,noexec" + (",nouuid" if fstype == "xfs" else "")
-    proc = _run(["mount", "-t", fstype, "-o", opts, node, mnt], f"mounting {label}", check=False)
-    if proc.returncode != 0:
-        tried.append(f"{label} ({fstype}): mount failed: {proc.stderr.strip()}")
+    try:  # mount(2): the guest's files are neither devices, nor setuid, nor run here
+        flags = fsutil.MS_NODEV | fsutil.MS_NOSUID | fsutil.MS_NOEXEC
+        fsutil.mount(node, mnt, fstype, flags, "nouuid" if fstype == "xfs" else "")
+    except OSError as exc:
+        tried.append(f"{label} ({fstype}): mount failed: {exc.strerror} (the kernel's log says more: dmesg)")
         return None
     done = False
     try:

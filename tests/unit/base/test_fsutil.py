@@ -36,3 +36,28 @@ def test_syncfs_writes_back_and_raises_the_errno_of_a_failure(tmp_path):
     with pytest.raises(OSError) as err:
         fsutil.syncfs(fd)  # closed: the kernel's error comes back as OSError with its errno
     assert err.value.errno == errno.EBADF
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount(2) needs root")
+def test_mount_and_umount_are_the_syscalls_with_their_errors(tmp_path):
+    point = str(tmp_path / "point")
+    os.mkdir(point)
+    fsutil.mount("svfsutil", point, "tmpfs", fsutil.MS_NODEV | fsutil.MS_NOSUID | fsutil.MS_NOEXEC, "size=1m")
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            (line,) = [ln for ln in fh if ln.split()[4] == point]
+        assert {"nodev", "nosuid", "noexec"} <= set(line.split()[5].split(","))
+        with pytest.raises(OSError) as busy:
+            with open(os.path.join(point, "f"), "w"):
+                fsutil.umount(point)  # a file open on it: busy
+        assert busy.value.errno == errno.EBUSY
+    finally:
+        fsutil.umount(point)
+    with open("/proc/self/mountinfo") as fh:
+        assert not [ln for ln in fh if ln.split()[4] == point]
+    with pytest.raises(OSError) as bad:
+        fsutil.mount("svfsutil", point, "no-such-filesystem", 0)
+    assert bad.value.errno == errno.ENODEV
+    with pytest.raises(OSError) as gone:
+        fsutil.umount(point)
+    assert gone.value.errno == errno.EINVAL  # not a mount point
