@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import os
 import tempfile
@@ -107,3 +108,37 @@ def umount(target: str, flags: int = 0) -> None:
     if libc.umount2(target.encode(), ctypes.c_int(flags)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), target)
+
+
+# a full filesystem, or a full quota: the errnos, and what host tools say for them (they speak C's English:
+# saltvirt.base.tools runs them so, whatever the host's locale)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_TEXTS = ("No space left on device", "Disk quota exceeded")
+ALMOST_FULL = 1048576  # bytes: less than this free counts as full
+
+
+def out_of_space(exc: BaseException, *paths: str) -> bool:
+    """Whether ``exc`` means a filesystem ran out of room: an OSError with ENOSPC/EDQUOT in its chain (its
+    cause or the error it was raised while handling), a host tool's message saying so (tools run in the C
+    locale), or one of ``paths``' filesystems has (almost) no room left now (a loop or FUSE device reports
+    EIO as often as ENOSPC; root may use the blocks reserved for it)."""
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
+            return True
+        if any(text in str(err) for text in NO_SPACE_TEXTS):
+            return True
+        err = err.__cause__ or err.__context__
+    return any(almost_full(path) for path in paths)
+
+
+def almost_full(path: str) -> bool:
+    """Whether the filesystem of ``path`` has less than :data:`ALMOST_FULL` bytes free for this process."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return free * st.f_frsize < ALMOST_FULL

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import json
 import logging
@@ -529,11 +528,10 @@ def _written_back(root, label):
 
 def _no_room(image):
     """Why a write into ``image`` failed when its filesystem is full (a loop or FUSE device reports EIO or
-    ENOSPC to the guest filesystem, whichever it met first): said with ENOSPC's own words."""
-    with contextlib.suppress(OSError):
-        st = os.statvfs(os.path.dirname(image))
-        if st.f_bavail * st.f_frsize < 1048576:
-            return f" ({os.path.dirname(image)}: {os.strerror(errno.ENOSPC)})"
+    ENOSPC to the guest filesystem, whichever it met first): said with ENOSPC's own (C locale) words, which
+    ``virt.init`` recognises (:func:`saltvirt.base.fsutil.out_of_space`)."""
+    if fsutil.almost_full(os.path.dirname(image)):
+        return f" ({os.path.dirname(image)}: {fsutil.NO_SPACE_TEXTS[0]})"
     return ""
 
 

@@ -6,7 +6,6 @@ init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy
 """
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
@@ -160,7 +159,7 @@ def init(
                 conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, seed_request=request, **kwargs
             )
         except CommandExecutionError as exc:
-            if os.strerror(errno.ENOSPC) not in str(exc):
+            if not fsutil.out_of_space(exc, images_dir):
                 raise
             raise CommandExecutionError(f"{exc}. {_full_hint(images_dir)}") from None
         if earlier:

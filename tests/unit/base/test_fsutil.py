@@ -61,3 +61,23 @@ def test_mount_and_umount_are_the_syscalls_with_their_errors(tmp_path):
     with pytest.raises(OSError) as gone:
         fsutil.umount(point)
     assert gone.value.errno == errno.EINVAL  # not a mount point
+
+
+def test_out_of_space_by_errno_in_the_chain_by_the_c_words_or_by_the_filesystem(tmp_path):
+    """What virt.init counts as a full filesystem: the errno (ENOSPC, EDQUOT) of an OSError the error was
+    raised from or while handling, whatever the message says; a host tool's C words; or the filesystem of a
+    path it names having (almost) no room now. Nothing else."""
+    from salt.exceptions import CommandExecutionError
+
+    try:
+        try:
+            with open("/dev/full", "wb") as fh:  # a real ENOSPC
+                fh.write(b"x")
+        except OSError:
+            raise CommandExecutionError("Schreiben fehlgeschlagen: Auf dem Gerät ist kein Speicherplatz") from None
+    except CommandExecutionError as exc:
+        localized = exc
+    assert fsutil.out_of_space(localized)
+    assert fsutil.out_of_space(CommandExecutionError("copying a failed: cp: error writing 'b': Disk quota exceeded"))
+    assert not fsutil.out_of_space(CommandExecutionError("copying a failed: Permission denied"), str(tmp_path))
+    assert not fsutil.almost_full(str(tmp_path)) and not fsutil.almost_full(str(tmp_path / "missing"))

@@ -1,9 +1,11 @@
 """saltvirt.base.tools.run: real processes, the messages a user acts on."""
 
+import subprocess
+
 import pytest
 from salt.exceptions import CommandExecutionError
 
-from saltvirt.base import tools
+from saltvirt.base import fsutil, tools
 
 
 def test_output_of_a_tool_that_worked():
@@ -37,3 +39,26 @@ def test_a_qemu_lock_error_says_the_image_is_in_use():
     cmd = ["sh", "-c", "echo 'Failed to get \"write\" lock' >&2; exit 1"]
     with pytest.raises(CommandExecutionError, match=r"in use by a running VM: shut it down first\)$"):
         tools.run(cmd, "resizing disk.qcow2")
+
+
+def test_tools_speak_c_english_whatever_the_hosts_language(tmp_path, monkeypatch):
+    """A host set to German (LANGUAGE=de, coreutils' translation installed): cp onto a full device says so
+    in C's English through tools.run, the words virt.init recognises as a full filesystem."""
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LANGUAGE", "de")
+    monkeypatch.delenv("LC_ALL", raising=False)
+    localized = subprocess.run(["cp", str(src), "/dev/full"], capture_output=True, text=True, check=False).stderr
+    if fsutil.NO_SPACE_TEXTS[0] in localized:
+        pytest.skip("coreutils' German messages are not installed here: no localized message to test with")
+    assert not fsutil.out_of_space(CommandExecutionError(localized))  # a translation is not recognised ...
+    with pytest.raises(CommandExecutionError) as err:
+        tools.run(["cp", str(src), "/dev/full"], "copying src")
+    assert str(err.value) == "copying src failed: cp: error writing '/dev/full': No space left on device"
+    assert fsutil.out_of_space(err.value)  # ... what the tool says through tools.run is
+
+
+def test_c_locale_keeps_the_environment_but_the_language():
+    env = tools.c_locale({"PATH": "/bin", "LANG": "de_DE.UTF-8", "LANGUAGE": "de:en", "LC_ALL": "de_DE.UTF-8"})
+    assert env == {"PATH": "/bin", "LANG": "de_DE.UTF-8", "LC_ALL": "C.UTF-8"}
