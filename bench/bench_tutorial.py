@@ -13,8 +13,10 @@ Split of one VM's time (all from the same clock, 0 = the ``salt-run virt.init`` 
 * runner: the answer's per-step ``timeline`` (seconds since the runner function began) and the whole
   command (process start to exit: Salt's CLI start-up and exit included);
 * boot: the guest's serial console log (``<hv>/log/qemu/<vm>-serial.log``), each line timestamped as it
-  arrives (the file is polled every 0.1 s): its first line, and the ``SALT-MINION-START`` line the
-  image's salt-minion unit prints (ExecStartPre) just before the minion's Python starts;
+  arrives (the file is polled every 0.1 s): its first line, the image's phase markers ``SV-PHASE <name>
+  <seconds since the guest's kernel started>`` (``systemd``: PID 1 runs units; ``dhcp``: a routable
+  address; ``minion-start``: just before the minion's Python starts, with ``SALT-MINION-START <id>``),
+  each with both clocks (the host's stamp and the guest's uptime);
 * minion: the master's ``salt/minion/<id>/start`` event (``salt-run state.event``, lines timestamped
   as they arrive) and the first ``salt <id> test.ping`` answering True (polled once the start event was
   seen, so that the polls' CPU does not slow the guest's boot; each poll is a whole ``salt`` command, as
@@ -26,10 +28,18 @@ Cases: 1 VM (``--reps`` times, one after the other) and ``--burst`` VMs started 
 ``salt-run virt.init`` each, in threads) on 2 lab hypervisors. The image is cached on every hypervisor
 before the clock starts (``cp.cache_file``), as the tutorial's "already cached" case.
 
+``--direct-kernel``: the VMs boot the image's own kernel and initrd directly (``boot={kernel, initrd,
+cmdline}`` from ``debian-minion.{vmlinuz,initrd,cmdline}`` next to the image, which the recipe exports;
+no BIOS, no boot loader). virt.init takes those paths only from a directory the operator allows: the
+bench's hypervisors list the image's directory in ``virt:allowed_paths`` for this case only.
+``--debug`` (with ``--direct-kernel``): ``sv.debug`` on the kernel command line: the guest forwards its
+journal to the console (monotonic timestamps), runs the minion with ``-l debug`` and prints
+``systemd-analyze blame``; every console line is kept in the JSON (``console``).
+
 ``--quick`` (the smoke test): 1 VM of the tiny busybox guest (no minion in it) on 1 hypervisor,
 measured to the runner's "started" and the console's first line; no ping.
 
-    $VENV/bin/python bench/bench_tutorial.py [--quick] [--reps 2] [--burst 5]
+    $VENV/bin/python bench/bench_tutorial.py [--quick] [--reps 2] [--burst 5] [--direct-kernel [--debug]]
 """
 
 import argparse
@@ -54,6 +64,8 @@ from tests.support import lab
 
 DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", str(common.CACHE / "debian")), "debian-minion.qcow2")
 MARKER = "SALT-MINION-START"
+PHASE_RE = re.compile(r"SV-PHASE (\S+) (\d+\.\d+)")
+GUEST_PHASES = ("systemd", "dhcp", "minion-start")
 FULL = {"reps": 2, "burst": 5, "hosts": 2}
 QUICK = {"reps": 1, "burst": 0, "hosts": 1}
 PING_TIMEOUT = 600  # TCG boot of systemd + salt-minion, five at once on 2 cores
@@ -64,13 +76,17 @@ class TutStack(bench_fleet.Stack):
     """bench_fleet's master + hypervisor minions, plus what the tutorial needs: the master reachable by
     guests, no auto-accept, the images' directory allowed for the busybox guest's kernel."""
 
+    direct_kernel = False
+
     def configure(self):
         super().configure()
         for d in self.minion_confs:
             path = os.path.join(d, "minion")
             with open(path) as fh:
                 cfg = json.load(fh)
-            cfg["virt"]["allowed_paths"] = [str(common.GUEST)]
+            # the operator's opt-in for a direct kernel boot of the Debian image: its directory allowed
+            extra = [os.path.dirname(DEBIAN)] if self.direct_kernel else []
+            cfg["virt"]["allowed_paths"] = [str(common.GUEST), *extra]
             cfg["grains"]["virt_hypervisor"] = True
             self._write(path, cfg)
         self.auto_accept_minions()
@@ -123,6 +139,15 @@ class Console:
                 return t
         return None
 
+    def phases(self):
+        """{name: (time.monotonic seen, guest uptime)} of the image's ``SV-PHASE`` markers (first of each)."""
+        found = {}
+        for t, ln in self.lines:
+            m = PHASE_RE.search(ln)
+            if m:
+                found.setdefault(m.group(1), (t, float(m.group(2))))
+        return found
+
 
 class Events:
     """``salt-run state.event`` on the master: the first ``salt/minion/<id>/start`` per id, timestamped."""
@@ -152,9 +177,19 @@ class Events:
             self.proc.kill()
 
 
-def one_vm(stack, hvs, events, name, quick):
+def direct_boot(debug):
+    """virt.init's ``boot`` for a direct kernel boot of the Debian image (files the recipe exports)."""
+    base = DEBIAN[: -len(".qcow2")]
+    with open(base + ".cmdline") as fh:
+        cmdline = fh.read().strip()
+    if debug and "sv.debug" not in cmdline:
+        cmdline = cmdline.replace(" quiet", "") + " sv.debug systemd.journald.forward_to_console=1"
+    return json.dumps({"kernel": base + ".vmlinuz", "initrd": base + ".initrd", "cmdline": cmdline})
+
+
+def one_vm(stack, hvs, events, name, quick, boot=None, keep_console=False):
     """virt.init of ``name`` as the tutorial types it, then its boot and first answer: times since t0.
-    ``hvs``: {hypervisor minion id: lab.Hypervisor}."""
+    ``hvs``: {hypervisor minion id: lab.Hypervisor}; ``boot``: virt.init's boot= (a direct kernel boot)."""
     consoles = {mid: Console(h.path("log", "qemu", f"{name}-serial.log")) for mid, h in hvs.items()}
     if quick:
         boot = json.dumps(
@@ -173,6 +208,8 @@ def one_vm(stack, hvs, events, name, quick):
         ]
     else:
         args = ["virt.init", name, "1", "512", "salt://images/debian.qcow2", "enable_qcow=True"]
+        if boot:
+            args.append(f"boot={boot}")
     cmd = ["salt-run", *args]
     t0 = time.monotonic()
     proc = subprocess.run(
@@ -221,11 +258,19 @@ def one_vm(stack, hvs, events, name, quick):
                 event = event or (events.starts.get(name) if events else None)
                 break
         time.sleep(0.5 if quick else 1)
+    if keep_console and console and ping is not None:  # sv.debug: the guest's report comes a minute later
+        end = time.monotonic() + 300
+        while time.monotonic() < end and console.first("SV-DEBUG-END") is None:
+            time.sleep(1)
     for c in consoles.values():
         c.stop.set()
     rel = lambda t: None if t is None else t - t0  # noqa: E731
     res.update(first_line=rel(first_line), marker=rel(marker), event=rel(event), ping=rel(ping))
     res["console_head"] = [ln for _, ln in (console.lines[:3] if console else [])]
+    # the guest's phase markers: when the host saw each (since t0) and the guest's uptime in it
+    res["phases"] = {k: {"at": rel(t), "uptime": up} for k, (t, up) in (console.phases() if console else {}).items()}
+    if keep_console and console:
+        res["console"] = [[round(rel(t), 2), ln] for t, ln in console.lines]
     if res["rc"] == 0 and (first_line is None or (not quick and ping is None)):
         res["error"] = "no console line" if first_line is None else f"no test.ping True within {PING_TIMEOUT} s"
     return res
@@ -314,6 +359,15 @@ def _at(timeline, step):
     return next((t["at"] for t in timeline if t["step"] == step), None)
 
 
+def _ph(r, name, clock="at"):
+    return (r.get("phases") or {}).get(name, {}).get(clock)
+
+
+def _up(r, a, b):
+    """Guest uptime between two markers (the guest's own clock)."""
+    return _ph(r, b, "uptime") - _ph(r, a, "uptime") if _ph(r, a) is not None and _ph(r, b) is not None else None
+
+
 PHASES = [
     ("salt-run virt.init: runner function to `started` (timeline)", lambda r: _at(r["timeline"], "started")),
     (
@@ -321,6 +375,10 @@ PHASES = [
         lambda r: r["returned"] - _at(r["timeline"], "started") if _at(r["timeline"], "started") else None,
     ),
     ("returned → console's first line (firmware, bootloader, quiet kernel)", lambda r: _d(r, "returned", "first_line")),
+    ("returned → SV-PHASE systemd (firmware, boot loader, kernel, initrd)", lambda r: _d(r, "returned", "systemd")),
+    ("  of it: kernel + initrd (guest uptime at SV-PHASE systemd)", lambda r: _ph(r, "systemd", "uptime")),
+    ("SV-PHASE systemd → dhcp (guest uptime: udev, networkd, the lease)", lambda r: _up(r, "systemd", "dhcp")),
+    ("SV-PHASE systemd → minion-start (guest uptime: units first)", lambda r: _up(r, "systemd", "minion-start")),
     ("console's first line → SALT-MINION-START (systemd to the minion unit)", lambda r: _d(r, "first_line", "marker")),
     ("SALT-MINION-START → salt/minion/<id>/start event (minion start-up, auth)", lambda r: _d(r, "marker", "event")),
     ("start event → first test.ping True (a `salt` command each poll)", lambda r: _d(r, "event", "ping")),
@@ -328,14 +386,21 @@ PHASES = [
 POINTS = [
     ("salt-run virt.init returned", "returned"),
     ("console's first line", "first_line"),
+    ("SV-PHASE systemd (PID 1 runs units)", "systemd"),
+    ("SV-PHASE dhcp (a routable address)", "dhcp"),
     ("SALT-MINION-START on the console", "marker"),
     ("salt/minion/<id>/start event", "event"),
     ("first `salt <id> test.ping` True", "ping"),
 ]
 
 
+def _v(r, k):
+    return r.get(k) if k in r else _ph(r, k)
+
+
 def _d(r, a, b):
-    return r[b] - r[a] if r.get(a) is not None and r.get(b) is not None else None
+    va, vb = _v(r, a), _v(r, b)
+    return vb - va if va is not None and vb is not None else None
 
 
 def render(label, runs, quick):
@@ -346,8 +411,9 @@ def render(label, runs, quick):
             steps.setdefault(t["step"], []).append(t["at"])
     last = "first_line" if quick else "ping"
     stat = lambda vals: common.fmt_stat(common.summary(vals))  # noqa: E731
-    points = [[p, stat([r[k] for r in good])] for p, k in POINTS if not quick or k in ("returned", "first_line")]
+    points = [[p, stat([_v(r, k) for r in good])] for p, k in POINTS if not quick or k in ("returned", "first_line")]
     phases = [[p, stat([f(r) for r in good])] for p, f in PHASES[: 3 if quick else None]]
+    phases = [row for row in phases if not row[1].startswith("—")] if not quick else phases
     tl = [[s, stat(v)] for s, v in steps.items()]
     return [
         f"{label}: seconds since `salt-run virt.init` started, median (min–max, n); "
@@ -365,7 +431,11 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, help="1-VM runs, one after the other")
     ap.add_argument("--burst", type=int, help="VMs started at once (0: none)")
+    ap.add_argument("--direct-kernel", action="store_true", help="boot the image's kernel + initrd directly")
+    ap.add_argument("--debug", action="store_true", help="with --direct-kernel: sv.debug, whole console kept")
     args = ap.parse_args(argv)
+    if args.debug and not args.direct_kernel:
+        ap.error("--debug needs --direct-kernel (the image's own command line is fixed)")
     cfg = dict(QUICK if args.quick else FULL)
     cfg.update({k: getattr(args, k) for k in ("reps", "burst") if getattr(args, k) is not None})
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
@@ -399,6 +469,7 @@ def main(argv=None):
                 "guest_master": master_ip or "127.0.0.1",
             },
         }
+        TutStack.direct_kernel = args.direct_kernel and not args.quick
         stack = TutStack(
             "salt-virt",
             str(common.OUR_VENV),
@@ -420,14 +491,15 @@ def main(argv=None):
         events = None if args.quick else Events(stack)
         time.sleep(0 if args.quick else 3)  # the event listener is subscribed before the first init
         vm_hvs = {f"hyper{i:02d}": h for i, h in enumerate(hvs)}
+        boot = direct_boot(args.debug) if args.direct_kernel and not args.quick else None
         for rep in range(cfg["reps"]):
             name = "web1" if rep == 0 else f"web1r{rep}"
             log(f"tutorial: 1 VM ({name}), rep {rep + 1}/{cfg['reps']}")
-            r = one_vm(stack, vm_hvs, events, name, args.quick)
+            r = one_vm(stack, vm_hvs, events, name, args.quick, boot, args.debug)
             runs["single"].append(r)
             log(
                 f"tutorial: {name}: "
-                + json.dumps({k: r[k] for k in ("returned", "first_line", "marker", "event", "ping")})
+                + json.dumps({k: r[k] for k in ("returned", "first_line", "marker", "event", "ping", "phases")})
             )
             stack.cli("salt-run", "virt.purge", name, timeout=300)
         if cfg["burst"]:
@@ -435,7 +507,7 @@ def main(argv=None):
             names = [f"web{i + 2}" for i in range(cfg["burst"])]
             log(f"tutorial: {len(names)} VMs at once: {', '.join(names)} (load {load_b})")
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
-                futs = [pool.submit(one_vm, stack, vm_hvs, events, n, False) for n in names]
+                futs = [pool.submit(one_vm, stack, vm_hvs, events, n, False, boot, args.debug) for n in names]
                 runs["burst"] = [f.result() for f in futs]
             runs["burst_load"] = (load_b, common.loadavg())
             for r in runs["burst"]:
@@ -478,6 +550,13 @@ def main(argv=None):
             f"command: `{runs['single'][0]['command'] if runs['single'] else '?'}` "
             "(then `salt <id> test.ping` until True)",
             f"load average before/after: {load0} / {common.loadavg()}",
+            f"image: {os.path.realpath(DEBIAN)}; boot: "
+            + (
+                "direct kernel (the image's exported kernel, initrd, command line)"
+                if args.direct_kernel
+                else "BIOS + extlinux"
+            )
+            + (", sv.debug" if args.debug else ""),
         ]
         + ([f"load average before/after the burst: {' / '.join(runs['burst_load'])}"] if "burst_load" in runs else [])
         + identity_notes(runs["burst"])

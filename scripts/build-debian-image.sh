@@ -5,7 +5,15 @@
 #                                 systemd, linux-image-cloud-amd64, python3, systemd-networkd (DHCP on every
 #                                 ethernet NIC), and with "minion": salt-minion 3008.5 in /opt/saltstack/salt
 #                                 (the same two-step install as scripts/salt-venv.sh), enabled at boot.
-# The kernel logs to ttyS0; the minion's start is marked there too ("SALT-MINION-START <id>").
+# OUTDIR/debian-<variant>.vmlinuz, .initrd, .cmdline   the image's kernel, initrd and command line, for a
+#                                 direct kernel boot (virt.init boot={kernel, initrd, cmdline}: no BIOS, no
+#                                 boot loader); the image boots with or without them.
+# The kernel logs to ttyS0. Boot phases are marked there as "SV-PHASE <name> <seconds since the kernel
+# started>": systemd (PID 1 runs units), dhcp (a routable address), minion-start (just before the minion's
+# Python starts; also "SALT-MINION-START <id>"). SV_IMAGE_DEBUG=1 (or "sv.debug" on the kernel command
+# line of a direct boot) also forwards the journal to ttyS0 (monotonic timestamps), runs the minion with
+# "-l debug" and, a minute after the boot has finished, prints systemd-analyze blame, a profile of the
+# minion's grains and its import times, then "SV-DEBUG-END".
 # Packages come from the distribution mirror apt is configured with (mmdebstrap), salt from PyPI.
 set -euo pipefail
 OUT=$(realpath -m "${1:?usage: build-debian-image.sh OUTDIR [minion|nominion]}")
@@ -36,6 +44,93 @@ printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nUseDomains=yes\
 chroot "$R" systemctl enable systemd-networkd.service >/dev/null 2>&1
 chroot "$R" systemctl mask systemd-networkd-wait-online.service apt-daily.timer apt-daily-upgrade.timer \
   e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+# boot phase markers on the serial console (bench/bench_tutorial.py reads them)
+cat > "$R/usr/local/sbin/sv-phase" <<'EOS'
+#!/bin/sh
+# sv-phase NAME: "SV-PHASE NAME <seconds since the kernel started>" on the serial console (shell builtins
+# only: no process more than the shell on the boot's path); minion-start is also "SALT-MINION-START <id>"
+read -r up _ < /proc/uptime
+{
+  [ "$1" = minion-start ] && { id=; read -r id < /etc/salt/minion_id; echo "SALT-MINION-START $id"; }
+  echo "SV-PHASE $1 $up"
+} > /dev/ttyS0 2>/dev/null || true
+EOS
+chmod 755 "$R/usr/local/sbin/sv-phase"
+cat > "$R/etc/systemd/system/sv-phase-systemd.service" <<'UNIT'
+[Unit]
+Description=Boot phase marker: systemd runs units
+DefaultDependencies=no
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/sv-phase systemd
+
+[Install]
+WantedBy=sysinit.target
+UNIT
+cat > "$R/etc/systemd/system/sv-phase-dhcp.service" <<'UNIT'
+[Unit]
+Description=Boot phase marker: a routable address (DHCP lease)
+After=systemd-networkd.service
+
+[Service]
+# simple, not oneshot: multi-user.target does not wait for it
+Type=simple
+ExecStart=/bin/sh -c '/lib/systemd/systemd-networkd-wait-online --any --timeout=300 --quiet && exec /usr/local/sbin/sv-phase dhcp'
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+cat > "$R/usr/local/sbin/sv-debug-report" <<'EOS'
+#!/bin/sh
+# sv.debug: once the boot has finished and the minion had time to connect, where the time went
+systemctl is-system-running --wait >/dev/null 2>&1
+sleep "${1:-60}"
+exec > /dev/ttyS0 2>&1
+systemd-analyze; systemd-analyze blame | head -30
+systemd-analyze critical-chain salt-minion.service sv-phase-dhcp.service
+PY=/opt/saltstack/salt/bin/python
+if [ -x $PY ]; then
+  echo "--- salt.loader.grains under cProfile"
+  $PY -c 'import cProfile, pstats, time, salt.config, salt.loader
+o = salt.config.minion_config("/etc/salt/minion"); p = cProfile.Profile(); t = time.time(); p.enable()
+g = salt.loader.grains(o, force_refresh=True); p.disable(); print("grains: %.2f s, %d grains" % (time.time() - t, len(g)))
+pstats.Stats(p).sort_stats("cumulative").print_stats(35)'
+  echo "--- import time of the minion (microseconds, cumulative)"
+  $PY -X importtime -c 'import salt.scripts, salt.cli.daemons, salt.minion' 2>&1 | sort -t'|' -k2 -n | tail -30
+fi
+echo SV-DEBUG-END
+EOS
+chmod 755 "$R/usr/local/sbin/sv-debug-report"
+cat > "$R/etc/systemd/system/sv-debug-report.service" <<'UNIT'
+[Unit]
+Description=Debug: boot and minion start-up report on the serial console
+ConditionKernelCommandLine=sv.debug
+
+[Service]
+# simple, not oneshot: the boot does not wait for it
+Type=simple
+ExecStart=/usr/local/sbin/sv-debug-report 60
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+cat > "$R/etc/systemd/system/sv-debug-env.service" <<'UNIT'
+[Unit]
+Description=Debug: the minion logs at debug level
+ConditionKernelCommandLine=sv.debug
+DefaultDependencies=no
+Before=salt-minion.service
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'echo SV_MINION_ARGS=-l debug > /run/sv-debug.env'
+
+[Install]
+WantedBy=sysinit.target
+UNIT
+chroot "$R" systemctl enable sv-phase-systemd.service sv-phase-dhcp.service sv-debug-report.service \
+  sv-debug-env.service >/dev/null 2>&1
 chroot "$R" passwd -d root >/dev/null
 # a serial login for debugging (root, no password: lab image only)
 chroot "$R" systemctl enable serial-getty@ttyS0.service >/dev/null 2>&1 || true
@@ -63,8 +158,11 @@ Wants=network-online.target
 
 [Service]
 Type=simple
-ExecStartPre=/bin/sh -c 'echo "SALT-MINION-START $(cat /etc/salt/minion_id 2>/dev/null)" > /dev/ttyS0'
-ExecStart=/opt/saltstack/salt/bin/salt-minion
+# one shell for both markers ("SALT-MINION-START <id>" and "SV-PHASE minion-start <uptime>")
+ExecStartPre=/usr/local/sbin/sv-phase minion-start
+# sv.debug: sv-debug-env.service writes SV_MINION_ARGS=-l debug
+EnvironmentFile=-/run/sv-debug.env
+ExecStart=/opt/saltstack/salt/bin/salt-minion $SV_MINION_ARGS
 KillMode=process
 Restart=on-failure
 RestartSec=2
@@ -105,6 +203,8 @@ truncate -s ${SIZE_MIB}M "$RAW"
 printf 'label: dos\nstart=2048, type=83, bootable\n' | sfdisk -q "$RAW"
 truncate -s $((SIZE_MIB - 1))M "$WORK/part.img"
 KVER=$(ls "$WORK/root/lib/modules" | head -1)
+CMDLINE="root=/dev/vda1 ro console=ttyS0 quiet systemd.show_status=0 net.ifnames=0"
+[ "${SV_IMAGE_DEBUG:-0}" = 1 ] && CMDLINE="root=/dev/vda1 ro console=ttyS0 net.ifnames=0 sv.debug systemd.journald.forward_to_console=1"
 mkdir -p "$WORK/root/boot/extlinux"
 cat > "$WORK/root/boot/extlinux/extlinux.conf" <<EOF
 DEFAULT debian
@@ -113,7 +213,7 @@ PROMPT 0
 LABEL debian
   LINUX /boot/vmlinuz-$KVER
   INITRD /boot/initrd.img-$KVER
-  APPEND root=/dev/vda1 ro console=ttyS0 quiet systemd.show_status=0 net.ifnames=0
+  APPEND $CMDLINE
 EOF
 mkfs.ext4 -q -F -L root -O ^metadata_csum_seed -d "$WORK/root" "$WORK/part.img"
 dd if="$WORK/part.img" of="$RAW" bs=1M seek=1 conv=notrunc,sparse status=none
@@ -126,6 +226,10 @@ umount "$WORK/mnt"
 losetup -d "$LOOP"; LOOP=
 dd if=/usr/lib/EXTLINUX/mbr.bin of="$RAW" conv=notrunc bs=440 count=1 status=none
 qemu-img convert -c -f raw -O qcow2 "$RAW" "$OUT/debian-$VARIANT.qcow2.tmp"
-chmod 644 "$OUT/debian-$VARIANT.qcow2.tmp"
-mv "$OUT/debian-$VARIANT.qcow2.tmp" "$OUT/debian-$VARIANT.qcow2"
-ls -la "$OUT/debian-$VARIANT.qcow2" >&2
+# the kernel, initrd and command line for a direct kernel boot, next to the image
+install -m 644 "$WORK/root/boot/vmlinuz-$KVER" "$OUT/debian-$VARIANT.vmlinuz.tmp"
+install -m 644 "$WORK/root/boot/initrd.img-$KVER" "$OUT/debian-$VARIANT.initrd.tmp"
+echo "$CMDLINE" > "$OUT/debian-$VARIANT.cmdline.tmp"
+chmod 644 "$OUT/debian-$VARIANT.qcow2.tmp" "$OUT/debian-$VARIANT.cmdline.tmp"
+for f in vmlinuz initrd cmdline qcow2; do mv "$OUT/debian-$VARIANT.$f.tmp" "$OUT/debian-$VARIANT.$f"; done
+ls -la "$OUT"/debian-"$VARIANT".* >&2
