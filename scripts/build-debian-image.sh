@@ -40,10 +40,19 @@ echo salt-virt-guest > "$R/etc/hostname"
 printf '127.0.0.1 localhost\n' > "$R/etc/hosts"
 printf '/dev/vda1 / ext4 defaults,noatime 0 1\n' > "$R/etc/fstab"
 mkdir -p "$R/etc/systemd/network"
-printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nUseDomains=yes\n' > "$R/etc/systemd/network/50-dhcp.network"
-chroot "$R" systemctl enable systemd-networkd.service >/dev/null 2>&1
-chroot "$R" systemctl mask systemd-networkd-wait-online.service apt-daily.timer apt-daily-upgrade.timer \
-  e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+printf '[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\n\n[DHCPv4]\nUseDomains=yes\nUseHostname=no\n' \
+  > "$R/etc/systemd/network/50-dhcp.network"
+chroot "$R" systemctl enable systemd-networkd.service systemd-resolved.service >/dev/null 2>&1
+# network-online = one NIC has a routable address (the DHCP lease), at most 30 s: the minion starts after it,
+# so its grains (ipv4, ...) hold the leased address; a VM without a lease still starts its minion
+mkdir -p "$R/etc/systemd/system/systemd-networkd-wait-online.service.d"
+printf '[Service]\nExecStart=\nExecStart=/lib/systemd/systemd-networkd-wait-online --any --timeout=30\n' \
+  > "$R/etc/systemd/system/systemd-networkd-wait-online.service.d/any.conf"
+chroot "$R" systemctl enable systemd-networkd-wait-online.service >/dev/null 2>&1
+# a smaller initrd: the modules the root disk needs (virtio), not most of the kernel's drivers
+printf 'virtio_pci\nvirtio_blk\n' >> "$R/etc/initramfs-tools/modules"
+sed -i 's/^MODULES=.*/MODULES=list/' "$R/etc/initramfs-tools/initramfs.conf"
+chroot "$R" update-initramfs -u -k all >/dev/null 2>&1
 # boot phase markers on the serial console (bench/bench_tutorial.py reads them)
 cat > "$R/usr/local/sbin/sv-phase" <<'EOS'
 #!/bin/sh
@@ -131,6 +140,9 @@ WantedBy=sysinit.target
 UNIT
 chroot "$R" systemctl enable sv-phase-systemd.service sv-phase-dhcp.service sv-debug-report.service \
   sv-debug-env.service >/dev/null 2>&1
+# nothing a fresh cloud guest needs at boot (no LVM snapshots to reap, no unattended apt runs)
+chroot "$R" systemctl mask apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service \
+  fstrim.timer >/dev/null 2>&1 || true
 chroot "$R" passwd -d root >/dev/null
 # a serial login for debugging (root, no password: lab image only)
 chroot "$R" systemctl enable serial-getty@ttyS0.service >/dev/null 2>&1 || true
@@ -149,11 +161,21 @@ chroot "$R" /opt/saltstack/salt/bin/pip install -q --no-index --find-links /tmp/
 chroot "$R" /opt/saltstack/salt/bin/pip install -q --no-index --find-links /tmp/wheels -r /tmp/wheels/salt-deps.txt
 rm -rf "$R/tmp/wheels"
 mkdir -p "$R/etc/salt/minion.d" "$R/etc/salt/pki/minion"
+# the image's own minion settings, for a fast first start (docs/topics/images.md); a later file in
+# minion.d (salt-virt's seeded 99-salt-virt.conf, minion_config=) overrides any of them
+cat > "$R/etc/salt/minion.d/10-image.conf" <<'CONF'
+# the minion computes its grains at start and again once connected: the second time from this cache
+grains_cache: True
+# no reverse DNS lookup of every address (waits for DNS timeouts when no resolver answers)
+enable_fqdns_grains: False
+# no lspci
+enable_gpu_grains: False
+CONF
 for b in salt-minion salt-call; do ln -sf /opt/saltstack/salt/bin/$b "$R/usr/bin/$b"; done
 cat > "$R/etc/systemd/system/salt-minion.service" <<'UNIT'
 [Unit]
 Description=The Salt Minion
-After=network-online.target systemd-networkd.service
+After=network-online.target systemd-networkd.service nss-lookup.target
 Wants=network-online.target
 
 [Service]
@@ -193,7 +215,7 @@ fi
 mkdir -p "$WORK/root"
 mmdebstrap --quiet --variant=minbase --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-exclude=/usr/share/man/*' \
-  --include=systemd-sysv,udev,linux-image-cloud-amd64,python3,python3-venv,iproute2,ca-certificates,dbus,procps \
+  --include=systemd-sysv,udev,systemd-resolved,linux-image-cloud-amd64,python3,python3-venv,iproute2,ca-certificates,dbus,procps \
   "${HOOKS[@]}" bookworm "$WORK/root"
 
 # 2. disk: MBR, partition 1 ext4 from the tree (no mount for the content), extlinux ------------------
@@ -215,6 +237,11 @@ LABEL debian
   INITRD /boot/initrd.img-$KVER
   APPEND $CMDLINE
 EOF
+# the resolver is systemd-resolved (DNS servers from DHCP; the local host name answered locally), never the
+# build host's /etc/resolv.conf: a name server the guest cannot reach makes every lookup wait for its
+# timeout (the minion's hostname and fqdn grains: 3 lookups x 5 s at each grains refresh)
+rm -f "$WORK/root/etc/resolv.conf"
+ln -s ../run/systemd/resolve/stub-resolv.conf "$WORK/root/etc/resolv.conf"
 mkfs.ext4 -q -F -L root -O ^metadata_csum_seed -d "$WORK/root" "$WORK/part.img"
 dd if="$WORK/part.img" of="$RAW" bs=1M seek=1 conv=notrunc,sparse status=none
 rm -f "$WORK/part.img"

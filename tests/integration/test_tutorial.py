@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import pathlib
+import re
 import time
 
 import pytest
@@ -114,7 +115,7 @@ def _fingerprint(master, name):
     return hashlib.sha256(pub.read_bytes()).hexdigest()
 
 
-def test_new_vm_minion_answers_with_the_preaccepted_key(tut_master, tut_hv):
+def test_new_vm_minion_answers_with_the_preaccepted_key(tut_master, tut_hv, tut_lab):
     names = ["tut1", "tut2"]
     try:
         for name in names:
@@ -125,10 +126,18 @@ def test_new_vm_minion_answers_with_the_preaccepted_key(tut_master, tut_hv):
             _wait_ping(tut_master, name)
         # two VMs from one base image: each its own id and its own key
         assert _fingerprint(tut_master, "tut1") != _fingerprint(tut_master, "tut2")
-        grains = tut_master.salt_cli(timeout=60).run("grains.item", "id", "os", "osrelease", minion_tgt="tut2")
+        grains = tut_master.salt_cli(timeout=60).run("grains.item", "id", "os", "osrelease", "ipv4", minion_tgt="tut2")
         assert grains.returncode == 0, grains
         assert grains.data["id"] == "tut2" and grains.data["os"] == "Debian", grains.data
         assert str(grains.data["osrelease"]).startswith("12"), grains.data
+        # the image marks its boot phases on the serial console (bench/bench_tutorial.py times them); its
+        # minion starts once the DHCP lease is there, so its grains (computed once at start, then cached)
+        # hold the leased address
+        console = pathlib.Path(tut_lab[1].path("log", "qemu", "tut2-serial.log")).read_text(errors="replace")
+        phases = {name: float(up) for name, up in reversed(re.findall(r"SV-PHASE (\S+) (\d+\.\d+)", console))}
+        assert {"systemd", "dhcp", "minion-start"} <= set(phases), console[-2000:]
+        assert phases["systemd"] < phases["dhcp"] and phases["systemd"] < phases["minion-start"], phases
+        assert any(ip.startswith(f"{lab.FABRIC_NET}.") for ip in grains.data["ipv4"]), grains.data
         keys = _keys(tut_master)
         assert not set(names) & set(keys["pending"] + keys["rejected"]), keys
         # purge removes the VM and the key virt.init created for it, and nothing else
