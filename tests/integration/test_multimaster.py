@@ -187,3 +187,43 @@ def test_a_master_killed_mid_init_leaves_a_lock_that_expires(masters, hypervisor
     (over,) = [t for t in data["taken_over"] if t["name"] == "web9"]
     assert over["why"] == "expired" and over["was"].startswith("virt.init by master mm1 "), over
     assert shared_locks(redis_server) == {}
+
+
+def test_redis_killed_mid_init_fails_cleanly_and_heals(masters, hypervisors, redis_server):
+    """redis dies (connection refused) while a virt.init on one of two masters holds its shared lock: the
+    runner stops with an error naming redis and what to do, creates nothing, and once redis is back (from
+    its last snapshot, the lock in it) an init of that name works."""
+    proc = salt_run(masters["mm2"], "virt.init", "web8", *VM, "host=mmgone")  # its query waits ~30 s for mmgone
+    deadline = time.monotonic() + 120
+    while "web8" not in shared_locks(redis_server):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    redis_server.client().save()  # a redis with persistence: the lock comes back with it
+    redis_server.crash()
+    killed = time.monotonic()
+    try:
+        code, data = finish(proc, timeout=120)  # a hang fails here (TimeoutExpired)
+    finally:
+        print(f"salt-run returned {time.monotonic() - killed:.1f} s after redis died")
+        redis_server.start()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(json.dumps(data, indent=1))
+    stopped = "virt.init of web8 stopped before placing it, nothing was created: the lock of 'web8' could not be"
+    assert code == 1 and data["error"].startswith(stopped), data
+    assert f"redis (127.0.0.1:{redis_server.port})) cannot be updated" in data["error"], data
+    assert "Check the master's cache: setting and that the store is reachable" in data["error"], data
+    placed = sum(vms(masters).values(), [])
+    assert "web8" not in placed, placed  # nothing was created
+    assert shared_locks(redis_server)["web8"]["owner"]["pid"] == proc.pid  # the lock it could not release
+    if len(placed) >= 10:  # room for web8 (this module's earlier tests may have filled both hosts)
+        code, data = finish(salt_run(masters["mm2"], "virt.purge", placed[0], UP))
+        assert code == 0, data
+    code, data = finish(salt_run(masters["mm2"], "virt.init", "web8", *VM, UP))
+    assert code == 0 and data["host"] in HOSTS, data
+    (over,) = [t for t in data["taken_over"] if t["name"] == "web8"]
+    assert over["why"] == "its process is gone", over
+    code, data = finish(salt_run(masters["mm2"], "virt.purge", "web8", UP))
+    assert code == 0, data
+    assert shared_locks(redis_server) == {}

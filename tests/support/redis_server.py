@@ -1,4 +1,5 @@
-"""A real redis-server for tests: 127.0.0.1, a free port, its own temp dir, no persistence; stopped by pid."""
+"""A real redis-server for tests: 127.0.0.1, a free port, its own temp dir, no automatic persistence (an explicit
+SAVE is loaded again by a restart); stopped by pid."""
 
 import os
 import shutil
@@ -47,6 +48,12 @@ class RedisServer:
     def master_opts(self):
         """The master config a redis-backed salt.cache needs."""
         return {"cache": "redis", "cache.redis.host": "127.0.0.1", "cache.redis.port": self.port, "cache.redis.db": "0"}
+
+    def crash(self):
+        """SIGKILL it (a crash: clients get "connection refused" from now on); its directory stays, so
+        :meth:`start` brings it back on the same port with its last snapshot (``client().save()``)."""
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

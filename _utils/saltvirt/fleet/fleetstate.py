@@ -148,7 +148,7 @@ class Store:
             return read()
         except redis.RedisError as exc:
             raise CommandExecutionError(
-                f"the shared runner state ({self.describe()}) cannot be read: {exc}. "
+                f"the shared runner state ({self.describe()}) cannot be read: {str(exc).rstrip('.')}. "
                 "Check the master's cache: setting and that the store is reachable"
             ) from exc
 
@@ -162,7 +162,7 @@ class Store:
             raise
         except Exception as exc:  # SaltCacheError, redis errors: say where the state lives
             raise CommandExecutionError(
-                f"the shared runner state ({self.describe()}) cannot be updated: {exc}. "
+                f"the shared runner state ({self.describe()}) cannot be updated: {str(exc).rstrip('.')}. "
                 "Check the master's cache: setting and that the store is reachable"
             ) from exc
 
@@ -200,6 +200,10 @@ def _redis_client(opts):
         password=opts.get("cache.redis.password"),
         socket_timeout=REDIS_TIMEOUT,
         socket_connect_timeout=REDIS_TIMEOUT,
+        # one quick retry on a broken connection (a restarted redis: the pooled one is dead), none on a
+        # timeout; redis-py's default (3 retries, backoff up to 10 s, timeouts too) turned one refused
+        # connection into seconds and one hung redis into 40 s per command
+        retry=_retry_once(),
     )
     return {
         "client": client,
@@ -208,6 +212,13 @@ def _redis_client(opts):
         "stamps": opts.get("cache.redis.timestamp_prefix", "$TSTAMP") + sep,
         "where": sock or f"{host}:{port}",
     }
+
+
+def _retry_once():
+    from redis.backoff import ExponentialBackoff  # noqa: PLC0415 - redis is imported on first use
+    from redis.retry import Retry  # noqa: PLC0415
+
+    return Retry(ExponentialBackoff(cap=0.2, base=0.05), 1, supported_errors=(redis.ConnectionError,))
 
 
 def _redis_fetch(rd, bank, key):
@@ -280,6 +291,10 @@ def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
 
 
+class LeaseLost(CommandExecutionError):  # noqa: N818 - named for what happened, as HeldError
+    """The call no longer holds its lock (:meth:`Lease.check`): it must stop before its next step."""
+
+
 class HeldError(SaltInvocationError):
     """The name is locked by a live owner."""
 
@@ -303,6 +318,7 @@ class Lease:
         self.quota = None  # (tenant, vm) of a tenant quota entry (saltvirt.fleet.quota)
         self.on_renew = []  # more entries renewed with the lease: callables(expires)
         self.lost, self.renewed_at = None, None
+        self.store_error = None  # why the last renewal failed (None once one succeeds)
         self._stop = threading.Event()
         self._thread = None
 
@@ -395,25 +411,30 @@ class Lease:
             renew_reservation(self.store, self.reservation, self.token, now + self.ttl)
         for renew in self.on_renew:
             renew(now + self.ttl)
-        self.renewed_at = now
+        self.renewed_at, self.store_error = now, None
 
     def _renew_loop(self):
         while not self._stop.wait(self.ttl / 3):
             try:
                 self.renew()
             except Exception as exc:  # noqa: BLE001 - check() reports a lease we could not keep
+                self.store_error = str(exc)
                 log.warning("virt: cannot renew the lock of %s: %s", ", ".join(self.names), exc)
 
     def check(self) -> None:
-        """Raise unless every lock is still ours (call before an irreversible step)."""
+        """Raise :class:`LeaseLost` unless every lock is still ours: another holder took one, or none could
+        be renewed for the lease's ttl (the store stopped answering: another master may take the names once
+        it is back). Cheap (no store access): call it before an irreversible step and while waiting."""
         if self.lost:
             name, rec = self.lost
             by = who(rec) if rec else "nobody (it was removed)"
-            raise CommandExecutionError(f"lost the lock of {name!r} while working (now held: {by}): stopped")
+            raise LeaseLost(f"lost the lock of {name!r} while working (now held: {by}): stopped")
         if self.renewed_at and time.time() > self.renewed_at + self.ttl:
-            raise CommandExecutionError(
-                f"the lock of {', '.join(self.names)} could not be renewed for {self.ttl:g} s "
-                f"(shared state: {self.store.describe()}): stopped"
+            why = self.store_error or f"the shared runner state ({self.store.describe()}) did not answer"
+            why = why[:1].upper() + why[1:]
+            raise LeaseLost(
+                f"the lock of {', '.join(map(repr, self.names))} could not be renewed for {self.ttl:g} s "
+                f"(virt:shared:lock_ttl), so another master may take it: stopped. {why}"
             )
 
 
@@ -561,10 +582,9 @@ def renew_reservation(
 def finish(store: Store, lease: Lease, outcome: str, keep_for: float | None = None) -> None:
     """End the reservation of ``lease``: ``settled`` (the VM is running/defined: counts for older
     snapshots only), ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds)."""
-    if not lease.reservation:
-        return
-    end_entry(store, RESERVATIONS, lease.reservation, lease, outcome, keep_for)
-    lease.reservation = None
+    where, lease.reservation = lease.reservation, None  # ended, even if the store cannot be written now
+    if where:
+        end_entry(store, RESERVATIONS, where, lease, outcome, keep_for)
 
 
 def end_entry(

@@ -137,6 +137,7 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     client: Any = None,
     watch: tuple[str, Callable[..., Any]] | None = None,
     jid: str | None = None,
+    check: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Data], str | None]:
     """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
 
@@ -144,6 +145,8 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     expected (the target's accepted keys) plus any other minion that answered as a hypervisor.
     ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
     ``jid``: publish under this job id (made beforehand with :func:`new_jid`: what a sealed secret is bound to).
+    ``check()``: called while waiting (cheap, no I/O); what it raises stops the wait and is raised (a lock
+    the caller no longer holds: :meth:`saltvirt.fleet.fleetstate.Lease.check`).
     """
     cfg = cfg or config(opts)
     if tgt is None:
@@ -192,6 +195,8 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
                 block=False,
             ):
                 _relay(client, watch, expected)
+                if check is not None:
+                    check()
                 if item:
                     for mid, data in item.items():
                         if isinstance(data, dict) and "ret" in data:
@@ -207,7 +212,10 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
             _relay(client, watch, expected)
             with contextlib.suppress(Exception):
                 client._clean_up_subscriptions(pub["jid"])
-    if watch:
+            if watch:
+                with contextlib.suppress(Exception):
+                    client.event.unsubscribe(watch[0], match_type="startswith")
+    elif watch:
         with contextlib.suppress(Exception):
             client.event.unsubscribe(watch[0], match_type="startswith")
     elapsed = time.monotonic() - started
@@ -244,6 +252,7 @@ def call(
     client: Any = None,
     watch: tuple[str, Callable[..., Any]] | None = None,
     jid: str | None = None,
+    check: Callable[[], None] | None = None,
 ) -> tuple[Data, str | None]:
     """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
     answers, jid = run(
@@ -258,6 +267,7 @@ def call(
         client=client,
         watch=watch,
         jid=jid,
+        check=check,
     )
     return answers.get(minion) or {"status": "down", "error": "did not answer"}, jid
 
@@ -277,10 +287,17 @@ def failure(exc: Exception, **extra: Any) -> Data:
     return {"error": getattr(exc, "error", None) or str(exc), **getattr(exc, "details", {}), **extra, "retcode": 1}
 
 
-def gather(opts: SaltOpts, fun: str = "virt.full_info", cfg: Data | None = None, client: Any = None) -> dict[str, Data]:
+def gather(
+    opts: SaltOpts,
+    fun: str = "virt.full_info",
+    cfg: Data | None = None,
+    client: Any = None,
+    check: Callable[[], None] | None = None,
+) -> dict[str, Data]:
     """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` and ``capacity`` ->
-    ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``)."""
-    answers, _jid = run(opts, fun, cfg=cfg, client=client)
+    ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``).
+    ``check``: as in :func:`run`."""
+    answers, _jid = run(opts, fun, cfg=cfg, client=client, check=check)
     out = {}
     for mid, ans in answers.items():
         if ans["status"] != "up":
@@ -294,16 +311,18 @@ def gather(opts: SaltOpts, fun: str = "virt.full_info", cfg: Data | None = None,
     return out
 
 
-def capacities(opts: SaltOpts, cfg: Data | None = None, client: Any = None) -> dict[str, Data]:
+def capacities(
+    opts: SaltOpts, cfg: Data | None = None, client: Any = None, check: Callable[[], None] | None = None
+) -> dict[str, Data]:
     """Every hypervisor's capacity for placement (``virt.capacity``: node totals, usage, the group
     index; not every VM's facts). A hypervisor with an older salt-virt that has no ``virt.capacity``
     is asked ``virt.full_info`` instead, so placement still sees it."""
     cfg = cfg or config(opts)
-    hosts = gather(opts, "virt.capacity", cfg, client)
+    hosts = gather(opts, "virt.capacity", cfg, client, check)
     old = sorted(h for h, a in hosts.items() if a.get("no_virt") and "virt.capacity" in str(a.get("error")))
     if old:
         log.info("virt runner: %s have no virt.capacity (older salt-virt): asking virt.full_info", ", ".join(old))
-        hosts.update(gather(opts, "virt.full_info", dict(cfg, tgt=old, tgt_type="list"), client))
+        hosts.update(gather(opts, "virt.full_info", dict(cfg, tgt=old, tgt_type="list"), client, check))
     for answer in hosts.values():
         answer.pop("no_virt", None)
     return hosts

@@ -16,7 +16,7 @@ from typing import Any
 
 import salt.fileserver
 import salt.utils.url
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data, SaltOpts
@@ -94,7 +94,7 @@ def create(
                 exc.details["taken_over"] = taken
             raise
         finally:  # a quota taken before a refusal (placement, a taken name): given back (no-op once ended)
-            quotas.finish(lease.store, lease, "failed")
+            _quietly(quotas.finish, lease.store, lease, "failed")
         if taken:
             result["taken_over"] = taken
         return result
@@ -162,7 +162,7 @@ def _create(
     if seed:
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
-    hosts = _snapshot(opts, name, cfg, client, progress)
+    hosts = _snapshot(opts, name, cfg, client, progress, lease)
     hosts, place = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
     load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
     plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
@@ -186,15 +186,28 @@ def _create(
             if seed and attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
                 keys.fresh()
             pub_jid, kwarg = _sealed_kwarg(opts, hv, base_kwarg, name, keys if seed else None)
-            lease.check()  # never publish for a name whose lock we no longer hold
-            lease.note(host=hv)
-            args = [name, req["cpu"], req["mem"]]
-            ans, jid = _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, pub_jid)
+            ans, jid = _publish_init(
+                opts,
+                hv,
+                [name, req["cpu"], req["mem"]],
+                kwarg,
+                cfg,
+                client,
+                watch,
+                progress,
+                pub_jid,
+                lease,
+                keys if seed else None,
+                tried,
+            )
             if ans["status"] == "up":
-                _end(lease, "settled")
-                return _created(
+                unsettled = _end(lease, "settled")
+                result = _created(
                     opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
                 )
+                if unsettled:
+                    result.setdefault("warnings", []).append(unsettled)
+                return result
             _note_attempt(opts, lease, tried, name, hv, ans, jid)
             _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
@@ -267,15 +280,53 @@ def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
 
 
 def _end(lease, outcome, keep_for=None):
-    """End the host reservation and the tenant quota entry of ``lease`` alike (see fleetstate.finish)."""
-    fleetstate.finish(lease.store, lease, outcome, keep_for=keep_for)
-    quotas.finish(lease.store, lease, outcome, keep_for=keep_for)
+    """End the host reservation and the tenant quota entry of ``lease`` alike (see fleetstate.finish).
+    A store that cannot be written never hides the call's outcome: what could not be ended is returned as
+    a sentence (its entries expire by themselves), None when both ended."""
+    errors = [
+        err
+        for err in (
+            _quietly(fleetstate.finish, lease.store, lease, outcome, keep_for=keep_for),
+            _quietly(quotas.finish, lease.store, lease, outcome, keep_for=keep_for),
+        )
+        if err
+    ]
+    if not errors:
+        return None
+    return (
+        f"its capacity reservation could not be marked {outcome} in the shared runner state: {errors[0]} "
+        f"(the entry expires by itself within virt:shared:lock_ttl, {lease.ttl:g} s)"
+    )
 
 
-def _snapshot(opts, name, cfg, client, progress):
+def _quietly(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` for bookkeeping in the shared store: its error message (logged), or None."""
+    try:
+        func(*args, **kwargs)
+    except CommandExecutionError as exc:
+        log.warning("virt.init: %s", exc)
+        return str(exc)
+    return None
+
+
+def _lease_lost(name, hv, jid, key_id, exc, tried):
+    """The error when the lock of ``name`` was lost while ``virt.init`` ran on ``hv`` as job ``jid``."""
+    key = f"; the key of {key_id} is kept for it (salt-key -d {key_id} if the VM never appears)" if key_id else ""
+    return Failed(
+        f"stopped waiting for virt.init of {name} on {hv} (job {jid}): {exc}. "
+        f"The job may still create the VM there: check with `salt-run jobs.lookup_jid {jid}` and, once the "
+        f"store answers, `salt-run virt.query`; `salt-run virt.purge {name}` removes it if it is not wanted{key}",
+        tried=[*tried, {"host": hv, "outcome": "unknown", "error": str(exc), "jid": jid}],
+    )
+
+
+def _snapshot(opts, name, cfg, client, progress, lease):
     """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement; refuses a name
-    already in use."""
-    hosts = capacities(opts, cfg, client)
+    already in use. Stops (nothing published yet) if the lock of ``name`` is lost meanwhile."""
+    try:
+        hosts = capacities(opts, cfg, client, check=lease.check)
+    except fleetstate.LeaseLost as exc:
+        raise Failed(f"virt.init of {name} stopped before placing it, nothing was created: {exc}") from None
     _mark(progress, "hosts_queried")
     _refuse_existing_vm(hosts, name)
     return hosts
@@ -291,11 +342,28 @@ def _sealed_kwarg(opts, hv, base_kwarg, name, keys):
     return pub_jid, kwarg
 
 
-def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job):
+def _publish_init(opts, hv, args, kwarg, cfg, client, watch, progress, job, lease, keys, tried):
+    """``virt.init`` on ``hv`` under ``lease``: never published for a name whose lock is no longer held; when
+    the lock is lost while waiting (the store stopped answering), the job may still create the VM there, so
+    its key (``keys``) and its room stay, and the error says where to look."""
+    lease.check()
+    lease.note(host=hv)
+    try:
+        return _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job, lease.check)
+    except fleetstate.LeaseLost as exc:
+        if keys:
+            keys.keep = True
+        _end(lease, "unknown", keep_for=cfg["init_timeout"])
+        raise _lease_lost(args[0], hv, job, keys.key_id if keys else None, exc, tried) from None
+
+
+def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job, check):
     """``virt.init`` on ``hv`` (bounded by ``init_timeout``) as job ``job``, its publication and answer on
-    the timeline."""
+    the timeline; ``check``: the lease's (raises when the lock is lost while waiting)."""
     _mark(progress, "published", host=hv)
-    ans, jid = call(opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch, jid=job)
+    ans, jid = call(
+        opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch, jid=job, check=check
+    )
     _mark(progress, "returned", host=hv, status=ans["status"])
     return ans, jid
 

@@ -5,7 +5,7 @@ import hashlib
 import time
 
 import pytest
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.pki import envelope
 from saltvirt.fleet import fleetstate, minionkeys, placement, relocate, vmcreate
@@ -268,3 +268,92 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
     with fleetstate.lock(opts, ["web2"]) as lease, pytest.raises(quota.QuotaError) as err:
         vmcreate._tenant_quota(opts, cfg, client, lease, dict(tenant, disk_mib=1), "web2", req, {"hv1": {}}, since)
     assert str(err.value).startswith("tenant acme: 12288 of 12288 MiB disk used, asked 1: no room for web2")
+
+
+# the shared store (redis) dying while virt.init runs ---------------------------------------------------
+class _StoreDiesClient(_RecordingClient):
+    """Publishes as _RecordingClient; redis crashes (connection refused from then on) once virt.init is
+    published; virt.init's answer comes (``answers``) or never does (the hypervisor still works on it)."""
+
+    def __init__(self, answers, server):
+        super().__init__(answers)
+        self.server, self.waited = server, 0
+
+    def run_job(self, tgt, fun, *args, **kwargs):
+        pub = super().run_job(tgt, fun, *args, **kwargs)
+        if fun == "virt.init":
+            self.server.crash()
+        return pub
+
+    def get_iter_returns(self, jid, minions, **kw):
+        if self._fun != "virt.init" or "virt.init" in self.answers:
+            yield from super().get_iter_returns(jid, minions, **kw)
+            return
+        give_up = time.monotonic() + 60  # a wait the lost lease does not stop fails the test, never hangs it
+        while time.monotonic() < give_up:
+            self.waited += 1
+            yield None
+            time.sleep(0.01)
+        raise AssertionError("virt.init's wait went on after its lock was lost")
+
+
+@pytest.fixture
+def dying_redis(tmp_path):
+    """Fleet opts (hv1) on a redis-server of this test only (it is crashed here); lock_ttl 1 s."""
+    from tests.support.redis_server import RedisServer
+
+    server = RedisServer().start()
+    opts = _fleet_opts(tmp_path, ["hv1"])
+    opts.update(server.master_opts())
+    opts["virt"]["shared"] = {"lock_ttl": 1}
+    yield opts, server
+    server.stop()
+
+
+def _init_on_hv1(opts, client):
+    from saltvirt.fleet import publish
+
+    return vmcreate.create(
+        opts,
+        "web2",
+        placement.make_request(1, 64),
+        None,
+        {},
+        policy=placement.make_policy(mem_reserve_mib=0),
+        cfg=publish.config(opts),
+        client=client,
+        seed=False,
+    )
+
+
+HV1 = {"host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
+
+
+def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dying_redis):
+    """redis dies once virt.init is published and its answer is slow: the wait stops once the lock could not
+    be renewed for lock_ttl (another master may take the name then), with redis's error and where the job
+    may still create the VM, instead of waiting init_timeout (1800 s) for it."""
+    opts, server = dying_redis
+    client = _StoreDiesClient({"virt.capacity": {"hv1": HV1}}, server)
+    with pytest.raises(CommandExecutionError) as err:
+        _init_on_hv1(opts, client)
+    msg = str(err.value)
+    jid = err.value.details["tried"][-1]["jid"]
+    assert msg.startswith(f"stopped waiting for virt.init of web2 on hv1 (job {jid}): the lock of 'web2' could not"), (
+        msg
+    )
+    assert f"redis (127.0.0.1:{server.port}))" in msg and "Check the master's cache: setting" in msg, msg
+    assert f"salt-run jobs.lookup_jid {jid}" in msg and "salt-run virt.purge web2" in msg, msg
+    assert client.waited and err.value.details["tried"][-1]["outcome"] == "unknown"
+
+
+def test_an_init_done_while_the_store_is_down_is_reported_with_a_warning(dying_redis):
+    """The hypervisor creates the VM while redis is down: the VM is reported (not turned into an error
+    because its reservation could not be settled), with a warning that the entry expires by itself."""
+    opts, server = dying_redis
+    ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
+    res = _init_on_hv1(opts, _StoreDiesClient({"virt.capacity": {"hv1": HV1}, "virt.init": {"hv1": ok}}, server))
+    assert res["host"] == "hv1" and res["vm_info"] == {"state": "running"}
+    (warning,) = res["warnings"]
+    assert warning.startswith("its capacity reservation could not be marked settled in the shared runner state")
+    assert "Connection refused" in warning and "expires by itself within virt:shared:lock_ttl, 1 s" in warning
