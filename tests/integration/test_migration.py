@@ -18,11 +18,13 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.support import lab
+from tests.support.redis_server import RedisServer
 from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
 from saltvirt.pki import ca as pki
 
@@ -306,6 +308,66 @@ def test_runner_proves_shared_storage_and_migrates_in_place(mmaster, local, hvs,
     assert where(local, "vshared") == {"hv7": "running"}
     shared_vm.continued_on("hv7", mark)
     assert not list((store / "shared").glob(".salt-virt-probe-*"))  # the probe files are gone
+
+
+@pytest.fixture
+def redis_store(mmaster):
+    """The runner's shared store (locks) on a real redis-server: master.d/redis.conf, which salt-run reads
+    per call (the master daemon keeps its own cache)."""
+    server = RedisServer().start()
+    path = pathlib.Path(mmaster.config_dir) / "master.d" / "redis.conf"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(server.master_opts()))
+    yield server
+    path.unlink()
+    server.stop()
+
+
+def test_redis_lost_mid_migration_moves_the_vm_once_and_says_so(mmaster, local, hvs, shared_vm, redis_store):
+    """redis dies (connection refused) while salt-run virt.migrate moves vshared: libvirt finishes the move,
+    the VM runs once, on the target, and the answer says what the runner could not do without its store;
+    with redis back (its snapshot holds the lock) the VM migrates again."""
+    import libvirt
+    import salt.config
+
+    from saltvirt.fleet import fleetstate
+
+    mark = shared_vm.mark("hv7")
+    exe = pathlib.Path(sys.executable).parent / "salt-run"
+    cmd = [str(exe), "-c", str(mmaster.config_dir), "--out=json", "virt.migrate", "vshared", "hv6", "max_bandwidth=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        conn = libvirt.open(hvs["hv7"].uri)
+        dom = conn.lookupByName("vshared")
+        deadline = time.monotonic() + BOOT_WAIT
+        while dom.jobInfo()[0] == libvirt.VIR_DOMAIN_JOB_NONE or not dom.jobInfo()[3]:  # moving memory
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        redis_store.client().save()  # a redis with persistence: what it held comes back with it
+        redis_store.crash()
+        dom.migrateSetMaxSpeed(100000)  # 1 MiB/s kept it moving until redis was gone; now let it finish
+        conn.close()
+        out, err = proc.communicate(timeout=BOOT_WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        redis_store.start()
+    assert proc.returncode == 0, (out, err[-2000:])
+    data = json.loads(out)
+    print(json.dumps(data, indent=1))
+    assert (data["source"], data["target"], data["undefined_on_source"]) == ("hv7", "hv6", True), data
+    assert where(local, "vshared") == {"hv6": "running"}  # once, on the target
+    shared_vm.continued_on("hv6", mark)
+    unconfirmed, unreleased = data["warnings"]
+    assert "hv6 could not be asked how the VM runs there: the shared runner state (redis" in unconfirmed, data
+    assert unreleased.startswith("the lock of 'vshared' could not be given back: the shared runner state (redis")
+    observer = dict(salt.config.master_config(None), id="observer", **redis_store.master_opts())
+    assert fleetstate.holders(observer)["vshared"]["owner"]["pid"] == proc.pid
+    # redis is back: the lock of the finished runner (its process is gone) is taken over, the VM moves again
+    ret = run(mmaster, "virt.migrate", "vshared", "hv7")
+    assert ret.returncode == 0 and "warnings" not in ret.data, ret
+    assert where(local, "vshared") == {"hv7": "running"} and fleetstate.holders(observer) == {}
 
 
 @pytest.fixture

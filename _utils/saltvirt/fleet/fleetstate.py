@@ -368,19 +368,33 @@ class Lease:
             log.warning("virt: took over the stale lock of %r (%s): %s", name, why, who(stale[0]))
             self.taken_over.append({"name": name, "why": why, "stale": stale[0], "was": who(stale[0])})
 
-    def release(self) -> None:
+    def release(self) -> str | None:
+        """Give the locks back (idempotent). A store that cannot be written leaves them to expire: what
+        happened then, as a sentence for the caller's answer (None when every lock was given back)."""
         self._stop.set()
         if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        failed = []
         for name in list(self.held):
 
             def update(old):
                 if not old or old.get("token") != self.token:
                     raise AbortUpdate
 
-            with contextlib.suppress(AbortUpdate, Exception):
+            try:
                 self.store.transact(LOCKS, name, update)
+            except AbortUpdate:
+                pass
+            except Exception as exc:  # noqa: BLE001 - the lease expires by itself; the caller says so
+                failed.append((name, exc))
             self.held.remove(name)
+        if not failed:
+            return None
+        names = ", ".join(repr(name) for name, _exc in failed)
+        return (
+            f"the lock of {names} could not be given back: {failed[0][1]} "
+            f"(it expires by itself {self.ttl:g} s after its last renewal, virt:shared:lock_ttl)"
+        )
 
     # while working
     def note(self, **detail: Any) -> None:

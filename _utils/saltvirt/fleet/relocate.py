@@ -94,8 +94,8 @@ def migrate(
     ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). Holds the
     runner's per-VM lock (the one ``virt.init`` takes): two migrations of one VM never overlap."""
     validate.vm_name(name)
-    with fleetstate.lock(remote.opts, [name], kind="virt.migrate"):
-        return _migrate(
+    with fleetstate.lock(remote.opts, [name], kind="virt.migrate") as lease:
+        ret = _migrate(
             remote,
             name,
             target,
@@ -108,11 +108,28 @@ def migrate(
             max_bandwidth,
             timeout,
             transport,
+            lease,
         )
+        unreleased = lease.release()  # a store that stopped answering meanwhile: said, the VM moved anyway
+        if unreleased:
+            ret.setdefault("warnings", []).append(unreleased)
+        return ret
 
 
 def _migrate(
-    remote, name, target, source, hosts, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout, transport
+    remote,
+    name,
+    target,
+    source,
+    hosts,
+    live,
+    tunnel,
+    copy_storage,
+    max_downtime,
+    max_bandwidth,
+    timeout,
+    transport,
+    lease,
 ):
     if copy_storage not in (None, "all", "inc"):
         raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
@@ -138,9 +155,41 @@ def _migrate(
         "max_downtime": max_downtime,
         "max_bandwidth": max_bandwidth,
     }
+    _still_ours(remote, lease, name, source, target, prep)
     moved = _move(remote, name, source, target, info, prep, kwargs, timeout)
-    done = remote.call(target, "virt.migrate_finish", name)
+    try:
+        done = remote.call(target, "virt.migrate_finish", name)
+    except CommandExecutionError as exc:  # migrated (the source's libvirt said so): only the report is missing
+        done = {"host": None, "state": "unknown", "persistent": None, "disks": None}
+        moved = dict(moved, warnings=[*(moved.get("warnings") or []), _unconfirmed(name, target, exc)])
     return _migrated(name, source, target, prep, moved, done, note, started)
+
+
+def _still_ours(remote, lease, name, source, target, prep):
+    """Right before the migration starts: the VM's lock is still held, and the shared store answers (one
+    write: what the lock holder does now). Otherwise nothing is migrated: what the target prepared goes."""
+    try:
+        lease.check()
+        lease.note(stage="migrating", source=source, target=target)
+    except CommandExecutionError as exc:
+        cleanup = (
+            _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None
+        )
+        raise fleet.Failed(
+            f"VM {name!r} was not migrated, it stays on {source}: {exc}",
+            stage="lock",
+            source=source,
+            target=target,
+            target_cleanup=cleanup,
+        ) from None
+
+
+def _unconfirmed(name, target, exc):
+    return (
+        f"the migration of VM {name!r} finished (the source's libvirt reported it done), but {target} could "
+        f"not be asked how the VM runs there: {exc}. Check with salt-run virt.query; `salt {target} "
+        f"virt.migrate_finish {name}` completes it there (drops its migration record)"
+    )
 
 
 def _source_and_target(hosts, name, source, target):
