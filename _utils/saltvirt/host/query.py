@@ -148,10 +148,8 @@ def describe(
         graphics.update(address=_graphics_address(g, hostname), tunnel=graphics_tunnel(g, hostname))
         graphics["password"] = g["password"]
     cputime = stats.get("cpu.time")
-    if cputime is None and stats and state_code == libvirt.VIR_DOMAIN_SHUTOFF:
-        cputime = 0  # the bulk stats have no cpu.time for a shut-off VM (no cgroup): it uses none, as info() says
     if cputime is None:
-        cputime = dom.info()[4]  # drivers without bulk stats: a round trip per domain
+        cputime = dom.info()[4]  # drivers without bulk stats
     uuid = dom.UUIDString()  # kept by the domain object: no round trip
     if listed is not None:
         autostart, persistent = uuid in listed["autostart"], uuid in listed["persistent"]
