@@ -57,7 +57,9 @@ _loop_lock = threading.Lock()
 
 def _event_loop():
     """libvirt's default event loop, running in a daemon thread of this process (keepalive needs it).
-    Registered once; after a fork (a minion job) the child gets its own runner thread."""
+    Registered once, started once per process. A child forked while the loop runs cannot run it (GLib's
+    default context stays owned by the parent's loop thread), so a forking process must not connect
+    before it forks: Salt's minion forks its jobs from a main process that never connects."""
     if libvirt is None or _loop["pid"] == os.getpid():
         return
     with _loop_lock:
