@@ -274,14 +274,14 @@ def test_libvirtd_killed_during_start(fhv, fdir, fmods, boot_args):
 CHILD = """
 import sys, time
 sys.path.insert(0, {utils!r})
-from saltvirt.guest import seed
+from saltvirt.guest import guestroot
 from saltvirt.host import conn
 from saltvirt.vm import provision
-_write_files = seed._write_files
+_write_files = guestroot.write_files
 def _write_and_hold(root, files):
     _write_files(root, files)
     time.sleep(600)
-seed._write_files = _write_and_hold
+guestroot.write_files = _write_and_hold
 with conn.connect({uri!r}) as c:
     provision.init(c, {name!r}, 1, 128, {image!r}, images_dir={images!r}, nic=None, seed_backend="qsd-fuse",
                    master="salt.example", start=False, allowed_paths=[{fdir!r}])

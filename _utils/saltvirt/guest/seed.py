@@ -34,7 +34,7 @@ from saltvirt.storage import images
 from saltvirt.base import fsutil, procs
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
-from saltvirt.guest import disklabel
+from saltvirt.guest import disklabel, guestroot
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,6 @@ class _Skip(Exception):  # noqa: N818 - a signal to try the next backend, not an
     """This backend cannot be used here (not installed, not applicable to this image)."""
 
 
-class _GuestError(Exception):
-    """The image's content is the problem: every other backend would fail the same way."""
-
-
 class SeedError(CommandExecutionError):
     """No backend could seed the image. ``attempts`` as :func:`seed` reports them; ``clean``: every
     backend cleaned up after itself (nothing is left attached or mounted)."""
@@ -62,12 +58,6 @@ class SeedError(CommandExecutionError):
     def __init__(self, message, attempts, clean):
         super().__init__(message)
         self.attempts, self.clean = attempts, clean
-
-
-class Link(str):
-    """A symlink to write into the guest (its target), instead of a file's content."""
-
-    __slots__ = ()
 
 
 # files ---------------------------------------------------------------------------------------------
@@ -129,7 +119,7 @@ def _normalize_files(files):
             target = spec["symlink"]
             if not isinstance(target, str) or not target or any(ord(c) < 32 for c in target):
                 raise SaltInvocationError(f"{path}: symlink target must be a path, got {target!r}")
-            out[path] = (Link(target), 0o777)
+            out[path] = (guestroot.Link(target), 0o777)
             continue
         content, mode = (spec.get("content"), spec.get("mode", 0o644)) if isinstance(spec, dict) else (spec, 0o644)
         content = content.encode() if isinstance(content, str) else content
@@ -158,29 +148,6 @@ def _complete(files, exists):
     extra = files.inspect(exists) or {}
     files.added = tuple(sorted(extra))
     return {**files, **(_normalize_files(extra) if extra else {})}
-
-
-def _guest_exists(root, path, depth=0):
-    """Whether ``path`` exists in the guest whose root is the fd ``root`` (symlinks resolved inside it)."""
-    parts = path.strip("/").split("/")
-    try:
-        dfd = _open_dir(root, parts[:-1], create=False)
-    except (OSError, _GuestError):
-        return False
-    try:
-        st = os.lstat(parts[-1], dir_fd=dfd)
-        if not stat.S_ISLNK(st.st_mode):
-            return True
-        target = os.readlink(parts[-1], dir_fd=dfd)
-        if depth >= 40:
-            return False
-        if not target.startswith("/"):
-            target = os.path.normpath("/" + "/".join(parts[:-1] + [target]))
-        return _guest_exists(root, target, depth + 1)
-    except OSError:
-        return False
-    finally:
-        os.close(dfd)
 
 
 # the request --------------------------------------------------------------------------------------
@@ -416,7 +383,9 @@ def _first_root(candidates, files, tmp):
         done = _try_root(label, node, fstype, mnt, files, tried)
         if done:
             return done
-    raise _GuestError(f"no filesystem with an /etc directory found ({'; '.join(tried)}); LVM roots need libguestfs")
+    raise guestroot.GuestError(
+        f"no filesystem with an /etc directory found ({'; '.join(tried)}); LVM roots need libguestfs"
+    )
 
 
 def _blkid(node, offset=0, size=None):
@@ -447,11 +416,11 @@ def _try_root(label, node, fstype, mnt, files, tried):
     try:
         root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            if not _has_etc(root):
+            if not guestroot.has_etc(root):
                 tried.append(f"{label} ({fstype}): no /etc")
                 return None
-            _write_files(root, _complete(files, lambda p, r=root: _guest_exists(r, p)))
-            _written_back(root, label)
+            guestroot.write_files(root, _complete(files, lambda p, r=root: guestroot.exists(r, p)))
+            guestroot.written_back(root, label)
         finally:
             os.close(root)
         done = True  # written; the unmount below writes it back (and must succeed)
@@ -464,68 +433,6 @@ def _try_root(label, node, fstype, mnt, files, tried):
     return {"root": label, "fstype": fstype}
 
 
-# writing inside the guest (every path resolved inside the guest's root) ----------------------------
-def _open_dir(root, parts, create):
-    """Open directory ``/parts...`` of the guest whose root is the fd ``root``; symlinks resolve inside
-    the guest, missing directories are created (0755) when ``create``. Returns a new fd."""
-    stack, todo, links = [os.dup(root)], list(parts), 0
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    try:
-        while todo:
-            comp = todo.pop(0)
-            if comp in ("", ".") or (comp == ".." and len(stack) == 1):
-                continue
-            if comp == "..":
-                os.close(stack.pop())
-                continue
-            try:
-                st = os.lstat(comp, dir_fd=stack[-1])
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(comp, 0o755, dir_fd=stack[-1])
-                stack.append(os.open(comp, flags, dir_fd=stack[-1]))
-                os.fchmod(stack[-1], 0o755)
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                links += 1
-                if links > 40:
-                    raise _GuestError(f"too many symlinks resolving /{'/'.join(parts)} in the guest")
-                target = os.readlink(comp, dir_fd=stack[-1])
-                while target.startswith("/") and len(stack) > 1:
-                    os.close(stack.pop())
-                todo[:0] = target.split("/")
-            elif stat.S_ISDIR(st.st_mode):
-                stack.append(os.open(comp, flags, dir_fd=stack[-1]))
-            else:
-                raise _GuestError(f"/{'/'.join(parts)}: {comp} is not a directory in the guest")
-        return stack.pop()
-    finally:
-        for fd in stack:
-            os.close(fd)
-
-
-def _has_etc(root):
-    try:
-        os.close(_open_dir(root, ["etc"], create=False))
-        return True
-    except (FileNotFoundError, _GuestError):
-        return False
-
-
-def _written_back(root, label):
-    """Write the guest's filesystem back to its device now, and fail if that failed: the unmount that
-    follows succeeds even when the device (a loop device on a full host filesystem) refused the blocks,
-    and the guest's files would be lost silently (its journal aborted)."""
-    try:
-        fsutil.syncfs(root)
-    except OSError as exc:
-        raise CommandExecutionError(
-            f"writing the guest's files back to {label} failed: {exc.strerror} (the guest filesystem in the image "
-            "may be damaged now)"
-        ) from None
-
-
 def _no_room(image):
     """Why a write into ``image`` failed when its filesystem is full (a loop or FUSE device reports EIO or
     ENOSPC to the guest filesystem, whichever it met first): said with ENOSPC's own (C locale) words, which
@@ -533,48 +440,6 @@ def _no_room(image):
     if fsutil.almost_full(os.path.dirname(image)):
         return f" ({os.path.dirname(image)}: {fsutil.NO_SPACE_TEXTS[0]})"
     return ""
-
-
-def _write_files(root, files):
-    """Each file via a temp file + rename in its (guest-resolved) directory. No fsync per file: the
-    caller writes the whole filesystem back once (:func:`_written_back`, which fails on a write error),
-    and the image is then flushed (qemu-storage-daemon) or fsynced (loop) before the VM is defined."""
-    for path, (content, mode) in files.items():
-        parts = path.strip("/").split("/")
-        dfd = _open_dir(root, parts[:-1], create=True)
-        name, tmp = parts[-1], f".{parts[-1]}.salt-virt-tmp"
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=dfd)
-            if isinstance(content, Link):
-                _write_link(dfd, tmp, name, content, path)
-                continue
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
-            try:
-                view = memoryview(content)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fchown(fd, 0, 0)
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
-            try:
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except IsADirectoryError:
-                os.unlink(tmp, dir_fd=dfd)
-                raise _GuestError(f"{path} is a directory in the guest") from None
-        finally:
-            os.close(dfd)
-
-
-def _write_link(dfd, tmp, name, target, path):
-    """A symlink ``name`` -> ``target`` in the directory fd ``dfd``; replaces only a symlink."""
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISLNK(os.lstat(name, dir_fd=dfd).st_mode):
-            raise _GuestError(f"{path} exists in the guest and is not a symlink: not replacing it")
-    os.symlink(target, tmp, dir_fd=dfd)
-    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    os.fsync(dfd)
 
 
 # backends ------------------------------------------------------------------------------------------
@@ -742,14 +607,14 @@ def _libguestfs(image, fmt, files, tmp, undo):
             continue
         for path, (content, mode) in _complete(files, lambda p: bool(g("exists", p))).items():
             g("mkdir-p", os.path.dirname(path))
-            if isinstance(content, Link):
+            if isinstance(content, guestroot.Link):
                 g("ln-sf", str(content), path)
             else:
                 g.write(path, content, mode)
         g("umount-all")
         g("shutdown")  # syncs the disks and waits for the appliance to exit
         return {"root": dev, "fstype": fstype}
-    raise _GuestError(f"no filesystem with an /etc directory found ({'; '.join(tried) or 'no filesystems'})")
+    raise guestroot.GuestError(f"no filesystem with an /etc directory found ({'; '.join(tried) or 'no filesystems'})")
 
 
 _BACKENDS = {"libguestfs": _libguestfs, "qemu-nbd": _qemu_nbd, "qsd-fuse": _qsd_fuse, "loop": _loop}
@@ -802,7 +667,7 @@ def seed(
             outcome = _BACKENDS[name](image, fmt, files, tmp, undo)
         except _Skip as exc:
             error = f"skipped: {exc}"
-        except _GuestError as exc:
+        except guestroot.GuestError as exc:
             error, stop = f"failed: {exc}", True  # every other backend would see the same content
         except (CommandExecutionError, OSError) as exc:
             error = f"failed: {exc}{_no_room(image)}"
