@@ -474,6 +474,12 @@ def main(argv=None):
             },
         }
         TutStack.direct_kernel = args.direct_kernel and not args.quick
+        # placement allows 4 vCPUs per host CPU (virt:placement:cpu_overcommit): the lab hypervisors all run
+        # on this machine's CPUs, so a larger burst gets the operator's higher ratio, or its last VMs are
+        # refused for room
+        cpus = cfg["hosts"] * (os.cpu_count() or 1)
+        if cfg["burst"] > 4 * cpus:
+            extra["virt"]["placement"] = {"cpu_overcommit": float(-(-cfg["burst"] // cpus))}
         stack = TutStack(
             "salt-virt",
             str(common.OUR_VENV),
