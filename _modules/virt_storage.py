@@ -49,13 +49,15 @@ def _limits():
     return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
-def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_image=False, **kwargs):
+def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_image=False, connection=None, **kwargs):
     """
     Fetch ``image`` (``salt://``, ``https://`` or a local path, through the same checks as ``virt.init``:
     ``checksum``, format, ``virt:max_image_mib``, ``virt:allowed_paths``) and import it as the base
     overlays back onto, so that every later ``virt.init`` of it is the cached case (no fetch, no check,
-    no copy on the VM's path). Idempotent: a warm image costs a stat. Returns ``path`` (the cached file),
-    ``base`` (the imported base, None for a local path, used in place), ``format``, ``checksum``, ``seconds``.
+    no copy on the VM's path). Also asks libvirt what ``virt.init`` asks it first (the domain type: a
+    libvirtd's first capabilities probe takes seconds). Idempotent: a warm image costs a stat. Returns
+    ``path`` (the cached file), ``base`` (the imported base, None for a local path, used in place),
+    ``format``, ``checksum``, ``type`` (the domain type ``virt.init`` will use), ``seconds``.
 
     CLI Example:: salt 'hyper*' virt.image_warm salt://images/debian-12-minion.qcow2
     """
@@ -64,16 +66,19 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
         raise SaltInvocationError(f"virt.image_warm: unknown argument(s) {', '.join(sorted(kwargs))}")
     compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
     get = _c.salt_config(__salt__)
-    return _provision.warm(
-        image,
-        images_dir=_c.salt_images_dir(__salt__),
-        cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
-        allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
-        checksum=checksum,
-        allow_http=_bool(get("virt:insecure_http_images", False)),
-        max_image_mib=get("virt:max_image_mib", None),
-        trusted=isinstance(image, str) and image in (get("virt:insecure_trusted_images", None) or ()),
-    )
+    with _conn(connection) as conn:
+        return _provision.warm(
+            image,
+            images_dir=_c.salt_images_dir(__salt__),
+            cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
+            conn=conn,
+            vtype=get("virt:type", None),
+            allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
+            checksum=checksum,
+            allow_http=_bool(get("virt:insecure_http_images", False)),
+            max_image_mib=get("virt:max_image_mib", None),
+            trusted=isinstance(image, str) and image in (get("virt:insecure_trusted_images", None) or ()),
+        )
 
 
 def _source(

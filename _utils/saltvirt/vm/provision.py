@@ -94,13 +94,19 @@ def warm(
     *,
     images_dir: str = vmspec.DEFAULT_IMAGES_DIR,
     cache_file: Callable[[str], Any] | None = None,
+    conn: Conn = None,
+    vtype: str | None = None,
     **accept_args: Any,
 ) -> dict:
     """Fetch ``image`` and check it as ``virt.init`` does (:func:`accept_image`), then import it as the
     base overlays back onto (``<images>/.bases``), so that the next ``virt.init`` of it is the cached
-    case: nothing left to fetch, check or copy. Returns what is cached where and how long it took."""
+    case: nothing left to fetch, check or copy. With ``conn``, also asks libvirt what ``virt.init`` asks
+    it first (:func:`saltvirt.host.hosttype.detect`): a libvirtd's first ``getCapabilities`` probes every
+    QEMU binary (seconds, once per libvirtd start), which would otherwise fall on the first ``virt.init``.
+    Returns what is cached where, the domain type (``type``, None without ``conn``) and how long it took."""
     started = time.monotonic()
     validate.absolute_path(images_dir, "virt:images")
+    kind = hosttype.detect(conn, vtype) if conn is not None else None
     info = accept_image(image, images_dir, cache_file, **accept_args)
     base = None
     if isinstance(image, str) and "://" in image:  # a local image is used in place: no base of its own
@@ -112,6 +118,7 @@ def warm(
         "format": info["format"],
         "checksum": info["checksum"],
         "base": base,
+        "type": kind["type"] if kind else None,
         "seconds": round(time.monotonic() - started, 2),
     }
 

@@ -172,7 +172,9 @@ def test_init_with_a_minion_event_bus_sends_every_step(tmp_path):
 
 def test_image_warm_through_the_loader(virt_test, tmp_path, guest):
     """virt.image_warm with the minion's settings: a local image in virt:allowed_paths is checked and
-    used in place (no base); one outside them is refused; unknown arguments are refused."""
+    used in place (no base); libvirt is asked the domain type as virt.init asks it first (a libvirtd's
+    first capabilities probe must not fall on the first virt.init); one outside them is refused;
+    unknown arguments are refused."""
     import shutil
 
     from tests.support.saltloader import SOURCES
@@ -182,6 +184,7 @@ def test_image_warm_through_the_loader(virt_test, tmp_path, guest):
     shutil.copyfile(guest["raw"], local)
     ret = virt_test["virt.image_warm"](str(local))
     assert ret["path"] == str(local) and ret["format"] == "raw" and ret["base"] is None
+    assert ret["type"] == "test"  # hosttype.detect on the minion's own connection: the test driver's answer
     with pytest.raises(SaltInvocationError, match="allowed_paths"):
         virt_test["virt.image_warm"]("/etc/hostname")
     with pytest.raises(SaltInvocationError, match="unknown argument"):

@@ -164,6 +164,21 @@ def test_image_warm_fetches_checks_and_imports_the_base_once(tmp_path, guest):
         provision.warm("salt://images/web.qcow2", images_dir=images_dir, cache_file=cache_file, checksum=bad)
     with pytest.raises(SaltInvocationError, match="allowed_paths"):
         provision.warm(str(cached), images_dir=images_dir)  # a local path outside virt:images / allowed_paths
+    assert again["type"] is None  # no connection: libvirt not asked
+
+
+def test_image_warm_asks_libvirt_what_init_asks_first(tmp_path, guest, test_conn):
+    """With a connection, warm-up also detects the domain type as virt.init does before the image step:
+    a libvirtd's first getCapabilities probes QEMU (seconds), paid here instead of by the first init."""
+    import shutil
+
+    images_dir = tmp_path / "images"
+    images_dir.mkdir()
+    shutil.copyfile(guest["qcow2"], images_dir / "web.qcow2")
+    warm = provision.warm(str(images_dir / "web.qcow2"), images_dir=str(images_dir), conn=test_conn)
+    assert warm["type"] == "test" and warm["base"] is None
+    pinned = provision.warm(str(images_dir / "web.qcow2"), images_dir=str(images_dir), conn=test_conn, vtype="qemu")
+    assert pinned["type"] == "qemu"  # virt:type set: init asks libvirt nothing, nor does warm-up
 
 
 def test_a_generated_key_pair_is_the_one_seeded_and_reported(test_conn, tmp_path, guest):
