@@ -110,9 +110,14 @@ def _host_cpu_flags():
 @functools.cache
 def probe_kvm(timeout: float = 10) -> tuple[bool, str]:
     """(ok, reason) for this machine's KVM, probed once per process in a child with a timeout."""
+    # the child runs this file as a script: it imports saltvirt from where this copy lives (a minion's
+    # synced extension modules, a checkout), which is not on the child's path by default
+    here = os.path.abspath(__file__)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     try:
         out = subprocess.run(
-            [sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, timeout=timeout, check=False
+            [sys.executable, here], capture_output=True, text=True, timeout=timeout, check=False, env=env
         )
         ok, reason = json.loads(out.stdout.strip().splitlines()[-1])
         return bool(ok), reason

@@ -41,6 +41,15 @@ def test_probe_gives_a_verdict_with_a_reason():
         assert not ok and "/dev/kvm" in reason
 
 
+def test_the_probe_runs_where_saltvirt_is_not_on_the_path(monkeypatch, tmp_path):
+    """A minion gets saltvirt through saltutil.sync_all (its extension modules' directory), not installed:
+    the probe's child must find it all the same, or every host would be taken for TCG."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.chdir(tmp_path)
+    ok, reason = hosttype.probe_kvm()
+    assert not reason.startswith("the KVM probe failed"), reason
+
+
 def test_detect_on_test_driver_and_override(test_conn):
     assert hosttype.detect(test_conn)["type"] == "test"
     assert hosttype.detect(test_conn, "qemu") == {
