@@ -3,6 +3,7 @@
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import os
 import tempfile
@@ -78,15 +79,25 @@ def sha256(data: str | bytes) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once, with errno kept for :func:`_checked`."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _checked(ret: int, *filename: str) -> None:
+    """Raise OSError with the kernel's errno (and ``filename``) when a libc call returned non-zero."""
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), *filename)
+
+
 def syncfs(fd: int) -> None:
     """Write back the whole filesystem that ``fd`` (any file or directory on it) lives on, and raise
     OSError with the errno of any write-back that failed since ``fd`` was opened (Linux >= 5.8 reports
     those; ``os.sync()`` reports nothing). A filesystem whose device ran out of room (a loop device on a
     full host filesystem) says ENOSPC here, while its unmount succeeds and loses the data."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syncfs(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _checked(_libc().syncfs(fd))
 
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
@@ -96,18 +107,14 @@ MNT_DETACH = 0x2
 def mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
     """mount(2): no ``mount`` process (its start-up and libmount's work are most of what it costs).
     Raises OSError with the kernel's errno."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(source.encode(), target.encode(), fstype.encode(), ctypes.c_ulong(flags), data.encode()) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), target)
+    _checked(
+        _libc().mount(source.encode(), target.encode(), fstype.encode(), ctypes.c_ulong(flags), data.encode()), target
+    )
 
 
 def umount(target: str, flags: int = 0) -> None:
     """umount2(2) (``flags``: e.g. :data:`MNT_DETACH`); raises OSError with the kernel's errno."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.umount2(target.encode(), ctypes.c_int(flags)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), target)
+    _checked(_libc().umount2(target.encode(), ctypes.c_int(flags)), target)
 
 
 # a full filesystem, or a full quota: the errnos, and what host tools say for them (they speak C's English:
