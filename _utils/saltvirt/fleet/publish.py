@@ -30,7 +30,7 @@ import io
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import salt.cache
@@ -172,52 +172,47 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     max_wait = float(max_wait or cfg["max_wait"])
     client = client or salt.client.get_local_client(opts["conf_file"])
     answers = {}
-    if watch:
-        client.event.subscribe(watch[0], match_type="startswith")
-    with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
-        more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
-        pub = client.run_job(tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], kwarg=kwarg, listen=True, **more)
-    if noise.getvalue().strip():
-        log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
-    started = time.monotonic()
-    if pub:
-        waiting = set(pub.get("minions") or []) | expected
-        missing = set(waiting)  # who has not answered yet (kept as answers come: no rescan per answer)
-        deadline = started + max_wait
-        try:
-            for item in client.get_iter_returns(
-                pub["jid"],
-                waiting,
-                timeout=cfg["timeout"],
-                tgt=tgt,
-                tgt_type=tgt_type,
-                gather_job_timeout=cfg["gather_job_timeout"],
-                block=False,
-            ):
-                _relay(client, watch, expected)
-                if check is not None:
-                    check()
-                if item:
-                    for mid, data in item.items():
-                        if isinstance(data, dict) and "ret" in data:
-                            answers[mid] = classify(data["ret"], data.get("retcode"))
-                            missing.discard(mid)
-                    if expected and not missing:
+    with _watching(client, watch):
+        with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
+            more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
+            pub = client.run_job(
+                tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], kwarg=kwarg, listen=True, **more
+            )
+        if noise.getvalue().strip():
+            log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
+        started = time.monotonic()
+        if pub:
+            waiting = set(pub.get("minions") or []) | expected
+            missing = set(waiting)  # who has not answered yet (kept as answers come: no rescan per answer)
+            deadline = started + max_wait
+            try:
+                for item in client.get_iter_returns(
+                    pub["jid"],
+                    waiting,
+                    timeout=cfg["timeout"],
+                    tgt=tgt,
+                    tgt_type=tgt_type,
+                    gather_job_timeout=cfg["gather_job_timeout"],
+                    block=False,
+                ):
+                    _relay(client, watch, expected)
+                    if check is not None:
+                        check()
+                    if item:
+                        for mid, data in item.items():
+                            if isinstance(data, dict) and "ret" in data:
+                                answers[mid] = classify(data["ret"], data.get("retcode"))
+                                missing.discard(mid)
+                        if expected and not missing:
+                            break
+                    else:
+                        time.sleep(_POLL)
+                    if time.monotonic() > deadline:
                         break
-                else:
-                    time.sleep(_POLL)
-                if time.monotonic() > deadline:
-                    break
-        finally:
-            _relay(client, watch, expected)
-            with contextlib.suppress(Exception):
-                client._clean_up_subscriptions(pub["jid"])
-            if watch:
+            finally:
+                _relay(client, watch, expected)
                 with contextlib.suppress(Exception):
-                    client.event.unsubscribe(watch[0], match_type="startswith")
-    elif watch:
-        with contextlib.suppress(Exception):
-            client.event.unsubscribe(watch[0], match_type="startswith")
+                    client._clean_up_subscriptions(pub["jid"])
     elapsed = time.monotonic() - started
     for mid in list(answers):
         if mid not in expected:
@@ -239,6 +234,21 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
 def new_jid(opts: SaltOpts) -> str:
     """A fresh Salt job id, to seal a secret for the job before publishing it (``run(..., jid=)``)."""
     return salt.utils.jid.gen_jid(opts)
+
+
+@contextlib.contextmanager
+def _watching(client: Any, watch: tuple[str, Callable[..., Any]] | None) -> Iterator[None]:
+    """``watch``'s events subscribed for the block (from before the publication: none is missed), and
+    unsubscribed however it ends (a lost lock's ``check`` raises mid-wait)."""
+    if not watch:
+        yield
+        return
+    client.event.subscribe(watch[0], match_type="startswith")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            client.event.unsubscribe(watch[0], match_type="startswith")
 
 
 def call(
