@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -40,7 +41,7 @@ def minion_bus(opts, timeout=30):
     if not ready.wait(timeout):
         raise RuntimeError("the minion event bus did not start")
     deadline = time.monotonic() + timeout
-    while not any(n.endswith("_pull.ipc") for n in os.listdir(opts["sock_dir"])):
+    while not _accepting(opts["sock_dir"]):  # the socket file exists from bind(), before listen()
         if time.monotonic() > deadline:
             raise RuntimeError("the minion event bus did not open its pull socket")
         time.sleep(0.01)
@@ -49,6 +50,19 @@ def minion_bus(opts, timeout=30):
     finally:
         loops[0].add_callback(loops[0].stop)
         thread.join(timeout)
+
+
+def _accepting(sock_dir):
+    """Whether the bus's pull socket in ``sock_dir`` takes connections yet."""
+    for name in os.listdir(sock_dir):
+        if name.endswith("_pull.ipc"):
+            with socket.socket(socket.AF_UNIX) as probe:
+                try:
+                    probe.connect(os.path.join(sock_dir, name))
+                    return True
+                except OSError:
+                    return False
+    return False
 
 
 @contextlib.contextmanager
