@@ -210,9 +210,11 @@ def test_redis_killed_mid_init_fails_cleanly_and_heals(masters, hypervisors, red
             proc.kill()
             proc.wait()
     print(json.dumps(data, indent=1))
-    stopped = "virt.init of web8 stopped before placing it, nothing was created: the lock of 'web8' could not be"
+    # which comes first depends on timing: the lock's renewal failing for lock_ttl while the query waits, or
+    # the query ending before that and the next store read failing; either way nothing was placed
+    stopped = "virt.init of web8 stopped before placing it, nothing was created: "
     assert code == 1 and data["error"].startswith(stopped), data
-    assert f"redis (127.0.0.1:{redis_server.port})) cannot be updated" in data["error"], data
+    assert f"redis (127.0.0.1:{redis_server.port})) cannot be " in data["error"], data
     assert "Check the master's cache: setting and that the store is reachable" in data["error"], data
     placed = sum(vms(masters).values(), [])
     assert "web8" not in placed, placed  # nothing was created

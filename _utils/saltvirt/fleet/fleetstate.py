@@ -147,7 +147,7 @@ class Store:
         try:
             return read()
         except redis.RedisError as exc:
-            raise CommandExecutionError(
+            raise StoreError(
                 f"the shared runner state ({self.describe()}) cannot be read: {str(exc).rstrip('.')}. "
                 "Check the master's cache: setting and that the store is reachable"
             ) from exc
@@ -161,7 +161,7 @@ class Store:
         except (AbortUpdate, CommandExecutionError, SaltInvocationError):
             raise
         except Exception as exc:  # SaltCacheError, redis errors: say where the state lives
-            raise CommandExecutionError(
+            raise StoreError(
                 f"the shared runner state ({self.describe()}) cannot be updated: {str(exc).rstrip('.')}. "
                 "Check the master's cache: setting and that the store is reachable"
             ) from exc
@@ -289,6 +289,10 @@ def who(rec: Data) -> str:
 
 def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
+
+
+class StoreError(CommandExecutionError):
+    """The shared store could not be read or updated (it names the store and what to check)."""
 
 
 class LeaseLost(CommandExecutionError):  # noqa: N818 - named for what happened, as HeldError

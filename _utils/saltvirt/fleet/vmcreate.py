@@ -8,6 +8,7 @@ over to the next candidate only when a hypervisor does not answer (with a fresh 
 that the hypervisor seeded our key. On failure the key it stored is taken back.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -162,12 +163,13 @@ def _create(
     if seed:
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
-    hosts = _snapshot(opts, name, cfg, client, progress, lease)
-    hosts, place = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
-    load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
-    plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
-    order, tried = _order(plan, hosts, name, host, fallback), []
-    first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried, place=place)
+    with _before_placing(name):
+        hosts = _snapshot(opts, name, cfg, client, progress, lease)
+        hosts, place = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
+        load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
+        plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
+        order, tried = _order(plan, hosts, name, host, fallback), []
+        first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried, place=place)
     if first is None:
         raise _no_room(name, plan, tried)
     order = order[first:]
@@ -320,13 +322,20 @@ def _lease_lost(name, hv, jid, key_id, exc, tried):
     )
 
 
+@contextlib.contextmanager
+def _before_placing(name):
+    """Until a host is reserved nothing exists yet: a lost lock or a shared store that stopped answering
+    (whichever the call meets first) stops ``virt.init`` with one message saying so."""
+    try:
+        yield
+    except (fleetstate.LeaseLost, fleetstate.StoreError) as exc:
+        raise Failed(f"virt.init of {name} stopped before placing it, nothing was created: {exc}") from None
+
+
 def _snapshot(opts, name, cfg, client, progress, lease):
     """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement; refuses a name
     already in use. Stops (nothing published yet) if the lock of ``name`` is lost meanwhile."""
-    try:
-        hosts = capacities(opts, cfg, client, check=lease.check)
-    except fleetstate.LeaseLost as exc:
-        raise Failed(f"virt.init of {name} stopped before placing it, nothing was created: {exc}") from None
+    hosts = capacities(opts, cfg, client, check=lease.check)
     _mark(progress, "hosts_queried")
     _refuse_existing_vm(hosts, name)
     return hosts

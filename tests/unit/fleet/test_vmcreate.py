@@ -272,16 +272,16 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
 
 # the shared store (redis) dying while virt.init runs ---------------------------------------------------
 class _StoreDiesClient(_RecordingClient):
-    """Publishes as _RecordingClient; redis crashes (connection refused from then on) once virt.init is
+    """Publishes as _RecordingClient; redis crashes (connection refused from then on) once ``crash_on`` is
     published; virt.init's answer comes (``answers``) or never does (the hypervisor still works on it)."""
 
-    def __init__(self, answers, server):
+    def __init__(self, answers, server, crash_on="virt.init"):
         super().__init__(answers)
-        self.server, self.waited = server, 0
+        self.server, self.waited, self.crash_on = server, 0, crash_on
 
     def run_job(self, tgt, fun, *args, **kwargs):
         pub = super().run_job(tgt, fun, *args, **kwargs)
-        if fun == "virt.init":
+        if fun == self.crash_on:
             self.server.crash()
         return pub
 
@@ -357,3 +357,16 @@ def test_an_init_done_while_the_store_is_down_is_reported_with_a_warning(dying_r
     (warning,) = res["warnings"]
     assert warning.startswith("its capacity reservation could not be marked settled in the shared runner state")
     assert "Connection refused" in warning and "expires by itself within virt:shared:lock_ttl, 1 s" in warning
+
+
+def test_the_store_lost_before_placing_stops_init_with_nothing_created(dying_redis):
+    """redis dies while the capacity query runs: the next store read (the in-flight reservations) fails
+    before any host is reserved, and virt.init stops with the same message as a lost lock, naming redis."""
+    opts, server = dying_redis
+    client = _StoreDiesClient({"virt.capacity": {"hv1": HV1}}, server, crash_on="virt.capacity")
+    with pytest.raises(CommandExecutionError) as err:
+        _init_on_hv1(opts, client)
+    msg = str(err.value)
+    assert msg.startswith("virt.init of web2 stopped before placing it, nothing was created: the shared runner"), msg
+    assert f"redis (127.0.0.1:{server.port})) cannot be read" in msg and "Check the master's cache" in msg, msg
+    assert client.published == [("virt.capacity", ["hv1"])]
