@@ -26,7 +26,8 @@ Split of one VM's time (all from the same clock, 0 = the ``salt-run virt.init`` 
 
 Cases: 1 VM (``--reps`` times, one after the other) and ``--burst`` VMs started at once (one
 ``salt-run virt.init`` each, in threads) on 2 lab hypervisors. The image is cached on every hypervisor
-before the clock starts (``cp.cache_file``), as the tutorial's "already cached" case.
+before the clock starts (``virt.image_warm``: fetched, checked, imported as a base, libvirt's domain type
+asked once), as docs/topics/image-warm-up.md recommends: the tutorial's "already cached" case.
 
 ``--direct-kernel``: the VMs boot the image's own kernel and initrd directly (``boot={kernel, initrd,
 cmdline}`` from ``debian-minion.{vmlinuz,initrd,cmdline}`` next to the image, which the recipe exports;
@@ -69,6 +70,8 @@ GUEST_PHASES = ("systemd", "dhcp", "minion-start")
 FULL = {"reps": 2, "burst": 5, "hosts": 2}
 QUICK = {"reps": 1, "burst": 0, "hosts": 1}
 PING_TIMEOUT = 600  # TCG boot of systemd + salt-minion, five at once on 2 cores
+PING_PER_VM = 60  # a larger burst shares the same 2 cores: its window grows by this per VM started at once
+SIZE = ["1", "512"]  # vCPUs, MiB (--vcpus/--mem; the README's tutorial types 2 1024)
 MARKER_GRACE = 240  # no start event this long after SALT-MINION-START: poll test.ping anyway
 
 
@@ -182,7 +185,8 @@ class Poller:
     said it is up and has not answered yet (one CLI per VM, 16 at once, was itself most of the host's load).
     An answer stored in the master's job cache after a poll gave up still counts (``late_ping``)."""
 
-    def __init__(self, stack):
+    def __init__(self, stack, size):
+        self.size = size  # VMs in the burst (each VM's window grows with it)
         self.stack, self.waiting, self.answers, self.polls, self.slow = stack, set(), {}, 0, 0
         self.lock, self.stop = threading.Lock(), threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
@@ -250,7 +254,7 @@ def one_vm(stack, hvs, events, name, quick, boot=None, keep_console=False, polle
             f"boot={boot}",
         ]
     else:
-        args = ["virt.init", name, "1", "512", "salt://images/debian.qcow2", "enable_qcow=True"]
+        args = ["virt.init", name, *SIZE, "salt://images/debian.qcow2", "enable_qcow=True"]
         if boot:
             args.append(f"boot={boot}")
     cmd = ["salt-run", *args]
@@ -276,7 +280,8 @@ def one_vm(stack, hvs, events, name, quick, boot=None, keep_console=False, polle
         "error": None if proc.returncode == 0 else (data.get("error") or proc.stderr[-800:] or proc.stdout[-800:]),
     }
     console = consoles.get(res["host"])
-    deadline = time.monotonic() + (120 if quick else PING_TIMEOUT)
+    window = 120 if quick else max(PING_TIMEOUT, PING_PER_VM * (poller.size if poller else 1))
+    deadline = time.monotonic() + window
     first_line = marker = event = ping = None
     while res["rc"] == 0 and time.monotonic() < deadline:
         if console is None:  # host name unknown: whichever console got lines
@@ -327,7 +332,7 @@ def one_vm(stack, hvs, events, name, quick, boot=None, keep_console=False, polle
     if keep_console and console:
         res["console"] = [[round(rel(t), 2), ln] for t, ln in console.lines]
     if res["rc"] == 0 and (first_line is None or (not quick and ping is None)):
-        res["error"] = "no console line" if first_line is None else f"no test.ping True within {PING_TIMEOUT} s"
+        res["error"] = "no console line" if first_line is None else f"no test.ping True within {window:g} s"
     return res
 
 
@@ -488,10 +493,13 @@ def main(argv=None):
     ap.add_argument("--burst", type=int, help="VMs started at once (0: none)")
     ap.add_argument("--direct-kernel", action="store_true", help="boot the image's kernel + initrd directly")
     ap.add_argument("--debug", action="store_true", help="with --direct-kernel: sv.debug, whole console kept")
+    ap.add_argument("--vcpus", type=int, default=1, help="each VM's vCPUs (the README's tutorial: 2)")
+    ap.add_argument("--mem", type=int, default=512, help="each VM's MiB (the README's tutorial: 1024)")
     args = ap.parse_args(argv)
     if args.debug and not args.direct_kernel:
         ap.error("--debug needs --direct-kernel (the image's own command line is fixed)")
     cfg = dict(QUICK if args.quick else FULL)
+    SIZE[:] = [str(args.vcpus), str(args.mem)]
     cfg.update({k: getattr(args, k) for k in ("reps", "burst") if getattr(args, k) is not None})
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
     if not args.quick and not os.path.isfile(DEBIAN):
@@ -545,10 +553,10 @@ def main(argv=None):
         stack._accepted = True
         image = "salt://images/guest.qcow2" if args.quick else "salt://images/debian.qcow2"
         if not args.quick:  # the busybox disk is tiny: --quick saves the extra salt command
-            log(f"tutorial: caching {image} on every hypervisor")
-            cached = stack.cli("salt", "hyper*", "cp.cache_file", image, "--out=json", "--static", "-t", "300")
+            log(f"tutorial: warming {image} on every hypervisor")
+            cached = stack.cli("salt", "hyper*", "virt.image_warm", image, "--out=json", "--static", "-t", "300")
             if cached.returncode != 0:
-                raise RuntimeError(f"cp.cache_file: {cached.stdout[-500:]} {cached.stderr[-500:]}")
+                raise RuntimeError(f"virt.image_warm: {cached.stdout[-500:]} {cached.stderr[-500:]}")
         events = None if args.quick else Events(stack)
         time.sleep(0 if args.quick else 3)  # the event listener is subscribed before the first init
         vm_hvs = {f"hyper{i:02d}": h for i, h in enumerate(hvs)}
@@ -567,7 +575,7 @@ def main(argv=None):
             load_b = common.loadavg()
             names = [f"web{i + 2}" for i in range(cfg["burst"])]
             log(f"tutorial: {len(names)} VMs at once: {', '.join(names)} (load {load_b})")
-            poller = Poller(stack)
+            poller = Poller(stack, len(names))
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
                 futs = [pool.submit(one_vm, stack, vm_hvs, events, n, False, boot, args.debug, poller) for n in names]
                 runs["burst"] = [f.result() for f in futs]
