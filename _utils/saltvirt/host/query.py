@@ -1,6 +1,7 @@
 """Read-only facts about domains and hosts, shaped for Salt output. Bulk calls where libvirt has them:
 ``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain."""
 
+import concurrent.futures
 import os
 from collections.abc import Iterator
 
@@ -111,12 +112,38 @@ def _domain_xml(dom):
         return dom.XMLDesc(0), False
 
 
+def _all_xml(doms):
+    """``{name: (xml, secure) or the exception}`` of many domains, their round trips overlapped: libvirt's
+    remote driver multiplexes one connection's calls from several threads, and libvirtd serves up to
+    ``max_client_requests`` (default 5) of one client at once. Serially, 1,000 domains wait ~150 ms on
+    the wire; the parsing that follows holds the GIL either way."""
+
+    def one(dom):
+        try:
+            return dom.name(), _domain_xml(dom)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's per-VM handling
+            return dom.name(), exc
+
+    if len(doms) < XML_THREADS * 8:  # a few domains: threads cost more than they save
+        return dict(map(one, doms))
+    with concurrent.futures.ThreadPoolExecutor(XML_THREADS, thread_name_prefix="virt-xml") as pool:
+        return dict(pool.map(one, doms))
+
+
+XML_THREADS = 4  # below libvirtd's max_client_requests (5), so other calls of this client still pass
+
+
 def describe(
-    dom: Domain, hostname: str, stats: Data | None = None, xml: str | None = None, listed: Data | None = None
+    dom: Domain,
+    hostname: str,
+    stats: Data | None = None,
+    xml: str | None = None,
+    listed: Data | None = None,
+    secure: bool = False,
 ) -> Data:
     """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
-    domains (autostart / persistent known without two round trips per domain)."""
-    secure = False
+    domains (autostart / persistent known without two round trips per domain). ``xml``: its XML when
+    already fetched, ``secure`` when that is the secure one (:func:`_domain_xml`)."""
     if xml is None:
         xml, secure = _domain_xml(dom)
     root = domxml.read(xml)  # parsed once for every fact below
@@ -260,11 +287,16 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     stats = _all_stats(conn, doms)
     listed = None if name else _listed_flags(conn)
+    xmls = {} if name else _all_xml(doms)
     out, described = {}, {}
     for dom in doms:
         try:
             vm_name = dom.name()
-            out[vm_name] = describe(dom, hostname, stats.get(vm_name), listed=listed)
+            got = xmls.get(vm_name)
+            if isinstance(got, Exception):
+                raise got
+            xml, secure = got or (None, False)
+            out[vm_name] = describe(dom, hostname, stats.get(vm_name), xml=xml, listed=listed, secure=secure)
             described[vm_name] = dom
         except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
             if _vanished(exc):

@@ -141,3 +141,25 @@ def test_a_read_only_connection_gets_the_plain_xml():
         rw.lookupByName("ro1").undefine()
         ro.close()
         rw.close()
+
+
+def test_many_domains_read_in_threads_answer_as_one_by_one(test_conn):
+    """Enough domains for vm_info to fetch their XML in threads: the same answer as asking each VM alone
+    (consoles' password yes/no from the secure XML included), and a domain gone between the listing and
+    its XML is that domain's own 'vanished' error, never another's."""
+    for i in range(query.XML_THREADS * 8 + 3):
+        gfx = "<graphics type='vnc' port='-1' passwd='s3cret'/>" if i % 3 == 0 else ""
+        test_conn.defineXML(
+            f"<domain type='test'><name>many{i:02d}</name><memory>65536</memory><os><type>hvm</type></os>"
+            f"<devices>{gfx}</devices></domain>"
+        )
+    every = query.vm_info(test_conn)
+    assert len([n for n in every if n.startswith("many")]) == query.XML_THREADS * 8 + 3
+    for name, info in every.items():  # cputime: the test driver's is its clock, every read differs
+        alone = query.vm_info(test_conn, name)[name]
+        assert dict(info, cputime=0) == dict(alone, cputime=0), name
+    assert every["many00"]["graphics"]["password"] is True and every["many01"]["graphics"]["password"] is False
+    doms = test_conn.listAllDomains(0)
+    test_conn.lookupByName("many05").undefine()
+    xmls = query._all_xml(doms)
+    assert query._vanished(xmls["many05"]) and all(isinstance(v, tuple) for n, v in xmls.items() if n != "many05")
