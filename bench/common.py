@@ -157,6 +157,7 @@ def emit(name, result):
     """A bench script's result: JSON to ``$BENCH_JSON_DIR/<name>.json`` (for bench/run) + markdown on stdout."""
     out_dir = os.environ.get("BENCH_JSON_DIR")
     if out_dir:
+        os.makedirs(out_dir, exist_ok=True)  # a run's results are never lost to a missing directory
         with open(os.path.join(out_dir, f"{name}.json"), "w") as fh:
             json.dump(result, fh, indent=1, default=str)
     print(f"\n### {result.get('title', name)}\n")
