@@ -195,7 +195,7 @@ class Demo:
         self.salt("salt", "hyper1", "virt.image_warm", "salt://images/debian.qcow2", "--timeout=600")
         say("create a Debian VM: placed, overlay-cloned, seeded with a pre-accepted key, started")
         t0 = time.monotonic()
-        self.salt("salt-run", "virt.init", "demo1", "1", "512", "salt://images/debian.qcow2", "enable_qcow=True")
+        self.salt("salt-run", "virt.init", "demo1", "2", "512", "salt://images/debian.qcow2", "enable_qcow=True")
         t_init = time.monotonic() - t0
         say("the tutorial's last step: the new VM's own minion answers (key pre-accepted, never pending)")
         print("$ salt demo1 test.ping   (repeated until it answers)", flush=True)
