@@ -97,18 +97,18 @@ def migrate(
     with fleetstate.lock(remote.opts, [name], kind="virt.migrate") as lease:
         ret = _migrate(
             remote,
+            lease,
             name,
             target,
             source,
             hosts,
-            live,
-            tunnel,
-            copy_storage,
-            max_downtime,
-            max_bandwidth,
-            timeout,
-            transport,
-            lease,
+            live=live,
+            tunnel=tunnel,
+            copy_storage=copy_storage,
+            max_downtime=max_downtime,
+            max_bandwidth=max_bandwidth,
+            timeout=timeout,
+            transport=transport,
         )
         unreleased = lease.release()  # a store that stopped answering meanwhile: said, the VM moved anyway
         if unreleased:
@@ -117,20 +117,10 @@ def migrate(
 
 
 def _migrate(
-    remote,
-    name,
-    target,
-    source,
-    hosts,
-    live,
-    tunnel,
-    copy_storage,
-    max_downtime,
-    max_bandwidth,
-    timeout,
+    remote, lease, name, target, source, hosts, *, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout,
     transport,
-    lease,
-):
+):  # fmt: skip
+    """:func:`migrate` under its lock ``lease``; the options by name, as the caller passed them."""
     if copy_storage not in (None, "all", "inc"):
         raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
     started = time.monotonic()
