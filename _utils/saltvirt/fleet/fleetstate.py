@@ -147,10 +147,14 @@ class Store:
         try:
             return read()
         except redis.RedisError as exc:
-            raise StoreError(
-                f"the shared runner state ({self.describe()}) cannot be read: {str(exc).rstrip('.')}. "
-                "Check the master's cache: setting and that the store is reachable"
-            ) from exc
+            raise self._failed("read", exc) from exc
+
+    def _failed(self, verb: str, exc: Exception) -> "StoreError":
+        """The one wording of a store that did not answer: where the state lives and what to check."""
+        return StoreError(
+            f"the shared runner state ({self.describe()}) cannot be {verb}: {str(exc).rstrip('.')}. "
+            "Check the master's cache: setting and that the store is reachable"
+        )
 
     def transact(self, bank: str, key: str, update: Callable[..., Any]) -> Any:
         """``update(old or None) -> new`` (None deletes; raise :class:`AbortUpdate` to keep it). Returns new."""
@@ -161,10 +165,7 @@ class Store:
         except (AbortUpdate, CommandExecutionError, SaltInvocationError):
             raise
         except Exception as exc:  # SaltCacheError, redis errors: say where the state lives
-            raise StoreError(
-                f"the shared runner state ({self.describe()}) cannot be updated: {str(exc).rstrip('.')}. "
-                "Check the master's cache: setting and that the store is reachable"
-            ) from exc
+            raise self._failed("updated", exc) from exc
 
     def _locked_transact(self, bank, key, update):
         os.makedirs(os.path.dirname(self.lockfile), mode=0o700, exist_ok=True)
