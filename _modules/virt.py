@@ -283,6 +283,7 @@ def init(
             max_image_mib=_cfg("virt:max_image_mib", None),
             allowed_paths=_allowed_paths(),
             operator=_operator(),
+            tb_cache_mib=_cfg("virt:tcg_tb_cache_mib", None),
             cloud_init=cloud_init,
             minion_install=_cfg("virt:minion_install", None),
             guest_agent=guest_agent,

@@ -68,6 +68,10 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         assert args[args.index("-cpu") + 1].startswith("qemu64")
         assert args[args.index("-smp") + 1] == "2,sockets=1,dies=1,cores=2,threads=1"
         assert args[args.index("-rtc") + 1].startswith("base=localtime")
+        # TCG's translation cache capped at virt:tcg_tb_cache_mib's default (QEMU's own: up to 1 GiB per VM)
+        tb_cache = live.find("features/tcg/tb-cache")  # libvirt keeps it in KiB
+        assert (tb_cache.get("unit"), tb_cache.text) == ("KiB", "131072"), ET.tostring(tb_cache)
+        assert any("tb-size=128" in a for a in args), args
         numa = [args[i + 1] for i, a in enumerate(args) if a == "-numa"]
         assert any(n.startswith("node,nodeid=0,cpus=0,") for n in numa), numa
         assert any(n.startswith("node,nodeid=1,cpus=1,") for n in numa), numa

@@ -39,6 +39,10 @@ SERIAL_LOG_DIR = "/var/log/libvirt/qemu"
 DEFAULT_NICS = [{"name": "eth0", "type": "bridge", "source": "br0", "model": "virtio"}]
 DEFAULT_DISKS = [{"name": "system"}]  # from the image; without an image: a blank disk of this size
 DEFAULT_BLANK_DISK_MIB = 8192
+# QEMU >= 5.0 gives each TCG VM a translation cache of up to 1 GiB of host memory beyond its RAM: 20 small
+# VMs then need ~20 GiB more than placement counts. 128 MiB holds a Linux guest's boot and a salt-minion
+# (bench/RESULTS.md, R7); virt:tcg_tb_cache_mib: 0 keeps QEMU's default
+DEFAULT_TCG_TB_CACHE_MIB = 128
 NIC_TYPES = ("bridge", "network", "direct")
 FIRMWARE_DIRS = ("/usr/share/OVMF", "/usr/share/qemu")  # the distribution's UEFI firmware (boot:loader/nvram)
 DISK_BUSES = {"virtio": "vd", "scsi": "sd", "sata": "sd", "ide": "hd"}
@@ -128,6 +132,9 @@ class VMSpec:
     cputune: dict | None = None  # Salt's cpu:tuning (cpumem.cpu_tuning): vcpupin, emulatorpin, shares, ...
     mem_current: int | None = None  # Salt's mem:current (MiB, <currentMemory>); None: all of mem
     max_mem: dict | None = None  # Salt's mem:max + slots: {size (MiB), slots} (<maxMemory>, memory hotplug)
+    # TCG only: QEMU's translated-code cache per VM (MiB; None: QEMU's own default, 1 GiB of host memory per
+    # VM since QEMU 5.0). The operator's virt:tcg_tb_cache_mib (:func:`tb_cache_mib`), never a call's
+    tb_cache_mib: int | None = None
     host_devices: list = field(default_factory=list)  # Salt's host_devices: node device names
     hostdevs: list = field(default_factory=list)  # what they are on the hypervisor (saltvirt.host.caps.host_devices)
     memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
@@ -563,3 +570,15 @@ def _firmware(boot_obj, boot):
         raise SaltInvocationError("boot:nvram (the UEFI variables template) goes with boot:loader (the OVMF code)")
     boot_obj.secure_boot = secure
     boot_obj.efi = bool(efi or secure) and not boot_obj.loader
+
+
+def tb_cache_mib(value: Any, vtype: str) -> int | None:
+    """The translation cache a VM of domain type ``vtype`` gets from the operator's
+    ``virt:tcg_tb_cache_mib`` (``value``; None: :data:`DEFAULT_TCG_TB_CACHE_MIB`, 0: QEMU's default):
+    None for KVM, which translates nothing."""
+    if vtype != "qemu":
+        return None
+    value = DEFAULT_TCG_TB_CACHE_MIB if value is None else value
+    if value in (0, "0"):
+        return None
+    return validate.positive_int(value, "virt:tcg_tb_cache_mib (MiB, 0: QEMU's default) in the minion config", 65536)

@@ -199,6 +199,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     minion_install=None,
     owner=None,
     operator=None,
+    tb_cache_mib=None,
     **spec_args,
 ):
     progress = progress or _no_progress
@@ -247,6 +248,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         owner=owner,  # not a SPEC_ARG: only salt-run virt.init sets it (saltvirt.spec.vmargs refuses it from calls)
         **spec_args,
     )
+    spec.tb_cache_mib = vmspec.tb_cache_mib(tb_cache_mib, spec.vtype)  # the operator's, as vtype: never a call's
     plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in

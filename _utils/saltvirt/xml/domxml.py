@@ -113,7 +113,7 @@ def os_config(spec: VMSpec) -> ET.Element:
 
 
 def features(spec: VMSpec) -> ET.Element:
-    """``<features>``: ACPI, APIC, and SMM for secure boot."""
+    """``<features>``: ACPI, APIC, SMM for secure boot, Salt's KVM hints, and TCG's translation cache."""
     el = _el("features")
     _sub(el, "acpi")
     _sub(el, "apic")
@@ -123,6 +123,8 @@ def features(spec: VMSpec) -> ET.Element:
         kvm = _sub(el, "kvm")
         for name, on in sorted(spec.hypervisor_features.items()):
             _sub(kvm, name.removeprefix("kvm-"), state="on" if on else "off")
+    if spec.tb_cache_mib and spec.vtype == "qemu":  # libvirt >= 8.0: QEMU's -accel tcg,tb-size
+        _sub(_sub(el, "tcg"), "tb-cache", spec.tb_cache_mib, unit="MiB")
     return el
 
 

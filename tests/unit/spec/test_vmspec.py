@@ -100,3 +100,14 @@ def test_new_disks_mib_is_what_the_spec_allocates(disks):
 def test_new_disks_mib_refuses_a_bad_size():
     with pytest.raises(SaltInvocationError, match=r"size of disk data \(MiB\)"):
         spec.new_disks_mib([{"name": "data", "size": "lots"}], 2048)
+
+
+def test_tcg_translation_cache_is_the_operators_and_only_for_tcg():
+    """virt:tcg_tb_cache_mib (minion config): 128 MiB by default for an emulated VM, none for KVM (it
+    translates nothing), 0 for QEMU's own default; anything else is refused with what to fix."""
+    assert spec.tb_cache_mib(None, "qemu") == spec.DEFAULT_TCG_TB_CACHE_MIB == 128
+    assert spec.tb_cache_mib("256", "qemu") == 256 and spec.tb_cache_mib(256, "kvm") is None
+    assert spec.tb_cache_mib(0, "qemu") is None and spec.tb_cache_mib("0", "qemu") is None
+    for bad in (-1, "lots", 1 << 20, True):
+        with pytest.raises(SaltInvocationError, match=r"virt:tcg_tb_cache_mib \(MiB, 0: QEMU's default\)"):
+            spec.tb_cache_mib(bad, "qemu")

@@ -125,6 +125,7 @@ GOLDEN_CASES = {
     "metadata-group": vm(group="web"),
     "kvm-aarch64": vm(vtype="kvm", arch="aarch64"),
     "guest-agent-channel": vm(guest_agent=True),
+    "tcg-tb-cache": vm(vtype="qemu", tb_cache_mib=128),
 }
 
 
