@@ -619,7 +619,7 @@ def main(argv=None):
         "tables": tables,
         "runs": runs,
         "notes": [
-            f"command: `{runs['single'][0]['command'] if runs['single'] else '?'}` "
+            f"command: `{(runs['single'] or runs['burst'] or [{'command': '?'}])[0]['command']}` "
             "(then `salt <id> test.ping` until True)",
             f"load average before/after: {load0} / {common.loadavg()}",
             f"image: {os.path.realpath(DEBIAN)}; boot: "
