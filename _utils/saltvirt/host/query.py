@@ -287,15 +287,15 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     stats = _all_stats(conn, doms)
     listed = None if name else _listed_flags(conn)
-    xmls = {} if name else _all_xml(doms)
+    xmls = _all_xml(doms)
     out, described = {}, {}
     for dom in doms:
         try:
             vm_name = dom.name()
-            got = xmls.get(vm_name)
+            got = xmls[vm_name]
             if isinstance(got, Exception):
                 raise got
-            xml, secure = got or (None, False)
+            xml, secure = got
             out[vm_name] = describe(dom, hostname, stats.get(vm_name), xml=xml, listed=listed, secure=secure)
             described[vm_name] = dom
         except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
