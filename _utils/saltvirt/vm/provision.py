@@ -209,6 +209,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     if domain_exists(conn, name):
         raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
     kind = hosttype.detect(conn, vtype)
+    tb_cache = vmspec.tb_cache_mib(tb_cache_mib, kind["type"])  # the operator's: a bad value stops before any fetch
     keypair = None
     if image and validate.to_bool(seed) and seed_request and not (seed_request.pub_key or seed_request.priv_key):
         keypair = envelope.keypair_maker()  # the minion's new key pair, made while the image is checked and copied
@@ -248,7 +249,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         owner=owner,  # not a SPEC_ARG: only salt-run virt.init sets it (saltvirt.spec.vmargs refuses it from calls)
         **spec_args,
     )
-    spec.tb_cache_mib = vmspec.tb_cache_mib(tb_cache_mib, spec.vtype)  # the operator's, as vtype: never a call's
+    spec.tb_cache_mib = tb_cache  # the operator's, as vtype: never a call's
     plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in
