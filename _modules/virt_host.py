@@ -8,6 +8,8 @@ Execution module ``virt`` (continued): host facts in the shapes of Salt's virt m
 import os
 import sys
 
+from salt.exceptions import SaltInvocationError
+
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -23,6 +25,7 @@ if saltvirt is not None:
     from saltvirt.host import caps as _caps
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import readiness as _readiness
+    from saltvirt.pki import answers as _answers
     from saltvirt.spec import compat as _compat
     from saltvirt.host import conn as _c
     from saltvirt.base import validate as _validate
@@ -156,6 +159,23 @@ def ready_confirm(nonce):
     CLI Example:: salt 'hyper1' virt.ready_confirm 3f6b...
     """
     return _readiness.confirm(__opts__["cachedir"], nonce)
+
+
+def answer(fun, nonce, args=None, kwargs=None, **pub):
+    """
+    Run ``virt.<fun>`` (or the job check ``saltutil.find_job``) and return its answer signed with this
+    minion's key for the runner's request ``nonce``: the ``virt`` runner publishes this instead of the
+    function itself and believes only answers whose signature the master's accepted key verifies
+    (``saltvirt.pki.answers``; docs: "Trust model"). ``args``/``kwargs``: the function's arguments.
+
+    CLI Example:: salt 'hyper1' virt.answer virt.vm_state n3f6b...
+    """
+    if not _answers.allowed(fun):
+        raise SaltInvocationError(f"virt.answer runs virt.* functions and {_answers.JOB_CHECK} only, not {fun!r}")
+    # the job's own __pub_* data (user, jid) reaches the virt function; Salt's job check takes none
+    own = {k: v for k, v in pub.items() if k.startswith("__pub_") and fun != _answers.JOB_CHECK}
+    ret, retcode = _answers.outcome(__salt__, __context__, fun, args, kwargs, own)
+    return _answers.sign(__opts__["pki_dir"], __opts__["id"], fun, str(nonce), ret, retcode)
 
 
 if saltvirt is not None:  # last: every public function above refuses non-operators

@@ -1,0 +1,90 @@
+"""saltvirt.pki.answers: a hypervisor's answer signed with its minion key, and ``virt.answer`` that makes it
+(through Salt's real loader, on libvirt's test driver)."""
+
+import pytest
+
+from saltvirt.pki import answers, envelope
+from tests.support.saltloader import make_minion_mods
+
+
+@pytest.fixture
+def keys(tmp_path):
+    pub, priv = envelope.new_keypair()
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "minion.pem").write_text(priv)
+    return pub, str(tmp_path / "pki")
+
+
+def test_a_signed_answer_verifies_only_for_its_minion_function_and_nonce(keys):
+    pub, pki = keys
+    nonce = answers.new_nonce()
+    signed = answers.sign(pki, "hv1", "virt.vm_state", nonce, {"web1": "running", 7: "int keys stay ints"}, 0)
+    assert answers.verify(pub, "hv1", "virt.vm_state", nonce, signed) == (
+        {"web1": "running", 7: "int keys stay ints"},
+        0,
+    )
+    for minion, fun, other in (
+        ("hv2", "virt.vm_state", nonce),
+        ("hv1", "virt.purge", nonce),
+        ("hv1", "virt.vm_state", "n0"),
+    ):
+        with pytest.raises(answers.Unverified):
+            answers.verify(pub, minion, fun, other, signed)
+
+
+@pytest.mark.parametrize("field", ["body", "id", "sig"])
+def test_a_tampered_answer_is_not_believed(keys, field):
+    pub, pki = keys
+    nonce = answers.new_nonce()
+    signed = answers.sign(pki, "hv1", "virt.vm_state", nonce, {"web1": "running"})
+    other = answers.sign(pki, "hv1", "virt.vm_state", nonce, {"web1": "shutoff"})
+    tampered = dict(signed, **{field: other[field] if field != "id" else "hv2"})
+    with pytest.raises(answers.Unverified):
+        answers.verify(pub, "hv1", "virt.vm_state", nonce, tampered)
+
+
+def test_an_answer_signed_with_another_key_is_not_believed(keys, tmp_path):
+    pub, _pki = keys
+    _other_pub, other_priv = envelope.new_keypair()
+    (tmp_path / "guest").mkdir()
+    (tmp_path / "guest" / "minion.pem").write_text(other_priv)
+    nonce = answers.new_nonce()
+    forged = answers.sign(str(tmp_path / "guest"), "hv1", "virt.vm_state", nonce, {})
+    with pytest.raises(answers.Unverified, match="does not match the accepted key"):
+        answers.verify(pub, "hv1", "virt.vm_state", nonce, forged)
+    with pytest.raises(answers.Unverified, match="not a signed"):
+        answers.verify(pub, "hv1", "virt.vm_state", nonce, {"web1": "running"})
+
+
+def test_virt_answer_runs_a_virt_function_and_signs_its_result_or_its_error(tmp_path, keys):
+    pub, pki = keys
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pki_dir": pki})
+    nonce = answers.new_nonce()
+    signed = mods["virt.answer"]("virt.vm_state", nonce, kwargs={"vm_": "test"}, __pub_user="root", __pub_jid="1")
+    assert answers.verify(pub, "hyper-test", "virt.vm_state", nonce, signed) == ({"test": "running"}, 0)
+    failed = mods["virt.answer"]("virt.vm_state", nonce, kwargs={"vm_": "nope"})
+    ret, retcode = answers.verify(pub, "hyper-test", "virt.vm_state", nonce, failed)
+    assert retcode == 1 and ret.startswith("ERROR") and "nope" in ret
+    missing = mods["virt.answer"]("virt.nothing_like_this", nonce)
+    assert answers.verify(pub, "hyper-test", "virt.nothing_like_this", nonce, missing)[0] == (
+        "'virt.nothing_like_this' is not available."
+    )
+    check = mods["virt.answer"](answers.JOB_CHECK, nonce, args=["20260101000000000000"])
+    assert answers.verify(pub, "hyper-test", answers.JOB_CHECK, nonce, check) == ({}, 0)  # no such job running
+
+
+@pytest.mark.parametrize("fun", ["cmd.run", "virt.answer", "state.apply", None])
+def test_virt_answer_runs_nothing_but_virt_and_the_job_check(tmp_path, keys, fun):
+    from salt.exceptions import SaltInvocationError
+
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pki_dir": keys[1]})
+    with pytest.raises(SaltInvocationError, match="virt.answer runs virt.\\* functions"):
+        mods["virt.answer"](fun, answers.new_nonce(), args=["id"])
+
+
+def test_virt_answer_is_for_operators_only(tmp_path, keys):
+    from salt.exceptions import CommandExecutionError
+
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pki_dir": keys[1]})
+    with pytest.raises(CommandExecutionError, match="for operators"):
+        mods["virt.answer"]("virt.vm_state", answers.new_nonce(), __pub_user="tenant1")
