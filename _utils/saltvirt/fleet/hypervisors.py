@@ -12,7 +12,8 @@ controls: the minion ids in the master config (and the keys the master accepted 
       # or a regular expression on ids:   hypervisors: {tgt: '^hv\\d+$', tgt_type: pcre}
       # or a nodegroup:        hypervisors: {tgt: hvs, tgt_type: nodegroup}
       # or a compound of id matchers (L@, E@, N@, globs): {tgt: 'hv* and not hv9', tgt_type: compound}
-      # the mapping form also carries the runner's waits: timeout, gather_job_timeout, max_wait, init_timeout
+      # the mapping form also carries the runner's waits: timeout, gather_job_timeout, down_after, max_wait,
+      # init_timeout
 
 Grain, pillar or subnet matching (``G@``, ``I@``, ``P@``, ``J@``, ``S@``, tgt_type ``grain``...) reads
 data the minion reports about itself: it is refused unless the operator sets the loudly named opt-in
@@ -45,7 +46,7 @@ OPT_IN = "hypervisors_trust_minion_data"
 ID_TYPES = ("glob", "list", "pcre", "nodegroup", "compound")
 TRUSTING_TYPES = ("grain", "grain_pcre", "pillar", "pillar_pcre", "pillar_exact", "ipcidr", "data", "pillar_target")
 ID_ENGINES = ("L", "E", "N")  # compound engines that match on the minion id only
-WAITS = ("timeout", "gather_job_timeout", "max_wait", "init_timeout")
+WAITS = ("timeout", "gather_job_timeout", "down_after", "max_wait", "init_timeout")
 HOWTO = (
     "no hypervisors are configured on the master. Add the hypervisors' minion ids to the master config, e.g.\n"
     "  virt:\n"

@@ -12,8 +12,9 @@ with ``*``). Its mapping form also carries the waits (every key optional)::
       hypervisors:
         tgt: 'hyper*'            # or a list of ids, a pcre, a nodegroup (tgt_type), an id-only compound
         tgt_type: glob
-        timeout: 5               # seconds before Salt asks slow minions whether they still run the job
-        gather_job_timeout: 5    # seconds to wait for that answer; no answer at all = down
+        timeout: 5               # seconds before a slow hypervisor is asked whether it still runs the job
+        gather_job_timeout: 5    # seconds between two such checks
+        down_after: 20           # seconds with no answer to any check before it is reported down
         max_wait: 60             # hard bound for a query, whatever the minions say
         init_timeout: 1800       # hard bound for virt.init on one hypervisor (image copy + seeding)
 
@@ -21,8 +22,10 @@ The minions expected to answer are the accepted keys the target matches, publish
 list, so a stopped hypervisor is listed as ``down``. A per-call ``tgt=`` narrows the choice among them.
 
 Answer statuses: ``up`` (returned), ``error`` (answered with an error: the module raised, or virt
-did not load on an expected hypervisor), ``down`` (no answer, not even to Salt's find_job check),
-``timeout`` (still running the job when ``max_wait`` ran out: it may still finish).
+did not load on an expected hypervisor), ``down`` (no signed answer, and no signed answer to its job checks
+for ``down_after`` seconds, or its job ended without one), ``timeout`` (still running the job when
+``max_wait`` ran out: it may still finish). Only answers a hypervisor signed with its minion key for this
+request are believed (:mod:`saltvirt.fleet.replies`): the event bus is not an authenticated channel.
 """
 
 import contextlib
@@ -42,7 +45,8 @@ from salt.exceptions import CommandExecutionError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import hypervisors
+from saltvirt.fleet import hypervisors, replies
+from saltvirt.pki import answers
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +55,11 @@ DEFAULTS = {
     "tgt_type": None,
     "timeout": 5,
     "gather_job_timeout": 5,
+    "down_after": 20,
     "max_wait": 60,
     "init_timeout": 1800,
 }
 _NO_VIRT = re.compile(r"^'virt(\.[\w.]+)?' (is not available|__virtual__ returned False)")
-# between two empty looks at the event bus. Each look (Salt's non-blocking get_event) reads only what the
-# IPC socket has at that moment, so a big answer (a hypervisor's full_info) arrives over many looks: the
-# pause sets how fast it is read (Salt's own blocking wait pauses 10 ms)
-_POLL = 0.005
 _ERR_PREFIX = re.compile(r"^(ERROR: |ERROR executing '[\w.]+': )")
 
 
@@ -70,10 +71,10 @@ def config(opts: SaltOpts, **overrides: Any) -> Data:
     cfg: Data = dict(DEFAULTS, tgt=None, tgt_type=None)
     cfg.update(hypervisors.waits(opts))
     cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
-    for key in ("timeout", "gather_job_timeout", "max_wait", "init_timeout"):
+    for key in ("timeout", "gather_job_timeout", "down_after", "max_wait", "init_timeout"):
         cfg[key] = validate.seconds(cfg[key], f"virt:hypervisors:{key}")
     # a hard bound shorter than Salt's own down-detection would report down hosts as 'timeout'
-    floor = cfg["timeout"] + cfg["gather_job_timeout"] + 2
+    floor = cfg["timeout"] + cfg["down_after"] + 2
     cfg["max_wait"] = max(cfg["max_wait"], floor)
     cfg["init_timeout"] = max(cfg["init_timeout"], floor)
     return cfg
@@ -110,7 +111,7 @@ def classify(ret: Any, retcode: Any) -> Data:
 def _relay(client, watch, senders=()):
     """Hand events whose tag starts with ``watch[0]``, sent by one of ``senders`` (the minions this
     publication went to, as the master authenticated the sender: ``id`` of a minion event), to ``watch[1]``;
-    any other minion's events under that tag are dropped."""
+    any other minion's events under that tag are dropped. Progress only: nothing is decided from them."""
     if not watch:
         return
     while True:
@@ -125,13 +126,25 @@ def _relay(client, watch, senders=()):
                 log.debug("virt runner: progress relay failed: %s", exc)
 
 
-def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies every answer
+def _named(opts: SaltOpts, tgt: str | Sequence[str]) -> tuple[list[str], dict[str, Data]]:
+    """One or a few named minions (virt.init, migration steps): ``(hypervisors, refused)``."""
+    named = [tgt] if isinstance(tgt, str) else list(tgt)
+    members = set(hypervisors.members(opts, named)) & set(key_lists(opts)["minions"])
+    refused = {
+        m: {"status": "error", "error": f"{m} is not one of the hypervisors (virt:hypervisors in the master config)"}
+        for m in named
+        if m not in members
+    }
+    return [m for m in named if m in members], refused
+
+
+def run(  # noqa: PLR0913 - the publication's parts, each optional
     opts: SaltOpts,
     fun: str,
     arg: Sequence[Any] = (),
     kwarg: Data | None = None,
     tgt: str | Sequence[str] | None = None,
-    tgt_type: str | None = None,
+    tgt_type: str | None = None,  # noqa: ARG001 - kept for callers: tgt is always a list of ids
     cfg: Data | None = None,
     max_wait: float | None = None,
     client: Any = None,
@@ -142,93 +155,74 @@ def run(  # noqa: C901, PLR0912 - publish, then one wait loop that classifies ev
     """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
 
     Returns ``{minion: {"status": up|error|down|timeout, "ret"|"error": ...}}`` for every minion
-    expected (the target's accepted keys) plus any other minion that answered as a hypervisor.
+    expected (the target's accepted keys). Only answers the hypervisor signed for this request count
+    (:mod:`saltvirt.fleet.replies`); a slow hypervisor is waited for while it says it still runs the job.
     ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
     ``jid``: publish under this job id (made beforehand with :func:`new_jid`: what a sealed secret is bound to).
     ``check()``: called while waiting (cheap, no I/O); what it raises stops the wait and is raised (a lock
     the caller no longer holds: :meth:`saltvirt.fleet.fleetstate.Lease.check`).
     """
     cfg = cfg or config(opts)
+    refused: dict[str, Data] = {}
     if tgt is None:
         ids = target(opts, cfg)
-    else:  # one or a few named minions (virt.init, migration steps): only if they are hypervisors
-        named = [tgt] if isinstance(tgt, str) else list(tgt)
-        members = set(hypervisors.members(opts, named)) & set(key_lists(opts)["minions"])
-        ids = [m for m in named if m in members]
-        refused = {
-            m: {
-                "status": "error",
-                "error": f"{m} is not one of the hypervisors (virt:hypervisors in the master config)",
-            }
-            for m in named
-            if m not in members
-        }
+    else:
+        ids, refused = _named(opts, tgt)
         if refused and not ids:
             return refused, None
     if not ids:
         return {}, None
-    tgt, tgt_type = sorted(ids), "list"
-    expected = set(tgt)
+    expected = set(ids)
     max_wait = float(max_wait or cfg["max_wait"])
     client = client or salt.client.get_local_client(opts["conf_file"])
-    answers = {}
+    nonce = answers.new_nonce()
+    request = {"fun": fun, "nonce": nonce, "args": list(arg), "kwargs": dict(kwarg or {})}
     with _watching(client, watch):
         with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
             more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
             pub = client.run_job(
-                tgt, fun, list(arg), tgt_type, timeout=cfg["timeout"], kwarg=kwarg, listen=True, **more
+                sorted(ids), "virt.answer", [], "list", timeout=cfg["timeout"], kwarg=request, listen=True, **more
             )
         if noise.getvalue().strip():
             log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
-        started = time.monotonic()
-        if pub:
-            waiting = set(pub.get("minions") or []) | expected
-            missing = set(waiting)  # who has not answered yet (kept as answers come: no rescan per answer)
-            deadline = started + max_wait
-            try:
-                for item in client.get_iter_returns(
-                    pub["jid"],
-                    waiting,
-                    timeout=cfg["timeout"],
-                    tgt=tgt,
-                    tgt_type=tgt_type,
-                    gather_job_timeout=cfg["gather_job_timeout"],
-                    block=False,
-                ):
-                    _relay(client, watch, expected)
-                    if check is not None:
-                        check()
-                    if item:
-                        for mid, data in item.items():
-                            if isinstance(data, dict) and "ret" in data:
-                                answers[mid] = classify(data["ret"], data.get("retcode"))
-                                missing.discard(mid)
-                        if expected and not missing:
-                            break
-                    else:
-                        time.sleep(_POLL)
-                    if time.monotonic() > deadline:
-                        break
-            finally:
-                _relay(client, watch, expected)
-                with contextlib.suppress(Exception):
-                    client._clean_up_subscriptions(pub["jid"])
-    elapsed = time.monotonic() - started
-    for mid in list(answers):
-        if mid not in expected:
-            del answers[mid]  # only the hypervisors' answers count, whoever else answers
-    for mid in expected - set(answers):
-        if elapsed >= max_wait:
-            answers[mid] = {
+        if not pub:
+            out = {m: {"status": "down", "error": "the master could not publish to it"} for m in expected}
+            return {**out, **refused}, None
+        waiting = replies.Replies(opts, client, cfg, pub["jid"], fun, nonce, expected, classify)
+        try:
+            _wait(waiting, client, watch, expected, check, max_wait)
+        finally:
+            _relay(client, watch, expected)
+            waiting.clean_up()
+    out = {**waiting.answers, **waiting.down}
+    for mid in waiting.missing:
+        if time.monotonic() - waiting.started >= max_wait:
+            out[mid] = {
                 "status": "timeout",
                 "error": f"no answer within max_wait={max_wait:g} s (it may still be running)",
             }
         else:
-            answers[mid] = {
-                "status": "down",
-                "error": f"did not answer (waited {cfg['timeout']:g} s + {cfg['gather_job_timeout']:g} s job check)",
-            }
-    return {mid: answers[mid] for mid in sorted(answers)}, (pub or {}).get("jid")
+            out[mid] = waiting.down_answer(mid)
+    return {mid: out[mid] for mid in sorted(out)}, pub["jid"]
+
+
+def _wait(waiting, client, watch, expected, check, max_wait):
+    """Read the bus until every expected hypervisor answered, was given up, or ``max_wait`` ran out."""
+    deadline = waiting.started + max_wait
+    while waiting.missing:
+        _relay(client, watch, expected)
+        if check is not None:
+            check()
+        event = client.event.get_event(wait=0.01, tag="salt/job/", match_type="startswith", full=True, no_block=True)
+        if event:
+            waiting.take(event)
+        now = time.monotonic()
+        if now > deadline:
+            return
+        if not event:
+            waiting.give_up(now)
+            waiting.ask(now)
+            time.sleep(replies.POLL)
 
 
 def new_jid(opts: SaltOpts) -> str:

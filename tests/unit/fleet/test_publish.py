@@ -71,7 +71,7 @@ def test_hypervisor_settings_from_master_config_and_call():
     opts = {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 2, "max_wait": 1}}}
     cfg = fleet.config(opts)
     assert (cfg["tgt"], cfg["tgt_type"], cfg["timeout"], cfg["gather_job_timeout"]) == (None, None, 2.0, 5.0)
-    assert cfg["max_wait"] == 2 + 5 + 2  # never shorter than Salt's own down detection
+    assert cfg["max_wait"] == 2 + 20 + 2  # never shorter than the down detection (timeout + down_after)
     assert fleet.config(opts, tgt="a,b")["tgt"] == "a,b"  # a per-call narrowing, resolved by hypervisors.narrow
     assert fleet.config({"virt": {"hypervisors": ["hv1", "hv2"]}})["timeout"] == 5.0  # the list form: default waits
     with pytest.raises(SaltInvocationError, match="unknown key"):
@@ -90,44 +90,6 @@ def test_nothing_configured_or_the_old_grain_default_says_what_to_add():
             fleet.config(opts)
     with pytest.raises(SaltInvocationError, match="hypervisors_trust_minion_data"):
         fleet.config({"virt": {"hypervisors": {"tgt": "G@virt_hypervisor:True", "tgt_type": "compound"}}})
-
-
-class _AnsweringClient:
-    """LocalClient's part fleet.run uses, answering at once. A stand-in: the real one needs a running
-    salt-master (tests/integration/test_runner.py covers run() with one); here it lets a unit test count
-    how far run() reads the answers."""
-
-    def __init__(self, answers):
-        self.answers, self.read = answers, []
-
-    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, jid="", kwarg=None, listen=True):
-        return {"jid": "1", "minions": list(tgt)}
-
-    def get_iter_returns(self, jid, minions, **_kw):
-        for mid in sorted(self.answers):
-            self.read.append(mid)
-            yield {mid: {"ret": self.answers[mid], "retcode": 0}}
-        yield {"late": {"ret": True, "retcode": 0}}  # never read: everyone expected has answered
-
-    def _clean_up_subscriptions(self, jid):
-        pass
-
-
-def test_run_stops_once_every_hypervisor_answered(tmp_path):
-    import salt.config
-
-    opts = salt.config.master_config(None)
-    opts.update(pki_dir=str(tmp_path / "pki"), cachedir=str(tmp_path), virt={"hypervisors": {"tgt": "hv*"}})
-    (tmp_path / "pki" / "minions").mkdir(parents=True)
-    for mid in ("hv1", "hv2", "hv3"):
-        (tmp_path / "pki" / "minions" / mid).write_text("-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n")
-    client = _AnsweringClient({"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
-    answers, jid = fleet.run(opts, "virt.full_info", client=client)
-    assert jid == "1" and client.read == ["hv1", "hv2", "hv3"]
-    assert answers == {m: {"status": "up", "ret": r} for m, r in client.answers.items()}
-    one_down = _AnsweringClient({"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 never answers: down, not dropped
-    answers, _ = fleet.run(opts, "virt.full_info", client=one_down)
-    assert answers["hv2"]["status"] == "down" and answers["hv1"]["status"] == "up" and "late" not in answers
 
 
 class _Events:

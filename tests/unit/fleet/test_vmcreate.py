@@ -9,6 +9,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.pki import envelope
 from saltvirt.fleet import fleetstate, minionkeys, placement, relocate, vmcreate
+from tests.support import signedfleet
 from tests.support.keystore import master_key_store_opts
 
 
@@ -134,36 +135,8 @@ def test_timeline_marks_go_only_to_a_callback_that_takes_them():
     assert marks == [("published", {"host": "h1"})]
 
 
-class _RecordingClient:
-    """LocalClient's part fleet.run uses, answering each publication from ``answers[fun][minion]`` and
-    recording what was published. A stand-in: the real one needs a running salt-master
-    (tests/integration/test_runner.py places VMs through one); here a unit test sees every call."""
-
-    def __init__(self, answers):
-        self.answers, self.published = answers, []
-        self.event = None
-
-    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
-        self.published.append((fun, sorted(tgt)))
-        self._fun, self._tgt = fun, list(tgt)
-        return {"jid": jid or str(len(self.published)), "minions": list(tgt)}
-
-    def get_iter_returns(self, jid, minions, **_kw):
-        for mid in self._tgt:
-            if mid in self.answers.get(self._fun, {}):
-                yield {mid: {"ret": self.answers[self._fun][mid], "retcode": 0}}
-
-    def _clean_up_subscriptions(self, jid):
-        pass
-
-
 def _fleet_opts(tmp_path, ids):
-    opts = master_opts(tmp_path)
-    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*"}})
-    (tmp_path / "pki" / "minions").mkdir(parents=True)
-    for mid in ids:
-        (tmp_path / "pki" / "minions" / mid).write_text("-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n")
-    return opts
+    return signedfleet.fleet_opts(master_opts(tmp_path), tmp_path, ids)
 
 
 def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
@@ -182,7 +155,9 @@ def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
     without = capacity.capacity(test_conn, str(tmp_path / "images"))
     opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
     ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
-    client = _RecordingClient({"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}})
+    client = signedfleet.SigningClient(
+        tmp_path, {"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}}
+    )
     res = vmcreate.create(
         opts,
         "web2",
@@ -204,11 +179,12 @@ def test_a_hypervisor_without_virt_capacity_is_asked_full_info(tmp_path, test_co
     from saltvirt.host import capacity, query
 
     opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
-    client = _RecordingClient(
+    client = signedfleet.SigningClient(
+        tmp_path,
         {
             "virt.capacity": {"hv1": capacity.capacity(test_conn), "hv2": "'virt.capacity' is not available."},
             "virt.full_info": {"hv2": query.full_info(test_conn)},
-        }
+        },
     )
     hosts = publish.capacities(opts, publish.config(opts), client)
     assert client.published == [("virt.capacity", ["hv1", "hv2"]), ("virt.full_info", ["hv2"])]
@@ -257,7 +233,7 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
     from saltvirt.fleet import publish, quota
 
     opts = _fleet_opts(tmp_path, ["hv1"])
-    client = _RecordingClient({"virt.full_info": {"hv1": {"vm_info": {}}}})
+    client = signedfleet.SigningClient(tmp_path, {"virt.full_info": {"hv1": {"vm_info": {}}}})
     cfg, req = publish.config(opts), placement.make_request(1, 64, 2048)
     tenant = {"name": "acme", "quota": {"disk": 12288}, "groups": {}, "allowed": lambda h: True, "disk_mib": 12288}
     since = time.time()
@@ -271,30 +247,30 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
 
 
 # the shared store (redis) dying while virt.init runs ---------------------------------------------------
-class _StoreDiesClient(_RecordingClient):
-    """Publishes as _RecordingClient; redis crashes (connection refused from then on) once ``crash_on`` is
+class _StoreDiesClient(signedfleet.SigningClient):
+    """Publishes as SigningClient; redis crashes (connection refused from then on) once ``crash_on`` is
     published; virt.init's answer comes (``answers``) or never does (the hypervisor still works on it)."""
 
-    def __init__(self, answers, server, crash_on="virt.init"):
-        super().__init__(answers)
+    def __init__(self, tmp_path, answers, server, crash_on="virt.init"):
+        super().__init__(tmp_path, answers)
         self.server, self.waited, self.crash_on = server, 0, crash_on
+        self.event.get_event = self._look
+        self._give_up = None
 
-    def run_job(self, tgt, fun, *args, **kwargs):
-        pub = super().run_job(tgt, fun, *args, **kwargs)
-        if fun == self.crash_on:
+    def run_job(self, tgt, fun, arg, tgt_type, **kwargs):
+        pub = super().run_job(tgt, fun, arg, tgt_type, **kwargs)
+        if kwargs["kwarg"]["fun"] == self.crash_on:
             self.server.crash()
+            if "virt.init" not in self.answers:  # a wait the lost lease does not stop fails, never hangs
+                self._give_up = time.monotonic() + 60
         return pub
 
-    def get_iter_returns(self, jid, minions, **kw):
-        if self._fun != "virt.init" or "virt.init" in self.answers:
-            yield from super().get_iter_returns(jid, minions, **kw)
-            return
-        give_up = time.monotonic() + 60  # a wait the lost lease does not stop fails the test, never hangs it
-        while time.monotonic() < give_up:
+    def _look(self, tag="", **kw):
+        if self._give_up is not None:
             self.waited += 1
-            yield None
-            time.sleep(0.01)
-        raise AssertionError("virt.init's wait went on after its lock was lost")
+            if time.monotonic() > self._give_up:
+                raise AssertionError("virt.init's wait went on after its lock was lost")
+        return signedfleet.Bus.get_event(self.event, tag, **kw)
 
 
 @pytest.fixture
@@ -329,12 +305,12 @@ def _init_on_hv1(opts, client):
 HV1 = {"host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
 
 
-def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dying_redis):
+def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dying_redis, tmp_path):
     """redis dies once virt.init is published and its answer is slow: the wait stops once the lock could not
     be renewed for lock_ttl (another master may take the name then), with redis's error and where the job
     may still create the VM, instead of waiting init_timeout (1800 s) for it."""
     opts, server = dying_redis
-    client = _StoreDiesClient({"virt.capacity": {"hv1": HV1}}, server)
+    client = _StoreDiesClient(tmp_path, {"virt.capacity": {"hv1": HV1}}, server)
     with pytest.raises(CommandExecutionError) as err:
         _init_on_hv1(opts, client)
     msg = str(err.value)
@@ -347,23 +323,25 @@ def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dy
     assert client.waited and err.value.details["tried"][-1]["outcome"] == "unknown"
 
 
-def test_an_init_done_while_the_store_is_down_is_reported_with_a_warning(dying_redis):
+def test_an_init_done_while_the_store_is_down_is_reported_with_a_warning(dying_redis, tmp_path):
     """The hypervisor creates the VM while redis is down: the VM is reported (not turned into an error
     because its reservation could not be settled), with a warning that the entry expires by itself."""
     opts, server = dying_redis
     ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
-    res = _init_on_hv1(opts, _StoreDiesClient({"virt.capacity": {"hv1": HV1}, "virt.init": {"hv1": ok}}, server))
+    res = _init_on_hv1(
+        opts, _StoreDiesClient(tmp_path, {"virt.capacity": {"hv1": HV1}, "virt.init": {"hv1": ok}}, server)
+    )
     assert res["host"] == "hv1" and res["vm_info"] == {"state": "running"}
     (warning,) = res["warnings"]
     assert warning.startswith("its capacity reservation could not be marked settled in the shared runner state")
     assert "Connection refused" in warning and "expires by itself within virt:shared:lock_ttl, 1 s" in warning
 
 
-def test_the_store_lost_before_placing_stops_init_with_nothing_created(dying_redis):
+def test_the_store_lost_before_placing_stops_init_with_nothing_created(dying_redis, tmp_path):
     """redis dies while the capacity query runs: the next store read (the in-flight reservations) fails
     before any host is reserved, and virt.init stops with the same message as a lost lock, naming redis."""
     opts, server = dying_redis
-    client = _StoreDiesClient({"virt.capacity": {"hv1": HV1}}, server, crash_on="virt.capacity")
+    client = _StoreDiesClient(tmp_path, {"virt.capacity": {"hv1": HV1}}, server, crash_on="virt.capacity")
     with pytest.raises(CommandExecutionError) as err:
         _init_on_hv1(opts, client)
     msg = str(err.value)

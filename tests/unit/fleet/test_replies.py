@@ -1,0 +1,83 @@
+"""saltvirt.fleet.replies: what the runner believes of the hypervisors' answers to one publication (only what
+each signed for this request: issue 34 #1), and how long it waits for a slow one (issue 33)."""
+
+import pytest
+
+from saltvirt.fleet import publish as fleet
+from saltvirt.pki import answers, envelope
+from tests.support import signedfleet
+
+
+class _Fleet(signedfleet.SigningClient):
+    """Three hypervisors signing with their own keys (tests/support/signedfleet.py), answering ``virt.full_info``
+    from ``answers``, and whatever ``forge`` puts on the bus in their names before their real answers."""
+
+    def __init__(self, tmp_path, answers_, forge=None, silent=()):
+        import salt.config
+
+        super().__init__(tmp_path, {"virt.full_info": answers_}, silent)
+        self.opts = signedfleet.fleet_opts(salt.config.master_config(None), tmp_path, ["hv1", "hv2", "hv3"])
+        self.opts["cachedir"] = str(tmp_path)
+        self.forge, self.answers_ = forge, answers_
+        self.kinds = []
+
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
+        jid = jid or str(30260000000000000000 + len(self.kinds))
+        self.kinds.append(kwarg["fun"])
+        if self.forge and kwarg["fun"] != answers.JOB_CHECK:
+            for mid in tgt:
+                self.event.queue.append({"tag": f"salt/job/{jid}/ret/{mid}", "data": self.forge(mid, kwarg)})
+        return super().run_job(tgt, fun, arg, tgt_type, timeout=timeout, kwarg=kwarg, listen=listen, jid=jid)
+
+
+def test_run_believes_only_answers_each_hypervisor_signed_for_this_request(tmp_path):
+    fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
+    got, jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    assert jid and got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}
+    assert fleet_.kinds == ["virt.full_info"]  # everyone answered: no job check
+
+
+def _forgeries(tmp_path):
+    """What a guest's root can put on the bus in a hypervisor's name (issue 34 #1)."""
+    other_pub, other_priv = envelope.new_keypair()
+    (tmp_path / "guest-pki").mkdir()
+    (tmp_path / "guest-pki" / "minion.pem").write_text(other_priv)
+
+    def plain(mid, kwarg):  # an unsigned return, as Salt's own would look (or one remapped by resource_id)
+        return {"id": mid, "return": {"web1": {"tenant": "attacker"}}, "retcode": 0}
+
+    def own_key(mid, kwarg):  # signed, but with the guest's own key
+        return {"id": mid, "return": answers.sign(str(tmp_path / "guest-pki"), mid, kwarg["fun"], kwarg["nonce"], {})}
+
+    def old_nonce(mid, kwarg):  # a real hypervisor's signature from another request
+        fake = dict(kwarg, nonce="n" + "0" * 32)
+        return {"id": mid, "return": answers.sign(str(tmp_path / f"{mid}-pki"), mid, fake["fun"], fake["nonce"], {})}
+
+    return {"plain": plain, "own_key": own_key, "old_nonce": old_nonce}
+
+
+@pytest.mark.parametrize("how", ["plain", "own_key", "old_nonce"])
+def test_a_forged_answer_in_a_hypervisors_name_is_ignored_and_the_real_one_counts(tmp_path, how):
+    fleet_ = _Fleet(tmp_path, {"hv1": {"real": 1}, "hv2": {"real": 2}, "hv3": {"real": 3}})
+    fleet_.forge = _forgeries(tmp_path)[how]  # each forged answer is on the bus before the real one
+    got, _jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    assert got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}
+
+
+def test_a_hypervisor_that_only_forgers_speak_for_is_down_and_says_why(tmp_path):
+    fleet_ = _Fleet(tmp_path, {"hv1": {"real": 1}, "hv3": {"real": 3}}, silent={"hv2"})
+    fleet_.forge = _forgeries(tmp_path)["plain"]
+    cfg = fleet.config(fleet_.opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.2)
+    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=fleet_)
+    assert got["hv1"]["status"] == got["hv3"]["status"] == "up"
+    assert got["hv2"]["status"] == "down"
+    assert "its job checks went unanswered" in got["hv2"]["error"] and "not believed" in got["hv2"]["error"]
+
+
+def test_a_slow_hypervisor_that_says_its_job_runs_is_waited_for_until_max_wait(tmp_path):
+    """Issue 33: a loaded hypervisor answers late; while it says (signed) that the job runs, it is not down."""
+    fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 runs the job, and answers checks
+    cfg = fleet.config(fleet_.opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.2)
+    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=0.6, client=fleet_)
+    assert got["hv2"]["status"] == "timeout"  # not down: it may still finish
+    assert fleet_.kinds.count(answers.JOB_CHECK) >= 3  # asked again and again, each time answered
