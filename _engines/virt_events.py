@@ -9,7 +9,9 @@ Runs on a hypervisor minion; fires ``salt/virt/<minion id>/domain/<vm>/<event>``
 libvirtd restarts and fires what changed meanwhile with ``reconciled: True``. The logic lives in
 ``saltvirt.host.events``.
 
-Minion config (the connection is ``virt:connection``, as for the ``virt`` module)::
+Minion config (the connection is ``virt:connection``, as for the ``virt`` module; ``virt:events:inbox_max``
+bounds the events waiting to be sent, beyond it they are dropped and reported as
+``salt/virt/<minion id>/engine/dropped``)::
 
     engines:
       - virt_events:

@@ -6,10 +6,10 @@ Migration, networks and storage live in ``virt_migrate.py``, ``virt_network.py``
 
 The logic lives in the ``saltvirt`` library (``_utils/saltvirt``); this module is the Salt face of it.
 
-Configuration: ``virt:`` in the minion config or grains (``connection``, ``connections``, ``type``,
-``images``, ``allowed_paths``, ``max_image_mib``, ``nic``/``disk`` profiles, ...), read with ``config.get``;
-never pillar (callers write pillar). Every key with its default and meaning: ``docs/configuration.md``;
-the user guide: ``docs/topics/queries.md``.
+Configuration: ``virt:`` in the minion config only (``connection``, ``connections``, ``type``,
+``images``, ``allowed_paths``, ``max_image_mib``, ``nic``/``disk`` profiles, ...), read with
+``saltvirt.host.conn.salt_config``; never grains or pillar (callers write them). Every key with its
+default and meaning: ``docs/configuration.md``; the user guide: ``docs/topics/queries.md``.
 """
 
 import logging
@@ -212,7 +212,7 @@ def init(
         qemu-storage-daemon FUSE export, loop mount; the one used is reported). ``cloud-init``: write
         them on the cloud-init volume instead (needs ``cloud_init``); with ``cloud_init`` that is also
         what happens when no backend can mount the image. While the image is mounted salt-virt looks
-        for salt-minion in it; without one, ``virt:minion_install`` (minion config/pillar: ``{url,
+        for salt-minion in it; without one, ``virt:minion_install`` (minion config: ``{url,
         checksum, args}``) installs it at first boot (reported under ``minion``).
     cloud_init
         a cloud-init NoCloud ``cidata`` CD-ROM for the first boot: ``True`` or ``{user_data, meta_data,

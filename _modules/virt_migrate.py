@@ -104,7 +104,7 @@ def migrate(
         return the migration's report (source, target, URI, transport, seconds, warnings, ...) instead
         of Salt's ``True`` (``salt-run virt.migrate`` asks for it). Without it, warnings go to the log.
 
-    Settings (minion config or pillar): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
+    Settings (minion config only): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
     uri_template, qemu_tls, hosts, stall_timeout}`` (see ``saltvirt.vm.migrate``). ``stall_timeout``
     (default 60 s): a migration that moves no data for that long (the target unreachable) is aborted
     and reported; the VM keeps running here.

@@ -391,7 +391,7 @@ def define_vol_xml_str(xml, pool=None, connection=None, **kwargs):
 
     CLI Example:: salt 'hyper1' virt.define_vol_xml_str "<volume>...</volume>" pool=images
     """
-    pool = pool or __salt__["config.get"]("virt:storagepool", "default")
+    pool = pool or _c.salt_config(__salt__)("virt:storagepool", "default")
     with _conn(connection, kwargs) as conn:
         _st.create_volume_xml(conn, pool, xml)
         return True

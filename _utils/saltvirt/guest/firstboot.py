@@ -6,7 +6,7 @@ A :class:`Plan` is made per ``virt.init``. While the seeding backend has the gue
 mounted (:func:`saltvirt.guest.seed.seed`'s ``inspect``), :meth:`Plan.inspect` looks for salt-minion and
 cloud-init *as files* (:data:`MINION_PATHS`, :data:`CLOUD_INIT_PATHS`, symlinks resolved inside the
 guest): nothing of the guest is ever executed on the hypervisor. With no minion and
-``virt:minion_install`` configured (minion config or pillar)::
+``virt:minion_install`` configured (minion config only)::
 
     virt:
       minion_install:

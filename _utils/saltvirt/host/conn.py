@@ -6,7 +6,7 @@ job: opening a connection is bounded (``open_timeout``), and every connection se
 libvirt's event loop: one daemon thread per process runs it. Any libvirt error escaping a
 ``with connect(...)`` block becomes a CommandExecutionError naming the URI.
 
-Config (minion config or grains: operator settings; pillar is written by callers and never read)::
+Config (minion config only: operator settings; grains and pillar are written by callers and never read)::
 
     virt:
       connection:
@@ -180,11 +180,13 @@ def peer_uri(uri: Any, what: str) -> str:
 
 
 def salt_config(salt: SaltFunctions) -> ConfigGet:
-    """Operator configuration of a loader module (minion config and grains through ``config.get``,
-    never pillar: pillar is written by callers) as a ``(key, default)`` function; ``virt:x`` also finds
-    the old flat spelling ``virt.x`` (with a deprecation warning in the log)."""
+    """Operator configuration of a loader module, the one way the minion side reads ``virt:`` settings:
+    the minion config only (``config.get`` without grains, pillar or the master's pillar: callers write
+    grains with ``grains.setval`` and pillar, and a URI or path from them would reach libvirt as root),
+    as a ``(key, default)`` function; ``virt:x`` also finds the old flat spelling ``virt.x`` (with a
+    deprecation warning in the log)."""
     return compat.config_getter(
-        lambda key, default=None: salt["config.get"](key, default, omit_pillar=True, omit_master=True)
+        lambda key, default=None: salt["config.get"](key, default, omit_grains=True, omit_pillar=True, omit_master=True)
     )
 
 

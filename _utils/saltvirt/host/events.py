@@ -25,6 +25,14 @@ queues while the new snapshot is taken may repeat a reconciled one).
 The watcher's own sessions are events too: ``salt/virt/<host>/engine/connected`` (``session``: 1, 2,
 ...; ``reconnect``), sent after the reconciled events, and ``salt/virt/<host>/engine/disconnected``
 (``reason``: eof, keepalive, error, connection dead).
+
+The inbox between libvirt's thread and the watcher's is bounded (``virt:events:inbox_max`` of the minion
+config): a flood of events while sending is slow (the master away, a guest agent flapping) drops the newest
+facts instead of growing the minion's memory. Drops are counted, logged at most once a
+:data:`DROP_EVERY` and reported as one ``salt/virt/<host>/engine/dropped`` event (``dropped``: how many
+since the last report, ``inbox_max``) once the inbox is empty again (or once a :data:`DROP_EVERY` while it
+stays full): a reactor that needs what they said re-reads the VMs' states (``virt.vm_state``). libvirt's
+close notice is never dropped.
 """
 
 from collections.abc import Mapping
@@ -144,6 +152,9 @@ OBJECT_CALLS = {
 }
 PENDING_MAX = 1000  # events kept for the master while it does not take them (oldest dropped first)
 RETRY_EVERY = 5.0  # seconds between delivery attempts of kept events while nothing else happens
+INBOX_MAX = 10000  # default of virt:events:inbox_max: facts queued by libvirt's thread (a few MiB at most)
+INBOX_LIMIT = 1_000_000
+DROP_EVERY = 60.0  # seconds: at most one log warning and one engine/dropped event a flood, then one per this
 
 
 def _const(name, default=None):
@@ -222,8 +233,8 @@ def tag(host: str, vm: str, event: str) -> str:
 
 
 def engine_tag(host: str, what: str) -> str:
-    """``salt/virt/<host>/engine/<connected|disconnected>``: the watcher's own sessions."""
-    if what not in ("connected", "disconnected"):
+    """``salt/virt/<host>/engine/<connected|disconnected|dropped>``: the watcher's own sessions and drops."""
+    if what not in ("connected", "disconnected", "dropped"):
         raise SaltInvocationError(f"unknown engine event {what!r}")
     return f"salt/virt/{tag_part(host)}/engine/{what}"
 
@@ -328,6 +339,44 @@ def settings(config: Mapping[str, Any] | None) -> Data:
     return out
 
 
+def inbox_max(value: Any) -> int:
+    """``virt:events:inbox_max`` checked: how many facts the inbox holds before it drops the newest."""
+    return validate.int_in(value, "virt:events:inbox_max in the minion config", 1, INBOX_LIMIT)
+
+
+class Drops:
+    """Facts dropped because the inbox was full: counted on libvirt's thread (a warning at the first, then at
+    most once a DROP_EVERY, with the count), taken by the watcher's thread for one ``engine/dropped`` event."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.total = self.unreported = self.unlogged = 0
+        self.logged_at: float | None = None
+        self.reported_at = time.monotonic()
+
+    def add(self, bound: int) -> None:
+        with self.lock:
+            self.total, self.unreported, self.unlogged = self.total + 1, self.unreported + 1, self.unlogged + 1
+            if self.logged_at is not None and time.monotonic() - self.logged_at < DROP_EVERY:
+                return
+            count, self.unlogged, self.logged_at = self.unlogged, 0, time.monotonic()
+        log.warning(
+            "virt_events: the inbox is full (virt:events:inbox_max: %d, events are not sent fast enough): "
+            "%d event(s) dropped (%d in all); the master gets an engine/dropped event",
+            bound,
+            count,
+            self.total,
+        )
+
+    def take(self, inbox_empty: bool) -> int:
+        """How many to report now (0: nothing, or not yet): once the inbox is empty, else once a DROP_EVERY."""
+        with self.lock:
+            if not self.unreported or (not inbox_empty and time.monotonic() - self.reported_at < DROP_EVERY):
+                return 0
+            count, self.unreported, self.reported_at = self.unreported, 0, time.monotonic()
+            return count
+
+
 # delivery ------------------------------------------------------------------------------------------
 class MasterSender:
     """``fire(tag, data)`` straight to the master's request server, as ``salt-call event.send`` does:
@@ -375,11 +424,13 @@ class Watcher:
     ``connect`` is a context-manager factory yielding a libvirt connection (the engine passes
     :func:`saltvirt.host.conn.connect` with the configured URI, open timeout and keepalive)."""
 
-    def __init__(self, host, connect, fire, options=None, on_defined=None):
+    def __init__(self, host, connect, fire, options=None, on_defined=None, inbox_max=INBOX_MAX):
         self.host, self.connect, self.fire = host, connect, fire
         self.on_defined = on_defined  # called when a definition is added or changed (virt.capacity's cache)
         self.options = settings(options)
-        self.inbox = queue.Queue()
+        self.inbox = queue.Queue(maxsize=inbox_max)  # bounded: libvirt's thread never waits, it drops
+        self.drops = Drops()
+        self.closed = None  # libvirt's close notice when it came with the inbox full: (reason,)
         self.known = None  # the last snapshot, kept current by the events: {uuid: {name, state, id, ...}}
         self.stop = threading.Event()
         self.connected = threading.Event()  # set while a session runs (tests and the engine's log)
@@ -389,29 +440,40 @@ class Watcher:
         self.last_try = 0.0
 
     # libvirt's callbacks (event-loop thread): queue raw facts only ------------------------------
+    def _queue(self, fact):
+        """Queue one fact without waiting (this is libvirt's event-loop thread); with the inbox full it is
+        dropped and counted, except the close notice, which the session finds once the inbox is empty."""
+        try:
+            self.inbox.put_nowait(fact)
+        except queue.Full:
+            if fact[0] == "closed":
+                self.closed = fact[2]
+            else:
+                self.drops.add(self.inbox.maxsize)
+
     def _on_lifecycle(self, _conn, dom, event, detail, _opaque):
-        self.inbox.put(("lifecycle", self._who(dom), (event, detail)))
+        self._queue(("lifecycle", self._who(dom), (event, detail)))
 
     def _on_reboot(self, _conn, dom, _opaque):
-        self.inbox.put(("rebooted", self._who(dom), ()))
+        self._queue(("rebooted", self._who(dom), ()))
 
     def _on_io_error(self, _conn, dom, src_path, dev_alias, action, reason, _opaque):
-        self.inbox.put(("io_error", self._who(dom), (src_path, dev_alias, action, reason)))
+        self._queue(("io_error", self._who(dom), (src_path, dev_alias, action, reason)))
 
     def _on_control_error(self, _conn, dom, _opaque):
-        self.inbox.put(("control_error", self._who(dom), ()))
+        self._queue(("control_error", self._who(dom), ()))
 
     def _on_agent(self, _conn, dom, state, reason, _opaque):
-        self.inbox.put(("agent", self._who(dom), (state, reason)))
+        self._queue(("agent", self._who(dom), (state, reason)))
 
     def _extra_callback(self, event_type):
         """The callback of one of Salt's other domain event types (``saltevents.DOMAIN_EXTRA``): queues who
         and libvirt's arguments between the domain and the opaque, mapped on the watcher's thread."""
-        return lambda _conn, dom, *args: self.inbox.put(("extra", event_type, (self._who(dom), args[:-1])))
+        return lambda _conn, dom, *args: self._queue(("extra", event_type, (self._who(dom), args[:-1])))
 
     def on_close(self, _conn: Conn, reason: int, _opaque: Any) -> None:
         """libvirt's connection close callback (libvirtd gone, keepalive timeout, ...)."""
-        self.inbox.put(("closed", None, (reason,)))
+        self._queue(("closed", None, (reason,)))
 
     def _object_callback(self, obj, event_type):
         """The callback of a network/pool/nodedev/secret event: queues ``(object, type)`` and who it is."""
@@ -424,10 +486,10 @@ class Watcher:
             return {"name": thing.name(), "uuid": thing.UUIDString()}
 
         if event_type == "lifecycle":
-            return lambda _conn, thing, event, _detail, _opaque: self.inbox.put(
+            return lambda _conn, thing, event, _detail, _opaque: self._queue(
                 ("object", (obj, event_type), (ident(thing), event))
             )
-        return lambda _conn, thing, _opaque: self.inbox.put(("object", (obj, event_type), (ident(thing), None)))
+        return lambda _conn, thing, _opaque: self._queue(("object", (obj, event_type), (ident(thing), None)))
 
     @staticmethod
     def _who(dom):
@@ -442,6 +504,11 @@ class Watcher:
 
     def _engine(self, what, **data):
         self._deliver(engine_tag(self.host, what), dict(data, host=self.host, event=what, time=now()))
+
+    def _report_drops(self):
+        count = self.drops.take(self.inbox.empty())
+        if count:
+            self._engine("dropped", dropped=count, inbox_max=self.inbox.maxsize)
 
     def _deliver(self, tag_, data):
         """Send in order; what the master does not take is kept (up to PENDING_MAX) and sent later."""
@@ -626,15 +693,20 @@ class Watcher:
                 try:
                     kind, who, args = self.inbox.get(timeout=1)
                 except queue.Empty:
+                    self._report_drops()
                     if self.pending and time.monotonic() - self.last_try > RETRY_EVERY:
                         self.flush()
-                    if not conn.isAlive():
+                    if self.closed is not None:  # it came with the inbox full: after what was queued before
+                        kind, who, args = "closed", None, self.closed
+                    elif not conn.isAlive():
                         why = "connection dead"
                         return
-                    continue
+                    else:
+                        continue
                 if not self.handle(kind, who, args):
                     why = _named("VIR_CONNECT_CLOSE_REASON_", args[0])
                     return
+                self._report_drops()
         finally:
             self.connected.clear()
             if why != "stopped":
@@ -662,6 +734,7 @@ class Watcher:
             except Exception as exc:  # noqa: BLE001 - libvirtd down or refusing: retry after the backoff
                 log.warning("virt_events: libvirt unavailable (%s); retrying in %.0f s", exc, delay)
             self._drain()
+            self.closed = None  # the ended session's
             if self.stop.is_set():
                 break
             if time.monotonic() - started > self.options["backoff_max"]:
@@ -675,6 +748,7 @@ class Watcher:
             try:
                 kind, who, args = self.inbox.get_nowait()
             except queue.Empty:
+                self._report_drops()
                 return
             if kind != "closed":
                 self.handle(kind, who, args)
@@ -690,9 +764,9 @@ def serve(
     engine: str = "virt_events",
 ) -> None:
     """An engine's body: watch this hypervisor's libvirt (the engine's own connection option, else
-    ``virt:connection``, with its open timeout and keepalive) and hand its events to ``fire`` until the
-    minion stops. A bad option is logged once and the engine idles (Salt would restart a failing engine
-    at once, logging the same error in a loop)."""
+    ``virt:connection``, with its open timeout and keepalive; the inbox bounded by ``virt:events:inbox_max``)
+    and hand its events to ``fire`` until the minion stops. A bad option is logged once and the engine idles
+    (Salt would restart a failing engine at once, logging the same error in a loop)."""
     uri = connection or vconn.resolve_uri(config_get)
     open_timeout = config_get("virt:connection:open_timeout", vconn.DEFAULT_OPEN_TIMEOUT)
     keepalive = config_get("virt:connection:keepalive", None)
@@ -703,6 +777,7 @@ def serve(
             fire,
             options,
             on_defined=on_defined,
+            inbox_max=inbox_max(config_get("virt:events:inbox_max", INBOX_MAX)),
         )
     except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop
         log.error("%s engine not started: %s", engine, exc)

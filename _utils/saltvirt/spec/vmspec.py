@@ -2,7 +2,7 @@
 ``virt.defined`` states: built from arguments + config profiles, rendered by :mod:`saltvirt.xml.domxml`,
 and compared with what libvirt has by :func:`diff`.
 
-Config (minion config, grains or pillar through ``config.get``)::
+Config (minion config only: grains and pillar are written by callers)::
 
     virt:
       images: /srv/salt-images          # one directory per VM below it

@@ -16,7 +16,7 @@ On the target hypervisor:
 * :func:`finish` / :func:`abort_cleanup`: keep / remove exactly what :func:`prepare` created.
 
 The master-side sequence (source_info -> prepare -> migrate -> finish or abort_cleanup) is
-:mod:`saltvirt.fleet.relocate`. Settings (minion config or pillar)::
+:mod:`saltvirt.fleet.relocate`. Settings (minion config only)::
 
     virt:
       tunnel: False                 # tunnelled migration: memory over the libvirtd TLS connection (16514)

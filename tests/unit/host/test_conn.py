@@ -2,11 +2,13 @@
 configured connection by name, never passes a URI; peer URIs a call may give are qemu+tls/tcp only."""
 
 import os
+import re
 
 import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.host import conn as vconn
+from tests.support.paths import ROOT
 from tests.support.saltloader import make_minion_mods
 
 # each of these reached libvirt.open as root before: a program run, a file read, another socket, root's keys
@@ -73,6 +75,54 @@ def test_pillar_cannot_set_the_uri(tmp_path):
     assert "test" in mods["virt.list_domains"]()
     with pytest.raises(SaltInvocationError, match="must name a libvirt connection"):  # ... and not read
         mods["virt.list_domains"](connection="x")
+
+
+def test_grains_cannot_set_operator_settings(tmp_path, default_uri):
+    """Grains are written by callers too (a caller allowed ``grains.setval``): virt:* operator settings from a
+    grain are never read (issue 34), only the minion config's."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "hostile.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    script.chmod(0o755)
+    hostile = f"qemu+ext:///system?command={script}"  # libvirt would run the script as the minion (root)
+    grain = {"connection": {"uri": hostile, "open_timeout": 5}, "connections": {"x": hostile}}
+    # no virt:connection in the minion config: libvirt's default connection, here the test driver
+    default_uri.setenv(vconn.DEFAULT_URI_ENV, "test:///default")
+    # grains.setval writes <conf_file's dir>/grains; local: as salt-call --local (no minion to refresh)
+    local = {"conf_file": str(tmp_path / "minion"), "local": True}
+    (tmp_path / "cache").mkdir()
+    mods = make_minion_mods(tmp_path, None, connection={}, opts_extra=local)
+    mods["grains.setval"]("virt", grain)
+    assert mods["config.get"]("virt:connection:uri") == hostile  # the grain is there ...
+    assert mods["virt.list_domains"]() == ["test"]  # ... and not read
+    with pytest.raises(SaltInvocationError, match="must name a libvirt connection"):
+        mods["virt.list_domains"](connection="x")
+    assert not marker.exists()
+    # the same key in the minion config is honoured, the grain beside it still ignored
+    node = tmp_path / "node.xml"
+    node.write_text(NODE_ONE_VM)
+    mods = make_minion_mods(tmp_path, f"test://{node}", opts_extra=local)
+    mods["grains.setval"]("virt", grain)
+    assert mods["virt.list_domains"]() == ["from-opts"]
+    assert not marker.exists()
+
+
+def test_operator_settings_are_read_in_one_place():
+    """Salt's ``config.get`` reads grains and pillar unless told otherwise: the minion side calls it only
+    through ``salt_config``, so a new lookup cannot bring grains or pillar back."""
+    calls = [
+        str(path.relative_to(ROOT))
+        for folder in ("_modules", "_states", "_engines", "_grains", "_utils")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in path.read_text().splitlines()
+        if re.search(r"""["']config\.(get|option|merge)["']""", line)
+    ]
+    assert calls == ["_utils/saltvirt/host/conn.py"], calls
+
+
+NODE_ONE_VM = """<node><cpu><mhz>2400</mhz><active>1</active><max>1</max><nodes>1</nodes><sockets>1</sockets>
+<cores>1</cores><threads>1</threads></cpu><memory>1048576</memory>
+<domain type='test'><name>from-opts</name><memory>65536</memory><os><type>hvm</type></os></domain></node>"""
 
 
 @pytest.mark.parametrize(

@@ -352,6 +352,73 @@ def test_reconnect_fires_what_changed_while_disconnected(tmp_path):
         stop(watcher, thread)
 
 
+def test_inbox_max_is_checked():
+    assert events.inbox_max("50") == 50 and events.inbox_max(events.INBOX_MAX) == events.INBOX_MAX
+    for bad in (0, -1, True, "lots", events.INBOX_LIMIT + 1):
+        with pytest.raises(SaltInvocationError, match="virt:events:inbox_max in the minion config must be"):
+            events.inbox_max(bad)
+
+
+def test_a_flood_of_events_stays_within_the_inbox_and_is_reported(tmp_path, monkeypatch, caplog):
+    """libvirt's thread queues facts faster than the watcher sends them (here: no session takes any): the
+    inbox holds at most ``inbox_max``, the rest is dropped, counted, logged once a DROP_EVERY and reported
+    to the master as one engine/dropped event."""
+    monkeypatch.setattr(events, "DROP_EVERY", 3600.0)  # one warning for the whole flood, whatever its pace
+    node = tmp_path / "node.xml"
+    write_node(node, [("flood", str(uuid.uuid4()), RUNNING)])
+    bus = Bus()
+    watcher = events.Watcher("h1", None, bus, inbox_max=5)
+    flood = 200  # lifecycle events: a suspend and a resume each
+    with caplog.at_level("WARNING"), vconn.connect(f"test://{node}") as conn:
+        ids = watcher._register(conn)  # libvirt's callbacks, on its event-loop thread (connect started it)
+        # registered after the watcher's (for this domain: libvirt allows one callback per event id and
+        # domain), so libvirt calls it after the watcher's for each event
+        seen, dom = [], conn.lookupByName("flood")
+
+        def count(_conn, _dom, event, _detail, _opaque):
+            seen.append(event)
+
+        lifecycle = libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE
+        ids.append(("domainEventDeregisterAny", conn.domainEventRegisterAny(dom, lifecycle, count, None)))
+        try:
+            for _ in range(flood // 2):
+                dom.suspend()
+                dom.resume()
+            deadline = time.monotonic() + WAIT
+            while len(seen) < flood and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            for deregister, cb_id in ids:
+                getattr(conn, deregister)(cb_id)
+    assert len(seen) == flood, f"libvirt delivered {len(seen)} of {flood} events within {WAIT} s"
+    assert watcher.inbox.qsize() == 5  # bounded: the minion's memory does not grow with the flood
+    assert watcher.drops.total == flood - 5
+    warned = [r.getMessage() for r in caplog.records if "inbox is full" in r.getMessage()]
+    assert len(warned) == 1 and "virt:events:inbox_max: 5" in warned[0], warned
+    watcher._drain()  # what the watcher's thread does with the inbox once it runs
+    assert [d["event"] for _t, d in bus.sent] == ["suspended", "resumed", "suspended", "resumed", "suspended"]
+    assert [(t, d["dropped"], d["inbox_max"]) for t, d in bus.engine] == [("salt/virt/h1/engine/dropped", flood - 5, 5)]
+
+
+def test_the_close_notice_is_not_lost_with_the_inbox_full(tmp_path):
+    """libvirt closes the connection while the inbox is full: the session still ends (with the close's
+    reason) once it has sent what was queued before."""
+    node = tmp_path / "node.xml"
+    write_node(node, [("keep", str(uuid.uuid4()), RUNNING)])
+    bus = Bus()
+    watcher = events.Watcher("h1", None, bus, inbox_max=1)
+    with vconn.connect(f"test://{node}") as conn:
+        watcher._on_reboot(conn, conn.lookupByName("keep"), None)  # what libvirt's thread would queue
+        watcher.on_close(conn, libvirt.VIR_CONNECT_CLOSE_REASON_KEEPALIVE, None)
+        assert watcher.inbox.qsize() == 1 and watcher.drops.total == 0
+        watcher.session(conn)  # returns: it does not wait for a notice that never comes
+    assert [t.rsplit("/", 1)[1] for t, _d in bus.sent] == ["rebooted"]
+    assert [(t.rsplit("/", 1)[1], d.get("reason")) for t, d in bus.engine] == [
+        ("connected", None),
+        ("disconnected", "keepalive"),
+    ]
+
+
 def test_unreachable_libvirt_is_retried_with_backoff(tmp_path):
     """libvirtd absent at first (a socket nobody listens on): the watcher keeps trying, then connects."""
     node = tmp_path / "node.xml"
