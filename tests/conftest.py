@@ -20,6 +20,8 @@ from tests.support.saltd import hypervisor_minion_config, master_config, start_m
 from tests.support.saltloader import make_minion_mods
 from tests.support.saltlogging import quiet_salt_logging
 
+EVENTS_KEPT = 3600  # seconds: longer than any module's run on a loaded machine
+
 
 def pytest_addoption(parser):
     parser.addoption(
@@ -175,6 +177,17 @@ def virt_hv(tmp_path, hv1, qemu_tmp):
 
 
 # real Salt daemons (pytest-salt-factories) --------------------------------------------------------
+@pytest.fixture(scope="session")
+def event_listener():
+    """salt-factories' listener, keeping events for the whole run: its default drops an event 120 s after it
+    arrived, so on a loaded machine a module that runs longer lost the events of its own start (issue 33:
+    ``engine/connected`` not found 180 s later, "events seen: []")."""
+    from saltfactories.plugins.event_listener import EventListener
+
+    with EventListener(timeout=EVENTS_KEPT) as listener:
+        yield listener
+
+
 @pytest.fixture(scope="session")
 def salt_factories_config():
     # short root_dir: unix socket paths must stay < 107 bytes; slow_stop=False saves ~5 s per daemon
