@@ -19,6 +19,7 @@ import time
 import uuid
 
 FABRIC_NET = "10.252.0"
+READY_TIMEOUT = 300  # seconds: libvirtd's start on a loaded 2-core machine, far above what it needs
 
 
 def run(cmd, check=True, **kw):
@@ -173,6 +174,10 @@ class Hypervisor:
             for i in range(1, 20):  # hv1..hv19: every lab index the tests use
                 fh.write(f"{FABRIC_NET}.{10 + i} hv{i}\n")
 
+    @property
+    def mac(self):
+        return f"02:5e:{self.fabric.tag[:2]}:{self.fabric.tag[2:4]}:00:{self.index:02x}"
+
     def _network(self):
         ns, fab = self.netns, self.fabric.netns
         up, down = f"sv{self.fabric.tag}u{self.index}", f"sv{self.fabric.tag}d{self.index}"
@@ -183,11 +188,14 @@ class Hypervisor:
         run(["ip", "link", "set", up, "netns", ns], check=False)
         run(["ip", "-n", ns, "link", "set", "lo", "up"])
         run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"], check=False)
+        # the same address for the same lab index every time: a peer's ARP entry for this IP, left from an
+        # earlier hypervisor of that index, stays right (a new random MAC made it "No route to host")
+        run(["ip", "-n", ns, "link", "set", "br0", "address", self.mac])
         run(["ip", "-n", ns, "link", "set", up, "master", "br0", "up"])
         run(["ip", "-n", ns, "link", "set", "br0", "up"])
         run(["ip", "-n", ns, "addr", "replace", f"{self.ip}/24", "dev", "br0"])
 
-    def start(self, timeout=30):
+    def start(self, timeout=READY_TIMEOUT):
         self._write_config()
         self._network()
         d = self.dir
@@ -213,7 +221,27 @@ class Hypervisor:
             time.sleep(0.05)
         with open(self.path("libvirtd.pid")) as fh:
             self.pid = int(fh.read().strip())
+        self.wait_ready()
         return self
+
+    def wait_ready(self, timeout=READY_TIMEOUT):
+        """Wait until libvirtd answers on its socket and its TCP port answers from the fabric (routes and
+        ARP up: what a migration peer needs), saying what it saw when it gives up."""
+        deadline = time.monotonic() + timeout
+        seen = "nothing tried"
+        port = 16514 if "listen_tcp = 0" in self.extra_conf else 16509
+        probe = f"exec 3<>/dev/tcp/{self.ip}/{port}"
+        while time.monotonic() < deadline:
+            answer = run(["virsh", "-c", self.uri, "version"], check=False)
+            if answer.returncode:
+                seen = f"virsh version: {answer.stderr.strip()[-300:]}"
+            else:
+                peer = run(["ip", "netns", "exec", self.fabric.netns, "timeout", "5", "bash", "-c", probe], check=False)
+                if not peer.returncode:
+                    return self
+                seen = f"{self.ip}:{port} from the fabric: {peer.stderr.strip()[-300:] or 'no answer'}"
+            time.sleep(0.2)
+        raise RuntimeError(f"libvirtd {self.hostname} not ready within {timeout} s: {seen}; see {self.dir}/log")
 
     def warm_up(self):
         """Make libvirtd probe QEMU now: a fresh libvirtd does it at its first use (seconds; much longer
@@ -259,7 +287,7 @@ class Hypervisor:
         run(["ip", "netns", "del", self.netns], check=False)
         self.pid = None
 
-    def restart_daemon(self, timeout=30):
+    def restart_daemon(self, timeout=READY_TIMEOUT):
         """Start libvirtd again after :meth:`kill_daemon` (or a SIGKILL), keeping its configuration,
         its defined domains and its running guests (libvirtd reconnects to their qemu)."""
         d = self.dir
@@ -285,6 +313,7 @@ class Hypervisor:
             time.sleep(0.05)
         with open(self.path("libvirtd.pid")) as fh:
             self.pid = int(fh.read().strip())
+        self.wait_ready(timeout)
         return self
 
     def kill_daemon(self):
