@@ -13,6 +13,9 @@ def master_config(state_tree, **extra):
         "log_level_logfile": "info",
         "open_mode": False,
         "auto_accept": True,
+        # Salt's 5 request workers are 5 processes to start and keep per master; a test master serves few
+        # minions, and several masters run at once on 2 cores
+        "worker_threads": 3,
         "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
         # who the hypervisors are: minion ids in the master config (never grains, see docs/topics/trust.md)
         "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob"}},
