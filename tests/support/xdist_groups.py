@@ -8,6 +8,10 @@
 - A free worker takes the costliest unit left (:data:`COST`, seconds measured on a quiet 2-core machine):
   the long labs start first and the short ones fill the gaps, so the run ends when the longest chain
   does. xdist's own order (most tests first) started the one-test tutorial last.
+- Units that boot TCG guests declare how many run at once (:data:`GUESTS`); the units running at any time
+  boot at most :func:`guest_budget` guests together (the cores: an emulated guest keeps a core busy while
+  it boots), so two migration labs never stack on a 2-core machine. A worker for which only guest-heavy
+  units are left waits until one ends; a unit runs anyway when nothing else does.
 
 xdist's own ``loadgroup`` (``xdist_group`` marks) cannot be used: pytest-xdist 3.8 tags grouped tests by
 setting ``item._nodeid``, which pytest 9 no longer reads (node ids live in ``item._id``), so the groups are
@@ -18,6 +22,7 @@ scheduler from ``pytest_xdist_make_scheduler`` when ``--dist loadgroup`` is aske
 
 import ast
 import functools
+import os
 
 from tests.support.paths import ROOT
 
@@ -38,6 +43,29 @@ COST = {
     "tests/integration/test_events.py": 95,
     "tests/integration/test_bench_smoke.py": 90,
 }
+
+
+# TCG guests a unit boots at once (most at any moment, not in all); a unit not listed boots none or one
+# briefly. The budget is :func:`guest_budget`.
+GUESTS = {
+    "tests/integration/test_migration.py": 2,
+    "tests/integration/test_recovery.py": 2,
+    "tests/integration/test_tutorial.py": 2,  # the Debian guest with its own salt-minion
+    "tests/integration/test_backup_real.py": 1,
+    "tests/integration/test_faults.py": 1,
+    "tests/integration/test_init_real.py": 1,
+    "tests/integration/test_guest_ips.py": 1,
+    "tests/integration/test_events.py": 1,
+    "tests/integration/test_cloudinit.py": 1,
+    "tests/integration/test_domain_features.py": 1,
+    "tests/integration/test_snapshot_real.py": 1,
+    "tests/integration/test_storage_real.py": 1,
+}
+
+
+def guest_budget():
+    """TCG guests the running units may boot together: the cores (``RUN_TESTS_GUEST_BUDGET`` overrides)."""
+    return int(os.environ.get("RUN_TESTS_GUEST_BUDGET") or max(2, os.cpu_count() or 2))
 
 
 @functools.cache
@@ -68,6 +96,13 @@ def cost(unit, nodeids):
     return COST.get(unit, len(nodeids))
 
 
+def pick(queue, running_guests, budget):
+    """The unit a free worker takes from ``queue`` (``{unit: nodeids}``) while units booting
+    ``running_guests`` TCG guests run: the costliest that fits the guest budget; None: wait."""
+    fits = [u for u in queue if not GUESTS.get(u) or not running_guests or running_guests + GUESTS[u] <= budget]
+    return max(fits, key=lambda u: cost(u, queue[u])) if fits else None
+
+
 def make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
@@ -75,12 +110,36 @@ def make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return work_unit(nodeid)
 
+        def _running_guests(self):
+            return sum(
+                GUESTS.get(unit, 0)
+                for units in self.assigned_work.values()
+                for unit, done in units.items()
+                if not all(done.values())
+            )
+
         def _assign_work_unit(self, node):
-            """xdist's, but the costliest unit left instead of the first one."""
-            unit = max(self.workqueue, key=lambda u: cost(u, self.workqueue[u]))
+            """xdist's, but the costliest unit left that fits the guest budget instead of the first one."""
+            waiting = self.__dict__.setdefault("waiting", set())
+            unit = pick(self.workqueue, self._running_guests(), guest_budget())
+            if unit is None:
+                waiting.add(node)  # mark_test_complete hands it work once a guest-heavy unit ends
+                return
+            waiting.discard(node)
             nodeids = self.workqueue.pop(unit)
             self.assigned_work.setdefault(node, {})[unit] = nodeids
             collection = self.registered_collections[node]
             node.send_runtest_some([collection.index(n) for n, done in nodeids.items() if not done])
+
+        def mark_test_complete(self, node, item_index, duration=0):
+            super().mark_test_complete(node, item_index, duration)
+            for other in sorted(self.__dict__.get("waiting", ()), key=str):
+                if other.shutting_down or other is node:
+                    continue
+                if not self.workqueue:
+                    self.waiting.discard(other)
+                    other.shutdown()
+                elif self._pending_of(self.assigned_work.get(other, {})) <= 2:
+                    self._assign_work_unit(other)
 
     return ModuleGroupScheduling(config, log)

@@ -4,6 +4,8 @@ unit tests mirror the library and need no real libvirtd or salt daemons, helpers
 import ast
 import re
 
+import pytest
+
 from tests.support.markers import LIBVIRTD_FIXTURES, SALT_FIXTURES, daemon_markers
 from tests.support.paths import ROOT
 
@@ -133,6 +135,51 @@ def test_xdist_costs_name_real_units():
             assert work_unit(f"{unit}::test_x") == unit, f"{unit} runs on the session master: cost it there"
     assert cost("tests/integration/test_tutorial.py", {"t": False}) > cost("tests/integration/test_seed.py", {})
     assert cost("tests/integration/test_seed.py", dict.fromkeys("abc", False)) == 3
+
+
+def test_guest_heavy_units_never_stack_beyond_the_budget():
+    """Issue 33: two migration labs (2 TCG guests each) never run together on 2 cores; a light unit fills
+    the gap; with nothing running a heavy unit always goes (no worker waits forever)."""
+    from tests.support.xdist_groups import GUESTS, pick
+
+    mig, rec, seed = "tests/integration/test_migration.py", "tests/integration/test_recovery.py", "tests/unit/x::t"
+    queue = {mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
+    assert pick(queue, running_guests=0, budget=2) == rec  # the costliest
+    assert pick(queue, running_guests=GUESTS[rec], budget=2) == seed  # migration would make 4
+    assert pick({mig: {"a": False}}, running_guests=2, budget=2) is None  # wait for the other to end
+    assert pick({mig: {"a": False}}, running_guests=0, budget=1) == mig  # alone, it runs whatever its size
+    for unit in GUESTS:
+        assert (ROOT / unit).is_file(), unit
+
+
+@pytest.mark.parametrize(
+    "stage, cores, load, mem_gib, expected",
+    [
+        ("integration", 2, 0.1, 24, 4),  # a quiet 2-core machine
+        ("integration", 2, 1.0, 24, 2),  # half of it busy before the run
+        ("integration", 2, 4.0, 24, 2),  # a CPU hog beside it: fewer workers, never none
+        ("integration", 8, 0.0, 9, 3),  # memory bounds it: ~3 GiB a worker
+        ("unit", 2, 0.0, 24, 3),
+        ("unit", 2, 5.0, 24, 1),
+    ],
+)
+def test_workers_are_sized_to_the_machine(stage, cores, load, mem_gib, expected):
+    from tests.support import suiteplan
+
+    assert suiteplan.workers(stage, cores=cores, load=load, mem=mem_gib * suiteplan.GIB) == expected
+
+
+def test_changed_runs_the_tests_of_what_a_change_touches():
+    from tests.support import suiteplan
+
+    picked = suiteplan.selection(
+        ["_utils/saltvirt/fleet/replies.py", "docs/index.md", "tests/unit/spec/test_cpumem.py"]
+    )
+    assert {"tests/unit/fleet/test_replies.py", "tests/unit/test_docs.py", "tests/unit/spec/test_cpumem.py"} <= set(
+        picked
+    )
+    assert suiteplan.selection(["README.md"]) == ["tests/unit/test_docs.py", "tests/unit/test_suite_layout.py"]
+    assert suiteplan.selection(["LICENSE"]) == []
 
 
 # the library's layers, bottom up (HACKING.md "Layout"): a module imports only from its own layer or below
