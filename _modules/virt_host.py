@@ -26,6 +26,7 @@ if saltvirt is not None:
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import readiness as _readiness
     from saltvirt.pki import answers as _answers
+    from saltvirt.host import ownership as _ownership
     from saltvirt.spec import compat as _compat
     from saltvirt.host import conn as _c
     from saltvirt.base import validate as _validate
@@ -161,12 +162,14 @@ def ready_confirm(nonce):
     return _readiness.confirm(__opts__["cachedir"], nonce)
 
 
-def answer(fun, nonce, args=None, kwargs=None, **pub):
+def answer(fun, nonce, args=None, kwargs=None, tenant=None, **pub):
     """
     Run ``virt.<fun>`` (or the job check ``saltutil.find_job``) and return its answer signed with this
     minion's key for the runner's request ``nonce``: the ``virt`` runner publishes this instead of the
     function itself and believes only answers whose signature the master's accepted key verifies
     (``saltvirt.pki.answers``; docs: "Trust model"). ``args``/``kwargs``: the function's arguments.
+    ``tenant``: the runner acts for this tenant on the VM named by the first argument: refused unless that
+    VM is defined here with this tenant as its recorded owner.
 
     CLI Example:: salt 'hyper1' virt.answer virt.vm_state n3f6b...
     """
@@ -174,7 +177,13 @@ def answer(fun, nonce, args=None, kwargs=None, **pub):
         raise SaltInvocationError(f"virt.answer runs virt.* functions and {_answers.JOB_CHECK} only, not {fun!r}")
     # the job's own __pub_* data (user, jid) reaches the virt function; Salt's job check takes none
     own = {k: v for k, v in pub.items() if k.startswith("__pub_") and fun != _answers.JOB_CHECK}
-    ret, retcode = _answers.outcome(__salt__, __context__, fun, args, kwargs, own)
+
+    def owned():
+        with _c.salt_connect(__salt__, (kwargs or {}).get("connection")) as conn:
+            _ownership.check(conn, str((args or [None])[0]), str(tenant))
+
+    before = owned if tenant is not None else None
+    ret, retcode = _answers.outcome(__salt__, __context__, fun, args, kwargs, own, before)
     return _answers.sign(__opts__["pki_dir"], __opts__["id"], fun, str(nonce), ret, retcode)
 
 

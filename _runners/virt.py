@@ -547,7 +547,8 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
         with _client() as client:
             cfg = _cfg(tgt, tgt_type)
             where, _hosts = _where(who, name, host, cfg, client)
-            ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client)
+            tenant = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
+            ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client, tenant=tenant)
     except SaltException as exc:
         return _failed(exc)
     if ans["status"] != "up":
@@ -592,8 +593,10 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
         with _client() as client:
             cfg = _cfg(tgt, tgt_type)
 
+            owner = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
+
             def call(where, fun, args, kwarg):
-                return fleet.call(__opts__, where, fun, args, kwarg, cfg, None, client)[0]
+                return fleet.call(__opts__, where, fun, args, kwarg, cfg, None, client, tenant=owner)[0]
 
             ret = vmupdate.update(
                 __opts__,

@@ -151,6 +151,7 @@ def run(  # noqa: PLR0913 - the publication's parts, each optional
     watch: tuple[str, Callable[..., Any]] | None = None,
     jid: str | None = None,
     check: Callable[[], None] | None = None,
+    tenant: str | None = None,
 ) -> tuple[dict[str, Data], str | None]:
     """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
 
@@ -161,6 +162,8 @@ def run(  # noqa: PLR0913 - the publication's parts, each optional
     ``jid``: publish under this job id (made beforehand with :func:`new_jid`: what a sealed secret is bound to).
     ``check()``: called while waiting (cheap, no I/O); what it raises stops the wait and is raised (a lock
     the caller no longer holds: :meth:`saltvirt.fleet.fleetstate.Lease.check`).
+    ``tenant``: the call acts for this tenant on the VM named by ``arg[0]``: the hypervisor itself refuses it
+    unless that VM's recorded owner is this tenant (``virt.answer``).
     """
     cfg = cfg or config(opts)
     refused: dict[str, Data] = {}
@@ -177,6 +180,8 @@ def run(  # noqa: PLR0913 - the publication's parts, each optional
     client = client or salt.client.get_local_client(opts["conf_file"])
     nonce = answers.new_nonce()
     request = {"fun": fun, "nonce": nonce, "args": list(arg), "kwargs": dict(kwarg or {})}
+    if tenant is not None:
+        request["tenant"] = tenant
     with _watching(client, watch):
         with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
             more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
@@ -257,6 +262,7 @@ def call(
     watch: tuple[str, Callable[..., Any]] | None = None,
     jid: str | None = None,
     check: Callable[[], None] | None = None,
+    tenant: str | None = None,
 ) -> tuple[Data, str | None]:
     """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
     answers, jid = run(
@@ -272,6 +278,7 @@ def call(
         watch=watch,
         jid=jid,
         check=check,
+        tenant=tenant,
     )
     return answers.get(minion) or {"status": "down", "error": "did not answer"}, jid
 

@@ -29,7 +29,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
-from saltvirt.spec import vmspec
+from saltvirt.spec import tenancy, vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
 TENANT_KEYS = ("members", "quota", "group_quotas", "images", "profiles", "networks", "pools", "hypervisors")
@@ -258,7 +258,7 @@ def locate(hosts: dict[str, Data], name: str, caller: Caller, host: str | None =
 
 def missing(name: str, caller: Caller) -> str:
     """The one wording for a VM a tenant caller does not own (or that does not exist)."""
-    return f"no VM named {name} in tenant {caller.tenant}"
+    return tenancy.missing(name, caller.tenant)
 
 
 def operator_only(caller: Caller, fun: str) -> None:

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import salt.payload
@@ -127,15 +128,26 @@ def allowed(fun: Any) -> bool:
     return isinstance(fun, str) and (fun == JOB_CHECK or (fun.startswith("virt.") and fun != "virt.answer"))
 
 
-def outcome(funcs: Any, context: Any, fun: str, args: Any, kwargs: Any, pub: dict[str, Any]) -> tuple[Any, int]:
+def outcome(  # noqa: PLR0913 - the call's parts
+    funcs: Any,
+    context: Any,
+    fun: str,
+    args: Any,
+    kwargs: Any,
+    pub: dict[str, Any],
+    before: Callable[[], None] | None = None,
+) -> tuple[Any, int]:
     """``(ret, retcode)`` of ``funcs[fun](*args, **kwargs, **pub)`` as Salt's minion reports a job: an error
     is Salt's ``ERROR: ...`` text with retcode 1 (``fun`` missing: Salt's "is not available" text).
-    ``pub``: the wrapper's ``__pub_*`` keywords, so the function sees the same job (user, jid)."""
+    ``pub``: the wrapper's ``__pub_*`` keywords, so the function sees the same job (user, jid). ``before()``:
+    a check that may refuse the call (raised errors are reported as the function's own)."""
     from salt.exceptions import CommandExecutionError, SaltInvocationError  # noqa: PLC0415 - the minion side only
 
     if fun not in funcs:
         return f"'{fun}' is not available.", 254
     try:
+        if before is not None:
+            before()
         ret = funcs[fun](*(args or ()), **dict(kwargs or {}, **pub))
     except SaltInvocationError as exc:
         return f"ERROR executing '{fun}': {exc}", 1

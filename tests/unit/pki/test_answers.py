@@ -88,3 +88,15 @@ def test_virt_answer_is_for_operators_only(tmp_path, keys):
     mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pki_dir": keys[1]})
     with pytest.raises(CommandExecutionError, match="for operators"):
         mods["virt.answer"]("virt.vm_state", answers.new_nonce(), __pub_user="tenant1")
+
+
+def test_virt_answer_for_a_tenant_refuses_a_vm_of_another_owner(tmp_path, keys):
+    """Defence in depth (issue 34): the runner's per-VM call for a tenant carries the tenant, and the hypervisor
+    refuses a domain whose recorded owner differs, whatever the runner decided."""
+    pub, pki = keys
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pki_dir": pki})
+    nonce = answers.new_nonce()
+    refused = mods["virt.answer"]("virt.stop", nonce, args=["test"], tenant="acme", __pub_user="root")
+    ret, retcode = answers.verify(pub, "hyper-test", "virt.stop", nonce, refused)
+    assert (ret, retcode) == ("ERROR: no VM named test in tenant acme", 1)
+    assert mods["virt.vm_state"]("test") == {"test": "running"}  # untouched

@@ -1,0 +1,7 @@
+"""What a tenant is told about a VM it does not own (both sides: the runner's fleet view and the hypervisor's
+own owner check say it in the same words, so neither is an oracle for another tenant's VM names)."""
+
+
+def missing(name: str, tenant: str | None) -> str:
+    """The one wording for a VM a tenant does not own, or that does not exist."""
+    return f"no VM named {name} in tenant {tenant}"

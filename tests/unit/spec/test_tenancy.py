@@ -1,0 +1,7 @@
+"""saltvirt.spec.tenancy: one wording for "not yours" and "not there"."""
+
+from saltvirt.spec import tenancy
+
+
+def test_a_vm_of_another_tenant_and_no_vm_read_the_same():
+    assert tenancy.missing("web1", "acme") == "no VM named web1 in tenant acme"
