@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from saltvirt.pki import envelope
 from saltvirt.guest import firstboot
 from saltvirt.guest import seed as seeding
-from tests.support import lab
+from tests.support import lab, signedfleet
 from tests.support.saltloader import make_minion_mods
 
 DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", "/var/cache/salt-virt/debian"), "debian-minion.qcow2")
@@ -254,7 +254,7 @@ def test_runner_passes_cloud_init_and_the_key_reaches_the_iso_sealed(salt_run_cl
         master_pub = (pathlib.Path(salt_master.config["pki_dir"]) / "minions" / "cirun1").read_text()
         assert envelope.fingerprint(guest_key.public_key()) == envelope.fingerprint(master_pub)
         job = salt_run_cli.run("jobs.list_job", res["jid"]).data
-        kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
+        kwargs = signedfleet.published_kwargs(job)
         assert kwargs["cloud_init"] == {"hostname": "cirun1.example.net"}
         assert envelope.is_envelope(kwargs["priv_key"]) and "PRIVATE KEY" not in json.dumps(job)
         assert "PRIVATE KEY" not in ret.stdout

@@ -21,6 +21,7 @@ import salt.utils.user
 from saltvirt.base import operators
 
 from tests.support import saltapi
+from tests.support import signedfleet
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, start_minion
 
@@ -128,7 +129,7 @@ def created(api, hyper):
     assert status == 200 and isinstance(body, dict) and body.get("host") == HV, body
     assert GFX_PW not in str(body)
     job = api.master.salt_run_cli(timeout=120).run("jobs.list_job", body["jid"]).data
-    kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
+    kwargs = signedfleet.published_kwargs(job)
     yield {"answer": body, "jid": body["jid"], "kwargs": kwargs}
     alice.runner("virt.purge", name="deleg-vm", host=HV)
 

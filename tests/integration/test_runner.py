@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from tests.support import signedfleet
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
 from saltvirt.pki import envelope
@@ -32,11 +33,14 @@ CAPS = ["cap-big", "cap-small", "cap-full", "cap-maint", "cap-gone"]
 ALL = sorted(["kvm1", *CAPS])
 UP_CAPS = "cap-big,cap-small,cap-full,cap-maint"  # a list target: the capacity hosts that answer
 TENANT = "tenant-vm1"
-# the waits tolerate a loaded machine: at load 25 an idle minion took 16-20 s to answer saltutil.find_job
-# (and ~25 s for virt.vm_state / virt.capacity / virt.full_info alike); 4 s + 6 s reported live hosts down.
+# the product's own waits (issue 33): a live minion that answers its job checks late (16-20 s at load 25) is
+# asked again and waited for; a host is down after down_after s without any signed answer to a check.
 # Every call that asks cap-gone while it is down waits all of it: tests that need no down host bring it back.
-WAITS = {"timeout": 5, "gather_job_timeout": 18}
-DID_NOT_ANSWER = f"did not answer (waited {WAITS['timeout']} s + {WAITS['gather_job_timeout']} s job check)"
+WAITS = {"timeout": 5, "gather_job_timeout": 5, "down_after": 20}
+DID_NOT_ANSWER = (
+    f"did not answer (no sign of life for {WAITS['down_after']} s after the first {WAITS['timeout']} s: "
+    "its job checks went unanswered)"
+)
 MASTER_VIRT = {
     "hypervisors": {"tgt": ALL, "tgt_type": "list", **WAITS},
     "placement": {"mem_reserve_mib": 512, "maintenance": ["cap-maint"]},
@@ -129,7 +133,7 @@ def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minion
     deadline = time.monotonic() + 60  # the listener gets the master's events asynchronously: late under load
     while True:
         news = events(event_listener, vmaster, "salt/job/*/new", t0)
-        pubs = [e for e in news if e.data.get("fun") == "virt.full_info"]
+        pubs = [e for e in news if e.data.get("fun") == "virt.answer" and "virt.full_info" in str(e.data.get("arg"))]
         if pubs or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -143,7 +147,7 @@ def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minion
     assert sorted(ret.data) == ALL  # the stopped host is listed, not dropped
     assert ret.data["cap-gone"] == {"status": "down", "error": DID_NOT_ANSWER}
     assert all(ret.data[m]["status"] == "up" for m in ALL if m != "cap-gone")
-    print(f"salt-run virt.query, one host down: {waited:.1f} s")  # bounded by timeout + gather_job_timeout
+    print(f"salt-run virt.query, one host down: {waited:.1f} s")  # bounded by timeout + down_after
 
 
 def test_list_and_host_info(vmaster, gone_down):
@@ -378,7 +382,7 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
     lines = pem.strip().splitlines()[1:-1]  # 64 base64 chars each: n and e come first (public), then d, p, q...
     secrets = [lines[i].encode() for i in (8, 13, -2)]  # whole lines inside d, p/q and qInv: private only
     job = run(vmaster, "jobs.list_job", res["jid"]).data
-    kwargs = next(a for a in job["Arguments"] if isinstance(a, dict))
+    kwargs = signedfleet.published_kwargs(job)
     assert envelope.is_envelope(kwargs["priv_key"]) and "PRIVATE KEY" not in json.dumps(job)
     dirs = [pathlib.Path(vmaster.config["cachedir"]), pathlib.Path(gone_down["kvm1"].config["cachedir"])]
     files = [p for d in dirs for p in d.rglob("*") if p.is_file() and p.stat().st_size < 50 << 20]
@@ -443,7 +447,9 @@ def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boo
         DID_NOT_ANSWER,
     )
     job = run(vmaster, "jobs.list_job", tried["jid"]).data
-    assert job["Function"] == "virt.init" and job["Target"] == ["cap-gone"] and job["Result"] == {}
+    # published as virt.answer (the hypervisor signs what virt.init returns: docs/topics/trust-model.md)
+    assert job["Function"] == "virt.answer" and "virt.init" in str(job["Arguments"])
+    assert job["Target"] == ["cap-gone"] and job["Result"] == {}
     fallback = events(event_listener, vmaster, "salt/virt/init/rvm2/fallback", t0)
     assert [(e.data["host"], e.data["next"]) for e in fallback] == [("cap-gone", "kvm1")]
     # a fresh key pair per hypervisor tried: the one kvm1 seeded is the one the master accepts now

@@ -76,3 +76,10 @@ class SigningClient:
 
     def _clean_up_subscriptions(self, jid):
         pass
+
+
+def published_kwargs(job):
+    """The keyword arguments the runner passed to the hypervisor's function in the job ``jobs.list_job`` shows:
+    the runner publishes ``virt.answer`` with ``{fun, nonce, args, kwargs}`` (:mod:`saltvirt.pki.answers`)."""
+    outer = next(a for a in job["Arguments"] if isinstance(a, dict))
+    return outer["kwargs"] if job.get("Function") == "virt.answer" else outer
