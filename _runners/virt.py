@@ -527,15 +527,8 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
 
 
 def _where(who, name, host, cfg, client):
-    """``(hypervisor of VM name, fleet snapshot)`` in one round trip: a tenant caller finds its tenant's VMs
-    only (by the owner in their <metadata>, read with ``virt.full_info``; the snapshot is every
-    hypervisor's, for its quota)."""
-    if who.operator:
-        hosts = fleet.gather(__opts__, "virt.vm_state", cfg, client)
-        return fleet.locate(hosts, name, host), hosts
-    hosts = fleet.gather(__opts__, "virt.full_info", cfg, client)
-    seen = tenants.visible(hosts, who, tenants.config(__opts__))
-    return tenants.locate(seen, name, who, host), hosts
+    """``(hypervisor of VM name, fleet snapshot)``: :func:`saltvirt.fleet.tenants.where`."""
+    return tenants.where(__opts__, who, name, host, cfg, client)
 
 
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
