@@ -9,16 +9,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.pki import envelope
 from saltvirt.fleet import fleetstate, minionkeys, placement, relocate, vmcreate
+from tests.support.fleetclient import RecordingClient, fleet_opts, master_opts
 from tests.support.keystore import master_key_store_opts
-
-
-def master_opts(tmp_path):
-    """Master opts with the default cache (localfs, one master), as salt-run has them."""
-    import salt.config
-
-    opts = dict(salt.config.master_config(None), id="master", cachedir=str(tmp_path))
-    assert opts["cache"] == "localfs"
-    return opts
 
 
 def test_one_init_per_name_at_a_time(tmp_path):
@@ -134,38 +126,6 @@ def test_timeline_marks_go_only_to_a_callback_that_takes_them():
     assert marks == [("published", {"host": "h1"})]
 
 
-class _RecordingClient:
-    """LocalClient's part fleet.run uses, answering each publication from ``answers[fun][minion]`` and
-    recording what was published. A stand-in: the real one needs a running salt-master
-    (tests/integration/test_runner.py places VMs through one); here a unit test sees every call."""
-
-    def __init__(self, answers):
-        self.answers, self.published = answers, []
-        self.event = None
-
-    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
-        self.published.append((fun, sorted(tgt)))
-        self._fun, self._tgt = fun, list(tgt)
-        return {"jid": jid or str(len(self.published)), "minions": list(tgt)}
-
-    def get_iter_returns(self, jid, minions, **_kw):
-        for mid in self._tgt:
-            if mid in self.answers.get(self._fun, {}):
-                yield {mid: {"ret": self.answers[self._fun][mid], "retcode": 0}}
-
-    def _clean_up_subscriptions(self, jid):
-        pass
-
-
-def _fleet_opts(tmp_path, ids):
-    opts = master_opts(tmp_path)
-    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*"}})
-    (tmp_path / "pki" / "minions").mkdir(parents=True)
-    for mid in ids:
-        (tmp_path / "pki" / "minions" / mid).write_text("-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n")
-    return opts
-
-
 def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
     """salt-run virt.init places with virt.capacity (node totals, usage, the group index), never
     virt.full_info (every VM's facts); the group index still keeps the group's members apart."""
@@ -180,9 +140,9 @@ def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
     with_web = capacity.capacity(test_conn, str(tmp_path / "images"))
     test_conn.lookupByName("web1").undefine()
     without = capacity.capacity(test_conn, str(tmp_path / "images"))
-    opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
     ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
-    client = _RecordingClient({"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}})
+    client = RecordingClient({"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}})
     res = vmcreate.create(
         opts,
         "web2",
@@ -203,8 +163,8 @@ def test_a_hypervisor_without_virt_capacity_is_asked_full_info(tmp_path, test_co
     from saltvirt.fleet import publish
     from saltvirt.host import capacity, query
 
-    opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
-    client = _RecordingClient(
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = RecordingClient(
         {
             "virt.capacity": {"hv1": capacity.capacity(test_conn), "hv2": "'virt.capacity' is not available."},
             "virt.full_info": {"hv2": query.full_info(test_conn)},
@@ -256,8 +216,8 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
     while placement keeps its own request; a request over the disk quota is refused before placement."""
     from saltvirt.fleet import publish, quota
 
-    opts = _fleet_opts(tmp_path, ["hv1"])
-    client = _RecordingClient({"virt.full_info": {"hv1": {"vm_info": {}}}})
+    opts = fleet_opts(tmp_path, ["hv1"])
+    client = RecordingClient({"virt.full_info": {"hv1": {"vm_info": {}}}})
     cfg, req = publish.config(opts), placement.make_request(1, 64, 2048)
     tenant = {"name": "acme", "quota": {"disk": 12288}, "groups": {}, "allowed": lambda h: True, "disk_mib": 12288}
     since = time.time()
@@ -271,8 +231,8 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
 
 
 # the shared store (redis) dying while virt.init runs ---------------------------------------------------
-class _StoreDiesClient(_RecordingClient):
-    """Publishes as _RecordingClient; redis crashes (connection refused from then on) once ``crash_on`` is
+class _StoreDiesClient(RecordingClient):
+    """Publishes as RecordingClient; redis crashes (connection refused from then on) once ``crash_on`` is
     published; virt.init's answer comes (``answers``) or never does (the hypervisor still works on it)."""
 
     def __init__(self, answers, server, crash_on="virt.init"):
@@ -303,7 +263,7 @@ def dying_redis(tmp_path):
     from tests.support.redis_server import RedisServer
 
     server = RedisServer().start()
-    opts = _fleet_opts(tmp_path, ["hv1"])
+    opts = fleet_opts(tmp_path, ["hv1"])
     opts.update(server.master_opts())
     opts["virt"]["shared"] = {"lock_ttl": 1}
     yield opts, server
