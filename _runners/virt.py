@@ -13,7 +13,10 @@ to wait for them), ``virt:placement``, ``virt:guest_master``, ... Every key with
 ``docs/configuration.md``; placement, keys and migration: ``docs/topics/runner.md``.
 
 Every function also takes ``tgt=`` / ``tgt_type=`` to narrow the hypervisors for one call (never to
-add a minion to them). Trust: every VM is a minion of this master and root in it controls its grains
+add a minion to them); for ``virt.init`` it narrows where the VM may go, never where its name and the
+tenant's quota are checked (every hypervisor).
+
+Trust: every VM is a minion of this master and root in it controls its grains
 and answers, so who is a hypervisor (fan-out, placement, sealed keys, migration targets) comes only
 from ``virt:hypervisors`` and the keys this master accepted (``docs/topics/trust.md``).
 
@@ -367,6 +370,10 @@ def init(
     host
         put it on this hypervisor (it must fit); with ``fallback=True`` (default) the next-best host
         is used if it is down.
+    tgt / tgt_type
+        narrow the hypervisors the VM may go to, nothing else: the name is checked on every hypervisor
+        (and refused while one does not answer: always for a tenant member, for an operator when a
+        tenant's quota ledger has it), and a tenant's quota counts its VMs on every hypervisor.
     enable_qcow / enable_vnc / start / seed / group / saltenv
         as in the execution module's ``virt.init``; ``group`` is an anti-affinity group.
     affinity
@@ -455,6 +462,7 @@ def init(
                 progress=progress,
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
                 tenant=owner["quota"],
+                operator=who.operator,
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
                 created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)

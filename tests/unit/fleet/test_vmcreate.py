@@ -330,3 +330,125 @@ def test_the_store_lost_before_placing_stops_init_with_nothing_created(dying_red
     assert msg.startswith("virt.init of web2 stopped before placing it, nothing was created: the shared runner"), msg
     assert f"redis (127.0.0.1:{server.port})) cannot be read" in msg and "Check the master's cache" in msg, msg
     assert client.published == [("virt.capacity", ["hv1"])]
+
+
+# the fleet view: a per-call tgt narrows where a VM goes, never which VMs count ---------------------------
+def _host(mem_total=4096, vms=None):
+    """One hypervisor's answer, for virt.capacity and virt.full_info alike (the owner is in both)."""
+    return {"host": {"mem_total": mem_total, "vcpus_total": 4, "disk_free": 99999}, "vm_info": vms or {}}
+
+
+def _vm(tenant, cpu=1):
+    return {"cpu": cpu, "mem": 64, "state": "running", "owner": {"tenant": tenant, "creator": "u"}}
+
+
+ACME = {"name": "acme", "quota": {"vcpus": 2}, "groups": {}, "allowed": lambda h: True}
+CREATED = {"started": True, "vm_info": {"state": "running"}}
+
+
+def _fleet(first, second=None):
+    """The answers of hv1 and hv2 (None: it does not answer) to the queries, and virt.init on both."""
+    hosts = {h: a for h, a in (("hv1", first), ("hv2", second)) if a is not None}
+    return {"virt.capacity": hosts, "virt.full_info": hosts, "virt.init": {"hv1": CREATED, "hv2": CREATED}}
+
+
+def _init(opts, client, name, tgt=None, **kwargs):
+    from saltvirt.fleet import publish
+
+    return vmcreate.create(
+        opts,
+        name,
+        placement.make_request(1, 64),
+        None,
+        {},
+        policy=placement.make_policy(mem_reserve_mib=0),
+        cfg=publish.config(opts, tgt=tgt),
+        client=client,
+        seed=False,
+        **kwargs,
+    )
+
+
+def test_a_tenants_tgt_never_hides_its_vms_elsewhere_from_its_quota(tmp_path):
+    """acme (2 vCPUs) has a1 (2 vCPUs) on hv2: virt.init tgt=hv1 counts it all the same; with room, tgt=hv1
+    still decides where the VM goes (hv2, with more memory, would win the placement)."""
+    from saltvirt.fleet import quota
+
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = RecordingClient(_fleet(_host(), _host(65536, {"a1": _vm("acme", 2)})))
+    with pytest.raises(quota.QuotaError) as err:
+        _init(opts, client, "web2", tgt="hv1", tenant=ACME)
+    assert str(err.value).startswith("tenant acme: 2 of 2 vCPUs used, asked 1: no room for web2"), str(err.value)
+    assert [fun for fun, _ in client.published] == ["virt.capacity", "virt.full_info"]
+    res = _init(opts, client, "web2", tgt="hv1", tenant=dict(ACME, quota={"vcpus": 3}))
+    assert res["host"] == "hv1" and [h["host"] for h in res["placement"]["ranking"]] == ["hv1"]
+    assert client.published[-3:] == [
+        ("virt.capacity", ["hv1", "hv2"]),
+        ("virt.full_info", ["hv1", "hv2"]),
+        ("virt.init", ["hv1"]),
+    ]
+    with pytest.raises(CommandExecutionError, match="^hv2 is not a candidate for web3: this call's tgt .or the"):
+        _init(opts, client, "web3", tgt="hv1", host="hv2")
+
+
+@pytest.mark.parametrize("tenant", [None, ACME], ids=["operator", "tenant"])
+def test_a_name_defined_outside_tgt_is_refused(tmp_path, tenant):
+    """beta's web2 is on hv2: virt.init web2 tgt=hv1 (a tenant's or an operator's) refuses the name."""
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = RecordingClient(_fleet(_host(), _host(vms={"web2": _vm("beta")})))
+    with pytest.raises(CommandExecutionError) as err:
+        _init(opts, client, "web2", tgt="hv1", tenant=tenant)
+    assert str(err.value) == "a VM named 'web2' already exists on hv2: pick another name or purge it"
+    assert client.published == [("virt.capacity", ["hv1", "hv2"])]
+
+
+def _ledger_a9_on_hv2(opts):
+    """acme's ledger: a9, created on hv2 (settled)."""
+    from saltvirt.fleet import quota
+
+    store = fleetstate.Store(opts)
+    a9 = {"cpu": 1, "mem": 64, "disk_mib": 0, "state": "settled", "settled_at": time.time() - 600, "host": "hv2"}
+    store.transact(quota.QUOTAS, "acme", lambda _old: {"entries": {"a9": a9}})
+    return lambda: store.fetch(quota.QUOTAS, "acme")["entries"]
+
+
+def test_a_silent_hypervisor_keeps_the_ledger_and_no_tenant_name_is_admitted(tmp_path):
+    """hv2 does not answer: a tenant's virt.init tgt=hv1 cannot tell which names are free (a9, the ledger's VM
+    on hv2, nor any other), so it is refused with the hosts to wait for; acme's ledger keeps a9."""
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    ledger = _ledger_a9_on_hv2(opts)
+    client = RecordingClient(_fleet(_host()))
+    for name in ("a9", "web3"):
+        with pytest.raises(CommandExecutionError) as err:
+            _init(opts, client, name, tgt="hv1", tenant=ACME)
+        assert str(err.value) == (
+            f"cannot tell whether a VM named {name!r} exists: hv2 (down) did not answer and may have one; "
+            f"retry virt.init of {name} when it answers"
+        ), str(err.value)
+        assert err.value.details["down"] == ["hv2"]
+    assert "virt.init" not in [fun for fun, _ in client.published]
+    assert sorted(ledger()) == ["a9"] and ledger()["a9"]["state"] == "settled"
+
+
+def test_a_silent_hypervisor_and_an_operator(tmp_path):
+    """hv2 does not answer: an operator's virt.init of a9 (acme's ledger has it: it may be on hv2) is refused;
+    another name goes on with a warning, and one for acme (its quota: a9 counts) keeps a9 in the ledger."""
+    from saltvirt.fleet import quota
+
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    ledger = _ledger_a9_on_hv2(opts)
+    client = RecordingClient(_fleet(_host()))
+    with pytest.raises(CommandExecutionError) as err:
+        _init(opts, client, "a9", operator=True)
+    assert str(err.value) == (
+        "cannot tell whether a VM named 'a9' exists: hv2 (down) did not answer and may have one (tenant acme's "
+        "quota ledger has it); retry virt.init of a9 when it answers"
+    ), str(err.value)
+    res = _init(opts, client, "op1", operator=True)
+    assert res["host"] == "hv1" and res["warnings"] == [
+        "hv2 (down) did not answer: a VM named 'op1' there was not seen (no tenant's quota ledger has one)"
+    ]
+    with pytest.raises(quota.QuotaError, match="^tenant acme: 1 of 1 vCPUs used, asked 1: no room for op2"):
+        _init(opts, client, "op2", tgt="hv1", tenant=dict(ACME, quota={"vcpus": 1}), operator=True)
+    assert _init(opts, client, "op3", tgt="hv1", tenant=ACME, operator=True)["host"] == "hv1"
+    assert sorted(ledger()) == ["a9", "op3"] and ledger()["a9"]["state"] == "settled"
