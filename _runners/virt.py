@@ -13,8 +13,8 @@ to wait for them), ``virt:placement``, ``virt:guest_master``, ... Every key with
 ``docs/configuration.md``; placement, keys and migration: ``docs/topics/runner.md``.
 
 Every function also takes ``tgt=`` / ``tgt_type=`` to narrow the hypervisors for one call (never to
-add a minion to them); for ``virt.init`` it narrows where the VM may go, never where its name and the
-tenant's quota are checked (every hypervisor).
+add a minion to them); for ``virt.init`` it narrows where the VM may go, for a tenant caller where its VM
+is looked for, never where names and a tenant's quota are checked (every hypervisor).
 
 Trust: every VM is a minion of this master and root in it controls its grains
 and answers, so who is a hypervisor (fan-out, placement, sealed keys, migration targets) comes only
@@ -570,7 +570,8 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
     networks and pools, new blank ``disks`` (no path or device), ``enable_vnc``, ``live``, ``test`` and
     ``autostart``; what the change adds (vCPUs, memory, new disks) is taken from its quota first, in the
     same compare-and-set as ``virt.init`` (docs/topics/tenants.md). An operator's update is not refused by
-    a quota; what it gives a tenant's VM is recorded in the tenant's usage.
+    a quota; what it gives a tenant's VM is recorded in the tenant's usage. ``tgt``/``tgt_type`` narrow where
+    the VM is looked for, never what the quota counts (the tenant's VMs on every hypervisor).
 
     CLI Example:
 

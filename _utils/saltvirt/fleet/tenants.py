@@ -262,12 +262,13 @@ def where(
 ) -> tuple[str, dict[str, Data]]:
     """``(hypervisor of VM name, fleet snapshot)`` in one round trip (``cfg``: :func:`saltvirt.fleet.publish.config`).
     An operator's: ``virt.vm_state``. A tenant caller finds its tenant's VMs only (by the owner in their
-    <metadata>, read with ``virt.full_info``; the snapshot is every hypervisor's, for its quota)."""
+    <metadata>, read with ``virt.full_info``) on the hypervisors ``cfg``'s per-call tgt selects, in a snapshot
+    of every hypervisor: what its quota counts (``virt.update``), whatever tgt it passes."""
     if caller.operator:
         hosts = publish.gather(opts, "virt.vm_state", cfg, client)
         return publish.locate(hosts, name, host), hosts
-    hosts = publish.gather(opts, "virt.full_info", cfg, client)
-    seen = visible(hosts, caller, config(opts))
+    hosts = publish.gather(opts, "virt.full_info", publish.fleet_wide(cfg), client)
+    seen = visible(publish.within_target(opts, cfg, hosts), caller, config(opts))
     return locate(seen, name, caller, host), hosts
 
 
