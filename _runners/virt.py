@@ -13,7 +13,10 @@ to wait for them), ``virt:placement``, ``virt:guest_master``, ... Every key with
 ``docs/configuration.md``; placement, keys and migration: ``docs/topics/runner.md``.
 
 Every function also takes ``tgt=`` / ``tgt_type=`` to narrow the hypervisors for one call (never to
-add a minion to them). Trust: every VM is a minion of this master and root in it controls its grains
+add a minion to them); for ``virt.init`` it narrows where the VM may go, for a tenant caller where its VM
+is looked for, never where names and a tenant's quota are checked (every hypervisor).
+
+Trust: every VM is a minion of this master and root in it controls its grains
 and answers, so who is a hypervisor (fan-out, placement, sealed keys, migration targets) comes only
 from ``virt:hypervisors`` and the keys this master accepted (``docs/topics/trust.md``).
 
@@ -367,6 +370,10 @@ def init(
     host
         put it on this hypervisor (it must fit); with ``fallback=True`` (default) the next-best host
         is used if it is down.
+    tgt / tgt_type
+        narrow the hypervisors the VM may go to, nothing else: the name is checked on every hypervisor
+        (and refused while one does not answer: always for a tenant member, for an operator when a
+        tenant's quota ledger has it), and a tenant's quota counts its VMs on every hypervisor.
     enable_qcow / enable_vnc / start / seed / group / saltenv
         as in the execution module's ``virt.init``; ``group`` is an anti-affinity group.
     affinity
@@ -455,6 +462,7 @@ def init(
                 progress=progress,
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
                 tenant=owner["quota"],
+                operator=who.operator,
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
                 created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)
@@ -527,15 +535,8 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
 
 
 def _where(who, name, host, cfg, client):
-    """``(hypervisor of VM name, fleet snapshot)`` in one round trip: a tenant caller finds its tenant's VMs
-    only (by the owner in their <metadata>, read with ``virt.full_info``; the snapshot is every
-    hypervisor's, for its quota)."""
-    if who.operator:
-        hosts = fleet.gather(__opts__, "virt.vm_state", cfg, client)
-        return fleet.locate(hosts, name, host), hosts
-    hosts = fleet.gather(__opts__, "virt.full_info", cfg, client)
-    seen = tenants.visible(hosts, who, tenants.config(__opts__))
-    return tenants.locate(seen, name, who, host), hosts
+    """``(hypervisor of VM name, fleet snapshot)``: :func:`saltvirt.fleet.tenants.where`."""
+    return tenants.where(__opts__, who, name, host, cfg, client)
 
 
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
@@ -570,7 +571,8 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
     networks and pools, new blank ``disks`` (no path or device), ``enable_vnc``, ``live``, ``test`` and
     ``autostart``; what the change adds (vCPUs, memory, new disks) is taken from its quota first, in the
     same compare-and-set as ``virt.init`` (docs/topics/tenants.md). An operator's update is not refused by
-    a quota; what it gives a tenant's VM is recorded in the tenant's usage.
+    a quota; what it gives a tenant's VM is recorded in the tenant's usage. ``tgt``/``tgt_type`` narrow where
+    the VM is looked for, never what the quota counts (the tenant's VMs on every hypervisor).
 
     CLI Example:
 

@@ -296,3 +296,21 @@ def test_a_tenant_resizes_its_own_vms_within_its_quota(cloud):
     assert ret["error"] == f"no VM named {theirs} in tenant acme", ret
     vms = libvirt_vms(cloud)
     assert (vms["a1"]["vcpus"], vms["a2"]["vcpus"], vms[theirs]["vcpus"]) == (2, 1, 1), vms
+
+
+def test_a_callers_tgt_narrows_placement_only(cloud):
+    """Issue #34: tgt= picks among the hypervisors a VM may go to; its name and the tenant's quota are checked
+    on every hypervisor (acme: a1 and a2, 3 of 3 vCPUs, wherever they are; beta's VMs on either host)."""
+    alice, carol = login(cloud, "alice"), login(cloud, "carol")
+    vms = libvirt_vms(cloud)
+    for host in HOSTS:
+        ret = init(alice, "a5", tgt=host)
+        assert ret.get("error", "").startswith("tenant acme: 3 of 3 vCPUs used, asked 1"), (host, ret)
+    theirs = next(n for n, v in vms.items() if v["tenant"] == "beta")
+    there = vms[theirs]["host"]
+    elsewhere = next(h for h in HOSTS if h != there)
+    for session in (alice, carol):
+        ret = init(session, theirs, tgt=elsewhere)
+        taken = f"a VM named {theirs!r} already exists on {there}: pick another name or purge it"
+        assert ret.get("error") == taken, ret
+    assert libvirt_vms(cloud) == vms

@@ -1,28 +1,54 @@
-"""Hypervisors that sign their answers, without a salt-master: what the runner's fleet code (``fleet.run``)
-reads from LocalClient, for unit tests. The keys and signatures are real (:mod:`saltvirt.pki.answers`); the
-wire is a stand-in because a real one needs a running salt-master (tests/integration/test_runner.py and
-test_authority.py go through one)."""
+"""A master's view of a fleet without a salt-master, for unit tests of the runner's fleet code: hypervisors
+that sign their answers with their own keys (real keys and signatures, :mod:`saltvirt.pki.answers`) over a
+stand-in for LocalClient, because a real one needs a running salt-master (tests/integration/test_runner.py,
+test_tenants.py and test_authority.py publish through real ones).
+
+:func:`fleet_opts` gives master opts whose accepted keys are the hypervisors' (``hv*``), with short waits;
+:class:`SigningClient` answers the runner's publications from canned answers and records them."""
 
 import functools
+import pathlib
+import tempfile
+
+import salt.config
 
 from saltvirt.pki import answers, envelope
 
+# a hypervisor with no answer stays silent: down after these (seconds), not the product's 25 s
+QUICK_WAITS = {"timeout": 0.05, "gather_job_timeout": 0.05, "down_after": 0.1}
+
 
 @functools.cache
-def _keypair(mid):
-    return envelope.new_keypair()  # one per minion id per test process: RSA generation is the slow part
+def _keys_dir():
+    return pathlib.Path(tempfile.mkdtemp(prefix="svkeys-"))
 
 
-def fleet_opts(opts, tmp_path, ids):
-    """``opts`` (a master's) with hypervisors ``hv*``, each of ``ids`` accepted with its own key; the
-    minions' private keys in ``tmp_path/<id>-pki/minion.pem``."""
-    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*"}})
+@functools.cache
+def minion_key(mid):
+    """``(public PEM, pki_dir holding minion.pem)`` of hypervisor ``mid``: one per id per test process (RSA
+    generation is the slow part)."""
+    pub, priv = envelope.new_keypair()
+    pki = _keys_dir() / mid
+    pki.mkdir()
+    (pki / "minion.pem").write_text(priv)
+    return pub, str(pki)
+
+
+def master_opts(tmp_path):
+    """Master opts with the default cache (localfs, one master), as salt-run has them."""
+    opts = dict(salt.config.master_config(None), id="master", cachedir=str(tmp_path))
+    assert opts["cache"] == "localfs"
+    return opts
+
+
+def fleet_opts(tmp_path, ids, **virt):
+    """:func:`master_opts` whose ``virt:hypervisors`` (``hv*``, :data:`QUICK_WAITS`) are the accepted keys of
+    ``ids``; ``virt``: more ``virt:`` keys (``tenants``, ...)."""
+    opts = master_opts(tmp_path)
+    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*", **QUICK_WAITS}, **virt})
     (tmp_path / "pki" / "minions").mkdir(parents=True, exist_ok=True)
     for mid in ids:
-        pub, priv = _keypair(mid)
-        (tmp_path / "pki" / "minions" / mid).write_text(pub)
-        (tmp_path / f"{mid}-pki").mkdir(exist_ok=True)
-        (tmp_path / f"{mid}-pki" / "minion.pem").write_text(priv)
+        (tmp_path / "pki" / "minions" / mid).write_text(minion_key(mid)[0])
     return opts
 
 
@@ -41,26 +67,24 @@ class Bus:
 
 class SigningClient:
     """LocalClient's part ``fleet.run`` uses. Each publication of ``virt.answer`` is answered, signed by each
-    hypervisor's own key, from ``answers[fun][minion]`` (no entry: that hypervisor is still at work, and says
-    so to job checks); ``published`` records ``(fun, sorted targets)`` of every virt function asked."""
+    hypervisor's own key, from ``answers[fun][minion]``; a hypervisor without an answer is silent (``down``),
+    unless it is ``busy``: then it says to job checks that it still runs the job. ``published`` records
+    ``(fun, sorted targets)`` of every function asked (job checks apart: ``checks`` counts them)."""
 
-    def __init__(self, tmp_path, answers_by_fun, silent=()):
-        self.tmp_path, self.answers, self.silent = tmp_path, answers_by_fun, set(silent)
+    def __init__(self, answers_by_fun, busy=()):
+        self.answers, self.busy = answers_by_fun, set(busy)
         self.published, self.checks = [], 0
         self.event = Bus()
         self._jid = 0
 
-    def new_jid(self, jid=""):
-        self._jid += 1
-        return jid or str(20260000000000000000 + self._jid)
-
     def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
-        jid = self.new_jid(jid)
+        self._jid += 1
+        jid = jid or str(20260000000000000000 + self._jid)
         inner = kwarg["fun"]
         if inner == answers.JOB_CHECK:
             self.checks += 1
             for mid in tgt:
-                if mid not in self.silent:
+                if mid in self.busy:
                     self.reply(jid, mid, kwarg, {"jid": kwarg["args"][0]})  # still running
             return {"jid": jid, "minions": list(tgt)}
         self.published.append((inner, sorted(tgt)))
@@ -70,8 +94,7 @@ class SigningClient:
         return {"jid": jid, "minions": list(tgt)}
 
     def reply(self, jid, mid, kwarg, ret, retcode=0):
-        pki = str(self.tmp_path / f"{mid}-pki")
-        signed = answers.sign(pki, mid, kwarg["fun"], kwarg["nonce"], ret, retcode)
+        signed = answers.sign(minion_key(mid)[1], mid, kwarg["fun"], kwarg["nonce"], ret, retcode)
         self.event.queue.append({"tag": f"salt/job/{jid}/ret/{mid}", "data": {"id": mid, "return": signed}})
 
     def _clean_up_subscriptions(self, jid):

@@ -19,7 +19,9 @@ with ``*``). Its mapping form also carries the waits (every key optional)::
         init_timeout: 1800       # hard bound for virt.init on one hypervisor (image copy + seeding)
 
 The minions expected to answer are the accepted keys the target matches, published to as an explicit
-list, so a stopped hypervisor is listed as ``down``. A per-call ``tgt=`` narrows the choice among them.
+list, so a stopped hypervisor is listed as ``down``. A per-call ``tgt=`` narrows the choice among them
+(for ``virt.init`` and a tenant's ``virt.update`` only where the VM may go or is looked up: names and
+quotas are checked in answers of every hypervisor, :func:`fleet_wide`).
 
 Answer statuses: ``up`` (returned), ``error`` (answered with an error: the module raised, or virt
 did not load on an expected hypervisor), ``down`` (no signed answer, and no signed answer to its job checks
@@ -89,6 +91,21 @@ def target(opts: SaltOpts, cfg: Data) -> list[str]:
     """The hypervisors to publish to: the configured ones (accepted keys), narrowed by a per-call
     ``tgt``/``tgt_type`` in ``cfg``; a sorted list of minion ids."""
     return hypervisors.narrow(opts, cfg.get("tgt"), cfg.get("tgt_type"))
+
+
+def fleet_wide(cfg: Data) -> Data:
+    """``cfg`` without its per-call ``tgt``/``tgt_type``: every hypervisor. What a VM name must be unique
+    among and what a tenant's quota counts is the whole fleet, whatever ``tgt`` a call passes."""
+    return dict(cfg, tgt=None, tgt_type=None)
+
+
+def within_target(opts: SaltOpts, cfg: Data, hosts: dict[str, Data]) -> dict[str, Data]:
+    """The part of ``hosts`` (answers of every hypervisor, :func:`fleet_wide`) that ``cfg``'s per-call
+    ``tgt`` selects: all of them without one."""
+    if not cfg.get("tgt"):
+        return hosts
+    ids = set(target(opts, cfg))
+    return {h: a for h, a in hosts.items() if h in ids}
 
 
 # publish and gather --------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
   counts until it expires (renewed with its lease); a ``settled`` one (the VM was created) counts for
   snapshots taken before it settled, and while a hypervisor did not answer (its VMs may be there). Settled
   entries stay while their VM exists: ``virt.purge`` drops them, and a snapshot in which every hypervisor
-  answered and the VM is gone prunes them.
+  answered and the VM is gone prunes them. A snapshot in which a hypervisor did not answer prunes nothing
+  (an expired creation's entry neither: its VM may be there); the snapshot is always every hypervisor's,
+  whatever ``tgt`` a call passes.
 * growth entries (``<vm>/update``, ``grows: <vm>``): what a ``salt-run virt.update`` adds to an existing VM
   (the positive part of its vCPU, memory and disk change; no VM). Active while the update runs; once it is
   done the VM's own entry takes the new sizes and the growth entry, settled, counts only for snapshots
@@ -135,8 +137,10 @@ def _counts(rec, down, since, now, skew):
 
 def _prune(entries, hosts, tenant, since, now, skew):
     """Drop expired active entries, settled ones whose VM a complete snapshot no longer shows, and settled
-    growth entries every later snapshot has (the VM's new sizes)."""
+    growth entries every later snapshot has (the VM's new sizes); nothing while a hypervisor did not answer."""
     seen, down = tenant_vms(hosts, tenant), _down(hosts)
+    if down:  # any entry's VM may be on the silent host: an expired creation's too (it may have finished there)
+        return entries
     return {
         n: r
         for n, r in entries.items()
@@ -319,9 +323,7 @@ def record(store: fleetstate.Store, name: str, to: Data | None, disk_mib: int) -
     the ``disk_mib`` it added, written into its entry in the ledger of the tenant that has one (VM names are
     the fleet's: at most one), so that the tenant's usage counts them (its entry's disk stands for the VM's
     disks). That tenant, or None: no ledger has the VM, whose use is counted from what the hypervisors show."""
-    holders = [
-        t for t, ledger in sorted(store.entries(QUOTAS).items()) if name in ((ledger or {}).get("entries") or {})
-    ]
+    found = holders(store, name)
 
     def update(old):
         entries = dict((old or {}).get("entries") or {})
@@ -330,10 +332,16 @@ def record(store: fleetstate.Store, name: str, to: Data | None, disk_mib: int) -
         entries[name] = _resized(entries[name], to, disk_mib)
         return {"entries": entries}
 
-    for tenant in holders:
+    for tenant in found:
         with contextlib.suppress(fleetstate.AbortUpdate):
             store.transact(QUOTAS, tenant, update)
-    return holders[0] if holders else None
+    return found[0] if found else None
+
+
+def holders(store: fleetstate.Store, name: str) -> list[str]:
+    """The tenants whose ledger has an entry for VM ``name`` (its VM may exist, or an init of it may have
+    finished, where no hypervisor that answered shows it), sorted."""
+    return [t for t, ledger in sorted(store.entries(QUOTAS).items()) if name in ((ledger or {}).get("entries") or {})]
 
 
 def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:

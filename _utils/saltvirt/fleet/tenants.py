@@ -23,6 +23,7 @@ pass to ``virt.init``: :func:`check_init`.
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
@@ -254,6 +255,21 @@ def locate(hosts: dict[str, Data], name: str, caller: Caller, host: str | None =
         hint = f" (these hypervisors did not answer: {', '.join(down)})" if down else ""
         raise publish.Failed(missing(name, caller) + hint)
     return publish.locate(hosts, name, host)
+
+
+def where(
+    opts: SaltOpts, caller: Caller, name: str, host: str | None, cfg: Data, client: Any = None
+) -> tuple[str, dict[str, Data]]:
+    """``(hypervisor of VM name, fleet snapshot)`` in one round trip (``cfg``: :func:`saltvirt.fleet.publish.config`).
+    An operator's: ``virt.vm_state``. A tenant caller finds its tenant's VMs only (by the owner in their
+    <metadata>, read with ``virt.full_info``) on the hypervisors ``cfg``'s per-call tgt selects, in a snapshot
+    of every hypervisor: what its quota counts (``virt.update``), whatever tgt it passes."""
+    if caller.operator:
+        hosts = publish.gather(opts, "virt.vm_state", cfg, client)
+        return publish.locate(hosts, name, host), hosts
+    hosts = publish.gather(opts, "virt.full_info", publish.fleet_wide(cfg), client)
+    seen = visible(publish.within_target(opts, cfg, hosts), caller, config(opts))
+    return locate(seen, name, caller, host), hosts
 
 
 def missing(name: str, caller: Caller) -> str:

@@ -1,11 +1,15 @@
 """The master side of ``virt.init`` (the ``virt`` runner's ``virt.init``).
 
-Steps: take the per-VM lock (:mod:`saltvirt.fleet.fleetstate`), refuse a name that exists on a hypervisor,
-place the VM (:mod:`saltvirt.fleet.placement`, with the capacity in-flight creations reserved), pre-accept a
+Steps: take the per-VM lock (:mod:`saltvirt.fleet.fleetstate`), refuse a name that exists on a hypervisor (or
+may exist on one that did not answer: :func:`check_name`), take the tenant's quota, place the VM
+(:mod:`saltvirt.fleet.placement`, with the capacity in-flight creations reserved), pre-accept a
 new key pair for the VM's minion (:mod:`saltvirt.fleet.minionkeys`) and seal its private key for the chosen
 hypervisor only (:mod:`saltvirt.pki.envelope`), run ``virt.init`` there (:mod:`saltvirt.fleet.publish`), falling
 over to the next candidate only when a hypervisor does not answer (with a fresh key pair), and check
 that the hypervisor seeded our key. On failure the key it stored is taken back.
+
+Names and quotas are checked in answers of every hypervisor; a per-call ``tgt`` (and a tenant's
+``hypervisors``) narrows only the placement candidates.
 """
 
 import contextlib
@@ -25,7 +29,7 @@ from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
 from saltvirt.fleet import quota as quotas
-from saltvirt.fleet.publish import Failed, call, capacities, gather, new_jid
+from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +159,7 @@ def _create(
     progress=None,
     lease=None,
     tenant=None,  # the tenant the VM is for (see _tenant_quota)
+    operator=False,  # the caller is an operator (see check_name)
 ):
     progress = progress or (lambda step, **data: None)
     started = time.monotonic()
@@ -164,11 +169,12 @@ def _create(
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
     with _before_placing(name):
-        hosts = _snapshot(opts, name, cfg, client, progress, lease)
-        hosts, place = _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since)
+        every, warnings = _snapshot(opts, name, fleet_wide(cfg), client, progress, lease, operator)
+        hosts = within_target(opts, cfg, every)  # tgt: where the VM may go, not which VMs count
+        hosts, place = _tenant_quota(opts, fleet_wide(cfg), client, lease, tenant, name, req, hosts, since)
         load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
         plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
-        order, tried = _order(plan, hosts, name, host, fallback), []
+        order, tried = _order(plan, hosts, name, host, fallback, every), []
         first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried, place=place)
     if first is None:
         raise _no_room(name, plan, tried)
@@ -207,9 +213,7 @@ def _create(
                 result = _created(
                     opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
                 )
-                if unsettled:
-                    result.setdefault("warnings", []).append(unsettled)
-                return result
+                return _warn(result, [*warnings, unsettled])
             _note_attempt(opts, lease, tried, name, hv, ans, jid)
             _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
             if ans["status"] == "down" and fallback and pos + 1 < len(order):
@@ -263,10 +267,10 @@ def _note_attempt(opts, lease, tried, name, hv, ans, jid):
 
 
 def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
-    """Take the tenant's quota for the VM (counted over every hypervisor's VMs, by the owner in their
-    <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
-    only the tenant's hypervisors as candidates. ``tenant``: ``{name, quota, allowed(host), groups, disk_mib}`` or
-    None (``disk_mib``: the disk its quota counts, default the request's).
+    """Take the tenant's quota for the VM (counted over the VMs of every hypervisor ``cfg`` targets, by the owner
+    in their <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
+    only the tenant's hypervisors among the candidates ``hosts``. ``tenant``: ``{name, quota, allowed(host),
+    groups, disk_mib}`` or None (``disk_mib``: the disk its quota counts, default the request's).
     ``(candidates, place)``: ``place(host)`` checks the tenant's quotas per hypervisor group (None without)."""
     if not tenant:
         return hosts, None
@@ -332,13 +336,21 @@ def _before_placing(name):
         raise Failed(f"virt.init of {name} stopped before placing it, nothing was created: {exc}") from None
 
 
-def _snapshot(opts, name, cfg, client, progress, lease):
-    """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement; refuses a name
-    already in use. Stops (nothing published yet) if the lock of ``name`` is lost meanwhile."""
+def _snapshot(opts, name, cfg, client, progress, lease, operator):
+    """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement, and the warnings of
+    :func:`check_name` (which refuses a name that is or may be in use). Stops (nothing published yet) if the
+    lock of ``name`` is lost meanwhile."""
     hosts = capacities(opts, cfg, client, check=lease.check)
     _mark(progress, "hosts_queried")
-    _refuse_existing_vm(hosts, name)
-    return hosts
+    return hosts, check_name(hosts, name, lease.store, operator)
+
+
+def _warn(result, warnings):
+    """``result`` with ``warnings`` (None: none) added to its ``warnings``."""
+    warnings = [w for w in warnings if w]
+    if warnings:
+        result.setdefault("warnings", []).extend(warnings)
+    return result
 
 
 def _sealed_kwarg(opts, hv, base_kwarg, name, keys):
@@ -397,16 +409,43 @@ def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease
     raise Failed(message, tried=tried) from None
 
 
-def _refuse_existing_vm(hosts, name):
+NAME_UNSURE = (
+    "cannot tell whether a VM named {name!r} exists: {silent} did not answer and may have one{why}; "
+    "retry virt.init of {name} when {they}"
+)
+
+
+def check_name(hosts: dict[str, Data], name: str, store: fleetstate.Store, operator: bool) -> list[str]:
+    """Refuse (:class:`Failed`) a new VM ``name`` that a hypervisor of ``hosts`` (every hypervisor's answer)
+    defines, or that may be defined on one that did not answer: for a tenant member, while any of them is
+    silent (the master cannot tell which names are free there); for an operator (who may define a VM on a
+    hypervisor directly anyway), while a tenant's quota ledger has the name (that tenant's VM may be there).
+    The warnings of a name an operator creates while a hypervisor is silent."""
     where = sorted(h for h, a in hosts.items() if a["status"] == "up" and name in a["vm_info"])
     if where:
         raise Failed(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
+    silent = down_hosts(hosts)
+    if not silent:
+        return []
+    listed = ", ".join(f"{h} ({hosts[h]['status']})" for h in silent)
+    tenants = quotas.holders(store, name) if operator else []
+    if tenants or not operator:
+        why = f" (tenant {', '.join(tenants)}'s quota ledger has it)" if tenants else ""
+        they = "it answers" if len(silent) == 1 else "they answer"
+        raise Failed(NAME_UNSURE.format(name=name, silent=listed, why=why, they=they), down=silent)
+    return [f"{listed} did not answer: a VM named {name!r} there was not seen (no tenant's quota ledger has one)"]
 
 
-def _order(plan, hosts, name, host, fallback):
-    """The hypervisors to try, in order: the ranking, or ``host=`` first (only it with ``fallback=False``)."""
+def _order(plan, hosts, name, host, fallback, every):
+    """The hypervisors to try, in order: the ranking, or ``host=`` first (only it with ``fallback=False``).
+    ``hosts``: the candidates; ``every``: every hypervisor's answer."""
     order = [r["host"] for r in plan["ranking"]]
     if host:
+        if host in every and host not in hosts:
+            raise Failed(
+                f"{host} is not a candidate for {name}: this call's tgt (or the tenant's hypervisors) leaves it out",
+                placement=_brief(plan),
+            )
         if host not in hosts:
             raise Failed(
                 f"{host} is not one of the hypervisors ({', '.join(sorted(hosts)) or 'none found'}): "

@@ -96,7 +96,8 @@ def update(
 ) -> Data:
     """Update VM ``name`` where it is defined; the module's answer with ``host``.
 
-    ``locate()``: ``(host, fleet snapshot)`` taken now (``virt.full_info`` when ``tenant`` is given);
+    ``locate()``: ``(host, fleet snapshot)`` taken now (``virt.full_info`` of every hypervisor when ``tenant`` is
+    given: what its quota counts, :func:`saltvirt.fleet.tenants.where`);
     ``call(host, fun, args, kwargs)``: one hypervisor's answer (:func:`saltvirt.fleet.publish.call`);
     ``tenant``: ``{name, quota, groups}`` whose quota (and quotas per hypervisor group) the growth is taken
     from (a tenant caller), or None (an operator: not counted). Raises

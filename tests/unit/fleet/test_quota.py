@@ -259,3 +259,26 @@ def test_concurrent_placements_never_exceed_a_group_quota(backend):
         t.join()
     assert len(won) == 3 and len(refused) == 7, (won, refused)
     assert all(msg.startswith("tenant acme on hypervisor group gpu: 3 of 3 vCPUs used, asked 1") for msg in refused)
+
+
+def test_a_snapshot_with_a_silent_hypervisor_prunes_nothing(backend):
+    """h3 did not answer: acme's settled a9 and an init of a8 that expired unanswered may both be VMs there, so
+    neither leaves the ledger (a8 no longer counts); a snapshot in which every hypervisor answered prunes them."""
+    opts = backend()
+    store = fleetstate.Store(opts)
+    now = time.time()
+    entries = {
+        "a9": {"cpu": 1, "mem": 64, "state": "settled", "settled_at": now - 600, "host": "h3"},
+        "a8": {"cpu": 1, "mem": 64, "state": "active", "expires": now - 60, "token": "gone"},
+    }
+    store.transact(quota.QUOTAS, "acme", lambda _old: {"entries": dict(entries)})
+    silent = dict(HOSTS, h3={"status": "down", "error": "did not answer"})
+    with fleetstate.lock(opts, ["n1"]) as lease:
+        quota.reserve(store, lease, "acme", "n1", {"cpu": 1, "mem": 64}, silent, now, {})
+        quota.finish(store, lease, "failed")
+    assert sorted(store.fetch(quota.QUOTAS, "acme")["entries"]) == ["a8", "a9"]
+    assert quota.count(store.fetch(quota.QUOTAS, "acme"), silent, "acme", now)["names"] == ["a1", "a2", "a9"]
+    with fleetstate.lock(opts, ["n1"]) as lease:
+        quota.reserve(store, lease, "acme", "n1", {"cpu": 1, "mem": 64}, HOSTS, now, {})
+        quota.finish(store, lease, "failed")
+    assert store.fetch(quota.QUOTAS, "acme") is None

@@ -13,11 +13,8 @@ class _Fleet(signedfleet.SigningClient):
     from ``answers``, and whatever ``forge`` puts on the bus in their names before their real answers."""
 
     def __init__(self, tmp_path, answers_, forge=None, silent=()):
-        import salt.config
-
-        super().__init__(tmp_path, {"virt.full_info": answers_}, silent)
-        self.opts = signedfleet.fleet_opts(salt.config.master_config(None), tmp_path, ["hv1", "hv2", "hv3"])
-        self.opts["cachedir"] = str(tmp_path)
+        super().__init__({"virt.full_info": answers_}, busy={"hv1", "hv2", "hv3"} - set(silent))
+        self.opts = signedfleet.fleet_opts(tmp_path, ["hv1", "hv2", "hv3"])
         self.forge, self.answers_ = forge, answers_
         self.kinds = []
 
@@ -39,7 +36,7 @@ def test_run_believes_only_answers_each_hypervisor_signed_for_this_request(tmp_p
 
 def _forgeries(tmp_path):
     """What a guest's root can put on the bus in a hypervisor's name (issue 34 #1)."""
-    other_pub, other_priv = envelope.new_keypair()
+    _other_pub, other_priv = envelope.new_keypair()
     (tmp_path / "guest-pki").mkdir()
     (tmp_path / "guest-pki" / "minion.pem").write_text(other_priv)
 
@@ -50,8 +47,8 @@ def _forgeries(tmp_path):
         return {"id": mid, "return": answers.sign(str(tmp_path / "guest-pki"), mid, kwarg["fun"], kwarg["nonce"], {})}
 
     def old_nonce(mid, kwarg):  # a real hypervisor's signature from another request
-        fake = dict(kwarg, nonce="n" + "0" * 32)
-        return {"id": mid, "return": answers.sign(str(tmp_path / f"{mid}-pki"), mid, fake["fun"], fake["nonce"], {})}
+        pki = signedfleet.minion_key(mid)[1]
+        return {"id": mid, "return": answers.sign(pki, mid, kwarg["fun"], "n" + "0" * 32, {})}
 
     return {"plain": plain, "own_key": own_key, "old_nonce": old_nonce}
 

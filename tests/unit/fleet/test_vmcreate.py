@@ -9,17 +9,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.pki import envelope
 from saltvirt.fleet import fleetstate, minionkeys, placement, relocate, vmcreate
-from tests.support import signedfleet
+from tests.support.signedfleet import Bus, SigningClient, fleet_opts, master_opts
 from tests.support.keystore import master_key_store_opts
-
-
-def master_opts(tmp_path):
-    """Master opts with the default cache (localfs, one master), as salt-run has them."""
-    import salt.config
-
-    opts = dict(salt.config.master_config(None), id="master", cachedir=str(tmp_path))
-    assert opts["cache"] == "localfs"
-    return opts
 
 
 def test_one_init_per_name_at_a_time(tmp_path):
@@ -135,10 +126,6 @@ def test_timeline_marks_go_only_to_a_callback_that_takes_them():
     assert marks == [("published", {"host": "h1"})]
 
 
-def _fleet_opts(tmp_path, ids):
-    return signedfleet.fleet_opts(master_opts(tmp_path), tmp_path, ids)
-
-
 def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
     """salt-run virt.init places with virt.capacity (node totals, usage, the group index), never
     virt.full_info (every VM's facts); the group index still keeps the group's members apart."""
@@ -153,11 +140,9 @@ def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
     with_web = capacity.capacity(test_conn, str(tmp_path / "images"))
     test_conn.lookupByName("web1").undefine()
     without = capacity.capacity(test_conn, str(tmp_path / "images"))
-    opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
     ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
-    client = signedfleet.SigningClient(
-        tmp_path, {"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}}
-    )
+    client = SigningClient({"virt.capacity": {"hv1": with_web, "hv2": without}, "virt.init": {"hv2": ok}})
     res = vmcreate.create(
         opts,
         "web2",
@@ -178,13 +163,12 @@ def test_a_hypervisor_without_virt_capacity_is_asked_full_info(tmp_path, test_co
     from saltvirt.fleet import publish
     from saltvirt.host import capacity, query
 
-    opts = _fleet_opts(tmp_path, ["hv1", "hv2"])
-    client = signedfleet.SigningClient(
-        tmp_path,
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = SigningClient(
         {
             "virt.capacity": {"hv1": capacity.capacity(test_conn), "hv2": "'virt.capacity' is not available."},
             "virt.full_info": {"hv2": query.full_info(test_conn)},
-        },
+        }
     )
     hosts = publish.capacities(opts, publish.config(opts), client)
     assert client.published == [("virt.capacity", ["hv1", "hv2"]), ("virt.full_info", ["hv2"])]
@@ -232,8 +216,8 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
     while placement keeps its own request; a request over the disk quota is refused before placement."""
     from saltvirt.fleet import publish, quota
 
-    opts = _fleet_opts(tmp_path, ["hv1"])
-    client = signedfleet.SigningClient(tmp_path, {"virt.full_info": {"hv1": {"vm_info": {}}}})
+    opts = fleet_opts(tmp_path, ["hv1"])
+    client = SigningClient({"virt.full_info": {"hv1": {"vm_info": {}}}})
     cfg, req = publish.config(opts), placement.make_request(1, 64, 2048)
     tenant = {"name": "acme", "quota": {"disk": 12288}, "groups": {}, "allowed": lambda h: True, "disk_mib": 12288}
     since = time.time()
@@ -247,12 +231,12 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
 
 
 # the shared store (redis) dying while virt.init runs ---------------------------------------------------
-class _StoreDiesClient(signedfleet.SigningClient):
+class _StoreDiesClient(SigningClient):
     """Publishes as SigningClient; redis crashes (connection refused from then on) once ``crash_on`` is
-    published; virt.init's answer comes (``answers``) or never does (the hypervisor still works on it)."""
+    published; virt.init's answer comes (``answers``) or never does (hv1 still works on it, and says so)."""
 
-    def __init__(self, tmp_path, answers, server, crash_on="virt.init"):
-        super().__init__(tmp_path, answers)
+    def __init__(self, answers, server, crash_on="virt.init"):
+        super().__init__(answers, busy={"hv1"})
         self.server, self.waited, self.crash_on = server, 0, crash_on
         self.event.get_event = self._look
         self._give_up = None
@@ -270,7 +254,7 @@ class _StoreDiesClient(signedfleet.SigningClient):
             self.waited += 1
             if time.monotonic() > self._give_up:
                 raise AssertionError("virt.init's wait went on after its lock was lost")
-        return signedfleet.Bus.get_event(self.event, tag, **kw)
+        return Bus.get_event(self.event, tag, **kw)
 
 
 @pytest.fixture
@@ -279,7 +263,7 @@ def dying_redis(tmp_path):
     from tests.support.redis_server import RedisServer
 
     server = RedisServer().start()
-    opts = _fleet_opts(tmp_path, ["hv1"])
+    opts = fleet_opts(tmp_path, ["hv1"])
     opts.update(server.master_opts())
     opts["virt"]["shared"] = {"lock_ttl": 1}
     yield opts, server
@@ -305,12 +289,12 @@ def _init_on_hv1(opts, client):
 HV1 = {"host": {"mem_total": 4096, "vcpus_total": 4, "disk_free": 99999}, "vm_info": {}}
 
 
-def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dying_redis, tmp_path):
+def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dying_redis):
     """redis dies once virt.init is published and its answer is slow: the wait stops once the lock could not
     be renewed for lock_ttl (another master may take the name then), with redis's error and where the job
     may still create the VM, instead of waiting init_timeout (1800 s) for it."""
     opts, server = dying_redis
-    client = _StoreDiesClient(tmp_path, {"virt.capacity": {"hv1": HV1}}, server)
+    client = _StoreDiesClient({"virt.capacity": {"hv1": HV1}}, server)
     with pytest.raises(CommandExecutionError) as err:
         _init_on_hv1(opts, client)
     msg = str(err.value)
@@ -323,28 +307,148 @@ def test_the_store_lost_while_init_runs_stops_the_wait_and_says_where_to_look(dy
     assert client.waited and err.value.details["tried"][-1]["outcome"] == "unknown"
 
 
-def test_an_init_done_while_the_store_is_down_is_reported_with_a_warning(dying_redis, tmp_path):
+def test_an_init_done_while_the_store_is_down_is_reported_with_a_warning(dying_redis):
     """The hypervisor creates the VM while redis is down: the VM is reported (not turned into an error
     because its reservation could not be settled), with a warning that the entry expires by itself."""
     opts, server = dying_redis
     ok = {"name": "web2", "started": True, "vm_info": {"state": "running"}}
-    res = _init_on_hv1(
-        opts, _StoreDiesClient(tmp_path, {"virt.capacity": {"hv1": HV1}, "virt.init": {"hv1": ok}}, server)
-    )
+    res = _init_on_hv1(opts, _StoreDiesClient({"virt.capacity": {"hv1": HV1}, "virt.init": {"hv1": ok}}, server))
     assert res["host"] == "hv1" and res["vm_info"] == {"state": "running"}
     (warning,) = res["warnings"]
     assert warning.startswith("its capacity reservation could not be marked settled in the shared runner state")
     assert "Connection refused" in warning and "expires by itself within virt:shared:lock_ttl, 1 s" in warning
 
 
-def test_the_store_lost_before_placing_stops_init_with_nothing_created(dying_redis, tmp_path):
+def test_the_store_lost_before_placing_stops_init_with_nothing_created(dying_redis):
     """redis dies while the capacity query runs: the next store read (the in-flight reservations) fails
     before any host is reserved, and virt.init stops with the same message as a lost lock, naming redis."""
     opts, server = dying_redis
-    client = _StoreDiesClient(tmp_path, {"virt.capacity": {"hv1": HV1}}, server, crash_on="virt.capacity")
+    client = _StoreDiesClient({"virt.capacity": {"hv1": HV1}}, server, crash_on="virt.capacity")
     with pytest.raises(CommandExecutionError) as err:
         _init_on_hv1(opts, client)
     msg = str(err.value)
     assert msg.startswith("virt.init of web2 stopped before placing it, nothing was created: the shared runner"), msg
     assert f"redis (127.0.0.1:{server.port})) cannot be read" in msg and "Check the master's cache" in msg, msg
     assert client.published == [("virt.capacity", ["hv1"])]
+
+
+# the fleet view: a per-call tgt narrows where a VM goes, never which VMs count ---------------------------
+def _host(mem_total=4096, vms=None):
+    """One hypervisor's answer, for virt.capacity and virt.full_info alike (the owner is in both)."""
+    return {"host": {"mem_total": mem_total, "vcpus_total": 4, "disk_free": 99999}, "vm_info": vms or {}}
+
+
+def _vm(tenant, cpu=1):
+    return {"cpu": cpu, "mem": 64, "state": "running", "owner": {"tenant": tenant, "creator": "u"}}
+
+
+ACME = {"name": "acme", "quota": {"vcpus": 2}, "groups": {}, "allowed": lambda h: True}
+CREATED = {"started": True, "vm_info": {"state": "running"}}
+
+
+def _fleet(first, second=None):
+    """The answers of hv1 and hv2 (None: it does not answer) to the queries, and virt.init on both."""
+    hosts = {h: a for h, a in (("hv1", first), ("hv2", second)) if a is not None}
+    return {"virt.capacity": hosts, "virt.full_info": hosts, "virt.init": {"hv1": CREATED, "hv2": CREATED}}
+
+
+def _init(opts, client, name, tgt=None, **kwargs):
+    from saltvirt.fleet import publish
+
+    return vmcreate.create(
+        opts,
+        name,
+        placement.make_request(1, 64),
+        None,
+        {},
+        policy=placement.make_policy(mem_reserve_mib=0),
+        cfg=publish.config(opts, tgt=tgt),
+        client=client,
+        seed=False,
+        **kwargs,
+    )
+
+
+def test_a_tenants_tgt_never_hides_its_vms_elsewhere_from_its_quota(tmp_path):
+    """acme (2 vCPUs) has a1 (2 vCPUs) on hv2: virt.init tgt=hv1 counts it all the same; with room, tgt=hv1
+    still decides where the VM goes (hv2, with more memory, would win the placement)."""
+    from saltvirt.fleet import quota
+
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = SigningClient(_fleet(_host(), _host(65536, {"a1": _vm("acme", 2)})))
+    with pytest.raises(quota.QuotaError) as err:
+        _init(opts, client, "web2", tgt="hv1", tenant=ACME)
+    assert str(err.value).startswith("tenant acme: 2 of 2 vCPUs used, asked 1: no room for web2"), str(err.value)
+    assert [fun for fun, _ in client.published] == ["virt.capacity", "virt.full_info"]
+    res = _init(opts, client, "web2", tgt="hv1", tenant=dict(ACME, quota={"vcpus": 3}))
+    assert res["host"] == "hv1" and [h["host"] for h in res["placement"]["ranking"]] == ["hv1"]
+    assert client.published[-3:] == [
+        ("virt.capacity", ["hv1", "hv2"]),
+        ("virt.full_info", ["hv1", "hv2"]),
+        ("virt.init", ["hv1"]),
+    ]
+    with pytest.raises(CommandExecutionError, match="^hv2 is not a candidate for web3: this call's tgt .or the"):
+        _init(opts, client, "web3", tgt="hv1", host="hv2")
+
+
+@pytest.mark.parametrize("tenant", [None, ACME], ids=["operator", "tenant"])
+def test_a_name_defined_outside_tgt_is_refused(tmp_path, tenant):
+    """beta's web2 is on hv2: virt.init web2 tgt=hv1 (a tenant's or an operator's) refuses the name."""
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    client = SigningClient(_fleet(_host(), _host(vms={"web2": _vm("beta")})))
+    with pytest.raises(CommandExecutionError) as err:
+        _init(opts, client, "web2", tgt="hv1", tenant=tenant)
+    assert str(err.value) == "a VM named 'web2' already exists on hv2: pick another name or purge it"
+    assert client.published == [("virt.capacity", ["hv1", "hv2"])]
+
+
+def _ledger_a9_on_hv2(opts):
+    """acme's ledger: a9, created on hv2 (settled)."""
+    from saltvirt.fleet import quota
+
+    store = fleetstate.Store(opts)
+    a9 = {"cpu": 1, "mem": 64, "disk_mib": 0, "state": "settled", "settled_at": time.time() - 600, "host": "hv2"}
+    store.transact(quota.QUOTAS, "acme", lambda _old: {"entries": {"a9": a9}})
+    return lambda: store.fetch(quota.QUOTAS, "acme")["entries"]
+
+
+def test_a_silent_hypervisor_keeps_the_ledger_and_no_tenant_name_is_admitted(tmp_path):
+    """hv2 does not answer: a tenant's virt.init tgt=hv1 cannot tell which names are free (a9, the ledger's VM
+    on hv2, nor any other), so it is refused with the hosts to wait for; acme's ledger keeps a9."""
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    ledger = _ledger_a9_on_hv2(opts)
+    client = SigningClient(_fleet(_host()))
+    for name in ("a9", "web3"):
+        with pytest.raises(CommandExecutionError) as err:
+            _init(opts, client, name, tgt="hv1", tenant=ACME)
+        assert str(err.value) == (
+            f"cannot tell whether a VM named {name!r} exists: hv2 (down) did not answer and may have one; "
+            f"retry virt.init of {name} when it answers"
+        ), str(err.value)
+        assert err.value.details["down"] == ["hv2"]
+    assert "virt.init" not in [fun for fun, _ in client.published]
+    assert sorted(ledger()) == ["a9"] and ledger()["a9"]["state"] == "settled"
+
+
+def test_a_silent_hypervisor_and_an_operator(tmp_path):
+    """hv2 does not answer: an operator's virt.init of a9 (acme's ledger has it: it may be on hv2) is refused;
+    another name goes on with a warning, and one for acme (its quota: a9 counts) keeps a9 in the ledger."""
+    from saltvirt.fleet import quota
+
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    ledger = _ledger_a9_on_hv2(opts)
+    client = SigningClient(_fleet(_host()))
+    with pytest.raises(CommandExecutionError) as err:
+        _init(opts, client, "a9", operator=True)
+    assert str(err.value) == (
+        "cannot tell whether a VM named 'a9' exists: hv2 (down) did not answer and may have one (tenant acme's "
+        "quota ledger has it); retry virt.init of a9 when it answers"
+    ), str(err.value)
+    res = _init(opts, client, "op1", operator=True)
+    assert res["host"] == "hv1" and res["warnings"] == [
+        "hv2 (down) did not answer: a VM named 'op1' there was not seen (no tenant's quota ledger has one)"
+    ]
+    with pytest.raises(quota.QuotaError, match="^tenant acme: 1 of 1 vCPUs used, asked 1: no room for op2"):
+        _init(opts, client, "op2", tgt="hv1", tenant=dict(ACME, quota={"vcpus": 1}), operator=True)
+    assert _init(opts, client, "op3", tgt="hv1", tenant=ACME, operator=True)["host"] == "hv1"
+    assert sorted(ledger()) == ["a9", "op3"] and ledger()["a9"]["state"] == "settled"

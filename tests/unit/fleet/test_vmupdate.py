@@ -10,6 +10,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.fleet import fleetstate, quota, vmupdate
+from tests.support.signedfleet import SigningClient, fleet_opts
 
 OWNER = {"tenant": "acme", "creator": "alice"}
 
@@ -189,3 +190,39 @@ def test_concurrent_growths_of_one_tenant_never_exceed_its_quota(virt_test, hv):
     assert len(won) == 2 and len(refused) == 4, (won, refused)
     assert all(r.startswith("tenant acme: 8 of 8 vCPUs used, asked 1") for r in refused), refused
     assert sum(vcpus(virt_test, n) for n in names) == 8
+
+
+def test_a_tenants_tgt_never_hides_its_vms_elsewhere_from_its_quota(virt_test, tmp_path):
+    """salt-run virt.update u1 cpu=2 tgt=hv1 by a tenant (acme: 2 vCPUs): a2 (1 vCPU) on hv2 counts, so the
+    growth is refused; u1 is found on hv1 (the runner's lookup, tenants.where, through the publication)."""
+    from saltvirt.fleet import publish, tenants
+
+    define(virt_test, "u1")
+    hv1 = {"host": {}, "vm_info": virt_test["virt.full_info"]()["vm_info"]}
+    hv2 = {"host": {}, "vm_info": {"a2": {"cpu": 1, "mem": 64, "state": "running", "owner": OWNER}}}
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"], tenants={"acme": {"members": ["alice"], "quota": {"vcpus": 2}}})
+    client = SigningClient({"virt.full_info": {"hv1": hv1, "hv2": hv2}})
+    alice = tenants.Caller("alice", operator=False, tenant="acme")
+    cfg = publish.config(opts, tgt="hv1")
+    store = settle(opts, "u1", 1, 64)
+
+    def call(host, fun, args, kwargs):
+        return {"status": "up", "ret": virt_test[fun](*args, **kwargs)}
+
+    with pytest.raises(quota.QuotaError) as err:
+        vmupdate.update(
+            opts,
+            "u1",
+            2,
+            None,
+            {},
+            locate=lambda: tenants.where(opts, alice, "u1", None, cfg, client),
+            call=call,
+            tenant={"name": "acme", "quota": {"vcpus": 2}},
+        )
+    assert str(err.value).startswith("tenant acme: 2 of 2 vCPUs used, asked 1: no room to grow u1"), str(err.value)
+    assert client.published == [("virt.full_info", ["hv1", "hv2"])] and vcpus(virt_test, "u1") == 1
+    assert sorted(store.fetch(quota.QUOTAS, "acme")["entries"]) == ["u1"]
+    # a VM on a hypervisor outside tgt is not found there (tgt still says where to look)
+    with pytest.raises(publish.Failed, match="^no VM named a2 in tenant acme$"):
+        tenants.where(opts, alice, "a2", None, cfg, client)
