@@ -313,9 +313,11 @@ def _inside(vm_dir, path):
 
 
 @contextlib.contextmanager
-def _recording(vm_dir, vm_name, vm_uuid, what):
+def _recording(vm_dir, vm_name, vm_uuid, what, host=None):
     """This VM's manifest (a new one if there is none; refused if it names another VM) for the caller to
-    add ``what`` to, under the directory's lock; then bound to ``vm_uuid`` and written back (mode 0600)."""
+    add ``what`` to, under the directory's lock; then bound to ``vm_uuid`` and written back (mode 0600).
+    ``host``: the minion id of the hypervisor creating the VM, recorded when the manifest has none (a
+    cleanup on another host sharing the directory then knows the files are not its own)."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     with _locked(vm_dir):
@@ -329,17 +331,22 @@ def _recording(vm_dir, vm_name, vm_uuid, what):
         yield manifest
         if vm_uuid:
             manifest["uuid"] = vm_uuid
+        if host and not manifest.get("host"):
+            manifest["host"] = host
         _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
 
 
-def record_owned(vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str | None = None) -> Data:
-    """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600)."""
+def record_owned(
+    vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str | None = None, host: str | None = None
+) -> Data:
+    """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600); ``host``:
+    see :func:`_recording`."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     if isinstance(files, str):
         files = [files]
     files = [os.path.abspath(_abs_path(f, "owned file")) for f in files]
-    with _recording(vm_dir, vm_name, vm_uuid, "files") as manifest:
+    with _recording(vm_dir, vm_name, vm_uuid, "files", host) as manifest:
         for f in files:
             if not _inside(vm_dir, f):
                 log.warning("%s is outside %s: recorded, but purge will never delete it", f, vm_dir)
