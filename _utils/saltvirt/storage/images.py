@@ -302,7 +302,8 @@ def _check_owner(manifest, vm_dir, vm_name, vm_uuid):
     if manifest.get("uuid") and vm_uuid and manifest["uuid"] != vm_uuid:
         return (
             f"the manifest in {vm_dir} records VM uuid {manifest['uuid']}, this VM is {vm_uuid}: "
-            "the files belong to an earlier VM of the same name"
+            "the files belong to another VM of that name (an earlier one, or one a hypervisor sharing this "
+            "directory runs)"
         )
     return None
 

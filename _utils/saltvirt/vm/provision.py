@@ -157,11 +157,16 @@ def init(
     validate.vm_name(name)
     validate.absolute_path(images_dir, "virt:images")
     with cleanup.InitLock(images_dir, name) as lock:
-        earlier = cleanup.clean(conn, name, images_dir, lock) if lock.existed else None
+        earlier = cleanup.clean(conn, name, images_dir, lock, host_id=host_id) if lock.existed else None
         if earlier and earlier["errors"]:
             raise CommandExecutionError(
                 f"an earlier virt.init of {name!r} was interrupted and its leftovers could not be removed: "
                 f"{'; '.join(earlier['errors'])}"
+            )
+        if earlier and earlier.get("refused"):
+            raise CommandExecutionError(
+                f"an earlier virt.init of {name!r} was interrupted; the files in its directory were kept: "
+                f"{earlier['refused']}"
             )
         request = seeding.Request.pop_from(kwargs, default_minion_id=name)
         try:

@@ -2,6 +2,7 @@
 (real virt.cleanup on libvirt's test driver) once they answer."""
 
 import os
+import uuid
 
 import pytest
 
@@ -16,10 +17,12 @@ def store(tmp_path):
     return local_store(tmp_path)
 
 
-def half_init(images_dir, name):
-    """What a virt.init killed while seeding leaves: a disk in its manifest, its init lock file."""
+def half_init(images_dir, name, host="hv3"):
+    """What a virt.init on ``host`` killed while seeding leaves: a disk in its manifest (bound to the VM's
+    uuid and that host from the start), its init lock file."""
     vm_dir = os.path.join(images_dir, name)
     os.makedirs(vm_dir)
+    images.record_owned(vm_dir, name, [], vm_uuid=str(uuid.uuid4()), host=host)
     disk = os.path.join(vm_dir, "system.qcow2")
     images.create_disk(disk, 16)
     images.record_owned(vm_dir, name, [disk])
@@ -41,7 +44,7 @@ def test_an_abandoned_host_is_cleaned_once_it_answers(tmp_path, store, test_conn
             return {"status": "down", "error": "did not answer"}
         assert fun == "virt.cleanup"
         try:
-            return {"status": "up", "ret": cleanup.cleanup(test_conn, args[0], images_dir)}
+            return {"status": "up", "ret": cleanup.cleanup(test_conn, args[0], images_dir, host_id=host)}
         except Exception as exc:  # noqa: BLE001 - what Salt's job returns for a raised error
             return {"status": "error", "error": str(exc)}
 
