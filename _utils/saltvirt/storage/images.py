@@ -338,10 +338,16 @@ def _recording(vm_dir, vm_name, vm_uuid, what, host=None):
 
 
 def record_owned(
-    vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str | None = None, host: str | None = None
+    vm_dir: str,
+    vm_name: str,
+    files: Iterable[str],
+    vm_uuid: str | None = None,
+    host: str | None = None,
+    complete: bool | None = None,
 ) -> Data:
     """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600); ``host``:
-    see :func:`_recording`."""
+    see :func:`_recording`. ``complete``: False while the VM's ``virt.init`` runs, True once it finished (a
+    cleanup undefines a domain only when its init never finished; no key: an older salt-virt's manifest)."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     if isinstance(files, str):
@@ -353,6 +359,8 @@ def record_owned(
                 log.warning("%s is outside %s: recorded, but purge will never delete it", f, vm_dir)
             if f not in manifest["files"]:
                 manifest["files"].append(f)
+        if complete is not None:
+            manifest["complete"] = bool(complete)
     return manifest
 
 

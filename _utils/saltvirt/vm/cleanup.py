@@ -8,8 +8,9 @@ scratch directory under ``salt-virt-seed-*``). Every init holds ``<images>/.lock
 holds is therefore the mark of an interrupted init.
 
 Only what our init created is touched: files listed in the VM's manifest, seeding state attached to
-those files, and a domain only when the stale init lock says its init never finished and the
-manifest records that domain's UUID. A complete VM is left alone (``virt.purge`` removes it).
+those files, and a domain only when the stale init lock says an init was interrupted and the manifest
+records that domain's UUID and that its init never finished (``complete: false``: a stale lock in a
+shared ``virt:images`` may be another host's). A complete VM is left alone (``virt.purge`` removes it).
 
 Files are judged by the VM UUID their manifest records, never by the name: a VM of that name missing
 here may run from the same directory on another hypervisor sharing ``virt:images``. They go only when
@@ -441,10 +442,12 @@ def clean(
     dom = lookup_domain(conn, name)
     if dom is not None:
         uuid = dom.UUIDString()
-        if not (lock.existed and ours and _uuid_of(manifest) == uuid):
+        if not (lock.existed and ours and _uuid_of(manifest) == uuid and (manifest or {}).get("complete") is False):
             out["domain"] = "kept: a complete VM (virt.purge removes it)"
             if lock.existed:
-                out["domain"] = "kept: the interrupted init's manifest does not record this VM's uuid"
+                out["domain"] = (
+                    "kept: a complete VM: its manifest records no unfinished init of it (virt.purge removes it)"
+                )
             return out
         with contextlib.suppress(libvirt.libvirtError):
             if dom.isActive():

@@ -298,7 +298,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         # the manifest before anything it covers, naming the VM by its UUID and this host: whatever this init
         # leaves behind is then judged by UUID (saltvirt.vm.cleanup), never by name; its undo runs last
         fresh = not os.path.lexists(os.path.join(spec.vm_dir, images.MANIFEST))
-        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, host=host_id)
+        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, host=host_id, complete=False)
         if fresh:
             undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
         seeds_first = validate.to_bool(seed)
@@ -331,6 +331,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             result["cloud_init"].update(cloudinit.retire(dom, spec))
         result["vm_info"] = _read_back(dom, name, host)
         result["state"] = result["vm_info"]["state"]
+        # the last step: from now on no cleanup takes this VM for the half-made one of an interrupted init
+        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, complete=True)
     except BaseException as exc:
         errors = undo.run()
         if errors:

@@ -4,13 +4,25 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 
-def _interrupted(images_dir, name):
-    """What a virt.init killed before it finished leaves: its init lock file, no longer held."""
+def _interrupted(images_dir, name, unfinished=True):
+    """What a virt.init killed before it finished leaves: its init lock file, no longer held, and (unless
+    ``unfinished=False``: a lock left by another init, of another host sharing ``images_dir``) the VM's
+    manifest saying that its init never finished (here: the manifest of a VM made complete, rewound)."""
+    import json
+    import os
+
+    from saltvirt.storage import images
     from saltvirt.vm import cleanup
 
     path = cleanup._lock_path(str(images_dir), name)
     with open(path, "w") as fh:
         fh.write("virt.init pid 0\n")
+    manifest = os.path.join(images_dir, name, images.MANIFEST)
+    if unfinished and os.path.exists(manifest):
+        with open(manifest) as fh:
+            data = json.load(fh)
+        with open(manifest, "w") as fh:
+            json.dump(dict(data, complete=False), fh)
 
 
 def test_cleanup_removes_an_interrupted_init_and_keeps_foreign_files(virt_test, tmp_path):
@@ -45,6 +57,25 @@ def test_init_after_an_interrupted_init_cleans_up_first(virt_test, tmp_path):
     assert not (tmp_path / "images" / ".locks" / "init-half3").exists()
 
 
+def test_a_stale_lock_of_another_init_never_takes_a_complete_vm(virt_test, tmp_path):
+    """In a shared virt:images the init locks are shared too: another host's init of 'web1', killed before
+    it got far (while fetching its image), leaves its lock. The complete 'web1' here is not the half-made VM
+    of that init: its manifest says its own init finished. A cleanup (with the master's proof, as
+    salt-run virt.cleanup passes it) and a virt.init of that name keep it running with its disks."""
+    import os
+
+    ret = virt_test["virt.init"]("web1", 1, 64, nic=None)
+    disk, uuid = ret["disks"][0]["path"], ret["uuid"]
+    _interrupted(tmp_path / "images", "web1", unfinished=False)
+    out = virt_test["virt.cleanup"]("web1", fleet_uuids={uuid: ["hyper-test"]})
+    assert out["domain"].startswith("kept: a complete VM: its manifest records no unfinished init"), out
+    assert out["removed"] == [] and os.path.exists(disk)
+    _interrupted(tmp_path / "images", "web1", unfinished=False)
+    with pytest.raises(SaltInvocationError, match="a VM named 'web1' is already defined"):
+        virt_test["virt.init"]("web1", 1, 64, nic=None)
+    assert virt_test["virt.vm_state"]("web1") == {"web1": "running"} and os.path.exists(disk)
+
+
 # files judged by UUID, across hosts sharing virt:images (issue 34 #3) --------------------------------
 def _shared_lab(tmp_path, test_conn):
     """Two hypervisors sharing one virt:images: on hv-b (``test_conn``, a private test:/// driver) 'web1'
@@ -58,7 +89,7 @@ def _shared_lab(tmp_path, test_conn):
     shared = tmp_path / "shared"
     ret = provision.init(test_conn, "web1", 1, 64, images_dir=str(shared), nic=None, host_id="hv-b")
     assert ret["state"] == "running"
-    _interrupted(shared, "web1")
+    _interrupted(shared, "web1", unfinished=False)  # hv-a's init never got as far as web1's files
     mods_a = make_minion_mods(
         tmp_path / "hv-a", f"test://{TEST_NODE_XML}", images_dir=shared, opts_extra={"id": "hv-a"}
     )
@@ -82,7 +113,7 @@ def test_cleanup_on_another_host_keeps_the_disks_of_a_vm_running_from_shared_ima
     assert os.path.exists(disk) and out["refused"] == f"VM uuid {uuid} is defined on hv-b: these are its disks, in use"
     # a virt.init of web1 on hv-a that finds the stale lock: refused the same way, nothing touched
     with pytest.raises(CommandExecutionError, match="the files in its directory were kept: .* may be shared"):
-        _interrupted(tmp_path / "shared", "web1")
+        _interrupted(tmp_path / "shared", "web1", unfinished=False)
         mods_a["virt.init"]("web1", 1, 64, nic=None, start=False)
     assert os.path.exists(disk) and test_conn.lookupByName("web1").isActive()
 

@@ -243,3 +243,5 @@ def test_the_manifest_names_the_vm_by_uuid_and_host_before_its_disks_are_ready(t
     )
     assert seen["uuid"] == ret["uuid"] == test_conn.lookupByName("uuid1").UUIDString(), seen
     assert seen["host"] == "hv-a" and seen["files"] == [ret["disks"][0]["path"]], seen
+    # until its last step the init is unfinished: a cleanup may take its domain only then
+    assert seen["complete"] is False and images.load_manifest(str(tmp_path / "uuid1"))["complete"] is True
