@@ -262,6 +262,7 @@ def init(
             mem,
             image,
             images_dir=images_dir,
+            host_id=__opts__.get("id"),  # the manifest's creating host
             profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
             cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
             vtype=vtype or _cfg("virt:type", None),

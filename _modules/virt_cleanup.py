@@ -18,6 +18,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import operators as _operators
+    from saltvirt.base import validate as _validate
+    from saltvirt.host import query as _query
     from saltvirt.vm import cleanup as _cleanup
     from saltvirt.host import conn as _c
 
@@ -32,7 +34,7 @@ def __virtual__():
     return __virtualname__
 
 
-def cleanup(name, connection=None):
+def cleanup(name, force=False, fleet_uuids=None, connection=None):
     """
     Remove what an interrupted ``virt.init`` of ``name`` left on this hypervisor: disks recorded in
     ``virt:images/<name>/.salt-virt.json`` with no domain, a domain whose init never finished (its
@@ -40,12 +42,38 @@ def cleanup(name, connection=None):
     (mounts, loop devices, qemu-storage-daemon FUSE exports, scratch directories). Only what salt-virt
     created for this VM is touched; a complete VM is left alone (``virt.purge`` removes it).
 
-    Returns ``{name, interrupted, domain, removed, kept, released, errors}``.
+    Disks are judged by the VM uuid their manifest records, never by the name: they stay while a domain
+    here has that uuid, and on a ``virt:images`` other hypervisors may share (created by another host, a
+    network or cluster filesystem, exported over NFS) unless the master proved that no hypervisor
+    defines it: ``salt-run virt.cleanup NAME`` does, passing ``fleet_uuids`` (what every hypervisor
+    defines). ``force=True``: you checked that no hypervisor uses them (a domain here with that uuid
+    still keeps them). A manifest without a uuid (an older salt-virt) keeps its files unless forced.
+
+    Returns ``{name, interrupted, domain, removed, kept, released, errors}``, and ``refused`` (why the
+    disks stay) when they do.
 
     CLI Example:: salt 'hyper1' virt.cleanup web1
     """
     with _c.salt_connect(__salt__, connection) as conn:
-        return _cleanup.cleanup(conn, name, _c.salt_images_dir(__salt__))
+        return _cleanup.cleanup(
+            conn,
+            name,
+            _c.salt_images_dir(__salt__),
+            host_id=__opts__.get("id"),
+            fleet_uuids=fleet_uuids,
+            force=_validate.to_bool(force),
+        )
+
+
+def defined_uuids(connection=None):
+    """
+    ``{uuid: name}`` of every VM defined or running on this hypervisor: what ``salt-run virt.cleanup``
+    and ``virt.purge`` gather from every hypervisor before any leftover disk is deleted.
+
+    CLI Example:: salt 'hyper1' virt.defined_uuids
+    """
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _query.defined_uuids(conn)
 
 
 def reap_seeding():

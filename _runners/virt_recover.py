@@ -1,7 +1,8 @@
 """
 Runner ``virt`` (continued): host-failure recovery and rebalancing (``saltvirt.fleet.recovery``,
-``saltvirt.fleet.rebalance``). Salt's loader merges every runner file whose ``__virtualname__`` is ``virt``
-into one ``virt`` runner, as it does for the execution modules.
+``saltvirt.fleet.rebalance``), and what interrupted inits left (``saltvirt.fleet.leftovers``). Salt's
+loader merges every runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner, as it does
+for the execution modules.
 
 Master config (every key optional; without ``virt:fence:command`` ``virt.recover`` refuses)::
 
@@ -97,10 +98,37 @@ def record(tgt=None, tgt_type=None):
             out = recovery.refresh(remote)
             # hosts a virt.init abandoned (no answer, fell over): cleaned once they answer again
             call = leftovers.publish_call(__opts__, remote.cfg, client)
-            healed = leftovers.heal(call, fleetstate.Store(__opts__))
+            defined = leftovers.publish_defined(__opts__, remote.cfg, client)
+            healed = leftovers.heal(call, defined, fleetstate.Store(__opts__))
     except SaltException as exc:
         return _failed(exc)
     return dict(out, **({"abandoned_init_cleanup": healed} if healed else {}))
+
+
+def cleanup(name, tgt=None, tgt_type=None):
+    """
+    Remove what interrupted ``virt.init`` runs of ``name`` left on the hypervisors (``virt.cleanup NAME``
+    on each: disks recorded in a manifest, seeding mounts, a domain whose init never finished), judged by
+    UUID across the fleet: every hypervisor is first asked which VM uuids it defines, and a hypervisor
+    deletes a manifest's files only when no other one defines the uuid it records (a VM of that name may
+    run from a shared ``virt:images`` elsewhere). While a hypervisor does not answer nothing is deleted. A
+    complete VM is never touched (``virt.purge`` removes it). ``tgt``/``tgt_type`` narrow where cleanup
+    runs; every hypervisor is still asked. Returns ``{hypervisor: virt.cleanup's answer or {error}}``.
+
+    CLI Example:: salt-run virt.cleanup web1
+    """
+    try:
+        _operator("virt.cleanup")
+        validate.vm_name(name)
+        with _client() as client:
+            remote = _remote(client, tgt, tgt_type)
+            report = leftovers.cleanup_everywhere(__opts__, name, remote.cfg, client, fleetstate.Store(__opts__))
+    except SaltException as exc:
+        return _failed(exc)
+    if any("error" in answer or answer.get("errors") for answer in report.values()):
+        with contextlib.suppress(NameError):  # __context__ is injected by the loader
+            __context__["retcode"] = 1
+    return report
 
 
 def recover(host, force=False, **policy):

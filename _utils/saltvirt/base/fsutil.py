@@ -6,6 +6,7 @@ import errno
 import functools
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Collection
 
@@ -149,3 +150,23 @@ def almost_full(path: str) -> bool:
         return False
     free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     return free * st.f_frsize < ALMOST_FULL
+
+
+def unescape_mount(field: str) -> str:
+    """A /proc/self/mountinfo path field: the kernel writes space, tab, newline and backslash as ``\\ooo``."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_of(path: str) -> tuple[str, str]:
+    """``(mount point, filesystem type)`` of the mount holding ``path`` (symlinks resolved) in this
+    mount namespace (the last mount on a point is the one seen)."""
+    real = os.path.realpath(path)
+    best = ("/", "unknown")
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            parts = line.split()
+            point = unescape_mount(parts[4])
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best[0]):
+                best = (point, parts[parts.index("-") + 1])
+    return best

@@ -2,12 +2,18 @@
 
 * ``salt-run virt.purge NAME`` of a VM that is defined nowhere: ``virt.cleanup`` on every hypervisor, and
   the runner's stale init lock (:func:`purge_leftovers`); of a VM it purged: ``virt.cleanup`` on every
-  other hypervisor too (:func:`cleanup_everywhere`): an init that fell over from one host to another left
-  its first attempt's disks and seeding there.
+  other hypervisor too (:func:`cleanup_everywhere`, also ``salt-run virt.cleanup NAME``): an init that
+  fell over from one host to another left its first attempt's disks and seeding there.
 * Hosts a ``virt.init`` abandoned (published, no answer, fell over or gave up) are remembered in the
   shared store (bank ``salt-virt/abandoned``, one entry per hypervisor: ``{vm: {jid, status, at,
   master}}``, :func:`remember`); :func:`heal` runs ``virt.cleanup`` there once they answer (``salt-run
   virt.record``, scheduled, and ``virt.purge`` call it) and forgets an entry once its cleanup finished.
+
+Leftovers are judged by UUID across the fleet, never by name on one host (a VM of that name may run
+from the same shared ``virt:images`` on another hypervisor): before any ``virt.cleanup`` every
+configured hypervisor is asked which VM uuids it defines (:func:`defined_uuids`), and the cleanup gets
+them (``fleet_uuids``): a hypervisor deletes a manifest's files only when no other defines its uuid. A
+hypervisor that does not answer means nothing is proven unused: no cleanup runs, and the report says so.
 
 The pre-accepted key is deleted by the runner's purge like any purged VM's key."""
 
@@ -60,6 +66,42 @@ def remember(store: fleetstate.Store, host: str, name: str, jid: str | None, sta
         log.warning("virt.init of %s: could not remember that %s was abandoned: %s", name, host, exc)
 
 
+def proof(answers: dict[str, Data]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """``virt.defined_uuids`` answers (:func:`saltvirt.fleet.publish.run`'s shape) -> ``({uuid: [hypervisors
+    defining it]}, {hypervisor: why it proves nothing})``."""
+    used: dict[str, list[str]] = {}
+    silent = {}
+    for mid, ans in sorted(answers.items()):
+        if ans["status"] != "up" or not isinstance(ans.get("ret"), dict):
+            silent[mid] = f"{ans['status']}: {ans.get('error') or ans.get('ret')}"
+            continue
+        for uuid in ans["ret"]:
+            used.setdefault(str(uuid).lower(), []).append(mid)
+    return used, silent
+
+
+def _ask_defined(opts, cfg, client):
+    """Every configured hypervisor's ``virt.defined_uuids``: a call's ``tgt`` narrows where a cleanup runs,
+    never which hypervisors are asked (any of them may run a VM from a shared directory)."""
+    from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
+
+    return fleet.run(opts, "virt.defined_uuids", cfg=dict(cfg, tgt=None, tgt_type=None), client=client)[0]
+
+
+def defined_uuids(opts: SaltOpts, cfg: Data, client: Any) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """:func:`proof` of every configured hypervisor's answer."""
+    return proof(_ask_defined(opts, cfg, client))
+
+
+def unproven(silent: dict[str, str], then: str) -> str:
+    """Why nothing was cleaned while the hypervisors in ``silent`` did not answer, and ``then`` (what next)."""
+    who = "; ".join(f"{h} ({why})" for h, why in sorted(silent.items()))
+    return (
+        f"nothing cleaned: {who} did not say which VMs it defines, and such a VM may run from the files "
+        f"a cleanup would delete (shared virt:images). {then}"
+    )
+
+
 def _forget(store, host, name):
     store.transact(ABANDONED, host, lambda old: {n: v for n, v in (old or {}).items() if n != name} or None)
 
@@ -78,16 +120,30 @@ def _cleaned(ans):
     return ret, not (ret.get("error") or ret.get("errors"))
 
 
-def heal(call: Callable[..., Any], store: fleetstate.Store, name: str | None = None) -> Data:
+def heal(
+    call: Callable[..., Any],
+    defined: Callable[[], tuple[dict[str, list[str]], dict[str, str]]],
+    store: fleetstate.Store,
+    name: str | None = None,
+) -> Data:
     """``virt.cleanup`` of each VM (or only ``name``) on the hosts :func:`remember` noted, where they
-    answer now: ``{host: {vm: virt.cleanup's answer or {error}}}``. ``call(host, fun, args)``: one
-    publication, answered as :func:`saltvirt.fleet.publish.call` does (``{status, ret|error}``). An entry
-    goes once its cleanup finished; a host still silent (or still running that init: cleanup refuses)
-    keeps it."""
+    answer now: ``{host: {vm: virt.cleanup's answer or {error}}}``. ``call(host, fun, args, kwargs)``: one
+    publication, answered as :func:`saltvirt.fleet.publish.call` does (``{status, ret|error}``);
+    ``defined()``: :func:`defined_uuids`, asked once when there is something to heal: while a hypervisor
+    does not answer it, nothing is cleaned. An entry goes once its cleanup finished; a host still silent
+    (or still running that init: cleanup refuses) keeps it."""
+    todo = {h: sorted(n for n in vms if name is None or n == name) for h, vms in store.entries(ABANDONED).items()}
+    todo = {h: vms for h, vms in sorted(todo.items()) if vms}
+    if not todo:
+        return {}
+    used, silent = defined()
+    if silent:
+        why = unproven(silent, "Tried again at the next salt-run virt.record")
+        return {host: dict.fromkeys(vms, {"error": why}) for host, vms in todo.items()}
     report: Data = {}
-    for host, vms in sorted(store.entries(ABANDONED).items()):
-        for vm in sorted(n for n in vms if name is None or n == name):
-            ans = call(host, "virt.cleanup", [vm])
+    for host, vms in todo.items():
+        for vm in vms:
+            ans = call(host, "virt.cleanup", [vm], {"fleet_uuids": used})
             report.setdefault(host, {})[vm], finished = _cleaned(ans)
             if finished:
                 _forget(store, host, vm)
@@ -100,17 +156,35 @@ def publish_call(opts: SaltOpts, cfg: Data, client: Any) -> Callable[..., Any]:
     """:func:`heal`'s ``call`` through Salt (the runner)."""
     from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
 
-    return lambda host, fun, args: fleet.call(opts, host, fun, args, cfg=cfg, client=client)[0]
+    return lambda host, fun, args, kwargs=None: fleet.call(opts, host, fun, args, kwargs, cfg=cfg, client=client)[0]
+
+
+def publish_defined(
+    opts: SaltOpts, cfg: Data, client: Any
+) -> Callable[[], tuple[dict[str, list[str]], dict[str, str]]]:
+    """:func:`heal`'s ``defined`` through Salt (the runner)."""
+    return lambda: defined_uuids(opts, cfg, client)
 
 
 def cleanup_everywhere(
-    opts: SaltOpts, name: str, cfg: Data, client: Any, store: fleetstate.Store | None = None
+    opts: SaltOpts,
+    name: str,
+    cfg: Data,
+    client: Any,
+    store: fleetstate.Store | None = None,
+    proven: tuple[dict[str, list[str]], dict[str, str]] | None = None,
 ) -> Data:
     """``virt.cleanup name`` on every hypervisor (what an interrupted or abandoned init left; a complete
-    VM is never touched): ``{host: answer}``; the abandoned-init entries of hosts that finished go."""
+    VM is never touched) with the uuids every hypervisor defines (``proven``: :func:`defined_uuids`, asked
+    here when not given): ``{host: answer}``; the abandoned-init entries of hosts that finished go. While a
+    hypervisor does not answer which uuids it defines, no cleanup runs: ``{that host: {error}}``."""
     from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
 
-    answers, _jid = fleet.run(opts, "virt.cleanup", [name], cfg=cfg, client=client)
+    used, silent = proven or defined_uuids(opts, cfg, client)
+    if silent:
+        why = unproven(silent, f"Run salt-run virt.cleanup {name} once every hypervisor answers")
+        return {host: {"error": why} for host in silent}
+    answers, _jid = fleet.run(opts, "virt.cleanup", [name], {"fleet_uuids": used}, cfg=cfg, client=client)
     report = {}
     for mid, ans in answers.items():
         report[mid], finished = _cleaned(ans)
@@ -122,15 +196,14 @@ def cleanup_everywhere(
 def purge_leftovers(
     opts: SaltOpts, name: str, cfg: Data, client: Any, store: fleetstate.Store | None = None
 ) -> Data | None:
-    """None if ``name`` is defined somewhere or a hypervisor did not answer (the VM may be there);
+    """None if ``name`` is defined on any hypervisor or one did not answer (the VM may be there);
     otherwise run ``virt.cleanup name`` everywhere and return ``{name, defined, cleanup}`` (each hypervisor's
     cleanup refuses while a virt.init of ``name`` runs there: its init lock)."""
-    from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
-
-    hosts = fleet.gather(opts, "virt.vm_state", cfg, client)
-    if fleet.down_hosts(hosts) or any(name in (a.get("vms") or {}) for a in hosts.values()):
+    answers = _ask_defined(opts, cfg, client)
+    used, silent = proof(answers)
+    if silent or any(name in a["ret"].values() for a in answers.values() if a["status"] == "up"):
         return None
-    report = cleanup_everywhere(opts, name, cfg, client, store)
+    report = cleanup_everywhere(opts, name, cfg, client, store, proven=(used, silent))
     failed = sorted(m for m, r in report.items() if "error" in r or r.get("errors"))
     out = {"name": name, "defined": False, "cleanup": report}
     if failed:

@@ -400,3 +400,9 @@ def free_mib(path: str) -> int:
 
 def full_info(conn: Conn, images_dir: str | None = None, agent_timeout: float = guestips.AGENT_TIMEOUT) -> Data:
     return {"host": host_info(conn, images_dir), "vm_info": vm_info(conn, agent_timeout=agent_timeout)}
+
+
+def defined_uuids(conn: Conn) -> dict[str, str]:
+    """``{uuid: name}`` of every domain defined or running here (transient ones too): what the master
+    gathers from every hypervisor before any leftover is deleted (:mod:`saltvirt.fleet.leftovers`)."""
+    return {dom.UUIDString(): dom.name() for dom in conn.listAllDomains(0)}  # both kept by the object: no RPC

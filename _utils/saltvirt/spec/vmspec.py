@@ -108,6 +108,9 @@ class VMSpec:
     boot: Boot | None = None
     serial_log: str | None = None
     vm_dir: str | None = None
+    # chosen by virt.init before it makes anything, so the ownership manifest names the VM by it from the
+    # start (a cleanup judges leftovers by UUID); None: libvirt makes one
+    uuid: str | None = None
     group: str | None = None  # anti-affinity group, kept in the domain's <metadata>
     # the minion key seeded into the guest ({minion_id, fingerprint}), kept in the domain's <metadata>:
     # salt-run virt.purge deletes a master key only when it is this very key

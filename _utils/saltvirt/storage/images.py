@@ -302,7 +302,8 @@ def _check_owner(manifest, vm_dir, vm_name, vm_uuid):
     if manifest.get("uuid") and vm_uuid and manifest["uuid"] != vm_uuid:
         return (
             f"the manifest in {vm_dir} records VM uuid {manifest['uuid']}, this VM is {vm_uuid}: "
-            "the files belong to an earlier VM of the same name"
+            "the files belong to another VM of that name (an earlier one, or one a hypervisor sharing this "
+            "directory runs)"
         )
     return None
 
@@ -313,9 +314,11 @@ def _inside(vm_dir, path):
 
 
 @contextlib.contextmanager
-def _recording(vm_dir, vm_name, vm_uuid, what):
+def _recording(vm_dir, vm_name, vm_uuid, what, host=None):
     """This VM's manifest (a new one if there is none; refused if it names another VM) for the caller to
-    add ``what`` to, under the directory's lock; then bound to ``vm_uuid`` and written back (mode 0600)."""
+    add ``what`` to, under the directory's lock; then bound to ``vm_uuid`` and written back (mode 0600).
+    ``host``: the minion id of the hypervisor creating the VM, recorded when the manifest has none (a
+    cleanup on another host sharing the directory then knows the files are not its own)."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     with _locked(vm_dir):
@@ -329,22 +332,35 @@ def _recording(vm_dir, vm_name, vm_uuid, what):
         yield manifest
         if vm_uuid:
             manifest["uuid"] = vm_uuid
+        if host and not manifest.get("host"):
+            manifest["host"] = host
         _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
 
 
-def record_owned(vm_dir: str, vm_name: str, files: Iterable[str], vm_uuid: str | None = None) -> Data:
-    """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600)."""
+def record_owned(
+    vm_dir: str,
+    vm_name: str,
+    files: Iterable[str],
+    vm_uuid: str | None = None,
+    host: str | None = None,
+    complete: bool | None = None,
+) -> Data:
+    """Record that this VM created ``files`` (merged into ``<vm_dir>/.salt-virt.json``, mode 0600); ``host``:
+    see :func:`_recording`. ``complete``: False while the VM's ``virt.init`` runs, True once it finished (a
+    cleanup undefines a domain only when its init never finished; no key: an older salt-virt's manifest)."""
     if not os.path.isdir(vm_dir):
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     if isinstance(files, str):
         files = [files]
     files = [os.path.abspath(_abs_path(f, "owned file")) for f in files]
-    with _recording(vm_dir, vm_name, vm_uuid, "files") as manifest:
+    with _recording(vm_dir, vm_name, vm_uuid, "files", host) as manifest:
         for f in files:
             if not _inside(vm_dir, f):
                 log.warning("%s is outside %s: recorded, but purge will never delete it", f, vm_dir)
             if f not in manifest["files"]:
                 manifest["files"].append(f)
+        if complete is not None:
+            manifest["complete"] = bool(complete)
     return manifest
 
 

@@ -8,8 +8,16 @@ scratch directory under ``salt-virt-seed-*``). Every init holds ``<images>/.lock
 holds is therefore the mark of an interrupted init.
 
 Only what our init created is touched: files listed in the VM's manifest, seeding state attached to
-those files, and a domain only when the stale init lock says its init never finished (and the
-manifest's uuid, if recorded, is that domain's). A complete VM is left alone (``virt.purge`` removes it).
+those files, and a domain only when the stale init lock says an init was interrupted and the manifest
+records that domain's UUID and that its init never finished (``complete: false``: a stale lock in a
+shared ``virt:images`` may be another host's). A complete VM is left alone (``virt.purge`` removes it).
+
+Files are judged by the VM UUID their manifest records, never by the name: a VM of that name missing
+here may run from the same directory on another hypervisor sharing ``virt:images``. They go only when
+no domain here has that UUID and either the master proved that no hypervisor defines it (``fleet_uuids``:
+every UUID it found defined, gathered from every hypervisor, :mod:`saltvirt.fleet.leftovers`), or the
+directory is not shared (:func:`shared`), or the operator checked and passes ``force``. A manifest
+without a UUID (an older salt-virt) proves nothing: its files stay unless forced.
 """
 
 import contextlib
@@ -19,7 +27,9 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Iterable
+import uuid as uuidlib
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -32,6 +42,12 @@ from saltvirt.host.conn import libvirt, lookup_domain
 LOCKS_DIR = ".locks"
 SEED_PREFIX = seed.SCRATCH_PREFIX
 REAP_GRACE = 3600.0  # seconds: a scratch directory without an owner mark is stale only when older
+# filesystems only this host writes (unless it exports them itself): any other may be shared with other hosts
+LOCAL_FS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "jfs", "reiserfs", "nilfs2", "zfs", "tmpfs"}
+    | {"ramfs", "overlay", "vfat", "exfat"}
+)
+NFS_EXPORTS = "/var/lib/nfs/etab"  # what this host's NFS server exports now: a path first on each line
 
 
 def _lock_path(images_dir, name):
@@ -296,17 +312,125 @@ def reap_seeding(tmpdir: str | None = None, grace: float = REAP_GRACE) -> Data:
     return out
 
 
+# whose files these are: judged by UUID ----------------------------------------------------------------
+def _uuid_of(manifest):
+    """The VM UUID ``manifest`` records (lower case), or None (an older salt-virt, or not a UUID)."""
+    try:
+        return str(uuidlib.UUID(str(manifest.get("uuid"))))
+    except ValueError:
+        return None
+
+
+def _defined_here(conn, uuid):
+    """The name of the domain with ``uuid`` on this host, or None."""
+    try:
+        return conn.lookupByUUIDString(uuid).name()
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise CommandExecutionError(f"cannot ask libvirt for VM uuid {uuid}: {exc.get_error_message()}") from None
+
+
+def _exported(path):
+    """The directory this host's NFS server exports that holds ``path``, or None."""
+    for line in (fsutil.read_text(NFS_EXPORTS, "") or "").splitlines():
+        root = fsutil.unescape_mount(line.split()[0]) if line.strip() else ""
+        if root.startswith("/") and validate.is_inside(path, root):
+            return root
+    return None
+
+
+def shared(vm_dir: str, manifest: Data, host_id: str | None) -> str | None:
+    """Why other hypervisors may use ``vm_dir`` too, or None when only this host can: another host created
+    it (the manifest's ``host``), it is on a filesystem other hosts can mount (anything but
+    :data:`LOCAL_FS`), or this host exports it over NFS."""
+    creator = manifest.get("host")
+    if creator and creator != host_id:
+        return f"its manifest says {creator} created it" + (f", not this host ({host_id})" if host_id else "")
+    point, fstype = fsutil.mount_of(vm_dir)
+    if fstype not in LOCAL_FS:
+        return f"it is on a {fstype} filesystem ({point}), which other hosts can mount"
+    root = _exported(vm_dir)
+    return f"this host exports {root} over NFS" if root else None
+
+
+def fleet_proof(value: Any) -> dict[str, list[str]] | None:
+    """``fleet_uuids`` as the master passes it (``{uuid: [hypervisors defining it]}``), checked; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not all(isinstance(v, list | tuple) for v in value.values()):
+        raise SaltInvocationError(
+            "fleet_uuids must map VM uuids to the hypervisors defining them, as the master gathers them: "
+            "run salt-run virt.cleanup NAME instead of passing it by hand"
+        )
+    return {str(k).lower(): [str(h) for h in v] for k, v in value.items()}
+
+
+def why_kept(
+    conn: Conn,
+    manifest: Data,
+    vm_dir: str,
+    host_id: str | None = None,
+    fleet_uuids: Mapping[str, list[str]] | None = None,
+    force: bool = False,
+) -> str | None:
+    """Why the files ``manifest`` lists must stay, or None when they may go (see the module doc)."""
+    name, uuid = manifest["vm"], _uuid_of(manifest)
+    here = _defined_here(conn, uuid) if uuid else None
+    if here:  # never, forced or not: that VM's disks (virt.purge removes them with it)
+        return f"VM {here!r} on this host has uuid {uuid}, the one the manifest records: these are its disks"
+    if uuid is None:
+        if force:
+            return None
+        return (
+            f"{os.path.join(vm_dir, images.MANIFEST)} records no VM uuid (an older salt-virt wrote it), so "
+            f"nothing proves that no hypervisor runs a VM from these files. Check that none does "
+            f"(salt-run virt.query), then run virt.cleanup {name} force=True or delete them by hand"
+        )
+    if fleet_uuids is not None:  # the master's proof: every hypervisor answered with what it defines
+        users = sorted(h for h in fleet_uuids.get(uuid, ()) if h != host_id)  # this host: asked just now
+        return f"VM uuid {uuid} is defined on {', '.join(users)}: these are its disks, in use" if users else None
+    why = None if force else shared(vm_dir, manifest, host_id)
+    if why:
+        return (
+            f"{vm_dir} may be shared with other hypervisors ({why}), and one of them may run VM uuid {uuid} "
+            f"from it. Run salt-run virt.cleanup {name} on the master (it first asks every hypervisor which "
+            f"uuids they define), or check that no hypervisor defines {uuid} and run virt.cleanup {name} force=True"
+        )
+    return None
+
+
 # entry point ----------------------------------------------------------------------------------------
-def cleanup(conn: Conn, name: str, images_dir: str) -> Data:
-    """Remove what an interrupted init of ``name`` left here; see the module doc. Returns
-    ``{name, interrupted, domain, removed, kept, released, errors}``."""
+def cleanup(
+    conn: Conn,
+    name: str,
+    images_dir: str,
+    *,
+    host_id: str | None = None,
+    fleet_uuids: Any = None,
+    force: bool = False,
+) -> Data:
+    """Remove what an interrupted init of ``name`` left here; see the module doc. ``host_id``: this
+    hypervisor's minion id; ``fleet_uuids``: the master's proof (:func:`fleet_proof`); ``force``: the
+    operator checked that no hypervisor uses the files. Returns ``{name, interrupted, domain, removed,
+    kept, released, errors}``, and ``refused`` (why the files stay) when they do."""
     validate.vm_name(name)
     validate.absolute_path(images_dir, "virt:images")
+    proof = fleet_proof(fleet_uuids)
     with InitLock(images_dir, name, purpose="virt.cleanup") as lock:
-        return clean(conn, name, images_dir, lock)
+        return clean(conn, name, images_dir, lock, host_id=host_id, fleet_uuids=proof, force=force)
 
 
-def clean(conn: Conn, name: str, images_dir: str, lock: InitLock) -> Data:
+def clean(
+    conn: Conn,
+    name: str,
+    images_dir: str,
+    lock: InitLock,
+    *,
+    host_id: str | None = None,
+    fleet_uuids: Mapping[str, list[str]] | None = None,
+    force: bool = False,
+) -> Data:
     """The work of :func:`cleanup`, under ``lock`` (held by the caller: cleanup, or an init that found
     the mark of an interrupted one)."""
     vm_dir = validate.inside(images_dir, name)
@@ -318,10 +442,12 @@ def clean(conn: Conn, name: str, images_dir: str, lock: InitLock) -> Data:
     dom = lookup_domain(conn, name)
     if dom is not None:
         uuid = dom.UUIDString()
-        if not (lock.existed and ours and (manifest or {}).get("uuid") in (None, uuid)):
+        if not (lock.existed and ours and _uuid_of(manifest) == uuid and (manifest or {}).get("complete") is False):
             out["domain"] = "kept: a complete VM (virt.purge removes it)"
             if lock.existed:
-                out["domain"] = "kept: the interrupted init's manifest does not name this VM"
+                out["domain"] = (
+                    "kept: a complete VM: its manifest records no unfinished init of it (virt.purge removes it)"
+                )
             return out
         with contextlib.suppress(libvirt.libvirtError):
             if dom.isActive():
@@ -334,7 +460,11 @@ def clean(conn: Conn, name: str, images_dir: str, lock: InitLock) -> Data:
     if out["errors"]:
         lock.keep_mark()
         return out
-    if ours:
-        outcome = images.remove_owned(vm_dir, name, None, files)
+    if ours and manifest is not None:
+        refused = why_kept(conn, manifest, vm_dir, host_id, fleet_uuids, force)
+        if refused:
+            out["refused"], out["kept"] = refused, dict.fromkeys(files, refused)
+            return out
+        outcome = images.remove_owned(vm_dir, name, manifest.get("uuid"), files)
         out["removed"], out["kept"] = outcome["removed"], outcome["kept"]
     return out

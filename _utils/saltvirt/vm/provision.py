@@ -14,6 +14,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from uuid import uuid4
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -145,25 +146,41 @@ def init(
     image: str | None = None,
     *,
     images_dir: str = vmspec.DEFAULT_IMAGES_DIR,
+    host_id: str | None = None,
     **kwargs: Any,
 ) -> Data:
     """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs.
+    ``host_id``: this hypervisor's minion id, recorded in the VM's ownership manifest as its creator.
 
     Holds this host's init lock for ``name`` (``saltvirt.vm.cleanup``); if an earlier init of ``name``
     was interrupted (its lock file is left), what it left is cleaned up first (``cleaned_up``)."""
     validate.vm_name(name)
     validate.absolute_path(images_dir, "virt:images")
     with cleanup.InitLock(images_dir, name) as lock:
-        earlier = cleanup.clean(conn, name, images_dir, lock) if lock.existed else None
+        earlier = cleanup.clean(conn, name, images_dir, lock, host_id=host_id) if lock.existed else None
         if earlier and earlier["errors"]:
             raise CommandExecutionError(
                 f"an earlier virt.init of {name!r} was interrupted and its leftovers could not be removed: "
                 f"{'; '.join(earlier['errors'])}"
             )
+        if earlier and earlier.get("refused"):
+            raise CommandExecutionError(
+                f"an earlier virt.init of {name!r} was interrupted; the files in its directory were kept: "
+                f"{earlier['refused']}"
+            )
         request = seeding.Request.pop_from(kwargs, default_minion_id=name)
         try:
             result = _init(
-                conn, name, cpu, mem, image, images_dir=images_dir, lock=lock, seed_request=request, **kwargs
+                conn,
+                name,
+                cpu,
+                mem,
+                image,
+                images_dir=images_dir,
+                lock=lock,
+                seed_request=request,
+                host_id=host_id,
+                **kwargs,
             )
         except CommandExecutionError as exc:
             if not fsutil.out_of_space(exc, images_dir):
@@ -183,6 +200,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     *,
     lock,
     images_dir=vmspec.DEFAULT_IMAGES_DIR,
+    host_id=None,
     profiles=None,
     cache_file=None,
     vtype=None,
@@ -250,6 +268,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         **spec_args,
     )
     spec.tb_cache_mib = tb_cache  # the operator's, as vtype: never a call's
+    spec.uuid = str(uuid4())  # ours before anything is made: the manifest records it first
     plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in
@@ -276,13 +295,17 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         if not os.path.isdir(spec.vm_dir):
             os.makedirs(spec.vm_dir, mode=0o755)
             undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
+        # the manifest before anything it covers, naming the VM by its UUID and this host: whatever this init
+        # leaves behind is then judged by UUID (saltvirt.vm.cleanup), never by name; its undo runs last
+        fresh = not os.path.lexists(os.path.join(spec.vm_dir, images.MANIFEST))
+        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, host=host_id, complete=False)
+        if fresh:
+            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
         seeds_first = validate.to_bool(seed)
         for disk in spec.disks:
             made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
             if made:
                 result["disks"].append(made)
-        if any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
-            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
         progress("disks_ready", disks=[d["path"] for d in result["disks"]])
 
         result["seed"] = None
@@ -300,11 +323,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         with lv_errors(f"define VM {name!r} on {host}"):
             dom = conn.defineXML(domxml.build(spec))
         undo.add(f"undefine {name}", dom.undefine)
-        result["uuid"] = dom.UUIDString()
-        # always a manifest bound to the uuid, even with no file made: purge tells salt-virt's VMs from others by it
-        if not os.path.exists(os.path.join(spec.vm_dir, ".salt-virt.json")):
-            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
-        images.record_owned(spec.vm_dir, name, [], vm_uuid=result["uuid"])
+        result["uuid"] = dom.UUIDString()  # spec.uuid, the manifest's since the start
         progress("defined", uuid=result["uuid"])
 
         result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
@@ -312,6 +331,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             result["cloud_init"].update(cloudinit.retire(dom, spec))
         result["vm_info"] = _read_back(dom, name, host)
         result["state"] = result["vm_info"]["state"]
+        # the last step: from now on no cleanup takes this VM for the half-made one of an interrupted init
+        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, complete=True)
     except BaseException as exc:
         errors = undo.run()
         if errors:
@@ -391,7 +412,7 @@ def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, 
     else:
         made = images.create_disk(disk.path, disk.size, fmt=disk.format)
         undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
-    images.record_owned(spec.vm_dir, name, [disk.path])
+    images.record_owned(spec.vm_dir, name, [disk.path], vm_uuid=spec.uuid)
     return dict(made, name=disk.name, target=disk.target)
 
 
@@ -451,7 +472,7 @@ def _clone(disk, image, images_dir, src_fmt):  # image: the source as given (pat
 
 def _remove_manifest(vm_dir):
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(vm_dir, ".salt-virt.json"))
+        os.unlink(os.path.join(vm_dir, images.MANIFEST))
 
 
 def _unseal(req, sealed, context):
@@ -518,9 +539,7 @@ def _cidata(spec, plan, undo):
     iso = vmspec.cidata_disk(spec).path
     made = cloudinit.write_seed(spec, plan.additions())
     undo.add(f"remove {iso}", lambda: os.path.exists(iso) and os.unlink(iso))
-    images.record_owned(spec.vm_dir, spec.name, [iso])
-    if not any(d.device == "disk" and (d.path or d.pool) for d in spec.disks):
-        undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+    images.record_owned(spec.vm_dir, spec.name, [iso], vm_uuid=spec.uuid)
     return made
 
 

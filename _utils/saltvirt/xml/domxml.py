@@ -46,6 +46,8 @@ def build(spec: VMSpec) -> str:
     """Domain XML (str) for a :class:`saltvirt.spec.vmspec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
     _sub(dom, "name", spec.name)
+    if spec.uuid:
+        _sub(dom, "uuid", spec.uuid)
     if spec.max_mem:
         _sub(dom, "maxMemory", spec.max_mem["size"], slots=spec.max_mem["slots"], unit="MiB")
     _sub(dom, "memory", spec.mem, unit="MiB")

@@ -63,6 +63,24 @@ def test_mount_and_umount_are_the_syscalls_with_their_errors(tmp_path):
     assert gone.value.errno == errno.EINVAL  # not a mount point
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount(2) needs root")
+def test_mount_of_is_the_innermost_mount_holding_a_path(tmp_path):
+    """What virt.cleanup reads to tell a local virt:images from one other hosts may mount: the mount
+    point (escaped in mountinfo: a space here) and its type, through symlinks."""
+    point = tmp_path / "a mount"
+    (point).mkdir()
+    assert fsutil.mount_of(str(tmp_path))[1] == fsutil.mount_of("/")[1] != "tmpfs"
+    fsutil.mount("svfsutil", str(point), "tmpfs", fsutil.MS_NODEV | fsutil.MS_NOSUID, "size=1m")
+    try:
+        (point / "vm").mkdir()
+        (tmp_path / "link").symlink_to(point / "vm")
+        assert fsutil.mount_of(str(point / "vm")) == (str(point), "tmpfs")
+        assert fsutil.mount_of(str(tmp_path / "link")) == (str(point), "tmpfs")
+        assert fsutil.mount_of(str(tmp_path / "a mount2")) != (str(point), "tmpfs")  # a prefix is not inside
+    finally:
+        fsutil.umount(str(point))
+
+
 def test_out_of_space_by_errno_in_the_chain_by_the_c_words_or_by_the_filesystem(tmp_path):
     """What virt.init counts as a full filesystem: the errno (ENOSPC, EDQUOT) of an OSError the error was
     raised from or while handling, whatever the message says; a host tool's C words; or the filesystem of a

@@ -163,3 +163,13 @@ def test_many_domains_read_in_threads_answer_as_one_by_one(test_conn):
     test_conn.lookupByName("many05").undefine()
     xmls = query._all_xml(doms)
     assert query._vanished(xmls["many05"]) and all(isinstance(v, tuple) for n, v in xmls.items() if n != "many05")
+
+
+def test_defined_uuids_are_every_domain_defined_or_running(test_conn):
+    """What the master gathers from every hypervisor before deleting a leftover (saltvirt.fleet.leftovers)."""
+    xml = "<domain type='test'><name>{}</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    test_conn.defineXML(xml.format("off1"))
+    transient = test_conn.createXML(xml.format("tran1"), 0)
+    got = query.defined_uuids(test_conn)
+    assert got == {d.UUIDString(): d.name() for d in test_conn.listAllDomains(0)}
+    assert sorted(got.values()) == ["off1", "tran1"] and got[transient.UUIDString()] == "tran1"

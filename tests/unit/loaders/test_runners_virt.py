@@ -150,13 +150,14 @@ def test_callers_from_the_job_user_only(tenant_runner):
     assert refused.startswith("this runner job has no authenticated user")
 
 
-@pytest.mark.parametrize("fun", ["virt.record", "virt.rebalance", "virt.provision_assigned"])
+@pytest.mark.parametrize("fun", ["virt.record", "virt.rebalance", "virt.provision_assigned", "virt.cleanup"])
 def test_other_runner_files_see_the_user_salt_injected_into_one(runner, fun):
     """SyncClientMixin.low puts __user__ into the first loaded module of virtualname virt only."""
     runner.opts["virt"] = TENANTS
     runner["virt.init"].__globals__["__user__"] = "alice"
     assert "__user__" not in runner[fun].__globals__
-    ret = runner[fun](**({"host": "hyper1"} if fun == "virt.provision_assigned" else {}))
+    args = {"virt.provision_assigned": {"host": "hyper1"}, "virt.cleanup": {"name": "web1"}}
+    ret = runner[fun](**args.get(fun, {}))
     assert ret["error"].startswith(f"{fun} is for operators: user alice is a member of tenant acme"), ret
 
 

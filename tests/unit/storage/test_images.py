@@ -266,7 +266,7 @@ def test_remove_owned_refuses_another_vms_files(tree):
     disk.write_bytes(b"disk")
     images.record_owned(str(vm_dir), "a", [str(disk)], vm_uuid="u-old")
     out = images.remove_owned(str(vm_dir), "a", "u-new", [str(disk)])
-    assert out["removed"] == [] and "earlier VM of the same name" in out["kept"][str(disk)]
+    assert out["removed"] == [] and "another VM of that name (an earlier one" in out["kept"][str(disk)]
     out = images.remove_owned(str(vm_dir), "b", None, [str(disk)])
     assert out["removed"] == [] and "belongs to VM 'a'" in out["kept"][str(disk)]
     out = images.remove_owned(str(root / "b"), "b", None, str(root / "b" / "x"))  # a single path is fine too

@@ -224,3 +224,24 @@ def test_a_generated_key_pair_is_the_one_seeded_and_reported(test_conn, tmp_path
     assert mine.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).strip() == (
         pub.strip()
     )
+
+
+def test_the_manifest_names_the_vm_by_uuid_and_host_before_its_disks_are_ready(test_conn, tmp_path):
+    """Issue 34 #3: what an init leaves behind is judged by UUID, never by name. The UUID is chosen before
+    define, so the manifest records it and the creating host's minion id before anything it covers is
+    made (here: seen when the disks are ready, long before define)."""
+    from saltvirt.storage import images
+
+    seen = {}
+
+    def progress(at, **_data):
+        if at == "disks_ready":
+            seen.update(images.load_manifest(str(tmp_path / "uuid1")))
+
+    ret = provision.init(
+        test_conn, "uuid1", 1, 64, images_dir=str(tmp_path), nic=None, start=False, progress=progress, host_id="hv-a"
+    )
+    assert seen["uuid"] == ret["uuid"] == test_conn.lookupByName("uuid1").UUIDString(), seen
+    assert seen["host"] == "hv-a" and seen["files"] == [ret["disks"][0]["path"]], seen
+    # until its last step the init is unfinished: a cleanup may take its domain only then
+    assert seen["complete"] is False and images.load_manifest(str(tmp_path / "uuid1"))["complete"] is True
