@@ -40,6 +40,7 @@ COST = {
     "tests/integration/test_tutorial.py": 220,
     "tests/integration/test_backup_real.py": 130,
     "tests/integration/test_tenants.py": 110,
+    "tests/integration/test_authority.py": 100,
     "tests/integration/test_events.py": 95,
     "tests/integration/test_bench_smoke.py": 90,
 }
