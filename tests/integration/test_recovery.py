@@ -347,10 +347,10 @@ def test_a_host_abandoned_mid_init_is_cleaned_once_it_answers(rmaster, local, la
     deadline = time.monotonic() + BOOT_WAIT
     # seeding serves the new disk for some 20-50 ms only: look again at once (a scan of /proc takes a few
     # ms), or the job is past it before it is seen
-    while seeding_job(str(vm_dir)) is None:  # seeding attached the new disk: kill the job right there
+    while (job := seeding_job(str(vm_dir))) is None:  # seeding attached the new disk: kill the job right there
         assert runner.poll() is None and time.monotonic() < deadline, runner.stdout.read()
         time.sleep(0.001)
-    os.kill(seeding_job(str(vm_dir)), signal.SIGKILL)
+    os.kill(job, signal.SIGKILL)  # the pid seen (a second look may come after seeding let go of the disk)
     out, _ = runner.communicate(timeout=BOOT_WAIT)
     assert runner.returncode == 0, out
     created, _end = json.JSONDecoder().raw_decode(out)  # salt-run may print warnings after it
