@@ -41,6 +41,18 @@ def _existing(conn, name, new, force):
     return dom
 
 
+def _identity_note(xml, new):
+    """What a copy still shares with the original: the minion identity inside its disks (its <metadata>
+    record is dropped, :func:`saltvirt.xml.domxml.restored`)."""
+    minion = domxml.parse(xml)["minion"]
+    if not minion:
+        return None
+    return (
+        f"the disks of {new} hold the minion key of {minion['id']}: started, it connects to the master as minion "
+        f"{minion['id']}. Give it its own minion id and key inside the guest before it runs beside the original"
+    )
+
+
 def restore(  # noqa: PLR0913 - the module's keywords
     conn: Conn,
     root: str,
@@ -97,6 +109,7 @@ def restore(  # noqa: PLR0913 - the module's keywords
     return {
         "name": new,
         "id": bid,
+        "note": _identity_note(top["domain_xml"], new) if new != name else None,
         "chain": top["chain"],
         "disks": {d["target"]: disk_map[d["source"]] for d in top["disks"]},
         "defined": True,

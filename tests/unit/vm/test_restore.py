@@ -3,10 +3,13 @@ rebuild into fresh disks, define; refusals that protect a running VM and damaged
 
 import json
 import subprocess
+import xml.etree.ElementTree as ET
 
 import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.xml import domxml
 
 from tests.unit.vm.test_backup import bk, make_incremental, read_pattern  # noqa: F401 - the fixture is shared
 
@@ -60,3 +63,26 @@ def test_damaged_backup_is_never_restored(bk):  # noqa: F811
     assert not (tmp / "images" / "bk1-copy").exists() or not list((tmp / "images" / "bk1-copy").iterdir())
     with pytest.raises(SaltInvocationError, match="no valid backup"):
         v["virt.restore"]("bk1", "20990101T000000Z")
+
+
+def test_a_restored_copy_has_neither_the_minion_record_nor_the_nvram_file_of_the_original(bk):  # noqa: F811
+    """Purging a copy that kept the original's <saltvirt:minion> deletes the original's minion key (salt-run
+    virt.purge deletes the recorded key), and one <nvram> path makes both VMs write one UEFI variables file."""
+    v, _tmp = bk
+    conn = libvirt.open("test:///default")
+    meta = f"<metadata><sv:vm xmlns:sv='{domxml.METADATA_NS}'><sv:minion id='bk1' key_sha256='ab'/></sv:vm></metadata>"
+    fw = "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader>"
+    fw += "<nvram template='/usr/share/OVMF/OVMF_VARS.fd'>/var/lib/libvirt/qemu/nvram/bk1_VARS.fd</nvram></os>"
+    xml = conn.lookupByName("bk1").XMLDesc(0).replace("</os>", fw, 1).replace("<os>", meta + "<os>", 1)
+    conn.defineXML(xml)
+    assert v["virt.vm_info"]("bk1")["bk1"]["minion"] == {"id": "bk1", "key_sha256": "ab"}
+    made = v["virt.backup"]("bk1")
+    done = v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
+    assert v["virt.vm_info"]("bk1-copy")["bk1-copy"]["minion"] is None
+    assert "connects to the master as minion bk1" in done["note"]
+    copy = ET.fromstring(conn.lookupByName("bk1-copy").XMLDesc(0))
+    assert (
+        copy.find("os/nvram").text is None and copy.find("os/nvram").get("template") == "/usr/share/OVMF/OVMF_VARS.fd"
+    )
+    assert "/var/lib/libvirt/qemu/nvram/bk1_VARS.fd" in conn.lookupByName("bk1").XMLDesc(0)  # the original's
+    conn.close()
