@@ -114,9 +114,9 @@ def restore(name, id, as_name=None, target=None, force=False, start=False, conne
     """
     Restore backup ``id`` of VM ``name``: verify every file of its chain, rebuild each disk into a new
     qcow2 file under ``virt:images``, define the VM from the XML recorded at backup time. In place
-    only when the VM is stopped or gone (``force=True`` powers a running one off); ``as_name=NEW``
-    restores beside it (new name, uuid and MAC addresses). ``as=NEW`` is accepted too. ``start=True``
-    starts it.
+    only when the VM is stopped or gone (``force=True`` powers a running one off); a disk the backup does
+    not have is left in place, detached (``detached`` in the result). ``as_name=NEW`` restores beside it
+    (new name, uuid and MAC addresses). ``as=NEW`` is accepted too. ``start=True`` starts it.
 
     CLI Example::
 

@@ -5,10 +5,12 @@ Every file of the chain is checked first (checksum, and that it backs onto exact
 each disk's chain is flattened by ``qemu-img convert`` into a new qcow2 file in
 ``<virt:images>/<vm>/`` that the VM's ownership manifest lists (purge removes it). Nothing is
 overwritten: a restore in place (same name) of a defined VM is refused while it runs unless
-``force=True`` (it is stopped then), and the disks it replaces are removed only when salt-virt created
-them for this VM. ``as_name`` restores beside the original: a new name, uuid and MAC addresses.
+``force=True`` (it is stopped then), and the disks it restores over are removed only when salt-virt
+created them for this VM; a disk the backup does not have is left in place, detached (``detached`` in
+the result). ``as_name`` restores beside the original: a new name, uuid and MAC addresses.
 """
 
+import logging
 import os
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -21,6 +23,8 @@ from saltvirt.host.snapshot import discard_checkpoints
 from saltvirt.storage import images
 from saltvirt.vm import backupstore as store
 from saltvirt.xml import domxml
+
+log = logging.getLogger(__name__)
 
 
 def _existing(conn, name, new, force):
@@ -39,6 +43,25 @@ def _existing(conn, name, new, force):
         with lv_errors(f"stop VM {name!r}"):
             dom.destroy()
     return dom
+
+
+def _replaced(vm_dir, dom, old_disks, restored):
+    """Remove the disks of the VM restored over (``old_disks``, parsed before) that the backup restored
+    (target devs ``restored``), when salt-virt created them for it: ``({removed, kept}, detached)``. Every
+    other disk the new definition no longer uses (added after the backup) holds data the backup does not
+    have: left where it is, detached, ``{target: file or pool/volume}``."""
+
+    def source(d):
+        return f"{d['pool']}/{d['volume']}" if d["pool"] else d["file"]
+
+    now = {source(d) for d in domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"]}
+    unused = [d for d in old_disks if d["device"] == "disk" and d["file"] and source(d) not in now]
+    gone = [d["file"] for d in unused if d["target"] in restored and d["type"] == "file"]
+    detached = {d["target"]: source(d) for d in unused if d["file"] not in gone}
+    if detached:
+        log.warning("VM %s: restored without disks the backup does not have, left detached: %s", dom.name(), detached)
+    replaced: Data = images.remove_owned(vm_dir, dom.name(), dom.UUIDString(), gone) if gone else {}
+    return replaced or {"removed": [], "kept": {}}, detached
 
 
 def _identity_note(xml, new):
@@ -65,7 +88,8 @@ def restore(  # noqa: PLR0913 - the module's keywords
     start: bool = False,
 ) -> Data:
     """Restore backup ``bid`` of VM ``name`` (see the module docstring). Returns ``{name, id, chain,
-    disks: {target: new file}, defined, started, replaced: {removed, kept}, checkpoints_dropped}``."""
+    disks: {target: new file}, defined, started, replaced: {removed, kept}, detached: {target: disk},
+    checkpoints_dropped, note}``."""
     store.backup_id(bid)
     new = validate.vm_name(as_name, "as_name") if as_name else name
     directory = store.vm_dir(root, name, target)
@@ -77,10 +101,7 @@ def restore(  # noqa: PLR0913 - the module's keywords
         store.verify(directory, chain)
         top = chain[-1]
         old = _existing(conn, name, new, force)
-        old_files = []
-        if old is not None:
-            facts = domxml.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
-            old_files = [d["file"] for d in facts["disks"] if d["type"] == "file" and d["device"] == "disk"]
+        old_disks = domxml.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"] if old is not None else []
         vm_dir = validate.inside(images_dir, new)
         os.makedirs(vm_dir, mode=0o755, exist_ok=True)
         made, disk_map = [], {}
@@ -99,10 +120,7 @@ def restore(  # noqa: PLR0913 - the module's keywords
             raise
     images.set_uuid(vm_dir, dom.UUIDString())
     dropped = discard_checkpoints(dom, metadata_only=True)
-    replaced: Data = {"removed": [], "kept": {}}
-    gone = [f for f in old_files if f not in disk_map.values()]
-    if gone:
-        replaced = images.remove_owned(vm_dir, new, dom.UUIDString(), gone)
+    replaced, detached = _replaced(vm_dir, dom, old_disks, {d["target"] for d in top["disks"]})
     if start:
         with lv_errors(f"start VM {new!r}"):
             dom.create()
@@ -115,5 +133,6 @@ def restore(  # noqa: PLR0913 - the module's keywords
         "defined": True,
         "started": bool(start),
         "replaced": replaced,
+        "detached": detached,
         "checkpoints_dropped": dropped,
     }

@@ -2,6 +2,7 @@
 rebuild into fresh disks, define; refusals that protect a running VM and damaged backups."""
 
 import json
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -86,3 +87,17 @@ def test_a_restored_copy_has_neither_the_minion_record_nor_the_nvram_file_of_the
     )
     assert "/var/lib/libvirt/qemu/nvram/bk1_VARS.fd" in conn.lookupByName("bk1").XMLDesc(0)  # the original's
     conn.close()
+
+
+def test_a_restore_in_place_keeps_the_disks_the_backup_does_not_know(bk):  # noqa: F811
+    """A disk added after the backup holds data the backup does not have: the restore leaves it in place,
+    detached, and says so; only the disks it restores over go."""
+    v, _tmp = bk
+    made = v["virt.backup"]("bk1")
+    old_vda = v["virt.get_disks"]("bk1")["vda"]["file"]
+    v["virt.update"]("bk1", disks=[{"system": {}}, {"data": {"size": 8}}])
+    added = v["virt.get_disks"]("bk1")["vdb"]["file"]
+    done = v["virt.restore"]("bk1", made["id"])
+    assert done["replaced"]["removed"] == [old_vda] and done["detached"] == {"vdb": added}
+    assert os.path.isfile(added) and not os.path.exists(old_vda)
+    assert sorted(v["virt.get_disks"]("bk1")) == ["vda"]
