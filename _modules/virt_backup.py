@@ -60,7 +60,7 @@ def _root():
 
 def backup(name, disks=None, incremental=False, target=None, connection=None, **kwargs):
     """
-    Back up VM ``name`` into ``<virt:backup:dir>/[<target>/]<name>/``: live (libvirt's backup API) when it
+    Back up VM ``name`` into ``<virt:backup:dir>/[<target>/]<name>/<uuid>/``: live (libvirt's backup API) when it
     runs, an offline copy when it is stopped. The first backup is full; ``incremental=True`` copies only
     what changed since the last backup (a full one is made, and ``note`` says why, when it cannot).
     ``disks``: target devs (``vda,vdb``), default every writable file disk. ``target``: a subdirectory
@@ -81,9 +81,9 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
 
 def backup_list(name, target=None):
     """
-    The backups of VM ``name``: ``{vm, dir, backups: [{id, type, parent, chain, finished, size, ...}],
-    broken: {id: why}, incomplete: [ids of interrupted backups]}``, oldest first. Works without the VM
-    (a purged VM's backups, a backup directory another hypervisor wrote).
+    The backups of every VM named ``name``: ``{vm, dir, backups: [{id, uuid, type, parent, chain, finished,
+    size, ...}], broken: {id: why}, incomplete: [ids of interrupted backups]}``, oldest first. Works without
+    the VM (a purged VM's backups, a backup directory another hypervisor wrote).
 
     CLI Example:: salt 'hyper1' virt.backup_list web1
     """

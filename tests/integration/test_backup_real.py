@@ -144,10 +144,11 @@ def test_retention_on_real_chains_prunes_files_and_keeps_what_is_needed(v1, hv1,
     # keep=1: the newest incremental and the full it builds on stay; the first chain goes, newest first
     preview = v["virt.backup_prune"]("bkr2", keep=1, test=True)
     assert preview["kept"] == ids[3:] and preview["pruned"] == ids[2::-1]
-    assert len(os.listdir(backups / "bkr2")) == 2 + 2 * len(ids)  # nothing gone on test=True
+    directory = made[0]["dir"]  # <backups>/bkr2/<uuid>
+    assert len(os.listdir(directory)) == 2 + 2 * len(ids)  # nothing gone on test=True
     done = v["virt.backup_prune"]("bkr2", keep=1)
     assert done["pruned"] == ids[2::-1] and done["refused"] == {}
-    left = sorted(n for n in os.listdir(backups / "bkr2") if not n.startswith("."))
+    left = sorted(n for n in os.listdir(directory) if not n.startswith("."))
     assert left == sorted([f"{i}.json" for i in ids[3:]] + [f"{i}.sda.qcow2" for i in ids[3:]])
     with pytest.raises(CommandExecutionError, match="is needed by"):
         v["virt.backup_delete"]("bkr2", ids[3])

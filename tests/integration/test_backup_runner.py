@@ -82,7 +82,8 @@ def test_runner_backs_up_every_vm_and_applies_retention(bkmaster, fleet):
     newer = second.data["made"]["bkrun1"]["id"]
     assert "stopped" in second.data["made"]["bkrun1"]["note"]  # incremental asked: a stopped VM gets a full one
     assert second.data["pruned"]["bkrun1"] == {"pruned": [made["bkrun1"]["id"]], "kept": [newer]}
-    left = sorted(p.name for p in (fleet / "backups" / "bkrun1").iterdir() if not p.name.startswith("."))
+    (vm_dir,) = (fleet / "backups" / "bkrun1").iterdir()  # one VM of that name: <backups>/bkrun1/<uuid>
+    left = sorted(p.name for p in vm_dir.iterdir() if not p.name.startswith("."))
     assert left == [f"{newer}.json", f"{newer}.vda.qcow2"]
 
     missing = run("virt.backup", "nosuchvm")

@@ -273,7 +273,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     timeout: float = DEFAULT_TIMEOUT,
     on_started: Callable[[], Any] | None = None,
 ) -> Data:
-    """Back up VM ``name`` into ``<root>/[<target>/]<name>/``. Returns the backup's manifest (without
+    """Back up VM ``name`` into ``<root>/[<target>/]<name>/<uuid>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
     and ``removed_incomplete`` (files of interrupted backups cleaned up first)."""
     dom = get_domain(conn, name)
@@ -281,7 +281,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     facts = domxml.parse(xml)
     uuid = dom.UUIDString()
     chosen = choose_disks(facts, disks)
-    directory = store.vm_dir(root, name, target, create=True)
+    directory = store.vm_dir(root, name, uuid, target, create=True)
     with store.locked(directory, name):
         valid, _broken, incomplete = store.scan(directory)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
@@ -292,7 +292,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
         parent, note = plan(dom, chosen, valid, incremental, every)
         redefined = parent["checkpoint"] if parent and parent["checkpoint"] not in had else None
         ours = [c.removeprefix(store.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
-        bid = store.new_id(directory, taken=ours)
+        bid = store.new_id(directory, taken=[*ours, *store.taken_ids(root, name, target)])
         files = {d["target"]: store.disk_file(directory, bid, d["target"]) for d in chosen}
         images.record_owned(directory, name, [*files.values(), store.manifest_file(directory, bid)], uuid)
         started, clock = _utc(), time.monotonic()
@@ -423,12 +423,12 @@ def _clean_incomplete(directory, name, uuid, incomplete):
 
 
 def listing(root: str, name: str, target: str | None = None) -> Data:
-    """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}``."""
-    directory = store.vm_dir(root, name, target)
-    valid, broken, incomplete = store.scan(directory)
+    """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}`` of every VM
+    named ``name`` (each summary names its VM's ``uuid``)."""
+    valid, broken, incomplete = store.scan_all(root, name, target)
     return {
         "vm": name,
-        "dir": directory,
+        "dir": store.name_dir(root, name, target),
         "backups": [store.summary(m) for m in valid],
         "broken": broken,
         "incomplete": incomplete,
@@ -437,8 +437,7 @@ def listing(root: str, name: str, target: str | None = None) -> Data:
 
 def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False) -> Data:
     """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
-    store.backup_id(bid)
-    directory = store.vm_dir(root, name, target)
+    directory = store.find(root, name, bid, target)
     with store.locked(directory, name):
         valid, broken, _incomplete = store.scan(directory)
         by_id = {m["id"]: m for m in valid}
@@ -466,12 +465,17 @@ def prune(
     keep_weekly: Any = None,
     test: bool = False,
 ) -> Data:
-    """``virt.backup_prune``: apply a retention policy; ``{kept, pruned, refused}`` (ids)."""
-    directory = store.vm_dir(root, name, target)
-    valid, _broken, _incomplete = store.scan(directory)
-    kept, doomed = store.retention(valid, keep, keep_daily, keep_weekly)
+    """``virt.backup_prune``: apply a retention policy to the backups of each VM named ``name`` (its own
+    chains: a later VM of the name does not push out the backups of an earlier one, nor they its);
+    ``{kept, pruned, refused}`` (ids)."""
+    kept, doomed = [], []
+    for directory in store.vm_dirs(root, name, target):
+        valid, _broken, _incomplete = store.scan(directory)
+        k, d = store.retention(valid, keep, keep_daily, keep_weekly)
+        kept += k
+        doomed += d
     pruned, refused = [], {}
-    for bid in doomed:  # newest first: what builds on a backup goes before it
+    for bid in doomed:  # newest first per VM: what builds on a backup goes before it
         if test:
             pruned.append(bid)
             continue

@@ -3,7 +3,8 @@ manifests, listing, deletion that never breaks a chain, retention plans.
 
 Layout (``virt:backup:dir`` in the minion config, decided by the operator only)::
 
-    <virt:backup:dir>/[<target>/]<vm>/
+    <virt:backup:dir>/[<target>/]<vm name>/       the name index: one directory per VM of that name
+      <vm uuid>/                                  one VM's backups (a later VM of the name gets its own)
         .salt-virt.json              ownership manifest (saltvirt.storage.images): every file below is listed
         .lock                        held while a backup, restore or delete of this VM runs
         <id>.<disk target>.qcow2     one file per disk; an incremental one backs onto its parent's file
@@ -35,6 +36,8 @@ from saltvirt.xml import domxml
 CONFIG_KEY = "virt:backup:dir"
 LOCK = ".lock"
 ID_RE = re.compile(r"\d{8}T\d{6}Z(-\d{1,3})?")
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+UUID_EXAMPLE = "0f3c2a44-1b5e-4e0c-9a8f-1234567890ab"
 MANIFEST_FORMAT = 1
 CHECKPOINT_PREFIX = "salt-backup-"
 
@@ -53,17 +56,60 @@ def root_dir(configured: str | None) -> str:
     return path
 
 
-def vm_dir(root: str, vm: str, target: str | None = None, create: bool = False) -> str:
-    """``<root>/[<target>/]<vm>``: every part a safe name, the result inside ``root`` (no symlink escape)."""
+def name_dir(root: str, vm: str, target: str | None = None) -> str:
+    """``<root>/[<target>/]<vm>``, the directory of every VM named ``vm``: every part a safe name, the result
+    inside ``root`` (no symlink escape)."""
     validate.vm_name(vm)
     parts = [validate.vm_name(target, "backup target")] if target else []
-    path = validate.inside(root, *parts, vm)
+    return validate.inside(root, *parts, vm)
+
+
+def vm_uuid(uuid: Any) -> str:
+    if not isinstance(uuid, str) or not UUID_RE.fullmatch(uuid):
+        raise SaltInvocationError(f"invalid VM uuid {uuid!r}: a libvirt uuid looks like {UUID_EXAMPLE}")
+    return uuid
+
+
+def vm_dir(root: str, vm: str, uuid: str, target: str | None = None, create: bool = False) -> str:
+    """``<root>/[<target>/]<vm>/<uuid>``: the backups of one VM, keyed by its uuid, so that a later VM of the
+    same name (purged and made again, restored elsewhere) has its own and never meets the other's files."""
+    named = name_dir(root, vm, target)
+    path = validate.inside(named, vm_uuid(uuid))
     if create:
-        for depth in range(1, len(parts) + 2):
+        parts = [*os.path.relpath(path, root).split(os.sep)]
+        for depth in range(1, len(parts) + 1):
             with contextlib.suppress(FileExistsError):
                 # traverse-only for others: QEMU (its own user) opens the files it writes by name
-                os.mkdir(validate.inside(root, *(parts + [vm])[:depth]), 0o711)
+                os.mkdir(validate.inside(root, *parts[:depth]), 0o711)
     return path
+
+
+def vm_dirs(root: str, vm: str, target: str | None = None) -> list[str]:
+    """The directories of every VM named ``vm`` that has backups (by uuid), sorted."""
+    named = name_dir(root, vm, target)
+    if not os.path.isdir(named):
+        return []
+    return sorted(e.path for e in os.scandir(named) if UUID_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+
+
+def find(root: str, vm: str, bid: str, target: str | None = None) -> str:
+    """The directory of backup ``bid`` among those of the VMs named ``vm`` (ids never repeat within a name)."""
+    backup_id(bid)
+    found = [d for d in vm_dirs(root, vm, target) if any(n.partition(".")[0] == bid for n in os.listdir(d))]
+    where = name_dir(root, vm, target)
+    if not found:
+        raise SaltInvocationError(f"VM {vm} has no backup {bid} in {where} (see virt.backup_list {vm})")
+    if len(found) > 1:
+        uuids = ", ".join(os.path.basename(d) for d in found)
+        raise CommandExecutionError(
+            f"backup {bid} is in several VM directories of {where} ({uuids}): remove one by hand"
+        )
+    return found[0]
+
+
+def taken_ids(root: str, vm: str, target: str | None = None) -> set[str]:
+    """The backup ids used by any VM named ``vm``: a new id is new for the name (:func:`find`)."""
+    return {n.partition(".")[0] for d in vm_dirs(root, vm, target) for n in os.listdir(d)}
 
 
 def backup_id(bid: Any) -> str:
@@ -181,10 +227,26 @@ def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
     return valid, broken, sorted(ids - with_manifest)
 
 
+def scan_all(root: str, vm: str, target: str | None = None) -> tuple[list[Data], dict[str, str], list[str]]:
+    """:func:`scan` over the directories of every VM named ``vm``: valid backups oldest first (each names its
+    VM's ``uuid``), broken ones and incomplete ids."""
+    valid: list[Data] = []
+    broken: dict[str, str] = {}
+    incomplete: list[str] = []
+    for directory in vm_dirs(root, vm, target):
+        v, b, i = scan(directory)
+        valid += v
+        broken.update(b)
+        incomplete += i
+    valid.sort(key=lambda m: (m.get("finished") or "", m["id"]))
+    return valid, broken, sorted(incomplete)
+
+
 def summary(m: Data) -> Data:
     """What ``virt.backup_list`` shows of a manifest (no domain XML)."""
     keys: tuple[str, ...] = (
         "id",
+        "uuid",
         "type",
         "parent",
         "chain",

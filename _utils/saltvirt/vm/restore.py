@@ -90,9 +90,8 @@ def restore(  # noqa: PLR0913 - the module's keywords
     """Restore backup ``bid`` of VM ``name`` (see the module docstring). Returns ``{name, id, chain,
     disks: {target: new file}, defined, started, replaced: {removed, kept}, detached: {target: disk},
     checkpoints_dropped, note}``."""
-    store.backup_id(bid)
     new = validate.vm_name(as_name, "as_name") if as_name else name
-    directory = store.vm_dir(root, name, target)
+    directory = store.find(root, name, bid, target)
     with store.locked(directory, name):
         valid, broken, _incomplete = store.scan(directory)
         if bid in broken:

@@ -18,7 +18,8 @@ def test_backed_up_makes_a_backup_only_when_the_newest_is_too_old(bk):  # noqa: 
     again = st["virt.backed_up"]("bk1", max_age="1d")
     assert again["result"] is True and again["changes"] == {} and "within 1d" in again["comment"]
     # an old backup: its manifest says it finished long ago
-    directory = str(tmp / "backups" / "bk1")
+    uuid = v["virt.vm_info"]("bk1")["bk1"]["uuid"]
+    directory = backupstore.vm_dir(str(tmp / "backups"), "bk1", uuid)
     m, _ = backupstore.read_manifest(directory, made["changes"]["backup"]["id"])
     m["finished"] = "2001-01-01T00:00:00Z"
     backupstore.write_manifest(directory, m)

@@ -31,16 +31,38 @@ def chain(*spec):
     return out
 
 
+U1 = "0f3c2a44-1b5e-4e0c-9a8f-1234567890ab"
+U2 = "11111111-2222-4333-8444-555555555555"
+
+
 def test_vm_dir_stays_inside_the_root(tmp_path):
-    assert store.vm_dir(str(tmp_path), "web1", create=True) == str(tmp_path / "web1")
-    assert store.vm_dir(str(tmp_path), "web1", "weekly", create=True) == str(tmp_path / "weekly" / "web1")
-    assert (tmp_path / "weekly" / "web1").is_dir()
-    for vm, target in (("../x", None), ("web1", ".."), ("web1", "a/b"), ("web1\n", None)):
+    assert store.vm_dir(str(tmp_path), "web1", U1, create=True) == str(tmp_path / "web1" / U1)
+    assert store.vm_dir(str(tmp_path), "web1", U1, "weekly", create=True) == str(tmp_path / "weekly" / "web1" / U1)
+    assert (tmp_path / "weekly" / "web1" / U1).is_dir()
+    for vm, uuid, target in (("../x", U1, None), ("web1", U1, ".."), ("web1", U1, "a/b"), ("web1\n", U1, None)):
         with pytest.raises(SaltInvocationError):
-            store.vm_dir(str(tmp_path), vm, target)
+            store.vm_dir(str(tmp_path), vm, uuid, target)
+    for uuid in ("..", "../web2", U1.upper(), "x", None):
+        with pytest.raises(SaltInvocationError, match="invalid VM uuid"):
+            store.vm_dir(str(tmp_path), "web1", uuid)
     os.symlink("/etc", tmp_path / "evil")  # a symlink planted in the backup dir leads nowhere
     with pytest.raises(SaltInvocationError, match="escapes"):
-        store.vm_dir(str(tmp_path), "evil")
+        store.vm_dir(str(tmp_path), "evil", U1)
+
+
+def test_each_vm_of_a_name_has_its_own_directory_and_ids_stay_unique_per_name(tmp_path):
+    root = str(tmp_path)
+    first, second = (store.vm_dir(root, "web1", u, create=True) for u in (U1, U2))
+    os.mkdir(tmp_path / "web1" / "not-a-uuid")
+    assert store.vm_dirs(root, "web1") == sorted([first, second]) and store.vm_dirs(root, "web2") == []
+    store.write_manifest(first, manifest("20260101T000000Z"))
+    assert store.taken_ids(root, "web1") == {"20260101T000000Z"}
+    assert store.find(root, "web1", "20260101T000000Z") == first
+    with pytest.raises(SaltInvocationError, match="VM web1 has no backup 20260102T000000Z in "):
+        store.find(root, "web1", "20260102T000000Z")
+    store.write_manifest(second, manifest("20260101T000000Z"))  # what only a hand could do
+    with pytest.raises(CommandExecutionError, match="is in several VM directories"):
+        store.find(root, "web1", "20260101T000000Z")
 
 
 def test_root_dir_must_be_configured_and_exist(tmp_path):

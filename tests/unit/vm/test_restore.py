@@ -3,6 +3,7 @@ rebuild into fresh disks, define; refusals that protect a running VM and damaged
 
 import json
 import os
+import pathlib
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("bk")
 def test_restore_beside_the_original_rebuilds_the_chain(bk):  # noqa: F811
     v, tmp = bk
     full = v["virt.backup"]("bk1")
-    inc = make_incremental(tmp / "backups" / "bk1", full, "20990101T000000Z")
+    inc = make_incremental(pathlib.Path(full["dir"]), full, "20990101T000000Z")
     done = v["virt.restore"]("bk1", inc, as_name="bk1-copy")
     assert done["name"] == "bk1-copy" and done["chain"] == [full["id"], inc] and done["started"] is False
     (disk,) = done["disks"].values()
@@ -57,12 +58,12 @@ def test_restore_in_place_refuses_a_running_vm_unless_forced(bk):  # noqa: F811
 def test_damaged_backup_is_never_restored(bk):  # noqa: F811
     v, tmp = bk
     made = v["virt.backup"]("bk1")
-    path = tmp / "backups" / "bk1" / made["disks"][0]["file"]
+    path = pathlib.Path(made["dir"]) / made["disks"][0]["file"]
     subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x66 0 4k", str(path)], check=True, capture_output=True)
     with pytest.raises(CommandExecutionError, match="checksum mismatch"):
         v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
     assert not (tmp / "images" / "bk1-copy").exists() or not list((tmp / "images" / "bk1-copy").iterdir())
-    with pytest.raises(SaltInvocationError, match="no valid backup"):
+    with pytest.raises(SaltInvocationError, match="VM bk1 has no backup 20990101T000000Z in "):
         v["virt.restore"]("bk1", "20990101T000000Z")
 
 
