@@ -109,7 +109,7 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     return out
 
 
-def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_down=False, **kwargs):  # noqa: A002, PLR0913 - Salt's CLI spelling (virt.restore web1 <id>) and keywords
+def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_down=None, **kwargs):  # noqa: A002, PLR0913 - Salt's CLI spelling (virt.restore web1 <id>) and keywords
     """
     Restore backup ``id`` of VM ``name`` on hypervisor ``host`` (one that mounts the backup directory;
     default: the hypervisor that defines ``name``, a restore in place) with its ``virt.restore``. Every
@@ -117,10 +117,10 @@ def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_
     refused while ``name`` is defined on another hypervisor, or while a hypervisor does not answer
     (``ignore_down=True``: you know it runs nothing); ``as_name=NEW`` (or ``as=NEW``) restores a copy
     with a new name, uuid and MAC addresses, refused while ``NEW`` is defined anywhere. ``force`` and
-    ``start`` are those of the module.
+    ``start`` are those of the module; ``force`` and ``ignore_down`` are the operator's.
 
     With ``virt:tenants``, a tenant member restores its own tenant's backups only (the owner the backup
-    recorded in the VM's domain XML), in place only over its own VM, on its hypervisors; a restore that
+    recorded in the VM's domain XML), in place only over its own stopped VM, on its hypervisors; a restore that
     makes a VM (``as=NEW``, or a VM defined nowhere) takes it from the tenant's quota as ``virt.init`` does.
 
     CLI Example::
@@ -134,6 +134,7 @@ def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_
         if unknown:
             raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)} to virt.restore")
         who = callers.job_caller(__opts__, globals(), __salt__)
+        backups.operator_args(who, "virt.restore", {"force": force, "ignore_down": ignore_down})
         validate.vm_name(name)
         new = validate.vm_name(as_name, "as_name") if as_name else name
         conf = compat.master_virt_conf(__opts__)[0].get("backup")

@@ -31,6 +31,20 @@ from saltvirt.fleet import tenants
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
+# what a tenant member may pass; the rest is the operator's: retention, per_host and timeout (the backup store
+# and the hypervisors' IO), force (powers a running VM off), ignore_down (bets a silent hypervisor runs nothing)
+TENANT_ARGS = {
+    "virt.backup": frozenset({"name", "incremental", "tenant"}),
+    "virt.restore": frozenset({"name", "id", "host", "as_name", "start"}),
+}
+
+
+def operator_args(caller: tenants.Caller, fun: str, given: Data) -> None:
+    """Refuse to a tenant caller the arguments of ``fun`` (``salt-run virt.backup``/``virt.restore``) that are
+    the operator's (:data:`TENANT_ARGS`); ``given``: the arguments, None/"" for one not passed."""
+    if not caller.operator:
+        passed = [k for k, v in given.items() if v not in (None, "") and not k.startswith("__")]
+        tenants.refuse_kwargs(caller.tenant, passed, TENANT_ARGS[fun], fun)
 
 
 def settings(conf: Data | None, per_host: Any = None, timeout: Any = None, **retention: Any) -> Data:

@@ -199,13 +199,18 @@ def check_update(conf: Data, tenant_name: str, kwargs: Data) -> None:
     _check(conf, tenant_name, kwargs, UPDATE_KWARGS, "virt.update")
 
 
-def _check(conf, tenant_name, kwargs, allowed, fun):
-    extra = sorted(k for k in kwargs if k not in allowed)
+def refuse_kwargs(tenant_name: str | None, passed: Iterable[str], allowed: Iterable[str], fun: str) -> None:
+    """The one wording for arguments of ``fun`` a tenant caller passed (``passed``) that are not in ``allowed``."""
+    extra = sorted(k for k in passed if k not in allowed)
     if extra:
         raise SaltInvocationError(
             f"tenant {tenant_name} may not pass {', '.join(extra)} to {fun} "
             f"(a tenant may pass: {', '.join(sorted(allowed))})"
         )
+
+
+def _check(conf, tenant_name, kwargs, allowed, fun):
+    refuse_kwargs(tenant_name, kwargs, allowed, fun)
     for key in ("nic", "disk"):
         profile = kwargs.get(key)
         if key in kwargs and profile not in conf["profiles"]:

@@ -174,3 +174,14 @@ def test_a_tenant_restores_its_own_backups_only_and_a_new_vm_counts(bk):  # noqa
         conn = libvirt.open("test:///default")
         conn.lookupByName("bk3").undefine()
         conn.close()
+
+
+def test_a_tenant_member_may_not_pass_the_operators_restore_switches():
+    """force= powers a running VM off; ignore_down= bets that a hypervisor that did not answer runs nothing."""
+    alice = callers.resolve({"virt": TENANTS}, "alice")
+    carol = callers.resolve({"virt": TENANTS}, "carol")
+    for key in ("force", "ignore_down"):
+        with pytest.raises(SaltInvocationError, match=f"^tenant acme may not pass {key} to virt.restore "):
+            backups.operator_args(alice, "virt.restore", {key: True})
+        backups.operator_args(carol, "virt.restore", {key: True})  # an operator's to pass
+    backups.operator_args(alice, "virt.restore", {"force": None, "ignore_down": ""})  # not passed: fine

@@ -73,3 +73,27 @@ def test_restore_refusals_before_anything_is_asked(runner, user, kwargs, message
     runner["virt.restore"].__globals__["__user__"] = user
     ret = runner["virt.restore"]("web1", "20260101T020000Z", **kwargs)
     assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
+
+
+@pytest.mark.parametrize(
+    ("fun", "args", "kwargs", "message"),
+    [
+        (
+            "virt.restore",
+            ["web1", "20260101T020000Z"],
+            {"force": True},
+            "tenant acme may not pass force to virt.restore",
+        ),
+        (
+            "virt.restore",
+            ["web1", "20260101T020000Z"],
+            {"ignore_down": True, "host": "hyper1"},
+            "tenant acme may not pass ignore_down to virt.restore",
+        ),
+    ],
+)
+def test_a_tenant_may_not_pass_the_operators_switches(runner, fun, args, kwargs, message):
+    """force= powers a running VM off, ignore_down= bets that a silent hypervisor runs nothing: the operator's."""
+    runner[fun].__globals__["__user__"] = "alice"
+    ret = runner[fun](*args, **kwargs)
+    assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
