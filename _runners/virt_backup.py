@@ -71,8 +71,9 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     last backup when possible (``incremental=False``: full), ``per_host`` at a time on one hypervisor
     (default ``virt:backup:per_host``, 1), then apply retention (``keep=N``, ``keep_daily=N``,
     ``keep_weekly=N``; default ``virt:backup:retention``; a backup another one builds on is never
-    pruned). With ``virt:tenants``, a tenant member backs up its own tenant's VMs only; an operator
-    may pass ``tenant=NAME`` to back up that tenant's VMs only. Returns ``{made: {vm: {host, id, type,
+    pruned). With ``virt:tenants``, a tenant member backs up its own tenant's VMs only, with the master
+    config's ``per_host``, ``timeout`` and retention (passing them is refused); an operator may pass
+    ``tenant=NAME`` to back up that tenant's VMs only. Returns ``{made: {vm: {host, id, type,
     size, ...}}, pruned: {vm: {pruned, kept}}, failed: {vm: why}, down: [hosts]}``; the exit code is 1
     when anything failed.
 
@@ -84,6 +85,7 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     """
     try:
         who = callers.job_caller(__opts__, globals(), __salt__)
+        backups.operator_args(who, "virt.backup", {"per_host": per_host, "timeout": timeout, **retention})
         only = backups.scope(who, tenant, tenants.config(__opts__))
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)

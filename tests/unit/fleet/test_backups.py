@@ -185,3 +185,15 @@ def test_a_tenant_member_may_not_pass_the_operators_restore_switches():
             backups.operator_args(alice, "virt.restore", {key: True})
         backups.operator_args(carol, "virt.restore", {key: True})  # an operator's to pass
     backups.operator_args(alice, "virt.restore", {"force": None, "ignore_down": ""})  # not passed: fine
+
+
+def test_a_tenant_member_runs_backups_with_the_operators_retention_and_load():
+    """Retention (how much of the backup store a tenant fills), per_host and timeout (the hypervisors' IO) come
+    from virt:backup in the master config for a tenant member: passing them is refused, never clamped."""
+    alice = callers.resolve({"virt": TENANTS}, "alice")
+    carol = callers.resolve({"virt": TENANTS}, "carol")
+    for key, value in (("keep", 1000), ("keep_daily", 365), ("keep_weekly", 52), ("per_host", 16), ("timeout", 9e9)):
+        with pytest.raises(SaltInvocationError, match=f"^tenant acme may not pass {key} to virt.backup "):
+            backups.operator_args(alice, "virt.backup", {key: value})
+        backups.operator_args(carol, "virt.backup", {key: value})
+    backups.operator_args(alice, "virt.backup", {"per_host": None, "timeout": None, "__pub_user": "alice"})

@@ -97,3 +97,14 @@ def test_a_tenant_may_not_pass_the_operators_switches(runner, fun, args, kwargs,
     runner[fun].__globals__["__user__"] = "alice"
     ret = runner[fun](*args, **kwargs)
     assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
+
+
+@pytest.mark.parametrize("kwargs", [{"keep": 1000}, {"keep_daily": 365}, {"per_host": 16}, {"timeout": 999999}])
+def test_a_tenant_may_not_set_retention_or_the_hypervisors_load(runner, kwargs):
+    """Retention decides how much of the backup store a tenant's VMs fill, per_host and timeout the IO a run
+    puts on the hypervisors: virt:backup in the master config, the operator's."""
+    runner["virt.backup"].__globals__["__user__"] = "alice"
+    ret = runner["virt.backup"]("all", **kwargs)
+    assert ret["retcode"] == 1 and ret["error"] == (
+        f"tenant acme may not pass {next(iter(kwargs))} to virt.backup (a tenant may pass: incremental, name, tenant)"
+    ), ret
