@@ -9,6 +9,9 @@ Minion config only (an operator setting: never read from pillar or grains; calle
       backup:
         dir: /srv/salt-backups      # must exist; per-VM subdirectories are made below it
         timeout: 21600              # seconds one backup job may run (default 6 h)
+        key_file: /etc/salt/pki/minion/salt-virt-backups.key   # signs the manifests (made there on first use
+                                                               # if unset; the same file on every hypervisor
+                                                               # sharing the directory)
 """
 
 import os
@@ -58,6 +61,11 @@ def _root():
     return _store.root_dir(_settings().get("dir"))
 
 
+def _key():
+    """The key backup manifests are signed with (``virt:backup:key_file``, or made in the minion's pki_dir)."""
+    return _store.manifest_key(_settings().get("key_file"), __opts__["pki_dir"])
+
+
 def backup(name, disks=None, incremental=False, target=None, connection=None, **kwargs):
     """
     Back up VM ``name`` into ``<virt:backup:dir>/[<target>/]<name>/<uuid>/``: live (libvirt's backup API) when it
@@ -76,7 +84,7 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
     timeout = validate.positive_int(_settings().get("timeout") or _backup.DEFAULT_TIMEOUT, "virt:backup:timeout")
     root = _root()
     with _conn(connection, kwargs) as conn:
-        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout)
+        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=_key())
 
 
 def backup_list(name, target=None):
@@ -87,7 +95,7 @@ def backup_list(name, target=None):
 
     CLI Example:: salt 'hyper1' virt.backup_list web1
     """
-    return _backup.listing(_root(), name, target)
+    return _backup.listing(_root(), name, target, key=_key())
 
 
 def backup_delete(name, id, target=None, test=False):  # noqa: A002 - Salt's CLI spelling: virt.backup_delete web1 <id>
@@ -96,7 +104,7 @@ def backup_delete(name, id, target=None, test=False):  # noqa: A002 - Salt's CLI
 
     CLI Example:: salt 'hyper1' virt.backup_delete web1 20260101T020000Z
     """
-    return _backup.delete(_root(), name, id, target, test=_bool(test))
+    return _backup.delete(_root(), name, id, target, test=_bool(test), key=_key())
 
 
 def backup_prune(name, keep=None, keep_daily=None, keep_weekly=None, target=None, test=False):
@@ -107,7 +115,7 @@ def backup_prune(name, keep=None, keep_daily=None, keep_weekly=None, target=None
 
     CLI Example:: salt 'hyper1' virt.backup_prune web1 keep_daily=7 keep_weekly=4
     """
-    return _backup.prune(_root(), name, target, keep, keep_daily, keep_weekly, test=_bool(test))
+    return _backup.prune(_root(), name, target, keep, keep_daily, keep_weekly, test=_bool(test), key=_key())
 
 
 def restore(name, id, as_name=None, target=None, force=False, start=False, connection=None, **kwargs):  # noqa: A002 - see backup_delete
@@ -128,7 +136,7 @@ def restore(name, id, as_name=None, target=None, force=False, start=False, conne
     root = _root()
     with _conn(connection, kwargs) as conn:
         return _restore.restore(
-            conn, root, images_dir, name, id, as_name, target, force=_bool(force), start=_bool(start)
+            conn, root, images_dir, name, id, as_name, target, force=_bool(force), start=_bool(start), key=_key()
         )
 
 

@@ -24,6 +24,7 @@ from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import conn as lvconn
 from saltvirt.vm import backup as backup_lib
+from saltvirt.vm import backupstore
 from saltvirt.vm import migrate as migrate_lib
 from saltvirt.xml import domxml
 from tests.integration.test_snapshot_real import MARK, has_marker, heartbeats, qemu_io, wait_heartbeat
@@ -262,7 +263,8 @@ def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, ba
     full = v["virt.backup"]("bkr4")
     qemu_io(hv1, "bkr4", CHANGED)
     with lvconn.connect(hv1.uri) as conn, pytest.raises(CommandExecutionError):
-        backup_lib.backup(conn, str(backups), "bkr4", incremental=True, on_started=hv1.kill_daemon)
+        key = backupstore.manifest_key(None, v.opts["pki_dir"])  # the module's
+        backup_lib.backup(conn, str(backups), "bkr4", incremental=True, on_started=hv1.kill_daemon, key=key)
     hv1.restart_daemon()
     listed = v["virt.backup_list"]("bkr4")
     assert [b["id"] for b in listed["backups"]] == [full["id"]]  # the interrupted one never counts

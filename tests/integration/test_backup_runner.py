@@ -7,6 +7,7 @@ itself on a real second libvirtd: tests/integration/test_backup_real.py); a tena
 tenant's backups only, a copy within its quota (acme: 2 VMs). The VMs are stopped (offline
 copies): the live path is tests/integration/test_backup_real.py."""
 
+import os
 import pathlib
 
 import pytest
@@ -52,7 +53,10 @@ def fleet(bkmaster, hv15, lab_dir, tmp_path_factory):
     (root / "backups").mkdir(parents=True)
     (root / "backups").chmod(0o755)
     config = hypervisor_minion_config(hv15, root / "images")
-    config["virt"]["backup"] = {"dir": str(root / "backups")}
+    key = root / "backup.key"  # both hypervisors sign and check manifests with it (virt:backup:key_file)
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    config["virt"]["backup"] = {"dir": str(root / "backups"), "key_file": str(key)}
     mods = make_minion_mods(tmp_path_factory.mktemp("bkmods"), hv15.uri, images_dir=root / "images")
     for name, owner in (("bkrun1", {"tenant": "acme", "creator": "alice"}), ("bkrun2", None)):
         image = str(GUEST_DIR / "disk.qcow2")

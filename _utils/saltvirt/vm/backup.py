@@ -272,10 +272,13 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     target: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_started: Callable[[], Any] | None = None,
+    *,
+    key: bytes,
 ) -> Data:
     """Back up VM ``name`` into ``<root>/[<target>/]<name>/<uuid>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
-    and ``removed_incomplete`` (files of interrupted backups cleaned up first)."""
+    and ``removed_incomplete`` (files of interrupted backups cleaned up first). ``key``: the manifests' key
+    (:func:`saltvirt.vm.backupstore.manifest_key`)."""
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
     facts = domxml.parse(xml)
@@ -283,7 +286,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     chosen = choose_disks(facts, disks)
     directory = store.vm_dir(root, name, uuid, target, create=True)
     with store.locked(directory, name):
-        valid, _broken, incomplete = store.scan(directory)
+        valid, _broken, incomplete = store.scan(directory, key)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
         live = bool(dom.isActive())
         every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
@@ -332,7 +335,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
             "size": sum(d["size"] for d in described),
             "domain_xml": dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom.isPersistent() else xml,
         }
-        store.write_manifest(directory, manifest)  # from here on it counts
+        store.write_manifest(directory, manifest, key)  # from here on it counts
     dropped = _drop_old_checkpoints(dom, checkpoint) if live and checkpoint else []
     out = store.summary(manifest)
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
@@ -422,10 +425,10 @@ def _clean_incomplete(directory, name, uuid, incomplete):
     return sorted(os.path.basename(p) for p in out["removed"])
 
 
-def listing(root: str, name: str, target: str | None = None) -> Data:
+def listing(root: str, name: str, target: str | None = None, *, key: bytes) -> Data:
     """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}`` of every VM
     named ``name`` (each summary names its VM's ``uuid``)."""
-    valid, broken, incomplete = store.scan_all(root, name, target)
+    valid, broken, incomplete = store.scan_all(root, name, key, target)
     return {
         "vm": name,
         "dir": store.name_dir(root, name, target),
@@ -435,11 +438,11 @@ def listing(root: str, name: str, target: str | None = None) -> Data:
     }
 
 
-def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False) -> Data:
+def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False, *, key: bytes) -> Data:
     """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
     directory = store.find(root, name, bid, target)
     with store.locked(directory, name):
-        valid, broken, _incomplete = store.scan(directory)
+        valid, broken, _incomplete = store.scan(directory, key)
         by_id = {m["id"]: m for m in valid}
         if bid not in by_id and bid not in broken:
             raise SaltInvocationError(f"VM {name} has no backup {bid} in {directory} (see virt.backup_list {name})")
@@ -448,12 +451,12 @@ def delete(root: str, name: str, bid: str, target: str | None = None, test: bool
             raise CommandExecutionError(
                 f"backup {bid} of VM {name} is needed by {', '.join(needed)} (they build on it): delete those first"
             )
-        m = by_id.get(bid) or store.read_manifest(directory, bid)[0] or {"disks": []}
+        m = by_id.get(bid) or store.read_manifest(directory, bid, key)[0] or {"disks": []}
         files = [d["file"] for d in m["disks"] if isinstance(d, dict) and isinstance(d.get("file"), str)]
         files = [f for f in files if os.path.basename(f) == f]
         if test:
             return {"id": bid, "removed": [f"{bid}.json", *files], "kept": {}, "test": True}
-        return {"id": bid, **store.remove(directory, name, m.get("uuid"), bid, files)}
+        return {"id": bid, **store.remove(directory, name, os.path.basename(directory), bid, files)}
 
 
 def prune(
@@ -464,13 +467,15 @@ def prune(
     keep_daily: Any = None,
     keep_weekly: Any = None,
     test: bool = False,
+    *,
+    key: bytes,
 ) -> Data:
     """``virt.backup_prune``: apply a retention policy to the backups of each VM named ``name`` (its own
     chains: a later VM of the name does not push out the backups of an earlier one, nor they its);
     ``{kept, pruned, refused}`` (ids)."""
     kept, doomed = [], []
     for directory in store.vm_dirs(root, name, target):
-        valid, _broken, _incomplete = store.scan(directory)
+        valid, _broken, _incomplete = store.scan(directory, key)
         k, d = store.retention(valid, keep, keep_daily, keep_weekly)
         kept += k
         doomed += d
@@ -480,7 +485,7 @@ def prune(
             pruned.append(bid)
             continue
         try:
-            delete(root, name, bid, target)
+            delete(root, name, bid, target, key=key)
             pruned.append(bid)
         except (CommandExecutionError, SaltInvocationError) as exc:
             refused[bid] = str(exc)

@@ -10,9 +10,17 @@ Layout (``virt:backup:dir`` in the minion config, decided by the operator only):
         <id>.<disk target>.qcow2     one file per disk; an incremental one backs onto its parent's file
         <id>.json                    the backup manifest, written last and atomically
 
-A backup is valid only when its manifest exists, parses and names files that exist: files without a
-manifest are an interrupted backup, never listed as valid and removed by the next backup. Backing
-files are named relative (basename only), so another host mounting the directory elsewhere can restore.
+A backup is valid only when its manifest exists, parses, carries the MAC of the hypervisor's backup key
+and names files that exist: files without a manifest are an interrupted backup, never listed as valid and
+removed by the next backup. Backing files are named relative (basename only), so another host mounting the
+directory elsewhere can restore.
+
+Whoever may write to a shared backup directory is not the operator: an unauthenticated manifest would
+let them make a restore define any domain XML, or restore any file of the host into a guest. Each
+manifest therefore carries an HMAC-SHA256 (:mod:`saltvirt.pki.recordmac`) under the hypervisor's backup
+key (``virt:backup:key_file``, default ``<pki_dir>/salt-virt-backups.key``, made on first use), bound to
+its VM's name, uuid and id (its place in the directory); the files' checksums are in it. Hypervisors that
+share a backup directory share that key, as masters share ``master.pem``.
 """
 
 import contextlib
@@ -30,10 +38,18 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.fsutil import atomic_write, file_digest
 from saltvirt.base.salttypes import Data
+from saltvirt.pki import recordmac
 from saltvirt.storage import images
 from saltvirt.xml import domxml
 
 CONFIG_KEY = "virt:backup:dir"
+KEY_CONFIG = "virt:backup:key_file"
+KEY_FILE = "salt-virt-backups.key"  # in the minion's pki_dir unless virt:backup:key_file names another
+MAC_KIND = "backup-manifest"
+UNSIGNED = (
+    "its manifest does not carry the MAC of this hypervisor's backup key: it was changed after the backup, or "
+    f"made with another key (hypervisors that share a backup directory need the same {KEY_CONFIG})"
+)
 LOCK = ".lock"
 ID_RE = re.compile(r"\d{8}T\d{6}Z(-\d{1,3})?")
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -62,6 +78,15 @@ def name_dir(root: str, vm: str, target: str | None = None) -> str:
     validate.vm_name(vm)
     parts = [validate.vm_name(target, "backup target")] if target else []
     return validate.inside(root, *parts, vm)
+
+
+def manifest_key(configured: str | None, pki_dir: str) -> bytes:
+    """The key backup manifests are signed with: the file ``virt:backup:key_file`` names (the operator puts it
+    there, the same on every hypervisor sharing a backup directory), else ``<pki_dir>/salt-virt-backups.key``,
+    made on first use."""
+    if configured:
+        return recordmac.load_key(validate.absolute_path(configured, KEY_CONFIG), create=False)
+    return recordmac.load_key(recordmac.key_path(pki_dir, KEY_FILE))
 
 
 def vm_uuid(uuid: Any) -> str:
@@ -158,8 +183,15 @@ def locked(directory: str, vm: str) -> Iterator[None]:
 
 
 # manifests ------------------------------------------------------------------------------------------
-def write_manifest(directory: str, manifest: Data) -> str:
-    """Write a backup's manifest atomically (fsynced temp file + rename): the step that makes it valid."""
+def _bound_to(directory, bid):
+    """What a manifest's MAC binds it to: ``<vm>/<uuid>/<id>``, its place (a manifest moved is refused)."""
+    return f"{os.path.basename(os.path.dirname(directory))}/{os.path.basename(directory)}/{bid}"
+
+
+def write_manifest(directory: str, manifest: Data, key: bytes) -> str:
+    """Write a backup's manifest, signed with ``key``, atomically (fsynced temp file + rename): the step that
+    makes it valid."""
+    manifest = recordmac.sign_with(key, MAC_KIND, _bound_to(directory, manifest["id"]), manifest)
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     path = manifest_file(directory, manifest["id"])
     atomic_write(path, text.encode(), 0o640, fsync=True, prefix=f".{manifest['id']}.", suffix=".tmp")
@@ -182,8 +214,9 @@ def _problem(directory, m):
     return None
 
 
-def read_manifest(directory: str, bid: str) -> tuple[Data | None, str | None]:
-    """``(manifest, problem)``: the parsed manifest of backup ``bid`` (None if absent or unreadable)."""
+def read_manifest(directory: str, bid: str, key: bytes) -> tuple[Data | None, str | None]:
+    """``(manifest, problem)``: the parsed manifest of backup ``bid`` (None if absent or unreadable); a
+    manifest without the MAC ``key`` makes has a problem, always."""
     try:
         fd = os.open(manifest_file(directory, bid), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as fh:
@@ -194,12 +227,14 @@ def read_manifest(directory: str, bid: str) -> tuple[Data | None, str | None]:
         return None, f"unreadable manifest: {exc}"
     if not isinstance(m, dict) or m.get("id") != bid:
         return None, "manifest of another backup"
+    if not recordmac.verified_with(key, MAC_KIND, _bound_to(directory, bid), m):
+        return m, UNSIGNED
     return m, _problem(directory, m)
 
 
-def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
-    """``(valid, broken, incomplete)``: valid backups oldest first (manifests); broken ones
-    ``{id: reason}``; incomplete: ids with files but no manifest (interrupted backups)."""
+def scan(directory: str, key: bytes) -> tuple[list[Data], dict[str, str], list[str]]:
+    """``(valid, broken, incomplete)``: valid backups oldest first (manifests signed with ``key``); broken
+    ones ``{id: reason}``; incomplete: ids with files but no manifest (interrupted backups)."""
     if not os.path.isdir(directory):
         return [], {}, []
     ids, with_manifest = set(), set()
@@ -212,7 +247,7 @@ def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
     valid: list[Data] = []
     broken: dict[str, str] = {}
     for bid in sorted(with_manifest):
-        m, problem = read_manifest(directory, bid)
+        m, problem = read_manifest(directory, bid, key)
         if problem:
             broken[bid] = problem
         elif m is not None:
@@ -227,14 +262,14 @@ def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
     return valid, broken, sorted(ids - with_manifest)
 
 
-def scan_all(root: str, vm: str, target: str | None = None) -> tuple[list[Data], dict[str, str], list[str]]:
+def scan_all(root: str, vm: str, key: bytes, target: str | None = None) -> tuple[list[Data], dict[str, str], list[str]]:
     """:func:`scan` over the directories of every VM named ``vm``: valid backups oldest first (each names its
     VM's ``uuid``), broken ones and incomplete ids."""
     valid: list[Data] = []
     broken: dict[str, str] = {}
     incomplete: list[str] = []
     for directory in vm_dirs(root, vm, target):
-        v, b, i = scan(directory)
+        v, b, i = scan(directory, key)
         valid += v
         broken.update(b)
         incomplete += i

@@ -86,6 +86,8 @@ def restore(  # noqa: PLR0913 - the module's keywords
     target: str | None = None,
     force: bool = False,
     start: bool = False,
+    *,
+    key: bytes,
 ) -> Data:
     """Restore backup ``bid`` of VM ``name`` (see the module docstring). Returns ``{name, id, chain,
     disks: {target: new file}, defined, started, replaced: {removed, kept}, detached: {target: disk},
@@ -93,7 +95,7 @@ def restore(  # noqa: PLR0913 - the module's keywords
     new = validate.vm_name(as_name, "as_name") if as_name else name
     directory = store.find(root, name, bid, target)
     with store.locked(directory, name):
-        valid, broken, _incomplete = store.scan(directory)
+        valid, broken, _incomplete = store.scan(directory, key)
         if bid in broken:
             raise CommandExecutionError(f"backup {bid} of VM {name} cannot be restored: {broken[bid]}")
         chain = store.chain_of(valid, bid)

@@ -120,6 +120,11 @@ def test_delete_refuses_a_needed_backup_and_prune_keeps_chains(bk):
         v["virt.backup_delete"]("bk1", "../bk2/x")
 
 
+def backup_key(directory):
+    """The key the bk fixture's minion signs manifests with (made in its pki_dir; ``directory``: a VM's)."""
+    return backupstore.manifest_key(None, str(pathlib.Path(directory).parents[2] / "pki"))
+
+
 def make_incremental(directory, parent, bid):
     """An incremental backup file + manifest built on ``parent`` (what a live incremental leaves)."""
     pfile = parent["disks"][0]["file"]
@@ -134,7 +139,7 @@ def make_incremental(directory, parent, bid):
     disk = dict(m["disks"][0], file=path.name, backing=pfile, sha256=backupstore.file_digest(path))
     m.update(id=bid, type="incremental", parent=parent["id"], chain=[parent["id"], bid], disks=[disk])
     m["finished"] = "2099-01-01T00:00:00Z"
-    backupstore.write_manifest(str(directory), m)
+    backupstore.write_manifest(str(directory), m, backup_key(directory))
     return bid
 
 

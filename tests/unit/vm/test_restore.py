@@ -12,6 +12,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.xml import domxml
+from tests.support.saltloader import make_minion_mods
 
 from tests.unit.vm.test_backup import bk, make_incremental, read_pattern  # noqa: F401 - the fixture is shared
 
@@ -102,3 +103,38 @@ def test_a_restore_in_place_keeps_the_disks_the_backup_does_not_know(bk):  # noq
     assert done["replaced"]["removed"] == [old_vda] and done["detached"] == {"vdb": added}
     assert os.path.isfile(added) and not os.path.exists(old_vda)
     assert sorted(v["virt.get_disks"]("bk1")) == ["vda"]
+
+
+def test_a_manifest_changed_in_the_backup_directory_is_never_restored(bk, tmp_path_factory):  # noqa: F811
+    """Write access to a shared backup directory is not the operator's: a manifest edited there (here: a host
+    file added to the recorded domain XML) or written from scratch does not carry the MAC of the hypervisor's
+    backup key, and nothing is defined from it. A hypervisor sharing the directory restores with the same key
+    (virt:backup:key_file); with another key it refuses too."""
+    v, tmp = bk
+    made = v["virt.backup"]("bk1")
+    path = pathlib.Path(made["dir"]) / f"{made['id']}.json"
+    m = json.loads(path.read_text())
+    evil = "<disk type='file' device='disk'><source file='/etc/shadow'/><target dev='vdz'/></disk></devices>"
+    m["domain_xml"] = m["domain_xml"].replace("</devices>", evil)
+    path.write_text(json.dumps(m))
+    listed = v["virt.backup_list"]("bk1")
+    assert listed["backups"] == [] and "does not carry the MAC" in listed["broken"][made["id"]]
+    with pytest.raises(CommandExecutionError, match=f"backup {made['id']} of VM bk1 cannot be restored: its manifest"):
+        v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
+    assert "bk1-copy" not in v["virt.list_domains"]()
+    m.pop("mac")
+    path.write_text(json.dumps(m))  # unsigned: the same
+    with pytest.raises(CommandExecutionError, match="does not carry the MAC of this hypervisor's backup key"):
+        v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
+
+    good = v["virt.backup"]("bk1")
+    key_file = str(tmp / "pki" / "salt-virt-backups.key")
+    for key, ok in ((key_file, True), (None, False)):  # another hypervisor: the shared key, or its own
+        other = make_minion_mods(
+            tmp_path_factory.mktemp("hv2"), "test:///default", backup={"dir": str(tmp / "backups"), "key_file": key}
+        )
+        assert [b["id"] for b in other["virt.backup_list"]("bk1")["backups"]] == ([good["id"]] if ok else [])
+    with pytest.raises(CommandExecutionError, match="the key /nonexistent/k cannot be read"):
+        make_minion_mods(
+            tmp_path_factory.mktemp("hv3"), "test:///default", backup={"dir": str(tmp), "key_file": "/nonexistent/k"}
+        )["virt.backup_list"]("bk1")
