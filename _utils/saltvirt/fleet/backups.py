@@ -196,8 +196,9 @@ def _brief(result):
         "note",
         "live",
         "checkpoint_redefined",
+        "skipped",
     )
-    return {k: result.get(k) for k in keys if result.get(k) is not None}
+    return {k: result.get(k) for k in keys if result.get(k) not in (None, {})}
 
 
 # restore: one VM never runs twice --------------------------------------------------------------------

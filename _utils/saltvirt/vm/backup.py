@@ -80,6 +80,28 @@ def choose_disks(facts: Data, disks: str | list[str] | None = None) -> list[Data
     return [usable[w] for w in dict.fromkeys(wanted)]
 
 
+def skipped(facts: Data, chosen: list[Data]) -> dict[str, str]:
+    """``{target: why}`` of the VM's disks a backup of ``chosen`` leaves out: said in the result and the
+    manifest, so that nobody takes a backup for a copy of a disk it does not hold."""
+    taken = {d["target"] for d in chosen}
+    out = {}
+    for d in facts["disks"]:
+        if d["target"] in taken:
+            continue
+        if d["pool"]:
+            why = f"a volume of pool {d['pool']} ({d['volume']}): not backed up (file disks only; back the pool up)"
+        elif d["device"] != "disk":
+            why = f"a {d['device']}: not backed up"
+        elif d["type"] != "file":
+            why = f"a {d['type']} disk ({d['file']}): not backed up (file disks only)"
+        elif d["readonly"] or d["shareable"]:
+            why = f"{'read-only' if d['readonly'] else 'shared with other VMs'}: not backed up"
+        else:
+            why = "not in disks="
+        out[d["target"]] = why
+    return out
+
+
 def _checkpoints(dom):
     """Names of the VM's salt-virt backup checkpoints."""
     with lv_errors(f"list the checkpoints of VM {dom.name()!r}"):
@@ -277,8 +299,9 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
 ) -> Data:
     """Back up VM ``name`` into ``<root>/[<target>/]<name>/<uuid>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
-    and ``removed_incomplete`` (files of interrupted backups cleaned up first). ``key``: the manifests' key
-    (:func:`saltvirt.vm.backupstore.manifest_key`)."""
+    and ``removed_incomplete`` (files of interrupted backups cleaned up first); ``skipped``: ``{target: why}``
+    of the disks it does not hold (pool volumes, CD-ROMs, shared, read-only or not asked for). ``key``: the
+    manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`)."""
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
     facts = domxml.parse(xml)
@@ -332,6 +355,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
             "consistency": consistency,
             "fs_freeze": fs_freeze,
             "disks": described,
+            "skipped": skipped(facts, chosen),
             "size": sum(d["size"] for d in described),
             "domain_xml": dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom.isPersistent() else xml,
         }

@@ -295,6 +295,7 @@ def summary(m: Data) -> Data:
     out = {k: m.get(k) for k in keys}
     out["consistency"] = m.get("consistency")
     out["fs_freeze"] = m.get("fs_freeze")  # {frozen, thawed}: the guest agent's counts (None: no freeze)
+    out["skipped"] = m.get("skipped") or {}  # {target: why} of the disks the backup does not hold
     out["disks"] = [{k: d.get(k) for k in ("target", "file", "size", "virtual_size", "sha256")} for d in m["disks"]]
     out.update(recorded(m.get("domain_xml")))
     return out

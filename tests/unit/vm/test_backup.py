@@ -251,3 +251,35 @@ def test_a_new_vm_with_the_name_of_a_purged_one_backs_up_fine(bk):
     assert [(b["id"], b["uuid"]) for b in listed["backups"]] == [(old["id"], old_uuid), (new["id"], new_uuid)]
     assert v["virt.restore"]("bk1", old["id"], as_name="bk1-copy")["chain"] == [old["id"]]
     assert v["virt.backup_prune"]("bk1", keep=1)["pruned"] == []  # each VM keeps its own newest
+
+
+def with_disks(name, *disks):
+    """Add ``disks`` (``<disk>`` XML) to VM ``name`` on test:///default, as an operator's virsh would."""
+    conn = libvirt.open("test:///default")
+    xml = conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    conn.defineXML(xml.replace("</devices>", "".join(disks) + "</devices>", 1))
+    conn.close()
+
+
+POOL_DISK = (
+    "<disk type='volume' device='disk'><driver name='qemu' type='raw'/><source pool='{pool}' volume='{volume}'/>"
+    "<target dev='vdb' bus='virtio'/></disk>"
+)
+CDROM = (
+    "<disk type='file' device='cdrom'><driver name='qemu' type='raw'/><source file='{path}'/>"
+    "<target dev='sda' bus='sata'/><readonly/></disk>"
+)
+
+
+def test_the_result_says_which_disks_a_backup_does_not_hold_and_why(bk):
+    """A pool volume is never copied: the result, the manifest and the listing say so, per disk."""
+    v, _tmp = bk
+    with_disks("bk1", POOL_DISK.format(pool="default-pool", volume="data"), CDROM.format(path="/srv/x.iso"))
+    made = v["virt.backup"]("bk1")
+    want = {
+        "vdb": "a volume of pool default-pool (data): not backed up (file disks only; back the pool up)",
+        "sda": "a cdrom: not backed up",
+    }
+    assert [d["target"] for d in made["disks"]] == ["vda"] and made["skipped"] == want
+    assert v["virt.backup_list"]("bk1")["backups"][0]["skipped"] == want
+    assert v["virt.backup"]("bk1", disks="vda")["skipped"] == want  # asked for vda alone: the same
