@@ -32,6 +32,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
+    from saltvirt.storage import attach as _attach
     from saltvirt.vm import backup as _backup
     from saltvirt.vm import backupstore as _store
     from saltvirt.vm import restore as _restore
@@ -136,7 +137,17 @@ def restore(name, id, as_name=None, target=None, force=False, start=False, conne
     root = _root()
     with _conn(connection, kwargs) as conn:
         return _restore.restore(
-            conn, root, images_dir, name, id, as_name, target, force=_bool(force), start=_bool(start), key=_key()
+            conn,
+            root,
+            images_dir,
+            name,
+            id,
+            as_name,
+            target,
+            force=_bool(force),
+            start=_bool(start),
+            key=_key(),
+            settings=_attach.operator_settings(__opts__),
         )
 
 

@@ -407,6 +407,17 @@ def move_disks(xml: str, disk_map: Mapping[str, str]) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+def eject(xml: str, targets: Collection[str]) -> str:
+    """Domain XML with the media of the CD-ROM drives ``targets`` (target devs) taken out: the drives stay, empty."""
+    root = ET.fromstring(xml)
+    for el in root.findall("devices/disk"):
+        tgt = el.find("target")
+        if el.get("device") == "cdrom" and tgt is not None and tgt.get("dev") in targets:
+            for child in el.findall("source") + el.findall("backingStore"):
+                el.remove(child)
+    return ET.tostring(root, encoding="unicode")
+
+
 def restored(xml: str, disk_map: Mapping[str, str], new_name: str | None = None) -> str:
     """Domain XML recorded by a backup, made ready to define again: disks moved per ``disk_map``
     (:func:`move_disks`) onto qcow2 files; with ``new_name`` a second VM beside the first: renamed, without the uuid

@@ -265,6 +265,10 @@ POOL_DISK = (
     "<disk type='volume' device='disk'><driver name='qemu' type='raw'/><source pool='{pool}' volume='{volume}'/>"
     "<target dev='vdb' bus='virtio'/></disk>"
 )
+SHARED = (
+    "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{path}'/>"
+    "<target dev='vdc' bus='virtio'/><shareable/></disk>"
+)
 CDROM = (
     "<disk type='file' device='cdrom'><driver name='qemu' type='raw'/><source file='{path}'/>"
     "<target dev='sda' bus='sata'/><readonly/></disk>"

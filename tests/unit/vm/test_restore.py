@@ -14,7 +14,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.xml import domxml
 from tests.support.saltloader import make_minion_mods
 
-from tests.unit.vm.test_backup import bk, make_incremental, read_pattern  # noqa: F401 - the fixture is shared
+from tests.unit.vm.test_backup import CDROM, POOL_DISK, SHARED, bk, make_incremental, read_pattern, with_disks  # noqa: F401 - the fixture is shared
 
 pytestmark = pytest.mark.usefixtures("bk")
 
@@ -138,3 +138,51 @@ def test_a_manifest_changed_in_the_backup_directory_is_never_restored(bk, tmp_pa
         make_minion_mods(
             tmp_path_factory.mktemp("hv3"), "test:///default", backup={"dir": str(tmp), "key_file": "/nonexistent/k"}
         )["virt.backup_list"]("bk1")
+
+
+def test_disks_the_backup_does_not_hold_pass_the_door_of_every_disk(bk):  # noqa: F811
+    """A pool volume (never backed up) stays in the restored definition only when attach.admit takes it, as for
+    any disk a VM is given: a copy never shares the original's volume, a pool the operator no longer lists is
+    refused, the VM's own volume is kept in place. A CD-ROM whose medium does not pass is restored empty; a
+    file disk outside virt:images and virt:allowed_paths is refused."""
+    v, tmp = bk
+    (tmp / "bkp").mkdir()
+    v["virt.pool_define"]("bkp", "dir", target=str(tmp / "bkp"))
+    conn = libvirt.open("test:///default")
+    try:
+        v["virt.volume_define"]("bkp", "shared", 4)
+        (tmp / "bkp" / "shared").write_bytes(b"\0" * 4096)
+        with_disks("bk1", POOL_DISK.format(pool="bkp", volume="shared"), CDROM.format(path="/etc/hostname"))
+        made = v["virt.backup"]("bk1")
+        assert sorted(made["skipped"]) == ["sda", "vdb"]
+        with pytest.raises(SaltInvocationError, match=r"of VM bk1: pool 'bkp' is not one the operator made available"):
+            v["virt.restore"]("bk1", made["id"])  # this minion's virt:pools does not list bkp
+        # the same hypervisor once the operator lists the pool (one loader per process at a time: v is done)
+        ops = make_minion_mods(tmp, "test:///default", pools=["bkp"], backup={"dir": str(tmp / "backups")})
+        copy = f"restoring backup {made['id']} of VM bk1 as bk1-copy: disk vdb: volume bkp/shared is a disk of VM 'bk1'"
+        with pytest.raises(SaltInvocationError, match=f"^{copy}: refused"):
+            ops["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
+        assert "bk1-copy" not in ops["virt.list_domains"]() and not (tmp / "images" / "bk1-copy").exists()
+        done = ops["virt.restore"]("bk1", made["id"])  # in place: its own volume
+        assert "<source pool='bkp' volume='shared'/>" in conn.lookupByName("bk1").XMLDesc(0)
+        assert list(done["ejected"]) == ["sda"] and "/etc/hostname is outside the directories" in done["ejected"]["sda"]
+        assert ET.fromstring(conn.lookupByName("bk1").XMLDesc(0)).find("devices/disk[@device='cdrom']/source") is None
+        outside = tmp / "elsewhere.raw"
+        outside.write_bytes(b"\0" * 4096)
+        with_disks("bk1", SHARED.format(path=outside))
+        again = ops["virt.backup"]("bk1")
+        with pytest.raises(
+            SaltInvocationError, match=f"of VM bk1: path of disk vdc {outside} is outside the directories"
+        ):
+            ops["virt.restore"]("bk1", again["id"])
+        assert (
+            "bk1" in ops["virt.list_domains"]()
+            and not (tmp / "images" / "bk1" / f"vda-restored-{again['id']}.qcow2").exists()
+        )
+    finally:
+        for name in ("bk1",):
+            conn.lookupByName(name).undefine()
+        pool = conn.storagePoolLookupByName("bkp")
+        pool.destroy()
+        pool.undefine()
+        conn.close()

@@ -273,3 +273,15 @@ def test_restored_copy_gets_neither_the_minion_record_nor_the_nvram_file_of_the_
         same = ET.fromstring(domxml.restored(xml, {}))  # in place: the same VM keeps its key and variables
         assert domxml.parse(same)["minion"] == {"id": "web1", "key_sha256": "ab"}
         assert ET.tostring(same.find("os/nvram")) == ET.tostring(ET.fromstring(xml).find("os/nvram"))
+
+
+def test_eject_empties_the_named_cdrom_drives_only():
+    xml = """<domain><name>web1</name><devices>
+      <disk type='file' device='cdrom'><source file='/i/web0/cidata.iso'/><target dev='sda'/><readonly/></disk>
+      <disk type='file' device='cdrom'><source file='/srv/iso/x.iso'/><target dev='sdb'/><readonly/></disk>
+      <disk type='file' device='disk'><source file='/i/web1/vda.qcow2'/><target dev='vda'/></disk>
+    </devices></domain>"""
+    out = ET.fromstring(domxml.eject(xml, ["sda", "vda"]))
+    sda, sdb, vda = out.findall("devices/disk")
+    assert sda.find("source") is None and sda.find("target").get("dev") == "sda"  # the drive stays, empty
+    assert sdb.find("source").get("file") == "/srv/iso/x.iso" and vda.find("source") is not None  # not a CD-ROM
