@@ -1,7 +1,7 @@
 """
 Execution module ``virt`` (continued): backups of one VM into the operator's backup directory
-(``saltvirt.vm.backup``, ``saltvirt.vm.restore``): ``backup``, ``backup_list``, ``backup_delete``,
-``backup_prune``, ``restore``.
+(``saltvirt.vm.backup``, ``saltvirt.vm.restore``): ``backup``, ``backup_list``, ``backup_usage``,
+``backup_delete``, ``backup_prune``, ``restore``.
 
 Minion config only (an operator setting: never read from pillar or grains; callers never pass a path)::
 
@@ -97,6 +97,17 @@ def backup_list(name, target=None):
     CLI Example:: salt 'hyper1' virt.backup_list web1
     """
     return _backup.listing(_root(), name, target, key=_key())
+
+
+def backup_usage():
+    """
+    What every valid backup in the backup directory takes: ``{"<uuid>/<id>": {vm, tenant, size}}`` (the
+    tenant recorded in the backup's domain XML; size in bytes). ``salt-run virt.backup`` counts it against
+    a tenant's ``backup_mib`` quota.
+
+    CLI Example:: salt 'hyper1' virt.backup_usage
+    """
+    return _backup.usage(_root(), key=_key())
 
 
 def backup_delete(name, id, target=None, test=False):  # noqa: A002 - Salt's CLI spelling: virt.backup_delete web1 <id>

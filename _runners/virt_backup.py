@@ -53,14 +53,20 @@ def _show(message):
         log.debug("virt runner: no progress output: %s", exc)
 
 
-def _hosts(fcfg, who, tenant):
-    """Every hypervisor's VMs in ``virt.vm_state``'s shape: all of them, or only ``tenant``'s (by the
-    owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
-    other runner functions show it)."""
-    if tenant is None:
-        return fleet.gather(__opts__, "virt.vm_state", cfg=fcfg)
+def _hosts(fcfg, who, tenant, with_owners=False):
+    """``(hosts, owners)``: every hypervisor's VMs in ``virt.vm_state``'s shape, all of them or only ``tenant``'s
+    (by the owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
+    other runner functions show it); ``owners``: ``{vm: tenant}`` when ``tenant`` or ``with_owners``."""
+    if tenant is None and not with_owners:
+        return fleet.gather(__opts__, "virt.vm_state", cfg=fcfg), {}
     seen = tenants.visible(fleet.gather(__opts__, "virt.full_info", cfg=fcfg), who, tenants.config(__opts__))
-    return backups.owned(seen, tenant)
+    return (backups.owned(seen, tenant) if tenant else backups.vm_states(seen)), backups.owners(seen)
+
+
+def _budget(fcfg, quotas, owners):
+    """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
+    used = backups.backup_use(fleet.gather(__opts__, "virt.backup_usage", cfg=fcfg))
+    return backups.Budget(quotas, used, owners)
 
 
 def backup(  # noqa: PLR0913 - Salt's CLI keywords
@@ -74,8 +80,9 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     pruned). With ``virt:tenants``, a tenant member backs up its own tenant's VMs only, with the master
     config's ``per_host``, ``timeout`` and retention (passing them is refused); an operator may pass
     ``tenant=NAME`` to back up that tenant's VMs only. Returns ``{made: {vm: {host, id, type,
-    size, ...}}, pruned: {vm: {pruned, kept}}, failed: {vm: why}, down: [hosts]}``; the exit code is 1
-    when anything failed.
+    size, ...}}, pruned: {vm: {pruned, kept}}, failed: {vm: why}, down: [hosts]}`` and, when a tenant has a
+    ``backup_mib`` quota, ``backup_mib: {tenant: {used, quota}}`` (a tenant's VM is backed up only while its
+    backups take less); the exit code is 1 when anything failed.
 
     CLI Example::
 
@@ -86,11 +93,14 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     try:
         who = callers.job_caller(__opts__, globals(), __salt__)
         backups.operator_args(who, "virt.backup", {"per_host": per_host, "timeout": timeout, **retention})
-        only = backups.scope(who, tenant, tenants.config(__opts__))
+        tconf = tenants.config(__opts__)
+        only = backups.scope(who, tenant, tconf)
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)
         fcfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-        hosts = _hosts(fcfg, who, only)
+        quotas = backups.backup_quotas(tconf, only)
+        hosts, owners = _hosts(fcfg, who, only, with_owners=bool(quotas))
+        budget = _budget(fcfg, quotas, owners) if quotas else None
         work, problems = backups.plan(hosts, name, tenant=only)
 
         def call(host, fun, args, kwargs, max_wait):
@@ -98,13 +108,15 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
 
         count = sum(len(v) for v in work.values())
         _show(f"backing up {count} VM(s) on {len(work)} hypervisor(s), {cfg['per_host']} at a time per host")
-        out = backups.run(call, work, cfg, incremental=validate.to_bool(incremental), progress=_show)
+        out = backups.run(call, work, cfg, incremental=validate.to_bool(incremental), progress=_show, budget=budget)
     except SaltException as exc:
         with contextlib.suppress(NameError):
             __context__["retcode"] = 1
         return {"error": str(exc), "retcode": 1}
     out["failed"].update(problems)
     out["down"] = fleet.down_hosts(hosts)
+    if budget:
+        out["backup_mib"] = budget.report()
     if out["failed"]:
         __context__["retcode"] = 1
         out["retcode"] = 1  # what salt-run's exit code follows (as the other virt runner functions do)

@@ -20,7 +20,10 @@ from tests.support.saltloader import make_minion_mods
 MASTER_VIRT = {
     "hypervisors": {"tgt": ["bkhv1", "bkhv2"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
     "backup": {"per_host": 1, "retention": {"keep": 1}},
-    "tenants": {"acme": {"members": ["alice"], "quota": {"vms": 2}}, "beta": {"members": ["bob"]}},
+    "tenants": {
+        "acme": {"members": ["alice"], "quota": {"vms": 2, "backup_mib": 100000}},
+        "beta": {"members": ["bob"]},
+    },
 }
 ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")  # salt-run as tenant acme
 
@@ -80,6 +83,7 @@ def test_runner_backs_up_every_vm_and_applies_retention(bkmaster, fleet):
     assert sorted(made) == ["bkrun1", "bkrun2"] and first.data["failed"] == {} and first.data["down"] == []
     assert {m["host"] for m in made.values()} == {"bkhv1"} and {m["type"] for m in made.values()} == {"full"}
     assert first.data["pruned"]["bkrun1"] == {"pruned": [], "kept": [made["bkrun1"]["id"]]}
+    assert first.data["backup_mib"]["acme"]["quota"] == 100000  # acme's backup_mib quota applies to every run
 
     second = run("virt.backup", "bkrun1")
     assert second.returncode == 0, second
@@ -101,6 +105,7 @@ def test_runner_backs_up_a_tenants_vms_only(bkmaster, fleet):
 
     mine = run(*ALICE, "virt.backup", "all")  # alice's "all" is tenant acme's VMs
     assert sorted(mine.data["made"]) == ["bkrun1"] and mine.data["failed"] == {}, mine
+    assert 0 < mine.data["backup_mib"]["acme"]["used"] < 100000, mine  # its backups, counted by the hypervisors
     assert mine.data["made"]["bkrun1"]["host"] == "bkhv1"
     other = run(*ALICE, "virt.backup", "bkrun2")  # another tenant's (here: no tenant's) VM is not there
     assert other.data["made"] == {} and other.data["failed"] == {"bkrun2": "no VM named bkrun2 in tenant acme"}

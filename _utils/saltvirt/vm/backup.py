@@ -462,6 +462,22 @@ def listing(root: str, name: str, target: str | None = None, *, key: bytes) -> D
     }
 
 
+def usage(root: str, *, key: bytes) -> Data:
+    """``virt.backup_usage``: ``{"<uuid>/<id>": {vm, tenant, size}}`` of every valid backup below ``root`` (the
+    tenant the backup recorded in its domain XML, None for none; ``size`` in bytes). Keyed by VM uuid and
+    id, so the master counts a directory that several hypervisors share once."""
+    out = {}
+    for directory in store.every_vm_dir(root):
+        for m in store.scan(directory, key)[0]:
+            owner = store.recorded(m.get("domain_xml"))["owner"] or {}
+            out[f"{os.path.basename(directory)}/{m['id']}"] = {
+                "vm": m.get("vm"),
+                "tenant": owner.get("tenant"),
+                "size": int(m.get("size") or 0),
+            }
+    return out
+
+
 def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False, *, key: bytes) -> Data:
     """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
     directory = store.find(root, name, bid, target)

@@ -117,6 +117,21 @@ def vm_dirs(root: str, vm: str, target: str | None = None) -> list[str]:
     return sorted(e.path for e in os.scandir(named) if UUID_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
 
 
+def every_vm_dir(root: str) -> list[str]:
+    """The directory of every VM with backups below ``root``: ``<root>/<vm>/<uuid>`` and
+    ``<root>/<target>/<vm>/<uuid>``."""
+    out = []
+    for top in sorted(os.scandir(root), key=lambda e: e.name):
+        if top.name.startswith(".") or not top.is_dir(follow_symlinks=False):
+            continue
+        found = vm_dirs(root, top.name)
+        if not found:  # a target: its VMs one level down
+            subs = [e.name for e in os.scandir(top.path) if e.is_dir(follow_symlinks=False)]
+            found = [d for sub in sorted(subs) if not sub.startswith(".") for d in vm_dirs(root, sub, top.name)]
+        out += found
+    return out
+
+
 def find(root: str, vm: str, bid: str, target: str | None = None) -> str:
     """The directory of backup ``bid`` among those of the VMs named ``vm`` (ids never repeat within a name)."""
     backup_id(bid)
