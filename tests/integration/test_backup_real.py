@@ -58,12 +58,16 @@ def backups(qemu_tmp):
 
 def mods_for(hv, tmp_path, qemu_tmp, backups, images="images"):
     allowed = [str(GUEST_DIR), str(qemu_tmp)]
+    key = tmp_path / "backup.key"  # every hypervisor sharing the backup directory signs with it
+    if not key.exists():
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
     return make_minion_mods(
         tmp_path / hv.hostname,
         hv.uri,
         images_dir=qemu_tmp / images,
         allowed_paths=allowed,
-        backup={"dir": str(backups)},
+        backup={"dir": str(backups), "key_file": str(key)},
     )
 
 
@@ -263,7 +267,7 @@ def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, ba
     full = v["virt.backup"]("bkr4")
     qemu_io(hv1, "bkr4", CHANGED)
     with lvconn.connect(hv1.uri) as conn, pytest.raises(CommandExecutionError):
-        key = backupstore.manifest_key(None, v.opts["pki_dir"])  # the module's
+        key = backupstore.manifest_key(v.opts["virt"]["backup"]["key_file"], v.opts["pki_dir"])  # the module's
         backup_lib.backup(conn, str(backups), "bkr4", incremental=True, on_started=hv1.kill_daemon, key=key)
     hv1.restart_daemon()
     listed = v["virt.backup_list"]("bkr4")
