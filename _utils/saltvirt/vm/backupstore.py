@@ -119,16 +119,19 @@ def vm_dirs(root: str, vm: str, target: str | None = None) -> list[str]:
 
 def every_vm_dir(root: str) -> list[str]:
     """The directory of every VM with backups below ``root``: ``<root>/<vm>/<uuid>`` and
-    ``<root>/<target>/<vm>/<uuid>``."""
+    ``<root>/<target>/<vm>/<uuid>`` (a name that is no VM name or target, written by hand, is passed over)."""
+
+    def subdirs(path):
+        return sorted(
+            e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+        )
+
     out = []
-    for top in sorted(os.scandir(root), key=lambda e: e.name):
-        if top.name.startswith(".") or not top.is_dir(follow_symlinks=False):
-            continue
-        found = vm_dirs(root, top.name)
-        if not found:  # a target: its VMs one level down
-            subs = [e.name for e in os.scandir(top.path) if e.is_dir(follow_symlinks=False)]
-            found = [d for sub in sorted(subs) if not sub.startswith(".") for d in vm_dirs(root, sub, top.name)]
-        out += found
+    for top in subdirs(root):
+        for vm, target in [(top, None)] + [(sub, top) for sub in subdirs(os.path.join(root, top))]:
+            if not UUID_RE.fullmatch(vm):
+                with contextlib.suppress(SaltInvocationError):
+                    out += vm_dirs(root, vm, target)
     return out
 
 

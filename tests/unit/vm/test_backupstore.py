@@ -63,6 +63,9 @@ def test_each_vm_of_a_name_has_its_own_directory_and_ids_stay_unique_per_name(tm
     assert store.find(root, "web1", "20260101T000000Z") == first
     with pytest.raises(SaltInvocationError, match="VM web1 has no backup 20260102T000000Z in "):
         store.find(root, "web1", "20260102T000000Z")
+    weekly = store.vm_dir(root, "web2", U2, "weekly", create=True)
+    os.makedirs(tmp_path / "junk name" / U1)  # written by hand: passed over, never an error
+    assert store.every_vm_dir(root) == [first, second, weekly]
     store.write_manifest(second, manifest("20260101T000000Z"), KEY)  # what only a hand could do
     with pytest.raises(CommandExecutionError, match="is in several VM directories"):
         store.find(root, "web1", "20260101T000000Z")
