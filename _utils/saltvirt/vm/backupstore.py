@@ -30,6 +30,8 @@ import fcntl
 import json
 import os
 import re
+import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -353,6 +355,32 @@ def verify(directory: str, chain: list[Data]) -> bool:
                 )
             previous[d["target"]] = d["file"]
     return True
+
+
+def stage(directory: str, chain: list[Data], staging: str) -> dict[str, str]:
+    """Copy every file of ``chain`` from ``directory`` into ``staging`` (a private directory of this host), then
+    :func:`verify` the copies: what a restore reads is what was checked, whatever is written to a shared
+    backup directory meanwhile (a file swapped after its check could name a host file as its backing file).
+    Returns ``{target: the staged file of the chain's top}``."""
+    top: dict[str, str] = {}
+    for m in chain:
+        for d in m["disks"]:
+            name = d["file"]
+            if not isinstance(name, str) or os.path.basename(name) != name:
+                raise CommandExecutionError(f"backup {m['id']}: {name!r} is not a file of its backup")
+            try:
+                src = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise CommandExecutionError(f"backup {m['id']}: cannot read {name}: {exc.strerror}") from None
+            with os.fdopen(src, "rb") as fin:
+                if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+                    raise CommandExecutionError(f"backup {m['id']}: {name} is not a file inside {directory}")
+                dst = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(dst, "wb") as fout:
+                    shutil.copyfileobj(fin, fout, 1 << 22)
+            top[d["target"]] = os.path.join(staging, name)
+    verify(staging, chain)
+    return top
 
 
 # chains and deletion --------------------------------------------------------------------------------

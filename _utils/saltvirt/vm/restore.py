@@ -1,10 +1,11 @@
 """``virt.restore``: a backup chain rebuilt into fresh disks and the VM defined from the XML the backup
 recorded (the backups themselves: :mod:`saltvirt.vm.backup`, :mod:`saltvirt.vm.backupstore`).
 
-Every manifest of the chain is checked first (its MAC: :mod:`saltvirt.vm.backupstore`), every file
-(checksum, and that it backs onto exactly its parent), and what the recorded definition gives the VM
-besides the restored disks (:func:`_admit`: the checks any VM's disks and host files pass); then
-each disk's chain is flattened by ``qemu-img convert`` into a new qcow2 file in
+Every manifest of the chain is checked first (its MAC: :mod:`saltvirt.vm.backupstore`), what the
+recorded definition gives the VM besides the restored disks (:func:`_admit`: the checks any VM's disks
+and host files pass), then every file, copied into a private staging directory first (checksum, and that
+it backs onto exactly its parent: :func:`saltvirt.vm.backupstore.stage`); then each disk's staged chain
+is flattened by ``qemu-img convert`` into a new qcow2 file in
 ``<virt:images>/<vm>/`` that the VM's ownership manifest lists (purge removes it). Nothing is
 overwritten: a restore in place (same name) of a defined VM is refused while it runs unless
 ``force=True`` (it is stopped then), and the disks it restores over are removed only when salt-virt
@@ -14,6 +15,8 @@ the result). ``as_name`` restores beside the original: a new name, uuid and MAC 
 
 import logging
 import os
+import shutil
+import tempfile
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -157,7 +160,6 @@ def restore(  # noqa: PLR0913 - the module's keywords
         if bid in broken:
             raise CommandExecutionError(f"backup {bid} of VM {name} cannot be restored: {broken[bid]}")
         chain = store.chain_of(valid, bid)
-        store.verify(directory, chain)
         top = chain[-1]
         old = _existing(conn, name, new, force)
         old_disks = domxml.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"] if old is not None else []
@@ -173,12 +175,14 @@ def restore(  # noqa: PLR0913 - the module's keywords
         except SaltInvocationError as exc:
             copy = f" as {new}" if new != name else ""
             raise SaltInvocationError(f"restoring backup {bid} of VM {name}{copy}: {exc}") from None
-        _stop(old)
         os.makedirs(vm_dir, mode=0o755, exist_ok=True)
         made = []
+        staging = tempfile.mkdtemp(prefix=f".restore-{bid}-", dir=vm_dir)  # private: 0700
         try:
+            staged = store.stage(directory, chain, staging)
+            _stop(old)
             for d in top["disks"]:
-                images.clone(os.path.join(directory, d["file"]), disk_map[d["source"]], fmt="qcow2", src_fmt="qcow2")
+                images.clone(staged[d["target"]], disk_map[d["source"]], fmt="qcow2", src_fmt="qcow2")
                 made.append(disk_map[d["source"]])
             images.record_owned(vm_dir, new, made)
             with lv_errors(f"define VM {new!r}"):
@@ -186,6 +190,8 @@ def restore(  # noqa: PLR0913 - the module's keywords
         except BaseException:
             remove_paths(made)
             raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     images.set_uuid(vm_dir, dom.UUIDString())
     dropped = discard_checkpoints(dom, metadata_only=True)
     replaced, detached = _replaced(vm_dir, dom, old_disks, {d["target"] for d in top["disks"]})

@@ -186,3 +186,27 @@ def test_disks_the_backup_does_not_hold_pass_the_door_of_every_disk(bk):  # noqa
         pool.destroy()
         pool.undefine()
         conn.close()
+
+
+def test_a_file_swapped_in_the_backup_directory_after_its_check_is_never_read(bk, monkeypatch):  # noqa: F811
+    """A writer of a shared backup directory who swaps a backup file between its check and its copy (a qcow2
+    backing onto a host file) gets nothing in: the restore reads the private copy it checked. The swap is
+    made at that moment by wrapping images.clone (a concurrent writer cannot be timed otherwise)."""
+    v, tmp = bk
+    made = v["virt.backup"]("bk1")
+    shared = pathlib.Path(made["dir"]) / made["disks"][0]["file"]
+    host_file = tmp / "host-secret.raw"
+    host_file.write_bytes(b"\x77" * (1 << 20))
+    from saltvirt.storage import images
+
+    real_clone = images.clone
+
+    def swap_then_clone(src, dst, **kwargs):
+        shared.unlink()
+        cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(host_file), str(shared), "16M"]
+        subprocess.run(cmd, check=True)
+        return real_clone(src, dst, **kwargs)
+
+    monkeypatch.setattr(images, "clone", swap_then_clone)
+    done = v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
+    assert read_pattern(done["disks"]["vda"], "0x11", 0, 1048576)  # the backup's data, not the host file's
