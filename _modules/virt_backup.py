@@ -1,7 +1,7 @@
 """
 Execution module ``virt`` (continued): backups of one VM into the operator's backup directory
-(``saltvirt.vm.backup``, ``saltvirt.vm.restore``): ``backup``, ``backup_list``, ``backup_delete``,
-``backup_prune``, ``restore``.
+(``saltvirt.vm.backup``, ``saltvirt.vm.restore``): ``backup``, ``backup_list``, ``backup_usage``,
+``backup_delete``, ``backup_prune``, ``restore``.
 
 Minion config only (an operator setting: never read from pillar or grains; callers never pass a path)::
 
@@ -9,6 +9,9 @@ Minion config only (an operator setting: never read from pillar or grains; calle
       backup:
         dir: /srv/salt-backups      # must exist; per-VM subdirectories are made below it
         timeout: 21600              # seconds one backup job may run (default 6 h)
+        key_file: /etc/salt/pki/minion/salt-virt-backups.key   # signs the manifests (made there on first use
+                                                               # if unset; the same file on every hypervisor
+                                                               # sharing the directory)
 """
 
 import os
@@ -29,6 +32,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
+    from saltvirt.storage import attach as _attach
     from saltvirt.vm import backup as _backup
     from saltvirt.vm import backupstore as _store
     from saltvirt.vm import restore as _restore
@@ -58,9 +62,14 @@ def _root():
     return _store.root_dir(_settings().get("dir"))
 
 
+def _key():
+    """The key backup manifests are signed with (``virt:backup:key_file``, or made in the minion's pki_dir)."""
+    return _store.manifest_key(_settings().get("key_file"), __opts__["pki_dir"])
+
+
 def backup(name, disks=None, incremental=False, target=None, connection=None, **kwargs):
     """
-    Back up VM ``name`` into ``<virt:backup:dir>/[<target>/]<name>/``: live (libvirt's backup API) when it
+    Back up VM ``name`` into ``<virt:backup:dir>/[<target>/]<name>/<uuid>/``: live (libvirt's backup API) when it
     runs, an offline copy when it is stopped. The first backup is full; ``incremental=True`` copies only
     what changed since the last backup (a full one is made, and ``note`` says why, when it cannot).
     ``disks``: target devs (``vda,vdb``), default every writable file disk. ``target``: a subdirectory
@@ -76,18 +85,29 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
     timeout = validate.positive_int(_settings().get("timeout") or _backup.DEFAULT_TIMEOUT, "virt:backup:timeout")
     root = _root()
     with _conn(connection, kwargs) as conn:
-        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout)
+        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=_key())
 
 
 def backup_list(name, target=None):
     """
-    The backups of VM ``name``: ``{vm, dir, backups: [{id, type, parent, chain, finished, size, ...}],
-    broken: {id: why}, incomplete: [ids of interrupted backups]}``, oldest first. Works without the VM
-    (a purged VM's backups, a backup directory another hypervisor wrote).
+    The backups of every VM named ``name``: ``{vm, dir, backups: [{id, uuid, type, parent, chain, finished,
+    size, ...}], broken: {id: why}, incomplete: [ids of interrupted backups]}``, oldest first. Works without
+    the VM (a purged VM's backups, a backup directory another hypervisor wrote).
 
     CLI Example:: salt 'hyper1' virt.backup_list web1
     """
-    return _backup.listing(_root(), name, target)
+    return _backup.listing(_root(), name, target, key=_key())
+
+
+def backup_usage():
+    """
+    What every valid backup in the backup directory takes: ``{"<uuid>/<id>": {vm, tenant, size}}`` (the
+    tenant recorded in the backup's domain XML; size in bytes). ``salt-run virt.backup`` counts it against
+    a tenant's ``backup_mib`` quota.
+
+    CLI Example:: salt 'hyper1' virt.backup_usage
+    """
+    return _backup.usage(_root(), key=_key())
 
 
 def backup_delete(name, id, target=None, test=False):  # noqa: A002 - Salt's CLI spelling: virt.backup_delete web1 <id>
@@ -96,7 +116,7 @@ def backup_delete(name, id, target=None, test=False):  # noqa: A002 - Salt's CLI
 
     CLI Example:: salt 'hyper1' virt.backup_delete web1 20260101T020000Z
     """
-    return _backup.delete(_root(), name, id, target, test=_bool(test))
+    return _backup.delete(_root(), name, id, target, test=_bool(test), key=_key())
 
 
 def backup_prune(name, keep=None, keep_daily=None, keep_weekly=None, target=None, test=False):
@@ -107,16 +127,16 @@ def backup_prune(name, keep=None, keep_daily=None, keep_weekly=None, target=None
 
     CLI Example:: salt 'hyper1' virt.backup_prune web1 keep_daily=7 keep_weekly=4
     """
-    return _backup.prune(_root(), name, target, keep, keep_daily, keep_weekly, test=_bool(test))
+    return _backup.prune(_root(), name, target, keep, keep_daily, keep_weekly, test=_bool(test), key=_key())
 
 
 def restore(name, id, as_name=None, target=None, force=False, start=False, connection=None, **kwargs):  # noqa: A002 - see backup_delete
     """
     Restore backup ``id`` of VM ``name``: verify every file of its chain, rebuild each disk into a new
     qcow2 file under ``virt:images``, define the VM from the XML recorded at backup time. In place
-    only when the VM is stopped or gone (``force=True`` powers a running one off); ``as_name=NEW``
-    restores beside it (new name, uuid and MAC addresses). ``as=NEW`` is accepted too. ``start=True``
-    starts it.
+    only when the VM is stopped or gone (``force=True`` powers a running one off); a disk the backup does
+    not have is left in place, detached (``detached`` in the result). ``as_name=NEW`` restores beside it
+    (new name, uuid and MAC addresses). ``as=NEW`` is accepted too. ``start=True`` starts it.
 
     CLI Example::
 
@@ -128,7 +148,17 @@ def restore(name, id, as_name=None, target=None, force=False, start=False, conne
     root = _root()
     with _conn(connection, kwargs) as conn:
         return _restore.restore(
-            conn, root, images_dir, name, id, as_name, target, force=_bool(force), start=_bool(start)
+            conn,
+            root,
+            images_dir,
+            name,
+            id,
+            as_name,
+            target,
+            force=_bool(force),
+            start=_bool(start),
+            key=_key(),
+            settings=_attach.operator_settings(__opts__),
         )
 
 

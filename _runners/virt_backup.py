@@ -53,14 +53,20 @@ def _show(message):
         log.debug("virt runner: no progress output: %s", exc)
 
 
-def _hosts(fcfg, who, tenant):
-    """Every hypervisor's VMs in ``virt.vm_state``'s shape: all of them, or only ``tenant``'s (by the
-    owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
-    other runner functions show it)."""
-    if tenant is None:
-        return fleet.gather(__opts__, "virt.vm_state", cfg=fcfg)
+def _hosts(fcfg, who, tenant, with_owners=False):
+    """``(hosts, owners)``: every hypervisor's VMs in ``virt.vm_state``'s shape, all of them or only ``tenant``'s
+    (by the owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
+    other runner functions show it); ``owners``: ``{vm: tenant}`` when ``tenant`` or ``with_owners``."""
+    if tenant is None and not with_owners:
+        return fleet.gather(__opts__, "virt.vm_state", cfg=fcfg), {}
     seen = tenants.visible(fleet.gather(__opts__, "virt.full_info", cfg=fcfg), who, tenants.config(__opts__))
-    return backups.owned(seen, tenant)
+    return (backups.owned(seen, tenant) if tenant else backups.vm_states(seen)), backups.owners(seen)
+
+
+def _budget(fcfg, quotas, owners):
+    """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
+    used = backups.backup_use(fleet.gather(__opts__, "virt.backup_usage", cfg=fcfg))
+    return backups.Budget(quotas, used, owners)
 
 
 def backup(  # noqa: PLR0913 - Salt's CLI keywords
@@ -71,10 +77,12 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     last backup when possible (``incremental=False``: full), ``per_host`` at a time on one hypervisor
     (default ``virt:backup:per_host``, 1), then apply retention (``keep=N``, ``keep_daily=N``,
     ``keep_weekly=N``; default ``virt:backup:retention``; a backup another one builds on is never
-    pruned). With ``virt:tenants``, a tenant member backs up its own tenant's VMs only; an operator
-    may pass ``tenant=NAME`` to back up that tenant's VMs only. Returns ``{made: {vm: {host, id, type,
-    size, ...}}, pruned: {vm: {pruned, kept}}, failed: {vm: why}, down: [hosts]}``; the exit code is 1
-    when anything failed.
+    pruned). With ``virt:tenants``, a tenant member backs up its own tenant's VMs only, with the master
+    config's ``per_host``, ``timeout`` and retention (passing them is refused); an operator may pass
+    ``tenant=NAME`` to back up that tenant's VMs only. Returns ``{made: {vm: {host, id, type,
+    size, ...}}, pruned: {vm: {pruned, kept}}, failed: {vm: why}, down: [hosts]}`` and, when a tenant has a
+    ``backup_mib`` quota, ``backup_mib: {tenant: {used, quota}}`` (a tenant's VM is backed up only while its
+    backups take less); the exit code is 1 when anything failed.
 
     CLI Example::
 
@@ -84,11 +92,15 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     """
     try:
         who = callers.job_caller(__opts__, globals(), __salt__)
-        only = backups.scope(who, tenant, tenants.config(__opts__))
+        backups.operator_args(who, "virt.backup", {"per_host": per_host, "timeout": timeout, **retention})
+        tconf = tenants.config(__opts__)
+        only = backups.scope(who, tenant, tconf)
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)
         fcfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-        hosts = _hosts(fcfg, who, only)
+        quotas = backups.backup_quotas(tconf, only)
+        hosts, owners = _hosts(fcfg, who, only, with_owners=bool(quotas))
+        budget = _budget(fcfg, quotas, owners) if quotas else None
         work, problems = backups.plan(hosts, name, tenant=only)
 
         def call(host, fun, args, kwargs, max_wait):
@@ -96,20 +108,22 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
 
         count = sum(len(v) for v in work.values())
         _show(f"backing up {count} VM(s) on {len(work)} hypervisor(s), {cfg['per_host']} at a time per host")
-        out = backups.run(call, work, cfg, incremental=validate.to_bool(incremental), progress=_show)
+        out = backups.run(call, work, cfg, incremental=validate.to_bool(incremental), progress=_show, budget=budget)
     except SaltException as exc:
         with contextlib.suppress(NameError):
             __context__["retcode"] = 1
         return {"error": str(exc), "retcode": 1}
     out["failed"].update(problems)
     out["down"] = fleet.down_hosts(hosts)
+    if budget:
+        out["backup_mib"] = budget.report()
     if out["failed"]:
         __context__["retcode"] = 1
         out["retcode"] = 1  # what salt-run's exit code follows (as the other virt runner functions do)
     return out
 
 
-def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_down=False, **kwargs):  # noqa: A002, PLR0913 - Salt's CLI spelling (virt.restore web1 <id>) and keywords
+def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_down=None, **kwargs):  # noqa: A002, PLR0913 - Salt's CLI spelling (virt.restore web1 <id>) and keywords
     """
     Restore backup ``id`` of VM ``name`` on hypervisor ``host`` (one that mounts the backup directory;
     default: the hypervisor that defines ``name``, a restore in place) with its ``virt.restore``. Every
@@ -117,10 +131,10 @@ def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_
     refused while ``name`` is defined on another hypervisor, or while a hypervisor does not answer
     (``ignore_down=True``: you know it runs nothing); ``as_name=NEW`` (or ``as=NEW``) restores a copy
     with a new name, uuid and MAC addresses, refused while ``NEW`` is defined anywhere. ``force`` and
-    ``start`` are those of the module.
+    ``start`` are those of the module; ``force`` and ``ignore_down`` are the operator's.
 
     With ``virt:tenants``, a tenant member restores its own tenant's backups only (the owner the backup
-    recorded in the VM's domain XML), in place only over its own VM, on its hypervisors; a restore that
+    recorded in the VM's domain XML), in place only over its own stopped VM, on its hypervisors; a restore that
     makes a VM (``as=NEW``, or a VM defined nowhere) takes it from the tenant's quota as ``virt.init`` does.
 
     CLI Example::
@@ -134,6 +148,7 @@ def restore(name, id, host=None, as_name=None, start=False, force=False, ignore_
         if unknown:
             raise SaltInvocationError(f"unknown argument(s) {', '.join(unknown)} to virt.restore")
         who = callers.job_caller(__opts__, globals(), __salt__)
+        backups.operator_args(who, "virt.restore", {"force": force, "ignore_down": ignore_down})
         validate.vm_name(name)
         new = validate.vm_name(as_name, "as_name") if as_name else name
         conf = compat.master_virt_conf(__opts__)[0].get("backup")

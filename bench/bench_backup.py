@@ -95,6 +95,7 @@ def main(argv=None):  # noqa: C901, PLR0915 - one bench: setup, cases, report
 
     from saltvirt.host import conn as lvconn
     from saltvirt.vm import backup as backup_lib
+    from saltvirt.vm import backupstore
     from tests.support import lab
     from tests.support.paths import GUEST_DIR
     from tests.support.saltloader import make_minion_mods
@@ -116,6 +117,7 @@ def main(argv=None):  # noqa: C901, PLR0915 - one bench: setup, cases, report
             allowed_paths=[str(GUEST_DIR), base],
             backup={"dir": backups},
         )
+        key = backupstore.manifest_key(None, v.opts["pki_dir"])  # the manifests' key, as the module's
         boot = {
             "kernel": str(GUEST_DIR / "vmlinuz"),
             "initrd": str(GUEST_DIR / "initrd.img"),
@@ -147,7 +149,7 @@ def main(argv=None):  # noqa: C901, PLR0915 - one bench: setup, cases, report
         def full():
             with lvconn.connect(hv.uri) as conn:
                 t0 = time.perf_counter()
-                made = backup_lib.backup(conn, backups, "bench1", disks="sdb")
+                made = backup_lib.backup(conn, backups, "bench1", disks="sdb", key=key)
                 return time.perf_counter() - t0, made
 
         for r in range(reps):
@@ -182,7 +184,7 @@ def main(argv=None):  # noqa: C901, PLR0915 - one bench: setup, cases, report
             for n in range(8):  # 64 MiB rewritten by the guest
                 hmp(hv, "bench1", f'qemu-io -d {GuestWriter(hv, "bench1").device} "write -P 0x77 {n * 8}M 8M"')
             t0 = time.perf_counter()
-            inc = backup_lib.backup(conn, backups, "bench1", disks="sdb", incremental=True)
+            inc = backup_lib.backup(conn, backups, "bench1", disks="sdb", incremental=True, key=key)
             secs = time.perf_counter() - t0
             assert inc["type"] == "incremental", inc
             rows.append(

@@ -24,6 +24,7 @@ from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import conn as lvconn
 from saltvirt.vm import backup as backup_lib
+from saltvirt.vm import backupstore
 from saltvirt.vm import migrate as migrate_lib
 from saltvirt.xml import domxml
 from tests.integration.test_snapshot_real import MARK, has_marker, heartbeats, qemu_io, wait_heartbeat
@@ -57,12 +58,16 @@ def backups(qemu_tmp):
 
 def mods_for(hv, tmp_path, qemu_tmp, backups, images="images"):
     allowed = [str(GUEST_DIR), str(qemu_tmp)]
+    key = tmp_path / "backup.key"  # every hypervisor sharing the backup directory signs with it
+    if not key.exists():
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
     return make_minion_mods(
         tmp_path / hv.hostname,
         hv.uri,
         images_dir=qemu_tmp / images,
         allowed_paths=allowed,
-        backup={"dir": str(backups)},
+        backup={"dir": str(backups), "key_file": str(key)},
     )
 
 
@@ -144,10 +149,11 @@ def test_retention_on_real_chains_prunes_files_and_keeps_what_is_needed(v1, hv1,
     # keep=1: the newest incremental and the full it builds on stay; the first chain goes, newest first
     preview = v["virt.backup_prune"]("bkr2", keep=1, test=True)
     assert preview["kept"] == ids[3:] and preview["pruned"] == ids[2::-1]
-    assert len(os.listdir(backups / "bkr2")) == 2 + 2 * len(ids)  # nothing gone on test=True
+    directory = made[0]["dir"]  # <backups>/bkr2/<uuid>
+    assert len(os.listdir(directory)) == 2 + 2 * len(ids)  # nothing gone on test=True
     done = v["virt.backup_prune"]("bkr2", keep=1)
     assert done["pruned"] == ids[2::-1] and done["refused"] == {}
-    left = sorted(n for n in os.listdir(backups / "bkr2") if not n.startswith("."))
+    left = sorted(n for n in os.listdir(directory) if not n.startswith("."))
     assert left == sorted([f"{i}.json" for i in ids[3:]] + [f"{i}.sda.qcow2" for i in ids[3:]])
     with pytest.raises(CommandExecutionError, match="is needed by"):
         v["virt.backup_delete"]("bkr2", ids[3])
@@ -261,7 +267,8 @@ def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, ba
     full = v["virt.backup"]("bkr4")
     qemu_io(hv1, "bkr4", CHANGED)
     with lvconn.connect(hv1.uri) as conn, pytest.raises(CommandExecutionError):
-        backup_lib.backup(conn, str(backups), "bkr4", incremental=True, on_started=hv1.kill_daemon)
+        key = backupstore.manifest_key(v.opts["virt"]["backup"]["key_file"], v.opts["pki_dir"])  # the module's
+        backup_lib.backup(conn, str(backups), "bkr4", incremental=True, on_started=hv1.kill_daemon, key=key)
     hv1.restart_daemon()
     listed = v["virt.backup_list"]("bkr4")
     assert [b["id"] for b in listed["backups"]] == [full["id"]]  # the interrupted one never counts

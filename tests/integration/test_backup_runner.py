@@ -7,6 +7,7 @@ itself on a real second libvirtd: tests/integration/test_backup_real.py); a tena
 tenant's backups only, a copy within its quota (acme: 2 VMs). The VMs are stopped (offline
 copies): the live path is tests/integration/test_backup_real.py."""
 
+import os
 import pathlib
 
 import pytest
@@ -19,7 +20,10 @@ from tests.support.saltloader import make_minion_mods
 MASTER_VIRT = {
     "hypervisors": {"tgt": ["bkhv1", "bkhv2"], "tgt_type": "list", "timeout": 5, "gather_job_timeout": 8},
     "backup": {"per_host": 1, "retention": {"keep": 1}},
-    "tenants": {"acme": {"members": ["alice"], "quota": {"vms": 2}}, "beta": {"members": ["bob"]}},
+    "tenants": {
+        "acme": {"members": ["alice"], "quota": {"vms": 2, "backup_mib": 100000}},
+        "beta": {"members": ["bob"]},
+    },
 }
 ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")  # salt-run as tenant acme
 
@@ -52,7 +56,10 @@ def fleet(bkmaster, hv15, lab_dir, tmp_path_factory):
     (root / "backups").mkdir(parents=True)
     (root / "backups").chmod(0o755)
     config = hypervisor_minion_config(hv15, root / "images")
-    config["virt"]["backup"] = {"dir": str(root / "backups")}
+    key = root / "backup.key"  # both hypervisors sign and check manifests with it (virt:backup:key_file)
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    config["virt"]["backup"] = {"dir": str(root / "backups"), "key_file": str(key)}
     mods = make_minion_mods(tmp_path_factory.mktemp("bkmods"), hv15.uri, images_dir=root / "images")
     for name, owner in (("bkrun1", {"tenant": "acme", "creator": "alice"}), ("bkrun2", None)):
         image = str(GUEST_DIR / "disk.qcow2")
@@ -76,13 +83,15 @@ def test_runner_backs_up_every_vm_and_applies_retention(bkmaster, fleet):
     assert sorted(made) == ["bkrun1", "bkrun2"] and first.data["failed"] == {} and first.data["down"] == []
     assert {m["host"] for m in made.values()} == {"bkhv1"} and {m["type"] for m in made.values()} == {"full"}
     assert first.data["pruned"]["bkrun1"] == {"pruned": [], "kept": [made["bkrun1"]["id"]]}
+    assert first.data["backup_mib"]["acme"]["quota"] == 100000  # acme's backup_mib quota applies to every run
 
     second = run("virt.backup", "bkrun1")
     assert second.returncode == 0, second
     newer = second.data["made"]["bkrun1"]["id"]
     assert "stopped" in second.data["made"]["bkrun1"]["note"]  # incremental asked: a stopped VM gets a full one
     assert second.data["pruned"]["bkrun1"] == {"pruned": [made["bkrun1"]["id"]], "kept": [newer]}
-    left = sorted(p.name for p in (fleet / "backups" / "bkrun1").iterdir() if not p.name.startswith("."))
+    (vm_dir,) = (fleet / "backups" / "bkrun1").iterdir()  # one VM of that name: <backups>/bkrun1/<uuid>
+    left = sorted(p.name for p in vm_dir.iterdir() if not p.name.startswith("."))
     assert left == [f"{newer}.json", f"{newer}.vda.qcow2"]
 
     missing = run("virt.backup", "nosuchvm")
@@ -96,6 +105,7 @@ def test_runner_backs_up_a_tenants_vms_only(bkmaster, fleet):
 
     mine = run(*ALICE, "virt.backup", "all")  # alice's "all" is tenant acme's VMs
     assert sorted(mine.data["made"]) == ["bkrun1"] and mine.data["failed"] == {}, mine
+    assert 0 < mine.data["backup_mib"]["acme"]["used"] < 100000, mine  # its backups, counted by the hypervisors
     assert mine.data["made"]["bkrun1"]["host"] == "bkhv1"
     other = run(*ALICE, "virt.backup", "bkrun2")  # another tenant's (here: no tenant's) VM is not there
     assert other.data["made"] == {} and other.data["failed"] == {"bkrun2": "no VM named bkrun2 in tenant acme"}

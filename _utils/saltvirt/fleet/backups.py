@@ -31,6 +31,20 @@ from saltvirt.fleet import tenants
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
+# what a tenant member may pass; the rest is the operator's: retention, per_host and timeout (the backup store
+# and the hypervisors' IO), force (powers a running VM off), ignore_down (bets a silent hypervisor runs nothing)
+TENANT_ARGS = {
+    "virt.backup": frozenset({"name", "incremental", "tenant"}),
+    "virt.restore": frozenset({"name", "id", "host", "as_name", "start"}),
+}
+
+
+def operator_args(caller: tenants.Caller, fun: str, given: Data) -> None:
+    """Refuse to a tenant caller the arguments of ``fun`` (``salt-run virt.backup``/``virt.restore``) that are
+    the operator's (:data:`TENANT_ARGS`); ``given``: the arguments, None/"" for one not passed."""
+    if not caller.operator:
+        passed = [k for k, v in given.items() if v not in (None, "") and not k.startswith("__")]
+        tenants.refuse_kwargs(caller.tenant, passed, TENANT_ARGS[fun], fun)
 
 
 def settings(conf: Data | None, per_host: Any = None, timeout: Any = None, **retention: Any) -> Data:
@@ -117,25 +131,100 @@ def plan(
     return work, problems
 
 
-def run(
+# the backup_mib quota ---------------------------------------------------------------------------------
+def backup_quotas(conf: Data, tenant: str | None = None) -> dict[str, int]:
+    """``{tenant: backup_mib}`` of the tenants with that quota (``conf``: tenants.config), or only ``tenant``'s."""
+    return {
+        t: c["quota"][tenants.BACKUP_QUOTA]
+        for t, c in conf["tenants"].items()
+        if tenants.BACKUP_QUOTA in c["quota"] and tenant in (None, t)
+    }
+
+
+def backup_use(answers: dict[str, Data]) -> dict[str, int]:
+    """``{tenant: MiB}`` its backups take, from every hypervisor's ``virt.backup_usage`` (``publish.gather``):
+    a backup seen by several hypervisors (a shared directory) counts once."""
+    seen: dict[str, Data] = {}
+    for ans in answers.values():
+        if ans.get("status") == "up" and isinstance(ans.get("ret"), dict):
+            seen.update(ans["ret"])
+    used: dict[str, int] = {}
+    for entry in seen.values():
+        if entry.get("tenant"):
+            used[entry["tenant"]] = used.get(entry["tenant"], 0) + int(entry.get("size") or 0)
+    return {t: -(-b // 1048576) for t, b in used.items()}
+
+
+def owners(hosts: dict[str, Data]) -> dict[str, str]:
+    """``{vm: tenant}`` from ``virt.full_info`` answers (the owner in each VM's <metadata>)."""
+    return {
+        name: vm["owner"]["tenant"]
+        for ans in hosts.values()
+        for name, vm in ((ans or {}).get("vm_info") or {}).items()
+        if (vm.get("owner") or {}).get("tenant")
+    }
+
+
+class Budget:
+    """The ``backup_mib`` quotas during one ``salt-run virt.backup``: a tenant's VM is backed up only while
+    what its backups take (the run's start, plus what the run made since) is under the quota. A backup's
+    size is known once made, so the last one started under the limit may end above it."""
+
+    def __init__(self, quotas: dict[str, int], used: dict[str, int], owner: dict[str, str]) -> None:
+        self.quotas, self.owner = quotas, owner
+        self.used = {t: used.get(t, 0) for t in quotas}
+        self.bytes = dict.fromkeys(quotas, 0)
+
+    def refusal(self, vm: str) -> str | None:
+        """Why VM ``vm`` is not backed up now, or None."""
+        tenant = self.owner.get(vm)
+        if tenant not in self.quotas:
+            return None
+        used, limit = self.used[tenant] + -(-self.bytes[tenant] // 1048576), self.quotas[tenant]
+        if used < limit:
+            return None
+        return (
+            f"tenant {tenant}: {used} of {limit} MiB of backups used: no room for a backup of {vm} (the operator "
+            "deletes old backups or gives a larger backup_mib quota)"
+        )
+
+    def add(self, vm: str, size: Any) -> None:
+        tenant = self.owner.get(vm)
+        if tenant in self.bytes:
+            self.bytes[tenant] += int(size or 0)
+
+    def report(self) -> Data:
+        """``{tenant: {used, quota}}`` in MiB, as the run leaves it."""
+        return {t: {"used": self.used[t] + -(-self.bytes[t] // 1048576), "quota": q} for t, q in self.quotas.items()}
+
+
+def run(  # noqa: PLR0913 - the runner's pieces
     call: Callable[..., Any],
     work: dict[str, list[str]],
     cfg: Data,
     incremental: bool = True,
     progress: Callable[[str], Any] | None = None,
+    budget: Budget | None = None,
 ) -> Data:
     """Back up every VM of ``work`` ({host: [vms]}) through ``call(host, fun, args, kwargs, max_wait)``
-    (one Salt job per VM, ``publish.call`` shaped answers), ``cfg["per_host"]`` at a time per host.
-    Returns ``{made, pruned, failed}`` keyed by VM."""
+    (one Salt job per VM, ``publish.call`` shaped answers), ``cfg["per_host"]`` at a time per host, each
+    while its tenant's ``budget`` allows. Returns ``{made, pruned, failed}`` keyed by VM."""
     made, pruned, failed = {}, {}, {}
     lock = threading.Lock()
     total, done = sum(len(v) for v in work.values()), [0]
 
     def one(host, vm):
         started = time.monotonic()
-        ans = call(host, "virt.backup", [vm], {"incremental": bool(incremental)}, cfg["timeout"])
+        with lock:
+            refused = budget.refusal(vm) if budget else None
+        if refused:
+            ans = {"status": "refused", "error": refused}
+        else:
+            ans = call(host, "virt.backup", [vm], {"incremental": bool(incremental)}, cfg["timeout"])
         result, pruned_ids, error = None, None, None
-        if ans.get("status") != "up":
+        if ans.get("status") == "refused":
+            error = ans["error"]
+        elif ans.get("status") != "up":
             error = f"{host}: {ans.get('error') or ans.get('status')}"
         else:
             result = ans["ret"]
@@ -149,6 +238,8 @@ def run(
             done[0] += 1
             if result is not None:
                 made[vm] = {"host": host, **_brief(result)}
+                if budget:
+                    budget.add(vm, result.get("size") if isinstance(result, dict) else 0)
             if pruned_ids is not None:
                 pruned[vm] = {"pruned": pruned_ids["pruned"], "kept": pruned_ids["kept"]}
                 if pruned_ids.get("refused"):
@@ -182,8 +273,9 @@ def _brief(result):
         "note",
         "live",
         "checkpoint_redefined",
+        "skipped",
     )
-    return {k: result.get(k) for k in keys if result.get(k) is not None}
+    return {k: result.get(k) for k in keys if result.get(k) not in (None, {})}
 
 
 # restore: one VM never runs twice --------------------------------------------------------------------

@@ -9,6 +9,7 @@
         acme:
           members: [alice, 'acme-devs%']
           quota: {vcpus: 16, mem: 32768, disk: 204800, vms: 10}   # mem/disk in MiB; a missing key: no limit
+                                           # (also backup_mib: what its backups take in the backup directories)
           group_quotas: {gpu: {vcpus: 4}}  # per group of virt:hypervisor_groups: its VMs there, together
           images: [debian12]               # names in virt:catalog; tenants use catalog images only
           profiles: [default]              # nic/disk profiles (the minion's virt:nic / virt:disk); default [default]
@@ -33,6 +34,8 @@ from saltvirt.fleet import publish
 from saltvirt.spec import tenancy, vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
+# what the tenant's backups take in the backup directories (saltvirt.fleet.backups.Budget): not a VM's resource
+BACKUP_QUOTA = "backup_mib"
 TENANT_KEYS = ("members", "quota", "group_quotas", "images", "profiles", "networks", "pools", "hypervisors")
 # what a tenant may pass to salt-run virt.init besides name/cpu/mem/image: no path, URI, device or trust flag
 INIT_KWARGS = frozenset(
@@ -72,13 +75,14 @@ def _names(value, where):
     return [] if value is None else list(validate.config_names(value, where, "master config"))
 
 
-def _quota(value, where):
+def _quota(value, where, extra=()):
     value = value or {}
+    known = [*QUOTA_KEYS, *extra]
     if not isinstance(value, dict):
-        raise SaltInvocationError(f"{where} must be a mapping of {', '.join(QUOTA_KEYS)}, not {value!r}")
-    unknown = sorted(set(value) - set(QUOTA_KEYS))
+        raise SaltInvocationError(f"{where} must be a mapping of {', '.join(known)}, not {value!r}")
+    unknown = sorted(set(value) - set(known))
     if unknown:
-        raise SaltInvocationError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(QUOTA_KEYS)})")
+        raise SaltInvocationError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
     out = {}
     for key, limit in value.items():
         if limit is None:
@@ -141,7 +145,7 @@ def config(opts: SaltOpts) -> Data:
         if unknown:
             raise SaltInvocationError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(TENANT_KEYS)})")
         t = {key: _names(conf.get(key), f"{where}:{key}") for key in TENANT_KEYS if "quota" not in key}
-        t["quota"] = _quota(conf.get("quota"), f"{where}:quota")
+        t["quota"] = _quota(conf.get("quota"), f"{where}:quota", extra=[BACKUP_QUOTA])
         t["groups"] = _group_quotas(conf.get("group_quotas"), f"{where}:group_quotas", groups)
         if "profiles" not in conf:
             t["profiles"] = ["default"]
@@ -200,13 +204,18 @@ def check_update(conf: Data, tenant_name: str, kwargs: Data) -> None:
     _check(conf, tenant_name, kwargs, UPDATE_KWARGS, "virt.update")
 
 
-def _check(conf, tenant_name, kwargs, allowed, fun):
-    extra = sorted(k for k in kwargs if k not in allowed)
+def refuse_kwargs(tenant_name: str | None, passed: Iterable[str], allowed: Iterable[str], fun: str) -> None:
+    """The one wording for arguments of ``fun`` a tenant caller passed (``passed``) that are not in ``allowed``."""
+    extra = sorted(k for k in passed if k not in allowed)
     if extra:
         raise SaltInvocationError(
             f"tenant {tenant_name} may not pass {', '.join(extra)} to {fun} "
             f"(a tenant may pass: {', '.join(sorted(allowed))})"
         )
+
+
+def _check(conf, tenant_name, kwargs, allowed, fun):
+    refuse_kwargs(tenant_name, kwargs, allowed, fun)
     for key in ("nic", "disk"):
         profile = kwargs.get(key)
         if key in kwargs and profile not in conf["profiles"]:

@@ -80,6 +80,28 @@ def choose_disks(facts: Data, disks: str | list[str] | None = None) -> list[Data
     return [usable[w] for w in dict.fromkeys(wanted)]
 
 
+def skipped(facts: Data, chosen: list[Data]) -> dict[str, str]:
+    """``{target: why}`` of the VM's disks a backup of ``chosen`` leaves out: said in the result and the
+    manifest, so that nobody takes a backup for a copy of a disk it does not hold."""
+    taken = {d["target"] for d in chosen}
+    out = {}
+    for d in facts["disks"]:
+        if d["target"] in taken:
+            continue
+        if d["pool"]:
+            why = f"a volume of pool {d['pool']} ({d['volume']}): not backed up (file disks only; back the pool up)"
+        elif d["device"] != "disk":
+            why = f"a {d['device']}: not backed up"
+        elif d["type"] != "file":
+            why = f"a {d['type']} disk ({d['file']}): not backed up (file disks only)"
+        elif d["readonly"] or d["shareable"]:
+            why = f"{'read-only' if d['readonly'] else 'shared with other VMs'}: not backed up"
+        else:
+            why = "not in disks="
+        out[d["target"]] = why
+    return out
+
+
 def _checkpoints(dom):
     """Names of the VM's salt-virt backup checkpoints."""
     with lv_errors(f"list the checkpoints of VM {dom.name()!r}"):
@@ -272,18 +294,22 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
     target: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_started: Callable[[], Any] | None = None,
+    *,
+    key: bytes,
 ) -> Data:
-    """Back up VM ``name`` into ``<root>/[<target>/]<name>/``. Returns the backup's manifest (without
+    """Back up VM ``name`` into ``<root>/[<target>/]<name>/<uuid>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
-    and ``removed_incomplete`` (files of interrupted backups cleaned up first)."""
+    and ``removed_incomplete`` (files of interrupted backups cleaned up first); ``skipped``: ``{target: why}``
+    of the disks it does not hold (pool volumes, CD-ROMs, shared, read-only or not asked for). ``key``: the
+    manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`)."""
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
     facts = domxml.parse(xml)
     uuid = dom.UUIDString()
     chosen = choose_disks(facts, disks)
-    directory = store.vm_dir(root, name, target, create=True)
+    directory = store.vm_dir(root, name, uuid, target, create=True)
     with store.locked(directory, name):
-        valid, _broken, incomplete = store.scan(directory)
+        valid, _broken, incomplete = store.scan(directory, key)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
         live = bool(dom.isActive())
         every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
@@ -292,7 +318,7 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
         parent, note = plan(dom, chosen, valid, incremental, every)
         redefined = parent["checkpoint"] if parent and parent["checkpoint"] not in had else None
         ours = [c.removeprefix(store.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
-        bid = store.new_id(directory, taken=ours)
+        bid = store.new_id(directory, taken=[*ours, *store.taken_ids(root, name, target)])
         files = {d["target"]: store.disk_file(directory, bid, d["target"]) for d in chosen}
         images.record_owned(directory, name, [*files.values(), store.manifest_file(directory, bid)], uuid)
         started, clock = _utc(), time.monotonic()
@@ -329,10 +355,11 @@ def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the t
             "consistency": consistency,
             "fs_freeze": fs_freeze,
             "disks": described,
+            "skipped": skipped(facts, chosen),
             "size": sum(d["size"] for d in described),
             "domain_xml": dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom.isPersistent() else xml,
         }
-        store.write_manifest(directory, manifest)  # from here on it counts
+        store.write_manifest(directory, manifest, key)  # from here on it counts
     dropped = _drop_old_checkpoints(dom, checkpoint) if live and checkpoint else []
     out = store.summary(manifest)
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
@@ -422,25 +449,40 @@ def _clean_incomplete(directory, name, uuid, incomplete):
     return sorted(os.path.basename(p) for p in out["removed"])
 
 
-def listing(root: str, name: str, target: str | None = None) -> Data:
-    """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}``."""
-    directory = store.vm_dir(root, name, target)
-    valid, broken, incomplete = store.scan(directory)
+def listing(root: str, name: str, target: str | None = None, *, key: bytes) -> Data:
+    """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}`` of every VM
+    named ``name`` (each summary names its VM's ``uuid``)."""
+    valid, broken, incomplete = store.scan_all(root, name, key, target)
     return {
         "vm": name,
-        "dir": directory,
+        "dir": store.name_dir(root, name, target),
         "backups": [store.summary(m) for m in valid],
         "broken": broken,
         "incomplete": incomplete,
     }
 
 
-def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False) -> Data:
+def usage(root: str, *, key: bytes) -> Data:
+    """``virt.backup_usage``: ``{"<uuid>/<id>": {vm, tenant, size}}`` of every valid backup below ``root`` (the
+    tenant the backup recorded in its domain XML, None for none; ``size`` in bytes). Keyed by VM uuid and
+    id, so the master counts a directory that several hypervisors share once."""
+    out = {}
+    for directory in store.every_vm_dir(root):
+        for m in store.scan(directory, key)[0]:
+            owner = store.recorded(m.get("domain_xml"))["owner"] or {}
+            out[f"{os.path.basename(directory)}/{m['id']}"] = {
+                "vm": m.get("vm"),
+                "tenant": owner.get("tenant"),
+                "size": int(m.get("size") or 0),
+            }
+    return out
+
+
+def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False, *, key: bytes) -> Data:
     """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
-    store.backup_id(bid)
-    directory = store.vm_dir(root, name, target)
+    directory = store.find(root, name, bid, target)
     with store.locked(directory, name):
-        valid, broken, _incomplete = store.scan(directory)
+        valid, broken, _incomplete = store.scan(directory, key)
         by_id = {m["id"]: m for m in valid}
         if bid not in by_id and bid not in broken:
             raise SaltInvocationError(f"VM {name} has no backup {bid} in {directory} (see virt.backup_list {name})")
@@ -449,12 +491,12 @@ def delete(root: str, name: str, bid: str, target: str | None = None, test: bool
             raise CommandExecutionError(
                 f"backup {bid} of VM {name} is needed by {', '.join(needed)} (they build on it): delete those first"
             )
-        m = by_id.get(bid) or store.read_manifest(directory, bid)[0] or {"disks": []}
+        m = by_id.get(bid) or store.read_manifest(directory, bid, key)[0] or {"disks": []}
         files = [d["file"] for d in m["disks"] if isinstance(d, dict) and isinstance(d.get("file"), str)]
         files = [f for f in files if os.path.basename(f) == f]
         if test:
             return {"id": bid, "removed": [f"{bid}.json", *files], "kept": {}, "test": True}
-        return {"id": bid, **store.remove(directory, name, m.get("uuid"), bid, files)}
+        return {"id": bid, **store.remove(directory, name, os.path.basename(directory), bid, files)}
 
 
 def prune(
@@ -465,18 +507,25 @@ def prune(
     keep_daily: Any = None,
     keep_weekly: Any = None,
     test: bool = False,
+    *,
+    key: bytes,
 ) -> Data:
-    """``virt.backup_prune``: apply a retention policy; ``{kept, pruned, refused}`` (ids)."""
-    directory = store.vm_dir(root, name, target)
-    valid, _broken, _incomplete = store.scan(directory)
-    kept, doomed = store.retention(valid, keep, keep_daily, keep_weekly)
+    """``virt.backup_prune``: apply a retention policy to the backups of each VM named ``name`` (its own
+    chains: a later VM of the name does not push out the backups of an earlier one, nor they its);
+    ``{kept, pruned, refused}`` (ids)."""
+    kept, doomed = [], []
+    for directory in store.vm_dirs(root, name, target):
+        valid, _broken, _incomplete = store.scan(directory, key)
+        k, d = store.retention(valid, keep, keep_daily, keep_weekly)
+        kept += k
+        doomed += d
     pruned, refused = [], {}
-    for bid in doomed:  # newest first: what builds on a backup goes before it
+    for bid in doomed:  # newest first per VM: what builds on a backup goes before it
         if test:
             pruned.append(bid)
             continue
         try:
-            delete(root, name, bid, target)
+            delete(root, name, bid, target, key=key)
             pruned.append(bid)
         except (CommandExecutionError, SaltInvocationError) as exc:
             refused[bid] = str(exc)

@@ -3,15 +3,24 @@ manifests, listing, deletion that never breaks a chain, retention plans.
 
 Layout (``virt:backup:dir`` in the minion config, decided by the operator only)::
 
-    <virt:backup:dir>/[<target>/]<vm>/
+    <virt:backup:dir>/[<target>/]<vm name>/       the name index: one directory per VM of that name
+      <vm uuid>/                                  one VM's backups (a later VM of the name gets its own)
         .salt-virt.json              ownership manifest (saltvirt.storage.images): every file below is listed
         .lock                        held while a backup, restore or delete of this VM runs
         <id>.<disk target>.qcow2     one file per disk; an incremental one backs onto its parent's file
         <id>.json                    the backup manifest, written last and atomically
 
-A backup is valid only when its manifest exists, parses and names files that exist: files without a
-manifest are an interrupted backup, never listed as valid and removed by the next backup. Backing
-files are named relative (basename only), so another host mounting the directory elsewhere can restore.
+A backup is valid only when its manifest exists, parses, carries the MAC of the hypervisor's backup key
+and names files that exist: files without a manifest are an interrupted backup, never listed as valid and
+removed by the next backup. Backing files are named relative (basename only), so another host mounting the
+directory elsewhere can restore.
+
+Whoever may write to a shared backup directory is not the operator: an unauthenticated manifest would
+let them make a restore define any domain XML, or restore any file of the host into a guest. Each
+manifest therefore carries an HMAC-SHA256 (:mod:`saltvirt.pki.recordmac`) under the hypervisor's backup
+key (``virt:backup:key_file``, default ``<pki_dir>/salt-virt-backups.key``, made on first use), bound to
+its VM's name, uuid and id (its place in the directory); the files' checksums are in it. Hypervisors that
+share a backup directory share that key, as masters share ``master.pem``.
 """
 
 import contextlib
@@ -21,6 +30,8 @@ import fcntl
 import json
 import os
 import re
+import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -29,12 +40,22 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.fsutil import atomic_write, file_digest
 from saltvirt.base.salttypes import Data
+from saltvirt.pki import recordmac
 from saltvirt.storage import images
 from saltvirt.xml import domxml
 
 CONFIG_KEY = "virt:backup:dir"
+KEY_CONFIG = "virt:backup:key_file"
+KEY_FILE = "salt-virt-backups.key"  # in the minion's pki_dir unless virt:backup:key_file names another
+MAC_KIND = "backup-manifest"
+UNSIGNED = (
+    "its manifest does not carry the MAC of this hypervisor's backup key: it was changed after the backup, or "
+    f"made with another key (hypervisors that share a backup directory need the same {KEY_CONFIG})"
+)
 LOCK = ".lock"
 ID_RE = re.compile(r"\d{8}T\d{6}Z(-\d{1,3})?")
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+UUID_EXAMPLE = "0f3c2a44-1b5e-4e0c-9a8f-1234567890ab"
 MANIFEST_FORMAT = 1
 CHECKPOINT_PREFIX = "salt-backup-"
 
@@ -53,17 +74,87 @@ def root_dir(configured: str | None) -> str:
     return path
 
 
-def vm_dir(root: str, vm: str, target: str | None = None, create: bool = False) -> str:
-    """``<root>/[<target>/]<vm>``: every part a safe name, the result inside ``root`` (no symlink escape)."""
+def name_dir(root: str, vm: str, target: str | None = None) -> str:
+    """``<root>/[<target>/]<vm>``, the directory of every VM named ``vm``: every part a safe name, the result
+    inside ``root`` (no symlink escape)."""
     validate.vm_name(vm)
     parts = [validate.vm_name(target, "backup target")] if target else []
-    path = validate.inside(root, *parts, vm)
+    return validate.inside(root, *parts, vm)
+
+
+def manifest_key(configured: str | None, pki_dir: str) -> bytes:
+    """The key backup manifests are signed with: the file ``virt:backup:key_file`` names (the operator puts it
+    there, the same on every hypervisor sharing a backup directory), else ``<pki_dir>/salt-virt-backups.key``,
+    made on first use."""
+    if configured:
+        return recordmac.load_key(validate.absolute_path(configured, KEY_CONFIG), create=False)
+    return recordmac.load_key(recordmac.key_path(pki_dir, KEY_FILE))
+
+
+def vm_uuid(uuid: Any) -> str:
+    if not isinstance(uuid, str) or not UUID_RE.fullmatch(uuid):
+        raise SaltInvocationError(f"invalid VM uuid {uuid!r}: a libvirt uuid looks like {UUID_EXAMPLE}")
+    return uuid
+
+
+def vm_dir(root: str, vm: str, uuid: str, target: str | None = None, create: bool = False) -> str:
+    """``<root>/[<target>/]<vm>/<uuid>``: the backups of one VM, keyed by its uuid, so that a later VM of the
+    same name (purged and made again, restored elsewhere) has its own and never meets the other's files."""
+    named = name_dir(root, vm, target)
+    path = validate.inside(named, vm_uuid(uuid))
     if create:
-        for depth in range(1, len(parts) + 2):
+        parts = [*os.path.relpath(path, root).split(os.sep)]
+        for depth in range(1, len(parts) + 1):
             with contextlib.suppress(FileExistsError):
                 # traverse-only for others: QEMU (its own user) opens the files it writes by name
-                os.mkdir(validate.inside(root, *(parts + [vm])[:depth]), 0o711)
+                os.mkdir(validate.inside(root, *parts[:depth]), 0o711)
     return path
+
+
+def vm_dirs(root: str, vm: str, target: str | None = None) -> list[str]:
+    """The directories of every VM named ``vm`` that has backups (by uuid), sorted."""
+    named = name_dir(root, vm, target)
+    if not os.path.isdir(named):
+        return []
+    return sorted(e.path for e in os.scandir(named) if UUID_RE.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+
+
+def every_vm_dir(root: str) -> list[str]:
+    """The directory of every VM with backups below ``root``: ``<root>/<vm>/<uuid>`` and
+    ``<root>/<target>/<vm>/<uuid>`` (a name that is no VM name or target, written by hand, is passed over)."""
+
+    def subdirs(path):
+        return sorted(
+            e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+        )
+
+    out = []
+    for top in subdirs(root):
+        for vm, target in [(top, None)] + [(sub, top) for sub in subdirs(os.path.join(root, top))]:
+            if not UUID_RE.fullmatch(vm):
+                with contextlib.suppress(SaltInvocationError):
+                    out += vm_dirs(root, vm, target)
+    return out
+
+
+def find(root: str, vm: str, bid: str, target: str | None = None) -> str:
+    """The directory of backup ``bid`` among those of the VMs named ``vm`` (ids never repeat within a name)."""
+    backup_id(bid)
+    found = [d for d in vm_dirs(root, vm, target) if any(n.partition(".")[0] == bid for n in os.listdir(d))]
+    where = name_dir(root, vm, target)
+    if not found:
+        raise SaltInvocationError(f"VM {vm} has no backup {bid} in {where} (see virt.backup_list {vm})")
+    if len(found) > 1:
+        uuids = ", ".join(os.path.basename(d) for d in found)
+        raise CommandExecutionError(
+            f"backup {bid} is in several VM directories of {where} ({uuids}): remove one by hand"
+        )
+    return found[0]
+
+
+def taken_ids(root: str, vm: str, target: str | None = None) -> set[str]:
+    """The backup ids used by any VM named ``vm``: a new id is new for the name (:func:`find`)."""
+    return {n.partition(".")[0] for d in vm_dirs(root, vm, target) for n in os.listdir(d)}
 
 
 def backup_id(bid: Any) -> str:
@@ -112,8 +203,15 @@ def locked(directory: str, vm: str) -> Iterator[None]:
 
 
 # manifests ------------------------------------------------------------------------------------------
-def write_manifest(directory: str, manifest: Data) -> str:
-    """Write a backup's manifest atomically (fsynced temp file + rename): the step that makes it valid."""
+def _bound_to(directory, bid):
+    """What a manifest's MAC binds it to: ``<vm>/<uuid>/<id>``, its place (a manifest moved is refused)."""
+    return f"{os.path.basename(os.path.dirname(directory))}/{os.path.basename(directory)}/{bid}"
+
+
+def write_manifest(directory: str, manifest: Data, key: bytes) -> str:
+    """Write a backup's manifest, signed with ``key``, atomically (fsynced temp file + rename): the step that
+    makes it valid."""
+    manifest = recordmac.sign_with(key, MAC_KIND, _bound_to(directory, manifest["id"]), manifest)
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     path = manifest_file(directory, manifest["id"])
     atomic_write(path, text.encode(), 0o640, fsync=True, prefix=f".{manifest['id']}.", suffix=".tmp")
@@ -136,8 +234,9 @@ def _problem(directory, m):
     return None
 
 
-def read_manifest(directory: str, bid: str) -> tuple[Data | None, str | None]:
-    """``(manifest, problem)``: the parsed manifest of backup ``bid`` (None if absent or unreadable)."""
+def read_manifest(directory: str, bid: str, key: bytes) -> tuple[Data | None, str | None]:
+    """``(manifest, problem)``: the parsed manifest of backup ``bid`` (None if absent or unreadable); a
+    manifest without the MAC ``key`` makes has a problem, always."""
     try:
         fd = os.open(manifest_file(directory, bid), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd) as fh:
@@ -148,12 +247,14 @@ def read_manifest(directory: str, bid: str) -> tuple[Data | None, str | None]:
         return None, f"unreadable manifest: {exc}"
     if not isinstance(m, dict) or m.get("id") != bid:
         return None, "manifest of another backup"
+    if not recordmac.verified_with(key, MAC_KIND, _bound_to(directory, bid), m):
+        return m, UNSIGNED
     return m, _problem(directory, m)
 
 
-def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
-    """``(valid, broken, incomplete)``: valid backups oldest first (manifests); broken ones
-    ``{id: reason}``; incomplete: ids with files but no manifest (interrupted backups)."""
+def scan(directory: str, key: bytes) -> tuple[list[Data], dict[str, str], list[str]]:
+    """``(valid, broken, incomplete)``: valid backups oldest first (manifests signed with ``key``); broken
+    ones ``{id: reason}``; incomplete: ids with files but no manifest (interrupted backups)."""
     if not os.path.isdir(directory):
         return [], {}, []
     ids, with_manifest = set(), set()
@@ -166,7 +267,7 @@ def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
     valid: list[Data] = []
     broken: dict[str, str] = {}
     for bid in sorted(with_manifest):
-        m, problem = read_manifest(directory, bid)
+        m, problem = read_manifest(directory, bid, key)
         if problem:
             broken[bid] = problem
         elif m is not None:
@@ -181,10 +282,26 @@ def scan(directory: str) -> tuple[list[Data], dict[str, str], list[str]]:
     return valid, broken, sorted(ids - with_manifest)
 
 
+def scan_all(root: str, vm: str, key: bytes, target: str | None = None) -> tuple[list[Data], dict[str, str], list[str]]:
+    """:func:`scan` over the directories of every VM named ``vm``: valid backups oldest first (each names its
+    VM's ``uuid``), broken ones and incomplete ids."""
+    valid: list[Data] = []
+    broken: dict[str, str] = {}
+    incomplete: list[str] = []
+    for directory in vm_dirs(root, vm, target):
+        v, b, i = scan(directory, key)
+        valid += v
+        broken.update(b)
+        incomplete += i
+    valid.sort(key=lambda m: (m.get("finished") or "", m["id"]))
+    return valid, broken, sorted(incomplete)
+
+
 def summary(m: Data) -> Data:
     """What ``virt.backup_list`` shows of a manifest (no domain XML)."""
     keys: tuple[str, ...] = (
         "id",
+        "uuid",
         "type",
         "parent",
         "chain",
@@ -198,6 +315,7 @@ def summary(m: Data) -> Data:
     out = {k: m.get(k) for k in keys}
     out["consistency"] = m.get("consistency")
     out["fs_freeze"] = m.get("fs_freeze")  # {frozen, thawed}: the guest agent's counts (None: no freeze)
+    out["skipped"] = m.get("skipped") or {}  # {target: why} of the disks the backup does not hold
     out["disks"] = [{k: d.get(k) for k in ("target", "file", "size", "virtual_size", "sha256")} for d in m["disks"]]
     out.update(recorded(m.get("domain_xml")))
     return out
@@ -237,6 +355,32 @@ def verify(directory: str, chain: list[Data]) -> bool:
                 )
             previous[d["target"]] = d["file"]
     return True
+
+
+def stage(directory: str, chain: list[Data], staging: str) -> dict[str, str]:
+    """Copy every file of ``chain`` from ``directory`` into ``staging`` (a private directory of this host), then
+    :func:`verify` the copies: what a restore reads is what was checked, whatever is written to a shared
+    backup directory meanwhile (a file swapped after its check could name a host file as its backing file).
+    Returns ``{target: the staged file of the chain's top}``."""
+    top: dict[str, str] = {}
+    for m in chain:
+        for d in m["disks"]:
+            name = d["file"]
+            if not isinstance(name, str) or os.path.basename(name) != name:
+                raise CommandExecutionError(f"backup {m['id']}: {name!r} is not a file of its backup")
+            try:
+                src = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise CommandExecutionError(f"backup {m['id']}: cannot read {name}: {exc.strerror}") from None
+            with os.fdopen(src, "rb") as fin:
+                if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+                    raise CommandExecutionError(f"backup {m['id']}: {name} is not a file inside {directory}")
+                dst = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(dst, "wb") as fout:
+                    shutil.copyfileobj(fin, fout, 1 << 22)
+            top[d["target"]] = os.path.join(staging, name)
+    verify(staging, chain)
+    return top
 
 
 # chains and deletion --------------------------------------------------------------------------------

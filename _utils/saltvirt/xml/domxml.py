@@ -409,10 +409,22 @@ def move_disks(xml: str, disk_map: Mapping[str, str]) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+def eject(xml: str, targets: Collection[str]) -> str:
+    """Domain XML with the media of the CD-ROM drives ``targets`` (target devs) taken out: the drives stay, empty."""
+    root = ET.fromstring(xml)
+    for el in root.findall("devices/disk"):
+        tgt = el.find("target")
+        if el.get("device") == "cdrom" and tgt is not None and tgt.get("dev") in targets:
+            for child in el.findall("source") + el.findall("backingStore"):
+                el.remove(child)
+    return ET.tostring(root, encoding="unicode")
+
+
 def restored(xml: str, disk_map: Mapping[str, str], new_name: str | None = None) -> str:
     """Domain XML recorded by a backup, made ready to define again: disks moved per ``disk_map``
     (:func:`move_disks`) onto qcow2 files; with ``new_name`` a second VM beside the first: renamed, without the uuid
-    and MAC addresses (libvirt makes new ones) and with serial logs named after the new VM."""
+    and MAC addresses (libvirt makes new ones), with serial logs named after the new VM and none of the
+    original's host state (:func:`_new_identity`)."""
     root = ET.fromstring(move_disks(xml, disk_map))
     for el in root.findall("devices/disk"):
         src, drv = el.find("source"), el.find("driver")
@@ -430,7 +442,28 @@ def restored(xml: str, disk_map: Mapping[str, str], new_name: str | None = None)
             path = log.get("file") or ""
             if os.path.basename(path).startswith(f"{old}-"):
                 log.set("file", os.path.join(os.path.dirname(path), new_name + os.path.basename(path)[len(old) :]))
+        _new_identity(root)
     return ET.tostring(root, encoding="unicode")
+
+
+def _new_identity(root: ET.Element) -> None:
+    """Drop what ties a copy to the original's host state: the minion key record (purging the copy would
+    delete the original's key) and the UEFI variables file (both would write one file, and purging
+    either removes it); libvirt gives the copy its own variables file, from the template when there is one."""
+    for vm in _every(root, "metadata", _VM):
+        for el in vm.findall(f"{{{METADATA_NS}}}minion"):
+            vm.remove(el)
+    os_el = root.find("os")
+    for nvram in [] if os_el is None else os_el.findall("nvram"):
+        kept = {k: v for k, v in nvram.attrib.items() if k in ("template", "templateFormat", "format")}
+        if "template" not in kept:
+            os_el.remove(nvram)
+            continue
+        nvram.attrib.clear()
+        nvram.attrib.update(kept)
+        nvram.text = None
+        for child in list(nvram):
+            nvram.remove(child)
 
 
 def new_interfaces(xml: str, kept_macs: Collection[str]) -> list[ET.Element]:

@@ -174,3 +174,73 @@ def test_a_tenant_restores_its_own_backups_only_and_a_new_vm_counts(bk):  # noqa
         conn = libvirt.open("test:///default")
         conn.lookupByName("bk3").undefine()
         conn.close()
+
+
+def test_a_tenant_member_may_not_pass_the_operators_restore_switches():
+    """force= powers a running VM off; ignore_down= bets that a hypervisor that did not answer runs nothing."""
+    alice = callers.resolve({"virt": TENANTS}, "alice")
+    carol = callers.resolve({"virt": TENANTS}, "carol")
+    for key in ("force", "ignore_down"):
+        with pytest.raises(SaltInvocationError, match=f"^tenant acme may not pass {key} to virt.restore "):
+            backups.operator_args(alice, "virt.restore", {key: True})
+        backups.operator_args(carol, "virt.restore", {key: True})  # an operator's to pass
+    backups.operator_args(alice, "virt.restore", {"force": None, "ignore_down": ""})  # not passed: fine
+
+
+def test_a_tenant_member_runs_backups_with_the_operators_retention_and_load():
+    """Retention (how much of the backup store a tenant fills), per_host and timeout (the hypervisors' IO) come
+    from virt:backup in the master config for a tenant member: passing them is refused, never clamped."""
+    alice = callers.resolve({"virt": TENANTS}, "alice")
+    carol = callers.resolve({"virt": TENANTS}, "carol")
+    for key, value in (("keep", 1000), ("keep_daily", 365), ("keep_weekly", 52), ("per_host", 16), ("timeout", 9e9)):
+        with pytest.raises(SaltInvocationError, match=f"^tenant acme may not pass {key} to virt.backup "):
+            backups.operator_args(alice, "virt.backup", {key: value})
+        backups.operator_args(carol, "virt.backup", {key: value})
+    backups.operator_args(alice, "virt.backup", {"per_host": None, "timeout": None, "__pub_user": "alice"})
+
+
+def test_a_tenants_backups_stop_at_its_backup_mib_quota(bk):  # noqa: F811
+    """backup_mib: what the tenant's backups take in the backup directories (the owner each backup recorded),
+    counted once when hypervisors share the directory; a run backs up its VMs only while under it."""
+    v, _tmp = bk
+    owner = {"tenant": "acme", "creator": "alice"}
+    v["virt.init"](
+        "bk3", 1, 64, disk=None, nic=None, start=False, seed=False, disks=[{"name": "d", "size": 8}], owner=owner
+    )
+
+    def call(host, fun, args, kwargs, max_wait):
+        return {"status": "up", "ret": v[fun](*args, **kwargs)}
+
+    try:
+        conf = tenants.config({"virt": dict(TENANTS, tenants={"acme": {"quota": {"vms": 2, "backup_mib": 1}}})})
+        assert backups.backup_quotas(conf) == {"acme": 1} and backups.backup_quotas(conf, "beta") == {}
+        owners = {"bk3": "acme"}
+        first = backups.run(
+            call, {"h1": ["bk3", "bk1"]}, backups.settings({}), budget=backups.Budget({"acme": 1}, {}, owners)
+        )
+        assert sorted(first["made"]) == ["bk1", "bk3"] and first["failed"] == {}
+        usage = v["virt.backup_usage"]()
+        assert {e["tenant"] for e in usage.values()} == {"acme", None} and len(usage) == 2
+        shared = {"h1": {"status": "up", "ret": usage}, "h2": {"status": "up", "ret": usage}, "h3": {"status": "down"}}
+        used = backups.backup_use(shared)
+        assert used == {"acme": 1}  # a shared directory counts once; a VM of no tenant counts for none
+        budget = backups.Budget({"acme": 1}, used, owners)
+        second = backups.run(call, {"h1": ["bk3", "bk1"]}, backups.settings({}), budget=budget)
+        assert sorted(second["made"]) == ["bk1"] and second["failed"] == {
+            "bk3": "tenant acme: 1 of 1 MiB of backups used: no room for a backup of bk3 (the operator deletes old "
+            "backups or gives a larger backup_mib quota)"
+        }
+        assert budget.report() == {"acme": {"used": 1, "quota": 1}}
+        with pytest.raises(SaltInvocationError, match="unknown key"):  # not a hypervisor group's
+            tenants.config(
+                {
+                    "virt": {
+                        "hypervisor_groups": {"g": ["h*"]},
+                        "tenants": {"acme": {"group_quotas": {"g": {"backup_mib": 1}}}},
+                    }
+                }
+            )
+    finally:
+        conn = libvirt.open("test:///default")
+        conn.lookupByName("bk3").undefine()
+        conn.close()

@@ -73,3 +73,38 @@ def test_restore_refusals_before_anything_is_asked(runner, user, kwargs, message
     runner["virt.restore"].__globals__["__user__"] = user
     ret = runner["virt.restore"]("web1", "20260101T020000Z", **kwargs)
     assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
+
+
+@pytest.mark.parametrize(
+    ("fun", "args", "kwargs", "message"),
+    [
+        (
+            "virt.restore",
+            ["web1", "20260101T020000Z"],
+            {"force": True},
+            "tenant acme may not pass force to virt.restore",
+        ),
+        (
+            "virt.restore",
+            ["web1", "20260101T020000Z"],
+            {"ignore_down": True, "host": "hyper1"},
+            "tenant acme may not pass ignore_down to virt.restore",
+        ),
+    ],
+)
+def test_a_tenant_may_not_pass_the_operators_switches(runner, fun, args, kwargs, message):
+    """force= powers a running VM off, ignore_down= bets that a silent hypervisor runs nothing: the operator's."""
+    runner[fun].__globals__["__user__"] = "alice"
+    ret = runner[fun](*args, **kwargs)
+    assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
+
+
+@pytest.mark.parametrize("kwargs", [{"keep": 1000}, {"keep_daily": 365}, {"per_host": 16}, {"timeout": 999999}])
+def test_a_tenant_may_not_set_retention_or_the_hypervisors_load(runner, kwargs):
+    """Retention decides how much of the backup store a tenant's VMs fill, per_host and timeout the IO a run
+    puts on the hypervisors: virt:backup in the master config, the operator's."""
+    runner["virt.backup"].__globals__["__user__"] = "alice"
+    ret = runner["virt.backup"]("all", **kwargs)
+    assert ret["retcode"] == 1 and ret["error"] == (
+        f"tenant acme may not pass {next(iter(kwargs))} to virt.backup (a tenant may pass: incremental, name, tenant)"
+    ), ret

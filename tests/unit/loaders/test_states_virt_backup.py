@@ -18,10 +18,12 @@ def test_backed_up_makes_a_backup_only_when_the_newest_is_too_old(bk):  # noqa: 
     again = st["virt.backed_up"]("bk1", max_age="1d")
     assert again["result"] is True and again["changes"] == {} and "within 1d" in again["comment"]
     # an old backup: its manifest says it finished long ago
-    directory = str(tmp / "backups" / "bk1")
-    m, _ = backupstore.read_manifest(directory, made["changes"]["backup"]["id"])
+    uuid = v["virt.vm_info"]("bk1")["bk1"]["uuid"]
+    directory = backupstore.vm_dir(str(tmp / "backups"), "bk1", uuid)
+    key = backupstore.manifest_key(None, str(tmp / "pki"))  # the minion's (made in its pki_dir)
+    m, _ = backupstore.read_manifest(directory, made["changes"]["backup"]["id"], key)
     m["finished"] = "2001-01-01T00:00:00Z"
-    backupstore.write_manifest(directory, m)
+    backupstore.write_manifest(directory, m, key)
     preview = load_states(v, test=True)["virt.backed_up"]("bk1", max_age=3600)
     assert preview["result"] is None and preview["changes"] == {"backup": {"would_make": "incremental"}}
     assert "2001-01-01T00:00:00Z" in preview["comment"]

@@ -4,6 +4,7 @@ with qemu-img (live backups need QEMU: tests/integration/test_backup_real.py).""
 
 import json
 import os
+import pathlib
 import subprocess
 
 import libvirt
@@ -54,7 +55,7 @@ def test_offline_full_backup_records_chain_checksums_and_xml(bk):
     assert made["type"] == "full" and made["chain"] == [made["id"]] and made["parent"] is None
     assert made["note"] == "no earlier backup of this VM: made a full one"
     assert made["live"] is False and made["consistency"] == backup.OFFLINE and made["checkpoint"] is None
-    directory = tmp / "backups" / "bk1"
+    directory = tmp / "backups" / "bk1" / v["virt.vm_info"]("bk1")["bk1"]["uuid"]  # by uuid below the name
     assert made["dir"] == str(directory)
     (disk,) = made["disks"]
     path = directory / disk["file"]
@@ -82,7 +83,7 @@ def test_second_backup_of_a_stopped_vm_is_full_and_says_why(bk):
 def test_interrupted_backup_is_not_valid_and_is_cleaned_up_by_the_next(bk):
     v, tmp = bk
     done = v["virt.backup"]("bk1")
-    directory = tmp / "backups" / "bk1"
+    directory = pathlib.Path(done["dir"])
     # what a killed backup leaves: its disk file, recorded as owned, but no manifest
     half = directory / "20200101T000000Z.vda.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(half), "16M"], check=True)
@@ -101,9 +102,9 @@ def test_interrupted_backup_is_not_valid_and_is_cleaned_up_by_the_next(bk):
 
 
 def test_delete_refuses_a_needed_backup_and_prune_keeps_chains(bk):
-    v, tmp = bk
-    directory = tmp / "backups" / "bk1"
+    v, _tmp = bk
     full = v["virt.backup"]("bk1")
+    directory = pathlib.Path(full["dir"])
     # an incremental on top of it, as a live backup records it (made here by hand: no QEMU in unit tests)
     inc = make_incremental(directory, full, "20990101T000000Z")
     with pytest.raises(CommandExecutionError, match="is needed by 20990101T000000Z"):
@@ -117,6 +118,11 @@ def test_delete_refuses_a_needed_backup_and_prune_keeps_chains(bk):
     assert v["virt.backup_list"]("bk1")["backups"] == []
     with pytest.raises(SaltInvocationError, match="invalid backup id"):
         v["virt.backup_delete"]("bk1", "../bk2/x")
+
+
+def backup_key(directory):
+    """The key the bk fixture's minion signs manifests with (made in its pki_dir; ``directory``: a VM's)."""
+    return backupstore.manifest_key(None, str(pathlib.Path(directory).parents[2] / "pki"))
 
 
 def make_incremental(directory, parent, bid):
@@ -133,7 +139,7 @@ def make_incremental(directory, parent, bid):
     disk = dict(m["disks"][0], file=path.name, backing=pfile, sha256=backupstore.file_digest(path))
     m.update(id=bid, type="incremental", parent=parent["id"], chain=[parent["id"], bid], disks=[disk])
     m["finished"] = "2099-01-01T00:00:00Z"
-    backupstore.write_manifest(str(directory), m)
+    backupstore.write_manifest(str(directory), m, backup_key(directory))
     return bid
 
 
@@ -145,7 +151,7 @@ def test_callers_never_reach_outside_the_backup_dir(bk):
     with pytest.raises(SaltInvocationError):
         v["virt.backup_list"]("../bk1")
     made = v["virt.backup"]("bk1", target="weekly")
-    assert made["dir"].endswith("/backups/weekly/bk1")
+    assert made["dir"].endswith(f"/backups/weekly/bk1/{v['virt.vm_info']('bk1')['bk1']['uuid']}")
 
 
 def test_no_backup_dir_configured_is_refused(tmp_path):
@@ -224,3 +230,60 @@ def test_guest_freeze_decision_and_thaw_on_the_test_driver(bk):
         assert dom.fsThaw() == 0  # already thawed by _live
     finally:
         conn.close()
+
+
+def test_a_new_vm_with_the_name_of_a_purged_one_backs_up_fine(bk):
+    """Backups are kept by VM uuid below the name: a purged VM's backups never block a later VM of its name
+    (whoever made it), and stay listed and restorable beside the new one's."""
+    v, tmp = bk
+    old_uuid = v["virt.vm_info"]("bk1")["bk1"]["uuid"]
+    old = v["virt.backup"]("bk1")
+    v["virt.purge"]("bk1")
+    v["virt.init"]("bk1", 1, 64, image=str(tmp / SOURCES / "src.qcow2"), nic=None, start=False, seed=False)
+    new_uuid = v["virt.vm_info"]("bk1")["bk1"]["uuid"]
+    new = v["virt.backup"]("bk1", incremental=True)
+    assert new["type"] == "full" and new["note"] == "no earlier backup of this VM: made a full one"
+    assert (old["dir"], new["dir"]) == (
+        str(tmp / "backups" / "bk1" / old_uuid),
+        str(tmp / "backups" / "bk1" / new_uuid),
+    )
+    listed = v["virt.backup_list"]("bk1")
+    assert [(b["id"], b["uuid"]) for b in listed["backups"]] == [(old["id"], old_uuid), (new["id"], new_uuid)]
+    assert v["virt.restore"]("bk1", old["id"], as_name="bk1-copy")["chain"] == [old["id"]]
+    assert v["virt.backup_prune"]("bk1", keep=1)["pruned"] == []  # each VM keeps its own newest
+
+
+def with_disks(name, *disks):
+    """Add ``disks`` (``<disk>`` XML) to VM ``name`` on test:///default, as an operator's virsh would."""
+    conn = libvirt.open("test:///default")
+    xml = conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    conn.defineXML(xml.replace("</devices>", "".join(disks) + "</devices>", 1))
+    conn.close()
+
+
+POOL_DISK = (
+    "<disk type='volume' device='disk'><driver name='qemu' type='raw'/><source pool='{pool}' volume='{volume}'/>"
+    "<target dev='vdb' bus='virtio'/></disk>"
+)
+SHARED = (
+    "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{path}'/>"
+    "<target dev='vdc' bus='virtio'/><shareable/></disk>"
+)
+CDROM = (
+    "<disk type='file' device='cdrom'><driver name='qemu' type='raw'/><source file='{path}'/>"
+    "<target dev='sda' bus='sata'/><readonly/></disk>"
+)
+
+
+def test_the_result_says_which_disks_a_backup_does_not_hold_and_why(bk):
+    """A pool volume is never copied: the result, the manifest and the listing say so, per disk."""
+    v, _tmp = bk
+    with_disks("bk1", POOL_DISK.format(pool="default-pool", volume="data"), CDROM.format(path="/srv/x.iso"))
+    made = v["virt.backup"]("bk1")
+    want = {
+        "vdb": "a volume of pool default-pool (data): not backed up (file disks only; back the pool up)",
+        "sda": "a cdrom: not backed up",
+    }
+    assert [d["target"] for d in made["disks"]] == ["vda"] and made["skipped"] == want
+    assert v["virt.backup_list"]("bk1")["backups"][0]["skipped"] == want
+    assert v["virt.backup"]("bk1", disks="vda")["skipped"] == want  # asked for vda alone: the same

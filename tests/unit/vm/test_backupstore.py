@@ -2,12 +2,15 @@
 
 import datetime
 import os
+import shutil
 import subprocess
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.vm import backupstore as store
+
+KEY = b"k" * 32  # a hypervisor's backup key (backupstore.manifest_key)
 
 
 def manifest(bid, parent=None, chain=None, finished=None, target="vda"):
@@ -31,16 +34,41 @@ def chain(*spec):
     return out
 
 
+U1 = "0f3c2a44-1b5e-4e0c-9a8f-1234567890ab"
+U2 = "11111111-2222-4333-8444-555555555555"
+
+
 def test_vm_dir_stays_inside_the_root(tmp_path):
-    assert store.vm_dir(str(tmp_path), "web1", create=True) == str(tmp_path / "web1")
-    assert store.vm_dir(str(tmp_path), "web1", "weekly", create=True) == str(tmp_path / "weekly" / "web1")
-    assert (tmp_path / "weekly" / "web1").is_dir()
-    for vm, target in (("../x", None), ("web1", ".."), ("web1", "a/b"), ("web1\n", None)):
+    assert store.vm_dir(str(tmp_path), "web1", U1, create=True) == str(tmp_path / "web1" / U1)
+    assert store.vm_dir(str(tmp_path), "web1", U1, "weekly", create=True) == str(tmp_path / "weekly" / "web1" / U1)
+    assert (tmp_path / "weekly" / "web1" / U1).is_dir()
+    for vm, uuid, target in (("../x", U1, None), ("web1", U1, ".."), ("web1", U1, "a/b"), ("web1\n", U1, None)):
         with pytest.raises(SaltInvocationError):
-            store.vm_dir(str(tmp_path), vm, target)
+            store.vm_dir(str(tmp_path), vm, uuid, target)
+    for uuid in ("..", "../web2", U1.upper(), "x", None):
+        with pytest.raises(SaltInvocationError, match="invalid VM uuid"):
+            store.vm_dir(str(tmp_path), "web1", uuid)
     os.symlink("/etc", tmp_path / "evil")  # a symlink planted in the backup dir leads nowhere
     with pytest.raises(SaltInvocationError, match="escapes"):
-        store.vm_dir(str(tmp_path), "evil")
+        store.vm_dir(str(tmp_path), "evil", U1)
+
+
+def test_each_vm_of_a_name_has_its_own_directory_and_ids_stay_unique_per_name(tmp_path):
+    root = str(tmp_path)
+    first, second = (store.vm_dir(root, "web1", u, create=True) for u in (U1, U2))
+    os.mkdir(tmp_path / "web1" / "not-a-uuid")
+    assert store.vm_dirs(root, "web1") == sorted([first, second]) and store.vm_dirs(root, "web2") == []
+    store.write_manifest(first, manifest("20260101T000000Z"), KEY)
+    assert store.taken_ids(root, "web1") == {"20260101T000000Z"}
+    assert store.find(root, "web1", "20260101T000000Z") == first
+    with pytest.raises(SaltInvocationError, match="VM web1 has no backup 20260102T000000Z in "):
+        store.find(root, "web1", "20260102T000000Z")
+    weekly = store.vm_dir(root, "web2", U2, "weekly", create=True)
+    os.makedirs(tmp_path / "junk name" / U1)  # written by hand: passed over, never an error
+    assert store.every_vm_dir(root) == [first, second, weekly]
+    store.write_manifest(second, manifest("20260101T000000Z"), KEY)  # what only a hand could do
+    with pytest.raises(CommandExecutionError, match="is in several VM directories"):
+        store.find(root, "web1", "20260101T000000Z")
 
 
 def test_root_dir_must_be_configured_and_exist(tmp_path):
@@ -71,13 +99,13 @@ def test_scan_tells_valid_broken_and_incomplete_apart(tmp_path):
         ("20260101T000000Z", None), ("20260102T000000Z", "20260101T000000Z"), ("20260103T000000Z", None)
     )
     for m in (full, inc, orphan):
-        store.write_manifest(d, m)
+        store.write_manifest(d, m, KEY)
         (tmp_path / m["disks"][0]["file"]).write_bytes(b"x")
     (tmp_path / "20260104T000000Z.vda.qcow2").write_bytes(b"x")  # interrupted: no manifest
     os.unlink(tmp_path / orphan["disks"][0]["file"])  # a valid-looking manifest whose file is gone
     bad = dict(manifest("20260105T000000Z"), disks=[{"target": "vda", "file": "../../etc/passwd"}])
-    store.write_manifest(d, bad)
-    valid, broken, incomplete = store.scan(d)
+    store.write_manifest(d, bad, KEY)
+    valid, broken, incomplete = store.scan(d, KEY)
     assert [m["id"] for m in valid] == ["20260101T000000Z", "20260102T000000Z"]
     assert broken == {
         "20260103T000000Z": "file 20260103T000000Z.vda.qcow2 is missing",
@@ -85,7 +113,7 @@ def test_scan_tells_valid_broken_and_incomplete_apart(tmp_path):
     }
     assert incomplete == ["20260104T000000Z"]
     os.unlink(tmp_path / full["disks"][0]["file"])  # the full one breaks: so does what builds on it
-    valid, broken, _ = store.scan(d)
+    valid, broken, _ = store.scan(d, KEY)
     assert valid == [] and "gone or broken" in broken["20260102T000000Z"]
 
 
@@ -154,3 +182,22 @@ def test_a_second_backup_of_the_same_vm_is_refused_while_one_runs(tmp_path):
                 pass
     with store.locked(str(tmp_path), "web1"):  # released again
         pass
+
+
+def test_a_manifest_counts_only_with_the_mac_of_the_key_and_in_its_own_place(tmp_path):
+    """The MAC binds a manifest to its VM's name, uuid and id: signed with another key, changed, or copied into
+    another VM's directory, it is broken."""
+    root, bid = str(tmp_path / "backups"), "20260101T000000Z"
+    os.mkdir(root)
+    here, there = store.vm_dir(root, "web1", U1, create=True), store.vm_dir(root, "web2", U2, create=True)
+    for d in (here, there):
+        open(os.path.join(d, f"{bid}.vda.qcow2"), "wb").close()
+    store.write_manifest(here, manifest(bid), KEY)
+    assert [m["id"] for m in store.scan(here, KEY)[0]] == [bid]
+    assert store.scan(here, b"o" * 32)[1] == {bid: store.UNSIGNED}
+    shutil.copy(os.path.join(here, f"{bid}.json"), there)
+    assert store.scan(there, KEY)[1] == {bid: store.UNSIGNED}
+    key = store.manifest_key(None, str(tmp_path / "pki"))  # made on first use, private, then the same
+    assert len(key) == 32 and store.manifest_key(None, str(tmp_path / "pki")) == key
+    assert os.stat(tmp_path / "pki" / store.KEY_FILE).st_mode & 0o777 == 0o600
+    assert store.manifest_key(str(tmp_path / "pki" / store.KEY_FILE), "/nonexistent") == key  # virt:backup:key_file

@@ -244,3 +244,44 @@ def test_restored_beside_the_original_gets_a_new_identity_and_qcow2_disks():
     same = ET.fromstring(domxml.restored(xml, {"/i/web1/system.raw": "/i/web1/vda.qcow2"}))
     assert same.findtext("name") == "web1" and same.findtext("uuid") == "0f3c2a44-1b5e-4e0c-9a8f-1234567890ab"
     assert same.find("devices/interface/mac").get("address") == "52:54:00:00:00:01"
+
+
+def test_restored_copy_gets_neither_the_minion_record_nor_the_nvram_file_of_the_original():
+    """A copy with the original's <saltvirt:minion> would delete the original's minion key when purged, and
+    with its <nvram> path both VMs would share (and a purge delete) one UEFI variables file."""
+    meta = f"<metadata><sv:vm xmlns:sv='{domxml.METADATA_NS}'><sv:minion id='web1' key_sha256='ab'/>"
+    meta += "<sv:owner tenant='acme' creator='alice'/></sv:vm></metadata>"
+    loader = "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader>"
+    for nvram, want in (
+        (
+            "<nvram template='/usr/share/OVMF/OVMF_VARS.fd'>/var/lib/libvirt/qemu/nvram/web1_VARS.fd</nvram>",
+            {"template": "/usr/share/OVMF/OVMF_VARS.fd"},
+        ),
+        ("<nvram>/var/lib/libvirt/qemu/nvram/web1_VARS.fd</nvram>", None),
+        ("<nvram type='file'><source file='/var/lib/libvirt/qemu/nvram/web1_VARS.fd'/></nvram>", None),
+    ):
+        xml = f"<domain><name>web1</name>{meta}<os><type>hvm</type>{loader}{nvram}</os><devices/></domain>"
+        copy = ET.fromstring(domxml.restored(xml, {}, new_name="web2"))
+        assert domxml.parse(copy)["minion"] is None and domxml.parse(copy)["owner"] == {
+            "tenant": "acme",
+            "creator": "alice",
+        }
+        el = copy.find("os/nvram")
+        assert (None if el is None else (dict(el.attrib), el.text, list(el))) == (
+            None if want is None else (want, None, [])
+        ), nvram
+        same = ET.fromstring(domxml.restored(xml, {}))  # in place: the same VM keeps its key and variables
+        assert domxml.parse(same)["minion"] == {"id": "web1", "key_sha256": "ab"}
+        assert ET.tostring(same.find("os/nvram")) == ET.tostring(ET.fromstring(xml).find("os/nvram"))
+
+
+def test_eject_empties_the_named_cdrom_drives_only():
+    xml = """<domain><name>web1</name><devices>
+      <disk type='file' device='cdrom'><source file='/i/web0/cidata.iso'/><target dev='sda'/><readonly/></disk>
+      <disk type='file' device='cdrom'><source file='/srv/iso/x.iso'/><target dev='sdb'/><readonly/></disk>
+      <disk type='file' device='disk'><source file='/i/web1/vda.qcow2'/><target dev='vda'/></disk>
+    </devices></domain>"""
+    out = ET.fromstring(domxml.eject(xml, ["sda", "vda"]))
+    sda, sdb, vda = out.findall("devices/disk")
+    assert sda.find("source") is None and sda.find("target").get("dev") == "sda"  # the drive stays, empty
+    assert sdb.find("source").get("file") == "/srv/iso/x.iso" and vda.find("source") is not None  # not a CD-ROM
