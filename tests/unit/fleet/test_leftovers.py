@@ -6,6 +6,8 @@ import uuid
 
 import pytest
 
+from tests.support.signedfleet import QUICK_WAITS, SigningClient, minion_key
+
 from saltvirt.fleet import leftovers
 from saltvirt.host import query
 from saltvirt.storage import images
@@ -76,40 +78,35 @@ def test_a_late_init_that_finished_is_reported_not_removed():
 
 
 # judged by UUID across the fleet (issue 34 #3) ---------------------------------------------------------
-class _Fleet:
-    """LocalClient's part fleet.run uses, each publication answered by what the hypervisors' execution
-    modules run (``_modules/virt_cleanup.py``: the library functions, with the minion's id) on each host's
-    own libvirt (a private test:/// driver) and the shared images directory; a minion in ``silent`` never
-    answers. A stand-in for the transport only: the real one needs a salt-master and minions
-    (tests/integration/test_recovery.py heals through them), and Salt's loader cannot be several minions
-    in one process (a loaded module's ``__opts__`` is the last loader's: every host would be the same)."""
+class _Fleet(SigningClient):
+    """Each publication answered, signed with each hypervisor's own key (tests/support/signedfleet.py), by
+    what the hypervisors' execution modules run (``_modules/virt_cleanup.py``: the library functions, with
+    the minion's id) on each host's own libvirt (a private test:/// driver) and the shared images directory;
+    a minion in ``silent`` never answers. A stand-in for the transport only: the real one needs a salt-master
+    and minions (tests/integration/test_recovery.py heals through them), and Salt's loader cannot be several
+    minions in one process (a loaded module's ``__opts__`` is the last loader's: every host would be the same)."""
 
     def __init__(self, conns, images_dir):
-        self.conns, self.images_dir, self.silent, self.published = conns, images_dir, set(), []
-        self.event = None
+        super().__init__({})
+        self.conns, self.images_dir, self.silent = conns, images_dir, set()
 
     def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
-        self.published.append((fun, sorted(tgt), *arg))
-        self._job = (list(tgt), fun, arg, kwarg or {})
-        return {"jid": str(len(self.published)), "minions": list(tgt)}
+        inner, args, kwargs = kwarg["fun"], kwarg["args"], kwarg["kwargs"]
+        self.published.append((inner, sorted(tgt), *args))
+        jid = jid or str(len(self.published))
+        for mid in tgt:
+            if mid not in self.silent:
+                try:
+                    self.reply(jid, mid, kwarg, self._answer(mid, inner, args, kwargs))
+                except Exception as exc:  # noqa: BLE001 - what Salt returns for a function that raised
+                    self.reply(jid, mid, kwarg, f"ERROR: {exc}", 1)
+        return {"jid": jid, "minions": list(tgt)}
 
     def _answer(self, mid, fun, arg, kwarg):
         if fun == "virt.defined_uuids":
             return query.defined_uuids(self.conns[mid])
         assert fun == "virt.cleanup", fun
         return cleanup.cleanup(self.conns[mid], arg[0], self.images_dir, host_id=mid, **kwarg)
-
-    def get_iter_returns(self, jid, minions, **_kw):
-        tgt, fun, arg, kwarg = self._job
-        for mid in tgt:
-            if mid not in self.silent:
-                try:
-                    yield {mid: {"ret": self._answer(mid, fun, arg, kwarg), "retcode": 0}}
-                except Exception as exc:  # noqa: BLE001 - what Salt returns for a function that raised
-                    yield {mid: {"ret": f"ERROR: {exc}", "retcode": 1}}
-
-    def _clean_up_subscriptions(self, jid):
-        pass
 
 
 @pytest.fixture
@@ -128,10 +125,12 @@ def shared_fleet(tmp_path, store):
     ret = provision.init(conns["hv-b"], "web1", 1, 64, images_dir=shared, nic=None, host_id="hv-b")
     assert ret["state"] == "running"
     leftovers.remember(store, "hv-a", "web1", "2026", "down", "m1")
-    opts = dict(store.opts, virt={"hypervisors": sorted(conns)})  # the master: its key store, its config
+    # the master: its key store (each hypervisor's accepted key), its config
+    hypervisors = {"tgt": sorted(conns), "tgt_type": "list", **QUICK_WAITS}
+    opts = dict(store.opts, pki_dir=str(tmp_path / "pki"), virt={"hypervisors": hypervisors})
     (tmp_path / "pki" / "minions").mkdir(parents=True)
     for mid in conns:
-        (tmp_path / "pki" / "minions" / mid).write_text("-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n")
+        (tmp_path / "pki" / "minions" / mid).write_text(minion_key(mid)[0])
     client = _Fleet(conns, shared)
     client.cfg = publish.config(opts)
     yield opts, client, ret["disks"][0]["path"], ret["uuid"]
