@@ -1,9 +1,10 @@
 """What ./run-tests runs and how wide (not a test module: ``python -m tests.support.suiteplan ...``).
 
 ``workers unit|integration``: pytest-xdist workers for a stage, sized to this machine now (cores, memory
-available, load at start) instead of a fixed number: integration workers mostly wait on guests, daemons and
-timeouts, so a quiet 2-core machine takes 4, a loaded one fewer; every worker keeps ~3 GiB (its master,
-minions, libvirtds and guests). ``RUN_TESTS_WORKERS`` overrides both.
+available, the cores others keep busy when ./run-tests starts: ``RUN_TESTS_LOAD``) instead of a fixed number:
+integration workers mostly wait on guests, daemons and timeouts, so a quiet 2-core machine takes 4, a busy one
+fewer (never under 2); every worker keeps ~3 GiB (its master, minions, libvirtds and guests).
+``RUN_TESTS_WORKERS`` overrides both.
 
 ``changed [BASE]``: the test files a change touches (``./run-tests --changed``): the files changed since
 BASE (default: the merge base with origin/main, else HEAD) and the untracked ones, mapped to tests:
@@ -34,11 +35,11 @@ def _mem_available():
 def workers(stage, cores=None, load=None, mem=None):
     """xdist workers for ``stage`` on a machine with ``cores``, 1-minute ``load`` and ``mem`` bytes available."""
     cores = cores or os.cpu_count() or 2
-    if load is None:  # ./run-tests measures it once, before its own stages load the machine
+    if load is None:  # ./run-tests measures it once (busy cores), before its own stages load the machine
         load = float(os.environ.get("RUN_TESTS_LOAD") or os.getloadavg()[0])
     mem = _mem_available() if mem is None else mem
     if stage == "unit":
-        return max(1, min(cores + 1, round(cores + 1 - load)))
+        return max(2, min(cores + 1, round(cores + 1 - load)))
     idle = max(0.0, cores - load)  # cores nobody else uses now
     by_cpu = round(2 * idle) if idle < cores else 2 * cores
     return max(2, min(by_cpu, int(mem // (3 * GIB)), 6))

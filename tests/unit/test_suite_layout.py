@@ -160,7 +160,7 @@ def test_guest_heavy_units_never_stack_beyond_the_budget():
         ("integration", 2, 4.0, 24, 2),  # a CPU hog beside it: fewer workers, never none
         ("integration", 8, 0.0, 9, 3),  # memory bounds it: ~3 GiB a worker
         ("unit", 2, 0.0, 24, 3),
-        ("unit", 2, 5.0, 24, 1),
+        ("unit", 2, 5.0, 24, 2),
     ],
 )
 def test_workers_are_sized_to_the_machine(stage, cores, load, mem_gib, expected):
