@@ -455,6 +455,7 @@ def init(
                 progress=progress,
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
                 tenant=owner["quota"],
+                private=not who.operator,  # a tenant is not told whose a taken name is, nor where
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
                 created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)

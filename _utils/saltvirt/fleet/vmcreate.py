@@ -24,7 +24,7 @@ from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
-from saltvirt.fleet import quota as quotas
+from saltvirt.fleet import quota as quotas, tenants
 from saltvirt.fleet.publish import Failed, call, capacities, gather, new_jid
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,37 @@ def _brief(plan):
     }
 
 
+class NameTaken(Failed):
+    """A VM of that name is defined on a hypervisor."""
+
+
 def create(
-    opts: SaltOpts, name: str, req: Data, image: str | None, module_kwargs: Data, job: str | None = None, **kwargs: Any
+    opts: SaltOpts,
+    name: str,
+    req: Data,
+    image: str | None,
+    module_kwargs: Data,
+    job: str | None = None,
+    private: bool = False,
+    **kwargs: Any,
 ) -> Data:
     """Place, pre-accept the new minion's key, run ``virt.init`` on the chosen hypervisor (falling over
     to the next candidate only when a hypervisor does not answer), return where it went and its info.
     Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure.
+    ``private`` (a tenant caller): a name a VM, a minion key or a call in flight has is refused with
+    :func:`saltvirt.fleet.tenants.name_taken`, never with whose it is or where.
 
     One ``virt.init`` per VM name / minion id at a time across every master sharing the cache
     (``saltvirt.fleet.fleetstate`` locks); the capacity it takes is reserved from placement until the VM runs."""
+    try:
+        return _locked_create(opts, name, req, image, module_kwargs, job, **kwargs)
+    except (NameTaken, minionkeys.KeyExistsError, fleetstate.HeldError):
+        if private:
+            raise SaltInvocationError(tenants.name_taken(name)) from None
+        raise
+
+
+def _locked_create(opts, name, req, image, module_kwargs, job, **kwargs):
     with fleetstate.lock(opts, [name, kwargs.get("minion_id") or name], kind="virt.init", job=job) as lease:
         taken = [{"name": t["name"], "why": t["why"], "was": t["was"]} for t in lease.taken_over]
         try:
@@ -400,7 +422,7 @@ def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease
 def _refuse_existing_vm(hosts, name):
     where = sorted(h for h, a in hosts.items() if a["status"] == "up" and name in a["vm_info"])
     if where:
-        raise Failed(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
+        raise NameTaken(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
 
 
 def _order(plan, hosts, name, host, fallback):
