@@ -424,6 +424,7 @@ def init(
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
+        catalog.check_sources(__opts__, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
         if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only
             owner["quota"]["disk_mib"] = vmspec.new_disks_mib(module_kwargs.get("disks"), disk)
