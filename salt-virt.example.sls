@@ -98,10 +98,14 @@ salt-virt-libvirtd-args:
 {%- endif %}
 
 # certificates, keys and the CRL; in libvirtd.conf: crl_file and a tls_allowed_dn_list that admits
-# only hypervisor client certificates (not QEMU's migration pair, not anything else the CA signed)
+# only hypervisor client certificates (not QEMU's migration pair, not anything else the CA signed).
+# qemu: QEMU's own pair in <pki>/qemu, so migrations encrypt the VM's memory and disks (qemu.conf's
+# default_tls_x509_cert_dir is /etc/pki/qemu: with another pki_basepath, point it and the minion's
+# virt:migration:qemu_tls_dir there)
 salt-virt-keys:
   virt.keys:
     - basepath: {{ pki }}
+    - qemu: True
     - libvirtd_conf: {{ conf }}
     - require:
       - file: salt-virt-libvirtd-listen

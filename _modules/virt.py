@@ -283,6 +283,7 @@ def init(
             trusted_image=isinstance(image, str) and image in (_cfg("virt:insecure_trusted_images", None) or ()),
             max_image_mib=_cfg("virt:max_image_mib", None),
             allowed_paths=_allowed_paths(),
+            image_sources=_cfg("virt:image_sources", None),
             operator=_operator(),
             tb_cache_mib=_cfg("virt:tcg_tb_cache_mib", None),
             cloud_init=cloud_init,

@@ -85,12 +85,16 @@ def migrate(
         The libvirtd connection is ``qemu+tls://<target>/system`` (port 16514, this host's client
         certificate from ``virt.keys``): refused up front when those files are missing.
         ``transport=tcp`` (or ``virt:migration:transport: tcp``) asks for plaintext
-        ``qemu+tcp://<target>/system`` by name; the result then carries a warning.
+        ``qemu+tcp://<target>/system`` by name: refused unless this minion's config has
+        ``virt:migration:allow_cleartext: True``; the result then carries a warning.
         ``target_uri`` gives the whole URI verbatim.
     tunnel
         memory through the TLS libvirtd connection (port 16514) instead of a direct QEMU stream to
         ``tcp://<target>``; default ``virt:tunnel``. libvirt cannot tunnel a disk copy: with
-        ``copy_storage`` a configured tunnel gives way to a direct stream (reported).
+        ``copy_storage`` a configured tunnel gives way to a direct stream (reported). The direct stream
+        (memory, and disks over NBD) uses QEMU's own TLS when its certificates are there
+        (``virt.keys`` with ``qemu: True``; ``virt:migration:qemu_tls_dir``); without them a live
+        migration is refused unless ``virt:migration:allow_cleartext: True`` (then reported).
     copy_storage
         ``all`` / ``inc``: also copy the disks (storage not shared). The target needs disk files of
         the right size and format (``inc``: overlays onto the same backing image) at the paths
@@ -105,7 +109,8 @@ def migrate(
         of Salt's ``True`` (``salt-run virt.migrate`` asks for it). Without it, warnings go to the log.
 
     Settings (minion config only): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
-    uri_template, qemu_tls, hosts, stall_timeout}`` (see ``saltvirt.vm.migrate``). ``stall_timeout``
+    uri_template, qemu_tls, qemu_tls_dir, allow_cleartext, hosts, stall_timeout}`` (see
+    ``saltvirt.vm.migrate`` and ``saltvirt.vm.migrate_tls``). ``stall_timeout``
     (default 60 s): a migration that moves no data for that long (the target unreachable) is aborted
     and reported; the VM keeps running here.
 
@@ -144,6 +149,8 @@ def migrate(
             pkipath=opts["pkipath"],
             uri_template=opts["uri_template"],
             qemu_tls=opts["qemu_tls"],
+            qemu_tls_dir=opts["qemu_tls_dir"],
+            allow_cleartext=opts["allow_cleartext"],
             unsafe=_bool(unsafe),
             disk_map=disk_map,
             migrate_disks=migrate_disks,

@@ -78,6 +78,7 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
             allow_http=_bool(get("virt:insecure_http_images", False)),
             max_image_mib=get("virt:max_image_mib", None),
             trusted=isinstance(image, str) and image in (get("virt:insecure_trusted_images", None) or ()),
+            image_sources=get("virt:image_sources", None),
         )
 
 

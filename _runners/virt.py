@@ -431,6 +431,7 @@ def init(
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
+        catalog.check_sources(__opts__, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
         if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only
             owner["quota"]["disk_mib"] = vmspec.new_disks_mib(module_kwargs.get("disks"), disk)
@@ -463,6 +464,7 @@ def init(
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
                 tenant=owner["quota"],
                 operator=who.operator,
+                private=not who.operator,  # a tenant is not told whose a taken name is, nor where
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
                 created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)

@@ -154,12 +154,14 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         wait = backups.settings(conf)["timeout"]
         fcfg = fleet.config(compat.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
-        with fleetstate.lock(__opts__, [new], kind="virt.restore") as lease:
+        with _restore_lock(who, name, as_name, fcfg) as lease:
             try:
                 since = time.time()
                 fun = "virt.vm_state" if who.operator else "virt.full_info"  # a tenant's: who owns what
                 full = fleet.gather(__opts__, fun, cfg=fcfg)
                 hosts = full if who.operator else backups.vm_states(full)
+                if not who.operator:  # first: restore_host's refusals name any VM's hypervisor
+                    backups.tenant_names(who, full, name, as_name)
                 where, down = backups.restore_host(hosts, name, host, as_name, validate.to_bool(ignore_down))
                 if not who.operator:
                     _tenant_restore(who, full, name, id, where, as_name, fcfg, lease, since)
@@ -178,6 +180,20 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
             __context__["retcode"] = 1
         return {"error": str(exc), "retcode": 1}
     return {"name": new, "host": where, "down": down, "result": ans["ret"]}
+
+
+@contextlib.contextmanager
+def _restore_lock(who, name, as_name, fcfg):
+    """The per-name lock of the VM a restore makes; a tenant member that finds it held is told whose call
+    holds it only when it restores its own VM in place (``saltvirt.fleet.backups.tenant_held``)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            lease = stack.enter_context(fleetstate.lock(__opts__, [as_name or name], kind="virt.restore"))
+        except fleetstate.HeldError:
+            if not who.operator:
+                backups.tenant_held(who, lambda: fleet.gather(__opts__, "virt.full_info", cfg=fcfg), name, as_name)
+            raise
+        yield lease
 
 
 def _tenant_restore(who, full, name, bid, where, as_name, fcfg, lease, since):

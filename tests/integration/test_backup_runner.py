@@ -144,6 +144,9 @@ def test_a_tenant_restores_its_own_backups_within_its_quota(bkmaster, fleet):
     assert copy.returncode == 0 and (copy.data["host"], copy.data["name"]) == ("bkhv1", "bkrun1-copy"), copy
     info = bkmaster.salt_cli(timeout=120).run("virt.vm_info", "bkrun1-copy", minion_tgt="bkhv1")
     assert info.data["bkrun1-copy"]["owner"] == {"tenant": "acme", "creator": "alice"}, info  # as recorded
+    # a name another VM has (here: one of no tenant's): taken, whose and where not said (issue 34 #7)
+    taken = run(*ALICE, "virt.restore", "bkrun1", bid, "host=bkhv1", "as=bkrun2")
+    assert taken.data == {"error": "the name bkrun2 is taken: pick another name", "retcode": 1}, taken
     refused = run(*ALICE, "virt.restore", "bkrun1", bid, "host=bkhv1", "as=bkrun1-two")
     assert refused.returncode == 1 and refused.data["error"].startswith(
         "tenant acme: 2 of 2 VMs used, asked 1: no room for bkrun1-two"

@@ -59,7 +59,10 @@ def test_renders_for_debian_and_redhat(salt_cli, hyper1, redhat_minion, hypervis
         assert {"salt-virt-keys", "salt-virt-libvirtd-listen", "salt-virt-libvirtd", "salt-virt-bridge"} <= set(
             rendered
         )
-        assert arg(rendered, "salt-virt-keys", "basepath") == "/etc/pki"
+        assert (
+            arg(rendered, "salt-virt-keys", "basepath") == "/etc/pki"
+            and arg(rendered, "salt-virt-keys", "qemu") is True
+        )
         assert arg(rendered, "salt-virt-libvirtd-listen", "key_values")["listen_tls"] == "1"
         assert arg(rendered, "salt-virt-bridge", "unless") == "ip link show br0"
     # systemd (the RedHat minion): socket activation for TLS; without systemd (this host): --listen
@@ -104,6 +107,8 @@ def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sl
             ("CA/cacert.pem", 0o644),
             ("libvirt/servercert.pem", 0o644),
             ("libvirt/private/serverkey.pem", 0o600),
+            ("qemu/server-key.pem", 0o640),  # QEMU's own pair: migrations encrypt memory and disks
+            ("qemu/client-cert.pem", 0o644),
         ):
             assert oct(os.stat(os.path.join(tmp, "pki", path)).st_mode & 0o777) == oct(mode), path
         assert {k: s["changes"] for k, s in apply().items() if s["changes"]} == {}  # idempotent

@@ -450,7 +450,8 @@ def test_fabric_link_cut_during_migration(fhv, fhv5, fabric, fdir, fmods, boot_a
 
     name = "kmig"
     fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
-    args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
+    # this lab has no TLS: in clear, as the operator's virt:migration:allow_cleartext allows
+    args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system", "allow_cleartext": True}
     pool = concurrent.futures.ThreadPoolExecutor(1)
 
     def cut_when_moving():
@@ -505,6 +506,7 @@ def test_link_cut_during_disk_copy_is_aborted_within_the_stall_bound(fhv, fhv5, 
         "disk_map": {src: dst},
         "max_bandwidth": 1,
         "stall_timeout": 15,
+        "allow_cleartext": True,  # this lab has no TLS: in clear, by the operator's opt-in
     }
     pool = concurrent.futures.ThreadPoolExecutor(1)
     cut_at = {}
@@ -575,7 +577,8 @@ def test_target_libvirtd_killed_during_migration(fhv, fhv5, fdir, fmods, boot_ar
 
     name = "ktgt"
     fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
-    args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
+    # this lab has no TLS: in clear, as the operator's virt:migration:allow_cleartext allows
+    args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system", "allow_cleartext": True}
     pool = concurrent.futures.ThreadPoolExecutor(1)
     killed = {}
 
@@ -699,7 +702,8 @@ def test_hypervisor_rebooted(fhv, fhv5, fdir, fmods, fmaster, fhyper, ftmp, boot
         fmods["virt.init"](name, 1, 128, image=os.path.join(fdir, "base.raw"), nic=None, boot=boot_args)
     assert fmods["virt.set_autostart"]("kauto", "on") and fmods["virt.set_autostart"]("kbmig", "on")
     with vconn.connect(fhv.uri) as conn:
-        args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system"}
+        # this lab has no TLS: in clear, as the operator's virt:migration:allow_cleartext allows
+        args = {"unsafe": True, "transport": "tcp", "target_uri": "qemu+tcp://hv5/system", "allow_cleartext": True}
         assert bounded(migrate.migrate, conn, "kbmig", "hv5", **args)["undefined_on_source"] is True
     child, scratch = seeding_child(fhv, fdir, "kbseed", tmpdir=ftmp)
     child.kill()

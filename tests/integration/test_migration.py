@@ -52,8 +52,12 @@ def store(lab_dir, guest):
 
 @pytest.fixture(scope="module")
 def lab_hvs(lab_dir, fabric):
-    """hv6..hv8, started by ``minions`` once their TLS files are in place."""
-    hvs = {f"hv{i}": lab.Hypervisor(lab_dir, i, fabric, tls_dir=os.path.join(lab_dir, f"hv{i}-pki")) for i in HVS}
+    """hv6..hv8, started by ``minions`` once their TLS files are in place (QEMU's too: its migration streams
+    are encrypted, libvirt's VIR_MIGRATE_TLS)."""
+    hvs = {
+        f"hv{i}": lab.Hypervisor(lab_dir, i, fabric, tls_dir=os.path.join(lab_dir, f"hv{i}-pki"), qemu_tls=True)
+        for i in HVS
+    }
     small = pathlib.Path(lab_dir) / "hv8-images"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_MIB}m", "tmpfs", str(small)], check=True)
@@ -107,27 +111,32 @@ def foreign_tls(hv, tmp):
 
 @pytest.fixture(scope="module")
 def minions(mmaster, lab_hvs, lab_dir, store):
-    """One minion per hypervisor; hv6 and hv7 get their libvirt TLS files from the master's libvirt
-    ext_pillar through the virt.keys state before their libvirtd starts (hv8's come from another CA)."""
+    """One minion per hypervisor; each gets its libvirt and QEMU TLS files from the master's libvirt ext_pillar
+    through the virt.keys state before its libvirtd starts (hv8's libvirtd then gets a server certificate from
+    another CA). hv6 may migrate in clear (virt:migration:allow_cleartext: the tests that ask for plaintext by
+    name start there); hv7 may not."""
     configs = {}
     for name, hv in lab_hvs.items():
         config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
         config["virt"]["allowed_paths"].append(str(store))  # source images, and the shared-storage VM's disk
         config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
+        config["virt"]["migration"] = {"qemu_tls_dir": os.path.join(hv.tls_dir, "qemu")}
         if name != "hv8":
-            config["virt"]["migration"] = {"pkipath": pkipath(hv)}
+            config["virt"]["migration"]["pkipath"] = pkipath(hv)
+        if name == "hv6":
+            config["virt"]["migration"]["allow_cleartext"] = True
         configs[name] = config
     with started_minions(mmaster, configs) as factories:
         cli = mmaster.salt_cli(timeout=180)
         ret = cli.run("saltutil.sync_all", minion_tgt="hv*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
         assert cli.run("saltutil.refresh_pillar", "wait=True", minion_tgt="hv*").returncode == 0
-        for name in ("hv6", "hv7"):
+        for name, hv in lab_hvs.items():
             ret = cli.run(
-                "state.single", "virt.keys", "libvirt-keys", f"basepath={lab_hvs[name].tls_dir}", minion_tgt=name
+                "state.single", "virt.keys", "libvirt-keys", f"basepath={hv.tls_dir}", "qemu=True", minion_tgt=name
             )
             (state,) = ret.data.values()
-            assert state["result"] is True and len(state["changes"]) == 6, ret  # + the CRL
+            assert state["result"] is True and os.path.isfile(os.path.join(hv.tls_dir, "qemu", "server-key.pem")), ret
         foreign_tls(lab_hvs["hv8"], lab_dir)
         for hv in lab_hvs.values():
             hv.start().warm_up()
@@ -270,7 +279,8 @@ def test_module_live_migration_with_shared_storage(cli, hvs, shared_vm, fabric, 
     assert where(local, "vshared") == {"hv6": "running"}
 
     t0 = time.monotonic()
-    ret = salt(cli, "hv6", "virt.migrate", "vshared", "hv7", unsafe=True, transport="tcp")  # plaintext, by name
+    # plaintext libvirtd connection, by name (hv6's operator allows it); QEMU's stream stays TLS (its certificates)
+    ret = salt(cli, "hv6", "virt.migrate", "vshared", "hv7", unsafe=True, transport="tcp")
     assert ret.returncode == 0, ret
     print(f"module migration, shared storage, tcp: {time.monotonic() - t0:.1f} s")
     assert ret.data is True  # Salt's return (its tests assert isinstance(ret, bool)); report=True gives the report
@@ -280,10 +290,14 @@ def test_module_live_migration_with_shared_storage(cli, hvs, shared_vm, fabric, 
     assert pings(fabric, "10.252.0.61")
 
 
-def test_module_tunnelled_tls_migration(local, hvs, shared_vm):
+def test_module_tunnelled_tls_migration(cli, local, hvs, shared_vm):
     # memory through the TLS libvirtd connection (16514); hv7's libvirtd authenticates with the client
     # certificate virt.keys wrote from the master's libvirt ext_pillar, and checks hv6's server certificate
     mark = shared_vm.mark("hv7")
+    # hv7's operator did not allow cleartext: plaintext asked for by name is refused before anything moves
+    ret = salt(cli, "hv7", "virt.migrate", "vshared", "hv6", unsafe=True, transport="tcp")
+    assert ret.returncode != 0 and "would send the libvirtd connection (qemu+tcp) in clear: refused" in ret.stdout
+    assert "virt:migration:allow_cleartext: True" in ret.stdout and where(local, "vshared") == {"hv7": "running"}
     ret = ok(local, "hv7", "virt.migrate", "vshared", "hv6", tunnel=True, unsafe=True, report=True)
     print(f"module migration, shared storage, tunnelled TLS: libvirt {ret['seconds']} s")
     assert (
@@ -302,6 +316,7 @@ def test_runner_proves_shared_storage_and_migrates_in_place(mmaster, local, hvs,
     assert (data["source"], data["target"], data["state"], data["persistent"]) == ("hv6", "hv7", "running", True)
     # the default: TLS (16514) with the client certificate virt.keys wrote, no warning
     assert data["copy_storage"] is None and data["tunnelled"] is False and data["transport"] == "tls"
+    assert data["qemu_tls"] is True  # the memory stream over QEMU's own TLS (VIR_MIGRATE_TLS)
     assert data["target_uri"] == f"qemu+tls://hv7/system?pkipath={hvs['hv6'].tls_dir}/client"
     assert "warnings" not in data
     assert data["disks"] == [str(store / "shared" / "vshared.qcow2")] and "source_files_left" not in data
@@ -446,6 +461,7 @@ def test_runner_shared_nothing_overlay_copies_the_top_layer(
         f" (libvirt {data['migration_seconds']} s)"
     )
     assert data["copy_storage"] == "inc" and data["disks"] == [str(dst)] and data["source_files_left"] == [str(src)]
+    assert data["qemu_tls"] is True and "warnings" not in data  # memory and the disk copy (NBD) over QEMU's TLS
     # virt:tunnel is set, but libvirt cannot tunnel a disk copy: TLS libvirtd connection, direct data stream
     assert data["tunnelled"] is False and data["target_uri"].startswith("qemu+tls://hv7/system?pkipath=")
     assert "cannot tunnel a disk copy" in data["note"]
@@ -557,6 +573,8 @@ def test_evacuate_moves_every_vm_off_the_host(mmaster, local, hvs, guest, store,
     assert data["moved"]["ebig"]["copy_storage"] == "all" and data["moved"]["vshared"]["copy_storage"] is None
     assert data["moved"]["estop"]["live"] is False and where(local, "estop") == {"hv8": "shutoff"}
     assert all("plaintext migration" in m["warnings"][0] for m in data["moved"].values())
+    # the libvirtd connection in clear (asked for, allowed on hv6); the VMs' memory and disks over QEMU's TLS
+    assert all(m["qemu_tls"] is (m["live"] is True) and len(m["warnings"]) == 1 for m in data["moved"].values())
     for name, console in consoles.items():
         assert where(local, name) == {targets[name]: "running"}
         console.continued_on(targets[name], marks[name])

@@ -83,6 +83,7 @@ def minions(rmaster, lab_hvs, lab_dir, store):
         config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
         # how a survivor checks a host's libvirtd: its unix socket (operator config: a URI with options)
         config["virt"]["recovery"] = {"probe_uri": f"qemu+unix:///system?socket={lab_dir}/{{host}}/run/libvirt-sock"}
+        config["virt"]["migration"] = {"allow_cleartext": True}  # this lab has no TLS: rebalance moves in clear
         configs[name] = config
     with started_minions(rmaster, configs) as factories:
         ret = rmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="hv1*")

@@ -215,6 +215,10 @@ def test_a_tenant_cannot_see_or_touch_another_tenants_vms(cloud):
     ]:
         ret = bob.runner(fun, name="a1", **extra)
         assert ret["error"] == "no VM named a1 in tenant beta", (fun, ret)
+    # its name is taken (VM names are minion ids: one fleet), but whose it is and where are not said
+    assert init(bob, "a1") == {"error": "the name a1 is taken: pick another name", "retcode": 1}
+    ret = init(login(cloud, "carol"), "a1", tenant="beta")  # an operator is told where
+    assert re.match(r"a VM named 'a1' already exists on thv[12]: pick another name", ret["error"]), ret
     seen = bob.runner("virt.list")
     assert sorted(n for ans in seen.values() for n in ans.get("vms", {})) == ["b1"], seen
     query = bob.runner("virt.query")

@@ -106,8 +106,11 @@ class Fabric:
 class Hypervisor:
     """One libvirtd in its own namespaces. ``uri`` reaches it from the root namespace."""
 
-    def __init__(self, base, index, fabric, tls_dir=None, extra_libvirtd_conf="", hostname=None, lockspace=None):
+    def __init__(  # noqa: PLR0913 - one lab hypervisor's options
+        self, base, index, fabric, tls_dir=None, extra_libvirtd_conf="", hostname=None, lockspace=None, qemu_tls=False
+    ):
         self.index = index
+        self.qemu_tls = qemu_tls  # QEMU's own TLS (migration streams) from <tls_dir>/qemu: virt.keys qemu: True
         self.lockspace = lockspace  # a directory: libvirt's lock manager (virtlockd) keeps disk leases there
         self.fabric = fabric
         self.hostname = hostname or f"hv{index}"
@@ -163,6 +166,8 @@ class Hypervisor:
             fh.write("\n".join(conf) + "\n" + self.extra_conf + "\n")
         with open(self.path("etc", "qemu.conf"), "a") as fh:
             fh.write('cgroup_controllers = [ ]\nremember_owner = 0\nmigration_address = "0.0.0.0"\n')
+            if self.qemu_tls:  # libvirtd refuses to start when this directory does not exist
+                fh.write(f'default_tls_x509_cert_dir = "{self.tls_dir}/qemu"\n')
             if self.lockspace:  # every disk leased in the shared lockspace: QEMU never opens one held elsewhere
                 fh.write('lock_manager = "lockd"\n')
         if self.lockspace:

@@ -24,6 +24,8 @@ def master_config(state_tree, **extra):
         # 2048-bit keys keep the tests quick; hyper1 manages hv1 (10.252.0.11 in its fabric)
         config["ext_pillar"] = [{"libvirt": {"key_size": 2048, "extra_sans": {"hyper1": ["hv1", "10.252.0.11"]}}}]
     config["virt"]["pool_paths"] = ["/var/tmp"]
+    # image URLs a runner caller may give: the tests' own web servers, on loopback (any port)
+    config["virt"]["image_sources"] = ["127.0.0.1"]
     config.update(extra)
     return config
 

@@ -357,3 +357,31 @@ def tenant_restore(
         return None  # in place: the VM is counted already
     disk_mib = sum(-(-int(d.get("virtual_size") or 0) // 1048576) for d in entry.get("disks") or [])
     return {"cpu": int(entry.get("cpu") or 1), "mem": int(entry.get("mem") or 0), "disk_mib": disk_mib}
+
+
+def _defined(full: dict[str, Data], name: str) -> list[Data]:
+    return [a["vm_info"][name] for a in full.values() if name in ((a or {}).get("vm_info") or {})]
+
+
+def tenant_names(caller: tenants.Caller, full: dict[str, Data], name: str, as_name: str | None = None) -> bool:
+    """Before :func:`restore_host` for tenant member ``caller`` (its refusals name the hypervisor and state of
+    any VM, another tenant's too): a copy's ``as_name`` defined anywhere is refused with
+    :func:`~saltvirt.fleet.tenants.name_taken`, an in-place ``name`` defined as a VM not of its tenant with
+    :func:`~saltvirt.fleet.tenants.missing` (``full``: every hypervisor's ``virt.full_info``). Returns whether
+    the restore is in place over its tenant's own VM."""
+    if as_name:
+        if _defined(full, as_name):
+            raise SaltInvocationError(tenants.name_taken(as_name))
+        return False
+    vms = _defined(full, name)
+    if not all(tenants.owned_by(vm, caller.tenant) for vm in vms):
+        raise SaltInvocationError(tenants.missing(name, caller))
+    return bool(vms)
+
+
+def tenant_held(caller: tenants.Caller, full: Callable[[], dict[str, Data]], name: str, as_name: str | None) -> None:
+    """Tenant member ``caller``'s restore found the name it restores to locked by another call: refused as
+    :func:`tenant_names` refuses (``full()``: every hypervisor's ``virt.full_info``), else as a taken name,
+    unless it restores its own VM in place (then it may be told whose call holds it)."""
+    if as_name or not tenant_names(caller, full(), name):
+        raise SaltInvocationError(tenants.name_taken(as_name or name))

@@ -12,7 +12,10 @@ How Salt 3008 tells a runner function its caller (``salt/client/mixins.py``, ``s
   that started it: ``__user__`` is ``salt.utils.user.get_specific_user()`` (``root``, or ``sudo_<name>``
   under sudo). Running it needs the master's files, which is operator access already.
 * a master key holder (``publisher_acl`` user with the master's ``.<user>_key``) asking the master:
-  ``__user__`` is its OS user name (sudo users become the master's user).
+  ``__user__`` is the user its request names. ``LoadAuth.authenticate_key`` accepts any key holder's own
+  key for a claimed ``root``, the master's user or ``sudo_<name>`` (made the master's user), and
+  ``ClearFuncs.publish`` checks no ACL for them: a ``publisher_acl`` user is root-equivalent, so
+  :func:`resolve` never makes one a tenant member (tests/integration/test_publisher_acl.py shows the claim).
 * ``saltutil.runner`` in a minion job and the orchestrate runner's ``salt.runner`` state pass the
   publisher's user as ``__pub_user`` in pub data (``saltmod.runner`` overwrites any SLS-given one).
 * the reactor runs runner jobs as ``Reactor``; a runner started with no user at all gets ``UNKNOWN``.
@@ -28,6 +31,7 @@ import pwd
 from collections.abc import Mapping
 from typing import Any
 
+import salt.utils.stringutils
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base.salttypes import SaltFunctions, SaltOpts
@@ -89,14 +93,22 @@ def _process_user():
         return None
 
 
+def publisher_acl_user(opts: SaltOpts, user: str) -> bool:
+    """True if the master's ``publisher_acl`` names ``user`` (a name, glob or regex, matched as Salt
+    matches it when it makes the users' keys): such a user holds a key the master accepts for root."""
+    acl = opts.get("publisher_acl") or {}
+    return isinstance(acl, Mapping) and any(salt.utils.stringutils.expr_match(user, str(expr)) for expr in acl)
+
+
 def resolve(opts: SaltOpts, user: str | None) -> Caller:
     """The :class:`Caller` for Salt user ``user`` (from :func:`job_user`) under the master config.
 
     Without ``virt:tenants`` every caller is an operator (salt-virt's behaviour before tenants). With it:
     operators are ``root``, ``sudo_<name>`` (Salt's name for root through sudo), the OS user the master
     runs as, the reactor (``Reactor``), and the users/``group%`` entries of ``virt:operators``; the others
-    must be a member of exactly one tenant. Raises SaltInvocationError for a caller Salt did not name or
-    no tenant has."""
+    must be a member of exactly one tenant, and no ``publisher_acl`` user (:func:`publisher_acl_user`: it
+    can run any job as root, a tenant would not hold it). Raises SaltInvocationError for a caller Salt did
+    not name, a ``publisher_acl`` user and one no tenant has."""
     conf = tenants_conf.config(opts)
     if not conf["tenants"]:
         return Caller(user or "UNKNOWN", True, why="virt:tenants is not configured: every caller is an operator")
@@ -112,6 +124,13 @@ def resolve(opts: SaltOpts, user: str | None) -> Caller:
         return Caller(user, True, why="the master's reactor (its SLS files are the operator's)")
     if tenants_conf.matches(conf["operators"], user, groups):
         return Caller(user, True, why="listed in virt:operators", groups=groups)
+    if publisher_acl_user(opts, user):
+        raise SaltInvocationError(
+            f"user {user} is in this master's publisher_acl, whose users Salt lets run any job as root (it "
+            "accepts their own key for a claimed root): salt-virt gives it no tenant; the operator lists it in "
+            "virt:operators, or removes it from publisher_acl and gives it eauth (salt-api, salt-run --eauth) "
+            "to make it a tenant member"
+        )
     found = [name for name, t in conf["tenants"].items() if tenants_conf.matches(t["members"], user, groups)]
     if len(found) > 1:
         raise SaltInvocationError(

@@ -17,14 +17,19 @@ hypervisor's ``virt.init``, which verifies the checksum before it uses any cache
 ``salt://`` source is re-fetched by ``cp.cache_file`` when the master's file changed, an https source when
 its length/ETag/Last-Modified changed, and the cached base key includes the file's size and mtime
 (:func:`saltvirt.vm.provision.base_image`), so VMs created before keep their old base.
+
+Any other ``http(s)://`` image a runner caller names must be within ``virt:image_sources`` (master config;
+default: none): :func:`check_sources`.
 """
 
 from collections.abc import Iterable
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.spec import vmspec
 from saltvirt.storage import intake
 
 ENTRY_KEYS = ("source", "checksum", "format", "min_size", "profile")
@@ -82,3 +87,17 @@ def resolve(
     if isinstance(image, str) and image in catalog:
         return catalog[image], catalog[image]["source"]
     return None, image
+
+
+def check_sources(opts: SaltOpts, image: str | None, disks: Any = None) -> None:
+    """Refuse the ``http(s)://`` images of a runner call (``image``, and each of ``disks``' ``image``) that are
+    neither a catalog entry's source nor within ``virt:image_sources`` of the master config (default: none,
+    so ``salt://`` images, the catalog and the hypervisors' own files only): a hypervisor fetches whatever URL
+    it is given, from hosts inside its network too (metadata services, admin interfaces)."""
+    sources = intake.image_sources((opts.get("virt") or {}).get("image_sources"), "master config") or ()
+    vouched = {entry["source"] for entry in config(opts).values()}
+    for source in [image, *(d.get("image") for d in vmspec.named_entries(disks, "disks"))]:
+        if source not in vouched:
+            intake.check_source(
+                source, sources, "master config", ", or puts the image in virt:catalog or on the master's fileserver"
+            )

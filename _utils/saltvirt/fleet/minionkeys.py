@@ -47,10 +47,14 @@ def accepted_pub(opts: SaltOpts, minion_id: str) -> str:
     return entry["pub"]
 
 
+class KeyExistsError(SaltInvocationError):
+    """The master has a key for the minion id already (a tenant caller is told less: whose it is not)."""
+
+
 def refuse_existing_key(opts: SaltOpts, minion_id: str) -> None:
     state = key_state(opts, minion_id)
     if state:
-        raise SaltInvocationError(
+        raise KeyExistsError(
             f"the master already has a {state} key for {minion_id!r}: remove it first (salt-key -d {minion_id}) "
             "or choose another name"
         )

@@ -269,7 +269,7 @@ def _migrated(name, source, target, prep, moved, done, note, started):
         "migration_seconds": moved["seconds"],
         "seconds": round(time.monotonic() - started, 3),
     }
-    ret["transport"] = moved.get("transport")
+    ret["transport"], ret["qemu_tls"] = moved.get("transport"), moved.get("qemu_tls")  # what went encrypted
     if moved.get("warnings"):
         ret["warnings"] = moved["warnings"]
     if left:

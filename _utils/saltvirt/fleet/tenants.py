@@ -286,6 +286,12 @@ def missing(name: str, caller: Caller) -> str:
     return tenancy.missing(name, caller.tenant)
 
 
+def name_taken(name: str) -> str:
+    """The one wording for a VM name a tenant caller cannot take: a VM, its minion key or a call in flight has
+    it. Whose it is and where are not said (another tenant's VM or its hypervisor)."""
+    return f"the name {name} is taken: pick another name"
+
+
 def operator_only(caller: Caller, fun: str) -> None:
     """Refuse ``fun`` (an operator's runner function) to a tenant caller."""
     if not caller.operator:

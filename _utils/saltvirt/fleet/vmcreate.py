@@ -28,7 +28,7 @@ from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
 from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
-from saltvirt.fleet import quota as quotas
+from saltvirt.fleet import quota as quotas, tenants
 from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
 
 log = logging.getLogger(__name__)
@@ -81,15 +81,37 @@ def _brief(plan):
     }
 
 
+class NameTaken(Failed):
+    """A VM of that name is defined on a hypervisor."""
+
+
 def create(
-    opts: SaltOpts, name: str, req: Data, image: str | None, module_kwargs: Data, job: str | None = None, **kwargs: Any
+    opts: SaltOpts,
+    name: str,
+    req: Data,
+    image: str | None,
+    module_kwargs: Data,
+    job: str | None = None,
+    private: bool = False,
+    **kwargs: Any,
 ) -> Data:
     """Place, pre-accept the new minion's key, run ``virt.init`` on the chosen hypervisor (falling over
     to the next candidate only when a hypervisor does not answer), return where it went and its info.
     Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure.
+    ``private`` (a tenant caller): a name a VM, a minion key or a call in flight has is refused with
+    :func:`saltvirt.fleet.tenants.name_taken`, never with whose it is or where.
 
     One ``virt.init`` per VM name / minion id at a time across every master sharing the cache
     (``saltvirt.fleet.fleetstate`` locks); the capacity it takes is reserved from placement until the VM runs."""
+    try:
+        return _locked_create(opts, name, req, image, module_kwargs, job, **kwargs)
+    except (NameTaken, minionkeys.KeyExistsError, fleetstate.HeldError):
+        if private:
+            raise SaltInvocationError(tenants.name_taken(name)) from None
+        raise
+
+
+def _locked_create(opts, name, req, image, module_kwargs, job, **kwargs):
     with fleetstate.lock(opts, [name, kwargs.get("minion_id") or name], kind="virt.init", job=job) as lease:
         taken = [{"name": t["name"], "why": t["why"], "was": t["was"]} for t in lease.taken_over]
         try:
@@ -423,14 +445,14 @@ def check_name(hosts: dict[str, Data], name: str, store: fleetstate.Store, opera
     The warnings of a name an operator creates while a hypervisor is silent."""
     where = sorted(h for h, a in hosts.items() if a["status"] == "up" and name in a["vm_info"])
     if where:
-        raise Failed(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
+        raise NameTaken(f"a VM named {name!r} already exists on {', '.join(where)}: pick another name or purge it")
     silent = down_hosts(hosts)
     if not silent:
         return []
     listed = ", ".join(f"{h} ({hosts[h]['status']})" for h in silent)
-    tenants = quotas.holders(store, name) if operator else []
-    if tenants or not operator:
-        why = f" (tenant {', '.join(tenants)}'s quota ledger has it)" if tenants else ""
+    holders = quotas.holders(store, name) if operator else []
+    if holders or not operator:
+        why = f" (tenant {', '.join(holders)}'s quota ledger has it)" if holders else ""
         they = "it answers" if len(silent) == 1 else "they answer"
         raise Failed(NAME_UNSURE.format(name=name, silent=listed, why=why, they=they), down=silent)
     return [f"{listed} did not answer: a VM named {name!r} there was not seen (no tenant's quota ledger has one)"]

@@ -101,7 +101,18 @@ def update(
     ``call(host, fun, args, kwargs)``: one hypervisor's answer (:func:`saltvirt.fleet.publish.call`);
     ``tenant``: ``{name, quota, groups}`` whose quota (and quotas per hypervisor group) the growth is taken
     from (a tenant caller), or None (an operator: not counted). Raises
-    :class:`saltvirt.fleet.quota.QuotaError` when the growth does not fit."""
+    :class:`saltvirt.fleet.quota.QuotaError` when the growth does not fit. A tenant caller is told whose
+    call holds the VM's lock only for its own VM: for another (another tenant's VM being created, moved or
+    changed), ``locate()``'s refusal, as for a VM that does not exist."""
+    try:
+        return _update(opts, name, cpu, mem, kwargs, locate, call, tenant, job, store)
+    except fleetstate.HeldError:
+        if tenant is not None:
+            locate()  # a VM the tenant does not see: the same refusal as for a name nobody has
+        raise
+
+
+def _update(opts, name, cpu, mem, kwargs, locate, call, tenant, job, store):
     test = validate.to_bool(kwargs.get("test", False))
     with fleetstate.lock(opts, [name], kind=FUN, job=job, store=store) as lease:
         try:

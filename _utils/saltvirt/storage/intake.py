@@ -9,7 +9,9 @@ through before ``virt.init`` clones it. Images are untrusted input.
 * ``checksum='sha256:<hex>'`` / ``'sha512:<hex>'`` is verified before the image is used, for every
   source;
 * downloads: https only unless ``allow_http=True`` (the minion config's ``virt:insecure_http_images``);
-  never an https -> http redirect; credentials in
+  only from the operator's ``virt:image_sources`` when a list is given (:func:`check_source`: the URL and
+  every redirect; the runner checks its callers' URLs against the master's list, the hypervisor against its
+  own when set); never an https -> http redirect; credentials in
   the URL go into an Authorization header (never to a redirect target) and are stripped from every
   message, event, log line and cache metadata (:func:`redact`); at most ``virt:max_image_mib`` MiB,
   enforced while downloading;
@@ -71,6 +73,7 @@ _MAGIC = (
 )
 _VMDK_TEXT = re.compile(rb"(?im)^\s*(createType\s*=|version\s*=\s*[123]\b|(RW|RDONLY|NOACCESS)\s+\d+\s+\w+)")
 _QCOW2_EXTERNAL_DATA = 1 << 2
+HV_CONFIG = "hypervisor's minion config"  # where the list fetch() is given comes from
 
 
 # URLs --------------------------------------------------------------------------------------------
@@ -96,6 +99,72 @@ def parse_checksum(checksum: Any) -> tuple[str, str] | None:
     return algo, digest
 
 
+def _origin(parts):
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def image_sources(value: Any, where: str) -> tuple[str, ...] | None:
+    """``virt:image_sources`` of the ``where`` config checked: host names (``images.example.com``: any port
+    and path) and URL prefixes (``https://images.example.com:8443/cloud/``; no credentials, query or
+    fragment). None when the config has none (``[]`` is a list that allows no http(s) source)."""
+    if value is None:
+        return None
+    entries = [value] if isinstance(value, str) else value
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise SaltInvocationError(f"virt:image_sources in the {where} must be a list of hosts and URL prefixes")
+    for entry in entries:
+        parts = urllib.parse.urlsplit(entry if "://" in entry else f"https://{entry}")
+        ok = parts.scheme.lower() in ("http", "https") and parts.hostname and not parts.username
+        ok = ok and not parts.query and not parts.fragment and ("://" in entry or not parts.path)
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SaltInvocationError(
+                f"virt:image_sources in the {where}: {entry!r} is neither a host name nor an http(s):// URL prefix "
+                "(https://host[:port][/path], without credentials, query or fragment)"
+            )
+    return tuple(e.strip() for e in entries)
+
+
+def source_allowed(url: str, sources: Sequence[str]) -> bool:
+    """Whether http(s) ``url`` is within ``sources`` (:func:`image_sources`): the same host (any port and
+    scheme for a host entry), or the same scheme, host and port and a path under the prefix's (whole
+    path segments: ``/cloud`` covers ``/cloud/x``, not ``/cloudy``)."""
+    parts = urllib.parse.urlsplit(url)
+    for entry in sources:
+        if "://" not in entry:
+            if (parts.hostname or "").lower() == entry.strip().lower():
+                return True
+            continue
+        allowed = urllib.parse.urlsplit(entry)
+        if _origin(parts) != _origin(allowed):
+            continue
+        prefix = allowed.path or "/"
+        if parts.path == prefix or parts.path.startswith(prefix if prefix.endswith("/") else prefix + "/"):
+            return True
+    return False
+
+
+def check_source(image: Any, sources: Sequence[str] | None, where: str, instead: str = "") -> None:
+    """Refuse an ``http(s)://`` image URL outside ``sources`` (:func:`image_sources` of the ``where`` config;
+    None: no list, nothing refused): the fetch would reach whatever host it names, internal ones too.
+    ``instead``: what else the caller may use (``salt://`` images, the catalog)."""
+    if sources is None or not isinstance(image, str) or "://" not in image:
+        return
+    parts = urllib.parse.urlsplit(image.strip())
+    if parts.scheme.lower() not in ("http", "https") or source_allowed(image.strip(), sources):
+        return
+    port = f":{parts.port}" if parts.port else ""
+    raise SaltInvocationError(
+        f"image {redact(image)} is not from a source the operator allows (virt:image_sources in the {where}: "
+        f"{', '.join(sources) or 'none'}): the operator adds {parts.hostname} (or "
+        f"{parts.scheme.lower()}://{parts.hostname}{port}/<path>/) to virt:image_sources{instead}"
+    )
+
+
 def _max_bytes(max_mib):
     if max_mib in (None, ""):
         max_mib = DEFAULT_MAX_IMAGE_MIB
@@ -110,12 +179,14 @@ def fetch(
     *,
     allow_http: bool = False,
     max_image_mib: Any = None,
+    sources: Sequence[str] | None = None,
 ) -> str:
     """A local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
 
     ``cache_file`` is Salt's ``cp.cache_file`` (salt:// URLs). Downloads go to ``cache_dir`` and are
-    reused while the server's Content-Length/ETag/Last-Modified stay the same. Checks nothing about
-    the content: :func:`accept` does (checksum, format).
+    reused while the server's Content-Length/ETag/Last-Modified stay the same; with ``sources`` (the
+    minion config's checked ``virt:image_sources``) only from there, redirects included. Checks nothing
+    about the content: :func:`accept` does (checksum, format).
     """
     if not isinstance(image, str) or not image.strip() or "\0" in image:
         raise SaltInvocationError(f"image must be an absolute path or a salt://, https:// URL, got {image!r}")
@@ -144,7 +215,8 @@ def fetch(
             )
         return local
     if scheme == "https" or (scheme == "http" and allow_http):
-        return _download(image, images._abs_path(cache_dir, "image cache directory"), limit)
+        check_source(image, sources, HV_CONFIG)
+        return _download(image, images._abs_path(cache_dir, "image cache directory"), limit, sources)
     if scheme == "http":
         raise SaltInvocationError(
             f"image {redact(image)}: plain http is refused (anyone on the path can change the image): use "
@@ -163,10 +235,11 @@ def _cache_name(url):
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Follow redirects, but never from https to anything else, and only to http(s)."""
+    """Follow redirects, but never from https to anything else, only to http(s), and only within
+    ``sources`` when the operator gave a list."""
 
-    def __init__(self, allow_http):
-        self.allow_http = allow_http
+    def __init__(self, allow_http, sources=None):
+        self.allow_http, self.sources = allow_http, sources
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         old = urllib.parse.urlsplit(req.full_url).scheme.lower()
@@ -177,6 +250,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
                 f"downloading image {redact(req.full_url)}: the server redirects to {redact(newurl)}, "
                 f"refused ({old} -> {new}: an https image is only ever fetched over https)"
             )
+        check_source(urllib.parse.urljoin(req.full_url, newurl), self.sources, HV_CONFIG)
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -193,7 +267,7 @@ def _request(url, headers):
     return req
 
 
-def _download(url, cache_dir, limit):
+def _download(url, cache_dir, limit, sources=None):
     shown = redact(url)
     os.makedirs(cache_dir, mode=0o755, exist_ok=True)
     path = os.path.join(cache_dir, _cache_name(url))
@@ -207,7 +281,7 @@ def _download(url, cache_dir, limit):
     if meta and meta.get("last_modified"):
         headers["If-Modified-Since"] = meta["last_modified"]
     allow_http = urllib.parse.urlsplit(url).scheme.lower() == "http"
-    opener = urllib.request.build_opener(_Redirects(allow_http))
+    opener = urllib.request.build_opener(_Redirects(allow_http, sources))
     try:
         resp = opener.open(_request(url, headers), timeout=DOWNLOAD_TIMEOUT)
     except urllib.error.HTTPError as exc:
@@ -484,9 +558,11 @@ def accept(
     max_image_mib: Any = None,
     trusted: bool = False,
     roots: Any = None,
+    sources: Sequence[str] | None = None,
 ) -> Data:
     """Fetch ``image`` (any source), verify ``checksum`` and check its format: the only way an image
     enters salt-virt. Returns :func:`probe`'s dict plus ``source`` (redacted) and ``checksum``.
+    ``sources``: the operator's ``virt:image_sources`` (minion config), checked; None: no list.
 
     ``roots``: the directories a local path may come from (``virt:images`` + the operator's
     ``virt:allowed_paths``); see :func:`confine_local`. ``trusted`` does not lift it."""
@@ -499,7 +575,7 @@ def accept(
     confine_local(image, roots)
     local = None
     try:
-        local = fetch(image, cache_dir, cache_file, allow_http=allow_http, max_image_mib=max_image_mib)
+        local = fetch(image, cache_dir, cache_file, allow_http=allow_http, max_image_mib=max_image_mib, sources=sources)
         verified = verify_checksum(local, checksum, image)
         info = probe(local, image, trusted=trusted)
     except BaseException:

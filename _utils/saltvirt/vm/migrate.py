@@ -22,10 +22,12 @@ The master-side sequence (source_info -> prepare -> migrate -> finish or abort_c
       tunnel: False                 # tunnelled migration: memory over the libvirtd TLS connection (16514)
       migration:
         transport: tls              # libvirtd-to-libvirtd connection: tls (default) | tcp (plaintext: only
-                                    # when named here or in the call, and reported in the result's warnings)
+                                    # when named here or in the call and allowed by allow_cleartext, below)
         pkipath: /etc/pki/libvirt   # dir with cacert.pem, clientcert.pem, clientkey.pem (default: libvirt's)
         uri_template: 'qemu+{transport}://{target}/system'
-        qemu_tls: False             # QEMU-native TLS for a direct data stream (migrate_tls_x509_cert_dir)
+        qemu_tls_dir: /etc/pki/qemu # QEMU's own TLS for the data stream: on when its files are there
+        qemu_tls: True              # always (refused without them) / False: never; unset: when they are there
+        allow_cleartext: False      # True: what cannot be encrypted may go in clear (saltvirt.vm.migrate_tls)
         hosts: {hyper2: hv2.example.com}   # names the target may be given as -> its address
         address: hv1.example.com    # this hypervisor's address as a migration target (default: its host name)
 """
@@ -50,15 +52,19 @@ from saltvirt.host import query, snapshot
 from saltvirt.storage import images
 from saltvirt.host.conn import domain_exists, get_domain, libvirt
 from saltvirt.host.query import state_name
+from saltvirt.vm import migrate_tls
+from saltvirt.vm.migrate_tls import TRANSPORTS, choose_transport
 
 PROBE_PREFIX = ".salt-virt-probe-"
 RECORD = ".salt-virt-migrate.json"  # <images>/<vm>/: what prepare created, for abort_cleanup
 DEFAULT_URI_TEMPLATE = "qemu+{transport}://{target}/system"
-SETTINGS = ("transport", "pkipath", "uri_template", "qemu_tls", "hosts", "address", "stall_timeout")
+SETTINGS = (
+    *("transport", "pkipath", "uri_template", "qemu_tls", "qemu_tls_dir", "allow_cleartext"),
+    *("hosts", "address", "stall_timeout"),
+)
 STALL_TIMEOUT = 60.0  # seconds a migration may move no data before it is aborted (virt:migration:stall_timeout)
 ABORT_GRACE = 10.0  # seconds an aborted migration may take to end before its streams are cut
 MIGRATION_PORTS = range(49152, 49216)  # libvirt's migration_port_min..max: the target's migration and NBD ports
-TRANSPORTS = ("tcp", "tls")
 COPY_MODES = ("all", "inc")
 ROOM_MARGIN_MIB = 16  # plus 1% of the virtual size: image metadata, blocks the guest writes meanwhile
 
@@ -74,52 +80,13 @@ def settings(config_get: ConfigGet) -> Data:
         raise SaltInvocationError(f"virt:migration: unknown key(s) {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
     out = {k: mig.get(k) for k in SETTINGS}
     out["tunnel"] = validate.to_bool(config_get("virt:tunnel", False))
-    out["qemu_tls"] = validate.to_bool(out["qemu_tls"])
+    out["qemu_tls"] = migrate_tls.setting(out["qemu_tls"])
+    out["allow_cleartext"] = validate.to_bool(out["allow_cleartext"])
     out["stall_timeout"] = stall_bound(out["stall_timeout"])
     out["hosts"] = out["hosts"] or {}
     if not isinstance(out["hosts"], dict):
         raise SaltInvocationError(f"virt:migration:hosts must map names to addresses, not {out['hosts']!r}")
     return out
-
-
-DEFAULT_PKI = {  # libvirt's client files for root when no pkipath is given (what virt.keys writes)
-    "cacert.pem": "/etc/pki/CA/cacert.pem",
-    "clientcert.pem": "/etc/pki/libvirt/clientcert.pem",
-    "clientkey.pem": "/etc/pki/libvirt/private/clientkey.pem",
-}
-PLAINTEXT_WARNING = (
-    "plaintext migration (transport tcp, asked for by name): the libvirtd connection (port 16509) is neither "
-    "encrypted nor authenticated; the default is TLS (16514) with the certificates virt.keys writes"
-)
-
-
-def tls_missing(pkipath: str | None = None) -> list[str]:
-    """The TLS client files libvirt needs for ``qemu+tls://`` that are missing (empty: all there)."""
-    files = {n: os.path.join(pkipath, n) for n in DEFAULT_PKI} if pkipath else DEFAULT_PKI
-    return [path for path in files.values() if not os.path.isfile(path)]
-
-
-def choose_transport(
-    transport: str | None = None, pkipath: str | None = None, target_uri: str | None = None
-) -> tuple[str | None, list[str]]:
-    """``(transport, warnings)``: TLS unless ``tcp`` is asked for by name; TLS without the client
-    files is refused before anything moves."""
-    if target_uri:
-        plain = str(target_uri).startswith("qemu+tcp:")
-        return None, [PLAINTEXT_WARNING] if plain else []
-    transport = transport or "tls"
-    if transport not in TRANSPORTS:
-        raise SaltInvocationError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
-    if transport == "tcp":
-        return "tcp", [PLAINTEXT_WARNING]
-    missing = tls_missing(pkipath)
-    if missing:
-        raise CommandExecutionError(
-            f"migration over TLS needs this host's libvirt client certificate: {', '.join(missing)} missing. "
-            "Apply the virt.keys state (see salt-virt.example.sls) or set virt:migration:pkipath; plaintext "
-            "only when asked for by name: transport=tcp"
-        )
-    return "tls", []
 
 
 def destination_uri(
@@ -281,6 +248,11 @@ def _hint(exc, target):
         return (
             " (if the target sees the same disk files, pass unsafe=True; otherwise copy_storage=all, or use "
             "salt-run virt.migrate, which prepares the target)"
+        )
+    if "x509" in msg.lower() or "credentials" in msg.lower():  # QEMU's own TLS (VIR_MIGRATE_TLS)
+        return (
+            f" (QEMU's migration TLS: both hypervisors need QEMU's certificates, the virt.keys state with qemu: True, "
+            f"and {target}'s qemu.conf default_tls_x509_cert_dir pointing at them)"
         )
     if code == libvirt.VIR_ERR_AUTH_FAILED or "certificate" in msg.lower():
         return (
@@ -459,15 +431,18 @@ def migrate(
     transport: str | None = None,
     pkipath: str | None = None,
     uri_template: str | None = None,
-    qemu_tls: bool = False,
+    qemu_tls: bool | None = None,
     unsafe: bool = False,
     disk_map: dict[str, str] | None = None,
     migrate_disks: Iterable[str] | None = None,
     verify_backing: dict[str, str] | None = None,
     stall_timeout: Any = STALL_TIMEOUT,
+    qemu_tls_dir: str | None = None,
+    allow_cleartext: bool = False,
 ) -> Data:
     """Move ``name`` from this libvirtd to ``target``; see ``virt.migrate`` for the arguments. A migration
-    that moves no data for ``stall_timeout`` seconds is aborted (:class:`Watchdog`)."""
+    that moves no data for ``stall_timeout`` seconds is aborted (:class:`Watchdog`); what it would send in
+    clear is refused unless ``allow_cleartext`` (:func:`saltvirt.vm.migrate_tls.streams`)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
     snapshot.refuse_migration(dom)
@@ -479,6 +454,10 @@ def migrate(
         raise SaltInvocationError(f"VM {name!r} is already on {target}")
     if not target_uri:
         destination_uri(target, tunnel, "tcp", None, uri_template)  # bad input first, then the TLS files
+    migration_flags(active, live, tunnel, copy_storage, unsafe)  # bad input first
+    qemu_tls, clear = migrate_tls.streams(
+        active, tunnel, transport, target_uri, qemu_tls, qemu_tls_dir, allow_cleartext
+    )
     flags = migration_flags(active, live, tunnel, copy_storage, unsafe, qemu_tls)
     for path, want in (verify_backing or {}).items():
         if fsutil.file_digest(path) != want:
@@ -487,6 +466,7 @@ def migrate(
                 f"{source}. Use copy_storage=all (full copy) or give the target the same image"
             )
     transport, warnings = choose_transport(transport, pkipath, target_uri)
+    warnings += clear
     dest = target_uri or destination_uri(target, tunnel, transport, pkipath, uri_template)
     params: dict[str, Any] = {}
     if not tunnel and data_uri(dest):
@@ -533,6 +513,7 @@ def migrate(
         "undefined_on_source": not domain_exists(conn, name),
         "seconds": seconds,
         "transport": transport or urllib.parse.urlsplit(dest).scheme.partition("+")[2] or None,
+        "qemu_tls": bool(flags & libvirt.VIR_MIGRATE_TLS),
     }
     if warnings:
         ret["warnings"] = warnings

@@ -75,9 +75,11 @@ def accept_image(
     allow_http: Any = False,
     max_image_mib: Any = None,
     trusted: bool = False,
+    image_sources: Any = None,
 ) -> Data:
     """``source`` through :func:`saltvirt.storage.intake.accept` with this host's settings: downloads into
-    ``<images>/.cache``, local paths only from ``virt:images`` and ``virt:allowed_paths``."""
+    ``<images>/.cache`` (only from ``virt:image_sources`` when the minion config has it), local paths only
+    from ``virt:images`` and ``virt:allowed_paths``."""
     return intake.accept(
         source,
         os.path.join(images_dir, intake.CACHE_DIR),
@@ -87,6 +89,7 @@ def accept_image(
         max_image_mib=max_image_mib,
         trusted=validate.to_bool(trusted),
         roots=(images_dir, *validate.allowed_paths(allowed_paths)),
+        sources=intake.image_sources(image_sources, intake.HV_CONFIG),
     )
 
 
@@ -213,6 +216,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     trusted_image=False,
     max_image_mib=None,
     allowed_paths=(),
+    image_sources=None,
     cloud_init=None,
     minion_install=None,
     owner=None,
@@ -242,6 +246,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             allow_http=allow_http,
             max_image_mib=max_image_mib,
             trusted=trusted_image,
+            image_sources=image_sources,
         )
 
     fetched = info = None

@@ -244,3 +244,36 @@ def test_a_tenants_backups_stop_at_its_backup_mib_quota(bk):  # noqa: F811
         conn = libvirt.open("test:///default")
         conn.lookupByName("bk3").undefine()
         conn.close()
+
+
+def test_a_tenants_restore_is_never_told_another_tenants_vm_or_its_host():
+    """What salt-run virt.restore checks for a tenant caller before restore_host (whose refusals name any VM's
+    hypervisor and state, as the first two asserts show): a copy's name another tenant's VM has is a taken
+    name, an in-place restore over another tenant's VM the refusal of a VM that does not exist; the same when
+    another call holds the name, unless it is the caller's own VM (issue 34 #7)."""
+
+    def vm(tenant):
+        return {"state": "running", "owner": {"tenant": tenant, "creator": "x"}}
+
+    full = {"h1": {"status": "up", "vm_info": {"a1": vm("acme"), "b1": vm("beta")}}, "h2": {"status": "up"}}
+    with pytest.raises(SaltInvocationError, match=r"a VM named b1 is defined on h1 \(running\)"):
+        backups.restore_host(backups.vm_states(full), "a1", "h2", as_name="b1")
+    with pytest.raises(CommandExecutionError, match=r"VM b1 is defined on h1 \(running\)"):
+        backups.restore_host(backups.vm_states(full), "b1", "h2")
+    alice = callers.resolve({"virt": TENANTS}, "alice")
+    refusals = [
+        ("a1", "b1", "^the name b1 is taken: pick another name$"),
+        ("b1", None, "^no VM named b1 in tenant acme$"),
+    ]
+    for name, as_name, refusal in refusals:
+        with pytest.raises(SaltInvocationError, match=refusal):
+            backups.tenant_names(alice, full, name, as_name)
+        with pytest.raises(SaltInvocationError, match=refusal):
+            backups.tenant_held(alice, lambda: full, name, as_name)
+    assert backups.tenant_names(alice, full, "a1") is True  # its own VM, in place
+    assert backups.tenant_names(alice, full, "gone") is False
+    assert backups.tenant_names(alice, full, "b1", as_name="new") is False  # its backup of a name now theirs
+    assert backups.tenant_held(alice, lambda: full, "a1", None) is None  # its own VM: whose call may be said
+    for name, as_name in (("gone", None), ("a1", "new")):
+        with pytest.raises(SaltInvocationError, match=f"^the name {as_name or name} is taken: pick another name$"):
+            backups.tenant_held(alice, lambda: full, name, as_name)

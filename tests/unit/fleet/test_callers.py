@@ -120,3 +120,19 @@ def test_job_caller_resolves_the_user_of_any_runner_file():
     other = {"__user__": "alice"}
     loader = {"virt.init": type("F", (), {"__globals__": other})()}
     assert callers.job_caller(opts(), {"__user__": "UNKNOWN"}, loader) == callers.resolve(opts(), "alice")
+
+
+@pytest.mark.parametrize("acl", [{"alice": ["test.*"]}, {"ali*": ["test.*"]}, {"a.ice": []}])
+def test_a_publisher_acl_user_is_no_tenant_member(acl):
+    """Salt accepts a publisher_acl user's own key for a claimed root (issue 34 #4, shown on a real master in
+    tests/integration/test_publisher_acl.py): such a user is refused as a tenant member and as a stranger,
+    however publisher_acl names it; virt:operators may still list it, and without tenants nothing changes."""
+    conf = dict(opts(), publisher_acl=acl)
+    wording = "user alice is in this master's publisher_acl, whose users Salt lets run any job as root"
+    with pytest.raises(SaltInvocationError, match=wording) as refused:
+        callers.resolve(conf, "alice")
+    assert "removes it from publisher_acl and gives it eauth" in str(refused.value)
+    assert callers.resolve(conf, "bob").tenant == "beta"
+    listed = dict(conf, virt=dict(TENANTS, operators=["alice"]))
+    assert callers.resolve(listed, "alice").operator
+    assert callers.resolve(dict(conf, virt={}), "alice").operator

@@ -74,7 +74,9 @@ def test_a_hypervisor_that_only_forgers_speak_for_is_down_and_says_why(tmp_path)
 def test_a_slow_hypervisor_that_says_its_job_runs_is_waited_for_until_max_wait(tmp_path):
     """Issue 33: a loaded hypervisor answers late; while it says (signed) that the job runs, it is not down."""
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 runs the job, and answers checks
-    cfg = fleet.config(fleet_.opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.2)
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=0.6, client=fleet_)
+    # checks every 0.3 s, down after 2 s of silence: a loaded test process that sleeps a while still reads the
+    # answers before it would give hv2 up
+    cfg = fleet.config(fleet_.opts, timeout=0.3, gather_job_timeout=0.3, down_after=2)
+    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=3, client=fleet_)
     assert got["hv2"]["status"] == "timeout"  # not down: it may still finish
     assert fleet_.kinds.count(answers.JOB_CHECK) >= 3  # asked again and again, each time answered

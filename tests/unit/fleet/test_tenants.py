@@ -133,3 +133,22 @@ def test_locate_as_a_tenant_sees_it():
         tenants.locate(hosts, "db1", alice)
     with pytest.raises(publish.Failed, match="^VM 'db1' is not defined on any hypervisor that answered"):
         tenants.locate(hosts, "db1", ops)  # an operator gets the fleet's own wording
+
+
+def test_a_tenant_cannot_tell_another_tenants_vm_from_none():
+    """What a tenant's start/stop/purge/vm_info/migrate/update find (``visible`` then ``locate``): another tenant's
+    VM, asked with or without its hypervisor, gets the refusal of a name nobody has, naming no hypervisor."""
+    from saltvirt.fleet import callers, publish
+
+    alice = callers.Caller("alice", False, "acme")
+    fleet = {
+        "hyper1": {"status": "up", "vm_info": {"web1": {"owner": {"tenant": "acme"}}}},
+        "hyper9": {"status": "up", "vm_info": {"db9": {"owner": {"tenant": "beta"}}}},  # not one of acme's
+        "rack2-1": {"status": "up", "vm_info": {"db2": {"owner": {"tenant": "beta"}}}},  # one of acme's too
+    }
+    seen = tenants.visible(fleet, alice, tenants.config(CONF))
+    assert sorted(seen) == ["hyper1", "rack2-1"] and seen["rack2-1"]["vm_info"] == {}
+    for name, host in [("db9", None), ("db9", "hyper9"), ("db2", None), ("db2", "rack2-1"), ("nothere", None)]:
+        with pytest.raises(publish.Failed) as refused:
+            tenants.locate(seen, name, alice, host)
+        assert str(refused.value) == tenants.missing(name, alice) == f"no VM named {name} in tenant acme"

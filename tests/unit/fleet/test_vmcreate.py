@@ -452,3 +452,49 @@ def test_a_silent_hypervisor_and_an_operator(tmp_path):
         _init(opts, client, "op2", tgt="hv1", tenant=dict(ACME, quota={"vcpus": 1}), operator=True)
     assert _init(opts, client, "op3", tgt="hv1", tenant=ACME, operator=True)["host"] == "hv1"
     assert sorted(ledger()) == ["a9", "op3"] and ledger()["a9"]["state"] == "settled"
+
+
+def test_a_tenant_is_told_a_name_is_taken_never_whose_or_where(tmp_path, test_conn):
+    """A tenant caller (``private``) asking for a name a VM on any hypervisor (another tenant's, on a hypervisor
+    not its own), a minion key or another call's lock has gets one refusal, without the hypervisor or the
+    holder (issue 34 #7); an operator keeps the details."""
+    from saltvirt.fleet import publish, tenants
+    from saltvirt.host import capacity
+
+    test_conn.defineXML(
+        "<domain type='test'><name>theirs1</name><memory unit='MiB'>64</memory><os><type>hvm</type></os></domain>"
+    )
+    try:
+        with_theirs = capacity.capacity(test_conn, str(tmp_path / "images"))
+    finally:
+        test_conn.lookupByName("theirs1").undefine()
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    empty = {"host": with_theirs["host"], "vm_info": {}}
+    client = SigningClient({"virt.capacity": {"hv1": with_theirs, "hv2": empty}})
+    minionkeys.preaccept(opts, "keyed1", envelope.new_keypair()[0])
+
+    def init(name, private):
+        return vmcreate.create(
+            opts,
+            name,
+            placement.make_request(1, 64),
+            "salt://images/tiny.qcow2",
+            {},
+            policy=placement.make_policy(mem_reserve_mib=0),
+            cfg=publish.config(opts),
+            client=client,
+            private=private,
+        )
+
+    with fleetstate.lock(opts, ["busy1"], kind="virt.migrate"):
+        for name in ("theirs1", "keyed1", "busy1"):
+            with pytest.raises(SaltInvocationError) as refused:
+                init(name, private=True)
+            assert str(refused.value) == tenants.name_taken(name) == f"the name {name} is taken: pick another name"
+        with pytest.raises(vmcreate.NameTaken, match="a VM named 'theirs1' already exists on hv1: pick another"):
+            init("theirs1", private=False)
+        with pytest.raises(minionkeys.KeyExistsError, match="already has a accepted key for 'keyed1'"):
+            init("keyed1", private=False)
+        with pytest.raises(fleetstate.HeldError, match="'busy1' is held: virt.migrate by master master"):
+            init("busy1", private=False)
+    assert minionkeys.key_state(opts, "theirs1") is None and minionkeys.key_state(opts, "busy1") is None

@@ -226,3 +226,34 @@ def test_a_tenants_tgt_never_hides_its_vms_elsewhere_from_its_quota(virt_test, t
     # a VM on a hypervisor outside tgt is not found there (tgt still says where to look)
     with pytest.raises(publish.Failed, match="^no VM named a2 in tenant acme$"):
         tenants.where(opts, alice, "a2", None, cfg, client)
+
+
+def test_a_tenant_is_told_whose_call_holds_a_vm_for_its_own_vms_only(virt_test, hv):
+    """A tenant's update of another tenant's VM whose name a call holds (being created, moved or changed) gets
+    the refusal of a name nobody has, never who holds it (issue 34 #7); its own VM and an operator: the holder."""
+    from saltvirt.fleet import callers, publish, tenants
+
+    locate, call, opts = hv
+    define(virt_test, "u2")
+    virt_test["virt.init"]("o2", 1, 64, nic=None, disk=None, start=False, owner={"tenant": "beta", "creator": "bob"})
+    conf = {"virt": {"tenants": {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}}}}
+    alice = callers.resolve(conf, "alice")
+
+    def as_alice(name):  # the runner's locate for a tenant caller: its tenant's VMs only
+        def mine():
+            hosts = locate()[1]
+            return tenants.locate(tenants.visible(hosts, alice, tenants.config(conf)), name, alice), hosts
+
+        return mine
+
+    tenant = {"name": "acme", "quota": {}}
+    with pytest.raises(publish.Failed, match="^no VM named nothere in tenant acme$"):
+        vmupdate.update(opts, "nothere", 2, None, {}, locate=as_alice("nothere"), call=call, tenant=tenant)
+    with fleetstate.lock(opts, ["o2", "u2"], kind="virt.migrate"):
+        with pytest.raises(publish.Failed, match="^no VM named o2 in tenant acme$"):
+            vmupdate.update(opts, "o2", 2, None, {}, locate=as_alice("o2"), call=call, tenant=tenant)
+        with pytest.raises(fleetstate.HeldError, match="'u2' is held: virt.migrate by master m1"):
+            vmupdate.update(opts, "u2", 2, None, {}, locate=as_alice("u2"), call=call, tenant=tenant)
+        with pytest.raises(fleetstate.HeldError, match="'o2' is held: virt.migrate by master m1"):
+            vmupdate.update(opts, "o2", 2, None, {}, locate=locate, call=call)
+    assert vcpus(virt_test, "o2") == 1 and vcpus(virt_test, "u2") == 1

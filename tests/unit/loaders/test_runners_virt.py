@@ -75,6 +75,16 @@ def test_init_refuses_a_vm_the_hypervisor_target_matches(runner, tmp_path, name,
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{"image": "https://169.254.169.254/latest/"}, {"disks": [{"name": "d", "image": "https://10.0.0.5/x"}]}]
+)
+def test_init_refuses_an_image_url_outside_the_operators_sources(runner, tmp_path, kwargs):
+    """virt:image_sources (master config, none here): the hypervisor is never asked to fetch it (issue 34 #7)."""
+    ret = runner["virt.init"]("web1", 1, 128, **kwargs)
+    assert "is not from a source the operator allows (virt:image_sources in the master config: none)" in str(ret)
+    assert ret["data"]["retcode"] == 1 and not (tmp_path / "pki").exists()  # no key generated, nothing published
+
+
 # tenants: what is refused before anything is published (the whole flow: tests/integration/test_tenants.py)
 SHA = "sha256:" + "ab" * 32
 TENANTS = {

@@ -6,7 +6,7 @@ import os
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from tests.support.saltloader import load_states
+from tests.support.saltloader import load_states, make_minion_mods
 
 TRANSIENT_XML = (
     "<domain type='test'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os>"
@@ -197,10 +197,14 @@ def test_migration_functions_with_salt_names(virt_test, vm, tmp_path):
     v = virt_test
     with pytest.raises(CommandExecutionError, match="post-copy"):
         v["virt.migrate_start_postcopy"](vm_=vm)  # no migration running: libvirt's reason
-    # a URI target is taken (Salt >= 3002): it fails only where libvirt fails to reach it
-    with pytest.raises(CommandExecutionError) as err:
+    # a URI target is taken (Salt >= 3002): it fails only where libvirt fails to reach it (a qemu+tcp one is
+    # plaintext: only where the operator allows it)
+    with pytest.raises(CommandExecutionError, match="in clear: refused"):
         v["virt.migrate"](vm, "qemu+tcp://127.0.0.1:1/system")
-    assert "target" not in str(err.value).split(":")[0]
+    clear = make_minion_mods(tmp_path / "clear", "test:///default", migration={"allow_cleartext": True})
+    with pytest.raises(CommandExecutionError) as err:
+        clear["virt.migrate"](vm, "qemu+tcp://127.0.0.1:1/system")
+    assert "target" not in str(err.value).split(":")[0] and "failed" in str(err.value)
     images = v["config.get"]("virt:images")
     disks = {
         "vda": {

@@ -14,7 +14,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil
 from saltvirt.storage import images
-from saltvirt.vm import migrate
+from saltvirt.vm import migrate, migrate_tls
 from tests.support.paths import TEST_NODE_XML
 from tests.support.saltloader import make_minion_mods
 
@@ -102,7 +102,8 @@ def test_settings_from_config():
     }
     got = migrate.settings(lambda key, default=None: conf.get(key, default))
     assert got["tunnel"] is True and got["transport"] == "tls" and got["pkipath"] == "/etc/pki/x"
-    assert got["hosts"] == {"hyper2": "hv2"} and got["qemu_tls"] is False and got["address"] is None
+    assert got["hosts"] == {"hyper2": "hv2"} and got["qemu_tls"] is None and got["address"] is None
+    assert got["allow_cleartext"] is False and got["qemu_tls_dir"] is None  # QEMU's TLS when its files are there
     assert got["stall_timeout"] == migrate.STALL_TIMEOUT == 60.0
     conf["virt:migration"] = {"stall_timeout": "15"}
     assert migrate.settings(lambda key, default=None: conf.get(key, default))["stall_timeout"] == 15.0
@@ -186,7 +187,7 @@ def test_source_info_describes_disks_and_leaves_probes(test_conn, src_vm):
 def test_migrate_failure_says_where_the_vm_is(test_conn, src_vm):
     # the test driver has no migration support: a real libvirt failure, and the VM really stays
     with pytest.raises(CommandExecutionError) as err:
-        migrate.migrate(test_conn, "m", "hv2", transport="tcp")  # no TLS files on this machine
+        migrate.migrate(test_conn, "m", "hv2", transport="tcp", allow_cleartext=True)  # no TLS files here
     msg = str(err.value)
     assert msg.startswith(f"migrating VM 'm' from {test_conn.getHostname()} to hv2 failed: ")
     assert msg.endswith(f"VM 'm' is still running on {test_conn.getHostname()}")
@@ -207,7 +208,9 @@ def test_migrate_refuses_before_touching_libvirt(test_conn, src_vm, tmp_path):
     qemu_img("create", "-q", "-f", "qcow2", str(other), "64M")
     wrong = {src_vm["base"]: fsutil.file_digest(str(other)) + "0"}
     with pytest.raises(CommandExecutionError, match="backing image .* differs on the target: nothing was migrated"):
-        migrate.migrate(test_conn, "m", "hv2", copy_storage="inc", verify_backing=wrong, transport="tcp")
+        migrate.migrate(
+            test_conn, "m", "hv2", copy_storage="inc", verify_backing=wrong, transport="tcp", allow_cleartext=True
+        )
     assert src_vm["dom"].isActive()
 
 
@@ -342,11 +345,14 @@ def test_module_functions_load(virt_test):
     assert "salt 'hyper1' virt.migrate web1 hv2" in virt_test["virt.migrate"].__doc__
 
 
-def test_module_migrate_error_on_test_driver(virt_test):
+def test_module_migrate_error_on_test_driver(virt_test, tmp_path):
+    with pytest.raises(CommandExecutionError, match="would send the libvirtd connection .* in clear: refused"):
+        virt_test["virt.migrate"]("test", "hv2", transport="tcp")  # plaintext asked for, not allowed here
+    clear = make_minion_mods(tmp_path, "test:///default", migration={"allow_cleartext": True})
     with pytest.raises(
         CommandExecutionError, match="migrating VM 'test' from .* to hv2 failed: .* VM 'test' is still running on"
     ):
-        virt_test["virt.migrate"]("test", "hv2", transport="tcp")
+        clear["virt.migrate"]("test", "hv2", transport="tcp")
     assert virt_test["virt.vm_state"]("test") == {"test": "running"}
     with pytest.raises(SaltInvocationError, match="cannot copy disks through a tunnelled"):
         virt_test["virt.migrate"]("test", "hv2", tunnel=True, copy_storage="all")
@@ -357,9 +363,14 @@ def test_module_migrate_error_on_test_driver(virt_test):
 def test_module_maps_target_names_from_config(tmp_path):
     pkipath = tmp_path / "client"
     pkipath.mkdir()
-    for name in migrate.DEFAULT_PKI:  # TLS is checked for its client files before libvirt is asked
+    for name in migrate_tls.DEFAULT_PKI:  # TLS is checked for its client files before libvirt is asked
         (pkipath / name).write_text("x")
+    qemu = tmp_path / "qemu"  # QEMU's own TLS files (virt.keys qemu: True): its stream is encrypted too
+    qemu.mkdir()
+    for name in ("ca-cert.pem", "client-cert.pem", "client-key.pem"):
+        (qemu / name).write_text("x")
     migration = {"hosts": {"hyper2": "hv2.example.com"}, "transport": "tls", "pkipath": str(pkipath)}
+    migration["qemu_tls_dir"] = str(qemu)
     mods = make_minion_mods(tmp_path, "test:///default", migration=migration)
     with pytest.raises(
         CommandExecutionError, match=r"from .* to hv2\.example\.com failed: .* VM 'test' is still running"
@@ -391,23 +402,6 @@ def test_prepare_creates_only_inside_its_own_images_or_allowlist(test_conn, src_
     plan = migrate.prepare(target["conn"], forged, b, allowed_paths=[str(elsewhere)])  # the operator allows it
     assert str(elsewhere / "authorized_keys") in plan["created"]
     assert img_info(str(elsewhere / "authorized_keys"))["virtual-size"] == 32 << 20
-
-
-def test_transport_is_tls_unless_tcp_is_named(tmp_path):
-    """TLS by default; plaintext only by name and with a warning; TLS without the client files is
-    refused before anything moves."""
-    with pytest.raises(CommandExecutionError, match="virt.keys") as exc:
-        migrate.choose_transport(pkipath=str(tmp_path))
-    assert "transport=tcp" in str(exc.value) and str(tmp_path / "clientkey.pem") in str(exc.value)
-    for name in migrate.DEFAULT_PKI:
-        (tmp_path / name).write_text("x")
-    assert migrate.choose_transport(pkipath=str(tmp_path)) == ("tls", [])
-    transport, warnings = migrate.choose_transport("tcp", pkipath=str(tmp_path))
-    assert transport == "tcp" and "plaintext" in warnings[0]
-    assert migrate.choose_transport(target_uri="qemu+tcp://hv2/system")[1] == [migrate.PLAINTEXT_WARNING]
-    assert migrate.choose_transport(target_uri="qemu+tls://hv2/system") == (None, [])
-    with pytest.raises(SaltInvocationError, match="transport must be one of"):
-        migrate.choose_transport("ssh")
 
 
 def test_qemu_img_on_the_target_runs_through_tools_run(tmp_path):
