@@ -3,7 +3,8 @@
 What a tenant uses is counted from two sources, by VM name (a VM is counted once):
 
 * the fleet snapshot (``virt.full_info`` of every hypervisor): every VM whose <metadata> owner is the tenant,
-  with its vCPUs and memory as defined, its disk as its quota entry recorded it (``virt.init``'s disks, and
+  with the bigger of its running and its persistent definition's vCPUs and memory (:func:`size`: a growth
+  that waits for a restart counts at once), its disk as its quota entry recorded it (``virt.init``'s disks, and
   what updates added, an operator's too: :func:`record`), else its disks' sizes;
 * the tenant's ledger (bank ``salt-virt/quotas``, one entry per tenant, in the same store and under the same
   compare-and-set as :mod:`saltvirt.fleet.fleetstate` reservations): ``{entries: {vm: {cpu, mem, disk_mib,
@@ -50,6 +51,12 @@ def _down(hosts):
     return any((ans or {}).get("status") != "up" for ans in hosts.values())
 
 
+def size(vm: Data, key: str) -> int:
+    """What the quota counts of a VM's ``cpu`` or ``mem`` (``vm``: its ``virt.full_info`` entry): the bigger of
+    the running VM's and its persistent definition's (``defined``), which it gets at its next start."""
+    return max(int(vm.get(key) or 0), int((vm.get("defined") or {}).get(key) or 0))
+
+
 def _vm_disk_mib(vm):
     sizes = [(d or {}).get("virtual_size") for d in ((vm or {}).get("disks") or {}).values()]
     return sum(math.ceil(int(s) / MIB) for s in sizes if s)
@@ -90,8 +97,8 @@ def count(
         if on is not None and not on(host):
             continue
         rec = entries.get(name) or {}
-        used["vcpus"] += int(vm.get("cpu") or 0)
-        used["mem"] += int(vm.get("mem") or 0)
+        used["vcpus"] += size(vm, "cpu")
+        used["mem"] += size(vm, "mem")
         used["disk"] += int(rec.get("disk_mib") or 0) if rec else _vm_disk_mib(vm)
         used["names"].append(name)
     for name, rec in sorted(entries.items()):
@@ -118,7 +125,7 @@ def _grown(rec, seen, entries):
         delta = int(rec.get(key) or 0)
         if vm_name in seen:
             target = int((rec.get("to") or {}).get(key) or 0)
-            delta = min(delta, max(0, target - int(seen[vm_name][1].get(key) or 0)))
+            delta = min(delta, max(0, target - size(seen[vm_name][1], key)))
         elif settled:
             delta = 0  # the VM's own entry has its new sizes
         out[key] = delta

@@ -163,3 +163,24 @@ def test_many_domains_read_in_threads_answer_as_one_by_one(test_conn):
     test_conn.lookupByName("many05").undefine()
     xmls = query._all_xml(doms)
     assert query._vanished(xmls["many05"]) and all(isinstance(v, tuple) for n, v in xmls.items() if n != "many05")
+
+
+def test_a_running_vm_reports_its_definitions_sizes_too(test_conn):
+    """A growth that waits for a restart (virt.update live=False, or past the running VM's maximum) is in the
+    persistent definition only: ``defined`` reports it beside the running VM's ``cpu``/``mem``, alone and
+    in the bulk answer alike; a stopped VM's definition is its own sizes."""
+    import libvirt
+
+    xml = (
+        "<domain type='test'><name>{}</name><uuid>{}</uuid><memory unit='MiB'>{}</memory><vcpu>{}</vcpu>"
+        "<os><type>hvm</type></os></domain>"
+    )
+    uuid = "5a1f6b0e-7d4e-4c55-9d9f-0c2b3e4f5a61"
+    dom = test_conn.defineXML(xml.format("grow1", uuid, 64, 1))
+    dom.create()
+    test_conn.defineXML(xml.format("grow1", uuid, 128, 2))  # the next start's definition
+    test_conn.defineXML(xml.format("idle1", "5a1f6b0e-7d4e-4c55-9d9f-0c2b3e4f5a62", 32, 1))
+    assert dom.XMLDesc(0) != dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    for info in (query.vm_info(test_conn, "grow1")["grow1"], query.vm_info(test_conn)["grow1"]):
+        assert (info["cpu"], info["mem"], info["defined"]) == (1, 64, {"cpu": 2, "mem": 128})
+    assert query.vm_info(test_conn)["idle1"]["defined"] == {"cpu": 1, "mem": 32}
