@@ -5,6 +5,8 @@ test_authority.py go through one)."""
 
 import functools
 
+import salt.client
+
 from saltvirt.pki import answers, envelope
 
 
@@ -76,3 +78,15 @@ class SigningClient:
 
     def _clean_up_subscriptions(self, jid):
         pass
+
+    def __enter__(self):  # the runner's `with salt.client.get_local_client(...) as client`
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def serve(monkeypatch, client):
+    """Have ``salt.client.get_local_client`` hand out ``client``: the runner's loader modules build their own
+    LocalClient, and a real one needs a running salt-master."""
+    monkeypatch.setattr(salt.client, "get_local_client", lambda *_args, **_kwargs: client)

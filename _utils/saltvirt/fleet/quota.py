@@ -62,6 +62,14 @@ def _vm_disk_mib(vm):
     return sum(math.ceil(int(s) / MIB) for s in sizes if s)
 
 
+def counted(vm: Data, store: fleetstate.Store | None = None, tenant: str | None = None) -> Data:
+    """``{cpu, mem, disk_mib}`` that :func:`count` counts of a VM (``vm``: its ``virt.full_info`` entry): :func:`size`
+    of its vCPUs and memory, and the disk of its entry in ``tenant``'s ledger (in ``store``), else its disks' sizes."""
+    rec = ((store.fetch(QUOTAS, tenant) or {}).get("entries") or {}).get(vm.get("name")) if store and tenant else None
+    disk = int(rec.get("disk_mib") or 0) if rec else _vm_disk_mib(vm)
+    return {"cpu": size(vm, "cpu"), "mem": size(vm, "mem"), "disk_mib": disk}
+
+
 def tenant_vms(hosts: dict[str, Data], tenant: str) -> dict[str, tuple[str, Data]]:
     """``{vm: (host, vm_info)}`` of every VM the snapshot shows with ``tenant`` in its <metadata>."""
     out = {}
