@@ -17,6 +17,9 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
   (the positive part of its vCPU, memory and disk change; no VM). Active while the update runs; once it is
   done the VM's own entry takes the new sizes and the growth entry, settled, counts only for snapshots
   taken before it settled (those still show the VM's old sizes).
+* move entries (``<vm>/migrate``, ``moves: <vm>``): a tenant's ``salt-run virt.migrate`` to a hypervisor of one
+  of its hypervisor groups (:func:`move`). The VM counts in the tenant's total already: the entry counts only
+  in those groups, until the snapshot shows the VM there.
 
 :func:`reserve` re-counts and checks the quota inside the transaction, so two masters or twenty concurrent
 ``virt.init``/``virt.update`` calls of one tenant never take more than its quota together.
@@ -37,6 +40,7 @@ from saltvirt.fleet.tenants import QUOTA_KEYS, host_allowed, in_groups
 QUOTAS = "salt-virt/quotas"
 MIB = 1048576
 GROWS = "/update"  # a growth entry's key: <vm>/update ('/' is in no VM name)
+MOVES = "/migrate"  # a move entry's key: <vm>/migrate
 
 
 class QuotaError(SaltInvocationError):
@@ -112,6 +116,9 @@ def count(
     for name, rec in sorted(entries.items()):
         if name in seen or not _counts(rec, down, since, now, skew):
             continue
+        if rec.get("moves"):
+            _moved(used, rec, seen, on)
+            continue
         grown = _grown(rec, seen, entries) if rec.get("grows") else rec
         used["vcpus"] += int(grown.get("cpu") or 0)
         used["mem"] += int(grown.get("mem") or 0)
@@ -120,6 +127,18 @@ def count(
             used["names"].append(name)
     used["vms"] = len(used["names"])
     return used
+
+
+def _moved(used, rec, seen, on):
+    """Count a move entry (that counts) in a hypervisor group's view (``on``) until the snapshot shows its VM
+    in the group: never in the tenant's total, where the VM counts wherever it is."""
+    vm_name = rec["moves"]
+    if on is None or vm_name in used["names"] or (vm_name in seen and on(seen[vm_name][0])):
+        return
+    used["vcpus"] += int(rec.get("cpu") or 0)
+    used["mem"] += int(rec.get("mem") or 0)
+    used["disk"] += int(rec.get("disk_mib") or 0)
+    used["names"].append(vm_name)
 
 
 def _grown(rec, seen, entries):
@@ -144,8 +163,8 @@ def _counts(rec, down, since, now, skew):
     """Whether a ledger entry whose VM the snapshot does not show counts (see the module doc)."""
     if rec.get("state") != "settled":
         return rec.get("expires", 0) > now
-    # a settled growth entry: only snapshots taken before it settled show the VM's old sizes
-    return (down and not rec.get("grows")) or rec.get("settled_at", 0) >= since - skew
+    # a settled growth (move) entry: only snapshots taken before it settled show the VM's old sizes (host)
+    return (down and not rec.get("grows") and not rec.get("moves")) or rec.get("settled_at", 0) >= since - skew
 
 
 def _prune(entries, hosts, tenant, since, now, skew):
@@ -293,15 +312,66 @@ def place(
             raise QuotaError(f"{reasons}: no room for {key} on {host}", used) from None
 
 
+def move(
+    store: fleetstate.Store,
+    lease: fleetstate.Lease,
+    tenant: str,
+    name: str,
+    source: str,
+    target: str,
+    hosts: dict[str, Data],
+    since: float,
+    groups: Data | None,
+    cfg: Data | None = None,
+) -> None:
+    """Take VM ``name`` (on ``source`` in the fleet snapshot ``hosts``, taken at ``since``) from ``tenant``'s quotas of
+    the hypervisor groups (``groups``) that ``target`` is in and ``source`` is not: a migration there, checked as
+    :func:`place` checks a new VM, under the same compare-and-set (refused with :class:`QuotaError`). Its move entry
+    is renewed with ``lease`` and ended by :func:`finish` (settled: the VM's own entry is on ``target``)."""
+    joined = {g: conf for g, conf in (groups or {}).items() if not host_allowed(conf, source)}
+    if not in_groups(joined, target):
+        return
+    cfg = cfg or lease.cfg
+    now = time.time()
+    key = name + MOVES
+    vm = hosts[source]["vm_info"][name]
+    refused: list[tuple[str, Data]] = []
+
+    def update(old):
+        refused.clear()
+        entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
+        entries.pop(key, None)  # a stale one of ours (retry after a dead master) is replaced
+        own = entries.get(name)
+        sizes = {"cpu": size(vm, "cpu"), "mem": size(vm, "mem")}
+        sizes["disk_mib"] = int(own.get("disk_mib") or 0) if own else _vm_disk_mib(vm)
+        asked = {"vcpus": sizes["cpu"], "mem": sizes["mem"], "disk": sizes["disk_mib"], "vms": 1}
+        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], target, joined, asked)
+        if group:
+            refused.append(group)
+            raise fleetstate.AbortUpdate
+        entries[key] = fleetstate.active_entry(lease, now, **sizes, moves=name, host=target)
+        return {"entries": entries}
+
+    try:
+        store.transact(QUOTAS, tenant, update)
+    except fleetstate.AbortUpdate:
+        reasons, used = refused[0]
+        raise QuotaError(f"{reasons}: no room for {name} on {target}", used) from None
+    where = (tenant, key)
+    lease.on_renew.append(lambda expires: fleetstate.renew_reservation(store, where, lease.token, expires, QUOTAS))
+    lease.quota = where
+
+
 def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_for: float | None = None) -> None:
     """End ``lease``'s quota entry: ``settled`` (the VM exists: the entry stays until it is purged),
     ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds: it may still appear). A growth
-    entry settled gives its VM's own entry the update's sizes (and its disk) in the same transaction."""
+    entry settled gives its VM's own entry the update's sizes (and its disk), a move entry its new host, in the
+    same transaction."""
     where = getattr(lease, "quota", None)
     lease.quota = None  # ended: a later "failed" must not drop what "unknown" kept
     if not where:
         return
-    if outcome != "settled" or not where[1].endswith(GROWS):
+    if outcome != "settled" or not where[1].endswith((GROWS, MOVES)):
         fleetstate.end_entry(store, QUOTAS, where, lease, outcome, keep_for)
         return
     tenant, key = where
@@ -313,9 +383,12 @@ def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_
         if not rec or rec.get("token") != lease.token:
             raise fleetstate.AbortUpdate
         entries[key] = dict(rec, state="settled", settled_at=now)
-        vm = entries.get(rec["grows"])
-        if vm:
-            entries[rec["grows"]] = _resized(vm, rec.get("to"), rec.get("disk_mib"))
+        vm_name = rec.get("grows") or rec.get("moves")
+        vm = entries.get(vm_name)
+        if vm and rec.get("grows"):
+            entries[vm_name] = _resized(vm, rec.get("to"), rec.get("disk_mib"))
+        elif vm:
+            entries[vm_name] = dict(vm, host=rec["host"])
         return {"entries": entries}
 
     with contextlib.suppress(fleetstate.AbortUpdate):
@@ -352,13 +425,14 @@ def record(store: fleetstate.Store, name: str, to: Data | None, disk_mib: int) -
 
 
 def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:
-    """Drop VM ``name``'s entries (its own, a growth one) from ``tenant``'s ledger (it was purged)."""
+    """Drop VM ``name``'s entries (its own, a growth or move one) from ``tenant``'s ledger (it was purged)."""
 
     def update(old):
         entries = dict((old or {}).get("entries") or {})
-        if name not in entries and name + GROWS not in entries:
+        keys = (name, name + GROWS, name + MOVES)
+        if not any(key in entries for key in keys):
             raise fleetstate.AbortUpdate
-        for key in (name, name + GROWS):
+        for key in keys:
             entries.pop(key, None)
         return {"entries": entries} if entries else None
 
