@@ -135,7 +135,8 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
 
     With ``virt:tenants``, a tenant member restores its own tenant's backups only (the owner the backup
     recorded in the VM's domain XML), in place only over its own stopped VM, on its hypervisors; a restore that
-    makes a VM (``as=NEW``, or a VM defined nowhere) takes it from the tenant's quota as ``virt.init`` does.
+    makes a VM (``as=NEW``, or a VM defined nowhere) takes it from the tenant's quota as ``virt.init`` does,
+    and one in place of a bigger backup what it grows the VM by, as ``virt.update`` does.
 
     CLI Example::
 
@@ -197,15 +198,10 @@ def _restore_lock(who, name, as_name, fcfg):
 
 
 def _tenant_restore(who, full, name, bid, where, as_name, fcfg, lease, since):
-    """A tenant member's restore: its own backup (``virt.backup_list`` on ``where``), and the VM it makes
-    taken from its quota (``saltvirt.fleet.backups.tenant_restore``)."""
+    """A tenant member's restore: its own backup (``virt.backup_list`` on ``where``), and what it adds taken
+    from its quota (``saltvirt.fleet.backups.reserve_restore``)."""
     listing = fleet.call(__opts__, where, "virt.backup_list", [name], None, cfg=fcfg)[0]
     if listing.get("status") != "up":
         raise CommandExecutionError(f"virt.backup_list on {where}: {listing.get('error') or listing.get('status')}")
     tconf = tenants.config(__opts__)["tenants"][who.tenant]
-    req = backups.tenant_restore(who, tconf, full, listing["ret"], name, bid, where, as_name)
-    if req:
-        new = as_name or name
-        quota.reserve(
-            lease.store, lease, who.tenant, new, req, full, since, tconf["quota"], host=where, groups=tconf["groups"]
-        )
+    backups.reserve_restore(lease, who, tconf, full, listing["ret"], name, bid, where, since, as_name)

@@ -67,10 +67,14 @@ def migrate(
     tgt=None,
     tgt_type=None,
     transport=None,
+    ignore_placement=False,
 ):
     """
     Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
-    runner finds the VM's hypervisor, asks the target to prepare (storage it shares with the source
+    runner finds the VM's hypervisor, checks that the target may take it as ``virt.init`` checks a new
+    VM (room for its memory and vCPUs, reserved there until the move ends; not in maintenance; no VM of
+    its anti-affinity group there; for a tenant's VM, its quotas of the target's hypervisor groups), asks
+    the target to prepare (storage it shares with the source
     is used in place, proven with a probe file; for the rest it checks room and creates disk files of
     the right size and format, qcow2 overlays onto its copy of the backing image), then the source's
     libvirtd migrates peer to peer, copying the disks that are not shared. The VM ends up defined on
@@ -93,6 +97,8 @@ def migrate(
         the VM's hypervisor, if its name is ambiguous.
     max_downtime / max_bandwidth
         milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
+    ignore_placement
+        operators only: skip the placement checks and move it anyway (said in the answer's ``warnings``).
 
     Master config: ``virt:tunnel`` (bool), ``virt:migration_timeout`` (seconds, default 3600).
 
@@ -102,20 +108,22 @@ def migrate(
 
         salt-run virt.migrate web1 hyper2
         salt-run virt.migrate db1 hyper3 tunnel=True max_downtime=300
+        salt-run virt.migrate db1 hyper3 ignore_placement=True
     """
     try:
         validate.vm_name(name)
         who = callers.job_caller(__opts__, globals(), __salt__)
+        forced = validate.to_bool(ignore_placement)
+        if forced:
+            tenants.operator_only(who, "virt.migrate ignore_placement=True")
+        pol = placement.make_policy(_virt_conf().get("placement"))
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             remote = _remote(client, tgt, tgt_type)
+            checks = None if forced else relocate.placement_checks(pol)
             if not who.operator:  # its own VM, to one of its hypervisors
-                seen = tenants.visible(remote.gather("virt.full_info"), who, tenants.config(__opts__))
-                host = tenants.locate(seen, name, who, host)
-                tconf = tenants.config(__opts__)["tenants"][who.tenant]
-                if not tenants.host_allowed(tconf, target):
-                    tenants.refuse("hypervisor", target, who.tenant, tconf["hypervisors"])
+                host, checks = relocate.tenant_checks(remote, who, tenants.config(__opts__), name, target, host, pol)
             tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
-            return relocate.migrate(
+            ret = relocate.migrate(
                 remote,
                 name,
                 target,
@@ -127,9 +135,16 @@ def migrate(
                 max_bandwidth=max_bandwidth,
                 timeout=timeout,
                 transport=transport or None,
+                checks=checks,
             )
     except SaltException as exc:
         return _failed(exc)
+    if forced:
+        ret.setdefault("warnings", []).append(
+            f"ignore_placement=True: {name} was moved to {target} without placement's checks (room, maintenance, "
+            "anti-affinity)"
+        )
+    return ret
 
 
 def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, transport=None, **policy):

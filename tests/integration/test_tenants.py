@@ -3,7 +3,7 @@ namespaced libvirtd hypervisors (``thv1``/``thv2`` manage hv21/hv22). VMs are de
 (``seed=False start=False``: quota and isolation need no running guest; the docs' curl walk-through
 starts one for a moment).
 
-    alice  tenant acme: quota 3 vCPUs, 3 VMs; catalog image tiny
+    alice  tenant acme: quota 3 vCPUs, 3 VMs; catalog image tiny; none of its VMs on thv2 (group_quotas)
     bob    tenant beta: quota 4 vCPUs; catalog images tiny, other
     carol  operator (virt:operators)
 
@@ -75,8 +75,14 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
         # generous waits: ten concurrent inits each ask both hypervisors on a 2-core machine
         "hypervisors": {"tgt": HOSTS, "tgt_type": "list", "timeout": 60, "gather_job_timeout": 30},
         "operators": ["carol"],
+        "hypervisor_groups": {"gpu": ["thv2"]},
         "tenants": {
-            "acme": {"members": ["alice"], "quota": {"vcpus": 3, "vms": 3}, "images": ["tiny", "debian12"]},
+            "acme": {
+                "members": ["alice"],
+                "quota": {"vcpus": 3, "vms": 3},
+                "group_quotas": {"gpu": {"vms": 0}},  # its VMs are all on thv1: a migration to thv2 is refused
+                "images": ["tiny", "debian12"],
+            },
             "beta": {"members": ["bob"], "quota": {"vcpus": 4}, "images": ["tiny", "other"]},
         },
         "catalog": {
@@ -318,3 +324,16 @@ def test_a_callers_tgt_narrows_placement_only(cloud):
         taken = f"a VM named {theirs!r} already exists on {there}: pick another name or purge it"
         assert ret.get("error") == taken, ret
     assert libvirt_vms(cloud) == vms
+
+
+def test_a_tenants_migration_is_placed_as_virt_init_places_a_vm(cloud):
+    """salt-run virt.migrate through salt-api is placed as virt.init places a VM (issue 34 #5: it checked the
+    target's disk room only): acme's group quota keeps its VMs off thv2, so moving a1 there is refused before
+    anything moves, and skipping placement is an operator's call."""
+    alice = login(cloud, "alice")
+    assert libvirt_vms(cloud)["a1"]["host"] == "thv1"
+    ret = alice.runner("virt.migrate", name="a1", target="thv2")
+    assert ret["error"] == "tenant acme on hypervisor group gpu: 0 of 0 VMs used, asked 1: no room for a1 on thv2", ret
+    ret = alice.runner("virt.migrate", name="a1", target="thv2", ignore_placement=True)
+    assert ret["error"].startswith("virt.migrate ignore_placement=True is for operators: user alice"), ret
+    assert libvirt_vms(cloud)["a1"]["host"] == "thv1"

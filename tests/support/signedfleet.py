@@ -12,6 +12,8 @@ import tempfile
 
 import salt.config
 
+import salt.client
+
 from saltvirt.pki import answers, envelope
 
 # a hypervisor with no answer stays silent: down after these (seconds), not the product's 25 s
@@ -44,8 +46,15 @@ def master_opts(tmp_path):
 def fleet_opts(tmp_path, ids, **virt):
     """:func:`master_opts` whose ``virt:hypervisors`` (``hv*``, :data:`QUICK_WAITS`) are the accepted keys of
     ``ids``; ``virt``: more ``virt:`` keys (``tenants``, ...)."""
-    opts = master_opts(tmp_path)
-    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*", **QUICK_WAITS}, **virt})
+    opts = accept(master_opts(tmp_path), tmp_path, ids)
+    opts["virt"].update(virt)
+    return opts
+
+
+def accept(opts, tmp_path, ids):
+    """``opts`` (a master's, changed in place: a runner loader's own) with hypervisors ``hv*``
+    (:data:`QUICK_WAITS`), each of ``ids`` accepted with its key in ``tmp_path/pki``."""
+    opts.update(pki_dir=str(tmp_path / "pki"), virt={"hypervisors": {"tgt": "hv*", **QUICK_WAITS}})
     (tmp_path / "pki" / "minions").mkdir(parents=True, exist_ok=True)
     for mid in ids:
         (tmp_path / "pki" / "minions" / mid).write_text(minion_key(mid)[0])
@@ -100,9 +109,21 @@ class SigningClient:
     def _clean_up_subscriptions(self, jid):
         pass
 
+    def __enter__(self):  # the runner's `with salt.client.get_local_client(...) as client`
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
 
 def published_kwargs(job):
     """The keyword arguments the runner passed to the hypervisor's function in the job ``jobs.list_job`` shows:
     the runner publishes ``virt.answer`` with ``{fun, nonce, args, kwargs}`` (:mod:`saltvirt.pki.answers`)."""
     outer = next(a for a in job["Arguments"] if isinstance(a, dict))
     return outer["kwargs"] if job.get("Function") == "virt.answer" else outer
+
+
+def serve(monkeypatch, client):
+    """Have ``salt.client.get_local_client`` hand out ``client``: the runner's loader modules build their own
+    LocalClient, and a real one needs a running salt-master."""
+    monkeypatch.setattr(salt.client, "get_local_client", lambda *_args, **_kwargs: client)

@@ -27,7 +27,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import tenants
+from saltvirt.fleet import fleetstate, quota, tenants
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
@@ -338,25 +338,58 @@ def tenant_restore(
     bid: str,
     host: str,
     as_name: str | None = None,
+    counted: Data | None = None,
 ) -> Data | None:
     """What tenant member ``caller`` may restore with ``salt-run virt.restore`` (``conf``: its tenant's checked
     config; ``full``: every hypervisor's ``virt.full_info``; ``listing``: ``host``'s ``virt.backup_list`` of
     ``name``). The owner is the one backup ``bid`` recorded in its domain XML: another tenant's backup (or
     no tenant's) is one the caller does not see; in place, the VM defined as ``name`` must be its tenant's
-    too, and ``host`` one of its hypervisors. Returns ``{cpu, mem, disk_mib}`` to take from its quota when
-    the restore makes a VM (a copy ``as_name``, or ``name`` defined nowhere), else None."""
+    too, and ``host`` one of its hypervisors. Returns ``{cpu, mem, disk_mib}`` to take from its quota: the
+    VM the restore makes (a copy ``as_name``, or ``name`` defined nowhere), or in place what the backup's VM
+    has beyond what the quota counts of the VM it replaces (``counted``: :func:`saltvirt.fleet.quota.counted`;
+    default: the sizes ``full`` shows), with ``grow``: its ``{cpu, mem}`` (as ``virt.update``'s growth); None
+    when it takes nothing."""
     entry = next((b for b in listing.get("backups") or [] if b.get("id") == bid), None)
     if not entry or not tenants.owned_by(entry, caller.tenant):
         raise SaltInvocationError(f"no backup {bid} of a VM named {name} in tenant {caller.tenant}")
     if not tenants.host_allowed(conf, host):
         tenants.refuse("hypervisor", host, str(caller.tenant), conf["hypervisors"])
     defined = [a["vm_info"][name] for a in full.values() if name in ((a or {}).get("vm_info") or {})]
-    if not as_name and defined:
-        if not all(tenants.owned_by(vm, caller.tenant) for vm in defined):
-            raise SaltInvocationError(tenants.missing(name, caller))
-        return None  # in place: the VM is counted already
+    if not as_name and defined and not all(tenants.owned_by(vm, caller.tenant) for vm in defined):
+        raise SaltInvocationError(tenants.missing(name, caller))
     disk_mib = sum(-(-int(d.get("virtual_size") or 0) // 1048576) for d in entry.get("disks") or [])
-    return {"cpu": int(entry.get("cpu") or 1), "mem": int(entry.get("mem") or 0), "disk_mib": disk_mib}
+    made = {"cpu": int(entry.get("cpu") or 1), "mem": int(entry.get("mem") or 0), "disk_mib": disk_mib}
+    if as_name or not defined:
+        return made
+    # in place: the VM is counted already, a bigger backup grows it
+    now = counted or quota.counted(defined[0])
+    grown = {k: max(0, made[k] - int(now[k])) for k in made}
+    return dict(grown, grow={"cpu": made["cpu"], "mem": made["mem"]}) if any(grown.values()) else None
+
+
+def reserve_restore(
+    lease: fleetstate.Lease,
+    caller: tenants.Caller,
+    conf: Data,
+    full: dict[str, Data],
+    listing: Data,
+    name: str,
+    bid: str,
+    host: str,
+    since: float,
+    as_name: str | None = None,
+) -> None:
+    """Take what a tenant member's restore adds (:func:`tenant_restore`) from its quota and its quotas of
+    ``host``'s hypervisor groups, under ``lease`` (ended by the caller with :func:`saltvirt.fleet.quota.finish`),
+    in the compare-and-set ``virt.init`` and ``virt.update`` use. Raises :class:`saltvirt.fleet.quota.QuotaError`."""
+    vm = ((full.get(host) or {}).get("vm_info") or {}).get(name)
+    counted = quota.counted(vm, lease.store, caller.tenant) if vm and not as_name else None
+    req = tenant_restore(caller, conf, full, listing, name, bid, host, as_name, counted)
+    if req:
+        grow = req.pop("grow", None)
+        tenant, new, limits = str(caller.tenant), as_name or name, conf["quota"]
+        groups = conf["groups"]
+        quota.reserve(lease.store, lease, tenant, new, req, full, since, limits, grow=grow, host=host, groups=groups)
 
 
 def _defined(full: dict[str, Data], name: str) -> list[Data]:

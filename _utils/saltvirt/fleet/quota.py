@@ -3,7 +3,8 @@
 What a tenant uses is counted from two sources, by VM name (a VM is counted once):
 
 * the fleet snapshot (``virt.full_info`` of every hypervisor): every VM whose <metadata> owner is the tenant,
-  with its vCPUs and memory as defined, its disk as its quota entry recorded it (``virt.init``'s disks, and
+  with the bigger of its running and its persistent definition's vCPUs and memory (:func:`size`: a growth
+  that waits for a restart counts at once), its disk as its quota entry recorded it (``virt.init``'s disks, and
   what updates added, an operator's too: :func:`record`), else its disks' sizes;
 * the tenant's ledger (bank ``salt-virt/quotas``, one entry per tenant, in the same store and under the same
   compare-and-set as :mod:`saltvirt.fleet.fleetstate` reservations): ``{entries: {vm: {cpu, mem, disk_mib,
@@ -18,6 +19,9 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
   (the positive part of its vCPU, memory and disk change; no VM). Active while the update runs; once it is
   done the VM's own entry takes the new sizes and the growth entry, settled, counts only for snapshots
   taken before it settled (those still show the VM's old sizes).
+* move entries (``<vm>/migrate``, ``moves: <vm>``): a tenant's ``salt-run virt.migrate`` to a hypervisor of one
+  of its hypervisor groups (:func:`move`). The VM counts in the tenant's total already: the entry counts only
+  in those groups, until the snapshot shows the VM there.
 
 :func:`reserve` re-counts and checks the quota inside the transaction, so two masters or twenty concurrent
 ``virt.init``/``virt.update`` calls of one tenant never take more than its quota together.
@@ -38,6 +42,7 @@ from saltvirt.fleet.tenants import QUOTA_KEYS, host_allowed, in_groups
 QUOTAS = "salt-virt/quotas"
 MIB = 1048576
 GROWS = "/update"  # a growth entry's key: <vm>/update ('/' is in no VM name)
+MOVES = "/migrate"  # a move entry's key: <vm>/migrate
 
 
 class QuotaError(SaltInvocationError):
@@ -52,9 +57,23 @@ def _down(hosts):
     return any((ans or {}).get("status") != "up" for ans in hosts.values())
 
 
+def size(vm: Data, key: str) -> int:
+    """What the quota counts of a VM's ``cpu`` or ``mem`` (``vm``: its ``virt.full_info`` entry): the bigger of
+    the running VM's and its persistent definition's (``defined``), which it gets at its next start."""
+    return max(int(vm.get(key) or 0), int((vm.get("defined") or {}).get(key) or 0))
+
+
 def _vm_disk_mib(vm):
     sizes = [(d or {}).get("virtual_size") for d in ((vm or {}).get("disks") or {}).values()]
     return sum(math.ceil(int(s) / MIB) for s in sizes if s)
+
+
+def counted(vm: Data, store: fleetstate.Store | None = None, tenant: str | None = None) -> Data:
+    """``{cpu, mem, disk_mib}`` that :func:`count` counts of a VM (``vm``: its ``virt.full_info`` entry): :func:`size`
+    of its vCPUs and memory, and the disk of its entry in ``tenant``'s ledger (in ``store``), else its disks' sizes."""
+    rec = ((store.fetch(QUOTAS, tenant) or {}).get("entries") or {}).get(vm.get("name")) if store and tenant else None
+    disk = int(rec.get("disk_mib") or 0) if rec else _vm_disk_mib(vm)
+    return {"cpu": size(vm, "cpu"), "mem": size(vm, "mem"), "disk_mib": disk}
 
 
 def tenant_vms(hosts: dict[str, Data], tenant: str) -> dict[str, tuple[str, Data]]:
@@ -92,12 +111,15 @@ def count(
         if on is not None and not on(host):
             continue
         rec = entries.get(name) or {}
-        used["vcpus"] += int(vm.get("cpu") or 0)
-        used["mem"] += int(vm.get("mem") or 0)
+        used["vcpus"] += size(vm, "cpu")
+        used["mem"] += size(vm, "mem")
         used["disk"] += int(rec.get("disk_mib") or 0) if rec else _vm_disk_mib(vm)
         used["names"].append(name)
     for name, rec in sorted(entries.items()):
         if name in seen or not _counts(rec, down, since, now, skew):
+            continue
+        if rec.get("moves"):
+            _moved(used, rec, seen, on)
             continue
         grown = _grown(rec, seen, entries) if rec.get("grows") else rec
         used["vcpus"] += int(grown.get("cpu") or 0)
@@ -107,6 +129,18 @@ def count(
             used["names"].append(name)
     used["vms"] = len(used["names"])
     return used
+
+
+def _moved(used, rec, seen, on):
+    """Count a move entry (that counts) in a hypervisor group's view (``on``) until the snapshot shows its VM
+    in the group: never in the tenant's total, where the VM counts wherever it is."""
+    vm_name = rec["moves"]
+    if on is None or vm_name in used["names"] or (vm_name in seen and on(seen[vm_name][0])):
+        return
+    used["vcpus"] += int(rec.get("cpu") or 0)
+    used["mem"] += int(rec.get("mem") or 0)
+    used["disk"] += int(rec.get("disk_mib") or 0)
+    used["names"].append(vm_name)
 
 
 def _grown(rec, seen, entries):
@@ -120,7 +154,7 @@ def _grown(rec, seen, entries):
         delta = int(rec.get(key) or 0)
         if vm_name in seen:
             target = int((rec.get("to") or {}).get(key) or 0)
-            delta = min(delta, max(0, target - int(seen[vm_name][1].get(key) or 0)))
+            delta = min(delta, max(0, target - size(seen[vm_name][1], key)))
         elif settled:
             delta = 0  # the VM's own entry has its new sizes
         out[key] = delta
@@ -131,8 +165,8 @@ def _counts(rec, down, since, now, skew):
     """Whether a ledger entry whose VM the snapshot does not show counts (see the module doc)."""
     if rec.get("state") != "settled":
         return rec.get("expires", 0) > now
-    # a settled growth entry: only snapshots taken before it settled show the VM's old sizes
-    return (down and not rec.get("grows")) or rec.get("settled_at", 0) >= since - skew
+    # a settled growth (move) entry: only snapshots taken before it settled show the VM's old sizes (host)
+    return (down and not rec.get("grows") and not rec.get("moves")) or rec.get("settled_at", 0) >= since - skew
 
 
 def _prune(entries, hosts, tenant, since, now, skew):
@@ -282,15 +316,66 @@ def place(
             raise QuotaError(f"{reasons}: no room for {key} on {host}", used) from None
 
 
+def move(
+    store: fleetstate.Store,
+    lease: fleetstate.Lease,
+    tenant: str,
+    name: str,
+    source: str,
+    target: str,
+    hosts: dict[str, Data],
+    since: float,
+    groups: Data | None,
+    cfg: Data | None = None,
+) -> None:
+    """Take VM ``name`` (on ``source`` in the fleet snapshot ``hosts``, taken at ``since``) from ``tenant``'s quotas of
+    the hypervisor groups (``groups``) that ``target`` is in and ``source`` is not: a migration there, checked as
+    :func:`place` checks a new VM, under the same compare-and-set (refused with :class:`QuotaError`). Its move entry
+    is renewed with ``lease`` and ended by :func:`finish` (settled: the VM's own entry is on ``target``)."""
+    joined = {g: conf for g, conf in (groups or {}).items() if not host_allowed(conf, source)}
+    if not in_groups(joined, target):
+        return
+    cfg = cfg or lease.cfg
+    now = time.time()
+    key = name + MOVES
+    vm = hosts[source]["vm_info"][name]
+    refused: list[tuple[str, Data]] = []
+
+    def update(old):
+        refused.clear()
+        entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
+        entries.pop(key, None)  # a stale one of ours (retry after a dead master) is replaced
+        own = entries.get(name)
+        sizes = {"cpu": size(vm, "cpu"), "mem": size(vm, "mem")}
+        sizes["disk_mib"] = int(own.get("disk_mib") or 0) if own else _vm_disk_mib(vm)
+        asked = {"vcpus": sizes["cpu"], "mem": sizes["mem"], "disk": sizes["disk_mib"], "vms": 1}
+        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], target, joined, asked)
+        if group:
+            refused.append(group)
+            raise fleetstate.AbortUpdate
+        entries[key] = fleetstate.active_entry(lease, now, **sizes, moves=name, host=target)
+        return {"entries": entries}
+
+    try:
+        store.transact(QUOTAS, tenant, update)
+    except fleetstate.AbortUpdate:
+        reasons, used = refused[0]
+        raise QuotaError(f"{reasons}: no room for {name} on {target}", used) from None
+    where = (tenant, key)
+    lease.on_renew.append(lambda expires: fleetstate.renew_reservation(store, where, lease.token, expires, QUOTAS))
+    lease.quota = where
+
+
 def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_for: float | None = None) -> None:
     """End ``lease``'s quota entry: ``settled`` (the VM exists: the entry stays until it is purged),
     ``failed`` (dropped), ``unknown`` (kept active ``keep_for`` more seconds: it may still appear). A growth
-    entry settled gives its VM's own entry the update's sizes (and its disk) in the same transaction."""
+    entry settled gives its VM's own entry the update's sizes (and its disk), a move entry its new host, in the
+    same transaction."""
     where = getattr(lease, "quota", None)
     lease.quota = None  # ended: a later "failed" must not drop what "unknown" kept
     if not where:
         return
-    if outcome != "settled" or not where[1].endswith(GROWS):
+    if outcome != "settled" or not where[1].endswith((GROWS, MOVES)):
         fleetstate.end_entry(store, QUOTAS, where, lease, outcome, keep_for)
         return
     tenant, key = where
@@ -302,9 +387,12 @@ def finish(store: fleetstate.Store, lease: fleetstate.Lease, outcome: str, keep_
         if not rec or rec.get("token") != lease.token:
             raise fleetstate.AbortUpdate
         entries[key] = dict(rec, state="settled", settled_at=now)
-        vm = entries.get(rec["grows"])
-        if vm:
-            entries[rec["grows"]] = _resized(vm, rec.get("to"), rec.get("disk_mib"))
+        vm_name = rec.get("grows") or rec.get("moves")
+        vm = entries.get(vm_name)
+        if vm and rec.get("grows"):
+            entries[vm_name] = _resized(vm, rec.get("to"), rec.get("disk_mib"))
+        elif vm:
+            entries[vm_name] = dict(vm, host=rec["host"])
         return {"entries": entries}
 
     with contextlib.suppress(fleetstate.AbortUpdate):
@@ -345,13 +433,14 @@ def holders(store: fleetstate.Store, name: str) -> list[str]:
 
 
 def forget(store: fleetstate.Store, tenant: str, name: str) -> Any:
-    """Drop VM ``name``'s entries (its own, a growth one) from ``tenant``'s ledger (it was purged)."""
+    """Drop VM ``name``'s entries (its own, a growth or move one) from ``tenant``'s ledger (it was purged)."""
 
     def update(old):
         entries = dict((old or {}).get("entries") or {})
-        if name not in entries and name + GROWS not in entries:
+        keys = (name, name + GROWS, name + MOVES)
+        if not any(key in entries for key in keys):
             raise fleetstate.AbortUpdate
-        for key in (name, name + GROWS):
+        for key in keys:
             entries.pop(key, None)
         return {"entries": entries} if entries else None
 

@@ -13,10 +13,17 @@ One migration is four steps on two hypervisors, each a ``virt.migrate_*`` call (
 4. target ``virt.migrate_finish`` (the VM is there: report it) or, on failure, ``virt.migrate_abort_cleanup``
    (remove what step 2 created) and a check that the VM still runs on the source.
 
+Before step 1, ``salt-run virt.migrate`` makes ``virt.init``'s placement checks on the target
+(:func:`placement_checks`, :func:`_place`): room for the VM with every in-flight creation and migration counted
+(reserved there until the move ends), not in maintenance, no member of its anti-affinity group there, and
+for a tenant's VM its quotas of the target's hypervisor groups. Disk room is the target's own check (step
+2): only it knows which disks are shared.
+
 Evacuation migrates every VM off one host, one at a time, each to the host ``saltvirt.fleet.placement``
 ranks best (the evacuated host excluded); a target that fails is excluded and the next one tried.
 """
 
+import logging
 import time
 from typing import Any
 
@@ -24,7 +31,9 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import fleetstate, placement, publish as fleet
+from saltvirt.fleet import fleetstate, placement, publish as fleet, quota, tenants
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 3600  # seconds one libvirt migration may take (master config virt:migration_timeout)
 
@@ -37,6 +46,10 @@ class Remote:
 
     def gather(self, fun: str) -> dict[str, Data]:
         return fleet.gather(self.opts, fun, self.cfg, self.client)
+
+    def capacities(self) -> dict[str, Data]:
+        """Every hypervisor's ``virt.capacity`` (what placement reads, :func:`fleet.capacities`)."""
+        return fleet.capacities(self.opts, self.cfg, self.client)
 
     def run(self, fun: str, *args: Any, tgt: str | list[str] | None = None) -> dict[str, Data]:
         """Every hypervisor's (or those in ``tgt``) answer to ``fun(*args)``: ``{minion: {status,
@@ -88,44 +101,139 @@ def migrate(
     max_bandwidth: Any = None,
     timeout: float = DEFAULT_TIMEOUT,
     transport: str | None = None,
+    checks: Data | None = None,
 ) -> Data:
     """Move VM ``name`` to hypervisor minion ``target``; see the runner's ``virt.migrate``.
 
-    ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). Holds the
-    runner's per-VM lock (the one ``virt.init`` takes): two migrations of one VM never overlap."""
+    ``hosts``: ``remote.gather('virt.vm_state')`` if the caller has it already (evacuate). ``checks``:
+    :func:`placement_checks` to make on ``target`` first (None: none, as for evacuate and rebalance, which
+    placed the VM already). Holds the runner's per-VM lock (the one ``virt.init`` takes): two migrations of
+    one VM never overlap."""
     validate.vm_name(name)
     with fleetstate.lock(remote.opts, [name], kind="virt.migrate") as lease:
-        ret = _migrate(
-            remote,
-            lease,
-            name,
-            target,
-            source,
-            hosts,
-            live=live,
-            tunnel=tunnel,
-            copy_storage=copy_storage,
-            max_downtime=max_downtime,
-            max_bandwidth=max_bandwidth,
-            timeout=timeout,
-            transport=transport,
-        )
+        try:
+            ret = _migrate(
+                remote,
+                lease,
+                name,
+                target,
+                source,
+                hosts,
+                live=live,
+                tunnel=tunnel,
+                copy_storage=copy_storage,
+                max_downtime=max_downtime,
+                max_bandwidth=max_bandwidth,
+                timeout=timeout,
+                transport=transport,
+                checks=checks,
+            )
+        except Exception as exc:  # the room taken on the target: given back, or kept while it may still move
+            running = getattr(exc, "details", {}).get("status") == "timeout"
+            _end_room(lease, "unknown" if running else "failed", timeout if running else None)
+            raise
+        unsettled = _end_room(lease, "settled")
         unreleased = lease.release()  # a store that stopped answering meanwhile: said, the VM moved anyway
-        if unreleased:
-            ret.setdefault("warnings", []).append(unreleased)
+        for warning in (None if unreleased else unsettled, unreleased):  # one store gone: said once
+            if warning:
+                ret.setdefault("warnings", []).append(warning)
         return ret
+
+
+def placement_checks(
+    policy: Data, tenant: Data | None = None, fleet_vms: dict[str, Data] | None = None, since: float = 0.0
+) -> Data:
+    """The checks ``salt-run virt.migrate`` makes on its target (see the module doc): ``policy``
+    (``virt:placement``), and for a tenant caller's VM ``tenant`` (``{name, groups}``: its quotas per hypervisor
+    group) with ``fleet_vms``, every hypervisor's ``virt.full_info`` (what the quota counts) taken at ``since``."""
+    return {"policy": policy, "tenant": tenant, "fleet": fleet_vms or {}, "since": since}
+
+
+def tenant_checks(
+    remote: Remote,
+    caller: tenants.Caller,
+    conf: Data,
+    name: str,
+    target: str,
+    host: str | None,
+    policy: Data,
+) -> tuple[str, Data]:
+    """A tenant member's migration of VM ``name`` to ``target`` (``conf``: :func:`saltvirt.fleet.tenants.config`):
+    its own VM only, to one of its hypervisors. ``(the VM's hypervisor, its placement_checks)``."""
+    since = time.time()  # quota entries settled after this are not in the snapshot yet
+    fleet_vms = remote.gather("virt.full_info")
+    host = tenants.locate(tenants.visible(fleet_vms, caller, conf), name, caller, host)
+    tconf = conf["tenants"][caller.tenant]
+    if not tenants.host_allowed(tconf, target):
+        tenants.refuse("hypervisor", target, str(caller.tenant), tconf["hypervisors"])
+    return host, placement_checks(policy, {"name": caller.tenant, "groups": tconf["groups"]}, fleet_vms, since)
+
+
+def _place(lease, name, source, target, hosts, since, checks):
+    """``virt.init``'s placement checks of VM ``name`` (on ``source``) on ``target``, with ``hosts`` every
+    hypervisor's ``virt.capacity`` taken at ``since`` (see the module doc). Nothing was asked of the
+    hypervisors yet: a refusal moves nothing."""
+    tenant = checks.get("tenant")
+    if tenant:
+        fleet_vms, taken = checks["fleet"], checks["since"]
+        quota.move(lease.store, lease, tenant["name"], name, source, target, fleet_vms, taken, tenant["groups"])
+    req = _request(hosts[source]["vm_info"][name])
+    pol = checks["policy"]
+    try:
+        fleetstate.reserve(
+            lease.store,
+            lease,
+            target,
+            name,
+            req,
+            hosts[target],
+            since,
+            fits=lambda answer, load: placement.fits(target, answer, req, pol, load),
+        )
+    except fleetstate.NoRoomError as exc:
+        anyway = "" if tenant else ", or pass ignore_placement=True to move it anyway"
+        raise fleet.Failed(
+            f"{target} cannot take VM {name!r}: {exc}. Nothing was migrated, the VM stays on {source}: choose "
+            f"another target{anyway}",
+            stage="placement",
+            source=source,
+            target=target,
+        ) from None
+
+
+def _end_room(lease, outcome, keep_for=None):
+    """End what :func:`_place` took (the target's reservation, a tenant's move entry; nothing without): as
+    :func:`saltvirt.fleet.fleetstate.finish` says. A store that cannot be written is returned as a sentence (the
+    entries expire by themselves), never raised: the VM moved, or did not, either way."""
+    errors = []
+    for end in (fleetstate.finish, quota.finish):
+        try:
+            end(lease.store, lease, outcome, keep_for=keep_for)
+        except CommandExecutionError as exc:
+            log.warning("virt.migrate: %s", exc)
+            errors.append(str(exc))
+    if not errors:
+        return None
+    return (
+        f"its room on the target could not be marked {outcome} in the shared runner state: {errors[0]} "
+        f"(it expires by itself within virt:shared:lock_ttl, {lease.ttl:g} s)"
+    )
 
 
 def _migrate(
     remote, lease, name, target, source, hosts, *, live, tunnel, copy_storage, max_downtime, max_bandwidth, timeout,
-    transport,
+    transport, checks,
 ):  # fmt: skip
     """:func:`migrate` under its lock ``lease``; the options by name, as the caller passed them."""
     if copy_storage not in (None, "all", "inc"):
         raise SaltInvocationError(f"copy_storage must be all, inc or empty (decided per disk), not {copy_storage!r}")
     started = time.monotonic()
-    hosts = hosts if hosts is not None else remote.gather("virt.vm_state")
+    since = time.time()  # reservations settled after this are not in the snapshot yet
+    if hosts is None:  # placement reads virt.capacity (its answers locate the VM too)
+        hosts = remote.capacities() if checks else remote.gather("virt.vm_state")
     source = _source_and_target(hosts, name, source, target)
+    if checks:
+        _place(lease, name, source, target, hosts, since, checks)
     info, prep = _prepare(remote, name, source, target, copy_storage)
     copying = prep["copy_storage"]
     note = None
@@ -237,6 +345,7 @@ def _move(remote, name, source, target, info, prep, kwargs, timeout):
                 "'<created files>' if it failed",
                 created=prep["created"],
                 retry=False,
+                status="timeout",
             ) from None
         cleanup = (
             _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None

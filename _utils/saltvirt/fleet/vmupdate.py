@@ -54,12 +54,13 @@ def sizes(cpu: Any, mem: Any) -> tuple[int | None, int | None]:
 
 def growth(vm: Data, cpu: int | None, mem: int | None, added: Data | None = None) -> Data:
     """What an update adds to a VM (``vm``: its ``virt.full_info`` entry): ``{cpu, mem, disk_mib}``, the
-    positive part of each change; ``added``: the hypervisor's ``changes`` of a ``test=True`` run (new blank
-    disks count with their size; an existing file attached is none of the quota's)."""
+    positive part of each change over what its quota counts (:func:`saltvirt.fleet.quota.size`); ``added``: the
+    hypervisor's ``changes`` of a ``test=True`` run (new blank disks count with their size; an existing file
+    attached is none of the quota's)."""
     disks = ((added or {}).get("disks") or {}).get("added") or []
     return {
-        "cpu": max(0, cpu - int(vm.get("cpu") or 0)) if cpu else 0,
-        "mem": max(0, mem - int(vm.get("mem") or 0)) if mem else 0,
+        "cpu": max(0, cpu - quota.size(vm, "cpu")) if cpu else 0,
+        "mem": max(0, mem - quota.size(vm, "mem")) if mem else 0,
         "disk_mib": sum(int(d.get("size") or 0) for d in disks if not d.get("attach")),
     }
 

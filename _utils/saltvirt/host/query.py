@@ -1,5 +1,6 @@
 """Read-only facts about domains and hosts, shaped for Salt output. Bulk calls where libvirt has them:
-``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain."""
+``full_info`` costs one listAllDomains + one getAllDomainStats + one XMLDesc per domain (two for a running
+persistent one: its definition too, see :func:`describe`'s ``defined``)."""
 
 import concurrent.futures
 import os
@@ -22,6 +23,9 @@ STATES = {
     6: "crashed",
     7: "pmsuspended",
 }
+
+
+SHUTOFF = 5
 
 
 def state_name(code: int) -> str:
@@ -112,15 +116,18 @@ def _domain_xml(dom):
         return dom.XMLDesc(0), False
 
 
-def _all_xml(doms):
-    """``{name: (xml, secure) or the exception}`` of many domains, their round trips overlapped: libvirt's
-    remote driver multiplexes one connection's calls from several threads, and libvirtd serves up to
-    ``max_client_requests`` (default 5) of one client at once. Serially, 1,000 domains wait ~150 ms on
-    the wire; the parsing that follows holds the GIL either way."""
+def _all_xml(doms, defined=frozenset()):
+    """``{name: (xml, secure, definition XML or None) or the exception}`` of many domains (the inactive XML of
+    those named in ``defined``), their round trips overlapped: libvirt's remote driver multiplexes one
+    connection's calls from several threads, and libvirtd serves up to ``max_client_requests`` (default 5) of
+    one client at once. Serially, 1,000 domains wait ~150 ms on the wire; the parsing that follows holds the
+    GIL either way."""
 
     def one(dom):
         try:
-            return dom.name(), _domain_xml(dom)
+            name = dom.name()
+            inactive = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if name in defined else None
+            return name, (*_domain_xml(dom), inactive)
         except Exception as exc:  # noqa: BLE001 - handed to the caller's per-VM handling
             return dom.name(), exc
 
@@ -140,10 +147,13 @@ def describe(
     xml: str | None = None,
     listed: Data | None = None,
     secure: bool = False,
+    defined_xml: str | None = None,
 ) -> Data:
     """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
     domains (autostart / persistent known without two round trips per domain). ``xml``: its XML when
-    already fetched, ``secure`` when that is the secure one (:func:`_domain_xml`)."""
+    already fetched, ``secure`` when that is the secure one (:func:`_domain_xml`); ``defined_xml``: its
+    inactive XML when already fetched. ``cpu``/``mem`` are the running VM's; ``defined`` ({cpu, mem}) its
+    persistent definition's, what it gets at its next start (``virt.update``'s ``pending_restart``)."""
     if xml is None:
         xml, secure = _domain_xml(dom)
     root = domxml.read(xml)  # parsed once for every fact below
@@ -186,6 +196,10 @@ def describe(
         except libvirt.libvirtError:
             autostart = False
         persistent = bool(dom.isPersistent())
+    defined = {"cpu": facts["cpu"], "mem": facts["mem"]}
+    if persistent and state_code != SHUTOFF:  # running: its definition may hold a growth that waits for a restart
+        config = domxml.parse(defined_xml or dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        defined = {"cpu": config["cpu"], "mem": config["mem"]}
     return {
         "name": facts["name"],
         "uuid": uuid,
@@ -193,6 +207,7 @@ def describe(
         "type": facts["type"],
         "cpu": facts["cpu"],
         "mem": facts["mem"],
+        "defined": defined,
         "current_mem": facts["current_mem"],
         "cputime": int(cputime),
         "autostart": autostart,
@@ -232,6 +247,15 @@ def _listed_flags(conn):
         }
     except libvirt.libvirtError:
         return None
+
+
+def _running_persistent(doms, stats, listed):
+    """Names of the domains whose definition :func:`describe` reads besides their live XML (fetched with it,
+    overlapped): the persistent ones the bulk stats show not shut off (the others are asked one by one)."""
+    if listed is None:
+        return frozenset()
+    running = {n for n, s in stats.items() if (s or {}).get("state.state") not in (None, SHUTOFF)}
+    return frozenset(d.name() for d in doms if d.name() in running and d.UUIDString() in listed["persistent"])
 
 
 def _vanished(exc):
@@ -287,7 +311,7 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
     stats = _all_stats(conn, doms)
     listed = None if name else _listed_flags(conn)
-    xmls = _all_xml(doms)
+    xmls = _all_xml(doms, _running_persistent(doms, stats, listed))
     out, described = {}, {}
     for dom in doms:
         try:
@@ -295,8 +319,10 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
             got = xmls[vm_name]
             if isinstance(got, Exception):
                 raise got
-            xml, secure = got
-            out[vm_name] = describe(dom, hostname, stats.get(vm_name), xml=xml, listed=listed, secure=secure)
+            xml, secure, inactive = got
+            out[vm_name] = describe(
+                dom, hostname, stats.get(vm_name), xml=xml, listed=listed, secure=secure, defined_xml=inactive
+            )
             described[vm_name] = dom
         except Exception as exc:  # noqa: BLE001 - one unreadable VM must not hide the others
             if _vanished(exc):

@@ -160,7 +160,8 @@ def test_a_tenant_restores_its_own_backups_only_and_a_new_vm_counts(bk):  # noqa
         conf = tenants.config({"virt": dict(TENANTS, tenants={"acme": {"members": ["alice"]}, "beta": {}})})
         acme, beta = conf["tenants"]["acme"], conf["tenants"]["beta"]
         alice, bob = callers.resolve({"virt": TENANTS}, "alice"), callers.resolve({"virt": TENANTS}, "bob")
-        assert backups.tenant_restore(alice, acme, full, listing, "bk3", made, "h1") is None  # in place: counted
+        counted = {"cpu": 2, "mem": 64, "disk_mib": 8}  # what its quota counts of bk3 (its ledger entry's disk)
+        assert backups.tenant_restore(alice, acme, full, listing, "bk3", made, "h1", counted=counted) is None
         copy = backups.tenant_restore(alice, acme, full, listing, "bk3", made, "h1", as_name="bk3-copy")
         assert copy == {"cpu": 2, "mem": 64, "disk_mib": 8}
         with pytest.raises(SaltInvocationError, match=f"^no backup {made} of a VM named bk3 in tenant beta$"):
@@ -277,3 +278,99 @@ def test_a_tenants_restore_is_never_told_another_tenants_vm_or_its_host():
     for name, as_name in (("gone", None), ("a1", "new")):
         with pytest.raises(SaltInvocationError, match=f"^the name {as_name or name} is taken: pick another name$"):
             backups.tenant_held(alice, lambda: full, name, as_name)
+
+
+def test_an_in_place_restore_of_a_bigger_backup_takes_what_it_grows(bk, tmp_path):  # noqa: F811
+    """Issue 34 #5: restoring in place a backup whose VM had more vCPUs, memory and disk than the VM it replaces
+    grows that VM: the growth is taken from the tenant's quota (a growth entry, as virt.update's) and refused
+    with the quota's wording when it does not fit. The VM is the real one on the test driver."""
+    import salt.config
+
+    from saltvirt.fleet import fleetstate, quota
+
+    v, _tmp = bk
+    owner = {"tenant": "acme", "creator": "alice"}
+    init = {"disk": None, "nic": None, "start": False, "seed": False, "owner": owner}
+    v["virt.init"]("bk4", 2, 128, disks=[{"name": "d", "size": 8}], **init)
+    made = v["virt.backup"]("bk4")["id"]
+    v["virt.purge"]("bk4")
+    v["virt.init"]("bk4", 1, 64, disks=[{"name": "d", "size": 4}], **init)  # smaller now
+    opts = dict(salt.config.master_config(None), id="m1", cachedir=str(tmp_path / "master-cache"))
+    with fleetstate.lock(opts, ["bk4"]) as lease:  # the entry salt-run virt.init left in acme's ledger
+        quota.reserve(lease.store, lease, "acme", "bk4", {"cpu": 1, "mem": 64, "disk_mib": 4}, {}, 0.0, {})
+        quota.finish(lease.store, lease, "settled")
+    try:
+        listing = v["virt.backup_list"]("bk4")
+        full = {"h1": {"status": "up", "vm_info": v["virt.full_info"]()["vm_info"]}}
+        conf = tenants.config({"virt": dict(TENANTS, tenants={"acme": {"members": ["alice"], "quota": {"vcpus": 2}}})})
+        acme, alice = conf["tenants"]["acme"], callers.resolve({"virt": TENANTS}, "alice")
+        counted = quota.counted(full["h1"]["vm_info"]["bk4"], fleetstate.Store(opts), "acme")
+        grown = backups.tenant_restore(alice, acme, full, listing, "bk4", made, "h1", counted=counted)
+        assert grown == {"cpu": 1, "mem": 64, "disk_mib": 4, "grow": {"cpu": 2, "mem": 128}}
+        with fleetstate.lock(opts, ["bk4"]) as lease:
+            backups.reserve_restore(lease, alice, acme, full, listing, "bk4", made, "h1", 0.0)
+            entry = lease.store.fetch(quota.QUOTAS, "acme")["entries"]["bk4/update"]
+            assert (entry["grows"], entry["cpu"], entry["mem"], entry["disk_mib"]) == ("bk4", 1, 64, 4)
+            quota.finish(lease.store, lease, "failed")
+        acme = dict(acme, quota={"vcpus": 1})
+        with fleetstate.lock(opts, ["bk4"]) as lease, pytest.raises(quota.QuotaError) as err:
+            backups.reserve_restore(lease, alice, acme, full, listing, "bk4", made, "h1", 0.0)
+        assert str(err.value) == (
+            "tenant acme: 1 of 1 vCPUs used, asked 1: no room to grow bk4 "
+            "(shrink or purge one of its VMs, or ask the operator for a larger quota)"
+        )
+    finally:
+        v["virt.purge"]("bk4")
+
+
+def test_salt_run_restore_in_place_of_a_bigger_backup_is_refused_past_the_quota(bk, tmp_path, monkeypatch):  # noqa: F811
+    """The same through the runner (``salt-run virt.restore``, Salt's runner loader) as tenant member alice: the
+    hypervisor answers are the real module's on the test driver, signed (tests/support/signedfleet.py). Past
+    acme's quota nothing is restored (``virt.restore`` is never published); within it, acme's ledger has the
+    restored VM's sizes once it is done."""
+    from saltvirt.fleet import fleetstate, quota
+    from tests.support import signedfleet
+    from tests.support.saltloader import make_runners
+
+    v, _tmp = bk
+    owner = {"tenant": "acme", "creator": "alice"}
+    init = {"disk": None, "nic": None, "start": False, "seed": False, "owner": owner}
+    v["virt.init"]("bk5", 2, 128, disks=[{"name": "d", "size": 4}], **init)
+    made = v["virt.backup"]("bk5")["id"]
+    v["virt.purge"]("bk5")
+    v["virt.init"]("bk5", 1, 64, disks=[{"name": "d", "size": 4}], **init)
+
+    def salt_run(vcpus):
+        """A runner job of alice's, acme's quota ``vcpus`` (Salt's loader copies the master opts it is given)."""
+        runner = make_runners(tmp_path)
+        opts = signedfleet.accept(runner.opts, tmp_path, ["hv1"])
+        opts["virt"].update(TENANTS, tenants={"acme": {"members": ["alice"], "quota": {"vcpus": vcpus}}})
+        runner["virt.restore"].__globals__["__user__"] = "alice"
+        return runner["virt.restore"]("bk5", made), opts
+
+    try:
+        opts = signedfleet.accept(make_runners(tmp_path).opts, tmp_path, ["hv1"])
+        with fleetstate.lock(opts, ["bk5"]) as lease:  # the entry salt-run virt.init left in acme's ledger
+            quota.reserve(lease.store, lease, "acme", "bk5", {"cpu": 1, "mem": 64, "disk_mib": 4}, {}, 0.0, {})
+            quota.finish(lease.store, lease, "settled")
+        restored = {"name": "bk5", "id": made, "defined": True, "started": False}
+        answers = {
+            "virt.full_info": {"hv1": v["virt.full_info"]()},
+            "virt.backup_list": {"hv1": v["virt.backup_list"]("bk5")},
+            "virt.restore": {"hv1": restored},
+        }
+        client = signedfleet.SigningClient(answers)
+        signedfleet.serve(monkeypatch, client)
+        ret, _opts = salt_run(1)
+        assert ret == {
+            "error": "tenant acme: 1 of 1 vCPUs used, asked 1: no room to grow bk5 "
+            "(shrink or purge one of its VMs, or ask the operator for a larger quota)",
+            "retcode": 1,
+        }
+        assert "virt.restore" not in [fun for fun, _tgt in client.published]
+        ret, opts = salt_run(2)
+        assert ret.get("result") == restored, ret
+        entry = fleetstate.Store(opts).fetch(quota.QUOTAS, "acme")["entries"]["bk5"]
+        assert (entry["cpu"], entry["mem"]) == (2, 128)
+    finally:
+        v["virt.purge"]("bk5")

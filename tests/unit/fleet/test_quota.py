@@ -282,3 +282,38 @@ def test_a_snapshot_with_a_silent_hypervisor_prunes_nothing(backend):
         quota.reserve(store, lease, "acme", "n1", {"cpu": 1, "mem": 64}, HOSTS, now, {})
         quota.finish(store, lease, "failed")
     assert store.fetch(quota.QUOTAS, "acme") is None
+
+
+def test_a_migration_into_a_hypervisor_group_takes_its_group_quota(backend):
+    """A tenant's salt-run virt.migrate of a1 (2 vCPUs, on h1) to h3 of group gpu (a2 there: 1 vCPU): the move
+    entry counts in gpu only (a1 counts in the tenant's total already), until the snapshot shows a1 there;
+    settled, a1's own entry is on h3. A group without room refuses it as placement does; a move within the
+    group, or out of it, takes nothing."""
+    opts = backend()
+    store = fleetstate.Store(opts)
+    since = time.time()
+    with fleetstate.lock(opts, ["a1"]) as lease:  # the entry salt-run virt.init left, placed on h1
+        quota.reserve(store, lease, "acme", "a1", {"cpu": 2, "mem": 512}, HOSTS, since, {}, host="h1")
+        quota.finish(store, lease, "settled")
+    small = {"gpu": dict(GROUPS["gpu"], quota={"vcpus": 2})}
+    with fleetstate.lock(opts, ["a1"]) as lease, pytest.raises(quota.QuotaError) as err:
+        quota.move(store, lease, "acme", "a1", "h1", "h3", HOSTS, since, small)
+    assert str(err.value) == "tenant acme on hypervisor group gpu: 1 of 2 vCPUs used, asked 2: no room for a1 on h3"
+    with fleetstate.lock(opts, ["a1"]) as lease:
+        quota.move(store, lease, "acme", "a1", "h1", "h3", HOSTS, since, GROUPS)
+        ledger = store.fetch(quota.QUOTAS, "acme")
+        assert quota.count(ledger, HOSTS, "acme", since)["vcpus"] == 3  # the total: a1 once
+        in_gpu = quota.count(ledger, HOSTS, "acme", since, on=quota._on(GROUPS["gpu"]))
+        assert (in_gpu["vcpus"], in_gpu["vms"], in_gpu["names"]) == (3, 2, ["a2", "a1"])
+        quota.finish(store, lease, "settled")
+    ledger = store.fetch(quota.QUOTAS, "acme")
+    assert ledger["entries"]["a1"]["host"] == "h3" and ledger["entries"]["a1/migrate"]["state"] == "settled"
+    moved = {h: {"status": "up", "vm_info": dict(a["vm_info"])} for h, a in HOSTS.items()}
+    moved["h3"] = {"status": "up", "vm_info": {"a1": moved["h1"]["vm_info"].pop("a1")}}
+    assert quota.count(ledger, moved, "acme", since - 1, on=quota._on(GROUPS["gpu"]))["vcpus"] == 3  # a1 once
+    with fleetstate.lock(opts, ["a2"]) as lease:  # h2 -> h3: within gpu; h2 -> h1: out of it
+        quota.move(store, lease, "acme", "a2", "h2", "h3", HOSTS, since, small)
+        quota.move(store, lease, "acme", "a2", "h2", "h1", HOSTS, since, small)
+        assert lease.quota is None
+    quota.forget(store, "acme", "a1")
+    assert "a1/migrate" not in (store.fetch(quota.QUOTAS, "acme") or {}).get("entries", {})

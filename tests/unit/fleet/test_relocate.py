@@ -4,7 +4,7 @@ tests/integration/test_migration.py)."""
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.fleet import relocate
+from saltvirt.fleet import fleetstate, relocate
 
 
 def test_settings_defaults_config_and_the_calls_own_tunnel():
@@ -93,3 +93,122 @@ def test_a_store_lost_during_the_move_still_reports_the_migration(redis_opts):
     assert "hv2 could not be asked how the VM runs there: the shared runner state (redis" in unconfirmed
     assert unreleased.startswith("the lock of 'web1' could not be given back: the shared runner state (redis")
     assert unreleased.endswith("(it expires by itself 60 s after its last renewal, virt:shared:lock_ttl)")
+
+
+# salt-run virt.migrate: virt.init's placement checks on the target ------------------------------------------
+FACTS = {"mem_total": 16384, "mem_used_by_vms": 64, "vcpus_total": 8, "vcpus_used_by_vms": 1, "disk_free": 102400}
+ACME = {"tenant": "acme", "creator": "alice"}
+
+
+def _vm(group=None, owner=ACME):
+    return {"cpu": 1, "mem": 64, "state": "running", "group": group, "owner": owner, "disks": {}}
+
+
+# web1 (acme, group web) on hv1; hv2 in maintenance; hv3 in acme's full hypervisor group gpu (g1 there);
+# hv4 holds web2 of web1's anti-affinity group; hv5 has 100 MiB of memory; hv6 takes it
+VMS = {"hv1": {"web1": _vm("web")}, "hv3": {"g1": _vm()}, "hv4": {"web2": _vm("web", None)}}
+MIGRATION = {
+    "virt.migrate_source_info": {"active": True, "probes": {}},
+    "virt.migrate_prepare": {
+        "copy_storage": None,
+        "unsafe": True,
+        "disk_map": None,
+        "migrate_disks": None,
+        "verify_backing": None,
+        "address": "target",
+        "created": [],
+        "disks": [],
+    },
+    "virt.migrate": {"undefined_on_source": True, "live": True, "tunnelled": False, "target_uri": "x", "seconds": 0.1},
+    "virt.migrate_finish": {"host": "target", "state": "running", "persistent": True, "disks": []},
+}
+HVS = [f"hv{i}" for i in range(1, 7)]
+
+
+def _answers():
+    """Every hypervisor's ``virt.capacity``, ``virt.full_info`` and ``virt.vm_state`` (placement's, a tenant's and a
+    migration without placement's view) and its answers to each step of a migration."""
+    out = {fun: dict.fromkeys(HVS, ret) for fun, ret in MIGRATION.items()}
+    out["virt.capacity"], out["virt.full_info"], out["virt.vm_state"] = {}, {}, {}
+    for hv in HVS:
+        vms = VMS.get(hv, {})
+        facts = dict(FACTS, mem_total=100) if hv == "hv5" else dict(FACTS)
+        groups = {}
+        for name, vm in vms.items():
+            if vm["group"]:
+                groups.setdefault(vm["group"], []).append(name)
+        small = {n: {k: vm[k] for k in ("group", "state", "cpu", "mem")} for n, vm in vms.items()}
+        out["virt.capacity"][hv] = {"host": dict(facts, groups=groups, vms_defined=len(vms)), "vm_info": small}
+        out["virt.full_info"][hv] = {"host": facts, "vm_info": vms}
+        out["virt.vm_state"][hv] = {n: vm["state"] for n, vm in vms.items()}
+    return out
+
+
+@pytest.fixture
+def salt_run(tmp_path, monkeypatch):
+    """``(migrate(user, target, **kwargs) -> answer, client)``: ``salt-run virt.migrate web1 <target>`` through
+    Salt's runner loader as ``user`` (alice of tenant acme, carol an operator), with signed hypervisor answers."""
+    from tests.support import signedfleet
+    from tests.support.saltloader import make_runners
+
+    client = signedfleet.SigningClient(_answers())
+    signedfleet.serve(monkeypatch, client)
+    virt = {
+        "placement": {"maintenance": ["hv2"], "mem_reserve_mib": 0},
+        "hypervisor_groups": {"gpu": ["hv3"]},
+        "operators": ["carol"],
+        "tenants": {"acme": {"members": ["alice"], "group_quotas": {"gpu": {"vms": 1}}}},
+    }
+
+    def migrate(user, target, **kwargs):
+        runner = make_runners(tmp_path)  # a new job: Salt's loader copies the opts it is given
+        signedfleet.accept(runner.opts, tmp_path, HVS)["virt"].update(virt)
+        runner["virt.migrate"].__globals__["__user__"] = user
+        ret = runner["virt.migrate"]("web1", target, **kwargs)
+        return ret.get("data", ret), runner.opts
+
+    return migrate, client
+
+
+def _migrated(client):
+    return [tgt for fun, tgt in client.published if fun == "virt.migrate"]
+
+
+def test_a_tenants_migration_is_placed_as_virt_init_places_a_vm(salt_run):
+    """Issue 34 #5: a tenant's salt-run virt.migrate checked the target's disk room only. Refused now, before
+    anything is asked of the hypervisors: a host in maintenance, one of a hypervisor group whose quota the
+    tenant has used up, one with a VM of its anti-affinity group, one without room; and ignore_placement is
+    not the tenant's. A target that fits keeps the VM's room reserved until the move is done."""
+    migrate, client = salt_run
+    stays = "Nothing was migrated, the VM stays on hv1: choose another target"
+    for target, why in (
+        ("hv2", "in maintenance (virt:placement:maintenance: 'hv2')"),
+        ("hv4", "anti-affinity: group 'web' already has web2 here"),
+        ("hv5", "memory: needs 64 MiB, 36 MiB free (100 total - 64 used by running VMs - 0 reserve)"),
+    ):
+        ret, _opts = migrate("alice", target)
+        assert ret.get("error") == f"{target} cannot take VM 'web1': {why}. {stays}", ret
+    ret, _opts = migrate("alice", "hv3")
+    assert ret["error"] == "tenant acme on hypervisor group gpu: 1 of 1 VMs used, asked 1: no room for web1 on hv3"
+    ret, _opts = migrate("alice", "hv2", ignore_placement=True)
+    assert ret["error"].startswith("virt.migrate ignore_placement=True is for operators: user alice is a member")
+    assert _migrated(client) == []  # nothing moved
+    ret, opts = migrate("alice", "hv6")
+    assert (ret["source"], ret["target"]) == ("hv1", "hv6") and "warnings" not in ret, ret
+    assert _migrated(client) == [["hv1"]]
+    room = fleetstate.Store(opts).fetch(fleetstate.RESERVATIONS, "hv6")["entries"]["web1"]
+    assert (room["cpu"], room["mem"], room["state"]) == (1, 64, "settled")
+
+
+def test_an_operator_may_move_a_vm_past_placement_by_saying_so(salt_run):
+    migrate, client = salt_run
+    ret, _opts = migrate("carol", "hv2")
+    assert ret["error"] == (
+        "hv2 cannot take VM 'web1': in maintenance (virt:placement:maintenance: 'hv2'). Nothing was migrated, the "
+        "VM stays on hv1: choose another target, or pass ignore_placement=True to move it anyway"
+    )
+    ret, _opts = migrate("carol", "hv2", ignore_placement=True)
+    assert ret.get("target") == "hv2" and _migrated(client) == [["hv1"]], ret
+    assert ret["warnings"] == [
+        "ignore_placement=True: web1 was moved to hv2 without placement's checks (room, maintenance, anti-affinity)"
+    ]

@@ -124,6 +124,28 @@ def test_a_tenant_grows_within_its_quota_and_is_refused_past_it(virt_test, hv):
     assert vcpus(virt_test, "u1") == 8
 
 
+def test_a_growth_that_waits_for_a_restart_counts_for_good(virt_test, hv):
+    """Issue 34 #5: live=False grows a running VM's definition only (pending_restart); the running VM keeps its
+    old sizes until its restart. The quota counts the bigger of the two in every later snapshot, not only
+    while the growth entry is in its settle window, so the tenant cannot grow another VM into that room."""
+    locate, call, opts = hv
+    virt_test["virt.init"]("r1", 1, 64, nic=None, disk=None, start=True, owner=OWNER)
+    store = settle(opts, "r1", 1, 64)
+    tenant = {"name": "acme", "quota": {"vcpus": 2, "mem": 128}}
+    ret = vmupdate.update(opts, "r1", 2, 128, {"live": False}, locate=locate, call=call, tenant=tenant)
+    assert ret["pending_restart"] == ["cpu", "mem"] and vcpus(virt_test, "r1") == 1
+    later = time.time() + 3600  # a snapshot taken long after the growth settled: its entry no longer counts
+    ledger = store.fetch(quota.QUOTAS, "acme")
+    used = quota.count(ledger, locate()[1], "acme", since=later, now=later)
+    assert (used["vcpus"], used["mem"]) == (2, 128)
+    conf = {"acme": {"quota": tenant["quota"]}}
+    assert quota.usage(store, locate()[1], conf, later)["acme"]["vcpus"]["bar"].endswith("2 of 2")
+    # growing it to what its definition has already takes nothing; one more vCPU does not fit
+    assert vmupdate.growth(locate()[1]["hv1"]["vm_info"]["r1"], 2, 128) == {"cpu": 0, "mem": 0, "disk_mib": 0}
+    with pytest.raises(quota.QuotaError, match=r"^tenant acme: 2 of 2 vCPUs used, asked 1: no room to grow r1"):
+        vmupdate.update(opts, "r1", 3, None, {"live": False}, locate=locate, call=call, tenant=tenant)
+
+
 def test_an_operators_update_of_a_tenants_vm_shows_in_its_usage(virt_test, hv):
     """Not refused by the quota (acme: 1 MiB disk), but the disk it adds and the new vCPUs go into the VM's
     ledger entry, which the tenant's usage counts; a VM no tenant's ledger has is left alone."""

@@ -173,3 +173,24 @@ def test_defined_uuids_are_every_domain_defined_or_running(test_conn):
     got = query.defined_uuids(test_conn)
     assert got == {d.UUIDString(): d.name() for d in test_conn.listAllDomains(0)}
     assert sorted(got.values()) == ["off1", "tran1"] and got[transient.UUIDString()] == "tran1"
+
+
+def test_a_running_vm_reports_its_definitions_sizes_too(test_conn):
+    """A growth that waits for a restart (virt.update live=False, or past the running VM's maximum) is in the
+    persistent definition only: ``defined`` reports it beside the running VM's ``cpu``/``mem``, alone and
+    in the bulk answer alike; a stopped VM's definition is its own sizes."""
+    import libvirt
+
+    xml = (
+        "<domain type='test'><name>{}</name><uuid>{}</uuid><memory unit='MiB'>{}</memory><vcpu>{}</vcpu>"
+        "<os><type>hvm</type></os></domain>"
+    )
+    uuid = "5a1f6b0e-7d4e-4c55-9d9f-0c2b3e4f5a61"
+    dom = test_conn.defineXML(xml.format("grow1", uuid, 64, 1))
+    dom.create()
+    test_conn.defineXML(xml.format("grow1", uuid, 128, 2))  # the next start's definition
+    test_conn.defineXML(xml.format("idle1", "5a1f6b0e-7d4e-4c55-9d9f-0c2b3e4f5a62", 32, 1))
+    assert dom.XMLDesc(0) != dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    for info in (query.vm_info(test_conn, "grow1")["grow1"], query.vm_info(test_conn)["grow1"]):
+        assert (info["cpu"], info["mem"], info["defined"]) == (1, 64, {"cpu": 2, "mem": 128})
+    assert query.vm_info(test_conn)["idle1"]["defined"] == {"cpu": 1, "mem": 32}
