@@ -354,7 +354,7 @@ def tenant_restore(
         raise SaltInvocationError(f"no backup {bid} of a VM named {name} in tenant {caller.tenant}")
     if not tenants.host_allowed(conf, host):
         tenants.refuse("hypervisor", host, str(caller.tenant), conf["hypervisors"])
-    defined = [a["vm_info"][name] for a in full.values() if name in ((a or {}).get("vm_info") or {})]
+    defined = _defined(full, name)
     if not as_name and defined and not all(tenants.owned_by(vm, caller.tenant) for vm in defined):
         raise SaltInvocationError(tenants.missing(name, caller))
     disk_mib = sum(-(-int(d.get("virtual_size") or 0) // 1048576) for d in entry.get("disks") or [])
