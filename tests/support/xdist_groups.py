@@ -8,10 +8,11 @@
 - A free worker takes the costliest unit left (:data:`COST`, seconds measured on a quiet 2-core machine):
   the long labs start first and the short ones fill the gaps, so the run ends when the longest chain
   does. xdist's own order (most tests first) started the one-test tutorial last.
-- Units that boot TCG guests declare how many run at once (:data:`GUESTS`); the units running at any time
-  boot at most :func:`guest_budget` guests together (the cores: an emulated guest keeps a core busy while
-  it boots), so two migration labs never stack on a 2-core machine. A worker for which only guest-heavy
-  units are left waits until one ends; a unit runs anyway when nothing else does.
+- Units that boot TCG guests declare how many run at once (:data:`GUESTS`); a free worker prefers the units
+  that keep the running ones within :func:`guest_budget` guests together (the cores: an emulated guest keeps
+  a core busy while it boots), so two migration labs do not stack on a 2-core machine while lighter work is
+  left. When only guest-heavy units are left it takes the lightest: a worker never waits (a version that let
+  workers wait for a budget ended with every worker idle and units left, in a real run).
 
 xdist's own ``loadgroup`` (``xdist_group`` marks) cannot be used: pytest-xdist 3.8 tags grouped tests by
 setting ``item._nodeid``, which pytest 9 no longer reads (node ids live in ``item._id``), so the groups are
@@ -99,9 +100,11 @@ def cost(unit, nodeids):
 
 def pick(queue, running_guests, budget):
     """The unit a free worker takes from ``queue`` (``{unit: nodeids}``) while units booting
-    ``running_guests`` TCG guests run: the costliest that fits the guest budget; None: wait."""
+    ``running_guests`` TCG guests run: the costliest that fits the guest budget, else the one booting fewest."""
     fits = [u for u in queue if not GUESTS.get(u) or not running_guests or running_guests + GUESTS[u] <= budget]
-    return max(fits, key=lambda u: cost(u, queue[u])) if fits else None
+    if not fits:
+        return min(queue, key=lambda u: (GUESTS.get(u, 0), -cost(u, queue[u])))
+    return max(fits, key=lambda u: cost(u, queue[u]))
 
 
 def make_scheduler(config, log):
@@ -120,27 +123,11 @@ def make_scheduler(config, log):
             )
 
         def _assign_work_unit(self, node):
-            """xdist's, but the costliest unit left that fits the guest budget instead of the first one."""
-            waiting = self.__dict__.setdefault("waiting", set())
+            """xdist's, but the unit :func:`pick` chooses instead of the first one."""
             unit = pick(self.workqueue, self._running_guests(), guest_budget())
-            if unit is None:
-                waiting.add(node)  # mark_test_complete hands it work once a guest-heavy unit ends
-                return
-            waiting.discard(node)
             nodeids = self.workqueue.pop(unit)
             self.assigned_work.setdefault(node, {})[unit] = nodeids
             collection = self.registered_collections[node]
             node.send_runtest_some([collection.index(n) for n, done in nodeids.items() if not done])
-
-        def mark_test_complete(self, node, item_index, duration=0):
-            super().mark_test_complete(node, item_index, duration)
-            for other in sorted(self.__dict__.get("waiting", ()), key=str):
-                if other.shutting_down or other is node:
-                    continue
-                if not self.workqueue:
-                    self.waiting.discard(other)
-                    other.shutdown()
-                elif self._pending_of(self.assigned_work.get(other, {})) <= 2:
-                    self._assign_work_unit(other)
 
     return ModuleGroupScheduling(config, log)
