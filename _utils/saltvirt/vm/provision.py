@@ -185,7 +185,7 @@ def init(
                 host_id=host_id,
                 **kwargs,
             )
-        except CommandExecutionError as exc:
+        except (CommandExecutionError, OSError) as exc:  # OSError: the manifest, written before anything else
             if not fsutil.out_of_space(exc, images_dir):
                 raise
             raise CommandExecutionError(f"{exc}. {_full_hint(images_dir)}") from None
