@@ -59,7 +59,7 @@ class Replies:
         self.started = now
         self.life = dict.fromkeys(expected, now)  # last sign of life (the publication, then a signed check)
         self.gone: dict[str, float] = {}  # the job ended there (a signed check said so) at
-        self.checks: dict[str, tuple[str, float, set[str]]] = {}  # check jid -> (nonce, sent, minions)
+        self.checks: dict[str, tuple[str, set[str]]] = {}  # check jid -> (nonce, minions asked)
         self.asked: dict[str, float] = {}  # minion -> when its last outstanding check was sent
 
     # reading -------------------------------------------------------------------------------------------
@@ -107,7 +107,7 @@ class Replies:
                     self.answers[minion] = self.classify(*got)
                     self.missing.discard(minion)
         elif parts[2] in self.checks:
-            nonce, _sent, asked = self.checks[parts[2]]
+            nonce, asked = self.checks[parts[2]]
             if minion in asked:
                 got = self._verified(minion, answers.JOB_CHECK, nonce, reply)
                 if got is not None:
@@ -149,7 +149,7 @@ class Replies:
         for minion in due:
             self.asked[minion] = now
         if pub and pub.get("jid"):
-            self.checks[pub["jid"]] = (nonce, now, set(due))
+            self.checks[pub["jid"]] = (nonce, set(due))
 
     # deciding --------------------------------------------------------------------------------------------
     def give_up(self, now: float) -> None:
