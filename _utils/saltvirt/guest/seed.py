@@ -291,14 +291,23 @@ def _losetup(path, undo, offset=0, size=None):
     """A loop device of ``path``: the whole file (its partitions scanned), or ``size`` bytes from ``offset``."""
     cmd = ["losetup", "-f", "--show"] + (["-o", str(offset), "--sizelimit", str(size)] if size else ["-P"])
     dev = _run([*cmd, path], f"attaching {path} to a loop device").stdout.strip()
-    undo.add(f"detach {dev}", lambda: _detach(dev))
+    ours = _loop_binding(dev)
+    undo.add(f"detach {dev}", lambda: _detach(dev, ours))
     return dev
 
 
-def _detach(dev):
+def _loop_binding(dev):
+    """What ``dev`` is attached to (backing file, offset), or None when it is free."""
+    sysfs = f"/sys/block/{os.path.basename(dev)}/loop"
+    backing = fsutil.read_text(f"{sysfs}/backing_file")
+    return (backing, fsutil.read_text(f"{sysfs}/offset")) if backing else None
+
+
+def _detach(dev, ours):
     _run(["losetup", "-d", dev], f"detaching {dev}")
-    # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s
-    if not _wait(lambda: not os.path.exists(f"/sys/block/{os.path.basename(dev)}/loop/backing_file"), 30):
+    # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s.
+    # Another process's `losetup -f` may take the freed device at once: only our binding must be gone.
+    if not _wait(lambda: _loop_binding(dev) != ours, 30):
         raise CommandExecutionError(f"{dev} is still attached after 'losetup -d' (busy?): check 'losetup -a'")
 
 

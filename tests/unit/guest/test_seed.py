@@ -27,3 +27,29 @@ def test_inspect_adds_files_once_it_looked(guest_root):
     out = seed._complete(files, lambda p: guestroot.exists(fd, p))
     assert seen == [True] and files.added == ("/etc/b",)
     assert out == {"/etc/a": (b"a", 0o644), "/etc/b": (b"b", 0o600)}
+
+
+def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_path, monkeypatch):
+    """Issue 33 (a full parallel run): another test's ``losetup -f`` took /dev/loop0 the moment seeding freed
+    it, and seeding waited 30 s for "its" device to detach, then failed. Real loop devices (root, as the
+    suite runs); the other attach is made right after our ``losetup -d``."""
+    mine, other = tmp_path / "mine.img", tmp_path / "other.img"
+    for path in (mine, other):
+        path.write_bytes(b"\0" * 1024 * 1024)
+    run, taken = seed._run, []
+
+    def detach_then_taken(cmd, what, **kw):
+        out = run(cmd, what, **kw)
+        if cmd[:2] == ["losetup", "-d"]:
+            taken.append(run(["losetup", cmd[2], str(other)], "the other attach").returncode)
+        return out
+
+    dev = run(["losetup", "-f", "--show", str(mine)], "attach").stdout.strip()
+    ours = seed._loop_binding(dev)
+    monkeypatch.setattr(seed, "_run", detach_then_taken)
+    monkeypatch.setattr(seed, "_wait", lambda cond, timeout: cond())  # no 30 s wait: the answer is immediate
+    try:
+        seed._detach(dev, ours)
+        assert taken == [0] and seed._loop_binding(dev)[0] == str(other)
+    finally:
+        run(["losetup", "-d", dev], "cleanup", check=False)
