@@ -221,7 +221,7 @@ def hyper1(salt_master, hv1, lab_dir):
     config = hypervisor_minion_config(hv1, pathlib.Path(lab_dir) / "hyper1-images")
     # Uyuni's create-vm.sls caches a kickstart kernel and initrd in /tmp/virt/<vm>/ (test_uyuni_real.py)
     config["virt"]["allowed_paths"].append("/tmp/virt")
-    factory = start_minion(salt_master, "hyper1", config)
+    factory = start_minion(salt_master, "hyper1", config, sync=True)
     with factory.started():
         ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret

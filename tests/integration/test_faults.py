@@ -27,7 +27,7 @@ from salt.exceptions import CommandExecutionError
 from saltvirt.base import procs
 from tests.support import lab
 from tests.support.paths import GUEST_DIR, ROOT
-from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltd import hypervisor_minion_config, master_config, presync, start_minion
 from tests.support.saltloader import make_minion_mods
 from tests.support.seed_helpers import fill, leftovers
 
@@ -335,10 +335,8 @@ def test_job_sigkilled_during_seeding(fhv, fdir, fmods):
 @pytest.fixture(scope="module")
 def fmaster(salt_factories, state_tree):
     virt = {"hypervisors": {"tgt": "fhyper", "tgt_type": "glob", "timeout": 10, "gather_job_timeout": 10}}
-    factory = salt_factories.salt_master_daemon("fault-master", overrides=master_config(state_tree, virt=virt))
+    factory = presync(salt_factories.salt_master_daemon("fault-master", overrides=master_config(state_tree, virt=virt)))
     with factory.started():
-        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0, ret
         yield factory
 
 
@@ -357,8 +355,6 @@ def fhyper(fmaster, fhv, fdir, ftmp):
     factory = start_minion(fmaster, "fhyper", hypervisor_minion_config(fhv, images_dir(fdir), engines=[engine]))
     factory.environ["TMPDIR"] = ftmp
     with factory.started():
-        ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0, ret
         yield factory
 
 

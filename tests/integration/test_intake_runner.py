@@ -63,8 +63,6 @@ def intake_hv(salt_master, hv1, lab_dir, servers, folder):
     factory = start_minion(salt_master, MINION, config)
     factory.environ.update(environ)
     with factory.started():
-        ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0, ret
         yield {"factory": factory, "images": pathlib.Path(lab_dir) / "intake-images"}
     # a stopped hypervisor whose key stays accepted is a down host to every later fleet-wide call on this
     # session master (each would wait virt:hypervisors:down_after for it)

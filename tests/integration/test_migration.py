@@ -25,7 +25,7 @@ import pytest
 
 from tests.support import lab
 from tests.support.redis_server import RedisServer
-from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
+from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
 from saltvirt.pki import ca as pki
 
 HVS = (6, 7, 8)
@@ -74,10 +74,8 @@ def lab_hvs(lab_dir, fabric):
 def mmaster(salt_factories, state_tree):
     ext_pillar = [{"libvirt": {"key_size": 2048, "extra_sans": {f"hv{i}": [f"10.252.0.{10 + i}"] for i in HVS}}}]
     config = master_config(state_tree, virt=MASTER_VIRT, ext_pillar=ext_pillar)
-    factory = salt_factories.salt_master_daemon("mig-master", overrides=config)
+    factory = presync(salt_factories.salt_master_daemon("mig-master", overrides=config))
     with factory.started():
-        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0, ret
         yield factory
 
 
@@ -128,7 +126,7 @@ def minions(mmaster, lab_hvs, lab_dir, store):
         configs[name] = config
     with started_minions(mmaster, configs) as factories:
         cli = mmaster.salt_cli(timeout=180)
-        ret = cli.run("saltutil.sync_all", minion_tgt="hv*")
+        ret = cli.run("test.ping", minion_tgt="hv*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
         assert cli.run("saltutil.refresh_pillar", "wait=True", minion_tgt="hv*").returncode == 0
         for name, hv in lab_hvs.items():

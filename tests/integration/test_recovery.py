@@ -27,7 +27,7 @@ import time
 import pytest
 
 from tests.support import lab
-from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
+from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
 
 HVS = (10, 11, 12)
 BOOT_WAIT = 300  # bound on a TCG guest's console: seconds when idle, minutes on a loaded machine
@@ -67,10 +67,8 @@ def master_virt(lab_dir):
 @pytest.fixture(scope="module")
 def rmaster(salt_factories, state_tree, lab_dir):
     config = master_config(state_tree, virt=master_virt(lab_dir))
-    factory = salt_factories.salt_master_daemon("rec-master", overrides=config)
+    factory = presync(salt_factories.salt_master_daemon("rec-master", overrides=config))
     with factory.started():
-        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0, ret
         yield factory
 
 
@@ -86,7 +84,7 @@ def minions(rmaster, lab_hvs, lab_dir, store):
         config["virt"]["migration"] = {"allow_cleartext": True}  # this lab has no TLS: rebalance moves in clear
         configs[name] = config
     with started_minions(rmaster, configs) as factories:
-        ret = rmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="hv1*")
+        ret = rmaster.salt_cli(timeout=180).run("test.ping", minion_tgt="hv1*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
         for hv in lab_hvs.values():
             hv.start().warm_up()

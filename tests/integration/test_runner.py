@@ -25,7 +25,7 @@ import pytest
 
 from tests.support import signedfleet
 from tests.support.paths import ROOT
-from tests.support.saltd import hypervisor_minion_config, master_config, started_minions
+from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
 from saltvirt.pki import envelope
 
 NODES = ROOT / "tests" / "support" / "nodes"
@@ -52,10 +52,10 @@ MASTER_VIRT = {
 @pytest.fixture(scope="module")
 def vmaster(salt_factories, state_tree):
     """A master of its own: its config carries the virt:hypervisors / virt:placement under test."""
-    factory = salt_factories.salt_master_daemon("virt-master", overrides=master_config(state_tree, virt=MASTER_VIRT))
+    factory = presync(
+        salt_factories.salt_master_daemon("virt-master", overrides=master_config(state_tree, virt=MASTER_VIRT))
+    )
     with factory.started():
-        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
-        assert ret.returncode == 0, ret
         yield factory
 
 
@@ -80,7 +80,7 @@ def minions(vmaster, hv1, lab_dir, tmp_path_factory):
     }
     configs[TENANT] = {"grains": spoofed, "virt": {"connection": {"uri": f"test://{huge}"}, "images": str(huge.parent)}}
     with started_minions(vmaster, configs) as factories:
-        ret = vmaster.salt_cli(timeout=180).run("saltutil.sync_all", minion_tgt="*")
+        ret = vmaster.salt_cli(timeout=180).run("test.ping", minion_tgt="*")
         assert ret.returncode == 0 and sorted(ret.data) == sorted([*ALL, TENANT]), ret
         yield factories
 

@@ -26,6 +26,7 @@ import socket
 import urllib.error
 import urllib.request
 
+from tests.support import saltd
 from tests.support.saltd import master_config
 
 RUNNER_VIRT = "@runner-virt"
@@ -120,7 +121,7 @@ def started(salt_factories, master_id, state_tree, users, workdir, **extra):
     """A started salt-master ``master_id`` with salt-api in front of it (``extra``: more master config)."""
     port = free_port()
     overrides = api_master_config(state_tree, users, workdir, port, **extra)
-    master = salt_factories.salt_master_daemon(master_id, overrides=overrides)
+    master = saltd.presync(salt_factories.salt_master_daemon(master_id, overrides=overrides))
     with master.started():
         api = master.salt_api_daemon()
         with api.started():

@@ -1,7 +1,9 @@
 """Configuration of real Salt daemons (pytest-salt-factories) for the integration tests."""
 
+import compileall
 import contextlib
 import os
+import shutil
 
 from tests.support.paths import GUEST_DIR, ROOT
 
@@ -30,9 +32,41 @@ def master_config(state_tree, **extra):
     return config
 
 
-def start_minion(master, minion_id, overrides):
-    """A minion factory of ``master`` (start it with ``.started()``, then sync the bundle from the master)."""
-    return master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
+# repo folder -> the extension_modules folder saltutil.sync_all writes it to
+SYNCED = {
+    "_modules": "modules",
+    "_states": "states",
+    "_grains": "grains",
+    "_utils": "utils",
+    "_engines": "engines",
+    "_output": "output",
+    "_runners": "runners",
+    "_pillar": "pillar",
+}
+
+
+def presync(factory):
+    """Put the bundle where ``saltutil.sync_all`` puts it (the daemon's extension_modules), before the daemon
+    starts: a real sync costs some 4 CPU-seconds per minion on the master and the minion (a request per
+    file), and the suite starts dozens. The sync route itself is tested with hyper1 (conftest.py,
+    test_deploy.py); every other daemon loads the same files from the same place."""
+    ext = factory.config.get("extension_modules") or os.path.join(factory.config["cachedir"], "extmods")
+    for src, kind in SYNCED.items():
+        if (ROOT / src).is_dir():
+            shutil.copytree(
+                ROOT / src, os.path.join(ext, kind), dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+            )
+    # byte-compiled once here: every job and CLI loads them, and the daemons write no .pyc
+    # (PYTHONDONTWRITEBYTECODE, salt-factories sets it), so each would compile the bundle again
+    compileall.compile_dir(ext, quiet=2)
+    return factory
+
+
+def start_minion(master, minion_id, overrides, sync=False):
+    """A minion factory of ``master`` (start it with ``.started()``) with the bundle in place (:func:`presync`);
+    ``sync=True``: none, the test syncs it from the master with ``saltutil.sync_all``."""
+    factory = master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
+    return factory if sync else presync(factory)
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ COST = {
 GUESTS = {
     "tests/integration/test_migration.py": 2,
     "tests/integration/test_recovery.py": 2,
-    "tests/integration/test_tutorial.py": 2,  # the Debian guest with its own salt-minion
+    "tests/integration/test_tutorial.py": 1,  # the Debian guest with its own salt-minion
     "tests/integration/test_backup_real.py": 1,
     "tests/integration/test_faults.py": 1,
     "tests/integration/test_init_real.py": 1,
