@@ -12,6 +12,7 @@ import tempfile
 
 import pytest
 
+from tests.support import clizygote
 from tests.support import golden as golden_files
 from tests.support import lab, xdist_groups
 from tests.support.markers import item_markers
@@ -34,6 +35,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     # before any test module imports salt: no deferred stderr handler dumping records at exit
     quiet_salt_logging()
+    clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
 
 
 def pytest_collection_modifyitems(config, items):
