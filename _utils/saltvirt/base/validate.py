@@ -59,6 +59,36 @@ def positive_int(value: Any, what: str, maximum: int | None = None) -> int:
     return number if maximum is None else int_in(number, what, 1, maximum)
 
 
+# Sizes as Salt's virt and libvirt spell them (any case: Salt lowercases the unit); a number alone is in the
+# caller's default unit.
+SIZE_UNITS = "B, K/KiB, M/MiB, G/GiB, T/TiB, P/PiB, E/EiB (powers of 1024) or KB, MB, GB, TB, PB, EB (powers of 1000)"
+_SIZE_RE = re.compile(r"\s*(\d{1,15})\s*([A-Za-z]{0,5})\s*")
+
+
+def unit_bytes(unit: str, what: str) -> int:
+    """Bytes in one ``unit`` of :data:`SIZE_UNITS` (and libvirt's ``bytes``); any other is refused."""
+    low = unit.lower()
+    power = "kmgtpe".find(low[:1]) + 1 if low else 0
+    if low in ("b", "bytes"):
+        return 1
+    if power and low[1:] in ("", "ib"):
+        return 1024**power
+    if power and low[1:] == "b":
+        return 1000**power
+    raise SaltInvocationError(f"{what}: unknown unit {unit!r}; the units are {SIZE_UNITS}")
+
+
+def size_bytes(value: Any, what: str, default_unit: str, like: str) -> tuple[int, bool]:
+    """A size: a whole number (in ``default_unit``) or one with a unit (``512m``, ``2 GiB``, ``4GB``) ->
+    ``(bytes, whether the unit is decimal)``; ``like`` shows the caller's form in the refusal."""
+    match = None if isinstance(value, bool) else _SIZE_RE.fullmatch(str(value))
+    if not match:
+        raise SaltInvocationError(f"{what} must be {like}, got {value!r}")
+    unit = match.group(2) or default_unit
+    per = unit_bytes(unit, f"{what} ({value!r})")
+    return int(match.group(1)) * per, unit.lower()[1:] == "b"
+
+
 def seconds(value: Any, what: str, maximum: float | None = None) -> float:
     """``value`` (a number or a numeric string; never a bool) as a duration above 0 seconds (at most
     ``maximum``), else SaltInvocationError in one wording."""

@@ -43,7 +43,6 @@ MEM_KEYS = ("boot", *MEM_LIMITS, "current", "max", "slots", *MEM_BACKING)
 MEM_REFUSED: dict[str, str] = {}
 HUGEPAGE_KEYS = ("size", "nodeset")
 _CPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SIZE_RE = re.compile(r"^\s*(\d{1,12})\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
 def _name(value, what):
@@ -232,17 +231,13 @@ def _cpu_ids(canonical):
 
 
 def mib(value: Any, what: str) -> int:
-    """A size in MiB: a number (MiB) or Salt's ``512m``/``1g``/``1 GiB``."""
-    if isinstance(value, bool):
-        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
-    match = _SIZE_RE.match(str(value))
-    if not match:
-        raise SaltInvocationError(f"{what} must be a size like 1024 (MiB), 512m or 2g, got {value!r}")
-    number, unit = int(match.group(1)), (match.group(2) or "m").lower()
-    size = number * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
-    if size < 1 or size != int(size):
+    """A size in MiB: a number (MiB) or one with a unit (``512m``, ``2 GiB``, ``4GB``: ``validate.SIZE_UNITS``).
+    A decimal unit rounds down to whole MiB (the spec keeps MiB; Salt rounds down to KiB); a binary size
+    that is not whole MiB (``1k``) is refused as a slip."""
+    size, decimal = validate.size_bytes(value, what, "MiB", "a size like 1024 (MiB), 512m or 2g")
+    if size < 2**20 or (size % 2**20 and not decimal):
         raise SaltInvocationError(f"{what} must be a whole number of MiB, got {value!r}")
-    return int(size)
+    return size // 2**20
 
 
 def mem_detail(value: Any) -> tuple[Any, Data | None]:
@@ -281,10 +276,10 @@ def mem_layout(value: Any, boot_mib: int, numa_cells: int = 0) -> tuple[int | No
 
 def _kib(value, what):
     """A page size in KiB: a number (MiB, as mem's sizes) or ``4k``/``2m``/``1g``."""
-    match = _SIZE_RE.match(str(value)) if not isinstance(value, bool) else None
-    if not match or int(match.group(1)) < 1:
+    size, _decimal = validate.size_bytes(value, what, "MiB", "a page size like 2m or 1g")
+    if size < 1024 or size % 1024:
         raise SaltInvocationError(f"{what} must be a page size like 2m or 1g, got {value!r}")
-    return int(match.group(1)) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}[(match.group(2) or "m").lower()]
+    return size // 1024
 
 
 def memory_backing(value: Any, numa_cells: int = 0) -> Data | None:

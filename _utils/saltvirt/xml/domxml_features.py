@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from saltvirt.base.salttypes import Data
+from saltvirt.xml.etree import kib as _kib
 from saltvirt.xml.etree import mib as _mib
 from saltvirt.xml.etree import sub as _sub
 from saltvirt.xml.etree import to_int as _int
@@ -126,7 +127,7 @@ def _backing_facts(el):
     out = {}
     if el.find("hugepages") is not None:
         out["hugepages"] = [
-            {"size": _kib(p), **({"nodeset": p.get("nodeset")} if p.get("nodeset") else {})}
+            {"size": _kib(p, "size"), **({"nodeset": p.get("nodeset")} if p.get("nodeset") else {})}
             for p in el.findall("hugepages/page")
         ]
     for key in ("nosharepages", "locked", "discard"):
@@ -136,11 +137,6 @@ def _backing_facts(el):
         if el.find(key) is not None:
             out[key] = el.find(key).get(attr)
     return out
-
-
-def _kib(page):
-    unit = (page.get("unit") or "KiB").lower().rstrip("b").rstrip("i") or "k"
-    return _int(page.get("size")) * {"k": 1, "m": 1024, "g": 1024**2, "t": 1024**3}.get(unit[0], 1)
 
 
 def _numatune_facts(el):

@@ -6,6 +6,8 @@ Below both, so neither imports the other for them.
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from saltvirt.base import validate
+
 
 def el(tag: str, text: Any = None, **attrs: Any) -> ET.Element:
     """A new element; attributes whose value is None are left out, values and text become strings."""
@@ -52,20 +54,18 @@ def to_int(text: Any, default: int = 0) -> int:
 
 
 def mib(node: ET.Element | None, attr: str | None = None) -> int:
-    """An element's size (its text, or its attribute ``attr``) in MiB; libvirt's default unit is KiB."""
+    """An element's size (its text, or its attribute ``attr``) in MiB, rounded down; libvirt's default unit is
+    KiB, any of its units (``validate.SIZE_UNITS``) is read and another refused."""
+    return _scaled(node, attr, 2**20)
+
+
+def kib(node: ET.Element | None, attr: str | None = None) -> int:
+    """As :func:`mib`, in KiB."""
+    return _scaled(node, attr, 1024)
+
+
+def _scaled(node: ET.Element | None, attr: str | None, per: int) -> int:
     if node is None:
         return 0
-    unit = (node.get("unit") or "KiB").lower()
-    return int(to_int(node.get(attr) if attr else node.text) * _PER_MIB.get(unit, 1 / 1024))
-
-
-_PER_MIB = {
-    "b": 1 / 1048576,
-    "bytes": 1 / 1048576,
-    "kib": 1 / 1024,
-    "k": 1 / 1024,
-    "mib": 1,
-    "m": 1,
-    "gib": 1024,
-    "g": 1024,
-}
+    unit = node.get("unit") or "KiB"
+    return to_int(node.get(attr) if attr else node.text) * validate.unit_bytes(unit, f"<{node.tag}> unit") // per

@@ -189,3 +189,24 @@ def test_config_names_takes_one_name_or_a_list():
     assert validate.config_names("ops", "virt:operators") == ("ops",)
     assert validate.config_names(["a", "b*"], "virt:operators") == ("a", "b*")
     assert validate.config_names((), "virt:host_devices") == ()
+
+
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [("3", (3 * 2**20, False)), ("2 KiB", (2048, False)), ("2k", (2048, False)), ("2KB", (2000, True))]
+    + [("1T", (2**40, False)), ("1tb", (10**12, True)), ("5 B", (5, False)), ("1PiB", (2**50, False))],
+)
+def test_size_bytes_units(given, want):
+    assert validate.size_bytes(given, "size", "MiB", "a size") == want
+
+
+@pytest.mark.parametrize("given", ["2 XB", "2ki", "2 kibb", "2iB"])
+def test_size_bytes_refuses_an_unknown_unit(given):
+    with pytest.raises(SaltInvocationError, match=r"size \(.*\): unknown unit .*; the units are B, K/KiB"):
+        validate.size_bytes(given, "size", "MiB", "a size")
+
+
+@pytest.mark.parametrize("given", [True, "1.5g", "-2g", "g", "", "2 g b"])
+def test_size_bytes_refuses_a_non_size(given):
+    with pytest.raises(SaltInvocationError, match="size must be a size like 2g, got"):
+        validate.size_bytes(given, "size", "MiB", "a size like 2g")

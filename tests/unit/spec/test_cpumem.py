@@ -79,3 +79,39 @@ def test_a_trailing_newline_is_refused(call):
     """Issue 23 #8: these patterns use fullmatch ('$' with re.match passes "0-1\\n")."""
     with pytest.raises(SaltInvocationError):
         call()
+
+
+@pytest.mark.parametrize(
+    ("given", "mib"),
+    [
+        ("2GiB", 2048),
+        ("2g", 2048),
+        ("1 TiB", 1024 * 1024),
+        ("1t", 1024 * 1024),
+        ("4096k", 4),
+        (512, 512),
+        # Salt's virt: KB, MB, GB, TB are powers of 1000 (rounded down to whole MiB)
+        ("2GB", 2 * 10**9 // 2**20),
+        ("1 tb", 10**12 // 2**20),
+        ("512MB", 512 * 10**6 // 2**20),
+    ],
+)
+def test_mem_sizes_take_salts_units(given, mib):
+    """Issue 36 #1: GB/TB were read as GiB/TiB."""
+    assert cpumem.mib(given, "mem:boot") == mib
+    assert cpumem.mem_detail({"boot": given})[0] == mib
+
+
+@pytest.mark.parametrize("given", ["2XB", "2 gigs", "1ib", "2048b"])
+def test_an_unknown_or_too_small_unit_is_refused_with_the_units(given):
+    """Issue 36 #1: an unknown unit is refused naming the units; bytes must still make whole MiB."""
+    with pytest.raises(SaltInvocationError, match=r"unknown unit .*K/KiB.* GB, TB|whole number of MiB") as err:
+        cpumem.mib(given, "mem:boot")
+    assert given != "2XB" or "the units are B, K/KiB, M/MiB, G/GiB, T/TiB" in str(err.value)
+
+
+def test_hugepage_sizes_are_binary():
+    """A page is a power of two: 2MB (2,000,000 bytes) is not a page size, 2MiB is."""
+    assert cpumem._kib("2MiB", "size") == 2048
+    with pytest.raises(SaltInvocationError, match="must be a page size like 2m or 1g"):
+        cpumem._kib("2MB", "size")

@@ -228,7 +228,10 @@ HOSTILE += [
     ({"mem": {"boot": "1g", "max": "512m", "slots": 2}}, "mem:max .* must be at least mem:boot"),
     ({"mem": {"boot": "1g", "max": "4g", "slots": 2}}, "mem:max .* needs guest NUMA cells: add cpu:numa"),
     ({"mem": {"boot": 64, "hugepages": "yes"}}, "mem:hugepages must be True or a list"),
-    ({"mem": {"boot": 64, "hugepages": [{"size": "2x"}]}}, r"mem:hugepages\[0\]:size must be a page size"),
+    (
+        {"mem": {"boot": 64, "hugepages": [{"size": "2x"}]}},
+        r"mem:hugepages\[0\]:size \(.2x.\): unknown unit .x.; the units are B, K/KiB",
+    ),
     ({"mem": {"boot": 64, "hugepages": [{"nodeset": "0"}]}}, r"mem:hugepages\[0\] needs a size"),
     ({"mem": {"boot": 64, "hugepages": [{"size": "2m", "nodeset": "0"}]}}, "nodeset names guest NUMA cells"),
     (

@@ -3,6 +3,7 @@
 import xml.etree.ElementTree as ET
 
 import pytest
+from salt.exceptions import SaltInvocationError
 
 from saltvirt.xml import etree
 
@@ -25,11 +26,25 @@ def test_to_int(text, default, want):
 
 @pytest.mark.parametrize(
     ("xml", "want"),
-    [("<m>1048576</m>", 1024), ("<m unit='GiB'>2</m>", 2048), ("<m unit='bytes'>1048576</m>", 1), ("<m>x</m>", 0)],
+    [
+        ("<m>1048576</m>", 1024),
+        ("<m unit='GiB'>2</m>", 2048),
+        ("<m unit='bytes'>1048576</m>", 1),
+        ("<m>x</m>", 0),
+        ("<m unit='TiB'>1</m>", 1024 * 1024),  # issue 36 #1: TiB and decimal units were read as KiB
+        ("<m unit='GB'>2</m>", 2 * 10**9 // 2**20),
+        ("<m unit='KB'>2048000</m>", 2048 * 10**3 * 1000 // 2**20),
+    ],
 )
 def test_mib_units(xml, want):
     assert etree.mib(ET.fromstring(xml)) == want
     assert etree.mib(None) == 0
+
+
+def test_an_unknown_unit_is_refused_not_read_as_kib():
+    with pytest.raises(SaltInvocationError, match="<memory> unit: unknown unit 'parsecs'; the units are B, K/KiB"):
+        etree.mib(ET.fromstring("<memory unit='parsecs'>2</memory>"))
+    assert etree.kib(ET.fromstring("<page size='2' unit='MiB'/>"), "size") == 2048
 
 
 @pytest.mark.parametrize(
