@@ -333,3 +333,34 @@ def get_domain(conn: Conn, name: str) -> Domain:
 
 def domain_exists(conn: Conn, name: str) -> bool:
     return lookup_domain(conn, name) is not None
+
+
+# kind -> (the call taking flags, its schema-check flag's name, the call without flags)
+_DEFINE = {
+    "domain": ("defineXMLFlags", "VIR_DOMAIN_DEFINE_VALIDATE", lambda conn, xml: conn.defineXML(xml)),
+    "network": ("networkDefineXMLFlags", "VIR_NETWORK_DEFINE_VALIDATE", lambda conn, xml: conn.networkDefineXML(xml)),
+    "pool": (
+        "storagePoolDefineXML",
+        "VIR_STORAGE_POOL_DEFINE_VALIDATE",
+        lambda conn, xml: conn.storagePoolDefineXML(xml, 0),
+    ),
+}
+
+
+def define(conn: Conn, kind: str, xml: str) -> Any:
+    """Define a ``domain``, ``network`` or ``pool`` with libvirt's schema check (``*_DEFINE_VALIDATE``): without
+    it libvirt drops what its parser does not know and the definition silently lacks it. A driver without
+    the check (an older libvirtd: VIR_ERR_NO_SUPPORT or "unsupported flags") gets the plain define.
+    libvirt's errors are raised as they are (callers wrap them in :func:`lv_errors`)."""
+    flagged, flag, plain = _DEFINE[kind]
+    call = getattr(conn, flagged, None)
+    if call is not None and hasattr(libvirt, flag):
+        try:
+            return call(xml, getattr(libvirt, flag))
+        except libvirt.libvirtError as exc:
+            code = exc.get_error_code()
+            unsupported = code == libvirt.VIR_ERR_INVALID_ARG and "unsupported flags" in (exc.get_error_message() or "")
+            if code != libvirt.VIR_ERR_NO_SUPPORT and not unsupported:
+                raise
+            log.debug("define %s without libvirt's schema check: %s", kind, exc.get_error_message())
+    return plain(conn, xml)

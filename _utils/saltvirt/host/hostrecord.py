@@ -26,7 +26,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import fsutil, validate
 from saltvirt.xml import domxml
-from saltvirt.host.conn import domain_exists, libvirt
+from saltvirt.host.conn import define, domain_exists, libvirt
 from saltvirt.host.query import state_name
 
 MARKER = ".salt-virt-storage"
@@ -280,7 +280,7 @@ def restart(
     if reasons:
         raise CommandExecutionError(f"cannot restart {name!r} on {host}: " + "; ".join(reasons))
     try:
-        dom = conn.defineXML(xml)
+        dom = define(conn, "domain", xml)
     except libvirt.libvirtError as exc:
         raise CommandExecutionError(f"defining {name!r} on {host} failed: {exc.get_error_message()}") from None
     if start:

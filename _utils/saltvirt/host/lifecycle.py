@@ -8,7 +8,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import validate
 from saltvirt.xml import domxml
-from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.query import state_name
 
 
@@ -162,7 +162,7 @@ def _xml_vm_name(xml):
 def define_xml_str(conn: Conn, xml: str) -> Data:
     name = _xml_vm_name(xml)
     with lv_errors(f"define VM {name!r}"):
-        dom = conn.defineXML(xml)
+        dom = define(conn, "domain", xml)
     return {"name": dom.name(), "uuid": dom.UUIDString(), "defined": True}
 
 

@@ -8,6 +8,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.xml import netxml, poolxml
+from saltvirt.host.conn import define as _define
 from saltvirt.host.conn import libvirt, lv_errors
 
 POOL_TYPES = tuple(poolxml.POOL_TYPES)
@@ -107,7 +108,7 @@ def define(conn: Conn, kind: str, spec: Data, replace: bool = False) -> Any:
     base = _xml(existing, kind, inactive=True) if existing is not None else None
     xml = network_xml(spec, base) if kind == "network" else pool_xml(spec, base)
     with lv_errors(f"define {kind} {spec['name']!r}"):
-        return conn.networkDefineXML(xml) if kind == "network" else conn.storagePoolDefineXML(xml, 0)
+        return _define(conn, kind, xml)
 
 
 def _live_host_steps(diff):

@@ -16,7 +16,7 @@ from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import validate
 from saltvirt.xml import domxml, poolxml
 from saltvirt.host import netpool
-from saltvirt.host.conn import libvirt, lv_errors
+from saltvirt.host.conn import define, libvirt, lv_errors
 
 POOL_STATES = ("inactive", "building", "running", "degraded", "inaccessible")
 VOLUME_TYPES = ("file", "block", "dir", "network", "netdir", "ploop")
@@ -106,7 +106,7 @@ def define_pool(conn: Conn, spec: Data, transient: bool = False, start: bool = T
         if transient:
             conn.storagePoolCreateXML(xml, 0)
             return True
-        conn.storagePoolDefineXML(xml, 0)
+        define(conn, "pool", xml)
     if start:
         start_pool(conn, spec["name"])
     return True
@@ -122,7 +122,7 @@ def update_pool(conn: Conn, spec: Data, test: bool = False) -> bool:
     diff = poolxml.pool_diff(spec, current)
     if diff and not test:
         with lv_errors(f"redefine pool {spec['name']!r}"):
-            conn.storagePoolDefineXML(poolxml.pool_xml(spec, netpool._xml(obj, "pool", inactive=True)), 0)
+            define(conn, "pool", poolxml.pool_xml(spec, netpool._xml(obj, "pool", inactive=True)))
     return bool(diff) or secret_changed
 
 

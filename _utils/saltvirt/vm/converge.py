@@ -27,7 +27,7 @@ from saltvirt.host import caps
 from saltvirt.storage import attach, firmware, images, intake, voldisks
 from saltvirt.vm import provision
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.host.conn import get_domain, libvirt, lv_errors
+from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
@@ -405,7 +405,7 @@ def _nic(summary, mac=None):
 
 
 def _redefine(conn, dom, desired, changes, created):
-    """Write the device and graphics changes into the persistent definition (one defineXML)."""
+    """Write the device and graphics changes into the persistent definition (one define)."""
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
     nics = changes.get("nics", {})
     added = {a["target"] for a in changes.get("disks", {}).get("added", [])}
@@ -418,7 +418,7 @@ def _redefine(conn, dom, desired, changes, created):
         add_disks=[d for d in desired.disks if d.target in added],
     )
     with lv_errors(f"redefine VM {desired.name!r}"):
-        dom = conn.defineXML(xml)
+        dom = define(conn, "domain", xml)
     new_xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
     created["nics"] = domxml.new_interfaces(new_xml, kept)
     created["disks"] = domxml.disks_by_target(new_xml)
@@ -436,7 +436,7 @@ def _redefine_features(conn, dom, desired, fields):
     except ValueError as exc:
         raise SaltInvocationError(f"cannot update VM {desired.name!r}: {exc}; recreate it to change that") from None
     with lv_errors(f"redefine VM {desired.name!r}"):
-        return conn.defineXML(xml)
+        return define(conn, "domain", xml)
 
 
 def _make_disks(desired, changes, uuid, conn=None, operator=None):

@@ -28,7 +28,7 @@ from saltvirt.vm import cleanup
 from saltvirt.storage import firmware, foreign, voldisks
 from saltvirt.guest import seed as seeding
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import _all_stats as bulk_stats
 from saltvirt.host.query import describe
@@ -326,7 +326,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
                 voldisks.finish_staged(made, spec.disks[0])
 
         with lv_errors(f"define VM {name!r} on {host}"):
-            dom = conn.defineXML(domxml.build(spec))
+            dom = define(conn, "domain", domxml.build(spec))
         undo.add(f"undefine {name}", dom.undefine)
         result["uuid"] = dom.UUIDString()  # spec.uuid, the manifest's since the start
         progress("defined", uuid=result["uuid"])

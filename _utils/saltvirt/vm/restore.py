@@ -23,7 +23,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.fsutil import remove_paths
 from saltvirt.base.salttypes import Conn, Data
-from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.snapshot import discard_checkpoints
 from saltvirt.spec import vmspec
 from saltvirt.storage import attach, firmware, images
@@ -186,7 +186,7 @@ def restore(  # noqa: PLR0913 - the module's keywords
                 made.append(disk_map[d["source"]])
             images.record_owned(vm_dir, new, made)
             with lv_errors(f"define VM {new!r}"):
-                dom = conn.defineXML(xml)
+                dom = define(conn, "domain", xml)
         except BaseException:
             remove_paths(made)
             raise
