@@ -32,6 +32,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base.salttypes import Data
 from saltvirt.storage import images
 from saltvirt.base import fsutil, procs
+from saltvirt.base.tools import QEMU_IMG_INFO_LIMITS
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
 from saltvirt.guest import disklabel, guestroot
@@ -240,7 +241,9 @@ def _refuse_if_in_use(image):
     """Refuse an image a running qemu has open: as a VM's disk (``qemu-img info`` without ``-U`` fails on
     its write lock) or as a backing file (qcow2: qemu's 'unshare write' byte lock; raw backing files are
     not locked at all: open file descriptors)."""
-    proc = _run(["qemu-img", "info", "--output=json", image], f"checking {image}", check=False)
+    proc = _run(
+        ["qemu-img", "info", "--output=json", image], f"checking {image}", check=False, limits=QEMU_IMG_INFO_LIMITS
+    )
     if proc.returncode != 0 and "lock" not in proc.stderr:
         raise CommandExecutionError(f"cannot read {image}: {proc.stderr.strip()}")
     why = ["qemu holds its write lock"] if proc.returncode != 0 else []

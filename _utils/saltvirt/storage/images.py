@@ -35,9 +35,9 @@ MIB = 1048576
 
 
 # helpers ---------------------------------------------------------------------------------------
-def _run(cmd, what, timeout=3600):
+def _run(cmd, what, timeout=3600, limits=None):
     """Run ``cmd``; raise CommandExecutionError naming ``what`` on failure (qemu-img and friends)."""
-    return tools.run(cmd, what, timeout=timeout, install="qemu-utils")
+    return tools.run(cmd, what, timeout=timeout, install="qemu-utils", limits=limits)
 
 
 def _abs_path(path, what):
@@ -100,6 +100,7 @@ def image_info(path: str, fmt: str | None = None) -> Data:
         ["qemu-img", "info", "--output=json", "-U", *fmt_args, "--backing-chain", path],
         f"reading image {path}",
         timeout=120,
+        limits=tools.QEMU_IMG_INFO_LIMITS,
     )
     try:
         layers = json.loads(proc.stdout)

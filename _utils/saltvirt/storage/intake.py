@@ -45,7 +45,7 @@ import urllib.request
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
-from saltvirt.base import fsutil, validate
+from saltvirt.base import fsutil, tools, validate
 from saltvirt.storage import images
 
 log = logging.getLogger(__name__)
@@ -410,7 +410,7 @@ def _qcow2_header(path):
 
 def _qemu_info(path, fmt, chain=False):
     cmd = ["qemu-img", "info", "--output=json", "-U", "-f", fmt] + (["--backing-chain"] if chain else []) + [path]
-    proc = images._run(cmd, f"reading image {path} as {fmt}", timeout=120)
+    proc = images._run(cmd, f"reading image {path} as {fmt}", timeout=120, limits=tools.QEMU_IMG_INFO_LIMITS)
     try:
         data = json.loads(proc.stdout)
     except ValueError:

@@ -1,5 +1,6 @@
 """saltvirt.base.tools.run: real processes, the messages a user acts on."""
 
+import re
 import subprocess
 
 import pytest
@@ -62,3 +63,26 @@ def test_tools_speak_c_english_whatever_the_hosts_language(tmp_path, monkeypatch
 def test_c_locale_keeps_the_environment_but_the_language():
     env = tools.c_locale({"PATH": "/bin", "LANG": "de_DE.UTF-8", "LANGUAGE": "de:en", "LC_ALL": "de_DE.UTF-8"})
     assert env == {"PATH": "/bin", "LANG": "de_DE.UTF-8", "LC_ALL": "C.UTF-8"}
+
+
+def test_limits_are_set_in_the_tool_itself():
+    """Issue 36 #3: qemu-img info on a caller's image had only a wall-clock timeout; Nova's caps now."""
+    limits = tools.run(["cat", "/proc/self/limits"], "reading limits", limits=tools.QEMU_IMG_INFO_LIMITS).stdout
+    assert re.search(r"^Max address space\s+1073741824\s+1073741824\s+bytes", limits, re.M)
+    assert re.search(r"^Max cpu time\s+30\s+31\s+seconds", limits, re.M)
+
+
+def test_a_tool_stopped_by_its_limits_says_so():
+    with pytest.raises(
+        CommandExecutionError,
+        match=r"^probing x failed: sh was killed: CPU time limit exceeded \(it runs here with at most "
+        r"1024 MiB of address space and 30 s of CPU: input that needs more is refused\)$",
+    ):
+        tools.run(["sh", "-c", "kill -XCPU $$"], "probing x", limits=tools.QEMU_IMG_INFO_LIMITS)
+
+
+def test_a_missing_tool_under_limits_says_what_to_install():
+    with pytest.raises(
+        CommandExecutionError, match=r"^probing: no-such-tool-x is not installed \(install qemu-utils\)$"
+    ):
+        tools.run(["no-such-tool-x"], "probing", install="qemu-utils", limits=tools.QEMU_IMG_INFO_LIMITS)

@@ -2,10 +2,13 @@
 directory (``guest_root``, conftest.py) stands in for a mounted root; the backends themselves (loop,
 qsd-fuse, qemu-nbd mounts) are tested in tests/integration/test_seed.py."""
 
+import subprocess
+
 import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.guest import guestroot, seed
+from tests.support import toollimits
 
 
 @pytest.mark.parametrize("target", ["", None, "/a\nb", 5])
@@ -53,3 +56,12 @@ def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_pa
         assert taken == [0] and seed._loop_binding(dev)[0] == str(other)
     finally:
         run(["losetup", "-d", dev], "cleanup", check=False)
+
+
+def test_the_in_use_check_runs_qemu_img_info_capped(tmp_path, monkeypatch):
+    """Issue 36 #3: this qemu-img info reads the image without -f (qemu probes it): Nova's caps too."""
+    image = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(image), "1M"], check=True)
+    runs = toollimits.note_limits(monkeypatch, tmp_path)
+    seed._refuse_if_in_use(str(image))
+    assert runs() == [{"address space": ("1073741824", "1073741824"), "cpu time": ("30", "31")}]

@@ -14,6 +14,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.storage import images
+from tests.support import toollimits
 
 MIB = 1048576
 
@@ -52,6 +53,13 @@ def test_image_info(base, fmt):
     assert info["actual_size"] > 0
     assert info["backing_file"] is None and info["backing_format"] is None
     assert info["chain"] == [base[fmt]]
+
+
+def test_image_info_runs_qemu_img_capped(base, tmp_path, monkeypatch):
+    """Issue 36 #3: the images it reads may be a caller's (an existing disk given to a VM)."""
+    runs = toollimits.note_limits(monkeypatch, tmp_path)
+    assert images.image_info(base["qcow2"], "qcow2")["format"] == "qcow2"
+    assert runs() == [{"address space": ("1073741824", "1073741824"), "cpu time": ("30", "31")}]
 
 
 def test_image_info_bad_input(tmp_path):

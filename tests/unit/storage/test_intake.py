@@ -13,7 +13,7 @@ import threading
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from tests.support import hostile
+from tests.support import hostile, toollimits
 from tests.support.saltloader import SOURCES, load_states, make_minion_mods
 from saltvirt.storage import images, intake
 
@@ -109,6 +109,14 @@ def test_probe_reads_a_raw_image_as_qemu_img_does_without_running_it(base, sourc
         monkeypatch.undo()
         assert info["format"] == "raw"
         assert (info["virtual_size"], info["actual_size"]) == (qemu["virtual-size"], qemu["actual-size"])
+
+
+def test_qemu_img_info_of_an_untrusted_image_runs_capped(base, tmp_path, monkeypatch):
+    """Issue 36 #3: Nova's caps (1 GiB of address space, 30 s of CPU) on qemu-img info of a caller's image."""
+    runs = toollimits.note_limits(monkeypatch, tmp_path)
+    assert intake.probe(base["qcow2"])["format"] == "qcow2"
+    capped = {"address space": ("1073741824", "1073741824"), "cpu time": ("30", "31")}
+    assert runs() and all(run == capped for run in runs())
 
 
 @pytest.mark.parametrize("kind", sorted(REFUSALS))
