@@ -219,7 +219,10 @@ def migration_target(target: str, target_uri: str | None = None) -> tuple[str | 
 def profiles(configured: Any) -> Data:
     """``virt.get_profiles``: every NIC/disk profile (``default`` built in) as lists of named entries."""
     out = {}
-    for kind, default in (("nic", spec.DEFAULT_NICS), ("disk", spec.DEFAULT_DISKS)):
+    # the built-in system disk with its size, as Salt lists it (Salt's own test reads 8192): the size of the
+    # blank disk a VM without an image gets (with an image the disk is the image's size)
+    default_disks = [dict(spec.DEFAULT_DISKS[0], size=spec.DEFAULT_BLANK_DISK_MIB)]
+    for kind, default in (("nic", spec.DEFAULT_NICS), ("disk", default_disks)):
         table = configured.get(kind) or {}
         if not isinstance(table, dict):
             raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")

@@ -6,6 +6,7 @@ import os
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.spec import compat
 from tests.support.saltloader import load_states, make_minion_mods
 
 TRANSIENT_XML = (
@@ -72,6 +73,14 @@ def test_host_shapes(virt_test):
     assert v["virt.get_profiles"](hypervisor="kvm") == profiles
     # Salt's old real-libvirt test: the kvm profile's disks carry model virtio
     assert all(d["model"] == "virtio" for d in v["virt.get_profiles"]("kvm")["disk"]["default"])
+
+
+def test_get_profiles_default_disk_has_salts_size():
+    """Issue 36 #4: Salt's integration test (test_default_kvm_profile) reads the default disk's size, 8192 (MiB);
+    an operator's own profile is listed as configured."""
+    assert compat.profiles({})["disk"]["default"] == [{"name": "system", "size": 8192, "model": "virtio"}]
+    mine = compat.profiles({"disk": {"default": [{"system": {"size": 4096, "bus": "scsi"}}]}})["disk"]["default"]
+    assert mine == [{"name": "system", "size": 4096, "bus": "scsi"}]
 
 
 def test_domain_capabilities_and_cpu_baseline_parse_real_libvirt_xml():
