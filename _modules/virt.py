@@ -248,8 +248,13 @@ def init(
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     warnings = compat.init_args(kwargs)
     vtype = kwargs.pop("vtype", None) or vtype
-    images_dir = compat.images_dir(kwargs.pop("images", None), _images_dir(), _allowed_paths())
+    images = kwargs.pop("images", None)
+    images_dir = compat.images_dir(images, _images_dir(), _allowed_paths())
     compat.refuse_unknown(kwargs, _INIT_ARGS, "virt.init")
+    profiles = {"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})}
+    unused = compat.images_unused(images, name, profiles, disk, disks)
+    if unused:
+        warnings.append(unused)
     if seed_cmd not in ("seed.apply", None, ""):
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
     compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
@@ -263,7 +268,7 @@ def init(
             image,
             images_dir=images_dir,
             host_id=__opts__.get("id"),  # the manifest's creating host
-            profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
+            profiles=profiles,
             cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
             vtype=vtype or _cfg("virt:type", None),
             start=start,

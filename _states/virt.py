@@ -153,12 +153,18 @@ def _create(ret, name, cpu, mem, start, kwargs):
 
     allowed = configured_allowed_paths(__opts__)  # minion config only
     images_dir = compat.images_dir(kwargs.get("images"), _config("virt:images", DEFAULT_IMAGES_DIR), allowed)
+    profiles = {"nic": _config("virt:nic", {}), "disk": _config("virt:disk", {})}
+    unused = compat.images_unused(
+        kwargs.get("images"), name, profiles, kwargs.get("disk", "default"), kwargs.get("disks")
+    )
+    if unused:  # virt.init's return has it too, but this return is the state's own
+        ret.setdefault("warnings", []).append(unused)
     created = converge.preview(
         name,
         cpu,
         mem,
         images_dir=images_dir,
-        profiles={"nic": _config("virt:nic", {}), "disk": _config("virt:disk", {})},
+        profiles=profiles,
         image_format=_image_format(
             kwargs.get("image"),
             kwargs.get("saltenv", "base"),

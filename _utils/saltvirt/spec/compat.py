@@ -177,6 +177,20 @@ def images_dir(images: Any, configured: str, allowed: Any, where: str = "virt.in
     )
 
 
+def images_unused(images: Any, name: str, profiles: Any, disk: Any = "default", disks: Any = None) -> str | None:
+    """The warning for ``images=`` when it places none of the new VM's disks, because every disk names a pool
+    (``disk`` profile + ``disks``, as :func:`saltvirt.spec.vmspec.disk_entries` reads them); else None."""
+    if images in (None, ""):
+        return None
+    entries = spec.disk_entries(profiles, disk, disks)
+    if not entries or not all(entry.get("pool") for entry in entries):
+        return None
+    return (
+        f"images={images}: no disk of VM {name} is made there, every disk names a pool (its volume is made in "
+        "the pool); only the VM's manifest and cloud-init seed go there. Leave images= out"
+    )
+
+
 def refuse_unknown(kwargs: Mapping[str, Any], known: Collection[str], where: str) -> None:
     """Raise for arguments not in ``known``, naming the nearest one."""
     unknown = sorted(k for k in kwargs if not str(k).startswith("__") and k not in known)

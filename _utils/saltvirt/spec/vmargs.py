@@ -145,7 +145,8 @@ SALT_RETIRED = {
 # Salt's virt.init arguments taken under Salt's meaning without being salt-virt's own parameters
 SALT_TAKEN = {
     "images": "old Salt's per-call images directory: the VM's disks go there when it is virt:images or inside "
-    "virt:allowed_paths (the hypervisor's config decides), else refused naming those settings",
+    "virt:allowed_paths (the hypervisor's config decides), else refused naming those settings; when every "
+    "disk names a pool (none goes there) the return's warnings say so",
 }
 
 

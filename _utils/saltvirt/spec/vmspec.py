@@ -379,6 +379,13 @@ def _graphics_port(port):
     return port
 
 
+def disk_entries(profiles: Any, disk: Any = "default", disks: Any = None) -> list[Data]:
+    """A new VM's disk entries, as :func:`build` reads them: the ``disk`` profile's (the built-in ``default``:
+    the system disk, blank at :data:`DEFAULT_BLANK_DISK_MIB` without an image) merged by name with ``disks``."""
+    default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
+    return merge_by_name(_profile(profiles, "disk", disk, default_disks), named_entries(disks, "disks"))
+
+
 def build(
     name: str,
     cpu: Any,
@@ -444,9 +451,8 @@ def build(
     )
     nics = [_nic(e) for e in nic_entries]
 
-    default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
-    disk_entries = merge_by_name(_profile(profiles, "disk", disk, default_disks), named_entries(disks, "disks"))
-    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(disk_entries)]
+    entries = disk_entries(profiles, disk, disks)
+    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(entries)]
     cloud = speckeys.cloud_init(cloud_init)
     if cloud is not None:
         disk_objs.append(_cidata_disk(disk_objs, vm_dir))

@@ -1,9 +1,11 @@
 """saltvirt.spec.compat: Salt's old spellings (config keys, arguments, URI migration targets)."""
 
+import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.spec import compat
+from tests.support.saltloader import load_states, make_minion_mods
 
 
 def test_migration_target_accepts_a_libvirt_uri():
@@ -73,3 +75,51 @@ def test_libvirts_image_directory_is_allowed_unless_the_operator_says_otherwise(
     # the tutorial's image=/var/lib/libvirt/images/...: inside the default roots
     roots = ("/srv/vms", *compat.validate.configured_allowed_paths({}))
     assert compat.validate.confined("/var/lib/libvirt/images/centos.img", "image", roots)
+
+
+def test_images_unused_when_every_disk_names_a_pool():
+    """Issue 36 #5: images= places the VM's disk files; with every disk on a pool it places none."""
+    pooled = [{"name": "system", "pool": "p1", "size": 8}, {"name": "data", "pool": "p2", "size": 8}]
+    note = compat.images_unused("/srv/vms", "web1", {}, None, pooled)
+    assert note == (
+        "images=/srv/vms: no disk of VM web1 is made there, every disk names a pool (its volume is made in the "
+        "pool); only the VM's manifest and cloud-init seed go there. Leave images= out"
+    )
+    profiles = {"disk": {"pooled": [{"system": {"pool": "p1"}}]}}
+    assert compat.images_unused("/srv/vms", "web1", profiles, "pooled") == note.replace(" data", "")
+    assert compat.images_unused(None, "web1", {}, None, pooled) is None
+    assert compat.images_unused("/srv/vms", "web1", {}, "default", pooled[1:]) is None  # the system disk: a file
+    assert compat.images_unused("/srv/vms", "web1", {}, None, None) is None  # no disk at all: nothing to say
+
+
+def test_virt_init_and_the_state_warn_when_images_places_no_disk(tmp_path):
+    held = libvirt.open("test:///default")  # the test driver keeps its state while a connection is open
+    v = make_minion_mods(tmp_path, "test:///default", pools=["imgpool"])
+    target = tmp_path / "imgpool"
+    target.mkdir()
+    v["virt.pool_define"]("imgpool", "dir", target=str(target))
+    sources = str(tmp_path / "sources")  # in the fixture's virt:allowed_paths
+    args = {"disk": None, "nic": None, "start": False, "seed": False, "images": sources}
+    pooled = [{"name": "data", "pool": "imgpool", "size": 16}]
+    try:
+        ret = v["virt.init"]("imgs3", 1, 64, disks=pooled, **args)
+        assert [w.split(",")[0] for w in ret.get("warnings", [])] == [
+            f"images={sources}: no disk of VM imgs3 is made there"
+        ]
+        assert "warnings" not in v["virt.init"]("imgs4", 1, 64, disks=[{"name": "data", "size": 16}], **args)
+        states = load_states(v, test=True)
+        del args["start"]  # virt.defined does not start it
+        state = states["virt.defined"]("imgs5", cpu=1, mem=64, disks=pooled, **args)
+        assert state["result"] is None, state
+        assert [w.split(",")[0] for w in state.get("warnings", [])] == [
+            f"images={sources}: no disk of VM imgs5 is made there"
+        ]
+    finally:
+        for vm in ("imgs3", "imgs4"):
+            if vm in v["virt.list_domains"]():
+                v["virt.purge"](vm)
+        pool = held.storagePoolLookupByName("imgpool")
+        if pool.isActive():
+            pool.destroy()
+        pool.undefine()
+        held.close()
