@@ -1,8 +1,12 @@
 """pip install . -> the ``saltvirt`` library plus the Salt loader directories, registered through the
 ``salt.loader`` entry point (see _utils/saltvirt/loader.py)."""
 
+import os
+import re
+
 from setuptools import find_packages, setup
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 EXT_DIRS = {
     "modules": "_modules",
     "states": "_states",
@@ -13,9 +17,20 @@ EXT_DIRS = {
     "engines": "_engines",
 }
 
+
+def version():
+    """``__version__`` of _utils/saltvirt/__init__.py, the one place it is written: read, not imported
+    (setup.py runs where the package is not installed yet)."""
+    with open(os.path.join(HERE, "_utils", "saltvirt", "__init__.py"), encoding="utf-8") as fh:
+        found = re.search(r'^__version__ = "([^"]+)"$', fh.read(), re.M)
+    if not found:
+        raise RuntimeError('_utils/saltvirt/__init__.py has no line __version__ = "..."')
+    return found.group(1)
+
+
 setup(
     name="salt-virt",
-    version="0.1.0",
+    version=version(),
     description="Salt as a private-cloud controller for libvirt/KVM: virt module, states, runner, PKI pillar",
     license="Apache-2.0",
     python_requires=">=3.10",
