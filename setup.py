@@ -1,5 +1,6 @@
 """pip install . -> the ``saltvirt`` library plus the Salt loader directories, registered through the
-``salt.loader`` entry point (see _utils/saltvirt/loader.py)."""
+``salt.loader`` entry point (see _utils/saltvirt/loader.py). The master takes ``salt-virt``; hypervisor
+minions take ``salt-virt[hypervisor]``, which brings libvirt-python (docs/install.md)."""
 
 import os
 import re
@@ -37,6 +38,8 @@ setup(
     packages=["saltvirt", *(f"saltvirt.{p}" for p in find_packages("_utils/saltvirt"))]
     + [f"saltvirt.ext.{kind}" for kind in EXT_DIRS],
     package_dir={"saltvirt": "_utils/saltvirt", **{f"saltvirt.ext.{k}": d for k, d in EXT_DIRS.items()}},
-    install_requires=["salt>=3006", "libvirt-python", "cryptography"],
+    # libvirt-python is an sdist (a compiler, pkg-config and libvirt's headers): only where VMs run
+    install_requires=["salt>=3006", "cryptography"],
+    extras_require={"hypervisor": ["libvirt-python"]},
     entry_points={"salt.loader": ["salt-virt = saltvirt.loader:get_dirs"]},
 )
