@@ -50,6 +50,7 @@ def __virtual__():
             "virt: the saltvirt library is missing: run saltutil.sync_all, or "
             "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
         )
+    _install.warn_saltext_virt(log)  # a file_roots install has no entry point to say it
     if _c.libvirt is None:
         return False, f"virt: the libvirt python bindings are not installed: {_install.HYPERVISOR_HINT}"
     try:  # libvirt clients opening the default connection in this minion reach virt:connection's libvirtd

@@ -2,6 +2,6 @@
 
 Validation of names, paths, booleans and integer ranges (``validate``), atomic writes and digests
 (``fsutil``), running a host tool with a timeout (``tools``), undoing what an operation made (``undo``),
-how salt-virt is installed (``install``: the one pip hint).
+how salt-virt is installed (``install``: the pip hint, saltext-virt installed beside it).
 May import: the standard library and Salt only.
 """
