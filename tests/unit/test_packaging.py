@@ -2,6 +2,7 @@
 importing where libvirt-python is not installed. Building and listing the wheel is a release step
 (docs/install.md), not a test."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -79,6 +80,16 @@ def test_the_master_install_pulls_no_libvirt_python_and_the_hypervisor_extra_doe
     assert meta["extras"] == {"hypervisor": ["libvirt-python"]}
     # what the messages tell users to install is what setup.py declares
     assert (meta["name"], f"{meta['name']}[hypervisor]") == (install.MASTER, install.HYPERVISOR)
+
+
+def test_the_sdist_carries_every_example_the_wheel_ships():
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    examples = next(
+        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "EXAMPLES"
+    )
+    assert examples == sorted(p.name for p in ROOT.glob("*.sls"))
+    manifest = (ROOT / "MANIFEST.in").read_text().split()
+    assert [e for e in examples if e not in manifest] == []
 
 
 def test_the_master_side_imports_without_libvirt():
