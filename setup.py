@@ -1,8 +1,14 @@
 """pip install . -> the ``saltvirt`` library plus the Salt loader directories, registered through the
-``salt.loader`` entry point (see _utils/saltvirt/loader.py)."""
+``salt.loader`` entry point (see _utils/saltvirt/loader.py). The master takes ``salt-virt``; hypervisor
+minions take ``salt-virt[hypervisor]``, which brings libvirt-python (docs/install.md)."""
+
+import os
+import re
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 EXT_DIRS = {
     "modules": "_modules",
     "states": "_states",
@@ -12,16 +18,51 @@ EXT_DIRS = {
     "grains": "_grains",
     "engines": "_engines",
 }
+# They stay at the repository root, where file_roots serves them (salt://salt-virt.reactor.sls); the wheel
+# carries them as package data, saltvirt/data/: data_files would be lost to salt-pip, whose pip --target
+# keeps only what lands in site-packages.
+EXAMPLES = ["salt-virt.example.sls", "salt-virt.reactor.sls"]
+
+
+def version():
+    """``__version__`` of _utils/saltvirt/__init__.py, the one place it is written: read, not imported
+    (setup.py runs where the package is not installed yet)."""
+    with open(os.path.join(HERE, "_utils", "saltvirt", "__init__.py"), encoding="utf-8") as fh:
+        found = re.search(r'^__version__ = "([^"]+)"$', fh.read(), re.M)
+    if not found:
+        raise RuntimeError('_utils/saltvirt/__init__.py has no line __version__ = "..."')
+    return found.group(1)
+
+
+class BuildPy(build_py):
+    """build_py, plus EXAMPLES copied into saltvirt/data/."""
+
+    def run(self):
+        super().run()
+        dest = os.path.join(self.build_lib, "saltvirt", "data")
+        self.mkpath(dest)
+        for name in EXAMPLES:
+            self.copy_file(os.path.join(HERE, name), os.path.join(dest, name))
+
+
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as fh:
+    README = fh.read()
 
 setup(
     name="salt-virt",
-    version="0.1.0",
+    version=version(),
     description="Salt as a private-cloud controller for libvirt/KVM: virt module, states, runner, PKI pillar",
+    long_description=README,
+    long_description_content_type="text/markdown",
     license="Apache-2.0",
+    license_files=["LICENSE", "NOTICE"],
     python_requires=">=3.10",
     packages=["saltvirt", *(f"saltvirt.{p}" for p in find_packages("_utils/saltvirt"))]
     + [f"saltvirt.ext.{kind}" for kind in EXT_DIRS],
     package_dir={"saltvirt": "_utils/saltvirt", **{f"saltvirt.ext.{k}": d for k, d in EXT_DIRS.items()}},
-    install_requires=["salt>=3006", "libvirt-python", "cryptography"],
+    # libvirt-python is an sdist (a compiler, pkg-config and libvirt's headers): only where VMs run
+    install_requires=["salt>=3006", "cryptography"],
+    extras_require={"hypervisor": ["libvirt-python"]},
     entry_points={"salt.loader": ["salt-virt = saltvirt.loader:get_dirs"]},
+    cmdclass={"build_py": BuildPy},
 )

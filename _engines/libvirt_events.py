@@ -33,6 +33,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import install as _install
     from saltvirt.host import conn as _c
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import events as _events
@@ -44,9 +45,12 @@ __virtualname__ = "libvirt_events"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "libvirt_events: the saltvirt library is missing (saltutil.sync_all, or pip install salt-virt)"
+        return False, (
+            "libvirt_events: the saltvirt library is missing: saltutil.sync_all, or "
+            "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
+        )
     if _c.libvirt is None:
-        return False, "libvirt_events: the libvirt python bindings are not installed (pip install libvirt-python)"
+        return False, f"libvirt_events: the libvirt python bindings are not installed: {_install.HYPERVISOR_HINT}"
     return __virtualname__
 
 

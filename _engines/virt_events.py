@@ -52,6 +52,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import install as _install
     from saltvirt.host import conn as _c
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import events as _events
@@ -63,9 +64,12 @@ __virtualname__ = "virt_events"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "virt_events: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+        return False, (
+            "virt_events: the saltvirt library is missing: run saltutil.sync_all, or "
+            "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
+        )
     if _c.libvirt is None:
-        return False, "virt_events: the libvirt python bindings are not installed (pip install libvirt-python)"
+        return False, f"virt_events: the libvirt python bindings are not installed: {_install.HYPERVISOR_HINT}"
     return __virtualname__
 
 

@@ -29,6 +29,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
@@ -45,9 +46,13 @@ __virtualname__ = "virt"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+        return False, (
+            "virt: the saltvirt library is missing: run saltutil.sync_all, or "
+            "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
+        )
+    _install.warn_saltext_virt(log)  # a file_roots install has no entry point to say it
     if _c.libvirt is None:
-        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+        return False, f"virt: the libvirt python bindings are not installed: {_install.HYPERVISOR_HINT}"
     try:  # libvirt clients opening the default connection in this minion reach virt:connection's libvirtd
         _c.export_default_uri(_c.salt_config(__salt__))
     except Exception as exc:  # noqa: BLE001 - loading the module must not depend on it; the log says why

@@ -20,6 +20,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
@@ -34,9 +35,12 @@ __virtualname__ = "virt"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "virt: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+        return False, (
+            "virt: the saltvirt library is missing: run saltutil.sync_all, or "
+            "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
+        )
     if _c.libvirt is None:
-        return False, "virt: the libvirt python bindings are not installed (pip install libvirt-python)"
+        return False, f"virt: the libvirt python bindings are not installed: {_install.HYPERVISOR_HINT}"
     return __virtualname__
 
 

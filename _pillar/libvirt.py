@@ -82,7 +82,10 @@ NOT_HOST_NAMES = ("localhost", "localhost.localdomain", "localhost6", "localhost
 
 def __virtual__():
     if saltvirt is None:
-        return False, "libvirt ext_pillar: the saltvirt library is missing (saltutil.sync_all or pip install)"
+        return False, (
+            "libvirt ext_pillar: the saltvirt library is missing: saltutil.sync_all, or "
+            "pip install salt-virt (Salt's onedir packages: salt-pip install salt-virt)"
+        )
     try:
         import cryptography  # noqa: F401
     except ImportError:

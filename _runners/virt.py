@@ -64,6 +64,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import install as _install
     from saltvirt.base import validate
     from saltvirt.spec import compat, vmargs, vmspec
     from saltvirt.fleet import hypervisors, minionkeys, placement, publish as fleet, vmcreate, vmwait
@@ -79,10 +80,11 @@ _MACHINE_OUTPUTS = ("json", "yaml", "raw", "pprint", "quiet", "no_return", "txt"
 
 def __virtual__():
     if saltvirt is None:
-        return (
-            False,
-            "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)",
+        return False, (
+            "virt runner: the saltvirt library is missing: run salt-run saltutil.sync_all, or "
+            "pip install salt-virt (Salt's onedir packages: salt-pip install salt-virt)"
         )
+    _install.warn_saltext_virt(log)  # a file_roots install has no entry point to say it
     return __virtualname__
 
 

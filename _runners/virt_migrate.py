@@ -32,9 +32,9 @@ __virtualname__ = "virt"
 
 def __virtual__():
     if saltvirt is None:
-        return (
-            False,
-            "virt runner: the saltvirt library is missing (run salt-run saltutil.sync_all, or pip install salt-virt)",
+        return False, (
+            "virt runner: the saltvirt library is missing: run salt-run saltutil.sync_all, or "
+            "pip install salt-virt (Salt's onedir packages: salt-pip install salt-virt)"
         )
     return __virtualname__
 

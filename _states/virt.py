@@ -26,7 +26,10 @@ __virtualname__ = "virt"
 
 def __virtual__():
     if saltvirt is None:
-        return False, "virt states: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+        return False, (
+            "virt states: the saltvirt library is missing: run saltutil.sync_all, or "
+            "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
+        )
     return __virtualname__
 
 

@@ -29,7 +29,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def __virtual__():
     if saltvirt is None:
-        return False, "virt states: the saltvirt library is missing (run saltutil.sync_all, or pip install salt-virt)"
+        return False, (
+            "virt states: the saltvirt library is missing: run saltutil.sync_all, or "
+            "pip install 'salt-virt[hypervisor]' (Salt's onedir packages: salt-pip install 'salt-virt[hypervisor]')"
+        )
     return __virtualname__
 
 

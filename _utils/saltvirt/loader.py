@@ -3,10 +3,16 @@
 After ``pip install .`` Salt calls :func:`get_dirs` and adds these directories to its module search
 path, so ``virt.*`` (modules, states, runners), the ``libvirt`` ext_pillar, the ``virt_query``
 outputter, the ``virt_hypervisor`` grain and the ``virt_events`` engine load without
-``saltutil.sync_all``.
+``saltutil.sync_all``. It also warns once when saltext-virt is installed too (see
+:func:`saltvirt.base.install.warn_saltext_virt`).
 """
 
+import logging
 import os
+
+from saltvirt.base import install
+
+log = logging.getLogger(__name__)
 
 _EXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ext")
 KINDS = {
@@ -21,4 +27,5 @@ KINDS = {
 
 
 def get_dirs():
+    install.warn_saltext_virt(log)  # Salt calls this in every process that loads modules: the place to say it
     return {kind: [os.path.join(_EXT, sub)] for kind, sub in KINDS.items() if os.path.isdir(os.path.join(_EXT, sub))}

@@ -91,6 +91,8 @@ def selection(files):
             )
         elif name.startswith("tests/support/") or name == "tests/conftest.py":
             picked.update(_importers(f"tests.support.{path.stem}", tests) if path.stem != "conftest" else tests)
+        elif name in ("setup.py", "MANIFEST.in", "pyproject.toml"):
+            picked.add("tests/unit/test_packaging.py")
         elif name.startswith("docs/") or name in ("README.md", "HACKING.md"):
             picked.add("tests/unit/test_docs.py")
             picked.add("tests/unit/test_suite_layout.py")

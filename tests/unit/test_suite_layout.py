@@ -15,7 +15,7 @@ LIBRARY = ROOT / "_utils" / "saltvirt"
 INTEGRATION_FIXTURES = LIBVIRTD_FIXTURES | SALT_FIXTURES | {"lab_dir", "state_tree"}
 INTEGRATION_HELPERS = {"tests.support.lab", "tests.support.saltd", "tests.support.saltapi"}
 # tests/unit/test_<x>.py of the project as a whole (not of one library module)
-PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py"}
+PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py", "test_packaging.py"}
 # library modules without their tests/unit/test_<module>.py yet: this list may only shrink
 WITHOUT_UNIT_FILE = {
     "host/caps",
@@ -183,6 +183,7 @@ def test_changed_runs_the_tests_of_what_a_change_touches():
     )
     assert suiteplan.selection(["README.md"]) == ["tests/unit/test_docs.py", "tests/unit/test_suite_layout.py"]
     assert suiteplan.selection(["LICENSE"]) == []
+    assert suiteplan.selection(["setup.py"]) == ["tests/unit/test_packaging.py"]
 
 
 # the library's layers, bottom up (HACKING.md "Layout"): a module imports only from its own layer or below

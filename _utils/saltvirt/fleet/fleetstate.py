@@ -49,7 +49,7 @@ import salt.cache
 import salt.payload
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import procs
+from saltvirt.base import install, procs
 from saltvirt.base.salttypes import Data, SaltOpts
 
 # seconds a redis command (and connecting) may take: a store that stops answering (a cut network) fails
@@ -183,7 +183,7 @@ class Store:
 def _redis_client(opts):
     if _redis_module() is None:
         raise CommandExecutionError(
-            "virt: cache: redis needs the redis Python client on the master (pip install redis)"
+            f"virt: cache: redis needs the redis Python client on the master: {install.pip_hint('redis')}"
         )
     if opts.get("cache.redis.cluster_mode"):
         raise CommandExecutionError(

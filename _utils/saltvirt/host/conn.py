@@ -34,7 +34,7 @@ import urllib.parse
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import ConfigGet, Conn, Domain, SaltFunctions
-from saltvirt.base import validate
+from saltvirt.base import install, validate
 from saltvirt.spec import compat
 from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
 
@@ -267,7 +267,7 @@ def connect(
     """Open a libvirt connection for the duration of a ``with`` block (bounded open, keepalive); a
     libvirt error escaping the block becomes a CommandExecutionError that names the URI."""
     if libvirt is None:
-        raise CommandExecutionError("the libvirt python bindings are not installed (pip install libvirt-python)")
+        raise CommandExecutionError(f"the libvirt python bindings are not installed: {install.HYPERVISOR_HINT}")
     open_timeout = validate.int_in(open_timeout or 0, "virt:connection:open_timeout", 0)
     interval, count = keepalive_settings(keepalive)
     if interval:

@@ -2,6 +2,8 @@
 before anything is published or created (``salt-run virt.init ... wait=``). Waiting itself needs a master and a
 hypervisor: tests/integration/test_guest_ips.py."""
 
+import logging
+
 import pytest
 
 from tests.support.saltloader import make_runners
@@ -240,3 +242,18 @@ def test_the_runner_loads_without_libvirt(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_saltext_virt_installed_too_is_named_when_the_runner_loads(tmp_path, monkeypatch, caplog):
+    """A file_roots install has no entry point to warn from (saltvirt.loader.get_dirs): the runner does, once."""
+    from saltvirt.base import install
+
+    info = tmp_path / "site" / "saltext.virt-1.0.0.dist-info"  # as pip leaves saltext-virt in site-packages
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: saltext.virt\nVersion: 1.0.0\n")
+    monkeypatch.syspath_prepend(str(info.parent))
+    monkeypatch.setattr(install, "_checked", False)
+    with caplog.at_level(logging.WARNING):
+        make_runners(tmp_path)
+    warned = [r.getMessage() for r in caplog.records if "saltext" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("saltext.virt 1.0.0 is installed beside salt-virt")
