@@ -235,10 +235,15 @@ def pool_xml(spec: Data, base: str | None = None) -> str:
     src = _source_element(spec["source"])
     if len(src) or spec["type"] != "dir":
         root.append(src)
-    if spec["target"] or spec["permissions"]:
+    path = spec["target"]
+    if not path and spec["type"] == "logical":
+        # libvirt's own default (the volume group's /dev directory), written out: its schema check
+        # (VIR_STORAGE_POOL_DEFINE_VALIDATE) requires a target for a logical pool
+        path = f"/dev/{spec['source'].get('name') or spec['name']}"
+    if path or spec["permissions"]:
         target = ET.SubElement(root, "target")
-        if spec["target"]:
-            ET.SubElement(target, "path").text = spec["target"]
+        if path:
+            ET.SubElement(target, "path").text = path
         _perm_element(target, spec["permissions"])
     return ET.tostring(root, encoding="unicode")
 
