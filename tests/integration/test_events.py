@@ -30,7 +30,7 @@ import pytest
 
 from tests.support import lab
 from tests.support.paths import ROOT
-from tests.support.saltd import hypervisor_minion_config, master_config, presync, start_minion
+from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 
 HOST, TENANT = "evhyper", "evtenant"
 WAIT = 180  # seconds: a bound for an event on a loaded 2-core machine, not a speed check
@@ -66,20 +66,29 @@ def emaster(salt_factories, state_tree, pillar_roots):
         pillar_roots={"base": [str(pillar_roots)]},
         reactor=[{"salt/virt/hypervisor/ready": ["salt://salt-virt.reactor.sls"]}],
     )
-    factory = presync(salt_factories.salt_master_daemon("ev-master", overrides=overrides))
+    factory = salt_factories.salt_master_daemon("ev-master", overrides=overrides)
     with factory.started():
+        ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0, ret
         yield factory
 
 
 @pytest.fixture(scope="module")
 def minions(emaster, ehv, lab_dir):
-    """evhyper with the engine (in its extension_modules when it starts: saltd.presync), evtenant."""
+    """evhyper with the engine (synced from file_roots, then the minion restarted so it starts), evtenant."""
     # and Salt's libvirt_events engine as Uyuni's engine-events.sls configures it (the name alone)
     engines = [{"virt_events": {"backoff_min": 0.5, "backoff_max": 2}}, "libvirt_events"]
     config = hypervisor_minion_config(ehv, pathlib.Path(lab_dir) / "ev-images", engines=engines)
-    hyper, tenant = start_minion(emaster, HOST, config), start_minion(emaster, TENANT, {})
-    t0 = time.time()
+    # synced from the master, not presync: the engine comes with a restart, as a user adds it
+    hyper, tenant = start_minion(emaster, HOST, config, sync=True), start_minion(emaster, TENANT, {})
     with hyper.started(), tenant.started():
+        ret = hyper.salt_call_cli(timeout=120).run("saltutil.sync_all")
+        assert ret.returncode == 0 and {"engines.virt_events", "engines.libvirt_events"} <= set(ret.data["engines"]), (
+            ret
+        )
+        hyper.terminate()
+        t0 = time.time()
+        hyper.start()
         yield {"hyper": hyper, "tenant": tenant, "engine_started": t0}
 
 
