@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -141,9 +142,10 @@ class Zygote:
         return True
 
     def stop(self):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class ZygoteProcess:
