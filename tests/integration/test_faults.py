@@ -123,7 +123,11 @@ def seeding_of(vm_dir):
     exports = cleanup._qsd_exports(disks)
     loops = cleanup._loops(disks | set(exports.values()))
     nums = set().union(*(cleanup._devnums(n) for n in loops)) if loops else set()
-    mounts = [point for num, point, _src in cleanup._mountinfo() if num in nums]
+    mounts = []
+    for pid in ["self", *map(str, exports)]:  # seeding mounts in its own namespace, held by its qsd
+        with contextlib.suppress(OSError):  # gone meanwhile
+            with open(f"/proc/{pid}/mountinfo") as fh:
+                mounts += [ln.split()[4] for ln in fh if ln.split()[2] in nums and ln.split()[4] not in mounts]
     return [f"qsd {pid}: {exp}" for pid, exp in exports.items()] + [f"loop {n}" for n in loops] + mounts
 
 

@@ -316,6 +316,31 @@ def test_failure_after_mounting_cleans_up_everything(backend, fmt, tmp_path, scr
     assert fsck_clean(disk, str(tmp_path))
 
 
+@pytest.mark.parametrize("backend, disk", [("loop", "raw"), ("qsd-fuse", "qcow2")])
+def test_a_mount_namespace_made_while_seeding_keeps_nothing(backend, disk, disks, tmp_path, scratch):
+    """Issue 33 (CI): a qemu started elsewhere while a guest was mounted for seeding (libvirt gives each
+    qemu a mount namespace, a copy of the host's) kept that mount: with ``/`` not shared (no systemd, a
+    container) the unmount never reached the copy, the loop device stayed busy and the seeding failed
+    after 30 s ("still attached after 'losetup -d'"). The guest is now mounted where nobody copies it."""
+    others = []
+
+    def inspect(exists):  # called with the guest mounted: a namespace is made now, as qemu makes one
+        others.append(subprocess.Popen(["unshare", "--mount", "sleep", "300"]))
+        time.sleep(0.2)
+        return {}
+
+    files = minion_files(f"ns-{backend}")
+    try:
+        ret = seed.seed(disks[disk], files, backend=backend, inspect=inspect)
+        assert ret["backend"] == backend and len(others) == 1
+        assert leftovers(str(tmp_path)) == []  # the namespace still alive holds no copy
+    finally:
+        for proc in others:
+            proc.kill()
+            proc.wait()
+    assert_seeded(disks[disk], files, tmp_path)
+
+
 @pytest.mark.parametrize("backend, fmt", [("loop", "raw"), ("qsd-fuse", "raw"), ("qsd-fuse", "qcow2")])
 def test_a_full_host_filesystem_fails_the_seeding(backend, fmt, tmp_path, scratch, keypair):
     """The image's own filesystem full (a sparse copy: the guest's new blocks need room there): the device
@@ -344,13 +369,15 @@ def disks_src(fmt):
 def _hold(image, fmt, tmp_path):
     """A stand-in for a running VM: qemu-storage-daemon with ``image`` open and exported writable
     (the export plays the VM's disk device: same permissions, same locks). --daemonize returns once
-    the image is open. The export lives outside ``scratch`` (which must be empty afterwards)."""
+    the image is open. The export lives outside ``scratch`` (which must be empty afterwards), mounted in a
+    mount namespace of its own: no namespace another test makes meanwhile keeps a copy of it."""
     node = {"driver": fmt, "node-name": "d", "file": {"driver": "file", "filename": image}}
     export = tmp_path / f"holder-{os.path.basename(image)}"
     export.touch()
     fuse = {"type": "fuse", "id": "e", "node-name": "d", "mountpoint": str(export), "writable": True}
     pidfile = str(tmp_path / "holder.pid")
-    cmd = ["qemu-storage-daemon", "--daemonize", "--pidfile", pidfile, "--blockdev", json.dumps(node)]
+    cmd = ["unshare", "--mount", "--propagation", "private", "qemu-storage-daemon", "--daemonize", "--pidfile", pidfile]
+    cmd += ["--blockdev", json.dumps(node)]
     subprocess.run(cmd + ["--export", json.dumps(fuse)], check=True)
     return int(open(pidfile).read())
 

@@ -77,11 +77,27 @@ def fsck_clean(image, scratch):
     return subprocess.run(["e2fsck", "-fn", spec], capture_output=True, check=False).returncode == 0
 
 
+SCRATCH = "salt-virt-seed-"  # saltvirt.guest.seed.SCRATCH_PREFIX (not imported: these helpers share no code)
+
+
 def leftovers(*needles):
-    """Mounts, loop devices and qemu-storage-daemon processes that mention any of ``needles``."""
-    found = []
-    with open("/proc/self/mountinfo") as fh:
-        found += [f"mount: {line.split()[4]}" for line in fh if any(n in line for n in needles)]
+    """Mounts (in any mount namespace), loop devices and qemu-storage-daemon processes that mention any of
+    ``needles``."""
+    found, namespaces = [], set()
+    for pid in ["self", *filter(str.isdigit, os.listdir("/proc"))]:  # every mount namespace, seen once
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns in namespaces:
+                continue
+            namespaces.add(ns)
+            with open(f"/proc/{pid}/mountinfo") as fh:
+                lines = fh.readlines()
+        except OSError:  # gone meanwhile
+            continue
+        # the host's own mounts; elsewhere, what seeding mounted (in its scratch directory): a test's own
+        # mount (a full tmpfs) is copied into whatever namespace another test makes meanwhile
+        ours = [ln for ln in lines if any(n in ln for n in needles) and (pid == "self" or SCRATCH in ln)]
+        found += [f"mount in {ns} (pid {pid}): {ln.split()[4]}" for ln in ours]
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False).stdout.splitlines()
     found += [f"loop: {line}" for line in loops if any(n in line for n in needles)]
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -101,23 +101,6 @@ def syncfs(fd: int) -> None:
     _checked(_libc().syncfs(fd))
 
 
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MNT_DETACH = 0x2
-
-
-def mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
-    """mount(2): no ``mount`` process (its start-up and libmount's work are most of what it costs).
-    Raises OSError with the kernel's errno."""
-    _checked(
-        _libc().mount(source.encode(), target.encode(), fstype.encode(), ctypes.c_ulong(flags), data.encode()), target
-    )
-
-
-def umount(target: str, flags: int = 0) -> None:
-    """umount2(2) (``flags``: e.g. :data:`MNT_DETACH`); raises OSError with the kernel's errno."""
-    _checked(_libc().umount2(target.encode(), ctypes.c_int(flags)), target)
-
-
 # a full filesystem, or a full quota: the errnos, and what host tools say for them (they speak C's English:
 # saltvirt.base.tools runs them so, whatever the host's locale)
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

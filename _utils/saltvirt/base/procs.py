@@ -26,6 +26,16 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def exited(pid: int) -> bool:
+    """Whether process ``pid`` has finished exiting: gone, or a zombie (its files, memory and namespaces
+    are released already; only its parent's wait is missing)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def mark() -> str:
     """``"<pid> <start time>"`` of this process, for :func:`alive` to check later."""
     return f"{os.getpid()} {start_time(os.getpid())}"

@@ -32,6 +32,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base.salttypes import Data
 from saltvirt.storage import images
 from saltvirt.base import fsutil, procs
+from saltvirt.base.mountns import PrivateMounts
 from saltvirt.base.tools import QEMU_IMG_INFO_LIMITS
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
@@ -212,6 +213,9 @@ def _mounted(path):
 
 SCRATCH_PREFIX = "salt-virt-seed-"  # <tmp>/salt-virt-seed-*: a seeding's scratch directory (mode 0700)
 OWNER_FILE = "owner"  # in it: "<pid> <start time>" of the process seeding (saltvirt.base.procs.mark)
+# in it: "<device>\t<backing file>\t<offset>" of each loop device seeding attached: what the reaper detaches
+# when seeding died (its mounts went with its mount namespace; nothing else names the loop device)
+LOOPS_FILE = "loops"
 
 
 def _mark_owner(tmp):
@@ -290,16 +294,21 @@ def _qemu_lock(image, undo):
 
 
 # block devices -------------------------------------------------------------------------------------
-def _losetup(path, undo, offset=0, size=None):
-    """A loop device of ``path``: the whole file (its partitions scanned), or ``size`` bytes from ``offset``."""
+def _losetup(path, tmp, undo, ns, offset=0, size=None):
+    """A loop device of ``path``: the whole file (its partitions scanned), or ``size`` bytes from ``offset``.
+    Attached from inside ``ns``, where ``path`` may be a FUSE export (losetup resolves the path it is given);
+    recorded in ``tmp``'s LOOPS_FILE."""
     cmd = ["losetup", "-f", "--show"] + (["-o", str(offset), "--sizelimit", str(size)] if size else ["-P"])
-    dev = _run([*cmd, path], f"attaching {path} to a loop device").stdout.strip()
-    ours = _loop_binding(dev)
+    dev = ns.run([*cmd, path], f"attaching {path} to a loop device").stdout.strip()
+    ours = loop_binding(dev)
     undo.add(f"detach {dev}", lambda: _detach(dev, ours))
+    if ours:
+        with open(os.path.join(tmp, LOOPS_FILE), "a", encoding="utf-8") as fh:
+            fh.write("\t".join((dev, *ours)) + "\n")
     return dev
 
 
-def _loop_binding(dev):
+def loop_binding(dev):
     """What ``dev`` is attached to (backing file, offset), or None when it is free."""
     sysfs = f"/sys/block/{os.path.basename(dev)}/loop"
     backing = fsutil.read_text(f"{sysfs}/backing_file")
@@ -310,7 +319,7 @@ def _detach(dev, ours):
     _run(["losetup", "-d", dev], f"detaching {dev}")
     # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s.
     # Another process's `losetup -f` may take the freed device at once: only our binding must be gone.
-    if not _wait(lambda: _loop_binding(dev) != ours, 30):
+    if not _wait(lambda: loop_binding(dev) != ours, 30):
         raise CommandExecutionError(f"{dev} is still attached after 'losetup -d' (busy?): check 'losetup -a'")
 
 
@@ -345,54 +354,55 @@ def _partitions(dev, tmp, undo):
     return out
 
 
-def _umount(mnt):
+def _umount(mnt, ns):
     for _ in range(10):
         try:
-            fsutil.umount(mnt)
+            ns.umount(mnt)
             return
-        except OSError:
-            if not _mounted(mnt):
+        except CommandExecutionError:
+            if not ns.mounted(mnt):
                 return
         time.sleep(0.3)
-    with contextlib.suppress(OSError):
-        fsutil.umount(mnt, fsutil.MNT_DETACH)
+    with contextlib.suppress(CommandExecutionError):
+        ns.umount(mnt, lazy=True)
     raise CommandExecutionError(f"could not unmount {mnt} (busy): detached it lazily; check with 'findmnt'")
 
 
-def _seed_device(dev, files, tmp, undo):
+def _seed_device(dev, files, tmp, undo, ns):
     """Find the root filesystem on the block device ``dev`` (its partitions as the kernel or ``partx``
     reads them, each probed by ``blkid``), write ``files`` into it, sync and unmount it."""
-    return _first_root(((label, _blkid(node), node) for label, node in _partitions(dev, tmp, undo)), files, tmp)
+    parts = _partitions(dev, tmp, undo)
+    return _first_root(((label, _blkid(node, ns), node) for label, node in parts), files, tmp, ns)
 
 
-def _seed_file(path, files, tmp, undo):
+def _seed_file(path, files, tmp, undo, ns):
     """:func:`_seed_device` for an image file (raw, or qemu-storage-daemon's export of any format): the
     partition table and each partition's filesystem type read from the file (saltvirt.guest.disklabel),
     and only a root candidate attached, as a loop device of its own byte range. A layout disklabel does
     not answer for certain goes the device's way (the whole file attached, the kernel/partx, blkid)."""
-    with open(path, "rb") as fh:
+    with open(ns.path(path), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         parts = disklabel.partitions(fh.fileno(), size)
         if parts is None:
-            return _seed_device(_losetup(path, undo), files, tmp, undo)
+            return _seed_device(_losetup(path, tmp, undo, ns), files, tmp, undo, ns)
         regions = [(f"partition {p.number}", p.offset, p.size) for p in parts] or [("whole disk", 0, size)]
         found = [(label, off, length, disklabel.fstype(fh.fileno(), off, length)) for label, off, length in regions]
 
     def candidates():  # a loop device only for a filesystem that may be mounted, once its turn comes
         for label, off, length, known in found:
-            fstype = known or _blkid(path, off, length)  # what disklabel does not know for certain, blkid names
+            fstype = known or _blkid(path, ns, off, length)  # what disklabel does not know for certain, blkid names
             mountable = fstype in KERNEL_MOUNT_FS and fstype not in NOT_ROOT_FS
-            yield label, fstype, _losetup(path, undo, off, length) if mountable else None
+            yield label, fstype, _losetup(path, tmp, undo, ns, off, length) if mountable else None
 
-    return _first_root(candidates(), files, tmp)
+    return _first_root(candidates(), files, tmp, ns)
 
 
-def _first_root(candidates, files, tmp):
+def _first_root(candidates, files, tmp, ns):
     """Write ``files`` into the first of ``candidates`` ((label, fstype, device node)) that is a root filesystem."""
     mnt, tried = os.path.join(tmp, "root"), []
     os.makedirs(mnt, mode=0o700, exist_ok=True)
     for label, fstype, node in candidates:
-        done = _try_root(label, node, fstype, mnt, files, tried)
+        done = _try_root(label, node, fstype, mnt, files, tried, ns)
         if done:
             return done
     raise guestroot.GuestError(
@@ -400,13 +410,13 @@ def _first_root(candidates, files, tmp):
     )
 
 
-def _blkid(node, offset=0, size=None):
+def _blkid(node, ns, offset=0, size=None):
     cmd = ["blkid", "-p", "-o", "value", "-s", "TYPE"]
     cmd += ["-O", str(offset), "-S", str(size)] if size is not None else []
-    return _run([*cmd, node], f"probing {node}", check=False).stdout.strip()
+    return ns.run([*cmd, node], f"probing {node}", check=False).stdout.strip()
 
 
-def _try_root(label, node, fstype, mnt, files, tried):
+def _try_root(label, node, fstype, mnt, files, tried, ns):
     """Mount ``node`` (``label``: what it is, ``fstype`` as probed) when it may hold the root filesystem,
     write ``files`` into it, sync and unmount it: ``{root, fstype}``; or None with the reason in ``tried``."""
     if not fstype or fstype in NOT_ROOT_FS:
@@ -418,15 +428,14 @@ def _try_root(label, node, fstype, mnt, files, tried):
             "an untrusted image (use libguestfs for other filesystems)"
         )
         return None
-    try:  # mount(2): the guest's files are neither devices, nor setuid, nor run here
-        flags = fsutil.MS_NODEV | fsutil.MS_NOSUID | fsutil.MS_NOEXEC
-        fsutil.mount(node, mnt, fstype, flags, "nouuid" if fstype == "xfs" else "")
-    except OSError as exc:
-        tried.append(f"{label} ({fstype}): mount failed: {exc.strerror} (the kernel's log says more: dmesg)")
+    try:  # the guest's files are neither devices, nor setuid, nor run here; seen by no other process
+        ns.mount(node, mnt, fstype, ["nodev", "nosuid", "noexec", *(["nouuid"] if fstype == "xfs" else [])])
+    except CommandExecutionError as exc:
+        tried.append(f"{label} ({fstype}): {exc}")  # mount's words: the kernel's log (dmesg) says more
         return None
     done = False
     try:
-        root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+        root = os.open(ns.path(mnt), os.O_RDONLY | os.O_DIRECTORY)
         try:
             if not guestroot.has_etc(root):
                 tried.append(f"{label} ({fstype}): no /etc")
@@ -438,7 +447,7 @@ def _try_root(label, node, fstype, mnt, files, tried):
         done = True  # written; the unmount below writes it back (and must succeed)
     finally:
         try:
-            _umount(mnt)
+            _umount(mnt, ns)
         except CommandExecutionError:
             if done:
                 raise
@@ -462,15 +471,15 @@ def _need_root(tool):
         raise _Skip(f"{tool} is not installed")
 
 
-def _loop(image, fmt, files, tmp, undo):
+def _loop(image, fmt, files, tmp, undo, ns):
     if fmt != "raw":
         raise _Skip(f"loop works on raw images only and {image} is {fmt}: use backend qsd-fuse (or auto)")
     _need_root("losetup")
     _qemu_lock(image, undo)
-    return _seed_file(image, files, tmp, undo)
+    return _seed_file(image, files, tmp, undo, ns)
 
 
-def _qsd_fuse(image, fmt, files, tmp, undo):
+def _qsd_fuse(image, fmt, files, tmp, undo, ns):
     _need_root("qemu-storage-daemon")
     if not os.path.exists("/dev/fuse"):
         raise _Skip("/dev/fuse is missing (modprobe fuse)")
@@ -481,23 +490,23 @@ def _qsd_fuse(image, fmt, files, tmp, undo):
     cmd += ["--blockdev", json.dumps({"driver": fmt, "node-name": "disk0", "file": "file0"})]
     cmd += ["--export", json.dumps(fuse)]
     with open(logfile, "wb") as out:  # own session: a Ctrl-C must reach us (who flush and stop it), not it
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    undo.add("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile))
-    if not _wait(lambda: proc.poll() is not None or _mounted(export), 30):
+        proc = ns.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    undo.add("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile, ns))
+    if not _wait(lambda: proc.poll() is not None or ns.mounted(export), 30):
         raise CommandExecutionError("qemu-storage-daemon did not export the image within 30s")
     if proc.poll() is not None:
         hint = ": the image or its backing file is in use (by a VM?)" if "lock" in fsutil.read_text(logfile) else ""
         raise CommandExecutionError(f"qemu-storage-daemon failed{hint}: {fsutil.read_text(logfile)}")
-    return _seed_file(export, files, tmp, undo)
+    return _seed_file(export, files, tmp, undo, ns)
 
 
-def _stop_qsd(proc, export, logfile):
+def _stop_qsd(proc, export, logfile, ns):
     """fsync the export (qemu flushes the image), stop the daemon and wait until it has exited."""
-    if proc.poll() is not None and not _mounted(export):
+    if proc.poll() is not None and not ns.mounted(export):
         return  # it never came up: that failure is reported already
     try:
         if proc.poll() is None:
-            fd = os.open(export, os.O_RDWR)
+            fd = os.open(ns.path(export), os.O_RDWR)
             os.fsync(fd)
             os.close(fd)
     finally:
@@ -507,13 +516,14 @@ def _stop_qsd(proc, export, logfile):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if _mounted(export):  # killed (or crashed): do not leave a dead FUSE mount behind
-            _run(["umount", "-l", export], f"unmounting {export}", check=False)
+        if ns.mounted(export):  # killed (or crashed): do not leave a dead FUSE mount behind
+            with contextlib.suppress(CommandExecutionError):
+                ns.umount(export, lazy=True)
     if proc.returncode not in (0, -15):
         raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {fsutil.read_text(logfile)}")
 
 
-def _qemu_nbd(image, fmt, files, tmp, undo):
+def _qemu_nbd(image, fmt, files, tmp, undo, ns):
     _need_root("qemu-nbd")
     if not os.path.exists("/sys/block/nbd0"):
         if not shutil.which("modprobe"):
@@ -534,7 +544,7 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
     undo.add(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
     if not _wait(lambda: fsutil.read_text(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
         raise CommandExecutionError(f"{dev} did not come up after qemu-nbd --connect")
-    return _seed_device(dev, files, tmp, undo)
+    return _seed_device(dev, files, tmp, undo, ns)
 
 
 def _nbd_disconnect(dev, pidfile):
@@ -599,7 +609,7 @@ class _Guestfish:
             raise CommandExecutionError(f"guestfish (pid {self.pid}) did not exit within 60s")
 
 
-def _libguestfs(image, fmt, files, tmp, undo):
+def _libguestfs(image, fmt, files, tmp, undo, ns):  # noqa: ARG001 - mounts in its own appliance
     g = _Guestfish(image, fmt, tmp)
     undo.add("shut down the libguestfs appliance", g.close)
     g("launch")
@@ -676,7 +686,9 @@ def seed(
         outcome = error = None
         stop = False
         try:
-            outcome = _BACKENDS[name](image, fmt, files, tmp, undo)
+            ns = PrivateMounts()  # the guest's filesystem is mounted where only we see it
+            undo.add("leave the private mount namespace", ns.close)
+            outcome = _BACKENDS[name](image, fmt, files, tmp, undo, ns)
         except _Skip as exc:
             error = f"skipped: {exc}"
         except guestroot.GuestError as exc:

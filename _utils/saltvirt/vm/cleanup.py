@@ -191,17 +191,27 @@ def _remove_scratch(path, done, errors):
 
 
 def _stop(pid, done):
+    """SIGTERM, SIGKILL after 5 s; returns once it has exited (its mount namespace with it)."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
         for _ in range(100):
-            os.kill(pid, 0)
+            if procs.exited(pid):
+                break
             time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(1000):  # SIGKILL cannot be refused; 10 s at most for one stuck in the kernel
+                if procs.exited(pid):
+                    break
+                time.sleep(0.01)
     done.append(f"stopped qemu-storage-daemon (pid {pid})")
 
 
 def release_seeding(disks: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Unmount, detach and stop whatever seeding left attached to ``disks``. Returns (done, errors)."""
+    """Unmount, stop and detach whatever seeding left attached to ``disks``. Returns (done, errors).
+    Seeding mounts in a mount namespace of its own (saltvirt.base.mountns), which ends with its last
+    process (a qemu-storage-daemon, when one serves the disk): stopped before the loop devices under
+    those mounts are detached. Mounts in this namespace are an older salt-virt's."""
     disks = {os.path.realpath(d) for d in disks}
     done: list[str] = []
     errors: list[str] = []
@@ -215,10 +225,12 @@ def release_seeding(disks: Iterable[str]) -> tuple[list[str], list[str]]:
                 if os.path.basename(os.path.dirname(point)).startswith(SEED_PREFIX):
                     scratch.add(os.path.dirname(point))
                 _umount(point, done, errors)
-        _detach(loop, done, errors)
     for pid, export in exports.items():
         _stop(pid, done)
         scratch.add(os.path.dirname(export))
+    for loop in loops:
+        _detach(loop, done, errors)
+    for export in exports.values():
         if any(point == export for _n, point, _s in _mountinfo()):
             _umount(export, done, errors)
     for tmp in sorted(scratch):
@@ -231,6 +243,17 @@ def _loop_of(num):
     """The loop device (``loopN``) behind block device ``major:minor`` (a loop or one of its partitions)."""
     parts = os.path.realpath(f"/sys/dev/block/{num}").split(os.sep)
     return next((p for p in parts if p.startswith("loop") and p[4:].isdigit()), None)
+
+
+def _recorded_loops(path):
+    """The loop devices (``loopN``) seeding recorded in its scratch directory ``path`` that are still
+    attached as it attached them (a device since freed and taken by someone else is not ours)."""
+    out = []
+    for line in (fsutil.read_text(os.path.join(path, seed.LOOPS_FILE), "") or "").splitlines():
+        dev, *binding = line.split("\t")
+        if dev.startswith("/dev/loop") and len(binding) == 2 and seed.loop_binding(dev) == tuple(binding):
+            out.append(os.path.basename(dev))
+    return out
 
 
 def _qsd_serving(export):
@@ -253,10 +276,11 @@ def _release_scratch(path):
             loops.append(loop)
         _umount(point, done, errors)
     loops += [lp for lp in _loops({export}) if lp not in loops]  # the FUSE export attached, not mounted
+    loops += [lp for lp in _recorded_loops(path) if lp not in loops]  # mounted in seeding's own namespace
+    for pid in _qsd_serving(export):  # the last process in seeding's namespace: its mounts go with it
+        _stop(pid, done)
     for loop in loops:
         _detach(loop, done, errors)
-    for pid in _qsd_serving(export):
-        _stop(pid, done)
     if any(point == export for _n, point, _s in _mountinfo()):
         _umount(export, done, errors)
     if not errors:

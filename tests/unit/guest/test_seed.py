@@ -48,12 +48,12 @@ def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_pa
         return out
 
     dev = run(["losetup", "-f", "--show", str(mine)], "attach").stdout.strip()
-    ours = seed._loop_binding(dev)
+    ours = seed.loop_binding(dev)
     monkeypatch.setattr(seed, "_run", detach_then_taken)
     monkeypatch.setattr(seed, "_wait", lambda cond, timeout: cond())  # no 30 s wait: the answer is immediate
     try:
         seed._detach(dev, ours)
-        assert taken == [0] and seed._loop_binding(dev)[0] == str(other)
+        assert taken == [0] and seed.loop_binding(dev)[0] == str(other)
     finally:
         run(["losetup", "-d", dev], "cleanup", check=False)
 
