@@ -12,6 +12,8 @@ never grains) gets, in its own pillar only::
       qemu_servercert / qemu_serverkey / qemu_clientcert / qemu_clientkey   # QEMU migration TLS: a
                                                   # separate pair libvirtd does not accept as a client
       tls_allowed_dn_list: ["O=salt-virt,CN=* libvirt client"]   # libvirtd: hypervisor clients only
+      libvirtd: {crl_file: /etc/pki/CA/cacrl.pem, tls_allowed_dn_list: [...]}   # for libvirtd.conf: what
+                                                  # saltstack-formulas/libvirt-formula templates into it
       ca: {subject, not_after, sha256, ...}       # summaries, no secrets
       server: {subject, san_dns, san_ip, not_after, sha256, ...}
       client: {subject, not_after, sha256, ...}
@@ -34,6 +36,7 @@ Master config (``virt:hypervisors`` required; every ext_pillar key optional)::
           extra_sans:                        # trusted, master-side extra names per minion id
             hyper1: [hyper1.lan, 10.0.0.11]
           san_from_grains: false             # opt-in: also the minion's own fqdn/host/ipv4/ipv6 grains
+          basepath: /etc/pki                 # where virt.keys writes (its basepath): libvirtd:crl_file
 
 Server SANs: the minion id plus ``extra_sans`` (master-side data only). With ``san_from_grains: true``
 (an opt-in: the minion reports its grains itself) also its ``fqdn``/``host`` grains, its ``ipv4``/``ipv6``
@@ -76,6 +79,7 @@ CONFIG_KEYS = (
     "key_size",
     "san_from_grains",
     "extra_sans",
+    "basepath",
 )
 NOT_HOST_NAMES = ("localhost", "localhost.localdomain", "localhost6", "localhost6.localdomain6")
 
@@ -163,7 +167,7 @@ def _moved(config):
 
 
 def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
-    from saltvirt.pki import ca as pki, revocation
+    from saltvirt.pki import ca as pki, keyfiles, revocation
     from saltvirt.fleet import hypervisors
 
     on_demand = _on_demand()
@@ -233,6 +237,7 @@ def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-ar
         "cacert": bundle,
         "crl": revocation.crl_pem(ca_dir),
         "tls_allowed_dn_list": [pki.CLIENT_DN_PATTERN],
+        "libvirtd": keyfiles.libvirtd_settings(str(config.get("basepath") or "/etc/pki"), [pki.CLIENT_DN_PATTERN]),
         "ca": pki.summary(bundle),
     }
     for kind, ret in issued.items():

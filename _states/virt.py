@@ -50,9 +50,11 @@ def keys(name, basepath="/etc/pki", qemu=False, qemu_group=None, replace_foreign
         A file that exists with other content and was not written by this state is never overwritten
         (the state fails and names it) unless this is True; it is then kept as ``<file>.salt-virt-orig``.
     libvirtd_conf
-        libvirtd's config file, where ``crl_file`` (``<basepath>/CA/cacrl.pem``, the CA's revocation list)
-        and ``tls_allowed_dn_list`` (hypervisor client certificates only: not QEMU's, not a tenant's) are
-        set. Default: ``/etc/libvirt/libvirtd.conf`` when ``basepath`` is ``/etc/pki``; ``False``: leave it.
+        A libvirtd config file to set ``crl_file`` (``<basepath>/CA/cacrl.pem``, the CA's revocation list)
+        and ``tls_allowed_dn_list`` (hypervisor client certificates only: not QEMU's, not a tenant's) in.
+        Default: none, every file is left alone, as Salt's own ``virt.keys`` does: libvirtd.conf is often
+        a formula's (libvirt-formula templates it from the pillar ``libvirt:libvirtd``, where the
+        ``libvirt`` ext_pillar puts both settings). Name it only when nothing else manages that file.
 
     The CRL is also written as ``<basepath>/CA/cacrl.pem`` (and ``qemu/ca-crl.pem``); QEMU's directory
     gets its own key pair, which libvirtd does not accept as a client.

@@ -8,11 +8,16 @@ exists, differs, and was not written by ``virt.keys`` (its checksum is not in th
 
 The CRL goes to ``CA/cacrl.pem`` (libvirtd's default ``crl_file``) and ``qemu/ca-crl.pem``. QEMU's
 directory gets its own key pair (``qemu_*`` in the pillar, CN "<id> qemu migration ..."): a QEMU
-process that is taken over holds a certificate libvirtd does not accept as a client. With a libvirtd
-config file (``libvirtd_conf``), ``crl_file`` and ``tls_allowed_dn_list`` (hypervisor client
-certificates only) are set in it (:func:`conf_plan`).
+process that is taken over holds a certificate libvirtd does not accept as a client.
+
+libvirtd.conf is left alone unless the caller names it (``libvirtd_conf``): a formula may own that file
+(saltstack-formulas/libvirt-formula templates it from the pillar ``libvirt:libvirtd``, where the
+``libvirt`` ext_pillar puts ``crl_file`` and ``tls_allowed_dn_list``), and two writers of one file never
+converge. Named, ``crl_file`` and ``tls_allowed_dn_list`` (hypervisor client certificates only) are set
+in it (:func:`conf_plan`).
 """
 
+from typing import Any
 import grp
 import json
 import os
@@ -42,7 +47,6 @@ QEMU_FILES = {
     "qemu_clientkey": ("qemu/client-key.pem", 0o640),
 }
 SECRET = ("serverkey", "clientkey", "qemu_serverkey", "qemu_clientkey")
-DEFAULT_LIBVIRTD_CONF = "/etc/libvirt/libvirtd.conf"
 # directory -> mode for a new directory; ``enforce``: an existing one is tightened to it too
 DIRS = {"CA": (0o755, False), "libvirt": (0o755, False), "libvirt/private": (0o700, True), "qemu": (0o750, True)}
 QEMU_GROUPS = ("libvirt-qemu", "qemu")  # Debian/Ubuntu, Fedora/RHEL
@@ -200,13 +204,18 @@ def apply(todo: Data) -> None:
         )
 
 
+def libvirtd_settings(basepath: str, dns: list[str]) -> dict[str, Any]:
+    """The libvirtd.conf settings salt-virt's TLS needs, as values: the CRL ``virt.keys`` writes below
+    ``basepath`` and the client DN allow list. What the ``libvirt`` ext_pillar publishes as
+    ``libvirt:libvirtd`` (libvirt-formula's pillar for libvirtd.conf) and ``virt.keys`` writes into a
+    libvirtd.conf it is given."""
+    return {"crl_file": os.path.join(basepath, LIBVIRT_FILES["crl"][0]), "tls_allowed_dn_list": [str(d) for d in dns]}
+
+
 def conf_settings(basepath: str, data: Data) -> dict[str, str]:
-    """libvirtd.conf keys ``virt.keys`` maintains: the CRL and the client DN allow list."""
-    dns = data.get("tls_allowed_dn_list") or []
-    return {
-        "crl_file": json.dumps(os.path.join(basepath, LIBVIRT_FILES["crl"][0])),
-        "tls_allowed_dn_list": "[" + ", ".join(json.dumps(str(d)) for d in dns) + "]",
-    }
+    """:func:`libvirtd_settings` as libvirtd.conf writes them (JSON strings and lists, as libvirt-formula does)."""
+    settings = libvirtd_settings(basepath, data.get("tls_allowed_dn_list") or [])
+    return {key: json.dumps(value) for key, value in settings.items()}
 
 
 def conf_plan(path: str, wanted: dict[str, str]) -> tuple[str | None, Data]:
@@ -234,13 +243,9 @@ def conf_plan(path: str, wanted: dict[str, str]) -> tuple[str | None, Data]:
     return ("\n".join(lines) + "\n") if changes else None, changes
 
 
-def _libvirtd_conf(libvirtd_conf, basepath):
-    if libvirtd_conf is False:
-        return None
-    if libvirtd_conf is None:  # only for the system's own layout: never edit the host's file for another basepath
-        default = basepath.rstrip("/") == "/etc/pki" and os.path.exists(DEFAULT_LIBVIRTD_CONF)
-        return DEFAULT_LIBVIRTD_CONF if default else None
-    return str(libvirtd_conf)
+def _libvirtd_conf(libvirtd_conf):
+    """The libvirtd.conf to edit: only one the caller named (None and False: leave every file alone)."""
+    return str(libvirtd_conf) if libvirtd_conf else None
 
 
 def keys_state(
@@ -292,7 +297,7 @@ def keys_state(
             f"Move them away, or set replace_foreign: True (keeps them as *{ORIG_SUFFIX})"
         )
         return ret
-    conf = _libvirtd_conf(libvirtd_conf, basepath)
+    conf = _libvirtd_conf(libvirtd_conf)
     conf_text = None
     if conf:
         try:

@@ -61,6 +61,10 @@ def test_ext_pillar_sans_from_master_side_data_only_by_default(compile_pillar, t
     assert out["client"]["subject"] == "CN=hv1 libvirt client,O=salt-virt"
     assert out["ca"]["subject"] == "CN=salt-virt libvirt CA,O=salt-virt"
     assert out["tls_allowed_dn_list"] == ["O=salt-virt,CN=* libvirt client"]
+    # libvirt-formula's pillar for libvirtd.conf (issue 36): the CRL virt.keys writes, the same allow list
+    assert out["libvirtd"] == {"crl_file": "/etc/pki/CA/cacrl.pem", "tls_allowed_dn_list": out["tls_allowed_dn_list"]}
+    elsewhere = compile_pillar("hv1", GRAINS, {"basepath": "/srv/pki"})["libvirt"]["libvirtd"]
+    assert elsewhere["crl_file"] == "/srv/pki/CA/cacrl.pem"
     assert pki.load_cert(out["cacert"]).subject == pki.load_cert(out["servercert"]).issuer
     qemu = pki.load_cert(out["qemu_clientcert"])
     assert qemu.subject.rfc4514_string() == "CN=hv1 qemu migration client,O=salt-virt"

@@ -2,6 +2,7 @@
 test=True preview, never overwriting what it did not write)."""
 
 import grp
+import json
 import os
 
 from saltvirt.pki import ca as pki, keyfiles, revocation
@@ -129,3 +130,28 @@ def test_libvirtd_conf_lines(tmp_path):
     assert text.endswith(
         'crl_file = "/etc/pki/CA/cacrl.pem"\ntls_allowed_dn_list = ["O=salt-virt,CN=* libvirt client"]\n'
     )
+
+
+def test_libvirtd_conf_is_left_alone_unless_named(tmp_path):
+    """Issue 36: with libvirt-formula (which templates /etc/libvirt/libvirtd.conf and calls ``virt.keys`` with
+    its defaults) a highstate never converged: virt.keys edited the formula's file on every run. Its default
+    is now Salt's: no libvirtd.conf is touched (test=True: reported, nothing written)."""
+    ret = keyfiles.keys_state("k", _pillar(tmp_path), "/etc/pki", test=True)
+    assert ret["result"] is None and ret["changes"], ret
+    assert not [path for path in ret["changes"] if not path.startswith("/etc/pki/")], ret["changes"]
+    conf = tmp_path / "libvirtd.conf"
+    conf.write_text("listen_tls = 1\n")
+    ret = keyfiles.keys_state("k", _pillar(tmp_path), str(tmp_path / "pki"), libvirtd_conf=str(conf))
+    crl = tmp_path / "pki" / "CA" / "cacrl.pem"
+    assert str(conf) in ret["changes"] and f'crl_file = "{crl}"' in conf.read_text()
+
+
+def test_libvirtd_settings_are_libvirt_formulas_pillar_values():
+    """What the ext_pillar publishes as ``libvirt:libvirtd``: values libvirt-formula's template renders with
+    ``|json`` into the same lines virt.keys writes."""
+    dns = ["O=salt-virt,CN=* libvirt client", "O=x,CN=y"]
+    settings = keyfiles.libvirtd_settings("/etc/pki", dns)
+    assert settings == {"crl_file": "/etc/pki/CA/cacrl.pem", "tls_allowed_dn_list": dns}
+    assert keyfiles.conf_settings("/etc/pki", {"tls_allowed_dn_list": dns}) == {
+        key: json.dumps(value) for key, value in settings.items()
+    }
