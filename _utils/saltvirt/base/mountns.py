@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import time
+from typing import Any
 
 from salt.exceptions import CommandExecutionError
 
@@ -57,7 +58,7 @@ class PrivateMounts:
     def run(self, cmd: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return _run(["nsenter", "-t", str(self.pid), "-m", "--", *cmd], what, check=check)
 
-    def popen(self, cmd: list[str], **kwargs) -> subprocess.Popen:
+    def popen(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen:
         """``cmd`` started inside this namespace (nsenter execs it: the process is ``cmd`` itself)."""
         return subprocess.Popen(["nsenter", "-t", str(self.pid), "-m", "--", *cmd], **kwargs)
 

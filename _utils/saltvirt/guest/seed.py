@@ -308,7 +308,7 @@ def _losetup(path, tmp, undo, ns, offset=0, size=None):
     return dev
 
 
-def loop_binding(dev):
+def loop_binding(dev: str) -> tuple[str, str | None] | None:
     """What ``dev`` is attached to (backing file, offset), or None when it is free."""
     sysfs = f"/sys/block/{os.path.basename(dev)}/loop"
     backing = fsutil.read_text(f"{sysfs}/backing_file")
