@@ -450,7 +450,7 @@ def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boo
         DID_NOT_ANSWER,
     )
     job = run(vmaster, "jobs.list_job", tried["jid"]).data
-    # published as virt.answer (the hypervisor signs what virt.init returns: docs/topics/trust-model.md)
+    # published as virt.answer (the hypervisor signs what virt.init returns: docs/topics/delegation.md)
     assert job["Function"] == "virt.answer" and "virt.init" in str(job["Arguments"])
     assert job["Target"] == ["cap-gone"] and job["Result"] == {}
     fallback = events(event_listener, vmaster, "salt/virt/init/rvm2/fallback", t0)

@@ -18,7 +18,7 @@ The user a publication carries (``salt/client/__init__.py``, ``salt.utils.user.g
 ``root`` (or the master's ``user:``, ``salt`` in Salt's packages) for whatever runs inside the master
 (the runner's LocalClient, the reactor, peer publishing), ``sudo_<name>`` for root through sudo, the
 eauth name for salt-api and ``--eauth`` users, the OS user for ``publisher_acl`` users (who may also claim
-``root``: Salt accepts their own key for it, so no list here holds them back; docs/topics/trust-model.md).
+``root``: Salt accepts their own key for it, so no list here holds them back; docs/topics/delegation.md).
 
 Every public function of every ``virt`` loader file is wrapped by :func:`guard_module` (its last line);
 ``tests/unit/base/test_operators.py`` walks the loaded ``virt.*`` functions and fails on one that is not.
