@@ -152,7 +152,9 @@ def pool_deleted(name, purge=False, connection=None, username=None, password=Non
     building it made (directory, volume group) is removed: lost for ever. Changes in Salt's shape:
     {stopped, deleted, undefined, deleted_volumes}; what a pool type cannot do is named in the comment.
     Only a pool within the minion config's ``virt:pool_paths`` and ``virt:pool_sources``; ``purge`` only
-    while no domain uses, no image outside the pool backs onto and no VM owns any of its volumes.
+    while no domain uses, no image outside the pool backs onto and no VM owns any of its volumes. A volume
+    of a VM that no longer exists on this host (undefined outside salt-virt) and that no domain uses is an
+    orphan: it goes with a running pool, named in ``deleted_orphans`` ({volume: the VM it belonged to}).
 
     .. code-block:: yaml
 
@@ -164,12 +166,17 @@ def pool_deleted(name, purge=False, connection=None, username=None, password=Non
     try:
         _no_password_login(username, password)
         with _c.salt_connect(__salt__, connection) as conn:
-            changes, unsupported = _rc.delete_all(conn, name, purge=bool(purge), test=__opts__["test"], **_limits())
+            changes, unsupported = _rc.delete_all(
+                conn, name, purge=bool(purge), test=__opts__["test"], host_id=__opts__.get("id"), **_limits()
+            )
     except (CommandExecutionError, SaltInvocationError) as exc:
         return dict(ret, result=False, comment=f"Failed deleting pool: {exc}")
     if changes is None:
         return dict(ret, comment=f"Storage pool could not be found: {name}")
     comment = f"pool {name} {'would be ' if __opts__['test'] else ''}" + ("purged" if purge else "undefined")
+    orphans = changes.get("deleted_orphans") or {}
+    if orphans:
+        comment += "; orphans deleted with it: " + ", ".join(f"{v} ({why})" for v, why in sorted(orphans.items()))
     if unsupported:
         comment += f"; unsupported for this pool type: {', '.join(unsupported)}"
     return dict(ret, changes=changes, comment=comment, result=None if __opts__["test"] else True)

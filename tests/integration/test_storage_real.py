@@ -308,3 +308,42 @@ def test_pool_and_volume_removal_never_takes_what_something_uses(virt_hv, hv1, p
         assert allowed["virt.pool_start"]("stop")["started"] is True and os.path.isdir(optarget)
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_pool_purge_takes_the_volumes_of_vms_undefined_outside_salt_virt(virt_hv, hv1, pools, qemu_tmp):
+    """Issue #36 on a real dir pool: two salt-virt VMs' volumes, the VMs undefined with libvirt (virsh
+    undefine), so their manifests still record them. While a domain salt-virt did not make uses one by its
+    path, the purge is refused as for any used volume; once nothing uses them both go with the pool (their
+    files too) and the return names each with its VM."""
+    import libvirt
+
+    v = virt_hv
+    target = qemu_tmp / "orphpool"
+    assert v["virt.pool_define"]("storph", "dir", target=str(target)) is True
+    paths = {}
+    conn = libvirt.open(hv1.uri)
+    try:
+        for vm in ("stvo1", "stvo2"):
+            disks = [{"name": "d", "pool": "storph", "size": 1, "format": "raw"}]
+            v["virt.init"](vm, 1, 64, nic=None, disk=None, start=False, disks=disks)
+            conn.lookupByName(vm).undefine()
+            paths[vm] = str(target / f"{vm}_d")
+        assert all(os.path.isfile(p) for p in paths.values())
+        keeper = (
+            "<domain type='qemu'><name>stvkeep</name><memory unit='MiB'>64</memory><os><type>hvm</type></os>"
+            f"<devices><disk type='file' device='disk'><source file='{paths['stvo2']}'/><target dev='vda'/></disk>"
+            "</devices></domain>"
+        )
+        conn.defineXML(keeper)
+        used = f"pool storph: {paths['stvo2']} is a disk of VM 'stvkeep': refused (deleting it destroys what that"
+        gone = load_states(v)["virt.pool_deleted"]("storph", purge=True)
+        assert gone["result"] is False and used in gone["comment"], gone
+        assert all(os.path.isfile(p) for p in paths.values())
+        conn.lookupByName("stvkeep").undefine()
+    finally:
+        conn.close()
+    gone = load_states(v)["virt.pool_deleted"]("storph", purge=True)
+    why = "belonged to VM '{}', which no longer exists on this host"
+    assert gone["result"] is True, gone
+    assert gone["changes"]["deleted_orphans"] == {f"{vm}_d": why.format(vm) for vm in paths}, gone
+    assert not target.exists() and "storph" not in v["virt.list_pools"]()

@@ -437,21 +437,30 @@ def pool_unused(
     pool: str,
     root: str | None,
     *,
-    volumes: Iterable[str] = (),
+    volumes: Mapping[str, tuple[str, str]] | None = None,
     images_dir: str,
     settings: Mapping[str, Any] | None = None,
-) -> None:
+    purge: bool = False,
+    host_id: str | None = None,
+) -> list[Data]:
     """Refuse to delete the pool ``pool`` (what deleting it removes lies below ``root``: its target
     directory, ``/dev/<volume group>``, ``/dev/zvol/<zpool>``; running or not) while a domain of this host
     uses one of its volumes (by pool name, or a file below ``root`` as a disk or in a backing chain), an
     image or volume outside it backs onto one, or a VM owns one (as :func:`changeable`). ``volumes``: the
-    paths of its volumes libvirt lists (a running pool), wherever they are."""
+    volumes libvirt lists now (a running pool), ``{path: (name, key)}``, wherever they are.
+
+    ``purge`` (the operator purges the running pool: every volume libvirt lists goes): a listed volume a
+    manifest records for a VM that no longer exists on this host, and that nothing above uses, is an orphan
+    that goes with the pool, whatever ``virt:adopt_orphan_disks`` says (that switch is about giving it to
+    another VM); one whose manifest names another hypervisor (``host``, not ``host_id``) as the VM's maker
+    is refused (with ``virt:images`` shared, the VM may run there). Returns the orphans,
+    ``[{volume, vm, uuid, vm_dir, record}]`` (``record``: the manifest's volume entry, None for a file)."""
+    listed = {os.path.realpath(p): nk for p, nk in (volumes or {}).items() if p and os.path.isabs(p)}
     real_root = os.path.realpath(root) if root else None
-    entries = set()
+    entries = set(listed)
     if real_root and os.path.isdir(real_root):  # /dev/<vg>/<lv> are symlinks to /dev/dm-N
         with contextlib.suppress(OSError):
-            entries = {os.path.realpath(os.path.join(real_root, e)) for e in os.listdir(real_root)}
-    entries |= {os.path.realpath(v) for v in volumes if v and os.path.isabs(v)}
+            entries |= {os.path.realpath(os.path.join(real_root, e)) for e in os.listdir(real_root)}
 
     def inside(path):
         real = os.path.realpath(path)
@@ -461,14 +470,16 @@ def pool_unused(
     used = [(v, vm) for (p, v), vm in sorted(other_volumes.items()) if p == pool]
     used += [(path, vm) for path, vm in sorted(others.items()) if inside(path)]
     manifests = _manifests(images_dir)
-    owned = [
-        (rec.get("volume"), (m["vm"], m.get("uuid")))
-        for m in manifests.values()
+    owned: list[tuple[Any, tuple[str, str | None], str, Data | None]] = [
+        (rec.get("volume"), (m["vm"], m.get("uuid")), vm_dir, rec)
+        for vm_dir, m in manifests.items()
         for rec in m.get("volumes") or []
         if isinstance(rec, dict) and rec.get("pool") == pool
     ]
-    owned += [(f, (m["vm"], m.get("uuid"))) for m in manifests.values() for f in m["files"] if inside(f)]
-    used += [(what, owner[0]) for what, owner in owned if _exists(conn, *owner)]
+    owned += [
+        (f, (m["vm"], m.get("uuid")), vm_dir, None) for vm_dir, m in manifests.items() for f in m["files"] if inside(f)
+    ]
+    used += [(what, owner[0]) for what, owner, _, _ in owned if _exists(conn, *owner)]
     if used:
         raise _volume_used(f"pool {pool}: {used[0][0]}", f"a disk of VM {used[0][1]!r}", "delete")
     backs = foreign.backing_users(conn, images_dir, (settings or {}).get("allowed_paths") or ())
@@ -476,8 +487,35 @@ def pool_unused(
         outside = sorted(u for u in over if not inside(u))
         if inside(backing) and outside:
             raise _volume_used(f"pool {pool}: {backing}", f"the backing file of {outside[0]}", "delete")
-    for what, owner in owned:  # a gone VM's: the adoption switch
+    if purge:
+        return _orphans(pool, owned, listed, manifests, host_id)
+    for what, owner, _, _ in owned:  # a gone VM's: the adoption switch
         _check_owner(conn, owner, f"{pool}/{what}", str(what), None, None, settings)
+    return []
+
+
+def _orphans(pool, owned, listed, manifests, host_id):
+    """The volumes libvirt lists (``listed``: {realpath: (name, key)}) that ``owned`` (entries of VMs that no
+    longer exist on this host) records; a record whose key is not the volume's any more (replaced since) and
+    an entry libvirt does not list (gone already: a purge deletes nothing of it) are none."""
+    by_name = {name: key for name, key in listed.values()}
+    out = []
+    for what, (vm, uuid), vm_dir, rec in owned:
+        if rec is not None:
+            volume = what if what in by_name and rec.get("key") in (None, by_name[what]) else None
+        else:
+            volume = (listed.get(os.path.realpath(what)) or (None,))[0]
+        if volume is None:
+            continue
+        creator = manifests[vm_dir].get("host")
+        if creator and creator != host_id:
+            raise SaltInvocationError(
+                f"pool {pool}: {volume} belongs to VM {vm!r}, which hypervisor {creator} made (its manifest in "
+                f"{vm_dir}) and may run there: refused (deleting it destroys what that holds). Purge that VM on "
+                f"{creator} first (virt.purge), or keep the pool"
+            )
+        out.append({"volume": volume, "vm": vm, "uuid": uuid, "vm_dir": vm_dir, "record": rec})
+    return out
 
 
 def _volume_used(what, user, change):

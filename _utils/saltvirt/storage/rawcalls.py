@@ -26,6 +26,8 @@ as :mod:`saltvirt.storage.pools` (Salt's), checked first; the limits come from t
 * what is deleted is used by nothing (:func:`saltvirt.storage.attach.changeable`,
   :func:`saltvirt.storage.attach.pool_unused`): no domain's disk or backing chain, no image's or volume's
   backing file, no VM's own; ``volume_delete`` only from a pool of ``virt:pools`` or one within the limits.
+  A purge (``virt.pool_deleted``) takes a running pool's orphans with it: volumes of VMs no longer on this
+  host that nothing uses.
 """
 
 import contextlib
@@ -40,7 +42,7 @@ from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import netpool
 from saltvirt.host.conn import libvirt
-from saltvirt.storage import attach, intake, pools
+from saltvirt.storage import attach, images, intake, pools
 from saltvirt.xml import poolxml
 
 TARGET_DIR_TYPES = ("dir", "fs", "netfs")  # libvirt makes, chowns or mounts on the target directory
@@ -217,18 +219,31 @@ def undefine_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, 
     return pools.undefine_pool(conn, name)
 
 
-def _unused(conn, name, facts, settings, images_dir):
-    """Refuse deleting the pool while anything uses or owns what is in it (:func:`attach.pool_unused`)."""
+def _unused(conn, name, facts, settings, images_dir, purge=False, host_id=None):
+    """Refuse deleting the pool while anything uses or owns what is in it (:func:`attach.pool_unused`);
+    ``purge`` (of a running pool): returns the orphans that go with it."""
     source = facts["source"] or {}
     pattern, root = CONTENT_ROOTS.get(facts["type"]), None
     if pattern and (facts["target"] or "{target}" not in pattern):
         root = pattern.format(target=facts["target"], vg=source.get("name") or name)
     obj = netpool.lookup(conn, "pool", name)
-    volumes = []
+    volumes = None
     if obj is not None and obj.isActive():
         with contextlib.suppress(libvirt.libvirtError):
-            volumes = [vol.path() for vol in obj.listAllVolumes(0)]
-    attach.pool_unused(conn, name, root, volumes=volumes, images_dir=images_dir, settings=settings)
+            obj.refresh(0)  # what a purge deletes is what libvirt lists after its refresh
+            volumes = {vol.path(): (vol.name(), vol.key()) for vol in obj.listAllVolumes(0)}
+    # orphans only from what libvirt lists now: in a stopped pool (or one it cannot list) a gone VM's
+    # volume is refused as before
+    return attach.pool_unused(
+        conn,
+        name,
+        root,
+        volumes=volumes,
+        images_dir=images_dir,
+        settings=settings,
+        purge=purge and volumes is not None,
+        host_id=host_id,
+    )
 
 
 def delete_pool(
@@ -244,15 +259,34 @@ def delete_pool(
 
 
 def delete_all(
-    conn: Conn, name: str, *, purge: bool, test: bool, settings: Mapping[str, Any] | None, images_dir: str
+    conn: Conn,
+    name: str,
+    *,
+    purge: bool,
+    test: bool,
+    settings: Mapping[str, Any] | None,
+    images_dir: str,
+    host_id: str | None = None,
 ) -> tuple[Data | None, list[str]]:
     """The ``virt.pool_deleted`` state (:func:`saltvirt.storage.pools.delete_all`): within the operator's
     limits; with ``purge`` (its volumes and what building it made are deleted) only while nothing uses or
-    owns what is in it. Checked before anything is done, also with test=True."""
+    owns what is in it. Checked before anything is done, also with test=True. A running pool's volumes
+    of VMs that no longer exist on this host (``host_id``: this minion, see :func:`attach.pool_unused`) go
+    too: changes ``deleted_orphans`` ({volume: why}, only when there are some), and their records leave
+    the gone VM's manifest."""
     facts = _within(conn, name, "delete" if purge else "undefine", settings, images_dir)
+    orphans = []
     if facts is not None and purge:
-        _unused(conn, name, facts, settings, images_dir)
-    return pools.delete_all(conn, name, purge=purge, test=test)
+        orphans = _unused(conn, name, facts, settings, images_dir, purge=True, host_id=host_id)
+    changes, unsupported = pools.delete_all(conn, name, purge=purge, test=test)
+    gone = [o for o in orphans if changes is not None and o["volume"] in changes["deleted_volumes"]]
+    if gone and changes is not None:
+        why = "belonged to VM {!r}, which no longer exists on this host"
+        changes["deleted_orphans"] = {o["volume"]: why.format(o["vm"]) for o in gone}
+    for orphan in gone if not test else ():
+        if orphan["record"] is not None:
+            images.forget_extra(orphan["vm_dir"], orphan["vm"], "volumes", [orphan["record"]], orphan["uuid"])
+    return changes, unsupported
 
 
 # volumes ------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 backing_store, volume_upload, and the pool/volume states) stay within what the operator configured. Through
 the real Salt loader on libvirt's test:/// driver, real files in tmp dirs; each refusal leaves libvirt as it was."""
 
+import json
 import os
 import re
 
@@ -9,7 +10,7 @@ import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.storage import rawcalls
+from saltvirt.storage import images, rawcalls
 from saltvirt.xml import poolxml
 from tests.support import hostile
 from tests.support.saltloader import SOURCES, load_states, make_minion_mods
@@ -364,3 +365,74 @@ def test_a_stopped_pool_is_not_deleted_under_a_domain(strict, conn, tmp_path):
     finally:
         conn.lookupByName("rp-lv-user").undefine()
     assert strict["virt.pool_delete"]("vg_ok") is True
+
+
+def _orphan(v, conn, vm):
+    """A salt-virt VM's pool volume in rp-ok, the VM then undefined outside salt-virt (virsh undefine): its
+    manifest still records the volume. Returns (volume, its path)."""
+    v["virt.init"](vm, 1, 64, nic=None, disk=None, start=False, disks=[{"name": "d", "pool": "rp-ok", "size": 1}])
+    conn.lookupByName(vm).undefine()
+    volume = [vol for vol in v["virt.pool_list_volumes"]("rp-ok") if vol.startswith(vm)][0]
+    return volume, v["virt.volume_infos"]("rp-ok", volume)["rp-ok"][volume]["path"]
+
+
+def test_pool_purge_deletes_the_volumes_of_a_vm_undefined_outside_salt_virt(strict, conn, pool, tmp_path):
+    """Issue #36: the operator purges the pool; a volume whose VM is gone and that no domain uses goes with
+    it, and the return says so and names the VM. virt:adopt_orphan_disks (off here) keeps its meaning."""
+    v = strict
+    volume, path = _orphan(v, conn, "rv6")
+    v["virt.volume_define"]("rp-ok", "free.raw", 1, format="raw")
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # the test driver keeps no file: put one where it says
+    with open(path, "wb") as fh:
+        fh.write(b"\0" * 65536)
+    refusal = "belongs to VM 'rv6', which no longer exists on this host: refused.*virt:adopt_orphan_disks"
+    with pytest.raises(SaltInvocationError, match=refusal):  # given to a new VM: still the operator's switch
+        v["virt.init"](
+            "rv7",
+            1,
+            64,
+            nic=None,
+            disk=None,
+            start=False,
+            disks=[{"name": "d", "pool": "rp-ok", "source_file": volume}],
+        )
+    why = {volume: "belonged to VM 'rv6', which no longer exists on this host"}
+    would = load_states(v, True)["virt.pool_deleted"]("rp-ok", purge=True)
+    assert would["result"] is None and would["changes"]["deleted_orphans"] == why, would
+    assert f"orphans deleted with it: {volume} ({why[volume]})" in would["comment"]
+    assert sorted(v["virt.pool_list_volumes"]("rp-ok")) == sorted([volume, "free.raw"])
+    done = load_states(v)["virt.pool_deleted"]("rp-ok", purge=True)
+    assert done["result"] is True and done["changes"]["deleted_orphans"] == why, done
+    assert sorted(done["changes"]["deleted_volumes"]) == sorted([volume, "free.raw"])
+    assert "rp-ok" not in _pools(conn)
+    manifest = images.load_manifest(str(tmp_path / "images" / "rv6"))  # the gone VM no longer records it
+    assert not [r for r in manifest.get("volumes") or [] if r["volume"] == volume]
+
+
+def test_pool_purge_still_refuses_an_orphan_a_defined_domain_uses(strict, conn, pool, tmp_path):
+    """An orphan another domain (defined only, salt-virt did not make it) uses by its path keeps the pool,
+    with the wording of any used volume."""
+    v = strict
+    volume, path = _orphan(v, conn, "rv8")
+    _foreign_domain(conn, "rp-keeper", path)
+    try:
+        for test in (True, False):
+            ret = load_states(v, test)["virt.pool_deleted"]("rp-ok", purge=True)
+            used = USED.format(what=f"pool rp-ok: {re.escape(path)}", user="a disk of VM 'rp-keeper'")
+            assert ret["result"] is False and ret["changes"] == {} and re.search(used, ret["comment"]), ret
+    finally:
+        conn.lookupByName("rp-keeper").undefine()
+    assert volume in v["virt.pool_list_volumes"]("rp-ok")
+
+
+def test_pool_purge_keeps_an_orphan_whose_vm_another_hypervisor_made(strict, conn, pool, tmp_path):
+    """With virt:images shared, a VM another hypervisor made looks gone from here: its volume keeps the pool."""
+    v = strict
+    volume, _ = _orphan(v, conn, "rv8")
+    vm_dir = str(tmp_path / "images" / "rv8")
+    manifest = images.load_manifest(vm_dir)  # as a hypervisor sharing virt:images would have written it
+    with open(os.path.join(vm_dir, images.MANIFEST), "w") as fh:
+        json.dump(dict(manifest, host="hyper-other"), fh)
+    ret = load_states(v)["virt.pool_deleted"]("rp-ok", purge=True)
+    assert ret["result"] is False and "belongs to VM 'rv8', which hypervisor hyper-other made" in ret["comment"], ret
+    assert volume in v["virt.pool_list_volumes"]("rp-ok")
