@@ -18,10 +18,16 @@ EXT_DIRS = {
     "grains": "_grains",
     "engines": "_engines",
 }
-# They stay at the repository root, where file_roots serves them (salt://salt-virt.reactor.sls); the wheel
-# carries them as package data, saltvirt/data/: data_files would be lost to salt-pip, whose pip --target
-# keeps only what lands in site-packages.
-EXAMPLES = ["salt-virt.example.sls", "salt-virt.reactor.sls"]
+# They stay at the repository root, where file_roots serves them (salt://salt-virt.reactor.sls, salt://salt-virt/
+# the formula); the wheel carries them as package data, saltvirt/data/ (the formula in saltvirt/data/salt-virt/):
+# data_files would be lost to salt-pip, whose pip --target keeps only what lands in site-packages.
+EXAMPLES = [
+    "salt-virt.example.sls",
+    "salt-virt.reactor.sls",
+    "salt-virt/init.sls",
+    "salt-virt/map.jinja",
+    "salt-virt/pillar.example",
+]
 
 
 def version():
@@ -40,8 +46,8 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         dest = os.path.join(self.build_lib, "saltvirt", "data")
-        self.mkpath(dest)
         for name in EXAMPLES:
+            self.mkpath(os.path.dirname(os.path.join(dest, name)))
             self.copy_file(os.path.join(HERE, name), os.path.join(dest, name))
 
 

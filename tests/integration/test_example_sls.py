@@ -1,7 +1,8 @@
-"""salt-virt.example.sls: renders for Debian and RedHat grains (state.show_sls on real minions); its
-package, config and keys parts apply for real on this machine (config into temp copies, keys into a
-temp PKI dir), idempotently; the service and bridge parts (no systemd here, and the host's network
-must not change) run in test=True only."""
+"""salt-virt.example.sls (which includes the salt-virt formula, salt-virt/): renders for Debian, RedHat
+(EL 9: the modular daemons) and Suse grains (state.show_sls on real minions), with pillar salt_virt:lookup
+over the map; its package, config and keys parts apply for real on this machine (config into temp copies,
+keys into a temp PKI dir), idempotently; the service and bridge parts (no systemd here, and the host's
+network must not change) run in test=True only."""
 
 import json
 import os
@@ -29,11 +30,49 @@ def hypervisor_sls(state_tree):
     return "hypervisor"
 
 
+# the grains the minion rh1 (systemd) renders with: it starts as el9, then takes the others in turn (show_as);
+# hyper1 renders with its own (Debian, no systemd)
+OSES = {
+    "el9": {"os_family": "RedHat", "os": "Rocky", "osfullname": "Rocky Linux", "osrelease": "9.4", "osmajorrelease": 9},
+    "tumbleweed": {
+        "os_family": "Suse",
+        "os": "SUSE",
+        "osfullname": "Tumbleweed",
+        "osrelease": "20250101",
+        "osmajorrelease": 20250101,
+    },
+    "sles15sp5": {"os_family": "Suse", "os": "SUSE", "osfullname": "SLES", "osrelease": "15.5", "osmajorrelease": 15},
+}
+MODULAR = ["virtqemud", "virtlogd", "virtnetworkd", "virtstoraged", "virtsecretd", "virtnodedevd"]
+
+
+def grains_file(minion):
+    return pathlib.Path(minion.config["conf_file"]).parent / "grains"
+
+
 @pytest.fixture(scope="module")
-def redhat_minion(salt_master):
-    factory = start_minion(salt_master, "rh1", {"grains": {"os_family": "RedHat", "os": "Rocky", "init": "systemd"}})
+def other_os_minion(salt_master):
+    """Grains in its config override every other source: only init is set there, the OS comes from its grains
+    file (el9 from its start on)."""
+    factory = start_minion(salt_master, "rh1", {"grains": {"init": "systemd"}})
+    grains_file(factory).write_text(json.dumps(OSES["el9"]))  # JSON is YAML
     with factory.started():
         yield factory
+
+
+def show(salt_cli, minion_id, sls, pillar=None):
+    cmd = ["state.show_sls", sls, *([f"pillar={json.dumps(pillar)}"] if pillar else [])]
+    rendered = salt_cli.run(*cmd, minion_tgt=minion_id).data
+    assert isinstance(rendered, dict), rendered
+    return rendered
+
+
+def show_as(salt_cli, minion, grains, sls):
+    """state.show_sls on ``minion`` once it has taken ``grains``: its grains file, then a module refresh (which
+    reloads the grains) that the call waits for."""
+    grains_file(minion).write_text(json.dumps(grains))
+    assert salt_cli.run("saltutil.refresh_modules", "async=False", minion_tgt=minion.id).data is True
+    return show(salt_cli, minion.id, sls)
 
 
 def states_by_id(data):
@@ -47,28 +86,62 @@ def arg(rendered, state_id, key):
     return next(a[key] for a in rendered[state_id][fun] if isinstance(a, dict) and key in a)
 
 
-def test_renders_for_debian_and_redhat(salt_cli, hyper1, redhat_minion, hypervisor_sls):
-    deb = salt_cli.run("state.show_sls", hypervisor_sls, minion_tgt="hyper1").data
-    rh = salt_cli.run("state.show_sls", hypervisor_sls, minion_tgt="rh1").data
-    assert isinstance(deb, dict) and isinstance(rh, dict), (deb, rh)
+def test_renders_per_os_family(salt_cli, hyper1, other_os_minion, hypervisor_sls):
+    rendered = {"debian": show(salt_cli, "hyper1", hypervisor_sls), "el9": show(salt_cli, "rh1", hypervisor_sls)}
+    for name in ("tumbleweed", "sles15sp5"):
+        rendered[name] = show_as(salt_cli, other_os_minion, OSES[name], hypervisor_sls)
+    deb, el9, tw, sles = rendered["debian"], rendered["el9"], rendered["tumbleweed"], rendered["sles15sp5"]
     assert {"libvirt-daemon-system", "libvirt-clients", "qemu-system-x86", "qemu-utils", "python3-libvirt"} <= set(
         arg(deb, "salt-virt-packages", "pkgs")
     )
-    assert {"libvirt", "qemu-kvm", "qemu-img", "python3-libvirt"} <= set(arg(rh, "salt-virt-packages", "pkgs"))
-    for rendered in (deb, rh):
-        assert {"salt-virt-keys", "salt-virt-libvirtd-listen", "salt-virt-libvirtd", "salt-virt-bridge"} <= set(
-            rendered
+    assert {"libvirt", "libvirt-client", "qemu-kvm", "qemu-img", "python3-libvirt"} <= set(
+        arg(el9, "salt-virt-packages", "pkgs")
+    )
+    for suse in (tw, sles):
+        assert {"libvirt-daemon-qemu", "libvirt-client", "qemu-kvm", "qemu-tools", "python3-libvirt-python"} <= set(
+            arg(suse, "salt-virt-packages", "pkgs")
         )
-        assert (
-            arg(rendered, "salt-virt-keys", "basepath") == "/etc/pki"
-            and arg(rendered, "salt-virt-keys", "qemu") is True
-        )
-        assert arg(rendered, "salt-virt-libvirtd-listen", "key_values")["listen_tls"] == "1"
-        assert arg(rendered, "salt-virt-bridge", "unless") == "ip link show br0"
-    # systemd (the RedHat minion): socket activation for TLS; without systemd (this host): --listen
-    assert "salt-virt-libvirtd-tls-socket" in rh and "salt-virt-libvirtd-args" not in rh
-    assert "salt-virt-libvirtd-args" in deb and arg(deb, "salt-virt-libvirtd-args", "name") == "/etc/default/libvirtd"
+    for name, r in rendered.items():
+        assert {"salt-virt-keys", "salt-virt-libvirtd-listen", "salt-virt-libvirtd", "salt-virt-bridge"} <= set(r), name
+        assert arg(r, "salt-virt-keys", "basepath") == "/etc/pki" and arg(r, "salt-virt-keys", "qemu") is True
+        assert arg(r, "salt-virt-libvirtd-listen", "key_values")["listen_tls"] == "1"
+        assert arg(r, "salt-virt-libvirtd-listen", "name") == arg(r, "salt-virt-keys", "libvirtd_conf")
+        assert arg(r, "salt-virt-bridge", "unless") == "ip link show br0"
+    # the monolithic libvirtd (Debian, SLES 15 SP5), nothing of the modular daemons
+    for r in (deb, sles):
+        assert arg(r, "salt-virt-libvirtd", "name") == "libvirtd"
+        assert arg(r, "salt-virt-libvirtd-listen", "name") == "/etc/libvirt/libvirtd.conf"
+        assert not [k for k in r if k.startswith("salt-virt-virt") and k != "salt-virt-virtlockd"]
+        assert "salt-virt-libvirtd-monolithic-off" not in r
+    # the modular daemons (EL 9, Tumbleweed): virtproxyd listens for TLS, virtqemud and its peers run, the
+    # monolithic libvirtd and its sockets are stopped and disabled
+    for r in (el9, tw):
+        assert arg(r, "salt-virt-libvirtd", "name") == "virtproxyd"
+        assert arg(r, "salt-virt-libvirtd-tls-socket", "name") == "virtproxyd-tls.socket"
+        assert arg(r, "salt-virt-libvirtd-listen", "name") == "/etc/libvirt/virtproxyd.conf"
+        assert [arg(r, f"salt-virt-{d}", "name") for d in MODULAR] == MODULAR
+        required = arg(r, "salt-virt-libvirtd", "require")
+        assert [d for d in MODULAR if {"service": f"salt-virt-{d}"} not in required] == [], required
+        off = arg(r, "salt-virt-libvirtd-monolithic-off", "names")
+        assert {"libvirtd.service", "libvirtd.socket", "libvirtd-tls.socket"} <= set(off), off
+    # systemd (rh1): socket activation for TLS; without systemd (this host): --listen
+    assert arg(sles, "salt-virt-libvirtd-tls-socket", "name") == "libvirtd-tls.socket"
+    assert not [r for r in (el9, tw, sles) if "salt-virt-libvirtd-args" in r]
+    assert arg(deb, "salt-virt-libvirtd-args", "name") == "/etc/default/libvirtd"
+    assert arg(deb, "salt-virt-libvirtd-args", "key_values") == {"LIBVIRTD_ARGS": '"--listen"'}
     assert "salt-virt-libvirtd-tls-socket" not in deb
+
+
+def test_pillar_lookup_overrides_the_map(salt_cli, hyper1, hypervisor_sls):
+    """salt_virt:lookup over map.jinja (here: the modular daemons on Debian, other packages); libvirtd_conf
+    False: the daemon's config is another formula's (docs/install.md: libvirt-formula), left alone."""
+    pillar = {"salt_virt": {"lookup": {"modular": True, "pkgs": ["libvirt-daemon-kvm"]}, "libvirtd_conf": False}}
+    r = show(salt_cli, "hyper1", hypervisor_sls, pillar)
+    assert arg(r, "salt-virt-packages", "pkgs") == ["libvirt-daemon-kvm"]
+    assert arg(r, "salt-virt-libvirtd", "name") == "virtproxyd" and "salt-virt-virtqemud" in r
+    assert arg(r, "salt-virt-libvirtd-args", "name") == "/etc/default/virtproxyd"  # no systemd here
+    assert arg(r, "salt-virt-libvirtd-args", "key_values") == {"VIRTPROXYD_ARGS": '"--listen"'}
+    assert "salt-virt-libvirtd-listen" not in r and arg(r, "salt-virt-keys", "libvirtd_conf") is False
 
 
 def test_packages_config_and_keys_apply_for_real(salt_cli, hyper1, hypervisor_sls):

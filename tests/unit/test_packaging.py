@@ -87,7 +87,10 @@ def test_the_sdist_carries_every_example_the_wheel_ships():
     examples = next(
         ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "EXAMPLES"
     )
-    assert examples == sorted(p.name for p in ROOT.glob("*.sls"))
+    # the SLS files at the top and the salt-virt formula (its folder, whole)
+    formula = [p.relative_to(ROOT).as_posix() for p in (ROOT / "salt-virt").rglob("*") if p.is_file()]
+    assert sorted(examples) == sorted([p.name for p in ROOT.glob("*.sls")] + formula)
+    assert {"salt-virt/init.sls", "salt-virt/map.jinja", "salt-virt/pillar.example"} <= set(formula)
     manifest = (ROOT / "MANIFEST.in").read_text().split()
     assert [e for e in examples if e not in manifest] == []
 
