@@ -46,6 +46,11 @@ def tls_missing(pkipath: str | None = None) -> list[str]:
     return [path for path in files.values() if not os.path.isfile(path)]
 
 
+def plaintext_uri(uri: str) -> bool:
+    """A ``qemu+tcp`` URI, its scheme in any case: libvirt reads ``qemu+TCP://`` as TCP (in clear) too."""
+    return urllib.parse.urlsplit(str(uri)).scheme == "qemu+tcp"
+
+
 def pkipath_param(pkipath: str) -> str:
     """``pkipath=<dir>`` for a ``qemu+tls`` URI's query: the operator's ``virt:migration:pkipath``, checked."""
     validate.absolute_path(pkipath, "virt:migration:pkipath")
@@ -78,8 +83,7 @@ def choose_transport(
     if target_uri:
         if urllib.parse.urlsplit(str(target_uri)).scheme == "qemu+tls":
             _need_client_files(pkipath)
-        plain = str(target_uri).startswith("qemu+tcp:")
-        return None, [PLAINTEXT_WARNING] if plain else []
+        return None, [PLAINTEXT_WARNING] if plaintext_uri(target_uri) else []
     transport = transport or "tls"
     if transport not in TRANSPORTS:
         raise SaltInvocationError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -125,7 +129,7 @@ def streams(
     connection, over QEMU's TLS (``qemu_tls`` True, or None and its files in ``qemu_tls_dir``), or in clear.
     Anything in clear needs ``allow_cleartext`` (the operator's ``virt:migration:allow_cleartext``): else
     refused with what to do, before anything moves. ``qemu_tls`` True without its files is always refused."""
-    plain = str(target_uri).startswith("qemu+tcp:") if target_uri else transport == "tcp"
+    plain = plaintext_uri(target_uri) if target_uri else transport == "tcp"
     clear = ["the libvirtd connection (qemu+tcp)"] if plain else []
     use_tls = False
     if active and tunnel and plain:

@@ -225,3 +225,18 @@ def test_migrate_asks_libvirt_for_qemus_tls_and_refuses_clear_before_it(
             test_conn, "mt", "hv2", target_uri=uri, pkipath=pki, qemu_tls_dir=str(tmp_path), allow_cleartext=True
         )
     assert len(asked) == 2 and not asked[1] & libvirt.VIR_MIGRATE_TLS  # allowed in clear: no TLS asked for
+
+
+@pytest.mark.parametrize("uri", ["qemu+TCP://hv2/system", "Qemu+Tcp://hv2/system"])
+def test_a_plaintext_uri_in_capitals_is_plaintext(tmp_path, qemu_dir, uri, monkeypatch):
+    """libvirt reads a URI's transport in any case (``qemu+TCP://`` is TCP, in clear): so do the plaintext
+    checks, and such a URI needs the operator's opt-in as ``qemu+tcp://`` does, before libvirt is asked."""
+    asked = []
+    monkeypatch.setattr(libvirt.virDomain, "migrateToURI3", lambda dom, uri, params, flags: asked.append(uri))
+    assert migrate_tls.choose_transport(target_uri=uri) == (None, [migrate_tls.PLAINTEXT_WARNING])
+    with pytest.raises(CommandExecutionError, match=r"would send the libvirtd connection \(qemu\+tcp\) in clear"):
+        migrate_tls.streams(True, False, None, uri, None, qemu_dir)
+    mods = make_minion_mods(tmp_path, "test:///default", migration={"qemu_tls_dir": qemu_dir})
+    with pytest.raises(CommandExecutionError, match=REFUSED):
+        mods["virt.migrate"]("test", uri)
+    assert asked == []
