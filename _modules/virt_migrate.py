@@ -85,13 +85,14 @@ def migrate(
 
     target
         the target hypervisor's host name or address (or a name from ``virt:migration:hosts``), or
-        a libvirt URI as in Salt >= 3002 (``qemu+tls://hv2/system``: used verbatim).
+        a libvirt URI as in Salt >= 3002 (``qemu+tls://hv2/system``, no query: a ``qemu+tls`` URI gets
+        ``virt:migration:pkipath`` as ``?pkipath=``, as ``transport=tls`` with a host name does).
         The libvirtd connection is ``qemu+tls://<target>/system`` (port 16514, this host's client
         certificate from ``virt.keys``): refused up front when those files are missing.
         ``transport=tcp`` (or ``virt:migration:transport: tcp``) asks for plaintext
         ``qemu+tcp://<target>/system`` by name: refused unless this minion's config has
         ``virt:migration:allow_cleartext: True``; the result then carries a warning.
-        ``target_uri`` gives the whole URI verbatim.
+        ``target_uri`` gives the whole URI (the same rules as a URI ``target``).
     tunnel
         memory through the TLS libvirtd connection (port 16514) instead of a direct QEMU stream to
         ``tcp://<target>``; default ``virt:tunnel``. libvirt cannot tunnel a disk copy: with

@@ -305,6 +305,26 @@ def test_module_tunnelled_tls_migration(cli, local, hvs, shared_vm):
     shared_vm.continued_on("hv6", mark)
 
 
+def test_module_migration_to_salts_uri_form(cli, local, hvs, shared_vm):
+    """Issue #36: Salt's form ``virt.migrate NAME qemu+tls://HOST/system`` (as Salt's own integration test calls
+    it) migrates with the source's ``virt:migration:pkipath``, as the host name does (it read libvirt's default
+    /etc/pki/CA/cacert.pem and failed); a caller's own ``?pkipath=`` is refused before anything moves."""
+    mark = shared_vm.mark("hv6")
+    ret = salt(cli, "hv6", "virt.migrate", "vshared", "qemu+tls://hv7/system?pkipath=/etc/pki", unsafe=True)
+    assert ret.returncode != 0 and "virt.migrate target URI must be qemu+tls://<host>/system or" in ret.stdout, ret
+    assert where(local, "vshared") == {"hv6": "running"}
+    ret = salt(cli, "hv6", "virt.migrate", "vshared", "qemu+tls://hv7/system", unsafe=True)
+    assert ret.returncode == 0 and ret.data is True, ret
+    assert where(local, "vshared") == {"hv7": "running"}
+    shared_vm.continued_on("hv7", mark)
+    mark = shared_vm.mark("hv7")  # and back (later tests expect it on hv6), tunnelled, with the report
+    ret = ok(local, "hv7", "virt.migrate", "vshared", "qemu+tls://hv6/system", tunnel=True, unsafe=True, report=True)
+    assert ret["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client", ret
+    assert ret["transport"] == "tls" and ret["tunnelled"] is True and "warnings" not in ret
+    assert where(local, "vshared") == {"hv6": "running"}
+    shared_vm.continued_on("hv6", mark)
+
+
 def test_runner_proves_shared_storage_and_migrates_in_place(mmaster, local, hvs, shared_vm, store):
     mark = shared_vm.mark("hv6")
     ret = run(mmaster, "virt.migrate", "vshared", "hv7")

@@ -138,6 +138,10 @@ CONNECTION_REFUSED = (
     "(virt:connection:uri, or a name listed in virt:connections{names}); drop connection= or pass one of those names"
 )
 PEER_SCHEMES = ("qemu+tls", "qemu+tcp")
+PEER_URI_REFUSED = (
+    "{what} must be qemu+tls://<host>/system or qemu+tcp://<host>/system with no user, query or "
+    "fragment (transport options come from the operator's virt:migration config)"
+)
 
 
 def resolve_uri(config_get: ConfigGet, connection: str | None = None) -> str | None:
@@ -172,10 +176,7 @@ def peer_uri(uri: Any, what: str) -> str:
         or parts.query
         or parts.fragment
     ):
-        raise SaltInvocationError(
-            f"{what} must be qemu+tls://<host>/system or qemu+tcp://<host>/system with no user, query or "
-            "fragment (transport options come from the operator's virt:migration config)"
-        )
+        raise SaltInvocationError(PEER_URI_REFUSED.format(what=what))
     return uri
 
 

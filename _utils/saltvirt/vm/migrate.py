@@ -109,8 +109,7 @@ def destination_uri(
             f"virt:migration:uri_template {uri_template!r}: {exc} (use {{transport}}, {{target}})"
         ) from None
     if pkipath and transport == "tls":
-        validate.absolute_path(pkipath, "virt:migration:pkipath")
-        uri += ("&" if "?" in uri else "?") + "pkipath=" + urllib.parse.quote(pkipath, safe="/")
+        uri += ("&" if "?" in uri else "?") + migrate_tls.pkipath_param(pkipath)
     return uri
 
 
@@ -452,7 +451,9 @@ def migrate(
         raise SaltInvocationError(f"VM {name!r} is running: offline=True moves stopped VMs only (or stop it first)")
     if target == source:
         raise SaltInvocationError(f"VM {name!r} is already on {target}")
-    if not target_uri:
+    if target_uri:  # Salt's qemu+tls://hv2/system gets the operator's pkipath, as hv2 does
+        target_uri = migrate_tls.operator_uri(target_uri, pkipath)  # bad input first, then the TLS files
+    else:
         destination_uri(target, tunnel, "tcp", None, uri_template)  # bad input first, then the TLS files
     migration_flags(active, live, tunnel, copy_storage, unsafe)  # bad input first
     qemu_tls, clear = migrate_tls.streams(

@@ -18,10 +18,12 @@ anything moves, saying how to fix it::
 """
 
 import os
+import urllib.parse
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.host import conn
 
 TRANSPORTS = ("tcp", "tls")
 DEFAULT_PKI = {  # libvirt's client files for root when no pkipath is given (what virt.keys writes)
@@ -44,19 +46,54 @@ def tls_missing(pkipath: str | None = None) -> list[str]:
     return [path for path in files.values() if not os.path.isfile(path)]
 
 
+def plaintext_uri(uri: str) -> bool:
+    """A ``qemu+tcp`` URI, its scheme in any case: libvirt reads ``qemu+TCP://`` as TCP (in clear) too."""
+    return urllib.parse.urlsplit(str(uri)).scheme == "qemu+tcp"
+
+
+def pkipath_param(pkipath: str) -> str:
+    """``pkipath=<dir>`` for a ``qemu+tls`` URI's query: the operator's ``virt:migration:pkipath``, checked."""
+    validate.absolute_path(pkipath, "virt:migration:pkipath")
+    return "pkipath=" + urllib.parse.quote(pkipath, safe="/")
+
+
+def operator_uri(target_uri: str, pkipath: str | None = None) -> str:
+    """A caller's target URI (Salt's ``virt.migrate web1 qemu+tls://hv2/system``) with the operator's TLS
+    settings, as ``saltvirt.vm.migrate.destination_uri`` gives them for a host name: a ``qemu+tls`` URI gets
+    ``?pkipath=`` (``pkipath``, ``virt:migration:pkipath``) when it is set; other schemes stay as they are.
+    A query of the URI's own is refused (``conn.peer_uri``'s wording) unless it is that same ``pkipath=``
+    (libvirt reads parameter names in any case, percent-encoded: so does this check), and then replaced by
+    the operator's: a directory of the caller's would have this hypervisor's libvirtd read its files as root."""
+    parts = urllib.parse.urlsplit(target_uri)
+    given = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(key.lower() != "pkipath" or not pkipath or value != pkipath for key, value in given):
+        raise SaltInvocationError(conn.PEER_URI_REFUSED.format(what="virt.migrate target URI"))
+    operators = pkipath if parts.scheme == "qemu+tls" else None
+    if not given and not operators:
+        return target_uri
+    return urllib.parse.urlunsplit(parts._replace(query=pkipath_param(operators) if operators else ""))
+
+
 def choose_transport(
     transport: str | None = None, pkipath: str | None = None, target_uri: str | None = None
 ) -> tuple[str | None, list[str]]:
     """``(transport, warnings)``: TLS unless ``tcp`` is asked for by name (which :func:`streams` allows only
-    with the operator's opt-in); TLS without the client files is refused before anything moves."""
+    with the operator's opt-in); TLS without the client files is refused before anything moves, for a
+    ``qemu+tls`` ``target_uri`` too (its client files are the operator's: :func:`operator_uri`)."""
     if target_uri:
-        plain = str(target_uri).startswith("qemu+tcp:")
-        return None, [PLAINTEXT_WARNING] if plain else []
+        if urllib.parse.urlsplit(str(target_uri)).scheme == "qemu+tls":
+            _need_client_files(pkipath)
+        return None, [PLAINTEXT_WARNING] if plaintext_uri(target_uri) else []
     transport = transport or "tls"
     if transport not in TRANSPORTS:
         raise SaltInvocationError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
     if transport == "tcp":
         return "tcp", [PLAINTEXT_WARNING]
+    _need_client_files(pkipath)
+    return "tls", []
+
+
+def _need_client_files(pkipath: str | None) -> None:
     missing = tls_missing(pkipath)
     if missing:
         raise CommandExecutionError(
@@ -64,7 +101,6 @@ def choose_transport(
             "Apply the virt.keys state (see salt-virt.example.sls) or set virt:migration:pkipath; plaintext "
             f"only when asked for by name (transport=tcp) and allowed by {OPT_IN} in the minion config"
         )
-    return "tls", []
 
 
 def setting(value: object) -> bool | None:
@@ -93,7 +129,7 @@ def streams(
     connection, over QEMU's TLS (``qemu_tls`` True, or None and its files in ``qemu_tls_dir``), or in clear.
     Anything in clear needs ``allow_cleartext`` (the operator's ``virt:migration:allow_cleartext``): else
     refused with what to do, before anything moves. ``qemu_tls`` True without its files is always refused."""
-    plain = str(target_uri).startswith("qemu+tcp:") if target_uri else transport == "tcp"
+    plain = plaintext_uri(target_uri) if target_uri else transport == "tcp"
     clear = ["the libvirtd connection (qemu+tcp)"] if plain else []
     use_tls = False
     if active and tunnel and plain:
