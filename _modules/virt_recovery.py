@@ -23,6 +23,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import hostrecord as _hr
     from saltvirt.vm import migrate as _migrate
+    from saltvirt.vm import migrate_tls as _migrate_tls
     from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
 
@@ -59,7 +60,8 @@ def recovery_record(connection=None):
 def recovery_probe(host, uri=None, wait=10):
     """
     Can this hypervisor reach the libvirtd of peer ``host``? ``uri``: the URI to try (the master's
-    ``virt:recovery:probe_uri``: ``qemu+tls``/``qemu+tcp`` to ``/system`` only); default this minion's own
+    ``virt:recovery:probe_uri``: ``qemu+tls``/``qemu+tcp`` to ``/system`` only; a ``qemu+tls`` one gets this
+    host's ``virt:migration:pkipath``); default this minion's own
     ``virt:recovery:probe_uri`` (minion config, ``{host}`` replaced: any URI, e.g. with ``?socket=``),
     else the URI a migration to ``host`` would use (TLS with this host's client certificate,
     ``virt:migration`` settings). Returns ``{uri, reachable, down, error}``.
@@ -67,13 +69,14 @@ def recovery_probe(host, uri=None, wait=10):
     CLI Example:: salt 'hyper2' virt.recovery_probe hyper1
     """
     template = _c.salt_config(__salt__)("virt:recovery:probe_uri", None)  # this minion's operator config
+    mig = _migrate.settings(_c.salt_config(__salt__))
     if uri:
         _c.peer_uri(uri, "virt.recovery_probe uri")
+        uri = _migrate_tls.operator_uri(uri, mig["pkipath"])  # a qemu+tls probe with this host's client files
     elif template:
         validate.host_name(host, "host (a hypervisor's minion id)")
         uri = str(template).replace("{host}", host)
     else:
-        mig = _migrate.settings(_c.salt_config(__salt__))
         target = mig["hosts"].get(host, host)
         transport = mig["transport"] or "tls"
         uri = _migrate.destination_uri(target, False, transport, mig["pkipath"], mig["uri_template"])

@@ -169,3 +169,18 @@ def test_module_functions_through_salts_loader(virt_test, tmp_path):
     assert "/guest/diskimage1 is outside the directories salt-virt may use" in checked["test"][0]
     with pytest.raises(CommandExecutionError, match="already defined"):
         virt_test["virt.recovery_restart"]("test", rec["vms"]["test"]["xml"], rec["storage"])
+
+
+def test_a_probe_uri_given_by_the_master_uses_this_hosts_client_certificate(tmp_path):
+    """Issue 36 (seen with Salt's ``qemu+tls://HOST/system`` migration form): the master's
+    ``virt:recovery:probe_uri`` reached libvirt without this hypervisor's ``virt:migration:pkipath``, so a
+    host whose client files are elsewhere probed with /etc/pki's and could call a live peer unreachable."""
+    from tests.support.saltloader import make_minion_mods
+
+    pki = tmp_path / "pki dir"
+    mods = make_minion_mods(tmp_path, "test:///default", migration={"pkipath": str(pki)})
+    tls = mods["virt.recovery_probe"]("hv2", uri="qemu+tls://127.0.0.1:1/system", wait=2)
+    assert tls["uri"] == "qemu+tls://127.0.0.1:1/system?pkipath=" + str(pki).replace(" ", "%20"), tls
+    assert tls["reachable"] is not True and "pki dir" in tls["error"], tls  # the files it read: this host's
+    tcp = mods["virt.recovery_probe"]("hv2", uri="qemu+tcp://127.0.0.1:1/system", wait=2)
+    assert tcp["uri"] == "qemu+tcp://127.0.0.1:1/system", tcp  # no TLS: nothing to add
