@@ -2,7 +2,10 @@
 (EL 9: the modular daemons) and Suse grains (state.show_sls on real minions), with pillar salt_virt:lookup
 over the map; its package, config and keys parts apply for real on this machine (config into temp copies,
 keys into a temp PKI dir), idempotently; the service and bridge parts (no systemd here, and the host's
-network must not change) run in test=True only."""
+network must not change) run in test=True only.
+
+saltstack-formulas/libvirt-formula (tests/data/libvirt-formula) with salt-virt: applied twice on hyper1, the
+second run changes nothing, and a lab libvirtd with what it wrote takes TLS clients as salt-virt's PKI says."""
 
 import json
 import os
@@ -12,8 +15,10 @@ import tempfile
 
 import pytest
 
+from tests.support import lab, pkitools
 from tests.support.paths import ROOT
 from tests.support.saltd import start_minion
+from saltvirt.pki import ca as pki
 
 REAL_PARTS = {
     "salt-virt-packages",
@@ -239,4 +244,144 @@ def test_lockspace_configures_libvirts_lock_manager(salt_cli, hyper1, hypervisor
         watched = arg(shown.data, "salt-virt-libvirtd", "watch")
         assert {"file": "salt-virt-lock-manager"} in watched, watched
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# saltstack-formulas/libvirt-formula v3.10.0, vendored unchanged (tests/data/libvirt-formula/README.md), beside
+# salt-virt: its server config and TLS parts as a hypervisor's highstate applies them, adapted only where this
+# lab cannot follow
+LIBVIRT_FORMULA = ROOT / "tests" / "data" / "libvirt-formula" / "libvirt"
+LIBVIRT_FORMULA_SLS = """\
+include:
+  - libvirt.server.config   # libvirtd.conf from the pillar libvirt:libvirtd, the daemon's defaults file, the package
+  - libvirt.server.tls      # virt.keys (salt-virt's), after libvirt.python (the bindings' package)
+
+# no systemd here, and the host's libvirtd must not start. Salt drops excluded IDs after it turned requisite_in into
+# requisites, so the formula's watch_in to this one goes with it
+exclude:
+  - id: libvirt-server-service-running-service-running
+
+# the keys in a temp dir, not the host's /etc/pki (the default; the lab's libvirtd sees this dir there)
+extend:
+  libvirt-server-tls-certs-virt-keys:
+    virt.keys:
+      - basepath: {{ pillar['libvirt_formula_lab']['pki'] }}
+"""
+LIBVIRT_FORMULA_STATES = {
+    "libvirt-server-package-install-pkg-installed",  # libvirt-daemon-system: installed here
+    "libvirt-python-install-pkg-installed",  # python3-libvirt: installed here
+    "libvirt-server-config-files-libvirtd-file-managed",
+    "libvirt-server-config-files-daemonconfig-dir-managed",
+    "libvirt-server-config-files-daemonconfig-file-managed",
+    "libvirt-server-tls-certs-virt-keys",
+}
+ALLOWED_DN = '["O=salt-virt,CN=* libvirt client"]'  # the libvirt ext_pillar's libvirt:libvirtd:tls_allowed_dn_list
+
+
+@pytest.fixture(scope="module")
+def libvirt_formula_sls(state_tree, salt_run_cli):
+    """salt://libvirt/ is the vendored formula, salt://libvirt_formula_lab.sls the test's wrapper."""
+    shutil.copytree(LIBVIRT_FORMULA, state_tree / "libvirt")
+    (state_tree / "libvirt_formula_lab.sls").write_text(LIBVIRT_FORMULA_SLS)
+    # file.managed looks the formula's TOFS sources up in the master's file list, cached for 20 s
+    assert salt_run_cli.run("fileserver.clear_file_list_cache", "backend=roots").returncode == 0
+    yield "libvirt_formula_lab"
+    shutil.rmtree(state_tree / "libvirt", ignore_errors=True)
+    (state_tree / "libvirt_formula_lab.sls").unlink()
+
+
+def test_libvirt_formula_converges_beside_salt_virt_and_its_libvirtd_admits_only_hypervisors(
+    salt_cli, salt_master, hyper1, libvirt_formula_sls, lab_dir, tmp_path
+):
+    """libvirt-formula applied twice on hyper1: libvirtd.conf written from its template with the CRL and the
+    client allow list the libvirt ext_pillar adds to libvirt:libvirtd, the keys by virt.keys; the second run
+    changes nothing (issue 36: the formula rewrote the file, virt.keys edited it, every run). A real libvirtd with
+    that libvirtd.conf and those keys admits hyper1's client certificate over TLS and refuses one of the same CA
+    outside the allow list and a revoked one."""
+    tmp = tempfile.mkdtemp(prefix="svlvf-", dir="/var/tmp")
+    os.chmod(tmp, 0o755)
+    conf, keys = os.path.join(tmp, "libvirtd.conf"), os.path.join(tmp, "pki")
+    # hyper1's client certificate now, then reissued: the CRL virt.keys writes lists it (reused while valid)
+    ca_dir = os.path.join(salt_master.config["pki_dir"], "libvirt")
+    revoked = pki.issue(ca_dir, "hyper1", "client", key_size=2048)
+    pki.issue(ca_dir, "hyper1", "client", key_size=2048, force=True)
+    (tmp_path / "revoked.pem").write_text(revoked["cert"])
+    (tmp_path / "revoked.key").write_text(revoked["key"])
+    # the formula's own lookup points its files at temp paths; merged with the ext_pillar's libvirt:libvirtd
+    pillar = {
+        "libvirt": {
+            "lookup": {"libvirtd_config": conf, "daemon_config_path": os.path.join(tmp, "default")},
+            "libvirtd": {"listen_tls": 1},
+        },
+        "libvirt_formula_lab": {"pki": keys},
+    }
+
+    def apply():
+        cmd = ["state.apply", libvirt_formula_sls, f"pillar={json.dumps(pillar)}"]
+        states = states_by_id(salt_cli.run(*cmd, minion_tgt="hyper1", _timeout=600).data)
+        assert set(states) == LIBVIRT_FORMULA_STATES, sorted(states)  # the service excluded, nothing else
+        assert all(s["result"] is True for s in states.values()), {k: s["comment"] for k, s in states.items()}
+        return states
+
+    fab = hv = None
+    try:
+        first = apply()
+        written = pathlib.Path(conf).read_text()
+        assert written.startswith("# This file is managed by Salt")  # the formula's template
+        assert "\nlisten_tls = 1\n" in written
+        assert '\ncrl_file = "/etc/pki/CA/cacrl.pem"\n' in written  # the ext_pillar's basepath: the default
+        assert f"\ntls_allowed_dn_list = {ALLOWED_DN}\n" in written
+        keyed = first["libvirt-server-tls-certs-virt-keys"]["changes"]
+        assert os.path.join(keys, "CA", "cacrl.pem") in keyed and conf not in keyed  # virt.keys leaves the file alone
+        assert os.path.isfile(os.path.join(tmp, "default", "libvirtd"))  # the daemon's defaults file
+        before = os.stat(conf)
+
+        second = apply()
+        assert {k: s["changes"] for k, s in second.items()} == dict.fromkeys(LIBVIRT_FORMULA_STATES, {})
+        after = os.stat(conf)
+        assert pathlib.Path(conf).read_text() == written and after.st_mtime_ns == before.st_mtime_ns
+
+        # libvirtd with that libvirtd.conf (after the lab's own lines: listen, log, host UUID) and the keys at
+        # /etc/pki, where the conf's crl_file and libvirtd's default certificate paths look. libvirtd starts as well
+        # when crl_file names no file (9.0 here): only the revoked certificate's refusal shows the CRL is read
+        fab = lab.Fabric(lab.new_tag()).start()
+        hv = lab.Hypervisor(
+            os.path.join(lab_dir, "libvirt-formula"),
+            1,  # 10.252.0.11: a SAN of hyper1's server certificate (extra_sans)
+            fab,
+            tls_dir="/etc/pki",
+            extra_libvirtd_conf=written,
+            etc_pki=keys,
+        )
+        hv.start()
+        server_log = pkitools.LogTail(hv.path("log", "libvirtd.log")).new
+        cacert = os.path.join(keys, "CA", "cacert.pem")
+        ours = pkitools.client_dir(
+            str(tmp_path / "ours"),
+            cacert,
+            os.path.join(keys, "libvirt", "clientcert.pem"),
+            os.path.join(keys, "libvirt", "private", "clientkey.pem"),
+        )
+        ok = pkitools.virsh_tls(fab.netns, hv.ip, ours)
+        assert ok.returncode == 0 and ok.stdout.strip() == "hv1", ok.stderr
+        server_log()
+        # our CA, a CN outside the allow list
+        rogue = pkitools.client_dir(str(tmp_path / "rogue"), cacert, *pkitools.rogue_client(tmp_path, ca_dir))
+        refused = pkitools.virsh_tls(fab.netns, hv.ip, rogue)
+        assert refused.returncode != 0, refused.stdout
+        log = server_log()
+        assert "tls_allowed_dn_list" in log, f"refused for another reason: {log}"
+        # hyper1's previous client certificate: in the allow list, but revoked
+        old = pkitools.client_dir(
+            str(tmp_path / "revoked"), cacert, str(tmp_path / "revoked.pem"), str(tmp_path / "revoked.key")
+        )
+        refused = pkitools.virsh_tls(fab.netns, hv.ip, old)
+        assert refused.returncode != 0, refused.stdout
+        log = server_log()
+        assert "revoked" in log.lower(), f"refused for another reason: {log}"
+    finally:
+        if hv:
+            hv.stop()
+        if fab:
+            fab.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,13 +8,11 @@ import os
 import pathlib
 import shutil
 import stat
-import subprocess
 import tempfile
 
 import pytest
 
-from tests.support import lab
-from tests.support.paths import ROOT
+from tests.support import lab, pkitools
 from tests.support.saltd import start_minion
 from saltvirt.pki import ca as pki
 
@@ -119,45 +117,6 @@ def test_keys_state_on_a_minion_without_certs_says_why(salt_cli, plain_minion, t
     assert os.listdir(tmp_path) == []
 
 
-def _client_dir(base, cacert, cert, key):
-    """A ``?pkipath=`` directory: cacert.pem, clientcert.pem, clientkey.pem."""
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    for name, src in (("cacert.pem", cacert), ("clientcert.pem", cert), ("clientkey.pem", key)):
-        shutil.copyfile(src, os.path.join(base, name))
-    os.chmod(os.path.join(base, "clientkey.pem"), 0o600)
-    return base
-
-
-def _rogue_client(tmp_path, ca_dir):
-    """A certificate from *our* CA with a CN that is not a salt-virt client's (made with certtool and
-    pki/client.tmpl, as an admin would)."""
-    tmpl = tmp_path / "rogue.tmpl"
-    tmpl.write_text((ROOT / "pki" / "client.tmpl").read_text() + 'cn = "rogue"\n')
-    key, cert = tmp_path / "rogue.key", tmp_path / "rogue.pem"
-    subprocess.run(
-        ["certtool", "--generate-privkey", "--bits", "2048", "--outfile", str(key)], check=True, capture_output=True
-    )
-    subprocess.run(
-        [
-            "certtool",
-            "--generate-certificate",
-            "--load-privkey",
-            str(key),
-            "--template",
-            str(tmpl),
-            "--outfile",
-            str(cert),
-            "--load-ca-certificate",
-            os.path.join(ca_dir, "cacert.pem"),
-            "--load-ca-privkey",
-            os.path.join(ca_dir, "cakey.pem"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
-
-
 def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_cn_and_wrong_host(
     applied_keys, salt_master, salt_cli, tmp_path, lab_dir
 ):
@@ -186,7 +145,7 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
     try:
         hv.start()
         ca = os.path.join(keys_dir, "CA", "cacert.pem")
-        ours = _client_dir(
+        ours = pkitools.client_dir(
             str(tmp_path / "ours"),
             ca,
             os.path.join(keys_dir, "libvirt", "clientcert.pem"),
@@ -199,30 +158,14 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
         (tmp_path / "both.pem").write_text(
             pathlib.Path(ca).read_text() + pathlib.Path(tmp_path / "foreign-ca" / "cacert.pem").read_text()
         )
-        theirs = _client_dir(
+        theirs = pkitools.client_dir(
             str(tmp_path / "theirs"), str(tmp_path / "both.pem"), str(tmp_path / "f.pem"), str(tmp_path / "f.key")
         )
 
         def virsh(host, pkipath):
-            uri = f"qemu+tls://{host}/system?pkipath={pkipath}"
-            return subprocess.run(
-                ["ip", "netns", "exec", fab.netns, "virsh", "-c", uri, "hostname"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            return pkitools.virsh_tls(fab.netns, host, pkipath)
 
-        seen = [0]
-
-        def server_log():
-            """libvirtd's log (errors and warnings) since the last call."""
-            with open(hv.path("log", "libvirtd.log")) as fh:
-                fh.seek(seen[0])
-                text = fh.read()
-                seen[0] = fh.tell()
-            return text
-
+        server_log = pkitools.LogTail(hv.path("log", "libvirtd.log")).new  # errors and warnings since the last call
         ok = virsh("10.252.0.11", ours)
         assert ok.returncode == 0 and ok.stdout.strip() == "hv1", ok.stderr
         server_log()
@@ -235,20 +178,20 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
         log = server_log()
         assert "Failed to verify peer's certificate" in log and "known issuer" in log, log
         # our CA, but not a salt-virt client CN: refused by tls_allowed_dn_list
-        rogue_cert, rogue_key = _rogue_client(tmp_path, ca_dir)
-        rogue = virsh("10.252.0.11", _client_dir(str(tmp_path / "rogue"), ca, str(rogue_cert), str(rogue_key)))
+        rogue_cert, rogue_key = pkitools.rogue_client(tmp_path, ca_dir)
+        rogue = virsh("10.252.0.11", pkitools.client_dir(str(tmp_path / "rogue"), ca, str(rogue_cert), str(rogue_key)))
         assert rogue.returncode != 0, rogue.stdout
         assert "tls_allowed_dn_list" in server_log(), "refused for another reason"
         # QEMU's migration key pair (virt.keys qemu=True), signed by the same CA: not a libvirtd client
         qdir = os.path.join(keys_dir, "qemu")
         qemu = virsh(
             "10.252.0.11",
-            _client_dir(str(tmp_path / "qemu"), ca, f"{qdir}/client-cert.pem", f"{qdir}/client-key.pem"),
+            pkitools.client_dir(str(tmp_path / "qemu"), ca, f"{qdir}/client-cert.pem", f"{qdir}/client-key.pem"),
         )
         assert qemu.returncode != 0, qemu.stdout
         assert "tls_allowed_dn_list" in server_log(), "QEMU's certificate refused for another reason"
         # hyper1's previous (revoked) client certificate: refused by the CRL
-        revoked = virsh("10.252.0.11", _client_dir(str(tmp_path / "revoked"), ca, *old_client))
+        revoked = virsh("10.252.0.11", pkitools.client_dir(str(tmp_path / "revoked"), ca, *old_client))
         assert revoked.returncode != 0, revoked.stdout
         assert "revoked" in server_log().lower(), "the revoked certificate was refused for another reason"
         # the client checks the server's SANs: an address the certificate does not name is refused

@@ -107,9 +107,21 @@ class Hypervisor:
     """One libvirtd in its own namespaces. ``uri`` reaches it from the root namespace."""
 
     def __init__(  # noqa: PLR0913 - one lab hypervisor's options
-        self, base, index, fabric, tls_dir=None, extra_libvirtd_conf="", hostname=None, lockspace=None, qemu_tls=False
+        self,
+        base,
+        index,
+        fabric,
+        tls_dir=None,
+        extra_libvirtd_conf="",
+        hostname=None,
+        lockspace=None,
+        qemu_tls=False,
+        etc_pki=None,
     ):
         self.index = index
+        # a directory shown as /etc/pki inside the namespaces (libvirtd's default TLS paths, which a formula's
+        # libvirtd.conf names: crl_file "/etc/pki/CA/cacrl.pem"); the host's /etc is not touched
+        self.etc_pki = etc_pki
         self.qemu_tls = qemu_tls  # QEMU's own TLS (migration streams) from <tls_dir>/qemu: virt.keys qemu: True
         self.lockspace = lockspace  # a directory: libvirt's lock manager (virtlockd) keeps disk leases there
         self.fabric = fabric
@@ -139,7 +151,7 @@ class Hypervisor:
         d = self.dir
         shutil.rmtree(self.path("etc"), ignore_errors=True)
         shutil.rmtree(self.path("run"), ignore_errors=True)
-        for sub in ("run", "lib", "cache", "log", "log/qemu", "lib/images"):
+        for sub in ("run", "lib", "cache", "log", "log/qemu", "lib/images", "etc-overlay"):
             os.makedirs(self.path(sub), exist_ok=True)
         shutil.copytree("/etc/libvirt", self.path("etc"), symlinks=True)
         autostart = self.path("etc", "qemu", "networks", "autostart", "default.xml")
@@ -200,18 +212,33 @@ class Hypervisor:
         run(["ip", "-n", ns, "link", "set", "br0", "up"])
         run(["ip", "-n", ns, "addr", "replace", f"{self.ip}/24", "dev", "br0"])
 
-    def start(self, timeout=READY_TIMEOUT):
-        self._write_config()
-        self._network()
+    def _mounts(self):
+        """Shell lines run first in the daemons' new mount namespace (``ip netns exec`` makes one, its mounts
+        stay in it): the hostname and the private libvirt directories; with ``etc_pki``, /etc as an overlay
+        (its upper layer a tmpfs, gone with the namespace) where /etc/pki shows that directory."""
         d = self.dir
-        script = f"""
-            hostname {self.hostname}
+        pki = ""
+        if self.etc_pki:
+            pki = f"""
+            mount -t tmpfs -o mode=0700 svlab {d}/etc-overlay
+            mkdir {d}/etc-overlay/upper {d}/etc-overlay/work
+            mount -t overlay svlab -o lowerdir=/etc,upperdir={d}/etc-overlay/upper,workdir={d}/etc-overlay/work /etc
+            mkdir -p /etc/pki
+            mount --bind {self.etc_pki} /etc/pki"""
+        return f"""hostname {self.hostname}{pki}
             mount --bind {d}/etc   /etc/libvirt
             mount --bind {d}/run   /run/libvirt
             mount --bind {d}/lib   /var/lib/libvirt
             mount --bind {d}/cache /var/cache/libvirt
             mount --bind {d}/log   /var/log/libvirt
-            mount --bind {d}/hosts /etc/hosts
+            mount --bind {d}/hosts /etc/hosts"""
+
+    def start(self, timeout=READY_TIMEOUT):
+        self._write_config()
+        self._network()
+        d = self.dir
+        script = f"""
+            {self._mounts()}
             virtlogd -d -p {d}/virtlogd.pid
             {f"virtlockd -d -p {d}/virtlockd.pid" if self.lockspace else ""}
             libvirtd -d -l -p {d}/libvirtd.pid
@@ -297,13 +324,7 @@ class Hypervisor:
         its defined domains and its running guests (libvirtd reconnects to their qemu)."""
         d = self.dir
         script = f"""
-            hostname {self.hostname}
-            mount --bind {d}/etc   /etc/libvirt
-            mount --bind {d}/run   /run/libvirt
-            mount --bind {d}/lib   /var/lib/libvirt
-            mount --bind {d}/cache /var/cache/libvirt
-            mount --bind {d}/log   /var/log/libvirt
-            mount --bind {d}/hosts /etc/hosts
+            {self._mounts()}
             virtlogd -d -p {d}/virtlogd.pid || true
             {f"virtlockd -d -p {d}/virtlockd.pid || true" if self.lockspace else ""}
             libvirtd -d -l -p {d}/libvirtd.pid

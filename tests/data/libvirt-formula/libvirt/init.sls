@@ -1,0 +1,7 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+
+include:
+  - .server
+  - .qemu
+  - .extra
