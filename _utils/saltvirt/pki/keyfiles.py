@@ -138,7 +138,10 @@ def plan(
             changes.append(f"group {st.st_gid} -> {dir_gid}")
         if changes:
             dirs.append({"path": path, "mode": mode, "gid": dir_gid, "what": ", ".join(changes)})
-    return {"files": files, "dirs": dirs, "foreign": foreign, "manifest": wanted, "old_manifest": manifest}
+    # the records of files this call does not manage stay: another virt.keys on the same directory (libvirt-
+    # formula's, without qemu) must not make salt-virt's own QEMU files look foreign at their next renewal
+    kept = {rel: sha for rel, sha in manifest.items() if rel not in wanted}
+    return {"files": files, "dirs": dirs, "foreign": foreign, "manifest": {**kept, **wanted}, "old_manifest": manifest}
 
 
 def _compare(path, content, mode, gid, secret, written_sha):

@@ -155,3 +155,16 @@ def test_libvirtd_settings_are_libvirt_formulas_pillar_values():
     assert keyfiles.conf_settings("/etc/pki", {"tls_allowed_dn_list": dns}) == {
         key: json.dumps(value) for key, value in settings.items()
     }
+
+
+def test_a_virt_keys_without_qemu_keeps_the_record_of_the_qemu_files(tmp_path):
+    """Seen with libvirt-formula (its virt.keys has no qemu) beside salt-virt's formula (qemu: True) on one
+    basepath: the call without qemu rewrote the record of what virt.keys wrote without the QEMU files, so
+    at their next renewal salt-virt's own state refused them as files it had not written."""
+    base = tmp_path / "pki"
+    data = _pillar(tmp_path)
+    assert keyfiles.keys_state("k", data, str(base), qemu=True)["result"] is True
+    assert keyfiles.keys_state("k", data, str(base))["result"] is True  # the other state, no qemu
+    renewed = dict(data, **{k: v for k, v in _pillar(tmp_path, ca="ca2").items() if k.startswith("qemu_")})
+    ret = keyfiles.keys_state("k", renewed, str(base), qemu=True)
+    assert ret["result"] is True and str(base / "qemu" / "server-cert.pem") in ret["changes"], ret
