@@ -10,8 +10,6 @@ is unmounted and detached and qemu-storage-daemon/qemu-nbd have exited: every wr
 An image in use by a running qemu (its write lock is held) is refused.
 """
 
-from collections.abc import Callable, Mapping
-from typing import Any
 import contextlib
 import dataclasses
 import fcntl
@@ -25,18 +23,20 @@ import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Data
-from saltvirt.storage import images
 from saltvirt.base import fsutil, procs
 from saltvirt.base.mountns import PrivateMounts
+from saltvirt.base.salttypes import Data
 from saltvirt.base.tools import QEMU_IMG_INFO_LIMITS
 from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
 from saltvirt.guest import disklabel, guestroot
+from saltvirt.storage import images
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def _losetup(path, tmp, undo, ns, offset=0, size=None):
     cmd = ["losetup", "-f", "--show"] + (["-o", str(offset), "--sizelimit", str(size)] if size else ["-P"])
     dev = ns.run([*cmd, path], f"attaching {path} to a loop device").stdout.strip()
     ours = loop_binding(dev)
-    undo.add(f"detach {dev}", lambda: _detach(dev, ours))
+    undo.add(f"detach {dev}", lambda: detach(dev, ours))
     if ours:
         with open(os.path.join(tmp, LOOPS_FILE), "a", encoding="utf-8") as fh:
             fh.write("\t".join((dev, *ours)) + "\n")
@@ -315,7 +315,10 @@ def loop_binding(dev: str) -> tuple[str, str | None] | None:
     return (backing, fsutil.read_text(f"{sysfs}/offset")) if backing else None
 
 
-def _detach(dev, ours):
+def detach(dev: str, ours: tuple[str, str | None] | None) -> None:
+    """``losetup -d dev``, then wait until ``dev`` is no longer bound as ``ours`` (:func:`loop_binding`):
+    a busy device (still writing back, or mounted in a mount namespace that is just ending) detaches
+    only when it is let go. Raises CommandExecutionError when it is not within 30 s."""
     _run(["losetup", "-d", dev], f"detaching {dev}")
     # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s.
     # Another process's `losetup -f` may take the freed device at once: only our binding must be gone.
@@ -609,7 +612,7 @@ class _Guestfish:
             raise CommandExecutionError(f"guestfish (pid {self.pid}) did not exit within 60s")
 
 
-def _libguestfs(image, fmt, files, tmp, undo, ns):  # noqa: ARG001 - mounts in its own appliance
+def _libguestfs(image, fmt, files, tmp, undo, ns):
     g = _Guestfish(image, fmt, tmp)
     undo.add("shut down the libguestfs appliance", g.close)
     g("launch")

@@ -36,8 +36,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil, procs, tools, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.guest import seed
-from saltvirt.storage import images
 from saltvirt.host.conn import libvirt, lookup_domain
+from saltvirt.storage import images
 
 LOCKS_DIR = ".locks"
 SEED_PREFIX = seed.SCRATCH_PREFIX
@@ -175,11 +175,14 @@ def _umount(point, done, errors):
 
 
 def _detach(loop, done, errors):
-    proc = _run(["losetup", "-d", f"/dev/{loop}"])
-    if proc.returncode == 0:
-        done.append(f"detached /dev/{loop}")
+    """Detach ``/dev/<loop>`` and see it go: a dead seeding's mount namespace may take a moment to end."""
+    dev = f"/dev/{loop}"
+    try:
+        seed.detach(dev, seed.loop_binding(dev))
+    except CommandExecutionError as exc:
+        errors.append(f"detach {dev}: {exc}")
     else:
-        errors.append(f"detach /dev/{loop}: {proc.stderr.strip()}")
+        done.append(f"detached {dev}")
 
 
 def _remove_scratch(path, done, errors):

@@ -52,7 +52,7 @@ def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_pa
     monkeypatch.setattr(seed, "_run", detach_then_taken)
     monkeypatch.setattr(seed, "_wait", lambda cond, timeout: cond())  # no 30 s wait: the answer is immediate
     try:
-        seed._detach(dev, ours)
+        seed.detach(dev, ours)
         assert taken == [0] and seed.loop_binding(dev)[0] == str(other)
     finally:
         run(["losetup", "-d", dev], "cleanup", check=False)
