@@ -53,8 +53,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import install as _install
-    from saltvirt.host import conn as _c
     from saltvirt.host import capacity as _capacity
+    from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
     from saltvirt.vm import cleanup as _cleanup
 

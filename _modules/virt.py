@@ -31,14 +31,14 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.host import conn as _c
-    from saltvirt.spec import compat, vmargs
-    from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
-    from saltvirt.storage import attach, intake
-    from saltvirt.vm import provision
-    from saltvirt.vm import progress as progress_events
     from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
+    from saltvirt.host import conn as _c
+    from saltvirt.spec import compat, vmargs
+    from saltvirt.storage import attach, intake
+    from saltvirt.vm import progress as progress_events
+    from saltvirt.vm import provision
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"

@@ -114,7 +114,7 @@ def backup_usage():
     return _backup.usage(_root(), key=_key())
 
 
-def backup_delete(name, id, target=None, test=False):  # noqa: A002 - Salt's CLI spelling: virt.backup_delete web1 <id>
+def backup_delete(name, id, target=None, test=False):
     """
     Delete backup ``id`` of VM ``name``; refused while another backup builds on it (delete those first).
 
@@ -134,7 +134,7 @@ def backup_prune(name, keep=None, keep_daily=None, keep_weekly=None, target=None
     return _backup.prune(_root(), name, target, keep, keep_daily, keep_weekly, test=_bool(test), key=_key())
 
 
-def restore(name, id, as_name=None, target=None, force=False, start=False, connection=None, **kwargs):  # noqa: A002 - see backup_delete
+def restore(name, id, as_name=None, target=None, force=False, start=False, connection=None, **kwargs):
     """
     Restore backup ``id`` of VM ``name``: verify every file of its chain, rebuild each disk into a new
     qcow2 file under ``virt:images``, define the VM from the XML recorded at backup time. In place

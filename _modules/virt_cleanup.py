@@ -20,9 +20,9 @@ if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
     from saltvirt.base import validate as _validate
+    from saltvirt.host import conn as _c
     from saltvirt.host import query as _query
     from saltvirt.vm import cleanup as _cleanup
-    from saltvirt.host import conn as _c
 
 __virtualname__ = "virt"
 

@@ -23,9 +23,9 @@ if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
     from saltvirt.host import conn as _c
-    from saltvirt.xml import domxml as _domxml
     from saltvirt.host import lifecycle as _lifecycle
     from saltvirt.host import stats as _stats
+    from saltvirt.xml import domxml as _domxml
 
 __virtualname__ = "virt"
 

@@ -23,15 +23,15 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.host import caps as _caps
-    from saltvirt.host import capacity as _capacity
-    from saltvirt.host import readiness as _readiness
-    from saltvirt.pki import answers as _answers
-    from saltvirt.host import ownership as _ownership
-    from saltvirt.spec import compat as _compat
-    from saltvirt.host import conn as _c
     from saltvirt.base import validate as _validate
     from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.host import capacity as _capacity
+    from saltvirt.host import caps as _caps
+    from saltvirt.host import conn as _c
+    from saltvirt.host import ownership as _ownership
+    from saltvirt.host import readiness as _readiness
+    from saltvirt.pki import answers as _answers
+    from saltvirt.spec import compat as _compat
 
 __virtualname__ = "virt"
 

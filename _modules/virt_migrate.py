@@ -25,11 +25,11 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.spec import compat
-    from saltvirt.host import conn as _c
-    from saltvirt.vm import migrate as _migrate
-    from saltvirt.base.validate import to_bool as _bool
     from saltvirt.base.validate import configured_allowed_paths
+    from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.spec import compat
+    from saltvirt.vm import migrate as _migrate
 
 __virtualname__ = "virt"
 log = logging.getLogger(__name__)

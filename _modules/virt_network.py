@@ -7,7 +7,6 @@ import sys
 
 from salt.exceptions import SaltInvocationError
 
-
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -21,10 +20,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.host import conn as _c
-    from saltvirt.host import netpool as _np
     from saltvirt.base import validate as _validate
     from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.host import conn as _c
+    from saltvirt.host import netpool as _np
 
 __virtualname__ = "virt"
 

@@ -20,12 +20,12 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
+    from saltvirt.base import validate
+    from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import hostrecord as _hr
     from saltvirt.vm import migrate as _migrate
     from saltvirt.vm import migrate_tls as _migrate_tls
-    from saltvirt.base import validate
-    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 

@@ -9,7 +9,6 @@ import sys
 
 from salt.exceptions import SaltInvocationError
 
-
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -23,9 +22,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
+    from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import snapshot as _snap
-    from saltvirt.base.validate import to_bool as _bool
 
 __virtualname__ = "virt"
 

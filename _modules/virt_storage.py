@@ -8,7 +8,6 @@ import sys
 
 from salt.exceptions import SaltInvocationError
 
-
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -22,13 +21,15 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
+    from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
     from saltvirt.spec import compat
-    from saltvirt.xml import poolxml as _px
-    from saltvirt.storage import attach as _attach, pools as _st, rawcalls as _rc
-    from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.storage import attach as _attach
+    from saltvirt.storage import pools as _st
+    from saltvirt.storage import rawcalls as _rc
     from saltvirt.vm import provision as _provision
+    from saltvirt.xml import poolxml as _px
 
 __virtualname__ = "virt"
 

@@ -167,8 +167,9 @@ def _moved(config):
 
 
 def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
-    from saltvirt.pki import ca as pki, keyfiles, revocation
     from saltvirt.fleet import hypervisors
+    from saltvirt.pki import ca as pki
+    from saltvirt.pki import keyfiles, revocation
 
     on_demand = _on_demand()
     if on_demand or (on_demand is None and "libvirt" in (__opts__.get("on_demand_ext_pillar") or [])):

@@ -47,8 +47,8 @@ import collections
 import contextlib
 import logging
 import os
-import sys
 import re
+import sys
 import time
 
 from salt.exceptions import SaltException, SaltInvocationError
@@ -66,10 +66,22 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import validate
-    from saltvirt.spec import compat, vmargs, vmspec
-    from saltvirt.fleet import hypervisors, minionkeys, placement, publish as fleet, vmcreate, vmwait
-    from saltvirt.fleet import callers, catalog, fleetstate, quota, tenants, vmupdate
+    from saltvirt.fleet import (
+        callers,
+        catalog,
+        fleetstate,
+        hypervisors,
+        minionkeys,
+        placement,
+        quota,
+        tenants,
+        vmcreate,
+        vmupdate,
+        vmwait,
+    )
     from saltvirt.fleet import leftovers as fleet_cleanup
+    from saltvirt.fleet import publish as fleet
+    from saltvirt.spec import compat, vmargs, vmspec
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -248,7 +260,7 @@ def _add_rates(data, tgt, tgt_type, timeout, interval):
         raise SaltInvocationError(f"interval must be a number of seconds, not {interval!r}") from None
     if not 0 < interval <= 300:
         raise SaltInvocationError(f"interval must be between 0 and 300 seconds, not {interval}")
-    from saltvirt.host import stats  # noqa: PLC0415 - rates(): arithmetic over two samples, only when asked
+    from saltvirt.host import stats
 
     first = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
     time.sleep(interval)

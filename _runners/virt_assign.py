@@ -28,9 +28,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
+    from saltvirt.fleet import assign, callers, hypervisors, tenants
+    from saltvirt.fleet import publish as fleet
     from saltvirt.spec import compat
-    from saltvirt.fleet import assign, hypervisors, publish as fleet
-    from saltvirt.fleet import callers, tenants
 
 __virtualname__ = "virt"
 

@@ -69,7 +69,7 @@ def _budget(fcfg, quotas, owners):
     return backups.Budget(quotas, used, owners)
 
 
-def backup(  # noqa: PLR0913 - Salt's CLI keywords
+def backup(
     name="all", incremental=True, per_host=None, timeout=None, tgt=None, tgt_type=None, tenant=None, **retention
 ):
     """
@@ -123,7 +123,7 @@ def backup(  # noqa: PLR0913 - Salt's CLI keywords
     return out
 
 
-def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_down=None, **kwargs):  # noqa: A002, PLR0913 - Salt's CLI spelling (virt.restore web1 <id>) and keywords
+def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_down=None, **kwargs):
     """
     Restore backup ``id`` of VM ``name`` on hypervisor ``host`` (one that mounts the backup directory;
     default: the hypervisor that defines ``name``, a restore in place) with its ``virt.restore``. Every

@@ -24,8 +24,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
+    from saltvirt.fleet import callers, placement, relocate, tenants
+    from saltvirt.fleet import publish as fleet
     from saltvirt.spec import compat
-    from saltvirt.fleet import callers, placement, publish as fleet, relocate, tenants
 
 __virtualname__ = "virt"
 

@@ -36,10 +36,10 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
+    from saltvirt.fleet import callers, fleetstate, leftovers, placement, recovery, relocate, tenants
+    from saltvirt.fleet import publish as fleet
+    from saltvirt.fleet import rebalance as _rebalance
     from saltvirt.spec import compat
-    from saltvirt.fleet import fleetstate, leftovers, placement, publish as fleet, rebalance as _rebalance
-    from saltvirt.fleet import recovery, relocate
-    from saltvirt.fleet import callers, tenants
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"

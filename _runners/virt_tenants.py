@@ -24,8 +24,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.fleet import callers, fleetstate, quota, tenants
+    from saltvirt.fleet import publish as fleet
     from saltvirt.spec import compat
-    from saltvirt.fleet import callers, fleetstate, publish as fleet, quota, tenants
 
 __virtualname__ = "virt"
 

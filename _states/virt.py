@@ -105,6 +105,7 @@ def _vm_state(name, connection=None):
 def _check_args(kwargs):
     """The state takes virt.init's arguments (saltvirt.spec.vmargs): refuse others (a typo must not pass silently)."""
     from salt.exceptions import SaltInvocationError
+
     from saltvirt.spec import compat
 
     refused = sorted(set(kwargs) & set(vmargs.STATE_REFUSALS))
@@ -123,8 +124,8 @@ def _image_format(image, saltenv, test, trusted=False, roots=()):
     (test=True never fetches: an uncached salt:// image or a URL stays "as the image"). Decided by
     saltvirt.storage.intake (header + ``qemu-img info -f``): a hostile image, or a local path outside ``roots``
     (virt:images + virt:allowed_paths), is refused here already."""
-    from saltvirt.storage import intake
     from saltvirt.base.validate import to_bool
+    from saltvirt.storage import intake
 
     if not image:
         return None
@@ -145,8 +146,9 @@ def _config(key, default):
 
 def _create(ret, name, cpu, mem, start, kwargs):
     from salt.exceptions import SaltInvocationError
-    from saltvirt.vm import converge
+
     from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
+    from saltvirt.vm import converge
 
     if cpu is None or mem is None:
         raise SaltInvocationError(f"VM {name} does not exist: cpu and mem are needed to create the VM")

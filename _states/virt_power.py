@@ -5,7 +5,6 @@ States ``virt`` (continued): Salt's deprecated ``virt.unpowered`` (= ``virt.powe
 import os
 import sys
 
-
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/saltvirt}, or a repo checkout

@@ -21,8 +21,9 @@ if saltvirt is not None:
 
     from saltvirt.base import validate
     from saltvirt.host import conn as _c
+    from saltvirt.storage import attach as _attach
+    from saltvirt.storage import rawcalls as _rc
     from saltvirt.xml import poolxml as _px
-    from saltvirt.storage import attach as _attach, rawcalls as _rc
 
 __virtualname__ = "virt"
 

@@ -84,7 +84,7 @@ def during(hv, vm, work):
     return w.rate(), result
 
 
-def main(argv=None):  # noqa: C901, PLR0915 - one bench: setup, cases, report
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--size", type=int, default=1024, help="data disk MiB (default 1024)")
     ap.add_argument("--reps", type=int, default=3)

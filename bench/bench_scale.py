@@ -76,12 +76,13 @@ def child(spec):
     import salt.client
     import salt.config
     import salt.loader
-    import salt.runner  # noqa: F401 - loaded in every salt-run process before its runner function (salt.pillar too)
+    import salt.runner
 
     sys.path.insert(0, os.path.join(str(common.ROOT), "bench"))
     from bench_placement import synthetic_hosts
-    from saltvirt.pki import envelope
     from worker import vm_hwm_kib, vm_rss_kib
+
+    from saltvirt.pki import envelope
 
     workdir = tempfile.mkdtemp(prefix="svscale")
     try:

@@ -341,7 +341,7 @@ def identity(fabric, hvs, stack, name):
     (libvirt), the addresses the fabric's DHCP server leased to them (two VMs with one address: only one of
     them can keep a TCP connection to the master), and how many returns (any job: test.ping, find_job)
     from it the master's job cache holds (answers that came after every poll had given up count here)."""
-    import libvirt  # noqa: PLC0415 - the lab's bindings, only needed by the full (Debian) run
+    import libvirt
 
     macs = []
     for h in hvs:
@@ -368,7 +368,7 @@ def late_ping(stack, name):
     """When (time.monotonic) the master stored the first True return of a ``test.ping`` from ``name``,
     whichever poll published it: a guest slower than one poll's window answers after its CLI gave up,
     and that answer is still an answer. None if there is none in the master's job cache."""
-    import salt.payload  # noqa: PLC0415 - the bench runs in the venv; only the Debian run needs it
+    import salt.payload
 
     jobs = os.path.join(stack.conf, "var", "cache", "salt", "master", "jobs")
     first = None

@@ -12,9 +12,8 @@ import tempfile
 
 import pytest
 
-from tests.support import clizygote
+from tests.support import clizygote, lab, xdist_groups
 from tests.support import golden as golden_files
-from tests.support import lab, xdist_groups
 from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion

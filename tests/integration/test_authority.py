@@ -106,7 +106,7 @@ def forger(cloud, tmp_path_factory):
     cmd = [sys.executable, "-m", "tests.support.forger", "--config-dir", str(evil.config_dir), "--log", str(log)]
     cmd += ["--tenant", "acme", "--creator", "alice", "--victim", "b1"]
     with open(out, "wb") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)  # noqa: S603 - our program
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     forged = Log(log)
     try:
         until("the forger to sign in", lambda: proc.poll() is not None or forged.entries(ready=True))

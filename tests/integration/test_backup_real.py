@@ -18,7 +18,6 @@ import time
 
 import libvirt
 import libvirt_qemu
-
 import pytest
 from salt.exceptions import CommandExecutionError
 
@@ -90,7 +89,7 @@ def wait_booted(hv, name):
     lab.wait_for_text(hv.path("log", "qemu", f"{name}-serial.log"), "HB 2", timeout=300)
 
 
-def test_full_incremental_purge_restore_each_boots_with_its_marker(  # noqa: PLR0913 - fixtures
+def test_full_incremental_purge_restore_each_boots_with_its_marker(
     v1, hv1, hv13, tmp_path, qemu_tmp, backups, boot_args, guest
 ):
     v = v1
@@ -215,7 +214,7 @@ def migrate_copying(src, dst, name, disk, qemu_tmp):
 
 
 @pytest.mark.parametrize("copy", [False, True], ids=["shared-storage", "disk-copy"])
-def test_incremental_after_live_migration_redefines_the_checkpoint(  # noqa: PLR0913 - fixtures
+def test_incremental_after_live_migration_redefines_the_checkpoint(
     v1, hv1, hv13, tmp_path, qemu_tmp, backups, boot_args, guest, copy
 ):
     """libvirt leaves the checkpoint metadata behind on a migration; the qcow2 bitmap travels with the
@@ -337,9 +336,7 @@ def ext4_facts(disk, tmp_path, running=False):
     return needs_recovery, cat.stdout.strip(), fsck.returncode
 
 
-def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start(  # noqa: PLR0913 - fixtures
-    v1, hv1, tmp_path, backups, guest
-):
+def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start(v1, hv1, tmp_path, backups, guest):
     """The busybox guest's qemu-ga variant mounts its disk's ext4 read-write on /data, runs Debian's
     qemu-ga on the agent channel ``virt.init`` adds, and writes a heartbeat number into /data/heartbeat
     before printing each ``HB <n>``. The backup reports the agent's own counts; the backup's filesystem

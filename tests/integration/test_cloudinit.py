@@ -25,9 +25,9 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from saltvirt.pki import envelope
 from saltvirt.guest import firstboot
 from saltvirt.guest import seed as seeding
+from saltvirt.pki import envelope
 from tests.support import lab, signedfleet
 from tests.support.saltloader import make_minion_mods
 
@@ -54,7 +54,7 @@ def ci_lab(lab_dir):
         fetched = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's name
+            def do_GET(self):
                 fetched.append((self.path, self.headers.get("Authorization")))
                 body = INSTALLER if self.path == "/install.sh" else b""
                 self.send_response(200 if body else 404)

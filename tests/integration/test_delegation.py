@@ -19,9 +19,7 @@ import salt.payload
 import salt.utils.user
 
 from saltvirt.base import operators
-
-from tests.support import saltapi
-from tests.support import signedfleet
+from tests.support import saltapi, signedfleet
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, start_minion
 

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 
-
 from tests.support.paths import ROOT
 
 LOADERS = {

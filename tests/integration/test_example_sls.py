@@ -15,10 +15,10 @@ import tempfile
 
 import pytest
 
+from saltvirt.pki import ca as pki
 from tests.support import lab, pkitools
 from tests.support.paths import ROOT
 from tests.support.saltd import start_minion
-from saltvirt.pki import ca as pki
 
 REAL_PARTS = {
     "salt-virt-packages",

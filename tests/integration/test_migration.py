@@ -23,10 +23,10 @@ import time
 
 import pytest
 
+from saltvirt.pki import ca as pki
 from tests.support import lab
 from tests.support.redis_server import RedisServer
 from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
-from saltvirt.pki import ca as pki
 
 HVS = (6, 7, 8)
 SMALL_MIB = 40

@@ -12,9 +12,9 @@ import tempfile
 
 import pytest
 
+from saltvirt.pki import ca as pki
 from tests.support import lab, pkitools
 from tests.support.saltd import start_minion
-from saltvirt.pki import ca as pki
 
 STATE = ("state.single", "virt.keys", "libvirt-keys")
 

@@ -23,10 +23,10 @@ import time
 
 import pytest
 
+from saltvirt.pki import envelope
 from tests.support import signedfleet
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
-from saltvirt.pki import envelope
 
 NODES = ROOT / "tests" / "support" / "nodes"
 CAPS = ["cap-big", "cap-small", "cap-full", "cap-maint", "cap-gone"]

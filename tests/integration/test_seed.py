@@ -18,9 +18,9 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from tests.support import lab
-from saltvirt.storage import images
 from saltvirt.guest import seed
+from saltvirt.storage import images
+from tests.support import lab
 from tests.support.seed_helpers import build_disk, fill, fsck_clean, leftovers, read_guest, sha256
 
 MASTER = "salt-master.example"
@@ -233,7 +233,7 @@ class _FakeGuestFS:
     filesystems = {"/dev/sda1": "swap", "/dev/sda2": "ext4", "/dev/sda3": "ext4"}
     dirs = {"/dev/sda2": {"/", "/data"}, "/dev/sda3": {"/", "/etc"}}
 
-    def GuestFS(self, **kw):  # noqa: N802 - the real module's spelling
+    def GuestFS(self, **kw):
         self.calls.append(("GuestFS", kw))
         self.mounted, self.files = None, {}
         return self

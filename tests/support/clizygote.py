@@ -176,7 +176,7 @@ class ZygoteProcess:
             self.wait(0)
         return self.returncode
 
-    def communicate(self, input=None, timeout=None):  # noqa: A002 - Popen's name
+    def communicate(self, input=None, timeout=None):
         self.wait(timeout)
         return None, None
 

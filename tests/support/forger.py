@@ -127,8 +127,8 @@ class Forger:
         self.log.write(json.dumps(dict(entry, t=time.time()), default=str) + "\n")
 
     async def start(self):
-        import salt.channel.client  # noqa: PLC0415 - after sys.path is set
-        import tornado.ioloop  # noqa: PLC0415
+        import salt.channel.client
+        import tornado.ioloop
 
         io_loop = tornado.ioloop.IOLoop.current()
         # two request channels: the batch event and the returns go out side by side
@@ -153,7 +153,7 @@ class Forger:
             self.note(error=traceback.format_exc(), jid=load.get("jid"))
 
     async def forge(self, load):
-        from saltvirt.pki import answers  # noqa: PLC0415 - after sys.path is set
+        from saltvirt.pki import answers
 
         jid, tgt = str(load["jid"]), load.get("tgt")
         targets = [t for t in (tgt if isinstance(tgt, list) else [tgt]) if isinstance(t, str) and t != self.opts["id"]]
@@ -184,8 +184,8 @@ class Forger:
 
 
 def minion_opts(config_dir):
-    import salt.config  # noqa: PLC0415
-    import salt.minion  # noqa: PLC0415
+    import salt.config
+    import salt.minion
 
     opts = salt.config.minion_config(os.path.join(config_dir, "minion"))
     opts.update(salt.minion.resolve_dns(opts))  # master_ip, master_uri

@@ -106,7 +106,7 @@ class Fabric:
 class Hypervisor:
     """One libvirtd in its own namespaces. ``uri`` reaches it from the root namespace."""
 
-    def __init__(  # noqa: PLR0913 - one lab hypervisor's options
+    def __init__(
         self,
         base,
         index,
@@ -278,7 +278,7 @@ class Hypervisor:
     def warm_up(self):
         """Make libvirtd probe QEMU now: a fresh libvirtd does it at its first use (seconds; much longer
         on a loaded machine), which must not happen while a migration's peer connection waits on it."""
-        import libvirt  # noqa: PLC0415 - the lab itself needs no bindings until a test asks for this
+        import libvirt
 
         conn = libvirt.open(self.uri)
         try:

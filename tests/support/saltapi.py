@@ -79,7 +79,7 @@ class Client:
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback test harness
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 status, raw = resp.status, resp.read().decode()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read().decode(errors="replace")

@@ -1,9 +1,9 @@
 """Test helpers for saltvirt.guest.seed: build small guest disks and read files back out of them with tools
 that share no code with the seeding backends (qemu-img convert + debugfs, no mounts)."""
 
+import errno
 import hashlib
 import json
-import errno
 import os
 import re
 import subprocess

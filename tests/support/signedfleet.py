@@ -10,9 +10,8 @@ import functools
 import pathlib
 import tempfile
 
-import salt.config
-
 import salt.client
+import salt.config
 
 from saltvirt.pki import answers, envelope
 

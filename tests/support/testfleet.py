@@ -19,9 +19,9 @@ from tests.support.paths import TEST_NODE_XML
 
 def local_store(tmp_path, master_id="m1"):
     """A real localfs store (Salt's cache), as one master uses it."""
-    import salt.config  # noqa: PLC0415 - only the tests that want a store pay for it
+    import salt.config
 
-    from saltvirt.fleet import fleetstate  # noqa: PLC0415
+    from saltvirt.fleet import fleetstate
 
     opts = salt.config.master_config(None)
     opts.update({"id": master_id, "cachedir": str(tmp_path / "cache"), "pki_dir": str(tmp_path / "pki"), "virt": {}})

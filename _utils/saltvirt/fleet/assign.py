@@ -28,8 +28,8 @@ import salt.pillar
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.fleet import publish
 from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.fleet import publish
 
 PILLAR_KEY = "assigned_vms"
 HOST_KEYS = ("host", "fallback", "tgt", "tgt_type")

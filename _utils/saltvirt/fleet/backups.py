@@ -198,7 +198,7 @@ class Budget:
         return {t: {"used": self.used[t] + -(-self.bytes[t] // 1048576), "quota": q} for t, q in self.quotas.items()}
 
 
-def run(  # noqa: PLR0913 - the runner's pieces
+def run(
     call: Callable[..., Any],
     work: dict[str, list[str]],
     cfg: Data,

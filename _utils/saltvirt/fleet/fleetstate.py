@@ -59,7 +59,7 @@ redis = None  # imported on first use (cache: redis only): ~0.2 s of every salt-
 
 
 def _redis_module():
-    global redis  # noqa: PLW0603 - one import per process, on first use
+    global redis
     if redis is None:
         try:
             import redis as module  # noqa: PLC0415 - only needed with cache: redis (Salt's driver needs it too)

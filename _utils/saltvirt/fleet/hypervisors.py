@@ -29,10 +29,9 @@ in the master's cache (bank :data:`VM_IDS_BANK`); a recorded id never matches (:
 
 import fnmatch
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
-
-import time
 
 import salt.key
 import salt.loader

@@ -40,8 +40,8 @@ from typing import Any
 
 import salt.cache
 import salt.client
-import salt.utils.jid
 import salt.key
+import salt.utils.jid
 import salt.utils.minions
 from salt.exceptions import CommandExecutionError
 
@@ -155,13 +155,13 @@ def _named(opts: SaltOpts, tgt: str | Sequence[str]) -> tuple[list[str], dict[st
     return [m for m in named if m in members], refused
 
 
-def run(  # noqa: PLR0913 - the publication's parts, each optional
+def run(
     opts: SaltOpts,
     fun: str,
     arg: Sequence[Any] = (),
     kwarg: Data | None = None,
     tgt: str | Sequence[str] | None = None,
-    tgt_type: str | None = None,  # noqa: ARG001 - kept for callers: tgt is always a list of ids
+    tgt_type: str | None = None,
     cfg: Data | None = None,
     max_wait: float | None = None,
     client: Any = None,

@@ -43,8 +43,9 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import relocate
-from saltvirt.fleet import fleetstate, placement, publish as fleet, recovery_guard as guard
+from saltvirt.fleet import fleetstate, placement, relocate
+from saltvirt.fleet import publish as fleet
+from saltvirt.fleet import recovery_guard as guard
 from saltvirt.pki import recordmac
 
 HOSTS = "salt-virt/hosts"
@@ -281,7 +282,7 @@ def fence(fcfg: Data, host: str) -> Data:
         )
     argv = [a.replace("{host}", host) for a in fcfg["command"]]
     try:
-        proc = subprocess.run(  # noqa: S603 - the operator's command from the master config, no shell
+        proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=fcfg["timeout"], check=False, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired:
@@ -305,7 +306,7 @@ def _book(facts, vm, name):
     facts.setdefault("vm_info", {})[name] = {"state": "running", "group": vm.get("group"), "uuid": vm.get("uuid")}
 
 
-def restart_one(  # noqa: PLR0913 - one recorded VM: where it was, where it may go, and how
+def restart_one(
     remote: relocate.Remote,
     rec: Data,
     name: str,

@@ -31,7 +31,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import fleetstate, placement, publish as fleet, quota, tenants
+from saltvirt.fleet import fleetstate, placement, quota, tenants
+from saltvirt.fleet import publish as fleet
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,12 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.fleet import fleetstate, hypervisors, minionkeys, placement, tenants
+from saltvirt.fleet import leftovers as fleet_cleanup
+from saltvirt.fleet import quota as quotas
+from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
-from saltvirt.fleet import fleetstate, hypervisors, leftovers as fleet_cleanup, minionkeys, placement
-from saltvirt.fleet import quota as quotas, tenants
-from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ guest. With ``start=False`` the CD stays in the definition (and the ISO in the V
 VM is purged: start it with ``virt.init``'s ``start=True`` to get a single-use seed.
 """
 
-from collections.abc import Mapping
-from typing import Any
 import base64
 import contextlib
 import email.message
@@ -35,15 +33,17 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 from salt.exceptions import CommandExecutionError
 
-from saltvirt.base.salttypes import Data, Domain
 from saltvirt.base import fsutil
-from saltvirt.xml import domxml
-from saltvirt.spec import vmspec
+from saltvirt.base.salttypes import Data, Domain
 from saltvirt.host.conn import libvirt, lv_errors
+from saltvirt.spec import vmspec
+from saltvirt.xml import domxml
 
 LABEL = "cidata"
 # file name in the volume -> ISO 9660 level-3 name (Rock Ridge and Joliet carry the real name)

@@ -25,20 +25,20 @@ The script does nothing if a minion is there by then. What was found and done is
 ``minion: {found, path, cloud_init_in_image, install}`` (the URL without credentials).
 """
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 import os
 import posixpath
 import re
 import shlex
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Data
 from saltvirt.base import fsutil
+from saltvirt.base.salttypes import Data
+from saltvirt.guest import cloudinit
 from saltvirt.spec import speckeys
 from saltvirt.storage import intake
-from saltvirt.guest import cloudinit
 
 MINION_PATHS = (
     "/usr/bin/salt-minion",

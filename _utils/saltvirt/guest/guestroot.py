@@ -6,10 +6,10 @@ root with its mode. ``seed`` uses it for the loop, qsd-fuse and qemu-nbd backend
 its appliance). May import: ``base``.
 """
 
-from collections.abc import Mapping
 import contextlib
 import os
 import stat
+from collections.abc import Mapping
 
 from salt.exceptions import CommandExecutionError
 

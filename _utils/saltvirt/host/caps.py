@@ -2,8 +2,8 @@
 module (``virt.capabilities``, ``virt.domain_capabilities``, ``virt.all_capabilities``,
 ``virt.cpu_baseline``, ``virt.node_devices``). libvirt's XML is read with ElementTree only."""
 
-from typing import Any
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 

@@ -22,19 +22,19 @@ on the hypervisor (``qemu+ext://?command=`` runs a program, ``test:///<file>`` r
 ``?keyfile=`` and ``+ssh`` reach other sockets or root's keys), so only the operator may write one.
 """
 
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
-from typing import Any
 import contextlib
 import logging
 import os
 import threading
 import urllib.parse
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import ConfigGet, Conn, Domain, SaltFunctions
 from saltvirt.base import install, validate
+from saltvirt.base.salttypes import ConfigGet, Conn, Domain, SaltFunctions
 from saltvirt.spec import compat
 from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
 

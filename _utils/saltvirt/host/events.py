@@ -35,8 +35,6 @@ stays full): a reactor that needs what they said re-reads the VMs' states (``vir
 close notice is never dropped.
 """
 
-from collections.abc import Mapping
-from typing import Any
 import collections
 import datetime
 import logging
@@ -44,6 +42,8 @@ import queue
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 

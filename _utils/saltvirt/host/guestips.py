@@ -25,14 +25,14 @@ labelled by source, never used to decide anything; only well-formed addresses ar
 link-local, multicast and unspecified ones are dropped), at most :data:`MAX_PER_NIC` per NIC.
 """
 
-from collections.abc import Callable, Mapping
-from typing import Any
 import ipaddress
 import logging
 import queue
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import libvirt
@@ -130,7 +130,7 @@ def in_threads(
                 return
             try:
                 results[key] = fn(value)
-            except Exception:  # noqa: BLE001 - one VM's lookup must not lose the others'
+            except Exception:
                 log.exception("guest IP lookup of %s failed", key)
 
     threads = [threading.Thread(target=work, daemon=True, name="saltvirt-ips") for _ in range(min(workers, len(items)))]

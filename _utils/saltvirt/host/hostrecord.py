@@ -13,21 +13,21 @@
   with the down host (the markers); on failure the definition it made is removed again.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 import contextlib
 import errno
 import os
 import secrets
 import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import fsutil, validate
-from saltvirt.xml import domxml
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import define, domain_exists, libvirt
 from saltvirt.host.query import state_name
+from saltvirt.xml import domxml
 
 MARKER = ".salt-virt-storage"
 

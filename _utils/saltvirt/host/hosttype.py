@@ -19,6 +19,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 from salt.exceptions import SaltInvocationError
+
 from saltvirt.base.salttypes import Conn
 
 VALID_TYPES = ("kvm", "qemu")

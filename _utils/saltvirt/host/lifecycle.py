@@ -5,11 +5,11 @@ import time
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import validate
-from saltvirt.xml import domxml
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.query import state_name
+from saltvirt.xml import domxml
 
 
 def _state(dom):

@@ -1,15 +1,15 @@
 """libvirt virtual networks and storage pools: XML (ElementTree), desired-vs-current, lifecycle."""
 
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from typing import Any
-import xml.etree.ElementTree as ET
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
-from saltvirt.xml import netxml, poolxml
 from saltvirt.host.conn import define as _define
 from saltvirt.host.conn import libvirt, lv_errors
+from saltvirt.xml import netxml, poolxml
 
 POOL_TYPES = tuple(poolxml.POOL_TYPES)
 
@@ -146,7 +146,7 @@ def update_hosts(conn: Conn, name: str, steps: Iterable[tuple[str, Data]]) -> No
             obj.update(commands[command], libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, parent, xml, flags)
 
 
-def ensure(  # noqa: C901, PLR0912 - one step per change kind
+def ensure(
     conn: Conn,
     kind: str,
     spec: Data,

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.base.salttypes import Conn, Data, Domain
-from saltvirt.xml import domxml
 from saltvirt.host import guestips
 from saltvirt.host.conn import get_domain, libvirt
+from saltvirt.xml import domxml
 
 STATES = {
     0: "nostate",

@@ -7,18 +7,18 @@ volume-in-a-raw-pool) disk is refused with the reason. libvirt keeps the snapsho
 the domain: purge drops it together with the disks it deletes; migration refuses VMs that have any
 (libvirt cannot migrate internal snapshots), see :func:`refuse_migration`."""
 
-from collections.abc import Iterable
-from typing import Any
 import datetime
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.base import validate
-from saltvirt.xml import domxml
+from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
+from saltvirt.xml import domxml
 
 
 def snapshot_xml(name: str, description: str | None = None) -> str:

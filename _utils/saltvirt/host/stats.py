@@ -7,8 +7,8 @@ import time
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.base.salttypes import Conn, Data
-from saltvirt.xml import domxml
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
+from saltvirt.xml import domxml
 
 NET_KEYS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "tx_bytes", "tx_packets", "tx_errs", "tx_drop")
 DISK_KEYS = ("rd_req", "rd_bytes", "wr_req", "wr_bytes", "errs")

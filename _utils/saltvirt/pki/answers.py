@@ -59,7 +59,7 @@ def _signed_bytes(minion_id: str, fun: str, nonce: str, body: bytes) -> bytes:
 
 
 @functools.lru_cache(maxsize=4)
-def _private_key(path: str, mtime_ns: int) -> rsa.RSAPrivateKey:  # noqa: ARG001 - mtime: a new key is reloaded
+def _private_key(path: str, mtime_ns: int) -> rsa.RSAPrivateKey:
     with open(path, "rb") as fh:
         key = serialization.load_pem_private_key(fh.read(), password=None)
     if not isinstance(key, rsa.RSAPrivateKey):
@@ -128,7 +128,7 @@ def allowed(fun: Any) -> bool:
     return isinstance(fun, str) and (fun == JOB_CHECK or (fun.startswith("virt.") and fun != "virt.answer"))
 
 
-def outcome(  # noqa: PLR0913 - the call's parts
+def outcome(
     funcs: Any,
     context: Any,
     fun: str,

@@ -17,15 +17,15 @@ converge. Named, ``crl_file`` and ``tls_allowed_dn_list`` (hypervisor client cer
 in it (:func:`conf_plan`).
 """
 
-from typing import Any
 import grp
 import json
 import os
 import re
+from typing import Any
 
 from saltvirt.base import fsutil
-from saltvirt.base.salttypes import Data
 from saltvirt.base.fsutil import atomic_write
+from saltvirt.base.salttypes import Data
 
 # pillar key -> (path below basepath, mode)
 LIBVIRT_FILES = {

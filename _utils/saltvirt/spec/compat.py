@@ -13,7 +13,8 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import ConfigGet, Data, SaltOpts
-from saltvirt.spec import speckeys, vmspec as spec
+from saltvirt.spec import speckeys
+from saltvirt.spec import vmspec as spec
 
 log = logging.getLogger(__name__)
 _MISSING = object()

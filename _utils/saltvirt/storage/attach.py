@@ -20,13 +20,13 @@ attached by path (Salt's ``disks=[{name, source_file | path, format}]``) and exi
 The operator's settings come from the minion config only (:func:`operator_settings`), never from a call.
 """
 
-from collections.abc import Iterable, Mapping
-from typing import Any
 import contextlib
 import errno
 import logging
 import os
 import stat
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -34,7 +34,8 @@ from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
-from saltvirt.storage import foreign, images, intake, pools as storage
+from saltvirt.storage import foreign, images, intake
+from saltvirt.storage import pools as storage
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ import stat
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from saltvirt.base import validate
-from saltvirt.xml import domxml, poolxml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.storage import images, pools
+from saltvirt.base import validate
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
+from saltvirt.storage import images, pools
+from saltvirt.xml import domxml, poolxml
 
 DIR_POOL_TYPES = ("dir", "fs", "netfs")  # pools whose volumes are files in their target directory
 # what a purge says when it cannot tell what other domains use (it deletes nothing more then)

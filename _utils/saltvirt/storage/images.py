@@ -9,8 +9,6 @@ Rules kept here:
 * a qcow2 overlay always records its backing format (``-F``): qemu must never probe a backing file.
 """
 
-from collections.abc import Iterable, Mapping
-from typing import Any
 import contextlib
 import datetime
 import fcntl
@@ -20,13 +18,15 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Data
 from saltvirt.base import tools, validate
 from saltvirt.base.fsutil import atomic_write
-from saltvirt.spec.vmspec import DISK_FORMATS  # noqa: F401 - images.DISK_FORMATS is part of its face
+from saltvirt.base.salttypes import Data
+from saltvirt.spec.vmspec import DISK_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -480,7 +480,7 @@ def unlink_unless_backing(
     return removed
 
 
-def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths: Iterable[str]) -> Data:  # noqa: C901, PLR0912 - every refusal reason in one place
+def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths: Iterable[str]) -> Data:
     """Delete those of ``candidate_paths`` this VM owns and nothing else backs onto.
 
     Returns ``{'removed': [paths], 'kept': {path: reason}}``. The manifest and ``vm_dir`` go away only

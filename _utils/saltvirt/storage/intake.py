@@ -25,8 +25,6 @@ through before ``virt.init`` clones it. Images are untrusted input.
   ``virt.purge`` runs it after removing a VM, ``virt.image_gc`` runs it on demand.
 """
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 import base64
 import contextlib
 import fcntl
@@ -41,11 +39,13 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import fsutil, tools, validate
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.storage import images
 
 log = logging.getLogger(__name__)

@@ -2,21 +2,21 @@
 ``saltvirt.xml.poolxml``; generic define/start/stop/autostart of pools is shared with networks in
 ``saltvirt.host.netpool``)."""
 
-from typing import Any
 import base64
 import binascii
 import contextlib
 import os
 import subprocess
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base import validate
-from saltvirt.xml import domxml, poolxml
+from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import netpool
 from saltvirt.host.conn import define, libvirt, lv_errors
+from saltvirt.xml import domxml, poolxml
 
 POOL_STATES = ("inactive", "building", "running", "degraded", "inaccessible")
 VOLUME_TYPES = ("file", "block", "dir", "network", "netdir", "ploop")

@@ -3,19 +3,20 @@ them against the pool, creating the volume (blank, or the image written into it:
 the same intake as file disks, ``images.fetch``), and the VM's ownership of the volumes it created, kept
 in the VM's manifest (``<images>/<vm>/.salt-virt.json``, key ``volumes``) so purge deletes only those."""
 
-from collections.abc import Iterable
-from typing import Any
 import contextlib
 import os
 import re
 import subprocess
+from collections.abc import Iterable
+from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
-from saltvirt.xml import poolxml
-from saltvirt.storage import attach, images, pools as storage
 from saltvirt.host.conn import lv_errors
+from saltvirt.storage import attach, images
+from saltvirt.storage import pools as storage
+from saltvirt.xml import poolxml
 
 # pool types whose volumes are files: they take qcow2 (the default) or raw; the others hold raw data
 FILE_POOLS = ("dir", "fs", "netfs", "gluster")

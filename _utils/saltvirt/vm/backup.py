@@ -285,7 +285,7 @@ def _drop_old_checkpoints(dom, keep):
 
 
 # the face -------------------------------------------------------------------------------------------
-def backup(  # noqa: PLR0913 - the module's keywords, plus the timeout and the tests' fault hook
+def backup(
     conn: Conn,
     root: str,
     name: str,

@@ -22,12 +22,12 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Conn, Data, Domain
-from saltvirt.xml import domxml
 from saltvirt.host import caps
+from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
+from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import attach, firmware, images, intake, voldisks
 from saltvirt.vm import provision
-from saltvirt.spec import vmargs, vmspec
-from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
+from saltvirt.xml import domxml
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)

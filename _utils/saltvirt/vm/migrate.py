@@ -47,13 +47,13 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, procs, tools, validate
 from saltvirt.base.salttypes import ConfigGet, Conn, Data
-from saltvirt.xml import domxml
 from saltvirt.host import query, snapshot
-from saltvirt.storage import images
 from saltvirt.host.conn import domain_exists, get_domain, libvirt
 from saltvirt.host.query import state_name
+from saltvirt.storage import images
 from saltvirt.vm import migrate_tls
 from saltvirt.vm.migrate_tls import TRANSPORTS, choose_transport
+from saltvirt.xml import domxml
 
 PROBE_PREFIX = ".salt-virt-probe-"
 RECORD = ".salt-virt-migrate.json"  # <images>/<vm>/: what prepare created, for abort_cleanup

@@ -11,8 +11,8 @@ fires every step through one connection; with no bus it sends nothing and says w
 import hashlib
 import logging
 import os
-import socket
 import queue
+import socket
 import stat
 import threading
 

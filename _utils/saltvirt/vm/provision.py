@@ -19,21 +19,20 @@ from uuid import uuid4
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, validate
-from saltvirt.pki import envelope
-from saltvirt.xml import domxml
-from saltvirt.host import caps, hosttype
-from saltvirt.storage import attach, images, intake
+from saltvirt.base.salttypes import Conn, Data
+from saltvirt.base.undo import Undo
 from saltvirt.guest import cloudinit, firstboot
-from saltvirt.vm import cleanup
-from saltvirt.storage import firmware, foreign, voldisks
 from saltvirt.guest import seed as seeding
-from saltvirt.spec import vmargs, vmspec
+from saltvirt.host import caps, hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import _all_stats as bulk_stats
 from saltvirt.host.query import describe
-from saltvirt.base.undo import Undo
-from saltvirt.base.salttypes import Conn, Data
+from saltvirt.pki import envelope
+from saltvirt.spec import vmargs, vmspec
+from saltvirt.storage import attach, firmware, foreign, images, intake, voldisks
+from saltvirt.vm import cleanup
+from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
 BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto

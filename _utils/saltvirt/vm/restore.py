@@ -134,7 +134,7 @@ def _identity_note(xml, new):
     )
 
 
-def restore(  # noqa: PLR0913 - the module's keywords
+def restore(
     conn: Conn,
     root: str,
     images_dir: str,

@@ -401,7 +401,7 @@ def _forwarding(spec, forward, bridge, interfaces, physical_function, addresses,
         raise SaltInvocationError(f"a forward={forward} network has no bridge: leave bridge out")
 
 
-def network_spec(  # noqa: PLR0913 - Salt's arguments, each its own
+def network_spec(
     name: str,
     bridge: Any = None,
     forward: Any = "nat",

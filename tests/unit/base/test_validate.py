@@ -5,11 +5,11 @@ import os
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from tests.support.saltloader import make_minion_mods
 from saltvirt.base import validate
-from saltvirt.spec import vmspec as spec
 from saltvirt.host import netpool
+from saltvirt.spec import vmspec as spec
 from saltvirt.vm import migrate
+from tests.support.saltloader import make_minion_mods
 
 HOSTILE_NAMES = ["web1\n", "a\n", "../x", "..", ".", "a/b", "-a", "a b", "", "x" * 64, "a\0b", "\nweb1"]
 

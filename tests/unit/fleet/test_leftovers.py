@@ -6,12 +6,11 @@ import uuid
 
 import pytest
 
-from tests.support.signedfleet import QUICK_WAITS, SigningClient, minion_key
-
 from saltvirt.fleet import leftovers
 from saltvirt.host import query
 from saltvirt.storage import images
 from saltvirt.vm import cleanup
+from tests.support.signedfleet import QUICK_WAITS, SigningClient, minion_key
 from tests.support.testfleet import local_store
 
 

@@ -3,8 +3,8 @@
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.pki import envelope
 from saltvirt.fleet import minionkeys
+from saltvirt.pki import envelope
 from tests.support.keystore import master_key_store_opts
 
 

@@ -3,7 +3,8 @@
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.fleet import hypervisors, publish as fleet
+from saltvirt.fleet import hypervisors
+from saltvirt.fleet import publish as fleet
 
 
 @pytest.mark.parametrize(

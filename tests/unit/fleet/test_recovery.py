@@ -3,7 +3,9 @@
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.fleet import publish as fleet, recovery, recovery_guard as guard
+from saltvirt.fleet import publish as fleet
+from saltvirt.fleet import recovery
+from saltvirt.fleet import recovery_guard as guard
 from tests.support.testfleet import TestFleet, domain_xml, local_store
 
 

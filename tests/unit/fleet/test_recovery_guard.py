@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from saltvirt.fleet import publish as fleet, recovery_guard as guard
+from saltvirt.fleet import publish as fleet
+from saltvirt.fleet import recovery_guard as guard
 from tests.support.testfleet import TestFleet, domain_xml, local_store
 
 UUID = "3f6ba1d4-1111-4c1b-9a40-0123456789ab"

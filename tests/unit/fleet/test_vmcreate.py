@@ -7,10 +7,10 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.pki import envelope
 from saltvirt.fleet import fleetstate, minionkeys, placement, relocate, vmcreate
-from tests.support.signedfleet import Bus, SigningClient, fleet_opts, master_opts
+from saltvirt.pki import envelope
 from tests.support.keystore import master_key_store_opts
+from tests.support.signedfleet import Bus, SigningClient, fleet_opts, master_opts
 
 
 def test_one_init_per_name_at_a_time(tmp_path):

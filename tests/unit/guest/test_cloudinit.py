@@ -12,8 +12,9 @@ import pytest
 import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.spec import speckeys, vmspec as spec
 from saltvirt.guest import cloudinit
+from saltvirt.spec import speckeys
+from saltvirt.spec import vmspec as spec
 from tests.support.saltloader import load_states
 
 

@@ -249,7 +249,7 @@ class _OldDriver:
     def __getattr__(self, name):
         return getattr(self._conn, name)
 
-    def defineXMLFlags(self, xml, flags):  # noqa: N802 - libvirt's name
+    def defineXMLFlags(self, xml, flags):
         return self._conn.defineXMLFlags(xml, flags << 20)
 
 

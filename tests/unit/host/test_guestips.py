@@ -65,7 +65,7 @@ class Counting:
     def __init__(self, dom):
         self.dom, self.calls = dom, []
 
-    def interfaceAddresses(self, source):  # noqa: N802 - libvirt's name
+    def interfaceAddresses(self, source):
         self.calls.append(source)
         return self.dom.interfaceAddresses(source)
 
@@ -142,12 +142,12 @@ def test_a_source_failing_host_wide_is_asked_once_per_query(conn):
     doms = {f"b{i}": _define(conn, f"b{i}", [("bridge", "br0", MAC1)]) for i in range(12)}
 
     class BrokenArp(Counting):
-        def interfaceAddresses(self, source):  # noqa: N802 - libvirt's name
+        def interfaceAddresses(self, source):
             self.calls.append(source)
             conn.lookupByName("no-such-vm-here")  # a real libvirt error, code VIR_ERR_NO_DOMAIN ...
 
     class InternalError(Counting):
-        def interfaceAddresses(self, source):  # noqa: N802 - libvirt's name
+        def interfaceAddresses(self, source):
             self.calls.append(source)
             # ... and the source's own failure, as libvirt 9.0 raises it (the test driver's ARP never fails)
             exc = libvirt.libvirtError("internal error: wrong nlmsg len")
@@ -169,7 +169,7 @@ def test_a_failing_source_is_named_and_the_others_still_answer(conn):
     dom = _define(conn, "flaky", [("network", "default", MAC1), ("bridge", "br0", MAC2)])
 
     class NoLeases(Counting):
-        def interfaceAddresses(self, source):  # noqa: N802 - libvirt's name
+        def interfaceAddresses(self, source):
             if source == libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE:
                 raise libvirt.libvirtError("no leases here")
             return super().interfaceAddresses(source)
@@ -188,7 +188,7 @@ class HungAgent:
     def __init__(self):
         self.release = threading.Event()
 
-    def interfaceAddresses(self, source):  # noqa: N802 - libvirt's name
+    def interfaceAddresses(self, source):
         self.release.wait(30)
         return {}
 
@@ -234,12 +234,12 @@ class LeasingConn:
     def __init__(self, conn, leases):
         self.conn, self.leases, self.asked = conn, leases, []
 
-    def networkLookupByName(self, name):  # noqa: N802 - libvirt's name
+    def networkLookupByName(self, name):
         net = self.conn.networkLookupByName(name)  # a real lookup: an unknown network fails as libvirt does
         outer = self
 
         class Net:
-            def DHCPLeases(self):  # noqa: N802 - libvirt's name
+            def DHCPLeases(self):
                 outer.asked.append(name)
                 return outer.leases
 

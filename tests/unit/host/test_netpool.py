@@ -7,8 +7,8 @@ import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.xml import netxml
 from saltvirt.host import netpool
+from saltvirt.xml import netxml
 from tests.support.saltloader import load_states
 
 

@@ -149,8 +149,9 @@ def test_init_without_a_minion_event_bus_does_not_try_the_bus(virt_test, monkeyp
 
 def test_init_with_a_minion_event_bus_sends_every_step(tmp_path):
     """The same call inside a 'running minion' (a real minion event bus): every step is on the bus."""
-    from tests.support.eventbus import minion_bus, short_sock_dir
     import libvirt
+
+    from tests.support.eventbus import minion_bus, short_sock_dir
 
     held = libvirt.open("test:///default")  # the driver's state lives while a connection is open
     with short_sock_dir() as sock_dir:

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from saltvirt.pki import ca as pki, crl
+from saltvirt.pki import ca as pki
+from saltvirt.pki import crl
 from tests.support.paths import ROOT
 from tests.support.pkitools import mode
 

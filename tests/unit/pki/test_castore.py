@@ -2,7 +2,8 @@
 
 import threading
 
-from saltvirt.pki import ca as pki, castore
+from saltvirt.pki import ca as pki
+from saltvirt.pki import castore
 from tests.support.pkitools import K, mode
 
 

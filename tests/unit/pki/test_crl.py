@@ -6,7 +6,8 @@ import subprocess
 
 from cryptography import x509
 
-from saltvirt.pki import ca as pki, crl
+from saltvirt.pki import ca as pki
+from saltvirt.pki import crl
 from tests.support.pkitools import K, mode
 
 

@@ -5,7 +5,8 @@ import grp
 import json
 import os
 
-from saltvirt.pki import ca as pki, keyfiles, revocation
+from saltvirt.pki import ca as pki
+from saltvirt.pki import keyfiles, revocation
 from tests.support.pkitools import K, mode
 
 

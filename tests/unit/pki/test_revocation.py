@@ -5,7 +5,8 @@ import os
 
 from cryptography import x509
 
-from saltvirt.pki import ca as pki, crl, revocation
+from saltvirt.pki import ca as pki
+from saltvirt.pki import crl, revocation
 from tests.support.pkitools import K
 
 

@@ -4,7 +4,8 @@ test_speckeys.py's HOSTILE list, refused by spec.build and by virt.init before a
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import cpumem, vmspec as spec
+from saltvirt.spec import cpumem
+from saltvirt.spec import vmspec as spec
 
 
 def build(**kwargs):

@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import compat, speckeys, vmspec as spec
+from saltvirt.spec import compat, speckeys
+from saltvirt.spec import vmspec as spec
 from saltvirt.xml import domxml
 
 

@@ -13,9 +13,9 @@ import threading
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.storage import images, intake
 from tests.support import hostile, toollimits
 from tests.support.saltloader import SOURCES, load_states, make_minion_mods
-from saltvirt.storage import images, intake
 
 MIB = 1048576
 

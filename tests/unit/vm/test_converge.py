@@ -11,10 +11,10 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.xml import domxml
+from saltvirt.host.conn import libvirt
 from saltvirt.storage import attach
 from saltvirt.vm import converge
-from saltvirt.host.conn import libvirt
+from saltvirt.xml import domxml
 from tests.support.saltloader import load_states, make_minion_mods
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed

@@ -419,17 +419,17 @@ class StuckMonitor:
     def __init__(self):
         self.answered, self.release, self.abort_asked = 0, threading.Event(), threading.Event()
 
-    def jobInfo(self):  # noqa: N802 - libvirt's name
+    def jobInfo(self):
         self.answered += 1
         if self.answered > 1:
             self.release.wait(30)  # blocked until the streams are cut
         return [libvirt.VIR_DOMAIN_JOB_UNBOUNDED, 1000, 0, 64, 16, 48, 0, 0, 0, 64, 16, 48]
 
-    def abortJob(self):  # noqa: N802 - libvirt's name
+    def abortJob(self):
         self.abort_asked.set()
         self.release.wait(30)  # queued behind the blocked query
 
-    def UUIDString(self):  # noqa: N802 - libvirt's name
+    def UUIDString(self):
         return "00000000-0000-0000-0000-00000000dead"  # no QEMU has it: nothing to cut
 
 

@@ -9,9 +9,8 @@ import pytest
 import salt.config
 import salt.utils.event
 
-from tests.support.eventbus import minion_bus
 from saltvirt.vm import progress as progress_events
-from tests.support.eventbus import short_sock_dir
+from tests.support.eventbus import minion_bus, short_sock_dir
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.xml import domxml
 from tests.support.saltloader import make_minion_mods
-
 from tests.unit.vm.test_backup import CDROM, POOL_DISK, SHARED, bk, make_incremental, read_pattern, with_disks  # noqa: F401 - the fixture is shared
 
 pytestmark = pytest.mark.usefixtures("bk")

@@ -51,7 +51,7 @@ def test_checkpoint_skips_disks_without_bitmaps():
 def test_redefine_xml_names_creation_time_and_bitmaps():
     """The XML that gives libvirt back a checkpoint's metadata: the test driver redefines it as written
     (its REDEFINE_VALIDATE, the check of the disks' bitmaps, needs QEMU: tests/integration/test_backup_real.py)."""
-    import libvirt  # noqa: PLC0415 - only this test talks to a driver directly
+    import libvirt
 
     xml = backupxml.checkpoint_xml("salt-backup-20260101T020000Z", ["vda"], created=1767232800)
     conn = libvirt.open("test:///default")

@@ -6,7 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from saltvirt.spec import cpumem, vmspec as spec
+from saltvirt.spec import cpumem
+from saltvirt.spec import vmspec as spec
 from saltvirt.xml import domxml
 
 

@@ -12,8 +12,8 @@ import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.xml import netxml
 from saltvirt.host import netpool
+from saltvirt.xml import netxml
 from tests.support.saltloader import load_states, make_minion_mods
 
 HOSTS = {"10.60.0.5": {"mac": "52:54:00:AA:00:05", "name": "db"}, "10.60.0.6": {"mac": "52:54:00:aa:00:06"}}
