@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup for salt-virt on Debian 12 (root, no systemd needed).
-#   scripts/setup.sh            apt packages + venv (salt 3008.5, libvirt-python, test, docs and type-check deps) + test guest
+#   scripts/setup.sh            apt packages + venv (salt 3008.5, libvirt-python, test, docs, packaging and type-check deps) + test guest
 # Everything lands in $SALT_VIRT_CACHE (default /var/cache/salt-virt) so a second run takes seconds.
 # Prints the venv path on its last line: "venv: PATH".
 set -euo pipefail
@@ -52,7 +52,7 @@ if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
     bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
     echo "$VENV_LAYOUT" > "$VENV/.layout"
   fi
-  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy, cherrypy' || { echo "setup: venv incomplete" >&2; exit 1; }
+  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy, cherrypy, build, twine' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
 
