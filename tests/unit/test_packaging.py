@@ -1,6 +1,6 @@
 """The package as pip sees it: setup.py's metadata (read by setuptools, nothing built), and the master's code
-importing where libvirt-python is not installed. Building and listing the wheel is a release step
-(docs/install.md), not a test."""
+importing where libvirt-python is not installed. Building the sdist and the wheel, installing them into fresh
+venvs and running salt daemons from them: tests/integration/test_wheel.py."""
 
 import ast
 import json
