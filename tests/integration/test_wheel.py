@@ -12,8 +12,8 @@ and PyPI has no certifi as new as Salt 3008.5's floor (see salt-venv.sh), so pip
 Salt 3008.5 with 3008.4. The two steps are salt-venv.sh's own way around that floor; the test checks that the
 venvs still hold the suite's Salt.
 
-Cost, once per module, measured on this 2-core machine beside another suite run (load 6-8, 2026-11-29): the
-module took 136 s and 183 s. The two venvs build side by side while the sdist and wheel build: with pip's cache
+Cost, once per module, measured on this 2-core machine beside another suite run (load 5-8, 2026-11-29): the
+module took 107-183 s (11 runs). The two venvs build side by side while the sdist and wheel build: with pip's cache
 and the package mirror as scripts/setup.sh left them (warm) salt-venv.sh takes ~30-40 s a venv, the wheel's
 install a few seconds more; cold (no pip cache, everything from PyPI, as on a fresh CI machine) salt-venv.sh
 took 2 min 28 s for one venv and libvirt-python's build from its sdist 24 s more. Then ~20 s to start the
@@ -21,6 +21,7 @@ daemons, ~10 s for the runner calls, and the teardown (stopping the daemons, del
 a quiet disk, 40 s and more beside another suite). No guest boots (``start=False``).
 """
 
+import ast
 import contextlib
 import json
 import os
@@ -36,8 +37,8 @@ import time
 import zipfile
 
 import pytest
-
 import salt.version
+
 from tests.support import lab
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config
@@ -348,11 +349,17 @@ def test_sdist_and_wheel_pass_twine_check(dists):
         names = set(whl.namelist())
         entry_points = next(whl.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert {"saltvirt/loader.py", "saltvirt/ext/runners/virt.py", "saltvirt/ext/modules/virt.py"} <= names
-    assert {"saltvirt/data/salt-virt.example.sls", "saltvirt/data/salt-virt.reactor.sls"} <= names
     assert "[salt.loader]\nsalt-virt = saltvirt.loader:get_dirs" in entry_points
+    # setup.py's EXAMPLES (the example SLS files, the formula): in the sdist, and as package data in the wheel
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    examples = next(
+        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "EXAMPLES"
+    )
+    assert [e for e in examples if f"saltvirt/data/{e}" not in names] == []
     with tarfile.open(dists["sdist"]) as sdist:
         top = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-    assert {"setup.py", "pyproject.toml", "salt-virt.example.sls", "salt-virt.reactor.sls", "LICENSE"} <= top
+    assert {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "NOTICE"} <= top
+    assert [e for e in examples if e not in top] == []
 
 
 def test_the_master_venv_has_no_libvirt_and_the_hypervisor_venv_has_it(venvs, work):

@@ -39,7 +39,7 @@ COST = {
     "tests/integration/test_faults.py": 300,
     "tests/integration/test_migration.py": 240,
     "tests/integration/test_tutorial.py": 220,
-    # two fresh venvs, the sdist and wheel, a master and a minion from them: 135-183 s beside another suite run
+    # two fresh venvs, the sdist and wheel, a master and a minion from them: 107-183 s beside another suite run
     "tests/integration/test_wheel.py": 140,
     "tests/integration/test_backup_real.py": 130,
     "tests/integration/test_tenants.py": 110,
