@@ -7,4 +7,4 @@ Deployed two ways:
   modules put that directory on ``sys.path`` (see ``_modules/virt.py``).
 """
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
