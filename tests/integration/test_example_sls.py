@@ -356,12 +356,7 @@ def test_libvirt_formula_converges_beside_salt_virt_and_its_libvirtd_admits_only
         hv.start()
         server_log = pkitools.LogTail(hv.path("log", "libvirtd.log")).new
         cacert = os.path.join(keys, "CA", "cacert.pem")
-        ours = pkitools.client_dir(
-            str(tmp_path / "ours"),
-            cacert,
-            os.path.join(keys, "libvirt", "clientcert.pem"),
-            os.path.join(keys, "libvirt", "private", "clientkey.pem"),
-        )
+        ours = pkitools.hypervisor_client_dir(str(tmp_path / "ours"), keys)
         ok = pkitools.virsh_tls(fab.netns, hv.ip, ours)
         assert ok.returncode == 0 and ok.stdout.strip() == "hv1", ok.stderr
         server_log()

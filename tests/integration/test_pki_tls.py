@@ -145,12 +145,7 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
     try:
         hv.start()
         ca = os.path.join(keys_dir, "CA", "cacert.pem")
-        ours = pkitools.client_dir(
-            str(tmp_path / "ours"),
-            ca,
-            os.path.join(keys_dir, "libvirt", "clientcert.pem"),
-            os.path.join(keys_dir, "libvirt", "private", "clientkey.pem"),
-        )
+        ours = pkitools.hypervisor_client_dir(str(tmp_path / "ours"), keys_dir)
         foreign = pki.issue(str(tmp_path / "foreign-ca"), "intruder", "client", key_size=2048)
         (tmp_path / "f.pem").write_text(foreign["cert"])
         (tmp_path / "f.key").write_text(foreign["key"])

@@ -49,6 +49,17 @@ def client_dir(base, cacert, cert, key):
     return base
 
 
+def hypervisor_client_dir(base, keys):
+    """:func:`client_dir` of the hypervisor client pair ``virt.keys`` wrote below ``keys`` (its basepath)."""
+    own = os.path.join(keys, "libvirt")
+    return client_dir(
+        base,
+        os.path.join(keys, "CA", "cacert.pem"),
+        os.path.join(own, "clientcert.pem"),
+        os.path.join(own, "private", "clientkey.pem"),
+    )
+
+
 def rogue_client(tmp_path, ca_dir):
     """A certificate from *our* CA (``ca_dir``: cacert.pem, cakey.pem) with a CN that is not a salt-virt
     client's (made with certtool and pki/client.tmpl, as an admin would): (cert path, key path)."""

@@ -16,24 +16,23 @@ QUERY_REFUSED = (
 )
 
 
+def _files(folder, names):
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_text("x")
+    return str(folder)
+
+
 @pytest.fixture
 def qemu_dir(tmp_path):
     """QEMU's TLS directory as the virt.keys state writes it with qemu: True (the client side)."""
-    folder = tmp_path / "qemu"
-    folder.mkdir()
-    for name in migrate_tls.QEMU_CLIENT_FILES:
-        (folder / name).write_text("x")
-    return str(folder)
+    return _files(tmp_path / "qemu", migrate_tls.QEMU_CLIENT_FILES)
 
 
 @pytest.fixture
 def pki(tmp_path):
     """A ``virt:migration:pkipath`` directory: libvirt's TLS client files (cacert, clientcert, clientkey)."""
-    folder = tmp_path / "pki dir"
-    folder.mkdir()
-    for name in migrate_tls.DEFAULT_PKI:
-        (folder / name).write_text("x")
-    return str(folder)
+    return _files(tmp_path / "pki dir", migrate_tls.DEFAULT_PKI)
 
 
 def test_transport_is_tls_unless_tcp_is_named(tmp_path):
