@@ -140,6 +140,12 @@ def unescape_mount(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+def mount_points(pid: int | str = "self") -> set[str]:
+    """The mount points of process ``pid``'s mount namespace (``/proc/<pid>/mountinfo``, unescaped)."""
+    with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as fh:
+        return {unescape_mount(line.split()[4]) for line in fh}
+
+
 def mount_of(path: str) -> tuple[str, str]:
     """``(mount point, filesystem type)`` of the mount holding ``path`` (symlinks resolved) in this
     mount namespace (the last mount on a point is the one seen)."""

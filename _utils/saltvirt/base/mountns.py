@@ -13,7 +13,6 @@ files are reached from here through ``/proc/<helper>/root``.
 """
 
 import os
-import re
 import subprocess
 import time
 from typing import Any
@@ -64,9 +63,7 @@ class PrivateMounts:
 
     def mounted(self, path: str) -> bool:
         """Whether ``path`` (a host path, no symlinks) is a mount point in this namespace."""
-        unescape = lambda m: chr(int(m.group(1), 8))  # noqa: E731 - mountinfo's octal escapes (\040: a space)
-        with open(f"/proc/{self.pid}/mountinfo") as fh:
-            return os.path.abspath(path) in (re.sub(r"\\([0-7]{3})", unescape, line.split()[4]) for line in fh)
+        return os.path.abspath(path) in fsutil.mount_points(self.pid)
 
     def mount(self, node: str, target: str, fstype: str, options: list[str]) -> None:
         """Mount ``node`` at ``target`` here; ``-i``: no mount helper (/sbin/mount.*) runs."""

@@ -16,7 +16,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import struct
@@ -205,10 +204,7 @@ def _wait(cond, timeout, step=0.01):
 
 
 def _mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as fh:
-        points = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in fh)
-        return path in points
+    return os.path.realpath(path) in fsutil.mount_points()
 
 
 SCRATCH_PREFIX = "salt-virt-seed-"  # <tmp>/salt-virt-seed-*: a seeding's scratch directory (mode 0700)

@@ -101,7 +101,7 @@ def _mountinfo():
         for line in fh:
             parts = line.split()
             sep = parts.index("-")
-            point = parts[4].encode().decode("unicode_escape")
+            point = fsutil.unescape_mount(parts[4])
             out.append((parts[2], point, parts[sep + 2] if len(parts) > sep + 2 else ""))
     return out
 

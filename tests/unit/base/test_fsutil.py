@@ -51,6 +51,7 @@ def test_mount_of_is_the_innermost_mount_holding_a_path(tmp_path):
         (point / "vm").mkdir()
         (tmp_path / "link").symlink_to(point / "vm")
         assert fsutil.mount_of(str(point / "vm")) == (str(point), "tmpfs")
+        assert str(point) in fsutil.mount_points() and str(point) in fsutil.mount_points(os.getpid())  # unescaped
         assert fsutil.mount_of(str(tmp_path / "link")) == (str(point), "tmpfs")
         assert fsutil.mount_of(str(tmp_path / "a mount2")) != (str(point), "tmpfs")  # a prefix is not inside
     finally:
