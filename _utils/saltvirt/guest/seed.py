@@ -470,18 +470,28 @@ def _need_root(tool):
         raise _Skip(f"{tool} is not installed")
 
 
-def _loop(image, fmt, files, tmp, undo, ns):
+def _private_mounts(undo):
+    """The private mount namespace where a backend mounts the guest (saltvirt.base.mountns): only one that
+    mounts makes it, once it knows it can run; left when its undo runs (after what was attached in it)."""
+    ns = PrivateMounts()
+    undo.add("leave the private mount namespace", ns.close)
+    return ns
+
+
+def _loop(image, fmt, files, tmp, undo):
     if fmt != "raw":
         raise _Skip(f"loop works on raw images only and {image} is {fmt}: use backend qsd-fuse (or auto)")
     _need_root("losetup")
+    ns = _private_mounts(undo)
     _qemu_lock(image, undo)
     return _seed_file(image, files, tmp, undo, ns)
 
 
-def _qsd_fuse(image, fmt, files, tmp, undo, ns):
+def _qsd_fuse(image, fmt, files, tmp, undo):
     _need_root("qemu-storage-daemon")
     if not os.path.exists("/dev/fuse"):
         raise _Skip("/dev/fuse is missing (modprobe fuse)")
+    ns = _private_mounts(undo)
     export, logfile = os.path.join(tmp, "export"), os.path.join(tmp, "qsd.log")
     open(export, "w").close()
     fuse = {"type": "fuse", "id": "exp0", "node-name": "disk0", "mountpoint": export, "writable": True}
@@ -522,7 +532,7 @@ def _stop_qsd(proc, export, logfile, ns):
         raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {fsutil.read_text(logfile)}")
 
 
-def _qemu_nbd(image, fmt, files, tmp, undo, ns):
+def _qemu_nbd(image, fmt, files, tmp, undo):
     _need_root("qemu-nbd")
     if not os.path.exists("/sys/block/nbd0"):
         if not shutil.which("modprobe"):
@@ -539,6 +549,7 @@ def _qemu_nbd(image, fmt, files, tmp, undo, ns):
     if not free:
         raise CommandExecutionError("no free /dev/nbd* device (all connected)")
     dev, pidfile = free[0], os.path.join(tmp, "qemu-nbd.pid")
+    ns = _private_mounts(undo)
     _run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
     undo.add(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
     if not _wait(lambda: fsutil.read_text(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
@@ -608,7 +619,7 @@ class _Guestfish:
             raise CommandExecutionError(f"guestfish (pid {self.pid}) did not exit within 60s")
 
 
-def _libguestfs(image, fmt, files, tmp, undo, ns):
+def _libguestfs(image, fmt, files, tmp, undo):
     g = _Guestfish(image, fmt, tmp)
     undo.add("shut down the libguestfs appliance", g.close)
     g("launch")
@@ -685,9 +696,7 @@ def seed(
         outcome = error = None
         stop = False
         try:
-            ns = PrivateMounts()  # the guest's filesystem is mounted where only we see it
-            undo.add("leave the private mount namespace", ns.close)
-            outcome = _BACKENDS[name](image, fmt, files, tmp, undo, ns)
+            outcome = _BACKENDS[name](image, fmt, files, tmp, undo)
         except _Skip as exc:
             error = f"skipped: {exc}"
         except guestroot.GuestError as exc:
