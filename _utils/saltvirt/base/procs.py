@@ -2,6 +2,7 @@
 command lines of this host's processes."""
 
 import os
+import time
 from collections.abc import Iterator
 
 
@@ -34,6 +35,16 @@ def exited(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return True
+
+
+def wait_exited(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` has :func:`exited` within ``seconds`` (polled every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not exited(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def mark() -> str:

@@ -197,16 +197,9 @@ def _stop(pid, done):
     """SIGTERM, SIGKILL after 5 s; returns once it has exited (its mount namespace with it)."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if procs.exited(pid):
-                break
-            time.sleep(0.05)
-        else:
+        if not procs.wait_exited(pid, 5):
             os.kill(pid, signal.SIGKILL)
-            for _ in range(1000):  # SIGKILL cannot be refused; 10 s at most for one stuck in the kernel
-                if procs.exited(pid):
-                    break
-                time.sleep(0.01)
+            procs.wait_exited(pid, 10)  # SIGKILL cannot be refused; 10 s at most for one stuck in the kernel
     done.append(f"stopped qemu-storage-daemon (pid {pid})")
 
 

@@ -1,5 +1,7 @@
 """saltvirt.base.procs on real processes."""
 
+import os
+import signal
 import subprocess
 import time
 
@@ -40,3 +42,17 @@ def _cmdline(pid):
             return fh.read().decode(errors="replace")
     except OSError:
         return None
+
+
+def test_a_killed_process_counts_as_exited_once_a_zombie():
+    """What virt.cleanup waits for before detaching a loop device: the process (and its mount namespace) gone,
+    even while nobody has reaped it yet."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not procs.exited(child.pid) and not procs.wait_exited(child.pid, 0.05)
+        os.kill(child.pid, signal.SIGKILL)  # not reaped: a zombie
+        assert procs.wait_exited(child.pid, 10) and os.path.exists(f"/proc/{child.pid}")
+    finally:
+        child.kill()
+        child.wait()
+    assert procs.exited(child.pid)
