@@ -16,6 +16,21 @@ QUERY_REFUSED = (
 )
 
 
+@pytest.fixture
+def migrations(monkeypatch):
+    """What libvirt was asked: ``(uri, flags)`` of every ``migrateToURI3`` (the real call follows: libvirt's
+    test driver cannot migrate, so it fails there, after the URI and flags were chosen)."""
+    asked = []
+    real = libvirt.virDomain.migrateToURI3
+
+    def spy(dom, uri, params, flags):
+        asked.append((uri, flags))
+        return real(dom, uri, params, flags)
+
+    monkeypatch.setattr(libvirt.virDomain, "migrateToURI3", spy)
+    return asked
+
+
 def _files(folder, names):
     folder.mkdir()
     for name in names:
@@ -115,19 +130,11 @@ def test_operator_uri_refuses_a_callers_query(uri, pkipath):
     assert "/root" not in str(exc.value) and "/etc/pki/x" not in str(exc.value)
 
 
-def test_salts_uri_form_migrates_with_the_operators_pkipath(tmp_path, pki, qemu_dir, monkeypatch):
+def test_salts_uri_form_migrates_with_the_operators_pkipath(tmp_path, pki, qemu_dir, migrations):
     """Issue #36: ``virt.migrate NAME qemu+tls://HOST/system`` (Salt's form, as Salt's own test calls it) reaches
     libvirt with ``virt:migration:pkipath``, as ``transport=tls`` does; its missing client files are refused
     before libvirt is asked (naming the pkipath's files, not /etc/pki's); a caller's pkipath= is refused, and
     qemu+tcp stays as given (libvirt's test driver cannot migrate: a spy on the real call records the URI)."""
-    asked = []
-    real = libvirt.virDomain.migrateToURI3
-
-    def spy(dom, uri, params, flags):
-        asked.append(uri)
-        return real(dom, uri, params, flags)
-
-    monkeypatch.setattr(libvirt.virDomain, "migrateToURI3", spy)
     migration = {"pkipath": pki, "qemu_tls_dir": qemu_dir, "allow_cleartext": True}
     mods = make_minion_mods(tmp_path, "test:///default", migration=migration)
     failed = r"migrating VM 'test' from .* to hv2 failed: .* VM 'test' is still running"
@@ -138,6 +145,7 @@ def test_salts_uri_form_migrates_with_the_operators_pkipath(tmp_path, pki, qemu_
     with pytest.raises(CommandExecutionError, match=failed):
         mods["virt.migrate"]("test", "qemu+tcp://hv2/system")
     pkiq = "pkipath=" + pki.replace(" ", "%20")
+    asked = [uri for uri, _flags in migrations]
     assert asked == [f"qemu+tls://hv2/system?{pkiq}", f"qemu+tls://hv2/system?{pkiq}", "qemu+tcp://hv2/system"]
     with pytest.raises(SaltInvocationError, match=r"^virt\.migrate target URI must be qemu\+tls://<host>/system or"):
         mods["virt.migrate"]("test", "qemu+tls://hv2/system?pkipath=/root")
@@ -145,7 +153,7 @@ def test_salts_uri_form_migrates_with_the_operators_pkipath(tmp_path, pki, qemu_
     mods = make_minion_mods(tmp_path, "test:///default", migration=dict(migration, pkipath=missing))
     with pytest.raises(CommandExecutionError, match=f"client certificate: {missing}/cacert.pem, "):
         mods["virt.migrate"]("test", "qemu+tls://hv2/system")
-    assert len(asked) == 3  # refused before libvirt was asked
+    assert len(migrations) == 3  # refused before libvirt was asked
 
 
 @pytest.mark.parametrize(
@@ -196,34 +204,24 @@ def test_qemu_tls_true_without_its_files_is_refused_even_with_the_opt_in(tmp_pat
         migrate_tls.streams(True, False, "tls", None, None, "relative/qemu")
 
 
-def test_migrate_asks_libvirt_for_qemus_tls_and_refuses_clear_before_it(
-    test_conn, qemu_dir, pki, tmp_path, monkeypatch
-):
+def test_migrate_asks_libvirt_for_qemus_tls_and_refuses_clear_before_it(test_conn, qemu_dir, pki, tmp_path, migrations):
     """``migrate.migrate`` of a running VM: without QEMU's certificates and without the opt-in it is refused
     before libvirt is asked; with them libvirt gets VIR_MIGRATE_TLS (its test driver cannot migrate: the
     call fails there, after the flags were chosen, which a spy on the real call records)."""
     xml = "<domain type='test'><name>mt</name><memory unit='MiB'>64</memory><os><type>hvm</type></os></domain>"
     test_conn.defineXML(xml).create()
-    asked = []
-    real = libvirt.virDomain.migrateToURI3
-
-    def spy(dom, uri, params, flags):
-        asked.append(flags)
-        return real(dom, uri, params, flags)
-
-    monkeypatch.setattr(libvirt.virDomain, "migrateToURI3", spy)
     uri = "qemu+tls://hv2/system"
     with pytest.raises(CommandExecutionError, match=REFUSED):
         migrate.migrate(test_conn, "mt", "hv2", target_uri=uri, pkipath=pki, qemu_tls_dir=str(tmp_path))
-    assert asked == []
+    assert migrations == []
     with pytest.raises(CommandExecutionError, match="migrating VM 'mt' from .* to hv2 failed"):
         migrate.migrate(test_conn, "mt", "hv2", target_uri=uri, pkipath=pki, qemu_tls_dir=qemu_dir)
-    assert len(asked) == 1 and asked[0] & libvirt.VIR_MIGRATE_TLS
+    assert len(migrations) == 1 and migrations[0][1] & libvirt.VIR_MIGRATE_TLS
     with pytest.raises(CommandExecutionError, match="migrating VM 'mt' from .* to hv2 failed"):
         migrate.migrate(
             test_conn, "mt", "hv2", target_uri=uri, pkipath=pki, qemu_tls_dir=str(tmp_path), allow_cleartext=True
         )
-    assert len(asked) == 2 and not asked[1] & libvirt.VIR_MIGRATE_TLS  # allowed in clear: no TLS asked for
+    assert len(migrations) == 2 and not migrations[1][1] & libvirt.VIR_MIGRATE_TLS  # allowed in clear: no TLS
 
 
 @pytest.mark.parametrize("uri", ["qemu+TCP://hv2/system", "Qemu+Tcp://hv2/system"])
