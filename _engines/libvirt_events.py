@@ -37,6 +37,7 @@ if saltvirt is not None:
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
+    from saltvirt.host import mastersend as _mastersend
     from saltvirt.host import saltevents as _saltevents
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def start(uri=None, tag_prefix=None, filters=None, **options):
     options.update(tags="libvirt_events", tag_prefix=tag_prefix or _saltevents.DEFAULT_PREFIX, filters=filters)
     _events.serve(
         __opts__["id"],
-        _events.MasterSender(__opts__),
+        _mastersend.MasterSender(__opts__),
         _c.salt_config(__salt__),
         uri,
         options,

@@ -56,6 +56,7 @@ if saltvirt is not None:
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
+    from saltvirt.host import mastersend as _mastersend
     from saltvirt.vm import cleanup as _cleanup
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def _reap(minion_id):
     if out["removed"] or out["errors"]:
         log.warning("virt_events: stale seeding released: %s; errors: %s", out["removed"], out["errors"])
         try:
-            _events.MasterSender(__opts__)(f"salt/virt/{minion_id}/reaped", out)
+            _mastersend.MasterSender(__opts__)(f"salt/virt/{minion_id}/reaped", out)
         except Exception as exc:  # noqa: BLE001 - the log has it
             log.warning("virt_events: could not report the reaped seeding to the master: %s", exc)
 
@@ -96,7 +97,7 @@ def start(connection=None, **options):
     # the engine's own ``connection`` option is minion config (operator), not a call argument
     _events.serve(
         __opts__["id"],
-        _events.MasterSender(__opts__),
+        _mastersend.MasterSender(__opts__),
         _c.salt_config(__salt__),
         connection,
         options,

@@ -272,7 +272,7 @@ def test_event_filter():
 
 
 def test_events_the_master_does_not_take_are_kept_and_sent_in_order(monkeypatch):
-    """The delivery function raises while the master is away (MasterSender does; it needs a master, see
+    """The delivery function raises while the master is away (mastersend.MasterSender does; it needs a master, see
     tests/integration/test_events.py): events are kept, then sent oldest first; the oldest are dropped
     beyond PENDING_MAX."""
     master_up, got = [False], []
