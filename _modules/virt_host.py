@@ -187,7 +187,8 @@ def answer(fun, nonce, args=None, kwargs=None, tenant=None, **pub):
             _ownership.check(conn, str((args or [None])[0]), str(tenant))
 
     before = owned if tenant is not None else None
-    ret, retcode = _answers.outcome(__salt__, __context__, fun, args, kwargs, own, before)
+    cachedir = __opts__["cachedir"]
+    ret, retcode = _answers.fenced_outcome(__salt__, __context__, cachedir, fun, args, kwargs, pub, own, before)
     return _answers.sign(__opts__["pki_dir"], __opts__["id"], fun, str(nonce), ret, retcode)
 
 

@@ -197,7 +197,9 @@ class Replies:
             )
         if minion in self.unverified:
             why += f"; what came in its name was not believed ({self.unverified[minion]})"
-        return {"status": "down", "error": f"did not answer ({why})"}
+        # gone: it signed that the job is not running, which fences the job there for good
+        # (saltvirt.base.jobfence); otherwise the job may still run
+        return {"status": "down", "error": f"did not answer ({why})", "gone": minion in self.gone}
 
     def clean_up(self) -> None:
         for jid in [self.jid, *self.checks]:

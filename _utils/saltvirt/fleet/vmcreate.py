@@ -239,8 +239,9 @@ def _create(
                 return _warn(result, [*warnings, unsettled])
             _note_attempt(opts, lease, tried, name, hv, ans, jid)
             _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
-            if ans["status"] == "down" and fallback and pos + 1 < len(order):
-                # published but unanswered: it may still create the VM there, so its room stays reserved
+            unsure = ans["status"] == "down" and _still_may_create(opts, hv, hosts, ans, name, cfg, client)
+            if ans["status"] == "down" and fallback and pos + 1 < len(order) and not unsure:
+                # its room stays reserved for as long as the init could have run there
                 nxt = _reserve(
                     lease,
                     hosts,
@@ -258,12 +259,12 @@ def _create(
                     progress("fallback", host=hv, error=ans.get("error"), next=order[nxt])
                     pos = nxt
                     continue
-            if ans["status"] == "timeout":
+            if ans["status"] == "timeout" or unsure:
                 keys.keep = True  # it may still finish there: its key stays for it
             if ans["status"] in ("timeout", "down"):
                 # it may still run (or create the VM) there: its capacity stays reserved for as long as it may
                 _end(lease, "unknown", keep_for=cfg["init_timeout"])
-            raise _attempt_failed(name, hv, ans, jid, cfg, key_id, tried)
+            raise _attempt_failed(name, hv, ans, jid, cfg, key_id, tried, unsure)
     except BaseException as exc:
         _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, cfg)
         _end(lease, "failed")  # no-op when settled or kept for a timeout
@@ -552,8 +553,34 @@ def _created(opts, name, hv, ans, jid, plan, tried, keys, started, cfg, client, 
     return result
 
 
-def _attempt_failed(name, hv, ans, jid, cfg, key_id, tried):
-    """The error for a ``virt.init`` that did not succeed on ``hv`` and is not retried elsewhere."""
+def _still_may_create(opts, hv, hosts, ans, name, cfg, client):
+    """Why the unanswered (``down``) ``virt.init`` of ``name`` on ``hv`` may still create the VM there, or
+    "" when it cannot: then the next host may be tried without running one VM twice. It cannot when ``hv``
+    did not answer the query before either (the publication did not reach it), or when ``hv`` signed that
+    the job is not running (which fences the job there: :mod:`saltvirt.base.jobfence`) and ``name`` is not
+    defined there now (the job may have died, or ended unheard, after defining it)."""
+    if hosts.get(hv, {}).get("status") != "up":
+        return ""
+    if not ans.get("gone"):
+        return f"{hv} stopped answering while it ran virt.init of {name}, and may still create it"
+    there, _jid = call(opts, hv, "virt.list_domains", [], None, cfg, client=client)
+    if there["status"] != "up" or not isinstance(there.get("ret"), list):
+        return f"virt.init of {name} ended on {hv} without an answer, and {hv} did not say whether {name} exists"
+    if name in there["ret"]:
+        return f"virt.init of {name} ended on {hv} without an answer, and {name} is defined there"
+    return ""
+
+
+def _attempt_failed(name, hv, ans, jid, cfg, key_id, tried, unsure=""):
+    """The error for a ``virt.init`` that did not succeed on ``hv`` and is not retried elsewhere
+    (``unsure``: why it may have created the VM there all the same)."""
+    if unsure:
+        return Failed(
+            f"{unsure} (job {jid}): no other hypervisor was tried, so that {name} never runs twice. "
+            f"`salt-run virt.query` shows whether it exists once {hv} answers; the key of {key_id} is kept for "
+            f"it (`salt-run virt.purge {name}` removes the VM, whatever the init left there, and the key)",
+            tried=tried,
+        )
     if ans["status"] == "timeout":
         return Failed(
             f"virt.init of {name} on {hv} was still running after {cfg['init_timeout']:g} s (job {jid}): "

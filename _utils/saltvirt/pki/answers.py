@@ -33,6 +33,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from saltvirt.base import jobfence
 from saltvirt.base.salttypes import Data
 
 VERSION = 1
@@ -157,3 +158,32 @@ def outcome(
         return f"Passed invalid arguments to {fun}: {exc}", 1
     retcode = context.get("retcode", 0) if hasattr(context, "get") else 0
     return ret, retcode if isinstance(retcode, int) else 1
+
+
+def fenced_outcome(
+    funcs: Any,
+    context: Any,
+    cachedir: str,
+    fun: str,
+    args: Any,
+    kwargs: Any,
+    pub: dict[str, Any],
+    own: dict[str, Any],
+    before: Callable[[], None] | None = None,
+) -> tuple[Any, int]:
+    """:func:`outcome` as job ``pub['__pub_jid']``, under :mod:`saltvirt.base.jobfence`: a job the master
+    was told is not running here does nothing when it starts late, and the job check's "not running"
+    fences the job it names (``{}``: not running; anything else: running)."""
+    from salt.exceptions import CommandExecutionError  # noqa: PLC0415 - the minion side only
+
+    if fun == JOB_CHECK:
+        ret, retcode = outcome(funcs, context, fun, args, kwargs, own)
+        checked = str((args or [""])[0])
+        if jobfence.still_running(cachedir, checked, bool(ret) and not retcode):
+            return ret or {"jid": checked}, 0
+        return {}, 0
+    try:
+        with jobfence.running_job(cachedir, pub.get("__pub_jid")):
+            return outcome(funcs, context, fun, args, kwargs, own, before)
+    except CommandExecutionError as exc:  # fenced before it started (outcome reports the function's own)
+        return f"ERROR: {exc}", 1

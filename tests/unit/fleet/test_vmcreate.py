@@ -7,8 +7,8 @@ import time
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.fleet import fleetstate, minionkeys, placement, relocate, vmcreate
-from saltvirt.pki import envelope
+from saltvirt.fleet import fleetstate, minionkeys, placement, publish, relocate, vmcreate
+from saltvirt.pki import answers, envelope
 from tests.support.keystore import master_key_store_opts
 from tests.support.signedfleet import Bus, SigningClient, fleet_opts, master_opts
 
@@ -498,3 +498,46 @@ def test_a_tenant_is_told_a_name_is_taken_never_whose_or_where(tmp_path, test_co
         with pytest.raises(fleetstate.HeldError, match="'busy1' is held: virt.migrate by master master"):
             init("busy1", private=False)
     assert minionkeys.key_state(opts, "theirs1") is None and minionkeys.key_state(opts, "busy1") is None
+
+
+class _GoneClient(SigningClient):
+    """Hypervisors in ``gone`` answer job checks "not running" (signed), as a real one does once the job
+    ended, died, or was fenced before it started."""
+
+    def __init__(self, answers_by_fun, gone=()):
+        super().__init__(answers_by_fun)
+        self.gone = set(gone)
+
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, kwarg=None, listen=True, jid=""):
+        pub = super().run_job(tgt, fun, arg, tgt_type, timeout, kwarg, listen, jid)
+        if kwarg["fun"] == answers.JOB_CHECK:
+            for mid in set(tgt) & self.gone:
+                self.reply(pub["jid"], mid, kwarg, {})
+        return pub
+
+
+@pytest.mark.parametrize(
+    ("gone", "was_up", "defined", "why"),
+    [
+        (False, True, [], "hv1 stopped answering while it ran virt.init of web1, and may still create it"),
+        (False, False, [], ""),  # down for the query too: the publication did not reach it
+        (True, True, [], ""),  # its job is fenced there and web1 is not defined: the next host may go
+        (True, True, ["web1"], "virt.init of web1 ended on hv1 without an answer, and web1 is defined there"),
+        (True, True, None, "virt.init of web1 ended on hv1 without an answer, and hv1 did not say whether"),
+    ],
+)
+def test_an_init_falls_over_only_when_it_cannot_create_the_vm_where_it_ran(tmp_path, gone, was_up, defined, why):
+    """A run that left 'fall1' defined on two hypervisors (CI): the runner fell over from a host whose job
+    it had given up on while that job went on. It falls over only when that job can no longer create the VM."""
+    opts = fleet_opts(tmp_path, ["hv1"])
+    cfg = publish.config(opts)
+    client = _GoneClient(
+        {"virt.list_domains": {"hv1": defined}} if defined is not None else {}, gone=["hv1"] if gone else []
+    )
+    ans, jid = publish.call(opts, "hv1", "virt.init", ["web1", 1, 128], {}, cfg, client=client)
+    assert ans["status"] == "down" and ans["gone"] is gone, ans
+    hosts = {"hv1": {"status": "up" if was_up else "down"}}
+    reason = vmcreate._still_may_create(opts, "hv1", hosts, ans, "web1", cfg, client)
+    assert reason.startswith(why) and bool(reason) is bool(why), reason
+    err = vmcreate._attempt_failed("web1", "hv1", ans, jid, cfg, "web1", [], reason)
+    assert not reason or "no other hypervisor was tried, so that web1 never runs twice" in str(err)

@@ -100,3 +100,17 @@ def test_virt_answer_for_a_tenant_refuses_a_vm_of_another_owner(tmp_path, keys):
     ret, retcode = answers.verify(pub, "hyper-test", "virt.stop", nonce, refused)
     assert (ret, retcode) == ("ERROR: no VM named test in tenant acme", 1)
     assert mods["virt.vm_state"]("test") == {"test": "running"}  # untouched
+
+
+def test_a_job_the_check_said_was_not_running_does_nothing_when_it_starts_late(tmp_path, keys):
+    """The master falls over to another hypervisor on a signed "not running": the late job must not create
+    the VM here too (Salt's proc file is written only after the job's process loaded its modules)."""
+    pub, pki = keys
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra={"pki_dir": pki})
+    jid, nonce = "20261129000000000042", answers.new_nonce()
+    check = mods["virt.answer"](answers.JOB_CHECK, nonce, args=[jid])
+    assert answers.verify(pub, "hyper-test", answers.JOB_CHECK, nonce, check) == ({}, 0)
+    late = mods["virt.answer"]("virt.stop", nonce, args=["test"], __pub_user="root", __pub_jid=jid)
+    ret, retcode = answers.verify(pub, "hyper-test", "virt.stop", nonce, late)
+    assert retcode == 1 and "did nothing" in ret, ret
+    assert mods["virt.vm_state"]("test") == {"test": "running"}
