@@ -37,8 +37,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
     from saltvirt.storage import attach, intake
-    from saltvirt.vm import progress as progress_events
-    from saltvirt.vm import provision
+    from saltvirt.vm import progress, provision
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -91,7 +90,7 @@ def _operator():
 
 def _progress(name):
     """Progress events of one ``virt.init`` (``saltvirt.vm.progress``): one connection, none without a bus."""
-    return progress_events.Progress(
+    return progress.Progress(
         __opts__,
         f"salt/virt/init/{name}",
         base={"vm": name, "host": __grains__.get("id")},
@@ -264,7 +263,7 @@ def init(
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
     compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
     spec_args = {key: value for key, value in locals().items() if key in provision.SPEC_ARGS}
-    with _conn(connection) as conn, _progress(name) as progress:
+    with _conn(connection) as conn, _progress(name) as events:
         ret = provision.init(
             conn,
             name,
@@ -287,7 +286,7 @@ def init(
             pki_dir=__opts__.get("pki_dir"),
             envelope_job=job,
             replay_cache=os.path.join(__opts__.get("cachedir") or "", "salt-virt", "opened-envelopes"),
-            progress=progress,
+            progress=events,
             checksum=checksum,
             allow_http=_bool(_cfg("virt:insecure_http_images", False)),
             trusted_image=isinstance(image, str) and image in (_cfg("virt:insecure_trusted_images", None) or ()),

@@ -168,8 +168,7 @@ def _moved(config):
 
 def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
     from saltvirt.fleet import hypervisors
-    from saltvirt.pki import ca as pki
-    from saltvirt.pki import keyfiles, revocation
+    from saltvirt.pki import ca, keyfiles, revocation
 
     on_demand = _on_demand()
     if on_demand or (on_demand is None and "libvirt" in (__opts__.get("on_demand_ext_pillar") or [])):
@@ -218,33 +217,33 @@ def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-ar
         log.warning("libvirt ext_pillar: %s is no longer a hypervisor: revoked %d certificate(s)", mid, len(serials))
     if not hypervisors.matches(opts, minion_id, grains=grains, pillar=pillar):
         return {}
-    params = pki.settings(**{k: config.get(k) for k in ("days", "renew_days", "ca_days", "key_type", "key_size")})
+    params = ca.settings(**{k: config.get(k) for k in ("days", "renew_days", "ca_days", "key_type", "key_size")})
     sans = sans_for(minion_id, grains, config)
     fqdn = str(grains.get("fqdn") or "").lower() if _san_from_grains(config) else ""
     cn = fqdn if fqdn and fqdn not in NOT_HOST_NAMES else minion_id
     issued = {
-        "server": pki.issue(ca_dir, minion_id, "server", sans, cn=cn, **params),
-        "client": pki.issue(ca_dir, minion_id, "client", **params),
-        "qemu-server": pki.issue(ca_dir, minion_id, "qemu-server", sans, **params),
-        "qemu-client": pki.issue(ca_dir, minion_id, "qemu-client", **params),
+        "server": ca.issue(ca_dir, minion_id, "server", sans, cn=cn, **params),
+        "client": ca.issue(ca_dir, minion_id, "client", **params),
+        "qemu-server": ca.issue(ca_dir, minion_id, "qemu-server", sans, **params),
+        "qemu-client": ca.issue(ca_dir, minion_id, "qemu-client", **params),
     }
     for kind, ret in issued.items():
         if ret["issued"]:
             log.info("libvirt ext_pillar: issued the %s certificate of %s (%s)", kind, minion_id, ret["reason"])
         if ret["warning"]:
             log.warning("libvirt ext_pillar: %s: %s (%s)", minion_id, ret["warning"], ca_dir)
-    bundle = pki.trusted_bundle(ca_dir)
+    bundle = ca.trusted_bundle(ca_dir)
     out = {
         "cacert": bundle,
         "crl": revocation.crl_pem(ca_dir),
-        "tls_allowed_dn_list": [pki.CLIENT_DN_PATTERN],
-        "libvirtd": keyfiles.libvirtd_settings(str(config.get("basepath") or "/etc/pki"), [pki.CLIENT_DN_PATTERN]),
-        "ca": pki.summary(bundle),
+        "tls_allowed_dn_list": [ca.CLIENT_DN_PATTERN],
+        "libvirtd": keyfiles.libvirtd_settings(str(config.get("basepath") or "/etc/pki"), [ca.CLIENT_DN_PATTERN]),
+        "ca": ca.summary(bundle),
     }
     for kind, ret in issued.items():
         prefix = "qemu_" if kind.startswith("qemu-") else ""
         base = kind.split("-")[-1]
         out[f"{prefix}{base}cert"], out[f"{prefix}{base}key"] = ret["cert"], ret["key"]
         if not prefix:
-            out[base] = pki.summary(ret["cert"])
+            out[base] = ca.summary(ret["cert"])
     return {"libvirt": out}

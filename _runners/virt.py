@@ -71,16 +71,16 @@ if saltvirt is not None:
         catalog,
         fleetstate,
         hypervisors,
+        leftovers,
         minionkeys,
         placement,
+        publish,
         quota,
         tenants,
         vmcreate,
         vmupdate,
         vmwait,
     )
-    from saltvirt.fleet import leftovers as fleet_cleanup
-    from saltvirt.fleet import publish as fleet
     from saltvirt.spec import compat, vmargs, vmspec
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def _virt_conf():
 
 
 def _cfg(tgt=None, tgt_type=None, timeout=None):
-    return fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+    return publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
 
 
 def _client():
@@ -129,12 +129,12 @@ def _failed(exc, **extra):
     """The runner's answer for a failure: the real message, details, and a non-zero exit code."""
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
-    return _out(fleet.failure(exc, **extra))
+    return _out(publish.failure(exc, **extra))
 
 
 def _gather(fun, tgt=None, tgt_type=None, timeout=None):
     with _client() as client:
-        return fleet.gather(__opts__, fun, _cfg(tgt, tgt_type, timeout), client)
+        return publish.gather(__opts__, fun, _cfg(tgt, tgt_type, timeout), client)
 
 
 def _who():
@@ -344,7 +344,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with _client() as client:  # capacity only: placement needs no VM's full facts
-            hosts = fleet.capacities(__opts__, _cfg(tgt, tgt_type), client)
+            hosts = publish.capacities(__opts__, _cfg(tgt, tgt_type), client)
         plan = placement.rank(hosts, req, pol, top=placement.RANK_TOP)
     except SaltException as exc:
         return _failed(exc)
@@ -565,12 +565,12 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
             cfg = _cfg(tgt, tgt_type)
             where, _hosts = _where(who, name, host, cfg, client)
             tenant = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
-            ans, jid = fleet.call(__opts__, where, fun, [name, *args], None, cfg, None, client, tenant=tenant)
+            ans, jid = publish.call(__opts__, where, fun, [name, *args], None, cfg, None, client, tenant=tenant)
     except SaltException as exc:
         return _failed(exc)
     if ans["status"] != "up":
         return _failed(
-            fleet.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid)
+            publish.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid)
         )
     return _out({"name": name, "host": where, "result": ans["ret"]})
 
@@ -614,7 +614,7 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
             owner = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
 
             def call(where, fun, args, kwarg):
-                return fleet.call(__opts__, where, fun, args, kwarg, cfg, None, client, tenant=owner)[0]
+                return publish.call(__opts__, where, fun, args, kwarg, cfg, None, client, tenant=owner)[0]
 
             ret = vmupdate.update(
                 __opts__,
@@ -734,16 +734,16 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     if "error" in ret["data"] and not host and who.operator:  # leftovers of any init: operators only
         try:
             with _client() as client:
-                leftovers = fleet_cleanup.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client, _store())
+                cleaned = leftovers.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client, _store())
         except SaltException as exc:
-            leftovers = None
+            cleaned = None
             log.debug("virt.purge %s: no leftovers cleanup: %s", name, exc)
-        if leftovers is not None:
-            ret = _out(leftovers)
+        if cleaned is not None:
+            ret = _out(cleaned)
     elif "error" not in ret["data"]:  # purged where it was: what an init that fell over left elsewhere goes too
         try:
             with _client() as client:
-                ret["data"]["cleanup_elsewhere"] = fleet_cleanup.cleanup_everywhere(
+                ret["data"]["cleanup_elsewhere"] = leftovers.cleanup_everywhere(
                     __opts__, name, _cfg(tgt, tgt_type), client, _store()
                 )
         except SaltException as exc:

@@ -28,8 +28,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import assign, callers, hypervisors, tenants
-    from saltvirt.fleet import publish as fleet
+    from saltvirt.fleet import assign, callers, hypervisors, publish, tenants
     from saltvirt.spec import compat
 
 __virtualname__ = "virt"
@@ -85,12 +84,12 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None, read
         opts = compat.master_opts(__opts__)
         hypervisors.require(opts, host, "provisioning the VMs assigned to it")
         if ready_nonce is not None or who.user == callers.REACTOR:
-            assign.confirm_ready(__opts__, host, ready_nonce, fleet.config(opts))
+            assign.confirm_ready(__opts__, host, ready_nonce, publish.config(opts))
         assigned, invalid = assign.entries(assign.host_pillar(__opts__, host, saltenv, pillarenv))
-        hosts = fleet.gather(__opts__, "virt.vm_state", fleet.config(opts))
+        hosts = publish.gather(__opts__, "virt.vm_state", publish.config(opts))
     except SaltException as exc:
         return _failed(getattr(exc, "error", None) or str(exc), host=host)
-    ret = {"host": host, "created": {}, "failed": {}, "invalid": invalid, "down": fleet.down_hosts(hosts)}
+    ret = {"host": host, "created": {}, "failed": {}, "invalid": invalid, "down": publish.down_hosts(hosts)}
     to_create, ret["existing"] = assign.plan(assigned, hosts)
     if host in ret["down"]:
         return _failed(f"{host} did not answer: {hosts[host].get('error')}", **ret, assigned=sorted(assigned))

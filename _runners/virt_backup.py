@@ -26,8 +26,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import backups, callers, fleetstate, quota, tenants
-    from saltvirt.fleet import publish as fleet
+    from saltvirt.fleet import backups, callers, fleetstate, publish, quota, tenants
     from saltvirt.spec import compat
 
 log = logging.getLogger(__name__)
@@ -58,14 +57,14 @@ def _hosts(fcfg, who, tenant, with_owners=False):
     (by the owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
     other runner functions show it); ``owners``: ``{vm: tenant}`` when ``tenant`` or ``with_owners``."""
     if tenant is None and not with_owners:
-        return fleet.gather(__opts__, "virt.vm_state", cfg=fcfg), {}
-    seen = tenants.visible(fleet.gather(__opts__, "virt.full_info", cfg=fcfg), who, tenants.config(__opts__))
+        return publish.gather(__opts__, "virt.vm_state", cfg=fcfg), {}
+    seen = tenants.visible(publish.gather(__opts__, "virt.full_info", cfg=fcfg), who, tenants.config(__opts__))
     return (backups.owned(seen, tenant) if tenant else backups.vm_states(seen)), backups.owners(seen)
 
 
 def _budget(fcfg, quotas, owners):
     """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
-    used = backups.backup_use(fleet.gather(__opts__, "virt.backup_usage", cfg=fcfg))
+    used = backups.backup_use(publish.gather(__opts__, "virt.backup_usage", cfg=fcfg))
     return backups.Budget(quotas, used, owners)
 
 
@@ -97,14 +96,14 @@ def backup(
         only = backups.scope(who, tenant, tconf)
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)
-        fcfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+        fcfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
         quotas = backups.backup_quotas(tconf, only)
         hosts, owners = _hosts(fcfg, who, only, with_owners=bool(quotas))
         budget = _budget(fcfg, quotas, owners) if quotas else None
         work, problems = backups.plan(hosts, name, tenant=only)
 
         def call(host, fun, args, kwargs, max_wait):
-            return fleet.call(__opts__, host, fun, args, kwargs, cfg=fcfg, max_wait=max_wait)[0]
+            return publish.call(__opts__, host, fun, args, kwargs, cfg=fcfg, max_wait=max_wait)[0]
 
         count = sum(len(v) for v in work.values())
         _show(f"backing up {count} VM(s) on {len(work)} hypervisor(s), {cfg['per_host']} at a time per host")
@@ -114,7 +113,7 @@ def backup(
             __context__["retcode"] = 1
         return {"error": str(exc), "retcode": 1}
     out["failed"].update(problems)
-    out["down"] = fleet.down_hosts(hosts)
+    out["down"] = publish.down_hosts(hosts)
     if budget:
         out["backup_mib"] = budget.report()
     if out["failed"]:
@@ -154,12 +153,12 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
         new = validate.vm_name(as_name, "as_name") if as_name else name
         conf = compat.master_virt_conf(__opts__)[0].get("backup")
         wait = backups.settings(conf)["timeout"]
-        fcfg = fleet.config(compat.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
+        fcfg = publish.config(compat.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
         with _restore_lock(who, name, as_name, fcfg) as lease:
             try:
                 since = time.time()
                 fun = "virt.vm_state" if who.operator else "virt.full_info"  # a tenant's: who owns what
-                full = fleet.gather(__opts__, fun, cfg=fcfg)
+                full = publish.gather(__opts__, fun, cfg=fcfg)
                 hosts = full if who.operator else backups.vm_states(full)
                 if not who.operator:  # first: restore_host's refusals name any VM's hypervisor
                     backups.tenant_names(who, full, name, as_name)
@@ -168,7 +167,7 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
                     _tenant_restore(who, full, name, id, where, as_name, fcfg, lease, since)
                 args = {"as_name": as_name, "start": validate.to_bool(start), "force": validate.to_bool(force)}
                 _show(f"restoring backup {id} of VM {name} on {where}" + (f" as {as_name}" if as_name else ""))
-                ans = fleet.call(__opts__, where, "virt.restore", [name, id], args, cfg=fcfg, max_wait=wait)[0]
+                ans = publish.call(__opts__, where, "virt.restore", [name, id], args, cfg=fcfg, max_wait=wait)[0]
                 if ans.get("status") in ("down", "timeout"):  # it may still make the VM: its quota stays a while
                     quota.finish(lease.store, lease, "unknown", keep_for=wait)
                 if ans.get("status") != "up":
@@ -192,7 +191,7 @@ def _restore_lock(who, name, as_name, fcfg):
             lease = stack.enter_context(fleetstate.lock(__opts__, [as_name or name], kind="virt.restore"))
         except fleetstate.HeldError:
             if not who.operator:
-                backups.tenant_held(who, lambda: fleet.gather(__opts__, "virt.full_info", cfg=fcfg), name, as_name)
+                backups.tenant_held(who, lambda: publish.gather(__opts__, "virt.full_info", cfg=fcfg), name, as_name)
             raise
         yield lease
 
@@ -200,7 +199,7 @@ def _restore_lock(who, name, as_name, fcfg):
 def _tenant_restore(who, full, name, bid, where, as_name, fcfg, lease, since):
     """A tenant member's restore: its own backup (``virt.backup_list`` on ``where``), and what it adds taken
     from its quota (``saltvirt.fleet.backups.reserve_restore``)."""
-    listing = fleet.call(__opts__, where, "virt.backup_list", [name], None, cfg=fcfg)[0]
+    listing = publish.call(__opts__, where, "virt.backup_list", [name], None, cfg=fcfg)[0]
     if listing.get("status") != "up":
         raise CommandExecutionError(f"virt.backup_list on {where}: {listing.get('error') or listing.get('status')}")
     tconf = tenants.config(__opts__)["tenants"][who.tenant]

@@ -24,8 +24,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import callers, placement, relocate, tenants
-    from saltvirt.fleet import publish as fleet
+    from saltvirt.fleet import callers, placement, publish, relocate, tenants
     from saltvirt.spec import compat
 
 __virtualname__ = "virt"
@@ -44,7 +43,7 @@ def _failed(exc):
     """The answer for a failure, as the other ``virt`` runner functions give it (``virt_query`` outputter)."""
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
-    return {"outputter": "virt_query", "data": fleet.failure(exc)}
+    return {"outputter": "virt_query", "data": publish.failure(exc)}
 
 
 def _virt_conf():
@@ -52,7 +51,7 @@ def _virt_conf():
 
 
 def _remote(client, tgt=None, tgt_type=None):
-    cfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
     return relocate.Remote(__opts__, cfg, client)
 
 

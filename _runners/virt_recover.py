@@ -36,8 +36,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import callers, fleetstate, leftovers, placement, recovery, relocate, tenants
-    from saltvirt.fleet import publish as fleet
+    from saltvirt.fleet import callers, fleetstate, leftovers, placement, publish, recovery, relocate, tenants
     from saltvirt.fleet import rebalance as _rebalance
     from saltvirt.spec import compat
 
@@ -59,7 +58,7 @@ def _conf():
 
 
 def _remote(client, tgt=None, tgt_type=None):
-    cfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
     return relocate.Remote(__opts__, cfg, client)
 
 
@@ -77,7 +76,7 @@ def _operator(fun):
 def _failed(exc):
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
-    return fleet.failure(exc)
+    return publish.failure(exc)
 
 
 def record(tgt=None, tgt_type=None):

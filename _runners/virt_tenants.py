@@ -24,8 +24,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.fleet import callers, fleetstate, quota, tenants
-    from saltvirt.fleet import publish as fleet
+    from saltvirt.fleet import callers, fleetstate, publish, quota, tenants
     from saltvirt.spec import compat
 
 __virtualname__ = "virt"
@@ -44,7 +43,7 @@ def _failed(exc):
     """The answer for a failure, as the other ``virt`` runner functions give it (``virt_query`` outputter)."""
     with contextlib.suppress(NameError):  # __context__ is injected by the loader
         __context__["retcode"] = 1
-    return {"outputter": "virt_query", "data": fleet.failure(exc)}
+    return {"outputter": "virt_query", "data": publish.failure(exc)}
 
 
 def usage(tgt=None, tgt_type=None, timeout=None):
@@ -67,12 +66,12 @@ def usage(tgt=None, tgt_type=None, timeout=None):
         if not who.operator:
             conf = {who.tenant: conf[who.tenant]}
         since = time.time()
-        cfg = fleet.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+        cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
-            hosts = fleet.gather(__opts__, "virt.full_info", cfg, client)
+            hosts = publish.gather(__opts__, "virt.full_info", cfg, client)
         store = fleetstate.Store(__opts__)
         data = quota.usage(store, hosts, conf, since, fleetstate.config(__opts__))
-        down = fleet.down_hosts(hosts)
+        down = publish.down_hosts(hosts)
         if down:
             data["_note"] = (
                 f"these hypervisors did not answer (their VMs are counted from the ledger): {', '.join(down)}"

@@ -139,9 +139,9 @@ def _image_format(image, saltenv, test, trusted=False, roots=()):
 
 
 def _config(key, default):
-    from saltvirt.host import conn as vconn
+    from saltvirt.host import conn as _c
 
-    return vconn.salt_config(__salt__)(key, default) or default
+    return _c.salt_config(__salt__)(key, default) or default
 
 
 def _create(ret, name, cpu, mem, start, kwargs):
@@ -436,13 +436,13 @@ def absent(name, remove_disks=False, connection=None):
 
 # networks (pools: _states/virt_storage.py) -----------------------------------------------------------
 def _object_state(kind, name, make_spec, autostart, run, connection):
-    from saltvirt.host import conn as vconn
+    from saltvirt.host import conn as _c
     from saltvirt.host import netpool
 
     ret = _ret(name)
     try:
         spec = make_spec()
-        with vconn.salt_connect(__salt__, connection) as conn:  # open_timeout and keepalive apply
+        with _c.salt_connect(__salt__, connection) as conn:  # open_timeout and keepalive apply
             done = netpool.ensure(conn, kind, spec, autostart=autostart, run=run, test=__opts__["test"])
     except _errors() as exc:
         return dict(ret, result=False, comment=str(exc))

@@ -35,7 +35,7 @@ import salt.utils.stringutils
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base.salttypes import SaltFunctions, SaltOpts
-from saltvirt.fleet import tenants as tenants_conf
+from saltvirt.fleet import tenants
 from saltvirt.fleet.tenants import Caller  # who a caller is, as tenants (below this module) need it
 
 UNKNOWN = ("", "UNKNOWN", None)
@@ -109,7 +109,7 @@ def resolve(opts: SaltOpts, user: str | None) -> Caller:
     must be a member of exactly one tenant, and no ``publisher_acl`` user (:func:`publisher_acl_user`: it
     can run any job as root, a tenant would not hold it). Raises SaltInvocationError for a caller Salt did
     not name, a ``publisher_acl`` user and one no tenant has."""
-    conf = tenants_conf.config(opts)
+    conf = tenants.config(opts)
     if not conf["tenants"]:
         return Caller(user or "UNKNOWN", True, why="virt:tenants is not configured: every caller is an operator")
     if not user:
@@ -122,7 +122,7 @@ def resolve(opts: SaltOpts, user: str | None) -> Caller:
         return Caller(user, True, why="root on the master", groups=groups)
     if user == REACTOR:
         return Caller(user, True, why="the master's reactor (its SLS files are the operator's)")
-    if tenants_conf.matches(conf["operators"], user, groups):
+    if tenants.matches(conf["operators"], user, groups):
         return Caller(user, True, why="listed in virt:operators", groups=groups)
     if publisher_acl_user(opts, user):
         raise SaltInvocationError(
@@ -131,7 +131,7 @@ def resolve(opts: SaltOpts, user: str | None) -> Caller:
             "virt:operators, or removes it from publisher_acl and gives it eauth (salt-api, salt-run --eauth) "
             "to make it a tenant member"
         )
-    found = [name for name, t in conf["tenants"].items() if tenants_conf.matches(t["members"], user, groups)]
+    found = [name for name, t in conf["tenants"].items() if tenants.matches(t["members"], user, groups)]
     if len(found) > 1:
         raise SaltInvocationError(
             f"user {user} is a member of several tenants ({', '.join(sorted(found))}): "

@@ -25,7 +25,7 @@ from typing import Any
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate
+from saltvirt.fleet import fleetstate, publish
 
 log = logging.getLogger(__name__)
 ABANDONED = "salt-virt/abandoned"
@@ -83,9 +83,7 @@ def proof(answers: dict[str, Data]) -> tuple[dict[str, list[str]], dict[str, str
 def _ask_defined(opts, cfg, client):
     """Every configured hypervisor's ``virt.defined_uuids``: a call's ``tgt`` narrows where a cleanup runs,
     never which hypervisors are asked (any of them may run a VM from a shared directory)."""
-    from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
-
-    return fleet.run(opts, "virt.defined_uuids", cfg=dict(cfg, tgt=None, tgt_type=None), client=client)[0]
+    return publish.run(opts, "virt.defined_uuids", cfg=dict(cfg, tgt=None, tgt_type=None), client=client)[0]
 
 
 def defined_uuids(opts: SaltOpts, cfg: Data, client: Any) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -154,9 +152,7 @@ def heal(
 
 def publish_call(opts: SaltOpts, cfg: Data, client: Any) -> Callable[..., Any]:
     """:func:`heal`'s ``call`` through Salt (the runner)."""
-    from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
-
-    return lambda host, fun, args, kwargs=None: fleet.call(opts, host, fun, args, kwargs, cfg=cfg, client=client)[0]
+    return lambda host, fun, args, kwargs=None: publish.call(opts, host, fun, args, kwargs, cfg=cfg, client=client)[0]
 
 
 def publish_defined(
@@ -178,13 +174,11 @@ def cleanup_everywhere(
     VM is never touched) with the uuids every hypervisor defines (``proven``: :func:`defined_uuids`, asked
     here when not given): ``{host: answer}``; the abandoned-init entries of hosts that finished go. While a
     hypervisor does not answer which uuids it defines, no cleanup runs: ``{that host: {error}}``."""
-    from saltvirt.fleet import publish as fleet  # noqa: PLC0415 - fleet imports this module
-
     used, silent = proven or defined_uuids(opts, cfg, client)
     if silent:
         why = unproven(silent, f"Run salt-run virt.cleanup {name} once every hypervisor answers")
         return {host: {"error": why} for host in silent}
-    answers, _jid = fleet.run(opts, "virt.cleanup", [name], {"fleet_uuids": used}, cfg=cfg, client=client)
+    answers, _jid = publish.run(opts, "virt.cleanup", [name], {"fleet_uuids": used}, cfg=cfg, client=client)
     report = {}
     for mid, ans in answers.items():
         report[mid], finished = _cleaned(ans)

@@ -43,9 +43,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, placement, relocate
-from saltvirt.fleet import publish as fleet
-from saltvirt.fleet import recovery_guard as guard
+from saltvirt.fleet import fleetstate, placement, publish, recovery_guard, relocate
 from saltvirt.pki import recordmac
 
 HOSTS = "salt-virt/hosts"
@@ -130,7 +128,7 @@ def recall(opts: SaltOpts, host: str, store: fleetstate.Store | None = None) -> 
     store could otherwise have a hypervisor define any domain XML)."""
     rec = (store or fleetstate.Store(opts)).fetch(HOSTS, host)
     if rec is not None and not recordmac.verified(opts["pki_dir"], HOSTS, host, rec):
-        raise fleet.Failed(UNSIGNED_RECORD.format(host=host))
+        raise publish.Failed(UNSIGNED_RECORD.format(host=host))
     return rec
 
 
@@ -159,7 +157,7 @@ def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg
     status = hosts[host]["status"]
     if status != "down":
         what = {"up": "answers", "error": "answers (with an error)", "timeout": "is still running a job"}
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: its minion {what.get(status, status)} ({hosts[host].get('error') or 'ok'}). "
             "Recovery is for a host that is down: migrate or evacuate its VMs instead",
             minion=status,
@@ -179,7 +177,7 @@ def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg
     seen = {"minion": "down", "libvirt": probes}
     reached = [p for p in probes if p.get("reachable")]
     if reached:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: its minion does not answer, but its libvirtd does "
             f"(reached from {', '.join(p['from'] for p in reached)} at {reached[0]['uri']}): its VMs may be running. "
             "Fix the minion, or migrate the VMs",
@@ -187,7 +185,7 @@ def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg
         )
     unsure = [p for p in probes if p.get("reachable") is not False]
     if unsure:  # only "connection refused" or a timeout prove it down; any other error proves nothing
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: "
             + "; ".join(f"{p['from']} could not check its libvirtd: {p.get('error') or '?'}" for p in unsure)
             + ". Only 'connection refused' or a timeout show a host is down: fix that (certificates, names, "
@@ -195,7 +193,7 @@ def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg
             down=seen,
         )
     if not probes:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: no other hypervisor answered to check whether its libvirtd is down",
             down=seen,
         )
@@ -274,7 +272,7 @@ def check_peers(remote: relocate.Remote, rec: Data, host: str, hosts: dict[str, 
 def fence(fcfg: Data, host: str) -> Data:
     """Run the operator's fence command for ``host``: ``{command, rc, output}``; raises without one."""
     if not fcfg["command"]:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: no fence command (virt:fence:command in the master config). Without fencing, "
             f"a host that only lost its network would run its VMs a second time on the same disks. Configure e.g. "
             "virt: {fence: {command: [/usr/local/sbin/fence-host, '{host}'], timeout: 60}}, a command that powers "
@@ -331,7 +329,7 @@ def restart_one(
             ranked = placement.rank(hosts, req, pol, exclude=tried, reserved=load)
             target = ranked["host"]
             if not target:
-                raise fleet.Failed("; ".join(errors) or ranked["reason"], excluded=ranked["excluded"])
+                raise publish.Failed("; ".join(errors) or ranked["reason"], excluded=ranked["excluded"])
             try:
                 fleetstate.reserve(
                     store,
@@ -349,8 +347,8 @@ def restart_one(
                 continue
             lease.check()
             try:  # the plan's snapshot is old: look again, under the lock, right before the start
-                guard.last_look(remote, name, vm.get("uuid"), host, force)
-                guard.claim(store, rec, name, host, target, remote.opts, force)
+                recovery_guard.last_look(remote, name, vm.get("uuid"), host, force)
+                recovery_guard.claim(store, rec, name, host, target, remote.opts, force)
             except CommandExecutionError:
                 fleetstate.finish(store, lease, "failed")
                 raise
@@ -360,19 +358,19 @@ def restart_one(
                 )
             except CommandExecutionError as exc:
                 fleetstate.finish(store, lease, "failed")
-                if getattr(exc, "details", {}).get("status") in guard.UNSURE:
+                if getattr(exc, "details", {}).get("status") in recovery_guard.UNSURE:
                     # no answer: it may be starting there. Never try another host on a guess
-                    guard.settle(store, name, "unsure")
-                    raise fleet.Failed(
+                    recovery_guard.settle(store, name, "unsure")
+                    raise publish.Failed(
                         f"{exc}: {name} may be starting on {target}; not trying another host. Check {target}, "
                         "then retry (force=True once you know it does not run there)",
                         tried=sorted(tried | {target}),
                     ) from None
-                guard.settle(store, name, "failed")
+                recovery_guard.settle(store, name, "failed")
                 errors.append(str(exc))
                 tried.add(target)
                 continue
-            guard.settle(store, name, "recovered")
+            recovery_guard.settle(store, name, "recovered")
             fleetstate.finish(store, lease, "settled")
             _book(hosts[target], vm, name)
             out = {"host": target, "state": done.get("state"), "score": ranked["ranking"][0]["score"]}
@@ -400,11 +398,11 @@ def recover(
     fcfg, rcfg = fence_config(conf), recovery_config(conf)
     hosts = remote.gather("virt.full_info")
     if host not in hosts:
-        raise fleet.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
+        raise publish.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
     down = verify_down(remote, host, hosts, rcfg)
-    silent = [h for h in fleet.down_hosts(hosts) if h != host]
+    silent = [h for h in publish.down_hosts(hosts) if h != host]
     if silent and not force:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: {', '.join(silent)} did not answer, and may run {host}'s VMs now "
             "(migrated there since the last record). Bring it back, or retry with force=True once you know "
             "it runs none of them",
@@ -413,7 +411,7 @@ def recover(
         )
     rec = recall(remote.opts, host, store)
     if not rec:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: the master has no record of its VMs (salt-run virt.record keeps one; "
             "schedule it on the master)",
             down=down,
@@ -424,12 +422,12 @@ def recover(
         return dict(result, fenced=None, recovered={}, failed={}, note=f"nothing to restart: {host} was not fenced")
     try:
         fenced = fence(fcfg, host)
-    except fleet.Failed as exc:
+    except publish.Failed as exc:
         exc.details.update(result)
         raise
     result["fenced"] = fenced
     if fenced["rc"] != 0:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to recover {host}: the fence command failed (rc {fenced['rc']}): {fenced['output']}. "
             "Nothing was restarted: make sure the host is off, fix the fence command, retry",
             **result,
@@ -475,9 +473,9 @@ def reconcile(remote: relocate.Remote, host: str, store: fleetstate.Store | None
     store = store or fleetstate.Store(remote.opts)
     hosts = remote.gather("virt.full_info")
     if host not in hosts:
-        raise fleet.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
+        raise publish.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
     if hosts[host]["status"] != "up":
-        raise fleet.Failed(
+        raise publish.Failed(
             f"{host} is {hosts[host]['status']} ({hosts[host].get('error')}): reconcile it once it is back"
         )
     todo = store.fetch(RECOVERED, host) or {}
@@ -492,7 +490,7 @@ def reconcile(remote: relocate.Remote, host: str, store: fleetstate.Store | None
         try:
             disarmed = remote.call(host, "virt.recovery_disarm", stale)
         except CommandExecutionError as exc:
-            raise fleet.Failed(
+            raise publish.Failed(
                 f"{host}: could not turn autostart off for {', '.join(stale)} ({exc}); nothing was undefined. "
                 "Retry virt.reconcile",
                 conflicts={},

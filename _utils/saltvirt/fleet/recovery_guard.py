@@ -18,8 +18,7 @@ import time
 from typing import Any
 
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, relocate
-from saltvirt.fleet import publish as fleet
+from saltvirt.fleet import fleetstate, publish, relocate
 
 VMS = "salt-virt/recovery-vms"
 UNSURE = ("down", "timeout")  # a restart call with no answer: it may have started the VM
@@ -43,13 +42,13 @@ def last_look(remote: relocate.Remote, name: str, uuid: str | None, host: str, f
             continue
         seen[peer] = "up"
         for dom in ans["ret"] or []:
-            raise fleet.Failed(
+            raise publish.Failed(
                 f"refusing to restart {name}: {dom['name']} (UUID {dom['uuid']}) is defined on {peer} "
                 f"({dom['state']}) now: not starting a second copy",
                 last_look=seen,
             )
     if silent and not force:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"refusing to restart {name}: {', '.join(f'{p} ({w})' for p, w in silent.items())} did not answer, "
             f"and may run it (migrated there since the last record). Bring it back, or retry with force=True "
             "once you know it does not run the VM",
@@ -90,7 +89,7 @@ def claim(
     def update(old):
         why = _blocks(old, rec, name, force)
         if why:
-            raise fleet.Failed(f"refusing to restart {name}: {why}", store_entry=old)
+            raise publish.Failed(f"refusing to restart {name}: {why}", store_entry=old)
         return {
             "state": "recovering",
             "name": name,

@@ -31,8 +31,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import fleetstate, placement, quota, tenants
-from saltvirt.fleet import publish as fleet
+from saltvirt.fleet import fleetstate, placement, publish, quota, tenants
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +45,24 @@ class Remote:
         self.opts, self.cfg, self.client = opts, cfg, client
 
     def gather(self, fun: str) -> dict[str, Data]:
-        return fleet.gather(self.opts, fun, self.cfg, self.client)
+        return publish.gather(self.opts, fun, self.cfg, self.client)
 
     def capacities(self) -> dict[str, Data]:
         """Every hypervisor's ``virt.capacity`` (what placement reads, :func:`fleet.capacities`)."""
-        return fleet.capacities(self.opts, self.cfg, self.client)
+        return publish.capacities(self.opts, self.cfg, self.client)
 
     def run(self, fun: str, *args: Any, tgt: str | list[str] | None = None) -> dict[str, Data]:
         """Every hypervisor's (or those in ``tgt``) answer to ``fun(*args)``: ``{minion: {status,
         ret|error}}`` (:func:`fleet.run`, one publication)."""
-        answers, _jid = fleet.run(self.opts, fun, list(args), tgt=tgt, cfg=self.cfg, client=self.client)
+        answers, _jid = publish.run(self.opts, fun, list(args), tgt=tgt, cfg=self.cfg, client=self.client)
         return answers
 
     def call(self, minion: str, fun: str, *args: Any, max_wait: float | None = None, **kwargs: Any) -> Any:
         """The function's return, or :class:`fleet.Failed` with ``status`` (error, down, timeout)."""
-        ans, jid = fleet.call(self.opts, minion, fun, list(args), kwargs or None, self.cfg, max_wait, self.client)
+        ans, jid = publish.call(self.opts, minion, fun, list(args), kwargs or None, self.cfg, max_wait, self.client)
         if ans["status"] != "up":
             error = ans.get("error") or ans["status"]
-            raise fleet.Failed(f"{fun} on {minion}: {error}", host=minion, status=ans["status"], jid=jid)
+            raise publish.Failed(f"{fun} on {minion}: {error}", host=minion, status=ans["status"], jid=jid)
         return ans["ret"]
 
 
@@ -193,7 +192,7 @@ def _place(lease, name, source, target, hosts, since, checks):
         )
     except fleetstate.NoRoomError as exc:
         anyway = "" if tenant else ", or pass ignore_placement=True to move it anyway"
-        raise fleet.Failed(
+        raise publish.Failed(
             f"{target} cannot take VM {name!r}: {exc}. Nothing was migrated, the VM stays on {source}: choose "
             f"another target{anyway}",
             stage="placement",
@@ -274,7 +273,7 @@ def _still_ours(remote, lease, name, source, target, prep):
         cleanup = (
             _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None
         )
-        raise fleet.Failed(
+        raise publish.Failed(
             f"VM {name!r} was not migrated, it stays on {source}: {exc}",
             stage="lock",
             source=source,
@@ -294,14 +293,14 @@ def _unconfirmed(name, target, exc):
 def _source_and_target(hosts, name, source, target):
     """Where the VM is (``source``) after checking that ``target`` is another hypervisor that answered."""
     if target not in hosts:  # first: a minion that is not a hypervisor is never a target, whatever else
-        raise fleet.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
-    source = fleet.locate(hosts, name, source)
+        raise publish.Failed(f"{target} is not a known hypervisor (known: {', '.join(sorted(hosts))})")
+    source = publish.locate(hosts, name, source)
     if target == source:
         raise SaltInvocationError(f"VM {name!r} is already on {target}")
     if hosts[target]["status"] != "up":
         status, error = hosts[target]["status"], str(hosts[target].get("error")).rstrip(".")
         why = {"down": "is down", "timeout": "did not answer in time"}.get(status, "answered with an error")
-        raise fleet.Failed(f"target hypervisor {target} {why}: {error}. VM {name!r} stays on {source}", host=target)
+        raise publish.Failed(f"target hypervisor {target} {why}: {error}. VM {name!r} stays on {source}", host=target)
     return source
 
 
@@ -313,7 +312,7 @@ def _prepare(remote, name, source, target, copy_storage):
     try:
         prep = remote.call(target, "virt.migrate_prepare", name, info, copy_storage=copy_storage)
     except CommandExecutionError as exc:
-        raise fleet.Failed(
+        raise publish.Failed(
             f"preparing {target} for VM {name!r} failed: {exc}. Nothing was migrated, the VM stays on {source}",
             stage="prepare",
             source=source,
@@ -330,7 +329,7 @@ def _move(remote, name, source, target, info, prep, kwargs, timeout):
     timeout: the migration may still be running) and the error says where the VM is."""
     try:
         if prep["copy_storage"] and not info["active"]:
-            raise fleet.Failed(
+            raise publish.Failed(
                 f"VM {name!r} is stopped and its disks are not on storage {target} sees: libvirt moves a stopped VM's "
                 "definition only. Start it to migrate it live with its disks, or put its disks on shared storage",
                 retry=False,
@@ -340,7 +339,7 @@ def _move(remote, name, source, target, info, prep, kwargs, timeout):
     except CommandExecutionError as exc:
         status = getattr(exc, "details", {}).get("status")
         if status == "timeout":  # it may still be migrating: removing its target disks now would break it
-            raise fleet.Failed(
+            raise publish.Failed(
                 f"migrating VM {name!r} from {source} to {target} did not finish within {timeout} s and may still be "
                 f"running: check with salt-run virt.list, then salt {target} virt.migrate_abort_cleanup {name} "
                 "'<created files>' if it failed",
@@ -351,7 +350,7 @@ def _move(remote, name, source, target, info, prep, kwargs, timeout):
         cleanup = (
             _quiet(remote, target, "virt.migrate_abort_cleanup", name, prep["created"]) if prep["created"] else None
         )
-        raise fleet.Failed(
+        raise publish.Failed(
             str(exc),
             **{**getattr(exc, "details", {}), "source": source, "target": target},
             source_state=_still_on_source(remote, source, name),
@@ -416,9 +415,9 @@ def evacuate(
     """Migrate every VM off ``host`` (a hypervisor minion); see the runner's ``virt.evacuate``."""
     facts = remote.gather("virt.full_info")
     if host not in facts:
-        raise fleet.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(facts))})")
+        raise publish.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(facts))})")
     if facts[host]["status"] != "up":
-        raise fleet.Failed(f"{host} is {facts[host]['status']}: {facts[host].get('error')}: cannot evacuate it")
+        raise publish.Failed(f"{host} is {facts[host]['status']}: {facts[host].get('error')}: cannot evacuate it")
     pol = policy or placement.make_policy()
     vms = dict(facts[host]["vm_info"])
     # biggest first: the hardest to place get the most choice; running before stopped

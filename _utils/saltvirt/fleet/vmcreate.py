@@ -25,9 +25,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, hypervisors, minionkeys, placement, tenants
-from saltvirt.fleet import leftovers as fleet_cleanup
-from saltvirt.fleet import quota as quotas
+from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, quota, tenants
 from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
 from saltvirt.pki import envelope
 from saltvirt.storage import intake
@@ -122,7 +120,7 @@ def _locked_create(opts, name, req, image, module_kwargs, job, **kwargs):
                 exc.details["taken_over"] = taken
             raise
         finally:  # a quota taken before a refusal (placement, a taken name): given back (no-op once ended)
-            _quietly(quotas.finish, lease.store, lease, "failed")
+            _quietly(quota.finish, lease.store, lease, "failed")
         if taken:
             result["taken_over"] = taken
         return result
@@ -143,7 +141,7 @@ def _reserve(lease, hosts, order, start, name, req, policy, since, tried, keep_p
         try:
             if place:
                 place(hv)
-        except quotas.QuotaError as exc:
+        except quota.QuotaError as exc:
             tried.append({"host": hv, "outcome": "quota", "error": str(exc), "jid": None})
             continue
         try:
@@ -287,7 +285,7 @@ def _no_room(name, plan, tried):
 def _note_attempt(opts, lease, tried, name, hv, ans, jid):
     tried.append({"host": hv, "outcome": ans["status"], "error": ans.get("error"), "jid": jid})
     if ans["status"] in ("down", "timeout"):  # it may leave disks and seeding there: cleaned once it answers
-        fleet_cleanup.remember(lease.store, hv, name, jid, ans["status"], opts.get("id"))
+        leftovers.remember(lease.store, hv, name, jid, ans["status"], opts.get("id"))
 
 
 def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
@@ -300,11 +298,11 @@ def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
         return hosts, None
     fleet_vms = gather(opts, "virt.full_info", cfg, client)
     asked = dict(req, disk_mib=tenant.get("disk_mib", req["disk_mib"]))  # the image and the new disks
-    quotas.reserve(lease.store, lease, tenant["name"], name, asked, fleet_vms, since, tenant["quota"])
+    quota.reserve(lease.store, lease, tenant["name"], name, asked, fleet_vms, since, tenant["quota"])
     groups = tenant.get("groups")
 
     def place(host):
-        quotas.place(lease.store, lease, host, fleet_vms, since, groups)
+        quota.place(lease.store, lease, host, fleet_vms, since, groups)
 
     return {h: a for h, a in hosts.items() if tenant["allowed"](h)}, (place if groups else None)
 
@@ -317,7 +315,7 @@ def _end(lease, outcome, keep_for=None):
         err
         for err in (
             _quietly(fleetstate.finish, lease.store, lease, outcome, keep_for=keep_for),
-            _quietly(quotas.finish, lease.store, lease, outcome, keep_for=keep_for),
+            _quietly(quota.finish, lease.store, lease, outcome, keep_for=keep_for),
         )
         if err
     ]
@@ -424,11 +422,11 @@ def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease
     """If ``suspect`` (no answer, or an error while waiting) and the salt-master stopped: the job may well
     finish on the hypervisor without it, and its VM needs the pre-accepted key, so the key stays, its room
     stays reserved and the outcome is reported as unknown."""
-    if not suspect or fleet_cleanup.master_running(opts):
+    if not suspect or leftovers.master_running(opts):
         return
     keys.keep = True
     _end(lease, "unknown", keep_for=cfg["init_timeout"])
-    message = fleet_cleanup.master_gone_message(name, hv, jid, key_id)
+    message = leftovers.master_gone_message(name, hv, jid, key_id)
     log.error("%s", message)  # salt-run itself may fail to print its answer without a master
     raise Failed(message, tried=tried) from None
 
@@ -452,7 +450,7 @@ def check_name(hosts: dict[str, Data], name: str, store: fleetstate.Store, opera
     if not silent:
         return []
     listed = ", ".join(f"{h} ({hosts[h]['status']})" for h in silent)
-    holders = quotas.holders(store, name) if operator else []
+    holders = quota.holders(store, name) if operator else []
     if holders or not operator:
         why = f" (tenant {', '.join(holders)}'s quota ledger has it)" if holders else ""
         they = "it answers" if len(silent) == 1 else "they answer"

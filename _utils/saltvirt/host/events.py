@@ -49,8 +49,8 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import ConfigGet, Conn, Data
-from saltvirt.host import conn as vconn
 from saltvirt.host import query, saltevents
+from saltvirt.host.conn import DEFAULT_OPEN_TIMEOUT, connect, describe, event_loop, resolve_uri
 
 try:
     import libvirt
@@ -684,7 +684,7 @@ class Watcher:
 
     def run(self) -> None:
         """Sessions until :attr:`stop` is set, reconnecting with exponential backoff."""
-        vconn.event_loop()  # before the first open: libvirt delivers events only through a registered loop
+        event_loop()  # before the first open: libvirt delivers events only through a registered loop
         delay = self.options["backoff_min"]
         while not self.stop.is_set():
             started = time.monotonic()
@@ -727,13 +727,13 @@ def serve(
     ``virt:connection``, with its open timeout and keepalive; the inbox bounded by ``virt:events:inbox_max``)
     and hand its events to ``fire`` until the minion stops. A bad option is logged once and the engine idles
     (Salt would restart a failing engine at once, logging the same error in a loop)."""
-    uri = connection or vconn.resolve_uri(config_get)
-    open_timeout = config_get("virt:connection:open_timeout", vconn.DEFAULT_OPEN_TIMEOUT)
+    uri = connection or resolve_uri(config_get)
+    open_timeout = config_get("virt:connection:open_timeout", DEFAULT_OPEN_TIMEOUT)
     keepalive = config_get("virt:connection:keepalive", None)
     try:
         watcher = Watcher(
             host,
-            lambda: vconn.connect(uri, open_timeout=open_timeout, keepalive=keepalive),
+            lambda: connect(uri, open_timeout=open_timeout, keepalive=keepalive),
             fire,
             options,
             on_defined=on_defined,
@@ -743,5 +743,5 @@ def serve(
         log.error("%s engine not started: %s", engine, exc)
         while True:
             time.sleep(3600)
-    log.info("%s: watching %s for %s", engine, vconn.describe(uri), host)
+    log.info("%s: watching %s for %s", engine, describe(uri), host)
     watcher.run()

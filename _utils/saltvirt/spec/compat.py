@@ -13,8 +13,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import ConfigGet, Data, SaltOpts
-from saltvirt.spec import speckeys
-from saltvirt.spec import vmspec as spec
+from saltvirt.spec import speckeys, vmspec
 
 log = logging.getLogger(__name__)
 _MISSING = object()
@@ -183,7 +182,7 @@ def images_unused(images: Any, name: str, profiles: Any, disk: Any = "default", 
     (``disk`` profile + ``disks``, as :func:`saltvirt.spec.vmspec.disk_entries` reads them); else None."""
     if images in (None, ""):
         return None
-    entries = spec.disk_entries(profiles, disk, disks)
+    entries = vmspec.disk_entries(profiles, disk, disks)
     if not entries or not all(entry.get("pool") for entry in entries):
         return None
     return (
@@ -236,12 +235,12 @@ def profiles(configured: Any) -> Data:
     out = {}
     # the built-in system disk with its size, as Salt lists it (Salt's own test reads 8192): the size of the
     # blank disk a VM without an image gets (with an image the disk is the image's size)
-    default_disks = [dict(spec.DEFAULT_DISKS[0], size=spec.DEFAULT_BLANK_DISK_MIB)]
-    for kind, default in (("nic", spec.DEFAULT_NICS), ("disk", default_disks)):
+    default_disks = [dict(vmspec.DEFAULT_DISKS[0], size=vmspec.DEFAULT_BLANK_DISK_MIB)]
+    for kind, default in (("nic", vmspec.DEFAULT_NICS), ("disk", default_disks)):
         table = configured.get(kind) or {}
         if not isinstance(table, dict):
             raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")
-        out[kind] = {name: spec._profile(configured, kind, name, default) for name in sorted({"default", *table})}
+        out[kind] = {name: vmspec._profile(configured, kind, name, default) for name in sorted({"default", *table})}
     # Salt's profiles name the disk model: virtio, what a VM gets when the entry names no bus (copies:
     # the entries may be the configuration's own)
     out["disk"] = {

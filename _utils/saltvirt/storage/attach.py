@@ -34,8 +34,7 @@ from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
-from saltvirt.storage import foreign, images, intake
-from saltvirt.storage import pools as storage
+from saltvirt.storage import foreign, images, intake, pools
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def operator_settings(opts: Any) -> Data:
     beside the host's own: :mod:`saltvirt.storage.firmware`)."""
     conf = ({} if opts is None else opts).get("virt") or {}
     names = validate.config_names
-    pools = conf.get("pools")
+    pool_names = conf.get("pools")
     allowed = validate.allowed_paths(validate.configured_allowed_paths(opts))
     pool_paths = conf.get("pool_paths")
     sources = conf.get("pool_sources") or {}
@@ -67,7 +66,7 @@ def operator_settings(opts: Any) -> Data:
         )
     return {
         "adopt_orphan_disks": validate.to_bool(conf.get("adopt_orphan_disks", False)),
-        "pools": None if pools is None else names(pools, "virt:pools"),
+        "pools": None if pool_names is None else names(pool_names, "virt:pools"),
         "host_devices": names(conf.get("host_devices") or [], "virt:host_devices"),
         "trusted_images": names(conf.get("insecure_trusted_images") or [], "virt:insecure_trusted_images"),
         "allowed_paths": allowed,
@@ -170,7 +169,7 @@ def _other_domains(conn, vm, uuid):
                     paths.setdefault(below, name)
     for (pool, volume), name in volumes.items():
         with contextlib.suppress(CommandExecutionError, libvirt.libvirtError):
-            vol = storage.lookup_volume(conn, pool, volume)
+            vol = pools.lookup_volume(conn, pool, volume)
             if vol is not None:
                 paths.setdefault(os.path.realpath(vol.path()), name)
     return paths, volumes
@@ -289,7 +288,7 @@ def admit(
         owner = None
         if disk.pool:
             check_pool(disk.pool, True, settings)
-            vol = storage.lookup_volume(conn, disk.pool, disk.volume)
+            vol = pools.lookup_volume(conn, disk.pool, disk.volume)
             if vol is None:
                 raise SaltInvocationError(
                     f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}"

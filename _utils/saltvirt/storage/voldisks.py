@@ -14,8 +14,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import lv_errors
-from saltvirt.storage import attach, images
-from saltvirt.storage import pools as storage
+from saltvirt.storage import attach, images, pools
 from saltvirt.xml import poolxml
 
 # pool types whose volumes are files: they take qcow2 (the default) or raw; the others hold raw data
@@ -44,12 +43,12 @@ def resolve(conn: Conn, disks: Any, settings: Any = None) -> Any:
         if not disk.pool:
             continue
         attach.check_pool(disk.pool, disk.attach, settings)
-        pool_obj = storage.running_pool(conn, disk.pool)
+        pool_obj = pools.running_pool(conn, disk.pool)
         ptype = _pool_type(pool_obj)
         with lv_errors(f"refresh pool {disk.pool!r}"):
             pool_obj.refresh(0)
         if disk.attach:
-            vol = storage.lookup_volume(conn, disk.pool, disk.volume)
+            vol = pools.lookup_volume(conn, disk.pool, disk.volume)
             if vol is None:
                 raise SaltInvocationError(
                     f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}"
@@ -62,7 +61,7 @@ def resolve(conn: Conn, disks: Any, settings: Any = None) -> Any:
             disk.format = "qcow2" if ptype in FILE_POOLS else "raw"
         elif disk.format != "raw" and ptype not in FILE_POOLS:
             raise SaltInvocationError(f"disk {disk.name}: a {ptype} pool holds raw volumes, not {disk.format}")
-        if storage.lookup_volume(conn, disk.pool, disk.volume) is not None:
+        if pools.lookup_volume(conn, disk.pool, disk.volume) is not None:
             raise SaltInvocationError(
                 f"disk {disk.name}: volume {disk.volume!r} already exists in pool {disk.pool}: refusing to take it "
                 f"over. Delete it (virt.volume_delete {disk.pool} {disk.volume}) or attach it with "
@@ -85,10 +84,10 @@ def create(
         size = max(size, -(-info["virtual_size"] // 1048576))
     if not size:
         raise SaltInvocationError(f"disk {disk.name} needs a size (MiB) or an image")
-    file_pool = _pool_type(storage.running_pool(conn, disk.pool)) in FILE_POOLS
+    file_pool = _pool_type(pools.running_pool(conn, disk.pool)) in FILE_POOLS
     # only file pools take an image format; a partition, LV, rbd image ... is raw data with its own types
     spec = poolxml.volume_spec(disk.volume, size, format=disk.format if file_pool else None)
-    vol: Any = storage.define_volume(conn, disk.pool, spec) and storage.get_volume(conn, disk.pool, disk.volume)
+    vol: Any = pools.define_volume(conn, disk.pool, spec) and pools.get_volume(conn, disk.pool, disk.volume)
     try:
         disk.path = vol.path()
         made = {
@@ -108,7 +107,7 @@ def create(
             _write_image(image, info["format"], disk.path, disk.format)
     except BaseException:
         with contextlib.suppress(Exception):
-            storage.delete_volume(conn, disk.pool, disk.volume)
+            pools.delete_volume(conn, disk.pool, disk.volume)
         raise
     return made
 
@@ -139,9 +138,9 @@ def delete(conn: Conn, made: Data) -> None:
     if made.get("staged"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(made["staged"])
-    vol = storage.lookup_volume(conn, made["pool"], made["volume"])
+    vol = pools.lookup_volume(conn, made["pool"], made["volume"])
     if vol is not None and vol.key() == made["key"]:
-        storage.delete_volume(conn, made["pool"], made["volume"])
+        pools.delete_volume(conn, made["pool"], made["volume"])
 
 
 # ownership ----------------------------------------------------------------------------------------
@@ -164,7 +163,7 @@ def remove_owned(conn: Conn, vm_dir: str, vm_name: str, vm_uuid: str | None, use
             kept[label] = "not created by salt-virt for this VM (not in its manifest)"
             continue
         try:
-            vol = storage.lookup_volume(conn, ref["pool"], ref["volume"])
+            vol = pools.lookup_volume(conn, ref["pool"], ref["volume"])
         except CommandExecutionError as exc:
             kept[label] = str(exc)
             continue
@@ -175,7 +174,7 @@ def remove_owned(conn: Conn, vm_dir: str, vm_name: str, vm_uuid: str | None, use
             kept[label] = f"its key is now {vol.key()}, not the {mine['key']} this VM created: someone replaced it"
         else:
             try:
-                storage.delete_volume(conn, ref["pool"], ref["volume"])
+                pools.delete_volume(conn, ref["pool"], ref["volume"])
                 removed.append(label)
                 gone.append(mine)
             except CommandExecutionError as exc:

@@ -34,7 +34,7 @@ from saltvirt.base.fsutil import file_digest, remove_paths
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 from saltvirt.storage import images
-from saltvirt.vm import backupstore as store
+from saltvirt.vm import backupstore
 from saltvirt.xml import backupxml, domxml
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def skipped(facts: Data, chosen: list[Data]) -> dict[str, str]:
 def _checkpoints(dom):
     """Names of the VM's salt-virt backup checkpoints."""
     with lv_errors(f"list the checkpoints of VM {dom.name()!r}"):
-        return [c.getName() for c in dom.listAllCheckpoints(0) if c.getName().startswith(store.CHECKPOINT_PREFIX)]
+        return [c.getName() for c in dom.listAllCheckpoints(0) if c.getName().startswith(backupstore.CHECKPOINT_PREFIX)]
 
 
 def plan(
@@ -307,9 +307,9 @@ def backup(
     facts = domxml.parse(xml)
     uuid = dom.UUIDString()
     chosen = choose_disks(facts, disks)
-    directory = store.vm_dir(root, name, uuid, target, create=True)
-    with store.locked(directory, name):
-        valid, _broken, incomplete = store.scan(directory, key)
+    directory = backupstore.vm_dir(root, name, uuid, target, create=True)
+    with backupstore.locked(directory, name):
+        valid, _broken, incomplete = backupstore.scan(directory, key)
         cleaned = _clean_incomplete(directory, name, uuid, incomplete)
         live = bool(dom.isActive())
         every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
@@ -317,12 +317,12 @@ def backup(
         had = set(_checkpoints(dom)) if incremental and live else set()
         parent, note = plan(dom, chosen, valid, incremental, every)
         redefined = parent["checkpoint"] if parent and parent["checkpoint"] not in had else None
-        ours = [c.removeprefix(store.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
-        bid = store.new_id(directory, taken=[*ours, *store.taken_ids(root, name, target)])
-        files = {d["target"]: store.disk_file(directory, bid, d["target"]) for d in chosen}
-        images.record_owned(directory, name, [*files.values(), store.manifest_file(directory, bid)], uuid)
+        ours = [c.removeprefix(backupstore.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
+        bid = backupstore.new_id(directory, taken=[*ours, *backupstore.taken_ids(root, name, target)])
+        files = {d["target"]: backupstore.disk_file(directory, bid, d["target"]) for d in chosen}
+        images.record_owned(directory, name, [*files.values(), backupstore.manifest_file(directory, bid)], uuid)
         started, clock = _utc(), time.monotonic()
-        checkpoint = f"{store.CHECKPOINT_PREFIX}{bid}" if live else None
+        checkpoint = f"{backupstore.CHECKPOINT_PREFIX}{bid}" if live else None
         if live and dom.snapshotNum(0):
             checkpoint, note = None, _with_snapshots(note, parent)
         try:
@@ -338,7 +338,7 @@ def backup(
             remove_paths([p for p in files.values() if os.path.lexists(p)])
             raise
         manifest = {
-            "format": store.MANIFEST_FORMAT,
+            "format": backupstore.MANIFEST_FORMAT,
             "id": bid,
             "vm": name,
             "uuid": uuid,
@@ -359,9 +359,9 @@ def backup(
             "size": sum(d["size"] for d in described),
             "domain_xml": dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) if dom.isPersistent() else xml,
         }
-        store.write_manifest(directory, manifest, key)  # from here on it counts
+        backupstore.write_manifest(directory, manifest, key)  # from here on it counts
     dropped = _drop_old_checkpoints(dom, checkpoint) if live and checkpoint else []
-    out = store.summary(manifest)
+    out = backupstore.summary(manifest)
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
     out["checkpoint_redefined"] = redefined
     out["stale_job_ended"] = stale
@@ -442,7 +442,7 @@ def _clean_incomplete(directory, name, uuid, incomplete):
     """Remove what interrupted backups left (owned files only); their names."""
     if not incomplete:
         return []
-    paths = store.leftovers(directory, incomplete)
+    paths = backupstore.leftovers(directory, incomplete)
     out = images.remove_owned(directory, name, uuid, paths)
     for path, reason in out["kept"].items():
         log.warning("VM %s: left %s of an interrupted backup: %s", name, path, reason)
@@ -452,11 +452,11 @@ def _clean_incomplete(directory, name, uuid, incomplete):
 def listing(root: str, name: str, target: str | None = None, *, key: bytes) -> Data:
     """``virt.backup_list``: ``{vm, dir, backups: [summaries, oldest first], broken, incomplete}`` of every VM
     named ``name`` (each summary names its VM's ``uuid``)."""
-    valid, broken, incomplete = store.scan_all(root, name, key, target)
+    valid, broken, incomplete = backupstore.scan_all(root, name, key, target)
     return {
         "vm": name,
-        "dir": store.name_dir(root, name, target),
-        "backups": [store.summary(m) for m in valid],
+        "dir": backupstore.name_dir(root, name, target),
+        "backups": [backupstore.summary(m) for m in valid],
         "broken": broken,
         "incomplete": incomplete,
     }
@@ -467,9 +467,9 @@ def usage(root: str, *, key: bytes) -> Data:
     tenant the backup recorded in its domain XML, None for none; ``size`` in bytes). Keyed by VM uuid and
     id, so the master counts a directory that several hypervisors share once."""
     out = {}
-    for directory in store.every_vm_dir(root):
-        for m in store.scan(directory, key)[0]:
-            owner = store.recorded(m.get("domain_xml"))["owner"] or {}
+    for directory in backupstore.every_vm_dir(root):
+        for m in backupstore.scan(directory, key)[0]:
+            owner = backupstore.recorded(m.get("domain_xml"))["owner"] or {}
             out[f"{os.path.basename(directory)}/{m['id']}"] = {
                 "vm": m.get("vm"),
                 "tenant": owner.get("tenant"),
@@ -480,23 +480,23 @@ def usage(root: str, *, key: bytes) -> Data:
 
 def delete(root: str, name: str, bid: str, target: str | None = None, test: bool = False, *, key: bytes) -> Data:
     """``virt.backup_delete``: remove one backup unless a valid backup still builds on it."""
-    directory = store.find(root, name, bid, target)
-    with store.locked(directory, name):
-        valid, broken, _incomplete = store.scan(directory, key)
+    directory = backupstore.find(root, name, bid, target)
+    with backupstore.locked(directory, name):
+        valid, broken, _incomplete = backupstore.scan(directory, key)
         by_id = {m["id"]: m for m in valid}
         if bid not in by_id and bid not in broken:
             raise SaltInvocationError(f"VM {name} has no backup {bid} in {directory} (see virt.backup_list {name})")
-        needed = store.needed_by(valid, bid)
+        needed = backupstore.needed_by(valid, bid)
         if needed:
             raise CommandExecutionError(
                 f"backup {bid} of VM {name} is needed by {', '.join(needed)} (they build on it): delete those first"
             )
-        m = by_id.get(bid) or store.read_manifest(directory, bid, key)[0] or {"disks": []}
+        m = by_id.get(bid) or backupstore.read_manifest(directory, bid, key)[0] or {"disks": []}
         files = [d["file"] for d in m["disks"] if isinstance(d, dict) and isinstance(d.get("file"), str)]
         files = [f for f in files if os.path.basename(f) == f]
         if test:
             return {"id": bid, "removed": [f"{bid}.json", *files], "kept": {}, "test": True}
-        return {"id": bid, **store.remove(directory, name, os.path.basename(directory), bid, files)}
+        return {"id": bid, **backupstore.remove(directory, name, os.path.basename(directory), bid, files)}
 
 
 def prune(
@@ -514,9 +514,9 @@ def prune(
     chains: a later VM of the name does not push out the backups of an earlier one, nor they its);
     ``{kept, pruned, refused}`` (ids)."""
     kept, doomed = [], []
-    for directory in store.vm_dirs(root, name, target):
-        valid, _broken, _incomplete = store.scan(directory, key)
-        k, d = store.retention(valid, keep, keep_daily, keep_weekly)
+    for directory in backupstore.vm_dirs(root, name, target):
+        valid, _broken, _incomplete = backupstore.scan(directory, key)
+        k, d = backupstore.retention(valid, keep, keep_daily, keep_weekly)
         kept += k
         doomed += d
     pruned, refused = [], {}

@@ -21,8 +21,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base.undo import Undo
-from saltvirt.guest import cloudinit, firstboot
-from saltvirt.guest import seed as seeding
+from saltvirt.guest import cloudinit, firstboot, seed
 from saltvirt.host import caps, hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
@@ -170,7 +169,8 @@ def init(
                 f"an earlier virt.init of {name!r} was interrupted; the files in its directory were kept: "
                 f"{earlier['refused']}"
             )
-        request = seeding.Request.pop_from(kwargs, default_minion_id=name)
+        request = seed.Request.pop_from(kwargs, default_minion_id=name)
+        seed_disk = kwargs.pop("seed", True)  # Salt's seed=: seed the first disk at all
         try:
             result = _init(
                 conn,
@@ -180,6 +180,7 @@ def init(
                 image,
                 images_dir=images_dir,
                 lock=lock,
+                seed_disk=seed_disk,
                 seed_request=request,
                 host_id=host_id,
                 **kwargs,
@@ -207,7 +208,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     cache_file=None,
     vtype=None,
     start=True,
-    seed=True,
+    seed_disk=True,
     seed_request=None,
     progress=None,
     checksum=None,
@@ -232,7 +233,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     kind = hosttype.detect(conn, vtype)
     tb_cache = vmspec.tb_cache_mib(tb_cache_mib, kind["type"])  # the operator's: a bad value stops before any fetch
     keypair = None
-    if image and validate.to_bool(seed) and seed_request and not (seed_request.pub_key or seed_request.priv_key):
+    if image and validate.to_bool(seed_disk) and seed_request and not (seed_request.pub_key or seed_request.priv_key):
         keypair = envelope.keypair_maker()  # the minion's new key pair, made while the image is checked and copied
 
     def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
@@ -305,7 +306,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, host=host_id, complete=False)
         if fresh:
             undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
-        seeds_first = validate.to_bool(seed)
+        seeds_first = validate.to_bool(seed_disk)
         for disk in spec.disks:
             made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
             if made:
@@ -313,7 +314,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         progress("disks_ready", disks=[d["path"] for d in result["disks"]])
 
         result["seed"] = None
-        if validate.to_bool(seed) and spec.disks and spec.disks[0].image:
+        if validate.to_bool(seed_disk) and spec.disks and spec.disks[0].image:
             result["seed"], result["key"] = _seed(spec, seed_request, plan, keypair)
             result["minion"] = plan.report()
             progress("seeded", backend=result["seed"]["backend"])
@@ -503,7 +504,7 @@ def _seed(spec, req, plan, keypair=None):
         key.update(generated=True, accepted=False, hint=f"accept it on the master: salt-key -a {req.minion_id}")
 
     def minion_files(pub, priv):
-        return seeding.salt_minion_files(req.minion_id, master=req.master, pub=pub, priv=priv, config=req.minion_config)
+        return seed.salt_minion_files(req.minion_id, master=req.master, pub=pub, priv=priv, config=req.minion_config)
 
     files = minion_files(pub_key, priv_key)  # id, master, config (and given keys) checked before anything is made
     inspect = plan.inspect
@@ -525,8 +526,8 @@ def _seed(spec, req, plan, keypair=None):
     else:
         try:
             # fresh: the disk was made by this init a moment ago (exclusively): nobody else can have it open
-            done = seeding.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=inspect, fresh=True)
-        except seeding.SeedError as exc:
+            done = seed.seed(disk.path, files, backend=req.backend, fmt=disk.format, inspect=inspect, fresh=True)
+        except seed.SeedError as exc:
             if spec.cloud_init is None or not exc.clean:
                 raise CommandExecutionError(f"seeding {disk.path} failed, VM not created: {exc}") from None
             files = every_file()

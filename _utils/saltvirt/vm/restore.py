@@ -27,7 +27,7 @@ from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_er
 from saltvirt.host.snapshot import discard_checkpoints
 from saltvirt.spec import vmspec
 from saltvirt.storage import attach, firmware, images
-from saltvirt.vm import backupstore as store
+from saltvirt.vm import backupstore
 from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
@@ -154,12 +154,12 @@ def restore(
     (:func:`saltvirt.storage.attach.operator_settings`), for what the definition gives the VM besides the
     restored disks (:func:`_admit`)."""
     new = validate.vm_name(as_name, "as_name") if as_name else name
-    directory = store.find(root, name, bid, target)
-    with store.locked(directory, name):
-        valid, broken, _incomplete = store.scan(directory, key)
+    directory = backupstore.find(root, name, bid, target)
+    with backupstore.locked(directory, name):
+        valid, broken, _incomplete = backupstore.scan(directory, key)
         if bid in broken:
             raise CommandExecutionError(f"backup {bid} of VM {name} cannot be restored: {broken[bid]}")
-        chain = store.chain_of(valid, bid)
+        chain = backupstore.chain_of(valid, bid)
         top = chain[-1]
         old = _existing(conn, name, new, force)
         old_disks = domxml.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"] if old is not None else []
@@ -179,7 +179,7 @@ def restore(
         made = []
         staging = tempfile.mkdtemp(prefix=f".restore-{bid}-", dir=vm_dir)  # private: 0700
         try:
-            staged = store.stage(directory, chain, staging)
+            staged = backupstore.stage(directory, chain, staging)
             _stop(old)
             for d in top["disks"]:
                 images.clone(staged[d["target"]], disk_map[d["source"]], fmt="qcow2", src_fmt="qcow2")
