@@ -222,8 +222,9 @@ def _mark_owner(tmp):
         fh.write(procs.mark() + "\n")
 
 
-def _remove_tmp(tmp):
-    """Remove our scratch directory without ever descending into something still mounted."""
+def remove_scratch(tmp: str) -> None:
+    """Remove a seeding's scratch directory without ever descending into something still mounted (the
+    reaper, :mod:`saltvirt.vm.cleanup`, removes an interrupted one with it)."""
     for entry in os.scandir(tmp):
         if _mounted(entry.path):
             raise CommandExecutionError(f"{entry.path} is still mounted: unmount it by hand, then remove {tmp}")
@@ -284,7 +285,7 @@ def _qemu_lock(image, undo):
     undo.add(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
     for offset in _QEMU_WRITE_BYTES:
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(images._FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(images.FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
         except OSError as exc:
             raise CommandExecutionError(f"{image} is locked by another process: {exc.strerror}") from None
 
@@ -676,7 +677,7 @@ def seed(
     of every process's open files, ~0.1-0.25 s) is skipped.
     """
     started = time.monotonic()
-    image = os.path.abspath(images._existing_image(image_path))
+    image = os.path.abspath(images.existing_image(image_path))
     files = _Files(_normalize_files(files))
     files.inspect = inspect  # type: ignore[assignment]
     if backend not in BACKENDS + ("auto",):
@@ -691,7 +692,7 @@ def seed(
     for name in BACKENDS if backend == "auto" else (backend,):
         t0, undo = time.monotonic(), Undo(what="seed cleanup")
         tmp = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
-        undo.add(f"remove {tmp}", lambda t=tmp: _remove_tmp(t))  # type: ignore[misc]
+        undo.add(f"remove {tmp}", lambda t=tmp: remove_scratch(t))  # type: ignore[misc]
         _mark_owner(tmp)
         outcome = error = None
         stop = False

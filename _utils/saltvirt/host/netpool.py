@@ -47,7 +47,9 @@ def get(conn: Conn, kind: str, name: str) -> Any:
     return obj
 
 
-def _xml(obj, kind, inactive=False):
+def read_xml(obj: Any, kind: str, inactive: bool = False) -> str:
+    """The XML of network or pool ``obj`` (``kind``: ``network``/``pool``); ``inactive``: as defined (what a
+    running object uses after a restart), where the driver can tell."""
     flag = getattr(libvirt, "VIR_NETWORK_XML_INACTIVE" if kind == "network" else "VIR_STORAGE_XML_INACTIVE", 1)
     with lv_errors(f"read the definition of {kind} {obj.name()!r}"):
         if inactive and obj.isPersistent():
@@ -71,7 +73,7 @@ def info(conn: Conn, kind: str, name: str | None = None, inactive: bool = False)
     parse = parse_network if kind == "network" else parse_pool
     out = {}
     for obj in objs:
-        facts = parse(_xml(obj, kind, inactive))
+        facts = parse(read_xml(obj, kind, inactive))
         facts.update(active=bool(obj.isActive()), autostart=bool(obj.autostart()), persistent=bool(obj.isPersistent()))
         if kind == "pool" and obj.isActive():
             cap, alloc, avail = obj.info()[1:4]
@@ -105,7 +107,7 @@ def define(conn: Conn, kind: str, spec: Data, replace: bool = False) -> Any:
         raise SaltInvocationError(
             f"{kind} {spec['name']!r} is already defined: undefine it first, or use the virt.{kind}_defined state"
         )
-    base = _xml(existing, kind, inactive=True) if existing is not None else None
+    base = read_xml(existing, kind, inactive=True) if existing is not None else None
     xml = network_xml(spec, base) if kind == "network" else pool_xml(spec, base)
     with lv_errors(f"define {kind} {spec['name']!r}"):
         return _define(conn, kind, xml)
@@ -136,7 +138,7 @@ def update_hosts(conn: Conn, name: str, steps: Iterable[tuple[str, Data]]) -> No
         "add": libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
     }
     flags = libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE | libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
-    ips = ET.fromstring(_xml(obj, "network")).findall("ip")
+    ips = ET.fromstring(read_xml(obj, "network")).findall("ip")
     for command, host in steps:
         xml = ET.tostring(netxml.host_element(host), encoding="unicode")
         family = "ipv6" if ":" in host["ip"] else "ipv4"

@@ -226,7 +226,9 @@ def describe(
     }
 
 
-def _all_stats(conn, doms):
+def bulk_stats(conn: Conn, doms: list[Domain]) -> dict[str, Data]:
+    """``{name: libvirt's bulk stats}`` of ``doms`` in one call (state, cpu total, block; only the state
+    where the driver has no more, ``{}`` where it has none): what :func:`describe` reads."""
     want = libvirt.VIR_DOMAIN_STATS_STATE | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_BLOCK
     try:
         return {d.name(): s for d, s in conn.domainListGetStats(doms, want)} if doms else {}
@@ -309,7 +311,7 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
     get their ``ips`` (:mod:`saltvirt.host.guestips`; the guest agent calls share ``agent_timeout`` seconds)."""
     hostname = conn.getHostname()
     doms = [get_domain(conn, name)] if name else conn.listAllDomains(0)
-    stats = _all_stats(conn, doms)
+    stats = bulk_stats(conn, doms)
     listed = None if name else _listed_flags(conn)
     xmls = _all_xml(doms, _running_persistent(doms, stats, listed))
     out, described = {}, {}

@@ -535,7 +535,8 @@ def inventory(ca_dir: str) -> Data:
     return out
 
 
-def _main(argv=None):
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m saltvirt.pki show|rotate-ca CA_DIR``: prints the result as JSON."""
     parser = argparse.ArgumentParser(prog="python3 -m saltvirt.pki.ca", description="salt-virt libvirt CA")
     sub = parser.add_subparsers(dest="cmd", required=True)
     show = sub.add_parser("show", help="CA, retired CAs and minion certificates (no keys)")

@@ -240,7 +240,9 @@ def profiles(configured: Any) -> Data:
         table = configured.get(kind) or {}
         if not isinstance(table, dict):
             raise SaltInvocationError(f"virt:{kind} must map profile names to entries, not {table!r}")
-        out[kind] = {name: vmspec._profile(configured, kind, name, default) for name in sorted({"default", *table})}
+        out[kind] = {
+            name: vmspec.profile_entries(configured, kind, name, default) for name in sorted({"default", *table})
+        }
     # Salt's profiles name the disk model: virtio, what a VM gets when the entry names no bus (copies:
     # the entries may be the configuration's own)
     out["disk"] = {

@@ -43,10 +43,10 @@ DISK_REFUSED = {
 }
 BOOT_REFUSED: dict[str, str] = {}
 
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
+HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
 _SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
-_MAC_RE = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+MAC_RE = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
 _TARGET_RE = re.compile(r"^(vd|sd|hd|xvd)[a-z]{1,3}$")
 _DEVICES = ("disk", "cdrom")
 
@@ -98,7 +98,7 @@ def listen_address(value: Any, what: str = "graphics:listen") -> str:
         try:
             return str(ipaddress.ip_address(text))
         except ValueError:
-            if _HOSTNAME_RE.fullmatch(text):
+            if HOSTNAME_RE.fullmatch(text):
                 return text
     raise SaltInvocationError(f"{what} must be an IP address or a host name, got {value!r}")
 
@@ -152,7 +152,7 @@ def nic(entry: Data, what: str) -> None:
         raise SaltInvocationError(f"{what}:source must be a bridge, network or device name, got {entry['source']!r}")
     if entry.get("model") is not None and not _MODEL_RE.fullmatch(str(entry["model"])):
         raise SaltInvocationError(f"{what}:model must be a NIC model name like virtio or e1000, got {entry['model']!r}")
-    if entry.get("mac") is not None and not (isinstance(entry["mac"], str) and _MAC_RE.fullmatch(entry["mac"])):
+    if entry.get("mac") is not None and not (isinstance(entry["mac"], str) and MAC_RE.fullmatch(entry["mac"])):
         raise SaltInvocationError(f"{what}:mac must look like 52:54:00:12:34:56, got {entry['mac']!r}")
 
 
@@ -319,7 +319,7 @@ def cloud_init(value: Any) -> Data | None:
     if out.get("ssh_authorized_keys") is not None:
         out["ssh_authorized_keys"] = _line_list(out["ssh_authorized_keys"], "cloud_init:ssh_authorized_keys")
     if out.get("hostname") is not None and not (
-        isinstance(out["hostname"], str) and _HOSTNAME_RE.fullmatch(out["hostname"])
+        isinstance(out["hostname"], str) and HOSTNAME_RE.fullmatch(out["hostname"])
     ):
         raise SaltInvocationError(f"cloud_init:hostname must be a host name, got {out['hostname']!r}")
     return _cloud_network(out)

@@ -181,7 +181,9 @@ def merge_by_name(base: Iterable[Data], overrides: Iterable[Data]) -> list[Data]
     return merged
 
 
-def _profile(profiles, kind, name, default):
+def profile_entries(profiles: Any, kind: str, name: Any, default: list[Data]) -> list[Data]:
+    """The entries of ``kind`` (``nic``/``disk``) profile ``name`` in ``profiles`` (``virt:nic``/``virt:disk``);
+    ``default`` for an undefined ``default`` profile, none for ``None``/``none``."""
     if name in (None, "", "none", False):
         return []
     if not isinstance(name, str):
@@ -383,7 +385,7 @@ def disk_entries(profiles: Any, disk: Any = "default", disks: Any = None) -> lis
     """A new VM's disk entries, as :func:`build` reads them: the ``disk`` profile's (the built-in ``default``:
     the system disk, blank at :data:`DEFAULT_BLANK_DISK_MIB` without an image) merged by name with ``disks``."""
     default_disks = [dict(DEFAULT_DISKS[0], default_size=DEFAULT_BLANK_DISK_MIB)]
-    return merge_by_name(_profile(profiles, "disk", disk, default_disks), named_entries(disks, "disks"))
+    return merge_by_name(profile_entries(profiles, "disk", disk, default_disks), named_entries(disks, "disks"))
 
 
 def build(
@@ -446,7 +448,7 @@ def build(
     enable_qcow = validate.to_bool(enable_qcow)
 
     nic_entries = merge_by_name(
-        [_nic_shorthand(e, f"virt:nic:{nic}") for e in _profile(profiles, "nic", nic, DEFAULT_NICS)],
+        [_nic_shorthand(e, f"virt:nic:{nic}") for e in profile_entries(profiles, "nic", nic, DEFAULT_NICS)],
         [_nic_shorthand(e) for e in named_entries(interfaces, "interfaces")],
     )
     nics = [_nic(e) for e in nic_entries]

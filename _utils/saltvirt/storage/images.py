@@ -17,8 +17,9 @@ import logging
 import os
 import stat
 import struct
+import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -35,26 +36,30 @@ MIB = 1048576
 
 
 # helpers ---------------------------------------------------------------------------------------
-def _run(cmd, what, timeout=3600, limits=None):
-    """Run ``cmd``; raise CommandExecutionError naming ``what`` on failure (qemu-img and friends)."""
+def run_tool(
+    cmd: Sequence[str], what: str, timeout: float = 3600, limits: tools.Limits | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; raise CommandExecutionError naming ``what`` on failure (qemu-img and friends: the
+    install hint names qemu-utils)."""
     return tools.run(cmd, what, timeout=timeout, install="qemu-utils", limits=limits)
 
 
-def _abs_path(path, what):
+def abs_path(path: str, what: str) -> str:
     """An absolute, normalized path without '..' components (SaltInvocationError otherwise)."""
     return os.path.normpath(validate.absolute_path(path, what))
 
 
-def _existing_image(path, what="image"):
-    path = _abs_path(path, what)
+def existing_image(path: str, what: str = "image") -> str:
+    """``path`` made absolute (:func:`abs_path`), refused unless it is a regular file."""
+    path = abs_path(path, what)
     if not os.path.isfile(path):
         raise SaltInvocationError(f"{what} {path} does not exist or is not a regular file")
     return path
 
 
-def _new_file(path, what):
+def new_file(path: str, what: str) -> str:
     """Create ``path`` exclusively (the placeholder a tool then writes into). Never overwrites."""
-    path = _abs_path(path, what)
+    path = abs_path(path, what)
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise SaltInvocationError(f"directory {parent} for {what} {path} does not exist: create it first")
@@ -94,9 +99,9 @@ def image_info(path: str, fmt: str | None = None) -> Data:
     Returns ``{path, format, virtual_size, actual_size, backing_file, backing_format, chain}`` where
     ``backing_file`` is absolute and ``chain`` lists ``path`` followed by every backing file.
     """
-    path = os.path.abspath(_existing_image(path))
+    path = os.path.abspath(existing_image(path))
     fmt_args = ["-f", _disk_format(fmt)] if fmt else []
-    proc = _run(
+    proc = run_tool(
         ["qemu-img", "info", "--output=json", "-U", *fmt_args, "--backing-chain", path],
         f"reading image {path}",
         timeout=120,
@@ -145,7 +150,7 @@ def qcow2_backing(path: str) -> str | None:
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), name))
 
 
-_FLOCK = "hh4xqqi4x"  # struct flock (Linux x86_64/aarch64): type, whence, start, len, pid
+FLOCK = "hh4xqqi4x"  # struct flock (Linux x86_64/aarch64): type, whence, start, len, pid (fcntl OFD locks)
 
 
 def held_qemu_locks(path: str, offsets: Iterable[int] = (101, 201)) -> list[int]:
@@ -155,8 +160,8 @@ def held_qemu_locks(path: str, offsets: Iterable[int] = (101, 201)) -> list[int]
     try:
         held = []
         for offset in offsets:
-            probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-            if struct.unpack(_FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
+            probe = struct.pack(FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+            if struct.unpack(FLOCK, fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
                 held.append(offset)
         return held
     finally:
@@ -164,7 +169,8 @@ def held_qemu_locks(path: str, offsets: Iterable[int] = (101, 201)) -> list[int]
 
 
 # small file helpers (the images manifest, intake's download metadata) -------------------------
-def _read_json(path):
+def read_json(path: str) -> Data | None:
+    """The JSON object in ``path`` (never through a symlink); None when it is missing, unreadable or no object."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -177,13 +183,14 @@ def _read_json(path):
     return data if isinstance(data, dict) else None
 
 
-def _write_json(path, data, mode=0o644):
+def write_json(path: str, data: Data, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same directory + rename)."""
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     atomic_write(path, text.encode(), mode, fsync=True, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
 
 
-def _now():
+def timestamp() -> str:
+    """Now in UTC as the manifests and download metadata record it (``2026-11-29T10:44:58Z``)."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -195,8 +202,8 @@ def clone(src: str, dst: str, overlay: bool = False, fmt: str | None = None, src
     Never overwrites ``dst``. Returns ``{path, format, overlay, backing, seconds}``.
     """
     started = time.monotonic()
-    src = os.path.abspath(_existing_image(src, "source image"))
-    dst = _abs_path(dst, "destination disk")
+    src = os.path.abspath(existing_image(src, "source image"))
+    dst = abs_path(dst, "destination disk")
     if os.path.lexists(dst):
         raise SaltInvocationError(f"destination disk {dst} already exists: refusing to overwrite it")
     if src_fmt is None:
@@ -207,17 +214,17 @@ def clone(src: str, dst: str, overlay: bool = False, fmt: str | None = None, src
         fmt = "qcow2"
     else:
         fmt = _disk_format(fmt or src_fmt, f"target format (the source {src} is {src_fmt}; pass fmt='qcow2' or 'raw')")
-    _new_file(dst, "destination disk")
+    new_file(dst, "destination disk")
     with _created(dst):
         if overlay:
             cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", src_fmt, "-b", src, dst]
-            _run(cmd, f"creating overlay {dst} on {src}", timeout=300)
+            run_tool(cmd, f"creating overlay {dst} on {src}", timeout=300)
         elif src_fmt == "raw" and fmt == "raw":
             if held_qemu_locks(src, (101,)):  # cp takes no locks (qemu-img convert checks this itself)
                 raise CommandExecutionError(f"copying {src} failed: it is in use by a running VM: shut it down first")
-            _run(["cp", "--reflink=auto", "--sparse=always", src, dst], f"copying {src} to {dst}")
+            run_tool(["cp", "--reflink=auto", "--sparse=always", src, dst], f"copying {src} to {dst}")
         else:
-            _run(["qemu-img", "convert", "-f", src_fmt, "-O", fmt, src, dst], f"copying {src} to {dst}")
+            run_tool(["qemu-img", "convert", "-f", src_fmt, "-O", fmt, src, dst], f"copying {src} to {dst}")
     return {
         "path": dst,
         "format": fmt,
@@ -232,9 +239,9 @@ def create_disk(path: str, size_mb: Any, fmt: str = "qcow2") -> Data:
     started = time.monotonic()
     size = validate.positive_int(size_mb, "disk size (MiB)")
     fmt = _disk_format(fmt)
-    path = _new_file(path, "disk")
+    path = new_file(path, "disk")
     with _created(path):
-        _run(["qemu-img", "create", "-q", "-f", fmt, path, f"{size}M"], f"creating disk {path}", timeout=300)
+        run_tool(["qemu-img", "create", "-q", "-f", fmt, path, f"{size}M"], f"creating disk {path}", timeout=300)
     return {
         "path": path,
         "format": fmt,
@@ -257,7 +264,7 @@ def resize(path: str, size_mb: Any, fmt: str | None = None) -> Data:
     if size * MIB == old:
         return {"path": info["path"], "old_size": old, "new_size": old, "changed": False}
     cmd = ["qemu-img", "resize", "-q", "-f", info["format"], info["path"], f"{size}M"]
-    _run(cmd, f"resizing {info['path']}", timeout=300)
+    run_tool(cmd, f"resizing {info['path']}", timeout=300)
     return {"path": info["path"], "old_size": old, "new_size": size * MIB, "changed": True}
 
 
@@ -281,9 +288,8 @@ def load_manifest(vm_dir: str, strict: bool = False) -> Any:
     path = _manifest_file(vm_dir)
     if not os.path.lexists(path):
         return None
-    data = _read_json(path)
-    ok = data and isinstance(data.get("vm"), str) and isinstance(data.get("files"), list)
-    if not ok:
+    data = read_json(path)
+    if data is None or not (isinstance(data.get("vm"), str) and isinstance(data.get("files"), list)):
         if strict:
             raise CommandExecutionError(
                 f"ownership manifest {path} is unreadable or not a salt-virt manifest: fix or remove it by hand"
@@ -329,13 +335,13 @@ def _recording(vm_dir, vm_name, vm_uuid, what, host=None):
             if reason:
                 raise SaltInvocationError(f"cannot record {what} for {vm_name!r}: {reason}")
         else:
-            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": _now()}
+            manifest = {"vm": vm_name, "uuid": None, "files": [], "created": timestamp()}
         yield manifest
         if vm_uuid:
             manifest["uuid"] = vm_uuid
         if host and not manifest.get("host"):
             manifest["host"] = host
-        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+        write_json(_manifest_file(vm_dir), manifest, mode=0o600)
 
 
 def record_owned(
@@ -353,7 +359,7 @@ def record_owned(
         raise SaltInvocationError(f"VM directory {vm_dir} does not exist")
     if isinstance(files, str):
         files = [files]
-    files = [os.path.abspath(_abs_path(f, "owned file")) for f in files]
+    files = [os.path.abspath(abs_path(f, "owned file")) for f in files]
     with _recording(vm_dir, vm_name, vm_uuid, "files", host) as manifest:
         for f in files:
             if not _inside(vm_dir, f):
@@ -374,7 +380,7 @@ def set_uuid(vm_dir: str, uuid: str) -> Data:
         if manifest.get("uuid") and manifest["uuid"] != uuid:
             raise SaltInvocationError(f"the manifest in {vm_dir} is bound to uuid {manifest['uuid']}, not {uuid}")
         manifest["uuid"] = uuid
-        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+        write_json(_manifest_file(vm_dir), manifest, mode=0o600)
     return manifest
 
 
@@ -406,7 +412,7 @@ def forget_extra(vm_dir: str, vm_name: str, key: str, items: Iterable[Data], vm_
         manifest[key] = [i for i in manifest.get(key) or [] if i not in items]
         if not manifest[key]:
             del manifest[key]
-        _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+        write_json(_manifest_file(vm_dir), manifest, mode=0o600)
 
 
 def owned_files(vm_dir: str, vm_name: str, vm_uuid: str | None = None) -> list[str]:
@@ -518,7 +524,7 @@ def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths
             left = [f for f in manifest["files"] if os.path.lexists(f) and _inside(vm_dir, f)]
             if left or manifest.get("volumes"):  # volumes it owns keep the manifest (see saltvirt.storage.voldisks)
                 manifest["files"] = left
-                _write_json(_manifest_file(vm_dir), manifest, mode=0o600)
+                write_json(_manifest_file(vm_dir), manifest, mode=0o600)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(_manifest_file(vm_dir))

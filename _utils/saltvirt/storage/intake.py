@@ -193,7 +193,7 @@ def fetch(
     image = image.strip()
     limit = _max_bytes(max_image_mib)
     if "://" not in image:
-        return images._existing_image(image)
+        return images.existing_image(image)
     scheme = image.split("://", 1)[0].lower()
     if scheme == "salt":
         if ".." in image.split("://", 1)[1].split("/"):
@@ -216,7 +216,7 @@ def fetch(
         return local
     if scheme == "https" or (scheme == "http" and allow_http):
         check_source(image, sources, HV_CONFIG)
-        return _download(image, images._abs_path(cache_dir, "image cache directory"), limit, sources)
+        return _download(image, images.abs_path(cache_dir, "image cache directory"), limit, sources)
     if scheme == "http":
         raise SaltInvocationError(
             f"image {redact(image)}: plain http is refused (anyone on the path can change the image): use "
@@ -272,7 +272,7 @@ def _download(url, cache_dir, limit, sources=None):
     os.makedirs(cache_dir, mode=0o755, exist_ok=True)
     path = os.path.join(cache_dir, _cache_name(url))
     meta_path = path + ".meta.json"
-    meta = images._read_json(meta_path) if os.path.isfile(path) else None
+    meta = images.read_json(meta_path) if os.path.isfile(path) else None
     if meta and meta.get("url_sha256") != hashlib.sha256(url.encode()).hexdigest():
         meta = None
     headers = {"User-Agent": "salt-virt"}
@@ -305,8 +305,8 @@ def _download(url, cache_dir, limit, sources=None):
             log.debug("image %s unchanged (length/etag/last-modified), using %s", shown, path)
             return path
         got, digests = _save(resp, path, shown, limit, length)
-    fresh.update(length=got, fetched=images._now(), **digests)
-    images._write_json(meta_path, fresh)
+    fresh.update(length=got, fetched=images.timestamp(), **digests)
+    images.write_json(meta_path, fresh)
     return path
 
 
@@ -366,7 +366,7 @@ def verify_checksum(path: str, checksum: Any, source: str) -> str | None:
     if parsed is None:
         return None
     algo, want = parsed
-    meta = images._read_json(path + ".meta.json") if os.path.dirname(path).endswith(CACHE_DIR) else None
+    meta = images.read_json(path + ".meta.json") if os.path.dirname(path).endswith(CACHE_DIR) else None
     have = (meta or {}).get(algo) if meta and meta.get("length") == os.path.getsize(path) else None
     have = have or fsutil.file_digest(path, algo)
     if not hmac.compare_digest(have, want):
@@ -410,7 +410,7 @@ def _qcow2_header(path):
 
 def _qemu_info(path, fmt, chain=False):
     cmd = ["qemu-img", "info", "--output=json", "-U", "-f", fmt] + (["--backing-chain"] if chain else []) + [path]
-    proc = images._run(cmd, f"reading image {path} as {fmt}", timeout=120, limits=tools.QEMU_IMG_INFO_LIMITS)
+    proc = images.run_tool(cmd, f"reading image {path} as {fmt}", timeout=120, limits=tools.QEMU_IMG_INFO_LIMITS)
     try:
         data = json.loads(proc.stdout)
     except ValueError:
@@ -421,7 +421,7 @@ def _qemu_info(path, fmt, chain=False):
 def probe(path: str, source: str | None = None, trusted: bool = False) -> Data:
     """Decide and check the format of the local image ``path``. Returns ``{path, format,
     virtual_size, actual_size}``; raises SaltInvocationError naming what is wrong."""
-    path = os.path.abspath(images._existing_image(path, "image"))
+    path = os.path.abspath(images.existing_image(path, "image"))
     shown = redact(source or path)
     fmt = sniff(path)
     hint = "convert it to raw or qcow2 with qemu-img convert first"

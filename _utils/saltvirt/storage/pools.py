@@ -116,13 +116,13 @@ def update_pool(conn: Conn, spec: Data, test: bool = False) -> bool:
     """Salt's ``pool_update``: redefine when the declared fields differ (uuid and undeclared fields kept).
     Returns whether it (would have) changed."""
     obj = netpool.get(conn, "pool", spec["name"])
-    current = poolxml.parse_pool(netpool._xml(obj, "pool", inactive=True))
+    current = poolxml.parse_pool(netpool.read_xml(obj, "pool", inactive=True))
     poolxml.check_required(poolxml.merged(spec, current))
     spec, secret_changed = pool_secret(conn, spec, test=test)
     diff = poolxml.pool_diff(spec, current)
     if diff and not test:
         with lv_errors(f"redefine pool {spec['name']!r}"):
-            define(conn, "pool", poolxml.pool_xml(spec, netpool._xml(obj, "pool", inactive=True)))
+            define(conn, "pool", poolxml.pool_xml(spec, netpool.read_xml(obj, "pool", inactive=True)))
     return bool(diff) or secret_changed
 
 

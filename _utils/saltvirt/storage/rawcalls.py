@@ -109,7 +109,7 @@ def _listed(name, kind, what, shown, candidates, settings):
 
 def _current(conn, name):
     obj = netpool.lookup(conn, "pool", name)
-    return None if obj is None else poolxml.parse_pool(netpool._xml(obj, "pool", inactive=True))
+    return None if obj is None else poolxml.parse_pool(netpool.read_xml(obj, "pool", inactive=True))
 
 
 def define_pool(

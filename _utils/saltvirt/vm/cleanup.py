@@ -187,7 +187,7 @@ def _detach(loop, done, errors):
 
 def _remove_scratch(path, done, errors):
     try:
-        seed._remove_tmp(path)
+        seed.remove_scratch(path)
         done.append(f"removed {path}")
     except (OSError, CommandExecutionError) as exc:
         errors.append(f"remove {path}: {exc}")

@@ -696,7 +696,7 @@ def prepare(
             if disk["mode"] == "overlay":
                 args += ["-F", disk["backing_format"], "-b", disk["backing"]]
                 result["verify_backing"][disk["source_backing"]] = fsutil.file_digest(disk["backing"])
-            images._new_file(disk["dest"], f"disk {disk['target']} of VM {name!r}")  # O_EXCL | O_NOFOLLOW
+            images.new_file(disk["dest"], f"disk {disk['target']} of VM {name!r}")  # O_EXCL | O_NOFOLLOW
             created.append(disk["dest"])
             _qemu_img(*args, disk["dest"], str(disk["virtual_size"]))
         if created:

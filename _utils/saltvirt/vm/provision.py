@@ -25,8 +25,7 @@ from saltvirt.guest import cloudinit, firstboot, seed
 from saltvirt.host import caps, hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
-from saltvirt.host.query import _all_stats as bulk_stats
-from saltvirt.host.query import describe
+from saltvirt.host.query import bulk_stats, describe
 from saltvirt.pki import envelope
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import attach, firmware, foreign, images, intake, voldisks

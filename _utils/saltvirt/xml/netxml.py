@@ -50,7 +50,7 @@ def _dns_name(value, what):
 
 
 def _host(value, what):
-    if isinstance(value, str) and speckeys._HOSTNAME_RE.match(value) and "\n" not in value:
+    if isinstance(value, str) and speckeys.HOSTNAME_RE.match(value) and "\n" not in value:
         return value
     raise SaltInvocationError(f"{what} must be a host name (letters, digits, '-', dots), got {value!r}")
 
@@ -152,7 +152,7 @@ def _dhcp_host(entry, net, what):
         if net.version == 6:
             raise SaltInvocationError(f"{what}: an IPv6 host is matched by id (DUID) or name, not mac")
         mac = entry["mac"]
-        if not isinstance(mac, str) or not speckeys._MAC_RE.match(mac):
+        if not isinstance(mac, str) or not speckeys.MAC_RE.match(mac):
             raise SaltInvocationError(f"{what}: mac must look like 52:54:00:12:34:56, got {mac!r}")
         host["mac"] = mac.lower()
     if entry.get("id") not in (None, ""):

@@ -274,9 +274,9 @@ def test_ca_rotation_keeps_the_fleet_talking_then_drops_the_old_ca(tmp_path):
 def test_command_line_show_and_rotate(tmp_path, capsys):
     ca = str(tmp_path / "ca")
     pki.issue(ca, "hv1", "client", **K)
-    assert pki._main(["show", ca]) == 0
+    assert pki.main(["show", ca]) == 0
     assert '"hv1"' in capsys.readouterr().out
-    assert pki._main(["rotate-ca", ca, "--days", "100", "--key-size", "2048"]) == 0
+    assert pki.main(["rotate-ca", ca, "--days", "100", "--key-size", "2048"]) == 0
     assert 98 <= days_left(pki.load_cert((tmp_path / "ca" / "cacert.pem").read_bytes())) <= 100
 
 

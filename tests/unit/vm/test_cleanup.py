@@ -152,7 +152,7 @@ def test_cleanup_forced_by_the_operator_and_old_manifests_without_a_uuid(tmp_pat
     test_conn.lookupByName("web1").undefine()
     manifest = images.load_manifest(os.path.dirname(disk))
     del manifest["uuid"]  # as an older salt-virt wrote it: nothing proves anything by uuid
-    images._write_json(os.path.join(os.path.dirname(disk), images.MANIFEST), manifest)
+    images.write_json(os.path.join(os.path.dirname(disk), images.MANIFEST), manifest)
     for proof in (None, {}):
         out = mods_a["virt.cleanup"]("web1", fleet_uuids=proof)
         assert "records no VM uuid (an older salt-virt wrote it)" in out["refused"] and os.path.exists(disk), out
