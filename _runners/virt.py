@@ -78,6 +78,7 @@ if saltvirt is not None:
         quota,
         tenants,
         vmcreate,
+        vmrates,
         vmupdate,
         vmwait,
     )
@@ -260,18 +261,10 @@ def _add_rates(data, tgt, tgt_type, timeout, interval):
         raise SaltInvocationError(f"interval must be a number of seconds, not {interval!r}") from None
     if not 0 < interval <= 300:
         raise SaltInvocationError(f"interval must be between 0 and 300 seconds, not {interval}")
-    from saltvirt.host import stats
-
     first = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
     time.sleep(interval)
     second = _gather("virt.vm_stats_sample", tgt, tgt_type, timeout)
-    for mid, ans in data.items():  # data: what the caller may see; only its VMs get rates
-        a, b = first.get(mid) or {}, second.get(mid) or {}
-        if ans.get("status") != "up" or a.get("status") != "up" or b.get("status") != "up":
-            continue
-        for vm, rate in stats.rates(a["host"], b["host"]).items():
-            if vm in (ans.get("vm_info") or {}):
-                ans["vm_info"][vm]["rates"] = rate
+    vmrates.add(data, first, second)  # data: what the caller may see; only its VMs get rates
 
 
 def list_(tgt=None, tgt_type=None, timeout=None):

@@ -1,6 +1,7 @@
 """Per-VM counters in the shapes of Salt's ``virt.vm_cputime``, ``virt.vm_netstats`` and
-``virt.vm_diskstats`` (totals over the VM's devices, per VM name), and rates between two samples for
-``salt-run virt.query rates=True``. Device names come from :func:`saltvirt.xml.domxml.parse`."""
+``virt.vm_diskstats`` (totals over the VM's devices, per VM name), and one sample of them all for
+``salt-run virt.query rates=True`` (the master makes rates of two: :mod:`saltvirt.fleet.vmrates`). Device
+names come from :func:`saltvirt.xml.domxml.parse`."""
 
 import time
 
@@ -83,24 +84,3 @@ def sample(conn: Conn) -> Data:
     active = {d.name() for d in _domains(conn, active_only=True)}
     cpu = {k: v for k, v in cputime(conn).items() if k in active}
     return {"at": time.monotonic(), "cpu": cpu, "net": netstats(conn) if active else {}, "disk": diskstats(conn)}
-
-
-def rates(first: Data, second: Data) -> dict[str, Data]:
-    """Per-VM rates between two :func:`sample` results: cpu percent (of the VM's vCPUs), network and
-    disk bytes/s and requests/s."""
-    elapsed = max(second["at"] - first["at"], 1e-6)
-    out = {}
-    for name, cpu in second["cpu"].items():
-        if name not in first["cpu"]:
-            continue
-        vcpus = cpu.get("vcpus") or 1
-        entry = {
-            "cpu_percent": round(100.0 * (cpu["cputime"] - first["cpu"][name]["cputime"]) / (elapsed * 1e9 * vcpus), 1)
-        }
-        for kind, keys in (("net", ("rx_bytes", "tx_bytes")), ("disk", ("rd_bytes", "wr_bytes", "rd_req", "wr_req"))):
-            a, b = first[kind].get(name), second[kind].get(name)
-            if a and b:
-                for key in keys:
-                    entry[f"{key}_per_s"] = round(max(b[key] - a[key], 0) / elapsed, 1)
-        out[name] = entry
-    return out
