@@ -346,3 +346,117 @@ def test_every_python_file_is_small():
     assert len(files) > 300, "the file list looks wrong: fewer Python files than the tree has"
     big = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, f"files over {MAX_LINES} lines: split them along a seam (HACKING.md): {big}"
+
+
+# Salt's loader folders: a module-level name that starts with "_" is hidden from the loader (a convention)
+LOADER_DIRS = ("_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output")
+# the master's code (HACKING.md "Layout": side): it runs where libvirt-python is not installed
+MASTER_SIDE = ("_utils/saltvirt/fleet", "_runners", "_pillar")
+MINION_LAYERS = ("host", "xml", "guest", "vm")
+
+
+def saltvirt_module(dotted):
+    """Whether ``saltvirt.<layer>[.<module>]`` is a library module or layer (not a name inside one)."""
+    path = LIBRARY.joinpath(*dotted.split(".")[1:])
+    return dotted.split(".")[0] == "saltvirt" and (
+        path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    )
+
+
+def source_files(*folders):
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def saltvirt_imports(tree):
+    """``(node, imported saltvirt module or None, name, asname)`` of every import of a saltvirt name in ``tree``:
+    the module is ``saltvirt.<layer>.<module>`` when the import binds a module, None for a name inside one."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "saltvirt":
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                yield node, full if saltvirt_module(full) else None, a.name, a.asname
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("saltvirt."):
+                    yield node, a.name, a.name, a.asname
+
+
+def test_saltvirt_modules_keep_their_own_names():
+    """Issue 35: ``from saltvirt.fleet import publish as fleet`` kept a module's old name alive, and a reader
+    looking for ``publish.run`` found nothing. A library module imports each module under its own name; a
+    loader module may hide one as ``_name`` (``conn as _c``)."""
+    renamed = []
+    for path in source_files("_utils", *LOADER_DIRS):
+        in_library = path.is_relative_to(LIBRARY)
+        for node, module, name, asname in saltvirt_imports(ast.parse(path.read_text())):
+            if module and asname and asname != name.rpartition(".")[2] and (in_library or asname[0] != "_"):
+                renamed.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module} as {asname}")
+    assert not renamed, (
+        "import a saltvirt module under its own name and call it by it (publish.run, not fleet.run); where a "
+        "local variable has that name, rename the variable (a loader module may use an _alias):\n" + "\n".join(renamed)
+    )
+
+
+def private_reads(path):
+    """Where ``path`` reads another saltvirt module's private name: ``module._name`` through an import of that
+    module, or ``from saltvirt.<layer>.<module> import _name`` (dunders are not private)."""
+
+    def private(name):
+        return name.startswith("_") and not name.startswith("__")
+
+    tree = ast.parse(path.read_text())
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    modules, reads = {}, []
+    for node, module, name, asname in saltvirt_imports(tree):
+        if module:
+            modules[asname or name] = module
+        elif private(name):
+            reads.append(f"{shown}:{node.lineno} imports {name} from {node.module}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            base = ast.unparse(node.value)
+            module = modules.get(base) or (base if saltvirt_module(base) else None)
+            if module:
+                reads.append(f"{shown}:{node.lineno} reads {module}.{node.attr}")
+    return reads
+
+
+def test_no_module_reads_another_modules_private_names():
+    """Issue 35: storage/intake used six privates of storage/images, vm/provision imported host/query's
+    ``_all_stats``: a private name is one its module may change alone."""
+    reads = [r for path in source_files("_utils", *LOADER_DIRS) for r in private_reads(path)]
+    assert not reads, (
+        "a name another module uses is public: rename it without the underscore (typed, with a docstring; update "
+        "its users and tests), or move it to the module that uses it:\n" + "\n".join(reads)
+    )
+
+
+def test_the_private_read_check_sees_both_forms(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "from saltvirt.storage import images\nfrom saltvirt.host import query as q\n"
+        "from saltvirt.host.query import _all_stats, describe\n"
+        "images._run(images.run_tool, q._listed_flags(), images.__name__)\n"
+    )
+    found = [r.partition(" ")[2] for r in private_reads(tmp_path / "m.py")]
+    assert sorted(found) == [
+        "imports _all_stats from saltvirt.host.query",
+        "reads saltvirt.host.query._listed_flags",
+        "reads saltvirt.storage.images._run",
+    ]
+
+
+def test_the_master_side_imports_no_minion_layer():
+    """The master's code (fleet, the runners, the ext_pillar) runs where libvirt-python may not be installed
+    (test_packaging.py): it never imports the minion's layers. Issue 35: the virt runner imported
+    saltvirt.host.stats for its rates (now saltvirt.fleet.vmrates). storage is allowed: image intake
+    (saltvirt.storage.intake) checks images on the master."""
+    bad = []
+    for path in source_files(*MASTER_SIDE):
+        for node, module, _name, _asname in saltvirt_imports(ast.parse(path.read_text())):
+            parts = (module or node.module).split(".")  # a name inside a module: that module
+            if len(parts) > 1 and parts[1] in MINION_LAYERS:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module or node.module}")
+    assert not bad, (
+        f"the master side never imports saltvirt.{{{','.join(MINION_LAYERS)}}}: move what it needs to base or spec "
+        "(pure data, both sides) or into fleet:\n" + "\n".join(bad)
+    )
