@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 from collections.abc import Collection
+from typing import overload
 
 
 def atomic_write(
@@ -65,6 +66,10 @@ def remove_paths(paths: Collection[str]) -> tuple[list[str], list[dict[str, str 
     return removed, kept
 
 
+@overload
+def read_text(path: str, default: str = "", encoding: str = "utf-8") -> str: ...
+@overload
+def read_text(path: str, default: None, encoding: str = "utf-8") -> str | None: ...
 def read_text(path: str, default: str | None = "", encoding: str = "utf-8") -> str | None:
     """The text of a small file (a /sys attribute, a marker), stripped; ``default`` when it cannot be read."""
     try:

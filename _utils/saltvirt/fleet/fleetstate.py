@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import salt.cache
 import salt.payload
@@ -55,7 +55,10 @@ from saltvirt.base.salttypes import Data, SaltOpts
 # seconds a redis command (and connecting) may take: a store that stops answering (a cut network) fails
 # the call instead of hanging the runner and its lease (Salt's own redis driver waits forever)
 REDIS_TIMEOUT = 10
-redis = None  # imported on first use (cache: redis only): ~0.2 s of every salt-run virt.* start-up otherwise
+if TYPE_CHECKING:  # every use of the module follows _redis_client, which imported it
+    import redis
+else:
+    redis = None  # imported on first use (cache: redis only): ~0.2 s of every salt-run virt.* start-up otherwise
 
 
 def _redis_module():
@@ -269,7 +272,7 @@ def me(opts: SaltOpts, job: str | None = None) -> Data:
     }
 
 
-def local_owner_alive(opts: SaltOpts, owner: Data) -> bool | None:
+def local_owner_alive(opts: SaltOpts, owner: Data | None) -> bool | None:
     """True/False for an owner on this master (same master id and host), None for another master's."""
     if not owner or owner.get("master") != opts.get("id") or owner.get("host") != socket.gethostname():
         return None
@@ -342,7 +345,7 @@ class Lease:
 
     def _take(self, name):
         now = time.time()
-        stale = []
+        stale: list[Data] = []
 
         def update(old):
             stale.clear()
@@ -552,7 +555,7 @@ def reserve(
     Raises :class:`NoRoomError`."""
     cfg = cfg or lease.cfg
     now = time.time()
-    refused: list[str] = []
+    refused: list[tuple[list[str], Data]] = []  # (reasons, load) of the host that has no room
 
     def update(old):
         refused.clear()

@@ -184,7 +184,7 @@ def host_allowed(conf: Data, host: str) -> bool:
     return any(fnmatch.fnmatchcase(host, pat) for pat in conf["hypervisors"])
 
 
-def refuse(what: str, name: str, tenant_name: str, allowed: Iterable[str]) -> None:
+def refuse(what: str, name: object, tenant_name: str, allowed: Iterable[str]) -> None:
     """The one wording for a tenant asking for something the operator did not give it."""
     listed = ", ".join(allowed) if allowed else "none"
     raise SaltInvocationError(f"tenant {tenant_name} may not use {what} {name!r} (allowed: {listed}): ask the operator")

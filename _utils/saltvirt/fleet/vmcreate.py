@@ -126,6 +126,13 @@ def _locked_create(opts, name, req, image, module_kwargs, job, **kwargs):
         return result
 
 
+def _relay(progress, name):
+    """What to watch for the hypervisor's own progress events of ``name``, shown as they come: ``(tag prefix,
+    handler)``, or None when ``progress`` does not relay them."""
+    relay = getattr(progress, "relay", None)
+    return (f"salt/virt/init/{name}/", lambda tag, data: relay(tag.rsplit("/", 1)[-1], data)) if relay else None
+
+
 def _reserve(lease, hosts, order, start, name, req, policy, since, tried, keep_previous=None, place=None):
     """Reserve ``req`` on the first host of ``order[start:]`` that still has room with every in-flight
     creation counted (other masters' too); hosts without room go to ``tried``. Its position, or None.
@@ -195,7 +202,8 @@ def _create(
         hosts, place = _tenant_quota(opts, fleet_wide(cfg), client, lease, tenant, name, req, hosts, since)
         load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
         plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
-        order, tried = _order(plan, hosts, name, host, fallback, every), []
+        order = _order(plan, hosts, name, host, fallback, every)
+        tried: list[Data] = []  # {host, outcome, error, jid} of every host tried, in order
         first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried, place=place)
     if first is None:
         raise _no_room(name, plan, tried)
@@ -204,8 +212,7 @@ def _create(
     keys = _NewKey(opts, key_id, progress, vm=name)
     if seed:
         keys.fresh()
-    relay = getattr(progress, "relay", None)  # the hypervisor's own progress events, shown as they come
-    watch = (f"salt/virt/init/{name}/", lambda tag, data: relay(tag.rsplit("/", 1)[-1], data)) if relay else None
+    watch = _relay(progress, name)
     base_kwarg = dict(module_kwargs, image=image, seed=seed, **({"group": req["group"]} if req.get("group") else {}))
     try:
         pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
@@ -267,7 +274,7 @@ def _create(
         _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, cfg)
         _end(lease, "failed")  # no-op when settled or kept for a timeout
         if seed and not keys.keep:
-            removed = bool(keys.pub) and minionkeys.remove_key(opts, key_id, keys.pub)
+            removed = minionkeys.remove_key(opts, key_id, keys.pub) if keys.pub else False
             if isinstance(exc, Failed):
                 exc.details["cleanup"] = {"key_removed": removed, "minion_id": key_id}
         raise
@@ -503,7 +510,9 @@ class _NewKey:
 
     def __init__(self, opts, key_id, progress, vm=None):
         self.opts, self.key_id, self.progress, self.vm = opts, key_id, progress, vm or key_id
-        self.pub = self.priv = self.info = None
+        self.pub: str | None = None  # the key pair fresh() made and the master accepted
+        self.priv: str | None = None
+        self.info: Data | None = None
         self.keep = False  # True: leave the key on failure (a timed-out virt.init may still use it)
 
     def fresh(self):
@@ -522,6 +531,8 @@ class _NewKey:
     def sealed_for(self, hv, job):
         """The private key sealed for hypervisor ``hv``'s accepted key (never what a minion claims), to be
         opened as ``<minion_id>/priv_key`` in job ``job`` only."""
+        if self.priv is None:
+            raise CommandExecutionError(f"no key pair was made for {self.key_id} to seal")
         return envelope.seal(minionkeys.accepted_pub(self.opts, hv), self.priv, f"{self.key_id}/priv_key", job)
 
 

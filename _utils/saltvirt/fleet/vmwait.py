@@ -143,7 +143,8 @@ def _wait(opts, what, created, seconds, cfg, client):
     deadline = started + seconds
     out = {"for": what, "timeout": seconds}
     info = why = None
-    pings, jids = 0, []
+    pings = 0
+    jids: list[str] = []  # the test.ping publications so far (a late answer to any of them counts)
     while True:
         if what == "ip":
             info, why = _look(opts, host, name, cfg, client, max(1.0, deadline - time.monotonic()))

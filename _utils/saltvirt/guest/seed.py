@@ -110,7 +110,7 @@ def _normalize_files(files):
     """``{path: (bytes, mode)}`` after checking every guest path and mode."""
     if not isinstance(files, dict) or not files:
         raise SaltInvocationError("files must be a non-empty dict {guest path: {'content': bytes, 'mode': int}}")
-    out = {}
+    out: dict[str, tuple[bytes | guestroot.Link, int]] = {}
     for path, spec in files.items():
         if not isinstance(path, str) or not path.startswith("/") or path == "/":
             raise SaltInvocationError(f"guest path must be an absolute file path, got {path!r}")
@@ -282,7 +282,12 @@ def _qemu_lock(image, undo):
     """Hold the byte locks a qemu writer holds while we write behind qemu's back (loop backend): no
     VM can open the image for writing meanwhile."""
     fd = os.open(image, os.O_RDWR)
-    undo.add(f"flush and unlock {image}", lambda: (os.fsync(fd), os.close(fd)))
+
+    def flush_and_unlock():
+        os.fsync(fd)
+        os.close(fd)
+
+    undo.add(f"flush and unlock {image}", flush_and_unlock)
     for offset in _QEMU_WRITE_BYTES:
         try:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(images.FLOCK, fcntl.F_RDLCK, os.SEEK_SET, offset, 1, 0))
@@ -305,14 +310,14 @@ def _losetup(path, tmp, undo, ns, offset=0, size=None):
     return dev
 
 
-def loop_binding(dev: str) -> tuple[str, str | None] | None:
+def loop_binding(dev: str) -> tuple[str, str] | None:
     """What ``dev`` is attached to (backing file, offset), or None when it is free."""
     sysfs = f"/sys/block/{os.path.basename(dev)}/loop"
     backing = fsutil.read_text(f"{sysfs}/backing_file")
     return (backing, fsutil.read_text(f"{sysfs}/offset")) if backing else None
 
 
-def detach(dev: str, ours: tuple[str, str | None] | None) -> None:
+def detach(dev: str, ours: tuple[str, str] | None) -> None:
     """``losetup -d dev``, then wait until ``dev`` is no longer bound as ``ours`` (:func:`loop_binding`):
     a busy device (still writing back, or mounted in a mount namespace that is just ending) detaches
     only when it is let go. Raises CommandExecutionError when it is not within 30 s."""
@@ -399,7 +404,8 @@ def _seed_file(path, files, tmp, undo, ns):
 
 def _first_root(candidates, files, tmp, ns):
     """Write ``files`` into the first of ``candidates`` ((label, fstype, device node)) that is a root filesystem."""
-    mnt, tried = os.path.join(tmp, "root"), []
+    mnt = os.path.join(tmp, "root")
+    tried: list[str] = []
     os.makedirs(mnt, mode=0o700, exist_ok=True)
     for label, fstype, node in candidates:
         done = _try_root(label, node, fstype, mnt, files, tried, ns)
@@ -592,8 +598,8 @@ class _Guestfish:
                 return getattr(self.g, name.replace("-", "_"))(*args, **opts)
             except RuntimeError as exc:
                 raise CommandExecutionError(f"libguestfs {name}: {exc}") from None
-        args = [str(a) for a in args] + [f"{k}:{str(v).lower()}" for k, v in opts.items()]
-        cmd = ["guestfish", f"--remote={self.pid}", "--", name, *args]
+        words = [str(a) for a in args] + [f"{k}:{str(v).lower()}" for k, v in opts.items()]
+        cmd = ["guestfish", f"--remote={self.pid}", "--", name, *words]
         out = _run(cmd, f"guestfish {name}", timeout=900).stdout
         if name == "list-filesystems":
             return dict(line.rsplit(": ", 1) for line in out.splitlines() if ": " in line)

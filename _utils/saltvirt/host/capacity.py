@@ -156,7 +156,7 @@ def _index(conn, doms, cache_dir, max_age):
 
 def _groups(vms):
     """The anti-affinity index: ``{group: [VM names]}`` (placement's group check is one lookup)."""
-    out = {}
+    out: dict[str, list[str]] = {}
     for name in sorted(vms):
         if vms[name]["group"]:
             out.setdefault(vms[name]["group"], []).append(name)

@@ -60,7 +60,7 @@ def _guest(guest):
 
 
 def _cell(cell):
-    out = {"id": int(cell.get("id"))}
+    out: Data = {"id": int(cell.get("id"))}
     mem = cell.find("memory")
     if mem is not None:
         out["memory"] = _unit(mem.text, mem.get("unit", "KiB"))
@@ -74,7 +74,7 @@ def _cell(cell):
         out["distances"] = distances
     cpus = []
     for node in cell.findall("cpus/cpu"):
-        cpu = {"id": int(node.get("id"))}
+        cpu: Data = {"id": int(node.get("id"))}
         for key in ("socket_id", "core_id"):
             if node.get(key):
                 cpu[key] = int(node.get(key))
@@ -170,7 +170,7 @@ def _supported(node):
 
 
 def _cpu_modes(node):
-    out = {}
+    out: Data = {}
     for mode in node.findall("mode"):
         name = mode.get("name")
         if not _supported(mode):
@@ -180,7 +180,7 @@ def _cpu_modes(node):
             out[name] = True
         elif name == "host-model":
             model = mode.find("model")
-            entry = {"name": model.text if model is not None else None}
+            entry: Data = {"name": model.text if model is not None else None}
             if model is not None and model.get("fallback"):
                 entry["fallback"] = model.get("fallback")
             if mode.find("vendor") is not None:

@@ -51,7 +51,7 @@ if libvirt is not None:
 log = logging.getLogger(__name__)
 DEFAULT_OPEN_TIMEOUT = 30
 DEFAULT_KEEPALIVE = {"interval": 5, "count": 5}
-_loop = {"pid": None, "registered": False}
+_loop: dict[str, int | bool | None] = {"pid": None, "registered": False}  # the loop thread's process id
 _loop_lock = threading.Lock()
 
 

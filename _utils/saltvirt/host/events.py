@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
@@ -163,7 +163,7 @@ def _const(name, default=None):
 
 def _lifecycle_codes():
     """``{(type code, detail code): (type name, detail name)}`` from the bindings' constants."""
-    codes = {}
+    codes: dict[tuple[int, int | None], tuple[str, str | None]] = {}
     for typ, details in LIFECYCLE.items():
         tcode = _const(f"VIR_DOMAIN_EVENT_{typ}")
         if tcode is None:
@@ -388,14 +388,16 @@ class Watcher:
         self.host, self.connect, self.fire = host, connect, fire
         self.on_defined = on_defined  # called when a definition is added or changed (virt.capacity's cache)
         self.options = settings(options)
-        self.inbox = queue.Queue(maxsize=inbox_max)  # bounded: libvirt's thread never waits, it drops
+        # (kind, who, args) facts; bounded: libvirt's thread never waits, it drops
+        self.inbox: queue.Queue[tuple[str, Any, tuple[Any, ...]]] = queue.Queue(maxsize=inbox_max)
         self.drops = Drops()
         self.closed = None  # libvirt's close notice when it came with the inbox full: (reason,)
         self.known = None  # the last snapshot, kept current by the events: {uuid: {name, state, id, ...}}
         self.stop = threading.Event()
         self.connected = threading.Event()  # set while a session runs (tests and the engine's log)
         self.sessions = 0
-        self.pending = collections.deque(maxlen=PENDING_MAX)  # (tag, data) the master did not take yet
+        # (tag, data) the master did not take yet
+        self.pending: collections.deque[tuple[str, Data]] = collections.deque(maxlen=PENDING_MAX)
         self.uri = None  # the connection's URI (Salt's libvirt_events tags name it)
         self.last_try = 0.0
 
@@ -598,7 +600,7 @@ class Watcher:
     # sessions --------------------------------------------------------------------------------------
     def _register(self, conn):
         """Register the callbacks; returns ``[(deregister method, callback id)]``."""
-        ours = [
+        ours: list[tuple[str, Callable[..., None]]] = [
             ("LIFECYCLE", self._on_lifecycle),
             ("REBOOT", self._on_reboot),
             ("IO_ERROR_REASON", self._on_io_error),
@@ -607,7 +609,9 @@ class Watcher:
         ]
         prefix = OBJECT_CALLS["domain"][2]
         # (what, object, event-id constants: the first the bindings have, callback)
-        wanted = [(f"{prefix}{ev}", "domain", (f"{prefix}{ev}",), cb) for ev, cb in ours]
+        wanted: list[tuple[str, str, tuple[str, ...], Callable[..., None]]] = [
+            (f"{prefix}{ev}", "domain", (f"{prefix}{ev}",), cb) for ev, cb in ours
+        ]
         wanted += [  # Salt's scheme only
             (f"domain/{ev}", "domain", saltevents.DOMAIN_EXTRA[ev][0], self._extra_callback(ev))
             for ev in saltevents.domain_extra_wanted(self.options)

@@ -49,7 +49,7 @@ SERVER_KINDS = ("server", "qemu-server")
 CLIENT_DN_PATTERN = "O=salt-virt,CN=* libvirt client"  # libvirtd tls_allowed_dn_list: hypervisor client certs only
 KEY_TYPES = ("rsa", "ec")
 RSA_SIZES = (2048, 3072, 4096)
-EC_CURVES = {256: ec.SECP256R1, 384: ec.SECP384R1, 521: ec.SECP521R1}
+EC_CURVES: dict[int, type[ec.EllipticCurve]] = {256: ec.SECP256R1, 384: ec.SECP384R1, 521: ec.SECP521R1}
 DEFAULTS: dict[str, Any] = {"days": 825, "renew_days": 30, "ca_days": 3650, "key_type": "rsa", "key_size": 3072}
 CA_CN = "salt-virt libvirt CA"
 ORG = "salt-virt"

@@ -349,9 +349,9 @@ def new_disks_mib(disks: Any, system_mib: int = 0) -> int:
     return total + system_mib
 
 
-def _assign_targets(disks):
+def _assign_targets(disks: list[Disk]) -> None:
     used = {d.target for d in disks if d.target}
-    counters = {}
+    counters: dict[str, int] = {}
     for disk in disks:
         if disk.target:
             continue

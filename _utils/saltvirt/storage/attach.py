@@ -157,7 +157,8 @@ def check_serials(chardevs: Iterable[Mapping[str, Any]], settings: Mapping[str, 
 def _other_domains(conn, vm, uuid):
     """``{realpath: VM}`` of every disk file (and its backing file) and ``{(pool, volume): VM}`` of every
     volume disk of the other domains of this host, defined or running."""
-    paths, volumes = {}, {}
+    paths: dict[str, str] = {}
+    volumes: dict[tuple[str, str], str] = {}
     for name, disk in query.domain_disks(conn, vm, uuid, unread=": nothing was attached"):
         if disk.get("type") == "volume" and disk.get("pool"):
             volumes.setdefault((disk["pool"], disk["volume"]), name)

@@ -267,7 +267,7 @@ def _computed_caps(conn):
 def _parse_caps(xml):
     out = []
     for pool in ET.fromstring(xml).findall("pool"):
-        entry = {"name": pool.get("type"), "supported": pool.get("supported") == "yes"}
+        entry: Data = {"name": pool.get("type"), "supported": pool.get("supported") == "yes"}
         options = {}
         for kind, fmt_tag in (("pool", "sourceFormatType"), ("volume", "targetFormatType")):
             el = pool.find(kind)
@@ -275,7 +275,7 @@ def _parse_caps(xml):
                 continue
             default = el.find("defaultFormat")
             values = [v.text for v in el.findall(f"enum[@name='{fmt_tag}']/value")]
-            opt = {}
+            opt: Data = {}
             if default is not None:
                 opt["default_format"] = default.get("type")
             if values:

@@ -61,7 +61,7 @@ class InitLock:
     def __init__(self, images_dir, name, purpose="virt.init"):
         self.path = _lock_path(images_dir, name)
         self.name, self.purpose = name, purpose
-        self.fd, self.existed, self.keep = None, False, False
+        self.fd, self.existed, self.keep = -1, False, False  # fd: the lock file's, from __enter__ on
 
     def __enter__(self):
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
@@ -263,7 +263,9 @@ def _qsd_serving(export):
 
 def _release_scratch(path):
     """Undo what a dead seeding job attached under its scratch directory ``path``: ``(done, errors)``."""
-    done, errors, loops = [], [], []
+    done: list[str] = []
+    errors: list[str] = []
+    loops: list[str] = []
     export = os.path.join(path, "export")
     inside = [(n, p) for n, p, _s in _mountinfo() if p.startswith(path + os.sep) and p != export]
     for num, point in reversed(inside):  # the guest's filesystems (on loop devices), deepest first

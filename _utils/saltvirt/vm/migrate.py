@@ -333,7 +333,7 @@ class Watchdog:
     def __init__(self, dom, bound, poll=1.0):
         self.dom, self.bound, self.poll = dom, bound, poll
         self.aborted, self._stop = None, threading.Event()
-        self._pending = None  # (answer box, done event) of a jobInfo() call still waiting
+        self._pending: tuple[Data, threading.Event] | None = None  # (answer box, done event) of a waiting jobInfo()
         self._thread = threading.Thread(target=self._watch, name="salt-virt-migration-watchdog", daemon=True)
 
     def __enter__(self):
@@ -359,7 +359,8 @@ class Watchdog:
         """The job's counters if libvirt answers within ``poll`` seconds, else None (no news: a refused
         query while the job changes phase, or a monitor blocked on a dead peer: asked again once it answers)."""
         if self._pending is None:
-            box, done = {}, threading.Event()
+            box: Data = {}
+            done = threading.Event()
             self._pending = (box, done)
             _in_thread(lambda: box.update(info=self.dom.jobInfo()), "salt-virt-migration-jobinfo", done)
         box, done = self._pending
@@ -726,7 +727,7 @@ def _makedirs(folder, created):
 
 
 def _in_use(conn):
-    paths = set()
+    paths: set[str] = set()
     for dom in conn.listAllDomains(0):
         for flags in (0, libvirt.VIR_DOMAIN_XML_INACTIVE):
             try:

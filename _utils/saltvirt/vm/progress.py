@@ -15,10 +15,14 @@ import queue
 import socket
 import stat
 import threading
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
-from saltvirt.base.salttypes import SaltOpts
+from saltvirt.base.salttypes import Data, SaltOpts
 
 log = logging.getLogger(__name__)
+
+Outbox: TypeAlias = "queue.SimpleQueue[tuple[str, Data] | None]"  # the sender's events; None: no more
 
 
 def _local(opts):
@@ -88,7 +92,8 @@ class Progress:
         self.route = route(opts)
         self.skipped = None  # why events are not sent (None: they are)
         self.sent = 0
-        self._bus = self._queue = self._thread = None
+        self._bus: Any = None  # salt.utils.event's event bus, once the sender fires on it
+        self._running: tuple[threading.Thread, Outbox] | None = None  # the sender thread and its events
         self._decided = False
 
     def _decide(self):
@@ -102,7 +107,7 @@ class Progress:
             self.skipped = why
             log.debug("virt.init progress events not sent: %s", why)
 
-    def __call__(self, step, **data):
+    def __call__(self, step: str, **data: Any) -> bool:
         """Send (or queue) one step; False when events are not sent (see ``skipped``)."""
         if not self._decided:
             self._decide()
@@ -110,15 +115,18 @@ class Progress:
             return False
         tag, payload = f"{self.prefix}/{step}", dict(data, **self.base)
         if self.route != "salt-call":
-            if self._thread is None:
-                self._queue = queue.SimpleQueue()
-                self._thread = threading.Thread(target=self._sender, daemon=True, name=f"progress {self.prefix}")
-                self._thread.start()
-            self._queue.put((tag, payload))
+            if self._running is None:
+                outbox: Outbox = queue.SimpleQueue()
+                thread = threading.Thread(
+                    target=self._sender, args=(outbox,), daemon=True, name=f"progress {self.prefix}"
+                )
+                self._running = thread, outbox
+                thread.start()
+            self._running[1].put((tag, payload))
             return True
         return self._deliver(tag, payload, self._send)
 
-    def _deliver(self, tag, payload, how):
+    def _deliver(self, tag: str, payload: Data, how: Callable[[str, Data], Any]) -> bool:
         try:
             ok = how(tag, payload)
         except Exception as exc:  # noqa: BLE001 - progress events are best effort, never fail the work
@@ -130,9 +138,9 @@ class Progress:
         self.sent += 1
         return True
 
-    def _sender(self):
+    def _sender(self, outbox: Outbox) -> None:
         try:
-            while (item := self._queue.get()) is not None:
+            while (item := outbox.get()) is not None:
                 if not self.skipped:
                     self._deliver(*item, self._fire)
         finally:
@@ -143,7 +151,7 @@ class Progress:
                 except Exception as exc:  # noqa: BLE001 - closing a best-effort connection
                     log.debug("closing the progress event connection: %s", exc)
 
-    def _fire(self, tag, payload):
+    def _fire(self, tag: str, payload: Data) -> Any:
         if self._bus is None:
             import salt.utils.event  # noqa: PLC0415 - only with a bus to fire on
 
@@ -155,9 +163,10 @@ class Progress:
 
     def close(self) -> None:
         """Wait (bounded) until every queued event is sent, then close the connection."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
+        running, self._running = self._running, None
+        if running is not None:
+            thread, outbox = running
+            outbox.put(None)
             thread.join(self._close_timeout)
             if thread.is_alive():
                 log.debug("progress events of %s still being sent after %s s", self.prefix, self._close_timeout)

@@ -271,6 +271,9 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         owner=owner,  # not a SPEC_ARG: only salt-run virt.init sets it (saltvirt.spec.vmargs refuses it from calls)
         **spec_args,
     )
+    vm_dir = spec.vm_dir  # <images_dir>/<name>: build names it (None only in a spec made for its XML alone)
+    if vm_dir is None:
+        raise CommandExecutionError(f"the spec of {name!r} names no VM directory")
     spec.tb_cache_mib = tb_cache  # the operator's, as vtype: never a call's
     spec.uuid = str(uuid4())  # ours before anything is made: the manifest records it first
     plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
@@ -280,7 +283,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         spec.graphics.password = secrets.token_urlsafe(6)[:8]
     src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
     for disk in spec.disks:
-        if disk.image and disk.image == fetched:
+        if info is not None and disk.image and disk.image == fetched:
             src_formats[disk.name], sources[disk.name] = info["format"], image
         elif disk.image:  # a disk entry with an image of its own: through the same door
             extra = accept(disk.image)
@@ -296,15 +299,15 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     if attached:
         result["attached"] = attached  # existing disks (storage.attach): their format as found on them
     try:
-        if not os.path.isdir(spec.vm_dir):
-            os.makedirs(spec.vm_dir, mode=0o755)
-            undo.add(f"remove {spec.vm_dir}", lambda: os.rmdir(spec.vm_dir) if not os.listdir(spec.vm_dir) else None)
+        if not os.path.isdir(vm_dir):
+            os.makedirs(vm_dir, mode=0o755)
+            undo.add(f"remove {vm_dir}", lambda: os.rmdir(vm_dir) if not os.listdir(vm_dir) else None)
         # the manifest before anything it covers, naming the VM by its UUID and this host: whatever this init
         # leaves behind is then judged by UUID (saltvirt.vm.cleanup), never by name; its undo runs last
-        fresh = not os.path.lexists(os.path.join(spec.vm_dir, images.MANIFEST))
-        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, host=host_id, complete=False)
+        fresh = not os.path.lexists(os.path.join(vm_dir, images.MANIFEST))
+        images.record_owned(vm_dir, name, [], vm_uuid=spec.uuid, host=host_id, complete=False)
         if fresh:
-            undo.add("remove ownership manifest", lambda: _remove_manifest(spec.vm_dir))
+            undo.add("remove ownership manifest", lambda: _remove_manifest(vm_dir))
         seeds_first = validate.to_bool(seed_disk)
         for disk in spec.disks:
             made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
@@ -336,7 +339,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         result["vm_info"] = _read_back(dom, name, host)
         result["state"] = result["vm_info"]["state"]
         # the last step: from now on no cleanup takes this VM for the half-made one of an interrupted init
-        images.record_owned(spec.vm_dir, name, [], vm_uuid=spec.uuid, complete=True)
+        images.record_owned(vm_dir, name, [], vm_uuid=spec.uuid, complete=True)
     except BaseException as exc:
         errors = undo.run()
         if errors:
@@ -410,12 +413,12 @@ def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, 
         return None
     if disk.image:
         made = _clone(disk, sources[disk.name], images_dir, src_formats[disk.name])
-        undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+        undo.add(f"remove {disk.path}", lambda p=disk.path: _remove_file(p))
         if disk.size and disk.size * 1048576 > images.image_info(disk.path, disk.format)["virtual_size"]:
             images.resize(disk.path, disk.size, disk.format)
     else:
         made = images.create_disk(disk.path, disk.size, fmt=disk.format)
-        undo.add(f"remove {disk.path}", lambda p=disk.path: os.path.exists(p) and os.unlink(p))
+        undo.add(f"remove {disk.path}", lambda p=disk.path: _remove_file(p))
     images.record_owned(spec.vm_dir, name, [disk.path], vm_uuid=spec.uuid)
     return dict(made, name=disk.name, target=disk.target)
 
@@ -472,6 +475,12 @@ def _clone(disk, image, images_dir, src_fmt):  # image: the source as given (pat
     with intake.bases_lock(images_dir):  # the image gc must not take the base before the overlay exists
         src = base_image(disk.image, images_dir, image)
         return images.clone(src, disk.path, overlay=True, fmt=disk.format, src_fmt=src_fmt)
+
+
+def _remove_file(path: str) -> None:
+    """An undo step: remove a file this init made (nothing to do if it is not there)."""
+    if os.path.exists(path):
+        os.unlink(path)
 
 
 def _remove_manifest(vm_dir):
@@ -540,9 +549,9 @@ def _seed(spec, req, plan, keypair=None):
 
 def _cidata(spec, plan, undo):
     """Write the cloud-init seed ISO into the VM's directory (recorded as the VM's, undone on failure)."""
-    iso = vmspec.cidata_disk(spec).path
+    iso = cloudinit.iso_path(spec.vm_dir)  # the cidata disk's path (vmspec.cidata_disk)
     made = cloudinit.write_seed(spec, plan.additions())
-    undo.add(f"remove {iso}", lambda: os.path.exists(iso) and os.unlink(iso))
+    undo.add(f"remove {iso}", lambda: _remove_file(iso))
     images.record_owned(spec.vm_dir, spec.name, [iso], vm_uuid=spec.uuid)
     return made
 

@@ -124,7 +124,7 @@ def _backing_facts(el):
     """``<memoryBacking>`` as cpumem.memory_backing writes it (page sizes in KiB)."""
     if el is None or not len(el):
         return None
-    out = {}
+    out: Data = {}
     if el.find("hugepages") is not None:
         out["hugepages"] = [
             {"size": _kib(p, "size"), **({"nodeset": p.get("nodeset")} if p.get("nodeset") else {})}
@@ -158,7 +158,7 @@ def _vcpu_facts(el):
 def _cputune_facts(el):
     if el is None or not len(el):
         return None
-    out = {k: _int(el.findtext(k)) for k in CPUTUNE_SCALARS if el.find(k) is not None}
+    out: Data = {k: _int(el.findtext(k)) for k in CPUTUNE_SCALARS if el.find(k) is not None}
     pins = {_int(p.get("vcpu")): p.get("cpuset") for p in el.findall("vcpupin")}
     if pins:
         out["vcpupin"] = pins

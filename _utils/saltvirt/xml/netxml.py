@@ -117,7 +117,8 @@ def _dhcp_range(net, dhcp_start, dhcp_end):
             raise SaltInvocationError(f"dhcp address {addr!r} is not an IP address") from None
         if not inside:
             raise SaltInvocationError(f"dhcp address {addr} is outside {net.network}")
-    if ipaddress.ip_address(dhcp_start) > ipaddress.ip_address(dhcp_end):
+    # both are inside net.network, so of one IP version: their integers compare as the addresses do
+    if int(ipaddress.ip_address(dhcp_start)) > int(ipaddress.ip_address(dhcp_end)):
         raise SaltInvocationError(f"dhcp range {dhcp_start} - {dhcp_end} is backwards")
     return [str(dhcp_start), str(dhcp_end)]
 
@@ -262,7 +263,7 @@ def _vlan(value):
     tags = value.get("tags")
     if not isinstance(tags, list) or not tags:
         raise SaltInvocationError("tag:tags must be a list of {id, nativeMode}")
-    out = {"tags": []}
+    out: dict[str, Any] = {"tags": []}
     for tag in tags:
         speckeys.check_keys(tag, "tag:tags", ("id", "nativeMode"))
         item = {"id": validate.int_in(tag.get("id"), "tag:tags:id (VLAN id)", 0, 4095)}
@@ -675,7 +676,7 @@ def _parse_addresses(fwd):
 
 
 def _parse_dns(el):
-    out = {}
+    out: dict[str, Any] = {}
     fwds = [{k: f.get(k) for k in ("domain", "addr") if f.get(k)} for f in el.findall("forwarder")]
     if fwds:
         out["forwarders"] = fwds
