@@ -5,8 +5,9 @@
     :mod:`saltvirt.host.guestips`; an agent or ARP address is what the guest claims, reported as such).
 ``minion``
     until the new VM's own minion answers ``test.ping``: published through the runner's LocalClient to
-    that one minion id only (a list target, never a glob), again every few seconds, since a minion that
-    connects later never sees an earlier publication. An answer to any of this wait's publications counts,
+    that one minion id only (a list target, never a glob), again after a window that doubles each time (5 s,
+    10 s, ... up to 60 s), since a minion that connects later never sees an earlier publication, and a slow
+    guest must not get a backlog of pings. An answer to any of this wait's publications counts,
     also one that comes after its own window (read from the master's job cache): a guest slower than the
     window (many new VMs booting at once on emulated CPUs) answers every publication late, and would
     otherwise never be seen answering while each new publication adds to its load.
@@ -32,7 +33,9 @@ WAITS = ("ip", "minion")
 DEFAULT_TIMEOUT = 300
 MAX_TIMEOUT = 86400
 POLL = 2.0  # seconds between two looks at the VM's addresses
-PING_WINDOW = 5.0  # seconds one test.ping publication is waited for
+PING_WINDOW = 5.0  # seconds the first test.ping publication is waited for; each next one twice as long ...
+MAX_PING_WINDOW = 60.0  # ... up to this: a slow guest is not sent a new job every few seconds
+CACHE_LOOK = 2.0  # seconds between two looks in the job cache for a late answer while a window is open
 
 
 def check(wait: Any, wait_timeout: Any = DEFAULT_TIMEOUT, start: Any = True) -> tuple[str | None, float | None]:
@@ -88,6 +91,7 @@ def _ping(client, minion_id, until, earlier):
     if not pub:
         return False
     earlier.append(pub["jid"])
+    looked = time.monotonic()
     try:
         for item in client.get_iter_returns(
             pub["jid"],
@@ -100,8 +104,13 @@ def _ping(client, minion_id, until, earlier):
         ):
             if item and isinstance(item.get(minion_id), dict):
                 return item[minion_id].get("ret") is True
-            if time.monotonic() >= until:
+            now = time.monotonic()
+            if now >= until:
                 return False
+            if now - looked >= CACHE_LOOK:  # an earlier publication's late answer ends the wait too
+                looked = now
+                if _answered(client, earlier[:-1], minion_id):
+                    return True
             if not item:
                 time.sleep(0.1)
     finally:
@@ -152,7 +161,10 @@ def _wait(opts, what, created, seconds, cfg, client):
                 return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), ips=_ips(info))
         else:
             pings += 1
-            if _ping(client, minion_id, min(deadline, time.monotonic() + PING_WINDOW), jids):
+            # each publication is one more job in the guest: a slow one (emulated CPUs, many VMs booting)
+            # answering late is sent fewer, not a backlog it works through after the wait
+            window = min(PING_WINDOW * 2 ** (pings - 1), MAX_PING_WINDOW)
+            if _ping(client, minion_id, min(deadline, time.monotonic() + window), jids):
                 return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), minion=minion_id)
         if time.monotonic() + (POLL if what == "ip" else 0) >= deadline:
             break

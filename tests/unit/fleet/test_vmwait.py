@@ -5,6 +5,8 @@ The waiting itself publishes through a salt-master (``fleet.call``, LocalClient)
 hypervisor that is tests/integration/test_guest_ips.py. Here ``vmwait.call`` is replaced by a function
 returning what a hypervisor would answer, since unit tests have no salt-master."""
 
+import time
+
 import pytest
 from salt.exceptions import SaltClientError, SaltInvocationError
 
@@ -178,3 +180,34 @@ def test_wait_minion_reads_the_last_answer_when_the_time_is_up(monkeypatch):
     client = AnswersAfterTheLastWindow()
     ret = vmwait.wait({}, "minion", CREATED, 0.01, {}, client)
     assert ret["result"] == "ok" and len(client.published) == 1
+
+
+class SilentMinion(NoMinion):
+    """A LocalClient whose publications are answered by nobody, read as Salt's get_iter_returns does: None
+    until the timeout it was given has passed. Records when each publication went out."""
+
+    def __init__(self):
+        super().__init__()
+        self.at = []
+
+    def run_job(self, tgt, fun, arg, tgt_type, timeout=None, listen=False):
+        self.at.append(time.monotonic())
+        return super().run_job(tgt, fun, arg, tgt_type, timeout, listen)
+
+    def get_iter_returns(self, jid, minions, timeout=None, **kwargs):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            yield None
+
+
+def test_wait_minion_sends_a_silent_guest_fewer_pings_as_time_goes(monkeypatch):
+    """A CI run: the tutorial's TCG guest answered each ping ~1 min late while wait=minion published one every
+    ~5.5 s; the backlog made the page's next `salt demo1 test.ping` time out. Each window doubles now."""
+    monkeypatch.setattr(vmwait, "call", Hypervisor(up(ips=[IP])))
+    monkeypatch.setattr(vmwait, "PING_WINDOW", 0.4)
+    monkeypatch.setattr(vmwait, "MAX_PING_WINDOW", 1.6)
+    client = SilentMinion()
+    ret = vmwait.wait({}, "minion", CREATED, 4.5, {}, client)
+    assert ret["result"] == "timeout"
+    gaps = [b - a for a, b in zip(client.at, client.at[1:], strict=False)]
+    assert len(client.published) <= 4 and all(b > a + 0.2 for a, b in zip(gaps, gaps[1:], strict=False)), gaps
