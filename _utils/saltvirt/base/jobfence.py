@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from salt.exceptions import CommandExecutionError
 
-from saltvirt.base import procs
+from saltvirt.base import fsutil, procs
 
 FENCED = "fenced"
 KEEP_FENCED = 86400  # seconds a fenced jid is remembered
@@ -44,27 +44,13 @@ def _entry(path: str, jid: str) -> str:
     return os.path.join(path, jid)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip()
-    except FileNotFoundError:
-        return None
-
-
-def _write(path: str, text: str) -> None:
-    with open(path + ".tmp", "w", encoding="ascii") as fh:
-        fh.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def _prune(path: str) -> None:
     """Fenced entries older than :data:`KEEP_FENCED` (the lock is held)."""
     cutoff = time.time() - KEEP_FENCED
     for name in os.listdir(path):
         entry = os.path.join(path, name)
         with contextlib.suppress(OSError):
-            if not name.startswith(".") and os.path.getmtime(entry) < cutoff and _read(entry) == FENCED:
+            if not name.startswith(".") and os.path.getmtime(entry) < cutoff and fsutil.read_text(entry) == FENCED:
                 os.unlink(entry)
 
 
@@ -78,12 +64,12 @@ def running_job(cachedir: str, jid: str | None) -> Iterator[None]:
     path = jobs_dir(cachedir)
     entry = _entry(path, str(jid))
     with _locked(path):
-        if _read(entry) == FENCED:
+        if fsutil.read_text(entry, None) == FENCED:
             raise CommandExecutionError(
                 f"job {jid} did nothing: the master was told it was not running here and may have run it "
                 "elsewhere (it started late: a loaded minion). Check where it ran before running it again"
             )
-        _write(entry, procs.mark())
+        fsutil.atomic_write(entry, procs.mark().encode(), 0o600)
     try:
         yield
     finally:
@@ -98,7 +84,7 @@ def still_running(cachedir: str, jid: str, salt_says: bool) -> bool:
     path = jobs_dir(cachedir)
     entry = _entry(path, str(jid))
     with _locked(path):
-        mark = _read(entry)
+        mark = fsutil.read_text(entry, None)
         if mark == FENCED:
             return False
         if mark is not None:
@@ -107,5 +93,5 @@ def still_running(cachedir: str, jid: str, salt_says: bool) -> bool:
         elif salt_says:
             return True
         _prune(path)
-        _write(entry, FENCED)
+        fsutil.atomic_write(entry, FENCED.encode(), 0o600)
         return False
