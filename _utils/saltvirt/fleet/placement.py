@@ -49,7 +49,7 @@ import fnmatch
 import heapq
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
@@ -66,6 +66,7 @@ DEFAULT_POLICY: Data = {
     "maintenance": [],
 }
 STRATEGIES = ("spread", "pack")
+_BY_CALLER = "excluded by the caller (already tried)"
 RANK_TOP = 50  # hosts the runner lists (and falls over to) in a big fleet; ``fit`` counts all that fit
 
 
@@ -334,7 +335,7 @@ def _sift(hosts, req, pol, skip, reserved):
     )
     for host, answer in hosts.items():
         if host in skip:
-            excluded[host] = ["excluded by the caller (already tried)"]
+            excluded[host] = skip[host]
             continue
         load = reserved.get(host)
         free = None if load else _fast_free(answer, host, need, maint_re)
@@ -355,11 +356,12 @@ def rank(
     hosts: dict[str, Data],
     req: Data,
     pol: Data | None = None,
-    exclude: Iterable[str] = (),
+    exclude: Iterable[str] | Mapping[str, list[str]] = (),
     reserved: dict[str, Data] | None = None,
     top: int | None = None,
 ) -> Data:
-    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``reserved``: ``{id: load}``
+    """Rank ``hosts`` (``{id: facts}``) for ``req``; see the module doc. ``exclude``: hosts to pass over,
+    ``{id: [reasons]}`` or ids (the reason: the caller already tried them). ``reserved``: ``{id: load}``
     of in-flight creations (``saltvirt.fleet.fleetstate.reserved``), counted as used capacity. ``top``:
     list only the best ``top`` hosts in ``ranking`` (all of them by default; ``fit`` counts them all).
     Returns::
@@ -370,7 +372,8 @@ def rank(
     """
     pol = pol or make_policy()
     reserved = reserved or {}
-    fits, excluded = _sift(hosts, req, pol, set(exclude), reserved)
+    skip = dict(exclude) if isinstance(exclude, Mapping) else dict.fromkeys(exclude, [_BY_CALLER])
+    fits, excluded = _sift(hosts, req, pol, skip, reserved)
     weights = pol["weights"]
     w_mem, w_cpu, w_disk, w_vms = (weights[k] for k in ("mem", "cpu", "disk", "vms"))
     terms = req.get("affinity") or ()

@@ -30,7 +30,7 @@ What a tenant uses is counted from two sources, by VM name (a VM is counted once
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
@@ -299,9 +299,7 @@ def place(
         rec = entries.pop(key, None)
         if not rec or rec.get("token") != lease.token:
             raise fleetstate.AbortUpdate
-        asked = {"vcpus": rec.get("cpu") or 0, "mem": rec.get("mem") or 0, "disk": rec.get("disk_mib") or 0}
-        asked["vms"] = int(not rec.get("grows"))
-        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], host, groups, asked)
+        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], host, groups, _asked(rec))
         if group:
             refused.append(group)
             raise fleetstate.AbortUpdate
@@ -314,6 +312,42 @@ def place(
         if refused:
             reasons, used = refused[0]
             raise QuotaError(f"{reasons}: no room for {key} on {host}", used) from None
+
+
+def full(
+    store: fleetstate.Store,
+    lease: fleetstate.Lease,
+    candidates: Iterable[str],
+    hosts: dict[str, Data],
+    since: float,
+    groups: Data,
+    cfg: Data | None = None,
+) -> dict[str, list[str]]:
+    """``{host: [reason]}`` of the ``candidates`` where :func:`place` would refuse ``lease``'s entry now (the
+    tenant's quota of a hypervisor group the host is in is used up): read once, before ranking, so placement
+    passes them over with the reason. Only a hint: :func:`place` decides, under the compare-and-set."""
+    where = getattr(lease, "quota", None)
+    if not where or not groups:
+        return {}
+    tenant, key = where
+    cfg = cfg or lease.cfg
+    now = time.time()
+    ledger = store.fetch(QUOTAS, tenant) or {}
+    entries = _prune(dict(ledger.get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
+    asked = _asked(entries.pop(key, None) or {})
+    out = {}
+    for host in candidates:
+        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], host, groups, asked)
+        if group:
+            out[host] = [group[0]]
+    return out
+
+
+def _asked(rec):
+    """What a ledger entry ``rec`` asks of a hypervisor group's quota ({vcpus, mem, disk, vms})."""
+    asked = {"vcpus": rec.get("cpu") or 0, "mem": rec.get("mem") or 0, "disk": rec.get("disk_mib") or 0}
+    asked["vms"] = int(not rec.get("grows"))
+    return asked
 
 
 def move(

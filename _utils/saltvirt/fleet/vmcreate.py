@@ -199,9 +199,9 @@ def _create(
     with _before_placing(name):
         every, warnings = _snapshot(opts, name, fleet_wide(cfg), client, progress, lease, operator)
         hosts = within_target(opts, cfg, every)  # tgt: where the VM may go, not which VMs count
-        hosts, place = _tenant_quota(opts, fleet_wide(cfg), client, lease, tenant, name, req, hosts, since)
+        hosts, place, full = _tenant_quota(opts, fleet_wide(cfg), client, lease, tenant, name, req, hosts, since)
         load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
-        plan = placement.rank(hosts, req, policy, reserved=load, top=placement.RANK_TOP)
+        plan = placement.rank(hosts, req, policy, exclude=full, reserved=load, top=placement.RANK_TOP)
         order = _order(plan, hosts, name, host, fallback, every)
         tried: list[Data] = []  # {host, outcome, error, jid} of every host tried, in order
         first = _reserve(lease, hosts, order, 0, name, req, policy, since, tried, place=place)
@@ -300,18 +300,23 @@ def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
     in their <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
     only the tenant's hypervisors among the candidates ``hosts``. ``tenant``: ``{name, quota, allowed(host),
     groups, disk_mib}`` or None (``disk_mib``: the disk its quota counts, default the request's).
-    ``(candidates, place)``: ``place(host)`` checks the tenant's quotas per hypervisor group (None without)."""
+    ``(candidates, place, full)``: ``place(host)`` checks the tenant's quotas per hypervisor group (None
+    without); ``full``: ``{host: [reason]}`` of candidates whose group quota is used up already (placement
+    passes them over, so they are not tried)."""
     if not tenant:
-        return hosts, None
+        return hosts, None, {}
     fleet_vms = gather(opts, "virt.full_info", cfg, client)
     asked = dict(req, disk_mib=tenant.get("disk_mib", req["disk_mib"]))  # the image and the new disks
     quota.reserve(lease.store, lease, tenant["name"], name, asked, fleet_vms, since, tenant["quota"])
     groups = tenant.get("groups")
+    candidates = {h: a for h, a in hosts.items() if tenant["allowed"](h)}
+    if not groups:
+        return candidates, None, {}
 
     def place(host):
         quota.place(lease.store, lease, host, fleet_vms, since, groups)
 
-    return {h: a for h, a in hosts.items() if tenant["allowed"](h)}, (place if groups else None)
+    return candidates, place, quota.full(lease.store, lease, candidates, fleet_vms, since, groups)
 
 
 def _end(lease, outcome, keep_for=None):

@@ -209,6 +209,12 @@ def test_a_host_whose_hypervisor_group_is_full_for_the_tenant_is_passed_over(tmp
         assert vmcreate._reserve(lease, fleet_vms, ["gpu1"], 0, "web1", req, policy, since, tried, place=place) is None
         err = vmcreate._no_room("web1", {"reason": "", "ranking": [], "excluded": {}}, tried)
         assert str(err) == f"no host can take web1 any more: {tried[0]['error']}"
+        # a group already full is left out of placement, with its reason (run G: the tie-break put gpu1 first,
+        # so the answer listed a refused attempt)
+        full = quota.full(lease.store, lease, ["gpu1", "hv2"], fleet_vms, since, groups)
+        assert full == {"gpu1": ["tenant acme on hypervisor group gpu: 1 of 1 VMs used, asked 1"]}
+        plan = placement.rank(fleet_vms, req, policy, exclude=full)
+        assert [r["host"] for r in plan["ranking"]] == ["hv2"] and plan["excluded"] == full, plan
 
 
 def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
