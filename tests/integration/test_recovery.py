@@ -58,7 +58,15 @@ def lab_hvs(lab_dir, fabric, store):
 def master_virt(lab_dir):
     return {
         # bounded waits, generous enough for a loaded shared machine: a slow minion must not look down here
-        "hypervisors": {"tgt": "hv1[012]", "tgt_type": "glob", "timeout": 5, "gather_job_timeout": 15},
+        # (down_after: run G, at load ~20, hv10 answered a job check 20 s after it was published, and the
+        # init that fell over to it was stopped as "stopped answering"; each call on the stopped hv10 waits it)
+        "hypervisors": {
+            "tgt": "hv1[012]",
+            "tgt_type": "glob",
+            "timeout": 5,
+            "gather_job_timeout": 15,
+            "down_after": 40,
+        },
         "placement": {"mem_reserve_mib": 256, "disk_reserve_mib": 0},
         "recovery": {"probe_wait": 5},
     }

@@ -14,6 +14,7 @@ virt:*) and answers ``virt.full_info`` with a huge fake host. The master config 
 by minion id (``virt:hypervisors``): the tenant gains nothing.
 """
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -106,6 +107,14 @@ def run(vmaster, *args, timeout=600):
     return vmaster.salt_run_cli(timeout=timeout).run(*args)
 
 
+def at_once(*calls):
+    """The results of independent calls (thunks), made together: each salt-run that asks the stopped cap-gone
+    waits all of its down_after, so calls that change nothing wait side by side instead of one after another
+    (issue 33: these waits were most of this module's time)."""
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
+
+
 def run_text(vmaster, *args):
     """salt-run exactly as a user types it: no --out, so the runner's outputter is used."""
     cmd = [str(pathlib.Path(sys.executable).parent / "salt-run"), "-c", str(vmaster.config_dir), *args]
@@ -154,12 +163,12 @@ def test_query_is_one_round_trip_and_a_stopped_minion_shows_down(vmaster, minion
 
 
 def test_list_and_host_info(vmaster, gone_down):
-    ret = run(vmaster, "virt.list")
+    ret, info = at_once(lambda: run(vmaster, "virt.list"), lambda: run(vmaster, "virt.host_info"))
     assert ret.returncode == 0, ret
     assert ret.data["cap-small"] == {"status": "up", "vms": {"twin": "running"}}
     assert ret.data["cap-full"]["vms"] == {"full-a": "running", "full-b": "running"}
     assert ret.data["cap-gone"]["status"] == "down"
-    ret = run(vmaster, "virt.host_info")
+    ret = info
     assert ret.returncode == 0, ret
     facts = ret.data["cap-full"]["host"]
     assert (facts["mem_total"], facts["mem_used_by_vms"], facts["vcpus_total"], facts["vcpus_used_by_vms"]) == (
@@ -179,7 +188,9 @@ def test_query_with_rates_samples_twice(vmaster, gone_down):
 
 
 def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
-    out = run_text(vmaster, "virt.query")
+    out, placed = at_once(
+        lambda: run_text(vmaster, "virt.query"), lambda: run_text(vmaster, "virt.next_host", "mem=1024")
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "cap-gone  down  (did not answer" in text
@@ -194,7 +205,7 @@ def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
         and "      File: /srv/salt-images/web-a/system.qcow2\n      File Format: qcow2\n" in text
     )
     assert "    NIC - 52:54:00:00:0b:01:\n      Source: br0\n      Type: bridge\n" in text
-    out = run_text(vmaster, "virt.next_host", "mem=1024")
+    out = placed
     assert out.returncode == 0, out.stderr
     assert (
         out.stdout.startswith("Next host: ")
@@ -205,13 +216,19 @@ def test_text_output_reads_like_the_tutorial(vmaster, gone_down):
 
 # placement ----------------------------------------------------------------------------------------
 def test_next_host_places_by_fit_and_explains(vmaster, gone_down):
-    ret = run(vmaster, "virt.next_host", "cpu=2", "mem=8192", "image=salt://images/guest.qcow2")
+    image = "image=salt://images/guest.qcow2"
+    ret, caps, web, none_fits = at_once(
+        lambda: run(vmaster, "virt.next_host", "cpu=2", "mem=8192", image),
+        lambda: run(vmaster, "virt.next_host", "cpu=2", "mem=8192", image, "tgt=cap-*"),
+        lambda: run(vmaster, "virt.next_host", "cpu=1", "mem=1024", "group=web", f"tgt={UP_CAPS}"),
+        lambda: run(vmaster, "virt.next_host", "mem=100000000"),
+    )
     assert ret.returncode == 0, ret
     plan = ret.data
     assert plan["host"] == "cap-big", plan
     assert {r["host"] for r in plan["ranking"]} | set(plan["excluded"]) == set(ALL)  # every host explained
     # the capacity hosts only (kvm1's memory is this machine's): exact, deterministic answers
-    plan = run(vmaster, "virt.next_host", "cpu=2", "mem=8192", "image=salt://images/guest.qcow2", "tgt=cap-*").data
+    plan = caps.data
     assert [r["host"] for r in plan["ranking"]] == ["cap-big"]
     assert set(plan["ranking"][0]["scores"]) == {"mem", "cpu", "disk", "vms"}
     excl = plan["excluded"]
@@ -225,12 +242,12 @@ def test_next_host_places_by_fit_and_explains(vmaster, gone_down):
     assert excl["cap-gone"] == [f"down: {DID_NOT_ANSWER}"]
     assert plan["request"]["disk_mib"] >= 1 and "measured in the master's file_roots" in plan["request"]["disk_note"]
     # anti-affinity: web-a (group web) runs on cap-big
-    plan = run(vmaster, "virt.next_host", "cpu=1", "mem=1024", "group=web", f"tgt={UP_CAPS}").data
+    plan = web.data
     assert plan["host"] == "cap-small" and plan["excluded"]["cap-big"] == [
         "anti-affinity: group 'web' already has web-a here"
     ]
     # nothing fits: an answer, not a crash
-    plan = run(vmaster, "virt.next_host", "mem=100000000").data
+    plan = none_fits.data
     assert plan["host"] is None and not plan["ranking"] and sorted(plan["excluded"]) == ALL
 
 
@@ -259,27 +276,32 @@ BROKEN_VM = """<domain type='qemu'><name>rbroken</name><memory unit='MiB'>64</me
 
 
 def test_actions_refuse_ambiguous_names_and_report_real_errors(vmaster, gone_down, hv1):
-    ret = run(vmaster, "virt.pause", "twin")
-    assert ret.returncode == 1 and "ambiguous: defined on cap-big, cap-small" in ret.data["error"], ret
-    ret = run(vmaster, "virt.pause", "twin", "host=cap-small", f"tgt={UP_CAPS}")
-    assert ret.returncode == 0 and ret.data == {"name": "twin", "host": "cap-small", "result": ret.data["result"]}, ret
     # a start that really fails on the hypervisor: the module's own error comes back, with a failing exit code
     import libvirt
 
     conn = libvirt.open(hv1.uri)
     dom = conn.defineXML(BROKEN_VM)
     try:
-        ret = run(vmaster, "virt.start", "rbroken")
-        assert ret.returncode == 1, ret
-        assert (
-            ret.data["error"].startswith("virt.start rbroken on kvm1: error: ")
-            and "/nonexistent/rbroken.qcow2" in ret.data["error"]
+        ambiguous, broken, unknown = at_once(
+            lambda: run(vmaster, "virt.pause", "twin"),
+            lambda: run(vmaster, "virt.start", "rbroken"),
+            lambda: run(vmaster, "virt.start", "nosuchvm"),
         )
-        assert "good" not in json.dumps(ret.data) and ret.data["host"] == "kvm1"
     finally:
         dom.undefine()
         conn.close()
-    ret = run(vmaster, "virt.start", "nosuchvm")
+    ret = ambiguous
+    assert ret.returncode == 1 and "ambiguous: defined on cap-big, cap-small" in ret.data["error"], ret
+    ret = run(vmaster, "virt.pause", "twin", "host=cap-small", f"tgt={UP_CAPS}")
+    assert ret.returncode == 0 and ret.data == {"name": "twin", "host": "cap-small", "result": ret.data["result"]}, ret
+    ret = broken
+    assert ret.returncode == 1, ret
+    assert (
+        ret.data["error"].startswith("virt.start rbroken on kvm1: error: ")
+        and "/nonexistent/rbroken.qcow2" in ret.data["error"]
+    )
+    assert "good" not in json.dumps(ret.data) and ret.data["host"] == "kvm1"
+    ret = unknown
     assert ret.returncode == 1, ret
     assert ret.data["error"] == (
         "VM 'nosuchvm' is not defined on any hypervisor that answered;"
@@ -404,7 +426,12 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
 
 
 def test_init_failure_leaves_nothing_behind_and_is_not_retried(vmaster, gone_down, hv1, lab_dir):
-    ret = run(vmaster, "virt.init", "rbad1", "1", "128", "salt://images/guest.qcow2", "host=kvm1", "nic=nosuchprofile")
+    image = "salt://images/guest.qcow2"
+    ret, named_kvm1, full = at_once(
+        lambda: run(vmaster, "virt.init", "rbad1", "1", "128", image, "host=kvm1", "nic=nosuchprofile"),
+        lambda: run(vmaster, "virt.init", "kvm1", "1", "128", image),
+        lambda: run(vmaster, "virt.init", "rbad2", "1", "128", image, "host=cap-full"),
+    )
     assert ret.returncode == 1, ret
     assert ret.data["error"].startswith("virt.init of rbad1 on kvm1 failed: ") and "nic profile" in ret.data["error"]
     assert [t["host"] for t in ret.data["tried"]] == ["kvm1"]  # a real error is not retried elsewhere
@@ -413,14 +440,14 @@ def test_init_failure_leaves_nothing_behind_and_is_not_retried(vmaster, gone_dow
     assert not os.path.exists(pathlib.Path(lab_dir) / "rk-images" / "rbad1")
     assert "rbad1" not in run(vmaster, "virt.list", "tgt=kvm1").data["kvm1"]["vms"]
     # a hypervisor's name is refused as a VM name before any key is touched (kvm1's own key stays)
-    ret = run(vmaster, "virt.init", "kvm1", "1", "128", "salt://images/guest.qcow2")
+    ret = named_kvm1
     assert ret.returncode == 1 and ret.data["error"] == (
         "salt-run virt.init: the VM name 'kvm1' matches virt:hypervisors in the master config: a VM must never be "
         "taken for a hypervisor (it would get libvirt certificates); pick another VM name"
     ), ret
     assert "kvm1" in accepted_keys(vmaster)["minions"]
     # a full host is refused when asked for by name
-    ret = run(vmaster, "virt.init", "rbad2", "1", "128", "salt://images/guest.qcow2", "host=cap-full")
+    ret = full
     assert ret.returncode == 1 and ret.data["error"].startswith(
         "cap-full cannot take rbad2: memory: needs 128 MiB, 84 MiB free"
     )
@@ -429,16 +456,20 @@ def test_init_failure_leaves_nothing_behind_and_is_not_retried(vmaster, gone_dow
 
 def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boot_args, event_listener):
     t0, offset = time.time(), log_size(hv1, "rvm2")
-    ret = run(
-        vmaster,
-        "virt.init",
-        "rvm2",
-        "1",
-        "128",
-        "salt://images/guest.qcow2",
-        "host=cap-gone",
-        "tgt=kvm1,cap-gone",
-        f"boot={json.dumps(boot_args)}",
+    ret, no_fallback = at_once(
+        lambda: run(
+            vmaster,
+            "virt.init",
+            "rvm2",
+            "1",
+            "128",
+            "salt://images/guest.qcow2",
+            "host=cap-gone",
+            "tgt=kvm1,cap-gone",
+            f"boot={json.dumps(boot_args)}",
+        ),
+        # with fallback=False a down host is an error, and nothing is left
+        lambda: run(vmaster, "virt.init", "rvm3", "1", "128", "host=cap-gone", "fallback=False"),
     )
     assert ret.returncode == 0, ret
     assert ret.data["host"] == "kvm1"
@@ -464,8 +495,7 @@ def test_init_on_a_down_host_falls_over_to_the_next(vmaster, gone_down, hv1, boo
     log = serial_log(hv1, "rvm2", "SALT-MINION-KEY:", offset)
     assert "SALT-MINION-ID: rvm2" in log and f"SALT-MINION-KEY: {ret.data['key']['fingerprint']}" in log
     assert run(vmaster, "virt.purge", "rvm2", "tgt=kvm1").returncode == 0
-    # with fallback=False a down host is an error, and nothing is left
-    ret = run(vmaster, "virt.init", "rvm3", "1", "128", "host=cap-gone", "fallback=False")
+    ret = no_fallback
     assert (
         ret.returncode == 1
         and ret.data["error"].startswith("cap-gone is down: did not answer")
