@@ -201,8 +201,9 @@ def pool_update(
         return _rc.update_pool(conn, spec, test=_bool(test), **_limits())
 
 
-pool_define.__doc__ += _SOURCE_DOC
-pool_update.__doc__ += _SOURCE_DOC
+for _fun in (pool_define, pool_update):
+    if _fun.__doc__:  # None under python -OO
+        _fun.__doc__ += _SOURCE_DOC
 
 
 def pool_capabilities(connection=None, **kwargs):
