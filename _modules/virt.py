@@ -700,32 +700,7 @@ def virt_type(connection=None):
     return get_hypervisor(connection)["type"]
 
 
-def capabilities(connection=None, **kwargs):
-    """The host capabilities as Salt's dict: ``{host: {uuid, cpu, topology, migration, security, ...},
-    guests: [{os_type, arch: {name, wordsize, emulator, machines, domains}, features}]}``
-    (libvirt's XML: ``virt.capabilities_xml``).
-
-    CLI Example:: salt '*' virt.capabilities
-    """
-    from saltvirt.host import caps
-
-    _salt_kwargs(kwargs, "virt.capabilities")
-    with _conn(connection) as conn:
-        return caps.capabilities(conn)
-
-
-def capabilities_xml(connection=None):
-    """libvirt's host capabilities XML.
-
-    CLI Example:: salt '*' virt.capabilities_xml
-    """
-    with _conn(connection) as conn:
-        return conn.getCapabilities()
-
-
-# ==================================================================================================
-# update, networks and storage pools (saltvirt.vm.converge, saltvirt.host.netpool): what the virt states use
-# ==================================================================================================
+# update (saltvirt.vm.converge): what the virt states use ---------------------------------------------
 def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     """
     Bring an existing VM to the spec ``virt.init`` builds from the same arguments. Only what is given
