@@ -15,9 +15,12 @@ default and meaning: ``docs/configuration.md``; the user guide: ``docs/topics/qu
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -38,6 +41,13 @@ if saltvirt is not None:
     from saltvirt.spec import compat, vmargs
     from saltvirt.storage import attach, intake
     from saltvirt.vm import progress, provision
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __grains__: SaltGrains
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"

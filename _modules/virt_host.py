@@ -7,9 +7,12 @@ Execution module ``virt`` (continued): host facts in the shapes of Salt's virt m
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -32,6 +35,13 @@ if saltvirt is not None:
     from saltvirt.host import readiness as _readiness
     from saltvirt.pki import answers as _answers
     from saltvirt.spec import compat as _compat
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __context__: SaltContext
 
 __virtualname__ = "virt"
 

@@ -5,9 +5,12 @@ Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.hos
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -30,6 +33,12 @@ if saltvirt is not None:
     from saltvirt.storage import rawcalls as _rc
     from saltvirt.vm import provision as _provision
     from saltvirt.xml import poolxml as _px
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 
