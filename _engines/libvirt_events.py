@@ -21,7 +21,10 @@ The engine module must be on the minion when it starts: ``saltutil.sync_all``, t
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/saltvirt}, or a repo checkout
@@ -39,6 +42,12 @@ if saltvirt is not None:
     from saltvirt.host import events as _events
     from saltvirt.host import mastersend as _mastersend
     from saltvirt.host import saltevents as _saltevents
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 log = logging.getLogger(__name__)
 __virtualname__ = "libvirt_events"

@@ -40,7 +40,10 @@ then restart the salt-minion.
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/saltvirt}, or a repo checkout
@@ -58,6 +61,12 @@ if saltvirt is not None:
     from saltvirt.host import events as _events
     from saltvirt.host import mastersend as _mastersend
     from saltvirt.vm import cleanup as _cleanup
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt_events"

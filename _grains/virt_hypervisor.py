@@ -5,6 +5,12 @@ The ``libvirt`` ext_pillar hands TLS certificates to these minions by default.
 Set ``virt_hypervisor: False`` (or True) in the minion config to decide it yourself."""
 
 import shutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltOpts
+
+    __opts__: SaltOpts
 
 DAEMONS = ("libvirtd", "virtqemud")
 

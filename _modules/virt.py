@@ -15,9 +15,12 @@ default and meaning: ``docs/configuration.md``; the user guide: ``docs/topics/qu
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -38,6 +41,13 @@ if saltvirt is not None:
     from saltvirt.spec import compat, vmargs
     from saltvirt.storage import attach, intake
     from saltvirt.vm import progress, provision
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __grains__: SaltGrains
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -700,32 +710,7 @@ def virt_type(connection=None):
     return get_hypervisor(connection)["type"]
 
 
-def capabilities(connection=None, **kwargs):
-    """The host capabilities as Salt's dict: ``{host: {uuid, cpu, topology, migration, security, ...},
-    guests: [{os_type, arch: {name, wordsize, emulator, machines, domains}, features}]}``
-    (libvirt's XML: ``virt.capabilities_xml``).
-
-    CLI Example:: salt '*' virt.capabilities
-    """
-    from saltvirt.host import caps
-
-    _salt_kwargs(kwargs, "virt.capabilities")
-    with _conn(connection) as conn:
-        return caps.capabilities(conn)
-
-
-def capabilities_xml(connection=None):
-    """libvirt's host capabilities XML.
-
-    CLI Example:: salt '*' virt.capabilities_xml
-    """
-    with _conn(connection) as conn:
-        return conn.getCapabilities()
-
-
-# ==================================================================================================
-# update, networks and storage pools (saltvirt.vm.converge, saltvirt.host.netpool): what the virt states use
-# ==================================================================================================
+# update (saltvirt.vm.converge): what the virt states use ---------------------------------------------
 def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     """
     Bring an existing VM to the spec ``virt.init`` builds from the same arguments. Only what is given

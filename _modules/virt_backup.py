@@ -16,7 +16,10 @@ Minion config only (an operator setting: never read from pillar or grains; calle
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -37,6 +40,12 @@ if saltvirt is not None:
     from saltvirt.vm import backup as _backup
     from saltvirt.vm import backupstore as _store
     from saltvirt.vm import restore as _restore
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

@@ -5,7 +5,10 @@ left on this hypervisor (``saltvirt.vm.cleanup``).
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -23,6 +26,12 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import query as _query
     from saltvirt.vm import cleanup as _cleanup
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

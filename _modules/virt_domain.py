@@ -6,9 +6,12 @@ Execution module ``virt`` (continued): Salt's remaining per-VM functions — ``c
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import CommandExecutionError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -26,6 +29,11 @@ if saltvirt is not None:
     from saltvirt.host import lifecycle as _lifecycle
     from saltvirt.host import stats as _stats
     from saltvirt.xml import domxml as _domxml
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions
+
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

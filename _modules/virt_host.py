@@ -1,15 +1,18 @@
 """
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
-``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``all_capabilities``,
-``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
+``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``capabilities``, ``capabilities_xml``,
+``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
 ``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``).
 """
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -32,6 +35,13 @@ if saltvirt is not None:
     from saltvirt.host import readiness as _readiness
     from saltvirt.pki import answers as _answers
     from saltvirt.spec import compat as _compat
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __context__: SaltContext
 
 __virtualname__ = "virt"
 
@@ -63,6 +73,26 @@ def capacity(connection=None, **kwargs):
     """
     with _conn(connection, kwargs, "virt.capacity") as conn:
         return _capacity.capacity(conn, _c.salt_images_dir(__salt__), cache_dir=_capacity.cache_dir(__opts__))
+
+
+def capabilities(connection=None, **kwargs):
+    """The host capabilities as Salt's dict: ``{host: {uuid, cpu, topology, migration, security, ...},
+    guests: [{os_type, arch: {name, wordsize, emulator, machines, domains}, features}]}``
+    (libvirt's XML: ``virt.capabilities_xml``).
+
+    CLI Example:: salt '*' virt.capabilities
+    """
+    with _conn(connection, kwargs, "virt.capabilities") as conn:
+        return _caps.capabilities(conn)
+
+
+def capabilities_xml(connection=None):
+    """libvirt's host capabilities XML.
+
+    CLI Example:: salt '*' virt.capabilities_xml
+    """
+    with _conn(connection) as conn:
+        return conn.getCapabilities()
 
 
 def domain_capabilities(emulator=None, arch=None, machine=None, domain=None, connection=None, **kwargs):

@@ -9,9 +9,12 @@ source and the target hypervisor. Salt's loader merges every file whose ``__virt
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -30,6 +33,12 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat
     from saltvirt.vm import migrate as _migrate
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 log = logging.getLogger(__name__)
@@ -252,7 +261,7 @@ def _salt_disk(target, data):
             f"seed_non_shared_migrate: disk {target!r} needs its 'file' (as virt.get_disks gives)"
         )
     fmt = data.get("file format") or data.get("format")
-    size = data.get("virtual size", data.get("virtual_size"))
+    size: Any = data.get("virtual size", data.get("virtual_size"))  # as the caller gave it: int() judges it
     if isinstance(size, str) and "(" in size:  # Salt: "8.0G (8589934592 bytes)"
         size = size.split("(", 1)[1].split()[0]
     try:

@@ -6,7 +6,10 @@ Salt's loader merges every file whose ``__virtualname__`` is ``virt`` into one `
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -26,6 +29,12 @@ if saltvirt is not None:
     from saltvirt.host import hostrecord as _hr
     from saltvirt.vm import migrate as _migrate
     from saltvirt.vm import migrate_tls as _migrate_tls
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

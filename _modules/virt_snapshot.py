@@ -6,9 +6,12 @@ memory is included; a VM with a raw disk is refused with the reason.
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -25,6 +28,11 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import snapshot as _snap
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions
+
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

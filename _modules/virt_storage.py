@@ -5,9 +5,12 @@ Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.hos
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/saltvirt}, or a repo checkout
@@ -30,6 +33,12 @@ if saltvirt is not None:
     from saltvirt.storage import rawcalls as _rc
     from saltvirt.vm import provision as _provision
     from saltvirt.xml import poolxml as _px
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 
@@ -201,8 +210,9 @@ def pool_update(
         return _rc.update_pool(conn, spec, test=_bool(test), **_limits())
 
 
-pool_define.__doc__ += _SOURCE_DOC
-pool_update.__doc__ += _SOURCE_DOC
+for _fun in (pool_define, pool_update):
+    if _fun.__doc__:  # None under python -OO
+        _fun.__doc__ += _SOURCE_DOC
 
 
 def pool_capabilities(connection=None, **kwargs):

@@ -55,9 +55,12 @@ import ipaddress
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{pillar,utils/saltvirt}, or a repo checkout
@@ -67,6 +70,11 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{pillar,utils/salt
         import saltvirt
     except ImportError:
         saltvirt = None
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltOpts
+
+    __opts__: SaltOpts
 
 log = logging.getLogger(__name__)
 __virtualname__ = "libvirt"
@@ -100,14 +108,14 @@ def __virtual__():
 def _on_demand():
     """True when this call comes from a minion's ``pillar.ext`` (its own configuration), False for the
     master's ext_pillar configuration, None when the caller cannot be identified."""
-    frame = sys._getframe(1)  # pylint: disable=protected-access
+    frame = sys._getframe(1).f_back  # pylint: disable=protected-access
     for _ in range(40):
-        frame = frame.f_back
         if frame is None:
             return None
         if frame.f_code.co_name == "_external_pillar_data" and "val" in frame.f_locals:
             ext = getattr(frame.f_locals.get("self"), "ext", None)
             return isinstance(ext, dict) and any(v is frame.f_locals["val"] for v in ext.values())
+        frame = frame.f_back
     return None
 
 

@@ -50,9 +50,12 @@ import os
 import re
 import sys
 import time
+import types
+from typing import TYPE_CHECKING, Any
 
 from salt.exceptions import SaltException, SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
@@ -83,6 +86,16 @@ if saltvirt is not None:
         vmwait,
     )
     from saltvirt.spec import compat, vmargs, vmspec
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from salt.utils.event import NamespacedEvent
+
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __context__: SaltContext
+    __jid_event__: NamespacedEvent
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"
@@ -166,11 +179,11 @@ def _printable(text):
     return _CONTROL.sub("?", text)
 
 
-def _progress(vm):
-    """Callback firing ``salt/virt/init/<vm>/<step>`` on the master bus (+ salt-run progress lines)."""
-    import salt.utils.event
+class _Progress:
+    """Callback firing ``salt/virt/init/<vm>/<step>`` on the master bus (+ salt-run progress lines).
+    saltvirt.fleet.vmcreate calls ``mark`` and ``relay`` when they are there; ``timeline`` goes into the answer."""
 
-    messages = {
+    MESSAGES = {
         "placed": "{vm}: placed on {host} (score {score}): {reason}",
         "key_accepted": (
             "{vm}: key pair for minion {minion_id} generated, public key pre-accepted (sha256 {fingerprint:.16}...)"
@@ -179,8 +192,7 @@ def _progress(vm):
         "done": "{vm}: created on {host} in {seconds} s",
         "failed": "{vm}: failed: {error}",
     }
-
-    module_messages = {
+    MODULE_MESSAGES = {
         "image_cached": "{vm}: image {image} cached on {host}",
         "disks_ready": "{vm}: disks ready on {host}",
         "seeded": "{vm}: seeded before first boot on {host} ({backend})",
@@ -188,15 +200,17 @@ def _progress(vm):
         "started": "{vm}: started on {host}",
     }
 
-    t0, timeline = time.monotonic(), []
+    def __init__(self, vm):
+        self.vm, self.t0 = vm, time.monotonic()
+        self.timeline: list[dict[str, Any]] = []
 
-    def mark(step, source="runner", **data):
+    def mark(self, step, source="runner", **data):
         """One line of the answer's ``timeline``: seconds since the runner began, when it saw the step."""
-        entry = {"step": step, "at": round(time.monotonic() - t0, 3), "source": source}
+        entry = {"step": step, "at": round(time.monotonic() - self.t0, 3), "source": source}
         entry.update({k: data[k] for k in ("host", "status") if data.get(k)})
-        timeline.append(entry)
+        self.timeline.append(entry)
 
-    def show(template, payload):
+    def _show(self, template, payload):
         if not _human_output():
             return
         try:
@@ -205,23 +219,22 @@ def _progress(vm):
         except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
             log.debug("virt runner: no progress output for %s: %s", payload.get("step"), exc)
 
-    def relay(step, data):
+    def relay(self, step, data):
         """A progress event the hypervisor's virt.init fired (already on the bus): only show it."""
-        mark(step, "hypervisor", host=data.get("host"))
-        show(module_messages.get(step, "{vm}: {step} on {host}"), dict(data, vm=vm, step=step))
+        self.mark(step, "hypervisor", host=data.get("host"))
+        self._show(self.MODULE_MESSAGES.get(step, "{vm}: {step} on {host}"), dict(data, vm=self.vm, step=step))
 
-    def send(step, **data):
-        payload = dict(data, vm=vm, step=step, source="runner")
-        mark(step, host=data.get("host"))
+    def __call__(self, step, **data):
+        import salt.utils.event
+
+        payload = dict(data, vm=self.vm, step=step, source="runner")
+        self.mark(step, host=data.get("host"))
         try:
             with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-                bus.fire_event(dict(payload), f"salt/virt/init/{vm}/{step}")
+                bus.fire_event(dict(payload), f"salt/virt/init/{self.vm}/{step}")
         except Exception as exc:  # noqa: BLE001 - progress is best effort, never fails the work
-            log.debug("virt runner: could not fire %s for %s: %s", step, vm, exc)
-        show(messages.get(step, "{vm}: {step}"), payload)
-
-    send.relay, send.mark, send.timeline = relay, mark, timeline
-    return send
+            log.debug("virt runner: could not fire %s for %s: %s", step, self.vm, exc)
+        self._show(self.MESSAGES.get(step, "{vm}: {step}"), payload)
 
 
 # fleet queries ------------------------------------------------------------------------------------
@@ -418,7 +431,7 @@ def init(
         salt-run virt.init db1 4 4096 salt://images/db.qcow2 host=hyper2
         salt-run virt.init web2 1 1024 salt://images/web.qcow2 wait=minion wait_timeout=600
     """
-    progress = _progress(name)
+    progress = _Progress(name)
     try:
         validate.vm_name(name)
         hypervisors.refuse_vm_id(__opts__, name, minion_id)  # a VM is never taken for a hypervisor

@@ -11,9 +11,12 @@ import logging
 import os
 import sys
 import time
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import CommandExecutionError, SaltException, SaltInvocationError
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
@@ -28,6 +31,16 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.fleet import backups, callers, fleetstate, publish, quota, tenants
     from saltvirt.spec import compat
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from salt.utils.event import NamespacedEvent
+
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __context__: SaltContext
+    __jid_event__: NamespacedEvent
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"

@@ -8,10 +8,13 @@ docs/topics/runner.md.
 import contextlib
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 import salt.client
 from salt.exceptions import SaltException
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
@@ -26,6 +29,13 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.fleet import callers, placement, publish, relocate, tenants
     from saltvirt.spec import compat
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __context__: SaltContext
 
 __virtualname__ = "virt"
 

@@ -21,9 +21,12 @@ import contextlib
 import logging
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltException
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/saltvirt}, or a repo checkout
@@ -39,6 +42,13 @@ if saltvirt is not None:
     from saltvirt.fleet import callers, fleetstate, leftovers, placement, publish, recovery, relocate, tenants
     from saltvirt.fleet import rebalance as _rebalance
     from saltvirt.spec import compat
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __context__: SaltContext
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt"

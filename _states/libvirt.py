@@ -10,6 +10,13 @@ Same arguments and result as ``virt.keys`` (libvirt TLS CA, server and client ce
 from this minion's ``libvirt`` pillar); the comment says to use ``virt.keys``.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions
+
+    __states__: SaltFunctions
+
 __virtualname__ = "libvirt"
 
 

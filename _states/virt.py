@@ -6,7 +6,10 @@ networks (storage pools: _states/virt_storage.py). The logic lives in the ``salt
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/saltvirt}, or a repo checkout
@@ -20,6 +23,13 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 if saltvirt is not None:
     # virt.init's arguments: what the states take and enforce on an existing VM (the one declaration)
     from saltvirt.spec import vmargs
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts, SaltPillar
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
+    __pillar__: SaltPillar
 
 __virtualname__ = "virt"
 
@@ -466,10 +476,10 @@ def _network_state(args, started):
     from saltvirt.host import netpool
 
     given = {k: args[k] for k in _NETWORK_SALT_ARGS if args[k] is not None}
-    basic = [args[k] for k in ("name", "bridge", "forward", "ip", "dhcp_start", "dhcp_end")]
+    basic = {k: args[k] for k in ("bridge", "forward", "ip", "dhcp_start", "dhcp_end", "netmask")}
 
     def spec():
-        return netpool.network_spec(*basic, netmask=args["netmask"], **given)
+        return netpool.network_spec(args["name"], **basic, **given)
 
     return _object_state("network", args["name"], spec, args["autostart"], started, args["connection"])
 

@@ -7,7 +7,10 @@ import datetime
 import os
 import re
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/saltvirt}, or a repo checkout
@@ -22,6 +25,12 @@ if saltvirt is not None:
     from salt.exceptions import CommandExecutionError, SaltInvocationError
 
     from saltvirt.base.validate import to_bool as _bool
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -4,7 +4,10 @@ States ``virt`` (continued): Salt's deprecated ``virt.unpowered`` (= ``virt.powe
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/saltvirt}, or a repo checkout
@@ -14,6 +17,11 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
         import saltvirt
     except ImportError:
         saltvirt = None
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions
+
+    __states__: SaltFunctions
 
 __virtualname__ = "virt"
 

@@ -10,7 +10,10 @@ would be taken or reverted to and what ``cleanup`` would delete.
 import fnmatch
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/saltvirt}, or a repo checkout
@@ -27,6 +30,12 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.host import conn as _c
     from saltvirt.host import snapshot as _snap
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

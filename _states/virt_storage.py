@@ -5,7 +5,10 @@ States ``virt`` (continued): storage pools and volumes (``pool_defined``, ``pool
 
 import os
 import sys
+import types
+from typing import TYPE_CHECKING
 
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
 except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/saltvirt}, or a repo checkout
@@ -24,6 +27,12 @@ if saltvirt is not None:
     from saltvirt.storage import attach as _attach
     from saltvirt.storage import rawcalls as _rc
     from saltvirt.xml import poolxml as _px
+
+if TYPE_CHECKING:  # what Salt's loader injects into this module
+    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+
+    __opts__: SaltOpts
+    __salt__: SaltFunctions
 
 __virtualname__ = "virt"
 

@@ -1,6 +1,7 @@
-"""The library type-checks (mypy, configured in pyproject.toml). That every public function of the typed layers is
-annotated is checked statically in test_suite_layout.py (run at every merge)."""
+"""The library and the loader modules type-check (mypy, configured in pyproject.toml). That every public function
+of the typed layers is annotated is checked statically in test_suite_layout.py (run at every merge)."""
 
+import re
 import subprocess
 import sys
 
@@ -17,3 +18,10 @@ def test_library_type_checks(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, f"mypy (pyproject.toml [tool.mypy]) found errors:\n{proc.stdout}{proc.stderr}"
+
+
+def test_every_loader_folder_is_type_checked():
+    """A new loader folder (``_<kind>/`` beside ``_modules``) joins mypy's files, or its dunders go unchecked."""
+    files = re.findall(r'"([^"]+)"', re.search(r"^files = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)[1])
+    folders = {p.parent.name for p in ROOT.glob("_*/*.py")}
+    assert folders and folders <= set(files), f"add to [tool.mypy] files in pyproject.toml: {folders - set(files)}"
