@@ -21,6 +21,7 @@ shared-storage probe, disk copy when not shared); a move that fails is reported 
 """
 
 import copy
+import math
 from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -71,7 +72,10 @@ def spread(values: dict[str, float | int]) -> float | int:
     return round(max(values.values()) - min(values.values()), 4) if len(values) > 1 else 0
 
 
-def _move_facts(hosts, vm, name, source, target):
+def book_move(hosts: dict[str, Data], name: str, source: str, target: str) -> None:
+    """Book VM ``name``'s move from ``source`` to ``target`` on the facts ``hosts`` (changed in place), so the
+    next plan step sees it: its memory, vCPUs and VM count leave ``source`` and land on ``target``."""
+    vm = hosts[source]["vm_info"][name]
     for host, sign in ((source, -1), (target, 1)):
         facts = hosts[host].setdefault("host", {})
         facts["mem_used_by_vms"] = int(facts.get("mem_used_by_vms") or 0) + sign * _mem(vm)
@@ -80,17 +84,46 @@ def _move_facts(hosts, vm, name, source, target):
     hosts[target].setdefault("vm_info", {})[name] = hosts[source]["vm_info"].pop(name)
 
 
-def _check(metric, threshold, max_moves):
+def loads_after(
+    hosts: dict[str, Data], current: dict[str, float | int], metric: str, pol: Data, name: str, source: str, target: str
+) -> dict[str, float | int]:
+    """``current`` loads as they would be once VM ``name`` moved from ``source`` to ``target`` (``hosts`` kept)."""
+    trial = copy.deepcopy({source: hosts[source], target: hosts[target]})
+    book_move(trial, name, source, target)
+    after = dict(current)
+    for host in (source, target):
+        value = load(trial[host], metric, pol)
+        if value is not None:
+            after[host] = value
+    return after
+
+
+def running_vms(answer: Data) -> list[tuple[str, Data]]:
+    """A host's running VMs (the ones a live migration moves), biggest memory first, then by name."""
+    vms = {n: vm for n, vm in (answer.get("vm_info") or {}).items() if (vm or {}).get("state") in RUNNING}
+    return [(n, vms[n]) for n in sorted(vms, key=lambda n: (-_mem(vms[n]), n))]
+
+
+def vm_request(vm: Data) -> Data:
+    """The placement request of a running VM (``vm``: its ``vm_info`` entry) that is to move elsewhere."""
+    return placement.make_request(vm.get("cpu") or 1, max(_mem(vm), 1), 0, vm.get("group"), affinity=vm.get("affinity"))
+
+
+def threshold_for(metric: str, threshold: Any) -> float:
+    """The checked spread threshold of ``metric`` (its default when ``threshold`` is None)."""
     if metric not in METRICS:
         raise SaltInvocationError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
     try:
-        threshold = float(METRICS[metric] if threshold is None else threshold)
+        value = float(METRICS[metric] if threshold is None else threshold)
     except (TypeError, ValueError):
         raise SaltInvocationError(f"threshold must be a number, not {threshold!r}") from None
-    if threshold < 0:
+    if math.isnan(value) or value < 0:
         raise SaltInvocationError(f"threshold must be >= 0, not {threshold!r}")
-    max_moves = validate.positive_int(max_moves, "max_moves")
-    return threshold, max_moves
+    return value
+
+
+def _check(metric, threshold, max_moves):
+    return threshold_for(metric, threshold), validate.positive_int(max_moves, "max_moves")
 
 
 def _next_move(hosts, pol, metric, current, now):
@@ -103,20 +136,13 @@ def _next_move(hosts, pol, metric, current, now):
 
 
 def _move_from(hosts, pol, metric, current, now, source):
-    vms = {n: vm for n, vm in (hosts[source].get("vm_info") or {}).items() if (vm or {}).get("state") in RUNNING}
-    for name in sorted(vms, key=lambda n: (-_mem(vms[n]), n)):
-        vm = vms[name]
-        req = placement.make_request(
-            vm.get("cpu") or 1, max(_mem(vm), 1), 0, vm.get("group"), affinity=vm.get("affinity")
-        )
-        ranked = placement.rank(hosts, req, pol, exclude=[source])
+    for name, vm in running_vms(hosts[source]):
+        ranked = placement.rank(hosts, vm_request(vm), pol, exclude=[source])
         for entry in ranked["ranking"]:
             target = entry["host"]
             if target not in current:
                 continue
-            trial = copy.deepcopy({source: hosts[source], target: hosts[target]})
-            _move_facts(trial, vm, name, source, target)
-            after = dict(current, **{h: load(trial[h], metric, pol) for h in (source, target)})
+            after = loads_after(hosts, current, metric, pol, name, source, target)
             if spread(after) < now:
                 return {
                     "vm": name,
@@ -153,7 +179,7 @@ def plan(
         if not move:
             reason = f"no live migration makes the spread ({now:g}) smaller: placement allows none that helps"
             break
-        _move_facts(hosts, hosts[move["from"]]["vm_info"][move["vm"]], move["vm"], move["from"], move["to"])
+        book_move(hosts, move["vm"], move["from"], move["to"])
         current = loads(hosts, metric, pol)
         moves.append(move)
     return {
