@@ -350,6 +350,46 @@ def _asked(rec):
     return asked
 
 
+def _joined(groups: Data | None, source: str) -> Data:
+    """The hypervisor groups (a tenant's ``groups``) a VM on ``source`` is not in: a move may join them."""
+    return {g: conf for g, conf in (groups or {}).items() if not host_allowed(conf, source)}
+
+
+def _move_check(old, hosts, tenant, name, source, target, since, now, skew, joined):
+    """``(pruned entries without the move entry, its sizes, refusal (reasons, used) or None)`` of moving VM
+    ``name`` from ``source`` to ``target``, counted in ``old`` (the tenant's ledger) as :func:`place` counts."""
+    entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, skew)
+    entries.pop(name + MOVES, None)  # a stale one of ours (retry after a dead master) is replaced
+    vm = hosts[source]["vm_info"][name]
+    own = entries.get(name)
+    sizes = {"cpu": size(vm, "cpu"), "mem": size(vm, "mem")}
+    sizes["disk_mib"] = int(own.get("disk_mib") or 0) if own else _vm_disk_mib(vm)
+    asked = {"vcpus": sizes["cpu"], "mem": sizes["mem"], "disk": sizes["disk_mib"], "vms": 1}
+    return entries, sizes, _group_refusal(entries, hosts, tenant, since, now, skew, target, joined, asked)
+
+
+def move_refusal(
+    ledger: Data | None,
+    hosts: dict[str, Data],
+    tenant: str,
+    name: str,
+    source: str,
+    target: str,
+    since: float,
+    groups: Data | None,
+    now: float | None = None,
+    skew: float = fleetstate.DEFAULTS["clock_skew"],
+) -> str | None:
+    """Why :func:`move` would refuse VM ``name``'s move from ``source`` to ``target`` now (``ledger``: the tenant's,
+    as read; ``groups``: its hypervisor group quotas), or None: read-only, a hint for a planner (the rebalancing
+    of :mod:`saltvirt.fleet.balance`); :func:`move` decides, under the compare-and-set."""
+    joined = _joined(groups, source)
+    if not in_groups(joined, target):
+        return None
+    refused = _move_check(ledger, hosts, tenant, name, source, target, since, now or time.time(), skew, joined)[2]
+    return refused[0] if refused else None
+
+
 def move(
     store: fleetstate.Store,
     lease: fleetstate.Lease,
@@ -366,24 +406,19 @@ def move(
     the hypervisor groups (``groups``) that ``target`` is in and ``source`` is not: a migration there, checked as
     :func:`place` checks a new VM, under the same compare-and-set (refused with :class:`QuotaError`). Its move entry
     is renewed with ``lease`` and ended by :func:`finish` (settled: the VM's own entry is on ``target``)."""
-    joined = {g: conf for g, conf in (groups or {}).items() if not host_allowed(conf, source)}
+    joined = _joined(groups, source)
     if not in_groups(joined, target):
         return
     cfg = cfg or lease.cfg
     now = time.time()
     key = name + MOVES
-    vm = hosts[source]["vm_info"][name]
     refused: list[tuple[str, Data]] = []
 
     def update(old):
         refused.clear()
-        entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
-        entries.pop(key, None)  # a stale one of ours (retry after a dead master) is replaced
-        own = entries.get(name)
-        sizes = {"cpu": size(vm, "cpu"), "mem": size(vm, "mem")}
-        sizes["disk_mib"] = int(own.get("disk_mib") or 0) if own else _vm_disk_mib(vm)
-        asked = {"vcpus": sizes["cpu"], "mem": sizes["mem"], "disk": sizes["disk_mib"], "vms": 1}
-        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], target, joined, asked)
+        entries, sizes, group = _move_check(
+            old, hosts, tenant, name, source, target, since, now, cfg["clock_skew"], joined
+        )
         if group:
             refused.append(group)
             raise fleetstate.AbortUpdate
