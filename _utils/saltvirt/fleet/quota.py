@@ -335,11 +335,18 @@ def full(
     ledger = store.fetch(QUOTAS, tenant) or {}
     entries = _prune(dict(ledger.get("entries") or {}), hosts, tenant, since, now, cfg["clock_skew"])
     asked = _asked(entries.pop(key, None) or {})
+    refusals: dict[str, Any] = {}  # per group: its use does not depend on the host (counted once, not per host)
     out = {}
     for host in candidates:
-        group = _group_refusal(entries, hosts, tenant, since, now, cfg["clock_skew"], host, groups, asked)
-        if group:
-            out[host] = [group[0]]
+        for group in in_groups(groups, host):
+            if group not in refusals:
+                one = {group: groups[group]}
+                refusals[group] = _group_refusal(
+                    entries, hosts, tenant, since, now, cfg["clock_skew"], host, one, asked
+                )
+            if refusals[group]:
+                out[host] = [refusals[group][0]]
+                break
     return out
 
 
