@@ -172,6 +172,32 @@ def test_qsd_fuse_on_overlay_leaves_the_base_alone(disks, tmp_path, scratch):
     assert images.image_info(disks["overlay"])["chain"] == [disks["overlay"], disks["base"]]
 
 
+def test_a_daemon_that_will_not_stop_after_the_flush_is_killed_and_the_seeding_stands(
+    disks, tmp_path, scratch, monkeypatch, caplog
+):
+    """Run K (2026-11-29): a qemu-storage-daemon stayed 60 s after SIGTERM and virt.init failed with
+    "exited with -9" although the export had been flushed. Here the daemon is stopped (SIGSTOP) as it is
+    sent SIGTERM, after the flush: it is killed, the seeding succeeds, the files are in the image, the log
+    says why."""
+    real_terminate, stopped = subprocess.Popen.terminate, []
+
+    def freeze_then_terminate(proc):  # SIGTERM stays pending while the daemon is stopped: it never exits
+        if "qemu-storage-daemon" in proc.args:
+            os.kill(proc.pid, signal.SIGSTOP)
+            stopped.append(proc.pid)
+        real_terminate(proc)
+
+    monkeypatch.setattr(subprocess.Popen, "terminate", freeze_then_terminate)
+    monkeypatch.setattr(seed, "QSD_STOP_SECONDS", 2.0, raising=False)
+    files = minion_files("frozen")
+    ret = seed.seed(disks["qcow2"], files, backend="qsd-fuse")
+    monkeypatch.undo()
+    assert stopped and ret["backend"] == "qsd-fuse", (stopped, ret)
+    assert_seeded(disks["qcow2"], files, tmp_path)
+    assert fsck_clean(disks["qcow2"], str(tmp_path))
+    assert "did not exit within 2 s of SIGTERM (state T" in caplog.text and "flushed before" in caplog.text
+
+
 def test_auto_records_every_backend_it_tried(disks, tmp_path, scratch):
     files = minion_files("auto1")
     ret = seed.seed(disks["qcow2"], files)
