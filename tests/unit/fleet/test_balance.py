@@ -9,30 +9,10 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.fleet import balance, fleetstate, placement, rebalance, tenants
+from tests.support.fleetfacts import GIB, host
 
-GIB = 1024
 T0 = 1_800_000_000.0
 HOLD = 300
-
-
-def host(vms=(), mem=16 * GIB, group=None, owner=None, cpu=1):
-    """A hypervisor that answered, running ``vms`` (``(name, mem)`` pairs)."""
-    info = {n: {"state": "running", "cpu": cpu, "mem": m, "group": group} for n, m in vms}
-    for vm in info.values():
-        if owner:
-            vm["owner"] = {"tenant": owner, "creator": "u"}
-    return {
-        "status": "up",
-        "host": {
-            "mem_total": mem,
-            "mem_used_by_vms": sum(m for _n, m in vms),
-            "vcpus_total": 8,
-            "vcpus_used_by_vms": cpu * len(vms),
-            "disk_free": 100 * GIB,
-            "vms_defined": len(vms),
-        },
-        "vm_info": info,
-    }
 
 
 def policy(**overrides):

@@ -6,27 +6,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.fleet import placement, rebalance
-
-GIB = 1024
-
-
-def host(vms=(), mem=16 * GIB, status="up", group=None):
-    """A hypervisor running ``vms`` (``(name, mem)`` pairs)."""
-    if status != "up":
-        return {"status": status, "error": "did not answer"}
-    return {
-        "status": "up",
-        "host": {
-            "mem_total": mem,
-            "mem_used_by_vms": sum(m for _n, m in vms),
-            "vcpus_total": 8,
-            "vcpus_used_by_vms": len(vms),
-            "disk_free": 100 * GIB,
-            "vms_defined": len(vms),
-        },
-        "vm_info": {n: {"state": "running", "cpu": 1, "mem": m, "group": group} for n, m in vms},
-    }
-
+from tests.support.fleetfacts import GIB, host
 
 POL = placement.make_policy(mem_reserve_mib=0)
 
