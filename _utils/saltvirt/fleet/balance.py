@@ -1,6 +1,6 @@
 """Continuous balancing (issue 38, opt-in): the decision core of a master-side loop that runs in rounds, after
-Proxmox VE's automatic load balancer (threshold, hold time, margin). Library only: the engine that runs the
-rounds (and performs the moves with :func:`saltvirt.fleet.rebalance.apply`) lands next.
+Proxmox VE's automatic load balancer (threshold, hold time, margin). What runs the rounds (gathers the fleet, commits,
+performs the moves with :func:`saltvirt.fleet.rebalance.apply`) is :mod:`saltvirt.fleet.balancer`.
 
 :func:`decide` is one round, a pure function of the fleet's snapshot (``virt.full_info`` of every hypervisor,
 what ``salt-run virt.rebalance`` reads), the policy (:func:`make_policy`), the state the previous rounds left

@@ -9,55 +9,9 @@ import pytest
 
 from saltvirt.fleet import balance, balancer, fleetstate, quota
 from tests.support import signedfleet
-from tests.support.fleetfacts import GIB, host
+from tests.support.fleetfacts import GIB, HVS, answers, fleet, held, host, master
 
-HVS = ["hv1", "hv2"]
 T0 = 1_800_000_000.0
-MIGRATION = {
-    "virt.migrate_source_info": {"active": True, "probes": {}},
-    "virt.migrate_prepare": {
-        "copy_storage": None,
-        "unsafe": True,
-        "disk_map": None,
-        "migrate_disks": None,
-        "verify_backing": None,
-        "address": "target",
-        "created": [],
-        "disks": [],
-    },
-    "virt.migrate": {"undefined_on_source": True, "live": True, "tunnelled": False, "target_uri": "x", "seconds": 0.1},
-    "virt.migrate_finish": {"host": "target", "state": "running", "persistent": True, "disks": []},
-    "virt.recovery_record": {"vms": {}},
-}
-
-
-def fleet(owner=None):
-    """hv1 runs four 2 GiB VMs of 16 GiB (load 0.5), hv2 none: over the threshold (0.1) at once."""
-    return {"hv1": host([(f"v{i}", 2 * GIB) for i in range(4)], owner=owner), "hv2": host()}
-
-
-def answers(hosts, silent_migrate=False):
-    """Each hypervisor's signed answers: ``virt.full_info``, ``virt.capacity`` (the move's placement checks) and
-    each step of a migration (``silent_migrate``: the source never answers ``virt.migrate``: it is still at it)."""
-    out = {fun: dict.fromkeys(HVS, ret) for fun, ret in MIGRATION.items()}
-    out["virt.full_info"] = {h: {"host": a["host"], "vm_info": a["vm_info"]} for h, a in hosts.items()}
-    out["virt.capacity"] = {h: {"host": dict(a["host"], groups={}), "vm_info": a["vm_info"]} for h, a in hosts.items()}
-    if silent_migrate:
-        del out["virt.migrate"]["hv1"]
-    return out
-
-
-def master(tmp_path, mid="master", enabled=True, **virt):
-    opts = signedfleet.fleet_opts(tmp_path, HVS, placement={"mem_reserve_mib": 0}, balance={"enabled": enabled}, **virt)
-    opts["id"] = mid
-    return opts
-
-
-def held(opts):
-    """The state a previous round left: hv1 over for 600 s already (hold_seconds: 300)."""
-    state = {"round": 1, "at": T0 - 600, "over_since": {"hv1": T0 - 600}, "moved": {}}
-    fleetstate.Store(opts).transact(balance.BANK, balance.STATE, lambda _old: state)
-    return opts
 
 
 def published(client, fun):
@@ -79,7 +33,7 @@ def test_disabled_gathers_nothing(tmp_path):
 
 
 def test_a_dry_run_decides_and_commits_logs_moves_and_fires_nothing(tmp_path):
-    opts, client, fired = held(master(tmp_path)), signedfleet.SigningClient(answers(fleet())), []
+    opts, client, fired = held(master(tmp_path), T0), signedfleet.SigningClient(answers(fleet())), []
     out = run(opts, client, fired, dry_run=True, now=T0)
     assert (out["dry_run"], out["ran"], out["committed"], out["round"]) == (True, True, False, 2)
     assert [(m["vm"], m["from"], m["to"]) for m in out["moves"]] == [("v0", "hv1", "hv2")]
@@ -90,7 +44,7 @@ def test_a_dry_run_decides_and_commits_logs_moves_and_fires_nothing(tmp_path):
 
 
 def test_a_committed_round_moves_through_virt_migrates_checks(tmp_path):
-    opts, client, fired = held(master(tmp_path)), signedfleet.SigningClient(answers(fleet())), []
+    opts, client, fired = held(master(tmp_path), T0), signedfleet.SigningClient(answers(fleet())), []
     out = run(opts, client, fired, now=T0)
     assert (out["ran"], out["committed"], out["round"], sorted(out["moved"]), out["failed"]) == (
         True,
@@ -120,7 +74,7 @@ def test_a_tenants_vm_moves_through_its_group_quota(tmp_path):
         tenants={"acme": {"members": ["alice"], "group_quotas": {"big": {"vms": 1}}}},
     )
     client = signedfleet.SigningClient(answers(fleet(owner="acme")))
-    out = run(held(opts), client, now=T0)
+    out = run(held(opts, T0), client, now=T0)
     assert sorted(out["moved"]) == ["v0"], out
     entry = fleetstate.Store(opts).fetch(quota.QUOTAS, "acme")["entries"]["v0" + quota.MOVES]
     assert (entry["moves"], entry["host"], entry["state"]) == ("v0", "hv2", "settled")
@@ -128,7 +82,7 @@ def test_a_tenants_vm_moves_through_its_group_quota(tmp_path):
 
 def test_a_round_another_master_committed_first_moves_nothing(tmp_path):
     """m2 commits round 2 while m1's round gathers the fleet: m1's commit fails, and it moves nothing."""
-    opts = held(master(tmp_path))
+    opts = held(master(tmp_path), T0)
     other = master(tmp_path, mid="m2")
 
     class Rival(signedfleet.SigningClient):
@@ -160,7 +114,7 @@ def test_a_round_at_work_elsewhere_makes_this_one_busy(tmp_path):
 def test_no_round_moves_while_a_timed_out_migration_may_still_run(tmp_path):
     """hv1 is still migrating v0 when virt:migration_timeout ends: the next rounds gather nothing until that
     migration must have ended (another virt:migration_timeout)."""
-    opts = held(master(tmp_path, migration_timeout=0.5))
+    opts = held(master(tmp_path, migration_timeout=0.5), T0)
     client = signedfleet.SigningClient(answers(fleet(), silent_migrate=True), busy=["hv1"])
     out = run(opts, client, now=T0)
     assert out["committed"] is True and out["moved"] == {}
@@ -180,7 +134,7 @@ def test_no_round_moves_while_a_timed_out_migration_may_still_run(tmp_path):
 
 def test_the_log_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(balance, "LOG_SIZE", 3)
-    opts, client = held(master(tmp_path)), signedfleet.SigningClient(answers(fleet()))
+    opts, client = held(master(tmp_path), T0), signedfleet.SigningClient(answers(fleet()))
     for i in range(3):
         run(opts, client, now=T0 + 10000 * i)  # past each round's cool-down
     log = balance.history(fleetstate.Store(opts))
