@@ -54,5 +54,6 @@ def __virtual__():
 
 def start(interval=60):
     """Run a balancing round every ``interval`` seconds until the master stops. A bad ``interval`` is logged and
-    the engine idles (Salt would restart a failing engine at once)."""
-    _balancer.serve(__opts__, interval)
+    the engine idles (Salt would restart a failing engine at once). Each round reads ``virt`` from the master config
+    file again: ``virt:balance`` changes (turning it on or off) need no restart."""
+    _balancer.serve(__opts__, interval, reload=_balancer.current_opts)

@@ -158,6 +158,48 @@ def test_serve_runs_rounds_until_stopped(tmp_path):
     assert balance.history(fleetstate.Store(opts))[-1]["decision"] == balance.BALANCED
 
 
+def test_serve_reads_the_config_again_each_round(tmp_path):
+    """The engine's rounds see virt:balance as the master config has it now: off, then turned on without a
+    restart (``reload``), the next round runs."""
+    client = signedfleet.SigningClient(answers({h: host() for h in HVS}))
+    stop, seen = threading.Event(), []
+    configs = iter([master(tmp_path, enabled=False), master(tmp_path)])
+
+    def reload(opts):
+        seen.append(opts["id"])
+        fresh = next(configs)
+        if fresh["virt"]["balance"]["enabled"]:
+            stop.set()  # this round is the last
+        return fresh
+
+    class Client:
+        def __enter__(self):
+            return client
+
+        def __exit__(self, *exc):
+            return False
+
+    balancer.serve(dict(master(tmp_path, enabled=False), id="started"), 0.01, stop, Client, reload)
+    assert seen == ["started", "started"]  # each round from the opts the engine started with
+    assert published(client, "virt.full_info") == [HVS]  # the first round was off: only the second gathered
+    assert balance.history(fleetstate.Store(master(tmp_path)))[-1]["decision"] == balance.BALANCED
+
+
+def test_current_opts_has_the_virt_settings_of_the_config_file_now(tmp_path):
+    conf = tmp_path / "master"
+    conf.write_text("virt:\n  balance:\n    enabled: true\nvirt.tunnel: true\n")
+    opts = {"conf_file": str(conf), "id": "m1", "sock_dir": "/run/x", "virt": {"balance": {"enabled": False}}}
+    opts["virt.migration_timeout"] = 5  # gone from the file: gone from the round's opts
+    fresh = balancer.current_opts(opts)
+    assert fresh["virt"] == {"balance": {"enabled": True}} and fresh["virt.tunnel"] is True
+    assert "virt.migration_timeout" not in fresh
+    assert (fresh["id"], fresh["sock_dir"], fresh["conf_file"]) == ("m1", "/run/x", str(conf))  # the rest kept
+    assert opts["virt"] == {"balance": {"enabled": False}}  # not changed in place
+    conf.write_text("virt: [unclosed\n")  # being edited: the settings read before
+    assert balancer.current_opts(opts) is opts
+    assert balancer.current_opts(dict(opts, conf_file=str(tmp_path / "none")))["virt"] == opts["virt"]
+
+
 @pytest.mark.parametrize("bad", ["soon", 0, -1])
 def test_serve_idles_on_a_bad_interval(tmp_path, caplog, bad):
     stop = threading.Event()
