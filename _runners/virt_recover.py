@@ -1,8 +1,8 @@
 """
-Runner ``virt`` (continued): host-failure recovery and rebalancing (``saltvirt.fleet.recovery``,
-``saltvirt.fleet.rebalance``), and what interrupted inits left (``saltvirt.fleet.leftovers``). Salt's
-loader merges every runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner, as it does
-for the execution modules.
+Runner ``virt`` (continued): host-failure recovery, rebalancing and continuous balancing's rounds
+(``saltvirt.fleet.recovery``, ``saltvirt.fleet.rebalance``, ``saltvirt.fleet.balancer``), and what interrupted
+inits left (``saltvirt.fleet.leftovers``). Salt's loader merges every runner file whose ``__virtualname__`` is
+``virt`` into one ``virt`` runner, as it does for the execution modules.
 
 Master config (every key optional; without ``virt:fence:command`` ``virt.recover`` refuses)::
 
@@ -39,7 +39,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import callers, fleetstate, leftovers, placement, publish, recovery, relocate, tenants
+    from saltvirt.fleet import balance as _balance
+    from saltvirt.fleet import balancer, callers, fleetstate, leftovers, placement, publish, recovery, relocate, tenants
     from saltvirt.fleet import rebalance as _rebalance
     from saltvirt.spec import compat
 
@@ -227,3 +228,53 @@ def rebalance(
     if done["failed"]:
         __context__["retcode"] = 1
     return dict(proposal, dry_run=False, **done)
+
+
+def balance(dry_run=True):
+    """
+    Run one round of continuous balancing now (``virt:balance`` in the master config, opt-in with
+    ``virt:balance:enabled: True``; see ``docs/topics/recovery.md``). ``dry_run=True`` (the default) shows the
+    round's decisions (every move, host held back, host no VM could leave, with the reason) without committing,
+    logging or moving anything. ``dry_run=False`` commits the round (unless another master committed it first:
+    ``committed: False``, nothing moved) and performs its moves as ``virt.migrate`` would (per-VM lock,
+    placement checks, a tenant's quotas), then fires ``salt/virt/balance/round``. Nothing runs while another round
+    is at work or a previous round's migrations may still run (``ran: False`` with the reason). Exits non-zero if
+    a move failed. The master engine ``virt_balance`` runs rounds continuously.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.balance
+        salt-run virt.balance dry_run=False
+    """
+    try:
+        _operator("virt.balance")
+        with _client() as client:
+            ret = balancer.run_round(__opts__, client=client, dry_run=validate.to_bool(dry_run))
+    except SaltException as exc:
+        return _failed(exc)
+    if ret.get("failed"):
+        __context__["retcode"] = 1
+    return ret
+
+
+def balance_log(last=20):
+    """
+    The decision log of continuous balancing, oldest first: the last ``last`` records (at most the 200 the
+    shared store keeps) of the rounds' decisions (``move``, ``hold``, ``stay``, ``max_moves``, ``balanced``) and
+    of what each move did (``moved``, ``move_failed``), each with its round, time and reason.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.balance_log
+        salt-run virt.balance_log last=100
+    """
+    try:
+        _operator("virt.balance_log")
+        last = validate.int_in(last, "last", 1, _balance.LOG_SIZE)
+        return {"entries": _balance.history(fleetstate.Store(__opts__), last)}
+    except SaltException as exc:
+        return _failed(exc)

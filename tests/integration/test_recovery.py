@@ -17,7 +17,6 @@ Proof that a recovered guest runs: a fresh boot and heartbeats on its console on
 import json
 import os
 import pathlib
-import shutil
 import signal
 import stat
 import subprocess
@@ -26,33 +25,38 @@ import time
 
 import pytest
 
-from tests.support import lab
-from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
+from tests.support.fleetlab import (
+    BOOT_WAIT,
+    beating,
+    beats_on,
+    console,
+    fleet_minions,
+    hypervisors,
+    local_client,
+    minion_configs,
+    ok,
+    run,
+    shared_store,
+    shared_vm,
+    where,
+)
+from tests.support.saltd import master_config, presync
 
 HVS = (10, 11, 12)
-BOOT_WAIT = 300  # bound on a TCG guest's console: seconds when idle, minutes on a loaded machine
 
 
 @pytest.fixture(scope="module")
 def store(lab_dir, guest):
-    root = pathlib.Path(lab_dir) / "rec-store"
-    root.mkdir()
-    shutil.copyfile(guest["qcow2"], root / "golden.qcow2")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    with shared_store(lab_dir, guest, "rec-store") as root:
+        yield root
 
 
 @pytest.fixture(scope="module")
 def lab_hvs(lab_dir, fabric, store):
     # libvirt's lock manager with its lockspace on the shared storage: the last guard (disk leases)
     (store / ".lockspace").mkdir()
-    hvs = {f"hv{i}": lab.Hypervisor(lab_dir, i, fabric, lockspace=str(store / ".lockspace")) for i in HVS}
-    try:
+    with hypervisors(lab_dir, fabric, HVS, lockspace=str(store / ".lockspace")) as hvs:
         yield hvs
-    finally:
-        for hv in hvs.values():
-            if hv.pid:
-                hv.stop()
 
 
 def master_virt(lab_dir):
@@ -82,83 +86,16 @@ def rmaster(salt_factories, state_tree, lab_dir):
 
 @pytest.fixture(scope="module")
 def minions(rmaster, lab_hvs, lab_dir, store):
-    configs = {}
-    for name, hv in lab_hvs.items():
-        config = hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{name}-images")
-        config["virt"]["allowed_paths"].append(str(store))
-        config["virt"]["insecure_trusted_images"] = [str(store / "golden.qcow2")]  # overlays on it are attached
-        # how a survivor checks a host's libvirtd: its unix socket (operator config: a URI with options)
-        config["virt"]["recovery"] = {"probe_uri": f"qemu+unix:///system?socket={lab_dir}/{{host}}/run/libvirt-sock"}
-        config["virt"]["migration"] = {"allow_cleartext": True}  # this lab has no TLS: rebalance moves in clear
-        configs[name] = config
-    with started_minions(rmaster, configs) as factories:
-        ret = rmaster.salt_cli(timeout=180).run("test.ping", minion_tgt="hv1*")
-        assert ret.returncode == 0 and sorted(ret.data) == sorted(lab_hvs), ret
-        for hv in lab_hvs.values():
-            hv.start().warm_up()
+    # the survivors check a host's libvirtd by its unix socket (minion_configs: virt:recovery:probe_uri); this
+    # lab has no TLS: rebalance moves in clear (virt:migration:allow_cleartext)
+    with fleet_minions(rmaster, lab_hvs, minion_configs(lab_hvs, lab_dir, store)) as factories:
         yield factories
 
 
 @pytest.fixture(scope="module")
 def local(rmaster, minions):
-    import salt.client
-
-    client = salt.client.get_local_client(os.path.join(rmaster.config_dir, "master"))
-    yield client
-    client.destroy()
-
-
-def ok(local, minion, fun, *args, **kwargs):
-    ret = local.cmd(minion, fun, list(args), kwarg=kwargs, timeout=300, full_return=True)
-    assert minion in ret and ret[minion].get("retcode", 0) == 0, ret
-    return ret[minion]["ret"]
-
-
-def run(master, *args, **kwargs):
-    return master.salt_run_cli(timeout=600).run(*args, *(f"{k}={json.dumps(v)}" for k, v in kwargs.items()))
-
-
-def where(local, name, hosts):
-    ret = local.cmd(list(hosts), "virt.vm_state", tgt_type="list", timeout=60)
-    assert sorted(ret) == sorted(hosts), ret
-    return {h: states[name] for h, states in ret.items() if name in states}
-
-
-def console(hv, name):
-    try:
-        return pathlib.Path(hv.path("log", "qemu", f"{name}-serial.log")).read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def beating(hv, name, after=0):
-    """Wait for a boot and three heartbeats in ``name``'s console log on ``hv`` (from offset ``after``)."""
-    deadline = time.monotonic() + BOOT_WAIT
-    while time.monotonic() < deadline:
-        text = console(hv, name)[after:]
-        if "GUEST-BOOT-OK" in text and text.count("\nHB ") >= 3:
-            return text
-        time.sleep(0.3)
-    raise AssertionError(f"{name} does not run on {hv.hostname}:\n{console(hv, name)[-500:]}")
-
-
-def shared_vm(local, store, guest, host, name, mem=128):
-    disk = store / f"{name}.qcow2"
-    subprocess.run(
-        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(store / "golden.qcow2"), str(disk)],
-        check=True,
-    )
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
-    ok(
-        local,
-        host,
-        "virt.init",
-        name,
-        1,
-        mem,
-        boot=boot,
-        disks=[{"name": "system", "path": str(disk), "format": "qcow2"}],
-    )
+    with local_client(rmaster) as client:
+        yield client
 
 
 @pytest.fixture
@@ -273,11 +210,7 @@ def test_rebalance_proposes_then_migrates(rmaster, local, lab_hvs, minions, stor
     print(f"virt.rebalance apply (1 live migration): {data['moved']['rb2']['seconds']} s")
     assert data["moved"]["rb2"]["target"] == other and data["moved"]["rb2"]["live"] is True, data
     assert where(local, "rb2", ("hv11", "hv12")) == {other: "running"}
-    deadline = time.monotonic() + BOOT_WAIT
-    while console(lab_hvs[other], "rb2")[before:].count("\nHB ") < 3:  # beating on, without a new boot
-        assert time.monotonic() < deadline, console(lab_hvs[other], "rb2")[-500:]
-        time.sleep(0.3)
-    assert "GUEST-BOOT-OK" not in console(lab_hvs[other], "rb2")[before:]
+    beats_on(lab_hvs[other], "rb2", before)  # beating on, without a new boot
 
 
 def test_reconcile_when_the_failed_host_is_back(rmaster, local, lab_hvs, minions, store):

@@ -46,6 +46,7 @@ COST = {
     "tests/integration/test_authority.py": 100,
     "tests/integration/test_events.py": 95,
     "tests/integration/test_bench_smoke.py": 90,
+    "tests/integration/test_balance_real.py": 150,  # alone, quiet: 140 s (a master restart: the engine)
 }
 
 
@@ -54,6 +55,7 @@ COST = {
 GUESTS = {
     "tests/integration/test_migration.py": 2,
     "tests/integration/test_recovery.py": 2,
+    "tests/integration/test_balance_real.py": 2,
     "tests/integration/test_tutorial.py": 1,  # the Debian guest with its own salt-minion
     "tests/integration/test_backup_real.py": 1,
     "tests/integration/test_faults.py": 1,

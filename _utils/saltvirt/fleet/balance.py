@@ -1,6 +1,6 @@
 """Continuous balancing (issue 38, opt-in): the decision core of a master-side loop that runs in rounds, after
-Proxmox VE's automatic load balancer (threshold, hold time, margin). Library only: the engine that runs the
-rounds (and performs the moves with :func:`saltvirt.fleet.rebalance.apply`) lands next.
+Proxmox VE's automatic load balancer (threshold, hold time, margin). What runs the rounds (gathers the fleet, commits,
+performs the moves with :func:`saltvirt.fleet.rebalance.apply`) is :mod:`saltvirt.fleet.balancer`.
 
 :func:`decide` is one round, a pure function of the fleet's snapshot (``virt.full_info`` of every hypervisor,
 what ``salt-run virt.rebalance`` reads), the policy (:func:`make_policy`), the state the previous rounds left
@@ -25,10 +25,11 @@ The answer explains every decision (``decisions``: a move, a host held back, a h
 round's limit, a balanced fleet), fit to be fired as an event and kept in the bounded log of the shared store
 (:func:`commit`, bank ``salt-virt/balance``).
 
-Planned master config (``virt:balance``; every key optional; :data:`DEFAULTS`)::
+Master config (``virt:balance``; every key optional; :data:`DEFAULTS`)::
 
     virt:
       balance:
+        enabled: false             # opt-in: rounds run (and move VMs) only with true
         metric: mem                # or vms
         threshold: 0.10            # spread that makes a host over (mem: 0.10, vms: 2)
         hold_seconds: 300          # how long a host stays over before a VM leaves it
@@ -52,7 +53,9 @@ BANK = "salt-virt/balance"
 STATE = "state"  # the rounds' state: one entry, replaced under compare-and-set by the master that ran the round
 LOG = "log"  # the decisions of the last rounds, newest last
 LOG_SIZE = 200
+TAG = "salt/virt/balance/round"  # one event per round (progress only: never a source of decisions)
 DEFAULTS: Data = {
+    "enabled": False,  # opt-in (saltvirt.fleet.balancer runs no round without it)
     "metric": "mem",
     "threshold": None,  # rebalance.METRICS[metric]
     "hold_seconds": 300.0,
@@ -109,6 +112,7 @@ def make_policy(config: Data | None = None, placement_policy: Data | None = None
     if not margin > 0:  # 0 would let moves that change nothing go on for ever
         raise SaltInvocationError(f"virt:balance:margin must be a number above 0, not {merged['margin']!r}")
     return {
+        "enabled": validate.to_bool(merged["enabled"]),
         "metric": metric,
         "threshold": threshold,
         "hold_seconds": validate.seconds(merged["hold_seconds"], "virt:balance:hold_seconds"),
@@ -336,10 +340,11 @@ def load_state(store: fleetstate.Store) -> Data:
     return store.fetch(BANK, STATE) or {}
 
 
-def commit(store: fleetstate.Store, result: Data, keep: int = LOG_SIZE) -> bool:
+def commit(store: fleetstate.Store, result: Data, keep: int | None = None) -> bool:
     """Store round ``result``'s state if no master committed a round since the state it was decided from
     (compare-and-set on the round number), then add its decisions to the log (the last ``keep``). False: another
-    master ran this round first; this one's moves must not be made (decide again from the new state)."""
+    master ran this round first; this one's moves must not be made (decide again from the new state). ``keep``: None
+    is :data:`LOG_SIZE`."""
     new = result["state"]
 
     def update(old: Data | None) -> Data:
@@ -355,8 +360,9 @@ def commit(store: fleetstate.Store, result: Data, keep: int = LOG_SIZE) -> bool:
     return True
 
 
-def append_log(store: fleetstate.Store, records: list[Data], keep: int = LOG_SIZE) -> None:
-    """Add ``records`` to the decision log, keeping the last ``keep``."""
+def append_log(store: fleetstate.Store, records: list[Data], keep: int | None = None) -> None:
+    """Add ``records`` to the decision log, keeping the last ``keep`` (None: :data:`LOG_SIZE`)."""
+    keep = LOG_SIZE if keep is None else keep
     if records:
         store.transact(BANK, LOG, lambda old: {"entries": [*((old or {}).get("entries") or []), *records][-keep:]})
 
@@ -368,5 +374,5 @@ def history(store: fleetstate.Store, last: int | None = None) -> list[Data]:
 
 
 def event_data(result: Data) -> Data:
-    """What an engine fires for a round (tag ``salt-virt/balance/round``): the result without its state."""
+    """What is fired for a round (tag :data:`TAG`): the result without its state."""
     return {k: v for k, v in result.items() if k != "state"}

@@ -22,6 +22,7 @@ shared-storage probe, disk copy when not shared); a move that fails is reported 
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -195,13 +196,21 @@ def plan(
     }
 
 
-def apply(remote: relocate.Remote, proposal: Data, **migrate_kwargs: Any) -> Data:
-    """Perform the planned moves one by one (:func:`saltvirt.fleet.relocate.migrate`): ``{moved, failed}``."""
+def apply(
+    remote: relocate.Remote,
+    proposal: Data,
+    checks: Callable[[Data], Data | None] | None = None,
+    **migrate_kwargs: Any,
+) -> Data:
+    """Perform the planned moves one by one (:func:`saltvirt.fleet.relocate.migrate`): ``{moved, failed}``.
+    ``checks(move)``: the placement checks ``virt.migrate`` makes on that move's target
+    (:func:`saltvirt.fleet.relocate.placement_checks`: room reserved there, a tenant's quotas); None: none."""
     moved, failed = {}, {}
     for move in proposal["moves"]:
         name = move["vm"]
         try:
-            moved[name] = relocate.migrate(remote, name, move["to"], source=move["from"], **migrate_kwargs)
+            todo = checks(move) if checks else None
+            moved[name] = relocate.migrate(remote, name, move["to"], source=move["from"], checks=todo, **migrate_kwargs)
         except CommandExecutionError as exc:
             failed[name] = {"error": str(exc), **getattr(exc, "details", {})}
         except SaltInvocationError as exc:  # held by another call, or already moved meanwhile
