@@ -10,6 +10,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import libvirt, lv_errors
+from saltvirt.xml.etree import attr
 
 
 def _text(node, path):
@@ -211,7 +212,7 @@ def parse_domain_capabilities(xml: str) -> Data:
     if os_el is not None:
         loader = os_el.find("loader")
         entry = {}
-        if _supported(loader):
+        if loader is not None and _supported(loader):
             entry = {"loader": {"values": [v.text for v in loader.findall("value")]}}
             entry["loader"].update(_enum(loader))
         entry.update(_enum(os_el))
@@ -298,6 +299,8 @@ def parse_node_device(xml: str) -> Data:
     out = {"name": _text(root, "name"), "caps": ctype}
     if root.find("parent") is not None:
         out["parent"] = root.findtext("parent")
+    if cap is None:
+        return out
     if ctype == "pci":
         out["address"] = _pci_address(cap)
         vendor, product = cap.find("vendor"), cap.find("product")
@@ -308,14 +311,14 @@ def parse_node_device(xml: str) -> Data:
         pf = cap.find("capability[@type='phys_function']/address")
         if pf is not None:
             out["physical_function"] = "{:04x}:{:02x}:{:02x}.{:x}".format(
-                *[int(pf.get(k), 16) for k in ("domain", "bus", "slot", "function")]
+                *[int(pf.get(k) or "0", 16) for k in ("domain", "bus", "slot", "function")]
             )
         vfs = cap.findall("capability[@type='virt_functions']/address")
         if vfs:
             out["virtual_functions"] = [
                 {
                     "address": "{:04x}:{:02x}:{:02x}.{:x}".format(
-                        *[int(v.get(k), 16) for k in ("domain", "bus", "slot", "function")]
+                        *[int(v.get(k) or "0", 16) for k in ("domain", "bus", "slot", "function")]
                     )
                 }
                 for v in vfs
@@ -337,7 +340,7 @@ def parse_node_device(xml: str) -> Data:
             if link.get("speed"):
                 out["speed"] = validate.int_or_none(link.get("speed"))
     elif ctype == "mdev":
-        out["type"] = cap.find("type").get("id") if cap.find("type") is not None else None
+        out["type"] = attr(cap, "type", "id")
         out["uuid"] = cap.findtext("uuid")
     return out
 
@@ -358,15 +361,14 @@ def _host_device(conn, name):
         root = ET.fromstring(conn.nodeDeviceLookupByName(name).XMLDesc(0))
     cap = root.find("capability")
     ctype = cap.get("type") if cap is not None else None
-    if ctype == "pci":
-        nums = [validate.int_or_none(cap.findtext(k)) or 0 for k in ("domain", "bus", "slot", "function")]
-        return {"name": name, "type": "pci", "address": "{:04x}:{:02x}:{:02x}.{:x}".format(*nums)}
-    if ctype == "usb_device" and cap.find("vendor") is not None and cap.find("product") is not None:
+    if cap is not None and ctype == "pci":
+        return {"name": name, "type": "pci", "address": _pci_address(cap)}
+    if cap is not None and ctype == "usb_device" and cap.find("vendor") is not None and cap.find("product") is not None:
         return {
             "name": name,
             "type": "usb",
-            "vendor": cap.find("vendor").get("id"),
-            "product": cap.find("product").get("id"),
+            "vendor": attr(cap, "vendor", "id"),
+            "product": attr(cap, "product", "id"),
             "bus": validate.int_or_none(cap.findtext("bus")),
             "device": validate.int_or_none(cap.findtext("device")),
         }

@@ -15,10 +15,13 @@ from collections.abc import Collection, Iterable, Mapping
 from saltvirt.base.salttypes import Data
 from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec
 from saltvirt.xml.domxml_features import CPUTUNE_SCALARS, FEATURES, feature_facts, replace_features  # noqa: F401
+from saltvirt.xml.etree import attr as _attr
 from saltvirt.xml.etree import el as _el
 from saltvirt.xml.etree import every as _every
 from saltvirt.xml.etree import first as _first
 from saltvirt.xml.etree import mib as _mib
+from saltvirt.xml.etree import need as _need
+from saltvirt.xml.etree import read
 from saltvirt.xml.etree import sub as _sub
 from saltvirt.xml.etree import to_int as _int
 
@@ -342,7 +345,9 @@ def _mac_of(el):
 def interface_by_mac(devices: str | ET.Element | None, mac: str) -> ET.Element | None:
     """The ``<interface>`` with ``mac`` (lower case) in a domain's XML (str) or its ``<devices>`` element."""
     if isinstance(devices, str):
-        devices = ET.fromstring(devices).find("devices")
+        devices = _need(ET.fromstring(devices), "devices")
+    if devices is None:
+        return None
     return next((el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) == mac), None)
 
 
@@ -370,26 +375,26 @@ def edit_devices(
     ``graphics_spec``: False keeps graphics as they are, None removes them, a Graphics replaces them.
     ``change_nics``: Nics whose MAC names the interface to change in place (its PCI address kept)."""
     root = ET.fromstring(xml)
-    devices = root.find("devices")
+    devices = _need(root, "devices")
     if graphics_spec is not False:
         for el in devices.findall("graphics") + devices.findall("video"):
             devices.remove(el)
-        if graphics_spec:
+        if isinstance(graphics_spec, Graphics):
             devices.extend([graphics(graphics_spec), video()])
             if devices.find("input[@type='tablet']") is None:
                 devices.append(tablet())
     for mac in remove_macs:
-        el = interface_by_mac(devices, mac)
-        if el is not None:
-            devices.remove(el)
+        gone = interface_by_mac(devices, mac)
+        if gone is not None:
+            devices.remove(gone)
     for nic in change_nics:
-        el = interface_by_mac(devices, nic.mac.lower())
+        old = interface_by_mac(devices, (nic.mac or "").lower())
         new = interface(nic)
-        if el is not None:  # same element, same MAC and PCI address: new type, source, model
-            keep = el.findall("address")
-            el.clear()
-            el.attrib.update(new.attrib)
-            el.extend(list(new) + keep)
+        if old is not None:  # same element, same MAC and PCI address: new type, source, model
+            keep = old.findall("address")
+            old.clear()
+            old.attrib.update(new.attrib)
+            old.extend(list(new) + keep)
     kept = {m.get("address", "").lower() for m in devices.findall("interface/mac")}
     devices.extend(interface(n) for n in add_nics)
     devices.extend(disk(d) for d in add_disks)
@@ -402,8 +407,9 @@ def move_disks(xml: str, disk_map: Mapping[str, str]) -> str:
     root = ET.fromstring(xml)
     for el in root.findall("devices/disk"):
         src = el.find("source")
-        if src is not None and src.get("file") in disk_map:
-            src.set("file", disk_map[src.get("file")])
+        path = src.get("file") if src is not None else None
+        if src is not None and path is not None and path in disk_map:
+            src.set("file", disk_map[path])
             for backing in el.findall("backingStore"):
                 el.remove(backing)
     return ET.tostring(root, encoding="unicode")
@@ -431,8 +437,8 @@ def restored(xml: str, disk_map: Mapping[str, str], new_name: str | None = None)
         if src is not None and src.get("file") in disk_map.values() and drv is not None:
             drv.set("type", "qcow2")  # a restored disk is always qcow2, whatever the original was
     if new_name:
-        old = root.findtext("name")
-        root.find("name").text = new_name
+        old = root.findtext("name") or ""
+        _need(root, "name").text = new_name
         for el in root.findall("uuid"):
             root.remove(el)
         for nic in root.findall("devices/interface"):
@@ -456,7 +462,7 @@ def _new_identity(root: ET.Element) -> None:
     os_el = root.find("os")
     for nvram in [] if os_el is None else os_el.findall("nvram"):
         kept = {k: v for k, v in nvram.attrib.items() if k in ("template", "templateFormat", "format")}
-        if "template" not in kept:
+        if "template" not in kept and os_el is not None:
             os_el.remove(nvram)
             continue
         nvram.attrib.clear()
@@ -468,14 +474,14 @@ def _new_identity(root: ET.Element) -> None:
 
 def new_interfaces(xml: str, kept_macs: Collection[str]) -> list[ET.Element]:
     """The ``<interface>`` elements of ``xml`` whose MAC is not in ``kept_macs`` (the ones just added)."""
-    devices = ET.fromstring(xml).find("devices")
+    devices = _need(ET.fromstring(xml), "devices")
     return [el for el in devices.findall("interface") if el.find("mac") is not None and _mac_of(el) not in kept_macs]
 
 
 def disks_by_target(xml: str) -> dict[str, ET.Element]:
     """``{target dev: <disk> element}`` of a domain's XML."""
-    devices = ET.fromstring(xml).find("devices")
-    return {el.find("target").get("dev"): el for el in devices.findall("disk") if el.find("target") is not None}
+    devices = _need(ET.fromstring(xml), "devices")
+    return {dev: el for el in devices.findall("disk") if (dev := _attr(el, "target", "dev")) is not None}
 
 
 # reading ------------------------------------------------------------------------------------------
@@ -485,12 +491,6 @@ def domain_name(xml: str) -> str | None:
         return ET.fromstring(xml).findtext("name")
     except ET.ParseError as exc:
         raise ValueError(f"the domain XML does not parse: {exc}") from None
-
-
-def read(xml: str | ET.Element) -> ET.Element:
-    """The parsed domain XML (``xml``: a string, or what this returned already): parse once, then hand
-    the tree to :func:`parse`, :func:`salt_facts` and :func:`loader`."""
-    return xml if isinstance(xml, ET.Element) else ET.fromstring(xml)
 
 
 def parse(xml: str | ET.Element) -> Data:
@@ -664,7 +664,7 @@ def parse_for_compare(xml: str | ET.Element) -> Data:
     count, each NIC's source by its type (a running VM's network NIC also names its bridge) and the
     graphics passwords. Never report these facts as they are: they hold the passwords."""
     facts = parse(xml)
-    root = ET.fromstring(xml)
+    root = read(xml)
     vcpu = root.find("vcpu")
     facts["vcpu_current"] = int(vcpu.get("current") or facts["cpu"]) if vcpu is not None else facts["cpu"]
     for nic, el in zip(facts["nics"], root.findall("devices/interface"), strict=True):

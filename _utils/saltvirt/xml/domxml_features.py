@@ -9,9 +9,11 @@ Part of :mod:`saltvirt.xml.domxml` (import it from there: ``domxml.feature_facts
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
+from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
 from saltvirt.xml.etree import kib as _kib
 from saltvirt.xml.etree import mib as _mib
+from saltvirt.xml.etree import need, read
 from saltvirt.xml.etree import sub as _sub
 from saltvirt.xml.etree import to_int as _int
 
@@ -48,7 +50,7 @@ def _chardev_facts(el):
     if el.get("type") == "tcp" and src is not None:
         out.update(
             host=src.get("host"),
-            port=_int(src.get("service"), None),
+            port=validate.int_or_none(src.get("service")),
             protocol=proto.get("type") if proto is not None else "raw",
         )
     return out
@@ -62,7 +64,7 @@ def _port(el):
 def feature_facts(xml: str | ET.Element) -> Data:
     """The firmware, boot order, on_reboot action, extra serial ports (port >= 1), virtio consoles and
     vTPM of domain XML, normalized so what libvirt reads back equals what :func:`build` wrote."""
-    root = ET.fromstring(xml)
+    root = read(xml)
     os_el = root.find("os")
     if os_el is None:
         os_el = ET.Element("os")
@@ -208,8 +210,9 @@ def replace_features(xml: str, new_xml: str, fields: Iterable[str]) -> str:
     root, new = ET.fromstring(xml), ET.fromstring(new_xml)
     _replace_os(root, new, fields)
     if "vcpu" in fields:  # placement/cpuset (and the count, as the cpu setters left it)
-        root.find("vcpu").attrib.clear()
-        root.find("vcpu").attrib.update(new.find("vcpu").attrib)
+        vcpu = need(root, "vcpu")
+        vcpu.attrib.clear()
+        vcpu.attrib.update(need(new, "vcpu").attrib)
     tags: tuple[tuple[str, str], ...] = (
         ("clock", "clock"),
         ("cpu_model", "cpu"),
@@ -222,16 +225,17 @@ def replace_features(xml: str, new_xml: str, fields: Iterable[str]) -> str:
             for el in root.findall(tag):
                 root.remove(el)
             root.extend(new.findall(tag))
-    if "hypervisor_features" in fields and root.find("features") is not None:
-        for el in root.findall("features/kvm"):
-            root.find("features").remove(el)
-        root.find("features").extend(new.findall("features/kvm"))
+    features = root.find("features")
+    if "hypervisor_features" in fields and features is not None:
+        for el in features.findall("kvm"):
+            features.remove(el)
+        features.extend(new.findall("features/kvm"))
     if "stop_on_reboot" in fields:
         on_reboot = root.find("on_reboot")
         if on_reboot is None:
             on_reboot = _sub(root, "on_reboot")
         on_reboot.text = new.findtext("on_reboot")
-    devices, new_devices = root.find("devices"), new.find("devices")
+    devices, new_devices = need(root, "devices"), need(new, "devices")
     pick = {
         "serials": lambda d: [el for el in d.findall("serial") if _port(el) >= 1],
         "consoles": lambda d: [el for el in d.findall("console") if el.find("target[@type='virtio']") is not None],

@@ -37,6 +37,27 @@ def first(node: ET.Element, *tags: str) -> ET.Element | None:
     return None
 
 
+def read(xml: str | ET.Element) -> ET.Element:
+    """The parsed XML (``xml``: a string, or what this returned already): parse once, then hand the tree to
+    every reader (``domxml.parse``, ``salt_facts``, ``loader``, ``domxml_features.feature_facts``)."""
+    return xml if isinstance(xml, ET.Element) else ET.fromstring(xml)
+
+
+def need(node: ET.Element, tag: str) -> ET.Element:
+    """``node.find(tag)`` of an element libvirt always writes: a ValueError naming it when it is missing (a
+    document libvirt did not write), not an AttributeError on None further on."""
+    found = node.find(tag)
+    if found is None:
+        raise ValueError(f"<{node.tag}> has no <{tag}>: not an XML description libvirt wrote")
+    return found
+
+
+def attr(node: ET.Element | None, tag: str, name: str) -> str | None:
+    """Attribute ``name`` of ``node.find(tag)``; None when ``node``, that child or the attribute is missing."""
+    found = node.find(tag) if node is not None else None
+    return found.get(name) if found is not None else None
+
+
 def every(node: ET.Element, *tags: str) -> list[ET.Element]:
     """``node.findall("a/b")`` for plain tags, one tag at a time (see :func:`first`)."""
     found = [node]

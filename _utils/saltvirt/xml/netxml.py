@@ -730,7 +730,7 @@ def parse_network(xml: str) -> Data:
         f6 = _ip_facts(ip6)
         out["ipv6"] = {"ip": f6["ip"], "dhcp": f6["dhcp"], "hosts": f6["hosts"]}
     mtu, vp, vlan, dom, dns = (root.find(t) for t in ("mtu", "virtualport", "vlan", "domain", "dns"))
-    out["mtu"] = int(mtu.get("size")) if mtu is not None else None
+    out["mtu"] = validate.int_or_none(mtu.get("size")) if mtu is not None else None
     out["vport"] = None
     if vp is not None:
         out["vport"] = {"type": vp.get("type")}
@@ -741,7 +741,10 @@ def parse_network(xml: str) -> Data:
     if vlan is not None:
         out["vlan"] = {
             "tags": [
-                {"id": int(t.get("id")), **({"nativeMode": t.get("nativeMode")} if t.get("nativeMode") else {})}
+                {
+                    "id": validate.int_or_none(t.get("id")),
+                    **({"nativeMode": t.get("nativeMode")} if t.get("nativeMode") else {}),
+                }
                 for t in vlan.findall("tag")
             ]
         }

@@ -8,6 +8,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
+from saltvirt.xml.etree import attr
 
 # type: (what the pool needs to be usable, one line for the error message)
 POOL_TYPES = {
@@ -264,17 +265,20 @@ def parse_pool(xml: str) -> Data:
     secret = auth.find("secret") if auth is not None else None
     source: Data = {
         "devices": [dict(d.attrib) for d in src.findall("device")] or None,
-        "dir": src.find("dir").get("path") if src.find("dir") is not None else None,
+        "dir": attr(src, "dir", "path"),
         "hosts": [{"name": h.get("name"), "port": h.get("port")} for h in src.findall("host")] or None,
         "name": src.findtext("name"),
-        "format": src.find("format").get("type") if src.find("format") is not None else None,
-        "initiator": src.find("initiator/iqn").get("name") if src.find("initiator/iqn") is not None else None,
+        "format": attr(src, "format", "type"),
+        "initiator": attr(src, "initiator/iqn", "name"),
         "adapter": dict(adapter.attrib) if adapter is not None else None,
         "auth": None,
     }
-    if adapter is not None and adapter.find("parentaddr") is not None:
-        pa = adapter.find("parentaddr")
-        source["adapter"]["parent_address"] = dict(pa.attrib, address=dict(pa.find("address").attrib))
+    pa = adapter.find("parentaddr") if adapter is not None else None
+    if pa is not None:
+        address = pa.find("address")
+        source["adapter"]["parent_address"] = dict(
+            pa.attrib, address=dict(address.attrib if address is not None else {})
+        )
     if auth is not None:
         kind = "uuid" if secret is not None and secret.get("uuid") else "usage"
         source["auth"] = {

@@ -285,3 +285,9 @@ def test_eject_empties_the_named_cdrom_drives_only():
     sda, sdb, vda = out.findall("devices/disk")
     assert sda.find("source") is None and sda.find("target").get("dev") == "sda"  # the drive stays, empty
     assert sdb.find("source").get("file") == "/srv/iso/x.iso" and vda.find("source") is not None  # not a CD-ROM
+
+
+def test_domain_readers_name_a_missing_devices_element():
+    for call in (domxml.disks_by_target, lambda x: domxml.new_interfaces(x, ()), domxml.edit_devices):
+        with pytest.raises(ValueError, match="has no <devices>"):
+            call("<domain><name>web1</name></domain>")

@@ -64,3 +64,17 @@ def test_first_and_every_walk_a_path_as_find_and_findall_do(path):
     tags = path.split("/")
     assert etree.first(root, *tags) is root.find(path)
     assert etree.every(root, *tags) == root.findall(path)
+
+
+def test_need_names_what_libvirt_always_writes_and_attr_reads_what_may_be_missing():
+    """A reader given XML libvirt did not write fails with the element's name (it raised AttributeError on
+    None further on before), and an optional attribute is None wherever it is missing."""
+    root = ET.fromstring("<domain><name>web1</name><os><type arch='x86_64'>hvm</type></os></domain>")
+    assert etree.need(root, "name").text == "web1"
+    with pytest.raises(ValueError, match="<domain> has no <devices>: not an XML description libvirt wrote"):
+        etree.need(root, "devices")
+    assert etree.attr(root, "os/type", "arch") == "x86_64"
+    assert etree.attr(root, "os/type", "machine") is None
+    assert etree.attr(root, "os/loader", "type") is None
+    assert etree.attr(None, "os", "x") is None
+    assert etree.read(root) is root and etree.read("<a/>").tag == "a"
