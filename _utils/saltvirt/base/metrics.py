@@ -71,7 +71,8 @@ _UNIT_SUFFIX = {"s": "_seconds", "By": "_bytes", "By/s": "_bytes_per_second", ""
 def prometheus_name(name: str) -> str:
     """The family name Salt's Prometheus exporter gives instrument ``name`` (dots become underscores,
     the unit a suffix; a counter's samples add ``_total``, a histogram's ``_bucket``/``_sum``/``_count``)."""
-    return name.replace(".", "_") + _UNIT_SUFFIX[INSTRUMENTS[name].unit]
+    base, suffix = name.replace(".", "_"), _UNIT_SUFFIX[INSTRUMENTS[name].unit]
+    return base if base.endswith(suffix) else base + suffix  # the exporter does not repeat a unit the name says
 
 
 def enabled() -> bool:
