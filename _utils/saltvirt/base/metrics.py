@@ -101,12 +101,11 @@ def _attributes(name, labels):
 
 
 def _emit(name, kind, value, labels):
-    attrs = _attributes(name, labels)
+    attrs, inst = _attributes(name, labels), INSTRUMENTS[name]
+    if inst.kind != kind:  # a coding error too
+        raise ValueError(f"metric {name} is a {inst.kind}, not a {kind}")
     if not enabled():
         return
-    inst = INSTRUMENTS[name]
-    if inst.kind != kind:
-        raise ValueError(f"metric {name} is a {inst.kind}, not a {kind}")
     try:
         if kind == "counter":
             salt.utils.metrics.counter(name, description=inst.description, unit=inst.unit).add(value, attrs)

@@ -3,16 +3,19 @@ instrumented code runs on libvirt's test driver, then the exporter's /metrics pa
 and parsed with prometheus_client's own parser."""
 
 import contextlib
+import http.server
 import json
 import pathlib
 import re
 import socket
 import subprocess
+import threading
 import urllib.request
 
 import libvirt
 import pytest
 import salt.utils.metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -21,6 +24,7 @@ from saltvirt.fleet import publish, recovery
 from saltvirt.host import capacity
 from saltvirt.vm import provision
 from tests.support.saltloader import SOURCES, make_minion_mods
+from tests.support.testfleet import TestFleet, domain_xml, local_store
 
 DASHBOARD = pathlib.Path(__file__).parents[3] / "docs" / "_static" / "salt-virt-grafana.json"
 
@@ -174,17 +178,101 @@ def test_capacity_gauges_from_a_hypervisors_answer(scrape, test_conn):
     assert not any(lab.get("host") == "hv-b" for lab, _ in got.get(mem, []))
 
 
-def test_recovery_actions(scrape):
-    before = scrape()
-    recovery.count_actions({"fenced": {"rc": 0}, "recovered": {"a": {}, "b": {}}, "failed": {"c": {}}})
-    recovery.count_actions({"fenced": {"rc": 1}}, refused=True)
-    after = scrape()
+WEB1 = "3f6ba1d4-1111-4c1b-9a40-0123456789ab"
+
+
+@pytest.fixture
+def failed_hv1(tmp_path):
+    """Three hypervisors on the test driver (tests/support/testfleet.py), a real store: hv1 ran web1 on the
+    shared directory and was recorded; then it failed (its guest died with it, its minion went silent)."""
+    store = local_store(tmp_path)
+    hosts = TestFleet(tmp_path, opts=store.opts)
+    disk = f"{hosts.shared}/web1.qcow2"
+    open(disk, "wb").close()
+    dom = hosts.conns["hv1"].defineXML(domain_xml("web1", disk, WEB1))
+    dom.create()
+    assert recovery.refresh(hosts, store)["hv1"]["vms"] == ["web1"]
+    dom.destroy()
+    hosts.silent.add("hv1")
+    yield hosts, store
+    hosts.close()
+
+
+def test_recovery_counts_a_refused_run_the_fencing_and_the_vm_recovered(scrape, failed_hv1):
+    hosts, store = failed_hv1
+    fence = {"fence": {"command": ["true"], "timeout": 10}}
     name = "saltvirt_fleet_recovery_actions_total"
-    delta = {
-        a: value(after, name, action=a) - value(before, name, action=a)
-        for a in ("fenced", "fence_failed", "recovered", "failed", "refused", "not_recoverable")
+    actions = ("refused", "fenced", "fence_failed", "recovered", "failed", "not_recoverable")
+    before = scrape()
+    hosts.silent.add("hv3")
+    with pytest.raises(publish.Failed, match="refusing to recover hv1: hv3 did not answer"):
+        recovery.recover(hosts, "hv1", fence, store=store)
+    out = recovery.recover(hosts, "hv1", fence, store=store, force=True)
+    assert out["recovered"]["web1"]["host"] == "hv2"
+    after = scrape()
+    delta = {a: value(after, name, action=a) - value(before, name, action=a) for a in actions}
+    assert delta == {"refused": 1, "fenced": 1, "fence_failed": 0, "recovered": 1, "failed": 0, "not_recoverable": 0}
+    # the rest of the table, from an answer as a failed fence leaves it
+    recovery.count_actions({"fenced": {"rc": 1}, "failed": {"a": {}}, "not_recoverable": {"b": "x", "c": "y"}}, True)
+    again = scrape()
+    delta = {a: value(again, name, action=a) - value(after, name, action=a) for a in actions}
+    assert delta == {"refused": 1, "fenced": 0, "fence_failed": 1, "recovered": 0, "failed": 1, "not_recoverable": 2}
+
+
+@pytest.fixture
+def collector():
+    """A stand-in OTLP/HTTP collector: the bodies POSTed to it, decoded with OpenTelemetry's own protobuf."""
+    got = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            got.append(ExportMetricsServiceRequest.FromString(body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/metrics", got
+    server.shutdown()
+    server.server_close()
+
+
+def pushed(requests):
+    """{(metric name, attributes): value} of the sums the collector received."""
+    out = {}
+    for req in requests:
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for point in metric.sum.data_points:
+                        attrs = tuple(sorted((a.key, a.value.string_value) for a in point.attributes))
+                        out[metric.name, attrs] = point.as_int or point.as_double
+    return out
+
+
+def test_a_push_exporter_in_a_process_salt_did_not_configure(collector):
+    # salt-run's case: ensure() switches Salt's layer on from the master config, and flush() pushes at once
+    # (a job process exits without the exit handlers that would; the periodic export is an hour away here)
+    endpoint, got = collector
+    assert not metrics.enabled()
+    conf = {
+        "metrics": {"enabled": True, "exporter": "otlp-http", "endpoint": endpoint, "export_interval_seconds": 3600}
     }
-    assert delta == {"fenced": 1, "fence_failed": 1, "recovered": 2, "failed": 1, "refused": 1, "not_recoverable": 0}
+    try:
+        assert metrics.ensure(conf) is True
+        metrics.add("saltvirt.fleet.recovery.actions", 3, action="fenced")
+        assert not got
+        metrics.flush()
+        assert pushed(got) == {("saltvirt.fleet.recovery.actions", (("action", "fenced"),)): 3}
+    finally:
+        salt.utils.metrics.shutdown()
+        salt.utils.metrics.configure({})
 
 
 def test_metrics_off_records_nothing_and_breaks_nothing(mods):
