@@ -23,6 +23,7 @@ from saltvirt.base import metrics
 from saltvirt.fleet import publish, recovery
 from saltvirt.host import capacity
 from saltvirt.vm import provision
+from tests.support import signedfleet
 from tests.support.saltloader import SOURCES, make_minion_mods
 from tests.support.testfleet import TestFleet, domain_xml, local_store
 
@@ -164,18 +165,26 @@ def test_a_backup_counts_its_bytes(scrape, mods):
     assert value(after, b, type="full") - value(before, b, type="full") == made["size"]
 
 
-def test_capacity_gauges_from_a_hypervisors_answer(scrape, test_conn):
+def test_capacity_gauges_when_the_master_reads_the_hypervisors(scrape, test_conn, tmp_path):
+    # placement's read (publish.capacities): hv-a answers (signed with its key) from the test driver, hv-b is silent
+    xml = "<domain type='test'><name>cap1</name><memory unit='MiB'>256</memory><vcpu>2</vcpu>"
+    xml += "<os><type>hvm</type></os></domain>"
+    test_conn.defineXML(xml).create()
     answer = capacity.capacity(test_conn)
-    publish.measure({"hv-a": {"status": "up", **answer}, "hv-b": {"status": "down", "error": "no answer"}})
+    opts = signedfleet.fleet_opts(tmp_path, ["hv-a", "hv-b"])
+    hosts = publish.capacities(opts, client=signedfleet.SigningClient({"virt.capacity": {"hv-a": answer}}))
+    assert hosts["hv-a"]["status"] == "up" and hosts["hv-b"]["status"] == "down"
     got, host = scrape(), answer["host"]
     assert value(got, "saltvirt_host_up", host="hv-a") == 1 and value(got, "saltvirt_host_up", host="hv-b") == 0
     mem = "saltvirt_host_memory_bytes"
+    assert host["mem_used_by_vms"] >= 256 and host["vcpus_used_by_vms"] >= 2  # cap1 runs
     assert value(got, mem, host="hv-a", state="total") == host["mem_total"] << 20
     assert value(got, mem, host="hv-a", state="used") == host["mem_used_by_vms"] << 20
     assert value(got, mem, host="hv-a", state="free") == (host["mem_total"] - host["mem_used_by_vms"]) << 20
     assert value(got, "saltvirt_host_vcpus", host="hv-a", state="used") == host["vcpus_used_by_vms"]
+    assert value(got, "saltvirt_host_vcpus", host="hv-a", state="total") == host["vcpus_total"]
     assert value(got, "saltvirt_host_vms", host="hv-a", state="defined") == host["vms_defined"]
-    assert not any(lab.get("host") == "hv-b" for lab, _ in got.get(mem, []))
+    assert not any(lab.get("host") == "hv-b" for lab, _ in got.get(mem, []))  # a silent host's last value stays
 
 
 WEB1 = "3f6ba1d4-1111-4c1b-9a40-0123456789ab"
