@@ -45,7 +45,7 @@ import salt.utils.jid
 import salt.utils.minions
 from salt.exceptions import CommandExecutionError
 
-from saltvirt.base import validate
+from saltvirt.base import metrics, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import hypervisors, replies
 from saltvirt.pki import answers
@@ -336,7 +336,30 @@ def gather(
             out[mid] = {"status": "up", "vms": ans["ret"]}
         else:
             out[mid] = {"status": "up", "host": ans["ret"]}
+    if fun in ("virt.full_info", "virt.capacity", "virt.host_info") and metrics.ensure(opts):
+        measure(out)
     return out
+
+
+def measure(hosts: dict[str, Data]) -> None:
+    """The capacity gauges of the hypervisors in ``hosts`` (:func:`gather`'s answers; minion ids as labels: the
+    operator's machines). Memory in bytes; "used": what running VMs hold, as placement counts it."""
+    for host, ans in hosts.items():
+        metrics.set_gauge("saltvirt.host.up", int(ans["status"] == "up"), host=host)
+        facts = ans.get("host") or {}
+        mem, cpus = validate.int_or_none(facts.get("mem_total")), validate.int_or_none(facts.get("vcpus_total"))
+        if ans["status"] != "up" or not mem or not cpus:
+            continue
+        used_mem = validate.int_or_none(facts.get("mem_used_by_vms")) or 0
+        used_cpus = validate.int_or_none(facts.get("vcpus_used_by_vms")) or 0
+        for state, mib in (("total", mem), ("used", used_mem), ("free", max(mem - used_mem, 0))):
+            metrics.set_gauge("saltvirt.host.memory", mib << 20, host=host, state=state)
+        for state, n in (("total", cpus), ("used", used_cpus), ("free", max(cpus - used_cpus, 0))):
+            metrics.set_gauge("saltvirt.host.vcpus", n, host=host, state=state)
+        for state in ("defined", "active"):
+            if isinstance(facts.get(f"vms_{state}"), int):
+                metrics.set_gauge("saltvirt.host.vms", facts[f"vms_{state}"], host=host, state=state)
+    metrics.flush()
 
 
 def capacities(

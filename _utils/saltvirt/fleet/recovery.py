@@ -41,7 +41,7 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import validate
+from saltvirt.base import metrics, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, placement, publish, recovery_guard, relocate
 from saltvirt.pki import recordmac
@@ -392,7 +392,37 @@ def recover(
     force: bool = False,
 ) -> Data:
     """``salt-run virt.recover HOST``: see the module doc. Returns the runner's answer. ``force``: go on
-    although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``."""
+    although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``.
+    What it did is counted in salt-virt's metrics (:func:`count_actions`)."""
+    metrics.ensure(remote.opts)
+    try:
+        result = _recover(remote, host, conf, pol, store, force)
+    except publish.Failed as exc:
+        count_actions(exc.details, refused=True)
+        raise
+    count_actions(result)
+    return result
+
+
+def count_actions(result: Data, refused: bool = False) -> None:
+    """``saltvirt.fleet.recovery.actions`` of one ``virt.recover``: ``refused`` (the run stopped),
+    ``fenced``/``fence_failed`` (the host), ``recovered``/``failed``/``not_recoverable`` (its VMs)."""
+    rc = (result.get("fenced") or {}).get("rc", "not fenced")
+    counts = {
+        "refused": int(refused),
+        "fenced": int(rc == 0),
+        "fence_failed": int(rc not in (0, "not fenced")),
+        "recovered": len(result.get("recovered") or {}),
+        "failed": len(result.get("failed") or {}),
+        "not_recoverable": len(result.get("not_recoverable") or {}),
+    }
+    for action, n in counts.items():
+        if n:
+            metrics.add("saltvirt.fleet.recovery.actions", n, action=action)
+    metrics.flush()
+
+
+def _recover(remote, host, conf, pol, store, force):
     validate.host_name(host, "host (a hypervisor's minion id)")
     store = store or fleetstate.Store(remote.opts)
     fcfg, rcfg = fence_config(conf), recovery_config(conf)

@@ -29,7 +29,7 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import tools
+from saltvirt.base import metrics, tools
 from saltvirt.base.fsutil import file_digest, remove_paths
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
@@ -301,7 +301,23 @@ def backup(
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
     and ``removed_incomplete`` (files of interrupted backups cleaned up first); ``skipped``: ``{target: why}``
     of the disks it does not hold (pool volumes, CD-ROMs, shared, read-only or not asked for). ``key``: the
-    manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`)."""
+    manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`). Counted in salt-virt's metrics."""
+    clock, kind = time.monotonic(), "incremental" if incremental else "full"  # a failure's type: what was asked
+    try:
+        out = _backup(conn, root, name, disks, incremental, target, timeout, on_started, key)
+    except BaseException:
+        metrics.add("saltvirt.vm.backups", result="failed", type=kind)
+        metrics.record("saltvirt.vm.backup.duration", time.monotonic() - clock, result="failed", type=kind)
+        metrics.flush()
+        raise
+    metrics.add("saltvirt.vm.backups", result="ok", type=out["type"])
+    metrics.record("saltvirt.vm.backup.duration", time.monotonic() - clock, result="ok", type=out["type"])
+    metrics.add("saltvirt.vm.backup.bytes", out["size"], type=out["type"])
+    metrics.flush()
+    return out
+
+
+def _backup(conn, root, name, disks, incremental, target, timeout, on_started, key):
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
     facts = domxml.parse(xml)

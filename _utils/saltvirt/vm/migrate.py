@@ -45,7 +45,7 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil, procs, tools, validate
+from saltvirt.base import fsutil, metrics, procs, tools, validate
 from saltvirt.base.salttypes import ConfigGet, Conn, Data
 from saltvirt.host import query, snapshot
 from saltvirt.host.conn import domain_exists, get_domain, libvirt
@@ -332,7 +332,7 @@ class Watchdog:
 
     def __init__(self, dom, bound, poll=1.0):
         self.dom, self.bound, self.poll = dom, bound, poll
-        self.aborted, self._stop = None, threading.Event()
+        self.aborted, self._stop, self.moved = None, threading.Event(), 0  # moved: bytes seen processed (metrics)
         self._pending: tuple[Data, threading.Event] | None = None  # (answer box, done event) of a waiting jobInfo()
         self._thread = threading.Thread(target=self._watch, name="salt-virt-migration-watchdog", daemon=True)
 
@@ -348,6 +348,8 @@ class Watchdog:
         seen, since = None, time.monotonic()
         while not self._stop.wait(self.poll):
             info = self._sample()
+            if info is not None and info[0] != libvirt.VIR_DOMAIN_JOB_NONE:
+                self.moved = max(self.moved, int(info[4]))  # jobInfo()[4]: dataProcessed
             if info is not None and (info[0] == libvirt.VIR_DOMAIN_JOB_NONE or tuple(info[3:]) != seen):
                 seen, since = tuple(info[3:]), time.monotonic()
                 continue
@@ -486,18 +488,21 @@ def migrate(
         params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = validate.positive_int(max_bandwidth, "max_bandwidth (MiB/s)")
     started = time.monotonic()
     watchdog = Watchdog(dom, stall_bound(stall_timeout))
+    mode = "offline" if not active else "live" if live else "paused"
     try:
         if max_downtime and active:
             dom.migrateSetMaxDowntime(validate.positive_int(max_downtime, "max_downtime (ms)"), 0)
         with watchdog:
             dom.migrateToURI3(dest, params, flags)
     except libvirt.libvirtError as exc:
+        _measure(mode, "failed", time.monotonic() - started, watchdog.moved)
         why = f"{watchdog.aborted} ({exc.get_error_message()})" if watchdog.aborted else exc.get_error_message()
         raise CommandExecutionError(
             f"migrating VM {name!r} from {source} to {target} failed: {why}{_hint(exc, target)}. "
             f"{_where(conn, uuid, name)}"
         ) from None
     seconds = round(time.monotonic() - started, 3)
+    _measure(mode, "ok", seconds, watchdog.moved, dom)
     view = _target_view(dest, uuid)
     ret = {
         "name": name,
@@ -520,6 +525,19 @@ def migrate(
     if warnings:
         ret["warnings"] = warnings
     return ret
+
+
+def _measure(mode, result, seconds, moved, dom=None):
+    """A migration's metrics; its bytes: the watchdog's samples or the completed job's stats (if still there)."""
+    with contextlib.suppress(libvirt.libvirtError, AttributeError):
+        moved = max(moved, int(dom.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED).get("data_processed", 0)))
+    metrics.add("saltvirt.vm.migrations", result=result, mode=mode)
+    metrics.record("saltvirt.vm.migration.duration", seconds, result=result, mode=mode)
+    if moved:
+        metrics.add("saltvirt.vm.migration.bytes", moved, mode=mode)
+        if result == "ok" and seconds > 0:
+            metrics.record("saltvirt.vm.migration.throughput", moved / seconds, mode=mode)
+    metrics.flush()
 
 
 # target side ------------------------------------------------------------------------------------

@@ -13,12 +13,12 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 from uuid import uuid4
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil, validate
+from saltvirt.base import fsutil, metrics, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base.undo import Undo
 from saltvirt.guest import cloudinit, firstboot, seed
@@ -39,6 +39,30 @@ SPEC_ARGS = vmargs.SPEC_ARGS  # init arguments that shape the VM: they go straig
 
 def _no_progress(step, **data):
     log.debug("init progress %s %s", step, data)
+
+
+class _Steps:
+    """``virt.init``'s progress, remembered: a failure is counted by the step that did not complete (the
+    one after the last event sent; without an image, ``prepare`` covers the disks too)."""
+
+    NEXT: ClassVar[dict[str | None, str]] = {
+        None: "prepare",
+        "image_cached": "disks",
+        "disks_ready": "seed",
+        "seeded": "define",
+        "defined": "start",
+        "started": "finish",
+    }
+
+    def __init__(self, progress):
+        self.progress, self.last = progress or _no_progress, None
+
+    def __call__(self, step, **data):
+        self.last = step
+        return self.progress(step, **data)
+
+    def failed(self):
+        return self.NEXT.get(self.last, "finish")
 
 
 def base_image(fetched: str, images_dir: str, source: str) -> str:
@@ -153,7 +177,23 @@ def init(
     ``host_id``: this hypervisor's minion id, recorded in the VM's ownership manifest as its creator.
 
     Holds this host's init lock for ``name`` (``saltvirt.vm.cleanup``); if an earlier init of ``name``
-    was interrupted (its lock file is left), what it left is cleaned up first (``cleaned_up``)."""
+    was interrupted (its lock file is left), what it left is cleaned up first (``cleaned_up``).
+    Its duration and a failure's step go to salt-virt's metrics (:mod:`saltvirt.base.metrics`)."""
+    steps = kwargs["progress"] = _Steps(kwargs.get("progress"))
+    clock = time.monotonic()
+    try:
+        result = _locked_init(conn, name, cpu, mem, image, images_dir, host_id, kwargs)
+    except BaseException:
+        metrics.add("saltvirt.vm.provision.failures", step=steps.failed())
+        metrics.record("saltvirt.vm.provision.duration", time.monotonic() - clock, result="failed")
+        metrics.flush()
+        raise
+    metrics.record("saltvirt.vm.provision.duration", time.monotonic() - clock, result="ok")
+    metrics.flush()
+    return result
+
+
+def _locked_init(conn, name, cpu, mem, image, images_dir, host_id, kwargs):
     validate.vm_name(name)
     validate.absolute_path(images_dir, "virt:images")
     with cleanup.InitLock(images_dir, name) as lock:
