@@ -66,4 +66,4 @@ def get(key, default=""):
 
 
 if saltvirt is not None:  # last: published calls are for operators (virt:operators), as virt.*
-    _operators.guard_module(globals())
+    _operators.guard_module(globals(), advice=_operators.RESOURCE_ADVICE)

@@ -46,4 +46,4 @@ def ping():
 
 
 if saltvirt is not None:  # last: published calls are for operators (virt:operators), as virt.*
-    _operators.guard_module(globals())
+    _operators.guard_module(globals(), advice=_operators.RESOURCE_ADVICE)
