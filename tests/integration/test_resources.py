@@ -95,6 +95,10 @@ def test_a_guest_minion_and_its_vm_resource_keep_their_own_ids(rsmaster, minions
     assert ret.returncode == 0 and json.loads(ret.stdout) == {"web1": True}, ret
     ret = salt(rsmaster, "*", "test.ping")  # Salt adds the registered resources to a glob
     assert ret.returncode == 0 and ret.data == {"rshv1": True, "web1": True, WEB: True, DB: True}, ret
+    # ... to every glob with a wildcard: a function the type does not have fails on each VM (documented)
+    ret = salt(rsmaster, "rshv*", "test.version")
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB]), ret
+    assert "is not supported for resource type 'virt_vm'" in str(ret.data[WEB]), ret
 
 
 def test_a_tenants_eauth_user_gets_no_answer_about_any_vm(rsmaster, minions):
