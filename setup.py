@@ -17,7 +17,14 @@ EXT_DIRS = {
     "output": "_output",
     "grains": "_grains",
     "engines": "_engines",
+    "resources": "_resources",  # Salt 3008 resource types: <type>/__init__.py and <type>/modules/*.py
 }
+# a resource type is a package with a modules/ folder: Salt's entry-point loader finds <ext>/resources/<type>/modules
+RESOURCE_PACKAGES = [
+    f"saltvirt.ext.resources.{os.path.relpath(d, os.path.join(HERE, '_resources')).replace(os.sep, '.')}"
+    for d, _, files in sorted(os.walk(os.path.join(HERE, "_resources")))
+    if d != os.path.join(HERE, "_resources") and "__pycache__" not in d and any(f.endswith(".py") for f in files)
+]
 # They stay at the repository root, where file_roots serves them (salt://salt-virt.reactor.sls, salt://salt-virt/
 # the formula); the wheel carries them as package data, saltvirt/data/ (the formula in saltvirt/data/salt-virt/):
 # data_files would be lost to salt-pip, whose pip --target keeps only what lands in site-packages.
@@ -64,7 +71,8 @@ setup(
     license_files=["LICENSE", "NOTICE"],
     python_requires=">=3.10",
     packages=["saltvirt", *(f"saltvirt.{p}" for p in find_packages("_utils/saltvirt"))]
-    + [f"saltvirt.ext.{kind}" for kind in EXT_DIRS],
+    + [f"saltvirt.ext.{kind}" for kind in EXT_DIRS]
+    + RESOURCE_PACKAGES,
     package_dir={"saltvirt": "_utils/saltvirt", **{f"saltvirt.ext.{k}": d for k, d in EXT_DIRS.items()}},
     # libvirt-python is an sdist (a compiler, pkg-config and libvirt's headers): only where VMs run
     install_requires=["salt>=3006", "cryptography"],

@@ -2,7 +2,7 @@
 
 After ``pip install .`` Salt calls :func:`get_dirs` and adds these directories to its module search
 path, so ``virt.*`` (modules, states, runners), the ``libvirt`` ext_pillar, the ``virt_query``
-outputter, the ``virt_hypervisor`` grain and the ``virt_events`` engine load without
+outputter, the ``virt_hypervisor`` grain and the ``virt_events`` engine and the ``virt_vm`` resource type load without
 ``saltutil.sync_all``. It also warns once when saltext-virt is installed too (see
 :func:`saltvirt.base.install.warn_saltext_virt`).
 """
@@ -23,6 +23,9 @@ KINDS = {
     "output": "output",
     "grains": "grains",
     "engines": "engines",
+    # Salt 3008 resource types (``virt_vm``): Salt finds a type's own modules at <ext>/resources/<type>/modules,
+    # <ext> being the parent of the "modules" path given here
+    "resources": "resources",
 }
 
 

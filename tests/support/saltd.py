@@ -42,6 +42,7 @@ SYNCED = {
     "_output": "output",
     "_runners": "runners",
     "_pillar": "pillar",
+    "_resources": "resources",  # Salt 3008 resource types (saltutil.sync_resources)
 }
 
 

@@ -76,3 +76,21 @@ def new_job(runners):
     for fun in runners:
         runners[fun].__globals__.pop("__user__", None)
     return runners
+
+
+def make_resource_loaders(tmp_path, uri, resource_type="virt_vm", **config):
+    """Salt's two resource loaders over this repo's ``_resources`` (what ``salt/minion.py`` ``gen_modules``
+    builds for a managed type): the type's connection module (``<type>.discover``, ``.grains``, ``.ping``) and
+    its deny-by-default execution modules (``test.ping``, ``grains.items``). ``_resources`` is linked in as
+    ``<extension_modules>/resources``, where ``saltutil.sync_resources`` writes it: Salt looks for a type's
+    ``modules/`` there, not under a ``module_dirs`` entry's ``_resources``. Returns ``(funcs, modules)``."""
+    import salt.loader
+
+    mods = make_minion_mods(tmp_path, uri, **config)
+    opts = dict(mods.opts, extension_modules=str(tmp_path / "extmods"))
+    (tmp_path / "extmods").mkdir(exist_ok=True)
+    (tmp_path / "extmods" / "resources").symlink_to(ROOT / "_resources")
+    utils = salt.loader.utils(opts)
+    funcs = salt.loader.resource(opts, functions=mods, utils=utils, context={})
+    modules = salt.loader.resource_modules(opts, resource_type, resource_funcs=funcs, utils=utils, context={})
+    return funcs, modules

@@ -47,6 +47,7 @@ COST = {
     "tests/integration/test_events.py": 95,
     "tests/integration/test_bench_smoke.py": 90,
     "tests/integration/test_balance_real.py": 150,  # alone, quiet: 140 s (a master restart: the engine)
+    "tests/integration/test_resources.py": 40,  # its own master and two minions: 31-44 s
 }
 
 

@@ -109,7 +109,8 @@ def test_loader_tests_mirror_a_loader_module():
     strays = []
     for path in (TESTS / "unit" / "loaders").glob("test_*.py"):
         kind, _, name = path.stem.removeprefix("test_").partition("_")
-        if not (ROOT / f"_{kind}" / f"{name}.py").exists():
+        folder = ROOT / f"_{kind}"  # a module, or a package (a resource type: _resources/<type>/__init__.py)
+        if not ((folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists()):
             strays.append(str(path.relative_to(ROOT)))
     assert not strays, f"tests/unit/loaders/test_<dir>_<name>.py for _<dir>/<name>.py: {strays}"
 
@@ -293,7 +294,17 @@ def test_configuration_page_lists_every_virt_key():
     """Every top-level ``virt:<key>`` the code names (in a config lookup, an error or a docstring) has a row in
     docs/configuration.md (HACKING.md "Rules")."""
     named = set()
-    for folder in ("_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output", "_utils"):
+    for folder in (
+        "_modules",
+        "_states",
+        "_runners",
+        "_pillar",
+        "_engines",
+        "_grains",
+        "_output",
+        "_resources",
+        "_utils",
+    ):
         for path in (ROOT / folder).rglob("*.py"):
             named |= set(re.findall(r"\bvirt:([a-z][a-z_]+)\b", path.read_text()))
     page = (ROOT / "docs" / "configuration.md").read_text()
@@ -333,7 +344,7 @@ def test_not_salt_deselects_every_test_that_starts_salt_daemons():
 
 
 MAX_LINES = 800  # HACKING.md: small files
-SOURCE_DIRS = ("_utils", "_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output")
+SOURCE_DIRS = ("_utils", "_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output", "_resources")
 SOURCE_DIRS += ("tests", "scripts", "bench", "docs")
 
 
@@ -350,7 +361,7 @@ def test_every_python_file_is_small():
 
 
 # Salt's loader folders: a module-level name that starts with "_" is hidden from the loader (a convention)
-LOADER_DIRS = ("_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output")
+LOADER_DIRS = ("_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output", "_resources")
 # the master's code (HACKING.md "Layout": side): it runs where libvirt-python is not installed
 MASTER_SIDE = ("_utils/saltvirt/fleet", "_runners", "_pillar")
 MINION_LAYERS = ("host", "xml", "guest", "vm")

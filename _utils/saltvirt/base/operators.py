@@ -38,6 +38,8 @@ from saltvirt.base import validate
 DEFAULT_OPERATORS = ("root", "salt", "sudo_*")
 MARK = "__virt_operators_only__"  # set on every guarded function (the coverage test looks for it)
 PUB = "__pub_"
+# what a refused call on a virt_vm resource (_resources/virt_vm/modules) is told to do instead
+RESOURCE_ADVICE = "tenants ask about their VMs with salt-run virt.query, or ask the operator"
 
 
 def operators(opts: Any) -> tuple[str, ...]:
@@ -52,24 +54,26 @@ def is_operator(opts: Any, user: str) -> bool:
     return any(fnmatch.fnmatchcase(user, entry) for entry in operators(opts))
 
 
-def refusal(fun: str, user: Any) -> str:
-    """The one wording of the refusal (``fun``: ``virt.<name>``)."""
-    return (
-        f"{fun} on a hypervisor is for operators, and user {user!s:.64} is not in this minion's virt:operators: "
-        f"use the runner (salt-run {fun}, or salt-api's runner client), or ask the operator"
-    )
+def refusal(fun: str, user: Any, advice: str | None = None) -> str:
+    """The one wording of the refusal (``fun``: ``virt.<name>``; ``advice``: what to do instead, when the runner
+    has no function of that name)."""
+    advice = advice or f"use the runner (salt-run {fun}, or salt-api's runner client), or ask the operator"
+    who = f"user {user!s:.64} is not in this minion's virt:operators"
+    return f"{fun} on a hypervisor is for operators, and {who}: {advice}"
 
 
-def check(opts: Any, fun: str, kwargs: dict[str, Any]) -> None:
+def check(opts: Any, fun: str, kwargs: dict[str, Any], advice: str | None = None) -> None:
     """Refuse (CommandExecutionError) a published call of ``fun`` whose job user is no operator."""
     if f"{PUB}user" not in kwargs:
         return  # no publication: salt-call on the hypervisor, another module or state, the schedule
     user = kwargs[f"{PUB}user"]
     if not isinstance(user, str) or not user or not is_operator(opts, user):
-        raise CommandExecutionError(refusal(fun, user))
+        raise CommandExecutionError(refusal(fun, user, advice))
 
 
-def guard(func: Callable[..., Any], fun: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+def guard(
+    func: Callable[..., Any], fun: str, namespace: dict[str, Any], advice: str | None = None
+) -> Callable[..., Any]:
     """``func`` (Salt name ``fun``) refusing non-operators. The wrapper's signature is ``func``'s plus
     ``**kwargs`` when it has none, so that Salt hands it the ``__pub_*`` data; those keywords are passed
     on only to a ``func`` that takes ``**kwargs``. ``namespace``: the loader module's globals (its
@@ -79,7 +83,7 @@ def guard(func: Callable[..., Any], fun: str, namespace: dict[str, Any]) -> Call
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        check(namespace.get("__opts__"), fun, kwargs)
+        check(namespace.get("__opts__"), fun, kwargs, advice)
         if not takes_kwargs:
             kwargs = {k: v for k, v in kwargs.items() if not k.startswith(PUB)}
         return func(*args, **kwargs)
@@ -95,9 +99,9 @@ def guard(func: Callable[..., Any], fun: str, namespace: dict[str, Any]) -> Call
     return wrapper
 
 
-def guard_module(namespace: dict[str, Any]) -> None:
+def guard_module(namespace: dict[str, Any], advice: str | None = None) -> None:
     """Wrap every public function defined in the loader module whose globals are ``namespace`` (call it as
-    the module's last line: ``_operators.guard_module(globals())``)."""
+    the module's last line: ``_operators.guard_module(globals())``); ``advice``: see :func:`refusal`."""
     virtualname = namespace.get("__virtualname__") or namespace["__name__"].rsplit(".", 1)[-1]
     aliases = namespace.get("__func_alias__") or {}
     for name, obj in list(namespace.items()):
@@ -105,4 +109,4 @@ def guard_module(namespace: dict[str, Any]) -> None:
             continue
         if obj.__module__ != namespace["__name__"]:
             continue  # imported: Salt's loader does not load it as this module's function
-        namespace[name] = guard(obj, f"{virtualname}.{aliases.get(name, name)}", namespace)
+        namespace[name] = guard(obj, f"{virtualname}.{aliases.get(name, name)}", namespace, advice)

@@ -1,0 +1,108 @@
+"""VMs as Salt Resources (``virt_vm``) with a real salt-master and a real hypervisor minion: the master's pillar
+declares the type for ``rshv1``, the minion discovers the VMs its libvirt has and registers them, and
+``salt -C 'T@virt_vm:<uuid>' ...`` reaches a VM with no minion inside through its hypervisor. Beside it, a plain
+minion called ``web1`` (what a guest's own minion is often called) keeps its id: a VM resource's id is its UUID.
+
+The hypervisor's libvirt is the test driver over a node file (two VMs, one of tenant acme; every job opens it
+afresh): what is tested here is Salt's side (pillar declaration, discovery at start, registration, ``T@`` and
+compound targeting, the per-resource return), which is the same over any libvirt; the libvirt facts themselves
+are checked in tests/unit/host/test_vmresources.py. Not on the session master: a minion with resources changes
+what ``salt '*'`` waits for (Salt adds every registered resource id to a glob's wait list), which other tests
+there count on.
+"""
+
+import json
+import time
+
+import pytest
+
+from saltvirt.xml.domxml import METADATA_NS
+from tests.support.saltd import master_config, presync, start_minion
+
+WEB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"  # acme's web1
+DB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a002"  # an operator's db1
+NODE = f"""<node>
+<cpu><mhz>2400</mhz><active>2</active><max>2</max><nodes>1</nodes><sockets>1</sockets><cores>2</cores>
+<threads>1</threads></cpu><memory>4194304</memory>
+<domain type='test'><name>web1</name><uuid>{WEB}</uuid><memory unit='MiB'>256</memory><vcpu>1</vcpu>
+<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:owner tenant='acme' creator='alice'/><sv:group>web</sv:group>
+</sv:vm></metadata><os><type>hvm</type></os></domain>
+<domain type='test'><name>db1</name><uuid>{DB}</uuid><memory unit='MiB'>512</memory><vcpu>2</vcpu>
+<os><type>hvm</type></os></domain>
+</node>"""
+ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")
+BOUND = 60  # seconds for the hypervisor's registration to reach the master
+
+
+@pytest.fixture(scope="module")
+def rsmaster(salt_factories, state_tree, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rs")
+    pillar = root / "pillar"
+    pillar.mkdir()
+    (pillar / "top.sls").write_text("base:\n  rshv1:\n    - resources\n")
+    (pillar / "resources.sls").write_text("resources:\n  virt_vm: {}\n")  # the operator declares the type
+    users = root / "users"
+    users.write_text("alice:alice-secret\n")
+    users.chmod(0o600)
+    # Salt's own ACL lets alice publish anything: the hypervisor's virt:operators gate is what refuses her
+    eauth = {"file": {"^filename": str(users), "^filetype": "text", "^hashtype": "plaintext", "alice": [".*"]}}
+    overrides = master_config(state_tree, pillar_roots={"base": [str(pillar)]}, ext_pillar=[], external_auth=eauth)
+    factory = presync(salt_factories.salt_master_daemon("rs-master", overrides=overrides))
+    with factory.started():
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def minions(rsmaster, tmp_path_factory):
+    node = tmp_path_factory.mktemp("rsnode") / "node.xml"
+    node.write_text(NODE)
+    hyper = {"virt": {"connection": {"uri": f"test://{node}"}}, "grains": {"virt_hypervisor": True}}
+    with start_minion(rsmaster, "rshv1", hyper).started(), start_minion(rsmaster, "web1", {}).started():
+        yield
+
+
+def salt(rsmaster, tgt, *args):
+    return rsmaster.salt_cli(timeout=60).run(*args, minion_tgt=tgt)
+
+
+def registered(rsmaster):
+    """Wait until the master knows both VMs as resources (the minion registers them after it connects)."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        ret = salt(rsmaster, "T@virt_vm", "-C", "test.ping")
+        if ret.returncode == 0 and sorted(ret.data) == sorted([WEB, DB]):
+            return ret
+        assert time.monotonic() < deadline, f"virt_vm resources not registered after {BOUND} s: {ret}"
+
+
+def test_a_vm_is_targeted_through_its_hypervisor(rsmaster, minions):
+    ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", "grains.items")
+    assert ret.returncode == 0, ret
+    assert list(ret.data) == [WEB]
+    grains = ret.data[WEB]
+    assert (grains["name"], grains["hypervisor"], grains["tenant"], grains["group"]) == ("web1", "rshv1", "acme", "web")
+    assert (grains["state"], grains["vcpus"], grains["mem_mib"]) == ("running", 1, 256)
+
+    assert registered(rsmaster).data == {WEB: True, DB: True}
+    # a selection by what the hypervisor knows, mixed with the type (the grain is the VM's, not a minion's)
+    ret = salt(rsmaster, "T@virt_vm and G@tenant:acme", "-C", "grains.get", "name")
+    assert ret.returncode == 0 and ret.data == {WEB: "web1"}, ret
+
+
+def test_a_guest_minion_and_its_vm_resource_keep_their_own_ids(rsmaster, minions):
+    registered(rsmaster)
+    ret = salt(rsmaster, "web1", "test.ping")  # the minion called web1, not the VM of that name
+    assert ret.returncode == 0 and json.loads(ret.stdout) == {"web1": True}, ret
+    ret = salt(rsmaster, "*", "test.ping")  # Salt adds the registered resources to a glob
+    assert ret.returncode == 0 and ret.data == {"rshv1": True, "web1": True, WEB: True, DB: True}, ret
+    # ... to every glob with a wildcard: a function the type does not have fails on each VM (documented)
+    ret = salt(rsmaster, "rshv*", "test.version")
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB]), ret
+    assert "is not supported for resource type 'virt_vm'" in str(ret.data[WEB]), ret
+
+
+def test_a_tenants_eauth_user_gets_no_answer_about_any_vm(rsmaster, minions):
+    ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "grains.items")
+    assert ret.returncode != 0, ret
+    assert "is for operators, and user alice is not" in str(ret.data[WEB]), ret
+    assert "acme" not in str(ret.data[WEB])

@@ -1,0 +1,97 @@
+"""saltvirt.host.vmresources: a hypervisor's VMs as ``virt_vm`` resources (libvirt's test driver, a fresh
+node per test): discovery by UUID, grains from libvirt and the domain's metadata only, ping."""
+
+import pytest
+from salt.exceptions import CommandExecutionError, SaltInvocationError
+
+from saltvirt.host import vmresources
+from saltvirt.xml.domxml import METADATA_NS
+
+UUID_A = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a01"
+UUID_B = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a02"
+
+
+def define(conn, name, uuid, tenant=None, group=None, start=False):
+    meta = (f"<sv:owner tenant='{tenant}' creator='alice'/>" if tenant else "") + (
+        f"<sv:group>{group}</sv:group>" if group else ""
+    )
+    dom = conn.defineXML(
+        f"<domain type='test'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>256</memory>"
+        f"<vcpu>2</vcpu><metadata><sv:vm xmlns:sv='{METADATA_NS}'>{meta}</sv:vm></metadata>"
+        "<os><type>hvm</type></os><devices><interface type='network'><mac address='52:54:00:00:00:0a'/>"
+        "<source network='default'/></interface></devices></domain>"
+    )
+    if start:
+        dom.create()
+    return dom
+
+
+def test_discovery_lists_every_vm_by_uuid_not_by_name(test_conn):
+    before = vmresources.discover(test_conn)  # the driver's own 'test' domain
+    define(test_conn, "web1", UUID_B)
+    define(test_conn, "web1-old", UUID_A)
+    got = vmresources.discover(test_conn)
+    assert sorted(set(got) - set(before)) == [UUID_A, UUID_B]
+    assert got == sorted(got) and "web1" not in got
+
+
+def test_grains_are_what_libvirt_and_the_definition_say(test_conn):
+    define(test_conn, "web1", UUID_A, tenant="acme", group="db", start=True)
+    assert vmresources.grains(test_conn, UUID_A, "hyper1") == {
+        "id": UUID_A,
+        "uuid": UUID_A,
+        "name": "web1",
+        "virt_vm": True,
+        "hypervisor": "hyper1",
+        "state": "running",
+        "vcpus": 2,
+        "mem_mib": 256,
+        "group": "db",
+        "tenant": "acme",
+        "persistent": True,
+        "autostart": False,
+        "macs": ["52:54:00:00:00:0a"],
+    }
+
+
+def test_an_operators_vm_has_no_tenant(test_conn):
+    define(test_conn, "ops1", UUID_A)
+    got = vmresources.grains(test_conn, UUID_A, "hyper1")
+    assert (got["tenant"], got["group"], got["state"]) == (None, None, "shutoff")
+
+
+def test_ping_is_true_only_for_a_running_vm_here(test_conn):
+    dom = define(test_conn, "web1", UUID_A)
+    assert vmresources.ping(test_conn, UUID_A) is False
+    dom.create()
+    assert vmresources.ping(test_conn, UUID_A) is True
+    dom.destroy()
+    dom.undefine()
+    assert vmresources.ping(test_conn, UUID_A) is False
+    assert vmresources.grains(test_conn, UUID_A, "hyper1") == {}  # purged or migrated away: nothing to report
+
+
+@pytest.mark.parametrize("bad", ["web1", "", None, 7, "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a0", "../etc/passwd"])
+def test_a_resource_id_is_a_uuid(test_conn, bad):
+    with pytest.raises(SaltInvocationError, match="is a VM's UUID"):
+        vmresources.resource_id(bad)
+    with pytest.raises(SaltInvocationError):
+        vmresources.ping(test_conn, bad)
+
+
+def test_a_uuid_is_taken_in_libvirts_form():
+    assert vmresources.resource_id(UUID_A.upper()) == UUID_A
+    assert vmresources.resource_id(UUID_A.replace("-", "")) == UUID_A
+
+
+def test_the_connection_comes_from_the_minion_config_only(tmp_path):
+    """discover(opts) runs in a loader without __salt__: the URI is read from opts["virt"], never from the
+    pillar or grains inside opts (callers write those)."""
+    opts = {"virt": {"connection": {"uri": "test:///default"}}, "pillar": {"virt": {"connection": {"uri": "x://"}}}}
+    with vmresources.connect(opts) as conn:
+        assert vmresources.discover(conn)  # the default test node's 'test' VM
+    get = vmresources.opts_config({"grains": {"virt": {"connection": {"uri": "x://"}}}})
+    assert get("virt:connection:uri") is None
+    with pytest.raises(CommandExecutionError, match="cannot connect to libvirt"):
+        with vmresources.connect({"virt": {"connection": {"uri": "test:///nonexistent.xml"}}}):
+            pass
