@@ -263,7 +263,7 @@ def run_round(
     except fleetstate.HeldError as exc:
         return {"enabled": True, "ran": False, "reason": f"another HA round is at work: {exc}"}
     try:
-        out = _round(opts, remote, store, cfg, conf, time.time() if now is None else now)
+        out = _round(opts, remote, store, lease, cfg, conf, time.time() if now is None else now)
     finally:
         unreleased = lease.release()
     if unreleased:
@@ -273,7 +273,7 @@ def run_round(
     return out
 
 
-def _round(opts, remote, store, cfg, conf, now):
+def _round(opts, remote, store, lease, cfg, conf, now):
     busy = in_progress(store, now)
     if busy:
         return {"enabled": True, "ran": False, "reason": busy}
@@ -281,6 +281,7 @@ def _round(opts, remote, store, cfg, conf, now):
     result = decide(hosts, connected(opts, hosts), (store.fetch(BANK, STATE) or {}).get("hosts") or {}, now, cfg)
     state, decisions = result["state"], list(result["decisions"])
     for host in result["act"]:
+        lease.check()  # the round lock still ours (its store answered): else another master's round may act
         acted = _act(remote, store, host, cfg, conf, now)
         decisions.append(acted["record"])
         if acted["handled"]:
