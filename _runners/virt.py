@@ -43,15 +43,13 @@ did not answer in time holds a key the master does not accept (and ``virt.*`` ac
 then refuse the ambiguity until one copy is purged).
 """
 
-import collections
 import contextlib
 import logging
 import os
-import re
 import sys
 import time
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from salt.exceptions import SaltException, SaltInvocationError
 
@@ -79,6 +77,7 @@ if saltvirt is not None:
         placement,
         publish,
         quota,
+        runprogress,
         tenants,
         vmcreate,
         vmrates,
@@ -101,7 +100,6 @@ log = logging.getLogger(__name__)
 __virtualname__ = "virt"
 __func_alias__ = {"list_": "list"}
 OUTPUTTER = "virt_query"
-_MACHINE_OUTPUTS = ("json", "yaml", "raw", "pprint", "quiet", "no_return", "txt")
 
 
 def __virtual__():
@@ -164,77 +162,6 @@ def _seen(who, tgt=None, tgt_type=None, timeout=None):
 def _operator(fun):
     """Refuse operator functions to tenant callers (raises SaltInvocationError)."""
     tenants.operator_only(_who(), fun)
-
-
-def _human_output():
-    out = __opts__.get("output")
-    return not __opts__.get("quiet") and out not in _MACHINE_OUTPUTS
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _printable(text):
-    """A progress line without control characters (a hypervisor's values are shown on the caller's terminal)."""
-    return _CONTROL.sub("?", text)
-
-
-class _Progress:
-    """Callback firing ``salt/virt/init/<vm>/<step>`` on the master bus (+ salt-run progress lines).
-    saltvirt.fleet.vmcreate calls ``mark`` and ``relay`` when they are there; ``timeline`` goes into the answer."""
-
-    MESSAGES = {
-        "placed": "{vm}: placed on {host} (score {score}): {reason}",
-        "key_accepted": (
-            "{vm}: key pair for minion {minion_id} generated, public key pre-accepted (sha256 {fingerprint:.16}...)"
-        ),
-        "fallback": "{vm}: {host} did not answer ({error}); trying {next}",
-        "done": "{vm}: created on {host} in {seconds} s",
-        "failed": "{vm}: failed: {error}",
-    }
-    MODULE_MESSAGES = {
-        "image_cached": "{vm}: image {image} cached on {host}",
-        "disks_ready": "{vm}: disks ready on {host}",
-        "seeded": "{vm}: seeded before first boot on {host} ({backend})",
-        "defined": "{vm}: defined on {host}",
-        "started": "{vm}: started on {host}",
-    }
-
-    def __init__(self, vm):
-        self.vm, self.t0 = vm, time.monotonic()
-        self.timeline: list[dict[str, Any]] = []
-
-    def mark(self, step, source="runner", **data):
-        """One line of the answer's ``timeline``: seconds since the runner began, when it saw the step."""
-        entry = {"step": step, "at": round(time.monotonic() - self.t0, 3), "source": source}
-        entry.update({k: data[k] for k in ("host", "status") if data.get(k)})
-        self.timeline.append(entry)
-
-    def _show(self, template, payload):
-        if not _human_output():
-            return
-        try:
-            msg = _printable(template.format_map(collections.defaultdict(str, payload)))
-            __jid_event__.fire_event({"message": msg, "outputter": OUTPUTTER}, "progress")
-        except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
-            log.debug("virt runner: no progress output for %s: %s", payload.get("step"), exc)
-
-    def relay(self, step, data):
-        """A progress event the hypervisor's virt.init fired (already on the bus): only show it."""
-        self.mark(step, "hypervisor", host=data.get("host"))
-        self._show(self.MODULE_MESSAGES.get(step, "{vm}: {step} on {host}"), dict(data, vm=self.vm, step=step))
-
-    def __call__(self, step, **data):
-        import salt.utils.event
-
-        payload = dict(data, vm=self.vm, step=step, source="runner")
-        self.mark(step, host=data.get("host"))
-        try:
-            with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-                bus.fire_event(dict(payload), f"salt/virt/init/{self.vm}/{step}")
-        except Exception as exc:  # noqa: BLE001 - progress is best effort, never fails the work
-            log.debug("virt runner: could not fire %s for %s: %s", step, self.vm, exc)
-        self._show(self.MESSAGES.get(step, "{vm}: {step}"), payload)
 
 
 # fleet queries ------------------------------------------------------------------------------------
@@ -431,7 +358,7 @@ def init(
         salt-run virt.init db1 4 4096 salt://images/db.qcow2 host=hyper2
         salt-run virt.init web2 1 1024 salt://images/web.qcow2 wait=minion wait_timeout=600
     """
-    progress = _Progress(name)
+    progress = runprogress.InitProgress(name, __opts__, globals().get("__jid_event__"), OUTPUTTER)
     try:
         validate.vm_name(name)
         hypervisors.refuse_vm_id(__opts__, name, minion_id)  # a VM is never taken for a hypervisor

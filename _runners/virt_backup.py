@@ -29,7 +29,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import backups, callers, fleetstate, publish, quota, tenants
+    from saltvirt.fleet import backups, callers, fleetstate, publish, quota, runprogress, tenants
     from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -57,12 +57,7 @@ def __virtual__():
 
 def _show(message):
     """A ``[progress]`` line under salt-run (not with machine outputs); never fails the work."""
-    if __opts__.get("quiet") or __opts__.get("output") in ("json", "yaml", "raw", "quiet", "no_return"):
-        return
-    try:
-        __jid_event__.fire_event({"message": message}, "progress")
-    except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
-        log.debug("virt runner: no progress output: %s", exc)
+    runprogress.show(__opts__, globals().get("__jid_event__"), message)  # injected only under a RunnerClient
 
 
 def _hosts(fcfg, who, tenant, with_owners=False):

@@ -10,6 +10,13 @@ GUEST_DIR = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt
 TEST_NODE_XML = SUPPORT / "node-small.xml"  # a file-based test:/// node: fresh state per connection
 NODES = SUPPORT / "nodes"  # read-only test:/// nodes of different capacities (runner tests)
 
+
+def master_engines() -> list[pathlib.Path]:
+    """The engines that run on the master (their docstring says "Engine ``name`` (master)"): the master side's
+    rules apply to them; every other engine runs on a hypervisor minion."""
+    return [p for p in sorted((ROOT / "_engines").glob("*.py")) if "(master)" in p.read_text().split("\n", 3)[1]]
+
+
 # the library is plain Python under _utils (Salt ships it to minions as utils): importable as `saltvirt`
 if str(ROOT / "_utils") not in sys.path:
     sys.path.insert(0, str(ROOT / "_utils"))

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
+from tests.support import saltd
 from tests.support.markers import LIBVIRTD_FIXTURES, SALT_FIXTURES, daemon_markers
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, master_engines
 
 TESTS = ROOT / "tests"
 LIBRARY = ROOT / "_utils" / "saltvirt"
@@ -451,7 +452,7 @@ def test_the_master_side_imports_no_minion_layer():
     saltvirt.host.stats for its rates (now saltvirt.fleet.vmrates). storage is allowed: image intake
     (saltvirt.storage.intake) checks images on the master."""
     bad = []
-    for path in source_files(*MASTER_SIDE):
+    for path in source_files(*MASTER_SIDE) + master_engines():
         for node, module, _name, _asname in saltvirt_imports(ast.parse(path.read_text())):
             parts = (module or node.module).split(".")  # a name inside a module: that module
             if len(parts) > 1 and parts[1] in MINION_LAYERS:
@@ -460,3 +461,38 @@ def test_the_master_side_imports_no_minion_layer():
         f"the master side never imports saltvirt.{{{','.join(MINION_LAYERS)}}}: move what it needs to base or spec "
         "(pure data, both sides) or into fleet:\n" + "\n".join(bad)
     )
+
+
+# the one bootstrap of a loader module that imports saltvirt ({kind}: the extension_modules folder Salt syncs
+# the loader's folder to): issue 35 found 24 copies of it, written down as one and checked by nothing
+BOOTSTRAP = """\
+saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
+try:
+    import saltvirt  # pip install . puts it on sys.path
+except ImportError:  # saltutil.sync_all: <extension_modules>/{{{kind},utils/saltvirt}}, or a repo checkout
+    _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [p for p in (os.path.join(_ROOT, "utils"), os.path.join(_ROOT, "_utils")) if os.path.isdir(p)]
+    try:
+        import saltvirt
+    except ImportError:
+        saltvirt = None
+"""
+
+
+def bootstrap_drift(path, text):
+    """Why the loader module at ``path`` (its ``text``) does not carry :data:`BOOTSTRAP` as written, or None."""
+    if "import saltvirt" not in text:
+        return None
+    kind = saltd.SYNCED[path.parent.name]
+    return None if BOOTSTRAP.format(kind=kind) in text else f"{path.relative_to(ROOT)}: not the bootstrap for {kind}"
+
+
+def test_every_loader_module_bootstraps_saltvirt_the_same_way():
+    """One bootstrap, copied verbatim (a loader module cannot import it: it is what finds the library)."""
+    paths = [p for d in LOADER_DIRS for p in sorted((ROOT / d).glob("*.py"))]
+    checked = [p for p in paths if "import saltvirt" in p.read_text()]
+    assert len(checked) > 20, "the loader module list looks wrong"
+    assert [why for p in checked if (why := bootstrap_drift(p, p.read_text()))] == []
+    drifted = BOOTSTRAP.format(kind="modules").replace('"utils"', '"utils2"')
+    assert bootstrap_drift(ROOT / "_modules" / "x.py", "import saltvirt\n" + drifted)  # the check sees a drift
+    assert bootstrap_drift(ROOT / "_runners" / "x.py", BOOTSTRAP.format(kind="modules"))  # and the wrong folder

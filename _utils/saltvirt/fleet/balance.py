@@ -7,7 +7,7 @@ what ``salt-run virt.rebalance`` reads), the policy (:func:`make_policy`), the s
 and ``now``. Loads and spread are :mod:`saltvirt.fleet.rebalance`'s (``metric: mem|vms``, hosts that answered
 and are not in maintenance); where a VM may go is :func:`saltvirt.fleet.placement.rank`'s (room, anti-affinity,
 soft affinity, maintenance), plus a tenant's own rules (its ``hypervisors``, and its hypervisor group quotas
-through :func:`saltvirt.fleet.quota.move_refusal`). A round:
+through :func:`saltvirt.fleet.quota.move_refusals`). A round:
 
 * a host is *over* when its load exceeds the least loaded host's by more than ``threshold``; the state keeps
   since when (``over_since``), and a host must stay over for ``hold_seconds`` before a VM leaves it, so a
@@ -296,16 +296,12 @@ def _tenant_exclusions(hosts, name, vm, source, tenancy, now):
     if not tenancy or not tenant or tenant not in tenancy.tenants:
         return {}  # an operator's VM (or a tenant no longer configured): placement's rules only
     conf = tenancy.tenants[tenant]
-    out = {}
-    for host in sorted(set(hosts) - {source}):
-        if not tenants.host_allowed(conf, host):
-            out[host] = [OUTSIDE.format(tenant=tenant)]
-            continue
-        why = quota.move_refusal(
-            tenancy.ledgers.get(tenant), hosts, tenant, name, source, host, tenancy.since, conf.get("groups"), now
-        )
-        if why:
-            out[host] = [why]
+    targets = sorted(set(hosts) - {source})
+    out = {host: [OUTSIDE.format(tenant=tenant)] for host in targets if not tenants.host_allowed(conf, host)}
+    inside = [host for host in targets if host not in out]
+    ledger = tenancy.ledgers.get(tenant)
+    refused = quota.move_refusals(ledger, hosts, tenant, name, source, inside, tenancy.since, conf.get("groups"), now)
+    out.update({host: [why] for host, why in refused.items()})
     return out
 
 

@@ -362,39 +362,58 @@ def _joined(groups: Data | None, source: str) -> Data:
     return {g: conf for g, conf in (groups or {}).items() if not host_allowed(conf, source)}
 
 
-def _move_check(old, hosts, tenant, name, source, target, since, now, skew, joined):
-    """``(pruned entries without the move entry, its sizes, refusal (reasons, used) or None)`` of moving VM
-    ``name`` from ``source`` to ``target``, counted in ``old`` (the tenant's ledger) as :func:`place` counts."""
+def _move_asks(old, hosts, tenant, name, source, since, now, skew):
+    """``(pruned entries without the move entry, its sizes, what it asks of a group's quota)`` of moving VM
+    ``name`` off ``source``, counted in ``old`` (the tenant's ledger) as :func:`place` counts."""
     entries = _prune(dict((old or {}).get("entries") or {}), hosts, tenant, since, now, skew)
     entries.pop(name + MOVES, None)  # a stale one of ours (retry after a dead master) is replaced
     vm = hosts[source]["vm_info"][name]
     own = entries.get(name)
     sizes = {"cpu": size(vm, "cpu"), "mem": size(vm, "mem")}
     sizes["disk_mib"] = int(own.get("disk_mib") or 0) if own else _vm_disk_mib(vm)
-    asked = {"vcpus": sizes["cpu"], "mem": sizes["mem"], "disk": sizes["disk_mib"], "vms": 1}
+    return entries, sizes, {"vcpus": sizes["cpu"], "mem": sizes["mem"], "disk": sizes["disk_mib"], "vms": 1}
+
+
+def _move_check(old, hosts, tenant, name, source, target, since, now, skew, joined):
+    """``(pruned entries without the move entry, its sizes, refusal (reasons, used) or None)`` of moving VM
+    ``name`` from ``source`` to ``target`` (:func:`_move_asks`)."""
+    entries, sizes, asked = _move_asks(old, hosts, tenant, name, source, since, now, skew)
     return entries, sizes, _group_refusal(entries, hosts, tenant, since, now, skew, target, joined, asked)
 
 
-def move_refusal(
+def move_refusals(
     ledger: Data | None,
     hosts: dict[str, Data],
     tenant: str,
     name: str,
     source: str,
-    target: str,
+    targets: Iterable[str],
     since: float,
     groups: Data | None,
     now: float | None = None,
     skew: float = fleetstate.DEFAULTS["clock_skew"],
-) -> str | None:
-    """Why :func:`move` would refuse VM ``name``'s move from ``source`` to ``target`` now (``ledger``: the tenant's,
-    as read; ``groups``: its hypervisor group quotas), or None: read-only, a hint for a planner (the rebalancing
-    of :mod:`saltvirt.fleet.balance`); :func:`move` decides, under the compare-and-set."""
+) -> dict[str, str]:
+    """``{target: why}`` of the ``targets`` where :func:`move` would refuse VM ``name``'s move from ``source`` now
+    (``ledger``: the tenant's, as read; ``groups``: its hypervisor group quotas): read-only, a hint for a planner
+    (the rebalancing of :mod:`saltvirt.fleet.balance`); :func:`move` decides, under the compare-and-set. Each
+    group's use is counted once, not once per target (a count scans every VM of the snapshot)."""
     joined = _joined(groups, source)
-    if not in_groups(joined, target):
-        return None
-    refused = _move_check(ledger, hosts, tenant, name, source, target, since, now or time.time(), skew, joined)[2]
-    return refused[0] if refused else None
+    targets = [t for t in targets if in_groups(joined, t)]
+    if not targets:
+        return {}
+    now = now or time.time()
+    entries, _sizes, asked = _move_asks(ledger, hosts, tenant, name, source, since, now, skew)
+    refusals: dict[str, Any] = {}
+    out = {}
+    for target in targets:
+        for group in in_groups(joined, target):
+            if group not in refusals:
+                one = {group: joined[group]}
+                refusals[group] = _group_refusal(entries, hosts, tenant, since, now, skew, target, one, asked)
+            if refusals[group]:
+                out[target] = refusals[group][0]
+                break
+    return out
 
 
 def move(

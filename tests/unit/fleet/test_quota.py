@@ -319,17 +319,27 @@ def test_a_migration_into_a_hypervisor_group_takes_its_group_quota(backend):
     assert "a1/migrate" not in (store.fetch(quota.QUOTAS, "acme") or {}).get("entries", {})
 
 
-def test_move_refusal_reads_what_move_would_refuse():
+def test_move_refusals_read_what_move_would_refuse():
     """The read-only hint a planner uses: a1 (2 vCPUs, h1) into gpu (a2 there, 1 vCPU) fits a quota of 3, not of
     2 (the wording of move's refusal); a move within the group or out of it is never refused."""
     since = time.time()
     small = {"gpu": dict(GROUPS["gpu"], quota={"vcpus": 2})}
-    assert quota.move_refusal(None, HOSTS, "acme", "a1", "h1", "h3", since, GROUPS) is None
-    assert quota.move_refusal(None, HOSTS, "acme", "a1", "h1", "h3", since, small) == (
-        "tenant acme on hypervisor group gpu: 1 of 2 vCPUs used, asked 2"
-    )
-    assert quota.move_refusal(None, HOSTS, "acme", "a2", "h2", "h3", since, small) is None
-    assert quota.move_refusal(None, HOSTS, "acme", "a2", "h2", "h1", since, small) is None
+    assert quota.move_refusals(None, HOSTS, "acme", "a1", "h1", ["h2", "h3"], since, GROUPS) == {}
+    why = "tenant acme on hypervisor group gpu: 1 of 2 vCPUs used, asked 2"
+    assert quota.move_refusals(None, HOSTS, "acme", "a1", "h1", ["h2", "h3"], since, small) == {"h2": why, "h3": why}
+    assert quota.move_refusals(None, HOSTS, "acme", "a2", "h2", ["h1", "h3"], since, small) == {}
     # an active entry in the ledger (an init placed on h3) counts as move() counts it
     ledger = {"entries": {"n1": {"cpu": 1, "mem": 64, "state": "active", "expires": since + 60, "host": "h3"}}}
-    assert "2 of 3 vCPUs used, asked 2" in quota.move_refusal(ledger, HOSTS, "acme", "a1", "h1", "h3", since, GROUPS)
+    refused = quota.move_refusals(ledger, HOSTS, "acme", "a1", "h1", ["h3"], since, GROUPS)
+    assert "2 of 3 vCPUs used, asked 2" in refused["h3"]
+
+
+def test_move_refusals_count_each_group_once(monkeypatch):
+    """A group's use does not depend on which of its hosts a VM moves to: counted once for every target in it
+    (each count scans every VM of the snapshot: a balancing round asked it per host before)."""
+    counted = []
+    real = quota.count
+    monkeypatch.setattr(quota, "count", lambda *a, **k: counted.append(1) or real(*a, **k))  # a spy: real counts
+    group = {"gpu": {"hypervisors": ["h2", "h3", "h4", "h5"], "quota": {"vcpus": 2}}}
+    refused = quota.move_refusals(None, HOSTS, "acme", "a1", "h1", ["h2", "h3", "h4", "h5"], time.time(), group)
+    assert sorted(refused) == ["h2", "h3", "h4", "h5"] and len(counted) == 1, (refused, counted)
