@@ -4,7 +4,9 @@ namespaced libvirtd (no TLS: migrations here ask for plaintext by name).
 
     hv10  the host that fails: its minion stops, then its libvirtd dies (its guests keep running
           until the fence script kills what is left in its namespaces)
-    hv11, hv12  the survivors
+    hv11, hv12  the survivors; at the end hv12 fails too, and the master's virt_ha engine (automatic HA) recovers
+                its HA VM: hv12's minion connects from an address of its own (HV12_ADDRESS) so that the master's
+                view of connected minions can lose it
 
 Shared storage: one directory (``rec-store``) every hypervisor sees at the same path, in their
 ``virt:allowed_paths``; each hypervisor's ``virt:images`` is its own. Each libvirtd leases every disk in
@@ -43,6 +45,7 @@ from tests.support.fleetlab import (
 from tests.support.saltd import master_config, presync
 
 HVS = (10, 11, 12)
+HV12_ADDRESS = "127.0.0.22"
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,7 @@ def master_virt(lab_dir):
 @pytest.fixture(scope="module")
 def rmaster(salt_factories, state_tree, lab_dir):
     config = master_config(state_tree, virt=master_virt(lab_dir))
+    config["engines"] = [{"virt_ha": {"interval": 5}}]  # automatic HA: off until a test turns virt:ha on
     factory = presync(salt_factories.salt_master_daemon("rec-master", overrides=config))
     with factory.started():
         yield factory
@@ -88,7 +92,11 @@ def rmaster(salt_factories, state_tree, lab_dir):
 def minions(rmaster, lab_hvs, lab_dir, store):
     # the survivors check a host's libvirtd by its unix socket (minion_configs: virt:recovery:probe_uri); this
     # lab has no TLS: rebalance moves in clear (virt:migration:allow_cleartext)
-    with fleet_minions(rmaster, lab_hvs, minion_configs(lab_hvs, lab_dir, store)) as factories:
+    configs = minion_configs(lab_hvs, lab_dir, store)
+    # hv12 connects to the master from an address of its own, the one its grains give: the master's view of which
+    # minions are connected (automatic HA's second signal) can tell it from the others, all on this machine
+    configs["hv12"].update(source_address=HV12_ADDRESS, grains={"ipv4": [HV12_ADDRESS]})
+    with fleet_minions(rmaster, lab_hvs, configs) as factories:
         yield factories
 
 
@@ -311,3 +319,49 @@ def test_a_host_abandoned_mid_init_is_cleaned_once_it_answers(rmaster, local, la
     assert ret.returncode == 0, ret
     assert sorted(ret.data["cleanup_elsewhere"]) == ["hv10", "hv11", "hv12"], ret.data
     assert where(local, name, ("hv10", "hv11", "hv12")) == {}
+
+
+def test_the_ha_engine_restarts_an_ha_vm_of_a_lost_host_and_leaves_the_others(
+    rmaster, local, lab_hvs, minions, store, guest, request
+):
+    """The master's virt_ha engine (running since the master started, HA off): virt:ha turned on in the config file
+    (no restart), hv12 fails (its minion stops, then its libvirtd): the engine sees it lost both ways (no signed
+    answer, no connection from 127.0.0.22), fences it and restarts its HA VM elsewhere; its other VM stays off."""
+    for name in ("ha1", "plain1"):
+        shared_vm(local, store, guest, "hv12", name)
+    for name in ("ha1", "plain1"):
+        beating(lab_hvs["hv12"], name)
+    ret = run(rmaster, "virt.record")
+    assert ret.returncode == 0 and sorted(ret.data["hv12"]["vms"]) == ["ha1", "plain1"], ret
+    ran = request.getfixturevalue("fence_script")
+    conf = pathlib.Path(rmaster.config_dir) / "master.d" / "fence.conf"
+    virt = json.loads(conf.read_text())["virt"]
+    conf.write_text(json.dumps({"virt": dict(virt, ha={"enabled": True, "vms": ["ha*"], "lost_after": 1})}))
+
+    minions["hv12"].terminate()
+    lab_hvs["hv12"].kill_daemon()
+    t0 = time.monotonic()
+    survivors = ("hv10", "hv11")
+    while not (placed := where(local, "ha1", survivors)):
+        assert time.monotonic() - t0 < 600, run(rmaster, "virt.ha_log").data
+        time.sleep(2)
+    took = time.monotonic() - t0
+    # each call that includes the silent hv12 waits timeout + down_after (45 s here): the round that sees it lost,
+    # the next one's gather, recover's own gather and last look
+    print(f"virt_ha: hv12 failed -> ha1 restarted elsewhere in {took:.1f} s")
+    target = next(iter(placed))
+    assert placed == {target: "running"}
+    beating(lab_hvs[target], "ha1")
+    assert where(local, "plain1", survivors) == {}  # not HA: left alone
+    assert ran.read_text().split().count("hv12") == 1
+    # the round logs its decision once recover() ended: after the restart, it records the hosts again (45 s more)
+    log = run(rmaster, "virt.ha_log").data["entries"]
+    while not any(e["decision"] == "recovered" for e in log):
+        assert time.monotonic() - t0 < 900, log
+        time.sleep(5)
+        log = run(rmaster, "virt.ha_log").data["entries"]
+    # (a round already gathering when hv12 stopped may have seen it answer without its connection: one_signal)
+    decided = [e for e in log if e["decision"] != "one_signal"]
+    assert [(e["host"], e["decision"]) for e in decided] == [("hv12", "lost"), ("hv12", "recovered")], log
+    # not HA: plain1 (and, after the module's earlier tests, whatever else of theirs runs on hv12)
+    assert decided[1]["recovered"] == {"ha1": target} and "plain1" in decided[1]["not_ha"], log
