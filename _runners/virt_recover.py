@@ -1,8 +1,9 @@
 """
-Runner ``virt`` (continued): host-failure recovery, rebalancing and continuous balancing's rounds
-(``saltvirt.fleet.recovery``, ``saltvirt.fleet.rebalance``, ``saltvirt.fleet.balancer``), and what interrupted
-inits left (``saltvirt.fleet.leftovers``). Salt's loader merges every runner file whose ``__virtualname__`` is
-``virt`` into one ``virt`` runner, as it does for the execution modules.
+Runner ``virt`` (continued): host-failure recovery and automatic HA's log, rebalancing and continuous balancing's
+rounds (``saltvirt.fleet.recovery``, ``saltvirt.fleet.ha``, ``saltvirt.fleet.rebalance``,
+``saltvirt.fleet.balancer``), and what interrupted inits left (``saltvirt.fleet.leftovers``). Salt's loader merges
+every runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner, as it does for the execution
+modules.
 
 Master config (every key optional; without ``virt:fence:command`` ``virt.recover`` refuses)::
 
@@ -40,7 +41,18 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.fleet import balance as _balance
-    from saltvirt.fleet import balancer, callers, fleetstate, leftovers, placement, publish, recovery, relocate, tenants
+    from saltvirt.fleet import (
+        balancer,
+        callers,
+        fleetstate,
+        ha,
+        leftovers,
+        placement,
+        publish,
+        recovery,
+        relocate,
+        tenants,
+    )
     from saltvirt.fleet import rebalance as _rebalance
     from saltvirt.spec import compat
 
@@ -276,5 +288,27 @@ def balance_log(last=20):
         _operator("virt.balance_log")
         last = validate.int_in(last, "last", 1, _balance.LOG_SIZE)
         return {"entries": _balance.history(fleetstate.Store(__opts__), last)}
+    except SaltException as exc:
+        return _failed(exc)
+
+
+def ha_log(last=20):
+    """
+    The decision log of automatic HA (the ``virt_ha`` engine, ``virt:ha``; see ``docs/topics/recovery.md``), oldest
+    first: the last ``last`` records (at most the 200 the shared store keeps), each with its time, host, decision
+    (``lost``, ``one_signal``, ``alert``, ``recovered``, ``recover_failed``, ``refused``, ``no_ha_vms``, ``back``)
+    and the reason.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.ha_log
+        salt-run virt.ha_log last=100
+    """
+    try:
+        _operator("virt.ha_log")
+        last = validate.int_in(last, "last", 1, ha.LOG_SIZE)
+        return {"entries": ha.history(fleetstate.Store(__opts__), last)}
     except SaltException as exc:
         return _failed(exc)

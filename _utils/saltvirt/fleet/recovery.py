@@ -390,13 +390,15 @@ def recover(
     pol: Data | None = None,
     store: fleetstate.Store | None = None,
     force: bool = False,
+    only: Iterable[str] | None = None,
 ) -> Data:
     """``salt-run virt.recover HOST``: see the module doc. Returns the runner's answer. ``force``: go on
-    although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``.
-    What it did is counted in salt-virt's metrics (:func:`count_actions`)."""
+    although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``. ``only``: restart
+    these VMs of the plan and no other (automatic HA: its HA VMs); the others are listed under ``not_selected`` and
+    alone do not fence HOST. What it did is counted in salt-virt's metrics (:func:`count_actions`)."""
     metrics.ensure(remote.opts)
     try:
-        result = _recover(remote, host, conf, pol, store, force)
+        result = _recover(remote, host, conf, pol, store, force, only)
     except publish.Failed as exc:
         count_actions(exc.details, refused=True)
         raise
@@ -422,7 +424,7 @@ def count_actions(result: Data, refused: bool = False) -> None:
     metrics.flush()
 
 
-def _recover(remote, host, conf, pol, store, force):
+def _recover(remote, host, conf, pol, store, force, only):
     validate.host_name(host, "host (a hypervisor's minion id)")
     store = store or fleetstate.Store(remote.opts)
     fcfg, rcfg = fence_config(conf), recovery_config(conf)
@@ -447,6 +449,10 @@ def _recover(remote, host, conf, pol, store, force):
             down=down,
         )
     todo = plan(rec, hosts, host, check_peers(remote, rec, host, hosts))
+    if only is not None:
+        chosen = set(only)
+        todo["not_selected"] = sorted(n for n in todo["restart"] if n not in chosen)
+        todo["restart"] = [n for n in todo["restart"] if n in chosen]
     result = {"host": host, "down": down, "record": age(rec), **todo}
     if not todo["restart"]:
         return dict(result, fenced=None, recovered={}, failed={}, note=f"nothing to restart: {host} was not fenced")

@@ -1,7 +1,7 @@
 """The hypervisor side of host-failure recovery (``salt-run virt.recover``, :mod:`saltvirt.fleet.recovery`).
 
 * :func:`record`: what the master keeps about this host while it is up: every domain's inactive XML
-  (no passwords: read without ``VIR_DOMAIN_XML_SECURE``), state, size, group, and for each disk which
+  (no passwords: read without ``VIR_DOMAIN_XML_SECURE``), state, size, group, owner, and for each disk which
   storage root (``virt:images`` or a ``virt:allowed_paths`` entry) holds it, with that root's
   *storage marker*: ``<root>/.salt-virt-storage``, a random token written once (``O_EXCL``) by the first
   host that records that root. Another host proves it sees the same storage when it reads the same
@@ -92,6 +92,7 @@ def record(conn: Conn, images_dir: str, allowed_paths: Iterable[str] = ()) -> Da
             "cpu": facts["cpu"],
             "mem": facts["mem"],
             "group": facts["group"],
+            "owner": facts["owner"],  # {tenant, creator} or None: automatic HA trusts a tenant's group only if allowed
             "boot_files": [facts["boot"][k] for k in ("kernel", "initrd") if facts["boot"].get(k)],
             "disks": _disks(facts, roots, markers),
             "xml": xml,

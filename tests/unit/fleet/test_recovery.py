@@ -355,3 +355,16 @@ def test_a_record_changed_in_the_shared_store_is_never_defined(three, store):
     assert three.running("web1") == [] and all(
         "web1" not in three.conns[h].listDefinedDomains() for h in ("hv2", "hv3")
     )
+
+
+def test_only_the_selected_vms_are_restarted_and_the_others_alone_do_not_fence(three, store, tmp_path):
+    """Automatic HA restarts a lost host's HA VMs only (recover(only=...)): VMs outside ``only`` are listed, not
+    restarted, and a host with nothing selected to restart is not fenced."""
+    fenced = tmp_path / "fenced"
+    fence = {"fence": {"command": ["sh", "-c", f'echo "$0" >> {fenced}', "{host}"], "timeout": 10}}
+    out = recovery.recover(three, "hv1", fence, store=store, only=["db9"])
+    assert out["restart"] == [] and out["not_selected"] == ["web1"] and out["fenced"] is None
+    assert not fenced.exists() and three.running("web1") == []
+    out = recovery.recover(three, "hv1", fence, store=store, only=["web1"])
+    assert out["not_selected"] == [] and list(out["recovered"]) == ["web1"]
+    assert fenced.read_text().split() == ["hv1"]

@@ -1,12 +1,12 @@
 """_runners/virt_recover.py's continuous balancing functions through Salt's real runner loader (no daemons; the
 hypervisors sign their answers, tests/support/signedfleet.py): ``virt.balance`` is a dry run unless told,
-``virt.balance_log`` shows the last decisions."""
+``virt.balance_log`` shows the last decisions; ``virt.ha_log`` automatic HA's."""
 
 import time
 
 import pytest
 
-from saltvirt.fleet import balance, fleetstate
+from saltvirt.fleet import balance, fleetstate, ha
 from tests.support import fleetfacts, signedfleet
 
 
@@ -47,3 +47,13 @@ def test_balance_log_refuses_a_bad_last(salt_run, last):
     call, _client, _opts = salt_run
     out = call("virt.balance_log", last=last)
     assert out["retcode"] == 1 and out["error"].startswith("last must be")
+
+
+def test_ha_log_shows_the_last_decisions(salt_run):
+    call, _client, opts = salt_run
+    assert call("virt.ha_log") == {"entries": []}
+    records = [{"at": 1.0 + i, "host": "hv1", "decision": d, "reason": "r"} for i, d in enumerate(("lost", "alert"))]
+    ha.append_log(fleetstate.Store(opts), records)
+    assert call("virt.ha_log", last=1) == {"entries": records[1:]}
+    assert call("virt.ha_log")["entries"] == records
+    assert call("virt.ha_log", last=0)["retcode"] == 1
