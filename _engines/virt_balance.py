@@ -33,6 +33,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
 
 if saltvirt is not None:
     from saltvirt.fleet import balancer as _balancer
+    from saltvirt.fleet import engineloop as _engineloop
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltOpts
@@ -56,4 +57,4 @@ def start(interval=60):
     """Run a balancing round every ``interval`` seconds until the master stops. A bad ``interval`` is logged and
     the engine idles (Salt would restart a failing engine at once). Each round reads ``virt`` from the master config
     file again: ``virt:balance`` changes (turning it on or off) need no restart."""
-    _balancer.serve(__opts__, interval, reload=_balancer.current_opts)
+    _balancer.serve(__opts__, interval, reload=_engineloop.current_opts)

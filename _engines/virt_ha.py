@@ -32,7 +32,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.fleet import balancer as _balancer
+    from saltvirt.fleet import engineloop as _engineloop
     from saltvirt.fleet import ha as _ha
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -57,4 +57,4 @@ def start(interval=10):
     """Run an HA round every ``interval`` seconds until the master stops. A bad ``interval`` is logged and the
     engine idles (Salt would restart a failing engine at once). Each round reads ``virt`` from the master config
     file again: ``virt:ha`` changes (turning it on or off) need no restart."""
-    _ha.serve(__opts__, interval, reload=_balancer.current_opts)
+    _ha.serve(__opts__, interval, reload=_engineloop.current_opts)

@@ -26,7 +26,6 @@ under the tenant ledger's compare-and-set). The outcome of every move goes into 
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,9 +33,19 @@ from typing import Any
 
 from salt.exceptions import SaltException
 
-from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import balance, fleetstate, placement, publish, quota, rebalance, recovery, relocate, tenants
+from saltvirt.fleet import (
+    balance,
+    engineloop,
+    fleetstate,
+    placement,
+    publish,
+    quota,
+    rebalance,
+    recovery,
+    relocate,
+    tenants,
+)
 from saltvirt.spec import compat
 
 log = logging.getLogger(__name__)
@@ -243,26 +252,6 @@ def summary(answer: Data) -> str:
     )
 
 
-def current_opts(opts: SaltOpts) -> SaltOpts:
-    """``opts`` with the ``virt`` settings (``virt`` and old flat ``virt.*`` keys) the master config file has now:
-    what the engine's rounds read, so that ``virt:balance`` (``enabled`` first of all) takes effect at the next
-    round without restarting the salt-master, as ``salt-run virt.balance`` does. A config file that cannot be read
-    now leaves ``opts`` as they are (logged)."""
-    import salt.config  # noqa: PLC0415 - only where the engine reads the config again
-
-    path = opts.get("conf_file")
-    if not path or not os.path.isfile(path):
-        return opts
-    try:
-        fresh = salt.config.master_config(path)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a config being edited (Salt exits on a YAML error)
-        log.warning("virt_balance: could not read %s again (%s): this round uses the settings read before", path, exc)
-        return opts
-    kept = {k: v for k, v in opts.items() if not (k == "virt" or (isinstance(k, str) and k.startswith("virt.")))}
-    virt = {k: v for k, v in fresh.items() if k == "virt" or (isinstance(k, str) and k.startswith("virt."))}
-    return dict(kept, **virt)
-
-
 def serve(
     opts: SaltOpts,
     interval: Any = DEFAULT_INTERVAL,
@@ -270,33 +259,10 @@ def serve(
     client_factory: Callable[[], Any] | None = None,
     reload: Callable[[SaltOpts], SaltOpts] | None = None,
 ) -> None:
-    """Run :func:`run_round` every ``interval`` seconds until ``stop`` is set (the master engine ``virt_balance``).
-    A bad ``interval`` is logged and the loop idles (Salt would restart a failing engine at once); a failed round is
-    logged and the next one runs on time. ``client_factory()``: a LocalClient as a context manager (None: the
-    master's). ``reload(opts)``: the opts of each round (the engine's: :func:`current_opts`, the master config as it
-    is now); None: ``opts`` as given."""
-    stop = stop or threading.Event()
-    try:
-        seconds = validate.seconds(interval, "virt_balance engine: interval")
-    except SaltException as exc:
-        log.error("virt_balance engine not started: %s", exc)
-        stop.wait()
-        return
-    factory = client_factory or (lambda: _local_client(opts))
-    while not stop.is_set():
-        try:
-            round_opts = reload(opts) if reload else opts
-            with factory() as client:
-                answer = run_round(round_opts, client=client)
-            (log.info if answer.get("ran") or not answer.get("enabled") else log.warning)(
-                "virt_balance: %s", summary(answer)
-            )
-        except Exception as exc:  # noqa: BLE001 - one failed round stops no later one
-            log.error("virt_balance: the round failed: %s", exc)
-        stop.wait(seconds)
+    """Run :func:`run_round` every ``interval`` seconds until ``stop`` is set (the master engine ``virt_balance``;
+    the loop: :func:`saltvirt.fleet.engineloop.serve`)."""
+    engineloop.serve("virt_balance", opts, run_round, _report, interval, stop, client_factory, reload)
 
 
-def _local_client(opts):
-    import salt.client  # noqa: PLC0415 - the engine's own; tests pass theirs
-
-    return salt.client.get_local_client(opts["conf_file"])
+def _report(answer):
+    (log.info if answer.get("ran") or not answer.get("enabled") else log.warning)("virt_balance: %s", summary(answer))

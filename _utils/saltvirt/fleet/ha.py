@@ -35,7 +35,7 @@ from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, placement, publish, recovery, recovery_guard, relocate
+from saltvirt.fleet import engineloop, fleetstate, placement, publish, recovery, recovery_guard, relocate
 from saltvirt.spec import compat
 
 log = logging.getLogger(__name__)
@@ -323,32 +323,13 @@ def serve(
     client_factory: Callable[[], Any] | None = None,
     reload: Callable[[SaltOpts], SaltOpts] | None = None,
 ) -> None:
-    """Run :func:`run_round` every ``interval`` seconds until ``stop`` is set (the master engine ``virt_ha``),
-    as :func:`saltvirt.fleet.balancer.serve` does balancing's: a bad ``interval`` is logged and the loop idles, a
-    failed round is logged and the next one runs on time, ``reload(opts)`` gives each round's opts."""
-    stop = stop or threading.Event()
-    try:
-        seconds = validate.seconds(interval, "virt_ha engine: interval")
-    except SaltException as exc:
-        log.error("virt_ha engine not started: %s", exc)
-        stop.wait()
-        return
-    factory = client_factory or (lambda: _local_client(opts))
-    while not stop.is_set():
-        try:
-            round_opts = reload(opts) if reload else opts
-            with factory() as client:
-                answer = run_round(round_opts, client=client)
-            for decision in answer.get("decisions") or []:
-                log.warning("virt_ha: %s: %s", decision["decision"], decision["reason"])
-            if not answer.get("ran"):
-                log.info("virt_ha: %s", answer.get("reason"))
-        except Exception as exc:  # noqa: BLE001 - one failed round stops no later one
-            log.error("virt_ha: the round failed: %s", exc)
-        stop.wait(seconds)
+    """Run :func:`run_round` every ``interval`` seconds until ``stop`` is set (the master engine ``virt_ha``; the
+    loop: :func:`saltvirt.fleet.engineloop.serve`)."""
+    engineloop.serve("virt_ha", opts, run_round, _report, interval, stop, client_factory, reload)
 
 
-def _local_client(opts):
-    import salt.client  # noqa: PLC0415 - the engine's own; tests pass theirs
-
-    return salt.client.get_local_client(opts["conf_file"])
+def _report(answer):
+    for decision in answer.get("decisions") or []:
+        log.warning("virt_ha: %s: %s", decision["decision"], decision["reason"])
+    if not answer.get("ran"):
+        log.info("virt_ha: %s", answer.get("reason"))

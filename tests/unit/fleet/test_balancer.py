@@ -185,21 +185,6 @@ def test_serve_reads_the_config_again_each_round(tmp_path):
     assert balance.history(fleetstate.Store(master(tmp_path)))[-1]["decision"] == balance.BALANCED
 
 
-def test_current_opts_has_the_virt_settings_of_the_config_file_now(tmp_path):
-    conf = tmp_path / "master"
-    conf.write_text("virt:\n  balance:\n    enabled: true\nvirt.tunnel: true\n")
-    opts = {"conf_file": str(conf), "id": "m1", "sock_dir": "/run/x", "virt": {"balance": {"enabled": False}}}
-    opts["virt.migration_timeout"] = 5  # gone from the file: gone from the round's opts
-    fresh = balancer.current_opts(opts)
-    assert fresh["virt"] == {"balance": {"enabled": True}} and fresh["virt.tunnel"] is True
-    assert "virt.migration_timeout" not in fresh
-    assert (fresh["id"], fresh["sock_dir"], fresh["conf_file"]) == ("m1", "/run/x", str(conf))  # the rest kept
-    assert opts["virt"] == {"balance": {"enabled": False}}  # not changed in place
-    conf.write_text("virt: [unclosed\n")  # being edited: the settings read before
-    assert balancer.current_opts(opts) is opts
-    assert balancer.current_opts(dict(opts, conf_file=str(tmp_path / "none")))["virt"] == opts["virt"]
-
-
 @pytest.mark.parametrize("bad", ["soon", 0, -1])
 def test_serve_idles_on_a_bad_interval(tmp_path, caplog, bad):
     stop = threading.Event()
