@@ -18,23 +18,40 @@ def cmdlines() -> Iterator[tuple[int, list[str]]]:
             yield int(pid), args
 
 
-def start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` (clock ticks since boot), or None if there is no such process."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[0]``: the state), or None without the process."""
     try:
         with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot), or None if there is no such process."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
         return None
 
 
 def exited(pid: int) -> bool:
     """Whether process ``pid`` has finished exiting: gone, or a zombie (its files, memory and namespaces
     are released already; only its parent's wait is missing)."""
+    fields = _stat(pid)
+    return not fields or fields[0] == "Z"
+
+
+def kernel_state(pid: int) -> str:
+    """What process ``pid`` waits on, from /proc (its state and wchan): for the log when it will not stop."""
+    fields = _stat(pid)
     try:
-        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+        with open(f"/proc/{int(pid)}/wchan", encoding="ascii", errors="replace") as fh:
+            wchan = fh.read().strip()
+    except OSError:
+        wchan = ""
+    return f"state {fields[0] if fields else '?'}, wchan {wchan or '?'}"
 
 
 def wait_exited(pid: int, seconds: float) -> bool:

@@ -541,7 +541,7 @@ def _stop_qsd(proc, export, logfile, ns):
         try:
             proc.wait(timeout=QSD_STOP_SECONDS)
         except subprocess.TimeoutExpired:
-            stuck = _kernel_state(proc.pid)
+            stuck = procs.kernel_state(proc.pid)
             proc.kill()
             proc.wait()
             killed = True
@@ -558,12 +558,6 @@ def _stop_qsd(proc, export, logfile, ns):
     if proc.returncode in (0, -15) or (killed and flushed):
         return
     raise CommandExecutionError(f"qemu-storage-daemon exited with {proc.returncode}: {fsutil.read_text(logfile)}")
-
-
-def _kernel_state(pid):
-    """What a process waits on, from /proc (state and wchan): for the log when it will not stop."""
-    state = fsutil.read_text(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()[:1]
-    return f"state {state[0] if state else '?'}, wchan {fsutil.read_text(f'/proc/{pid}/wchan') or '?'}"
 
 
 def _qemu_nbd(image, fmt, files, tmp, undo):

@@ -56,3 +56,18 @@ def test_a_killed_process_counts_as_exited_once_a_zombie():
         child.kill()
         child.wait()
     assert procs.exited(child.pid)
+
+
+def test_kernel_state_says_what_a_stopped_process_waits_on():
+    """What seeding logs of a qemu-storage-daemon that will not stop: its state and wchan."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not procs.kernel_state(child.pid).startswith("state T") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procs.kernel_state(child.pid).startswith("state T, wchan ")
+    finally:
+        child.kill()
+        child.wait()
+    assert procs.kernel_state(child.pid) == "state ?, wchan ?"
