@@ -44,6 +44,7 @@ from saltvirt.fleet import (
     rebalance,
     recovery,
     relocate,
+    runprogress,
     tenants,
 )
 from saltvirt.spec import compat
@@ -75,9 +76,9 @@ def run_round(
     """One balancing round (see the module doc) with the master's ``opts``; ``cfg``:
     :func:`saltvirt.fleet.publish.config` (None: the master's); ``now``: the round's time (None: now). ``dry_run``:
     decide only (nothing is committed, logged, moved or fired). ``fire(answer)``: how a round that ran is announced
-    (None: :func:`fire_round` on the master's bus). The answer: ``enabled``, ``dry_run``; when the round ran,
-    ``ran: True``, ``committed``, ``moved``, ``failed`` and the round (:func:`saltvirt.fleet.balance.event_data`);
-    else ``ran: False`` and ``reason``."""
+    (None: as :data:`saltvirt.fleet.balance.TAG` on the master's bus, :func:`saltvirt.fleet.runprogress.fire`). The
+    answer: ``enabled``, ``dry_run``; when the round ran, ``ran: True``, ``committed``, ``moved``, ``failed`` and the
+    round (:func:`saltvirt.fleet.balance.event_data`); else ``ran: False`` and ``reason``."""
     conf = compat.master_virt_conf(opts)[0]
     policy = balance.make_policy(conf.get("balance"), placement.make_policy(conf.get("placement")))
     if not policy["enabled"]:
@@ -99,7 +100,7 @@ def run_round(
     if unreleased:
         out.setdefault("warnings", []).append(unreleased)
     if out.get("ran"):
-        (fire or (lambda data: fire_round(opts, data)))(out)
+        (fire or (lambda data: runprogress.fire(opts, balance.TAG, data)))(out)
     return out
 
 
@@ -228,18 +229,6 @@ def _outcomes(result: Data, done: Data, at: float) -> list[Data]:
 
 
 # announcing a round, and running rounds continuously ---------------------------------------------------
-def fire_round(opts: SaltOpts, answer: Data) -> None:
-    """Fire ``answer`` as :data:`saltvirt.fleet.balance.TAG` on the master's event bus (best effort: progress only,
-    never a source of decisions)."""
-    import salt.utils.event  # noqa: PLC0415 - only where a round is announced
-
-    try:
-        with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=False) as bus:
-            bus.fire_event(dict(answer), balance.TAG)
-    except Exception as exc:  # noqa: BLE001 - an event is progress: the round happened either way
-        log.debug("virt balance: could not fire %s: %s", balance.TAG, exc)
-
-
 def summary(answer: Data) -> str:
     """One log line of a round's answer."""
     if not answer.get("ran"):

@@ -35,7 +35,16 @@ from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import engineloop, fleetstate, placement, publish, recovery, recovery_guard, relocate
+from saltvirt.fleet import (
+    engineloop,
+    fleetstate,
+    placement,
+    publish,
+    recovery,
+    recovery_guard,
+    relocate,
+    runprogress,
+)
 from saltvirt.spec import compat
 
 log = logging.getLogger(__name__)
@@ -269,7 +278,9 @@ def run_round(
     if unreleased:
         out.setdefault("warnings", []).append(unreleased)
     for decision in out.get("decisions") or []:
-        (fire or (lambda tag, data: fire_event(opts, tag, data)))(TAG + decision["decision"], decision)
+        (fire or (lambda tag, data: runprogress.fire(opts, tag, data, logging.WARNING)))(
+            TAG + decision["decision"], decision
+        )
     return out
 
 
@@ -303,17 +314,6 @@ def history(store: fleetstate.Store, last: int | None = None) -> list[Data]:
     """The logged decisions, oldest first (the ``last`` ones only, when given)."""
     entries = list((store.fetch(BANK, LOG) or {}).get("entries") or [])
     return entries[-last:] if last else entries
-
-
-def fire_event(opts: SaltOpts, tag: str, data: Data) -> None:
-    """Fire ``data`` as ``tag`` on the master's event bus (best effort: an alert, never a source of decisions)."""
-    import salt.utils.event  # noqa: PLC0415 - only where a decision is announced
-
-    try:
-        with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=False) as bus:
-            bus.fire_event(dict(data), tag)
-    except Exception as exc:  # noqa: BLE001 - the decision is logged either way
-        log.warning("virt_ha: could not fire %s: %s", tag, exc)
 
 
 def serve(

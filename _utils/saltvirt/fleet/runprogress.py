@@ -2,7 +2,9 @@
 human output: machine outputs stay plain data) and ``virt.init``'s steps as events on the master bus.
 
 One list of machine outputs and one way to show a line, for every runner file (issue 35: ``virt.py`` and
-``virt_backup.py`` each kept a list, and they had drifted: the backup's showed lines under ``--out=pprint``).
+``virt_backup.py`` each kept a list, and they had drifted: the backup's showed lines under ``--out=pprint``); and
+one way the master side announces on its bus (:func:`fire`: virt.init's steps, balancing rounds, HA decisions),
+which is an announcement only: any minion can fire any tag there, so nothing is ever decided from it.
 """
 
 import collections
@@ -40,6 +42,18 @@ def show(opts: SaltOpts, jid_event: Any, message: str, outputter: str | None = N
         jid_event.fire_event(data, "progress")
     except Exception as exc:  # noqa: BLE001 - e.g. called outside a RunnerClient
         log.debug("virt runner: no progress output: %s", exc)
+
+
+def fire(opts: SaltOpts, tag: str, data: Data, level: int = logging.DEBUG) -> None:
+    """Fire ``data`` as ``tag`` on the master's event bus, best effort: an announcement (progress, a decision that is
+    logged anyway), never a source of facts. A failure is logged at ``level`` and the work goes on."""
+    import salt.utils.event  # noqa: PLC0415 - the master's bus, only when something is announced
+
+    try:
+        with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=False) as bus:
+            bus.fire_event(dict(data), tag)
+    except Exception as exc:  # noqa: BLE001 - an announcement never fails the work
+        log.log(level, "salt-virt: could not fire %s: %s", tag, exc)
 
 
 class InitProgress:
@@ -89,13 +103,7 @@ class InitProgress:
         self._show(self.MODULE_MESSAGES.get(step, "{vm}: {step} on {host}"), dict(data, vm=self.vm, step=step))
 
     def __call__(self, step: str, **data: Any) -> None:
-        import salt.utils.event  # noqa: PLC0415 - the master's bus, only when a step is fired
-
         payload = dict(data, vm=self.vm, step=step, source="runner")
         self.mark(step, host=data.get("host"))
-        try:
-            with salt.utils.event.get_master_event(self.opts, self.opts["sock_dir"], listen=False) as bus:
-                bus.fire_event(dict(payload), f"salt/virt/init/{self.vm}/{step}")
-        except Exception as exc:  # noqa: BLE001 - progress is best effort, never fails the work
-            log.debug("virt runner: could not fire %s for %s: %s", step, self.vm, exc)
+        fire(self.opts, f"salt/virt/init/{self.vm}/{step}", payload)
         self._show(self.MESSAGES.get(step, "{vm}: {step}"), payload)
