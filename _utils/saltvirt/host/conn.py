@@ -191,16 +191,20 @@ def salt_config(salt: SaltFunctions) -> ConfigGet:
     )
 
 
-def salt_connect(salt: SaltFunctions, connection: str | None = None) -> AbstractContextManager[Conn]:
-    """The connection a loader module's function uses: the configured URI (or one ``connection=``
-    names from ``virt:connections``), with
-    the configured open timeout and keepalive."""
-    get = salt_config(salt)
+def configured_connect(get: ConfigGet, connection: str | None = None) -> AbstractContextManager[Conn]:
+    """The connection the operator's ``virt:`` settings (``get``: a :func:`salt_config`-like reader) name: the
+    configured URI (or one ``connection=`` names from ``virt:connections``), with the configured open timeout and
+    keepalive."""
     return connect(
         resolve_uri(get, connection),
         open_timeout=get("virt:connection:open_timeout", DEFAULT_OPEN_TIMEOUT),
         keepalive=get("virt:connection:keepalive", None),
     )
+
+
+def salt_connect(salt: SaltFunctions, connection: str | None = None) -> AbstractContextManager[Conn]:
+    """The connection a loader module's function uses (:func:`configured_connect` over :func:`salt_config`)."""
+    return configured_connect(salt_config(salt), connection)
 
 
 def salt_connect_compat(

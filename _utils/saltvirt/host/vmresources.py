@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
+import salt.utils.data
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host import query
-from saltvirt.host.conn import DEFAULT_OPEN_TIMEOUT, libvirt, lv_errors, resolve_uri
-from saltvirt.host.conn import connect as libvirt_connect
+from saltvirt.host.conn import configured_connect, libvirt, lv_errors
 from saltvirt.spec import compat
 
 TYPE = "virt_vm"  # the resource type: T@virt_vm, T@virt_vm:<uuid>
@@ -33,27 +33,13 @@ def opts_config(opts: Mapping[str, Any]) -> ConfigGet:
     resource type's ``discover(opts)`` from a loader with no ``__salt__`` (``salt/minion.py``
     ``_discover_resources``), so ``saltvirt.host.conn.salt_config`` cannot be used there; this reads the same minion
     config (never ``opts["grains"]`` or ``opts["pillar"]``: callers write those)."""
-
-    def get(key: str, default: Any = None) -> Any:
-        value: Any = opts
-        for part in key.split(":"):
-            if not isinstance(value, Mapping) or part not in value:
-                return default
-            value = value[part]
-        return value
-
-    return compat.config_getter(get)
+    return compat.config_getter(lambda key, default=None: salt.utils.data.traverse_dict_and_list(opts, key, default))
 
 
 def connect(opts: Mapping[str, Any]) -> AbstractContextManager[Conn]:
     """The minion's configured libvirt connection (``virt:connection``), opened as
     ``saltvirt.host.conn.salt_connect`` opens it."""
-    get = opts_config(opts)
-    return libvirt_connect(
-        resolve_uri(get),
-        open_timeout=get("virt:connection:open_timeout", DEFAULT_OPEN_TIMEOUT),
-        keepalive=get("virt:connection:keepalive", None),
-    )
+    return configured_connect(opts_config(opts))
 
 
 def resource_id(value: Any) -> str:
