@@ -34,7 +34,8 @@ def host(vms=(), mem=16 * GIB, status="up", group=None, owner=None, cpu=1):
 
 # a balancing master and its signed fleet ----------------------------------------------------------------------
 HVS = ["hv1", "hv2"]
-MIGRATION = {
+# each hypervisor's answer to each step of a migration (saltvirt.fleet.relocate), as a signed fleet gives them
+MIGRATION_STEPS = {
     "virt.migrate_source_info": {"active": True, "probes": {}},
     "virt.migrate_prepare": {
         "copy_storage": None,
@@ -48,8 +49,8 @@ MIGRATION = {
     },
     "virt.migrate": {"undefined_on_source": True, "live": True, "tunnelled": False, "target_uri": "x", "seconds": 0.1},
     "virt.migrate_finish": {"host": "target", "state": "running", "persistent": True, "disks": []},
-    "virt.recovery_record": {"vms": {}},
 }
+MIGRATION = {**MIGRATION_STEPS, "virt.recovery_record": {"vms": {}}}
 
 
 def fleet(owner=None):

@@ -5,6 +5,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.fleet import fleetstate, relocate
+from tests.support.fleetfacts import MIGRATION_STEPS
 
 
 def test_settings_defaults_config_and_the_calls_own_tunnel():
@@ -107,28 +108,13 @@ def _vm(group=None, owner=ACME):
 # web1 (acme, group web) on hv1; hv2 in maintenance; hv3 in acme's full hypervisor group gpu (g1 there);
 # hv4 holds web2 of web1's anti-affinity group; hv5 has 100 MiB of memory; hv6 takes it
 VMS = {"hv1": {"web1": _vm("web")}, "hv3": {"g1": _vm()}, "hv4": {"web2": _vm("web", None)}}
-MIGRATION = {
-    "virt.migrate_source_info": {"active": True, "probes": {}},
-    "virt.migrate_prepare": {
-        "copy_storage": None,
-        "unsafe": True,
-        "disk_map": None,
-        "migrate_disks": None,
-        "verify_backing": None,
-        "address": "target",
-        "created": [],
-        "disks": [],
-    },
-    "virt.migrate": {"undefined_on_source": True, "live": True, "tunnelled": False, "target_uri": "x", "seconds": 0.1},
-    "virt.migrate_finish": {"host": "target", "state": "running", "persistent": True, "disks": []},
-}
 HVS = [f"hv{i}" for i in range(1, 7)]
 
 
 def _answers():
     """Every hypervisor's ``virt.capacity``, ``virt.full_info`` and ``virt.vm_state`` (placement's, a tenant's and a
     migration without placement's view) and its answers to each step of a migration."""
-    out = {fun: dict.fromkeys(HVS, ret) for fun, ret in MIGRATION.items()}
+    out = {fun: dict.fromkeys(HVS, ret) for fun, ret in MIGRATION_STEPS.items()}
     out["virt.capacity"], out["virt.full_info"], out["virt.vm_state"] = {}, {}, {}
     for hv in HVS:
         vms = VMS.get(hv, {})
