@@ -168,7 +168,7 @@ class Demo:
     def busybox_vm(self):
         say("create a VM: placed, image cached, overlay-cloned, seeded with a pre-accepted key, started")
         boot = json.dumps(
-            {"kernel": str(GUEST / "vmlinuz"), "initrd": str(GUEST / "initrd.img"), "cmdline": "console=ttyS0 quiet"}
+            {"kernel": str(GUEST / "vmlinux"), "initrd": str(GUEST / "initrd.img"), "cmdline": "console=ttyS0 quiet"}
         )
         self.salt(
             "salt-run",

@@ -15,7 +15,7 @@ import pytest
 from tests.support import clizygote, lab, xdist_groups
 from tests.support import golden as golden_files
 from tests.support.markers import item_markers
-from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML
+from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML, guest_boot
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
 from tests.support.saltlogging import quiet_salt_logging
@@ -82,13 +82,14 @@ def test_conn():
 @pytest.fixture(scope="session")
 def guest():
     """The tiny bootable test guest built by scripts/setup.sh."""
-    needed = ["vmlinuz", "initrd.img", "disk.raw", "disk.qcow2"]
+    needed = ["vmlinux", "initrd.img", "initrd-qga.img", "disk.raw", "disk.qcow2"]
     missing = [n for n in needed if not (GUEST_DIR / n).is_file()]
     if missing:
         pytest.fail(f"test guest incomplete in {GUEST_DIR} (missing {missing}): run scripts/setup.sh")
     return {
         "dir": str(GUEST_DIR),
-        "kernel": str(GUEST_DIR / "vmlinuz"),
+        # the uncompressed kernel through its PVH entry: half a TCG boot's CPU (scripts/build-guest.sh)
+        "kernel": str(GUEST_DIR / "vmlinux"),
         "initrd": str(GUEST_DIR / "initrd.img"),
         "initrd_qga": str(GUEST_DIR / "initrd-qga.img"),  # the same with qemu-ga (scripts/build-guest.sh)
         "raw": str(GUEST_DIR / "disk.raw"),
@@ -122,7 +123,7 @@ def hv1(lab_dir, fabric):
 @pytest.fixture
 def boot_args(guest):
     """virt.init boot= for the test guest; the guest prints markers on its serial console."""
-    return {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    return guest_boot(guest)
 
 
 @pytest.fixture

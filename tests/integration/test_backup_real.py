@@ -28,7 +28,7 @@ from saltvirt.vm import migrate as migrate_lib
 from saltvirt.xml import domxml
 from tests.integration.test_snapshot_real import MARK, has_marker, heartbeats, qemu_io, wait_heartbeat
 from tests.support import lab
-from tests.support.paths import GUEST_DIR
+from tests.support.paths import GUEST_DIR, guest_boot
 from tests.support.saltloader import make_minion_mods
 
 CHANGED = "write -P 0x33 48M 64k"  # the marker after the full backup
@@ -346,7 +346,7 @@ def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start(v
     if not os.path.isfile(guest["initrd_qga"]):
         pytest.fail(f"no {guest['initrd_qga']} (the test guest's guest-agent variant): run scripts/setup.sh")
     v = v1
-    boot_args = {"kernel": guest["kernel"], "initrd": guest["initrd_qga"], "cmdline": "console=ttyS0 quiet"}
+    boot_args = guest_boot(guest, initrd="initrd_qga")
     v["virt.init"]("bkr6", 1, 256, image=guest["qcow2"], boot=boot_args, seed=False)  # guest_agent=True: default
     serial = lab.wait_for_text(hv1.path("log", "qemu", "bkr6-serial.log"), "HB 2", timeout=300)
     assert "QGA-UP /dev/vda1 on /data" in serial, serial[-2000:]

@@ -29,6 +29,7 @@ from saltvirt.guest import firstboot
 from saltvirt.guest import seed as seeding
 from saltvirt.pki import envelope
 from tests.support import lab, signedfleet
+from tests.support.paths import guest_boot
 from tests.support.saltloader import make_minion_mods
 
 DEBIAN = os.path.join(os.environ.get("SALT_VIRT_DEBIAN", "/var/cache/salt-virt/debian"), "debian-minion.qcow2")
@@ -92,7 +93,7 @@ def ci_virt(tmp_path, ci_lab, qemu_tmp, guest):
 
 
 def boot(guest):
-    return {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet guest.ip=dhcp"}
+    return guest_boot(guest, "guest.ip=dhcp")
 
 
 def console(hv, name):

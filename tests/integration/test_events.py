@@ -29,7 +29,7 @@ import time
 import pytest
 
 from tests.support import lab
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, guest_boot
 from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
 
 HOST, TENANT = "evhyper", "evtenant"
@@ -48,7 +48,7 @@ def ehv(lab_dir, fabric):
 def pillar_roots(guest):
     """The master's pillar: evhyper is assigned evweb1; evtenant is assigned evbad1 (it is no hypervisor)."""
     path = pathlib.Path(tempfile.mkdtemp(prefix="svevpillar-", dir="/var/tmp"))
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     web = {"cpu": 1, "mem": 128, "image": "salt://images/guest.qcow2", "enable_qcow": True, "seed": False, "boot": boot}
     (path / "top.sls").write_text(f"base:\n  {HOST}:\n    - assign\n  {TENANT}:\n    - tenant\n")
     (path / "assign.sls").write_text(json.dumps({"virt": {"assigned_vms": {"evweb1": web}}}))
@@ -152,7 +152,7 @@ def test_a_vms_lifecycle_reaches_the_master(minions, emaster, cli, event_listene
     connected = wait(event_listener, emaster, f"salt/virt/{HOST}/engine/connected", minions["engine_started"])
     assert connected.data["data"]["session"] == 1 and connected.data["id"] == HOST
     t0 = time.time()
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     gfx = {"type": "vnc", "password": PASSWORD}
     call(
         cli,
@@ -217,7 +217,7 @@ def test_a_vms_lifecycle_reaches_the_master(minions, emaster, cli, event_listene
 
 def test_libvirtd_restart_reconnects_and_reconciles(minions, emaster, cli, event_listener, ehv, guest):
     t_all = time.monotonic()
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     args = ["image=salt://images/guest.qcow2", "enable_qcow=True", "seed=False", "start=False"]
     call(cli, "virt.init", "evgone", "1", "64", *args, f"boot={json.dumps(boot)}")
     gone_uuid = call(cli, "virt.vm_info", "evgone")["evgone"]["uuid"]
@@ -360,7 +360,7 @@ def test_a_live_migration_out_is_an_event(minions, emaster, cli, event_listener,
     import libvirt
 
     t_all = time.monotonic()
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     call(
         cli,
         "virt.init",

@@ -25,6 +25,7 @@ import pytest
 
 from saltvirt.pki import ca as pki
 from tests.support import lab
+from tests.support.paths import guest_boot
 from tests.support.redis_server import RedisServer
 from tests.support.saltd import hypervisor_minion_config, master_config, presync, started_minions
 
@@ -225,11 +226,7 @@ class Console:
 def boot(guest, ip=None):
     """virt.init boot= for the test guest (conftest's boot_args, for module-scoped fixtures), optionally with
     an address."""
-    return {
-        "kernel": guest["kernel"],
-        "initrd": guest["initrd"],
-        "cmdline": "console=ttyS0 quiet" + (f" guest.ip={ip}/24" if ip else ""),
-    }
+    return guest_boot(guest, f"guest.ip={ip}/24" if ip else "")
 
 
 def pings(fabric, ip):

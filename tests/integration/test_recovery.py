@@ -40,6 +40,7 @@ from tests.support.fleetlab import (
     shared_vm,
     where,
 )
+from tests.support.paths import guest_boot
 from tests.support.saltd import master_config, presync
 
 HVS = (10, 11, 12)
@@ -125,7 +126,7 @@ def fence_script(rmaster, lab_hvs, lab_dir):
 
 def test_recover_a_failed_host(rmaster, local, lab_hvs, minions, store, guest, request):
     shared_vm(local, store, guest, "hv10", "rvm")
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     ok(
         local,
         "hv10",

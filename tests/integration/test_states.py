@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.support import lab
+from tests.support.paths import guest_boot
 from tests.support.saltd import SOURCES
 
 
@@ -44,9 +45,7 @@ def boots(hv, name):
 
 @pytest.fixture(scope="module")
 def boot(guest):
-    return "boot=" + json.dumps(
-        {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
-    )
+    return "boot=" + json.dumps(guest_boot(guest))
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +299,7 @@ def test_network_and_pool_states(salt_cli, hyper1, qemu_tmp):
 
 
 def test_state_apply_of_a_whole_sls(salt_cli, hyper1, state_tree, guest, qemu_tmp):
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     sls = {
         "svlan": {"virt.network_running": [{"forward": "none"}, {"ip": "10.79.0.1/24"}, {"autostart": False}]},
         "svpool": {"virt.pool_running": [{"target": str(qemu_tmp / "svpool")}, {"autostart": False}]},

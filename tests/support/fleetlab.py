@@ -16,6 +16,7 @@ import subprocess
 import time
 
 from tests.support import lab
+from tests.support.paths import guest_boot
 from tests.support.saltd import hypervisor_minion_config, started_minions
 
 BOOT_WAIT = 300  # bound on a TCG guest's console: seconds when idle, minutes on a loaded machine
@@ -136,7 +137,7 @@ def shared_vm(local, store, guest, host, name, mem=128):
         ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(store / "golden.qcow2"), str(disk)],
         check=True,
     )
-    boot = {"kernel": guest["kernel"], "initrd": guest["initrd"], "cmdline": "console=ttyS0 quiet"}
+    boot = guest_boot(guest)
     ok(
         local,
         host,

@@ -9,6 +9,13 @@ SUPPORT = ROOT / "tests" / "support"
 GUEST_DIR = pathlib.Path(os.environ.get("SALT_VIRT_GUEST", "/var/cache/salt-virt/guest"))
 TEST_NODE_XML = SUPPORT / "node-small.xml"  # a file-based test:/// node: fresh state per connection
 NODES = SUPPORT / "nodes"  # read-only test:/// nodes of different capacities (runner tests)
+GUEST_CMDLINE = "console=ttyS0 quiet"  # the test guest prints its markers on the serial console
+
+
+def guest_boot(guest: dict, extra: str = "", initrd: str = "initrd") -> dict:
+    """``boot=`` for the test guest (the ``guest`` fixture): its kernel, its initrd (``initrd_qga``: the one
+    with the guest agent) and :data:`GUEST_CMDLINE` plus ``extra`` (``guest.ip=...``, ``guest.mode=...``)."""
+    return {"kernel": guest["kernel"], "initrd": guest[initrd], "cmdline": f"{GUEST_CMDLINE} {extra}".strip()}
 
 
 def master_engines() -> list[pathlib.Path]:
