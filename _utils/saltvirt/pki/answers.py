@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from saltvirt.base import jobfence
 from saltvirt.base.salttypes import Data
+from saltvirt.pki import privkey
 
 VERSION = 1
 MARK = "saltvirt_answer"
@@ -62,7 +63,7 @@ def _signed_bytes(minion_id: str, fun: str, nonce: str, body: bytes) -> bytes:
 @functools.lru_cache(maxsize=4)
 def _private_key(path: str, mtime_ns: int) -> rsa.RSAPrivateKey:
     with open(path, "rb") as fh:
-        key = serialization.load_pem_private_key(fh.read(), password=None)
+        key = privkey.load_own(fh.read())
     if not isinstance(key, rsa.RSAPrivateKey):
         raise ValueError(f"{path} is not an RSA private key")
     return key

@@ -35,7 +35,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.pki import crl
+from saltvirt.pki import crl, privkey
 from saltvirt.pki.castore import SKEW as _SKEW
 from saltvirt.pki.castore import locked as _locked
 from saltvirt.pki.castore import mkdir_private as _mkdir_private
@@ -208,7 +208,7 @@ def ensure_ca(
                 f"(move cacert.pem to {ca_dir}/previous/, remove cakey.pem) so a new one is created; see pki/README.md"
             )
         cert = x509.load_pem_x509_certificate(_read(cert_path))
-        key = serialization.load_pem_private_key(_read(key_path), password=None)
+        key = privkey.load_own(_read(key_path))
     if os.stat(key_path).st_mode & 0o777 != 0o600:
         os.chmod(key_path, 0o600)
     # RSA or EC keys only (key_settings), both have public_numbers()
@@ -441,7 +441,7 @@ def issue(
             if not renew:
                 try:
                     key_pem = _read(key_path)
-                    key = serialization.load_pem_private_key(key_pem, password=None)
+                    key = privkey.load_own(key_pem)
                 except (OSError, ValueError):
                     renew, reason = True, "key missing or unreadable"
                 else:

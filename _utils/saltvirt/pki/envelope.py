@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import Data
+from saltvirt.pki import privkey
 
 VERSION = 2
 ALG = "RSA-OAEP-SHA256+A256GCM"
@@ -159,7 +160,7 @@ def _minion_private_key(pki_dir):
     path = os.path.join(pki_dir or "", "minion.pem")
     try:
         with open(path, "rb") as fh:
-            return serialization.load_pem_private_key(fh.read(), password=None)
+            return privkey.load_own(fh.read())
     except FileNotFoundError:
         raise CommandExecutionError(
             f"cannot open the sealed key: this minion's private key {path} does not exist (is pki_dir right?)"
