@@ -5,6 +5,7 @@ Fixtures that need root, libvirtd or the test guest fail loudly (they do not ski
 Every test is marked ``unit`` or ``integration`` by its folder (see pytest_collection_modifyitems).
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -50,6 +51,19 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in ("unit", "integration"):
             item.add_marker(getattr(pytest.mark, folder))
+
+
+def pytest_runtest_logreport(report):
+    """``RUN_TESTS_TIMELINE=FILE``: one JSON line per test phase (worker, test, phase, start, stop), written by
+    the xdist controller: which worker ran what, when, so a run's tail and idle workers can be read back."""
+    path = os.environ.get("RUN_TESTS_TIMELINE")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    node = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+    line = {"worker": node, "test": report.nodeid, "phase": report.when, "outcome": report.outcome}
+    line.update(start=getattr(report, "start", None), stop=getattr(report, "stop", None))
+    with open(path, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
 
 
 def pytest_xdist_make_scheduler(config, log):
