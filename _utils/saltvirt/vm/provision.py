@@ -61,6 +61,11 @@ class _Steps:
         self.last = step
         return self.progress(step, **data)
 
+    def skip(self, step):
+        """``step`` does not apply to this init (``seeded`` when nothing is seeded): what fails next is counted
+        as the step after it, without an event for it."""
+        self.last = step
+
     def failed(self):
         return self.NEXT.get(self.last, "finish")
 
@@ -263,7 +268,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     tb_cache_mib=None,
     **spec_args,
 ):
-    progress = progress or _no_progress
+    progress = progress if isinstance(progress, _Steps) else _Steps(progress)
     started_at = time.monotonic()
     validate.vm_name(name)
     host = conn.getHostname()
@@ -361,6 +366,8 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             result["minion"] = plan.report()
             progress("seeded", backend=result["seed"]["backend"])
             spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+        else:
+            progress.skip("seeded")
         if spec.cloud_init is not None:
             result["cloud_init"] = _cidata(spec, plan, undo)
         for made in result["disks"]:

@@ -137,6 +137,35 @@ def test_virt_init_is_timed_and_a_failure_counted_by_its_step(scrape, mods):
     assert all("mx" not in json.dumps(labels) for samples in after.values() for labels, _ in samples)  # no VM names
 
 
+def test_a_define_that_fails_without_seeding_is_counted_as_define_not_seed(scrape, mods):
+    v, src, conn = mods
+    other = "<domain type='test'><name>mx5</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+
+    def racer(step, **_data):  # someone else defines mx5 once our disks are made: libvirt refuses our define
+        if step == "disks_ready":
+            conn.defineXML(other)
+
+    before = scrape()
+    with pytest.raises(CommandExecutionError, match="define VM 'mx5'"):
+        provision.init(
+            conn,
+            "mx5",
+            1,
+            64,
+            src,
+            images_dir=v.opts["virt"]["images"],
+            nic=None,
+            seed=False,
+            start=False,
+            progress=racer,
+            allowed_paths=[str(pathlib.Path(src).parent)],
+        )
+    after = scrape()
+    fails = "saltvirt_vm_provision_failures_total"
+    assert value(after, fails, step="define") - value(before, fails, step="define") == 1
+    assert value(after, fails, step="seed") == value(before, fails, step="seed")  # nothing was to be seeded
+
+
 def test_a_failed_migration_is_counted(scrape, tmp_path):
     # the test driver has no migration support: libvirt really refuses, the VM stays
     clear = make_minion_mods(tmp_path, "test:///default", migration={"allow_cleartext": True})
