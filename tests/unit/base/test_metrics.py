@@ -101,6 +101,17 @@ def test_every_instrument_is_exported_under_its_documented_name(scrape):
         assert set(labels) == set(inst.labels)
 
 
+def unseeded_init(mods, name, **kwargs):
+    """provision.init of ``name`` (1 vCPU, 64 MiB, the source image, nothing seeded) with ``kwargs``
+    (``progress=``: a callback that makes a step fail), as virt.init calls it."""
+    v, src, conn = mods
+    images = v.opts["virt"]["images"]
+    allowed = [str(pathlib.Path(src).parent)]
+    return provision.init(
+        conn, name, 1, 64, src, images_dir=images, nic=None, seed=False, allowed_paths=allowed, **kwargs
+    )
+
+
 def test_virt_init_is_timed_and_a_failure_counted_by_its_step(scrape, mods):
     v, src, conn = mods
     before = scrape()
@@ -113,18 +124,7 @@ def test_virt_init_is_timed_and_a_failure_counted_by_its_step(scrape, mods):
             raise CommandExecutionError("start refused")
 
     with pytest.raises(CommandExecutionError, match="start refused"):
-        provision.init(
-            conn,
-            "mx3",
-            1,
-            64,
-            src,
-            images_dir=v.opts["virt"]["images"],
-            nic=None,
-            seed=False,
-            progress=stop_at_defined,
-            allowed_paths=[str(pathlib.Path(src).parent)],
-        )
+        unseeded_init(mods, "mx3", progress=stop_at_defined)
     assert "mx3" not in conn.listDefinedDomains()  # undone
     after = scrape()
     count = "saltvirt_vm_provision_duration_seconds_count"
@@ -147,19 +147,7 @@ def test_a_define_that_fails_without_seeding_is_counted_as_define_not_seed(scrap
 
     before = scrape()
     with pytest.raises(CommandExecutionError, match="define VM 'mx5'"):
-        provision.init(
-            conn,
-            "mx5",
-            1,
-            64,
-            src,
-            images_dir=v.opts["virt"]["images"],
-            nic=None,
-            seed=False,
-            start=False,
-            progress=racer,
-            allowed_paths=[str(pathlib.Path(src).parent)],
-        )
+        unseeded_init(mods, "mx5", start=False, progress=racer)
     after = scrape()
     fails = "saltvirt_vm_provision_failures_total"
     assert value(after, fails, step="define") - value(before, fails, step="define") == 1
