@@ -1,5 +1,7 @@
 """Master options with a private key store (no daemon): Salt's own key cache on a temporary pki_dir."""
 
+import functools
+
 import salt.config
 
 
@@ -12,3 +14,13 @@ def master_key_store_opts(base):
         (base / "pki" / sub).mkdir(parents=True)
     (base / "cache").mkdir()
     return opts
+
+
+@functools.cache
+def keypair(name):
+    """A real minion RSA key pair ``(public PEM, private PEM)`` (:func:`saltvirt.pki.envelope.new_keypair`) made
+    once per test process and ``name``: for tests where a key's freshness is not the point (RSA generation,
+    15-80 ms a key, was the largest part of several PKI and runner tests). Different names, different keys."""
+    from saltvirt.pki import envelope
+
+    return envelope.new_keypair()

@@ -10,6 +10,7 @@ import subprocess
 from tests.support.paths import ROOT
 
 K = {"key_size": 2048}  # quick keys
+QUICK_KEYS = {"key_type": "ec", "key_size": 256}  # quicker: where the key type is not the point
 
 
 def mode(path):

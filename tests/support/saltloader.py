@@ -1,10 +1,16 @@
 """Salt's real loaders over this repo's loader modules, in-process (no daemons)."""
 
+import copy
+
 from tests.support.paths import GUEST_DIR, ROOT
 
 SOURCES = "sources"  # tmp_path/sources is in virt:allowed_paths: local source images of a test go there
 TEST_POOLS = "/srv/test-pools"  # in virt:pool_paths: the test driver's pools (it makes no directory)
 TEST_DRIVER_POOL = "/default-pool"  # in virt:pool_paths: the target of test:///default's own pool
+
+# Salt's core grains of this machine, by the options that differ between calls: computing them was a fifth of
+# what a make_minion_mods costs, for the same answer each time (every call gets its own copy to change)
+_GRAINS = {}
 
 
 def make_minion_mods(tmp_path, uri, images_dir=None, opts_extra=None, **config):
@@ -37,7 +43,10 @@ def make_minion_mods(tmp_path, uri, images_dir=None, opts_extra=None, **config):
         }
     )
     opts.update(opts_extra or {})
-    opts["grains"] = salt.loader.grains(opts)
+    key = (opts["id"], repr(sorted((opts_extra or {}).items())))
+    if key not in _GRAINS:
+        _GRAINS[key] = salt.loader.grains(opts)
+    opts["grains"] = copy.deepcopy(_GRAINS[key])
     utils = salt.loader.utils(opts)
     return salt.loader.minion_mods(opts, utils=utils)
 

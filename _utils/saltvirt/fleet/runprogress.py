@@ -9,6 +9,7 @@ which is an announcement only: any minion can fire any tag there, so nothing is 
 
 import collections
 import logging
+import os
 import re
 import time
 from typing import Any
@@ -44,11 +45,23 @@ def show(opts: SaltOpts, jid_event: Any, message: str, outputter: str | None = N
         log.debug("virt runner: no progress output: %s", exc)
 
 
+def master_bus_listening(opts: SaltOpts) -> bool:
+    """Whether a master's event bus can be there: its pull socket exists (``ipc_mode: tcp`` has no file to
+    look at, so that case says yes and Salt's connect decides)."""
+    if opts.get("ipc_mode") == "tcp":
+        return True
+    return os.path.exists(os.path.join(opts["sock_dir"], "master_event_pull.ipc"))
+
+
 def fire(opts: SaltOpts, tag: str, data: Data, level: int = logging.DEBUG) -> None:
     """Fire ``data`` as ``tag`` on the master's event bus, best effort: an announcement (progress, a decision that is
     logged anyway), never a source of facts. A failure is logged at ``level`` and the work goes on."""
     import salt.utils.event  # noqa: PLC0415 - the master's bus, only when something is announced
 
+    if not master_bus_listening(opts):
+        # Salt's connect would retry a missing socket in a busy loop for its whole 1 s timeout
+        log.log(level, "salt-virt: could not fire %s: no master event socket in %s", tag, opts["sock_dir"])
+        return
     try:
         with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=False) as bus:
             bus.fire_event(dict(data), tag)

@@ -1,5 +1,8 @@
 """saltvirt.fleet.runprogress: salt-run's [progress] lines, only for a person, and virt.init's steps."""
 
+import socket
+import time
+
 import pytest
 from salt.utils.event import NamespacedEvent
 
@@ -61,3 +64,30 @@ def test_init_progress_keeps_a_timeline_and_shows_both_sides(tmp_path):
         "web1: placed on hv1 (score 0.9): most free memory",
         "web1: defined on hv1",
     ]
+
+
+def test_fire_without_a_master_socket_gives_up_at_once(tmp_path, caplog):
+    """Issue 33: Salt's connect retried the missing socket in a busy loop for a whole second (one CPU-second
+    for every announcement of a runner that runs without a master)."""
+    caplog.set_level("DEBUG", logger="saltvirt.fleet.runprogress")
+    started = time.process_time()
+    runprogress.fire({"sock_dir": str(tmp_path), "ipc_mode": "ipc"}, "salt/virt/test", {"a": 1})
+    assert time.process_time() - started < 0.5
+    assert f"could not fire salt/virt/test: no master event socket in {tmp_path}" in caplog.text
+
+
+def test_fire_reaches_a_master_socket_that_is_there(tmp_path):
+    """The check above only looks for the socket: a listening master's pull socket gets the event."""
+    path = str(tmp_path / "master_event_pull.ipc")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(1)
+        server.settimeout(30)
+        runprogress.fire({"sock_dir": str(tmp_path), "ipc_mode": "ipc"}, "salt/virt/test", {"marker": "m-42"})
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(30)
+            received = b""
+            while b"m-42" not in received and (chunk := conn.recv(4096)):
+                received += chunk
+    assert b"salt/virt/test" in received and b"m-42" in received

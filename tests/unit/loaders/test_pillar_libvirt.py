@@ -6,8 +6,9 @@ import pytest
 
 from saltvirt.pki import ca as pki
 from saltvirt.pki import crl
+from tests.support import keystore
 from tests.support.paths import ROOT
-from tests.support.pkitools import mode
+from tests.support.pkitools import QUICK_KEYS, mode
 
 GRAINS = {
     "virt_hypervisor": True,
@@ -33,7 +34,8 @@ def compile_pillar(tmp_path):
                 "file_roots": {"base": [str(tmp_path / "files")]},
                 "pillar_dirs": [str(ROOT / "_pillar")],
                 "extension_modules": str(tmp_path / "ext"),
-                "ext_pillar": raw or [{"libvirt": dict({"key_size": 2048}, **(ext_pillar_conf or {}))}],
+                # quick EC keys: RSA generation was most of these tests' CPU (key types: tests/unit/pki/test_ca.py)
+                "ext_pillar": raw or [{"libvirt": dict(QUICK_KEYS, **(ext_pillar_conf or {}))}],
                 "virt": {"hypervisors": ["hv1", "hv2"]} if virt is None else virt,
             }
         )
@@ -42,16 +44,10 @@ def compile_pillar(tmp_path):
         for gone in set(os.listdir(keys)) - set(accepted):
             (keys / gone).unlink()
         for mid in accepted:
-            (keys / mid).write_text(pki_pub())
+            (keys / mid).write_text(keystore.keypair(mid)[0])  # only its presence counts (the sweep)
         return salt.pillar.Pillar(opts, grains, minion_id, "base", ext=ext).compile_pillar()
 
     return compile_
-
-
-def pki_pub():
-    from saltvirt.pki import envelope
-
-    return envelope.new_keypair()[0]
 
 
 def test_ext_pillar_sans_from_master_side_data_only_by_default(compile_pillar, tmp_path):

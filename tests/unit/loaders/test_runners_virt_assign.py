@@ -3,6 +3,7 @@ with _runners/virt.py, and ``virt.provision_assigned`` acts only for configured 
 
 import pytest
 
+from tests.support import keystore
 from tests.support.paths import ROOT
 from tests.support.saltloader import new_job
 
@@ -11,8 +12,6 @@ from tests.support.saltloader import new_job
 def runners(tmp_path):
     import salt.config
     import salt.loader
-
-    from saltvirt.pki import envelope
 
     opts = salt.config.master_config(None)
     opts.update(
@@ -27,7 +26,7 @@ def runners(tmp_path):
     keys = tmp_path / "pki" / "minions"
     keys.mkdir(parents=True)
     for mid in ("hyper1", "tenant-vm1"):
-        (keys / mid).write_text(envelope.new_keypair()[0])
+        (keys / mid).write_text(keystore.keypair(mid)[0])  # made once per id: only which keys are accepted counts
     return new_job(salt.loader.runner(opts, utils=salt.loader.utils(opts)))
 
 

@@ -3,13 +3,14 @@
 
 import pytest
 
-from saltvirt.pki import answers, envelope
+from saltvirt.pki import answers
+from tests.support import keystore
 from tests.support.saltloader import make_minion_mods
 
 
 @pytest.fixture
 def keys(tmp_path):
-    pub, priv = envelope.new_keypair()
+    pub, priv = keystore.keypair("answering hypervisor")  # made once: a key's freshness is not the point here
     (tmp_path / "pki").mkdir()
     (tmp_path / "pki" / "minion.pem").write_text(priv)
     return pub, str(tmp_path / "pki")
@@ -45,7 +46,7 @@ def test_a_tampered_answer_is_not_believed(keys, field):
 
 def test_an_answer_signed_with_another_key_is_not_believed(keys, tmp_path):
     pub, _pki = keys
-    _other_pub, other_priv = envelope.new_keypair()
+    _other_pub, other_priv = keystore.keypair("another hypervisor")
     (tmp_path / "guest").mkdir()
     (tmp_path / "guest" / "minion.pem").write_text(other_priv)
     nonce = answers.new_nonce()

@@ -10,6 +10,7 @@ import salt.payload
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.pki import envelope
+from tests.support import keystore
 
 
 def minion_pki(tmp_path, name):
@@ -27,7 +28,7 @@ CTX, JOB = "web1/priv_key", "20261125203000123456"
 
 @pytest.fixture
 def secret():
-    return envelope.new_keypair()[1]  # a new VM minion's private key, what the runner seals
+    return keystore.keypair("sealed VM minion")[1]  # a new VM minion's private key, what the runner seals
 
 
 def test_only_the_recipient_opens_it(tmp_path, secret):

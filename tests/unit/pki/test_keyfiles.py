@@ -7,15 +7,16 @@ import os
 
 from saltvirt.pki import ca as pki
 from saltvirt.pki import keyfiles, revocation
-from tests.support.pkitools import K, mode
+from tests.support.pkitools import QUICK_KEYS, mode
 
 
 def _pillar(tmp_path, ca="ca"):
+    # quick EC keys: these tests are about the files (key types: test_ca.py)
     ca = str(tmp_path / ca)
-    server = pki.issue(ca, "h", "server", ["h"], **K)
-    client = pki.issue(ca, "h", "client", **K)
-    qserver = pki.issue(ca, "h", "qemu-server", ["h"], **K)
-    qclient = pki.issue(ca, "h", "qemu-client", **K)
+    server = pki.issue(ca, "h", "server", ["h"], **QUICK_KEYS)
+    client = pki.issue(ca, "h", "client", **QUICK_KEYS)
+    qserver = pki.issue(ca, "h", "qemu-server", ["h"], **QUICK_KEYS)
+    qclient = pki.issue(ca, "h", "qemu-client", **QUICK_KEYS)
     return {
         "cacert": pki.trusted_bundle(ca),
         "crl": revocation.crl_pem(ca),
@@ -68,7 +69,7 @@ def test_keys_state_writes_modes_is_idempotent_and_previews(tmp_path):
 def test_keys_state_renewal_reports_only_what_changed(tmp_path):
     data, base = _pillar(tmp_path), tmp_path / "pki"
     keyfiles.keys_state("k", data, str(base))
-    renewed = pki.issue(str(tmp_path / "ca"), "h", "server", ["h", "h.example.com"], **K)
+    renewed = pki.issue(str(tmp_path / "ca"), "h", "server", ["h", "h.example.com"], **QUICK_KEYS)
     data = dict(data, servercert=renewed["cert"], serverkey=renewed["key"])
     preview = keyfiles.keys_state("k", data, str(base), test=True)
     expected = {
