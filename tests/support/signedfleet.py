@@ -9,6 +9,7 @@ test_tenants.py and test_authority.py publish through real ones).
 import functools
 import pathlib
 import tempfile
+import time
 
 import salt.client
 import salt.config
@@ -66,10 +67,12 @@ class Bus:
     def __init__(self):
         self.queue = []
 
-    def get_event(self, tag="", **_kw):
+    def get_event(self, tag="", wait=0, no_block=False, **_kw):
         for i, ev in enumerate(self.queue):
             if ev["tag"].startswith(tag):
                 return self.queue.pop(i)
+        if not no_block:  # Salt's blocking read: nothing came within ``wait``
+            time.sleep(wait)
         return None
 
 

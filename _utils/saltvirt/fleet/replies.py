@@ -26,10 +26,6 @@ from saltvirt.pki import answers
 
 log = logging.getLogger(__name__)
 
-# between two empty looks at the event bus. Each look (Salt's non-blocking get_event) reads only what the
-# IPC socket has at that moment, so a big answer (a hypervisor's full_info) arrives over many looks: the
-# pause sets how fast it is read (Salt's own blocking wait pauses 10 ms)
-POLL = 0.005
 GONE_GRACE = 2.0  # seconds a reply may still be on its way after its job ended
 
 

@@ -80,3 +80,26 @@ def test_a_slow_hypervisor_that_says_its_job_runs_is_waited_for_until_max_wait(t
     got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=3, client=fleet_)
     assert got["hv2"]["status"] == "timeout"  # not down: it may still finish
     assert fleet_.kinds.count(answers.JOB_CHECK) >= 3  # asked again and again, each time answered
+
+
+class _CountingBus(signedfleet.Bus):
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def get_event(self, *args, **kwargs):
+        self.reads += 1
+        return super().get_event(*args, **kwargs)
+
+
+def test_a_wait_reads_the_bus_once_an_event_or_a_tick_not_in_a_loop(tmp_path):
+    """A runner waits minutes for a TCG boot or a migration: each read blocks until an event or a tick
+    (publish.TICK), so a quiet second is ~10 reads. It polled (a non-blocking look, a 5 ms pause): ~200 reads,
+    8.5% of a core for the whole wait."""
+    fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 runs the job: the wait lasts max_wait
+    fleet_.event = _CountingBus()
+    cfg = fleet.config(fleet_.opts, timeout=0.3, gather_job_timeout=0.3, down_after=5)
+    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=1.5, client=fleet_)
+    assert got["hv1"]["status"] == "up" and got["hv2"]["status"] == "timeout", got
+    quiet_seconds = 1.5
+    assert fleet_.event.reads <= quiet_seconds / fleet.TICK + 2 * fleet_.kinds.count(answers.JOB_CHECK) + 5
