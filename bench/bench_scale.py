@@ -65,8 +65,12 @@ class SyntheticClient:
                 self.queue.append({"tag": f"salt/job/{jid}/ret/{mid}", "data": {"id": mid, "return": ret}})
         return {"jid": jid, "minions": list(tgt)}
 
-    def get_event(self, tag="", **_kw):
-        return self.queue.pop() if self.queue and tag == "salt/job/" else None
+    def get_event(self, tag="", wait=0, no_block=False, **_kw):
+        if self.queue and str(self.queue[-1]["tag"]).startswith(tag):
+            return self.queue.pop()
+        if not no_block:  # the master's bus blocks this long when nothing comes (publish._wait reads so)
+            time.sleep(wait)
+        return None
 
     def _clean_up_subscriptions(self, jid):
         pass

@@ -104,6 +104,7 @@ def guest():
         "dir": str(GUEST_DIR),
         # the uncompressed kernel through its PVH entry: half a TCG boot's CPU (scripts/build-guest.sh)
         "kernel": str(GUEST_DIR / "vmlinux"),
+        "kernel_efi": str(GUEST_DIR / "vmlinuz"),  # OVMF starts a kernel by its EFI stub: the bzImage
         "initrd": str(GUEST_DIR / "initrd.img"),
         "initrd_qga": str(GUEST_DIR / "initrd-qga.img"),  # the same with qemu-ga (scripts/build-guest.sh)
         "raw": str(GUEST_DIR / "disk.raw"),

@@ -32,7 +32,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_args):
+def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_args, guest):
     v = virt_hv
     port = free_port()
     cpu = {"maximum": 2, "model": "qemu64", "topology": {"sockets": 1, "cores": 2, "threads": 1}}
@@ -40,7 +40,7 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
     cpu.update(numa={0: {"cpus": "0", "memory": 128}, 1: {"cpus": "1", "memory": 128}})
     cpu.update(tuning={"vcpupin": {0: "0", 1: "1"}})
     shape = {
-        "boot": dict(boot_args, efi=True),
+        "boot": dict(boot_args, kernel=guest["kernel_efi"], efi=True),
         "tpm": True,
         "serials": [{"type": "tcp", "port": port, "protocol": "raw"}],
         "consoles": [{"type": "pty"}],
@@ -88,7 +88,7 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         v["virt.purge"]("uefi1")
 
 
-def test_secure_boot_picks_enrolled_ovmf_and_direct_kernel_boot_falls_back(virt_hv, hv1, boot_args):
+def test_secure_boot_picks_enrolled_ovmf_and_direct_kernel_boot_falls_back(virt_hv, hv1, boot_args, guest):
     """secure_boot: libvirt autoselects the firmware whose descriptor offers secure-boot + enrolled-keys
     (Debian: 40-edk2-x86_64-secure-enrolled.json, OVMF_CODE_4M.ms.fd with Microsoft's keys in
     OVMF_VARS_4M.ms.fd), on q35 with SMM. The Debian kernel handed over by QEMU (direct kernel boot,
@@ -101,7 +101,13 @@ def test_secure_boot_picks_enrolled_ovmf_and_direct_kernel_boot_falls_back(virt_
     assert {"secure-boot", "enrolled-keys", "requires-smm"} <= set(enrolled["features"])
     v = virt_hv
     ret = v["virt.init"](
-        "sb1", 1, 256, disk=None, nic=None, seed=False, boot=dict(boot_args, efi=True, secure_boot=True)
+        "sb1",
+        1,
+        256,
+        disk=None,
+        nic=None,
+        seed=False,
+        boot=dict(boot_args, kernel=guest["kernel_efi"], efi=True, secure_boot=True),
     )
     try:
         assert ret["state"] == "running"
