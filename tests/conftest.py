@@ -96,7 +96,7 @@ def test_conn():
 @pytest.fixture(scope="session")
 def guest():
     """The tiny bootable test guest built by scripts/setup.sh."""
-    needed = ["vmlinux", "initrd.img", "initrd-qga.img", "disk.raw", "disk.qcow2"]
+    needed = ["vmlinux", "vmlinuz", "initrd.img", "initrd-qga.img", "disk.raw", "disk.qcow2"]
     missing = [n for n in needed if not (GUEST_DIR / n).is_file()]
     if missing:
         pytest.fail(f"test guest incomplete in {GUEST_DIR} (missing {missing}): run scripts/setup.sh")
