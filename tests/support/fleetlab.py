@@ -1,6 +1,6 @@
 """A fleet of namespaced lab hypervisors (tests/support/lab.py) with shared storage, minions of a test master and
 TCG guests on the shared storage that print heartbeats on their serial console: what the recovery and balancing
-integration tests (tests/integration/test_recovery.py, test_balance_real.py) build and look at.
+integration tests (tests/integration/test_recovery.py, test_rebalance_real.py, test_balance_real.py) build and look at.
 
 Shared storage: one directory every hypervisor sees at the same path (the lab's hypervisors run on this machine),
 in their ``virt:allowed_paths``, with the guest image ``golden.qcow2`` every VM's disk is an overlay of. Proof that
