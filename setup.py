@@ -35,6 +35,8 @@ EXAMPLES = [
     "salt-virt/map.jinja",
     "salt-virt/pillar.example",
 ]
+# the web console (docs/topics/console.md): static files salt-api serves from saltvirt/data/console/
+CONSOLE = ["console/index.html", "console/console.js", "console/console.css"]
 
 
 def version():
@@ -48,12 +50,12 @@ def version():
 
 
 class BuildPy(build_py):
-    """build_py, plus EXAMPLES copied into saltvirt/data/."""
+    """build_py, plus EXAMPLES and CONSOLE copied into saltvirt/data/."""
 
     def run(self):
         super().run()
         dest = os.path.join(self.build_lib, "saltvirt", "data")
-        for name in EXAMPLES:
+        for name in EXAMPLES + CONSOLE:
             self.mkpath(os.path.dirname(os.path.join(dest, name)))
             self.copy_file(os.path.join(HERE, name), os.path.join(dest, name))
 

@@ -19,6 +19,7 @@ PKGS=(
   busybox-static xz-utils zstd cpio bc fuse3 fdisk util-linux procps
   lvm2 dosfstools ovmf swtpm swtpm-tools xorriso redis-server mmdebstrap
   libxml2-utils parted extlinux syslinux-common
+  chromium chromium-driver   # the web console's browser test (tests/integration/test_tenants.py)
 )
 [ "${WITH_GUESTFS:-0}" = 1 ] && PKGS+=(libguestfs-tools linux-image-amd64)
 missing=()
@@ -52,7 +53,7 @@ if [ ! -f "$VENV/.ok-$REQ_HASH" ]; then
     bash "$HERE/scripts/salt-venv.sh" "$VENV" -r "$HERE/requirements-test.txt"
     echo "$VENV_LAYOUT" > "$VENV/.layout"
   fi
-  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy, cherrypy, build, twine' || { echo "setup: venv incomplete" >&2; exit 1; }
+  "$VENV/bin/python" -c 'import salt.version, libvirt, saltfactories, sphinx, myst_parser, furo, mypy, cherrypy, build, twine, selenium' || { echo "setup: venv incomplete" >&2; exit 1; }
   touch "$VENV/.ok-$REQ_HASH"
 fi
 

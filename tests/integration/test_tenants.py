@@ -10,19 +10,23 @@ starts one for a moment).
 Every libvirt fact is read from the hypervisors' libvirtd itself (domain XML <metadata>)."""
 
 import concurrent.futures
+import functools
 import hashlib
+import http.server
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import urllib.request
 import xml.etree.ElementTree as ET
 
 import libvirt
 import pytest
 
-from tests.support import lab, saltapi
+from tests.support import browser, lab, saltapi
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, started_minions
 
@@ -30,6 +34,13 @@ HOSTS = ["thv1", "thv2"]
 USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
 META = "{https://github.com/salt-virt/salt-virt/metadata/1}"
 TINY = "tenant-tiny.qcow2"
+# the web console as docs/topics/console.md configures it, from the checkout (a wheel has it in saltvirt/data/console)
+CONSOLE = {
+    "app": str(ROOT / "console" / "index.html"),
+    "app_path": "/console",
+    "static": str(ROOT / "console"),
+    "static_path": "/console-static",
+}
 OTHER = "tenant-other.qcow2"
 
 
@@ -92,7 +103,7 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
         },
     }
     workdir = tmp_path_factory.mktemp("api")
-    with saltapi.started(salt_factories, "tenant-master", state_tree, users, workdir, virt=virt) as api:
+    with saltapi.started(salt_factories, "tenant-master", state_tree, users, workdir, rest=CONSOLE, virt=virt) as api:
         configs = {
             mid: hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{mid}-images") for mid, hv in hvs.items()
         }
@@ -338,3 +349,217 @@ def test_a_tenants_migration_is_placed_as_virt_init_places_a_vm(cloud):
     ret = alice.runner("virt.migrate", name="a1", target="thv2", ignore_placement=True)
     assert ret["error"].startswith("virt.migrate ignore_placement=True is for operators: user alice"), ret
     assert libvirt_vms(cloud)["a1"]["host"] == "thv1"
+
+
+# the web console (docs/topics/console.md) in a real headless Chromium --------------------------------------
+# These run last, on the VMs the tests above left: acme a1, a2 (thv1); beta four VMs c*.
+@pytest.fixture
+def chrome(tmp_path):
+    with browser.chromium(tmp_path) as driver:
+        yield driver
+
+
+def console_login(driver, cloud, user, password=None):
+    """Open the console, log in through its form; returns once the VM table shows a fresh answer (or the
+    login page shows its error)."""
+    driver.get(cloud["url"] + "/console")
+    form = driver.find_element(browser.ID, "login-form")
+    browser.wait(driver, lambda d: form.is_displayed())
+    driver.find_element(browser.ID, "username").send_keys(user)
+    driver.find_element(browser.ID, "password").send_keys(USERS[user] if password is None else password)
+    eauth = driver.find_element(browser.ID, "eauth")
+    eauth.clear()
+    eauth.send_keys("file")
+    driver.find_element(browser.ID, "login-button").click()
+    browser.wait(
+        driver,
+        lambda d: (
+            d.find_element(browser.ID, "login-error").text
+            or d.find_element(browser.ID, "status").text.startswith("updated")
+        ),
+        message="neither the VM table nor a login error",
+    )
+
+
+def table(driver):
+    """The VM table as the user sees it: ``{name: {tenant, host, state, cpu, mem, ips}}``."""
+    rows = driver.execute_script(
+        "return [...document.querySelectorAll('#vms tbody tr')].map(tr => "
+        "Object.fromEntries([...tr.querySelectorAll('td[data-key]')].map(td => [td.dataset.key, td.textContent])))"
+    )
+    return {r.pop("name"): r for r in rows}
+
+
+def click_action(driver, vm, fun):
+    status = driver.find_element(browser.ID, "status")
+    driver.find_element(browser.CSS, f"#vms tr[data-vm='{vm}'] button[data-action='{fun}']").click()
+    return status
+
+
+def active(cloud, host, name):
+    conn = libvirt.open(cloud["hvs"][host].uri)
+    try:
+        return bool(conn.lookupByName(name).isActive())
+    finally:
+        conn.close()
+
+
+def wait_state(driver, vm, state):
+    browser.wait(driver, lambda d: table(d).get(vm, {}).get("state") == state, timeout=300, message=f"{vm} {state}")
+
+
+def test_console_unauthenticated_browser_sees_the_login_page_only(cloud, chrome, tmp_path):
+    for path in ("/console", "/", "/anything/else"):  # salt-api serves the app for every page a browser asks
+        chrome.get(cloud["url"] + path)
+        browser.wait(chrome, lambda d: d.find_element(browser.ID, "login-form").is_displayed())
+        assert not chrome.find_element(browser.ID, "app-view").is_displayed()
+        assert chrome.find_element(browser.ID, "vms").find_elements(browser.CSS, "tbody tr") == []
+    chrome.save_screenshot(str(tmp_path / "console-login.png"))
+    # the API behind it answers nothing without a login
+    status = chrome.execute_async_script(
+        "const done = arguments[0]; fetch('/', {method: 'POST', headers: {'Content-Type': 'application/json',"
+        " Accept: 'application/json'}, body: JSON.stringify([{client: 'runner', fun: 'virt.list'}])})"
+        ".then(r => done(r.status), e => done(String(e)))"
+    )
+    assert status == 401, status
+
+
+def test_console_refuses_a_wrong_password(cloud, chrome):
+    console_login(chrome, cloud, "alice", password="not-" + USERS["alice"])
+    assert chrome.find_element(browser.ID, "login-error").text.startswith("Login refused"), chrome.page_source
+    assert not chrome.find_element(browser.ID, "app-view").is_displayed()
+    assert chrome.find_element(browser.ID, "password").get_attribute("value") == ""
+    assert chrome.execute_script("return sessionStorage.length") == 0
+
+
+def test_console_a_tenant_sees_its_vms_only_and_starts_and_stops_one(cloud, chrome, tmp_path):
+    vms = libvirt_vms(cloud)
+    acme = sorted(n for n, v in vms.items() if v["tenant"] == "acme")
+    assert acme == ["a1", "a2"] and len(vms) > len(acme), vms  # beta's VMs exist and must not show
+    console_login(chrome, cloud, "alice")
+    assert chrome.find_element(browser.ID, "whoami").text == "alice — tenant acme"
+    seen = table(chrome)
+    assert sorted(seen) == acme, seen
+    assert {n: (r["tenant"], r["host"], r["cpu"]) for n, r in seen.items()} == {
+        n: ("acme", vms[n]["host"], str(vms[n]["vcpus"])) for n in acme
+    }
+    assert seen["a2"]["state"] == "shutoff"
+    # the password is gone after the form; the token is in this tab's sessionStorage, no cookie holds it
+    assert chrome.find_element(browser.ID, "password").get_attribute("value") == ""
+    stored = chrome.execute_script("return Object.keys(sessionStorage).map(k => k + '=' + sessionStorage[k]).join()")
+    assert '"token":' in stored and USERS["alice"] not in stored
+    assert chrome.get_cookies() == []
+    chrome.save_screenshot(str(tmp_path / "console-vms-tenant.png"))
+    # the filter narrows the table
+    chrome.find_element(browser.ID, "filter").send_keys("a2")
+    assert sorted(table(chrome)) == ["a2"]
+    chrome.find_element(browser.ID, "filter").clear()
+    chrome.find_element(browser.ID, "refresh").click()
+    browser.wait(chrome, lambda d: len(table(d)) == 2)
+    # start (the blank disk boots nothing: SeaBIOS waits, running) then force it off, as the runner does for alice
+    click_action(chrome, "a2", "virt.start")
+    wait_state(chrome, "a2", "running")
+    assert active(cloud, vms["a2"]["host"], "a2")
+    click_action(chrome, "a2", "virt.force_off")
+    wait_state(chrome, "a2", "shutoff")
+    assert not active(cloud, vms["a2"]["host"], "a2")
+    # quota view: its own tenant only
+    chrome.find_element(browser.CSS, "nav .tab[data-view='usage']").click()
+    browser.wait(chrome, lambda d: d.find_elements(browser.CSS, "#usage .tenant"))
+    tenants = [t.get_attribute("data-tenant") for t in chrome.find_elements(browser.CSS, "#usage .tenant")]
+    assert tenants == ["acme"]
+    assert "3 of 3" in chrome.find_element(browser.ID, "usage").text  # a1 2 vCPUs + a2 1 of acme's 3
+    chrome.find_element(browser.ID, "logout").click()
+    browser.wait(chrome, lambda d: d.find_element(browser.ID, "login-form").is_displayed())
+    assert chrome.execute_script("return sessionStorage.length") == 0
+
+
+def test_console_the_operator_sees_every_tenant_and_the_fleet(cloud, chrome, tmp_path):
+    vms = libvirt_vms(cloud)
+    console_login(chrome, cloud, "carol")
+    assert chrome.find_element(browser.ID, "whoami").text == "carol — operator"
+    seen = table(chrome)
+    assert {n: (r["tenant"], r["host"]) for n, r in seen.items()} == {
+        n: (v["tenant"], v["host"]) for n, v in vms.items()
+    }
+    # sort by tenant, then the other way
+    header = chrome.find_element(browser.CSS, "#vms th[data-key='tenant']")
+    header.click()
+    assert [r["tenant"] for r in table(chrome).values()] == sorted(v["tenant"] for v in vms.values())
+    header.click()
+    assert [r["tenant"] for r in table(chrome).values()] == sorted((v["tenant"] for v in vms.values()), reverse=True)
+    chrome.save_screenshot(str(tmp_path / "console-vms-operator.png"))
+    chrome.find_element(browser.CSS, "nav .tab[data-view='fleet']").click()
+    browser.wait(chrome, lambda d: len(d.find_elements(browser.CSS, "#hosts tbody tr")) == 2)
+    rows = chrome.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#hosts tbody tr')].map(tr => "
+        "[tr.dataset.host, [...tr.cells].map(td => td.textContent)]))"
+    )
+    assert sorted(rows) == HOSTS and {r[1] for r in rows.values()} == {"up"}, rows
+    for host, cells in rows.items():  # host, status, vCPUs and memory "<running VMs'> of <host's>", VMs, disk free
+        conn = libvirt.open(cloud["hvs"][host].uri)
+        try:
+            _, mem, cpus, *_ = conn.getInfo()
+        finally:
+            conn.close()
+        assert (cells[2], cells[3]) == (f"0 of {cpus}", f"0 of {mem}"), rows  # all shut off
+        assert cells[4] == f"0 running of {sum(1 for v in vms.values() if v['host'] == host)}", rows
+    chrome.save_screenshot(str(tmp_path / "console-fleet.png"))
+
+
+def test_console_purge_asks_first(cloud, chrome):
+    beta = sorted(n for n, v in libvirt_vms(cloud).items() if v["tenant"] == "beta")
+    victim = beta[0]
+    console_login(chrome, cloud, "bob")
+    assert sorted(table(chrome)) == beta
+    click_action(chrome, victim, "virt.purge")
+    alert = browser.wait(chrome, lambda d: d.switch_to.alert)
+    assert victim in alert.text
+    alert.dismiss()  # nothing happens
+    assert victim in libvirt_vms(cloud) and victim in table(chrome)
+    click_action(chrome, victim, "virt.purge")
+    browser.wait(chrome, lambda d: d.switch_to.alert).accept()
+    browser.wait(chrome, lambda d: victim not in table(d), timeout=300, message=f"{victim} still listed")
+    assert victim not in libvirt_vms(cloud)
+
+
+def test_console_another_sites_page_cannot_use_the_login(cloud, chrome, tmp_path):
+    """salt-api (3008.5) answers every Origin with Access-Control-Allow-Origin: <that origin> and
+    Allow-Credentials: true, so a page of another site (here another port of the same host: same-site,
+    its cookies would go along) could read what a cookie lets it ask. The console keeps no cookie: its
+    token is sent as a header from this tab's sessionStorage, so such a request carries no login."""
+    console_login(chrome, cloud, "alice")
+    assert chrome.get_cookies() == []
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "index.html").write_text("<!doctype html><title>elsewhere</title>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "evil"))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as evil:
+        threading.Thread(target=evil.serve_forever, daemon=True).start()
+        try:
+            chrome.get(f"http://127.0.0.1:{evil.server_address[1]}/index.html")
+            answer = chrome.execute_async_script(
+                "const done = arguments[1]; fetch(arguments[0] + '/', {method: 'POST', credentials: 'include',"
+                " headers: {'Content-Type': 'application/x-www-form-urlencoded', Accept: 'application/json'},"
+                " body: 'client=runner&fun=virt.list'}).then(r => done(r.status), e => done(String(e)))",
+                cloud["url"],
+            )
+        finally:
+            evil.shutdown()
+    assert answer == 401, answer
+
+
+def test_console_files_and_answers_carry_no_secret(cloud):
+    """What the browser receives: the app's files (no cookie set, nothing of the users or the master) and
+    the runner answers it shows (no password, no key)."""
+    secrets = [*USERS.values(), "PRIVATE KEY", "passwd"]
+    for path in ("/console", "/console-static/console.js", "/console-static/console.css"):
+        req = urllib.request.Request(cloud["url"] + path, headers={"Accept": "text/html,*/*"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            body = resp.read().decode()
+            assert resp.status == 200 and "Set-Cookie" not in resp.headers, (path, dict(resp.headers))
+        assert body and not [s for s in secrets if s in body], path
+    for user in ("alice", "carol"):
+        session = login(cloud, user)
+        for fun in ("virt.whoami", "virt.query", "virt.usage"):
+            answer = str(session.runner(fun))
+            assert not [s for s in secrets if s in answer], (user, fun)

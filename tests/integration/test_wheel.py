@@ -350,11 +350,16 @@ def test_sdist_and_wheel_pass_twine_check(dists):
         entry_points = next(whl.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert {"saltvirt/loader.py", "saltvirt/ext/runners/virt.py", "saltvirt/ext/modules/virt.py"} <= names
     assert "[salt.loader]\nsalt-virt = saltvirt.loader:get_dirs" in entry_points
-    # setup.py's EXAMPLES (the example SLS files, the formula): in the sdist, and as package data in the wheel
+    # setup.py's EXAMPLES (the example SLS files, the formula) and CONSOLE (the web console): in the sdist, and
+    # as package data in the wheel
     tree = ast.parse((ROOT / "setup.py").read_text())
-    examples = next(
-        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "EXAMPLES"
-    )
+    examples = [
+        e
+        for n in tree.body
+        if isinstance(n, ast.Assign) and n.targets[0].id in ("EXAMPLES", "CONSOLE")
+        for e in ast.literal_eval(n.value)
+    ]
+    assert "console/index.html" in examples
     assert [e for e in examples if f"saltvirt/data/{e}" not in names] == []
     with tarfile.open(dists["sdist"]) as sdist:
         top = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}

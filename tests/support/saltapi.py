@@ -50,9 +50,10 @@ def _perms(perms):
     return [{"@runner": ["virt.*"]} if p == RUNNER_VIRT else p for p in perms]
 
 
-def api_master_config(state_tree, users, workdir, port, **extra):
+def api_master_config(state_tree, users, workdir, port, rest=None, **extra):
     """Master overrides: ``master_config`` plus rest_cherrypy on 127.0.0.1:``port`` (plain http: a test
-    harness on loopback) and ``file`` eauth over a plaintext users file in ``workdir``."""
+    harness on loopback; ``rest``: more rest_cherrypy options) and ``file`` eauth over a plaintext users file
+    in ``workdir``."""
     users_file = workdir / "eauth-users"
     users_file.write_text("".join(f"{name}:{user.password}\n" for name, user in users.items()))
     users_file.chmod(0o600)
@@ -60,7 +61,7 @@ def api_master_config(state_tree, users, workdir, port, **extra):
     eauth.update({name: _perms(user.perms) for name, user in users.items()})
     return master_config(
         state_tree,
-        rest_cherrypy={"port": port, "host": "127.0.0.1", "disable_ssl": True},
+        rest_cherrypy={"port": port, "host": "127.0.0.1", "disable_ssl": True, **(rest or {})},
         external_auth={"file": eauth},
         netapi_enable_clients=["local", "local_async", "runner", "runner_async", "wheel"],
         **extra,
@@ -119,10 +120,11 @@ class Api:
 
 
 @contextlib.contextmanager
-def started(salt_factories, master_id, state_tree, users, workdir, **extra):
-    """A started salt-master ``master_id`` with salt-api in front of it (``extra``: more master config)."""
+def started(salt_factories, master_id, state_tree, users, workdir, rest=None, **extra):
+    """A started salt-master ``master_id`` with salt-api in front of it (``rest``: more rest_cherrypy options,
+    ``extra``: more master config)."""
     port = free_port()
-    overrides = api_master_config(state_tree, users, workdir, port, **extra)
+    overrides = api_master_config(state_tree, users, workdir, port, rest, **extra)
     master = saltd.presync(salt_factories.salt_master_daemon(master_id, overrides=overrides))
     with master.started():
         api = master.salt_api_daemon()

@@ -45,7 +45,8 @@ COST = {
     # two fresh venvs, the sdist and wheel, a master and a minion from them: 107-183 s beside another suite run
     "tests/integration/test_wheel.py": 140,
     "tests/integration/test_backup_real.py": 130,
-    "tests/integration/test_tenants.py": 110,
+    # +50: the web console in headless Chromium (7 tests: 88 s of calls and setups at load 40, ~half quiet)
+    "tests/integration/test_tenants.py": 160,
     "tests/integration/test_authority.py": 100,
     "tests/integration/test_events.py": 95,
     "tests/integration/test_bench_smoke.py": 90,

@@ -95,6 +95,18 @@ def test_the_sdist_carries_every_example_the_wheel_ships():
     assert [e for e in examples if e not in manifest] == []
 
 
+def test_the_wheel_and_sdist_carry_the_whole_console():
+    """Every file of console/ is in setup.py's CONSOLE (copied into saltvirt/data/console/) and in MANIFEST.in."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    console = next(
+        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONSOLE"
+    )
+    files = [p.relative_to(ROOT).as_posix() for p in (ROOT / "console").rglob("*") if p.is_file()]
+    assert sorted(console) == sorted(files) and "console/index.html" in files
+    manifest = (ROOT / "MANIFEST.in").read_text().split()
+    assert [f for f in console if f not in manifest] == []
+
+
 def test_the_master_side_imports_without_libvirt():
     out = run(textwrap.dedent(NO_LIBVIRT), ROOT)
     assert {"base/install", "pki/ca", "spec/vmspec", "fleet/publish", "fleet/vmcreate"} <= set(out["library"])

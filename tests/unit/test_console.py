@@ -1,0 +1,47 @@
+"""The web console's static files (console/, docs/topics/console.md): what a browser test cannot see at a
+glance. Data reaches the page as text only, the page loads nothing inline or from elsewhere, every request
+leaves cookies out (salt-api allows every origin's credentialed requests)."""
+
+import re
+
+from tests.support.paths import ROOT
+
+CONSOLE = ROOT / "console"
+
+
+def test_data_is_never_rendered_as_markup():
+    js = (CONSOLE / "console.js").read_text()
+    for sink in (
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "new Function",
+        'setTimeout("',
+    ):
+        assert sink not in js, sink
+
+
+def test_every_request_leaves_cookies_out():
+    js = (CONSOLE / "console.js").read_text()
+    assert js.count("fetch(") == 1  # the one request helper
+    assert 'credentials: "omit"' in js.split("fetch(", 1)[1].split("});", 1)[0]
+    assert "document.cookie" not in js and "localStorage" not in js  # the token: sessionStorage only
+
+
+def test_the_page_has_a_strict_csp_and_nothing_inline():
+    html = (CONSOLE / "index.html").read_text()
+    (csp,) = re.findall(r'http-equiv="Content-Security-Policy"\s+content="([^"]+)"', html)
+    rules = dict(r.strip().split(" ", 1) for r in csp.split(";"))
+    assert rules["default-src"] == "'none'" and rules["script-src"] == "'self'" and rules["style-src"] == "'self'"
+    assert "unsafe" not in csp
+    assert re.findall(r"<script(?![^>]*\bsrc=)", html) == [] and "<style" not in html and " style=" not in html
+    assert re.findall(r"\son\w+=", html) == []  # no inline event handlers
+    # what it loads is in console/, under the static_path docs/topics/console.md configures
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert assets and all(
+        a.startswith("/console-static/") and (CONSOLE / a.rsplit("/", 1)[1]).is_file() for a in assets
+    )
+    docs = (ROOT / "docs" / "topics" / "console.md").read_text()
+    assert "app_path: /console\n" in docs and "static_path: /console-static\n" in docs
