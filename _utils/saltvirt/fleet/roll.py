@@ -8,7 +8,9 @@ service at once):
    placement never chooses it) and the roll's lock ``virt.roll:<host>`` (:mod:`saltvirt.fleet.fleetstate`: two rolls
    never take one host);
 2. ``evacuate``: :func:`saltvirt.fleet.relocate.evacuate`, the path of ``salt-run virt.evacuate`` (placement,
-   per-VM locks, reservations, retries elsewhere only while the VM is verifiably on the host);
+   per-VM locks, reservations, retries elsewhere only while the VM is verifiably on the host), then the master's
+   record (``virt.record``) of every host again, so automatic HA never takes the emptied host, rebooting, for one
+   lost with VMs;
 3. ``states``: the host's own states (``virt.host_states``: ``state.apply`` there), when asked;
 4. ``reboot``: when asked, after checking (signed) that no VM runs there (one that arrived meanwhile is evacuated
    again, else the roll stops): ``system.reboot`` is published, then the roll waits, bounded by ``timeout``, for a
@@ -35,7 +37,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import fleetstate, publish, rebalance, relocate
+from saltvirt.fleet import fleetstate, publish, rebalance, recovery, relocate
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,20 @@ class Roll:
             )
         if self.test:
             return {"plan": {n: p["target"] for n, p in ret["plan"].items()}}
+        if ret["moved"]:
+            self._record(host)
         return {"moved": {n: m["target"] for n, m in ret["moved"].items()}}
+
+    def _record(self, host: str) -> None:
+        """The master's record follows the VMs (as after ``virt.rebalance``): automatic HA reads it, and must not
+        take the host that reboots empty for one lost with its old VMs (it would fence it)."""
+        try:
+            recorded = recovery.refresh(self.remote).get(host) or {}
+        except CommandExecutionError as exc:
+            recorded = {"status": str(exc)}
+        if recorded.get("status") != "recorded" or recorded.get("vms"):
+            why = recorded.get("status") if recorded.get("status") != "recorded" else f"VMs {recorded['vms']}"
+            raise Stop(host, "evacuate", f"the master's record of it (virt.record) does not say it is empty: {why}")
 
     def apply_states(self, host: str) -> Data:
         mods = None if self.states == HIGHSTATE else self.states

@@ -10,7 +10,7 @@ import uuid
 import libvirt
 import pytest
 
-from saltvirt.fleet import fleetstate, placement, roll
+from saltvirt.fleet import fleetstate, placement, recovery, roll
 from saltvirt.pki import answers
 from tests.support import signedfleet
 from tests.support.fleetfacts import MIGRATION_STEPS
@@ -114,6 +114,8 @@ class RollFleet(signedfleet.SigningClient):
             dom.undefine()
             self.fleet.conns[self.pending.pop(args[0])].defineXML(xml).create()
             return MIGRATION_STEPS[fun]
+        if fun == "virt.recovery_record":
+            return {"vms": {n: {"uuid": vm["uuid"]} for n, vm in self._facts(host)["vm_info"].items()}}
         if fun in MIGRATION_STEPS:
             return MIGRATION_STEPS[fun]
         if fun == "virt.migrate_abort_cleanup":
@@ -178,6 +180,8 @@ def test_a_roll_empties_each_host_in_turn_and_brings_every_one_back(salt_run, fl
     assert ret["vms"] == {"running_before": 6, "running_after": 6, "not_running": [], "twice": {}}
     # no host runs a VM while it reboots: the last one rolled is empty, the others took their share back
     assert fleet.names("hv3") == []
+    # the master's record followed the VMs: automatic HA does not see hv3's old VMs there while it reboots
+    assert fleetstate.Store(salt_run.opts).fetch(recovery.HOSTS, "hv3")["vms"] == {}
 
 
 def test_the_second_hosts_failed_state_stops_the_roll_there_with_the_vms_intact(salt_run, fleet):
