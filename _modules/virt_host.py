@@ -2,7 +2,8 @@
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
 ``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``capabilities``, ``capabilities_xml``,
 ``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
-``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``).
+``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``); ``boot_id`` and ``host_states`` for
+``salt-run virt.roll`` (docs/topics/maintenance.md).
 """
 
 import os

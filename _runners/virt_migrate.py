@@ -1,8 +1,8 @@
 """
 Runner ``virt`` (continued): moving VMs between hypervisors, ``virt.migrate`` (one VM) and ``virt.evacuate`` (every
-VM of one host) (``saltvirt.fleet.relocate``; placement: ``saltvirt.fleet.placement``). Salt's loader merges every
-runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner. Migration, TLS and the master config:
-docs/topics/runner.md.
+VM of one host) (``saltvirt.fleet.relocate``; placement: ``saltvirt.fleet.placement``), and ``virt.roll`` (rolling
+maintenance, ``saltvirt.fleet.roll``). Salt's loader merges every runner file whose ``__virtualname__`` is ``virt``
+into one ``virt`` runner. Migration, TLS and the master config: docs/topics/runner.md.
 """
 
 import contextlib
