@@ -267,4 +267,5 @@ def roll(
         return _failed(exc)
     if ret["stopped"] or ret["vms"]["not_running"] or ret["vms"]["twice"]:
         __context__["retcode"] = 1
+        ret["retcode"] = 1  # salt-run's exit code comes from the answer's own retcode
     return ret
