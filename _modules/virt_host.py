@@ -2,7 +2,8 @@
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
 ``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``capabilities``, ``capabilities_xml``,
 ``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
-``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``).
+``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``); ``boot_id`` and ``host_states`` for
+``salt-run virt.roll`` (docs/topics/maintenance.md).
 """
 
 import os
@@ -194,6 +195,35 @@ def ready_confirm(nonce):
     CLI Example:: salt 'hyper1' virt.ready_confirm 3f6b...
     """
     return _readiness.confirm(__opts__["cachedir"], nonce)
+
+
+def boot_id():
+    """
+    This host's boot id (``/proc/sys/kernel/random/boot_id``: new at every boot): ``salt-run virt.roll`` asks it,
+    signed, before and after a reboot it asked for, so it knows the host really booted again.
+
+    CLI Example:: salt 'hyper1' virt.boot_id
+    """
+    return _readiness.boot_id()
+
+
+def host_states(mods=None, test=False, **kwargs):
+    """
+    Apply this hypervisor's own states (``state.apply``: the highstate without ``mods``, else those SLS; the
+    master's file_roots) for ``salt-run virt.roll``, which asks through ``virt.answer`` so the outcome is
+    signed. ``test=True``: Salt's dry run. Returns ``{"ret": <state.apply's return>, "retcode": <its retcode>}``;
+    the runner judges the state results (a failed state is data here, not this call's error).
+
+    CLI Example:: salt 'hyper1' virt.host_states pkg.upgrade test=True
+    """
+    if mods is not None and not isinstance(mods, (str, list)):
+        raise SaltInvocationError(f"mods must be an SLS name or a list of them, not {mods!r}")
+    args = [mods] if mods else []
+    ret = __salt__["state.apply"](*args, test=_bool(test))
+    # state.apply sets the shared __context__ retcode on a failed state: report it as data, so virt.answer
+    # signs the state results themselves instead of an error string
+    retcode = __context__.pop("retcode", 0)
+    return {"ret": ret, "retcode": retcode}
 
 
 def answer(fun, nonce, args=None, kwargs=None, tenant=None, **pub):

@@ -1,15 +1,15 @@
 """
 Runner ``virt`` (continued): moving VMs between hypervisors, ``virt.migrate`` (one VM) and ``virt.evacuate`` (every
-VM of one host) (``saltvirt.fleet.relocate``; placement: ``saltvirt.fleet.placement``). Salt's loader merges every
-runner file whose ``__virtualname__`` is ``virt`` into one ``virt`` runner. Migration, TLS and the master config:
-docs/topics/runner.md.
+VM of one host) (``saltvirt.fleet.relocate``; placement: ``saltvirt.fleet.placement``), and ``virt.roll`` (rolling
+maintenance, ``saltvirt.fleet.roll``). Salt's loader merges every runner file whose ``__virtualname__`` is ``virt``
+into one ``virt`` runner. Migration, TLS and the master config: docs/topics/runner.md.
 """
 
 import contextlib
 import os
 import sys
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import salt.client
 from salt.exceptions import SaltException
@@ -27,7 +27,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import callers, placement, publish, relocate, tenants
+    from saltvirt.fleet import callers, hypervisors, placement, publish, relocate, runprogress, tenants
+    from saltvirt.fleet import roll as _roll
     from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # what Salt's loader injects into this module
     __opts__: SaltOpts
     __salt__: SaltFunctions
     __context__: SaltContext
+    __jid_event__: Any
 
 __virtualname__ = "virt"
 
@@ -200,4 +202,70 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
         return _failed(exc)
     if ret.get("failed") or ret.get("cannot_place"):
         __context__["retcode"] = 1
+    return ret
+
+
+def _roll_progress(host, step, message):
+    """A ``[progress]`` line under salt-run and ``salt/virt/roll/<step>`` on the bus (announcements only)."""
+    with contextlib.suppress(NameError):  # __jid_event__ is injected by the runner client
+        runprogress.show(__opts__, __jid_event__, message)
+    runprogress.fire(__opts__, _roll.TAG + step, {"host": host, "step": step, "message": message})
+
+
+def roll(
+    tgt,
+    state=None,
+    reboot=False,
+    batch=1,
+    balance=False,
+    timeout=None,
+    test=False,
+    tgt_type=None,
+    transport=None,
+    **policy,
+):
+    """
+    Rolling maintenance of the hypervisors ``tgt`` matches (a glob, a list, a compound: among the configured
+    hypervisors, as ``tgt=`` of the other ``virt`` runners), ``batch`` at a time: maintenance on (placement
+    skips the host) -> every VM evacuated as ``virt.evacuate`` moves them -> the host's own states
+    (``state``: SLS names, or ``highstate``) -> ``reboot=True``: reboot and wait for the host's signed answers
+    (a new boot id, libvirtd) -> maintenance off; ``balance=True``: one ``virt.rebalance`` round at the end.
+    Stops at the first failure (``stopped``: host, step, reason, a state's failed ids): that host stays out
+    of service, the VMs moved so far keep running where they are, the hosts after it are untouched.
+    ``test=True``: changes nothing, says what it would do (the states' own dry run). ``timeout``: seconds
+    for one host's states, and for it to answer again after its reboot (default 900). Policy keys (``strategy``,
+    ``mem_reserve_mib``, ...) apply to this call only. Exits non-zero if the roll stopped or a VM that ran
+    before does not run exactly once after. See docs/topics/maintenance.md.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run virt.roll 'hyper*' state=pkg_upgrade reboot=True test=True
+        salt-run virt.roll hyper1,hyper2 tgt_type=list state=highstate reboot=True balance=True
+    """
+    policy = {k: v for k, v in policy.items() if not k.startswith("__")}
+    try:
+        tenants.operator_only(callers.job_caller(__opts__, globals(), __salt__), "virt.roll")
+        states, reboot, batch, timeout = _roll.options(state, reboot, batch, timeout)
+        tunnel, migrate_timeout = relocate.settings(_virt_conf())
+        pol = placement.make_policy(_virt_conf().get("placement"), **policy)
+        hosts = hypervisors.narrow(__opts__, tgt, tgt_type)
+        with salt.client.get_local_client(__opts__["conf_file"]) as client:
+            roller = _roll.Roll(
+                _remote(client),
+                pol,
+                states=states,
+                reboot=reboot,
+                test=validate.to_bool(test),
+                timeout=timeout,
+                migration={"tunnel": tunnel, "timeout": migrate_timeout, "transport": transport or None},
+                progress=_roll_progress,
+            )
+            ret = _roll.roll(roller, hosts, batch=batch, balance=validate.to_bool(balance))
+    except SaltException as exc:
+        return _failed(exc)
+    if ret["stopped"] or ret["vms"]["not_running"] or ret["vms"]["twice"]:
+        __context__["retcode"] = 1
+        ret["retcode"] = 1  # salt-run's exit code comes from the answer's own retcode
     return ret

@@ -549,3 +549,21 @@ def test_a_tenant_spoofing_every_grain_gains_nothing(vmaster, gone_back):
     kid = envelope.fingerprint(tenant_pub)
     cache = pathlib.Path(vmaster.config["cachedir"]) / "jobs"
     assert not any(kid in p.read_text(errors="replace") for p in cache.rglob("*.p") if p.stat().st_size < 1 << 20)
+
+
+# rolling maintenance ------------------------------------------------------------------------------
+def test_a_roll_stops_at_a_failed_state_and_says_where(vmaster, gone_back, state_tree):
+    """salt-run virt.roll's stop over real minions, as a dry run (the test-driver nodes cannot take a migration,
+    and no test reboots this machine): the evacuation's plan from signed answers, then the host's states through
+    virt.answer on the real minion (Salt's own state.apply, test=True) fail, and the roll stops there."""
+    (state_tree / "roll_fail.sls").write_text("held-package:\n  test.fail_without_changes: []\n")
+    ret = run(vmaster, "virt.roll", "cap-small", "state=roll_fail", "test=True")
+    data = ret.data
+    assert ret.returncode == 1 and "stopped" in data, data
+    assert data["test"] is True and data["done"] == [], data
+    assert data["stopped"]["host"] == "cap-small" and data["stopped"]["step"] == "states", data
+    # Salt's dry run of a failing state (test.fail_without_changes says so under test=True)
+    assert data["stopped"]["failed"] == {"held-package": "If we weren't testing, this would be a failure!"}
+    assert data["left_in_maintenance"] == ["cap-small"]
+    plan = data["hosts"]["cap-small"]["steps"][1]["plan"]  # a host with room (which: the machine's memory decides)
+    assert list(plan) == ["twin"] and plan["twin"] in ("cap-big", "cap-gone", "kvm1"), plan  # not maint, not full

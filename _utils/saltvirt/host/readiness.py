@@ -51,3 +51,12 @@ def confirm(cachedir: str, nonce: object, max_age: float = MAX_AGE) -> bool:
     except FileNotFoundError:
         return False  # a concurrent question took it
     return 0 <= time.time() - float(kept.get("time", 0)) <= max_age
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id(path: str = BOOT_ID) -> str:
+    """This host's boot id (Linux: new at every boot); a rolled host's reboot is proven by a new one."""
+    with open(path, encoding="ascii") as fh:
+        return fh.read().strip()

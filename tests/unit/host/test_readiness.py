@@ -39,3 +39,31 @@ def test_virt_ready_confirm_reads_the_minions_cachedir(tmp_path):
     assert mods["virt.ready_confirm"]("f" * 32) is False
     assert mods["virt.ready_confirm"](nonce) is True
     assert mods["virt.ready_confirm"](nonce) is False
+
+
+def test_the_boot_id_is_this_boots(tmp_path):
+    with open(readiness.BOOT_ID, encoding="ascii") as fh:
+        assert readiness.boot_id() == fh.read().strip() != ""
+    (tmp_path / "boot_id").write_text("abc\n")
+    assert readiness.boot_id(str(tmp_path / "boot_id")) == "abc"
+    mods = make_minion_mods(tmp_path, "test:///default")
+    assert mods["virt.boot_id"]() == readiness.boot_id()
+
+
+def test_virt_host_states_returns_a_failed_state_as_data(tmp_path):
+    """salt-run virt.roll asks virt.host_states through virt.answer, which signs an error string instead of the
+    return when the call leaves a retcode: a failed state must come back as its state results (with the retcode
+    beside them), so the roll can say which ids failed. Salt's real state.apply over a local file_roots."""
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    (roots / "good.sls").write_text("ok:\n  test.succeed_with_changes: []\n")
+    (roots / "bad.sls").write_text("broken:\n  test.fail_without_changes:\n    - comment: 'E: dpkg was interrupted'\n")
+    extra = {"file_roots": {"base": [str(roots)]}, "state_events": False}
+    mods = make_minion_mods(tmp_path, "test:///default", opts_extra=extra)
+    out = mods["virt.host_states"]("bad")
+    (res,) = out["ret"].values()
+    assert out["retcode"] == 2 and res["result"] is False and res["comment"] == "E: dpkg was interrupted"
+    assert mods.pack["__context__"].get("retcode", 0) == 0  # what virt.answer reads: nothing left
+    out = mods["virt.host_states"](["good"], test=True)
+    (res,) = out["ret"].values()
+    assert out["retcode"] == 0 and res["result"] is None  # Salt's dry run: would change
