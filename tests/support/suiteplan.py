@@ -2,9 +2,8 @@
 
 ``workers unit|integration``: pytest-xdist workers for a stage, sized to this machine now (cores, memory
 available, the cores others keep busy when ./run-tests starts: ``RUN_TESTS_LOAD``) instead of a fixed number:
-integration workers mostly wait on guests, daemons and timeouts, so a quiet 2-core machine takes 6 (three a core:
-run R with 4 kept the cores ~65% busy), a busy one fewer (never under 2); every worker keeps ~3 GiB (its master,
-minions, libvirtds and guests).
+integration workers mostly wait on guests, daemons and timeouts, so a quiet 2-core machine takes 4, a busy one
+fewer (never under 2); every worker keeps ~3 GiB (its master, minions, libvirtds and guests).
 ``RUN_TESTS_WORKERS`` overrides both.
 
 ``changed [BASE]``: the test files a change touches (``./run-tests --changed``): the files changed since
@@ -42,8 +41,8 @@ def workers(stage, cores=None, load=None, mem=None):
     if stage == "unit":
         return max(2, min(cores + 1, round(cores + 1 - load)))
     idle = max(0.0, cores - load)  # cores nobody else uses now
-    by_cpu = round(3 * idle) if idle < cores else 3 * cores
-    return max(2, min(by_cpu, int(mem // (3 * GIB)), 8))
+    by_cpu = round(2 * idle) if idle < cores else 2 * cores
+    return max(2, min(by_cpu, int(mem // (3 * GIB)), 6))
 
 
 def _git(*args):
