@@ -148,15 +148,19 @@ class Replies:
             self.checks[pub["jid"]] = (nonce, set(due))
 
     # deciding --------------------------------------------------------------------------------------------
-    def give_up(self, now: float) -> None:
-        """Give up minions silent for ``down_after`` seconds, or whose job is gone for a while (after a last
-        look in the job cache)."""
+    def silent(self, now: float) -> list[str]:
+        """The minions silent for ``down_after`` seconds, or whose job is gone for a while."""
         silent = []
         for minion in self.missing:
             gone = self.gone.get(minion)
             quiet = now - self.life[minion] >= self.cfg["timeout"] + self.cfg["down_after"]
             if quiet or (gone is not None and now - gone >= GONE_GRACE):
                 silent.append(minion)
+        return silent
+
+    def give_up(self, now: float) -> None:
+        """Give up the :meth:`silent` minions (after a last look in the job cache)."""
+        silent = self.silent(now)
         if not silent:
             return
         self.from_job_cache(silent)
