@@ -147,8 +147,8 @@ def test_guest_heavy_units_never_stack_beyond_the_budget():
 
     mig, rec, seed = "tests/integration/test_migration.py", "tests/integration/test_recovery.py", "tests/unit/x::t"
     queue = {mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
-    assert pick(queue, running_guests=0, budget=2) == mig  # the costliest
-    assert pick(queue, running_guests=GUESTS[mig], budget=2) == seed  # recovery would make 4
+    assert pick(queue, running_guests=0, budget=2) == rec  # the costliest
+    assert pick(queue, running_guests=GUESTS[rec], budget=2) == seed  # migration would make 4
     assert pick({mig: {"a": False}}, running_guests=2, budget=2) == mig  # never wait
     backup = "tests/integration/test_backup_real.py"
     assert pick({mig: {"a": False}, backup: {"b": False}}, running_guests=2, budget=2) == backup  # the lightest
