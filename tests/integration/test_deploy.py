@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import salt.config
+
 from tests.support.paths import ROOT
 
 LOADERS = {
@@ -25,6 +27,11 @@ def test_sync_all_route_loads_virt_on_minion(hyper1, salt_cli):
     assert ret.data == {"type": "qemu", "reason": ret.data["reason"]}
     ret = salt_cli.run("sys.doc", "virt.init", minion_tgt="hyper1")
     assert "salt 'hyper*' virt.init centos1 2 512" in ret.data["virt.init"]
+
+
+def test_master_serves_salt_files_in_salts_own_chunk_size(salt_master):
+    # one request per chunk: salt-factories' 8 KiB made salt://images/debian.qcow2 (197 MB) a minute (#33)
+    assert salt_master.config["file_buffer_size"] >= salt.config.DEFAULT_MASTER_OPTS["file_buffer_size"]
 
 
 def test_pip_install_registers_salt_loader_entry_point(tmp_path):
