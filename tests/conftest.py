@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from tests.support import clizygote, lab, xdist_groups
+from tests.support import clizygote, cpuacct, lab, xdist_groups
 from tests.support import golden as golden_files
 from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML, guest_boot
@@ -36,6 +36,9 @@ def pytest_configure(config):
     # before any test module imports salt: no deferred stderr handler dumping records at exit
     quiet_salt_logging()
     clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get("RUN_TESTS_TIMELINE"):
+        cpuacct.enter(worker)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,15 +56,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, folder))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With ``RUN_TESTS_TIMELINE``, a worker's report carries its CPU-seconds so far (tests/support/cpuacct.py)."""
+    outcome = yield
+    if os.environ.get("RUN_TESTS_TIMELINE") and os.environ.get("PYTEST_XDIST_WORKER"):
+        outcome.get_result().user_properties.append(("cpuacct", cpuacct.readings()))
+
+
 def pytest_runtest_logreport(report):
-    """``RUN_TESTS_TIMELINE=FILE``: one JSON line per test phase (worker, test, phase, start, stop), written by
-    the xdist controller: which worker ran what, when, so a run's tail and idle workers can be read back."""
+    """``RUN_TESTS_TIMELINE=FILE``: one JSON line per test phase (worker, test, phase, start, stop, and the
+    worker's CPU-seconds so far where cgroups allow), written by the xdist controller: which worker ran what,
+    when, and at what CPU cost, so a run's tail and idle workers can be read back."""
     path = os.environ.get("RUN_TESTS_TIMELINE")
     if not path or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     node = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
     line = {"worker": node, "test": report.nodeid, "phase": report.when, "outcome": report.outcome}
     line.update(start=getattr(report, "start", None), stop=getattr(report, "stop", None))
+    line.update(dict(report.user_properties).get("cpuacct") or {})
     with open(path, "a") as fh:
         fh.write(json.dumps(line) + "\n")
 
