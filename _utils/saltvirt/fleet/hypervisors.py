@@ -45,7 +45,7 @@ OPT_IN = "hypervisors_trust_minion_data"
 ID_TYPES = ("glob", "list", "pcre", "nodegroup", "compound")
 TRUSTING_TYPES = ("grain", "grain_pcre", "pillar", "pillar_pcre", "pillar_exact", "ipcidr", "data", "pillar_target")
 ID_ENGINES = ("L", "E", "N")  # compound engines that match on the minion id only
-WAITS = ("timeout", "gather_job_timeout", "down_after", "max_wait", "init_timeout")
+WAITS = ("timeout", "gather_job_timeout", "down_after", "down_memory", "max_wait", "init_timeout")
 HOWTO = (
     "no hypervisors are configured on the master. Add the hypervisors' minion ids to the master config, e.g.\n"
     "  virt:\n"

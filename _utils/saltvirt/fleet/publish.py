@@ -15,6 +15,8 @@ with ``*``). Its mapping form also carries the waits (every key optional)::
         timeout: 5               # seconds before a slow hypervisor is asked whether it still runs the job
         gather_job_timeout: 5    # seconds between two such checks
         down_after: 20           # seconds with no answer to any check before it is reported down
+        down_memory: 300         # seconds a host reported down stays suspect: down after one unanswered
+                                 # check (timeout + gather_job_timeout) instead of down_after; 0: off
         max_wait: 60             # hard bound for a query, whatever the minions say
         init_timeout: 1800       # hard bound for virt.init on one hypervisor (image copy + seeding)
 
@@ -58,6 +60,7 @@ DEFAULTS = {
     "timeout": 5,
     "gather_job_timeout": 5,
     "down_after": 20,
+    "down_memory": 300,
     "max_wait": 60,
     "init_timeout": 1800,
 }
@@ -75,6 +78,9 @@ def config(opts: SaltOpts, **overrides: Any) -> Data:
     cfg.update({k: v for k, v in overrides.items() if v is not None and k in DEFAULTS})
     for key in ("timeout", "gather_job_timeout", "down_after", "max_wait", "init_timeout"):
         cfg[key] = validate.seconds(cfg[key], f"virt:hypervisors:{key}")
+    if cfg["down_memory"] not in (0, "0"):  # 0: every call waits down_after in full
+        cfg["down_memory"] = validate.seconds(cfg["down_memory"], "virt:hypervisors:down_memory")
+    cfg["down_memory"] = float(cfg["down_memory"])
     # a hard bound shorter than Salt's own down-detection would report down hosts as 'timeout'
     floor = cfg["timeout"] + cfg["down_after"] + 2
     cfg["max_wait"] = max(cfg["max_wait"], floor)

@@ -11,7 +11,8 @@ its last sign of life) is asked whether it still runs the job (Salt's ``saltutil
 running" is a sign of life, however late it arrives (a loaded minion answers its checks late, not never), and
 the wait goes on, up to ``max_wait``. A hypervisor is reported ``down`` only after ``down_after`` seconds
 without any sign of life, or when it says the job is gone and no signed answer came (after a last look in the
-master's job cache).
+master's job cache). A hypervisor reported down within ``down_memory`` seconds by an earlier call
+(:mod:`saltvirt.fleet.silence`) is given up after one unanswered job check instead; any reply it signs clears it.
 """
 
 import contextlib
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import minionkeys
+from saltvirt.fleet import minionkeys, silence
 from saltvirt.pki import answers
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class Replies:
         self.gone: dict[str, float] = {}  # the job ended there (a signed check said so) at
         self.checks: dict[str, tuple[str, set[str]]] = {}  # check jid -> (nonce, minions asked)
         self.asked: dict[str, float] = {}  # minion -> when its last outstanding check was sent
+        # minion -> seconds since an earlier call reported it down (silence.py): one check, not down_after
+        self.suspects = silence.recent(opts, expected, cfg.get("down_memory", 0))
 
     # reading -------------------------------------------------------------------------------------------
     def _pub(self, minion: str) -> str | None:
@@ -102,6 +105,7 @@ class Replies:
                 if got is not None:
                     self.answers[minion] = self.classify(*got)
                     self.missing.discard(minion)
+                    self._alive(minion)
         elif parts[2] in self.checks:
             nonce, asked = self.checks[parts[2]]
             if minion in asked:
@@ -109,8 +113,14 @@ class Replies:
                 if got is not None:
                     self._checked(minion, got[0])
 
+    def _alive(self, minion: str) -> None:
+        """``minion`` signed a reply: whatever an earlier call found, it is not down."""
+        if self.suspects.pop(minion, None) is not None:
+            silence.forget(self.opts, minion)
+
     def _checked(self, minion: str, running: Any) -> None:
         self.asked.pop(minion, None)
+        self._alive(minion)
         if running:
             self.life[minion] = time.monotonic()
             self.gone.pop(minion, None)
@@ -153,10 +163,14 @@ class Replies:
         silent = []
         for minion in self.missing:
             gone = self.gone.get(minion)
-            quiet = now - self.life[minion] >= self.cfg["timeout"] + self.cfg["down_after"]
+            quiet = now - self.life[minion] >= self.cfg["timeout"] + self._patience(minion)
             if quiet or (gone is not None and now - gone >= GONE_GRACE):
                 silent.append(minion)
         return silent
+
+    def _patience(self, minion: str) -> float:
+        """Seconds without a sign of life, after the first ``timeout``, before ``minion`` is down."""
+        return self.cfg["gather_job_timeout"] if minion in self.suspects else self.cfg["down_after"]
 
     def give_up(self, now: float) -> None:
         """Give up the :meth:`silent` minions (after a last look in the job cache)."""
@@ -168,6 +182,8 @@ class Replies:
             if minion in self.missing:
                 self.down[minion] = self.down_answer(minion)
                 self.missing.discard(minion)
+                if minion not in self.gone:  # silent, not merely without an answer to this job
+                    silence.remember(self.opts, minion)
 
     def from_job_cache(self, minions: list[str]) -> None:
         """A last look in the master's job cache for replies whose event was missed."""
@@ -186,10 +202,16 @@ class Replies:
                 if got is not None:
                     self.answers[minion] = self.classify(*got)
                     self.missing.discard(minion)
+                    self._alive(minion)
 
     def down_answer(self, minion: str) -> Data:
         if minion in self.gone:
             why = "its job ended there without a reply signed by its key"
+        elif minion in self.suspects:
+            why = (
+                f"no sign of life for {self.cfg['gather_job_timeout']:g} s after the first {self.cfg['timeout']:g} s, "
+                f"and reported down {self.suspects[minion]:.0f} s ago: its job checks went unanswered"
+            )
         else:
             why = (
                 f"no sign of life for {self.cfg['down_after']:g} s after the first {self.cfg['timeout']:g} s: "
