@@ -170,7 +170,9 @@ class Replies:
 
     def _patience(self, minion: str) -> float:
         """Seconds without a sign of life, after the first ``timeout``, before ``minion`` is down."""
-        return self.cfg["gather_job_timeout"] if minion in self.suspects else self.cfg["down_after"]
+        if minion in self.suspects:  # one job check's answer time, never more than a first silence gets
+            return min(self.cfg["gather_job_timeout"], self.cfg["down_after"])
+        return self.cfg["down_after"]
 
     def give_up(self, now: float) -> None:
         """Give up the :meth:`silent` minions (after a last look in the job cache)."""
@@ -209,7 +211,7 @@ class Replies:
             why = "its job ended there without a reply signed by its key"
         elif minion in self.suspects:
             why = (
-                f"no sign of life for {self.cfg['gather_job_timeout']:g} s after the first {self.cfg['timeout']:g} s, "
+                f"no sign of life for {self._patience(minion):g} s after the first {self.cfg['timeout']:g} s, "
                 f"and reported down {self.suspects[minion]:.0f} s ago: its job checks went unanswered"
             )
         else:
