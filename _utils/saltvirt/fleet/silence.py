@@ -1,4 +1,5 @@
-"""Hypervisors the runner found down, remembered across calls (master side, in the master's cache).
+"""Hypervisors the runner found down, remembered across calls (master side, a file per host in the master's
+cachedir).
 
 A stopped hypervisor costs every call that asks it ``timeout + down_after`` seconds before it is reported
 down: an operator who runs ``virt.query``, ``virt.recover`` and ``virt.next_host`` during an outage waited that
@@ -14,16 +15,25 @@ that its job is gone) and is not remembered.
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterable
-
-import salt.cache
 
 from saltvirt.base.salttypes import SaltOpts
 
 log = logging.getLogger(__name__)
 
-BANK = "salt-virt/down"
+
+def _folder(opts: SaltOpts) -> str:
+    # a file per host in this master's own cachedir, not Salt's cache backend: when that is the shared store
+    # (redis, multi-master), a store that is down must not slow or break the wait it only shortens
+    return os.path.join(opts["cachedir"], "salt-virt", "down")
+
+
+def _file(opts: SaltOpts, minion: str) -> str | None:
+    if not minion or os.sep in minion or minion.startswith("."):
+        return None  # never a path outside the folder (accepted minion ids never look like this)
+    return os.path.join(_folder(opts), minion)
 
 
 def recent(opts: SaltOpts, minions: Iterable[str], memory: float) -> dict[str, float]:
@@ -32,32 +42,38 @@ def recent(opts: SaltOpts, minions: Iterable[str], memory: float) -> dict[str, f
     if not memory:
         return {}
     try:
-        cache = salt.cache.factory(opts)
-        listed = set(cache.list(BANK))
-    except Exception as exc:  # noqa: BLE001 - the memory only shortens waits: without it, wait in full
-        log.debug("virt runner: down hypervisors not read from the cache: %s", exc)
-        return {}
+        listed = set(os.listdir(_folder(opts)))
+    except OSError:
+        return {}  # nothing remembered yet
     now = time.time()
     found = {}
     for minion in sorted(set(minions) & listed):
-        with contextlib.suppress(Exception):  # unreadable: not a suspect (the full wait is the safe side)
-            at = (cache.fetch(BANK, minion) or {}).get("at")
-            if isinstance(at, (int, float)) and not isinstance(at, bool) and 0 <= now - at <= memory:
-                found[minion] = now - at
+        path = _file(opts, minion)
+        with contextlib.suppress(OSError, ValueError):  # unreadable: not a suspect (a full wait is the safe side)
+            with open(path) as fh:  # type: ignore[arg-type]  # listed names are plain file names
+                age = now - float(fh.read())
+            if 0 <= age <= memory:
+                found[minion] = age
     return found
 
 
 def remember(opts: SaltOpts, minion: str) -> None:
     """``minion`` was reported down now."""
+    path = _file(opts, minion)
+    if path is None:
+        return
     try:
-        salt.cache.factory(opts).store(BANK, minion, {"at": time.time()})
-    except Exception as exc:  # noqa: BLE001 - not remembered: the next call waits in full
+        os.makedirs(_folder(opts), exist_ok=True)
+        with open(f"{path}.tmp", "w") as fh:
+            fh.write(repr(time.time()))
+        os.replace(f"{path}.tmp", path)
+    except OSError as exc:  # not remembered: the next call waits in full
         log.debug("virt runner: %s not remembered as down: %s", minion, exc)
 
 
 def forget(opts: SaltOpts, minion: str) -> None:
     """``minion`` signed a reply: no longer a suspect."""
-    try:
-        salt.cache.factory(opts).flush(BANK, minion)
-    except Exception as exc:  # noqa: BLE001 - a stale entry expires after down_memory
-        log.debug("virt runner: %s not forgotten as down: %s", minion, exc)
+    path = _file(opts, minion)
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
