@@ -54,7 +54,6 @@ COST = {
     "tests/integration/test_backup_runner.py": 60,
     "tests/integration/test_authority.py": 60,
     "tests/integration/test_delegation.py": 50,
-    "tests/integration/test_seed.py": 50,
     "tests/integration/test_snapshot_real.py": 40,
     "tests/integration/test_domain_features.py": 30,
     "tests/integration/test_storage_real.py": 30,

@@ -143,12 +143,13 @@ def test_guest_heavy_units_never_stack_beyond_the_budget():
     """Issue 33: two migration labs (2 TCG guests each) do not run together on 2 cores while a light unit can
     fill the gap; with only heavy units left a worker takes the lightest (it never waits: xdist would leave it
     idle for ever)."""
-    from tests.support.xdist_groups import GUESTS, pick
+    from tests.support.xdist_groups import GUESTS, cost, pick
 
     mig, rec, seed = "tests/integration/test_migration.py", "tests/integration/test_recovery.py", "tests/unit/x::t"
     queue = {mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
-    assert pick(queue, running_guests=0, budget=2) == rec  # the costliest
-    assert pick(queue, running_guests=GUESTS[rec], budget=2) == seed  # migration would make 4
+    costliest = max((mig, rec), key=lambda unit: cost(unit, queue[unit]))
+    assert pick(queue, running_guests=0, budget=2) == costliest
+    assert pick(queue, running_guests=GUESTS[costliest], budget=2) == seed  # the other lab would make 4
     assert pick({mig: {"a": False}}, running_guests=2, budget=2) == mig  # never wait
     backup = "tests/integration/test_backup_real.py"
     assert pick({mig: {"a": False}, backup: {"b": False}}, running_guests=2, budget=2) == backup  # the lightest
