@@ -1,9 +1,12 @@
 """Configuration of real Salt daemons (pytest-salt-factories) for the integration tests."""
 
+import atexit
 import compileall
 import contextlib
+import functools
 import os
 import shutil
+import tempfile
 
 from tests.support.paths import GUEST_DIR, ROOT
 
@@ -49,20 +52,30 @@ SYNCED = {
 }
 
 
+@functools.cache
+def _bundle():
+    """The bundle laid out as ``saltutil.sync_all`` lays it out, byte-compiled once per test process (removed at
+    its exit). Compiling it for every daemon was most of a worker's own CPU (py-spy: 294 of 387 samples while
+    test_runner.py started its minions); a copy keeps the .py files' times, so the copied .pyc stay valid, and
+    Python names the copy's files in its code objects when it loads them."""
+    stage = tempfile.mkdtemp(prefix="svbundle", dir="/tmp")
+    atexit.register(shutil.rmtree, stage, ignore_errors=True)
+    for src, kind in SYNCED.items():
+        if (ROOT / src).is_dir():
+            shutil.copytree(ROOT / src, os.path.join(stage, kind), ignore=shutil.ignore_patterns("__pycache__"))
+    # every job and CLI loads them, and the daemons write no .pyc (PYTHONDONTWRITEBYTECODE, salt-factories sets
+    # it), so each would compile the bundle again
+    compileall.compile_dir(stage, quiet=2)
+    return stage
+
+
 def presync(factory):
     """Put the bundle where ``saltutil.sync_all`` puts it (the daemon's extension_modules), before the daemon
     starts: a real sync costs some 4 CPU-seconds per minion on the master and the minion (a request per
     file), and the suite starts dozens. The sync route itself is tested with hyper1 (conftest.py,
     test_deploy.py); every other daemon loads the same files from the same place."""
     ext = factory.config.get("extension_modules") or os.path.join(factory.config["cachedir"], "extmods")
-    for src, kind in SYNCED.items():
-        if (ROOT / src).is_dir():
-            shutil.copytree(
-                ROOT / src, os.path.join(ext, kind), dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
-            )
-    # byte-compiled once here: every job and CLI loads them, and the daemons write no .pyc
-    # (PYTHONDONTWRITEBYTECODE, salt-factories sets it), so each would compile the bundle again
-    compileall.compile_dir(ext, quiet=2)
+    shutil.copytree(_bundle(), ext, dirs_exist_ok=True)
     return factory
 
 
