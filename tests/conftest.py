@@ -17,7 +17,7 @@ from tests.support import clizygote, cpuacct, lab, xdist_groups
 from tests.support import golden as golden_files
 from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML, guest_boot
-from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltd import compiled, hypervisor_minion_config, master_config, start_minion
 from tests.support.saltloader import make_minion_mods
 from tests.support.saltlogging import quiet_salt_logging
 
@@ -242,7 +242,7 @@ def salt_master(salt_factories, state_tree):
     with factory.started():
         ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
-        yield factory
+        yield compiled(factory)
 
 
 @pytest.fixture(scope="session")
@@ -255,7 +255,7 @@ def hyper1(salt_master, hv1, lab_dir):
     with factory.started():
         ret = factory.salt_call_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
-        yield factory
+        yield compiled(factory)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import sys
 import salt.config
 
 from tests.support.paths import ROOT
+from tests.support.saltd import compiled
 
 LOADERS = {
     # kind -> (existing repo dir, loader call, expected function)
@@ -22,6 +23,7 @@ LOADERS = {
 def test_sync_all_route_loads_virt_on_minion(hyper1, salt_cli):
     ret = salt_cli.run("saltutil.sync_all", minion_tgt="hyper1")
     assert ret.returncode == 0, ret
+    compiled(hyper1)  # the sync removed the bytecode it did not write: the session's later jobs need it
     ret = salt_cli.run("virt.get_hypervisor", minion_tgt="hyper1")
     assert ret.returncode == 0, ret
     assert ret.data == {"type": "qemu", "reason": ret.data["reason"]}

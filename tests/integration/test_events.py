@@ -30,7 +30,7 @@ import pytest
 
 from tests.support import lab
 from tests.support.paths import ROOT, guest_boot
-from tests.support.saltd import hypervisor_minion_config, master_config, start_minion
+from tests.support.saltd import compiled, hypervisor_minion_config, master_config, start_minion
 
 HOST, TENANT = "evhyper", "evtenant"
 WAIT = 180  # seconds: a bound for an event on a loaded 2-core machine, not a speed check
@@ -70,7 +70,7 @@ def emaster(salt_factories, state_tree, pillar_roots):
     with factory.started():
         ret = factory.salt_run_cli(timeout=120).run("saltutil.sync_all")
         assert ret.returncode == 0, ret
-        yield factory
+        yield compiled(factory)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,7 @@ def minions(emaster, ehv, lab_dir):
         assert ret.returncode == 0 and {"engines.virt_events", "engines.libvirt_events"} <= set(ret.data["engines"]), (
             ret
         )
+        compiled(hyper)
         hyper.terminate()
         t0 = time.time()
         hyper.start()

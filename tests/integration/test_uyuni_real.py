@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.support import lab
-from tests.support.saltd import SOURCES
+from tests.support.saltd import SOURCES, compiled
 
 UYUNI = pathlib.Path(os.environ.get("SALT_VIRT_UYUNI", "/var/cache/salt-virt/uyuni/susemanager-sls"))
 SLS = (
@@ -65,10 +65,12 @@ def uyuni(state_tree, salt_cli, hyper1, guest):
     shutil.copyfile(guest["kernel"], distro / "linux")
     shutil.copyfile(guest["initrd"], distro / "initrd")
     assert salt_cli.run("saltutil.sync_all", minion_tgt="hyper1").returncode == 0
+    compiled(hyper1)
     yield
     for path in made:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     salt_cli.run("saltutil.sync_all", minion_tgt="hyper1")
+    compiled(hyper1)
 
 
 @pytest.fixture

@@ -69,13 +69,25 @@ def _bundle():
     return stage
 
 
+def _extension_modules(factory):
+    return factory.config.get("extension_modules") or os.path.join(factory.config["cachedir"], "extmods")
+
+
 def presync(factory):
     """Put the bundle where ``saltutil.sync_all`` puts it (the daemon's extension_modules), before the daemon
     starts: a real sync costs some 4 CPU-seconds per minion on the master and the minion (a request per
     file), and the suite starts dozens. The sync route itself is tested with hyper1 (conftest.py,
     test_deploy.py); every other daemon loads the same files from the same place."""
-    ext = factory.config.get("extension_modules") or os.path.join(factory.config["cachedir"], "extmods")
-    shutil.copytree(_bundle(), ext, dirs_exist_ok=True)
+    shutil.copytree(_bundle(), _extension_modules(factory), dirs_exist_ok=True)
+    return factory
+
+
+def compiled(factory):
+    """After a ``saltutil.sync_all`` into ``factory``'s extension_modules: its modules byte-compiled, as a daemon
+    that may write bytecode does on their first import. salt-factories' daemons may not
+    (PYTHONDONTWRITEBYTECODE), and the sync removes every file it did not write (``clean_dynamic_modules``), so
+    each job and salt-run compiled what it imported from source again (py-spy: most of hyper1's job CPU)."""
+    compileall.compile_dir(_extension_modules(factory), quiet=2)
     return factory
 
 
