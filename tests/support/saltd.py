@@ -24,6 +24,9 @@ def master_config(state_tree, **extra):
         # Salt's own default, which salt-factories lowers to 8 KiB: the master answers a salt:// fetch one
         # chunk of this size per request, so 8 KiB made the 197 MB tutorial image ~24,000 requests (~3 MB/s)
         "file_buffer_size": 1048576,
+        # salt-factories forwards each daemon's (and each salt CLI's) log records to the test process from DEBUG
+        # on, which pytest (log_level = WARNING) then drops: py-spy saw its log server in ~20% of a worker's CPU
+        "pytest-master": {"log": {"level": "warning"}},
         "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
         # who the hypervisors are: minion ids in the master config (never grains, see docs/topics/trust.md)
         "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob"}},
@@ -94,7 +97,8 @@ def compiled(factory):
 def start_minion(master, minion_id, overrides, sync=False):
     """A minion factory of ``master`` (start it with ``.started()``) with the bundle in place (:func:`presync`);
     ``sync=True``: none, the test syncs it from the master with ``saltutil.sync_all``."""
-    factory = master.salt_minion_daemon(minion_id, overrides=dict({"log_level_logfile": "info"}, **overrides))
+    quiet = {"log_level_logfile": "info", "pytest-minion": {"log": {"level": "warning"}}}  # see master_config
+    factory = master.salt_minion_daemon(minion_id, overrides=dict(quiet, **overrides))
     return factory if sync else presync(factory)
 
 
