@@ -132,16 +132,13 @@ def classify(ret: Any, retcode: Any) -> Data:
 
 
 def _relay(client, watch, senders=()):
-    """Hand events whose tag starts with ``watch[0]``, sent by one of ``senders`` (the minions this
-    publication went to, as the master authenticated the sender: ``id`` of a minion event), to ``watch[1]``;
-    any other minion's events under that tag are dropped. Progress only: nothing is decided from them."""
-    if not watch:
-        return
-    while True:
-        ev = client.event.get_event(wait=0.001, tag=watch[0], match_type="startswith", full=True, no_block=True)
-        if not ev:
-            return
-        _relay_one(ev, watch, senders)
+    """Hand the events on the bus now whose tag starts with ``watch[0]``, sent by one of ``senders`` (the
+    minions this publication went to, as the master authenticated the sender: ``id`` of a minion event), to
+    ``watch[1]``; any other minion's events under that tag are dropped. Progress only: nothing is decided from
+    them. Bounded as :func:`_drain` (it read until the bus was empty: a guest firing that tag without pause held
+    the runner for as long as it fired)."""
+    if watch:
+        _read_now(client, lambda ev: _relay_one(ev, watch, senders), tag=watch[0], match_type="startswith")
 
 
 def _relay_one(ev, watch, senders):
@@ -277,13 +274,18 @@ def _dispatch(event, waiting, watch, expected):
 
 
 def _drain(client, waiting, watch, expected):
-    """Read what is on the bus now, without waiting (at most :data:`DRAIN_MAX` events: a bus that anyone can
-    flood must not hold the wait)."""
+    """Read what is on the bus now, without waiting (see :func:`_read_now`)."""
+    _read_now(client, lambda event: _dispatch(event, waiting, watch, expected))
+
+
+def _read_now(client, handle, tag="", **match):
+    """Hand the events on the bus now (``tag``: those under it) to ``handle``, without waiting: at most
+    :data:`DRAIN_MAX` of them, because a bus that anyone can flood must not hold a runner."""
     for _ in range(DRAIN_MAX):
-        event = client.event.get_event(no_block=True, tag="", full=True)
-        if event is None:
+        event = client.event.get_event(no_block=True, tag=tag, full=True, **match)
+        if not event:
             return
-        _dispatch(event, waiting, watch, expected)
+        handle(event)
 
 
 def new_jid(opts: SaltOpts) -> str:

@@ -120,6 +120,28 @@ def test_progress_is_relayed_only_from_the_minions_published_to():
     assert seen == [(tag, {"host": "hv1", "backend": "loop"})]
 
 
+class _Flood:
+    """A guest firing the watched progress tag without pause: the bus always holds one more of its events."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def get_event(self, **_kw):
+        self.reads += 1
+        if self.reads > 10 * fleet.DRAIN_MAX:
+            raise AssertionError("the runner is still reading a flooded bus")
+        return {"tag": "salt/virt/init/web1/seeded", "data": {"id": "tenant-vm", "data": {}}}
+
+
+def test_a_flooded_progress_tag_does_not_hold_the_runner():
+    """The progress relay after a wait reads what is on the bus now, at most DRAIN_MAX events (it read until the
+    bus was empty: a tenant firing salt/virt/init/<vm>/... without pause held the runner)."""
+    client = _EventClient([])
+    client.event = _Flood()
+    fleet._relay(client, ("salt/virt/init/web1/", lambda t, d: None), {"hv1"})
+    assert client.event.reads == fleet.DRAIN_MAX
+
+
 def test_failure_is_the_runners_answer():
     from salt.exceptions import SaltInvocationError
 
