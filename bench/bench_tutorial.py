@@ -532,6 +532,8 @@ def main(argv=None):
                 "guest_master": master_ip or "127.0.0.1",
             },
         }
+        if args.quick:
+            extra.update(bench_fleet.QUICK_MASTER)
         TutStack.direct_kernel = args.direct_kernel and not args.quick
         # placement allows 4 vCPUs per host CPU (virt:placement:cpu_overcommit): the lab hypervisors all run
         # on this machine's CPUs, so a larger burst gets the operator's higher ratio, or its last VMs are
