@@ -152,6 +152,11 @@ class Stack:
                     break
             time.sleep(0.1)
         self.minion_procs = [self._spawn("salt-minion", d) for d in self.minion_confs]
+        # no ping before every minion's key is accepted: a minion without one is no target, so each such
+        # `salt` command (~1 CPU-s) came back at once with nothing, again and again while the minions start
+        keys = self.pki_dir("minions")
+        while time.monotonic() < deadline and not all(os.path.exists(os.path.join(keys, m)) for m in self.minion_ids):
+            time.sleep(0.2)
         while time.monotonic() < deadline:
             out = self.cli("salt", "*", "test.ping", "--out=json", "--static", "-t", "10", timeout=120)
             try:
@@ -162,6 +167,10 @@ class Stack:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"{self.name}: minions did not all answer within {timeout}s (logs in {self.base})")
+
+    def pki_dir(self, kind):
+        """The master's key directory ``kind`` (``minions``: accepted, ``minions_pre``: pending)."""
+        return os.path.join(self.conf, "etc", "salt", "pki", "master", kind)
 
     def minion_memory(self):
         """{minion: (VmRSS, VmHWM) of its biggest process}; jobs run in threads, so the HWM has the jobs."""
