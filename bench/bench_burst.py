@@ -72,6 +72,8 @@ def main(argv=None):
             "placement": {"mem_reserve_mib": 0, "disk_reserve_mib": 0},
         }
     }
+    if args.quick:
+        extra.update(bench_fleet.QUICK_MASTER)
     stack = bench_fleet.Stack(
         "salt-virt",
         str(common.OUR_VENV),

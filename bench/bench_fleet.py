@@ -31,6 +31,9 @@ import nodexml
 
 FULL = {"minions": 10, "domains": 100, "reps": 3}
 QUICK = {"minions": 1, "domains": 5, "reps": 1}
+# --quick's masters (every script's): 2 request workers, not Stack's 5. Each is a process that sets up its own
+# loaders (~0.8 CPU-s); a smoke run starts five masters beside each other on 2 cores and sends them a few jobs
+QUICK_MASTER = {"worker_threads": 2}
 
 
 def free_port():
@@ -149,6 +152,11 @@ class Stack:
                     break
             time.sleep(0.1)
         self.minion_procs = [self._spawn("salt-minion", d) for d in self.minion_confs]
+        # no ping before every minion's key is accepted: a minion without one is no target, so each such
+        # `salt` command (~1 CPU-s) came back at once with nothing, again and again while the minions start
+        keys = self.pki_dir("minions")
+        while time.monotonic() < deadline and not all(os.path.exists(os.path.join(keys, m)) for m in self.minion_ids):
+            time.sleep(0.2)
         while time.monotonic() < deadline:
             out = self.cli("salt", "*", "test.ping", "--out=json", "--static", "-t", "10", timeout=120)
             try:
@@ -159,6 +167,10 @@ class Stack:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"{self.name}: minions did not all answer within {timeout}s (logs in {self.base})")
+
+    def pki_dir(self, kind):
+        """The master's key directory ``kind`` (``minions``: accepted, ``minions_pre``: pending)."""
+        return os.path.join(self.conf, "etc", "salt", "pki", "master", kind)
 
     def minion_memory(self):
         """{minion: (VmRSS, VmHWM) of its biggest process}; jobs run in threads, so the HWM has the jobs."""
@@ -394,6 +406,8 @@ def main(argv=None):
         for i in range(cfg["minions"])
     ]
     master_extra = {"grains_cache": True} if args.grains_cache else {}
+    if args.quick:
+        master_extra.update(QUICK_MASTER)
     saltext = not args.no_saltext  # its venv may not exist without it (bench/setup-saltext.sh)
     stacks = [
         (

@@ -34,7 +34,17 @@ import common
 import nodexml
 
 FULL = {"minions": 50, "domains": 100, "reps": 3, "sizes": [100, 1000, 10000], "syn_reps": {100: 5, 1000: 5, 10000: 3}}
-QUICK = {"minions": 2, "domains": 5, "reps": 1, "sizes": [10, 50], "syn_reps": {10: 1, 50: 1}}
+# --quick: the 50 synthetic hosts keep their down host (hyper00013), given up after 1 + 1 s instead of the
+# runner's default 5 + 20 s (virt:hypervisors timeout, down_after): a smoke test waits for nothing
+QUICK = {
+    "minions": 1,
+    "domains": 5,
+    "reps": 1,
+    "sizes": [10, 50],
+    "syn_reps": {10: 1, 50: 1},
+    "syn_waits": {"timeout": 1, "down_after": 1},
+    "master": bench_fleet.QUICK_MASTER,
+}
 SYN_VMS = 20
 
 
@@ -99,7 +109,7 @@ def child(spec):
                 "sock_dir": os.path.join(workdir, "sock"),
                 "conf_file": os.path.join(workdir, "master"),
                 "runner_dirs": [str(common.ROOT / "_runners")],
-                "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob"}},
+                "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", **spec.get("waits", {})}},
             }
         )
         hosts = synthetic_hosts(spec["hosts"], vms_per_host=SYN_VMS)
@@ -152,10 +162,11 @@ def run_synthetic(cfg, log):
     for size in cfg["sizes"]:
         for func, kwargs in SYN_FUNCS.items():
             runs = []
+            spec = {"hosts": size, "func": func, "kwargs": kwargs, "waits": cfg.get("syn_waits", {})}
             for rep in range(cfg["syn_reps"][size]):
                 log(f"scale synthetic {func} {size} hosts {rep + 1}/{cfg['syn_reps'][size]}")
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--child", json.dumps({"hosts": size, "func": func, "kwargs": kwargs})],
+                    [sys.executable, __file__, "--child", json.dumps(spec)],
                     capture_output=True,
                     text=True,
                     timeout=1800,
@@ -221,7 +232,8 @@ def run_real(cfg, workdir, log):
                     "gather_job_timeout": 60,
                     "max_wait": 900,
                 }
-            }
+            },
+            **cfg.get("master", {}),
         },
     )
     log(f"scale: starting salt-master + {cfg['minions']} minions x {cfg['domains']} domains")

@@ -7,6 +7,7 @@ competitor's venv (saltext-virt 0.1.0 from PyPI) is built once by bench/setup-sa
 first time, then instant).
 """
 
+import compileall
 import json
 import os
 import subprocess
@@ -36,6 +37,11 @@ def quick_runs(tmp_path_factory, request):
         pytest.fail("the bench smoke test needs root (libvirtd in namespaces, salt daemons)")
     setup = subprocess.run([str(BENCH / "setup-saltext.sh")], capture_output=True, text=True, timeout=900, check=False)
     assert setup.returncode == 0, setup.stderr[-3000:]
+    # the checkout's Python byte-compiled once: the scripts start some fifty processes (CLIs, daemons, workers)
+    # that import it, and where PYTHONDONTWRITEBYTECODE is set (this machine) none of them writes a .pyc, so
+    # each compiled what it imported again (__pycache__ is git-ignored)
+    for tree in ("_utils", "_modules", "_runners", "bench", "tests/support"):
+        compileall.compile_dir(ROOT / tree, quiet=2)
     out_dir = tmp_path_factory.mktemp("bench-json")
     env = dict(os.environ, BENCH_JSON_DIR=str(out_dir))
     procs = {

@@ -18,7 +18,9 @@ and the package mirror as scripts/setup.sh left them (warm) salt-venv.sh takes ~
 install a few seconds more; cold (no pip cache, everything from PyPI, as on a fresh CI machine) salt-venv.sh
 took 2 min 28 s for one venv and libvirt-python's build from its sdist 24 s more. Then ~20 s to start the
 daemons, ~10 s for the runner calls, and the teardown (stopping the daemons, deleting ~470 MB of venvs: 10 s on
-a quiet disk, 40 s and more beside another suite). No guest boots (``start=False``).
+a quiet disk, 40 s and more beside another suite). No guest boots (``start=False``). pip byte-compiles nothing
+here (NO_COMPILE): the daemons and CLIs write the .pyc of what they import; measured alone (2026-11-30, load 7-12):
+52 CPU-s with pip's byte-compilation, 40 without.
 """
 
 import ast
@@ -53,6 +55,12 @@ BUILD_BOUND = 600  # python -m build: its isolated build env fetches setuptools
 PIP_BOUND = 900  # the wheel and its requirements (libvirt-python: from the wheel pip built and cached)
 DAEMON_BOUND = 300  # a daemon's start on a loaded 2-core machine, far above what it needs
 RUN_BOUND = 600  # one salt-run call (virt.init fetches the image from the master, seeds the disk)
+# pip's --no-compile for every pip salt-venv.sh runs (the script is not changed: scripts/setup.sh hashes it into
+# the Debian image's stamp). pip reads PIP_NO_COMPILE as the value of its "compile" flag: false means
+# --no-compile, a double negative (pip issue 5735). Byte-compiling the ~1,500 files of Salt and the rest of the
+# two venvs is most of pip's CPU; the daemons and CLIs here import a fraction of them and write their .pyc
+# as they go (the venvs are ours, writable).
+NO_COMPILE = {"PIP_NO_COMPILE": "0"}
 
 # the wheel's own requirements for the extras named in argv (none: the master), Salt left out: the venv's Salt
 # must satisfy salt-virt's floor as it is (checked here); printed one a line, markers evaluated, for pip -r
@@ -75,7 +83,11 @@ for line in requires("salt-virt"):
 def clean_env(venv=None):
     """This environment without the test venv's traces (PYTHONPATH, VIRTUAL_ENV, its bin on PATH): what runs
     from a fresh venv sees that venv only."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    # PYTHONDONTWRITEBYTECODE too: pip installs without byte-compiling (NO_COMPILE), so the venvs' first daemons
+    # and CLIs write the .pyc of what they import and the later ones read them (with it, every process would
+    # compile every module it imports again)
+    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     ours = os.path.dirname(sys.executable)
     path = [p for p in env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(os.pathsep) if p != ours]
     env["PATH"] = os.pathsep.join([str(venv / "bin"), *path] if venv else path)
@@ -147,7 +159,7 @@ def salt_venvs(work):
             ["bash", str(ROOT / "scripts" / "salt-venv.sh"), str(work / f"venv-{role}")],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=clean_env(),
+            env=dict(clean_env(), **NO_COMPILE),
             start_new_session=True,
         )
         procs[role] = (proc, log, time.monotonic())
@@ -189,7 +201,7 @@ def venvs(salt_venvs, dists, work):
     (work / "constraints.txt").write_text(pins[0] + "\n")
     for role, extras in (("master", []), ("minion", ["hypervisor"])):
         venv = paths[role]
-        pip = [venv / "bin" / "pip", "install", "--disable-pip-version-check"]
+        pip = [venv / "bin" / "pip", "install", "--disable-pip-version-check", "--no-compile"]
         run([*pip, "--no-deps", dists["wheel"]], f"pip install --no-deps {dists['wheel'].name} ({role})", PIP_BOUND)
         reqs = run([venv / "bin" / "python", "-c", REQUIRES, *extras], f"salt-virt's requirements ({role})", 120)
         (work / f"reqs-{role}.txt").write_text(reqs)
