@@ -13,6 +13,19 @@ TEST_DRIVER_POOL = "/default-pool"  # in virt:pool_paths: the target of test:///
 _GRAINS = {}
 
 
+def guess_machine_id_once():
+    """Salt's guess of this machine's id, made once per process: ``salt.config.minion_config(None)`` and
+    ``master_config(None)``, called by most unit tests and fixtures, guess it whenever no ``id`` is configured (a
+    DNS lookup, /etc/hosts and two ``ip`` subprocesses: ~5 ms, a quarter of a :func:`make_minion_mods`) for the
+    same answer each time, and the tests then set their own ids. Daemons are separate processes: untouched."""
+    import functools
+
+    import salt.utils.network
+
+    if not hasattr(salt.utils.network.generate_minion_id, "cache_info"):
+        salt.utils.network.generate_minion_id = functools.cache(salt.utils.network.generate_minion_id)
+
+
 def make_minion_mods(tmp_path, uri, images_dir=None, opts_extra=None, **config):
     """The real Salt loader with this repo's _modules, as a minion would load them (no daemon).
     ``config``: ``virt:`` settings; ``opts_extra``: other minion options (``sock_dir``, ...)."""
