@@ -18,7 +18,7 @@ from tests.support import golden as golden_files
 from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML, guest_boot
 from tests.support.saltd import compiled, hypervisor_minion_config, master_config, start_minion
-from tests.support.saltloader import make_minion_mods
+from tests.support.saltloader import guess_machine_id_once, make_minion_mods
 from tests.support.saltlogging import quiet_salt_logging
 
 EVENTS_KEPT = 3600  # seconds: longer than any module's run on a loaded machine
@@ -36,6 +36,7 @@ def pytest_configure(config):
     # before any test module imports salt: no deferred stderr handler dumping records at exit
     quiet_salt_logging()
     clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
+    guess_machine_id_once()  # not at every salt.config.*_config(None) of a test
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and os.environ.get("RUN_TESTS_TIMELINE"):
         cpuacct.enter(worker)

@@ -2,8 +2,11 @@
 daemons): the checks every such engine passes (tests/unit/loaders/test_engines_virt_*.py)."""
 
 import threading
+import time
 
 from tests.support.paths import ROOT
+
+WAIT = 30  # seconds: a bound for an engine's first log line on a loaded machine, not a speed check
 
 
 def load_engines(tmp_path, **virt):
@@ -28,7 +31,7 @@ def bad_interval_idles(engines, caplog, engine):
     thread = threading.Thread(target=engines[f"{engine}.start"], kwargs={"interval": "often"}, daemon=True)
     with caplog.at_level("ERROR"):
         thread.start()
-        thread.join(2)
+        logged(caplog, thread, "engine not started")
     assert thread.is_alive()
     assert f"{engine} engine not started: {engine} engine: interval must be a number of seconds" in caplog.text
 
@@ -44,9 +47,20 @@ def off_asks_nothing(engines, caplog, monkeypatch, engine, says):
     thread = threading.Thread(target=engines[f"{engine}.start"], kwargs={"interval": 3600}, daemon=True)
     with caplog.at_level("INFO"):
         thread.start()
-        thread.join(1)
+        logged(caplog, thread, says, "the round failed")
     assert thread.is_alive()
     assert says in caplog.text
+
+
+def logged(caplog, thread, *texts):
+    """Wait until one of ``texts`` is in ``caplog`` (or ``thread`` ended, or :data:`WAIT` passed), then give the
+    thread a moment more: one that logged and then returned (an engine Salt would restart at once) has ended by
+    then, so ``thread.is_alive()`` still tells an idling engine from a returning one. A fixed 1-3 s join did
+    both, at the price of its whole length each time."""
+    deadline = time.monotonic() + WAIT
+    while not any(t in caplog.text for t in texts) and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    thread.join(0.2)
 
 
 class _NoClient:

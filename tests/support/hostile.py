@@ -123,7 +123,8 @@ class Server:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(self.cert, key)
             self.srv.socket = ctx.wrap_socket(self.srv.socket, server_side=True)
-        self.thread = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: the default 0.5 s was most of a test's time
+        self.thread = threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.files, self.redirects, self.streams, self.log = (
             self.srv.files,
             self.srv.redirects,

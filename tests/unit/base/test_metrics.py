@@ -263,7 +263,8 @@ def collector():
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's next poll: the default 0.5 s was most of each test's time
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1/metrics", got
     server.shutdown()
     server.server_close()

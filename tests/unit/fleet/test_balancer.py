@@ -9,6 +9,7 @@ import pytest
 
 from saltvirt.fleet import balance, balancer, fleetstate, quota
 from tests.support import signedfleet
+from tests.support.enginecheck import logged
 from tests.support.fleetfacts import GIB, HVS, answers, fleet, held, host, master
 
 T0 = 1_800_000_000.0
@@ -191,7 +192,7 @@ def test_serve_idles_on_a_bad_interval(tmp_path, caplog, bad):
     thread = threading.Thread(target=balancer.serve, args=(master(tmp_path), bad, stop), daemon=True)
     with caplog.at_level("ERROR"):
         thread.start()
-        thread.join(0.5)
+        logged(caplog, thread, "engine not started")
     assert thread.is_alive()
     stop.set()
     thread.join(5)

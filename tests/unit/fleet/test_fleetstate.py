@@ -66,6 +66,14 @@ def test_one_holder_and_the_refusal_says_who(backend):
         pass
 
 
+def hold_until(decided, wait=30):
+    """Keep a lock until every racer ``decided()`` (bounded: ``wait`` s): a fixed 0.3-0.5 s hold was the whole
+    test's time, and one a loaded machine could outlast (a racer starting after the release would win too)."""
+    deadline = time.monotonic() + wait
+    while not decided() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_racing_masters_exactly_one_wins(backend):
     winners, refused, start = [], [], threading.Barrier(8)
 
@@ -75,7 +83,7 @@ def test_racing_masters_exactly_one_wins(backend):
         try:
             with fleetstate.lock(opts, ["web1"]):
                 winners.append(i)
-                time.sleep(0.5)
+                hold_until(lambda: len(winners) + len(refused) == 8)  # the others decide while it is held
         except fleetstate.HeldError as exc:
             refused.append(exc.record["owner"]["master"])
 
@@ -232,7 +240,7 @@ def test_concurrent_reservations_never_overcommit_a_host(backend):
                 got.append(i)
             except fleetstate.NoRoomError as exc:
                 refused.append(exc.reasons)
-            time.sleep(0.3)  # hold while the others decide
+            hold_until(lambda: len(got) + len(refused) == 12)  # hold while the others decide
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
     for t in threads:

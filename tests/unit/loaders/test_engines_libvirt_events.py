@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from tests.support.enginecheck import logged
 from tests.support.paths import ROOT
 from tests.unit.loaders.test_engines_virt_events import engines  # noqa: F401 - the fixture
 
@@ -27,6 +28,6 @@ def test_salts_options_are_checked_and_a_bad_one_idles_the_engine(engines, caplo
     thread = threading.Thread(target=engines["libvirt_events.start"], kwargs=options, daemon=True)
     with caplog.at_level("ERROR"):
         thread.start()
-        thread.join(2)
+        logged(caplog, thread, "libvirt_events engine not started")
     assert thread.is_alive()  # idling, not returning (Salt would restart it at once)
     assert "libvirt_events engine not started" in caplog.text and error in caplog.text, caplog.text

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from tests.support.enginecheck import logged
 from tests.support.paths import ROOT
 
 
@@ -40,7 +41,7 @@ def test_a_bad_option_is_logged_and_the_engine_idles(engines, caplog):
     thread = threading.Thread(target=engines["virt_events.start"], kwargs={"bakoff_max": 3}, daemon=True)
     with caplog.at_level("ERROR"):
         thread.start()
-        thread.join(3)
+        logged(caplog, thread, "virt_events engine not started")
     assert thread.is_alive()  # idling, not returning (Salt would restart it at once)
     assert "virt_events engine not started: virt_events: unknown option(s) bakoff_max" in caplog.text
 
@@ -51,7 +52,7 @@ def test_the_inbox_bound_comes_from_the_minion_config(tmp_path, caplog):
     thread = threading.Thread(target=engines["virt_events.start"], daemon=True)
     with caplog.at_level("ERROR"):
         thread.start()
-        thread.join(3)
+        logged(caplog, thread, "virt_events engine not started")
     assert thread.is_alive()
     assert "virt_events engine not started: virt:events:inbox_max in the minion config must be a whole number" in (
         caplog.text

@@ -357,7 +357,8 @@ class _Files(http.server.BaseHTTPRequestHandler):
 def http_server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
     srv.files, srv.log, srv.conditional = {}, [], True
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: the default 0.5 s was most of each test's time
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
