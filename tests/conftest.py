@@ -35,11 +35,11 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     # before any test module imports salt: no deferred stderr handler dumping records at exit
     quiet_salt_logging()
-    clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
-    guess_machine_id_once()  # not at every salt.config.*_config(None) of a test
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and os.environ.get("RUN_TESTS_TIMELINE"):
-        cpuacct.enter(worker)
+        cpuacct.enter(worker)  # first: the CLI zygote below and its forks are charged to this worker too
+    clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
+    guess_machine_id_once()  # not at every salt.config.*_config(None) of a test
 
 
 def pytest_collection_modifyitems(config, items):
