@@ -49,8 +49,10 @@ def recent(opts: SaltOpts, minions: Iterable[str], memory: float) -> dict[str, f
     found = {}
     for minion in sorted(set(minions) & listed):
         path = _file(opts, minion)
+        if path is None:  # a name remember() never writes (a file put there by hand): not a suspect
+            continue
         with contextlib.suppress(OSError, ValueError):  # unreadable: not a suspect (a full wait is the safe side)
-            with open(path) as fh:  # type: ignore[arg-type]  # listed names are plain file names
+            with open(path) as fh:
                 age = now - float(fh.read())
             if 0 <= age <= memory:
                 found[minion] = age

@@ -70,3 +70,10 @@ def test_an_id_that_is_no_plain_file_name_is_never_a_path(tmp_path):
         silence.remember(opts, bad)
         silence.forget(opts, bad)
     assert not (tmp_path / "escape").exists() and not (tmp_path / "cache" / "salt-virt" / "down" / ".hidden").exists()
+
+
+def test_a_file_put_there_by_hand_under_a_name_remember_never_writes_is_no_suspect(tmp_path):
+    opts = {"cachedir": str(tmp_path)}
+    (tmp_path / "salt-virt" / "down").mkdir(parents=True)
+    (tmp_path / "salt-virt" / "down" / ".hv1").write_text(repr(time.time()))
+    assert silence.recent(opts, [".hv1"], 300) == {}
