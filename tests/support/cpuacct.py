@@ -1,7 +1,9 @@
 """RUN_TESTS_TIMELINE's CPU columns: each xdist worker moves itself into a cgroup (v1 ``cpuacct``) of its own,
 so the daemons, CLIs and tools its tests start are charged to it, short-lived ones included (a scan of
-/proc misses every process that lives less than its period). QEMU runs in libvirt's own ``machine`` group, read
-on its own. A machine without the controller gets no CPU columns; nothing else changes."""
+/proc misses every process that lives less than its period). Here the guests' QEMU stays in the group of the
+libvirtd that started it, the worker's, so ``cpu`` includes them; where libvirt makes its own ``machine`` group,
+QEMU is charged there instead and read on its own (``qemu``). A machine without the controller gets no CPU
+columns; nothing else changes."""
 
 import os
 import pathlib
