@@ -39,3 +39,20 @@ def test_readme_links_into_docs_exist():
 def test_topic_pages_have_a_title():
     untitled = [p.name for p in (DOCS / "topics").glob("*.md") if not p.read_text().startswith("# ")]
     assert not untitled, f"docs/topics/<topic>.md starts with '# Title' (MyST): {untitled}"
+
+
+def test_every_loader_module_is_in_the_reference():
+    """A loader module added without its ``.. saltref::`` line has no reference page (the virt_ha and virt_balance
+    engines and the virt_vm resource type had none)."""
+    rst = "".join(p.read_text() for p in DOCS.glob("reference/*.rst"))
+    listed = set(re.findall(r"^\.\. saltref:: (\S+) (\S+)", rst, re.M))
+    kinds = ["_modules", "_states", "_runners", "_pillar", "_engines", "_grains", "_output"]
+    kinds += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "_resources").rglob("*") if p.is_dir())
+    missing = []
+    for kind in kinds:
+        for path in sorted((ROOT / kind).glob("*.py")):
+            found = re.search(r'^__virtualname__ = "(\w+)"', path.read_text(), re.M)
+            name = found.group(1) if found else path.stem  # as docs/_ext/saltref.py and Salt's loader name it
+            if (kind, name) not in listed:
+                missing.append(f"{path.relative_to(ROOT)} ({name})")
+    assert not missing, f"loader modules with no '.. saltref:: <folder> <name> <id>' in docs/reference: {missing}"
