@@ -26,7 +26,7 @@ import salt.utils.data
 import salt.utils.minions
 from salt.exceptions import SaltException, SaltInvocationError
 
-from saltvirt.base.salttypes import Data
+from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish, tenants
 from saltvirt.spec import vmgrains
 
@@ -231,9 +231,30 @@ def answer(selection: Data, results: dict[str, Data] | None = None, test: bool =
     return out
 
 
+def fleet_selection(
+    opts: SaltOpts,
+    caller: tenants.Caller,
+    expr: Any,
+    cfg: Data | None = None,
+    client: Any = None,
+    tenant: str | None = None,
+) -> tuple[dict[str, Data], Data]:
+    """``(what caller sees, selection)``: one ``virt.full_info`` of every hypervisor (signed answers), cut to what
+    ``caller`` may see (a tenant: its own VMs) and, with ``tenant`` (an operator's ``tenant=``), to that tenant's
+    VMs; :func:`select` over it, picks within ``cfg``'s per-call ``tgt`` (a copy elsewhere still refuses a VM)."""
+    parse(expr)  # a bad selection is refused before anything is published
+    cfg = cfg or publish.config(opts)
+    hosts = publish.gather(opts, "virt.full_info", publish.fleet_wide(cfg), client)
+    seen = tenants.visible(hosts, caller, tenants.config(opts))
+    if tenant is not None:
+        seen = tenant_only(seen, tenant)
+    within = publish.target(opts, cfg) if cfg.get("tgt") else None
+    return seen, select(seen, expr, within)
+
+
 def run(
-    opts: Data,
-    caller: Any,
+    opts: SaltOpts,
+    caller: tenants.Caller,
     expr: Any,
     fun: str,
     args: Iterable[Any] = (),
@@ -245,13 +266,10 @@ def run(
     runs it on one: by name on the hypervisor that signed for the VM, for a tenant ``caller`` with its tenant
     (the hypervisor checks the VM's owner again). One fleet query (every hypervisor: a copy outside ``cfg``'s
     per-call ``tgt`` still makes a VM refused), then one call per VM; ``test``: the selection only."""
-    cfg = cfg or publish.config(opts)
-    conf = tenants.config(opts)
-    seen = tenants.visible(publish.gather(opts, "virt.full_info", publish.fleet_wide(cfg), client), caller, conf)
-    within = publish.target(opts, cfg) if cfg.get("tgt") else None
-    selection = select(seen, expr, within)
+    _seen, selection = fleet_selection(opts, caller, expr, cfg, client)
     if test:
         return answer(selection, test=True)
+    cfg = cfg or publish.config(opts)
     tenant = None if caller.operator else caller.tenant
 
     def act(vm):

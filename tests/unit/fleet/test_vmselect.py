@@ -138,11 +138,10 @@ OPERATOR = tenants.Caller(user="root", operator=True)
 ALICE = tenants.Caller(user="alice", operator=False, tenant="acme")
 
 
-@pytest.fixture
-def fleet(tmp_path):
-    """``(opts, client, conns)``: hv1 and hv2 on their own test:/// nodes, answering with signed live answers.
-    hv1: db1 (group db, acme), web1 (group web, acme), beta1 (group db, beta); hv2: db2 (group db, operator's),
-    db3 (group db, acme). Every one runs."""
+def live_fleet(tmp_path, **virt):
+    """``(opts, client, conns)``: hv1 and hv2 on their own test:/// nodes, answering with signed live answers
+    (``virt``: more master ``virt:`` keys). hv1: db1 (group db, acme), web1 (group web, acme), beta1 (group db,
+    beta); hv2: db2 (group db, operator's), db3 (group db, acme). Every one runs."""
     conns = {h: libvirt.open(f"test://{TEST_NODE_XML}") for h in ("hv1", "hv2")}
     for dom in (d for c in conns.values() for d in c.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)):
         dom.destroy()  # the node's own 'test' domain: off, so every running VM is one defined here
@@ -152,7 +151,13 @@ def fleet(tmp_path):
     define(conns["hv2"], "db2", U[3], group="db", start=True)
     define(conns["hv2"], "db3", U[4], tenant="acme", group="db", start=True)
     client = signedfleet.SigningClient(signedfleet.live_answers(conns))
-    opts = signedfleet.fleet_opts(tmp_path, ["hv1", "hv2"], **TENANTS)
+    opts = signedfleet.fleet_opts(tmp_path, ["hv1", "hv2"], **{**TENANTS, **virt})
+    return opts, client, conns
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    opts, client, conns = live_fleet(tmp_path)
     yield opts, client, conns
     for conn in conns.values():
         conn.close()
