@@ -188,6 +188,23 @@ def select(hosts: dict[str, Data], expr: Any, within: Iterable[str] | None = Non
     return out
 
 
+def unique_names(selection: Data) -> Data:
+    """``selection`` with the picked VMs whose name another picked VM also has moved to ``refused``: what acts on
+    VMs by name across hypervisors (a migration's per-name lock, its results) must not mix them up."""
+    hosts: dict[str, list[str]] = {}
+    for vm in selection["selected"]:
+        hosts.setdefault(vm["name"], []).append(vm["host"])
+    out = dict(selection, selected=[], refused=dict(selection["refused"]))
+    for vm in selection["selected"]:
+        if len(hosts[vm["name"]]) == 1:
+            out["selected"].append(vm)
+            continue
+        where = ", ".join(hosts[vm["name"]])
+        error = f"the name {vm['name']} is selected on {where}: move these one by one (virt.migrate <name> host=)"
+        out["refused"][vm["uuid"]] = {"name": vm["name"], "hosts": [vm["host"]], "error": error}
+    return out
+
+
 def note(selection: Data) -> str | None:
     """What to say when nothing was selected (an answer, not an error: the hypervisors that did not answer are
     still listed), else None."""
