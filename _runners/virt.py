@@ -498,6 +498,8 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None,
     try:
         if validate.to_bool(test):  # never ignored: a named call has no dry run
             raise SaltInvocationError(f"{fun}: test=True lists what select= picks; a call naming a VM has no dry run")
+        if name is None:
+            raise SaltInvocationError(f"{fun} needs a VM name, or select=<selection> (docs/topics/resources.md)")
         validate.vm_name(name)
         who = _who()
         with _client() as client:

@@ -141,6 +141,10 @@ def migrate(
     }
     try:
         if select is None:
+            if name is None:
+                raise SaltInvocationError(
+                    "virt.migrate needs a VM name, or select=<selection> (docs/topics/resources.md)"
+                )
             validate.vm_name(name)
         who = callers.job_caller(__opts__, globals(), __salt__)
         forced = validate.to_bool(ignore_placement)

@@ -244,6 +244,7 @@ def test_evacuate_select_places_each_selected_vm(salt_run):
         ("carol", "virt.migrate", "hv6", {"select": "T@virt_vm"}, "virt.migrate: select= picks the VMs: drop"),
         ("carol", "virt.migrate", None, {"name": None, "select": "T@virt_vm"}, "virt.migrate needs target="),
         ("carol", "virt.migrate", "hv6", {"test": True}, "virt.migrate: test=True lists what select= picks"),
+        ("carol", "virt.migrate", "hv6", {"name": None}, "virt.migrate needs a VM name, or select=<selection>"),
         ("carol", "virt.evacuate", None, {"host": "hv1", "select": "M@hv1"}, "virt.evacuate: select= picks the VMs"),
     ],
 )

@@ -310,6 +310,7 @@ def test_a_tenants_stop_select_reaches_its_own_vms_only(fleet_runner):
         (["db1"], {"select": "T@virt_vm"}, "virt.stop: select= picks the VMs: drop the VM name and host="),
         (["db1"], {"test": True}, "virt.stop: test=True lists what select= picks; a call naming a VM has no dry run"),
         ([], {"select": "E@db.*"}, "select='E@db.*': E@ matches minions, not VMs (supported: T@virt_vm"),
+        ([], {}, "virt.stop needs a VM name, or select=<selection>"),
     ],
 )
 def test_stop_select_refusals_before_anything_is_published(fleet_runner, args, kwargs, message):
