@@ -81,6 +81,7 @@ if saltvirt is not None:
         tenants,
         vmcreate,
         vmrates,
+        vmselect,
         vmupdate,
         vmwait,
     )
@@ -488,10 +489,17 @@ def _where(who, name, host, cfg, client):
     return tenants.where(__opts__, who, name, host, cfg, client)
 
 
-def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
+def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None, test=False):
     """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer. A tenant
-    caller acts on its tenant's VMs only (found by the owner in their <metadata>)."""
+    caller acts on its tenant's VMs only (found by the owner in their <metadata>). ``select``: on every VM a
+    selection picks instead (:func:`_on_selection`)."""
+    if select is not None:
+        return _on_selection(name, host, fun, select, tgt, tgt_type, args, test)
     try:
+        if validate.to_bool(test):  # never ignored: a named call has no dry run
+            raise SaltInvocationError(f"{fun}: test=True lists what select= picks; a call naming a VM has no dry run")
+        if name is None:
+            raise SaltInvocationError(f"{fun} needs a VM name, or select=<selection> (docs/topics/resources.md)")
         validate.vm_name(name)
         who = _who()
         with _client() as client:
@@ -506,6 +514,22 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=()):
             publish.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid)
         )
     return _out({"name": name, "host": where, "result": ans["ret"]})
+
+
+def _on_selection(name, host, fun, select, tgt, tgt_type, args, test):
+    """``fun`` on every VM ``select`` picks from the hypervisors' signed facts (``saltvirt.fleet.vmselect``):
+    the selection, one result per VM, exit code 1 when one failed or was refused or a hypervisor did not answer."""
+    try:
+        if name is not None or host is not None:
+            raise SaltInvocationError(f"{fun}: select= picks the VMs: drop the VM name and host=")
+        who = _who()
+        with _client() as client:
+            out = vmselect.run(__opts__, who, select, fun, args, _cfg(tgt, tgt_type), client, validate.to_bool(test))
+    except SaltException as exc:
+        return _failed(exc)
+    if out.get("retcode"):
+        __context__["retcode"] = 1
+    return _out(out)
 
 
 def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwargs):
@@ -565,76 +589,100 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
     return _out(ret)
 
 
-def start(name, host=None, tgt=None, tgt_type=None):
+def start(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Start a VM wherever it is defined.
 
     CLI Example:: salt-run virt.start web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.start", host, tgt, tgt_type)
+    return _action(name, "virt.start", host, tgt, tgt_type, select=select, test=test)
 
 
-def stop(name, host=None, tgt=None, tgt_type=None):
+def stop(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Hard power-off, as the module's ``virt.stop`` (Salt's meaning). ``virt.shutdown`` asks the guest.
 
     CLI Example:: salt-run virt.stop web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.stop", host, tgt, tgt_type)
+    return _action(name, "virt.stop", host, tgt, tgt_type, select=select, test=test)
 
 
-def shutdown(name, timeout=0, host=None, tgt=None, tgt_type=None):
+def shutdown(name=None, timeout=0, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Ask a VM to shut down (ACPI); ``timeout`` seconds to wait for it. ``virt.stop`` pulls the plug.
 
     CLI Example:: salt-run virt.shutdown web1 timeout=60
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.shutdown", host, tgt, tgt_type, args=(timeout,))
+    return _action(name, "virt.shutdown", host, tgt, tgt_type, args=(timeout,), select=select, test=test)
 
 
-def force_off(name, host=None, tgt=None, tgt_type=None):
+def force_off(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Hard power-off (the VM stays defined, its disks stay).
 
     CLI Example:: salt-run virt.force_off web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.force_off", host, tgt, tgt_type)
+    return _action(name, "virt.force_off", host, tgt, tgt_type, select=select, test=test)
 
 
-def reset(name, host=None, tgt=None, tgt_type=None):
+def reset(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Hard reset (the reset button).
 
     CLI Example:: salt-run virt.reset web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.reset", host, tgt, tgt_type)
+    return _action(name, "virt.reset", host, tgt, tgt_type, select=select, test=test)
 
 
-def reboot(name, host=None, tgt=None, tgt_type=None):
+def reboot(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Ask the guest to reboot.
 
     CLI Example:: salt-run virt.reboot web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.reboot", host, tgt, tgt_type)
+    return _action(name, "virt.reboot", host, tgt, tgt_type, select=select, test=test)
 
 
-def pause(name, host=None, tgt=None, tgt_type=None):
+def pause(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Pause a running VM.
 
     CLI Example:: salt-run virt.pause web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.pause", host, tgt, tgt_type)
+    return _action(name, "virt.pause", host, tgt, tgt_type, select=select, test=test)
 
 
-def resume(name, host=None, tgt=None, tgt_type=None):
+def resume(name=None, host=None, tgt=None, tgt_type=None, select=None, test=False):
     """
     Resume a paused VM.
 
     CLI Example:: salt-run virt.resume web1
+
+    ``select='T@virt_vm and G@group:db'``: every VM the selection picks (``test=True``: only list them);
+    docs/topics/resources.md, "Fleet operations on a selection".
     """
-    return _action(name, "virt.resume", host, tgt, tgt_type)
+    return _action(name, "virt.resume", host, tgt, tgt_type, select=select, test=test)
 
 
 def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=None):

@@ -29,7 +29,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import backups, callers, fleetstate, publish, quota, runprogress, tenants
+    from saltvirt.fleet import backups, callers, fleetstate, publish, quota, runprogress, tenants, vmselect
     from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -77,7 +77,16 @@ def _budget(fcfg, quotas, owners):
 
 
 def backup(
-    name="all", incremental=True, per_host=None, timeout=None, tgt=None, tgt_type=None, tenant=None, **retention
+    name="all",
+    incremental=True,
+    per_host=None,
+    timeout=None,
+    tgt=None,
+    tgt_type=None,
+    tenant=None,
+    select=None,
+    test=False,
+    **retention,
 ):
     """
     Back up VM ``name`` (or every VM, ``all``) on the hypervisor that defines it: incremental from the
@@ -96,6 +105,12 @@ def backup(
         salt-run virt.backup all keep_daily=7 keep_weekly=4
         salt-run virt.backup web1 incremental=False
         salt-run virt.backup all tenant=acme
+        salt-run virt.backup select='T@virt_vm and G@group:db'
+        salt-run virt.backup select='G@group:db' test=True
+
+    ``select``: back up the VMs a selection in Salt's compound syntax picks, from the facts the hypervisors signed
+    (docs/topics/resources.md, "Fleet operations on a selection"); the answer also says what was ``selected`` and
+    ``refused``; ``test=True`` only lists the selection.
     """
     try:
         who = callers.job_caller(__opts__, globals(), __salt__)
@@ -106,9 +121,21 @@ def backup(
         cfg = backups.settings(conf, per_host, timeout, **retention)
         fcfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
         quotas = backups.backup_quotas(tconf, only)
-        hosts, owners = _hosts(fcfg, who, only, with_owners=bool(quotas))
+        selection = None
+        if select is not None:
+            if name not in (None, "", "all"):
+                raise SaltInvocationError("virt.backup: select= picks the VMs: drop the VM name")
+            seen, selection = vmselect.fleet_selection(__opts__, who, select, fcfg, tenant=only)
+            if validate.to_bool(test):
+                return vmselect.answer(selection, test=True)
+            hosts, owners = backups.vm_states(seen), backups.owners(seen)
+            work, problems = backups.only_selected(*backups.plan(hosts), selection)
+        else:
+            if validate.to_bool(test):  # never ignored: without a selection there is no dry run
+                raise SaltInvocationError("virt.backup: test=True lists what select= picks; it has no other dry run")
+            hosts, owners = _hosts(fcfg, who, only, with_owners=bool(quotas))
+            work, problems = backups.plan(hosts, name, tenant=only)
         budget = _budget(fcfg, quotas, owners) if quotas else None
-        work, problems = backups.plan(hosts, name, tenant=only)
 
         def call(host, fun, args, kwargs, max_wait):
             return publish.call(__opts__, host, fun, args, kwargs, cfg=fcfg, max_wait=max_wait)[0]
@@ -124,7 +151,10 @@ def backup(
     out["down"] = publish.down_hosts(hosts)
     if budget:
         out["backup_mib"] = budget.report()
-    if out["failed"]:
+    if selection is not None:
+        out = {**vmselect.answer(selection, {}), **out}
+        out.pop("results")  # made / pruned / failed are the per-VM results
+    if out["failed"] or out.get("retcode"):
         __context__["retcode"] = 1
         out["retcode"] = 1  # what salt-run's exit code follows (as the other virt runner functions do)
     return out

@@ -12,7 +12,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 import salt.client
-from salt.exceptions import SaltException
+from salt.exceptions import SaltException, SaltInvocationError
 
 saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
@@ -27,7 +27,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import validate
-    from saltvirt.fleet import callers, hypervisors, placement, publish, relocate, runprogress, tenants
+    from saltvirt.fleet import callers, hypervisors, placement, publish, relocate, runprogress, tenants, vmselect
     from saltvirt.fleet import roll as _roll
     from saltvirt.spec import compat
 
@@ -68,8 +68,8 @@ def _remote(client, tgt=None, tgt_type=None):
 
 
 def migrate(
-    name,
-    target,
+    name=None,
+    target=None,
     host=None,
     live=True,
     tunnel=None,
@@ -80,6 +80,8 @@ def migrate(
     tgt_type=None,
     transport=None,
     ignore_placement=False,
+    select=None,
+    test=False,
 ):
     """
     Move a VM to the hypervisor minion ``target``, live if it runs (its guest keeps running). The
@@ -112,6 +114,12 @@ def migrate(
     ignore_placement
         operators only: skip the placement checks and move it anyway (said in the answer's ``warnings``).
 
+    select
+        instead of ``name``: every VM a selection in Salt's compound syntax picks from the facts the hypervisors
+        signed (docs/topics/resources.md, "Fleet operations on a selection"), one after the other to ``target``,
+        each as a named call moves it (a VM already there is skipped); one result per VM. ``test=True`` only
+        lists the selection. ``virt.evacuate select=`` lets placement choose each VM's host.
+
     Master config: ``virt:tunnel`` (bool), ``virt:migration_timeout`` (seconds, default 3600).
 
     CLI Example:
@@ -121,36 +129,70 @@ def migrate(
         salt-run virt.migrate web1 hyper2
         salt-run virt.migrate db1 hyper3 tunnel=True max_downtime=300
         salt-run virt.migrate db1 hyper3 ignore_placement=True
+        salt-run virt.migrate select='T@virt_vm and G@group:db' target=hyper3
+        salt-run virt.migrate select='G@group:db and M@hyper1' target=hyper3 test=True
     """
+    how = {
+        "live": validate.to_bool(live),
+        "copy_storage": copy_storage or None,
+        "max_downtime": max_downtime,
+        "max_bandwidth": max_bandwidth,
+        "transport": transport or None,
+    }
     try:
-        validate.vm_name(name)
+        if select is None:
+            if name is None:
+                raise SaltInvocationError(
+                    "virt.migrate needs a VM name, or select=<selection> (docs/topics/resources.md)"
+                )
+            validate.vm_name(name)
         who = callers.job_caller(__opts__, globals(), __salt__)
         forced = validate.to_bool(ignore_placement)
         if forced:
             tenants.operator_only(who, "virt.migrate ignore_placement=True")
+        if not target:
+            raise SaltInvocationError(
+                "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement choose)"
+            )
+        if select is None and validate.to_bool(test):  # never ignored: a named call has no dry run
+            raise SaltInvocationError(
+                "virt.migrate: test=True lists what select= picks; a call naming a VM has no dry run"
+            )
+        if select is not None and (name is not None or host is not None):
+            raise SaltInvocationError("virt.migrate: select= picks the VMs: drop the VM name and host=")
         pol = placement.make_policy(_virt_conf().get("placement"))
+        tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             remote = _remote(client, tgt, tgt_type)
-            checks = None if forced else relocate.placement_checks(pol)
-            if not who.operator:  # its own VM, to one of its hypervisors
-                host, checks = relocate.tenant_checks(remote, who, tenants.config(__opts__), name, target, host, pol)
-            tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
-            ret = relocate.migrate(
-                remote,
-                name,
-                target,
-                source=host,
-                live=validate.to_bool(live),
-                tunnel=tunnel,
-                copy_storage=copy_storage or None,
-                max_downtime=max_downtime,
-                max_bandwidth=max_bandwidth,
-                timeout=timeout,
-                transport=transport or None,
-                checks=checks,
-            )
+
+            def move(vm_name, source):
+                return _move(remote, who, vm_name, target, source, pol, forced, tunnel, timeout, how)
+
+            if select is None:
+                return move(name, host)
+            _seen, selection = vmselect.fleet_selection(__opts__, who, select, remote.cfg, client)
+            selection = vmselect.unique_names(selection)
+            if validate.to_bool(test):
+                return vmselect.answer(selection, test=True)
+
+            def act(vm):
+                return {"skipped": f"already on {target}"} if vm["host"] == target else move(vm["name"], vm["host"])
+
+            out = vmselect.answer(selection, vmselect.each(selection, act))
     except SaltException as exc:
         return _failed(exc)
+    if out.get("retcode"):
+        __context__["retcode"] = 1
+    return out
+
+
+def _move(remote, who, name, target, host, pol, forced, tunnel, timeout, how):
+    """One VM's move as ``virt.migrate`` makes it: a tenant's own VM to one of its hypervisors, the placement
+    checks unless ``forced`` (then said in ``warnings``)."""
+    checks = None if forced else relocate.placement_checks(pol)
+    if not who.operator:  # its own VM, to one of its hypervisors
+        host, checks = relocate.tenant_checks(remote, who, tenants.config(__opts__), name, target, host, pol)
+    ret = relocate.migrate(remote, name, target, source=host, tunnel=tunnel, timeout=timeout, checks=checks, **how)
     if forced:
         ret.setdefault("warnings", []).append(
             f"ignore_placement=True: {name} was moved to {target} without placement's checks (room, maintenance, "
@@ -159,7 +201,9 @@ def migrate(
     return ret
 
 
-def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, transport=None, **policy):
+def evacuate(
+    host=None, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=None, transport=None, select=None, **policy
+):
     """
     Move every VM off hypervisor minion ``host`` (for maintenance), one at a time, each to the host
     placement ranks best (see ``virt.next_host``: memory, vCPUs, anti-affinity groups, maintenance);
@@ -180,29 +224,48 @@ def evacuate(host, live=True, tunnel=None, dry_run=False, tgt=None, tgt_type=Non
 
         salt-run virt.evacuate hyper1 dry_run=True
         salt-run virt.evacuate hyper1
+        salt-run virt.evacuate select='T@virt_vm and G@group:db and M@hyper1' dry_run=True
+
+    select
+        instead of ``host``: move every VM a selection in Salt's compound syntax picks from the facts the
+        hypervisors signed (docs/topics/resources.md, "Fleet operations on a selection") off its hypervisor, each
+        to the host placement ranks best; the answer also says what was ``selected`` and ``refused``.
+        ``tgt``/``tgt_type`` narrow where VMs are picked, not where they may go.
     """
     policy = {k: v for k, v in policy.items() if not k.startswith("__")}
     try:
         tenants.operator_only(callers.job_caller(__opts__, globals(), __salt__), "virt.evacuate")
         tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
+        how = {"live": validate.to_bool(live), "tunnel": tunnel, "dry_run": validate.to_bool(dry_run)}
+        how.update(timeout=timeout, transport=transport or None)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
-            remote = _remote(client, tgt, tgt_type)
-            ret = relocate.evacuate(
-                remote,
-                host,
-                pol,
-                live=validate.to_bool(live),
-                tunnel=tunnel,
-                dry_run=validate.to_bool(dry_run),
-                timeout=timeout,
-                transport=transport or None,
-            )
+            if select is None:
+                ret = relocate.evacuate(_remote(client, tgt, tgt_type), host, pol, **how)
+            else:
+                ret = _evacuate_selection(client, host, select, tgt, tgt_type, pol, how)
     except SaltException as exc:
         return _failed(exc)
-    if ret.get("failed") or ret.get("cannot_place"):
+    if ret.get("failed") or ret.get("cannot_place") or ret.get("retcode"):
         __context__["retcode"] = 1
     return ret
+
+
+def _evacuate_selection(client, host, select, tgt, tgt_type, pol, how):
+    """``virt.evacuate select=``: the selection's VMs moved off their hypervisors (``relocate.move_off``), with
+    the selection in the answer."""
+    if host is not None:
+        raise SaltInvocationError("virt.evacuate: select= picks the VMs: drop the hypervisor")
+    who = callers.job_caller(__opts__, globals(), __salt__)
+    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    facts, selection = vmselect.fleet_selection(__opts__, who, select, cfg, client)
+    selection = vmselect.unique_names(selection)
+    picks = [(vm["host"], vm["name"]) for vm in selection["selected"]]
+    remote = _remote(client)  # every hypervisor is a candidate target
+    moves = relocate.move_off(remote, facts, picks, pol, **how)
+    out = {**vmselect.answer(selection, {}), **moves}
+    out.pop("results")  # moved / failed (plan / cannot_place) are the per-VM results
+    return out
 
 
 def _roll_progress(host, step, message):

@@ -47,6 +47,7 @@ def rsmaster(salt_factories, state_tree, tmp_path_factory):
     # Salt's own ACL lets alice publish anything: the hypervisor's virt:operators gate is what refuses her
     eauth = {"file": {"^filename": str(users), "^filetype": "text", "^hashtype": "plaintext", "alice": [".*"]}}
     overrides = master_config(state_tree, pillar_roots={"base": [str(pillar)]}, ext_pillar=[], external_auth=eauth)
+    overrides["virt"]["hypervisors"] = {"tgt": ["rshv1"], "tgt_type": "list"}  # salt-run virt.* select=
     factory = presync(salt_factories.salt_master_daemon("rs-master", overrides=overrides))
     with factory.started():
         yield factory
@@ -106,3 +107,19 @@ def test_a_tenants_eauth_user_gets_no_answer_about_any_vm(rsmaster, minions):
     assert ret.returncode != 0, ret
     assert "is for operators, and user alice is not" in str(ret.data[WEB]), ret
     assert "acme" not in str(ret.data[WEB])
+
+
+def test_a_fleet_operation_acts_on_the_vms_the_same_selection_targets(rsmaster, minions):
+    """``salt-run virt.stop select=`` picks from rshv1's signed answer the VMs ``salt -C`` reaches with the same
+    expression, and stops exactly those (the node file is read afresh by every job: what it stopped is not kept)."""
+    registered(rsmaster)
+    expr = "T@virt_vm and G@group:web and G@tenant:acme"
+    assert sorted(salt(rsmaster, expr, "-C", "test.ping").data) == [WEB]
+    run = rsmaster.salt_run_cli(timeout=120).run
+    listed = run("virt.stop", f"select={expr}", "test=True")
+    assert listed.returncode == 0, listed
+    assert listed.data["selected"] == [{"uuid": WEB, "name": "web1", "host": "rshv1"}] and "results" not in listed.data
+    ret = run("virt.stop", f"select={expr}")
+    assert ret.returncode == 0 and ret.data["results"] == {WEB: {"name": "web1", "host": "rshv1", "result": True}}, ret
+    ret = run("virt.stop", "select=E@web.*")
+    assert ret.returncode != 0 and "E@ matches minions, not VMs" in ret.data["error"], ret

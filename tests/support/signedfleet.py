@@ -4,7 +4,8 @@ stand-in for LocalClient, because a real one needs a running salt-master (tests/
 test_tenants.py and test_authority.py publish through real ones).
 
 :func:`fleet_opts` gives master opts whose accepted keys are the hypervisors' (``hv*``), with short waits;
-:class:`SigningClient` answers the runner's publications from canned answers and records them."""
+:class:`SigningClient` answers the runner's publications from canned answers (or live ones: callables, e.g. a
+test-driver hypervisor's real host-layer functions) and records them."""
 
 import functools
 import pathlib
@@ -13,6 +14,7 @@ import time
 
 import salt.client
 import salt.config
+from salt.exceptions import SaltException
 
 from saltvirt.pki import answers, envelope
 
@@ -101,8 +103,19 @@ class SigningClient:
         self.published.append((inner, sorted(tgt)))
         for mid in sorted(tgt):
             if mid in self.answers.get(inner, {}):
-                self.reply(jid, mid, kwarg, self.answers[inner][mid])
+                self.reply(jid, mid, kwarg, *self._outcome(self.answers[inner][mid], kwarg))
         return {"jid": jid, "minions": list(tgt)}
+
+    @staticmethod
+    def _outcome(answer, kwarg):
+        """``(ret, retcode)``: a canned answer as is; a callable one (a live hypervisor) called with the
+        request's ``args``, ``kwargs`` and ``tenant`` as ``virt.answer`` would run it (a Salt error: retcode 1)."""
+        if not callable(answer):
+            return answer, 0
+        try:
+            return answer(*kwarg["args"], tenant=kwarg.get("tenant"), **kwarg["kwargs"]), 0
+        except SaltException as exc:
+            return f"ERROR: {exc}", 1
 
     def reply(self, jid, mid, kwarg, ret, retcode=0):
         signed = answers.sign(minion_key(mid)[1], mid, kwarg["fun"], kwarg["nonce"], ret, retcode)
@@ -129,3 +142,26 @@ def serve(monkeypatch, client):
     """Have ``salt.client.get_local_client`` hand out ``client``: the runner's loader modules build their own
     LocalClient, and a real one needs a running salt-master."""
     monkeypatch.setattr(salt.client, "get_local_client", lambda *_args, **_kwargs: client)
+
+
+def live_answers(conns, funs=("virt.full_info", "virt.vm_state", "virt.stop", "virt.start")):
+    """Answers of live hypervisors for :class:`SigningClient`: ``conns`` is ``{minion: libvirt connection}`` (e.g.
+    private ``test:///`` nodes), each function answered by the real host-layer code on that minion's connection
+    as ``_modules/virt.py`` runs it, after ``virt.answer``'s own check of the VM's owner for a tenant's call."""
+    from saltvirt.host import lifecycle, ownership, query
+
+    def host(conn, fun):
+        def answer(*args, tenant=None, **_kwargs):
+            if tenant is not None:
+                ownership.check(conn, str(args[0]), tenant)
+            if fun == "virt.full_info":
+                return query.full_info(conn, agent_timeout=0.1)
+            if fun == "virt.vm_state":
+                return query.vm_state(conn)
+            if fun == "virt.stop":
+                return bool(lifecycle.destroy(conn, args[0]))
+            return bool(lifecycle.start(conn, args[0]))
+
+        return answer
+
+    return {fun: {mid: host(conn, fun) for mid, conn in conns.items()} for fun in funs}

@@ -34,7 +34,7 @@ DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
 # what a tenant member may pass; the rest is the operator's: retention, per_host and timeout (the backup store
 # and the hypervisors' IO), force (powers a running VM off), ignore_down (bets a silent hypervisor runs nothing)
 TENANT_ARGS = {
-    "virt.backup": frozenset({"name", "incremental", "tenant"}),
+    "virt.backup": frozenset({"name", "incremental", "tenant", "select", "test"}),
     "virt.restore": frozenset({"name", "id", "host", "as_name", "start"}),
 }
 
@@ -129,6 +129,18 @@ def plan(
         else:
             work.setdefault(found[0], []).append(vm)
     return work, problems
+
+
+def only_selected(
+    work: dict[str, list[str]], problems: dict[str, str], selection: Data
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """:func:`plan`'s ``(work, problems)`` cut to the VMs ``selection`` picked (``saltvirt.fleet.vmselect``): each
+    on the hypervisor that signed for it; a picked name another hypervisor also defines stays a problem (backups
+    are kept by VM name)."""
+    keep = {(vm["host"], vm["name"]) for vm in selection["selected"]}
+    names = {vm["name"] for vm in selection["selected"]}
+    cut = {h: [vm for vm in vms if (h, vm) in keep] for h, vms in work.items()}
+    return {h: vms for h, vms in cut.items() if vms}, {vm: why for vm, why in problems.items() if vm in names}
 
 
 # the backup_mib quota ---------------------------------------------------------------------------------

@@ -418,13 +418,32 @@ def evacuate(
         raise publish.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(facts))})")
     if facts[host]["status"] != "up":
         raise publish.Failed(f"{host} is {facts[host]['status']}: {facts[host].get('error')}: cannot evacuate it")
-    pol = policy or placement.make_policy()
-    vms = dict(facts[host]["vm_info"])
+    vms = facts[host]["vm_info"]
     # biggest first: the hardest to place get the most choice; running before stopped
     order = sorted(vms, key=lambda n: (vms[n].get("state") != "running", -int(vms[n].get("mem") or 0), n))
+    out = move_off(remote, facts, [(host, n) for n in order], policy, live, tunnel, dry_run, timeout, transport)
+    return {"host": host, **out}
+
+
+def move_off(
+    remote: Remote,
+    facts: dict[str, Data],
+    picks: list[tuple[str, str]],
+    policy: Data | None = None,
+    live: bool = True,
+    tunnel: bool = False,
+    dry_run: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    transport: str | None = None,
+) -> Data:
+    """Migrate each VM of ``picks`` (``(its hypervisor, name)``, in this order) off its hypervisor to the host
+    placement ranks best among ``facts`` (every hypervisor's ``virt.full_info``; each move is booked in it so
+    the next placement sees it); a target that fails is skipped and the next one tried while the VM is still
+    where it was. ``virt.evacuate`` (one host's VMs) and ``virt.evacuate select=`` (a selection's)."""
+    pol = policy or placement.make_policy()
     moved, failed, plan = {}, {}, {}
-    for name in order:
-        vm = vms[name]
+    for host, name in picks:
+        vm = dict(facts[host]["vm_info"][name])
         tried = {host}
         errors: list[str] = []
         while True:
@@ -463,5 +482,5 @@ def evacuate(
             _book(facts[choice], vm, name)
             break
     if dry_run:
-        return {"host": host, "dry_run": True, "plan": plan, "cannot_place": failed}
-    return {"host": host, "evacuated": not failed, "moved": moved, "failed": failed, "left": sorted(failed)}
+        return {"dry_run": True, "plan": plan, "cannot_place": failed}
+    return {"evacuated": not failed, "moved": moved, "failed": failed, "left": sorted(failed)}

@@ -22,9 +22,9 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host import query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
-from saltvirt.spec import compat
+from saltvirt.spec import compat, vmgrains
 
-TYPE = "virt_vm"  # the resource type: T@virt_vm, T@virt_vm:<uuid>
+TYPE = vmgrains.TYPE  # the resource type: T@virt_vm, T@virt_vm:<uuid>
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -77,23 +77,7 @@ def grains(conn: Conn, rid: str, hypervisor: str) -> Data:
     dom = domain(conn, rid)
     if dom is None:
         return {}
-    facts = query.describe(dom, conn.getHostname())
-    owner = facts["owner"] or {}
-    return {
-        "id": facts["uuid"],
-        "uuid": facts["uuid"],
-        "name": facts["name"],
-        "virt_vm": True,
-        "hypervisor": hypervisor,
-        "state": facts["state"],
-        "vcpus": facts["cpu"],
-        "mem_mib": facts["mem"],
-        "group": facts["group"],
-        "tenant": owner.get("tenant"),
-        "persistent": facts["persistent"],
-        "autostart": facts["autostart"],
-        "macs": sorted(n["mac"] for n in facts["nics"].values() if n.get("mac")),
-    }
+    return vmgrains.grains(query.describe(dom, conn.getHostname()), hypervisor)
 
 
 def ping(conn: Conn, rid: str) -> bool:

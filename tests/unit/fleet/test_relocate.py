@@ -1,6 +1,8 @@
 """saltvirt.fleet.relocate: the migration settings from the master config (moving VMs needs hypervisors:
 tests/integration/test_migration.py)."""
 
+import uuid
+
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -105,6 +107,10 @@ def _vm(group=None, owner=ACME):
     return {"cpu": 1, "mem": 64, "state": "running", "group": group, "owner": owner, "disks": {}}
 
 
+def _uuid(name):
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+
+
 # web1 (acme, group web) on hv1; hv2 in maintenance; hv3 in acme's full hypervisor group gpu (g1 there);
 # hv4 holds web2 of web1's anti-affinity group; hv5 has 100 MiB of memory; hv6 takes it
 VMS = {"hv1": {"web1": _vm("web")}, "hv3": {"g1": _vm()}, "hv4": {"web2": _vm("web", None)}}
@@ -125,7 +131,7 @@ def _answers():
                 groups.setdefault(vm["group"], []).append(name)
         small = {n: {k: vm[k] for k in ("group", "state", "cpu", "mem")} for n, vm in vms.items()}
         out["virt.capacity"][hv] = {"host": dict(facts, groups=groups, vms_defined=len(vms)), "vm_info": small}
-        out["virt.full_info"][hv] = {"host": facts, "vm_info": vms}
+        out["virt.full_info"][hv] = {"host": facts, "vm_info": {n: dict(vm, uuid=_uuid(n)) for n, vm in vms.items()}}
         out["virt.vm_state"][hv] = {n: vm["state"] for n, vm in vms.items()}
     return out
 
@@ -146,11 +152,12 @@ def salt_run(tmp_path, monkeypatch):
         "tenants": {"acme": {"members": ["alice"], "group_quotas": {"gpu": {"vms": 1}}}},
     }
 
-    def migrate(user, target, **kwargs):
+    def migrate(user, target, fun="virt.migrate", name="web1", **kwargs):
         runner = make_runners(tmp_path)  # a new job: Salt's loader copies the opts it is given
         signedfleet.accept(runner.opts, tmp_path, HVS)["virt"].update(virt)
-        runner["virt.migrate"].__globals__["__user__"] = user
-        ret = runner["virt.migrate"]("web1", target, **kwargs)
+        runner[fun].__globals__["__user__"] = user
+        args = [name, target] if fun == "virt.migrate" else []
+        ret = runner[fun](*args, **kwargs)
         return ret.get("data", ret), runner.opts
 
     return migrate, client
@@ -198,3 +205,51 @@ def test_an_operator_may_move_a_vm_past_placement_by_saying_so(salt_run):
     assert ret["warnings"] == [
         "ignore_placement=True: web1 was moved to hv2 without placement's checks (room, maintenance, anti-affinity)"
     ]
+
+
+# select=: moving the VMs a selection picks (the selection itself: tests/unit/fleet/test_vmselect.py)
+def test_migrate_select_moves_each_selected_vm_from_where_it_is_as_the_named_call(salt_run):
+    migrate, client = salt_run
+    listed, _opts = migrate("carol", "hv6", name=None, select="T@virt_vm and G@group:web", test=True)
+    assert [(v["name"], v["host"]) for v in listed["selected"]] == sorted(
+        [("web1", "hv1"), ("web2", "hv4")], key=lambda v: _uuid(v[0])
+    )
+    assert _migrated(client) == []
+    ret, _opts = migrate("carol", "hv6", name=None, select="G@group:web and not M@hv4")
+    assert list(ret["results"]) == [_uuid("web1")] and ret["results"][_uuid("web1")]["host"] == "hv1"
+    assert "error" not in ret["results"][_uuid("web1")] and _migrated(client) == [["hv1"]]
+    ret, _opts = migrate("carol", "hv4", name=None, select="M@hv4")
+    assert ret["results"][_uuid("web2")]["result"] == {"skipped": "already on hv4"} and _migrated(client) == [["hv1"]]
+
+
+def test_a_tenants_migrate_select_moves_its_own_vms_only_with_its_checks(salt_run):
+    migrate, client = salt_run
+    ret, _opts = migrate("alice", "hv2", name=None, select="T@virt_vm")  # web2 (hv4) is the operator's
+    assert sorted(r["name"] for r in ret["results"].values()) == ["g1", "web1"] and ret["retcode"] == 1
+    assert all("in maintenance" in r["error"] for r in ret["results"].values()) and _migrated(client) == []
+
+
+def test_evacuate_select_places_each_selected_vm(salt_run):
+    migrate, client = salt_run
+    ret, _opts = migrate("carol", None, fun="virt.evacuate", select="G@group:web", dry_run=True)
+    assert sorted(ret["plan"]) == ["web1", "web2"] and ret["cannot_place"] == {} and _migrated(client) == []
+    assert all(p["target"] not in ("hv2", "hv1", "hv4") for p in ret["plan"].values()), ret["plan"]
+    ret, _opts = migrate("alice", None, fun="virt.evacuate", select="G@group:web")
+    assert ret["error"].startswith("virt.evacuate is for operators: user alice is a member of tenant acme")
+
+
+@pytest.mark.parametrize(
+    ("user", "fun", "target", "kwargs", "message"),
+    [
+        ("carol", "virt.migrate", "hv6", {"select": "T@virt_vm"}, "virt.migrate: select= picks the VMs: drop"),
+        ("carol", "virt.migrate", None, {"name": None, "select": "T@virt_vm"}, "virt.migrate needs target="),
+        ("carol", "virt.migrate", "hv6", {"test": True}, "virt.migrate: test=True lists what select= picks"),
+        ("carol", "virt.migrate", "hv6", {"name": None}, "virt.migrate needs a VM name, or select=<selection>"),
+        ("carol", "virt.evacuate", None, {"host": "hv1", "select": "M@hv1"}, "virt.evacuate: select= picks the VMs"),
+    ],
+)
+def test_select_refusals_before_anything_moves(salt_run, user, fun, target, kwargs, message):
+    migrate, client = salt_run
+    ret, _opts = migrate(user, target, fun=fun, **kwargs)
+    assert ret["retcode"] == 1 and ret["error"].startswith(message), ret
+    assert _migrated(client) == []

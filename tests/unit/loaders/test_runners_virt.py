@@ -257,3 +257,64 @@ def test_saltext_virt_installed_too_is_named_when_the_runner_loads(tmp_path, mon
         list(make_runners(tmp_path))  # every runner module loaded: each file of the virt runner could warn
     warned = [r.getMessage() for r in caplog.records if "saltext" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("saltext.virt 1.0.0 is installed beside salt-virt")
+
+
+# select=: a fleet operation on the VMs a selection picks (the evaluator: tests/unit/fleet/test_vmselect.py)
+@pytest.fixture
+def fleet_runner(tmp_path, monkeypatch):
+    """``(call(user, fun, *args, **kwargs), client, conns)``: the virt runner over two live signed hypervisors
+    (tests/unit/fleet/test_vmselect.py's ``live_fleet``); carol is an operator, alice in tenant acme."""
+    from tests.support import signedfleet
+    from tests.unit.fleet.test_vmselect import live_fleet
+
+    opts, client, conns = live_fleet(tmp_path / "fleet", operators=["carol"])
+    signedfleet.serve(monkeypatch, client)
+    runner = make_runners(tmp_path)
+    runner.opts.update(pki_dir=opts["pki_dir"], cachedir=opts["cachedir"], virt=opts["virt"])
+
+    def call(user, fun, *args, **kwargs):
+        runner[fun].__globals__["__user__"] = user
+        return runner[fun](*args, **kwargs)
+
+    yield call, client, conns
+    for conn in conns.values():
+        conn.close()
+
+
+def test_stop_select_stops_exactly_the_selected_vms_across_hosts(fleet_runner):
+    from tests.unit.fleet.test_vmselect import running
+
+    call, client, conns = fleet_runner
+    listed = call("carol", "virt.stop", select="T@virt_vm and G@group:db", test=True)["data"]
+    assert [v["name"] for v in listed["selected"]] == ["db1", "beta1", "db2", "db3"] and "results" not in listed
+    assert running(conns) == {"hv1": ["beta1", "db1", "web1"], "hv2": ["db2", "db3"]}  # a dry run
+    out = call("carol", "virt.stop", select="T@virt_vm and G@group:db and not G@tenant:beta")["data"]
+    assert {r["name"]: r["result"] for r in out["results"].values()} == {"db1": True, "db2": True, "db3": True}
+    assert running(conns) == {"hv1": ["beta1", "web1"], "hv2": []} and "retcode" not in out
+    out = call("carol", "virt.stop", select="G@group:nosuch")["data"]
+    assert (out["selected"], out["results"], out["note"]) == ([], {}, "the selection matched no VM")
+
+
+def test_a_tenants_stop_select_reaches_its_own_vms_only(fleet_runner):
+    from tests.unit.fleet.test_vmselect import running
+
+    call, _client, conns = fleet_runner
+    out = call("alice", "virt.stop", select="G@group:db or G@tenant:beta")["data"]  # beta1: group db, beta's
+    assert sorted(r["name"] for r in out["results"].values()) == ["db1", "db3"]
+    assert running(conns) == {"hv1": ["beta1", "web1"], "hv2": ["db2"]}
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (["db1"], {"select": "T@virt_vm"}, "virt.stop: select= picks the VMs: drop the VM name and host="),
+        (["db1"], {"test": True}, "virt.stop: test=True lists what select= picks; a call naming a VM has no dry run"),
+        ([], {"select": "E@db.*"}, "select='E@db.*': E@ matches minions, not VMs (supported: T@virt_vm"),
+        ([], {}, "virt.stop needs a VM name, or select=<selection>"),
+    ],
+)
+def test_stop_select_refusals_before_anything_is_published(fleet_runner, args, kwargs, message):
+    call, client, _conns = fleet_runner
+    out = call("carol", "virt.stop", *args, **kwargs)["data"]
+    assert out["retcode"] == 1 and out["error"].startswith(message), out
+    assert client.published == []

@@ -106,5 +106,65 @@ def test_a_tenant_may_not_set_retention_or_the_hypervisors_load(runner, kwargs):
     runner["virt.backup"].__globals__["__user__"] = "alice"
     ret = runner["virt.backup"]("all", **kwargs)
     assert ret["retcode"] == 1 and ret["error"] == (
-        f"tenant acme may not pass {next(iter(kwargs))} to virt.backup (a tenant may pass: incremental, name, tenant)"
+        f"tenant acme may not pass {next(iter(kwargs))} to virt.backup "
+        "(a tenant may pass: incremental, name, select, tenant, test)"
     ), ret
+
+
+# select=: back up the VMs a selection picks, from the hypervisors' signed facts
+@pytest.fixture
+def fleet_runner(tmp_path, monkeypatch):
+    """``(call(user, fun, **kwargs), client)``: the virt runner over two live signed hypervisors
+    (tests/unit/fleet/test_vmselect.py's ``live_fleet``) whose ``virt.backup`` answers with a made backup."""
+    from tests.support import signedfleet
+    from tests.unit.fleet.test_vmselect import live_fleet
+
+    opts, client, conns = live_fleet(tmp_path / "fleet", operators=["carol"])
+    client.answers["virt.backup"] = dict.fromkeys(conns, lambda vm, **_kw: {"id": f"{vm}-1", "type": "full", "size": 1})
+    signedfleet.serve(monkeypatch, client)
+    runner = make_runners(tmp_path)
+    runner.opts.update(pki_dir=opts["pki_dir"], cachedir=opts["cachedir"], virt=opts["virt"])
+
+    def call(user, fun, **kwargs):
+        runner[fun].__globals__["__user__"] = user
+        return runner[fun](**kwargs)
+
+    yield call, client
+    for conn in conns.values():
+        conn.close()
+
+
+def backed_up(client):
+    """The targets of every ``virt.backup`` published (one job per VM)."""
+    return [t for f, t in client.published if f == "virt.backup"]
+
+
+def test_backup_select_backs_up_every_vm_of_group_db_and_nothing_else(fleet_runner):
+    call, client = fleet_runner
+    listed = call("carol", "virt.backup", select="T@virt_vm and G@group:db", test=True)
+    assert [v["name"] for v in listed["selected"]] == ["db1", "beta1", "db2", "db3"] and backed_up(client) == []
+    out = call("carol", "virt.backup", select="T@virt_vm and G@group:db")
+    assert sorted(out["made"]) == ["beta1", "db1", "db2", "db3"] and out["failed"] == {} and "retcode" not in out
+    assert {vm: m["host"] for vm, m in out["made"].items()} == {
+        "db1": "hv1",
+        "beta1": "hv1",
+        "db2": "hv2",
+        "db3": "hv2",
+    }
+    assert len(backed_up(client)) == 4 and "web1" not in out["made"]
+    assert [v["name"] for v in out["selected"]] == ["db1", "beta1", "db2", "db3"] and out["refused"] == {}
+
+
+def test_backup_select_of_a_tenant_and_of_an_operator_for_a_tenant(fleet_runner):
+    call, _client = fleet_runner
+    assert sorted(call("alice", "virt.backup", select="G@group:db")["made"]) == ["db1", "db3"]  # not beta1's
+    assert sorted(call("carol", "virt.backup", select="G@group:db", tenant="beta")["made"]) == ["beta1"]
+
+
+def test_backup_select_refusals(fleet_runner):
+    call, client = fleet_runner
+    out = call("carol", "virt.backup", name="db1", select="T@virt_vm")
+    assert out == {"error": "virt.backup: select= picks the VMs: drop the VM name", "retcode": 1}
+    out = call("carol", "virt.backup", name="db1", test=True)
+    assert out["retcode"] == 1 and out["error"].startswith("virt.backup: test=True lists what select= picks")
+    assert backed_up(client) == []
