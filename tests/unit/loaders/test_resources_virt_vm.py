@@ -2,7 +2,8 @@
 builds them for a type its pillar declares (no daemons; libvirt's test:///default driver): discovery, the
 connection module's grains/ping, the type's own ``test.ping`` / ``grains.*`` with ``__resource__`` set as the
 minion's job thread sets it, the operator gate and the tenant gate (the master's membership in the hypervisor's
-pillar, the VM's recorded owner), and nothing else reachable. The real master + minion path: tests/integration/test_resources.py."""
+pillar, the VM's recorded owner), ``cmd.run`` through the guest agent (operators only, off unless turned on), and
+nothing else reachable. The real master + minion path: tests/integration/test_resources.py."""
 
 import pytest
 import salt.loader.context
@@ -100,16 +101,16 @@ def test_published_calls_are_for_operators_only_without_the_masters_membership(l
 
 
 def test_only_the_types_own_functions_are_reachable(loaders):
-    """Salt's per-type loader is deny-by-default: cmd.run, virt.* and the rest of the minion's modules are not
-    reachable through a VM resource (a guest command would need an opt-in of its own); every one is guarded."""
+    """Salt's per-type loader is deny-by-default: virt.* and the rest of the minion's modules are not reachable
+    through a VM resource; cmd.run is the type's own (through the guest agent), and every one is guarded."""
     _, modules = loaders
-    assert {"grains.get", "grains.items", "test.ping"} <= set(modules)
+    assert {"cmd.run", "grains.get", "grains.items", "test.ping"} <= set(modules)
     assert not [fun for fun in modules if not fun.startswith("virt.") and fun not in RESOURCE_FUNCTIONS]
     assert [fun for fun in modules if not hasattr(modules[fun], operators.MARK)] == []
 
 
-RESOURCE_FUNCTIONS = {"grains.get", "grains.items", "test.ping"}  # besides virt.* (power, snapshot)
-ARGS = {"grains.get": ("name",)}
+RESOURCE_FUNCTIONS = {"cmd.run", "grains.get", "grains.items", "test.ping"}  # besides virt.* (power, snapshot)
+ARGS = {"grains.get": ("name",), "cmd.run": ("true",)}
 
 
 def call(modules, uuid, fun, user):
@@ -125,7 +126,7 @@ def refused(modules, uuid, fun, user):
 
 def test_a_tenants_user_reaches_its_own_tenants_vms_only(tenanted, web1):
     """alice (acme, by the master's membership in the pillar) gets test.ping and grains.* of acme's web1; on
-    beta's VM, an operator's VM (no owner) she is refused in the one wording; a user the
+    beta's VM, an operator's VM (no owner) and for cmd.run she is refused in the one wording; a user the
     membership does not list is refused everywhere; root (an operator) reaches every VM."""
     _, modules = tenanted
     mine, theirs, ops = web1.UUIDString(), define("web2", "beta").UUIDString(), define("db1").UUIDString()
@@ -137,8 +138,29 @@ def test_a_tenants_user_reaches_its_own_tenants_vms_only(tenanted, web1):
         assert refused(modules, ops, fun, "alice")
         assert refused(modules, mine, fun, "mallory")
         assert call(modules, theirs, fun, "bob") is not None  # bob is beta's
+    assert refused(modules, mine, "cmd.run", "alice")  # never a tenant's, on its own VM too
     for uuid in (mine, theirs, ops):
         assert call(modules, uuid, "grains.get", "root") in ("web1", "web2", "db1")
+
+
+def test_cmd_run_is_for_operators_only_even_when_turned_on(tmp_path, virt_test, web1):
+    """With ``virt:resources:guest_exec: True`` a tenant's user is still refused cmd.run on its own VM (the
+    operator gate comes first); an operator gets through the gate to libvirt, whose test driver has no guest
+    agent (the agent's requests and answers: tests/unit/host/test_guestexec.py)."""
+    _, modules = make_resource_loaders(tmp_path, "test:///default", pillar=MEMBERS, resources={"guest_exec": True})
+    uuid = web1.UUIDString()
+    assert refused(modules, uuid, "cmd.run", "alice")
+    web1.create()
+    with pytest.raises(CommandExecutionError, match=f"running a command in VM {uuid} through its guest agent"):
+        call(modules, uuid, "cmd.run", "root")
+
+
+def test_cmd_run_is_off_unless_the_minion_config_turns_it_on(loaders, web1):
+    _, modules = loaders
+    with pytest.raises(CommandExecutionError, match="virt:resources:guest_exec: True in the hypervisor's minion"):
+        call(modules, web1.UUIDString(), "cmd.run", "root")
+    with pytest.raises(CommandExecutionError, match="is for operators, and user alice is not"):
+        call(modules, web1.UUIDString(), "cmd.run", "alice")
 
 
 def test_membership_changes_at_the_next_pillar_refresh(tenanted, web1):
