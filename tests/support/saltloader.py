@@ -131,7 +131,7 @@ def make_resource_loaders(tmp_path, uri, resource_type="virt_vm", pillar=None, *
     if pillar is not None:
         refresh_pillar(mods, pillar)
     opts = dict(mods.opts, extension_modules=str(tmp_path / "extmods"))
-    (tmp_path / "extmods").mkdir(exist_ok=True)
+    (tmp_path / "extmods").mkdir(parents=True, exist_ok=True)
     (tmp_path / "extmods" / "resources").symlink_to(ROOT / "_resources")
     utils = salt.loader.utils(opts)
     funcs = salt.loader.resource(opts, functions=mods, utils=utils, context={})
