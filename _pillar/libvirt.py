@@ -18,6 +18,10 @@ never grains) gets, in its own pillar only::
       server: {subject, san_dns, san_ip, not_after, sha256, ...}
       client: {subject, not_after, sha256, ...}
 
+    virt_tenant_members: {alice: acme, bob: beta}   # the master config's virt:tenants members, resolved
+                                                  # on the master ('group%' too): the virt_vm resources'
+                                                  # tenant gate (docs/topics/resources.md)
+
 Other minions get nothing. The ``virt.keys`` state writes the files where libvirtd and QEMU read them.
 
 Master config (``virt:hypervisors`` required; every ext_pillar key optional)::
@@ -174,6 +178,20 @@ def _moved(config):
     return None
 
 
+def _members(opts, minion_id):
+    """``{virt_tenant_members: {user: tenant}}`` for hypervisor ``minion_id``; a broken ``virt:tenants`` gives
+    an empty map (the hypervisor then lets no tenant in) and says why in the master's log."""
+    from saltvirt.fleet import callers
+    from saltvirt.spec import tenancy
+
+    try:
+        members = callers.tenant_members(opts)
+    except SaltInvocationError as exc:
+        log.error("libvirt ext_pillar: no tenant membership for %s: %s", minion_id, exc)
+        members = {}
+    return {tenancy.MEMBERS_PILLAR: members}
+
+
 def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-argument
     from saltvirt.fleet import hypervisors
     from saltvirt.pki import ca, keyfiles, revocation
@@ -254,4 +272,4 @@ def ext_pillar(minion_id, pillar, *args, **config):  # pylint: disable=unused-ar
         out[f"{prefix}{base}cert"], out[f"{prefix}{base}key"] = ret["cert"], ret["key"]
         if not prefix:
             out[base] = ca.summary(ret["cert"])
-    return {"libvirt": out}
+    return {"libvirt": out, **_members(opts, minion_id)}

@@ -10,10 +10,13 @@ A hypervisor minion manages them once the operator's pillar declares the type fo
       virt_vm: {}
 """
 
+import logging
 import os
 import sys
 import types
 from typing import TYPE_CHECKING
+
+from salt.exceptions import SaltException
 
 saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
@@ -30,14 +33,17 @@ if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.host import conn as _c
     from saltvirt.host import vmresources as _vmr
+    from saltvirt.spec import tenancy as _tenancy
 
 if TYPE_CHECKING:  # what Salt's resource loader injects into this module
-    from saltvirt.base.salttypes import SaltContext, SaltOpts
+    from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
 
     __opts__: SaltOpts
     __context__: SaltContext
     __resource__: dict
+    __salt__: SaltFunctions  # the managing minion's own execution modules (salt/minion.py gen_modules)
 
+log = logging.getLogger(__name__)
 __virtualname__ = "virt_vm"
 _CTX = "virt_vm_resource"
 
@@ -88,6 +94,22 @@ def ping():
     """True when the current VM is on this host and running."""
     with _vmr.connect(__opts__) as conn:
         return _vmr.ping(conn, _rid())
+
+
+def tenant_owns(user):
+    """True when Salt user ``user`` is a member of the tenant that owns the current VM: the tenant gate of the
+    type's functions (``saltvirt.base.operators.TENANT_GATE``; docs/topics/resources.md). The membership is
+    the master's, in this minion's compiled pillar, read through the minion's own modules: Salt hands a
+    resource loader a copy of the pillar it had when the loaders were built, and ``saltutil.refresh_pillar``
+    updates only the minion's own (``salt/minion.py``, ``pillar_refresh``). Any failure refuses."""
+    try:
+        # unmask: Salt 3008's pillar.get otherwise answers '**********' for every value (salt/utils/secret.py)
+        pillar = {_tenancy.MEMBERS_PILLAR: __salt__["pillar.get"](_tenancy.MEMBERS_PILLAR, {}, unmask=True)}
+        with _vmr.connect(__opts__) as conn:
+            return _vmr.tenant_owns(conn, _rid(), pillar, user)
+    except (SaltException, KeyError) as exc:  # anything else is raised: the call fails, nothing runs
+        log.warning("virt_vm: the tenant gate refused %s on %s: %s", user, __resource__.get("id"), exc)
+        return False
 
 
 def shutdown(opts):

@@ -3,6 +3,9 @@ declares the type for ``rshv1``, the minion discovers the VMs its libvirt has an
 ``salt -C 'T@virt_vm:<uuid>' ...`` reaches a VM with no minion inside through its hypervisor. Beside it, a plain
 minion called ``web1`` (what a guest's own minion is often called) keeps its id: a VM resource's id is its UUID.
 
+The master config makes alice (eauth) a member of tenant acme; its ``libvirt`` ext_pillar gives that membership
+to rshv1 (its only hypervisor), whose resources answer alice about acme's VMs only.
+
 The hypervisor's libvirt is the test driver over a node file (two VMs, one of tenant acme; every job opens it
 afresh): what is tested here is Salt's side (pillar declaration, discovery at start, registration, ``T@`` and
 compound targeting, the per-resource return), which is the same over any libvirt; the libvirt facts themselves
@@ -31,6 +34,8 @@ NODE = f"""<node>
 <os><type>hvm</type></os></domain>
 </node>"""
 ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")
+DAVE = ("--eauth", "file", "--username", "dave", "--password", "dave-secret")
+REFUSED = "is for operators, and user alice is not in this minion's virt:operators"
 BOUND = 60  # seconds for the hypervisor's registration to reach the master
 
 
@@ -42,12 +47,21 @@ def rsmaster(salt_factories, state_tree, tmp_path_factory):
     (pillar / "top.sls").write_text("base:\n  rshv1:\n    - resources\n")
     (pillar / "resources.sls").write_text("resources:\n  virt_vm: {}\n")  # the operator declares the type
     users = root / "users"
-    users.write_text("alice:alice-secret\n")
+    users.write_text("alice:alice-secret\ndave:dave-secret\n")
     users.chmod(0o600)
-    # Salt's own ACL lets alice publish anything: the hypervisor's virt:operators gate is what refuses her
-    eauth = {"file": {"^filename": str(users), "^filetype": "text", "^hashtype": "plaintext", "alice": [".*"]}}
-    overrides = master_config(state_tree, pillar_roots={"base": [str(pillar)]}, ext_pillar=[], external_auth=eauth)
-    overrides["virt"]["hypervisors"] = {"tgt": ["rshv1"], "tgt_type": "list"}  # salt-run virt.* select=
+    # Salt's own ACL lets alice publish anything: the hypervisor's gates are what refuse her; dave (acme too) has
+    # the ACL docs/topics/resources.md suggests for a tenant: the resource functions, on virt_vm resources only
+    acl = {"alice": [".*"], "dave": [{"T@virt_vm": ["test.ping", "grains.*", "virt.*"]}]}
+    eauth = {"file": {"^filename": str(users), "^filetype": "text", "^hashtype": "plaintext", **acl}}
+    # the tenants, and the libvirt ext_pillar that tells the hypervisors who belongs to which (quick EC keys)
+    virt = {"hypervisors": ["rshv1"], "tenants": {"acme": {"members": ["alice", "dave"]}}}
+    overrides = master_config(
+        state_tree,
+        pillar_roots={"base": [str(pillar)]},
+        ext_pillar=[{"libvirt": {"key_type": "ec", "key_size": 256}}],
+        external_auth=eauth,
+        virt=virt,
+    )
     factory = presync(salt_factories.salt_master_daemon("rs-master", overrides=overrides))
     with factory.started():
         yield factory
@@ -102,11 +116,29 @@ def test_a_guest_minion_and_its_vm_resource_keep_their_own_ids(rsmaster, minions
     assert "is not supported for resource type 'virt_vm'" in str(ret.data[WEB]), ret
 
 
-def test_a_tenants_eauth_user_gets_no_answer_about_any_vm(rsmaster, minions):
-    ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "grains.items")
-    assert ret.returncode != 0, ret
-    assert "is for operators, and user alice is not" in str(ret.data[WEB]), ret
-    assert "acme" not in str(ret.data[WEB])
+def test_a_tenants_eauth_user_gets_answers_about_its_own_tenants_vms_only(rsmaster, minions):
+    """alice (acme) asks every VM resource: acme's web1 answers, the operator's db1 refuses her in the operator
+    gate's one wording; cmd.run is refused on her own VM too (operators only, and off here)."""
+    registered(rsmaster)
+    ret = salt(rsmaster, "T@virt_vm", "-C", *ALICE, "grains.get", "tenant")
+    assert ret.returncode != 0 and sorted(ret.data) == sorted([WEB, DB]), ret
+    assert ret.data[WEB] == "acme", ret
+    assert REFUSED in str(ret.data[DB]) and "acme" not in str(ret.data[DB]), ret
+    ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "test.ping")
+    assert ret.returncode == 0 and ret.data == {WEB: True}, ret
+    ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "cmd.run", "id")
+    assert ret.returncode != 0 and "cmd.run on a hypervisor is for operators" in str(ret.data[WEB]), ret
+
+
+def test_a_resource_scoped_acl_keeps_a_tenants_user_off_the_minions(rsmaster, minions):
+    """dave's Salt ACL names the virt_vm resources only: Salt lets him reach them (and the hypervisor's tenant
+    gate his tenant's), and refuses him the hypervisor and the other minions before anything is published."""
+    registered(rsmaster)
+    ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *DAVE, "grains.get", "name")
+    assert ret.returncode == 0 and ret.data == {WEB: "web1"}, ret
+    for tgt in ("rshv1", "web1"):
+        ret = salt(rsmaster, tgt, *DAVE, "test.ping")
+        assert ret.stdout.strip() == "Authorization error occurred." and ret.data is None, ret  # Salt exits 0
 
 
 def test_a_fleet_operation_acts_on_the_vms_the_same_selection_targets(rsmaster, minions):

@@ -106,17 +106,32 @@ def new_job(runners):
     return runners
 
 
-def make_resource_loaders(tmp_path, uri, resource_type="virt_vm", **config):
+def refresh_pillar(mods, pillar):
+    """Give the minion modules ``mods`` the compiled pillar ``pillar`` as a minion's ``saltutil.refresh_pillar``
+    does (salt/minion.py ``pillar_refresh``: its opts and the ``__pillar__`` of its loader and inner loader;
+    resource loaders built before keep their copy)."""
+    mods.opts["pillar"] = pillar
+    mods.pack["__pillar__"] = pillar
+    inner = getattr(mods, "_dunder_salt", None)
+    if inner is not None and hasattr(inner, "pack"):
+        inner.pack["__pillar__"] = pillar
+
+
+def make_resource_loaders(tmp_path, uri, resource_type="virt_vm", pillar=None, **config):
     """Salt's two resource loaders over this repo's ``_resources`` (what ``salt/minion.py`` ``gen_modules``
     builds for a managed type): the type's connection module (``<type>.discover``, ``.grains``, ``.ping``) and
     its deny-by-default execution modules (``test.ping``, ``grains.items``). ``_resources`` is linked in as
     ``<extension_modules>/resources``, where ``saltutil.sync_resources`` writes it: Salt looks for a type's
-    ``modules/`` there, not under a ``module_dirs`` entry's ``_resources``. Returns ``(funcs, modules)``."""
+    ``modules/`` there, not under a ``module_dirs`` entry's ``_resources``. ``pillar``: the minion's compiled
+    pillar (the master's, in a daemon). Returns ``(funcs, modules)``; ``funcs.pack["__salt__"]`` is the
+    minion's own modules."""
     import salt.loader
 
     mods = make_minion_mods(tmp_path, uri, **config)
+    if pillar is not None:
+        refresh_pillar(mods, pillar)
     opts = dict(mods.opts, extension_modules=str(tmp_path / "extmods"))
-    (tmp_path / "extmods").mkdir(exist_ok=True)
+    (tmp_path / "extmods").mkdir(parents=True, exist_ok=True)
     (tmp_path / "extmods" / "resources").symlink_to(ROOT / "_resources")
     utils = salt.loader.utils(opts)
     funcs = salt.loader.resource(opts, functions=mods, utils=utils, context={})

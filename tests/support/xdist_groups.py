@@ -55,6 +55,7 @@ COST = {
     "tests/integration/test_authority.py": 60,
     "tests/integration/test_delegation.py": 50,
     "tests/integration/test_snapshot_real.py": 40,
+    "tests/integration/test_guestexec_real.py": 25,  # one qemu-ga guest booted (22 s alone, 2026-11-30)
     "tests/integration/test_domain_features.py": 30,
     "tests/integration/test_storage_real.py": 30,
     "tests/integration/test_lockspace.py": 30,
@@ -78,6 +79,7 @@ GUESTS = {
     "tests/integration/test_cloudinit.py": 1,
     "tests/integration/test_domain_features.py": 1,
     "tests/integration/test_snapshot_real.py": 1,
+    "tests/integration/test_guestexec_real.py": 1,
     "tests/integration/test_storage_real.py": 1,
 }
 

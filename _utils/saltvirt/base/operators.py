@@ -22,6 +22,12 @@ eauth name for salt-api and ``--eauth`` users, the OS user for ``publisher_acl``
 
 Every public function of every ``virt`` loader file is wrapped by :func:`guard_module` (its last line);
 ``tests/unit/base/test_operators.py`` walks the loaded ``virt.*`` functions and fails on one that is not.
+
+The ``virt_vm`` resource functions (``_resources/virt_vm/modules``) are wrapped the same way, with one more
+way in: a function of :data:`TENANT_RESOURCE_FUNCTIONS` also passes for a user whom the resource type's
+:data:`TENANT_GATE` (``_resources/virt_vm``: the master's tenant membership in the hypervisor's pillar, the
+VM's recorded owner in libvirt) finds a member of the tenant that owns the targeted VM. Only a module Salt's
+resource loader loaded has ``__resource_funcs__``: the ``virt`` execution module stays operator-only.
 """
 
 import fnmatch
@@ -39,7 +45,19 @@ DEFAULT_OPERATORS = ("root", "salt", "sudo_*")
 MARK = "__virt_operators_only__"  # set on every guarded function (the coverage test looks for it)
 PUB = "__pub_"
 # what a refused call on a virt_vm resource (_resources/virt_vm/modules) is told to do instead
-RESOURCE_ADVICE = "tenants ask about their VMs with salt-run virt.query, or ask the operator"
+RESOURCE_ADVICE = (
+    "a tenant's user reaches its own tenant's VMs only; tenants ask about their VMs with salt-run virt.query, "
+    "or ask the operator"
+)
+# the virt_vm resource functions a tenant's user may call on its own tenant's VMs (docs/topics/resources.md):
+# what the runner lets tenants do to their VMs (salt-run virt.start/stop/...: no snapshot, purge or migrate),
+# never cmd.run (the guest agent's guest-exec is operator-only, whatever the gate lets tenants call)
+TENANT_RESOURCE_FUNCTIONS = frozenset(
+    {"test.ping", "grains.items", "grains.get"}
+    | {f"virt.{f}" for f in ("start", "stop", "shutdown", "force_off", "reboot", "reset", "pause", "resume")}
+)
+# the resource type's function (``__resource_funcs__``) that answers whether a Salt user's tenant owns the VM
+TENANT_GATE = "virt_vm.tenant_owns"
 
 
 def operators(opts: Any) -> tuple[str, ...]:
@@ -62,13 +80,37 @@ def refusal(fun: str, user: Any, advice: str | None = None) -> str:
     return f"{fun} on a hypervisor is for operators, and {who}: {advice}"
 
 
-def check(opts: Any, fun: str, kwargs: dict[str, Any], advice: str | None = None) -> None:
-    """Refuse (CommandExecutionError) a published call of ``fun`` whose job user is no operator."""
+def check(
+    opts: Any,
+    fun: str,
+    kwargs: dict[str, Any],
+    advice: str | None = None,
+    tenant_owns: Callable[[str], bool] | None = None,
+) -> None:
+    """Refuse (CommandExecutionError) a published call of ``fun`` whose job user is no operator; with
+    ``tenant_owns`` (a resource function a tenant may call: :func:`tenant_gate`), one whose user it finds a
+    member of the owner tenant of the targeted VM passes too. One wording, whatever the reason."""
     if f"{PUB}user" not in kwargs:
         return  # no publication: salt-call on the hypervisor, another module or state, the schedule
     user = kwargs[f"{PUB}user"]
-    if not isinstance(user, str) or not user or not is_operator(opts, user):
-        raise CommandExecutionError(refusal(fun, user, advice))
+    if isinstance(user, str) and user and is_operator(opts, user):
+        return
+    if isinstance(user, str) and user and tenant_owns is not None and tenant_owns(user) is True:
+        return
+    raise CommandExecutionError(refusal(fun, user, advice))
+
+
+def tenant_gate(namespace: dict[str, Any], fun: str) -> Callable[[str], bool] | None:
+    """The resource type's :data:`TENANT_GATE` when ``fun`` is a function of :data:`TENANT_RESOURCE_FUNCTIONS`
+    in a module Salt's resource loader loaded (it injects ``__resource_funcs__``); None otherwise: a ``virt.*``
+    function of the hypervisor's own ``virt`` module (same names, no ``__resource_funcs__``) stays
+    operator-only."""
+    if fun not in TENANT_RESOURCE_FUNCTIONS:
+        return None
+    funcs = namespace.get("__resource_funcs__")
+    if funcs is None or TENANT_GATE not in funcs:
+        return None
+    return funcs[TENANT_GATE]
 
 
 def guard(
@@ -83,7 +125,7 @@ def guard(
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        check(namespace.get("__opts__"), fun, kwargs, advice)
+        check(namespace.get("__opts__"), fun, kwargs, advice, tenant_gate(namespace, fun))
         if not takes_kwargs:
             kwargs = {k: v for k, v in kwargs.items() if not k.startswith(PUB)}
         return func(*args, **kwargs)

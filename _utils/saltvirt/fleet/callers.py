@@ -86,6 +86,18 @@ def os_groups(user: str) -> tuple:
     return tuple(sorted(names))
 
 
+def group_users(group: str) -> tuple:
+    """The master host's OS users in group ``group`` (supplementary members and those whose primary group it
+    is), the users a ``group%`` entry stands for; () for no such group. Users NSS does not enumerate (an
+    LDAP/sssd source with enumeration off) are not found: name them in ``members``."""
+    try:
+        entry = grp.getgrnam(group)
+    except KeyError:
+        return ()
+    names = set(entry.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == entry.gr_gid}
+    return tuple(sorted(names))
+
+
 def _process_user():
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
@@ -143,3 +155,24 @@ def resolve(opts: SaltOpts, user: str | None) -> Caller:
             "virt:tenants:<tenant>:members (or virt:operators) in the master config"
         )
     return Caller(user, False, tenant=found[0], why=f"member of tenant {found[0]}", groups=groups)
+
+
+def tenant_members(opts: SaltOpts) -> dict[str, str]:
+    """``{Salt user: tenant}`` for every user :func:`resolve` makes a tenant member under the master config: the
+    names of the tenants' ``members`` and the OS users of their ``group%`` entries (:func:`group_users`). What
+    the ``libvirt`` ext_pillar gives the hypervisors for the ``virt_vm`` resources' tenant gate; operators,
+    ``publisher_acl`` users and users of several tenants are left out (``resolve`` gives them no tenant)."""
+    conf = tenants.config(opts)
+    names: set[str] = set()
+    for tconf in conf["tenants"].values():
+        for entry in tconf["members"]:
+            names.update(group_users(entry[:-1]) if entry.endswith("%") else (entry,))
+    out = {}
+    for user in sorted(names):
+        try:
+            caller = resolve(opts, user)
+        except SaltInvocationError:
+            continue
+        if not caller.operator and caller.tenant:
+            out[user] = caller.tenant
+    return out

@@ -22,7 +22,8 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host import query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
-from saltvirt.spec import compat, vmgrains
+from saltvirt.spec import compat, tenancy, vmgrains
+from saltvirt.xml import domxml
 
 TYPE = vmgrains.TYPE  # the resource type: T@virt_vm, T@virt_vm:<uuid>
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -84,3 +85,31 @@ def ping(conn: Conn, rid: str) -> bool:
     """True when VM ``rid`` is here and running (a VM with no minion inside answers too)."""
     dom = domain(conn, rid)
     return dom is not None and query.state_name(dom.state()[0]) == "running"
+
+
+def member_tenant(pillar: Mapping[str, Any], user: str) -> str | None:
+    """The tenant Salt user ``user`` belongs to, by the master's membership in the hypervisor's compiled pillar
+    ``pillar`` (:data:`saltvirt.spec.tenancy.MEMBERS_PILLAR`, from the ``libvirt`` ext_pillar: the master
+    config's ``virt:tenants``); None for a user it does not list, or a value that is not ``{user: tenant}``."""
+    members = pillar.get(tenancy.MEMBERS_PILLAR) if isinstance(pillar, Mapping) else None
+    tenant = members.get(user) if isinstance(members, Mapping) else None
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def owner_tenant(conn: Conn, rid: str) -> str | None:
+    """The tenant ``salt-run virt.init`` recorded as VM ``rid``'s owner in its <metadata>; None for an operator's
+    VM and for one that is not (or no longer) on this host."""
+    dom = domain(conn, rid)
+    if dom is None:
+        return None
+    with lv_errors(f"reading VM {rid}"):
+        owner = domxml.owner(domxml.read(dom.XMLDesc(0)))
+    tenant = (owner or {}).get("tenant")
+    return tenant or None
+
+
+def tenant_owns(conn: Conn, rid: str, pillar: Mapping[str, Any], user: str) -> bool:
+    """True when ``user`` is a member (:func:`member_tenant`) of the tenant that owns VM ``rid``
+    (:func:`owner_tenant`): the ``virt_vm`` resources' tenant gate (``saltvirt.base.operators.TENANT_GATE``)."""
+    tenant = member_tenant(pillar, user)
+    return tenant is not None and owner_tenant(conn, rid) == tenant

@@ -85,3 +85,46 @@ def test_a_bad_operator_list_is_an_error_saying_what_to_fix():
 
 def test_the_refusal_never_echoes_a_long_user_name():
     assert "x" * 65 not in operators.refusal("virt.init", "x" * 500)
+
+
+def resource_module(owns):
+    """The globals of a resource execution module as ``_resources/virt_vm/modules/virt.py`` (power functions) has
+    them once Salt's resource loader loaded it: ``__resource_funcs__`` holds the type's tenant gate (``owns``)."""
+    namespace = {
+        "__name__": "salt.loaded.ext.resource.virt_vm.virt",
+        "__virtualname__": "virt",
+        "__opts__": {},
+        "__resource_funcs__": {operators.TENANT_GATE: owns},
+    }
+    exec("def start(**kwargs):\n    return 'started'\n\ndef snapshot(name):\n    return name\n", namespace)
+    operators.guard_module(namespace, advice=operators.RESOURCE_ADVICE)
+    return namespace
+
+
+def test_a_resource_module_lets_a_tenant_in_on_the_allow_list_only():
+    """guard_module gives every resource module the tenant gate, for the functions of TENANT_RESOURCE_FUNCTIONS
+    only (a power function the runner lets tenants call); anything else (a snapshot: tenants have none in the
+    runner) and a module with no ``__resource_funcs__`` (the hypervisor's own virt.start) stay operator-only."""
+    asked = []
+    mod = resource_module(lambda user: asked.append(user) or user == "alice")
+    assert mod["start"](__pub_user="alice", __pub_jid="1") == "started"
+    with pytest.raises(CommandExecutionError) as err:
+        mod["start"](__pub_user="bob", __pub_jid="1")
+    assert str(err.value) == operators.refusal("virt.start", "bob", operators.RESOURCE_ADVICE)
+    with pytest.raises(CommandExecutionError, match="virt.snapshot on a hypervisor is for operators, and user alice"):
+        mod["snapshot"]("s1", __pub_user="alice", __pub_jid="1")
+    assert asked == ["alice", "bob"]  # never asked for a function off the list, nor for an operator:
+    assert mod["snapshot"]("s1", __pub_user="root", __pub_jid="1") == "s1"
+    assert asked == ["alice", "bob"]
+    assert "cmd.run" not in operators.TENANT_RESOURCE_FUNCTIONS
+
+    del mod["__resource_funcs__"]  # the hypervisor's own module: no resource loader, no tenant gate
+    with pytest.raises(CommandExecutionError, match="virt.start on a hypervisor is for operators, and user alice"):
+        mod["start"](__pub_user="alice", __pub_jid="1")
+
+
+def test_a_tenant_gate_that_does_not_say_true_refuses():
+    for answer in (None, "yes", 1, False):
+        mod = resource_module(lambda user, answer=answer: answer)
+        with pytest.raises(CommandExecutionError, match="is for operators, and user alice"):
+            mod["start"](__pub_user="alice", __pub_jid="1")

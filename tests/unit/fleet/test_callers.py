@@ -136,3 +136,26 @@ def test_a_publisher_acl_user_is_no_tenant_member(acl):
     listed = dict(conf, virt=dict(TENANTS, operators=["alice"]))
     assert callers.resolve(listed, "alice").operator
     assert callers.resolve(dict(conf, virt={}), "alice").operator
+
+
+def test_tenant_members_is_what_resolve_makes_tenant_members():
+    """The ``{user: tenant}`` the libvirt ext_pillar gives the hypervisors: named members and the OS users of a
+    ``group%`` entry (a real user here whose primary group the entry names), never an operator, a
+    ``publisher_acl`` user or a user two tenants claim (resolve refuses those)."""
+    other = next(p for p in pwd.getpwall() if p.pw_uid not in (0, os.geteuid()))
+    group = grp.getgrgid(other.pw_gid).gr_name
+    assert other.pw_name in callers.group_users(group)
+    assert callers.group_users("no-such-group-here") == ()
+    conf = {
+        "operators": ["ops"],
+        "tenants": {
+            "acme": {"members": ["alice", "ops", "root", "carol", f"{group}%"]},
+            "beta": {"members": ["bob", "carol-too"]},
+        },
+    }
+    members = callers.tenant_members(dict(opts(conf), publisher_acl={"carol": [".*"]}))
+    assert members["alice"] == "acme" and members["bob"] == "beta" and members[other.pw_name] == "acme"
+    assert "ops" not in members and "root" not in members and "carol" not in members
+    conf["tenants"]["beta"]["members"].append(other.pw_name)  # now in both tenants (by name, by group): neither
+    assert other.pw_name not in callers.tenant_members(opts(conf))
+    assert callers.tenant_members(opts({})) == {}

@@ -95,3 +95,20 @@ def test_the_connection_comes_from_the_minion_config_only(tmp_path):
     with pytest.raises(CommandExecutionError, match="cannot connect to libvirt"):
         with vmresources.connect({"virt": {"connection": {"uri": "test:///nonexistent.xml"}}}):
             pass
+
+
+def test_the_tenant_gate_needs_the_masters_membership_and_the_vms_recorded_owner(test_conn):
+    from saltvirt.spec import tenancy
+
+    define(test_conn, "web1", UUID_A, tenant="acme")
+    define(test_conn, "db1", UUID_B)
+    pillar = {tenancy.MEMBERS_PILLAR: {"alice": "acme", "bob": "beta"}}
+    assert vmresources.owner_tenant(test_conn, UUID_A) == "acme"
+    assert vmresources.owner_tenant(test_conn, UUID_B) is None  # an operator's VM
+    assert vmresources.owner_tenant(test_conn, "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9aff") is None  # not here
+    assert vmresources.member_tenant(pillar, "alice") == "acme"
+    assert vmresources.tenant_owns(test_conn, UUID_A, pillar, "alice") is True
+    for rid, user in ((UUID_A, "bob"), (UUID_A, "mallory"), (UUID_B, "alice")):
+        assert vmresources.tenant_owns(test_conn, rid, pillar, user) is False, (rid, user)
+    for bad in ({}, {tenancy.MEMBERS_PILLAR: "alice"}, {tenancy.MEMBERS_PILLAR: {"alice": ["acme"]}}, None):
+        assert vmresources.tenant_owns(test_conn, UUID_A, bad, "alice") is False, bad

@@ -148,3 +148,19 @@ def test_a_recorded_vm_id_gets_no_certificates_even_if_the_glob_matches(compile_
     hypervisors.record_vm_id(master, "hv-vm1", "hv-vm1")
     out = compile_pillar("hv-vm1", GRAINS, virt=virt, accepted=("hv1", "hv-vm1"))
     assert "libvirt" not in out, sorted(out)
+
+
+def test_hypervisors_get_the_tenant_membership_other_minions_do_not(compile_pillar):
+    """The virt_vm resources' tenant gate reads who belongs to which tenant from the hypervisor's pillar: the
+    master config's virt:tenants, resolved on the master; a guest's minion gets none of it, and a broken
+    virt:tenants gives the hypervisors an empty map (no tenant let in) with their certificates."""
+    from saltvirt.spec import tenancy
+
+    tenants = {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}}
+    virt = {"hypervisors": ["hv1", "hv2"], "operators": ["ops"], "tenants": tenants}
+    assert compile_pillar("hv1", GRAINS, virt=virt)[tenancy.MEMBERS_PILLAR] == {"alice": "acme", "bob": "beta"}
+    assert tenancy.MEMBERS_PILLAR not in compile_pillar("web1", GRAINS, virt=virt)
+    assert compile_pillar("hv2", {})[tenancy.MEMBERS_PILLAR] == {}  # no tenants configured
+    broken = dict(virt, tenants={"acme": {"members": ["alice"], "colour": "red"}})
+    got = compile_pillar("hv1", GRAINS, virt=broken)
+    assert got[tenancy.MEMBERS_PILLAR] == {} and "servercert" in got["libvirt"]
