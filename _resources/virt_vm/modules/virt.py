@@ -6,7 +6,9 @@ for operators only (as ``virt.*``).
 
 A UUID target reaches every hypervisor that has a definition of the VM, so two functions refuse what could act
 on a copy defined elsewhere (``saltvirt.host.vmactions``): ``start`` needs libvirt's lock manager
-(``virt:lock_manager``), ``snapshot`` and ``backup`` a VM running here.
+(``virt:lock_manager``), ``snapshot`` and ``backup`` a VM running here. And as Salt also runs a job aimed at
+hypervisors (``salt 'hyper*' virt.shutdown web1``) on every VM they manage, each acts only in a job whose target
+names VM resources (``T@virt_vm...``, or the VM's UUID).
 """
 
 import os
@@ -27,6 +29,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{resources/virt_vm
 
 if saltvirt is not None:
     from saltvirt.base import operators as _operators
+    from saltvirt.base import validate as _validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import lifecycle as _lifecycle
@@ -53,8 +56,11 @@ def __virtual__():
     return __virtualname__
 
 
-def _vm():
-    """``(conn, dom)`` of the targeted VM, found by its UUID (``saltvirt.host.vmactions.vm``)."""
+def _vm(fun, kwargs):
+    """``(conn, dom)`` of the targeted VM, found by its UUID (``saltvirt.host.vmactions.vm``), once the call's
+    keywords (``kwargs``: Salt's ``__pub_*`` and nothing else) say the job aimed at VM resources."""
+    _compat.refuse_unknown(kwargs, (), fun)
+    _acts.refuse_untargeted(fun, __resource__["id"], kwargs)
     return _acts.vm(__opts__, __resource__["id"])
 
 
@@ -62,7 +68,7 @@ def _cfg():
     return _vmr.opts_config(__opts__)
 
 
-def start():
+def start(**kwargs):
     """
     Start the targeted VM (a running one is left as is). Returns True, as the hypervisor's ``virt.start``.
     Refused unless libvirt's lock manager guards this hypervisor (``virt:lock_manager``): otherwise
@@ -70,54 +76,55 @@ def start():
 
     CLI Example:: salt -C 'T@virt_vm:6f1c...-...' virt.start
     """
-    with _vm() as (conn, dom):
+    with _vm("virt.start", kwargs) as (conn, dom):
         _acts.refuse_start(_cfg(), dom, __opts__["id"])
         return bool(_lifecycle.start(conn, dom.name()))
 
 
-def stop():
+def stop(**kwargs):
     """
     Hard power-off (as Salt's ``virt.stop``: the guest is not asked). Returns True. ``virt.shutdown`` asks.
 
     CLI Example:: salt -C 'T@virt_vm and G@group:db' virt.stop
     """
-    with _vm() as (conn, dom):
+    with _vm("virt.stop", kwargs) as (conn, dom):
         return bool(_lifecycle.destroy(conn, dom.name()))
 
 
-def shutdown(timeout=0):
+def shutdown(timeout=0, **kwargs):
     """
     Ask the guest to shut down (ACPI power button); ``timeout`` seconds to wait for it to be off. Returns True
     once the request is delivered.
 
     CLI Example:: salt -C 'T@virt_vm:6f1c...-...' virt.shutdown timeout=60
     """
-    with _vm() as (conn, dom):
+    timeout = _validate.seconds(timeout, "timeout") if timeout else 0  # checked before the guest is asked
+    with _vm("virt.shutdown", kwargs) as (conn, dom):
         return bool(_lifecycle.shutdown(conn, dom.name(), timeout))
 
 
-def reboot():
+def reboot(**kwargs):
     """
     Ask the guest to reboot. Returns True.
 
     CLI Example:: salt -C 'T@virt_vm:6f1c...-...' virt.reboot
     """
-    with _vm() as (conn, dom):
+    with _vm("virt.reboot", kwargs) as (conn, dom):
         return bool(_lifecycle.reboot(conn, dom.name()))
 
 
-def force_off():
+def force_off(**kwargs):
     """
     Hard power-off (the VM stays defined, its disks stay). Returns ``{name, action, state, previous}``, as the
     hypervisor's ``virt.force_off``.
 
     CLI Example:: salt -C 'T@virt_vm:6f1c...-...' virt.force_off
     """
-    with _vm() as (conn, dom):
+    with _vm("virt.force_off", kwargs) as (conn, dom):
         return _lifecycle.destroy(conn, dom.name())
 
 
-def snapshot(name=None, suffix=None):
+def snapshot(name=None, suffix=None, **kwargs):
     """
     Internal snapshot of the targeted VM, running here (every disk qcow2; its memory included). ``name``:
     default ``<vm>-<YYYYmmdd-HHMMSS>``; ``suffix`` is appended. Returns ``{name, memory}``, as the hypervisor's
@@ -125,7 +132,7 @@ def snapshot(name=None, suffix=None):
 
     CLI Example:: salt -C 'T@virt_vm and G@group:db' virt.snapshot suffix=before-upgrade
     """
-    with _vm() as (conn, dom):
+    with _vm("virt.snapshot", kwargs) as (conn, dom):
         vm = dom.name()
         advice = f"Find where it runs with salt-run virt.query, then: salt <that hypervisor> virt.snapshot {vm}"
         _acts.refuse_offline(_cfg(), dom, "virt.snapshot", __opts__["id"], advice)
@@ -143,9 +150,8 @@ def backup(disks=None, incremental=False, target=None, **kwargs):
     # checked here too: a gate that one day admits tenants to a VM's resource must not let them past the runner's
     # backup_mib quota
     _operators.check(__opts__, "virt.backup", kwargs, "use the runner (salt-run virt.backup <name>)")
-    _compat.refuse_unknown(kwargs, (), "virt.backup")
-    root, timeout, key = _backup.configured(__opts__)
-    with _vm() as (conn, dom):
+    with _vm("virt.backup", kwargs) as (conn, dom):
+        root, timeout, key = _backup.configured(__opts__)
         vm = dom.name()
         advice = f"Back it up with salt-run virt.backup {vm}, which asks every hypervisor first"
         _acts.refuse_offline(_cfg(), dom, "virt.backup", __opts__["id"], advice)

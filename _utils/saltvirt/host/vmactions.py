@@ -19,9 +19,15 @@ recovery record does; nothing on this host marks it), so:
 
 Stopping, shutting down, rebooting and forcing off act on a copy running here only (libvirt refuses them on
 a stopped VM): they never start anything and need neither rule.
+
+And one rule for every function that acts on a VM, :func:`refuse_untargeted`: Salt also runs a job aimed at the
+hypervisor minions on every VM they manage (a glob with a wildcard, ``-E``, ``-I``, ``-S``, ...: salt/minion.py
+``Minion._resolve_resource_targets``), and the resource's ``virt.stop`` has the name of the hypervisor's. So
+``salt 'hyper*' virt.shutdown web1`` would shut down every VM there. These act only in a job whose target names
+VM resources: ``T@`` in a compound target, or the VM's id itself (``salt <uuid>``, ``salt -L <uuid>,...``).
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -115,4 +121,26 @@ def refuse_offline(get: ConfigGet, dom: Domain, fun: str, minion: str, advice: s
         f"{_what(fun, dom)} acts only on a VM running on its hypervisor, and it is not running on {minion}: a "
         "definition left behind here (its VM recovered elsewhere) may share its disk files with the copy running "
         f"there. {advice}"
+    )
+
+
+def refuse_untargeted(fun: str, rid: str, pub: Mapping[str, Any]) -> None:
+    """Refuse (CommandExecutionError) ``fun`` on VM ``rid`` in a published job (``pub``: the call's keywords, with
+    Salt's ``__pub_tgt``/``__pub_tgt_type``) whose target does not name VM resources (see the module doc). A call
+    that was not published (``salt-call``, another module) is not refused."""
+    if "__pub_tgt_type" not in pub:
+        return
+    tgt, tgt_type = pub.get("__pub_tgt"), pub["__pub_tgt_type"]
+    words = tgt.split() if isinstance(tgt, str) else [str(w) for w in tgt or ()]
+    if tgt_type == "compound" and any(w.startswith("T@") for w in words):
+        return
+    if tgt_type == "list" and rid in {t.strip() for w in words for t in w.split(",")}:
+        return
+    if tgt_type == "glob" and tgt == rid:
+        return
+    raise CommandExecutionError(
+        f"{fun} acts on a VM resource only in a job whose target names VM resources (-C 'T@virt_vm:<uuid>', "
+        f"-C 'T@virt_vm and G@...', or the VM's UUID itself), not in this {tgt_type} target {str(tgt)!r:.80}: Salt "
+        "also runs a job aimed at hypervisors on every VM they manage. For the hypervisor's own virt.* name the "
+        "hypervisors with -L or one id without a wildcard"
     )

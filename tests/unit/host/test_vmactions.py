@@ -91,3 +91,44 @@ def test_snapshot_and_backup_act_on_a_vm_running_here_only(test_conn):
     vmactions.refuse_offline(config(resources={"unsafe_assume_one_definition": "true"}), dom, "virt.backup", "h", "")
     dom.create()
     vmactions.refuse_offline(config(), dom, "virt.backup", "hyper1", "")
+
+
+@pytest.mark.parametrize(
+    "tgt_type, tgt",
+    [
+        ("compound", f"T@virt_vm:{UUID_A}"),
+        ("compound", "T@virt_vm and G@group:db"),
+        ("compound", ["T@virt_vm", "and", "G@tenant:acme"]),
+        ("list", f"{UUID_B},{UUID_A}"),
+        ("list", [UUID_A]),
+        ("glob", UUID_A),
+    ],
+)
+def test_a_job_that_names_vm_resources_acts_on_them(tgt_type, tgt):
+    vmactions.refuse_untargeted("virt.stop", UUID_A, {"__pub_tgt": tgt, "__pub_tgt_type": tgt_type})
+
+
+@pytest.mark.parametrize(
+    "tgt_type, tgt",
+    [
+        ("glob", "hyper*"),  # the hypervisor's virt.shutdown web1: Salt runs it on every VM there too
+        ("glob", "*"),
+        ("pcre", "hyper.*"),
+        ("pillar", "role:hypervisor"),
+        ("ipcidr", "10.0.0.0/8"),
+        ("grain", "tenant:acme"),
+        ("compound", "hyper* and G@os:Debian"),
+        ("list", f"hyper1,{UUID_B}"),
+    ],
+)
+def test_a_job_aimed_at_hypervisors_does_not_act_on_their_vms(tgt_type, tgt):
+    with pytest.raises(CommandExecutionError) as refused:
+        vmactions.refuse_untargeted("virt.shutdown", UUID_A, {"__pub_tgt": tgt, "__pub_tgt_type": tgt_type})
+    assert str(refused.value).startswith(
+        "virt.shutdown acts on a VM resource only in a job whose target names VM resources (-C 'T@virt_vm:<uuid>'"
+    )
+    assert f"not in this {tgt_type} target" in str(refused.value)
+
+
+def test_a_call_that_was_not_published_is_not_refused():
+    vmactions.refuse_untargeted("virt.stop", UUID_A, {})  # salt-call, another module: no __pub_ data

@@ -9,7 +9,7 @@ import subprocess
 import libvirt
 import pytest
 import salt.loader.context
-from salt.exceptions import CommandExecutionError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.host import vmresources
 from saltvirt.xml.domxml import METADATA_NS
@@ -197,3 +197,21 @@ def test_a_backup_of_a_vm_here_is_the_hypervisors_backup(tmp_path, virt_test):
     assert (made["uuid"], made["type"], made["live"]) == (dom.UUIDString(), "full", False)
     assert [d["target"] for d in made["disks"]] == ["vda"] and made["dir"].startswith(str(tmp_path / "backups"))
     conn.close()
+
+
+def test_a_job_aimed_at_the_hypervisors_leaves_their_vms_alone(loaders, web1):
+    """``salt 'hyper*' virt.shutdown web1`` is the hypervisor's virt.shutdown, and Salt runs it on every VM resource
+    of the minion too (a glob with a wildcard): the resource's virt.* refuse such a job, and act in one whose target
+    names the VM (Salt's publication data, which the minion hands over as __pub_tgt / __pub_tgt_type)."""
+    _, modules = loaders
+    uuid = web1.UUIDString()
+    web1.create()
+    glob = {"__pub_user": "root", "__pub_tgt": "hyper*", "__pub_tgt_type": "glob"}
+    for fun in ("virt.shutdown", "virt.stop", "virt.reboot", "virt.force_off", "virt.snapshot", "virt.start"):
+        with pytest.raises(CommandExecutionError, match="acts on a VM resource only in a job whose target names"):
+            on(uuid, modules[fun], **glob)
+    assert state(web1) == "running" and not web1.snapshotNum(0)
+    aimed = {"__pub_user": "root", "__pub_tgt": f"T@virt_vm:{uuid}", "__pub_tgt_type": "compound"}
+    assert on(uuid, modules["virt.shutdown"], timeout=5, **aimed) is True and state(web1) == "shutoff"
+    with pytest.raises(SaltInvocationError, match="virt.stop: unknown argument"):
+        on(uuid, modules["virt.stop"], timeout=5, **aimed)  # the hypervisor's virt.stop takes none either
