@@ -106,3 +106,21 @@ def test_a_tenants_eauth_user_gets_no_answer_about_any_vm(rsmaster, minions):
     assert ret.returncode != 0, ret
     assert "is for operators, and user alice is not" in str(ret.data[WEB]), ret
     assert "acme" not in str(ret.data[WEB])
+
+
+def test_power_through_a_vm_resource_and_never_through_a_job_aimed_at_hypervisors(rsmaster, minions):
+    """The resource's virt.* with real daemons: ``T@virt_vm:<uuid> virt.force_off`` answers libvirt's state after
+    the call (shutoff; the node file's test driver starts afresh in every job, so a later job sees db1 running
+    again: what persists is tested on test:///default in tests/unit/loaders/test_resources_virt_vm.py). A job aimed
+    at the hypervisor (``rshv*``) reaches every VM resource too: Salt hands them the job's target (``__pub_tgt``),
+    and they refuse to act."""
+    registered(rsmaster)
+    ret = salt(rsmaster, f"T@virt_vm:{DB}", "-C", "virt.force_off")
+    assert ret.returncode == 0, ret
+    assert ret.data == {DB: {"name": "db1", "action": "force off", "state": "shutoff", "previous": "running"}}, ret
+    ret = salt(rsmaster, "T@virt_vm and G@name:db1", "-C", "virt.stop")
+    assert ret.returncode == 0 and ret.data == {DB: True}, ret
+    ret = salt(rsmaster, "rshv*", "virt.stop")  # the hypervisor's virt.stop, with its name forgotten
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB]), ret
+    for vm in (WEB, DB):
+        assert "virt.stop acts on a VM resource only in a job whose target names VM resources" in str(ret.data[vm])
