@@ -150,16 +150,19 @@ def test_start_under_the_lock_manager_or_the_operators_opt_in(tmp_path, virt_tes
 def test_a_snapshot_appears_in_libvirt_with_the_hypervisors_answer(loaders, web1):
     _, modules = loaders
     uuid = web1.UUIDString()
-    with pytest.raises(CommandExecutionError, match="salt <that hypervisor> virt.snapshot web1$"):
-        on(uuid, modules["virt.snapshot"])  # stopped here: may be a definition left behind
-    web1.create()
-    assert on(uuid, modules["virt.snapshot"], name="before", suffix="upgrade") == {
-        "name": "before-upgrade",
-        "memory": True,
-    }
-    snaps = web1.listAllSnapshots(0)
-    assert [s.getName() for s in snaps] == ["before-upgrade"]
-    snaps[0].delete(0)  # virt_test's cleanup cannot undefine a VM that has snapshots
+    try:
+        with pytest.raises(CommandExecutionError, match="salt <that hypervisor> virt.snapshot web1$"):
+            on(uuid, modules["virt.snapshot"])  # stopped here: may be a definition left behind
+        assert not web1.snapshotNum(0)
+        web1.create()
+        assert on(uuid, modules["virt.snapshot"], name="before", suffix="upgrade") == {
+            "name": "before-upgrade",
+            "memory": True,
+        }
+        assert [s.getName() for s in web1.listAllSnapshots(0)] == ["before-upgrade"]
+    finally:
+        for snap in web1.listAllSnapshots(0):  # virt_test's cleanup cannot undefine a VM that has snapshots
+            snap.delete(0)
 
 
 def test_a_vm_that_left_the_host_is_a_clear_error_for_every_function(loaders, web1):
