@@ -1,6 +1,7 @@
-"""What a ``virt_vm`` resource's own ``virt.*`` functions (``_resources/virt_vm/modules/virt.py``) need beyond the
-library functions the hypervisor's ``virt.*`` module uses (``saltvirt.host.lifecycle``, ``saltvirt.host.snapshot``,
-``saltvirt.vm.backup``): the VM found by its resource id, and the two rules that keep a UUID target safe.
+"""What a ``virt_vm`` resource's own ``virt.*`` functions (``_resources/virt_vm/modules/virt_vm_virt.py``) need
+beyond the library functions the hypervisor's ``virt.*`` module uses (``saltvirt.host.lifecycle``,
+``saltvirt.host.snapshot``, ``saltvirt.vm.backup``): the VM found by its resource id, and the rules that keep a
+UUID target safe.
 
 A ``T@virt_vm:<uuid>`` job runs on every hypervisor that has a definition of that UUID, including one left
 behind on a host that was down while its VMs were recovered elsewhere (docs/topics/resources.md, "One VM, two

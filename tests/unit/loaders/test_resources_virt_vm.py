@@ -11,9 +11,11 @@ import pytest
 import salt.loader.context
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import operators
 from saltvirt.host import vmresources
 from saltvirt.xml.domxml import METADATA_NS
-from tests.support.saltloader import make_resource_loaders
+from tests.support.paths import ROOT
+from tests.support.saltloader import make_minion_mods, make_resource_loaders
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def test_published_calls_are_for_operators_only(loaders, web1):
 def test_only_the_types_own_functions_are_reachable(loaders):
     """Salt's per-type loader is deny-by-default: cmd.run, the hypervisor's virt.* and the rest of the minion's
     modules are not reachable through a VM resource (a guest command would need an opt-in of its own); the
-    type's own virt.* (_resources/virt_vm/modules/virt.py) are."""
+    type's own virt.* (_resources/virt_vm/modules/virt_vm_virt.py) are."""
     _, modules = loaders
     power = ["backup", "force_off", "reboot", "shutdown", "snapshot", "start", "stop"]
     assert sorted(modules) == ["grains.get", "grains.items", "test.ping", *(f"virt.{f}" for f in power)]
@@ -218,3 +220,26 @@ def test_a_job_aimed_at_the_hypervisors_leaves_their_vms_alone(loaders, web1):
     assert on(uuid, modules["virt.shutdown"], timeout=5, **aimed) is True and state(web1) == "shutoff"
     with pytest.raises(SaltInvocationError, match="virt.stop: unknown argument"):
         on(uuid, modules["virt.stop"], timeout=5, **aimed)  # the hypervisor's virt.stop takes none either
+
+
+def test_no_module_of_the_type_shares_a_file_name_with_a_minion_module():
+    """Salt's loaders import every extension module as ``salt.loaded.ext.module.<file name>`` (salt/loader/lazy.py
+    ``_load_module``), the resource type's as the minion's: a ``modules/virt.py`` here was executed into the
+    module object of ``_modules/virt.py``, and the hypervisor's ``virt.backup`` became the resource's."""
+    ours = {p.name for p in (ROOT / "_resources" / "virt_vm" / "modules").glob("*.py")} - {"__init__.py"}
+    assert not ours & {p.name for p in (ROOT / "_modules").glob("*.py")}
+
+
+def test_the_minions_virt_functions_stay_the_hypervisors_once_the_types_are_loaded(tmp_path, loaders):
+    """Both loaders in one process (as on a minion managing VM resources): each ``virt.*`` keeps its own code."""
+    _, modules = loaders
+    assert modules["virt.backup"]  # the resource's module is loaded
+    mods = make_minion_mods(tmp_path / "m", "test:///default")
+
+    def source(loaded):
+        func = loaded.func
+        return getattr(func, operators.MARK, func).__code__.co_filename  # the guarded function's own file
+
+    for fun in ("virt.start", "virt.stop", "virt.snapshot", "virt.backup", "virt.force_off"):
+        assert "/_modules/" in source(mods[fun]), fun
+        assert source(modules[fun]).endswith("/resources/virt_vm/modules/virt_vm_virt.py"), fun

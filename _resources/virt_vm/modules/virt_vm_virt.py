@@ -9,6 +9,10 @@ on a copy defined elsewhere (``saltvirt.host.vmactions``): ``start`` needs libvi
 (``virt:lock_manager``), ``snapshot`` and ``backup`` a VM running here. And as Salt also runs a job aimed at
 hypervisors (``salt 'hyper*' virt.shutdown web1``) on every VM they manage, each acts only in a job whose target
 names VM resources (``T@virt_vm...``, or the VM's UUID).
+
+Not called ``virt.py``: Salt's loader imports an extension module as ``salt.loaded.ext.module.<file name>`` in
+every loader, so a ``virt.py`` here would be executed into the same module object as ``_modules/virt.py`` (each
+overwriting the other's functions and globals in the minion's process).
 """
 
 import os
