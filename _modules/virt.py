@@ -565,7 +565,7 @@ def list_inactive_vms(connection=None, **kwargs):
 
 def _agent_timeout():
     """``virt:guest_agent_timeout``: seconds the guest agent calls of one query may take together."""
-    return validate.seconds(_cfg("virt:guest_agent_timeout", guestips.AGENT_TIMEOUT), "virt:guest_agent_timeout", 60)
+    return guestips.agent_timeout(_cfg)
 
 
 def vm_info(vm_=None, connection=None, **kwargs):

@@ -33,7 +33,6 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.base import validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.storage import attach as _attach
@@ -95,10 +94,9 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
         salt 'hyper1' virt.backup web1
         salt 'hyper1' virt.backup web1 incremental=True
     """
-    timeout = validate.positive_int(_settings().get("timeout") or _backup.DEFAULT_TIMEOUT, "virt:backup:timeout")
-    root = _root()
+    root, timeout, key = _backup.configured(__opts__)
     with _conn(connection, kwargs) as conn:
-        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=_key())
+        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=key)
 
 
 def backup_list(name, target=None):

@@ -32,6 +32,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{resources/virt_vm
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.host import conn as _c
+    from saltvirt.host import guestips as _guestips
     from saltvirt.host import vmresources as _vmr
     from saltvirt.spec import tenancy as _tenancy
 
@@ -91,9 +92,11 @@ def grains_refresh():
 
 
 def ping():
-    """True when the current VM is on this host and running."""
+    """True when the current VM is on this host and running, and its guest agent answers where it has an agent
+    channel (within ``virt:guest_agent_timeout``)."""
+    timeout = _guestips.agent_timeout(_vmr.opts_config(__opts__))
     with _vmr.connect(__opts__) as conn:
-        return _vmr.ping(conn, _rid())
+        return _vmr.ping(conn, _rid(), timeout)
 
 
 def tenant_owns(user):

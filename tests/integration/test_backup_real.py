@@ -4,7 +4,7 @@ shows its own marker; a restore on another hypervisor (hv13) from the shared bac
 retention on real chains; snapshots and checkpoints; an incremental after a live migration to hv13
 (shared storage, and a disk copy);
 libvirtd killed in the middle of a backup; a guest running the QEMU guest agent (the busybox guest's
-qemu-ga variant) frozen and thawed around the backup start.
+qemu-ga variant) frozen and thawed around the backup start, and answering a virt_vm resource's test.ping.
 
 The marker is written through the guest's own QEMU block layer (HMP ``qemu-io`` on the running disk
 device, see tests/integration/test_snapshot_real.py): the busybox guest has no shell on its console."""
@@ -22,6 +22,7 @@ import pytest
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import conn as lvconn
+from saltvirt.host import vmresources
 from saltvirt.vm import backup as backup_lib
 from saltvirt.vm import backupstore
 from saltvirt.vm import migrate as migrate_lib
@@ -381,3 +382,13 @@ def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start(v
     again = v["virt.backup"]("bkr6")
     assert (again["consistency"], again["fs_freeze"]) == (backup_lib.NONE_FROZEN, {"frozen": 0, "thawed": 0})
     assert agent(hv1, "bkr6", "guest-fsfreeze-status") == "thawed"
+
+    # a virt_vm resource's test.ping (saltvirt.host.vmresources.ping): the real agent answers guest-ping; once it
+    # is stopped (SIGSTOP: its channel stays connected, nothing answers) the running VM's ping is False
+    with lvconn.connect(hv1.uri) as conn:
+        uuid = conn.lookupByName("bkr6").UUIDString()
+        assert vmresources.ping(conn, uuid) is True
+        agent(hv1, "bkr6", "guest-exec", path="/bin/sh", arg=["-c", "sleep 1; kill -STOP $(pidof qemu-ga)"])
+        time.sleep(3)
+        assert vmresources.ping(conn, uuid, agent_timeout=1) is False
+        assert conn.lookupByUUIDString(uuid).isActive()

@@ -3,15 +3,16 @@ declares the type for ``rshv1``, the minion discovers the VMs its libvirt has an
 ``salt -C 'T@virt_vm:<uuid>' ...`` reaches a VM with no minion inside through its hypervisor. Beside it, a plain
 minion called ``web1`` (what a guest's own minion is often called) keeps its id: a VM resource's id is its UUID.
 
+The hypervisor's libvirt is the test driver over a node file (three VMs: two running, one of them tenant acme's,
+and a stopped one; every job opens it afresh): what is tested here is Salt's side (pillar declaration, discovery
+at start, registration, ``T@`` and compound targeting, the per-resource return, the job's target handed to the
+resource's functions), which is the same over any libvirt; the libvirt facts themselves are checked in
+tests/unit/host/test_vmresources.py and tests/unit/loaders/test_resources_virt_vm.py. Not on the session master:
+a minion with resources changes what ``salt '*'`` waits for (Salt adds every registered resource id to a glob's
+wait list), which other tests there count on.
+
 The master config makes alice (eauth) a member of tenant acme; its ``libvirt`` ext_pillar gives that membership
 to rshv1 (its only hypervisor), whose resources answer alice about acme's VMs only.
-
-The hypervisor's libvirt is the test driver over a node file (two VMs, one of tenant acme; every job opens it
-afresh): what is tested here is Salt's side (pillar declaration, discovery at start, registration, ``T@`` and
-compound targeting, the per-resource return), which is the same over any libvirt; the libvirt facts themselves
-are checked in tests/unit/host/test_vmresources.py. Not on the session master: a minion with resources changes
-what ``salt '*'`` waits for (Salt adds every registered resource id to a glob's wait list), which other tests
-there count on.
 """
 
 import json
@@ -24,6 +25,7 @@ from tests.support.saltd import master_config, presync, start_minion
 
 WEB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"  # acme's web1
 DB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a002"  # an operator's db1
+OFF = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a003"  # off1, stopped
 NODE = f"""<node>
 <cpu><mhz>2400</mhz><active>2</active><max>2</max><nodes>1</nodes><sockets>1</sockets><cores>2</cores>
 <threads>1</threads></cpu><memory>4194304</memory>
@@ -32,6 +34,8 @@ NODE = f"""<node>
 </sv:vm></metadata><os><type>hvm</type></os></domain>
 <domain type='test'><name>db1</name><uuid>{DB}</uuid><memory unit='MiB'>512</memory><vcpu>2</vcpu>
 <os><type>hvm</type></os></domain>
+<domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'><name>off1</name><uuid>{OFF}</uuid>
+<memory unit='MiB'>128</memory><vcpu>1</vcpu><os><type>hvm</type></os><test:runstate>5</test:runstate></domain>
 </node>"""
 ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")
 DAVE = ("--eauth", "file", "--username", "dave", "--password", "dave-secret")
@@ -81,11 +85,11 @@ def salt(rsmaster, tgt, *args):
 
 
 def registered(rsmaster):
-    """Wait until the master knows both VMs as resources (the minion registers them after it connects)."""
+    """Wait until the master knows the VMs as resources (the minion registers them after it connects)."""
     deadline = time.monotonic() + BOUND
     while True:
         ret = salt(rsmaster, "T@virt_vm", "-C", "test.ping")
-        if ret.returncode == 0 and sorted(ret.data) == sorted([WEB, DB]):
+        if ret.returncode == 0 and sorted(ret.data) == sorted([WEB, DB, OFF]):
             return ret
         assert time.monotonic() < deadline, f"virt_vm resources not registered after {BOUND} s: {ret}"
 
@@ -98,7 +102,7 @@ def test_a_vm_is_targeted_through_its_hypervisor(rsmaster, minions):
     assert (grains["name"], grains["hypervisor"], grains["tenant"], grains["group"]) == ("web1", "rshv1", "acme", "web")
     assert (grains["state"], grains["vcpus"], grains["mem_mib"]) == ("running", 1, 256)
 
-    assert registered(rsmaster).data == {WEB: True, DB: True}
+    assert registered(rsmaster).data == {WEB: True, DB: True, OFF: False}
     # a selection by what the hypervisor knows, mixed with the type (the grain is the VM's, not a minion's)
     ret = salt(rsmaster, "T@virt_vm and G@tenant:acme", "-C", "grains.get", "name")
     assert ret.returncode == 0 and ret.data == {WEB: "web1"}, ret
@@ -109,21 +113,22 @@ def test_a_guest_minion_and_its_vm_resource_keep_their_own_ids(rsmaster, minions
     ret = salt(rsmaster, "web1", "test.ping")  # the minion called web1, not the VM of that name
     assert ret.returncode == 0 and json.loads(ret.stdout) == {"web1": True}, ret
     ret = salt(rsmaster, "*", "test.ping")  # Salt adds the registered resources to a glob
-    assert ret.returncode == 0 and ret.data == {"rshv1": True, "web1": True, WEB: True, DB: True}, ret
+    assert ret.returncode == 0 and ret.data == {"rshv1": True, "web1": True, WEB: True, DB: True, OFF: False}, ret
     # ... to every glob with a wildcard: a function the type does not have fails on each VM (documented)
     ret = salt(rsmaster, "rshv*", "test.version")
-    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB]), ret
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB, OFF]), ret
     assert "is not supported for resource type 'virt_vm'" in str(ret.data[WEB]), ret
 
 
 def test_a_tenants_eauth_user_gets_answers_about_its_own_tenants_vms_only(rsmaster, minions):
-    """alice (acme) asks every VM resource: acme's web1 answers, the operator's db1 refuses her in the operator
+    """alice (acme) asks every VM resource: acme's web1 answers, the operator's db1 and off1 refuse her in the operator
     gate's one wording; cmd.run is refused on her own VM too (operators only, and off here)."""
     registered(rsmaster)
     ret = salt(rsmaster, "T@virt_vm", "-C", *ALICE, "grains.get", "tenant")
-    assert ret.returncode != 0 and sorted(ret.data) == sorted([WEB, DB]), ret
+    assert ret.returncode != 0 and sorted(ret.data) == sorted([WEB, DB, OFF]), ret
     assert ret.data[WEB] == "acme", ret
-    assert REFUSED in str(ret.data[DB]) and "acme" not in str(ret.data[DB]), ret
+    for vm in (DB, OFF):  # the operator's
+        assert REFUSED in str(ret.data[vm]) and "acme" not in str(ret.data[vm]), ret
     ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "test.ping")
     assert ret.returncode == 0 and ret.data == {WEB: True}, ret
     ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "cmd.run", "id")
@@ -155,3 +160,25 @@ def test_a_fleet_operation_acts_on_the_vms_the_same_selection_targets(rsmaster, 
     assert ret.returncode == 0 and ret.data["results"] == {WEB: {"name": "web1", "host": "rshv1", "result": True}}, ret
     ret = run("virt.stop", "select=E@web.*")
     assert ret.returncode != 0 and "E@ matches minions, not VMs" in ret.data["error"], ret
+
+
+def test_power_through_a_vm_resource_and_never_through_a_job_aimed_at_hypervisors(rsmaster, minions):
+    """The resource's virt.* with real daemons: ``T@virt_vm:<uuid> virt.force_off`` answers libvirt's state after
+    the call (shutoff; the node file's test driver starts afresh in every job, so a later job sees db1 running
+    again: what persists is tested on test:///default in tests/unit/loaders/test_resources_virt_vm.py). A job aimed
+    at the hypervisor (``rshv*``) reaches every VM resource too: Salt hands them the job's target (``__pub_tgt``),
+    and they refuse to act. rshv1 declares no ``virt:lock_manager``: a stopped VM is not started through its
+    resource, and the answer names the runner."""
+    registered(rsmaster)
+    ret = salt(rsmaster, f"T@virt_vm:{DB}", "-C", "virt.force_off")
+    assert ret.returncode == 0, ret
+    assert ret.data == {DB: {"name": "db1", "action": "force off", "state": "shutoff", "previous": "running"}}, ret
+    ret = salt(rsmaster, "T@virt_vm and G@name:db1", "-C", "virt.stop")
+    assert ret.returncode == 0 and ret.data == {DB: True}, ret
+    ret = salt(rsmaster, "rshv*", "virt.stop")  # the hypervisor's virt.stop, with its name forgotten
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB, OFF]), ret
+    for vm in (WEB, DB, OFF):
+        assert "virt.stop acts on a VM resource only in a job whose target names VM resources" in str(ret.data[vm])
+    ret = salt(rsmaster, f"T@virt_vm:{OFF}", "-C", "virt.start")
+    assert ret.returncode != 0, ret
+    assert "Start it with salt-run virt.start off1, which asks every hypervisor first" in str(ret.data[OFF]), ret

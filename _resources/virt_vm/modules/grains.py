@@ -8,8 +8,6 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
-from salt.exceptions import CommandExecutionError
-
 saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
     import saltvirt  # pip install . puts it on sys.path
@@ -23,6 +21,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{resources/virt_vm
 
 if saltvirt is not None:
     from saltvirt.base import operators as _operators
+    from saltvirt.host import vmresources as _vmr
 
 if TYPE_CHECKING:  # what Salt's per-type resource loader injects into this module
     from saltvirt.base.salttypes import SaltFunctions
@@ -42,7 +41,7 @@ def __virtual__():
 def _grains():
     got = __resource_funcs__["virt_vm.grains"]()
     if not got:
-        raise CommandExecutionError(f"VM {__resource__['id']} is no longer on this hypervisor")
+        raise _vmr.left(__resource__["id"])
     return got
 
 

@@ -38,7 +38,8 @@ def __virtual__():
 
 def ping():
     """
-    True when the targeted VM is defined on its hypervisor and running.
+    True when the targeted VM is defined on its hypervisor and running, and its QEMU guest agent answers where it
+    has an agent channel (``virt:guest_agent_timeout``, 2 s by default).
 
     CLI Example:: salt -C 'T@virt_vm:6f1c...-...' test.ping
     """

@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from saltvirt.base.salttypes import Conn, Data, Domain
+from saltvirt.base import validate
+from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host.conn import libvirt
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,12 @@ MAX_PER_NIC = 16
 SOURCES = ("agent", "lease", "arp")
 _MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _ARP_TYPES = ("bridge", "network")
+
+
+def agent_timeout(get: ConfigGet) -> float:
+    """``virt:guest_agent_timeout`` (``get``: the minion config's): seconds the guest agent calls of one query, or
+    of one ``test.ping`` of a VM resource, may take together."""
+    return validate.seconds(get("virt:guest_agent_timeout", AGENT_TIMEOUT), "virt:guest_agent_timeout", 60)
 
 
 def _flag(source):

@@ -7,9 +7,11 @@ resource id like a minion id (``salt <id> ...``), so an id must never be one a m
 
 Every fact here is one the hypervisor knows from libvirt and the domain's definition (the tenant and group
 ``salt-run virt.init`` wrote into its metadata); nothing a guest reports about itself (no guest agent, no
-guest minion's grains): a tenant is root in its guest.
+guest minion's grains): a tenant is root in its guest. The one thing asked of the guest is :func:`ping`'s
+"does your agent answer", which only ever turns a running VM's answer to False.
 """
 
+import math
 import re
 import uuid as uuidlib
 from collections.abc import Mapping
@@ -17,10 +19,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import salt.utils.data
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
-from saltvirt.host import query
+from saltvirt.host import guestips, query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
 from saltvirt.spec import compat, tenancy, vmgrains
 from saltvirt.xml import domxml
@@ -81,10 +83,37 @@ def grains(conn: Conn, rid: str, hypervisor: str) -> Data:
     return vmgrains.grains(query.describe(dom, conn.getHostname()), hypervisor)
 
 
-def ping(conn: Conn, rid: str) -> bool:
-    """True when VM ``rid`` is here and running (a VM with no minion inside answers too)."""
+def left(rid: str) -> CommandExecutionError:
+    """The error of a call on VM ``rid`` once it left this host (purged, migrated away) since discovery."""
+    return CommandExecutionError(f"VM {rid} is no longer on this hypervisor")
+
+
+def agent_answers(dom: Domain, timeout: float = guestips.AGENT_TIMEOUT) -> bool | None:
+    """Whether the QEMU guest agent of running ``dom`` answers ``guest-ping`` within ``timeout`` seconds; None
+    when the VM has no agent channel. A channel libvirt reports ``disconnected`` (no agent listening) is not
+    asked; any libvirt error (no answer in time, an agent gone, a driver without agent commands) is False."""
+    with lv_errors(f"reading VM {dom.UUIDString()}"):
+        state = domxml.parse(dom.XMLDesc(0))["guest_agent"]
+    if state is None:
+        return None
+    if state == "disconnected":
+        return False
+    import libvirt_qemu  # noqa: PLC0415 - part of libvirt-python, needed only here
+
+    try:  # libvirt's agent timeout is whole seconds (0 would mean "do not wait")
+        libvirt_qemu.qemuAgentCommand(dom, '{"execute": "guest-ping"}', max(1, math.ceil(timeout)), 0)
+    except libvirt.libvirtError:
+        return False
+    return True
+
+
+def ping(conn: Conn, rid: str, agent_timeout: float = guestips.AGENT_TIMEOUT) -> bool:
+    """True when VM ``rid`` is here and running, and its guest agent answers where it has an agent channel
+    (:func:`agent_answers`; a VM without a channel, and so with no minion or agent inside, answers too)."""
     dom = domain(conn, rid)
-    return dom is not None and query.state_name(dom.state()[0]) == "running"
+    if dom is None or query.state_name(dom.state()[0]) != "running":
+        return False
+    return agent_answers(dom, agent_timeout) is not False
 
 
 def member_tenant(pillar: Mapping[str, Any], user: str) -> str | None:

@@ -24,12 +24,12 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import metrics, tools
+from saltvirt.base import metrics, tools, validate
 from saltvirt.base.fsutil import file_digest, remove_paths
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
@@ -285,6 +285,16 @@ def _drop_old_checkpoints(dom, keep):
 
 
 # the face -------------------------------------------------------------------------------------------
+def configured(opts: Mapping[str, Any]) -> tuple[str, int, bytes]:
+    """``(directory, timeout, manifest key)`` of a backup from the minion config ``opts`` (``virt:backup``: an
+    operator setting, never read from pillar or grains, which callers write)."""
+    conf = (opts.get("virt") or {}).get("backup") or {}
+    conf = conf if isinstance(conf, dict) else {}
+    timeout = validate.positive_int(conf.get("timeout") or DEFAULT_TIMEOUT, "virt:backup:timeout")
+    root = backupstore.root_dir(conf.get("dir"))
+    return root, timeout, backupstore.manifest_key(conf.get("key_file"), opts["pki_dir"])
+
+
 def backup(
     conn: Conn,
     root: str,

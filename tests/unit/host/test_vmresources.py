@@ -112,3 +112,63 @@ def test_the_tenant_gate_needs_the_masters_membership_and_the_vms_recorded_owner
         assert vmresources.tenant_owns(test_conn, rid, pillar, user) is False, (rid, user)
     for bad in ({}, {tenancy.MEMBERS_PILLAR: "alice"}, {tenancy.MEMBERS_PILLAR: {"alice": ["acme"]}}, None):
         assert vmresources.tenant_owns(test_conn, UUID_A, bad, "alice") is False, bad
+
+
+AGENT = "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>"
+
+
+def define_with_agent(conn, uuid, channel=AGENT):
+    return conn.defineXML(
+        f"<domain type='test'><name>ga1</name><uuid>{uuid}</uuid><memory unit='MiB'>64</memory>"
+        f"<os><type>hvm</type></os><devices>{channel}</devices></domain>"
+    )
+
+
+def test_ping_of_a_vm_with_an_agent_channel_needs_its_agent_to_answer(test_conn, monkeypatch):
+    """The test driver has no guest agent (virDomainQemuAgentCommand is not supported): a channel whose agent
+    does not answer makes a running VM's ping False; an agent that answers guest-ping (libvirt_qemu's call,
+    replaced here by one that answers as QEMU's agent does) makes it True, asked with a whole-second timeout."""
+    import libvirt_qemu
+
+    dom = define_with_agent(test_conn, UUID_A)
+    dom.create()
+    assert vmresources.agent_answers(dom) is False
+    assert vmresources.ping(test_conn, UUID_A) is False  # running, but its agent is silent
+    asked = []
+
+    def agent(d, cmd, timeout, flags):
+        asked.append((d.UUIDString(), cmd, timeout))
+        return '{"return": {}}'
+
+    monkeypatch.setattr(libvirt_qemu, "qemuAgentCommand", agent)
+    assert vmresources.ping(test_conn, UUID_A, agent_timeout=0.3) is True
+    assert asked == [(UUID_A, '{"execute": "guest-ping"}', 1)]
+    dom.destroy()
+    assert vmresources.ping(test_conn, UUID_A) is False  # stopped: the agent is not asked
+    assert len(asked) == 1
+
+
+def test_ping_of_a_vm_without_an_agent_channel_is_its_running_state(test_conn):
+    dom = define_with_agent(test_conn, UUID_A, channel="")
+    dom.create()
+    assert vmresources.agent_answers(dom) is None
+    assert vmresources.ping(test_conn, UUID_A) is True
+
+
+def test_a_channel_libvirt_reports_disconnected_is_not_asked(monkeypatch):
+    """QEMU's driver reports the channel's state on a running VM (the test driver does not): ``disconnected``
+    means no agent listens, so it is not asked and waited for."""
+    import libvirt_qemu
+
+    class Dom:
+        def XMLDesc(self, flags):
+            return (
+                "<domain><devices><channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0' "
+                "state='disconnected'/></channel></devices></domain>"
+            )
+
+        def UUIDString(self):
+            return UUID_A
+
+    monkeypatch.setattr(libvirt_qemu, "qemuAgentCommand", lambda *a: pytest.fail("asked a disconnected agent"))
+    assert vmresources.agent_answers(Dom()) is False
