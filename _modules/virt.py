@@ -153,6 +153,7 @@ def init(
     numatune=None,
     host_devices=None,
     owner=None,
+    catalog_image=None,
     **kwargs,
 ):
     """
@@ -244,6 +245,10 @@ def init(
     owner
         ``{tenant, creator}`` stored in the domain metadata: ``salt-run virt.init`` sets it from the
         job's authenticated user (see docs/topics/tenants.md); the runner scopes tenants by it.
+    catalog_image
+        the ``virt:catalog`` entry ``image`` came from (``salt-run virt.init`` sets it): recorded in the
+        domain metadata as the VM's ``image`` (``virt.vm_info``, the ``virt_vm`` resource grain); without it
+        ``image`` is recorded without ``user:password@``, query string and fragment.
     vtype
         ``kvm`` or ``qemu``; default ``virt:type`` or what the host can really run.
     guest_agent
@@ -309,6 +314,7 @@ def init(
             minion_install=_cfg("virt:minion_install", None),
             guest_agent=guest_agent,
             owner=owner,
+            catalog_image=catalog_image,
             **spec_args,
         )
     if warnings:

@@ -107,6 +107,13 @@ def _nic_source(nic):
     return source
 
 
+def _recorded(vm):
+    """The lines of what virt.init recorded in the VM's <metadata>: its group, the image it came from (a catalog
+    name or a source: a caller's text, printed escaped)."""
+    out = [f"    Group: {vm['group']}"] if vm.get("group") else []
+    return out + ([f"    Image: {_printable(vm['image'])}"] if vm.get("image") else [])
+
+
 def _vm(mid, name, vm):
     out = [f"  {name}"]
     if vm.get("error"):
@@ -117,8 +124,7 @@ def _vm(mid, name, vm):
         out.append(f"    Memory: {vm['mem']} MiB")
     if vm.get("state"):
         out.append(f"    State: {vm['state']}")
-    if vm.get("group"):
-        out.append(f"    Group: {vm['group']}")
+    out.extend(_recorded(vm))
     gfx = vm.get("graphics")
     if gfx and gfx.get("type") not in (None, "None"):  # Salt's shape: a headless VM's type is "None"
         port = gfx.get("port")

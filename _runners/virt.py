@@ -365,6 +365,7 @@ def init(
         hypervisors.refuse_vm_id(__opts__, name, minion_id)  # a VM is never taken for a hypervisor
         who = _who()
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
+        asked = image  # a catalog entry's name before _tenancy resolves it to its source
         owner, image, entry = _tenancy(
             who, tenant, image, module_kwargs, name=name, minion_id=minion_id, host=host, tgt=tgt, tgt_type=tgt_type
         )
@@ -392,6 +393,7 @@ def init(
         )
         if entry:  # the catalog's checksum is verified by the hypervisor before any (cached) copy is used
             module_kwargs["checksum"] = entry["checksum"]
+            module_kwargs["catalog_image"] = asked  # recorded in <metadata>: the VM's image grain
             for key in ("nic", "disk"):
                 module_kwargs.setdefault(key, entry["profile"])
         with _client() as client:

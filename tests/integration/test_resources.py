@@ -3,13 +3,13 @@ declares the type for ``rshv1``, the minion discovers the VMs its libvirt has an
 ``salt -C 'T@virt_vm:<uuid>' ...`` reaches a VM with no minion inside through its hypervisor. Beside it, a plain
 minion called ``web1`` (what a guest's own minion is often called) keeps its id: a VM resource's id is its UUID.
 
-The hypervisor's libvirt is the test driver over a node file (three VMs: two running, one of them tenant acme's,
-and a stopped one; every job opens it afresh): what is tested here is Salt's side (pillar declaration, discovery
-at start, registration, ``T@`` and compound targeting, the per-resource return, the job's target handed to the
-resource's functions), which is the same over any libvirt; the libvirt facts themselves are checked in
-tests/unit/host/test_vmresources.py and tests/unit/loaders/test_resources_virt_vm.py. Not on the session master:
-a minion with resources changes what ``salt '*'`` waits for (Salt adds every registered resource id to a glob's
-wait list), which other tests there count on.
+The hypervisor's libvirt is the test driver over a node file (three VMs: two running, one of them tenant acme's
+made from catalog image debian12, and a stopped one; every job opens it afresh): what is tested here is Salt's
+side (pillar declaration, discovery at start, registration, ``T@`` and compound targeting, the per-resource
+return, the job's target handed to the resource's functions), which is the same over any libvirt; the libvirt
+facts themselves are checked in tests/unit/host/test_vmresources.py and tests/unit/loaders/test_resources_virt_vm.py.
+Not on the session master: a minion with resources changes what ``salt '*'`` waits for (Salt adds every
+registered resource id to a glob's wait list), which other tests there count on.
 
 The master config makes alice (eauth) a member of tenant acme; its ``libvirt`` ext_pillar gives that membership
 to rshv1 (its only hypervisor), whose resources answer alice about acme's VMs only.
@@ -31,7 +31,7 @@ NODE = f"""<node>
 <threads>1</threads></cpu><memory>4194304</memory>
 <domain type='test'><name>web1</name><uuid>{WEB}</uuid><memory unit='MiB'>256</memory><vcpu>1</vcpu>
 <metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:owner tenant='acme' creator='alice'/><sv:group>web</sv:group>
-</sv:vm></metadata><os><type>hvm</type></os></domain>
+<sv:image>debian12</sv:image></sv:vm></metadata><os><type>hvm</type></os></domain>
 <domain type='test'><name>db1</name><uuid>{DB}</uuid><memory unit='MiB'>512</memory><vcpu>2</vcpu>
 <os><type>hvm</type></os></domain>
 <domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'><name>off1</name><uuid>{OFF}</uuid>
@@ -100,7 +100,7 @@ def test_a_vm_is_targeted_through_its_hypervisor(rsmaster, minions):
     assert list(ret.data) == [WEB]
     grains = ret.data[WEB]
     assert (grains["name"], grains["hypervisor"], grains["tenant"], grains["group"]) == ("web1", "rshv1", "acme", "web")
-    assert (grains["state"], grains["vcpus"], grains["mem_mib"]) == ("running", 1, 256)
+    assert (grains["state"], grains["vcpus"], grains["mem_mib"], grains["image"]) == ("running", 1, 256, "debian12")
 
     assert registered(rsmaster).data == {WEB: True, DB: True, OFF: False}
     # a selection by what the hypervisor knows, mixed with the type (the grain is the VM's, not a minion's)
@@ -158,6 +158,10 @@ def test_a_fleet_operation_acts_on_the_vms_the_same_selection_targets(rsmaster, 
     assert listed.data["selected"] == [{"uuid": WEB, "name": "web1", "host": "rshv1"}] and "results" not in listed.data
     ret = run("virt.stop", f"select={expr}")
     assert ret.returncode == 0 and ret.data["results"] == {WEB: {"name": "web1", "host": "rshv1", "result": True}}, ret
+    by_image = "T@virt_vm and G@image:debian12"  # the image virt.init recorded: the same VM both ways
+    assert sorted(salt(rsmaster, by_image, "-C", "test.ping").data) == [WEB]
+    listed = run("virt.stop", f"select={by_image}", "test=True")
+    assert listed.returncode == 0 and [v["uuid"] for v in listed.data["selected"]] == [WEB], listed
     ret = run("virt.stop", "select=E@web.*")
     assert ret.returncode != 0 and "E@ matches minions, not VMs" in ret.data["error"], ret
 

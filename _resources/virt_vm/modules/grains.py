@@ -1,6 +1,6 @@
 """
 ``grains`` for ``virt_vm`` resources (docs/topics/resources.md): what the hypervisor knows of a VM
-(name, UUID, state, vCPUs, memory, tenant, group, MACs), never what the guest says of itself.
+(name, UUID, state, vCPUs, memory, tenant, group, image, MACs), never what the guest says of itself.
 """
 
 import os

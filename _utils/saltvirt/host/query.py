@@ -219,6 +219,7 @@ def describe(
         "serial_log": facts["serial_log"],
         "group": facts["group"],
         "owner": facts["owner"],  # {tenant, creator} salt-run virt.init recorded, or None
+        "image": facts["image"],  # the catalog name or source virt.init recorded, or None (docs/topics/resources.md)
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
         "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.host.guestips), None without one
         "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)

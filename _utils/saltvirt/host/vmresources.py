@@ -5,10 +5,11 @@ A VM's resource id is its libvirt UUID, lower case: names are labels (two hosts 
 purged VM's name comes back on a new VM, a guest's own minion may be called by it), and Salt matches a bare
 resource id like a minion id (``salt <id> ...``), so an id must never be one a minion could have by accident.
 
-Every fact here is one the hypervisor knows from libvirt and the domain's definition (the tenant and group
-``salt-run virt.init`` wrote into its metadata); nothing a guest reports about itself (no guest agent, no
-guest minion's grains): a tenant is root in its guest. The one thing asked of the guest is :func:`ping`'s
-"does your agent answer", which only ever turns a running VM's answer to False.
+Every fact here is one the hypervisor knows from libvirt and the domain's definition (the tenant, group and
+image ``virt.init`` wrote into its metadata); nothing a guest reports about itself (no guest agent, no guest
+minion's grains, no guest addresses: even DHCP leases are filed under the MAC the guest's request names): a
+tenant is root in its guest. The one thing asked of the guest is :func:`ping`'s "does your agent answer", which
+only ever turns a running VM's answer to False.
 """
 
 import math

@@ -112,6 +112,9 @@ ARGS = (
         spec=True),
     Arg("owner", None, "{tenant, creator}", "the VM's tenant and creator, kept in its <metadata>", REFUSE,
         refusal="salt-run virt.init records the tenant and the caller Salt authenticated"),
+    Arg("catalog_image", None, "catalog image name", "the virt:catalog entry image= came from, kept in <metadata> as "
+        "the VM's image (else image= without user:password, query and fragment)", REFUSE,
+        refusal="salt-run virt.init records the catalog entry its image= names"),
 )  # fmt: skip
 BY_NAME = {a.name: a for a in ARGS}
 NAMES = tuple(a.name for a in ARGS)  # virt.init's arguments, in its signature's order

@@ -21,6 +21,7 @@ NAMES = (
     "mem_mib",
     "group",
     "tenant",
+    "image",
     "persistent",
     "autostart",
     "macs",
@@ -47,6 +48,7 @@ def grains(facts: Data, hypervisor: str) -> Data:
         "mem_mib": facts.get("mem"),
         "group": facts.get("group"),
         "tenant": owner.get("tenant"),
+        "image": facts.get("image"),  # what virt.init recorded: a catalog name, or the source without secrets
         "persistent": facts.get("persistent"),
         "autostart": facts.get("autostart"),
         "macs": sorted(n["mac"] for n in nics.values() if isinstance(n, dict) and n.get("mac")),

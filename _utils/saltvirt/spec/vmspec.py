@@ -23,6 +23,7 @@ import copy
 import os
 import platform
 import re
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,8 @@ class VMSpec:
     # the tenant the VM belongs to and the Salt user who created it ({tenant, creator}), in <metadata>:
     # written by salt-run virt.init from the job's authenticated user (saltvirt.fleet.callers)
     owner: dict | None = None
+    # the image it was created from, kept in <metadata> (the ``image`` grain): :func:`image_origin`
+    image_origin: str | None = None
     # cloud_init= as saltvirt.spec.speckeys.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
@@ -216,6 +219,31 @@ def _owner(owner):
                 raise SaltInvocationError(f"owner:{key} must be a name (letters, digits, _.@%+=-), not {value!r}")
             out[key] = value
     return out or None
+
+
+def image_origin(image: Any, catalog_image: Any = None) -> str | None:
+    """What a new VM records as the image it came from (``virt.init``): the catalog entry's name when
+    ``salt-run virt.init`` resolved ``image`` from its catalog (``catalog_image``), else the source as given
+    without user:password, query and fragment (a URL may carry a token: it would be in every ``vm_info``);
+    None without an image."""
+    if not image:
+        if catalog_image is not None:
+            raise SaltInvocationError("catalog_image names the catalog entry image= came from: image= is missing")
+        return None
+    if catalog_image is not None:
+        return validate.vm_name(catalog_image, "catalog image name")
+    if not isinstance(image, str):
+        raise SaltInvocationError(
+            f"image must be a salt:// URL, an https URL or an absolute path, not a {type(image).__name__}"
+        )
+    image = image.strip()
+    if "://" not in image:
+        return image  # a path on the hypervisor: no credentials
+    try:  # split as saltvirt.storage.intake fetches it
+        parts = urllib.parse.urlsplit(image)
+    except ValueError:
+        raise SaltInvocationError("image is not a URL urllib reads (not repeated here: it may hold a secret)") from None
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", ""))
 
 
 def _nic_shorthand(entry, what="interfaces"):

@@ -264,6 +264,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     cloud_init=None,
     minion_install=None,
     owner=None,
+    catalog_image=None,
     operator=None,
     tb_cache_mib=None,
     **spec_args,
@@ -271,6 +272,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     progress = progress if isinstance(progress, _Steps) else _Steps(progress)
     started_at = time.monotonic()
     validate.vm_name(name)
+    origin = vmspec.image_origin(image, catalog_image)  # before anything is fetched: a bad name stops here
     host = conn.getHostname()
     if domain_exists(conn, name):
         raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
@@ -321,6 +323,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         raise CommandExecutionError(f"the spec of {name!r} names no VM directory")
     spec.tb_cache_mib = tb_cache  # the operator's, as vtype: never a call's
     spec.uuid = str(uuid4())  # ours before anything is made: the manifest records it first
+    spec.image_origin = origin  # in <metadata>: the VM's image grain (docs/topics/resources.md)
     plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in

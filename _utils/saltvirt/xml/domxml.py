@@ -32,8 +32,9 @@ ET.register_namespace("saltvirt", METADATA_NS)
 
 
 def _metadata(dom, spec):
-    """salt-virt's own <metadata>: the anti-affinity group, the minion key virt.init seeded."""
-    if not (spec.group or spec.minion_key or spec.owner):
+    """salt-virt's own <metadata>: the anti-affinity group, the minion key virt.init seeded, the owner, the
+    image the VM came from (read back by :func:`parse`)."""
+    if not (spec.group or spec.minion_key or spec.owner or spec.image_origin):
         return
     meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
     if spec.group:
@@ -43,6 +44,8 @@ def _metadata(dom, spec):
         _sub(meta, f"{{{METADATA_NS}}}minion", id=key["minion_id"], key_sha256=key["fingerprint"])
     if spec.owner:
         _sub(meta, f"{{{METADATA_NS}}}owner", **spec.owner)
+    if spec.image_origin:
+        _sub(meta, f"{{{METADATA_NS}}}image", spec.image_origin)
 
 
 def build(spec: VMSpec) -> str:
@@ -573,6 +576,7 @@ def parse(xml: str | ET.Element) -> Data:
         "group": _meta_text(root, "group"),
         "minion": _minion(root),
         "owner": owner(root),
+        "image": _meta_text(root, "image") or None,  # what virt.init recorded (a catalog name or a source), or None
         "guest_agent": _guest_agent(devices),
     }
 

@@ -141,15 +141,16 @@ ALICE = tenants.Caller(user="alice", operator=False, tenant="acme")
 def live_fleet(tmp_path, **virt):
     """``(opts, client, conns)``: hv1 and hv2 on their own test:/// nodes, answering with signed live answers
     (``virt``: more master ``virt:`` keys). hv1: db1 (group db, acme), web1 (group web, acme), beta1 (group db,
-    beta); hv2: db2 (group db, operator's), db3 (group db, acme). Every one runs."""
+    beta); hv2: db2 (group db, operator's), db3 (group db, acme). Every one runs. Images: db1 and db2 debian12,
+    db3 debian11, web1 salt://images/web.qcow2, beta1 none recorded."""
     conns = {h: libvirt.open(f"test://{TEST_NODE_XML}") for h in ("hv1", "hv2")}
     for dom in (d for c in conns.values() for d in c.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)):
         dom.destroy()  # the node's own 'test' domain: off, so every running VM is one defined here
-    define(conns["hv1"], "db1", U[0], tenant="acme", group="db", start=True)
-    define(conns["hv1"], "web1", U[1], tenant="acme", group="web", start=True)
+    define(conns["hv1"], "db1", U[0], tenant="acme", group="db", start=True, image="debian12")
+    define(conns["hv1"], "web1", U[1], tenant="acme", group="web", start=True, image="salt://images/web.qcow2")
     define(conns["hv1"], "beta1", U[2], tenant="beta", group="db", start=True)
-    define(conns["hv2"], "db2", U[3], group="db", start=True)
-    define(conns["hv2"], "db3", U[4], tenant="acme", group="db", start=True)
+    define(conns["hv2"], "db2", U[3], group="db", start=True, image="debian12")
+    define(conns["hv2"], "db3", U[4], tenant="acme", group="db", start=True, image="debian11")
     client = signedfleet.SigningClient(signedfleet.live_answers(conns))
     opts = signedfleet.fleet_opts(tmp_path, ["hv1", "hv2"], **{**TENANTS, **virt})
     return opts, client, conns
@@ -181,6 +182,19 @@ def test_a_selection_across_two_hosts_stops_exactly_the_selected_vms(fleet):
     }
     assert "retcode" not in got and running(conns) == {"hv1": ["beta1", "web1"], "hv2": []}
     assert [f for f, _t in client.published] == ["virt.full_info", "virt.stop", "virt.stop", "virt.stop"]
+
+
+def test_a_selection_by_image_stops_exactly_the_vms_of_that_image(fleet):
+    """Issue 37's "every VM with image X": the image virt.init recorded, as each hypervisor signed it."""
+    opts, client, conns = fleet
+    got = vmselect.run(opts, OPERATOR, "G@image:salt://images/*", "virt.stop", client=client, test=True)
+    assert [v["name"] for v in got["selected"]] == ["web1"]
+    got = vmselect.run(opts, OPERATOR, "G@image:None", "virt.stop", client=client, test=True)  # none recorded
+    assert [v["name"] for v in got["selected"]] == ["beta1"]
+    got = vmselect.run(opts, OPERATOR, "T@virt_vm and G@image:debian12", "virt.stop", client=client)
+    assert [(v["host"], v["name"]) for v in got["selected"]] == [("hv1", "db1"), ("hv2", "db2")]
+    assert {r["name"]: r["result"] for r in got["results"].values()} == {"db1": True, "db2": True}
+    assert running(conns) == {"hv1": ["beta1", "web1"], "hv2": ["db3"]}
 
 
 def test_a_dry_run_lists_the_selection_and_touches_nothing(fleet):

@@ -194,3 +194,18 @@ def test_a_running_vm_reports_its_definitions_sizes_too(test_conn):
     for info in (query.vm_info(test_conn, "grow1")["grow1"], query.vm_info(test_conn)["grow1"]):
         assert (info["cpu"], info["mem"], info["defined"]) == (1, 64, {"cpu": 2, "mem": 128})
     assert query.vm_info(test_conn)["idle1"]["defined"] == {"cpu": 1, "mem": 32}
+
+
+def test_vm_info_reports_the_image_virt_init_recorded_or_none(test_conn):
+    """``image``: salt-virt's addition to Salt's vm_info keys, from the domain's <metadata> (the image grain)."""
+    from saltvirt.xml.domxml import METADATA_NS
+
+    meta = f"<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:image>debian12</sv:image></sv:vm></metadata>"
+    for name, extra in (("img1", meta), ("byhand1", "")):
+        test_conn.defineXML(
+            f"<domain type='test'><name>{name}</name><memory>65536</memory>{extra}<os><type>hvm</type></os></domain>"
+        )
+    test_conn.lookupByName("img1").create()  # running: described from its live XML and its definition
+    info = query.vm_info(test_conn)
+    assert info["img1"]["image"] == "debian12" and info["byhand1"]["image"] is None
+    assert query.describe(test_conn.lookupByName("img1"), "h")["image"] == "debian12"

@@ -11,10 +11,11 @@ UUID_A = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a01"
 UUID_B = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a02"
 
 
-def define(conn, name, uuid, tenant=None, group=None, start=False):
+def define(conn, name, uuid, tenant=None, group=None, start=False, image=None):
     meta = (f"<sv:owner tenant='{tenant}' creator='alice'/>" if tenant else "") + (
         f"<sv:group>{group}</sv:group>" if group else ""
     )
+    meta += f"<sv:image>{image}</sv:image>" if image else ""
     dom = conn.defineXML(
         f"<domain type='test'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>256</memory>"
         f"<vcpu>2</vcpu><metadata><sv:vm xmlns:sv='{METADATA_NS}'>{meta}</sv:vm></metadata>"
@@ -36,7 +37,7 @@ def test_discovery_lists_every_vm_by_uuid_not_by_name(test_conn):
 
 
 def test_grains_are_what_libvirt_and_the_definition_say(test_conn):
-    define(test_conn, "web1", UUID_A, tenant="acme", group="db", start=True)
+    define(test_conn, "web1", UUID_A, tenant="acme", group="db", start=True, image="debian12")
     assert vmresources.grains(test_conn, UUID_A, "hyper1") == {
         "id": UUID_A,
         "uuid": UUID_A,
@@ -48,6 +49,7 @@ def test_grains_are_what_libvirt_and_the_definition_say(test_conn):
         "mem_mib": 256,
         "group": "db",
         "tenant": "acme",
+        "image": "debian12",
         "persistent": True,
         "autostart": False,
         "macs": ["52:54:00:00:00:0a"],
@@ -55,9 +57,9 @@ def test_grains_are_what_libvirt_and_the_definition_say(test_conn):
 
 
 def test_an_operators_vm_has_no_tenant(test_conn):
-    define(test_conn, "ops1", UUID_A)
+    define(test_conn, "ops1", UUID_A)  # and no recorded image: made by hand, or before virt.init recorded it
     got = vmresources.grains(test_conn, UUID_A, "hyper1")
-    assert (got["tenant"], got["group"], got["state"]) == (None, None, "shutoff")
+    assert (got["tenant"], got["group"], got["image"], got["state"]) == (None, None, None, "shutoff")
 
 
 def test_ping_is_true_only_for_a_running_vm_here(test_conn):

@@ -46,6 +46,14 @@ def test_rates_line():
     assert "    Rates: cpu 12.5%, disk read 2.0K/s, write 0B/s, net in 100B/s, out 5B/s" in text
 
 
+def test_the_image_a_vm_came_from():
+    text = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(group="web", image="debian12")}}})
+    assert "    Group: web\n    Image: debian12" in text
+    odd = render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(image="/srv/i/\x1b[2Jx.raw")}}})
+    assert "    Image: /srv/i/\\x1b[2Jx.raw" in odd and "\x1b" not in odd
+    assert "Image:" not in render({"hv1": {"status": "up", "host": {}, "vm_info": {"web1": vm(image=None)}}})
+
+
 MAC = "52:54:00:6b:10:01"
 
 

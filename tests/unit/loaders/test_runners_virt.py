@@ -126,6 +126,29 @@ def test_tenant_init_refusals_before_anything_happens(tenant_runner, tmp_path, k
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
 
 
+def test_init_tells_the_hypervisor_which_catalog_entry_the_image_came_from(tenant_runner, monkeypatch):
+    """The hypervisor gets the catalog entry's source and records its name (the VM's image grain); an image
+    named by its source is recorded as given (the hypervisor strips what could be a secret)."""
+    from saltvirt.fleet import vmcreate
+
+    sent = []
+    monkeypatch.setattr(
+        vmcreate, "create", lambda _o, name, _r, image, kwargs, **_k: sent.append((image, kwargs)) or {}
+    )
+    tenant_runner("alice", "virt.init", "web1", 1, 128, image="tiny")
+    tenant_runner("carol", "virt.init", "web2", 1, 128, image="tiny")
+    monkeypatch.setattr(vmcreate, "image_mib", lambda *_a: (0, "no fileserver here"))
+    tenant_runner("carol", "virt.init", "web3", 1, 128, image="salt://images/tiny.qcow2")
+    assert [(image, kwargs.get("catalog_image")) for image, kwargs in sent] == [
+        ("salt://images/tiny.qcow2", "tiny"),
+        ("salt://images/tiny.qcow2", "tiny"),
+        ("salt://images/tiny.qcow2", None),
+    ]
+    for user in ("alice", "carol"):  # nobody names the catalog entry: the runner does
+        refused = tenant_runner(user, "virt.init", "web4", 1, 128, image="salt://x.qcow2", catalog_image="debian12")
+        assert "catalog_image" in refused["data"]["error"] and len(sent) == 3
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -77,6 +77,7 @@ def examples(guest):
         "numatune": ({"memory": {"mode": "strict", "nodeset": "0"}}, {}, None),
         "host_devices": (["pci_0000_00_1f_2"], {}, "pci_0000_00_1f_2"),  # the test driver has no node devices
         "owner": ({"tenant": "acme", "creator": "alice"}, {}, None),
+        "catalog_image": ("debian12", image, None),
     }
 
 

@@ -111,3 +111,33 @@ def test_tcg_translation_cache_is_the_operators_and_only_for_tcg():
     for bad in (-1, "lots", 1 << 20, True):
         with pytest.raises(SaltInvocationError, match=r"virt:tcg_tb_cache_mib \(MiB, 0: QEMU's default\)"):
             spec.tb_cache_mib(bad, "qemu")
+
+
+@pytest.mark.parametrize(
+    ("image", "recorded"),
+    [
+        (
+            "https://alice:pa55@images.example.com:8443/cloud/web.qcow2?token=s3cret#x",
+            "https://images.example.com:8443/cloud/web.qcow2",
+        ),
+        ("https://images.example.com/web.qcow2?X-Amz-Signature=s3cret", "https://images.example.com/web.qcow2"),
+        ("https://tok@images.example.com/web.qcow2", "https://images.example.com/web.qcow2"),
+        ("salt://images/web.qcow2?saltenv=dev", "salt://images/web.qcow2"),
+        (" /srv/salt-images/base/web.qcow2 ", "/srv/salt-images/base/web.qcow2"),
+        (None, None),
+    ],
+)
+def test_the_recorded_image_is_the_source_without_its_secrets(image, recorded):
+    """What virt.init keeps in <metadata> (and every vm_info shows): never user:password, a query or a fragment."""
+    assert spec.image_origin(image) == recorded
+
+
+def test_the_recorded_image_is_the_catalog_name_when_the_runner_gives_one():
+    assert spec.image_origin("salt://images/debian12.qcow2", "debian12") == "debian12"
+    with pytest.raises(SaltInvocationError, match="invalid catalog image name '../x'"):
+        spec.image_origin("salt://images/x.qcow2", "../x")
+    with pytest.raises(SaltInvocationError, match="image= is missing"):
+        spec.image_origin(None, "debian12")
+    with pytest.raises(SaltInvocationError, match="not repeated here") as err:
+        spec.image_origin("https://u:s3cret@[::1/x")
+    assert "s3cret" not in str(err.value)

@@ -245,3 +245,31 @@ def test_the_manifest_names_the_vm_by_uuid_and_host_before_its_disks_are_ready(t
     assert seen["host"] == "hv-a" and seen["files"] == [ret["disks"][0]["path"]], seen
     # until its last step the init is unfinished: a cleanup may take its domain only then
     assert seen["complete"] is False and images.load_manifest(str(tmp_path / "uuid1"))["complete"] is True
+
+
+def test_the_image_is_recorded_and_a_urls_secrets_are_in_no_return(test_conn, tmp_path, monkeypatch):
+    """<metadata> keeps the image a VM came from (vm_info's ``image``, the resource grain): an https source
+    without its user:password, query and fragment (a token there would be in every vm_info), or the catalog
+    entry's name the runner gives; a bad name stops before anything is made."""
+    from saltvirt.host import query
+    from tests.support import hostile
+
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with hostile.Server(str(tmp_path), tls=True) as srv:
+        monkeypatch.setenv("SSL_CERT_FILE", srv.cert)
+        srv.files["/img/web.raw?token=s3cret"] = b"\1" * 65536
+        url = srv.url("/img/web.raw?token=s3cret#frag", userinfo="alice:pa55word")
+        args = {"images_dir": str(tmp_path / "images"), "nic": None, "start": False, "seed": False}
+        ret = provision.init(test_conn, "img1", 1, 64, image=url, **args)
+        assert srv.log[-1][0] == "/img/web.raw?token=s3cret"  # fetched as given
+        local = str(tmp_path / "images" / "img1" / "system.raw")
+        made = provision.init(test_conn, "img2", 1, 64, image=local, catalog_image="debian12", **args)
+        with pytest.raises(SaltInvocationError, match="invalid catalog image name"):
+            provision.init(test_conn, "img3", 1, 64, image=url, catalog_image="<x>", **args)
+    bare = f"https://127.0.0.1:{srv.srv.server_port}/img/web.raw"
+    info = query.vm_info(test_conn)
+    assert ret["vm_info"]["image"] == info["img1"]["image"] == bare
+    assert made["vm_info"]["image"] == info["img2"]["image"] == "debian12" and "img3" not in info
+    for secret in ("s3cret", "pa55word", "alice", "frag"):
+        assert secret not in repr(ret) and secret not in repr(info)
+        assert secret not in test_conn.lookupByName("img1").XMLDesc(1)  # nor in the definition (secure XML)

@@ -72,15 +72,18 @@ def test_a_restored_copy_has_neither_the_minion_record_nor_the_nvram_file_of_the
     virt.purge deletes the recorded key), and one <nvram> path makes both VMs write one UEFI variables file."""
     v, _tmp = bk
     conn = libvirt.open("test:///default")
-    meta = f"<metadata><sv:vm xmlns:sv='{domxml.METADATA_NS}'><sv:minion id='bk1' key_sha256='ab'/></sv:vm></metadata>"
     fw = "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader>"
     fw += "<nvram template='/usr/share/OVMF/OVMF_VARS.fd'>/var/lib/libvirt/qemu/nvram/bk1_VARS.fd</nvram></os>"
-    xml = conn.lookupByName("bk1").XMLDesc(0).replace("</os>", fw, 1).replace("<os>", meta + "<os>", 1)
-    conn.defineXML(xml)
-    assert v["virt.vm_info"]("bk1")["bk1"]["minion"] == {"id": "bk1", "key_sha256": "ab"}
+    root = ET.fromstring(conn.lookupByName("bk1").XMLDesc(0).replace("</os>", fw, 1))
+    ns = domxml.METADATA_NS  # into the <saltvirt:vm> virt.init wrote (it records the image)
+    ET.SubElement(root.find(f"metadata/{{{ns}}}vm"), f"{{{ns}}}minion", id="bk1", key_sha256="ab")
+    conn.defineXML(ET.tostring(root, encoding="unicode"))
+    original = v["virt.vm_info"]("bk1")["bk1"]
+    assert original["minion"] == {"id": "bk1", "key_sha256": "ab"} and original["image"].endswith("src.qcow2")
     made = v["virt.backup"]("bk1")
     done = v["virt.restore"]("bk1", made["id"], as_name="bk1-copy")
-    assert v["virt.vm_info"]("bk1-copy")["bk1-copy"]["minion"] is None
+    copied = v["virt.vm_info"]("bk1-copy")["bk1-copy"]
+    assert copied["minion"] is None and copied["image"] == original["image"]  # made from the same image
     assert "connects to the master as minion bk1" in done["note"]
     copy = ET.fromstring(conn.lookupByName("bk1-copy").XMLDesc(0))
     assert (

@@ -175,6 +175,20 @@ def test_owner_kept_in_metadata():
             spec.build("web4", 1, 128, owner=bad)
 
 
+@pytest.mark.parametrize("image", ["debian12", "https://images.example.com:8443/a&b/web.qcow2", "/srv/img/x.raw"])
+def test_image_kept_in_metadata(image):
+    """virt.init records the image a VM came from (a catalog name or a source); parse reads it back."""
+    vm = spec.build("web1", 1, 128, images_dir="/srv/img", profiles={}, owner={"tenant": "acme"})
+    assert domxml.parse(domxml.build(vm))["image"] is None
+    vm.image_origin = image
+    xml = domxml.build(vm)
+    assert domxml.parse(xml)["image"] == image and domxml.parse(xml)["owner"] == {"tenant": "acme", "creator": None}
+    assert ET.fromstring(xml).find(f"metadata/{{{domxml.METADATA_NS}}}vm/{{{domxml.METADATA_NS}}}image").text == image
+    alone = spec.build("web2", 1, 128)  # the image is reason enough for salt-virt's <metadata>
+    alone.image_origin = image
+    assert domxml.parse(domxml.build(alone))["image"] == image
+
+
 def test_new_vms_get_the_guest_agent_channel_unless_opted_out():
     assert spec.build("ga1", 1, 128).guest_agent is True
     xml = domxml.build(spec.build("ga1", 1, 128))
