@@ -2,6 +2,7 @@
 
 import os
 import re
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,6 +116,19 @@ CREDENTIALS_REFUSED = (
     "username/password connections are not supported: salt-virt connects with the TLS certificates virt.keys "
     "installs (qemu+tls://) or the local socket; drop username= and password="
 )
+
+
+def shown_url(url: Any) -> Any:
+    """``url`` as messages, events, logs and returns show it: without user:password, query and fragment (a
+    presigned URL's token is in its query). Anything that is not a URL (a path, None) is returned as it is; a
+    URL urllib cannot split is shown as its scheme only (it may hold a secret)."""
+    if not isinstance(url, str) or "://" not in url:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError:
+        return url.split("://", 1)[0] + "://..."
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", ""))
 
 
 def no_credentials(username: Any = None, password: Any = None, where: str | None = None) -> None:

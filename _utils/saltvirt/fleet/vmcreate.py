@@ -23,12 +23,11 @@ import salt.fileserver
 import salt.utils.url
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil
+from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, quota, tenants
 from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
 from saltvirt.pki import envelope
-from saltvirt.storage import intake
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ def image_mib(opts: SaltOpts, image: str | None, saltenv: str = "base") -> tuple
         if not fnd or not fnd.get("path"):
             raise SaltInvocationError(f"image {image} is not on the master's fileserver (saltenv {env or saltenv})")
         return math.ceil(os.path.getsize(fnd["path"]) / 1048576), f"{image}: measured in the master's file_roots"
-    return 0, f"size of {intake.redact(image)} unknown on the master: not counted"
+    return 0, f"size of {validate.shown_url(image)} unknown on the master: not counted"
 
 
 SALT_DEFAULT_PORTS = {"master_port": 4506, "publish_port": 4505}

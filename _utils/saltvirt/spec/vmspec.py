@@ -240,10 +240,10 @@ def image_origin(image: Any, catalog_image: Any = None) -> str | None:
     if "://" not in image:
         return image  # a path on the hypervisor: no credentials
     try:  # split as saltvirt.storage.intake fetches it
-        parts = urllib.parse.urlsplit(image)
+        urllib.parse.urlsplit(image)
     except ValueError:
         raise SaltInvocationError("image is not a URL urllib reads (not repeated here: it may hold a secret)") from None
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", ""))
+    return validate.shown_url(image)
 
 
 def _nic_shorthand(entry, what="interfaces"):

@@ -13,7 +13,8 @@ through before ``virt.init`` clones it. Images are untrusted input.
   every redirect; the runner checks its callers' URLs against the master's list, the hypervisor against its
   own when set); never an https -> http redirect; credentials in
   the URL go into an Authorization header (never to a redirect target) and are stripped from every
-  message, event, log line and cache metadata (:func:`redact`); at most ``virt:max_image_mib`` MiB,
+  message, event, log line and return (:func:`saltvirt.base.validate.shown_url`, which drops the query
+  too); at most ``virt:max_image_mib`` MiB,
   enforced while downloading;
 * ``trusted=True`` (``virt.init ... trusted_image=True``) is the documented opt-in for a *local
   absolute path* the operator built: backing files, data files and other formats are then accepted
@@ -78,7 +79,9 @@ HV_CONFIG = "hypervisor's minion config"  # where the list fetch() is given come
 
 # URLs --------------------------------------------------------------------------------------------
 def redact(url: str) -> str:
-    """``url`` without user:password (for messages, events, logs and metadata)."""
+    """``url`` without user:password: what is requested (the credentials go in a header) and what a guest is
+    told to fetch. Messages, events, logs and returns show :func:`saltvirt.base.validate.shown_url` (no
+    query either: a presigned URL's token is there)."""
     if not isinstance(url, str) or "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
         return url
     parts = urllib.parse.urlsplit(url)
@@ -159,7 +162,8 @@ def check_source(image: Any, sources: Sequence[str] | None, where: str, instead:
         return
     port = f":{parts.port}" if parts.port else ""
     raise SaltInvocationError(
-        f"image {redact(image)} is not from a source the operator allows (virt:image_sources in the {where}: "
+        f"image {validate.shown_url(image)} is not from a source the operator allows "
+        f"(virt:image_sources in the {where}: "
         f"{', '.join(sources) or 'none'}): the operator adds {parts.hostname} (or "
         f"{parts.scheme.lower()}://{parts.hostname}{port}/<path>/) to virt:image_sources{instead}"
     )
@@ -219,12 +223,12 @@ def fetch(
         return _download(image, images.abs_path(cache_dir, "image cache directory"), limit, sources)
     if scheme == "http":
         raise SaltInvocationError(
-            f"image {redact(image)}: plain http is refused (anyone on the path can change the image): use "
+            f"image {validate.shown_url(image)}: plain http is refused (anyone on the path can change the image): use "
             "https://, or (the operator, if it must be) set virt:insecure_http_images: True in the minion "
             "config and pass checksum=sha256:..."
         )
     raise SaltInvocationError(
-        f"unsupported image source scheme {scheme!r} in {redact(image)!r}: use an absolute path, salt:// or https://"
+        f"unsupported image source scheme {scheme!r} in {validate.shown_url(image)!r}: use an absolute path, salt:// or https://"
     )
 
 
@@ -247,7 +251,8 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         downgrade = old == "https" and new != "https"
         if new not in ("http", "https") or downgrade or (new == "http" and not self.allow_http):
             raise CommandExecutionError(
-                f"downloading image {redact(req.full_url)}: the server redirects to {redact(newurl)}, "
+                f"downloading image {validate.shown_url(req.full_url)}: the server redirects to "
+                f"{validate.shown_url(newurl)}, "
                 f"refused ({old} -> {new}: an https image is only ever fetched over https)"
             )
         check_source(urllib.parse.urljoin(req.full_url, newurl), self.sources, HV_CONFIG)
@@ -268,7 +273,7 @@ def _request(url, headers):
 
 
 def _download(url, cache_dir, limit, sources=None):
-    shown = redact(url)
+    shown = validate.shown_url(url)
     os.makedirs(cache_dir, mode=0o755, exist_ok=True)
     path = os.path.join(cache_dir, _cache_name(url))
     meta_path = path + ".meta.json"
@@ -371,7 +376,7 @@ def verify_checksum(path: str, checksum: Any, source: str) -> str | None:
     have = have or fsutil.file_digest(path, algo)
     if not hmac.compare_digest(have, want):
         raise SaltInvocationError(
-            f"image {redact(source)} does not match checksum {algo}:{want} (it is {algo}:{have}): refused. "
+            f"image {validate.shown_url(source)} does not match checksum {algo}:{want} (it is {algo}:{have}): refused. "
             "Check the checksum you were given, or the image source"
         )
     return f"{algo}:{have}"
@@ -422,7 +427,7 @@ def probe(path: str, source: str | None = None, trusted: bool = False) -> Data:
     """Decide and check the format of the local image ``path``. Returns ``{path, format,
     virtual_size, actual_size}``; raises SaltInvocationError naming what is wrong."""
     path = os.path.abspath(images.existing_image(path, "image"))
-    shown = redact(source or path)
+    shown = validate.shown_url(source or path)
     fmt = sniff(path)
     hint = "convert it to raw or qcow2 with qemu-img convert first"
     if not trusted:
@@ -585,7 +590,7 @@ def accept(
         log.warning(
             "image %s accepted as trusted (format %s): not checked for backing or data files", local, info["format"]
         )
-    return dict(info, source=redact(image), checksum=verified, trusted=trusted)
+    return dict(info, source=validate.shown_url(image), checksum=verified, trusted=trusted)
 
 
 def confine_local(image: str, roots: Sequence[str | None]) -> None:
@@ -629,7 +634,7 @@ def references(images_dir: str, conn: Conn = None) -> dict[str, list[str]]:
     below ``images_dir`` lists itself (``image <path>``)."""
     tops = []
     if conn is not None:
-        # here, not at the top: the master's runners import this module for redact() alone, and
+        # here, not at the top: the master's runners import this module for its checks alone, and
         # saltvirt.host.query brings libvirt (~0.1 s of every salt-run virt.* start-up)
         from saltvirt.host import query  # noqa: PLC0415 - see above
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil
+from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host import caps
 from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, images, intake, voldisks
+from saltvirt.storage import attach, firmware, images, voldisks
 from saltvirt.vm import provision
 from saltvirt.xml import domxml
 
@@ -135,7 +135,7 @@ def preview(
     out = {
         "cpu": spec.cpu,
         "mem": spec.mem,
-        "image": intake.redact(image) if image else image,
+        "image": validate.shown_url(image),
         "disks": disks,
         "nics": [{k: v for k, v in _nic_summary(n).items() if v is not None} for n in spec.nics],
         "graphics": _gfx_summary(spec.graphics),

@@ -210,3 +210,17 @@ def test_size_bytes_refuses_an_unknown_unit(given):
 def test_size_bytes_refuses_a_non_size(given):
     with pytest.raises(SaltInvocationError, match="size must be a size like 2g, got"):
         validate.size_bytes(given, "size", "MiB", "a size like 2g")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://u:p@h:1/x.qcow2?X-Amz-Signature=s#f", "https://h:1/x.qcow2"),
+        ("salt://images/a.qcow2?saltenv=prod", "salt://images/a.qcow2"),
+        ("/var/lib/images/a@b.qcow2", "/var/lib/images/a@b.qcow2"),  # a path: as it is
+        (None, None),
+        ("https://[::1/x?token=s", "https://..."),  # urllib cannot split it: nothing of it shown
+    ],
+)
+def test_a_url_is_shown_without_credentials_query_or_fragment(url, shown):
+    assert validate.shown_url(url) == shown
