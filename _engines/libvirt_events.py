@@ -42,6 +42,7 @@ if saltvirt is not None:
     from saltvirt.host import events as _events
     from saltvirt.host import mastersend as _mastersend
     from saltvirt.host import saltevents as _saltevents
+    from saltvirt.host import vmresources as _vmr
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltFunctions, SaltOpts
@@ -64,6 +65,16 @@ def __virtual__():
     return __virtualname__
 
 
+def _resource_refresher():
+    """The ``virt_vm`` resources' registration following libvirt's lifecycle events (a burst is one
+    ``saltutil.refresh_resources``: an event on this minion's own bus), when the minion's pillar declares the
+    type; else None."""
+    if not _vmr.manages(__opts__):
+        return None
+    log.info("%s: the virt_vm resources' registration follows libvirt's lifecycle events", __virtualname__)
+    return _vmr.Refresher(__salt__["saltutil.refresh_resources"]).lifecycle
+
+
 def start(uri=None, tag_prefix=None, filters=None, **options):
     """Watch this hypervisor's libvirt and send its events to the master in Salt's ``libvirt_events``
     scheme (runs until the minion stops). ``uri`` is the engine's own option (minion config, the
@@ -76,5 +87,6 @@ def start(uri=None, tag_prefix=None, filters=None, **options):
         uri,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
+        on_lifecycle=_resource_refresher(),
         engine="libvirt_events",
     )

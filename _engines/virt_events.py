@@ -60,6 +60,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
     from saltvirt.host import mastersend as _mastersend
+    from saltvirt.host import vmresources as _vmr
     from saltvirt.vm import cleanup as _cleanup
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -99,6 +100,16 @@ def _reap(minion_id):
             log.warning("virt_events: could not report the reaped seeding to the master: %s", exc)
 
 
+def _resource_refresher():
+    """The ``virt_vm`` resources' registration following libvirt's lifecycle events (a burst is one
+    ``saltutil.refresh_resources``: an event on this minion's own bus), when the minion's pillar declares the
+    type; else None."""
+    if not _vmr.manages(__opts__):
+        return None
+    log.info("%s: the virt_vm resources' registration follows libvirt's lifecycle events", __virtualname__)
+    return _vmr.Refresher(__salt__["saltutil.refresh_resources"]).lifecycle
+
+
 def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
@@ -111,4 +122,5 @@ def start(connection=None, **options):
         connection,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
+        on_lifecycle=_resource_refresher(),
     )
