@@ -30,6 +30,9 @@ and Salt's other objects: ``network/lifecycle``, ``pool/lifecycle``, ``pool/refr
 ``nodedev/lifecycle``, ``nodedev/update``, ``secret/lifecycle``, ``secret/value_changed`` (see
 ``saltvirt.host.saltevents``).
 
+With ``resources: {virt_vm: {}}`` in the minion's pillar (docs/topics/resources.md), each burst of lifecycle
+events also makes the minion register its VMs as Salt resources again (``resource_refresh`` on its own bus).
+
 When it starts, it first releases seeding a killed job left behind (``virt.reap_seeding``) and reports
 it as ``salt/virt/<minion id>/reaped``.
 

@@ -20,6 +20,7 @@ cachedir), and the first reply it signs again (:func:`restore`, from :mod:`saltv
 import contextlib
 import logging
 import os
+from typing import Any
 
 from saltvirt.base.salttypes import SaltOpts
 
@@ -72,7 +73,7 @@ def drop(opts: SaltOpts, minion: str, why: str) -> int:
     return count
 
 
-def restore(opts: SaltOpts, client, minion: str) -> bool:
+def restore(opts: SaltOpts, client: Any, minion: str) -> bool:
     """``minion`` signed a reply: if :func:`drop` unregistered its resources, ask it (``saltutil.refresh_resources``,
     a job for it alone) to register them again. True when asked."""
     path = _mark(opts, minion)
