@@ -104,13 +104,15 @@ def _reap(minion_id):
 
 
 def _resource_refresher():
-    """The ``virt_vm`` resources' registration following libvirt's lifecycle events (a burst is one
-    ``saltutil.refresh_resources``: an event on this minion's own bus), when the minion's pillar declares the
-    type; else None."""
-    if not _vmr.manages(__opts__):
-        return None
-    log.info("%s: the virt_vm resources' registration follows libvirt's lifecycle events", __virtualname__)
-    return _vmr.Refresher(__salt__["saltutil.refresh_resources"]).lifecycle
+    """The ``virt_vm`` resources' registration following libvirt's lifecycle events: a burst is one
+    ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
+    (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
+    pillar)."""
+
+    def declared():
+        return _vmr.manages(dict(__opts__, pillar=__salt__["pillar.items"]()))
+
+    return _vmr.Refresher(__salt__["saltutil.refresh_resources"], declared=declared).lifecycle
 
 
 def start(connection=None, **options):

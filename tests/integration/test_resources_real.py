@@ -73,8 +73,12 @@ def local(rrmaster, minions):
         yield client
 
 
+LAST = {}  # the last salt CLI answer, for a failure's message
+
+
 def salt(master, tgt, fun, *args):
-    return master.salt_cli(timeout=60).run("-C", fun, *args, minion_tgt=tgt)
+    LAST["ret"] = master.salt_cli(timeout=60).run("-C", fun, *args, minion_tgt=tgt)
+    return LAST["ret"]
 
 
 def until(what, probe):
@@ -85,7 +89,7 @@ def until(what, probe):
         if last is not None:
             return last
         time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {BOUND} s")
+    raise AssertionError(f"{what}: not within {BOUND} s; last answer: {LAST.get('ret')}")
 
 
 def answers_from(master, uuid, host):

@@ -640,6 +640,7 @@ class Watcher:
     def _reconcile(self, after):
         before, self.known = self.known, after
         if before is None:
+            self._lifecycle_hook("connected", {})  # the first session: libvirtd reached
             return
         for uuid, name, event, was in reconcile(before, after):
             self._lifecycle_hook(event, {})  # the registration follows, reconcile option or not

@@ -116,13 +116,16 @@ def ping(conn: Conn, rid: str) -> bool:
 # the lifecycle events that change the resource list (defined, undefined, migrated, a transient VM started or
 # stopped) or a registered grain (state, and a definition's name, vCPUs, memory, metadata); the others (reboot,
 # I/O and control errors, the guest agent) change neither
+# (``connected``: the watcher's first session, libvirtd reached: the minion's own discovery at its start may have
+# found libvirtd not yet up)
 CHANGES = frozenset(
     ("defined", "undefined", "started", "stopped", "crashed", "panicked", "migrated")
-    + ("suspended", "resumed", "shutdown", "pmsuspended", "lifecycle")
+    + ("suspended", "resumed", "shutdown", "pmsuspended", "lifecycle", "connected")
 )
 QUIET = 2.0  # seconds without a change before the refresh: a burst (a migration's events, 100 inits) is one
 MAX_WAIT = 10.0  # seconds after the first change of a burst at the latest, however long the burst goes on
 SETTLE = 5.0  # seconds after a VM migrated in: its new host registers once more (see Refresher)
+RECHECK = 60.0  # seconds a pillar's answer to "does this minion manage virt_vm?" is used for
 
 
 def manages(opts: Mapping[str, Any]) -> bool:
@@ -138,6 +141,11 @@ class Refresher:
     ``saltutil.refresh_resources``, an event on the minion's own bus) runs once a burst is :data:`QUIET` seconds
     quiet, and at most :data:`MAX_WAIT` seconds after its first event, on a thread of its own.
 
+    ``declared()`` says whether the minion manages the type (the engine: its pillar, compiled afresh: an engine
+    process starts before the minion has its pillar); asked when a refresh is due, its answer used for
+    :data:`RECHECK` seconds; nothing is fired while it says no, and a failing one counts as yes (the minion's own
+    discovery reads its pillar anyway).
+
     A VM that migrated in makes its new host register a second time, :data:`SETTLE` seconds later. Both hosts of
     a migration register at nearly the same time, and Salt 3008.5's registry replaces a minion's set without a
     lock across master workers (``ResourceRegistry.register_minion``: it reads the minion's previous ids from a
@@ -146,8 +154,10 @@ class Refresher:
     one after the other the UUID ends up the destination's; the second registration restores it after a
     collision."""
 
-    def __init__(self, fire, quiet=QUIET, max_wait=MAX_WAIT, settle=SETTLE):
+    def __init__(self, fire, quiet=QUIET, max_wait=MAX_WAIT, settle=SETTLE, declared=None, recheck=RECHECK):
         self.fire, self.quiet, self.max_wait, self.settle = fire, quiet, max_wait, settle
+        self.declared, self.recheck = declared, recheck
+        self.answer: tuple[float, bool] | None = None  # (when, what) declared() last said
         self.cond = threading.Condition()
         self.first: float | None = None  # the burst's first and last change (monotonic)
         self.last = 0.0
@@ -198,9 +208,23 @@ class Refresher:
             else:
                 self.again_at = None
 
+    def _wanted(self) -> bool:
+        if self.declared is None:
+            return True
+        now = time.monotonic()
+        if self.answer is None or now - self.answer[0] >= self.recheck:
+            try:
+                self.answer = (now, bool(self.declared()))
+            except Exception as exc:  # noqa: BLE001 - the minion's discovery reads its pillar itself
+                log.warning("virt_vm: could not tell whether this minion manages virt_vm resources: %s", exc)
+                return True
+        return self.answer[1]
+
     def _run(self) -> None:
         while True:
             self._next()
+            if not self._wanted():
+                continue
             self.fired += 1
             try:
                 self.fire()

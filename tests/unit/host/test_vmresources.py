@@ -239,3 +239,48 @@ def test_a_failing_hook_does_not_stop_the_events():
     watcher = events.Watcher("hyper1", None, lambda t, d: sent.append(t), {}, on_lifecycle=hook)
     watcher.handle("lifecycle", ("web1", UUID_A, 3), lifecycle_fact("STOPPED", "DESTROYED"))
     assert sent == ["salt/virt/hyper1/domain/web1/stopped"]
+
+
+def test_nothing_is_fired_while_the_pillar_does_not_declare_the_type_and_it_is_asked_again_later():
+    """An engine process starts before its minion has the pillar: whether the type is declared is asked when a
+    refresh is due (the engine compiles the pillar), and that answer is used for ``recheck`` seconds."""
+    fires, answers = Fires(), [False]
+    asked = []
+
+    def declared():
+        asked.append(1)
+        return answers[0]
+
+    refresher = vmresources.Refresher(fires, quiet=0.05, declared=declared, recheck=0.5)
+    refresher.lifecycle("defined")
+    deadline = time.monotonic() + 10
+    while not asked:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    refresher.lifecycle("started")  # within recheck: the same answer, not asked again
+    time.sleep(0.3)
+    assert fires.at == [] and len(asked) == 1
+    answers[0] = True  # the operator declared it
+    time.sleep(0.5)
+    refresher.lifecycle("stopped")
+    fires.wait(1)
+    assert len(asked) == 2
+
+
+def test_a_declaration_that_cannot_be_read_counts_as_declared(caplog):
+    fires = Fires()
+
+    def declared():
+        raise RuntimeError("the master is away")
+
+    vmresources.Refresher(fires, quiet=0.05, declared=declared).lifecycle("undefined")
+    fires.wait(1)
+    assert "could not tell whether this minion manages virt_vm resources: the master is away" in caplog.text
+
+
+def test_the_watchers_first_session_is_told_too():
+    """The minion's own discovery at its start may have found libvirtd not yet up: reaching it registers again."""
+    told = []
+    watcher = events.Watcher("hyper1", None, lambda t, d: None, {}, on_lifecycle=lambda *a: told.append(a))
+    watcher._reconcile({UUID_A: {"name": "a", "state": "running", "id": 1, "persistent": True}})
+    assert told == [("connected", {})]
