@@ -108,9 +108,11 @@ def _resource_refresher():
     ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
     (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
     pillar)."""
+    # looked up here: the Refresher calls them on a thread of its own, where the loader's dunders are unset
+    opts, pillar_items = dict(__opts__), __salt__["pillar.items"]
 
     def declared():
-        return _vmr.manages(dict(__opts__, pillar=__salt__["pillar.items"]()))
+        return _vmr.manages(dict(opts, pillar=pillar_items()))
 
     return _vmr.Refresher(__salt__["saltutil.refresh_resources"], declared=declared).lifecycle
 

@@ -76,8 +76,8 @@ def local(rrmaster, minions):
 LAST = {}  # the last salt CLI answer, for a failure's message
 
 
-def salt(master, tgt, fun, *args):
-    LAST["ret"] = master.salt_cli(timeout=60).run("-C", fun, *args, minion_tgt=tgt)
+def salt(master, tgt, fun, *args, timeout=60):
+    LAST["ret"] = master.salt_cli(timeout=timeout).run("-C", fun, *args, minion_tgt=tgt)
     return LAST["ret"]
 
 
@@ -112,8 +112,8 @@ def test_a_vm_resource_follows_creation_migration_and_purge(rrmaster, local, lab
     pids = {mid: factory.pid for mid, factory in minions.items()}
     assert matches_nothing(rrmaster, "T@virt_vm"), "no VM yet, no resource"
 
-    t0 = time.monotonic()
     shared_vm(local, store, guest, SRC, NAME)
+    t0 = time.monotonic()
     conn = libvirt.open(lab_hvs[SRC].uri)
     try:
         uuid = conn.lookupByName(NAME).UUIDString()
@@ -135,7 +135,10 @@ def test_a_vm_resource_follows_creation_migration_and_purge(rrmaster, local, lab
     t0 = time.monotonic()
     ret = run(rrmaster, "virt.purge", NAME)
     assert ret.returncode == 0, ret
-    until(f"{NAME} unregistered after its purge", lambda: matches_nothing(rrmaster, f"T@virt_vm:{uuid}"))
+    until(f"{NAME} unregistered after its purge", lambda: matches_nothing(rrmaster, "T@virt_vm"))
     print(f"purged -> unregistered: {time.monotonic() - t0:.1f} s")
-    assert matches_nothing(rrmaster, "T@virt_vm")
+    # Salt 3008.5 waits for the id of a full T@type:id whether it is registered or not (CkMinions.
+    # _check_resource_minions): no hypervisor answers for it any more
+    ret = salt(rrmaster, f"T@virt_vm:{uuid}", "test.ping", timeout=10)
+    assert ret.returncode != 0 and "Minion did not return" in str((ret.data or {}).get(uuid)), ret
     assert {mid: factory.pid for mid, factory in minions.items()} == pids, "a minion was restarted"
