@@ -216,7 +216,7 @@ class Refresher:
             try:
                 said = bool(self.declared())
                 if self.answer is None or self.answer[1] != said:
-                    log.info("virt_vm: registration follows lifecycle events: %s", "on" if said else "off (not declared)")
+                    log.info("virt_vm: registration follows lifecycle events: %s", "on" if said else "off")
                 self.answer = (now, said)
             except Exception as exc:  # noqa: BLE001 - the minion's discovery reads its pillar itself
                 log.warning("virt_vm: could not tell whether this minion manages virt_vm resources: %s", exc)
