@@ -45,10 +45,11 @@ if saltvirt is not None:
     from saltvirt.host import vmresources as _vmr
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
-    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
 
     __opts__: SaltOpts
     __salt__: SaltFunctions
+    __grains__: SaltGrains
 
 log = logging.getLogger(__name__)
 __virtualname__ = "libvirt_events"
@@ -70,13 +71,11 @@ def _resource_refresher():
     ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
     (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
     pillar)."""
-    # looked up here: the Refresher calls them on a thread of its own, where the loader's dunders are unset
-    opts, pillar_items = dict(__opts__), __salt__["pillar.items"]
-
-    def declared():
-        return _vmr.manages(dict(opts, pillar=pillar_items()))
-
-    return _vmr.Refresher(__salt__["saltutil.refresh_resources"], declared=declared).lifecycle
+    # read here: the Refresher calls on a thread of its own, where the loader's dunders are unset
+    opts, grains = dict(__opts__), dict(__grains__)
+    return _vmr.Refresher(
+        __salt__["saltutil.refresh_resources"], declared=lambda: _vmr.pillar_declares(opts, grains)
+    ).lifecycle
 
 
 def start(uri=None, tag_prefix=None, filters=None, **options):

@@ -67,10 +67,11 @@ if saltvirt is not None:
     from saltvirt.vm import cleanup as _cleanup
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
-    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
 
     __opts__: SaltOpts
     __salt__: SaltFunctions
+    __grains__: SaltGrains
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt_events"
@@ -108,13 +109,11 @@ def _resource_refresher():
     ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
     (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
     pillar)."""
-    # looked up here: the Refresher calls them on a thread of its own, where the loader's dunders are unset
-    opts, pillar_items = dict(__opts__), __salt__["pillar.items"]
-
-    def declared():
-        return _vmr.manages(dict(opts, pillar=pillar_items()))
-
-    return _vmr.Refresher(__salt__["saltutil.refresh_resources"], declared=declared).lifecycle
+    # read here: the Refresher calls on a thread of its own, where the loader's dunders are unset
+    opts, grains = dict(__opts__), dict(__grains__)
+    return _vmr.Refresher(
+        __salt__["saltutil.refresh_resources"], declared=lambda: _vmr.pillar_declares(opts, grains)
+    ).lifecycle
 
 
 def start(connection=None, **options):

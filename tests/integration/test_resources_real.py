@@ -11,6 +11,7 @@ new hypervisor with a live migration and drops out when it is purged, each throu
 tests/integration/test_resources.py covers Salt's side over the test driver (ids, compound targets, eauth).
 """
 
+import pathlib
 import time
 
 import libvirt
@@ -142,3 +143,7 @@ def test_a_vm_resource_follows_creation_migration_and_purge(rrmaster, local, lab
     ret = salt(rrmaster, f"T@virt_vm:{uuid}", "test.ping", timeout=10)
     assert ret.returncode != 0 and "Minion did not return" in str((ret.data or {}).get(uuid)), ret
     assert {mid: factory.pid for mid, factory in minions.items()} == pids, "a minion was restarted"
+    for mid, factory in minions.items():  # each engine read its minion's pillar: the type declared
+        log = pathlib.Path(factory.config["log_file"]).read_text(errors="replace")
+        assert "virt_vm: registration follows lifecycle events: on" in log, mid
+        assert "could not tell whether this minion manages virt_vm" not in log, mid

@@ -135,6 +135,27 @@ def manages(opts: Mapping[str, Any]) -> bool:
     return TYPE in salt.utils.resources.pillar_resources_tree(opts)
 
 
+def pillar_declares(opts: Mapping[str, Any], grains: Mapping[str, Any]) -> bool:
+    """Whether this minion's pillar, compiled now by its master (as ``salt-call pillar.items``), declares the type.
+    For an engine: its process starts before the minion has its pillar or has resolved its master, so ``opts``
+    (the minion config as the engine got it) is completed as Salt's minion completes it (``master_uri``)."""
+    import salt.minion  # noqa: PLC0415 - only in an engine's process, when a registration is due
+    import salt.pillar  # noqa: PLC0415
+
+    conf = dict(opts)
+    if not conf.get("master_uri"):
+        conf.update(salt.minion.prep_ip_port(conf))
+        conf.update(salt.minion.resolve_dns(conf))
+    compiled = salt.pillar.get_pillar(conf, dict(grains), conf["id"], pillarenv=conf.get("pillarenv"))
+    try:
+        pillar = compiled.compile_pillar()
+    finally:
+        destroy = getattr(compiled, "destroy", None)
+        if destroy is not None:
+            destroy()
+    return manages(dict(conf, pillar=pillar))
+
+
 class Refresher:
     """Debounced ``resource_refresh``: :meth:`lifecycle` is told every libvirt lifecycle event of this host (by
     the events engine's watcher, from libvirt's own events: never from the master's bus); ``fire()`` (the engine:
