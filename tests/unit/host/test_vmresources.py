@@ -284,3 +284,35 @@ def test_the_watchers_first_session_is_told_too():
     watcher = events.Watcher("hyper1", None, lambda t, d: None, {}, on_lifecycle=lambda *a: told.append(a))
     watcher._reconcile({UUID_A: {"name": "a", "state": "running", "id": 1, "persistent": True}})
     assert told == [("connected", {})]
+
+
+def test_the_engine_compiles_the_pillar_with_the_master_its_minion_config_names(monkeypatch):
+    """An engine's opts are the minion config from before it resolved its master: completed as Salt's minion
+    completes them (master_uri), then the pillar compiled by the master says whether the type is declared."""
+    import salt.minion
+    import salt.pillar
+
+    seen = {}
+
+    class Compiled:
+        def compile_pillar(self):
+            return seen["pillar"]
+
+        def destroy(self):
+            seen["destroyed"] = True
+
+    def get_pillar(opts, grains, minion_id, pillarenv=None):
+        seen.update(uri=opts["master_uri"], grains=grains, id=minion_id)
+        return Compiled()
+
+    monkeypatch.setattr(salt.minion, "prep_ip_port", lambda opts: {"master": "salt.example"})
+    monkeypatch.setattr(salt.minion, "resolve_dns", lambda opts: {"master_uri": f"tcp://{opts['master']}:4506"})
+    monkeypatch.setattr(salt.pillar, "get_pillar", get_pillar)
+    opts, grains = {"id": "hv1", "master": "salt.example:4506"}, {"os": "Debian"}
+    seen["pillar"] = {"resources": {"virt_vm": {}}}
+    assert vmresources.pillar_declares(opts, grains) is True
+    assert seen == dict(seen, uri="tcp://salt.example:4506", grains=grains, id="hv1", destroyed=True)
+    assert "master_uri" not in opts  # the engine's own copy is left as it was
+    seen["pillar"] = {"resources": {}}
+    assert vmresources.pillar_declares(dict(opts, master_uri="tcp://resolved:4506"), grains) is False
+    assert seen["uri"] == "tcp://resolved:4506"  # already resolved: kept
