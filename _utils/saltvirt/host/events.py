@@ -26,6 +26,9 @@ The watcher's own sessions are events too: ``salt/virt/<host>/engine/connected``
 ...; ``reconnect``), sent after the reconciled events, and ``salt/virt/<host>/engine/disconnected``
 (``reason``: eof, keepalive, error, connection dead).
 
+Every lifecycle event, reconciled ones too, is also handed to ``on_lifecycle(event, extra)`` whatever is sent (the
+``virt_vm`` resources' registration: :class:`saltvirt.host.vmresources.Refresher`).
+
 The inbox between libvirt's thread and the watcher's is bounded (``virt:events:inbox_max`` of the minion
 config): a flood of events while sending is slow (the master away, a guest agent flapping) drops the newest
 facts instead of growing the minion's memory. Drops are counted, logged at most once a

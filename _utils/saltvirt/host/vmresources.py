@@ -185,7 +185,6 @@ class Refresher:
         self.arrived = False  # a VM migrated in during the burst
         self.again_at: float | None = None  # the follow-up registration after a VM arrived
         self.thread: threading.Thread | None = None
-        self.fired = 0
 
     def lifecycle(self, event: str, extra: Mapping[str, Any] | None = None) -> None:
         """One lifecycle event of this host (``saltvirt.host.events`` names; ``extra``: its ``direction``)."""
@@ -249,7 +248,6 @@ class Refresher:
             self._next()
             if not self._wanted():
                 continue
-            self.fired += 1
             try:
                 self.fire()
             except Exception as exc:  # noqa: BLE001 - the next change tries again; the engine goes on
