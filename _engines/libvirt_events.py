@@ -42,12 +42,14 @@ if saltvirt is not None:
     from saltvirt.host import events as _events
     from saltvirt.host import mastersend as _mastersend
     from saltvirt.host import saltevents as _saltevents
+    from saltvirt.host import vmresources as _vmr
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
-    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
 
     __opts__: SaltOpts
     __salt__: SaltFunctions
+    __grains__: SaltGrains
 
 log = logging.getLogger(__name__)
 __virtualname__ = "libvirt_events"
@@ -64,6 +66,18 @@ def __virtual__():
     return __virtualname__
 
 
+def _resource_refresher():
+    """The ``virt_vm`` resources' registration following libvirt's lifecycle events: a burst is one
+    ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
+    (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
+    pillar)."""
+    # read here: the Refresher calls on a thread of its own, where the loader's dunders are unset
+    opts, grains = dict(__opts__), dict(__grains__)
+    return _vmr.Refresher(
+        __salt__["saltutil.refresh_resources"], declared=lambda: _vmr.pillar_declares(opts, grains)
+    ).lifecycle
+
+
 def start(uri=None, tag_prefix=None, filters=None, **options):
     """Watch this hypervisor's libvirt and send its events to the master in Salt's ``libvirt_events``
     scheme (runs until the minion stops). ``uri`` is the engine's own option (minion config, the
@@ -76,5 +90,6 @@ def start(uri=None, tag_prefix=None, filters=None, **options):
         uri,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
+        on_lifecycle=_resource_refresher(),
         engine="libvirt_events",
     )

@@ -30,6 +30,9 @@ and Salt's other objects: ``network/lifecycle``, ``pool/lifecycle``, ``pool/refr
 ``nodedev/lifecycle``, ``nodedev/update``, ``secret/lifecycle``, ``secret/value_changed`` (see
 ``saltvirt.host.saltevents``).
 
+With ``resources: {virt_vm: {}}`` in the minion's pillar (docs/topics/resources.md), each burst of lifecycle
+events also makes the minion register its VMs as Salt resources again (``resource_refresh`` on its own bus).
+
 When it starts, it first releases seeding a killed job left behind (``virt.reap_seeding``) and reports
 it as ``salt/virt/<minion id>/reaped``.
 
@@ -60,13 +63,15 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
     from saltvirt.host import mastersend as _mastersend
+    from saltvirt.host import vmresources as _vmr
     from saltvirt.vm import cleanup as _cleanup
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
-    from saltvirt.base.salttypes import SaltFunctions, SaltOpts
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
 
     __opts__: SaltOpts
     __salt__: SaltFunctions
+    __grains__: SaltGrains
 
 log = logging.getLogger(__name__)
 __virtualname__ = "virt_events"
@@ -99,6 +104,18 @@ def _reap(minion_id):
             log.warning("virt_events: could not report the reaped seeding to the master: %s", exc)
 
 
+def _resource_refresher():
+    """The ``virt_vm`` resources' registration following libvirt's lifecycle events: a burst is one
+    ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
+    (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
+    pillar)."""
+    # read here: the Refresher calls on a thread of its own, where the loader's dunders are unset
+    opts, grains = dict(__opts__), dict(__grains__)
+    return _vmr.Refresher(
+        __salt__["saltutil.refresh_resources"], declared=lambda: _vmr.pillar_declares(opts, grains)
+    ).lifecycle
+
+
 def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
@@ -111,4 +128,5 @@ def start(connection=None, **options):
         connection,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
+        on_lifecycle=_resource_refresher(),
     )

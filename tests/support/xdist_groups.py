@@ -60,6 +60,8 @@ COST = {
     "tests/integration/test_storage_real.py": 30,
     "tests/integration/test_lockspace.py": 30,
     "tests/integration/test_resources.py": 25,  # its own master and two minions
+    # 98 s with -n0 (2026-11-30, load falling from 70 to 15: another run's bench beside it); 158 s at load ~95
+    "tests/integration/test_resources_real.py": 100,
 }
 
 
@@ -81,6 +83,7 @@ GUESTS = {
     "tests/integration/test_snapshot_real.py": 1,
     "tests/integration/test_guestexec_real.py": 1,
     "tests/integration/test_storage_real.py": 1,
+    "tests/integration/test_resources_real.py": 1,
 }
 
 

@@ -19,9 +19,10 @@ Never twice: one round at a time fleet-wide (the round lock :data:`ROUND_LOCK`, 
 :mod:`saltvirt.fleet.fleetstate` lock of kind ``virt.ha``: another master's round does nothing); a round that
 finds a recovery at work (:func:`in_progress`: a ``virt.recover`` lock, or a VM a recovery left ``recovering``)
 does nothing; a host handled stays handled until it answers again, and a host that comes back has nothing started
-(``back``: its stale copies are for ``salt-run virt.reconcile``). The per-host state is bank :data:`BANK` entry
-:data:`STATE`; every decision goes into the log (:func:`history`, ``salt-run virt.ha_log``) and is fired as
-``salt/virt/ha/<decision>`` (explained: host, reason, VMs; progress only, never a source of decisions).
+(``back``: its stale copies are for ``salt-run virt.reconcile``). A lost host's resources are unregistered from
+Salt's registry (:mod:`saltvirt.fleet.resourcereg`; registered again when it answers). The per-host state is bank
+:data:`BANK` entry :data:`STATE`; every decision goes into the log (:func:`history`, ``salt-run virt.ha_log``) and
+is fired as ``salt/virt/ha/<decision>`` (explained: host, reason, VMs; progress only, never a source of decisions).
 """
 
 import fnmatch
@@ -43,6 +44,7 @@ from saltvirt.fleet import (
     recovery,
     recovery_guard,
     relocate,
+    resourcereg,
     runprogress,
 )
 from saltvirt.spec import compat
@@ -291,6 +293,8 @@ def _round(opts, remote, store, lease, cfg, conf, now):
     hosts = remote.gather("virt.full_info")
     result = decide(hosts, connected(opts, hosts), (store.fetch(BANK, STATE) or {}).get("hosts") or {}, now, cfg)
     state, decisions = result["state"], list(result["decisions"])
+    for host in sorted(h for h, st in state.items() if st.get("last") == LOST):  # its VMs drop out of T@ targets
+        resourcereg.drop(opts, host, "automatic HA: no signed answer and no connection to the master")
     for host in result["act"]:
         lease.check()  # the round lock still ours (its store answered): else another master's round may act
         acted = _act(remote, store, host, cfg, conf, now)

@@ -13,6 +13,8 @@ the wait goes on, up to ``max_wait``. A hypervisor is reported ``down`` only aft
 without any sign of life, or when it says the job is gone and no signed answer came (after a last look in the
 master's job cache). A hypervisor reported down within ``down_memory`` seconds by an earlier call
 (:mod:`saltvirt.fleet.silence`) is given up after one unanswered job check instead; any reply it signs clears it.
+A silent hypervisor's resources are unregistered from Salt's registry, and registered again once it signs a reply
+(:mod:`saltvirt.fleet.resourcereg`).
 """
 
 import contextlib
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import minionkeys, silence
+from saltvirt.fleet import minionkeys, resourcereg, silence
 from saltvirt.pki import answers
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class Replies:
         self.asked: dict[str, float] = {}  # minion -> when its last outstanding check was sent
         # minion -> seconds since an earlier call reported it down (silence.py): one check, not down_after
         self.suspects = silence.recent(opts, expected, cfg.get("down_memory", 0))
+        self.restored: set[str] = set()  # minions whose signed reply has been seen (resourcereg.restore asked)
 
     # reading -------------------------------------------------------------------------------------------
     def _pub(self, minion: str) -> str | None:
@@ -114,9 +117,13 @@ class Replies:
                     self._checked(minion, got[0])
 
     def _alive(self, minion: str) -> None:
-        """``minion`` signed a reply: whatever an earlier call found, it is not down."""
+        """``minion`` signed a reply: whatever an earlier call found, it is not down (its resources, dropped when
+        it was found down, are registered again)."""
         if self.suspects.pop(minion, None) is not None:
             silence.forget(self.opts, minion)
+        if minion not in self.restored:
+            self.restored.add(minion)
+            resourcereg.restore(self.opts, self.client, minion)
 
     def _checked(self, minion: str, running: Any) -> None:
         self.asked.pop(minion, None)
@@ -186,6 +193,7 @@ class Replies:
                 self.missing.discard(minion)
                 if minion not in self.gone:  # silent, not merely without an answer to this job
                     silence.remember(self.opts, minion)
+                    resourcereg.drop(self.opts, minion, "no signed reply, nor to its job checks")
 
     def from_job_cache(self, minions: list[str]) -> None:
         """A last look in the master's job cache for replies whose event was missed."""

@@ -26,6 +26,9 @@ The watcher's own sessions are events too: ``salt/virt/<host>/engine/connected``
 ...; ``reconnect``), sent after the reconciled events, and ``salt/virt/<host>/engine/disconnected``
 (``reason``: eof, keepalive, error, connection dead).
 
+Every lifecycle event, reconciled ones too, is also handed to ``on_lifecycle(event, extra)`` whatever is sent (the
+``virt_vm`` resources' registration: :class:`saltvirt.host.vmresources.Refresher`).
+
 The inbox between libvirt's thread and the watcher's is bounded (``virt:events:inbox_max`` of the minion
 config): a flood of events while sending is slow (the master away, a guest agent flapping) drops the newest
 facts instead of growing the minion's memory. Drops are counted, logged at most once a
@@ -384,9 +387,12 @@ class Watcher:
     ``connect`` is a context-manager factory yielding a libvirt connection (the engine passes
     :func:`saltvirt.host.conn.connect` with the configured URI, open timeout and keepalive)."""
 
-    def __init__(self, host, connect, fire, options=None, on_defined=None, inbox_max=INBOX_MAX):
+    def __init__(self, host, connect, fire, options=None, on_defined=None, inbox_max=INBOX_MAX, on_lifecycle=None):
         self.host, self.connect, self.fire = host, connect, fire
         self.on_defined = on_defined  # called when a definition is added or changed (virt.capacity's cache)
+        # called with (event, extra) for every lifecycle event, reconciled ones too, whatever the engine sends
+        # (the virt_vm resources' registration: saltvirt.host.vmresources.Refresher)
+        self.on_lifecycle = on_lifecycle
         self.options = settings(options)
         # (kind, who, args) facts; bounded: libvirt's thread never waits, it drops
         self.inbox: queue.Queue[tuple[str, Any, tuple[Any, ...]]] = queue.Queue(maxsize=inbox_max)
@@ -570,13 +576,6 @@ class Watcher:
             return True
         name, uuid, dom_id = who
         self._send_salt(who, kind, args)
-        if self.options["tags"] == "libvirt_events":  # Salt's tags only
-            if kind == "lifecycle":
-                typ = _CODES.get((args[0], None), (None, None))[0]
-                self._track(name, uuid, dom_id, typ)
-                if typ == "DEFINED" and self.on_defined is not None:
-                    self.on_defined()
-            return True
         if kind == "lifecycle":
             event, detail = args
             typ = _CODES.get((event, None), (None, None))[0]
@@ -584,8 +583,13 @@ class Watcher:
             self._track(name, uuid, dom_id, typ)
             if typ == "DEFINED" and self.on_defined is not None:
                 self.on_defined()
-            self._send(name, uuid, ev_name, det, **extra)
-        elif kind == "io_error":
+            self._lifecycle_hook(ev_name, extra)
+            if self.options["tags"] != "libvirt_events":  # not Salt's tags only
+                self._send(name, uuid, ev_name, det, **extra)
+            return True
+        if self.options["tags"] == "libvirt_events":  # Salt's tags only
+            return True
+        if kind == "io_error":
             src_path, dev_alias, action, reason = args
             self._send(
                 name, uuid, "io_error", reason or "unknown", device=dev_alias, source=src_path, action=io_error(action)
@@ -638,10 +642,20 @@ class Watcher:
 
     def _reconcile(self, after):
         before, self.known = self.known, after
-        if before is None or not self.options["reconcile"]:
+        if before is None:
+            self._lifecycle_hook("connected", {})  # the first session: libvirtd reached
             return
         for uuid, name, event, was in reconcile(before, after):
-            self._send(name, uuid, event, "reconciled", reconciled=True, was=was)
+            self._lifecycle_hook(event, {})  # the registration follows, reconcile option or not
+            if self.options["reconcile"]:
+                self._send(name, uuid, event, "reconciled", reconciled=True, was=was)
+
+    def _lifecycle_hook(self, event, extra):
+        if self.on_lifecycle is not None:
+            try:
+                self.on_lifecycle(event, extra)
+            except Exception as exc:  # noqa: BLE001 - the events go on being sent whatever the hook met
+                log.warning("virt_events: the lifecycle hook failed on a %s event: %s", event, exc)
 
     def session(self, conn: Conn) -> None:
         """Register, reconcile, then send events until the connection closes or :attr:`stop` is set."""
@@ -726,6 +740,7 @@ def serve(
     options: Mapping[str, Any] | None,
     on_defined: Any = None,
     engine: str = "virt_events",
+    on_lifecycle: Any = None,
 ) -> None:
     """An engine's body: watch this hypervisor's libvirt (the engine's own connection option, else
     ``virt:connection``, with its open timeout and keepalive; the inbox bounded by ``virt:events:inbox_max``)
@@ -742,6 +757,7 @@ def serve(
             options,
             on_defined=on_defined,
             inbox_max=inbox_max(config_get("virt:events:inbox_max", INBOX_MAX)),
+            on_lifecycle=on_lifecycle,
         )
     except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop
         log.error("%s engine not started: %s", engine, exc)

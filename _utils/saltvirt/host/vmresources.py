@@ -10,16 +10,24 @@ image ``virt.init`` wrote into its metadata); nothing a guest reports about itse
 minion's grains, no guest addresses: even DHCP leases are filed under the MAC the guest's request names): a
 tenant is root in its guest. The one thing asked of the guest is :func:`ping`'s "does your agent answer", which
 only ever turns a running VM's answer to False.
+
+Registration follows libvirt's lifecycle events (:class:`Refresher`, run by the hypervisor's events engine): a
+burst of them becomes one ``resource_refresh`` on the minion's own event bus, which makes Salt's minion discover
+its VMs and register them with the master again.
 """
 
+import logging
 import math
 import re
+import threading
+import time
 import uuid as uuidlib
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
 import salt.utils.data
+import salt.utils.resources
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
@@ -27,6 +35,8 @@ from saltvirt.host import guestips, query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
 from saltvirt.spec import compat, tenancy, vmgrains
 from saltvirt.xml import domxml
+
+log = logging.getLogger(__name__)
 
 TYPE = vmgrains.TYPE  # the resource type: T@virt_vm, T@virt_vm:<uuid>
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -143,3 +153,145 @@ def tenant_owns(conn: Conn, rid: str, pillar: Mapping[str, Any], user: str) -> b
     (:func:`owner_tenant`): the ``virt_vm`` resources' tenant gate (``saltvirt.base.operators.TENANT_GATE``)."""
     tenant = member_tenant(pillar, user)
     return tenant is not None and owner_tenant(conn, rid) == tenant
+
+
+# registration following lifecycle events ------------------------------------------------------------------------
+# the lifecycle events that change the resource list (defined, undefined, migrated, a transient VM started or
+# stopped) or a registered grain (state, and a definition's name, vCPUs, memory, metadata); the others (reboot,
+# I/O and control errors, the guest agent) change neither
+# (``connected``: the watcher's first session, libvirtd reached: the minion's own discovery at its start may have
+# found libvirtd not yet up)
+CHANGES = frozenset(
+    ("defined", "undefined", "started", "stopped", "crashed", "panicked", "migrated")
+    + ("suspended", "resumed", "shutdown", "pmsuspended", "lifecycle", "connected")
+)
+QUIET = 2.0  # seconds without a change before the refresh: a burst (a migration's events, 100 inits) is one
+MAX_WAIT = 10.0  # seconds after the first change of a burst at the latest, however long the burst goes on
+SETTLE = 5.0  # seconds after a VM migrated in: its new host registers once more (see Refresher)
+RECHECK = 60.0  # seconds a pillar's answer to "does this minion manage virt_vm?" is used for
+
+
+def manages(opts: Mapping[str, Any]) -> bool:
+    """Whether this minion manages ``virt_vm`` resources: its pillar (as the minion compiled it, key
+    ``resource_pillar_key``, default ``resources``) declares the type, as Salt's ``_discover_resources`` reads
+    it."""
+    return TYPE in salt.utils.resources.pillar_resources_tree(opts)
+
+
+def pillar_declares(opts: Mapping[str, Any], grains: Mapping[str, Any]) -> bool:
+    """Whether this minion's pillar, compiled now by its master (as ``salt-call pillar.items``), declares the type.
+    For an engine: its process starts before the minion has its pillar or has resolved its master, so ``opts``
+    (the minion config as the engine got it) is completed as Salt's minion completes it (``master_uri``)."""
+    import salt.minion  # noqa: PLC0415 - only in an engine's process, when a registration is due
+    import salt.pillar  # noqa: PLC0415
+
+    conf = dict(opts)
+    if not conf.get("master_uri"):
+        conf.update(salt.minion.prep_ip_port(conf))
+        conf.update(salt.minion.resolve_dns(conf))
+    compiled = salt.pillar.get_pillar(conf, dict(grains), conf["id"], pillarenv=conf.get("pillarenv"))
+    try:
+        pillar = compiled.compile_pillar()
+    finally:
+        destroy = getattr(compiled, "destroy", None)
+        if destroy is not None:
+            destroy()
+    return manages(dict(conf, pillar=pillar))
+
+
+class Refresher:
+    """Debounced ``resource_refresh``: :meth:`lifecycle` is told every libvirt lifecycle event of this host (by
+    the events engine's watcher, from libvirt's own events: never from the master's bus); ``fire()`` (the engine:
+    ``saltutil.refresh_resources``, an event on the minion's own bus) runs once a burst is :data:`QUIET` seconds
+    quiet, and at most :data:`MAX_WAIT` seconds after its first event, on a thread of its own.
+
+    ``declared()`` says whether the minion manages the type (the engine: its pillar, compiled afresh: an engine
+    process starts before the minion has its pillar); asked when a refresh is due, its answer used for
+    :data:`RECHECK` seconds; nothing is fired while it says no, and a failing one counts as yes (the minion's own
+    discovery reads its pillar anyway).
+
+    A VM that migrated in makes its new host register a second time, :data:`SETTLE` seconds later. Both hosts of
+    a migration register at nearly the same time, and Salt 3008.5's registry replaces a minion's set without a
+    lock across master workers (``ResourceRegistry.register_minion``: it reads the minion's previous ids from a
+    view refreshed at most every 0.25 s, then deletes those not sent, whoever holds them now): the source's
+    registration landing with the destination's can delete the UUID the destination just put. In either order
+    one after the other the UUID ends up the destination's; the second registration restores it after a
+    collision."""
+
+    def __init__(self, fire, quiet=QUIET, max_wait=MAX_WAIT, settle=SETTLE, declared=None, recheck=RECHECK):
+        self.fire, self.quiet, self.max_wait, self.settle = fire, quiet, max_wait, settle
+        self.declared, self.recheck = declared, recheck
+        self.answer: tuple[float, bool] | None = None  # (when, what) declared() last said
+        self.cond = threading.Condition()
+        self.first: float | None = None  # the burst's first and last change (monotonic)
+        self.last = 0.0
+        self.arrived = False  # a VM migrated in during the burst
+        self.again_at: float | None = None  # the follow-up registration after a VM arrived
+        self.thread: threading.Thread | None = None
+
+    def lifecycle(self, event: str, extra: Mapping[str, Any] | None = None) -> None:
+        """One lifecycle event of this host (``saltvirt.host.events`` names; ``extra``: its ``direction``)."""
+        if event in CHANGES:
+            self.poke(arrived=event == "migrated" and (extra or {}).get("direction") == "in")
+
+    def poke(self, arrived: bool = False) -> None:
+        with self.cond:
+            now = time.monotonic()
+            if self.first is None:
+                self.first = now
+            self.last = now
+            self.arrived = self.arrived or arrived
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="virt_vm-refresh", daemon=True)
+                self.thread.start()
+            self.cond.notify()
+
+    def _due(self) -> float | None:
+        times = [t for t in (self.again_at,) if t is not None]
+        if self.first is not None:
+            times.append(min(self.last + self.quiet, self.first + self.max_wait))
+        return min(times) if times else None
+
+    def _next(self) -> None:
+        """Wait until a refresh is due, and reset what it covers."""
+        with self.cond:
+            while True:
+                due = self._due()
+                wait = None if due is None else due - time.monotonic()
+                if wait is not None and wait <= 0:
+                    break
+                self.cond.wait(wait)
+            now = time.monotonic()
+            if self.first is not None and now >= min(self.last + self.quiet, self.first + self.max_wait):
+                if self.arrived:
+                    self.again_at = now + self.settle
+                elif self.again_at is not None and now >= self.again_at:
+                    self.again_at = None
+                self.first, self.arrived = None, False
+            else:
+                self.again_at = None
+
+    def _wanted(self) -> bool:
+        if self.declared is None:
+            return True
+        now = time.monotonic()
+        if self.answer is None or now - self.answer[0] >= self.recheck:
+            try:
+                said = bool(self.declared())
+                if self.answer is None or self.answer[1] != said:
+                    log.info("virt_vm: registration follows lifecycle events: %s", "on" if said else "off")
+                self.answer = (now, said)
+            except Exception as exc:  # noqa: BLE001 - the minion's discovery reads its pillar itself
+                log.warning("virt_vm: could not tell whether this minion manages virt_vm resources: %s", exc)
+                return True
+        return self.answer[1]
+
+    def _run(self) -> None:
+        while True:
+            self._next()
+            if not self._wanted():
+                continue
+            try:
+                self.fire()
+            except Exception as exc:  # noqa: BLE001 - the next change tries again; the engine goes on
+                log.warning("virt_vm: could not ask the minion to register its VMs again: %s", exc)

@@ -293,3 +293,24 @@ def test_config_bad_input(conf, message):
 def test_config_defaults_and_manual_fencing_without_a_command():
     assert ha.config({}) == dict(ha.DEFAULTS, lost_after=60.0)
     assert ha.config({"ha": {"enabled": "yes", "fence": "manual"}})["enabled"] is True
+
+
+def test_a_lost_host_drops_out_of_salts_resource_registry_and_only_once_both_signals_say_lost(cluster):
+    """A lost host's VMs leave ``T@virt_vm`` targets (saltvirt.fleet.resourcereg); a host only silent, or only
+    disconnected, keeps them."""
+    import salt.utils.resource_registry as registry
+
+    registry.reset_registry()
+    reg = registry.get_registry(cluster.opts)
+    reg.register_minion("hv1", {"virt_vm": [WEB1, DB1]})
+    reg.register_minion("hv2", {"virt_vm": ["3f6ba1d4-3333-4c1b-9a40-0123456789ab"]})
+    try:
+        cluster.fail(linked=True)  # silent, still connected: not lost
+        cluster.round(T0)
+        assert sorted(reg.get_resources_for_minion("hv1")["virt_vm"]) == sorted([WEB1, DB1])
+        cluster.wire.cut("hv1")
+        assert cluster.kinds(cluster.round(T0 + 1)) == [("hv1", ha.LOST)]
+        assert reg.get_resources_for_minion("hv1") == {}
+        assert list(reg.get_resources_for_minion("hv2")) == ["virt_vm"]
+    finally:
+        registry.reset_registry()

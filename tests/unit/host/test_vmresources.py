@@ -1,10 +1,14 @@
 """saltvirt.host.vmresources: a hypervisor's VMs as ``virt_vm`` resources (libvirt's test driver, a fresh
-node per test): discovery by UUID, grains from libvirt and the domain's metadata only, ping."""
+node per test): discovery by UUID, grains from libvirt and the domain's metadata only, ping; the registration
+following lifecycle events (the debounced refresh, and the events watcher's hook that feeds it)."""
 
+import time
+
+import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.host import vmresources
+from saltvirt.host import events, vmresources
 from saltvirt.xml.domxml import METADATA_NS
 
 UUID_A = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a01"
@@ -174,3 +178,220 @@ def test_a_channel_libvirt_reports_disconnected_is_not_asked(monkeypatch):
 
     monkeypatch.setattr(libvirt_qemu, "qemuAgentCommand", lambda *a: pytest.fail("asked a disconnected agent"))
     assert vmresources.agent_answers(Dom()) is False
+
+
+# registration following lifecycle events -------------------------------------------------------------------------
+class Fires:
+    """A Refresher's ``fire``: counts the calls, with when they came."""
+
+    def __init__(self):
+        self.at = []
+
+    def __call__(self):
+        self.at.append(time.monotonic())
+
+    def wait(self, count, bound=10.0):
+        deadline = time.monotonic() + bound
+        while len(self.at) < count:
+            assert time.monotonic() < deadline, f"{len(self.at)} refresh(es), not {count}, within {bound} s"
+            time.sleep(0.01)
+
+
+def test_a_burst_of_lifecycle_events_is_one_refresh():
+    fires = Fires()
+    refresher = vmresources.Refresher(fires, quiet=0.2, max_wait=30, settle=30)
+    t0 = time.monotonic()
+    for _ in range(100):  # 100 VMs defined and started at once
+        refresher.lifecycle("defined")
+        refresher.lifecycle("started")
+    fires.wait(1)
+    time.sleep(0.4)  # what a second refresh would need: two quiet periods
+    assert len(fires.at) == 1 and fires.at[0] - t0 >= 0.2
+
+
+def test_events_that_change_neither_the_list_nor_a_grain_refresh_nothing():
+    fires = Fires()
+    refresher = vmresources.Refresher(fires, quiet=0.05)
+    for event in ("rebooted", "io_error", "control_error", "agent_connected", "agent_disconnected"):
+        refresher.lifecycle(event)
+    time.sleep(0.3)
+    assert fires.at == [] and refresher.thread is None
+
+
+def test_a_burst_that_goes_on_is_refreshed_after_max_wait():
+    fires = Fires()
+    refresher = vmresources.Refresher(fires, quiet=0.3, max_wait=0.5, settle=30)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.2:  # never quiet for 0.3 s
+        refresher.lifecycle("suspended")
+        time.sleep(0.05)
+    fires.wait(2)
+    assert fires.at[0] - t0 == pytest.approx(0.5, abs=0.25)
+
+
+def test_a_vm_that_migrated_in_makes_its_new_host_register_twice():
+    """The destination registers again ``settle`` seconds after the first refresh (Salt's registry may lose the
+    UUID when the source's registration lands with the destination's); an outgoing migration does not."""
+    fires = Fires()
+    refresher = vmresources.Refresher(fires, quiet=0.1, max_wait=5, settle=0.4)
+    refresher.lifecycle("migrated", {"direction": "in"})
+    refresher.lifecycle("resumed")
+    fires.wait(2)
+    assert fires.at[1] - fires.at[0] >= 0.4
+    time.sleep(0.6)
+    assert len(fires.at) == 2
+    refresher.lifecycle("migrated", {"direction": "out"})
+    refresher.lifecycle("undefined")
+    fires.wait(3)
+    time.sleep(0.6)
+    assert len(fires.at) == 3
+
+
+def test_a_failing_refresh_is_logged_and_the_next_burst_tries_again(caplog):
+    calls = []
+
+    def fire():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the minion's bus is away")
+
+    refresher = vmresources.Refresher(fire, quiet=0.05)
+    refresher.lifecycle("stopped")
+    deadline = time.monotonic() + 10
+    while not calls:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    refresher.lifecycle("started")
+    while len(calls) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert "could not ask the minion to register its VMs again: the minion's bus is away" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("pillar", "key", "expected"),
+    [
+        ({"resources": {"virt_vm": {}}}, None, True),
+        ({"resources": {"dummy": {}}}, None, False),
+        ({}, None, False),
+        ({"resources": ["virt_vm"]}, None, False),  # not a mapping: Salt declares nothing
+        ({"res": {"virt_vm": {}}, "resources": {}}, "res", True),
+    ],
+)
+def test_only_a_minion_whose_pillar_declares_the_type_follows_events(pillar, key, expected):
+    opts = {"pillar": pillar, **({"resource_pillar_key": key} if key else {})}
+    assert vmresources.manages(opts) is expected
+
+
+def lifecycle_fact(typ, detail):
+    return (getattr(libvirt, f"VIR_DOMAIN_EVENT_{typ}"), getattr(libvirt, f"VIR_DOMAIN_EVENT_{typ}_{detail}"))
+
+
+@pytest.mark.parametrize("options", [{}, {"tags": "libvirt_events"}, {"events": ["crashed"]}])
+def test_the_events_watcher_tells_every_lifecycle_event_whatever_it_sends(options):
+    """The engine's watcher hands each lifecycle event to the hook (the Refresher), in Salt's scheme only and with
+    an event filter too; the others (a reboot) are not lifecycle events."""
+    told = []
+    watcher = events.Watcher("hyper1", None, lambda tag, data: None, options, on_lifecycle=lambda *a: told.append(a))
+    who = ("web1", UUID_A, 3)
+    watcher.handle("lifecycle", who, lifecycle_fact("STARTED", "MIGRATED"))
+    watcher.handle("lifecycle", who, lifecycle_fact("UNDEFINED", "REMOVED"))
+    watcher.handle("rebooted", who, ())
+    assert told == [("migrated", {"direction": "in"}), ("undefined", {})]
+
+
+def test_what_changed_while_libvirtd_was_away_is_told_too():
+    told = []
+    opts = {"reconcile": False}  # no reconciled events sent: the registration follows all the same
+    watcher = events.Watcher("hyper1", None, lambda t, d: None, opts, on_lifecycle=lambda *a: told.append(a))
+    watcher.known = {UUID_A: {"name": "a", "state": "running", "id": 1, "persistent": True}}
+    watcher._reconcile({UUID_B: {"name": "b", "state": "shutoff", "id": -1, "persistent": True}})
+    assert told == [("stopped", {}), ("undefined", {}), ("defined", {})]
+
+
+def test_a_failing_hook_does_not_stop_the_events():
+    sent = []
+
+    def hook(*_a):
+        raise RuntimeError("boom")
+
+    watcher = events.Watcher("hyper1", None, lambda t, d: sent.append(t), {}, on_lifecycle=hook)
+    watcher.handle("lifecycle", ("web1", UUID_A, 3), lifecycle_fact("STOPPED", "DESTROYED"))
+    assert sent == ["salt/virt/hyper1/domain/web1/stopped"]
+
+
+def test_nothing_is_fired_while_the_pillar_does_not_declare_the_type_and_it_is_asked_again_later():
+    """An engine process starts before its minion has the pillar: whether the type is declared is asked when a
+    refresh is due (the engine compiles the pillar), and that answer is used for ``recheck`` seconds."""
+    fires, answers = Fires(), [False]
+    asked = []
+
+    def declared():
+        asked.append(1)
+        return answers[0]
+
+    refresher = vmresources.Refresher(fires, quiet=0.05, declared=declared, recheck=0.5)
+    refresher.lifecycle("defined")
+    deadline = time.monotonic() + 10
+    while not asked:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    refresher.lifecycle("started")  # within recheck: the same answer, not asked again
+    time.sleep(0.3)
+    assert fires.at == [] and len(asked) == 1
+    answers[0] = True  # the operator declared it
+    time.sleep(0.5)
+    refresher.lifecycle("stopped")
+    fires.wait(1)
+    assert len(asked) == 2
+
+
+def test_a_declaration_that_cannot_be_read_counts_as_declared(caplog):
+    fires = Fires()
+
+    def declared():
+        raise RuntimeError("the master is away")
+
+    vmresources.Refresher(fires, quiet=0.05, declared=declared).lifecycle("undefined")
+    fires.wait(1)
+    assert "could not tell whether this minion manages virt_vm resources: the master is away" in caplog.text
+
+
+def test_the_watchers_first_session_is_told_too():
+    """The minion's own discovery at its start may have found libvirtd not yet up: reaching it registers again."""
+    told = []
+    watcher = events.Watcher("hyper1", None, lambda t, d: None, {}, on_lifecycle=lambda *a: told.append(a))
+    watcher._reconcile({UUID_A: {"name": "a", "state": "running", "id": 1, "persistent": True}})
+    assert told == [("connected", {})]
+
+
+def test_the_engine_compiles_the_pillar_with_the_master_its_minion_config_names(monkeypatch):
+    """An engine's opts are the minion config from before it resolved its master: completed as Salt's minion
+    completes them (master_uri), then the pillar compiled by the master says whether the type is declared."""
+    import salt.minion
+    import salt.pillar
+
+    seen = {}
+
+    class Compiled:
+        def compile_pillar(self):
+            return seen["pillar"]
+
+        def destroy(self):
+            seen["destroyed"] = True
+
+    def get_pillar(opts, grains, minion_id, pillarenv=None):
+        seen.update(uri=opts["master_uri"], grains=grains, id=minion_id)
+        return Compiled()
+
+    monkeypatch.setattr(salt.minion, "prep_ip_port", lambda opts: {"master": "salt.example"})
+    monkeypatch.setattr(salt.minion, "resolve_dns", lambda opts: {"master_uri": f"tcp://{opts['master']}:4506"})
+    monkeypatch.setattr(salt.pillar, "get_pillar", get_pillar)
+    opts, grains = {"id": "hv1", "master": "salt.example:4506"}, {"os": "Debian"}
+    seen["pillar"] = {"resources": {"virt_vm": {}}}
+    assert vmresources.pillar_declares(opts, grains) is True
+    assert seen == dict(seen, uri="tcp://salt.example:4506", grains=grains, id="hv1", destroyed=True)
+    assert "master_uri" not in opts  # the engine's own copy is left as it was
+    seen["pillar"] = {"resources": {}}
+    assert vmresources.pillar_declares(dict(opts, master_uri="tcp://resolved:4506"), grains) is False
+    assert seen["uri"] == "tcp://resolved:4506"  # already resolved: kept
