@@ -294,7 +294,6 @@ def test_credentials_never_shown_and_never_redirected(tls, tmp_path):
     assert intake.redact("https://u:p@h:1/x?y") == "https://h:1/x?y" and intake.redact("/a@b") == "/a@b"
 
 
-
 def test_a_presigned_urls_token_is_requested_but_never_shown(tls, tmp_path):
     """A presigned URL's query is its credential: the request carries it; the return, the errors and the cache's
     metadata show the URL without it (the old ``redact`` kept the query)."""
@@ -311,6 +310,7 @@ def test_a_presigned_urls_token_is_requested_but_never_shown(tls, tmp_path):
     with pytest.raises(SaltInvocationError) as exc:
         intake.check_source(tls.url("/s.raw") + "?sig=s3cret", ["https://elsewhere.example/"], "minion config")
     assert "is not from a source the operator allows" in str(exc.value) and "s3cret" not in str(exc.value)
+
 
 def test_cached_download_reused_and_refreshed(web, tmp_path):
     cache = str(tmp_path / "cache")
