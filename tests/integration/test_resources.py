@@ -1,18 +1,18 @@
-"""VMs as Salt Resources (``virt_vm``) with a real salt-master and a real hypervisor minion: the master's pillar
-declares the type for ``rshv1``, the minion discovers the VMs its libvirt has and registers them, and
+"""VMs as Salt Resources (``virt_vm``) with a real salt-master and two real hypervisor minions: the master's
+pillar declares the type for ``rshv1`` and ``rshv2``, each discovers the VMs its libvirt has and registers them, and
 ``salt -C 'T@virt_vm:<uuid>' ...`` reaches a VM with no minion inside through its hypervisor. Beside it, a plain
 minion called ``web1`` (what a guest's own minion is often called) keeps its id: a VM resource's id is its UUID.
 
-The hypervisor's libvirt is the test driver over a node file (three VMs: two running, one of them tenant acme's
-made from catalog image debian12, and a stopped one; every job opens it afresh): what is tested here is Salt's
-side (pillar declaration, discovery at start, registration, ``T@`` and compound targeting, the per-resource
-return, the job's target handed to the resource's functions), which is the same over any libvirt; the libvirt
-facts themselves are checked in tests/unit/host/test_vmresources.py and tests/unit/loaders/test_resources_virt_vm.py.
-Not on the session master: a minion with resources changes what ``salt '*'`` waits for (Salt adds every
-registered resource id to a glob's wait list), which other tests there count on.
+Each hypervisor's libvirt is the test driver over a node file (rshv1: three VMs: two running, one of them tenant
+acme's made from catalog image debian12, and a stopped one; rshv2: db2; every job opens it afresh): what is tested
+here is Salt's side (pillar declaration, discovery at start, registration, ``T@`` and compound targeting, the per-
+resource return, the job's target handed to the resource's functions), which is the same over any libvirt; the
+libvirt facts themselves are checked in tests/unit/host/test_vmresources.py and
+tests/unit/loaders/test_resources_virt_vm.py. Not on the session master: a minion with resources changes what ``salt
+'*'`` waits for (Salt adds every registered resource id to a glob's wait list), which other tests there count on.
 
 The master config makes alice (eauth) a member of tenant acme; its ``libvirt`` ext_pillar gives that membership
-to rshv1 (its only hypervisor), whose resources answer alice about acme's VMs only.
+to rshv1 and rshv2 (its hypervisors), whose resources answer alice about acme's VMs only.
 """
 
 import json
@@ -26,6 +26,7 @@ from tests.support.saltd import master_config, presync, start_minion
 WEB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"  # acme's web1
 DB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a002"  # an operator's db1
 OFF = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a003"  # off1, stopped
+DB2 = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a004"  # db2, an operator's, on rshv2
 NODE = f"""<node>
 <cpu><mhz>2400</mhz><active>2</active><max>2</max><nodes>1</nodes><sockets>1</sockets><cores>2</cores>
 <threads>1</threads></cpu><memory>4194304</memory>
@@ -33,10 +34,17 @@ NODE = f"""<node>
 <metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:owner tenant='acme' creator='alice'/><sv:group>web</sv:group>
 <sv:image>debian12</sv:image></sv:vm></metadata><os><type>hvm</type></os></domain>
 <domain type='test'><name>db1</name><uuid>{DB}</uuid><memory unit='MiB'>512</memory><vcpu>2</vcpu>
-<os><type>hvm</type></os></domain>
+<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:group>db</sv:group></sv:vm></metadata><os><type>hvm</type></os></domain>
 <domain type='test' xmlns:test='http://libvirt.org/schemas/domain/test/1.0'><name>off1</name><uuid>{OFF}</uuid>
 <memory unit='MiB'>128</memory><vcpu>1</vcpu><os><type>hvm</type></os><test:runstate>5</test:runstate></domain>
 </node>"""
+NODE2 = f"""<node>
+<cpu><mhz>2400</mhz><active>2</active><max>2</max><nodes>1</nodes><sockets>1</sockets><cores>2</cores>
+<threads>1</threads></cpu><memory>4194304</memory>
+<domain type='test'><name>db2</name><uuid>{DB2}</uuid><memory unit='MiB'>512</memory><vcpu>2</vcpu>
+<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:group>db</sv:group></sv:vm></metadata><os><type>hvm</type></os></domain>
+</node>"""
+VMS = [WEB, DB, OFF, DB2]
 ALICE = ("--eauth", "file", "--username", "alice", "--password", "alice-secret")
 DAVE = ("--eauth", "file", "--username", "dave", "--password", "dave-secret")
 REFUSED = "is for operators, and user alice is not in this minion's virt:operators"
@@ -48,7 +56,7 @@ def rsmaster(salt_factories, state_tree, tmp_path_factory):
     root = tmp_path_factory.mktemp("rs")
     pillar = root / "pillar"
     pillar.mkdir()
-    (pillar / "top.sls").write_text("base:\n  rshv1:\n    - resources\n")
+    (pillar / "top.sls").write_text("base:\n  'rshv[12]':\n    - resources\n")
     (pillar / "resources.sls").write_text("resources:\n  virt_vm: {}\n")  # the operator declares the type
     users = root / "users"
     users.write_text("alice:alice-secret\ndave:dave-secret\n")
@@ -58,7 +66,7 @@ def rsmaster(salt_factories, state_tree, tmp_path_factory):
     acl = {"alice": [".*"], "dave": [{"T@virt_vm": ["test.ping", "grains.*", "virt.*"]}]}
     eauth = {"file": {"^filename": str(users), "^filetype": "text", "^hashtype": "plaintext", **acl}}
     # the tenants, and the libvirt ext_pillar that tells the hypervisors who belongs to which (quick EC keys)
-    virt = {"hypervisors": ["rshv1"], "tenants": {"acme": {"members": ["alice", "dave"]}}}
+    virt = {"hypervisors": ["rshv1", "rshv2"], "tenants": {"acme": {"members": ["alice", "dave"]}}}
     overrides = master_config(
         state_tree,
         pillar_roots={"base": [str(pillar)]},
@@ -73,11 +81,14 @@ def rsmaster(salt_factories, state_tree, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def minions(rsmaster, tmp_path_factory):
-    node = tmp_path_factory.mktemp("rsnode") / "node.xml"
-    node.write_text(NODE)
-    hyper = {"virt": {"connection": {"uri": f"test://{node}"}}, "grains": {"virt_hypervisor": True}}
-    with start_minion(rsmaster, "rshv1", hyper).started(), start_minion(rsmaster, "web1", {}).started():
-        yield
+    hypers = {}
+    for mid, xml in (("rshv1", NODE), ("rshv2", NODE2)):
+        node = tmp_path_factory.mktemp("rsnode") / "node.xml"
+        node.write_text(xml)
+        hypers[mid] = {"virt": {"connection": {"uri": f"test://{node}"}}, "grains": {"virt_hypervisor": True}}
+    with start_minion(rsmaster, "rshv1", hypers["rshv1"]).started():
+        with start_minion(rsmaster, "rshv2", hypers["rshv2"]).started(), start_minion(rsmaster, "web1", {}).started():
+            yield
 
 
 def salt(rsmaster, tgt, *args):
@@ -89,7 +100,7 @@ def registered(rsmaster):
     deadline = time.monotonic() + BOUND
     while True:
         ret = salt(rsmaster, "T@virt_vm", "-C", "test.ping")
-        if ret.returncode == 0 and sorted(ret.data) == sorted([WEB, DB, OFF]):
+        if ret.returncode == 0 and sorted(ret.data) == sorted(VMS):
             return ret
         assert time.monotonic() < deadline, f"virt_vm resources not registered after {BOUND} s: {ret}"
 
@@ -102,7 +113,7 @@ def test_a_vm_is_targeted_through_its_hypervisor(rsmaster, minions):
     assert (grains["name"], grains["hypervisor"], grains["tenant"], grains["group"]) == ("web1", "rshv1", "acme", "web")
     assert (grains["state"], grains["vcpus"], grains["mem_mib"], grains["image"]) == ("running", 1, 256, "debian12")
 
-    assert registered(rsmaster).data == {WEB: True, DB: True, OFF: False}
+    assert registered(rsmaster).data == {WEB: True, DB: True, OFF: False, DB2: True}
     # a selection by what the hypervisor knows, mixed with the type (the grain is the VM's, not a minion's)
     ret = salt(rsmaster, "T@virt_vm and G@tenant:acme", "-C", "grains.get", "name")
     assert ret.returncode == 0 and ret.data == {WEB: "web1"}, ret
@@ -113,10 +124,18 @@ def test_a_guest_minion_and_its_vm_resource_keep_their_own_ids(rsmaster, minions
     ret = salt(rsmaster, "web1", "test.ping")  # the minion called web1, not the VM of that name
     assert ret.returncode == 0 and json.loads(ret.stdout) == {"web1": True}, ret
     ret = salt(rsmaster, "*", "test.ping")  # Salt adds the registered resources to a glob
-    assert ret.returncode == 0 and ret.data == {"rshv1": True, "web1": True, WEB: True, DB: True, OFF: False}, ret
+    assert ret.returncode == 0 and ret.data == {
+        "rshv1": True,
+        "rshv2": True,
+        "web1": True,
+        WEB: True,
+        DB: True,
+        OFF: False,
+        DB2: True,
+    }, ret
     # ... to every glob with a wildcard: a function the type does not have fails on each VM (documented)
     ret = salt(rsmaster, "rshv*", "test.version")
-    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB, OFF]), ret
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", "rshv2", *VMS]), ret
     assert "is not supported for resource type 'virt_vm'" in str(ret.data[WEB]), ret
 
 
@@ -125,9 +144,9 @@ def test_a_tenants_eauth_user_gets_answers_about_its_own_tenants_vms_only(rsmast
     gate's one wording; cmd.run is refused on her own VM too (operators only, and off here)."""
     registered(rsmaster)
     ret = salt(rsmaster, "T@virt_vm", "-C", *ALICE, "grains.get", "tenant")
-    assert ret.returncode != 0 and sorted(ret.data) == sorted([WEB, DB, OFF]), ret
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(VMS), ret
     assert ret.data[WEB] == "acme", ret
-    for vm in (DB, OFF):  # the operator's
+    for vm in (DB, OFF, DB2):  # the operator's
         assert REFUSED in str(ret.data[vm]) and "acme" not in str(ret.data[vm]), ret
     ret = salt(rsmaster, f"T@virt_vm:{WEB}", "-C", *ALICE, "test.ping")
     assert ret.returncode == 0 and ret.data == {WEB: True}, ret
@@ -147,8 +166,9 @@ def test_a_resource_scoped_acl_keeps_a_tenants_user_off_the_minions(rsmaster, mi
 
 
 def test_a_fleet_operation_acts_on_the_vms_the_same_selection_targets(rsmaster, minions):
-    """``salt-run virt.stop select=`` picks from rshv1's signed answer the VMs ``salt -C`` reaches with the same
-    expression, and stops exactly those (the node file is read afresh by every job: what it stopped is not kept)."""
+    """``salt-run virt.stop select=`` picks from the hypervisors' signed answers the VMs ``salt -C`` reaches with the
+    same expression, and stops exactly those, on one hypervisor or across both (the node file is read afresh by
+    every job: what it stopped is not kept)."""
     registered(rsmaster)
     expr = "T@virt_vm and G@group:web and G@tenant:acme"
     assert sorted(salt(rsmaster, expr, "-C", "test.ping").data) == [WEB]
@@ -162,6 +182,15 @@ def test_a_fleet_operation_acts_on_the_vms_the_same_selection_targets(rsmaster, 
     assert sorted(salt(rsmaster, by_image, "-C", "test.ping").data) == [WEB]
     listed = run("virt.stop", f"select={by_image}", "test=True")
     assert listed.returncode == 0 and [v["uuid"] for v in listed.data["selected"]] == [WEB], listed
+    # across both hypervisors: the operator's db VMs, one on each, and nothing else
+    both = "T@virt_vm and G@group:db"
+    assert sorted(salt(rsmaster, both, "-C", "test.ping").data) == sorted([DB, DB2])
+    ret = run("virt.stop", f"select={both}")
+    assert ret.returncode == 0, ret
+    assert ret.data["results"] == {
+        DB: {"name": "db1", "host": "rshv1", "result": True},
+        DB2: {"name": "db2", "host": "rshv2", "result": True},
+    }, ret
     ret = run("virt.stop", "select=E@web.*")
     assert ret.returncode != 0 and "E@ matches minions, not VMs" in ret.data["error"], ret
 
@@ -180,8 +209,8 @@ def test_power_through_a_vm_resource_and_never_through_a_job_aimed_at_hypervisor
     ret = salt(rsmaster, "T@virt_vm and G@name:db1", "-C", "virt.stop")
     assert ret.returncode == 0 and ret.data == {DB: True}, ret
     ret = salt(rsmaster, "rshv*", "virt.stop")  # the hypervisor's virt.stop, with its name forgotten
-    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", WEB, DB, OFF]), ret
-    for vm in (WEB, DB, OFF):
+    assert ret.returncode != 0 and sorted(ret.data) == sorted(["rshv1", "rshv2", *VMS]), ret
+    for vm in VMS:
         assert "virt.stop acts on a VM resource only in a job whose target names VM resources" in str(ret.data[vm])
     ret = salt(rsmaster, f"T@virt_vm:{OFF}", "-C", "virt.start")
     assert ret.returncode != 0, ret

@@ -2,7 +2,8 @@
 namespaced lab hypervisors with shared storage (tests/support/fleetlab.py) whose minions run the ``virt_events``
 engine, the master's pillar declaring ``resources: {virt_vm: {}}`` for both, and one small TCG guest (the test
 guest, no minion inside). No minion is restarted: the VM shows up as a resource when it is created, moves to its
-new hypervisor with a live migration and drops out when it is purged, each through the engine's
+new hypervisor with a live migration, is forced off there through its resource (a start through it is refused:
+no lock manager declared; the runner starts it) and drops out when it is purged, each through the engine's
 ``resource_refresh`` on the minion's own bus (docs/topics/resources.md, "Registration follows the VMs").
 
     hv20  creates the VM (the source of the migration)
@@ -109,7 +110,21 @@ def matches_nothing(master, tgt):
     return ret if ret.returncode != 0 and not ret.data else None
 
 
-def test_a_vm_resource_follows_creation_migration_and_purge(rrmaster, local, lab_hvs, minions, store, guest):
+def libvirt_active(uri, name):
+    conn = libvirt.open(uri)
+    try:
+        return bool(conn.lookupByName(name).isActive())
+    finally:
+        conn.close()
+
+
+def state_is(master, uuid, state):
+    """True once the grains the master holds for the resource (registration) say ``state``, else None."""
+    ret = salt(master, f"T@virt_vm and G@state:{state}", "test.ping")
+    return True if ret.returncode in (0, 1) and uuid in (ret.data or {}) else None
+
+
+def test_a_vm_resource_follows_creation_migration_power_and_purge(rrmaster, local, lab_hvs, minions, store, guest):
     pids = {mid: factory.pid for mid, factory in minions.items()}
     assert matches_nothing(rrmaster, "T@virt_vm"), "no VM yet, no resource"
 
@@ -132,6 +147,20 @@ def test_a_vm_resource_follows_creation_migration_and_purge(rrmaster, local, lab
     # the UUID is the destination's only: once, in the selection of the whole type
     every = salt(rrmaster, "T@virt_vm", "test.ping")
     assert every.returncode == 0 and every.data == {uuid: True}, every
+
+    # power through the resource, no minion in the guest: off on its new host, its state grain follows; a start
+    # through it is refused (hv24's minion config declares no lock manager: a second copy could start), the
+    # runner's start (which asks every hypervisor first) starts it, and the resource answers again
+    ret = salt(rrmaster, f"T@virt_vm:{uuid}", "virt.force_off")
+    assert ret.returncode == 0 and ret.data[uuid]["state"] == "shutoff", ret
+    assert not libvirt_active(lab_hvs[DST].uri, NAME)
+    until(f"{NAME}'s state grain after force_off", lambda: state_is(rrmaster, uuid, "shutoff"))
+    ret = salt(rrmaster, f"T@virt_vm:{uuid}", "virt.start")
+    assert ret.returncode != 0 and f"salt-run virt.start {NAME}" in str(ret.data[uuid]), ret
+    assert not libvirt_active(lab_hvs[DST].uri, NAME)
+    ret = run(rrmaster, "virt.start", NAME)
+    assert ret.returncode == 0, ret
+    until(f"{NAME} running again on {DST}", lambda: answers_from(rrmaster, uuid, DST))
 
     t0 = time.monotonic()
     ret = run(rrmaster, "virt.purge", NAME)
