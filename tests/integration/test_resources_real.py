@@ -1,9 +1,9 @@
 """VMs as Salt Resources (``virt_vm``) following the VMs' lifecycle, on real daemons: a master of its own, two
 namespaced lab hypervisors with shared storage (tests/support/fleetlab.py) whose minions run the ``virt_events``
-engine, the master's pillar declaring ``resources: {virt_vm: {}}`` for both, and one small TCG guest (the test
-guest, no minion inside). No minion is restarted: the VM shows up as a resource when it is created, moves to its
-new hypervisor with a live migration, is forced off there through its resource (a start through it is refused:
-no lock manager declared; the runner starts it) and drops out when it is purged, each through the engine's
+engine, the master's pillar declaring ``resources: {virt_vm: {}}`` for both, and one small TCG guest (the test guest
+with its guest agent, no minion inside). No minion is restarted: the VM shows up as a resource when it is created,
+moves to its new hypervisor with a live migration, is forced off there through its resource (a start through it is
+refused: no lock manager declared; the runner starts it) and drops out when it is purged, each through the engine's
 ``resource_refresh`` on the minion's own bus (docs/topics/resources.md, "Registration follows the VMs").
 
     hv20  creates the VM (the source of the migration)
@@ -128,7 +128,7 @@ def test_a_vm_resource_follows_creation_migration_power_and_purge(rrmaster, loca
     pids = {mid: factory.pid for mid, factory in minions.items()}
     assert matches_nothing(rrmaster, "T@virt_vm"), "no VM yet, no resource"
 
-    shared_vm(local, store, guest, SRC, NAME)
+    shared_vm(local, store, guest, SRC, NAME, initrd="initrd_qga")  # test.ping: running, its agent answers
     t0 = time.monotonic()
     conn = libvirt.open(lab_hvs[SRC].uri)
     try:

@@ -130,14 +130,15 @@ def beats_on(hv, name, before):
     assert "GUEST-BOOT-OK" not in console(hv, name)[before:]
 
 
-def shared_vm(local, store, guest, host, name, mem=128):
-    """Define and start ``name`` on ``host``: its disk an overlay of the store's golden image, on the store."""
+def shared_vm(local, store, guest, host, name, mem=128, initrd="initrd"):
+    """Define and start ``name`` on ``host``: its disk an overlay of the store's golden image, on the store
+    (``initrd="initrd_qga"``: the test guest with its guest agent running)."""
     disk = store / f"{name}.qcow2"
     subprocess.run(
         ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(store / "golden.qcow2"), str(disk)],
         check=True,
     )
-    boot = guest_boot(guest)
+    boot = guest_boot(guest, initrd=initrd)
     ok(
         local,
         host,
