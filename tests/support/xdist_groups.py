@@ -61,7 +61,7 @@ COST = {
     "tests/integration/test_lockspace.py": 30,
     "tests/integration/test_resources.py": 45,  # its own master and three minions (52 s alone at load ~20)
     # 98 s with -n0 (2026-11-30, load falling from 70 to 15: another run's bench beside it); 158 s at load ~95
-    "tests/integration/test_resources_real.py": 120,  # one qemu-ga guest, a migration, a restart (98 s before the power steps)
+    "tests/integration/test_resources_real.py": 120,  # + the power steps (a restart of the guest)
 }
 
 
