@@ -161,7 +161,8 @@ def test_a_job_that_is_not_the_virt_runners_or_not_a_job_id_is_refused(fleet):
     call, _conns, runner = fleet
     running(runner, JID, "alice", fun="runner.jobs.list_jobs")
     assert call("alice", "virt.job", JID)["data"]["error"] == f"no virt runner job {JID} of user alice"
-    assert call("alice", "virt.job", "../../etc/passwd")["data"]["error"] == "'../../etc/passwd' is not a job id (20 digits)"
+    refused = call("alice", "virt.job", "../../etc/passwd")["data"]["error"]
+    assert refused == "'../../etc/passwd' is not a job id (20 digits)"
 
 
 def test_a_minion_named_like_the_master_makes_job_answers_untrusted(fleet):
