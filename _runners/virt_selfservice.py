@@ -34,7 +34,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
 if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.fleet import callers, publish, tenants
-    from saltvirt.fleet import catalog as images
+    from saltvirt.fleet import catalog as _catalog
     from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -88,7 +88,7 @@ def catalog():
     """
     try:
         who = _who()
-        entries = images.config(__opts__)
+        entries = _catalog.config(__opts__)
         if who.operator:
             conf = {"images": sorted(entries), "profiles": ["default"], "networks": [], "pools": []}
             conf["hypervisors"] = ["*"]
