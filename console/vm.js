@@ -20,7 +20,7 @@ function liveSoon() {
 }
 
 async function liveTick() {
-  if (document.hidden || !state.session || page.busy) return;
+  if (document.hidden || !state.session || page.busy || (state.view === "usage" && !page.name)) return; // quotas: console.js's own timer
   const fast = Date.now() < page.fastUntil || jobs.list.some((j) => j.state === "running");
   if (Date.now() - page.last < (fast ? LIVE_FAST_MS : LIVE_SLOW_MS) - 500) return;
   page.busy = true;
@@ -31,6 +31,23 @@ async function liveTick() {
   } finally {
     page.busy = false;
   }
+}
+
+// console.js's views re-render only when what they show changed: a refresh every few seconds must not replace
+// the rows under the user's pointer (a click on a button being replaced is lost)
+const drawn = {};
+
+function onlyWhenChanged(name, render, key) {
+  return function (...args) {
+    const now = JSON.stringify([key(), ...args]);
+    if (drawn[name] === now) return;
+    drawn[name] = now;
+    render(...args);
+  };
+}
+
+function forgetDrawn() {
+  for (const name of Object.keys(drawn)) delete drawn[name];
 }
 
 // the page -------------------------------------------------------------------------------------------
@@ -145,7 +162,7 @@ async function loadSnapshots() {
       }),
     );
   } catch (e) {
-    if (name === page.name) note(`virt.snapshots: ${e.message}`, true);
+    if (name === page.name) unavailable("vm-snapshots", `virt.snapshots: ${e.message}`);
   }
 }
 
@@ -165,8 +182,15 @@ async function loadBackups() {
       }),
     );
   } catch (e) {
-    if (name === page.name) note(`virt.backups: ${e.message}`, true);
+    if (name === page.name) unavailable("vm-backups", `virt.backups: ${e.message}`); // e.g. no backup directory
   }
+}
+
+// a list the runner could not give: its error as the table's one row
+function unavailable(id, text) {
+  const td = el("td", text, "error");
+  td.colSpan = $(id).tHead.rows[0].cells.length;
+  $(id).tBodies[0].replaceChildren(row([td]));
 }
 
 function button(label, fun, onclick) {
@@ -249,6 +273,9 @@ function restore(id) {
 
 // wiring -------------------------------------------------------------------------------------------------
 document.addEventListener("DOMContentLoaded", () => {
+  renderVms = onlyWhenChanged("vms", renderVms, () => [state.vms, state.sort, $("filter").value]);
+  renderHosts = onlyWhenChanged("hosts", renderHosts, () => state.hosts);
+  renderUsage = onlyWhenChanged("usage", renderUsage, () => null);
   // the VM list: a VM's name opens its page (event delegation: the rows are re-rendered by console.js)
   $("vms").tBodies[0].addEventListener("click", (ev) => {
     const td = ev.target.closest("td[data-key='name']");
@@ -268,10 +295,12 @@ document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", () => {
     closeVm();
     clearJobs();
+    forgetDrawn(); // logout() emptied the tables: the next answer is drawn whatever it is
   });
   $("logout").addEventListener("click", () => {
     closeVm();
     clearJobs();
+    forgetDrawn();
   });
   document.addEventListener("visibilitychange", () => {
     page.last = 0; // back in view: refresh at once
