@@ -98,15 +98,17 @@ function elapsed(ms) {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
 }
 
+// one line per job, kept and updated in place (its running time ticks every second)
 function renderJobs() {
   const box = $("jobs");
   box.replaceChildren(
     ...jobs.list.map((j) => {
-      const li = el("li", null, `job-${j.state}`);
+      const li = j.li || (j.li = el("li"));
+      li.className = `job-${j.state}`;
       li.dataset.jid = j.jid;
       li.dataset.state = j.state;
       const took = elapsed((j.ended || Date.now()) - j.since);
-      li.textContent = `${j.label}: ${j.state === "running" ? "running" : j.state} ${took}${j.text && j.text !== "done" ? " — " + j.text : ""}`;
+      li.textContent = `${j.label}: ${j.state} ${took}${j.text && j.text !== "done" ? " — " + j.text : ""}`;
       return li;
     }),
   );

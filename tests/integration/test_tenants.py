@@ -541,6 +541,28 @@ def test_console_purge_asks_first(cloud, chrome):
     assert victim not in libvirt_vms(cloud)
 
 
+def last_job(driver):
+    """``(state, text)`` of the newest line of the jobs list, read at once (its text ticks every second)."""
+    return tuple(
+        driver.execute_script(
+            "const li = document.querySelector('#jobs li'); return li ? [li.dataset.state, li.textContent] : [null, '']"
+        )
+    )
+
+
+def click(driver, css):
+    """Click what ``css`` finds, again if a refresh replaced it between finding and clicking (a row of the list
+    is redrawn when its VM changes)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(5):
+        try:
+            return driver.find_element(browser.CSS, css).click()
+        except StaleElementReferenceException:
+            continue
+    return driver.find_element(browser.CSS, css).click()
+
+
 def snapshots(cloud, host, name):
     conn = libvirt.open(cloud["hvs"][host].uri)
     try:
@@ -569,17 +591,12 @@ def test_console_a_tenant_creates_a_vm_from_the_catalog_snapshots_and_stops_it(c
     chrome.find_element(browser.ID, "new-seed").click()  # the blank test image has nothing to seed
     chrome.save_screenshot(str(tmp_path / "console-create.png"))
     chrome.find_element(browser.ID, "new-submit").click()
-    browser.wait(chrome, lambda d: d.find_elements(browser.CSS, "#jobs li[data-state]"), message="no job listed")
-    job = chrome.find_element(browser.CSS, "#jobs li").text
+    browser.wait(chrome, lambda d: last_job(d)[0], message="no job listed")
+    _, job = last_job(chrome)
     assert job.startswith(f"virt.init {vm}: "), job
-    browser.wait(
-        chrome,
-        lambda d: d.find_element(browser.CSS, "#jobs li").get_attribute("data-state") != "running",
-        timeout=600,
-        message="virt.init still running",
-    )
+    browser.wait(chrome, lambda d: last_job(d)[0] != "running", timeout=600, message="virt.init still running")
     result = chrome.find_element(browser.ID, "new-result").text
-    assert chrome.find_element(browser.CSS, "#jobs li").get_attribute("data-state") == "done", result
+    assert last_job(chrome)[0] == "done", (last_job(chrome), result)
     assert f"virt.init {vm}: " in result and '"host": "thv' in result, result
     host = libvirt_vms(cloud)[vm]["host"]
     assert libvirt_vms(cloud)[vm]["tenant"] == "beta" and active(cloud, host, vm)
@@ -587,7 +604,7 @@ def test_console_a_tenant_creates_a_vm_from_the_catalog_snapshots_and_stops_it(c
     assert table(chrome)[vm]["host"] == host
     chrome.save_screenshot(str(tmp_path / "console-created.png"))
     # its page
-    chrome.find_element(browser.CSS, f"#vms tr[data-vm='{vm}'] td[data-key='name']").click()
+    click(chrome, f"#vms tr[data-vm='{vm}'] td[data-key='name']")
     browser.wait(chrome, lambda d: d.find_element(browser.ID, "vm-facts").get_attribute("data-state") == "running")
     assert chrome.find_element(browser.ID, "vm-title").text == vm
     facts = chrome.find_element(browser.ID, "vm-facts").text
