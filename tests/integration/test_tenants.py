@@ -487,6 +487,7 @@ def test_console_a_tenant_sees_its_vms_only_and_starts_and_stops_one(cloud, chro
     tenants = [t.get_attribute("data-tenant") for t in chrome.find_elements(browser.CSS, "#usage .tenant")]
     assert tenants == ["acme"]
     assert "3 of 3" in chrome.find_element(browser.ID, "usage").text  # a1 2 vCPUs + a2 1 of acme's 3
+    chrome.save_screenshot(str(tmp_path / "console-quota.png"))
     chrome.find_element(browser.ID, "logout").click()
     browser.wait(chrome, lambda d: d.find_element(browser.ID, "login-form").is_displayed())
     assert chrome.execute_script("return sessionStorage.length") == 0
