@@ -36,7 +36,15 @@ EXAMPLES = [
     "salt-virt/pillar.example",
 ]
 # the web console (docs/topics/console.md): static files salt-api serves from saltvirt/data/console/
-CONSOLE = ["console/index.html", "console/console.js", "console/console.css"]
+CONSOLE = [
+    "console/index.html",
+    "console/console.js",
+    "console/console.css",
+    "console/jobs.js",
+    "console/create.js",
+    "console/vm.js",
+    "console/views.css",
+]
 
 
 def version():

@@ -505,16 +505,9 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None,
         validate.vm_name(name)
         who = _who()
         with _client() as client:
-            cfg = _cfg(tgt, tgt_type)
-            where, _hosts = _where(who, name, host, cfg, client)
-            tenant = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
-            ans, jid = publish.call(__opts__, where, fun, [name, *args], None, cfg, None, client, tenant=tenant)
+            where, ans = tenants.act(__opts__, who, name, fun, args, host, _cfg(tgt, tgt_type), client)
     except SaltException as exc:
         return _failed(exc)
-    if ans["status"] != "up":
-        return _failed(
-            publish.Failed(f"{fun} {name} on {where}: {ans['status']}: {ans.get('error')}", host=where, jid=jid)
-        )
     return _out({"name": name, "host": where, "result": ans["ret"]})
 
 

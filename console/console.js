@@ -210,6 +210,7 @@ function renderVms() {
       for (const [fun, label] of [
         ["virt.start", "Start"],
         ["virt.stop", "Stop"],
+        ["virt.reboot", "Reboot"],
         ["virt.force_off", "Force off"],
         ["virt.purge", "Purge"],
       ]) {

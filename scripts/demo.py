@@ -4,6 +4,9 @@ By default it ends like the tutorial: ``salt-run virt.init demo1 ...`` with a De
 carries salt-minion (built by scripts/setup.sh), then ``salt demo1 test.ping`` answers True with the key
 the master pre-accepted, and the time from the runner call to that first True is printed.
 ``--quick`` uses the tiny busybox guest instead (no minion in it: it prints what seeding wrote).
+It ends with the web console (docs/topics/console.md): salt-api serves it, a generated password for the
+user ``demo`` is in a 0600 file whose path is printed (never the password), and the console's URL.
+``--keep`` keeps the directory and leaves everything running (the VM too) until Ctrl-C.
 
 Every step is the real command a user would type (shown as `$ ...`); nothing is simulated. The
 hypervisor is a libvirtd in its own network/mount namespaces (tests/support/lab.py) so the demo never
@@ -14,6 +17,7 @@ import argparse
 import json
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import socket
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -51,6 +56,8 @@ class Demo:
         self.conf = self.base / "etc"
         self.fabric = self.hv = None
         self.pids = []
+        self.api_port = free_port()
+        self.password_file = self.base / "console-password"
 
     def salt(self, tool, *args, check=True, quiet=False, timeout=300):
         cmd = [str(VENV_BIN / tool), "-c", str(self.conf), *args]
@@ -88,6 +95,7 @@ class Demo:
             on_demand_ext_pillar=[],
             # who the hypervisors are (minion ids, never grains); where new VMs' minions find this master
             virt={"hypervisors": ["hyper1"], "guest_master": self.master_ip or "127.0.0.1"},
+            **self.console_config(),
         )
         if (ROOT / "_pillar" / "libvirt.py").exists():
             master["ext_pillar"] = [{"libvirt": {}}]
@@ -109,6 +117,59 @@ class Demo:
         self.conf.mkdir()
         (self.conf / "master").write_text(json.dumps(master, indent=1))
         (self.conf / "minion").write_text(json.dumps(minion, indent=1))
+
+    def console_config(self):
+        """salt-api with the web console as docs/topics/console.md sets it up (plain http on loopback: a demo),
+        and ``file`` eauth for the user ``demo`` with a generated password in 0600 files (no virt:tenants here:
+        every caller is an operator)."""
+        password = secrets.token_urlsafe(18)
+        users = self.base / "eauth-users"
+        for path, text in ((users, f"demo:{password}\n"), (self.password_file, password + "\n")):
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+                fh.write(text)
+        return {
+            "rest_cherrypy": {
+                "port": self.api_port,
+                "host": "127.0.0.1",
+                "disable_ssl": True,
+                "app": str(ROOT / "console" / "index.html"),
+                "app_path": "/console",
+                "static": str(ROOT / "console"),
+                "static_path": "/console-static",
+            },
+            "netapi_enable_clients": ["runner", "runner_async"],
+            "external_auth": {
+                "file": {"^filename": str(users), "^filetype": "text", "demo": [{"@runner": ["virt.*"]}]}
+            },
+        }
+
+    def console(self):
+        """The console answers (HTTP 200) and the demo user logs in with its password and calls the runner."""
+        url = f"http://127.0.0.1:{self.api_port}"
+
+        def request(path, body=None, token=None):
+            headers = {"Accept": "application/json", "Content-Type": "application/json"}
+            if token:
+                headers["X-Auth-Token"] = token
+            data = None if body is None else json.dumps(body).encode()
+            with urllib.request.urlopen(urllib.request.Request(url + path, data, headers), timeout=60) as resp:
+                return resp.status, resp.read()
+
+        def answers():
+            try:
+                return request("/console")[0] == 200
+            except OSError:
+                return False
+
+        self.wait("salt-api", answers, timeout=60)
+        creds = {"username": "demo", "password": self.password_file.read_text().strip(), "eauth": "file"}
+        token = json.loads(request("/login", creds)[1])["return"][0]["token"]
+        who = json.loads(request("/", [{"client": "runner", "fun": "virt.whoami"}], token)[1])["return"][0]
+        print(f"GET /console: 200; POST /login as demo: a token; virt.whoami through salt-api: {who['user']}")
+        say(f"the web console: {url}/console")
+        print(f"user demo, its password in {self.password_file} (mode 0600)")
+        if not self.keep:
+            print("(removed at the end of the demo: ./setup-and-demo --keep leaves it running to open it)")
 
     def start_daemon(self, tool):
         proc = subprocess.Popen(
@@ -142,6 +203,7 @@ class Demo:
         say("salt-master and the hypervisor minion 'hyper1'")
         self.start_daemon("salt-master")
         self.start_daemon("salt-minion")
+        self.start_daemon("salt-api")  # the web console; ready by the end of the demo
         self.wait(
             "the minion's key", lambda: "hyper1" in self.salt("salt-key", "-l", "un", quiet=True, check=False).stdout
         )
@@ -162,8 +224,15 @@ class Demo:
 
         say("query the fleet")
         self.salt("salt-run", "virt.query")
-        self.salt("salt-run", "virt.purge", "demo1")
+        if not self.keep:
+            self.salt("salt-run", "virt.purge", "demo1")
+        self.console()
         print(f"\ndemo finished in {time.monotonic() - t0:.1f}s")
+        if self.keep:
+            print("--keep: the master, the hypervisor, demo1 and the console run on; Ctrl-C stops them", flush=True)
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            while True:
+                time.sleep(3600)
 
     def busybox_vm(self):
         say("create a VM: placed, image cached, overlay-cloned, seeded with a pre-accepted key, started")
@@ -234,12 +303,16 @@ class Demo:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--keep", action="store_true", help="keep the demo directory (configs, logs)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the demo directory, leave it running (the console too) until Ctrl-C"
+    )
     parser.add_argument("--quick", action="store_true", help="the tiny busybox guest instead of Debian + salt-minion")
     args = parser.parse_args()
     demo = Demo(keep=args.keep, quick=args.quick)
     try:
         demo.run()
+    except KeyboardInterrupt:
+        print()
     finally:
         demo.cleanup()
 

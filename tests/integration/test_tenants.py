@@ -351,6 +351,24 @@ def test_a_tenants_migration_is_placed_as_virt_init_places_a_vm(cloud):
     assert libvirt_vms(cloud)["a1"]["host"] == "thv1"
 
 
+def test_a_runner_async_job_is_followed_by_its_caller_only(cloud):
+    """The console's long work: salt-api's runner_async starts the job, virt.job answers its state and answer
+    to the user Salt authenticated for it only (the master's running-job file, then its job cache)."""
+    status, started = cloud["api"].client("alice").run({"client": "runner_async", "fun": "virt.usage", "kwarg": {}})
+    assert status == 200 and re.fullmatch(r"\d{20}", started["jid"]), started
+    alice, bob = login(cloud, "alice"), login(cloud, "bob")
+    unknown = f"no virt runner job {started['jid']} of user bob"
+    states = []
+    for _ in range(300):
+        ans = alice.runner("virt.job", jid=started["jid"])
+        states.append(ans["state"])
+        assert bob.runner("virt.job", jid=started["jid"]) == {"error": unknown, "retcode": 1}
+        if ans["state"] == "finished":
+            break
+    assert ans["fun"] == "virt.usage" and ans["success"] is True, ans
+    assert sorted(ans["return"]) == ["acme"], ans  # alice's own tenant, as virt.usage answers her
+
+
 # the web console (docs/topics/console.md) in a real headless Chromium --------------------------------------
 # These run last, on the VMs the tests above left: acme a1, a2 (thv1); beta four VMs c*.
 @pytest.fixture
@@ -469,6 +487,7 @@ def test_console_a_tenant_sees_its_vms_only_and_starts_and_stops_one(cloud, chro
     tenants = [t.get_attribute("data-tenant") for t in chrome.find_elements(browser.CSS, "#usage .tenant")]
     assert tenants == ["acme"]
     assert "3 of 3" in chrome.find_element(browser.ID, "usage").text  # a1 2 vCPUs + a2 1 of acme's 3
+    chrome.save_screenshot(str(tmp_path / "console-quota.png"))
     chrome.find_element(browser.ID, "logout").click()
     browser.wait(chrome, lambda d: d.find_element(browser.ID, "login-form").is_displayed())
     assert chrome.execute_script("return sessionStorage.length") == 0
@@ -523,6 +542,108 @@ def test_console_purge_asks_first(cloud, chrome):
     assert victim not in libvirt_vms(cloud)
 
 
+def last_job(driver):
+    """``(state, text)`` of the newest line of the jobs list, read at once (its text ticks every second)."""
+    return tuple(
+        driver.execute_script(
+            "const li = document.querySelector('#jobs li'); return li ? [li.dataset.state, li.textContent] : [null, '']"
+        )
+    )
+
+
+def click(driver, css):
+    """Click what ``css`` finds, again if a refresh replaced it between finding and clicking (a row of the list
+    is redrawn when its VM changes)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(5):
+        try:
+            return driver.find_element(browser.CSS, css).click()
+        except StaleElementReferenceException:
+            continue
+    return driver.find_element(browser.CSS, css).click()
+
+
+def snapshots(cloud, host, name):
+    conn = libvirt.open(cloud["hvs"][host].uri)
+    try:
+        return sorted(conn.lookupByName(name).snapshotListNames(0))
+    finally:
+        conn.close()
+
+
+def test_console_a_tenant_creates_a_vm_from_the_catalog_snapshots_and_stops_it(cloud, chrome, tmp_path):
+    """bob (beta: 3 of 4 vCPUs after the purge above) creates b9 with the form: the runner_async job of
+    virt.init, followed with virt.job; b9 runs (no address: the blank test image boots nothing), its page
+    shows its disk and NIC, a snapshot is taken (a runner_async job too) and it is stopped; a1 (acme's)
+    cannot be opened. The operator then sees both tenants' VMs. Screenshots of each view in tmp_path."""
+    vm = "b9"
+    console_login(chrome, cloud, "bob")
+    theirs = sorted(n for n, v in libvirt_vms(cloud).items() if v["tenant"] == "acme")
+    assert theirs and not set(theirs) & set(table(chrome))
+    chrome.find_element(browser.CSS, "#create summary").click()
+    browser.wait(chrome, lambda d: d.find_elements(browser.CSS, "#new-image option"))
+    images = [o.get_attribute("value") for o in chrome.find_elements(browser.CSS, "#new-image option")]
+    assert images == ["tiny", "other"], images  # beta's catalog images, nothing else
+    chrome.find_element(browser.ID, "new-name").send_keys(vm)
+    mem = chrome.find_element(browser.ID, "new-mem")
+    mem.clear()
+    mem.send_keys("64")
+    chrome.find_element(browser.ID, "new-seed").click()  # the blank test image has nothing to seed
+    chrome.save_screenshot(str(tmp_path / "console-create.png"))
+    chrome.find_element(browser.ID, "new-submit").click()
+    browser.wait(chrome, lambda d: last_job(d)[0], message="no job listed")
+    _, job = last_job(chrome)
+    assert job.startswith(f"virt.init {vm}: "), job
+    browser.wait(chrome, lambda d: last_job(d)[0] != "running", timeout=600, message="virt.init still running")
+    result = chrome.find_element(browser.ID, "new-result").text
+    assert last_job(chrome)[0] == "done", (last_job(chrome), result)
+    assert f"virt.init {vm}: " in result and '"host": "thv' in result, result
+    host = libvirt_vms(cloud)[vm]["host"]
+    assert libvirt_vms(cloud)[vm]["tenant"] == "beta" and active(cloud, host, vm)
+    wait_state(chrome, vm, "running")  # the list refreshed itself
+    assert table(chrome)[vm]["host"] == host
+    chrome.save_screenshot(str(tmp_path / "console-created.png"))
+    # its page
+    click(chrome, f"#vms tr[data-vm='{vm}'] td[data-key='name']")
+    browser.wait(chrome, lambda d: d.find_element(browser.ID, "vm-facts").get_attribute("data-state") == "running")
+    assert chrome.find_element(browser.ID, "vm-title").text == vm
+    facts = chrome.find_element(browser.ID, "vm-facts").text
+    assert f"Host {host}" in facts and "Tenant beta" in facts, facts
+    assert chrome.find_elements(browser.CSS, "#vm-disks tbody tr"), "no disk listed"
+    chrome.find_element(browser.ID, "snapshot-name").send_keys("before")
+    chrome.find_element(browser.ID, "snapshot-take").click()
+    browser.wait(
+        chrome,
+        lambda d: d.find_elements(browser.CSS, "#vm-snapshots tr[data-snapshot='before']"),
+        timeout=300,
+        message="the snapshot is not listed",
+    )
+    assert snapshots(cloud, host, vm) == ["before"]
+    chrome.find_element(browser.CSS, "#vm-actions button[data-action='virt.stop']").click()
+    browser.wait(
+        chrome,
+        lambda d: d.find_element(browser.ID, "vm-facts").get_attribute("data-state") == "shutoff",
+        timeout=300,
+        message=f"{vm} not shown shut off",
+    )
+    assert not active(cloud, host, vm)
+    log = chrome.find_element(browser.ID, "vm-log").text
+    assert "virt.snapshot: done" in log and "virt.stop: done" in log and "running → shutoff" in log, log
+    chrome.save_screenshot(str(tmp_path / "console-vm.png"))
+    # another tenant's VM has no page for bob: the runner answers as for a VM that does not exist
+    chrome.execute_script("openVm(arguments[0])", theirs[0])
+    denied = f"no VM named {theirs[0]} in tenant beta"
+    browser.wait(chrome, lambda d: denied in d.find_element(browser.ID, "vm-log").text)
+    assert chrome.find_elements(browser.CSS, "#vm-disks tbody tr") == []
+    # the operator sees both tenants' VMs
+    chrome.find_element(browser.ID, "logout").click()
+    console_login(chrome, cloud, "carol")
+    seen = table(chrome)
+    assert seen[vm]["tenant"] == "beta" and {seen[n]["tenant"] for n in theirs} == {"acme"}, seen
+    chrome.save_screenshot(str(tmp_path / "console-operator-both.png"))
+
+
 def test_console_another_sites_page_cannot_use_the_login(cloud, chrome, tmp_path):
     """salt-api (3008.5) answers every Origin with Access-Control-Allow-Origin: <that origin> and
     Allow-Credentials: true, so a page of another site (here another port of the same host: same-site,
@@ -552,7 +673,8 @@ def test_console_files_and_answers_carry_no_secret(cloud):
     """What the browser receives: the app's files (no cookie set, nothing of the users or the master) and
     the runner answers it shows (no password, no key)."""
     secrets = [*USERS.values(), "PRIVATE KEY", "passwd"]
-    for path in ("/console", "/console-static/console.js", "/console-static/console.css"):
+    static = ("console.js", "console.css", "jobs.js", "create.js", "vm.js", "views.css")
+    for path in ("/console", *(f"/console-static/{name}" for name in static)):
         req = urllib.request.Request(cloud["url"] + path, headers={"Accept": "text/html,*/*"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             body = resp.read().decode()
@@ -560,6 +682,6 @@ def test_console_files_and_answers_carry_no_secret(cloud):
         assert body and not [s for s in secrets if s in body], path
     for user in ("alice", "carol"):
         session = login(cloud, user)
-        for fun in ("virt.whoami", "virt.query", "virt.usage"):
+        for fun in ("virt.whoami", "virt.query", "virt.usage", "virt.catalog"):
             answer = str(session.runner(fun))
             assert not [s for s in secrets if s in answer], (user, fun)

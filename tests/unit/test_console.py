@@ -30,6 +30,35 @@ def test_every_request_leaves_cookies_out():
     assert "document.cookie" not in js and "localStorage" not in js  # the token: sessionStorage only
 
 
+VIEWS = ("jobs.js", "create.js", "vm.js")  # the create form, the jobs list, one VM's page and the live updates
+
+
+def test_the_views_render_text_and_send_through_console_js_only():
+    """The views' scripts render with textContent (el()) and call salt-api through console.js's post() only
+    (its credentials: "omit"): no request, storage or event stream of their own (never salt-api's /events,
+    which streams every tenant's jobs to any token: docs/topics/console.md)."""
+    for name in VIEWS:
+        js = (CONSOLE / name).read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in js, (name, sink)
+        for own in ("fetch(", "XMLHttpRequest", "EventSource", "WebSocket", "/events", "Storage", "document.cookie"):
+            assert own not in js, (name, own)
+        assert "password" not in js.lower(), name
+        assert f'<script src="/console-static/{name}" defer></script>' in (CONSOLE / "index.html").read_text()
+
+
+def test_long_work_is_a_runner_async_job_followed_with_virt_job():
+    """Create, snapshot, backup and restore go through runAsync (jobs.js: runner_async, then virt.job, the
+    runner that answers only the caller's own job); lifecycle actions and lists are runner calls."""
+    jobs = (CONSOLE / "jobs.js").read_text()
+    assert 'client: "runner_async"' in jobs and 'runner("virt.job"' in jobs
+    vm = (CONSOLE / "vm.js").read_text()
+    create = (CONSOLE / "create.js").read_text()
+    assert 'runAsync("virt.init"' in create
+    for fun in ("virt.snapshot", "virt.backup", "virt.restore"):
+        assert f'longAct("{fun}"' in vm, fun
+
+
 def test_the_page_has_a_strict_csp_and_nothing_inline():
     html = (CONSOLE / "index.html").read_text()
     (csp,) = re.findall(r'http-equiv="Content-Security-Policy"\s+content="([^"]+)"', html)

@@ -43,7 +43,15 @@ REACTOR = "Reactor"  # salt.utils.reactor's user for the runner jobs of reactor 
 
 
 # one function of each runner file that shares the virtualname ``virt`` (a test checks every file has one)
-RUNNER_FACES = ("virt.init", "virt.whoami", "virt.migrate", "virt.record", "virt.provision_assigned", "virt.backup")
+RUNNER_FACES = (
+    "virt.init",
+    "virt.whoami",
+    "virt.migrate",
+    "virt.record",
+    "virt.provision_assigned",
+    "virt.backup",
+    "virt.catalog",
+)
 
 
 def job_user(*scopes: Mapping[str, Any]) -> str | None:

@@ -281,6 +281,21 @@ def where(
     return locate(seen, name, caller, host), hosts
 
 
+def act(
+    opts: SaltOpts, caller: Caller, name: str, fun: str, args: Any, host: str | None, cfg: Data, client: Any
+) -> tuple[str, Data]:
+    """``(hypervisor, its signed answer)`` of ``fun`` run on VM ``name`` for ``caller``: the hypervisor found with
+    :func:`where`, then ``fun(name, *args)`` there. A tenant caller's call names its tenant, so that the hypervisor
+    itself refuses it unless the VM's recorded owner is that tenant (``virt.answer``). Raises
+    :class:`saltvirt.fleet.publish.Failed` when the hypervisor did not answer."""
+    host_of, _hosts = where(opts, caller, name, host, cfg, client)
+    tenant_name = None if caller.operator else caller.tenant
+    ans, jid = publish.call(opts, host_of, fun, [name, *args], None, cfg, None, client, tenant=tenant_name)
+    if ans["status"] != "up":
+        raise publish.Failed(f"{fun} {name} on {host_of}: {ans['status']}: {ans.get('error')}", host=host_of, jid=jid)
+    return host_of, ans
+
+
 def missing(name: str, caller: Caller) -> str:
     """The one wording for a VM a tenant caller does not own (or that does not exist)."""
     return tenancy.missing(name, caller.tenant)
@@ -298,5 +313,6 @@ def operator_only(caller: Caller, fun: str) -> None:
         raise SaltInvocationError(
             f"{fun} is for operators: user {caller.user} is a member of tenant {caller.tenant} "
             "(tenants use virt.init, virt.query, virt.list, virt.vm_info, virt.start/stop/..., virt.purge, "
-            "virt.update, virt.migrate, virt.usage, virt.backup and virt.restore)"
+            "virt.update, virt.migrate, virt.usage, virt.backup, virt.restore, virt.catalog, virt.snapshots, "
+            "virt.snapshot, virt.revert_snapshot, virt.delete_snapshot, virt.backups and virt.job)"
         )
