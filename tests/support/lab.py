@@ -290,6 +290,62 @@ class Hypervisor:
         """Run a command inside this hypervisor's namespaces (network + mounts)."""
         return run(["nsenter", "-t", str(self.pid), "-n", "-m", "-u", "--"] + list(cmd), check=check)
 
+    @contextlib.contextmanager
+    def forward(self, port):
+        """``127.0.0.1:port`` of the root namespace forwarded to ``127.0.0.1:port`` in this hypervisor's network
+        namespace, while the context lasts: how a browser on this machine reaches a VM's VNC websocket (it
+        listens on the hypervisor's 127.0.0.1, as on a real host before ``graphics:listen`` opens it)."""
+        import ctypes
+        import socket
+        import threading
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        ns_fd = os.open(f"/var/run/netns/{self.netns}", os.O_RDONLY)
+
+        def pump(src, dst):
+            with contextlib.suppress(OSError):
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        def serve(client):
+            if libc.setns(ns_fd, 0x40000000):  # CLONE_NEWNET, this thread only
+                client.close()
+                return
+            try:
+                inner = socket.create_connection(("127.0.0.1", port), timeout=30)
+            except OSError:
+                client.close()
+                return
+            inner.settimeout(None)
+            threading.Thread(target=pump, args=(inner, client), daemon=True).start()
+            pump(client, inner)
+
+        listener = socket.create_server(("127.0.0.1", port))
+        listener.settimeout(0.5)
+        done = threading.Event()
+
+        def accept():
+            while not done.is_set():
+                try:
+                    client, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                client.settimeout(None)
+                threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            done.set()
+            listener.close()
+            os.close(ns_fd)
+
     def stop(self):
         try:
             import libvirt

@@ -51,8 +51,12 @@ AFFECT_LIVE = 1  # libvirt.VIR_DOMAIN_AFFECT_LIVE
 GRAPHICS_INITIALIZE = 1  # libvirt.VIR_DOMAIN_EVENT_GRAPHICS_INITIALIZE: a client passed authentication
 EVENT_ID_GRAPHICS = 5  # libvirt.VIR_DOMAIN_EVENT_ID_GRAPHICS
 NO_CONSOLE = (
-    "{name} has no VNC console with a websocket while it runs: give it one (salt-run virt.update {name} "
-    "enable_vnc=True, then start it) or start it"
+    "{name} has no VNC console with a websocket while it runs: start it, or give it one (salt-run virt.update "
+    "{name} enable_vnc=True) and start it again"
+)
+NO_PASSWORD_AUTH = (
+    "{name}'s VNC console started without password authentication (defined by an older salt-virt): an operator "
+    "gives it a new one (virt.update {name} graphics=none, then enable_vnc=True) and restarts it"
 )
 NO_ENGINE = (
     "the virt_console engine is not running on this hypervisor: a console ticket would not be one-time "
@@ -109,19 +113,20 @@ def _utc(when: float) -> str:
     return datetime.datetime.fromtimestamp(int(when), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def set_password(dom: Any, password: str, valid_until: float) -> Data:
-    """Set the running VM's VNC password, valid until ``valid_until`` (epoch); its console's facts
-    ``{listen, websocket}``. Raises CommandExecutionError (never with the password) when it has none."""
+def set_password(dom: Any, password: str, valid_until: float) -> int:
+    """Set the running VM's VNC password, valid until ``valid_until`` (epoch); its websocket port. Raises
+    CommandExecutionError (never with the password) when it has no such console."""
     live = domxml.vnc_websocket(read(dom.XMLDesc(0))) if dom.isActive() else None
     if live is None:
         raise CommandExecutionError(NO_CONSOLE.format(name=dom.name()))
-    with lv_errors(f"setting the console password of {dom.name()}"):
-        dom.updateDeviceFlags(domxml.graphics_password(live, password, _utc(valid_until)), AFFECT_LIVE)
-    listen = live.find("listen")
-    return {
-        "listen": (listen.get("address") if listen is not None else None) or live.get("listen"),
-        "websocket": int(live.get("websocket") or 0),
-    }
+    try:
+        with lv_errors(f"setting the console password of {dom.name()}"):
+            dom.updateDeviceFlags(domxml.graphics_password(live, password, _utc(valid_until)), AFFECT_LIVE)
+    except CommandExecutionError as exc:
+        if "Could not set password" in str(exc):  # QEMU: its VNC started without password authentication
+            raise CommandExecutionError(NO_PASSWORD_AUTH.format(name=dom.name())) from None
+        raise
+    return int(live.get("websocket") or 0)
 
 
 def rotate(dom: Any) -> None:
@@ -131,8 +136,8 @@ def rotate(dom: Any) -> None:
 
 
 def issue(conn: Conn, name: str, pubkey: Any, conf: Data, alive: str | None) -> Data:
-    """A ticket to VM ``name``'s console for the holder of ``pubkey``: ``{vm, host, port, tls, path,
-    valid_until, password}``, the password encrypted to ``pubkey`` (:func:`seal_for`). ``alive``: the
+    """A ticket to VM ``name``'s console for the holder of ``pubkey``: ``{vm, host, port, tls, valid_until,
+    password}``, the password encrypted to ``pubkey`` (:func:`seal_for`). ``alive``: the
     engine's heartbeat file (None: not checked, for tests)."""
     key = browser_key(pubkey)
     if alive is not None and not fresh(alive):
@@ -140,11 +145,11 @@ def issue(conn: Conn, name: str, pubkey: Any, conf: Data, alive: str | None) -> 
     dom = get_domain(conn, name)
     password = new_password()
     valid_until = int(time.time()) + conf["lifetime"]
-    facts = set_password(dom, password, valid_until)
+    port = set_password(dom, password, valid_until)
     return {
         "vm": name,
         "host": conf["address"],
-        "port": facts["websocket"],
+        "port": port,
         "tls": conf["tls"],
         "valid_until": valid_until,
         "password": seal_for(key, password),

@@ -7,6 +7,7 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 """
 
 import os
+import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterable, Mapping
 
@@ -319,7 +320,10 @@ def graphics(g: Graphics) -> ET.Element:
         port=g.port,
         autoport="yes" if g.port in (-1, None) else "no",
         listen=g.listen,
-        passwd=g.password,
+        # a console reachable over websocket never opens without a password: unless one is given, a random one
+        # nobody is told (QEMU starts with password authentication only when the XML has one; the web
+        # console's tickets then set theirs: saltvirt.host.vncticket)
+        passwd=g.password if g.password or g.websocket is None else secrets.token_urlsafe(6),  # 8: all VNC reads
         websocket=g.websocket,
     )
     _sub(el, "listen", type="address", address=g.listen)

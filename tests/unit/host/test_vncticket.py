@@ -129,6 +129,26 @@ def test_no_ticket_without_a_running_websocket_console_or_without_the_engine(con
         vncticket.issue(conn, "web1", pub, CONF, alive)
 
 
+class QemuRefusal(libvirt.libvirtError):
+    def get_error_message(self):
+        return "internal error: unable to execute QEMU command 'set_password': Could not set password"
+
+
+def test_a_console_without_password_authentication_is_named_with_the_way_out(conn, browser):
+    """QEMU checks passwords only on a console that started with one (older salt-virt VNC consoles have none)."""
+
+    def refuse(_xml, _flags):
+        raise QemuRefusal("set_password")
+
+    conn.lookupByName("web1").updateDeviceFlags = refuse
+    with pytest.raises(CommandExecutionError) as exc:
+        vncticket.issue(conn, "web1", browser[1], CONF, None)
+    assert str(exc.value) == (
+        "web1's VNC console started without password authentication (defined by an older salt-virt): an operator "
+        "gives it a new one (virt.update web1 graphics=none, then enable_vnc=True) and restarts it"
+    )
+
+
 def test_the_engine_spends_the_password_when_a_client_authenticates(conn, tmp_path):
     """:func:`vncticket._serve` (the engine's loop) on a graphics ``initialize`` event: a new password nobody
     was told, already expired. A client that only connected (not yet authenticated) or left queues nothing."""

@@ -29,7 +29,7 @@ def test_xml_escapes_and_round_trips():
     assert (facts["cpu"], facts["mem"], facts["type"]) == (2, 1024, "qemu")
     assert facts["disks"][0]["file"] == "/v/vm-1/system.qcow2"
     assert facts["graphics"] == [
-        {"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": False, "websocket": -1}
+        {"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": True, "websocket": -1}
     ]
     assert facts["serial_log"] == "/var/log/libvirt/qemu/vm-1-serial.log"
 
@@ -304,6 +304,13 @@ def test_a_vnc_console_gets_a_websocket_on_a_free_port_and_spice_none():
     assert spice.find("devices/graphics").get("websocket") is None
     assert domxml.parse(spice)["graphics"][0]["websocket"] is None
     assert domxml.vnc_websocket(vnc) is None  # -1: not running, no port yet
+    # never without a password (QEMU would then start it without password authentication): a random one unless
+    # one is given
+    again = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    assert len(g.get("passwd")) == 8 and again.find("devices/graphics").get("passwd") != g.get("passwd")
+    given = spec.build("n", 1, 64, disk=None, images_dir="/v", graphics={"type": "vnc", "password": "mine"})
+    assert domxml.read(domxml.build(given)).find("devices/graphics").get("passwd") == "mine"
+    assert spice.find("devices/graphics").get("passwd") is None
 
 
 def test_the_live_websocket_console_and_its_password_change():
