@@ -117,12 +117,14 @@ class Hypervisor:
         lockspace=None,
         qemu_tls=False,
         etc_pki=None,
+        extra_qemu_conf="",
     ):
         self.index = index
         # a directory shown as /etc/pki inside the namespaces (libvirtd's default TLS paths, which a formula's
         # libvirtd.conf names: crl_file "/etc/pki/CA/cacrl.pem"); the host's /etc is not touched
         self.etc_pki = etc_pki
         self.qemu_tls = qemu_tls  # QEMU's own TLS (migration streams) from <tls_dir>/qemu: virt.keys qemu: True
+        self.extra_qemu_conf = extra_qemu_conf  # more qemu.conf lines (vnc_tls, ...)
         self.lockspace = lockspace  # a directory: libvirt's lock manager (virtlockd) keeps disk leases there
         self.fabric = fabric
         self.hostname = hostname or f"hv{index}"
@@ -182,6 +184,7 @@ class Hypervisor:
                 fh.write(f'default_tls_x509_cert_dir = "{self.tls_dir}/qemu"\n')
             if self.lockspace:  # every disk leased in the shared lockspace: QEMU never opens one held elsewhere
                 fh.write('lock_manager = "lockd"\n')
+            fh.write(self.extra_qemu_conf)
         if self.lockspace:
             with open(self.path("etc", "qemu-lockd.conf"), "w") as fh:
                 fh.write("auto_disk_leases = 1\nrequire_lease_for_disks = 1\n")

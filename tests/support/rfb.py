@@ -40,12 +40,13 @@ def _des_response(password, challenge):
     return enc.update(challenge) + enc.finalize()
 
 
-def login(url, password, timeout=30):
-    """Open ``url`` (``ws://host:port/``) and authenticate with ``password``; returns the desktop's name, or
-    raises :class:`Refused` (or the connection's own error)."""
+def login(url, password, timeout=30, sslopt=None):
+    """Open ``url`` (``ws://host:port/``; ``wss://`` with ``sslopt`` as websocket-client takes it, e.g.
+    ``{"ca_certs": path}``) and authenticate with ``password``; returns the desktop's name, or raises
+    :class:`Refused` (or the connection's own error)."""
     import websocket
 
-    ws = websocket.create_connection(url, timeout=timeout, subprotocols=["binary"])
+    ws = websocket.create_connection(url, timeout=timeout, subprotocols=["binary"], sslopt=sslopt)
     try:
         s = _Stream(ws)
         version = s.read(12)
