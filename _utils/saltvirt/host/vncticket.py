@@ -50,13 +50,11 @@ HEARTBEAT_STALE = 45  # ... and virt.console refuses when it is older than this
 AFFECT_LIVE = 1  # libvirt.VIR_DOMAIN_AFFECT_LIVE
 GRAPHICS_INITIALIZE = 1  # libvirt.VIR_DOMAIN_EVENT_GRAPHICS_INITIALIZE: a client passed authentication
 EVENT_ID_GRAPHICS = 5  # libvirt.VIR_DOMAIN_EVENT_ID_GRAPHICS
-NO_CONSOLE = (
-    "{name} has no VNC console with a websocket while it runs: start it, or give it one (salt-run virt.update "
-    "{name} enable_vnc=True) and start it again"
-)
-NO_PASSWORD_AUTH = (
-    "{name}'s VNC console started without password authentication (defined by an older salt-virt): an operator "
-    "gives it a new one (virt.update {name} graphics=none, then enable_vnc=True) and restarts it"
+NOT_RUNNING = "{name} is not running: start it to open its console"
+NO_CONSOLE = "{name} has no VNC console: give it one (salt-run virt.update {name} enable_vnc=True) and restart it"
+OLD_CONSOLE = (
+    "{name}'s VNC console {why} (defined by an older salt-virt): an operator gives it a new one "
+    "(virt.update {name} graphics=none, then enable_vnc=True) and restarts it"
 )
 NO_ENGINE = (
     "the virt_console engine is not running on this hypervisor: a console ticket would not be one-time "
@@ -116,15 +114,22 @@ def _utc(when: float) -> str:
 def set_password(dom: Any, password: str, valid_until: float) -> int:
     """Set the running VM's VNC password, valid until ``valid_until`` (epoch); its websocket port. Raises
     CommandExecutionError (never with the password) when it has no such console."""
-    live = domxml.vnc_websocket(read(dom.XMLDesc(0))) if dom.isActive() else None
+    name = dom.name()
+    if not dom.isActive():
+        raise CommandExecutionError(NOT_RUNNING.format(name=name))
+    root = read(dom.XMLDesc(0))
+    live = domxml.vnc_websocket(root)
     if live is None:
-        raise CommandExecutionError(NO_CONSOLE.format(name=dom.name()))
+        if any(g["type"] == "vnc" for g in domxml.parse(root)["graphics"]):
+            raise CommandExecutionError(OLD_CONSOLE.format(name=name, why="has no websocket"))
+        raise CommandExecutionError(NO_CONSOLE.format(name=name))
     try:
-        with lv_errors(f"setting the console password of {dom.name()}"):
+        with lv_errors(f"setting the console password of {name}"):
             dom.updateDeviceFlags(domxml.graphics_password(live, password, _utc(valid_until)), AFFECT_LIVE)
     except CommandExecutionError as exc:
         if "Could not set password" in str(exc):  # QEMU: its VNC started without password authentication
-            raise CommandExecutionError(NO_PASSWORD_AUTH.format(name=dom.name())) from None
+            why = "started without password authentication"
+            raise CommandExecutionError(OLD_CONSOLE.format(name=name, why=why)) from None
         raise
     return int(live.get("websocket") or 0)
 

@@ -114,8 +114,15 @@ def test_a_pem_key_works_too_and_weak_or_foreign_keys_are_refused(conn, browser)
 
 def test_no_ticket_without_a_running_websocket_console_or_without_the_engine(conn, browser, tmp_path):
     _, pub = browser
-    with pytest.raises(CommandExecutionError, match="off1 has no VNC console with a websocket while it runs"):
+    with pytest.raises(CommandExecutionError, match="^off1 is not running: start it to open its console$"):
         vncticket.issue(conn, "off1", pub, CONF, None)
+    conn.conn.createXML(VM.format(name="plain1").replace(" websocket='-1'", ""), 0)  # an older salt-virt's console
+    with pytest.raises(CommandExecutionError, match="^plain1's VNC console has no websocket \\(defined by an older"):
+        vncticket.issue(conn, "plain1", pub, CONF, None)
+    no_vnc = "<domain type='test'><name>bare1</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    conn.conn.createXML(no_vnc, 0)
+    with pytest.raises(CommandExecutionError, match="^bare1 has no VNC console: give it one \\(salt-run virt.update"):
+        vncticket.issue(conn, "bare1", pub, CONF, None)
     with pytest.raises(CommandExecutionError, match="'nosuch' is not defined"):
         vncticket.issue(conn, "nosuch", pub, CONF, None)
     alive = str(tmp_path / "saltvirt" / "virt_console.alive")
