@@ -40,11 +40,21 @@ CONSOLE = [
     "console/index.html",
     "console/console.js",
     "console/console.css",
+    "console/vnc.js",
     "console/jobs.js",
     "console/create.js",
     "console/vm.js",
     "console/views.css",
 ]
+# whole trees copied with it: the vendored noVNC client (its licence files included)
+CONSOLE_TREES = ["console/vendor/novnc"]
+
+
+def tree_files(top):
+    """The files under ``top`` (relative to the checkout), sorted."""
+    return sorted(
+        os.path.relpath(os.path.join(d, f), HERE) for d, _, files in os.walk(os.path.join(HERE, top)) for f in files
+    )
 
 
 def version():
@@ -63,7 +73,7 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         dest = os.path.join(self.build_lib, "saltvirt", "data")
-        for name in EXAMPLES + CONSOLE:
+        for name in EXAMPLES + CONSOLE + [f for top in CONSOLE_TREES for f in tree_files(top)]:
             self.mkpath(os.path.dirname(os.path.join(dest, name)))
             self.copy_file(os.path.join(HERE, name), os.path.join(dest, name))
 

@@ -1,7 +1,8 @@
 """
 Execution module ``virt`` (continued): Salt's remaining per-VM functions — ``create_xml_str`` /
 ``create_xml_path`` (transient VMs), ``ctrl_alt_del``, ``get_loader`` — and the statistics
-``vm_cputime``, ``vm_netstats``, ``vm_diskstats`` (``saltvirt.host.stats``).
+``vm_cputime``, ``vm_netstats``, ``vm_diskstats`` (``saltvirt.host.stats``), and ``console``: a one-time
+ticket to a running VM's VNC websocket for the web console (``saltvirt.host.vncticket``).
 """
 
 import os
@@ -28,12 +29,15 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import lifecycle as _lifecycle
     from saltvirt.host import stats as _stats
+    from saltvirt.host import vncticket as _vncticket
     from saltvirt.xml import domxml as _domxml
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
-    from saltvirt.base.salttypes import SaltFunctions
+    from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
 
     __salt__: SaltFunctions
+    __opts__: SaltOpts
+    __grains__: SaltGrains
 
 __virtualname__ = "virt"
 
@@ -140,6 +144,23 @@ def vm_stats_sample(connection=None):
     """
     with _conn(connection) as conn:
         return _stats.sample(conn)
+
+
+def console(name, pubkey, connection=None, **kwargs):
+    """
+    A one-time ticket to running VM ``name``'s VNC console over websocket, for the holder of ``pubkey`` (the
+    browser's ephemeral RSA-OAEP public key, SPKI base64): ``{vm, host, port, tls, valid_until, password}``,
+    the password (fresh, random, set on the live console until ``valid_until``) encrypted to ``pubkey``. The
+    ``virt_console`` engine spends it at its first use. Where the websocket is reached and whether it is TLS:
+    ``virt:console`` in the minion config (docs/topics/console.md). Tenants ask through ``salt-run
+    virt.console``.
+
+    CLI Example:: salt 'hyper1' virt.console web1 pubkey=MIIBIjANBgkqh...
+    """
+    conf = _vncticket.settings(_c.salt_config(__salt__), __grains__)
+    alive = _vncticket.heartbeat_path(__opts__["cachedir"])
+    with _conn(connection, kwargs, "virt.console") as conn:
+        return _vncticket.issue(conn, name, pubkey, conf, alive)
 
 
 if saltvirt is not None:  # last: every public function above refuses non-operators

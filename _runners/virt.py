@@ -680,6 +680,19 @@ def resume(name=None, host=None, tgt=None, tgt_type=None, select=None, test=Fals
     return _action(name, "virt.resume", host, tgt, tgt_type, select=select, test=test)
 
 
+def console(name, pubkey, host=None, tgt=None, tgt_type=None):
+    """
+    A one-time ticket to running VM ``name``'s VNC console (the web console's noVNC): its hypervisor sets
+    a fresh password valid for ``virt:console:lifetime`` seconds and spent at its first use, and answers
+    ``{vm, host, port, tls, valid_until, password}`` with the password encrypted to ``pubkey`` (the caller's
+    ephemeral RSA-OAEP public key, SPKI base64), so neither this job nor the event bus carries it in clear.
+    A tenant member gets tickets to its tenant's VMs only; docs/topics/console.md.
+
+    CLI Example:: salt-run virt.console web1 pubkey=MIIBIjANBgkqh...
+    """
+    return _action(name, "virt.console", host, tgt, tgt_type, args=(pubkey,))
+
+
 def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=None):
     """
     Power off and undefine a VM and delete the disks salt-virt created for it (see the module's

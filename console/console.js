@@ -11,6 +11,7 @@ const KEY = "saltvirt.console";
 const API = "/";
 const REFRESH_MS = 30000;
 
+const rowHooks = []; // more buttons per VM row: (actions cell, vm) => void (vnc.js adds "Console")
 const state = { session: null, whoami: null, vms: [], hosts: [], sort: { key: "name", dir: 1 }, view: "vms" };
 
 function $(id) {
@@ -220,6 +221,7 @@ function renderVms() {
         b.addEventListener("click", () => act(fun, vm));
         actions.append(b);
       }
+      for (const hook of rowHooks) hook(actions, vm);
       tr.append(actions);
       return tr;
     }),

@@ -117,12 +117,14 @@ class Hypervisor:
         lockspace=None,
         qemu_tls=False,
         etc_pki=None,
+        extra_qemu_conf="",
     ):
         self.index = index
         # a directory shown as /etc/pki inside the namespaces (libvirtd's default TLS paths, which a formula's
         # libvirtd.conf names: crl_file "/etc/pki/CA/cacrl.pem"); the host's /etc is not touched
         self.etc_pki = etc_pki
         self.qemu_tls = qemu_tls  # QEMU's own TLS (migration streams) from <tls_dir>/qemu: virt.keys qemu: True
+        self.extra_qemu_conf = extra_qemu_conf  # more qemu.conf lines (vnc_tls, ...)
         self.lockspace = lockspace  # a directory: libvirt's lock manager (virtlockd) keeps disk leases there
         self.fabric = fabric
         self.hostname = hostname or f"hv{index}"
@@ -182,6 +184,7 @@ class Hypervisor:
                 fh.write(f'default_tls_x509_cert_dir = "{self.tls_dir}/qemu"\n')
             if self.lockspace:  # every disk leased in the shared lockspace: QEMU never opens one held elsewhere
                 fh.write('lock_manager = "lockd"\n')
+            fh.write(self.extra_qemu_conf)
         if self.lockspace:
             with open(self.path("etc", "qemu-lockd.conf"), "w") as fh:
                 fh.write("auto_disk_leases = 1\nrequire_lease_for_disks = 1\n")
@@ -289,6 +292,62 @@ class Hypervisor:
     def ns_run(self, cmd, check=True):
         """Run a command inside this hypervisor's namespaces (network + mounts)."""
         return run(["nsenter", "-t", str(self.pid), "-n", "-m", "-u", "--"] + list(cmd), check=check)
+
+    @contextlib.contextmanager
+    def forward(self, port):
+        """``127.0.0.1:port`` of the root namespace forwarded to ``127.0.0.1:port`` in this hypervisor's network
+        namespace, while the context lasts: how a browser on this machine reaches a VM's VNC websocket (it
+        listens on the hypervisor's 127.0.0.1, as on a real host before ``graphics:listen`` opens it)."""
+        import ctypes
+        import socket
+        import threading
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        ns_fd = os.open(f"/var/run/netns/{self.netns}", os.O_RDONLY)
+
+        def pump(src, dst):
+            with contextlib.suppress(OSError):
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        def serve(client):
+            if libc.setns(ns_fd, 0x40000000):  # CLONE_NEWNET, this thread only
+                client.close()
+                return
+            try:
+                inner = socket.create_connection(("127.0.0.1", port), timeout=30)
+            except OSError:
+                client.close()
+                return
+            inner.settimeout(None)
+            threading.Thread(target=pump, args=(inner, client), daemon=True).start()
+            pump(client, inner)
+
+        listener = socket.create_server(("127.0.0.1", port))
+        listener.settimeout(0.5)
+        done = threading.Event()
+
+        def accept():
+            while not done.is_set():
+                try:
+                    client, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                client.settimeout(None)
+                threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            done.set()
+            listener.close()
+            os.close(ns_fd)
 
     def stop(self):
         try:

@@ -10,7 +10,7 @@ CONSOLE = ROOT / "console"
 
 
 def test_data_is_never_rendered_as_markup():
-    js = (CONSOLE / "console.js").read_text()
+    js = "".join(p.read_text() for p in [CONSOLE / "console.js", CONSOLE / "vnc.js", *CONSOLE.glob("vendor/**/*.js")])
     for sink in (
         "innerHTML",
         "outerHTML",
@@ -64,6 +64,7 @@ def test_the_page_has_a_strict_csp_and_nothing_inline():
     (csp,) = re.findall(r'http-equiv="Content-Security-Policy"\s+content="([^"]+)"', html)
     rules = dict(r.strip().split(" ", 1) for r in csp.split(";"))
     assert rules["default-src"] == "'none'" and rules["script-src"] == "'self'" and rules["style-src"] == "'self'"
+    assert rules["connect-src"] == "'self' wss: ws:"  # salt-api, and the VM consoles' websockets (vnc.js)
     assert "unsafe" not in csp
     assert re.findall(r"<script(?![^>]*\bsrc=)", html) == [] and "<style" not in html and " style=" not in html
     assert re.findall(r"\son\w+=", html) == []  # no inline event handlers
@@ -74,3 +75,28 @@ def test_the_page_has_a_strict_csp_and_nothing_inline():
     )
     docs = (ROOT / "docs" / "topics" / "console.md").read_text()
     assert "app_path: /console\n" in docs and "static_path: /console-static\n" in docs
+
+
+def test_the_vnc_client_is_vendored_whole_with_its_licence_and_keeps_no_secret():
+    """vnc.js imports noVNC's RFB from console/vendor/novnc; every module that imports is there (no build step),
+    the MPL-2.0 text and Debian's copyright file with it. The ticket's key pair cannot be exported and the
+    password is neither stored nor sent anywhere but to noVNC."""
+    vendor = CONSOLE / "vendor" / "novnc"
+    assert (vendor / "LICENSE.MPL-2.0").read_text().startswith("Mozilla Public License Version 2.0")
+    assert "License: MPL-2.0" in (vendor / "COPYRIGHT").read_text()
+    todo, seen = [CONSOLE / "vnc.js"], set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        assert path.is_file(), path
+        for dep in re.findall(r"""(?:import|export)[^'"]*?from\s+['"]([^'"]+)['"]""", path.read_text()):
+            todo.append((path.parent / dep).resolve())
+    assert vendor / "core" / "rfb.js" in seen
+    assert sorted(p for p in vendor.rglob("*.js")) == sorted(p for p in seen if p.is_relative_to(vendor))
+    js = (CONSOLE / "vnc.js").read_text()
+    assert "fetch(" not in js and "Storage" not in js and "document.cookie" not in js
+    assert re.search(r"generateKey\(\s*\{[^}]*RSA-OAEP[^}]*\},\s*false,", js)  # not extractable
+    html = (CONSOLE / "index.html").read_text()
+    assert '<script src="/console-static/vnc.js" type="module"></script>' in html

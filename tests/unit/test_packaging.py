@@ -96,15 +96,22 @@ def test_the_sdist_carries_every_example_the_wheel_ships():
 
 
 def test_the_wheel_and_sdist_carry_the_whole_console():
-    """Every file of console/ is in setup.py's CONSOLE (copied into saltvirt/data/console/) and in MANIFEST.in."""
+    """Every file of console/ is in setup.py's CONSOLE or under one of its CONSOLE_TREES (copied into
+    saltvirt/data/console/) and in MANIFEST.in (a file by name, a tree by graft)."""
     tree = ast.parse((ROOT / "setup.py").read_text())
-    console = next(
-        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONSOLE"
-    )
+    names = {
+        n.targets[0].id: ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and n.targets[0].id in ("CONSOLE", "CONSOLE_TREES")
+    }
+    console, trees = names["CONSOLE"], names["CONSOLE_TREES"]
     files = [p.relative_to(ROOT).as_posix() for p in (ROOT / "console").rglob("*") if p.is_file()]
-    assert sorted(console) == sorted(files) and "console/index.html" in files
+    loose = [f for f in files if not any(f.startswith(t + "/") for t in trees)]
+    assert sorted(console) == sorted(loose) and "console/index.html" in files
+    assert "console/vendor/novnc/core/rfb.js" in files and "console/vendor/novnc/LICENSE.MPL-2.0" in files
     manifest = (ROOT / "MANIFEST.in").read_text().split()
     assert [f for f in console if f not in manifest] == []
+    assert [t for t in trees if f"graft {t}" not in " ".join(manifest)] == []
 
 
 def test_the_master_side_imports_without_libvirt():

@@ -83,6 +83,8 @@ class Graphics:
     listen: str = "127.0.0.1"
     port: int = -1  # -1 = autoport
     password: str | None = None
+    # QEMU's VNC over websocket (the web console's noVNC, docs/topics/console.md): -1 = a free port; None: none
+    websocket: int | None = None
 
 
 @dataclass
@@ -496,6 +498,7 @@ def build(
             listen=_graphics_listen(params.get("listen", "127.0.0.1")),
             port=_graphics_port(params.get("port", -1)),
             password=params.get("password"),
+            websocket=-1 if params["type"] == "vnc" else None,  # where it listens: the VNC's listen address
         )
 
     boot_obj = None

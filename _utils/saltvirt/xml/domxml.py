@@ -7,6 +7,7 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 """
 
 import os
+import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterable, Mapping
 
@@ -322,7 +323,11 @@ def graphics(g: Graphics) -> ET.Element:
         port=g.port,
         autoport="yes" if g.port in (-1, None) else "no",
         listen=g.listen,
-        passwd=g.password,
+        # a console reachable over websocket never opens without a password: unless one is given, a random one
+        # nobody is told (QEMU starts with password authentication only when the XML has one; the web
+        # console's tickets then set theirs: saltvirt.host.vncticket)
+        passwd=g.password if g.password or g.websocket is None else secrets.token_urlsafe(6),  # 8: all VNC reads
+        websocket=g.websocket,
     )
     _sub(el, "listen", type="address", address=g.listen)
     return el
@@ -550,6 +555,7 @@ def parse(xml: str | ET.Element) -> Data:
                 "autoport": g.get("autoport") == "yes",
                 "listen": listen,
                 "password": bool(g.get("passwd")),
+                "websocket": _int(g.get("websocket"), 0) or None,  # -1: a free port when it starts
             }
         )
     os_el = root.find("os")
@@ -680,3 +686,24 @@ def parse_for_compare(xml: str | ET.Element) -> Data:
     for g, pw in zip(facts["graphics"], passwds, strict=True):
         g["passwd"] = pw
     return facts
+
+
+# the web console's VNC over websocket (saltvirt.host.vncticket): the reader of the live element, the builder
+# of its password change
+def vnc_websocket(root: ET.Element) -> ET.Element | None:
+    """The running VM's first ``<graphics type='vnc'>`` with a websocket port libvirt gave it, or None."""
+    for g in root.findall("devices/graphics"):
+        if g.get("type") == "vnc" and _int(g.get("websocket"), -1) > 0:
+            return g
+    return None
+
+
+def graphics_password(live: ET.Element, password: str, valid_to: str) -> str:
+    """``<graphics>`` for ``updateDeviceFlags``: ``live`` (as :func:`vnc_websocket` found it: libvirt refuses
+    any other change of a live console) with a new ``passwd`` valid until ``valid_to`` (UTC,
+    ``YYYY-MM-DDThh:mm:ss``)."""
+    el = ET.fromstring(ET.tostring(live))
+    el.set("passwd", password)
+    el.set("passwdValidTo", valid_to)
+    el.attrib.pop("connected", None)
+    return ET.tostring(el, encoding="unicode")

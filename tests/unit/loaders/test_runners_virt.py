@@ -341,3 +341,40 @@ def test_stop_select_refusals_before_anything_is_published(fleet_runner, args, k
     out = call("carol", "virt.stop", *args, **kwargs)["data"]
     assert out["retcode"] == 1 and out["error"].startswith(message), out
     assert client.published == []
+
+
+def test_console_tickets_follow_the_vms_owner_and_carry_no_password_in_clear(fleet_runner):
+    """salt-run virt.console: a tenant gets tickets for its own VMs only (refused for another tenant's before
+    anything is published to that VM's hypervisor), an operator for any; the hypervisor's answer (here: its
+    ownership check and a password sealed to the caller's key, as virt.console answers) comes back as is."""
+    import base64
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+    from saltvirt.host import ownership, vncticket
+
+    call, client, conns = fleet_runner
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pub = base64.b64encode(der).decode()
+
+    def console(conn):
+        def answer(name, pubkey, tenant=None, **_kwargs):
+            if tenant is not None:
+                ownership.check(conn, name, tenant)
+            return {"vm": name, "password": vncticket.seal_for(vncticket.browser_key(pubkey), f"pw-{name}")}
+
+        return answer
+
+    client.answers["virt.console"] = {mid: console(conn) for mid, conn in conns.items()}
+    oaep = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
+    for user, vm in (("alice", "web1"), ("alice", "db3"), ("carol", "beta1")):
+        ret = call(user, "virt.console", vm, pubkey=pub)["data"]
+        assert ret["name"] == vm and ret["result"]["vm"] == vm, ret
+        assert key.decrypt(base64.b64decode(ret["result"]["password"]), oaep).decode() == f"pw-{vm}"
+        assert f"pw-{vm}" not in str(ret)
+    published = len(client.published)
+    refused = call("alice", "virt.console", "beta1", pubkey=pub)["data"]
+    assert refused["error"].startswith("no VM named beta1 in tenant acme"), refused
+    assert [f for f, _ in client.published[published:]] == ["virt.full_info"]  # located, never asked for a ticket

@@ -29,7 +29,7 @@ def test_xml_escapes_and_round_trips():
     assert (facts["cpu"], facts["mem"], facts["type"]) == (2, 1024, "qemu")
     assert facts["disks"][0]["file"] == "/v/vm-1/system.qcow2"
     assert facts["graphics"] == [
-        {"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": False}
+        {"type": "vnc", "port": -1, "autoport": True, "listen": "127.0.0.1", "password": True, "websocket": -1}
     ]
     assert facts["serial_log"] == "/var/log/libvirt/qemu/vm-1-serial.log"
 
@@ -305,3 +305,45 @@ def test_domain_readers_name_a_missing_devices_element():
     for call in (domxml.disks_by_target, lambda x: domxml.new_interfaces(x, ()), domxml.edit_devices):
         with pytest.raises(ValueError, match="has no <devices>"):
             call("<domain><name>web1</name></domain>")
+
+
+def test_a_vnc_console_gets_a_websocket_on_a_free_port_and_spice_none():
+    """The web console's noVNC reaches QEMU's VNC over websocket; libvirt picks its port (-1), it listens
+    where the VNC listens."""
+    vnc = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    (g,) = vnc.findall("devices/graphics")
+    assert (g.get("type"), g.get("websocket"), g.get("listen")) == ("vnc", "-1", "127.0.0.1")
+    assert domxml.parse(vnc)["graphics"][0]["websocket"] == -1
+    spice = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", graphics="spice")))
+    assert spice.find("devices/graphics").get("websocket") is None
+    assert domxml.parse(spice)["graphics"][0]["websocket"] is None
+    assert domxml.vnc_websocket(vnc) is None  # -1: not running, no port yet
+    # never without a password (QEMU would then start it without password authentication): a random one unless
+    # one is given
+    again = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    assert len(g.get("passwd")) == 8 and again.find("devices/graphics").get("passwd") != g.get("passwd")
+    given = spec.build("n", 1, 64, disk=None, images_dir="/v", graphics={"type": "vnc", "password": "mine"})
+    assert domxml.read(domxml.build(given)).find("devices/graphics").get("passwd") == "mine"
+    assert spice.find("devices/graphics").get("passwd") is None
+
+
+def test_the_live_websocket_console_and_its_password_change():
+    live = domxml.read(
+        "<domain><devices><graphics type='spice' port='5900'/>"
+        "<graphics type='vnc' port='5901' autoport='yes' websocket='5701' listen='10.0.0.1' connected='keep'>"
+        "<listen type='address' address='10.0.0.1'/></graphics></devices></domain>"
+    )
+    g = domxml.vnc_websocket(live)
+    assert g is not None and g.get("websocket") == "5701"
+    changed = domxml.read(domxml.graphics_password(g, "s3cr3tpw", "2030-01-02T03:04:05"))
+    assert changed.tag == "graphics" and changed.attrib == {
+        "type": "vnc",
+        "port": "5901",
+        "autoport": "yes",
+        "websocket": "5701",
+        "listen": "10.0.0.1",
+        "passwd": "s3cr3tpw",
+        "passwdValidTo": "2030-01-02T03:04:05",
+    }
+    assert changed.find("listen").attrib == {"type": "address", "address": "10.0.0.1"}
+    assert "passwd" not in g.attrib  # the live element read is left as it was
