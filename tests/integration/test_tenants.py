@@ -12,7 +12,6 @@ The hypervisors run the virt_console engine (one-time console tickets) and hand 
 
 Every libvirt fact is read from the hypervisors' libvirtd itself (domain XML <metadata>)."""
 
-import base64
 import concurrent.futures
 import contextlib
 import functools
@@ -27,7 +26,6 @@ import sys
 import threading
 import time
 import urllib.request
-import xml.etree.ElementTree as ET
 
 import libvirt
 import pytest
@@ -35,10 +33,26 @@ import pytest
 from tests.support import browser, lab, rfb, saltapi
 from tests.support.paths import ROOT
 from tests.support.saltd import hypervisor_minion_config, started_minions
+from tests.support.tenantlab import (
+    active,
+    browser_key,
+    click,
+    click_action,
+    console_login,
+    last_job,
+    libvirt_vms,
+    live_password,
+    needles,
+    snapshots,
+    spent,
+    table,
+    ticket,
+    wait_state,
+    websocket_port,
+)
 
 HOSTS = ["thv1", "thv2"]
 USERS = {"alice": "alice-secret", "bob": "bob-secret", "carol": "carol-secret"}
-META = "{https://github.com/salt-virt/salt-virt/metadata/1}"
 TINY = "tenant-tiny.qcow2"
 # the web console as docs/topics/console.md configures it, from the checkout (a wheel has it in saltvirt/data/console)
 CONSOLE = {
@@ -123,7 +137,7 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
         with started_minions(api.master, configs):
             ret = api.master.salt_cli(timeout=180).run("test.ping", minion_tgt="*")
             assert ret.returncode == 0 and sorted(ret.data) == HOSTS, ret
-            yield {"master": api.master, "url": api.url, "hvs": hvs, "api": api}
+            yield {"master": api.master, "url": api.url, "hvs": hvs, "api": api, "users": USERS}
 
 
 class Session:
@@ -140,26 +154,6 @@ class Session:
 
 def login(cloud, user):
     return Session(cloud["api"].client(user))
-
-
-def libvirt_vms(cloud):
-    """``{vm: {host, tenant, creator, vcpus}}`` read from every hypervisor's libvirtd."""
-    out = {}
-    for host, hv in cloud["hvs"].items():
-        conn = libvirt.open(hv.uri)
-        try:
-            for dom in conn.listAllDomains(0):
-                root = ET.fromstring(dom.XMLDesc(0))
-                owner = root.find(f"metadata/{META}vm/{META}owner")
-                out[dom.name()] = {
-                    "host": host,
-                    "tenant": owner.get("tenant") if owner is not None else None,
-                    "creator": owner.get("creator") if owner is not None else None,
-                    "vcpus": int(root.findtext("vcpu")),
-                }
-        finally:
-            conn.close()
-    return out
 
 
 def init(session, name, image="tiny", **kwargs):
@@ -390,55 +384,6 @@ def chrome(tmp_path):
         yield driver
 
 
-def console_login(driver, cloud, user, password=None):
-    """Open the console, log in through its form; returns once the VM table shows a fresh answer (or the
-    login page shows its error)."""
-    driver.get(cloud["url"] + "/console")
-    form = driver.find_element(browser.ID, "login-form")
-    browser.wait(driver, lambda d: form.is_displayed())
-    driver.find_element(browser.ID, "username").send_keys(user)
-    driver.find_element(browser.ID, "password").send_keys(USERS[user] if password is None else password)
-    eauth = driver.find_element(browser.ID, "eauth")
-    eauth.clear()
-    eauth.send_keys("file")
-    driver.find_element(browser.ID, "login-button").click()
-    browser.wait(
-        driver,
-        lambda d: (
-            d.find_element(browser.ID, "login-error").text
-            or d.find_element(browser.ID, "status").text.startswith("updated")
-        ),
-        message="neither the VM table nor a login error",
-    )
-
-
-def table(driver):
-    """The VM table as the user sees it: ``{name: {tenant, host, state, cpu, mem, ips}}``."""
-    rows = driver.execute_script(
-        "return [...document.querySelectorAll('#vms tbody tr')].map(tr => "
-        "Object.fromEntries([...tr.querySelectorAll('td[data-key]')].map(td => [td.dataset.key, td.textContent])))"
-    )
-    return {r.pop("name"): r for r in rows}
-
-
-def click_action(driver, vm, fun):
-    status = driver.find_element(browser.ID, "status")
-    driver.find_element(browser.CSS, f"#vms tr[data-vm='{vm}'] button[data-action='{fun}']").click()
-    return status
-
-
-def active(cloud, host, name):
-    conn = libvirt.open(cloud["hvs"][host].uri)
-    try:
-        return bool(conn.lookupByName(name).isActive())
-    finally:
-        conn.close()
-
-
-def wait_state(driver, vm, state):
-    browser.wait(driver, lambda d: table(d).get(vm, {}).get("state") == state, timeout=300, message=f"{vm} {state}")
-
-
 def test_console_unauthenticated_browser_sees_the_login_page_only(cloud, chrome, tmp_path):
     for path in ("/console", "/", "/anything/else"):  # salt-api serves the app for every page a browser asks
         chrome.get(cloud["url"] + path)
@@ -553,36 +498,6 @@ def test_console_purge_asks_first(cloud, chrome):
     browser.wait(chrome, lambda d: d.switch_to.alert).accept()
     browser.wait(chrome, lambda d: victim not in table(d), timeout=300, message=f"{victim} still listed")
     assert victim not in libvirt_vms(cloud)
-
-
-def last_job(driver):
-    """``(state, text)`` of the newest line of the jobs list, read at once (its text ticks every second)."""
-    return tuple(
-        driver.execute_script(
-            "const li = document.querySelector('#jobs li'); return li ? [li.dataset.state, li.textContent] : [null, '']"
-        )
-    )
-
-
-def click(driver, css):
-    """Click what ``css`` finds, again if a refresh replaced it between finding and clicking (a row of the list
-    is redrawn when its VM changes)."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    for _ in range(5):
-        try:
-            return driver.find_element(browser.CSS, css).click()
-        except StaleElementReferenceException:
-            continue
-    return driver.find_element(browser.CSS, css).click()
-
-
-def snapshots(cloud, host, name):
-    conn = libvirt.open(cloud["hvs"][host].uri)
-    try:
-        return sorted(conn.lookupByName(name).snapshotListNames(0))
-    finally:
-        conn.close()
 
 
 def test_console_a_tenant_creates_a_vm_from_the_catalog_snapshots_and_stops_it(cloud, chrome, tmp_path):
@@ -701,24 +616,6 @@ def test_console_files_and_answers_carry_no_secret(cloud):
 
 
 # the VM's screen (docs/topics/console.md, "The VM's console"): noVNC on QEMU's websocket, one-time tickets ----
-def websocket_port(cloud, host, name):
-    """The running VM's VNC websocket port, as libvirt gave it."""
-    conn = libvirt.open(cloud["hvs"][host].uri)
-    try:
-        root = ET.fromstring(conn.lookupByName(name).XMLDesc(0))
-    finally:
-        conn.close()
-    return int(root.find("devices/graphics[@type='vnc']").get("websocket"))
-
-
-def live_password(cloud, host, name):
-    """The password QEMU's console has now (libvirt's secure XML: root on the hypervisor only)."""
-    conn = libvirt.open(cloud["hvs"][host].uri)
-    try:
-        root = ET.fromstring(conn.lookupByName(name).XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE))
-    finally:
-        conn.close()
-    return root.find("devices/graphics[@type='vnc']").get("passwd")
 
 
 @pytest.fixture(scope="module")
@@ -740,37 +637,6 @@ def screens(cloud):
         yield where
         for name in ("a1", "a2"):
             alice.runner("virt.force_off", name=name)
-
-
-def browser_key():
-    """A browser's ephemeral key pair as vnc.js makes it: RSA-OAEP 2048, the public half as SPKI base64."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return key, base64.b64encode(der).decode()
-
-
-def ticket(session, name, key_pair):
-    """``(runner answer, the password decrypted)`` of ``salt-run virt.console name`` for this key pair."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import padding
-
-    key, pub = key_pair
-    ret = session.runner("virt.console", name=name, pubkey=pub)
-    assert "error" not in ret, ret
-    oaep = padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA256()), algorithm=hashes.SHA256(), label=None)
-    return ret, key.decrypt(base64.b64decode(ret["result"]["password"]), oaep).decode()
-
-
-def spent(cloud, name, password):
-    """Wait until the virt_console engine changed the console's password (it does when a client authenticated)."""
-    host = libvirt_vms(cloud)[name]["host"]
-    deadline = time.monotonic() + 60
-    while live_password(cloud, host, name) == password:
-        assert time.monotonic() < deadline, f"{name}: the password was not spent after its use"
-        time.sleep(0.2)
 
 
 SCREEN_PIXELS = (
@@ -835,18 +701,6 @@ def test_console_tickets_open_one_vm_once_for_a_short_time(cloud, screens):
     assert bob.runner("virt.console", name="a2", pubkey=keys[1])["error"] == "no VM named a2 in tenant beta"
     _, operators = ticket(carol, "a1", keys)
     assert rfb.login(f"ws://{screens['a1']}/", operators, timeout=60) == "QEMU (a1)"
-
-
-def needles(secret):
-    """``secret`` as it would show in a file: as is, and base64-encoded at each of the three alignments (a signed
-    answer's body is base64 of msgpack)."""
-    raw = secret.encode()
-    out = [raw]
-    for pad in range(3):  # the secret's first byte at each place of a 3-byte group
-        enc = base64.b64encode(b"\0" * pad + raw)
-        first, end = (1 if pad else 0), (pad + len(raw)) // 3  # the groups made of the secret's bytes only
-        out.append(enc[4 * first : 4 * end])
-    return [n for n in out if len(n) >= 4]
 
 
 def test_console_passwords_never_reach_the_job_cache_or_the_bus_in_clear(cloud, screens):
