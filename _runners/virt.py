@@ -380,6 +380,8 @@ def init(
         compat.refuse_operator_switches(module_kwargs)
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
+        ignored = ha.flag_ignored(_virt_conf(), owner["meta"].get("tenant"), name, module_kwargs.get("ha"))
+        warnings += [ignored] if ignored else []  # an operator's ha=True for a tenant= VM
         module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
         catalog.check_sources(__opts__, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)

@@ -48,7 +48,7 @@ from saltvirt.fleet import (
     resourcereg,
     runprogress,
 )
-from saltvirt.spec import compat
+from saltvirt.spec import compat, speckeys
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,18 @@ def tenant_flag(conf: Data) -> bool:
     if not isinstance(raw, dict):
         raise SaltInvocationError(f"virt:ha must be a mapping ({{enabled: True, groups: [...]}}), not {raw!r}")
     return validate.to_bool(raw.get("tenant_flag", DEFAULTS["tenant_flag"]))
+
+
+def flag_ignored(conf: Data, tenant: str | None, name: str, value: Any) -> str | None:
+    """What an operator is told when it flags tenant ``tenant``'s VM ``name`` HA (``ha=value``) while a tenant's
+    flag does not count (``virt:ha:tenant_flag`` off), or None: HA judges a flag by the VM's owner, not by who set
+    it."""
+    if not tenant or value is None or not speckeys.flag(value, "ha") or tenant_flag(conf):
+        return None
+    return (
+        f"ha=True on tenant {tenant}'s VM {name} is recorded, but automatic HA counts a tenant's VM's flag only with "
+        f"virt:ha:tenant_flag: True in the master config; to make {name} HA alone, name it in virt:ha:vms"
+    )
 
 
 def _tenants(vm: Data) -> bool:

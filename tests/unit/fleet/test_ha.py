@@ -296,6 +296,10 @@ def test_selected_by_the_vms_own_flag_a_tenants_only_if_the_operator_allows_it()
         "old1": flagged,
     }
     assert ha.tenant_flag({}) is False and ha.tenant_flag({"ha": {"tenant_flag": True, "enabled": True}}) is True
+    # an operator flagging a tenant's VM is told when the flag will not count (salt-run virt.init's warnings)
+    assert "virt:ha:tenant_flag: True" in ha.flag_ignored({}, "t1", "t1vm", "yes")
+    assert ha.flag_ignored({"ha": {"tenant_flag": True}}, "t1", "t1vm", True) is None
+    assert ha.flag_ignored({}, None, "ops1", True) is ha.flag_ignored({}, "t1", "t1vm", False) is None
 
 
 @pytest.mark.parametrize("tenant_flag", [False, True])

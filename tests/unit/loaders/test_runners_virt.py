@@ -191,7 +191,13 @@ def test_ha_forwarded_an_operators_always_a_tenants_only_with_tenant_flag(tenant
     ret = tenant_runner("alice", "virt.update", "web1", ha="yes")
     assert ret["data"] == {"error": HA_REFUSAL.format(fun="virt.update"), "retcode": 1}
     assert sent == []
-    tenant_runner("carol", "virt.init", "ops1", 1, 128, image="tiny", ha=True)  # an operator's: always
+    ops = tenant_runner("carol", "virt.init", "ops1", 1, 128, image="tiny", ha=True)  # an operator's: always
+    assert "warnings" not in ops["data"]
+    for_acme = tenant_runner("carol", "virt.init", "acme1", 1, 128, image="tiny", ha=True, tenant="acme")
+    assert for_acme["data"]["warnings"] == [
+        "ha=True on tenant acme's VM acme1 is recorded, but automatic HA counts a tenant's VM's flag only with "
+        "virt:ha:tenant_flag: True in the master config; to make acme1 HA alone, name it in virt:ha:vms"
+    ]
     tenant_runner("carol", "virt.update", "ops1", ha=True)
     tenant_runner("alice", "virt.init", "web2", 1, 128, image="tiny", ha=False)  # turning it off: always
     tenant_runner("alice", "virt.update", "web2", ha=False)
@@ -201,6 +207,7 @@ def test_ha_forwarded_an_operators_always_a_tenants_only_with_tenant_flag(tenant
     tenant_runner("alice", "virt.update", "web3", ha=True)
     assert [(name, kwargs.get("ha")) for name, kwargs in sent] == [
         ("ops1", True),
+        ("acme1", True),
         ("ops1", True),
         ("web2", False),
         ("web2", False),
