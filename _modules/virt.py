@@ -153,6 +153,7 @@ def init(
     numatune=None,
     host_devices=None,
     owner=None,
+    ha=None,
     catalog_image=None,
     **kwargs,
 ):
@@ -245,6 +246,10 @@ def init(
     owner
         ``{tenant, creator}`` stored in the domain metadata: ``salt-run virt.init`` sets it from the
         job's authenticated user (see docs/topics/tenants.md); the runner scopes tenants by it.
+    ha
+        ``True``: automatic HA restarts the VM on another hypervisor when this one is lost (recorded in the
+        domain metadata; ``virt.update ha=False`` turns it off). A tenant's VM counts only with the master's
+        ``virt:ha:tenant_flag`` (docs/topics/recovery.md, "Automatic HA").
     catalog_image
         the ``virt:catalog`` entry ``image`` came from (``salt-run virt.init`` sets it): recorded in the
         domain metadata as the VM's ``image`` (``virt.vm_info``, the ``virt_vm`` resource grain); without it
@@ -721,7 +726,8 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
     """
     Bring an existing VM to the spec ``virt.init`` builds from the same arguments. Only what is given
     is managed: ``cpu``, ``mem``, NICs (``nic``/``interfaces``), disks (``disk``/``disks``: new ones
-    blank or an existing ``path``; disks are never removed) and graphics (``enable_vnc``/``graphics``).
+    blank or an existing ``path``; disks are never removed), graphics (``enable_vnc``/``graphics``) and the
+    automatic HA flag (``ha``).
     Live where the hypervisor can, always in the definition: ``applied`` says what went live, what
     needs a restart; ``test=True`` returns the changes and the ``plan`` without making them.
 

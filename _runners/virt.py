@@ -71,6 +71,7 @@ if saltvirt is not None:
         callers,
         catalog,
         fleetstate,
+        ha,
         hypervisors,
         leftovers,
         minionkeys,
@@ -379,6 +380,8 @@ def init(
         compat.refuse_operator_switches(module_kwargs)
         # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
+        ignored = ha.flag_ignored(_virt_conf(), owner["meta"].get("tenant"), name, module_kwargs.get("ha"))
+        warnings += [ignored] if ignored else []  # an operator's ha=True for a tenant= VM
         module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
         catalog.check_sources(__opts__, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
@@ -441,6 +444,7 @@ def _tenancy(who, tenant, image, module_kwargs, **call):
         tenant = who.tenant
         tconf = conf["tenants"][tenant]
         tenants.check_init(tconf, tenant, dict(module_kwargs, host=call.get("host")))
+        tenants.check_ha(tenant, module_kwargs, ha.tenant_flag(_virt_conf()), "virt.init")
         if call.get("minion_id") not in (None, call["name"]):
             raise SaltInvocationError(f"tenant {tenant}: a VM's minion id is its name (minion_id= is refused)")
         entry, image = catalog.resolve(__opts__, image, tenant, tconf["images"])
@@ -558,6 +562,7 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
         if not who.operator:
             conf = tenants.config(__opts__)
             tenants.check_update(conf["tenants"][who.tenant], who.tenant, kwargs)
+            tenants.check_ha(who.tenant, kwargs, ha.tenant_flag(_virt_conf()), "virt.update")
             cpu, mem = vmupdate.sizes(cpu, mem)
             tenant = _quota_of(conf, who.tenant)
         with _client() as client:

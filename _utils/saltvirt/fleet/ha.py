@@ -12,8 +12,9 @@ Lost, from what Salt authenticates only (the event bus is not: any minion can fi
   minions whose addresses hold a connection to the master's publish port) does not have it.
 
 A host is acted on once both said lost in every round for ``virt:ha:lost_after`` seconds (one round where either
-sees it again starts the count anew). HA VMs: :func:`selected` (``virt:ha:vms``, ``virt:ha:groups``; a tenant's
-VM by its group only with ``virt:ha:tenant_groups``). ``virt:ha:fence: manual``: the round only alerts.
+sees it again starts the count anew). HA VMs: :func:`selected` (``virt:ha:vms``, ``virt:ha:groups``, the VM's own
+``ha: True``; a tenant's VM by its group only with ``virt:ha:tenant_groups``, by its flag only with
+``virt:ha:tenant_flag``). ``virt:ha:fence: manual``: the round only alerts.
 
 Never twice: one round at a time fleet-wide (the round lock :data:`ROUND_LOCK`, a
 :mod:`saltvirt.fleet.fleetstate` lock of kind ``virt.ha``: another master's round does nothing); a round that
@@ -47,7 +48,7 @@ from saltvirt.fleet import (
     resourcereg,
     runprogress,
 )
-from saltvirt.spec import compat
+from saltvirt.spec import compat, speckeys
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ DEFAULTS: Data = {
     "vms": [],
     "groups": [],
     "tenant_groups": False,
+    "tenant_flag": False,
     "fence": "command",
     "lost_after": 60,
 }
@@ -85,6 +87,7 @@ def config(conf: Data) -> Data:
     cfg = dict(DEFAULTS, **raw)
     cfg["enabled"] = validate.to_bool(cfg["enabled"])
     cfg["tenant_groups"] = validate.to_bool(cfg["tenant_groups"])
+    cfg["tenant_flag"] = tenant_flag(conf)
     cfg["vms"] = list(validate.config_names(cfg["vms"] or [], "virt:ha:vms", "master config"))
     cfg["groups"] = list(validate.config_names(cfg["groups"] or [], "virt:ha:groups", "master config"))
     if cfg["fence"] not in FENCES:
@@ -98,21 +101,52 @@ def config(conf: Data) -> Data:
     return cfg
 
 
+def tenant_flag(conf: Data) -> bool:
+    """``virt:ha:tenant_flag`` of the master's ``virt`` config ``conf``: whether a tenant's ``ha=True`` counts (and
+    ``salt-run virt.init``/``virt.update`` take it from a tenant). Read alone: a tenant's call does not depend on the
+    rest of ``virt:ha`` being complete."""
+    raw = conf.get("ha") or {}
+    if not isinstance(raw, dict):
+        raise SaltInvocationError(f"virt:ha must be a mapping ({{enabled: True, groups: [...]}}), not {raw!r}")
+    return validate.to_bool(raw.get("tenant_flag", DEFAULTS["tenant_flag"]))
+
+
+def flag_ignored(conf: Data, tenant: str | None, name: str, value: Any) -> str | None:
+    """What an operator is told when it flags tenant ``tenant``'s VM ``name`` HA (``ha=value``) while a tenant's
+    flag does not count (``virt:ha:tenant_flag`` off), or None: HA judges a flag by the VM's owner, not by who set
+    it."""
+    if not tenant or value is None or not speckeys.flag(value, "ha") or tenant_flag(conf):
+        return None
+    return (
+        f"ha=True on tenant {tenant}'s VM {name} is recorded, but automatic HA counts a tenant's VM's flag only with "
+        f"virt:ha:tenant_flag: True in the master config; to make {name} HA alone, name it in virt:ha:vms"
+    )
+
+
+def _tenants(vm: Data) -> bool:
+    """Whether a recorded VM may be a tenant's: its owner names a tenant, or the record has no ``owner`` (an older
+    salt-virt recorded it). The operator's VMs: no owner in <metadata>, or one without a tenant."""
+    return "owner" not in vm or bool((vm["owner"] or {}).get("tenant"))
+
+
 def selected(rec: Data, cfg: Data) -> dict[str, str]:
     """The HA VMs of host record ``rec``: ``{name: why it is HA}``. A VM named in ``virt:ha:vms`` (names or
-    fnmatch patterns: the operator's list) is; so is one whose group is in ``virt:ha:groups``, if it is the
-    operator's (no owner), or a tenant's with ``virt:ha:tenant_groups`` (a tenant chooses its VMs' groups). A
-    record without ``owner`` (an older salt-virt recorded it) counts as a tenant's."""
+    fnmatch patterns: the operator's list) is; so is one whose group is in ``virt:ha:groups`` or whose record says
+    ``ha: True`` (``virt.init``/``virt.update ha=True``), if it is the operator's, or a tenant's with
+    ``virt:ha:tenant_groups`` (the group) or ``virt:ha:tenant_flag`` (the flag): a tenant chooses its VMs' groups
+    and flags, and their restarts take capacity on other hypervisors (:func:`_tenants`)."""
     out = {}
     for name, vm in sorted((rec.get("vms") or {}).items()):
         listed = next((p for p in cfg["vms"] if fnmatch.fnmatchcase(name, p)), None)
         if listed:
             out[name] = f"virt:ha:vms lists {listed}"
             continue
-        group = vm.get("group")
-        if not group or group not in cfg["groups"]:
+        tenants = _tenants(vm)
+        if vm.get("ha") is True and (not tenants or cfg["tenant_flag"]):
+            out[name] = "its record says ha: True"
             continue
-        if (vm.get("owner", "?") is None) or cfg["tenant_groups"]:
+        group = vm.get("group")
+        if group and group in cfg["groups"] and (not tenants or cfg["tenant_groups"]):
             out[name] = f"its group {group} is in virt:ha:groups"
     return out
 

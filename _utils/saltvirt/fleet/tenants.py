@@ -31,7 +31,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
-from saltvirt.spec import tenancy, vmspec
+from saltvirt.spec import speckeys, tenancy, vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
 # what the tenant's backups take in the backup directories (saltvirt.fleet.backups.Budget): not a VM's resource
@@ -40,10 +40,10 @@ TENANT_KEYS = ("members", "quota", "group_quotas", "images", "profiles", "networ
 # what a tenant may pass to salt-run virt.init besides name/cpu/mem/image: no path, URI, device or trust flag
 INIT_KWARGS = frozenset(
     {"nic", "disk", "interfaces", "disks", "start", "seed", "group", "affinity", "enable_qcow", "enable_vnc"}
-    | {"wait", "wait_timeout", "saltenv", "cloud_init", "guest_agent", "host", "fallback"}
+    | {"wait", "wait_timeout", "saltenv", "cloud_init", "guest_agent", "host", "fallback", "ha"}
 )
 # what a tenant may pass to salt-run virt.update besides name/cpu/mem (Salt's nic_profile/disk_profile mapped first)
-UPDATE_KWARGS = frozenset({"nic", "disk", "interfaces", "disks", "enable_vnc", "live", "test", "autostart"})
+UPDATE_KWARGS = frozenset({"nic", "disk", "interfaces", "disks", "enable_vnc", "live", "test", "autostart", "ha"})
 NIC_KEYS = frozenset({"name", "source", "network", "bridge", "type", "model", "mac"})
 DISK_KEYS = frozenset({"name", "size", "format", "pool", "bus", "model"})  # no image, path or volume: a new disk
 
@@ -202,6 +202,17 @@ def check_update(conf: Data, tenant_name: str, kwargs: Data) -> None:
     outside :data:`UPDATE_KWARGS`, and profiles, networks and pools outside the tenant's lists, as
     :func:`check_init` does."""
     _check(conf, tenant_name, kwargs, UPDATE_KWARGS, "virt.update")
+
+
+def check_ha(tenant_name: str, kwargs: Data, allowed: bool, fun: str) -> None:
+    """Refuse a tenant's ``ha=True`` unless the operator lets tenants mark their VMs HA (``allowed``: the master's
+    ``virt:ha:tenant_flag``): automatic HA restarts them on other hypervisors, in capacity the operator keeps.
+    ``ha=False`` is always taken."""
+    if kwargs.get("ha") is not None and speckeys.flag(kwargs["ha"], "ha") and not allowed:
+        raise SaltInvocationError(
+            f"tenant {tenant_name} may not pass ha=True to {fun}: the operator has not let tenants mark their VMs "
+            "for automatic HA (virt:ha:tenant_flag in the master config): ask the operator"
+        )
 
 
 def refuse_kwargs(tenant_name: str | None, passed: Iterable[str], allowed: Iterable[str], fun: str) -> None:

@@ -93,6 +93,7 @@ def record(conn: Conn, images_dir: str, allowed_paths: Iterable[str] = ()) -> Da
             "mem": facts["mem"],
             "group": facts["group"],
             "owner": facts["owner"],  # {tenant, creator} or None: automatic HA trusts a tenant's group only if allowed
+            "ha": facts["ha"],  # the VM's ha=True: automatic HA reads it from this record when the host is dead
             "boot_files": [facts["boot"][k] for k in ("kernel", "initrd") if facts["boot"].get(k)],
             "disks": _disks(facts, roots, markers),
             "xml": xml,

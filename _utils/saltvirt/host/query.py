@@ -219,6 +219,7 @@ def describe(
         "serial_log": facts["serial_log"],
         "group": facts["group"],
         "owner": facts["owner"],  # {tenant, creator} salt-run virt.init recorded, or None
+        "ha": facts["ha"],  # ha=True recorded: automatic HA restarts it when this host is lost
         "image": facts["image"],  # the catalog name or source virt.init recorded, or None (docs/topics/resources.md)
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
         "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.host.guestips), None without one

@@ -112,6 +112,8 @@ ARGS = (
         spec=True),
     Arg("owner", None, "{tenant, creator}", "the VM's tenant and creator, kept in its <metadata>", REFUSE,
         refusal="salt-run virt.init records the tenant and the caller Salt authenticated"),
+    Arg("ha", None, "bool", "automatic HA restarts it when its host is lost (kept in <metadata>; a tenant's only with "
+        "the master's virt:ha:tenant_flag)", state=GIVEN, update=True, spec=True),
     Arg("catalog_image", None, "catalog image name", "the virt:catalog entry image= came from, kept in <metadata> as "
         "the VM's image (else image= without user:password, query and fragment)", REFUSE,
         refusal="salt-run virt.init records the catalog entry its image= names"),

@@ -123,6 +123,8 @@ class VMSpec:
     owner: dict | None = None
     # the image it was created from, kept in <metadata> (the ``image`` grain): :func:`image_origin`
     image_origin: str | None = None
+    # automatic HA restarts it elsewhere when its host is lost (saltvirt.fleet.ha), kept in <metadata>
+    ha: bool = False
     # cloud_init= as saltvirt.spec.speckeys.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
@@ -453,6 +455,7 @@ def build(
     numatune: Any = None,
     host_devices: Any = None,
     owner: Any = None,
+    ha: Any = None,
 ) -> VMSpec:
     """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
 
@@ -533,6 +536,7 @@ def build(
         vm_dir=vm_dir,
         group=validate.vm_name(group, "group") if group else None,
         owner=_owner(owner),
+        ha=speckeys.flag(ha, "ha") if ha is not None else False,
         cloud_init=cloud,
         guest_agent=validate.to_bool(guest_agent),
         boot_dev=boot_devs,

@@ -29,7 +29,7 @@ from saltvirt.storage import attach, firmware, images, voldisks
 from saltvirt.vm import provision
 from saltvirt.xml import domxml
 
-FIELDS = ("cpu", "mem", "nics", "disks", "graphics") + domxml.FEATURES
+FIELDS = ("cpu", "mem", "nics", "disks", "graphics", "ha") + domxml.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
 MANAGED_BY: dict[str, tuple[str, ...]] = {
     "nics": ("nic", "interfaces"),
@@ -41,7 +41,7 @@ MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_mo
 MANAGED_BY.update(kernel_boot=("boot",))
 # the keys of ``boot`` that put a part of it under management (``boot: {kernel: null}`` leaves the firmware alone)
 BOOT_PARTS = {"kernel_boot": ("kernel", "initrd", "cmdline"), "firmware": ("efi", "loader", "nvram", "secure_boot")}
-MANAGED_BY.update(max_mem=(), memory_backing=())
+MANAGED_BY.update(max_mem=(), memory_backing=(), ha=("ha",))
 DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_mem", "memory_backing")}
 
 
@@ -142,6 +142,8 @@ def preview(
     }
     if spec.group:
         out["group"] = spec.group
+    if spec.ha:
+        out["ha"] = True
     return out
 
 
@@ -279,6 +281,8 @@ def diff(desired: vmspec.VMSpec, current_facts: Data, manage: Sequence[str] = FI
         unlisted = sorted(t for t in have if t not in {d.target for d in desired.disks})
         if added or unlisted:
             changes["disks"] = {k: v for k, v in (("added", added), ("not_in_spec", unlisted)) if v}
+    if "ha" in manage and desired.ha != cfg["ha"]:
+        changes["ha"] = {"old": cfg["ha"], "new": desired.ha}
     changes.update(_diff_features(desired, cfg, manage))
     return changes
 
@@ -331,7 +335,7 @@ def steps(changes: Data) -> list[tuple[str, Any, str]]:
             vol = f"volume {disk['pool']}/{disk['volume']}"
             what = f"{vol} attached" if disk["attach"] else f"{disk['size']} MiB {vol}"
         out.append(("disk_added", disk, f"disk {disk['target']} ({what}) added"))
-    for f in domxml.FEATURES:
+    for f in ("ha", *domxml.FEATURES):
         if f in changes:
             out.append((f, changes[f], f"{f} {changes[f]['old']} -> {changes[f]['new']}"))
     return out
@@ -346,7 +350,7 @@ def _live_ok(kind, item, live):
     if kind == "nic_changed":
         old, new = item["old"], item["new"]
         return old["type"] == new["type"] and old["model"] == new["model"] and new["type"] in ("bridge", "network")
-    return kind in ("nic_added", "nic_removed", "disk_added")
+    return kind in ("nic_added", "nic_removed", "disk_added", "ha")
 
 
 def plan(changes: Data, current_facts: Data, live_update: bool = True) -> dict[str, list[str]]:
@@ -385,6 +389,8 @@ def pending_restart(current_facts: Data) -> list[str]:
         out.append("nics")
     if {d["target"] for d in cfg["disks"]} != {d["target"] for d in live["disks"]}:
         out.append("disks")
+    if cfg["ha"] != live["ha"]:
+        out.append("ha")
     # a running VM's firmware (the autoselected OVMF) and CPU (its expanded features) are filled in by
     # libvirt at start: only the definition tells what was asked for, so they are not compared here
     out.extend(
@@ -486,10 +492,20 @@ class _NotLive(Exception):  # noqa: N818 - a signal to fall back to the definiti
     """The running VM cannot take this change: it applies at the next start."""
 
 
+def _set_ha(dom, on, flag):
+    """The HA flag into salt-virt's <metadata> of the definition (``flag`` AFFECT_CONFIG) or the running VM
+    (AFFECT_LIVE): libvirt replaces our element as :func:`saltvirt.xml.domxml.with_ha` makes it."""
+    inactive = libvirt.VIR_DOMAIN_XML_INACTIVE if flag == libvirt.VIR_DOMAIN_AFFECT_CONFIG else 0
+    meta = domxml.with_ha(dom.XMLDesc(inactive), on)
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, meta, "saltvirt", domxml.METADATA_NS, flag)
+
+
 def _live(dom, kind, item, created):
     """Apply one change to the running VM; raises libvirt.libvirtError when the hypervisor refuses."""
     live_flag = libvirt.VIR_DOMAIN_AFFECT_LIVE
-    if kind == "cpu":
+    if kind == "ha":
+        _set_ha(dom, item["new"], live_flag)
+    elif kind == "cpu":
         dom.setVcpusFlags(item.get("current", item["new"]), live_flag)
     elif kind == "mem":
         size = item.get("current", item["new"]) * 1024
@@ -541,6 +557,8 @@ def apply(
         if "mem" in changes:
             dom.setMemoryFlags(desired.mem * 1024, cfg | libvirt.VIR_DOMAIN_MEM_MAXIMUM)
             dom.setMemoryFlags(changes["mem"].get("current", desired.mem) * 1024, cfg)
+        if "ha" in changes:
+            _set_ha(dom, desired.ha, cfg)
     feats = [f for f in domxml.FEATURES if f in changes]
     if feats:
         dom = _redefine_features(conn, dom, desired, feats)
@@ -601,10 +619,10 @@ def update(
 ) -> Data:
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
-    disks (disk/disks), graphics (enable_vnc/graphics). ``live=False`` (Salt's): only the definition
-    changes, a running VM takes it at its next start. ``operator``: the operator's switches
-    (:func:`saltvirt.storage.attach.operator_settings`): a disk added passes :func:`saltvirt.storage.attach.admit`,
-    a pool and a host device must be ones the operator made available."""
+    disks (disk/disks), graphics (enable_vnc/graphics), the HA flag (ha: its <metadata>, live too).
+    ``live=False`` (Salt's): only the definition changes, a running VM takes it at its next start.
+    ``operator``: the operator's switches (:func:`saltvirt.storage.attach.operator_settings`): a disk added
+    passes :func:`saltvirt.storage.attach.admit`, a pool and a host device must be ones the operator made available."""
     unknown = sorted(k for k in init_args if k not in vmargs.UPDATE_KWARGS)
     if unknown:
         raise SaltInvocationError(

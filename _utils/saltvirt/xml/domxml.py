@@ -6,6 +6,7 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 :func:`device_xml`) change an existing definition with the same builders (``saltvirt.vm.converge``).
 """
 
+import copy
 import os
 import secrets
 import xml.etree.ElementTree as ET
@@ -28,14 +29,15 @@ from saltvirt.xml.etree import to_int as _int
 
 METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
 _VM = f"{{{METADATA_NS}}}vm"  # salt-virt's element in a domain's <metadata>
+HA_ON = "true"  # the text of <saltvirt:ha> (no element: not HA)
 GUEST_AGENT = "org.qemu.guest_agent.0"  # the virtio-serial port name the QEMU guest agent listens on
 ET.register_namespace("saltvirt", METADATA_NS)
 
 
 def _metadata(dom, spec):
     """salt-virt's own <metadata>: the anti-affinity group, the minion key virt.init seeded, the owner, the
-    image the VM came from (read back by :func:`parse`)."""
-    if not (spec.group or spec.minion_key or spec.owner or spec.image_origin):
+    image the VM came from, the HA flag (read back by :func:`parse`)."""
+    if not (spec.group or spec.minion_key or spec.owner or spec.image_origin or spec.ha):
         return
     meta = _sub(_sub(dom, "metadata"), f"{{{METADATA_NS}}}vm")
     if spec.group:
@@ -47,6 +49,24 @@ def _metadata(dom, spec):
         _sub(meta, f"{{{METADATA_NS}}}owner", **spec.owner)
     if spec.image_origin:
         _sub(meta, f"{{{METADATA_NS}}}image", spec.image_origin)
+    if spec.ha:
+        _sub(meta, f"{{{METADATA_NS}}}ha", HA_ON)
+
+
+def with_ha(xml: str, on: bool) -> str:
+    """salt-virt's ``<vm>`` element of domain ``xml`` with the HA flag ``on`` (as :func:`_metadata` writes it) or
+    without it, for libvirt's ``setMetadata`` (which replaces that element, live or in the definition): without a
+    namespace, libvirt gives it and its children ours."""
+    old = _first(read(xml), "metadata", _VM)
+    vm = ET.Element("vm")
+    for child in [] if old is None else list(old):
+        if child.tag != f"{{{METADATA_NS}}}ha":
+            vm.append(copy.deepcopy(child))
+    for el in vm.iter():
+        el.tag, el.tail = el.tag.split("}")[-1], None
+    if on:
+        _sub(vm, "ha", HA_ON)
+    return ET.tostring(vm, encoding="unicode")
 
 
 def build(spec: VMSpec) -> str:
@@ -583,6 +603,7 @@ def parse(xml: str | ET.Element) -> Data:
         "minion": _minion(root),
         "owner": owner(root),
         "image": _meta_text(root, "image") or None,  # what virt.init recorded (a catalog name or a source), or None
+        "ha": _meta_text(root, "ha") == HA_ON,  # automatic HA restarts it (saltvirt.fleet.ha)
         "guest_agent": _guest_agent(devices),
     }
 

@@ -270,6 +270,60 @@ def test_selected_by_name_and_by_group_a_tenants_only_if_the_operator_allows_it(
     assert sorted(ha.selected(rec, allowed)) == ["db1", "web1", "web2", "web3"]
 
 
+def test_selected_by_the_vms_own_flag_a_tenants_only_if_the_operator_allows_it():
+    """``ha: True`` in the record (virt.init/virt.update ha=True): the operator's VMs always count; a tenant's
+    only with virt:ha:tenant_flag (its restarts take capacity the operator keeps), as a tenant's group."""
+    cfg = ha.config({"fence": {"command": ["x"]}, "ha": {"groups": ["web"]}})
+    assert cfg["tenant_flag"] is False
+    rec = record(
+        ops1={"ha": True, "owner": None},  # made on the hypervisor by an operator: no owner recorded
+        ops2={"ha": True, "owner": {"tenant": None, "creator": "root"}},  # salt-run virt.init by an operator
+        web1={"group": "web", "owner": {"tenant": None, "creator": "root"}},  # the operator's, in an HA group
+        t1vm={"ha": True, "owner": {"tenant": "t1", "creator": "u"}},  # a tenant flagged it
+        old1={"ha": True},  # recorded by an older salt-virt (no owner): counts as a tenant's
+        off1={"ha": False, "owner": None},
+        none1={"owner": None},  # recorded before the flag existed
+    )
+    flagged = "its record says ha: True"
+    assert ha.selected(rec, cfg) == {"ops1": flagged, "ops2": flagged, "web1": "its group web is in virt:ha:groups"}
+    allowed = ha.config({"fence": {"command": ["x"]}, "ha": {"groups": ["web"], "tenant_flag": "yes"}})
+    assert allowed["tenant_flag"] is True
+    assert ha.selected(rec, allowed) == {
+        "ops1": flagged,
+        "ops2": flagged,
+        "web1": "its group web is in virt:ha:groups",
+        "t1vm": flagged,
+        "old1": flagged,
+    }
+    assert ha.tenant_flag({}) is False and ha.tenant_flag({"ha": {"tenant_flag": True, "enabled": True}}) is True
+    # an operator flagging a tenant's VM is told when the flag will not count (salt-run virt.init's warnings)
+    assert "virt:ha:tenant_flag: True" in ha.flag_ignored({}, "t1", "t1vm", "yes")
+    assert ha.flag_ignored({"ha": {"tenant_flag": True}}, "t1", "t1vm", True) is None
+    assert ha.flag_ignored({}, None, "ops1", True) is ha.flag_ignored({}, "t1", "t1vm", False) is None
+
+
+@pytest.mark.parametrize("tenant_flag", [False, True])
+def test_a_round_restarts_the_vms_their_records_flag(cluster, tenant_flag):
+    """No virt:ha:vms or groups: the flag virt.init/virt.update wrote into <metadata> reaches HA through the host
+    record (salt-run virt.record) that the round reads once the host is dead."""
+    from saltvirt.xml.domxml import METADATA_NS
+
+    cluster.opts["virt"]["ha"].update(vms=[], tenant_flag=tenant_flag)
+    conn = cluster.hosts.conns["hv1"]
+    for name, uuid, owner in (("web1", WEB1, "<sv:owner creator='root'/>"), ("db1", DB1, "<sv:owner tenant='t1'/>")):
+        meta = f"<metadata><sv:vm xmlns:sv='{METADATA_NS}'>{owner}<sv:ha>true</sv:ha></sv:vm></metadata>"
+        conn.defineXML(domain_xml(name, f"{cluster.hosts.shared}/{name}.qcow2", uuid).replace("<os>", meta + "<os>"))
+    recovery.refresh(cluster.hosts, cluster.store)
+    cluster.fail()
+    cluster.round(T0)
+    done = cluster.round(T0 + LOST_AFTER)["decisions"][0]
+    assert done["decision"] == ha.RECOVERED
+    want = {"web1": "its record says ha: True", **({"db1": "its record says ha: True"} if tenant_flag else {})}
+    assert done["vms"] == want
+    assert sorted(done["recovered"]) == sorted(want)
+    assert cluster.hosts.running("db1") == ([done["recovered"]["db1"]] if tenant_flag else [])
+
+
 @pytest.mark.parametrize(
     ("conf", "message"),
     [

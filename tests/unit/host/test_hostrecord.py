@@ -45,17 +45,20 @@ def test_record_keeps_definitions_and_marks_the_storage(test_conn, storage, tmp_
     assert hostrecord.record(test_conn, str(local), [str(shared)])["storage"][str(shared)]["token"] == token
 
 
-def test_record_keeps_the_owner(test_conn, storage, tmp_path):
-    """Automatic HA trusts a VM's group only from the operator's VMs unless told otherwise: the record says whose."""
+def test_record_keeps_the_owner_and_the_ha_flag(test_conn, storage, tmp_path):
+    """Automatic HA trusts a VM's group and HA flag only from the operator's VMs unless told otherwise: the record
+    says whose, and whether it is flagged HA."""
     shared, local = storage
     meta = (
-        f"<metadata><sv:vm xmlns:sv='{domxml.METADATA_NS}'><sv:owner tenant='t1' creator='alice'/></sv:vm></metadata>"
+        f"<metadata><sv:vm xmlns:sv='{domxml.METADATA_NS}'><sv:owner tenant='t1' creator='alice'/>"
+        "<sv:ha>true</sv:ha></sv:vm></metadata>"
     )
     test_conn.defineXML(xml("web1", shared / "web1.qcow2").replace("<os>", meta + "<os>"))
     test_conn.defineXML(xml("db1", local / "db1.qcow2", uuid="3f6ba1d4-2222-4c1b-9a40-0123456789ab"))
     vms = hostrecord.record(test_conn, str(local), [str(shared)])["vms"]
     assert vms["web1"]["owner"] == {"tenant": "t1", "creator": "alice"}
     assert vms["db1"]["owner"] is None
+    assert vms["web1"]["ha"] is True and vms["db1"]["ha"] is False  # a dead host's HA VMs: from this record
 
 
 def test_a_disk_outside_the_roots_is_flagged(test_conn, tmp_path):

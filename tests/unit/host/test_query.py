@@ -209,3 +209,18 @@ def test_vm_info_reports_the_image_virt_init_recorded_or_none(test_conn):
     info = query.vm_info(test_conn)
     assert info["img1"]["image"] == "debian12" and info["byhand1"]["image"] is None
     assert query.describe(test_conn.lookupByName("img1"), "h")["image"] == "debian12"
+
+
+def test_describe_reports_the_ha_flag(test_conn):
+    """``ha``: what virt.init/virt.update recorded in <metadata>, in every hypervisor's signed answer (automatic HA)."""
+    from saltvirt.xml.domxml import METADATA_NS
+
+    meta = f"<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:ha>true</sv:ha></sv:vm></metadata>"
+    for name, extra in (("ha1", meta), ("plain1", "")):
+        test_conn.defineXML(
+            f"<domain type='test'><name>{name}</name><memory>65536</memory>{extra}<os><type>hvm</type></os></domain>"
+        )
+    test_conn.lookupByName("ha1").create()
+    info = query.vm_info(test_conn)
+    assert info["ha1"]["ha"] is True and info["plain1"]["ha"] is False
+    assert query.describe(test_conn.lookupByName("plain1"), "h")["ha"] is False

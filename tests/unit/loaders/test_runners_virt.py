@@ -171,6 +171,51 @@ def test_tenant_update_refusals_before_anything_happens(tenant_runner, kwargs, m
     assert ret["data"]["error"].startswith(message), ret
 
 
+HA_REFUSAL = (
+    "tenant acme may not pass ha=True to {fun}: the operator has not let tenants mark their VMs for automatic HA "
+    "(virt:ha:tenant_flag in the master config): ask the operator"
+)
+
+
+def test_ha_forwarded_an_operators_always_a_tenants_only_with_tenant_flag(tenant_runner, runner, monkeypatch, tmp_path):
+    """salt-run virt.init/virt.update ha=True: recorded on the hypervisor (saltvirt.fleet.ha reads it); a tenant's
+    restarts take capacity the operator keeps, so a tenant's ha=True needs virt:ha:tenant_flag."""
+    from saltvirt.fleet import vmcreate, vmupdate
+
+    sent = []
+    monkeypatch.setattr(vmcreate, "create", lambda _o, name, _r, _i, kwargs, **_k: sent.append((name, kwargs)) or {})
+    monkeypatch.setattr(vmupdate, "update", lambda _o, name, _c, _m, kwargs, **_k: sent.append((name, kwargs)) or {})
+    ret = tenant_runner("alice", "virt.init", "web1", 1, 128, image="tiny", ha=True)
+    assert ret["data"] == {"error": HA_REFUSAL.format(fun="virt.init"), "retcode": 1}
+    assert not (tmp_path / "pki").exists()
+    ret = tenant_runner("alice", "virt.update", "web1", ha="yes")
+    assert ret["data"] == {"error": HA_REFUSAL.format(fun="virt.update"), "retcode": 1}
+    assert sent == []
+    ops = tenant_runner("carol", "virt.init", "ops1", 1, 128, image="tiny", ha=True)  # an operator's: always
+    assert "warnings" not in ops["data"]
+    for_acme = tenant_runner("carol", "virt.init", "acme1", 1, 128, image="tiny", ha=True, tenant="acme")
+    assert for_acme["data"]["warnings"] == [
+        "ha=True on tenant acme's VM acme1 is recorded, but automatic HA counts a tenant's VM's flag only with "
+        "virt:ha:tenant_flag: True in the master config; to make acme1 HA alone, name it in virt:ha:vms"
+    ]
+    tenant_runner("carol", "virt.update", "ops1", ha=True)
+    tenant_runner("alice", "virt.init", "web2", 1, 128, image="tiny", ha=False)  # turning it off: always
+    tenant_runner("alice", "virt.update", "web2", ha=False)
+    opts = runner["virt.init"].__globals__["__opts__"]  # the loaded runner's copy of the master config
+    opts["virt"] = dict(opts["virt"], ha={"tenant_flag": True})  # the operator lets tenants mark their VMs HA
+    tenant_runner("alice", "virt.init", "web3", 1, 128, image="tiny", ha=True)
+    tenant_runner("alice", "virt.update", "web3", ha=True)
+    assert [(name, kwargs.get("ha")) for name, kwargs in sent] == [
+        ("ops1", True),
+        ("acme1", True),
+        ("ops1", True),
+        ("web2", False),
+        ("web2", False),
+        ("web3", True),
+        ("web3", True),
+    ]
+
+
 def test_callers_from_the_job_user_only(tenant_runner):
     assert tenant_runner("alice", "virt.whoami") == {
         "user": "alice",

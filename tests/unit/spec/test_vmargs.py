@@ -77,6 +77,7 @@ def examples(guest):
         "numatune": ({"memory": {"mode": "strict", "nodeset": "0"}}, {}, None),
         "host_devices": (["pci_0000_00_1f_2"], {}, "pci_0000_00_1f_2"),  # the test driver has no node devices
         "owner": ({"tenant": "acme", "creator": "alice"}, {}, None),
+        "ha": (True, {}, None),
         "catalog_image": ("debian12", image, None),
     }
 
@@ -222,6 +223,7 @@ CHANGED = {
     "hypervisor_features": {"kvm-hint-dedicated": True},
     "numatune": {"memory": {"mode": "strict", "nodeset": "0"}},
     "boot": {"efi": True},  # the firmware is what an existing VM's boot is compared by
+    "ha": True,  # salt-virt's <metadata>: automatic HA's flag
 }
 
 

@@ -89,6 +89,7 @@ def test_preview_lists_what_init_will_create():
     )
     assert overlay["nics"] == [{"type": "bridge", "source": "br0", "model": "virtio"}]  # virt.init's default profile
     assert overlay["graphics"] == {"type": "vnc", "listen": "127.0.0.1", "port": -1, "password": False}
+    assert "ha" not in overlay and converge.preview("w", 1, 64, images_dir="/i", profiles={}, ha=True)["ha"] is True
     with pytest.raises(SaltInvocationError, match="invalid VM name"):
         converge.preview("bad/name", 1, 64, images_dir="/srv/img", profiles={})
 
@@ -647,3 +648,40 @@ def test_states_refuse_the_operator_switches_also_with_test(virt_test, guest):
             ret = st["virt.running"]("sw1", cpu=1, mem=64, image=guest["qcow2"], nic=None, **{arg: True})
             assert ret["result"] is False and f"{arg}= is an operator switch, not a call argument" in ret["comment"]
     assert "sw1" not in virt_test["virt.list_domains"]()
+
+
+OWNER = {"tenant": "acme", "creator": "alice"}
+
+
+def test_update_turns_the_ha_flag_on_and_off_live_and_in_the_definition(virt_test):
+    """virt.update ha=: salt-virt's <metadata> through libvirt's setMetadata (the definition automatic HA's host
+    record reads, and the running VM every signed virt.vm_info reads), the rest of the metadata kept."""
+
+    conn = libvirt.open("test:///default")  # the fixture's driver: its domains live while a connection is open
+
+    def ha(which=libvirt.VIR_DOMAIN_XML_INACTIVE):  # the definition, or (0) the running VM
+        facts = domxml.parse(conn.lookupByName("conv-ha").XMLDesc(which))
+        return facts["ha"], facts["group"], facts["owner"]
+
+    virt_test["virt.init"]("conv-ha", 1, 64, nic=None, disk=None, start=False, group="web", ha=True, owner=OWNER)
+    assert virt_test["virt.vm_info"]("conv-ha")["conv-ha"]["ha"] is True
+    assert virt_test["virt.update"]("conv-ha", ha=True)["changes"] == {}  # as it is: nothing to do
+    dry = virt_test["virt.update"]("conv-ha", ha=False, test=True)
+    assert dry["changes"] == {"ha": {"old": True, "new": False}} and dry["plan"]["definition"] == ["ha True -> False"]
+    assert ha() == (True, "web", OWNER)
+    off = virt_test["virt.update"]("conv-ha", ha=False)
+    assert off["applied"]["definition"] == ["ha True -> False"] and off["definition"] is True
+    assert ha() == (False, "web", OWNER)
+    assert virt_test["virt.update"]("conv-ha", cpu=1)["changes"] == {}  # not given: left as it is
+    virt_test["virt.start"]("conv-ha")
+    on = virt_test["virt.update"]("conv-ha", ha="yes")
+    assert on["applied"]["live"] == ["ha False -> True"] and on["pending_restart"] == []
+    assert ha() == ha(0) == (True, "web", OWNER)
+    assert virt_test["virt.vm_info"]("conv-ha")["conv-ha"]["ha"] is True
+    later = virt_test["virt.update"]("conv-ha", ha=False, live=False)  # Salt's live=False: the definition only
+    assert later["applied"]["restart"] == ["ha True -> False (live=False)"] and later["pending_restart"] == ["ha"]
+    assert ha()[0] is False and ha(0)[0] is True
+    with pytest.raises(SaltInvocationError, match="ha must be true or false"):
+        virt_test["virt.update"]("conv-ha", ha="maybe")
+    virt_test["virt.purge"]("conv-ha")
+    conn.close()

@@ -347,3 +347,41 @@ def test_the_live_websocket_console_and_its_password_change():
     }
     assert changed.find("listen").attrib == {"type": "address", "address": "10.0.0.1"}
     assert "passwd" not in g.attrib  # the live element read is left as it was
+
+
+def test_ha_kept_in_metadata():
+    """virt.init ha=True records the flag automatic HA reads (saltvirt.fleet.ha); parse reads it back."""
+    assert domxml.parse(domxml.build(spec.build("web1", 1, 128)))["ha"] is False
+    vm = spec.build("web1", 1, 128, group="web", owner={"creator": "root"}, ha="yes")
+    xml = domxml.build(vm)
+    assert ET.fromstring(xml).find(f"metadata/{{{domxml.METADATA_NS}}}vm/{{{domxml.METADATA_NS}}}ha").text == "true"
+    facts = domxml.parse(xml)
+    assert facts["ha"] is True and facts["group"] == "web" and facts["owner"] == {"tenant": None, "creator": "root"}
+    with pytest.raises(SaltInvocationError, match="ha must be true or false"):
+        spec.build("web1", 1, 128, ha="maybe")
+
+
+def test_with_ha_keeps_the_rest_of_salt_virts_metadata():
+    """virt.update ha=: libvirt's setMetadata replaces salt-virt's whole <vm> element: the group, owner, minion key
+    and image must survive, as libvirt writes it back (namespaced) into the domain."""
+    vm = spec.build("web1", 1, 128, group="web", owner={"tenant": "acme", "creator": "alice"})
+    vm.minion_key, vm.image_origin = {"minion_id": "web1", "fingerprint": "ab" * 32}, "debian12"
+    xml = domxml.build(vm)
+    on = domxml.with_ha(xml, True)
+    assert ET.fromstring(on).tag == "vm" and "{" not in "".join(el.tag for el in ET.fromstring(on).iter())
+
+    def injected(fragment):  # what libvirt makes of it: its <vm> and children in our namespace, in <metadata>
+        root = ET.fromstring(xml)
+        meta = root.find("metadata")
+        meta.remove(meta[0])
+        el = ET.fromstring(fragment)
+        for child in el.iter():
+            child.tag = f"{{{domxml.METADATA_NS}}}{child.tag}"
+        meta.append(el)
+        return domxml.parse(ET.tostring(root, encoding="unicode"))
+
+    facts = injected(on)
+    assert facts["ha"] is True and facts["group"] == "web" and facts["image"] == "debian12"
+    assert facts["owner"] == {"tenant": "acme", "creator": "alice"} and facts["minion"]["id"] == "web1"
+    assert injected(domxml.with_ha(domxml.build(spec.build("web1", 1, 128, ha=True)), False))["ha"] is False
+    assert ET.fromstring(domxml.with_ha(domxml.build(spec.build("web2", 1, 128)), True)).findtext("ha") == "true"
