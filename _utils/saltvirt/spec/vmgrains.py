@@ -22,6 +22,7 @@ NAMES = (
     "group",
     "tenant",
     "image",
+    "ha",
     "persistent",
     "autostart",
     "macs",
@@ -49,6 +50,7 @@ def grains(facts: Data, hypervisor: str) -> Data:
         "group": facts.get("group"),
         "tenant": owner.get("tenant"),
         "image": facts.get("image"),  # what virt.init recorded: a catalog name, or the source without secrets
+        "ha": bool(facts.get("ha")),  # its record's HA flag (virt.init/virt.update ha=True; docs/topics/recovery.md)
         "persistent": facts.get("persistent"),
         "autostart": facts.get("autostart"),
         "macs": sorted(n["mac"] for n in nics.values() if isinstance(n, dict) and n.get("mac")),

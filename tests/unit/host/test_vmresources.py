@@ -54,6 +54,7 @@ def test_grains_are_what_libvirt_and_the_definition_say(test_conn):
         "group": "db",
         "tenant": "acme",
         "image": "debian12",
+        "ha": False,
         "persistent": True,
         "autostart": False,
         "macs": ["52:54:00:00:00:0a"],

@@ -16,6 +16,7 @@ def test_grains_from_a_vm_info_entry():
         "group": "db",
         "owner": {"tenant": "acme", "creator": "alice"},
         "image": "debian12",
+        "ha": True,
         "persistent": True,
         "autostart": True,
         "nics": {
@@ -38,6 +39,7 @@ def test_grains_from_a_vm_info_entry():
         "group": "db",
         "tenant": "acme",
         "image": "debian12",
+        "ha": True,
         "persistent": True,
         "autostart": True,
         "macs": ["52:54:00:00:00:0a", "52:54:00:00:00:0b"],
@@ -47,5 +49,5 @@ def test_grains_from_a_vm_info_entry():
 
 def test_an_operators_vm_and_an_unreadable_one():
     got = vmgrains.grains({"uuid": UUID, "name": "ops1", "owner": None, "nics": {}}, "hv1")
-    assert (got["tenant"], got["group"], got["image"], got["macs"]) == (None, None, None, [])
+    assert (got["tenant"], got["group"], got["image"], got["ha"], got["macs"]) == (None, None, None, False, [])
     assert vmgrains.grains({"name": "odd", "state": "unknown", "error": "cannot read"}, "hv1") == {}
