@@ -66,18 +66,6 @@ def __virtual__():
     return __virtualname__
 
 
-def _resource_refresher():
-    """The ``virt_vm`` resources' registration following libvirt's lifecycle events: a burst is one
-    ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
-    (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
-    pillar)."""
-    # read here: the Refresher calls on a thread of its own, where the loader's dunders are unset
-    opts, grains = dict(__opts__), dict(__grains__)
-    return _vmr.Refresher(
-        __salt__["saltutil.refresh_resources"], declared=lambda: _vmr.pillar_declares(opts, grains)
-    ).lifecycle
-
-
 def start(uri=None, tag_prefix=None, filters=None, **options):
     """Watch this hypervisor's libvirt and send its events to the master in Salt's ``libvirt_events``
     scheme (runs until the minion stops). ``uri`` is the engine's own option (minion config, the
@@ -90,6 +78,6 @@ def start(uri=None, tag_prefix=None, filters=None, **options):
         uri,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
-        on_lifecycle=_resource_refresher(),
+        on_lifecycle=_vmr.follow_lifecycle(__salt__, __opts__, __grains__),
         engine="libvirt_events",
     )

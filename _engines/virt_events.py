@@ -104,18 +104,6 @@ def _reap(minion_id):
             log.warning("virt_events: could not report the reaped seeding to the master: %s", exc)
 
 
-def _resource_refresher():
-    """The ``virt_vm`` resources' registration following libvirt's lifecycle events: a burst is one
-    ``saltutil.refresh_resources`` (an event on this minion's own bus) while the minion's pillar declares the type
-    (compiled afresh when a burst is due, at most once a minute: an engine starts before the minion has its
-    pillar)."""
-    # read here: the Refresher calls on a thread of its own, where the loader's dunders are unset
-    opts, grains = dict(__opts__), dict(__grains__)
-    return _vmr.Refresher(
-        __salt__["saltutil.refresh_resources"], declared=lambda: _vmr.pillar_declares(opts, grains)
-    ).lifecycle
-
-
 def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
@@ -128,5 +116,5 @@ def start(connection=None, **options):
         connection,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
-        on_lifecycle=_resource_refresher(),
+        on_lifecycle=_vmr.follow_lifecycle(__salt__, __opts__, __grains__),
     )

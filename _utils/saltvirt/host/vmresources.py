@@ -295,3 +295,13 @@ class Refresher:
                 self.fire()
             except Exception as exc:  # noqa: BLE001 - the next change tries again; the engine goes on
                 log.warning("virt_vm: could not ask the minion to register its VMs again: %s", exc)
+
+
+def follow_lifecycle(salt: Mapping[str, Any], opts: Mapping[str, Any], grains: Mapping[str, Any]) -> Any:
+    """For an events engine (``virt_events``, ``libvirt_events``): the hook its watcher tells every lifecycle event
+    (:meth:`Refresher.lifecycle`). A burst is one ``saltutil.refresh_resources`` (an event on this minion's own
+    bus) while the minion's pillar declares the type (compiled afresh when a burst is due, at most once a minute:
+    an engine starts before the minion has its pillar). ``salt``, ``opts``, ``grains``: the engine's dunders, read
+    now: the Refresher calls on a thread of its own, where the loader's dunders are unset."""
+    opts, grains = dict(opts), dict(grains)
+    return Refresher(salt["saltutil.refresh_resources"], declared=lambda: pillar_declares(opts, grains)).lifecycle
