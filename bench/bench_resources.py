@@ -25,6 +25,7 @@ same. Control commands name the hypervisors with ``-L`` (a wildcard would run th
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -263,7 +264,13 @@ class Bench:
             if total == want_total and (not fresh or new == want_total):
                 break
             if time.monotonic() > deadline:
-                return {"label": label, "error": f"bank {total} entries ({new} fresh), want {want_total}: {err[-300:]}"}
+                return {
+                    "label": label,
+                    "error": f"after {timeout} s the bank holds {total} entries ({new} written since), want "
+                    f"{want_total} (rc {rc}): {err[-300:]}",
+                    "bank": total,
+                    "fresh": new,
+                }
             time.sleep(0.05)
         wall = time.perf_counter() - t0
         m1, n1 = snapshot(self.master_leaders()), snapshot(self.minion_leaders())
@@ -362,6 +369,15 @@ def render(rows, cfg):
     ]
 
 
+def partial(rows):
+    """The counted rows so far, to ``$BENCH_JSON_DIR/resources.partial.json``."""
+    out_dir = os.environ.get("BENCH_JSON_DIR")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "resources.partial.json"), "w") as fh:
+            json.dump(rows, fh, indent=1, default=str)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 minion x 10 domains, one cycle (the smoke test's size)")
@@ -430,9 +446,13 @@ def main(argv=None):
                     log(f"  {r['label']}: {r.get('wall', 0):.2f}s master {r.get('master_cpu', 0):.2f} CPU-s")
                 if counted:
                     rows += got
+                    partial(rows)  # a run cut short keeps what it measured
             if args.spy:
                 log("resources: one more cycle under py-spy")
-                cycle(b, one, spy=True)
+                try:
+                    cycle(b, one, spy=True)
+                except Exception as exc:  # noqa: BLE001 - a diagnostic: never loses the counted figures
+                    errors.append(f"py-spy cycle: {exc}")
         except Exception as exc:  # noqa: BLE001 - reported with what was measured
             errors.append(f"salt-virt: {exc}")
         finally:
