@@ -116,6 +116,9 @@ def test_no_round_moves_while_a_timed_out_migration_may_still_run(tmp_path):
     """hv1 is still migrating v0 when virt:migration_timeout ends: the next rounds gather nothing until that
     migration must have ended (another virt:migration_timeout)."""
     opts = held(master(tmp_path, migration_timeout=0.5), T0)
+    # hv1 answers its job checks ("still running") until the migration times out: under load a check answered
+    # later than QUICK_WAITS' 0.1 s down_after made it "down" instead (a loaded run's failure)
+    opts["virt"]["hypervisors"].update(gather_job_timeout=1, down_after=5)
     client = signedfleet.SigningClient(answers(fleet(), silent_migrate=True), busy=["hv1"])
     out = run(opts, client, now=T0)
     assert out["committed"] is True and out["moved"] == {}
