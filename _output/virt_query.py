@@ -69,7 +69,8 @@ def _host_line(mid, ans):
     ]
     if h.get("disk_free") is not None:
         parts.append(f"{h['disk_free']} MiB free in {h.get('images_dir', 'virt:images')}")
-    return f"{mid}  up  ({h.get('hostname', mid)}: {', '.join(parts)})"
+    maint = f"  in maintenance ({_printable(ans['maintenance'])})" if ans.get("maintenance") else ""
+    return f"{mid}  up{maint}  ({h.get('hostname', mid)}: {', '.join(parts)})"
 
 
 def _printable(value):

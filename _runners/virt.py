@@ -171,7 +171,8 @@ def query(tgt=None, tgt_type=None, timeout=None, rates=False, interval=2):
     """
     Every VM on every hypervisor (state, cpu, memory, graphics, disks, NICs with the running VMs' IPs
     and their source: guest agent, DHCP lease or ARP) plus each hypervisor's capacity, in one round trip.
-    Hypervisors that do not answer are listed with ``status: down``.
+    Hypervisors that do not answer are listed with ``status: down``; one in maintenance (the master's
+    ``virt:placement:maintenance``) has ``maintenance: <the pattern that matches it>``.
 
     rates
         also measure each running VM's CPU %, disk and network bytes/s (and disk requests/s) over
@@ -191,7 +192,7 @@ def query(tgt=None, tgt_type=None, timeout=None, rates=False, interval=2):
         data = _seen(who, tgt, tgt_type, timeout)
         if validate.to_bool(rates):
             _add_rates(data, tgt, tgt_type, timeout, interval)
-        return _out(data)
+        return _out(placement.mark_maintenance(data, placement.make_policy(_virt_conf().get("placement"))))
     except SaltException as exc:
         return _failed(exc)
 

@@ -141,7 +141,7 @@ async function refresh() {
     const hosts = [];
     for (const [host, ans] of Object.entries(fleet || {})) {
       const a = ans || {};
-      hosts.push({ name: host, status: a.status || "up", info: a.host || {}, error: a.error });
+      hosts.push({ name: host, status: a.status || "up", info: a.host || {}, error: a.error, maintenance: a.maintenance });
       for (const [name, vm] of Object.entries(a.vm_info || {})) {
         vms.push({
           name,
@@ -260,6 +260,7 @@ function renderHosts() {
         tr.append(
           el("td", h.name),
           el("td", h.error ? `${h.status}: ${h.error}` : h.status),
+          el("td", h.maintenance ? `in maintenance (${h.maintenance})` : ""),
           cell(i.vcpus_used_by_vms, i.vcpus_total),
           cell(i.mem_used_by_vms, i.mem_total),
           el("td", i.vms_defined === undefined ? "" : `${i.vms_active} running of ${i.vms_defined}`),

@@ -473,14 +473,15 @@ def test_console_the_operator_sees_every_tenant_and_the_fleet(cloud, chrome, tmp
         "[tr.dataset.host, [...tr.cells].map(td => td.textContent)]))"
     )
     assert sorted(rows) == HOSTS and {r[1] for r in rows.values()} == {"up"}, rows
-    for host, cells in rows.items():  # host, status, vCPUs and memory "<running VMs'> of <host's>", VMs, disk free
+    for host, cells in rows.items():  # host, status, maintenance, vCPUs and memory "<running VMs'> of <host's>", VMs
         conn = libvirt.open(cloud["hvs"][host].uri)
         try:
             _, mem, cpus, *_ = conn.getInfo()
         finally:
             conn.close()
-        assert (cells[2], cells[3]) == (f"0 of {cpus}", f"0 of {mem}"), rows  # all shut off
-        assert cells[4] == f"0 running of {sum(1 for v in vms.values() if v['host'] == host)}", rows
+        assert cells[2] == "", rows  # neither is in the master's virt:placement:maintenance
+        assert (cells[3], cells[4]) == (f"0 of {cpus}", f"0 of {mem}"), rows  # all shut off
+        assert cells[5] == f"0 running of {sum(1 for v in vms.values() if v['host'] == host)}", rows
     chrome.save_screenshot(str(tmp_path / "console-fleet.png"))
 
 

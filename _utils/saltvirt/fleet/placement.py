@@ -184,6 +184,16 @@ def in_maintenance(host: str, patterns: Iterable[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(host, p)), None)
 
 
+def mark_maintenance(hosts: dict[str, Any], pol: Data) -> dict[str, Any]:
+    """``hosts`` (a fleet answer: ``{host: answer}``) with ``maintenance`` set in each answer that is a dict: the
+    pattern of ``pol`` that puts the host in maintenance, or None (``salt-run virt.query``, the web console's
+    fleet view)."""
+    return {
+        h: dict(a, maintenance=in_maintenance(h, pol["maintenance"])) if isinstance(a, dict) else a
+        for h, a in hosts.items()
+    }
+
+
 def _check(host, answer, req, pol, load=None, maint_re=False):
     """(free-after dict, reasons list) for one host; reasons empty means it fits. ``load``: what
     in-flight creations reserved there (``saltvirt.fleet.fleetstate.tally``), counted as used.

@@ -131,6 +131,19 @@ def test_maintenance_hosts_are_skipped_by_id_or_glob():
     assert placement.rank(hosts, req(), pol)["host"] == "hyper1"
 
 
+def test_a_fleet_answer_says_which_hosts_are_in_maintenance():
+    pol = placement.make_policy({"maintenance": ["hyper1", "rack2-*"]})
+    hosts = {"hyper1": {"status": "up"}, "rack2-a": {"status": "down"}, "hyper3": {"status": "up"}, "odd": None}
+    out = placement.mark_maintenance(hosts, pol)
+    assert {h: (a or {}).get("maintenance") for h, a in out.items()} == {
+        "hyper1": "hyper1",
+        "rack2-a": "rack2-*",
+        "hyper3": None,
+        "odd": None,
+    }
+    assert out["odd"] is None and "maintenance" not in hosts["hyper1"]  # a copy; a non-answer left as it is
+
+
 def test_weights_decide_between_memory_and_cpu_headroom():
     hosts = {
         "memrich": host(mem=64 * GIB, cpus=4, cpus_used=12),

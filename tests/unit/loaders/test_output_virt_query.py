@@ -34,6 +34,13 @@ def test_loopback_console_prints_the_listener_and_the_tunnel():
     assert text.endswith("    Graphics: vnc - hv1.example.com:5901") and "Reach it" not in text
 
 
+def test_a_host_in_maintenance_says_so():
+    host = {"hostname": "h", "vcpus_total": 4, "vcpus_used_by_vms": 1, "mem_total": 4096, "mem_used_by_vms": 256}
+    text = render({"hv1": {"status": "up", "host": host, "maintenance": "hv*"}, "hv2": {"status": "up", "host": host}})
+    assert "hv1  up  in maintenance (hv*)  (h: 1/4 vCPUs" in text
+    assert "hv2  up  (h: 1/4 vCPUs" in text
+
+
 def test_rates_line():
     rates = {
         "cpu_percent": 12.5,
