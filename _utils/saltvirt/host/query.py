@@ -11,6 +11,7 @@ from salt.exceptions import CommandExecutionError
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host import guestips
 from saltvirt.host.conn import get_domain, libvirt
+from saltvirt.host.stats import uptimes
 from saltvirt.xml import domxml
 
 STATES = {
@@ -338,6 +339,10 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
                 raise CommandExecutionError(entry["error"]) from None
             out[vm_name] = entry
     guestips.annotate(described, {n: out[n] for n in described if n in out}, agent_timeout, conn=conn)
+    running = {n: str(out[n]["uuid"]).lower() for n in described if out[n].get("state") == "running"}
+    ran = uptimes(conn, list(running.values()))
+    for n in described:  # seconds its QEMU has run, for a running VM on this machine's libvirtd; else None
+        out[n]["uptime"] = ran.get(running.get(n, ""))
     return out
 
 
