@@ -5,6 +5,8 @@
 # OUTDIR/vmlinux                    the same kernel as QEMU starts it fastest: uncompressed, through its PVH
 #                                   entry (the bzImage itself when the kernel has none); what the tests boot
 # OUTDIR/disk.raw, OUTDIR/disk.qcow2  64 MiB MBR disk, partition 1 = ext4 "root" with /etc/salt and /seed.txt
+# OUTDIR/boot.qcow2                 32 MiB MBR disk that boots by itself (extlinux): the kernel and initrd.img
+#                                   with console=ttyS0 console=tty0 guest.ip=dhcp (the markers on the screen too)
 # The initramfs /init prints on the serial console:
 #   GUEST-BOOT-OK ...            kernel is up
 #   SEED: <line>                 /seed.txt of the first ext4 found on vda1/vda/sda1/sda
@@ -216,6 +218,36 @@ printf 'label: dos\nstart=2048, type=83\n' | sfdisk -q disk.raw
 dd if=part.img of=disk.raw bs=1M seek=1 conv=notrunc status=none
 qemu-img convert -f raw -O qcow2 disk.raw disk.qcow2
 mv disk.raw "$OUT"/disk.raw; mv disk.qcow2 "$OUT"/disk.qcow2
+
+# A disk that boots on its own (a catalog image for the web console's test): extlinux from the MBR, the same
+# kernel and initramfs, their text on the VGA screen too (/dev/console is the last console=) and DHCP.
+mkdir -p boot/boot/extlinux
+cp "$OUT"/vmlinuz.tmp boot/boot/vmlinuz; cp "$OUT"/initrd.img.tmp boot/boot/initrd.img
+echo "boot image built $(date -u +%FT%TZ)" > boot/seed.txt
+cat > boot/boot/extlinux/extlinux.conf <<'EXT'
+DEFAULT guest
+TIMEOUT 0
+PROMPT 0
+LABEL guest
+  LINUX /boot/vmlinuz
+  INITRD /boot/initrd.img
+  APPEND console=ttyS0 console=tty0 guest.ip=dhcp
+EXT
+mkfs.ext4 -q -F -L root -b 4096 -O ^metadata_csum_seed -d boot bootpart.img 31M
+truncate -s 32M boot.raw
+printf 'label: dos\nstart=2048, type=83, bootable\n' | sfdisk -q boot.raw
+dd if=bootpart.img of=boot.raw bs=1M seek=1 conv=notrunc status=none
+# extlinux writes its loader into a mounted filesystem only (scripts/build-debian-image.sh does the same)
+LOOP=$(losetup -f --show -o $((2048 * 512)) boot.raw)
+mkdir -p bootmnt
+if mount "$LOOP" bootmnt; then
+  extlinux --install bootmnt/boot/extlinux >/dev/null 2>&1 && rc=0 || rc=$?
+  umount bootmnt
+else rc=1; fi
+losetup -d "$LOOP"
+[ "$rc" = 0 ] || { echo "build-guest: extlinux --install failed on boot.raw" >&2; exit 1; }
+dd if=/usr/lib/EXTLINUX/mbr.bin of=boot.raw conv=notrunc bs=440 count=1 status=none
+qemu-img convert -f raw -O qcow2 boot.raw "$OUT"/boot.qcow2
 mv "$OUT"/vmlinuz.tmp "$OUT"/vmlinuz; mv "$OUT"/vmlinux.tmp "$OUT"/vmlinux; mv "$OUT"/initrd.img.tmp "$OUT"/initrd.img
 mv "$OUT"/initrd-qga.img.tmp "$OUT"/initrd-qga.img
 chmod 644 "$OUT"/*

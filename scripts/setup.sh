@@ -63,7 +63,7 @@ fi
 # directory is never half-built.
 GUEST_HASH=$(sha256sum < "$HERE/scripts/build-guest.sh" | cut -c1-16)
 if [ ! -f "$GUEST/.ok-$GUEST_HASH" ] || [ ! -s "$GUEST/initrd.img" ] || [ ! -s "$GUEST/disk.raw" ] \
-   || [ ! -s "$GUEST/initrd-qga.img" ] || [ ! -s "$GUEST/vmlinux" ]; then
+   || [ ! -s "$GUEST/initrd-qga.img" ] || [ ! -s "$GUEST/vmlinux" ] || [ ! -s "$GUEST/boot.qcow2" ]; then
   log "building test guest in $GUEST"
   NEW=$(mktemp -d "${GUEST%/}.new.XXXXXX")
   bash "$HERE/scripts/build-guest.sh" "$NEW"

@@ -110,7 +110,7 @@ def test_conn():
 @pytest.fixture(scope="session")
 def guest():
     """The tiny bootable test guest built by scripts/setup.sh."""
-    needed = ["vmlinux", "vmlinuz", "initrd.img", "initrd-qga.img", "disk.raw", "disk.qcow2"]
+    needed = ["vmlinux", "vmlinuz", "initrd.img", "initrd-qga.img", "disk.raw", "disk.qcow2", "boot.qcow2"]
     missing = [n for n in needed if not (GUEST_DIR / n).is_file()]
     if missing:
         pytest.fail(f"test guest incomplete in {GUEST_DIR} (missing {missing}): run scripts/setup.sh")
@@ -123,6 +123,7 @@ def guest():
         "initrd_qga": str(GUEST_DIR / "initrd-qga.img"),  # the same with qemu-ga (scripts/build-guest.sh)
         "raw": str(GUEST_DIR / "disk.raw"),
         "qcow2": str(GUEST_DIR / "disk.qcow2"),
+        "boot": str(GUEST_DIR / "boot.qcow2"),  # boots by itself (extlinux), text on its screen too, DHCP
     }
 
 

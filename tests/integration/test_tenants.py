@@ -1,14 +1,19 @@
 """Tenants through a real salt-api (rest_cherrypy, ``file`` eauth) on a real salt-master, with two real
 namespaced libvirtd hypervisors (``thv1``/``thv2`` manage hv21/hv22). VMs are defined, not booted
 (``seed=False start=False``: quota and isolation need no running guest; the docs' curl walk-through
-starts one for a moment).
+starts one for a moment, the console tests start blank disks that stop at SeaBIOS).
 
-    alice  tenant acme: quota 3 vCPUs, 3 VMs; catalog image tiny; none of its VMs on thv2 (group_quotas)
+    alice  tenant acme: quota 3 vCPUs, 3 VMs; catalog images tiny, debian12, boot; network dhcp; none of its VMs
+           on thv2 (group_quotas)
     bob    tenant beta: quota 4 vCPUs; catalog images tiny, other
     carol  operator (virt:operators)
 
 The hypervisors run the virt_console engine (one-time console tickets) and hand out plain-websocket consoles
 (virt:console:insecure_plain_websocket, reached on 127.0.0.1 through lab.Hypervisor.forward).
+
+The last test is issue 39's browser flow with one booted guest: the catalog image ``boot`` (scripts/build-guest.sh's
+boot.qcow2: extlinux, the test guest's kernel and initramfs writing on the screen, DHCP) on thv1's libvirt network
+``dhcp`` (its dnsmasq leases the address the console shows).
 
 Every libvirt fact is read from the hypervisors' libvirtd itself (domain XML <metadata>)."""
 
@@ -39,14 +44,19 @@ from tests.support.tenantlab import (
     click,
     click_action,
     console_login,
+    create_from_catalog,
     last_job,
+    lease_network,
     libvirt_vms,
     live_password,
     needles,
+    runner_in_tab,
+    screen,
     snapshots,
     spent,
     table,
     ticket,
+    vnc_connected,
     wait_state,
     websocket_port,
 )
@@ -62,6 +72,8 @@ CONSOLE = {
     "static_path": "/console-static",
 }
 OTHER = "tenant-other.qcow2"
+BOOT = "tenant-boot.qcow2"  # boots by itself (scripts/build-guest.sh boot.qcow2)
+DHCP_NET = "dhcp"
 # the hypervisors' virt:console (docs/configuration.md): browsers reach the consoles on 127.0.0.1 (forwarded
 # into the hypervisor's namespace), no TLS in the lab; a ticket opens a console for this many seconds
 CONSOLE_LIFETIME = 30
@@ -73,13 +85,15 @@ def sha256(path):
 
 
 @pytest.fixture(scope="module")
-def images(state_tree):
-    """Two small qcow2 images in the master's file_roots (not bootable: these VMs are only defined)."""
+def images(state_tree, guest):
+    """Two small blank qcow2 images in the master's file_roots (these VMs are only defined) and the bootable one."""
     made = {}
     for name, size in ((TINY, "16M"), (OTHER, "8M")):
         path = pathlib.Path(state_tree) / "images" / name
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path), size], check=True)
         made[name] = path
+    made[BOOT] = pathlib.Path(state_tree) / "images" / BOOT
+    shutil.copyfile(guest["boot"], made[BOOT])
     yield made
     for path in made.values():
         path.unlink(missing_ok=True)
@@ -106,6 +120,7 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
         "carol": saltapi.User(USERS["carol"], ["@runner"]),
     }
     tiny = {"source": f"salt://images/{TINY}", "checksum": sha256(images[TINY]), "min_size": 16}
+    boot = {"source": f"salt://images/{BOOT}", "checksum": sha256(images[BOOT]), "min_size": 32}
     virt = {
         # generous waits: ten concurrent inits each ask both hypervisors on a 2-core machine
         "hypervisors": {"tgt": HOSTS, "tgt_type": "list", "timeout": 60, "gather_job_timeout": 30},
@@ -116,13 +131,15 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
                 "members": ["alice"],
                 "quota": {"vcpus": 3, "vms": 3},
                 "group_quotas": {"gpu": {"vms": 0}},  # its VMs are all on thv1: a migration to thv2 is refused
-                "images": ["tiny", "debian12"],
+                "images": ["tiny", "debian12", "boot"],
+                "networks": [DHCP_NET],  # thv1's libvirt network with DHCP (the dhcp_net fixture)
             },
             "beta": {"members": ["bob"], "quota": {"vcpus": 4}, "images": ["tiny", "other"]},
         },
         "catalog": {
             "tiny": tiny,
             "debian12": tiny,  # the name the docs' curl walk-through uses
+            "boot": boot,
             "other": {"source": f"salt://images/{OTHER}", "checksum": sha256(images[OTHER]), "min_size": 8},
         },
     }
@@ -640,44 +657,6 @@ def screens(cloud):
             alice.runner("virt.force_off", name=name)
 
 
-SCREEN_PIXELS = (
-    "const c = document.querySelector('#vnc-screen canvas'); if (!c || !c.width) return 0;"
-    "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0;"
-    "for (let i = 0; i < d.length; i += 4) if (d[i] + d[i + 1] + d[i + 2] > 300) n++; return n;"
-)
-
-
-def test_console_a_tenant_sees_its_vms_screen_in_the_browser(cloud, screens, chrome, tmp_path):
-    """alice clicks Console on a2: noVNC connects with the ticket's password and shows what the guest's screen
-    shows (SeaBIOS's text: light pixels on the canvas); nothing of the ticket is kept in the tab."""
-    console_login(chrome, cloud, "alice")
-    host = libvirt_vms(cloud)["a2"]["host"]
-    before = live_password(cloud, host, "a2")
-    click_action(chrome, "a2", "virt.console")
-    browser.wait(
-        chrome,
-        lambda d: d.find_element(browser.ID, "vnc-status").get_attribute("data-state") in ("connected", "refused"),
-        timeout=180,
-        message="noVNC neither connected nor was refused",
-    )
-    status = chrome.find_element(browser.ID, "vnc-status")
-    assert status.get_attribute("data-state") == "connected", status.text
-    assert status.text == "connected to a2"
-    # the guest's text on the canvas (SeaBIOS: "Booting from Hard Disk...", "No bootable device")
-    browser.wait(chrome, lambda d: d.execute_script(SCREEN_PIXELS) > 300, timeout=120, message="an empty screen")
-    chrome.save_screenshot(str(tmp_path / "console-vnc.png"))
-    # the tab's ticket set a new password (and the engine spent it once noVNC authenticated: the next test
-    # shows it with a client that can replay); the tab keeps nothing but its salt-api token
-    assert live_password(cloud, host, "a2") != before
-    assert chrome.execute_script("return [Object.keys(sessionStorage), localStorage.length]") == [
-        ["saltvirt.console"],
-        0,
-    ]
-    assert chrome.find_element(browser.ID, "vnc-status").get_attribute("data-state") == "connected"
-    chrome.find_element(browser.ID, "vnc-close").click()
-    assert not chrome.find_element(browser.ID, "vnc-view").is_displayed()
-
-
 def test_console_tickets_open_one_vm_once_for_a_short_time(cloud, screens):
     """A ticket's password opens its VM's console once; replayed, on another VM's console or after its
     lifetime it is refused. A tenant gets no ticket for another tenant's VM, an operator for any."""
@@ -714,3 +693,87 @@ def test_console_passwords_never_reach_the_job_cache_or_the_bus_in_clear(cloud, 
     assert [p for p, data in files.items() if any(n in data for n in needles(password))] == []
     # the search looks where the call went: its publication (the caller's public key) is there
     assert [p for p, data in files.items() if keys[1].encode() in data], "the job is not in the job cache"
+
+
+# issue 39's browser proof, one flow with one booted guest -------------------------------------------------
+@pytest.fixture
+def dhcp_net(cloud):
+    """thv1's libvirt network ``dhcp`` (thv1: acme's group quota keeps its VMs off thv2)."""
+    with lease_network(cloud, "thv1", DHCP_NET, "10.254.21.") as prefix:
+        yield prefix
+
+
+def test_console_a_tenant_runs_a_catalog_vm_sees_its_address_and_screen_and_stops_it(cloud, dhcp_net, chrome, tmp_path):
+    """alice creates a9 with the form (catalog image ``boot``, network ``dhcp``, started, VNC); the list shows it
+    running with the address thv1's dnsmasq leased it; its console (noVNC, a one-time ticket) shows the guest's own
+    text: the kernel's and init's lines fill the screen to its last rows and the heartbeat moves it (SeaBIOS and
+    extlinux write a few lines at the top, then nothing moves). She stops it; beta's VMs are not listed and the
+    runner gives her tab no ticket for one; carol (operator) sees both tenants' VMs. acme is full (a1 2 vCPUs, a2 1
+    of 3): a2 is purged first through the API and a1 forced off (one guest boots). Screenshots in tmp_path."""
+    vm = "a9"
+    alice = login(cloud, "alice")
+    for name in ("a1", "a2"):  # the ticket tests' screens
+        alice.runner("virt.force_off", name=name)
+    assert "error" not in alice.runner("virt.purge", name="a2")
+    beta = sorted(n for n, v in libvirt_vms(cloud).items() if v["tenant"] == "beta")
+    try:
+        console_login(chrome, cloud, "alice")
+        assert sorted(table(chrome)) == ["a1"], table(chrome)  # beta's VMs are not listed
+        create_from_catalog(chrome, vm, image="boot", network=DHCP_NET, mem=128, seed=False, vnc=True)
+        chrome.save_screenshot(str(tmp_path / "console-create.png"))
+        chrome.find_element(browser.ID, "new-submit").click()
+        browser.wait(chrome, lambda d: last_job(d)[0], message="no job listed")
+        browser.wait(chrome, lambda d: last_job(d)[0] != "running", timeout=600, message="virt.init still running")
+        assert last_job(chrome)[0] == "done", (last_job(chrome), chrome.find_element(browser.ID, "new-result").text)
+        host = libvirt_vms(cloud)[vm]["host"]
+        assert host == "thv1" and active(cloud, host, vm)
+        wait_state(chrome, vm, "running")
+        # the address: the list's own refresh shows what virt.query read from the network's leases
+        browser.wait(
+            chrome,
+            lambda d: table(d).get(vm, {}).get("ips", "").startswith(dhcp_net),
+            timeout=300,
+            message=f"{vm} shows no address",
+        )
+        address = table(chrome)[vm]["ips"]
+        assert re.fullmatch(r"10\.254\.21\.(5\d|[6-9]\d)", address), address
+        chrome.save_screenshot(str(tmp_path / "console-running.png"))
+        before = live_password(cloud, host, vm)
+        with cloud["hvs"][host].forward(websocket_port(cloud, host, vm)):
+            click_action(chrome, vm, "virt.console")
+            status = vnc_connected(chrome)
+            assert status.text == f"connected to {vm}", status.text
+            browser.wait(
+                chrome,
+                lambda d: screen(d, top=0.8)[0] > 300,
+                timeout=120,
+                message=f"the screen's last rows stay dark: {screen(chrome)}",
+            )
+            first = screen(chrome)
+            browser.wait(chrome, lambda d: screen(d) != first, timeout=30, message="the screen does not move")
+            chrome.save_screenshot(str(tmp_path / "console-vnc.png"))
+            print(
+                f"{vm} at {address}; light pixels on its screen: {first[0]}, in its last fifth {screen(chrome, 0.8)[0]}"
+            )
+            # the tab's ticket set a new password; the tab keeps nothing but its salt-api token
+            assert live_password(cloud, host, vm) != before
+            assert chrome.execute_script("return [Object.keys(sessionStorage), localStorage.length]") == [
+                ["saltvirt.console"],
+                0,
+            ]
+            chrome.find_element(browser.ID, "vnc-close").click()
+        assert not chrome.find_element(browser.ID, "vnc-view").is_displayed()
+        click_action(chrome, vm, "virt.stop")
+        wait_state(chrome, vm, "shutoff")
+        assert not active(cloud, host, vm)
+        # beta's VMs: not listed, and no ticket for one from alice's tab
+        assert beta and not set(beta) & set(table(chrome))
+        denied = runner_in_tab(chrome, "virt.console", name=beta[0], pubkey=browser_key()[1])
+        assert denied == {"error": f"no VM named {beta[0]} in tenant acme"}, denied
+        chrome.find_element(browser.ID, "logout").click()
+        console_login(chrome, cloud, "carol")
+        seen = table(chrome)
+        assert {n: seen[n]["tenant"] for n in (vm, *beta)} == {vm: "acme", **dict.fromkeys(beta, "beta")}, seen
+        chrome.save_screenshot(str(tmp_path / "console-operator-both.png"))
+    finally:
+        alice.runner("virt.force_off", name=vm)  # whatever happened: no guest left running

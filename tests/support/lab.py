@@ -103,6 +103,10 @@ class Fabric:
         return self
 
 
+# ports of the root namespace Hypervisor.forward listens on now: {port: the hypervisor's netns}
+_FORWARDED = {}
+
+
 class Hypervisor:
     """One libvirtd in its own namespaces. ``uri`` reaches it from the root namespace."""
 
@@ -297,11 +301,18 @@ class Hypervisor:
     def forward(self, port):
         """``127.0.0.1:port`` of the root namespace forwarded to ``127.0.0.1:port`` in this hypervisor's network
         namespace, while the context lasts: how a browser on this machine reaches a VM's VNC websocket (it
-        listens on the hypervisor's 127.0.0.1, as on a real host before ``graphics:listen`` opens it)."""
+        listens on the hypervisor's 127.0.0.1, as on a real host before ``graphics:listen`` opens it). A port this
+        process forwards to this hypervisor already is reused (QEMU gives a port free again to the next VM started):
+        the first context owns it."""
         import ctypes
         import socket
         import threading
 
+        owner = _FORWARDED.get(port)
+        if owner is not None:
+            assert owner == self.netns, f"127.0.0.1:{port} is forwarded into {owner} already"
+            yield f"127.0.0.1:{port}"
+            return
         libc = ctypes.CDLL(None, use_errno=True)
         ns_fd = os.open(f"/var/run/netns/{self.netns}", os.O_RDONLY)
 
@@ -342,9 +353,11 @@ class Hypervisor:
                 threading.Thread(target=serve, args=(client,), daemon=True).start()
 
         threading.Thread(target=accept, daemon=True).start()
+        _FORWARDED[port] = self.netns
         try:
             yield f"127.0.0.1:{port}"
         finally:
+            del _FORWARDED[port]
             done.set()
             listener.close()
             os.close(ns_fd)

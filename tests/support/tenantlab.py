@@ -4,6 +4,7 @@ jobs list, and the VM screen's one-time tickets (docs/topics/console.md). Plain 
 ``cloud`` lab (its ``url``, ``hvs``, ``users``)."""
 
 import base64
+import contextlib
 import time
 import xml.etree.ElementTree as ET
 
@@ -175,3 +176,79 @@ def needles(secret):
         first, end = (1 if pad else 0), (pad + len(raw)) // 3  # the groups made of the secret's bytes only
         out.append(enc[4 * first : 4 * end])
     return [n for n in out if len(n) >= 4]
+
+
+def screen(driver, top=0.0):
+    """``(lit, digest)`` of the noVNC canvas below ``top`` (a fraction of its height): how many pixels are light
+    (text on the guest's screen) and a digest of them all (the screen changed when it differs)."""
+    return driver.execute_script(
+        "const c = document.querySelector('#vnc-screen canvas'); if (!c || !c.width) return [0, 0];"
+        "const y = Math.floor(c.height * arguments[0]);"
+        "const d = c.getContext('2d').getImageData(0, y, c.width, c.height - y).data; let n = 0, h = 0;"
+        "for (let i = 0; i < d.length; i += 4) { if (d[i] + d[i + 1] + d[i + 2] > 300) n++; h = (h * 31 + d[i]) | 0; }"
+        "return [n, h];",
+        top,
+    )
+
+
+def runner_in_tab(driver, fun, **kwarg):
+    """The console's own ``runner()`` call from the logged-in tab: its answer, or ``{"error": message}``."""
+    return driver.execute_async_script(
+        "const done = arguments[2]; runner(arguments[0], arguments[1]).then(done, e => done({error: e.message}))",
+        fun,
+        kwarg,
+    )
+
+
+def create_from_catalog(driver, vm, image, network=None, mem=64, seed=True, vnc=False):
+    """Fill the console's "New VM" form (not submitted): name, catalog image, network, memory, the checkboxes."""
+    from selenium.webdriver.support.ui import Select
+
+    driver.find_element(browser.CSS, "#create summary").click()
+    browser.wait(driver, lambda d: d.find_elements(browser.CSS, f"#new-image option[value='{image}']"))
+    driver.find_element(browser.ID, "new-name").send_keys(vm)
+    Select(driver.find_element(browser.ID, "new-image")).select_by_value(image)
+    if network:
+        Select(driver.find_element(browser.ID, "new-network")).select_by_value(network)
+    field = driver.find_element(browser.ID, "new-mem")
+    field.clear()
+    field.send_keys(str(mem))
+    for box, wanted in (("new-seed", seed), ("new-vnc", vnc)):
+        if driver.find_element(browser.ID, box).is_selected() != wanted:
+            driver.find_element(browser.ID, box).click()
+
+
+@contextlib.contextmanager
+def lease_network(cloud, host, name, prefix):
+    """An isolated libvirt network ``name`` on ``host`` while the context lasts: its dnsmasq leases ``prefix``.50-99
+    of ``prefix``.0/24 (what ``virt.query`` reports as ``lease`` addresses). Yields ``prefix``."""
+    salt = cloud["master"].salt_cli(timeout=120)
+    ret = salt.run(
+        "virt.network_define",
+        name,
+        f"bridge=vb{name}",
+        "forward=none",
+        f"ip={prefix}1/24",
+        f"dhcp_start={prefix}50",
+        f"dhcp_end={prefix}99",
+        "autostart=False",
+        minion_tgt=host,
+    )
+    assert ret.returncode == 0 and ret.data is True, ret
+    try:
+        yield prefix
+    finally:
+        salt.run("virt.network_undefine", name, minion_tgt=host)
+
+
+def vnc_connected(driver):
+    """Wait until noVNC connected (or was refused); the status element."""
+    return browser.wait(
+        driver,
+        lambda d: (
+            d.find_element(browser.ID, "vnc-status").get_attribute("data-state") in ("connected", "refused")
+            and d.find_element(browser.ID, "vnc-status")
+        ),
+        timeout=180,
+        message="noVNC neither connected nor was refused",
+    )
