@@ -151,6 +151,7 @@ async function refresh() {
           cpu: vm.cpu,
           mem: vm.mem,
           ips: ipsOf(vm).join(" "),
+          uptime: vm.uptime ?? null,
         });
       }
     }
@@ -184,6 +185,17 @@ function show(view) {
   refresh();
 }
 
+// seconds as the list shows them: 42s, 5m, 3h 07m, 2d 4h ("" when unknown: not running, or a remote libvirtd)
+function duration(seconds) {
+  if (typeof seconds !== "number") return "";
+  const d = Math.floor(seconds / 86400);
+  const h = Math.floor((seconds % 86400) / 3600);
+  const m = Math.floor((seconds % 3600) / 60);
+  if (d) return `${d}d ${h}h`;
+  if (h) return `${h}h ${String(m).padStart(2, "0")}m`;
+  return m ? `${m}m` : `${seconds}s`;
+}
+
 function compare(a, b) {
   const { key, dir } = state.sort;
   const x = a[key];
@@ -202,8 +214,9 @@ function renderVms() {
     ...rows.map((vm) => {
       const tr = el("tr");
       tr.dataset.vm = vm.name;
-      for (const key of ["name", "tenant", "host", "state", "cpu", "mem", "ips"]) {
-        const td = el("td", vm[key], key === "state" ? `state-${vm.state}` : undefined);
+      for (const key of ["name", "tenant", "host", "state", "cpu", "mem", "ips", "uptime"]) {
+        const text = key === "uptime" ? duration(vm.uptime) : vm[key];
+        const td = el("td", text, key === "state" ? `state-${vm.state}` : undefined);
         td.dataset.key = key;
         tr.append(td);
       }

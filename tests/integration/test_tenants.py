@@ -736,6 +736,7 @@ def test_console_a_tenant_runs_a_catalog_vm_sees_its_address_and_screen_and_stop
             message=f"{vm} shows no address",
         )
         address = table(chrome)[vm]["ips"]
+        assert re.fullmatch(r"\d+(s|m|h \d\dm)", table(chrome)[vm]["uptime"]), table(chrome)[vm]  # its QEMU's age
         assert re.fullmatch(r"10\.254\.21\.(5\d|[6-9]\d)", address), address
         chrome.save_screenshot(str(tmp_path / "console-running.png"))
         before = live_password(cloud, host, vm)
