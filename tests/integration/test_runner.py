@@ -388,7 +388,8 @@ def test_init_real_guest_with_preaccepted_sealed_key(vmaster, gone_down, hv1, bo
 
     # the text output of the new VM reads like the tutorial
     text = run_text(vmaster, "virt.query", "tgt=kvm1").stdout
-    assert "\n  rvm1\n    CPU: 1\n    Memory: 256 MiB\n    State: running\n    Graphics: vnc - 127.0.0.1:59" in text
+    head = "\n  rvm1\n    CPU: 1\n    Memory: 256 MiB\n    State: running\n    Image: salt://images/guest.qcow2\n"
+    assert head + "    Graphics: vnc - 127.0.0.1:59" in text  # the image virt.init recorded in its <metadata>
     assert "(loopback of kvm1)\n      Reach it: ssh -N -L 59" in text
     assert "File Format: qcow2" in text and "      Source: br0\n      Type: bridge" in text
 
