@@ -22,8 +22,8 @@ from tests.support import lab, rfb
 INDEX = 24  # a lab index no other module uses
 
 
-def certificates(where):
-    """A CA and a server certificate for 127.0.0.1, as QEMU reads them (``ca-cert.pem``, ``server-cert.pem``,
+def certificates(where, ip):
+    """A CA and a server certificate for ``ip``, as QEMU reads them (``ca-cert.pem``, ``server-cert.pem``,
     ``server-key.pem``); returns the CA's path."""
 
     def openssl(*args):
@@ -31,7 +31,7 @@ def certificates(where):
 
     ca = ("-keyout", "ca-key.pem", "-out", "ca-cert.pem", "-days", "2", "-subj", "/CN=salt-virt test VNC CA")
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", *ca)
-    (where / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    (where / "ext").write_text(f"subjectAltName=IP:{ip}\n")
     openssl(
         "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server-key.pem", "-out", "server.csr", "-subj", "/CN=hv"
     )
@@ -47,7 +47,7 @@ def certificates(where):
 @pytest.fixture
 def tls_hv(lab_dir, fabric, qemu_tmp):
     """``(hypervisor, CA path)``: a libvirtd whose QEMU serves VNC (and its websocket) over TLS only."""
-    ca = certificates(qemu_tmp)
+    ca = certificates(qemu_tmp, lab.loopback(INDEX))  # where the client reaches it (Hypervisor.forward)
     conf = f'vnc_tls = 1\nvnc_tls_x509_cert_dir = "{qemu_tmp}"\nvnc_tls_x509_verify = 0\n'
     hv = lab.Hypervisor(lab_dir, INDEX, fabric, extra_qemu_conf=conf).start()
     try:
@@ -64,7 +64,7 @@ def test_a_ticket_opens_the_console_over_wss_only(tls_hv, qemu_tmp):
         conn.defineXML(domxml.build(spec)).create()
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-        conf = {"address": "127.0.0.1", "lifetime": 60, "tls": True}
+        conf = {"address": hv.loopback, "lifetime": 60, "tls": True}
         ticket = vncticket.issue(conn, "c1", base64.b64encode(der).decode(), conf, None)
     finally:
         conn.close()

@@ -9,7 +9,7 @@ starts one for a moment, the console tests start blank disks that stop at SeaBIO
     carol  operator (virt:operators)
 
 The hypervisors run the virt_console engine (one-time console tickets) and hand out plain-websocket consoles
-(virt:console:insecure_plain_websocket, reached on 127.0.0.1 through lab.Hypervisor.forward).
+(virt:console:insecure_plain_websocket, reached on each one's own loopback address through lab.Hypervisor.forward).
 
 The last test is issue 39's browser flow with one booted guest: the catalog image ``boot`` (scripts/build-guest.sh's
 boot.qcow2: extlinux, the test guest's kernel and initramfs writing on the screen, DHCP) on thv1's libvirt network
@@ -74,10 +74,11 @@ CONSOLE = {
 OTHER = "tenant-other.qcow2"
 BOOT = "tenant-boot.qcow2"  # boots by itself (scripts/build-guest.sh boot.qcow2)
 DHCP_NET = "dhcp"
-# the hypervisors' virt:console (docs/configuration.md): browsers reach the consoles on 127.0.0.1 (forwarded
-# into the hypervisor's namespace), no TLS in the lab; a ticket opens a console for this many seconds
+# the hypervisors' virt:console (docs/configuration.md): browsers reach the consoles on the hypervisor's own
+# loopback address (lab.loopback, forwarded into its namespace), no TLS in the lab; a ticket opens a console for
+# this many seconds
 CONSOLE_LIFETIME = 30
-VIRT_CONSOLE = {"address": "127.0.0.1", "lifetime": CONSOLE_LIFETIME, "insecure_plain_websocket": True}
+VIRT_CONSOLE = {"lifetime": CONSOLE_LIFETIME, "insecure_plain_websocket": True}
 
 
 def sha256(path):
@@ -148,8 +149,8 @@ def cloud(salt_factories, state_tree, images, hvs, lab_dir, tmp_path_factory):
         configs = {
             mid: hypervisor_minion_config(hv, pathlib.Path(lab_dir) / f"{mid}-images") for mid, hv in hvs.items()
         }
-        for config in configs.values():
-            config["virt"]["console"] = VIRT_CONSOLE
+        for mid, config in configs.items():  # browsers reach each one's consoles on its own loopback address
+            config["virt"]["console"] = dict(VIRT_CONSOLE, address=hvs[mid].loopback)
             config["engines"] = [{"virt_console": {}}]
         with started_minions(api.master, configs):
             ret = api.master.salt_cli(timeout=180).run("test.ping", minion_tgt="*")
@@ -638,9 +639,9 @@ def test_console_files_and_answers_carry_no_secret(cloud):
 
 @pytest.fixture(scope="module")
 def screens(cloud):
-    """acme's a1 and a2 given a VNC console (a tenant's virt.update enable_vnc=True) and running (the blank disk
-    boots nothing: SeaBIOS says so on the screen); ``{vm: 127.0.0.1:<its websocket port>}``, forwarded into
-    their hypervisor's namespace. Forced off at the end."""
+    """acme's a1 and a2 given a VNC console (a tenant's virt.update enable_vnc=True) and running (the blank disk boots
+    nothing: SeaBIOS says so on the screen); ``{vm: <its hypervisor's loopback>:<its websocket port>}``, forwarded
+    into their hypervisor's namespace. Forced off at the end."""
     alice = login(cloud, "alice")
     vms = libvirt_vms(cloud)
     with contextlib.ExitStack() as stack:

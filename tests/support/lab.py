@@ -103,8 +103,15 @@ class Fabric:
         return self
 
 
-# ports of the root namespace Hypervisor.forward listens on now: {port: the hypervisor's netns}
+# addresses of the root namespace Hypervisor.forward listens on now: {(loopback, port): the hypervisor's netns}
 _FORWARDED = {}
+
+
+def loopback(index):
+    """Lab hypervisor ``index``'s own loopback address in the root namespace (127.0.0.0/8 is all loopback): where
+    :meth:`Hypervisor.forward` listens, so that two hypervisors' VMs on the same websocket port (QEMU starts at
+    5700 in each namespace), in one test module or in two xdist workers, never ask for the same address."""
+    return f"127.0.0.{10 + index}"
 
 
 class Hypervisor:
@@ -135,6 +142,7 @@ class Hypervisor:
         self.dir = os.path.join(base, self.hostname)
         self.netns = f"sv{fabric.tag}h{index}"
         self.ip = f"{FABRIC_NET}.{10 + index}"
+        self.loopback = loopback(index)  # where forward() listens in the root namespace
         self.tls_dir = tls_dir
         self.extra_conf = extra_libvirtd_conf
         self.host_uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{fabric.tag}-{index}"))
@@ -299,19 +307,20 @@ class Hypervisor:
 
     @contextlib.contextmanager
     def forward(self, port):
-        """``127.0.0.1:port`` of the root namespace forwarded to ``127.0.0.1:port`` in this hypervisor's network
-        namespace, while the context lasts: how a browser on this machine reaches a VM's VNC websocket (it
-        listens on the hypervisor's 127.0.0.1, as on a real host before ``graphics:listen`` opens it). A port this
-        process forwards to this hypervisor already is reused (QEMU gives a port free again to the next VM started):
-        the first context owns it."""
+        """``<its loopback>:port`` of the root namespace (:func:`loopback`) forwarded to ``127.0.0.1:port`` in this
+        hypervisor's network namespace, while the context lasts: how a browser on this machine reaches a VM's
+        VNC websocket (it listens on the hypervisor's 127.0.0.1, as on a real host before ``graphics:listen``
+        opens it). A port this process forwards to this hypervisor already is reused (QEMU gives a port free
+        again to the next VM started): the first context owns it."""
         import ctypes
         import socket
         import threading
 
-        owner = _FORWARDED.get(port)
+        where = (self.loopback, port)
+        owner = _FORWARDED.get(where)
         if owner is not None:
-            assert owner == self.netns, f"127.0.0.1:{port} is forwarded into {owner} already"
-            yield f"127.0.0.1:{port}"
+            assert owner == self.netns, f"{self.loopback}:{port} is forwarded into {owner} already"
+            yield f"{self.loopback}:{port}"
             return
         libc = ctypes.CDLL(None, use_errno=True)
         ns_fd = os.open(f"/var/run/netns/{self.netns}", os.O_RDONLY)
@@ -337,7 +346,7 @@ class Hypervisor:
             threading.Thread(target=pump, args=(inner, client), daemon=True).start()
             pump(client, inner)
 
-        listener = socket.create_server(("127.0.0.1", port))
+        listener = socket.create_server(where)
         listener.settimeout(0.5)
         done = threading.Event()
 
@@ -353,11 +362,11 @@ class Hypervisor:
                 threading.Thread(target=serve, args=(client,), daemon=True).start()
 
         threading.Thread(target=accept, daemon=True).start()
-        _FORWARDED[port] = self.netns
+        _FORWARDED[where] = self.netns
         try:
-            yield f"127.0.0.1:{port}"
+            yield f"{self.loopback}:{port}"
         finally:
-            del _FORWARDED[port]
+            del _FORWARDED[where]
             done.set()
             listener.close()
             os.close(ns_fd)
