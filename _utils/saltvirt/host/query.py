@@ -339,11 +339,18 @@ def vm_info(conn: Conn, name: str | None = None, agent_timeout: float = guestips
                 raise CommandExecutionError(entry["error"]) from None
             out[vm_name] = entry
     guestips.annotate(described, {n: out[n] for n in described if n in out}, agent_timeout, conn=conn)
-    running = {n: str(out[n]["uuid"]).lower() for n in described if out[n].get("state") == "running"}
-    ran = uptimes(conn, list(running.values()))
-    for n in described:  # seconds its QEMU has run, for a running VM on this machine's libvirtd; else None
-        out[n]["uptime"] = ran.get(running.get(n, ""))
+    add_uptimes(conn, {n: out[n] for n in described})
     return out
+
+
+def add_uptimes(conn: Conn, infos: dict[str, Data]) -> None:
+    """Set ``uptime`` in each of ``infos`` (:func:`describe`'s, by name): the seconds a running VM's QEMU has run
+    (:func:`saltvirt.host.stats.uptimes`, one pass for all), None for a VM not running or whose process this
+    machine does not have (a remote libvirtd)."""
+    running = {n: str(i["uuid"]).lower() for n, i in infos.items() if i.get("state") == "running"}
+    ran = uptimes(conn, list(running.values()))
+    for n, info in infos.items():
+        info["uptime"] = ran.get(running.get(n, ""))
 
 
 def vm_state(conn: Conn, name: str | None = None) -> dict[str, str]:

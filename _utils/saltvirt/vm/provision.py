@@ -25,7 +25,7 @@ from saltvirt.guest import cloudinit, firstboot, seed
 from saltvirt.host import caps, hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
-from saltvirt.host.query import bulk_stats, describe
+from saltvirt.host.query import add_uptimes, bulk_stats, describe
 from saltvirt.pki import envelope
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import attach, firmware, foreign, images, intake, voldisks
@@ -500,7 +500,9 @@ def _read_back(dom, name, host):
             raise CommandExecutionError(
                 f"libvirt's description of the new VM {name!r} does not parse ({exc}): removed it again"
             ) from None
-        return describe(dom, host, stats=bulk_stats(dom.connect(), [dom]).get(name), xml=xml)
+        info = describe(dom, host, stats=bulk_stats(dom.connect(), [dom]).get(name), xml=xml)
+        add_uptimes(dom.connect(), {name: info})  # as virt.vm_info reports it
+        return info
 
 
 def _left_behind(conn, name, result):
