@@ -36,6 +36,20 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, to a clock tick), or None if there is no such process
+    (or /proc/stat has no boot time)."""
+    ticks = start_time(pid)
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/stat") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def exited(pid: int) -> bool:
     """Whether process ``pid`` has finished exiting: gone, or a zombie (its files, memory and namespaces
     are released already; only its parent's wait is missing)."""

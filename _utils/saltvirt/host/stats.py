@@ -3,12 +3,12 @@
 ``salt-run virt.query rates=True`` (the master makes rates of two: :mod:`saltvirt.fleet.vmrates`). Device
 names come from :func:`saltvirt.xml.domxml.parse`. And how long running VMs have run (:func:`uptimes`)."""
 
-import os
 import time
 import urllib.parse
 
 from salt.exceptions import CommandExecutionError
 
+from saltvirt.base import procs
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 from saltvirt.xml import domxml
@@ -88,33 +88,18 @@ def sample(conn: Conn) -> Data:
     return {"at": time.monotonic(), "cpu": cpu, "net": netstats(conn) if active else {}, "disk": diskstats(conn)}
 
 
-def uptimes(conn: Conn, uuids: list[str], proc: str = "/proc") -> dict[str, int]:
+def uptimes(conn: Conn, uuids: list[str]) -> dict[str, int]:
     """``{uuid: seconds}`` since the QEMU process of each running VM ``uuids`` names started: libvirt keeps no
-    start time, so it is the process's own (``starttime`` in ``/proc/<pid>/stat``), found by the ``-uuid`` libvirt
-    passes QEMU. One pass over ``proc`` for all of them. Only for a libvirtd on this machine (a URI with no host):
-    for a remote one, this machine's processes say nothing, and ``{}`` is returned. A VM whose process is not
-    found (another hypervisor driver, a race with its start or stop) is left out."""
+    start time, so it is the process's own (:func:`saltvirt.base.procs.started_at`), found by the ``-uuid`` libvirt
+    passes QEMU. One pass over this host's processes for all of them. Only for a libvirtd on this machine (a URI
+    with no host): for a remote one, this machine's processes say nothing, and ``{}`` is returned. A VM whose
+    process is not found (another hypervisor driver, a race with its start or stop) is left out."""
     if urllib.parse.urlsplit(conn.getURI()).netloc or not uuids:
         return {}
-    want = {u.lower() for u in uuids}
-    try:
-        with open(os.path.join(proc, "stat")) as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-    except (OSError, StopIteration, ValueError):
-        return {}
-    hertz, now, out = os.sysconf("SC_CLK_TCK"), time.time(), {}
-    for pid in os.listdir(proc):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, pid, "cmdline"), "rb") as fh:
-                args = fh.read().split(b"\0")
-            uuid = args[args.index(b"-uuid") + 1].decode("ascii", "replace").lower()
-            if uuid not in want:
-                continue
-            with open(os.path.join(proc, pid, "stat")) as fh:
-                started = int(fh.read().rsplit(")", 1)[1].split()[19]) / hertz  # field 22, after "(comm)"
-        except (OSError, ValueError, IndexError):  # gone meanwhile, no -uuid, unreadable
-            continue
-        out[uuid] = max(0, int(now - (btime + started)))
+    want, now, out = {u.lower() for u in uuids}, time.time(), {}
+    for pid, args in procs.cmdlines():
+        at = args.index("-uuid") + 1 if "-uuid" in args else len(args)
+        uuid = args[at].lower() if at < len(args) else None
+        if uuid in want and (started := procs.started_at(pid)) is not None:
+            out[uuid] = max(0, int(now - started))
     return out

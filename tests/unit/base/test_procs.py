@@ -71,3 +71,18 @@ def test_kernel_state_says_what_a_stopped_process_waits_on():
         child.kill()
         child.wait()
     assert procs.kernel_state(child.pid) == "state ?, wchan ?"
+
+
+def test_started_at_is_when_a_process_began():
+    import subprocess
+    import time
+
+    before = time.time()
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        started = procs.started_at(proc.pid)
+        assert started is not None and before - 1 <= started <= time.time() + 1  # to a clock tick
+    finally:
+        proc.kill()
+        proc.wait()
+    assert procs.started_at(proc.pid) is None  # reaped: no such process
