@@ -24,7 +24,6 @@ import datetime
 import logging
 import os
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import event_loop, get_domain, lv_errors
-from saltvirt.spec import speckeys
+from saltvirt.spec import speckeys, vmspec
 from saltvirt.xml import domxml
 from saltvirt.xml.etree import read
 
@@ -78,11 +77,6 @@ def settings(get: Callable[[str, Any], Any], grains: Any = None) -> Data:
         ),
         "tls": not validate.to_bool(conf.get(PLAIN_OPT_IN, False)),
     }
-
-
-def new_password() -> str:
-    """8 random characters (48 bits): QEMU's VNC authentication (DES) reads no more than 8."""
-    return secrets.token_urlsafe(6)
 
 
 def browser_key(pubkey: Any) -> rsa.RSAPublicKey:
@@ -137,7 +131,7 @@ def set_password(dom: Any, password: str, valid_until: float) -> int:
 def rotate(dom: Any) -> None:
     """A new random password nobody knows, already expired: the console opens for no one until the next
     ticket; connected clients stay."""
-    set_password(dom, new_password(), time.time())
+    set_password(dom, vmspec.console_password(), time.time())
 
 
 def issue(conn: Conn, name: str, pubkey: Any, conf: Data, alive: str | None) -> Data:
@@ -148,7 +142,7 @@ def issue(conn: Conn, name: str, pubkey: Any, conf: Data, alive: str | None) -> 
     if alive is not None and not fresh(alive):
         raise CommandExecutionError(NO_ENGINE)
     dom = get_domain(conn, name)
-    password = new_password()
+    password = vmspec.console_password()
     valid_until = int(time.time()) + conf["lifetime"]
     port = set_password(dom, password, valid_until)
     return {

@@ -23,6 +23,7 @@ import copy
 import os
 import platform
 import re
+import secrets
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,6 +76,13 @@ class Nic:
     source: str = "br0"
     model: str = "virtio"
     mac: str | None = None
+
+
+def console_password() -> str:
+    """A random VNC password nobody is told: 8 characters (48 bits), all QEMU's VNC authentication (DES) reads.
+    One generator for a new VM's console (``virt.init``), a websocket console built without one
+    (:func:`saltvirt.xml.domxml.build`) and the web console's one-time tickets (``saltvirt.host.vncticket``)."""
+    return secrets.token_urlsafe(6)
 
 
 @dataclass

@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -328,7 +327,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
     if spec.graphics and not spec.graphics.password:
         # a console without a password is open to whoever reaches its socket: generate one. It stays in
         # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return
-        spec.graphics.password = secrets.token_urlsafe(6)[:8]
+        spec.graphics.password = vmspec.console_password()
     src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
     for disk in spec.disks:
         if info is not None and disk.image and disk.image == fetched:

@@ -8,14 +8,13 @@ salt-virt reports, and the editing helpers (:func:`edit_devices`, :func:`interfa
 
 import copy
 import os
-import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterable, Mapping
 
 # the feature elements (firmware, boot order, chardevs, vTPM, tuning, NUMA, clock, host devices) are read and
 # replaced by domxml_features, a part of this module kept in its own file: re-exported here
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec
+from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec, console_password
 from saltvirt.xml.domxml_features import CPUTUNE_SCALARS, FEATURES, feature_facts, replace_features  # noqa: F401
 from saltvirt.xml.etree import attr as _attr
 from saltvirt.xml.etree import el as _el
@@ -346,7 +345,7 @@ def graphics(g: Graphics) -> ET.Element:
         # a console reachable over websocket never opens without a password: unless one is given, a random one
         # nobody is told (QEMU starts with password authentication only when the XML has one; the web
         # console's tickets then set theirs: saltvirt.host.vncticket)
-        passwd=g.password if g.password or g.websocket is None else secrets.token_urlsafe(6),  # 8: all VNC reads
+        passwd=g.password if g.password or g.websocket is None else console_password(),
         websocket=g.websocket,
     )
     _sub(el, "listen", type="address", address=g.listen)
