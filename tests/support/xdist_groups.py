@@ -4,7 +4,8 @@
   one worker.
 - The integration modules that use the session's salt-master (fixtures ``salt_master``, ``hyper1``,
   ``salt_cli``, ``salt_run_cli``) form one unit together, so that master and its minion start once per run.
-- Unit tests are units of their own: xdist hands them out one by one to whichever worker is free.
+- Unit tests are units of their own, in the same session: xdist hands them out one by one to whichever worker
+  is free once every integration unit has started (:func:`pick`).
 - A free worker takes the costliest unit left (:data:`COST`, seconds measured on a quiet 2-core machine):
   the long labs start first and the short ones fill the gaps, so the run ends when the longest chain
   does. xdist's own order (most tests first) started the one-test tutorial last.
@@ -29,43 +30,40 @@ from tests.support.paths import ROOT
 
 SESSION_MASTER_FIXTURES = {"salt_master", "hyper1", "salt_cli", "salt_run_cli"}
 SESSION_MASTER_UNIT = "tests/integration[session-master]"
-# seconds per work unit (./run-tests with 3 workers, setup + calls + teardown); a unit not listed costs
-# one second per test. Rough is enough: only the order matters. Update after a big change of a module.
+# seconds per work unit (setup + calls + teardown); a unit not listed costs one second per test. Rough is enough:
+# only the order matters. Update after a big change of a module. Measured: runs S and T (2026-11-30, quiet 2-core
+# machine, 5 workers), the mean of each unit's wall.
 COST = {
-    # run A (2026-11-30, fresh machine, 4 workers, 1,013 s): each module's wall, setup to teardown
-    "tests/integration/test_runner.py": 540,
-    # 372 s in run A, four calls waiting 45 s on the stopped hv10; the runner now remembers a host it reported
-    # down (virt:hypervisors:down_memory): the later calls wait one job check
-    "tests/integration/test_recovery.py": 280,
-    "tests/integration/test_multimaster.py": 330,
+    "tests/integration/test_multimaster.py": 355,  # mostly waits: mmgone's job checks, single-process minions
+    SESSION_MASTER_UNIT: 345,
+    "tests/integration/test_tenants.py": 340,  # headless Chromium, the VM consoles, the browser flow's guest
+    "tests/integration/test_runner.py": 300,
     "tests/integration/test_migration.py": 300,
-    SESSION_MASTER_UNIT: 280,
-    "tests/integration/test_faults.py": 270,
-    # 255 s in run A, most of it the 197 MB image fetched in salt-factories' 8 KiB chunks (now Salt's 1 MiB)
-    "tests/integration/test_tutorial.py": 160,
-    "tests/integration/test_backup_real.py": 200,
-    # with the web console in headless Chromium; +60 s: the VM consoles (two guests at SeaBIOS, a ticket left to
-    # expire); 254 and 328 s in all, measured on a loaded machine; +30 s: the browser flow's booted guest (its test
-    # 32 s + 18 s teardown; the module 618 s with -n0 at load 100 falling to 13, 2026-11-30)
-    "tests/integration/test_tenants.py": 280,
-    "tests/integration/test_console_tls.py": 25,  # one libvirtd, one guest at SeaBIOS
-    "tests/integration/test_bench_smoke.py": 150,
-    "tests/integration/test_balance_real.py": 150,  # a master restart: the engine
-    "tests/integration/test_rebalance_real.py": 135,
-    "tests/integration/test_events.py": 110,
+    "tests/integration/test_recovery.py": 275,
+    "tests/integration/test_faults.py": 230,
+    "tests/integration/test_backup_real.py": 185,
+    "tests/integration/test_resources_real.py": 160,
+    "tests/integration/test_balance_real.py": 140,  # a master restart: the engine
+    "tests/integration/test_events.py": 105,
+    "tests/integration/test_backup_runner.py": 90,
+    "tests/integration/test_rebalance_real.py": 90,
+    "tests/integration/test_delegation.py": 80,
+    # the 197 MB image fetched in Salt's 1 MiB chunks
+    "tests/integration/test_tutorial.py": 80,
     # two fresh venvs, the sdist and wheel, a master and a minion from them (cold pip cache: minutes more)
-    "tests/integration/test_wheel.py": 90,
-    "tests/integration/test_backup_runner.py": 60,
-    "tests/integration/test_authority.py": 60,
-    "tests/integration/test_delegation.py": 50,
+    "tests/integration/test_wheel.py": 70,
+    "tests/integration/test_authority.py": 65,
+    "tests/integration/test_seed.py": 60,
+    "tests/integration/test_bench_smoke.py": 60,
     "tests/integration/test_snapshot_real.py": 40,
-    "tests/integration/test_guestexec_real.py": 25,  # one qemu-ga guest booted (22 s alone, 2026-11-30)
+    "tests/integration/test_resources.py": 35,  # its own master and three minions
+    "tests/integration/test_lockspace.py": 35,
     "tests/integration/test_domain_features.py": 30,
-    "tests/integration/test_storage_real.py": 30,
-    "tests/integration/test_lockspace.py": 30,
-    "tests/integration/test_resources.py": 45,  # its own master and three minions (52 s alone at load ~20)
-    # 98 s with -n0 (2026-11-30, load falling from 70 to 15: another run's bench beside it); 158 s at load ~95
-    "tests/integration/test_resources_real.py": 120,  # + the power steps (a restart of the guest)
+    "tests/integration/test_storage_real.py": 20,
+    "tests/integration/test_hosttype.py": 20,
+    "tests/integration/test_init_real.py": 20,
+    "tests/integration/test_console_tls.py": 15,  # one libvirtd, one guest at SeaBIOS
+    "tests/integration/test_guestexec_real.py": 12,  # one qemu-ga guest booted
 }
 
 
@@ -130,10 +128,15 @@ def cost(unit, nodeids):
 
 def pick(queue, running_guests, budget):
     """The unit a free worker takes from ``queue`` (``{unit: nodeids}``) while units booting
-    ``running_guests`` TCG guests run: the costliest that fits the guest budget, else the one booting fewest."""
-    fits = [u for u in queue if not GUESTS.get(u) or not running_guests or running_guests + GUESTS[u] <= budget]
+    ``running_guests`` TCG guests run: the costliest that fits the guest budget, else the one booting fewest.
+    Unit tests only once no integration unit is left: they fill the workers the last labs leave idle (a run
+    that did them first waited 60-80 s on them), and a worker never builds a lab after them."""
+    labs = [u for u in queue if u.startswith("tests/integration")]
+    if not labs:
+        return next(iter(queue))
+    fits = [u for u in labs if not GUESTS.get(u) or not running_guests or running_guests + GUESTS[u] <= budget]
     if not fits:
-        return min(queue, key=lambda u: (GUESTS.get(u, 0), -cost(u, queue[u])))
+        return min(labs, key=lambda u: (GUESTS.get(u, 0), -cost(u, queue[u])))
     return max(fits, key=lambda u: cost(u, queue[u]))
 
 

@@ -135,8 +135,9 @@ def test_xdist_costs_name_real_units():
         if unit != SESSION_MASTER_UNIT:
             assert (ROOT / unit).is_file(), unit
             assert work_unit(f"{unit}::test_x") == unit, f"{unit} runs on the session master: cost it there"
-    assert cost("tests/integration/test_tutorial.py", {"t": False}) > cost("tests/integration/test_seed.py", {})
-    assert cost("tests/integration/test_seed.py", dict.fromkeys("abc", False)) == 3
+    assert cost("tests/integration/test_tutorial.py", {"t": False}) > cost("tests/integration/test_compat_real.py", {})
+    assert "tests/integration/test_compat_real.py" not in COST
+    assert cost("tests/integration/test_compat_real.py", dict.fromkeys("abc", False)) == 3
 
 
 def test_guest_heavy_units_never_stack_beyond_the_budget():
@@ -145,11 +146,19 @@ def test_guest_heavy_units_never_stack_beyond_the_budget():
     idle for ever)."""
     from tests.support.xdist_groups import GUESTS, cost, pick
 
-    mig, rec, seed = "tests/integration/test_migration.py", "tests/integration/test_recovery.py", "tests/unit/x::t"
-    queue = {mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
+    mig, rec, seed = (
+        "tests/integration/test_migration.py",
+        "tests/integration/test_recovery.py",
+        "tests/integration/test_seed.py",
+    )
+    unit = "tests/unit/x::t"
+    queue = {unit: {"u": False}, mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
     costliest = max((mig, rec), key=lambda unit: cost(unit, queue[unit]))
     assert pick(queue, running_guests=0, budget=2) == costliest
     assert pick(queue, running_guests=GUESTS[costliest], budget=2) == seed  # the other lab would make 4
+    # unit tests fill the tail: never taken while a lab is left, whatever the budget
+    assert pick({unit: {"u": False}, mig: {"a": False}}, running_guests=2, budget=2) == mig
+    assert pick({unit: {"u": False}}, running_guests=4, budget=2) == unit
     assert pick({mig: {"a": False}}, running_guests=2, budget=2) == mig  # never wait
     backup = "tests/integration/test_backup_real.py"
     assert pick({mig: {"a": False}, backup: {"b": False}}, running_guests=2, budget=2) == backup  # the lightest
