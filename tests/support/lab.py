@@ -10,7 +10,9 @@ Used by the tests, the demo and the benchmarks; not part of the product.
 """
 
 import contextlib
+import filecmp
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -20,6 +22,11 @@ import uuid
 
 FABRIC_NET = "10.252.0"
 READY_TIMEOUT = 300  # seconds: libvirtd's start on a loaded 2-core machine, far above what it needs
+# libvirt's QEMU capabilities, shared by every lab libvirtd of this machine: a libvirtd with an empty cache probes
+# QEMU by starting it (3.5 s on a quiet machine, ~0.4 CPU-s; some 200 libvirtd starts a test run). libvirt checks
+# each cached file against its own and QEMU's binaries, the kernel, the CPU and /dev/kvm, and probes again when one
+# changed: a stale file costs one probe, whose result replaces it here.
+CAPS_CACHE = pathlib.Path(os.environ.get("SALT_VIRT_QEMU_CAPS_CACHE", "/var/cache/salt-virt/libvirt-qemu-caps"))
 
 
 def run(cmd, check=True, **kw):
@@ -167,6 +174,7 @@ class Hypervisor:
         shutil.rmtree(self.path("run"), ignore_errors=True)
         for sub in ("run", "lib", "cache", "log", "log/qemu", "lib/images", "etc-overlay"):
             os.makedirs(self.path(sub), exist_ok=True)
+        self._seed_caps()
         shutil.copytree("/etc/libvirt", self.path("etc"), symlinks=True)
         autostart = self.path("etc", "qemu", "networks", "autostart", "default.xml")
         if os.path.lexists(autostart):
@@ -205,6 +213,26 @@ class Hypervisor:
             fh.write("127.0.0.1 localhost\n")
             for i in range(1, 25):  # hv1..hv24: every lab index the tests use
                 fh.write(f"{FABRIC_NET}.{10 + i} hv{i}\n")
+
+    def _seed_caps(self):
+        """This libvirtd's QEMU capabilities cache from :data:`CAPS_CACHE` (a file it has is kept)."""
+        mine = pathlib.Path(self.path("cache", "qemu", "capabilities"))
+        mine.mkdir(parents=True, exist_ok=True)
+        for shared in CAPS_CACHE.glob("*.xml"):
+            if not (mine / shared.name).exists():
+                shutil.copy2(shared, mine / shared.name)
+
+    def _share_caps(self):
+        """This libvirtd's probed QEMU capabilities into :data:`CAPS_CACHE`, where they differ (replaced whole)."""
+        for probed in pathlib.Path(self.path("cache", "qemu", "capabilities")).glob("*.xml"):
+            shared = CAPS_CACHE / probed.name
+            if shared.exists() and filecmp.cmp(probed, shared, shallow=False):
+                continue
+            with contextlib.suppress(OSError):  # a cache, never a reason to fail
+                CAPS_CACHE.mkdir(parents=True, exist_ok=True)
+                part = CAPS_CACHE / f".{probed.name}.{os.getpid()}"
+                shutil.copy2(probed, part)
+                os.replace(part, shared)
 
     @property
     def mac(self):
@@ -269,6 +297,7 @@ class Hypervisor:
         with open(self.path("libvirtd.pid")) as fh:
             self.pid = int(fh.read().strip())
         self.wait_ready()
+        self._share_caps()
         return self
 
     def wait_ready(self, timeout=READY_TIMEOUT):
@@ -300,6 +329,7 @@ class Hypervisor:
             conn.getDomainCapabilities(None, "x86_64", None, "qemu")
         finally:
             conn.close()
+        self._share_caps()
 
     def ns_run(self, cmd, check=True):
         """Run a command inside this hypervisor's namespaces (network + mounts)."""
@@ -372,6 +402,7 @@ class Hypervisor:
             os.close(ns_fd)
 
     def stop(self):
+        self._share_caps()
         try:
             import libvirt
 
