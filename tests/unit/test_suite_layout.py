@@ -170,7 +170,8 @@ def test_guest_heavy_units_never_stack_beyond_the_budget():
 @pytest.mark.parametrize(
     "stage, cores, load, mem_gib, expected",
     [
-        ("integration", 2, 0.1, 24, 5),  # a quiet 2-core machine
+        ("integration", 2, 0.1, 24, 6),  # a quiet 2-core machine
+        ("integration", 2, 0.5, 24, 4),  # a quarter core or more busy: 2.5 a free core
         ("integration", 2, 1.0, 24, 2),  # half of it busy before the run
         ("integration", 2, 4.0, 24, 2),  # a CPU hog beside it: fewer workers, never none
         ("integration", 8, 0.0, 9, 3),  # memory bounds it: ~3 GiB a worker
