@@ -69,7 +69,7 @@ def table(driver):
 
 def click_action(driver, vm, fun):
     status = driver.find_element(browser.ID, "status")
-    driver.find_element(browser.CSS, f"#vms tr[data-vm='{vm}'] button[data-action='{fun}']").click()
+    click(driver, f"#vms tr[data-vm='{vm}'] button[data-action='{fun}']")  # its row may be redrawn meanwhile
     return status
 
 
