@@ -1,6 +1,7 @@
 """Process identity: a pid alone is reused by the kernel, a pid with its start time is not; and the
 command lines of this host's processes."""
 
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -36,16 +37,22 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+@functools.cache
+def _boot_time() -> int | None:
+    """When this host booted (seconds since the epoch, /proc/stat's ``btime``): read once, it cannot change while
+    this process runs."""
+    try:
+        with open("/proc/stat") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def started_at(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch, to a clock tick), or None if there is no such process
     (or /proc/stat has no boot time)."""
-    ticks = start_time(pid)
-    if ticks is None:
-        return None
-    try:
-        with open("/proc/stat") as fh:
-            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-    except (OSError, StopIteration, ValueError, IndexError):
+    ticks, boot = start_time(pid), _boot_time()
+    if ticks is None or boot is None:
         return None
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 

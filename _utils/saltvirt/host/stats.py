@@ -98,8 +98,7 @@ def uptimes(conn: Conn, uuids: list[str]) -> dict[str, int]:
         return {}
     want, now, out = {u.lower() for u in uuids}, time.time(), {}
     for pid, args in procs.cmdlines():
-        at = args.index("-uuid") + 1 if "-uuid" in args else len(args)
-        uuid = args[at].lower() if at < len(args) else None
+        uuid = args[args.index("-uuid") + 1].lower() if "-uuid" in args[:-1] else None
         if uuid in want and (started := procs.started_at(pid)) is not None:
             out[uuid] = max(0, int(now - started))
     return out
