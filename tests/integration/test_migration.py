@@ -496,16 +496,16 @@ def test_runner_shared_nothing_overlay_copies_the_top_layer(
 
 
 @pytest.fixture
-def vbig(local):
-    """A name for a VM the test leaves nowhere: purged wherever it is when the test fails half way, so the
-    evacuation test's placement (VM counts) does not inherit it."""
-    yield "vbig"
+def purge_vbig(local):
+    """The test's VM 'vbig' purged wherever it is when the test fails half way, so the evacuation test's placement
+    (VM counts) does not inherit it."""
+    yield
     for host, _state in where(local, "vbig").items():
         local.cmd(host, "virt.purge", ["vbig"], timeout=300)
 
 
-def test_room_refused_then_full_copy(mmaster, local, hvs, store, guest, lab_dir, vbig):
-    ok(local, "hv6", "virt.init", vbig, 1, 128, image=str(store / "random.raw"), seed=False, boot=boot(guest))
+def test_room_refused_then_full_copy(mmaster, local, hvs, store, guest, lab_dir, purge_vbig):
+    ok(local, "hv6", "virt.init", "vbig", 1, 128, image=str(store / "random.raw"), seed=False, boot=boot(guest))
     console = Console(hvs, "vbig")
     console.mark("hv6")
     small = pathlib.Path(lab_dir) / "hv8-images"

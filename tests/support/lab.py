@@ -223,7 +223,8 @@ class Hypervisor:
                 shutil.copy2(shared, mine / shared.name)
 
     def _share_caps(self):
-        """This libvirtd's probed QEMU capabilities into :data:`CAPS_CACHE`, where they differ (replaced whole)."""
+        """This libvirtd's probed QEMU capabilities into :data:`CAPS_CACHE`, where they differ (replaced whole): once
+        it answers after a start, when libvirtd has written them (it probes while starting)."""
         for probed in pathlib.Path(self.path("cache", "qemu", "capabilities")).glob("*.xml"):
             shared = CAPS_CACHE / probed.name
             if shared.exists() and filecmp.cmp(probed, shared, shallow=False):
@@ -329,7 +330,6 @@ class Hypervisor:
             conn.getDomainCapabilities(None, "x86_64", None, "qemu")
         finally:
             conn.close()
-        self._share_caps()
 
     def ns_run(self, cmd, check=True):
         """Run a command inside this hypervisor's namespaces (network + mounts)."""
@@ -402,7 +402,6 @@ class Hypervisor:
             os.close(ns_fd)
 
     def stop(self):
-        self._share_caps()
         try:
             import libvirt
 
@@ -452,6 +451,7 @@ class Hypervisor:
         with open(self.path("libvirtd.pid")) as fh:
             self.pid = int(fh.read().strip())
         self.wait_ready(timeout)
+        self._share_caps()
         return self
 
     def kill_daemon(self):

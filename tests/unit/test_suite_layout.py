@@ -151,14 +151,14 @@ def test_guest_heavy_units_never_stack_beyond_the_budget():
         "tests/integration/test_recovery.py",
         "tests/integration/test_seed.py",
     )
-    unit = "tests/unit/x::t"
-    queue = {unit: {"u": False}, mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
+    unit_test = "tests/unit/x::t"
+    queue = {unit_test: {"u": False}, mig: {"a": False}, rec: {"b": False}, seed: {"c": False}}
     costliest = max((mig, rec), key=lambda unit: cost(unit, queue[unit]))
     assert pick(queue, running_guests=0, budget=2) == costliest
     assert pick(queue, running_guests=GUESTS[costliest], budget=2) == seed  # the other lab would make 4
     # unit tests fill the tail: never taken while a lab is left, whatever the budget
-    assert pick({unit: {"u": False}, mig: {"a": False}}, running_guests=2, budget=2) == mig
-    assert pick({unit: {"u": False}}, running_guests=4, budget=2) == unit
+    assert pick({unit_test: {"u": False}, mig: {"a": False}}, running_guests=2, budget=2) == mig
+    assert pick({unit_test: {"u": False}}, running_guests=4, budget=2) == unit_test
     assert pick({mig: {"a": False}}, running_guests=2, budget=2) == mig  # never wait
     backup = "tests/integration/test_backup_real.py"
     assert pick({mig: {"a": False}, backup: {"b": False}}, running_guests=2, budget=2) == backup  # the lightest
