@@ -430,11 +430,14 @@ def private_reads(path):
     tree = ast.parse(path.read_text())
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
     modules, reads = {}, []
+    in_library = path.is_relative_to(LIBRARY) or not path.is_relative_to(ROOT)
     for node, module, name, asname in saltvirt_imports(tree):
         if module:
             modules[asname or name] = module
         elif private(name):
             reads.append(f"{shown}:{node.lineno} imports {name} from {node.module}")
+        elif asname and private(asname) and in_library:  # a loader module may hide a name from Salt's loader
+            reads.append(f"{shown}:{node.lineno} imports {node.module}.{name} as private {asname}")
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and private(node.attr):
             base = ast.unparse(node.value)
@@ -444,10 +447,23 @@ def private_reads(path):
     return reads
 
 
+# issue 35: modules other helpers rewrite in the same round; the lead empties this after merging them
+PRIVATE_READS_BEING_REWRITTEN = {
+    "_utils/saltvirt/xml/domxml.py",  # etree's attr, el, every, first, mib, need, sub, to_int as _attr, ...
+    "_utils/saltvirt/xml/domxml_features.py",  # etree's kib, mib, sub, to_int as _kib, ...
+}
+
+
 def test_no_module_reads_another_modules_private_names():
     """Issue 35: storage/intake used six privates of storage/images, vm/provision imported host/query's
-    ``_all_stats``: a private name is one its module may change alone."""
-    reads = [r for path in source_files("_utils", *LOADER_DIRS) for r in private_reads(path)]
+    ``_all_stats``, pki/ca imported castore's public ``locked`` as ``_locked``: a private name is one its module
+    may change alone, and one that reads as private at its use hides that another module owns it."""
+    reads = [
+        r
+        for path in source_files("_utils", *LOADER_DIRS)
+        if str(path.relative_to(ROOT)) not in PRIVATE_READS_BEING_REWRITTEN
+        for r in private_reads(path)
+    ]
     assert not reads, (
         "a name another module uses is public: rename it without the underscore (typed, with a docstring; update "
         "its users and tests), or move it to the module that uses it:\n" + "\n".join(reads)
@@ -458,11 +474,13 @@ def test_the_private_read_check_sees_both_forms(tmp_path):
     (tmp_path / "m.py").write_text(
         "from saltvirt.storage import images\nfrom saltvirt.host import query as q\n"
         "from saltvirt.host.query import _all_stats, describe\n"
+        "from saltvirt.pki.castore import locked as _locked\n"
         "images._run(images.run_tool, q._listed_flags(), images.__name__)\n"
     )
     found = [r.partition(" ")[2] for r in private_reads(tmp_path / "m.py")]
     assert sorted(found) == [
         "imports _all_stats from saltvirt.host.query",
+        "imports saltvirt.pki.castore.locked as private _locked",
         "reads saltvirt.host.query._listed_flags",
         "reads saltvirt.storage.images._run",
     ]

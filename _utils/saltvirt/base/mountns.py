@@ -19,8 +19,7 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError
 
-from saltvirt.base import fsutil
-from saltvirt.base.tools import run as _run
+from saltvirt.base import fsutil, tools
 
 READY_SECONDS = 10
 
@@ -55,7 +54,7 @@ class PrivateMounts:
         return f"/proc/{self.pid}/root{os.path.abspath(path)}"
 
     def run(self, cmd: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run(["nsenter", "-t", str(self.pid), "-m", "--", *cmd], what, check=check)
+        return tools.run(["nsenter", "-t", str(self.pid), "-m", "--", *cmd], what, check=check)
 
     def popen(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen:
         """``cmd`` started inside this namespace (nsenter execs it: the process is ``cmd`` itself)."""

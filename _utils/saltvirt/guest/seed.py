@@ -28,11 +28,10 @@ from typing import Any
 import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil, procs
+from saltvirt.base import fsutil, procs, tools
 from saltvirt.base.mountns import PrivateMounts
 from saltvirt.base.salttypes import Data
 from saltvirt.base.tools import QEMU_IMG_INFO_LIMITS
-from saltvirt.base.tools import run as _run
 from saltvirt.base.undo import Undo
 from saltvirt.guest import disklabel, guestroot
 from saltvirt.storage import images
@@ -242,7 +241,7 @@ def _refuse_if_in_use(image):
     """Refuse an image a running qemu has open: as a VM's disk (``qemu-img info`` without ``-U`` fails on
     its write lock) or as a backing file (qcow2: qemu's 'unshare write' byte lock; raw backing files are
     not locked at all: open file descriptors)."""
-    proc = _run(
+    proc = tools.run(
         ["qemu-img", "info", "--output=json", image], f"checking {image}", check=False, limits=QEMU_IMG_INFO_LIMITS
     )
     if proc.returncode != 0 and "lock" not in proc.stderr:
@@ -321,7 +320,7 @@ def detach(dev: str, ours: tuple[str, str] | None) -> None:
     """``losetup -d dev``, then wait until ``dev`` is no longer bound as ``ours`` (:func:`loop_binding`):
     a busy device (still writing back, or mounted in a mount namespace that is just ending) detaches
     only when it is let go. Raises CommandExecutionError when it is not within 30 s."""
-    _run(["losetup", "-d", dev], f"detaching {dev}")
+    tools.run(["losetup", "-d", dev], f"detaching {dev}")
     # a loop device still writing back detaches when it is done: seconds on a busy host, so wait up to 30 s.
     # Another process's `losetup -f` may take the freed device at once: only our binding must be gone.
     if not _wait(lambda: loop_binding(dev) != ours, 30):
@@ -342,10 +341,10 @@ def _partitions(dev, tmp, undo):
     Kernels built without partition-table support get them from ``partx -a`` (userspace parsing)."""
     found = _sys_parts(dev)
     if not found:
-        _run(["partx", "-a", dev], f"reading the partition table of {dev}", check=False)
+        tools.run(["partx", "-a", dev], f"reading the partition table of {dev}", check=False)
         found = _sys_parts(dev)
         if found:
-            undo.add(f"partx -d {dev}", lambda: _run(["partx", "-d", dev], f"partx -d {dev}", check=False))
+            undo.add(f"partx -d {dev}", lambda: tools.run(["partx", "-d", dev], f"partx -d {dev}", check=False))
     if not found:
         return [("whole disk", dev)]
     out = []
@@ -565,7 +564,7 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
     if not os.path.exists("/sys/block/nbd0"):
         if not shutil.which("modprobe"):
             raise _Skip("the nbd kernel module is not loaded and modprobe is not installed")
-        proc = _run(["modprobe", "nbd", "max_part=16"], "loading nbd", check=False)
+        proc = tools.run(["modprobe", "nbd", "max_part=16"], "loading nbd", check=False)
         if proc.returncode != 0 or not _wait(lambda: os.path.exists("/sys/block/nbd0"), 2):
             raise _Skip(f"the nbd kernel module is not available ({proc.stderr.strip() or 'modprobe nbd failed'})")
     free = [
@@ -578,7 +577,7 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
         raise CommandExecutionError("no free /dev/nbd* device (all connected)")
     dev, pidfile = free[0], os.path.join(tmp, "qemu-nbd.pid")
     ns = _private_mounts(undo)
-    _run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
+    tools.run(["qemu-nbd", f"--connect={dev}", f"--format={fmt}", f"--pid-file={pidfile}", image], f"qemu-nbd -c {dev}")
     undo.add(f"disconnect {dev}", lambda: _nbd_disconnect(dev, pidfile))
     if not _wait(lambda: fsutil.read_text(f"/sys/block/{os.path.basename(dev)}/size") not in ("0", ""), 10):
         raise CommandExecutionError(f"{dev} did not come up after qemu-nbd --connect")
@@ -587,7 +586,7 @@ def _qemu_nbd(image, fmt, files, tmp, undo):
 
 def _nbd_disconnect(dev, pidfile):
     pid = fsutil.read_text(pidfile)
-    _run(["qemu-nbd", "--disconnect", dev], f"disconnecting {dev}")
+    tools.run(["qemu-nbd", "--disconnect", dev], f"disconnecting {dev}")
     if pid.isdigit() and not _wait(lambda: not os.path.exists(f"/proc/{pid}"), 60):
         raise CommandExecutionError(f"qemu-nbd (pid {pid}) did not exit within 60s after disconnecting {dev}")
 
@@ -606,7 +605,7 @@ class _Guestfish:
             self.g.add_drive_opts(image, format=fmt, readonly=False)
         elif shutil.which("guestfish"):
             cmd = ["guestfish", "--listen", "--rw", f"--format={fmt}", "-a", image]
-            out = _run(cmd, "starting guestfish").stdout
+            out = tools.run(cmd, "starting guestfish").stdout
             self.pid = out.split("GUESTFISH_PID=", 1)[-1].split(";", 1)[0].strip()
             if not self.pid.isdigit():
                 raise CommandExecutionError(f"guestfish --listen printed no pid: {out.strip()!r}")
@@ -621,7 +620,7 @@ class _Guestfish:
                 raise CommandExecutionError(f"libguestfs {name}: {exc}") from None
         words = [str(a) for a in args] + [f"{k}:{str(v).lower()}" for k, v in opts.items()]
         cmd = ["guestfish", f"--remote={self.pid}", "--", name, *words]
-        out = _run(cmd, f"guestfish {name}", timeout=900).stdout
+        out = tools.run(cmd, f"guestfish {name}", timeout=900).stdout
         if name == "list-filesystems":
             return dict(line.rsplit(": ", 1) for line in out.splitlines() if ": " in line)
         return {"true": True, "false": False}.get(out.strip(), out)
@@ -642,7 +641,7 @@ class _Guestfish:
         if self.g is not None:
             self.g.close()
             return
-        _run(["guestfish", f"--remote={self.pid}", "--", "exit"], "stopping guestfish", check=False)
+        tools.run(["guestfish", f"--remote={self.pid}", "--", "exit"], "stopping guestfish", check=False)
         if not _wait(lambda: not os.path.exists(f"/proc/{self.pid}"), 60):
             raise CommandExecutionError(f"guestfish (pid {self.pid}) did not exit within 60s")
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+import saltvirt.host.conn  # its define: this module has one of its own
 from saltvirt.base.salttypes import Conn, Data
-from saltvirt.host.conn import define as _define
 from saltvirt.host.conn import libvirt, lv_errors
 from saltvirt.xml import netxml, poolxml
 
@@ -110,7 +110,7 @@ def define(conn: Conn, kind: str, spec: Data, replace: bool = False) -> Any:
     base = read_xml(existing, kind, inactive=True) if existing is not None else None
     xml = network_xml(spec, base) if kind == "network" else pool_xml(spec, base)
     with lv_errors(f"define {kind} {spec['name']!r}"):
-        return _define(conn, kind, xml)
+        return saltvirt.host.conn.define(conn, kind, xml)
 
 
 def _live_host_steps(diff):

@@ -35,14 +35,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.pki import crl, privkey
-from saltvirt.pki.castore import SKEW as _SKEW
-from saltvirt.pki.castore import locked as _locked
-from saltvirt.pki.castore import mkdir_private as _mkdir_private
-from saltvirt.pki.castore import now as _now
-from saltvirt.pki.castore import read as _read
+from saltvirt.pki import castore, crl, privkey
 from saltvirt.pki.castore import signed_by
-from saltvirt.pki.castore import write as _write
 
 KINDS = ("server", "client", "qemu-server", "qemu-client")
 SERVER_KINDS = ("server", "qemu-server")
@@ -154,14 +148,14 @@ def _new_ca(ca_dir, cn, days, key_type, key_size):
     cert_path, key_path = _ca_paths(ca_dir)
     key = _new_key(key_type, key_size)
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG), x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = _now()
+    now = castore.now()
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _SKEW)
+        .not_valid_before(now - castore.SKEW)
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
@@ -181,8 +175,8 @@ def _new_ca(ca_dir, cn, days, key_type, key_size):
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write(key_path, _key_pem(key), 0o600)
-    _write(cert_path, _cert_pem(cert), 0o644)
+    castore.write(key_path, _key_pem(key), 0o600)
+    castore.write(cert_path, _cert_pem(cert), 0o644)
     return cert, key
 
 
@@ -195,9 +189,9 @@ def ensure_ca(
     overwritten) and an expired one."""
     ca_days = _ca_days(days)
     key_type, key_size = key_settings(key_type, key_size)
-    _mkdir_private(ca_dir)
+    castore.mkdir_private(ca_dir)
     cert_path, key_path = _ca_paths(ca_dir)
-    with _locked(ca_dir):
+    with castore.locked(ca_dir):
         have_cert, have_key = os.path.exists(cert_path), os.path.exists(key_path)
         if not have_cert and not have_key:
             return _new_ca(ca_dir, cn, ca_days, key_type, key_size)
@@ -207,14 +201,14 @@ def ensure_ca(
                 f"libvirt CA in {ca_dir} is incomplete ({missing} is missing). Restore it, or retire the CA "
                 f"(move cacert.pem to {ca_dir}/previous/, remove cakey.pem) so a new one is created; see pki/README.md"
             )
-        cert = x509.load_pem_x509_certificate(_read(cert_path))
-        key = privkey.load_own(_read(key_path))
+        cert = x509.load_pem_x509_certificate(castore.read(cert_path))
+        key = privkey.load_own(castore.read(key_path))
     if os.stat(key_path).st_mode & 0o777 != 0o600:
         os.chmod(key_path, 0o600)
     # RSA or EC keys only (key_settings), both have public_numbers()
     if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
         raise CommandExecutionError(f"libvirt CA in {ca_dir}: cakey.pem does not belong to cacert.pem")
-    if cert.not_valid_after_utc <= _now():
+    if cert.not_valid_after_utc <= castore.now():
         raise CommandExecutionError(
             f"libvirt CA in {ca_dir} expired on {cert.not_valid_after_utc:%Y-%m-%d}: rotate it "
             f"(python3 -m saltvirt.pki.ca rotate-ca {ca_dir}, see pki/README.md)"
@@ -224,7 +218,7 @@ def ensure_ca(
 
 def ca_warning(ca_cert: x509.Certificate, renew_days: int = DEFAULTS["renew_days"], minimum: int = 90) -> str:
     """A message when the CA expires within max(renew_days, minimum) days, else ''."""
-    left = ca_cert.not_valid_after_utc - _now()
+    left = ca_cert.not_valid_after_utc - castore.now()
     if left < datetime.timedelta(days=max(int(renew_days), minimum)):
         return (
             f"the libvirt CA expires in {max(left.days, 0)} days ({ca_cert.not_valid_after_utc:%Y-%m-%d}); "
@@ -243,10 +237,10 @@ def rotate_ca(
     old_cert, _old_key = ensure_ca(ca_dir)
     cert_path, key_path = _ca_paths(ca_dir)
     previous = os.path.join(ca_dir, "previous")
-    with _locked(ca_dir):
-        _mkdir_private(previous)
-        retired = os.path.join(previous, f"{_now():%Y%m%dT%H%M%S}-{old_cert.serial_number:x}"[:40] + ".pem")
-        _write(retired, _read(cert_path), 0o644)
+    with castore.locked(ca_dir):
+        castore.mkdir_private(previous)
+        retired = os.path.join(previous, f"{castore.now():%Y%m%dT%H%M%S}-{old_cert.serial_number:x}"[:40] + ".pem")
+        castore.write(retired, castore.read(cert_path), 0o644)
         os.unlink(key_path)  # created by ensure_ca; a retired CA key has no further use
         os.unlink(cert_path)
         new = _new_ca(ca_dir, cn, ca_days, key_type, key_size)
@@ -255,13 +249,13 @@ def rotate_ca(
 
 def trusted_bundle(ca_dir: str) -> str:
     """PEM bundle: the current CA certificate plus unexpired retired ones in ``previous/``."""
-    bundle = [_read(os.path.join(ca_dir, "cacert.pem"))]
+    bundle = [castore.read(os.path.join(ca_dir, "cacert.pem"))]
     previous = os.path.join(ca_dir, "previous")
     if os.path.isdir(previous):
         for name in sorted(os.listdir(previous)):
             if name.endswith(".pem"):
-                pem = _read(os.path.join(previous, name))
-                if all(c.not_valid_after_utc > _now() for c in load_certs(pem)):
+                pem = castore.read(os.path.join(previous, name))
+                if all(c.not_valid_after_utc > castore.now() for c in load_certs(pem)):
                     bundle.append(pem)
     return b"".join(p if p.endswith(b"\n") else p + b"\n" for p in bundle).decode()
 
@@ -320,7 +314,7 @@ def needs_renewal(
     ``sans``/``cn`` are the wanted names (None: not compared); ``key`` the wanted (key_type, key_size)."""
     if not signed_by(cert, ca_cert):
         return True, "not signed by the current CA"
-    left = cert.not_valid_after_utc - _now()
+    left = cert.not_valid_after_utc - castore.now()
     # a leaf is capped at the CA's expiry: reissuing only helps if the CA outlives this cert
     if left < datetime.timedelta(days=int(renew_days)) and (
         ca_cert.not_valid_after_utc - cert.not_valid_after_utc > datetime.timedelta(hours=1)
@@ -338,7 +332,7 @@ def needs_renewal(
 
 def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
     key = _new_key(key_type, key_size)
-    now = _now()
+    now = castore.now()
     not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
     builder = (
         x509.CertificateBuilder()
@@ -348,7 +342,7 @@ def _leaf(ca_cert, ca_key, cn, kind, sans, days, key_type, key_size):
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _SKEW)
+        .not_valid_before(now - castore.SKEW)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
@@ -423,15 +417,15 @@ def issue(
     cn = default_cn(minion_id, kind, cn)
     wanted_key = (params["key_type"], params["key_size"])
     minions = os.path.join(ca_dir, "minions")
-    _mkdir_private(minions)
+    castore.mkdir_private(minions)
     directory = os.path.join(minions, minion_id)
     cert_path, key_path = os.path.join(directory, f"{kind}cert.pem"), os.path.join(directory, f"{kind}key.pem")
-    with _locked(directory):
+    with castore.locked(directory):
         reason = "forced" if force else "new"
         cert = old_cert = None
         if os.path.exists(cert_path):
             try:
-                cert = x509.load_pem_x509_certificate(_read(cert_path))
+                cert = x509.load_pem_x509_certificate(castore.read(cert_path))
             except ValueError:
                 reason = "stored certificate unreadable"
         if cert is not None and not force:
@@ -440,7 +434,7 @@ def issue(
             )
             if not renew:
                 try:
-                    key_pem = _read(key_path)
+                    key_pem = castore.read(key_path)
                     key = privkey.load_own(key_pem)
                 except (OSError, ValueError):
                     renew, reason = True, "key missing or unreadable"
@@ -459,8 +453,8 @@ def issue(
                 }
         old_cert = cert
         cert, key = _leaf(ca_cert, ca_key, cn, kind, sans, params["days"], params["key_type"], params["key_size"])
-        _write(key_path, _key_pem(key), 0o600)
-        _write(cert_path, _cert_pem(cert), 0o644)
+        castore.write(key_path, _key_pem(key), 0o600)
+        castore.write(cert_path, _cert_pem(cert), 0o644)
     if old_cert is not None:  # the replaced certificate must stop working (the CRL in the pillar)
         crl.revoke(ca_dir, ca_cert, ca_key, [old_cert], f"{minion_id} {kind}: reissued ({reason})")
     return {
@@ -493,7 +487,7 @@ def claimed_elsewhere(ca_dir: str, minion_id: str) -> dict[str, str]:
             continue
         for kind in SERVER_KINDS:
             try:
-                cert = x509.load_pem_x509_certificate(_read(os.path.join(minions, other, f"{kind}cert.pem")))
+                cert = x509.load_pem_x509_certificate(castore.read(os.path.join(minions, other, f"{kind}cert.pem")))
             except (OSError, ValueError):
                 continue
             dns, ips = cert_sans(cert)
@@ -520,18 +514,18 @@ def summary(pem: str | bytes) -> Data:
 
 def inventory(ca_dir: str) -> Data:
     """Summaries of the CA, the retired CAs and every minion certificate below ``ca_dir`` (no keys)."""
-    out: Data = {"ca": summary(_read(os.path.join(ca_dir, "cacert.pem"))), "previous": [], "minions": {}}
+    out: Data = {"ca": summary(castore.read(os.path.join(ca_dir, "cacert.pem"))), "previous": [], "minions": {}}
     previous = os.path.join(ca_dir, "previous")
     if os.path.isdir(previous):
         out["previous"] = [
-            summary(_read(os.path.join(previous, n))) for n in sorted(os.listdir(previous)) if n.endswith(".pem")
+            summary(castore.read(os.path.join(previous, n))) for n in sorted(os.listdir(previous)) if n.endswith(".pem")
         ]
     minions = os.path.join(ca_dir, "minions")
     for minion_id in sorted(os.listdir(minions)) if os.path.isdir(minions) else ():
         for kind in KINDS:
             path = os.path.join(minions, minion_id, f"{kind}cert.pem")
             if os.path.exists(path):
-                out["minions"].setdefault(minion_id, {})[kind] = summary(_read(path))
+                out["minions"].setdefault(minion_id, {})[kind] = summary(castore.read(path))
     return out
 
 

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base import tools
 from saltvirt.guest import guestroot, seed
 from tests.support import toollimits
 
@@ -39,7 +40,7 @@ def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_pa
     mine, other = tmp_path / "mine.img", tmp_path / "other.img"
     for path in (mine, other):
         path.write_bytes(b"\0" * 1024 * 1024)
-    run, taken = seed._run, []
+    run, taken = tools.run, []
 
     def detach_then_taken(cmd, what, **kw):
         out = run(cmd, what, **kw)
@@ -49,7 +50,7 @@ def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_pa
 
     dev = run(["losetup", "-f", "--show", str(mine)], "attach").stdout.strip()
     ours = seed.loop_binding(dev)
-    monkeypatch.setattr(seed, "_run", detach_then_taken)
+    monkeypatch.setattr(tools, "run", detach_then_taken)
     monkeypatch.setattr(seed, "_wait", lambda cond, timeout: cond())  # no 30 s wait: the answer is immediate
     try:
         seed.detach(dev, ours)
