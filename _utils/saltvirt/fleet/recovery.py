@@ -44,7 +44,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import metrics, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, placement, publish, recovery_guard, relocate
-from saltvirt.pki import recordmac
+from saltvirt.pki import signedrecords
 
 HOSTS = "salt-virt/hosts"
 RECOVERED = "salt-virt/recovered"  # per down host: the VMs recovered elsewhere, for reconcile()
@@ -103,7 +103,7 @@ def refresh(remote: relocate.Remote, store: fleetstate.Store | None = None) -> D
     for host, ans in answers.items():
         if ans["status"] == "up" and isinstance(ans["ret"], dict):
             entry = dict(ans["ret"], recorded=now, master=remote.opts.get("id"))
-            entry = recordmac.sign(remote.opts["pki_dir"], HOSTS, host, entry)
+            entry = signedrecords.sign(remote.opts["pki_dir"], HOSTS, host, entry)
             store.transact(HOSTS, host, lambda _old, entry=entry: entry)
             out[host] = {"status": "recorded", "vms": sorted(entry.get("vms") or {}), "recorded": _ts(now)}
         else:
@@ -127,7 +127,7 @@ def recall(opts: SaltOpts, host: str, store: fleetstate.Store | None = None) -> 
     """HOST's record from the shared store, only if this master signed it (anyone who can write to the
     store could otherwise have a hypervisor define any domain XML)."""
     rec = (store or fleetstate.Store(opts)).fetch(HOSTS, host)
-    if rec is not None and not recordmac.verified(opts["pki_dir"], HOSTS, host, rec):
+    if rec is not None and not signedrecords.verified(opts["pki_dir"], HOSTS, host, rec):
         raise publish.Failed(UNSIGNED_RECORD.format(host=host))
     return rec
 

@@ -17,7 +17,7 @@ directory elsewhere can restore.
 
 Whoever may write to a shared backup directory is not the operator: an unauthenticated manifest would
 let them make a restore define any domain XML, or restore any file of the host into a guest. Each
-manifest therefore carries an HMAC-SHA256 (:mod:`saltvirt.pki.recordmac`) under the hypervisor's backup
+manifest therefore carries an HMAC-SHA256 (:mod:`saltvirt.pki.signedrecords`) under the hypervisor's backup
 key (``virt:backup:key_file``, default ``<pki_dir>/salt-virt-backups.key``, made on first use), bound to
 its VM's name, uuid and id (its place in the directory); the files' checksums are in it. Hypervisors that
 share a backup directory share that key, as masters share ``master.pem``.
@@ -40,7 +40,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.fsutil import atomic_write, file_digest
 from saltvirt.base.salttypes import Data
-from saltvirt.pki import recordmac
+from saltvirt.pki import signedrecords
 from saltvirt.storage import images
 from saltvirt.xml import domxml
 
@@ -87,8 +87,8 @@ def manifest_key(configured: str | None, pki_dir: str) -> bytes:
     there, the same on every hypervisor sharing a backup directory), else ``<pki_dir>/salt-virt-backups.key``,
     made on first use."""
     if configured:
-        return recordmac.load_key(validate.absolute_path(configured, KEY_CONFIG), create=False)
-    return recordmac.load_key(recordmac.key_path(pki_dir, KEY_FILE))
+        return signedrecords.load_key(validate.absolute_path(configured, KEY_CONFIG), create=False)
+    return signedrecords.load_key(signedrecords.key_path(pki_dir, KEY_FILE))
 
 
 def vm_uuid(uuid: Any) -> str:
@@ -211,7 +211,7 @@ def _bound_to(directory, bid):
 def write_manifest(directory: str, manifest: Data, key: bytes) -> str:
     """Write a backup's manifest, signed with ``key``, atomically (fsynced temp file + rename): the step that
     makes it valid."""
-    manifest = recordmac.sign_with(key, MAC_KIND, _bound_to(directory, manifest["id"]), manifest)
+    manifest = signedrecords.sign_with(key, MAC_KIND, _bound_to(directory, manifest["id"]), manifest)
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     path = manifest_file(directory, manifest["id"])
     atomic_write(path, text.encode(), 0o640, fsync=True, prefix=f".{manifest['id']}.", suffix=".tmp")
@@ -247,7 +247,7 @@ def read_manifest(directory: str, bid: str, key: bytes) -> tuple[Data | None, st
         return None, f"unreadable manifest: {exc}"
     if not isinstance(m, dict) or m.get("id") != bid:
         return None, "manifest of another backup"
-    if not recordmac.verified_with(key, MAC_KIND, _bound_to(directory, bid), m):
+    if not signedrecords.verified_with(key, MAC_KIND, _bound_to(directory, bid), m):
         return m, UNSIGNED
     return m, _problem(directory, m)
 
