@@ -31,6 +31,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import config as _config
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
     from saltvirt.base.validate import to_bool as _bool
@@ -66,7 +67,7 @@ def _conn(connection=None, kwargs=None):
 
 def _settings():
     """``virt:backup`` from the minion config only: pillar and grains are written by callers and tenants."""
-    conf = (__opts__.get("virt") or {}).get("backup") or {}
+    conf = _config.virt_conf(__opts__).get("backup") or {}
     return conf if isinstance(conf, dict) else {}
 
 

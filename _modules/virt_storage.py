@@ -22,6 +22,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import config as _config
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
     from saltvirt.base.validate import to_bool as _bool
@@ -87,7 +88,7 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
             cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
             conn=conn,
             vtype=get("virt:type", None),
-            allowed_paths=(__opts__.get("virt") or {}).get("allowed_paths") or (),
+            allowed_paths=_config.virt_conf(__opts__).get("allowed_paths") or (),
             checksum=checksum,
             allow_http=_bool(get("virt:insecure_http_images", False)),
             max_image_mib=get("virt:max_image_mib", None),

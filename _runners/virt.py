@@ -65,8 +65,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import config, validate
     from saltvirt.base import install as _install
-    from saltvirt.base import validate
     from saltvirt.fleet import (
         callers,
         catalog,
@@ -117,11 +117,11 @@ def __virtual__():
 # helpers ------------------------------------------------------------------------------------------
 def _virt_conf():
     """The master's ``virt`` mapping, old flat keys (``virt.tunnel: True``) included (warned in the log)."""
-    return compat.master_virt_conf(__opts__)[0]
+    return config.master_virt(__opts__)[0]
 
 
 def _cfg(tgt=None, tgt_type=None, timeout=None):
-    return publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+    return publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
 
 
 def _client():

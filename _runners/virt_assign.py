@@ -30,9 +30,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.base import validate
+    from saltvirt.base import config, validate
     from saltvirt.fleet import assign, callers, hypervisors, publish, tenants
-    from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
@@ -91,7 +90,7 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None, read
     try:
         who = callers.job_caller(__opts__, globals(), __salt__)
         tenants.operator_only(who, "virt.provision_assigned")
-        opts = compat.master_opts(__opts__)
+        opts = config.master_opts(__opts__)
         hypervisors.require(opts, host, "provisioning the VMs assigned to it")
         if ready_nonce is not None or who.user == callers.REACTOR:
             assign.confirm_ready(__opts__, host, ready_nonce, publish.config(opts))

@@ -28,9 +28,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.base import validate
+    from saltvirt.base import config, validate
     from saltvirt.fleet import backups, callers, fleetstate, publish, quota, runprogress, tenants, vmselect
-    from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from salt.utils.event import NamespacedEvent
@@ -117,9 +116,9 @@ def backup(
         backups.operator_args(who, "virt.backup", {"per_host": per_host, "timeout": timeout, **retention})
         tconf = tenants.config(__opts__)
         only = backups.scope(who, tenant, tconf)
-        conf = compat.master_virt_conf(__opts__)[0].get("backup")
+        conf = config.master_virt(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)
-        fcfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+        fcfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
         quotas = backups.backup_quotas(tconf, only)
         selection = None
         if select is not None:
@@ -189,9 +188,9 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
         backups.operator_args(who, "virt.restore", {"force": force, "ignore_down": ignore_down})
         validate.vm_name(name)
         new = validate.vm_name(as_name, "as_name") if as_name else name
-        conf = compat.master_virt_conf(__opts__)[0].get("backup")
+        conf = config.master_virt(__opts__)[0].get("backup")
         wait = backups.settings(conf)["timeout"]
-        fcfg = publish.config(compat.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
+        fcfg = publish.config(config.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
         with _restore_lock(who, name, as_name, fcfg) as lease:
             try:
                 since = time.time()

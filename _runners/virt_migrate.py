@@ -26,10 +26,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.base import validate
+    from saltvirt.base import config, validate
     from saltvirt.fleet import callers, hypervisors, placement, publish, relocate, runprogress, tenants, vmselect
     from saltvirt.fleet import roll as _roll
-    from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
@@ -59,11 +58,11 @@ def _failed(exc):
 
 
 def _virt_conf():
-    return compat.master_virt_conf(__opts__)[0]
+    return config.master_virt(__opts__)[0]
 
 
 def _remote(client, tgt=None, tgt_type=None):
-    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
     return relocate.Remote(__opts__, cfg, client)
 
 
@@ -257,7 +256,7 @@ def _evacuate_selection(client, host, select, tgt, tgt_type, pol, how):
     if host is not None:
         raise SaltInvocationError("virt.evacuate: select= picks the VMs: drop the hypervisor")
     who = callers.job_caller(__opts__, globals(), __salt__)
-    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
     facts, selection = vmselect.fleet_selection(__opts__, who, select, cfg, client)
     selection = vmselect.unique_names(selection)
     picks = [(vm["host"], vm["name"]) for vm in selection["selected"]]

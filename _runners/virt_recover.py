@@ -39,7 +39,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.base import validate
+    from saltvirt.base import config, validate
     from saltvirt.fleet import balance as _balance
     from saltvirt.fleet import (
         balancer,
@@ -54,7 +54,6 @@ if saltvirt is not None:
         tenants,
     )
     from saltvirt.fleet import rebalance as _rebalance
-    from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
@@ -77,11 +76,11 @@ def __virtual__():
 
 
 def _conf():
-    return compat.master_virt_conf(__opts__)[0]
+    return config.master_virt(__opts__)[0]
 
 
 def _remote(client, tgt=None, tgt_type=None):
-    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
     return relocate.Remote(__opts__, cfg, client)
 
 

@@ -32,10 +32,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.base import validate
+    from saltvirt.base import config, validate
     from saltvirt.fleet import callers, publish, tenants
     from saltvirt.fleet import catalog as _catalog
-    from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
@@ -73,7 +72,7 @@ def _who():
 def _on_vm(who, name, fun, args=(), host=None):
     """``(hypervisor, answer)`` of ``fun`` on VM ``name`` for ``who``: :func:`saltvirt.fleet.tenants.act`."""
     validate.vm_name(name)
-    cfg = publish.config(compat.master_opts(__opts__))
+    cfg = publish.config(config.master_opts(__opts__))
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
         return tenants.act(__opts__, who, name, fun, list(args), host, cfg, client)
 
@@ -131,7 +130,7 @@ def snapshot(name, snapshot=None, host=None):
     try:
         who = _who()
         if not who.operator:
-            limit = int((compat.master_virt_conf(__opts__)[0]).get("tenant_snapshots", SNAPSHOTS_DEFAULT))
+            limit = int((config.master_virt(__opts__)[0]).get("tenant_snapshots", SNAPSHOTS_DEFAULT))
             where, ans = _on_vm(who, name, "virt.list_snapshots", (), host)
             held = (ans["ret"] or {}).get(name)
             if isinstance(held, list) and len(held) >= limit:

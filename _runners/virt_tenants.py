@@ -27,8 +27,8 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
+    from saltvirt.base import config
     from saltvirt.fleet import callers, fleetstate, publish, quota, tenants
-    from saltvirt.spec import compat
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
@@ -76,7 +76,7 @@ def usage(tgt=None, tgt_type=None, timeout=None):
         if not who.operator:
             conf = {who.tenant: conf[who.tenant]}
         since = time.time()
-        cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+        cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             hosts = publish.gather(__opts__, "virt.full_info", cfg, client)
         store = fleetstate.Store(__opts__)

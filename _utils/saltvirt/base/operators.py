@@ -39,6 +39,7 @@ from typing import Any
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.base import validate
+from saltvirt.base.config import virt_conf
 
 # root; Salt's packaged master user; root through sudo (also what a master started with sudo publishes as)
 DEFAULT_OPERATORS = ("root", "salt", "sudo_*")
@@ -63,7 +64,7 @@ TENANT_GATE = "virt_vm.tenant_owns"
 def operators(opts: Any) -> tuple[str, ...]:
     """``virt:operators`` of the minion config ``opts`` (never pillar, grains or the call): Salt user names,
     ``fnmatch`` globs allowed; :data:`DEFAULT_OPERATORS` when unset."""
-    conf = ({} if opts is None else opts).get("virt") or {}
+    conf = virt_conf(opts)
     return validate.config_names(conf.get("operators", DEFAULT_OPERATORS), "virt:operators")
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base.config import virt_conf
+
 # libvirt accepts almost anything as a domain name, but the name also becomes a directory, a file
 # name and a minion id: keep it to what is safe everywhere.
 # Always fullmatch: with re.match, "$" also matches before a trailing newline ("web1\n" would pass).
@@ -202,7 +204,7 @@ DEFAULT_ALLOWED_PATHS = ("/var/lib/libvirt/images",)
 def configured_allowed_paths(opts: Any) -> Any:
     """``virt:allowed_paths`` of the minion config ``opts`` (never the call, pillar or grains), or
     :data:`DEFAULT_ALLOWED_PATHS` when the operator has not set it."""
-    conf = ({} if opts is None else opts).get("virt") or {}
+    conf = virt_conf(opts)
     return conf.get("allowed_paths", DEFAULT_ALLOWED_PATHS)
 
 

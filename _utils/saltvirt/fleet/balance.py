@@ -46,6 +46,7 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.config import section
 from saltvirt.base.salttypes import Data
 from saltvirt.fleet import fleetstate, placement, quota, rebalance, tenants
 
@@ -91,14 +92,7 @@ def make_policy(config: Data | None = None, placement_policy: Data | None = None
     maintenance, weights, reserves), its defaults without one."""
     merged = dict(DEFAULTS)
     for source in (config or {}, {k: v for k, v in overrides.items() if v is not None}):
-        if not isinstance(source, dict):
-            raise SaltInvocationError(f"virt:balance must be a mapping, not {source!r}")
-        unknown = sorted(set(source) - set(DEFAULTS))
-        if unknown:
-            raise SaltInvocationError(
-                f"virt:balance: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(DEFAULTS))})"
-            )
-        merged.update(source)
+        merged.update(section(source, "virt:balance", sorted(DEFAULTS)))
     metric = merged["metric"]
     try:
         threshold = rebalance.threshold_for(metric, merged["threshold"])

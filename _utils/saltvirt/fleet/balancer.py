@@ -33,6 +33,7 @@ from typing import Any
 
 from salt.exceptions import SaltException
 
+from saltvirt.base import config
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import (
     balance,
@@ -47,7 +48,6 @@ from saltvirt.fleet import (
     runprogress,
     tenants,
 )
-from saltvirt.spec import compat
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,12 @@ def run_round(
     (None: as :data:`saltvirt.fleet.balance.TAG` on the master's bus, :func:`saltvirt.fleet.runprogress.fire`). The
     answer: ``enabled``, ``dry_run``; when the round ran, ``ran: True``, ``committed``, ``moved``, ``failed`` and the
     round (:func:`saltvirt.fleet.balance.event_data`); else ``ran: False`` and ``reason``."""
-    conf = compat.master_virt_conf(opts)[0]
+    conf = config.master_virt(opts)[0]
     policy = balance.make_policy(conf.get("balance"), placement.make_policy(conf.get("placement")))
     if not policy["enabled"]:
         return _answer(False, dry_run, ran=False, reason=DISABLED)
     tunnel, timeout = relocate.settings(conf)
-    remote = relocate.Remote(opts, cfg or publish.config(compat.master_opts(opts)), client)
+    remote = relocate.Remote(opts, cfg or publish.config(config.master_opts(opts)), client)
     store = fleetstate.Store(opts)
     if dry_run:
         result, _hosts, _tenancy = _decide(remote, store, policy, now)

@@ -28,6 +28,7 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.config import virt_conf
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.spec import vmspec
 from saltvirt.storage import intake
@@ -38,7 +39,7 @@ FORMATS = ("qcow2", "raw")
 
 def config(opts: SaltOpts) -> dict[str, Data]:
     """``{name: {source, checksum, format, min_size, profile}}`` checked."""
-    raw = (opts.get("virt") or {}).get("catalog") or {}
+    raw = virt_conf(opts).get("catalog") or {}
     if not isinstance(raw, dict):
         raise SaltInvocationError(f"virt:catalog must be a mapping of image names, not {raw!r}")
     out = {}
@@ -94,7 +95,7 @@ def check_sources(opts: SaltOpts, image: str | None, disks: Any = None) -> None:
     neither a catalog entry's source nor within ``virt:image_sources`` of the master config (default: none,
     so ``salt://`` images, the catalog and the hypervisors' own files only): a hypervisor fetches whatever URL
     it is given, from hosts inside its network too (metadata services, admin interfaces)."""
-    sources = intake.image_sources((opts.get("virt") or {}).get("image_sources"), "master config") or ()
+    sources = intake.image_sources(virt_conf(opts).get("image_sources"), "master config") or ()
     vouched = {entry["source"] for entry in config(opts).values()}
     for source in [image, *(d.get("image") for d in vmspec.named_entries(disks, "disks"))]:
         if source not in vouched:

@@ -50,6 +50,7 @@ import salt.payload
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import install, procs
+from saltvirt.base.config import section, virt_conf
 from saltvirt.base.salttypes import Data, SaltOpts
 
 # seconds a redis command (and connecting) may take: a store that stops answering (a cut network) fails
@@ -82,12 +83,7 @@ _MULTI_MASTER = ("redis",)
 
 def config(opts: SaltOpts) -> Data:
     """``virt:shared`` from the master config: defaults < config."""
-    conf = (opts.get("virt") or {}).get("shared") or {}
-    if not isinstance(conf, dict):
-        raise SaltInvocationError(f"virt:shared must be a mapping, not {conf!r}")
-    unknown = sorted(set(conf) - set(DEFAULTS))
-    if unknown:
-        raise SaltInvocationError(f"virt:shared: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
+    conf = section(virt_conf(opts).get("shared"), "virt:shared", DEFAULTS)
     cfg = dict(DEFAULTS)
     for key, value in conf.items():
         try:

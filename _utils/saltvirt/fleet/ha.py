@@ -36,6 +36,7 @@ from typing import Any
 from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.config import master_opts, master_virt, section
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import (
     engineloop,
@@ -48,7 +49,7 @@ from saltvirt.fleet import (
     resourcereg,
     runprogress,
 )
-from saltvirt.spec import compat, speckeys
+from saltvirt.spec import speckeys
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +76,13 @@ ONE_SIGNAL, LOST, BACK = "one_signal", "lost", "back"
 ALERT, NO_HA_VMS, RECOVERED, RECOVER_FAILED, REFUSED = "alert", "no_ha_vms", "recovered", "recover_failed", "refused"
 
 
+SHAPE = " ({enabled: True, groups: [...]})"  # of virt:ha, for its messages
+
+
 # configuration ----------------------------------------------------------------------------------------------
 def config(conf: Data) -> Data:
     """``virt:ha`` of the master's ``virt`` config ``conf``, checked (SaltInvocationError saying what to fix)."""
-    raw = conf.get("ha") or {}
-    if not isinstance(raw, dict):
-        raise SaltInvocationError(f"virt:ha must be a mapping ({{enabled: True, groups: [...]}}), not {raw!r}")
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        raise SaltInvocationError(f"virt:ha: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
+    raw = section(conf.get("ha"), "virt:ha", DEFAULTS, SHAPE)
     cfg = dict(DEFAULTS, **raw)
     cfg["enabled"] = validate.to_bool(cfg["enabled"])
     cfg["tenant_groups"] = validate.to_bool(cfg["tenant_groups"])
@@ -105,9 +104,7 @@ def tenant_flag(conf: Data) -> bool:
     """``virt:ha:tenant_flag`` of the master's ``virt`` config ``conf``: whether a tenant's ``ha=True`` counts (and
     ``salt-run virt.init``/``virt.update`` take it from a tenant). Read alone: a tenant's call does not depend on the
     rest of ``virt:ha`` being complete."""
-    raw = conf.get("ha") or {}
-    if not isinstance(raw, dict):
-        raise SaltInvocationError(f"virt:ha must be a mapping ({{enabled: True, groups: [...]}}), not {raw!r}")
+    raw = section(conf.get("ha"), "virt:ha", None, SHAPE)
     return validate.to_bool(raw.get("tenant_flag", DEFAULTS["tenant_flag"]))
 
 
@@ -296,13 +293,13 @@ def run_round(
     (None: :class:`saltvirt.fleet.relocate.Remote` over ``client``); ``now``: the round's time; ``fire(tag, data)``:
     how each decision is announced (None: the master's bus). The answer: ``enabled``, ``ran``, and ``reason``
     (did not run) or ``decisions``."""
-    conf = compat.master_virt_conf(opts)[0]
+    conf = master_virt(opts)[0]
     cfg = config(conf)
     if not cfg["enabled"]:
         return {"enabled": False, "ran": False, "reason": DISABLED}
     store = fleetstate.Store(opts)
     if remote is None:
-        remote = relocate.Remote(opts, publish.config(compat.master_opts(opts)), client)
+        remote = relocate.Remote(opts, publish.config(master_opts(opts)), client)
     try:
         lease = fleetstate.Lease(store, opts, "virt.ha", [ROUND_LOCK]).acquire()
     except fleetstate.HeldError as exc:

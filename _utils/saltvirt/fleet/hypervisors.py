@@ -38,6 +38,7 @@ import salt.loader
 import salt.utils.minions
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base.config import virt_conf
 from saltvirt.base.salttypes import Data, SaltGrains, SaltOpts, SaltPillar
 from saltvirt.fleet import fleetstate
 
@@ -67,13 +68,11 @@ class NotConfiguredError(SaltInvocationError):
 
 def trusts_minion_data(opts: SaltOpts) -> bool:
     """True only when the operator set ``virt:hypervisors_trust_minion_data: True`` (exactly True)."""
-    return (opts.get("virt") or {}).get(OPT_IN) is True
+    return virt_conf(opts).get(OPT_IN) is True
 
 
 def _raw(opts):
-    conf = opts.get("virt") or {}
-    if not isinstance(conf, dict):
-        raise SaltInvocationError(f"master config 'virt' must be a mapping, not {conf!r}")
+    conf = virt_conf(opts, "master config")
     return conf.get("hypervisors")
 
 

@@ -55,6 +55,7 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.config import section
 from saltvirt.base.salttypes import Data
 
 DEFAULT_POLICY: Data = {
@@ -94,14 +95,7 @@ def make_policy(config: Data | None = None, **overrides: Any) -> Data:
     """The effective policy: defaults < ``config`` (master ``virt:placement``) < per-call overrides."""
     pol: Data = copy.deepcopy(DEFAULT_POLICY)
     for source in (config or {}, {k: v for k, v in overrides.items() if v is not None}):
-        if not isinstance(source, dict):
-            raise SaltInvocationError(f"virt:placement must be a mapping, not {source!r}")
-        unknown = sorted(set(source) - set(DEFAULT_POLICY))
-        if unknown:
-            raise SaltInvocationError(
-                f"virt:placement: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(DEFAULT_POLICY))})"
-            )
-        for key, value in source.items():
+        for key, value in section(source, "virt:placement", sorted(DEFAULT_POLICY)).items():
             if key == "weights":
                 if not isinstance(value, dict):
                     raise SaltInvocationError(f"virt:placement:weights must be a mapping, not {value!r}")

@@ -42,6 +42,7 @@ from typing import Any
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import metrics, validate
+from saltvirt.base.config import section
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, placement, publish, recovery_guard, relocate
 from saltvirt.pki import signedrecords
@@ -56,12 +57,7 @@ RUNNING = ("running", "paused", "blocked")
 # configuration ----------------------------------------------------------------------------------
 def fence_config(conf: Data) -> Data:
     """``virt:fence`` from the master config: ``{command: [argv...] or None, timeout}``."""
-    raw = conf.get("fence") or {}
-    if not isinstance(raw, dict):
-        raise SaltInvocationError(f"virt:fence must be a mapping {{command: [...], timeout: 60}}, not {raw!r}")
-    unknown = sorted(set(raw) - set(FENCE_DEFAULTS))
-    if unknown:
-        raise SaltInvocationError(f"virt:fence: unknown key(s) {', '.join(unknown)} (known: command, timeout)")
+    raw = section(conf.get("fence"), "virt:fence", FENCE_DEFAULTS, " {command: [...], timeout: 60}")
     cfg = dict(FENCE_DEFAULTS, **raw)
     cmd = cfg["command"]
     if cmd is not None and (
@@ -76,14 +72,7 @@ def fence_config(conf: Data) -> Data:
 
 
 def recovery_config(conf: Data) -> Data:
-    raw = conf.get("recovery") or {}
-    if not isinstance(raw, dict):
-        raise SaltInvocationError(f"virt:recovery must be a mapping, not {raw!r}")
-    unknown = sorted(set(raw) - set(RECOVERY_DEFAULTS))
-    if unknown:
-        raise SaltInvocationError(
-            f"virt:recovery: unknown key(s) {', '.join(unknown)} (known: {', '.join(RECOVERY_DEFAULTS)})"
-        )
+    raw = section(conf.get("recovery"), "virt:recovery", RECOVERY_DEFAULTS)
     cfg = dict(RECOVERY_DEFAULTS, **raw)
     cfg["probes"] = validate.positive_int(cfg["probes"], "virt:recovery:probes")
     cfg["probe_wait"] = validate.seconds(cfg["probe_wait"], "virt:recovery:probe_wait")

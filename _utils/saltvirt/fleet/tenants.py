@@ -29,6 +29,7 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.config import virt_conf
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
 from saltvirt.spec import speckeys, tenancy, vmspec
@@ -128,7 +129,7 @@ def config(opts: SaltOpts) -> Data:
     """``{operators: [...], tenants: {name: {members, quota, groups, images, profiles, networks, pools,
     hypervisors}}}`` checked (``groups``: ``{hypervisor group: {hypervisors, quota}}`` from the tenant's
     ``group_quotas`` and ``virt:hypervisor_groups``); an empty ``tenants`` means the feature is off."""
-    virt = opts.get("virt") or {}
+    virt = virt_conf(opts)
     raw = virt.get("tenants") or {}
     if not isinstance(raw, dict):
         raise SaltInvocationError(f"virt:tenants must be a mapping of tenant names, not {raw!r}")

@@ -33,7 +33,7 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import install, validate
+from saltvirt.base import config, install, validate
 from saltvirt.base.salttypes import ConfigGet, Conn, Domain, SaltFunctions
 from saltvirt.spec import compat
 from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
@@ -186,7 +186,7 @@ def salt_config(salt: SaltFunctions) -> ConfigGet:
     grains with ``grains.setval`` and pillar, and a URI or path from them would reach libvirt as root),
     as a ``(key, default)`` function; ``virt:x`` also finds the old flat spelling ``virt.x`` (with a
     deprecation warning in the log)."""
-    return compat.config_getter(
+    return config.getter(
         lambda key, default=None: salt["config.get"](key, default, omit_grains=True, omit_pillar=True, omit_master=True)
     )
 

@@ -30,10 +30,11 @@ import salt.utils.data
 import salt.utils.resources
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.base import config
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host import guestips, query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
-from saltvirt.spec import compat, tenancy, vmgrains
+from saltvirt.spec import tenancy, vmgrains
 from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def opts_config(opts: Mapping[str, Any]) -> ConfigGet:
     resource type's ``discover(opts)`` from a loader with no ``__salt__`` (``salt/minion.py``
     ``_discover_resources``), so ``saltvirt.host.conn.salt_config`` cannot be used there; this reads the same minion
     config (never ``opts["grains"]`` or ``opts["pillar"]``: callers write those)."""
-    return compat.config_getter(lambda key, default=None: salt.utils.data.traverse_dict_and_list(opts, key, default))
+    return config.getter(lambda key, default=None: salt.utils.data.traverse_dict_and_list(opts, key, default))
 
 
 def connect(opts: Mapping[str, Any]) -> AbstractContextManager[Conn]:

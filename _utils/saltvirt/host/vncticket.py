@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.base.config import section
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import event_loop, get_domain, lv_errors
 from saltvirt.spec import speckeys, vmspec
@@ -66,9 +67,7 @@ def settings(get: Callable[[str, Any], Any], grains: Any = None) -> Data:
     """The operator's ``virt:console`` (minion config): ``address`` browsers reach this hypervisor's
     websockets by (default: its ``fqdn`` grain), ``lifetime`` of a ticket, ``tls`` (False only with
     ``insecure_plain_websocket: True``)."""
-    conf = get("virt:console", None) or {}
-    if not isinstance(conf, dict):
-        raise SaltInvocationError(f"virt:console must be a mapping, not {conf!r}")
+    conf = section(get("virt:console", None), "virt:console")
     address = conf.get("address") or (grains or {}).get("fqdn") or "localhost"
     return {
         "address": speckeys.listen_address(address, "virt:console:address"),

@@ -1,7 +1,7 @@
-"""Old spellings of Salt's virt module, honoured with a deprecation warning or refused with the name of
-the replacement: configuration (``virt.tunnel: True`` next to ``virt: {tunnel: True}``) and arguments
-(``hypervisor=``, ``install=``, ``serial_type=``, ``console=``, ``images=`` …). Nothing here talks
-to libvirt.
+"""Old spellings of Salt's virt module's arguments, honoured with a deprecation warning or refused with the
+name of the replacement (``hypervisor=``, ``install=``, ``serial_type=``, ``console=``, ``images=`` …). The
+configuration's old flat spellings (``virt.tunnel: True``) are read by :mod:`saltvirt.base.config`. Nothing
+here talks to libvirt.
 """
 
 import logging
@@ -12,84 +12,10 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.base.salttypes import ConfigGet, Data, SaltOpts
+from saltvirt.base.salttypes import Data
 from saltvirt.spec import speckeys, vmspec
 
 log = logging.getLogger(__name__)
-_MISSING = object()
-
-
-# configuration ------------------------------------------------------------------------------------
-def _flat_lookup(get, key):
-    """``virt:a:b`` under its old flat spellings: ``virt.a.b``, or ``virt.a`` holding ``{b: ...}``."""
-    parts = key.split(":")
-    if parts[0] != "virt" or len(parts) < 2:
-        return _MISSING, None
-    for split in range(len(parts), 1, -1):
-        flat = ".".join(parts[:split])
-        value = get(flat, _MISSING)
-        if value is _MISSING or value is None:
-            continue
-        for sub in parts[split:]:
-            if not isinstance(value, dict) or sub not in value:
-                value = _MISSING
-                break
-            value = value[sub]
-        if value is not _MISSING:
-            return value, flat
-    return _MISSING, None
-
-
-def config_getter(get: ConfigGet) -> ConfigGet:
-    """Wrap a ``config.get``-like ``get(key, default)``: ``virt:x`` falls back to the old flat ``virt.x``
-    spelling, with a deprecation warning in the log."""
-
-    def lookup(key, default=None):
-        value = get(key, _MISSING)
-        if value is not _MISSING and value is not None:
-            return value
-        old, flat = _flat_lookup(get, key)
-        if old is _MISSING:
-            return default if value is _MISSING else (value if value is not None else default)
-        log.warning("config %r is deprecated: write it as %r (virt: {%s: ...})", flat, key, key.split(":", 1)[1])
-        return old
-
-    return lookup
-
-
-def master_virt_conf(opts: SaltOpts) -> tuple[Data, list[str]]:
-    """The master's ``virt`` mapping with old flat keys (``virt.tunnel: True``) merged in (the mapping
-    wins on a conflict); ``(conf, warnings)``."""
-    conf = opts.get("virt") or {}
-    if not isinstance(conf, dict):
-        raise SaltInvocationError(f"master config 'virt' must be a mapping, not {conf!r}")
-    conf = dict(conf)
-    warnings = []
-    for key, value in opts.items():
-        if isinstance(key, str) and key.startswith("virt.") and len(key) > 5:
-            sub = key[5:]
-            path = sub.split(".")
-            target: Any = conf
-            for part in path[:-1]:
-                target = target.setdefault(part, {}) if isinstance(target.get(part, {}), dict) else None
-                if target is None:
-                    break
-            if target is None or path[-1] in target:
-                continue
-            target[path[-1]] = value
-            nested = "..."
-            for part in reversed(path):
-                nested = f"{{{part}: {nested}}}"
-            warnings.append(f"master config {key!r} is deprecated: write it as virt: {nested}")
-    for warning in warnings:
-        log.warning(warning)
-    return conf, warnings
-
-
-def master_opts(opts: SaltOpts) -> SaltOpts:
-    """A copy of ``opts`` whose ``virt`` mapping includes the old flat keys."""
-    conf, _ = master_virt_conf(opts)
-    return dict(opts, virt=conf)
 
 
 # arguments ----------------------------------------------------------------------------------------

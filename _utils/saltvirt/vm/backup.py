@@ -30,6 +30,7 @@ from typing import Any
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import metrics, tools, validate
+from saltvirt.base.config import virt_conf
 from saltvirt.base.fsutil import file_digest, remove_paths
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
@@ -288,7 +289,7 @@ def _drop_old_checkpoints(dom, keep):
 def configured(opts: Mapping[str, Any]) -> tuple[str, int, bytes]:
     """``(directory, timeout, manifest key)`` of a backup from the minion config ``opts`` (``virt:backup``: an
     operator setting, never read from pillar or grains, which callers write)."""
-    conf = (opts.get("virt") or {}).get("backup") or {}
+    conf = virt_conf(opts).get("backup") or {}
     conf = conf if isinstance(conf, dict) else {}
     timeout = validate.positive_int(conf.get("timeout") or DEFAULT_TIMEOUT, "virt:backup:timeout")
     root = backupstore.root_dir(conf.get("dir"))

@@ -46,6 +46,7 @@ from typing import Any
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, metrics, procs, tools, validate
+from saltvirt.base.config import section
 from saltvirt.base.salttypes import ConfigGet, Conn, Data
 from saltvirt.host import query, snapshot
 from saltvirt.host.conn import domain_exists, get_domain, libvirt
@@ -72,12 +73,7 @@ ROOM_MARGIN_MIB = 16  # plus 1% of the virtual size: image metadata, blocks the 
 # settings and the libvirt call ------------------------------------------------------------------
 def settings(config_get: ConfigGet) -> Data:
     """``virt:tunnel`` and ``virt:migration`` from the minion's config, checked."""
-    mig = config_get("virt:migration", {}) or {}
-    if not isinstance(mig, dict):
-        raise SaltInvocationError(f"virt:migration must be a mapping, not {mig!r}")
-    unknown = sorted(set(mig) - set(SETTINGS))
-    if unknown:
-        raise SaltInvocationError(f"virt:migration: unknown key(s) {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
+    mig = section(config_get("virt:migration", {}), "virt:migration", SETTINGS)
     out = {k: mig.get(k) for k in SETTINGS}
     out["tunnel"] = validate.to_bool(config_get("virt:tunnel", False))
     out["qemu_tls"] = migrate_tls.setting(out["qemu_tls"])

@@ -362,28 +362,6 @@ def test_hypervisor_maps_to_vtype():
         compat.init_args({"hypervisor": "kvm", "vtype": "qemu"})
 
 
-def test_old_flat_config_spellings_are_honoured():
-    store = {"virt.images": "/srv/old", "virt.tunnel": True, "virt": {"type": "qemu"}}
-
-    def get(key, default=None):
-        value = store
-        for part in key.split(":"):
-            if not isinstance(value, dict) or part not in value:
-                return default
-            value = value[part]
-        return value
-
-    cfg = compat.config_getter(get)
-    assert cfg("virt:images") == "/srv/old"
-    assert cfg("virt:tunnel", False) is True
-    assert cfg("virt:type") == "qemu"
-    assert cfg("virt:nic", {}) == {}
-    conf, warnings = compat.master_virt_conf({"virt.tunnel": True, "virt": {"tunnel": False, "x": 1}})
-    assert conf == {"tunnel": False, "x": 1} and not warnings  # the mapping wins
-    conf, warnings = compat.master_virt_conf({"virt.tunnel": True, "virt.hypervisors.timeout": 9})
-    assert conf == {"tunnel": True, "hypervisors": {"timeout": 9}} and len(warnings) == 2
-
-
 @pytest.mark.parametrize(
     ("call", "message"),
     [
