@@ -27,6 +27,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
+    from saltvirt.xml import netxml as _nx
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltFunctions
@@ -77,7 +78,7 @@ def _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, fun)
     """The one network spec (saltvirt.xml.netxml) from this module's arguments; Salt's nested ones in kwargs."""
     salt_args = {k: kwargs.pop(k) for k in _SALT_ARGS if k in kwargs}
     _refuse_unknown(kwargs, fun)
-    return _np.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **salt_args)
+    return _nx.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **salt_args)
 
 
 _ARGS_DOC = """

@@ -30,8 +30,8 @@ if saltvirt is not None:
     from saltvirt.host import netpool as _np
     from saltvirt.spec import compat
     from saltvirt.storage import attach as _attach
+    from saltvirt.storage import poolcalls as _pc
     from saltvirt.storage import pools as _st
-    from saltvirt.storage import rawcalls as _rc
     from saltvirt.vm import provision as _provision
     from saltvirt.xml import poolxml as _px
 
@@ -60,7 +60,7 @@ def _conn(connection=None, kwargs=None):
 
 
 def _limits():
-    """The operator's limits on what a call may define (minion config only): ``saltvirt.storage.rawcalls``."""
+    """The operator's limits on what a call may define (minion config only): ``saltvirt.storage.poollimits``."""
     return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
@@ -166,7 +166,7 @@ def pool_define(
     )
     spec = _px.pool_spec(name, ptype, target, permissions=permissions, **src)
     with _conn(connection, kwargs) as conn:
-        _rc.define_pool(conn, spec, transient=_bool(transient), start=_bool(start), **_limits())
+        _pc.define_pool(conn, spec, transient=_bool(transient), start=_bool(start), **_limits())
         if _bool(autostart) and not _bool(transient):
             _np.set_autostart(conn, "pool", name, True)
         return True
@@ -208,7 +208,7 @@ def pool_update(
     )
     spec = _px.pool_spec(name, ptype, target, permissions=permissions, require=False, **src)
     with _conn(connection, kwargs) as conn:
-        return _rc.update_pool(conn, spec, test=_bool(test), **_limits())
+        return _pc.update_pool(conn, spec, test=_bool(test), **_limits())
 
 
 for _fun in (pool_define, pool_update):
@@ -235,7 +235,7 @@ def pool_start(name, build=True, connection=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.pool_start images
     """
     with _conn(connection, kwargs) as conn:
-        return {"name": name, "started": _rc.start_pool(conn, name, build=_bool(build), **_limits())}
+        return {"name": name, "started": _pc.start_pool(conn, name, build=_bool(build), **_limits())}
 
 
 def pool_build(name, connection=None, **kwargs):
@@ -247,7 +247,7 @@ def pool_build(name, connection=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.pool_build vg0
     """
     with _conn(connection, kwargs) as conn:
-        return _rc.build_pool(conn, name, **_limits())
+        return _pc.build_pool(conn, name, **_limits())
 
 
 def pool_stop(name, connection=None, **kwargs):
@@ -257,7 +257,7 @@ def pool_stop(name, connection=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.pool_stop images
     """
     with _conn(connection, kwargs) as conn:
-        return {"name": name, "stopped": _rc.stop_pool(conn, name, **_limits())}
+        return {"name": name, "stopped": _pc.stop_pool(conn, name, **_limits())}
 
 
 def pool_undefine(name, connection=None, **kwargs):
@@ -268,7 +268,7 @@ def pool_undefine(name, connection=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.pool_undefine images
     """
     with _conn(connection, kwargs) as conn:
-        return {"name": name, "undefined": _rc.undefine_pool(conn, name, **_limits())}
+        return {"name": name, "undefined": _pc.undefine_pool(conn, name, **_limits())}
 
 
 def pool_delete(name, fast=True, connection=None, **kwargs):
@@ -280,7 +280,7 @@ def pool_delete(name, fast=True, connection=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.pool_delete images
     """
     with _conn(connection, kwargs) as conn:
-        return _rc.delete_pool(conn, name, fast=_bool(fast), **_limits())
+        return _pc.delete_pool(conn, name, fast=_bool(fast), **_limits())
 
 
 def pool_refresh(name, connection=None, **kwargs):
@@ -377,7 +377,7 @@ def volume_define(
     """
     spec = _px.volume_spec(name, size, allocation, format, type, permissions, backing_store, nocow)
     with _conn(connection, kwargs) as conn:
-        return _rc.define_volume(conn, pool, spec, **_limits())
+        return _pc.define_volume(conn, pool, spec, **_limits())
 
 
 def volume_delete(pool, volume, connection=None, **kwargs):
@@ -388,7 +388,7 @@ def volume_delete(pool, volume, connection=None, **kwargs):
     CLI Example:: salt 'hyper1' virt.volume_delete images web1-data
     """
     with _conn(connection, kwargs) as conn:
-        return _rc.delete_volume(conn, pool, volume, **_limits())
+        return _pc.delete_volume(conn, pool, volume, **_limits())
 
 
 def volume_upload(pool, volume, file, offset=0, length=0, sparse=False, connection=None, **kwargs):
@@ -399,7 +399,7 @@ def volume_upload(pool, volume, file, offset=0, length=0, sparse=False, connecti
     CLI Example:: salt 'hyper1' virt.volume_upload images web1-data /srv/data.img
     """
     with _conn(connection, kwargs) as conn:
-        return _rc.upload_volume(conn, pool, volume, file, offset=offset, length=length, sparse=sparse, **_limits())
+        return _pc.upload_volume(conn, pool, volume, file, offset=offset, length=length, sparse=sparse, **_limits())
 
 
 def define_vol_xml_str(xml, pool=None, connection=None, **kwargs):

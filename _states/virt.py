@@ -473,13 +473,13 @@ _NETWORK_SALT_ARGS = (
 
 def _network_state(args, started):
     """The network states' common body: ``args`` are the state's own arguments (its locals())."""
-    from saltvirt.host import netpool
+    from saltvirt.xml import netxml
 
     given = {k: args[k] for k in _NETWORK_SALT_ARGS if args[k] is not None}
     basic = {k: args[k] for k in ("bridge", "forward", "ip", "dhcp_start", "dhcp_end", "netmask")}
 
     def spec():
-        return netpool.network_spec(args["name"], **basic, **given)
+        return netxml.network_spec(args["name"], **basic, **given)
 
     return _object_state("network", args["name"], spec, args["autostart"], started, args["connection"])
 

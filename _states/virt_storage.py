@@ -25,7 +25,7 @@ if saltvirt is not None:
     from saltvirt.base import validate
     from saltvirt.host import conn as _c
     from saltvirt.storage import attach as _attach
-    from saltvirt.storage import rawcalls as _rc
+    from saltvirt.storage import poolcalls as _pc
     from saltvirt.xml import poolxml as _px
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -51,7 +51,7 @@ def _ret(name, **kw):
 
 
 def _limits():
-    """The operator's limits on what a state may define (minion config only): ``saltvirt.storage.rawcalls``."""
+    """The operator's limits on what a state may define (minion config only): ``saltvirt.storage.poollimits``."""
     return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
@@ -80,7 +80,7 @@ def _pool_state(name, ptype, target, permissions, source, transient, autostart, 
         _no_password_login(username, password)
         spec = _pool_spec(name, ptype, target, permissions, source)
         with _c.salt_connect(__salt__, connection) as conn:
-            done = _rc.ensure_pool(
+            done = _pc.ensure_pool(
                 conn, spec, autostart=autostart, run=run, transient=transient, test=__opts__["test"], **_limits()
             )
     except (CommandExecutionError, SaltInvocationError) as exc:
@@ -176,7 +176,7 @@ def pool_deleted(name, purge=False, connection=None, username=None, password=Non
     try:
         _no_password_login(username, password)
         with _c.salt_connect(__salt__, connection) as conn:
-            changes, unsupported = _rc.delete_all(
+            changes, unsupported = _pc.delete_all(
                 conn, name, purge=bool(purge), test=__opts__["test"], host_id=__opts__.get("id"), **_limits()
             )
     except (CommandExecutionError, SaltInvocationError) as exc:
@@ -224,7 +224,7 @@ def volume_defined(
         _no_password_login(username, password)
         spec = _px.volume_spec(name, size, allocation, format, type, permissions, backing_store, nocow)
         with _c.salt_connect(__salt__, connection) as conn:
-            done = _rc.ensure_volume(conn, pool, spec, test=__opts__["test"], **_limits())
+            done = _pc.ensure_volume(conn, pool, spec, test=__opts__["test"], **_limits())
     except (CommandExecutionError, SaltInvocationError) as exc:
         return dict(ret, result=False, comment=str(exc))
     return dict(ret, **done)

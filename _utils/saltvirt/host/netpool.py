@@ -1,4 +1,6 @@
-"""libvirt virtual networks and storage pools: XML (ElementTree), desired-vs-current, lifecycle."""
+"""The lifecycle of libvirt virtual networks and storage pools: look up, define or redefine to a spec, start,
+stop, undefine, autostart. Their specs and XML are :mod:`saltvirt.xml.netxml` and :mod:`saltvirt.xml.poolxml`;
+Salt's pool and volume calls over this lifecycle, :mod:`saltvirt.storage.pools`."""
 
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -10,22 +12,6 @@ import saltvirt.host.conn  # its define: this module has one of its own
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import libvirt, lv_errors
 from saltvirt.xml import netxml, poolxml
-
-POOL_TYPES = tuple(poolxml.POOL_TYPES)
-
-# networks: their XML and spec live in saltvirt.xml.netxml; define/update/start/stop here
-FORWARD_MODES = netxml.FORWARD_MODES
-network_spec = netxml.network_spec
-network_xml = netxml.network_xml
-parse_network = netxml.parse_network
-network_diff = netxml.network_diff
-
-
-# storage pools: their XML lives in saltvirt.xml.poolxml (all pool types); define/start/stop/autostart here
-pool_spec = poolxml.pool_spec
-pool_xml = poolxml.pool_xml
-parse_pool = poolxml.parse_pool
-pool_diff = poolxml.pool_diff
 
 
 # objects ------------------------------------------------------------------------------------------
@@ -70,7 +56,7 @@ def info(conn: Conn, kind: str, name: str | None = None, inactive: bool = False)
         objs = [obj] if obj is not None else []
     else:
         objs = conn.listAllNetworks(0) if kind == "network" else conn.listAllStoragePools(0)
-    parse = parse_network if kind == "network" else parse_pool
+    parse = netxml.parse_network if kind == "network" else poolxml.parse_pool
     out = {}
     for obj in objs:
         facts = parse(read_xml(obj, kind, inactive))
@@ -108,7 +94,7 @@ def define(conn: Conn, kind: str, spec: Data, replace: bool = False) -> Any:
             f"{kind} {spec['name']!r} is already defined: undefine it first, or use the virt.{kind}_defined state"
         )
     base = read_xml(existing, kind, inactive=True) if existing is not None else None
-    xml = network_xml(spec, base) if kind == "network" else pool_xml(spec, base)
+    xml = netxml.network_xml(spec, base) if kind == "network" else poolxml.pool_xml(spec, base)
     with lv_errors(f"define {kind} {spec['name']!r}"):
         return saltvirt.host.conn.define(conn, kind, xml)
 
@@ -171,7 +157,7 @@ def ensure(
         changes["defined"] = spec
     else:
         current = info(conn, kind, name, inactive=True)[name]
-        diff = network_diff(spec, current) if kind == "network" else pool_diff(spec, current)
+        diff = netxml.network_diff(spec, current) if kind == "network" else poolxml.pool_diff(spec, current)
         live_steps = _live_host_steps(diff) if kind == "network" and active and current["persistent"] else None
         if diff and live_steps is not None:
             changes["live"] = diff

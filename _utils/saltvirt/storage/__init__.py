@@ -2,8 +2,9 @@
 
 ``images`` (create, clone, info, manifests), ``intake`` (fetch, checksum, format checks, base gc), ``attach``
 (the one door for existing disks a VM is given, the operator's disk and device switches), ``voldisks``
-(VM disks on pool volumes), ``pools`` (Salt's ``pool_*``/``volume_*``), ``rawcalls`` (those of them that
-define or write, within the operator's limits) and ``firmware`` (the UEFI files a VM may be given). Both
-sides (the runner uses intake).
+(VM disks on pool volumes), ``pools`` (what pool calls and VM disks share: secrets, facts, volumes),
+``poolcalls`` (Salt's ``pool_*``/``volume_*``, one function each: ``poollimits``' checks, then
+``host.netpool``'s lifecycle and ``pools``), ``poollimits`` (the operator's limits on them, as checks) and
+``firmware`` (the UEFI files a VM may be given). Both sides (the runner uses intake).
 May import: ``base``, ``pki``, ``spec``, ``xml``, ``host``.
 """

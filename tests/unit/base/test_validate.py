@@ -6,9 +6,9 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.host import netpool
 from saltvirt.spec import vmspec as spec
 from saltvirt.vm import migrate
+from saltvirt.xml import netxml, poolxml
 from tests.support.saltloader import make_minion_mods
 
 HOSTILE_NAMES = ["web1\n", "a\n", "../x", "..", ".", "a/b", "-a", "a b", "", "x" * 64, "a\0b", "\nweb1"]
@@ -23,9 +23,9 @@ def test_hostile_vm_names_refused(name):
 @pytest.mark.parametrize("name", ["a\n", "../x"])
 def test_hostile_names_refused_for_every_kind(name):
     with pytest.raises(SaltInvocationError, match="network name"):
-        netpool.network_spec(name)
+        netxml.network_spec(name)
     with pytest.raises(SaltInvocationError, match="pool name"):
-        netpool.pool_spec(name, target="/srv/x")
+        poolxml.pool_spec(name, target="/srv/x")
     with pytest.raises(SaltInvocationError, match="VM name"):
         spec.build(name, 1, 64, disk=None, nic=None, images_dir="/srv/vms")
     with pytest.raises(SaltInvocationError, match="disk name"):

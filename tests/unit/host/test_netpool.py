@@ -8,7 +8,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.host import netpool
-from saltvirt.xml import netxml
+from saltvirt.xml import netxml, poolxml
 from tests.support.saltloader import load_states
 
 
@@ -36,7 +36,7 @@ def states(virt_test, conn):
 
 # specs ----------------------------------------------------------------------------------------------
 def test_network_spec_normalises():
-    assert netpool.network_spec(
+    assert netxml.network_spec(
         "n", ip="10.1.0.1", netmask="255.255.0.0", dhcp_start="10.1.0.10", dhcp_end="10.1.9.9"
     ) == {
         **UNSET,
@@ -47,8 +47,8 @@ def test_network_spec_normalises():
         "dhcp": ["10.1.0.10", "10.1.9.9"],
     }
     for isolated in (None, "none", "isolated", ""):
-        assert netpool.network_spec("n", forward=isolated, ip="10.2.0.1/24")["forward"] is None
-    assert netpool.network_spec("lan", forward="bridge", bridge="br0") == {
+        assert netxml.network_spec("n", forward=isolated, ip="10.2.0.1/24")["forward"] is None
+    assert netxml.network_spec("lan", forward="bridge", bridge="br0") == {
         **UNSET,
         "name": "lan",
         "bridge": "br0",
@@ -76,49 +76,49 @@ def test_network_spec_normalises():
 )
 def test_network_spec_refuses_bad_input(kwargs, message):
     with pytest.raises(SaltInvocationError, match=message):
-        netpool.network_spec("n", **kwargs)
+        netxml.network_spec("n", **kwargs)
     with pytest.raises(SaltInvocationError, match="invalid network name"):
-        netpool.network_spec("a/b")
+        netxml.network_spec("a/b")
 
 
 def test_network_xml_round_trip_and_redefinition_keeps_the_rest():
-    spec = netpool.network_spec("iso", forward=None, ip="10.3.0.1/24", dhcp_start="10.3.0.10", dhcp_end="10.3.0.20")
-    xml = netpool.network_xml(spec)
+    spec = netxml.network_spec("iso", forward=None, ip="10.3.0.1/24", dhcp_start="10.3.0.10", dhcp_end="10.3.0.20")
+    xml = netxml.network_xml(spec)
     assert ET.fromstring(xml).find("forward") is None
-    assert netpool.parse_network(xml) == spec
+    assert netxml.parse_network(xml) == spec
     base = (
         "<network><name>iso</name><uuid>4b1e0000-0000-4000-8000-000000000001</uuid><bridge name='virbr7' stp='on'/>"
         "<mac address='52:54:00:11:22:33'/><domain name='lab'/>"
         "<ip address='10.3.0.1' netmask='255.255.255.0'/></network>"
     )
-    nat = netpool.network_spec("iso", ip="10.4.0.1/24")
-    root = ET.fromstring(netpool.network_xml(nat, base))
+    nat = netxml.network_spec("iso", ip="10.4.0.1/24")
+    root = ET.fromstring(netxml.network_xml(nat, base))
     assert root.findtext("uuid") == "4b1e0000-0000-4000-8000-000000000001"
     assert root.find("bridge").get("name") == "virbr7" and root.find("mac").get("address") == "52:54:00:11:22:33"
     assert root.find("domain").get("name") == "lab" and root.find("forward").get("mode") == "nat"
     assert [ip.get("address") for ip in root.findall("ip")] == ["10.4.0.1"]
     kept = {"bridge": "virbr7", "domain": {"name": "lab"}}  # undeclared: left as the network has it
-    assert netpool.parse_network(ET.tostring(root, encoding="unicode")) == dict(nat, **kept)
-    same = ET.fromstring(netpool.network_xml(netpool.network_spec("iso", forward=None, ip="10.3.0.1/24"), base))
+    assert netxml.parse_network(ET.tostring(root, encoding="unicode")) == dict(nat, **kept)
+    same = ET.fromstring(netxml.network_xml(netxml.network_spec("iso", forward=None, ip="10.3.0.1/24"), base))
     assert same.find("ip").get("netmask") == "255.255.255.0"  # unchanged ip element left as written
 
 
 def test_pool_spec_and_xml():
-    spec = netpool.pool_spec("images", target="/srv/images/")
+    spec = poolxml.pool_spec("images", target="/srv/images/")
     assert (spec["name"], spec["type"], spec["target"]) == ("images", "dir", "/srv/images")
-    assert netpool.pool_diff(spec, netpool.parse_pool(netpool.pool_xml(spec))) == {}
+    assert poolxml.pool_diff(spec, poolxml.parse_pool(poolxml.pool_xml(spec))) == {}
     base = (
         "<pool type='dir'><name>images</name><uuid>u</uuid><capacity>1</capacity>"
         "<target><path>/old</path></target></pool>"
     )
-    root = ET.fromstring(netpool.pool_xml(spec, base))
+    root = ET.fromstring(poolxml.pool_xml(spec, base))
     assert (
         root.findtext("uuid") == "u" and root.find("capacity") is None and root.findtext("target/path") == "/srv/images"
     )
     with pytest.raises(SaltInvocationError, match="pool type"):
-        netpool.pool_spec("images", ptype="lvm", target="/srv")  # every type: tests/unit/test_poolxml.py
+        poolxml.pool_spec("images", ptype="lvm", target="/srv")  # every type: tests/unit/test_poolxml.py
     with pytest.raises(SaltInvocationError, match="absolute path"):
-        netpool.pool_spec("images", target="relative/dir")
+        poolxml.pool_spec("images", target="relative/dir")
 
 
 # on the test driver ---------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_parse_what_libvirt_reports(conn):
 
 
 def test_ensure_network_defines_starts_and_converges(conn):
-    spec = netpool.network_spec("np1", forward=None, ip="10.5.0.1/24", dhcp_start="10.5.0.10", dhcp_end="10.5.0.20")
+    spec = netxml.network_spec("np1", forward=None, ip="10.5.0.1/24", dhcp_start="10.5.0.10", dhcp_end="10.5.0.20")
     preview = netpool.ensure(conn, "network", spec, autostart=True, run=True, test=True)
     assert preview["changes"] == {"defined": spec, "autostart": {"old": False, "new": True}, "started": True}
     assert netpool.lookup(conn, "network", "np1") is None  # test: nothing made
@@ -157,7 +157,7 @@ def test_ensure_network_defines_starts_and_converges(conn):
         "comment": "network np1 is as declared",
     }
     netpool.stop(conn, "network", "np1")
-    moved = netpool.network_spec("np1", ip="10.6.0.1/24")
+    moved = netxml.network_spec("np1", ip="10.6.0.1/24")
     changed = netpool.ensure(conn, "network", moved, autostart=None)
     assert changed["changes"] == {
         "redefined": {
@@ -173,12 +173,12 @@ def test_ensure_network_defines_starts_and_converges(conn):
 
 
 def test_ensure_pool(conn, tmp_path):
-    spec = netpool.pool_spec("pp1", target=str(tmp_path / "pool"))
+    spec = poolxml.pool_spec("pp1", target=str(tmp_path / "pool"))
     done = netpool.ensure(conn, "pool", spec, autostart=False, run=True)
     assert done["changes"] == {"defined": spec, "started": True}
     assert netpool.ensure(conn, "pool", spec, autostart=False, run=True)["changes"] == {}
     netpool.stop(conn, "pool", "pp1")
-    other = netpool.pool_spec("pp1", target=str(tmp_path / "other"))
+    other = poolxml.pool_spec("pp1", target=str(tmp_path / "other"))
     assert netpool.ensure(conn, "pool", other)["changes"] == {
         "redefined": {"target": {"old": spec["target"], "new": other["target"]}}
     }
@@ -254,7 +254,7 @@ def test_network_and_pool_states(states, conn):
 
     pool = {"target": "/srv/test-pools/pp3"}
     assert preview["virt.pool_defined"]("pp3", **pool)["changes"] == {
-        "defined": netpool.pool_spec("pp3", target="/srv/test-pools/pp3"),
+        "defined": poolxml.pool_spec("pp3", target="/srv/test-pools/pp3"),
         "autostart": {"old": False, "new": True},
     }
     assert st["virt.pool_defined"]("pp3", **pool)["result"] is True

@@ -1,4 +1,4 @@
-"""saltvirt.storage.rawcalls: Salt's raw storage functions (virt.pool_define, pool_update, volume_define with a
+"""saltvirt.storage.poolcalls: Salt's raw storage functions (virt.pool_define, pool_update, volume_define with a
 backing_store, volume_upload, and the pool/volume states) stay within what the operator configured. Through
 the real Salt loader on libvirt's test:/// driver, real files in tmp dirs; each refusal leaves libvirt as it was."""
 
@@ -10,7 +10,7 @@ import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.storage import images, rawcalls
+from saltvirt.storage import images
 from saltvirt.xml import poolxml
 from tests.support import hostile
 from tests.support.saltloader import SOURCES, load_states, make_minion_mods
@@ -119,18 +119,6 @@ def test_an_existing_pool_is_checked_for_what_a_call_changes(strict, conn, tmp_p
     assert ret["result"] is False and "target /etc is outside" in ret["comment"]
     assert load_states(strict)["virt.pool_defined"]("rp-op", ptype="dir")["result"] is True  # nothing changes
     assert poolxml.parse_pool(conn.storagePoolLookupByName("rp-op").XMLDesc(0))["target"] == "/srv/operator-pool"
-
-
-def test_check_pool_by_itself():
-    settings = {"pool_paths": ("/srv/pools",), "pool_sources": {"hosts": ("*.example.com",)}}
-    rawcalls.check_pool(poolxml.pool_spec("p", "dir", "/srv/pools/p"), settings, "/srv/salt-images")
-    rawcalls.check_pool(
-        poolxml.pool_spec("g", "gluster", source_hosts=["gl1.example.com"], source_name="gv0"), settings, "/x"
-    )
-    with pytest.raises(SaltInvocationError, match="source host gl1 is not one"):
-        rawcalls.check_pool(poolxml.pool_spec("g", "gluster", source_hosts=["gl1"], source_name="gv0"), settings, "/x")
-    with pytest.raises(SaltInvocationError, match=r"outside the directories pools may use \(none\)"):
-        rawcalls.check_pool(poolxml.pool_spec("p", "dir", "/srv/pools/p"), {}, "/x")
 
 
 # volumes ------------------------------------------------------------------------------------------

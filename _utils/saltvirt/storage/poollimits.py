@@ -1,10 +1,9 @@
-"""Salt's raw storage calls within what the operator made available: ``virt.pool_define`` /
-``pool_update`` and the ``virt.pool_defined`` / ``pool_running`` states, ``virt.pool_build`` /
-``pool_start`` / ``pool_stop`` / ``pool_undefine`` / ``pool_delete`` and the ``virt.pool_deleted`` state,
-``virt.volume_define`` and the ``virt.volume_defined`` state with a ``backing_store``,
-``virt.volume_upload``, ``virt.volume_delete``. Same arguments and returns
-as :mod:`saltvirt.storage.pools` (Salt's), checked first; the limits come from the minion config only
-(:func:`saltvirt.storage.attach.operator_settings`):
+"""The operator's limits on Salt's raw storage calls, as checks: :mod:`saltvirt.storage.poolcalls` runs them
+before ``virt.pool_define`` / ``pool_update`` and the ``virt.pool_defined`` / ``pool_running`` states,
+``virt.pool_build`` / ``pool_start`` / ``pool_stop`` / ``pool_undefine`` / ``pool_delete`` and the
+``virt.pool_deleted`` state, ``virt.volume_define`` and the ``virt.volume_defined`` state with a
+``backing_store``, ``virt.volume_upload``, ``virt.volume_delete``. The limits come from the minion config
+only (:func:`saltvirt.storage.attach.operator_settings`):
 
 * a pool's target directory (``dir``, ``fs``, ``netfs``: libvirt creates it, sets its permissions or
   mounts on it) lies inside a directory of ``virt:pool_paths`` (default: those of ``virt:allowed_paths``),
@@ -36,13 +35,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from salt.exceptions import CommandExecutionError, SaltInvocationError
+from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import netpool
 from saltvirt.host.conn import libvirt
-from saltvirt.storage import attach, images, intake, pools
+from saltvirt.storage import attach, intake
 from saltvirt.xml import poolxml
 
 TARGET_DIR_TYPES = ("dir", "fs", "netfs")  # libvirt makes, chowns or mounts on the target directory
@@ -107,44 +106,10 @@ def _listed(name, kind, what, shown, candidates, settings):
     )
 
 
-def _current(conn, name):
+def definition(conn: Conn, name: str) -> Data | None:
+    """The parsed definition (as defined, not as running) of the pool ``name``; None when it is not defined."""
     obj = netpool.lookup(conn, "pool", name)
     return None if obj is None else poolxml.parse_pool(netpool.read_xml(obj, "pool", inactive=True))
-
-
-def define_pool(
-    conn: Conn,
-    spec: Data,
-    *,
-    settings: Mapping[str, Any] | None,
-    images_dir: str,
-    transient: bool = False,
-    start: bool = True,
-) -> bool:
-    """Salt's ``pool_define`` (:func:`saltvirt.storage.pools.define_pool`) within the operator's limits."""
-    if _current(conn, spec["name"]) is None:  # an existing name: define_pool's own refusal
-        check_pool(spec, settings, images_dir)
-    return pools.define_pool(conn, spec, transient=transient, start=start)
-
-
-def update_pool(
-    conn: Conn, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, test: bool = False
-) -> bool:
-    """Salt's ``pool_update`` (:func:`saltvirt.storage.pools.update_pool`): what it changes within the limits."""
-    current = _current(conn, spec["name"])
-    if current is not None:
-        check_pool(spec, settings, images_dir, current)
-    return pools.update_pool(conn, spec, test=test)
-
-
-def ensure_pool(conn: Conn, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, **kwargs: Any) -> Data:
-    """The ``virt.pool_defined`` / ``pool_running`` states (:func:`saltvirt.storage.pools.ensure_pool`),
-    what they define or change within the limits (also with test=True); a pool they start is built
-    only within them (:func:`start_pool`)."""
-    current = _current(conn, spec["name"])
-    check_pool(spec, settings, images_dir, current)
-    why = None if current is None else _outside(poolxml.merged(spec, current), "build", settings, images_dir)
-    return _unbuilt(why, lambda: pools.ensure_pool(conn, spec, build=why is None, **kwargs))
 
 
 # what a call does to an existing pool: within the limits only --------------------------------------
@@ -159,7 +124,9 @@ CONTENT_ROOTS = {
 }
 
 
-def _outside(facts, action, settings, images_dir):
+def outside(
+    facts: Data, action: str, settings: Mapping[str, Any] | None, images_dir: str
+) -> SaltInvocationError | None:
     """The refusal (a SaltInvocationError) of ``action`` on the pool ``facts`` (its parsed definition) when
     it is not within the operator's limits (:func:`check_pool` on all of it), else None."""
     try:
@@ -169,57 +136,25 @@ def _outside(facts, action, settings, images_dir):
     return None
 
 
-def _within(conn, name, action, settings, images_dir):
+def within(conn: Conn, name: str, action: str, settings: Mapping[str, Any] | None, images_dir: str) -> Data | None:
     """The parsed definition of the pool ``name`` (None when not defined: the call's own error follows),
     refused when ``action`` on it is not within the operator's limits."""
-    facts = _current(conn, name)
-    why = None if facts is None else _outside(facts, action, settings, images_dir)
+    facts = definition(conn, name)
+    why = None if facts is None else outside(facts, action, settings, images_dir)
     if why is not None:
         raise why
     return facts
 
 
-def _unbuilt(why, start):
-    """``start()``; when it fails and ``why`` (a refusal) kept it from building the pool, say so."""
-    try:
-        return start()
-    except CommandExecutionError as exc:
-        if why is None:
-            raise
-        raise CommandExecutionError(f"{exc}; it was not built first: {why}") from None
-
-
-def build_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
-    """Salt's ``pool_build``: only a pool within the operator's limits (its target directory in
-    ``virt:pool_paths``, its devices, volume group, ... in ``virt:pool_sources``)."""
-    _within(conn, name, "build", settings, images_dir)
-    return bool(pools.build_pool(conn, name))
-
-
-def start_pool(conn: Conn, name: str, *, build: bool, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
-    """Salt's ``pool_start``: a pool outside the operator's limits (one the operator defined) starts, but is
-    never built (a failed start says why). False when it was running already."""
-    facts = _current(conn, name)
-    why = None if facts is None or not build else _outside(facts, "build", settings, images_dir)
-    return _unbuilt(why, lambda: pools.start_pool(conn, name, build=build and why is None))
-
-
-def stop_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
-    """Salt's ``pool_stop``; a transient pool (gone once stopped) only within the operator's limits."""
-    obj = netpool.lookup(conn, "pool", name)
-    if obj is not None and not obj.isPersistent():
-        _within(conn, name, "stop (and so remove) transient", settings, images_dir)
-    return netpool.stop(conn, "pool", name)
-
-
-def undefine_pool(conn: Conn, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
-    """Salt's ``pool_undefine``: only a pool within the operator's limits (a caller removes only what it
-    could define again)."""
-    _within(conn, name, "undefine", settings, images_dir)
-    return pools.undefine_pool(conn, name)
-
-
-def _unused(conn, name, facts, settings, images_dir, purge=False, host_id=None):
+def unused(
+    conn: Conn,
+    name: str,
+    facts: Data,
+    settings: Mapping[str, Any] | None,
+    images_dir: str,
+    purge: bool = False,
+    host_id: str | None = None,
+) -> list[Data]:
     """Refuse deleting the pool while anything uses or owns what is in it (:func:`attach.pool_unused`);
     ``purge`` (of a running pool): returns the orphans that go with it."""
     source = facts["source"] or {}
@@ -244,49 +179,6 @@ def _unused(conn, name, facts, settings, images_dir, purge=False, host_id=None):
         purge=purge and volumes is not None,
         host_id=host_id,
     )
-
-
-def delete_pool(
-    conn: Conn, name: str, *, fast: bool = True, settings: Mapping[str, Any] | None, images_dir: str
-) -> bool:
-    """Salt's ``pool_delete`` (``fast=False``: libvirt zeroes the data first, where it can): only a pool
-    within the operator's limits, and none whose volumes a domain uses, an image backs onto or a VM owns
-    (deleting a logical or zfs pool destroys its volume group or zpool with every volume in it)."""
-    facts = _within(conn, name, "delete", settings, images_dir)
-    if facts is not None:
-        _unused(conn, name, facts, settings, images_dir)
-    return bool(pools.delete_pool(conn, name, zeroed=not fast))
-
-
-def delete_all(
-    conn: Conn,
-    name: str,
-    *,
-    purge: bool,
-    test: bool,
-    settings: Mapping[str, Any] | None,
-    images_dir: str,
-    host_id: str | None = None,
-) -> tuple[Data | None, list[str]]:
-    """The ``virt.pool_deleted`` state (:func:`saltvirt.storage.pools.delete_all`): within the operator's
-    limits; with ``purge`` (its volumes and what building it made are deleted) only while nothing uses or
-    owns what is in it. Checked before anything is done, also with test=True. A running pool's volumes
-    of VMs that no longer exist on this host (``host_id``: this minion, see :func:`attach.pool_unused`) go
-    too: changes ``deleted_orphans`` ({volume: why}, only when there are some), and their records leave
-    the gone VM's manifest."""
-    facts = _within(conn, name, "delete" if purge else "undefine", settings, images_dir)
-    orphans = []
-    if facts is not None and purge:
-        orphans = _unused(conn, name, facts, settings, images_dir, purge=True, host_id=host_id)
-    changes, unsupported = pools.delete_all(conn, name, purge=purge, test=test)
-    gone = [o for o in orphans if changes is not None and o["volume"] in changes["deleted_volumes"]]
-    if gone and changes is not None:
-        why = "belonged to VM {!r}, which no longer exists on this host"
-        changes["deleted_orphans"] = {o["volume"]: why.format(o["vm"]) for o in gone}
-    for orphan in gone if not test else ():
-        if orphan["record"] is not None:
-            images.forget_extra(orphan["vm_dir"], orphan["vm"], "volumes", [orphan["record"]], orphan["uuid"])
-    return changes, unsupported
 
 
 # volumes ------------------------------------------------------------------------------------------
@@ -320,59 +212,19 @@ def _pool_of(conn, path):
         return None
 
 
-def define_volume(conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
-    """Salt's ``volume_define`` (:func:`saltvirt.storage.pools.define_volume`) within the operator's limits."""
+def check_new_volume(conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str) -> None:
+    """Refuse a volume a call creates (``volume_define``, the ``volume_defined`` state) in a pool VMs may not
+    attach from, or with a ``backing_store`` the operator has not made available."""
     attach.check_pool(pool, False, settings)
     check_backing_store(conn, spec, settings=settings, images_dir=images_dir)
-    return pools.define_volume(conn, pool, spec)
 
 
-def ensure_volume(
-    conn: Conn, pool: str, spec: Data, *, settings: Mapping[str, Any] | None, images_dir: str, test: bool = False
-) -> Data:
-    """The ``virt.volume_defined`` state (:func:`saltvirt.storage.pools.ensure_volume`): a volume it
-    creates is within the limits (also with test=True)."""
-    if netpool.lookup(conn, "pool", pool) is not None and pools.lookup_volume(conn, pool, spec["name"]) is None:
-        attach.check_pool(pool, False, settings)
-        check_backing_store(conn, spec, settings=settings, images_dir=images_dir)
-    return pools.ensure_volume(conn, pool, spec, test=test)
-
-
-def upload_volume(
-    conn: Conn,
-    pool: str,
-    name: str,
-    path: str,
-    *,
-    settings: Mapping[str, Any] | None,
-    images_dir: str,
-    offset: int = 0,
-    length: int = 0,
-    sparse: bool = False,
-) -> bool:
-    """Salt's ``volume_upload`` (:func:`saltvirt.storage.pools.upload_volume`): the file from a directory
-    the operator made available, into a volume no VM uses or owns of a pool VMs may attach from."""
-    settings = settings or {}
-    roots = (*(settings.get("allowed_paths") or ()), images_dir)
-    validate.confined(path, "file", roots, "virt:allowed_paths")
-    attach.check_pool(pool, True, settings)
-    vol = pools.get_volume(conn, pool, name)
-    attach.readable(conn, [("file", path)], images_dir=images_dir, settings=settings)
-    attach.changeable(conn, pool, name, vol, "upload", images_dir=images_dir, settings=settings)
-    return pools.upload_volume(conn, pool, name, path, offset=offset, length=length, sparse=sparse)
-
-
-def delete_volume(conn: Conn, pool: str, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> bool:
-    """Salt's ``volume_delete``: a volume of a pool VMs may attach from (``virt:pools``) or of a pool
-    within the operator's limits (which a call could delete with all its volumes), that no domain uses
-    (defined or running, as a disk or in a backing chain), no image or volume backs onto and no VM owns
-    (:func:`saltvirt.storage.attach.changeable`)."""
+def check_volume_pool(conn: Conn, pool: str, name: str, *, settings: Mapping[str, Any] | None, images_dir: str) -> None:
+    """Refuse ``volume_delete`` from a pool neither of ``virt:pools`` nor within the limits (a call could
+    delete that pool with all its volumes)."""
     try:
         attach.check_pool(pool, True, settings)
     except SaltInvocationError as exc:
-        facts = _current(conn, pool)
-        if facts is None or _outside(facts, "delete", settings, images_dir) is not None:
+        facts = definition(conn, pool)
+        if facts is None or outside(facts, "delete", settings, images_dir) is not None:
             raise SaltInvocationError(f"delete volume {pool}/{name} refused: {exc}") from None
-    vol = pools.get_volume(conn, pool, name)
-    attach.changeable(conn, pool, name, vol, "delete", images_dir=images_dir, settings=settings)
-    return pools.delete_volume(conn, pool, name)
