@@ -27,6 +27,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
+    from saltvirt.spec import netargs as _netargs
     from saltvirt.xml import netxml as _nx
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -59,26 +60,12 @@ def _refuse_unknown(kwargs, fun):
         raise SaltInvocationError(f"{fun}: unknown argument(s) {', '.join(unknown)}")
 
 
-_SALT_ARGS = (
-    "ipv4_config",
-    "ipv6_config",
-    "vport",
-    "tag",
-    "mtu",
-    "domain",
-    "nat",
-    "interfaces",
-    "addresses",
-    "physical_function",
-    "dns",
-)
-
-
-def _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, fun):
-    """The one network spec (saltvirt.xml.netxml) from this module's arguments; Salt's nested ones in kwargs."""
-    salt_args = {k: kwargs.pop(k) for k in _SALT_ARGS if k in kwargs}
+def _spec(name, basic, kwargs, fun):
+    """The one network spec (saltvirt.xml.netxml) from this module's arguments: ``basic`` the values of
+    ``saltvirt.spec.netargs.BASIC`` in the signature's order, Salt's nested ones (``NESTED``) in kwargs."""
+    nested = {k: kwargs.pop(k) for k in _netargs.NESTED if k in kwargs}
     _refuse_unknown(kwargs, fun)
-    return _nx.network_spec(name, bridge, forward, ip, dhcp_start, dhcp_end, netmask=netmask, **salt_args)
+    return _nx.network_spec(name, **_netargs.spec_kwargs({**dict(zip(_netargs.BASIC, basic, strict=True)), **nested}))
 
 
 _ARGS_DOC = """
@@ -121,7 +108,7 @@ def network_define(
         salt 'hyper1' virt.network_define lab None nat \\
             ipv4_config='{cidr: 10.51.0.0/24, hosts: {10.51.0.5: {mac: "52:54:00:00:00:05", name: db}}}'
     """
-    spec = _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, "virt.network_define")
+    spec = _spec(name, (bridge, forward, ip, netmask, dhcp_start, dhcp_end), kwargs, "virt.network_define")
     with _conn(connection) as conn:
         _np.define(conn, "network", spec)
         if _bool(autostart):
@@ -151,7 +138,7 @@ def network_update(
 
     CLI Example:: salt 'hyper1' virt.network_update lab forward=none ip=10.50.0.1/24
     """
-    spec = _spec(name, bridge, forward, ip, netmask, dhcp_start, dhcp_end, kwargs, "virt.network_update")
+    spec = _spec(name, (bridge, forward, ip, netmask, dhcp_start, dhcp_end), kwargs, "virt.network_update")
     with _conn(connection) as conn:
         _np.get(conn, "network", name)  # an update needs an existing network
         ret = _np.ensure(conn, "network", spec, test=_bool(test))

@@ -464,22 +464,14 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
     )
 
 
-# Salt's network_define arguments beyond the basic ones (saltvirt.xml.netxml checks them key by key)
-_NETWORK_SALT_ARGS = (
-    "ipv4_config", "ipv6_config", "vport", "tag", "mtu", "domain", "nat", "interfaces", "addresses",
-    "physical_function", "dns",
-)  # fmt: skip
-
-
 def _network_state(args, started):
-    """The network states' common body: ``args`` are the state's own arguments (its locals())."""
+    """The network states' common body: ``args`` are the state's own arguments (its locals(); their names
+    and defaults are ``saltvirt.spec.netargs``' table, checked by tests/unit/spec/test_netargs.py)."""
+    from saltvirt.spec import netargs
     from saltvirt.xml import netxml
 
-    given = {k: args[k] for k in _NETWORK_SALT_ARGS if args[k] is not None}
-    basic = {k: args[k] for k in ("bridge", "forward", "ip", "dhcp_start", "dhcp_end", "netmask")}
-
     def spec():
-        return netxml.network_spec(args["name"], **basic, **given)
+        return netxml.network_spec(args["name"], **netargs.spec_kwargs(args))
 
     return _object_state("network", args["name"], spec, args["autostart"], started, args["connection"])
 
