@@ -29,6 +29,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
     from saltvirt.spec import compat
+    from saltvirt.spec import poolargs as _pa
     from saltvirt.storage import attach as _attach
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.storage import pools as _st
@@ -97,27 +98,16 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
         )
 
 
-def _source(
-    source_devices, source_dir, source_initiator, source_adapter, source_hosts, source_auth, source_name, source_format
-):
-    return {
-        "source_devices": source_devices,
-        "source_dir": source_dir,
-        "source_initiator": source_initiator,
-        "source_adapter": source_adapter,
-        "source_hosts": source_hosts,
-        "source_auth": source_auth,
-        "source_name": source_name,
-        "source_format": source_format,
-    }
+def _spec(name, values, require=True):
+    """The one pool spec (saltvirt.xml.poolxml) from this module's arguments: ``values`` those of
+    ``saltvirt.spec.poolargs.NAMES`` in the signature's order."""
+    return _px.pool_spec(name, **dict(zip(_pa.NAMES, values, strict=True)), require=require)
 
 
-_SOURCE_DOC = """``source_devices`` ([{path, part_separator}]), ``source_dir``, ``source_initiator`` (iSCSI IQN),
-    ``source_adapter`` ({type, name, parent, managed, parent_wwnn, parent_wwpn, parent_fabric_wwn, wwnn, wwpn,
-    parent_address: {unique_id, address: {domain, bus, slot, function}}}), ``source_hosts`` (['host[:port]']),
-    ``source_auth`` ({type, username, secret: {type: uuid|usage, value}}, or {username, password}: the
-    password is kept in a libvirt secret, base64 ceph key for rbd), ``source_name``, ``source_format``;
-    ``permissions``: {mode, owner, group, label} of the target."""
+# the arguments' reference, from saltvirt.spec.poolargs' table
+_SOURCE_DOC = "Arguments: " + "; ".join(
+    f"``{a.name}``: {a.takes}" for a in (_pa.ARGS if saltvirt is not None else ()) if a.name != "ptype"
+)
 
 
 def pool_define(
@@ -154,17 +144,11 @@ def pool_define(
         salt 'hyper1' virt.pool_define myshare netfs source_format=cifs source_dir=samba_share \\
             source_hosts="['example.com']" target=/mnt/cifs
     """
-    src = _source(
-        source_devices,
-        source_dir,
-        source_initiator,
-        source_adapter,
-        source_hosts,
-        source_auth,
-        source_name,
-        source_format,
+    spec = _spec(
+        name,
+        (ptype, target, permissions, source_devices, source_dir, source_initiator, source_adapter, source_hosts)
+        + (source_auth, source_name, source_format),
     )
-    spec = _px.pool_spec(name, ptype, target, permissions=permissions, **src)
     with _conn(connection, kwargs) as conn:
         _pc.define_pool(conn, spec, transient=_bool(transient), start=_bool(start), **_limits())
         if _bool(autostart) and not _bool(transient):
@@ -196,17 +180,12 @@ def pool_update(
 
     CLI Example:: salt 'hyper1' virt.pool_update images dir target=/srv/images2 test=True
     """
-    src = _source(
-        source_devices,
-        source_dir,
-        source_initiator,
-        source_adapter,
-        source_hosts,
-        source_auth,
-        source_name,
-        source_format,
+    spec = _spec(
+        name,
+        (ptype, target, permissions, source_devices, source_dir, source_initiator, source_adapter, source_hosts)
+        + (source_auth, source_name, source_format),
+        require=False,
     )
-    spec = _px.pool_spec(name, ptype, target, permissions=permissions, require=False, **src)
     with _conn(connection, kwargs) as conn:
         return _pc.update_pool(conn, spec, test=_bool(test), **_limits())
 

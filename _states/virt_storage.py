@@ -24,6 +24,7 @@ if saltvirt is not None:
 
     from saltvirt.base import validate
     from saltvirt.host import conn as _c
+    from saltvirt.spec import poolargs as _pa
     from saltvirt.storage import attach as _attach
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.xml import poolxml as _px
@@ -60,17 +61,14 @@ def _no_password_login(username, password):
 
 
 def _pool_spec(name, ptype, target, permissions, source):
-    source = source or {}
-    unknown = sorted(set(source) - set(_px.SOURCE_KEYS))
-    if unknown:
-        raise SaltInvocationError(f"unknown source key(s) {', '.join(unknown)}: use {', '.join(_px.SOURCE_KEYS)}")
+    """The one pool spec from the states' arguments (Salt's ``source`` mapping: saltvirt.spec.poolargs)."""
     return _px.pool_spec(
         name,
         ptype,
         target,
         permissions=permissions,
-        require=False,  # an existing pool keeps what is not declared: checked in storage.ensure_pool
-        **{f"source_{k}": source.get(k) for k in _px.SOURCE_KEYS},
+        require=False,  # an existing pool keeps what is not declared: checked in storage.poolcalls.ensure_pool
+        **_pa.from_source(source),
     )
 
 
