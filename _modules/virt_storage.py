@@ -1,5 +1,5 @@
 """
-Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.host.netpool``), and
+Execution module ``virt`` (continued): storage pools and volumes (``saltvirt.storage.poolcalls``), and
 ``image_warm`` (an image fetched and imported before the first ``virt.init`` needs it).
 """
 

@@ -1,6 +1,6 @@
 """
 States ``virt`` (continued): storage pools and volumes (``pool_defined``, ``pool_running``,
-``pool_deleted``, ``volume_defined``). The logic lives in ``saltvirt.storage.pools`` / ``saltvirt.xml.poolxml``.
+``pool_deleted``, ``volume_defined``). The logic lives in ``saltvirt.storage.poolcalls`` / ``saltvirt.xml.poolxml``.
 """
 
 import os
