@@ -4,6 +4,7 @@ loaders (virt.network_define, the virt.network_running state) into libvirt's def
 where the reader finds what the spec asked for."""
 
 import inspect
+import re
 
 import libvirt
 import pytest
@@ -119,3 +120,10 @@ def test_every_argument_reaches_libvirt(virt, arg):
         virt["virt.network_undefine"](name + "-st")
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("fun", ["virt.network_define", "virt.network_update"])
+def test_the_reference_names_every_argument(virt, fun):
+    """The functions' docstrings are the reference (docs/reference): each argument of the table is named."""
+    doc = virt[fun].__doc__
+    assert [a.name for a in netargs.ARGS if not re.search(rf"``{a.name}(``|:)", doc)] == []
