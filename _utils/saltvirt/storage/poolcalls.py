@@ -22,6 +22,8 @@ from saltvirt.host.conn import define, libvirt, lv_errors
 from saltvirt.storage import attach, images, poollimits, pools
 from saltvirt.xml import poolxml
 
+Limits = Mapping[str, Any] | None  # the operator's settings (saltvirt.storage.attach.operator_settings)
+
 
 def _drop_secret(conn, pool_xml, name):
     """Undefine the secret pool_define made for pool ``name`` (usage pool_<name>); other secrets stay."""
@@ -33,9 +35,6 @@ def _drop_secret(conn, pool_xml, name):
     except libvirt.libvirtError:
         return False
     return True
-
-
-Limits = Mapping[str, Any] | None  # the operator's settings (saltvirt.storage.attach.operator_settings)
 
 
 def define_pool(
