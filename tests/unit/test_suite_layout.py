@@ -213,7 +213,12 @@ def library_imports():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "saltvirt":
                 parts = node.module.split(".")[1:]
-                targets = ["/".join([*parts, a.name]) if len(parts) == 1 else "/".join(parts) for a in node.names]
+                targets = [
+                    "/".join([*parts, a.name])
+                    if len(parts) == 1 or saltvirt_module(f"{node.module}.{a.name}")  # or a package's module
+                    else "/".join(parts)
+                    for a in node.names
+                ]
                 edges += [(me, t) for t in (targets if parts else [a.name for a in node.names])]
             elif isinstance(node, ast.Import):
                 edges += [(me, "/".join(a.name.split(".")[1:])) for a in node.names if a.name.startswith("saltvirt.")]
@@ -289,7 +294,7 @@ def untyped(path):
 def test_public_functions_of_typed_layers_are_annotated():
     missing = []
     for layer in TYPED_LAYERS:
-        for path in sorted((LIBRARY / layer).glob("*.py")):
+        for path in sorted((LIBRARY / layer).rglob("*.py")):
             missing += [f"{path.relative_to(LIBRARY)} {m}" for m in untyped(path)]
     assert not missing, "public functions need type hints (saltvirt.base.salttypes for Salt's dunders):\n" + "\n".join(
         missing
