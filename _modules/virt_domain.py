@@ -30,7 +30,7 @@ if saltvirt is not None:
     from saltvirt.host import lifecycle as _lifecycle
     from saltvirt.host import stats as _stats
     from saltvirt.host import vncticket as _vncticket
-    from saltvirt.xml import domxml as _domxml
+    from saltvirt.xml.domain import boot as _boot
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltFunctions, SaltGrains, SaltOpts
@@ -101,7 +101,7 @@ def get_loader(vm_, connection=None, **kwargs):
     with _conn(connection, kwargs, "virt.get_loader") as conn:
         dom = _c.get_domain(conn, vm_)
         with _c.lv_errors(f"read VM {vm_!r}"):
-            return _domxml.loader(dom.XMLDesc(0))
+            return _boot.loader(dom.XMLDesc(0))
 
 
 def vm_cputime(vm_=None, connection=None, **kwargs):

@@ -42,7 +42,7 @@ import common
 import nodexml
 
 sys.path.insert(0, str(common.ROOT / "_utils"))
-from saltvirt.xml.domxml import METADATA_NS
+from saltvirt.xml.domain.metadata import METADATA_NS
 
 FULL = {"minions": 10, "domains": 100, "reps": 5, "warmup": 1}
 QUICK = {"minions": 1, "domains": 10, "reps": 1, "warmup": 0}

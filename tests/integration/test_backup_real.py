@@ -26,7 +26,7 @@ from saltvirt.host import vmresources
 from saltvirt.vm import backup as backup_lib
 from saltvirt.vm import backupstore
 from saltvirt.vm import migrate as migrate_lib
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.integration.test_snapshot_real import MARK, has_marker, heartbeats, qemu_io, wait_heartbeat
 from tests.support import lab
 from tests.support.paths import GUEST_DIR, guest_boot
@@ -237,7 +237,7 @@ def test_incremental_after_live_migration_redefines_the_checkpoint(
     try:
         with lvconn.connect(hv13.uri) as conn:
             dom = conn.lookupByName(name)
-            assert domxml.parse(dom.XMLDesc(0))["disks"][0]["file"] == disk  # the copy, when copied
+            assert definition.parse(dom.XMLDesc(0))["disks"][0]["file"] == disk  # the copy, when copied
             assert dom.listAllCheckpoints(0) == []  # libvirt did not carry it
         inc = v13["virt.backup"](name, incremental=True)
         assert (inc["type"], inc["parent"], inc["note"]) == ("incremental", full["id"], None), inc
@@ -312,7 +312,7 @@ def wait_agent_connected(hv, name, timeout=120):
     deadline = time.monotonic() + timeout
     while True:
         with lvconn.connect(hv.uri) as conn:
-            state = domxml.parse(conn.lookupByName(name).XMLDesc(0))["guest_agent"]
+            state = definition.parse(conn.lookupByName(name).XMLDesc(0))["guest_agent"]
         if state == "connected" or time.monotonic() > deadline:
             return state
         time.sleep(0.5)
@@ -354,7 +354,7 @@ def test_guest_agent_freezes_and_thaws_the_filesystems_around_the_backup_start(v
     assert wait_agent_connected(hv1, "bkr6") == "connected"
     assert agent(hv1, "bkr6", "guest-fsfreeze-status") == "thawed"
     with lvconn.connect(hv1.uri) as conn:
-        disk = domxml.parse(conn.lookupByName("bkr6").XMLDesc(0))["disks"][0]["file"]
+        disk = definition.parse(conn.lookupByName("bkr6").XMLDesc(0))["disks"][0]["file"]
     assert ext4_facts(disk, tmp_path, running=True)[0] is True  # mounted read-write: the flag the freeze clears
 
     beat = heartbeats(hv1, "bkr6")[-1]  # written to /data/heartbeat (page cache only) before it was printed

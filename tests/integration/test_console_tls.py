@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from saltvirt.host import vncticket
 from saltvirt.spec import vmspec
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.support import lab, rfb
 
 INDEX = 24  # a lab index no other module uses
@@ -61,7 +61,7 @@ def test_a_ticket_opens_the_console_over_wss_only(tls_hv, qemu_tmp):
     conn = libvirt.open(hv.uri)
     try:
         spec = vmspec.build("c1", 1, 64, disk=None, images_dir=str(qemu_tmp), enable_vnc=True, vtype="qemu")
-        conn.defineXML(domxml.build(spec)).create()
+        conn.defineXML(definition.build(spec)).create()
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
         conf = {"address": hv.loopback, "lifetime": 60, "tls": True}

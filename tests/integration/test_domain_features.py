@@ -8,7 +8,7 @@ import os
 import socket
 import xml.etree.ElementTree as ET
 
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.support import lab
 
 BOOT_WAIT = 300  # TCG + OVMF on a busy 2-core host
@@ -75,8 +75,8 @@ def test_uefi_guest_boots_with_vtpm_extra_serial_and_console(virt_hv, hv1, boot_
         numa = [args[i + 1] for i, a in enumerate(args) if a == "-numa"]
         assert any(n.startswith("node,nodeid=0,cpus=0,") for n in numa), numa
         assert any(n.startswith("node,nodeid=1,cpus=1,") for n in numa), numa
-        assert domxml.feature_facts(v["virt.get_xml"]("uefi1"))["cputune"] == {"vcpupin": {0: "0", 1: "1"}}
-        facts = domxml.feature_facts(v["virt.get_xml"]("uefi1"))
+        assert definition.feature_facts(v["virt.get_xml"]("uefi1"))["cputune"] == {"vcpupin": {0: "0", 1: "1"}}
+        facts = definition.feature_facts(v["virt.get_xml"]("uefi1"))
         assert facts["tpm"] == {"model": "tpm-crb", "version": "2.0"} and facts["firmware"]["efi"] is True
         # the extra serial port listens (TCP) on 127.0.0.1 of the hypervisor only (the lab's network namespace)
         listening = lab.run(["ip", "netns", "exec", hv1.netns, "ss", "-Hltn"]).stdout

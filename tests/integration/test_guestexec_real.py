@@ -14,7 +14,7 @@ from salt.exceptions import CommandExecutionError
 from saltvirt.host import conn as lvconn
 from saltvirt.host import vmresources
 from saltvirt.spec import tenancy
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.support import lab
 from tests.support.paths import GUEST_DIR, guest_boot
 from tests.support.saltloader import make_minion_mods, make_resource_loaders
@@ -27,7 +27,7 @@ def wait_agent_connected(hv, name, timeout=120):
     deadline = time.monotonic() + timeout
     while True:
         with lvconn.connect(hv.uri) as conn:
-            state = domxml.parse(conn.lookupByName(name).XMLDesc(0))["guest_agent"]
+            state = definition.parse(conn.lookupByName(name).XMLDesc(0))["guest_agent"]
         if state == "connected" or time.monotonic() > deadline:
             return state
         time.sleep(0.5)

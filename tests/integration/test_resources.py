@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from saltvirt.xml.domxml import METADATA_NS
+from saltvirt.xml.domain.metadata import METADATA_NS
 from tests.support.saltd import master_config, presync, start_minion
 
 WEB = "3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"  # acme's web1

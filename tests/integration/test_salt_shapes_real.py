@@ -4,7 +4,7 @@ NICs, disks, console, boot order and kernel boot alone, and boot_dev goes with a
 
 import shutil
 
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.support import lab
 from tests.support.salt_shapes import assert_all_conform
 from tests.support.saltloader import load_states
@@ -30,7 +30,7 @@ def test_shapes_and_a_name_only_state_on_real_libvirt(virt_hv, hv1, guest, boot_
     try:
         assert ret["state"] == "running"
         lab.wait_for_text(hv1.path("log", "qemu", "rshape1-serial.log"), "GUEST-BOOT-OK", timeout=300)
-        feats = domxml.feature_facts(v["virt.get_xml"]("rshape1", inactive=True))
+        feats = definition.feature_facts(v["virt.get_xml"]("rshape1", inactive=True))
         assert feats["boot_dev"] == ["network", "hd"] and feats["kernel_boot"]["kernel"] == boot_args["kernel"]
 
         # shapes, with a running VM (block stats: sizes known) and a headless stopped one

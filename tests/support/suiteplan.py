@@ -82,9 +82,9 @@ def selection(files):
         if name.startswith("tests/") and path.name.startswith("test_") and name.endswith(".py"):
             picked.add(name)
         elif name.startswith("_utils/saltvirt/") and name.endswith(".py") and path.stem != "__init__":
-            layer, mod = path.parts[2], path.stem
+            layer, mod = "/".join(path.parts[2:-1]), path.stem  # a layer, or a package in one (xml/domain)
             picked.update(t for t in tests if t.startswith(f"tests/unit/{layer}/test_{mod}"))
-            picked.update(_importers(f"saltvirt.{layer}.{mod}", tests))
+            picked.update(_importers(f"saltvirt.{layer.replace('/', '.')}.{mod}", tests))
         elif re.match(r"^_(modules|states|runners|engines|pillar|grains|output)/", name):
             kind, stem = path.parts[0].strip("_"), path.stem
             loader = "virt" if stem.startswith("virt") else stem

@@ -254,7 +254,8 @@ def _wait(waiting, client, watch, expected, check, max_wait):
         if ticked is None or now - ticked >= TICK:
             if check is not None:
                 check()
-            if waiting.silent(now):  # an answer already on the bus is not silence: a loaded runner reads late
+            # an answer already on the bus is neither silence nor a reason to ask again: a loaded runner reads late
+            if waiting.silent(now) or waiting.due(now):
                 _drain(client, waiting, watch, expected)
             waiting.give_up(now)
             waiting.ask(now)

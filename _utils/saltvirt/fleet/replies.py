@@ -135,7 +135,7 @@ class Replies:
             self.gone.setdefault(minion, time.monotonic())
 
     # asking ----------------------------------------------------------------------------------------------
-    def _due(self, now: float) -> list[str]:
+    def due(self, now: float) -> list[str]:
         """Minions to ask now whether they still run the job."""
         due = []
         for minion in sorted(self.missing - set(self.gone)):
@@ -147,7 +147,7 @@ class Replies:
         return due
 
     def ask(self, now: float) -> None:
-        due = self._due(now)
+        due = self.due(now)
         if not due:
             return
         nonce = answers.new_nonce()

@@ -43,7 +43,7 @@ from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data, Domain
 from saltvirt.host.conn import libvirt, lv_errors
 from saltvirt.spec import vmspec
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import devices, edit
 
 LABEL = "cidata"
 # file name in the volume -> ISO 9660 level-3 name (Rock Ridge and Joliet carry the real name)
@@ -223,7 +223,7 @@ def retire(dom: Domain, spec: vmspec.VMSpec) -> Data:
     it for this boot) and delete the ISO (qemu holds it open). Returns what was done."""
     disk: Any = vmspec.cidata_disk(spec)
     with lv_errors(f"detach the cloud-init CD-ROM of {spec.name!r} from its definition"):
-        dom.detachDeviceFlags(domxml.device_xml(domxml.disk(disk)), libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+        dom.detachDeviceFlags(edit.device_xml(devices.disk(disk)), libvirt.VIR_DOMAIN_AFFECT_CONFIG)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(disk.path)
     return {"detached": True, "iso_removed": True, "target": disk.target}

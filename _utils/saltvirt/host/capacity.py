@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ET
 from saltvirt.base import fsutil
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
-from saltvirt.xml.domxml import METADATA_NS
+from saltvirt.xml.domain.metadata import METADATA_NS
 
 log = logging.getLogger(__name__)
 

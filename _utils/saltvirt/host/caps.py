@@ -356,7 +356,7 @@ def node_devices(conn: Conn) -> list[Data]:
 
 
 def _host_device(conn, name):
-    """One node device as the source of a ``<hostdev>`` (saltvirt.xml.domxml.hostdev)."""
+    """One node device as the source of a ``<hostdev>`` (saltvirt.xml.domain.devices.hostdev)."""
     with lv_errors(f"read host device {name!r}"):
         root = ET.fromstring(conn.nodeDeviceLookupByName(name).XMLDesc(0))
     cap = root.find("capability")

@@ -6,8 +6,8 @@ Sources, cheapest first, only for running VMs, each at most once per VM per quer
     the DHCP leases of libvirt's own networks, one call per network for all its VMs (libvirtd reads
     its lease file); drivers without it are asked per VM after the agent (below).
 ``agent``
-    the QEMU guest agent inside the guest (``virt.init`` adds its channel, see ``domxml``); asked only
-    when libvirt does not report the channel as disconnected. The calls of one query run in a few
+    the QEMU guest agent inside the guest (``virt.init`` adds its channel: ``saltvirt.xml.domain.devices``); asked
+    only when libvirt does not report the channel as disconnected. The calls of one query run in a few
     threads under one time budget (:data:`AGENT_TIMEOUT`), so agents that do not answer cost that budget
     once, not once each.
 ``lease``

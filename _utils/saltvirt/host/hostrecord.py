@@ -27,7 +27,7 @@ from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import define, domain_exists, libvirt
 from saltvirt.host.query import state_name
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 MARKER = ".salt-virt-storage"
 
@@ -78,7 +78,7 @@ def record(conn: Conn, images_dir: str, allowed_paths: Iterable[str] = ()) -> Da
     for dom in conn.listAllDomains(0):
         try:
             xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-            facts = domxml.parse(xml)
+            facts = definition.parse(xml)
             state = state_name(dom.state()[0])
             autostart = bool(dom.autostart())
         except libvirt.libvirtError as exc:  # vanished meanwhile, or unreadable: say so, keep the others
@@ -246,7 +246,7 @@ def check_all(
     out = {}
     for name, xml in sorted(vms.items()):
         try:
-            out[name] = check(domxml.parse(xml), storage or {}, roots)
+            out[name] = check(definition.parse(xml), storage or {}, roots)
         except Exception as exc:  # noqa: BLE001 - a definition that does not parse cannot run here either
             out[name] = [f"the recorded definition does not parse: {exc}"]
     return out
@@ -265,7 +265,7 @@ def restart(
     doc). Refused when a VM of that name or UUID is defined here or a disk cannot be proven shared."""
     validate.vm_name(name)
     try:
-        facts = domxml.parse(xml)
+        facts = definition.parse(xml)
     except Exception as exc:  # noqa: BLE001 - ParseError and friends: bad input
         raise SaltInvocationError(f"xml: the recorded definition of {name!r} does not parse: {exc}") from None
     if facts["name"] != name:

@@ -9,7 +9,7 @@ from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.query import state_name
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 
 def _state(dom):
@@ -153,7 +153,7 @@ def setvcpus(conn: Conn, name: str, cpu: int, config: bool = True, live: bool | 
 def _xml_vm_name(xml):
     """The checked VM name of domain XML a caller passed (bad XML or name: SaltInvocationError)."""
     try:
-        name = domxml.domain_name(xml)
+        name = definition.domain_name(xml)
     except ValueError as exc:
         raise SaltInvocationError(str(exc)) from None
     return validate.vm_name(name or "")

@@ -7,12 +7,13 @@ from salt.exceptions import CommandExecutionError
 from saltvirt.base.salttypes import Conn
 from saltvirt.host.conn import lookup_domain
 from saltvirt.spec import tenancy
-from saltvirt.xml import domxml
+from saltvirt.xml import etree
+from saltvirt.xml.domain import metadata
 
 
 def check(conn: Conn, name: str, tenant: str) -> None:
     """Refuse (CommandExecutionError) unless VM ``name`` is defined here and owned by ``tenant``."""
     dom = lookup_domain(conn, name)
-    owner = domxml.owner(domxml.read(dom.XMLDesc(0))) if dom is not None else None
+    owner = metadata.owner(etree.read(dom.XMLDesc(0))) if dom is not None else None
     if not owner or owner.get("tenant") != tenant:
         raise CommandExecutionError(tenancy.missing(name, tenant))

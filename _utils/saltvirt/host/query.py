@@ -12,7 +12,8 @@ from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host import guestips
 from saltvirt.host.conn import get_domain, libvirt
 from saltvirt.host.stats import uptimes
-from saltvirt.xml import domxml
+from saltvirt.xml import etree
+from saltvirt.xml.domain import boot, definition, devices
 
 STATES = {
     0: "nostate",
@@ -80,7 +81,7 @@ XML_SECURE = 1  # libvirt.VIR_DOMAIN_XML_SECURE
 
 
 def _by_mac(ours, theirs):
-    """Salt's NIC entries (:func:`domxml.salt_devices`) lined up with ours (by MAC; None where none)."""
+    """Salt's NIC entries (:func:`devices.salt_devices`) lined up with ours (by MAC; None where none)."""
     by_mac = {n["mac"]: n for n in theirs}
     return [by_mac.get(n["mac"]) for n in ours]
 
@@ -157,12 +158,12 @@ def describe(
     persistent definition's, what it gets at its next start (``virt.update``'s ``pending_restart``)."""
     if xml is None:
         xml, secure = _domain_xml(dom)
-    root = domxml.read(xml)  # parsed once for every fact below
-    facts = domxml.parse(root)
+    root = etree.read(xml)  # parsed once for every fact below
+    facts = definition.parse(root)
     if facts["graphics"] and not secure:
         # libvirt drops passwd from the plain XML: whether a console has one is read from the secure XML,
         # which is parsed here and dropped (only the yes/no leaves this function)
-        consoles = domxml.parse(domxml.read(dom.XMLDesc(XML_SECURE)))["graphics"]
+        consoles = definition.parse(etree.read(dom.XMLDesc(XML_SECURE)))["graphics"]
         for g, s in zip(facts["graphics"], consoles, strict=False):
             g["password"] = bool(s.get("password"))
     stats = stats or {}
@@ -170,7 +171,7 @@ def describe(
     if state_code is None:
         state_code = dom.state()[0]
     blocks = _block_stats(stats)
-    salt = domxml.salt_devices(root)
+    salt = devices.salt_devices(root)
     disks = {d["target"]: _disk(d, blocks.get(d["target"], {})) for d in facts["disks"]}
     nics = {}
     for i, (n, theirs) in enumerate(zip(facts["nics"], _by_mac(facts["nics"], salt["nics"]), strict=True)):
@@ -199,7 +200,7 @@ def describe(
         persistent = bool(dom.isPersistent())
     defined = {"cpu": facts["cpu"], "mem": facts["mem"]}
     if persistent and state_code != SHUTOFF:  # running: its definition may hold a growth that waits for a restart
-        config = domxml.parse(defined_xml or dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        config = definition.parse(defined_xml or dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
         defined = {"cpu": config["cpu"], "mem": config["mem"]}
     return {
         "name": facts["name"],
@@ -225,7 +226,7 @@ def describe(
         "minion": facts["minion"],  # {id, key_sha256} of the key virt.init seeded, or None
         "guest_agent": facts["guest_agent"],  # its channel's state (saltvirt.host.guestips), None without one
         "maxMem": facts["mem"] * 1024,  # Salt's key, in KiB as Salt's (our "mem" is MiB)
-        **domxml.salt_facts(root),
+        **boot.salt_facts(root),
     }
 
 
@@ -303,7 +304,7 @@ def domain_disks(
                 f"cannot read the definition of VM {dom.name()}: {exc.get_error_message()}{unread}"
             ) from None
         for xml in xmls:
-            for disk in domxml.parse(xml)["disks"]:
+            for disk in definition.parse(xml)["disks"]:
                 yield dom.name(), disk
 
 

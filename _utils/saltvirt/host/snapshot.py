@@ -18,7 +18,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 
 def snapshot_xml(name: str, description: str | None = None) -> str:
@@ -67,7 +67,7 @@ def _snapshots(dom):
 
 def _unsnapshottable(dom):
     """Disks that cannot hold an internal snapshot: [(target, format, source)]."""
-    facts = domxml.parse(dom.XMLDesc(0))
+    facts = definition.parse(dom.XMLDesc(0))
     out = []
     for disk in facts["disks"]:
         if disk["device"] != "disk":

@@ -1,7 +1,7 @@
 """Per-VM counters in the shapes of Salt's ``virt.vm_cputime``, ``virt.vm_netstats`` and
 ``virt.vm_diskstats`` (totals over the VM's devices, per VM name), and one sample of them all for
 ``salt-run virt.query rates=True`` (the master makes rates of two: :mod:`saltvirt.fleet.vmrates`). Device
-names come from :func:`saltvirt.xml.domxml.parse`. And how long running VMs have run (:func:`uptimes`)."""
+names come from :func:`saltvirt.xml.domain.definition.parse`. And how long running VMs have run (:func:`uptimes`)."""
 
 import time
 import urllib.parse
@@ -11,7 +11,7 @@ from salt.exceptions import CommandExecutionError
 from saltvirt.base import procs
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 NET_KEYS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "tx_bytes", "tx_packets", "tx_errs", "tx_drop")
 DISK_KEYS = ("rd_req", "rd_bytes", "wr_req", "wr_bytes", "errs")
@@ -61,7 +61,7 @@ def netstats(conn: Conn, name: str | None = None) -> dict[str, Data]:
         if not dom.isActive():
             out[dom.name()] = {**dict.fromkeys(NET_KEYS, 0), "devices": {}}
             continue
-        devs = [n["target"] for n in domxml.parse(dom.XMLDesc(0))["nics"] if n.get("target")]
+        devs = [n["target"] for n in definition.parse(dom.XMLDesc(0))["nics"] if n.get("target")]
         total, per = _sum_devices(dom, devs, dom.interfaceStats, NET_KEYS)
         out[dom.name()] = dict(total, devices=per)
     return out
@@ -75,7 +75,7 @@ def diskstats(conn: Conn, name: str | None = None) -> dict[str, Data]:
         if not dom.isActive():
             raise CommandExecutionError(f"VM {dom.name()!r} is not running: libvirt has no disk statistics for it")
         # an empty cdrom drive has no statistics: only disks with media
-        devs = [d["target"] for d in domxml.parse(dom.XMLDesc(0))["disks"] if d.get("target") and d.get("file")]
+        devs = [d["target"] for d in definition.parse(dom.XMLDesc(0))["disks"] if d.get("target") and d.get("file")]
         total, per = _sum_devices(dom, devs, dom.blockStats, DISK_KEYS)
         out[dom.name()] = dict(total, devices=per)
     return out

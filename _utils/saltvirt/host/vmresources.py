@@ -35,7 +35,8 @@ from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host import guestips, query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
 from saltvirt.spec import tenancy, vmgrains
-from saltvirt.xml import domxml
+from saltvirt.xml import etree
+from saltvirt.xml.domain import definition, metadata
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def agent_answers(dom: Domain, timeout: float = guestips.AGENT_TIMEOUT) -> bool 
     when the VM has no agent channel. A channel libvirt reports ``disconnected`` (no agent listening) is not
     asked; any libvirt error (no answer in time, an agent gone, a driver without agent commands) is False."""
     with lv_errors(f"reading VM {dom.UUIDString()}"):
-        state = domxml.parse(dom.XMLDesc(0))["guest_agent"]
+        state = definition.parse(dom.XMLDesc(0))["guest_agent"]
     if state is None:
         return None
     if state == "disconnected":
@@ -144,7 +145,7 @@ def owner_tenant(conn: Conn, rid: str) -> str | None:
     if dom is None:
         return None
     with lv_errors(f"reading VM {rid}"):
-        owner = domxml.owner(domxml.read(dom.XMLDesc(0)))
+        owner = metadata.owner(etree.read(dom.XMLDesc(0)))
     tenant = (owner or {}).get("tenant")
     return tenant or None
 

@@ -38,7 +38,7 @@ from saltvirt.base.config import section
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import event_loop, get_domain, lv_errors
 from saltvirt.spec import speckeys, vmspec
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition, devices
 from saltvirt.xml.etree import read
 
 log = logging.getLogger(__name__)
@@ -111,14 +111,14 @@ def set_password(dom: Any, password: str, valid_until: float) -> int:
     if not dom.isActive():
         raise CommandExecutionError(NOT_RUNNING.format(name=name))
     root = read(dom.XMLDesc(0))
-    live = domxml.vnc_websocket(root)
+    live = devices.vnc_websocket(root)
     if live is None:
-        if any(g["type"] == "vnc" for g in domxml.parse(root)["graphics"]):
+        if any(g["type"] == "vnc" for g in definition.parse(root)["graphics"]):
             raise CommandExecutionError(OLD_CONSOLE.format(name=name, why="has no websocket"))
         raise CommandExecutionError(NO_CONSOLE.format(name=name))
     try:
         with lv_errors(f"setting the console password of {name}"):
-            dom.updateDeviceFlags(domxml.graphics_password(live, password, _utc(valid_until)), AFFECT_LIVE)
+            dom.updateDeviceFlags(devices.graphics_password(live, password, _utc(valid_until)), AFFECT_LIVE)
     except CommandExecutionError as exc:
         if "Could not set password" in str(exc):  # QEMU: its VNC started without password authentication
             why = "started without password authentication"

@@ -23,7 +23,7 @@ from saltvirt.base import validate
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
 from saltvirt.storage import images, pools
-from saltvirt.xml import domxml, poolxml
+from saltvirt.xml import etree, poolxml
 
 DIR_POOL_TYPES = ("dir", "fs", "netfs")  # pools whose volumes are files in their target directory
 # what a purge says when it cannot tell what other domains use (it deletes nothing more then)
@@ -37,7 +37,7 @@ def pool_dirs(conn: Any) -> list[str]:
         try:
             if not pool.isActive():
                 continue
-            root = domxml.read(pool.XMLDesc(0))
+            root = etree.read(pool.XMLDesc(0))
         except libvirt.libvirtError:  # gone meanwhile
             continue
         path = root.findtext("target/path")

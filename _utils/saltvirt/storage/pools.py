@@ -17,7 +17,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import netpool
 from saltvirt.host.conn import libvirt, lv_errors
-from saltvirt.xml import domxml, poolxml
+from saltvirt.xml import poolxml
+from saltvirt.xml.domain import definition
 
 POOL_STATES = ("inactive", "building", "running", "degraded", "inaccessible")
 VOLUME_TYPES = ("file", "block", "dir", "network", "netdir", "ploop")
@@ -239,7 +240,7 @@ def _domain_disk_paths(conn):
     out = {}
     for dom in conn.listAllDomains(0):
         paths = set()
-        for disk in domxml.parse(dom.XMLDesc(0))["disks"]:
+        for disk in definition.parse(dom.XMLDesc(0))["disks"]:
             if disk["pool"] and disk["volume"]:
                 paths.add(("vol", disk["pool"], disk["volume"]))
             elif disk["file"]:

@@ -185,7 +185,7 @@ def remove_owned(conn: Conn, vm_dir: str, vm_name: str, vm_uuid: str | None, use
 
 
 def disk_refs(facts: Data) -> list[Data]:
-    """{pool, volume} of the volume disks in domxml.parse facts."""
+    """{pool, volume} of the volume disks in definition.parse facts."""
     return [
         {"pool": d["pool"], "volume": d["volume"]}
         for d in facts["disks"]

@@ -36,7 +36,8 @@ from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 from saltvirt.storage import images
 from saltvirt.vm import backupstore
-from saltvirt.xml import backupxml, domxml
+from saltvirt.xml import backupxml
+from saltvirt.xml.domain import definition
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ def backup(
 def _backup(conn, root, name, disks, incremental, target, timeout, on_started, key):
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
-    facts = domxml.parse(xml)
+    facts = definition.parse(xml)
     uuid = dom.UUIDString()
     chosen = choose_disks(facts, disks)
     directory = backupstore.vm_dir(root, name, uuid, target, create=True)

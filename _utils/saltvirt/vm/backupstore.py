@@ -42,7 +42,7 @@ from saltvirt.base.fsutil import atomic_write, file_digest
 from saltvirt.base.salttypes import Data
 from saltvirt.pki import signedrecords
 from saltvirt.storage import images
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 CONFIG_KEY = "virt:backup:dir"
 KEY_CONFIG = "virt:backup:key_file"
@@ -325,7 +325,7 @@ def recorded(domain_xml: Any) -> Data:
     """``{owner, cpu, mem}`` of the domain XML a backup recorded (its tenant and creator from <metadata>, its
     vCPUs and MiB): what the master needs to restore it for a tenant (``{}`` parts when it cannot be read)."""
     try:
-        facts = domxml.parse(domain_xml) if isinstance(domain_xml, str) else {}
+        facts = definition.parse(domain_xml) if isinstance(domain_xml, str) else {}
     except Exception:  # noqa: BLE001 - a manifest's XML that does not parse: no owner, no sizes
         facts = {}
     return {"owner": facts.get("owner"), "cpu": facts.get("cpu"), "mem": facts.get("mem")}

@@ -4,7 +4,7 @@ what applies live and what waits for a restart, and applying it. Used by ``virt.
 
 The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` with the init arguments
 ``virt.init`` passes (:data:`saltvirt.vm.provision.SPEC_ARGS`), so a state and ``virt.init`` never disagree.
-Device XML comes from :mod:`saltvirt.xml.domxml`'s device builders as well (the ones ``virt.init`` uses).
+Device XML comes from :mod:`saltvirt.xml.domain.devices`' builders as well (the ones ``virt.init`` uses).
 
 Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
 persistent definition; then, if the VM runs, the same changes live where the hypervisor can (vCPUs up
@@ -27,9 +27,9 @@ from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import attach, firmware, images, voldisks
 from saltvirt.vm import provision
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition, devices, edit, metadata
 
-FIELDS = ("cpu", "mem", "nics", "disks", "graphics", "ha") + domxml.FEATURES
+FIELDS = ("cpu", "mem", "nics", "disks", "graphics", "ha") + definition.FEATURES
 # which init arguments put which field under management (virt.update only manages what it is given)
 MANAGED_BY: dict[str, tuple[str, ...]] = {
     "nics": ("nic", "interfaces"),
@@ -37,7 +37,9 @@ MANAGED_BY: dict[str, tuple[str, ...]] = {
     "graphics": ("enable_vnc", "graphics"),
 }
 # firmware, boot order, on_reboot, extra serials/consoles, vTPM: in the definition, live at the next start
-MANAGED_BY.update({f: (f,) for f in domxml.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=())
+MANAGED_BY.update(
+    {f: (f,) for f in definition.FEATURES}, firmware=("boot",), cpu_model=(), memtune=(), vcpu=(), cputune=()
+)
 MANAGED_BY.update(kernel_boot=("boot",))
 # the keys of ``boot`` that put a part of it under management (``boot: {kernel: null}`` leaves the firmware alone)
 BOOT_PARTS = {"kernel_boot": ("kernel", "initrd", "cmdline"), "firmware": ("efi", "loader", "nvram", "secure_boot")}
@@ -152,8 +154,8 @@ def current(dom: Domain) -> Data:
     """{'config': facts of the persistent definition, 'live': facts of the running VM (or None)}."""
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
     with lv_errors(f"read the definition of VM {dom.name()!r}"):
-        config = domxml.parse_for_compare(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
-        live = domxml.parse_for_compare(dom.XMLDesc(secure)) if dom.isActive() else None
+        config = definition.parse_for_compare(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure))
+        live = definition.parse_for_compare(dom.XMLDesc(secure)) if dom.isActive() else None
     return {"config": config, "live": live}
 
 
@@ -289,10 +291,10 @@ def diff(desired: vmspec.VMSpec, current_facts: Data, manage: Sequence[str] = FI
 
 def _diff_features(desired, cfg, manage):
     """Firmware, boot order, on_reboot, extra serials/consoles, vTPM: as virt.init writes them vs the definition."""
-    want = domxml.feature_facts(domxml.build(desired))
+    want = definition.feature_facts(definition.build(desired))
     return {
         f: {"old": cfg["features"][f], "new": want[f]}
-        for f in domxml.FEATURES
+        for f in definition.FEATURES
         if f in manage and want[f] != cfg["features"][f]
     }
 
@@ -335,7 +337,7 @@ def steps(changes: Data) -> list[tuple[str, Any, str]]:
             vol = f"volume {disk['pool']}/{disk['volume']}"
             what = f"{vol} attached" if disk["attach"] else f"{disk['size']} MiB {vol}"
         out.append(("disk_added", disk, f"disk {disk['target']} ({what}) added"))
-    for f in ("ha", *domxml.FEATURES):
+    for f in ("ha", *definition.FEATURES):
         if f in changes:
             out.append((f, changes[f], f"{f} {changes[f]['old']} -> {changes[f]['new']}"))
     return out
@@ -394,7 +396,9 @@ def pending_restart(current_facts: Data) -> list[str]:
     # a running VM's firmware (the autoselected OVMF) and CPU (its expanded features) are filled in by
     # libvirt at start: only the definition tells what was asked for, so they are not compared here
     out.extend(
-        f for f in domxml.FEATURES if f not in ("firmware", "cpu_model") and cfg["features"][f] != live["features"][f]
+        f
+        for f in definition.FEATURES
+        if f not in ("firmware", "cpu_model") and cfg["features"][f] != live["features"][f]
     )
     return out
 
@@ -415,7 +419,7 @@ def _redefine(conn, dom, desired, changes, created):
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
     nics = changes.get("nics", {})
     added = {a["target"] for a in changes.get("disks", {}).get("added", [])}
-    xml, kept = domxml.edit_devices(
+    xml, kept = edit.edit_devices(
         dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure),
         graphics_spec=desired.graphics if "graphics" in changes else False,
         remove_macs=[nic["mac"] for nic in nics.get("removed", [])],
@@ -426,18 +430,18 @@ def _redefine(conn, dom, desired, changes, created):
     with lv_errors(f"redefine VM {desired.name!r}"):
         dom = define(conn, "domain", xml)
     new_xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-    created["nics"] = domxml.new_interfaces(new_xml, kept)
-    created["disks"] = domxml.disks_by_target(new_xml)
+    created["nics"] = edit.new_interfaces(new_xml, kept)
+    created["disks"] = edit.disks_by_target(new_xml)
     return dom
 
 
 def _redefine_features(conn, dom, desired, fields):
     """Firmware, boot order, on_reboot, extra serials/consoles and the vTPM into the persistent
-    definition, as :func:`saltvirt.xml.domxml.build` writes them for the desired spec."""
+    definition, as :func:`saltvirt.xml.domain.definition.build` writes them for the desired spec."""
     secure = getattr(libvirt, "VIR_DOMAIN_XML_SECURE", 0)
     try:
-        xml = domxml.replace_features(
-            dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure), domxml.build(desired), fields
+        xml = definition.replace_features(
+            dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | secure), definition.build(desired), fields
         )
     except ValueError as exc:
         raise SaltInvocationError(f"cannot update VM {desired.name!r}: {exc}; recreate it to change that") from None
@@ -494,10 +498,10 @@ class _NotLive(Exception):  # noqa: N818 - a signal to fall back to the definiti
 
 def _set_ha(dom, on, flag):
     """The HA flag into salt-virt's <metadata> of the definition (``flag`` AFFECT_CONFIG) or the running VM
-    (AFFECT_LIVE): libvirt replaces our element as :func:`saltvirt.xml.domxml.with_ha` makes it."""
+    (AFFECT_LIVE): libvirt replaces our element as :func:`saltvirt.xml.domain.metadata.with_ha` makes it."""
     inactive = libvirt.VIR_DOMAIN_XML_INACTIVE if flag == libvirt.VIR_DOMAIN_AFFECT_CONFIG else 0
-    meta = domxml.with_ha(dom.XMLDesc(inactive), on)
-    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, meta, "saltvirt", domxml.METADATA_NS, flag)
+    meta = metadata.with_ha(dom.XMLDesc(inactive), on)
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, meta, "saltvirt", metadata.METADATA_NS, flag)
 
 
 def _live(dom, kind, item, created):
@@ -514,25 +518,25 @@ def _live(dom, kind, item, created):
         dom.setMemoryFlags(size, live_flag)
     elif kind == "graphics":
         raise _NotLive("graphics change at the next start")
-    elif kind in domxml.FEATURES:
+    elif kind in definition.FEATURES:
         raise _NotLive("needs restart")
     elif kind in ("nic_removed", "nic_changed"):
-        el = domxml.interface_by_mac(dom.XMLDesc(0), item["mac"])
+        el = edit.interface_by_mac(dom.XMLDesc(0), item["mac"])
         if el is None:
             return
         if kind == "nic_removed":
-            dom.detachDeviceFlags(domxml.device_xml(el), live_flag)
-            if domxml.interface_by_mac(dom.XMLDesc(0), item["mac"]) is not None:
+            dom.detachDeviceFlags(edit.device_xml(el), live_flag)
+            if edit.interface_by_mac(dom.XMLDesc(0), item["mac"]) is not None:
                 raise _NotLive("the guest has not released it yet")
         else:
             if not _live_ok(kind, item, None):
                 raise _NotLive("type or model change")
-            new = domxml.interface(_nic(item["new"], mac=item["mac"]))
-            dom.updateDeviceFlags(domxml.device_xml(new), live_flag)
+            new = devices.interface(_nic(item["new"], mac=item["mac"]))
+            dom.updateDeviceFlags(edit.device_xml(new), live_flag)
     elif kind == "nic_added":
-        dom.attachDeviceFlags(domxml.device_xml(created["nics"].pop(0), strip_address=True), live_flag)
+        dom.attachDeviceFlags(edit.device_xml(created["nics"].pop(0), strip_address=True), live_flag)
     elif kind == "disk_added":
-        dom.attachDeviceFlags(domxml.device_xml(created["disks"][item["target"]], strip_address=True), live_flag)
+        dom.attachDeviceFlags(edit.device_xml(created["disks"][item["target"]], strip_address=True), live_flag)
 
 
 def apply(
@@ -559,7 +563,7 @@ def apply(
             dom.setMemoryFlags(changes["mem"].get("current", desired.mem) * 1024, cfg)
         if "ha" in changes:
             _set_ha(dom, desired.ha, cfg)
-    feats = [f for f in domxml.FEATURES if f in changes]
+    feats = [f for f in definition.FEATURES if f in changes]
     if feats:
         dom = _redefine_features(conn, dom, desired, feats)
     created: Data = {"nics": [], "disks": {}}

@@ -54,7 +54,7 @@ from saltvirt.host.query import state_name
 from saltvirt.storage import images
 from saltvirt.vm import migrate_tls
 from saltvirt.vm.migrate_tls import TRANSPORTS, choose_transport
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition, edit
 
 PROBE_PREFIX = ".salt-virt-probe-"
 RECORD = ".salt-virt-migrate.json"  # <images>/<vm>/: what prepare created, for abort_cleanup
@@ -157,7 +157,7 @@ def migration_flags(
 
 # source side ------------------------------------------------------------------------------------
 def _disks(xml):
-    """The disks as :func:`saltvirt.xml.domxml.parse` reads them, in the shape the target prepares from."""
+    """The disks as :func:`saltvirt.xml.domain.definition.parse` reads them, in the shape the target prepares from."""
     return [
         {
             "target": d["target"],
@@ -169,7 +169,7 @@ def _disks(xml):
             # libvirt copies writable disks only; these must already be on the target
             "readonly": d["readonly"] or d["shareable"] or d["device"] in ("cdrom", "floppy"),
         }
-        for d in domxml.parse(xml)["disks"]
+        for d in definition.parse(xml)["disks"]
     ]
 
 
@@ -180,7 +180,7 @@ def source_info(conn: Conn, name: str, images_dir: str, probe: bool = True) -> D
     dom = get_domain(conn, name)
     snapshot.refuse_migration(dom)
     xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-    facts = domxml.parse(xml)
+    facts = definition.parse(xml)
     disks = _disks(xml)
     for disk in disks:
         if disk["type"] != "file" or not disk["path"] or disk["readonly"]:
@@ -474,8 +474,8 @@ def migrate(
     if disk_map:
         secure = libvirt.VIR_DOMAIN_XML_MIGRATABLE | libvirt.VIR_DOMAIN_XML_SECURE
         if active:
-            params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = domxml.move_disks(dom.XMLDesc(secure), disk_map)
-        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = domxml.move_disks(
+            params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = edit.move_disks(dom.XMLDesc(secure), disk_map)
+        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = edit.move_disks(
             dom.XMLDesc(secure | libvirt.VIR_DOMAIN_XML_INACTIVE), disk_map
         )
     if migrate_disks and copy_storage:

@@ -29,7 +29,7 @@ from saltvirt.pki import envelope
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import attach, firmware, foreign, images, intake, voldisks
 from saltvirt.vm import cleanup
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 log = logging.getLogger(__name__)
 BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
@@ -377,7 +377,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
                 voldisks.finish_staged(made, spec.disks[0])
 
         with lv_errors(f"define VM {name!r} on {host}"):
-            dom = define(conn, "domain", domxml.build(spec))
+            dom = define(conn, "domain", definition.build(spec))
         undo.add(f"undefine {name}", dom.undefine)
         result["uuid"] = dom.UUIDString()  # spec.uuid, the manifest's since the start
         progress("defined", uuid=result["uuid"])
@@ -494,7 +494,7 @@ def _read_back(dom, name, host):
     with lv_errors(f"reading back VM {name!r} on {host}"):
         xml = dom.XMLDesc(0)
         try:
-            domxml.parse(xml)
+            definition.parse(xml)
         except Exception as exc:  # noqa: BLE001 - ParseError or a malformed device: all mean unreadable
             raise CommandExecutionError(
                 f"libvirt's description of the new VM {name!r} does not parse ({exc}): removed it again"
@@ -616,7 +616,7 @@ def purge(
     pool directories, used by another domain or image)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
-    facts = domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    facts = definition.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
     uuid = dom.UUIDString()
     snaps = [snap.getName() for snap in dom.listAllSnapshots(0)]  # their data lives in the disks below
     if dom.isActive():

@@ -28,7 +28,7 @@ from saltvirt.host.snapshot import discard_checkpoints
 from saltvirt.spec import vmspec
 from saltvirt.storage import attach, firmware, images
 from saltvirt.vm import backupstore
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition, edit
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _admit(conn, xml, restored, *, vm, uuid, images_dir, settings):
     backup). Kernel, initrd and serial log stay within those directories, firmware is the host's or the
     operator's. Returns ``(xml, ejected: {target: why})``."""
     roots = (images_dir, *(settings.get("allowed_paths") or ()))
-    facts = domxml.parse(xml)
+    facts = definition.parse(xml)
     ejected = {}
     for d in facts["disks"]:
         if d["file"] in restored or not d["file"]:
@@ -97,10 +97,10 @@ def _admit(conn, xml, restored, *, vm, uuid, images_dir, settings):
         ("serial_log", facts["serial_log"]),
     ]
     attach.host_files(conn, files, vm=vm, uuid=uuid, images_dir=images_dir)
-    fw = domxml.feature_facts(xml)["firmware"]
+    fw = definition.feature_facts(xml)["firmware"]
     boot_fw = vmspec.Boot(loader=fw["loader"], nvram=fw["nvram"])
     firmware.check(conn, boot_fw, vm=vm, uuid=uuid, images_dir=images_dir, settings=settings)
-    return (domxml.eject(xml, ejected) if ejected else xml), ejected
+    return (edit.eject(xml, ejected) if ejected else xml), ejected
 
 
 def _replaced(vm_dir, dom, old_disks, restored):
@@ -112,7 +112,7 @@ def _replaced(vm_dir, dom, old_disks, restored):
     def source(d):
         return f"{d['pool']}/{d['volume']}" if d["pool"] else d["file"]
 
-    now = {source(d) for d in domxml.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"]}
+    now = {source(d) for d in definition.parse(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"]}
     unused = [d for d in old_disks if d["device"] == "disk" and d["file"] and source(d) not in now]
     gone = [d["file"] for d in unused if d["target"] in restored and d["type"] == "file"]
     detached = {d["target"]: source(d) for d in unused if d["file"] not in gone}
@@ -124,8 +124,8 @@ def _replaced(vm_dir, dom, old_disks, restored):
 
 def _identity_note(xml, new):
     """What a copy still shares with the original: the minion identity inside its disks (its <metadata>
-    record is dropped, :func:`saltvirt.xml.domxml.restored`)."""
-    minion = domxml.parse(xml)["minion"]
+    record is dropped, :func:`saltvirt.xml.domain.edit.restored`)."""
+    minion = definition.parse(xml)["minion"]
     if not minion:
         return None
     return (
@@ -162,12 +162,12 @@ def restore(
         chain = backupstore.chain_of(valid, bid)
         top = chain[-1]
         old = _existing(conn, name, new, force)
-        old_disks = domxml.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"] if old is not None else []
+        old_disks = definition.parse(old.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))["disks"] if old is not None else []
         vm_dir = validate.inside(images_dir, new)
         disk_map = {d["source"]: os.path.join(vm_dir, f"{d['target']}-restored-{bid}.qcow2") for d in top["disks"]}
-        xml = domxml.restored(top["domain_xml"], disk_map, new_name=as_name if new != name else None)
+        xml = edit.restored(top["domain_xml"], disk_map, new_name=as_name if new != name else None)
         # in place the VM keeps its uuid (its own disks and volumes pass); a copy is a new VM
-        uuid = old.UUIDString() if old is not None else domxml.parse(xml)["uuid"] if new == name else None
+        uuid = old.UUIDString() if old is not None else definition.parse(xml)["uuid"] if new == name else None
         try:
             xml, ejected = _admit(
                 conn, xml, set(disk_map.values()), vm=new, uuid=uuid, images_dir=images_dir, settings=settings or {}

@@ -1,6 +1,6 @@
-"""ElementTree helpers shared by the XML builders and readers (``domxml``, ``domxml_features``).
+"""ElementTree helpers shared by the XML builders and readers (the ``domain`` package, ``netxml``, ``poolxml``).
 
-Below both, so neither imports the other for them.
+Below them all, so none imports another for them.
 """
 
 import xml.etree.ElementTree as ET
@@ -39,7 +39,7 @@ def first(node: ET.Element, *tags: str) -> ET.Element | None:
 
 def read(xml: str | ET.Element) -> ET.Element:
     """The parsed XML (``xml``: a string, or what this returned already): parse once, then hand the tree to
-    every reader (``domxml.parse``, ``salt_facts``, ``loader``, ``domxml_features.feature_facts``)."""
+    every reader (``definition.parse``, ``boot.salt_facts``, ``boot.loader``, ``definition.feature_facts``)."""
     return xml if isinstance(xml, ET.Element) else ET.fromstring(xml)
 
 

@@ -186,12 +186,19 @@ def check_required(spec: Data) -> Data:
     return spec
 
 
+# each element's builder beside its reader; pool_xml/parse_pool and volume_xml/parse_volume compose them
 def _perm_element(parent, perms):
     if perms:
         el = ET.SubElement(parent, "permissions")
         for key in ("mode", "owner", "group", "label"):
             if perms.get(key) is not None:
                 ET.SubElement(el, key).text = perms[key]
+
+
+def _perm_facts(el):
+    if el is None:
+        return None
+    return {child.tag: child.text for child in el if child.text is not None} or None
 
 
 def _source_element(src):
@@ -224,42 +231,7 @@ def _source_element(src):
     return el
 
 
-def pool_xml(spec: Data, base: str | None = None) -> str:
-    """Pool XML for ``spec`` (its source auth must reference a secret by then). With ``base`` (the current
-    definition) the uuid stays and what the spec leaves undeclared (None) is taken from ``base``."""
-    if base is not None:
-        spec = merged(spec, parse_pool(base))
-    root = ET.Element("pool", type=spec["type"])
-    ET.SubElement(root, "name").text = spec["name"]
-    if base is not None and ET.fromstring(base).findtext("uuid"):
-        ET.SubElement(root, "uuid").text = ET.fromstring(base).findtext("uuid")
-    src = _source_element(spec["source"])
-    if len(src) or spec["type"] != "dir":
-        root.append(src)
-    path = spec["target"]
-    if not path and spec["type"] == "logical":
-        # libvirt's own default (the volume group's /dev directory), written out: its schema check
-        # (VIR_STORAGE_POOL_DEFINE_VALIDATE) requires a target for a logical pool
-        path = f"/dev/{spec['source'].get('name') or spec['name']}"
-    if path or spec["permissions"]:
-        target = ET.SubElement(root, "target")
-        if path:
-            ET.SubElement(target, "path").text = path
-        _perm_element(target, spec["permissions"])
-    return ET.tostring(root, encoding="unicode")
-
-
-def _parse_perms(el):
-    if el is None:
-        return None
-    return {child.tag: child.text for child in el if child.text is not None} or None
-
-
-def parse_pool(xml: str) -> Data:
-    """A spec-shaped dict of a pool definition (libvirt's defaults included as it reports them)."""
-    root = ET.fromstring(xml)
-    src = root.find("source")
-    src = src if src is not None else ET.Element("source")
+def _source_facts(src):
     adapter = src.find("adapter")
     auth = src.find("auth")
     secret = auth.find("secret") if auth is not None else None
@@ -286,12 +258,44 @@ def parse_pool(xml: str) -> Data:
             "username": auth.get("username"),
             "secret": {"type": kind, "value": secret.get(kind) if secret is not None else None},
         }
+    return source
+
+
+def pool_xml(spec: Data, base: str | None = None) -> str:
+    """Pool XML for ``spec`` (its source auth must reference a secret by then). With ``base`` (the current
+    definition) the uuid stays and what the spec leaves undeclared (None) is taken from ``base``."""
+    if base is not None:
+        spec = merged(spec, parse_pool(base))
+    root = ET.Element("pool", type=spec["type"])
+    ET.SubElement(root, "name").text = spec["name"]
+    if base is not None and ET.fromstring(base).findtext("uuid"):
+        ET.SubElement(root, "uuid").text = ET.fromstring(base).findtext("uuid")
+    src = _source_element(spec["source"])
+    if len(src) or spec["type"] != "dir":
+        root.append(src)
+    path = spec["target"]
+    if not path and spec["type"] == "logical":
+        # libvirt's own default (the volume group's /dev directory), written out: its schema check
+        # (VIR_STORAGE_POOL_DEFINE_VALIDATE) requires a target for a logical pool
+        path = f"/dev/{spec['source'].get('name') or spec['name']}"
+    if path or spec["permissions"]:
+        target = ET.SubElement(root, "target")
+        if path:
+            ET.SubElement(target, "path").text = path
+        _perm_element(target, spec["permissions"])
+    return ET.tostring(root, encoding="unicode")
+
+
+def parse_pool(xml: str) -> Data:
+    """A spec-shaped dict of a pool definition (libvirt's defaults included as it reports them)."""
+    root = ET.fromstring(xml)
+    src = root.find("source")
     return {
         "name": root.findtext("name"),
         "type": root.get("type"),
         "target": root.findtext("target/path"),
-        "permissions": _parse_perms(root.find("target/permissions")),
-        "source": source,
+        "permissions": _perm_facts(root.find("target/permissions")),
+        "source": _source_facts(src if src is not None else ET.Element("source")),
     }
 
 

@@ -306,7 +306,7 @@ def test_selected_by_the_vms_own_flag_a_tenants_only_if_the_operator_allows_it()
 def test_a_round_restarts_the_vms_their_records_flag(cluster, tenant_flag):
     """No virt:ha:vms or groups: the flag virt.init/virt.update wrote into <metadata> reaches HA through the host
     record (salt-run virt.record) that the round reads once the host is dead."""
-    from saltvirt.xml.domxml import METADATA_NS
+    from saltvirt.xml.domain.metadata import METADATA_NS
 
     cluster.opts["virt"]["ha"].update(vms=[], tenant_flag=tenant_flag)
     conn = cluster.hosts.conns["hv1"]

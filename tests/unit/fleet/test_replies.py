@@ -117,6 +117,17 @@ def test_answers_already_on_the_bus_are_read_before_a_hypervisor_is_given_up(tmp
     assert got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}, got
 
 
+def test_answers_already_on_the_bus_are_read_before_a_job_check_is_sent(tmp_path):
+    """The same late reader: the first ``timeout`` (0.05 s) passes while two signed answers still wait on the bus.
+    Reading them first means no job check is published to hypervisors that answered (run R1: test_leftovers'
+    publications held an extra saltutil.find_job at load ~10)."""
+    fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
+    fleet_.event = _LateReader(lag=0.1)
+    got, _jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    assert got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}, got
+    assert fleet_.kinds == ["virt.full_info"], fleet_.kinds
+
+
 def test_a_wait_reads_the_bus_once_an_event_or_a_tick_not_in_a_loop(tmp_path):
     """A runner waits minutes for a TCG boot or a migration: each read blocks until an event or a tick
     (publish.TICK), so a quiet second is ~10 reads. It polled (a non-blocking look, a 5 ms pause): ~200 reads,

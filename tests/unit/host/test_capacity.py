@@ -4,7 +4,7 @@ per host and invalidated by new/renamed/removed domains, a generation bump and a
 import os
 
 from saltvirt.host import capacity, query
-from saltvirt.xml.domxml import METADATA_NS
+from saltvirt.xml.domain.metadata import METADATA_NS
 
 XML = (
     "<domain type='test'><name>{name}</name>{uuid}<memory unit='MiB'>{mem}</memory><vcpu>{cpu}</vcpu>"

@@ -5,7 +5,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.host import hostrecord
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import metadata
 from tests.support.paths import TEST_NODE_XML
 
 
@@ -50,7 +50,7 @@ def test_record_keeps_the_owner_and_the_ha_flag(test_conn, storage, tmp_path):
     says whose, and whether it is flagged HA."""
     shared, local = storage
     meta = (
-        f"<metadata><sv:vm xmlns:sv='{domxml.METADATA_NS}'><sv:owner tenant='t1' creator='alice'/>"
+        f"<metadata><sv:vm xmlns:sv='{metadata.METADATA_NS}'><sv:owner tenant='t1' creator='alice'/>"
         "<sv:ha>true</sv:ha></sv:vm></metadata>"
     )
     test_conn.defineXML(xml("web1", shared / "web1.qcow2").replace("<os>", meta + "<os>"))

@@ -5,7 +5,7 @@ import pytest
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import ownership
-from saltvirt.xml.domxml import METADATA_NS
+from saltvirt.xml.domain.metadata import METADATA_NS
 
 
 def _define(conn, name, tenant=None):

@@ -198,7 +198,7 @@ def test_a_running_vm_reports_its_definitions_sizes_too(test_conn):
 
 def test_vm_info_reports_the_image_virt_init_recorded_or_none(test_conn):
     """``image``: salt-virt's addition to Salt's vm_info keys, from the domain's <metadata> (the image grain)."""
-    from saltvirt.xml.domxml import METADATA_NS
+    from saltvirt.xml.domain.metadata import METADATA_NS
 
     meta = f"<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:image>debian12</sv:image></sv:vm></metadata>"
     for name, extra in (("img1", meta), ("byhand1", "")):
@@ -213,7 +213,7 @@ def test_vm_info_reports_the_image_virt_init_recorded_or_none(test_conn):
 
 def test_describe_reports_the_ha_flag(test_conn):
     """``ha``: what virt.init/virt.update recorded in <metadata>, in every hypervisor's signed answer (automatic HA)."""
-    from saltvirt.xml.domxml import METADATA_NS
+    from saltvirt.xml.domain.metadata import METADATA_NS
 
     meta = f"<metadata><sv:vm xmlns:sv='{METADATA_NS}'><sv:ha>true</sv:ha></sv:vm></metadata>"
     for name, extra in (("ha1", meta), ("plain1", "")):

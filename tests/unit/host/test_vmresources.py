@@ -9,7 +9,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.host import events, vmresources
-from saltvirt.xml.domxml import METADATA_NS
+from saltvirt.xml.domain.metadata import METADATA_NS
 
 UUID_A = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a01"
 UUID_B = "0b7e2c57-6a2f-4a7b-9c51-7d3a1f2e9a02"

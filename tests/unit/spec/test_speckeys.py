@@ -9,7 +9,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.spec import compat, speckeys
 from saltvirt.spec import vmspec as spec
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 
 
 def build(**kwargs):
@@ -21,10 +21,10 @@ def build(**kwargs):
 def test_salt_documented_graphics_listen_mapping_is_honoured():
     s = build(graphics={"type": "vnc", "listen": {"type": "address", "address": "localhost"}})
     assert (s.graphics.type, s.graphics.listen, s.graphics.port) == ("vnc", "localhost", -1)
-    root = ET.fromstring(domxml.build(s))
+    root = ET.fromstring(definition.build(s))
     g = root.find("devices/graphics")
     assert g.get("listen") == "localhost" and g.find("listen").get("address") == "localhost"
-    assert "{" not in domxml.build(s)  # never a Python repr in the XML
+    assert "{" not in definition.build(s)  # never a Python repr in the XML
     ip = build(graphics={"type": "spice", "port": "5901", "listen": {"type": "address", "address": "::1"}})
     assert (ip.graphics.type, ip.graphics.listen, ip.graphics.port) == ("spice", "::1", 5901)
     assert build(graphics={"type": "none"}).graphics is None  # Salt's "no graphics"

@@ -14,7 +14,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.host.conn import libvirt
 from saltvirt.storage import attach
 from saltvirt.vm import converge
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.support.saltloader import load_states, make_minion_mods
 
 NET = [{"name": "eth0", "type": "network", "source": "default"}]  # test driver: no host bridge needed
@@ -32,7 +32,7 @@ def facts_of(spec, live=False):
     """What converge.current() reads back for a domain defined from ``spec`` (MACs as libvirt adds)."""
     for i, nic in enumerate(spec.nics):
         nic.mac = nic.mac or f"52:54:00:00:00:{i:02x}"
-    facts = domxml.parse_for_compare(domxml.build(spec))
+    facts = definition.parse_for_compare(definition.build(spec))
     for nic in spec.nics:
         nic.mac = None
     return {"config": facts, "live": facts if live else None}
@@ -419,7 +419,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_p
     v = make_minion_mods(tmp_path / "tcp", "test:///default", serial_tcp_ports="4555")  # the TCP serial port
     v["virt.init"]("conv5", 1, 64, nic=None, disk=None, start=False)
     preview = v["virt.update"]("conv5", test=True, **FEATURES)
-    assert set(preview["changes"]) == set(domxml.FEATURES) - {
+    assert set(preview["changes"]) == set(definition.FEATURES) - {
         "kernel_boot",  # boot names no kernel/initrd/cmdline: that part is left alone
         "cpu_model",
         "memtune",
@@ -430,17 +430,17 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_p
         "host_devices",  # test:///default has no PCI/USB devices: test_host_devices_are_looked_up_...
     }
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
-    assert domxml.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
+    assert definition.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
     assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 9
-    facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
+    facts = definition.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["firmware"] == {"efi": True, "loader": None, "nvram": None, "secure_boot": False}
     assert facts["boot_dev"] == ["network", "hd"] and facts["stop_on_reboot"] is True
     assert facts["serials"] == [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}]
     assert facts["consoles"] == [{"type": "pty"}] and facts["tpm"] == {"model": "tpm-crb", "version": "2.0"}
     assert v["virt.update"]("conv5", **FEATURES)["changes"] == {}  # converged
     # only what is given is managed: the serial console (port 0) and its log stay
-    assert domxml.parse(v["virt.get_xml"]("conv5"))["serial_log"].endswith("conv5-serial.log")
+    assert definition.parse(v["virt.get_xml"]("conv5"))["serial_log"].endswith("conv5-serial.log")
     assert facts["clock"] == {"offset": "localtime", "timers": [{"name": "rtc", "track": "wall"}]}
     assert facts["hypervisor_features"] == {"kvm-hidden": True}
     back = v["virt.update"](
@@ -456,7 +456,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_p
         numatune={"memory": {"mode": "strict", "nodeset": "0"}},
     )
     assert set(back["changes"]) == set(preview["changes"])
-    facts = domxml.feature_facts(v["virt.get_xml"]("conv5"))
+    facts = definition.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["tpm"] is None and facts["serials"] == [] and facts["firmware"]["efi"] is False
     v["virt.undefine"]("conv5")
 
@@ -468,7 +468,7 @@ def test_update_applies_salts_cpu_and_mem_dicts(virt_test):
     mem = {"boot": "128m", "hard_limit": "1g"}
     done = v["virt.update"]("conv8", cpu=cpu, mem=mem)
     assert {"cpu", "mem", "cpu_model", "memtune"} <= set(done["changes"])
-    facts = domxml.feature_facts(v["virt.get_xml"]("conv8"))
+    facts = definition.feature_facts(v["virt.get_xml"]("conv8"))
     assert facts["cpu_model"]["topology"] == {"sockets": 1, "cores": 2, "threads": 1}
     assert facts["cpu_model"]["model"] == {"name": "qemu64"} and facts["memtune"] == {"hard_limit": 1024}
     info = v["virt.vm_info"]("conv8")["conv8"]
@@ -493,7 +493,7 @@ def test_update_applies_cpu_tuning_numa_current_and_cpuset(virt_test):
     done = v["virt.update"]("conv9", cpu=cpu, mem=128)
     assert set(done["changes"]) == set(preview["changes"]) == {"cpu", "mem", "cpu_model", "vcpu", "cputune"}
     xml = v["virt.get_xml"]("conv9")
-    facts = domxml.feature_facts(xml)
+    facts = definition.feature_facts(xml)
     assert facts["vcpu"] == {"placement": "static", "cpuset": "0-3"}
     assert facts["cputune"] == {"shares": 512, "vcpupin": {0: "0", 1: "1"}, "emulatorpin": "0-1"}
     assert [c["cpus"] for c in facts["cpu_model"]["numa"]] == ["0-1", "2-3"]
@@ -516,7 +516,7 @@ def test_update_applies_mem_current_max_slots_hugepages(virt_test):
     assert preview["changes"]["mem"] == {"old": 64, "new": "96 (maximum 128)", "current": 96}
     done = v["virt.update"]("conv11", cpu=cpu, mem=mem)
     assert set(done["changes"]) == set(preview["changes"]) == {"mem", "cpu_model", "max_mem", "memory_backing"}
-    facts = domxml.feature_facts(v["virt.get_xml"]("conv11"))
+    facts = definition.feature_facts(v["virt.get_xml"]("conv11"))
     assert facts["max_mem"] == {"size": 512, "slots": 2}
     assert facts["memory_backing"] == {"hugepages": [{"size": 2048, "nodeset": "0"}]}
     info = v["virt.vm_info"]("conv11")["conv11"]
@@ -526,7 +526,7 @@ def test_update_applies_mem_current_max_slots_hugepages(virt_test):
         "old": {"hugepages": [{"size": 2048, "nodeset": "0"}]},
         "new": None,
     }
-    assert domxml.feature_facts(v["virt.get_xml"]("conv11"))["memory_backing"] is None
+    assert definition.feature_facts(v["virt.get_xml"]("conv11"))["memory_backing"] is None
     v["virt.undefine"]("conv11")
 
 
@@ -537,7 +537,7 @@ def test_update_applies_numatune_memnodes(virt_test):
     tune = {"memnodes": {0: {"mode": "strict", "nodeset": "0"}, 1: {"mode": "preferred", "nodeset": "0"}}}
     done = v["virt.update"]("conv12", cpu=cpu, numatune=tune)
     assert set(done["changes"]) == {"numatune"} and done["changes"]["numatune"]["old"] is None
-    facts = domxml.feature_facts(v["virt.get_xml"]("conv12"))
+    facts = definition.feature_facts(v["virt.get_xml"]("conv12"))
     assert [n["mode"] for n in facts["numatune"]["memnodes"]] == ["strict", "preferred"]
     assert v["virt.update"]("conv12", cpu=cpu, numatune=tune)["changes"] == {}  # idempotent
     v["virt.undefine"]("conv12")
@@ -600,7 +600,7 @@ def test_host_devices_are_looked_up_and_passed_through(tmp_path):
     node.write_text(NODE_DEVICES)
     conn = libvirt.open(f"test://{node}")
     args = {"images_dir": str(tmp_path), "profiles": {}}
-    conn.defineXML(domxml.build(converge.desired_spec("hd1", 1, 64, nic=None, disk=None, **args)))
+    conn.defineXML(definition.build(converge.desired_spec("hd1", 1, 64, nic=None, disk=None, **args)))
     with pytest.raises(SaltInvocationError, match="'usb_3_1' is not one the operator made available to VMs"):
         converge.update(conn, "hd1", host_devices=["usb_3_1"], **args)  # none unless virt:host_devices lists it
     listed = ["pci_0000_00_1f_2", "usb_3_1", "pci_0000_00_1f_3", "net_eth9_52_54_00_00_00_09"]
@@ -660,7 +660,7 @@ def test_update_turns_the_ha_flag_on_and_off_live_and_in_the_definition(virt_tes
     conn = libvirt.open("test:///default")  # the fixture's driver: its domains live while a connection is open
 
     def ha(which=libvirt.VIR_DOMAIN_XML_INACTIVE):  # the definition, or (0) the running VM
-        facts = domxml.parse(conn.lookupByName("conv-ha").XMLDesc(which))
+        facts = definition.parse(conn.lookupByName("conv-ha").XMLDesc(which))
         return facts["ha"], facts["group"], facts["owner"]
 
     virt_test["virt.init"]("conv-ha", 1, 64, nic=None, disk=None, start=False, group="web", ha=True, owner=OWNER)

@@ -4,7 +4,7 @@ graphics, boot order and devices (libvirt's test driver, Salt's real state loade
 
 import pytest
 
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import definition
 from tests.support.saltloader import load_states, make_minion_mods
 
 NAME = "keep1"
@@ -62,7 +62,7 @@ def vm(virt_test):
 
 
 def _facts(v):
-    facts = domxml.parse_for_compare(v["virt.get_xml"](NAME))
+    facts = definition.parse_for_compare(v["virt.get_xml"](NAME))
     facts.update(facts.pop("features"))
     return facts
 
@@ -72,7 +72,7 @@ def _images(v):
     return v["config.get"]("virt:images")
 
 
-# the facts a field's change touches (converge.FIELDS -> domxml.parse_for_compare keys)
+# the facts a field's change touches (converge.FIELDS -> definition.parse_for_compare keys)
 TOUCHES = {"cpu": ("cpu", "vcpu_current"), "mem": ("mem", "current_mem"), "kernel_boot": ("kernel_boot", "boot")}
 
 
@@ -134,7 +134,7 @@ def test_states_take_vm_type_and_boot_dev_with_a_kernel(virt_test):
     args = {"cpu": 1, "mem": 64, "vm_type": "qemu", "nic": None, "disk": None, "seed": False}
     ret = st["virt.defined"]("kern1", boot=kernel, boot_dev="network hd", **args)
     assert ret["result"] is True, ret
-    facts = domxml.feature_facts(virt_test["virt.get_xml"]("kern1"))
+    facts = definition.feature_facts(virt_test["virt.get_xml"]("kern1"))
     assert facts["kernel_boot"] == kernel and facts["boot_dev"] == ["network", "hd"]
     assert st["virt.defined"]("kern1", boot=kernel, boot_dev="network hd", **args)["changes"] == {}
 

@@ -11,7 +11,7 @@ import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.xml import domxml
+from saltvirt.xml.domain import metadata
 from tests.support.saltloader import make_minion_mods
 from tests.unit.vm.test_backup import CDROM, POOL_DISK, SHARED, bk, make_incremental, read_pattern, with_disks  # noqa: F401 - the fixture is shared
 
@@ -75,7 +75,7 @@ def test_a_restored_copy_has_neither_the_minion_record_nor_the_nvram_file_of_the
     fw = "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader>"
     fw += "<nvram template='/usr/share/OVMF/OVMF_VARS.fd'>/var/lib/libvirt/qemu/nvram/bk1_VARS.fd</nvram></os>"
     root = ET.fromstring(conn.lookupByName("bk1").XMLDesc(0).replace("</os>", fw, 1))
-    ns = domxml.METADATA_NS  # into the <saltvirt:vm> virt.init wrote (it records the image)
+    ns = metadata.METADATA_NS  # into the <saltvirt:vm> virt.init wrote (it records the image)
     ET.SubElement(root.find(f"metadata/{{{ns}}}vm"), f"{{{ns}}}minion", id="bk1", key_sha256="ab")
     conn.defineXML(ET.tostring(root, encoding="unicode"))
     original = v["virt.vm_info"]("bk1")["bk1"]

@@ -1,4 +1,4 @@
-"""saltvirt.xml.etree: the ElementTree helpers under domxml and domxml_features."""
+"""saltvirt.xml.etree: the ElementTree helpers under the XML builders and readers (xml/domain, netxml, poolxml)."""
 
 import xml.etree.ElementTree as ET
 

@@ -1,0 +1,98 @@
+"""A whole domain definition, composed of its element groups: :func:`build` writes a new VM from its spec with the
+groups' builders, :func:`parse` reads what salt-virt reports with their readers, :func:`feature_facts` and
+:func:`replace_features` read and replace the elements ``virt.update`` compares (``saltvirt.vm.converge``)."""
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+from saltvirt.base.salttypes import Data
+from saltvirt.spec.vmspec import VMSpec
+from saltvirt.xml.domain import boot, devices, metadata, tuning
+from saltvirt.xml.etree import read, sub
+
+# the top-level elements in the order libvirt writes them (so a definition read back diffs cleanly)
+ORDER: tuple[str, ...] = ("name", "uuid", "maxMemory", "memory", "currentMemory", "vcpu", "metadata", "os")
+ORDER += ("features", "cpu", "cputune", "memtune", "memoryBacking", "numatune", "clock", "on_poweroff")
+ORDER += ("on_reboot", "on_crash", "devices")
+# the elements virt.update compares and replaces beside cpu, mem, nics, disks, graphics (feature_facts' keys)
+FEATURES = (
+    "firmware",
+    "kernel_boot",
+    "boot_dev",
+    "stop_on_reboot",
+    "serials",
+    "consoles",
+    "tpm",
+    "clock",
+    "hypervisor_features",
+    "cpu_model",
+    "memtune",
+    "numatune",
+    "vcpu",
+    "cputune",
+    "max_mem",
+    "memory_backing",
+    "host_devices",
+)
+
+
+def build(spec: VMSpec) -> str:
+    """Domain XML (str) for a :class:`saltvirt.spec.vmspec.VMSpec`."""
+    dom = ET.Element("domain", type=spec.vtype)
+    sub(dom, "name", spec.name)
+    if spec.uuid:
+        sub(dom, "uuid", spec.uuid)
+    groups = tuning.build(spec) + metadata.build(spec) + boot.build(spec) + devices.build(spec)
+    dom.extend(sorted(groups, key=lambda el: ORDER.index(el.tag)))
+    return ET.tostring(dom, encoding="unicode")
+
+
+def parse(xml: str | ET.Element) -> Data:
+    """The facts salt-virt reports about a domain, from its XML (no further libvirt calls)."""
+    return _facts(read(xml), compare=False)
+
+
+def parse_for_compare(xml: str | ET.Element) -> Data:
+    """:func:`parse` plus what comparing with a spec needs (``saltvirt.vm.converge``): the current vCPU
+    count, each NIC's source by its type (a running VM's network NIC also names its bridge), the graphics
+    passwords and the :func:`feature_facts`. Never report these facts as they are: they hold the passwords."""
+    root = read(xml)
+    return {**_facts(root, compare=True), "features": feature_facts(root)}
+
+
+def _facts(root, compare):
+    return {
+        "name": root.findtext("name"),
+        "uuid": root.findtext("uuid"),
+        "type": root.get("type"),
+        **tuning.facts(root, compare),
+        **devices.facts(root, compare),
+        **boot.facts(root),
+        **metadata.facts(root),
+    }
+
+
+def feature_facts(xml: str | ET.Element) -> Data:
+    """The :data:`FEATURES` of domain XML (firmware, boot order, chardevs, vTPM, tuning, NUMA, clock, host
+    devices), normalized so what libvirt reads back equals what :func:`build` wrote."""
+    root = read(xml)
+    found = {**boot.feature_facts(root), **devices.feature_facts(root), **tuning.feature_facts(root)}
+    return {key: found[key] for key in FEATURES}
+
+
+def replace_features(xml: str, new_xml: str, fields: Iterable[str]) -> str:
+    """Domain XML ``xml`` with the elements of ``fields`` (of :data:`FEATURES`) taken from ``new_xml``
+    (what :func:`build` writes for the desired spec); everything else is kept as it is."""
+    root, new = ET.fromstring(xml), ET.fromstring(new_xml)
+    boot.replace(root, new, fields)
+    tuning.replace(root, new, fields)
+    devices.replace(root, new, fields)
+    return ET.tostring(root, encoding="unicode")
+
+
+def domain_name(xml: str) -> str | None:
+    """The ``<name>`` of domain XML given by a user; ValueError when it does not parse."""
+    try:
+        return ET.fromstring(xml).findtext("name")
+    except ET.ParseError as exc:
+        raise ValueError(f"the domain XML does not parse: {exc}") from None
