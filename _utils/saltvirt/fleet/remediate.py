@@ -136,9 +136,8 @@ def confirm(fleet: Fleet, host: str, name: str, uuid: str | None = None) -> Data
 
 
 def crashed(cond: Data) -> bool:
-    """Whether the host's answer says the VM crashed: shut off because the guest crashed or QEMU died, or held
-    crashed after a guest panic (``on_crash=preserve``)."""
-    return (cond.get("state") == "shutoff" and cond.get("reason") in CRASH_REASONS) or cond.get("state") == "crashed"
+    """Whether the host's answer says the VM crashed: shut off because the guest crashed or QEMU died."""
+    return cond.get("state") == "shutoff" and cond.get("reason") in CRASH_REASONS
 
 
 # one remediation ----------------------------------------------------------------------------------------------
@@ -194,6 +193,7 @@ def remediate(
     try:
         hypervisors.require(opts, host, f"remediation ({kind})")
     except SaltInvocationError as exc:
+        log.warning("virt.remediate %s: refused: %s", kind, exc)
         raise Refused(str(exc)) from None
     if kind == "beacon":
         return beacon(run, host)
@@ -205,6 +205,9 @@ def remediate(
     try:
         act = {"crashed": restart, "io_error": io_error, "agent": agent}[kind]
         return act(run, host, name, uuid)
+    except Refused as exc:  # a forged or stale hint: said here, not in the shared log
+        log.warning("virt.remediate %s: refused: %s", kind, exc)
+        raise
     finally:
         lease.release()
 
@@ -217,6 +220,12 @@ def _recent(entries: list[float] | None, now: float, window: float) -> list[floa
 def restart(run: Run, host: str, name: str, uuid: str | None) -> Data:
     """A crashed VM: restarted on ``host`` after its backoff, moved or given up after ``max_restarts``."""
     cond = confirm(run.fleet, host, name, uuid)
+    if cond.get("state") == "crashed":  # on_crash=preserve: its operator keeps a panicked guest for inspection
+        why = (
+            f"{name} on {host} is held crashed after a panic (on_crash=preserve): left for inspection; salt {host} "
+            f"virt.stop {name}, then virt.start, restarts it"
+        )
+        return run.done(GAVE_UP, host, name, why, uuid=cond.get("uuid"))
     if not crashed(cond):
         why = f"{host} reports {name} {cond.get('state')} ({cond.get('reason')}), not crashed: nothing to restart"
         return _quiet(run, host, name, why)

@@ -211,6 +211,14 @@ def test_hints_that_do_not_hold_are_refused(lab):
     assert hosts.state() == "shutoff" and hosts.published("virt.start") == [] and hosts.log() == []
 
 
+def test_a_panicked_vm_its_operator_preserves_is_left_for_inspection(lab):
+    hosts = lab(**CRASH_ON)
+    hosts.reason["web1"] = {"state": "crashed", "reason": "panicked"}  # on_crash=preserve: QEMU keeps it
+    out = hosts.run("crashed")
+    assert out["decision"] == remediate.GAVE_UP and "left for inspection" in out["reason"]
+    assert hosts.published("virt.start") == [] and hosts.slept == []
+
+
 def test_one_remediation_of_a_vm_at_a_time(lab):
     hosts = lab(**CRASH_ON)
     hosts.crash()
