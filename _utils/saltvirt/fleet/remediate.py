@@ -7,7 +7,8 @@ docs/topics/remediation.md.
   each restart in ``window`` (``backoff``, 2x, 4x ... up to ``backoff_max``); after ``max_restarts`` restarts in
   ``window`` move it (``move: True``: an offline migration to the host placement ranks best,
   :func:`saltvirt.fleet.relocate.move_off` with its per-VM lock, then a start there; once per ``window``) or stop
-  and alert;
+  and alert. A VM held crashed after a panic (``on_crash=preserve``: its operator keeps it for inspection) is only
+  alerted;
 * ``io_error`` (``io_error``): libvirt's default ``error_policy`` pauses a VM whose disk failed; this keeps it paused
   (never resumes it) and alerts, saying whether the host reports the disk full (ENOSPC);
 * ``agent`` (``agent_disconnected``/``agent_connected``): a running VM whose guest agent stays disconnected for
