@@ -31,6 +31,7 @@ RESOURCE_PACKAGES = [
 EXAMPLES = [
     "salt-virt.example.sls",
     "salt-virt.reactor.sls",
+    "salt-virt.remediate.sls",
     "salt-virt/init.sls",
     "salt-virt/map.jinja",
     "salt-virt/pillar.example",

@@ -1,6 +1,7 @@
 """
 Execution module ``virt`` (continued): the hypervisor side of host-failure recovery
-(``saltvirt.host.hostrecord``). ``salt-run virt.record`` / ``virt.recover`` (``saltvirt.fleet.recovery``) call these.
+(``saltvirt.host.hostrecord``). ``salt-run virt.record`` / ``virt.recover`` (``saltvirt.fleet.recovery``) call these,
+and ``salt-run virt.remediate`` (``saltvirt.fleet.remediate``) ``virt.vm_condition``.
 Salt's loader merges every file whose ``__virtualname__`` is ``virt`` into one ``virt`` module.
 """
 
@@ -27,6 +28,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import hostrecord as _hr
+    from saltvirt.host import query as _query
     from saltvirt.vm import migrate as _migrate
     from saltvirt.vm import migrate_tls as _migrate_tls
 
@@ -138,6 +140,19 @@ def recovery_disarm(names, connection=None):
         names = [names]
     with _c.salt_connect(__salt__, connection) as conn:
         return _hr.disarm(conn, list(names))
+
+
+def vm_condition(name, connection=None):
+    """
+    One VM's condition as libvirt reports it here, for the master's remediation (``salt-run virt.remediate``,
+    which believes this signed answer and never the event that made it ask): ``{name, uuid, state, reason,
+    guest_agent, disk_errors}``; ``reason`` is libvirt's reason for the state (``crashed``, ``failed``,
+    ``ioerror``, ...).
+
+    CLI Example:: salt 'hyper1' virt.vm_condition web1
+    """
+    with _c.salt_connect(__salt__, connection) as conn:
+        return _query.condition(conn, validate.vm_name(name))
 
 
 if saltvirt is not None:  # last: every public function above refuses non-operators

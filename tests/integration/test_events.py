@@ -5,6 +5,8 @@ here), and a tenant minion ``evtenant`` (a VM's root: it can send any event).
 
 * a VM's lifecycle arrives on the master's bus: defined, started, suspended, resumed, rebooted, QEMU
   killed (crashed), stopped, started; never a secret (the console password);
+* the remediation reactor (salt-virt.remediate.sls): the VM whose QEMU was killed is started again once
+  evhyper confirmed the crash; a tenant's forged crash event for a VM its operator stopped starts nothing;
 * libvirtd killed and restarted: the engine reconnects, fires what changed while it was away (a VM's
   definition removed meanwhile: ``undefined``, reconciled; a VM whose QEMU died meanwhile), and live
   events arrive again;
@@ -61,10 +63,14 @@ def pillar_roots(guest):
 def emaster(salt_factories, state_tree, pillar_roots):
     overrides = master_config(
         state_tree,
-        virt={"hypervisors": [HOST]},
+        # remediation of crashed VMs (salt-virt.remediate.sls): one restart after 1 s, then left stopped
+        virt={"hypervisors": [HOST], "remediate": {"crashed": {"enabled": True, "backoff": 1, "max_restarts": 1}}},
         ext_pillar=[],  # no certificates needed here
         pillar_roots={"base": [str(pillar_roots)]},
-        reactor=[{"salt/virt/hypervisor/ready": ["salt://salt-virt.reactor.sls"]}],
+        reactor=[
+            {"salt/virt/hypervisor/ready": ["salt://salt-virt.reactor.sls"]},
+            {"salt/virt/*/domain/*/crashed": ["salt://salt-virt.remediate.sls"]},
+        ],
     )
     factory = salt_factories.salt_master_daemon("ev-master", overrides=overrides)
     with factory.started():
@@ -202,11 +208,17 @@ def test_a_vms_lifecycle_reaches_the_master(minions, emaster, cli, event_listene
     kill_qemu("evvm1")
     crashed = domain_event(event_listener, emaster, "evvm1", "crashed", t2)
     assert crashed["detail"] == "failed" and crashed["uuid"] == uuid
-    call(cli, "virt.start", "evvm1")
+    # the remediation reactor restarts it (virt:remediate:crashed), after evhyper confirmed the crash (signed)
+    t_fix = time.monotonic()
+    fixed = wait(event_listener, emaster, "salt/virt/remediate/crashed", t2, lambda d: d.get("name") == "evvm1").data
+    assert (fixed["decision"], fixed["host"], fixed["uuid"], fixed["delay"]) == ("restarted", HOST, uuid, 1), fixed
     domain_event(event_listener, emaster, "evvm1", "started", t2, detail="booted")
+    assert call(cli, "virt.vm_state", "evvm1") == {"evvm1": "running"}  # libvirt on evhyper
+    print(f"crashed VM restarted by the reactor: {time.monotonic() - t_fix:.1f} s after the crash event")
     t3 = time.time()
     call(cli, "virt.stop", "evvm1")  # hard power-off (Salt's meaning)
     domain_event(event_listener, emaster, "evvm1", "stopped", t3, detail="destroyed")
+    forged_crash_restarts_nothing(cli, emaster, event_listener, uuid)
     call(cli, "virt.start", "evvm1")
     domain_event(event_listener, emaster, "evvm1", "started", t3, detail="booted")
 
@@ -214,6 +226,29 @@ def test_a_vms_lifecycle_reaches_the_master(minions, emaster, cli, event_listene
     everything = event_listener.get_events([(emaster.id, "salt/virt/*")], after_time=t0)
     assert len(everything) >= 10 and PASSWORD not in json.dumps([e.full_data for e in everything], default=str)
     print(f"lifecycle events: {time.monotonic() - t_all:.1f} s")
+
+
+def forged_crash_restarts_nothing(cli, emaster, event_listener, uuid):
+    """The tenant forges evhyper's crash event for evvm1 (stopped by its operator): the reactor runs
+    virt.remediate for evhyper, which asks evhyper (signed): shut off, destroyed, no crash: nothing started."""
+    t_forge, t0 = time.monotonic(), time.time()
+    forged = {"cmd": "_minion_event", "id": HOST, "data": {"name": "evvm1", "uuid": uuid, "event": "crashed"}}
+    batch = {"tag": None, "data": None, "pretag": None, "events": [{"tag": f"salt/virt/{HOST}/domain/evvm1/crashed",
+                                                                     "data": forged}]}  # fmt: skip
+    ret = cli.run("event.fire", json.dumps(batch), "fire_master", minion_tgt=TENANT)
+    assert ret.returncode == 0 and ret.data is True, ret
+    answer = wait(
+        event_listener,
+        emaster,
+        "salt/run/*/ret",
+        t0,
+        lambda d: d.get("fun") == "runner.virt.remediate" and (d.get("return") or {}).get("name") == "evvm1",
+        "virt.remediate for the forged crash",
+    ).data["return"]
+    assert (answer["decision"], answer["acted"]) == ("nothing", False), answer
+    assert "shutoff (destroyed), not crashed" in answer["reason"], answer
+    assert call(cli, "virt.vm_state", "evvm1") == {"evvm1": "shutoff"}
+    print(f"forged crash event refused: {time.monotonic() - t_forge:.1f} s")
 
 
 def test_libvirtd_restart_reconnects_and_reconciles(minions, emaster, cli, event_listener, ehv, guest):

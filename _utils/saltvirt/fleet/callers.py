@@ -51,6 +51,7 @@ RUNNER_FACES = (
     "virt.provision_assigned",
     "virt.backup",
     "virt.catalog",
+    "virt.remediate",
 )
 
 

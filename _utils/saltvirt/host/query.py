@@ -449,3 +449,43 @@ def defined_uuids(conn: Conn) -> dict[str, str]:
     """``{uuid: name}`` of every domain defined or running here (transient ones too): what the master
     gathers from every hypervisor before any leftover is deleted (:mod:`saltvirt.fleet.leftovers`)."""
     return {dom.UUIDString(): dom.name() for dom in conn.listAllDomains(0)}  # both kept by the object: no RPC
+
+
+# libvirt's reason for a state, by the prefix of its constants (VIR_DOMAIN_SHUTOFF_CRASHED -> "crashed")
+_REASON_PREFIXES = {code: f"VIR_DOMAIN_{STATES[code].upper()}_" for code in (1, 3, 5, 6)}
+_DISK_ERRORS = {1: "unspec", 2: "no_space"}  # VIR_DOMAIN_DISK_ERROR_*; 0 (none) is left out
+
+
+def reason_name(state: int, reason: int) -> str:
+    """libvirt's reason ``reason`` for domain state ``state`` in lower case (``crashed``, ``ioerror``, ...);
+    ``unknown`` for a state whose reasons are not named here or a reason this libvirt does not name."""
+    prefix = _REASON_PREFIXES.get(state)
+    if prefix is None:
+        return "unknown"
+    names = {getattr(libvirt, k): k[len(prefix) :].lower() for k in dir(libvirt) if k.startswith(prefix)}
+    return names.get(reason, "unknown")
+
+
+def condition(conn: Conn, name: str) -> Data:
+    """What the master's remediation (:mod:`saltvirt.fleet.remediate`) asks of one VM, from libvirt here:
+    ``{name, uuid, state, reason, guest_agent, disk_errors}``. ``reason``: libvirt's reason for the state
+    (``shutoff``/``crashed`` or ``failed``: the guest crashed or QEMU died; ``paused``/``ioerror``: a disk
+    error paused it); ``guest_agent``: its channel's state (:func:`describe`'s); ``disk_errors``: ``{target:
+    no_space|unspec}`` of a running VM (libvirt's ``virDomainGetDiskErrors``)."""
+    dom = get_domain(conn, name)
+    code, reason = dom.state()
+    errors: dict[str, str] = {}
+    if code not in (SHUTOFF, 6):
+        try:
+            errors = {dev: _DISK_ERRORS.get(err, "unspec") for dev, err in dom.diskErrors().items() if err}
+        except libvirt.libvirtError:
+            errors = {}  # a driver without it: no errors known
+    facts = definition.parse(etree.read(dom.XMLDesc(0)))
+    return {
+        "name": dom.name(),
+        "uuid": dom.UUIDString(),
+        "state": state_name(code),
+        "reason": reason_name(code, reason),
+        "guest_agent": facts["guest_agent"],
+        "disk_errors": errors,
+    }

@@ -224,3 +224,36 @@ def test_describe_reports_the_ha_flag(test_conn):
     info = query.vm_info(test_conn)
     assert info["ha1"]["ha"] is True and info["plain1"]["ha"] is False
     assert query.describe(test_conn.lookupByName("plain1"), "h")["ha"] is False
+
+
+def test_condition_says_libvirts_reason_for_the_state(test_conn):
+    """What the master's remediation believes (signed by the host): the state and libvirt's reason for it."""
+    import libvirt
+
+    xml = "<domain type='test'><name>test</name><memory>131072</memory><os><type>hvm</type></os></domain>"
+    dom = test_conn.defineXML(xml)
+    dom.create()
+    cond = query.condition(test_conn, "test")
+    assert (cond["name"], cond["uuid"], cond["state"]) == ("test", dom.UUIDString(), "running")
+    assert cond["guest_agent"] is None and cond["disk_errors"] == {}
+    dom.suspend()
+    assert (query.condition(test_conn, "test")["state"], query.condition(test_conn, "test")["reason"]) == (
+        "paused",
+        "user",
+    )
+    dom.resume()
+    dom.coreDump("/dev/null", libvirt.VIR_DUMP_CRASH)  # the test driver's crash: shut off, reason crashed
+    cond = query.condition(test_conn, "test")
+    assert (cond["state"], cond["reason"], cond["disk_errors"]) == ("shutoff", "crashed", {})
+    dom.create()
+    dom.destroy()
+    assert query.condition(test_conn, "test")["reason"] == "destroyed"  # an operator's power-off is no crash
+    with pytest.raises(CommandExecutionError, match="not defined"):
+        query.condition(test_conn, "nosuchvm")
+
+
+def test_reason_names_come_from_libvirts_constants():
+    assert query.reason_name(3, 5) == "ioerror"  # VIR_DOMAIN_PAUSED_IOERROR
+    assert query.reason_name(5, 6) == "failed"  # VIR_DOMAIN_SHUTOFF_FAILED: QEMU died
+    assert query.reason_name(6, 1) == "panicked"
+    assert query.reason_name(4, 1) == "unknown" and query.reason_name(5, 999) == "unknown"
