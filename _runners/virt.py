@@ -120,8 +120,10 @@ def _virt_conf():
     return compat.master_virt_conf(__opts__)[0]
 
 
-def _cfg(tgt=None, tgt_type=None, timeout=None):
-    return publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+def _fleet(client, tgt=None, tgt_type=None, timeout=None):
+    """The transport to the hypervisors (``saltvirt.fleet.publish.Fleet``), narrowed to ``tgt`` for this call."""
+    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+    return publish.Fleet(__opts__, cfg, client)
 
 
 def _client():
@@ -148,7 +150,7 @@ def _failed(exc, **extra):
 
 def _gather(fun, tgt=None, tgt_type=None, timeout=None):
     with _client() as client:
-        return publish.gather(__opts__, fun, _cfg(tgt, tgt_type, timeout), client)
+        return _fleet(client, tgt, tgt_type, timeout).gather(fun)
 
 
 def _who():
@@ -280,7 +282,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with _client() as client:  # capacity only: placement needs no VM's full facts
-            hosts = publish.capacities(__opts__, _cfg(tgt, tgt_type), client)
+            hosts = _fleet(client, tgt, tgt_type).capacities()
         plan = placement.rank(hosts, req, pol, top=placement.RANK_TOP)
     except SaltException as exc:
         return _failed(exc)
@@ -373,7 +375,7 @@ def init(
         )
         wait, wait_timeout = vmwait.check(wait, wait_timeout, start)
         seed = validate.to_bool(seed)
-        cfg = _cfg(tgt, tgt_type)
+        cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
         disk, _note = (entry["min_size"], "catalog") if entry else vmcreate.image_mib(__opts__, image, saltenv)
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"))
@@ -401,6 +403,7 @@ def init(
             for key in ("nic", "disk"):
                 module_kwargs.setdefault(key, entry["profile"])
         with _client() as client:
+            fleet = publish.Fleet(__opts__, cfg, client)
             created = vmcreate.create(
                 __opts__,
                 name,
@@ -408,12 +411,11 @@ def init(
                 image,
                 module_kwargs,
                 policy=pol,
-                cfg=cfg,
+                fleet=fleet,
                 host=host,
                 fallback=validate.to_bool(fallback),
                 seed=seed,
                 minion_id=minion_id,
-                client=client,
                 progress=progress,
                 job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
                 tenant=owner["quota"],
@@ -421,7 +423,7 @@ def init(
                 private=not who.operator,  # a tenant is not told whose a taken name is, nor where
             )
             if wait:  # the VM exists from here on: whatever the wait sees, it is kept
-                created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)
+                created["wait"] = vmwait.wait(fleet, wait, created, wait_timeout)
                 if created["wait"]["result"] != "ok":  # salt-run's exit code: the VM is there, the wait failed
                     __context__["retcode"] = created["retcode"] = 1
     except SaltException as exc:
@@ -491,11 +493,6 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
     return _out({where: {"status": "up", "vm_info": {name: hosts[where]["vm_info"][name]}}})
 
 
-def _where(who, name, host, cfg, client):
-    """``(hypervisor of VM name, fleet snapshot)``: :func:`saltvirt.fleet.tenants.where`."""
-    return tenants.where(__opts__, who, name, host, cfg, client)
-
-
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None, test=False):
     """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer. A tenant
     caller acts on its tenant's VMs only (found by the owner in their <metadata>). ``select``: on every VM a
@@ -510,7 +507,7 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None,
         validate.vm_name(name)
         who = _who()
         with _client() as client:
-            where, ans = tenants.act(__opts__, who, name, fun, args, host, _cfg(tgt, tgt_type), client)
+            where, ans = tenants.act(_fleet(client, tgt, tgt_type), who, name, fun, args, host)
     except SaltException as exc:
         return _failed(exc)
     return _out({"name": name, "host": where, "result": ans["ret"]})
@@ -524,7 +521,7 @@ def _on_selection(name, host, fun, select, tgt, tgt_type, args, test):
             raise SaltInvocationError(f"{fun}: select= picks the VMs: drop the VM name and host=")
         who = _who()
         with _client() as client:
-            out = vmselect.run(__opts__, who, select, fun, args, _cfg(tgt, tgt_type), client, validate.to_bool(test))
+            out = vmselect.run(_fleet(client, tgt, tgt_type), who, select, fun, args, validate.to_bool(test))
     except SaltException as exc:
         return _failed(exc)
     if out.get("retcode"):
@@ -567,12 +564,11 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
             cpu, mem = vmupdate.sizes(cpu, mem)
             tenant = _quota_of(conf, who.tenant)
         with _client() as client:
-            cfg = _cfg(tgt, tgt_type)
-
+            fleet = _fleet(client, tgt, tgt_type)
             owner = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
 
             def call(where, fun, args, kwarg):
-                return publish.call(__opts__, where, fun, args, kwarg, cfg, None, client, tenant=owner)[0]
+                return fleet.call(where, fun, args, kwarg, tenant=owner)[0]
 
             ret = vmupdate.update(
                 __opts__,
@@ -580,7 +576,7 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
                 cpu,
                 mem,
                 kwargs,
-                locate=lambda: _where(who, name, host, cfg, client),
+                locate=lambda: tenants.where(fleet, who, name, host),
                 call=call,
                 tenant=tenant,
                 job=globals().get("__jid__"),
@@ -729,7 +725,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     if "error" in ret["data"] and not host and who.operator:  # leftovers of any init: operators only
         try:
             with _client() as client:
-                cleaned = leftovers.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client, _store())
+                cleaned = leftovers.purge_leftovers(_fleet(client, tgt, tgt_type), name, _store())
         except SaltException as exc:
             cleaned = None
             log.debug("virt.purge %s: no leftovers cleanup: %s", name, exc)
@@ -739,7 +735,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
         try:
             with _client() as client:
                 ret["data"]["cleanup_elsewhere"] = leftovers.cleanup_everywhere(
-                    __opts__, name, _cfg(tgt, tgt_type), client, _store()
+                    _fleet(client, tgt, tgt_type), name, _store()
                 )
         except SaltException as exc:
             ret["data"]["cleanup_elsewhere"] = {"error": str(exc)}

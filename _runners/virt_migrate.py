@@ -62,9 +62,9 @@ def _virt_conf():
     return compat.master_virt_conf(__opts__)[0]
 
 
-def _remote(client, tgt=None, tgt_type=None):
-    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-    return relocate.Remote(__opts__, cfg, client)
+def _fleet(client, tgt=None, tgt_type=None):
+    """The transport to the hypervisors (``saltvirt.fleet.publish.Fleet``), narrowed to ``tgt`` for this call."""
+    return publish.Fleet(__opts__, publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type), client)
 
 
 def migrate(
@@ -163,14 +163,14 @@ def migrate(
         pol = placement.make_policy(_virt_conf().get("placement"))
         tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
-            remote = _remote(client, tgt, tgt_type)
+            remote = _fleet(client, tgt, tgt_type)
 
             def move(vm_name, source):
                 return _move(remote, who, vm_name, target, source, pol, forced, tunnel, timeout, how)
 
             if select is None:
                 return move(name, host)
-            _seen, selection = vmselect.fleet_selection(__opts__, who, select, remote.cfg, client)
+            _seen, selection = vmselect.fleet_selection(remote, who, select)
             selection = vmselect.unique_names(selection)
             if validate.to_bool(test):
                 return vmselect.answer(selection, test=True)
@@ -241,7 +241,7 @@ def evacuate(
         how.update(timeout=timeout, transport=transport or None)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             if select is None:
-                ret = relocate.evacuate(_remote(client, tgt, tgt_type), host, pol, **how)
+                ret = relocate.evacuate(_fleet(client, tgt, tgt_type), host, pol, **how)
             else:
                 ret = _evacuate_selection(client, host, select, tgt, tgt_type, pol, how)
     except SaltException as exc:
@@ -257,11 +257,10 @@ def _evacuate_selection(client, host, select, tgt, tgt_type, pol, how):
     if host is not None:
         raise SaltInvocationError("virt.evacuate: select= picks the VMs: drop the hypervisor")
     who = callers.job_caller(__opts__, globals(), __salt__)
-    cfg = publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-    facts, selection = vmselect.fleet_selection(__opts__, who, select, cfg, client)
+    facts, selection = vmselect.fleet_selection(_fleet(client, tgt, tgt_type), who, select)
     selection = vmselect.unique_names(selection)
     picks = [(vm["host"], vm["name"]) for vm in selection["selected"]]
-    remote = _remote(client)  # every hypervisor is a candidate target
+    remote = _fleet(client)  # every hypervisor is a candidate target
     moves = relocate.move_off(remote, facts, picks, pol, **how)
     out = {**vmselect.answer(selection, {}), **moves}
     out.pop("results")  # moved / failed (plan / cannot_place) are the per-VM results
@@ -316,7 +315,7 @@ def roll(
         hosts = hypervisors.narrow(__opts__, tgt, tgt_type)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             roller = _roll.Roll(
-                _remote(client),
+                _fleet(client),
                 pol,
                 states=states,
                 reboot=reboot,

@@ -86,7 +86,7 @@ def scope(caller: tenants.Caller, tenant: str | None, conf: Data) -> str | None:
 
 
 def owned(hosts: dict[str, Data], tenant_name: str | None) -> dict[str, Data]:
-    """``virt.full_info`` answers (``publish.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
+    """``virt.full_info`` answers (``publish.Fleet.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
     with only the VMs whose <metadata> owner is ``tenant_name``."""
     return vm_states(hosts, lambda vm: tenants.owned_by(vm, tenant_name))
 
@@ -107,7 +107,7 @@ def vm_states(hosts: dict[str, Data], keep: Callable[[Data], bool] | None = None
 def plan(
     hosts: dict[str, Data], name: str = "all", tenant: str | None = None
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.gather``, or
+    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.Fleet.gather``, or
     :func:`owned`'s cut for ``tenant``): every VM for ``all``, else the one host defining ``name``; a
     name on two hypervisors is refused, never guessed."""
     where: dict[str, list[str]] = {}
@@ -154,7 +154,7 @@ def backup_quotas(conf: Data, tenant: str | None = None) -> dict[str, int]:
 
 
 def backup_use(answers: dict[str, Data]) -> dict[str, int]:
-    """``{tenant: MiB}`` its backups take, from every hypervisor's ``virt.backup_usage`` (``publish.gather``):
+    """``{tenant: MiB}`` its backups take, from every hypervisor's ``virt.backup_usage`` (``publish.Fleet.gather``):
     a backup seen by several hypervisors (a shared directory) counts once."""
     seen: dict[str, Data] = {}
     for ans in answers.values():
@@ -219,7 +219,7 @@ def run(
     budget: Budget | None = None,
 ) -> Data:
     """Back up every VM of ``work`` ({host: [vms]}) through ``call(host, fun, args, kwargs, max_wait)``
-    (one Salt job per VM, ``publish.call`` shaped answers), ``cfg["per_host"]`` at a time per host, each
+    (one Salt job per VM, ``publish.Fleet.call`` shaped answers), ``cfg["per_host"]`` at a time per host, each
     while its tenant's ``budget`` allows. Returns ``{made, pruned, failed}`` keyed by VM."""
     made, pruned, failed = {}, {}, {}
     lock = threading.Lock()
@@ -295,7 +295,7 @@ def restore_host(
     hosts: dict[str, Data], name: str, host: str | None = None, as_name: str | None = None, ignore_down: bool = False
 ) -> tuple[str, list[str]]:
     """The hypervisor ``salt-run virt.restore`` restores VM ``name`` on, from every hypervisor's
-    ``virt.vm_state`` (``publish.gather``), and ``down``: the hypervisors that did not answer. A backup
+    ``virt.vm_state`` (``publish.Fleet.gather``), and ``down``: the hypervisors that did not answer. A backup
     directory that several hypervisors mount lets any of them restore the VM, so the fleet is asked first:
 
     * under the same name, refused while a VM of that name is defined on another hypervisor (running or

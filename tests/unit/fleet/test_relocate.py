@@ -25,7 +25,7 @@ def test_settings_refuse_a_bad_migration_timeout(bad):
 
 # the shared store (redis) dying during a migration -----------------------------------------------------
 class _Hypervisors:
-    """relocate.Remote's part migrate uses, answering each step of a shared-storage migration of web1 from
+    """publish.Fleet's part migrate uses, answering each step of a shared-storage migration of web1 from
     hv1 to hv2 and recording it. A stand-in for Salt's publication (tests/integration/test_migration.py
     migrates through real ones); what the real one reads from the shared store before publishing (which
     minions are hypervisors, hypervisors.members) it reads for real. ``crash_after``: the step after which
@@ -37,10 +37,10 @@ class _Hypervisors:
     def gather(self, fun):
         return {"hv1": {"status": "up", "vms": {"web1": "running"}}, "hv2": {"status": "up", "vms": {}}}
 
-    def call(self, minion, fun, *args, **kwargs):
+    def ret(self, minion, fun, *args, **kwargs):
         from saltvirt.fleet import hypervisors
 
-        hypervisors.members(self.opts, [minion])  # as fleet.run does before it publishes
+        hypervisors.members(self.opts, [minion])  # as Fleet.run does before it publishes
         self.calls.append((minion, fun))
         ret = {
             "virt.migrate_source_info": {"active": True, "probes": {}},
