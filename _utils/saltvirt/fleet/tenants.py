@@ -190,6 +190,18 @@ def refuse(what: str, name: object, tenant_name: str, allowed: Iterable[str]) ->
     raise SaltInvocationError(f"tenant {tenant_name} may not use {what} {name!r} (allowed: {listed}): ask the operator")
 
 
+def quota_of(conf: Data, tenant: str) -> Data:
+    """``{name, quota, groups, allowed(host)}``: what ``virt.init``/``virt.update`` take from ``tenant``'s quota
+    (``conf``: :func:`config`)."""
+    tconf = conf["tenants"][tenant]
+    return {
+        "name": tenant,
+        "quota": tconf["quota"],
+        "groups": tconf["groups"],
+        "allowed": lambda h: host_allowed(tconf, h),
+    }
+
+
 def check_init(conf: Data, tenant_name: str, kwargs: Data) -> None:
     """Refuse what a tenant caller may not pass to ``virt.init``: keywords outside :data:`INIT_KWARGS`
     (paths, URIs, devices, seeding and trust switches stay with the operator), profiles, networks and
