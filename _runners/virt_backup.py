@@ -60,22 +60,6 @@ def _show(message):
     runprogress.show(__opts__, globals().get("__jid_event__"), message)  # injected only under a RunnerClient
 
 
-def _hosts(fleet, who, tenant, with_owners=False):
-    """``(hosts, owners)``: every hypervisor's VMs in ``virt.vm_state``'s shape, all of them or only ``tenant``'s
-    (by the owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
-    other runner functions show it); ``owners``: ``{vm: tenant}`` when ``tenant`` or ``with_owners``."""
-    if tenant is None and not with_owners:
-        return fleet.gather("virt.vm_state"), {}
-    seen = tenants.visible(fleet.gather("virt.full_info"), who, tenants.config(__opts__))
-    return (backups.owned(seen, tenant) if tenant else backups.vm_states(seen)), backups.owners(seen)
-
-
-def _budget(fleet, quotas, owners):
-    """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
-    used = backups.backup_use(fleet.gather("virt.backup_usage"))
-    return backups.Budget(quotas, used, owners)
-
-
 def backup(
     name="all",
     incremental=True,
@@ -121,21 +105,10 @@ def backup(
         cfg = backups.settings(conf, per_host, timeout, **retention)
         fleet = publish.Fleet(__opts__, publish.config(compat.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type))
         quotas = backups.backup_quotas(tconf, only)
-        selection = None
-        if select is not None:
-            if name not in (None, "", "all"):
-                raise SaltInvocationError("virt.backup: select= picks the VMs: drop the VM name")
-            seen, selection = vmselect.fleet_selection(fleet, who, select, tenant=only)
-            if validate.to_bool(test):
-                return vmselect.answer(selection, test=True)
-            hosts, owners = backups.vm_states(seen), backups.owners(seen)
-            work, problems = backups.only_selected(*backups.plan(hosts), selection)
-        else:
-            if validate.to_bool(test):  # never ignored: without a selection there is no dry run
-                raise SaltInvocationError("virt.backup: test=True lists what select= picks; it has no other dry run")
-            hosts, owners = _hosts(fleet, who, only, with_owners=bool(quotas))
-            work, problems = backups.plan(hosts, name, tenant=only)
-        budget = _budget(fleet, quotas, owners) if quotas else None
+        selection, hosts, owners, work, problems = backups.work(fleet, who, name, only, select, test, bool(quotas))
+        if selection is not None and validate.to_bool(test):
+            return vmselect.answer(selection, test=True)
+        budget = backups.budget(fleet, quotas, owners) if quotas else None
 
         def call(host, fun, args, kwargs, max_wait):
             return fleet.call(host, fun, args, kwargs, max_wait=max_wait)[0]

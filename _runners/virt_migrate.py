@@ -148,25 +148,14 @@ def migrate(
             validate.vm_name(name)
         who = callers.job_caller(__opts__, globals(), __salt__)
         forced = validate.to_bool(ignore_placement)
-        if forced:
-            tenants.operator_only(who, "virt.migrate ignore_placement=True")
-        if not target:
-            raise SaltInvocationError(
-                "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement choose)"
-            )
-        if select is None and validate.to_bool(test):  # never ignored: a named call has no dry run
-            raise SaltInvocationError(
-                "virt.migrate: test=True lists what select= picks; a call naming a VM has no dry run"
-            )
-        if select is not None and (name is not None or host is not None):
-            raise SaltInvocationError("virt.migrate: select= picks the VMs: drop the VM name and host=")
+        relocate.refuse_migrate_args(who, name, host, target, select, forced, test)
         pol = placement.make_policy(_virt_conf().get("placement"))
         tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             remote = _fleet(client, tgt, tgt_type)
 
             def move(vm_name, source):
-                return _move(remote, who, vm_name, target, source, pol, forced, tunnel, timeout, how)
+                return relocate.move_one(remote, who, vm_name, target, source, pol, forced, tunnel, timeout, how)
 
             if select is None:
                 return move(name, host)
@@ -184,21 +173,6 @@ def migrate(
     if out.get("retcode"):
         __context__["retcode"] = 1
     return out
-
-
-def _move(remote, who, name, target, host, pol, forced, tunnel, timeout, how):
-    """One VM's move as ``virt.migrate`` makes it: a tenant's own VM to one of its hypervisors, the placement
-    checks unless ``forced`` (then said in ``warnings``)."""
-    checks = None if forced else relocate.placement_checks(pol)
-    if not who.operator:  # its own VM, to one of its hypervisors
-        host, checks = relocate.tenant_checks(remote, who, tenants.config(__opts__), name, target, host, pol)
-    ret = relocate.migrate(remote, name, target, source=host, tunnel=tunnel, timeout=timeout, checks=checks, **how)
-    if forced:
-        ret.setdefault("warnings", []).append(
-            f"ignore_placement=True: {name} was moved to {target} without placement's checks (room, maintenance, "
-            "anti-affinity)"
-        )
-    return ret
 
 
 def evacuate(

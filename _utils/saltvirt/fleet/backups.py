@@ -27,7 +27,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import fleetstate, quota, tenants
+from saltvirt.fleet import fleetstate, publish, quota, tenants, vmselect
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
@@ -175,6 +175,44 @@ def owners(hosts: dict[str, Data]) -> dict[str, str]:
         for name, vm in ((ans or {}).get("vm_info") or {}).items()
         if (vm.get("owner") or {}).get("tenant")
     }
+
+
+def work(
+    fleet: publish.Fleet,
+    caller: tenants.Caller,
+    name: str,
+    tenant: str | None,
+    select: Any,
+    test: Any,
+    with_owners: bool,
+) -> tuple[Data | None, dict[str, Data], dict[str, str], dict[str, list[str]], dict[str, str]]:
+    """What ``salt-run virt.backup`` backs up: ``(selection or None, hosts, owners, work, problems)``. With
+    ``select``, the VMs a selection picks (:func:`saltvirt.fleet.vmselect.fleet_selection`; ``test``: the selection
+    only, nothing else read); else VM ``name`` (or ``all``) of every hypervisor, or only ``tenant``'s. ``owners``:
+    ``{vm: tenant}`` when ``tenant``, ``select`` or ``with_owners``; ``work``/``problems``: :func:`plan`'s."""
+    if select is not None:
+        if name not in (None, "", "all"):
+            raise SaltInvocationError("virt.backup: select= picks the VMs: drop the VM name")
+        seen, selection = vmselect.fleet_selection(fleet, caller, select, tenant=tenant)
+        if validate.to_bool(test):
+            return selection, {}, {}, {}, {}
+        hosts = vm_states(seen)
+        todo, problems = only_selected(*plan(hosts), selection)
+        return selection, hosts, owners(seen), todo, problems
+    if validate.to_bool(test):  # never ignored: without a selection there is no dry run
+        raise SaltInvocationError("virt.backup: test=True lists what select= picks; it has no other dry run")
+    if tenant is None and not with_owners:
+        hosts, who_owns = fleet.gather("virt.vm_state"), {}
+    else:
+        seen = tenants.visible(fleet.gather("virt.full_info"), caller, tenants.config(fleet.opts))
+        hosts, who_owns = (owned(seen, tenant) if tenant else vm_states(seen)), owners(seen)
+    todo, problems = plan(hosts, name, tenant=tenant)
+    return None, hosts, who_owns, todo, problems
+
+
+def budget(fleet: publish.Fleet, quotas: dict[str, int], owned_by: dict[str, str]) -> "Budget":
+    """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
+    return Budget(quotas, backup_use(fleet.gather("virt.backup_usage")), owned_by)
 
 
 class Budget:

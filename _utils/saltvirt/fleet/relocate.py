@@ -141,6 +141,56 @@ def tenant_checks(
     return host, placement_checks(policy, {"name": caller.tenant, "groups": tconf["groups"]}, fleet_vms, since)
 
 
+def refuse_migrate_args(
+    caller: tenants.Caller,
+    name: str | None,
+    host: str | None,
+    target: str | None,
+    select: Any,
+    forced: bool,
+    test: Any,
+) -> None:
+    """What ``salt-run virt.migrate`` refuses before anything is asked (``forced``: ``ignore_placement=True``; the
+    VM's name is checked before the caller is known)."""
+    if forced:
+        tenants.operator_only(caller, "virt.migrate ignore_placement=True")
+    if not target:
+        raise SaltInvocationError(
+            "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement choose)"
+        )
+    if select is None and validate.to_bool(test):  # never ignored: a named call has no dry run
+        raise SaltInvocationError("virt.migrate: test=True lists what select= picks; a call naming a VM has no dry run")
+    if select is not None and (name is not None or host is not None):
+        raise SaltInvocationError("virt.migrate: select= picks the VMs: drop the VM name and host=")
+
+
+def move_one(
+    remote: publish.Fleet,
+    caller: tenants.Caller,
+    name: str,
+    target: str,
+    host: str | None,
+    policy: Data,
+    forced: bool,
+    tunnel: bool,
+    timeout: float,
+    how: Data,
+) -> Data:
+    """One VM's move as ``salt-run virt.migrate`` makes it: a tenant's own VM to one of its hypervisors, the
+    placement checks unless ``forced`` (then said in ``warnings``). ``how``: :func:`migrate`'s ``live``,
+    ``copy_storage``, ``max_downtime``, ``max_bandwidth`` and ``transport``."""
+    checks = None if forced else placement_checks(policy)
+    if not caller.operator:  # its own VM, to one of its hypervisors
+        host, checks = tenant_checks(remote, caller, tenants.config(remote.opts), name, target, host, policy)
+    ret = migrate(remote, name, target, source=host, tunnel=tunnel, timeout=timeout, checks=checks, **how)
+    if forced:
+        ret.setdefault("warnings", []).append(
+            f"ignore_placement=True: {name} was moved to {target} without placement's checks (room, maintenance, "
+            "anti-affinity)"
+        )
+    return ret
+
+
 def _place(lease, name, source, target, hosts, since, checks):
     """``virt.init``'s placement checks of VM ``name`` (on ``source``) on ``target``, with ``hosts`` every
     hypervisor's ``virt.capacity`` taken at ``since`` (see the module doc). Nothing was asked of the

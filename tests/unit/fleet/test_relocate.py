@@ -1,6 +1,7 @@
 """saltvirt.fleet.relocate: the migration settings from the master config (moving VMs needs hypervisors:
 tests/integration/test_migration.py)."""
 
+import re
 import uuid
 
 import pytest
@@ -21,6 +22,27 @@ def test_settings_defaults_config_and_the_calls_own_tunnel():
 def test_settings_refuse_a_bad_migration_timeout(bad):
     with pytest.raises(SaltInvocationError, match="^virt:migration_timeout must be a number of seconds above 0"):
         relocate.settings({"migration_timeout": bad})
+
+
+@pytest.mark.parametrize(
+    ("who", "args", "message"),
+    [
+        ("alice", {"target": "hv2", "forced": True}, "virt.migrate ignore_placement=True is for operators"),
+        ("root", {"target": None}, "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement"),
+        ("root", {"test": "True"}, "virt.migrate: test=True lists what select= picks; a call naming a VM has no dry"),
+        ("root", {"select": "G@group:db", "host": "hv1"}, "virt.migrate: select= picks the VMs: drop the VM name"),
+    ],
+)
+def test_migrate_refusals_before_anything_is_asked(who, args, message):
+    from saltvirt.fleet import callers
+
+    caller = callers.Caller(who, who == "root", None if who == "root" else "acme")
+    call = {"name": "web1", "host": None, "target": "hv2", "select": None, "forced": False, "test": False, **args}
+    if call["select"] is not None:
+        call["name"] = None
+    with pytest.raises(SaltInvocationError, match=f"^{re.escape(message)}"):
+        relocate.refuse_migrate_args(caller, **call)
+    relocate.refuse_migrate_args(callers.Caller("root", True), "web1", None, "hv2", None, False, False)  # fine
 
 
 # the shared store (redis) dying during a migration -----------------------------------------------------
