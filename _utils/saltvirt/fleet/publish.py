@@ -1,8 +1,11 @@
 """How the ``virt`` runner reaches the hypervisors (master side): which minions are hypervisors, one
 LocalClient publication to all of them with bounded waits, answers merged per minion (hosts that do
 not answer are reported ``down``, never dropped), and the fleet views built on it (:meth:`Fleet.gather`,
-:func:`locate`). The master's key store is :mod:`saltvirt.fleet.minionkeys`; the master side of
-``virt.init`` is :mod:`saltvirt.fleet.vmcreate`.
+:func:`locate`). :class:`Fleet` is the one way there for the runners, the master engines and the fleet modules:
+the master's opts, these settings and a LocalClient in one object, with ``run``/``call`` (signed answers and
+their statuses), ``ret``/``answers`` (a step's return, or :class:`Failed`), ``gather`` and ``capacities``.
+The master's key store is :mod:`saltvirt.fleet.minionkeys`; the master side of ``virt.init`` is
+:mod:`saltvirt.fleet.vmcreate`.
 
 Which minions are hypervisors: ``virt:hypervisors`` in the master config, minion ids only (see
 :mod:`saltvirt.fleet.hypervisors`; grains and answers decide nothing, nothing is learnt, nothing discovered
