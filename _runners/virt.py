@@ -69,7 +69,6 @@ if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.fleet import (
         callers,
-        catalog,
         fleetstate,
         ha,
         hypervisors,
@@ -81,12 +80,11 @@ if saltvirt is not None:
         runprogress,
         tenants,
         vmcreate,
+        vminit,
         vmrates,
         vmselect,
         vmupdate,
-        vmwait,
     )
-    from saltvirt.spec import compat, vmargs, vmspec
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from salt.utils.event import NamespacedEvent
@@ -120,8 +118,10 @@ def _virt_conf():
     return config.master_virt(__opts__)[0]
 
 
-def _cfg(tgt=None, tgt_type=None, timeout=None):
-    return publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+def _fleet(client, tgt=None, tgt_type=None, timeout=None):
+    """The transport to the hypervisors (``saltvirt.fleet.publish.Fleet``), narrowed to ``tgt`` for this call."""
+    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+    return publish.Fleet(__opts__, cfg, client)
 
 
 def _client():
@@ -148,7 +148,7 @@ def _failed(exc, **extra):
 
 def _gather(fun, tgt=None, tgt_type=None, timeout=None):
     with _client() as client:
-        return publish.gather(__opts__, fun, _cfg(tgt, tgt_type, timeout), client)
+        return _fleet(client, tgt, tgt_type, timeout).gather(fun)
 
 
 def _who():
@@ -280,7 +280,7 @@ def next_host(cpu=1, mem=512, image=None, group=None, saltenv="base", tgt=None, 
         req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
         pol = placement.make_policy(_virt_conf().get("placement"), **policy)
         with _client() as client:  # capacity only: placement needs no VM's full facts
-            hosts = publish.capacities(__opts__, _cfg(tgt, tgt_type), client)
+            hosts = _fleet(client, tgt, tgt_type).capacities()
         plan = placement.rank(hosts, req, pol, top=placement.RANK_TOP)
     except SaltException as exc:
         return _failed(exc)
@@ -362,111 +362,42 @@ def init(
         salt-run virt.init web2 1 1024 salt://images/web.qcow2 wait=minion wait_timeout=600
     """
     progress = runprogress.InitProgress(name, __opts__, globals().get("__jid_event__"), OUTPUTTER)
+    call = vminit.Call(
+        name,
+        cpu,
+        mem,
+        image=image,
+        host=host,
+        enable_qcow=enable_qcow,
+        enable_vnc=enable_vnc,
+        start=start,
+        seed=seed,
+        group=group,
+        fallback=fallback,
+        saltenv=saltenv,
+        minion_id=minion_id,
+        tgt=tgt,
+        tgt_type=tgt_type,
+        wait=wait,
+        wait_timeout=wait_timeout,
+        affinity=affinity,
+        tenant=tenant,
+    )
     try:
         validate.vm_name(name)
         hypervisors.refuse_vm_id(__opts__, name, minion_id)  # a VM is never taken for a hypervisor
         who = _who()
         module_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
-        asked = image  # a catalog entry's name before _tenancy resolves it to its source
-        owner, image, entry = _tenancy(
-            who, tenant, image, module_kwargs, name=name, minion_id=minion_id, host=host, tgt=tgt, tgt_type=tgt_type
-        )
-        wait, wait_timeout = vmwait.check(wait, wait_timeout, start)
-        seed = validate.to_bool(seed)
-        cfg = _cfg(tgt, tgt_type)
-        disk, _note = (entry["min_size"], "catalog") if entry else vmcreate.image_mib(__opts__, image, saltenv)
-        req = placement.make_request(cpu, mem, disk, group, affinity=affinity)
-        pol = placement.make_policy(_virt_conf().get("placement"))
-        vmcreate.refuse_sealed_args(module_kwargs)
-        compat.refuse_operator_switches(module_kwargs)
-        # Salt's runner spellings (hypervisor=, install=, serial_type=): mapped or refused before anything
-        warnings = compat.init_args(module_kwargs, "salt-run virt.init")
-        ignored = ha.flag_ignored(_virt_conf(), owner["meta"].get("tenant"), name, module_kwargs.get("ha"))
-        warnings += [ignored] if ignored else []  # an operator's ha=True for a tenant= VM
-        module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
-        catalog.check_sources(__opts__, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
-        module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
-        if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only
-            owner["quota"]["disk_mib"] = vmspec.new_disks_mib(module_kwargs.get("disks"), disk)
-        module_kwargs.update(
-            enable_qcow=validate.to_bool(enable_qcow),
-            enable_vnc=validate.to_bool(enable_vnc),
-            start=validate.to_bool(start),
-            saltenv=saltenv,
-            owner=owner["meta"],
-        )
-        if entry:  # the catalog's checksum is verified by the hypervisor before any (cached) copy is used
-            module_kwargs["checksum"] = entry["checksum"]
-            module_kwargs["catalog_image"] = asked  # recorded in <metadata>: the VM's image grain
-            for key in ("nic", "disk"):
-                module_kwargs.setdefault(key, entry["profile"])
-        with _client() as client:
-            created = vmcreate.create(
-                __opts__,
-                name,
-                req,
-                image,
-                module_kwargs,
-                policy=pol,
-                cfg=cfg,
-                host=host,
-                fallback=validate.to_bool(fallback),
-                seed=seed,
-                minion_id=minion_id,
-                client=client,
-                progress=progress,
-                job=globals().get("__jid__"),  # injected by the loader: shown to whoever finds the name locked
-                tenant=owner["quota"],
-                operator=who.operator,
-                private=not who.operator,  # a tenant is not told whose a taken name is, nor where
-            )
-            if wait:  # the VM exists from here on: whatever the wait sees, it is kept
-                created["wait"] = vmwait.wait(__opts__, wait, created, wait_timeout, cfg, client)
-                if created["wait"]["result"] != "ok":  # salt-run's exit code: the VM is there, the wait failed
-                    __context__["retcode"] = created["retcode"] = 1
+        # the loader injects __jid__: shown to whoever finds the name locked
+        created = vminit.init(__opts__, who, call, module_kwargs, progress, _client, job=globals().get("__jid__"))
     except SaltException as exc:
         progress("failed", error=getattr(exc, "error", None) or str(exc))
         return _failed(exc)
-    if warnings and isinstance(created, dict):
-        created["warnings"] = warnings + list(created.get("warnings") or [])
     if isinstance(created, dict):
+        if created.get("retcode"):  # salt-run's exit code: the VM is there, the wait failed
+            __context__["retcode"] = 1
         created["timeline"] = progress.timeline
     return _out(created)
-
-
-def _tenancy(who, tenant, image, module_kwargs, **call):
-    """What ``virt.init`` does for caller ``who``: ``({meta, quota}, image source, catalog entry)``. A tenant
-    member creates in its own tenant, from its catalog images, with what the operator gave it; an operator
-    may name ``tenant=`` (its quota and hypervisors apply) and any image."""
-    conf = tenants.config(__opts__)
-    if not who.operator:
-        if tenant not in (None, who.tenant):
-            raise SaltInvocationError(f"user {who.user} is in tenant {who.tenant}: tenant={tenant} is refused")
-        tenant = who.tenant
-        tconf = conf["tenants"][tenant]
-        tenants.check_init(tconf, tenant, dict(module_kwargs, host=call.get("host")))
-        tenants.check_ha(tenant, module_kwargs, ha.tenant_flag(_virt_conf()), "virt.init")
-        if call.get("minion_id") not in (None, call["name"]):
-            raise SaltInvocationError(f"tenant {tenant}: a VM's minion id is its name (minion_id= is refused)")
-        entry, image = catalog.resolve(__opts__, image, tenant, tconf["images"])
-    else:
-        if tenant is not None and tenant not in conf["tenants"]:
-            raise SaltInvocationError(f"no tenant named {tenant!r} in virt:tenants")
-        entry, image = catalog.resolve(__opts__, image)
-    if tenant is None:
-        return {"meta": {"creator": who.user}, "quota": None}, image, entry
-    return {"meta": {"tenant": tenant, "creator": who.user}, "quota": _quota_of(conf, tenant)}, image, entry
-
-
-def _quota_of(conf, tenant):
-    """``{name, quota, groups, allowed(host)}``: what ``virt.init``/``virt.update`` take from ``tenant``'s quota."""
-    tconf = conf["tenants"][tenant]
-    return {
-        "name": tenant,
-        "quota": tconf["quota"],
-        "groups": tconf["groups"],
-        "allowed": lambda h: tenants.host_allowed(tconf, h),
-    }
 
 
 # one VM -------------------------------------------------------------------------------------------
@@ -491,11 +422,6 @@ def vm_info(name=None, host=None, tgt=None, tgt_type=None):
     return _out({where: {"status": "up", "vm_info": {name: hosts[where]["vm_info"][name]}}})
 
 
-def _where(who, name, host, cfg, client):
-    """``(hypervisor of VM name, fleet snapshot)``: :func:`saltvirt.fleet.tenants.where`."""
-    return tenants.where(__opts__, who, name, host, cfg, client)
-
-
 def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None, test=False):
     """Find the VM's hypervisor (one round trip), run ``fun`` there, report its real answer. A tenant
     caller acts on its tenant's VMs only (found by the owner in their <metadata>). ``select``: on every VM a
@@ -510,7 +436,7 @@ def _action(name, fun, host=None, tgt=None, tgt_type=None, args=(), select=None,
         validate.vm_name(name)
         who = _who()
         with _client() as client:
-            where, ans = tenants.act(__opts__, who, name, fun, args, host, _cfg(tgt, tgt_type), client)
+            where, ans = tenants.act(_fleet(client, tgt, tgt_type), who, name, fun, args, host)
     except SaltException as exc:
         return _failed(exc)
     return _out({"name": name, "host": where, "result": ans["ret"]})
@@ -524,7 +450,7 @@ def _on_selection(name, host, fun, select, tgt, tgt_type, args, test):
             raise SaltInvocationError(f"{fun}: select= picks the VMs: drop the VM name and host=")
         who = _who()
         with _client() as client:
-            out = vmselect.run(__opts__, who, select, fun, args, _cfg(tgt, tgt_type), client, validate.to_bool(test))
+            out = vmselect.run(_fleet(client, tgt, tgt_type), who, select, fun, args, validate.to_bool(test))
     except SaltException as exc:
         return _failed(exc)
     if out.get("retcode"):
@@ -565,14 +491,13 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
             tenants.check_update(conf["tenants"][who.tenant], who.tenant, kwargs)
             tenants.check_ha(who.tenant, kwargs, ha.tenant_flag(_virt_conf()), "virt.update")
             cpu, mem = vmupdate.sizes(cpu, mem)
-            tenant = _quota_of(conf, who.tenant)
+            tenant = tenants.quota_of(conf, who.tenant)
         with _client() as client:
-            cfg = _cfg(tgt, tgt_type)
-
+            fleet = _fleet(client, tgt, tgt_type)
             owner = None if who.operator else who.tenant  # the hypervisor checks the VM's owner too
 
             def call(where, fun, args, kwarg):
-                return publish.call(__opts__, where, fun, args, kwarg, cfg, None, client, tenant=owner)[0]
+                return fleet.call(where, fun, args, kwarg, tenant=owner)[0]
 
             ret = vmupdate.update(
                 __opts__,
@@ -580,7 +505,7 @@ def update(name, cpu=None, mem=None, host=None, tgt=None, tgt_type=None, **kwarg
                 cpu,
                 mem,
                 kwargs,
-                locate=lambda: _where(who, name, host, cfg, client),
+                locate=lambda: tenants.where(fleet, who, name, host),
                 call=call,
                 tenant=tenant,
                 job=globals().get("__jid__"),
@@ -729,7 +654,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
     if "error" in ret["data"] and not host and who.operator:  # leftovers of any init: operators only
         try:
             with _client() as client:
-                cleaned = leftovers.purge_leftovers(__opts__, name, _cfg(tgt, tgt_type), client, _store())
+                cleaned = leftovers.purge_leftovers(_fleet(client, tgt, tgt_type), name, _store())
         except SaltException as exc:
             cleaned = None
             log.debug("virt.purge %s: no leftovers cleanup: %s", name, exc)
@@ -739,7 +664,7 @@ def purge(name, delete_key=True, minion_id=None, host=None, tgt=None, tgt_type=N
         try:
             with _client() as client:
                 ret["data"]["cleanup_elsewhere"] = leftovers.cleanup_everywhere(
-                    __opts__, name, _cfg(tgt, tgt_type), client, _store()
+                    _fleet(client, tgt, tgt_type), name, _store()
                 )
         except SaltException as exc:
             ret["data"]["cleanup_elsewhere"] = {"error": str(exc)}

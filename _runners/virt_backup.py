@@ -59,22 +59,6 @@ def _show(message):
     runprogress.show(__opts__, globals().get("__jid_event__"), message)  # injected only under a RunnerClient
 
 
-def _hosts(fcfg, who, tenant, with_owners=False):
-    """``(hosts, owners)``: every hypervisor's VMs in ``virt.vm_state``'s shape, all of them or only ``tenant``'s
-    (by the owner in their <metadata>, read with ``virt.full_info``; a tenant caller sees the hypervisors
-    other runner functions show it); ``owners``: ``{vm: tenant}`` when ``tenant`` or ``with_owners``."""
-    if tenant is None and not with_owners:
-        return publish.gather(__opts__, "virt.vm_state", cfg=fcfg), {}
-    seen = tenants.visible(publish.gather(__opts__, "virt.full_info", cfg=fcfg), who, tenants.config(__opts__))
-    return (backups.owned(seen, tenant) if tenant else backups.vm_states(seen)), backups.owners(seen)
-
-
-def _budget(fcfg, quotas, owners):
-    """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
-    used = backups.backup_use(publish.gather(__opts__, "virt.backup_usage", cfg=fcfg))
-    return backups.Budget(quotas, used, owners)
-
-
 def backup(
     name="all",
     incremental=True,
@@ -118,26 +102,15 @@ def backup(
         only = backups.scope(who, tenant, tconf)
         conf = config.master_virt(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)
-        fcfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
+        fleet = publish.Fleet(__opts__, publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type))
         quotas = backups.backup_quotas(tconf, only)
-        selection = None
-        if select is not None:
-            if name not in (None, "", "all"):
-                raise SaltInvocationError("virt.backup: select= picks the VMs: drop the VM name")
-            seen, selection = vmselect.fleet_selection(__opts__, who, select, fcfg, tenant=only)
-            if validate.to_bool(test):
-                return vmselect.answer(selection, test=True)
-            hosts, owners = backups.vm_states(seen), backups.owners(seen)
-            work, problems = backups.only_selected(*backups.plan(hosts), selection)
-        else:
-            if validate.to_bool(test):  # never ignored: without a selection there is no dry run
-                raise SaltInvocationError("virt.backup: test=True lists what select= picks; it has no other dry run")
-            hosts, owners = _hosts(fcfg, who, only, with_owners=bool(quotas))
-            work, problems = backups.plan(hosts, name, tenant=only)
-        budget = _budget(fcfg, quotas, owners) if quotas else None
+        selection, hosts, owners, work, problems = backups.work(fleet, who, name, only, select, test, bool(quotas))
+        if selection is not None and validate.to_bool(test):
+            return vmselect.answer(selection, test=True)
+        budget = backups.budget(fleet, quotas, owners) if quotas else None
 
         def call(host, fun, args, kwargs, max_wait):
-            return publish.call(__opts__, host, fun, args, kwargs, cfg=fcfg, max_wait=max_wait)[0]
+            return fleet.call(host, fun, args, kwargs, max_wait=max_wait)[0]
 
         count = sum(len(v) for v in work.values())
         _show(f"backing up {count} VM(s) on {len(work)} hypervisor(s), {cfg['per_host']} at a time per host")
@@ -190,21 +163,21 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
         new = validate.vm_name(as_name, "as_name") if as_name else name
         conf = config.master_virt(__opts__)[0].get("backup")
         wait = backups.settings(conf)["timeout"]
-        fcfg = publish.config(config.master_opts(__opts__))  # every hypervisor: the check is fleet-wide
-        with _restore_lock(who, name, as_name, fcfg) as lease:
+        fleet = publish.Fleet(__opts__, publish.config(config.master_opts(__opts__)))  # every hypervisor
+        with _restore_lock(who, name, as_name, fleet) as lease:
             try:
                 since = time.time()
                 fun = "virt.vm_state" if who.operator else "virt.full_info"  # a tenant's: who owns what
-                full = publish.gather(__opts__, fun, cfg=fcfg)
+                full = fleet.gather(fun)
                 hosts = full if who.operator else backups.vm_states(full)
                 if not who.operator:  # first: restore_host's refusals name any VM's hypervisor
                     backups.tenant_names(who, full, name, as_name)
                 where, down = backups.restore_host(hosts, name, host, as_name, validate.to_bool(ignore_down))
                 if not who.operator:
-                    _tenant_restore(who, full, name, id, where, as_name, fcfg, lease, since)
+                    _tenant_restore(who, full, name, id, where, as_name, fleet, lease, since)
                 args = {"as_name": as_name, "start": validate.to_bool(start), "force": validate.to_bool(force)}
                 _show(f"restoring backup {id} of VM {name} on {where}" + (f" as {as_name}" if as_name else ""))
-                ans = publish.call(__opts__, where, "virt.restore", [name, id], args, cfg=fcfg, max_wait=wait)[0]
+                ans = fleet.call(where, "virt.restore", [name, id], args, max_wait=wait)[0]
                 if ans.get("status") in ("down", "timeout"):  # it may still make the VM: its quota stays a while
                     quota.finish(lease.store, lease, "unknown", keep_for=wait)
                 if ans.get("status") != "up":
@@ -220,7 +193,7 @@ def restore(name, id, host=None, as_name=None, start=False, force=None, ignore_d
 
 
 @contextlib.contextmanager
-def _restore_lock(who, name, as_name, fcfg):
+def _restore_lock(who, name, as_name, fleet):
     """The per-name lock of the VM a restore makes; a tenant member that finds it held is told whose call
     holds it only when it restores its own VM in place (``saltvirt.fleet.backups.tenant_held``)."""
     with contextlib.ExitStack() as stack:
@@ -228,15 +201,15 @@ def _restore_lock(who, name, as_name, fcfg):
             lease = stack.enter_context(fleetstate.lock(__opts__, [as_name or name], kind="virt.restore"))
         except fleetstate.HeldError:
             if not who.operator:
-                backups.tenant_held(who, lambda: publish.gather(__opts__, "virt.full_info", cfg=fcfg), name, as_name)
+                backups.tenant_held(who, lambda: fleet.gather("virt.full_info"), name, as_name)
             raise
         yield lease
 
 
-def _tenant_restore(who, full, name, bid, where, as_name, fcfg, lease, since):
+def _tenant_restore(who, full, name, bid, where, as_name, fleet, lease, since):
     """A tenant member's restore: its own backup (``virt.backup_list`` on ``where``), and what it adds taken
     from its quota (``saltvirt.fleet.backups.reserve_restore``)."""
-    listing = publish.call(__opts__, where, "virt.backup_list", [name], None, cfg=fcfg)[0]
+    listing = fleet.call(where, "virt.backup_list", [name])[0]
     if listing.get("status") != "up":
         raise CommandExecutionError(f"virt.backup_list on {where}: {listing.get('error') or listing.get('status')}")
     tconf = tenants.config(__opts__)["tenants"][who.tenant]

@@ -61,9 +61,9 @@ def _virt_conf():
     return config.master_virt(__opts__)[0]
 
 
-def _remote(client, tgt=None, tgt_type=None):
-    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-    return relocate.Remote(__opts__, cfg, client)
+def _fleet(client, tgt=None, tgt_type=None):
+    """The transport to the hypervisors (``saltvirt.fleet.publish.Fleet``), narrowed to ``tgt`` for this call."""
+    return publish.Fleet(__opts__, publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type), client)
 
 
 def migrate(
@@ -147,29 +147,18 @@ def migrate(
             validate.vm_name(name)
         who = callers.job_caller(__opts__, globals(), __salt__)
         forced = validate.to_bool(ignore_placement)
-        if forced:
-            tenants.operator_only(who, "virt.migrate ignore_placement=True")
-        if not target:
-            raise SaltInvocationError(
-                "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement choose)"
-            )
-        if select is None and validate.to_bool(test):  # never ignored: a named call has no dry run
-            raise SaltInvocationError(
-                "virt.migrate: test=True lists what select= picks; a call naming a VM has no dry run"
-            )
-        if select is not None and (name is not None or host is not None):
-            raise SaltInvocationError("virt.migrate: select= picks the VMs: drop the VM name and host=")
+        relocate.refuse_migrate_args(who, name, host, target, select, forced, test)
         pol = placement.make_policy(_virt_conf().get("placement"))
         tunnel, timeout = relocate.settings(_virt_conf(), tunnel)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
-            remote = _remote(client, tgt, tgt_type)
+            remote = _fleet(client, tgt, tgt_type)
 
             def move(vm_name, source):
-                return _move(remote, who, vm_name, target, source, pol, forced, tunnel, timeout, how)
+                return relocate.move_one(remote, who, vm_name, target, source, pol, forced, tunnel, timeout, how)
 
             if select is None:
                 return move(name, host)
-            _seen, selection = vmselect.fleet_selection(__opts__, who, select, remote.cfg, client)
+            _seen, selection = vmselect.fleet_selection(remote, who, select)
             selection = vmselect.unique_names(selection)
             if validate.to_bool(test):
                 return vmselect.answer(selection, test=True)
@@ -183,21 +172,6 @@ def migrate(
     if out.get("retcode"):
         __context__["retcode"] = 1
     return out
-
-
-def _move(remote, who, name, target, host, pol, forced, tunnel, timeout, how):
-    """One VM's move as ``virt.migrate`` makes it: a tenant's own VM to one of its hypervisors, the placement
-    checks unless ``forced`` (then said in ``warnings``)."""
-    checks = None if forced else relocate.placement_checks(pol)
-    if not who.operator:  # its own VM, to one of its hypervisors
-        host, checks = relocate.tenant_checks(remote, who, tenants.config(__opts__), name, target, host, pol)
-    ret = relocate.migrate(remote, name, target, source=host, tunnel=tunnel, timeout=timeout, checks=checks, **how)
-    if forced:
-        ret.setdefault("warnings", []).append(
-            f"ignore_placement=True: {name} was moved to {target} without placement's checks (room, maintenance, "
-            "anti-affinity)"
-        )
-    return ret
 
 
 def evacuate(
@@ -240,7 +214,7 @@ def evacuate(
         how.update(timeout=timeout, transport=transport or None)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             if select is None:
-                ret = relocate.evacuate(_remote(client, tgt, tgt_type), host, pol, **how)
+                ret = relocate.evacuate(_fleet(client, tgt, tgt_type), host, pol, **how)
             else:
                 ret = _evacuate_selection(client, host, select, tgt, tgt_type, pol, how)
     except SaltException as exc:
@@ -256,11 +230,10 @@ def _evacuate_selection(client, host, select, tgt, tgt_type, pol, how):
     if host is not None:
         raise SaltInvocationError("virt.evacuate: select= picks the VMs: drop the hypervisor")
     who = callers.job_caller(__opts__, globals(), __salt__)
-    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-    facts, selection = vmselect.fleet_selection(__opts__, who, select, cfg, client)
+    facts, selection = vmselect.fleet_selection(_fleet(client, tgt, tgt_type), who, select)
     selection = vmselect.unique_names(selection)
     picks = [(vm["host"], vm["name"]) for vm in selection["selected"]]
-    remote = _remote(client)  # every hypervisor is a candidate target
+    remote = _fleet(client)  # every hypervisor is a candidate target
     moves = relocate.move_off(remote, facts, picks, pol, **how)
     out = {**vmselect.answer(selection, {}), **moves}
     out.pop("results")  # moved / failed (plan / cannot_place) are the per-VM results
@@ -315,7 +288,7 @@ def roll(
         hosts = hypervisors.narrow(__opts__, tgt, tgt_type)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
             roller = _roll.Roll(
-                _remote(client),
+                _fleet(client),
                 pol,
                 states=states,
                 reboot=reboot,

@@ -79,9 +79,9 @@ def _conf():
     return config.master_virt(__opts__)[0]
 
 
-def _remote(client, tgt=None, tgt_type=None):
-    cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type)
-    return relocate.Remote(__opts__, cfg, client)
+def _fleet(client, tgt=None, tgt_type=None):
+    """The transport to the hypervisors (``saltvirt.fleet.publish.Fleet``), narrowed to ``tgt`` for this call."""
+    return publish.Fleet(__opts__, publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type), client)
 
 
 def _client():
@@ -115,11 +115,11 @@ def record(tgt=None, tgt_type=None):
     try:
         _operator("virt.record")
         with _client() as client:
-            remote = _remote(client, tgt, tgt_type)
+            remote = _fleet(client, tgt, tgt_type)
             out = recovery.refresh(remote)
             # hosts a virt.init abandoned (no answer, fell over): cleaned once they answer again
-            call = leftovers.publish_call(__opts__, remote.cfg, client)
-            defined = leftovers.publish_defined(__opts__, remote.cfg, client)
+            call = leftovers.publish_call(remote)
+            defined = leftovers.publish_defined(remote)
             healed = leftovers.heal(call, defined, fleetstate.Store(__opts__))
     except SaltException as exc:
         return _failed(exc)
@@ -142,8 +142,8 @@ def cleanup(name, tgt=None, tgt_type=None):
         _operator("virt.cleanup")
         validate.vm_name(name)
         with _client() as client:
-            remote = _remote(client, tgt, tgt_type)
-            report = leftovers.cleanup_everywhere(__opts__, name, remote.cfg, client, fleetstate.Store(__opts__))
+            remote = _fleet(client, tgt, tgt_type)
+            report = leftovers.cleanup_everywhere(remote, name, fleetstate.Store(__opts__))
     except SaltException as exc:
         return _failed(exc)
     if any("error" in answer or answer.get("errors") for answer in report.values()):
@@ -172,7 +172,7 @@ def recover(host, force=False, **policy):
         conf = _conf()
         pol = placement.make_policy(conf.get("placement"), **policy)
         with _client() as client:
-            ret = recovery.recover(_remote(client), host, conf, pol, force=validate.to_bool(force))
+            ret = recovery.recover(_fleet(client), host, conf, pol, force=validate.to_bool(force))
     except SaltException as exc:
         return _failed(exc)
     if ret.get("failed"):
@@ -192,7 +192,7 @@ def reconcile(host):
     try:
         _operator("virt.reconcile")
         with _client() as client:
-            ret = recovery.reconcile(_remote(client), host)
+            ret = recovery.reconcile(_fleet(client), host)
     except SaltException as exc:
         return _failed(exc)
     if ret["conflicts"]:
@@ -223,7 +223,7 @@ def rebalance(
         conf = _conf()
         pol = placement.make_policy(conf.get("placement"), **policy)
         with _client() as client:
-            remote = _remote(client, tgt, tgt_type)
+            remote = _fleet(client, tgt, tgt_type)
             proposal = _rebalance.plan(remote.gather("virt.full_info"), pol, metric, threshold, max_moves)
             if not validate.to_bool(apply):
                 return dict(proposal, dry_run=True)

@@ -74,7 +74,7 @@ def _on_vm(who, name, fun, args=(), host=None):
     validate.vm_name(name)
     cfg = publish.config(config.master_opts(__opts__))
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        return tenants.act(__opts__, who, name, fun, list(args), host, cfg, client)
+        return tenants.act(publish.Fleet(__opts__, cfg, client), who, name, fun, list(args), host)
 
 
 def catalog():

@@ -78,7 +78,7 @@ def usage(tgt=None, tgt_type=None, timeout=None):
         since = time.time()
         cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
-            hosts = publish.gather(__opts__, "virt.full_info", cfg, client)
+            hosts = publish.Fleet(__opts__, cfg, client).gather("virt.full_info")
         store = fleetstate.Store(__opts__)
         data = quota.usage(store, hosts, conf, since, fleetstate.config(__opts__))
         down = publish.down_hosts(hosts)

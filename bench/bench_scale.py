@@ -8,7 +8,7 @@ runner runs inside salt-run) and the salt-master's processes (largest VmHWM, tot
 Part 2, synthetic answers: 100 / 1,000 / 10,000 hypervisors (20 VMs each, bench_placement's hosts, 1 %
 down) fed through the runner's own code: ``virt.query`` / ``virt.next_host`` loaded by Salt's runner
 loader from ``_runners``, the master's real key store (N accepted keys) and ``virt:hypervisors``
-target, ``saltvirt.fleet.publish.run``'s classification, ``gather``'s shaping and ``placement.rank``. Only the
+target, ``saltvirt.fleet.publish.Fleet.run``'s classification, ``gather``'s shaping and ``placement.rank``. Only the
 transport is replaced: LocalClient is a stand-in that hands back the synthetic answers at once (no
 network: what is timed is the aggregation and placement work of the master). One call per fresh process;
 memory: VmHWM growth of that process over its RSS before the call (the answers are built before, then
@@ -50,7 +50,7 @@ SYN_VMS = 20
 
 # part 2: one synthetic measurement in a fresh process ------------------------------------------------
 class SyntheticClient:
-    """LocalClient's part that saltvirt.fleet.publish.run uses, answering every published job at once, each
+    """LocalClient's part that saltvirt.fleet.publish.Fleet.run uses, answering every published job at once, each
     answer signed (saltvirt.pki.answers) with one key all synthetic hosts share: their signing runs inside the
     measured call, so the figures overstate the master's own share a little."""
 

@@ -1,5 +1,5 @@
 """Hypervisor facts in the shape ``virt.full_info`` answers them (``{status, host, vm_info}``, as
-:func:`saltvirt.fleet.publish.gather` returns them), for the fleet tests of rebalancing and balancing; and a
+:meth:`saltvirt.fleet.publish.Fleet.gather` returns them), for the fleet tests of rebalancing and balancing; and a
 balancing master over two hypervisors that sign their answers (:mod:`tests.support.signedfleet`)."""
 
 from saltvirt.fleet import balance, fleetstate

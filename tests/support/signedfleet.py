@@ -79,7 +79,7 @@ class Bus:
 
 
 class SigningClient:
-    """LocalClient's part ``fleet.run`` uses. Each publication of ``virt.answer`` is answered, signed by each
+    """LocalClient's part ``publish.Fleet.run`` uses. Each publication of ``virt.answer`` is answered, signed by each
     hypervisor's own key, from ``answers[fun][minion]``; a hypervisor without an answer is silent (``down``),
     unless it is ``busy``: then it says to job checks that it still runs the job. ``published`` records
     ``(fun, sorted targets)`` of every function asked (job checks apart: ``checks`` counts them)."""

@@ -1,7 +1,7 @@
 """Three (or more) "hypervisors" on libvirt's test driver for the recovery tests: each a private
 file-based ``test:///`` connection (its own domains), all seeing one shared disk directory.
 
-:class:`TestFleet` stands in for :class:`saltvirt.fleet.relocate.Remote`, the runner's transport only
+:class:`TestFleet` stands in for :class:`saltvirt.fleet.publish.Fleet`, the runner's transport only
 (the real publication to real minions is tests/integration/test_recovery.py): every call is answered by
 the real :mod:`saltvirt.host.hostrecord` function on that host's own connection, the way
 ``_modules/virt_recovery.py`` answers it. A host in ``silent`` does not answer (a down or cut-off minion).
@@ -80,12 +80,12 @@ class TestFleet:
             return True
         raise AssertionError(f"unexpected call {fun} on {host}")
 
-    def call(self, minion, fun, *args, max_wait=None, **kwargs):
+    def ret(self, minion, fun, *args, max_wait=None, **kwargs):
         if minion in self.silent:
             raise fleet.Failed(f"{fun} on {minion}: did not answer", host=minion, status="down")
         return self._answer(minion, fun, args, kwargs)
 
-    def run(self, fun, *args, tgt=None):
+    def answers(self, fun, *args, tgt=None):
         return {
             h: {"status": "down", "error": "did not answer"}
             if h in self.silent

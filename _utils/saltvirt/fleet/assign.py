@@ -84,13 +84,13 @@ def plan(assigned: dict[str, Data], hosts: dict[str, Data]) -> tuple[list[str], 
     return to_create, {name: sorted(existing[name]) for name in sorted(assigned) if name in existing}
 
 
-def confirm_ready(opts: Any, host: str, nonce: Any, cfg: Any = None) -> None:
+def confirm_ready(fleet: publish.Fleet, host: str, nonce: Any) -> None:
     """Ask ``host`` (a job only it answers) whether it fired the ready event carrying ``nonce``
     (``virt.ready``); SaltInvocationError when it does not say yes. Salt lets any minion forge an event's
     tag and data, so a reactor run for a ready event acts only after this."""
     why = "no nonce in the event"
     if isinstance(nonce, str) and nonce:
-        answer, _ = publish.call(opts, host, "virt.ready_confirm", [nonce], cfg=cfg)
+        answer, _ = fleet.call(host, "virt.ready_confirm", [nonce])
         if answer.get("status") == "up" and answer.get("ret") is True:
             return
         why = answer.get("error") or "it did not send it, or it was used already"

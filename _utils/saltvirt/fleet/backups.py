@@ -27,7 +27,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import fleetstate, quota, tenants
+from saltvirt.fleet import fleetstate, publish, quota, tenants, vmselect
 
 RETENTION_KEYS = ("keep", "keep_daily", "keep_weekly")
 DEFAULTS = {"per_host": 1, "timeout": 6 * 3600}
@@ -86,7 +86,7 @@ def scope(caller: tenants.Caller, tenant: str | None, conf: Data) -> str | None:
 
 
 def owned(hosts: dict[str, Data], tenant_name: str | None) -> dict[str, Data]:
-    """``virt.full_info`` answers (``publish.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
+    """``virt.full_info`` answers (``publish.Fleet.gather``) cut to ``virt.vm_state``'s shape for :func:`plan`,
     with only the VMs whose <metadata> owner is ``tenant_name``."""
     return vm_states(hosts, lambda vm: tenants.owned_by(vm, tenant_name))
 
@@ -107,7 +107,7 @@ def vm_states(hosts: dict[str, Data], keep: Callable[[Data], bool] | None = None
 def plan(
     hosts: dict[str, Data], name: str = "all", tenant: str | None = None
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.gather``, or
+    """``({host: [vm, ...]}, problems)`` from ``virt.vm_state`` answers (``publish.Fleet.gather``, or
     :func:`owned`'s cut for ``tenant``): every VM for ``all``, else the one host defining ``name``; a
     name on two hypervisors is refused, never guessed."""
     where: dict[str, list[str]] = {}
@@ -154,7 +154,7 @@ def backup_quotas(conf: Data, tenant: str | None = None) -> dict[str, int]:
 
 
 def backup_use(answers: dict[str, Data]) -> dict[str, int]:
-    """``{tenant: MiB}`` its backups take, from every hypervisor's ``virt.backup_usage`` (``publish.gather``):
+    """``{tenant: MiB}`` its backups take, from every hypervisor's ``virt.backup_usage`` (``publish.Fleet.gather``):
     a backup seen by several hypervisors (a shared directory) counts once."""
     seen: dict[str, Data] = {}
     for ans in answers.values():
@@ -175,6 +175,44 @@ def owners(hosts: dict[str, Data]) -> dict[str, str]:
         for name, vm in ((ans or {}).get("vm_info") or {}).items()
         if (vm.get("owner") or {}).get("tenant")
     }
+
+
+def work(
+    fleet: publish.Fleet,
+    caller: tenants.Caller,
+    name: str,
+    tenant: str | None,
+    select: Any,
+    test: Any,
+    with_owners: bool,
+) -> tuple[Data | None, dict[str, Data], dict[str, str], dict[str, list[str]], dict[str, str]]:
+    """What ``salt-run virt.backup`` backs up: ``(selection or None, hosts, owners, work, problems)``. With
+    ``select``, the VMs a selection picks (:func:`saltvirt.fleet.vmselect.fleet_selection`; ``test``: the selection
+    only, nothing else read); else VM ``name`` (or ``all``) of every hypervisor, or only ``tenant``'s. ``owners``:
+    ``{vm: tenant}`` when ``tenant``, ``select`` or ``with_owners``; ``work``/``problems``: :func:`plan`'s."""
+    if select is not None:
+        if name not in (None, "", "all"):
+            raise SaltInvocationError("virt.backup: select= picks the VMs: drop the VM name")
+        seen, selection = vmselect.fleet_selection(fleet, caller, select, tenant=tenant)
+        if validate.to_bool(test):
+            return selection, {}, {}, {}, {}
+        hosts = vm_states(seen)
+        todo, problems = only_selected(*plan(hosts), selection)
+        return selection, hosts, owners(seen), todo, problems
+    if validate.to_bool(test):  # never ignored: without a selection there is no dry run
+        raise SaltInvocationError("virt.backup: test=True lists what select= picks; it has no other dry run")
+    if tenant is None and not with_owners:
+        hosts, who_owns = fleet.gather("virt.vm_state"), {}
+    else:
+        seen = tenants.visible(fleet.gather("virt.full_info"), caller, tenants.config(fleet.opts))
+        hosts, who_owns = (owned(seen, tenant) if tenant else vm_states(seen)), owners(seen)
+    todo, problems = plan(hosts, name, tenant=tenant)
+    return None, hosts, who_owns, todo, problems
+
+
+def budget(fleet: publish.Fleet, quotas: dict[str, int], owned_by: dict[str, str]) -> "Budget":
+    """The tenants' ``backup_mib`` quotas for this run: what their backups take now, from every hypervisor."""
+    return Budget(quotas, backup_use(fleet.gather("virt.backup_usage")), owned_by)
 
 
 class Budget:
@@ -219,7 +257,7 @@ def run(
     budget: Budget | None = None,
 ) -> Data:
     """Back up every VM of ``work`` ({host: [vms]}) through ``call(host, fun, args, kwargs, max_wait)``
-    (one Salt job per VM, ``publish.call`` shaped answers), ``cfg["per_host"]`` at a time per host, each
+    (one Salt job per VM, ``publish.Fleet.call`` shaped answers), ``cfg["per_host"]`` at a time per host, each
     while its tenant's ``budget`` allows. Returns ``{made, pruned, failed}`` keyed by VM."""
     made, pruned, failed = {}, {}, {}
     lock = threading.Lock()
@@ -295,7 +333,7 @@ def restore_host(
     hosts: dict[str, Data], name: str, host: str | None = None, as_name: str | None = None, ignore_down: bool = False
 ) -> tuple[str, list[str]]:
     """The hypervisor ``salt-run virt.restore`` restores VM ``name`` on, from every hypervisor's
-    ``virt.vm_state`` (``publish.gather``), and ``down``: the hypervisors that did not answer. A backup
+    ``virt.vm_state`` (``publish.Fleet.gather``), and ``down``: the hypervisors that did not answer. A backup
     directory that several hypervisors mount lets any of them restore the VM, so the fleet is asked first:
 
     * under the same name, refused while a VM of that name is defined on another hypervisor (running or

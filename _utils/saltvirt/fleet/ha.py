@@ -6,7 +6,7 @@ User guide: docs/topics/recovery.md ("Automatic HA").
 
 Lost, from what Salt authenticates only (the event bus is not: any minion can fire any tag), both at once:
 
-* no signed answer: the round's ``virt.full_info`` (:func:`saltvirt.fleet.publish.gather`) reports the hypervisor
+* no signed answer: the round's ``virt.full_info`` (:meth:`saltvirt.fleet.publish.Fleet.gather`) reports the hypervisor
   ``down`` (no answer signed with its key, nor to a job check, for ``virt:hypervisors:down_after`` seconds);
 * no connection: the master's own transport view (:func:`connected`: Salt's ``CkMinions.connected_ids``, the
   minions whose addresses hold a connection to the master's publish port) does not have it.
@@ -45,7 +45,6 @@ from saltvirt.fleet import (
     publish,
     recovery,
     recovery_guard,
-    relocate,
     resourcereg,
     runprogress,
 )
@@ -182,7 +181,7 @@ def _ts(epoch):
 
 
 def decide(hosts: dict[str, Data], linked: set[str] | None, state: dict[str, Data], now: float, cfg: Data) -> Data:
-    """One round's decisions from ``hosts`` (:func:`saltvirt.fleet.publish.gather`), ``linked``
+    """One round's decisions from ``hosts`` (:meth:`saltvirt.fleet.publish.Fleet.gather`), ``linked``
     (:func:`connected`) and the per-host ``state`` the last round left: ``{state, decisions, act}``, ``act`` the
     hosts lost for ``lost_after`` seconds and not handled yet (their decisions come from acting on them)."""
     new: dict[str, Data] = {}
@@ -240,7 +239,7 @@ def decide(hosts: dict[str, Data], linked: set[str] | None, state: dict[str, Dat
 
 
 # acting on a lost host ------------------------------------------------------------------------------------------
-def _act(remote: relocate.Remote, store: fleetstate.Store, host: str, cfg: Data, conf: Data, now: float) -> Data:
+def _act(remote: publish.Fleet, store: fleetstate.Store, host: str, cfg: Data, conf: Data, now: float) -> Data:
     """Fence ``host`` and restart its HA VMs (or only alert): ``{record, handled}``."""
     base = {"at": now, "host": host}
     try:
@@ -290,7 +289,7 @@ def run_round(
     fire: Callable[[str, Data], Any] | None = None,
 ) -> Data:
     """One HA round (see the module doc) with the master's ``opts``. ``remote``: how the hypervisors are reached
-    (None: :class:`saltvirt.fleet.relocate.Remote` over ``client``); ``now``: the round's time; ``fire(tag, data)``:
+    (None: :class:`saltvirt.fleet.publish.Fleet` over ``client``); ``now``: the round's time; ``fire(tag, data)``:
     how each decision is announced (None: the master's bus). The answer: ``enabled``, ``ran``, and ``reason``
     (did not run) or ``decisions``."""
     conf = master_virt(opts)[0]
@@ -299,7 +298,7 @@ def run_round(
         return {"enabled": False, "ran": False, "reason": DISABLED}
     store = fleetstate.Store(opts)
     if remote is None:
-        remote = relocate.Remote(opts, publish.config(master_opts(opts)), client)
+        remote = publish.Fleet(opts, publish.config(master_opts(opts)), client)
     try:
         lease = fleetstate.Lease(store, opts, "virt.ha", [ROUND_LOCK]).acquire()
     except fleetstate.HeldError as exc:

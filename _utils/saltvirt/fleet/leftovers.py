@@ -67,7 +67,7 @@ def remember(store: fleetstate.Store, host: str, name: str, jid: str | None, sta
 
 
 def proof(answers: dict[str, Data]) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """``virt.defined_uuids`` answers (:func:`saltvirt.fleet.publish.run`'s shape) -> ``({uuid: [hypervisors
+    """``virt.defined_uuids`` answers (:meth:`saltvirt.fleet.publish.Fleet.run`'s shape) -> ``({uuid: [hypervisors
     defining it]}, {hypervisor: why it proves nothing})``."""
     used: dict[str, list[str]] = {}
     silent = {}
@@ -80,15 +80,15 @@ def proof(answers: dict[str, Data]) -> tuple[dict[str, list[str]], dict[str, str
     return used, silent
 
 
-def _ask_defined(opts, cfg, client):
+def _ask_defined(fleet):
     """Every configured hypervisor's ``virt.defined_uuids``: a call's ``tgt`` narrows where a cleanup runs,
     never which hypervisors are asked (any of them may run a VM from a shared directory)."""
-    return publish.run(opts, "virt.defined_uuids", cfg=dict(cfg, tgt=None, tgt_type=None), client=client)[0]
+    return fleet.wide().run("virt.defined_uuids")[0]
 
 
-def defined_uuids(opts: SaltOpts, cfg: Data, client: Any) -> tuple[dict[str, list[str]], dict[str, str]]:
+def defined_uuids(fleet: publish.Fleet) -> tuple[dict[str, list[str]], dict[str, str]]:
     """:func:`proof` of every configured hypervisor's answer."""
-    return proof(_ask_defined(opts, cfg, client))
+    return proof(_ask_defined(fleet))
 
 
 def unproven(silent: dict[str, str], then: str) -> str:
@@ -126,7 +126,7 @@ def heal(
 ) -> Data:
     """``virt.cleanup`` of each VM (or only ``name``) on the hosts :func:`remember` noted, where they
     answer now: ``{host: {vm: virt.cleanup's answer or {error}}}``. ``call(host, fun, args, kwargs)``: one
-    publication, answered as :func:`saltvirt.fleet.publish.call` does (``{status, ret|error}``);
+    publication, answered as :meth:`saltvirt.fleet.publish.Fleet.call` does (``{status, ret|error}``);
     ``defined()``: :func:`defined_uuids`, asked once when there is something to heal: while a hypervisor
     does not answer it, nothing is cleaned. An entry goes once its cleanup finished; a host still silent
     (or still running that init: cleanup refuses) keeps it."""
@@ -150,23 +150,19 @@ def heal(
     return report
 
 
-def publish_call(opts: SaltOpts, cfg: Data, client: Any) -> Callable[..., Any]:
+def publish_call(fleet: publish.Fleet) -> Callable[..., Any]:
     """:func:`heal`'s ``call`` through Salt (the runner)."""
-    return lambda host, fun, args, kwargs=None: publish.call(opts, host, fun, args, kwargs, cfg=cfg, client=client)[0]
+    return lambda host, fun, args, kwargs=None: fleet.call(host, fun, args, kwargs)[0]
 
 
-def publish_defined(
-    opts: SaltOpts, cfg: Data, client: Any
-) -> Callable[[], tuple[dict[str, list[str]], dict[str, str]]]:
+def publish_defined(fleet: publish.Fleet) -> Callable[[], tuple[dict[str, list[str]], dict[str, str]]]:
     """:func:`heal`'s ``defined`` through Salt (the runner)."""
-    return lambda: defined_uuids(opts, cfg, client)
+    return lambda: defined_uuids(fleet)
 
 
 def cleanup_everywhere(
-    opts: SaltOpts,
+    fleet: publish.Fleet,
     name: str,
-    cfg: Data,
-    client: Any,
     store: fleetstate.Store | None = None,
     proven: tuple[dict[str, list[str]], dict[str, str]] | None = None,
 ) -> Data:
@@ -174,11 +170,11 @@ def cleanup_everywhere(
     VM is never touched) with the uuids every hypervisor defines (``proven``: :func:`defined_uuids`, asked
     here when not given): ``{host: answer}``; the abandoned-init entries of hosts that finished go. While a
     hypervisor does not answer which uuids it defines, no cleanup runs: ``{that host: {error}}``."""
-    used, silent = proven or defined_uuids(opts, cfg, client)
+    used, silent = proven or defined_uuids(fleet)
     if silent:
         why = unproven(silent, f"Run salt-run virt.cleanup {name} once every hypervisor answers")
         return {host: {"error": why} for host in silent}
-    answers, _jid = publish.run(opts, "virt.cleanup", [name], {"fleet_uuids": used}, cfg=cfg, client=client)
+    answers, _jid = fleet.run("virt.cleanup", [name], {"fleet_uuids": used})
     report = {}
     for mid, ans in answers.items():
         report[mid], finished = _cleaned(ans)
@@ -187,17 +183,15 @@ def cleanup_everywhere(
     return report
 
 
-def purge_leftovers(
-    opts: SaltOpts, name: str, cfg: Data, client: Any, store: fleetstate.Store | None = None
-) -> Data | None:
+def purge_leftovers(fleet: publish.Fleet, name: str, store: fleetstate.Store | None = None) -> Data | None:
     """None if ``name`` is defined on any hypervisor or one did not answer (the VM may be there);
     otherwise run ``virt.cleanup name`` everywhere and return ``{name, defined, cleanup}`` (each hypervisor's
     cleanup refuses while a virt.init of ``name`` runs there: its init lock)."""
-    answers = _ask_defined(opts, cfg, client)
+    answers = _ask_defined(fleet)
     used, silent = proof(answers)
     if silent or any(name in a["ret"].values() for a in answers.values() if a["status"] == "up"):
         return None
-    report = cleanup_everywhere(opts, name, cfg, client, store, proven=(used, silent))
+    report = cleanup_everywhere(fleet, name, store, proven=(used, silent))
     failed = sorted(m for m, r in report.items() if "error" in r or r.get("errors"))
     out = {"name": name, "defined": False, "cleanup": report}
     if failed:

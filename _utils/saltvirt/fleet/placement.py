@@ -1,7 +1,7 @@
 """Where a new VM goes. Pure functions: host facts + a request + a policy -> hosts ranked by score with
 the score's parts, and every host that cannot take the VM with the reasons why. No Salt, no libvirt.
 
-Host facts are each hypervisor's ``virt.capacity`` (:func:`saltvirt.fleet.publish.capacities`; the
+Host facts are each hypervisor's ``virt.capacity`` (:meth:`saltvirt.fleet.publish.Fleet.capacities`; the
 ``host`` and ``vm_info`` of ``virt.full_info`` have the same shape, so its answers work too)::
 
     {"hyper1": {"status": "up", "host": {mem_total, mem_used_by_vms, vcpus_total, vcpus_used_by_vms,

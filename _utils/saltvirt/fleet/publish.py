@@ -1,8 +1,11 @@
 """How the ``virt`` runner reaches the hypervisors (master side): which minions are hypervisors, one
 LocalClient publication to all of them with bounded waits, answers merged per minion (hosts that do
-not answer are reported ``down``, never dropped), and the fleet views built on it (:func:`gather`,
-:func:`locate`). The master's key store is :mod:`saltvirt.fleet.minionkeys`; the master side of
-``virt.init`` is :mod:`saltvirt.fleet.vmcreate`.
+not answer are reported ``down``, never dropped), and the fleet views built on it (:meth:`Fleet.gather`,
+:func:`locate`). :class:`Fleet` is the one way there for the runners, the master engines and the fleet modules:
+the master's opts, these settings and a LocalClient in one object, with ``run``/``call`` (signed answers and
+their statuses), ``ret``/``answers`` (a step's return, or :class:`Failed`), ``gather`` and ``capacities``.
+The master's key store is :mod:`saltvirt.fleet.minionkeys`; the master side of ``virt.init`` is
+:mod:`saltvirt.fleet.vmcreate`.
 
 Which minions are hypervisors: ``virt:hypervisors`` in the master config, minion ids only (see
 :mod:`saltvirt.fleet.hypervisors`; grains and answers decide nothing, nothing is learnt, nothing discovered
@@ -23,7 +26,7 @@ with ``*``). Its mapping form also carries the waits (every key optional)::
 The minions expected to answer are the accepted keys the target matches, published to as an explicit
 list, so a stopped hypervisor is listed as ``down``. A per-call ``tgt=`` narrows the choice among them
 (for ``virt.init`` and a tenant's ``virt.update`` only where the VM may go or is looked up: names and
-quotas are checked in answers of every hypervisor, :func:`fleet_wide`).
+quotas are checked in answers of every hypervisor, :meth:`Fleet.wide`).
 
 Answer statuses: ``up`` (returned), ``error`` (answered with an error: the module raised, or virt
 did not load on an expected hypervisor), ``down`` (no signed answer, and no signed answer to its job checks
@@ -93,27 +96,6 @@ def key_lists(opts: SaltOpts) -> dict[str, list[str]]:
     return salt.key.Key(opts).list_keys()
 
 
-def target(opts: SaltOpts, cfg: Data) -> list[str]:
-    """The hypervisors to publish to: the configured ones (accepted keys), narrowed by a per-call
-    ``tgt``/``tgt_type`` in ``cfg``; a sorted list of minion ids."""
-    return hypervisors.narrow(opts, cfg.get("tgt"), cfg.get("tgt_type"))
-
-
-def fleet_wide(cfg: Data) -> Data:
-    """``cfg`` without its per-call ``tgt``/``tgt_type``: every hypervisor. What a VM name must be unique
-    among and what a tenant's quota counts is the whole fleet, whatever ``tgt`` a call passes."""
-    return dict(cfg, tgt=None, tgt_type=None)
-
-
-def within_target(opts: SaltOpts, cfg: Data, hosts: dict[str, Data]) -> dict[str, Data]:
-    """The part of ``hosts`` (answers of every hypervisor, :func:`fleet_wide`) that ``cfg``'s per-call
-    ``tgt`` selects: all of them without one."""
-    if not cfg.get("tgt"):
-        return hosts
-    ids = set(target(opts, cfg))
-    return {h: a for h, a in hosts.items() if h in ids}
-
-
 # publish and gather --------------------------------------------------------------------------------
 def classify(ret: Any, retcode: Any) -> Data:
     """One minion's answer -> ``{status, ret | error, no_virt?}``."""
@@ -160,79 +142,6 @@ def _named(opts: SaltOpts, tgt: str | Sequence[str]) -> tuple[list[str], dict[st
         if m not in members
     }
     return [m for m in named if m in members], refused
-
-
-def run(
-    opts: SaltOpts,
-    fun: str,
-    arg: Sequence[Any] = (),
-    kwarg: Data | None = None,
-    tgt: str | Sequence[str] | None = None,
-    tgt_type: str | None = None,
-    cfg: Data | None = None,
-    max_wait: float | None = None,
-    client: Any = None,
-    watch: tuple[str, Callable[..., Any]] | None = None,
-    jid: str | None = None,
-    check: Callable[[], None] | None = None,
-    tenant: str | None = None,
-) -> tuple[dict[str, Data], str | None]:
-    """Publish ``fun`` once to the hypervisors and gather every answer within the configured bounds.
-
-    Returns ``{minion: {"status": up|error|down|timeout, "ret"|"error": ...}}`` for every minion
-    expected (the target's accepted keys). Only answers the hypervisor signed for this request count
-    (:mod:`saltvirt.fleet.replies`); a slow hypervisor is waited for while it says it still runs the job.
-    ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
-    ``jid``: publish under this job id (made beforehand with :func:`new_jid`: what a sealed secret is bound to).
-    ``check()``: called while waiting (cheap, no I/O); what it raises stops the wait and is raised (a lock
-    the caller no longer holds: :meth:`saltvirt.fleet.fleetstate.Lease.check`).
-    ``tenant``: the call acts for this tenant on the VM named by ``arg[0]``: the hypervisor itself refuses it
-    unless that VM's recorded owner is this tenant (``virt.answer``).
-    """
-    cfg = cfg or config(opts)
-    refused: dict[str, Data] = {}
-    if tgt is None:
-        ids = target(opts, cfg)
-    else:
-        ids, refused = _named(opts, tgt)
-        if refused and not ids:
-            return refused, None
-    if not ids:
-        return {}, None
-    expected = set(ids)
-    max_wait = float(max_wait or cfg["max_wait"])
-    client = client or salt.client.get_local_client(opts["conf_file"])
-    nonce = answers.new_nonce()
-    request = {"fun": fun, "nonce": nonce, "args": list(arg), "kwargs": dict(kwarg or {})}
-    if tenant is not None:
-        request["tenant"] = tenant
-    with _watching(client, watch):
-        with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
-            more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
-            pub = client.run_job(
-                sorted(ids), "virt.answer", [], "list", timeout=cfg["timeout"], kwarg=request, listen=True, **more
-            )
-        if noise.getvalue().strip():
-            log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
-        if not pub:
-            out = {m: {"status": "down", "error": "the master could not publish to it"} for m in expected}
-            return {**out, **refused}, None
-        waiting = replies.Replies(opts, client, cfg, pub["jid"], fun, nonce, expected, classify)
-        try:
-            _wait(waiting, client, watch, expected, check, max_wait)
-        finally:
-            _relay(client, watch, expected)
-            waiting.clean_up()
-    out = {**waiting.answers, **waiting.down}
-    for mid in waiting.missing:
-        if time.monotonic() - waiting.started >= max_wait:
-            out[mid] = {
-                "status": "timeout",
-                "error": f"no answer within max_wait={max_wait:g} s (it may still be running)",
-            }
-        else:
-            out[mid] = waiting.down_answer(mid)
-    return {mid: out[mid] for mid in sorted(out)}, pub["jid"]
 
 
 # the longest one read of the bus blocks before the wait looks at the clock. It polled before: a look every
@@ -289,11 +198,6 @@ def _read_now(client, handle, tag="", **match):
         handle(event)
 
 
-def new_jid(opts: SaltOpts) -> str:
-    """A fresh Salt job id, to seal a secret for the job before publishing it (``run(..., jid=)``)."""
-    return salt.utils.jid.gen_jid(opts)
-
-
 @contextlib.contextmanager
 def _watching(client: Any, watch: tuple[str, Callable[..., Any]] | None) -> Iterator[None]:
     """``watch``'s events subscribed for the block (from before the publication: none is missed), and
@@ -309,37 +213,184 @@ def _watching(client: Any, watch: tuple[str, Callable[..., Any]] | None) -> Iter
             client.event.unsubscribe(watch[0], match_type="startswith")
 
 
-def call(
-    opts: SaltOpts,
-    minion: str,
-    fun: str,
-    arg: Sequence[Any] = (),
-    kwarg: Data | None = None,
-    cfg: Data | None = None,
-    max_wait: float | None = None,
-    client: Any = None,
-    watch: tuple[str, Callable[..., Any]] | None = None,
-    jid: str | None = None,
-    check: Callable[[], None] | None = None,
-    tenant: str | None = None,
-) -> tuple[Data, str | None]:
-    """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :func:`run`."""
-    answers, jid = run(
-        opts,
-        fun,
-        arg,
-        kwarg,
-        tgt=[minion],
-        tgt_type="list",
-        cfg=cfg,
-        max_wait=max_wait,
-        client=client,
-        watch=watch,
-        jid=jid,
-        check=check,
-        tenant=tenant,
-    )
-    return answers.get(minion) or {"status": "down", "error": "did not answer"}, jid
+class Fleet:
+    """The master's one way to the hypervisors: ``opts``, the settings ``cfg`` (:func:`config`, read from the
+    master config on first use when None) and the LocalClient ``client`` (None: one per publication), with
+    what the runner, the engines and the fleet modules ask of them. Every answer it returns is one the
+    hypervisor signed for the request (:mod:`saltvirt.fleet.replies`); the bus only relays progress (``watch``).
+    """
+
+    def __init__(self, opts: SaltOpts, cfg: Data | None = None, client: Any = None) -> None:
+        self.opts, self._cfg, self.client = opts, cfg, client
+
+    @property
+    def cfg(self) -> Data:
+        if self._cfg is None:
+            self._cfg = config(self.opts)
+        return self._cfg
+
+    def with_cfg(self, cfg: Data) -> "Fleet":
+        """The same transport (opts, client) with other settings."""
+        return Fleet(self.opts, cfg, self.client)
+
+    def wide(self) -> "Fleet":
+        """This transport without its per-call ``tgt``/``tgt_type``: every hypervisor. What a VM name must be
+        unique among and what a tenant's quota counts is the whole fleet, whatever ``tgt`` a call passes."""
+        return self.with_cfg(dict(self.cfg, tgt=None, tgt_type=None))
+
+    def target(self) -> list[str]:
+        """The hypervisors to publish to: the configured ones (accepted keys), narrowed by a per-call
+        ``tgt``/``tgt_type`` in ``cfg``; a sorted list of minion ids."""
+        return hypervisors.narrow(self.opts, self.cfg.get("tgt"), self.cfg.get("tgt_type"))
+
+    def within_target(self, hosts: dict[str, Data]) -> dict[str, Data]:
+        """The part of ``hosts`` (answers of every hypervisor, :meth:`wide`) that ``cfg``'s per-call ``tgt``
+        selects: all of them without one."""
+        if not self.cfg.get("tgt"):
+            return hosts
+        ids = set(self.target())
+        return {h: a for h, a in hosts.items() if h in ids}
+
+    def new_jid(self) -> str:
+        """A fresh Salt job id, to seal a secret for the job before publishing it (``run(..., jid=)``)."""
+        return salt.utils.jid.gen_jid(self.opts)
+
+    def run(
+        self,
+        fun: str,
+        arg: Sequence[Any] = (),
+        kwarg: Data | None = None,
+        *,
+        tgt: str | Sequence[str] | None = None,
+        max_wait: float | None = None,
+        watch: tuple[str, Callable[..., Any]] | None = None,
+        jid: str | None = None,
+        check: Callable[[], None] | None = None,
+        tenant: str | None = None,
+    ) -> tuple[dict[str, Data], str | None]:
+        """Publish ``fun`` once to the hypervisors (``tgt``: these named ones) and gather every answer within the
+        configured bounds.
+
+        Returns ``({minion: {"status": up|error|down|timeout, "ret"|"error": ...}}, jid)`` for every minion
+        expected (the target's accepted keys). Only answers the hypervisor signed for this request count
+        (:mod:`saltvirt.fleet.replies`); a slow hypervisor is waited for while it says it still runs the job.
+        ``watch=(tag_prefix, callback)`` relays matching master events (e.g. virt.init progress) while waiting.
+        ``jid``: publish under this job id (made beforehand with :meth:`new_jid`: what a sealed secret is bound
+        to). ``check()``: called while waiting (cheap, no I/O); what it raises stops the wait and is raised (a
+        lock the caller no longer holds: :meth:`saltvirt.fleet.fleetstate.Lease.check`).
+        ``tenant``: the call acts for this tenant on the VM named by ``arg[0]``: the hypervisor itself refuses it
+        unless that VM's recorded owner is this tenant (``virt.answer``).
+        """
+        opts, cfg = self.opts, self.cfg
+        refused: dict[str, Data] = {}
+        if tgt is None:
+            ids = self.target()
+        else:
+            ids, refused = _named(opts, tgt)
+            if refused and not ids:
+                return refused, None
+        if not ids:
+            return {}, None
+        expected = set(ids)
+        max_wait = float(max_wait or cfg["max_wait"])
+        client = self.client or salt.client.get_local_client(opts["conf_file"])
+        nonce = answers.new_nonce()
+        request = {"fun": fun, "nonce": nonce, "args": list(arg), "kwargs": dict(kwarg or {})}
+        if tenant is not None:
+            request["tenant"] = tenant
+        with _watching(client, watch):
+            with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
+                more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
+                pub = client.run_job(
+                    sorted(ids), "virt.answer", [], "list", timeout=cfg["timeout"], kwarg=request, listen=True, **more
+                )
+            if noise.getvalue().strip():
+                log.debug("virt runner: LocalClient said: %s", noise.getvalue().strip())
+            if not pub:
+                out = {m: {"status": "down", "error": "the master could not publish to it"} for m in expected}
+                return {**out, **refused}, None
+            waiting = replies.Replies(opts, client, cfg, pub["jid"], fun, nonce, expected, classify)
+            try:
+                _wait(waiting, client, watch, expected, check, max_wait)
+            finally:
+                _relay(client, watch, expected)
+                waiting.clean_up()
+        out = {**waiting.answers, **waiting.down}
+        for mid in waiting.missing:
+            if time.monotonic() - waiting.started >= max_wait:
+                out[mid] = {
+                    "status": "timeout",
+                    "error": f"no answer within max_wait={max_wait:g} s (it may still be running)",
+                }
+            else:
+                out[mid] = waiting.down_answer(mid)
+        return {mid: out[mid] for mid in sorted(out)}, pub["jid"]
+
+    def call(
+        self,
+        minion: str,
+        fun: str,
+        arg: Sequence[Any] = (),
+        kwarg: Data | None = None,
+        *,
+        max_wait: float | None = None,
+        watch: tuple[str, Callable[..., Any]] | None = None,
+        jid: str | None = None,
+        check: Callable[[], None] | None = None,
+        tenant: str | None = None,
+    ) -> tuple[Data, str | None]:
+        """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :meth:`run`."""
+        got, jid = self.run(
+            fun, arg, kwarg, tgt=[minion], max_wait=max_wait, watch=watch, jid=jid, check=check, tenant=tenant
+        )
+        return got.get(minion) or {"status": "down", "error": "did not answer"}, jid
+
+    def ret(self, minion: str, fun: str, *args: Any, max_wait: float | None = None, **kwargs: Any) -> Any:
+        """What ``fun(*args, **kwargs)`` returned on ``minion``, or :class:`Failed` with ``status`` (error, down,
+        timeout): for the steps of a migration, a recovery or a roll, where any other answer stops the work."""
+        ans, jid = self.call(minion, fun, list(args), kwargs or None, max_wait=max_wait)
+        if ans["status"] != "up":
+            error = ans.get("error") or ans["status"]
+            raise Failed(f"{fun} on {minion}: {error}", host=minion, status=ans["status"], jid=jid)
+        return ans["ret"]
+
+    def answers(self, fun: str, *args: Any, tgt: str | list[str] | None = None) -> dict[str, Data]:
+        """Every hypervisor's (or those in ``tgt``) answer to ``fun(*args)``: ``{minion: {status, ret|error}}``
+        (:meth:`run`, one publication)."""
+        return self.run(fun, list(args), tgt=tgt)[0]
+
+    def gather(self, fun: str = "virt.full_info", check: Callable[[], None] | None = None) -> dict[str, Data]:
+        """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` and ``capacity`` ->
+        ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``).
+        ``check``: as in :meth:`run`."""
+        got, _jid = self.run(fun, check=check)
+        out = {}
+        for mid, ans in got.items():
+            if ans["status"] != "up":
+                out[mid] = {k: v for k, v in ans.items() if k in ("status", "error", "no_virt")}
+            elif fun in ("virt.full_info", "virt.capacity") and isinstance(ans["ret"], dict):
+                ret = ans["ret"]
+                out[mid] = {"status": "up", "host": ret.get("host", {}), "vm_info": ret.get("vm_info", {})}
+            elif fun == "virt.vm_state":
+                out[mid] = {"status": "up", "vms": ans["ret"]}
+            else:
+                out[mid] = {"status": "up", "host": ans["ret"]}
+        if fun in ("virt.full_info", "virt.capacity", "virt.host_info") and metrics.ensure(self.opts):
+            measure(out)
+        return out
+
+    def capacities(self, check: Callable[[], None] | None = None) -> dict[str, Data]:
+        """Every hypervisor's capacity for placement (``virt.capacity``: node totals, usage, the group
+        index; not every VM's facts). A hypervisor with an older salt-virt that has no ``virt.capacity``
+        is asked ``virt.full_info`` instead, so placement still sees it."""
+        hosts = self.gather("virt.capacity", check)
+        old = sorted(h for h, a in hosts.items() if a.get("no_virt") and "virt.capacity" in str(a.get("error")))
+        if old:
+            log.info("virt runner: %s have no virt.capacity (older salt-virt): asking virt.full_info", ", ".join(old))
+            hosts.update(self.with_cfg(dict(self.cfg, tgt=old, tgt_type="list")).gather("virt.full_info", check))
+        for answer in hosts.values():
+            answer.pop("no_virt", None)
+        return hosts
 
 
 # fleet views ---------------------------------------------------------------------------------------
@@ -357,34 +408,8 @@ def failure(exc: Exception, **extra: Any) -> Data:
     return {"error": getattr(exc, "error", None) or str(exc), **getattr(exc, "details", {}), **extra, "retcode": 1}
 
 
-def gather(
-    opts: SaltOpts,
-    fun: str = "virt.full_info",
-    cfg: Data | None = None,
-    client: Any = None,
-    check: Callable[[], None] | None = None,
-) -> dict[str, Data]:
-    """Every hypervisor's answer to ``fun`` in the runner's shape (``full_info`` and ``capacity`` ->
-    ``{status, host, vm_info}``, ``host_info`` -> ``{status, host}``, ``vm_state`` -> ``{status, vms}``).
-    ``check``: as in :func:`run`."""
-    answers, _jid = run(opts, fun, cfg=cfg, client=client, check=check)
-    out = {}
-    for mid, ans in answers.items():
-        if ans["status"] != "up":
-            out[mid] = {k: v for k, v in ans.items() if k in ("status", "error", "no_virt")}
-        elif fun in ("virt.full_info", "virt.capacity") and isinstance(ans["ret"], dict):
-            out[mid] = {"status": "up", "host": ans["ret"].get("host", {}), "vm_info": ans["ret"].get("vm_info", {})}
-        elif fun == "virt.vm_state":
-            out[mid] = {"status": "up", "vms": ans["ret"]}
-        else:
-            out[mid] = {"status": "up", "host": ans["ret"]}
-    if fun in ("virt.full_info", "virt.capacity", "virt.host_info") and metrics.ensure(opts):
-        measure(out)
-    return out
-
-
 def measure(hosts: dict[str, Data]) -> None:
-    """The capacity gauges of the hypervisors in ``hosts`` (:func:`gather`'s answers; minion ids as labels: the
+    """The capacity gauges of the hypervisors in ``hosts`` (:meth:`Fleet.gather`'s answers; minion ids as labels: the
     operator's machines). Memory in bytes; "used": what running VMs hold, as placement counts it."""
     for host, ans in hosts.items():
         metrics.set_gauge("saltvirt.host.up", int(ans["status"] == "up"), host=host)
@@ -404,29 +429,12 @@ def measure(hosts: dict[str, Data]) -> None:
     metrics.flush()
 
 
-def capacities(
-    opts: SaltOpts, cfg: Data | None = None, client: Any = None, check: Callable[[], None] | None = None
-) -> dict[str, Data]:
-    """Every hypervisor's capacity for placement (``virt.capacity``: node totals, usage, the group
-    index; not every VM's facts). A hypervisor with an older salt-virt that has no ``virt.capacity``
-    is asked ``virt.full_info`` instead, so placement still sees it."""
-    cfg = cfg or config(opts)
-    hosts = gather(opts, "virt.capacity", cfg, client, check)
-    old = sorted(h for h, a in hosts.items() if a.get("no_virt") and "virt.capacity" in str(a.get("error")))
-    if old:
-        log.info("virt runner: %s have no virt.capacity (older salt-virt): asking virt.full_info", ", ".join(old))
-        hosts.update(gather(opts, "virt.full_info", dict(cfg, tgt=old, tgt_type="list"), client, check))
-    for answer in hosts.values():
-        answer.pop("no_virt", None)
-    return hosts
-
-
 def down_hosts(hosts: dict[str, Data]) -> list[str]:
     return sorted(h for h, a in hosts.items() if a["status"] != "up")
 
 
 def locate(hosts: dict[str, Data], name: str, host: str | None = None) -> str:
-    """The one hypervisor where VM ``name`` is defined (``hosts`` from :func:`gather`)."""
+    """The one hypervisor where VM ``name`` is defined (``hosts`` from :meth:`Fleet.gather`)."""
 
     def has(ans):
         vms = ans.get("vms") if "vms" in ans else ans.get("vm_info")

@@ -29,7 +29,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.fleet import placement, relocate
+from saltvirt.fleet import placement, publish, relocate
 
 METRICS = {"mem": 0.10, "vms": 2}
 RUNNING = ("running", "blocked")
@@ -197,7 +197,7 @@ def plan(
 
 
 def apply(
-    remote: relocate.Remote,
+    remote: publish.Fleet,
     proposal: Data,
     checks: Callable[[Data], Data | None] | None = None,
     **migrate_kwargs: Any,

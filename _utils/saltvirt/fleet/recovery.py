@@ -44,7 +44,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import metrics, validate
 from saltvirt.base.config import section
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, placement, publish, recovery_guard, relocate
+from saltvirt.fleet import fleetstate, placement, publish, recovery_guard
 from saltvirt.pki import signedrecords
 
 HOSTS = "salt-virt/hosts"
@@ -82,11 +82,11 @@ def recovery_config(conf: Data) -> Data:
 
 
 # the record -------------------------------------------------------------------------------------
-def refresh(remote: relocate.Remote, store: fleetstate.Store | None = None) -> Data:
+def refresh(remote: publish.Fleet, store: fleetstate.Store | None = None) -> Data:
     """Gather ``virt.recovery_record`` from every hypervisor and store the answers; hosts that did
     not answer keep their last record. Returns ``{host: {status, vms, recorded}}`` (a summary)."""
     store = store or fleetstate.Store(remote.opts)
-    answers = remote.run("virt.recovery_record")
+    answers = remote.answers("virt.recovery_record")
     now = time.time()
     out = {}
     for host, ans in answers.items():
@@ -140,7 +140,7 @@ def probe_uri(template: str | None, host: str) -> str | None:
     return template.replace("{host}", host) if template else None
 
 
-def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg: Data) -> Data:
+def verify_down(remote: publish.Fleet, host: str, hosts: dict[str, Data], rcfg: Data) -> Data:
     """``{minion, libvirt: [probe answers]}`` when HOST is down both ways; raises :class:`fleet.Failed`
     (with what was seen) when its minion or its libvirtd answers, or nobody could check libvirtd."""
     status = hosts[host]["status"]
@@ -156,7 +156,7 @@ def verify_down(remote: relocate.Remote, host: str, hosts: dict[str, Data], rcfg
     probes: list[Data] = []
     for peer in peers:
         try:
-            ans = remote.call(
+            ans = remote.ret(
                 peer, "virt.recovery_probe", host, uri=uri, wait=rcfg["probe_wait"], max_wait=rcfg["probe_wait"] + 30
             )
         except CommandExecutionError as exc:
@@ -247,13 +247,13 @@ def plan(rec: Data, hosts: dict[str, Data], host: str, checks: dict[str, Any] | 
     return {"restart": restart, "candidates": candidates, "elsewhere": elsewhere, "not_recoverable": refused}
 
 
-def check_peers(remote: relocate.Remote, rec: Data, host: str, hosts: dict[str, Data]) -> dict[str, Any]:
+def check_peers(remote: publish.Fleet, rec: Data, host: str, hosts: dict[str, Data]) -> dict[str, Any]:
     """Every other answering hypervisor's ``virt.recovery_check`` of the recorded VMs (one publication)."""
     peers = [h for h in sorted(hosts) if h != host and hosts[h]["status"] == "up"]
     vms = {n: vm["xml"] for n, vm in (rec.get("vms") or {}).items() if vm.get("xml")}
     if not peers or not vms:
         return {}
-    answers = remote.run("virt.recovery_check", vms, rec.get("storage") or {}, tgt=peers)
+    answers = remote.answers("virt.recovery_check", vms, rec.get("storage") or {}, tgt=peers)
     return {p: a["ret"] if a["status"] == "up" else f"{a['status']}: {a.get('error')}" for p, a in answers.items()}
 
 
@@ -294,7 +294,7 @@ def _book(facts, vm, name):
 
 
 def restart_one(
-    remote: relocate.Remote,
+    remote: publish.Fleet,
     rec: Data,
     name: str,
     hosts: dict[str, Data],
@@ -342,7 +342,7 @@ def restart_one(
                 fleetstate.finish(store, lease, "failed")
                 raise
             try:
-                done = remote.call(
+                done = remote.ret(
                     target, "virt.recovery_restart", name, vm["xml"], rec.get("storage") or {}, start=_start(vm)
                 )
             except CommandExecutionError as exc:
@@ -373,7 +373,7 @@ def _start(vm):
 
 
 def recover(
-    remote: relocate.Remote,
+    remote: publish.Fleet,
     host: str,
     conf: Data,
     pol: Data | None = None,
@@ -490,7 +490,7 @@ def _remember_recovered(store, host, rec, recovered):
     store.transact(RECOVERED, host, lambda old: dict(old or {}, **done))
 
 
-def reconcile(remote: relocate.Remote, host: str, store: fleetstate.Store | None = None) -> Data:
+def reconcile(remote: publish.Fleet, host: str, store: fleetstate.Store | None = None) -> Data:
     """``salt-run virt.reconcile HOST``: HOST is back; undefine there (disks kept) the VMs that
     :func:`recover` restarted elsewhere, once each is verified defined on another hypervisor (same
     UUID) and stopped on HOST. A copy running on HOST is never touched: reported under ``conflicts``."""
@@ -513,7 +513,7 @@ def reconcile(remote: relocate.Remote, host: str, store: fleetstate.Store | None
     disarmed = {}
     if stale:  # first of all: none of them may start here again by itself (a reboot, a libvirtd restart)
         try:
-            disarmed = remote.call(host, "virt.recovery_disarm", stale)
+            disarmed = remote.ret(host, "virt.recovery_disarm", stale)
         except CommandExecutionError as exc:
             raise publish.Failed(
                 f"{host}: could not turn autostart off for {', '.join(stale)} ({exc}); nothing was undefined. "
@@ -534,7 +534,7 @@ def reconcile(remote: relocate.Remote, host: str, store: fleetstate.Store | None
             kept[name] = f"no other hypervisor that answered has it: {host}'s definition is the only one, kept"
             continue
         try:
-            remote.call(host, "virt.undefine", name)
+            remote.ret(host, "virt.undefine", name)
         except CommandExecutionError as exc:
             kept[name] = f"undefine failed: {exc}"
             continue

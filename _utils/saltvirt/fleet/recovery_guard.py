@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, publish, relocate
+from saltvirt.fleet import fleetstate, publish
 
 VMS = "salt-virt/recovery-vms"
 UNSURE = ("down", "timeout")  # a restart call with no answer: it may have started the VM
@@ -28,11 +28,11 @@ def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
 
 
-def last_look(remote: relocate.Remote, name: str, uuid: str | None, host: str, force: bool = False) -> Data:
+def last_look(remote: publish.Fleet, name: str, uuid: str | None, host: str, force: bool = False) -> Data:
     """Ask every hypervisor where ``name``/``uuid`` is defined; raises :class:`fleet.Failed` when a copy
     exists anywhere, or (without ``force``) when a hypervisor other than ``host`` did not answer.
     Returns ``{hypervisor: status}``."""
-    answers = remote.run("virt.recovery_where", name, uuid)
+    answers = remote.answers("virt.recovery_where", name, uuid)
     seen, silent = {}, {}
     for peer, ans in sorted(answers.items()):
         if ans["status"] != "up":

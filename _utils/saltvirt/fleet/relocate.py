@@ -38,34 +38,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 3600  # seconds one libvirt migration may take (master config virt:migration_timeout)
 
 
-class Remote:
-    """How this module reaches the hypervisors: :mod:`saltvirt.fleet.publish` (LocalClient) from the runner."""
-
-    def __init__(self, opts, cfg, client):
-        self.opts, self.cfg, self.client = opts, cfg, client
-
-    def gather(self, fun: str) -> dict[str, Data]:
-        return publish.gather(self.opts, fun, self.cfg, self.client)
-
-    def capacities(self) -> dict[str, Data]:
-        """Every hypervisor's ``virt.capacity`` (what placement reads, :func:`fleet.capacities`)."""
-        return publish.capacities(self.opts, self.cfg, self.client)
-
-    def run(self, fun: str, *args: Any, tgt: str | list[str] | None = None) -> dict[str, Data]:
-        """Every hypervisor's (or those in ``tgt``) answer to ``fun(*args)``: ``{minion: {status,
-        ret|error}}`` (:func:`fleet.run`, one publication)."""
-        answers, _jid = publish.run(self.opts, fun, list(args), tgt=tgt, cfg=self.cfg, client=self.client)
-        return answers
-
-    def call(self, minion: str, fun: str, *args: Any, max_wait: float | None = None, **kwargs: Any) -> Any:
-        """The function's return, or :class:`fleet.Failed` with ``status`` (error, down, timeout)."""
-        ans, jid = publish.call(self.opts, minion, fun, list(args), kwargs or None, self.cfg, max_wait, self.client)
-        if ans["status"] != "up":
-            error = ans.get("error") or ans["status"]
-            raise publish.Failed(f"{fun} on {minion}: {error}", host=minion, status=ans["status"], jid=jid)
-        return ans["ret"]
-
-
 def settings(conf: Data, tunnel: Any = None) -> tuple[bool, float]:
     """``(tunnel, timeout)`` of a migration from the master's ``virt`` config: ``tunnel`` (a call's own, else
     ``virt:tunnel``, default off) and ``virt:migration_timeout`` (seconds, default :data:`DEFAULT_TIMEOUT`)."""
@@ -76,20 +48,20 @@ def settings(conf: Data, tunnel: Any = None) -> tuple[bool, float]:
 def _quiet(remote, minion, fun, *args):
     """Best-effort call (cleanup): its answer, or the reason it failed."""
     try:
-        return remote.call(minion, fun, *args)
+        return remote.ret(minion, fun, *args)
     except CommandExecutionError as exc:
         return {"error": str(exc)}
 
 
 def _still_on_source(remote, source, name):
     try:
-        return remote.call(source, "virt.vm_state", name).get(name)
+        return remote.ret(source, "virt.vm_state", name).get(name)
     except CommandExecutionError as exc:
         return f"unknown ({exc})"
 
 
 def migrate(
-    remote: Remote,
+    remote: publish.Fleet,
     name: str,
     target: str,
     source: str | None = None,
@@ -150,7 +122,7 @@ def placement_checks(
 
 
 def tenant_checks(
-    remote: Remote,
+    remote: publish.Fleet,
     caller: tenants.Caller,
     conf: Data,
     name: str,
@@ -167,6 +139,56 @@ def tenant_checks(
     if not tenants.host_allowed(tconf, target):
         tenants.refuse("hypervisor", target, str(caller.tenant), tconf["hypervisors"])
     return host, placement_checks(policy, {"name": caller.tenant, "groups": tconf["groups"]}, fleet_vms, since)
+
+
+def refuse_migrate_args(
+    caller: tenants.Caller,
+    name: str | None,
+    host: str | None,
+    target: str | None,
+    select: Any,
+    forced: bool,
+    test: Any,
+) -> None:
+    """What ``salt-run virt.migrate`` refuses before anything is asked (``forced``: ``ignore_placement=True``; the
+    VM's name is checked before the caller is known)."""
+    if forced:
+        tenants.operator_only(caller, "virt.migrate ignore_placement=True")
+    if not target:
+        raise SaltInvocationError(
+            "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement choose)"
+        )
+    if select is None and validate.to_bool(test):  # never ignored: a named call has no dry run
+        raise SaltInvocationError("virt.migrate: test=True lists what select= picks; a call naming a VM has no dry run")
+    if select is not None and (name is not None or host is not None):
+        raise SaltInvocationError("virt.migrate: select= picks the VMs: drop the VM name and host=")
+
+
+def move_one(
+    remote: publish.Fleet,
+    caller: tenants.Caller,
+    name: str,
+    target: str,
+    host: str | None,
+    policy: Data,
+    forced: bool,
+    tunnel: bool,
+    timeout: float,
+    how: Data,
+) -> Data:
+    """One VM's move as ``salt-run virt.migrate`` makes it: a tenant's own VM to one of its hypervisors, the
+    placement checks unless ``forced`` (then said in ``warnings``). ``how``: :func:`migrate`'s ``live``,
+    ``copy_storage``, ``max_downtime``, ``max_bandwidth`` and ``transport``."""
+    checks = None if forced else placement_checks(policy)
+    if not caller.operator:  # its own VM, to one of its hypervisors
+        host, checks = tenant_checks(remote, caller, tenants.config(remote.opts), name, target, host, policy)
+    ret = migrate(remote, name, target, source=host, tunnel=tunnel, timeout=timeout, checks=checks, **how)
+    if forced:
+        ret.setdefault("warnings", []).append(
+            f"ignore_placement=True: {name} was moved to {target} without placement's checks (room, maintenance, "
+            "anti-affinity)"
+        )
+    return ret
 
 
 def _place(lease, name, source, target, hosts, since, checks):
@@ -256,7 +278,7 @@ def _migrate(
     _still_ours(remote, lease, name, source, target, prep)
     moved = _move(remote, name, source, target, info, prep, kwargs, timeout)
     try:
-        done = remote.call(target, "virt.migrate_finish", name)
+        done = remote.ret(target, "virt.migrate_finish", name)
     except CommandExecutionError as exc:  # migrated (the source's libvirt said so): only the report is missing
         done = {"host": None, "state": "unknown", "persistent": None, "disks": None}
         moved = dict(moved, warnings=[*(moved.get("warnings") or []), _unconfirmed(name, target, exc)])
@@ -307,10 +329,10 @@ def _source_and_target(hosts, name, source, target):
 def _prepare(remote, name, source, target, copy_storage):
     """The source's facts and the target's preparation (disks shared, copied or refused); the source's
     shared-storage probe files are removed whatever happens."""
-    info = remote.call(source, "virt.migrate_source_info", name)
+    info = remote.ret(source, "virt.migrate_source_info", name)
     probes = [p["path"] for p in (info.get("probes") or {}).values()]
     try:
-        prep = remote.call(target, "virt.migrate_prepare", name, info, copy_storage=copy_storage)
+        prep = remote.ret(target, "virt.migrate_prepare", name, info, copy_storage=copy_storage)
     except CommandExecutionError as exc:
         raise publish.Failed(
             f"preparing {target} for VM {name!r} failed: {exc}. Nothing was migrated, the VM stays on {source}",
@@ -335,7 +357,7 @@ def _move(remote, name, source, target, info, prep, kwargs, timeout):
                 retry=False,
             )
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return remote.call(source, "virt.migrate", name, prep["address"], max_wait=timeout, report=True, **kwargs)
+        return remote.ret(source, "virt.migrate", name, prep["address"], max_wait=timeout, report=True, **kwargs)
     except CommandExecutionError as exc:
         status = getattr(exc, "details", {}).get("status")
         if status == "timeout":  # it may still be migrating: removing its target disks now would break it
@@ -403,7 +425,7 @@ def _book(facts, vm, name):
 
 
 def evacuate(
-    remote: Remote,
+    remote: publish.Fleet,
     host: str,
     policy: Data | None = None,
     live: bool = True,
@@ -426,7 +448,7 @@ def evacuate(
 
 
 def move_off(
-    remote: Remote,
+    remote: publish.Fleet,
     facts: dict[str, Data],
     picks: list[tuple[str, str]],
     policy: Data | None = None,

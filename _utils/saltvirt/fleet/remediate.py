@@ -21,7 +21,7 @@ docs/topics/remediation.md.
 Trust: Salt's event bus is not authenticated (any minion can send any tag and data in any hypervisor's name), so an
 event is only a hint naming a host and a VM. Nothing is decided from its data: the host must be one of
 ``virt:hypervisors``; the VM's condition (state, libvirt's reason for it, the guest agent's channel, disk errors) is
-asked of that host in a job only it answers, signed with its key (``virt.vm_condition``, :class:`Fleet`); a UUID in
+asked of that host in a job only it answers, signed with its key (``virt.vm_condition``, :func:`ask`); a UUID in
 the hint must be the VM's there; the action is taken only when that answer calls for it. A beacon's numbers are
 never read: the balancing round decides from the hypervisors' signed facts. A hint refused (forged, not a
 hypervisor, a VM not there) changes nothing and is not logged in the shared log (a tenant could otherwise push the
@@ -98,28 +98,16 @@ def _kind_config(kind: str, raw: Any) -> Data:
 
 
 # how the hypervisors are asked --------------------------------------------------------------------------------
-class Fleet:
-    """How remediation reaches the hypervisors: one job per question that only the named host answers, and only
-    its signed answer counts (:func:`saltvirt.fleet.publish.call`); moves go through
-    :class:`saltvirt.fleet.relocate.Remote` over the same settings and client."""
-
-    def __init__(self, opts: SaltOpts, client: Any = None, cfg: Data | None = None) -> None:
-        self.opts, self.client = opts, client
-        self.cfg = cfg or publish.config(master_opts(opts))
-
-    def ask(self, host: str, fun: str, *args: Any) -> Data:
-        """``host``'s signed answer to ``fun(*args)``: ``{status: up|error|down|timeout, ret|error}``."""
-        answer, _jid = publish.call(self.opts, host, fun, list(args), cfg=self.cfg, client=self.client)
-        return answer
-
-    def remote(self) -> relocate.Remote:
-        return relocate.Remote(self.opts, self.cfg, self.client)
+def ask(fleet: publish.Fleet, host: str, fun: str, *args: Any) -> Data:
+    """``host``'s answer to ``fun(*args)`` in a job only it answers, believed only signed with its key:
+    ``{status: up|error|down|timeout, ret|error}``."""
+    return fleet.call(host, fun, list(args))[0]
 
 
-def confirm(fleet: Fleet, host: str, name: str, uuid: str | None = None) -> Data:
+def confirm(fleet: publish.Fleet, host: str, name: str, uuid: str | None = None) -> Data:
     """VM ``name``'s condition on ``host`` from its signed ``virt.vm_condition``; :class:`Refused` when the host does
     not answer so, has no such VM, or has it under another UUID than the hint's ``uuid``."""
-    answer = fleet.ask(host, "virt.vm_condition", name)
+    answer = ask(fleet, host, "virt.vm_condition", name)
     cond = answer.get("ret")
     if answer.get("status") != "up" or not isinstance(cond, dict):
         why = answer.get("error") or answer.get("status")
@@ -179,7 +167,7 @@ def remediate(
         why = f"remediation of {kind} is off: set virt:remediate:{kind}:enabled: True in the master config"
         return {"kind": kind, "host": host, "name": name, "acted": False, "decision": OFF, "reason": why}
     announce = fire or (lambda tag, data: runprogress.fire(opts, tag, data, logging.WARNING))
-    run = Run(opts, kind, kcfg, Fleet(opts, client), now, announce, sleep)
+    run = Run(opts, kind, kcfg, publish.Fleet(opts, publish.config(master_opts(opts)), client), now, announce, sleep)
     if kind == "agent" and host is None and name is None:
         return sweep_agents(run)
     if not host:
@@ -234,7 +222,7 @@ def restart(run: Run, host: str, name: str, uuid: str | None) -> Data:
     if not crashed(cond):
         why = f"{name} is {cond.get('state')} ({cond.get('reason')}) on {host} after the backoff: not restarted"
         return _quiet(run, host, name, why)
-    answer = run.fleet.ask(host, "virt.start", name)
+    answer = ask(run.fleet, host, "virt.start", name)
     restarts.append(run.now())
     run.store.transact(BANK + "/" + CRASHES, vid, lambda old: dict(old or {}, restarts=restarts, name=name, host=host))
     nth = f"restart {len(restarts)} of {cfg['max_restarts']} in {cfg['window']:g} s"
@@ -256,7 +244,7 @@ def move_or_give_up(run: Run, host: str, name: str, vid: str, entry: Data, count
         why = f"{spent}, and it was moved within {cfg['window']:g} s already: left stopped; look at it"
         return run.done(GAVE_UP, host, name, why, uuid=vid)
     conf = master_virt(run.opts)[0]
-    remote = run.fleet.remote()
+    remote = run.fleet
     tunnel, timeout = relocate.settings(conf)
     pol = placement.make_policy(conf.get("placement"))
     out = relocate.move_off(remote, remote.gather("virt.full_info"), [(host, name)], pol, live=False, tunnel=tunnel,
@@ -270,7 +258,7 @@ def move_or_give_up(run: Run, host: str, name: str, vid: str, entry: Data, count
     run.store.transact(
         BANK + "/" + CRASHES, vid, lambda _old: {"name": name, "host": target, "restarts": [], "moved": moves}
     )
-    answer = run.fleet.ask(target, "virt.start", name)
+    answer = ask(run.fleet, target, "virt.start", name)
     started = "started there" if answer.get("status") == "up" else f"starting it there failed: {answer.get('error')}"
     why = f"{spent}: moved to {target} (placement's choice), {started}"
     return run.done(MOVED if answer.get("status") == "up" else MOVE_FAILED, host, name, why, uuid=vid, to=target)
@@ -333,7 +321,7 @@ def check_agent(run: Run, host: str, name: str, cond: Data) -> Data:
         why = f"{name}'s guest agent on {host} is silent again after {len(resets)} resets within {cfg['window']:g} s"
         run.store.transact(bank, vid, lambda old: dict(old or {}, silent_since=None))
         return run.done(GAVE_UP, host, name, why + ": no more resets; look at the guest", uuid=vid)
-    answer = run.fleet.ask(host, "virt.reset", name)
+    answer = ask(run.fleet, host, "virt.reset", name)
     run.store.transact(bank, vid, lambda old: dict(old or {}, silent_since=now, resets=[*resets, now]))
     if answer.get("status") != "up":
         why = f"{name}'s guest agent on {host} silent since {_ts(since)}; the reset failed: {answer.get('error')}"

@@ -1,5 +1,5 @@
 """Waiting for the hypervisors' signed replies to one publication (master side; used by
-:func:`saltvirt.fleet.publish.run`).
+:meth:`saltvirt.fleet.publish.Fleet.run`).
 
 What is believed: only a reply that the asked hypervisor signed for this request (:mod:`saltvirt.pki.answers`).
 Anything else on the bus under the job's tag (a guest firing ``salt/job/<jid>/ret/<hypervisor>``, a return

@@ -104,11 +104,11 @@ def state_outcome(answer: Any) -> Data:
 
 
 class Roll:
-    """One ``virt.roll``: the steps above over ``remote`` (:class:`saltvirt.fleet.relocate.Remote`)."""
+    """One ``virt.roll``: the steps above over ``remote`` (:class:`saltvirt.fleet.publish.Fleet`)."""
 
     def __init__(
         self,
-        remote: relocate.Remote,
+        remote: publish.Fleet,
         policy: Data,
         *,
         states: str | list[str] | None = None,
@@ -166,7 +166,7 @@ class Roll:
     def apply_states(self, host: str) -> Data:
         mods = None if self.states == HIGHSTATE else self.states
         try:
-            answer = self.remote.call(host, "virt.host_states", mods, test=self.test, max_wait=self.timeout)
+            answer = self.remote.ret(host, "virt.host_states", mods, test=self.test, max_wait=self.timeout)
         except CommandExecutionError as exc:
             raise Stop(host, "states", f"the states could not be applied: {exc}") from None
         out = state_outcome(answer)
@@ -191,7 +191,7 @@ class Roll:
             if left:
                 raise Stop(host, "reboot", f"VM(s) {', '.join(left)} are on it: not rebooted", vms=left)
         try:
-            before = self.remote.call(host, "virt.boot_id")
+            before = self.remote.ret(host, "virt.boot_id")
         except CommandExecutionError as exc:
             raise Stop(host, "reboot", f"its boot id could not be read: {exc}: not rebooted") from None
         self.remote.client.run_job([host], "system.reboot", [], tgt_type="list")
@@ -206,11 +206,11 @@ class Roll:
             left = max(deadline - time.monotonic(), 0.1)
             try:
                 if not booted:
-                    now = self.remote.call(host, "virt.boot_id", max_wait=left)
+                    now = self.remote.ret(host, "virt.boot_id", max_wait=left)
                     booted = now != before
                     seen = "booted again" if booted else "still the boot before the reboot (not rebooted yet)"
                 if booted:
-                    self.remote.call(host, "virt.capacity", max_wait=left)
+                    self.remote.ret(host, "virt.capacity", max_wait=left)
                     return {"boot_id": "new", "back_after": round(time.monotonic() - started, 3)}
             except CommandExecutionError as exc:
                 seen = ("booted again, but libvirtd: " if booted else "") + str(exc)
@@ -278,7 +278,7 @@ def running(facts: dict[str, Data]) -> dict[str, list[str]]:
     return out
 
 
-def _start(remote: relocate.Remote, hosts: list[str], batch: int) -> dict[str, Data]:
+def _start(remote: publish.Fleet, hosts: list[str], batch: int) -> dict[str, Data]:
     """The fleet's signed facts, after the refusals that come before anything is done."""
     if not hosts:
         raise SaltInvocationError("no hypervisor matches the target: nothing to roll")

@@ -191,6 +191,18 @@ def refuse(what: str, name: object, tenant_name: str, allowed: Iterable[str]) ->
     raise SaltInvocationError(f"tenant {tenant_name} may not use {what} {name!r} (allowed: {listed}): ask the operator")
 
 
+def quota_of(conf: Data, tenant: str) -> Data:
+    """``{name, quota, groups, allowed(host)}``: what ``virt.init``/``virt.update`` take from ``tenant``'s quota
+    (``conf``: :func:`config`)."""
+    tconf = conf["tenants"][tenant]
+    return {
+        "name": tenant,
+        "quota": tconf["quota"],
+        "groups": tconf["groups"],
+        "allowed": lambda h: host_allowed(tconf, h),
+    }
+
+
 def check_init(conf: Data, tenant_name: str, kwargs: Data) -> None:
     """Refuse what a tenant caller may not pass to ``virt.init``: keywords outside :data:`INIT_KWARGS`
     (paths, URIs, devices, seeding and trust switches stay with the operator), profiles, networks and
@@ -278,31 +290,27 @@ def locate(hosts: dict[str, Data], name: str, caller: Caller, host: str | None =
     return publish.locate(hosts, name, host)
 
 
-def where(
-    opts: SaltOpts, caller: Caller, name: str, host: str | None, cfg: Data, client: Any = None
-) -> tuple[str, dict[str, Data]]:
-    """``(hypervisor of VM name, fleet snapshot)`` in one round trip (``cfg``: :func:`saltvirt.fleet.publish.config`).
+def where(fleet: publish.Fleet, caller: Caller, name: str, host: str | None) -> tuple[str, dict[str, Data]]:
+    """``(hypervisor of VM name, fleet snapshot)`` in one round trip through ``fleet``.
     An operator's: ``virt.vm_state``. A tenant caller finds its tenant's VMs only (by the owner in their
-    <metadata>, read with ``virt.full_info``) on the hypervisors ``cfg``'s per-call tgt selects, in a snapshot
+    <metadata>, read with ``virt.full_info``) on the hypervisors ``fleet``'s per-call tgt selects, in a snapshot
     of every hypervisor: what its quota counts (``virt.update``), whatever tgt it passes."""
     if caller.operator:
-        hosts = publish.gather(opts, "virt.vm_state", cfg, client)
+        hosts = fleet.gather("virt.vm_state")
         return publish.locate(hosts, name, host), hosts
-    hosts = publish.gather(opts, "virt.full_info", publish.fleet_wide(cfg), client)
-    seen = visible(publish.within_target(opts, cfg, hosts), caller, config(opts))
+    hosts = fleet.wide().gather("virt.full_info")
+    seen = visible(fleet.within_target(hosts), caller, config(fleet.opts))
     return locate(seen, name, caller, host), hosts
 
 
-def act(
-    opts: SaltOpts, caller: Caller, name: str, fun: str, args: Any, host: str | None, cfg: Data, client: Any
-) -> tuple[str, Data]:
+def act(fleet: publish.Fleet, caller: Caller, name: str, fun: str, args: Any, host: str | None) -> tuple[str, Data]:
     """``(hypervisor, its signed answer)`` of ``fun`` run on VM ``name`` for ``caller``: the hypervisor found with
     :func:`where`, then ``fun(name, *args)`` there. A tenant caller's call names its tenant, so that the hypervisor
     itself refuses it unless the VM's recorded owner is that tenant (``virt.answer``). Raises
     :class:`saltvirt.fleet.publish.Failed` when the hypervisor did not answer."""
-    host_of, _hosts = where(opts, caller, name, host, cfg, client)
+    host_of, _hosts = where(fleet, caller, name, host)
     tenant_name = None if caller.operator else caller.tenant
-    ans, jid = publish.call(opts, host_of, fun, [name, *args], None, cfg, None, client, tenant=tenant_name)
+    ans, jid = fleet.call(host_of, fun, [name, *args], tenant=tenant_name)
     if ans["status"] != "up":
         raise publish.Failed(f"{fun} {name} on {host_of}: {ans['status']}: {ans.get('error')}", host=host_of, jid=jid)
     return host_of, ans

@@ -4,7 +4,7 @@ Steps: take the per-VM lock (:mod:`saltvirt.fleet.fleetstate`), refuse a name th
 may exist on one that did not answer: :func:`check_name`), take the tenant's quota, place the VM
 (:mod:`saltvirt.fleet.placement`, with the capacity in-flight creations reserved), pre-accept a
 new key pair for the VM's minion (:mod:`saltvirt.fleet.minionkeys`) and seal its private key for the chosen
-hypervisor only (:mod:`saltvirt.pki.envelope`), run ``virt.init`` there (:mod:`saltvirt.fleet.publish`), falling
+hypervisor only (:mod:`saltvirt.pki.envelope`), run ``virt.init`` there (:class:`saltvirt.fleet.publish.Fleet`), falling
 over to the next candidate only when a hypervisor does not answer (with a fresh key pair), and check
 that the hypervisor seeded our key. On failure the key it stored is taken back.
 
@@ -26,7 +26,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, quota, tenants
-from saltvirt.fleet.publish import Failed, call, capacities, down_hosts, fleet_wide, gather, new_jid, within_target
+from saltvirt.fleet.publish import Failed, down_hosts
 from saltvirt.pki import envelope
 
 log = logging.getLogger(__name__)
@@ -177,12 +177,11 @@ def _create(
     module_kwargs,
     *,
     policy,
-    cfg,
+    fleet,
     host=None,
     fallback=True,
     seed=True,
     minion_id=None,
-    client=None,
     progress=None,
     lease=None,
     tenant=None,  # the tenant the VM is for (see _tenant_quota)
@@ -196,9 +195,9 @@ def _create(
         minionkeys.refuse_existing_key(opts, key_id)
     since = time.time()  # reservations settled after this are not in the snapshot yet
     with _before_placing(name):
-        every, warnings = _snapshot(opts, name, fleet_wide(cfg), client, progress, lease, operator)
-        hosts = within_target(opts, cfg, every)  # tgt: where the VM may go, not which VMs count
-        hosts, place, full = _tenant_quota(opts, fleet_wide(cfg), client, lease, tenant, name, req, hosts, since)
+        every, warnings = _snapshot(fleet.wide(), name, progress, lease, operator)
+        hosts = fleet.within_target(every)  # tgt: where the VM may go, not which VMs count
+        hosts, place, full = _tenant_quota(fleet.wide(), lease, tenant, name, req, hosts, since)
         load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
         plan = placement.rank(hosts, req, policy, exclude=full, reserved=load, top=placement.RANK_TOP)
         order = _order(plan, hosts, name, host, fallback, every)
@@ -220,14 +219,12 @@ def _create(
             attempt += 1
             if seed and attempt > 1:  # a fresh key per host: a late VM on a host that did not answer cannot log in
                 keys.fresh()
-            pub_jid, kwarg = _sealed_kwarg(opts, hv, base_kwarg, name, keys if seed else None)
+            pub_jid, kwarg = _sealed_kwarg(fleet, hv, base_kwarg, name, keys if seed else None)
             ans, jid = _publish_init(
-                opts,
+                fleet,
                 hv,
                 [name, req["cpu"], req["mem"]],
                 kwarg,
-                cfg,
-                client,
                 watch,
                 progress,
                 pub_jid,
@@ -237,13 +234,11 @@ def _create(
             )
             if ans["status"] == "up":
                 unsettled = _end(lease, "settled")
-                result = _created(
-                    opts, name, hv, ans, jid, plan, tried, keys if seed else None, started, cfg, client, progress
-                )
+                result = _created(fleet, name, hv, ans, jid, plan, tried, keys if seed else None, started, progress)
                 return _warn(result, [*warnings, unsettled])
             _note_attempt(opts, lease, tried, name, hv, ans, jid)
-            _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, cfg)
-            unsure = ans["status"] == "down" and _still_may_create(opts, hv, hosts, ans, name, cfg, client)
+            _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, fleet.cfg)
+            unsure = ans["status"] == "down" and _still_may_create(fleet, hv, hosts, ans, name)
             if ans["status"] == "down" and fallback and pos + 1 < len(order) and not unsure:
                 # its room stays reserved for as long as the init could have run there
                 nxt = _reserve(
@@ -256,7 +251,7 @@ def _create(
                     policy,
                     since,
                     tried,
-                    keep_previous=cfg["init_timeout"],
+                    keep_previous=fleet.cfg["init_timeout"],
                     place=place,
                 )
                 if nxt is not None:
@@ -267,10 +262,10 @@ def _create(
                 keys.keep = True  # it may still finish there: its key stays for it
             if ans["status"] in ("timeout", "down"):
                 # it may still run (or create the VM) there: its capacity stays reserved for as long as it may
-                _end(lease, "unknown", keep_for=cfg["init_timeout"])
-            raise _attempt_failed(name, hv, ans, jid, cfg, key_id, tried, unsure)
+                _end(lease, "unknown", keep_for=fleet.cfg["init_timeout"])
+            raise _attempt_failed(name, hv, ans, jid, fleet.cfg, key_id, tried, unsure)
     except BaseException as exc:
-        _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, cfg)
+        _unless_master_gone(opts, not isinstance(exc, Failed), name, hv, None, key_id, tried, keys, lease, fleet.cfg)
         _end(lease, "failed")  # no-op when settled or kept for a timeout
         if seed and not keys.keep:
             removed = minionkeys.remove_key(opts, key_id, keys.pub) if keys.pub else False
@@ -294,8 +289,8 @@ def _note_attempt(opts, lease, tried, name, hv, ans, jid):
         leftovers.remember(lease.store, hv, name, jid, ans["status"], opts.get("id"))
 
 
-def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
-    """Take the tenant's quota for the VM (counted over the VMs of every hypervisor ``cfg`` targets, by the owner
+def _tenant_quota(fleet, lease, tenant, name, req, hosts, since):
+    """Take the tenant's quota for the VM (counted over the VMs of every hypervisor ``fleet`` targets, by the owner
     in their <metadata>: one ``virt.full_info`` round trip, the placement snapshot has no per-VM facts) and keep
     only the tenant's hypervisors among the candidates ``hosts``. ``tenant``: ``{name, quota, allowed(host),
     groups, disk_mib}`` or None (``disk_mib``: the disk its quota counts, default the request's).
@@ -304,7 +299,7 @@ def _tenant_quota(opts, cfg, client, lease, tenant, name, req, hosts, since):
     passes them over, so they are not tried)."""
     if not tenant:
         return hosts, None, {}
-    fleet_vms = gather(opts, "virt.full_info", cfg, client)
+    fleet_vms = fleet.gather("virt.full_info")
     asked = dict(req, disk_mib=tenant.get("disk_mib", req["disk_mib"]))  # the image and the new disks
     quota.reserve(lease.store, lease, tenant["name"], name, asked, fleet_vms, since, tenant["quota"])
     groups = tenant.get("groups")
@@ -369,11 +364,11 @@ def _before_placing(name):
         raise Failed(f"virt.init of {name} stopped before placing it, nothing was created: {exc}") from None
 
 
-def _snapshot(opts, name, cfg, client, progress, lease, operator):
+def _snapshot(fleet, name, progress, lease, operator):
     """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement, and the warnings of
     :func:`check_name` (which refuses a name that is or may be in use). Stops (nothing published yet) if the
     lock of ``name`` is lost meanwhile."""
-    hosts = capacities(opts, cfg, client, check=lease.check)
+    hosts = fleet.capacities(check=lease.check)
     _mark(progress, "hosts_queried")
     return hosts, check_name(hosts, name, lease.store, operator)
 
@@ -386,37 +381,37 @@ def _warn(result, warnings):
     return result
 
 
-def _sealed_kwarg(opts, hv, base_kwarg, name, keys):
+def _sealed_kwarg(fleet, hv, base_kwarg, name, keys):
     """``(jid, kwarg)``: a new job id and virt.init's arguments with its secrets (console password, the
     minion's private key when ``keys``) sealed for ``hv``, to open in that job only."""
-    pub_jid = new_jid(opts)
-    kwarg = seal_console_password(opts, hv, dict(base_kwarg), name, pub_jid)
+    pub_jid = fleet.new_jid()
+    kwarg = seal_console_password(fleet.opts, hv, dict(base_kwarg), name, pub_jid)
     if keys:
         kwarg.update(pub_key=keys.pub, priv_key=keys.sealed_for(hv, pub_jid), minion_id=keys.key_id)
     return pub_jid, kwarg
 
 
-def _publish_init(opts, hv, args, kwarg, cfg, client, watch, progress, job, lease, keys, tried):
+def _publish_init(fleet, hv, args, kwarg, watch, progress, job, lease, keys, tried):
     """``virt.init`` on ``hv`` under ``lease``: never published for a name whose lock is no longer held; when
     the lock is lost while waiting (the store stopped answering), the job may still create the VM there, so
     its key (``keys``) and its room stay, and the error says where to look."""
     lease.check()
     lease.note(host=hv)
     try:
-        return _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job, lease.check)
+        return _call_init(fleet, hv, args, kwarg, watch, progress, job, lease.check)
     except fleetstate.LeaseLost as exc:
         if keys:
             keys.keep = True
-        _end(lease, "unknown", keep_for=cfg["init_timeout"])
+        _end(lease, "unknown", keep_for=fleet.cfg["init_timeout"])
         raise _lease_lost(args[0], hv, job, keys.key_id if keys else None, exc, tried) from None
 
 
-def _call_init(opts, hv, args, kwarg, cfg, client, watch, progress, job, check):
+def _call_init(fleet, hv, args, kwarg, watch, progress, job, check):
     """``virt.init`` on ``hv`` (bounded by ``init_timeout``) as job ``job``, its publication and answer on
     the timeline; ``check``: the lease's (raises when the lock is lost while waiting)."""
     _mark(progress, "published", host=hv)
-    ans, jid = call(
-        opts, hv, "virt.init", args, kwarg, cfg, cfg["init_timeout"], client, watch=watch, jid=job, check=check
+    ans, jid = fleet.call(
+        hv, "virt.init", args, kwarg, max_wait=fleet.cfg["init_timeout"], watch=watch, jid=job, check=check
     )
     _mark(progress, "returned", host=hv, status=ans["status"])
     return ans, jid
@@ -540,14 +535,14 @@ class _NewKey:
         return envelope.seal(minionkeys.accepted_pub(self.opts, hv), self.priv, f"{self.key_id}/priv_key", job)
 
 
-def _created(opts, name, hv, ans, jid, plan, tried, keys, started, cfg, client, progress):
+def _created(fleet, name, hv, ans, jid, plan, tried, keys, started, progress):
     """The runner's answer once ``virt.init`` succeeded on ``hv``."""
     key, warnings = None, []
     if keys:
-        key, warnings = _check_seeded_key(opts, keys.info, keys.pub, ans["ret"])
+        key, warnings = _check_seeded_key(fleet.opts, keys.info, keys.pub, ans["ret"])
     vm_info = ans["ret"].get("vm_info") if isinstance(ans["ret"], dict) else None
     if not isinstance(vm_info, dict):  # a hypervisor whose virt.init does not return it: ask (one more round trip)
-        info, _ = call(opts, hv, "virt.vm_info", [name], None, cfg, None, client)
+        info, _ = fleet.call(hv, "virt.vm_info", [name])
         vm_info = (info.get("ret") or {}).get(name) if info["status"] == "up" else None
     result = {
         "name": name,
@@ -566,7 +561,7 @@ def _created(opts, name, hv, ans, jid, plan, tried, keys, started, cfg, client, 
     return result
 
 
-def _still_may_create(opts, hv, hosts, ans, name, cfg, client):
+def _still_may_create(fleet, hv, hosts, ans, name):
     """Why the unanswered (``down``) ``virt.init`` of ``name`` on ``hv`` may still create the VM there, or
     "" when it cannot: then the next host may be tried without running one VM twice. It cannot when ``hv``
     did not answer the query before either (the publication did not reach it), or when ``hv`` signed that
@@ -576,7 +571,7 @@ def _still_may_create(opts, hv, hosts, ans, name, cfg, client):
         return ""
     if not ans.get("gone"):
         return f"{hv} stopped answering while it ran virt.init of {name}, and may still create it"
-    there, _jid = call(opts, hv, "virt.list_domains", [], None, cfg, client=client)
+    there, _jid = fleet.call(hv, "virt.list_domains")
     if there["status"] != "up" or not isinstance(there.get("ret"), list):
         return f"virt.init of {name} ended on {hv} without an answer, and {hv} did not say whether {name} exists"
     if name in there["ret"]:

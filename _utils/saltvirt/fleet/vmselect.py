@@ -1,5 +1,5 @@
 """``salt-run virt.* select='T@virt_vm and G@group:db'``: a selection of VMs in Salt's compound syntax, evaluated
-on the master against the facts hypervisors signed (``virt.full_info`` through :func:`saltvirt.fleet.publish.gather`),
+on the master against the facts hypervisors signed (``virt.full_info``, :meth:`saltvirt.fleet.publish.Fleet.gather`),
 never against Salt's resource registry or the master's cache of resource grains: any minion may register any
 ``virt_vm:<uuid>`` with any grains (docs/topics/resources.md, "What Salt 3008.5 does not authenticate").
 
@@ -26,7 +26,7 @@ import salt.utils.data
 import salt.utils.minions
 from salt.exceptions import SaltException, SaltInvocationError
 
-from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.base.salttypes import Data
 from saltvirt.fleet import publish, tenants
 from saltvirt.spec import vmgrains
 
@@ -249,48 +249,34 @@ def answer(selection: Data, results: dict[str, Data] | None = None, test: bool =
 
 
 def fleet_selection(
-    opts: SaltOpts,
-    caller: tenants.Caller,
-    expr: Any,
-    cfg: Data | None = None,
-    client: Any = None,
-    tenant: str | None = None,
+    fleet: publish.Fleet, caller: tenants.Caller, expr: Any, tenant: str | None = None
 ) -> tuple[dict[str, Data], Data]:
     """``(what caller sees, selection)``: one ``virt.full_info`` of every hypervisor (signed answers), cut to what
     ``caller`` may see (a tenant: its own VMs) and, with ``tenant`` (an operator's ``tenant=``), to that tenant's
-    VMs; :func:`select` over it, picks within ``cfg``'s per-call ``tgt`` (a copy elsewhere still refuses a VM)."""
+    VMs; :func:`select` over it, picks within ``fleet``'s per-call ``tgt`` (a copy elsewhere still refuses a VM)."""
     parse(expr)  # a bad selection is refused before anything is published
-    cfg = cfg or publish.config(opts)
-    hosts = publish.gather(opts, "virt.full_info", publish.fleet_wide(cfg), client)
-    seen = tenants.visible(hosts, caller, tenants.config(opts))
+    hosts = fleet.wide().gather("virt.full_info")
+    seen = tenants.visible(hosts, caller, tenants.config(fleet.opts))
     if tenant is not None:
         seen = tenant_only(seen, tenant)
-    within = publish.target(opts, cfg) if cfg.get("tgt") else None
+    within = fleet.target() if fleet.cfg.get("tgt") else None
     return seen, select(seen, expr, within)
 
 
 def run(
-    opts: SaltOpts,
-    caller: tenants.Caller,
-    expr: Any,
-    fun: str,
-    args: Iterable[Any] = (),
-    cfg: Data | None = None,
-    client: Any = None,
-    test: bool = False,
+    fleet: publish.Fleet, caller: tenants.Caller, expr: Any, fun: str, args: Iterable[Any] = (), test: bool = False
 ) -> Data:
     """``fun`` (a per-VM ``virt.*`` function: ``virt.stop``, ...) on every VM ``expr`` selects, as the named call
     runs it on one: by name on the hypervisor that signed for the VM, for a tenant ``caller`` with its tenant
-    (the hypervisor checks the VM's owner again). One fleet query (every hypervisor: a copy outside ``cfg``'s
+    (the hypervisor checks the VM's owner again). One fleet query (every hypervisor: a copy outside ``fleet``'s
     per-call ``tgt`` still makes a VM refused), then one call per VM; ``test``: the selection only."""
-    _seen, selection = fleet_selection(opts, caller, expr, cfg, client)
+    _seen, selection = fleet_selection(fleet, caller, expr)
     if test:
         return answer(selection, test=True)
-    cfg = cfg or publish.config(opts)
     tenant = None if caller.operator else caller.tenant
 
     def act(vm):
-        ans, jid = publish.call(opts, vm["host"], fun, [vm["name"], *args], None, cfg, None, client, tenant=tenant)
+        ans, jid = fleet.call(vm["host"], fun, [vm["name"], *args], tenant=tenant)
         if ans["status"] != "up":
             raise publish.Failed(f"{fun} {vm['name']} on {vm['host']}: {ans['status']}: {ans.get('error')}", jid=jid)
         return ans["ret"]

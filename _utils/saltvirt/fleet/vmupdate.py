@@ -99,7 +99,7 @@ def update(
 
     ``locate()``: ``(host, fleet snapshot)`` taken now (``virt.full_info`` of every hypervisor when ``tenant`` is
     given: what its quota counts, :func:`saltvirt.fleet.tenants.where`);
-    ``call(host, fun, args, kwargs)``: one hypervisor's answer (:func:`saltvirt.fleet.publish.call`);
+    ``call(host, fun, args, kwargs)``: one hypervisor's answer (:meth:`saltvirt.fleet.publish.Fleet.call`);
     ``tenant``: ``{name, quota, groups}`` whose quota (and quotas per hypervisor group) the growth is taken
     from (a tenant caller), or None (an operator: not counted). Raises
     :class:`saltvirt.fleet.quota.QuotaError` when the growth does not fit. A tenant caller is told whose

@@ -25,8 +25,8 @@ from typing import Any
 from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet.publish import call
+from saltvirt.base.salttypes import Data
+from saltvirt.fleet import publish
 
 log = logging.getLogger(__name__)
 WAITS = ("ip", "minion")
@@ -56,10 +56,10 @@ def _ips(info):
     return {mac: nic["ips"] for mac, nic in sorted(nics.items()) if isinstance(nic, dict) and nic.get("ips")}
 
 
-def _look(opts, host, name, cfg, client, max_wait):
+def _look(fleet, host, name, max_wait):
     """``(vm_info entry or None, why not)`` of the VM on its hypervisor."""
     try:
-        ans, _jid = call(opts, host, "virt.vm_info", [name], None, cfg, max_wait, client)
+        ans, _jid = fleet.call(host, "virt.vm_info", [name], max_wait=max_wait)
     except SaltException as exc:
         return None, str(exc)
     if ans["status"] != "up":
@@ -128,12 +128,12 @@ def _seen(info, why):
     return seen
 
 
-def wait(opts: SaltOpts, what: str, created: Data, seconds: float, cfg: Data, client: Any) -> Data:
+def wait(fleet: publish.Fleet, what: str, created: Data, seconds: float) -> Data:
     """Wait ``seconds`` at most for ``what`` (``ip``/``minion``) of the VM the runner just ``created``
     (its answer: ``name``, ``host``, ``key``). Returns ``{for, result: ok|timeout|error, seconds, ...}``;
     never raises: the VM exists whatever happens while waiting."""
     try:
-        return _wait(opts, what, created, seconds, cfg, client)
+        return _wait(fleet, what, created, seconds)
     except Exception as exc:  # noqa: BLE001 - a failed wait must not turn a created VM into a failure
         log.warning("virt.init %s: waiting for %s failed: %s", created["name"], what, exc)
         return {
@@ -145,7 +145,7 @@ def wait(opts: SaltOpts, what: str, created: Data, seconds: float, cfg: Data, cl
         }
 
 
-def _wait(opts, what, created, seconds, cfg, client):
+def _wait(fleet, what, created, seconds):
     name, host = created["name"], created["host"]
     minion_id = (created.get("key") or {}).get("minion_id") or name
     started = time.monotonic()
@@ -156,7 +156,7 @@ def _wait(opts, what, created, seconds, cfg, client):
     jids: list[str] = []  # the test.ping publications so far (a late answer to any of them counts)
     while True:
         if what == "ip":
-            info, why = _look(opts, host, name, cfg, client, max(1.0, deadline - time.monotonic()))
+            info, why = _look(fleet, host, name, max(1.0, deadline - time.monotonic()))
             if _ips(info):
                 return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), ips=_ips(info))
         else:
@@ -164,15 +164,15 @@ def _wait(opts, what, created, seconds, cfg, client):
             # each publication is one more job in the guest: a slow one (emulated CPUs, many VMs booting)
             # answering late is sent fewer, not a backlog it works through after the wait
             window = min(PING_WINDOW * 2 ** (pings - 1), MAX_PING_WINDOW)
-            if _ping(client, minion_id, min(deadline, time.monotonic() + window), jids):
+            if _ping(fleet.client, minion_id, min(deadline, time.monotonic() + window), jids):
                 return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), minion=minion_id)
         if time.monotonic() + (POLL if what == "ip" else 0) >= deadline:
             break
         time.sleep(POLL if what == "ip" else 0.5)
     if what == "minion":
-        if _answered(client, jids, minion_id):  # the last publication's answer came after its window
+        if _answered(fleet.client, jids, minion_id):  # the last publication's answer came after its window
             return dict(out, result="ok", seconds=round(time.monotonic() - started, 1), minion=minion_id)
-        info, why = _look(opts, host, name, cfg, client, None)
+        info, why = _look(fleet, host, name, None)
         out.update(minion=minion_id, pings=pings)
     return dict(
         out,

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ATTACH_POOLS = ("default",)  # libvirt's /var/lib/libvirt/images, as virt:allowed_paths' default
 ADOPT_KEY = "virt:adopt_orphan_disks"
-POOL_SOURCE_KINDS = ("devices", "names", "hosts", "adapters")  # virt:pool_sources (see storage.rawcalls)
+POOL_SOURCE_KINDS = ("devices", "names", "hosts", "adapters")  # virt:pool_sources (see storage.poollimits)
 DEFAULT_SERIAL_LISTEN = ("127.0.0.1", "::1", "localhost")  # a TCP serial port is a root console of its guest
 
 
@@ -50,7 +50,7 @@ def operator_settings(opts: Any) -> Data:
     ``host_devices`` (tuple of node device names a VM may be given; none by default),
     ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto),
     ``allowed_paths`` (``virt:allowed_paths``), ``pool_paths`` and ``pool_sources`` (where Salt's
-    ``pool_define`` may put a pool: :mod:`saltvirt.storage.rawcalls`), ``serial_tcp_ports`` ((low, high)
+    ``pool_define`` may put a pool: :mod:`saltvirt.storage.poollimits`), ``serial_tcp_ports`` ((low, high)
     or None: none) and ``serial_tcp_listen`` (addresses; :func:`check_serials`), ``firmware`` (UEFI files
     beside the host's own: :mod:`saltvirt.storage.firmware`)."""
     conf = ({} if opts is None else opts).get("virt") or {}

@@ -183,13 +183,14 @@ def test_a_backup_counts_its_bytes(scrape, mods):
 
 
 def test_capacity_gauges_when_the_master_reads_the_hypervisors(scrape, test_conn, tmp_path):
-    # placement's read (publish.capacities): hv-a answers (signed with its key) from the test driver, hv-b is silent
+    # placement's read (publish.Fleet.capacities): hv-a answers (signed with its key) from the test driver, hv-b
+    # is silent
     xml = "<domain type='test'><name>cap1</name><memory unit='MiB'>256</memory><vcpu>2</vcpu>"
     xml += "<os><type>hvm</type></os></domain>"
     test_conn.defineXML(xml).create()
     answer = capacity.capacity(test_conn)
     opts = signedfleet.fleet_opts(tmp_path, ["hv-a", "hv-b"])
-    hosts = publish.capacities(opts, client=signedfleet.SigningClient({"virt.capacity": {"hv-a": answer}}))
+    hosts = publish.Fleet(opts, client=signedfleet.SigningClient({"virt.capacity": {"hv-a": answer}})).capacities()
     assert hosts["hv-a"]["status"] == "up" and hosts["hv-b"]["status"] == "down"
     got, host = scrape(), answer["host"]
     assert value(got, "saltvirt_host_up", host="hv-a") == 1 and value(got, "saltvirt_host_up", host="hv-b") == 0

@@ -374,3 +374,13 @@ def test_salt_run_restore_in_place_of_a_bigger_backup_is_refused_past_the_quota(
         assert (entry["cpu"], entry["mem"]) == (2, 128)
     finally:
         v["virt.purge"]("bk5")
+
+
+def test_the_work_of_a_run_is_refused_before_anything_is_published():
+    """``fleet`` None: a refusal here never reaches the hypervisors (the runner's whole flow:
+    tests/unit/loaders/test_runners_virt_backup.py)."""
+    root = callers.Caller("root", True)
+    with pytest.raises(SaltInvocationError, match="^virt.backup: select= picks the VMs: drop the VM name$"):
+        backups.work(None, root, "web1", None, "G@group:db", False, False)
+    with pytest.raises(SaltInvocationError, match="^virt.backup: test=True lists what select= picks; it has no other"):
+        backups.work(None, root, "all", None, None, "True", False)

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from saltvirt.fleet import leftovers
+from saltvirt.fleet import leftovers, publish
 from saltvirt.host import query
 from saltvirt.storage import images
 from saltvirt.vm import cleanup
@@ -115,7 +115,6 @@ def shared_fleet(tmp_path, store):
     remembered; hv-a and hv-c define nothing. Returns (master opts, client, web1's disk, web1's uuid)."""
     import libvirt
 
-    from saltvirt.fleet import publish
     from saltvirt.vm import provision
     from tests.support.paths import TEST_NODE_XML
 
@@ -142,8 +141,8 @@ def test_heal_keeps_the_disks_of_a_vm_running_from_shared_images_on_another_host
     hv-b from the shared directory. Today's heal deleted its disks. Now every hypervisor is asked which
     uuids it defines first, and hv-a's cleanup keeps what hv-b defines."""
     opts, client, disk, uuid = shared_fleet
-    call = leftovers.publish_call(opts, client.cfg, client)
-    defined = leftovers.publish_defined(opts, client.cfg, client)
+    call = leftovers.publish_call(publish.Fleet(opts, client.cfg, client))
+    defined = leftovers.publish_defined(publish.Fleet(opts, client.cfg, client))
     out = leftovers.heal(call, defined, store)
     assert os.path.exists(disk), out
     assert out["hv-a"]["web1"]["refused"] == f"VM uuid {uuid} is defined on hv-b: these are its disks, in use"
@@ -162,16 +161,16 @@ def test_a_silent_hypervisor_means_nothing_is_cleaned(shared_fleet, store):
 
     opts, client, disk, uuid = shared_fleet
     client.silent.add("hv-c")
-    call = leftovers.publish_call(opts, client.cfg, client)
-    out = leftovers.heal(call, leftovers.publish_defined(opts, client.cfg, client), store)
+    call = leftovers.publish_call(publish.Fleet(opts, client.cfg, client))
+    out = leftovers.heal(call, leftovers.publish_defined(publish.Fleet(opts, client.cfg, client)), store)
     why = out["hv-a"]["web1"]["error"]
     assert why.startswith("nothing cleaned: hv-c (down: did not answer") and "Tried again at the next" in why, out
     assert list(store.fetch(leftovers.ABANDONED, "hv-a")) == ["web1"]
     provision.purge(client.conns["hv-b"], "web1", client.images_dir)  # purged where it was; the rest waits
-    out = leftovers.cleanup_everywhere(opts, "web1", client.cfg, client, store)
+    out = leftovers.cleanup_everywhere(publish.Fleet(opts, client.cfg, client), "web1", store)
     assert list(out) == ["hv-c"], out
     assert "Run salt-run virt.cleanup web1 once every hypervisor answers" in out["hv-c"]["error"]
-    assert leftovers.purge_leftovers(opts, "web1", client.cfg, client, store) is None
+    assert leftovers.purge_leftovers(publish.Fleet(opts, client.cfg, client), "web1", store) is None
     assert [p[0] for p in client.published].count("virt.cleanup") == 0
 
 
@@ -184,7 +183,7 @@ def test_cleanup_everywhere_removes_leftovers_no_hypervisor_uses(shared_fleet, s
     dom.destroy()
     dom.undefine()  # its disk stays: a leftover now
     narrowed = dict(client.cfg, tgt="hv-a", tgt_type="glob")
-    out = leftovers.purge_leftovers(opts, "web1", narrowed, client, store)
+    out = leftovers.purge_leftovers(publish.Fleet(opts, narrowed, client), "web1", store)
     assert out["cleanup"]["hv-a"]["removed"] == [disk] and not os.path.exists(disk), out
     assert "error" not in out and store.fetch(leftovers.ABANDONED, "hv-a") is None
     assert client.published == [

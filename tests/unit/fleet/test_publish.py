@@ -152,3 +152,29 @@ def test_failure_is_the_runners_answer():
         "retcode": 1,
     }
     assert fleet.failure(SaltInvocationError("bad name")) == {"error": "bad name", "retcode": 1}
+
+
+def test_the_transport_reads_its_settings_once_and_wide_drops_a_calls_narrowing():
+    opts = {"virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob", "timeout": 2}}}
+    transport = fleet.Fleet(opts, client="the client")
+    assert transport.cfg["timeout"] == 2.0 and transport.cfg is transport.cfg  # the master config, read once
+    narrowed = transport.with_cfg(fleet.config(opts, tgt="hyper1"))
+    assert (narrowed.opts, narrowed.client, narrowed.cfg["tgt"]) == (opts, "the client", "hyper1")
+    wide = narrowed.wide()
+    assert (wide.cfg["tgt"], wide.cfg["tgt_type"], wide.client) == (None, None, "the client")
+    assert narrowed.cfg["tgt"] == "hyper1" and wide.within_target({"h": {}}) == {"h": {}}
+
+
+def test_ret_is_a_steps_return_or_failed_with_its_status():
+    class Answering(fleet.Fleet):
+        def call(self, minion, fun, arg=(), kwarg=None, **_kw):
+            if minion == "hv1":
+                return {"status": "up", "ret": [fun, list(arg), kwarg]}, "j1"
+            return {"status": "down", "error": "did not answer"}, "j2"
+
+    transport = Answering({}, {})
+    assert transport.ret("hv1", "virt.x", 1, live=True) == ["virt.x", [1], {"live": True}]
+    assert transport.ret("hv1", "virt.x") == ["virt.x", [], None]
+    with pytest.raises(fleet.Failed, match="^virt.x on hv2: did not answer$") as err:
+        transport.ret("hv2", "virt.x")
+    assert err.value.details == {"host": "hv2", "status": "down", "jid": "j2"}

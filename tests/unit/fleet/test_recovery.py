@@ -105,13 +105,13 @@ def test_recovery_config():
 
 
 class Peers:
-    """Stands in for :class:`saltvirt.fleet.relocate.Remote`: what the peers answered is data here; the real
+    """Stands in for :class:`saltvirt.fleet.publish.Fleet`: what the peers answered is data here; the real
     publication to real minions is tests/integration/test_recovery.py."""
 
     def __init__(self, answers):
         self.answers = answers
 
-    def call(self, minion, fun, *args, **kwargs):
+    def ret(self, minion, fun, *args, **kwargs):
         ans = self.answers[minion]
         if isinstance(ans, Exception):
             raise ans
@@ -154,7 +154,7 @@ def test_verify_down_both_ways():
 
 
 class Fleet(Peers):
-    """Also answers ``gather`` and publications (``fleet.run``): nothing to restart, so nothing else runs."""
+    """Also answers ``gather`` and publications (``publish.Fleet.run``): nothing to restart, so nothing else runs."""
 
     opts = {"id": "m1"}
     cfg = client = None
@@ -188,7 +188,7 @@ class Back(Fleet):
     def gather(self, fun):
         return self.hosts
 
-    def call(self, minion, fun, *args, **kwargs):
+    def ret(self, minion, fun, *args, **kwargs):
         if fun == "virt.recovery_disarm":
             self.disarmed = (minion, args[0])
             return {n: n == "a" for n in args[0]}
@@ -306,8 +306,8 @@ class NoAnswer(TestFleet):
     def __init__(self, live):
         self.__dict__.update(live.__dict__)
 
-    def call(self, minion, fun, *args, max_wait=None, **kwargs):
-        ret = super().call(minion, fun, *args, **kwargs)
+    def ret(self, minion, fun, *args, max_wait=None, **kwargs):
+        ret = super().ret(minion, fun, *args, **kwargs)
         if fun == "virt.recovery_restart":
             raise fleet.Failed(f"{fun} on {minion}: no answer within 5 s", host=minion, status="timeout")
         return ret

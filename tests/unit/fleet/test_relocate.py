@@ -1,6 +1,7 @@
 """saltvirt.fleet.relocate: the migration settings from the master config (moving VMs needs hypervisors:
 tests/integration/test_migration.py)."""
 
+import re
 import uuid
 
 import pytest
@@ -23,9 +24,30 @@ def test_settings_refuse_a_bad_migration_timeout(bad):
         relocate.settings({"migration_timeout": bad})
 
 
+@pytest.mark.parametrize(
+    ("who", "args", "message"),
+    [
+        ("alice", {"target": "hv2", "forced": True}, "virt.migrate ignore_placement=True is for operators"),
+        ("root", {"target": None}, "virt.migrate needs target=<hypervisor> (virt.evacuate select= lets placement"),
+        ("root", {"test": "True"}, "virt.migrate: test=True lists what select= picks; a call naming a VM has no dry"),
+        ("root", {"select": "G@group:db", "host": "hv1"}, "virt.migrate: select= picks the VMs: drop the VM name"),
+    ],
+)
+def test_migrate_refusals_before_anything_is_asked(who, args, message):
+    from saltvirt.fleet import callers
+
+    caller = callers.Caller(who, who == "root", None if who == "root" else "acme")
+    call = {"name": "web1", "host": None, "target": "hv2", "select": None, "forced": False, "test": False, **args}
+    if call["select"] is not None:
+        call["name"] = None
+    with pytest.raises(SaltInvocationError, match=f"^{re.escape(message)}"):
+        relocate.refuse_migrate_args(caller, **call)
+    relocate.refuse_migrate_args(callers.Caller("root", True), "web1", None, "hv2", None, False, False)  # fine
+
+
 # the shared store (redis) dying during a migration -----------------------------------------------------
 class _Hypervisors:
-    """relocate.Remote's part migrate uses, answering each step of a shared-storage migration of web1 from
+    """publish.Fleet's part migrate uses, answering each step of a shared-storage migration of web1 from
     hv1 to hv2 and recording it. A stand-in for Salt's publication (tests/integration/test_migration.py
     migrates through real ones); what the real one reads from the shared store before publishing (which
     minions are hypervisors, hypervisors.members) it reads for real. ``crash_after``: the step after which
@@ -37,10 +59,10 @@ class _Hypervisors:
     def gather(self, fun):
         return {"hv1": {"status": "up", "vms": {"web1": "running"}}, "hv2": {"status": "up", "vms": {}}}
 
-    def call(self, minion, fun, *args, **kwargs):
+    def ret(self, minion, fun, *args, **kwargs):
         from saltvirt.fleet import hypervisors
 
-        hypervisors.members(self.opts, [minion])  # as fleet.run does before it publishes
+        hypervisors.members(self.opts, [minion])  # as Fleet.run does before it publishes
         self.calls.append((minion, fun))
         ret = {
             "virt.migrate_source_info": {"active": True, "probes": {}},

@@ -31,7 +31,7 @@ class _Fleet(signedfleet.SigningClient):
 
 def test_run_believes_only_answers_each_hypervisor_signed_for_this_request(tmp_path):
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
-    got, jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    got, jid = fleet.Fleet(fleet_.opts, client=fleet_).run("virt.full_info")
     assert jid and got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}
     assert fleet_.kinds == ["virt.full_info"]  # everyone answered: no job check
 
@@ -59,7 +59,7 @@ def _forgeries(tmp_path):
 def test_a_forged_answer_in_a_hypervisors_name_is_ignored_and_the_real_one_counts(tmp_path, how):
     fleet_ = _Fleet(tmp_path, {"hv1": {"real": 1}, "hv2": {"real": 2}, "hv3": {"real": 3}})
     fleet_.forge = _forgeries(tmp_path)[how]  # each forged answer is on the bus before the real one
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    got, _jid = fleet.Fleet(fleet_.opts, client=fleet_).run("virt.full_info")
     assert got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}
 
 
@@ -67,7 +67,7 @@ def test_a_hypervisor_that_only_forgers_speak_for_is_down_and_says_why(tmp_path)
     fleet_ = _Fleet(tmp_path, {"hv1": {"real": 1}, "hv3": {"real": 3}}, silent={"hv2"})
     fleet_.forge = _forgeries(tmp_path)["plain"]
     cfg = fleet.config(fleet_.opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.2)
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=fleet_)
+    got, _jid = fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info")
     assert got["hv1"]["status"] == got["hv3"]["status"] == "up"
     assert got["hv2"]["status"] == "down"
     assert "its job checks went unanswered" in got["hv2"]["error"] and "not believed" in got["hv2"]["error"]
@@ -79,7 +79,7 @@ def test_a_slow_hypervisor_that_says_its_job_runs_is_waited_for_until_max_wait(t
     # checks every 0.3 s, down after 2 s of silence: a loaded test process that sleeps a while still reads the
     # answers before it would give hv2 up
     cfg = fleet.config(fleet_.opts, timeout=0.3, gather_job_timeout=0.3, down_after=2)
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=3, client=fleet_)
+    got, _jid = fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info", max_wait=3)
     assert got["hv2"]["status"] == "timeout"  # not down: it may still finish
     assert fleet_.kinds.count(answers.JOB_CHECK) >= 3  # asked again and again, each time answered
 
@@ -113,7 +113,7 @@ def test_answers_already_on_the_bus_are_read_before_a_hypervisor_is_given_up(tmp
     up, not down (run U: test_balancer's rounds lost their moves this way at load ~10)."""
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
     fleet_.event = _LateReader(lag=0.1)
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    got, _jid = fleet.Fleet(fleet_.opts, client=fleet_).run("virt.full_info")
     assert got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}, got
 
 
@@ -123,7 +123,7 @@ def test_answers_already_on_the_bus_are_read_before_a_job_check_is_sent(tmp_path
     publications held an extra saltutil.find_job at load ~10)."""
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})
     fleet_.event = _LateReader(lag=0.1)
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", client=fleet_)
+    got, _jid = fleet.Fleet(fleet_.opts, client=fleet_).run("virt.full_info")
     assert got == {m: {"status": "up", "ret": r} for m, r in fleet_.answers_.items()}, got
     assert fleet_.kinds == ["virt.full_info"], fleet_.kinds
 
@@ -135,7 +135,7 @@ def test_a_wait_reads_the_bus_once_an_event_or_a_tick_not_in_a_loop(tmp_path):
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv3": {"c": 3}})  # hv2 runs the job: the wait lasts max_wait
     fleet_.event = _CountingBus()
     cfg = fleet.config(fleet_.opts, timeout=0.3, gather_job_timeout=0.3, down_after=5)
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, max_wait=1.5, client=fleet_)
+    got, _jid = fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info", max_wait=1.5)
     assert got["hv1"]["status"] == "up" and got["hv2"]["status"] == "timeout", got
     quiet_seconds = 1.5
     assert fleet_.event.reads <= quiet_seconds / fleet.TICK + 2 * fleet_.kinds.count(answers.JOB_CHECK) + 5

@@ -77,15 +77,15 @@ def test_a_silent_hypervisor_drops_out_and_is_asked_to_register_again_once_it_an
     registered(opts, "hv2", U1)
     registered(opts, "hv1", U2)
     cfg = fleet.config(opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.3)
-    got, _jid = fleet.run(opts, "virt.full_info", cfg=cfg, client=fleet_)
+    got, _jid = fleet.Fleet(opts, cfg, fleet_).run("virt.full_info")
     assert got["hv2"]["status"] == "down", got
     assert held(opts, "hv2") == {} and held(opts, "hv1") == {"virt_vm": [U2]}
     assert fleet_.refreshed == []
     fleet_.answers_["hv2"] = {"b": 2}  # back: it signs its reply
     fleet_.answers["virt.full_info"] = fleet_.answers_
-    got, _jid = fleet.run(opts, "virt.full_info", cfg=cfg, client=fleet_)
+    got, _jid = fleet.Fleet(opts, cfg, fleet_).run("virt.full_info")
     assert got["hv2"]["status"] == "up" and fleet_.refreshed == [["hv2"]], got
-    fleet.run(opts, "virt.full_info", cfg=cfg, client=fleet_)
+    fleet.Fleet(opts, cfg, fleet_).run("virt.full_info")
     assert fleet_.refreshed == [["hv2"]]  # once
     registry.reset_registry()
 

@@ -12,10 +12,10 @@ def _down_twice(tmp_path, memory, second_forge=None):
     """hv2 silent in two calls on one master (one cache): the second call's answer for hv2."""
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv3": {"c": 3}}, silent={"hv2"})
     cfg = fleet.config(fleet_.opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.5, down_memory=memory)
-    first, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=fleet_)
+    first, _jid = fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info")
     assert first["hv2"]["status"] == "down" and "no sign of life for 0.5 s" in first["hv2"]["error"], first
     fleet_.forge = second_forge
-    second, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=fleet_)
+    second, _jid = fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info")
     assert second["hv1"]["status"] == second["hv3"]["status"] == "up", second
     return second["hv2"]
 
@@ -42,12 +42,12 @@ def test_only_a_reply_the_suspect_signed_clears_it_not_a_forged_one(tmp_path):
 def test_a_suspect_that_answers_is_up_and_is_waited_for_in_full_when_silent_again(tmp_path):
     fleet_ = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv3": {"c": 3}}, silent={"hv2"})
     cfg = fleet.config(fleet_.opts, timeout=0.05, gather_job_timeout=0.05, down_after=0.5)
-    assert fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=fleet_)[0]["hv2"]["status"] == "down"
+    assert fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info")[0]["hv2"]["status"] == "down"
     back = _Fleet(tmp_path, {"hv1": {"a": 1}, "hv2": {"b": 2}, "hv3": {"c": 3}})  # hv2 is back, same master
     back.opts = fleet_.opts
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=back)
+    got, _jid = fleet.Fleet(fleet_.opts, cfg, back).run("virt.full_info")
     assert got["hv2"] == {"status": "up", "ret": {"b": 2}}, got
-    got, _jid = fleet.run(fleet_.opts, "virt.full_info", cfg=cfg, client=fleet_)  # silent again: a full wait
+    got, _jid = fleet.Fleet(fleet_.opts, cfg, fleet_).run("virt.full_info")  # silent again: a full wait
     assert got["hv2"]["status"] == "down" and "no sign of life for 0.5 s" in got["hv2"]["error"], got
 
 

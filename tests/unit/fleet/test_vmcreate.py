@@ -30,7 +30,7 @@ def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
     """Two migrations of one VM (or a migration and an init) never overlap: relocate.migrate takes the
     runner's per-VM lock before it asks any hypervisor anything (no client needed to be refused)."""
     opts = master_opts(tmp_path)
-    remote = relocate.Remote(opts, cfg=None, client=None)
+    remote = publish.Fleet(opts)
     with fleetstate.lock(opts, ["web1"], kind="virt.migrate"):
         with pytest.raises(SaltInvocationError, match=r"'web1' is held: virt.migrate by master master \(host "):
             relocate.migrate(remote, "web1", "hv2")
@@ -107,8 +107,9 @@ def test_the_runner_answer_takes_the_vm_info_from_virt_init(tmp_path):
     vm = {"state": "running", "cpu": 1, "mem": 512}
     ans = {"status": "up", "ret": {"name": "web1", "state": "running", "started": True, "vm_info": vm}}
     steps = []
+    fleet = publish.Fleet({}, {})
     res = vmcreate._created(
-        {}, "web1", "h1", ans, "j1", plan, [], None, time.monotonic(), {}, None, lambda s, **d: steps.append(s)
+        fleet, "web1", "h1", ans, "j1", plan, [], None, time.monotonic(), lambda s, **d: steps.append(s)
     )
     assert res["vm_info"] == vm and res["init"] == {"name": "web1", "state": "running", "started": True}
     assert steps == ["done"]
@@ -150,8 +151,7 @@ def test_placement_asks_each_hypervisor_its_capacity_only(tmp_path, test_conn):
         None,
         {},
         policy=placement.make_policy(mem_reserve_mib=0),
-        cfg=publish.config(opts),
-        client=client,
+        fleet=publish.Fleet(opts, publish.config(opts), client),
         seed=False,
     )
     assert res["host"] == "hv2" and "anti-affinity" in res["placement"]["excluded"]["hv1"][0]
@@ -170,7 +170,7 @@ def test_a_hypervisor_without_virt_capacity_is_asked_full_info(tmp_path, test_co
             "virt.full_info": {"hv2": query.full_info(test_conn)},
         }
     )
-    hosts = publish.capacities(opts, publish.config(opts), client)
+    hosts = publish.Fleet(opts, publish.config(opts), client).capacities()
     assert client.published == [("virt.capacity", ["hv1", "hv2"]), ("virt.full_info", ["hv2"])]
     assert {h: a["status"] for h, a in hosts.items()} == {"hv1": "up", "hv2": "up"}
     assert "no_virt" not in hosts["hv2"] and hosts["hv2"]["host"]["mem_total"] == hosts["hv1"]["host"]["mem_total"]
@@ -228,11 +228,12 @@ def test_the_tenant_quota_counts_every_disk_the_vm_gets(tmp_path):
     tenant = {"name": "acme", "quota": {"disk": 12288}, "groups": {}, "allowed": lambda h: True, "disk_mib": 12288}
     since = time.time()
     with fleetstate.lock(opts, ["web1"]) as lease:
-        vmcreate._tenant_quota(opts, cfg, client, lease, tenant, "web1", req, {"hv1": {}}, since)
+        vmcreate._tenant_quota(publish.Fleet(opts, cfg, client), lease, tenant, "web1", req, {"hv1": {}}, since)
         entry = lease.store.fetch(quota.QUOTAS, "acme")["entries"]["web1"]
         assert entry["disk_mib"] == 12288 and req["disk_mib"] == 2048
     with fleetstate.lock(opts, ["web2"]) as lease, pytest.raises(quota.QuotaError) as err:
-        vmcreate._tenant_quota(opts, cfg, client, lease, dict(tenant, disk_mib=1), "web2", req, {"hv1": {}}, since)
+        fleet = publish.Fleet(opts, cfg, client)
+        vmcreate._tenant_quota(fleet, lease, dict(tenant, disk_mib=1), "web2", req, {"hv1": {}}, since)
     assert str(err.value).startswith("tenant acme: 12288 of 12288 MiB disk used, asked 1: no room for web2")
 
 
@@ -286,8 +287,7 @@ def _init_on_hv1(opts, client):
         None,
         {},
         policy=placement.make_policy(mem_reserve_mib=0),
-        cfg=publish.config(opts),
-        client=client,
+        fleet=publish.Fleet(opts, publish.config(opts), client),
         seed=False,
     )
 
@@ -368,8 +368,7 @@ def _init(opts, client, name, tgt=None, **kwargs):
         None,
         {},
         policy=placement.make_policy(mem_reserve_mib=0),
-        cfg=publish.config(opts, tgt=tgt),
-        client=client,
+        fleet=publish.Fleet(opts, publish.config(opts, tgt=tgt), client),
         seed=False,
         **kwargs,
     )
@@ -487,8 +486,7 @@ def test_a_tenant_is_told_a_name_is_taken_never_whose_or_where(tmp_path, test_co
             "salt://images/tiny.qcow2",
             {},
             policy=placement.make_policy(mem_reserve_mib=0),
-            cfg=publish.config(opts),
-            client=client,
+            fleet=publish.Fleet(opts, publish.config(opts), client),
             private=private,
         )
 
@@ -540,10 +538,11 @@ def test_an_init_falls_over_only_when_it_cannot_create_the_vm_where_it_ran(tmp_p
     client = _GoneClient(
         {"virt.list_domains": {"hv1": defined}} if defined is not None else {}, gone=["hv1"] if gone else []
     )
-    ans, jid = publish.call(opts, "hv1", "virt.init", ["web1", 1, 128], {}, cfg, client=client)
+    fleet = publish.Fleet(opts, cfg, client)
+    ans, jid = fleet.call("hv1", "virt.init", ["web1", 1, 128], {})
     assert ans["status"] == "down" and ans["gone"] is gone, ans
     hosts = {"hv1": {"status": "up" if was_up else "down"}}
-    reason = vmcreate._still_may_create(opts, "hv1", hosts, ans, "web1", cfg, client)
+    reason = vmcreate._still_may_create(fleet, "hv1", hosts, ans, "web1")
     assert reason.startswith(why) and bool(reason) is bool(why), reason
     err = vmcreate._attempt_failed("web1", "hv1", ans, jid, cfg, "web1", [], reason)
     assert not reason or "no other hypervisor was tried, so that web1 never runs twice" in str(err)

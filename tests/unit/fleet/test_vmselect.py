@@ -7,7 +7,7 @@ import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.fleet import tenants, vmselect
+from saltvirt.fleet import publish, tenants, vmselect
 from saltvirt.pki import answers
 from saltvirt.spec import vmgrains
 from tests.support import signedfleet
@@ -101,7 +101,7 @@ def test_a_non_string_selection_is_refused():
 
 
 def full(*vms, status="up"):
-    """A hypervisor's ``virt.full_info`` answer (``publish.gather``'s shape) with VMs ``(name, uuid, extra)``."""
+    """A hypervisor's ``virt.full_info`` answer (``publish.Fleet.gather``'s shape) with VMs ``(name, uuid, extra)``."""
     if status != "up":
         return {"status": status, "error": "did not answer"}
     info = {n: {"uuid": u, "name": n, "state": "running", **extra} for n, u, extra in vms}
@@ -173,7 +173,9 @@ def running(conns):
 
 def test_a_selection_across_two_hosts_stops_exactly_the_selected_vms(fleet):
     opts, client, conns = fleet
-    got = vmselect.run(opts, OPERATOR, "T@virt_vm and G@group:db and not G@tenant:beta", "virt.stop", client=client)
+    got = vmselect.run(
+        publish.Fleet(opts, None, client), OPERATOR, "T@virt_vm and G@group:db and not G@tenant:beta", "virt.stop"
+    )
     assert [(v["host"], v["name"]) for v in got["selected"]] == [("hv1", "db1"), ("hv2", "db2"), ("hv2", "db3")]
     assert got["results"] == {
         U[0]: {"name": "db1", "host": "hv1", "result": True},
@@ -187,11 +189,14 @@ def test_a_selection_across_two_hosts_stops_exactly_the_selected_vms(fleet):
 def test_a_selection_by_image_stops_exactly_the_vms_of_that_image(fleet):
     """Issue 37's "every VM with image X": the image virt.init recorded, as each hypervisor signed it."""
     opts, client, conns = fleet
-    got = vmselect.run(opts, OPERATOR, "G@image:salt://images/*", "virt.stop", client=client, test=True)
+    transport = publish.Fleet(opts, client=client)
+    got = vmselect.run(transport, OPERATOR, "G@image:salt://images/*", "virt.stop", test=True)
     assert [v["name"] for v in got["selected"]] == ["web1"]
-    got = vmselect.run(opts, OPERATOR, "G@image:None", "virt.stop", client=client, test=True)  # none recorded
+    got = vmselect.run(
+        publish.Fleet(opts, None, client), OPERATOR, "G@image:None", "virt.stop", test=True
+    )  # none recorded
     assert [v["name"] for v in got["selected"]] == ["beta1"]
-    got = vmselect.run(opts, OPERATOR, "T@virt_vm and G@image:debian12", "virt.stop", client=client)
+    got = vmselect.run(transport, OPERATOR, "T@virt_vm and G@image:debian12", "virt.stop")
     assert [(v["host"], v["name"]) for v in got["selected"]] == [("hv1", "db1"), ("hv2", "db2")]
     assert {r["name"]: r["result"] for r in got["results"].values()} == {"db1": True, "db2": True}
     assert running(conns) == {"hv1": ["beta1", "web1"], "hv2": ["db3"]}
@@ -199,24 +204,30 @@ def test_a_selection_by_image_stops_exactly_the_vms_of_that_image(fleet):
 
 def test_a_dry_run_lists_the_selection_and_touches_nothing(fleet):
     opts, client, conns = fleet
-    got = vmselect.run(opts, OPERATOR, "M@hv2", "virt.stop", client=client, test=True)
+    transport = publish.Fleet(opts, client=client)
+    got = vmselect.run(transport, OPERATOR, "M@hv2", "virt.stop", test=True)
     assert [v["name"] for v in got["selected"]] == ["db2", "db3"] and got["test"] is True and "results" not in got
     assert running(conns)["hv2"] == ["db2", "db3"] and [f for f, _t in client.published] == ["virt.full_info"]
 
 
 def test_one_vm_failing_is_its_own_result_and_the_others_still_run(fleet):
     opts, client, conns = fleet
+    transport = publish.Fleet(opts, client=client)
     conns["hv2"].lookupByName("db2").destroy()  # already off: the hypervisor refuses to force it off
-    got = vmselect.run(opts, OPERATOR, "G@group:db and M@hv2", "virt.stop", client=client)
+    got = vmselect.run(transport, OPERATOR, "G@group:db and M@hv2", "virt.stop")
     assert "error" in got["results"][U[3]] and got["results"][U[4]]["result"] is True and got["retcode"] == 1
     assert running(conns)["hv2"] == []
 
 
 def test_a_tenants_selection_never_reaches_another_tenants_vm(fleet):
     opts, client, conns = fleet
-    got = vmselect.run(opts, ALICE, "T@virt_vm and G@group:db", "virt.stop", client=client)  # beta1 is group db
+    got = vmselect.run(
+        publish.Fleet(opts, None, client), ALICE, "T@virt_vm and G@group:db", "virt.stop"
+    )  # beta1 is group db
     assert sorted(v["name"] for v in got["selected"]) == ["db1", "db3"]
-    got = vmselect.run(opts, ALICE, f"T@virt_vm:{U[2]} or G@tenant:beta or G@name:db2", "virt.stop", client=client)
+    got = vmselect.run(
+        publish.Fleet(opts, None, client), ALICE, f"T@virt_vm:{U[2]} or G@tenant:beta or G@name:db2", "virt.stop"
+    )
     assert got["selected"] == [] and got["note"] == "the selection matched no VM"  # beta1, db2: not acme's
     assert running(conns) == {"hv1": ["beta1", "web1"], "hv2": ["db2"]}
 
@@ -224,11 +235,12 @@ def test_a_tenants_selection_never_reaches_another_tenants_vm(fleet):
 def test_the_hypervisor_still_checks_the_owner_of_a_tenants_vm(fleet):
     """Belt and braces: were the master's view wrong, the hypervisor refuses a tenant's call on a VM not its own."""
     opts, client, conns = fleet
+    transport = publish.Fleet(opts, client=client)
     client.answers["virt.full_info"]["hv1"] = lambda *a, **k: {
         "host": {},
         "vm_info": {"beta1": {"uuid": U[2], "name": "beta1", "state": "running", "owner": {"tenant": "acme"}}},
     }
-    got = vmselect.run(opts, ALICE, "T@virt_vm", "virt.stop", client=client)
+    got = vmselect.run(transport, ALICE, "T@virt_vm", "virt.stop")
     assert "error" in got["results"][U[2]] and "beta1" in running(conns)["hv1"]
 
 
@@ -236,6 +248,7 @@ def test_a_forged_answer_cannot_add_a_vm_to_a_selection(fleet):
     """Another minion (a tenant's VM) puts an answer for hv2 on the bus, listing another tenant's VM as acme's: it
     is not signed with hv2's key for this request, so the selection never sees it."""
     opts, client, conns = fleet
+    transport = publish.Fleet(opts, client=client)
     forged = {"host": {}, "vm_info": {"beta1": {"uuid": U[2], "name": "beta1", "state": "running"}}}
     real_reply = client.reply
 
@@ -248,6 +261,6 @@ def test_a_forged_answer_cannot_add_a_vm_to_a_selection(fleet):
         real_reply(jid, mid, kwarg, ret, retcode)
 
     client.reply = forge_then_reply
-    got = vmselect.run(opts, OPERATOR, "G@name:beta1 and M@hv2", "virt.stop", client=client)
+    got = vmselect.run(transport, OPERATOR, "G@name:beta1 and M@hv2", "virt.stop")
     assert got["selected"] == [] and got["note"] == "the selection matched no VM"
     assert "beta1" in running(conns)["hv1"] and [f for f, _t in client.published] == ["virt.full_info"]

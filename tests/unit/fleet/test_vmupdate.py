@@ -1,6 +1,6 @@
 """saltvirt.fleet.vmupdate: the master side of ``salt-run virt.update``. The hypervisor is the real module
 ``virt.update``/``virt.full_info`` on libvirt's test driver (``virt_test``), called the way
-``saltvirt.fleet.publish.call`` answers; the quota ledger is a real localfs store (the runner's publication
+``saltvirt.fleet.publish.Fleet.call`` answers; the quota ledger is a real localfs store (the runner's publication
 to real minions through salt-api: tests/integration/test_tenants.py)."""
 
 import threading
@@ -238,7 +238,7 @@ def test_a_tenants_tgt_never_hides_its_vms_elsewhere_from_its_quota(virt_test, t
             2,
             None,
             {},
-            locate=lambda: tenants.where(opts, alice, "u1", None, cfg, client),
+            locate=lambda: tenants.where(publish.Fleet(opts, cfg, client), alice, "u1", None),
             call=call,
             tenant={"name": "acme", "quota": {"vcpus": 2}},
         )
@@ -247,7 +247,7 @@ def test_a_tenants_tgt_never_hides_its_vms_elsewhere_from_its_quota(virt_test, t
     assert sorted(store.fetch(quota.QUOTAS, "acme")["entries"]) == ["u1"]
     # a VM on a hypervisor outside tgt is not found there (tgt still says where to look)
     with pytest.raises(publish.Failed, match="^no VM named a2 in tenant acme$"):
-        tenants.where(opts, alice, "a2", None, cfg, client)
+        tenants.where(publish.Fleet(opts, cfg, client), alice, "a2", None)
 
 
 def test_a_tenant_is_told_whose_call_holds_a_vm_for_its_own_vms_only(virt_test, hv):

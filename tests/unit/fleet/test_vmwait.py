@@ -2,8 +2,8 @@
 created; a wait that runs out (or fails) keeps the VM and says what it saw.
 
 The waiting itself publishes through a salt-master (``fleet.call``, LocalClient): with a real master and
-hypervisor that is tests/integration/test_guest_ips.py. Here ``vmwait.call`` is replaced by a function
-returning what a hypervisor would answer, since unit tests have no salt-master."""
+hypervisor that is tests/integration/test_guest_ips.py. Here the transport is :class:`Fleet`, whose ``call``
+returns what a hypervisor would answer, since unit tests have no salt-master."""
 
 import time
 
@@ -49,13 +49,20 @@ def test_check_refuses_with_a_clear_message(wait, timeout, start, message):
         vmwait.check(wait, timeout, start)
 
 
+class Fleet:
+    """``publish.Fleet``'s part the wait uses: ``call`` (a :class:`Hypervisor`) and the LocalClient ``client``."""
+
+    def __init__(self, client=None, hypervisor=None):
+        self.client, self.call = client, hypervisor
+
+
 class Hypervisor:
     """What ``virt.vm_info NAME`` on the hypervisor answers, one answer per call (the last one repeats)."""
 
     def __init__(self, *answers):
         self.answers, self.calls = list(answers), []
 
-    def __call__(self, opts, host, fun, args, kwarg, cfg, max_wait, client):
+    def __call__(self, host, fun, args, kwarg=None, max_wait=None):
         self.calls.append((host, fun, args))
         ans = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(ans, Exception):
@@ -77,15 +84,14 @@ def fast(monkeypatch):
 
 def test_wait_ip_returns_the_addresses_once_there(monkeypatch, fast):
     hv = Hypervisor(up(), {"status": "down", "error": "did not answer"}, up(ips=[IP]))
-    monkeypatch.setattr(vmwait, "call", hv)
-    ret = vmwait.wait({}, "ip", CREATED, 30, {}, None)
+    ret = vmwait.wait(Fleet(hypervisor=hv), "ip", CREATED, 30)
     assert ret["result"] == "ok" and ret["ips"] == {"52:54:00:00:00:01": [IP]}
     assert hv.calls == [("hyper1", "virt.vm_info", ["web1"])] * 3  # only the new VM, on its own host
 
 
 def test_wait_ip_timeout_keeps_the_vm_and_says_what_it_saw(monkeypatch, fast):
-    monkeypatch.setattr(vmwait, "call", Hypervisor(up(note="lease: network gone")))
-    ret = vmwait.wait({}, "ip", CREATED, 0.1, {}, None)
+    hypervisor = Hypervisor(up(note="lease: network gone"))
+    ret = vmwait.wait(Fleet(hypervisor=hypervisor), "ip", CREATED, 0.1)
     assert ret["result"] == "timeout" and ret["seen"] == {
         "state": "running",
         "ips": {},
@@ -119,17 +125,17 @@ class NoMinion:
 
 
 def test_wait_minion_pings_only_the_new_minion_and_times_out_clearly(monkeypatch):
-    monkeypatch.setattr(vmwait, "call", Hypervisor(up(ips=[IP])))
+    hypervisor = Hypervisor(up(ips=[IP]))
     monkeypatch.setattr(vmwait, "PING_WINDOW", 0.05)
     client = NoMinion()
-    ret = vmwait.wait({}, "minion", CREATED, 0.3, {}, client)
+    ret = vmwait.wait(Fleet(client, hypervisor), "minion", CREATED, 0.3)
     assert ret["result"] == "timeout" and ret["minion"] == "web1-id" and ret["pings"] >= 1
     assert set(client.published) == {(("web1-id",), "test.ping", "list")}  # a list target: never a glob
     assert ret["seen"] == {"state": "running", "ips": {"52:54:00:00:00:01": [IP]}}
     assert ret["message"].startswith("minion web1-id did not answer test.ping within 0.3 s. The VM web1 was created")
 
     unseeded = dict(CREATED, key=None)
-    ret = vmwait.wait({}, "minion", unseeded, 0.1, {}, NoMinion())
+    ret = vmwait.wait(Fleet(NoMinion(), hypervisor), "minion", unseeded, 0.1)
     assert "(no minion key was seeded: seed=False or no image;" in ret["message"]
 
 
@@ -139,7 +145,7 @@ def test_wait_minion_ok(monkeypatch):
             yield None
             yield {"web1-id": {"ret": True, "retcode": 0}}
 
-    ret = vmwait.wait({}, "minion", CREATED, 30, {}, Answers())
+    ret = vmwait.wait(Fleet(Answers()), "minion", CREATED, 30)
     assert ret["result"] == "ok" and ret["minion"] == "web1-id"
 
 
@@ -148,7 +154,7 @@ def test_a_failing_wait_never_fails_the_created_vm(monkeypatch):
         def run_job(self, *args, **kwargs):
             raise SaltClientError("master gone")
 
-    ret = vmwait.wait({}, "minion", CREATED, 30, {}, Broken())
+    ret = vmwait.wait(Fleet(Broken()), "minion", CREATED, 30)
     assert ret["result"] == "error"
     assert ret["message"].startswith("waiting for minion failed (master gone). The VM web1 was created on hyper1")
 
@@ -165,7 +171,7 @@ class LateMinion(NoMinion):
 def test_wait_minion_counts_an_answer_that_came_after_its_window(monkeypatch):
     monkeypatch.setattr(vmwait, "PING_WINDOW", 0.05)
     client = LateMinion()
-    ret = vmwait.wait({}, "minion", CREATED, 30, {}, client)
+    ret = vmwait.wait(Fleet(client), "minion", CREATED, 30)
     assert ret["result"] == "ok" and ret["minion"] == "web1-id"
     assert len(client.published) == 2  # the first one's answer was seen before a third publication
 
@@ -176,9 +182,9 @@ def test_wait_minion_reads_the_last_answer_when_the_time_is_up(monkeypatch):
             return {"web1-id": {"ret": True}} if jid == str(len(self.published)) else {}
 
     monkeypatch.setattr(vmwait, "PING_WINDOW", 0.05)
-    monkeypatch.setattr(vmwait, "call", Hypervisor(up(ips=[IP])))
+    hypervisor = Hypervisor(up(ips=[IP]))
     client = AnswersAfterTheLastWindow()
-    ret = vmwait.wait({}, "minion", CREATED, 0.01, {}, client)
+    ret = vmwait.wait(Fleet(client, hypervisor), "minion", CREATED, 0.01)
     assert ret["result"] == "ok" and len(client.published) == 1
 
 
@@ -203,11 +209,11 @@ class SilentMinion(NoMinion):
 def test_wait_minion_sends_a_silent_guest_fewer_pings_as_time_goes(monkeypatch):
     """A CI run: the tutorial's TCG guest answered each ping ~1 min late while wait=minion published one every
     ~5.5 s; the backlog made the page's next `salt demo1 test.ping` time out. Each window doubles now."""
-    monkeypatch.setattr(vmwait, "call", Hypervisor(up(ips=[IP])))
+    hypervisor = Hypervisor(up(ips=[IP]))
     monkeypatch.setattr(vmwait, "PING_WINDOW", 0.4)
     monkeypatch.setattr(vmwait, "MAX_PING_WINDOW", 1.6)
     client = SilentMinion()
-    ret = vmwait.wait({}, "minion", CREATED, 4.5, {}, client)
+    ret = vmwait.wait(Fleet(client, hypervisor), "minion", CREATED, 4.5)
     assert ret["result"] == "timeout"
     gaps = [b - a for a, b in zip(client.at, client.at[1:], strict=False)]
     assert len(client.published) <= 4 and all(b > a + 0.2 for a, b in zip(gaps, gaps[1:], strict=False)), gaps
