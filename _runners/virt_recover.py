@@ -285,8 +285,8 @@ def balance_log(last=20):
     """
     try:
         _operator("virt.balance_log")
-        last = validate.int_in(last, "last", 1, _balance.LOG_SIZE)
-        return {"entries": _balance.history(fleetstate.Store(__opts__), last)}
+        last = validate.int_in(last, "last", 1, _balance.JOURNAL.size)
+        return {"entries": _balance.JOURNAL.history(fleetstate.Store(__opts__), last)}
     except SaltException as exc:
         return _failed(exc)
 
@@ -307,7 +307,7 @@ def ha_log(last=20):
     """
     try:
         _operator("virt.ha_log")
-        last = validate.int_in(last, "last", 1, ha.LOG_SIZE)
-        return {"entries": ha.history(fleetstate.Store(__opts__), last)}
+        last = validate.int_in(last, "last", 1, ha.JOURNAL.size)
+        return {"entries": ha.JOURNAL.history(fleetstate.Store(__opts__), last)}
     except SaltException as exc:
         return _failed(exc)

@@ -98,8 +98,8 @@ def remediate_log(last=20):
     """
     try:
         tenants.operator_only(callers.job_caller(__opts__, globals(), __salt__), "virt.remediate_log")
-        last = validate.int_in(last, "last", 1, _remediate.LOG_SIZE)
-        return {"entries": _remediate.history(fleetstate.Store(__opts__), last)}
+        last = validate.int_in(last, "last", 1, _remediate.JOURNAL.size)
+        return {"entries": _remediate.JOURNAL.history(fleetstate.Store(__opts__), last)}
     except SaltException as exc:
         return _failed(exc)
 

@@ -52,8 +52,7 @@ from saltvirt.fleet import fleetstate, placement, quota, rebalance, tenants
 
 BANK = "salt-virt/balance"
 STATE = "state"  # the rounds' state: one entry, replaced under compare-and-set by the master that ran the round
-LOG = "log"  # the decisions of the last rounds, newest last
-LOG_SIZE = 200
+JOURNAL = fleetstate.Journal(BANK)  # the decisions of the last rounds: salt-run virt.balance_log
 TAG = "salt/virt/balance/round"  # one event per round (progress only: never a source of decisions)
 DEFAULTS: Data = {
     "enabled": False,  # opt-in (saltvirt.fleet.balancer runs no round without it)
@@ -334,7 +333,7 @@ def commit(store: fleetstate.Store, result: Data, keep: int | None = None) -> bo
     """Store round ``result``'s state if no master committed a round since the state it was decided from
     (compare-and-set on the round number), then add its decisions to the log (the last ``keep``). False: another
     master ran this round first; this one's moves must not be made (decide again from the new state). ``keep``: None
-    is :data:`LOG_SIZE`."""
+    is the journal's size."""
     new = result["state"]
 
     def update(old: Data | None) -> Data:
@@ -346,21 +345,8 @@ def commit(store: fleetstate.Store, result: Data, keep: int | None = None) -> bo
         store.transact(BANK, STATE, update)
     except fleetstate.AbortUpdate:
         return False
-    append_log(store, result["decisions"], keep)
+    JOURNAL.append(store, result["decisions"], keep)
     return True
-
-
-def append_log(store: fleetstate.Store, records: list[Data], keep: int | None = None) -> None:
-    """Add ``records`` to the decision log, keeping the last ``keep`` (None: :data:`LOG_SIZE`)."""
-    keep = LOG_SIZE if keep is None else keep
-    if records:
-        store.transact(BANK, LOG, lambda old: {"entries": [*((old or {}).get("entries") or []), *records][-keep:]})
-
-
-def history(store: fleetstate.Store, last: int | None = None) -> list[Data]:
-    """The logged decisions, oldest first (the ``last`` ones only, when given)."""
-    entries = list((store.fetch(BANK, LOG) or {}).get("entries") or [])
-    return entries[-last:] if last else entries
 
 
 def event_data(result: Data) -> Data:

@@ -180,7 +180,7 @@ def _perform(remote, store, lease, result, policy, hosts, tenancy, tunnel, timeo
     else:
         with contextlib.suppress(fleetstate.AbortUpdate):
             store.transact(balance.BANK, MOVING, _ours(lease.token))
-    balance.append_log(store, _outcomes(result, done, ended))
+    balance.JOURNAL.append(store, _outcomes(result, done, ended))
     if done["moved"]:
         try:
             recovery.refresh(remote)  # the record follows the VMs (virt.recover reads it)

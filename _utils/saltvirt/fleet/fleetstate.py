@@ -291,6 +291,27 @@ def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
 
 
+class Journal:
+    """A bounded log in the shared store (bank ``bank``, entry ``key``): the last ``size`` records, oldest first.
+    What balancing, HA and remediation decided, for ``salt-run virt.balance_log``/``ha_log``/``remediate_log``."""
+
+    def __init__(self, bank: str, key: str = "log", size: int = 200) -> None:
+        self.bank, self.key, self.size = bank, key, size
+
+    def append(self, store: "Store", records: list[Data], keep: int | None = None) -> None:
+        """Add ``records``, keeping the last ``keep`` (None: ``size``)."""
+        keep = self.size if keep is None else keep
+        if records:
+            store.transact(
+                self.bank, self.key, lambda old: {"entries": [*((old or {}).get("entries") or []), *records][-keep:]}
+            )
+
+    def history(self, store: "Store", last: int | None = None) -> list[Data]:
+        """The records, oldest first (the ``last`` ones only, when given)."""
+        entries = list((store.fetch(self.bank, self.key) or {}).get("entries") or [])
+        return entries[-last:] if last else entries
+
+
 class StoreError(CommandExecutionError):
     """The shared store could not be read or updated (it names the store and what to check)."""
 

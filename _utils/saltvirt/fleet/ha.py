@@ -54,8 +54,7 @@ log = logging.getLogger(__name__)
 
 BANK = "salt-virt/ha"
 STATE = "hosts"  # {"hosts": {host: {lost_since, last, handled, retry_at}}}
-LOG = "log"
-LOG_SIZE = 200
+JOURNAL = fleetstate.Journal(BANK)  # the decisions: salt-run virt.ha_log
 ROUND_LOCK = "virt.ha:round"  # a lock name no VM or minion id has (':')
 TAG = "salt/virt/ha/"  # + the decision
 FENCES = ("command", "manual")
@@ -334,20 +333,8 @@ def _round(opts, remote, store, lease, cfg, conf, now):
         else:  # refused (probes, fencing, a record missing): tried again after lost_after, not every round
             state[host] = dict(state[host], retry_at=now + cfg["lost_after"])
     store.transact(BANK, STATE, lambda _old: {"hosts": state})
-    append_log(store, decisions)
+    JOURNAL.append(store, decisions)
     return {"enabled": True, "ran": True, "decisions": decisions}
-
-
-def append_log(store: fleetstate.Store, records: list[Data], keep: int = LOG_SIZE) -> None:
-    """Add ``records`` to the decision log, keeping the last ``keep``."""
-    if records:
-        store.transact(BANK, LOG, lambda old: {"entries": [*((old or {}).get("entries") or []), *records][-keep:]})
-
-
-def history(store: fleetstate.Store, last: int | None = None) -> list[Data]:
-    """The logged decisions, oldest first (the ``last`` ones only, when given)."""
-    entries = list((store.fetch(BANK, LOG) or {}).get("entries") or [])
-    return entries[-last:] if last else entries
 
 
 def serve(

@@ -27,7 +27,7 @@ never read: the balancing round decides from the hypervisors' signed facts. A hi
 hypervisor, a VM not there) changes nothing and is not logged in the shared log (a tenant could otherwise push the
 real entries out of it): the master's log and the runner's answer say why.
 
-Every action and alert goes into the bounded log (bank :data:`BANK` entry :data:`LOG`, ``salt-run
+Every action and alert goes into the bounded log (bank :data:`BANK` entry ``log``, ``salt-run
 virt.remediate_log``) and is fired as ``salt/virt/remediate/<kind>`` (explained: decision, reason). The restarts and
 moves per VM UUID (:data:`CRASHES`), the agents watched (:data:`AGENTS`), the alerts given (:data:`ALERTS`) and the
 last beacon round (:data:`BEACON`) are in the shared store every master uses.
@@ -48,8 +48,8 @@ from saltvirt.fleet import balancer, fleetstate, hypervisors, placement, publish
 log = logging.getLogger(__name__)
 
 BANK = "salt-virt/remediate"
-LOG, CRASHES, AGENTS, ALERTS, BEACON = "log", "crashes", "agents", "alerts", "beacon"
-LOG_SIZE = 200
+CRASHES, AGENTS, ALERTS, BEACON = "crashes", "agents", "alerts", "beacon"
+JOURNAL = fleetstate.Journal(BANK)  # every action and alert: salt-run virt.remediate_log
 TAG = "salt/virt/remediate/"  # + the kind
 KINDS = ("crashed", "io_error", "agent", "beacon")
 DEFAULTS: dict[str, Data] = {
@@ -138,7 +138,7 @@ class Run:
         """A decision made on confirmed facts: logged, fired, and the answer."""
         rec = {"at": self.now(), "kind": self.kind, "host": host, "name": name, "decision": decision, "reason": reason}
         rec.update(more)
-        append_log(self.store, [rec])
+        JOURNAL.append(self.store, [rec])
         level = logging.WARNING if decision in (KEPT_PAUSED, GAVE_UP, MOVE_FAILED, RESTART_FAILED) else logging.INFO
         log.log(level, "virt.remediate %s: %s: %s", self.kind, decision, reason)
         self.fire(TAG + self.kind, rec)
@@ -381,15 +381,3 @@ def _quiet(run: Run, host: str, name: str | None, why: str) -> Data:
 
 def _ts(epoch: Any) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch))) if epoch else "?"
-
-
-def append_log(store: fleetstate.Store, records: list[Data], keep: int = LOG_SIZE) -> None:
-    """Add ``records`` to the remediation log, keeping the last ``keep``."""
-    if records:
-        store.transact(BANK, LOG, lambda old: {"entries": [*((old or {}).get("entries") or []), *records][-keep:]})
-
-
-def history(store: fleetstate.Store, last: int | None = None) -> list[Data]:
-    """The logged remediations, oldest first (the ``last`` ones only, when given)."""
-    entries = list((store.fetch(BANK, LOG) or {}).get("entries") or [])
-    return entries[-last:] if last else entries

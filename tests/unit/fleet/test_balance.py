@@ -305,6 +305,6 @@ def test_rounds_are_committed_once_across_masters_and_the_log_is_bounded(backend
         result = balance.decide(hosts, pol, state, T0 + HOLD * i)
         assert balance.commit(two, result, keep=3) is True
         state = result["state"]
-    log = balance.history(one)
+    log = balance.JOURNAL.history(one)
     assert len(log) == 3 and [d["round"] for d in log] == [3, 4, 4]  # the last 3 decisions, oldest first
-    assert balance.history(one, last=1) == log[-1:]
+    assert balance.JOURNAL.history(one, last=1) == log[-1:]

@@ -40,7 +40,7 @@ def test_a_dry_run_decides_and_commits_logs_moves_and_fires_nothing(tmp_path):
     assert [(m["vm"], m["from"], m["to"]) for m in out["moves"]] == [("v0", "hv1", "hv2")]
     assert "state" not in out
     store = fleetstate.Store(opts)
-    assert balance.load_state(store)["round"] == 1 and balance.history(store) == []
+    assert balance.load_state(store)["round"] == 1 and balance.JOURNAL.history(store) == []
     assert published(client, "virt.full_info") == [HVS] and published(client, "virt.migrate") == [] and fired == []
 
 
@@ -60,7 +60,7 @@ def test_a_committed_round_moves_through_virt_migrates_checks(tmp_path):
     room = store.fetch(fleetstate.RESERVATIONS, "hv2")["entries"]["v0"]
     assert (room["mem"], room["state"]) == (2 * GIB, "settled")
     assert balance.load_state(store)["moved"]["v0"] == {"at": T0, "from": "hv1", "to": "hv2"}
-    log = balance.history(store)
+    log = balance.JOURNAL.history(store)
     assert [e["decision"] for e in log] == [balance.MOVE, balance.LIMIT, balancer.MOVED]
     assert log[-1]["reason"].startswith("v0 moved from hv1 to hv2 in ")
     assert store.fetch(balance.BANK, balancer.MOVING) is None  # its moves ended
@@ -126,7 +126,7 @@ def test_no_round_moves_while_a_timed_out_migration_may_still_run(tmp_path):
     store = fleetstate.Store(opts)
     moving = store.fetch(balance.BANK, balancer.MOVING)
     assert moving["vms"] == ["v0"] and T0 + 0.5 < moving["until"] < T0 + 60
-    assert balance.history(store)[-1]["decision"] == balancer.MOVE_FAILED
+    assert balance.JOURNAL.history(store)[-1]["decision"] == balancer.MOVE_FAILED
     client.published.clear()
     waiting = run(opts, client, now=T0 + 0.6)
     assert waiting["ran"] is False and "round 2's moves (v0), started by master master" in waiting["reason"]
@@ -137,11 +137,11 @@ def test_no_round_moves_while_a_timed_out_migration_may_still_run(tmp_path):
 
 
 def test_the_log_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(balance, "LOG_SIZE", 3)
+    monkeypatch.setattr(balance.JOURNAL, "size", 3)
     opts, client = held(master(tmp_path), T0), signedfleet.SigningClient(answers(fleet()))
     for i in range(3):
         run(opts, client, now=T0 + 10000 * i)  # past each round's cool-down
-    log = balance.history(fleetstate.Store(opts))
+    log = balance.JOURNAL.history(fleetstate.Store(opts))
     assert len(log) == 3 and log[-1]["round"] == 4
 
 
@@ -159,7 +159,7 @@ def test_serve_runs_rounds_until_stopped(tmp_path):
 
     balancer.serve(opts, 0.01, stop, Once)
     assert published(client, "virt.full_info") == [HVS]
-    assert balance.history(fleetstate.Store(opts))[-1]["decision"] == balance.BALANCED
+    assert balance.JOURNAL.history(fleetstate.Store(opts))[-1]["decision"] == balance.BALANCED
 
 
 def test_serve_reads_the_config_again_each_round(tmp_path):
@@ -186,7 +186,7 @@ def test_serve_reads_the_config_again_each_round(tmp_path):
     balancer.serve(dict(master(tmp_path, enabled=False), id="started"), 0.01, stop, Client, reload)
     assert seen == ["started", "started"]  # each round from the opts the engine started with
     assert published(client, "virt.full_info") == [HVS]  # the first round was off: only the second gathered
-    assert balance.history(fleetstate.Store(master(tmp_path)))[-1]["decision"] == balance.BALANCED
+    assert balance.JOURNAL.history(fleetstate.Store(master(tmp_path)))[-1]["decision"] == balance.BALANCED
 
 
 @pytest.mark.parametrize("bad", ["soon", 0, -1])

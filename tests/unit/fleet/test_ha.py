@@ -129,7 +129,7 @@ def test_a_host_lost_both_ways_for_lost_after_is_fenced_and_only_its_ha_vms_rest
     assert decision["not_ha"] == ["db1"] and decision["vms"] == {"web1": "virt:ha:vms lists web*"}
     assert f"web1 on {target}" in decision["reason"]
     assert [tag for tag, _data in cluster.events] == ["salt/virt/ha/lost", "salt/virt/ha/recovered"]
-    assert [d["decision"] for d in ha.history(cluster.store)] == [ha.LOST, ha.RECOVERED]
+    assert [d["decision"] for d in ha.JOURNAL.history(cluster.store)] == [ha.LOST, ha.RECOVERED]
     # never twice: the host stays handled while it is lost
     assert cluster.kinds(cluster.round(T0 + 100 * LOST_AFTER)) == []
     assert cluster.fenced() == ["hv1"] and cluster.hosts.running("web1") == [target]

@@ -101,7 +101,7 @@ class Lab:
         return [tgt for f, tgt in self.client.published if f == fun]
 
     def log(self):
-        return [(e["kind"], e["decision"]) for e in remediate.history(fleetstate.Store(self.opts))]
+        return [(e["kind"], e["decision"]) for e in remediate.JOURNAL.history(fleetstate.Store(self.opts))]
 
 
 @pytest.fixture

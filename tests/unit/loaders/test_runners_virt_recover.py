@@ -39,7 +39,7 @@ def test_a_balance_round_is_a_dry_run_unless_told(salt_run):
     assert [t for f, t in client.published if f == "virt.migrate"] == [["hv1"]]
     log = call("virt.balance_log", last=1)["entries"]
     assert [e["decision"] for e in log] == ["moved"]
-    assert len(call("virt.balance_log")["entries"]) == len(balance.history(fleetstate.Store(opts)))
+    assert len(call("virt.balance_log")["entries"]) == len(balance.JOURNAL.history(fleetstate.Store(opts)))
 
 
 @pytest.mark.parametrize("last", [0, 201, "many"])
@@ -53,7 +53,7 @@ def test_ha_log_shows_the_last_decisions(salt_run):
     call, _client, opts = salt_run
     assert call("virt.ha_log") == {"entries": []}
     records = [{"at": 1.0 + i, "host": "hv1", "decision": d, "reason": "r"} for i, d in enumerate(("lost", "alert"))]
-    ha.append_log(fleetstate.Store(opts), records)
+    ha.JOURNAL.append(fleetstate.Store(opts), records)
     assert call("virt.ha_log", last=1) == {"entries": records[1:]}
     assert call("virt.ha_log")["entries"] == records
     assert call("virt.ha_log", last=0)["retcode"] == 1
