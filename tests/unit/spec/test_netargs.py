@@ -13,6 +13,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.host import netpool
 from saltvirt.spec import netargs
 from saltvirt.xml import netxml
+from tests.support.argtables import signature_mismatches
 from tests.support.saltloader import load_states, make_minion_mods
 
 # a value of every argument, and what else the network needs for it (None: nothing)
@@ -44,21 +45,6 @@ def virt(tmp_path_factory):
     conn.close()
 
 
-def _mismatches(func, names, defaults, var_keyword):
-    params = list(inspect.signature(func).parameters.values())
-    has_var = bool(params) and params[-1].kind is inspect.Parameter.VAR_KEYWORD
-    params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    out = [] if has_var == var_keyword else [f"**kwargs: {has_var}, the table says {var_keyword}"]
-    if [p.name for p in params] != list(names):
-        out.append(f"names: signature {[p.name for p in params]} != table {list(names)}")
-    out += [
-        f"{p.name}: default {p.default!r} in the signature, {defaults[p.name]!r} in the table"
-        for p in params
-        if p.name in defaults and p.default != defaults[p.name]
-    ]
-    return out
-
-
 def _defaults(fun=None):
     return (
         {a.name: a.default for a in netargs.ARGS}
@@ -72,7 +58,7 @@ def test_signatures_are_the_table(virt, fun):
     state = fun in netargs.STATES
     func = load_states(virt)[fun] if state else virt[fun]
     names = ["name", *netargs.BASIC, *netargs.CALLS[fun], *(netargs.NESTED if state else ())]
-    assert _mismatches(func, names, _defaults(fun), var_keyword=not state) == []
+    assert signature_mismatches(func, names, _defaults(fun), var_keyword=not state) == []
 
 
 def test_the_spec_builder_takes_the_table():
@@ -85,7 +71,7 @@ def test_the_signature_check_sees_a_drift():
     def drifted(name, bridge=None, forward="route", **kwargs):
         pass
 
-    found = _mismatches(drifted, ["name", "bridge", "forward", "ip"], _defaults(), var_keyword=True)
+    found = signature_mismatches(drifted, ["name", "bridge", "forward", "ip"], _defaults(), var_keyword=True)
     assert any(m.startswith("names:") for m in found) and any(m.startswith("forward: default") for m in found)
 
 

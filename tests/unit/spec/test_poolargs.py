@@ -12,6 +12,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.host import netpool
 from saltvirt.spec import poolargs
 from saltvirt.xml import poolxml
+from tests.support.argtables import signature_mismatches
 from tests.support.saltloader import load_states, make_minion_mods
 
 ADAPTER = {"type": "scsi_host", "name": "host9"}
@@ -43,34 +44,19 @@ def virt(tmp_path_factory):
     conn.close()
 
 
-def _mismatches(func, names, defaults, var_keyword):
-    params = list(inspect.signature(func).parameters.values())
-    has_var = bool(params) and params[-1].kind is inspect.Parameter.VAR_KEYWORD
-    params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    out = [] if has_var == var_keyword else [f"**kwargs: {has_var}, the table says {var_keyword}"]
-    if [p.name for p in params] != list(names):
-        out.append(f"names: signature {[p.name for p in params]} != table {list(names)}")
-    out += [
-        f"{p.name}: default {p.default!r} in the signature, {defaults[p.name]!r} in the table"
-        for p in params
-        if p.name in defaults and p.default != defaults[p.name]
-    ]
-    return out
-
-
 TABLE = {a.name: a.default for a in poolargs.ARGS} | {"name": inspect.Parameter.empty, "source": None}
 
 
 @pytest.mark.parametrize("fun", sorted(poolargs.CALLS))
 def test_function_signatures_are_the_table(virt, fun):
     names = ["name", *poolargs.NAMES, *poolargs.CALLS[fun]]
-    assert _mismatches(virt[fun], names, TABLE | poolargs.CALLS[fun], var_keyword=True) == []
+    assert signature_mismatches(virt[fun], names, TABLE | poolargs.CALLS[fun], var_keyword=True) == []
 
 
 @pytest.mark.parametrize("fun", poolargs.STATES)
 def test_state_signatures_are_the_table(virt, fun):
     names = ["name", *poolargs.STATE_PARAMS, *poolargs.STATE_CALLS]
-    assert _mismatches(load_states(virt)[fun], names, TABLE | poolargs.STATE_CALLS, var_keyword=False) == []
+    assert signature_mismatches(load_states(virt)[fun], names, TABLE | poolargs.STATE_CALLS, var_keyword=False) == []
 
 
 def test_the_spec_builder_takes_the_table():
@@ -84,7 +70,7 @@ def test_the_signature_check_sees_a_drift():
     def drifted(name, ptype="fs", target=None, **kwargs):
         pass
 
-    found = _mismatches(drifted, ["name", "ptype", "target", "permissions"], TABLE, var_keyword=True)
+    found = signature_mismatches(drifted, ["name", "ptype", "target", "permissions"], TABLE, var_keyword=True)
     assert any(m.startswith("names:") for m in found) and any(m.startswith("ptype: default") for m in found)
 
 
