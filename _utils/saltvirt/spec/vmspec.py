@@ -295,7 +295,7 @@ def _disk_bus(entry):
 
 def _pool_disk(entry, vm_dir, image, image_format, is_first):
     """A disk on a pool volume (Salt's ``disks=[{name, pool, size, format, image | source_file}]``); the
-    pool decides the default format and a disk pool's partition name (saltvirt.storage.voldisks.resolve)."""
+    pool decides the default format and a disk pool's partition name (saltvirt.storage.volumes.resolve)."""
     validate.vm_name(entry["name"], "disk name")
     pool = validate.vm_name(str(entry["pool"]), f"pool of disk {entry['name']}")
     source = entry.get("path")  # Salt's source_file (speckeys maps it to path): an existing volume's name

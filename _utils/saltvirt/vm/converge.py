@@ -25,7 +25,7 @@ from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host import caps
 from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, images, voldisks
+from saltvirt.storage import attach, firmware, images, volumes
 from saltvirt.vm import provision
 from saltvirt.xml import domxml
 
@@ -447,11 +447,11 @@ def _redefine_features(conn, dom, desired, fields):
 
 def _make_disks(desired, changes, uuid, conn=None, operator=None):
     """Create the blank disk files and pool volumes the changes add (all checked first); returns their
-    paths (volumes: what voldisks.create returned)."""
+    paths (volumes: what volumes.create returned)."""
     added = changes.get("disks", {}).get("added", [])
     targets = {d["target"] for d in added}
-    volumes = [d for d in desired.disks if d.pool and d.target in targets]
-    voldisks.resolve(conn, volumes, operator)  # pool allowed and running, no volume taken over
+    pool_disks = [d for d in desired.disks if d.pool and d.target in targets]
+    volumes.resolve(conn, pool_disks, operator)  # pool allowed and running, no volume taken over
     for disk in added:
         if disk.get("pool") or disk["attach"]:  # attached ones passed attach.admit in update()
             continue
@@ -462,11 +462,11 @@ def _make_disks(desired, changes, uuid, conn=None, operator=None):
             )
     made = []
     try:
-        for vol in volumes:
+        for vol in pool_disks:
             if not vol.attach:
                 os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
-                made.append(voldisks.create(conn, vol))
-                voldisks.record(desired.vm_dir, desired.name, made[-1], uuid)
+                made.append(volumes.create(conn, vol))
+                volumes.record(desired.vm_dir, desired.name, made[-1], uuid)
         for disk in added:
             if disk["attach"] or disk["device"] != "disk" or disk.get("pool"):
                 continue
@@ -482,9 +482,9 @@ def _make_disks(desired, changes, uuid, conn=None, operator=None):
 
 def _remove(paths, conn=None):
     for path in paths:
-        if isinstance(path, dict):  # a volume made by voldisks.create
+        if isinstance(path, dict):  # a volume made by volumes.create
             with contextlib.suppress(CommandExecutionError):
-                voldisks.delete(conn, path)
+                volumes.delete(conn, path)
     fsutil.remove_paths([p for p in paths if not isinstance(p, dict)])
 
 

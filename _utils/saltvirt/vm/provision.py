@@ -27,7 +27,7 @@ from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import add_uptimes, bulk_stats, describe
 from saltvirt.pki import envelope
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, foreign, images, intake, voldisks
+from saltvirt.storage import attach, firmware, foreign, images, intake, volumes
 from saltvirt.vm import cleanup
 from saltvirt.xml import domxml
 
@@ -374,7 +374,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             result["cloud_init"] = _cidata(spec, plan, undo)
         for made in result["disks"]:
             if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
-                voldisks.finish_staged(made, spec.disks[0])
+                volumes.finish_staged(made, spec.disks[0])
 
         with lv_errors(f"define VM {name!r} on {host}"):
             dom = define(conn, "domain", domxml.build(spec))
@@ -422,7 +422,7 @@ def _check_disks_and_nics(conn, spec, host, images_dir, operator):
     """Before anything is made: pool disks resolvable, new file disks not taken, existing disks through
     the one door (:func:`saltvirt.storage.attach.admit`), the host bridges the NICs use present.
     Returns what ``admit`` reports of the attached disks."""
-    voldisks.resolve(conn, spec.disks, operator)  # pool disks: pool allowed and running, format, no name taken
+    volumes.resolve(conn, spec.disks, operator)  # pool disks: pool allowed and running, format, no name taken
     for disk in spec.disks:
         if disk.pool or disk.attach:
             continue
@@ -448,15 +448,15 @@ def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, 
     name = spec.name
     if disk.pool and not disk.attach:
         seeds = seeds_first and disk is spec.disks[0] and disk.image
-        made = voldisks.create(
+        made = volumes.create(
             conn,
             disk,
             image=disk.image,
             src_fmt=src_formats.get(disk.name),
             stage_dir=spec.vm_dir if seeds else None,
         )
-        undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: voldisks.delete(conn, m))
-        voldisks.record(spec.vm_dir, name, made)
+        undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: volumes.delete(conn, m))
+        volumes.record(spec.vm_dir, name, made)
         return dict(made, target=disk.target)
     if disk.device != "disk" or not disk.path or disk.attach:
         return None
@@ -626,9 +626,9 @@ def purge(
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)
     files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
-    refs = voldisks.disk_refs(facts)
+    refs = volumes.disk_refs(facts)
     if os.path.isdir(vm_dir) and images.load_manifest(vm_dir) is not None:
-        vols = voldisks.remove_owned(conn, vm_dir, name, uuid, refs)
+        vols = volumes.remove_owned(conn, vm_dir, name, uuid, refs)
         outcome = images.remove_owned(vm_dir, name, uuid, files)
     else:  # not made by salt-virt: Salt's purge deletes its disks and volumes, foreign keeps what others use
         vols = foreign.remove_volumes(conn, name, refs, images_dir, allowed_paths)
