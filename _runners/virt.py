@@ -86,7 +86,7 @@ if saltvirt is not None:
         vmupdate,
         vmwait,
     )
-    from saltvirt.spec import compat, vmargs, vmspec
+    from saltvirt.spec import compat, vmspec
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from salt.utils.event import NamespacedEvent
@@ -383,7 +383,7 @@ def init(
         warnings = compat.init_args(module_kwargs, "salt-run virt.init")
         ignored = ha.flag_ignored(_virt_conf(), owner["meta"].get("tenant"), name, module_kwargs.get("ha"))
         warnings += [ignored] if ignored else []  # an operator's ha=True for a tenant= VM
-        module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
+        module_kwargs = vmcreate.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
         catalog.check_sources(__opts__, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
         module_kwargs = vmcreate.guest_master(__opts__, _virt_conf(), module_kwargs)
         if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only

@@ -86,23 +86,25 @@ def images_dir(fdir):
 def init_direct(fhv, fdir, name, progress, image=None, **kwargs):
     """virt.init through the library, with ``progress`` as the fault hook (``fdir``: where virt:images is)."""
     from saltvirt.host import conn as vconn
+    from saltvirt.spec import vmargs
     from saltvirt.vm import provision
 
     with vconn.connect(fhv.uri, keepalive={"interval": 1, "count": 2}) as conn:
-        return provision.init(
-            conn,
+        req = vmargs.InitRequest(
             name,
             1,
             128,
             image or os.path.join(fdir, "base.raw"),
-            images_dir=images_dir(fdir),
             nic=None,
             seed_backend="loop",
-            allowed_paths=[str(GUEST_DIR), fdir, os.path.dirname(image or fdir)],  # kernel for boot=; the image
             master="salt.example",
-            progress=progress,
             **kwargs,
         )
+        host = provision.Host(
+            images_dir=images_dir(fdir),
+            allowed_paths=[str(GUEST_DIR), fdir, os.path.dirname(image or fdir)],  # kernel for boot=; the image
+        )
+        return provision.init(conn, req, host, progress)
 
 
 def assert_absent(fmods, fdir, name):

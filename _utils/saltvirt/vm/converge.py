@@ -2,8 +2,8 @@
 what applies live and what waits for a restart, and applying it. Used by ``virt.update`` and so by the
 ``virt.running`` / ``virt.defined`` states.
 
-The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` with the init arguments
-``virt.init`` passes (:data:`saltvirt.vm.provision.SPEC_ARGS`), so a state and ``virt.init`` never disagree.
+The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` from the same request
+``virt.init`` builds it from (:class:`saltvirt.spec.vmargs.InitRequest`), so a state and ``virt.init`` never disagree.
 Device XML comes from :mod:`saltvirt.xml.domxml`'s device builders as well (the ones ``virt.init`` uses).
 
 Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
@@ -14,8 +14,9 @@ reported under ``not_in_spec`` and left alone.
 """
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -26,7 +27,6 @@ from saltvirt.host import caps
 from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import attach, firmware, images, volumes
-from saltvirt.vm import provision
 from saltvirt.xml import domxml
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics", "ha") + domxml.FEATURES
@@ -47,9 +47,7 @@ DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_
 
 # desired ------------------------------------------------------------------------------------------
 def desired_spec(
-    name: str,
-    cpu: Any,
-    mem: Any,
+    req: vmargs.InitRequest,
     *,
     images_dir: str,
     profiles: Data | None,
@@ -57,65 +55,43 @@ def desired_spec(
     image: str | None = None,
     image_format: str | None = None,
     allowed_paths: Sequence[str] = (),
-    cloud_init: Any = None,
-    **init_args: Any,
 ) -> vmspec.VMSpec:
-    """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here).
-    ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only). ``cloud_init`` only
-    shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
-    spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
+    """The :class:`VMSpec` ``virt.init`` builds from the same request: of ``req``, what shapes the domain
+    (:func:`saltvirt.spec.vmargs.shaping`; the rest at its defaults), on a host of domain type ``vtype``, with
+    the disks cloned from ``image``. ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config
+    only). ``cloud_init`` only shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
     return vmspec.build(
-        name,
-        cpu,
-        mem,
-        vtype=vtype,
-        image=image,
+        dataclasses.replace(vmargs.shaping(req), vtype=vtype, image=image),
         image_format=image_format,
         images_dir=images_dir,
         profiles=profiles,
         allowed_paths=allowed_paths,
-        cloud_init=cloud_init,
-        **spec_args,
     )
 
 
 def preview(
-    name: str,
-    cpu: Any,
-    mem: Any,
+    req: vmargs.InitRequest,
     *,
     images_dir: str,
     profiles: Data | None,
-    image: str | None = None,
     image_format: str | None = None,
     allowed_paths: Sequence[str] = (),
-    **init_args: Any,
 ) -> Data:
-    """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
-    image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
+    """What ``virt.init`` will create from ``req`` (the state's ``created`` change). With an image whose
+    format is not known yet (not fetched), disks cloned from it say "as the image"."""
+    image = req.image
     spec = desired_spec(
-        name,
-        cpu,
-        mem,
+        req,
         images_dir=images_dir,
         profiles=profiles,
         image=image,
         image_format=image_format or "qcow2",
         allowed_paths=allowed_paths,
-        **init_args,
     )
     unknown = set()
     if image and not image_format:
         other = desired_spec(
-            name,
-            cpu,
-            mem,
-            images_dir=images_dir,
-            profiles=profiles,
-            image=image,
-            image_format="raw",
-            allowed_paths=allowed_paths,
-            **init_args,
+            req, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", allowed_paths=allowed_paths
         )
         unknown = {a.name for a, b in zip(spec.disks, other.disks, strict=True) if a.format != b.format}
     disks = {}
@@ -587,15 +563,15 @@ def apply(
     return report
 
 
-def _managed(cpu, mem, init_args):
-    """The fields a call names: an argument given and not None (Salt's "not given"); of ``boot``, only
+def _managed(req, given):
+    """The fields a call names: an argument ``given`` and not None (Salt's "not given"); of ``boot``, only
     the parts whose keys it has (``boot: {}``: all of them, back to the default)."""
-    given = {k for k, v in init_args.items() if v is not None}
-    boot = init_args.get("boot")
+    given = {k for k in given if getattr(req, k) is not None}
+    boot = req.boot if "boot" in given else None
     return [
         f
         for f in FIELDS
-        if {"cpu": cpu, "mem": mem}.get(f) is not None
+        if {"cpu": req.cpu, "mem": req.mem}.get(f) is not None
         or (
             any(k in given for k in MANAGED_BY.get(f, ()))
             and not (f in BOOT_PARTS and isinstance(boot, dict) and boot and not set(boot) & set(BOOT_PARTS[f]))
@@ -605,48 +581,40 @@ def _managed(cpu, mem, init_args):
 
 def update(
     conn: Conn,
-    name: str,
+    req: vmargs.InitRequest,
+    given: Collection[str],
     *,
     images_dir: str,
     profiles: Data | None,
     test: bool = False,
-    cpu: Any = None,
-    mem: Any = None,
     allowed_paths: Sequence[str] = (),
     live: bool = True,
     operator: Data | None = None,
-    **init_args: Any,
 ) -> Data:
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics), the HA flag (ha: its <metadata>, live too).
     ``live=False`` (Salt's): only the definition changes, a running VM takes it at its next start.
-    ``operator``: the operator's switches (:func:`saltvirt.storage.attach.operator_settings`): a disk added
+    ``req``/``given``: :func:`saltvirt.spec.vmargs.update_request` (cpu/mem None: not given).
+    ``operator``: the operator's switches (:func:`saltvirt.base.switches.operator_settings`): a disk added
     passes :func:`saltvirt.storage.attach.admit`, a pool and a host device must be ones the operator made available."""
-    unknown = sorted(k for k in init_args if k not in vmargs.UPDATE_KWARGS)
-    if unknown:
-        raise SaltInvocationError(
-            f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})"
-        )
+    name = req.name
     dom = get_domain(conn, name)
     facts = current(dom)
     cfg = facts["config"]
-    manage = _managed(cpu, mem, init_args)
-    manage += [f for k, v in (("cpu", cpu), ("mem", mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
-    args = dict(init_args)
+    manage = _managed(req, given)
+    manage += [f for k, v in (("cpu", req.cpu), ("mem", req.mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
+    args = dataclasses.replace(
+        req,
+        cpu=req.cpu if req.cpu is not None else cfg["vcpu_current"],
+        mem=req.mem if req.mem is not None else cfg["mem"],
+    )
     if "nics" not in manage:
-        args.update(nic=None, interfaces=None)
+        args = dataclasses.replace(args, nic=None, interfaces=None)
     if "disks" not in manage:
-        args.update(disk=None, disks=None)
+        args = dataclasses.replace(args, disk=None, disks=None)
     desired = desired_spec(
-        name,
-        cpu if cpu is not None else cfg["vcpu_current"],
-        mem if mem is not None else cfg["mem"],
-        vtype=cfg["type"],
-        images_dir=images_dir,
-        profiles=profiles,
-        allowed_paths=allowed_paths,
-        **args,
+        args, vtype=cfg["type"], images_dir=images_dir, profiles=profiles, allowed_paths=allowed_paths
     )
     if "host_devices" in manage:
         attach.check_host_devices(desired.host_devices, operator)
@@ -656,8 +624,8 @@ def update(
     if "firmware" in manage:  # UEFI files the guest reads: the host's, the operator's, the VM's own
         firmware.check(conn, desired.boot, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
     if "kernel_boot" in manage and desired.boot:  # host files the guest reads: never another VM's
-        given = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
-        attach.host_files(conn, given, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)
+        files = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
+        attach.host_files(conn, files, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)
     if "disks" in manage:  # the disks it adds: through the one door, also for test=True
         have = {d["target"] for d in cfg["disks"]}
         new = [d for d in desired.disks if d.target not in have]

@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.spec import vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml import domxml
 from tests.support import golden as golden_files
@@ -13,13 +14,15 @@ from tests.support import golden as golden_files
 
 def test_xml_escapes_and_round_trips():
     s = spec.build(
-        "vm-1",
-        2,
-        1024,
-        image="/i.qcow2",
+        vmargs.InitRequest(
+            "vm-1",
+            2,
+            1024,
+            image="/i.qcow2",
+            enable_vnc=True,
+            boot={"kernel": "/v/k", "initrd": "/v/i", "cmdline": "console=ttyS0 x='<&>'"},
+        ),
         image_format="qcow2",
-        enable_vnc=True,
-        boot={"kernel": "/v/k", "initrd": "/v/i", "cmdline": "console=ttyS0 x='<&>'"},
         images_dir="/v",
     )
     xml = domxml.build(s)
@@ -35,8 +38,10 @@ def test_xml_escapes_and_round_trips():
 
 
 def test_vnc_only_when_asked():
-    assert "<graphics" not in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v"))
-    assert "<graphics" in domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True))
+    assert "<graphics" not in domxml.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None), images_dir="/v"))
+    assert "<graphics" in domxml.build(
+        spec.build(vmargs.InitRequest("n", 1, 64, disk=None, enable_vnc=True), images_dir="/v")
+    )
 
 
 def test_move_disks_moves_only_mapped_disks_and_drops_their_backing_chain():
@@ -105,7 +110,11 @@ GOLDEN_CASES = {
         disks=[spec.Disk("iso", format="raw", path="/srv/iso/install.iso", device="cdrom", bus="sata", target="sdb")]
     ),
     # the cloud-init seed volume exactly as spec.build makes it for cloud_init=... (saltvirt.guest.cloudinit)
-    "disk-cidata": vm(disks=[spec.build("golden1", 1, 64, images_dir="/srv/vms", disk=None, cloud_init=True).disks[0]]),
+    "disk-cidata": vm(
+        disks=[
+            spec.build(vmargs.InitRequest("golden1", 1, 64, disk=None, cloud_init=True), images_dir="/srv/vms").disks[0]
+        ]
+    ),
     "nic-bridge": vm(nics=[spec.Nic("eth0", type="bridge", source="br0", model="virtio", mac="52:54:00:6b:00:01")]),
     "nic-network": vm(nics=[spec.Nic("eth0", type="network", source="default", model="e1000")]),
     "nic-direct": vm(nics=[spec.Nic("eth0", type="direct", source="eno1", model="virtio", mac="52:54:00:6b:00:02")]),
@@ -154,7 +163,7 @@ def test_golden_check_catches_a_changed_builder():
 
 def test_minion_key_kept_in_metadata():
     """virt.init records the seeded minion key; salt-run virt.purge compares it with the master's."""
-    vm = spec.build("web1", 1, 128, images_dir="/srv/img", profiles={}, disk=None, group="web")
+    vm = spec.build(vmargs.InitRequest("web1", 1, 128, disk=None, group="web"), images_dir="/srv/img", profiles={})
     assert domxml.parse(domxml.build(vm))["minion"] is None
     vm.minion_key = {"minion_id": "web1", "fingerprint": "ab" * 32}
     facts = domxml.parse(domxml.build(vm))
@@ -163,39 +172,43 @@ def test_minion_key_kept_in_metadata():
 
 def test_owner_kept_in_metadata():
     """salt-run virt.init records the tenant and the creator; the runner scopes tenants by it."""
-    vm = spec.build("web1", 1, 128, images_dir="/srv/img", profiles={}, owner={"tenant": "acme", "creator": "alice"})
+    vm = spec.build(
+        vmargs.InitRequest("web1", 1, 128, owner={"tenant": "acme", "creator": "alice"}),
+        images_dir="/srv/img",
+        profiles={},
+    )
     xml = domxml.build(vm)
     assert '<saltvirt:owner tenant="acme" creator="alice" />' in xml
     assert domxml.parse(xml)["owner"] == {"tenant": "acme", "creator": "alice"}
-    assert domxml.parse(domxml.build(spec.build("web2", 1, 128)))["owner"] is None
-    only = spec.build("web3", 1, 128, owner={"creator": "root"})
+    assert domxml.parse(domxml.build(spec.build(vmargs.InitRequest("web2", 1, 128))))["owner"] is None
+    only = spec.build(vmargs.InitRequest("web3", 1, 128, owner={"creator": "root"}))
     assert domxml.parse(domxml.build(only))["owner"] == {"tenant": None, "creator": "root"}
     for bad in ({"tenant": "a b"}, {"tenant": "x", "role": "admin"}, "acme", {"creator": "<x>"}):
         with pytest.raises(SaltInvocationError, match="owner"):
-            spec.build("web4", 1, 128, owner=bad)
+            spec.build(vmargs.InitRequest("web4", 1, 128, owner=bad))
 
 
 @pytest.mark.parametrize("image", ["debian12", "https://images.example.com:8443/a&b/web.qcow2", "/srv/img/x.raw"])
 def test_image_kept_in_metadata(image):
     """virt.init records the image a VM came from (a catalog name or a source); parse reads it back."""
-    vm = spec.build("web1", 1, 128, images_dir="/srv/img", profiles={}, owner={"tenant": "acme"})
+    vm = spec.build(vmargs.InitRequest("web1", 1, 128, owner={"tenant": "acme"}), images_dir="/srv/img", profiles={})
     assert domxml.parse(domxml.build(vm))["image"] is None
     vm.image_origin = image
     xml = domxml.build(vm)
     assert domxml.parse(xml)["image"] == image and domxml.parse(xml)["owner"] == {"tenant": "acme", "creator": None}
     assert ET.fromstring(xml).find(f"metadata/{{{domxml.METADATA_NS}}}vm/{{{domxml.METADATA_NS}}}image").text == image
-    alone = spec.build("web2", 1, 128)  # the image is reason enough for salt-virt's <metadata>
+    alone = spec.build(vmargs.InitRequest("web2", 1, 128))  # the image is reason enough for salt-virt's <metadata>
     alone.image_origin = image
     assert domxml.parse(domxml.build(alone))["image"] == image
 
 
 def test_new_vms_get_the_guest_agent_channel_unless_opted_out():
-    assert spec.build("ga1", 1, 128).guest_agent is True
-    xml = domxml.build(spec.build("ga1", 1, 128))
+    assert spec.build(vmargs.InitRequest("ga1", 1, 128)).guest_agent is True
+    xml = domxml.build(spec.build(vmargs.InitRequest("ga1", 1, 128)))
     assert domxml.parse(xml)["guest_agent"] == "unknown"  # defined, not running: libvirt reports no state
     assert "org.qemu.guest_agent.0" in xml
     for off in (False, "false", "no"):
-        xml = domxml.build(spec.build("ga1", 1, 128, guest_agent=off))
+        xml = domxml.build(spec.build(vmargs.InitRequest("ga1", 1, 128, guest_agent=off)))
         assert "channel" not in xml and domxml.parse(xml)["guest_agent"] is None
 
 
@@ -310,19 +323,27 @@ def test_domain_readers_name_a_missing_devices_element():
 def test_a_vnc_console_gets_a_websocket_on_a_free_port_and_spice_none():
     """The web console's noVNC reaches QEMU's VNC over websocket; libvirt picks its port (-1), it listens
     where the VNC listens."""
-    vnc = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    vnc = domxml.read(
+        domxml.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None, enable_vnc=True), images_dir="/v"))
+    )
     (g,) = vnc.findall("devices/graphics")
     assert (g.get("type"), g.get("websocket"), g.get("listen")) == ("vnc", "-1", "127.0.0.1")
     assert domxml.parse(vnc)["graphics"][0]["websocket"] == -1
-    spice = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", graphics="spice")))
+    spice = domxml.read(
+        domxml.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None, graphics="spice"), images_dir="/v"))
+    )
     assert spice.find("devices/graphics").get("websocket") is None
     assert domxml.parse(spice)["graphics"][0]["websocket"] is None
     assert domxml.vnc_websocket(vnc) is None  # -1: not running, no port yet
     # never without a password (QEMU would then start it without password authentication): a random one unless
     # one is given
-    again = domxml.read(domxml.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    again = domxml.read(
+        domxml.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None, enable_vnc=True), images_dir="/v"))
+    )
     assert len(g.get("passwd")) == 8 and again.find("devices/graphics").get("passwd") != g.get("passwd")
-    given = spec.build("n", 1, 64, disk=None, images_dir="/v", graphics={"type": "vnc", "password": "mine"})
+    given = spec.build(
+        vmargs.InitRequest("n", 1, 64, disk=None, graphics={"type": "vnc", "password": "mine"}), images_dir="/v"
+    )
     assert domxml.read(domxml.build(given)).find("devices/graphics").get("passwd") == "mine"
     assert spice.find("devices/graphics").get("passwd") is None
 
@@ -351,20 +372,20 @@ def test_the_live_websocket_console_and_its_password_change():
 
 def test_ha_kept_in_metadata():
     """virt.init ha=True records the flag automatic HA reads (saltvirt.fleet.ha); parse reads it back."""
-    assert domxml.parse(domxml.build(spec.build("web1", 1, 128)))["ha"] is False
-    vm = spec.build("web1", 1, 128, group="web", owner={"creator": "root"}, ha="yes")
+    assert domxml.parse(domxml.build(spec.build(vmargs.InitRequest("web1", 1, 128))))["ha"] is False
+    vm = spec.build(vmargs.InitRequest("web1", 1, 128, group="web", owner={"creator": "root"}, ha="yes"))
     xml = domxml.build(vm)
     assert ET.fromstring(xml).find(f"metadata/{{{domxml.METADATA_NS}}}vm/{{{domxml.METADATA_NS}}}ha").text == "true"
     facts = domxml.parse(xml)
     assert facts["ha"] is True and facts["group"] == "web" and facts["owner"] == {"tenant": None, "creator": "root"}
     with pytest.raises(SaltInvocationError, match="ha must be true or false"):
-        spec.build("web1", 1, 128, ha="maybe")
+        spec.build(vmargs.InitRequest("web1", 1, 128, ha="maybe"))
 
 
 def test_with_ha_keeps_the_rest_of_salt_virts_metadata():
     """virt.update ha=: libvirt's setMetadata replaces salt-virt's whole <vm> element: the group, owner, minion key
     and image must survive, as libvirt writes it back (namespaced) into the domain."""
-    vm = spec.build("web1", 1, 128, group="web", owner={"tenant": "acme", "creator": "alice"})
+    vm = spec.build(vmargs.InitRequest("web1", 1, 128, group="web", owner={"tenant": "acme", "creator": "alice"}))
     vm.minion_key, vm.image_origin = {"minion_id": "web1", "fingerprint": "ab" * 32}, "debian12"
     xml = domxml.build(vm)
     on = domxml.with_ha(xml, True)
@@ -383,5 +404,11 @@ def test_with_ha_keeps_the_rest_of_salt_virts_metadata():
     facts = injected(on)
     assert facts["ha"] is True and facts["group"] == "web" and facts["image"] == "debian12"
     assert facts["owner"] == {"tenant": "acme", "creator": "alice"} and facts["minion"]["id"] == "web1"
-    assert injected(domxml.with_ha(domxml.build(spec.build("web1", 1, 128, ha=True)), False))["ha"] is False
-    assert ET.fromstring(domxml.with_ha(domxml.build(spec.build("web2", 1, 128)), True)).findtext("ha") == "true"
+    assert (
+        injected(domxml.with_ha(domxml.build(spec.build(vmargs.InitRequest("web1", 1, 128, ha=True))), False))["ha"]
+        is False
+    )
+    assert (
+        ET.fromstring(domxml.with_ha(domxml.build(spec.build(vmargs.InitRequest("web2", 1, 128))), True)).findtext("ha")
+        == "true"
+    )

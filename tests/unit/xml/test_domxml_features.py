@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from saltvirt.spec import cpumem
+from saltvirt.spec import cpumem, vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml import domxml
 
@@ -140,17 +140,19 @@ def test_golden_features(golden, case):
 def test_feature_facts_from_spec_build():
     """What virt.init's arguments become, read back the way virt.update compares them."""
     s = spec.build(
-        "f1",
-        1,
-        64,
-        disk=None,
-        nic=None,
+        vmargs.InitRequest(
+            "f1",
+            1,
+            64,
+            disk=None,
+            nic=None,
+            boot={"efi": "yes", "secure_boot": True},
+            serials=[{"type": "tcp", "port": "4555", "protocol": "raw"}],
+            consoles={"type": "pty"},
+            tpm=True,
+            stop_on_reboot="true",
+        ),
         images_dir="/v",
-        boot={"efi": "yes", "secure_boot": True},
-        serials=[{"type": "tcp", "port": "4555", "protocol": "raw"}],
-        consoles={"type": "pty"},
-        tpm=True,
-        stop_on_reboot="true",
     )
     facts = domxml.feature_facts(domxml.build(s))
     assert facts == {
