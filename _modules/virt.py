@@ -34,12 +34,12 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.base import validate
+    from saltvirt.base import switches, validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
-    from saltvirt.storage import attach, intake
+    from saltvirt.storage import intake
     from saltvirt.vm import progress, provision
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -95,7 +95,7 @@ def _allowed_paths():
 def _operator():
     """The operator's disk and device switches (``virt:pools``, ``virt:host_devices``,
     ``virt:adopt_orphan_disks``) from the minion config only."""
-    return attach.operator_settings(__opts__)
+    return switches.operator_settings(__opts__)
 
 
 def _progress(name):

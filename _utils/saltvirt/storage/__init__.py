@@ -1,7 +1,7 @@
 """Disks and images: qemu-img, the ownership manifest, the one door for untrusted images, pool volumes (layer 6).
 
 ``images`` (create, clone, info, manifests), ``intake`` (fetch, checksum, format checks, base gc), ``attach``
-(the one door for existing disks a VM is given, the operator's disk and device switches), ``volumes``
+(the one door for existing disks a VM is given, checked against the operator's switches), ``volumes``
 (VM disks on pool volumes), ``pools`` (Salt's ``pool_*``/``volume_*``), ``rawcalls`` (those of them that
 define or write, within the operator's limits) and ``firmware`` (the UEFI files a VM may be given). Both
 sides (the runner uses intake).

@@ -23,10 +23,10 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Conn, Data, Domain
-from saltvirt.host import caps
 from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, images, volumes
+from saltvirt.storage import images, volumes
+from saltvirt.vm import resolve
 from saltvirt.xml import domxml
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics", "ha") + domxml.FEATURES
@@ -217,14 +217,13 @@ def diff(desired: vmspec.VMSpec, current_facts: Data, manage: Sequence[str] = FI
     changes = _diff_cpu_mem(desired, cfg, manage)
     if "graphics" in manage:
         have = cfg["graphics"][0] if cfg["graphics"] else None
-        if desired.graphics and not desired.graphics.password and have and have.get("passwd"):
-            desired.graphics.password = have["passwd"]  # no password given: the VM keeps its own
-        want, was = _gfx_summary(desired.graphics), _gfx_summary(have)
+        gfx = desired.graphics
+        if gfx and not gfx.password and have and have.get("passwd"):
+            gfx = dataclasses.replace(gfx, password=have["passwd"])  # no password given: the VM keeps its own
+        want, was = _gfx_summary(gfx), _gfx_summary(have)
         if want != was:
             changes["graphics"] = {"old": was, "new": want}
-        elif (
-            want and want["password"] and desired.graphics and have and desired.graphics.password != have.get("passwd")
-        ):
+        elif want and want["password"] and gfx and have and gfx.password != have.get("passwd"):
             changes["graphics"] = {"old": was, "new": want, "password": "changed"}
     if "nics" in manage:
         nics = _diff_nics(desired, cfg["nics"])
@@ -426,8 +425,7 @@ def _make_disks(desired, changes, uuid, conn=None, operator=None):
     paths (volumes: what volumes.create returned)."""
     added = changes.get("disks", {}).get("added", [])
     targets = {d["target"] for d in added}
-    pool_disks = [d for d in desired.disks if d.pool and d.target in targets]
-    volumes.resolve(conn, pool_disks, operator)  # pool allowed and running, no volume taken over
+    pool_disks = [d for d in desired.disks if d.pool and d.target in targets]  # resolved by resolve.pool_volumes
     for disk in added:
         if disk.get("pool") or disk["attach"]:  # attached ones passed attach.admit in update()
             continue
@@ -540,6 +538,8 @@ def apply(
         dom = _redefine_features(conn, dom, desired, feats)
     created: Data = {"nics": [], "disks": {}}
     if set(changes) & {"graphics", "nics", "disks"}:
+        targets = {d["target"] for d in changes.get("disks", {}).get("added", [])}
+        desired = resolve.pool_volumes(conn, desired, targets, operator)  # pool allowed and running, none taken over
         made = _make_disks(desired, changes, dom.UUIDString(), conn, operator)
         try:
             dom = _redefine(conn, dom, desired, changes, created)
@@ -616,23 +616,9 @@ def update(
     desired = desired_spec(
         args, vtype=cfg["type"], images_dir=images_dir, profiles=profiles, allowed_paths=allowed_paths
     )
-    if "host_devices" in manage:
-        attach.check_host_devices(desired.host_devices, operator)
-        desired.hostdevs = caps.host_devices(conn, desired.host_devices)
-    if "serials" in manage or "consoles" in manage:  # TCP ports: virt:serial_tcp_ports only
-        attach.check_serials(desired.serials + desired.consoles, operator)
-    if "firmware" in manage:  # UEFI files the guest reads: the host's, the operator's, the VM's own
-        firmware.check(conn, desired.boot, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
-    if "kernel_boot" in manage and desired.boot:  # host files the guest reads: never another VM's
-        files = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
-        attach.host_files(conn, files, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)
-    if "disks" in manage:  # the disks it adds: through the one door, also for test=True
-        have = {d["target"] for d in cfg["disks"]}
-        new = [d for d in desired.disks if d.target not in have]
-        for d in new:
-            if d.pool:
-                attach.check_pool(d.pool, d.attach, operator)
-        attach.admit(conn, new, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
+    desired = resolve.for_update(
+        conn, desired, cfg, manage, uuid=dom.UUIDString(), images_dir=images_dir, operator=operator
+    )
     changes = diff(desired, facts, manage)
     ret: Data = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
     went_live: set[str] = set()

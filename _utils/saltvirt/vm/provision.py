@@ -14,7 +14,6 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
-from uuid import uuid4
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -22,14 +21,14 @@ from saltvirt.base import fsutil, metrics, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base.undo import Undo
 from saltvirt.guest import cloudinit, firstboot, seed
-from saltvirt.host import caps, hosttype
+from saltvirt.host import hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import add_uptimes, bulk_stats, describe
 from saltvirt.pki import envelope
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, foreign, images, intake, volumes
-from saltvirt.vm import cleanup
+from saltvirt.storage import foreign, images, intake, volumes
+from saltvirt.vm import cleanup, resolve
 from saltvirt.xml import domxml
 
 log = logging.getLogger(__name__)
@@ -173,7 +172,7 @@ class Host:
     manifest as its creator; ``cache_file``: Salt's ``cp.cache_file`` for salt:// images; ``pki_dir``,
     ``job``, ``replay_cache``: where and in which job a sealed secret opens (:mod:`saltvirt.pki.envelope`);
     ``http_images``/``image_trusted``: the operator's ``virt:insecure_http_images`` and whether the image
-    is one of ``virt:insecure_trusted_images``; ``operator``: :func:`saltvirt.vm.resolve.operator_settings`."""
+    is one of ``virt:insecure_trusted_images``; ``operator``: :func:`saltvirt.base.switches.operator_settings`."""
 
     images_dir: str = vmspec.DEFAULT_IMAGES_DIR
     host_id: str | None = None
@@ -294,27 +293,23 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
     vm_dir = spec.vm_dir  # <images_dir>/<name>: build names it (None only in a spec made for its XML alone)
     if vm_dir is None:
         raise CommandExecutionError(f"the spec of {name!r} names no VM directory")
-    spec.tb_cache_mib = tb_cache  # the operator's, as vtype: never a call's
-    spec.uuid = str(uuid4())  # ours before anything is made: the manifest records it first
-    spec.image_origin = origin  # in <metadata>: the VM's image grain (docs/topics/resources.md)
+    resolved = resolve.for_init(
+        conn,
+        spec,
+        images_dir=images_dir,
+        operator=host.operator,
+        tb_cache_mib=tb_cache,
+        image_origin=origin,
+        image=req.image,
+        fetched=info,
+        accept=accept,
+    )
+    spec, src_formats, sources = resolved.spec, resolved.src_formats, resolved.sources
+    attached = resolved.attached
+    missing = _local_bridge_missing(conn.getURI(), spec.nics)
+    if missing:
+        raise CommandExecutionError(_bridge_hint(missing[0], hostname))
     plan = firstboot.Plan(spec.cloud_init, host.minion_install, host.cache_file)
-    if spec.graphics and not spec.graphics.password:
-        # a console without a password is open to whoever reaches its socket: generate one. It stays in
-        # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return
-        spec.graphics.password = vmspec.console_password()
-    src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
-    for disk in spec.disks:
-        if info is not None and disk.image and disk.image == fetched:
-            src_formats[disk.name], sources[disk.name] = info["format"], req.image
-        elif disk.image:  # a disk entry with an image of its own: through the same door
-            extra = accept(disk.image)
-            sources[disk.name] = disk.image
-            disk.image, src_formats[disk.name] = extra["path"], extra["format"]
-    operator = host.operator
-    attached = _check_disks_and_nics(conn, spec, hostname, images_dir, operator)
-    attach.check_host_devices(spec.host_devices, operator)  # only what the operator lists in virt:host_devices
-    attach.check_serials(spec.serials + spec.consoles, operator)  # TCP ports: virt:serial_tcp_ports only
-    spec.hostdevs = caps.host_devices(conn, spec.host_devices)  # unknown names refused before anything is made
 
     undo = Undo(stop_at_failure=True)
     result = {"name": name, "host": hostname, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
@@ -335,6 +330,9 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
             made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
             if made:
                 result["disks"].append(made)
+        # a volume's path is known once it is made (a block volume is seeded in a staging file first)
+        made_at = {d["name"]: d.get("staged") or d["path"] for d in result["disks"] if d.get("pool")}
+        spec = resolve.with_disk_paths(spec, made_at)
         progress("disks_ready", disks=[d["path"] for d in result["disks"]])
 
         result["seed"] = None
@@ -342,14 +340,16 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
             result["seed"], result["key"] = _seed(spec, seed_request, plan, keypair)
             result["minion"] = plan.report()
             progress("seeded", backend=result["seed"]["backend"])
-            spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+            key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+            spec = dataclasses.replace(spec, minion_key=key)
         else:
             progress.skip("seeded")
         if spec.cloud_init is not None:
             result["cloud_init"] = _cidata(spec, plan, undo)
         for made in result["disks"]:
             if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
-                volumes.finish_staged(made, spec.disks[0])
+                volumes.finish_staged(made, spec.disks[0].format)
+                spec = resolve.with_disk_paths(spec, {made["name"]: made["path"]})
 
         with lv_errors(f"define VM {name!r} on {hostname}"):
             dom = define(conn, "domain", domxml.build(spec))
@@ -391,30 +391,6 @@ def _full_hint(images_dir):
         f"A filesystem this VM's disks go on is full (virt:images {images_dir}: {free}; a pool disk: its pool's): "
         "free space there, or set virt:images (or the disk's pool) to one with room, then retry"
     )
-
-
-def _check_disks_and_nics(conn, spec, hostname, images_dir, operator):
-    """Before anything is made: pool disks resolvable, new file disks not taken, existing disks through
-    the one door (:func:`saltvirt.storage.attach.admit`), the host bridges the NICs use present.
-    Returns what ``admit`` reports of the attached disks."""
-    volumes.resolve(conn, spec.disks, operator)  # pool disks: pool allowed and running, format, no name taken
-    for disk in spec.disks:
-        if disk.pool or disk.attach:
-            continue
-        if disk.path and os.path.lexists(disk.path):
-            raise SaltInvocationError(
-                f"disk file {disk.path} already exists: refusing to overwrite it. Remove it yourself if it is "
-                f"not needed, or choose another VM name"
-            )
-    attached = attach.admit(conn, spec.disks, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
-    boot = spec.boot or vmspec.Boot()
-    given = [("boot:kernel", boot.kernel), ("boot:initrd", boot.initrd), ("serial_log", spec.serial_log)]
-    attach.host_files(conn, given, vm=spec.name, uuid=None, images_dir=images_dir)
-    firmware.check(conn, spec.boot, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
-    missing = _local_bridge_missing(conn.getURI(), spec.nics)
-    if missing:
-        raise CommandExecutionError(_bridge_hint(missing[0], hostname))
-    return attached
 
 
 def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo):

@@ -11,9 +11,9 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base import switches
 from saltvirt.host.conn import libvirt
 from saltvirt.spec import vmargs
-from saltvirt.storage import attach
 from saltvirt.vm import converge
 from saltvirt.xml import domxml
 from tests.support.saltloader import load_states, make_minion_mods
@@ -608,7 +608,7 @@ def test_host_devices_are_looked_up_and_passed_through(tmp_path):
             conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["usb_3_1"]}), **args
         )  # none unless virt:host_devices lists it
     listed = ["pci_0000_00_1f_2", "usb_3_1", "pci_0000_00_1f_3", "net_eth9_52_54_00_00_00_09"]
-    args["operator"] = attach.operator_settings({"virt": {"host_devices": listed}})
+    args["operator"] = switches.operator_settings({"virt": {"host_devices": listed}})
     done = converge.update(
         conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["pci_0000_00_1f_2", "usb_3_1"]}), **args
     )
