@@ -282,6 +282,7 @@ import sys, time
 sys.path.insert(0, {utils!r})
 from saltvirt.guest import guestroot
 from saltvirt.host import conn
+from saltvirt.spec import vmargs
 from saltvirt.vm import provision
 _write_files = guestroot.write_files
 def _write_and_hold(root, files):
@@ -289,8 +290,9 @@ def _write_and_hold(root, files):
     time.sleep(600)
 guestroot.write_files = _write_and_hold
 with conn.connect({uri!r}) as c:
-    provision.init(c, {name!r}, 1, 128, {image!r}, images_dir={images!r}, nic=None, seed_backend="qsd-fuse",
-                   master="salt.example", start=False, allowed_paths=[{fdir!r}])
+    req = vmargs.InitRequest({name!r}, 1, 128, {image!r}, nic=None, seed_backend="qsd-fuse", master="salt.example",
+                             start=False)
+    provision.init(c, req, provision.Host(images_dir={images!r}, allowed_paths=[{fdir!r}]))
 """
 
 
