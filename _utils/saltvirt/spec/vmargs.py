@@ -60,8 +60,8 @@ class Arg:
 
 
 _REQUIRED = object()
-_NAMED = ""  # into= of a checked row left out: the VMSpec field has the argument's name
-_LEFT_OUT = "-"
+_UNSET = "<unset>"  # into= left out: a checked row fills the VMSpec field of its own name, another one none
+_ITS_NAME = "<its name>"
 
 
 def _row(
@@ -69,12 +69,12 @@ def _row(
     takes: str,
     doc: str,
     check: Callable[[Any], Any] | None = None,
-    into: str | None = _LEFT_OUT,
+    into: str | None = _UNSET,
     **how: Any,
 ) -> Any:
     """One row: the request field's default, the rest of the row in its metadata (read back as :data:`ARGS`)."""
-    if into == _LEFT_OUT:
-        into = None if check is None else _NAMED
+    if into == _UNSET:
+        into = None if check is None else _ITS_NAME
     meta = {"row": dict(how, takes=takes, doc=doc, check=check, into=into)}
     if default is _REQUIRED:
         return dataclasses.field(metadata=meta)
@@ -190,7 +190,7 @@ class InitRequest:
 
 def _arg(f: dataclasses.Field) -> Arg:
     row = dict(f.metadata["row"])
-    if row["into"] == _NAMED:
+    if row["into"] == _ITS_NAME:
         row["into"] = f.name
     default = _REQUIRED if f.default is dataclasses.MISSING else f.default
     return Arg(name=f.name, default=default, type=getattr(f.type, "__name__", None) or str(f.type), **row)

@@ -250,9 +250,8 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
             f"a VM named {name!r} is already defined on {hostname}: pick another name or purge it"
         )
     kind = hosttype.detect(conn, req.vtype or host.vtype)
-    tb_cache = vmspec.tb_cache_mib(
-        host.tb_cache_mib, kind["type"]
-    )  # the operator's: a bad value stops before any fetch
+    # the operator's: a bad value stops before any fetch
+    tb_cache = vmspec.tb_cache_mib(host.tb_cache_mib, kind["type"])
     seed_request = seed.Request.of(
         dataclasses.replace(req, master=req.master or host.master), host.pki_dir, host.job, host.replay_cache
     )
