@@ -179,7 +179,7 @@ class Host:
     profiles: Data | None = None
     cache_file: Callable[[str], Any] | None = None
     vtype: str | None = None  # virt:type: the domain type when the call names none
-    master: str | None = None  # the master the new minion connects to when the call names none
+    master: str | list | None = None  # the master(s) the new minion connects to when the call names none
     pki_dir: str | None = None
     job: str | None = None
     replay_cache: str | None = None
