@@ -34,12 +34,12 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{modules,utils/sal
 if saltvirt is not None:
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
-    from saltvirt.base import validate
+    from saltvirt.base import switches, validate
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.host import conn as _c
     from saltvirt.spec import compat, vmargs
-    from saltvirt.storage import attach, intake
+    from saltvirt.storage import intake
     from saltvirt.vm import progress, provision
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -95,7 +95,7 @@ def _allowed_paths():
 def _operator():
     """The operator's disk and device switches (``virt:pools``, ``virt:host_devices``,
     ``virt:adopt_orphan_disks``) from the minion config only."""
-    return attach.operator_settings(__opts__)
+    return switches.operator_settings(__opts__)
 
 
 def _progress(name):
@@ -271,7 +271,7 @@ def init(
     job = kwargs.get("__pub_jid")  # Salt's own job id: a sealed secret opens only in the job it was sealed for
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     warnings = compat.init_args(kwargs)
-    vtype = kwargs.pop("vtype", None) or vtype
+    vtype = kwargs.pop("vtype", None) or vtype  # Salt's hypervisor=/vm_type= (compat.init_args)
     images = kwargs.pop("images", None)
     images_dir = compat.images_dir(images, _images_dir(), _allowed_paths())
     compat.refuse_unknown(kwargs, _INIT_ARGS, "virt.init")
@@ -282,46 +282,41 @@ def init(
     if seed_cmd not in ("seed.apply", None, ""):
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
     compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
-    spec_args = {key: value for key, value in locals().items() if key in provision.SPEC_ARGS}
+    # every argument by name (tests/unit/spec/test_vmargs.py checks the list is the table's)
+    # fmt: off
+    req = vmargs.InitRequest(
+        name=name, cpu=cpu, mem=mem, image=image, nic=nic, disk=disk, disks=disks, interfaces=interfaces,
+        enable_qcow=enable_qcow, enable_vnc=enable_vnc, graphics=graphics, boot=boot, start=start, seed=seed,
+        seed_cmd=seed_cmd, seed_backend=seed_backend, saltenv=saltenv, pub_key=pub_key, priv_key=priv_key,
+        master=master, minion_id=minion_id, minion_config=minion_config, vtype=vtype, serial_log=serial_log,
+        group=group, connection=connection, checksum=checksum, allow_http=allow_http, trusted_image=trusted_image,
+        cloud_init=cloud_init, guest_agent=guest_agent, boot_dev=boot_dev, os_type=os_type, arch=arch,
+        stop_on_reboot=stop_on_reboot, serials=serials, consoles=consoles, tpm=tpm, clock=clock,
+        hypervisor_features=hypervisor_features, numatune=numatune, host_devices=host_devices, owner=owner, ha=ha,
+        catalog_image=catalog_image,
+    )
+    # fmt: on
+    host = provision.Host(
+        images_dir=images_dir,
+        host_id=__opts__.get("id"),  # the manifest's creating host
+        profiles=profiles,
+        cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
+        vtype=_cfg("virt:type", None),
+        master=__opts__.get("master"),
+        pki_dir=__opts__.get("pki_dir"),
+        job=job,
+        replay_cache=os.path.join(__opts__.get("cachedir") or "", "salt-virt", "opened-envelopes"),
+        http_images=_bool(_cfg("virt:insecure_http_images", False)),
+        image_trusted=isinstance(image, str) and image in (_cfg("virt:insecure_trusted_images", None) or ()),
+        max_image_mib=_cfg("virt:max_image_mib", None),
+        allowed_paths=_allowed_paths(),
+        image_sources=_cfg("virt:image_sources", None),
+        operator=_operator(),
+        tb_cache_mib=_cfg("virt:tcg_tb_cache_mib", None),
+        minion_install=_cfg("virt:minion_install", None),
+    )
     with _conn(connection) as conn, _progress(name) as events:
-        ret = provision.init(
-            conn,
-            name,
-            cpu,
-            mem,
-            image,
-            images_dir=images_dir,
-            host_id=__opts__.get("id"),  # the manifest's creating host
-            profiles=profiles,
-            cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
-            vtype=vtype or _cfg("virt:type", None),
-            start=start,
-            seed=seed,
-            seed_backend=seed_backend,
-            minion_id=minion_id,
-            master=master or __opts__.get("master"),
-            pub_key=pub_key,
-            priv_key=priv_key,
-            minion_config=minion_config,
-            pki_dir=__opts__.get("pki_dir"),
-            envelope_job=job,
-            replay_cache=os.path.join(__opts__.get("cachedir") or "", "salt-virt", "opened-envelopes"),
-            progress=events,
-            checksum=checksum,
-            allow_http=_bool(_cfg("virt:insecure_http_images", False)),
-            trusted_image=isinstance(image, str) and image in (_cfg("virt:insecure_trusted_images", None) or ()),
-            max_image_mib=_cfg("virt:max_image_mib", None),
-            allowed_paths=_allowed_paths(),
-            image_sources=_cfg("virt:image_sources", None),
-            operator=_operator(),
-            tb_cache_mib=_cfg("virt:tcg_tb_cache_mib", None),
-            cloud_init=cloud_init,
-            minion_install=_cfg("virt:minion_install", None),
-            guest_agent=guest_agent,
-            owner=owner,
-            catalog_image=catalog_image,
-            **spec_args,
-        )
+        ret = provision.init(conn, req, host, progress=events)
     if warnings:
         ret["warnings"] = warnings
     return ret
@@ -757,19 +752,18 @@ def update(name, cpu=None, mem=None, test=False, connection=None, **kwargs):
         cpu = None
     if mem in (0, "0"):
         mem = None
+    req, given = vmargs.update_request(name, cpu, mem, kwargs)
     with _conn(connection) as conn:
         ret = converge.update(
             conn,
-            name,
+            req,
+            given,
             allowed_paths=_allowed_paths(),
             operator=_operator(),
             images_dir=_images_dir(),
             profiles={"nic": _cfg("virt:nic", {}), "disk": _cfg("virt:disk", {})},
             test=_bool(test),
-            cpu=cpu,
-            mem=mem,
             live=live,
-            **kwargs,
         )
         if autostart is not None and not _bool(test):
             lifecycle.set_autostart(conn, name, _bool(autostart))

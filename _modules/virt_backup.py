@@ -34,9 +34,9 @@ if saltvirt is not None:
     from saltvirt.base import config as _config
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
+    from saltvirt.base import switches
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
-    from saltvirt.storage import attach as _attach
     from saltvirt.vm import backup as _backup
     from saltvirt.vm import backupstore as _store
     from saltvirt.vm import restore as _restore
@@ -170,7 +170,7 @@ def restore(name, id, as_name=None, target=None, force=False, start=False, conne
             force=_bool(force),
             start=_bool(start),
             key=_key(),
-            settings=_attach.operator_settings(__opts__),
+            settings=switches.operator_settings(__opts__),
         )
 
 

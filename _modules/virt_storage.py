@@ -25,12 +25,12 @@ if saltvirt is not None:
     from saltvirt.base import config as _config
     from saltvirt.base import install as _install
     from saltvirt.base import operators as _operators
+    from saltvirt.base import switches
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
     from saltvirt.spec import compat
     from saltvirt.spec import poolargs as _pa
-    from saltvirt.storage import attach as _attach
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.storage import pools as _st
     from saltvirt.vm import provision as _provision
@@ -62,7 +62,7 @@ def _conn(connection=None, kwargs=None):
 
 def _limits():
     """The operator's limits on what a call may define (minion config only): ``saltvirt.storage.poollimits``."""
-    return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
+    return {"settings": switches.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
 def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_image=False, connection=None, **kwargs):

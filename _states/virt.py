@@ -176,10 +176,9 @@ def _create(ret, name, cpu, mem, start, kwargs):
     )
     if unused:  # virt.init's return has it too, but this return is the state's own
         ret.setdefault("warnings", []).append(unused)
+    req = vmargs.InitRequest(name, cpu, mem, **{k: v for k, v in kwargs.items() if k in vmargs.BY_NAME})
     created = converge.preview(
-        name,
-        cpu,
-        mem,
+        req,
         images_dir=images_dir,
         profiles=profiles,
         image_format=_image_format(
@@ -190,7 +189,6 @@ def _create(ret, name, cpu, mem, start, kwargs):
             roots=(images_dir, *_allowed(allowed)),
         ),
         allowed_paths=allowed,
-        **kwargs,
     )
     created["started"] = bool(start)
     ret["changes"] = {"created": created}

@@ -22,10 +22,9 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 if saltvirt is not None:
     from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-    from saltvirt.base import validate
+    from saltvirt.base import switches, validate
     from saltvirt.host import conn as _c
     from saltvirt.spec import poolargs as _pa
-    from saltvirt.storage import attach as _attach
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.xml import poolxml as _px
 
@@ -53,7 +52,7 @@ def _ret(name, **kw):
 
 def _limits():
     """The operator's limits on what a state may define (minion config only): ``saltvirt.storage.poollimits``."""
-    return {"settings": _attach.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
+    return {"settings": switches.operator_settings(__opts__), "images_dir": _c.salt_images_dir(__salt__)}
 
 
 def _no_password_login(username, password):

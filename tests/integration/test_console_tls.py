@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from saltvirt.host import vncticket
-from saltvirt.spec import vmspec
+from saltvirt.spec import vmargs, vmspec
 from saltvirt.xml.domain import definition
 from tests.support import lab, rfb
 
@@ -60,7 +60,9 @@ def test_a_ticket_opens_the_console_over_wss_only(tls_hv, qemu_tmp):
     hv, ca = tls_hv
     conn = libvirt.open(hv.uri)
     try:
-        spec = vmspec.build("c1", 1, 64, disk=None, images_dir=str(qemu_tmp), enable_vnc=True, vtype="qemu")
+        spec = vmspec.build(
+            vmargs.InitRequest("c1", 1, 64, disk=None, enable_vnc=True, vtype="qemu"), images_dir=str(qemu_tmp)
+        )
         conn.defineXML(definition.build(spec)).create()
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)

@@ -86,23 +86,25 @@ def images_dir(fdir):
 def init_direct(fhv, fdir, name, progress, image=None, **kwargs):
     """virt.init through the library, with ``progress`` as the fault hook (``fdir``: where virt:images is)."""
     from saltvirt.host import conn as vconn
+    from saltvirt.spec import vmargs
     from saltvirt.vm import provision
 
     with vconn.connect(fhv.uri, keepalive={"interval": 1, "count": 2}) as conn:
-        return provision.init(
-            conn,
+        req = vmargs.InitRequest(
             name,
             1,
             128,
             image or os.path.join(fdir, "base.raw"),
-            images_dir=images_dir(fdir),
             nic=None,
             seed_backend="loop",
-            allowed_paths=[str(GUEST_DIR), fdir, os.path.dirname(image or fdir)],  # kernel for boot=; the image
             master="salt.example",
-            progress=progress,
             **kwargs,
         )
+        host = provision.Host(
+            images_dir=images_dir(fdir),
+            allowed_paths=[str(GUEST_DIR), fdir, os.path.dirname(image or fdir)],  # kernel for boot=; the image
+        )
+        return provision.init(conn, req, host, progress)
 
 
 def assert_absent(fmods, fdir, name):
@@ -280,6 +282,7 @@ import sys, time
 sys.path.insert(0, {utils!r})
 from saltvirt.guest import guestroot
 from saltvirt.host import conn
+from saltvirt.spec import vmargs
 from saltvirt.vm import provision
 _write_files = guestroot.write_files
 def _write_and_hold(root, files):
@@ -287,8 +290,9 @@ def _write_and_hold(root, files):
     time.sleep(600)
 guestroot.write_files = _write_and_hold
 with conn.connect({uri!r}) as c:
-    provision.init(c, {name!r}, 1, 128, {image!r}, images_dir={images!r}, nic=None, seed_backend="qsd-fuse",
-                   master="salt.example", start=False, allowed_paths=[{fdir!r}])
+    req = vmargs.InitRequest({name!r}, 1, 128, {image!r}, nic=None, seed_backend="qsd-fuse", master="salt.example",
+                             start=False)
+    provision.init(c, req, provision.Host(images_dir={images!r}, allowed_paths=[{fdir!r}]))
 """
 
 

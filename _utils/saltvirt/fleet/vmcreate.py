@@ -25,9 +25,10 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, quota, tenants
+from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, publish, quota, tenants
 from saltvirt.fleet.publish import Failed, down_hosts
 from saltvirt.pki import envelope
+from saltvirt.spec import compat, vmargs
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,25 @@ def image_mib(opts: SaltOpts, image: str | None, saltenv: str = "base") -> tuple
             raise SaltInvocationError(f"image {image} is not on the master's fileserver (saltenv {env or saltenv})")
         return math.ceil(os.path.getsize(fnd["path"]) / 1048576), f"{image}: measured in the master's file_roots"
     return 0, f"size of {validate.shown_url(image)} unknown on the master: not counted"
+
+
+def forward(kwargs: Data, where: str = "salt-run virt.init") -> Data:
+    """The keywords ``salt-run virt.init`` passes on to the hypervisor's ``virt.init``: ``kwargs`` (Salt's
+    old spellings already mapped by :func:`saltvirt.spec.compat.init_args`) minus the loader's ``__`` keys.
+    Refuses what the runner sets itself (the table, :mod:`saltvirt.spec.vmargs`, says what) and names it does
+    not know (with the nearest one)."""
+    kwargs = {k: v for k, v in kwargs.items() if not str(k).startswith("__")}
+    refused = sorted(k for k in kwargs if k in vmargs.BY_NAME and vmargs.BY_NAME[k].runner == vmargs.REFUSE)
+    if refused:  # the value is not echoed (a key, a URI)
+        arg = refused[0]
+        raise SaltInvocationError(
+            f"{where}: {arg}= is not forwarded to the hypervisors: {vmargs.BY_NAME[arg].refusal}; drop {arg}="
+        )
+    # SALT_TAKEN (images=): checked by the hypervisor (compat.images_dir)
+    compat.refuse_unknown(
+        kwargs, [*(a.name for a in vmargs.ARGS if a.runner != vmargs.REFUSE), *vmargs.SALT_TAKEN], where
+    )
+    return kwargs
 
 
 SALT_DEFAULT_PORTS = {"master_port": 4506, "publish_port": 4505}
@@ -91,38 +111,62 @@ def create(
     module_kwargs: Data,
     job: str | None = None,
     private: bool = False,
-    **kwargs: Any,
+    *,
+    policy: Data | None = None,
+    fleet: publish.Fleet,
+    host: str | None = None,
+    fallback: bool = True,
+    seed: bool = True,
+    minion_id: str | None = None,
+    progress: Any = None,
+    tenant: Data | None = None,
+    operator: bool = False,
 ) -> Data:
     """Place, pre-accept the new minion's key, run ``virt.init`` on the chosen hypervisor (falling over
     to the next candidate only when a hypervisor does not answer), return where it went and its info.
     Raises :class:`Failed` with ``tried``/``cleanup`` details; the key it stored is removed on failure.
     ``private`` (a tenant caller): a name a VM, a minion key or a call in flight has is refused with
-    :func:`saltvirt.fleet.tenants.name_taken`, never with whose it is or where.
+    :func:`saltvirt.fleet.tenants.name_taken`, never with whose it is or where. ``policy``: placement's
+    (:func:`saltvirt.fleet.placement.make_policy`); ``fleet``: the transport to the hypervisors; ``host``: the
+    hypervisor asked for (``fallback``: others when it does not answer); ``seed``/``minion_id``: the new
+    minion's key; ``tenant``: whose quota it takes (see :func:`_tenant_quota`); ``operator``: the caller is one.
 
     One ``virt.init`` per VM name / minion id at a time across every master sharing the cache
     (``saltvirt.fleet.fleetstate`` locks); the capacity it takes is reserved from placement until the VM runs."""
     try:
-        return _locked_create(opts, name, req, image, module_kwargs, job, **kwargs)
+        with fleetstate.lock(opts, [name, minion_id or name], kind="virt.init", job=job) as lease:
+            taken = [{"name": t["name"], "why": t["why"], "was": t["was"]} for t in lease.taken_over]
+            try:
+                result = _create(
+                    opts,
+                    name,
+                    req,
+                    image,
+                    module_kwargs,
+                    policy=policy,
+                    fleet=fleet,
+                    host=host,
+                    fallback=fallback,
+                    seed=seed,
+                    minion_id=minion_id,
+                    progress=progress,
+                    lease=lease,
+                    tenant=tenant,
+                    operator=operator,
+                )
+            except Failed as exc:
+                if taken:
+                    exc.details["taken_over"] = taken
+                raise
+            finally:  # a quota taken before a refusal (placement, a taken name): given back (no-op once ended)
+                _quietly(quota.finish, lease.store, lease, "failed")
+            if taken:
+                result["taken_over"] = taken
+            return result
     except (NameTaken, minionkeys.KeyExistsError, fleetstate.HeldError):
         if private:
             raise SaltInvocationError(tenants.name_taken(name)) from None
         raise
-
-
-def _locked_create(opts, name, req, image, module_kwargs, job, **kwargs):
-    with fleetstate.lock(opts, [name, kwargs.get("minion_id") or name], kind="virt.init", job=job) as lease:
-        taken = [{"name": t["name"], "why": t["why"], "was": t["was"]} for t in lease.taken_over]
-        try:
-            result = _create(opts, name, req, image, module_kwargs, lease=lease, **kwargs)
-        except Failed as exc:
-            if taken:
-                exc.details["taken_over"] = taken
-            raise
-        finally:  # a quota taken before a refusal (placement, a taken name): given back (no-op once ended)
-            _quietly(quota.finish, lease.store, lease, "failed")
-        if taken:
-            result["taken_over"] = taken
-        return result
 
 
 def _relay(progress, name):

@@ -19,7 +19,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import config, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import catalog, ha, placement, publish, tenants, vmcreate, vmwait
-from saltvirt.spec import compat, vmargs, vmspec
+from saltvirt.spec import compat, vmspec
 
 
 @dataclass
@@ -76,7 +76,7 @@ def init(
     warnings = compat.init_args(module_kwargs, "salt-run virt.init")
     ignored = ha.flag_ignored(conf, owner["meta"].get("tenant"), call.name, module_kwargs.get("ha"))
     warnings += [ignored] if ignored else []  # an operator's ha=True for a tenant= VM
-    module_kwargs = vmargs.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
+    module_kwargs = vmcreate.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
     catalog.check_sources(opts, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
     module_kwargs = vmcreate.guest_master(opts, conf, module_kwargs)
     if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only

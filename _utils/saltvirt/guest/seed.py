@@ -34,6 +34,7 @@ from saltvirt.base.salttypes import Data
 from saltvirt.base.tools import QEMU_IMG_INFO_LIMITS
 from saltvirt.base.undo import Undo
 from saltvirt.guest import disklabel, guestroot
+from saltvirt.spec import vmargs
 from saltvirt.storage import images
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ class Request:
 
     minion_id: str
     backend: str = "auto"
-    master: str | None = None
+    master: str | list | None = None  # a list: Salt's multi-master
     pub_key: str | None = None
     priv_key: str | dict | None = None
     minion_config: dict | None = None
@@ -168,25 +169,27 @@ class Request:
     job: str | None = None  # the Salt job this virt.init runs in: a sealed secret opens only in its own job
     replay_cache: str | None = None  # the file remembering envelopes opened (saltvirt.pki.envelope)
 
-    ARGS = {
-        "seed_backend": "backend",
-        "minion_id": "minion_id",
-        "master": "master",
-        "pub_key": "pub_key",
-        "priv_key": "priv_key",
-        "minion_config": "minion_config",
-        "pki_dir": "pki_dir",
-        "envelope_job": "job",
-        "replay_cache": "replay_cache",
-    }
-
     @classmethod
-    def pop_from(cls, kwargs: dict[str, Any], default_minion_id: str) -> "Request":
-        """The request from ``virt.init``'s keyword arguments (removed from ``kwargs``)."""
-        given = {field: kwargs.pop(arg) for arg, field in cls.ARGS.items() if arg in kwargs}
-        given = {k: v for k, v in given.items() if v is not None}
-        given["minion_id"] = given.get("minion_id") or default_minion_id
-        return cls(**given)
+    def of(
+        cls,
+        req: vmargs.InitRequest,
+        pki_dir: str | None = None,
+        job: str | None = None,
+        replay_cache: str | None = None,
+    ) -> "Request":
+        """What ``virt.init``'s request ``req`` seeds (the minion id defaults to the VM's name); ``pki_dir``,
+        ``job`` and ``replay_cache``: where and in which job a sealed key opens (the hypervisor's)."""
+        return cls(
+            minion_id=req.minion_id or req.name,
+            backend=req.seed_backend or "auto",
+            master=req.master,
+            pub_key=req.pub_key,
+            priv_key=req.priv_key,
+            minion_config=req.minion_config,
+            pki_dir=pki_dir,
+            job=job,
+            replay_cache=replay_cache,
+        )
 
 
 # helpers -------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ salt-virt does not implement are refused with the reason rather than ignored.
 
 import difflib
 import ipaddress
+import platform
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -562,3 +563,57 @@ def hypervisor_features(value: Any) -> dict[str, bool]:
         return {}
     check_keys(value, "hypervisor_features", HYPERVISOR_FEATURES)
     return {k: flag(v, f"hypervisor_features:{k}") for k, v in value.items()}
+
+
+# the checkers of the table's plain rows (saltvirt.spec.vmargs: the VMSpec field is check(value)) ---------
+def group(value: Any) -> str | None:
+    """``group``: an anti-affinity group name, kept in the domain's <metadata>; None without one."""
+    return validate.vm_name(value, "group") if value else None
+
+
+def owner(value: Any) -> Data | None:
+    """``owner``: ``{tenant, creator}`` for the domain's <metadata>, names only (what ``salt-run virt.init``
+    wrote); None without one."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"tenant", "creator"}:
+        raise SaltInvocationError(f"owner must be {{tenant, creator}}, not {value!r}")
+    out = {}
+    for key in ("tenant", "creator"):
+        name = value.get(key)
+        if name is not None:
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.@%+=-]{1,128}", name):
+                raise SaltInvocationError(f"owner:{key} must be a name (letters, digits, _.@%+=-), not {name!r}")
+            out[key] = name
+    return out or None
+
+
+def ha(value: Any) -> bool:
+    """``ha``: automatic HA restarts the VM elsewhere when its host is lost (None: off)."""
+    return flag(value, "ha") if value is not None else False
+
+
+def stop_on_reboot(value: Any) -> bool:
+    """``stop_on_reboot``: ``<on_reboot>destroy`` (None: off)."""
+    return flag(value, "stop_on_reboot") if value is not None else False
+
+
+def serials(value: Any) -> list[Data]:
+    """Salt's ``serials``: extra serial ports after the console (port 0), :func:`chardevs`."""
+    return chardevs(value, "serials")
+
+
+def consoles(value: Any) -> list[Data]:
+    """Salt's ``consoles``: extra consoles (virtio), :func:`chardevs`."""
+    return chardevs(value, "consoles")
+
+
+def arch(value: Any) -> str:
+    """The guest architecture: the host's own (TCG emulation of another one is not offered)."""
+    host = platform.machine()
+    if value in (None, "", host):
+        return host
+    raise SaltInvocationError(
+        f"arch={value!r} is not supported: salt-virt runs guests of the host's architecture ({host}) only; "
+        "leave arch out"
+    )

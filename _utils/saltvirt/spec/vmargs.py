@@ -1,24 +1,28 @@
-"""The arguments of ``virt.init`` and ``virt.update``, declared once.
+"""The arguments of ``virt.init`` and ``virt.update``, declared once: :class:`InitRequest`.
 
-Each :class:`Arg` says what it takes, its default, Salt's other spelling(s), whether ``salt-run virt.init``
-forwards it to the hypervisor, what ``virt.running``/``virt.defined`` do with it on an existing VM, whether
-``virt.update`` takes it and whether it shapes the domain (:func:`saltvirt.spec.vmspec.build`). Everything
-else is derived from :data:`ARGS`: ``virt.init``'s accepted names (its signature is checked against the
-table by tests/unit/spec/test_vmargs.py), ``SPEC_ARGS``, the runner's forwarding (:func:`forward`), the
-states' argument lists and the reference page (:func:`markdown`).
+Each field of :class:`InitRequest` is one row: its type, its default, what it takes, Salt's other
+spelling(s), whether ``salt-run virt.init`` forwards it to the hypervisor, what ``virt.running``/
+``virt.defined`` do with it on an existing VM, whether ``virt.update`` takes it and compares it, its checker
+and the :class:`saltvirt.spec.vmspec.VMSpec` field it fills. The loader builds one request from its
+arguments; :func:`saltvirt.spec.vmspec.build` loops the rows. Everything else is derived from the rows
+(:data:`ARGS`): ``virt.init``'s accepted names (its signature is checked against the table by
+tests/unit/spec/test_vmargs.py), ``SPEC_ARGS``, the runner's forwarding
+(:func:`saltvirt.fleet.vmcreate.forward`), the states' argument lists and the reference page
+(:func:`markdown`).
 
-Adding an argument: a row here, the parameter in ``_modules/virt.py``'s ``init`` (same default), and its
-handling; the coverage test then checks the module, the runner and the states do what the row says.
+Adding an argument: HACKING.md, "Add a domain argument" (a row here, the parameter of ``_modules/virt.py``'s
+``init``, the element's builder and reader); the coverage test then checks the module, the runner and the
+states do what the row says.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.base.salttypes import Data
-from saltvirt.spec import compat
+from saltvirt.base import validate
+from saltvirt.spec import speckeys
 
 # salt-run virt.init: what the runner does with an argument
 OWN = "own"  # a parameter of the runner itself, checked there and passed on to the hypervisor
@@ -34,6 +38,8 @@ NOT_TAKEN = "not taken"  # the states refuse it (:data:`STATE_REFUSALS` says why
 
 @dataclasses.dataclass(frozen=True)
 class Arg:
+    """One row of :class:`InitRequest`, as the rest of salt-virt reads it."""
+
     name: str
     default: object
     takes: str  # what it takes, in words (the reference page)
@@ -41,83 +47,156 @@ class Arg:
     runner: str = FORWARD
     state: str = CREATE
     update: bool = False  # virt.update takes it
-    spec: bool = False  # shapes the domain: goes to saltvirt.spec.vmspec.build
+    spec: bool = False  # shapes the domain: virt.update compares it (saltvirt.vm.converge)
     salt: tuple = ()  # Salt's other spellings taken by virt.init, virt.update and the states
     salt_update: tuple = ()  # Salt's spellings only virt.update takes (its function has other names)
     refusal: str = ""  # why the runner refuses it (runner=REFUSE)
     required: bool = False
+    type: str = ""  # the request's annotation (what Salt may pass: YAML gives strings for booleans too)
+    # the checker: the VMSpec field ``into`` is check(value) (saltvirt.spec.vmspec.build loops these rows);
+    # None: not the domain's, or vmspec.build combines it with other arguments into ``into``
+    check: Callable[[Any], Any] | None = None
+    into: str | None = None  # the saltvirt.spec.vmspec.VMSpec field it fills (None: none)
 
 
 _REQUIRED = object()
+_UNSET = "<unset>"  # into= left out: a checked row fills the VMSpec field of its own name, another one none
+_ITS_NAME = "<its name>"
 
-ARGS = (
-    Arg("name", _REQUIRED, "str", "VM name; also the new minion's id unless minion_id", OWN, KEY, True, required=True),
-    Arg("cpu", _REQUIRED, "int or dict", "vCPUs, or Salt's cpu mapping (model, topology, numa, tuning)", OWN, GIVEN,
-        True, required=True),
-    Arg("mem", _REQUIRED, "int (MiB) or dict", "memory, or Salt's mem mapping (boot, max, hugepages, ...)", OWN,
-        GIVEN, True, required=True),
-    Arg("image", None, "salt:// URL, https URL or absolute path", "the image the system disk is cloned from", OWN,
-        GIVEN, True),
-    Arg("nic", "default", "profile name", "NIC profile from virt:nic", state=GIVEN, update=True, spec=True,
-        salt_update=("nic_profile",)),
-    Arg("disk", "default", "profile name", "disk profile from virt:disk", state=GIVEN, update=True, spec=True,
-        salt_update=("disk_profile",)),
-    Arg("disks", None, "list or mapping", "disks added to or overriding the profile's, by name", state=GIVEN,
-        update=True, spec=True),
-    Arg("interfaces", None, "list or mapping", "NICs added to or overriding the profile's, by name", state=GIVEN,
-        update=True, spec=True),
-    Arg("enable_qcow", False, "bool", "a qcow2 overlay on the image instead of a full copy", OWN, GIVEN, True, True),
-    Arg("enable_vnc", False, "bool", "a VNC console on 127.0.0.1", OWN, GIVEN, True, True),
-    Arg("graphics", None, "dict", "{type, listen, port, password}", state=GIVEN, update=True, spec=True),
-    Arg("boot", None, "dict", "direct kernel boot or UEFI ({kernel, initrd, cmdline} / {efi: True})", state=GIVEN,
-        update=True, spec=True),
-    Arg("start", True, "bool", "start the VM after seeding", OWN, NOT_TAKEN),
-    Arg("seed", True, "bool", "write minion config and keys into the image before boot", OWN),
-    Arg("seed_cmd", "seed.apply", "str", "Salt's seed function: ignored (salt-virt seeds with its own backends)"),
-    Arg("seed_backend", "auto", "str", "auto, libguestfs, qemu-nbd, qsd-fuse, loop or cloud-init"),
-    Arg("saltenv", "base", "str", "the fileserver environment of salt:// images", OWN),
-    Arg("pub_key", None, "PEM", "the new minion's public key", REFUSE,
-        refusal="salt-run virt.init makes the new minion's key pair and pre-accepts it"),
-    Arg("priv_key", None, "PEM", "the new minion's private key", REFUSE,
-        refusal="salt-run virt.init makes the new minion's key pair and pre-accepts it"),
-    Arg("master", None, "str or list", "the master the new minion connects to"),
-    Arg("minion_id", None, "str", "the new minion's id (default: the VM name)", OWN),
-    Arg("minion_config", None, "dict", "extra minion config written into the image"),
-    Arg("vtype", None, "kvm or qemu", "domain type (default virt:type, or what the host can run)",
-        salt=("hypervisor", "vm_type")),
-    Arg("serial_log", True, "bool or path", "log the serial console to a file", update=True, spec=True),
-    Arg("group", None, "str", "anti-affinity group (the runner never puts two of one group on a host)", OWN,
-        update=True, spec=True),
-    Arg("connection", None, "name", "a libvirt connection the minion config names (virt:connections)", REFUSE,
-        CALL, True, refusal="each one uses the libvirt connection its minion config names (virt:connection)"),
-    Arg("checksum", None, "sha256:<hex> or sha512:<hex>", "verify the image before use"),
-    Arg("allow_http", False, "bool", "operator switch: refused (minion config virt:insecure_http_images)"),
-    Arg("trusted_image", False, "bool", "operator switch: refused (minion config virt:insecure_trusted_images)"),
-    Arg("cloud_init", None, "bool or dict", "a cloud-init NoCloud seed CD-ROM for the first boot"),
-    Arg("guest_agent", True, "bool", "the QEMU guest agent channel"),
-    Arg("boot_dev", None, "str", 'boot order without a kernel ("hd cdrom network")', state=GIVEN, update=True,
-        spec=True),
-    Arg("os_type", None, "hvm", "Salt's os_type (only hvm)", update=True, spec=True),
-    Arg("arch", None, "str", "Salt's arch (only the host's)", update=True, spec=True),
-    Arg("stop_on_reboot", False, "bool", "stop instead of rebooting", state=GIVEN, update=True, spec=True),
-    Arg("serials", None, "list", "extra serial ports (pty or tcp)", state=GIVEN, update=True, spec=True),
-    Arg("consoles", None, "list", "virtio consoles (pty or tcp)", state=GIVEN, update=True, spec=True),
-    Arg("tpm", None, "bool or dict", "an emulated TPM (swtpm)", state=GIVEN, update=True, spec=True),
-    Arg("clock", None, "dict", "Salt's clock: utc, timezone, adjustment, timers", state=GIVEN, update=True,
-        spec=True),
-    Arg("hypervisor_features", None, "dict", "{kvm-hint-dedicated, kvm-hidden}", state=GIVEN, update=True,
-        spec=True),
-    Arg("numatune", None, "dict", "host NUMA memory placement", state=GIVEN, update=True, spec=True),
-    Arg("host_devices", None, "list", "node devices to pass through (PCI, USB)", state=GIVEN, update=True,
-        spec=True),
-    Arg("owner", None, "{tenant, creator}", "the VM's tenant and creator, kept in its <metadata>", REFUSE,
-        refusal="salt-run virt.init records the tenant and the caller Salt authenticated"),
-    Arg("ha", None, "bool", "automatic HA restarts it when its host is lost (kept in <metadata>; a tenant's only with "
-        "the master's virt:ha:tenant_flag)", state=GIVEN, update=True, spec=True),
-    Arg("catalog_image", None, "catalog image name", "the virt:catalog entry image= came from, kept in <metadata> as "
-        "the VM's image (else image= without user:password, query and fragment)", REFUSE,
-        refusal="salt-run virt.init records the catalog entry its image= names"),
-)  # fmt: skip
+
+def _row(
+    default: object,
+    takes: str,
+    doc: str,
+    check: Callable[[Any], Any] | None = None,
+    into: str | None = _UNSET,
+    **how: Any,
+) -> Any:
+    """One row: the request field's default, the rest of the row in its metadata (read back as :data:`ARGS`)."""
+    if into == _UNSET:
+        into = None if check is None else _ITS_NAME
+    meta = {"row": dict(how, takes=takes, doc=doc, check=check, into=into)}
+    if default is _REQUIRED:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def arg(default: object, takes: str, doc: str, **how: Any) -> Any:
+    """A row with a default."""
+    return _row(default, takes, doc, **how)
+
+
+def required(takes: str, doc: str, **how: Any) -> Any:
+    """A row without a default (``name``, ``cpu``, ``mem``)."""
+    return _row(_REQUIRED, takes, doc, required=True, **how)
+
+
+@dataclasses.dataclass
+class InitRequest:
+    """The arguments of one ``virt.init`` (and, with what a call gives, ``virt.update`` and the states), as the
+    loader got them: the table. Each field is one row (its default, what it takes, what the runner and the
+    states do with it, its checker and the VMSpec field it fills); the field order is ``virt.init``'s
+    signature. Built once by the loader, it travels down to :func:`saltvirt.spec.vmspec.build` as it is."""
+
+    # fmt: off
+    name: str = required("str", "VM name; also the new minion's id unless minion_id", runner=OWN, state=KEY,
+        update=True, into="name")
+    cpu: int | str | dict | None = required("int or dict",
+        "vCPUs, or Salt's cpu mapping (model, topology, numa, tuning)", runner=OWN, state=GIVEN, update=True,
+        into="cpu")
+    mem: int | str | dict | None = required("int (MiB) or dict",
+        "memory, or Salt's mem mapping (boot, max, hugepages, ...)", runner=OWN, state=GIVEN, update=True, into="mem")
+    image: str | None = arg(None, "salt:// URL, https URL or absolute path", "the image the system disk is cloned from",
+        runner=OWN, state=GIVEN, update=True, into="disks")
+    nic: str | None = arg("default", "profile name", "NIC profile from virt:nic", state=GIVEN, update=True, spec=True,
+        salt_update=("nic_profile",), into="nics")
+    disk: str | None = arg("default", "profile name", "disk profile from virt:disk", state=GIVEN, update=True,
+        spec=True, salt_update=("disk_profile",), into="disks")
+    disks: list | dict | None = arg(None, "list or mapping", "disks added to or overriding the profile's, by name",
+        state=GIVEN, update=True, spec=True, into="disks")
+    interfaces: list | dict | None = arg(None, "list or mapping", "NICs added to or overriding the profile's, by name",
+        state=GIVEN, update=True, spec=True, into="nics")
+    enable_qcow: bool | str = arg(False, "bool", "a qcow2 overlay on the image instead of a full copy", runner=OWN,
+        state=GIVEN, update=True, spec=True, into="disks")
+    enable_vnc: bool | str = arg(False, "bool", "a VNC console on 127.0.0.1", runner=OWN, state=GIVEN, update=True,
+        spec=True, into="graphics")
+    graphics: dict | str | None = arg(None, "dict", "{type, listen, port, password}", state=GIVEN, update=True,
+        spec=True, into="graphics")
+    boot: dict | None = arg(None, "dict", "direct kernel boot or UEFI ({kernel, initrd, cmdline} / {efi: True})",
+        state=GIVEN, update=True, spec=True, into="boot")
+    start: bool | str = arg(True, "bool", "start the VM after seeding", runner=OWN, state=NOT_TAKEN)
+    seed: bool | str = arg(True, "bool", "write minion config and keys into the image before boot", runner=OWN)
+    seed_cmd: str | None = arg("seed.apply", "str",
+        "Salt's seed function: ignored (salt-virt seeds with its own backends)")
+    seed_backend: str = arg("auto", "str", "auto, libguestfs, qemu-nbd, qsd-fuse, loop or cloud-init")
+    saltenv: str = arg("base", "str", "the fileserver environment of salt:// images", runner=OWN)
+    pub_key: str | None = arg(None, "PEM", "the new minion's public key", runner=REFUSE,
+        refusal="salt-run virt.init makes the new minion's key pair and pre-accepts it")
+    priv_key: str | dict | None = arg(None, "PEM", "the new minion's private key", runner=REFUSE,
+        refusal="salt-run virt.init makes the new minion's key pair and pre-accepts it")
+    master: str | list | None = arg(None, "str or list", "the master the new minion connects to")
+    minion_id: str | None = arg(None, "str", "the new minion's id (default: the VM name)", runner=OWN)
+    minion_config: dict | None = arg(None, "dict", "extra minion config written into the image")
+    vtype: str | None = arg(None, "kvm or qemu", "domain type (default virt:type, or what the host can run)",
+        salt=("hypervisor", "vm_type"), into="vtype")
+    serial_log: bool | str | None = arg(True, "bool or path", "log the serial console to a file", update=True,
+        spec=True, into="serial_log")
+    group: str | None = arg(None, "str", "anti-affinity group (the runner never puts two of one group on a host)",
+        runner=OWN, update=True, spec=True, check=speckeys.group)
+    connection: str | None = arg(None, "name", "a libvirt connection the minion config names (virt:connections)",
+        runner=REFUSE, state=CALL, update=True,
+        refusal="each one uses the libvirt connection its minion config names (virt:connection)")
+    checksum: str | None = arg(None, "sha256:<hex> or sha512:<hex>", "verify the image before use")
+    allow_http: bool | str = arg(False, "bool", "operator switch: refused (minion config virt:insecure_http_images)")
+    trusted_image: bool | str = arg(False, "bool",
+        "operator switch: refused (minion config virt:insecure_trusted_images)")
+    cloud_init: bool | str | dict | None = arg(None, "bool or dict",
+        "a cloud-init NoCloud seed CD-ROM for the first boot", check=speckeys.cloud_init)
+    guest_agent: bool | str = arg(True, "bool", "the QEMU guest agent channel", check=validate.to_bool)
+    boot_dev: str | list | None = arg(None, "str", 'boot order without a kernel ("hd cdrom network")', state=GIVEN,
+        update=True, spec=True, check=speckeys.boot_dev)
+    os_type: str | None = arg(None, "hvm", "Salt's os_type (only hvm)", update=True, spec=True, check=speckeys.os_type,
+        into=None)
+    arch: str | None = arg(None, "str", "Salt's arch (only the host's)", update=True, spec=True, check=speckeys.arch)
+    stop_on_reboot: bool | str | None = arg(False, "bool", "stop instead of rebooting", state=GIVEN, update=True,
+        spec=True, check=speckeys.stop_on_reboot)
+    serials: list | dict | None = arg(None, "list", "extra serial ports (pty or tcp)", state=GIVEN, update=True,
+        spec=True, check=speckeys.serials)
+    consoles: list | dict | None = arg(None, "list", "virtio consoles (pty or tcp)", state=GIVEN, update=True,
+        spec=True, check=speckeys.consoles)
+    tpm: bool | str | dict | None = arg(None, "bool or dict", "an emulated TPM (swtpm)", state=GIVEN, update=True,
+        spec=True, check=speckeys.tpm)
+    clock: dict | None = arg(None, "dict", "Salt's clock: utc, timezone, adjustment, timers", state=GIVEN, update=True,
+        spec=True, check=speckeys.clock)
+    hypervisor_features: dict | None = arg(None, "dict", "{kvm-hint-dedicated, kvm-hidden}", state=GIVEN, update=True,
+        spec=True, check=speckeys.hypervisor_features)
+    numatune: dict | None = arg(None, "dict", "host NUMA memory placement", state=GIVEN, update=True, spec=True,
+        into="numatune")
+    host_devices: list | str | None = arg(None, "list", "node devices to pass through (PCI, USB)", state=GIVEN,
+        update=True, spec=True, check=speckeys.host_devices)
+    owner: dict | None = arg(None, "{tenant, creator}", "the VM's tenant and creator, kept in its <metadata>",
+        runner=REFUSE, refusal="salt-run virt.init records the tenant and the caller Salt authenticated",
+        check=speckeys.owner)
+    ha: bool | str | None = arg(None, "bool",
+        "automatic HA restarts it when its host is lost (kept in <metadata>; a tenant's only with the master's "
+        "virt:ha:tenant_flag)",
+        state=GIVEN, update=True, spec=True, check=speckeys.ha)
+    catalog_image: str | None = arg(None, "catalog image name",
+        "the virt:catalog entry image= came from, kept in <metadata> as the VM's image (else image= without "
+        "user:password, query and fragment)",
+        runner=REFUSE, refusal="salt-run virt.init records the catalog entry its image= names")
+    # fmt: on
+
+
+def _arg(f: dataclasses.Field) -> Arg:
+    row = dict(f.metadata["row"])
+    if row["into"] == _ITS_NAME:
+        row["into"] = f.name
+    default = _REQUIRED if f.default is dataclasses.MISSING else f.default
+    return Arg(name=f.name, default=default, type=getattr(f.type, "__name__", None) or str(f.type), **row)
+
+
+ARGS = tuple(_arg(f) for f in dataclasses.fields(InitRequest))
 BY_NAME = {a.name: a for a in ARGS}
 NAMES = tuple(a.name for a in ARGS)  # virt.init's arguments, in its signature's order
 # what goes straight to saltvirt.spec.vmspec.build
@@ -155,25 +234,27 @@ SALT_TAKEN = {
 }
 
 
+def shaping(req: InitRequest) -> InitRequest:
+    """Of ``req``, what shapes the domain as ``virt.update`` compares it (:data:`SPEC_ARGS`; ``cloud_init`` for
+    a new VM's preview): the rest at its defaults."""
+    return InitRequest(req.name, req.cpu, req.mem, cloud_init=req.cloud_init, **{k: getattr(req, k) for k in SPEC_ARGS})
+
+
+def update_request(name: str, cpu: Any, mem: Any, given: Mapping[str, Any]) -> tuple[InitRequest, frozenset[str]]:
+    """``virt.update``'s request from its keywords ``given`` (Salt's spellings already mapped, see
+    :func:`update_renames`), and the names it was given: only those are managed. Refuses what
+    ``virt.update`` does not take (:data:`UPDATE_KWARGS`)."""
+    unknown = sorted(k for k in given if k not in UPDATE_KWARGS)
+    if unknown:
+        raise SaltInvocationError(
+            f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(SPEC_ARGS)})"
+        )
+    return InitRequest(name, cpu, mem, **given), frozenset(given)
+
+
 def update_renames() -> dict[str, str]:
     """``{Salt's virt.update spelling: salt-virt's name}`` (``disk_profile`` -> ``disk``)."""
     return {old: a.name for a in ARGS for old in a.salt_update}
-
-
-def forward(kwargs: Data, where: str = "salt-run virt.init") -> Data:
-    """The keywords ``salt-run virt.init`` passes on to the hypervisor's ``virt.init``: ``kwargs`` (Salt's
-    old spellings already mapped by :func:`saltvirt.spec.compat.init_args`) minus the loader's ``__`` keys.
-    Refuses what the runner sets itself and names it does not know (with the nearest one)."""
-    kwargs = {k: v for k, v in kwargs.items() if not str(k).startswith("__")}
-    refused = sorted(k for k in kwargs if k in BY_NAME and BY_NAME[k].runner == REFUSE)
-    if refused:  # the value is not echoed (a key, a URI)
-        arg = refused[0]
-        raise SaltInvocationError(
-            f"{where}: {arg}= is not forwarded to the hypervisors: {BY_NAME[arg].refusal}; drop {arg}="
-        )
-    # SALT_TAKEN (images=): checked by the hypervisor (compat.images_dir)
-    compat.refuse_unknown(kwargs, [*(a.name for a in ARGS if a.runner != REFUSE), *SALT_TAKEN], where)
-    return kwargs
 
 
 def signature_mismatches(func: Callable[..., Any]) -> list[str]:

@@ -1,5 +1,5 @@
 """The one description of a VM's desired shape, shared by ``virt.init`` and the ``virt.running`` /
-``virt.defined`` states: built from arguments + config profiles, rendered by :mod:`saltvirt.xml.domxml`,
+``virt.defined`` states: built from arguments + config profiles, rendered by :mod:`saltvirt.xml.domain.definition`,
 and compared with what libvirt has by :func:`diff`.
 
 Config (minion config only: grains and pillar are written by callers)::
@@ -21,7 +21,6 @@ Config (minion config only: grains and pillar are written by callers)::
 
 import copy
 import os
-import platform
 import re
 import secrets
 import urllib.parse
@@ -33,7 +32,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import cpumem, speckeys
+from saltvirt.spec import cpumem, speckeys, vmargs
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
 DISK_FORMATS = ("qcow2", "raw")  # the only disk formats a VM may get (storage.images checks what is on disk)
@@ -81,7 +80,8 @@ class Nic:
 def console_password() -> str:
     """A random VNC password nobody is told: 8 characters (48 bits), all QEMU's VNC authentication (DES) reads.
     One generator for a new VM's console (``virt.init``), a websocket console built without one
-    (:func:`saltvirt.xml.domxml.build`) and the web console's one-time tickets (``saltvirt.host.vncticket``)."""
+    (:func:`saltvirt.xml.domain.definition.build`) and the web console's one-time tickets
+    (``saltvirt.host.vncticket``)."""
     return secrets.token_urlsafe(6)
 
 
@@ -217,22 +217,6 @@ def profile_entries(profiles: Any, kind: str, name: Any, default: list[Data]) ->
     )
 
 
-def _owner(owner):
-    """``{tenant, creator}`` for the domain's <metadata>: names only (what ``virt.init`` on the master wrote)."""
-    if owner is None:
-        return None
-    if not isinstance(owner, dict) or set(owner) - {"tenant", "creator"}:
-        raise SaltInvocationError(f"owner must be {{tenant, creator}}, not {owner!r}")
-    out = {}
-    for key in ("tenant", "creator"):
-        value = owner.get(key)
-        if value is not None:
-            if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.@%+=-]{1,128}", value):
-                raise SaltInvocationError(f"owner:{key} must be a name (letters, digits, _.@%+=-), not {value!r}")
-            out[key] = value
-    return out or None
-
-
 def image_origin(image: Any, catalog_image: Any = None) -> str | None:
     """What a new VM records as the image it came from (``virt.init``): the catalog entry's name when
     ``salt-run virt.init`` resolved ``image`` from its catalog (``catalog_image``), else the source as given
@@ -295,7 +279,7 @@ def _disk_bus(entry):
 
 def _pool_disk(entry, vm_dir, image, image_format, is_first):
     """A disk on a pool volume (Salt's ``disks=[{name, pool, size, format, image | source_file}]``); the
-    pool decides the default format and a disk pool's partition name (saltvirt.storage.voldisks.resolve)."""
+    pool decides the default format and a disk pool's partition name (saltvirt.storage.volumes.resolve)."""
     validate.vm_name(entry["name"], "disk name")
     pool = validate.vm_name(str(entry["pool"]), f"pool of disk {entry['name']}")
     source = entry.get("path")  # Salt's source_file (speckeys maps it to path): an existing volume's name
@@ -429,141 +413,112 @@ def disk_entries(profiles: Any, disk: Any = "default", disks: Any = None) -> lis
 
 
 def build(
-    name: str,
-    cpu: Any,
-    mem: Any,
+    req: vmargs.InitRequest,
     *,
-    vtype: str = "qemu",
-    image: Any = None,
-    image_format: Any = None,
-    nic: Any = "default",
-    disk: Any = "default",
-    disks: Any = None,
-    interfaces: Any = None,
-    enable_qcow: Any = False,
-    enable_vnc: Any = False,
-    graphics: Any = None,
-    boot: Any = None,
+    image_format: str | None = None,
     images_dir: str = DEFAULT_IMAGES_DIR,
     profiles: Any = None,
-    serial_log: Any = True,
-    arch: Any = None,  # the host's (saltvirt.spec.vmspec._host_arch)
-    group: Any = None,
     allowed_paths: Any = (),
-    cloud_init: Any = None,
-    guest_agent: Any = True,
-    boot_dev: Any = None,
-    os_type: Any = None,
-    stop_on_reboot: Any = False,
-    serials: Any = None,
-    consoles: Any = None,
-    tpm: Any = None,
-    clock: Any = None,
-    hypervisor_features: Any = None,
-    numatune: Any = None,
-    host_devices: Any = None,
-    owner: Any = None,
-    ha: Any = None,
 ) -> VMSpec:
-    """Validate the arguments of ``virt.init`` / ``virt.running`` and return a :class:`VMSpec`.
+    """Validate the arguments of ``virt.init`` / ``virt.running`` (``req``) and return a :class:`VMSpec`.
+
+    The table's plain rows (a checker and the field it fills: :data:`saltvirt.spec.vmargs.ARGS`) are one loop;
+    the rest combine several arguments (cpu/mem, NICs, disks, graphics, boot, serial log). ``req.vtype`` is
+    the domain type the host runs (``virt.init`` detects it first; None: qemu) and ``req.image`` the local
+    image the first disk is cloned from, of ``image_format``.
 
     Disk paths, ``boot`` kernel/initrd and ``serial_log`` must lie inside ``images_dir`` or one of
     ``allowed_paths`` (the operator's ``virt:allowed_paths`` from the minion config, never from the
     call); serial logs may also go to libvirt's log directory (:data:`SERIAL_LOG_DIR`).
     """
-    name = validate.vm_name(name)
-    cpu, cpu_model = cpumem.cpu_detail(cpu)
+    name = validate.vm_name(req.name)
+    vtype = req.vtype or "qemu"
+    plain = {}
+    for row in vmargs.ARGS:
+        if row.check is not None:
+            checked = row.check(getattr(req, row.name))
+            if row.into:
+                plain[row.into] = checked
+    cpu, cpu_model = cpumem.cpu_detail(req.cpu)
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
-    mem_dict = mem
-    mem, memtune = cpumem.mem_detail(mem)
+    mem, memtune = cpumem.mem_detail(req.mem)
     cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
     mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
     vcpu, cputune = _cpu_parts(cpu_model, mem)
-    mem_current, max_mem, backing = cpumem.mem_layout(mem_dict, mem, len((cpu_model or {}).get("numa") or []))
+    cells = len((cpu_model or {}).get("numa") or [])
+    mem_current, max_mem, backing = cpumem.mem_layout(req.mem, mem, cells)
     validate.absolute_path(images_dir, "virt:images")
     vm_dir = validate.inside(images_dir, name)
     roots = (images_dir, *validate.allowed_paths(allowed_paths))
-    enable_qcow = validate.to_bool(enable_qcow)
+    enable_qcow = validate.to_bool(req.enable_qcow)
 
     nic_entries = merge_by_name(
-        [_nic_shorthand(e, f"virt:nic:{nic}") for e in profile_entries(profiles, "nic", nic, DEFAULT_NICS)],
-        [_nic_shorthand(e) for e in named_entries(interfaces, "interfaces")],
+        [_nic_shorthand(e, f"virt:nic:{req.nic}") for e in profile_entries(profiles, "nic", req.nic, DEFAULT_NICS)],
+        [_nic_shorthand(e) for e in named_entries(req.interfaces, "interfaces")],
     )
-    nics = [_nic(e) for e in nic_entries]
-
-    entries = disk_entries(profiles, disk, disks)
-    disk_objs = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(entries)]
-    cloud = speckeys.cloud_init(cloud_init)
-    if cloud is not None:
-        disk_objs.append(_cidata_disk(disk_objs, vm_dir))
-    _assign_targets(disk_objs)
-
-    gfx = None
-    params = speckeys.graphics(graphics, enable_vnc)
-    if params:
-        gfx = Graphics(
-            type=params["type"],
-            listen=_graphics_listen(params.get("listen", "127.0.0.1")),
-            port=_graphics_port(params.get("port", -1)),
-            password=params.get("password"),
-            websocket=-1 if params["type"] == "vnc" else None,  # where it listens: the VNC's listen address
-        )
-
-    boot_obj = None
-    boot_devs = speckeys.boot_dev(boot_dev)
-    if speckeys.boot(boot):
-        for key in ("kernel", "initrd"):
-            if boot.get(key):
-                validate.confined(boot[key], f"boot:{key}", roots)
-        boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
-        _firmware(boot_obj, boot)
-    speckeys.os_type(os_type)
-    arch = _host_arch(arch)
-
-    if serial_log is True:
-        serial_log = os.path.join(SERIAL_LOG_DIR, f"{name}-serial.log")
-    elif serial_log:
-        validate.confined(serial_log, "serial_log", (*roots, SERIAL_LOG_DIR), f"virt:images, {SERIAL_LOG_DIR}")
-    else:
-        serial_log = None
-
+    entries = disk_entries(profiles, req.disk, req.disks)
+    image = req.image
+    disks = [_disk(e, vm_dir, image, enable_qcow, image_format, i == 0, roots) for i, e in enumerate(entries)]
+    if plain["cloud_init"] is not None:
+        disks.append(_cidata_disk(disks, vm_dir))
+    _assign_targets(disks)
     return VMSpec(
         name=name,
         cpu=cpu,
         mem=mem,
         vtype=vtype,
-        arch=arch,
-        disks=disk_objs,
-        nics=nics,
-        graphics=gfx,
-        boot=boot_obj,
-        serial_log=serial_log,
+        disks=disks,
+        nics=[_nic(e) for e in nic_entries],
+        graphics=_graphics(req.graphics, req.enable_vnc),
+        boot=_boot(req.boot, roots),
+        serial_log=_serial_log(req.serial_log, name, roots),
         vm_dir=vm_dir,
-        group=validate.vm_name(group, "group") if group else None,
-        owner=_owner(owner),
-        ha=speckeys.flag(ha, "ha") if ha is not None else False,
-        cloud_init=cloud,
-        guest_agent=validate.to_bool(guest_agent),
-        boot_dev=boot_devs,
-        stop_on_reboot=speckeys.flag(stop_on_reboot, "stop_on_reboot") if stop_on_reboot is not None else False,
-        serials=speckeys.chardevs(serials, "serials"),
-        consoles=speckeys.chardevs(consoles, "consoles"),
-        tpm=speckeys.tpm(tpm),
-        clock=speckeys.clock(clock),
-        hypervisor_features=speckeys.hypervisor_features(hypervisor_features),
         cpu_model=cpu_model,
         memtune=memtune,
-        numatune=cpumem.numatune(numatune, len((cpu_model or {}).get("numa") or [])),
+        numatune=cpumem.numatune(req.numatune, cells),
         vcpu=vcpu,
         cputune=cputune,
         mem_current=mem_current,
         max_mem=max_mem,
         memory_backing=backing,
-        host_devices=speckeys.host_devices(host_devices),
+        **plain,
     )
+
+
+def _graphics(graphics, enable_vnc):
+    params = speckeys.graphics(graphics, enable_vnc)
+    if not params:
+        return None
+    return Graphics(
+        type=params["type"],
+        listen=_graphics_listen(params.get("listen", "127.0.0.1")),
+        port=_graphics_port(params.get("port", -1)),
+        password=params.get("password"),
+        websocket=-1 if params["type"] == "vnc" else None,  # where it listens: the VNC's listen address
+    )
+
+
+def _boot(boot, roots):
+    if not speckeys.boot(boot):
+        return None
+    for key in ("kernel", "initrd"):
+        if boot.get(key):
+            validate.confined(boot[key], f"boot:{key}", roots)
+    boot_obj = Boot(kernel=boot.get("kernel"), initrd=boot.get("initrd"), cmdline=boot.get("cmdline"))
+    _firmware(boot_obj, boot)
+    return boot_obj
+
+
+def _serial_log(serial_log, name, roots):
+    if serial_log is True:
+        return os.path.join(SERIAL_LOG_DIR, f"{name}-serial.log")
+    if serial_log:
+        validate.confined(serial_log, "serial_log", (*roots, SERIAL_LOG_DIR), f"virt:images, {SERIAL_LOG_DIR}")
+        return serial_log
+    return None
 
 
 def _cpu_parts(cpu_model, mem):
@@ -596,17 +551,6 @@ def cidata_disk(spec: VMSpec) -> Disk | None:
     if spec.cloud_init is None:
         return None
     return next((d for d in spec.disks if d.name == CIDATA_DISK["name"] and d.device == "cdrom"), None)
-
-
-def _host_arch(arch):
-    """The guest architecture: the host's own (TCG emulation of another one is not offered)."""
-    host = platform.machine()
-    if arch in (None, "", host):
-        return host
-    raise SaltInvocationError(
-        f"arch={arch!r} is not supported: salt-virt runs guests of the host's architecture ({host}) only; "
-        "leave arch out"
-    )
 
 
 def _firmware(boot_obj, boot):

@@ -1,7 +1,7 @@
 """Disks and images: qemu-img, the ownership manifest, the one door for untrusted images, pool volumes (layer 6).
 
 ``images`` (create, clone, info, manifests), ``intake`` (fetch, checksum, format checks, base gc), ``attach``
-(the one door for existing disks a VM is given, the operator's disk and device switches), ``voldisks``
+(the one door for existing disks a VM is given, checked against the operator's switches), ``volumes``
 (VM disks on pool volumes), ``pools`` (what pool calls and VM disks share: secrets, facts, volumes),
 ``poolcalls`` (Salt's ``pool_*``/``volume_*``, one function each: ``poollimits``' checks, then
 ``host.netpool``'s lifecycle and ``pools``), ``poollimits`` (the operator's limits on them, as checks) and

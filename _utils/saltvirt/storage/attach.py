@@ -17,7 +17,8 @@ attached by path (Salt's ``disks=[{name, source_file | path, format}]``) and exi
 * what a call overwrites or deletes (:func:`changeable`, :func:`pool_unused`): the same use and ownership
   checks, plus no image or volume backing onto it.
 
-The operator's settings come from the minion config only (:func:`operator_settings`), never from a call.
+The operator's settings come from the minion config only (:func:`saltvirt.base.switches.operator_settings`),
+never from a call.
 """
 
 import contextlib
@@ -30,7 +31,7 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import validate
+from saltvirt.base import switches, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import query
 from saltvirt.host.conn import libvirt
@@ -40,61 +41,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ATTACH_POOLS = ("default",)  # libvirt's /var/lib/libvirt/images, as virt:allowed_paths' default
 ADOPT_KEY = "virt:adopt_orphan_disks"
-POOL_SOURCE_KINDS = ("devices", "names", "hosts", "adapters")  # virt:pool_sources (see storage.poollimits)
-DEFAULT_SERIAL_LISTEN = ("127.0.0.1", "::1", "localhost")  # a TCP serial port is a root console of its guest
-
-
-def operator_settings(opts: Any) -> Data:
-    """The operator's disk and device switches from the minion config ``opts`` (never a call, pillar or
-    grains): ``adopt_orphan_disks`` (bool), ``pools`` (tuple of pool names, or None when not set),
-    ``host_devices`` (tuple of node device names a VM may be given; none by default),
-    ``trusted_images`` (``virt:insecure_trusted_images``: bases an attached overlay may back onto),
-    ``allowed_paths`` (``virt:allowed_paths``), ``pool_paths`` and ``pool_sources`` (where Salt's
-    ``pool_define`` may put a pool: :mod:`saltvirt.storage.poollimits`), ``serial_tcp_ports`` ((low, high)
-    or None: none) and ``serial_tcp_listen`` (addresses; :func:`check_serials`), ``firmware`` (UEFI files
-    beside the host's own: :mod:`saltvirt.storage.firmware`)."""
-    conf = ({} if opts is None else opts).get("virt") or {}
-    names = validate.config_names
-    pool_names = conf.get("pools")
-    allowed = validate.allowed_paths(validate.configured_allowed_paths(opts))
-    pool_paths = conf.get("pool_paths")
-    sources = conf.get("pool_sources") or {}
-    if not isinstance(sources, dict) or set(sources) - set(POOL_SOURCE_KINDS):
-        raise SaltInvocationError(
-            f"virt:pool_sources in the minion config must be a mapping of {', '.join(POOL_SOURCE_KINDS)} "
-            f"(lists of names), got {sources!r}: fix the minion config"
-        )
-    return {
-        "adopt_orphan_disks": validate.to_bool(conf.get("adopt_orphan_disks", False)),
-        "pools": None if pool_names is None else names(pool_names, "virt:pools"),
-        "host_devices": names(conf.get("host_devices") or [], "virt:host_devices"),
-        "trusted_images": names(conf.get("insecure_trusted_images") or [], "virt:insecure_trusted_images"),
-        "allowed_paths": allowed,
-        "pool_paths": allowed if pool_paths is None else validate.allowed_paths(pool_paths, "virt:pool_paths"),
-        "pool_sources": {
-            kind: names(sources.get(kind) or [], f"virt:pool_sources:{kind}") for kind in POOL_SOURCE_KINDS
-        },
-        "serial_tcp_ports": _port_range(conf.get("serial_tcp_ports")),
-        "serial_tcp_listen": names(conf.get("serial_tcp_listen", DEFAULT_SERIAL_LISTEN), "virt:serial_tcp_listen"),
-        "firmware": validate.allowed_paths(conf.get("firmware") or [], "virt:firmware"),
-    }
-
-
-def _port_range(value):
-    """``virt:serial_tcp_ports``: ``"low-high"``, ``[low, high]`` or one port; None (unset): no TCP serials."""
-    if value in (None, "", [], False):
-        return None
-    parts = value.split("-", 1) if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
-    try:
-        low, high = (int(str(parts[0]).strip()), int(str(parts[-1]).strip())) if len(parts) in (1, 2) else (0, 0)
-    except ValueError:
-        low = high = 0
-    if isinstance(value, bool) or not 1024 <= low <= high <= 65535:
-        raise SaltInvocationError(
-            f"virt:serial_tcp_ports in the minion config must be a port range like '4600-4699' (ports 1024-65535), "
-            f"got {value!r}: fix the minion config"
-        )
-    return low, high
 
 
 def check_pool(pool: str, attach: bool, settings: Mapping[str, Any] | None) -> None:
@@ -130,7 +76,7 @@ def check_serials(chardevs: Iterable[Mapping[str, Any]], settings: Mapping[str, 
     none) or listening on an address not in ``virt:serial_tcp_listen`` (default: loopback only): whoever
     reaches the port has the guest's console, and the port is the hypervisor's."""
     ports = (settings or {}).get("serial_tcp_ports")
-    listen = (settings or {}).get("serial_tcp_listen", DEFAULT_SERIAL_LISTEN)
+    listen = (settings or {}).get("serial_tcp_listen", switches.DEFAULT_SERIAL_LISTEN)
     for dev in chardevs or ():
         if dev.get("type") != "tcp":
             continue
@@ -274,9 +220,10 @@ def admit(
     settings: Mapping[str, Any] | None = None,
 ) -> list[Data]:
     """Check every disk of ``disks`` (``saltvirt.spec.vmspec.Disk``) that attaches something existing
-    (``attach``: a file, or a volume ``pool``/``volume``) and set its ``format`` (and a volume's ``path``).
-    ``uuid``: the VM's, None while ``virt.init`` creates it. Returns ``[{name, path, format}]`` (with
-    ``adopted_from`` when the operator's adoption switch let a gone VM's disk through). Raises
+    (``attach``: a file, or a volume ``pool``/``volume``); the disks are not changed. ``uuid``: the VM's,
+    None while ``virt.init`` creates it. Returns ``[{name, path, format}]``: the path (a volume's, from its
+    pool) and the format found on it (with ``adopted_from`` when the operator's adoption switch let a gone
+    VM's disk through); ``saltvirt.vm.resolve`` puts them into its resolved copy of the spec. Raises
     SaltInvocationError before anything is attached."""
     disks = [d for d in disks if d.attach]
     if not disks:
@@ -286,7 +233,7 @@ def admit(
     manifests = _manifests(images_dir)
     out = []
     for disk in disks:
-        owner = None
+        owner, path = None, disk.path
         if disk.pool:
             check_pool(disk.pool, True, settings)
             vol = pools.lookup_volume(conn, disk.pool, disk.volume)
@@ -294,30 +241,30 @@ def admit(
                 raise SaltInvocationError(
                     f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}"
                 )
-            disk.path = vol.path()
+            path = vol.path()
             user = other_volumes.get((disk.pool, disk.volume))
             if user:
                 raise _in_use(disk.name, f"volume {disk.pool}/{disk.volume}", user)
             owner = _volume_owner(manifests, disk.pool, disk.volume, vol.key())
-        if not disk.path or not os.path.exists(disk.path):
-            raise SaltInvocationError(f"disk {disk.name}: {disk.path} does not exist (give a size to create it)")
-        real = os.path.realpath(disk.path)
+        if not path or not os.path.exists(path):
+            raise SaltInvocationError(f"disk {disk.name}: {path} does not exist (give a size to create it)")
+        real = os.path.realpath(path)
         if real in others:
-            raise _in_use(disk.name, disk.path, others[real])
+            raise _in_use(disk.name, path, others[real])
         if backed.get(real):
             raise SaltInvocationError(
-                f"disk {disk.name}: {disk.path} is the backing file of {sorted(backed[real])[0]}: refused (writing "
+                f"disk {disk.name}: {path} is the backing file of {sorted(backed[real])[0]}: refused (writing "
                 "it would change that disk). Attach a copy of it instead"
             )
         if _held_by_host(real):
             raise SaltInvocationError(
-                f"disk {disk.name}: {disk.path} is in use by this host (mounted, swap or a volume group): refused"
+                f"disk {disk.name}: {path} is in use by this host (mounted, swap or a volume group): refused"
             )
         owner = owner or _file_owner(images_dir, manifests, real)
-        adopted = _check_owner(conn, owner, disk.name, disk.path, vm, uuid, settings)
+        adopted = _check_owner(conn, owner, disk.name, path, vm, uuid, settings)
         trusted = (settings or {}).get("trusted_images") or ()
-        disk.format = intake.existing_disk(disk.path, disk.format, disk.name, trusted)
-        out.append({"name": disk.name, "path": disk.path, "format": disk.format})
+        fmt = intake.existing_disk(path, disk.format, disk.name, trusted)
+        out.append({"name": disk.name, "path": path, "format": fmt})
         if adopted:
             out[-1]["adopted_from"] = adopted
     return out

@@ -522,7 +522,7 @@ def remove_owned(vm_dir: str, vm_name: str, vm_uuid: str | None, candidate_paths
         removed += unlink_unless_backing(doomed, users, kept)
         if not not_ours:
             left = [f for f in manifest["files"] if os.path.lexists(f) and _inside(vm_dir, f)]
-            if left or manifest.get("volumes"):  # volumes it owns keep the manifest (see saltvirt.storage.voldisks)
+            if left or manifest.get("volumes"):  # volumes it owns keep the manifest (see saltvirt.storage.volumes)
                 manifest["files"] = left
                 write_json(_manifest_file(vm_dir), manifest, mode=0o600)
             else:

@@ -4,7 +4,7 @@ operations (:mod:`saltvirt.storage.pools`): ``virt.pool_define`` / ``pool_update
 ``pool_start`` / ``pool_stop`` / ``pool_undefine`` / ``pool_delete``, ``virt.volume_define`` /
 ``volume_delete`` / ``volume_upload``, and the ``virt.pool_defined`` / ``pool_running`` / ``pool_deleted`` /
 ``volume_defined`` states. ``settings`` and ``images_dir`` are the operator's (minion config only:
-:func:`saltvirt.storage.attach.operator_settings`, ``virt:images``).
+:func:`saltvirt.base.switches.operator_settings`, ``virt:images``).
 """
 
 import contextlib
@@ -22,7 +22,7 @@ from saltvirt.host.conn import define, libvirt, lv_errors
 from saltvirt.storage import attach, images, poollimits, pools
 from saltvirt.xml import poolxml
 
-Limits = Mapping[str, Any] | None  # the operator's settings (saltvirt.storage.attach.operator_settings)
+Limits = Mapping[str, Any] | None  # the operator's settings (saltvirt.base.switches.operator_settings)
 
 
 def _drop_secret(conn, pool_xml, name):

@@ -3,7 +3,7 @@ before ``virt.pool_define`` / ``pool_update`` and the ``virt.pool_defined`` / ``
 ``virt.pool_build`` / ``pool_start`` / ``pool_stop`` / ``pool_undefine`` / ``pool_delete`` and the
 ``virt.pool_deleted`` state, ``virt.volume_define`` and the ``virt.volume_defined`` state with a
 ``backing_store``, ``virt.volume_upload``, ``virt.volume_delete``. The limits come from the minion config
-only (:func:`saltvirt.storage.attach.operator_settings`):
+only (:func:`saltvirt.base.switches.operator_settings`):
 
 * a pool's target directory (``dir``, ``fs``, ``netfs``: libvirt creates it, sets its permissions or
   mounts on it) lies inside a directory of ``virt:pool_paths`` (default: those of ``virt:allowed_paths``),

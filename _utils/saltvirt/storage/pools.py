@@ -1,5 +1,5 @@
 """Storage pools and volumes on a libvirt connection: what Salt's calls (:mod:`saltvirt.storage.poolcalls`) and
-a VM's pool disks (:mod:`saltvirt.storage.voldisks`) share: a pool's source_auth secret, its facts and
+a VM's pool disks (:mod:`saltvirt.storage.volumes`) share: a pool's source_auth secret, its facts and
 capabilities, volumes looked up, created and deleted. The lifecycle (define, start, stop, autostart: shared with
 networks) is :mod:`saltvirt.host.netpool`, the XML :mod:`saltvirt.xml.poolxml`.
 """

@@ -2,8 +2,8 @@
 what applies live and what waits for a restart, and applying it. Used by ``virt.update`` and so by the
 ``virt.running`` / ``virt.defined`` states.
 
-The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` with the init arguments
-``virt.init`` passes (:data:`saltvirt.vm.provision.SPEC_ARGS`), so a state and ``virt.init`` never disagree.
+The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` from the same request
+``virt.init`` builds it from (:class:`saltvirt.spec.vmargs.InitRequest`), so a state and ``virt.init`` never disagree.
 Device XML comes from :mod:`saltvirt.xml.domain.devices`' builders as well (the ones ``virt.init`` uses).
 
 Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
@@ -14,19 +14,19 @@ reported under ``not_in_spec`` and left alone.
 """
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Conn, Data, Domain
-from saltvirt.host import caps
 from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, images, voldisks
-from saltvirt.vm import provision
+from saltvirt.storage import images, volumes
+from saltvirt.vm import resolve
 from saltvirt.xml.domain import definition, devices, edit, metadata
 
 FIELDS = ("cpu", "mem", "nics", "disks", "graphics", "ha") + definition.FEATURES
@@ -49,9 +49,7 @@ DICT_FIELDS = {"cpu": ("cpu_model", "vcpu", "cputune"), "mem": ("memtune", "max_
 
 # desired ------------------------------------------------------------------------------------------
 def desired_spec(
-    name: str,
-    cpu: Any,
-    mem: Any,
+    req: vmargs.InitRequest,
     *,
     images_dir: str,
     profiles: Data | None,
@@ -59,65 +57,43 @@ def desired_spec(
     image: str | None = None,
     image_format: str | None = None,
     allowed_paths: Sequence[str] = (),
-    cloud_init: Any = None,
-    **init_args: Any,
 ) -> vmspec.VMSpec:
-    """The :class:`VMSpec` ``virt.init`` builds from the same arguments (others are ignored here).
-    ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config only). ``cloud_init`` only
-    shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
-    spec_args = {k: v for k, v in init_args.items() if k in provision.SPEC_ARGS}
+    """The :class:`VMSpec` ``virt.init`` builds from the same request: of ``req``, what shapes the domain
+    (:func:`saltvirt.spec.vmargs.shaping`; the rest at its defaults), on a host of domain type ``vtype``, with
+    the disks cloned from ``image``. ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config
+    only). ``cloud_init`` only shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
     return vmspec.build(
-        name,
-        cpu,
-        mem,
-        vtype=vtype,
-        image=image,
+        dataclasses.replace(vmargs.shaping(req), vtype=vtype, image=image),
         image_format=image_format,
         images_dir=images_dir,
         profiles=profiles,
         allowed_paths=allowed_paths,
-        cloud_init=cloud_init,
-        **spec_args,
     )
 
 
 def preview(
-    name: str,
-    cpu: Any,
-    mem: Any,
+    req: vmargs.InitRequest,
     *,
     images_dir: str,
     profiles: Data | None,
-    image: str | None = None,
     image_format: str | None = None,
     allowed_paths: Sequence[str] = (),
-    **init_args: Any,
 ) -> Data:
-    """What ``virt.init`` will create from these arguments (the state's ``created`` change). With an
-    image whose format is not known yet (not fetched), disks cloned from it say "as the image"."""
+    """What ``virt.init`` will create from ``req`` (the state's ``created`` change). With an image whose
+    format is not known yet (not fetched), disks cloned from it say "as the image"."""
+    image = req.image
     spec = desired_spec(
-        name,
-        cpu,
-        mem,
+        req,
         images_dir=images_dir,
         profiles=profiles,
         image=image,
         image_format=image_format or "qcow2",
         allowed_paths=allowed_paths,
-        **init_args,
     )
     unknown = set()
     if image and not image_format:
         other = desired_spec(
-            name,
-            cpu,
-            mem,
-            images_dir=images_dir,
-            profiles=profiles,
-            image=image,
-            image_format="raw",
-            allowed_paths=allowed_paths,
-            **init_args,
+            req, images_dir=images_dir, profiles=profiles, image=image, image_format="raw", allowed_paths=allowed_paths
         )
         unknown = {a.name for a, b in zip(spec.disks, other.disks, strict=True) if a.format != b.format}
     disks = {}
@@ -243,14 +219,13 @@ def diff(desired: vmspec.VMSpec, current_facts: Data, manage: Sequence[str] = FI
     changes = _diff_cpu_mem(desired, cfg, manage)
     if "graphics" in manage:
         have = cfg["graphics"][0] if cfg["graphics"] else None
-        if desired.graphics and not desired.graphics.password and have and have.get("passwd"):
-            desired.graphics.password = have["passwd"]  # no password given: the VM keeps its own
-        want, was = _gfx_summary(desired.graphics), _gfx_summary(have)
+        gfx = desired.graphics
+        if gfx and not gfx.password and have and have.get("passwd"):
+            gfx = dataclasses.replace(gfx, password=have["passwd"])  # no password given: the VM keeps its own
+        want, was = _gfx_summary(gfx), _gfx_summary(have)
         if want != was:
             changes["graphics"] = {"old": was, "new": want}
-        elif (
-            want and want["password"] and desired.graphics and have and desired.graphics.password != have.get("passwd")
-        ):
+        elif want and want["password"] and gfx and have and gfx.password != have.get("passwd"):
             changes["graphics"] = {"old": was, "new": want, "password": "changed"}
     if "nics" in manage:
         nics = _diff_nics(desired, cfg["nics"])
@@ -451,11 +426,10 @@ def _redefine_features(conn, dom, desired, fields):
 
 def _make_disks(desired, changes, uuid, conn=None, operator=None):
     """Create the blank disk files and pool volumes the changes add (all checked first); returns their
-    paths (volumes: what voldisks.create returned)."""
+    paths (volumes: what volumes.create returned)."""
     added = changes.get("disks", {}).get("added", [])
     targets = {d["target"] for d in added}
-    volumes = [d for d in desired.disks if d.pool and d.target in targets]
-    voldisks.resolve(conn, volumes, operator)  # pool allowed and running, no volume taken over
+    pool_disks = [d for d in desired.disks if d.pool and d.target in targets]  # resolved by resolve.pool_volumes
     for disk in added:
         if disk.get("pool") or disk["attach"]:  # attached ones passed attach.admit in update()
             continue
@@ -466,11 +440,11 @@ def _make_disks(desired, changes, uuid, conn=None, operator=None):
             )
     made = []
     try:
-        for vol in volumes:
+        for vol in pool_disks:
             if not vol.attach:
                 os.makedirs(desired.vm_dir, mode=0o755, exist_ok=True)
-                made.append(voldisks.create(conn, vol))
-                voldisks.record(desired.vm_dir, desired.name, made[-1], uuid)
+                made.append(volumes.create(conn, vol))
+                volumes.record(desired.vm_dir, desired.name, made[-1], uuid)
         for disk in added:
             if disk["attach"] or disk["device"] != "disk" or disk.get("pool"):
                 continue
@@ -486,9 +460,9 @@ def _make_disks(desired, changes, uuid, conn=None, operator=None):
 
 def _remove(paths, conn=None):
     for path in paths:
-        if isinstance(path, dict):  # a volume made by voldisks.create
+        if isinstance(path, dict):  # a volume made by volumes.create
             with contextlib.suppress(CommandExecutionError):
-                voldisks.delete(conn, path)
+                volumes.delete(conn, path)
     fsutil.remove_paths([p for p in paths if not isinstance(p, dict)])
 
 
@@ -568,6 +542,8 @@ def apply(
         dom = _redefine_features(conn, dom, desired, feats)
     created: Data = {"nics": [], "disks": {}}
     if set(changes) & {"graphics", "nics", "disks"}:
+        targets = {d["target"] for d in changes.get("disks", {}).get("added", [])}
+        desired = resolve.pool_volumes(conn, desired, targets, operator)  # pool allowed and running, none taken over
         made = _make_disks(desired, changes, dom.UUIDString(), conn, operator)
         try:
             dom = _redefine(conn, dom, desired, changes, created)
@@ -591,15 +567,15 @@ def apply(
     return report
 
 
-def _managed(cpu, mem, init_args):
-    """The fields a call names: an argument given and not None (Salt's "not given"); of ``boot``, only
+def _managed(req, given):
+    """The fields a call names: an argument ``given`` and not None (Salt's "not given"); of ``boot``, only
     the parts whose keys it has (``boot: {}``: all of them, back to the default)."""
-    given = {k for k, v in init_args.items() if v is not None}
-    boot = init_args.get("boot")
+    given = {k for k in given if getattr(req, k) is not None}
+    boot = req.boot if "boot" in given else None
     return [
         f
         for f in FIELDS
-        if {"cpu": cpu, "mem": mem}.get(f) is not None
+        if {"cpu": req.cpu, "mem": req.mem}.get(f) is not None
         or (
             any(k in given for k in MANAGED_BY.get(f, ()))
             and not (f in BOOT_PARTS and isinstance(boot, dict) and boot and not set(boot) & set(BOOT_PARTS[f]))
@@ -609,66 +585,44 @@ def _managed(cpu, mem, init_args):
 
 def update(
     conn: Conn,
-    name: str,
+    req: vmargs.InitRequest,
+    given: Collection[str],
     *,
     images_dir: str,
     profiles: Data | None,
     test: bool = False,
-    cpu: Any = None,
-    mem: Any = None,
     allowed_paths: Sequence[str] = (),
     live: bool = True,
     operator: Data | None = None,
-    **init_args: Any,
 ) -> Data:
     """``virt.update``: diff the VM against the spec ``virt.init`` would build from the same arguments
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics), the HA flag (ha: its <metadata>, live too).
     ``live=False`` (Salt's): only the definition changes, a running VM takes it at its next start.
-    ``operator``: the operator's switches (:func:`saltvirt.storage.attach.operator_settings`): a disk added
+    ``req``/``given``: :func:`saltvirt.spec.vmargs.update_request` (cpu/mem None: not given).
+    ``operator``: the operator's switches (:func:`saltvirt.base.switches.operator_settings`): a disk added
     passes :func:`saltvirt.storage.attach.admit`, a pool and a host device must be ones the operator made available."""
-    unknown = sorted(k for k in init_args if k not in vmargs.UPDATE_KWARGS)
-    if unknown:
-        raise SaltInvocationError(
-            f"cannot update {', '.join(unknown)} of an existing VM (only cpu, mem, {', '.join(provision.SPEC_ARGS)})"
-        )
+    name = req.name
     dom = get_domain(conn, name)
     facts = current(dom)
     cfg = facts["config"]
-    manage = _managed(cpu, mem, init_args)
-    manage += [f for k, v in (("cpu", cpu), ("mem", mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
-    args = dict(init_args)
-    if "nics" not in manage:
-        args.update(nic=None, interfaces=None)
-    if "disks" not in manage:
-        args.update(disk=None, disks=None)
-    desired = desired_spec(
-        name,
-        cpu if cpu is not None else cfg["vcpu_current"],
-        mem if mem is not None else cfg["mem"],
-        vtype=cfg["type"],
-        images_dir=images_dir,
-        profiles=profiles,
-        allowed_paths=allowed_paths,
-        **args,
+    manage = _managed(req, given)
+    manage += [f for k, v in (("cpu", req.cpu), ("mem", req.mem)) if isinstance(v, dict) for f in DICT_FIELDS[k]]
+    args = dataclasses.replace(
+        req,
+        cpu=req.cpu if req.cpu is not None else cfg["vcpu_current"],
+        mem=req.mem if req.mem is not None else cfg["mem"],
     )
-    if "host_devices" in manage:
-        attach.check_host_devices(desired.host_devices, operator)
-        desired.hostdevs = caps.host_devices(conn, desired.host_devices)
-    if "serials" in manage or "consoles" in manage:  # TCP ports: virt:serial_tcp_ports only
-        attach.check_serials(desired.serials + desired.consoles, operator)
-    if "firmware" in manage:  # UEFI files the guest reads: the host's, the operator's, the VM's own
-        firmware.check(conn, desired.boot, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
-    if "kernel_boot" in manage and desired.boot:  # host files the guest reads: never another VM's
-        given = [("boot:kernel", desired.boot.kernel), ("boot:initrd", desired.boot.initrd)]
-        attach.host_files(conn, given, vm=name, uuid=dom.UUIDString(), images_dir=images_dir)
-    if "disks" in manage:  # the disks it adds: through the one door, also for test=True
-        have = {d["target"] for d in cfg["disks"]}
-        new = [d for d in desired.disks if d.target not in have]
-        for d in new:
-            if d.pool:
-                attach.check_pool(d.pool, d.attach, operator)
-        attach.admit(conn, new, vm=name, uuid=dom.UUIDString(), images_dir=images_dir, settings=operator)
+    if "nics" not in manage:
+        args = dataclasses.replace(args, nic=None, interfaces=None)
+    if "disks" not in manage:
+        args = dataclasses.replace(args, disk=None, disks=None)
+    desired = desired_spec(
+        args, vtype=cfg["type"], images_dir=images_dir, profiles=profiles, allowed_paths=allowed_paths
+    )
+    desired = resolve.for_update(
+        conn, desired, cfg, manage, uuid=dom.UUIDString(), images_dir=images_dir, operator=operator
+    )
     changes = diff(desired, facts, manage)
     ret: Data = {"name": name, "changes": changes, "plan": plan(changes, facts, live), "applied": None}
     went_live: set[str] = set()

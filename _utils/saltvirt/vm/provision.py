@@ -6,6 +6,7 @@ init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy
 """
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -13,7 +14,6 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
-from uuid import uuid4
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -21,19 +21,18 @@ from saltvirt.base import fsutil, metrics, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base.undo import Undo
 from saltvirt.guest import cloudinit, firstboot, seed
-from saltvirt.host import caps, hosttype
+from saltvirt.host import hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import add_uptimes, bulk_stats, describe
 from saltvirt.pki import envelope
 from saltvirt.spec import vmargs, vmspec
-from saltvirt.storage import attach, firmware, foreign, images, intake, voldisks
-from saltvirt.vm import cleanup
+from saltvirt.storage import foreign, images, intake, volumes
+from saltvirt.vm import cleanup, resolve
 from saltvirt.xml.domain import definition
 
 log = logging.getLogger(__name__)
 BASES_DIR = intake.BASES_DIR  # <images_dir>/.bases: immutable copies of fetched images that overlays back onto
-SPEC_ARGS = vmargs.SPEC_ARGS  # init arguments that shape the VM: they go straight to vmspec.build
 
 
 def _no_progress(step, **data):
@@ -166,27 +165,45 @@ def _bridge_hint(bridge, host):
     )
 
 
-def init(
-    conn: Conn,
-    name: str,
-    cpu: Any,
-    mem: Any,
-    image: str | None = None,
-    *,
-    images_dir: str = vmspec.DEFAULT_IMAGES_DIR,
-    host_id: str | None = None,
-    **kwargs: Any,
-) -> Data:
-    """Create, seed, define and (optionally) start a VM. Returns what was done; see module docs.
-    ``host_id``: this hypervisor's minion id, recorded in the VM's ownership manifest as its creator.
+@dataclasses.dataclass
+class Host:
+    """What this hypervisor brings to a ``virt.init``, beside the call's request: its settings (the minion
+    config: never a call's) and its hooks. ``host_id``: its minion id, recorded in the VM's ownership
+    manifest as its creator; ``cache_file``: Salt's ``cp.cache_file`` for salt:// images; ``pki_dir``,
+    ``job``, ``replay_cache``: where and in which job a sealed secret opens (:mod:`saltvirt.pki.envelope`);
+    ``http_images``/``image_trusted``: the operator's ``virt:insecure_http_images`` and whether the image
+    is one of ``virt:insecure_trusted_images``; ``operator``: :func:`saltvirt.base.switches.operator_settings`."""
 
-    Holds this host's init lock for ``name`` (``saltvirt.vm.cleanup``); if an earlier init of ``name``
+    images_dir: str = vmspec.DEFAULT_IMAGES_DIR
+    host_id: str | None = None
+    profiles: Data | None = None
+    cache_file: Callable[[str], Any] | None = None
+    vtype: str | None = None  # virt:type: the domain type when the call names none
+    master: str | list | None = None  # the master(s) the new minion connects to when the call names none
+    pki_dir: str | None = None
+    job: str | None = None
+    replay_cache: str | None = None
+    http_images: bool = False
+    image_trusted: bool = False
+    max_image_mib: Any = None
+    allowed_paths: Sequence[str] = ()
+    image_sources: Any = None
+    operator: Data | None = None
+    tb_cache_mib: Any = None  # virt:tcg_tb_cache_mib
+    minion_install: Any = None
+
+
+def init(conn: Conn, req: vmargs.InitRequest, host: Host | None = None, progress: Any = None) -> Data:
+    """Create, seed, define and (optionally) start the VM ``req`` asks for on ``host``. Returns what was
+    done; see module docs.
+
+    Holds this host's init lock for the VM's name (``saltvirt.vm.cleanup``); if an earlier init of it
     was interrupted (its lock file is left), what it left is cleaned up first (``cleaned_up``).
     Its duration and a failure's step go to salt-virt's metrics (:mod:`saltvirt.base.metrics`)."""
-    steps = kwargs["progress"] = _Steps(kwargs.get("progress"))
+    steps = _Steps(progress)
     clock = time.monotonic()
     try:
-        result = _locked_init(conn, name, cpu, mem, image, images_dir, host_id, kwargs)
+        result = _locked_init(conn, req, host or Host(), steps)
     except BaseException:
         metrics.add("saltvirt.vm.provision.failures", step=steps.failed())
         metrics.record("saltvirt.vm.provision.duration", time.monotonic() - clock, result="failed")
@@ -197,11 +214,11 @@ def init(
     return result
 
 
-def _locked_init(conn, name, cpu, mem, image, images_dir, host_id, kwargs):
-    validate.vm_name(name)
+def _locked_init(conn, req, host, progress):
+    name, images_dir = validate.vm_name(req.name), host.images_dir
     validate.absolute_path(images_dir, "virt:images")
     with cleanup.InitLock(images_dir, name) as lock:
-        earlier = cleanup.clean(conn, name, images_dir, lock, host_id=host_id) if lock.existed else None
+        earlier = cleanup.clean(conn, name, images_dir, lock, host_id=host.host_id) if lock.existed else None
         if earlier and earlier["errors"]:
             raise CommandExecutionError(
                 f"an earlier virt.init of {name!r} was interrupted and its leftovers could not be removed: "
@@ -212,22 +229,8 @@ def _locked_init(conn, name, cpu, mem, image, images_dir, host_id, kwargs):
                 f"an earlier virt.init of {name!r} was interrupted; the files in its directory were kept: "
                 f"{earlier['refused']}"
             )
-        request = seed.Request.pop_from(kwargs, default_minion_id=name)
-        seed_disk = kwargs.pop("seed", True)  # Salt's seed=: seed the first disk at all
         try:
-            result = _init(
-                conn,
-                name,
-                cpu,
-                mem,
-                image,
-                images_dir=images_dir,
-                lock=lock,
-                seed_disk=seed_disk,
-                seed_request=request,
-                host_id=host_id,
-                **kwargs,
-            )
+            result = _init(conn, req, host, lock=lock, progress=progress)
         except (CommandExecutionError, OSError) as exc:  # OSError: the manifest, written before anything else
             if not fsutil.out_of_space(exc, images_dir):
                 raise
@@ -237,112 +240,78 @@ def _locked_init(conn, name, cpu, mem, image, images_dir, host_id, kwargs):
         return result
 
 
-def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with its undo
-    conn,
-    name,
-    cpu,
-    mem,
-    image=None,
-    *,
-    lock,
-    images_dir=vmspec.DEFAULT_IMAGES_DIR,
-    host_id=None,
-    profiles=None,
-    cache_file=None,
-    vtype=None,
-    start=True,
-    seed_disk=True,
-    seed_request=None,
-    progress=None,
-    checksum=None,
-    allow_http=False,
-    trusted_image=False,
-    max_image_mib=None,
-    allowed_paths=(),
-    image_sources=None,
-    cloud_init=None,
-    minion_install=None,
-    owner=None,
-    catalog_image=None,
-    operator=None,
-    tb_cache_mib=None,
-    **spec_args,
-):
-    progress = progress if isinstance(progress, _Steps) else _Steps(progress)
+def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with its undo
     started_at = time.monotonic()
-    validate.vm_name(name)
-    origin = vmspec.image_origin(image, catalog_image)  # before anything is fetched: a bad name stops here
-    host = conn.getHostname()
+    name, images_dir = validate.vm_name(req.name), host.images_dir
+    origin = vmspec.image_origin(req.image, req.catalog_image)  # before anything is fetched: a bad name stops here
+    hostname = conn.getHostname()
     if domain_exists(conn, name):
-        raise SaltInvocationError(f"a VM named {name!r} is already defined on {host}: pick another name or purge it")
-    kind = hosttype.detect(conn, vtype)
-    tb_cache = vmspec.tb_cache_mib(tb_cache_mib, kind["type"])  # the operator's: a bad value stops before any fetch
+        raise SaltInvocationError(
+            f"a VM named {name!r} is already defined on {hostname}: pick another name or purge it"
+        )
+    kind = hosttype.detect(conn, req.vtype or host.vtype)
+    # the operator's: a bad value stops before any fetch
+    tb_cache = vmspec.tb_cache_mib(host.tb_cache_mib, kind["type"])
+    seed_request = seed.Request.of(
+        dataclasses.replace(req, master=req.master or host.master), host.pki_dir, host.job, host.replay_cache
+    )
+    seed_disk = req.seed  # Salt's seed=: seed the first disk at all
     keypair = None
-    if image and validate.to_bool(seed_disk) and seed_request and not (seed_request.pub_key or seed_request.priv_key):
+    if req.image and validate.to_bool(seed_disk) and not (seed_request.pub_key or seed_request.priv_key):
         keypair = envelope.keypair_maker()  # the minion's new key pair, made while the image is checked and copied
 
     def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
         return accept_image(
             source,
             images_dir,
-            cache_file,
-            allowed_paths=allowed_paths,
+            host.cache_file,
+            allowed_paths=host.allowed_paths,
             checksum=checksum,
-            allow_http=allow_http,
-            max_image_mib=max_image_mib,
-            trusted=trusted_image,
-            image_sources=image_sources,
+            allow_http=host.http_images,
+            max_image_mib=host.max_image_mib,
+            trusted=host.image_trusted,
+            image_sources=host.image_sources,
         )
 
     fetched = info = None
-    if image:
-        info = accept(image, checksum)
+    if req.image:
+        info = accept(req.image, req.checksum)
         fetched = info["path"]
         progress("image_cached", image=info["source"], path=fetched, checksum=info["checksum"])
-    gfx = spec_args.get("graphics")
+    gfx = req.graphics
     if isinstance(gfx, dict) and envelope.is_envelope(gfx.get("password")):
         # sealed by the runner for this hypervisor only: a console password never travels in clear
-        spec_args["graphics"] = dict(gfx, password=_unseal(seed_request, gfx["password"], f"{name}/graphics"))
+        gfx = dict(gfx, password=_unseal(seed_request, gfx["password"], f"{name}/graphics"))
     spec = vmspec.build(
-        name,
-        cpu,
-        mem,
-        vtype=kind["type"],
-        image=fetched,
+        dataclasses.replace(req, vtype=kind["type"], image=fetched, graphics=gfx),
         image_format=info["format"] if info else None,
         images_dir=images_dir,
-        profiles=profiles,
-        allowed_paths=allowed_paths,
-        cloud_init=cloud_init,
-        owner=owner,  # not a SPEC_ARG: only salt-run virt.init sets it (saltvirt.spec.vmargs refuses it from calls)
-        **spec_args,
+        profiles=host.profiles,
+        allowed_paths=host.allowed_paths,
     )
     vm_dir = spec.vm_dir  # <images_dir>/<name>: build names it (None only in a spec made for its XML alone)
     if vm_dir is None:
         raise CommandExecutionError(f"the spec of {name!r} names no VM directory")
-    spec.tb_cache_mib = tb_cache  # the operator's, as vtype: never a call's
-    spec.uuid = str(uuid4())  # ours before anything is made: the manifest records it first
-    spec.image_origin = origin  # in <metadata>: the VM's image grain (docs/topics/resources.md)
-    plan = firstboot.Plan(spec.cloud_init, minion_install, cache_file)
-    if spec.graphics and not spec.graphics.password:
-        # a console without a password is open to whoever reaches its socket: generate one. It stays in
-        # the domain XML (virsh dumpxml --security-info NAME on the hypervisor), never in a job return
-        spec.graphics.password = vmspec.console_password()
-    src_formats, sources = {}, {}  # disk name -> format of its image (as intake decided it), its source
-    for disk in spec.disks:
-        if info is not None and disk.image and disk.image == fetched:
-            src_formats[disk.name], sources[disk.name] = info["format"], image
-        elif disk.image:  # a disk entry with an image of its own: through the same door
-            extra = accept(disk.image)
-            sources[disk.name] = disk.image
-            disk.image, src_formats[disk.name] = extra["path"], extra["format"]
-    attached = _check_disks_and_nics(conn, spec, host, images_dir, operator)
-    attach.check_host_devices(spec.host_devices, operator)  # only what the operator lists in virt:host_devices
-    attach.check_serials(spec.serials + spec.consoles, operator)  # TCP ports: virt:serial_tcp_ports only
-    spec.hostdevs = caps.host_devices(conn, spec.host_devices)  # unknown names refused before anything is made
+    resolved = resolve.for_init(
+        conn,
+        spec,
+        images_dir=images_dir,
+        operator=host.operator,
+        tb_cache_mib=tb_cache,
+        image_origin=origin,
+        image=req.image,
+        fetched=info,
+        accept=accept,
+    )
+    spec, src_formats, sources = resolved.spec, resolved.src_formats, resolved.sources
+    attached = resolved.attached
+    missing = _local_bridge_missing(conn.getURI(), spec.nics)
+    if missing:
+        raise CommandExecutionError(_bridge_hint(missing[0], hostname))
+    plan = firstboot.Plan(spec.cloud_init, host.minion_install, host.cache_file)
 
     undo = Undo(stop_at_failure=True)
-    result = {"name": name, "host": host, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
+    result = {"name": name, "host": hostname, "type": kind["type"], "type_reason": kind["reason"], "disks": []}
     if attached:
         result["attached"] = attached  # existing disks (storage.attach): their format as found on them
     try:
@@ -352,7 +321,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
         # the manifest before anything it covers, naming the VM by its UUID and this host: whatever this init
         # leaves behind is then judged by UUID (saltvirt.vm.cleanup), never by name; its undo runs last
         fresh = not os.path.lexists(os.path.join(vm_dir, images.MANIFEST))
-        images.record_owned(vm_dir, name, [], vm_uuid=spec.uuid, host=host_id, complete=False)
+        images.record_owned(vm_dir, name, [], vm_uuid=spec.uuid, host=host.host_id, complete=False)
         if fresh:
             undo.add("remove ownership manifest", lambda: _remove_manifest(vm_dir))
         seeds_first = validate.to_bool(seed_disk)
@@ -360,6 +329,9 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
             if made:
                 result["disks"].append(made)
+        # a volume's path is known once it is made (a block volume is seeded in a staging file first)
+        made_at = {d["name"]: d.get("staged") or d["path"] for d in result["disks"] if d.get("pool")}
+        spec = resolve.with_disk_paths(spec, made_at)
         progress("disks_ready", disks=[d["path"] for d in result["disks"]])
 
         result["seed"] = None
@@ -367,25 +339,27 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
             result["seed"], result["key"] = _seed(spec, seed_request, plan, keypair)
             result["minion"] = plan.report()
             progress("seeded", backend=result["seed"]["backend"])
-            spec.minion_key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+            key = {"minion_id": result["key"]["minion_id"], "fingerprint": result["key"]["fingerprint"]}
+            spec = dataclasses.replace(spec, minion_key=key)
         else:
             progress.skip("seeded")
         if spec.cloud_init is not None:
             result["cloud_init"] = _cidata(spec, plan, undo)
         for made in result["disks"]:
             if made.get("staged"):  # a block volume: seeded as a file, now written into the volume
-                voldisks.finish_staged(made, spec.disks[0])
+                volumes.finish_staged(made, spec.disks[0].format)
+                spec = resolve.with_disk_paths(spec, {made["name"]: made["path"]})
 
-        with lv_errors(f"define VM {name!r} on {host}"):
+        with lv_errors(f"define VM {name!r} on {hostname}"):
             dom = define(conn, "domain", definition.build(spec))
         undo.add(f"undefine {name}", dom.undefine)
         result["uuid"] = dom.UUIDString()  # spec.uuid, the manifest's since the start
         progress("defined", uuid=result["uuid"])
 
-        result["started"] = bool(validate.to_bool(start)) and _start(dom, spec, host, undo, progress)
+        result["started"] = bool(validate.to_bool(req.start)) and _start(dom, spec, hostname, undo, progress)
         if result["started"] and spec.cloud_init is not None:  # the seed is single-use: see saltvirt.guest.cloudinit
             result["cloud_init"].update(cloudinit.retire(dom, spec))
-        result["vm_info"] = _read_back(dom, name, host)
+        result["vm_info"] = _read_back(dom, name, hostname)
         result["state"] = result["vm_info"]["state"]
         # the last step: from now on no cleanup takes this VM for the half-made one of an interrupted init
         images.record_owned(vm_dir, name, [], vm_uuid=spec.uuid, complete=True)
@@ -398,7 +372,7 @@ def _init(  # noqa: C901, PLR0912, PLR0915 - the init steps in order, each with 
                 left = _left_behind(conn, name, result)
                 raise type(exc)(
                     f"{exc} (cleanup incomplete: {'; '.join(errors)}; {left}; "
-                    f"once {host} is reachable again run: salt <hypervisor> virt.cleanup {name})"
+                    f"once {hostname} is reachable again run: salt <hypervisor> virt.cleanup {name})"
                 ) from None
         raise
     result["seconds"] = round(time.monotonic() - started_at, 3)
@@ -418,45 +392,21 @@ def _full_hint(images_dir):
     )
 
 
-def _check_disks_and_nics(conn, spec, host, images_dir, operator):
-    """Before anything is made: pool disks resolvable, new file disks not taken, existing disks through
-    the one door (:func:`saltvirt.storage.attach.admit`), the host bridges the NICs use present.
-    Returns what ``admit`` reports of the attached disks."""
-    voldisks.resolve(conn, spec.disks, operator)  # pool disks: pool allowed and running, format, no name taken
-    for disk in spec.disks:
-        if disk.pool or disk.attach:
-            continue
-        if disk.path and os.path.lexists(disk.path):
-            raise SaltInvocationError(
-                f"disk file {disk.path} already exists: refusing to overwrite it. Remove it yourself if it is "
-                f"not needed, or choose another VM name"
-            )
-    attached = attach.admit(conn, spec.disks, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
-    boot = spec.boot or vmspec.Boot()
-    given = [("boot:kernel", boot.kernel), ("boot:initrd", boot.initrd), ("serial_log", spec.serial_log)]
-    attach.host_files(conn, given, vm=spec.name, uuid=None, images_dir=images_dir)
-    firmware.check(conn, spec.boot, vm=spec.name, uuid=None, images_dir=images_dir, settings=operator)
-    missing = _local_bridge_missing(conn.getURI(), spec.nics)
-    if missing:
-        raise CommandExecutionError(_bridge_hint(missing[0], host))
-    return attached
-
-
 def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo):
     """Create one disk (a pool volume, a clone of its image or a blank file), recorded as this VM's and
     with its undo step; what was made (None for a disk there is nothing to make for)."""
     name = spec.name
     if disk.pool and not disk.attach:
         seeds = seeds_first and disk is spec.disks[0] and disk.image
-        made = voldisks.create(
+        made = volumes.create(
             conn,
             disk,
             image=disk.image,
             src_fmt=src_formats.get(disk.name),
             stage_dir=spec.vm_dir if seeds else None,
         )
-        undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: voldisks.delete(conn, m))
-        voldisks.record(spec.vm_dir, name, made)
+        undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: volumes.delete(conn, m))
+        volumes.record(spec.vm_dir, name, made)
         return dict(made, target=disk.target)
     if disk.device != "disk" or not disk.path or disk.attach:
         return None
@@ -626,9 +576,9 @@ def purge(
     files = [d["file"] for d in facts["disks"] if d["file"] and d["type"] == "file" and d["device"] == "disk"]
     vm_dir = validate.inside(images_dir, name)
     files += cloudinit.leftover(vm_dir)  # the seed ISO of a VM that was never started
-    refs = voldisks.disk_refs(facts)
+    refs = volumes.disk_refs(facts)
     if os.path.isdir(vm_dir) and images.load_manifest(vm_dir) is not None:
-        vols = voldisks.remove_owned(conn, vm_dir, name, uuid, refs)
+        vols = volumes.remove_owned(conn, vm_dir, name, uuid, refs)
         outcome = images.remove_owned(vm_dir, name, uuid, files)
     else:  # not made by salt-virt: Salt's purge deletes its disks and volumes, foreign keeps what others use
         vols = foreign.remove_volumes(conn, name, refs, images_dir, allowed_paths)

@@ -151,7 +151,7 @@ def restore(
     """Restore backup ``bid`` of VM ``name`` (see the module docstring). Returns ``{name, id, chain,
     disks: {target: new file}, defined, started, replaced: {removed, kept}, detached: {target: disk},
     ejected: {target: why}, checkpoints_dropped, note}``. ``settings``: the operator's
-    (:func:`saltvirt.storage.attach.operator_settings`), for what the definition gives the VM besides the
+    (:func:`saltvirt.base.switches.operator_settings`), for what the definition gives the VM besides the
     restored disks (:func:`_admit`)."""
     new = validate.vm_name(as_name, "as_name") if as_name else name
     directory = backupstore.find(root, name, bid, target)

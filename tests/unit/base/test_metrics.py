@@ -22,6 +22,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import metrics
 from saltvirt.fleet import publish, recovery
 from saltvirt.host import capacity
+from saltvirt.spec import vmargs
 from saltvirt.vm import provision
 from tests.support import signedfleet
 from tests.support.saltloader import SOURCES, make_minion_mods
@@ -101,15 +102,14 @@ def test_every_instrument_is_exported_under_its_documented_name(scrape):
         assert set(labels) == set(inst.labels)
 
 
-def unseeded_init(mods, name, **kwargs):
+def unseeded_init(mods, name, progress=None, **kwargs):
     """provision.init of ``name`` (1 vCPU, 64 MiB, the source image, nothing seeded) with ``kwargs``
     (``progress=``: a callback that makes a step fail), as virt.init calls it."""
     v, src, conn = mods
     images = v.opts["virt"]["images"]
     allowed = [str(pathlib.Path(src).parent)]
-    return provision.init(
-        conn, name, 1, 64, src, images_dir=images, nic=None, seed=False, allowed_paths=allowed, **kwargs
-    )
+    host = provision.Host(images_dir=images, allowed_paths=allowed)
+    return provision.init(conn, vmargs.InitRequest(name, 1, 64, src, nic=None, seed=False, **kwargs), host, progress)
 
 
 def test_virt_init_is_timed_and_a_failure_counted_by_its_step(scrape, mods):

@@ -6,6 +6,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
+from saltvirt.spec import vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.vm import migrate
 from saltvirt.xml import netxml, poolxml
@@ -27,9 +28,9 @@ def test_hostile_names_refused_for_every_kind(name):
     with pytest.raises(SaltInvocationError, match="pool name"):
         poolxml.pool_spec(name, target="/srv/x")
     with pytest.raises(SaltInvocationError, match="VM name"):
-        spec.build(name, 1, 64, disk=None, nic=None, images_dir="/srv/vms")
+        spec.build(vmargs.InitRequest(name, 1, 64, disk=None, nic=None), images_dir="/srv/vms")
     with pytest.raises(SaltInvocationError, match="disk name"):
-        spec.build("ok", 1, 64, disks=[{"name": name, "size": 1}], nic=None, images_dir="/srv/vms")
+        spec.build(vmargs.InitRequest("ok", 1, 64, disks=[{"name": name, "size": 1}], nic=None), images_dir="/srv/vms")
     with pytest.raises(SaltInvocationError, match="host name"):
         migrate.destination_uri(name)
 
@@ -94,10 +95,15 @@ def test_allowed_paths_come_from_the_minion_config_only(virt_test, outside, tmp_
 
 
 def test_serial_log_may_go_to_libvirts_log_dir():
-    s = spec.build("n", 1, 64, disk=None, nic=None, images_dir="/v", serial_log=f"{spec.SERIAL_LOG_DIR}/n-x.log")
+    s = spec.build(
+        vmargs.InitRequest("n", 1, 64, disk=None, nic=None, serial_log=f"{spec.SERIAL_LOG_DIR}/n-x.log"),
+        images_dir="/v",
+    )
     assert s.serial_log == f"{spec.SERIAL_LOG_DIR}/n-x.log"
     with pytest.raises(SaltInvocationError, match="outside"):
-        spec.build("n", 1, 64, disk=None, nic=None, images_dir="/v", serial_log="/var/log/libvirt/x.log")
+        spec.build(
+            vmargs.InitRequest("n", 1, 64, disk=None, nic=None, serial_log="/var/log/libvirt/x.log"), images_dir="/v"
+        )
 
 
 @pytest.mark.parametrize("name", ["a\n", "../x"])

@@ -8,6 +8,7 @@ import pytest
 
 from saltvirt.fleet import leftovers, publish
 from saltvirt.host import query
+from saltvirt.spec import vmargs
 from saltvirt.storage import images
 from saltvirt.vm import cleanup
 from tests.support.signedfleet import QUICK_WAITS, SigningClient, minion_key
@@ -120,7 +121,9 @@ def shared_fleet(tmp_path, store):
 
     shared = str(tmp_path / "images")
     conns = {mid: libvirt.open(f"test://{TEST_NODE_XML}") for mid in ("hv-a", "hv-b", "hv-c")}
-    ret = provision.init(conns["hv-b"], "web1", 1, 64, images_dir=shared, nic=None, host_id="hv-b")
+    ret = provision.init(
+        conns["hv-b"], vmargs.InitRequest("web1", 1, 64, nic=None), provision.Host(images_dir=shared, host_id="hv-b")
+    )
     assert ret["state"] == "running"
     leftovers.remember(store, "hv-a", "web1", "2026", "down", "m1")
     # the master: its key store (each hypervisor's accepted key), its config

@@ -35,7 +35,7 @@ def test_migrate_and_evacuate_take_the_init_lock(tmp_path):
         with pytest.raises(SaltInvocationError, match=r"'web1' is held: virt.migrate by master master \(host "):
             relocate.migrate(remote, "web1", "hv2")
         with pytest.raises(SaltInvocationError, match="'web1' is held: virt.migrate by master"):
-            vmcreate.create(opts, "web1", {}, None, {})
+            vmcreate.create(opts, "web1", {}, None, {}, fleet=remote)
 
 
 def test_image_note_never_shows_url_credentials():

@@ -13,7 +13,7 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.guest import cloudinit
-from saltvirt.spec import speckeys
+from saltvirt.spec import speckeys, vmargs
 from saltvirt.spec import vmspec as spec
 from tests.support.saltloader import load_states
 
@@ -147,11 +147,15 @@ def test_without_additions_user_data_goes_byte_for_byte():
 
 
 def test_seed_volume_in_the_spec_and_leftover(tmp_path):
-    vm = spec.build("web1", 1, 64, images_dir=str(tmp_path), image="/i.qcow2", image_format="qcow2", cloud_init=True)
+    vm = spec.build(
+        vmargs.InitRequest("web1", 1, 64, image="/i.qcow2", cloud_init=True),
+        images_dir=str(tmp_path),
+        image_format="qcow2",
+    )
     cd = spec.cidata_disk(vm)
     assert (cd.device, cd.bus, cd.format, cd.target, cd.path) == ("cdrom", "sata", "raw", "sda", cd.path)
     assert cd.path == str(tmp_path / "web1" / "cidata.iso") and vm.disks[0].name == "system"
-    assert spec.cidata_disk(spec.build("web1", 1, 64, images_dir=str(tmp_path), disk=None)) is None
+    assert spec.cidata_disk(spec.build(vmargs.InitRequest("web1", 1, 64, disk=None), images_dir=str(tmp_path))) is None
     assert cloudinit.leftover(str(tmp_path / "web1")) == []
     (tmp_path / "web1").mkdir()
     (tmp_path / "web1" / "cidata.iso").write_bytes(b"x")
@@ -159,7 +163,9 @@ def test_seed_volume_in_the_spec_and_leftover(tmp_path):
 
 
 def test_write_seed_reports_hashes_not_content(tmp_path):
-    vm = spec.build("web1", 1, 64, images_dir=str(tmp_path), disk=None, cloud_init={"hostname": "h"})
+    vm = spec.build(
+        vmargs.InitRequest("web1", 1, 64, disk=None, cloud_init={"hostname": "h"}), images_dir=str(tmp_path)
+    )
     (tmp_path / "web1").mkdir()
     made = cloudinit.write_seed(vm, {"runcmd": [["true"]]})
     assert made["iso"] == str(tmp_path / "web1" / "cidata.iso") and made["tool"] == "pycdlib"

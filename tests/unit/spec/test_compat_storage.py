@@ -1,7 +1,7 @@
 """Salt compatibility of the storage half: every pool_*/volume_* function and state called with the argument
 names of Salt's virt docstrings (saltext-virt 0.1.0), return shapes checked, on libvirt's test:/// driver
 through the real Salt loader. Real pools: tests/integration/test_storage_real.py. Disks on volumes:
-tests/unit/test_voldisks.py; snapshots: tests/unit/test_snapshot.py (also with Salt's argument names)."""
+tests/unit/storage/test_volumes.py; snapshots: tests/unit/test_snapshot.py (also with Salt's argument names)."""
 
 import libvirt
 import pytest

@@ -4,14 +4,15 @@ test_speckeys.py's HOSTILE list, refused by spec.build and by virt.init before a
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import cpumem
+from saltvirt.spec import cpumem, vmargs
 from saltvirt.spec import vmspec as spec
 
 
 def build(**kwargs):
-    args = {"name": "k1", "cpu": 1, "mem": 64, "images_dir": "/v", "disk": None}
+    args = {"name": "k1", "cpu": 1, "mem": 64, "disk": None}
     args.update(kwargs)
-    return spec.build(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args)
+    host = {k: args.pop(k) for k in ("images_dir", "profiles", "allowed_paths", "image_format") if k in args}
+    return spec.build(vmargs.InitRequest(**args), **{"images_dir": "/v", **host})
 
 
 @pytest.mark.parametrize(

@@ -7,15 +7,16 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import compat, speckeys
+from saltvirt.spec import compat, speckeys, vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml.domain import definition
 
 
 def build(**kwargs):
-    args = {"name": "k1", "cpu": 1, "mem": 64, "images_dir": "/v", "disk": None}
+    args = {"name": "k1", "cpu": 1, "mem": 64, "disk": None}
     args.update(kwargs)
-    return spec.build(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args)
+    host = {k: args.pop(k) for k in ("images_dir", "profiles", "allowed_paths", "image_format") if k in args}
+    return spec.build(vmargs.InitRequest(**args), **{"images_dir": "/v", **host})
 
 
 def test_salt_documented_graphics_listen_mapping_is_honoured():

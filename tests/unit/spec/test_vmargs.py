@@ -3,14 +3,15 @@ virtinst's test_checkprops.py): every declared argument is exercised through the
 test driver: accepted by virt.init, forwarded or refused by salt-run virt.init, passed to virt.update or not
 by virt.running/defined, exactly as its row says."""
 
+import dataclasses
 import hashlib
 import platform
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.spec import compat, vmargs
-from saltvirt.vm import provision
+from saltvirt.fleet import vmcreate
+from saltvirt.spec import compat, vmargs, vmspec
 from tests.support.paths import ROOT
 from tests.support.saltloader import load_states, make_minion_mods, make_runners
 
@@ -102,7 +103,26 @@ def test_rows_are_consistent():
         assert (arg.runner == vmargs.REFUSE) == bool(arg.refusal), arg
         assert not arg.spec or arg.update, f"{arg.name}: a domain-shaping argument is one virt.update compares"
         assert arg.doc and arg.takes, arg
-    assert provision.SPEC_ARGS == vmargs.SPEC_ARGS
+    spec_fields = {f.name for f in dataclasses.fields(vmspec.VMSpec)}
+    for arg in vmargs.ARGS:  # a checker fills a VMSpec field (or checks only); every field a row names exists
+        assert arg.into is None or arg.into in spec_fields, arg
+        assert arg.check is None or arg.name in (arg.into, "os_type"), arg
+
+
+def test_the_loader_builds_the_request_from_every_argument():
+    """virt.init hands every argument to the request by name (no locals() filter): the call in the loader
+    names each row once, so a row without its keyword there is caught here."""
+    import ast
+
+    tree = ast.parse((ROOT / "_modules" / "virt.py").read_text())
+    init = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "init")
+    calls = [
+        n
+        for n in ast.walk(init)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "InitRequest"
+    ]
+    assert len(calls) == 1 and not calls[0].args
+    assert [(k.arg, getattr(k.value, "id", None)) for k in calls[0].keywords] == [(n, n) for n in vmargs.NAMES]
 
 
 def test_the_docs_page_is_the_table():
@@ -172,7 +192,7 @@ def runner(tmp_path):
 
 @pytest.mark.parametrize("arg", [a.name for a in vmargs.ARGS if a.runner == vmargs.FORWARD])
 def test_runner_forwards_what_the_table_says(arg):
-    assert vmargs.forward({arg: "x", "__pub_user": "root"}) == {arg: "x"}
+    assert vmcreate.forward({arg: "x", "__pub_user": "root"}) == {arg: "x"}
 
 
 @pytest.mark.parametrize("arg", [a.name for a in vmargs.ARGS if a.runner == vmargs.REFUSE])
@@ -189,7 +209,7 @@ def test_runner_refuses_what_it_sets_itself(runner, tmp_path, arg):
 @pytest.mark.parametrize("arg", [a.name for a in vmargs.ARGS if a.runner == vmargs.REFUSE])
 def test_forward_refuses_in_the_runners_words(arg):
     with pytest.raises(SaltInvocationError, match=f"^salt-run virt.init: {arg}= is not forwarded") as exc:
-        vmargs.forward({arg: "secret-value"})
+        vmcreate.forward({arg: "secret-value"})
     assert "secret-value" not in str(exc.value)
 
 

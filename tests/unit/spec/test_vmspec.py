@@ -3,11 +3,14 @@
 import pytest
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.spec import vmargs
 from saltvirt.spec import vmspec as spec
 
 
 def test_defaults_one_virtio_nic_on_br0_and_system_disk_from_image():
-    s = spec.build("web1", 2, 512, image="/img/base.qcow2", image_format="qcow2", images_dir="/srv/vms")
+    s = spec.build(
+        vmargs.InitRequest("web1", 2, 512, image="/img/base.qcow2"), image_format="qcow2", images_dir="/srv/vms"
+    )
     assert [(n.name, n.type, n.source, n.model) for n in s.nics] == [("eth0", "bridge", "br0", "virtio")]
     assert [(d.name, d.path, d.format, d.target, d.overlay) for d in s.disks] == [
         ("system", "/srv/vms/web1/system.qcow2", "qcow2", "vda", False)
@@ -17,9 +20,11 @@ def test_defaults_one_virtio_nic_on_br0_and_system_disk_from_image():
 
 
 def test_overlay_forces_qcow2_and_full_copy_keeps_image_format():
-    over = spec.build("a", 1, 64, image="/i.raw", image_format="raw", enable_qcow=True, images_dir="/v")
+    over = spec.build(
+        vmargs.InitRequest("a", 1, 64, image="/i.raw", enable_qcow=True), image_format="raw", images_dir="/v"
+    )
     assert (over.disks[0].format, over.disks[0].overlay, over.disks[0].path) == ("qcow2", True, "/v/a/system.qcow2")
-    full = spec.build("a", 1, 64, image="/i.raw", image_format="raw", images_dir="/v")
+    full = spec.build(vmargs.InitRequest("a", 1, 64, image="/i.raw"), image_format="raw", images_dir="/v")
     assert (full.disks[0].format, full.disks[0].overlay, full.disks[0].path) == ("raw", False, "/v/a/system.raw")
 
 
@@ -29,15 +34,17 @@ def test_profiles_merge_with_explicit_entries_by_name():
         "disk": {"big": [{"system": {"size": 20480}}, {"data": {"size": 1024, "format": "raw"}}]},
     }
     s = spec.build(
-        "db1",
-        4,
-        4096,
-        image="/i.qcow2",
+        vmargs.InitRequest(
+            "db1",
+            4,
+            4096,
+            image="/i.qcow2",
+            nic="dual",
+            disk="big",
+            interfaces=[{"name": "eth1", "source": "other"}, {"name": "eth2", "type": "bridge", "source": "br1"}],
+            disks=[{"name": "data", "size": 2048}],
+        ),
         image_format="qcow2",
-        nic="dual",
-        disk="big",
-        interfaces=[{"name": "eth1", "source": "other"}, {"name": "eth2", "type": "bridge", "source": "br1"}],
-        disks=[{"name": "data", "size": 2048}],
         profiles=profiles,
         images_dir="/v",
     )
@@ -73,10 +80,13 @@ def test_profiles_merge_with_explicit_entries_by_name():
     ],
 )
 def test_bad_input_is_refused_with_a_clear_message(kwargs, message):
-    args = {"name": "ok1", "cpu": 1, "mem": 64, "images_dir": "/v"}
+    args = {"name": "ok1", "cpu": 1, "mem": 64}
     args.update(kwargs)
+    images_dir = args.pop("images_dir", "/v")
     with pytest.raises(SaltInvocationError, match=message):
-        spec.build(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args)
+        spec.build(
+            vmargs.InitRequest(args.pop("name"), args.pop("cpu"), args.pop("mem"), **args), images_dir=images_dir
+        )
 
 
 @pytest.mark.parametrize(
@@ -92,7 +102,7 @@ def test_bad_input_is_refused_with_a_clear_message(kwargs, message):
 def test_new_disks_mib_is_what_the_spec_allocates(disks):
     """The disk a tenant's quota counts for virt.init: every disk of the spec virt.init builds, the image-backed
     system disk at the image's size (2048 MiB here) unless it is given a bigger one; an attached volume: none."""
-    built = spec.build("web1", 1, 256, image="/srv/salt-images/base.qcow2", disks=disks)
+    built = spec.build(vmargs.InitRequest("web1", 1, 256, image="/srv/salt-images/base.qcow2", disks=disks))
     allocated = sum(max(d.size or 0, 2048 if d.image else 0) for d in built.disks if not d.attach)
     assert spec.new_disks_mib(disks, 2048) == allocated
 

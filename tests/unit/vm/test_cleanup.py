@@ -82,12 +82,14 @@ def _shared_lab(tmp_path, test_conn):
     runs with its disk in ``shared/web1``, made by a real virt.init; hv-a is a minion loader whose own
     test:/// driver defines nothing, with the stale init lock of a virt.init of 'web1' that failed there.
     Returns (hv-a's ``__salt__``, web1's disk, web1's uuid)."""
+    from saltvirt.spec import vmargs
     from saltvirt.vm import provision
     from tests.support.paths import TEST_NODE_XML
     from tests.support.saltloader import make_minion_mods
 
     shared = tmp_path / "shared"
-    ret = provision.init(test_conn, "web1", 1, 64, images_dir=str(shared), nic=None, host_id="hv-b")
+    req = vmargs.InitRequest("web1", 1, 64, nic=None)
+    ret = provision.init(test_conn, req, provision.Host(images_dir=str(shared), host_id="hv-b"))
     assert ret["state"] == "running"
     _interrupted(shared, "web1", unfinished=False)  # hv-a's init never got as far as web1's files
     mods_a = make_minion_mods(

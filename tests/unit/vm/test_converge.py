@@ -11,8 +11,9 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base import switches
 from saltvirt.host.conn import libvirt
-from saltvirt.storage import attach
+from saltvirt.spec import vmargs
 from saltvirt.vm import converge
 from saltvirt.xml.domain import definition
 from tests.support.saltloader import load_states, make_minion_mods
@@ -25,7 +26,8 @@ def spec_of(cpu=1, mem=128, **kw):
     kw.setdefault("nic", None)
     kw.setdefault("interfaces", NET)
     kw.setdefault("disk", None)
-    return converge.desired_spec("vm1", cpu, mem, images_dir="/srv/img", profiles={}, **kw)
+    host = {k: kw.pop(k) for k in ("image", "vtype", "image_format", "allowed_paths") if k in kw}
+    return converge.desired_spec(vmargs.InitRequest("vm1", cpu, mem, **kw), images_dir="/srv/img", profiles={}, **host)
 
 
 def facts_of(spec, live=False):
@@ -63,15 +65,10 @@ def test_update_rejects_creation_only_arguments(virt_test):
 
 def test_preview_lists_what_init_will_create():
     got = converge.preview(
-        "web1",
-        2,
-        512,
+        vmargs.InitRequest("web1", 2, 512, image="salt://img/web.qcow2", nic=None, interfaces=NET),
         images_dir="/srv/img",
         profiles={},
-        image="salt://img/web.qcow2",
         image_format=None,
-        nic=None,
-        interfaces=NET,
     )
     assert got["disks"]["vda"] == {
         "name": "system",
@@ -82,16 +79,21 @@ def test_preview_lists_what_init_will_create():
         "image": "salt://img/web.qcow2",
     }
     overlay = converge.preview(
-        "web1", 2, 512, images_dir="/srv/img", profiles={}, image="salt://x", enable_qcow=True, enable_vnc=True
+        vmargs.InitRequest("web1", 2, 512, image="salt://x", enable_qcow=True, enable_vnc=True),
+        images_dir="/srv/img",
+        profiles={},
     )
     assert (
         overlay["disks"]["vda"]["path"] == "/srv/img/web1/system.qcow2" and overlay["disks"]["vda"]["overlay"] is True
     )
     assert overlay["nics"] == [{"type": "bridge", "source": "br0", "model": "virtio"}]  # virt.init's default profile
     assert overlay["graphics"] == {"type": "vnc", "listen": "127.0.0.1", "port": -1, "password": False}
-    assert "ha" not in overlay and converge.preview("w", 1, 64, images_dir="/i", profiles={}, ha=True)["ha"] is True
+    assert (
+        "ha" not in overlay
+        and converge.preview(vmargs.InitRequest("w", 1, 64, ha=True), images_dir="/i", profiles={})["ha"] is True
+    )
     with pytest.raises(SaltInvocationError, match="invalid VM name"):
-        converge.preview("bad/name", 1, 64, images_dir="/srv/img", profiles={})
+        converge.preview(vmargs.InitRequest("bad/name", 1, 64), images_dir="/srv/img", profiles={})
 
 
 # diff -------------------------------------------------------------------------------------------------
@@ -600,12 +602,18 @@ def test_host_devices_are_looked_up_and_passed_through(tmp_path):
     node.write_text(NODE_DEVICES)
     conn = libvirt.open(f"test://{node}")
     args = {"images_dir": str(tmp_path), "profiles": {}}
-    conn.defineXML(definition.build(converge.desired_spec("hd1", 1, 64, nic=None, disk=None, **args)))
+    conn.defineXML(
+        definition.build(converge.desired_spec(vmargs.InitRequest("hd1", 1, 64, nic=None, disk=None), **args))
+    )
     with pytest.raises(SaltInvocationError, match="'usb_3_1' is not one the operator made available to VMs"):
-        converge.update(conn, "hd1", host_devices=["usb_3_1"], **args)  # none unless virt:host_devices lists it
+        converge.update(
+            conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["usb_3_1"]}), **args
+        )  # none unless virt:host_devices lists it
     listed = ["pci_0000_00_1f_2", "usb_3_1", "pci_0000_00_1f_3", "net_eth9_52_54_00_00_00_09"]
-    args["operator"] = attach.operator_settings({"virt": {"host_devices": listed}})
-    done = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
+    args["operator"] = switches.operator_settings({"virt": {"host_devices": listed}})
+    done = converge.update(
+        conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["pci_0000_00_1f_2", "usb_3_1"]}), **args
+    )
     assert done["changes"]["host_devices"] == {
         "old": [],
         "new": [
@@ -617,13 +625,22 @@ def test_host_devices_are_looked_up_and_passed_through(tmp_path):
     src = root.find("devices/hostdev[@type='pci']/source/address")
     assert (src.get("bus"), src.get("slot"), src.get("function")) == ("0x00", "0x1f", "0x2")
     assert root.find("devices/hostdev[@type='pci']").get("managed") == "yes"
-    again = converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_2", "usb_3_1"], **args)
+    again = converge.update(
+        conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["pci_0000_00_1f_2", "usb_3_1"]}), **args
+    )
     assert again["changes"] == {}  # idempotent
     with pytest.raises(SaltInvocationError, match=r"no device 'pci_0000_00_1f_3'.*here: pci_0000_00_1f_2, usb_3_1"):
-        converge.update(conn, "hd1", host_devices=["pci_0000_00_1f_3"], **args)
+        converge.update(conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["pci_0000_00_1f_3"]}), **args)
     with pytest.raises(SaltInvocationError, match="net_eth9_52_54_00_00_00_09 is a net device; only PCI and USB"):
-        converge.update(conn, "hd1", host_devices=["net_eth9_52_54_00_00_00_09"], **args)
-    assert converge.update(conn, "hd1", host_devices=[], **args)["changes"]["host_devices"]["new"] == []
+        converge.update(
+            conn, *vmargs.update_request("hd1", None, None, {"host_devices": ["net_eth9_52_54_00_00_00_09"]}), **args
+        )
+    assert (
+        converge.update(conn, *vmargs.update_request("hd1", None, None, {"host_devices": []}), **args)["changes"][
+            "host_devices"
+        ]["new"]
+        == []
+    )
     assert ET.fromstring(conn.lookupByName("hd1").XMLDesc(0)).find("devices/hostdev") is None
     conn.close()
 

@@ -7,6 +7,7 @@ progress events): raising there is a failure at exactly that step, with nothing 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
+from saltvirt.spec import vmargs
 from saltvirt.vm import provision
 
 # a graphics listen that is not a string: libvirt stores it and then hands back XML that does not parse
@@ -22,9 +23,17 @@ def _left(conn, tmp_path):
 def test_bad_graphics_leaves_nothing_defined(test_conn, tmp_path):
     before = _left(test_conn, tmp_path)
     with pytest.raises(SaltInvocationError, match="graphics:listen:address"):
-        provision.init(test_conn, "gfx1", 1, 64, images_dir=str(tmp_path), nic=None, start=False, graphics=BAD_LISTEN)
+        provision.init(
+            test_conn,
+            vmargs.InitRequest("gfx1", 1, 64, nic=None, start=False, graphics=BAD_LISTEN),
+            provision.Host(images_dir=str(tmp_path)),
+        )
     with pytest.raises(SaltInvocationError, match="graphics:port"):
-        provision.init(test_conn, "gfx1", 1, 64, images_dir=str(tmp_path), nic=None, graphics={"port": "x"})
+        provision.init(
+            test_conn,
+            vmargs.InitRequest("gfx1", 1, 64, nic=None, graphics={"port": "x"}),
+            provision.Host(images_dir=str(tmp_path)),
+        )
     assert _left(test_conn, tmp_path) == before
 
 
@@ -37,7 +46,12 @@ def test_failure_after_define_is_undone(test_conn, tmp_path, step):
             raise CommandExecutionError(f"injected fault at {at}")
 
     with pytest.raises(CommandExecutionError, match=f"injected fault at {step}"):
-        provision.init(test_conn, "late1", 1, 64, images_dir=str(tmp_path), nic=None, progress=progress)
+        provision.init(
+            test_conn,
+            vmargs.InitRequest("late1", 1, 64, nic=None),
+            provision.Host(images_dir=str(tmp_path)),
+            progress=progress,
+        )
     assert _left(test_conn, tmp_path) == before  # no domain, no disk, no manifest, no VM directory
 
 
@@ -53,7 +67,12 @@ def test_undo_that_cannot_finish_reports_the_vm_state(test_conn, tmp_path):
             raise CommandExecutionError("connection lost")
 
     with pytest.raises(CommandExecutionError) as err:
-        provision.init(test_conn, "late2", 1, 64, images_dir=str(tmp_path), nic=None, progress=progress)
+        provision.init(
+            test_conn,
+            vmargs.InitRequest("late2", 1, 64, nic=None),
+            provision.Host(images_dir=str(tmp_path)),
+            progress=progress,
+        )
     msg = str(err.value)
     assert "connection lost" in msg and "cleanup incomplete: undefine late2" in msg, msg
     assert "VM 'late2' is still defined, state shutoff" in msg and "virt.cleanup late2" in msg, msg
@@ -66,7 +85,11 @@ def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_pa
 
     from saltvirt.pki import envelope
 
-    ret = provision.init(test_conn, "gfx2", 1, 64, images_dir=str(tmp_path), nic=None, disk=None, enable_vnc=True)
+    ret = provision.init(
+        test_conn,
+        vmargs.InitRequest("gfx2", 1, 64, nic=None, disk=None, enable_vnc=True),
+        provision.Host(images_dir=str(tmp_path)),
+    )
     secure = test_conn.lookupByName("gfx2").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
     generated = secure.split("passwd='")[1].split("'")[0]
     assert len(generated) == 8 and generated not in repr(ret)
@@ -77,15 +100,8 @@ def test_console_password_generated_or_unsealed_never_returned(test_conn, tmp_pa
     gfx = {"type": "vnc", "password": sealed}
     ret = provision.init(
         test_conn,
-        "gfx3",
-        1,
-        64,
-        images_dir=str(tmp_path),
-        nic=None,
-        disk=None,
-        graphics=gfx,
-        pki_dir=str(tmp_path / "pki"),
-        envelope_job="20261125000000000001",
+        vmargs.InitRequest("gfx3", 1, 64, nic=None, disk=None, graphics=gfx),
+        provision.Host(images_dir=str(tmp_path), pki_dir=str(tmp_path / "pki"), job="20261125000000000001"),
     )
     assert "passwd='s3cret-1'" in test_conn.lookupByName("gfx3").XMLDesc(libvirt.VIR_DOMAIN_XML_SECURE)
     assert "s3cret-1" not in repr(ret)
@@ -106,15 +122,8 @@ def test_a_sealed_key_is_no_console_password(test_conn, tmp_path):
         with pytest.raises(CommandExecutionError) as err:
             provision.init(
                 test_conn,
-                name,
-                1,
-                64,
-                images_dir=str(tmp_path),
-                nic=None,
-                disk=None,
-                graphics={"type": "vnc", "password": sealed},
-                pki_dir=str(tmp_path / "pki"),
-                envelope_job=context_job,
+                vmargs.InitRequest(name, 1, 64, nic=None, disk=None, graphics={"type": "vnc", "password": sealed}),
+                provision.Host(images_dir=str(tmp_path), pki_dir=str(tmp_path / "pki"), job=context_job),
             )
         assert "sealed" in str(err.value) and "PRIVATE KEY" not in str(err.value)
         assert name not in [d.name() for d in test_conn.listAllDomains(0)]
@@ -124,7 +133,9 @@ def test_init_returns_the_new_vms_info_as_vm_info_reports_it(test_conn, tmp_path
     """The runner puts virt.init's own vm_info in its answer instead of asking the hypervisor again."""
     from saltvirt.host import query
 
-    ret = provision.init(test_conn, "info1", 1, 64, images_dir=str(tmp_path), nic=None)
+    ret = provision.init(
+        test_conn, vmargs.InitRequest("info1", 1, 64, nic=None), provision.Host(images_dir=str(tmp_path))
+    )
     try:
         now = query.vm_info(test_conn, "info1")["info1"]
         assert ret["vm_info"] == dict(now, cputime=ret["vm_info"]["cputime"])  # test driver: cputime is the clock
@@ -195,16 +206,10 @@ def test_a_generated_key_pair_is_the_one_seeded_and_reported(test_conn, tmp_path
 
     ret = provision.init(
         test_conn,
-        "key1",
-        1,
-        64,
-        image=guest["qcow2"],
-        images_dir=str(tmp_path),
-        allowed_paths=(guest["dir"],),
-        nic=None,
-        start=False,
-        seed_backend="cloud-init",
-        cloud_init=True,
+        vmargs.InitRequest(
+            "key1", 1, 64, image=guest["qcow2"], nic=None, start=False, seed_backend="cloud-init", cloud_init=True
+        ),
+        provision.Host(images_dir=str(tmp_path), allowed_paths=(guest["dir"],)),
     )
     iso = pycdlib.PyCdlib()
     iso.open(ret["cloud_init"]["iso"])
@@ -239,7 +244,10 @@ def test_the_manifest_names_the_vm_by_uuid_and_host_before_its_disks_are_ready(t
             seen.update(images.load_manifest(str(tmp_path / "uuid1")))
 
     ret = provision.init(
-        test_conn, "uuid1", 1, 64, images_dir=str(tmp_path), nic=None, start=False, progress=progress, host_id="hv-a"
+        test_conn,
+        vmargs.InitRequest("uuid1", 1, 64, nic=None, start=False),
+        provision.Host(images_dir=str(tmp_path), host_id="hv-a"),
+        progress=progress,
     )
     assert seen["uuid"] == ret["uuid"] == test_conn.lookupByName("uuid1").UUIDString(), seen
     assert seen["host"] == "hv-a" and seen["files"] == [ret["disks"][0]["path"]], seen
@@ -259,13 +267,16 @@ def test_the_image_is_recorded_and_a_urls_secrets_are_in_no_return(test_conn, tm
         monkeypatch.setenv("SSL_CERT_FILE", srv.cert)
         srv.files["/img/web.raw?token=s3cret"] = b"\1" * 65536
         url = srv.url("/img/web.raw?token=s3cret#frag", userinfo="alice:pa55word")
-        args = {"images_dir": str(tmp_path / "images"), "nic": None, "start": False, "seed": False}
-        ret = provision.init(test_conn, "img1", 1, 64, image=url, **args)
+        host = provision.Host(images_dir=str(tmp_path / "images"))
+        args = {"nic": None, "start": False, "seed": False}
+        ret = provision.init(test_conn, vmargs.InitRequest("img1", 1, 64, image=url, **args), host)
         assert srv.log[-1][0] == "/img/web.raw?token=s3cret"  # fetched as given
         local = str(tmp_path / "images" / "img1" / "system.raw")
-        made = provision.init(test_conn, "img2", 1, 64, image=local, catalog_image="debian12", **args)
+        made = provision.init(
+            test_conn, vmargs.InitRequest("img2", 1, 64, image=local, catalog_image="debian12", **args), host
+        )
         with pytest.raises(SaltInvocationError, match="invalid catalog image name"):
-            provision.init(test_conn, "img3", 1, 64, image=url, catalog_image="<x>", **args)
+            provision.init(test_conn, vmargs.InitRequest("img3", 1, 64, image=url, catalog_image="<x>", **args), host)
     bare = f"https://127.0.0.1:{srv.srv.server_port}/img/web.raw"
     info = query.vm_info(test_conn)
     assert ret["vm_info"]["image"] == info["img1"]["image"] == bare

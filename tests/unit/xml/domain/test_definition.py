@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from saltvirt.spec import vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml import etree
 from saltvirt.xml.domain import boot, definition, devices, metadata, tuning
@@ -15,13 +16,15 @@ from tests.support.goldenvm import vm
 
 def test_xml_escapes_and_round_trips():
     s = spec.build(
-        "vm-1",
-        2,
-        1024,
-        image="/i.qcow2",
+        vmargs.InitRequest(
+            "vm-1",
+            2,
+            1024,
+            image="/i.qcow2",
+            enable_vnc=True,
+            boot={"kernel": "/v/k", "initrd": "/v/i", "cmdline": "console=ttyS0 x='<&>'"},
+        ),
         image_format="qcow2",
-        enable_vnc=True,
-        boot={"kernel": "/v/k", "initrd": "/v/i", "cmdline": "console=ttyS0 x='<&>'"},
         images_dir="/v",
     )
     xml = definition.build(s)
@@ -37,8 +40,10 @@ def test_xml_escapes_and_round_trips():
 
 
 def test_vnc_only_when_asked():
-    assert "<graphics" not in definition.build(spec.build("n", 1, 64, disk=None, images_dir="/v"))
-    assert "<graphics" in definition.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True))
+    assert "<graphics" not in definition.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None), images_dir="/v"))
+    assert "<graphics" in definition.build(
+        spec.build(vmargs.InitRequest("n", 1, 64, disk=None, enable_vnc=True), images_dir="/v")
+    )
 
 
 def test_domain_name_of_user_xml():
@@ -72,7 +77,11 @@ GOLDEN_CASES = {
         disks=[spec.Disk("iso", format="raw", path="/srv/iso/install.iso", device="cdrom", bus="sata", target="sdb")]
     ),
     # the cloud-init seed volume exactly as spec.build makes it for cloud_init=... (saltvirt.guest.cloudinit)
-    "disk-cidata": vm(disks=[spec.build("golden1", 1, 64, images_dir="/srv/vms", disk=None, cloud_init=True).disks[0]]),
+    "disk-cidata": vm(
+        disks=[
+            spec.build(vmargs.InitRequest("golden1", 1, 64, disk=None, cloud_init=True), images_dir="/srv/vms").disks[0]
+        ]
+    ),
     "nic-bridge": vm(nics=[spec.Nic("eth0", type="bridge", source="br0", model="virtio", mac="52:54:00:6b:00:01")]),
     "nic-network": vm(nics=[spec.Nic("eth0", type="network", source="default", model="e1000")]),
     "nic-direct": vm(nics=[spec.Nic("eth0", type="direct", source="eno1", model="virtio", mac="52:54:00:6b:00:02")]),
@@ -145,17 +154,19 @@ def test_facts_from_a_tree_parsed_once_equal_those_from_the_string():
 def test_feature_facts_from_spec_build():
     """What virt.init's arguments become, read back the way virt.update compares them."""
     s = spec.build(
-        "f1",
-        1,
-        64,
-        disk=None,
-        nic=None,
+        vmargs.InitRequest(
+            "f1",
+            1,
+            64,
+            disk=None,
+            nic=None,
+            boot={"efi": "yes", "secure_boot": True},
+            serials=[{"type": "tcp", "port": "4555", "protocol": "raw"}],
+            consoles={"type": "pty"},
+            tpm=True,
+            stop_on_reboot="true",
+        ),
         images_dir="/v",
-        boot={"efi": "yes", "secure_boot": True},
-        serials=[{"type": "tcp", "port": "4555", "protocol": "raw"}],
-        consoles={"type": "pty"},
-        tpm=True,
-        stop_on_reboot="true",
     )
     facts = definition.feature_facts(definition.build(s))
     assert facts == {
@@ -184,7 +195,10 @@ def test_feature_facts_from_spec_build():
 def test_groups_compose_the_whole():
     """build writes every group's elements in libvirt's order (ORDER names each one), feature_facts reads each
     of FEATURES from exactly one group, parse is the groups' facts beside the domain's name, uuid and type."""
-    s = spec.build("f1", 2, 128, images_dir="/v", enable_vnc=True, clock={"timezone": "Europe/Paris"}, group="g")
+    s = spec.build(
+        vmargs.InitRequest("f1", 2, 128, enable_vnc=True, clock={"timezone": "Europe/Paris"}, group="g"),
+        images_dir="/v",
+    )
     s.cpu_model, s.cputune, s.memtune = {"mode": "host-passthrough", "features": {}}, {"shares": 2}, {"hard_limit": 1}
     root = ET.fromstring(definition.build(s))
     tags = [el.tag for el in root]

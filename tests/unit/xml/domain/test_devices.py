@@ -4,6 +4,7 @@ feature cases each a golden file (tests/golden/domain/<case>.xml, see tests/supp
 
 import pytest
 
+from saltvirt.spec import vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml import etree
 from saltvirt.xml.domain import definition, devices
@@ -114,12 +115,12 @@ def test_parse_reads_what_a_migration_needs_of_each_disk():
 
 
 def test_new_vms_get_the_guest_agent_channel_unless_opted_out():
-    assert spec.build("ga1", 1, 128).guest_agent is True
-    xml = definition.build(spec.build("ga1", 1, 128))
+    assert spec.build(vmargs.InitRequest("ga1", 1, 128)).guest_agent is True
+    xml = definition.build(spec.build(vmargs.InitRequest("ga1", 1, 128)))
     assert definition.parse(xml)["guest_agent"] == "unknown"  # defined, not running: libvirt reports no state
     assert "org.qemu.guest_agent.0" in xml
     for off in (False, "false", "no"):
-        xml = definition.build(spec.build("ga1", 1, 128, guest_agent=off))
+        xml = definition.build(spec.build(vmargs.InitRequest("ga1", 1, 128, guest_agent=off)))
         assert "channel" not in xml and definition.parse(xml)["guest_agent"] is None
 
 
@@ -138,19 +139,27 @@ def test_parse_reads_the_agent_channel_state_of_a_running_vm(state):
 def test_a_vnc_console_gets_a_websocket_on_a_free_port_and_spice_none():
     """The web console's noVNC reaches QEMU's VNC over websocket; libvirt picks its port (-1), it listens
     where the VNC listens."""
-    vnc = etree.read(definition.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    vnc = etree.read(
+        definition.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None, enable_vnc=True), images_dir="/v"))
+    )
     (g,) = vnc.findall("devices/graphics")
     assert (g.get("type"), g.get("websocket"), g.get("listen")) == ("vnc", "-1", "127.0.0.1")
     assert definition.parse(vnc)["graphics"][0]["websocket"] == -1
-    spice = etree.read(definition.build(spec.build("n", 1, 64, disk=None, images_dir="/v", graphics="spice")))
+    spice = etree.read(
+        definition.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None, graphics="spice"), images_dir="/v"))
+    )
     assert spice.find("devices/graphics").get("websocket") is None
     assert definition.parse(spice)["graphics"][0]["websocket"] is None
     assert devices.vnc_websocket(vnc) is None  # -1: not running, no port yet
     # never without a password (QEMU would then start it without password authentication): a random one unless
     # one is given
-    again = etree.read(definition.build(spec.build("n", 1, 64, disk=None, images_dir="/v", enable_vnc=True)))
+    again = etree.read(
+        definition.build(spec.build(vmargs.InitRequest("n", 1, 64, disk=None, enable_vnc=True), images_dir="/v"))
+    )
     assert len(g.get("passwd")) == 8 and again.find("devices/graphics").get("passwd") != g.get("passwd")
-    given = spec.build("n", 1, 64, disk=None, images_dir="/v", graphics={"type": "vnc", "password": "mine"})
+    given = spec.build(
+        vmargs.InitRequest("n", 1, 64, disk=None, graphics={"type": "vnc", "password": "mine"}), images_dir="/v"
+    )
     assert etree.read(definition.build(given)).find("devices/graphics").get("passwd") == "mine"
     assert spice.find("devices/graphics").get("passwd") is None
 

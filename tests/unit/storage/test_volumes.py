@@ -1,4 +1,4 @@
-"""saltvirt.storage.voldisks through virt.init / virt.purge / vm_info on libvirt's test:/// driver: Salt's
+"""saltvirt.storage.volumes through virt.init / virt.purge / vm_info on libvirt's test:/// driver: Salt's
 ``disks=[{name, pool, size, format, image | source_file}]``. Real pools and guests booting from volumes:
 tests/integration/test_storage_real.py."""
 

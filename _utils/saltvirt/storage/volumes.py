@@ -4,6 +4,7 @@ the same intake as file disks, ``images.fetch``), and the VM's ownership of the 
 in the VM's manifest (``<images>/<vm>/.salt-virt.json``, key ``volumes``) so purge deletes only those."""
 
 import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -33,51 +34,53 @@ def _next_partition(pool_obj):
     return f"{device}{sep}{min(i for i in range(1, len(used) + 2) if i not in used)}"
 
 
-def resolve(conn: Conn, disks: Any, settings: Any = None) -> Any:
-    """Check the pool disks of a spec against their pools and fill in what depends on the pool: the
-    format (qcow2 on file pools, raw elsewhere, unless given) and a disk pool's partition name. An
-    existing volume is refused unless the disk names it with ``source_file`` (then it is attached, and
-    its format is what :func:`saltvirt.storage.attach.admit` finds on it). ``settings``: the operator's
-    (:func:`saltvirt.storage.attach.operator_settings`): only the pools of ``virt:pools``."""
+def resolve(conn: Conn, disks: Iterable[Any], settings: Any = None) -> list[Any]:
+    """Check the pool disks of a spec against their pools; returns the disks with what depends on the pool
+    filled in (copies: ``disks`` are not changed): the format (qcow2 on file pools, raw elsewhere, unless
+    given), a disk pool's partition name, an attached volume's path. An existing volume is refused unless the
+    disk names it with ``source_file`` (then it is attached, and its format is what
+    :func:`saltvirt.storage.attach.admit` finds on it). ``settings``: the operator's
+    (:func:`saltvirt.base.switches.operator_settings`): only the pools of ``virt:pools``."""
+    out = []
     for disk in disks:
-        if not disk.pool:
-            continue
-        attach.check_pool(disk.pool, disk.attach, settings)
-        pool_obj = pools.running_pool(conn, disk.pool)
-        ptype = _pool_type(pool_obj)
-        with lv_errors(f"refresh pool {disk.pool!r}"):
-            pool_obj.refresh(0)
-        if disk.attach:
-            vol = pools.lookup_volume(conn, disk.pool, disk.volume)
-            if vol is None:
-                raise SaltInvocationError(
-                    f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}"
-                )
-            disk.path = vol.path()  # never libvirt's probed format: attach.admit reads what is on it
-            continue
-        if ptype == "disk":
-            disk.volume = _next_partition(pool_obj)
-        if disk.format is None:
-            disk.format = "qcow2" if ptype in FILE_POOLS else "raw"
-        elif disk.format != "raw" and ptype not in FILE_POOLS:
-            raise SaltInvocationError(f"disk {disk.name}: a {ptype} pool holds raw volumes, not {disk.format}")
-        if pools.lookup_volume(conn, disk.pool, disk.volume) is not None:
-            raise SaltInvocationError(
-                f"disk {disk.name}: volume {disk.volume!r} already exists in pool {disk.pool}: refusing to take it "
-                f"over. Delete it (virt.volume_delete {disk.pool} {disk.volume}) or attach it with "
-                f"source_file: {disk.volume}"
-            )
-    return disks
+        out.append(_resolved(conn, disk, settings) if disk.pool else disk)
+    return out
+
+
+def _resolved(conn, disk, settings):
+    attach.check_pool(disk.pool, disk.attach, settings)
+    pool_obj = pools.running_pool(conn, disk.pool)
+    ptype = _pool_type(pool_obj)
+    with lv_errors(f"refresh pool {disk.pool!r}"):
+        pool_obj.refresh(0)
+    if disk.attach:
+        vol = pools.lookup_volume(conn, disk.pool, disk.volume)
+        if vol is None:
+            raise SaltInvocationError(f"disk {disk.name}: volume {disk.volume!r} does not exist in pool {disk.pool}")
+        return dataclasses.replace(disk, path=vol.path())  # never libvirt's probed format: attach.admit reads it
+    volume = _next_partition(pool_obj) if ptype == "disk" else disk.volume
+    fmt = disk.format
+    if fmt is None:
+        fmt = "qcow2" if ptype in FILE_POOLS else "raw"
+    elif fmt != "raw" and ptype not in FILE_POOLS:
+        raise SaltInvocationError(f"disk {disk.name}: a {ptype} pool holds raw volumes, not {fmt}")
+    if pools.lookup_volume(conn, disk.pool, volume) is not None:
+        raise SaltInvocationError(
+            f"disk {disk.name}: volume {volume!r} already exists in pool {disk.pool}: refusing to take it "
+            f"over. Delete it (virt.volume_delete {disk.pool} {volume}) or attach it with "
+            f"source_file: {volume}"
+        )
+    return dataclasses.replace(disk, volume=volume, format=fmt)
 
 
 def create(
     conn: Conn, disk: Any, image: str | None = None, src_fmt: str | None = None, stage_dir: str | None = None
 ) -> Data:
-    """Create ``disk``'s volume (``image``: a local file from images.fetch, written into it). Sets
-    ``disk.path``; returns {name, pool, volume, path, format, key, size}. ``src_fmt``: the image's format
+    """Create ``disk``'s volume (``image``: a local file from images.fetch, written into it). Returns
+    {name, pool, volume, path, format, key, size} (``disk`` is not changed). ``src_fmt``: the image's format
     as the intake decided it (never guessed again). ``stage_dir``: the disk is
     seeded next; when the volume is not a regular file (LV, partition) the image is copied to a staging
-    file there instead (``disk.path``, ``staged`` in the return) and written by :func:`finish_staged`."""
+    file there instead (``staged`` in the return: the file to seed) and written by :func:`finish_staged`."""
     size = disk.size or 0
     if image:
         info = images.image_info(image, src_fmt)  # src_fmt: as the image intake decided it
@@ -89,22 +92,20 @@ def create(
     spec = poolxml.volume_spec(disk.volume, size, format=disk.format if file_pool else None)
     vol: Any = pools.define_volume(conn, disk.pool, spec) and pools.get_volume(conn, disk.pool, disk.volume)
     try:
-        disk.path = vol.path()
         made = {
             "name": disk.name,
             "pool": disk.pool,
             "volume": disk.volume,
-            "path": disk.path,
+            "path": vol.path(),
             "format": disk.format,
             "key": vol.key(),
             "size": size,
         }
-        if image and stage_dir and not os.path.isfile(disk.path):
+        if image and stage_dir and not os.path.isfile(made["path"]):
             made["staged"] = os.path.join(stage_dir, f".{disk.name}.staged.{disk.format}")
             images.clone(image, made["staged"], fmt=disk.format, src_fmt=info["format"])
-            disk.path = made["staged"]
         elif image:
-            _write_image(image, info["format"], disk.path, disk.format)
+            _write_image(image, info["format"], made["path"], disk.format)
     except BaseException:
         with contextlib.suppress(Exception):
             pools.delete_volume(conn, disk.pool, disk.volume)
@@ -112,14 +113,13 @@ def create(
     return made
 
 
-def finish_staged(made: Data, disk: Any) -> None:
-    """Write the seeded staging file into its volume and remove it."""
+def finish_staged(made: Data, fmt: str) -> None:
+    """Write the seeded staging file (of format ``fmt``) into its volume and remove it."""
     try:
-        _write_image(made["staged"], disk.format, made["path"], disk.format)
+        _write_image(made["staged"], fmt, made["path"], fmt)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(made.pop("staged"))
-    disk.path = made["path"]
 
 
 def _write_image(src, src_fmt, dst, fmt):
