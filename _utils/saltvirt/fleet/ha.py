@@ -48,7 +48,7 @@ from saltvirt.fleet import (
     resourcereg,
     runprogress,
 )
-from saltvirt.spec import speckeys
+from saltvirt.spec import checks
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def flag_ignored(conf: Data, tenant: str | None, name: str, value: Any) -> str |
     """What an operator is told when it flags tenant ``tenant``'s VM ``name`` HA (``ha=value``) while a tenant's
     flag does not count (``virt:ha:tenant_flag`` off), or None: HA judges a flag by the VM's owner, not by who set
     it."""
-    if not tenant or value is None or not speckeys.flag(value, "ha") or tenant_flag(conf):
+    if not tenant or value is None or not checks.flag(value, "ha") or tenant_flag(conf):
         return None
     return (
         f"ha=True on tenant {tenant}'s VM {name} is recorded, but automatic HA counts a tenant's VM's flag only with "

@@ -32,7 +32,7 @@ from saltvirt.base import validate
 from saltvirt.base.config import virt_conf
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
-from saltvirt.spec import speckeys, tenancy, vmspec
+from saltvirt.spec import checks, tenancy, vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
 # what the tenant's backups take in the backup directories (saltvirt.fleet.backups.Budget): not a VM's resource
@@ -221,7 +221,7 @@ def check_ha(tenant_name: str, kwargs: Data, allowed: bool, fun: str) -> None:
     """Refuse a tenant's ``ha=True`` unless the operator lets tenants mark their VMs HA (``allowed``: the master's
     ``virt:ha:tenant_flag``): automatic HA restarts them on other hypervisors, in capacity the operator keeps.
     ``ha=False`` is always taken."""
-    if kwargs.get("ha") is not None and speckeys.flag(kwargs["ha"], "ha") and not allowed:
+    if kwargs.get("ha") is not None and checks.flag(kwargs["ha"], "ha") and not allowed:
         raise SaltInvocationError(
             f"tenant {tenant_name} may not pass ha=True to {fun}: the operator has not let tenants mark their VMs "
             "for automatic HA (virt:ha:tenant_flag in the master config): ask the operator"

@@ -2,7 +2,7 @@
 cloud) configure themselves from on their first boot.
 
 :func:`documents` writes ``user-data``, ``meta-data`` and ``network-config`` from ``cloud_init=`` (as
-:func:`saltvirt.spec.speckeys.cloud_init` checked it): documents given as text go byte for byte; the short
+:func:`saltvirt.spec.checks.cloud_init` checked it): documents given as text go byte for byte; the short
 forms (``users``, ``ssh_authorized_keys``, ``hostname``, ``ip``/``gateway``/``dns``) build them.
 salt-virt's own additions (the Salt minion's files when no seeding backend could mount the image, the
 minion installer: :mod:`saltvirt.guest.firstboot`) are a cloud-config of their own, merged with the user's

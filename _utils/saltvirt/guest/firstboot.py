@@ -37,7 +37,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data
 from saltvirt.guest import cloudinit
-from saltvirt.spec import speckeys
+from saltvirt.spec import checks
 from saltvirt.storage import intake
 
 MINION_PATHS = (
@@ -67,7 +67,7 @@ def install_source(conf: Any, cache_file: Callable[[str], Any] | None = None) ->
     checked here; None for http(s), which the guest fetches."""
     if not conf:
         return None
-    speckeys.check_keys(conf, "virt:minion_install", INSTALL_KEYS)
+    checks.check_keys(conf, "virt:minion_install", INSTALL_KEYS)
     url = conf.get("url")
     salt_url = isinstance(url, str) and bool(_SALT_RE.fullmatch(url)) and ".." not in url.split("/")
     if not salt_url and (not isinstance(url, str) or not _URL_RE.fullmatch(url) or "'" in url):

@@ -37,7 +37,7 @@ from saltvirt.base import validate
 from saltvirt.base.config import section
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import event_loop, get_domain, lv_errors
-from saltvirt.spec import speckeys, vmspec
+from saltvirt.spec import checks, vmspec
 from saltvirt.xml.domain import definition, devices
 from saltvirt.xml.etree import read
 
@@ -70,7 +70,7 @@ def settings(get: Callable[[str, Any], Any], grains: Any = None) -> Data:
     conf = section(get("virt:console", None), "virt:console")
     address = conf.get("address") or (grains or {}).get("fqdn") or "localhost"
     return {
-        "address": speckeys.listen_address(address, "virt:console:address"),
+        "address": checks.listen_address(address, "virt:console:address"),
         "lifetime": validate.positive_int(
             conf.get("lifetime", DEFAULT_LIFETIME), "virt:console:lifetime", MAX_LIFETIME
         ),

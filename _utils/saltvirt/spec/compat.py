@@ -13,7 +13,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import speckeys, vmspec
+from saltvirt.spec import checks, vmspec
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def refuse_unknown(kwargs: Mapping[str, Any], known: Collection[str], where: str
         return
     parts = []
     for key in unknown:
-        hint = speckeys.nearest(key, known)
+        hint = checks.nearest(key, known)
         parts.append(f"{key} (did you mean {hint}?)" if hint else key)
     raise SaltInvocationError(f"{where}: unknown argument(s) {', '.join(parts)}")
 

@@ -22,7 +22,7 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.spec import speckeys
+from saltvirt.spec import checks
 
 # salt-run virt.init: what the runner does with an argument
 OWN = "own"  # a parameter of the runner itself, checked there and passed on to the hypervisor
@@ -142,7 +142,7 @@ class InitRequest:
     serial_log: bool | str | None = arg(True, "bool or path", "log the serial console to a file", update=True,
         spec=True, into="serial_log")
     group: str | None = arg(None, "str", "anti-affinity group (the runner never puts two of one group on a host)",
-        runner=OWN, update=True, spec=True, check=speckeys.group)
+        runner=OWN, update=True, spec=True, check=checks.group)
     connection: str | None = arg(None, "name", "a libvirt connection the minion config names (virt:connections)",
         runner=REFUSE, state=CALL, update=True,
         refusal="each one uses the libvirt connection its minion config names (virt:connection)")
@@ -151,36 +151,36 @@ class InitRequest:
     trusted_image: bool | str = arg(False, "bool",
         "operator switch: refused (minion config virt:insecure_trusted_images)")
     cloud_init: bool | str | dict | None = arg(None, "bool or dict",
-        "a cloud-init NoCloud seed CD-ROM for the first boot", check=speckeys.cloud_init)
+        "a cloud-init NoCloud seed CD-ROM for the first boot", check=checks.cloud_init)
     guest_agent: bool | str = arg(True, "bool", "the QEMU guest agent channel", check=validate.to_bool)
     boot_dev: str | list | None = arg(None, "str", 'boot order without a kernel ("hd cdrom network")', state=GIVEN,
-        update=True, spec=True, check=speckeys.boot_dev)
-    os_type: str | None = arg(None, "hvm", "Salt's os_type (only hvm)", update=True, spec=True, check=speckeys.os_type,
+        update=True, spec=True, check=checks.boot_dev)
+    os_type: str | None = arg(None, "hvm", "Salt's os_type (only hvm)", update=True, spec=True, check=checks.os_type,
         into=None)
-    arch: str | None = arg(None, "str", "Salt's arch (only the host's)", update=True, spec=True, check=speckeys.arch)
+    arch: str | None = arg(None, "str", "Salt's arch (only the host's)", update=True, spec=True, check=checks.arch)
     stop_on_reboot: bool | str | None = arg(False, "bool", "stop instead of rebooting", state=GIVEN, update=True,
-        spec=True, check=speckeys.stop_on_reboot)
+        spec=True, check=checks.stop_on_reboot)
     serials: list | dict | None = arg(None, "list", "extra serial ports (pty or tcp)", state=GIVEN, update=True,
-        spec=True, check=speckeys.serials)
+        spec=True, check=checks.serials)
     consoles: list | dict | None = arg(None, "list", "virtio consoles (pty or tcp)", state=GIVEN, update=True,
-        spec=True, check=speckeys.consoles)
+        spec=True, check=checks.consoles)
     tpm: bool | str | dict | None = arg(None, "bool or dict", "an emulated TPM (swtpm)", state=GIVEN, update=True,
-        spec=True, check=speckeys.tpm)
+        spec=True, check=checks.tpm)
     clock: dict | None = arg(None, "dict", "Salt's clock: utc, timezone, adjustment, timers", state=GIVEN, update=True,
-        spec=True, check=speckeys.clock)
+        spec=True, check=checks.clock)
     hypervisor_features: dict | None = arg(None, "dict", "{kvm-hint-dedicated, kvm-hidden}", state=GIVEN, update=True,
-        spec=True, check=speckeys.hypervisor_features)
+        spec=True, check=checks.hypervisor_features)
     numatune: dict | None = arg(None, "dict", "host NUMA memory placement", state=GIVEN, update=True, spec=True,
         into="numatune")
     host_devices: list | str | None = arg(None, "list", "node devices to pass through (PCI, USB)", state=GIVEN,
-        update=True, spec=True, check=speckeys.host_devices)
+        update=True, spec=True, check=checks.host_devices)
     owner: dict | None = arg(None, "{tenant, creator}", "the VM's tenant and creator, kept in its <metadata>",
         runner=REFUSE, refusal="salt-run virt.init records the tenant and the caller Salt authenticated",
-        check=speckeys.owner)
+        check=checks.owner)
     ha: bool | str | None = arg(None, "bool",
         "automatic HA restarts it when its host is lost (kept in <metadata>; a tenant's only with the master's "
         "virt:ha:tenant_flag)",
-        state=GIVEN, update=True, spec=True, check=speckeys.ha)
+        state=GIVEN, update=True, spec=True, check=checks.ha)
     catalog_image: str | None = arg(None, "catalog image name",
         "the virt:catalog entry image= came from, kept in <metadata> as the VM's image (else image= without "
         "user:password, query and fragment)",

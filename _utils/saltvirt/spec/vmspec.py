@@ -32,7 +32,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import cpumem, speckeys, vmargs
+from saltvirt.spec import checks, cpumem, vmargs
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
 DISK_FORMATS = ("qcow2", "raw")  # the only disk formats a VM may get (storage.images checks what is on disk)
@@ -133,15 +133,15 @@ class VMSpec:
     image_origin: str | None = None
     # automatic HA restarts it elsewhere when its host is lost (saltvirt.fleet.ha), kept in <metadata>
     ha: bool = False
-    # cloud_init= as saltvirt.spec.speckeys.cloud_init checked it ({} for True), None: no cidata volume
+    # cloud_init= as saltvirt.spec.checks.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
     boot_dev: list | None = None  # boot order (["hd", "cdrom", "network"]); None: hd, or the kernel given in boot
     stop_on_reboot: bool = False
-    serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): speckeys.chardevs
+    serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): checks.chardevs
     consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
     tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
-    clock: dict | None = None  # speckeys.clock: <clock> attributes and timers; None: libvirt's default (UTC)
+    clock: dict | None = None  # checks.clock: <clock> attributes and timers; None: libvirt's default (UTC)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
     cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
@@ -244,7 +244,7 @@ def image_origin(image: Any, catalog_image: Any = None) -> str | None:
 
 def _nic_shorthand(entry, what="interfaces"):
     """Classic profile shorthand -> explicit keys: {bridge: br0} / {network: default} / {eth: e1000}."""
-    speckeys.check_keys(entry, f"{what} {entry.get('name')}", speckeys.NIC_KEYS, extra=speckeys.NIC_SHORTHAND)
+    checks.check_keys(entry, f"{what} {entry.get('name')}", checks.NIC_KEYS, extra=checks.NIC_SHORTHAND)
     entry = dict(entry)
     for kind in NIC_TYPES:
         if kind in entry and "source" not in entry:
@@ -255,7 +255,7 @@ def _nic_shorthand(entry, what="interfaces"):
 
 
 def _nic(entry):
-    speckeys.nic(entry, f"NIC {entry['name']}")
+    checks.nic(entry, f"NIC {entry['name']}")
     nic_type = entry.get("type", "bridge")
     if nic_type not in NIC_TYPES:
         raise SaltInvocationError(f"NIC {entry['name']}: type must be one of {NIC_TYPES}, got {nic_type!r}")
@@ -282,7 +282,7 @@ def _pool_disk(entry, vm_dir, image, image_format, is_first):
     pool decides the default format and a disk pool's partition name (saltvirt.storage.volumes.resolve)."""
     validate.vm_name(entry["name"], "disk name")
     pool = validate.vm_name(str(entry["pool"]), f"pool of disk {entry['name']}")
-    source = entry.get("path")  # Salt's source_file (speckeys maps it to path): an existing volume's name
+    source = entry.get("path")  # Salt's source_file (checks maps it to path): an existing volume's name
     if source is not None:
         validate.vm_name(str(source), f"source_file (volume name) of disk {entry['name']}")
     disk_image = None if source else entry.get("image") or (image if is_first else None)
@@ -313,7 +313,7 @@ def _pool_disk(entry, vm_dir, image, image_format, is_first):
 
 
 def _disk(entry, vm_dir, image, enable_qcow, image_format, is_first, roots=()):
-    entry = speckeys.disk(entry, f"disk {entry['name']}")
+    entry = checks.disk(entry, f"disk {entry['name']}")
     if entry.get("pool"):
         return _pool_disk(entry, vm_dir, image, image_format, is_first)
     disk_image = entry.get("image") or (image if is_first else None)
@@ -363,7 +363,7 @@ def new_disks_mib(disks: Any, system_mib: int = 0) -> int:
     from an existing file or volume, or a copy of another image at its own size) adds nothing."""
     total = 0
     for given in named_entries(disks, "disks"):
-        entry = speckeys.disk(given, f"disk {given['name']}")
+        entry = checks.disk(given, f"disk {given['name']}")
         size = entry.get("size")
         mib = 0 if size is None else validate.positive_int(size, f"size of disk {entry['name']} (MiB)")
         if entry["name"] == DEFAULT_DISKS[0]["name"]:
@@ -443,8 +443,8 @@ def build(
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
     mem, memtune = cpumem.mem_detail(req.mem)
-    cpu = speckeys.scalar(cpu, "cpu", "cpu=2")
-    mem = speckeys.scalar(mem, "mem", "mem=1024 (MiB)")
+    cpu = checks.scalar(cpu, "cpu", "cpu=2")
+    mem = checks.scalar(mem, "mem", "mem=1024 (MiB)")
     cpu = validate.positive_int(cpu, "cpu (number of vCPUs)", maximum=4096)
     mem = validate.positive_int(mem, "mem (MiB)", maximum=64 * 1024 * 1024)
     vcpu, cputune = _cpu_parts(cpu_model, mem)
@@ -489,7 +489,7 @@ def build(
 
 
 def _graphics(graphics, enable_vnc):
-    params = speckeys.graphics(graphics, enable_vnc)
+    params = checks.graphics(graphics, enable_vnc)
     if not params:
         return None
     return Graphics(
@@ -502,7 +502,7 @@ def _graphics(graphics, enable_vnc):
 
 
 def _boot(boot, roots):
-    if not speckeys.boot(boot):
+    if not checks.boot(boot):
         return None
     for key in ("kernel", "initrd"):
         if boot.get(key):
@@ -560,8 +560,8 @@ def _firmware(boot_obj, boot):
         if boot.get(key):
             setattr(boot_obj, key, validate.absolute_path(boot[key], f"boot:{key}"))
     efi = boot.get("efi")
-    efi = None if efi is None else speckeys.flag(efi, "boot:efi")
-    secure = speckeys.flag(boot.get("secure_boot", False), "boot:secure_boot")
+    efi = None if efi is None else checks.flag(efi, "boot:efi")
+    secure = checks.flag(boot.get("secure_boot", False), "boot:secure_boot")
     if efi is False and (boot_obj.loader or secure):
         raise SaltInvocationError("boot:efi is False but boot:loader or boot:secure_boot asks for UEFI: drop one")
     if boot_obj.nvram and not boot_obj.loader:

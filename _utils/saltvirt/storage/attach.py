@@ -72,7 +72,7 @@ def check_host_devices(names: Iterable[str], settings: Mapping[str, Any] | None)
 
 def check_serials(chardevs: Iterable[Mapping[str, Any]], settings: Mapping[str, Any] | None) -> None:
     """Refuse a TCP serial port or console (``serials``/``consoles`` of ``type: tcp``, from
-    :func:`saltvirt.spec.speckeys.chardevs`) outside the operator's ``virt:serial_tcp_ports`` (default:
+    :func:`saltvirt.spec.checks.chardevs`) outside the operator's ``virt:serial_tcp_ports`` (default:
     none) or listening on an address not in ``virt:serial_tcp_listen`` (default: loopback only): whoever
     reaches the port has the guest's console, and the port is the hypervisor's."""
     ports = (settings or {}).get("serial_tcp_ports")

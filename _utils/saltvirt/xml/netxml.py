@@ -18,7 +18,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import speckeys
+from saltvirt.spec import checks
 
 MACVTAP_MODES = ("private", "vepa", "passthrough")
 FORWARD_MODES = (None, "nat", "route", "bridge", "open", *MACVTAP_MODES, "hostdev")
@@ -50,7 +50,7 @@ def _dns_name(value, what):
 
 
 def _host(value, what):
-    if isinstance(value, str) and speckeys.HOSTNAME_RE.match(value) and "\n" not in value:
+    if isinstance(value, str) and checks.HOSTNAME_RE.match(value) and "\n" not in value:
         return value
     raise SaltInvocationError(f"{what} must be a host name (letters, digits, '-', dots), got {value!r}")
 
@@ -83,7 +83,7 @@ def _words(value, what):
 
 
 def _range(value, what, check):
-    speckeys.check_keys(value, what, ("start", "end"))
+    checks.check_keys(value, what, ("start", "end"))
     if "start" not in value or "end" not in value:
         raise SaltInvocationError(f"{what} needs both start and end")
     start, end = check(value["start"], f"{what}:start"), check(value["end"], f"{what}:end")
@@ -144,7 +144,7 @@ def _ip(ip, netmask):
 
 
 def _dhcp_host(entry, net, what):
-    speckeys.check_keys(entry, what, HOST_KEYS)
+    checks.check_keys(entry, what, HOST_KEYS)
     addr = _addr(entry.get("ip"), f"{what}:ip", net.version)
     if addr not in net.network:
         raise SaltInvocationError(f"{what}: {addr} is outside {net.network}")
@@ -153,7 +153,7 @@ def _dhcp_host(entry, net, what):
         if net.version == 6:
             raise SaltInvocationError(f"{what}: an IPv6 host is matched by id (DUID) or name, not mac")
         mac = entry["mac"]
-        if not isinstance(mac, str) or not speckeys.MAC_RE.match(mac):
+        if not isinstance(mac, str) or not checks.MAC_RE.match(mac):
             raise SaltInvocationError(f"{what}: mac must look like 52:54:00:12:34:56, got {mac!r}")
         host["mac"] = mac.lower()
     if entry.get("id") not in (None, ""):
@@ -173,7 +173,7 @@ def _dhcp_hosts(value, net, what):
     if isinstance(value, dict):
         entries = []
         for ip, host in value.items():
-            speckeys.check_keys(host if host is not None else {}, f"{what}:{ip}", HOST_KEYS[1:])
+            checks.check_keys(host if host is not None else {}, f"{what}:{ip}", HOST_KEYS[1:])
             entries.append(dict(host or {}, ip=ip))
     elif isinstance(value, list):
         entries = value
@@ -195,7 +195,7 @@ def _ip_config(config, version):
     """Salt's ``ipv4_config``/``ipv6_config`` -> (interface, range, hosts, bootp); libvirt's address is
     the first host of ``cidr``, as Salt's."""
     what = f"ipv{version}_config"
-    speckeys.check_keys(config, what, IP_CONFIG_KEYS, IP_CONFIG_REFUSED)
+    checks.check_keys(config, what, IP_CONFIG_KEYS, IP_CONFIG_REFUSED)
     try:
         network = ipaddress.ip_network(str(config.get("cidr")), strict=False)
     except ValueError:
@@ -211,7 +211,7 @@ def _ip_config(config, version):
         raise SaltInvocationError(f"{what}:dhcp_ranges: salt-virt supports one range [{{start: ..., end: ...}}]")
     dhcp = None
     if ranges:
-        speckeys.check_keys(ranges[0], f"{what}:dhcp_ranges", ("start", "end"))
+        checks.check_keys(ranges[0], f"{what}:dhcp_ranges", ("start", "end"))
         dhcp = _dhcp_range(net, ranges[0].get("start"), ranges[0].get("end"))
     hosts = None  # IPv4: None leaves the network's hosts, [] (hosts: {}) declares none
     if config.get("hosts") not in (None, "") and (config["hosts"] or version == 4):
@@ -220,7 +220,7 @@ def _ip_config(config, version):
     if config.get("bootp"):
         if version == 6:
             raise SaltInvocationError("ipv6_config:bootp: BOOTP is IPv4 only")
-        speckeys.check_keys(config["bootp"], "ipv4_config:bootp", ("file", "server"))
+        checks.check_keys(config["bootp"], "ipv4_config:bootp", ("file", "server"))
         file = config["bootp"].get("file")
         if not isinstance(file, str) or not _FILE_RE.match(file) or ".." in file.split("/"):
             raise SaltInvocationError(f"ipv4_config:bootp:file must be a boot file name like pxelinux.0, got {file!r}")
@@ -233,12 +233,12 @@ def _ip_config(config, version):
 def _vport(value, bridge):
     if isinstance(value, str):
         value = {"type": value}
-    speckeys.check_keys(value, "vport", ("type", "parameters"))
+    checks.check_keys(value, "vport", ("type", "parameters"))
     if value.get("type") not in VPORT_TYPES:
         raise SaltInvocationError(f"vport:type must be one of {', '.join(VPORT_TYPES)}, got {value.get('type')!r}")
     out = {"type": value["type"]}
     params = value.get("parameters") or {}
-    speckeys.check_keys(params, "vport:parameters", VPORT_PARAMS)
+    checks.check_keys(params, "vport:parameters", VPORT_PARAMS)
     for key, val in params.items():
         if not isinstance(val, (str, int)) or not _PARAM_RE.match(str(val)):
             raise SaltInvocationError(f"vport:parameters:{key} must be a plain identifier, got {val!r}")
@@ -259,13 +259,13 @@ def _vport(value, bridge):
 def _vlan(value):
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         value = {"tags": [{"id": value}]}
-    speckeys.check_keys(value, "tag", ("tags", "trunk"))
+    checks.check_keys(value, "tag", ("tags", "trunk"))
     tags = value.get("tags")
     if not isinstance(tags, list) or not tags:
         raise SaltInvocationError("tag:tags must be a list of {id, nativeMode}")
     out: dict[str, Any] = {"tags": []}
     for tag in tags:
-        speckeys.check_keys(tag, "tag:tags", ("id", "nativeMode"))
+        checks.check_keys(tag, "tag:tags", ("id", "nativeMode"))
         item = {"id": validate.int_in(tag.get("id"), "tag:tags:id (VLAN id)", 0, 4095)}
         if tag.get("nativeMode") is not None:
             if tag["nativeMode"] not in ("tagged", "untagged"):
@@ -282,7 +282,7 @@ def _vlan(value):
 def _domain(value):
     if isinstance(value, str):
         value = {"name": value}
-    speckeys.check_keys(value, "domain", ("name", "localOnly"))
+    checks.check_keys(value, "domain", ("name", "localOnly"))
     out = {"name": _dns_name(value.get("name"), "domain:name")}
     if value.get("localOnly") is not None:
         out["localOnly"] = _bool_word(value["localOnly"], "domain:localOnly")
@@ -290,7 +290,7 @@ def _domain(value):
 
 
 def _nat(value):
-    speckeys.check_keys(value, "nat", ("address", "port"))
+    checks.check_keys(value, "nat", ("address", "port"))
     out = {}
     if value.get("address"):
         out["address"] = [str(a) for a in _range(value["address"], "nat:address", lambda v, w: _addr(v, w, 4))]
@@ -302,7 +302,7 @@ def _nat(value):
 def _dns_forwarders(value):
     out = []
     for fwd in value or []:
-        speckeys.check_keys(fwd, "dns:forwarders", ("domain", "addr"))
+        checks.check_keys(fwd, "dns:forwarders", ("domain", "addr"))
         item = {}
         if fwd.get("domain"):
             item["domain"] = _dns_name(fwd["domain"], "dns:forwarders:domain")
@@ -339,7 +339,7 @@ def _dns_hosts(hosts):
 
 
 def _dns_srv(srv):
-    speckeys.check_keys(srv, "dns:srvs", SRV_KEYS)
+    checks.check_keys(srv, "dns:srvs", SRV_KEYS)
     if not isinstance(srv.get("name"), str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$", srv["name"]):
         raise SaltInvocationError(f"dns:srvs:name must be a service name like ldap, got {srv.get('name')!r}")
     if srv.get("protocol") not in ("tcp", "udp"):
@@ -356,7 +356,7 @@ def _dns_srv(srv):
 
 
 def _dns(value):
-    speckeys.check_keys(value, "dns", DNS_KEYS)
+    checks.check_keys(value, "dns", DNS_KEYS)
     parts = {
         "forwarders": _dns_forwarders(value.get("forwarders")),
         "txt": _dns_txt(value.get("txt") or {}),

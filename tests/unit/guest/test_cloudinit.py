@@ -13,7 +13,7 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.guest import cloudinit
-from saltvirt.spec import speckeys, vmargs
+from saltvirt.spec import checks, vmargs
 from saltvirt.spec import vmspec as spec
 from tests.support.saltloader import load_states
 
@@ -40,7 +40,7 @@ def read_iso(path):
 
 
 def docs_for(ci, additions=None):
-    return cloudinit.documents(speckeys.cloud_init(ci), name="web1", instance_id="iid-web1-1", additions=additions)
+    return cloudinit.documents(checks.cloud_init(ci), name="web1", instance_id="iid-web1-1", additions=additions)
 
 
 def test_iso_round_trip_keeps_every_byte(tmp_path):

@@ -1,5 +1,5 @@
 """saltvirt.spec.cpumem: Salt's cpu/mem dicts and numatune, key by key (their hostile values are in
-test_speckeys.py's HOSTILE list, refused by spec.build and by virt.init before anything is defined)."""
+test_checks.py's HOSTILE list, refused by spec.build and by virt.init before anything is defined)."""
 
 import pytest
 from salt.exceptions import SaltInvocationError

@@ -179,7 +179,7 @@ def features_facts(node: ET.Element | None) -> Data:
 
 
 def clock(c: Data) -> ET.Element:
-    """``<clock>`` (speckeys.clock) with its ``<timer>`` elements."""
+    """``<clock>`` (checks.clock) with its ``<timer>`` elements."""
     node = el("clock", **{k: v for k, v in c.items() if k != "timers"})
     for t in c["timers"]:
         sub(node, "timer", **t)

@@ -174,7 +174,7 @@ def console() -> ET.Element:
 
 
 def chardev(kind: str, c: Data, port: int) -> ET.Element:
-    """An extra ``<serial>`` / ``<console>`` (Salt's serials/consoles entry, checked by speckeys.chardevs)
+    """An extra ``<serial>`` / ``<console>`` (Salt's serials/consoles entry, checked by checks.chardevs)
     at ``port`` (the serial console is port 0); a TCP one listens on its host (telnet or raw)."""
     node = el(kind, type=c["type"])
     if c["type"] == "tcp":

@@ -23,15 +23,15 @@ FEATURE_CASES = {
     "boot-dev-order": vm(boot_dev=["network", "cdrom", "hd"]),
     "stop-on-reboot": vm(stop_on_reboot=True),
     "clock-timers": vm(
-        clock=spec.speckeys.clock(
+        clock=spec.checks.clock(
             {
                 "utc": False,
                 "timers": {"rtc": {"track": "wall", "tickpolicy": "catchup"}, "hpet": {"present": False}},
             }
         )
     ),
-    "clock-timezone": vm(clock=spec.speckeys.clock({"timezone": "Europe/Paris"})),
-    "clock-adjustment": vm(clock=spec.speckeys.clock({"adjustment": 3600})),
+    "clock-timezone": vm(clock=spec.checks.clock({"timezone": "Europe/Paris"})),
+    "clock-adjustment": vm(clock=spec.checks.clock({"adjustment": 3600})),
     "hypervisor-features-kvm": vm(vtype="kvm", hypervisor_features={"kvm-hint-dedicated": True, "kvm-hidden": True}),
 }
 
@@ -45,7 +45,7 @@ def test_golden_features(golden, case):
 def test_what_goes_in_comes_back():
     """Built then read: the readers give back the spec's boot, firmware, clock, KVM hints and on_reboot."""
     kernel = {"kernel": "/srv/boot/vmlinuz", "initrd": "/srv/boot/initrd.img", "cmdline": "console=ttyS0"}
-    clock = spec.speckeys.clock({"utc": False, "timers": {"rtc": {"track": "wall"}}})
+    clock = spec.checks.clock({"utc": False, "timers": {"rtc": {"track": "wall"}}})
     s = vm(
         vtype="kvm",
         boot=spec.Boot(**kernel, loader="/usr/share/OVMF/OVMF_CODE_4M.fd", nvram="/usr/share/OVMF/OVMF_VARS_4M.fd"),

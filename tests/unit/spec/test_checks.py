@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import compat, speckeys, vmargs
+from saltvirt.spec import checks, compat, vmargs
 from saltvirt.spec import vmspec as spec
 from saltvirt.xml.domain import definition
 
@@ -366,8 +366,8 @@ def test_hypervisor_maps_to_vtype():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: speckeys.host_devices(["pci_0000_00_1f_2\n"]), "is not a node device name"),
-        (lambda: speckeys.clock({"timezone": "Europe/Paris\n"}), "must be a time zone name"),
+        (lambda: checks.host_devices(["pci_0000_00_1f_2\n"]), "is not a node device name"),
+        (lambda: checks.clock({"timezone": "Europe/Paris\n"}), "must be a time zone name"),
     ],
 )
 def test_a_trailing_newline_is_no_valid_name(call, message):
