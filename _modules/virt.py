@@ -155,6 +155,7 @@ def init(
     owner=None,
     ha=None,
     catalog_image=None,
+    watchdog=None,
     **kwargs,
 ):
     """
@@ -210,6 +211,9 @@ def init(
         listen on 127.0.0.1 unless ``host`` names an address).
     tpm
         ``True``: a TPM 2.0 (tpm-crb) emulated by swtpm; or ``{model: tpm-crb|tpm-tis, version: "2.0"|"1.2"}``.
+    watchdog
+        ``True``: an ``i6300esb`` that resets the VM when its guest stops feeding it; a model; or ``{model:
+        i6300esb|ib700|diag288, action: reset|shutdown|poweroff|pause|none|dump|inject-nmi}``.
     clock
         Salt's ``{utc: False}``, ``{timezone: Europe/Paris}``, ``{adjustment: 3600}`` and ``timers:
         {rtc: {track: wall, tickpolicy: catchup}, hpet: {present: False}, ...}``.
@@ -293,7 +297,7 @@ def init(
         cloud_init=cloud_init, guest_agent=guest_agent, boot_dev=boot_dev, os_type=os_type, arch=arch,
         stop_on_reboot=stop_on_reboot, serials=serials, consoles=consoles, tpm=tpm, clock=clock,
         hypervisor_features=hypervisor_features, numatune=numatune, host_devices=host_devices, owner=owner, ha=ha,
-        catalog_image=catalog_image,
+        catalog_image=catalog_image, watchdog=watchdog,
     )
     # fmt: on
     host = provision.Host(

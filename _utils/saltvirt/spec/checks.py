@@ -367,6 +367,9 @@ CHARDEV_REFUSED = {
 CHARDEV_TYPES = ("pty", "tcp")
 TPM_KEYS = ("model", "version")
 TPM_MODELS = ("tpm-crb", "tpm-tis")
+WATCHDOG_KEYS = ("model", "action")
+WATCHDOG_MODELS = ("i6300esb", "ib700", "diag288")  # libvirt's: PCI (any x86 machine), ISA (i440fx), s390x
+WATCHDOG_ACTIONS = ("reset", "shutdown", "poweroff", "pause", "none", "dump", "inject-nmi")
 
 
 def flag(value: Any, what: str) -> bool:
@@ -491,6 +494,26 @@ def tpm(value: Any) -> dict[str, str] | None:
     if version == "1.2" and model == "tpm-crb":
         raise SaltInvocationError("tpm: the tpm-crb model needs version 2.0 (use model tpm-tis for 1.2)")
     return {"model": model, "version": version}
+
+
+def watchdog(value: Any) -> dict[str, str] | None:
+    """``watchdog``: True (an i6300esb that resets a guest that stops feeding it), a model, or {model, action};
+    None/False: none."""
+    if value in (None, "", False):
+        return None
+    if isinstance(value, str) and value in WATCHDOG_MODELS:
+        value = {"model": value}
+    elif isinstance(value, (bool, str)):
+        if not flag(value, "watchdog"):
+            return None
+        value = {}
+    check_keys(value, "watchdog", WATCHDOG_KEYS)
+    model, action = value.get("model", "i6300esb"), value.get("action", "reset")
+    if model not in WATCHDOG_MODELS:
+        raise SaltInvocationError(f"watchdog:model must be one of {', '.join(WATCHDOG_MODELS)}, got {model!r}")
+    if action not in WATCHDOG_ACTIONS:
+        raise SaltInvocationError(f"watchdog:action must be one of {', '.join(WATCHDOG_ACTIONS)}, got {action!r}")
+    return {"model": model, "action": action}
 
 
 CLOCK_KEYS = ("utc", "timezone", "adjustment", "timers")

@@ -185,6 +185,9 @@ class InitRequest:
         "the virt:catalog entry image= came from, kept in <metadata> as the VM's image (else image= without "
         "user:password, query and fragment)",
         runner=REFUSE, refusal="salt-run virt.init records the catalog entry its image= names")
+    watchdog: bool | str | dict | None = arg(None, "bool, model or dict",
+        "a watchdog device ({model: i6300esb|ib700|diag288, action: reset|shutdown|poweroff|pause|none|dump|"
+        "inject-nmi})", state=GIVEN, update=True, spec=True, check=checks.watchdog)
     # fmt: on
 
 

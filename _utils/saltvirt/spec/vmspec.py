@@ -141,6 +141,7 @@ class VMSpec:
     serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): checks.chardevs
     consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
     tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
+    watchdog: dict | None = None  # {model, action}: what the hypervisor does when the guest stops feeding it
     clock: dict | None = None  # checks.clock: <clock> attributes and timers; None: libvirt's default (UTC)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
     cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features

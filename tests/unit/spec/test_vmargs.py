@@ -80,6 +80,7 @@ def examples(guest):
         "owner": ({"tenant": "acme", "creator": "alice"}, {}, None),
         "ha": (True, {}, None),
         "catalog_image": ("debian12", image, None),
+        "watchdog": ({"model": "i6300esb", "action": "poweroff"}, {}, None),
     }
 
 
@@ -244,6 +245,7 @@ CHANGED = {
     "numatune": {"memory": {"mode": "strict", "nodeset": "0"}},
     "boot": {"efi": True},  # the firmware is what an existing VM's boot is compared by
     "ha": True,  # salt-virt's <metadata>: automatic HA's flag
+    "watchdog": True,
 }
 
 

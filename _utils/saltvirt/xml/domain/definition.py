@@ -23,6 +23,7 @@ FEATURES = (
     "serials",
     "consoles",
     "tpm",
+    "watchdog",
     "clock",
     "hypervisor_features",
     "cpu_model",

@@ -28,6 +28,8 @@ def build(spec: VMSpec) -> list[ET.Element]:
     devices.extend(chardev("console", c, port) for port, c in enumerate(spec.consoles, start=1))
     if spec.tpm:
         devices.append(tpm(spec.tpm))
+    if spec.watchdog:
+        devices.append(watchdog(spec.watchdog))
     devices.extend(hostdev(h) for h in spec.hostdevs)
     if spec.graphics:
         devices.extend([graphics(spec.graphics), video(), tablet()])
@@ -51,15 +53,17 @@ def facts(root: ET.Element, compare: bool = False) -> Data:
 
 
 def feature_facts(root: ET.Element) -> Data:
-    """This group's part of ``definition.feature_facts``: extra serial ports, virtio consoles, vTPM, host devices."""
+    """This group's part of ``definition.feature_facts``: extra serial ports, virtio consoles, vTPM, watchdog, host
+    devices."""
     devices = root.find("devices")
     if devices is None:
         devices = ET.Element("devices")
-    tpm_el = devices.find("tpm")
+    tpm_el, watchdog_el = devices.find("tpm"), devices.find("watchdog")
     return {
         "serials": [chardev_facts(c) for c in extra_serials(devices)],
         "consoles": [chardev_facts(c) for c in virtio_consoles(devices)],
         "tpm": tpm_facts(tpm_el) if tpm_el is not None else None,
+        "watchdog": watchdog_facts(watchdog_el) if watchdog_el is not None else None,
         "host_devices": [hostdev_facts(h) for h in devices.findall("hostdev")],
     }
 
@@ -71,6 +75,7 @@ def replace(root: ET.Element, new: ET.Element, fields: Iterable[str]) -> None:
         "serials": extra_serials,
         "consoles": virtio_consoles,
         "tpm": lambda d: d.findall("tpm"),
+        "watchdog": lambda d: d.findall("watchdog"),
         "host_devices": lambda d: d.findall("hostdev"),
     }
     for key, find in pick.items():
@@ -243,6 +248,15 @@ def tpm(t: Data) -> ET.Element:
 def tpm_facts(node: ET.Element) -> Data:
     backend = node.find("backend")
     return {"model": node.get("model"), "version": backend.get("version") if backend is not None else None}
+
+
+def watchdog(w: Data) -> ET.Element:
+    """A watchdog the guest must keep feeding; QEMU takes ``action`` when it stops (a hung guest)."""
+    return el("watchdog", model=w["model"], action=w["action"])
+
+
+def watchdog_facts(node: ET.Element) -> Data:
+    return {"model": node.get("model"), "action": node.get("action") or "reset"}  # libvirt's default action
 
 
 def hostdev(h: Data) -> ET.Element:

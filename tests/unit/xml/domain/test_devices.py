@@ -19,6 +19,7 @@ FEATURE_CASES = {
         consoles=[{"type": "pty", "target_type": "virtio"}],
     ),
     "tpm-crb": vm(tpm={"model": "tpm-crb", "version": "2.0"}),
+    "watchdog": vm(watchdog={"model": "i6300esb", "action": "poweroff"}),
     "hostdev-pci-usb": vm(
         hostdevs=[
             {"name": "pci_0000_00_1f_2", "type": "pci", "address": "0000:00:1f.2"},
@@ -60,6 +61,7 @@ def test_what_goes_in_comes_back():
         serials=serials,
         consoles=[{"type": "pty", "target_type": "virtio"}],
         tpm={"model": "tpm-crb", "version": "2.0"},
+        watchdog={"model": "ib700", "action": "inject-nmi"},
         hostdevs=hostdevs,
     )
     root = etree.read(definition.build(s))
@@ -91,6 +93,7 @@ def test_what_goes_in_comes_back():
         "serials": [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "telnet"}],
         "consoles": [{"type": "pty"}],
         "tpm": {"model": "tpm-crb", "version": "2.0"},
+        "watchdog": {"model": "ib700", "action": "inject-nmi"},
         "host_devices": [
             {"type": "pci", "address": "0000:00:1f.2"},
             {"type": "usb", "vendor": "0x1d6b", "product": "0x0002"},
