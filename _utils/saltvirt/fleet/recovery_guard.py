@@ -28,20 +28,25 @@ def _ts(epoch):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch)) if epoch else "?"
 
 
-def last_look(remote: publish.Fleet, name: str, uuid: str | None, host: str, force: bool = False) -> Data:
+def last_look(
+    remote: publish.Fleet, name: str, uuid: str | None, host: str, force: bool = False, in_place: bool = False
+) -> Data:
     """Ask every hypervisor where ``name``/``uuid`` is defined; raises :class:`fleet.Failed` when a copy
     exists anywhere, or (without ``force``) when a hypervisor other than ``host`` did not answer.
-    Returns ``{hypervisor: status}``."""
+    ``in_place``: the VM is started again where it is defined, on ``host`` (a crash's remediation): its copy
+    there is the one to start, and ``host`` must answer too. Returns ``{hypervisor: status}``."""
     answers = remote.answers("virt.recovery_where", name, uuid)
     seen, silent = {}, {}
     for peer, ans in sorted(answers.items()):
         if ans["status"] != "up":
             seen[peer] = ans["status"]
-            if peer != host:
+            if peer != host or in_place:
                 silent[peer] = f"{ans['status']}: {ans.get('error') or 'no answer'}"
             continue
         seen[peer] = "up"
         for dom in ans["ret"] or []:
+            if in_place and peer == host:
+                continue
             raise publish.Failed(
                 f"refusing to restart {name}: {dom['name']} (UUID {dom['uuid']}) is defined on {peer} "
                 f"({dom['state']}) now: not starting a second copy",

@@ -8,7 +8,9 @@ docs/topics/remediation.md.
   ``window`` move it (``move: True``: an offline migration to the host placement ranks best,
   :func:`saltvirt.fleet.relocate.move_off` with its per-VM lock, then a start there; once per ``window``) or stop
   and alert. A VM held crashed after a panic (``on_crash=preserve``: its operator keeps it for inspection) is only
-  alerted;
+  alerted. A restart happens under the VM's own lock (the one ``virt.init``, migrate and recover take) and after
+  ``virt.recover``'s last look (:func:`saltvirt.fleet.recovery_guard.last_look`): a copy defined on any other
+  hypervisor (recovered or migrated there), or one that does not answer, leaves it stopped and alerts;
 * ``io_error`` (``io_error``): libvirt's default ``error_policy`` pauses a VM whose disk failed; this keeps it paused
   (never resumes it) and alerts, saying whether the host reports the disk full (ENOSPC);
 * ``agent`` (``agent_disconnected``/``agent_connected``): a running VM whose guest agent stays disconnected for
@@ -43,7 +45,16 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.config import master_opts, master_virt, section
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import balancer, fleetstate, hypervisors, placement, publish, relocate, runprogress
+from saltvirt.fleet import (
+    balancer,
+    fleetstate,
+    hypervisors,
+    placement,
+    publish,
+    recovery_guard,
+    relocate,
+    runprogress,
+)
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +229,19 @@ def restart(run: Run, host: str, name: str, uuid: str | None) -> Data:
         return move_or_give_up(run, host, name, vid, entry, len(restarts))
     delay = min(cfg["backoff"] * 2 ** len(restarts), cfg["backoff_max"])
     run.sleep(delay)
-    cond = confirm(run.fleet, host, name, vid)  # after the wait: someone may have started or moved it
-    if not crashed(cond):
-        why = f"{name} is {cond.get('state')} ({cond.get('reason')}) on {host} after the backoff: not restarted"
-        return _quiet(run, host, name, why)
-    answer = ask(run.fleet, host, "virt.start", name)
+    try:  # the VM's own lock (virt.init, migrate, recover take it): nothing else starts or moves it meanwhile
+        with fleetstate.lock(run.opts, [name], kind="virt.remediate", store=run.store):
+            cond = confirm(run.fleet, host, name, vid)  # after the wait: someone may have started or moved it
+            if not crashed(cond):
+                why = f"{name} is {cond.get('state')} ({cond.get('reason')}) on {host} after the backoff: not restarted"
+                return _quiet(run, host, name, why)
+            # never a second copy: a VM recovered or migrated elsewhere leaves this stale one behind
+            recovery_guard.last_look(run.fleet, name, vid, host, in_place=True)
+            answer = ask(run.fleet, host, "virt.start", name)
+    except fleetstate.HeldError as exc:
+        return {"kind": run.kind, "host": host, "name": name, "acted": False, "decision": BUSY, "reason": str(exc)}
+    except publish.Failed as exc:
+        return run.done(GAVE_UP, host, name, f"{exc}: left stopped on {host}", uuid=vid)
     restarts.append(run.now())
     run.store.transact(BANK + "/" + CRASHES, vid, lambda old: dict(old or {}, restarts=restarts, name=name, host=host))
     nth = f"restart {len(restarts)} of {cfg['max_restarts']} in {cfg['window']:g} s"

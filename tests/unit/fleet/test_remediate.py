@@ -11,7 +11,7 @@ import salt.config
 import salt.utils.reactor
 
 from saltvirt.fleet import fleetstate, remediate
-from saltvirt.host import lifecycle, query
+from saltvirt.host import hostrecord, lifecycle, query
 from tests.support import signedfleet
 from tests.support.fleetfacts import MIGRATION_STEPS
 from tests.support.paths import ROOT, TEST_NODE_XML
@@ -72,6 +72,7 @@ class Lab:
             "virt.vm_condition": on(condition),
             "virt.start": on(lambda _h, conn, name: bool(lifecycle.start(conn, name))),
             "virt.reset": on(reset),
+            "virt.recovery_where": on(lambda _h, conn, name, uuid=None: hostrecord.where(conn, name, uuid)),
             "virt.full_info": on(lambda _h, conn: query.full_info(conn, agent_timeout=0.1)),
             "virt.migrate_source_info": on(lambda _h, _c, _name: {"active": False, "probes": {}}),
             "virt.migrate_prepare": on(lambda _h, _c, *_a, **_k: MIGRATION_STEPS["virt.migrate_prepare"]),
@@ -194,6 +195,38 @@ def test_a_vm_started_during_the_backoff_is_not_started_again(lab):
     out = hosts.run("crashed")
     assert out["decision"] == remediate.NOTHING and "after the backoff" in out["reason"]
     assert hosts.published("virt.start") == []
+
+
+def test_a_crashed_copy_is_not_restarted_while_the_vm_is_defined_elsewhere(lab, tmp_path):
+    """HA recovered web1 on hv2 (same UUID, running there) and hv1's stale copy reports a crash: starting it would
+    run the VM twice. Every other hypervisor is asked first (virt.recovery_where, as virt.recover's last look)."""
+    hosts = lab(**CRASH_ON)
+    hosts.crash()
+    hosts.conns["hv2"].defineXML(domain_xml("web1", tmp_path / "web1.qcow2", WEB1)).create()
+    out = hosts.run("crashed")
+    assert out["decision"] == remediate.GAVE_UP and "(UUID 3f6ba1d4-1111-" in out["reason"], out
+    assert "is defined on hv2 (running)" in out["reason"] and "left stopped on hv1" in out["reason"]
+    assert hosts.state("hv1") == "shutoff" and hosts.published("virt.start") == []
+
+
+def test_a_crashed_vm_is_not_restarted_while_another_hypervisor_is_silent(lab):
+    """hv2 does not answer: it may run web1 (migrated there since), so hv1's crashed copy stays stopped."""
+    hosts = lab(**CRASH_ON)
+    hosts.crash()
+    del hosts.client.answers["virt.recovery_where"]["hv2"]
+    out = hosts.run("crashed")
+    assert out["decision"] == remediate.GAVE_UP and "hv2 (down: " in out["reason"], out
+    assert hosts.state("hv1") == "shutoff" and hosts.published("virt.start") == []
+
+
+def test_a_crashed_vm_another_call_holds_is_left_to_it(lab):
+    """A virt.migrate or virt.recover of web1 holds its lock: the restart waits for nothing and starts nothing."""
+    hosts = lab(**CRASH_ON)
+    hosts.crash()
+    with fleetstate.lock(hosts.opts, ["web1"], kind="virt.migrate", store=fleetstate.Store(hosts.opts)):
+        out = hosts.run("crashed")
+    assert out["decision"] == remediate.BUSY and "virt.migrate" in out["reason"], out
+    assert hosts.state("hv1") == "shutoff" and hosts.published("virt.start") == []
 
 
 def test_hints_that_do_not_hold_are_refused(lab):
