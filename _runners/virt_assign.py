@@ -93,9 +93,9 @@ def provision_assigned(host, dry_run=False, saltenv="base", pillarenv=None, read
         opts = config.master_opts(__opts__)
         hypervisors.require(opts, host, "provisioning the VMs assigned to it")
         if ready_nonce is not None or who.user == callers.REACTOR:
-            assign.confirm_ready(publish.Fleet(__opts__, publish.config(opts)), host, ready_nonce)
+            assign.confirm_ready(publish.Fleet.of_master(__opts__), host, ready_nonce)
         assigned, invalid = assign.entries(assign.host_pillar(__opts__, host, saltenv, pillarenv))
-        hosts = publish.Fleet(__opts__, publish.config(opts)).gather("virt.vm_state")
+        hosts = publish.Fleet.of_master(__opts__).gather("virt.vm_state")
     except SaltException as exc:
         return _failed(getattr(exc, "error", None) or str(exc), host=host)
     ret = {"host": host, "created": {}, "failed": {}, "invalid": invalid, "down": publish.down_hosts(hosts)}

@@ -102,7 +102,7 @@ def backup(
         only = backups.scope(who, tenant, tconf)
         conf = config.master_virt(__opts__)[0].get("backup")
         cfg = backups.settings(conf, per_host, timeout, **retention)
-        fleet = publish.Fleet(__opts__, publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type))
+        fleet = publish.Fleet.of_master(__opts__, tgt=tgt, tgt_type=tgt_type)
         quotas = backups.backup_quotas(tconf, only)
         selection, hosts, owners, work, problems = backups.work(fleet, who, name, only, select, test, bool(quotas))
         if selection is not None and validate.to_bool(test):

@@ -63,7 +63,7 @@ def _virt_conf():
 
 def _fleet(client, tgt=None, tgt_type=None):
     """The transport to the hypervisors (``saltvirt.fleet.publish.Fleet``), narrowed to ``tgt`` for this call."""
-    return publish.Fleet(__opts__, publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type), client)
+    return publish.Fleet.of_master(__opts__, client, tgt=tgt, tgt_type=tgt_type)
 
 
 def migrate(

@@ -72,9 +72,9 @@ def _who():
 def _on_vm(who, name, fun, args=(), host=None):
     """``(hypervisor, answer)`` of ``fun`` on VM ``name`` for ``who``: :func:`saltvirt.fleet.tenants.act`."""
     validate.vm_name(name)
-    cfg = publish.config(config.master_opts(__opts__))
+    fleet = publish.Fleet.of_master(__opts__)  # checked before a client is opened
     with salt.client.get_local_client(__opts__["conf_file"]) as client:
-        return tenants.act(publish.Fleet(__opts__, cfg, client), who, name, fun, list(args), host)
+        return tenants.act(fleet.with_client(client), who, name, fun, list(args), host)
 
 
 def catalog():

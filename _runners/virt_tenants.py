@@ -27,7 +27,6 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{runners,utils/sal
         saltvirt = None
 
 if saltvirt is not None:
-    from saltvirt.base import config
     from saltvirt.fleet import callers, fleetstate, publish, quota, tenants
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -76,9 +75,9 @@ def usage(tgt=None, tgt_type=None, timeout=None):
         if not who.operator:
             conf = {who.tenant: conf[who.tenant]}
         since = time.time()
-        cfg = publish.config(config.master_opts(__opts__), tgt=tgt, tgt_type=tgt_type, timeout=timeout)
+        fleet = publish.Fleet.of_master(__opts__, tgt=tgt, tgt_type=tgt_type, timeout=timeout)  # checked first
         with salt.client.get_local_client(__opts__["conf_file"]) as client:
-            hosts = publish.Fleet(__opts__, cfg, client).gather("virt.full_info")
+            hosts = fleet.with_client(client).gather("virt.full_info")
         store = fleetstate.Store(__opts__)
         data = quota.usage(store, hosts, conf, since, fleetstate.config(__opts__))
         down = publish.down_hosts(hosts)

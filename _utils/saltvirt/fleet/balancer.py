@@ -84,7 +84,7 @@ def run_round(
     if not policy["enabled"]:
         return _answer(False, dry_run, ran=False, reason=DISABLED)
     tunnel, timeout = relocate.settings(conf)
-    remote = publish.Fleet(opts, cfg or publish.config(config.master_opts(opts)), client)
+    remote = publish.Fleet(opts, cfg, client) if cfg else publish.Fleet.of_master(opts, client)
     store = fleetstate.Store(opts)
     if dry_run:
         result, _hosts, _tenancy = _decide(remote, store, policy, now)

@@ -36,7 +36,7 @@ from typing import Any
 from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.base.config import master_opts, master_virt, section
+from saltvirt.base.config import master_virt, section
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import (
     engineloop,
@@ -297,7 +297,7 @@ def run_round(
         return {"enabled": False, "ran": False, "reason": DISABLED}
     store = fleetstate.Store(opts)
     if remote is None:
-        remote = publish.Fleet(opts, publish.config(master_opts(opts)), client)
+        remote = publish.Fleet.of_master(opts, client)
     try:
         lease = fleetstate.Lease(store, opts, "virt.ha", [ROUND_LOCK]).acquire()
     except fleetstate.HeldError as exc:

@@ -51,6 +51,7 @@ import salt.utils.minions
 from salt.exceptions import CommandExecutionError
 
 from saltvirt.base import metrics, validate
+from saltvirt.base.config import master_opts
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import hypervisors, replies
 from saltvirt.pki import answers
@@ -223,6 +224,13 @@ class Fleet:
     def __init__(self, opts: SaltOpts, cfg: Data | None = None, client: Any = None) -> None:
         self.opts, self._cfg, self.client = opts, cfg, client
 
+    @classmethod
+    def of_master(cls, opts: SaltOpts, client: Any = None, **overrides: Any) -> "Fleet":
+        """The master's transport from its ``opts`` as Salt hands them to a runner or engine (Salt's old flat
+        ``virt.*`` keys read too: :func:`saltvirt.base.config.master_opts`), its settings narrowed for this call
+        by ``overrides`` (``tgt``, ``tgt_type``, ``timeout``: :func:`config`)."""
+        return cls(opts, config(master_opts(opts), **overrides), client)
+
     @property
     def cfg(self) -> Data:
         if self._cfg is None:
@@ -232,6 +240,10 @@ class Fleet:
     def with_cfg(self, cfg: Data) -> "Fleet":
         """The same transport (opts, client) with other settings."""
         return Fleet(self.opts, cfg, self.client)
+
+    def with_client(self, client: Any) -> "Fleet":
+        """The same transport (opts, settings) over the LocalClient ``client``."""
+        return Fleet(self.opts, self._cfg, client)
 
     def wide(self) -> "Fleet":
         """This transport without its per-call ``tgt``/``tgt_type``: every hypervisor. What a VM name must be
