@@ -43,7 +43,7 @@ from typing import Any
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.base.config import master_opts, master_virt, section
+from saltvirt.base.config import master_virt, section
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import (
     balancer,
@@ -178,7 +178,7 @@ def remediate(
         why = f"remediation of {kind} is off: set virt:remediate:{kind}:enabled: True in the master config"
         return {"kind": kind, "host": host, "name": name, "acted": False, "decision": OFF, "reason": why}
     announce = fire or (lambda tag, data: runprogress.fire(opts, tag, data, logging.WARNING))
-    run = Run(opts, kind, kcfg, publish.Fleet(opts, publish.config(master_opts(opts)), client), now, announce, sleep)
+    run = Run(opts, kind, kcfg, publish.Fleet.of_master(opts, client), now, announce, sleep)
     if kind == "agent" and host is None and name is None:
         return sweep_agents(run)
     if not host:
@@ -194,7 +194,7 @@ def remediate(
     try:  # one remediation of a VM at a time, fleet-wide: a flood of one event waits for nothing
         lease = fleetstate.Lease(run.store, opts, "virt.remediate", [f"virt.remediate:{name}"]).acquire()
     except fleetstate.HeldError as exc:
-        return {"kind": kind, "host": host, "name": name, "acted": False, "decision": BUSY, "reason": str(exc)}
+        return _quiet(run, host, name, str(exc), BUSY)
     try:
         act = {"crashed": restart, "io_error": io_error, "agent": agent}[kind]
         return act(run, host, name, uuid)
@@ -239,7 +239,7 @@ def restart(run: Run, host: str, name: str, uuid: str | None) -> Data:
             recovery_guard.last_look(run.fleet, name, vid, host, in_place=True)
             answer = ask(run.fleet, host, "virt.start", name)
     except fleetstate.HeldError as exc:
-        return {"kind": run.kind, "host": host, "name": name, "acted": False, "decision": BUSY, "reason": str(exc)}
+        return _quiet(run, host, name, str(exc), BUSY)
     except publish.Failed as exc:
         return run.done(GAVE_UP, host, name, f"{exc}: left stopped on {host}", uuid=vid)
     restarts.append(run.now())
@@ -392,10 +392,11 @@ def beacon(run: Run, host: str) -> Data:
 
 
 # the log --------------------------------------------------------------------------------------------------------
-def _quiet(run: Run, host: str, name: str | None, why: str) -> Data:
-    """Nothing to do on confirmed facts: said in the master's log and the answer, not in the shared log."""
+def _quiet(run: Run, host: str, name: str | None, why: str, decision: str = NOTHING) -> Data:
+    """Nothing to do on confirmed facts (``decision``: :data:`NOTHING`), or not now (:data:`BUSY`: another call
+    holds the VM): said in the master's log and the answer, not in the shared log."""
     log.info("virt.remediate %s: %s", run.kind, why)
-    return {"kind": run.kind, "host": host, "name": name, "acted": False, "decision": NOTHING, "reason": why}
+    return {"kind": run.kind, "host": host, "name": name, "acted": False, "decision": decision, "reason": why}
 
 
 def _ts(epoch: Any) -> str:
