@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from tests.support import clizygote, cpuacct, lab, xdist_groups
+from tests.support import clizygote, cpuacct, lab, portscan, xdist_groups
 from tests.support import golden as golden_files
 from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML, guest_boot
@@ -40,6 +40,7 @@ def pytest_configure(config):
         cpuacct.enter(worker)  # first: the CLI zygote below and its forks are charged to this worker too
     clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
     guess_machine_id_once()  # not at every salt.config.*_config(None) of a test
+    portscan.install()  # a daemon's teardown survives a process exiting elsewhere during its port scan
 
 
 def pytest_collection_modifyitems(config, items):

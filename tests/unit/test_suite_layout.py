@@ -577,3 +577,35 @@ def test_mypy_checks_every_module_alike():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert conf["check_untyped_defs"] is True
     assert conf.get("overrides", []) == [], "a mypy override lets modules off: fix their errors instead"
+
+
+def test_a_daemons_port_scan_survives_a_process_that_exits_during_it(monkeypatch):
+    """Run D2: a salt-api's teardown errored with psutil.NoSuchProcess, raised by pytest-shell-utilities' scan for
+    processes left on its ports when some other process exited during the scan (tests/support/portscan.py). The
+    process here really exited (psutil raises for it as it did then); only the listing is stubbed, because the
+    moment a process exits between listing and look cannot be chosen otherwise."""
+    import subprocess
+    import types
+
+    import psutil
+    from pytestshellutils.shell import Daemon
+
+    from tests.support import portscan
+
+    gone = subprocess.Popen(["sleep", "60"])
+    listed = psutil.Process(gone.pid)
+    gone.kill()
+    gone.wait()
+    with pytest.raises(psutil.NoSuchProcess):
+        listed.net_connections()
+    listings = []  # the first scan lists the exited process, the next ones the machine without it
+
+    def process_iter(*_args, **_kwargs):
+        listings.append(None)
+        return [listed] if len(listings) == 1 else []
+
+    monkeypatch.setattr(psutil, "process_iter", process_iter)
+    portscan.install()  # as tests/conftest.py does (once: a second install keeps the first)
+    daemon = types.SimpleNamespace(check_ports=[4506], listen_ports=[4506])
+    Daemon._terminate_processes_matching_listen_ports(daemon)  # raised NoSuchProcess before the fix
+    assert len(listings) == 2  # scanned again after the exit, and no more
