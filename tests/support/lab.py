@@ -211,7 +211,7 @@ class Hypervisor:
                 fh.write(f'file_lockspace_dir = "{self.lockspace}"\n')
         with open(self.path("hosts"), "w") as fh:
             fh.write("127.0.0.1 localhost\n")
-            for i in range(1, 25):  # hv1..hv24: every lab index the tests use
+            for i in range(1, 28):  # hv1..hv27: every lab index the tests use
                 fh.write(f"{FABRIC_NET}.{10 + i} hv{i}\n")
 
     def _seed_caps(self):
