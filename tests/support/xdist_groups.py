@@ -40,6 +40,7 @@ COST = {
     "tests/integration/test_runner.py": 300,
     "tests/integration/test_migration.py": 300,
     "tests/integration/test_recovery.py": 275,
+    "tests/integration/test_ha_real.py": 350,  # alone, quiet: 354 s; 3 hosts lost, a TCG boot after each
     "tests/integration/test_faults.py": 230,
     "tests/integration/test_backup_real.py": 185,
     "tests/integration/test_resources_real.py": 160,
@@ -72,6 +73,7 @@ COST = {
 GUESTS = {
     "tests/integration/test_migration.py": 2,
     "tests/integration/test_recovery.py": 2,
+    "tests/integration/test_ha_real.py": 2,  # ha1 and plain1 boot together; each recovery boots one
     "tests/integration/test_rebalance_real.py": 2,
     "tests/integration/test_balance_real.py": 2,
     "tests/integration/test_tutorial.py": 1,  # the Debian guest with its own salt-minion
