@@ -79,5 +79,6 @@ def start(uri=None, tag_prefix=None, filters=None, **options):
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
         on_lifecycle=_vmr.follow_lifecycle(__salt__, __opts__, __grains__),
+        beat_dir=__opts__["cachedir"],  # salt-run virt.roll waits for it after a reboot (virt.host_ready)
         engine="libvirt_events",
     )

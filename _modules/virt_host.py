@@ -2,7 +2,7 @@
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
 ``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``capabilities``, ``capabilities_xml``,
 ``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
-``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``); ``boot_id`` and ``host_states`` for
+``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``); ``boot_id``, ``host_ready`` and ``host_states`` for
 ``salt-run virt.roll`` (docs/topics/maintenance.md).
 """
 
@@ -36,6 +36,7 @@ if saltvirt is not None:
     from saltvirt.host import readiness as _readiness
     from saltvirt.pki import answers as _answers
     from saltvirt.spec import compat as _compat
+    from saltvirt.vm import hostready as _hostready
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts
@@ -205,6 +206,20 @@ def boot_id():
     CLI Example:: salt 'hyper1' virt.boot_id
     """
     return _readiness.boot_id()
+
+
+def host_ready():
+    """
+    Is this hypervisor ready for VMs again: libvirtd answers; its TLS listener takes this host's own libvirt
+    client certificate (when migrations to it use TLS, ``virt:migration:transport``); the events engine
+    (``virt_events``) runs since this boot, connected to libvirt (when the minion config starts it).
+    ``salt-run virt.roll`` asks it, signed, after a reboot. Returns ``{ready, libvirtd, tls, engine}``, each part
+    ``{ok: True|False|None, why}`` (None: not used on this host).
+
+    CLI Example:: salt 'hyper1' virt.host_ready
+    """
+    config = _c.salt_config(__salt__)
+    return _hostready.check(_c.resolve_uri(config), config, __opts__.get("engines"), __opts__["cachedir"])
 
 
 def host_states(mods=None, test=False, **kwargs):

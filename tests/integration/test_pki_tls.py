@@ -4,19 +4,29 @@ real libvirtd with listen_tls and the distributed server cert accepts a `qemu+tl
 distributed client cert, and rejects a client cert from another CA and a host name outside the SANs."""
 
 import datetime
+import json
 import os
 import pathlib
 import shutil
 import stat
+import sys
 import tempfile
 
 import pytest
 
 from saltvirt.pki import ca as pki
 from tests.support import lab, pkitools
+from tests.support.paths import ROOT
 from tests.support.saltd import start_minion
 
 STATE = ("state.single", "virt.keys", "libvirt-keys")
+# virt.host_ready's check run inside a lab hypervisor's namespaces (where its TLS listener is): argv uri, pkipath
+HOST_READY = f"""import json, sys
+sys.path.insert(0, {str(ROOT / "_utils")!r})
+from saltvirt.vm import hostready
+conf = {{"virt:migration": {{"pkipath": sys.argv[2]}}}}
+print(json.dumps(hostready.check(sys.argv[1], lambda key, default=None: conf.get(key, default), [], "/nonexistent")))
+"""
 
 
 def mode(path):
@@ -167,6 +177,11 @@ def test_real_libvirtd_accepts_distributed_client_cert_rejects_foreign_ca_rogue_
         # by name too, from inside hv1's namespaces (its /etc/hosts knows hv1): the DNS SAN from extra_sans
         by_name = hv.ns_run(["virsh", "-c", f"qemu+tls://hv1/system?pkipath={ours}", "hostname"], check=False)
         assert by_name.returncode == 0 and by_name.stdout.strip() == "hv1", by_name.stderr
+        # virt.host_ready's TLS part (salt-run virt.roll waits for it after a reboot): this host's own client
+        # certificate opens its libvirtd's TLS listener by the name libvirtd gives; a foreign one does not
+        for pkipath, expected in ((ours, True), (theirs, False)):
+            ready = json.loads(hv.ns_run([sys.executable, "-c", HOST_READY, hv.uri, pkipath]).stdout)
+            assert ready["libvirtd"]["ok"] is True and ready["tls"]["ok"] is expected, ready
         # a client certificate from another CA: libvirtd refuses it (its log says why)
         bad = virsh("10.252.0.11", theirs)
         assert bad.returncode != 0, bad.stdout

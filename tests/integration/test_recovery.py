@@ -1,6 +1,8 @@
 """Host-failure recovery on real daemons: ``salt-run virt.record``, ``virt.recover`` and ``virt.reconcile`` on a
 master of its own with three hypervisor minions, each managing its own namespaced libvirtd (``virt.rebalance``
-and an init abandoned mid-seed: test_rebalance_real.py, a lab of its own so that both run side by side).
+and an init abandoned mid-seed: test_rebalance_real.py, a lab of its own so that both run side by side). First,
+while all three are healthy, ``salt-run virt.roll`` over them with a state that fails on hv11, in this lab (one
+of its own would cost the suite minutes) and leaving no VM behind.
 
     hv10  the host that fails: its minion stops, then its libvirtd dies (its guests keep running
           until the fence script kills what is left in its namespaces)
@@ -18,12 +20,15 @@ import json
 import pathlib
 import stat
 import subprocess
+import textwrap
 import time
 
 import pytest
 
 from tests.support.fleetlab import (
     beating,
+    beats_on,
+    console,
     fleet_minions,
     hypervisors,
     local_client,
@@ -116,6 +121,108 @@ def fence_script(rmaster, lab_hvs, lab_dir):
     conf.write_text(json.dumps({"virt": virt}))  # an include replaces top-level keys: the whole virt mapping
     yield ran
     conf.unlink()
+
+
+ROLL_HOSTS = ("hv10", "hv11", "hv12")
+ROLL_VMS = {"roll10": "hv10", "roll11": "hv11", "roll12": "hv12"}  # name: the host it starts on
+ROLL_SLS = textwrap.dedent(
+    """\
+    {%% if grains['id'] == '%s' %%}
+    held-package:
+      test.fail_without_changes:
+        - comment: dpkg was interrupted
+    {%% else %%}
+    upgraded:
+      test.succeed_with_changes: []
+    {%% endif %%}
+    """
+)
+
+
+def running_uuids(local):
+    """``{uuid: [hosts where it runs]}`` by every hypervisor's libvirtd (``virt.vm_info``)."""
+    ret = local.cmd(list(ROLL_HOSTS), "virt.vm_info", tgt_type="list", timeout=60)
+    assert sorted(ret) == sorted(ROLL_HOSTS), ret
+    out = {}
+    for host, vms in sorted(ret.items()):
+        for vm in vms.values():
+            if vm["state"] == "running":
+                out.setdefault(str(vm["uuid"]).lower(), []).append(host)
+    return out
+
+
+@pytest.fixture
+def roll_lab(local, lab_hvs, store, guest, state_tree):
+    """One beating guest on each host and ``roll_hv.sls`` failing on hv11; afterwards every roll VM purged
+    wherever it is (the tests after this one start from hosts without VMs) and the SLS removed."""
+    sls = state_tree / "roll_hv.sls"
+    sls.write_text(ROLL_SLS % "hv11")
+    try:
+        for name, host in ROLL_VMS.items():  # one after the other: at most one TCG guest booting at once
+            shared_vm(local, store, guest, host, name)
+            beating(lab_hvs[host], name)
+        yield sls
+    finally:
+        for name in ROLL_VMS:
+            for host in where(local, name, ROLL_HOSTS):
+                local.cmd(host, "virt.purge", [name], timeout=300)
+            (store / f"{name}.qcow2").unlink(missing_ok=True)
+        sls.unlink()
+        assert all(where(local, name, ROLL_HOSTS) == {} for name in ROLL_VMS)
+
+
+def test_a_roll_stops_at_the_host_whose_state_fails_with_the_vms_intact(rmaster, local, lab_hvs, roll_lab):
+    """``salt-run virt.roll 'hv1[012]' state=roll_hv``: hv10 evacuated live, its states applied, out of
+    maintenance; hv11 evacuated, its state fails: the roll stops there (hv11 left in maintenance), hv12 untouched;
+    every guest runs exactly once and beats on without a new boot. Then the operator's way back: the cause fixed,
+    the roll again over hv11 alone takes it through and out of maintenance."""
+    uuids = running_uuids(local)
+    assert sorted(h for hosts in uuids.values() for h in hosts) == list(ROLL_HOSTS), uuids
+    offsets = {(h, n): len(console(lab_hvs[h], n)) for h in ROLL_HOSTS for n in ROLL_VMS}
+
+    t0 = time.monotonic()
+    ret = run(rmaster, "virt.roll", "hv1[012]", state="roll_hv", transport="tcp")  # this lab has no TLS
+    print(f"virt.roll over 3 hosts (2 live migrations, 2 state runs, stopped at hv11): {time.monotonic() - t0:.1f} s")
+    data = ret.data
+    assert ret.returncode == 1 and data.get("retcode") == 1, ret
+    assert data["test"] is False and data["done"] == ["hv10"], data
+    assert data["stopped"]["host"] == "hv11" and data["stopped"]["step"] == "states", data
+    assert data["stopped"]["failed"] == {"held-package": "dpkg was interrupted"}, data
+    assert data["stopped"]["reason"] == "state(s) failed: held-package", data
+    assert data["left_in_maintenance"] == ["hv11"] and data["untouched"] == ["hv12"], data
+    assert sorted(data["hosts"]) == ["hv10", "hv11"], data  # hv12: not a step
+    hv10, hv11 = data["hosts"]["hv10"], data["hosts"]["hv11"]
+    assert hv10["status"] == "done" and hv11["status"] == "stopped (left in maintenance)", data
+    assert [s["step"] for s in hv10["steps"]] == ["maintenance", "evacuate", "states", "maintenance_off"], data
+    assert [s["step"] for s in hv11["steps"]] == ["maintenance", "evacuate"], data  # no state done, not back
+    moved10, moved11 = hv10["steps"][1]["moved"], hv11["steps"][1]["moved"]
+    assert list(moved10) == ["roll10"] and moved10["roll10"] in ("hv11", "hv12"), data
+    assert hv10["steps"][2]["changed"] == ["upgraded"], data
+    # hv11's own guest, and hv10's if placement took it there, left for hv10 (back) or hv12: never hv11 again
+    assert "roll11" in moved11 and set(moved11.values()) <= {"hv10", "hv12"}, data
+    assert data["vms"] == {"running_before": 3, "running_after": 3, "not_running": [], "twice": {}}, data
+
+    # what the libvirtds say: each guest runs once, by UUID, none on hv11; hv12's never moved
+    after = running_uuids(local)
+    assert sorted(after) == sorted(uuids) and all(len(hosts) == 1 for hosts in after.values()), after
+    placed = {}
+    for name in ROLL_VMS:  # defined on one host only (a live move undefines it on the source), running there
+        defined = where(local, name, ROLL_HOSTS)
+        assert list(defined.values()) == ["running"], (name, defined)
+        placed[name] = next(iter(defined))
+    assert placed["roll12"] == "hv12" and "hv11" not in placed.values(), placed
+    assert placed["roll11"] == moved11["roll11"] and placed["roll10"] == moved11.get("roll10", moved10["roll10"])
+    for name, host in placed.items():  # went on running through the live migrations: no new boot anywhere
+        beats_on(lab_hvs[host], name, offsets[(host, name)])
+
+    # the operator's way back: the cause fixed, the roll again from where it stopped (its lock went with it)
+    roll_lab.write_text(ROLL_SLS % "none")
+    ret = run(rmaster, "virt.roll", "hv11", state="roll_hv", transport="tcp")
+    data = ret.data
+    assert ret.returncode == 0 and data["stopped"] is None and data["done"] == ["hv11"], ret
+    assert data["left_in_maintenance"] == [] and data["hosts"]["hv11"]["steps"][-1]["step"] == "maintenance_off"
+    assert data["hosts"]["hv11"]["steps"][1]["moved"] == {}, data  # still empty: nothing went there meanwhile
+    assert data["hosts"]["hv11"]["steps"][2]["changed"] == ["upgraded"], data
 
 
 def test_recover_a_failed_host(rmaster, local, lab_hvs, minions, store, guest, request):

@@ -49,8 +49,9 @@ class TestFleet:
         self.conns = {n: libvirt.open(f"test://{TEST_NODE_XML}") for n in names}
         # a libvirtd that is not there: its unix socket does not exist (connect: ENOENT, i.e. down)
         self.dead_uri = f"qemu+unix:///system?socket={tmp_path}/nothing/libvirt-sock"
-        self.silent, self.calls = set(), []
-        self.opts, self.cfg, self.client = opts or {"id": "m1"}, None, None
+        self.silent, self.calls, self.gathers = set(), [], []  # gathers: the down_after each gather waited
+        # cfg: the waits a caller set (with_cfg: automatic HA's shorter down_after); answers do not depend on them
+        self.opts, self.cfg, self.client = opts or {"id": "m1"}, {"down_after": 20}, None
         self.probe_uri = None  # None: the dead socket above; else every probe tries this URI
 
     def close(self):
@@ -80,6 +81,13 @@ class TestFleet:
             return True
         raise AssertionError(f"unexpected call {fun} on {host}")
 
+    def target(self):
+        return sorted(self.conns)
+
+    def with_cfg(self, cfg):
+        self.cfg = cfg
+        return self
+
     def ret(self, minion, fun, *args, max_wait=None, **kwargs):
         if minion in self.silent:
             raise fleet.Failed(f"{fun} on {minion}: did not answer", host=minion, status="down")
@@ -95,6 +103,7 @@ class TestFleet:
 
     def gather(self, fun):
         assert fun == "virt.full_info", fun
+        self.gathers.append(self.cfg["down_after"])
         out = {}
         for h, conn in sorted(self.conns.items()):
             if h in self.silent:

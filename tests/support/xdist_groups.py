@@ -39,7 +39,7 @@ COST = {
     "tests/integration/test_tenants.py": 340,  # headless Chromium, the VM consoles, the browser flow's guest
     "tests/integration/test_runner.py": 300,
     "tests/integration/test_migration.py": 300,
-    "tests/integration/test_recovery.py": 275,
+    "tests/integration/test_recovery.py": 315,  # +40: its virt.roll test (alone, quiet: 244 s vs 205 s without)
     "tests/integration/test_ha_real.py": 350,  # alone, quiet: 354 s; 3 hosts lost, a TCG boot after each
     "tests/integration/test_faults.py": 230,
     "tests/integration/test_backup_real.py": 185,

@@ -66,6 +66,7 @@ DEFAULTS: Data = {
     "tenant_flag": False,
     "fence": "command",
     "lost_after": 60,
+    "down_after": 10,
 }
 DISABLED = "automatic HA is off: set virt:ha:enabled: True in the master config (salt-run virt.recover HOST by hand)"
 DEFAULT_INTERVAL = 10.0
@@ -90,6 +91,7 @@ def config(conf: Data) -> Data:
     if cfg["fence"] not in FENCES:
         raise SaltInvocationError(f"virt:ha:fence must be one of {', '.join(FENCES)}, not {cfg['fence']!r}")
     cfg["lost_after"] = validate.seconds(cfg["lost_after"], "virt:ha:lost_after")
+    cfg["down_after"] = validate.seconds(cfg["down_after"], "virt:ha:down_after")
     if cfg["enabled"] and cfg["fence"] == "command" and not recovery.fence_config(conf)["command"]:
         raise SaltInvocationError(
             "virt:ha:fence: command needs virt:fence:command (the command that powers a host off); without a power "
@@ -211,15 +213,15 @@ def decide(hosts: dict[str, Data], linked: set[str] | None, state: dict[str, Dat
             new[host] = dict(keep, lost_since=since, last=LOST)
             if old.get("handled"):
                 continue
-            if now - since >= cfg["lost_after"] and now >= (old.get("retry_at") or 0):
-                act.append(host)
-            elif not old.get("lost_since"):
+            if not old.get("lost_since"):
                 record(
                     host,
                     LOST,
                     f"{host}: no signed answer and no connection to the master: lost; HA acts at "
                     f"{_ts(since + cfg['lost_after'])} (virt:ha:lost_after {cfg['lost_after']:g} s) unless it is seen",
                 )
+            if now - since >= cfg["lost_after"] and now >= (old.get("retry_at") or 0):
+                act.append(host)
             continue
         if signed_down:
             why = "no signed answer, but " + (
@@ -238,8 +240,17 @@ def decide(hosts: dict[str, Data], linked: set[str] | None, state: dict[str, Dat
 
 
 # acting on a lost host ------------------------------------------------------------------------------------------
-def _act(remote: publish.Fleet, store: fleetstate.Store, host: str, cfg: Data, conf: Data, now: float) -> Data:
-    """Fence ``host`` and restart its HA VMs (or only alert): ``{record, handled}``."""
+def _act(
+    remote: publish.Fleet,
+    store: fleetstate.Store,
+    host: str,
+    hosts: dict[str, Data],
+    cfg: Data,
+    conf: Data,
+    now: float,
+) -> Data:
+    """Fence ``host`` and restart its HA VMs (or only alert): ``{record, handled}``. ``hosts``: the round's answers,
+    which the recovery plans from (asking again would wait on the lost host once more)."""
     base = {"at": now, "host": host}
     try:
         rec = recovery.recall(remote.opts, host, store)
@@ -262,7 +273,7 @@ def _act(remote: publish.Fleet, store: fleetstate.Store, host: str, cfg: Data, c
         return {"record": dict(base, decision=ALERT, reason=why, vms=ha_vms), "handled": True}
     pol = placement.make_policy(conf.get("placement"))
     try:
-        out = recovery.recover(remote, host, conf, pol, store, only=sorted(ha_vms))
+        out = recovery.recover(remote, host, conf, pol, store, only=sorted(ha_vms), hosts=hosts)
     except SaltException as exc:
         why = f"{host} is lost; recovering it was refused: {exc}"
         return {"record": dict(base, decision=REFUSED, reason=why, vms=ha_vms), "handled": False}
@@ -319,6 +330,8 @@ def _round(opts, remote, store, lease, cfg, conf, now):
     busy = in_progress(store, now)
     if busy:
         return {"enabled": True, "ran": False, "reason": busy}
+    # a round's own wait for a silent host (shorter than the runner's: silence alone decides nothing here)
+    remote = remote.with_cfg(dict(remote.cfg, down_after=min(cfg["down_after"], remote.cfg["down_after"])))
     hosts = remote.gather("virt.full_info")
     result = decide(hosts, connected(opts, hosts), (store.fetch(BANK, STATE) or {}).get("hosts") or {}, now, cfg)
     state, decisions = result["state"], list(result["decisions"])
@@ -326,7 +339,7 @@ def _round(opts, remote, store, lease, cfg, conf, now):
         resourcereg.drop(opts, host, "automatic HA: no signed answer and no connection to the master")
     for host in result["act"]:
         lease.check()  # the round lock still ours (its store answered): else another master's round may act
-        acted = _act(remote, store, host, cfg, conf, now)
+        acted = _act(remote, store, host, hosts, cfg, conf, now)
         decisions.append(acted["record"])
         if acted["handled"]:
             state[host] = dict(state[host], handled=now)

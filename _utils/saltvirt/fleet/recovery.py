@@ -380,14 +380,17 @@ def recover(
     store: fleetstate.Store | None = None,
     force: bool = False,
     only: Iterable[str] | None = None,
+    hosts: dict[str, Data] | None = None,
 ) -> Data:
     """``salt-run virt.recover HOST``: see the module doc. Returns the runner's answer. ``force``: go on
     although hypervisors other than HOST do not answer, or a run before left a VM ``recovering``. ``only``: restart
     these VMs of the plan and no other (automatic HA: its HA VMs); the others are listed under ``not_selected`` and
-    alone do not fence HOST. What it did is counted in salt-virt's metrics (:func:`count_actions`)."""
+    alone do not fence HOST. ``hosts``: every hypervisor's ``virt.full_info`` already gathered (automatic HA's round:
+    gathering again would wait on the silent HOST once more). What it did is counted in salt-virt's metrics
+    (:func:`count_actions`)."""
     metrics.ensure(remote.opts)
     try:
-        result = _recover(remote, host, conf, pol, store, force, only)
+        result = _recover(remote, host, conf, pol, store, force, only, hosts)
     except publish.Failed as exc:
         count_actions(exc.details, refused=True)
         raise
@@ -413,11 +416,11 @@ def count_actions(result: Data, refused: bool = False) -> None:
     metrics.flush()
 
 
-def _recover(remote, host, conf, pol, store, force, only):
+def _recover(remote, host, conf, pol, store, force, only, hosts):
     validate.host_name(host, "host (a hypervisor's minion id)")
     store = store or fleetstate.Store(remote.opts)
     fcfg, rcfg = fence_config(conf), recovery_config(conf)
-    hosts = remote.gather("virt.full_info")
+    hosts = hosts if hosts is not None else remote.gather("virt.full_info")
     if host not in hosts:
         raise publish.Failed(f"{host} is not a known hypervisor (known: {', '.join(sorted(hosts)) or 'none'})")
     down = verify_down(remote, host, hosts, rcfg)

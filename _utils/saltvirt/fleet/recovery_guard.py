@@ -2,9 +2,10 @@
 restart plan and a VM running twice on one disk. Each is checked under the VM's runner lock, right
 before a copy is started anywhere, whatever the plan (made from an older snapshot) said:
 
-1. :func:`last_look`: every hypervisor is asked again (``virt.recovery_where``: by name and UUID,
-   defined or running). A copy anywhere refuses; so does a hypervisor other than the failed one that
-   does not answer (it may run the VM: migrated since the last record), unless ``force=True``;
+1. :func:`last_look`: every hypervisor but the failed one (proven down and fenced: asking it would only
+   wait out its silence) is asked again (``virt.recovery_where``: by name and UUID, defined or running). A
+   copy anywhere refuses; so does a hypervisor that does not answer (it may run the VM: migrated since the
+   last record), unless ``force=True``;
 2. :func:`claim`: the VM's entry in the shared store (bank ``salt-virt/recovery-vms``, one per VM name,
    the ``cache:`` every master shares) goes to ``recovering`` (who, from, to, when) in one
    compare-and-set before the start, and to ``recovered`` after it (:func:`settle`). An entry another
@@ -31,17 +32,20 @@ def _ts(epoch):
 def last_look(
     remote: publish.Fleet, name: str, uuid: str | None, host: str, force: bool = False, in_place: bool = False
 ) -> Data:
-    """Ask every hypervisor where ``name``/``uuid`` is defined; raises :class:`fleet.Failed` when a copy
-    exists anywhere, or (without ``force``) when a hypervisor other than ``host`` did not answer.
-    ``in_place``: the VM is started again where it is defined, on ``host`` (a crash's remediation): its copy
-    there is the one to start, and ``host`` must answer too. Returns ``{hypervisor: status}``."""
-    answers = remote.answers("virt.recovery_where", name, uuid)
+    """Ask every hypervisor but ``host`` (the failed one, fenced by now) where ``name``/``uuid`` is defined;
+    raises :class:`fleet.Failed` when a copy exists anywhere, or (without ``force``) when one did not answer.
+    ``in_place``: the VM is started again where it is defined, on ``host`` (a crash's remediation): ``host`` is
+    asked too and must answer, and its copy there is the one to start. Returns ``{hypervisor: status}``."""
+    if in_place:
+        answers = remote.answers("virt.recovery_where", name, uuid)
+    else:
+        peers = [h for h in remote.target() if h != host]
+        answers = remote.answers("virt.recovery_where", name, uuid, tgt=peers) if peers else {}
     seen, silent = {}, {}
     for peer, ans in sorted(answers.items()):
         if ans["status"] != "up":
             seen[peer] = ans["status"]
-            if peer != host or in_place:
-                silent[peer] = f"{ans['status']}: {ans.get('error') or 'no answer'}"
+            silent[peer] = f"{ans['status']}: {ans.get('error') or 'no answer'}"
             continue
         seen[peer] = "up"
         for dom in ans["ret"] or []:

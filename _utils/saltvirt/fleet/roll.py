@@ -15,7 +15,9 @@ service at once):
 4. ``reboot``: when asked, after checking (signed) that no VM runs there (one that arrived meanwhile is evacuated
    again, else the roll stops): ``system.reboot`` is published, then the roll waits, bounded by ``timeout``, for a
    signed ``virt.boot_id`` that differs from the one before (the minion is back with its key, and it did boot) and
-   a signed ``virt.capacity`` (libvirtd answers);
+   a signed ``virt.host_ready`` that says ready: libvirtd answers, its TLS listener takes the host's own client
+   certificate (when migrations use TLS), the events engine beats again, connected (when it has one); a
+   hypervisor with an older salt-virt, without ``virt.host_ready``, is asked ``virt.capacity`` (libvirtd) instead;
 5. ``maintenance_off``: out of the maintenance list again, lock released.
 
 Then, with ``balance``, one :mod:`saltvirt.fleet.rebalance` round over the fleet.
@@ -198,7 +200,8 @@ class Roll:
         return self._wait_back(host, before)
 
     def _wait_back(self, host: str, before: str) -> Data:
-        """Wait, bounded by ``timeout``, for a signed new boot id and then libvirtd's signed ``virt.capacity``."""
+        """Wait, bounded by ``timeout``, for a signed new boot id and then a signed ``virt.host_ready`` (see the
+        module doc)."""
         started = time.monotonic()
         deadline = started + self.timeout
         seen, booted = "no answer yet", False
@@ -210,14 +213,30 @@ class Roll:
                     booted = now != before
                     seen = "booted again" if booted else "still the boot before the reboot (not rebooted yet)"
                 if booted:
-                    self.remote.ret(host, "virt.capacity", max_wait=left)
-                    return {"boot_id": "new", "back_after": round(time.monotonic() - started, 3)}
+                    waiting = self._not_ready(host, left)
+                    if not waiting:
+                        return {"boot_id": "new", "back_after": round(time.monotonic() - started, 3)}
+                    seen = "booted again, but " + waiting
             except CommandExecutionError as exc:
-                seen = ("booted again, but libvirtd: " if booted else "") + str(exc)
+                seen = ("booted again, but " if booted else "") + str(exc)
             self.say(host, "reboot", f"waiting: {seen}")
-            if not booted:  # an answer from the old boot comes at once: ask again in a while, not in a loop
-                time.sleep(min(POLL, max(deadline - time.monotonic(), 0)))
+            # an answer from the old boot, or a host not ready yet, comes at once: ask again in a while
+            time.sleep(min(POLL, max(deadline - time.monotonic(), 0)))
         raise Stop(host, "reboot", f"not back within timeout={self.timeout:g} s; last seen: {seen}", seen=seen)
+
+    def _not_ready(self, host: str, left: float) -> str | None:
+        """What ``host`` is still waiting for after its reboot (its signed ``virt.host_ready``), or None."""
+        ans, jid = self.remote.call(host, "virt.host_ready", max_wait=left)
+        if ans["status"] == "error" and ans.get("no_virt") and "virt.host_ready" in str(ans.get("error")):
+            self.remote.ret(host, "virt.capacity", max_wait=left)  # an older salt-virt: libvirtd answers
+            return None
+        if ans["status"] != "up":
+            raise publish.Failed(f"virt.host_ready on {host}: {ans.get('error') or ans['status']}", jid=jid)
+        ready = ans["ret"]
+        parts = [
+            f"{part}: {ready[part]['why']}" for part in ("libvirtd", "tls", "engine") if ready[part]["ok"] is False
+        ]
+        return None if ready.get("ready") and not parts else "; ".join(parts) or "not ready"
 
     # one host, one batch -----------------------------------------------------------------------------------
     def host(self, host: str, record: Data) -> None:

@@ -52,7 +52,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import ConfigGet, Conn, Data
-from saltvirt.host import query, saltevents
+from saltvirt.host import query, readiness, saltevents
 from saltvirt.host.conn import DEFAULT_OPEN_TIMEOUT, connect, describe, event_loop, resolve_uri
 
 try:
@@ -387,8 +387,12 @@ class Watcher:
     ``connect`` is a context-manager factory yielding a libvirt connection (the engine passes
     :func:`saltvirt.host.conn.connect` with the configured URI, open timeout and keepalive)."""
 
-    def __init__(self, host, connect, fire, options=None, on_defined=None, inbox_max=INBOX_MAX, on_lifecycle=None):
+    def __init__(
+        self, host, connect, fire, options=None, on_defined=None, inbox_max=INBOX_MAX, on_lifecycle=None, on_beat=None
+    ):
         self.host, self.connect, self.fire = host, connect, fire
+        self.on_beat = on_beat  # on_beat(connected): the engine's heartbeat (saltvirt.host.readiness.engine_beat)
+        self.beat_at = 0.0
         self.on_defined = on_defined  # called when a definition is added or changed (virt.capacity's cache)
         # called with (event, extra) for every lifecycle event, reconciled ones too, whatever the engine sends
         # (the virt_vm resources' registration: saltvirt.host.vmresources.Refresher)
@@ -668,6 +672,7 @@ class Watcher:
         why = "stopped"
         try:
             while not self.stop.is_set():
+                self._beat(True, readiness.BEAT_EVERY)
                 try:
                     kind, who, args = self.inbox.get(timeout=1)
                 except queue.Empty:
@@ -687,6 +692,7 @@ class Watcher:
                 self._report_drops()
         finally:
             self.connected.clear()
+            self._beat(False)
             if why != "stopped":
                 log.info("virt_events: libvirt connection lost (%s)", why)
                 self._engine("disconnected", session=self.sessions, reason=why)
@@ -699,6 +705,15 @@ class Watcher:
                 conn.unregisterCloseCallback()
             except libvirt.libvirtError:
                 log.debug("virt_events: could not unregister the close callback (connection gone)")
+
+    def _beat(self, connected: bool, every: float = 0.0) -> None:
+        if self.on_beat is None or time.monotonic() - self.beat_at < every:
+            return
+        self.beat_at = time.monotonic()
+        try:
+            self.on_beat(connected)
+        except OSError as exc:  # a full disk must not stop the events
+            log.warning("virt_events: could not write the engine's heartbeat: %s", exc)
 
     def run(self) -> None:
         """Sessions until :attr:`stop` is set, reconnecting with exponential backoff."""
@@ -741,11 +756,13 @@ def serve(
     on_defined: Any = None,
     engine: str = "virt_events",
     on_lifecycle: Any = None,
+    beat_dir: str | None = None,
 ) -> None:
     """An engine's body: watch this hypervisor's libvirt (the engine's own connection option, else
     ``virt:connection``, with its open timeout and keepalive; the inbox bounded by ``virt:events:inbox_max``)
     and hand its events to ``fire`` until the minion stops. A bad option is logged once and the engine idles
-    (Salt would restart a failing engine at once, logging the same error in a loop)."""
+    (Salt would restart a failing engine at once, logging the same error in a loop). ``beat_dir``: the minion's
+    cachedir, where the engine's heartbeat goes (:func:`saltvirt.host.readiness.engine_beat`)."""
     uri = connection or resolve_uri(config_get)
     open_timeout = config_get("virt:connection:open_timeout", DEFAULT_OPEN_TIMEOUT)
     keepalive = config_get("virt:connection:keepalive", None)
@@ -758,6 +775,7 @@ def serve(
             on_defined=on_defined,
             inbox_max=inbox_max(config_get("virt:events:inbox_max", INBOX_MAX)),
             on_lifecycle=on_lifecycle,
+            on_beat=(lambda up: readiness.engine_beat(beat_dir, engine, up)) if beat_dir else None,
         )
     except Exception as exc:  # noqa: BLE001 - a configuration error: say it once, do not crash-loop
         log.error("%s engine not started: %s", engine, exc)

@@ -1,6 +1,8 @@
 """A hypervisor's "ready" event that the master can check: ``virt.ready`` fires it with a fresh nonce and
 keeps the nonce in the minion's cachedir; ``salt-run virt.provision_assigned`` (the reactor example) asks
 the named hypervisor, through a job only it answers, whether it sent that nonce (``virt.ready_confirm``).
+Also what ``salt-run virt.roll`` asks after a reboot: the boot id (:func:`boot_id`) and whether the events
+engine runs again (:func:`engine_beat`, written by the engine; :func:`engine_state`).
 
 Why: Salt 3008 lets any minion put any tag and any data on the master's bus (the batch ``events`` form of
 ``_minion_event``: neither ``data['id']`` nor a ``salt/minion/<id>/...`` tag is authenticated there), so
@@ -60,3 +62,35 @@ def boot_id(path: str = BOOT_ID) -> str:
     """This host's boot id (Linux: new at every boot); a rolled host's reboot is proven by a new one."""
     with open(path, encoding="ascii") as fh:
         return fh.read().strip()
+
+
+ENGINE_FILE = "salt-virt-engine.json"
+BEAT_EVERY = 10.0  # seconds between two beats of an events engine connected to libvirt
+BEAT_STALE = 3 * BEAT_EVERY  # an older beat: the engine stopped, hangs, or this minion is not the one that wrote it
+
+
+def engine_beat(cachedir: str, engine: str, connected: bool, path: str = BOOT_ID) -> None:
+    """The events engine's heartbeat in ``cachedir`` (mode 0600): written when it connects to libvirt or loses it,
+    and every :data:`BEAT_EVERY` seconds while connected; the boot id tells a beat of this boot from one before."""
+    data = {"engine": engine, "pid": os.getpid(), "boot_id": boot_id(path), "connected": connected, "time": time.time()}
+    os.makedirs(cachedir, mode=0o700, exist_ok=True)
+    fsutil.atomic_write(os.path.join(cachedir, ENGINE_FILE), json.dumps(data).encode(), 0o600)
+
+
+def engine_state(cachedir: str, now: float | None = None, path: str = BOOT_ID) -> dict[str, object]:
+    """``{ok, why}``: whether the events engine beat since this boot, connected to libvirt, within
+    :data:`BEAT_STALE` seconds."""
+    try:
+        with open(os.path.join(cachedir, ENGINE_FILE), encoding="utf-8") as fh:
+            beat = json.load(fh)
+        age = (time.time() if now is None else now) - float(beat["time"])
+        this_boot, connected = beat["boot_id"] == boot_id(path), beat["connected"] is True
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"ok": False, "why": "the events engine has not beaten yet (not started, or not since it was updated)"}
+    if not this_boot:
+        return {"ok": False, "why": "the events engine has not beaten since this boot"}
+    if not connected:
+        return {"ok": False, "why": f"the events engine ({beat.get('engine')}) runs but has lost libvirt"}
+    if not 0 <= age <= BEAT_STALE:
+        return {"ok": False, "why": f"the events engine's last beat is {age:.0f} s old (stopped or hung?)"}
+    return {"ok": True, "why": f"the events engine ({beat.get('engine')}) beat {age:.0f} s ago, connected to libvirt"}

@@ -135,6 +135,19 @@ def test_a_host_lost_both_ways_for_lost_after_is_fenced_and_only_its_ha_vms_rest
     assert cluster.fenced() == ["hv1"] and cluster.hosts.running("web1") == [target]
 
 
+def test_an_acting_round_waits_once_and_briefly_on_the_lost_host(cluster):
+    """The bound (docs/topics/recovery.md): an acting round gathers once, with virt:ha:down_after (shorter than
+    the runner's down_after), and the recovery plans from that gather and never asks the fenced host again."""
+    cluster.fail()
+    cluster.round(T0)
+    cluster.hosts.calls.clear()
+    cluster.hosts.gathers.clear()
+    done = cluster.round(T0 + LOST_AFTER)
+    assert cluster.kinds(done) == [("hv1", ha.RECOVERED)]
+    assert cluster.hosts.gathers == [ha.DEFAULTS["down_after"]]  # the round's own, not recover's second one
+    assert [c for c in cluster.hosts.calls if c[0] == "hv1"] == []  # silent and fenced: never waited on again
+
+
 def test_a_silent_minion_still_connected_is_not_lost(cluster):
     cluster.fail(linked=True)
     answers = [cluster.round(T0 + t) for t in (0, LOST_AFTER, 10 * LOST_AFTER)]
@@ -331,6 +344,7 @@ def test_a_round_restarts_the_vms_their_records_flag(cluster, tenant_flag):
         ({"ha": {"enable": True}}, "unknown key"),
         ({"ha": {"fence": "stonith"}}, "must be one of command, manual"),
         ({"ha": {"lost_after": 0}}, "above 0"),
+        ({"ha": {"down_after": "soon"}}, "virt:ha:down_after"),
         ({"ha": {"groups": "web"}, "fence": {"command": ["x"]}}, None),  # one name is a list of one
         ({"ha": {"vms": [""]}}, "list of names"),
         ({"ha": {"enabled": True}}, "needs virt:fence:command"),

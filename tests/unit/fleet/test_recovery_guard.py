@@ -25,8 +25,9 @@ def hosts(tmp_path, store):
 
 
 def test_last_look_refuses_a_copy_anywhere_by_name_or_uuid(hosts):
-    hosts.silent.add("hv1")  # the failed host: its silence is expected
-    assert guard.last_look(hosts, "web1", UUID, "hv1") == {"hv1": "down", "hv2": "up", "hv3": "up"}
+    hosts.silent.add("hv1")  # the failed host, fenced: not asked (its silence would only be waited out)
+    assert guard.last_look(hosts, "web1", UUID, "hv1") == {"hv2": "up", "hv3": "up"}
+    assert sorted(h for h, fun, _args in hosts.calls if fun == "virt.recovery_where") == ["hv2", "hv3"]
     hosts.conns["hv3"].defineXML(domain_xml("renamed", f"{hosts.shared}/web1.qcow2", UUID))  # same UUID
     with pytest.raises(fleet.Failed, match=f"renamed \\(UUID {UUID}\\) is defined on hv3 \\(shutoff\\) now"):
         guard.last_look(hosts, "web1", UUID, "hv1")

@@ -27,6 +27,16 @@ FAILED_STATE = {
 }
 
 
+READY = {
+    "ready": True,
+    "libvirtd": {"ok": True, "why": "libvirt 9000000 answers"},
+    "tls": {"ok": None, "why": "migrations to this host use tcp (virt:migration:transport)"},
+    "engine": {"ok": True, "why": "the events engine (virt_events) beat 1 s ago, connected to libvirt"},
+}
+ENGINE_LATE = dict(READY, ready=False, engine={"ok": False, "why": "the events engine has not beaten since this boot"})
+NOT_AVAILABLE = ("'virt.host_ready' is not available.", 254)  # virt.answer on an older salt-virt (pki.answers)
+
+
 class RollFleet(signedfleet.SigningClient):
     """The hypervisors' signed answers computed from their libvirt test connections (see the module doc)."""
 
@@ -41,6 +51,7 @@ class RollFleet(signedfleet.SigningClient):
         self.arrive: dict[str, str] = {}  # host -> a VM defined there right after its states ran
         self.pending: dict[str, str] = {}
         self.silent: set[str] = set()
+        self.ready: dict[str, list] = {h: [READY] for h in HVS}  # virt.host_ready's answers in turn, the last kept
 
     def add(self, host, name, mem=512):
         dom = self.fleet.conns[host].defineXML(domain_xml(name, f"{self.fleet.shared}/{name}.qcow2", uuid.uuid4(), mem))
@@ -73,7 +84,8 @@ class RollFleet(signedfleet.SigningClient):
                 self.rebooting.discard(mid)  # this question gets no answer (down); the next one a new boot
                 self.boot[mid] = self.boot[mid][:-1] + str(int(self.boot[mid][-1]) + 1)
                 continue
-            self.reply(jid, mid, kwarg, self.answer(mid, inner, kwarg.get("args") or [], kwarg.get("kwargs") or {}))
+            ret = self.answer(mid, inner, kwarg.get("args") or [], kwarg.get("kwargs") or {})
+            self.reply(jid, mid, kwarg, *(ret if isinstance(ret, tuple) else (ret,)))
         return {"jid": jid, "minions": list(tgt)}
 
     def _facts(self, host):
@@ -94,11 +106,16 @@ class RollFleet(signedfleet.SigningClient):
         }
         return {"host": facts, "vm_info": vms}
 
+    def _after_reboot(self, host, fun):
+        if fun == "virt.boot_id":
+            return self.boot[host]
+        return self.ready[host].pop(0) if len(self.ready[host]) > 1 else self.ready[host][0]
+
     def answer(self, host, fun, args, kwargs):
         if fun in ("virt.full_info", "virt.capacity"):
             return self._facts(host)
-        if fun == "virt.boot_id":
-            return self.boot[host]
+        if fun in ("virt.boot_id", "virt.host_ready"):
+            return self._after_reboot(host, fun)
         if fun == "virt.host_states":
             self.applied.append((host, args[0], kwargs.get("test")))
             if host in self.arrive:
@@ -245,6 +262,34 @@ def test_a_host_that_does_not_come_back_stops_the_roll_and_says_what_was_seen(sa
         "not back within timeout=0.5 s; last seen: still the boot before the reboot (not rebooted yet)"
     )
     assert ret["untouched"] == ["hv2", "hv3"] and ret["left_in_maintenance"] == ["hv1"]
+
+
+def test_a_rebooted_host_is_waited_for_until_it_says_ready(salt_run, fleet):
+    """Issue 38: after the reboot, the minion, libvirtd, TLS and the events engine: the roll goes on only once the
+    host's signed virt.host_ready says ready (here its engine beats from the third question on)."""
+    fleet.ready["hv1"] = [ENGINE_LATE, ENGINE_LATE, READY]
+    ret = salt_run(reboot=True)
+    assert ret["stopped"] is None and ret["done"] == HVS, ret
+    assert fleet.ready["hv1"] == [READY]  # asked three times
+    assert [fun for fun, tgt in fleet.published if tgt == ["hv1"]].count("virt.host_ready") == 3
+
+
+def test_a_host_that_never_gets_ready_stops_the_roll_and_says_which_part(salt_run, fleet):
+    fleet.ready["hv1"] = [ENGINE_LATE]
+    ret = salt_run(reboot=True, timeout=3)  # room for the one unanswered boot id question first
+    assert (ret["stopped"]["host"], ret["stopped"]["step"]) == ("hv1", "reboot"), ret
+    assert ret["stopped"]["reason"] == (
+        "not back within timeout=3 s; last seen: booted again, but engine: the events engine has not beaten "
+        "since this boot"
+    )
+    assert ret["untouched"] == ["hv2", "hv3"] and ret["left_in_maintenance"] == ["hv1"]
+
+
+def test_a_host_with_an_older_salt_virt_is_ready_once_libvirtd_answers(salt_run, fleet):
+    fleet.ready = {h: [NOT_AVAILABLE] for h in HVS}
+    ret = salt_run(reboot=True)
+    assert ret["stopped"] is None and ret["done"] == HVS, ret
+    assert ("virt.capacity", ["hv1"]) in fleet.published
 
 
 def test_an_evacuation_that_cannot_place_a_vm_stops_before_the_states(salt_run, fleet):

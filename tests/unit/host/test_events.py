@@ -15,7 +15,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.host import conn as vconn
-from saltvirt.host import events
+from saltvirt.host import events, readiness
 
 WAIT = 30  # seconds: a bound for the watcher's thread, not a speed check
 
@@ -236,6 +236,27 @@ def test_live_lifecycle_events_on_the_test_driver():
         if not dom.isActive():
             dom.create()
         conn.close()
+
+
+def test_a_connected_watcher_beats_and_says_when_it_lost_libvirt(tmp_path):
+    """The heartbeat salt-run virt.roll waits for after a reboot (virt.host_ready): written while the watcher holds
+    a libvirt connection, and marked disconnected when its session ends."""
+    beat = lambda up: readiness.engine_beat(str(tmp_path), "virt_events", up)  # noqa: E731
+    watcher = events.Watcher("h1", lambda: vconn.connect("test:///default"), Bus(), {"backoff_min": 0.1}, on_beat=beat)
+    assert readiness.engine_state(str(tmp_path))["ok"] is False  # not beaten yet
+    thread = start(watcher)
+    try:
+        assert watcher.connected.wait(WAIT)
+        deadline = time.monotonic() + WAIT
+        while not readiness.engine_state(str(tmp_path))["ok"]:
+            assert time.monotonic() < deadline, readiness.engine_state(str(tmp_path))
+            time.sleep(0.05)
+    finally:
+        stop(watcher, thread)
+    assert readiness.engine_state(str(tmp_path)) == {
+        "ok": False,
+        "why": "the events engine (virt_events) runs but has lost libvirt",
+    }
 
 
 TRANSIENT = "<domain type='test'><name>evtr1</name><memory>65536</memory><os><type>hvm</type></os></domain>"

@@ -67,3 +67,24 @@ def test_virt_host_states_returns_a_failed_state_as_data(tmp_path):
     out = mods["virt.host_states"](["good"], test=True)
     (res,) = out["ret"].values()
     assert out["retcode"] == 0 and res["result"] is None  # Salt's dry run: would change
+
+
+def test_the_engines_beat_counts_only_fresh_connected_and_from_this_boot(tmp_path):
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    cache, path = str(tmp_path / "cache"), str(boot)
+    assert readiness.engine_state(cache, path=path) == {
+        "ok": False,
+        "why": "the events engine has not beaten yet (not started, or not since it was updated)",
+    }
+    readiness.engine_beat(cache, "virt_events", True, path=path)
+    assert (os.stat(tmp_path / "cache" / readiness.ENGINE_FILE).st_mode & 0o777) == 0o600
+    assert readiness.engine_state(cache, path=path)["ok"] is True
+    later = time.time() + readiness.BEAT_STALE + 1
+    assert "stopped or hung" in readiness.engine_state(cache, now=later, path=path)["why"]
+    boot.write_text("boot-2\n")  # the host rebooted: the beat from before proves nothing
+    assert readiness.engine_state(cache, path=path)["why"] == "the events engine has not beaten since this boot"
+    readiness.engine_beat(cache, "virt_events", False, path=path)
+    assert (
+        readiness.engine_state(cache, path=path)["why"] == "the events engine (virt_events) runs but has lost libvirt"
+    )
