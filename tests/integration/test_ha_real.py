@@ -17,9 +17,11 @@ HA says: every reachable libvirtd asked by UUID, and the QEMU processes of this 
 """
 
 import contextlib
+import datetime
 import json
 import os
 import pathlib
+import re
 import signal
 import stat
 import subprocess
@@ -195,6 +197,15 @@ def qemu_holding(disk):
             ):
                 pids.append(int(proc.name))
     return pids
+
+
+def domain_started(hv, name):
+    """Epoch time of ``name``'s last start on ``hv``: libvirt's "starting up" line in the domain's log (written by
+    libvirtd before it runs QEMU, with milliseconds)."""
+    log = pathlib.Path(hv.path("log", "qemu", f"{name}.log")).read_text(errors="replace")
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\+0000: starting up", log, re.MULTILINE)
+    assert stamps, log[-2000:]
+    return datetime.datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.UTC).timestamp()
 
 
 def in_netns(pid, hv):
@@ -443,8 +454,10 @@ def test_a_partitioned_host_is_fenced_before_its_vm_starts_elsewhere(
     assert len(holders) == 1 and in_netns(holders[0], lab_hvs[target]), holders
     fences = [t for h, t in fence_records(fenced) if h == b]
     assert len(fences) == 1, fence_records(fenced)
-    started = psutil.Process(holders[0]).create_time()
-    assert fences[0] < started, (fences, started)  # fenced (B's copy killed) before the new copy's QEMU started
+    # fenced (B's copy killed) before libvirt started the new copy. Not the QEMU process's start time: psutil counts
+    # it from /proc/stat's btime, whole seconds, up to 1 s early (the start follows the fence by less than that)
+    started = domain_started(lab_hvs[target], "ha2")
+    assert fences[0] < started, (fences, started)
     assert netns_pids(lab_hvs[b]) == []  # nothing of B runs any more, its copy of ha2 included
     assert running_copies(lab_hvs, seen["ha2"]) == ([target], sorted(others))
     assert running_copies(lab_hvs, seen["ha1"])[0] == [seen["ha1_on"]]  # untouched

@@ -40,7 +40,7 @@ COST = {
     "tests/integration/test_runner.py": 300,
     "tests/integration/test_migration.py": 300,
     "tests/integration/test_recovery.py": 315,  # +40: its virt.roll test (alone, quiet: 244 s vs 205 s without)
-    "tests/integration/test_ha_real.py": 350,  # alone, quiet: 354 s; 3 hosts lost, a TCG boot after each
+    "tests/integration/test_ha_real.py": 230,  # alone, quiet: 232 s; 3 hosts lost, a TCG boot after each
     "tests/integration/test_faults.py": 230,
     "tests/integration/test_backup_real.py": 185,
     "tests/integration/test_resources_real.py": 160,
