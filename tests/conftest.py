@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from tests.support import clizygote, cpuacct, lab, portscan, xdist_groups
+from tests.support import clizygote, cpuacct, daemonports, lab, portscan, xdist_groups
 from tests.support import golden as golden_files
 from tests.support.markers import item_markers
 from tests.support.paths import GUEST_DIR, ROOT, TEST_NODE_XML, guest_boot
@@ -41,6 +41,7 @@ def pytest_configure(config):
     clizygote.install()  # salt-factories' CLI calls forked from one process that imported Salt once
     guess_machine_id_once()  # not at every salt.config.*_config(None) of a test
     portscan.install()  # a daemon's teardown survives a process exiting elsewhere during its port scan
+    daemonports.install()  # the daemons' ports below the kernel's ephemeral range: no outgoing connection takes one
 
 
 def pytest_collection_modifyitems(config, items):

@@ -609,3 +609,24 @@ def test_a_daemons_port_scan_survives_a_process_that_exits_during_it(monkeypatch
     daemon = types.SimpleNamespace(check_ports=[4506], listen_ports=[4506])
     Daemon._terminate_processes_matching_listen_ports(daemon)  # raised NoSuchProcess before the fix
     assert len(listings) == 2  # scanned again after the exit, and no more
+
+
+def test_the_daemons_ports_are_never_in_the_range_outgoing_connections_take():
+    """salt-factories' ports come from tests/support/daemonports.py once tests/conftest.py installed it: below the
+    kernel's ephemeral range, so no outgoing connection takes one between its choice and the daemon's bind (run F1:
+    tut-master's "Address already in use"); a port something listens on is skipped."""
+    import socket
+
+    from pytestshellutils.utils import ports
+
+    from tests.support import daemonports
+
+    low, _high = daemonports.ephemeral_range()
+    chosen = [ports.get_unused_localhost_port() for _ in range(3)]
+    assert all(port < low for port in chosen) and len(set(chosen)) == 3, chosen
+    start = daemonports.FIRST + 8 * daemonports.BLOCK  # a block no worker of a run uses (six workers)
+    assert start + 3 < low
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", start))
+        held.listen()
+        assert next(daemonports.allocator(start, 3)) == start + 1
