@@ -18,7 +18,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -181,14 +180,7 @@ class Stack:
         return out
 
     def stop(self):
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        common.stop_groups(self.procs, 5)
 
 
 def count_vms(name, data):

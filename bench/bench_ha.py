@@ -190,14 +190,7 @@ class Lab:
         return data
 
     def stop(self):
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        common.stop_groups(self.procs, 10)
         for hv in self.hvs.values():
             if hv.pid:
                 power_off(hv)  # a lost host's guests too

@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,19 @@ def run_worker(python, spec, timeout=1800):
     # ru_maxrss of children is the max over all children so far: only meaningful when it grew.
     answer["child_maxrss_kib"] = after if after > before else None
     return answer
+
+
+def stop_groups(procs, wait):
+    """Stop daemons started in process groups of their own: SIGTERM to each group (the last started first), then
+    SIGKILL to a group whose leader is not gone within ``wait`` seconds."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def summary(values):

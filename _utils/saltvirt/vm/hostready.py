@@ -27,9 +27,10 @@ def _libvirtd(uri: str | None) -> tuple[Data, str | None]:
 def _tls(config_get: ConfigGet, hostname: str | None) -> Data:
     try:
         mig = migrate.settings(config_get)
-        if (mig["transport"] or "tls") != "tls":
-            return {"ok": None, "why": f"migrations to this host use {mig['transport']} (virt:migration:transport)"}
-        migrate_tls.choose_transport("tls", mig["pkipath"])  # the client files: refused without them
+        # as a migration chooses: TLS unless tcp is named, TLS refused without the client files
+        transport, _warnings = migrate_tls.choose_transport(mig["transport"], mig["pkipath"])
+        if transport != "tls":
+            return {"ok": None, "why": f"migrations to this host use {transport} (virt:migration:transport)"}
         target = mig["address"] or hostname
         if not target:
             return {"ok": False, "why": "libvirtd did not answer: its TLS listener cannot be tried"}
@@ -42,8 +43,7 @@ def _tls(config_get: ConfigGet, hostname: str | None) -> Data:
 
 def _engine(engines: Any, cachedir: str) -> Data:
     names = {next(iter(e)) if isinstance(e, dict) and e else e for e in engines or []}
-    started = sorted(n for n in names if n in EVENT_ENGINES)
-    if not started:
+    if not names & set(EVENT_ENGINES):
         return {"ok": None, "why": "the minion config starts no events engine (virt_events)"}
     return readiness.engine_state(cachedir)
 
