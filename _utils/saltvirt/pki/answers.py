@@ -21,6 +21,7 @@ An answer is plain data: ``{"saltvirt_answer": 1, "id", "fun", "nonce", "body", 
 
 import base64
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import salt.payload
+import salt.utils.msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -97,6 +99,31 @@ def _public_key(pub_pem: str) -> rsa.RSAPublicKey:
     return key
 
 
+class _Unusual(Exception):  # noqa: N818 - internal: a body _body leaves to Salt's own reading
+    pass
+
+
+def _no_ext(_code: int, _data: bytes) -> Any:
+    raise _Unusual
+
+
+def _body(body: bytes) -> Any:
+    """The signed body exactly as ``salt.payload.loads(body)`` reads it, faster: Salt's reads every string as
+    bytes, then walks the whole answer in Python to decode them (2 s of 20,000 VMs' answers); here msgpack
+    decodes them itself (UTF-8, strict, as Salt's walk). A body that is not plain (a string that is not UTF-8,
+    which Salt's walk leaves bytes; an extension type such as a datetime; anything msgpack refuses) is read
+    Salt's way, so every answer reads as before."""
+    enabled = gc.isenabled()
+    gc.disable()  # as salt.payload.loads: no collection while a large answer is built
+    try:
+        return salt.utils.msgpack.unpackb(body, use_list=True, raw=False, ext_hook=_no_ext)
+    except Exception:  # noqa: BLE001 - not plain: Salt's own reading decides (and raises what it raised)
+        return salt.payload.loads(body)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def verify(pub_pem: str, minion_id: str, fun: str, nonce: str, answer: Any) -> tuple[Any, int]:
     """``(ret, retcode)`` of ``answer`` if ``minion_id`` (whose accepted public key is ``pub_pem``) signed
     it for ``fun`` and ``nonce``; else :class:`Unverified`."""
@@ -114,7 +141,7 @@ def verify(pub_pem: str, minion_id: str, fun: str, nonce: str, answer: Any) -> t
         _public_key(pub_pem).verify(sig, _signed_bytes(minion_id, fun, nonce, body), _pss(), hashes.SHA256())
     except (InvalidSignature, ValueError):
         raise Unverified("the signature does not match the accepted key") from None
-    data = salt.payload.loads(body)
+    data = _body(body)
     if not isinstance(data, dict) or "ret" not in data:
         raise Unverified("the signed body has no answer")
     retcode = data.get("retcode")
