@@ -286,7 +286,10 @@ def main(argv=None):
     ap.add_argument("--sizes", default="20,50,100,200")
     ap.add_argument("--domains", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="2 and 4 hosts of 5 domains, once (bench/run --quick)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.domains, args.reps = "2,4", 5, 1
     cfg = {"sizes": [int(s) for s in args.sizes.split(",")], "domains": args.domains, "reps": args.reps}
     log = lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
     load0 = common.loadavg()
