@@ -108,11 +108,11 @@ def _no_ext(_code: int, _data: bytes) -> Any:
 
 
 def _body(body: bytes) -> Any:
-    """The signed body exactly as ``salt.payload.loads(body)`` reads it, faster: Salt's reads every string as
-    bytes, then walks the whole answer in Python to decode them (2 s of 20,000 VMs' answers); here msgpack
-    decodes them itself (UTF-8, strict, as Salt's walk). A body that is not plain (a string that is not UTF-8,
-    which Salt's walk leaves bytes; an extension type such as a datetime; anything msgpack refuses) is read
-    Salt's way, so every answer reads as before."""
+    """The signed body exactly as ``salt.payload.loads(body)`` reads it, faster: Salt's reads every string as bytes,
+    then walks the whole answer in Python to decode them; here msgpack decodes them itself (UTF-8, strict, as Salt's
+    walk): 200 answers of 100 VMs, 550 ms -> 168 ms (bench/RESULTS.md). A body that is not plain (a string that is
+    not UTF-8, which Salt's walk leaves bytes; an extension type such as a datetime; anything msgpack refuses) is
+    read Salt's way, so every answer reads as before."""
     enabled = gc.isenabled()
     gc.disable()  # as salt.payload.loads: no collection while a large answer is built
     try:

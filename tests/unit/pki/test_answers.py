@@ -60,9 +60,10 @@ def test_an_answer_signed_with_another_key_is_not_believed(keys, tmp_path):
 
 
 def test_a_signed_body_reads_as_salts_own_loads_without_walking_it(keys, monkeypatch):
-    """Issue 40: Salt's loads reads every string as bytes and walks the whole answer to decode them (2 s of
-    20,000 VMs' answers). A plain body is decoded by msgpack itself, with the same result; a body with a string
-    that is not UTF-8, or a datetime (msgpack's extension type), is read Salt's way and reads as before."""
+    """Issue 40: Salt's loads reads every string as bytes and walks the whole answer to decode them (550 ms for 20,000
+    VMs' answers, 168 ms without the walk: bench/RESULTS.md). A plain body is decoded by msgpack itself, with the
+    same result; a body with a string that is not UTF-8, or a datetime (msgpack's extension type), is read Salt's
+    way and reads as before."""
     import datetime
 
     import salt.payload
