@@ -120,6 +120,8 @@ def commands(replay):
         # no --static: that goes through Salt's batch path (a test.ping round first)
         "floor: salt 'hyper*' virt.answer fun=virt.vm_state": (*floor[:3], "fun=virt.vm_state", *floor[3:]),
         "salt-run virt.list": ("salt-run", "virt.list"),
+        "floor: salt 'hyper*' virt.answer fun=virt.host_info": (*floor[:3], "fun=virt.host_info", *floor[3:]),
+        "salt-run virt.host_info": ("salt-run", "virt.host_info"),
         "floor: salt-run returning the recorded virt.query answer": ("salt-run", "benchreplay.query", f"path={replay}"),
         "salt-run virt.query": ("salt-run", "virt.query"),
         "salt-run virt.query --out=json": ("salt-run", "virt.query", "--out=json"),
@@ -139,6 +141,9 @@ def all_json(text):
 
 def counted(label, run):
     """(hosts, VMs) the command's output shows."""
+    if label == "salt-run virt.host_info":  # per host: "  VMs: <running> running, <defined> defined"
+        defined = re.findall(r"^  VMs: \d+ running, (\d+) defined$", run["stdout"], re.M)
+        return len(re.findall(r"^hyper\d{3}  up", run["stdout"], re.M)), sum(int(n) for n in defined)
     if "recorded" in label:
         return len(re.findall(r"^hyper\d{3}  up", run["stdout"], re.M)), len(VM_LINE.findall(run["stdout"]))
     if label.startswith("floor"):
@@ -242,6 +247,7 @@ def run_size(stack, spec, hosts, cfg, log):
 
 FLOOR_OF = {
     "salt-run virt.list": "floor: salt 'hyper*' virt.answer fun=virt.vm_state",
+    "salt-run virt.host_info": "floor: salt 'hyper*' virt.answer fun=virt.host_info",
     "salt-run virt.query": "floor: salt-run returning the recorded virt.query answer",
     "salt-run virt.query --out=json": "floor: salt-run returning the recorded virt.query answer",
 }

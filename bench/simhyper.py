@@ -184,6 +184,7 @@ def main():
         fi, states = host_answers(template, i, spec["domains"])
         ident.body("virt.full_info", fi)
         ident.body("virt.vm_state", states)
+        ident.body("virt.host_info", fi["host"])  # full_info's host part is virt.host_info's answer
         ident.body("empty", {})  # saltutil.find_job: the job is no longer running here (answered at once)
         idents[mid] = ident
     jobs = queue.Queue()
