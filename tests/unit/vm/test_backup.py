@@ -287,3 +287,50 @@ def test_the_result_says_which_disks_a_backup_does_not_hold_and_why(bk):
     assert [d["target"] for d in made["disks"]] == ["vda"] and made["skipped"] == want
     assert v["virt.backup_list"]("bk1")["backups"][0]["skipped"] == want
     assert v["virt.backup"]("bk1", disks="vda")["skipped"] == want  # asked for vda alone: the same
+
+
+class EndingJob:
+    """A domain whose backup job ends after ``polls`` looks. libvirt's test driver has no backup jobs
+    (backupBegin needs QEMU), so this stands in for the two calls _wait_job makes; the real job:
+    tests/integration/test_backup_real.py."""
+
+    def __init__(self, polls):
+        self.polls = polls
+
+    def name(self):
+        return "vm"
+
+    def jobInfo(self):
+        self.polls -= 1
+        return [libvirt.VIR_DOMAIN_JOB_NONE if self.polls < 0 else libvirt.VIR_DOMAIN_JOB_BOUNDED]
+
+    def jobStats(self, flags):
+        return {"operation": libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP, "success": True}
+
+
+def test_a_short_backup_job_is_seen_ending_within_tens_of_ms_not_a_fixed_200(monkeypatch):
+    slept = []
+    monkeypatch.setattr(backup.time, "sleep", slept.append)
+    backup._wait_job(EndingJob(3), timeout=60)
+    assert slept == [0.01, 0.02, 0.04]  # the old loop: 0.2 each time
+    slept.clear()
+    backup._wait_job(EndingJob(9), timeout=60)
+    assert slept == [0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.2, 0.2]  # a long job: 5 looks a second
+
+
+def test_describing_backup_files_runs_no_qemu_img_info_and_hashes_each_disk_once(tmp_path, monkeypatch):
+    files = {}
+    for target, size in (("vda", "5M"), ("vdb", "7M")):
+        files[target] = str(tmp_path / f"b.{target}.qcow2")
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", files[target], size], check=True)
+        qemu_io(files[target], f"write -P 0x{len(files)}1 0 1M")
+
+    def no_info(*args, **kwargs):
+        raise AssertionError("qemu-img info is not needed: the header has the size")
+
+    monkeypatch.setattr(backup.images, "image_info", no_info)
+    chosen = [{"target": t, "file": f"/src/{t}", "format": "qcow2"} for t in files]
+    out = backup._describe_disks(str(tmp_path), chosen, files, None)
+    assert [(d["target"], d["virtual_size"]) for d in out] == [("vda", 5 << 20), ("vdb", 7 << 20)]
+    assert [d["sha256"] for d in out] == [backupstore.file_digest(files[t]) for t in files]
+    assert all(d["backing"] is None and d["size"] == os.stat(files[d["target"]]).st_size for d in out)
