@@ -456,6 +456,7 @@ def _backup(conn, root, name, disks, incremental, target, timeout, on_started, k
             "duration": round(time.monotonic() - clock, 3),  # copy + checksums + manifest
             "copy_seconds": round(copied, 3),
             "live": live,
+            "mode": (PULL if digests is not None else PUSH) if live else "offline",
             "consistency": consistency,
             "fs_freeze": fs_freeze,
             "disks": described,
@@ -469,6 +470,7 @@ def _backup(conn, root, name, disks, incremental, target, timeout, on_started, k
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
     out["checkpoint_redefined"] = redefined
     out["stale_job_ended"] = stale
+    out["mode"] = manifest["mode"]
     return out
 
 

@@ -55,6 +55,7 @@ def test_offline_full_backup_records_chain_checksums_and_xml(bk):
     assert made["type"] == "full" and made["chain"] == [made["id"]] and made["parent"] is None
     assert made["note"] == "no earlier backup of this VM: made a full one"
     assert made["live"] is False and made["consistency"] == backup.OFFLINE and made["checkpoint"] is None
+    assert made["mode"] == "offline"
     directory = tmp / "backups" / "bk1" / v["virt.vm_info"]("bk1")["bk1"]["uuid"]  # by uuid below the name
     assert made["dir"] == str(directory)
     (disk,) = made["disks"]
