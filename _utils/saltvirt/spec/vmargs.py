@@ -56,7 +56,9 @@ class Arg:
     # the checker: the VMSpec field ``into`` is check(value) (saltvirt.spec.vmspec.build loops these rows);
     # None: not the domain's, or vmspec.build combines it with other arguments into ``into``
     check: Callable[[Any], Any] | None = None
-    into: str | None = None  # the saltvirt.spec.vmspec.VMSpec field it fills (None: none)
+    # the saltvirt.spec.vmspec.VMSpec field it fills, or VMSpec.elements[into] for a row that is one element of
+    # its own (saltvirt.xml.domain.elements); None: none
+    into: str | None = None
 
 
 _REQUIRED = object()

@@ -25,7 +25,7 @@ import re
 import secrets
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
@@ -140,9 +140,9 @@ class VMSpec:
     stop_on_reboot: bool = False
     serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): checks.chardevs
     consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
-    tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
-    watchdog: dict | None = None  # {model, action}: what the hypervisor does when the guest stops feeding it
-    clock: dict | None = None  # checks.clock: <clock> attributes and timers; None: libvirt's default (UTC)
+    # the rows that are one element of their own (saltvirt.xml.domain.elements: vTPM, watchdog, clock, ...), by
+    # row name: their checked value, which the element's builder writes; a row with a field here fills the field
+    elements: dict = field(default_factory=dict)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
     cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
@@ -157,6 +157,9 @@ class VMSpec:
     host_devices: list = field(default_factory=list)  # Salt's host_devices: node device names
     hostdevs: list = field(default_factory=list)  # what they are on the hypervisor (saltvirt.host.caps.host_devices)
     memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
+
+
+FIELDS = frozenset(f.name for f in fields(VMSpec))  # a checked row fills its field, else VMSpec.elements
 
 
 def named_entries(value: Any, what: str) -> list[Data]:
@@ -434,12 +437,15 @@ def build(
     """
     name = validate.vm_name(req.name)
     vtype = req.vtype or "qemu"
-    plain = {}
+    plain: dict[str, Any] = {}
+    own: dict[str, Any] = {}  # VMSpec.elements
     for row in vmargs.ARGS:
         if row.check is not None:
             checked = row.check(getattr(req, row.name))
-            if row.into:
+            if row.into in FIELDS:
                 plain[row.into] = checked
+            elif row.into:
+                own[row.into] = checked
     cpu, cpu_model = cpumem.cpu_detail(req.cpu)
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
@@ -485,6 +491,7 @@ def build(
         mem_current=mem_current,
         max_mem=max_mem,
         memory_backing=backing,
+        elements=own,
         **plain,
     )
 
