@@ -15,7 +15,7 @@ ACTIONS = ("on_poweroff", "on_reboot", "on_crash")
 ELEMENTS: list[elements.Element] = []  # the domain's elements of their own here (elements.of below)
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_boot(spec: VMSpec) -> list[ET.Element]:
     """This group's elements of a new domain (``definition.build`` puts them in libvirt's order)."""
     return [os_config(spec), features(spec), *elements.build_all(ELEMENTS, spec.elements), *actions(spec)]
 

@@ -31,7 +31,8 @@ def build(spec: VMSpec) -> str:
     sub(dom, "name", spec.name)
     if spec.uuid:
         sub(dom, "uuid", spec.uuid)
-    groups = tuning.build(spec) + metadata.build(spec) + boot.build(spec) + devices.build(spec)
+    groups = [*tuning.build_tuning(spec), *metadata.build_metadata(spec), *boot.build_boot(spec)]
+    groups += devices.build_devices(spec)
     dom.extend(sorted(groups, key=lambda el: ORDER.index(el.tag)))
     return ET.tostring(dom, encoding="unicode")
 

@@ -18,11 +18,13 @@ SECRET_ATTRS = ("passwd",)  # never reported
 ELEMENTS: list[elements.Element] = []  # the devices of their own (elements.of below), in the order they are written
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_devices(spec: VMSpec) -> list[ET.Element]:
     """``<devices>`` of a new domain, every device from its builder below."""
     devices = el("devices")
-    devices.extend(disk(d) for d in spec.disks)
-    devices.extend(interface(n) for n in spec.nics)
+    for d in spec.disks:
+        devices.append(disk(d))
+    for n in spec.nics:
+        devices.append(interface(n))
     devices.extend([serial(spec.serial_log), console()])
     if spec.guest_agent:
         devices.append(guest_agent_channel())

@@ -24,7 +24,7 @@ WHOLE = (
 ELEMENTS: list[elements.Element] = []  # the domain's elements of their own here (elements.of below)
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_tuning(spec: VMSpec) -> list[ET.Element]:
     """This group's elements of a new domain (``definition.build`` puts them in libvirt's order)."""
     out = [max_memory(spec.max_mem)] if spec.max_mem else []
     out += [el("memory", spec.mem, unit="MiB"), el("currentMemory", spec.mem_current or spec.mem, unit="MiB")]

@@ -26,7 +26,7 @@ def test_what_goes_in_comes_back():
         "ha": True,
     }
     bare = spec.build(vmargs.InitRequest("web2", 1, 128))
-    assert metadata.build(bare) == [] and "<metadata" not in definition.build(bare)
+    assert metadata.build_metadata(bare) == [] and "<metadata" not in definition.build(bare)
     assert metadata.facts(read(definition.build(bare))) == {
         "group": None,
         "minion": None,
