@@ -231,7 +231,7 @@ def guest_agent_state(devices: ET.Element) -> str | None:
     return None
 
 
-# vTPM, watchdog (devices of their own: elements.of), host devices ---------------------------------------
+# devices of their own (elements.of: one argument, one device), host devices ----------------------------
 def tpm_facts(node: ET.Element) -> Data:
     backend = node.find("backend")
     return {"model": node.get("model"), "version": backend.get("version") if backend is not None else None}
