@@ -38,7 +38,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.host import conn as _c
-    from saltvirt.spec import compat, vmargs
+    from saltvirt.model import compat, vmargs
     from saltvirt.storage import intake
     from saltvirt.vm import progress, provision
 
@@ -306,7 +306,7 @@ def init(
         minion_install=_cfg("virt:minion_install", None),
     )
     with _conn(connection) as conn, _progress(name) as events:
-        # every argument by name (tests/unit/spec/test_vmargs.py checks the list is the table's), the request
+        # every argument by name (tests/unit/model/test_vmargs.py checks the list is the table's), the request
         # built in the call so a reader follows each argument down to its element's builder
         # fmt: off
         ret = provision.init(conn, vmargs.InitRequest(
@@ -326,7 +326,7 @@ def init(
     return ret
 
 
-_INIT_ARGS = vmargs.NAMES  # the signature above matches the table (tests/unit/spec/test_vmargs.py)
+_INIT_ARGS = vmargs.NAMES  # the signature above matches the table (tests/unit/model/test_vmargs.py)
 
 
 def _salt_kwargs(kwargs, fun, extra=()):

@@ -1,6 +1,6 @@
 """The VMs of the domain XML golden cases (tests/unit/xml/domain/, tests/golden/domain/<case>.xml)."""
 
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.xml.domain import definition
 
 

@@ -13,7 +13,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import switches
 from saltvirt.host.conn import libvirt
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.vm import converge
 from saltvirt.xml.domain import definition
 from tests.support.saltloader import load_states, make_minion_mods

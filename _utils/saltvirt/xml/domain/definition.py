@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
 from saltvirt.xml.domain import boot, devices, metadata, tuning
 from saltvirt.xml.etree import read, sub
 
@@ -26,7 +26,7 @@ FEATURES += tuple(e.key for e in (*boot.ELEMENTS, *tuning.ELEMENTS, *devices.ELE
 
 
 def build(spec: VMSpec) -> str:
-    """Domain XML (str) for a :class:`saltvirt.spec.vmspec.VMSpec`."""
+    """Domain XML (str) for a :class:`saltvirt.model.vmspec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
     sub(dom, "name", spec.name)
     if spec.uuid:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec, console_password
+from saltvirt.model.vmspec import Disk, Graphics, Nic, VMSpec, console_password
 from saltvirt.xml.domain import elements
 from saltvirt.xml.etree import el, every, first, need, read, sub, to_int
 
@@ -81,7 +81,7 @@ def replace(root: ET.Element, new: ET.Element, fields: Iterable[str]) -> None:
 
 # disks -------------------------------------------------------------------------------------------------
 def disk(d: Disk) -> ET.Element:
-    """``<disk>`` for a :class:`saltvirt.spec.vmspec.Disk`: a file, or a volume of a storage pool."""
+    """``<disk>`` for a :class:`saltvirt.model.vmspec.Disk`: a file, or a volume of a storage pool."""
     if d.pool:
         return _volume_disk(d)
     node = el("disk", type="file", device=d.device)
@@ -126,7 +126,7 @@ def disk_facts(node: ET.Element) -> Data:
 
 # interfaces --------------------------------------------------------------------------------------------
 def interface(nic: Nic) -> ET.Element:
-    """``<interface>`` for a :class:`saltvirt.spec.vmspec.Nic`."""
+    """``<interface>`` for a :class:`saltvirt.model.vmspec.Nic`."""
     node = el("interface", type=nic.type)
     if nic.mac:
         sub(node, "mac", address=nic.mac)
@@ -286,7 +286,7 @@ def hostdev_facts(node: ET.Element) -> Data:
 
 # graphics ----------------------------------------------------------------------------------------------
 def graphics(g: Graphics) -> ET.Element:
-    """``<graphics>`` for a :class:`saltvirt.spec.vmspec.Graphics` (its password goes into the XML only)."""
+    """``<graphics>`` for a :class:`saltvirt.model.vmspec.Graphics` (its password goes into the XML only)."""
     node = el(
         "graphics",
         type=g.type,

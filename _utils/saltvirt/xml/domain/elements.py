@@ -1,4 +1,4 @@
-"""Elements of their own: one row of the argument table (:mod:`saltvirt.spec.vmargs`) is one element, written
+"""Elements of their own: one row of the argument table (:mod:`saltvirt.model.vmargs`) is one element, written
 by its builder from the row's checked value (``VMSpec.elements``) and read back by its reader. A group
 registers each with :func:`of` on its builder; its ``build``, ``feature_facts`` and ``replace`` loop them, and
 ``definition.FEATURES`` lists them: a new one is its row, its builder and its reader, nothing else."""

@@ -5,7 +5,7 @@ import copy
 import xml.etree.ElementTree as ET
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
 from saltvirt.xml.etree import every, first, read, sub
 
 METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
 from saltvirt.xml.domain import elements
 from saltvirt.xml.etree import el, kib, mib, need, sub, to_int
 

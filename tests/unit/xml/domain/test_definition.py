@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml import etree
 from saltvirt.xml.domain import boot, definition, devices, elements, metadata, tuning
 from tests.support import golden as golden_files

@@ -4,8 +4,8 @@ feature cases each a golden file (tests/golden/domain/<case>.xml, see tests/supp
 
 import pytest
 
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml import etree
 from saltvirt.xml.domain import definition, devices
 from tests.support.goldenvm import check_features, vm

@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import checks, compat, vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import checks, compat, vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml.domain import definition
 
 

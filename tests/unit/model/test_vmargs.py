@@ -1,4 +1,4 @@
-"""saltvirt.spec.vmargs: virt.init's / virt.update's arguments declared once, and the coverage test (as
+"""saltvirt.model.vmargs: virt.init's / virt.update's arguments declared once, and the coverage test (as
 virtinst's test_checkprops.py): every declared argument is exercised through the real loaders on libvirt's
 test driver: accepted by virt.init, forwarded or refused by salt-run virt.init, passed to virt.update or not
 by virt.running/defined, exactly as its row says."""
@@ -11,7 +11,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.fleet import vmcreate
-from saltvirt.spec import compat, vmargs, vmspec
+from saltvirt.model import compat, vmargs, vmspec
 from tests.support.paths import ROOT
 from tests.support.saltloader import load_states, make_minion_mods, make_runners
 
@@ -131,7 +131,7 @@ def test_the_docs_page_is_the_table():
     page = ROOT / "docs" / "topics" / "vm-arguments.md"
     assert page.read_text() == vmargs.markdown(), (
         "regenerate docs/topics/vm-arguments.md: PYTHONPATH=_utils python3 -c "
-        "'from saltvirt.spec import vmargs; print(vmargs.markdown(), end=\"\")' > docs/topics/vm-arguments.md"
+        "'from saltvirt.model import vmargs; print(vmargs.markdown(), end=\"\")' > docs/topics/vm-arguments.md"
     )
 
 

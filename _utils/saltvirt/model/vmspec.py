@@ -32,7 +32,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import checks, cpumem, vmargs
+from saltvirt.model import checks, cpumem, vmargs
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
 DISK_FORMATS = ("qcow2", "raw")  # the only disk formats a VM may get (storage.images checks what is on disk)
@@ -133,7 +133,7 @@ class VMSpec:
     image_origin: str | None = None
     # automatic HA restarts it elsewhere when its host is lost (saltvirt.fleet.ha), kept in <metadata>
     ha: bool = False
-    # cloud_init= as saltvirt.spec.checks.cloud_init checked it ({} for True), None: no cidata volume
+    # cloud_init= as saltvirt.model.checks.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
     boot_dev: list | None = None  # boot order (["hd", "cdrom", "network"]); None: hd, or the kernel given in boot
@@ -426,7 +426,7 @@ def build(
 ) -> VMSpec:
     """Validate the arguments of ``virt.init`` / ``virt.running`` (``req``) and return a :class:`VMSpec`.
 
-    The table's plain rows (a checker and the field it fills: :data:`saltvirt.spec.vmargs.ARGS`) are one loop;
+    The table's plain rows (a checker and the field it fills: :data:`saltvirt.model.vmargs.ARGS`) are one loop;
     the rest combine several arguments (cpu/mem, NICs, disks, graphics, boot, serial log). ``req.vtype`` is
     the domain type the host runs (``virt.init`` detects it first; None: qemu) and ``req.image`` the local
     image the first disk is cloned from, of ``image_format``.
