@@ -156,6 +156,7 @@ def init(
     ha=None,
     catalog_image=None,
     watchdog=None,
+    rng=None,
     **kwargs,
 ):
     """
@@ -214,6 +215,8 @@ def init(
     watchdog
         ``True``: an ``i6300esb`` that resets the VM when its guest stops feeding it; a model; or ``{model:
         i6300esb|ib700|diag288, action: reset|shutdown|poweroff|pause|none|dump|inject-nmi}``.
+    rng
+        ``True``: a virtio RNG the guest's kernel draws entropy from, fed by the host's ``/dev/urandom``.
     clock
         Salt's ``{utc: False}``, ``{timezone: Europe/Paris}``, ``{adjustment: 3600}`` and ``timers:
         {rtc: {track: wall, tickpolicy: catchup}, hpet: {present: False}, ...}``.
@@ -318,7 +321,7 @@ def init(
             cloud_init=cloud_init, guest_agent=guest_agent, boot_dev=boot_dev, os_type=os_type, arch=arch,
             stop_on_reboot=stop_on_reboot, serials=serials, consoles=consoles, tpm=tpm, clock=clock,
             hypervisor_features=hypervisor_features, numatune=numatune, host_devices=host_devices, owner=owner, ha=ha,
-            catalog_image=catalog_image, watchdog=watchdog,
+            catalog_image=catalog_image, watchdog=watchdog, rng=rng,
         ), host, progress=events)
         # fmt: on
     if warnings:

@@ -190,6 +190,8 @@ class InitRequest:
     watchdog: bool | str | dict | None = arg(None, "bool, model or dict",
         "a watchdog device ({model: i6300esb|ib700|diag288, action: reset|shutdown|poweroff|pause|none|dump|"
         "inject-nmi})", state=GIVEN, update=True, spec=True, check=checks.watchdog)
+    rng: bool | str | None = arg(None, "bool", "a virtio RNG fed by the host's /dev/urandom (entropy at first boot)",
+        state=GIVEN, update=True, spec=True, check=lambda v: v is not None and checks.flag(v, "rng"))
     # fmt: on
 
 

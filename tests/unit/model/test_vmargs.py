@@ -81,6 +81,7 @@ def examples(guest):
         "ha": (True, {}, None),
         "catalog_image": ("debian12", image, None),
         "watchdog": ({"model": "i6300esb", "action": "poweroff"}, {}, None),
+        "rng": (True, {}, None),
     }
 
 
@@ -247,6 +248,7 @@ CHANGED = {
     "boot": {"efi": True},  # the firmware is what an existing VM's boot is compared by
     "ha": True,  # salt-virt's <metadata>: automatic HA's flag
     "watchdog": True,
+    "rng": True,
 }
 
 

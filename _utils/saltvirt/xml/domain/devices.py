@@ -255,6 +255,18 @@ def watchdog(w: Data) -> ET.Element:
     return el("watchdog", model=w["model"], action=w["action"])
 
 
+def rng_facts(node: ET.Element) -> bool:
+    return node.get("model") == "virtio"
+
+
+@elements.of(ELEMENTS, "rng", "rng", read=rng_facts)
+def rng(on: bool) -> ET.Element:
+    """A virtio RNG fed by the host's /dev/urandom (never a path a call names: the device is the host's)."""
+    node = el("rng", model="virtio")
+    sub(node, "backend", "/dev/urandom", model="random")
+    return node
+
+
 def hostdev(h: Data) -> ET.Element:
     """A host PCI or USB device passed through (saltvirt.host.caps.host_devices); libvirt detaches a PCI
     device from its host driver (managed) while the VM runs."""

@@ -179,6 +179,7 @@ def test_feature_facts_from_spec_build():
         "consoles": [{"type": "pty"}],
         "tpm": {"model": "tpm-crb", "version": "2.0"},
         "watchdog": {"model": "i6300esb", "action": "reset"},
+        "rng": None,
         "clock": None,
         "hypervisor_features": {},
         "cpu_model": None,
