@@ -71,7 +71,10 @@ class Pull:
             if self.incremental and not bitmap:
                 raise CommandExecutionError(f"libvirt names no dirty bitmap for disk {target} of the incremental job")
             context = f"qemu:dirty-bitmap:{bitmap}" if self.incremental else nbdread.ALLOCATION
-            digests[path] = copy_export(self.socket, export, context, path, backings.get(target), deadline)
+            try:
+                digests[path] = copy_export(self.socket, export, context, path, backings.get(target), deadline)
+            except OSError as exc:  # the NBD server, the socket or the backup directory (ENOSPC)
+                raise CommandExecutionError(f"backup of disk {target} of VM {self.dom.name()} failed: {exc}") from None
         return digests
 
     def end(self, wait: float = 120.0) -> None:
@@ -150,7 +153,7 @@ class _Writer:
 
     def __init__(self, fd: int, buffers: int = 3):
         self.fd, self.digest = fd, hashlib.sha256()
-        self.error: OSError | None = None
+        self.error: Exception | None = None
         self.free: queue.Queue = queue.Queue()
         for _ in range(buffers):
             self.free.put(memoryview(bytearray(CHUNK)))
@@ -179,7 +182,7 @@ class _Writer:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(self.fd, view) :]
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - handed to the reading thread, which raises it
                 self.error = exc
             if isinstance(data, memoryview) and isinstance(data.obj, bytearray) and len(data.obj) == CHUNK:
                 self.free.put(memoryview(data.obj))  # a read buffer: back to the pool

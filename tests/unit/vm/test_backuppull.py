@@ -2,8 +2,11 @@
 exporting a qcow2 disk over a unix socket, as a libvirt pull-mode job has QEMU do (the job itself, with
 libvirt and a running guest: tests/integration/test_backup_real.py)."""
 
+import errno
 import hashlib
 import os
+import resource
+import signal
 import subprocess
 import time
 
@@ -86,3 +89,20 @@ def test_the_mode_setting():
     assert backup.configured_mode({"virt": {"backup": {"mode": "push"}}}) == "push"
     with pytest.raises(Exception, match="must be 'pull' or 'push'"):
         backup.configured_mode({"virt": {"backup": {"mode": "fast"}}})
+
+
+def test_a_failing_write_stops_the_copy_with_its_error(served, tmp_path):
+    """The writing thread's error reaches the caller (no hang, no half file counted): a real EFBIG from
+    the kernel, a file size limit of 1 MiB for this process while the copy runs."""
+    _disk, sock, _url = served
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MIB, old_limit[1]))
+    try:
+        with pytest.raises(OSError) as err:
+            out = str(tmp_path / "y.qcow2")
+            backuppull.copy_export(sock, "disk", nbdread.ALLOCATION, out, None, time.monotonic() + 60)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert err.value.errno == errno.EFBIG
