@@ -233,6 +233,30 @@ def test_guest_freeze_decision_and_thaw_on_the_test_driver(bk):
         conn.close()
 
 
+def test_a_refused_pull_job_falls_back_to_push_and_leaves_no_socket(caplog, tmp_path, monkeypatch):
+    """libvirt's test driver refuses every backup job (it runs none): the pull job's refusal is logged and
+    push mode is tried (refused too, so the backup fails); the socket directory and scratch files go."""
+    made = []
+    real_mkdtemp = backup.backuppull.tempfile.mkdtemp
+    monkeypatch.setattr(backup.backuppull.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.lookupByName("test")
+        facts = {"guest_agent": None, "disks": [{"target": "vda", "device": "disk"}]}
+        chosen = [{"target": "vda", "format": "qcow2", "file": str(tmp_path / "disk.qcow2")}]
+        files = {"vda": str(tmp_path / "1.vda.qcow2")}
+        with caplog.at_level("WARNING"), pytest.raises(CommandExecutionError, match="start the backup"):
+            backup._live(dom, facts, chosen, files, None, None, 60, None, mode="pull")
+        assert "pull-mode backup refused" in caplog.text and "push mode" in caplog.text
+        assert made and not os.path.exists(made[0]) and os.listdir(tmp_path) == []
+        caplog.clear()
+        with caplog.at_level("WARNING"), pytest.raises(CommandExecutionError, match="start the backup"):
+            backup._live(dom, facts, chosen, files, None, None, 60, None, mode="push")
+        assert "pull-mode" not in caplog.text and len(made) == 1  # push mode asks for no socket
+    finally:
+        conn.close()
+
+
 def test_a_new_vm_with_the_name_of_a_purged_one_backs_up_fine(bk):
     """Backups are kept by VM uuid below the name: a purged VM's backups never block a later VM of its name
     (whoever made it), and stay listed and restorable beside the new one's."""
