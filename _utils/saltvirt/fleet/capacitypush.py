@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable
 
 import salt.cache
 import salt.utils.mine
-from salt.exceptions import CommandExecutionError
 
 from saltvirt.base import validate
 from saltvirt.base.config import section, virt_conf
@@ -75,7 +74,9 @@ def read(
     :func:`saltvirt.fleet.silence.recent` of ``ids`` (seconds since each was found down)."""
     now = time.time() if now is None else now
     down = down or {}
+    ids = list(ids)
     cache = salt.cache.Cache(opts)
+    keys = minionkeys.accepted_pubs(opts, ids)
     got: dict[str, Data] = {}
     refused: dict[str, str] = {}
     for host in ids:
@@ -84,8 +85,10 @@ def read(
             refused[host] = "no pushed capacity"
             continue
         try:
-            at, cap = answers.verify_record(minionkeys.accepted_pub(opts, host), host, entry)
-        except (answers.Unverified, CommandExecutionError) as exc:
+            if host not in keys:
+                raise answers.Unverified("the master has no accepted key for it")
+            at, cap = answers.verify_record(keys[host], host, entry)
+        except answers.Unverified as exc:
             log.warning("virt runner: the pushed capacity of %s is not believed: %s", host, exc)
             refused[host] = f"not believed: {exc}"
             continue
