@@ -135,8 +135,9 @@ def test_virt_init_is_refused_on_the_host_when_it_no_longer_has_room(tmp_path, k
 
 
 def test_pushed_capacity_reaches_the_masters_mine_signed_and_for_the_master_only(tmp_path, keys, monkeypatch):
-    """virt.push_capacity: Salt's mine.send with the signed record (readable by no other minion: a minion-side ACL
-    of this hypervisor's id), stored by the master's own mine code under the id the request came from."""
+    """virt.push_capacity: Salt's mine.send with the signed record, stored by the master's own mine code under the id
+    the request came from, and readable by no other minion (a minion-side ACL of this hypervisor's id: a tenant VM's
+    minion asking mine.get for it gets nothing)."""
     import salt.cache
     import salt.config
     import salt.daemons.masterapi
@@ -179,3 +180,13 @@ def test_pushed_capacity_reaches_the_masters_mine_signed_and_for_the_master_only
     assert cap["host"]["vms_defined"] == 1 and "test" in cap["vm_info"]
     with pytest.raises(answers.Unverified, match="another id"):
         answers.verify_record(pub, "hyper-other", entry[salt.utils.mine.MINE_ITEM_ACL_DATA])
+    for mid in ("hyper-test", "web1"):  # the hypervisor and a tenant VM's minion, both accepted on this master
+        (tmp_path / "master-pki" / "minions").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "master-pki" / "minions" / mid).write_text(pub)
+    funcs = salt.daemons.masterapi.RemoteFuncs(dict(master, pki_dir=str(tmp_path / "master-pki")))
+    try:  # what a minion's mine.get of it gets: the master's own answer to that request
+        ask = {"tgt": "hyper-test", "fun": answers.MINE_KEY, "tgt_type": "glob"}
+        assert funcs._mine_get(dict(ask, id="web1")) == {}
+        assert funcs._mine_get(dict(ask, id="hyper-test"))["hyper-test"]["sig"] == entry["__data__"]["sig"]
+    finally:
+        funcs.mminion.destroy()
