@@ -145,3 +145,14 @@ def test_the_snapshot_time_is_the_oldest_record_so_inits_settled_since_still_cou
         create(opts, client, name="web3")
     assert refused.value.details["placement"]["excluded"]["hv1"][0].startswith("memory: needs 512 MiB, 296 MiB free")
     assert client.published == []
+
+
+def test_max_age_is_checked():
+    from salt.exceptions import SaltInvocationError
+
+    assert capacitypush.max_age({}) == 90.0
+    assert capacitypush.max_age({"virt": {"capacity_push": {"max_age": "0"}}}) == 0.0
+    with pytest.raises(SaltInvocationError, match="virt:capacity_push:max_age must be a number of seconds"):
+        capacitypush.max_age({"virt": {"capacity_push": {"max_age": "soon"}}})
+    with pytest.raises(SaltInvocationError, match="maxage"):
+        capacitypush.max_age({"virt": {"capacity_push": {"maxage": 5}}})

@@ -60,9 +60,10 @@ def test_the_inbox_bound_comes_from_the_minion_config(tmp_path, caplog):
     )
 
 
-def test_the_engine_pushes_the_hosts_capacity_when_it_starts(tmp_path):
-    """Issue 40: with virt:capacity_push:every the engine puts the signed record in the mine (a masterless minion's
-    own mine here: mine.send with file_client local; the master's path is tests/unit/pki/test_answers.py)."""
+def test_the_engine_pushes_the_hosts_capacity_when_it_starts_and_when_a_vm_changes(tmp_path):
+    """Issue 40: the engine puts the signed record in the mine when it starts and after a lifecycle event (a
+    masterless minion's own mine here: mine.send with file_client local; the master's path:
+    tests/unit/pki/test_answers.py)."""
     import time
 
     import salt.loader
@@ -83,4 +84,23 @@ def test_the_engine_pushes_the_hosts_capacity_when_it_starts(tmp_path):
         time.sleep(0.05)
     assert record is not None, "the engine pushed no capacity within 60 s"
     at, cap = answers.verify_record(pub, "hyper-test", record["__data__"])
-    assert cap["host"]["vms_defined"] >= 1 and at <= time.time()
+    assert cap["host"]["vms_defined"] >= 1 and at <= time.time() and "pushed1" not in cap["vm_info"]
+    # a VM started on this hypervisor (the engine's libvirt: test:///default is one per process) is pushed at once
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    try:
+        conn.defineXML(
+            "<domain type='test'><name>pushed1</name><memory unit='MiB'>64</memory><os><type>hvm</type></os></domain>"
+        ).create()
+        deadline = time.monotonic() + 60
+        while "pushed1" not in cap["vm_info"] and time.monotonic() < deadline:  # no heartbeat: only the change
+            time.sleep(0.05)
+            record = (mods["data.get"]("mine_cache") or {}).get(answers.MINE_KEY)
+            cap = answers.verify_record(pub, "hyper-test", record["__data__"])[1]
+        assert "pushed1" in cap["vm_info"], "the engine did not push the started VM within 60 s"
+    finally:
+        dom = conn.lookupByName("pushed1")
+        dom.destroy()
+        dom.undefine()
+        conn.close()
