@@ -144,8 +144,10 @@ def raw_vm(conn, hv, base, name, vcpus, mem, vm_type):
     dom = conn.defineXML(xml)
     res = {"name": name}
     try:
+        t_create = time.monotonic()
         dom.createWithFlags(0)
         t0 = time.monotonic()
+        res["create"] = t0 - t_create  # the floor of the runner's define → started step
         deadline = t0 + LEASE_TIMEOUT
         while time.monotonic() < deadline and "dhcp" not in console.phases():
             time.sleep(0.2)
@@ -175,6 +177,13 @@ def ours(stack, hv, events, name, conn):
     except Exception as exc:  # noqa: BLE001 - the VM may be gone (a failed init): reported
         r["facts"] = {"error": str(exc)}
     return r
+
+
+def _step(r, step):
+    """Seconds of one timeline step (since the step before it)."""
+    tl = r["timeline"]
+    i = next((i for i, t in enumerate(tl) if t["step"] == step), None)
+    return None if not i else tl[i]["at"] - tl[i - 1]["at"]
 
 
 def _started(r):
@@ -226,6 +235,11 @@ def rows(runs, raws):
     parts = [
         ["`salt-run virt.init` command (s)", stat([r["returned"] for r in good])],
         ["  of it: runner function to `started`", stat([_started(r) for r in good])],
+        ["  of it: `defined` → `started` (the hypervisor's domain start)", stat([_step(r, "started") for r in good])],
+        [
+            "  floor: raw libvirt's `createWithFlags` of the same image",
+            stat([(r.get("raw") or {}).get("create") for r in good]),
+        ],
         ["  floor: plain Salt's `salt-run test.arg 1` (CLI start-up + exit)", stat([r.get("cli_floor") for r in good])],
         ["first `test.ping` True (s)", stat([r["ping"] for r in good])],
         ["SALT-MINION-START → start event (s)", stat(mstart)],
