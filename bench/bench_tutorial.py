@@ -498,6 +498,7 @@ def main(argv=None):
         return bench_tutorial_ratios.main([a for a in argv if a != "--ratios"])
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ratios", action="store_true", help="issue #40's ratios: bench_tutorial_ratios.py (its --help)")
     ap.add_argument("--reps", type=int, help="1-VM runs, one after the other")
     ap.add_argument("--burst", type=int, help="VMs started at once (0: none)")
     ap.add_argument("--direct-kernel", action="store_true", help="boot the image's kernel + initrd directly")
