@@ -19,12 +19,6 @@ def _keys(opts):
     return salt.cache.Cache(opts, driver=opts.get("keys.cache_driver") or "localfs_key")
 
 
-def key_store(opts: SaltOpts) -> salt.cache.Cache:
-    """The key store, to be read many times (:func:`accepted_pub`'s ``store``): making one loads Salt's cache
-    driver through its loader (~7 ms); reading it is a file read per key, always current."""
-    return _keys(opts)
-
-
 def _valid(opts, minion_id):
     if (
         not isinstance(minion_id, str)
@@ -44,11 +38,10 @@ def key_state(opts: SaltOpts, minion_id: str) -> str | None:
     return "denied" if store.fetch("denied_keys", minion_id) else None
 
 
-def accepted_pub(opts: SaltOpts, minion_id: str, store: salt.cache.Cache | None = None) -> str:
-    """The public key the master accepted for ``minion_id`` (never what a minion claims); ``store``: a
-    :func:`key_store` to read it from (one per many reads)."""
+def accepted_pub(opts: SaltOpts, minion_id: str) -> str:
+    """The public key the master accepted for ``minion_id`` (never what a minion claims)."""
     _valid(opts, minion_id)
-    entry = (store or _keys(opts)).fetch("keys", minion_id)
+    entry = _keys(opts).fetch("keys", minion_id)
     if not entry or entry.get("state") != "accepted":
         raise CommandExecutionError(f"the master has no accepted key for {minion_id!r}: cannot seal the new key for it")
     return entry["pub"]

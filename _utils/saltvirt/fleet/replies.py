@@ -54,7 +54,6 @@ class Replies:
         self.down: dict[str, Data] = {}
         self.unverified: dict[str, str] = {}  # minion -> why what came in its name was not believed
         self.keys: dict[str, str | None] = {}
-        self._store: Any = None  # the master's key store, made once for all of this wait's reads
         now = time.monotonic()
         self.started = now
         self.life = dict.fromkeys(expected, now)  # last sign of life (the publication, then a signed check)
@@ -74,9 +73,7 @@ class Replies:
                 log.debug("virt runner: reading the accepted keys at once failed: %s", exc)
         if minion not in self.keys:
             try:
-                if self._store is None:
-                    self._store = minionkeys.key_store(self.opts)
-                self.keys[minion] = minionkeys.accepted_pub(self.opts, minion, self._store)
+                self.keys[minion] = minionkeys.accepted_pub(self.opts, minion)
             except Exception as exc:  # noqa: BLE001 - no accepted key: nothing it says can be believed
                 log.warning("virt runner: no accepted key for %s: %s", minion, exc)
                 self.keys[minion] = None
