@@ -14,7 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-BENCHES = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial", "resources", "ha"]
+BENCHES = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial", "resources", "ha", "migrate"]
 
 
 def main(argv=None):

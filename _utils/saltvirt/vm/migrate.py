@@ -244,6 +244,11 @@ def _hint(exc, target):
             " (if the target sees the same disk files, pass unsafe=True; otherwise copy_storage=all, or use "
             "salt-run virt.migrate, which prepares the target)"
         )
+    if "postcopy is not supported" in msg.lower():
+        return (
+            " (virt:migration:converge postcopy: QEMU cannot use userfaultfd on these hypervisors: an unprivileged "
+            "QEMU needs the sysctl vm.unprivileged_userfaultfd = 1 on both; or use converge: auto)"
+        )
     if "x509" in msg.lower() or "credentials" in msg.lower():  # QEMU's own TLS (VIR_MIGRATE_TLS)
         return (
             f" (QEMU's migration TLS: both hypervisors need QEMU's certificates, the virt.keys state with qemu: True, "

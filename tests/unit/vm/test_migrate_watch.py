@@ -143,3 +143,23 @@ def test_watchdog_aborts_when_the_job_query_itself_hangs(monkeypatch):
     dom.release.set()
     assert asked, "the watchdog waited on the blocked job query and never aborted"
     assert dog.aborted == "no progress for 0.3 s (virt:migration:stall_timeout): aborted"
+
+
+class LibvirtSaid:
+    """A libvirt error as migrateToURI3 raises it (the test driver cannot migrate)."""
+
+    def __init__(self, msg):
+        self.msg = msg
+
+    def get_error_code(self):
+        return libvirt.VIR_ERR_INTERNAL_ERROR
+
+    def get_error_message(self):
+        return self.msg
+
+
+def test_a_hypervisor_without_postcopy_is_explained():
+    """What this lab's QEMU said (bench/bench_migrate.py --proof): unprivileged, no userfaultfd."""
+    said = "internal error: unable to execute QEMU command 'migrate-set-capabilities': Postcopy is not supported"
+    hint = migrate._hint(LibvirtSaid(said), "hv2")
+    assert "vm.unprivileged_userfaultfd = 1" in hint and "converge: auto" in hint
