@@ -14,7 +14,20 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-BENCHES = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial", "resources", "ha", "migrate"]
+BENCHES = [
+    "placement",
+    "clone",
+    "query",
+    "init",
+    "fleet",
+    "burst",
+    "scale",
+    "tutorial",
+    "resources",
+    "ha",
+    "backup",
+    "migrate",
+]
 
 
 def main(argv=None):
