@@ -535,14 +535,6 @@ def cell_table(cell, rows, pair=("raw", "ours")):
             f"{way} " + ", ".join(f"{m} {common.fmt_stat(v)}" for m, v in got.items()) for way, got in per_way.items()
         )
     )
-    beyond = {
-        m: common.summary([r["s"] - r["libvirt_elapsed_ms"] / 1000 for r in by[m] if r.get("libvirt_elapsed_ms")])
-        for m in pair
-    }
-    notes.append(
-        f"{cell}, the call's time beyond libvirt's own job time (time_elapsed of the completed job, on the target): "
-        + ", ".join(f"{m} {common.fmt_stat(v)}" for m, v in beyond.items())
-    )
     if cell.endswith("idle") and gaps[ours]:
         worst = gaps[ours]["max"] * 1000
         notes.append(
