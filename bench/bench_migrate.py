@@ -589,6 +589,7 @@ def main(argv=None):
         help="also: a busy guest with converge none (aborted) and postcopy (switched), ours only",
     )
     ap.add_argument("--pair", default="raw,ours", help="the floor and the measured: raw,ours (or raw,raw+poll)")
+    ap.add_argument("--max-downtime", type=int, default=None, help="virt:migration:max_downtime (ms), ours only")
     ap.add_argument("--converge-timeout", type=float, default=None, help="virt:migration:converge_timeout")
     args = ap.parse_args(argv)
     pair = tuple(args.pair.split(","))
@@ -596,6 +597,8 @@ def main(argv=None):
     migration = {"allow_cleartext": True, "converge": "auto"}
     if args.converge_timeout:
         migration["converge_timeout"] = args.converge_timeout
+    if args.max_downtime:
+        migration["max_downtime"] = args.max_downtime
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still tears its lab down (finally)
     load0 = common.loadavg()
     base = tempfile.mkdtemp(prefix="svbench-mig", dir="/var/tmp")
