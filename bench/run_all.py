@@ -14,8 +14,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-BENCHES = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "fleetwire", "tutorial", "resources", "ha"]
-BENCHES += ["backup", "pushplace"]
+BENCHES = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial", "resources", "ha"]
+BENCHES += ["backup", "pushplace", "migrate", "fleetwire"]
 
 
 def main(argv=None):
