@@ -318,6 +318,7 @@ def init(
         operator=_operator(),
         tb_cache_mib=_cfg("virt:tcg_tb_cache_mib", None),
         minion_install=_cfg("virt:minion_install", None),
+        type_cache=capacity.cache_dir(__opts__),
     )
     with _conn(connection) as conn, _progress(name) as events:
         ret = provision.init(conn, req, host, progress=events)

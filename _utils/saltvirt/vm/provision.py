@@ -191,6 +191,7 @@ class Host:
     operator: Data | None = None
     tb_cache_mib: Any = None  # virt:tcg_tb_cache_mib
     minion_install: Any = None
+    type_cache: str | None = None  # where the detected domain type is kept (saltvirt.host.hosttype)
 
 
 def init(conn: Conn, req: vmargs.InitRequest, host: Host | None = None, progress: Any = None) -> Data:
@@ -249,7 +250,7 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
         raise SaltInvocationError(
             f"a VM named {name!r} is already defined on {hostname}: pick another name or purge it"
         )
-    kind = hosttype.detect(conn, req.vtype or host.vtype)
+    kind = hosttype.detect(conn, req.vtype or host.vtype, cache_dir=host.type_cache)
     # the operator's: a bad value stops before any fetch
     tb_cache = vmspec.tb_cache_mib(host.tb_cache_mib, kind["type"])
     seed_request = seed.Request.of(
