@@ -8,7 +8,9 @@ The floor does the least any tool must: ``qemu-img create`` (or a file copy), de
 
 Each variant runs in ``procs`` fresh processes of ``reps`` calls each, the variants alternating so
 that load from elsewhere on the machine hits all of them. Every VM is destroyed, undefined and its
-files removed after its call (untimed).
+files removed after its call (untimed). The loader processes share one Salt cachedir, as a minion's jobs
+(each a process of its own) share the minion's: what salt-virt keeps there (the detected domain type) is
+worked out by the first call of the first process and found by the others.
 
     bench/run --only init             # or: $VENV/bin/python bench/bench_init.py [--quick]
 """
@@ -97,6 +99,7 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
         os.makedirs(hv.path("log", "qemu"), exist_ok=True)
         images_dir = os.path.join(workdir, "images")
         os.makedirs(images_dir, mode=0o755)
+        cachedir = os.path.join(workdir, "minion-cache")  # one minion: its jobs' processes share it
         # warm-up, untimed: a fresh libvirtd probes QEMU's capabilities at its first domain start (seconds)
         log("init: warm-up (libvirtd probes QEMU once)" if warm else "init: no warm-up (--quick)")
         if warm:
@@ -145,6 +148,7 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
                             "allowed_paths": [str(common.GUEST)],  # the guest's kernel/initrd (direct boot)
                         },
                         "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
+                        "cachedir": cachedir,
                     }
                     spec.update(extra)
                     python = impls["salt-virt" if impl_name == "raw" else impl_name]["python"]
@@ -158,7 +162,7 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
 
 
 def render(answers):
-    tables, errors, rows_json = [], [], []
+    tables, errors, rows_json, notes = [], [], [], []
     for mode in MODES:
         floor = None
         body = []
@@ -202,11 +206,17 @@ def render(answers):
                 errors.append(f"{mode} / {shown}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
         if not body:
             continue
+        seeded = {r["variant"]: r["times"] for r in rows_json if r["mode"] == mode and r["times"]}
+        on, off = seeded.get("salt-virt virt.init seed=True"), seeded.get("salt-virt virt.init seed=False")
+        if on and off:  # seeding's own cost: the same init with and without it, in this run
+            extra = (on["median"] - off["median"]) * 1000
+            both = f"{common.fmt_s(on['median'])} vs {common.fmt_s(off['median'])}"
+            notes.append(f"{mode}: seeding adds {extra:+.0f} ms ({both}, medians)")
         tables.append(
             f"**{TITLES[mode]}** — median (min–max, n)\n\n"
             + common.table(["variant", "time", "vs floor", "first call in a process", "status"], body)
         )
-    return tables, errors, rows_json
+    return tables, errors, rows_json, notes
 
 
 def main(argv=None):
@@ -232,12 +242,13 @@ def main(argv=None):
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    tables, errors, rows = render(answers)
+    tables, errors, rows, seeding = render(answers)
     result = {
         "title": "1. virt.init vs raw libvirt vs saltext-virt (real libvirtd, TCG)",
         "rows": rows,
         "tables": tables,
-        "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"FAILED {e}" for e in errors],
+        "notes": [f"load average before/after: {load0} / {common.loadavg()}", *seeding]
+        + [f"FAILED {e}" for e in errors],
     }
     common.emit("init", result)
     # the competitor's failures are results, not a failure of this script; ours are

@@ -84,7 +84,8 @@ def minion_mods(spec, workdir):
             "id": "bench-minion",
             "master": "salt-master.bench",
             "file_client": "local",
-            "cachedir": os.path.join(workdir, "cache"),
+            # a minion's cachedir outlives its jobs: the caller may give one shared by its processes
+            "cachedir": spec.get("cachedir") or os.path.join(workdir, "cache"),
             "pki_dir": os.path.join(workdir, "pki"),
             "sock_dir": os.path.join(workdir, "sock"),
             "module_dirs": spec["module_dirs"],
