@@ -204,6 +204,14 @@ def fingerprint(conn: Conn, uri: str, emulators: list[str]) -> dict[str, Any]:
     }
 
 
+def _fingerprint(conn: Conn, uri: str, emulators: list[str]) -> dict[str, Any] | None:
+    try:
+        return fingerprint(conn, uri, emulators)
+    except Exception as exc:  # noqa: BLE001 - a driver without getVersion, a dropped connection: no cache
+        log.debug("hosttype: no fingerprint of %s (%s): not cached", uri, exc)
+        return None
+
+
 def _trusted_dir(path: str) -> bool:
     """Only a directory of ours that no one else can write to may hold an answer we act on."""
     try:
@@ -238,7 +246,8 @@ def _cached(cache_dir: str, conn: Conn, uri: str, arch: str) -> dict[str, str] |
         return None
     if not 0 <= time.time() - entry.get("at", 0) <= CACHE_MAX_AGE:
         return None
-    if entry.get("key") != fingerprint(conn, uri, list(entry.get("emulators") or ())):
+    key = _fingerprint(conn, uri, list(entry.get("emulators") or ()))
+    if key is None or entry.get("key") != key:
         return None
     answer = entry["answer"]
     return {"type": answer["type"], "reason": answer["reason"]} if answer.get("type") in VALID_TYPES else None
@@ -278,7 +287,7 @@ def detect(
             return answer
     caps = conn.getCapabilities()
     emulators = _emulators(caps, arch)
-    key = fingerprint(conn, uri, emulators) if local and cache_dir else None  # before the probe: what it saw
+    key = _fingerprint(conn, uri, emulators) if local and cache_dir else None  # before the probe: what it saw
     if "kvm" not in capability_types(caps, arch):
         answer = {"type": "qemu", "reason": "libvirt offers no kvm domain type on this host (no /dev/kvm?)"}
     elif not local:

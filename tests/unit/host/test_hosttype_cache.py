@@ -164,3 +164,18 @@ def test_without_a_cache_dir_nothing_is_kept(host):
     hosttype.detect(host["conn"])
     assert host["conn"].calls.count("getCapabilities") == 2
     assert not os.path.exists(host["cache"])
+
+
+def test_a_driver_without_a_version_is_asked_every_time(host):
+    """No fingerprint, no cache: the init goes on as before (the test driver's own getVersion is real)."""
+
+    def no_version():
+        import libvirt
+
+        raise libvirt.libvirtError("this hypervisor does not support this function")
+
+    host["conn"].getVersion = no_version
+    for _ in range(2):
+        kind, asked, probed = detect(host)
+        assert kind["type"] in ("kvm", "qemu") and asked and probed
+    assert not os.path.exists(os.path.join(host["cache"], hosttype.CACHE_FILE))
