@@ -38,7 +38,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.host import conn as _c
-    from saltvirt.spec import compat, vmargs
+    from saltvirt.model import compat, vmargs
     from saltvirt.storage import intake
     from saltvirt.vm import progress, provision
 
@@ -156,6 +156,7 @@ def init(
     ha=None,
     catalog_image=None,
     watchdog=None,
+    rng=None,
     **kwargs,
 ):
     """
@@ -214,6 +215,8 @@ def init(
     watchdog
         ``True``: an ``i6300esb`` that resets the VM when its guest stops feeding it; a model; or ``{model:
         i6300esb|ib700|diag288, action: reset|shutdown|poweroff|pause|none|dump|inject-nmi}``.
+    rng
+        ``True``: a virtio RNG the guest's kernel draws entropy from, fed by the host's ``/dev/urandom``.
     clock
         Salt's ``{utc: False}``, ``{timezone: Europe/Paris}``, ``{adjustment: 3600}`` and ``timers:
         {rtc: {track: wall, tickpolicy: catchup}, hpet: {present: False}, ...}``.
@@ -286,20 +289,6 @@ def init(
     if seed_cmd not in ("seed.apply", None, ""):
         warnings.append(f"seed_cmd={seed_cmd} is ignored: salt-virt seeds with its own backends (seed_backend)")
     compat.refuse_operator_switches({"allow_http": allow_http, "trusted_image": trusted_image})
-    # every argument by name (tests/unit/spec/test_vmargs.py checks the list is the table's)
-    # fmt: off
-    req = vmargs.InitRequest(
-        name=name, cpu=cpu, mem=mem, image=image, nic=nic, disk=disk, disks=disks, interfaces=interfaces,
-        enable_qcow=enable_qcow, enable_vnc=enable_vnc, graphics=graphics, boot=boot, start=start, seed=seed,
-        seed_cmd=seed_cmd, seed_backend=seed_backend, saltenv=saltenv, pub_key=pub_key, priv_key=priv_key,
-        master=master, minion_id=minion_id, minion_config=minion_config, vtype=vtype, serial_log=serial_log,
-        group=group, connection=connection, checksum=checksum, allow_http=allow_http, trusted_image=trusted_image,
-        cloud_init=cloud_init, guest_agent=guest_agent, boot_dev=boot_dev, os_type=os_type, arch=arch,
-        stop_on_reboot=stop_on_reboot, serials=serials, consoles=consoles, tpm=tpm, clock=clock,
-        hypervisor_features=hypervisor_features, numatune=numatune, host_devices=host_devices, owner=owner, ha=ha,
-        catalog_image=catalog_image, watchdog=watchdog,
-    )
-    # fmt: on
     host = provision.Host(
         images_dir=images_dir,
         host_id=__opts__.get("id"),  # the manifest's creating host
@@ -321,13 +310,27 @@ def init(
         type_cache=capacity.cache_dir(__opts__),
     )
     with _conn(connection) as conn, _progress(name) as events:
-        ret = provision.init(conn, req, host, progress=events)
+        # every argument by name (tests/unit/model/test_vmargs.py checks the list is the table's), the request
+        # built in the call so a reader follows each argument down to its element's builder
+        # fmt: off
+        ret = provision.init(conn, vmargs.InitRequest(
+            name=name, cpu=cpu, mem=mem, image=image, nic=nic, disk=disk, disks=disks, interfaces=interfaces,
+            enable_qcow=enable_qcow, enable_vnc=enable_vnc, graphics=graphics, boot=boot, start=start, seed=seed,
+            seed_cmd=seed_cmd, seed_backend=seed_backend, saltenv=saltenv, pub_key=pub_key, priv_key=priv_key,
+            master=master, minion_id=minion_id, minion_config=minion_config, vtype=vtype, serial_log=serial_log,
+            group=group, connection=connection, checksum=checksum, allow_http=allow_http, trusted_image=trusted_image,
+            cloud_init=cloud_init, guest_agent=guest_agent, boot_dev=boot_dev, os_type=os_type, arch=arch,
+            stop_on_reboot=stop_on_reboot, serials=serials, consoles=consoles, tpm=tpm, clock=clock,
+            hypervisor_features=hypervisor_features, numatune=numatune, host_devices=host_devices, owner=owner, ha=ha,
+            catalog_image=catalog_image, watchdog=watchdog, rng=rng,
+        ), host, progress=events)
+        # fmt: on
     if warnings:
         ret["warnings"] = warnings
     return ret
 
 
-_INIT_ARGS = vmargs.NAMES  # the signature above matches the table (tests/unit/spec/test_vmargs.py)
+_INIT_ARGS = vmargs.NAMES  # the signature above matches the table (tests/unit/model/test_vmargs.py)
 
 
 def _salt_kwargs(kwargs, fun, extra=()):

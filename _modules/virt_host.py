@@ -2,8 +2,8 @@
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
 ``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``capabilities``, ``capabilities_xml``,
 ``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
-``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.spec.compat``); ``boot_id``, ``host_ready`` and ``host_states`` for
-``salt-run virt.roll`` (docs/topics/maintenance.md).
+``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.model.compat``); ``boot_id``, ``host_ready`` and
+``host_states`` for ``salt-run virt.roll`` (docs/topics/maintenance.md).
 """
 
 import os
@@ -34,8 +34,8 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import ownership as _ownership
     from saltvirt.host import readiness as _readiness
+    from saltvirt.model import compat as _compat
     from saltvirt.pki import answers as _answers
-    from saltvirt.spec import compat as _compat
     from saltvirt.vm import hostready as _hostready
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module

@@ -31,7 +31,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import configured_allowed_paths
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
-    from saltvirt.spec import compat
+    from saltvirt.model import compat
     from saltvirt.vm import migrate as _migrate
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module

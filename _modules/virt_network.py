@@ -27,7 +27,7 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
-    from saltvirt.spec import netargs as _netargs
+    from saltvirt.model import netargs as _netargs
     from saltvirt.xml import netxml as _nx
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -62,7 +62,7 @@ def _refuse_unknown(kwargs, fun):
 
 def _spec(name, basic, kwargs, fun):
     """The one network spec (saltvirt.xml.netxml) from this module's arguments: ``basic`` the values of
-    ``saltvirt.spec.netargs.BASIC`` in the signature's order, Salt's nested ones (``NESTED``) in kwargs."""
+    ``saltvirt.model.netargs.BASIC`` in the signature's order, Salt's nested ones (``NESTED``) in kwargs."""
     nested = {k: kwargs.pop(k) for k in _netargs.NESTED if k in kwargs}
     _refuse_unknown(kwargs, fun)
     return _nx.network_spec(name, **_netargs.spec_kwargs({**dict(zip(_netargs.BASIC, basic, strict=True)), **nested}))

@@ -29,8 +29,8 @@ if saltvirt is not None:
     from saltvirt.base.validate import to_bool as _bool
     from saltvirt.host import conn as _c
     from saltvirt.host import netpool as _np
-    from saltvirt.spec import compat
-    from saltvirt.spec import poolargs as _pa
+    from saltvirt.model import compat
+    from saltvirt.model import poolargs as _pa
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.storage import pools as _st
     from saltvirt.vm import provision as _provision
@@ -100,11 +100,11 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
 
 def _spec(name, values, require=True):
     """The one pool spec (saltvirt.xml.poolxml) from this module's arguments: ``values`` those of
-    ``saltvirt.spec.poolargs.NAMES`` in the signature's order."""
+    ``saltvirt.model.poolargs.NAMES`` in the signature's order."""
     return _px.pool_spec(name, **dict(zip(_pa.NAMES, values, strict=True)), require=require)
 
 
-# the arguments' reference, from saltvirt.spec.poolargs' table
+# the arguments' reference, from saltvirt.model.poolargs' table
 _SOURCE_DOC = "Arguments: " + "; ".join(
     f"``{a.name}``: {a.takes}" for a in (_pa.ARGS if saltvirt is not None else ()) if a.name != "ptype"
 )

@@ -182,7 +182,7 @@ def _members(opts, minion_id):
     """``{virt_tenant_members: {user: tenant}}`` for hypervisor ``minion_id``; a broken ``virt:tenants`` gives
     an empty map (the hypervisor then lets no tenant in) and says why in the master's log."""
     from saltvirt.fleet import callers
-    from saltvirt.spec import tenancy
+    from saltvirt.model import tenancy
 
     try:
         members = callers.tenant_members(opts)

@@ -344,7 +344,7 @@ def init(
     Any other keyword of the module's ``virt.init`` (``boot``, ``nic``, ``disk``, ``interfaces``, ``disks``,
     ``graphics``, ``master``, ``minion_config``, ``seed_backend``, ``cloud_init``, ...) is passed to it; an
     unknown one, and ``pub_key``/``priv_key`` (this runner makes the key pair), are refused before anything
-    happens (the table: ``saltvirt.spec.vmargs``, docs/topics/vm-arguments.md).
+    happens (the table: ``saltvirt.model.vmargs``, docs/topics/vm-arguments.md).
 
     On failure: a clear error with the hypervisor's real message; the key this call stored is
     removed and ``virt.init`` on the hypervisor removes what it created. Only a hypervisor that did

@@ -22,7 +22,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{states,utils/salt
 
 if saltvirt is not None:
     # virt.init's arguments: what the states take and enforce on an existing VM (the one declaration)
-    from saltvirt.spec import vmargs
+    from saltvirt.model import vmargs
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
     from saltvirt.base.salttypes import SaltFunctions, SaltOpts, SaltPillar
@@ -113,10 +113,10 @@ def _vm_state(name, connection=None):
 
 
 def _check_args(kwargs):
-    """The state takes virt.init's arguments (saltvirt.spec.vmargs): refuse others (a typo must not pass silently)."""
+    """The state takes virt.init's arguments (saltvirt.model.vmargs): refuse others (a typo must not pass silently)."""
     from salt.exceptions import SaltInvocationError
 
-    from saltvirt.spec import compat
+    from saltvirt.model import compat
 
     refused = sorted(set(kwargs) & set(vmargs.STATE_REFUSALS))
     if refused:
@@ -157,7 +157,7 @@ def _config(key, default):
 def _create(ret, name, cpu, mem, start, kwargs):
     from salt.exceptions import SaltInvocationError
 
-    from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
+    from saltvirt.model.vmspec import DEFAULT_IMAGES_DIR
     from saltvirt.vm import converge
 
     if cpu is None or mem is None:
@@ -166,7 +166,7 @@ def _create(ret, name, cpu, mem, start, kwargs):
 
     test = __opts__["test"]
     from saltvirt.base.validate import configured_allowed_paths
-    from saltvirt.spec import compat
+    from saltvirt.model import compat
 
     allowed = configured_allowed_paths(__opts__)  # minion config only
     images_dir = compat.images_dir(kwargs.get("images"), _config("virt:images", DEFAULT_IMAGES_DIR), allowed)
@@ -251,7 +251,7 @@ def _update(ret, name, cpu, mem, start, state, kwargs, live):
 
 def _ensure_vm(name, cpu, mem, start, kwargs):
     ret = _ret(name)
-    from saltvirt.spec import compat
+    from saltvirt.model import compat
 
     kwargs = {k: v for k, v in kwargs.items() if not k.startswith("__")}
     live = kwargs.pop("live", True)  # Salt's: False changes only the definition of a running VM
@@ -464,8 +464,8 @@ def _object_state(kind, name, make_spec, autostart, run, connection):
 
 def _network_state(args, started):
     """The network states' common body: ``args`` are the state's own arguments (its locals(); their names
-    and defaults are ``saltvirt.spec.netargs``' table, checked by tests/unit/spec/test_netargs.py)."""
-    from saltvirt.spec import netargs
+    and defaults are ``saltvirt.model.netargs``' table, checked by tests/unit/model/test_netargs.py)."""
+    from saltvirt.model import netargs
     from saltvirt.xml import netxml
 
     def spec():

@@ -24,7 +24,7 @@ if saltvirt is not None:
 
     from saltvirt.base import switches, validate
     from saltvirt.host import conn as _c
-    from saltvirt.spec import poolargs as _pa
+    from saltvirt.model import poolargs as _pa
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.xml import poolxml as _px
 
@@ -60,7 +60,7 @@ def _no_password_login(username, password):
 
 
 def _pool_spec(name, ptype, target, permissions, source):
-    """The one pool spec from the states' arguments (Salt's ``source`` mapping: saltvirt.spec.poolargs)."""
+    """The one pool spec from the states' arguments (Salt's ``source`` mapping: saltvirt.model.poolargs)."""
     return _px.pool_spec(
         name,
         ptype,

@@ -34,7 +34,7 @@ if saltvirt is not None:
     from saltvirt.host import conn as _c
     from saltvirt.host import guestips as _guestips
     from saltvirt.host import vmresources as _vmr
-    from saltvirt.spec import tenancy as _tenancy
+    from saltvirt.model import tenancy as _tenancy
 
 if TYPE_CHECKING:  # what Salt's resource loader injects into this module
     from saltvirt.base.salttypes import SaltContext, SaltFunctions, SaltOpts

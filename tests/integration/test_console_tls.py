@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from saltvirt.host import vncticket
-from saltvirt.spec import vmargs, vmspec
+from saltvirt.model import vmargs, vmspec
 from saltvirt.xml.domain import definition
 from tests.support import lab, rfb
 

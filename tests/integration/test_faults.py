@@ -86,7 +86,7 @@ def images_dir(fdir):
 def init_direct(fhv, fdir, name, progress, image=None, **kwargs):
     """virt.init through the library, with ``progress`` as the fault hook (``fdir``: where virt:images is)."""
     from saltvirt.host import conn as vconn
-    from saltvirt.spec import vmargs
+    from saltvirt.model import vmargs
     from saltvirt.vm import provision
 
     with vconn.connect(fhv.uri, keepalive={"interval": 1, "count": 2}) as conn:
@@ -282,7 +282,7 @@ import sys, time
 sys.path.insert(0, {utils!r})
 from saltvirt.guest import guestroot
 from saltvirt.host import conn
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.vm import provision
 _write_files = guestroot.write_files
 def _write_and_hold(root, files):

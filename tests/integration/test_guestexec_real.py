@@ -13,7 +13,7 @@ from salt.exceptions import CommandExecutionError
 
 from saltvirt.host import conn as lvconn
 from saltvirt.host import vmresources
-from saltvirt.spec import tenancy
+from saltvirt.model import tenancy
 from saltvirt.xml.domain import definition
 from tests.support import lab
 from tests.support.paths import GUEST_DIR, guest_boot

@@ -1,4 +1,4 @@
-"""What the argument tables' coverage tests (tests/unit/spec/test_netargs.py, test_poolargs.py) share."""
+"""What the argument tables' coverage tests (tests/unit/model/test_netargs.py, test_poolargs.py) share."""
 
 import inspect
 

@@ -37,7 +37,7 @@ sys.meta_path.insert(0, NoLibvirt())
 root = pathlib.Path(sys.argv[1])
 sys.path.insert(0, str(root / "_utils"))
 out = {"library": [], "virtual": {}}
-for layer in ("base", "pki", "spec", "fleet"):
+for layer in ("base", "pki", "model", "fleet"):
     for mod in pkgutil.iter_modules(importlib.import_module(f"saltvirt.{layer}").__path__):
         if mod.name != "__main__":  # python3 -m saltvirt.pki: runs its CLI
             importlib.import_module(f"saltvirt.{layer}.{mod.name}")
@@ -116,7 +116,7 @@ def test_the_wheel_and_sdist_carry_the_whole_console():
 
 def test_the_master_side_imports_without_libvirt():
     out = run(textwrap.dedent(NO_LIBVIRT), ROOT)
-    assert {"base/install", "pki/ca", "spec/vmspec", "fleet/publish", "fleet/vmcreate"} <= set(out["library"])
+    assert {"base/install", "pki/ca", "model/vmspec", "fleet/publish", "fleet/vmcreate"} <= set(out["library"])
     minion = out["virtual"].pop("_modules/virt.py")
     assert minion == [False, f"virt: the libvirt python bindings are not installed: {install.HYPERVISOR_HINT}"]
     expected = {"_pillar/libvirt.py": "libvirt", "_output/virt_query.py": "virt_query"}

@@ -123,7 +123,7 @@ def test_xdist_work_units():
     assert work_unit("tests/integration/test_states.py::test_x") == SESSION_MASTER_UNIT  # uses hyper1
     assert work_unit("tests/integration/test_migration.py::test_a[p]") == "tests/integration/test_migration.py"
     assert work_unit("tests/integration/test_migration.py::test_b") == "tests/integration/test_migration.py"
-    assert work_unit("tests/unit/spec/test_vmspec.py::test_a") == "tests/unit/spec/test_vmspec.py::test_a"
+    assert work_unit("tests/unit/model/test_vmspec.py::test_a") == "tests/unit/model/test_vmspec.py::test_a"
 
 
 def test_xdist_costs_name_real_units():
@@ -189,9 +189,9 @@ def test_changed_runs_the_tests_of_what_a_change_touches():
     from tests.support import suiteplan
 
     picked = suiteplan.selection(
-        ["_utils/saltvirt/fleet/replies.py", "docs/index.md", "tests/unit/spec/test_cpumem.py"]
+        ["_utils/saltvirt/fleet/replies.py", "docs/index.md", "tests/unit/model/test_cpumem.py"]
     )
-    assert {"tests/unit/fleet/test_replies.py", "tests/unit/test_docs.py", "tests/unit/spec/test_cpumem.py"} <= set(
+    assert {"tests/unit/fleet/test_replies.py", "tests/unit/test_docs.py", "tests/unit/model/test_cpumem.py"} <= set(
         picked
     )
     assert suiteplan.selection(["README.md"]) == ["tests/unit/test_docs.py", "tests/unit/test_suite_layout.py"]
@@ -200,7 +200,7 @@ def test_changed_runs_the_tests_of_what_a_change_touches():
 
 
 # the library's layers, bottom up (HACKING.md "Layout"): a module imports only from its own layer or below
-LAYERS = ["base", "pki", "spec", "xml", "host", "storage", "guest", "vm", "fleet"]
+LAYERS = ["base", "pki", "model", "xml", "host", "storage", "guest", "vm", "fleet"]
 # modules still on an import cycle: this set may only shrink
 KNOWN_CYCLES = set()
 
@@ -268,7 +268,7 @@ def test_every_layer_says_what_it_may_import():
 
 # layers whose public functions are all typed (HACKING.md "Rules"; mypy runs in test_types.py), bottom up:
 # this list may only grow (base .. fleet)
-TYPED_LAYERS = ["base", "pki", "spec", "xml", "host", "storage", "guest", "vm", "fleet"]
+TYPED_LAYERS = ["base", "pki", "model", "xml", "host", "storage", "guest", "vm", "fleet"]
 
 
 def untyped(path):

@@ -40,7 +40,7 @@ if saltvirt is not None:
     from saltvirt.host import snapshot as _snap
     from saltvirt.host import vmactions as _acts
     from saltvirt.host import vmresources as _vmr
-    from saltvirt.spec import compat as _compat
+    from saltvirt.model import compat as _compat
     from saltvirt.vm import backup as _backup
 
 if TYPE_CHECKING:  # what Salt's per-type resource loader injects into this module

@@ -30,7 +30,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.config import virt_conf
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.storage import intake
 
 ENTRY_KEYS = ("source", "checksum", "format", "min_size", "profile")

@@ -48,7 +48,7 @@ from saltvirt.fleet import (
     resourcereg,
     runprogress,
 )
-from saltvirt.spec import checks
+from saltvirt.model import checks
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from saltvirt.base import validate
 from saltvirt.base.config import virt_conf
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import publish
-from saltvirt.spec import checks, tenancy, vmspec
+from saltvirt.model import checks, tenancy, vmspec
 
 QUOTA_KEYS = {"vcpus": "vCPUs", "mem": "MiB memory", "disk": "MiB disk", "vms": "VMs"}
 # what the tenant's backups take in the backup directories (saltvirt.fleet.backups.Budget): not a VM's resource

@@ -27,8 +27,8 @@ from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, publish, quota, tenants
 from saltvirt.fleet.publish import Failed, down_hosts
+from saltvirt.model import compat, vmargs
 from saltvirt.pki import envelope
-from saltvirt.spec import compat, vmargs
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def image_mib(opts: SaltOpts, image: str | None, saltenv: str = "base") -> tuple
 
 def forward(kwargs: Data, where: str = "salt-run virt.init") -> Data:
     """The keywords ``salt-run virt.init`` passes on to the hypervisor's ``virt.init``: ``kwargs`` (Salt's
-    old spellings already mapped by :func:`saltvirt.spec.compat.init_args`) minus the loader's ``__`` keys.
-    Refuses what the runner sets itself (the table, :mod:`saltvirt.spec.vmargs`, says what) and names it does
+    old spellings already mapped by :func:`saltvirt.model.compat.init_args`) minus the loader's ``__`` keys.
+    Refuses what the runner sets itself (the table, :mod:`saltvirt.model.vmargs`, says what) and names it does
     not know (with the nearest one)."""
     kwargs = {k: v for k, v in kwargs.items() if not str(k).startswith("__")}
     refused = sorted(k for k in kwargs if k in vmargs.BY_NAME and vmargs.BY_NAME[k].runner == vmargs.REFUSE)

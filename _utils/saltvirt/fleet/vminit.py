@@ -3,7 +3,7 @@
 What is decided here, before anything is published: who the VM is for and from which image (a tenant member:
 its tenant, its catalog images, what the operator gave it; an operator: any image, ``tenant=`` for a tenant's
 quota and hypervisors), the ``wait=`` asked for, the placement request and policy, and the module's keywords
-(sealed secrets refused, Salt's runner spellings mapped, what :mod:`saltvirt.spec.vmargs` passes on, image
+(sealed secrets refused, Salt's runner spellings mapped, what :mod:`saltvirt.model.vmargs` passes on, image
 sources checked, where the guest finds this master). Then :func:`saltvirt.fleet.vmcreate.create` places and
 creates it through the hypervisors' transport (:class:`saltvirt.fleet.publish.Fleet`) and
 :func:`saltvirt.fleet.vmwait.wait` waits for it when asked.
@@ -19,7 +19,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import config, validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import catalog, ha, placement, publish, tenants, vmcreate, vmwait
-from saltvirt.spec import compat, vmspec
+from saltvirt.model import compat, vmspec
 
 
 @dataclass
@@ -76,7 +76,7 @@ def init(
     warnings = compat.init_args(module_kwargs, "salt-run virt.init")
     ignored = ha.flag_ignored(conf, owner["meta"].get("tenant"), call.name, module_kwargs.get("ha"))
     warnings += [ignored] if ignored else []  # an operator's ha=True for a tenant= VM
-    module_kwargs = vmcreate.forward(module_kwargs)  # what the table (saltvirt.spec.vmargs) says it passes on
+    module_kwargs = vmcreate.forward(module_kwargs)  # what the table (saltvirt.model.vmargs) says it passes on
     catalog.check_sources(opts, image, module_kwargs.get("disks"))  # no URL outside virt:image_sources
     module_kwargs = vmcreate.guest_master(opts, conf, module_kwargs)
     if owner["quota"]:  # the tenant's disk quota counts every disk the VM gets, not the image's only

@@ -3,7 +3,7 @@ on the master against the facts hypervisors signed (``virt.full_info``, :meth:`s
 never against Salt's resource registry or the master's cache of resource grains: any minion may register any
 ``virt_vm:<uuid>`` with any grains (docs/topics/resources.md, "What Salt 3008.5 does not authenticate").
 
-A VM's grains are the ``virt_vm`` resource grains (:mod:`saltvirt.spec.vmgrains`, the same mapping the hypervisor
+A VM's grains are the ``virt_vm`` resource grains (:mod:`saltvirt.model.vmgrains`, the same mapping the hypervisor
 minion registers), so ``select=`` picks the VMs ``salt -C`` with the same expression would reach, as their
 hypervisors say now. The engines are Salt's, with Salt's meaning, restricted to what describes a VM:
 
@@ -28,7 +28,7 @@ from salt.exceptions import SaltException, SaltInvocationError
 
 from saltvirt.base.salttypes import Data
 from saltvirt.fleet import publish, tenants
-from saltvirt.spec import vmgrains
+from saltvirt.model import vmgrains
 
 SUPPORTED = "T@virt_vm, T@virt_vm:<uuid>, G@<grain>:<glob>, L@<uuid>,<uuid>, M@<hypervisor>, and, or, not, ( )"
 MAX_CHARS = 4096  # a selection is typed by a person: longer ones are refused before they are parsed

@@ -6,7 +6,7 @@ the tenant's quota (a growth entry, :func:`saltvirt.fleet.quota.reserve` with ``
 compare-and-set as ``virt.init``'s), runs the hypervisor's ``virt.update`` and settles the quota with the
 VM's new sizes (or gives it back when the update failed). An operator's update is not refused by a quota, but
 what it gives a tenant's VM goes into that VM's ledger entry. The arguments are the module's
-(:mod:`saltvirt.spec.vmargs`); the hypervisor checks their values as for any ``virt.update``.
+(:mod:`saltvirt.model.vmargs`); the hypervisor checks their values as for any ``virt.update``.
 """
 
 import time
@@ -18,7 +18,7 @@ from salt.exceptions import SaltInvocationError
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data, SaltOpts
 from saltvirt.fleet import fleetstate, publish, quota
-from saltvirt.spec import compat, vmargs
+from saltvirt.model import compat, vmargs
 
 FUN = "virt.update"
 

@@ -2,7 +2,7 @@
 cloud) configure themselves from on their first boot.
 
 :func:`documents` writes ``user-data``, ``meta-data`` and ``network-config`` from ``cloud_init=`` (as
-:func:`saltvirt.spec.checks.cloud_init` checked it): documents given as text go byte for byte; the short
+:func:`saltvirt.model.checks.cloud_init` checked it): documents given as text go byte for byte; the short
 forms (``users``, ``ssh_authorized_keys``, ``hostname``, ``ip``/``gateway``/``dns``) build them.
 salt-virt's own additions (the Salt minion's files when no seeding backend could mount the image, the
 minion installer: :mod:`saltvirt.guest.firstboot`) are a cloud-config of their own, merged with the user's
@@ -42,7 +42,7 @@ from salt.exceptions import CommandExecutionError
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data, Domain
 from saltvirt.host.conn import libvirt, lv_errors
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.xml.domain import devices, edit
 
 LABEL = "cidata"

@@ -37,7 +37,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Data
 from saltvirt.guest import cloudinit
-from saltvirt.spec import checks
+from saltvirt.model import checks
 from saltvirt.storage import intake
 
 MINION_PATHS = (

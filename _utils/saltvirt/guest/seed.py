@@ -35,7 +35,7 @@ from saltvirt.base.salttypes import Data
 from saltvirt.base.tools import QEMU_IMG_INFO_LIMITS
 from saltvirt.base.undo import Undo
 from saltvirt.guest import disklabel, guestroot
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.storage import images
 
 log = logging.getLogger(__name__)

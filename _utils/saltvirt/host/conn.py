@@ -35,8 +35,8 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import config, install, validate
 from saltvirt.base.salttypes import ConfigGet, Conn, Domain, SaltFunctions
-from saltvirt.spec import compat
-from saltvirt.spec.vmspec import DEFAULT_IMAGES_DIR
+from saltvirt.model import compat
+from saltvirt.model.vmspec import DEFAULT_IMAGES_DIR
 
 try:
     import libvirt

@@ -6,7 +6,7 @@ from salt.exceptions import CommandExecutionError
 
 from saltvirt.base.salttypes import Conn
 from saltvirt.host.conn import lookup_domain
-from saltvirt.spec import tenancy
+from saltvirt.model import tenancy
 from saltvirt.xml import etree
 from saltvirt.xml.domain import metadata
 

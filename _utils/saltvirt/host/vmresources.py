@@ -34,7 +34,7 @@ from saltvirt.base import config
 from saltvirt.base.salttypes import ConfigGet, Conn, Data, Domain
 from saltvirt.host import guestips, query
 from saltvirt.host.conn import configured_connect, libvirt, lv_errors
-from saltvirt.spec import tenancy, vmgrains
+from saltvirt.model import tenancy, vmgrains
 from saltvirt.xml import etree
 from saltvirt.xml.domain import definition, metadata
 
@@ -131,7 +131,7 @@ def ping(conn: Conn, rid: str, agent_timeout: float = guestips.AGENT_TIMEOUT) ->
 
 def member_tenant(pillar: Mapping[str, Any], user: str) -> str | None:
     """The tenant Salt user ``user`` belongs to, by the master's membership in the hypervisor's compiled pillar
-    ``pillar`` (:data:`saltvirt.spec.tenancy.MEMBERS_PILLAR`, from the ``libvirt`` ext_pillar: the master
+    ``pillar`` (:data:`saltvirt.model.tenancy.MEMBERS_PILLAR`, from the ``libvirt`` ext_pillar: the master
     config's ``virt:tenants``); None for a user it does not list, or a value that is not ``{user: tenant}``."""
     members = pillar.get(tenancy.MEMBERS_PILLAR) if isinstance(pillar, Mapping) else None
     tenant = members.get(user) if isinstance(members, Mapping) else None

@@ -37,7 +37,7 @@ from saltvirt.base import validate
 from saltvirt.base.config import section
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import event_loop, get_domain, lv_errors
-from saltvirt.spec import checks, vmspec
+from saltvirt.model import checks, vmspec
 from saltvirt.xml.domain import definition, devices
 from saltvirt.xml.etree import read
 

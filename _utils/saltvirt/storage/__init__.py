@@ -6,5 +6,5 @@
 ``poolcalls`` (Salt's ``pool_*``/``volume_*``, one function each: ``poollimits``' checks, then
 ``host.netpool``'s lifecycle and ``pools``), ``poollimits`` (the operator's limits on them, as checks) and
 ``firmware`` (the UEFI files a VM may be given). Both sides (the runner uses intake).
-May import: ``base``, ``pki``, ``spec``, ``xml``, ``host``.
+May import: ``base``, ``pki``, ``model``, ``xml``, ``host``.
 """

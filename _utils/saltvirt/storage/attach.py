@@ -72,7 +72,7 @@ def check_host_devices(names: Iterable[str], settings: Mapping[str, Any] | None)
 
 def check_serials(chardevs: Iterable[Mapping[str, Any]], settings: Mapping[str, Any] | None) -> None:
     """Refuse a TCP serial port or console (``serials``/``consoles`` of ``type: tcp``, from
-    :func:`saltvirt.spec.checks.chardevs`) outside the operator's ``virt:serial_tcp_ports`` (default:
+    :func:`saltvirt.model.checks.chardevs`) outside the operator's ``virt:serial_tcp_ports`` (default:
     none) or listening on an address not in ``virt:serial_tcp_listen`` (default: loopback only): whoever
     reaches the port has the guest's console, and the port is the hypervisor's."""
     ports = (settings or {}).get("serial_tcp_ports")
@@ -219,7 +219,7 @@ def admit(
     images_dir: str,
     settings: Mapping[str, Any] | None = None,
 ) -> list[Data]:
-    """Check every disk of ``disks`` (``saltvirt.spec.vmspec.Disk``) that attaches something existing
+    """Check every disk of ``disks`` (``saltvirt.model.vmspec.Disk``) that attaches something existing
     (``attach``: a file, or a volume ``pool``/``volume``); the disks are not changed. ``uuid``: the VM's,
     None while ``virt.init`` creates it. Returns ``[{name, path, format}]``: the path (a volume's, from its
     pool) and the format found on it (with ``adopted_from`` when the operator's adoption switch let a gone

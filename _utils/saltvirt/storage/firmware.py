@@ -4,7 +4,7 @@ reads. A caller may name only:
 
 * firmware this host ships: a file a QEMU firmware descriptor names (:data:`DESCRIPTOR_DIRS`, QEMU's
   ``docs/interop/firmware.json``: the flash ``executable`` / ``nvram-template``, a ``memory`` image), or a
-  file of the distribution's firmware directories (:data:`saltvirt.spec.vmspec.FIRMWARE_DIRS`);
+  file of the distribution's firmware directories (:data:`saltvirt.model.vmspec.FIRMWARE_DIRS`);
 * a file the operator lists in ``virt:firmware`` (minion config only);
 * for ``nvram`` also a file of the VM itself (in its directory of ``virt:images``), raw like every
   variables store.
@@ -22,7 +22,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Conn
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.storage import attach, intake
 
 # where QEMU (and libvirt) look for firmware descriptors: the distribution's, then the operator's, which
@@ -74,7 +74,7 @@ def check(
     settings: Mapping[str, Any] | None = None,
     dirs: Iterable[str] = DESCRIPTOR_DIRS,
 ) -> None:
-    """Refuse a ``boot:loader`` / ``boot:nvram`` (``boot``: a :class:`saltvirt.spec.vmspec.Boot` or None) that
+    """Refuse a ``boot:loader`` / ``boot:nvram`` (``boot``: a :class:`saltvirt.model.vmspec.Boot` or None) that
     is neither firmware this host ships, nor listed in ``virt:firmware``, nor (nvram) a file of VM ``vm``."""
     given = [(kind, str(getattr(boot, kind))) for kind in ("loader", "nvram") if getattr(boot, kind, None)]
     if not given:

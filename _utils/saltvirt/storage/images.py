@@ -27,7 +27,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import tools, validate
 from saltvirt.base.fsutil import atomic_write
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import DISK_FORMATS
+from saltvirt.model.vmspec import DISK_FORMATS
 
 log = logging.getLogger(__name__)
 

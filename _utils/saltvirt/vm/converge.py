@@ -2,8 +2,8 @@
 what applies live and what waits for a restart, and applying it. Used by ``virt.update`` and so by the
 ``virt.running`` / ``virt.defined`` states.
 
-The desired shape is built by :func:`desired_spec`: :func:`saltvirt.spec.vmspec.build` from the same request
-``virt.init`` builds it from (:class:`saltvirt.spec.vmargs.InitRequest`), so a state and ``virt.init`` never disagree.
+The desired shape is built by :func:`desired_spec`: :func:`saltvirt.model.vmspec.build` from the same request
+``virt.init`` builds it from (:class:`saltvirt.model.vmargs.InitRequest`), so a state and ``virt.init`` never disagree.
 Device XML comes from :mod:`saltvirt.xml.domain.devices`' builders as well (the ones ``virt.init`` uses).
 
 Applying: vCPUs and memory through libvirt's setters, devices and graphics by one redefinition of the
@@ -24,7 +24,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import define, get_domain, libvirt, lv_errors
-from saltvirt.spec import vmargs, vmspec
+from saltvirt.model import vmargs, vmspec
 from saltvirt.storage import images, volumes
 from saltvirt.vm import resolve
 from saltvirt.xml.domain import definition, devices, edit, metadata
@@ -59,7 +59,7 @@ def desired_spec(
     allowed_paths: Sequence[str] = (),
 ) -> vmspec.VMSpec:
     """The :class:`VMSpec` ``virt.init`` builds from the same request: of ``req``, what shapes the domain
-    (:func:`saltvirt.spec.vmargs.shaping`; the rest at its defaults), on a host of domain type ``vtype``, with
+    (:func:`saltvirt.model.vmargs.shaping`; the rest at its defaults), on a host of domain type ``vtype``, with
     the disks cloned from ``image``. ``allowed_paths``: the operator's ``virt:allowed_paths`` (minion config
     only). ``cloud_init`` only shapes a new VM (its seed CD-ROM is gone from the definition once the VM started)."""
     return vmspec.build(
@@ -599,7 +599,7 @@ def update(
     and, unless ``test``, apply it. Only what is given is managed: cpu, mem, NICs (nic/interfaces),
     disks (disk/disks), graphics (enable_vnc/graphics), the HA flag (ha: its <metadata>, live too).
     ``live=False`` (Salt's): only the definition changes, a running VM takes it at its next start.
-    ``req``/``given``: :func:`saltvirt.spec.vmargs.update_request` (cpu/mem None: not given).
+    ``req``/``given``: :func:`saltvirt.model.vmargs.update_request` (cpu/mem None: not given).
     ``operator``: the operator's switches (:func:`saltvirt.base.switches.operator_settings`): a disk added
     passes :func:`saltvirt.storage.attach.admit`, a pool and a host device must be ones the operator made available."""
     name = req.name

@@ -25,8 +25,8 @@ from saltvirt.host import hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import add_uptimes, bulk_stats, describe
+from saltvirt.model import vmargs, vmspec
 from saltvirt.pki import envelope
-from saltvirt.spec import vmargs, vmspec
 from saltvirt.storage import foreign, images, intake, volumes
 from saltvirt.vm import cleanup, resolve
 from saltvirt.xml.domain import definition

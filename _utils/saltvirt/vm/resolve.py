@@ -1,4 +1,4 @@
-"""Desired -> resolved: the spec :func:`saltvirt.spec.vmspec.build` returns is what the caller asked for; what
+"""Desired -> resolved: the spec :func:`saltvirt.model.vmspec.build` returns is what the caller asked for; what
 only this hypervisor knows comes from one step here, which returns a resolved copy and never writes into
 the spec it is given.
 
@@ -21,7 +21,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host import caps
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.storage import attach, firmware, volumes
 
 
@@ -48,7 +48,7 @@ def for_init(
 ) -> ForInit:
     """The new VM ``desired`` as this host makes it. ``image``: the VM's image as given, ``fetched``: what
     the intake made of it ({path, format}; None without one); ``accept(source)``: the same door for a disk
-    entry's own image. ``tb_cache_mib``: :func:`saltvirt.spec.vmspec.tb_cache_mib` of the operator's
+    entry's own image. ``tb_cache_mib``: :func:`saltvirt.model.vmspec.tb_cache_mib` of the operator's
     setting. Refuses, before anything is made, a pool, existing disk, host file, firmware file or host
     device the operator did not make available, and a new disk file that exists already."""
     src_formats: dict[str, str] = {}

@@ -25,7 +25,7 @@ from saltvirt.base.fsutil import remove_paths
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.snapshot import discard_checkpoints
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.storage import attach, firmware, images
 from saltvirt.vm import backupstore
 from saltvirt.xml.domain import definition, edit

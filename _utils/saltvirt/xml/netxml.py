@@ -18,7 +18,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import checks
+from saltvirt.model import checks
 
 MACVTAP_MODES = ("private", "vepa", "passthrough")
 FORWARD_MODES = (None, "nat", "route", "bridge", "open", *MACVTAP_MODES, "hostdev")

@@ -22,7 +22,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import metrics
 from saltvirt.fleet import publish, recovery
 from saltvirt.host import capacity
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.vm import provision
 from tests.support import signedfleet
 from tests.support.saltloader import SOURCES, make_minion_mods

@@ -6,8 +6,8 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.vm import migrate
 from saltvirt.xml import netxml, poolxml
 from tests.support.saltloader import make_minion_mods

@@ -8,7 +8,7 @@ import pytest
 
 from saltvirt.fleet import leftovers, publish
 from saltvirt.host import query
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.storage import images
 from saltvirt.vm import cleanup
 from tests.support.signedfleet import QUICK_WAITS, SigningClient, minion_key

@@ -8,8 +8,8 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.fleet import publish, tenants, vmselect
+from saltvirt.model import vmgrains
 from saltvirt.pki import answers
-from saltvirt.spec import vmgrains
 from tests.support import signedfleet
 from tests.support.paths import TEST_NODE_XML
 from tests.unit.host.test_vmresources import define

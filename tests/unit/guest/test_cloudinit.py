@@ -13,8 +13,8 @@ import yaml
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.guest import cloudinit
-from saltvirt.spec import checks, vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import checks, vmargs
+from saltvirt.model import vmspec as spec
 from tests.support.saltloader import load_states
 
 

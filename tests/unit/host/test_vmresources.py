@@ -105,7 +105,7 @@ def test_the_connection_comes_from_the_minion_config_only(tmp_path):
 
 
 def test_the_tenant_gate_needs_the_masters_membership_and_the_vms_recorded_owner(test_conn):
-    from saltvirt.spec import tenancy
+    from saltvirt.model import tenancy
 
     define(test_conn, "web1", UUID_A, tenant="acme")
     define(test_conn, "db1", UUID_B)

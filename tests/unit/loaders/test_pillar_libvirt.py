@@ -154,7 +154,7 @@ def test_hypervisors_get_the_tenant_membership_other_minions_do_not(compile_pill
     """The virt_vm resources' tenant gate reads who belongs to which tenant from the hypervisor's pillar: the
     master config's virt:tenants, resolved on the master; a guest's minion gets none of it, and a broken
     virt:tenants gives the hypervisors an empty map (no tenant let in) with their certificates."""
-    from saltvirt.spec import tenancy
+    from saltvirt.model import tenancy
 
     tenants = {"acme": {"members": ["alice"]}, "beta": {"members": ["bob"]}}
     virt = {"hypervisors": ["hv1", "hv2"], "operators": ["ops"], "tenants": tenants}

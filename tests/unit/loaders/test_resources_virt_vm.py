@@ -14,7 +14,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import operators
 from saltvirt.host import vmresources
-from saltvirt.spec import tenancy
+from saltvirt.model import tenancy
 from saltvirt.xml.domain.metadata import METADATA_NS
 from tests.support.paths import ROOT
 from tests.support.saltloader import make_minion_mods, make_resource_loaders, refresh_pillar

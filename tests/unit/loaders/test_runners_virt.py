@@ -31,7 +31,7 @@ def test_init_refuses_a_bad_wait_before_anything_happens(runner, tmp_path, kwarg
     assert not (tmp_path / "pki").exists()  # no key generated, nothing published
 
 
-@pytest.mark.parametrize("arg", ["connection"])  # username/password: tests/unit/spec (no credentials)
+@pytest.mark.parametrize("arg", ["connection"])  # username/password: tests/unit/model (no credentials)
 def test_init_never_forwards_a_connection_argument(runner, tmp_path, arg):
     hostile = "qemu+ext:///system?command=/bin/sh"
     ret = runner["virt.init"]("web1", 1, 128, **{arg: hostile})

@@ -8,7 +8,7 @@ import os
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import vmspec
+from saltvirt.model import vmspec
 from saltvirt.storage import firmware
 from tests.support.saltloader import SOURCES, load_states, make_minion_mods
 

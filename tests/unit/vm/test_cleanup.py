@@ -82,7 +82,7 @@ def _shared_lab(tmp_path, test_conn):
     runs with its disk in ``shared/web1``, made by a real virt.init; hv-a is a minion loader whose own
     test:/// driver defines nothing, with the stale init lock of a virt.init of 'web1' that failed there.
     Returns (hv-a's ``__salt__``, web1's disk, web1's uuid)."""
-    from saltvirt.spec import vmargs
+    from saltvirt.model import vmargs
     from saltvirt.vm import provision
     from tests.support.paths import TEST_NODE_XML
     from tests.support.saltloader import make_minion_mods

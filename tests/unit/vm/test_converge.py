@@ -13,7 +13,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import switches
 from saltvirt.host.conn import libvirt
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.vm import converge
 from saltvirt.xml.domain import definition
 from tests.support.saltloader import load_states, make_minion_mods
@@ -412,6 +412,7 @@ FEATURES = {
     "consoles": [{"type": "pty"}],
     "tpm": True,
     "watchdog": "i6300esb",
+    "rng": True,
     "clock": {"utc": False, "timers": {"rtc": {"track": "wall"}}},
     "hypervisor_features": {"kvm-hidden": True},
     "numatune": {"memory": {"mode": "interleave", "nodeset": "0"}},
@@ -435,13 +436,13 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_p
     assert preview["changes"]["tpm"] == {"old": None, "new": {"model": "tpm-crb", "version": "2.0"}}
     assert definition.feature_facts(v["virt.get_xml"]("conv5"))["tpm"] is None  # test=True: nothing done
     done = v["virt.update"]("conv5", **FEATURES)
-    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 10
+    assert done["changes"] == preview["changes"] and len(done["applied"]["definition"]) == 11
     facts = definition.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["firmware"] == {"efi": True, "loader": None, "nvram": None, "secure_boot": False}
     assert facts["boot_dev"] == ["network", "hd"] and facts["stop_on_reboot"] is True
     assert facts["serials"] == [{"type": "tcp", "host": "127.0.0.1", "port": 4555, "protocol": "raw"}]
     assert facts["consoles"] == [{"type": "pty"}] and facts["tpm"] == {"model": "tpm-crb", "version": "2.0"}
-    assert facts["watchdog"] == {"model": "i6300esb", "action": "reset"}
+    assert facts["watchdog"] == {"model": "i6300esb", "action": "reset"} and facts["rng"] is True
     assert v["virt.update"]("conv5", **FEATURES)["changes"] == {}  # converged
     # only what is given is managed: the serial console (port 0) and its log stay
     assert definition.parse(v["virt.get_xml"]("conv5"))["serial_log"].endswith("conv5-serial.log")
@@ -453,6 +454,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_p
         boot_dev="hd",
         tpm=False,
         watchdog=False,
+        rng=False,
         serials=[],
         consoles=[],
         stop_on_reboot=False,
@@ -463,7 +465,7 @@ def test_update_applies_firmware_chardevs_tpm_to_the_definition(virt_test, tmp_p
     assert set(back["changes"]) == set(preview["changes"])
     facts = definition.feature_facts(v["virt.get_xml"]("conv5"))
     assert facts["tpm"] is None and facts["serials"] == [] and facts["firmware"]["efi"] is False
-    assert facts["watchdog"] is None
+    assert facts["watchdog"] is None and facts["rng"] is None
     v["virt.undefine"]("conv5")
 
 

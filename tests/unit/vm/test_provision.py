@@ -7,7 +7,7 @@ progress events): raising there is a failure at exactly that step, with nothing 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.spec import vmargs
+from saltvirt.model import vmargs
 from saltvirt.vm import provision
 
 # a graphics listen that is not a string: libvirt stores it and then hands back XML that does not parse

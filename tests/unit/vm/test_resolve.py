@@ -6,7 +6,7 @@ import copy
 import libvirt
 import pytest
 
-from saltvirt.spec import vmargs, vmspec
+from saltvirt.model import vmargs, vmspec
 from saltvirt.vm import resolve
 
 

@@ -6,19 +6,18 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
+from saltvirt.xml.domain import elements
 from saltvirt.xml.etree import el, first, need, read, sub
 
 KERNEL_TAGS = ("kernel", "initrd", "cmdline")  # direct kernel boot (Salt's boot:kernel/initrd/cmdline)
 ACTIONS = ("on_poweroff", "on_reboot", "on_crash")
+ELEMENTS: list[elements.Element] = []  # the domain's elements of their own here (elements.of below)
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_boot(spec: VMSpec) -> list[ET.Element]:
     """This group's elements of a new domain (``definition.build`` puts them in libvirt's order)."""
-    out = [os_config(spec), features(spec)]
-    if spec.clock:
-        out.append(clock(spec.clock))
-    return out + actions(spec)
+    return [os_config(spec), features(spec), *elements.build_all(ELEMENTS, spec.elements), *actions(spec)]
 
 
 def facts(root: ET.Element) -> Data:
@@ -44,8 +43,8 @@ def feature_facts(root: ET.Element) -> Data:
         "kernel_boot": {tag: os_el.findtext(tag) or None for tag in KERNEL_TAGS},
         "boot_dev": [b.get("dev") for b in os_el.findall("boot")],
         "stop_on_reboot": root.findtext("on_reboot") == "destroy",
-        "clock": clock_facts(root.find("clock")),
         "hypervisor_features": features_facts(root.find("features")),
+        **elements.read_all(ELEMENTS, root),
     }
 
 
@@ -53,10 +52,7 @@ def replace(root: ET.Element, new: ET.Element, fields: Iterable[str]) -> None:
     """The elements of ``fields`` in ``root`` taken from ``new`` (the desired definition); ValueError when the
     firmware asked for needs another machine type."""
     _replace_os(root, new, fields)
-    if "clock" in fields:
-        for node in root.findall("clock"):
-            root.remove(node)
-        root.extend(new.findall("clock"))
+    elements.replace_all(ELEMENTS, root, new, fields)
     feats = root.find("features")
     if "hypervisor_features" in fields and feats is not None:
         for node in feats.findall("kvm"):
@@ -178,19 +174,20 @@ def features_facts(node: ET.Element | None) -> Data:
     return {f"kvm-{hint.tag}": hint.get("state") == "on" for hint in ([] if node is None else node.findall("kvm/*"))}
 
 
+def clock_facts(node: ET.Element | None) -> Data | None:
+    """``<clock>``'s attributes and timers; None for libvirt's default (UTC, no timers: what it reads back)."""
+    if node is None or (dict(node.attrib) == {"offset": "utc"} and not node.findall("timer")):
+        return None
+    return {**node.attrib, "timers": [dict(t.attrib) for t in node.findall("timer")]}
+
+
+@elements.of(ELEMENTS, "clock", "clock", read=clock_facts)
 def clock(c: Data) -> ET.Element:
     """``<clock>`` (checks.clock) with its ``<timer>`` elements."""
     node = el("clock", **{k: v for k, v in c.items() if k != "timers"})
     for t in c["timers"]:
         sub(node, "timer", **t)
     return node
-
-
-def clock_facts(node: ET.Element | None) -> Data | None:
-    """``<clock>``'s attributes and timers; None for libvirt's default (UTC, no timers: what it reads back)."""
-    if node is None or (dict(node.attrib) == {"offset": "utc"} and not node.findall("timer")):
-        return None
-    return {**node.attrib, "timers": [dict(t.attrib) for t in node.findall("timer")]}
 
 
 def actions(spec: VMSpec) -> list[ET.Element]:

@@ -6,44 +6,33 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
 from saltvirt.xml.domain import boot, devices, metadata, tuning
 from saltvirt.xml.etree import read, sub
 
-# the top-level elements in the order libvirt writes them (so a definition read back diffs cleanly)
-ORDER: tuple[str, ...] = ("name", "uuid", "maxMemory", "memory", "currentMemory", "vcpu", "metadata", "os")
-ORDER += ("features", "cpu", "cputune", "memtune", "memoryBacking", "numatune", "clock", "on_poweroff")
-ORDER += ("on_reboot", "on_crash", "devices")
-# the elements virt.update compares and replaces beside cpu, mem, nics, disks, graphics (feature_facts' keys)
-FEATURES = (
-    "firmware",
-    "kernel_boot",
-    "boot_dev",
-    "stop_on_reboot",
-    "serials",
-    "consoles",
-    "tpm",
-    "watchdog",
-    "clock",
-    "hypervisor_features",
-    "cpu_model",
-    "memtune",
-    "numatune",
-    "vcpu",
-    "cputune",
-    "max_mem",
-    "memory_backing",
-    "host_devices",
-)
+# the top-level elements in the order salt-virt writes them (libvirt's schema takes any order; a definition read
+# back diffs cleanly), every one libvirt 9.0 knows, so a new element of its own (elements.of) needs no line here
+ORDER: tuple[str, ...] = ("name", "uuid", "genid", "title", "description", "maxMemory", "memory", "currentMemory")
+ORDER += ("blkiotune", "vcpu", "vcpus", "iothreads", "iothreadids", "defaultiothread", "metadata", "resource")
+ORDER += ("sysinfo", "bootloader", "bootloader_args", "os", "idmap", "features", "cpu", "cputune", "memtune")
+ORDER += ("memoryBacking", "numatune", "clock", "on_poweroff", "on_reboot", "on_crash", "on_lockfailure", "pm")
+ORDER += ("perf", "devices", "seclabel", "keywrap", "launchSecurity")
+# the elements virt.update compares and replaces beside cpu, mem, nics, disks, graphics (feature_facts' keys):
+# the groups' own, then each group's elements of their own (elements.of)
+FEATURES: tuple[str, ...] = ("firmware", "kernel_boot", "boot_dev", "stop_on_reboot", "serials", "consoles")
+FEATURES += ("hypervisor_features", "cpu_model", "memtune", "numatune", "vcpu", "cputune", "max_mem")
+FEATURES += ("memory_backing", "host_devices")
+FEATURES += tuple(e.key for e in (*boot.ELEMENTS, *tuning.ELEMENTS, *devices.ELEMENTS))
 
 
 def build(spec: VMSpec) -> str:
-    """Domain XML (str) for a :class:`saltvirt.spec.vmspec.VMSpec`."""
+    """Domain XML (str) for a :class:`saltvirt.model.vmspec.VMSpec`."""
     dom = ET.Element("domain", type=spec.vtype)
     sub(dom, "name", spec.name)
     if spec.uuid:
         sub(dom, "uuid", spec.uuid)
-    groups = tuning.build(spec) + metadata.build(spec) + boot.build(spec) + devices.build(spec)
+    groups = [*tuning.build_tuning(spec), *metadata.build_metadata(spec), *boot.build_boot(spec)]
+    groups += devices.build_devices(spec)
     dom.extend(sorted(groups, key=lambda el: ORDER.index(el.tag)))
     return ET.tostring(dom, encoding="unicode")
 

@@ -7,29 +7,30 @@ from collections.abc import Iterable
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import Disk, Graphics, Nic, VMSpec, console_password
+from saltvirt.model.vmspec import Disk, Graphics, Nic, VMSpec, console_password
+from saltvirt.xml.domain import elements
 from saltvirt.xml.etree import el, every, first, need, read, sub, to_int
 
 GUEST_AGENT = "org.qemu.guest_agent.0"  # the virtio-serial port name the QEMU guest agent listens on
 # Salt's graphics keys, "None" (a string, as Salt's) when the VM has no console or the attribute is unset
 SALT_GRAPHICS_KEYS = ("autoport", "keymap", "listen", "port", "type")
 SECRET_ATTRS = ("passwd",)  # never reported
+ELEMENTS: list[elements.Element] = []  # the devices of their own (elements.of below), in the order they are written
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_devices(spec: VMSpec) -> list[ET.Element]:
     """``<devices>`` of a new domain, every device from its builder below."""
     devices = el("devices")
-    devices.extend(disk(d) for d in spec.disks)
-    devices.extend(interface(n) for n in spec.nics)
+    for d in spec.disks:
+        devices.append(disk(d))
+    for n in spec.nics:
+        devices.append(interface(n))
     devices.extend([serial(spec.serial_log), console()])
     if spec.guest_agent:
         devices.append(guest_agent_channel())
     devices.extend(chardev("serial", c, port) for port, c in enumerate(spec.serials, start=1))
     devices.extend(chardev("console", c, port) for port, c in enumerate(spec.consoles, start=1))
-    if spec.tpm:
-        devices.append(tpm(spec.tpm))
-    if spec.watchdog:
-        devices.append(watchdog(spec.watchdog))
+    devices.extend(elements.build_all(ELEMENTS, spec.elements))
     devices.extend(hostdev(h) for h in spec.hostdevs)
     if spec.graphics:
         devices.extend([graphics(spec.graphics), video(), tablet()])
@@ -58,12 +59,10 @@ def feature_facts(root: ET.Element) -> Data:
     devices = root.find("devices")
     if devices is None:
         devices = ET.Element("devices")
-    tpm_el, watchdog_el = devices.find("tpm"), devices.find("watchdog")
     return {
         "serials": [chardev_facts(c) for c in extra_serials(devices)],
         "consoles": [chardev_facts(c) for c in virtio_consoles(devices)],
-        "tpm": tpm_facts(tpm_el) if tpm_el is not None else None,
-        "watchdog": watchdog_facts(watchdog_el) if watchdog_el is not None else None,
+        **elements.read_all(ELEMENTS, devices),
         "host_devices": [hostdev_facts(h) for h in devices.findall("hostdev")],
     }
 
@@ -71,23 +70,18 @@ def feature_facts(root: ET.Element) -> Data:
 def replace(root: ET.Element, new: ET.Element, fields: Iterable[str]) -> None:
     """The devices of ``fields`` in ``root`` taken from ``new`` (the desired definition)."""
     devices, new_devices = need(root, "devices"), need(new, "devices")
-    pick = {
-        "serials": extra_serials,
-        "consoles": virtio_consoles,
-        "tpm": lambda d: d.findall("tpm"),
-        "watchdog": lambda d: d.findall("watchdog"),
-        "host_devices": lambda d: d.findall("hostdev"),
-    }
+    pick = {"serials": extra_serials, "consoles": virtio_consoles, "host_devices": lambda d: d.findall("hostdev")}
     for key, find in pick.items():
         if key in fields:
             for old in find(devices):
                 devices.remove(old)
             devices.extend(find(new_devices))
+    elements.replace_all(ELEMENTS, devices, new_devices, fields)
 
 
 # disks -------------------------------------------------------------------------------------------------
 def disk(d: Disk) -> ET.Element:
-    """``<disk>`` for a :class:`saltvirt.spec.vmspec.Disk`: a file, or a volume of a storage pool."""
+    """``<disk>`` for a :class:`saltvirt.model.vmspec.Disk`: a file, or a volume of a storage pool."""
     if d.pool:
         return _volume_disk(d)
     node = el("disk", type="file", device=d.device)
@@ -132,7 +126,7 @@ def disk_facts(node: ET.Element) -> Data:
 
 # interfaces --------------------------------------------------------------------------------------------
 def interface(nic: Nic) -> ET.Element:
-    """``<interface>`` for a :class:`saltvirt.spec.vmspec.Nic`."""
+    """``<interface>`` for a :class:`saltvirt.model.vmspec.Nic`."""
     node = el("interface", type=nic.type)
     if nic.mac:
         sub(node, "mac", address=nic.mac)
@@ -237,7 +231,13 @@ def guest_agent_state(devices: ET.Element) -> str | None:
     return None
 
 
-# vTPM, host devices ------------------------------------------------------------------------------------
+# devices of their own (elements.of: one argument, one device), host devices ----------------------------
+def tpm_facts(node: ET.Element) -> Data:
+    backend = node.find("backend")
+    return {"model": node.get("model"), "version": backend.get("version") if backend is not None else None}
+
+
+@elements.of(ELEMENTS, "tpm", "tpm", read=tpm_facts)
 def tpm(t: Data) -> ET.Element:
     """A vTPM emulated by swtpm (libvirt starts it, its state lives below /var/lib/libvirt/swtpm)."""
     node = el("tpm", model=t["model"])
@@ -245,18 +245,26 @@ def tpm(t: Data) -> ET.Element:
     return node
 
 
-def tpm_facts(node: ET.Element) -> Data:
-    backend = node.find("backend")
-    return {"model": node.get("model"), "version": backend.get("version") if backend is not None else None}
+def watchdog_facts(node: ET.Element) -> Data:
+    return {"model": node.get("model"), "action": node.get("action") or "reset"}  # libvirt's default action
 
 
+@elements.of(ELEMENTS, "watchdog", "watchdog", read=watchdog_facts)
 def watchdog(w: Data) -> ET.Element:
     """A watchdog the guest must keep feeding; QEMU takes ``action`` when it stops (a hung guest)."""
     return el("watchdog", model=w["model"], action=w["action"])
 
 
-def watchdog_facts(node: ET.Element) -> Data:
-    return {"model": node.get("model"), "action": node.get("action") or "reset"}  # libvirt's default action
+def rng_facts(node: ET.Element) -> bool:
+    return node.get("model") == "virtio"
+
+
+@elements.of(ELEMENTS, "rng", "rng", read=rng_facts)
+def rng(on: bool) -> ET.Element:
+    """A virtio RNG fed by the host's /dev/urandom (never a path a call names: the device is the host's)."""
+    node = el("rng", model="virtio")
+    sub(node, "backend", "/dev/urandom", model="random")
+    return node
 
 
 def hostdev(h: Data) -> ET.Element:
@@ -290,7 +298,7 @@ def hostdev_facts(node: ET.Element) -> Data:
 
 # graphics ----------------------------------------------------------------------------------------------
 def graphics(g: Graphics) -> ET.Element:
-    """``<graphics>`` for a :class:`saltvirt.spec.vmspec.Graphics` (its password goes into the XML only)."""
+    """``<graphics>`` for a :class:`saltvirt.model.vmspec.Graphics` (its password goes into the XML only)."""
     node = el(
         "graphics",
         type=g.type,

@@ -6,7 +6,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterable, Mapping
 
-from saltvirt.spec.vmspec import Disk, Graphics, Nic
+from saltvirt.model.vmspec import Disk, Graphics, Nic
 from saltvirt.xml.domain import metadata
 from saltvirt.xml.domain.devices import disk, graphics, interface, tablet, video
 from saltvirt.xml.etree import attr, need

@@ -5,7 +5,7 @@ import copy
 import xml.etree.ElementTree as ET
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
 from saltvirt.xml.etree import every, first, read, sub
 
 METADATA_NS = "https://github.com/salt-virt/salt-virt/metadata/1"
@@ -14,7 +14,7 @@ HA_ON = "true"  # the text of <saltvirt:ha> (no element: not HA)
 ET.register_namespace("saltvirt", METADATA_NS)
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_metadata(spec: VMSpec) -> list[ET.Element]:
     """``<metadata>`` with salt-virt's ``<vm>`` (none when the spec records nothing), read back by :func:`facts`."""
     if not (spec.group or spec.minion_key or spec.owner or spec.image_origin or spec.ha):
         return []

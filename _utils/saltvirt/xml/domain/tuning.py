@@ -6,7 +6,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.vmspec import VMSpec
+from saltvirt.model.vmspec import VMSpec
+from saltvirt.xml.domain import elements
 from saltvirt.xml.etree import el, kib, mib, need, sub, to_int
 
 CPUTUNE_SCALARS: tuple[str, ...] = ("shares", "global_period", "global_quota", "period", "quota")
@@ -20,9 +21,10 @@ WHOLE = (
     ("max_mem", "maxMemory"),
     ("memory_backing", "memoryBacking"),
 )
+ELEMENTS: list[elements.Element] = []  # the domain's elements of their own here (elements.of below)
 
 
-def build(spec: VMSpec) -> list[ET.Element]:
+def build_tuning(spec: VMSpec) -> list[ET.Element]:
     """This group's elements of a new domain (``definition.build`` puts them in libvirt's order)."""
     out = [max_memory(spec.max_mem)] if spec.max_mem else []
     out += [el("memory", spec.mem, unit="MiB"), el("currentMemory", spec.mem_current or spec.mem, unit="MiB")]
@@ -37,7 +39,7 @@ def build(spec: VMSpec) -> list[ET.Element]:
         out.append(memory_backing(spec.memory_backing))
     if spec.numatune:
         out.append(numatune(spec.numatune))
-    return out
+    return out + elements.build_all(ELEMENTS, spec.elements)
 
 
 def facts(root: ET.Element, compare: bool = False) -> Data:
@@ -61,6 +63,7 @@ def feature_facts(root: ET.Element) -> Data:
         "cputune": cputune_facts(root.find("cputune")),
         "max_mem": max_memory_facts(root.find("maxMemory")),
         "memory_backing": memory_backing_facts(root.find("memoryBacking")),
+        **elements.read_all(ELEMENTS, root),
     }
 
 
@@ -75,6 +78,7 @@ def replace(root: ET.Element, new: ET.Element, fields: Iterable[str]) -> None:
             for old in root.findall(tag):
                 root.remove(old)
             root.extend(new.findall(tag))
+    elements.replace_all(ELEMENTS, root, new, fields)
 
 
 def max_memory(m: Data) -> ET.Element:

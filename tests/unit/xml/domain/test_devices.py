@@ -4,8 +4,8 @@ feature cases each a golden file (tests/golden/domain/<case>.xml, see tests/supp
 
 import pytest
 
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml import etree
 from saltvirt.xml.domain import definition, devices
 from tests.support.goldenvm import check_features, vm
@@ -20,6 +20,7 @@ FEATURE_CASES = {
     ),
     "tpm-crb": vm(tpm={"model": "tpm-crb", "version": "2.0"}),
     "watchdog": vm(watchdog={"model": "i6300esb", "action": "poweroff"}),
+    "rng": vm(rng=True),
     "hostdev-pci-usb": vm(
         hostdevs=[
             {"name": "pci_0000_00_1f_2", "type": "pci", "address": "0000:00:1f.2"},
@@ -62,6 +63,7 @@ def test_what_goes_in_comes_back():
         consoles=[{"type": "pty", "target_type": "virtio"}],
         tpm={"model": "tpm-crb", "version": "2.0"},
         watchdog={"model": "ib700", "action": "inject-nmi"},
+        rng=True,
         hostdevs=hostdevs,
     )
     root = etree.read(definition.build(s))
@@ -94,6 +96,7 @@ def test_what_goes_in_comes_back():
         "consoles": [{"type": "pty"}],
         "tpm": {"model": "tpm-crb", "version": "2.0"},
         "watchdog": {"model": "ib700", "action": "inject-nmi"},
+        "rng": True,
         "host_devices": [
             {"type": "pci", "address": "0000:00:1f.2"},
             {"type": "usb", "vendor": "0x1d6b", "product": "0x0002"},

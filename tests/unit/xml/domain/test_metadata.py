@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml.domain import definition, metadata
 from saltvirt.xml.etree import read
 
@@ -26,7 +26,7 @@ def test_what_goes_in_comes_back():
         "ha": True,
     }
     bare = spec.build(vmargs.InitRequest("web2", 1, 128))
-    assert metadata.build(bare) == [] and "<metadata" not in definition.build(bare)
+    assert metadata.build_metadata(bare) == [] and "<metadata" not in definition.build(bare)
     assert metadata.facts(read(definition.build(bare))) == {
         "group": None,
         "minion": None,

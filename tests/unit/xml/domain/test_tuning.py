@@ -3,8 +3,8 @@ virt.update compares them, each case a golden file (tests/golden/domain/<case>.x
 
 import pytest
 
-from saltvirt.spec import cpumem
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import cpumem
+from saltvirt.model import vmspec as spec
 from saltvirt.xml.domain import definition, tuning
 from saltvirt.xml.etree import read
 from tests.support.goldenvm import check_features, vm

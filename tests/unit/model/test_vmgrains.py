@@ -1,7 +1,7 @@
-"""saltvirt.spec.vmgrains: a VM's ``virt_vm`` resource grains from its hypervisor's facts, the one mapping the
+"""saltvirt.model.vmgrains: a VM's ``virt_vm`` resource grains from its hypervisor's facts, the one mapping the
 resource type (minion side) and ``salt-run virt.* select=`` (master side) share."""
 
-from saltvirt.spec import vmgrains
+from saltvirt.model import vmgrains
 
 UUID = "0B7E2C57-6A2F-4A7B-9C51-7D3A1F2E9A01"
 

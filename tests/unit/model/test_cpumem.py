@@ -1,11 +1,11 @@
-"""saltvirt.spec.cpumem: Salt's cpu/mem dicts and numatune, key by key (their hostile values are in
+"""saltvirt.model.cpumem: Salt's cpu/mem dicts and numatune, key by key (their hostile values are in
 test_checks.py's HOSTILE list, refused by spec.build and by virt.init before anything is defined)."""
 
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import cpumem, vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import cpumem, vmargs
+from saltvirt.model import vmspec as spec
 
 
 def build(**kwargs):

@@ -1,4 +1,4 @@
-"""saltvirt.spec.vmargs: virt.init's / virt.update's arguments declared once, and the coverage test (as
+"""saltvirt.model.vmargs: virt.init's / virt.update's arguments declared once, and the coverage test (as
 virtinst's test_checkprops.py): every declared argument is exercised through the real loaders on libvirt's
 test driver: accepted by virt.init, forwarded or refused by salt-run virt.init, passed to virt.update or not
 by virt.running/defined, exactly as its row says."""
@@ -11,7 +11,7 @@ import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.fleet import vmcreate
-from saltvirt.spec import compat, vmargs, vmspec
+from saltvirt.model import compat, vmargs, vmspec
 from tests.support.paths import ROOT
 from tests.support.saltloader import load_states, make_minion_mods, make_runners
 
@@ -81,6 +81,7 @@ def examples(guest):
         "ha": (True, {}, None),
         "catalog_image": ("debian12", image, None),
         "watchdog": ({"model": "i6300esb", "action": "poweroff"}, {}, None),
+        "rng": (True, {}, None),
     }
 
 
@@ -105,8 +106,9 @@ def test_rows_are_consistent():
         assert not arg.spec or arg.update, f"{arg.name}: a domain-shaping argument is one virt.update compares"
         assert arg.doc and arg.takes, arg
     spec_fields = {f.name for f in dataclasses.fields(vmspec.VMSpec)}
-    for arg in vmargs.ARGS:  # a checker fills a VMSpec field (or checks only); every field a row names exists
-        assert arg.into is None or arg.into in spec_fields, arg
+    for arg in vmargs.ARGS:  # a checker fills a VMSpec field, or the row is an element of its own (VMSpec.elements,
+        # each with its builder: tests/unit/xml/domain/test_definition.py), or it checks only
+        assert arg.into is None or arg.into in spec_fields or arg.into == arg.name, arg
         assert arg.check is None or arg.name in (arg.into, "os_type"), arg
 
 
@@ -130,7 +132,7 @@ def test_the_docs_page_is_the_table():
     page = ROOT / "docs" / "topics" / "vm-arguments.md"
     assert page.read_text() == vmargs.markdown(), (
         "regenerate docs/topics/vm-arguments.md: PYTHONPATH=_utils python3 -c "
-        "'from saltvirt.spec import vmargs; print(vmargs.markdown(), end=\"\")' > docs/topics/vm-arguments.md"
+        "'from saltvirt.model import vmargs; print(vmargs.markdown(), end=\"\")' > docs/topics/vm-arguments.md"
     )
 
 
@@ -246,6 +248,7 @@ CHANGED = {
     "boot": {"efi": True},  # the firmware is what an existing VM's boot is compared by
     "ha": True,  # salt-virt's <metadata>: automatic HA's flag
     "watchdog": True,
+    "rng": True,
 }
 
 

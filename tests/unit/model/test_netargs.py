@@ -1,4 +1,4 @@
-"""saltvirt.spec.netargs: the network arguments declared once, and the coverage test (as virtinst's
+"""saltvirt.model.netargs: the network arguments declared once, and the coverage test (as virtinst's
 test_checkprops.py): every signature is the table, and every declared argument travels through the real
 loaders (virt.network_define, the virt.network_running state) into libvirt's definition on the test driver,
 where the reader finds what the spec asked for."""
@@ -11,7 +11,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.host import netpool
-from saltvirt.spec import netargs
+from saltvirt.model import netargs
 from saltvirt.xml import netxml
 from tests.support.argtables import signature_mismatches
 from tests.support.saltloader import load_states, make_minion_mods

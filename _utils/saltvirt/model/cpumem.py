@@ -1,8 +1,8 @@
 """Salt's ``cpu`` and ``mem`` dicts and ``numatune`` for ``virt.init`` / ``virt.update`` / the states,
-checked key by key (the rest of the nested arguments: :mod:`saltvirt.spec.checks`): CPU model, topology,
+checked key by key (the rest of the nested arguments: :mod:`saltvirt.model.checks`): CPU model, topology,
 features, ``<vcpu>`` placement, ``<cputune>``, guest NUMA cells, memtune limits, memory hotplug,
 ``<memoryBacking>``. CPU sets come out in libvirt's own spelling so a definition read back compares
-equal. :mod:`saltvirt.spec.vmspec` calls these; nothing here touches libvirt.
+equal. :mod:`saltvirt.model.vmspec` calls these; nothing here touches libvirt.
 """
 
 import re
@@ -12,7 +12,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec.checks import NOT_YET, check_keys, flag
+from saltvirt.model.checks import NOT_YET, check_keys, flag
 
 # cpu / mem in Salt's detailed forms (the common keys; the rest refused key by key) --------------------
 CPU_KEYS: tuple[str, ...] = ("maximum", "mode", "match", "check", "model", "vendor", "topology", "features")

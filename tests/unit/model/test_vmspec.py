@@ -1,10 +1,10 @@
-"""saltvirt.spec.vmspec: the one VM spec (init, update and the states), no libvirt needed."""
+"""saltvirt.model.vmspec: the one VM spec (init, update and the states), no libvirt needed."""
 
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import vmargs
+from saltvirt.model import vmspec as spec
 
 
 def test_defaults_one_virtio_nic_on_br0_and_system_disk_from_image():

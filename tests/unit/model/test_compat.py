@@ -1,10 +1,10 @@
-"""saltvirt.spec.compat: Salt's old spellings (config keys, arguments, URI migration targets)."""
+"""saltvirt.model.compat: Salt's old spellings (config keys, arguments, URI migration targets)."""
 
 import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import compat
+from saltvirt.model import compat
 from tests.support.saltloader import load_states, make_minion_mods
 
 

@@ -6,7 +6,7 @@ Each :class:`Arg` is one argument of the network's definition: its name and defa
 function, and in :func:`saltvirt.xml.netxml.network_spec`, which checks it), what it takes, and whether it
 is one of Salt's nested arguments, which the execution functions take as keywords (``**kwargs``) and the
 states as parameters. Each function's own arguments (``autostart``, ``start``, ``test``, ``connection``) are
-in :data:`CALLS`. tests/unit/spec/test_netargs.py checks every signature against the table and exercises
+in :data:`CALLS`. tests/unit/model/test_netargs.py checks every signature against the table and exercises
 each argument through the real loaders.
 
 Adding an argument: a row here, its parameter in ``netxml.network_spec`` (same default) and in the two

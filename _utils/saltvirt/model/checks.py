@@ -1,7 +1,7 @@
 """Key-by-key checks of the nested arguments of ``virt.init`` / ``virt.update`` / the states (graphics,
-disks, interfaces, boot, chardevs, tpm, clock; Salt's cpu/mem dicts are in :mod:`saltvirt.spec.cpumem`):
+disks, interfaces, boot, chardevs, tpm, clock; Salt's cpu/mem dicts are in :mod:`saltvirt.model.cpumem`):
 every key is honoured, or refused before anything is created with a
-message naming the nearest supported key. :mod:`saltvirt.spec.vmspec` calls these; nothing here touches libvirt.
+message naming the nearest supported key. :mod:`saltvirt.model.vmspec` calls these; nothing here touches libvirt.
 
 Salt's own spellings are accepted where salt-virt honours them (``graphics:listen`` as a mapping,
 ``disks:overlay_image``, ``disks:source_file``, ``disks:model``); the keys of Salt's virt module that
@@ -356,7 +356,7 @@ def _ip(value, what):
         raise SaltInvocationError(f"{what} must be an IP address, got {value!r}") from None
 
 
-# the domain's firmware, boot order, serial ports, consoles, TPM (saltvirt.spec.vmspec builds them) ----------
+# the domain's firmware, boot order, serial ports, consoles, TPM (saltvirt.model.vmspec builds them) ----------
 BOOT_DEVS = ("hd", "cdrom", "network", "fd")
 CHARDEV_KEYS = ("type", "host", "port", "protocol", "target_type")
 CHARDEV_REFUSED = {
@@ -588,7 +588,7 @@ def hypervisor_features(value: Any) -> dict[str, bool]:
     return {k: flag(v, f"hypervisor_features:{k}") for k, v in value.items()}
 
 
-# the checkers of the table's plain rows (saltvirt.spec.vmargs: the VMSpec field is check(value)) ---------
+# the checkers of the table's plain rows (saltvirt.model.vmargs: the VMSpec field is check(value)) ---------
 def group(value: Any) -> str | None:
     """``group``: an anti-affinity group name, kept in the domain's <metadata>; None without one."""
     return validate.vm_name(value, "group") if value else None

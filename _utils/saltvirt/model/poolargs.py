@@ -6,7 +6,7 @@ Each :class:`Arg` is one argument of the pool's definition: its name and default
 and in :func:`saltvirt.xml.poolxml.pool_spec`, which checks it), what it takes, and Salt's spelling in the
 states, which give a pool's sources as one ``source`` mapping (``source: {devices: ...}`` for
 ``source_devices=``). Each function's own arguments are in :data:`CALLS` and :data:`STATE_CALLS`.
-tests/unit/spec/test_poolargs.py checks every signature against the table and takes each argument through
+tests/unit/model/test_poolargs.py checks every signature against the table and takes each argument through
 the real loaders into libvirt.
 
 Adding an argument: a row here, its parameter in ``poolxml.pool_spec`` (same default) and in the two

@@ -1,6 +1,6 @@
-"""saltvirt.spec.tenancy: one wording for "not yours" and "not there"."""
+"""saltvirt.model.tenancy: one wording for "not yours" and "not there"."""
 
-from saltvirt.spec import tenancy
+from saltvirt.model import tenancy
 
 
 def test_a_vm_of_another_tenant_and_no_vm_read_the_same():

@@ -13,7 +13,7 @@ from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import checks, vmspec
+from saltvirt.model import checks, vmspec
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def images_dir(images: Any, configured: str, allowed: Any, where: str = "virt.in
 
 def images_unused(images: Any, name: str, profiles: Any, disk: Any = "default", disks: Any = None) -> str | None:
     """The warning for ``images=`` when it places none of the new VM's disks, because every disk names a pool
-    (``disk`` profile + ``disks``, as :func:`saltvirt.spec.vmspec.disk_entries` reads them); else None."""
+    (``disk`` profile + ``disks``, as :func:`saltvirt.model.vmspec.disk_entries` reads them); else None."""
     if images in (None, ""):
         return None
     entries = vmspec.disk_entries(profiles, disk, disks)

@@ -25,14 +25,14 @@ import re
 import secrets
 import urllib.parse
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
 from saltvirt.base.salttypes import Data
-from saltvirt.spec import checks, cpumem, vmargs
+from saltvirt.model import checks, cpumem, vmargs
 
 DEFAULT_IMAGES_DIR = "/srv/salt-images"
 DISK_FORMATS = ("qcow2", "raw")  # the only disk formats a VM may get (storage.images checks what is on disk)
@@ -133,16 +133,16 @@ class VMSpec:
     image_origin: str | None = None
     # automatic HA restarts it elsewhere when its host is lost (saltvirt.fleet.ha), kept in <metadata>
     ha: bool = False
-    # cloud_init= as saltvirt.spec.checks.cloud_init checked it ({} for True), None: no cidata volume
+    # cloud_init= as saltvirt.model.checks.cloud_init checked it ({} for True), None: no cidata volume
     cloud_init: dict | None = None
     guest_agent: bool = True  # the QEMU guest agent's channel (guest IPs from inside the guest)
     boot_dev: list | None = None  # boot order (["hd", "cdrom", "network"]); None: hd, or the kernel given in boot
     stop_on_reboot: bool = False
     serials: list = field(default_factory=list)  # extra serial ports after the console (port 0): checks.chardevs
     consoles: list = field(default_factory=list)  # extra consoles ({type, target_type: virtio|serial, ...})
-    tpm: dict | None = None  # {model, version}: a vTPM emulated by swtpm
-    watchdog: dict | None = None  # {model, action}: what the hypervisor does when the guest stops feeding it
-    clock: dict | None = None  # checks.clock: <clock> attributes and timers; None: libvirt's default (UTC)
+    # the rows that are one element of their own (saltvirt.xml.domain.elements: vTPM, watchdog, clock, ...), by
+    # row name: their checked value, which the element's builder writes; a row with a field here fills the field
+    elements: dict = field(default_factory=dict)
     hypervisor_features: dict = field(default_factory=dict)  # {"kvm-hint-dedicated": True, ...}
     cpu_model: dict | None = None  # Salt's cpu dict (cpumem.cpu_detail): mode, model, topology, features
     memtune: dict | None = None  # Salt's mem dict limits in MiB: hard_limit, soft_limit, swap_hard_limit, ...
@@ -157,6 +157,9 @@ class VMSpec:
     host_devices: list = field(default_factory=list)  # Salt's host_devices: node device names
     hostdevs: list = field(default_factory=list)  # what they are on the hypervisor (saltvirt.host.caps.host_devices)
     memory_backing: dict | None = None  # Salt's mem:hugepages, nosharepages, locked, ... (cpumem.memory_backing)
+
+
+FIELDS = frozenset(f.name for f in fields(VMSpec))  # a checked row fills its field, else VMSpec.elements
 
 
 def named_entries(value: Any, what: str) -> list[Data]:
@@ -423,7 +426,7 @@ def build(
 ) -> VMSpec:
     """Validate the arguments of ``virt.init`` / ``virt.running`` (``req``) and return a :class:`VMSpec`.
 
-    The table's plain rows (a checker and the field it fills: :data:`saltvirt.spec.vmargs.ARGS`) are one loop;
+    The table's plain rows (a checker and the field it fills: :data:`saltvirt.model.vmargs.ARGS`) are one loop;
     the rest combine several arguments (cpu/mem, NICs, disks, graphics, boot, serial log). ``req.vtype`` is
     the domain type the host runs (``virt.init`` detects it first; None: qemu) and ``req.image`` the local
     image the first disk is cloned from, of ``image_format``.
@@ -434,12 +437,15 @@ def build(
     """
     name = validate.vm_name(req.name)
     vtype = req.vtype or "qemu"
-    plain = {}
+    plain: dict[str, Any] = {}
+    own: dict[str, Any] = {}  # VMSpec.elements
     for row in vmargs.ARGS:
         if row.check is not None:
             checked = row.check(getattr(req, row.name))
-            if row.into:
+            if row.into in FIELDS:
                 plain[row.into] = checked
+            elif row.into:
+                own[row.into] = checked
     cpu, cpu_model = cpumem.cpu_detail(req.cpu)
     if cpu_model and cpu_model["mode"] == "host-passthrough" and vtype != "kvm":
         raise SaltInvocationError(f"cpu:mode host-passthrough needs KVM; this VM is {vtype} (emulated): use host-model")
@@ -485,6 +491,7 @@ def build(
         mem_current=mem_current,
         max_mem=max_mem,
         memory_backing=backing,
+        elements=own,
         **plain,
     )
 

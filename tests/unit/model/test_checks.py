@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from salt.exceptions import SaltInvocationError
 
-from saltvirt.spec import checks, compat, vmargs
-from saltvirt.spec import vmspec as spec
+from saltvirt.model import checks, compat, vmargs
+from saltvirt.model import vmspec as spec
 from saltvirt.xml.domain import definition
 
 
@@ -152,6 +152,7 @@ HOSTILE += [
     ({"watchdog": {"action": "explode"}}, "watchdog:action must be one of reset, shutdown"),
     ({"watchdog": {"timeout": 30}}, "watchdog: unknown key 'timeout'"),
     ({"watchdog": "sometimes"}, "watchdog must be true or false"),
+    ({"rng": "/dev/random"}, "rng must be true or false"),  # the host's /dev/urandom only: no path from a call
     ({"clock": "utc"}, "clock must be a mapping"),
     ({"clock": {"offset": "utc"}}, "clock: unknown key 'offset'"),
     ({"clock": {"utc": "maybe"}}, "clock:utc must be true or false"),

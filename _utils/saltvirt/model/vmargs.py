@@ -3,10 +3,10 @@
 Each field of :class:`InitRequest` is one row: its type, its default, what it takes, Salt's other
 spelling(s), whether ``salt-run virt.init`` forwards it to the hypervisor, what ``virt.running``/
 ``virt.defined`` do with it on an existing VM, whether ``virt.update`` takes it and compares it, its checker
-and the :class:`saltvirt.spec.vmspec.VMSpec` field it fills. The loader builds one request from its
-arguments; :func:`saltvirt.spec.vmspec.build` loops the rows. Everything else is derived from the rows
+and the :class:`saltvirt.model.vmspec.VMSpec` field it fills. The loader builds one request from its
+arguments; :func:`saltvirt.model.vmspec.build` loops the rows. Everything else is derived from the rows
 (:data:`ARGS`): ``virt.init``'s accepted names (its signature is checked against the table by
-tests/unit/spec/test_vmargs.py), ``SPEC_ARGS``, the runner's forwarding
+tests/unit/model/test_vmargs.py), ``SPEC_ARGS``, the runner's forwarding
 (:func:`saltvirt.fleet.vmcreate.forward`), the states' argument lists and the reference page
 (:func:`markdown`).
 
@@ -22,7 +22,7 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import validate
-from saltvirt.spec import checks
+from saltvirt.model import checks
 
 # salt-run virt.init: what the runner does with an argument
 OWN = "own"  # a parameter of the runner itself, checked there and passed on to the hypervisor
@@ -53,10 +53,12 @@ class Arg:
     refusal: str = ""  # why the runner refuses it (runner=REFUSE)
     required: bool = False
     type: str = ""  # the request's annotation (what Salt may pass: YAML gives strings for booleans too)
-    # the checker: the VMSpec field ``into`` is check(value) (saltvirt.spec.vmspec.build loops these rows);
+    # the checker: the VMSpec field ``into`` is check(value) (saltvirt.model.vmspec.build loops these rows);
     # None: not the domain's, or vmspec.build combines it with other arguments into ``into``
     check: Callable[[Any], Any] | None = None
-    into: str | None = None  # the saltvirt.spec.vmspec.VMSpec field it fills (None: none)
+    # the saltvirt.model.vmspec.VMSpec field it fills, or VMSpec.elements[into] for a row that is one element of
+    # its own (saltvirt.xml.domain.elements); None: none
+    into: str | None = None
 
 
 _REQUIRED = object()
@@ -96,7 +98,7 @@ class InitRequest:
     """The arguments of one ``virt.init`` (and, with what a call gives, ``virt.update`` and the states), as the
     loader got them: the table. Each field is one row (its default, what it takes, what the runner and the
     states do with it, its checker and the VMSpec field it fills); the field order is ``virt.init``'s
-    signature. Built once by the loader, it travels down to :func:`saltvirt.spec.vmspec.build` as it is."""
+    signature. Built once by the loader, it travels down to :func:`saltvirt.model.vmspec.build` as it is."""
 
     # fmt: off
     name: str = required("str", "VM name; also the new minion's id unless minion_id", runner=OWN, state=KEY,
@@ -188,6 +190,8 @@ class InitRequest:
     watchdog: bool | str | dict | None = arg(None, "bool, model or dict",
         "a watchdog device ({model: i6300esb|ib700|diag288, action: reset|shutdown|poweroff|pause|none|dump|"
         "inject-nmi})", state=GIVEN, update=True, spec=True, check=checks.watchdog)
+    rng: bool | str | None = arg(None, "bool", "a virtio RNG fed by the host's /dev/urandom (entropy at first boot)",
+        state=GIVEN, update=True, spec=True, check=lambda v: v is not None and checks.flag(v, "rng"))
     # fmt: on
 
 
@@ -202,7 +206,7 @@ def _arg(f: dataclasses.Field) -> Arg:
 ARGS = tuple(_arg(f) for f in dataclasses.fields(InitRequest))
 BY_NAME = {a.name: a for a in ARGS}
 NAMES = tuple(a.name for a in ARGS)  # virt.init's arguments, in its signature's order
-# what goes straight to saltvirt.spec.vmspec.build
+# what goes straight to saltvirt.model.vmspec.build
 SPEC_ARGS = tuple(a.name for a in ARGS if a.spec)
 # the keywords virt.update passes to saltvirt.vm.converge.update (cpu, mem and connection are its own)
 UPDATE_KWARGS = tuple(a.name for a in ARGS if a.update and a.name not in ("name", "cpu", "mem", "connection"))
@@ -221,7 +225,7 @@ UPDATE_ONLY = {
     "definition (taken at the next start)",
     "autostart": "Salt's autostart: set the VM's autostart flag",
 }
-# Salt's virt.init arguments that are not salt-virt's: what happens to them (saltvirt.spec.compat.init_args)
+# Salt's virt.init arguments that are not salt-virt's: what happens to them (saltvirt.model.compat.init_args)
 SALT_RETIRED = {
     "install": "ignored with a warning: virt:minion_install installs salt-minion at first boot",
     "serial_type": "pty (or empty) ignored with a warning; anything else refused",
@@ -294,7 +298,7 @@ def markdown() -> str:
     lines = [
         "# virt.init and virt.update arguments",
         "",
-        "Generated from `saltvirt.spec.vmargs` (the one declaration of these arguments): "
+        "Generated from `saltvirt.model.vmargs` (the one declaration of these arguments): "
         "`salt-run virt.init` column: whether the runner passes the argument to the hypervisor; "
         "`virt.running` column: what the states do with it on a VM that exists already.",
         "",

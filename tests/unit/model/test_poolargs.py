@@ -1,4 +1,4 @@
-"""saltvirt.spec.poolargs: the storage pool arguments declared once, and the coverage test (as virtinst's
+"""saltvirt.model.poolargs: the storage pool arguments declared once, and the coverage test (as virtinst's
 test_checkprops.py): every signature is the table, and every declared argument travels through the real
 loaders (virt.pool_define, the virt.pool_defined state with Salt's source mapping) into libvirt's definition
 on the test driver, where the reader finds what the spec asked for."""
@@ -10,7 +10,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.host import netpool
-from saltvirt.spec import poolargs
+from saltvirt.model import poolargs
 from saltvirt.xml import poolxml
 from tests.support.argtables import signature_mismatches
 from tests.support.saltloader import load_states, make_minion_mods

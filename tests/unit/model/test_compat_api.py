@@ -6,7 +6,7 @@ import os
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.spec import compat
+from saltvirt.model import compat
 from tests.support.saltloader import load_states, make_minion_mods
 
 TRANSIENT_XML = (
