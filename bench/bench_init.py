@@ -6,8 +6,9 @@ disk), one virtio NIC on bridge br0, direct kernel boot, type qemu (TCG). Timed:
 "defined and started" (libvirt's create() returned), in a process where the loader is already set up.
 The floor does the least any tool must: ``qemu-img create`` (or a file copy), defineXML, create().
 
-Each variant runs in ``procs`` fresh processes of ``reps`` calls each, the variants alternating so
-that load from elsewhere on the machine hits all of them. Every VM is destroyed, undefined and its
+Each variant runs in ``procs`` fresh processes of ``reps`` calls each: one process per variant set up at
+once, then the calls interleaved (floor, ours, ..., floor, ours, ...; the order rotating each round), so
+that load from elsewhere on the machine hits all of them alike. Every VM is destroyed, undefined and its
 files removed after its call (untimed). The loader processes share one Salt cachedir, as a minion's jobs
 (each a process of its own) share the minion's: what salt-virt keeps there (the detected domain type) is
 worked out by the first call of the first process and found by the others.
@@ -16,8 +17,11 @@ worked out by the first call of the first process and found by the others.
 """
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -127,38 +131,101 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
             conn.close()
         for mode in disk_modes:
             overlay, start, only = MODES[mode]
+            chosen = [v for v in VARIANTS if not (only and v[0] not in only) and v[0] not in skip]
             for p in range(procs):
-                for label, impl_name, extra in VARIANTS:
-                    if (only and label not in only) or label in skip:
-                        continue
-                    spec = {
-                        "mode": "init",
-                        "impl": impl_name,
-                        "uri": hv.uri,
-                        "images_dir": images_dir,
-                        "guest": guest_files(),
-                        "overlay": overlay,
-                        "start": start,
-                        "image_format": "raw",
-                        "reps": reps,
-                        "prefix": f"b{len(answers) % 100}x{p}i",
-                        "virt": {
-                            "connection": {"uri": hv.uri},
-                            "images": images_dir,
-                            "allowed_paths": [str(common.GUEST)],  # the guest's kernel/initrd (direct boot)
+                specs = {}
+                for n, (label, impl_name, extra) in enumerate(chosen):
+                    specs[label] = dict(
+                        {
+                            "mode": "init",
+                            "impl": impl_name,
+                            "uri": hv.uri,
+                            "images_dir": images_dir,
+                            "guest": guest_files(),
+                            "overlay": overlay,
+                            "start": start,
+                            "image_format": "raw",
+                            "serve": True,
+                            "prefix": f"b{mode[0]}{p}v{n}i",
+                            "virt": {
+                                "connection": {"uri": hv.uri},
+                                "images": images_dir,
+                                "allowed_paths": [str(common.GUEST)],  # the guest's kernel/initrd (direct boot)
+                            },
+                            "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
+                            "cachedir": cachedir,
                         },
-                        "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
-                        "cachedir": cachedir,
-                    }
-                    spec.update(extra)
-                    python = impls["salt-virt" if impl_name == "raw" else impl_name]["python"]
-                    log(f"init {mode} {label} process {p + 1}/{procs}")
-                    answers.setdefault((mode, label), []).append(common.run_worker(python, spec, timeout=900))
+                        **extra,
+                    )
+                log(f"init {mode}: process set {p + 1}/{procs}, {len(chosen)} variants x {reps} calls, interleaved")
+                for label, got in interleaved(impls, chosen, specs, reps, workdir).items():
+                    answers.setdefault((mode, label), []).append(got)
     finally:
         if hv:
             hv.stop()
         fabric.stop()
     return answers
+
+
+def interleaved(impls, chosen, specs, reps, workdir):
+    """One process per variant, set up first (untimed), then call by call in turn (the order rotating each
+    round), so that load from elsewhere on the machine falls on every variant alike: per variant
+    ``{ok, times, errors, results}`` (or ``{ok: False, error}`` when its process did not come up)."""
+    procs, out = {}, {}
+    try:
+        for label, impl_name, _extra in chosen:
+            python = impls["salt-virt" if impl_name == "raw" else impl_name]["python"]
+            err = open(os.path.join(workdir, f"worker-{len(procs)}.err"), "w+")  # noqa: SIM115 - closed below
+            proc = subprocess.Popen(
+                [python, str(common.WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+            )
+            procs[label] = (proc, err)
+            proc.stdin.write(json.dumps(specs[label]) + "\n")
+            proc.stdin.flush()
+        for label, (proc, err) in procs.items():
+            ready = _answer(proc)
+            out[label] = {"ok": True, "times": [], "errors": [], "results": []}
+            if not ready.get("ready"):
+                err.seek(0)
+                out[label] = {"ok": False, "error": err.read()[-3000:] or "the worker did not come up"}
+        for i in range(reps):
+            turn = chosen[i % len(chosen) :] + chosen[: i % len(chosen)]
+            for label, _impl, _extra in turn:
+                got = out[label]
+                if not got["ok"]:
+                    continue
+                one = _call(procs[label][0], f"{specs[label]['prefix']}{i}")
+                if "error" in one:
+                    got["errors"].append(one["error"])
+                else:
+                    got["times"].append(one["time"])
+                    if len(got["results"]) < 2:
+                        got["results"].append(one["result"])
+    finally:
+        for proc, err in procs.values():
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            err.close()
+    return out
+
+
+def _answer(proc):
+    """The worker's next JSON line ({} when it ended)."""
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def _call(proc, name):
+    proc.stdin.write(json.dumps({"name": name}) + "\n")
+    proc.stdin.flush()
+    return _answer(proc) or {"error": f"the worker ended (exit {proc.poll()})"}
 
 
 def render(answers):
