@@ -212,7 +212,7 @@ def test_auto_records_every_backend_it_tried(disk, fmt, disks, tmp_path, scratch
     if not os.path.exists("/sys/block/nbd0"):
         nbd = next(a for a in ret["attempts"] if a["backend"] == "qemu-nbd")
         assert "nbd" in nbd["reason"]
-    assert_seeded(disks["qcow2"], files, tmp_path)
+    assert_seeded(disks[disk], files, tmp_path)
 
 
 def test_seeding_twice_replaces_the_files(disks, tmp_path, scratch):
