@@ -168,12 +168,20 @@ KVM_PATHS = ("/dev/kvm", "/sys/module/kvm", "/sys/module/kvm_intel", "/sys/modul
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
-def _file_key(path: str) -> list[int] | None:
+def _file_key(path: str) -> list[int | str | None] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
-    ids = [st.st_mode, st.st_uid, st.st_gid, st.st_dev, st.st_ino, st.st_rdev]
+    ids: list[int | str | None] = [st.st_mode, st.st_uid, st.st_gid, st.st_dev, st.st_ino, st.st_rdev]
+    if stat.S_ISCHR(st.st_mode):
+        # a device node by who may open it (mode, owner, ACL), not by its ctime: a no-op chmod (a setup
+        # script's, each run) must not cost every init a probe again; a module reload makes a new node
+        try:
+            acl: str | None = os.getxattr(path, "system.posix_acl_access").hex()
+        except OSError:
+            acl = None
+        return [*ids, acl]
     return [*ids, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 

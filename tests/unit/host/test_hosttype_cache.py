@@ -179,3 +179,19 @@ def test_a_driver_without_a_version_is_asked_every_time(host):
         kind, asked, probed = detect(host)
         assert kind["type"] in ("kvm", "qemu") and asked and probed
     assert not os.path.exists(os.path.join(host["cache"], hosttype.CACHE_FILE))
+
+
+def test_a_device_node_counts_by_who_may_open_it(host, monkeypatch):
+    """/dev/kvm: a chmod that changes nothing (scripts/setup.sh's, each run) keeps the answer; one that changes
+    who may open it does not."""
+    node = host["tmp"] / "kvm-node"
+    os.mknod(node, 0o660 | stat.S_IFCHR, os.makedev(10, 232))
+    os.chmod(node, 0o660)  # past the umask
+    monkeypatch.setattr(hosttype, "KVM_PATHS", (str(node),))
+    detect(host)
+    os.chmod(node, 0o660)  # its ctime moves, nothing else
+    _kind, asked, probed = detect(host)
+    assert not asked and not probed
+    os.chmod(node, 0o600)
+    _kind, asked, probed = detect(host)
+    assert asked and probed
