@@ -7,7 +7,7 @@ disk), one virtio NIC on bridge br0, direct kernel boot, type qemu (TCG). Timed:
 The floor does the least any tool must: ``qemu-img create`` (or a file copy), defineXML, create().
 
 Each variant runs in ``procs`` fresh processes of ``reps`` calls each: one process per variant set up at
-once, then the calls interleaved (floor, ours, ..., floor, ours, ...; the order rotating each round), so
+once, then the calls interleaved (floor, ours, ..., floor, ours, ...; a new order each round), so
 that load from elsewhere on the machine hits all of them alike. Every VM is destroyed, undefined and its
 files removed after its call (untimed). The loader processes share one Salt cachedir, as a minion's jobs
 (each a process of its own) share the minion's: what salt-virt keeps there (the detected domain type) is
@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -168,7 +169,7 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
 
 
 def interleaved(impls, chosen, specs, reps, workdir):
-    """One process per variant, set up first (untimed), then call by call in turn (the order rotating each
+    """One process per variant, set up first (untimed), then call by call in turn (a new order each
     round), so that load from elsewhere on the machine falls on every variant alike: per variant
     ``{ok, times, errors, results}`` (or ``{ok: False, error}`` when its process did not come up)."""
     procs, out = {}, {}
@@ -188,8 +189,10 @@ def interleaved(impls, chosen, specs, reps, workdir):
             if not ready.get("ready"):
                 err.seek(0)
                 out[label] = {"ok": False, "error": err.read()[-3000:] or "the worker did not come up"}
+        shuffle = random.Random(len(chosen) * 1000 + reps).shuffle  # the same orders in every run
         for i in range(reps):
-            turn = chosen[i % len(chosen) :] + chosen[: i % len(chosen)]
+            turn = list(chosen)
+            shuffle(turn)  # no variant always right after another (a seeding's key refill, a VM's start)
             for label, _impl, _extra in turn:
                 got = out[label]
                 if not got["ok"]:
