@@ -33,6 +33,10 @@ and Salt's other objects: ``network/lifecycle``, ``pool/lifecycle``, ``pool/refr
 With ``resources: {virt_vm: {}}`` in the minion's pillar (docs/topics/resources.md), each burst of lifecycle
 events also makes the minion register its VMs as Salt resources again (``resource_refresh`` on its own bus).
 
+It also keeps this hypervisor's capacity in the master's mine (``virt.push_capacity``: signed, at once after a
+VM changes and every ``virt:capacity_push:every`` seconds, default 30; ``0`` turns it off), so ``salt-run
+virt.init`` places without asking every hypervisor (docs/topics/capacity.md).
+
 When it starts, it first releases seeding a killed job left behind (``virt.reap_seeding``) and reports
 it as ``salt/virt/<minion id>/reaped``.
 
@@ -59,6 +63,7 @@ except ImportError:  # saltutil.sync_all: <extension_modules>/{engines,utils/sal
 
 if saltvirt is not None:
     from saltvirt.base import install as _install
+    from saltvirt.base import validate as _validate
     from saltvirt.host import capacity as _capacity
     from saltvirt.host import conn as _c
     from saltvirt.host import events as _events
@@ -108,6 +113,10 @@ def start(connection=None, **options):
     """Watch this hypervisor's libvirt and send its domain events to the master (runs until the minion
     stops). A bad option is logged and the engine idles (Salt would restart a failing engine at once)."""
     _reap(__opts__["id"])
+    on_lifecycle = _vmr.follow_lifecycle(__salt__, __opts__, __grains__)
+    pusher = _pusher()
+    if pusher is not None:
+        on_lifecycle = _both(on_lifecycle, pusher.changed)
     # the engine's own ``connection`` option is minion config (operator), not a call argument
     _events.serve(
         __opts__["id"],
@@ -116,6 +125,33 @@ def start(connection=None, **options):
         connection,
         options,
         on_defined=lambda: _capacity.bump(_capacity.cache_dir(__opts__)),
-        on_lifecycle=_vmr.follow_lifecycle(__salt__, __opts__, __grains__),
+        on_lifecycle=on_lifecycle,
         beat_dir=__opts__["cachedir"],  # salt-run virt.roll waits for it after a reboot (virt.host_ready)
     )
+
+
+def _pusher():
+    """The capacity pusher (``virt:capacity_push:every`` seconds between heartbeats), started; None when off."""
+    every = _c.salt_config(__salt__)("virt:capacity_push:every", _capacity.PUSH_EVERY)
+    if every in (0, "0", False, None):
+        return None
+    try:
+        every = _validate.seconds(every, "virt:capacity_push:every")
+    except Exception as exc:  # noqa: BLE001 - a bad setting: said once; the runner asks the hosts meanwhile
+        log.error("virt_events: capacity not pushed: %s", exc)
+        return None
+    if "virt.push_capacity" not in __salt__:  # the virt module did not load (its reason is in the log)
+        log.warning("virt_events: capacity not pushed: virt.push_capacity is not available on this minion")
+        return None
+    # captured now: the pusher's thread has no loader context of its own (a loaded function carries its own)
+    return _capacity.Pusher(__salt__["virt.push_capacity"], every=every).start()
+
+
+def _both(first, second):
+    def hook(*args):
+        try:
+            first(*args)
+        finally:
+            second(*args)
+
+    return hook

@@ -88,7 +88,9 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
     ``disks``: target devs (``vda,vdb``), default every writable file disk. ``target``: a subdirectory
     name under the backup directory (a name, never a path). The result holds the backup's id, type,
     chain, size, duration, checksums, ``consistency`` (guest agent freeze, or crash-consistent) and
-    ``fs_freeze`` (how many filesystems the guest agent froze and thawed; None without a freeze).
+    ``fs_freeze`` (how many filesystems the guest agent froze and thawed; None without a freeze). A running
+    VM is read in pull mode (fleecing into a scratch file beside the backup; ``virt:backup:mode: push``: QEMU
+    writes the file).
 
     CLI Example::
 
@@ -97,7 +99,8 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
     """
     root, timeout, key = _backup.configured(__opts__)
     with _conn(connection, kwargs) as conn:
-        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=key)
+        mode = _backup.configured_mode(__opts__)
+        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=key, mode=mode)
 
 
 def backup_list(name, target=None):

@@ -1,6 +1,7 @@
 """
 Execution module ``virt`` (continued): host facts in the shapes of Salt's virt module —
-``capacity`` (what placement asks: ``saltvirt.host.capacity``), ``capabilities``, ``capabilities_xml``,
+``capacity`` (what placement asks: ``saltvirt.host.capacity``; ``capacity_record`` and ``push_capacity``: the same,
+signed, pushed to the master's mine by the ``virt_events`` engine), ``capabilities``, ``capabilities_xml``,
 ``all_capabilities``, ``domain_capabilities``, ``cpu_baseline``, ``node_devices``, ``is_hyper``,
 ``get_profiles`` (``saltvirt.host.caps``, ``saltvirt.model.compat``); ``boot_id``, ``host_ready`` and
 ``host_states`` for ``salt-run virt.roll`` (docs/topics/maintenance.md).
@@ -8,10 +9,11 @@ Execution module ``virt`` (continued): host facts in the shapes of Salt's virt m
 
 import os
 import sys
+import time
 import types
 from typing import TYPE_CHECKING
 
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 saltvirt: types.ModuleType | None  # None: the library is missing (__virtual__ says so)
 try:
@@ -75,6 +77,31 @@ def capacity(connection=None, **kwargs):
     """
     with _conn(connection, kwargs, "virt.capacity") as conn:
         return _capacity.capacity(conn, _c.salt_images_dir(__salt__), cache_dir=_capacity.cache_dir(__opts__))
+
+
+def capacity_record(connection=None, **kwargs):
+    """
+    :func:`capacity` signed with this minion's key and the time it was measured
+    (``saltvirt.pki.answers.sign_record``): what ``push_capacity`` puts in the master's mine.
+
+    CLI Example:: salt 'hyper1' virt.capacity_record
+    """
+    at = time.time()
+    cap = capacity(connection, **kwargs)
+    return _answers.sign_record(__opts__["pki_dir"], __opts__["id"], cap, at)
+
+
+def push_capacity(**kwargs):
+    """
+    Push :func:`capacity_record` into the master's Salt mine (``mine.send`` over this minion's authenticated
+    channel, readable by no other minion), so ``salt-run virt.init`` places without asking every hypervisor.
+    The ``virt_events`` engine calls it on every change and heartbeat (docs/topics/capacity.md).
+
+    CLI Example:: salt 'hyper1' virt.push_capacity
+    """
+    return __salt__["mine.send"](
+        _answers.MINE_KEY, mine_function="virt.capacity_record", allow_tgt=__opts__["id"], allow_tgt_type="list"
+    )
 
 
 def capabilities(connection=None, **kwargs):
@@ -241,14 +268,16 @@ def host_states(mods=None, test=False, **kwargs):
     return {"ret": ret, "retcode": retcode}
 
 
-def answer(fun, nonce, args=None, kwargs=None, tenant=None, **pub):
+def answer(fun, nonce, args=None, kwargs=None, tenant=None, capacity=None, **pub):
     """
     Run ``virt.<fun>`` (or the job check ``saltutil.find_job``) and return its answer signed with this
     minion's key for the runner's request ``nonce``: the ``virt`` runner publishes this instead of the
     function itself and believes only answers whose signature the master's accepted key verifies
     (``saltvirt.pki.answers``; docs: "Trust model"). ``args``/``kwargs``: the function's arguments.
     ``tenant``: the runner acts for this tenant on the VM named by the first argument: refused unless that
-    VM is defined here with this tenant as its recorded owner.
+    VM is defined here with this tenant as its recorded owner. ``capacity`` (``virt.init`` only): the room the new VM
+    takes and the master's placement policy, checked on what this host holds now
+    (``saltvirt.host.capacity.overcommit``): refused, nothing created, when it no longer fits.
 
     CLI Example:: salt 'hyper1' virt.answer virt.vm_state n3f6b...
     """
@@ -261,7 +290,15 @@ def answer(fun, nonce, args=None, kwargs=None, tenant=None, **pub):
         with _c.salt_connect(__salt__, (kwargs or {}).get("connection")) as conn:
             _ownership.check(conn, str((args or [None])[0]), str(tenant))
 
-    before = owned if tenant is not None else None
+    def fits():
+        if tenant is not None:
+            owned()
+        with _c.salt_connect(__salt__, (kwargs or {}).get("connection")) as conn:
+            reasons = _capacity.overcommit(conn, capacity, _c.salt_images_dir(__salt__))
+        if reasons:
+            raise CommandExecutionError(f"{_answers.NO_ROOM} for {(args or ['the VM'])[0]}: {'; '.join(reasons)}")
+
+    before = fits if capacity is not None and fun == "virt.init" else owned if tenant is not None else None
     cachedir = __opts__["cachedir"]
     ret, retcode = _answers.fenced_outcome(__salt__, __context__, cachedir, fun, args, kwargs, pub, own, before)
     return _answers.sign(__opts__["pki_dir"], __opts__["id"], fun, str(nonce), ret, retcode)

@@ -117,16 +117,20 @@ def migrate(
         the target sees the same disk files although libvirt does not recognise the filesystem as
         shared (the runner proves it with a probe file first).
     max_downtime / max_bandwidth
-        milliseconds the guest may pause at the switch-over / MiB/s for the migration stream.
+        milliseconds the guest may pause at the switch-over (at most ``virt:migration:max_downtime``,
+        which is also the default; unset: QEMU's 300 ms) / MiB/s for the migration stream.
     report
         return the migration's report (source, target, URI, transport, seconds, warnings, ...) instead
         of Salt's ``True`` (``salt-run virt.migrate`` asks for it). Without it, warnings go to the log.
 
     Settings (minion config only): ``virt:tunnel``, ``virt:migration: {transport, pkipath,
-    uri_template, qemu_tls, qemu_tls_dir, allow_cleartext, hosts, stall_timeout}`` (see
-    ``saltvirt.vm.migrate`` and ``saltvirt.vm.migrate_tls``). ``stall_timeout``
-    (default 60 s): a migration that moves no data for that long (the target unreachable) is aborted
-    and reported; the VM keeps running here.
+    uri_template, qemu_tls, qemu_tls_dir, allow_cleartext, hosts, stall_timeout, converge,
+    converge_timeout, max_downtime}`` (see ``saltvirt.vm.migrate``, ``saltvirt.vm.migrate_tls`` and
+    ``saltvirt.vm.migrate_watch``). ``stall_timeout`` (default 60 s): a migration that moves no data for
+    that long (the target unreachable) is aborted and reported; the VM keeps running here.
+    ``converge`` (``auto``: QEMU's auto-converge, the default; ``postcopy``; ``none``) and
+    ``converge_timeout`` (default 300 s): a guest whose memory has not converged after that long of
+    copying it is switched to post-copy (``postcopy``) or the migration is aborted (reported either way).
 
     CLI Example:
 
@@ -170,6 +174,9 @@ def migrate(
             migrate_disks=migrate_disks,
             verify_backing=verify_backing,
             stall_timeout=opts["stall_timeout"],
+            converge=opts["converge"],
+            converge_timeout=opts["converge_timeout"],
+            max_downtime_cap=opts["max_downtime"],
         )
     if note:
         ret["note"] = note

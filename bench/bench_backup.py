@@ -1,19 +1,21 @@
-"""Backup throughput and the running guest's slowdown: ``virt.backup`` (libvirt push-mode backup, full and
-incremental) vs a plain ``qemu-img convert -U`` of the same disk as the floor.
+"""Backup throughput and the running guest's slowdown: ``virt.backup`` (pull mode, the default, and push
+mode) vs a plain ``qemu-img convert -U`` of the same disk as the floor, measured interleaved (floor, pull,
+push, floor, pull, push, ...) so that the shared machine's load hits each alike.
 
 Setup: a lab hypervisor (namespaced libvirtd, index 14) runs the busybox TCG guest with a second SATA
 disk of ``--size`` MiB holding data: 3 MiB of random bytes and a 1 MiB hole in every 4 MiB (as
 bench_clone.py), so a full copy moves 3/4 of the virtual size.
 
-Figures:
-- throughput: data bytes moved / wall time, for ``qemu-img convert -U`` (a copy of a running disk, no
-  consistency at all: the floor), ``virt.backup`` full (incl. sha256 of the result; the copy job alone
-  in brackets), and an incremental after the guest rewrote 64 MiB;
-- guest slowdown: the guest's own disk writes (HMP ``qemu-io`` through the guest's disk device: the
-  path guest writes take, 8 MiB writes in a loop) per second while idle, while ``qemu-img convert``
-  runs, and while a backup runs (copy-before-write: a guest write first copies the old block out).
+Figures (medians with min-max and n):
+- throughput: data MiB moved / wall seconds, for ``qemu-img convert -U`` (a copy of a running disk, no
+  consistency at all: the floor) and ``virt.backup`` full (everything: job, copy, sha256, manifest);
+- guest writes: the guest's own disk writes (HMP ``qemu-io`` through the guest's disk device: the path
+  guest writes take, 8 MiB writes in a loop) while each copy runs, over the rate in an idle window just
+  before it (copy-before-write: a guest write to a block not yet copied first copies the old block out);
+- incremental: ``virt.backup incremental=True`` with nothing changed (its fixed cost) and after the guest
+  rewrote 64 MiB, pull and push interleaved.
 
-    $VENV/bin/python bench/bench_backup.py [--size 1024] [--reps 3] [--quick]
+    $VENV/bin/python bench/bench_backup.py [--size 1024] [--reps 5] [--quick]
 """
 
 import argparse
@@ -84,10 +86,20 @@ def during(hv, vm, work):
     return w.rate(), result
 
 
+def idle_rate(hv, vm, seconds):
+    """Guest write rate (MiB/s) over ``seconds`` with nothing else running."""
+    return during(hv, vm, lambda: time.sleep(seconds))[0]
+
+
+def med(values):
+    st = common.summary(values)
+    return "—" if not st else f"{st['median']:.2f} ({st['min']:.2f}–{st['max']:.2f}, n={st['n']})"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--size", type=int, default=1024, help="data disk MiB (default 1024)")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="64 MiB, 1 rep")
     args = ap.parse_args(argv)
     size, reps = (64, 1) if args.quick else (args.size, args.reps)
@@ -96,6 +108,7 @@ def main(argv=None):
     from saltvirt.host import conn as lvconn
     from saltvirt.vm import backup as backup_lib
     from saltvirt.vm import backupstore
+    from tests.integration.test_snapshot_real import hmp
     from tests.support import lab
     from tests.support.paths import GUEST_DIR
     from tests.support.saltloader import make_minion_mods
@@ -105,7 +118,9 @@ def main(argv=None):
     os.chmod(base, 0o755)
     fab = lab.Fabric(lab.new_tag()).start()
     hv = lab.Hypervisor(base, 14, fab).start()
-    rows, notes = [], []
+    t = {k: [] for k in ("floor", "pull", "push")}  # seconds
+    g = {k: [] for k in ("floor", "pull", "push")}  # guest writes / idle
+    inc = {k: [] for k in ("pull0", "push0", "pull64", "push64")}
     try:
         backups = os.path.join(base, "backups")
         os.makedirs(backups)
@@ -134,9 +149,7 @@ def main(argv=None):
         v["virt.start"]("bench1")
         lab.wait_for_text(hv.path("log", "qemu", "bench1-serial.log"), "HB 2", timeout=300)
         moved = size * 3 / 4  # MiB of data in the disk
-
-        idle, _ = during(hv, "bench1", None)
-        rows.append(["guest writes, idle", "—", "—", f"{idle:.1f}", "1.00"])
+        device = GuestWriter(hv, "bench1").device
 
         def convert():
             out = os.path.join(base, "floor.qcow2")
@@ -146,67 +159,75 @@ def main(argv=None):
             os.unlink(out)
             return secs
 
-        def full():
-            with lvconn.connect(hv.uri) as conn:
-                t0 = time.perf_counter()
-                made = backup_lib.backup(conn, backups, "bench1", disks="sdb", key=key)
-                return time.perf_counter() - t0, made
+        def full(mode):
+            def run():
+                with lvconn.connect(hv.uri) as conn:
+                    t0 = time.perf_counter()
+                    made = backup_lib.backup(conn, backups, "bench1", disks="sdb", key=key, mode=mode)
+                    secs = time.perf_counter() - t0
+                backup_lib.delete(backups, "bench1", made["id"], key=key)  # keeps the disk from filling
+                return secs
+
+            return run
 
         for r in range(reps):
-            log(f"floor: qemu-img convert -U {r + 1}/{reps}")
-            rate, secs = during(hv, "bench1", convert)
-            rows.append(
-                [
-                    "qemu-img convert -U (floor)",
-                    f"{secs:.2f}",
-                    f"{moved / secs:.0f}",
-                    f"{rate:.1f}",
-                    f"{rate / idle:.2f}",
-                ]
-            )
-        for r in range(reps):
-            log(f"virt.backup full {r + 1}/{reps}")
-            rate, (secs, made) = during(hv, "bench1", full)
-            job = made["copy_seconds"]
-            rows.append(
-                [
-                    "virt.backup full (copy job + sha256 + manifest)",
-                    f"{secs:.2f} (copy {job:.2f})",
-                    f"{moved / secs:.0f}",
-                    f"{rate:.1f}",
-                    f"{rate / idle:.2f}",
-                ]
-            )
+            for case, work in (("floor", convert), ("pull", full("pull")), ("push", full("push"))):
+                log(f"round {r + 1}/{reps}: {case}")
+                idle = idle_rate(hv, "bench1", 3)
+                rate, secs = during(hv, "bench1", work)
+                t[case].append(secs)
+                g[case].append(rate / idle if idle else None)
         with lvconn.connect(hv.uri) as conn:
-            dom = conn.lookupByName("bench1")
-            from tests.integration.test_snapshot_real import hmp
-
-            for n in range(8):  # 64 MiB rewritten by the guest
-                hmp(hv, "bench1", f'qemu-io -d {GuestWriter(hv, "bench1").device} "write -P 0x77 {n * 8}M 8M"')
-            t0 = time.perf_counter()
-            inc = backup_lib.backup(conn, backups, "bench1", disks="sdb", incremental=True, key=key)
-            secs = time.perf_counter() - t0
-            assert inc["type"] == "incremental", inc
-            rows.append(
-                [
-                    "virt.backup incremental (64 MiB changed)",
-                    f"{secs:.2f} (copy {inc['copy_seconds']:.2f})",
-                    f"{64 / secs:.0f}",
-                    "—",
-                    "—",
-                ]
-            )
-            dom.destroy()
+            first = backup_lib.backup(conn, backups, "bench1", disks="sdb", key=key)  # the chain's start
+            for r in range(reps):
+                for mode in ("pull", "push"):
+                    log(f"incremental round {r + 1}/{reps}: {mode}")
+                    t0 = time.perf_counter()
+                    made = backup_lib.backup(conn, backups, "bench1", disks="sdb", incremental=True, key=key, mode=mode)
+                    inc[f"{mode}0"].append(time.perf_counter() - t0)
+                    assert made["type"] == "incremental", made
+                    for n in range(8):  # 64 MiB rewritten by the guest
+                        hmp(hv, "bench1", f'qemu-io -d {device} "write -P 0x{r + 0x70:x} {(n + 8 * r) * 8}M 8M"')
+                    t0 = time.perf_counter()
+                    made = backup_lib.backup(conn, backups, "bench1", disks="sdb", incremental=True, key=key, mode=mode)
+                    inc[f"{mode}64"].append(time.perf_counter() - t0)
+                    assert made["type"] == "incremental" and made["size"] >= 64 << 20, made
+            assert first["type"] == "full"
+            conn.lookupByName("bench1").destroy()
     finally:
         hv.stop()
         fab.stop()
         shutil.rmtree(base, ignore_errors=True)
-    notes.append(
-        f"data disk {size} MiB qcow2, {size * 3 // 4} MiB of data; {reps} rep(s); TCG guest; loadavg at start {load0}"
+    load1 = common.loadavg()
+    floor = common.summary(t["floor"])["median"]
+    rows = []
+    for case, label in (
+        ("floor", "qemu-img convert -U (floor)"),
+        ("pull", "virt.backup full, pull mode (default)"),
+        ("push", "virt.backup full, push mode"),
+    ):
+        st = common.summary(t[case])
+        rows.append(
+            [
+                label,
+                med(t[case]),
+                f"{moved / st['median']:.0f}",
+                f"{floor / st['median']:.2f}",
+                med(g[case]),
+            ]
+        )
+    table = common.table(["case", "seconds", "MiB/s (median)", "vs floor", "guest writes vs idle"], rows)
+    inc_rows = [[f"incremental, {m} mode", med(inc[f"{m}0"]), med(inc[f"{m}64"])] for m in ("pull", "push")]
+    inc_table = common.table(["case", "nothing changed (s)", "64 MiB changed (s)"], inc_rows)
+    notes = [
+        f"data disk {size} MiB qcow2, {size * 3 // 4} MiB of data; {reps} interleaved round(s); TCG guest",
+        f"loadavg (1, 5, 15 min) at start {load0}, at end {load1}",
+        "medians (min–max, n); MiB/s = data MiB / median wall seconds; vs floor = floor seconds / case seconds",
+        "guest writes vs idle: the guest's 8 MiB writes (MiB/s) during the copy over an idle window just before it",
+    ]
+    common.emit(
+        "backup", {"title": "Backups: throughput and guest slowdown", "tables": [table, inc_table], "notes": notes}
     )
-    notes.append("MiB/s = data MiB / wall seconds; guest writes = MiB/s the guest's own 8 MiB writes reached meanwhile")
-    table = common.table(["case", "seconds", "MiB/s", "guest writes MiB/s", "vs idle"], rows)
-    common.emit("backup", {"title": "Backups: throughput and guest slowdown", "tables": [table], "notes": notes})
     return 0
 
 

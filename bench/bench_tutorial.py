@@ -41,6 +41,7 @@ journal to the console (monotonic timestamps), runs the minion with ``-l debug``
 measured to the runner's "started" and the console's first line; no ping.
 
     $VENV/bin/python bench/bench_tutorial.py [--quick] [--reps 2] [--burst 5] [--direct-kernel [--debug]]
+    $VENV/bin/python bench/bench_tutorial.py --ratios [--reps 3]   (bench_tutorial_ratios.py: issue #40)
 """
 
 import argparse
@@ -490,8 +491,14 @@ def render(label, runs, quick):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--ratios" in argv:  # issue #40's three ratios, each against its floor: bench_tutorial_ratios.py
+        import bench_tutorial_ratios
+
+        return bench_tutorial_ratios.main([a for a in argv if a != "--ratios"])
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ratios", action="store_true", help="issue #40's ratios: bench_tutorial_ratios.py (its --help)")
     ap.add_argument("--reps", type=int, help="1-VM runs, one after the other")
     ap.add_argument("--burst", type=int, help="VMs started at once (0: none)")
     ap.add_argument("--direct-kernel", action="store_true", help="boot the image's kernel + initrd directly")

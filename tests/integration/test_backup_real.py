@@ -100,8 +100,13 @@ def test_full_incremental_purge_restore_each_boots_with_its_marker(
     assert (full["type"], full["live"], full["parent"]) == ("full", True, None)
     assert full["consistency"] == backup_lib.CRASH  # the busybox guest runs no agent: said so
     assert full["checkpoint"] == f"salt-backup-{full['id']}"
+    assert full["mode"] == "pull"  # the default: read over NBD, fleecing into a scratch file that then goes
+    assert not [f for f in os.listdir(full["dir"]) if f.endswith(".scratch.qcow2")]
     assert "wrote 65536/65536" in qemu_io(hv1, "bkr1", CHANGED)
-    inc = v["virt.backup"]("bkr1", incremental=True)
+    with lvconn.connect(hv1.uri) as conn:  # the incremental in push mode: a chain may mix both modes
+        key = backupstore.manifest_key(v.opts["virt"]["backup"]["key_file"], v.opts["pki_dir"])  # the module's
+        inc = backup_lib.backup(conn, str(backups), "bkr1", incremental=True, key=key, mode="push")
+    assert inc["mode"] == "push"
     assert (inc["type"], inc["parent"], inc["chain"]) == ("incremental", full["id"], [full["id"], inc["id"]])
     assert inc["note"] is None and inc["checkpoints_dropped"] == [full["checkpoint"]]
     assert inc["size"] < full["size"]  # only what changed since the full one
@@ -280,6 +285,7 @@ def test_libvirtd_killed_during_a_backup_leaves_no_valid_half_backup(v1, hv1, ba
     listed = v["virt.backup_list"]("bkr4")
     assert [b["id"] for b in listed["backups"]] == [full["id"]]  # the interrupted one never counts
     nxt = after_reconnect(lambda: v["virt.backup"]("bkr4", incremental=True))
+    print(f"after the interrupted backup: {nxt['mode']} mode, stale job ended: {nxt['stale_job_ended']}")
     assert nxt["type"] == "incremental" and nxt["parent"] == full["id"]
     assert [b["id"] for b in v["virt.backup_list"]("bkr4")["backups"]] == [full["id"], nxt["id"]]
     assert v["virt.backup_list"]("bkr4")["incomplete"] == []

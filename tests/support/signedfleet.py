@@ -84,8 +84,9 @@ class SigningClient:
     unless it is ``busy``: then it says to job checks that it still runs the job. ``published`` records
     ``(fun, sorted targets)`` of every function asked (job checks apart: ``checks`` counts them)."""
 
-    def __init__(self, answers_by_fun, busy=()):
-        self.answers, self.busy = answers_by_fun, set(busy)
+    def __init__(self, answers_by_fun, busy=(), room=None):
+        # room: {minion: need -> reasons}, the hypervisor's own check of virt.answer's ``capacity`` (virt.init)
+        self.answers, self.busy, self.room = answers_by_fun, set(busy), room or {}
         self.published, self.checks = [], 0
         self.event = Bus()
         self._jid = 0
@@ -102,7 +103,10 @@ class SigningClient:
             return {"jid": jid, "minions": list(tgt)}
         self.published.append((inner, sorted(tgt)))
         for mid in sorted(tgt):
-            if mid in self.answers.get(inner, {}):
+            reasons = self.room[mid](kwarg["capacity"]) if mid in self.room and "capacity" in kwarg else []
+            if reasons:  # refused before the function runs, in virt.answer's words
+                self.reply(jid, mid, kwarg, f"ERROR: {answers.NO_ROOM} for {kwarg['args'][0]}: {reasons[0]}", 1)
+            elif mid in self.answers.get(inner, {}):
                 self.reply(jid, mid, kwarg, *self._outcome(self.answers[inner][mid], kwarg))
         return {"jid": jid, "minions": list(tgt)}
 

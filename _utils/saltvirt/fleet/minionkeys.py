@@ -47,6 +47,18 @@ def accepted_pub(opts: SaltOpts, minion_id: str) -> str:
     return entry["pub"]
 
 
+def accepted_pubs(opts: SaltOpts, minion_ids: list[str]) -> dict[str, str]:
+    """:func:`accepted_pub` of each of ``minion_ids`` that has an accepted key, read through one key store (one
+    store per key costs a Salt loader each: ~8 ms, most of reading 100 hypervisors' pushed capacity)."""
+    store, out = _keys(opts), {}
+    for minion_id in minion_ids:
+        _valid(opts, minion_id)
+        entry = store.fetch("keys", minion_id)
+        if entry and entry.get("state") == "accepted":
+            out[minion_id] = entry["pub"]
+    return out
+
+
 class KeyExistsError(SaltInvocationError):
     """The master has a key for the minion id already (a tenant caller is told less: whose it is not)."""
 

@@ -279,6 +279,7 @@ class Fleet:
         jid: str | None = None,
         check: Callable[[], None] | None = None,
         tenant: str | None = None,
+        capacity: Data | None = None,
     ) -> tuple[dict[str, Data], str | None]:
         """Publish ``fun`` once to the hypervisors (``tgt``: these named ones) and gather every answer within the
         configured bounds.
@@ -291,7 +292,8 @@ class Fleet:
         to). ``check()``: called while waiting (cheap, no I/O); what it raises stops the wait and is raised (a
         lock the caller no longer holds: :meth:`saltvirt.fleet.fleetstate.Lease.check`).
         ``tenant``: the call acts for this tenant on the VM named by ``arg[0]``: the hypervisor itself refuses it
-        unless that VM's recorded owner is this tenant (``virt.answer``).
+        unless that VM's recorded owner is this tenant (``virt.answer``). ``capacity`` (``virt.init``): the room the
+        hypervisor checks it still has before it runs the function (:func:`saltvirt.fleet.vmcreate.host_need`).
         """
         opts, cfg = self.opts, self.cfg
         refused: dict[str, Data] = {}
@@ -310,6 +312,8 @@ class Fleet:
         request = {"fun": fun, "nonce": nonce, "args": list(arg), "kwargs": dict(kwarg or {})}
         if tenant is not None:
             request["tenant"] = tenant
+        if capacity is not None:
+            request["capacity"] = capacity
         with _watching(client, watch):
             with contextlib.redirect_stdout(io.StringIO()) as noise:  # LocalClient prints "No minions matched"
                 more = {"jid": jid} if jid else {}  # LocalClient's own default otherwise (a new jid)
@@ -350,10 +354,20 @@ class Fleet:
         jid: str | None = None,
         check: Callable[[], None] | None = None,
         tenant: str | None = None,
+        capacity: Data | None = None,
     ) -> tuple[Data, str | None]:
         """Run ``fun`` on one minion; ``(answer, jid)`` with the same statuses as :meth:`run`."""
         got, jid = self.run(
-            fun, arg, kwarg, tgt=[minion], max_wait=max_wait, watch=watch, jid=jid, check=check, tenant=tenant
+            fun,
+            arg,
+            kwarg,
+            tgt=[minion],
+            max_wait=max_wait,
+            watch=watch,
+            jid=jid,
+            check=check,
+            tenant=tenant,
+            capacity=capacity,
         )
         return got.get(minion) or {"status": "down", "error": "did not answer"}, jid
 

@@ -66,6 +66,11 @@ class Replies:
 
     # reading -------------------------------------------------------------------------------------------
     def _pub(self, minion: str) -> str | None:
+        if not self.keys:  # the first reply: every expected minion's key through one key store (~8 ms each else)
+            try:
+                self.keys.update(minionkeys.accepted_pubs(self.opts, sorted(self.life)))
+            except Exception as exc:  # noqa: BLE001 - each is then read (and refused) on its own below
+                log.debug("virt runner: reading the accepted keys at once failed: %s", exc)
         if minion not in self.keys:
             try:
                 self.keys[minion] = minionkeys.accepted_pub(self.opts, minion)

@@ -100,6 +100,8 @@ class InitProgress:
         """One line of the answer's ``timeline``: seconds since the runner began, when it saw the step."""
         entry = {"step": step, "at": round(time.monotonic() - self.t0, 3), "source": source}
         entry.update({k: data[k] for k in ("host", "status") if data.get(k)})
+        # placement's snapshot: how many hypervisors' capacity was pushed, how many were asked (issue 40)
+        entry.update({k: data[k] for k in ("pushed", "asked") if data.get(k) is not None})
         self.timeline.append(entry)
 
     def _show(self, template: str, payload: Data) -> None:

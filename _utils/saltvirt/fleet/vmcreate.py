@@ -25,10 +25,20 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import fsutil, validate
 from saltvirt.base.salttypes import Data, SaltOpts
-from saltvirt.fleet import fleetstate, hypervisors, leftovers, minionkeys, placement, publish, quota, tenants
+from saltvirt.fleet import (
+    capacitypush,
+    fleetstate,
+    hypervisors,
+    leftovers,
+    minionkeys,
+    placement,
+    publish,
+    quota,
+    tenants,
+)
 from saltvirt.fleet.publish import Failed, down_hosts
 from saltvirt.model import compat, vmargs
-from saltvirt.pki import envelope
+from saltvirt.pki import answers, envelope
 
 log = logging.getLogger(__name__)
 
@@ -237,9 +247,9 @@ def _create(
     seed = bool(seed and image)  # seeding writes into the image's filesystem: no image, no key to hand out
     if seed:
         minionkeys.refuse_existing_key(opts, key_id)
-    since = time.time()  # reservations settled after this are not in the snapshot yet
     with _before_placing(name):
-        every, warnings = _snapshot(fleet.wide(), name, progress, lease, operator)
+        # since: the snapshot's oldest figure (a pushed record's time); reservations settled after it count
+        every, warnings, since = _snapshot(fleet.wide(), name, progress, lease, operator)
         hosts = fleet.within_target(every)  # tgt: where the VM may go, not which VMs count
         hosts, place, full = _tenant_quota(fleet.wide(), lease, tenant, name, req, hosts, since)
         load = fleetstate.reserved(lease.store, hosts, since, lease.cfg)
@@ -256,6 +266,7 @@ def _create(
         keys.fresh()
     watch = _relay(progress, name)
     base_kwarg = dict(module_kwargs, image=image, seed=seed, **({"group": req["group"]} if req.get("group") else {}))
+    need = host_need(req, policy)
     try:
         pos, attempt, hv = 0, 0, order[0]  # hv: the host at work (also for the report if the master stops)
         while pos < len(order):
@@ -269,6 +280,7 @@ def _create(
                 hv,
                 [name, req["cpu"], req["mem"]],
                 kwarg,
+                need,
                 watch,
                 progress,
                 pub_jid,
@@ -283,8 +295,9 @@ def _create(
             _note_attempt(opts, lease, tried, name, hv, ans, jid)
             _unless_master_gone(opts, ans["status"] == "down", name, hv, jid, key_id, tried, keys, lease, fleet.cfg)
             unsure = ans["status"] == "down" and _still_may_create(fleet, hv, hosts, ans, name)
-            if ans["status"] == "down" and fallback and pos + 1 < len(order) and not unsure:
-                # its room stays reserved for as long as the init could have run there
+            # no room there: the host's own check refused before virt.init ran (its figures were newer than ours)
+            if (_no_room_there(ans) or (ans["status"] == "down" and not unsure)) and fallback and pos + 1 < len(order):
+                # an unanswered one's room stays reserved for as long as the init could have run there
                 nxt = _reserve(
                     lease,
                     hosts,
@@ -295,7 +308,7 @@ def _create(
                     policy,
                     since,
                     tried,
-                    keep_previous=fleet.cfg["init_timeout"],
+                    keep_previous=fleet.cfg["init_timeout"] if ans["status"] == "down" else None,
                     place=place,
                 )
                 if nxt is not None:
@@ -409,12 +422,14 @@ def _before_placing(name):
 
 
 def _snapshot(fleet, name, progress, lease, operator):
-    """Every hypervisor's capacity (``virt.capacity``: no per-VM facts) for placement, and the warnings of
-    :func:`check_name` (which refuses a name that is or may be in use). Stops (nothing published yet) if the
+    """Every hypervisor's capacity (``virt.capacity``: no per-VM facts; pushed records where they are fresh,
+    :mod:`saltvirt.fleet.capacitypush`) for placement, the warnings of :func:`check_name` (which refuses a name
+    that is or may be in use) and the time of the snapshot's oldest figure. Stops (nothing published yet) if the
     lock of ``name`` is lost meanwhile."""
-    hosts = fleet.capacities(check=lease.check)
-    _mark(progress, "hosts_queried")
-    return hosts, check_name(hosts, name, lease.store, operator)
+    hosts, since = capacitypush.capacities(fleet, check=lease.check)
+    pushed = sum(1 for a in hosts.values() if "pushed_at" in a)
+    _mark(progress, "hosts_queried", pushed=pushed, asked=len(hosts) - pushed)
+    return hosts, check_name(hosts, name, lease.store, operator), since
 
 
 def _warn(result, warnings):
@@ -435,14 +450,31 @@ def _sealed_kwarg(fleet, hv, base_kwarg, name, keys):
     return pub_jid, kwarg
 
 
-def _publish_init(fleet, hv, args, kwarg, watch, progress, job, lease, keys, tried):
+def host_need(req: Data, policy: Data | None) -> Data:
+    """What the hypervisor checks again before it creates the VM (``virt.answer``'s ``capacity``): the room
+    ``req`` takes and the placement ``policy``'s reserves and overcommit (:func:`saltvirt.host.capacity.overcommit`)."""
+    pol = policy or placement.make_policy()
+    return {
+        "cpu": req["cpu"],
+        "mem": req["mem"],
+        "disk_mib": req.get("disk_mib") or 0,
+        **{k: pol[k] for k in ("mem_reserve_mib", "cpu_overcommit", "disk_reserve_mib")},
+    }
+
+
+def _no_room_there(ans):
+    """Whether ``ans`` is the hypervisor's own refusal for want of room (nothing was created there)."""
+    return ans["status"] == "error" and answers.NO_ROOM in str(ans.get("error"))
+
+
+def _publish_init(fleet, hv, args, kwarg, need, watch, progress, job, lease, keys, tried):
     """``virt.init`` on ``hv`` under ``lease``: never published for a name whose lock is no longer held; when
     the lock is lost while waiting (the store stopped answering), the job may still create the VM there, so
     its key (``keys``) and its room stay, and the error says where to look."""
     lease.check()
     lease.note(host=hv)
     try:
-        return _call_init(fleet, hv, args, kwarg, watch, progress, job, lease.check)
+        return _call_init(fleet, hv, args, kwarg, need, watch, progress, job, lease.check)
     except fleetstate.LeaseLost as exc:
         if keys:
             keys.keep = True
@@ -450,12 +482,21 @@ def _publish_init(fleet, hv, args, kwarg, watch, progress, job, lease, keys, tri
         raise _lease_lost(args[0], hv, job, keys.key_id if keys else None, exc, tried) from None
 
 
-def _call_init(fleet, hv, args, kwarg, watch, progress, job, check):
+def _call_init(fleet, hv, args, kwarg, need, watch, progress, job, check):
     """``virt.init`` on ``hv`` (bounded by ``init_timeout``) as job ``job``, its publication and answer on
-    the timeline; ``check``: the lease's (raises when the lock is lost while waiting)."""
+    the timeline; ``need``: the room the host checks first (:func:`host_need`); ``check``: the lease's (raises
+    when the lock is lost while waiting)."""
     _mark(progress, "published", host=hv)
     ans, jid = fleet.call(
-        hv, "virt.init", args, kwarg, max_wait=fleet.cfg["init_timeout"], watch=watch, jid=job, check=check
+        hv,
+        "virt.init",
+        args,
+        kwarg,
+        max_wait=fleet.cfg["init_timeout"],
+        watch=watch,
+        jid=job,
+        check=check,
+        capacity=need,
     )
     _mark(progress, "returned", host=hv, status=ans["status"])
     return ans, jid

@@ -17,14 +17,24 @@ removed one dropped, so creations and deletions are always current.
 The answer is shaped like ``full_info`` (``host`` + ``vm_info``) so the fleet code reads either, but
 each ``vm_info`` entry holds only ``group``, ``state``, ``cpu`` and ``mem`` (MiB, of the definition);
 ``host["groups"]`` is the same index by group (``{group: [names]}``).
+
+Pushed capacity (docs/topics/capacity.md): the ``virt_events`` engine keeps the master's copy current without
+a question per ``virt.init``: :class:`Pusher` sends this answer, signed, when a VM changes and on a heartbeat.
+Because a pushed copy may be stale, ``virt.init`` checks the room again on the host (:func:`overcommit`).
 """
 
 import hashlib
 import json
 import logging
+import math
 import os
+import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from typing import Any
+
+from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import fsutil
 from saltvirt.host import query
@@ -222,3 +232,92 @@ def capacity(
     if images_dir:
         host.update(images_dir=images_dir, disk_free=query.free_mib(images_dir))
     return {"host": host, "vm_info": vms}
+
+
+# the host's own check of the room a new VM takes --------------------------------------------------------
+NEED_KEYS = ("cpu", "mem", "disk_mib", "mem_reserve_mib", "cpu_overcommit", "disk_reserve_mib")
+
+
+def _need(need):
+    out = {}
+    for key in NEED_KEYS:
+        try:
+            value = float((need or {}).get(key) or 0)
+        except (TypeError, ValueError):
+            value = math.nan
+        if math.isnan(value) or value < 0:
+            raise SaltInvocationError(f"capacity check: {key} must be a number >= 0, not {need.get(key)!r}")
+        out[key] = value
+    return out
+
+
+def overcommit(conn: "libvirt.virConnect", need: dict, images_dir: str | None = None) -> list[str]:
+    """Why this host cannot take a new VM of ``need`` now (empty: it can), with placement's rules
+    (``saltvirt.fleet.placement``) on what the host holds at this moment, not on the master's copy:
+    ``need`` is ``{cpu, mem (MiB), disk_mib, mem_reserve_mib, cpu_overcommit, disk_reserve_mib}``
+    (the master's ``virt:placement`` policy)."""
+    need = _need(need)
+    node = query.node_info(conn)
+    used_mem = used_cpu = 0
+    for dom in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+        try:
+            info = dom.info()  # what it holds now, as capacity() counts it
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+            continue
+        used_mem += info[2] // 1024
+        used_cpu += info[3]
+    reasons = []
+    mem_free = node["phymemory"] - used_mem - need["mem_reserve_mib"]
+    if need["mem"] > mem_free:
+        reasons.append(
+            f"memory: needs {need['mem']:g} MiB, {max(mem_free, 0):g} MiB free now ({node['phymemory']} total - "
+            f"{used_mem} used by running VMs - {need['mem_reserve_mib']:g} reserve)"
+        )
+    cap = node["cpus"] * (need["cpu_overcommit"] or 1.0)
+    if used_cpu + need["cpu"] > cap:
+        reasons.append(f"vcpus: needs {need['cpu']:g}, {max(cap - used_cpu, 0):g} left now ({used_cpu} running)")
+    if images_dir and need["disk_mib"]:
+        disk_free = query.free_mib(images_dir) - need["disk_reserve_mib"]
+        if need["disk_mib"] > disk_free:
+            reasons.append(f"disk: needs {need['disk_mib']:g} MiB in {images_dir}, {max(disk_free, 0):g} MiB free now")
+    return reasons
+
+
+# pushing this answer to the master ----------------------------------------------------------------------
+PUSH_EVERY = 30.0  # seconds between two pushes without a change (the heartbeat; the master's max_age is 90)
+PUSH_GAP = 1.0  # at most one push per this many seconds: a burst of events is one push
+
+
+class Pusher:
+    """Calls ``push()`` (``virt.push_capacity``: the signed answer into the master's mine) from a thread of its
+    own: at once after :meth:`changed` (a VM started, stopped, was defined or undefined; a burst of them
+    coalesced into one push per :data:`PUSH_GAP`), and every ``every`` seconds without a change. A push never
+    blocks the events engine (Salt's ``mine.send`` waits 0.5 s) and a failed one is logged and retried."""
+
+    def __init__(self, push: Callable[[], Any], every: float = PUSH_EVERY, gap: float = PUSH_GAP) -> None:
+        self.push, self.every, self.gap = push, every, gap
+        self.wake, self.stop = threading.Event(), threading.Event()
+        self.pushes = 0
+        self.thread = threading.Thread(target=self._loop, name="virt-capacity-push", daemon=True)
+
+    def start(self) -> "Pusher":
+        self.thread.start()
+        return self
+
+    def changed(self, *_args: Any, **_kwargs: Any) -> None:
+        """What this host holds changed: push soon (any arguments, so it serves as an event callback)."""
+        self.wake.set()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            self.wake.clear()
+            try:
+                self.push()
+                self.pushes += 1
+            except Exception as exc:  # noqa: BLE001 - the next change or beat tries again; the master asks meanwhile
+                log.warning("virt_events: could not push this host's capacity to the master: %s", exc)
+            self.stop.wait(max(self.gap - (time.monotonic() - started), 0))
+            self.wake.wait(self.every)

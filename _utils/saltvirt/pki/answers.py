@@ -188,3 +188,32 @@ def fenced_outcome(
             return outcome(funcs, context, fun, args, kwargs, own, before)
     except CommandExecutionError as exc:  # fenced before it started (outcome reports the function's own)
         return f"ERROR: {exc}", 1
+
+
+# capacity a hypervisor pushes (docs/topics/capacity.md "Pushed capacity") ------------------------------
+# A record is an answer signed for this function name and nonce: never one the runner asked for (those carry a
+# fresh random nonce), so neither can pass for the other. The body holds when it was measured (``at``).
+PUSH_FUN = "virt.capacity_record"
+PUSH_NONCE = "push"
+# what virt.answer says when the host's own check refuses a virt.init (nothing created): the runner falls over to
+# its next candidate on these words
+NO_ROOM = "this hypervisor has no room now"
+MINE_KEY = "saltvirt_capacity"  # the hypervisor's Salt mine entry holding its latest record
+
+
+def sign_record(pki_dir: str, minion_id: str, capacity: Any, at: float) -> Data:
+    """This minion's signed capacity record: ``capacity`` (``virt.capacity``'s answer) measured at ``at``."""
+    return sign(pki_dir, minion_id, PUSH_FUN, PUSH_NONCE, {"at": at, "capacity": capacity})
+
+
+def verify_record(pub_pem: str, minion_id: str, record: Any) -> tuple[float, Any]:
+    """``(at, capacity)`` of ``record`` if ``minion_id`` (accepted key ``pub_pem``) signed it; else
+    :class:`Unverified`."""
+    ret, _retcode = verify(pub_pem, minion_id, PUSH_FUN, PUSH_NONCE, record)
+    if not isinstance(ret, dict) or not isinstance(ret.get("capacity"), dict):
+        raise Unverified("the signed record holds no capacity")
+    try:
+        at = float(ret["at"])
+    except (KeyError, TypeError, ValueError):
+        raise Unverified("the signed record has no time") from None
+    return at, ret["capacity"]

@@ -19,6 +19,7 @@ result). Without a usable parent checkpoint an incremental backup cannot be made
 and the result says why (``note``).
 """
 
+import concurrent.futures
 import datetime
 import json
 import logging
@@ -35,13 +36,15 @@ from saltvirt.base.fsutil import file_digest, remove_paths
 from saltvirt.base.salttypes import Conn, Data, Domain
 from saltvirt.host.conn import get_domain, libvirt, lv_errors
 from saltvirt.storage import images
-from saltvirt.vm import backupstore
+from saltvirt.vm import backuppull, backupstore
 from saltvirt.xml import backupxml
 from saltvirt.xml.domain import definition
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 6 * 3600  # seconds a backup job may run (virt:backup:timeout)
+PULL, PUSH = "pull", "push"  # virt:backup:mode
+POLL_FIRST, POLL_MAX = 0.01, 0.2  # seconds between looks at the running job: short first, then backing off
 CONSISTENT = "filesystems frozen by the guest agent at the start"
 CRASH = "crash-consistent (no guest agent answered: like pulling the power cord at the start)"
 NONE_FROZEN = "crash-consistent (the guest agent froze no filesystem: it found none it can freeze)"
@@ -182,8 +185,11 @@ def _freeze(dom, facts):
 
 
 def _wait_job(dom, timeout):
-    """Wait for the backup job to end; raise if it failed or ran past ``timeout`` (then aborted)."""
-    deadline = time.monotonic() + timeout
+    """Wait for the backup job to end; raise if it failed or ran past ``timeout`` (then aborted). Polled
+    at 10 ms, doubling up to 200 ms: an incremental job often ends within tens of ms, and a fixed 200 ms
+    poll was most of its wall time (libvirt's job events would need an event loop on the caller's
+    connection)."""
+    deadline, pause = time.monotonic() + timeout, POLL_FIRST
     while True:
         with lv_errors(f"follow the backup job of VM {dom.name()!r}"):
             active = dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
@@ -193,7 +199,8 @@ def _wait_job(dom, timeout):
             with lv_errors(f"abort the backup job of VM {dom.name()!r}"):
                 dom.abortJob()
             raise CommandExecutionError(f"backup of VM {dom.name()} ran past {timeout} s (virt:backup:timeout)")
-        time.sleep(0.2)
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_MAX)
     with lv_errors(f"read the backup job's result of VM {dom.name()!r}"):
         stats = dom.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
     if stats.get("operation") != libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP or not stats.get("success"):
@@ -203,26 +210,47 @@ def _wait_job(dom, timeout):
     return stats
 
 
-def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
-    """Push-mode backup of the running VM into ``files``, with a new checkpoint when ``checkpoint`` is
-    a name; returns ``(consistency, whether the checkpoint was made, fs_freeze)``; ``fs_freeze``:
-    ``{frozen, thawed}`` as the guest agent counted them, None when no agent froze."""
+def _begin(dom, bxml, cxml, every):
+    try:
+        dom.backupBegin(bxml, cxml, 0)
+    except libvirt.libvirtError as exc:
+        if "Bitmap already exists: backup-" not in str(exc):
+            raise
+        _drop_scratch_bitmaps(dom, every)  # what an interrupted backup left in QEMU: once more without it
+        dom.backupBegin(bxml, cxml, 0)
+
+
+def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mode=PULL):
+    """Live backup of the running VM into ``files`` (pull mode, :mod:`saltvirt.vm.backuppull`, or push
+    mode), with a new checkpoint when ``checkpoint`` is a name; returns ``(consistency, whether the
+    checkpoint was made, fs_freeze, digests)``; ``fs_freeze``: ``{frozen, thawed}`` as the guest agent
+    counted them, None when no agent froze; ``digests``: ``{file: sha256}`` taken while the files were
+    written (pull), or None (push: QEMU wrote them)."""
     every = [d["target"] for d in facts["disks"] if d["device"] == "disk"]
     skip = [t for t in every if t not in files]
     bitmaps = [d["target"] for d in chosen if d["format"] == "qcow2"] if checkpoint else []
-    bxml = backupxml.backup_xml(files, skip=skip, incremental=parent["checkpoint"] if parent else None)
+    since = parent["checkpoint"] if parent else None
+    bxml = backupxml.backup_xml(files, skip=skip, incremental=since)
     cxml = backupxml.checkpoint_xml(checkpoint, bitmaps, skip=[t for t in every if t not in bitmaps])
+    pull = backuppull.Pull(dom, files, skip, since, _owner(chosen)) if mode == PULL else None
     frozen, consistency = _freeze(dom, facts)
     thawed = None
     try:
         with lv_errors(f"start the backup of VM {dom.name()!r}"):
-            try:
-                dom.backupBegin(bxml, cxml if bitmaps else None, 0)
-            except libvirt.libvirtError as exc:
-                if "Bitmap already exists: backup-" not in str(exc):
-                    raise
-                _drop_scratch_bitmaps(dom, every)  # what an interrupted backup left in QEMU: once more without it
-                dom.backupBegin(bxml, cxml if bitmaps else None, 0)
+            if pull:
+                try:
+                    _begin(dom, pull.xml, cxml if bitmaps else None, every)
+                    pull.begun = True
+                except libvirt.libvirtError as exc:  # e.g. an NBD server an interrupted job left running
+                    log.warning("VM %s: pull-mode backup refused (%s): push mode", dom.name(), exc)
+                    pull.end()
+                    pull = None
+            if not pull:
+                _begin(dom, bxml, cxml if bitmaps else None, every)
+    except BaseException:
+        if pull:
+            pull.end()
+        raise
     finally:
         if frozen is not None:  # thawed even when it froze none: the agent may still count itself frozen
             try:
@@ -230,11 +258,32 @@ def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started):
             except libvirt.libvirtError as exc:  # the guest stays frozen: say so loudly, in the result too
                 log.error("VM %s: thawing its filesystems failed: %s (virsh domfsthaw)", dom.name(), exc)
                 consistency = f"{CONSISTENT}; THAWING FAILED, the guest may still be frozen: {exc} (virsh domfsthaw)"
-    if on_started:
-        on_started()  # fault-injection point of the integration tests (kill libvirtd mid-job)
-    _wait_job(dom, timeout)
     fs_freeze = {"frozen": frozen, "thawed": thawed} if frozen is not None else None
-    return consistency, bool(bitmaps), fs_freeze
+    if not pull:
+        if on_started:
+            on_started()  # fault-injection point of the integration tests (kill libvirtd mid-job)
+        _wait_job(dom, timeout)
+        return consistency, bool(bitmaps), fs_freeze, None
+    try:
+        if on_started:
+            on_started()
+        backings = {t: _parent_file(parent, t) for t in files}
+        digests = pull.copy(backings, time.monotonic() + timeout)
+    finally:
+        pull.end()
+    return consistency, bool(bitmaps), fs_freeze, digests
+
+
+def _owner(chosen):
+    """The stat of the first disk's file: QEMU runs as its owner (libvirt's dynamic ownership)."""
+    try:
+        return os.stat(chosen[0].get("file") or "")
+    except OSError:
+        return None
+
+
+def _parent_file(parent, target):
+    return next(p["file"] for p in parent["disks"] if p["target"] == target) if parent else None
 
 
 def _offline(chosen, files):
@@ -249,15 +298,18 @@ def _rebase(path, parent_file):
     tools.run(cmd, f"linking {path} to {parent_file}", timeout=120, install="qemu-utils")
 
 
-def _describe_disks(directory, chosen, files, parent):
+def _describe_disks(directory, chosen, files, parent, digests=None):
+    """The manifest's disks. ``digests``: the sha256 of each file taken as it was written (pull mode:
+    those files already name their parent); without them, each file is linked to its parent and read."""
+    backings = {d["target"]: _parent_file(parent, d["target"]) for d in chosen}
+    if digests is None:
+        for d in chosen:
+            if parent:
+                _rebase(files[d["target"]], backings[d["target"]])
+        digests = _digests([files[d["target"]] for d in chosen])
     out = []
     for d in chosen:
-        path = files[d["target"]]
-        backing = None
-        if parent:
-            backing = next(p["file"] for p in parent["disks"] if p["target"] == d["target"])
-            _rebase(path, backing)
-        info = images.image_info(path, "qcow2")
+        path, backing = files[d["target"]], backings.get(d["target"])
         out.append(
             {
                 "target": d["target"],
@@ -265,12 +317,21 @@ def _describe_disks(directory, chosen, files, parent):
                 "source": d["file"],
                 "format": "qcow2",
                 "backing": backing,
-                "virtual_size": info["virtual_size"],
+                "virtual_size": images.qcow2_virtual_size(path),
                 "size": os.stat(path).st_size,
-                "sha256": file_digest(path),
+                "sha256": digests[path],
             }
         )
     return out
+
+
+def _digests(paths):
+    """``{path: sha256}``, the disks' files hashed side by side (hashlib leaves the GIL while it hashes):
+    a VM's disks take the time of the largest, not of them all."""
+    if len(paths) < 2:
+        return {p: file_digest(p) for p in paths}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1)) as pool:
+        return dict(zip(paths, pool.map(file_digest, paths), strict=True))
 
 
 def _drop_old_checkpoints(dom, keep):
@@ -287,6 +348,15 @@ def _drop_old_checkpoints(dom, keep):
 
 
 # the face -------------------------------------------------------------------------------------------
+def configured_mode(opts: Mapping[str, Any]) -> str:
+    """``virt:backup:mode`` of the minion config: ``pull`` (default) or ``push``."""
+    conf = virt_conf(opts).get("backup") or {}
+    mode = (conf.get("mode") if isinstance(conf, dict) else None) or PULL
+    if mode not in (PULL, PUSH):
+        raise CommandExecutionError(f"virt:backup:mode must be 'pull' or 'push', not {mode!r}")
+    return mode
+
+
 def configured(opts: Mapping[str, Any]) -> tuple[str, int, bytes]:
     """``(directory, timeout, manifest key)`` of a backup from the minion config ``opts`` (``virt:backup``: an
     operator setting, never read from pillar or grains, which callers write)."""
@@ -308,15 +378,17 @@ def backup(
     on_started: Callable[[], Any] | None = None,
     *,
     key: bytes,
+    mode: str = "pull",
 ) -> Data:
     """Back up VM ``name`` into ``<root>/[<target>/]<name>/<uuid>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
     and ``removed_incomplete`` (files of interrupted backups cleaned up first); ``skipped``: ``{target: why}``
     of the disks it does not hold (pool volumes, CD-ROMs, shared, read-only or not asked for). ``key``: the
-    manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`). Counted in salt-virt's metrics."""
+    manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`); ``mode``: how a running VM is copied,
+    ``pull`` (:mod:`saltvirt.vm.backuppull`) or ``push`` (``virt:backup:mode``). Counted in salt-virt's metrics."""
     clock, kind = time.monotonic(), "incremental" if incremental else "full"  # a failure's type: what was asked
     try:
-        out = _backup(conn, root, name, disks, incremental, target, timeout, on_started, key)
+        out = _backup(conn, root, name, disks, incremental, target, timeout, on_started, key, mode)
     except BaseException:
         metrics.add("saltvirt.vm.backups", result="failed", type=kind)
         metrics.record("saltvirt.vm.backup.duration", time.monotonic() - clock, result="failed", type=kind)
@@ -329,7 +401,7 @@ def backup(
     return out
 
 
-def _backup(conn, root, name, disks, incremental, target, timeout, on_started, key):
+def _backup(conn, root, name, disks, incremental, target, timeout, on_started, key, mode):
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
     facts = definition.parse(xml)
@@ -348,20 +420,24 @@ def _backup(conn, root, name, disks, incremental, target, timeout, on_started, k
         ours = [c.removeprefix(backupstore.CHECKPOINT_PREFIX) for c in _checkpoints(dom)] if live else []
         bid = backupstore.new_id(directory, taken=[*ours, *backupstore.taken_ids(root, name, target)])
         files = {d["target"]: backupstore.disk_file(directory, bid, d["target"]) for d in chosen}
-        images.record_owned(directory, name, [*files.values(), backupstore.manifest_file(directory, bid)], uuid)
+        scratch = [backuppull.scratch_file(p) for p in files.values()] if live and mode == PULL else []
+        owned = [*files.values(), *scratch, backupstore.manifest_file(directory, bid)]
+        images.record_owned(directory, name, owned, uuid)
         started, clock = _utc(), time.monotonic()
         checkpoint = f"{backupstore.CHECKPOINT_PREFIX}{bid}" if live else None
         if live and dom.snapshotNum(0):
             checkpoint, note = None, _with_snapshots(note, parent)
         try:
             if live:
-                consistency, made, fs_freeze = _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started)
+                consistency, made, fs_freeze, digests = _live(
+                    dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mode
+                )
                 # without a checkpoint of its own, the parent's still covers every change since this backup
                 checkpoint = checkpoint if made else (parent or {}).get("checkpoint")
             else:
-                consistency, fs_freeze = _offline(chosen, files), None
+                consistency, fs_freeze, digests = _offline(chosen, files), None, None
             copied = time.monotonic() - clock
-            described = _describe_disks(directory, chosen, files, parent)
+            described = _describe_disks(directory, chosen, files, parent, digests)
         except BaseException:
             remove_paths([p for p in files.values() if os.path.lexists(p)])
             raise
@@ -380,6 +456,7 @@ def _backup(conn, root, name, disks, incremental, target, timeout, on_started, k
             "duration": round(time.monotonic() - clock, 3),  # copy + checksums + manifest
             "copy_seconds": round(copied, 3),
             "live": live,
+            "mode": (PULL if digests is not None else PUSH) if live else "offline",
             "consistency": consistency,
             "fs_freeze": fs_freeze,
             "disks": described,
@@ -393,6 +470,7 @@ def _backup(conn, root, name, disks, incremental, target, timeout, on_started, k
     out.update(dir=directory, note=note, removed_incomplete=cleaned, checkpoints_dropped=dropped)
     out["checkpoint_redefined"] = redefined
     out["stale_job_ended"] = stale
+    out["mode"] = manifest["mode"]
     return out
 
 

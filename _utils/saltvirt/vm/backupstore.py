@@ -27,10 +27,10 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -331,9 +331,12 @@ def recorded(domain_xml: Any) -> Data:
     return {"owner": facts.get("owner"), "cpu": facts.get("cpu"), "mem": facts.get("mem")}
 
 
-def verify(directory: str, chain: list[Data]) -> bool:
+def verify(directory: str, chain: list[Data], digests: dict[str, str] | None = None) -> bool:
     """Check every file of ``chain`` (manifests, oldest first) against its checksum and its backing
-    file against the chain; raise CommandExecutionError naming the first mismatch."""
+    file against the chain; raise CommandExecutionError naming the first mismatch. ``digests``:
+    ``{file name: sha256}`` already taken of the files' bytes as they were written (:func:`stage`), so
+    they are not read a second time."""
+    digests = digests or {}
     previous: dict[str, str] = {}
     for m in chain:
         for d in m["disks"]:
@@ -348,7 +351,7 @@ def verify(directory: str, chain: list[Data]) -> bool:
                     f"backup {m['id']}: {d['file']} backs onto {images.qcow2_backing(path)}, expected {want}: "
                     "the file was changed after the backup; it cannot be restored"
                 )
-            if file_digest(path) != d["sha256"]:
+            if (digests.get(d["file"]) or file_digest(path)) != d["sha256"]:
                 raise CommandExecutionError(
                     f"backup {m['id']}: checksum mismatch on {d['file']} (damaged or changed after the backup): "
                     "it cannot be restored; restore an older full backup"
@@ -361,8 +364,10 @@ def stage(directory: str, chain: list[Data], staging: str) -> dict[str, str]:
     """Copy every file of ``chain`` from ``directory`` into ``staging`` (a private directory of this host), then
     :func:`verify` the copies: what a restore reads is what was checked, whatever is written to a shared
     backup directory meanwhile (a file swapped after its check could name a host file as its backing file).
+    Each file is hashed as it is copied (one pass over the data, not a second read of the copy).
     Returns ``{target: the staged file of the chain's top}``."""
     top: dict[str, str] = {}
+    digests: dict[str, str] = {}
     for m in chain:
         for d in m["disks"]:
             name = d["file"]
@@ -377,10 +382,20 @@ def stage(directory: str, chain: list[Data], staging: str) -> dict[str, str]:
                     raise CommandExecutionError(f"backup {m['id']}: {name} is not a file inside {directory}")
                 dst = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(dst, "wb") as fout:
-                    shutil.copyfileobj(fin, fout, 1 << 22)
+                    digests[name] = _copy_hashing(fin, fout)
             top[d["target"]] = os.path.join(staging, name)
-    verify(staging, chain)
+    verify(staging, chain, digests)
     return top
+
+
+def _copy_hashing(fin: Any, fout: Any, block: int = 1 << 22) -> str:
+    """Copy ``fin`` to ``fout``; the sha256 of the bytes written."""
+    h = hashlib.sha256()
+    buf = memoryview(bytearray(block))
+    while n := fin.readinto(buf):
+        h.update(buf[:n])
+        fout.write(buf[:n])
+    return h.hexdigest()
 
 
 # chains and deletion --------------------------------------------------------------------------------

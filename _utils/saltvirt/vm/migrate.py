@@ -30,13 +30,14 @@ The master-side sequence (source_info -> prepare -> migrate -> finish or abort_c
         allow_cleartext: False      # True: what cannot be encrypted may go in clear (saltvirt.vm.migrate_tls)
         hosts: {hyper2: hv2.example.com}   # names the target may be given as -> its address
         address: hv1.example.com    # this hypervisor's address as a migration target (default: its host name)
+        stall_timeout / converge / converge_timeout / max_downtime: progress and convergence
+                                    # (saltvirt.vm.migrate_watch)
 """
 
 import contextlib
 import json
 import os
 import secrets
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -45,14 +46,14 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
-from saltvirt.base import fsutil, metrics, procs, tools, validate
+from saltvirt.base import fsutil, metrics, tools, validate
 from saltvirt.base.config import section
 from saltvirt.base.salttypes import ConfigGet, Conn, Data
 from saltvirt.host import query, snapshot
 from saltvirt.host.conn import domain_exists, get_domain, libvirt
 from saltvirt.host.query import state_name
 from saltvirt.storage import images
-from saltvirt.vm import migrate_tls
+from saltvirt.vm import migrate_tls, migrate_watch
 from saltvirt.vm.migrate_tls import TRANSPORTS, choose_transport
 from saltvirt.xml.domain import definition, edit
 
@@ -61,11 +62,9 @@ RECORD = ".salt-virt-migrate.json"  # <images>/<vm>/: what prepare created, for 
 DEFAULT_URI_TEMPLATE = "qemu+{transport}://{target}/system"
 SETTINGS = (
     *("transport", "pkipath", "uri_template", "qemu_tls", "qemu_tls_dir", "allow_cleartext"),
-    *("hosts", "address", "stall_timeout"),
+    *("hosts", "address", "stall_timeout", "converge", "converge_timeout", "max_downtime"),
 )
-STALL_TIMEOUT = 60.0  # seconds a migration may move no data before it is aborted (virt:migration:stall_timeout)
-ABORT_GRACE = 10.0  # seconds an aborted migration may take to end before its streams are cut
-MIGRATION_PORTS = range(49152, 49216)  # libvirt's migration_port_min..max: the target's migration and NBD ports
+STALL_TIMEOUT = migrate_watch.STALL_TIMEOUT
 COPY_MODES = ("all", "inc")
 ROOM_MARGIN_MIB = 16  # plus 1% of the virtual size: image metadata, blocks the guest writes meanwhile
 
@@ -78,7 +77,8 @@ def settings(config_get: ConfigGet) -> Data:
     out["tunnel"] = validate.to_bool(config_get("virt:tunnel", False))
     out["qemu_tls"] = migrate_tls.setting(out["qemu_tls"])
     out["allow_cleartext"] = validate.to_bool(out["allow_cleartext"])
-    out["stall_timeout"] = stall_bound(out["stall_timeout"])
+    out["stall_timeout"] = migrate_watch.stall_bound(out["stall_timeout"])
+    out.update(migrate_watch.converge_settings(mig))
     out["hosts"] = out["hosts"] or {}
     if not isinstance(out["hosts"], dict):
         raise SaltInvocationError(f"virt:migration:hosts must map names to addresses, not {out['hosts']!r}")
@@ -244,6 +244,11 @@ def _hint(exc, target):
             " (if the target sees the same disk files, pass unsafe=True; otherwise copy_storage=all, or use "
             "salt-run virt.migrate, which prepares the target)"
         )
+    if "postcopy is not supported" in msg.lower():
+        return (
+            " (virt:migration:converge postcopy: QEMU cannot use userfaultfd on these hypervisors: an unprivileged "
+            "QEMU needs the sysctl vm.unprivileged_userfaultfd = 1 on both; or use converge: auto)"
+        )
     if "x509" in msg.lower() or "credentials" in msg.lower():  # QEMU's own TLS (VIR_MIGRATE_TLS)
         return (
             f" (QEMU's migration TLS: both hypervisors need QEMU's certificates, the virt.keys state with qemu: True, "
@@ -262,136 +267,6 @@ def _hint(exc, target):
     if "storage" in msg.lower() or "No such file" in msg:
         return " (the target needs the disk files: salt-run virt.migrate prepares them)"
     return ""
-
-
-def stall_bound(value: Any) -> float:
-    """``virt:migration:stall_timeout`` checked: seconds (default :data:`STALL_TIMEOUT`)."""
-    return STALL_TIMEOUT if value is None else validate.seconds(value, "virt:migration:stall_timeout")
-
-
-def _qemu_pid(uuid):
-    """The pid of the QEMU running the domain ``uuid`` on this host, or None."""
-    for pid, args in procs.cmdlines():
-        qemu = os.path.basename(args[0]).startswith("qemu-system") and "-uuid" in args[:-1]
-        if qemu and args[args.index("-uuid") + 1] == uuid:
-            return pid
-    return None
-
-
-def _split_addr(text):
-    host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def cut_migration_streams(uuid: str) -> list[str]:
-    """Close (``ss -K``, in QEMU's own network namespace) the TCP connections the QEMU of domain
-    ``uuid`` opened to a migration port (:data:`MIGRATION_PORTS`): its migration stream and its NBD disk
-    copies. An aborted migration whose peer vanished otherwise waits for TCP to give up (minutes) before
-    QEMU lets go. Returns the connections closed (``local -> peer``)."""
-    pid = _qemu_pid(uuid)
-    if pid is None:
-        return []
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-    ns = ["nsenter", "-t", str(pid), "-n", "--"]
-    listing = subprocess.run([*ns, "ss", "-tanei"], capture_output=True, text=True, check=False).stdout
-    mine = []
-    for line in listing.splitlines():
-        fields = line.split()
-        ino = next((f[4:] for f in fields if f.startswith("ino:")), None)
-        if len(fields) > 4 and ino in inodes:
-            mine.append((fields[0], _split_addr(fields[3]), _split_addr(fields[4])))
-    listening = {local[1] for state, local, _peer in mine if state == "LISTEN"}
-    closed = []
-    for state, local, peer in mine:
-        if state == "LISTEN" or local[1] in listening or peer[1] not in MIGRATION_PORTS:
-            continue  # not an outgoing migration connection (a VNC client, a listening socket)
-        filt = ["src", local[0], "sport", "=", f":{local[1]}", "dst", peer[0], "dport", "=", f":{peer[1]}"]
-        if subprocess.run([*ns, "ss", "-K", "-tn", *filt], capture_output=True, check=False).returncode == 0:
-            closed.append(f"{local[0]}:{local[1]} -> {peer[0]}:{peer[1]}")
-    return closed
-
-
-class Watchdog:
-    """Aborts a domain's migration job once it moved no data for ``bound`` seconds (a peer that stopped
-    answering: a cut link, a hung target), so the call returns without waiting for the network; the VM
-    keeps running on the source. Progress: libvirt's job counters (data, memory and disk bytes). A job
-    query that does not answer counts as no progress: while QEMU copies a disk to a dead NBD peer its
-    monitor blocks, and libvirt's jobInfo() and abortJob() wait on it. So both run in threads of their
-    own, and an aborted job that does not end within :data:`ABORT_GRACE` gets its migration connections
-    closed (:func:`cut_migration_streams`), which unblocks QEMU."""
-
-    def __init__(self, dom, bound, poll=1.0):
-        self.dom, self.bound, self.poll = dom, bound, poll
-        self.aborted, self._stop, self.moved = None, threading.Event(), 0  # moved: bytes seen processed (metrics)
-        self._pending: tuple[Data, threading.Event] | None = None  # (answer box, done event) of a waiting jobInfo()
-        self._thread = threading.Thread(target=self._watch, name="salt-virt-migration-watchdog", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(self.poll * 2 + 30)
-
-    def _watch(self):
-        seen, since = None, time.monotonic()
-        while not self._stop.wait(self.poll):
-            info = self._sample()
-            if info is not None and info[0] != libvirt.VIR_DOMAIN_JOB_NONE:
-                self.moved = max(self.moved, int(info[4]))  # jobInfo()[4]: dataProcessed
-            if info is not None and (info[0] == libvirt.VIR_DOMAIN_JOB_NONE or tuple(info[3:]) != seen):
-                seen, since = tuple(info[3:]), time.monotonic()
-                continue
-            if time.monotonic() - since >= self.bound:
-                self._abort()
-                return
-
-    def _sample(self):
-        """The job's counters if libvirt answers within ``poll`` seconds, else None (no news: a refused
-        query while the job changes phase, or a monitor blocked on a dead peer: asked again once it answers)."""
-        if self._pending is None:
-            box: Data = {}
-            done = threading.Event()
-            self._pending = (box, done)
-            _in_thread(lambda: box.update(info=self.dom.jobInfo()), "salt-virt-migration-jobinfo", done)
-        box, done = self._pending
-        if not done.wait(self.poll):
-            return None
-        self._pending = None
-        return box.get("info")
-
-    def _abort(self):
-        self.aborted = f"no progress for {self.bound:g} s (virt:migration:stall_timeout): aborted"
-        _in_thread(self.dom.abortJob, "salt-virt-migration-abort")
-        if self._stop.wait(ABORT_GRACE):
-            return
-        closed = cut_migration_streams(self.dom.UUIDString())
-        if closed:
-            self.aborted += f", its connections to the unreachable target closed ({', '.join(closed)})"
-
-
-def _in_thread(call, name, done=None):
-    """Run libvirt ``call`` in a daemon thread (it may block on a QEMU monitor); ``done`` (an Event), if
-    given, is set when it returned or failed (a libvirt error is the job changing phase or already gone:
-    ignored)."""
-
-    def run():
-        try:
-            call()
-        except libvirt.libvirtError:
-            pass
-        finally:
-            if done is not None:
-                done.set()
-
-    threading.Thread(target=run, name=name, daemon=True).start()
 
 
 def _target_view(uri, uuid, wait=10.0):
@@ -437,10 +312,16 @@ def migrate(
     stall_timeout: Any = STALL_TIMEOUT,
     qemu_tls_dir: str | None = None,
     allow_cleartext: bool = False,
+    converge: str = "none",
+    converge_timeout: float | None = None,
+    max_downtime_cap: int | None = None,
 ) -> Data:
     """Move ``name`` from this libvirtd to ``target``; see ``virt.migrate`` for the arguments. A migration
-    that moves no data for ``stall_timeout`` seconds is aborted (:class:`Watchdog`); what it would send in
-    clear is refused unless ``allow_cleartext`` (:func:`saltvirt.vm.migrate_tls.streams`)."""
+    that moves no data for ``stall_timeout`` seconds is aborted, one whose memory does not converge within
+    ``converge_timeout`` seconds is switched to post-copy (``converge`` postcopy) or aborted
+    (:class:`saltvirt.vm.migrate_watch.Watchdog`); ``max_downtime`` stays within ``max_downtime_cap``
+    (the operator's, also the default); what it would send in clear is refused unless ``allow_cleartext``
+    (:func:`saltvirt.vm.migrate_tls.streams`)."""
     validate.vm_name(name)
     dom = get_domain(conn, name)
     snapshot.refuse_migration(dom)
@@ -459,6 +340,9 @@ def migrate(
         active, tunnel, transport, target_uri, qemu_tls, qemu_tls_dir, allow_cleartext
     )
     flags = migration_flags(active, live, tunnel, copy_storage, unsafe, qemu_tls)
+    more, converge, converging = migrate_watch.converge_flags(converge, active, live, tunnel, copy_storage)
+    flags |= more
+    downtime = migrate_watch.downtime_ms(max_downtime, max_downtime_cap) if active else None
     for path, want in (verify_backing or {}).items():
         if fsutil.file_digest(path) != want:
             raise CommandExecutionError(
@@ -466,7 +350,7 @@ def migrate(
                 f"{source}. Use copy_storage=all (full copy) or give the target the same image"
             )
     transport, warnings = choose_transport(transport, pkipath, target_uri)
-    warnings += clear
+    warnings += clear + converging
     dest = target_uri or destination_uri(target, tunnel, transport, pkipath, uri_template)
     params: dict[str, Any] = {}
     if not tunnel and data_uri(dest):
@@ -483,11 +367,13 @@ def migrate(
     if max_bandwidth:
         params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = validate.positive_int(max_bandwidth, "max_bandwidth (MiB/s)")
     started = time.monotonic()
-    watchdog = Watchdog(dom, stall_bound(stall_timeout))
+    watchdog = migrate_watch.Watchdog(
+        dom, migrate_watch.stall_bound(stall_timeout), converge=converge, converge_timeout=converge_timeout
+    )
     mode = "offline" if not active else "live" if live else "paused"
     try:
-        if max_downtime and active:
-            dom.migrateSetMaxDowntime(validate.positive_int(max_downtime, "max_downtime (ms)"), 0)
+        if downtime:
+            dom.migrateSetMaxDowntime(downtime, 0)
         with watchdog:
             dom.migrateToURI3(dest, params, flags)
     except libvirt.libvirtError as exc:
@@ -517,7 +403,13 @@ def migrate(
         "seconds": seconds,
         "transport": transport or urllib.parse.urlsplit(dest).scheme.partition("+")[2] or None,
         "qemu_tls": bool(flags & libvirt.VIR_MIGRATE_TLS),
+        "converge": {"mode": converge, "timeout": converge_timeout, "max_downtime_ms": downtime},
     }
+    if watchdog.postcopy_after is not None:
+        ret["converge"]["postcopy_after"] = watchdog.postcopy_after
+        warnings.append(
+            f"not converged within {converge_timeout:g} s: switched to post-copy (virt:migration:converge postcopy)"
+        )
     if warnings:
         ret["warnings"] = warnings
     return ret

@@ -109,3 +109,73 @@ def test_the_module_and_its_invalidation(virt_test, tmp_path):
     virt_test["virt.setmem"]("capmod1", 256)
     assert capacity.generation(cache) > before
     assert virt_test["virt.capacity"]()["vm_info"]["capmod1"]["mem"] == 256
+
+
+POLICY = {"mem_reserve_mib": 0, "cpu_overcommit": 1.0, "disk_reserve_mib": 0}
+
+
+def test_the_host_refuses_what_no_longer_fits_whatever_the_master_believed(test_conn, tmp_path):
+    """virt.init's own check (issue 40): a pushed record may be stale, so the host counts what its running VMs
+    hold now with the master's policy; what fits passes, what does not is refused with the reason."""
+    node = query.node_info(test_conn)
+    free_mem = node["phymemory"] - capacity.capacity(test_conn)["host"]["mem_used_by_vms"]
+    assert capacity.overcommit(test_conn, dict(POLICY, cpu=1, mem=64)) == []
+    _define(test_conn, "hog", mem=free_mem - 32, cpu=1).create()  # started since the master's record
+    reasons = capacity.overcommit(test_conn, dict(POLICY, cpu=1, mem=64))
+    assert len(reasons) == 1 and reasons[0].startswith("memory: needs 64 MiB, 32 MiB free now")
+    cpus = node["cpus"] * 2  # overcommit 2: twice the host's CPUs, minus what runs
+    used = capacity.capacity(test_conn)["host"]["vcpus_used_by_vms"]
+    assert capacity.overcommit(test_conn, dict(POLICY, cpu_overcommit=2.0, cpu=cpus - used, mem=1)) == []
+    assert capacity.overcommit(test_conn, dict(POLICY, cpu_overcommit=2.0, cpu=cpus - used + 1, mem=1))[0].startswith(
+        "vcpus:"
+    )
+    (tmp_path / "images").mkdir()
+    huge = query.free_mib(str(tmp_path / "images")) + 1
+    assert capacity.overcommit(test_conn, dict(POLICY, cpu=1, mem=1, disk_mib=huge), str(tmp_path / "images"))[
+        0
+    ].startswith("disk:")
+
+
+def test_a_bad_need_is_refused():
+    import pytest
+    from salt.exceptions import SaltInvocationError
+
+    with pytest.raises(SaltInvocationError, match="mem must be a number >= 0"):
+        capacity.overcommit(None, dict(POLICY, cpu=1, mem="lots"))
+
+
+def test_the_pusher_pushes_at_once_on_a_change_and_on_its_heartbeat():
+    """A burst of changes is one push (at most one per gap), and without a change it still beats."""
+    import threading
+    import time
+
+    pushed = []
+    done = threading.Event()
+
+    def push():
+        pushed.append(time.monotonic())
+        done.set()
+
+    pusher = capacity.Pusher(push, every=3600, gap=0.05).start()
+    try:
+        assert done.wait(10)  # the first push: at start
+        done.clear()
+        for _ in range(20):
+            pusher.changed("started", {})
+        assert done.wait(10)
+        deadline = time.monotonic() + 10
+        while pusher.pushes < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 2 <= pusher.pushes <= 3  # the burst: one push (two when it straddled the first one's gap)
+    finally:
+        pusher.stop.set()
+        pusher.wake.set()
+    beat = capacity.Pusher(push, every=0.05, gap=0.01).start()
+    try:
+        deadline = time.monotonic() + 10
+        while beat.pushes < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert beat.pushes >= 3  # no change at all: the heartbeat pushes
+    finally:
+        beat.stop.set()
+        beat.wake.set()

@@ -9,7 +9,7 @@ from tests.support.enginecheck import logged
 from tests.support.paths import ROOT
 
 
-def load_engines(tmp_path, **virt):
+def load_engines(tmp_path, module_dirs=(), **virt):
     import salt.config
     import salt.loader
 
@@ -20,6 +20,7 @@ def load_engines(tmp_path, **virt):
         cachedir=str(tmp_path / "cache"),
         pki_dir=str(tmp_path / "pki"),
         engines_dirs=[str(ROOT / "_engines")],
+        module_dirs=list(module_dirs),
         virt={"connection": {"uri": "test:///default"}, **virt},
     )
     opts["grains"] = {}
@@ -57,3 +58,49 @@ def test_the_inbox_bound_comes_from_the_minion_config(tmp_path, caplog):
     assert "virt_events engine not started: virt:events:inbox_max in the minion config must be a whole number" in (
         caplog.text
     )
+
+
+def test_the_engine_pushes_the_hosts_capacity_when_it_starts_and_when_a_vm_changes(tmp_path):
+    """Issue 40: the engine puts the signed record in the mine when it starts and after a lifecycle event (a
+    masterless minion's own mine here: mine.send with file_client local; the master's path:
+    tests/unit/pki/test_answers.py)."""
+    import time
+
+    import salt.loader
+
+    from saltvirt.pki import answers
+    from tests.support import keystore
+
+    (tmp_path / "pki").mkdir()
+    pub, priv = keystore.keypair("answering hypervisor")
+    (tmp_path / "pki" / "minion.pem").write_text(priv)
+    # its first push is at start; no heartbeat after it (the thread outlives the test)
+    engines = load_engines(tmp_path, [str(ROOT / "_modules")], capacity_push={"every": 3600})
+    mods = salt.loader.minion_mods(engines.opts)
+    threading.Thread(target=engines["virt_events.start"], daemon=True).start()
+    deadline, record = time.monotonic() + 60, None
+    while record is None and time.monotonic() < deadline:  # the condition: the record is there
+        record = (mods["data.get"]("mine_cache") or {}).get(answers.MINE_KEY)
+        time.sleep(0.05)
+    assert record is not None, "the engine pushed no capacity within 60 s"
+    at, cap = answers.verify_record(pub, "hyper-test", record["__data__"])
+    assert cap["host"]["vms_defined"] >= 1 and at <= time.time() and "pushed1" not in cap["vm_info"]
+    # a VM started on this hypervisor (the engine's libvirt: test:///default is one per process) is pushed at once
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    try:
+        conn.defineXML(
+            "<domain type='test'><name>pushed1</name><memory unit='MiB'>64</memory><os><type>hvm</type></os></domain>"
+        ).create()
+        deadline = time.monotonic() + 60
+        while "pushed1" not in cap["vm_info"] and time.monotonic() < deadline:  # no heartbeat: only the change
+            time.sleep(0.05)
+            record = (mods["data.get"]("mine_cache") or {}).get(answers.MINE_KEY)
+            cap = answers.verify_record(pub, "hyper-test", record["__data__"])[1]
+        assert "pushed1" in cap["vm_info"], "the engine did not push the started VM within 60 s"
+    finally:
+        dom = conn.lookupByName("pushed1")
+        dom.destroy()
+        dom.undefine()
+        conn.close()

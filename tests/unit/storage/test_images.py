@@ -315,6 +315,15 @@ def test_remove_owned_deletes_a_chain_within_one_vm(tree, base):
     assert not vm_dir.exists()
 
 
+def test_qcow2_virtual_size_reads_the_header_as_qemu_img_does(base, tmp_path):
+    over = str(tmp_path / "o.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", over, "3G"], check=True)
+    assert images.qcow2_virtual_size(over) == 3 << 30 == images.image_info(over, "qcow2")["virtual_size"]
+    assert images.qcow2_virtual_size(base["qcow2"]) == images.image_info(base["qcow2"], "qcow2")["virtual_size"]
+    with pytest.raises(CommandExecutionError, match="not a qcow2 image"):
+        images.qcow2_virtual_size(base["raw"])
+
+
 def test_qcow2_backing_reads_the_header(base, tmp_path):
     over = str(tmp_path / "o.qcow2")
     images.clone(base["raw"], over, overlay=True)

@@ -55,6 +55,7 @@ def test_offline_full_backup_records_chain_checksums_and_xml(bk):
     assert made["type"] == "full" and made["chain"] == [made["id"]] and made["parent"] is None
     assert made["note"] == "no earlier backup of this VM: made a full one"
     assert made["live"] is False and made["consistency"] == backup.OFFLINE and made["checkpoint"] is None
+    assert made["mode"] == "offline"
     directory = tmp / "backups" / "bk1" / v["virt.vm_info"]("bk1")["bk1"]["uuid"]  # by uuid below the name
     assert made["dir"] == str(directory)
     (disk,) = made["disks"]
@@ -232,6 +233,30 @@ def test_guest_freeze_decision_and_thaw_on_the_test_driver(bk):
         conn.close()
 
 
+def test_a_refused_pull_job_falls_back_to_push_and_leaves_no_socket(caplog, tmp_path, monkeypatch):
+    """libvirt's test driver refuses every backup job (it runs none): the pull job's refusal is logged and
+    push mode is tried (refused too, so the backup fails); the socket directory and scratch files go."""
+    made = []
+    real_mkdtemp = backup.backuppull.tempfile.mkdtemp
+    monkeypatch.setattr(backup.backuppull.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    conn = libvirt.open("test:///default")
+    try:
+        dom = conn.lookupByName("test")
+        facts = {"guest_agent": None, "disks": [{"target": "vda", "device": "disk"}]}
+        chosen = [{"target": "vda", "format": "qcow2", "file": str(tmp_path / "disk.qcow2")}]
+        files = {"vda": str(tmp_path / "1.vda.qcow2")}
+        with caplog.at_level("WARNING"), pytest.raises(CommandExecutionError, match="start the backup"):
+            backup._live(dom, facts, chosen, files, None, None, 60, None, mode="pull")
+        assert "pull-mode backup refused" in caplog.text and "push mode" in caplog.text
+        assert made and not os.path.exists(made[0]) and os.listdir(tmp_path) == []
+        caplog.clear()
+        with caplog.at_level("WARNING"), pytest.raises(CommandExecutionError, match="start the backup"):
+            backup._live(dom, facts, chosen, files, None, None, 60, None, mode="push")
+        assert "pull-mode" not in caplog.text and len(made) == 1  # push mode asks for no socket
+    finally:
+        conn.close()
+
+
 def test_a_new_vm_with_the_name_of_a_purged_one_backs_up_fine(bk):
     """Backups are kept by VM uuid below the name: a purged VM's backups never block a later VM of its name
     (whoever made it), and stay listed and restorable beside the new one's."""
@@ -287,3 +312,50 @@ def test_the_result_says_which_disks_a_backup_does_not_hold_and_why(bk):
     assert [d["target"] for d in made["disks"]] == ["vda"] and made["skipped"] == want
     assert v["virt.backup_list"]("bk1")["backups"][0]["skipped"] == want
     assert v["virt.backup"]("bk1", disks="vda")["skipped"] == want  # asked for vda alone: the same
+
+
+class EndingJob:
+    """A domain whose backup job ends after ``polls`` looks. libvirt's test driver has no backup jobs
+    (backupBegin needs QEMU), so this stands in for the two calls _wait_job makes; the real job:
+    tests/integration/test_backup_real.py."""
+
+    def __init__(self, polls):
+        self.polls = polls
+
+    def name(self):
+        return "vm"
+
+    def jobInfo(self):
+        self.polls -= 1
+        return [libvirt.VIR_DOMAIN_JOB_NONE if self.polls < 0 else libvirt.VIR_DOMAIN_JOB_BOUNDED]
+
+    def jobStats(self, flags):
+        return {"operation": libvirt.VIR_DOMAIN_JOB_OPERATION_BACKUP, "success": True}
+
+
+def test_a_short_backup_job_is_seen_ending_within_tens_of_ms_not_a_fixed_200(monkeypatch):
+    slept = []
+    monkeypatch.setattr(backup.time, "sleep", slept.append)
+    backup._wait_job(EndingJob(3), timeout=60)
+    assert slept == [0.01, 0.02, 0.04]  # the old loop: 0.2 each time
+    slept.clear()
+    backup._wait_job(EndingJob(9), timeout=60)
+    assert slept == [0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.2, 0.2]  # a long job: 5 looks a second
+
+
+def test_describing_backup_files_runs_no_qemu_img_info_and_hashes_each_disk_once(tmp_path, monkeypatch):
+    files = {}
+    for target, size in (("vda", "5M"), ("vdb", "7M")):
+        files[target] = str(tmp_path / f"b.{target}.qcow2")
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", files[target], size], check=True)
+        qemu_io(files[target], f"write -P 0x{len(files)}1 0 1M")
+
+    def no_info(*args, **kwargs):
+        raise AssertionError("qemu-img info is not needed: the header has the size")
+
+    monkeypatch.setattr(backup.images, "image_info", no_info)
+    chosen = [{"target": t, "file": f"/src/{t}", "format": "qcow2"} for t in files]
+    out = backup._describe_disks(str(tmp_path), chosen, files, None)
+    assert [(d["target"], d["virtual_size"]) for d in out] == [("vda", 5 << 20), ("vdb", 7 << 20)]
+    assert [d["sha256"] for d in out] == [backupstore.file_digest(files[t]) for t in files]
+    assert all(d["backing"] is None and d["size"] == os.stat(files[d["target"]]).st_size for d in out)

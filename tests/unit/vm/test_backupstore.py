@@ -166,6 +166,31 @@ def test_verify_catches_a_changed_file_and_a_rewired_backing_file(tmp_path):
         store.verify(d, ms)
 
 
+def test_stage_hashes_each_file_as_it_copies_it_and_never_reads_it_twice(tmp_path, monkeypatch):
+    src, staging = tmp_path / "src", tmp_path / "staging"
+    src.mkdir()
+    staging.mkdir()
+    full = src / "20260101T000000Z.vda.qcow2"
+    inc = src / "20260102T000000Z.vda.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(full), "1M"], check=True)
+    subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 64k", str(full)], check=True, capture_output=True)
+    cmd = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", full.name, str(inc)]
+    subprocess.run(cmd, check=True, cwd=src)
+    ms = chain(("20260101T000000Z", None), ("20260102T000000Z", "20260101T000000Z"))
+    ms[0]["disks"][0]["sha256"] = store.file_digest(full)
+    ms[1]["disks"][0].update(sha256=store.file_digest(inc), backing=full.name)
+    reads = []
+    monkeypatch.setattr(store, "file_digest", lambda path, *a: reads.append(path))  # a spy: any second pass shows
+    top = store.stage(str(src), ms, str(staging))
+    assert top == {"vda": str(staging / inc.name)} and not reads
+    assert (staging / full.name).read_bytes() == full.read_bytes()
+    ms[0]["disks"][0]["sha256"] = "0" * 64  # the one pass still catches a mismatch
+    (tmp_path / "again").mkdir()
+    with pytest.raises(CommandExecutionError, match="checksum mismatch"):
+        store.stage(str(src), ms, str(tmp_path / "again"))
+    assert not reads
+
+
 def test_needed_by_and_chain_of():
     ms = chain(("20260101T000000Z", None), ("20260102T000000Z", "20260101T000000Z"))
     assert store.needed_by(ms, "20260101T000000Z") == ["20260102T000000Z"]

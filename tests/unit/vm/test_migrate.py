@@ -6,7 +6,6 @@ import json
 import os
 import pathlib
 import subprocess
-import threading
 
 import libvirt
 import pytest
@@ -409,35 +408,3 @@ def test_qemu_img_on_the_target_runs_through_tools_run(tmp_path):
     with pytest.raises(CommandExecutionError, match=r"^qemu-img create -q -f qcow2 .*/no/such/dir/d.qcow2 1M failed: "):
         migrate._qemu_img("create", "-q", "-f", "qcow2", str(tmp_path / "no/such/dir/d.qcow2"), "1M")
     assert migrate._qemu_img("create", "-q", "-f", "qcow2", str(tmp_path / "d.qcow2"), "1M") == ""
-
-
-class StuckMonitor:
-    """A domain whose QEMU monitor blocks after one answer, as while QEMU copies a disk to an NBD peer
-    behind a cut link (tests/integration/test_faults.py runs the real thing; here the watchdog's own
-    bookkeeping, in milliseconds: the test driver has no migration jobs)."""
-
-    def __init__(self):
-        self.answered, self.release, self.abort_asked = 0, threading.Event(), threading.Event()
-
-    def jobInfo(self):
-        self.answered += 1
-        if self.answered > 1:
-            self.release.wait(30)  # blocked until the streams are cut
-        return [libvirt.VIR_DOMAIN_JOB_UNBOUNDED, 1000, 0, 64, 16, 48, 0, 0, 0, 64, 16, 48]
-
-    def abortJob(self):
-        self.abort_asked.set()
-        self.release.wait(30)  # queued behind the blocked query
-
-    def UUIDString(self):
-        return "00000000-0000-0000-0000-00000000dead"  # no QEMU has it: nothing to cut
-
-
-def test_watchdog_aborts_when_the_job_query_itself_hangs(monkeypatch):
-    monkeypatch.setattr(migrate, "ABORT_GRACE", 0.05)
-    dom = StuckMonitor()
-    with migrate.Watchdog(dom, 0.3, poll=0.02) as dog:
-        asked = dom.abort_asked.wait(10)  # a bound, not a speed: a watchdog stuck on the query never asks
-    dom.release.set()
-    assert asked, "the watchdog waited on the blocked job query and never aborted"
-    assert dog.aborted == "no progress for 0.3 s (virt:migration:stall_timeout): aborted"

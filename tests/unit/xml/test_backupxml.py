@@ -72,3 +72,37 @@ def test_redefine_xml_names_creation_time_and_bitmaps():
 def test_backup_files_reads_back_what_backup_xml_wrote():
     xml = backupxml.backup_xml({"vda": "/b/web1/1.vda.qcow2", "vdb": "/b/web1/1.vdb.qcow2"}, skip=["sda"])
     assert backupxml.backup_files(xml) == ["/b/web1/1.vda.qcow2", "/b/web1/1.vdb.qcow2"]
+
+
+PULLS = {
+    "pull-full": dict(
+        socket="/run/salt-virt-nbd-x/nbd.sock",
+        scratch={"vda": "/srv/backups/web1/20260101T020000Z.vda.scratch.qcow2"},
+        skip=["vdb"],
+    ),
+    "pull-incremental": dict(
+        socket="/run/salt-virt-nbd-y/nbd.sock",
+        scratch={"vda": "/srv/backups/web1/20260102T020000Z.vda.scratch.qcow2"},
+        incremental="salt-backup-20260101T020000Z",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PULLS))
+def test_golden_pull_backup(golden, case):
+    golden(f"backupxml/{case}", backupxml.pull_xml(**PULLS[case]))
+
+
+def test_pull_job_exports_and_files_read_back_as_libvirt_describes_them():
+    """A running pull job's XML as libvirt 9 gives it back (backupGetXMLDesc) names each disk's export and
+    dirty bitmap; an interrupted job's scratch files are what a stale-job check must find."""
+    running = (
+        "<domainbackup mode='pull'><incremental>salt-backup-1</incremental>"
+        "<server transport='unix' socket='/run/s/nbd.sock'/><disks>"
+        "<disk name='vda' backup='yes' type='file' backupmode='incremental' incremental='salt-backup-1' "
+        "exportname='vda' exportbitmap='backup-vda'><driver type='qcow2'/><scratch file='/b/1.vda.scratch.qcow2'/>"
+        "</disk><disk name='vdb' backup='no'/></disks></domainbackup>"
+    )
+    assert backupxml.exports(running) == {"vda": ("vda", "backup-vda")}
+    assert backupxml.backup_files(running) == ["/b/1.vda.scratch.qcow2"]
+    assert backupxml.exports(backupxml.pull_xml(**PULLS["pull-full"])) == {"vda": ("vda", None)}

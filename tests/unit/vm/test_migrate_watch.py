@@ -1,0 +1,171 @@
+"""saltvirt.vm.migrate_watch: a migration's progress and convergence. The libvirt test driver has no
+migration jobs, so the watchdog's decisions are checked on domains that answer jobInfo() as a real
+migration's job does (tests/integration/test_faults.py and bench/bench_migrate.py run real ones)."""
+
+import threading
+
+import libvirt
+import pytest
+from salt.exceptions import SaltInvocationError
+
+from saltvirt.vm import migrate, migrate_watch
+from tests.support.saltloader import make_minion_mods
+
+
+def conf_get(mig):
+    return lambda key, default=None: mig if key == "virt:migration" else default
+
+
+def test_convergence_settings_default_and_are_checked():
+    got = migrate.settings(conf_get({}))
+    assert (got["converge"], got["converge_timeout"], got["max_downtime"]) == ("auto", 300.0, None)
+    got = migrate.settings(conf_get({"converge": "postcopy", "converge_timeout": "45", "max_downtime": 200}))
+    assert (got["converge"], got["converge_timeout"], got["max_downtime"]) == ("postcopy", 45.0, 200)
+    for bad, match in (
+        ({"converge": "forever"}, "virt:migration:converge must be one of auto, postcopy, none"),
+        ({"converge_timeout": 0}, "virt:migration:converge_timeout must be"),
+        ({"max_downtime": "soon"}, "virt:migration:max_downtime"),
+    ):
+        with pytest.raises(SaltInvocationError, match=match):
+            migrate.settings(conf_get(bad))
+
+
+def test_converge_flags_per_mode():
+    auto, postcopy = libvirt.VIR_MIGRATE_AUTO_CONVERGE, libvirt.VIR_MIGRATE_POSTCOPY
+    assert migrate_watch.converge_flags("auto", True, True, False, None) == (auto, "auto", [])
+    assert migrate_watch.converge_flags("postcopy", True, True, False, None) == (postcopy, "postcopy", [])
+    assert migrate_watch.converge_flags("none", True, True, False, None) == (0, "none", [])
+    # a stopped or paused VM has no memory to converge
+    assert migrate_watch.converge_flags("auto", False, True, False, None) == (0, "none", [])
+    assert migrate_watch.converge_flags("postcopy", True, False, False, None) == (0, "none", [])
+    # libvirt has no post-copy with a disk copy or a tunnel: auto-converge instead, said
+    for tunnel, copy in ((False, "all"), (True, None)):
+        flags, mode, warnings = migrate_watch.converge_flags("postcopy", True, True, tunnel, copy)
+        assert (flags, mode) == (auto, "auto") and "auto-converge used" in warnings[0]
+
+
+def test_max_downtime_stays_within_the_operators_cap():
+    assert migrate_watch.downtime_ms(None, None) is None  # QEMU's own default (300 ms)
+    assert migrate_watch.downtime_ms(None, 250) == 250  # the operator's default
+    assert migrate_watch.downtime_ms(100, 250) == 100
+    assert migrate_watch.downtime_ms("500", None) == 500
+    with pytest.raises(SaltInvocationError, match=r"max_downtime=900 ms is above .*max_downtime: 250 ms"):
+        migrate_watch.downtime_ms(900, 250)
+
+
+def test_module_refuses_a_downtime_above_the_cap_before_anything_moves(tmp_path):
+    mods = make_minion_mods(tmp_path, "test:///default", migration={"allow_cleartext": True, "max_downtime": 100})
+    with pytest.raises(SaltInvocationError, match="is above what this hypervisor allows"):
+        mods["virt.migrate"]("test", "hv2", transport="tcp", max_downtime=5000)
+    assert mods["virt.vm_state"]("test") == {"test": "running"}
+
+
+class BusyGuest:
+    """A migration job that keeps moving memory and never ends: a guest dirtying memory faster than the
+    link copies it (pre-copy's endless loop)."""
+
+    def __init__(self):
+        self.processed, self.aborted, self.postcopy = 0, threading.Event(), threading.Event()
+
+    def jobInfo(self):
+        self.processed += 1 << 20
+        p = self.processed
+        return [libvirt.VIR_DOMAIN_JOB_UNBOUNDED, 1000, 0, 1 << 30, p, 1 << 29, 1 << 30, p, 1 << 29, 0, 0, 0]
+
+    def abortJob(self):
+        self.aborted.set()
+
+    def migrateStartPostCopy(self, flags):
+        assert flags == 0
+        self.postcopy.set()
+
+    def UUIDString(self):
+        return "00000000-0000-0000-0000-00000000beef"
+
+
+def test_a_migration_that_never_converges_is_aborted():
+    dom = BusyGuest()
+    with migrate_watch.Watchdog(dom, 30, poll=0.02, converge="auto", converge_timeout=0.2) as dog:
+        asked = dom.aborted.wait(10)  # a bound, not a speed: the old watchdog saw progress and never aborted
+    assert asked and not dom.postcopy.is_set()
+    assert dog.aborted.startswith("the guest's memory did not converge within 0.2 s (virt:migration:converge_timeout")
+    assert "set virt:migration:converge: postcopy" in dog.aborted
+
+
+def test_a_postcopy_migration_that_never_converges_is_switched_once():
+    dom = BusyGuest()
+    with migrate_watch.Watchdog(dom, 30, poll=0.02, converge="postcopy", converge_timeout=0.2) as dog:
+        switched = dom.postcopy.wait(10)
+        seen = dom.processed
+        while dom.processed < seen + (20 << 20):  # it keeps watching (stalls) after the switch
+            threading.Event().wait(0.02)
+    assert switched and not dom.aborted.is_set() and dog.aborted is None
+    assert dog.postcopy_after is not None and dog.postcopy_after >= 0.2
+
+
+def test_the_convergence_clock_starts_with_the_memory_phase():
+    """A disk copy (NBD, before any memory moves) may take long: it is not a failure to converge."""
+    dom, asked, enough = BusyGuest(), iter(range(1, 1 << 30)), threading.Event()
+
+    def disk_copy_only():  # data moves, memory does not (jobInfo()[7], memProcessed, stays 0)
+        done = next(asked)
+        if done >= 30:  # 30 samples: 15 times converge_timeout of watching
+            enough.set()
+        return [libvirt.VIR_DOMAIN_JOB_UNBOUNDED, 1000, 0, 1 << 30, done << 20, 1 << 29, 1 << 30, 0, 0, 0, 0, 0]
+
+    dom.jobInfo = disk_copy_only
+    with migrate_watch.Watchdog(dom, 30, poll=0.01, converge="auto", converge_timeout=0.02) as dog:
+        assert enough.wait(30)  # a bound, not a speed
+    assert not dom.aborted.is_set() and dog.aborted is None and dog.memory_since is None
+
+
+class StuckMonitor:
+    """A domain whose QEMU monitor blocks after one answer, as while QEMU copies a disk to an NBD peer
+    behind a cut link (tests/integration/test_faults.py runs the real thing; here the watchdog's own
+    bookkeeping, in milliseconds: the test driver has no migration jobs)."""
+
+    def __init__(self):
+        self.answered, self.release, self.abort_asked = 0, threading.Event(), threading.Event()
+
+    def jobInfo(self):
+        self.answered += 1
+        if self.answered > 1:
+            self.release.wait(30)  # blocked until the streams are cut
+        return [libvirt.VIR_DOMAIN_JOB_UNBOUNDED, 1000, 0, 64, 16, 48, 0, 0, 0, 64, 16, 48]
+
+    def abortJob(self):
+        self.abort_asked.set()
+        self.release.wait(30)  # queued behind the blocked query
+
+    def UUIDString(self):
+        return "00000000-0000-0000-0000-00000000dead"  # no QEMU has it: nothing to cut
+
+
+def test_watchdog_aborts_when_the_job_query_itself_hangs(monkeypatch):
+    monkeypatch.setattr(migrate_watch, "ABORT_GRACE", 0.05)
+    dom = StuckMonitor()
+    with migrate_watch.Watchdog(dom, 0.3, poll=0.02) as dog:
+        asked = dom.abort_asked.wait(10)  # a bound, not a speed: a watchdog stuck on the query never asks
+    dom.release.set()
+    assert asked, "the watchdog waited on the blocked job query and never aborted"
+    assert dog.aborted == "no progress for 0.3 s (virt:migration:stall_timeout): aborted"
+
+
+class LibvirtSaid:
+    """A libvirt error as migrateToURI3 raises it (the test driver cannot migrate)."""
+
+    def __init__(self, msg):
+        self.msg = msg
+
+    def get_error_code(self):
+        return libvirt.VIR_ERR_INTERNAL_ERROR
+
+    def get_error_message(self):
+        return self.msg
+
+
+def test_a_hypervisor_without_postcopy_is_explained():
+    """What this lab's QEMU said (bench/bench_migrate.py --proof): unprivileged, no userfaultfd."""
+    said = "internal error: unable to execute QEMU command 'migrate-set-capabilities': Postcopy is not supported"
+    hint = migrate._hint(LibvirtSaid(said), "hv2")
+    assert "vm.unprivileged_userfaultfd = 1" in hint and "converge: auto" in hint
