@@ -36,6 +36,7 @@ if saltvirt is not None:
     from saltvirt.base import operators as _operators
     from saltvirt.base import switches, validate
     from saltvirt.base.validate import to_bool as _bool
+    from saltvirt.guest import keypool
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.host import conn as _c
     from saltvirt.model import compat, vmargs
@@ -307,6 +308,9 @@ def init(
         operator=_operator(),
         tb_cache_mib=_cfg("virt:tcg_tb_cache_mib", None),
         minion_install=_cfg("virt:minion_install", None),
+        type_cache=capacity.cache_dir(__opts__),
+        key_pool=keypool.location(capacity.cache_dir(__opts__)),
+        key_pool_size=_cfg("virt:seed_key_pool", keypool.DEFAULT_SIZE),
     )
     with _conn(connection) as conn, _progress(name) as events:
         # every argument by name (tests/unit/model/test_vmargs.py checks the list is the table's), the request

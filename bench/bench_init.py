@@ -6,16 +6,23 @@ disk), one virtio NIC on bridge br0, direct kernel boot, type qemu (TCG). Timed:
 "defined and started" (libvirt's create() returned), in a process where the loader is already set up.
 The floor does the least any tool must: ``qemu-img create`` (or a file copy), defineXML, create().
 
-Each variant runs in ``procs`` fresh processes of ``reps`` calls each, the variants alternating so
-that load from elsewhere on the machine hits all of them. Every VM is destroyed, undefined and its
-files removed after its call (untimed).
+Each variant runs in ``procs`` fresh processes of ``reps`` calls each: one process per variant set up at
+once, then the calls interleaved (floor, ours, ..., floor, ours, ...; a new order each round), so
+that load from elsewhere on the machine hits all of them alike. Every VM is destroyed, undefined and its
+files removed after its call (untimed). The loader processes share one Salt cachedir, as a minion's jobs
+(each a process of its own) share the minion's: what salt-virt keeps there (the detected domain type) is
+worked out by the first call of the first process and found by the others.
 
     bench/run --only init             # or: $VENV/bin/python bench/bench_init.py [--quick]
 """
 
 import argparse
+import contextlib
+import json
 import os
+import random
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -97,6 +104,7 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
         os.makedirs(hv.path("log", "qemu"), exist_ok=True)
         images_dir = os.path.join(workdir, "images")
         os.makedirs(images_dir, mode=0o755)
+        cachedir = os.path.join(workdir, "minion-cache")  # one minion: its jobs' processes share it
         # warm-up, untimed: a fresh libvirtd probes QEMU's capabilities at its first domain start (seconds)
         log("init: warm-up (libvirtd probes QEMU once)" if warm else "init: no warm-up (--quick)")
         if warm:
@@ -124,32 +132,35 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
             conn.close()
         for mode in disk_modes:
             overlay, start, only = MODES[mode]
+            chosen = [v for v in VARIANTS if not (only and v[0] not in only) and v[0] not in skip]
             for p in range(procs):
-                for label, impl_name, extra in VARIANTS:
-                    if (only and label not in only) or label in skip:
-                        continue
-                    spec = {
-                        "mode": "init",
-                        "impl": impl_name,
-                        "uri": hv.uri,
-                        "images_dir": images_dir,
-                        "guest": guest_files(),
-                        "overlay": overlay,
-                        "start": start,
-                        "image_format": "raw",
-                        "reps": reps,
-                        "prefix": f"b{len(answers) % 100}x{p}i",
-                        "virt": {
-                            "connection": {"uri": hv.uri},
-                            "images": images_dir,
-                            "allowed_paths": [str(common.GUEST)],  # the guest's kernel/initrd (direct boot)
+                specs = {}
+                for n, (label, impl_name, extra) in enumerate(chosen):
+                    specs[label] = dict(
+                        {
+                            "mode": "init",
+                            "impl": impl_name,
+                            "uri": hv.uri,
+                            "images_dir": images_dir,
+                            "guest": guest_files(),
+                            "overlay": overlay,
+                            "start": start,
+                            "image_format": "raw",
+                            "serve": True,
+                            "prefix": f"b{mode[0]}{p}v{n}i",
+                            "virt": {
+                                "connection": {"uri": hv.uri},
+                                "images": images_dir,
+                                "allowed_paths": [str(common.GUEST)],  # the guest's kernel/initrd (direct boot)
+                            },
+                            "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
+                            "cachedir": cachedir,
                         },
-                        "module_dirs": impls[impl_name]["module_dirs"] if impl_name != "raw" else [],
-                    }
-                    spec.update(extra)
-                    python = impls["salt-virt" if impl_name == "raw" else impl_name]["python"]
-                    log(f"init {mode} {label} process {p + 1}/{procs}")
-                    answers.setdefault((mode, label), []).append(common.run_worker(python, spec, timeout=900))
+                        **extra,
+                    )
+                log(f"init {mode}: process set {p + 1}/{procs}, {len(chosen)} variants x {reps} calls, interleaved")
+                for label, got in interleaved(impls, chosen, specs, reps, workdir).items():
+                    answers.setdefault((mode, label), []).append(got)
     finally:
         if hv:
             hv.stop()
@@ -157,8 +168,71 @@ def run(procs, reps, workdir, log, disk_modes=("overlay", "copy", "define"), ski
     return answers
 
 
+def interleaved(impls, chosen, specs, reps, workdir):
+    """One process per variant, set up first (untimed), then call by call in turn (a new order each
+    round), so that load from elsewhere on the machine falls on every variant alike: per variant
+    ``{ok, times, errors, results}`` (or ``{ok: False, error}`` when its process did not come up)."""
+    procs, out = {}, {}
+    try:
+        for label, impl_name, _extra in chosen:
+            python = impls["salt-virt" if impl_name == "raw" else impl_name]["python"]
+            err = open(os.path.join(workdir, f"worker-{len(procs)}.err"), "w+")  # noqa: SIM115 - closed below
+            proc = subprocess.Popen(
+                [python, str(common.WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+            )
+            procs[label] = (proc, err)
+            proc.stdin.write(json.dumps(specs[label]) + "\n")
+            proc.stdin.flush()
+        for label, (proc, err) in procs.items():
+            ready = _answer(proc)
+            out[label] = {"ok": True, "times": [], "errors": [], "results": []}
+            if not ready.get("ready"):
+                err.seek(0)
+                out[label] = {"ok": False, "error": err.read()[-3000:] or "the worker did not come up"}
+        shuffle = random.Random(len(chosen) * 1000 + reps).shuffle  # the same orders in every run
+        for i in range(reps):
+            turn = list(chosen)
+            shuffle(turn)  # no variant always right after another (a seeding's key refill, a VM's start)
+            for label, _impl, _extra in turn:
+                got = out[label]
+                if not got["ok"]:
+                    continue
+                one = _call(procs[label][0], f"{specs[label]['prefix']}{i}")
+                if "error" in one:
+                    got["errors"].append(one["error"])
+                else:
+                    got["times"].append(one["time"])
+                    if len(got["results"]) < 2:
+                        got["results"].append(one["result"])
+    finally:
+        for proc, err in procs.values():
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            err.close()
+    return out
+
+
+def _answer(proc):
+    """The worker's next JSON line ({} when it ended)."""
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def _call(proc, name):
+    proc.stdin.write(json.dumps({"name": name}) + "\n")
+    proc.stdin.flush()
+    return _answer(proc) or {"error": f"the worker ended (exit {proc.poll()})"}
+
+
 def render(answers):
-    tables, errors, rows_json = [], [], []
+    tables, errors, rows_json, notes = [], [], [], []
     for mode in MODES:
         floor = None
         body = []
@@ -202,11 +276,17 @@ def render(answers):
                 errors.append(f"{mode} / {shown}: {len(errs)} call(s) failed; first: {errs[0][-600:]}")
         if not body:
             continue
+        seeded = {r["variant"]: r["times"] for r in rows_json if r["mode"] == mode and r["times"]}
+        on, off = seeded.get("salt-virt virt.init seed=True"), seeded.get("salt-virt virt.init seed=False")
+        if on and off:  # seeding's own cost: the same init with and without it, in this run
+            extra = (on["median"] - off["median"]) * 1000
+            both = f"{common.fmt_s(on['median'])} vs {common.fmt_s(off['median'])}"
+            notes.append(f"{mode}: seeding adds {extra:+.0f} ms ({both}, medians)")
         tables.append(
             f"**{TITLES[mode]}** — median (min–max, n)\n\n"
             + common.table(["variant", "time", "vs floor", "first call in a process", "status"], body)
         )
-    return tables, errors, rows_json
+    return tables, errors, rows_json, notes
 
 
 def main(argv=None):
@@ -232,12 +312,13 @@ def main(argv=None):
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    tables, errors, rows = render(answers)
+    tables, errors, rows, seeding = render(answers)
     result = {
         "title": "1. virt.init vs raw libvirt vs saltext-virt (real libvirtd, TCG)",
         "rows": rows,
         "tables": tables,
-        "notes": [f"load average before/after: {load0} / {common.loadavg()}"] + [f"FAILED {e}" for e in errors],
+        "notes": [f"load average before/after: {load0} / {common.loadavg()}", *seeding]
+        + [f"FAILED {e}" for e in errors],
     }
     common.emit("init", result)
     # the competitor's failures are results, not a failure of this script; ours are

@@ -6,7 +6,9 @@ the timed part; peak memory is VmHWM of this process before and after the timed 
 modes:
   call      __salt__[func](*args, **kwargs) ``reps`` times through the Salt loader (module_dirs)
   init      VM creation ``reps`` times: impl salt-virt / saltext-virt (virt.init via the loader) or
-            raw (libvirt-python floor: qemu-img + defineXML + create); each VM is removed untimed
+            raw (libvirt-python floor: qemu-img + defineXML + create); each VM is removed untimed.
+            With ``serve``: set up, print ``{"ready": true}``, then one VM creation per ``{"name": ...}``
+            line read from stdin, one JSON answer line each, until EOF (the caller interleaves processes)
   clone     saltvirt.storage.images.clone(src, dest, overlay=...) ``reps`` times (our venv only)
   rawquery  the raw libvirt-python floor of virt.full_info (bulk APIs) ``reps`` times
 """
@@ -84,7 +86,8 @@ def minion_mods(spec, workdir):
             "id": "bench-minion",
             "master": "salt-master.bench",
             "file_client": "local",
-            "cachedir": os.path.join(workdir, "cache"),
+            # a minion's cachedir outlives its jobs: the caller may give one shared by its processes
+            "cachedir": spec.get("cachedir") or os.path.join(workdir, "cache"),
             "pki_dir": os.path.join(workdir, "pki"),
             "sock_dir": os.path.join(workdir, "sock"),
             "module_dirs": spec["module_dirs"],
@@ -318,22 +321,19 @@ def mode_init(spec, workdir):
     if spec["impl"] != "raw":
         mods = minion_mods(dict(spec, func="virt.init"), workdir)
     hwm0 = vm_hwm_kib()
+    if spec.get("serve"):
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            print(json.dumps(one_init(spec, mods, json.loads(line)["name"]), default=str), flush=True)
+        return {"served": True, "hwm_before_kib": hwm0, "hwm_after_kib": vm_hwm_kib()}
     times, errors, results = [], [], []
     for i in range(spec.get("reps", 1)):
-        name = f"{spec['prefix']}{i}"
-        t0 = time.perf_counter()
-        try:
-            if spec["impl"] == "raw":
-                raw_init(spec, name)
-                ret = True
-            else:
-                ret = init_call(spec, mods, name)
-            times.append(time.perf_counter() - t0)
-            results.append(ret if not isinstance(ret, dict) else {k: ret.get(k) for k in ("started", "seed", "type")})
-        except Exception as exc:  # noqa: BLE001 - the competitor's failures are data here
-            errors.append(f"{type(exc).__name__}: {exc}"[:1500])
-        finally:
-            remove_vm(spec["uri"], name, spec["images_dir"])
+        one = one_init(spec, mods, f"{spec['prefix']}{i}")
+        if "error" in one:
+            errors.append(one["error"])
+        else:
+            times.append(one["time"])
+            results.append(one["result"])
     return {
         "times": times,
         "errors": errors,
@@ -341,6 +341,25 @@ def mode_init(spec, workdir):
         "hwm_before_kib": hwm0,
         "hwm_after_kib": vm_hwm_kib(),
     }
+
+
+def one_init(spec, mods, name):
+    """One timed VM creation, the VM removed after it (untimed): ``{time, result}`` or ``{error}``."""
+    t0 = time.perf_counter()
+    try:
+        if spec["impl"] == "raw":
+            raw_init(spec, name)
+            ret = True
+        else:
+            ret = init_call(spec, mods, name)
+        elapsed = time.perf_counter() - t0
+        if isinstance(ret, dict):
+            ret = {k: ret.get(k) for k in ("started", "seed", "type")}
+        return {"time": elapsed, "result": ret}
+    except Exception as exc:  # noqa: BLE001 - the competitor's failures are data here
+        return {"error": f"{type(exc).__name__}: {exc}"[:1500]}
+    finally:
+        remove_vm(spec["uri"], name, spec["images_dir"])
 
 
 def qemu_img_info(path):
@@ -381,7 +400,7 @@ def mode_clone(spec, workdir):
 
 
 def main():
-    spec = json.loads(sys.stdin.read())
+    spec = json.loads(sys.stdin.readline())  # one line (serve mode: the calls follow it)
     workdir = tempfile.mkdtemp(prefix="svbench-w")
     try:
         modes = {"init": mode_init, "call": mode_call, "clone": mode_clone, "rawquery": mode_rawquery}

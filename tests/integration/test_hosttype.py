@@ -35,7 +35,18 @@ def test_probe_verdict_matches_a_real_kvm_boot(hv1, guest, tmp_path):
     assert ok is booted, f"probe says kvm usable={ok} ({reason}) but a kvm guest booted={booted}"
 
 
-def test_detect_on_real_libvirtd(hv1):
+class Counting:
+    """The real connection, its calls counted."""
+
+    def __init__(self, conn):
+        self.conn, self.calls = conn, []
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        return getattr(self.conn, name)
+
+
+def test_detect_on_real_libvirtd(hv1, tmp_path):
     import libvirt
 
     conn = libvirt.open(hv1.uri)
@@ -43,5 +54,11 @@ def test_detect_on_real_libvirtd(hv1):
         kind = hosttype.detect(conn)
         assert kind["type"] == ("kvm" if hosttype.probe_kvm()[0] else "qemu")
         assert hosttype.detect(conn, "kvm")["type"] == "kvm"
+        # kept on disk (issue #40): the next job's process asks neither for the capabilities nor KVM
+        cache = str(tmp_path / "saltvirt")
+        assert hosttype.detect(conn, cache_dir=cache) == kind
+        spy = Counting(conn)
+        assert hosttype.detect(spy, cache_dir=cache) == kind
+        assert "getCapabilities" not in spy.calls and "getVersion" in spy.calls, spy.calls
     finally:
         conn.close()

@@ -3,7 +3,8 @@
 Backends, in the order ``backend='auto'`` tries them (a named backend tries only that one):
 ``libguestfs`` (python ``guestfs`` or ``guestfish``), ``qemu-nbd`` (needs the nbd kernel module),
 ``qsd-fuse`` (qemu-storage-daemon exports the image - qcow2, raw, overlays - as a file over FUSE, which
-is loop-mounted) and ``loop`` (raw images only). The root filesystem is the first partition (or the
+is loop-mounted) and ``loop`` (raw images only); a raw image tries ``loop`` before ``qsd-fuse``
+(:func:`auto_order`). The root filesystem is the first partition (or the
 whole disk) with an ``/etc``. Paths resolve inside the guest (a guest symlink never leads to the host);
 files are written atomically, owned by root, with their modes. Before :func:`seed` returns everything
 is unmounted and detached and qemu-storage-daemon/qemu-nbd have exited: every write is in the image.
@@ -40,6 +41,17 @@ from saltvirt.storage import images
 log = logging.getLogger(__name__)
 
 BACKENDS = ("libguestfs", "qemu-nbd", "qsd-fuse", "loop")
+
+
+def auto_order(fmt: str) -> tuple[str, ...]:
+    """The backends ``auto`` tries for an image of format ``fmt``. A raw image goes to a loop device itself
+    before qemu-storage-daemon's FUSE export of it: the same kernel mount in the same private namespace,
+    without a daemon and FUSE in between (~20 ms less a seeding: issue #40)."""
+    if fmt != "raw":
+        return BACKENDS
+    return ("libguestfs", "qemu-nbd", "loop", "qsd-fuse")
+
+
 NOT_ROOT_FS = ("swap", "LVM2_member", "crypto_LUKS", "linux_raid_member", "zfs_member", "iso9660", "vfat", "unknown")
 # What the host kernel may mount from an untrusted image (loop, qsd-fuse, qemu-nbd backends): the
 # common root filesystems whose drivers are fuzzed and maintained. Anything else (minix, cramfs, hfs,
@@ -510,7 +522,8 @@ def _qsd_fuse(image, fmt, files, tmp, undo):
     with open(logfile, "wb") as out:  # own session: a Ctrl-C must reach us (who flush and stop it), not it
         proc = ns.popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     undo.add("stop qemu-storage-daemon", lambda: _stop_qsd(proc, export, logfile, ns))
-    if not _wait(lambda: proc.poll() is not None or ns.mounted(export), 30):
+    # polled every 2 ms at most: the export is up within ~10 ms, and each poll is one mountinfo read
+    if not _wait(lambda: proc.poll() is not None or ns.mounted(export), 30, step=0.002):
         raise CommandExecutionError("qemu-storage-daemon did not export the image within 30s")
     if proc.poll() is not None:
         hint = ": the image or its backing file is in use (by a VM?)" if "lock" in fsutil.read_text(logfile) else ""
@@ -718,7 +731,7 @@ def seed(
     if not fresh:
         _refuse_if_in_use(image)
     attempts, clean = [], True
-    for name in BACKENDS if backend == "auto" else (backend,):
+    for name in auto_order(fmt) if backend == "auto" else (backend,):
         t0, undo = time.monotonic(), Undo(what="seed cleanup")
         tmp = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
         undo.add(f"remove {tmp}", lambda t=tmp: remove_scratch(t))  # type: ignore[misc]

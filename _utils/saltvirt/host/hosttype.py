@@ -5,22 +5,36 @@ unable to boot a guest (seen here: a nested KVM that hides SSE3 and newer from i
 stops in its decompressor). So on top of the capabilities we probe KVM itself, in a subprocess with a
 timeout: create a VM, run a real-mode program to HLT, and check that KVM offers guests the baseline
 CPU features the host CPU has. Override with config ``virt:type`` or the ``vtype`` argument.
+
+A minion runs each job in a process of its own, so an in-process memo would ask libvirt and probe KVM
+again on every ``virt.init`` (the probe: a Python child, ~80 ms). With a ``cache_dir`` the answer for a
+local libvirtd is kept on disk (root-only) beside a fingerprint of everything it depends on: libvirt's
+and QEMU's versions (two small RPCs instead of ``getCapabilities``), the emulator binaries, KVM's device
+node and modules, the kernel and its boot; any change, or an hour, and it is worked out afresh. A remote
+libvirtd is asked every time (nothing of it can be checked from here).
 """
 
 import ctypes
 import fcntl
 import functools
 import json
+import logging
 import mmap
 import os
+import stat
 import struct
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from salt.exceptions import SaltInvocationError
 
+from saltvirt.base import fsutil
 from saltvirt.base.salttypes import Conn
+
+log = logging.getLogger(__name__)
 
 VALID_TYPES = ("kvm", "qemu")
 
@@ -146,23 +160,152 @@ def is_local_uri(uri: str | None) -> bool:
     return ("+" not in scheme or scheme.endswith("+unix")) and (rest.startswith("/") or not rest.split("/")[0])
 
 
-def detect(conn: Conn, override: str | None = None, arch: str = "x86_64") -> dict[str, str]:
-    """Return {'type': 'kvm'|'qemu'|'test', 'reason': str} for new domains on ``conn``."""
+# the on-disk answer (see the module docs) ---------------------------------------------------------
+CACHE_FILE = "hosttype.json"  # in the cache_dir given to detect (a minion's: <cachedir>/saltvirt)
+CACHE_MAX_AGE = 3600.0  # seconds: a bound on whatever the fingerprint could miss
+# what KVM's verdict rests on besides the boot: its device node and modules (a reload makes new ones)
+KVM_PATHS = ("/dev/kvm", "/sys/module/kvm", "/sys/module/kvm_intel", "/sys/module/kvm_amd")
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def _file_key(path: str) -> list[int | str | None] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ids: list[int | str | None] = [st.st_mode, st.st_uid, st.st_gid, st.st_dev, st.st_ino, st.st_rdev]
+    if stat.S_ISCHR(st.st_mode):
+        # a device node by who may open it (mode, owner, ACL), not by its ctime: a no-op chmod (a setup
+        # script's, each run) must not cost every init a probe again; a module reload makes a new node
+        try:
+            acl: str | None = os.getxattr(path, "system.posix_acl_access").hex()
+        except OSError:
+            acl = None
+        return [*ids, acl]
+    return [*ids, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _emulators(caps_xml: str, arch: str) -> list[str]:
+    root = ET.fromstring(caps_xml)
+    found = set()
+    for arch_el in root.findall("guest/arch"):
+        if arch_el.get("name") == arch:
+            found |= {e.text for e in arch_el.iter("emulator") if e.text}
+    return sorted(found)
+
+
+def fingerprint(conn: Conn, uri: str, emulators: list[str]) -> dict[str, Any]:
+    """What a local libvirtd's answer depends on; equal fingerprints, equal answers."""
+    try:
+        with open(BOOT_ID) as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = None
+    return {
+        "uri": uri,
+        "driver": conn.getType(),
+        "libvirt": conn.getLibVersion(),
+        "hypervisor": conn.getVersion(),  # QEMU's version (libvirt re-checks its binary)
+        "kernel": os.uname().release,
+        "boot": boot,
+        "files": {p: _file_key(p) for p in (*KVM_PATHS, *emulators)},
+    }
+
+
+def _fingerprint(conn: Conn, uri: str, emulators: list[str]) -> dict[str, Any] | None:
+    try:
+        return fingerprint(conn, uri, emulators)
+    except Exception as exc:  # noqa: BLE001 - a driver without getVersion, a dropped connection: no cache
+        log.debug("hosttype: no fingerprint of %s (%s): not cached", uri, exc)
+        return None
+
+
+def _trusted_dir(path: str) -> bool:
+    """Only a directory of ours that no one else can write to may hold an answer we act on."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _load(cache_dir: str) -> dict[str, Any]:
+    if not _trusted_dir(cache_dir):
+        return {}
+    try:
+        fd = os.open(os.path.join(cache_dir, CACHE_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # not ours alone: ignored, rewritten
+            log.warning("hosttype: ignoring %s (not owned by this user alone)", fh.name)
+            return {}
+        try:
+            data = json.loads(fh.read())
+        except ValueError:
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cached(cache_dir: str, conn: Conn, uri: str, arch: str) -> dict[str, str] | None:
+    entry = _load(cache_dir).get(f"{uri}\0{arch}")
+    if not isinstance(entry, dict) or not isinstance(entry.get("answer"), dict):
+        return None
+    if not 0 <= time.time() - entry.get("at", 0) <= CACHE_MAX_AGE:
+        return None
+    key = _fingerprint(conn, uri, list(entry.get("emulators") or ()))
+    if key is None or entry.get("key") != key:
+        return None
+    answer = entry["answer"]
+    return {"type": answer["type"], "reason": answer["reason"]} if answer.get("type") in VALID_TYPES else None
+
+
+def _store(cache_dir: str, uri: str, arch: str, key: dict[str, Any], emulators: list[str], answer: dict) -> None:
+    try:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        if not _trusted_dir(cache_dir):
+            log.warning("hosttype: not caching the domain type in %s (not this user's alone)", cache_dir)
+            return
+        data = _load(cache_dir)
+        data[f"{uri}\0{arch}"] = {"key": key, "emulators": emulators, "answer": answer, "at": time.time()}
+        fsutil.atomic_write(os.path.join(cache_dir, CACHE_FILE), json.dumps(data).encode(), 0o600)
+    except OSError as exc:  # a cache: the next init works it out again
+        log.warning("hosttype: cannot cache the domain type in %s: %s", cache_dir, exc)
+
+
+def detect(
+    conn: Conn, override: str | None = None, arch: str = "x86_64", cache_dir: str | None = None
+) -> dict[str, str]:
+    """Return {'type': 'kvm'|'qemu'|'test', 'reason': str} for new domains on ``conn``; with ``cache_dir``
+    a local libvirtd's answer is kept there while its fingerprint holds (see the module docs)."""
     if override in VALID_TYPES:  # no need to ask libvirt (a getCapabilities RPC + parse per init)
         return {"type": override, "reason": "set by configuration (virt:type) or argument"}
-    offered = capability_types(conn.getCapabilities(), arch)
     if override:
-        if override not in offered:
+        if override not in capability_types(conn.getCapabilities(), arch):
             raise SaltInvocationError(f"virt type {override!r} is not one of {VALID_TYPES}")
         return {"type": override, "reason": "set by configuration (virt:type) or argument"}
     if conn.getType().lower() == "test":
         return {"type": "test", "reason": "libvirt test driver"}
-    if "kvm" not in offered:
-        return {"type": "qemu", "reason": "libvirt offers no kvm domain type on this host (no /dev/kvm?)"}
-    if not is_local_uri(conn.getURI()):
+    uri = conn.getURI()
+    local = is_local_uri(uri)
+    if local and cache_dir:
+        answer = _cached(cache_dir, conn, uri, arch)
+        if answer:
+            return answer
+    caps = conn.getCapabilities()
+    emulators = _emulators(caps, arch)
+    key = _fingerprint(conn, uri, emulators) if local and cache_dir else None  # before the probe: what it saw
+    if "kvm" not in capability_types(caps, arch):
+        answer = {"type": "qemu", "reason": "libvirt offers no kvm domain type on this host (no /dev/kvm?)"}
+    elif not local:
         return {"type": "kvm", "reason": "remote host offers kvm (not probed from here)"}
-    ok, reason = probe_kvm()
-    return {"type": "kvm" if ok else "qemu", "reason": reason}
+    else:
+        ok, reason = probe_kvm()
+        answer = {"type": "kvm" if ok else "qemu", "reason": reason}
+    if key is not None and cache_dir:
+        _store(cache_dir, uri, arch, key, emulators, answer)
+    return answer
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ init: validate -> refuse occupied names/paths -> fetch image -> clone (full copy
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -20,7 +21,7 @@ from salt.exceptions import CommandExecutionError, SaltInvocationError
 from saltvirt.base import fsutil, metrics, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base.undo import Undo
-from saltvirt.guest import cloudinit, firstboot, seed
+from saltvirt.guest import cloudinit, firstboot, keypool, seed
 from saltvirt.host import hosttype
 from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
@@ -191,6 +192,9 @@ class Host:
     operator: Data | None = None
     tb_cache_mib: Any = None  # virt:tcg_tb_cache_mib
     minion_install: Any = None
+    type_cache: str | None = None  # where the detected domain type is kept (saltvirt.host.hosttype)
+    key_pool: str | None = None  # where new minions' key pairs are kept ready (saltvirt.guest.keypool)
+    key_pool_size: Any = 0  # virt:seed_key_pool
 
 
 def init(conn: Conn, req: vmargs.InitRequest, host: Host | None = None, progress: Any = None) -> Data:
@@ -202,13 +206,17 @@ def init(conn: Conn, req: vmargs.InitRequest, host: Host | None = None, progress
     Its duration and a failure's step go to salt-virt's metrics (:mod:`saltvirt.base.metrics`)."""
     steps = _Steps(progress)
     clock = time.monotonic()
+    host = host or Host()
+    pool_size = keypool.pool_size(host.key_pool_size)  # the operator's: a bad value stops before anything is made
     try:
-        result = _locked_init(conn, req, host or Host(), steps)
+        result = _locked_init(conn, req, host, steps)
     except BaseException:
         metrics.add("saltvirt.vm.provision.failures", step=steps.failed())
         metrics.record("saltvirt.vm.provision.duration", time.monotonic() - clock, result="failed")
         metrics.flush()
         raise
+    finally:  # the pairs used are made again after this init, not during it
+        keypool.refill(host.key_pool, pool_size)
     metrics.record("saltvirt.vm.provision.duration", time.monotonic() - clock, result="ok")
     metrics.flush()
     return result
@@ -249,7 +257,7 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
         raise SaltInvocationError(
             f"a VM named {name!r} is already defined on {hostname}: pick another name or purge it"
         )
-    kind = hosttype.detect(conn, req.vtype or host.vtype)
+    kind = hosttype.detect(conn, req.vtype or host.vtype, cache_dir=host.type_cache)
     # the operator's: a bad value stops before any fetch
     tb_cache = vmspec.tb_cache_mib(host.tb_cache_mib, kind["type"])
     seed_request = seed.Request.of(
@@ -258,7 +266,9 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
     seed_disk = req.seed  # Salt's seed=: seed the first disk at all
     keypair = None
     if req.image and validate.to_bool(seed_disk) and not (seed_request.pub_key or seed_request.priv_key):
-        keypair = envelope.keypair_maker()  # the minion's new key pair, made while the image is checked and copied
+        # the minion's new key pair: one made ahead, else made now while the image is checked and copied
+        made = keypool.take(host.key_pool, host.key_pool_size)
+        keypair = functools.partial(tuple, made) if made else envelope.keypair_maker()
 
     def accept(source, checksum=None):  # every image, the VM's and a disk entry's own, through one door
         return accept_image(

@@ -66,3 +66,11 @@ def test_the_in_use_check_runs_qemu_img_info_capped(tmp_path, monkeypatch):
     runs = toollimits.note_limits(monkeypatch, tmp_path)
     seed._refuse_if_in_use(str(image))
     assert runs() == [{"address space": ("1073741824", "1073741824"), "cpu time": ("30", "31")}]
+
+
+def test_auto_tries_a_loop_device_before_a_daemon_for_a_raw_image():
+    """A raw image needs no qemu-storage-daemon between it and the loop device (issue #40: ~20 ms a
+    seeding); every other format keeps the order, and every backend is still tried."""
+    assert seed.auto_order("raw") == ("libguestfs", "qemu-nbd", "loop", "qsd-fuse")
+    assert seed.auto_order("qcow2") == seed.BACKENDS == ("libguestfs", "qemu-nbd", "qsd-fuse", "loop")
+    assert sorted(seed.auto_order("raw")) == sorted(seed.BACKENDS)

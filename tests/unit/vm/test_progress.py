@@ -82,10 +82,24 @@ def test_a_plain_file_is_no_bus(opts):
     assert not ok and "not a socket" in why
 
 
+@pytest.fixture
+def connects(monkeypatch):
+    """Each connection Progress opens to the bus's pull socket."""
+    calls = []
+    real = progress_events._connect
+
+    def counting(addr, timeout):
+        calls.append(addr)
+        return real(addr, timeout)
+
+    monkeypatch.setattr(progress_events, "_connect", counting)
+    return calls
+
+
 @pytest.mark.parametrize(
     ("file_client", "expected_tag"), [("local", "salt/virt/init/vm2/defined"), ("remote", "fire_master")]
 )
-def test_with_a_bus_every_step_goes_through_one_connection(opts, pulls, file_client, expected_tag):
+def test_with_a_bus_every_step_goes_through_one_connection(opts, pulls, connects, file_client, expected_tag):
     opts["file_client"] = file_client
     with minion_bus(opts) as received:
         assert progress_events.bus_reachable(opts) == (True, None)
@@ -93,7 +107,9 @@ def test_with_a_bus_every_step_goes_through_one_connection(opts, pulls, file_cli
             assert progress("defined", uuid="u1") is True
             assert progress("started") is True
         assert progress.sent == 2 and progress.skipped is None
-        assert pulls == [1.0]  # one connection for both steps
+        # one plain connection for both steps; Salt's event client (its io loop and thread per client,
+        # a few ms of CPU and GIL per init: issue #40) is not used
+        assert connects == [progress_events.bus_address(opts)] and pulls == []
         deadline = time.monotonic() + 10  # the bus thread publishes asynchronously
         while len(received) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -103,6 +119,34 @@ def test_with_a_bus_every_step_goes_through_one_connection(opts, pulls, file_cli
         assert first["tag"] == "salt/virt/init/vm2/defined" and first["data"]["uuid"] == "u1"
         first = first["data"]
     assert first["vm"] == "vm2" and first["host"] == "h" and first["uuid"] == "u1"
+
+
+def test_an_event_reads_back_as_one_salts_client_fired(opts):
+    """Written by Progress or by Salt's own event client, the bus gets the same event."""
+    with minion_bus(opts) as received:
+        with progress_events.Progress(opts, "salt/virt/init/vm4", base={"vm": "vm4"}) as progress:
+            assert progress("defined", uuid="u4") is True
+        bus = salt.utils.event.get_event("minion", opts=opts, listen=False)
+        assert bus.fire_event({"uuid": "u4", "vm": "vm4"}, "salt/virt/init/vm4/defined")
+        bus.destroy()
+        deadline = time.monotonic() + 10
+        while len(received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    (ours_tag, ours), (salts_tag, salts) = received
+    assert ours_tag == salts_tag and sorted(ours) == sorted(salts) == ["_stamp", "uuid", "vm"]
+    assert {k: v for k, v in ours.items() if k != "_stamp"} == {k: v for k, v in salts.items() if k != "_stamp"}
+
+
+def test_without_salts_framing_its_event_client_sends(opts, monkeypatch, connects):
+    """A Salt without ``frame_msg_ipc``: the events still go out, through Salt's event client."""
+    monkeypatch.setattr(progress_events, "_framer", lambda: None)
+    with minion_bus(opts) as received:
+        with progress_events.Progress(opts, "salt/virt/init/vm5", base={"vm": "vm5"}) as progress:
+            assert progress("defined", uuid="u5") is True
+        deadline = time.monotonic() + 10
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert connects == [] and received[0][0] == "salt/virt/init/vm5/defined" and received[0][1]["uuid"] == "u5"
 
 
 def test_salt_call_with_a_master_uses_event_send(opts):
