@@ -112,8 +112,12 @@ def capacities(fleet: publish.Fleet, check: Callable[[], None] | None = None) ->
     ids = fleet.target()
     hosts: dict[str, Data] = {}
     if oldest and ids:
-        down = silence.recent(fleet.opts, ids, fleet.cfg["down_memory"])
-        hosts, refused = read(fleet.opts, ids, oldest, down, asked_at)
+        try:
+            down = silence.recent(fleet.opts, ids, fleet.cfg["down_memory"])
+            hosts, refused = read(fleet.opts, ids, oldest, down, asked_at)
+        except Exception as exc:  # noqa: BLE001 - Salt's cache (redis, consul, ...) unreadable: nothing pushed counts
+            log.warning("virt runner: the pushed capacity cannot be read (%s): every hypervisor is asked", exc)
+            hosts, refused = {}, {}
         if refused:
             log.debug("virt runner: asking %s (pushed capacity: %s)", ", ".join(sorted(refused)), refused)
     rest = [h for h in ids if h not in hosts]

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import salt.cache
+import salt.exceptions
 import salt.utils.mine
 
 from saltvirt.fleet import capacitypush, placement, publish, vmcreate
@@ -95,6 +96,25 @@ def test_a_host_found_down_after_it_pushed_is_asked_and_max_age_0_turns_pushing_
     client = SigningClient({"virt.capacity": {"hv1": cap(), "hv2": cap()}})
     hosts, _since = capacitypush.capacities(publish.Fleet(opts, publish.config(opts), client))
     assert client.published == [("virt.capacity", ["hv1", "hv2"])] and sorted(hosts) == ["hv1", "hv2"]
+
+
+def test_a_master_cache_that_cannot_be_read_means_every_host_is_asked(tmp_path):
+    """Salt's cache (a file, redis in a multi-master setup) that cannot be read: nothing pushed counts and placement
+    asks every hypervisor, as before (a run: a Redis killed while virt.init read the mine ended it with the
+    cache's raw error; here the cache file itself is unreadable)."""
+    import os
+
+    opts = fleet_opts(tmp_path, ["hv1", "hv2"])
+    push(opts, "hv1", cap())
+    push(opts, "hv2", cap())
+    bank = os.path.join(opts["cachedir"], capacitypush.BANK)
+    with open(os.path.join(bank, "hv1.p"), "wb") as f:
+        f.write(b"\xc1 not msgpack")  # 0xc1: a byte msgpack never uses
+    with pytest.raises(salt.exceptions.SaltException):
+        salt.cache.Cache(opts).fetch(capacitypush.BANK, "hv1")  # the fault is real
+    client = SigningClient({"virt.capacity": {"hv1": cap(), "hv2": cap()}, "virt.init": {"hv1": OK, "hv2": OK}})
+    res = create(opts, client)
+    assert client.published[0] == ("virt.capacity", ["hv1", "hv2"]) and res["host"] in ("hv1", "hv2")
 
 
 def test_a_stale_record_never_over_commits_the_host_refuses_and_the_next_one_takes_it(tmp_path, test_conn):
