@@ -7,6 +7,7 @@ import functools
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Collection
 from typing import overload
@@ -164,3 +165,13 @@ def mount_of(path: str) -> tuple[str, str]:
             if inside and len(point) >= len(best[0]):
                 best = (point, parts[parts.index("-") + 1])
     return best
+
+
+def ours_alone(path: str, others: int = 0o022) -> bool:
+    """``path`` is a directory (never a link) this user owns and no one else has the ``others`` bits of
+    (0o022: may write to: an answer read from it can be trusted; 0o077: may even enter: private keys)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & others

@@ -14,7 +14,6 @@ import fcntl
 import json
 import logging
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -30,18 +29,9 @@ SUFFIX = ".pair"  # a ready pair; a claimed one is renamed away from it first
 LOCK = ".refill.lock"  # held by the one refill that runs
 
 
-def _own_dir(path: str) -> bool:
-    """Only a directory of ours that no one else can reach may hold private keys we hand out."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
-
-
 def ready(pool: str) -> list[str]:
     """The ready pairs' file names (oldest first: names start with a nanosecond clock)."""
-    if not _own_dir(pool):
+    if not fsutil.ours_alone(pool, 0o077):
         return []
     return sorted(n for n in os.listdir(pool) if n.endswith(SUFFIX))
 
@@ -103,7 +93,7 @@ def refill(pool: str | None, size: int) -> subprocess.Popen | None:
     except OSError as exc:
         log.warning("keypool: cannot make %s: %s", pool, exc)
         return None
-    if not _own_dir(pool):
+    if not fsutil.ours_alone(pool, 0o077):
         log.warning("keypool: %s is not this user's alone: no pairs kept there", pool)
         return None
     if len(ready(pool)) >= size:
@@ -127,7 +117,7 @@ def refill(pool: str | None, size: int) -> subprocess.Popen | None:
 
 def fill(pool: str, size: int, make: Callable[[], tuple[str, str]]) -> int:
     """Make pairs with ``make`` until ``pool`` holds ``size``, unless another fill runs: how many were made."""
-    if not _own_dir(pool):
+    if not fsutil.ours_alone(pool, 0o077):
         return 0
     fd = os.open(os.path.join(pool, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

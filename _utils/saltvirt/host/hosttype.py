@@ -220,17 +220,8 @@ def _fingerprint(conn: Conn, uri: str, emulators: list[str]) -> dict[str, Any] |
         return None
 
 
-def _trusted_dir(path: str) -> bool:
-    """Only a directory of ours that no one else can write to may hold an answer we act on."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
 def _load(cache_dir: str) -> dict[str, Any]:
-    if not _trusted_dir(cache_dir):
+    if not fsutil.ours_alone(cache_dir):
         return {}
     try:
         fd = os.open(os.path.join(cache_dir, CACHE_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -264,7 +255,7 @@ def _cached(cache_dir: str, conn: Conn, uri: str, arch: str) -> dict[str, str] |
 def _store(cache_dir: str, uri: str, arch: str, key: dict[str, Any], emulators: list[str], answer: dict) -> None:
     try:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        if not _trusted_dir(cache_dir):
+        if not fsutil.ours_alone(cache_dir):
             log.warning("hosttype: not caching the domain type in %s (not this user's alone)", cache_dir)
             return
         data = _load(cache_dir)

@@ -76,3 +76,18 @@ def test_out_of_space_by_errno_in_the_chain_by_the_c_words_or_by_the_filesystem(
     assert fsutil.out_of_space(CommandExecutionError("copying a failed: cp: error writing 'b': Disk quota exceeded"))
     assert not fsutil.out_of_space(CommandExecutionError("copying a failed: Permission denied"), str(tmp_path))
     assert not fsutil.almost_full(str(tmp_path)) and not fsutil.almost_full(str(tmp_path / "missing"))
+
+
+def test_ours_alone_takes_only_a_directory_of_ours_that_others_cannot_write_or_enter(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    os.chmod(d, 0o700)
+    assert fsutil.ours_alone(str(d)) and fsutil.ours_alone(str(d), 0o077)
+    os.chmod(d, 0o755)
+    assert fsutil.ours_alone(str(d)) and not fsutil.ours_alone(str(d), 0o077)  # others may enter: no private keys
+    os.chmod(d, 0o775)
+    assert not fsutil.ours_alone(str(d))  # the group may write: no answer read from it
+    link = tmp_path / "link"
+    link.symlink_to(d)
+    os.chmod(d, 0o700)
+    assert not fsutil.ours_alone(str(link)) and not fsutil.ours_alone(str(tmp_path / "absent"))
