@@ -310,7 +310,7 @@ def init(
         minion_install=_cfg("virt:minion_install", None),
         type_cache=capacity.cache_dir(__opts__),
         key_pool=keypool.location(capacity.cache_dir(__opts__)),
-        key_pool_size=_cfg("virt:seed_key_pool", keypool.DEFAULT_SIZE),
+        key_pool_size=_cfg("virt:insecure_seed_key_pool", 0),  # off: the pairs wait in clear
     )
     with _conn(connection) as conn, _progress(name) as events:
         # every argument by name (tests/unit/model/test_vmargs.py checks the list is the table's), the request

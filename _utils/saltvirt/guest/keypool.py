@@ -36,7 +36,7 @@ def ready(pool: str) -> list[str]:
     return sorted(n for n in os.listdir(pool) if n.endswith(SUFFIX))
 
 
-DEFAULT_SIZE = 2  # virt:seed_key_pool: one pair for the next init and one for a second right after it
+DEFAULT_SIZE = 2  # a size to opt in with: one pair for the next init and one for a second right after it
 MAX_SIZE = 64
 
 
@@ -46,9 +46,11 @@ def location(cache_dir: str | None) -> str | None:
 
 
 def pool_size(value: object) -> int:
-    """``virt:seed_key_pool``, checked: how many pairs to keep ready (0: none)."""
+    """``virt:insecure_seed_key_pool``, checked: how many pairs to keep ready (0: none)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SIZE:
-        raise SaltInvocationError(f"virt:seed_key_pool must be a whole number from 0 to {MAX_SIZE}, not {value!r}")
+        raise SaltInvocationError(
+            f"virt:insecure_seed_key_pool must be a whole number from 0 to {MAX_SIZE}, not {value!r}"
+        )
     return value
 
 

@@ -194,7 +194,7 @@ class Host:
     minion_install: Any = None
     type_cache: str | None = None  # where the detected domain type is kept (saltvirt.host.hosttype)
     key_pool: str | None = None  # where new minions' key pairs are kept ready (saltvirt.guest.keypool)
-    key_pool_size: Any = 0  # virt:seed_key_pool
+    key_pool_size: Any = 0  # virt:insecure_seed_key_pool
 
 
 def init(conn: Conn, req: vmargs.InitRequest, host: Host | None = None, progress: Any = None) -> Data:

@@ -100,6 +100,6 @@ def test_the_refill_runs_detached_and_fills_the_pool(tmp_path):
 
 @pytest.mark.parametrize("value", [-1, 65, "2", 1.5, True, None])
 def test_the_pool_size_is_checked(value):
-    with pytest.raises(SaltInvocationError, match="virt:seed_key_pool"):
+    with pytest.raises(SaltInvocationError, match="virt:insecure_seed_key_pool"):
         keypool.pool_size(value)
     assert keypool.pool_size(0) == 0 and keypool.pool_size(keypool.DEFAULT_SIZE) == 2
