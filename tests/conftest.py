@@ -226,7 +226,10 @@ def event_listener():
 def salt_factories_config():
     # short root_dir: unix socket paths must stay < 107 bytes; slow_stop=False saves ~5 s per daemon
     root = tempfile.mkdtemp(prefix="sf", dir="/tmp")
-    return {"root_dir": root, "start_timeout": 120, "slow_stop": False}
+    yield {"root_dir": root, "start_timeout": 120, "slow_stop": False}
+    # the daemons' trees (their caches hold the images they were served): ~0.5 GB a worker, left behind by every
+    # run until a machine's disk was full
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,9 @@ NODES = SUPPORT / "nodes"  # read-only test:/// nodes of different capacities (r
 # the test guest prints its markers on the serial console; no_timer_check: a vCPU starved by a loaded host (TCG)
 # fails the kernel's early IO-APIC timer check and panics ("IO-APIC + timer doesn't work!", run G1, load 15)
 GUEST_CMDLINE = "console=ttyS0 quiet no_timer_check"
+# Salt 3008.5's resource registry sizes its index for a million resources: a 256 MiB file written full of zeros in
+# every master's cachedir (and every test's). A test fleet registers dozens; 4,096 slots are 512 KiB.
+SMALL_REGISTRY = {"resource_index_primary_capacity": 1 << 12}
 
 
 def guest_boot(guest: dict, extra: str = "", initrd: str = "initrd") -> dict:

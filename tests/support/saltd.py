@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 
-from tests.support.paths import GUEST_DIR, ROOT
+from tests.support.paths import GUEST_DIR, ROOT, SMALL_REGISTRY
 
 
 def master_config(state_tree, **extra):
@@ -30,6 +30,7 @@ def master_config(state_tree, **extra):
         "on_demand_ext_pillar": [],  # minions must not run the libvirt ext_pillar with their own config
         # who the hypervisors are: minion ids in the master config (never grains, see docs/topics/trust.md)
         "virt": {"hypervisors": {"tgt": "hyper*", "tgt_type": "glob"}},
+        **SMALL_REGISTRY,
     }
     if (ROOT / "_pillar" / "libvirt.py").exists():
         # 2048-bit keys keep the tests quick; hyper1 manages hv1 (10.252.0.11 in its fabric)

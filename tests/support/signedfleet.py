@@ -7,8 +7,10 @@ test_tenants.py and test_authority.py publish through real ones).
 :class:`SigningClient` answers the runner's publications from canned answers (or live ones: callables, e.g. a
 test-driver hypervisor's real host-layer functions) and records them."""
 
+import atexit
 import functools
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -24,7 +26,9 @@ QUICK_WAITS = {"timeout": 0.05, "gather_job_timeout": 0.05, "down_after": 0.1}
 
 @functools.cache
 def _keys_dir():
-    return pathlib.Path(tempfile.mkdtemp(prefix="svkeys-"))
+    path = tempfile.mkdtemp(prefix="svkeys-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return pathlib.Path(path)
 
 
 @functools.cache

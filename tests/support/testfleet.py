@@ -14,7 +14,7 @@ import libvirt
 from saltvirt.fleet import publish as fleet
 from saltvirt.host import hostrecord
 from saltvirt.host.query import state_name
-from tests.support.paths import TEST_NODE_XML
+from tests.support.paths import SMALL_REGISTRY, TEST_NODE_XML
 
 
 def local_store(tmp_path, master_id="m1"):
@@ -25,6 +25,7 @@ def local_store(tmp_path, master_id="m1"):
 
     opts = salt.config.master_config(None)
     opts.update({"id": master_id, "cachedir": str(tmp_path / "cache"), "pki_dir": str(tmp_path / "pki"), "virt": {}})
+    opts.update(SMALL_REGISTRY)
     return fleetstate.Store(opts)
 
 

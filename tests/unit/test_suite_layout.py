@@ -630,3 +630,24 @@ def test_the_daemons_ports_are_never_in_the_range_outgoing_connections_take():
         held.bind(("127.0.0.1", start))
         held.listen()
         assert next(daemonports.allocator(start, 3)) == start + 1
+
+
+def test_a_passing_test_leaves_no_files_behind(pytestconfig):
+    """pytest kept every test's tmp_path for three runs: ~7 GB a run here, which filled a CI machine's disk in
+    the middle of a run (250 errors, "No space left on device"). A failing test's files stay, to look at."""
+    assert pytestconfig.getini("tmp_path_retention_policy") == "failed"
+
+
+def test_a_test_masters_resource_registry_is_small(tmp_path):
+    """Salt's resource registry as a test master opens it (paths.SMALL_REGISTRY, in saltd.master_config and
+    testfleet.local_store): a file of kilobytes, not Salt's default 256 MiB written in full in every master's and
+    every HA test's cachedir."""
+    import salt.utils.resource_registry as registry
+
+    from tests.support.testfleet import local_store
+
+    reg = registry.ResourceRegistry(local_store(tmp_path).opts)
+    reg.register_minion("hv1", {"virt_vm": ["3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"]})
+    index = tmp_path / "cache" / registry.PRIMARY_INDEX_SUBDIR / registry.PRIMARY_INDEX_FILENAME
+    assert reg.get_resources_for_minion("hv1") == {"virt_vm": ["3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"]}
+    assert index.stat().st_blocks * 512 <= 1 << 20, index.stat()

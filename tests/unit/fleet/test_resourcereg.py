@@ -9,6 +9,7 @@ import salt.utils.resource_registry as registry
 
 from saltvirt.fleet import publish as fleet
 from saltvirt.fleet import resourcereg
+from tests.support.paths import SMALL_REGISTRY
 from tests.unit.fleet.test_replies import _Fleet
 
 U1, U2, U3 = (f"3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a00{i}" for i in (1, 2, 3))
@@ -18,7 +19,7 @@ GRAINS = registry.RESOURCE_GRAINS_BANK
 @pytest.fixture
 def opts(tmp_path):
     registry.reset_registry()
-    yield {"cachedir": str(tmp_path / "cache"), "minion_data_cache": True, "cache": "localfs"}
+    yield {"cachedir": str(tmp_path / "cache"), "minion_data_cache": True, "cache": "localfs", **SMALL_REGISTRY}
     registry.reset_registry()
 
 
