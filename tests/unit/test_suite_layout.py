@@ -651,3 +651,23 @@ def test_a_test_masters_resource_registry_is_small(tmp_path):
     index = tmp_path / "cache" / registry.PRIMARY_INDEX_SUBDIR / registry.PRIMARY_INDEX_FILENAME
     assert reg.get_resources_for_minion("hv1") == {"virt_vm": ["3f0c6a52-1d8e-4c55-9a0b-51d0c3f1a001"]}
     assert index.stat().st_blocks * 512 <= 1 << 20, index.stat()
+
+
+@pytest.mark.parametrize(("need", "refused"), [("0", False), ("99999999999", True)])
+def test_run_tests_says_when_the_disk_is_too_full_before_it_starts(need, refused):
+    """./run-tests' ``enough_disk`` (the function itself, read out of the script): a run that fills the disk
+    fails hundreds of tests with "No space left on device" (CI, 11-30); too little free space is one clear error
+    that says what to free, before any test starts."""
+    import subprocess
+
+    script = (ROOT / "run-tests").read_text()
+    func = re.search(r"^enough_disk\(\) \{\n.*?^\}\n", script, re.S | re.M).group(0)
+    done = subprocess.run(
+        ["bash", "-c", f"{func}\nenough_disk integration"],
+        env={"PATH": "/usr/bin:/bin", "RUN_TESTS_DISK_MIB": need},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode != 0) is refused, done
+    assert ("MiB free on /tmp" in done.stderr and "free some space" in done.stderr) is refused, done.stderr
