@@ -40,6 +40,18 @@ def test_virt_conf_is_the_mapping_or_nothing():
         config.virt_conf({"virt": ["pools"]}, "master config")
 
 
+def test_virt_conf_never_counts_the_opts():
+    """Salt's ``OptsDict`` counts its ~1,300 keys for ``len()`` and so for ``bool()``: ``virt_conf`` runs
+    several times per ``virt.init`` and must only look its key up (bench/RESULTS.md, quiet pass)."""
+
+    class Uncountable(dict):
+        def __len__(self):
+            raise AssertionError("virt_conf counted the opts")
+
+    assert config.virt_conf(Uncountable(virt={"images": "/srv"})) == {"images": "/srv"}
+    assert config.virt_conf(None) == {}
+
+
 def test_a_section_is_a_mapping_of_known_keys():
     assert config.section(None, "virt:fence", ("command", "timeout")) == {}
     raw = {"timeout": 5}
