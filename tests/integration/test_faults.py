@@ -650,13 +650,15 @@ def purge_direct(fhv, fdir, name):
 
 
 @pytest.mark.parametrize("step", ["image_cached", "disks_ready"], ids=["clone", "seeding"])
-def test_disk_full(fhv, fdir, fmods, small_fs, step):
+def test_disk_full(fhv, fdir, fmods, small_fs, step, tmp_path, monkeypatch):
     """virt:images' filesystem full when the VM's disk is copied from its image (clone) or when the guest's
     files are written into that disk (seeding, loop backend: the guest filesystem's blocks are allocated in
     the sparse copy then): init fails saying the filesystem is full and what to do, nothing is left (disk,
     manifest, VM directory, lock, mount, loop device, scratch directory), and with space a retry succeeds."""
     name = f"kfull{step[0]}"
-    before = set(os.listdir(tempfile.gettempdir()))
+    # this init's scratch directories in a temp dir of its own: in the shared /tmp another worker's seeding made
+    # one at the same time (run K5), which is not this init's leftover
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def progress(at, **_):
         if at == step:
@@ -668,7 +670,7 @@ def test_disk_full(fhv, fdir, fmods, small_fs, step):
     print(msg)
     assert "No space left on device" in msg and "virt:images" in msg, msg
     assert_absent(fmods, small_fs, name)
-    assert not [n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("salt-virt-seed-")]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("salt-virt-seed-")]
     os.unlink(os.path.join(small_fs, "filler"))
     ret = bounded(init_direct, fhv, small_fs, name, None, image=os.path.join(fdir, "base.raw"), start=False)
     assert ret["seed"]["backend"] == "loop" and ret["state"] == "shutoff", ret

@@ -97,8 +97,21 @@ def _qemu_pid(uuid):
 
 
 def _split_addr(text):
+    """``(host, port)`` of an ``ss`` address; port None for ``*`` (a listening socket's peer: ``0.0.0.0:*``)."""
     host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
+    return host.strip("[]"), None if port == "*" else int(port)
+
+
+def migration_sockets(listing: str, inodes: set[str]) -> list[tuple[str, tuple, tuple]]:
+    """``(state, (host, port), (peer host, peer port))`` of the sockets in ``ss -tanei``'s ``listing`` whose inode
+    is in ``inodes`` (one process's): what :func:`cut_migration_streams` chooses from."""
+    mine = []
+    for line in listing.splitlines():
+        fields = line.split()
+        ino = next((f[4:] for f in fields if f.startswith("ino:")), None)
+        if len(fields) > 4 and ino in inodes:
+            mine.append((fields[0], _split_addr(fields[3]), _split_addr(fields[4])))
+    return mine
 
 
 def cut_migration_streams(uuid: str) -> list[str]:
@@ -118,12 +131,7 @@ def cut_migration_streams(uuid: str) -> list[str]:
                     inodes.add(link[8:-1])
     ns = ["nsenter", "-t", str(pid), "-n", "--"]
     listing = subprocess.run([*ns, "ss", "-tanei"], capture_output=True, text=True, check=False).stdout
-    mine = []
-    for line in listing.splitlines():
-        fields = line.split()
-        ino = next((f[4:] for f in fields if f.startswith("ino:")), None)
-        if len(fields) > 4 and ino in inodes:
-            mine.append((fields[0], _split_addr(fields[3]), _split_addr(fields[4])))
+    mine = migration_sockets(listing, inodes)
     listening = {local[1] for state, local, _peer in mine if state == "LISTEN"}
     closed = []
     for state, local, peer in mine:

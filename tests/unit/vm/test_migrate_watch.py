@@ -169,3 +169,22 @@ def test_a_hypervisor_without_postcopy_is_explained():
     said = "internal error: unable to execute QEMU command 'migrate-set-capabilities': Postcopy is not supported"
     hint = migrate._hint(LibvirtSaid(said), "hv2")
     assert "vm.unprivileged_userfaultfd = 1" in hint and "converge: auto" in hint
+
+
+def test_the_sockets_to_cut_are_read_from_ss_with_listening_ones_among_them():
+    """``ss -tanei`` as it prints a QEMU's sockets (this machine's ss, iproute2 6.1): a listening socket's peer is
+    ``0.0.0.0:*``, which the stall watchdog's abort read as a port and died on (run K5: ValueError in the
+    watchdog thread, the migration never aborted); only the outgoing migration stream is cut."""
+    listing = (
+        "State  Recv-Q Send-Q Local Address:Port Peer Address:PortProcess\n"
+        "LISTEN 0      1            0.0.0.0:5900      0.0.0.0:*    ino:7001 sk:1 cgroup:/ <->\n"
+        "LISTEN 0      1               [::]:5901         [::]:*    ino:7002 sk:2 cgroup:/ v6only:1 <->\n"
+        "ESTAB  0      0        10.252.0.11:41234 10.252.0.15:49152 ino:7003 sk:3 cgroup:/ <->\n"
+        "\t bbr wscale:7,7 rto:204 rtt:0.1/0.05 cwnd:10\n"
+        "ESTAB  0      0        10.252.0.11:41235 10.252.0.15:49153 ino:9999 sk:4 cgroup:/ <->\n"
+    )
+    assert migrate_watch.migration_sockets(listing, {"7001", "7002", "7003"}) == [
+        ("LISTEN", ("0.0.0.0", 5900), ("0.0.0.0", None)),
+        ("LISTEN", ("::", 5901), ("::", None)),
+        ("ESTAB", ("10.252.0.11", 41234), ("10.252.0.15", 49152)),
+    ]
