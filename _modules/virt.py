@@ -71,16 +71,21 @@ def __virtual__():
 
 
 # helpers ------------------------------------------------------------------------------------------
+def _config():
+    """The operator's ``virt:`` settings, read from ``__opts__`` as ``config.get`` would (no loader call a key)."""
+    return _c.opts_config(__opts__, __salt__)
+
+
 def _cfg(key, default=None):
-    return _c.salt_config(__salt__)(key, default)
+    return _config()(key, default)
 
 
 def _conn(connection=None):
-    return _c.salt_connect(__salt__, connection)
+    return _c.configured_connect(_config(), connection)
 
 
 def _images_dir():
-    return _c.salt_images_dir(__salt__)
+    return _c.configured_images_dir(_config())
 
 
 def _definitions_changed():
@@ -94,19 +99,14 @@ def _allowed_paths():
 
 
 def _operator():
-    """The operator's disk and device switches (``virt:pools``, ``virt:host_devices``,
-    ``virt:adopt_orphan_disks``) from the minion config only."""
+    """The operator's ``virt:pools``, ``virt:host_devices``, ``virt:adopt_orphan_disks``: minion config only."""
     return switches.operator_settings(__opts__)
 
 
 def _progress(name):
     """Progress events of one ``virt.init`` (``saltvirt.vm.progress``): one connection, none without a bus."""
-    return progress.Progress(
-        __opts__,
-        f"salt/virt/init/{name}",
-        base={"vm": name, "host": __grains__.get("id")},
-        send=__salt__["event.send"],
-    )
+    base = {"vm": name, "host": __grains__.get("id")}
+    return progress.Progress(__opts__, f"salt/virt/init/{name}", base=base, send=__salt__["event.send"])
 
 
 # lifecycle ----------------------------------------------------------------------------------------

@@ -146,16 +146,17 @@ def describe(
     dom: Domain,
     hostname: str,
     stats: Data | None = None,
-    xml: str | None = None,
+    xml: str | etree.ET.Element | None = None,
     listed: Data | None = None,
     secure: bool = False,
     defined_xml: str | None = None,
 ) -> Data:
     """Everything ``virt.vm_info`` reports for one domain. ``listed``: :func:`_listed_flags` of all
-    domains (autostart / persistent known without two round trips per domain). ``xml``: its XML when
-    already fetched, ``secure`` when that is the secure one (:func:`_domain_xml`); ``defined_xml``: its
-    inactive XML when already fetched. ``cpu``/``mem`` are the running VM's; ``defined`` ({cpu, mem}) its
-    persistent definition's, what it gets at its next start (``virt.update``'s ``pending_restart``)."""
+    domains (autostart / persistent known without two round trips per domain). ``xml``: its XML (or its
+    :func:`saltvirt.xml.etree.read` tree) when already fetched, ``secure`` when that is the secure one
+    (:func:`_domain_xml`); ``defined_xml``: its inactive XML when already fetched. ``cpu``/``mem`` are the
+    running VM's; ``defined`` ({cpu, mem}) its persistent definition's, what it gets at its next start
+    (``virt.update``'s ``pending_restart``)."""
     if xml is None:
         xml, secure = _domain_xml(dom)
     root = etree.read(xml)  # parsed once for every fact below

@@ -30,6 +30,7 @@ from saltvirt.model import vmargs, vmspec
 from saltvirt.pki import envelope
 from saltvirt.storage import foreign, images, intake, volumes
 from saltvirt.vm import cleanup, resolve
+from saltvirt.xml import etree
 from saltvirt.xml.domain import definition
 
 log = logging.getLogger(__name__)
@@ -331,12 +332,19 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
         # the manifest before anything it covers, naming the VM by its UUID and this host: whatever this init
         # leaves behind is then judged by UUID (saltvirt.vm.cleanup), never by name; its undo runs last
         fresh = not os.path.lexists(os.path.join(vm_dir, images.MANIFEST))
-        images.record_owned(vm_dir, name, [], vm_uuid=spec.uuid, host=host.host_id, complete=False)
+        # A new manifest lists at once the disk files this init is about to make in the VM's directory (one
+        # fsynced write less than recording each once made), only paths nothing holds now: each is then made
+        # exclusively (O_EXCL) by this init, under its lock on the name. A crash at any point leaves either no
+        # manifest (nothing made yet) or one listing this init's files, some perhaps not made yet: the cleanup
+        # removes those that are there and counts the others as gone. An older manifest (not ours alone):
+        # each file is recorded once made, as before. A failure's undo removes the new manifest with the rest.
+        planned = _planned_files(spec) if fresh else []
+        images.record_owned(vm_dir, name, planned, vm_uuid=spec.uuid, host=host.host_id, complete=False)
         if fresh:
             undo.add("remove ownership manifest", lambda: _remove_manifest(vm_dir))
         seeds_first = validate.to_bool(seed_disk)
         for disk in spec.disks:
-            made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo)
+            made = _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo, planned)
             if made:
                 result["disks"].append(made)
         # a volume's path is known once it is made (a block volume is seeded in a staging file first)
@@ -402,9 +410,24 @@ def _full_hint(images_dir):
     )
 
 
-def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo):
-    """Create one disk (a pool volume, a clone of its image or a blank file), recorded as this VM's and
-    with its undo step; what was made (None for a disk there is nothing to make for)."""
+def _file_disk(disk):
+    """Whether :func:`_make_disk` makes ``disk`` as a file of its own (a clone or a blank disk)."""
+    return not disk.pool and not disk.attach and disk.device == "disk" and bool(disk.path)
+
+
+def _planned_files(spec):
+    """The disk files this init will make inside the VM's directory that nothing holds yet."""
+    return [
+        d.path
+        for d in spec.disks
+        if _file_disk(d) and validate.is_inside(d.path, spec.vm_dir) and not os.path.lexists(d.path)
+    ]
+
+
+def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, undo, recorded=()):
+    """Create one disk (a pool volume, a clone of its image or a blank file), recorded as this VM's (unless
+    ``recorded`` lists it already) and with its undo step; what was made (None for a disk there is nothing to
+    make for)."""
     name = spec.name
     if disk.pool and not disk.attach:
         seeds = seeds_first and disk is spec.disks[0] and disk.image
@@ -418,7 +441,7 @@ def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, 
         undo.add(f"delete volume {disk.pool}/{disk.volume}", lambda m=made: volumes.delete(conn, m))
         volumes.record(spec.vm_dir, name, made)
         return dict(made, target=disk.target)
-    if disk.device != "disk" or not disk.path or disk.attach:
+    if not _file_disk(disk):
         return None
     if disk.image:
         made = _clone(disk, sources[disk.name], images_dir, src_formats[disk.name])
@@ -428,7 +451,8 @@ def _make_disk(conn, spec, disk, seeds_first, src_formats, sources, images_dir, 
     else:
         made = images.create_disk(disk.path, disk.size, fmt=disk.format)
         undo.add(f"remove {disk.path}", lambda p=disk.path: _remove_file(p))
-    images.record_owned(spec.vm_dir, name, [disk.path], vm_uuid=spec.uuid)
+    if disk.path not in recorded:
+        images.record_owned(spec.vm_dir, name, [disk.path], vm_uuid=spec.uuid)
     return dict(made, name=disk.name, target=disk.target)
 
 
@@ -454,12 +478,15 @@ def _read_back(dom, name, host):
     with lv_errors(f"reading back VM {name!r} on {host}"):
         xml = dom.XMLDesc(0)
         try:
-            definition.parse(xml)
+            root = etree.read(xml)  # parsed once: describe reads the same tree
+            definition.parse(root)
         except Exception as exc:  # noqa: BLE001 - ParseError or a malformed device: all mean unreadable
             raise CommandExecutionError(
                 f"libvirt's description of the new VM {name!r} does not parse ({exc}): removed it again"
             ) from None
-        info = describe(dom, host, stats=bulk_stats(dom.connect(), [dom]).get(name), xml=xml)
+        # what this init did, not asked again: it defined the VM (persistent) and set no autostart
+        listed = {"autostart": set(), "persistent": {dom.UUIDString()}}
+        info = describe(dom, host, stats=bulk_stats(dom.connect(), [dom]).get(name), xml=root, listed=listed)
         add_uptimes(dom.connect(), {name: info})  # as virt.vm_info reports it
         return info
 

@@ -256,3 +256,41 @@ class _OldDriver:
 def test_define_falls_back_when_the_driver_lacks_the_schema_check(test_conn):
     dom = vconn.define(_OldDriver(test_conn), "domain", _BAD["domain"])
     assert dom.name() == "v1" and "bogus" not in dom.XMLDesc(0)  # what the plain define does: dropped
+
+
+def test_opts_config_answers_as_config_get(tmp_path):
+    """Issue 40: ``opts_config`` reads the minion config itself (no loader call and YAML re-read per key: 28 of
+    them made ~1 ms of every virt.init) and answers every key as ``salt_config``'s ``config.get`` does: nested,
+    old flat spellings, Salt's defaults, a list or a numeric key on the way, grains and pillar never read."""
+    pillar = {"virt": {"type": "kvm", "max_image_mib": 1}}
+    mods = make_minion_mods(
+        tmp_path,
+        "test:///default",
+        opts_extra={"pillar": pillar, "virt.tunnel": True, "virt.minion_install": {"url": "https://x"}},
+        nic={"default": [{"name": "eth0", "type": "bridge"}]},
+        disk={"7": {"size": 5}, 8: {"size": 6}},
+        keepalive=False,
+        image_sources=None,
+    )
+    keys = [
+        "virt:connection:uri",
+        "virt:connection:keepalive",
+        "virt:connection:open_timeout",
+        "virt:images",
+        "virt:tunnel",  # Salt's default (False), before the old flat spelling
+        "virt:minion_install:url",  # virt.minion_install holding {url}
+        "virt:nic:default:0:name",  # through a list
+        "virt:nic:default:name",  # a list's embedded mapping
+        "virt:disk:7:size",
+        "virt:disk:8:size",  # an int key, found by Salt's YAML re-read
+        "virt:type",  # set only in pillar
+        "virt:max_image_mib",
+        "virt:image_sources",  # set to None
+        "virt:nothing:here",
+        "virt:connection:uri:deeper",
+    ]
+    fast, salt = vconn.opts_config(mods.opts, mods), vconn.salt_config(mods)
+    for key in keys:
+        for default in (None, "dflt"):
+            assert fast(key, default) == salt(key, default), key
+    assert fast("virt:type") is None and fast("virt:disk:8:size") == 6 and fast("virt:minion_install:url")

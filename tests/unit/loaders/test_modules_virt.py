@@ -231,3 +231,28 @@ def test_trusted_images_come_from_the_minion_config(tmp_path, guest):
         tmp_path / "b", "test:///default", allowed_paths=[str(src)], insecure_trusted_images=[str(backed)]
     )
     assert trusting["virt.image_warm"](str(backed))["format"] == "qcow2"
+
+
+def test_init_reads_its_settings_without_a_config_get_per_key(tmp_path, monkeypatch):
+    """Issue 40: virt.init reads the operator's virt: settings from the minion config directly
+    (``saltvirt.host.conn.opts_config``): no ``config.get`` through the loader (48 of Salt's key walks a
+    define-only init, ~1 ms); the settings still count (here: virt:images, virt:type)."""
+    import libvirt
+    import salt.utils.data
+
+    mods = make_minion_mods(tmp_path, "test:///default", images_dir=tmp_path / "imgs", type="qemu")
+    assert "test" in mods["virt.list_domains"]()  # the module loaded (its __virtual__ reads the URI through Salt)
+    real, walked = salt.utils.data.traverse_dict_and_list, []
+    # what config.get walks every key with (looked up at each call): counted, then run
+    monkeypatch.setattr(
+        salt.utils.data, "traverse_dict_and_list", lambda *a, **kw: (walked.append(a[1]), real(*a, **kw))[1]
+    )
+    assert mods["config.get"]("virt:type") == "qemu" and walked == ["virt:type"]  # the count sees config.get
+    held = libvirt.open("test:///default")  # the test driver keeps its domains while a connection is open
+    try:
+        ret = mods["virt.init"]("cfg1", 1, 64, nic=None, start=False, seed=False)
+        assert walked == ["virt:type"], walked
+        assert ret["type"] == "qemu" and ret["disks"][0]["path"].startswith(str(tmp_path / "imgs" / "cfg1"))
+        assert mods["virt.purge"]("cfg1")["undefined"]
+    finally:
+        held.close()

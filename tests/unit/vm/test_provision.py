@@ -4,6 +4,8 @@ The post-define faults are injected through init's own ``progress`` callback (th
 progress events): raising there is a failure at exactly that step, with nothing mocked.
 """
 
+import os
+
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -284,3 +286,87 @@ def test_the_image_is_recorded_and_a_urls_secrets_are_in_no_return(test_conn, tm
     for secret in ("s3cret", "pa55word", "alice", "frag"):
         assert secret not in repr(ret) and secret not in repr(info)
         assert secret not in test_conn.lookupByName("img1").XMLDesc(1)  # nor in the definition (secure XML)
+
+
+def test_a_new_manifest_lists_the_disks_to_be_made_in_its_first_write(test_conn, tmp_path, monkeypatch):
+    """Issue 40: the manifest is written twice an init (was three times, each fsynced): its first write already
+    lists the disk files the init is about to make (here the default profile's blank disk), the second marks
+    the init complete. A crash in between is the next test's."""
+    from saltvirt.storage import images
+
+    writes = []
+    real = images.write_json
+    monkeypatch.setattr(
+        images, "write_json", lambda path, data, **kw: (writes.append(dict(data)), real(path, data, **kw))
+    )
+    ret = provision.init(
+        test_conn, vmargs.InitRequest("man1", 1, 64, nic=None, start=False), provision.Host(images_dir=str(tmp_path))
+    )
+    disk = ret["disks"][0]["path"]
+    assert [(w["files"], w["complete"]) for w in writes] == [([disk], False), ([disk], True)], writes
+    provision.purge(test_conn, "man1", images_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("crash_at", ["manifest", "disks_ready"])
+def test_an_init_killed_after_its_first_manifest_write_is_cleaned_up(test_conn, tmp_path, crash_at):
+    """The manifest lists a disk before it is made: an init killed right after that write (the disk not made)
+    or once the disk is made leaves what ``virt.cleanup`` removes whole, the missing file counted as gone."""
+    from saltvirt.storage import images
+    from saltvirt.vm import cleanup
+
+    uri = test_conn.getURI()
+    pid = os.fork()
+    if pid == 0:  # the init, killed (os._exit: no undo, no finally) at the chosen point
+        try:
+            import libvirt
+
+            if crash_at == "manifest":
+                real = images.write_json
+                images.write_json = lambda *a, **kw: (real(*a, **kw), os._exit(9))
+
+            def progress(at, **_data):
+                if at == crash_at:
+                    os._exit(9)
+
+            provision.init(
+                libvirt.open(uri),
+                vmargs.InitRequest("crash1", 1, 64, nic=None, start=False),
+                provision.Host(images_dir=str(tmp_path)),
+                progress=progress,
+            )
+        finally:
+            os._exit(3)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 9
+    vm_dir = tmp_path / "crash1"
+    listed = images.load_manifest(str(vm_dir))["files"]
+    assert len(listed) == 1 and os.path.exists(listed[0]) == (crash_at == "disks_ready"), listed
+    out = cleanup.cleanup(test_conn, "crash1", str(tmp_path))
+    assert out["interrupted"] and not out["errors"] and "refused" not in out, out
+    assert out["removed"] == ([] if crash_at == "manifest" else listed), out
+    assert not vm_dir.exists()
+
+
+def test_the_read_back_asks_libvirt_only_what_the_init_did_not_decide(test_conn, tmp_path, monkeypatch):
+    """Issue 40: the new VM's autostart (none set) and persistence (defined) come from what the init did, not
+    two more round trips; the answer stays what virt.vm_info says."""
+    import libvirt
+
+    from saltvirt.host import query
+
+    asked = []
+    for name in ("autostart", "isPersistent"):
+        real = getattr(libvirt.virDomain, name)
+        monkeypatch.setattr(
+            libvirt.virDomain, name, lambda self, *a, _r=real, _n=name: (asked.append(_n), _r(self, *a))[1]
+        )
+    ret = provision.init(
+        test_conn, vmargs.InitRequest("rb1", 1, 64, nic=None, start=False), provision.Host(images_dir=str(tmp_path))
+    )
+    assert asked == []
+    monkeypatch.undo()
+    try:
+        now = query.vm_info(test_conn, "rb1")["rb1"]
+        assert ret["vm_info"] == dict(now, cputime=ret["vm_info"]["cputime"])  # test driver: cputime is the clock
+        assert ret["vm_info"]["autostart"] is False and ret["state"] == "shutoff"
+    finally:
+        provision.purge(test_conn, "rb1", images_dir=str(tmp_path))
