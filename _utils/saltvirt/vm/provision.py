@@ -22,8 +22,8 @@ from saltvirt.base import fsutil, metrics, validate
 from saltvirt.base.salttypes import Conn, Data
 from saltvirt.base.undo import Undo
 from saltvirt.guest import cloudinit, firstboot, keypool, seed
-from saltvirt.host import hosttype
-from saltvirt.host.conn import define, domain_exists, get_domain, libvirt, lv_errors
+from saltvirt.host import hosttype, schemacache
+from saltvirt.host.conn import domain_exists, get_domain, libvirt, lv_errors
 from saltvirt.host.lifecycle import undefine
 from saltvirt.host.query import add_uptimes, bulk_stats, describe
 from saltvirt.model import vmargs, vmspec
@@ -193,7 +193,9 @@ class Host:
     operator: Data | None = None
     tb_cache_mib: Any = None  # virt:tcg_tb_cache_mib
     minion_install: Any = None
-    type_cache: str | None = None  # where the detected domain type is kept (saltvirt.host.hosttype)
+    # where what libvirt answered is kept: the detected domain type (saltvirt.host.hosttype), the definition
+    # shapes its schema check passed (saltvirt.host.schemacache)
+    type_cache: str | None = None
     key_pool: str | None = None  # where new minions' key pairs are kept ready (saltvirt.guest.keypool)
     key_pool_size: Any = 0  # virt:insecure_seed_key_pool
 
@@ -369,7 +371,7 @@ def _init(conn, req, host, *, lock, progress):  # noqa: C901, PLR0912, PLR0915 -
                 spec = resolve.with_disk_paths(spec, {made["name"]: made["path"]})
 
         with lv_errors(f"define VM {name!r} on {hostname}"):
-            dom = define(conn, "domain", definition.build(spec))
+            dom = schemacache.define_domain(conn, definition.build(spec), host.type_cache)
         undo.add(f"undefine {name}", dom.undefine)
         result["uuid"] = dom.UUIDString()  # spec.uuid, the manifest's since the start
         progress("defined", uuid=result["uuid"])
