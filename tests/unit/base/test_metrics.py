@@ -83,7 +83,7 @@ def mods(tmp_path):
     conn = libvirt.open("test:///default")
     mods = make_minion_mods(tmp_path, "test:///default", backup={"dir": str(tmp_path / "backups")})
     yield mods, str(src), conn
-    for name in ("mx1", "mx2", "mx3"):
+    for name in ("mx1", "mx2", "mx3", "mx5"):  # mx5: the racer's own definition
         with contextlib.suppress(CommandExecutionError, SaltInvocationError):  # not made by this test
             mods["virt.purge"](name)
     conn.close()
