@@ -7,9 +7,10 @@ them stays busy until their last process exits: ``losetup -d`` cannot free it. M
 guest's filesystem is seen by no other process, and goes when this namespace does.
 
 The namespace is held by a helper (``unshare --mount --propagation private cat``) that exits when its
-stdin closes: when :meth:`PrivateMounts.close` runs, or when the process that made it dies. Tools enter it
-with ``nsenter`` (a threaded process such as a minion cannot enter another mount namespace itself); its
-files are reached from here through ``/proc/<helper>/root``.
+stdin closes: when :meth:`PrivateMounts.close` runs, or when the process that made it dies. Or by a daemon
+the caller starts in it (``holder``: qemu-storage-daemon, whose FUSE export is mounted there), which the
+caller stops. Tools enter it with ``nsenter`` (a threaded process such as a minion cannot enter another mount
+namespace itself); its files are reached from here through ``/proc/<helper>/root``.
 """
 
 import os
@@ -28,18 +29,24 @@ class PrivateMounts:
     """One private mount namespace (see the module's text). Paths are the host's; :meth:`path` reaches
     what is mounted at one of them from here."""
 
-    def __init__(self) -> None:
+    def __init__(self, holder: list[str] | None = None, **popen: Any) -> None:
+        """``holder``: a command to run in the new namespace instead of the helper (its ``popen`` arguments
+        given), holding it while it runs (:attr:`proc`; the caller stops it). The caller waits until what the
+        holder mounts there shows in :meth:`mounted` before it enters the namespace: only then is the process
+        certain to be in it (``unshare`` made it and exec'd the holder). One process less to start and stop
+        than a helper and a daemon entered into its namespace."""
+        helper = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
         try:
             self._proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "cat"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                ["unshare", "--mount", "--propagation", "private", *(holder or ["cat"])],
+                **(popen if holder else helper),
                 start_new_session=True,  # a Ctrl-C reaches us (who unmount and close), not it
             )
         except FileNotFoundError:
             raise CommandExecutionError("a private mount namespace: unshare is not installed (util-linux)") from None
-        self.pid = self._proc.pid
+        self.pid, self.proc = self._proc.pid, self._proc
+        if holder:
+            return
         deadline = time.monotonic() + READY_SECONDS
         # ready once unshare has exec'd cat: the namespace exists and nothing in it propagates
         while fsutil.read_text(f"/proc/{self.pid}/comm") != "cat":
@@ -62,7 +69,10 @@ class PrivateMounts:
 
     def mounted(self, path: str) -> bool:
         """Whether ``path`` (a host path, no symlinks) is a mount point in this namespace."""
-        return os.path.abspath(path) in fsutil.mount_points(self.pid)
+        try:
+            return os.path.abspath(path) in fsutil.mount_points(self.pid)
+        except FileNotFoundError:  # its holder has exited: the namespace ended with its mounts
+            return False
 
     def mount(self, node: str, target: str, fstype: str, options: list[str]) -> None:
         """Mount ``node`` at ``target`` here; ``-i``: no mount helper (/sbin/mount.*) runs."""

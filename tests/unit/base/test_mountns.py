@@ -78,3 +78,28 @@ def test_a_namespace_made_meanwhile_keeps_no_copy(tmp_path):
             other.wait()
         ns.close()
         subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+
+
+def test_a_holder_keeps_the_namespace_itself_and_its_mounts_go_with_it(tmp_path):
+    """Issue 40: qemu-storage-daemon holds the namespace its FUSE export is mounted in (no ``cat`` helper to start
+    and stop besides it): the holder is the one process in it, and what it mounted goes when it exits. Here a
+    shell stands in for the daemon (``unshare`` runs it): it mounts a tmpfs in its namespace, then waits."""
+    point = str(tmp_path / "point")
+    os.mkdir(point)
+    holder = ["sh", "-c", f"mount -t tmpfs -o size=1m svholder {point} && exec sleep 120"]
+    ns = PrivateMounts(holder=holder, stdin=subprocess.DEVNULL)
+    try:
+        assert ns.proc.pid == ns.pid
+        deadline = time.monotonic() + 10
+        while not ns.mounted(point):  # what the holder mounts shows: it is in its namespace
+            assert ns.proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert point not in host_mounts()
+        assert os.readlink(f"/proc/{ns.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        with open(f"/proc/{ns.pid}/comm") as fh:
+            assert fh.read().strip() == "sleep"  # the holder itself (unshare exec'd it), no helper
+    finally:
+        ns.proc.terminate()
+        ns.proc.wait()
+        ns.close()
+    assert not ns.mounted(point) and point not in host_mounts()

@@ -74,3 +74,14 @@ def test_auto_tries_a_loop_device_before_a_daemon_for_a_raw_image():
     assert seed.auto_order("raw") == ("libguestfs", "qemu-nbd", "loop", "qsd-fuse")
     assert seed.auto_order("qcow2") == seed.BACKENDS == ("libguestfs", "qemu-nbd", "qsd-fuse", "loop")
     assert sorted(seed.auto_order("raw")) == sorted(seed.BACKENDS)
+
+
+@pytest.mark.parametrize(
+    "fstype, fresh, extra",
+    [("ext4", True, ["barrier=0"]), ("ext4", False, []), ("xfs", True, ["nouuid"]), ("btrfs", True, [])],
+)
+def test_a_fresh_ext4_image_is_mounted_without_cache_flushes(fstype, fresh, extra):
+    """Issue 40: an image virt.init made just now mounts ext4 with ``barrier=0`` (its journal commits flushed
+    the image through FUSE and qemu-storage-daemon each time; it is flushed once after the unmount); any other
+    image keeps them. Always: no devices, setuid or exec, no access times written."""
+    assert seed.mount_options(fstype, fresh) == ["nodev", "nosuid", "noexec", "noatime", *extra]
