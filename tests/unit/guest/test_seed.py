@@ -5,7 +5,7 @@ qsd-fuse, qemu-nbd mounts) are tested in tests/integration/test_seed.py."""
 import subprocess
 
 import pytest
-from salt.exceptions import SaltInvocationError
+from salt.exceptions import CommandExecutionError, SaltInvocationError
 
 from saltvirt.base import tools
 from saltvirt.guest import guestroot, seed
@@ -40,17 +40,15 @@ def test_a_loop_device_taken_by_another_attach_at_once_counts_as_detached(tmp_pa
     mine, other = tmp_path / "mine.img", tmp_path / "other.img"
     for path in (mine, other):
         path.write_bytes(b"\0" * 1024 * 1024)
-    run, taken = tools.run, []
+    run, clear, taken = tools.run, seed.clear_loop, []
 
-    def detach_then_taken(cmd, what, **kw):
-        out = run(cmd, what, **kw)
-        if cmd[:2] == ["losetup", "-d"]:
-            taken.append(run(["losetup", cmd[2], str(other)], "the other attach").returncode)
-        return out
+    def detach_then_taken(dev):
+        clear(dev)
+        taken.append(run(["losetup", dev, str(other)], "the other attach").returncode)
 
     dev = run(["losetup", "-f", "--show", str(mine)], "attach").stdout.strip()
     ours = seed.loop_binding(dev)
-    monkeypatch.setattr(tools, "run", detach_then_taken)
+    monkeypatch.setattr(seed, "clear_loop", detach_then_taken)
     monkeypatch.setattr(seed, "_wait", lambda cond, timeout: cond())  # no 30 s wait: the answer is immediate
     try:
         seed.detach(dev, ours)
@@ -85,3 +83,22 @@ def test_a_fresh_ext4_image_is_mounted_without_cache_flushes(fstype, fresh, extr
     the image through FUSE and qemu-storage-daemon each time; it is flushed once after the unmount); any other
     image keeps them. Always: no devices, setuid or exec, no access times written."""
     assert seed.mount_options(fstype, fresh) == ["nodev", "nosuid", "noexec", "noatime", *extra]
+
+
+def test_a_loop_device_is_detached_without_starting_losetup(tmp_path, monkeypatch):
+    """Issue 40: seeding detaches its loop devices with losetup's ioctl itself (one process less a seeding);
+    a device that is not attached is an error, as with ``losetup -d``. Real loop devices (root)."""
+    image = tmp_path / "disk.img"
+    image.write_bytes(b"\0" * 1024 * 1024)
+    run, started = tools.run, []
+    dev = run(["losetup", "-f", "--show", str(image)], "attach").stdout.strip()
+    ours = seed.loop_binding(dev)
+    monkeypatch.setattr(tools, "run", lambda cmd, *a, **kw: (started.append(cmd[0]), run(cmd, *a, **kw))[1])
+    try:
+        assert ours and ours[0] == str(image)
+        seed.detach(dev, ours)
+        assert seed.loop_binding(dev) != ours and started == []
+        with pytest.raises(CommandExecutionError, match=f"detaching {dev} failed"):
+            seed.clear_loop(dev)
+    finally:
+        run(["losetup", "-d", dev], "cleanup", check=False)
