@@ -8,7 +8,7 @@ The logic lives in the ``saltvirt`` library (``_utils/saltvirt``); this module i
 
 Configuration: ``virt:`` in the minion config only (``connection``, ``connections``, ``type``,
 ``images``, ``allowed_paths``, ``max_image_mib``, ``nic``/``disk`` profiles, ...), read with
-``saltvirt.host.conn.salt_config``; never grains or pillar (callers write them). Every key with its
+``saltvirt.host.conn.opts_config`` (``salt_config``'s answers); never grains or pillar. Every key with its
 default and meaning: ``docs/configuration.md``; the user guide: ``docs/topics/queries.md``.
 """
 
