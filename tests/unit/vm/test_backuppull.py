@@ -106,3 +106,24 @@ def test_a_failing_write_stops_the_copy_with_its_error(served, tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
         signal.signal(signal.SIGXFSZ, old_handler)
     assert err.value.errno == errno.EFBIG
+
+
+def test_the_copy_starts_the_write_back_of_what_it_wrote_as_it_goes(served, tmp_path, monkeypatch):
+    """Write-back is started stretch by stretch while the copy runs (the fsync at its end then waits for
+    the last stretch only): a spy that passes each call on to the real sync_file_range."""
+    _disk, sock, _url = served
+    started = []
+
+    def spy(fd, offset, length):
+        started.append((offset, length))
+        return real(fd, offset, length)
+
+    real = backuppull.fsutil.start_writeback
+    monkeypatch.setattr(backuppull.fsutil, "start_writeback", spy)
+    monkeypatch.setattr(backuppull, "WRITEBACK", 256 * 1024)
+    out = str(tmp_path / "w.qcow2")
+    backuppull.copy_export(sock, "disk", nbdread.ALLOCATION, out, None, time.monotonic() + 60)
+    size = os.path.getsize(out)
+    assert len(started) >= 3 and started[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _m) in zip(started, started[1:], strict=False))  # one stretch after another
+    assert size - 256 * 1024 < started[-1][0] + started[-1][1] <= size
