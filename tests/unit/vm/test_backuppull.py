@@ -84,6 +84,28 @@ def test_what_a_backup_copies_and_where_its_scratch_goes():
     assert backuppull.scratch_file("/b/vm/u/20260101T000000Z.vda.qcow2") == "/b/vm/u/20260101T000000Z.vda.scratch.qcow2"
 
 
+def test_the_depth_setting_reaches_the_nbd_reads(served, tmp_path, monkeypatch):
+    assert backup.configured_depth({"virt": {}}) == backuppull.DEPTH == 1
+    assert backup.configured_depth({"virt": {"backup": {"pull_depth": 8}}}) == 8
+    for bad in (17, -1, "many"):
+        with pytest.raises(Exception, match="pull_depth"):
+            backup.configured_depth({"virt": {"backup": {"pull_depth": bad}}})
+    _disk, sock, url = served
+    depths, real = [], nbdread.Client.reads
+
+    def spy(self, ranges, buffer, depth=4):
+        depths.append(depth)
+        return real(self, ranges, buffer, depth)
+
+    monkeypatch.setattr(nbdread.Client, "reads", spy)
+    monkeypatch.setattr(backuppull, "CHUNK", 65536)  # many reads of one cluster: several in flight at once
+    out = str(tmp_path / "b.qcow2")
+    digest = backuppull.copy_export(sock, "disk", nbdread.ALLOCATION, out, None, time.monotonic() + 60, depth=5)
+    assert depths == [5]
+    assert digest == hashlib.sha256(open(out, "rb").read()).hexdigest()  # noqa: SIM115
+    assert compare(url, out).returncode == 0
+
+
 def test_the_mode_setting():
     assert backup.configured_mode({"virt": {}}) == "pull"
     assert backup.configured_mode({"virt": {"backup": {"mode": "push"}}}) == "push"
