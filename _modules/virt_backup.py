@@ -99,8 +99,10 @@ def backup(name, disks=None, incremental=False, target=None, connection=None, **
     """
     root, timeout, key = _backup.configured(__opts__)
     with _conn(connection, kwargs) as conn:
-        mode = _backup.configured_mode(__opts__)
-        return _backup.backup(conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=key, mode=mode)
+        mode, depth = _backup.configured_mode(__opts__), _backup.configured_depth(__opts__)
+        return _backup.backup(
+            conn, root, name, disks, _bool(incremental), target, timeout=timeout, key=key, mode=mode, depth=depth
+        )
 
 
 def backup_list(name, target=None):

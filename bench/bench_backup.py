@@ -1,6 +1,6 @@
 """Backup throughput and the running guest's slowdown: ``virt.backup`` (pull mode, the default, and push
 mode) vs a plain ``qemu-img convert -U`` of the same disk as the floor, measured interleaved (floor, pull,
-push, floor, pull, push, ...) so that the shared machine's load hits each alike.
+pull depth 8, push, floor, ...) so that the shared machine's load hits each alike.
 
 Setup: a lab hypervisor (namespaced libvirtd, index 14) runs the busybox TCG guest with a second SATA
 disk of ``--size`` MiB holding data: 3 MiB of random bytes and a 1 MiB hole in every 4 MiB (as
@@ -8,7 +8,8 @@ bench_clone.py), so a full copy moves 3/4 of the virtual size.
 
 Figures (medians with min-max and n):
 - throughput: data MiB moved / wall seconds, for ``qemu-img convert -U`` (a copy of a running disk, no
-  consistency at all: the floor) and ``virt.backup`` full (everything: job, copy, sha256, manifest);
+  consistency at all: the floor) and ``virt.backup`` full (everything: job, copy, sha256, manifest), pull
+  mode with the default one NBD read in flight and with ``virt:backup:pull_depth: 8``;
 - guest writes: the guest's own disk writes (HMP ``qemu-io`` through the guest's disk device: the path
   guest writes take, 8 MiB writes in a loop) while each copy runs, over the rate in an idle window just
   before it (copy-before-write: a guest write to a block not yet copied first copies the old block out);
@@ -118,8 +119,9 @@ def main(argv=None):
     os.chmod(base, 0o755)
     fab = lab.Fabric(lab.new_tag()).start()
     hv = lab.Hypervisor(base, 14, fab).start()
-    t = {k: [] for k in ("floor", "pull", "push")}  # seconds
-    g = {k: [] for k in ("floor", "pull", "push")}  # guest writes / idle
+    cases = ("floor", "pull", "pull8", "push")
+    t = {k: [] for k in cases}  # seconds
+    g = {k: [] for k in cases}  # guest writes / idle
     inc = {k: [] for k in ("pull0", "push0", "pull64", "push64")}
     try:
         backups = os.path.join(base, "backups")
@@ -159,11 +161,11 @@ def main(argv=None):
             os.unlink(out)
             return secs
 
-        def full(mode):
+        def full(mode, depth=1):
             def run():
                 with lvconn.connect(hv.uri) as conn:
                     t0 = time.perf_counter()
-                    made = backup_lib.backup(conn, backups, "bench1", disks="sdb", key=key, mode=mode)
+                    made = backup_lib.backup(conn, backups, "bench1", disks="sdb", key=key, mode=mode, depth=depth)
                     secs = time.perf_counter() - t0
                 backup_lib.delete(backups, "bench1", made["id"], key=key)  # keeps the disk from filling
                 return secs
@@ -171,7 +173,12 @@ def main(argv=None):
             return run
 
         for r in range(reps):
-            for case, work in (("floor", convert), ("pull", full("pull")), ("push", full("push"))):
+            for case, work in (
+                ("floor", convert),
+                ("pull", full("pull")),
+                ("pull8", full("pull", 8)),
+                ("push", full("push")),
+            ):
                 log(f"round {r + 1}/{reps}: {case}")
                 idle = idle_rate(hv, "bench1", 3)
                 rate, secs = during(hv, "bench1", work)
@@ -203,7 +210,8 @@ def main(argv=None):
     rows = []
     for case, label in (
         ("floor", "qemu-img convert -U (floor)"),
-        ("pull", "virt.backup full, pull mode (default)"),
+        ("pull", "virt.backup full, pull mode (default: 1 read in flight)"),
+        ("pull8", "virt.backup full, pull mode, pull_depth 8"),
         ("push", "virt.backup full, push mode"),
     ):
         st = common.summary(t[case])

@@ -109,6 +109,25 @@ def test_conn():
     conn.close()
 
 
+@pytest.fixture
+def default_pools_conn():
+    """test:///default, the driver the loader modules in this process see too; the storage pools a test
+    defines or starts are removed afterwards (a transient one vanishes with its destroy: asked first)."""
+    import libvirt
+
+    c = libvirt.open("test:///default")
+    before = {p.name() for p in c.listAllStoragePools(0)}
+    yield c
+    for obj in c.listAllStoragePools(0):
+        if obj.name() not in before:
+            persistent = obj.isPersistent()
+            if obj.isActive():
+                obj.destroy()
+            if persistent:
+                obj.undefine()
+    c.close()
+
+
 @pytest.fixture(scope="session")
 def guest():
     """The tiny bootable test guest built by scripts/setup.sh."""

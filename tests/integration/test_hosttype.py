@@ -2,6 +2,7 @@
 
 from saltvirt.host import hosttype
 from tests.support import lab
+from tests.support.spies import Counting
 
 
 def test_probe_verdict_matches_a_real_kvm_boot(hv1, guest, tmp_path):
@@ -33,17 +34,6 @@ def test_probe_verdict_matches_a_real_kvm_boot(hv1, guest, tmp_path):
         conn.close()
     ok, reason = hosttype.probe_kvm()
     assert ok is booted, f"probe says kvm usable={ok} ({reason}) but a kvm guest booted={booted}"
-
-
-class Counting:
-    """The real connection, its calls counted."""
-
-    def __init__(self, conn):
-        self.conn, self.calls = conn, []
-
-    def __getattr__(self, name):
-        self.calls.append(name)
-        return getattr(self.conn, name)
 
 
 def test_detect_on_real_libvirtd(hv1, tmp_path):

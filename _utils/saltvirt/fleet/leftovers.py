@@ -24,25 +24,11 @@ from typing import Any
 
 from salt.exceptions import CommandExecutionError
 
-from saltvirt.base.salttypes import Data, SaltOpts
+from saltvirt.base.salttypes import Data
 from saltvirt.fleet import fleetstate, publish
 
 log = logging.getLogger(__name__)
 ABANDONED = "salt-virt/abandoned"
-
-
-def master_running(opts: SaltOpts) -> bool:
-    """Whether this master's salt-master still accepts connections on its ret port (the runner runs on
-    the master host): when it stopped, a hypervisor that "did not answer" had no master to answer to."""
-    import socket  # noqa: PLC0415 - only on this rare path
-
-    host = opts.get("interface") or "127.0.0.1"
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    try:
-        with socket.create_connection((host, int(opts.get("ret_port", 4506))), timeout=5):
-            return True
-    except OSError:
-        return False
 
 
 def master_gone_message(name: str, host: str, jid: str | None, key_id: str | None) -> str:

@@ -151,12 +151,55 @@ TICK = 0.1
 DRAIN_MAX = 1000  # events read at once before a hypervisor is given up (see _drain)
 
 
+MASTER_LOOK = 2.0  # seconds between two looks at the salt-master while a wait lasts (the first as it begins)
+
+
+def master_running(opts: SaltOpts) -> bool:
+    """Whether this master's salt-master still accepts connections on its ret port (a runner runs on the master
+    host): when it stopped, a hypervisor that "did not answer" had no master to answer to."""
+    import socket  # noqa: PLC0415 - only in a wait that lasts
+
+    host = opts.get("interface") or "127.0.0.1"
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.create_connection((host, int(opts.get("ret_port", 4506))), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+class MasterGone(CommandExecutionError):  # noqa: N818 - says what happened, as Failed does
+    """The salt-master stopped while a runner waited for answers: none can reach the runner any more."""
+
+
+class _MasterWatch:
+    """Whether the salt-master, seen running during this wait (its first look is as the wait begins, right after
+    the publication), has stopped since: two looks in a row :data:`MASTER_LOOK` apart find its ret port closed.
+    A runner waited out every hypervisor's silence before (41 s in test_faults) and took them for silent. A
+    master never seen running (a wait without one) is never reported gone."""
+
+    def __init__(self, opts: SaltOpts, started: float) -> None:
+        self.opts, self.next, self.seen, self.misses = opts, started, False, 0
+
+    def gone(self, now: float) -> bool:
+        if now < self.next:
+            return False
+        self.next = now + MASTER_LOOK
+        if master_running(self.opts):
+            self.seen, self.misses = True, 0
+            return False
+        self.misses += 1
+        return self.seen and self.misses >= 2
+
+
 def _wait(waiting, client, watch, expected, check, max_wait):
     """Read the bus until every expected hypervisor answered, was given up, or ``max_wait`` ran out. Each read
     blocks until an event arrives (Salt reads a big answer whole) or :data:`TICK` passes, so a wait costs no CPU
-    between events; the clock's work (``check``, give-ups, job checks) runs once a tick."""
+    between events; the clock's work (``check``, give-ups, job checks, the master's look) runs once a tick.
+    :class:`MasterGone` when the salt-master stops meanwhile."""
     deadline = waiting.started + max_wait
     ticked = None
+    master = _MasterWatch(waiting.opts, waiting.started)
     while waiting.missing:
         now = time.monotonic()
         if now > deadline:
@@ -164,6 +207,12 @@ def _wait(waiting, client, watch, expected, check, max_wait):
         if ticked is None or now - ticked >= TICK:
             if check is not None:
                 check()
+            if master.gone(now):
+                raise MasterGone(
+                    f"the salt-master stopped while waiting for {waiting.fun} from "
+                    f"{', '.join(sorted(waiting.missing))}: no answer can reach this runner any more; once the "
+                    "master is back, look at what happened there (salt-run virt.query) before running it again"
+                )
             # an answer already on the bus is neither silence nor a reason to ask again: a loaded runner reads late
             if waiting.silent(now) or waiting.due(now):
                 _drain(client, waiting, watch, expected)

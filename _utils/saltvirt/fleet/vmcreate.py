@@ -513,7 +513,7 @@ def _unless_master_gone(opts, suspect, name, hv, jid, key_id, tried, keys, lease
     """If ``suspect`` (no answer, or an error while waiting) and the salt-master stopped: the job may well
     finish on the hypervisor without it, and its VM needs the pre-accepted key, so the key stays, its room
     stays reserved and the outcome is reported as unknown."""
-    if not suspect or leftovers.master_running(opts):
+    if not suspect or publish.master_running(opts):
         return
     keys.keep = True
     _end(lease, "unknown", keep_for=cfg["init_timeout"])

@@ -1,14 +1,14 @@
 """A minimal NBD client (read-only) for the exports QEMU serves over a unix socket: a pull-mode backup's
 view of the VM's disks as they were when the job began (https://github.com/NetworkBlockDevice/nbd,
 doc/proto.md). Fixed newstyle handshake, structured replies, block status with one meta context
-(``base:allocation`` or a ``qemu:dirty-bitmap:<name>``), reads. No qemu-nbd or libnbd: the first
+(``base:allocation`` or a ``qemu:dirty-bitmap:<name>``), reads (several in flight). No qemu-nbd or libnbd: the first
 does not run here and neither is needed for this much of the protocol.
 """
 
 import contextlib
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 NBDMAGIC = b"NBDMAGIC"
 IHAVEOPT = 0x49484156454F5054
@@ -94,9 +94,8 @@ class Client:
         self.sock.sendall(struct.pack(">IHHQQI", REQUEST_MAGIC, 0, cmd, self.cookie, offset, length))
         return self.cookie
 
-    def _chunks(self, cookie: int, into: memoryview | None = None, base: int = 0) -> Iterator[tuple[int, bytes]]:
-        """The reply chunks of request ``cookie`` as ``(type, payload)``; read data lands in ``into`` (which
-        starts at offset ``base``) and is yielded as ``(CHUNK_DATA, b"")``."""
+    def _chunks(self, cookie: int) -> Iterator[tuple[int, bytes]]:
+        """The reply chunks of request ``cookie`` (block status: no data) as ``(type, payload)``."""
         while True:
             magic = struct.unpack(">I", self._recv(4))[0]
             if magic == SIMPLE_MAGIC:
@@ -109,18 +108,11 @@ class Client:
             flags, ctype, got, length = struct.unpack(">HHQI", self._recv(16))
             if got != cookie:
                 raise NBDError("NBD reply to another request")
-            if ctype == CHUNK_DATA:
-                offset = struct.unpack(">Q", self._recv(8))[0] - base
-                if into is None or offset < 0 or offset + length - 8 > len(into):
-                    raise NBDError("NBD data outside the request")
-                self._recv(length - 8, into[offset:])
-                yield ctype, b""
-            else:
-                payload = bytes(self._recv(length)) if length else b""
-                if ctype & (1 << 15):
-                    error = struct.unpack(">I", payload[:4])[0]
-                    raise NBDError(f"NBD request failed (error {error}): {payload[6:].decode(errors='replace')}")
-                yield ctype, payload
+            payload = bytes(self._recv(length)) if length else b""
+            if ctype & (1 << 15):
+                error = struct.unpack(">I", payload[:4])[0]
+                raise NBDError(f"NBD request failed (error {error}): {payload[6:].decode(errors='replace')}")
+            yield ctype, payload
             if flags & REPLY_FLAG_DONE:
                 return
 
@@ -147,11 +139,69 @@ class Client:
     def read(self, offset: int, length: int, into: memoryview | None = None) -> memoryview:
         """``length`` bytes at ``offset`` (holes the server reports read as zeros)."""
         buf = into[:length] if into is not None else memoryview(bytearray(length))
-        for ctype, payload in self._chunks(self._request(CMD_READ, offset, length), buf, offset):
+        return next(self.reads([(offset, length)], lambda: buf, 1))
+
+    def reads(
+        self, ranges: Iterable[tuple[int, int]], buffer: Callable[[], memoryview], depth: int = 4
+    ) -> Iterator[memoryview]:
+        """The bytes of each ``(offset, length)`` of ``ranges``, in order, each read into a buffer
+        ``buffer()`` gives (at least ``length`` long; it is the caller's again once yielded). Up to
+        ``depth`` requests are in flight on this one connection: QEMU serves each in a coroutine of its
+        own, so its reads of the disk overlap the sending of earlier replies (one request at a time left it
+        idle between them). Replies may come out of order; they are matched by cookie."""
+        todo = iter(ranges)
+        pending: dict[int, list] = {}  # cookie: [view, offset, done]
+        order: list[int] = []  # cookies in request order
+        while True:
+            while len(order) < depth and (nxt := next(todo, None)) is not None:
+                offset, length = nxt
+                view = buffer()[:length]
+                if len(view) != length:
+                    raise ValueError(f"a read buffer of {len(view)} bytes for a {length}-byte read")
+                cookie = self._request(CMD_READ, offset, length)
+                pending[cookie] = [view, offset, False]
+                order.append(cookie)
+            if not order:
+                return
+            while not pending[order[0]][2]:
+                self._reply(pending)
+            yield pending.pop(order.pop(0))[0]
+
+    def _reply(self, pending: dict[int, list]) -> None:
+        """Read one reply chunk of any read request in ``pending`` into its buffer (marked done on its last
+        chunk)."""
+        magic = struct.unpack(">I", self._recv(4))[0]
+        if magic == SIMPLE_MAGIC:
+            error, cookie = struct.unpack(">IQ", self._recv(12))
+            if cookie not in pending or error:
+                raise NBDError(f"NBD request failed (error {error})")
+            req = pending[cookie]
+            self._recv(len(req[0]), req[0])  # a simple reply carries the whole read
+            req[2] = True
+            return
+        if magic != STRUCTURED_MAGIC:
+            raise NBDError(f"bad NBD reply magic {magic:#x}")
+        flags, ctype, cookie, length = struct.unpack(">HHQI", self._recv(16))
+        if cookie not in pending:
+            raise NBDError("NBD reply to another request")
+        view, base = pending[cookie][0], pending[cookie][1]
+        if ctype == CHUNK_DATA:
+            start = struct.unpack(">Q", self._recv(8))[0] - base
+            if start < 0 or start + length - 8 > len(view):
+                raise NBDError("NBD data outside the request")
+            self._recv(length - 8, view[start:])
+        else:
+            payload = bytes(self._recv(length)) if length else b""
+            if ctype & (1 << 15):
+                error = struct.unpack(">I", payload[:4])[0]
+                raise NBDError(f"NBD request failed (error {error}): {payload[6:].decode(errors='replace')}")
             if ctype == CHUNK_HOLE:
                 start, n = struct.unpack(">QI", payload[:12])
-                buf[start - offset : start - offset + n] = bytes(n)
-        return buf
+                if start < base or start - base + n > len(view):
+                    raise NBDError("NBD hole outside the request")
+                view[start - base : start - base + n] = bytes(n)
+        if flags & REPLY_FLAG_DONE:
+            pending[cookie][2] = True
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

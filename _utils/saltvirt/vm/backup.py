@@ -220,7 +220,7 @@ def _begin(dom, bxml, cxml, every):
         dom.backupBegin(bxml, cxml, 0)
 
 
-def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mode=PULL):
+def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mode=PULL, depth=backuppull.DEPTH):
     """Live backup of the running VM into ``files`` (pull mode, :mod:`saltvirt.vm.backuppull`, or push
     mode), with a new checkpoint when ``checkpoint`` is a name; returns ``(consistency, whether the
     checkpoint was made, fs_freeze, digests)``; ``fs_freeze``: ``{frozen, thawed}`` as the guest agent
@@ -232,7 +232,7 @@ def _live(dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mo
     since = parent["checkpoint"] if parent else None
     bxml = backupxml.backup_xml(files, skip=skip, incremental=since)
     cxml = backupxml.checkpoint_xml(checkpoint, bitmaps, skip=[t for t in every if t not in bitmaps])
-    pull = backuppull.Pull(dom, files, skip, since, _owner(chosen)) if mode == PULL else None
+    pull = backuppull.Pull(dom, files, skip, since, _owner(chosen), depth) if mode == PULL else None
     frozen, consistency = _freeze(dom, facts)
     thawed = None
     try:
@@ -357,6 +357,14 @@ def configured_mode(opts: Mapping[str, Any]) -> str:
     return mode
 
 
+def configured_depth(opts: Mapping[str, Any]) -> int:
+    """``virt:backup:pull_depth`` of the minion config: the NBD reads a pull copy keeps in flight (1 to 16,
+    default 1: the guest's own disk writes keep the larger share; more copy faster)."""
+    conf = virt_conf(opts).get("backup") or {}
+    depth = (conf.get("pull_depth") if isinstance(conf, dict) else None) or backuppull.DEPTH
+    return validate.positive_int(depth, "virt:backup:pull_depth", maximum=backuppull.MAX_DEPTH)
+
+
 def configured(opts: Mapping[str, Any]) -> tuple[str, int, bytes]:
     """``(directory, timeout, manifest key)`` of a backup from the minion config ``opts`` (``virt:backup``: an
     operator setting, never read from pillar or grains, which callers write)."""
@@ -379,16 +387,18 @@ def backup(
     *,
     key: bytes,
     mode: str = "pull",
+    depth: int = backuppull.DEPTH,
 ) -> Data:
     """Back up VM ``name`` into ``<root>/[<target>/]<name>/<uuid>/``. Returns the backup's manifest (without
     the domain XML) plus ``dir``, ``note`` (why a full one was made when an incremental was asked)
     and ``removed_incomplete`` (files of interrupted backups cleaned up first); ``skipped``: ``{target: why}``
     of the disks it does not hold (pool volumes, CD-ROMs, shared, read-only or not asked for). ``key``: the
     manifests' key (:func:`saltvirt.vm.backupstore.manifest_key`); ``mode``: how a running VM is copied,
-    ``pull`` (:mod:`saltvirt.vm.backuppull`) or ``push`` (``virt:backup:mode``). Counted in salt-virt's metrics."""
+    ``pull`` (:mod:`saltvirt.vm.backuppull`) or ``push`` (``virt:backup:mode``); ``depth``: a pull copy's NBD
+    reads in flight (``virt:backup:pull_depth``). Counted in salt-virt's metrics."""
     clock, kind = time.monotonic(), "incremental" if incremental else "full"  # a failure's type: what was asked
     try:
-        out = _backup(conn, root, name, disks, incremental, target, timeout, on_started, key, mode)
+        out = _backup(conn, root, name, disks, incremental, target, timeout, on_started, key, mode, depth)
     except BaseException:
         metrics.add("saltvirt.vm.backups", result="failed", type=kind)
         metrics.record("saltvirt.vm.backup.duration", time.monotonic() - clock, result="failed", type=kind)
@@ -401,7 +411,7 @@ def backup(
     return out
 
 
-def _backup(conn, root, name, disks, incremental, target, timeout, on_started, key, mode):
+def _backup(conn, root, name, disks, incremental, target, timeout, on_started, key, mode, depth):
     dom = get_domain(conn, name)
     xml = dom.XMLDesc(0)
     facts = definition.parse(xml)
@@ -430,7 +440,7 @@ def _backup(conn, root, name, disks, incremental, target, timeout, on_started, k
         try:
             if live:
                 consistency, made, fs_freeze, digests = _live(
-                    dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mode
+                    dom, facts, chosen, files, parent, checkpoint, timeout, on_started, mode, depth
                 )
                 # without a checkpoint of its own, the parent's still covers every change since this backup
                 checkpoint = checkpoint if made else (parent or {}).get("checkpoint")

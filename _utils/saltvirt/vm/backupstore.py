@@ -163,17 +163,22 @@ def backup_id(bid: Any) -> str:
     return bid
 
 
+def id_order(bid: str) -> tuple[str, int]:
+    """A sort key of backup ids in the order they were made: ``-10`` after ``-9`` within a second."""
+    stamp, _, n = bid.partition("-")
+    return stamp, int(n) if n.isdigit() else 1
+
+
 def new_id(directory: str, now: datetime.datetime | None = None, taken: Iterable[str] = ()) -> str:
     """A fresh id (UTC time; ``-2``, ``-3``... within the same second) no file in ``directory`` uses and
     that is not in ``taken`` (the ids of the VM's checkpoints: an interrupted backup removes its files,
-    but its checkpoint may outlive it in libvirt)."""
+    but its checkpoint may outlive it in libvirt). Within a second it comes after every id taken, never
+    in a gap a removed one left: backups made within one second are ordered by their ids (``finished``
+    has whole seconds), and an incremental builds on the newest."""
     stamp = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
     taken = set(taken) | ({n.split(".", 1)[0] for n in os.listdir(directory)} if os.path.isdir(directory) else set())
-    bid, n = stamp, 1
-    while bid in taken:
-        n += 1
-        bid = f"{stamp}-{n}"
-    return bid
+    same = [id_order(t)[1] for t in taken if ID_RE.fullmatch(t) and id_order(t)[0] == stamp]
+    return f"{stamp}-{max(same) + 1}" if same else stamp
 
 
 def disk_file(directory: str, bid: str, target: str) -> str:
@@ -278,7 +283,7 @@ def scan(directory: str, key: bytes) -> tuple[list[Data], dict[str, str], list[s
         if missing:
             broken[m["id"]] = f"builds on backup {missing[0]}, which is gone or broken"
             valid.remove(m)
-    valid.sort(key=lambda m: (m.get("finished") or "", m["id"]))
+    valid.sort(key=lambda m: (m.get("finished") or "", id_order(m["id"])))
     return valid, broken, sorted(ids - with_manifest)
 
 
@@ -293,7 +298,7 @@ def scan_all(root: str, vm: str, key: bytes, target: str | None = None) -> tuple
         valid += v
         broken.update(b)
         incomplete += i
-    valid.sort(key=lambda m: (m.get("finished") or "", m["id"]))
+    valid.sort(key=lambda m: (m.get("finished") or "", id_order(m["id"])))
     return valid, broken, sorted(incomplete)
 
 

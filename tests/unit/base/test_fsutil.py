@@ -40,6 +40,19 @@ def test_syncfs_writes_back_and_raises_the_errno_of_a_failure(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mount(2) needs root")
+def test_start_writeback_is_a_hint_the_kernel_takes_or_refuses(tmp_path):
+    with open(tmp_path / "f", "wb") as fh:
+        fh.write(b"x" * 65536)
+        fh.flush()
+        assert fsutil.start_writeback(fh.fileno(), 0, 65536) is True
+    r, w = os.pipe()
+    try:
+        assert fsutil.start_writeback(r, 0, 4096) is False  # ESPIPE: no file to write back, no exception
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_mount_of_is_the_innermost_mount_holding_a_path(tmp_path):
     """What virt.cleanup reads to tell a local virt:images from one other hosts may mount: the mount
     point (escaped in mountinfo: a space here) and its type, through symlinks."""

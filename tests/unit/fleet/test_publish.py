@@ -1,5 +1,9 @@
 """saltvirt.fleet.publish: the runner's pure helpers around placement (answers, locating a VM, settings)."""
 
+import socket
+import threading
+import time
+
 import pytest
 from salt.exceptions import SaltInvocationError
 
@@ -178,3 +182,56 @@ def test_ret_is_a_steps_return_or_failed_with_its_status():
     with pytest.raises(fleet.Failed, match="^virt.x on hv2: did not answer$") as err:
         transport.ret("hv2", "virt.x")
     assert err.value.details == {"host": "hv2", "status": "down", "jid": "j2"}
+
+
+class _QuietBus:
+    """The bus of a runner whose master stopped: nothing arrives; a job check cannot be published."""
+
+    def __init__(self):
+        self.event = self
+
+    def get_event(self, wait=0.1, **_kw):
+        time.sleep(wait)
+
+    def run_job(self, *_args, **_kw):
+        raise RuntimeError("Salt request timed out. The master is not responding.")
+
+
+def _master_port():
+    """A listening socket on the ret port of this test's "salt-master" (a runner only ever connects to it)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    return sock
+
+
+def _replies(tmp_path, port):
+    from saltvirt.fleet import replies
+
+    opts = {"interface": "127.0.0.1", "ret_port": port, "cachedir": str(tmp_path), "pki_dir": str(tmp_path)}
+    cfg = fleet.config({"virt": {"hypervisors": {"tgt": "hv1", "timeout": 600, "down_after": 600}}})
+    return replies.Replies(opts, _QuietBus(), cfg, "20261201000000000000", "virt.init", "n", {"hv1"}, dict)
+
+
+def test_a_wait_ends_when_the_salt_master_stops(tmp_path, monkeypatch):
+    """A runner waiting for a hypervisor stops waiting once the salt-master it saw running stopped (its ret port
+    closed at two looks in a row): no answer can reach it. Before, it waited out timeout + down_after (41 s in
+    test_faults) and then took the hypervisor for silent."""
+    monkeypatch.setattr(fleet, "MASTER_LOOK", 0.05)
+    master = _master_port()
+    waiting = _replies(tmp_path, master.getsockname()[1])
+    threading.Timer(0.02, master.close).start()  # the master stops as soon as the runner waits
+    with pytest.raises(fleet.MasterGone, match="the salt-master stopped while waiting for virt.init from hv1"):
+        fleet._wait(waiting, waiting.client, None, {"hv1"}, None, max_wait=30)
+    assert waiting.missing == {"hv1"} and not waiting.down  # not given up as silent: it had no master to answer
+
+
+def test_a_wait_without_a_master_it_ever_saw_runs_its_course(tmp_path, monkeypatch):
+    """No master seen running during the wait (none listens on the port): the wait ends as it always did."""
+    monkeypatch.setattr(fleet, "MASTER_LOOK", 0.05)
+    closed = _master_port()
+    port = closed.getsockname()[1]
+    closed.close()
+    waiting = _replies(tmp_path, port)
+    fleet._wait(waiting, waiting.client, None, {"hv1"}, None, max_wait=0.5)
+    assert waiting.missing == {"hv1"}

@@ -6,6 +6,7 @@ import pytest
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.host import hosttype
+from tests.support.spies import Counting
 
 CAPS = """<capabilities><host/>
 <guest><os_type>hvm</os_type><arch name='x86_64'><domain type='qemu'/><domain type='kvm'/></arch></guest>
@@ -62,14 +63,6 @@ def test_detect_on_test_driver_and_override(test_conn):
 
 def test_a_given_type_needs_no_capabilities_rpc(test_conn):
     """virt:type / vtype given: no getCapabilities round trip per init (a spy over the real connection)."""
-
-    class Counting:
-        def __init__(self, conn):
-            self.conn, self.calls = conn, []
-
-        def __getattr__(self, name):
-            self.calls.append(name)
-            return getattr(self.conn, name)
 
     spy = Counting(test_conn)
     assert hosttype.detect(spy, "kvm")["type"] == "kvm" and spy.calls == []

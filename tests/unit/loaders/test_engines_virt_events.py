@@ -60,7 +60,20 @@ def test_the_inbox_bound_comes_from_the_minion_config(tmp_path, caplog):
     )
 
 
-def test_the_engine_pushes_the_hosts_capacity_when_it_starts_and_when_a_vm_changes(tmp_path):
+def stop_pushers():
+    """Stops the capacity pushers this process's engines started. The engine's own thread has no stop (Salt
+    ends an engine with its process) and idles on; its pusher would go on pushing through whatever
+    MinionEvent a later test in this worker installs, on every lifecycle event of test:///default (run K4)."""
+    for thread in threading.enumerate():
+        if thread.name == "virt-capacity-push":
+            pusher = thread._target.__self__  # type: ignore[attr-defined]  # Thread keeps it while it runs
+            pusher.stop.set()
+            pusher.wake.set()
+            thread.join(10)
+            assert not thread.is_alive(), "a capacity pusher did not stop within 10 s"
+
+
+def test_the_engine_pushes_the_hosts_capacity_when_it_starts_and_when_a_vm_changes(tmp_path, request):
     """Issue 40: the engine puts the signed record in the mine when it starts and after a lifecycle event (a
     masterless minion's own mine here: mine.send with file_client local; the master's path:
     tests/unit/pki/test_answers.py)."""
@@ -74,10 +87,11 @@ def test_the_engine_pushes_the_hosts_capacity_when_it_starts_and_when_a_vm_chang
     (tmp_path / "pki").mkdir()
     pub, priv = keystore.keypair("answering hypervisor")
     (tmp_path / "pki" / "minion.pem").write_text(priv)
-    # its first push is at start; no heartbeat after it (the thread outlives the test)
+    # its first push is at start; no heartbeat after it
     engines = load_engines(tmp_path, [str(ROOT / "_modules")], capacity_push={"every": 3600})
     mods = salt.loader.minion_mods(engines.opts)
     threading.Thread(target=engines["virt_events.start"], daemon=True).start()
+    request.addfinalizer(stop_pushers)
     deadline, record = time.monotonic() + 60, None
     while record is None and time.monotonic() < deadline:  # the condition: the record is there
         record = (mods["data.get"]("mine_cache") or {}).get(answers.MINE_KEY)

@@ -3,7 +3,6 @@ names of Salt's virt docstrings (saltext-virt 0.1.0), return shapes checked, on 
 through the real Salt loader. Real pools: tests/integration/test_storage_real.py. Disks on volumes:
 tests/unit/storage/test_volumes.py; snapshots: tests/unit/test_snapshot.py (also with Salt's argument names)."""
 
-import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -11,18 +10,8 @@ from tests.support.saltloader import load_states
 
 
 @pytest.fixture
-def conn():
-    """test:///default (shared in this process: what the loader modules see too); cleaned up after."""
-    c = libvirt.open("test:///default")
-    pools = {p.name() for p in c.listAllStoragePools(0)}
-    yield c
-    for obj in c.listAllStoragePools(0):
-        if obj.name() not in pools:
-            if obj.isActive():
-                obj.destroy()
-            if obj.isPersistent():
-                obj.undefine()
-    c.close()
+def conn(default_pools_conn):
+    return default_pools_conn
 
 
 @pytest.fixture

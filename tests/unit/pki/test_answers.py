@@ -202,7 +202,8 @@ def test_pushed_capacity_reaches_the_masters_mine_signed_and_for_the_master_only
         def fire_event(self, load, tag):
             if threading.get_ident() != caller:
                 # an engine's capacity pusher that an earlier test in this process started (its thread outlives
-                # the test, with Salt's default heartbeat) pushed through this stand-in too (run K4): not this call
+                # that test and pushes on test:///default's lifecycle events, or virt:capacity_push:every's beat)
+                # pushed through this stand-in too (run K4): not this call
                 return True
             assert tag == "_minion_mine"
             stored.append(load["id"])

@@ -43,3 +43,34 @@ def test_the_client_reads_data_holes_and_block_status(served):
         nbdread.Client(sock, "disk", "qemu:dirty-bitmap:nope")
     with pytest.raises(nbdread.NBDError, match="refused"):
         nbdread.Client(sock, "other")
+
+
+def test_reads_keep_several_requests_in_flight_and_come_back_in_order(served):
+    """Pipelined reads on one connection: ``depth`` requests are sent before the first reply is taken,
+    the replies (QEMU may answer out of order) land in their own buffers, holes as zeros."""
+    _disk, sock, _url = served
+    ranges = [(0, MIB), (9 * MIB, 256 * 1024), (5 * MIB, 64 * 1024), (MIB - 8, 16), (20 * MIB, MIB)]
+    want = [
+        b"\x11" * MIB,
+        b"\x22" * 200 * 1024 + b"\0" * 56 * 1024,
+        b"\0" * 65536,
+        b"\x11" * 8 + b"\0" * 8,
+        b"\0" * MIB,
+    ]
+    given = []
+
+    def buffer():
+        given.append(memoryview(bytearray(b"\xff" * MIB)))  # not zeros: a hole must be written as zeros
+        return given[-1]
+
+    with nbdread.Client(sock, "disk") as nbd:
+        before = nbd.cookie
+        got = nbd.reads(ranges, buffer, depth=3)
+        first = next(got)
+        assert nbd.cookie - before == 3  # three requests on the wire before the first reply was read
+        assert bytes(first) == want[0] and first.obj is given[0].obj
+        assert [bytes(v) for v in got] == want[1:]
+        assert nbd.cookie - before == len(ranges)
+        assert bytes(nbd.read(9 * MIB, 4)) == b"\x22" * 4  # the connection is in step afterwards
+        with pytest.raises(ValueError, match="buffer"):
+            next(nbd.reads([(0, 2 * MIB)], buffer))

@@ -6,7 +6,6 @@ import json
 import os
 import re
 
-import libvirt
 import pytest
 from salt.exceptions import SaltInvocationError
 
@@ -17,19 +16,8 @@ from tests.support.saltloader import SOURCES, load_states, make_minion_mods
 
 
 @pytest.fixture
-def conn():
-    """test:///default (what the loader modules see); the pools a test defines are removed afterwards."""
-    c = libvirt.open("test:///default")
-    before = {p.name() for p in c.listAllStoragePools(0)}
-    yield c
-    for obj in c.listAllStoragePools(0):
-        if obj.name() not in before:
-            persistent = obj.isPersistent()
-            if obj.isActive():
-                obj.destroy()
-            if persistent:
-                obj.undefine()
-    c.close()
+def conn(default_pools_conn):
+    return default_pools_conn
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 ``disks=[{name, pool, size, format, image | source_file}]``. Real pools and guests booting from volumes:
 tests/integration/test_storage_real.py."""
 
-import libvirt
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
 
@@ -10,18 +9,8 @@ from tests.support.saltloader import make_minion_mods
 
 
 @pytest.fixture
-def conn():
-    """test:///default (shared in this process: what the loader modules see too); cleaned up after."""
-    c = libvirt.open("test:///default")
-    pools = {p.name() for p in c.listAllStoragePools(0)}
-    yield c
-    for obj in c.listAllStoragePools(0):
-        if obj.name() not in pools:
-            if obj.isActive():
-                obj.destroy()
-            if obj.isPersistent():
-                obj.undefine()
-    c.close()
+def conn(default_pools_conn):
+    return default_pools_conn
 
 
 def test_disks_on_pool_volumes_init_info_purge(tmp_path, virt_test, conn):

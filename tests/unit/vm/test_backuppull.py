@@ -84,6 +84,28 @@ def test_what_a_backup_copies_and_where_its_scratch_goes():
     assert backuppull.scratch_file("/b/vm/u/20260101T000000Z.vda.qcow2") == "/b/vm/u/20260101T000000Z.vda.scratch.qcow2"
 
 
+def test_the_depth_setting_reaches_the_nbd_reads(served, tmp_path, monkeypatch):
+    assert backup.configured_depth({"virt": {}}) == backuppull.DEPTH == 1
+    assert backup.configured_depth({"virt": {"backup": {"pull_depth": 8}}}) == 8
+    for bad in (17, -1, "many"):
+        with pytest.raises(Exception, match="pull_depth"):
+            backup.configured_depth({"virt": {"backup": {"pull_depth": bad}}})
+    _disk, sock, url = served
+    depths, real = [], nbdread.Client.reads
+
+    def spy(self, ranges, buffer, depth=4):
+        depths.append(depth)
+        return real(self, ranges, buffer, depth)
+
+    monkeypatch.setattr(nbdread.Client, "reads", spy)
+    monkeypatch.setattr(backuppull, "CHUNK", 65536)  # many reads of one cluster: several in flight at once
+    out = str(tmp_path / "b.qcow2")
+    digest = backuppull.copy_export(sock, "disk", nbdread.ALLOCATION, out, None, time.monotonic() + 60, depth=5)
+    assert depths == [5]
+    assert digest == hashlib.sha256(open(out, "rb").read()).hexdigest()  # noqa: SIM115
+    assert compare(url, out).returncode == 0
+
+
 def test_the_mode_setting():
     assert backup.configured_mode({"virt": {}}) == "pull"
     assert backup.configured_mode({"virt": {"backup": {"mode": "push"}}}) == "push"
@@ -106,3 +128,24 @@ def test_a_failing_write_stops_the_copy_with_its_error(served, tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
         signal.signal(signal.SIGXFSZ, old_handler)
     assert err.value.errno == errno.EFBIG
+
+
+def test_the_copy_starts_the_write_back_of_what_it_wrote_as_it_goes(served, tmp_path, monkeypatch):
+    """Write-back is started stretch by stretch while the copy runs (the fsync at its end then waits for
+    the last stretch only): a spy that passes each call on to the real sync_file_range."""
+    _disk, sock, _url = served
+    started = []
+
+    def spy(fd, offset, length):
+        started.append((offset, length))
+        return real(fd, offset, length)
+
+    real = backuppull.fsutil.start_writeback
+    monkeypatch.setattr(backuppull.fsutil, "start_writeback", spy)
+    monkeypatch.setattr(backuppull, "WRITEBACK", 256 * 1024)
+    out = str(tmp_path / "w.qcow2")
+    backuppull.copy_export(sock, "disk", nbdread.ALLOCATION, out, None, time.monotonic() + 60)
+    size = os.path.getsize(out)
+    assert len(started) >= 3 and started[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _m) in zip(started, started[1:], strict=False))  # one stretch after another
+    assert size - 256 * 1024 < started[-1][0] + started[-1][1] <= size

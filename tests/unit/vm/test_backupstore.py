@@ -87,10 +87,25 @@ def test_new_ids_never_collide(tmp_path):
     assert store.new_id(str(tmp_path), now) == "20260102T030405Z-2"
     # an interrupted backup's checkpoint outlives its removed files: its id stays taken
     assert store.new_id(str(tmp_path), now, taken=["20260102T030405Z-2"]) == "20260102T030405Z-3"
+    # a removed backup's id is not reused within its second: the new one still sorts after the others
+    (tmp_path / "20260102T030405Z.vda.qcow2").unlink()
+    assert store.new_id(str(tmp_path), now, taken=["20260102T030405Z-2"]) == "20260102T030405Z-3"
+    assert store.new_id(str(tmp_path), now, taken=["20260102T030405Z-9"]) == "20260102T030405Z-10"
+    ids = ["20260102T030405Z-10", "20260102T030405Z-9", "20260102T030405Z", "20260102T030404Z-3"]
+    assert sorted(ids, key=store.id_order) == [ids[3], ids[2], ids[1], ids[0]]
     assert store.backup_id("20260102T030405Z-2")
     for bad in ("x", "../20260102T030405Z", "20260102T030405Z.json", None):
         with pytest.raises(SaltInvocationError):
             store.backup_id(bad)
+
+
+def test_scan_orders_the_backups_of_one_second_as_they_were_made(tmp_path):
+    """``finished`` has whole seconds: within one, ``-10`` came after ``-9`` (the newest is a chain's parent)."""
+    ids = ["20260101T000000Z-10", "20260101T000000Z", "20260101T000000Z-9"]
+    for bid in ids:
+        store.write_manifest(str(tmp_path), manifest(bid, finished="2026-01-01T00:00:00Z"), KEY)
+        (tmp_path / f"{bid}.vda.qcow2").write_bytes(b"x")
+    assert [m["id"] for m in store.scan(str(tmp_path), KEY)[0]] == [ids[1], ids[2], ids[0]]
 
 
 def test_scan_tells_valid_broken_and_incomplete_apart(tmp_path):
