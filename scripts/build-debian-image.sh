@@ -192,7 +192,34 @@ RestartSec=2
 [Install]
 WantedBy=multi-user.target
 UNIT
-chroot "$R" systemctl enable salt-minion.service >/dev/null 2>&1
+# the minion's first Python start-up reads ~100 MB of a cold disk (4 s before its first log line under TCG,
+# 1.4 s warm); the boot spends that long waiting for its DHCP lease: import what the minion imports then,
+# at the lowest priority, so its start finds them in the page cache. Not ordered before anything: the
+# minion, the lease and the boot never wait for it ("SV-PHASE prefetch" on the console when it is done).
+cat > "$R/usr/local/sbin/sv-minion-prefetch" <<'EOS'
+#!/bin/sh
+/opt/saltstack/salt/bin/python -c 'import salt.cli.daemons, salt.minion, salt.crypt, salt.grains.core, salt.config, salt.loader
+salt.loader.grain_funcs(salt.config.minion_config(None, minion_id="sv-prefetch"))._load_all()' >/dev/null 2>&1
+exec /usr/local/sbin/sv-phase prefetch
+EOS
+chmod 755 "$R/usr/local/sbin/sv-minion-prefetch"
+cat > "$R/etc/systemd/system/sv-minion-prefetch.service" <<'UNIT'
+[Unit]
+Description=Warm the page cache with the minion's imports while the boot waits for its lease
+DefaultDependencies=no
+After=local-fs.target
+Conflicts=shutdown.target
+
+[Service]
+Type=simple
+Nice=19
+IOSchedulingClass=idle
+ExecStart=/usr/local/sbin/sv-minion-prefetch
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+chroot "$R" systemctl enable salt-minion.service sv-minion-prefetch.service >/dev/null 2>&1
 find "$R/opt/saltstack/salt" -name tests -type d -path '*site-packages/*' -prune -exec rm -rf {} + 2>/dev/null || true
 # bytecode compiled here, at host speed: an emulated (TCG) guest would otherwise compile salt on its first start
 chroot "$R" /opt/saltstack/salt/bin/python -m compileall -q -j 0 /opt/saltstack/salt/lib >/dev/null || true
