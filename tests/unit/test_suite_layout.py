@@ -16,7 +16,14 @@ LIBRARY = ROOT / "_utils" / "saltvirt"
 INTEGRATION_FIXTURES = LIBVIRTD_FIXTURES | SALT_FIXTURES | {"lab_dir", "state_tree"}
 INTEGRATION_HELPERS = {"tests.support.lab", "tests.support.saltd", "tests.support.saltapi"}
 # tests/unit/test_<x>.py of the project as a whole (not of one library module)
-PROJECT_CHECKS = {"test_suite_layout.py", "test_docs.py", "test_types.py", "test_packaging.py", "test_console.py"}
+PROJECT_CHECKS = {
+    "test_suite_layout.py",
+    "test_docs.py",
+    "test_types.py",
+    "test_packaging.py",
+    "test_console.py",
+    "test_image_recipe.py",
+}
 # library modules without their tests/unit/test_<module>.py yet: this list may only shrink
 WITHOUT_UNIT_FILE = {
     "host/caps",
