@@ -5,12 +5,16 @@ import ctypes
 import errno
 import functools
 import hashlib
+import json
+import logging
 import os
 import re
 import stat
 import tempfile
 from collections.abc import Collection
-from typing import overload
+from typing import Any, overload
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write(
@@ -187,3 +191,25 @@ def ours_alone(path: str, others: int = 0o022) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & others
+
+
+def load_own_json(directory: str, name: str, others: int = 0o022) -> dict[str, Any]:
+    """The JSON object kept in ``directory``/``name``, trusted only when the directory (:func:`ours_alone`) and the
+    file are this user's and no one else has the ``others`` bits of the file; else, or when it holds no JSON
+    object, ``{}``: a cache its writer then rewrites."""
+    if not ours_alone(directory):
+        return {}
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & others:
+            log.warning("ignoring %s: not this user's alone (it is rewritten)", fh.name)
+            return {}
+        try:
+            data = json.loads(fh.read())
+        except ValueError:
+            return {}
+    return data if isinstance(data, dict) else {}

@@ -221,22 +221,7 @@ def _fingerprint(conn: Conn, uri: str, emulators: list[str]) -> dict[str, Any] |
 
 
 def _load(cache_dir: str) -> dict[str, Any]:
-    if not fsutil.ours_alone(cache_dir):
-        return {}
-    try:
-        fd = os.open(os.path.join(cache_dir, CACHE_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # not ours alone: ignored, rewritten
-            log.warning("hosttype: ignoring %s (not owned by this user alone)", fh.name)
-            return {}
-        try:
-            data = json.loads(fh.read())
-        except ValueError:
-            return {}
-    return data if isinstance(data, dict) else {}
+    return fsutil.load_own_json(cache_dir, CACHE_FILE, 0o077)
 
 
 def _cached(cache_dir: str, conn: Conn, uri: str, arch: str) -> dict[str, str] | None:

@@ -66,22 +66,7 @@ def shape(xml: str) -> str:
 
 
 def _load(cache_dir: str) -> dict[str, Any]:
-    if not fsutil.ours_alone(cache_dir):
-        return {}
-    try:
-        fd = os.open(os.path.join(cache_dir, CACHE_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:  # another may write it: ignored, rewritten
-            log.warning("schemacache: ignoring %s (not writable by this user alone)", fh.name)
-            return {}
-        try:
-            data = json.loads(fh.read())
-        except ValueError:
-            return {}
-    return data if isinstance(data, dict) else {}
+    return fsutil.load_own_json(cache_dir, CACHE_FILE, 0o022)
 
 
 def _store(cache_dir: str, key: list[Any], shapes: list[str]) -> None:
