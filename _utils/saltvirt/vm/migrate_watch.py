@@ -21,8 +21,9 @@ Adaptive switch-over target (neither the operator nor the caller set ``max_downt
 runs longer than its estimate on a loaded host (an idle TCG guest paused up to 0.9 s against the 300 ms
 target), so a live migration starts at :data:`ADAPTIVE_START` ms, where an idle guest converges after one
 memory pass with a short pause, and the watchdog raises the target to QEMU's :data:`QEMU_DOWNTIME` once
-the job's ``memory_iteration`` reaches :data:`ADAPTIVE_RAISE_AT` (it did not converge at the low target: a
-busy guest pays about one pass more than at QEMU's target). An explicit ``max_downtime`` is a fixed target.
+the job's ``memory_iteration`` reaches :data:`ADAPTIVE_RAISE_AT` (it did not converge at the low target).
+Passes shorter than the watchdog's poll may end before it sees them: such a busy guest converges at the low
+target after a few more short passes. An explicit ``max_downtime`` is a fixed target.
 """
 
 import contextlib
@@ -47,7 +48,7 @@ QEMU_DOWNTIME = 300  # ms: QEMU's own switch-over target (downtime-limit)
 ADAPTIVE_START = 50  # ms: the adaptive target's start (bench: idle gaps ~66 ms at 50, up to 0.9 s at 300)
 # libvirt's memory_iteration (QEMU's dirty-sync-count) from which the target is QEMU_DOWNTIME: it is 1 during
 # the first pass, 2 once that pass did not converge (a finished job counts the final sync too: an idle guest
-# that converged after the first pass ends at 3); so a busy guest pays about one pass more than at 300 ms
+# that converged after the first pass ends at 3): a busy guest's later passes run at QEMU's target
 ADAPTIVE_RAISE_AT = 2
 
 
