@@ -376,8 +376,7 @@ def migrate(
     )
     mode = "offline" if not active else "live" if live else "paused"
     try:
-        if downtime:
-            dom.migrateSetMaxDowntime(downtime, 0)
+        downtime, watchdog.adapt = migrate_watch.set_downtime(dom, downtime, adapt)
         with watchdog:
             dom.migrateToURI3(dest, params, flags)
     except libvirt.libvirtError as exc:
@@ -409,7 +408,7 @@ def migrate(
         "qemu_tls": bool(flags & libvirt.VIR_MIGRATE_TLS),
         "converge": {"mode": converge, "timeout": converge_timeout, "max_downtime_ms": downtime},
     }
-    ret["converge"].update(adapt.report() if adapt else {})
+    ret["converge"].update(watchdog.adapt.report() if watchdog.adapt else {})
     if watchdog.postcopy_after is not None:
         ret["converge"]["postcopy_after"] = watchdog.postcopy_after
         warnings.append(

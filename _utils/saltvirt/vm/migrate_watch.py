@@ -27,6 +27,7 @@ target after a few more short passes. An explicit ``max_downtime`` is a fixed ta
 """
 
 import contextlib
+import logging
 import os
 import subprocess
 import threading
@@ -36,8 +37,10 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import procs, validate
-from saltvirt.base.salttypes import Data
+from saltvirt.base.salttypes import Data, Domain
 from saltvirt.host.conn import libvirt
+
+log = logging.getLogger(__name__)
 
 STALL_TIMEOUT = 60.0  # seconds a migration may move no data before it is aborted (virt:migration:stall_timeout)
 ABORT_GRACE = 10.0  # seconds an aborted migration may take to end before its streams are cut
@@ -125,6 +128,22 @@ def downtime_plan(asked: Any, cap: int | None, active: bool, live: bool) -> tupl
         return downtime, None
     adapt = AdaptiveDowntime()
     return adapt.start, adapt
+
+
+def set_downtime(dom: Domain, downtime: int | None, adapt: Any) -> tuple[int | None, Any]:
+    """Set the switch-over target before the migration; returns the target and the adaptation in force. A
+    fixed target libvirt refuses fails the migration (the caller's libvirtError); the adaptive start is a
+    default, so a refusal leaves QEMU's own target, logged, and nothing to adapt."""
+    if not downtime:
+        return None, None
+    try:
+        dom.migrateSetMaxDowntime(downtime, 0)
+    except libvirt.libvirtError as exc:
+        if adapt is None:
+            raise
+        log.warning("salt-virt: no adaptive switch-over target (%s): QEMU's own used", exc.get_error_message())
+        return None, None
+    return downtime, adapt
 
 
 def converge_flags(

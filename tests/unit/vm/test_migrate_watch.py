@@ -279,3 +279,14 @@ def test_the_watchdog_leaves_an_idle_guest_at_the_low_target():
         while dom.asked < 20:
             threading.Event().wait(0.01)
     assert dom.targets == []
+
+
+def test_a_refused_adaptive_start_leaves_qemus_target_and_a_refused_fixed_one_fails():
+    """The test driver has no migration parameters: libvirt refuses migrateSetMaxDowntime, as an older one may."""
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    start, adapt = migrate_watch.downtime_plan(None, None, True, True)
+    assert migrate_watch.set_downtime(dom, start, adapt) == (None, None)  # the default: migrate anyway
+    with pytest.raises(libvirt.libvirtError):
+        migrate_watch.set_downtime(dom, 100, None)  # the operator's or caller's: not silently dropped
+    assert migrate_watch.set_downtime(dom, None, None) == (None, None)
