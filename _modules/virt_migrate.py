@@ -118,7 +118,8 @@ def migrate(
         shared (the runner proves it with a probe file first).
     max_downtime / max_bandwidth
         milliseconds the guest may pause at the switch-over (at most ``virt:migration:max_downtime``,
-        which is also the default; unset: QEMU's 300 ms) / MiB/s for the migration stream.
+        which is also the default; neither set: adaptive, 50 ms raised to QEMU's 300 ms once the first
+        memory pass did not converge) / MiB/s for the migration stream.
     report
         return the migration's report (source, target, URI, transport, seconds, warnings, ...) instead
         of Salt's ``True`` (``salt-run virt.migrate`` asks for it). Without it, warnings go to the log.

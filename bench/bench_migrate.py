@@ -471,7 +471,8 @@ def cell_run(lab, cell, reps, migration, methods=None, extra=None, pair=None):
         log(
             f"migrate {cell} {method} {here}->{there}: {row['s']:.2f} s (inner {row['inner_s']}), gap {fmt_ms(gap)} "
             f"(baseline {fmt_ms(base)}), libvirt downtime {row['libvirt_downtime_ms']} ms, "
-            f"iterations {row['iterations']}" + (f", FAILED: {row['failed'][:300]}" if row["failed"] else "")
+            f"iterations {row['iterations']}{adaptive_note(row['converge'])}"
+            + (f", FAILED: {row['failed'][:300]}" if row["failed"] else "")
         )
         if moved:
             if storage == "copy":
@@ -486,6 +487,16 @@ def cell_run(lab, cell, reps, migration, methods=None, extra=None, pair=None):
         pass
     conn.close()
     return rows
+
+
+def adaptive_note(converge):
+    """Ours' switch-over target as its answer says (the adaptive one: raised at which memory pass, if)."""
+    adaptive = (converge or {}).get("adaptive_downtime")
+    if not adaptive:
+        return ""
+    raised = adaptive["raised_at_pass"]
+    then = f" -> {converge['max_downtime_ms']} ms at pass {raised}" if raised else ""
+    return f", target {adaptive['start_ms']} ms{then}"
 
 
 def fmt_ms(seconds):

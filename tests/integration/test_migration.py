@@ -294,7 +294,11 @@ def test_module_tunnelled_tls_migration(cli, local, hvs, shared_vm):
     assert ret.returncode != 0 and "would send the libvirtd connection (qemu+tcp) in clear: refused" in ret.stdout
     assert "virt:migration:allow_cleartext: True" in ret.stdout and where(local, "vshared") == {"hv7": "running"}
     ret = ok(local, "hv7", "virt.migrate", "vshared", "hv6", tunnel=True, unsafe=True, report=True)
-    print(f"module migration, shared storage, tunnelled TLS: libvirt {ret['seconds']} s")
+    print(f"module migration, shared storage, tunnelled TLS: libvirt {ret['seconds']} s, converge {ret['converge']}")
+    # no max_downtime anywhere: the adaptive target, set on the real QEMU before the copy (raised or not)
+    adaptive = ret["converge"]["adaptive_downtime"]
+    assert adaptive["start_ms"] == 50 and adaptive["raised_at_pass"] in (None, 2, 3)
+    assert ret["converge"]["max_downtime_ms"] == (50 if adaptive["raised_at_pass"] is None else 300)
     assert (
         ret["tunnelled"] is True and ret["target_uri"] == f"qemu+tls://hv6/system?pkipath={hvs['hv7'].tls_dir}/client"
     )

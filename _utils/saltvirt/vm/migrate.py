@@ -342,7 +342,7 @@ def migrate(
     flags = migration_flags(active, live, tunnel, copy_storage, unsafe, qemu_tls)
     more, converge, converging = migrate_watch.converge_flags(converge, active, live, tunnel, copy_storage)
     flags |= more
-    downtime = migrate_watch.downtime_ms(max_downtime, max_downtime_cap) if active else None
+    downtime, adapt = migrate_watch.downtime_plan(max_downtime, max_downtime_cap, active, live)
     for path, want in (verify_backing or {}).items():
         if fsutil.file_digest(path) != want:
             raise CommandExecutionError(
@@ -368,12 +368,15 @@ def migrate(
         params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = validate.positive_int(max_bandwidth, "max_bandwidth (MiB/s)")
     started = time.monotonic()
     watchdog = migrate_watch.Watchdog(
-        dom, migrate_watch.stall_bound(stall_timeout), converge=converge, converge_timeout=converge_timeout
+        dom,
+        migrate_watch.stall_bound(stall_timeout),
+        converge=converge,
+        converge_timeout=converge_timeout,
+        adapt=adapt,
     )
     mode = "offline" if not active else "live" if live else "paused"
     try:
-        if downtime:
-            dom.migrateSetMaxDowntime(downtime, 0)
+        downtime, watchdog.adapt = migrate_watch.set_downtime(dom, downtime, adapt)
         with watchdog:
             dom.migrateToURI3(dest, params, flags)
     except libvirt.libvirtError as exc:
@@ -405,6 +408,7 @@ def migrate(
         "qemu_tls": bool(flags & libvirt.VIR_MIGRATE_TLS),
         "converge": {"mode": converge, "timeout": converge_timeout, "max_downtime_ms": downtime},
     }
+    ret["converge"].update(watchdog.adapt.report() if watchdog.adapt else {})
     if watchdog.postcopy_after is not None:
         ret["converge"]["postcopy_after"] = watchdog.postcopy_after
         warnings.append(

@@ -15,9 +15,19 @@ Settings (minion config only, ``virt:migration``)::
     converge: auto           # auto (QEMU auto-converge) | postcopy | none
     converge_timeout: 300    # seconds of memory copying -> post-copy (converge: postcopy) or aborted
     max_downtime: 300        # ms the guest may pause at the switch-over: default and cap of a caller's
+                             # (unset: adaptive, see below)
+
+Adaptive switch-over target (neither the operator nor the caller set ``max_downtime``): QEMU's switch-over
+runs longer than its estimate on a loaded host (an idle TCG guest paused up to 0.9 s against the 300 ms
+target), so a live migration starts at :data:`ADAPTIVE_START` ms, where an idle guest converges after one
+memory pass with a short pause, and the watchdog raises the target to QEMU's :data:`QEMU_DOWNTIME` once
+the job's ``memory_iteration`` reaches :data:`ADAPTIVE_RAISE_AT` (it did not converge at the low target).
+Passes shorter than the watchdog's poll may end before it sees them: such a busy guest converges at the low
+target after a few more short passes. An explicit ``max_downtime`` is a fixed target.
 """
 
 import contextlib
+import logging
 import os
 import subprocess
 import threading
@@ -27,14 +37,22 @@ from typing import Any
 from salt.exceptions import SaltInvocationError
 
 from saltvirt.base import procs, validate
-from saltvirt.base.salttypes import Data
+from saltvirt.base.salttypes import Data, Domain
 from saltvirt.host.conn import libvirt
+
+log = logging.getLogger(__name__)
 
 STALL_TIMEOUT = 60.0  # seconds a migration may move no data before it is aborted (virt:migration:stall_timeout)
 ABORT_GRACE = 10.0  # seconds an aborted migration may take to end before its streams are cut
 MIGRATION_PORTS = range(49152, 49216)  # libvirt's migration_port_min..max: the target's migration and NBD ports
 CONVERGE_MODES = ("auto", "postcopy", "none")
 CONVERGE_TIMEOUT = 300.0  # seconds of memory copying before post-copy or an abort (virt:migration:converge_timeout)
+QEMU_DOWNTIME = 300  # ms: QEMU's own switch-over target (downtime-limit)
+ADAPTIVE_START = 50  # ms: the adaptive target's start (bench: idle gaps ~66 ms at 50, up to 0.9 s at 300)
+# libvirt's memory_iteration (QEMU's dirty-sync-count) from which the target is QEMU_DOWNTIME: it is 1 during
+# the first pass, 2 once that pass did not converge (a finished job counts the final sync too: an idle guest
+# that converged after the first pass ends at 3): a busy guest's later passes run at QEMU's target
+ADAPTIVE_RAISE_AT = 2
 
 
 def converge_settings(mig: Data) -> Data:
@@ -64,6 +82,68 @@ def downtime_ms(asked: Any, cap: int | None) -> int | None:
             f"max_downtime={asked} ms is above what this hypervisor allows (virt:migration:max_downtime: {cap} ms)"
         )
     return asked
+
+
+class AdaptiveDowntime:
+    """The adaptive switch-over target's decision, fed one job sample at a time (``jobStats()``'s dict):
+    :meth:`observe` returns the target to set once (``full``) when the memory phase reached pass
+    ``raise_at`` without converging at ``start``, else None. The pass is libvirt's ``memory_iteration``;
+    without it (an older libvirt), each rise of ``memory_remaining`` counts as a new pass (QEMU adds the
+    pages dirtied during a pass when the next one begins)."""
+
+    def __init__(self, start=ADAPTIVE_START, full=QEMU_DOWNTIME, raise_at=ADAPTIVE_RAISE_AT):
+        self.start, self.full, self.raise_at = start, full, raise_at
+        self.raised_at: int | None = None  # the pass at which it was raised
+        self._passes, self._remaining = 0, None
+
+    def observe(self, stats: Data) -> int | None:
+        if self.raised_at is not None or stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE) == libvirt.VIR_DOMAIN_JOB_NONE:
+            return None
+        passes = stats.get("memory_iteration")
+        if passes is None:
+            remaining = stats.get("memory_remaining")
+            if remaining is not None and stats.get("memory_processed"):
+                if self._remaining is None or remaining > self._remaining:
+                    self._passes += 1
+                self._remaining = remaining
+            passes = self._passes
+        if int(passes) < self.raise_at:
+            return None
+        self.raised_at = int(passes)
+        return self.full
+
+    def report(self) -> Data:
+        """What a migration's answer says of it (``converge``): the target in force at the end."""
+        return {
+            "max_downtime_ms": self.full if self.raised_at else self.start,
+            "adaptive_downtime": {"start_ms": self.start, "raised_at_pass": self.raised_at},
+        }
+
+
+def downtime_plan(asked: Any, cap: int | None, active: bool, live: bool) -> tuple[int | None, Any]:
+    """The switch-over target to set before the migration and its :class:`AdaptiveDowntime` (None: fixed):
+    adaptive only for a live migration of a running VM with no ``max_downtime`` from caller or operator."""
+    downtime = downtime_ms(asked, cap) if active else None
+    if downtime is not None or not (active and live):
+        return downtime, None
+    adapt = AdaptiveDowntime()
+    return adapt.start, adapt
+
+
+def set_downtime(dom: Domain, downtime: int | None, adapt: Any) -> tuple[int | None, Any]:
+    """Set the switch-over target before the migration; returns the target and the adaptation in force. A
+    fixed target libvirt refuses fails the migration (the caller's libvirtError); the adaptive start is a
+    default, so a refusal leaves QEMU's own target, logged, and nothing to adapt."""
+    if not downtime:
+        return None, None
+    try:
+        dom.migrateSetMaxDowntime(downtime, 0)
+    except libvirt.libvirtError as exc:
+        if adapt is None:
+            raise
+        log.warning("salt-virt: no adaptive switch-over target (%s): QEMU's own used", exc.get_error_message())
+        return None, None
+    return downtime, adapt
 
 
 def converge_flags(
@@ -154,15 +234,19 @@ class Watchdog:
 
     Convergence: once the memory phase (memory bytes processed) has run ``converge_timeout`` seconds, a
     ``postcopy`` migration is switched to post-copy (once), any other is aborted: pre-copy of a guest that
-    dirties memory faster than the link copies it never ends by itself."""
+    dirties memory faster than the link copies it never ends by itself.
 
-    def __init__(self, dom, bound, poll=1.0, converge="none", converge_timeout=None):
-        self.dom, self.bound, self.poll = dom, bound, poll
+    ``adapt`` (an :class:`AdaptiveDowntime`): the job's ``jobStats()`` is read beside its ``jobInfo()`` and
+    the switch-over target raised (``migrateSetMaxDowntime``) when it says so."""
+
+    def __init__(self, dom, bound, poll=1.0, converge="none", converge_timeout=None, adapt=None):
+        self.dom, self.bound, self.poll, self.adapt = dom, bound, poll, adapt
         self.converge, self.converge_timeout = converge, converge_timeout
         self.aborted, self._stop, self.moved = None, threading.Event(), 0  # moved: bytes seen processed (metrics)
         self.memory_since: float | None = None  # when the memory phase began (monotonic)
         self.postcopy_after: float | None = None  # seconds into the memory phase it was switched to post-copy
         self._pending: tuple[Data, threading.Event] | None = None  # (answer box, done event) of a waiting jobInfo()
+        self._last_stats: Data | None = None  # jobStats() of the last answered sample (adapt only)
         self._thread = threading.Thread(target=self._watch, name="salt-virt-migration-watchdog", daemon=True)
 
     def __enter__(self):
@@ -177,6 +261,7 @@ class Watchdog:
         seen, since = None, time.monotonic()
         while not self._stop.wait(self.poll):
             info = self._sample()
+            self._adapt()
             if info is not None and info[0] != libvirt.VIR_DOMAIN_JOB_NONE:
                 self.moved = max(self.moved, int(info[4]))  # jobInfo()[4]: dataProcessed
                 if self.memory_since is None and int(info[7]) > 0:  # jobInfo()[7]: memProcessed
@@ -210,6 +295,16 @@ class Watchdog:
         )
         return True
 
+    def _adapt(self):
+        """Raise the switch-over target if the adaptive decision says so (the last sample's stats)."""
+        stats = self._last_stats
+        self._last_stats = None
+        if self.adapt is None or stats is None:
+            return
+        target = self.adapt.observe(stats)
+        if target is not None:
+            _in_thread(lambda: self.dom.migrateSetMaxDowntime(target, 0), "salt-virt-migration-downtime")
+
     def _sample(self):
         """The job's counters if libvirt answers within ``poll`` seconds, else None (no news: a refused
         query while the job changes phase, or a monitor blocked on a dead peer: asked again once it answers)."""
@@ -217,12 +312,18 @@ class Watchdog:
             box: Data = {}
             done = threading.Event()
             self._pending = (box, done)
-            _in_thread(lambda: box.update(info=self.dom.jobInfo()), "salt-virt-migration-jobinfo", done)
+            _in_thread(lambda: self._query(box), "salt-virt-migration-jobinfo", done)
         box, done = self._pending
         if not done.wait(self.poll):
             return None
         self._pending = None
+        self._last_stats = box.get("stats")
         return box.get("info")
+
+    def _query(self, box):
+        box["info"] = self.dom.jobInfo()
+        if self.adapt is not None and self.adapt.raised_at is None:
+            box["stats"] = self.dom.jobStats()
 
     def _abort(self, why):
         self.aborted = why

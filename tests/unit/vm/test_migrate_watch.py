@@ -188,3 +188,105 @@ def test_the_sockets_to_cut_are_read_from_ss_with_listening_ones_among_them():
         ("LISTEN", ("::", 5901), ("::", None)),
         ("ESTAB", ("10.252.0.11", 41234), ("10.252.0.15", 49152)),
     ]
+
+
+# The adaptive switch-over target (no max_downtime set). Samples shaped as libvirt's jobStats() answers during
+# a live migration: memory_iteration is QEMU's dirty-sync-count, 1 during the first pass; an idle guest converges
+# at the end of it (bench/bench_migrate.py's lab: its finished job says 3: setup, pass 1, final sync).
+UNBOUNDED, NONE = libvirt.VIR_DOMAIN_JOB_UNBOUNDED, libvirt.VIR_DOMAIN_JOB_NONE
+
+
+def stats(iteration, processed, remaining, kind=UNBOUNDED):
+    got = {"type": kind, "memory_total": 128 << 20, "memory_processed": processed, "memory_remaining": remaining}
+    return got if iteration is None else {**got, "memory_iteration": iteration}
+
+
+IDLE = [stats(1, 20 << 20, 100 << 20), stats(1, 90 << 20, 30 << 20), {"type": NONE}]
+BUSY = [stats(1, 40 << 20, 80 << 20), stats(1, 110 << 20, 10 << 20), stats(2, 130 << 20, 18 << 20)]
+BUSY += [stats(2, 140 << 20, 9 << 20), stats(3, 150 << 20, 17 << 20)]
+
+
+def observed(samples, **kw):
+    adapt = migrate_watch.AdaptiveDowntime(**kw)
+    return adapt, [adapt.observe(s) for s in samples]
+
+
+def test_an_idle_guest_keeps_the_low_target():
+    adapt, said = observed(IDLE)
+    assert said == [None, None, None] and adapt.raised_at is None
+    assert adapt.report() == {"max_downtime_ms": 50, "adaptive_downtime": {"start_ms": 50, "raised_at_pass": None}}
+
+
+def test_a_guest_that_did_not_converge_in_its_first_pass_gets_qemus_target_once():
+    adapt, said = observed(BUSY)
+    assert said == [None, None, 300, None, None] and adapt.raised_at == 2
+    assert adapt.report()["max_downtime_ms"] == 300
+    _, said = observed(BUSY, raise_at=3)
+    assert said == [None, None, None, None, 300]
+
+
+def test_without_memory_iteration_a_rise_of_the_remaining_bytes_is_a_new_pass():
+    """An older libvirt has no memory_iteration: QEMU's remaining bytes grow when a pass begins."""
+    plain = [{k: v for k, v in s.items() if k != "memory_iteration"} for s in BUSY]
+    before_memory = stats(None, 0, 128 << 20)  # a disk copy first: no memory moved, no pass yet
+    _, said = observed([before_memory, *plain])
+    assert said == [None, None, None, 300, None, None]
+    _, said = observed([{k: v for k, v in s.items() if k != "memory_iteration"} for s in IDLE])
+    assert said == [None, None, None]
+
+
+def test_the_adaptive_target_only_without_max_downtime_and_for_a_live_migration():
+    got, adapt = migrate_watch.downtime_plan(None, None, True, True)
+    assert got == 50 and adapt is not None and adapt.full == 300
+    assert migrate_watch.downtime_plan(None, 250, True, True) == (250, None)  # the operator's: fixed
+    assert migrate_watch.downtime_plan("100", 250, True, True) == (100, None)  # the caller's: fixed
+    assert migrate_watch.downtime_plan(None, None, True, False) == (None, None)  # paused: no switch-over race
+    assert migrate_watch.downtime_plan(None, None, False, True) == (None, None)  # offline
+    with pytest.raises(SaltInvocationError, match="is above what this hypervisor allows"):
+        migrate_watch.downtime_plan(900, 250, True, True)
+
+
+class PassingGuest(BusyGuest):
+    """A job that answers ``samples`` in turn (then the last again), and records the targets set."""
+
+    def __init__(self, samples):
+        super().__init__()
+        self.samples, self.asked, self.targets, self.set = samples, 0, [], threading.Event()
+
+    def jobStats(self):
+        self.asked += 1
+        return self.samples[min(self.asked, len(self.samples)) - 1]
+
+    def migrateSetMaxDowntime(self, ms, flags):
+        assert flags == 0
+        self.targets.append(ms)
+        self.set.set()
+
+
+def test_the_watchdog_raises_the_target_of_a_busy_guest_once():
+    dom = PassingGuest(BUSY)
+    with migrate_watch.Watchdog(dom, 30, poll=0.01, adapt=migrate_watch.AdaptiveDowntime()):
+        raised = dom.set.wait(10)  # a bound, not a speed
+        asked = dom.asked
+        while dom.processed < (40 << 20):  # 40 more samples: it stops asking for stats once raised
+            threading.Event().wait(0.01)
+    assert raised and dom.targets == [300] and dom.asked == asked
+
+
+def test_the_watchdog_leaves_an_idle_guest_at_the_low_target():
+    dom = PassingGuest(IDLE[:2])
+    with migrate_watch.Watchdog(dom, 30, poll=0.01, adapt=migrate_watch.AdaptiveDowntime()):
+        while dom.asked < 20:
+            threading.Event().wait(0.01)
+    assert dom.targets == []
+
+
+def test_a_refused_adaptive_start_leaves_qemus_target_and_a_refused_fixed_one_fails():
+    """The test driver has no migration parameters: libvirt refuses migrateSetMaxDowntime, as an older one may."""
+    conn = libvirt.open("test:///default")
+    dom = conn.lookupByName("test")
+    start, adapt = migrate_watch.downtime_plan(None, None, True, True)
+    assert migrate_watch.set_downtime(dom, start, adapt) == (None, None)  # the default: migrate anyway
+    with pytest.raises(libvirt.libvirtError):
+        migrate_watch.set_downtime(dom, 100, None)  # the operator's or caller's: not silently dropped
+    assert migrate_watch.set_downtime(dom, None, None) == (None, None)
