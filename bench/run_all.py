@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
 BENCHES = ["placement", "clone", "query", "init", "fleet", "burst", "scale", "tutorial", "resources", "ha"]
-BENCHES += ["backup", "pushplace", "migrate", "fleetwire"]
+BENCHES += ["backup", "pushplace", "migrate", "fleetwire", "jobstart"]
 
 
 def main(argv=None):
