@@ -30,6 +30,13 @@ class NBDError(OSError):
     pass
 
 
+def _raise_if_error(ctype: int, payload: bytes) -> None:
+    """A structured reply's error chunk (type bit 15: the error code, then a message) as :class:`NBDError`."""
+    if ctype & (1 << 15):
+        error = struct.unpack(">I", payload[:4])[0]
+        raise NBDError(f"NBD request failed (error {error}): {payload[6:].decode(errors='replace')}")
+
+
 class Client:
     """One export of the server at unix socket ``path``; ``context``: the meta context whose block status
     :meth:`extents` reports."""
@@ -109,9 +116,7 @@ class Client:
             if got != cookie:
                 raise NBDError("NBD reply to another request")
             payload = bytes(self._recv(length)) if length else b""
-            if ctype & (1 << 15):
-                error = struct.unpack(">I", payload[:4])[0]
-                raise NBDError(f"NBD request failed (error {error}): {payload[6:].decode(errors='replace')}")
+            _raise_if_error(ctype, payload)
             yield ctype, payload
             if flags & REPLY_FLAG_DONE:
                 return
@@ -192,9 +197,7 @@ class Client:
             self._recv(length - 8, view[start:])
         else:
             payload = bytes(self._recv(length)) if length else b""
-            if ctype & (1 << 15):
-                error = struct.unpack(">I", payload[:4])[0]
-                raise NBDError(f"NBD request failed (error {error}): {payload[6:].decode(errors='replace')}")
+            _raise_if_error(ctype, payload)
             if ctype == CHUNK_HOLE:
                 start, n = struct.unpack(">QI", payload[:12])
                 if start < base or start - base + n > len(view):

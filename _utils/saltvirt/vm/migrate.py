@@ -372,10 +372,9 @@ def migrate(
         migrate_watch.stall_bound(stall_timeout),
         converge=converge,
         converge_timeout=converge_timeout,
-        adapt=adapt,
     )
     mode = "offline" if not active else "live" if live else "paused"
-    try:
+    try:  # the adaptive target only once libvirt took its start (a refused explicit one fails the migration)
         downtime, watchdog.adapt = migrate_watch.set_downtime(dom, downtime, adapt)
         with watchdog:
             dom.migrateToURI3(dest, params, flags)
