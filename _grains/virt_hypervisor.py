@@ -82,9 +82,9 @@ def _load_library():
         except Exception as exc:  # noqa: BLE001 - a job imports it again and reports what fails
             log.debug("virt_hypervisor: could not import %s ahead of the jobs: %s", layer.name, exc)
     seen = pkg.__dict__.setdefault(SEEN, {})
-    for mod in list(sys.modules.values()):
-        path = getattr(mod, "__file__", None)
-        if path and path not in seen and getattr(mod, "__name__", "").partition(".")[0] == "saltvirt":
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and path not in seen and getattr(module, "__name__", "").partition(".")[0] == "saltvirt":
             seen[path] = _on_disk(path)
 
 
