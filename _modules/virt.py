@@ -40,7 +40,7 @@ if saltvirt is not None:
     from saltvirt.host import capacity, guestips, hosttype, lifecycle, query
     from saltvirt.host import conn as _c
     from saltvirt.model import compat, vmargs
-    from saltvirt.storage import intake
+    from saltvirt.storage import intake, saltcache
     from saltvirt.vm import progress, provision
 
 if TYPE_CHECKING:  # what Salt's loader injects into this module
@@ -176,8 +176,9 @@ def init(
         min_guarantee, hugepages: [{size: 2m, nodeset}], nosharepages, locked, source, access, allocation,
         discard}`` (sizes in MiB or 512m/2g); their other keys are refused with the reason.
     image
-        ``salt://...`` (cached with cp.cache_file), ``https://...`` or an absolute path on the hypervisor
-        inside ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
+        ``salt://...`` (Salt's minion file cache, checked against the master's hash:
+        docs/topics/image-warm-up.md), ``https://...`` or an absolute path on the hypervisor inside
+        ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
         ``disks: [{image: ...}]``; ``trusted_image`` does not lift this).
         Only raw and qcow2 images without a backing file or external data file are accepted (the
         format is read from the header and passed to qemu, never guessed); a download stops at
@@ -294,7 +295,7 @@ def init(
         images_dir=images_dir,
         host_id=__opts__.get("id"),  # the manifest's creating host
         profiles=profiles,
-        cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
+        cache_file=saltcache.salt_files(__opts__, saltenv),
         vtype=_cfg("virt:type", None),
         master=__opts__.get("master"),
         pki_dir=__opts__.get("pki_dir"),

@@ -33,6 +33,7 @@ if saltvirt is not None:
     from saltvirt.model import poolargs as _pa
     from saltvirt.storage import poolcalls as _pc
     from saltvirt.storage import pools as _st
+    from saltvirt.storage import saltcache as _saltcache
     from saltvirt.vm import provision as _provision
     from saltvirt.xml import poolxml as _px
 
@@ -86,7 +87,7 @@ def image_warm(image, saltenv="base", checksum=None, allow_http=False, trusted_i
         return _provision.warm(
             image,
             images_dir=_c.salt_images_dir(__salt__),
-            cache_file=lambda url: __salt__["cp.cache_file"](url, saltenv),
+            cache_file=_saltcache.salt_files(__opts__, saltenv),
             conn=conn,
             vtype=get("virt:type", None),
             allowed_paths=_config.virt_conf(__opts__).get("allowed_paths") or (),

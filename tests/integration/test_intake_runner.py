@@ -141,3 +141,28 @@ def test_salt_run_virt_init_refuses_hostile_images(
     assert files == [] and dirs == [], (files, dirs)
     if case == "https to http":
         assert servers["web"].log == [] or all(p != "/x.raw" for p, *_ in servers["web"].log)
+
+
+def test_a_salt_image_changed_on_the_master_is_fetched_again_despite_the_recorded_digest(
+    salt_master, intake_hv, state_tree
+):
+    """Issue 40: a salt:// image's cached copy is used without reading it whole when the master's hash matches
+    the digest recorded for it (storage/saltcache). With the real cp.is_cached/hash_file/cache_file: the
+    digest is recorded beside Salt's file cache, and an image that changed on the master (same size) is fetched
+    again: the second warm-up's checksum is the new content's."""
+    import hashlib
+    import json
+
+    path = pathlib.Path(state_tree) / "images" / "swap.raw"
+    salt = salt_master.salt_cli(timeout=180)
+    try:
+        for fill in (b"\1", b"\2"):
+            path.write_bytes(fill * 65536)
+            want = hashlib.sha256(fill * 65536).hexdigest()
+            ret = salt.run("virt.image_warm", "salt://images/swap.raw", f"checksum=sha256:{want}", minion_tgt=MINION)
+            assert ret.returncode == 0 and ret.data["checksum"] == f"sha256:{want}", ret
+            record = pathlib.Path(intake_hv["factory"].config["cachedir"]) / "salt-virt" / "salt-files.json"
+            digests = [rec[-1] for copy, rec in json.loads(record.read_text()).items() if copy.endswith("/swap.raw")]
+            assert digests == [want], digests
+    finally:
+        path.unlink(missing_ok=True)
