@@ -187,7 +187,8 @@ def fetch(
 ) -> str:
     """A local path for ``image``: an absolute path, ``salt://...`` or ``http(s)://...``.
 
-    ``cache_file`` is Salt's ``cp.cache_file`` (salt:// URLs). Downloads go to ``cache_dir`` and are
+    ``cache_file`` fetches a salt:// URL as Salt's ``cp.cache_file`` does (the loader modules pass
+    :class:`saltvirt.storage.saltcache.SaltFiles`). Downloads go to ``cache_dir`` and are
     reused while the server's Content-Length/ETag/Last-Modified stay the same; with ``sources`` (the
     minion config's checked ``virt:image_sources``) only from there, redirects included. Checks nothing
     about the content: :func:`accept` does (checksum, format).

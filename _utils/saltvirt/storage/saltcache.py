@@ -1,14 +1,15 @@
 """A ``salt://`` image through Salt's minion file cache, without reading the cached copy whole on every use.
 
 Salt's ``cp.cache_file`` hashes its cached copy in full on every call to compare it with the master's file (a
-200 MiB image: ~0.1 s before each ``virt.init``; 20 GiB: minutes). Here the master's hash is asked alone
-(``cp.hash_file``: the master's own hash, kept by its fileserver) and compared with the digest this module
-recorded when the copy was last fetched, under the copy's identity on disk: device, inode, size and mtime (a
-write changes the mtime, a new file the inode; not the ctime: libvirt relabels a VM's backing chain when the VM
-starts, and the overlays' base is this very inode, hard-linked). Only a match uses the copy as it is;
-anything else goes through ``cp.cache_file`` as before, then the copy's digest is taken and recorded anew.
-The record lives beside Salt's file cache, in salt-virt's folder of the minion's cachedir (root's alone), and
-is trusted only there (:func:`saltvirt.base.fsutil.load_own_json`); nothing of it goes to ``virt:images``."""
+200 MiB image: ~0.1 s before each ``virt.init``; 20 GiB: minutes). Here the master's hash is asked alone (the
+file client's ``hash_file``, as ``cp.hash_file`` asks it: the master's fileserver keeps it) and compared with
+the digest this module recorded when the copy was last fetched, under the copy's identity on disk: device,
+inode, size and mtime (a write changes the mtime, a new file the inode; not the ctime: libvirt relabels a VM's
+backing chain when the VM starts, and the overlays' base is this very inode, hard-linked). Only a match uses
+the copy as it is; anything else goes through ``cp.cache_file`` as before, then the copy's digest is taken and
+recorded anew. The record lives beside Salt's file cache, in salt-virt's folder of the minion's cachedir
+(root's alone), and is trusted only there (:func:`saltvirt.base.fsutil.load_own_json`); nothing of it goes to
+``virt:images``."""
 
 import dataclasses
 import json
