@@ -176,9 +176,8 @@ def init(
         min_guarantee, hugepages: [{size: 2m, nodeset}], nosharepages, locked, source, access, allocation,
         discard}`` (sizes in MiB or 512m/2g); their other keys are refused with the reason.
     image
-        ``salt://...`` (Salt's minion file cache, checked against the master's hash:
-        docs/topics/image-warm-up.md), ``https://...`` or an absolute path on the hypervisor inside
-        ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
+        ``salt://...`` (Salt's minion cache, by the master's hash), ``https://...`` or an absolute path on the
+        hypervisor inside ``virt:images`` or a directory of ``virt:allowed_paths`` (minion config; also for
         ``disks: [{image: ...}]``; ``trusted_image`` does not lift this).
         Only raw and qcow2 images without a backing file or external data file are accepted (the
         format is read from the header and passed to qemu, never guessed); a download stops at
