@@ -63,7 +63,8 @@ def _load_library():
 
     The minion computes its grains again on ``saltutil.refresh_modules`` (and so after ``saltutil.sync_all``):
     when a module imported here changed on disk since, the library is dropped from this process and imported
-    anew, so the next jobs run the upgraded library, as they did when each job imported it."""
+    anew, so the next jobs run the upgraded library, as they did when each job imported it. (What is the
+    process's and not a module's, libvirt's event loop, lives on the libvirt module: saltvirt.host.conn.)"""
     if saltvirt is None:
         return
     pkg = sys.modules.get("saltvirt") or saltvirt

@@ -51,8 +51,19 @@ if libvirt is not None:
 log = logging.getLogger(__name__)
 DEFAULT_OPEN_TIMEOUT = 30
 DEFAULT_KEEPALIVE = {"interval": 5, "count": 5}
-_loop: dict[str, int | bool | None] = {"pid": None, "registered": False}  # the loop thread's process id
-_loop_lock = threading.Lock()
+# libvirt's event loop is the process's, not this module's: its state lives on the libvirt module, so a new import
+# of the library (a hypervisor minion's main process after an upgrade, _grains/virt_hypervisor.py) neither
+# registers libvirt's loop a second time nor starts a second thread running it
+_loop: dict[str, int | bool | None] = (
+    libvirt.__dict__.setdefault("_saltvirt_event_loop", {"pid": None, "registered": False})
+    if libvirt is not None
+    else {"pid": None, "registered": False}
+)  # the loop thread's process id
+_loop_lock: threading.Lock = (
+    libvirt.__dict__.setdefault("_saltvirt_event_loop_lock", threading.Lock())
+    if libvirt is not None
+    else threading.Lock()
+)
 
 
 def _event_loop():

@@ -3,6 +3,8 @@ configured connection by name, never passes a URI; peer URIs a call may give are
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from salt.exceptions import CommandExecutionError, SaltInvocationError
@@ -294,3 +296,27 @@ def test_opts_config_answers_as_config_get(tmp_path):
         for default in (None, "dflt"):
             assert fast(key, default) == salt(key, default), key
     assert fast("virt:type") is None and fast("virt:disk:8:size") == 6 and fast("virt:minion_install:url")
+
+
+# a hypervisor minion's main process imports the library anew after an upgrade (_grains/virt_hypervisor.py)
+NEW_IMPORT = """
+import sys
+import saltvirt.host.conn as first
+first._loop["registered"] = True  # as after virEventRegisterDefaultImpl()
+for name in [m for m in sys.modules if m.partition(".")[0] == "saltvirt"]:
+    del sys.modules[name]
+import saltvirt.host.conn as second
+print(second is not first, second._loop is first._loop, second._loop["registered"])
+print(second._loop_lock is first._loop_lock)
+"""
+
+
+def test_libvirts_event_loop_is_the_processs_and_outlives_a_new_import_of_the_library():
+    """libvirt has one event loop per process: a new import of the library must neither register it again (that
+    re-initialises libvirt's poll loop under the connections using it) nor start a second thread running it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "_utils"))
+    run = subprocess.run(
+        [sys.executable, "-c", NEW_IMPORT], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True", "True", "True"]
