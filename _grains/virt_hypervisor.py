@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # what Salt's loader injects into this module
 log = logging.getLogger(__name__)
 DAEMONS = ("libvirtd", "virtqemud")
 MASTER_SIDE = ("fleet",)  # layers only the master's runner uses
-SEEN = "_imported_from_disk"  # on the saltvirt package: {module file: (mtime, size)} when this process imported it
+SEEN = "_imported_from_disk"  # on the saltvirt package: {module file: fsutil.identity} as this process imported it
 
 
 def virt_hypervisor():
@@ -86,17 +86,14 @@ def _load_library():
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if path and path not in seen and getattr(module, "__name__", "").partition(".")[0] == "saltvirt":
-            seen[path] = _on_disk(path)
-
-
-def _on_disk(path):
-    """What tells a changed file: its mtime and size (None: gone)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
+            seen[path] = _identity(path)
 
 
 def _changed_on_disk(seen):
-    return any(_on_disk(path) != was for path, was in seen.items())
+    return any(_identity(path) != was for path, was in seen.items())
+
+
+def _identity(path):
+    from saltvirt.base import fsutil  # here, not at the top: a guest's minion imports no layer of the library
+
+    return fsutil.identity(path)

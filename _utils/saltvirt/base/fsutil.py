@@ -90,6 +90,16 @@ def sha256(data: str | bytes) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
+def identity(path: str) -> list[int] | None:
+    """What tells that a file changed since it was last looked at: device, inode, size, mtime (a write moves the
+    mtime, a replacement the inode; not the ctime, which chown, chmod and xattrs move too). None: no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
 @functools.cache
 def _libc() -> ctypes.CDLL:
     """The C library, loaded once, with errno kept for :func:`_checked`."""

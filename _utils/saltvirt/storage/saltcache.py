@@ -41,7 +41,7 @@ class SaltFiles:
             local = client.is_cached(url, self.saltenv)
             master = _master_hash(client.hash_file(url, self.saltenv)) if local and os.path.isfile(local) else None
             recorded = _recorded(self.record_dir, local) if master else None
-            if master and recorded == [_identity(local), *master]:
+            if master and recorded == [fsutil.identity(local), *master]:
                 return local
             log.debug("%s: Salt checks its cached copy in full (recorded %s, now %s)", url, recorded, master)
             local = client.cache_file(url, self.saltenv)
@@ -54,9 +54,9 @@ class SaltFiles:
     def _record(self, local: str, master: list[str]) -> None:
         """The copy's digest, in the master's hash type, under its identity now; a digest that differs
         from the master's (the file changed there meanwhile) is not recorded: the next use asks again."""
-        before = _identity(local)
+        before = fsutil.identity(local)
         digest = fsutil.file_digest(local, master[0])
-        if digest != master[1] or _identity(local) != before:
+        if digest != master[1] or fsutil.identity(local) != before:
             return
         try:
             os.makedirs(self.record_dir, mode=0o700, exist_ok=True)
@@ -84,14 +84,6 @@ def _master_hash(answer: Any) -> list[str] | None:
     if not isinstance(answer, dict) or answer.get("hash_type") not in HASHES or not answer.get("hsum"):
         return None
     return [str(answer["hash_type"]), str(answer["hsum"])]
-
-
-def _identity(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def _recorded(record_dir: str, local: str) -> Any:

@@ -104,3 +104,21 @@ def test_ours_alone_takes_only_a_directory_of_ours_that_others_cannot_write_or_e
     link.symlink_to(d)
     os.chmod(d, 0o700)
     assert not fsutil.ours_alone(str(link)) and not fsutil.ours_alone(str(tmp_path / "absent"))
+
+
+def test_a_files_identity_moves_with_a_write_and_a_replacement_not_with_its_mode(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"one")
+    first = fsutil.identity(str(path))
+    os.chmod(path, 0o444)
+    assert fsutil.identity(str(path)) == first  # what libvirt's relabelling does: no change
+    os.chmod(path, 0o644)
+    path.write_bytes(b"two")
+    assert fsutil.identity(str(path)) != first
+    other = tmp_path / "g"
+    other.write_bytes(b"two")
+    os.utime(other, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    before = fsutil.identity(str(path))
+    os.replace(other, path)  # same size and mtime, another file
+    assert fsutil.identity(str(path)) != before
+    assert fsutil.identity(str(tmp_path / "missing")) is None
